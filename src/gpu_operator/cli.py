@@ -1,0 +1,42 @@
+"""The `gpu-operator` command line: one typer app; each area registers its own commands."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="gpu-operator",
+    help=(
+        "A drop-in Python implementation of the NVIDIA GPU Operator.\n\n"
+        "Operator: `run`. Offline tools: `render`, `status`. Node agents (run inside pods, or "
+        "against a host-root directory): `node`, `validate`, `vfio-manage`, "
+        "`node-status-exporter`, `doctor`. Simulator (a real control plane with fake GPU "
+        "nodes): `sim`."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _register_all() -> None:
+    # Each area owns its commands; heavy imports stay inside the command bodies so that
+    # `gpu-operator --help` and the node agents start fast.
+    from gpu_operator.controllers import cli as controllers_cli
+    from gpu_operator.node import cli as node_cli
+    from gpu_operator.render import cli as render_cli
+    from gpu_operator.sim import cli as sim_cli
+
+    for module in (controllers_cli, render_cli, node_cli, sim_cli):
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

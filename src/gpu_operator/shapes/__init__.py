@@ -1,0 +1,155 @@
+"""Fake GPU node shapes: data (YAML beside this module) turned into Node manifests.
+
+The same shapes feed the simulator (kwok-managed Nodes) and `gpu-operator render --shape`
+(cluster facts without a cluster), so both see identical labels and nodeInfo.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+NFD = "feature.node.kubernetes.io"
+# kwok manages only nodes carrying this annotation (see gpu_operator.sim.controlplane).
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_ANNOTATION_VALUE = "fake"
+SHAPE_LABEL = "gpu-operator.sim/shape"
+
+
+class ShapeError(ValueError):
+    """A shape name, count or file is wrong; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    description: str
+    os_id: str
+    os_version_id: str
+    kernel: str
+    runtime: str
+    capacity: dict[str, str]
+    gpu_count: int = 0
+    gpu_vendor_device: str = ""
+    gpu_product: str = ""
+    mig_capable: bool | None = None
+    gfd_labels: bool = True
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+    def labels(self, node_name: str) -> dict[str, str]:
+        """NFD-style labels (and GFD-style ones where the shape implies them)."""
+        labels = {
+            "kubernetes.io/hostname": node_name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "type": "kwok",
+            SHAPE_LABEL: self.name,
+            f"{NFD}/system-os_release.ID": self.os_id,
+            f"{NFD}/system-os_release.VERSION_ID": self.os_version_id,
+            f"{NFD}/system-os_release.VERSION_ID.major": self.os_version_id.split(".")[0],
+            f"{NFD}/kernel-version.full": self.kernel,
+            f"{NFD}/cpu-model.vendor_id": "Intel",
+        }
+        if self.gpu_count:
+            labels[f"{NFD}/pci-10de.present"] = "true"
+            if self.gfd_labels:
+                labels["nvidia.com/gpu.count"] = str(self.gpu_count)
+                if self.gpu_product:
+                    labels["nvidia.com/gpu.product"] = self.gpu_product
+                if self.mig_capable is not None:
+                    labels["nvidia.com/mig.capable"] = str(self.mig_capable).lower()
+        labels.update(self.extra_labels)
+        return labels
+
+    def node(self, node_name: str) -> dict[str, Any]:
+        """A Node manifest for this shape, managed by kwok."""
+        capacity = dict(self.capacity)
+        if self.gpu_count and self.gfd_labels:
+            capacity["nvidia.com/gpu"] = str(self.gpu_count)
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node_name,
+                "labels": self.labels(node_name),
+                "annotations": {
+                    KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE,
+                    "node.alpha.kubernetes.io/ttl": "0",
+                },
+            },
+            "spec": {},
+            "status": {
+                "capacity": capacity,
+                "allocatable": capacity,
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "operatingSystem": "linux",
+                    "osImage": f"{self.os_id.capitalize()} {self.os_version_id}",
+                    "kernelVersion": self.kernel,
+                    "containerRuntimeVersion": self.runtime,
+                    "kubeletVersion": "fake",
+                    "kubeProxyVersion": "fake",
+                    "machineID": "",
+                    "systemUUID": "",
+                    "bootID": "",
+                },
+            },
+        }
+
+
+def names() -> list[str]:
+    """Every shape shipped with the package."""
+    files = resources.files(__package__).joinpath("data").iterdir()
+    return sorted(f.name.removesuffix(".yaml") for f in files if f.name.endswith(".yaml"))
+
+
+def load(name: str) -> Shape:
+    data_dir = resources.files(__package__).joinpath("data")
+    path = data_dir.joinpath(f"{name}.yaml")
+    if not path.is_file():
+        raise ShapeError(f"unknown node shape {name!r}: choose one of {', '.join(names())}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    gpu = raw.get("gpu") or {}
+    os_ = raw["os"]
+    return Shape(
+        name=name,
+        description=raw.get("description", ""),
+        os_id=str(os_["id"]),
+        os_version_id=str(os_["version_id"]),
+        kernel=str(raw["kernel"]),
+        runtime=str(raw["runtime"]),
+        capacity={k: str(v) for k, v in raw["capacity"].items()},
+        gpu_count=int(gpu.get("count", 0)),
+        gpu_vendor_device=str(gpu.get("vendor_device", "")),
+        gpu_product=str(gpu.get("product", "")),
+        mig_capable=gpu.get("mig_capable"),
+        gfd_labels=bool(gpu.get("gfd_labels", True)),
+        extra_labels={k: str(v) for k, v in (raw.get("extra_labels") or {}).items()},
+    )
+
+
+_SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?::(?P<count>\d+))?$")
+
+
+def parse_spec(spec: str) -> tuple[Shape, int]:
+    """Parse `NAME[:COUNT]` (COUNT defaults to 1)."""
+    match = _SPEC.match(spec.strip())
+    if not match:
+        raise ShapeError(f"bad shape {spec!r}: expected NAME[:COUNT], e.g. dgx-h100:4")
+    count = int(match["count"] or 1)
+    if count < 1:
+        raise ShapeError(f"bad shape {spec!r}: COUNT must be at least 1")
+    return load(match["name"]), count
+
+
+def nodes(specs: list[str], start: int = 0) -> list[dict[str, Any]]:
+    """Node manifests for `NAME[:COUNT]` specs, named `<shape>-<index>`."""
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        shape, count = parse_spec(spec)
+        out.extend(shape.node(f"{shape.name}-{start + i}") for i in range(count))
+    return out

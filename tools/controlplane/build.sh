@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler as one
+# multicall binary; etcd; kwok) from Go modules into a versioned cache directory, and prints
+# that directory on the last line of stdout. Skips everything already built.
+#
+#   tools/controlplane/build.sh            # build or reuse; prints the cache dir
+#   GPU_OPERATOR_CP_CACHE=/path build.sh   # another cache root (default ~/.cache/gpu-operator)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+fail() { echo "controlplane build: $*" >&2; exit 1; }
+command -v go >/dev/null || fail "Go is not installed: install Go >= 1.26 (the module needs it) and retry."
+gover=$(go env GOVERSION | sed 's/^go//')
+case "$gover" in 1.2[6-9]*|1.[3-9]*) ;; *) fail "Go $gover is too old: kube $KUBE_VERSION and kwok $KWOK_VERSION need Go >= 1.26.";; esac
+
+# The cache key changes whenever a version or a go.sum changes.
+key=$( (cat "$here/versions.env" "$here/kube/go.sum" "$here/etcd/go.sum" "$here/kube/main.go" "$here/etcd/main.go"; echo "$gover") | sha256sum | cut -c1-12)
+root=${GPU_OPERATOR_CP_CACHE:-$HOME/.cache/gpu-operator}
+out="$root/controlplane/${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}-$key"
+mkdir -p "$out/bin"
+
+if [ -x "$out/bin/kube" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ]; then
+  echo "controlplane: reusing $out" >&2
+  echo "$out"; exit 0
+fi
+
+# Fail fast when the module proxy is out of reach rather than hanging in a build.
+if ! timeout 60 go list -m "sigs.k8s.io/kwok@$KWOK_VERSION" >/dev/null 2>&1; then
+  fail "cannot reach the Go module proxy ($(go env GOPROXY)) to fetch sigs.k8s.io/kwok@$KWOK_VERSION; check network/GOPROXY and retry."
+fi
+
+export CGO_ENABLED=0
+step() { echo "controlplane: [$(date +%H:%M:%S)] $*" >&2; }
+t0=$(date +%s)
+
+if [ ! -x "$out/bin/etcd" ]; then
+  step "building etcd $ETCD_VERSION"
+  (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd.tmp" .) && mv "$out/bin/etcd.tmp" "$out/bin/etcd"
+fi
+
+if [ ! -x "$out/bin/kwok" ]; then
+  step "building kwok $KWOK_VERSION"
+  GOBIN="$out/bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+fi
+if [ ! -d "$out/stages" ]; then
+  # kwok's default "fast" stages, from the module just fetched (referenced, not committed).
+  moddir=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION
+  [ -d "$moddir/kustomize/stage" ] || (cd "$here/etcd" && go mod download "sigs.k8s.io/kwok@$KWOK_VERSION")
+  mkdir -p "$out/stages.tmp"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    [ -f "$moddir/kustomize/stage/$f" ] || fail "kwok stage $f not found in $moddir"
+    cp "$moddir/kustomize/stage/$f" "$out/stages.tmp/$(echo "$f" | tr / _)"
+  done
+  chmod -R u+w "$out/stages.tmp"; mv "$out/stages.tmp" "$out/stages"
+fi
+
+if [ ! -x "$out/bin/kube" ]; then
+  minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
+  step "building kube-apiserver/controller-manager/scheduler $KUBE_VERSION (cold: tens of minutes on 2 cores)"
+  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+  (cd "$here/kube" && go build -trimpath -ldflags "$ldflags" -o "$out/bin/kube.tmp" .) && mv "$out/bin/kube.tmp" "$out/bin/kube"
+fi
+step "done in $(( $(date +%s) - t0 )) s"
+echo "$out"
