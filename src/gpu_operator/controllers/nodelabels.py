@@ -1,0 +1,186 @@
+"""Which labels and annotations a node must carry: pure decisions of the node-labelling controller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+NVIDIA = "nvidia.com"
+NFD_GPU_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+NFD_PREFIX = "feature.node.kubernetes.io/"
+GPU_PRESENT = f"{NVIDIA}/gpu.present"
+WORKLOAD_CONFIG = f"{NVIDIA}/gpu.workload.config"
+DEPLOY_OPERANDS = f"{NVIDIA}/gpu.deploy.operands"
+MIG_CAPABLE = f"{NVIDIA}/mig.capable"
+MIG_CONFIG = f"{NVIDIA}/mig.config"
+GPU_PRODUCT = f"{NVIDIA}/gpu.product"
+VGPU_HOST_DRIVER = f"{NVIDIA}/vgpu.host-driver-version"
+UPGRADE_ENABLED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-enabled"
+
+WORKLOAD_CONFIGS = ("container", "vm-passthrough", "vm-vgpu")
+
+
+def deploy(component: str) -> str:
+    return f"{NVIDIA}/gpu.deploy.{component}"
+
+
+MIG_MANAGER = deploy("mig-manager")
+STATE_LABELS: dict[str, tuple[str, ...]] = {
+    "container": tuple(deploy(c) for c in (
+        "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
+        "dcgm-exporter", "node-status-exporter", "operator-validator", "client",
+    )),
+    "vm-passthrough": tuple(deploy(c) for c in (
+        "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager",
+        "client",
+    )),
+    "vm-vgpu": tuple(deploy(c) for c in (
+        "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "sandbox-validator",
+        "cc-manager", "client",
+    )),
+}
+KATA_SANDBOX_DEVICE_PLUGIN = deploy("kata-sandbox-device-plugin")
+# Labels of the DRA stack (GPUCluster) are swept too: a node must not keep a stack it left.
+DRA_LABELS = tuple(deploy(c) for c in ("dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
+ALL_DEPLOY_LABELS = frozenset(
+    {label for labels in STATE_LABELS.values() for label in labels}
+    | {MIG_MANAGER, KATA_SANDBOX_DEVICE_PLUGIN, *DRA_LABELS}
+)
+
+
+@dataclass(frozen=True)
+class LabelPolicy:
+    """The few ClusterPolicy facts that decide node labels."""
+
+    sandbox_enabled: bool = False
+    default_workload: str = "container"
+    sandbox_mode: str = "kubevirt"
+    mig_manager_enabled: bool = True
+    mig_config_default: str | None = "all-disabled"
+    driver_auto_upgrade: bool = False  # driver.enabled and upgradePolicy.autoUpgrade and not sandbox
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> LabelPolicy:
+        """From a ClusterPolicy spec as stored (dict), applying the CRD defaults for absent keys."""
+        sandbox = spec.get("sandboxWorkloads") or {}
+        mig_manager = spec.get("migManager") or {}
+        driver = spec.get("driver") or {}
+        upgrade = driver.get("upgradePolicy")
+        sandbox_enabled = bool(sandbox.get("enabled", False))
+        mig_config = mig_manager.get("config")
+        return cls(
+            sandbox_enabled=sandbox_enabled,
+            default_workload=sandbox.get("defaultWorkload") or "container",
+            sandbox_mode=sandbox.get("mode") or "kubevirt",
+            mig_manager_enabled=bool(mig_manager.get("enabled", True)),
+            mig_config_default=(mig_config or {}).get("default", "all-disabled") if mig_config is not None
+            else None,
+            driver_auto_upgrade=bool(
+                driver.get("enabled", True) and upgrade is not None
+                and upgrade.get("autoUpgrade", False) and not sandbox_enabled
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """Label and annotation changes for one node; None removes the key."""
+
+    labels: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str | None] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.labels or self.annotations)
+
+    def merge_patch(self) -> dict[str, Any]:
+        metadata: dict[str, Any] = {}
+        if self.labels:
+            metadata["labels"] = dict(self.labels)
+        if self.annotations:
+            metadata["annotations"] = dict(self.annotations)
+        return {"metadata": metadata}
+
+
+def has_gpu(labels: dict[str, str]) -> bool:
+    return any(labels.get(key) == "true" for key in NFD_GPU_LABELS)
+
+
+def is_relevant_label(key: str) -> bool:
+    """The label keys the operator keeps in memory per node (everything else is dropped)."""
+    return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
+        NFD_PREFIX + "system-os_release.") or key == NFD_PREFIX + "kernel-version.full"
+
+
+def mig_capable(labels: dict[str, str]) -> bool:
+    if labels.get(VGPU_HOST_DRIVER):
+        return False
+    if MIG_CAPABLE in labels:
+        return labels[MIG_CAPABLE] == "true"
+    product = labels.get(GPU_PRODUCT, "").lower()
+    return any(model in product for model in ("h100", "a100", "a30"))
+
+
+def workload_config(labels: dict[str, str], policy: LabelPolicy) -> str:
+    if not policy.sandbox_enabled:
+        return "container"
+    if labels.get(WORKLOAD_CONFIG) in WORKLOAD_CONFIGS:
+        return labels[WORKLOAD_CONFIG]
+    if policy.default_workload in WORKLOAD_CONFIGS:
+        return policy.default_workload
+    return "container"
+
+
+def _state_labels(config: str, policy: LabelPolicy) -> tuple[str, ...]:
+    labels = STATE_LABELS[config]
+    if config == "vm-passthrough" and policy.sandbox_mode == "kata":
+        return tuple(KATA_SANDBOX_DEVICE_PLUGIN if lbl == deploy("sandbox-device-plugin") else lbl
+                     for lbl in labels)
+    return labels
+
+
+def desired_change(labels: dict[str, str], annotations: dict[str, str],
+                   policy: LabelPolicy) -> NodeChange:
+    """What must change on a node with these labels and annotations; empty when nothing.
+
+    Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
+    `false`, `pre-installed` or `paused-for-driver-upgrade` that must survive.
+    """
+    change_labels: dict[str, str | None] = {}
+    change_annotations: dict[str, str | None] = {}
+    gpu = has_gpu(labels)
+
+    if gpu and labels.get(GPU_PRESENT) != "true":
+        change_labels[GPU_PRESENT] = "true"
+    elif not gpu and labels.get(GPU_PRESENT) == "true":
+        change_labels[GPU_PRESENT] = "false"
+
+    present = {key for key in ALL_DEPLOY_LABELS if key in labels}
+    if not gpu or labels.get(DEPLOY_OPERANDS) == "false":
+        change_labels.update({key: None for key in present})
+        return NodeChange(change_labels, change_annotations)
+
+    config = workload_config(labels, policy)
+    wanted = set(_state_labels(config, policy))
+    capable = mig_capable(labels)
+    if config == "container" and (capable or MIG_MANAGER in labels):
+        wanted.add(MIG_MANAGER)  # never removed from a container node once set
+    for key in wanted:
+        if not labels.get(key):
+            change_labels[key] = "true"
+    for key in present - wanted:
+        change_labels[key] = None
+
+    if (policy.mig_manager_enabled and capable and not labels.get(MIG_CONFIG)
+            and policy.mig_config_default == "all-disabled"):
+        change_labels[MIG_CONFIG] = "all-disabled"
+
+    if policy.driver_auto_upgrade:
+        if annotations.get(UPGRADE_ENABLED_ANNOTATION) != "true":
+            change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
+    elif UPGRADE_ENABLED_ANNOTATION in annotations:
+        change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
+    return NodeChange(change_labels, change_annotations)

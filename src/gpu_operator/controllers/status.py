@@ -1,0 +1,125 @@
+"""ClusterPolicy readiness and status: DaemonSet readiness and the paired Ready/Error conditions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+# Condition reasons (upstream's names: dashboards and alerts match on them).
+RECONCILED = "Reconciled"
+RECONCILE_FAILED = "ReconcileFailed"
+NFD_LABELS_MISSING = "NFDLabelsMissing"
+NO_GPU_NODES = "NoGPUNodes"
+OPERAND_NOT_READY = "OperandNotReady"
+
+READY, NOT_READY, IGNORED = "ready", "notReady", "ignored"
+
+
+def daemonset_ready(ds: dict[str, Any]) -> bool:
+    """Readiness of a RollingUpdate DaemonSet, the way upstream judges it."""
+    status = ds.get("status") or {}
+    desired = status.get("desiredNumberScheduled", 0)
+    if desired == 0:
+        return True
+    if status.get("numberUnavailable", 0):
+        return False
+    generation = ds.get("metadata", {}).get("generation", 0)
+    return bool(
+        status.get("observedGeneration", 0) >= generation
+        and status.get("updatedNumberScheduled", 0) == desired
+        and status.get("numberAvailable", 0) == desired
+    )
+
+
+def ondelete_daemonset_ready(ds: dict[str, Any], pods: list[dict[str, Any]],
+                             latest_revision_hash: str | None) -> bool:
+    """Readiness of an OnDelete DaemonSet (the driver): every owned pod runs the latest revision
+    and all its containers are ready."""
+    status = ds.get("status") or {}
+    if status.get("desiredNumberScheduled", 0) == 0:
+        return True
+    if status.get("numberUnavailable", 0):
+        return False
+    uid = ds.get("metadata", {}).get("uid")
+    owned = [p for p in pods if (p["metadata"].get("ownerReferences") or [{}])[0].get("uid") == uid]
+    if not owned:
+        return False
+    for pod in owned:
+        if latest_revision_hash and \
+                pod["metadata"].get("labels", {}).get("controller-revision-hash") != latest_revision_hash:
+            return False
+        pod_status = pod.get("status") or {}
+        if pod_status.get("phase") != "Running":
+            return False
+        if not all(c.get("ready") for c in pod_status.get("containerStatuses") or []):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one reconcile, before it is written as status."""
+
+    state: str  # ready | notReady | ignored
+    reason: str
+    message: str
+
+    @classmethod
+    def failed(cls, message: str) -> Outcome:
+        return cls(NOT_READY, RECONCILE_FAILED, message)
+
+
+def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool) -> Outcome:
+    if not_ready_states:
+        return Outcome(NOT_READY, OPERAND_NOT_READY,
+                       f"ClusterPolicy is not ready; states not ready: {not_ready_states}")
+    if not has_nfd:
+        return Outcome(READY, NFD_LABELS_MISSING,
+                       "No NFD labels found: deploy node-feature-discovery (or label GPU nodes with "
+                       "feature.node.kubernetes.io/pci-10de.present=true)")
+    if not has_gpu_nodes:
+        return Outcome(READY, NO_GPU_NODES, "No GPU node found, watching for new nodes to join the cluster")
+    return Outcome(READY, RECONCILED, "ClusterPolicy is ready as all resources have been successfully reconciled")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
+    """The Ready/Error pair for `result`; a condition that did not change keeps its
+    lastTransitionTime, so an unchanged outcome yields identical conditions (and no write)."""
+    ok = result.state == READY
+    wanted = [
+        {"type": "Ready", "status": "True" if ok else "False",
+         "reason": result.reason if ok else "Error", "message": result.message if ok else ""},
+        {"type": "Error", "status": "False" if ok else "True",
+         "reason": "Ready" if ok else result.reason, "message": "" if ok else result.message},
+    ]
+    by_type = {c.get("type"): c for c in previous}
+    out = []
+    for cond in wanted:
+        old = by_type.get(cond["type"], {})
+        unchanged_status = old.get("status") == cond["status"]
+        out.append({
+            **cond,
+            "observedGeneration": generation,
+            "lastTransitionTime": old["lastTransitionTime"] if unchanged_status and
+            old.get("lastTransitionTime") else _now(),
+        })
+    return out
+
+
+def status_body(result: Outcome, namespace: str, previous: dict[str, Any] | None,
+                generation: int) -> dict[str, Any]:
+    prev = previous or {}
+    return {
+        "state": result.state,
+        "namespace": namespace,
+        "conditions": conditions(result, prev.get("conditions") or [], generation),
+    }
+
+
+def status_differs(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+    return (current or {}) != wanted

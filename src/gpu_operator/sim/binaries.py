@@ -1,0 +1,75 @@
+"""Finds (or builds) the Go-built control-plane binaries in the versioned cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "GPU_OPERATOR_CONTROLPLANE"
+
+
+class BinariesMissing(RuntimeError):
+    """The control plane is not built and cannot be built from here; the message says how."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    root: Path
+
+    @property
+    def kube(self) -> Path:
+        return self.root / "bin" / "kube"
+
+    @property
+    def etcd(self) -> Path:
+        return self.root / "bin" / "etcd"
+
+    @property
+    def kwok(self) -> Path:
+        return self.root / "bin" / "kwok"
+
+    def stages_yaml(self) -> str:
+        """kwok's default fast stages (node initialize, lease heartbeat, pod ready/complete/delete)."""
+        files = sorted((self.root / "stages").glob("*.yaml"))
+        return "\n---\n".join(f.read_text().strip().removeprefix("---").strip() for f in files) + "\n"
+
+    def complete(self) -> bool:
+        return all(p.is_file() and os.access(p, os.X_OK) for p in (self.kube, self.etcd, self.kwok)) \
+            and (self.root / "stages").is_dir()
+
+
+def build_script() -> Path | None:
+    """tools/controlplane/build.sh of the source checkout this package runs from, if any."""
+    for parent in Path(__file__).resolve().parents:
+        candidate = parent / "tools" / "controlplane" / "build.sh"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def locate(build: bool = True) -> Binaries:
+    """$GPU_OPERATOR_CONTROLPLANE if set, else run the build script (a no-op when cached)."""
+    if os.environ.get(ENV):
+        binaries = Binaries(Path(os.environ[ENV]))
+        if not binaries.complete():
+            raise BinariesMissing(
+                f"${ENV}={binaries.root} does not hold bin/kube, bin/etcd, bin/kwok and stages/: "
+                "unset it or run tools/controlplane/build.sh"
+            )
+        return binaries
+    script = build_script()
+    if script is None or not build:
+        raise BinariesMissing(
+            f"the test control plane is not built: set ${ENV} to a directory made by "
+            "tools/controlplane/build.sh (from a source checkout of gpu-operator)"
+        )
+    # The script prints progress on stderr (passed through) and the cache dir last on stdout.
+    result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        raise BinariesMissing(f"building the control plane failed ({script}); see the messages above")
+    binaries = Binaries(Path(result.stdout.strip().splitlines()[-1]))
+    if not binaries.complete():
+        raise BinariesMissing(f"{script} finished but {binaries.root} is incomplete")
+    return binaries

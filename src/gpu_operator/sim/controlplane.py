@@ -1,0 +1,321 @@
+"""Starts and stops a real control plane on 127.0.0.1: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok (fake nodes), each logging to its own file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_operator.sim import pki as pki_mod
+from gpu_operator.sim.binaries import Binaries
+from gpu_operator.sim.kubeconfig import write_kubeconfig
+
+# Users whose writes are not logged by the audit policy: the control plane's own machinery.
+_QUIET_USERS = ["system:kube-controller-manager", "system:kube-scheduler", "kwok-controller",
+                "system:apiserver"]
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or died; the message names it and points to its log."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            # A session of its own: a Ctrl-C in the terminal goes to pytest, which then stops us
+            # in order, instead of killing etcd under a live apiserver.
+            self.process = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ControlPlaneError(
+                f"{self.name} exited with code {self.process.returncode}; log {self.log}:\n"
+                f"{_tail(self.log)}"
+            )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane. Use as a context manager, or call start() and stop()."""
+
+    workdir: Path
+    binaries: Binaries
+    kwok: bool = True
+    audit: bool = True
+    progress: Callable[[str], None] = lambda _msg: None
+    components: list[Component] = field(default_factory=list)
+    apiserver_port: int = 0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def pki(self) -> pki_mod.Pki:
+        return pki_mod.Pki(self.workdir / "pki")
+
+    def kubeconfig_for(self, identity: str) -> Path:
+        return self.workdir / f"{identity}.kubeconfig"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.kubeconfig_for("admin")
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.log"
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- start / stop -------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> ControlPlane:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.progress("generating PKI")
+        pki = pki_mod.generate(self.workdir / "pki")
+        self.apiserver_port = free_port()
+        for identity in pki_mod.CLIENT_IDENTITIES:
+            write_kubeconfig(
+                self.kubeconfig_for(identity), server=self.server, ca=pki.ca_cert,
+                user=identity, client_cert=pki.client_cert(identity),
+                client_key=pki.client_key(identity),
+            )
+        try:
+            deadline = time.monotonic() + timeout
+            self._start_etcd(deadline)
+            self._start_apiserver(pki, deadline)
+            self._start_controllers(pki, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        (self.workdir / "server").write_text(self.server)
+        return self
+
+    def stop(self) -> None:
+        for component in reversed(self.components):
+            component.stop()
+
+    def _launch(self, name: str, argv: list[str]) -> Component:
+        component = Component(name, argv, self.workdir / "logs" / f"{name}.log")
+        self.progress(f"starting {name}")
+        component.start()
+        self.components.append(component)
+        return component
+
+    def _wait(self, what: str, component: Component, ready: Callable[[], bool], deadline: float) -> None:
+        while True:
+            component.check_alive()
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{component.name}: timed out waiting for {what}; log {component.log}:\n"
+                    f"{_tail(component.log)}"
+                )
+            time.sleep(0.2)
+
+    def _start_etcd(self, deadline: float) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        etcd = self._launch("etcd", [
+            str(self.binaries.etcd), "--name=sim", f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=sim=http://127.0.0.1:{peer}",
+            "--quota-backend-bytes=8589934592", "--unsafe-no-fsync", "--log-level=warn",
+        ])
+        self._wait("etcd /health", etcd, lambda: _http_ok(f"{self.etcd_url}/health"), deadline)
+
+    def _start_apiserver(self, pki: pki_mod.Pki, deadline: float) -> None:
+        args = [
+            str(self.binaries.kube), "kube-apiserver",
+            f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1", f"--secure-port={self.apiserver_port}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/16", "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true", "--endpoint-reconciler-type=none",
+            # The simulator is a single user's machine: no request throttling, so benchmarks
+            # measure our operator rather than the apiserver's fairness queues.
+            "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false", "--v=1",
+        ]
+        if self.audit:
+            policy = self.workdir / "audit-policy.yaml"
+            policy.write_text(yaml.safe_dump(_audit_policy()))
+            args += [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                     "--audit-log-format=json", "--audit-log-mode=blocking"]
+        apiserver = self._launch("kube-apiserver", args)
+        context = self.ssl_context("admin")
+        self._wait("/readyz", apiserver,
+                   lambda: _http_ok(f"{self.server}/readyz", context), deadline)
+
+    def _start_controllers(self, pki: pki_mod.Pki, deadline: float) -> None:
+        common = ["--leader-elect=false", "--bind-address=127.0.0.1", "--kube-api-qps=2000",
+                  "--kube-api-burst=4000"]
+        kcm = self._launch("kube-controller-manager", [
+            str(self.binaries.kube), "kube-controller-manager",
+            f"--kubeconfig={self.kubeconfig_for('controller-manager')}",
+            f"--authentication-kubeconfig={self.kubeconfig_for('controller-manager')}",
+            f"--authorization-kubeconfig={self.kubeconfig_for('controller-manager')}",
+            f"--secure-port={free_port()}", f"--root-ca-file={pki.ca_cert}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            "--use-service-account-credentials=false", "--cluster-name=sim",
+            "--concurrent-daemonset-syncs=10", "--concurrent-gc-syncs=40", *common,
+        ])
+        scheduler = self._launch("kube-scheduler", [
+            str(self.binaries.kube), "kube-scheduler",
+            f"--kubeconfig={self.kubeconfig_for('scheduler')}",
+            f"--authentication-kubeconfig={self.kubeconfig_for('scheduler')}",
+            f"--authorization-kubeconfig={self.kubeconfig_for('scheduler')}",
+            f"--secure-port={free_port()}", *common,
+        ])
+        components = [kcm, scheduler]
+        if self.kwok:
+            stages = self.workdir / "kwok-stages.yaml"
+            stages.write_text(self.binaries.stages_yaml())
+            components.append(self._launch("kwok", [
+                str(self.binaries.kwok), f"--kubeconfig={self.kubeconfig_for('kwok')}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--config={stages}", f"--server-address=127.0.0.1:{free_port()}",
+                "--cidr=10.244.0.0/16", "--node-ip=10.1.0.1",
+                "--node-lease-duration-seconds=40",
+            ]))
+        # The controller-manager is working once its service-account controller has created the
+        # default ServiceAccount; the scheduler and kwok only have to stay up.
+        context = self.ssl_context("admin")
+        self._wait("the default ServiceAccount (service-account controller)", kcm, lambda: _http_ok(
+            f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", context), deadline)
+        for component in components:
+            component.check_alive()
+
+    # -- helpers for tests and tools -------------------------------------------------------------
+
+    def ssl_context(self, identity: str) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(self.pki.client_cert(identity), self.pki.client_key(identity))
+        return context
+
+    def check_alive(self) -> None:
+        for component in self.components:
+            component.check_alive()
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json") -> Any:
+        """A raw admin request to the apiserver (for tests and the simulator's own setup)."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.server}{path}", data=data, method=method,
+                                     headers={"Content-Type": content_type})
+        with urllib.request.urlopen(req, context=self.ssl_context("admin"), timeout=30) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def serviceaccount_kubeconfig(self, namespace: str, name: str, *, create: bool = True,
+                                  expiration_seconds: int = 86400) -> Path:
+        """A kubeconfig that authenticates as ServiceAccount `namespace/name` (bound token), so
+        tests exercise RBAC as a workload's real identity. Creates the namespace and SA if asked."""
+        if create:
+            for path, body in (
+                ("/api/v1/namespaces", {"metadata": {"name": namespace}}),
+                (f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}}),
+            ):
+                with contextlib.suppress(urllib.error.HTTPError):
+                    self.request("POST", path, body)
+        token = self.request(
+            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": expiration_seconds}},
+        )["status"]["token"]
+        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        write_kubeconfig(path, server=self.server, ca=self.pki.ca_cert, user=f"{namespace}-{name}",
+                         token=token)
+        return path
+
+    def audit_events(self) -> Iterator[dict[str, Any]]:
+        """Audit events of write requests (everyone but the control plane's own components)."""
+        if not self.audit_log.exists():
+            return
+        with self.audit_log.open() as f:
+            for line in f:
+                with contextlib.suppress(json.JSONDecodeError):
+                    yield json.loads(line)
+
+
+def _audit_policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {"level": "None", "users": _QUIET_USERS},
+            {"level": "None", "verbs": ["get", "list", "watch"]},
+            {"level": "Metadata"},
+        ],
+    }
+
+
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

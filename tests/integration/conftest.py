@@ -1,0 +1,86 @@
+"""Fixtures for integration tests against the real control plane (kube-apiserver, etcd,
+kube-controller-manager, kube-scheduler and kwok), started once per test session."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace
+
+from gpu_operator.sim import binaries, nodes
+from gpu_operator.sim.controlplane import ControlPlane
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    # In CI the binaries must be there (./dev builds them first); a missing build is a failure,
+    # never a skip.
+    found = binaries.locate(build=True)
+    workdir = Path(tmp_path_factory.mktemp("controlplane"))
+    plane = ControlPlane(workdir, found)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Iterator[Client]:
+    """An admin lightkube client."""
+    client = Client(KubeConfig.from_file(control_plane.admin_kubeconfig), field_manager="tests")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(kube: Client) -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    kube.create(Namespace(metadata={"name": name}))  # type: ignore[arg-type]
+    yield name
+    try:
+        kube.delete(Namespace, name)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+
+
+@pytest.fixture
+def fake_nodes(kube: Client) -> Iterator[Callable[..., list[str]]]:
+    """`fake_nodes("dgx-h100:3")` creates Ready kwok nodes; all are removed after the test."""
+    created: list[str] = []
+
+    def add(*specs: str, wait: bool = True) -> list[str]:
+        # Node names stay unique across the session: a deleted Node may linger in caches.
+        names = nodes.add_nodes(kube, list(specs), start=next(_node_index) * 100)
+        created.extend(names)
+        if wait:
+            nodes.wait_ready(kube, names)
+        return names
+
+    def remove(*names: str) -> None:
+        nodes.remove_nodes(kube, list(names))
+        for n in names:
+            if n in created:
+                created.remove(n)
+
+    add.remove = remove  # type: ignore[attr-defined]
+    yield add
+    nodes.remove_nodes(kube, created)
+
+
+_node_index = itertools.count(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.integration)

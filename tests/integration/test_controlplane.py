@@ -1,0 +1,109 @@
+"""Smoke test of the simulated control plane: apiserver + etcd (CRDs, RBAC), controller-manager
+and scheduler (DaemonSet pods created and bound), kwok (fake nodes, pods Ready)."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+from collections.abc import Callable
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.core_v1 import Node
+
+from gpu_operator.sim.controlplane import ControlPlane
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def test_version_is_the_built_release(control_plane: ControlPlane) -> None:
+    version = control_plane.request("GET", "/version")
+    assert version["gitVersion"] == "v1.36.3"
+    assert version["minor"] == "36"
+
+
+def test_crd_is_served(control_plane: ControlPlane, kube: Client) -> None:
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.smoke.example.com"},
+        "spec": {
+            "group": "smoke.example.com",
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+            "scope": "Cluster",
+            "versions": [{
+                "name": "v1", "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer", "minimum": 1}}},
+                }}},
+            }],
+        },
+    }
+    kube.apply(from_dict(crd), force=True)  # type: ignore[call-overload]
+
+    def established() -> bool:
+        got = control_plane.request(
+            "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.smoke.example.com")
+        conditions = got.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for("CRD Established", established)
+    control_plane.request("POST", "/apis/smoke.example.com/v1/widgets",
+                          {"apiVersion": "smoke.example.com/v1", "kind": "Widget",
+                           "metadata": {"name": "w"}, "spec": {"size": 2}})
+    # The schema is enforced by the real apiserver.
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        control_plane.request("POST", "/apis/smoke.example.com/v1/widgets",
+                              {"apiVersion": "smoke.example.com/v1", "kind": "Widget",
+                               "metadata": {"name": "bad"}, "spec": {"size": 0}})
+    assert bad.value.code == 422
+
+
+def test_daemonset_follows_fake_gpu_nodes(kube: Client, namespace: str,
+                                          fake_nodes: Callable[..., list[str]]) -> None:
+    gpu_nodes = fake_nodes("dgx-h100:3")
+    fake_nodes("cpu:1")
+    ds = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "smoke", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "smoke"}},
+            "template": {
+                "metadata": {"labels": {"app": "smoke"}},
+                "spec": {
+                    "nodeSelector": {"feature.node.kubernetes.io/pci-10de.present": "true"},
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [{"name": "c", "image": "example.invalid/smoke:1",
+                                    "securityContext": {"privileged": True}}],
+                },
+            },
+        },
+    }
+    kube.create(from_dict(ds))  # type: ignore[call-overload]
+
+    def counts() -> tuple[int, int]:
+        status = kube.get(DaemonSet, "smoke", namespace=namespace).status
+        return (status.desiredNumberScheduled, status.numberReady) if status else (-1, -1)
+
+    wait_for("3 ready pods", lambda: counts() == (3, 3))
+    fake_nodes.remove(gpu_nodes[0])  # type: ignore[attr-defined]
+    wait_for("the DaemonSet to follow the node deletion", lambda: counts() == (2, 2))
+
+
+def test_serviceaccount_identity_is_subject_to_rbac(control_plane: ControlPlane) -> None:
+    path = control_plane.serviceaccount_kubeconfig("rbac-smoke", "nobody")
+    client = Client(KubeConfig.from_file(path))
+    with pytest.raises(ApiError) as denied:
+        list(client.list(Node))
+    assert denied.value.status.code == 403
+    assert "system:serviceaccount:rbac-smoke:nobody" in str(denied.value.status.message)
