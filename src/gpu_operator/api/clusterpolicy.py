@@ -1,0 +1,424 @@
+"""ClusterPolicy nvidia.com/v1: the operator's configuration, field for field as upstream's CRD.
+
+Attribute names are the wire names (camelCase), so `policy.spec.devicePlugin.config.name` reads
+like the YAML. Optional booleans stay ``None`` when unset and ``is_enabled()`` applies the Go
+default, so an object round-trips without gaining fields. Unknown fields are kept and listed by
+:meth:`ClusterPolicy.warnings` (see gpu_operator.api.common and docs/api.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field
+
+from gpu_operator.api.common import (
+    ComponentFields,
+    Condition,
+    ContainerProbeSpec,
+    DriverManagerSpec,
+    DriverUpgradePolicySpec,
+    EnvVar,
+    GPUDirectRDMASpec,
+    ImageFields,
+    KernelModuleType,
+    Model,
+    ObjectMeta,
+    Toggle,
+    unknown_fields,
+)
+
+GROUP = "nvidia.com"
+VERSION = "v1"
+KIND = "ClusterPolicy"
+PLURAL = "clusterpolicies"
+
+WorkloadConfig = Literal["container", "vm-passthrough", "vm-vgpu"]
+WORKLOAD_CONFIGS: tuple[str, ...] = ("container", "vm-passthrough", "vm-vgpu")
+
+
+class Component(Toggle, ComponentFields):
+    """An operand with image fields and an on/off switch; DEFAULT_ENABLED is the Go default."""
+
+    DEFAULT_ENABLED: ClassVar[bool] = True
+
+    def on(self) -> bool:
+        return self.is_enabled(self.DEFAULT_ENABLED)
+
+
+class OffByDefault(Component):
+    DEFAULT_ENABLED: ClassVar[bool] = False
+
+
+class ServiceMonitorConfig(Model):
+    enabled: bool | None = None
+    interval: str | None = None
+    scrapeTimeout: str | None = None
+    honorLabels: bool | None = None
+    additionalLabels: dict[str, str] | None = None
+    relabelings: list[dict[str, Any]] | None = None
+
+
+class OperatorMetricsSpec(Model):
+    serviceMonitor: ServiceMonitorConfig | None = None
+
+
+class InitContainerSpec(ImageFields):
+    pass
+
+
+class OperatorSpec(Model):
+    defaultRuntime: Literal["docker", "crio", "containerd"] | None = Field(
+        default=None, description="Deprecated and ignored: the runtime is detected from the nodes."
+    )
+    runtimeClass: str = "nvidia"
+    initContainer: InitContainerSpec | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    metrics: OperatorMetricsSpec | None = None
+    use_ocp_driver_toolkit: bool | None = None
+
+
+class RollingUpdateSpec(Model):
+    maxUnavailable: str | None = None
+
+
+class DaemonsetsSpec(Model):
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    priorityClassName: str | None = None
+    updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
+    rollingUpdate: RollingUpdateSpec | None = None
+    podSecurityContext: dict[str, Any] | None = None
+
+
+class ConfigMapNameSpec(Model):
+    configMapName: str | None = None
+
+
+class NameSpec(Model):
+    name: str | None = None
+
+
+class DriverLicensingConfigSpec(Model):
+    configMapName: str | None = None
+    secretName: str | None = None
+    nlsEnabled: bool | None = None
+
+
+class VirtualTopologySpec(Model):
+    config: str | None = None
+
+
+class DriverSpec(Component):
+    useNvidiaDriverCRD: bool | None = None
+    usePrecompiled: bool | None = None
+    useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
+    kernelModuleType: KernelModuleType = "auto"
+    startupProbe: ContainerProbeSpec | None = None
+    livenessProbe: ContainerProbeSpec | None = None
+    readinessProbe: ContainerProbeSpec | None = None
+    rdma: GPUDirectRDMASpec | None = None
+    upgradePolicy: DriverUpgradePolicySpec | None = None
+    manager: DriverManagerSpec | None = None
+    repoConfig: ConfigMapNameSpec | None = None
+    certConfig: NameSpec | None = None
+    licensingConfig: DriverLicensingConfigSpec | None = None
+    virtualTopology: VirtualTopologySpec | None = None
+    kernelModuleConfig: NameSpec | None = None
+    secretEnv: str | None = None
+
+    def precompiled(self) -> bool:
+        return bool(self.usePrecompiled)
+
+    def rdma_on(self) -> bool:
+        return bool(self.rdma and self.rdma.enabled)
+
+    def host_mofed(self) -> bool:
+        return bool(self.rdma and self.rdma.useHostMofed)
+
+
+class ToolkitSpec(Component):
+    installDir: str = "/usr/local/nvidia"
+
+
+class DevicePluginConfig(Model):
+    name: str | None = None
+    default: str | None = None
+
+
+class MPSConfig(Model):
+    root: str = "/run/nvidia/mps"
+
+
+class DevicePluginSpec(Component):
+    config: DevicePluginConfig | None = None
+    mps: MPSConfig | None = None
+
+
+class DCGMExporterMetricsConfig(Model):
+    name: str | None = None
+
+
+class DCGMExporterServiceConfig(Model):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] | None = None
+    internalTrafficPolicy: Literal["Cluster", "Local"] | None = None
+
+
+class HPCJobMappingConfig(Model):
+    enabled: bool | None = None
+    directory: str | None = None
+
+
+class DCGMExporterSpec(Component):
+    annotations: dict[str, str] | None = None
+    config: DCGMExporterMetricsConfig | None = None
+    serviceMonitor: ServiceMonitorConfig | None = None
+    service: DCGMExporterServiceConfig | None = None
+    hostPID: bool | None = None
+    hpcJobMapping: HPCJobMappingConfig | None = None
+    enablePodLabels: bool | None = None
+    enablePodUID: bool | None = None
+    podLabelAllowlistRegex: list[str] | None = None
+
+
+class DCGMSpec(Component):
+    hostPort: int | None = None
+
+
+class NodeStatusExporterSpec(OffByDefault):
+    pass
+
+
+class GPUFeatureDiscoverySpec(Component):
+    pass
+
+
+class MIGSpec(Model):
+    strategy: Literal["none", "single", "mixed"] | None = None
+
+
+class MIGPartedConfig(Model):
+    name: str | None = None
+    default: Literal["all-disabled", ""] = "all-disabled"
+
+
+class MIGManagerSpec(Component):
+    config: MIGPartedConfig | None = None
+    gpuClientsConfig: NameSpec | None = None
+
+
+class PSPSpec(Model):
+    enabled: bool | None = Field(default=None, description="Deprecated and ignored.")
+
+
+class PSASpec(Toggle):
+    pass
+
+
+class EnvOnly(Model):
+    env: list[EnvVar] | None = None
+
+
+class ValidatorSpec(ComponentFields):
+    plugin: EnvOnly | None = None
+    toolkit: EnvOnly | None = None
+    driver: EnvOnly | None = None
+    cuda: EnvOnly | None = None
+    vfioPCI: EnvOnly | None = None
+    vgpuManager: EnvOnly | None = None
+    vgpuDevices: EnvOnly | None = None
+
+
+class GPUDirectStorageSpec(OffByDefault):
+    pass
+
+
+class GDRCopySpec(OffByDefault):
+    pass
+
+
+class SandboxWorkloadsSpec(Toggle):
+    defaultWorkload: WorkloadConfig = "container"
+    mode: Literal["kubevirt", "kata"] = "kubevirt"
+
+
+class VFIOManagerSpec(OffByDefault):
+    driverManager: DriverManagerSpec | None = None
+
+
+class SandboxDevicePluginSpec(OffByDefault):
+    pass
+
+
+class VGPUManagerSpec(OffByDefault):
+    driverManager: DriverManagerSpec | None = None
+    kernelModuleConfig: NameSpec | None = None
+
+
+class VGPUDevicesConfig(Model):
+    name: str | None = None
+    default: str = "default"
+
+
+class VGPUDeviceManagerSpec(OffByDefault):
+    config: VGPUDevicesConfig | None = None
+
+
+class CDIConfigSpec(Model):
+    enabled: bool | None = None
+    default: bool | None = Field(default=None, description="Deprecated and ignored.")
+    nriPluginEnabled: bool | None = None
+
+    def on(self) -> bool:
+        return True if self.enabled is None else self.enabled
+
+    def nri(self) -> bool:
+        return bool(self.nriPluginEnabled)
+
+
+class KataManagerConfig(Model):
+    artifactsDir: str = "/opt/nvidia-gpu-operator/artifacts/runtimeclasses"
+    runtimeClasses: list[dict[str, Any]] | None = None
+
+
+class KataManagerSpec(OffByDefault):
+    """Deprecated: upstream ignores it entirely; kept so old objects load."""
+
+    config: KataManagerConfig | None = None
+
+
+class CCManagerSpec(OffByDefault):
+    defaultMode: Literal["on", "off", "devtools"] | None = None
+
+
+class HostPathsSpec(Model):
+    rootFS: str | None = None
+    driverInstallDir: str | None = None
+    kubeletRootDir: str = "/var/lib/kubelet"
+
+    def root(self) -> str:
+        return self.rootFS or "/"
+
+    def driver_install_dir(self) -> str:
+        return self.driverInstallDir or "/run/nvidia/driver"
+
+
+class KataDevicePluginSpec(OffByDefault):
+    pass
+
+
+_NRI_RULE = (
+    "!has(self.cdi) || !has(self.cdi.nriPluginEnabled) || !self.cdi.nriPluginEnabled || "
+    "((!has(self.cdi.enabled) || self.cdi.enabled) && "
+    "(!has(self.toolkit) || !has(self.toolkit.enabled) || self.toolkit.enabled))"
+)
+_PRECOMPILED_RULE = (
+    "!has(self.driver) || !has(self.driver.usePrecompiled) || !self.driver.usePrecompiled || "
+    "((!has(self.gds) || !has(self.gds.enabled) || !self.gds.enabled) && "
+    "(!has(self.gdrcopy) || !has(self.gdrcopy.enabled) || !self.gdrcopy.enabled))"
+)
+
+
+class ClusterPolicySpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": _NRI_RULE,
+                    "message": "cdi.nriPluginEnabled needs cdi.enabled=true and toolkit.enabled=true",
+                },
+                {
+                    "rule": _PRECOMPILED_RULE,
+                    "message": "driver.usePrecompiled cannot be combined with gds.enabled or gdrcopy.enabled",
+                },
+            ]
+        }
+    )
+
+    operator: OperatorSpec = Field(default_factory=OperatorSpec)
+    daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
+    driver: DriverSpec = Field(default_factory=DriverSpec)
+    toolkit: ToolkitSpec = Field(default_factory=ToolkitSpec)
+    devicePlugin: DevicePluginSpec = Field(default_factory=DevicePluginSpec)
+    dcgmExporter: DCGMExporterSpec = Field(default_factory=DCGMExporterSpec)
+    dcgm: DCGMSpec = Field(default_factory=DCGMSpec)
+    nodeStatusExporter: NodeStatusExporterSpec = Field(default_factory=NodeStatusExporterSpec)
+    gfd: GPUFeatureDiscoverySpec = Field(default_factory=GPUFeatureDiscoverySpec)
+    mig: MIGSpec = Field(default_factory=MIGSpec)
+    migManager: MIGManagerSpec = Field(default_factory=MIGManagerSpec)
+    psp: PSPSpec = Field(default_factory=PSPSpec)
+    psa: PSASpec = Field(default_factory=PSASpec)
+    validator: ValidatorSpec = Field(default_factory=ValidatorSpec)
+    gds: GPUDirectStorageSpec = Field(default_factory=GPUDirectStorageSpec)
+    gdrcopy: GDRCopySpec = Field(default_factory=GDRCopySpec)
+    sandboxWorkloads: SandboxWorkloadsSpec = Field(default_factory=SandboxWorkloadsSpec)
+    vfioManager: VFIOManagerSpec = Field(default_factory=VFIOManagerSpec)
+    sandboxDevicePlugin: SandboxDevicePluginSpec = Field(default_factory=SandboxDevicePluginSpec)
+    vgpuManager: VGPUManagerSpec = Field(default_factory=VGPUManagerSpec)
+    vgpuDeviceManager: VGPUDeviceManagerSpec = Field(default_factory=VGPUDeviceManagerSpec)
+    cdi: CDIConfigSpec = Field(default_factory=CDIConfigSpec)
+    kataManager: KataManagerSpec = Field(default_factory=KataManagerSpec)
+    ccManager: CCManagerSpec = Field(default_factory=CCManagerSpec)
+    hostPaths: HostPathsSpec = Field(default_factory=HostPathsSpec)
+    kataSandboxDevicePlugin: KataDevicePluginSpec = Field(default_factory=KataDevicePluginSpec)
+
+    def sandbox_on(self) -> bool:
+        return self.sandboxWorkloads.is_enabled(False)
+
+    def default_workload(self) -> str:
+        """The workload config of nodes without a valid `nvidia.com/gpu.workload.config` label."""
+        if not self.sandbox_on():
+            return "container"
+        return self.sandboxWorkloads.defaultWorkload
+
+    def sandbox_mode(self) -> str:
+        return self.sandboxWorkloads.mode
+
+    def driver_auto_upgrade(self) -> bool:
+        """Whether nodes get annotation nvidia.com/gpu-driver-upgrade-enabled=true."""
+        policy = self.driver.upgradePolicy
+        return self.driver.on() and policy is not None and policy.autoUpgrade and not self.sandbox_on()
+
+
+ClusterPolicyState = Literal["ignored", "ready", "notReady"]
+
+
+class ClusterPolicyStatus(Model):
+    state: ClusterPolicyState | None = None
+    namespace: str | None = None
+    conditions: list[Condition] | None = None
+
+
+class ClusterPolicy(Model):
+    """The whole ClusterPolicy object (cluster-scoped)."""
+
+    apiVersion: Literal["nvidia.com/v1"] = "nvidia.com/v1"
+    kind: Literal["ClusterPolicy"] = "ClusterPolicy"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ClusterPolicySpec = Field(default_factory=ClusterPolicySpec)
+    status: ClusterPolicyStatus | None = None
+
+    def warnings(self) -> list[str]:
+        """One line per unknown field: kept as-is, but the operator does not act on it."""
+        return [
+            f"unknown field {path!r} in ClusterPolicy {self.metadata.name!r}: kept, but ignored"
+            for path in unknown_fields(self)
+            if not path.startswith(("metadata.", "status."))
+        ]
+
+
+__all__ = [
+    "WORKLOAD_CONFIGS",
+    "CCManagerSpec",
+    "CDIConfigSpec",
+    "ClusterPolicy",
+    "ClusterPolicySpec",
+    "ClusterPolicyStatus",
+    "Component",
+    "DaemonsetsSpec",
+    "DriverSpec",
+    "HostPathsSpec",
+    "ValidatorSpec",
+]

@@ -1,0 +1,159 @@
+"""Building blocks shared by the ClusterPolicy and NVIDIADriver models (image fields, env, probes).
+
+Unknown fields: every model keeps fields it does not know (pydantic ``extra="allow"``) so that a
+ClusterPolicy written for a newer upstream release still loads and round-trips unchanged;
+:func:`unknown_fields` lists them so callers can report them as warnings. Nothing is dropped
+silently. (The API server itself prunes unknown fields against the CRD schema.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+KernelModuleType = Literal["auto", "open", "proprietary"]
+IntOrString = int | str
+
+
+class Model(BaseModel):
+    """Base of every API model: wire names as attribute names, unknown fields kept."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_default=False)
+
+    def dump(self) -> dict[str, Any]:
+        """The object as plain JSON data, exactly the fields that were set (round-trips)."""
+        return self.model_dump(mode="json", exclude_unset=True, by_alias=True)
+
+
+def unknown_fields(model: BaseModel, path: str = "") -> list[str]:
+    """Dotted paths of every field that no model declares (kept, but worth a warning)."""
+    found: list[str] = []
+    for key in sorted(model.model_extra or {}):
+        found.append(f"{path}.{key}" if path else key)
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        child = f"{path}.{name}" if path else name
+        if isinstance(value, BaseModel):
+            found.extend(unknown_fields(value, child))
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    found.extend(unknown_fields(item, f"{child}[{index}]"))
+    return found
+
+
+class EnvVar(Model):
+    """A name/value pair (upstream's own type: no valueFrom)."""
+
+    name: str
+    value: str = ""
+
+
+class ResourceRequirements(Model):
+    """Container resources; quantities as in Kubernetes (int or string)."""
+
+    limits: dict[str, IntOrString] | None = None
+    requests: dict[str, IntOrString] | None = None
+
+
+class ImageFields(Model):
+    """repository/image/version as upstream resolves them, plus pull settings."""
+
+    repository: str | None = None
+    image: str | None = None
+    version: str | None = None
+    imagePullPolicy: str | None = None
+    imagePullSecrets: list[str] | None = None
+
+
+class ComponentFields(ImageFields):
+    """The fields every operand spec has (upstream's "component common fields")."""
+
+    resources: ResourceRequirements | None = None
+    args: list[str] | None = None
+    env: list[EnvVar] | None = None
+    hostNetwork: bool | None = None
+
+
+class Toggle(Model):
+    """A component that can be switched on and off; `enabled` unset means the Go default."""
+
+    enabled: bool | None = None
+
+    def is_enabled(self, default: bool) -> bool:
+        return default if self.enabled is None else self.enabled
+
+
+class ContainerProbeSpec(Model):
+    initialDelaySeconds: int | None = None
+    timeoutSeconds: int | None = None
+    periodSeconds: int | None = None
+    successThreshold: int | None = None
+    failureThreshold: int | None = None
+
+
+class DriverManagerSpec(ImageFields):
+    """The k8s-driver-manager init container of driver-like DaemonSets."""
+
+    env: list[EnvVar] | None = None
+
+
+class GPUDirectRDMASpec(Model):
+    enabled: bool | None = None
+    useHostMofed: bool | None = None
+
+
+class WaitForCompletionSpec(Model):
+    podSelector: str | None = None
+    timeoutSeconds: int = Field(default=0, ge=0)
+
+
+class PodDeletionSpec(Model):
+    force: bool = False
+    timeoutSeconds: int = Field(default=300, ge=0)
+    deleteEmptyDir: bool = False
+
+
+class DrainSpec(Model):
+    enable: bool = False
+    force: bool = False
+    podSelector: str | None = None
+    timeoutSeconds: int = Field(default=300, ge=0)
+    deleteEmptyDir: bool = False
+
+
+class DriverUpgradePolicySpec(Model):
+    """Driver auto-upgrade policy (the k8s-operator-libs shape)."""
+
+    autoUpgrade: bool = False
+    maxParallelUpgrades: int = Field(default=1, ge=0)
+    maxUnavailable: IntOrString = "25%"
+    waitForCompletion: WaitForCompletionSpec | None = None
+    podDeletion: PodDeletionSpec | None = None
+    drain: DrainSpec | None = None
+
+
+class Condition(Model):
+    """metav1.Condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = ""
+    message: str = ""
+    lastTransitionTime: str | None = None
+    observedGeneration: int | None = None
+
+
+class ObjectMeta(Model):
+    """The parts of metadata the operator reads; everything else is kept as unknown fields."""
+
+    name: str = ""
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resourceVersion: str | None = None
+    creationTimestamp: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None

@@ -1,0 +1,216 @@
+"""CustomResourceDefinitions generated from the pydantic models (structural schemas, CEL rules).
+
+`gpu-operator crds generate` writes them to the package (gpu_operator/api/crds/, applied by the
+operator and the Helm hook) and to the Helm chart (deployments/gpu-operator/crds/).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from gpu_operator.api import clusterpolicy, nvidiadriver
+
+_DROP = {"title", "additionalProperties", "default"}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """Resolve every $ref (CRD schemas must be self-contained)."""
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _inline(merged, defs)
+    return {key: _inline(value, defs) for key, value in node.items() if key != "$defs"}
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    """Turn pydantic's JSON schema into a Kubernetes structural schema."""
+    any_of = node.get("anyOf")
+    if any_of is not None:
+        options = [option for option in any_of if option.get("type") != "null"]
+        extra = {k: v for k, v in node.items() if k not in ("anyOf",)}
+        types = sorted(str(option.get("type")) for option in options)
+        if types == ["integer", "string"]:
+            out: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+            if "default" in extra and extra["default"] is not None:
+                out["default"] = extra["default"]
+            if "description" in extra:
+                out["description"] = extra["description"]
+            return out
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union of {types} in a structural schema")
+        return _structural({**options[0], **extra})
+
+    out = {}
+    if node.get("description"):
+        out["description"] = " ".join(str(node["description"]).split())
+    if node.get("default") is not None and not isinstance(node.get("default"), dict | list):
+        out["default"] = node["default"]
+    kind = node.get("type")
+    if "enum" in node:
+        out["type"] = kind or "string"
+        out["enum"] = list(node["enum"])
+    elif "const" in node:
+        out["type"] = kind or "string"
+        out["enum"] = [node["const"]]
+    elif kind == "object" or "properties" in node:
+        out["type"] = "object"
+        props = node.get("properties")
+        additional = node.get("additionalProperties")
+        if props:
+            out["properties"] = {name: _structural(sub) for name, sub in props.items()}
+            required = [name for name in node.get("required", []) if name in props]
+            if required:
+                out["required"] = required
+        elif isinstance(additional, dict) and additional:
+            out["additionalProperties"] = _structural(additional)
+        else:
+            # free-form Kubernetes types we pass through (tolerations, affinity, relabelings)
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    elif kind == "array":
+        out["type"] = "array"
+        out["items"] = _structural(node.get("items", {}))
+    elif kind is not None:
+        out["type"] = kind
+    else:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    for key in ("minimum", "maximum", "pattern", "x-kubernetes-validations"):
+        if key in node:
+            out[key] = node[key]
+    return out
+
+
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of a model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(_inline(raw, raw.get("$defs", {})))
+
+
+def _crd(
+    *,
+    group: str,
+    version: str,
+    kind: str,
+    plural: str,
+    spec_model: type[BaseModel],
+    status_model: type[BaseModel],
+    short_names: list[str] | None = None,
+    columns: list[dict[str, str]],
+) -> dict[str, Any]:
+    names: dict[str, Any] = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
+    if short_names:
+        names["shortNames"] = short_names
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{group}",
+            "labels": {"app.kubernetes.io/managed-by": "gpu-operator"},
+        },
+        "spec": {
+            "group": group,
+            "names": names,
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": f"{kind} is the Schema for the {plural} API.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": schema_of(spec_model),
+                                "status": schema_of(status_model),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def crds() -> dict[str, dict[str, Any]]:
+    """Every CRD this project defines, keyed by file name."""
+    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+    status = {"name": "Status", "type": "string", "jsonPath": ".status.state"}
+    return {
+        "nvidia.com_clusterpolicies.yaml": _crd(
+            group=clusterpolicy.GROUP,
+            version=clusterpolicy.VERSION,
+            kind=clusterpolicy.KIND,
+            plural=clusterpolicy.PLURAL,
+            spec_model=clusterpolicy.ClusterPolicySpec,
+            status_model=clusterpolicy.ClusterPolicyStatus,
+            columns=[status, age],
+        ),
+        "nvidia.com_nvidiadrivers.yaml": _crd(
+            group=nvidiadriver.GROUP,
+            version=nvidiadriver.VERSION,
+            kind=nvidiadriver.KIND,
+            plural=nvidiadriver.PLURAL,
+            spec_model=nvidiadriver.NVIDIADriverSpec,
+            status_model=nvidiadriver.NVIDIADriverStatus,
+            short_names=nvidiadriver.SHORT_NAMES,
+            columns=[status, {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"}, age],
+        ),
+    }
+
+
+HEADER = "# Generated by `gpu-operator crds generate` from gpu_operator.api; do not edit.\n"
+
+
+def render_yaml(crd: dict[str, Any]) -> str:
+    return HEADER + yaml.safe_dump(crd, sort_keys=False, width=100)
+
+
+def package_dir() -> Path:
+    return Path(str(resources.files("gpu_operator.api").joinpath("crds")))
+
+
+def chart_dir(repo_root: Path) -> Path:
+    return repo_root / "deployments" / "gpu-operator" / "crds"
+
+
+def write(targets: list[Path]) -> list[Path]:
+    """Write every CRD into each target directory; returns the files written."""
+    written: list[Path] = []
+    for target in targets:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, crd in crds().items():
+            path = target / name
+            path.write_text(render_yaml(crd))
+            written.append(path)
+    return written
+
+
+def stale(targets: list[Path]) -> list[Path]:
+    """Files in the targets that differ from what the models generate now."""
+    out: list[Path] = []
+    for target in targets:
+        for name, crd in crds().items():
+            path = target / name
+            if not path.is_file() or path.read_text() != render_yaml(crd):
+                out.append(path)
+    return out
+
+
+def load_packaged() -> list[dict[str, Any]]:
+    """The CRDs shipped in the package (what the operator applies at start-up)."""
+    folder = resources.files("gpu_operator.api").joinpath("crds")
+    return [yaml.safe_load(folder.joinpath(name).read_text()) for name in sorted(crds())]

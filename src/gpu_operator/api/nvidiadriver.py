@@ -1,0 +1,139 @@
+"""NVIDIADriver nvidia.com/v1alpha1: per-node-pool driver configuration, as upstream's CRD.
+
+Unknown fields are kept and reported like ClusterPolicy's (see gpu_operator.api.common).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from gpu_operator.api.common import (
+    ComponentFields,
+    Condition,
+    ContainerProbeSpec,
+    DrainSpec,
+    DriverManagerSpec,
+    EnvVar,
+    GPUDirectRDMASpec,
+    ImageFields,
+    IntOrString,
+    KernelModuleType,
+    Model,
+    ObjectMeta,
+    PodDeletionSpec,
+    ResourceRequirements,
+    WaitForCompletionSpec,
+    unknown_fields,
+)
+
+GROUP = "nvidia.com"
+VERSION = "v1alpha1"
+KIND = "NVIDIADriver"
+PLURAL = "nvidiadrivers"
+SHORT_NAMES = ["nvd", "nvdriver", "nvdrivers"]
+
+DriverType = Literal["gpu", "vgpu", "vgpu-host-manager"]
+
+
+class SidecarDriverSpec(ImageFields):
+    """GDS / GDRCopy sidecars of the driver pod."""
+
+    enabled: bool | None = None
+    args: list[str] | None = None
+    env: list[EnvVar] | None = None
+
+
+class NameRef(Model):
+    name: str | None = None
+
+
+class LicensingConfig(Model):
+    secretName: str | None = None
+    name: str | None = None
+    nlsEnabled: bool | None = None
+
+
+class NVIDIADriverUpgradePolicy(Model):
+    """Like ClusterPolicy's, except that auto-upgrade defaults to on."""
+
+    autoUpgrade: bool = True
+    maxParallelUpgrades: int = Field(default=1, ge=0)
+    maxUnavailable: IntOrString = "25%"
+    waitForCompletion: WaitForCompletionSpec | None = None
+    podDeletion: PodDeletionSpec | None = None
+    drain: DrainSpec | None = None
+
+
+class NVIDIADriverSpec(ComponentFields):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.default) && self.default) || !has(self.nodeSelector) "
+                    "|| size(self.nodeSelector) == 0",
+                    "message": "the default NVIDIADriver must not set nodeSelector",
+                },
+                {
+                    "rule": "!has(oldSelf.driverType) || !has(self.driverType) || self.driverType == oldSelf.driverType",
+                    "message": "driverType is immutable",
+                },
+                {
+                    "rule": "(has(self.usePrecompiled) ? self.usePrecompiled : false) == "
+                    "(has(oldSelf.usePrecompiled) ? oldSelf.usePrecompiled : false)",
+                    "message": "usePrecompiled is immutable",
+                },
+            ]
+        }
+    )
+
+    default: bool = False
+    driverType: DriverType = "gpu"
+    usePrecompiled: bool | None = None
+    useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
+    kernelModuleType: KernelModuleType = "auto"
+    startupProbe: ContainerProbeSpec | None = None
+    livenessProbe: ContainerProbeSpec | None = None
+    readinessProbe: ContainerProbeSpec | None = None
+    rdma: GPUDirectRDMASpec | None = None
+    gds: SidecarDriverSpec | None = None
+    gdrcopy: SidecarDriverSpec | None = None
+    image: str = "nvcr.io/nvidia/driver"
+    manager: DriverManagerSpec | None = None
+    resources: ResourceRequirements | None = None
+    repoConfig: NameRef | None = None
+    certConfig: NameRef | None = None
+    licensingConfig: LicensingConfig | None = None
+    virtualTopologyConfig: NameRef | None = None
+    kernelModuleConfig: NameRef | None = None
+    secretEnv: str | None = None
+    upgradePolicy: NVIDIADriverUpgradePolicy | None = None
+    nodeSelector: dict[str, str] | None = None
+    nodeAffinity: dict[str, Any] | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    priorityClassName: str | None = None
+    podSecurityContext: dict[str, Any] | None = None
+
+
+class NVIDIADriverStatus(Model):
+    state: Literal["ignored", "ready", "notReady", "disabled"] | None = None
+    namespace: str | None = None
+    conditions: list[Condition] | None = None
+
+
+class NVIDIADriver(Model):
+    apiVersion: Literal["nvidia.com/v1alpha1"] = "nvidia.com/v1alpha1"
+    kind: Literal["NVIDIADriver"] = "NVIDIADriver"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: NVIDIADriverSpec = Field(default_factory=NVIDIADriverSpec)
+    status: NVIDIADriverStatus | None = None
+
+    def warnings(self) -> list[str]:
+        return [
+            f"unknown field {path!r} in NVIDIADriver {self.metadata.name!r}: kept, but ignored"
+            for path in unknown_fields(self)
+            if not path.startswith(("metadata.", "status."))
+        ]

@@ -1,0 +1,89 @@
+"""Generated CRDs: committed files are current, schemas are structural, rules are present."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpu_operator.api import crdgen
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_committed_crds_are_current() -> None:
+    stale = crdgen.stale([crdgen.package_dir(), crdgen.chart_dir(REPO)])
+    assert stale == [], f"stale CRDs {stale}: run `gpu-operator crds generate`"
+
+
+def _walk(node: Any, path: str, problems: list[str]) -> None:
+    if isinstance(node, dict):
+        if "$ref" in node or "anyOf" in node or "$defs" in node:
+            problems.append(f"{path}: not structural")
+        is_schema = "type" in node or "x-kubernetes-int-or-string" in node or \
+            "x-kubernetes-preserve-unknown-fields" in node
+        if "properties" in node and not is_schema:
+            problems.append(f"{path}: object without type")
+        for key, value in node.items():
+            if key == "properties":
+                for name, sub in value.items():
+                    if not isinstance(sub, dict) or not (
+                        "type" in sub or "x-kubernetes-int-or-string" in sub
+                        or "x-kubernetes-preserve-unknown-fields" in sub
+                    ):
+                        problems.append(f"{path}.{name}: no type")
+                    _walk(sub, f"{path}.{name}", problems)
+            elif key != "x-kubernetes-validations":
+                _walk(value, f"{path}.{key}", problems)
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            _walk(item, f"{path}[{index}]", problems)
+
+
+def _schema(name: str) -> dict[str, Any]:
+    crd = crdgen.crds()[name]
+    version = crd["spec"]["versions"][0]
+    return version["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+
+
+def test_schemas_are_structural() -> None:
+    for name in crdgen.crds():
+        problems: list[str] = []
+        _walk(_schema(name), name, problems)
+        assert problems == []
+
+
+def test_clusterpolicy_schema_details() -> None:
+    crd = crdgen.crds()["nvidia.com_clusterpolicies.yaml"]
+    version = crd["spec"]["versions"][0]
+    assert crd["spec"]["scope"] == "Cluster"
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Status", "Age"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props = spec["properties"]
+    assert props["operator"]["properties"]["runtimeClass"]["default"] == "nvidia"
+    assert props["mig"]["properties"]["strategy"]["enum"] == ["none", "single", "mixed"]
+    assert props["sandboxWorkloads"]["properties"]["defaultWorkload"]["default"] == "container"
+    upgrade = props["driver"]["properties"]["upgradePolicy"]["properties"]
+    assert upgrade["maxUnavailable"] == {"x-kubernetes-int-or-string": True, "default": "25%"}
+    resources = props["driver"]["properties"]["resources"]["properties"]["limits"]
+    assert resources["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert props["daemonsets"]["properties"]["tolerations"]["items"] == {
+        "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    rules = [r["message"] for r in spec["x-kubernetes-validations"]]
+    assert any("nriPluginEnabled" in m for m in rules)
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["state"]["enum"] == ["ignored", "ready", "notReady"]
+
+
+def test_nvidiadriver_schema_details() -> None:
+    crd = crdgen.crds()["nvidia.com_nvidiadrivers.yaml"]
+    assert crd["spec"]["names"]["shortNames"] == ["nvd", "nvdriver", "nvdrivers"]
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["driverType"]["enum"] == ["gpu", "vgpu", "vgpu-host-manager"]
+    messages = [r["message"] for r in spec["x-kubernetes-validations"]]
+    assert "driverType is immutable" in messages
+
+
+def test_packaged_crds_load() -> None:
+    assert [c["metadata"]["name"] for c in crdgen.load_packaged()] == [
+        "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"]
