@@ -1,0 +1,78 @@
+{{/* Names, labels and image references shared by the templates. */}}
+
+{{- define "gpu-operator.labels" -}}
+app.kubernetes.io/name: gpu-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* The upstream defaults that name NVIDIA's Go operator image, which cannot run `gpu-operator run`. */}}
+{{- define "gpu-operator.isUpstreamOperatorImage" -}}
+{{- if and (eq (.repository | default "") "nvcr.io/nvidia") (eq (.image | default "") "gpu-operator") -}}true{{- end -}}
+{{- end }}
+
+{{/*
+The image fields (repository, image, version) of a component that runs from our operator
+image (operator, validator, node-status-exporter). NVIDIA's default pair is replaced by ours
+(and reported by gpu-operator.unsupported); an unset version means the appVersion.
+Input: dict "root" $ "spec" <component values>. Output: YAML mapping.
+*/}}
+{{- define "gpu-operator.ownImageFields" -}}
+{{- $spec := .spec -}}
+{{- $own := .root.Values.operator -}}
+{{- $repository := $spec.repository -}}
+{{- $image := $spec.image -}}
+{{- if include "gpu-operator.isUpstreamOperatorImage" $spec -}}
+{{- $repository = "ghcr.io/gpu-operator-py" -}}
+{{- $image = "gpu-operator" -}}
+{{- if not (include "gpu-operator.isUpstreamOperatorImage" $own) -}}
+{{- $repository = $own.repository -}}
+{{- $image = $own.image -}}
+{{- end -}}
+{{- end -}}
+repository: {{ $repository | quote }}
+image: {{ $image | quote }}
+version: {{ $spec.version | default .root.Chart.AppVersion | quote }}
+{{- end }}
+
+{{/*
+A full image reference from repository, image and version, by upstream's rule: image alone
+when repository and version are empty; `@version` for sha256 digests. Empty when incomplete.
+*/}}
+{{- define "gpu-operator.imageRef" -}}
+{{- $repository := .repository | default "" -}}
+{{- $image := .image | default "" -}}
+{{- $version := .version | default "" | toString -}}
+{{- if and $image (not $repository) (not $version) -}}
+{{ $image }}
+{{- else if and $repository $image $version -}}
+{{- if hasPrefix "sha256:" $version -}}
+{{ printf "%s/%s@%s" $repository $image $version }}
+{{- else -}}
+{{ printf "%s/%s:%s" $repository $image $version }}
+{{- end -}}
+{{- end -}}
+{{- end }}
+
+{{- define "gpu-operator.operatorImage" -}}
+{{- include "gpu-operator.imageRef" (include "gpu-operator.ownImageFields" (dict "root" . "spec" .Values.operator) | fromYaml) -}}
+{{- end }}
+
+{{/*
+A component's values as its ClusterPolicy spec: a deep copy without the chart-only keys.
+Input: dict "values" <map> "drop" <list of keys, "a" or "a.b">. Output: YAML mapping.
+*/}}
+{{- define "gpu-operator.specOf" -}}
+{{- $spec := deepCopy (.values | default dict) -}}
+{{- range .drop -}}
+{{- $path := splitList "." . -}}
+{{- if eq (len $path) 1 -}}
+{{- $_ := unset $spec (first $path) -}}
+{{- else if kindIs "map" (index $spec (first $path) | default "") -}}
+{{- $_ := unset (index $spec (first $path)) (last $path) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $spec -}}
+{{- end }}

@@ -1,0 +1,43 @@
+{{/*
+Values this chart accepts for compatibility with NVIDIA's chart but does not act on yet, as a
+YAML list of {key, value, effect}. Shown in NOTES and kept in the ConfigMap
+gpu-operator-values-report, so nothing a user set is dropped without a word.
+*/}}
+{{- define "gpu-operator.unsupported" -}}
+{{- $v := .Values -}}
+{{- $found := list -}}
+{{- $checks := list
+    (list "gpuCluster.deployCR" $v.gpuCluster.deployCR "the GPUCluster (DRA) stack is not implemented; no GPUCluster is rendered and draDriver.* is ignored")
+    (list "driver.nvidiaDriverCRD.enabled" $v.driver.nvidiaDriverCRD.enabled "NVIDIADriver objects are not rendered (no default NVIDIADriver); the ClusterPolicy gets useNvidiaDriverCRD=true and then deploys no driver")
+    (list "operator.cleanupCRD" $v.operator.cleanupCRD "no pre-delete hook deletes the CRDs; delete them by hand after uninstall")
+    (list "nfd.nodefeaturerules" $v.nfd.nodefeaturerules "the NodeFeatureRule for gdrcopy/GDS/peermem capability labels is not rendered")
+    (list "kataManager.enabled" $v.kataManager.enabled "kata-manager is deprecated and ignored by the operator")
+    (list "platform.openshift" $v.platform.openshift "OpenShift specifics (SCCs, driver toolkit) are not rendered by the operator yet; only the RBAC rules are granted") -}}
+{{- range $checks -}}
+{{- if index . 1 -}}
+{{- $found = append $found (dict "key" (index . 0) "value" (index . 1) "effect" (index . 2)) -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.operator.defaultGPUMode -}}
+{{- $found = append $found (dict "key" "operator.defaultGPUMode" "value" . "effect" "not a ClusterPolicy field (NVIDIA's chart renders it and the API server prunes it); ignored") -}}
+{{- end -}}
+{{- $logging := $v.operator.logging | default dict -}}
+{{- $loggingDefaults := dict "timeEncoding" "epoch" "level" "info" "develMode" false -}}
+{{- range $key, $default := $loggingDefaults -}}
+{{- if and (hasKey $logging $key) (ne (toString (index $logging $key)) (toString $default)) -}}
+{{- $found = append $found (dict "key" (printf "operator.logging.%s" $key) "value" (index $logging $key) "effect" "the operator's log settings are not configurable from the chart yet; ignored") -}}
+{{- end -}}
+{{- end -}}
+{{- range $key := list "operator" "validator" "nodeStatusExporter" -}}
+{{- if include "gpu-operator.isUpstreamOperatorImage" (index $v $key) -}}
+{{- $found = append $found (dict "key" (printf "%s.repository/%s.image" $key $key) "value" "nvcr.io/nvidia/gpu-operator" "effect" "NVIDIA's Go operator image cannot run this operator; replaced by this chart's operator image. Remove both keys from your values to silence this") -}}
+{{- end -}}
+{{- end -}}
+{{- $known := list "global" "platform" "nfd" "psa" "cdi" "sandboxWorkloads" "hostPaths" "daemonsets" "validator" "operator" "mig" "driver" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "vgpuManager" "vgpuDeviceManager" "vfioManager" "kataManager" "sandboxDevicePlugin" "kataSandboxDevicePlugin" "ccManager" "clusterPolicy" "gpuCluster" "draDriver" "extraObjects" "node-feature-discovery" -}}
+{{- range $key, $value := $v -}}
+{{- if not (has $key $known) -}}
+{{- $found = append $found (dict "key" $key "value" $value "effect" "not a key of this chart; ignored") -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $found -}}
+{{- end }}
