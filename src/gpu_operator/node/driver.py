@@ -1,0 +1,181 @@
+"""Where a host's NVIDIA driver comes from: distribution packages, an OS extension tree, the operator, or nowhere."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from gpu_operator.node.hostfs import HostFS
+
+OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+# Upstream's validator list, plus /usr/local/bin where Talos' extension puts nvidia-smi and the
+# glibc tree of OS-extension drivers: hard-coding /usr/bin is a known pain.
+SMI_SEARCH_DIRS = (
+    "/usr/bin",
+    "/usr/sbin",
+    "/bin",
+    "/sbin",
+    "/usr/lib/wsl/lib",
+    "/opt/bin",
+    "/usr/local/bin",
+    "/usr/local/glibc/usr/bin",
+    "/usr/local/glibc/bin",
+)
+NVML_LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/usr/local/glibc/usr/lib",
+    "/usr/local/glibc/lib",
+    "/usr/lib/wsl/lib",
+)
+_KERNEL_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+
+
+class DriverSource(StrEnum):
+    HOST = "host"
+    OPERATOR = "operator"
+    VFIO = "vfio"
+    NONE = "none"
+
+
+class DriverInfo(BaseModel):
+    """The driver found on a host and the evidence for it."""
+
+    source: DriverSource
+    flavor: str = Field(default="", description="distribution, talos, wsl, operator or ''")
+    driver_root: str | None = Field(
+        default=None, description="host path the toolkit uses as NVIDIA_DRIVER_ROOT"
+    )
+    nvidia_smi: str | None = Field(default=None, description="host path of nvidia-smi")
+    run_root: str = Field(default="/", description="host directory to chroot into to run nvidia-smi")
+    smi_in_root: str | None = Field(default=None, description="nvidia-smi's path inside run_root")
+    kernel_module_loaded: bool = False
+    kernel_version: str | None = None
+    nvml_library: str | None = None
+    operator_root_present: bool = False
+    host_userspace: bool = False
+    evidence: list[str] = Field(default_factory=list)
+
+
+def module_names(fs: HostFS) -> set[str]:
+    """Loaded kernel modules (/proc/modules, plus built-ins visible under /sys/module with a refcnt)."""
+    text = fs.read_text("/proc/modules") or ""
+    return {line.split()[0] for line in text.splitlines() if line.strip()}
+
+
+def find_executable(fs: HostFS, name: str, dirs: tuple[str, ...] | list[str]) -> str | None:
+    for directory in dirs:
+        path = f"{directory.rstrip('/')}/{name}"
+        if fs.is_executable(path):
+            return path
+    return None
+
+
+def find_nvml(fs: HostFS, root: str = "/") -> str | None:
+    prefix = root.rstrip("/")
+    for directory in NVML_LIBRARY_DIRS:
+        for entry in fs.listdir(prefix + directory):
+            if entry.startswith("libnvidia-ml.so"):
+                return f"{prefix}{directory}/{entry}"
+    return None
+
+
+def os_release(fs: HostFS) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        text = fs.read_text(path)
+        if text is None:
+            continue
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and not key.startswith("#"):
+                out[key.strip()] = value.strip().strip('"').strip("'")
+        break
+    return out
+
+
+def kernel_driver_version(fs: HostFS) -> str | None:
+    match = _KERNEL_VERSION.search(fs.read_text("/proc/driver/nvidia/version") or "")
+    return match.group(1) if match else None
+
+
+def detect_driver(
+    fs: HostFS,
+    *,
+    gpus_all_on_vfio: bool = False,
+    extra_search_dirs: tuple[str, ...] = (),
+    operator_root: str = OPERATOR_DRIVER_ROOT,
+) -> DriverInfo:
+    """Decide the driver source from files only (running nvidia-smi is the validator's job)."""
+    evidence: list[str] = []
+    modules = module_names(fs)
+    loaded = "nvidia" in modules or fs.exists("/sys/module/nvidia/refcnt")
+    if loaded:
+        evidence.append("kernel module nvidia is loaded (/proc/modules)")
+    version = kernel_driver_version(fs)
+    if version:
+        evidence.append(f"/proc/driver/nvidia/version reports kernel module {version}")
+
+    smi = find_executable(fs, "nvidia-smi", (*extra_search_dirs, *SMI_SEARCH_DIRS))
+    nvml = find_nvml(fs)
+    if smi:
+        evidence.append(f"nvidia-smi found on the host at {smi}")
+    if nvml:
+        evidence.append(f"libnvidia-ml found on the host at {nvml}")
+
+    operator_smi = find_executable(fs, "nvidia-smi", [f"{operator_root}{d}" for d in ("/usr/bin", "/bin")])
+    if operator_smi:
+        evidence.append(f"operator driver root populated ({operator_smi})")
+
+    release = os_release(fs)
+    talos = release.get("ID") == "talos" or bool(nvml and nvml.startswith("/usr/local/glibc"))
+    wsl = bool(smi and smi.startswith("/usr/lib/wsl"))
+    base = DriverInfo(
+        source=DriverSource.NONE,
+        kernel_module_loaded=loaded,
+        kernel_version=version,
+        nvml_library=nvml,
+        operator_root_present=bool(operator_smi),
+        host_userspace=bool(smi or nvml),
+        evidence=evidence,
+    )
+    if smi or nvml:
+        flavor = "talos" if talos else "wsl" if wsl else "distribution"
+        return base.model_copy(
+            update={
+                "source": DriverSource.HOST,
+                "flavor": flavor,
+                "driver_root": "/",
+                "nvidia_smi": smi,
+                "smi_in_root": smi,
+            }
+        )
+    if operator_smi:
+        return base.model_copy(
+            update={
+                "source": DriverSource.OPERATOR,
+                "flavor": "operator",
+                "driver_root": operator_root,
+                "nvidia_smi": operator_smi,
+                "run_root": operator_root,
+                "smi_in_root": operator_smi.removeprefix(operator_root),
+            }
+        )
+    if loaded:
+        # A loaded module without any user space: still a host driver, but an incomplete one.
+        return base.model_copy(
+            update={
+                "source": DriverSource.HOST,
+                "flavor": "talos" if talos else "distribution",
+                "driver_root": "/",
+            }
+        )
+    if gpus_all_on_vfio:
+        evidence.append("every NVIDIA GPU is bound to a vfio driver")
+        return base.model_copy(update={"source": DriverSource.VFIO})
+    return base

@@ -1,0 +1,55 @@
+"""Processes that hold NVIDIA device files open, mapped to the GPU (PCI address) they pin."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel
+
+from gpu_operator.node.hostfs import HostFS, HostPathError
+
+_MINOR = re.compile(r"Device Minor:\s*(\d+)")
+_PER_GPU = re.compile(r"^/dev/nvidia(\d+)$")
+
+
+class GpuHolder(BaseModel):
+    """A process with an open NVIDIA device file; `address` is set when the file is one GPU's."""
+
+    pid: int
+    comm: str
+    device: str
+    address: str | None = None
+
+
+def device_minors(fs: HostFS) -> dict[int, str]:
+    """/dev/nvidiaN minor number -> PCI address, from the driver's /proc/driver/nvidia/gpus tree."""
+    out: dict[int, str] = {}
+    for address in fs.listdir("/proc/driver/nvidia/gpus"):
+        match = _MINOR.search(fs.read_text(f"/proc/driver/nvidia/gpus/{address}/information") or "")
+        if match:
+            out[int(match.group(1))] = address.lower()
+    return out
+
+
+def gpu_holders(fs: HostFS) -> list[GpuHolder]:
+    """Every open /dev/nvidia* file of every host process (read from the host's /proc)."""
+    minors = device_minors(fs)
+    out: list[GpuHolder] = []
+    for entry in fs.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        comm = (fs.read_value(f"/proc/{entry}/comm") or "?").strip()
+        seen: set[str] = set()
+        for fd in fs.listdir(f"/proc/{entry}/fd"):
+            try:
+                # The raw link target is the device path as the process sees it; never follow it.
+                target = fs.readlink(f"/proc/{entry}/fd/{fd}")
+            except (HostPathError, OSError):
+                continue
+            if not target or not target.startswith("/dev/nvidia") or target in seen:
+                continue
+            seen.add(target)
+            match = _PER_GPU.match(target)
+            address = minors.get(int(match.group(1))) if match else None
+            out.append(GpuHolder(pid=int(entry), comm=comm, device=target, address=address))
+    return out

@@ -1,0 +1,235 @@
+"""The host's container runtime (containerd in its distro locations, cri-o, docker) and its CDI specs."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field
+
+from gpu_operator.node.hostfs import HostFS
+
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi", "/run/cdi")
+KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    name: str
+    flavor: str
+    configs: tuple[str, ...]
+    socket: str
+    drop_in_globs: tuple[str, ...] = ()
+    template: str | None = None
+
+
+# Order matters when several are present: a distro's own containerd wins over a stray
+# /etc/containerd left by a package, unless the kubelet names its endpoint.
+_CANDIDATES = (
+    _Candidate(
+        "containerd",
+        "k3s",
+        ("/var/lib/rancher/k3s/agent/etc/containerd/config.toml",),
+        "/run/k3s/containerd/containerd.sock",
+        template="/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
+    ),
+    _Candidate(
+        "containerd",
+        "rke2",
+        ("/var/lib/rancher/rke2/agent/etc/containerd/config.toml",),
+        "/run/k3s/containerd/containerd.sock",
+        template="/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
+    ),
+    _Candidate(
+        "containerd",
+        "microk8s",
+        (
+            "/var/snap/microk8s/current/args/containerd-template.toml",
+            "/var/snap/microk8s/current/args/containerd.toml",
+        ),
+        "/var/snap/microk8s/common/run/containerd.sock",
+    ),
+    _Candidate(
+        "containerd",
+        "talos",
+        ("/etc/cri/containerd.toml",),
+        "/run/containerd/containerd.sock",
+        ("/etc/cri/conf.d/*.part",),
+    ),
+    _Candidate(
+        "containerd",
+        "containerd",
+        ("/etc/containerd/config.toml",),
+        "/run/containerd/containerd.sock",
+        ("/etc/containerd/conf.d/*.toml",),
+    ),
+    _Candidate(
+        "crio", "crio", ("/etc/crio/crio.conf",), "/var/run/crio/crio.sock", ("/etc/crio/crio.conf.d/*",)
+    ),
+    _Candidate("docker", "docker", ("/etc/docker/daemon.json",), "/var/run/docker.sock"),
+)
+
+
+class ContainerRuntime(BaseModel):
+    """The runtime the kubelet uses and what its configuration says about NVIDIA."""
+
+    name: str = Field(description="containerd, crio, docker, or '' when none was found")
+    flavor: str = ""
+    config_path: str | None = None
+    template_path: str | None = Field(
+        default=None, description="k3s/rke2 regenerate config_path from this at start"
+    )
+    config_files: list[str] = Field(
+        default_factory=list, description="config plus every drop-in that was read"
+    )
+    socket: str | None = None
+    nvidia_runtime: bool = False
+    default_runtime: str | None = None
+    cdi_enabled: bool | None = Field(default=None, description="None when the configuration does not say")
+    errors: list[str] = Field(default_factory=list)
+
+
+class CdiSpec(BaseModel):
+    path: str
+    kind: str = ""
+    devices: int = 0
+    error: str | None = None
+
+
+def _kubelet_endpoint(fs: HostFS) -> str | None:
+    text = fs.read_text(KUBELET_CONFIG)
+    if not text:
+        return None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return None
+    endpoint = data.get("containerRuntimeEndpoint") if isinstance(data, dict) else None
+    return str(endpoint).removeprefix("unix://") if endpoint else None
+
+
+def _glob(fs: HostFS, pattern: str) -> list[str]:
+    directory, _, mask = pattern.rpartition("/")
+    return [f"{directory}/{n}" for n in fs.listdir(directory) if fnmatch.fnmatch(n, mask)]
+
+
+def _has_config(fs: HostFS, cand: _Candidate) -> bool:
+    return any(fs.is_file(c) for c in cand.configs)
+
+
+def _walk(node: Any) -> list[tuple[str, Any]]:
+    """Every (key, value) pair of nested tables, depth first."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.append((str(key), value))
+            out.extend(_walk(value))
+    return out
+
+
+def _is_nvidia_runtime(name: str, table: Any) -> bool:
+    binary = ""
+    if isinstance(table, dict):
+        options = table.get("options") or {}
+        binary = str(options.get("BinaryName") or table.get("runtime_path") or table.get("path") or "")
+    return name.startswith("nvidia") or "nvidia-container-runtime" in binary
+
+
+def _parse(path: str, text: str, name: str) -> dict[str, Any]:
+    if name == "docker":
+        data = json.loads(text)
+        return data if isinstance(data, dict) else {}
+    return tomllib.loads(text)
+
+
+def _facts(runtime: ContainerRuntime, docs: list[dict[str, Any]], config_version: int | None) -> None:
+    cdi: bool | None = None
+    for doc in docs:
+        for key, value in _walk(doc):
+            if key == "runtimes" and isinstance(value, dict):
+                runtime.nvidia_runtime |= any(_is_nvidia_runtime(n, t) for n, t in value.items())
+            elif key in ("enable_cdi", "cdi") and isinstance(value, bool):
+                cdi = value
+            elif key in ("default_runtime_name", "default_runtime", "default-runtime") and isinstance(
+                value, str
+            ):
+                runtime.default_runtime = value
+    if cdi is None and runtime.name == "containerd" and config_version is not None:
+        # containerd 2.x (config version 3) turns CDI on by default; 1.x (version 2) does not.
+        cdi = config_version >= 3
+    if cdi is None and runtime.name == "crio":
+        cdi = True  # cri-o has read CDI specs by default since 1.23
+    runtime.cdi_enabled = cdi
+
+
+def detect_runtime(fs: HostFS) -> ContainerRuntime:
+    endpoint = _kubelet_endpoint(fs)
+    # Several runtimes share a socket path (k3s and rke2; talos and plain containerd): the
+    # config file tells them apart, the socket only breaks ties or stands in when no config exists.
+    configured = [c for c in _CANDIDATES if _has_config(fs, c)]
+    listening = [c for c in _CANDIDATES if fs.exists(c.socket)]
+    chosen = next(
+        (c for c in configured if endpoint and fs.canonical(c.socket) == fs.canonical(endpoint)), None
+    )
+    chosen = chosen or next(iter(configured), None) or next(iter(listening), None)
+    if chosen is None:
+        return ContainerRuntime(name="")
+    config = next((c for c in chosen.configs if fs.is_file(c)), None)
+    runtime = ContainerRuntime(
+        name=chosen.name,
+        flavor=chosen.flavor,
+        config_path=config or chosen.configs[0],
+        template_path=chosen.template if chosen.template and fs.is_file(chosen.template) else None,
+        socket=chosen.socket if fs.exists(chosen.socket) else None,
+    )
+    docs: list[dict[str, Any]] = []
+    version: int | None = None
+    files = ([config] if config else []) + [f for g in chosen.drop_in_globs for f in _glob(fs, g)]
+    for index, path in enumerate(files):
+        try:
+            doc = _parse(path, fs.read_text(path) or "", chosen.name)
+        except (ValueError, tomllib.TOMLDecodeError) as err:
+            runtime.errors.append(f"{path}: {err}")
+            continue
+        docs.append(doc)
+        runtime.config_files.append(path)
+        if index == 0 and config:
+            version = int(doc.get("version", 1)) if isinstance(doc.get("version", 1), int) else None
+            files.extend(
+                f
+                for pattern in doc.get("imports", []) or []
+                for f in _glob(fs, str(pattern))
+                if f not in files
+            )
+    _facts(runtime, docs, version)
+    return runtime
+
+
+def cdi_specs(fs: HostFS) -> list[CdiSpec]:
+    """CDI spec files in the standard directories (a /var/run -> /run link is counted once)."""
+    seen: set[str] = set()
+    specs: list[CdiSpec] = []
+    for directory in CDI_SPEC_DIRS:
+        if not fs.is_dir(directory) or fs.canonical(directory) in seen:
+            continue
+        seen.add(fs.canonical(directory))
+        for name in fs.listdir(directory):
+            if not name.endswith((".yaml", ".yml", ".json")):
+                continue
+            path = f"{directory}/{name}"
+            try:
+                data = yaml.safe_load(fs.read_text(path) or "") or {}
+            except yaml.YAMLError as err:
+                specs.append(CdiSpec(path=path, error=str(err).splitlines()[0]))
+                continue
+            if not isinstance(data, dict):
+                specs.append(CdiSpec(path=path, error="not a mapping"))
+                continue
+            specs.append(
+                CdiSpec(path=path, kind=str(data.get("kind", "")), devices=len(data.get("devices") or []))
+            )
+    return specs
