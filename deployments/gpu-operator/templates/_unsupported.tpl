@@ -18,6 +18,12 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- $found = append $found (dict "key" (index . 0) "value" (index . 1) "effect" (index . 2)) -}}
 {{- end -}}
 {{- end -}}
+{{- range include "gpu-operator.clusterPolicyPruned" . | fromYamlArray -}}
+{{- $found = append $found (dict "key" . "value" "(set)" "effect" "not a field of the ClusterPolicy CRD; the API server drops it") -}}
+{{- end -}}
+{{- with $v.psp -}}
+{{- $found = append $found (dict "key" "psp" "value" . "effect" "PodSecurityPolicy support is deprecated upstream and ignored") -}}
+{{- end -}}
 {{- with $v.operator.defaultGPUMode -}}
 {{- $found = append $found (dict "key" "operator.defaultGPUMode" "value" . "effect" "not a ClusterPolicy field (NVIDIA's chart renders it and the API server prunes it); ignored") -}}
 {{- end -}}
@@ -33,7 +39,7 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- $found = append $found (dict "key" (printf "%s.repository/%s.image" $key $key) "value" "nvcr.io/nvidia/gpu-operator" "effect" "NVIDIA's Go operator image cannot run this operator; replaced by this chart's operator image. Remove both keys from your values to silence this") -}}
 {{- end -}}
 {{- end -}}
-{{- $known := list "global" "platform" "nfd" "psa" "cdi" "sandboxWorkloads" "hostPaths" "daemonsets" "validator" "operator" "mig" "driver" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "vgpuManager" "vgpuDeviceManager" "vfioManager" "kataManager" "sandboxDevicePlugin" "kataSandboxDevicePlugin" "ccManager" "clusterPolicy" "gpuCluster" "draDriver" "extraObjects" "node-feature-discovery" -}}
+{{- $known := list "global" "platform" "nfd" "psa" "cdi" "sandboxWorkloads" "hostPaths" "daemonsets" "validator" "operator" "mig" "driver" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "vgpuManager" "vgpuDeviceManager" "vfioManager" "kataManager" "sandboxDevicePlugin" "kataSandboxDevicePlugin" "ccManager" "clusterPolicy" "gpuCluster" "draDriver" "extraObjects" "psp" "node-feature-discovery" -}}
 {{- range $key, $value := $v -}}
 {{- if not (has $key $known) -}}
 {{- $found = append $found (dict "key" $key "value" $value "effect" "not a key of this chart; ignored") -}}

@@ -1,0 +1,190 @@
+"""The chart renders with real Helm for the defaults and every preset, lints clean, and every object is valid."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from chart_helpers import (
+    CHART,
+    NAMESPACE,
+    PRESETS,
+    VGPU_IMAGE,
+    Rendered,
+    Values,
+    deep_merge,
+    find,
+    objects,
+    preset,
+)
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.common import unknown_fields
+
+# kubernetes-validate ships schemas up to 1.37; 1.36 is the release we target.
+KUBE_VERSION = "1.36.0"
+MISSING_NFD = "chart directory is missing these dependencies: node-feature-discovery"
+
+
+def shapes() -> list[tuple[str, Values]]:
+    cases: list[tuple[str, Values]] = [("defaults", {})]
+    for name in PRESETS:
+        values = preset(name)
+        cases.append((name, deep_merge(values, VGPU_IMAGE) if name == "vgpu" else values))
+    return cases
+
+
+SHAPES = shapes()
+IDS = [name for name, _ in SHAPES]
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((CHART / "crds" / "nvidia.com_clusterpolicies.yaml").read_text())
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def pruned(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Paths the API server would drop because the CRD's structural schema does not define them."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found: list[str] = []
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        additional = schema.get("additionalProperties")
+        for key, child in value.items():
+            if key in properties:
+                found += pruned(child, properties[key], f"{path}.{key}")
+            elif isinstance(additional, dict):
+                found += pruned(child, additional, f"{path}.{key}")
+            elif not additional:
+                found.append(f"{path}.{key}")
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            found += pruned(item, schema["items"], f"{path}[{index}]")
+    return found
+
+
+@pytest.mark.parametrize(("name", "values"), SHAPES, ids=IDS)
+def test_lint_is_clean(name: str, values: Values) -> None:
+    # Offline the NFD subchart cannot be fetched: Helm warns about exactly that and nothing else.
+    report = helm_python.lint(
+        CHART, deep_merge({"nfd": {"enabled": False}}, values), strict=True, namespace=NAMESPACE,
+        kube_version=f"v{KUBE_VERSION}",
+    )
+    nfd_vendored = any((CHART / "charts").glob("node-feature-discovery*"))
+    expected = [] if nfd_vendored else [MISSING_NFD]
+    assert [m["error"] for m in report["messages"]] == expected, report
+
+
+@pytest.mark.parametrize(("name", "values"), SHAPES, ids=IDS)
+def test_every_object_is_valid(name: str, values: Values, render: Callable[..., Rendered]) -> None:
+    rendered = objects(render(values))
+    kinds = sorted({o["kind"] for o in rendered})
+    assert kinds == ["ClusterPolicy", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Job",
+                     "Role", "RoleBinding", "ServiceAccount"]
+    schema = crd_schema()
+    for obj in rendered:
+        if obj["kind"] == "ClusterPolicy":
+            jsonschema.validate(obj, schema)
+            assert pruned(obj["spec"], schema["properties"]["spec"], "spec") == []
+            model = ClusterPolicy.model_validate(obj)
+            assert unknown_fields(model) == []
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+def test_every_namespaced_object_is_in_the_release_namespace(render: Callable[..., Rendered]) -> None:
+    cluster_scoped = {"ClusterPolicy", "ClusterRole", "ClusterRoleBinding"}
+    for obj in objects(render(namespace="gpu-ops")):
+        if obj["kind"] not in cluster_scoped:
+            assert obj["metadata"]["namespace"] == "gpu-ops", obj["metadata"]
+
+
+def test_operator_deployment(render: Callable[..., Rendered]) -> None:
+    deployment = find(render(), "Deployment", "gpu-operator")
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"] == {
+        "app": "gpu-operator",
+        "app.kubernetes.io/component": "gpu-operator",
+        "nvidia.com/gpu-driver-upgrade-drain.skip": "true",
+    }
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["serviceAccountName"] == "gpu-operator"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
+    assert container["command"] == ["gpu-operator", "run"]
+    assert container["args"] == ["--namespace", NAMESPACE, "--leader-elect", "--metrics-bind-address", ":8080",
+                                 "--health-probe-bind-address", ":8081"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["DRIVER_IMAGE"] == "nvcr.io/nvidia/driver:595.91.07"
+    assert env["DRIVER_MANAGER_IMAGE"] == "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0"
+    assert env["VALIDATOR_IMAGE"] == "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
+    assert env["CONTAINER_TOOLKIT_IMAGE"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"
+    # The vGPU manager has no default image: no fallback rather than a bare name.
+    assert "VGPU_MANAGER_IMAGE" not in env
+
+
+def test_image_fallbacks_follow_the_image_rules(render: Callable[..., Rendered]) -> None:
+    rendered = render({"driver": {"version": "sha256:abc"}, "vgpuManager": {"repository": "r.example", "version": "1"},
+                       "operator": {"version": "v9"}})
+    (container,) = find(rendered, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DRIVER_IMAGE"] == "nvcr.io/nvidia/driver@sha256:abc"
+    assert env["VGPU_MANAGER_IMAGE"] == "r.example/vgpu-manager:1"
+    assert container["image"] == "ghcr.io/gpu-operator-py/gpu-operator:v9"
+
+
+def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
+    rendered = render()
+    job = find(rendered, "Job", "gpu-operator-crds")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-operator-crds"
+    assert pod["containers"][0]["command"] == ["gpu-operator", "crds", "apply"]
+    # The hook's identity exists before the Job runs (lower weight) and only touches our CRDs.
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        hooked = find(rendered, kind, "gpu-operator-crds")["metadata"]["annotations"]
+        assert int(hooked["helm.sh/hook-weight"]) < 0
+    rules = find(rendered, "ClusterRole", "gpu-operator-crds")["rules"]
+    named = [r for r in rules if "resourceNames" in r]
+    crd_files = sorted(p.name.split("_", 1)[1].removesuffix(".yaml") for p in (CHART / "crds").glob("*.yaml"))
+    assert sorted(n.split(".")[0] for n in named[0]["resourceNames"]) == crd_files
+    assert not any(o["kind"] == "Job" for o in objects(render({"operator": {"upgradeCRD": False}})))
+
+
+def test_clusterpolicy_can_be_left_out(render: Callable[..., Rendered]) -> None:
+    assert not any(o["kind"] == "ClusterPolicy" for o in objects(render({"clusterPolicy": {"deployCR": False}})))
+
+
+def test_config_maps_rendered_on_request(render: Callable[..., Rendered]) -> None:
+    rendered = render({
+        "devicePlugin": {"config": {"create": True, "name": "dp-config", "default": "a",
+                                    "data": {"a": "version: v1\n", "b": {"version": "v1"}}}},
+        "dcgmExporter": {"config": {"create": True, "name": "metrics", "data": "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"}},
+    })
+    assert find(rendered, "ConfigMap", "dp-config")["data"] == {"a": "version: v1\n", "b": "version: v1"}
+    assert find(rendered, "ConfigMap", "metrics")["data"] == {"dcgm-metrics.csv": "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"}
+    spec = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]
+    assert spec["devicePlugin"]["config"] == {"name": "dp-config", "default": "a"}
+    assert spec["dcgmExporter"]["config"] == {"name": "metrics"}
+
+
+def test_extra_objects(render: Callable[..., Rendered]) -> None:
+    extra = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra-{{ .Release.Name }}"}},
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: extra-secret\n",
+    ]
+    rendered = render({"extraObjects": extra})
+    assert find(rendered, "ConfigMap", "extra-gpu-operator")
+    assert find(rendered, "Secret", "extra-secret")

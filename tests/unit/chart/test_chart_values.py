@@ -1,0 +1,139 @@
+"""Values written for NVIDIA's chart work unchanged; what we cannot honour is reported; bad values fail clearly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_helpers import Rendered, Values, find, notes
+from helm_python import HelmRenderError
+
+UPSTREAM_VALUES = Path(__file__).parent / "data" / "upstream-values.yaml"
+OUR_IMAGE = "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
+
+
+def upstream_values() -> Values:
+    loaded: Values = yaml.safe_load(UPSTREAM_VALUES.read_text())
+    return loaded
+
+
+def report(rendered: Rendered) -> list[dict[str, Any]]:
+    text = find(rendered, "ConfigMap", "gpu-operator-values-report")["data"]["unsupported.yaml"]
+    entries: list[dict[str, Any]] = yaml.safe_load(text)
+    return entries
+
+
+def test_upstream_values_file_renders_the_same_policy_as_our_defaults(render: Callable[..., Rendered]) -> None:
+    ours = find(render(), "ClusterPolicy", "cluster-policy")["spec"]
+    theirs = find(render(upstream_values()), "ClusterPolicy", "cluster-policy")["spec"]
+    # Only the images of the operator's own agents differ, and those are replaced by ours.
+    assert theirs == ours
+    assert theirs["validator"]["repository"] == "ghcr.io/gpu-operator-py"
+    assert theirs["driver"]["upgradePolicy"]["podDeletion"] == {"force": False, "timeoutSeconds": 300,
+                                                                "deleteEmptyDir": False}
+    assert "gpuPodDeletion" not in theirs["driver"]["upgradePolicy"]
+
+
+def test_upstream_values_file_reports_only_the_replaced_images(render: Callable[..., Rendered]) -> None:
+    rendered = render(upstream_values())
+    assert [entry["key"] for entry in report(rendered)] == [
+        "operator.repository/operator.image",
+        "validator.repository/validator.image",
+        "nodeStatusExporter.repository/nodeStatusExporter.image",
+    ]
+    (container,) = find(rendered, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == OUR_IMAGE
+    assert "NVIDIA's Go operator image cannot run this operator" in notes(rendered)
+
+
+def test_user_overrides_land_in_the_policy(render: Callable[..., Rendered]) -> None:
+    k3s = [{"name": "CONTAINERD_CONFIG", "value": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"},
+           {"name": "CONTAINERD_SOCKET", "value": "/run/k3s/containerd/containerd.sock"}]
+    spec = find(render({
+        "driver": {"version": "580.65.06", "upgradePolicy": {"gpuPodDeletion": {"force": True}}},
+        "toolkit": {"env": k3s},
+        "mig": {"strategy": "mixed"},
+        "daemonsets": {"updateStrategy": "OnDelete", "labels": {"team": "ml"}},
+        "dcgmExporter": {"serviceMonitor": {"additionalLabels": {"release": "prom"}}},
+        "hostPaths": {"kubeletRootDir": "/var/lib/k0s/kubelet"},
+        "operator": {"runtimeClass": "nvidia-custom"},
+    }), "ClusterPolicy", "cluster-policy")["spec"]
+    assert spec["driver"]["version"] == "580.65.06"
+    assert spec["driver"]["upgradePolicy"]["podDeletion"]["force"] is True
+    assert spec["toolkit"]["env"] == k3s
+    assert spec["mig"]["strategy"] == "mixed"
+    assert spec["daemonsets"]["updateStrategy"] == "OnDelete"
+    assert "rollingUpdate" not in spec["daemonsets"]
+    assert spec["daemonsets"]["labels"] == {"team": "ml"}
+    assert spec["dcgmExporter"]["serviceMonitor"]["additionalLabels"] == {"release": "prom"}
+    assert spec["hostPaths"]["kubeletRootDir"] == "/var/lib/k0s/kubelet"
+    assert spec["operator"] == {"runtimeClass": "nvidia-custom", "use_ocp_driver_toolkit": False}
+
+
+def test_nvidia_driver_crd_mode_drops_the_driver_image(render: Callable[..., Rendered]) -> None:
+    rendered = render({"driver": {"nvidiaDriverCRD": {"enabled": True}}})
+    driver = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]["driver"]
+    assert driver["useNvidiaDriverCRD"] is True
+    assert not {"repository", "image", "version", "nvidiaDriverCRD"} & set(driver)
+    assert [e["key"] for e in report(rendered)] == ["driver.nvidiaDriverCRD.enabled"]
+
+
+@pytest.mark.parametrize(("values", "key"), [
+    ({"operator": {"cleanupCRD": True}}, "operator.cleanupCRD"),
+    ({"nfd": {"nodefeaturerules": True}}, "nfd.nodefeaturerules"),
+    ({"kataManager": {"enabled": True}}, "kataManager.enabled"),
+    ({"platform": {"openshift": True}}, "platform.openshift"),
+    ({"operator": {"defaultGPUMode": "vm-passthrough"}}, "operator.defaultGPUMode"),
+    ({"operator": {"logging": {"level": "debug"}}}, "operator.logging.level"),
+    ({"psp": {"enabled": True}}, "psp"),
+    ({"someFutureKey": {"a": 1}}, "someFutureKey"),
+    # a key under a component that the ClusterPolicy CRD does not define would be pruned
+    ({"driver": {"someFutureField": True}}, "spec.driver.someFutureField"),
+    ({"toolkit": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {}}}]}}, "spec.toolkit.env[0].valueFrom"),
+])
+def test_unsupported_values_are_reported(values: Values, key: str, render: Callable[..., Rendered]) -> None:
+    rendered = render(values)
+    assert [entry["key"] for entry in report(rendered)] == [key]
+    assert f"  - {key}=" in notes(rendered)
+
+
+def test_defaults_report_nothing(render: Callable[..., Rendered]) -> None:
+    rendered = render()
+    assert report(rendered) == []
+    assert "WARNING" not in notes(rendered)
+
+
+CHECKS = [
+    ({"gpuCluster": {"deployCR": True}}, r"clusterPolicy\.deployCR and gpuCluster\.deployCR are both true"),
+    ({"clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True}},
+     r"gpuCluster\.deployCR=true requires driver\.nvidiaDriverCRD\.enabled=true"),
+    ({"clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True},
+      "driver": {"nvidiaDriverCRD": {"enabled": True}}}, r"resource\.k8s\.io/v1 DeviceClass API"),
+    ({"cdi": {"enabled": False, "nriPluginEnabled": True}}, r"cdi\.nriPluginEnabled=true requires cdi\.enabled=true"),
+    ({"cdi": {"nriPluginEnabled": True}, "toolkit": {"enabled": False}},
+     r"cdi\.nriPluginEnabled=true requires toolkit\.enabled=true"),
+    ({"devicePlugin": {"config": {"create": True, "data": {"a": "b"}}}},
+     r"devicePlugin\.config\.create=true requires devicePlugin\.config\.name"),
+    ({"devicePlugin": {"config": {"create": True, "name": "cfg"}}},
+     r"devicePlugin\.config\.create=true requires devicePlugin\.config\.data"),
+    ({"migManager": {"config": {"create": True, "name": "cfg"}}},
+     r"migManager\.config\.create=true requires migManager\.config\.data"),
+    ({"sandboxWorkloads": {"enabled": True}, "vgpuManager": {"enabled": True}},
+     r"needs vgpuManager\.repository and vgpuManager\.version"),
+    ({"sandboxWorkloads": {"defaultWorkload": "vm"}}, r'sandboxWorkloads\.defaultWorkload="vm" is not a workload config'),
+    ({"sandboxWorkloads": {"mode": "firecracker"}}, r"sandboxWorkloads\.mode=\"firecracker\" is not supported"),
+    ({"daemonsets": {"updateStrategy": "Recreate"}}, r"daemonsets\.updateStrategy=\"Recreate\""),
+    ({"mig": {"strategy": "all"}}, r"mig\.strategy=\"all\" is not a MIG strategy"),
+    ({"driver": {"kernelModuleType": "closed"}}, r"driver\.kernelModuleType=\"closed\""),
+    ({"operator": {"repository": "", "image": ""}}, r"operator\.repository and operator\.image must name"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), CHECKS, ids=[m.split("\\")[0] for _, m in CHECKS])
+def test_bad_values_fail_with_the_key_and_the_fix(values: Values, message: str,
+                                                  render: Callable[..., Rendered]) -> None:
+    with pytest.raises(HelmRenderError, match=message):
+        render(values)
