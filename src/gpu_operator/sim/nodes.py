@@ -8,7 +8,7 @@ from typing import Any
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator import shapes
 
@@ -31,7 +31,15 @@ def create_node(client: Client, manifest: dict[str, Any]) -> None:
 
 
 def remove_nodes(client: Client, names: list[str]) -> None:
+    """Delete nodes the way a cluster autoscaler does: their pods first, then the Node. (Left to
+    itself, the pod garbage collector only removes a deleted node's pods after a 40 s quarantine.)"""
     for name in names:
+        for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": name}):
+            try:
+                client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace, grace_period=0)
+            except ApiError as err:
+                if err.status.code != 404:
+                    raise
         try:
             client.delete(Node, name)
         except ApiError as err:

@@ -1,0 +1,124 @@
+"""The operator's Kubernetes client: the one place that sends requests (lightkube AsyncClient)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.core.resource_registry import resource_registry
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.types import PatchType
+from prometheus_client import Counter
+
+FIELD_MANAGER = "gpu-operator"
+log = logging.getLogger(__name__)
+
+ClusterPolicyResource = create_global_resource("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies")
+NVIDIADriverResource = create_global_resource("nvidia.com", "v1alpha1", "NVIDIADriver", "nvidiadrivers")
+ServiceMonitorResource = create_namespaced_resource(
+    "monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
+PrometheusRuleResource = create_namespaced_resource(
+    "monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules")
+
+# Every write this process sends, by verb and kind: the idle-write benchmark and tests read it.
+WRITES = Counter("gpu_operator_api_write_requests", "Write requests sent to the Kubernetes API",
+                 ["verb", "kind"])
+
+
+@dataclass(frozen=True)
+class ObjectKey:
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None = None
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> ObjectKey:
+        meta = obj["metadata"]
+        return cls(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind} {where}{self.name}"
+
+
+def resource_for(api_version: str, kind: str) -> Any:
+    """The lightkube resource class for an apiVersion/kind (built-ins and the CRDs we use)."""
+    return resource_registry.load(api_version, kind)
+
+
+def load_config(kubeconfig: str | None) -> KubeConfig:
+    if kubeconfig:
+        return KubeConfig.from_file(kubeconfig)
+    return KubeConfig.from_env()
+
+
+class Kube:
+    """Thin async wrapper: apply, delete, patch, status writes; each write is counted."""
+
+    def __init__(self, kubeconfig: str | None = None, client: AsyncClient | None = None) -> None:
+        self.client = client or AsyncClient(load_config(kubeconfig), field_manager=FIELD_MANAGER)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        key = ObjectKey.of(obj)
+        WRITES.labels("apply", key.kind).inc()
+        await self.client.patch(  # type: ignore[call-overload]
+            resource_for(key.api_version, key.kind), key.name, obj, namespace=key.namespace,
+            patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True,
+        )
+
+    async def delete(self, key: ObjectKey, *, orphan: bool = False) -> bool:
+        """Delete; False when it was already gone."""
+        WRITES.labels("delete", key.kind).inc()
+        kwargs: dict[str, Any] = {"namespace": key.namespace} if key.namespace else {}
+        if orphan:
+            from lightkube.types import CascadeType
+            kwargs["cascade"] = CascadeType.ORPHAN
+        try:
+            await self.client.delete(resource_for(key.api_version, key.kind), key.name, **kwargs)
+        except ApiError as err:
+            if err.status.code == 404:
+                return False
+            raise
+        return True
+
+    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
+                          namespace: str | None = None) -> None:
+        WRITES.labels("patch", kind).inc()
+        await self.client.patch(  # type: ignore[call-overload]
+            resource_for(api_version, kind), name, patch, namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
+    async def patch_clusterpolicy_status(self, name: str, status: dict[str, Any]) -> None:
+        WRITES.labels("patch", "ClusterPolicy/status").inc()
+        await self.client.patch(  # type: ignore[call-overload]
+            ClusterPolicyResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+
+    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
+                         labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        res = resource_for(api_version, kind)
+        kwargs: dict[str, Any] = {"labels": labels} if labels else {}
+        if namespace:
+            kwargs["namespace"] = namespace
+        return [obj.to_dict() async for obj in self.client.list(res, **kwargs)]
+
+    async def get_dict(self, api_version: str, kind: str, name: str,
+                       namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            obj = await self.client.get(resource_for(api_version, kind), name, namespace=namespace)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise
+        return dict(obj.to_dict())
+
+    async def server_version(self) -> str:
+        info = await self.client.request("get", "/version")  # type: ignore[attr-defined]
+        return str(info.get("gitVersion", "")).lstrip("v")
