@@ -31,10 +31,9 @@ def device_minors(fs: HostFS) -> dict[int, str]:
     return out
 
 
-def gpu_holders(fs: HostFS) -> list[GpuHolder]:
-    """Every open /dev/nvidia* file of every host process (read from the host's /proc)."""
-    minors = device_minors(fs)
-    out: list[GpuHolder] = []
+def open_device_files(fs: HostFS, prefix: str) -> list[tuple[int, str, str]]:
+    """(pid, comm, device path) for every open file under `prefix` of every host process."""
+    out: list[tuple[int, str, str]] = []
     for entry in fs.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -46,10 +45,25 @@ def gpu_holders(fs: HostFS) -> list[GpuHolder]:
                 target = fs.readlink(f"/proc/{entry}/fd/{fd}")
             except (HostPathError, OSError):
                 continue
-            if not target or not target.startswith("/dev/nvidia") or target in seen:
+            if not target or not target.startswith(prefix) or target in seen:
                 continue
             seen.add(target)
-            match = _PER_GPU.match(target)
-            address = minors.get(int(match.group(1))) if match else None
-            out.append(GpuHolder(pid=int(entry), comm=comm, device=target, address=address))
+            out.append((int(entry), comm, target))
     return out
+
+
+def gpu_holders(fs: HostFS) -> list[GpuHolder]:
+    """Every open /dev/nvidia* file of every host process (read from the host's /proc)."""
+    minors = device_minors(fs)
+    out: list[GpuHolder] = []
+    for pid, comm, target in open_device_files(fs, "/dev/nvidia"):
+        match = _PER_GPU.match(target)
+        address = minors.get(int(match.group(1))) if match else None
+        out.append(GpuHolder(pid=pid, comm=comm, device=target, address=address))
+    return out
+
+
+def vfio_group_holders(fs: HostFS, group: int) -> list[tuple[int, str, str]]:
+    """Processes (a VM's QEMU, usually) that hold /dev/vfio/<group> open."""
+    device = f"/dev/vfio/{group}"
+    return [h for h in open_device_files(fs, device) if h[2] == device]

@@ -1,0 +1,65 @@
+"""`doctor`: one host's findings as a readable report (rich) or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gpu_operator.node.findings import Finding, Severity, diagnose, has_errors
+from gpu_operator.node.probe import HostReport
+
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def report_json(report: HostReport, findings: list[Finding]) -> str:
+    data: dict[str, Any] = {
+        "host_root": report.host_root,
+        "ok": not has_errors(findings),
+        "findings": [f.model_dump(mode="json") for f in findings],
+        "host": report.model_dump(mode="json"),
+    }
+    return json.dumps(data, indent=2)
+
+
+def render(report: HostReport, findings: list[Finding], console: Console) -> None:
+    gpus = report.gpus
+    console.print(Text(f"GPU host report for {report.host_root}", style="bold"))
+    console.print(
+        f"OS {report.os_id} {report.os_version_id}, kernel {report.kernel or '?'}; "
+        f"{len(gpus)} NVIDIA GPU(s); driver source: {report.driver.source}"
+        + (f" ({report.driver.flavor})" if report.driver.flavor else "")
+        + f"; runtime: {report.runtime.flavor or 'none'}; IOMMU: {'on' if report.iommu.enabled else 'off'}"
+    )
+    if gpus:
+        table = Table("address", "device", "name", "driver", "NUMA", "IOMMU group")
+        for g in gpus:
+            table.add_row(
+                g.address, g.vendor_device, g.name, g.driver or "-", str(g.numa_node), str(g.iommu_group)
+            )
+        console.print(table)
+    for f in findings:
+        console.print(
+            Text(f"{f.severity.upper():8}", style=_STYLE[f.severity]) + Text(f" [{f.code}] {f.summary}")
+        )
+        for line in f.evidence:
+            console.print(f"           evidence: {line}")
+        if f.fix:
+            console.print(f"           fix: {f.fix}")
+    errors = sum(f.severity == Severity.ERROR for f in findings)
+    warnings = sum(f.severity == Severity.WARNING for f in findings)
+    console.print(
+        Text(f"{errors} error(s), {warnings} warning(s)", style="bold red" if errors else "bold green")
+    )
+
+
+def run(report: HostReport, workload: str | None, as_json: bool, console: Console) -> int:
+    findings = diagnose(report, workload)
+    if as_json:
+        console.out(report_json(report, findings))
+    else:
+        render(report, findings, console)
+    return 1 if has_errors(findings) else 0
