@@ -1,0 +1,100 @@
+"""`gpu-operator render`: load a policy and nodes, render, print objects with a comment per state."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.render import RenderError, RenderResult, render
+from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+from gpu_operator.render.facts import GPU_PRESENT, ClusterFacts, has_nfd_gpu_labels
+
+
+class InputError(ValueError):
+    """A file or option the user gave is wrong; the message says which and how to fix it."""
+
+
+def load_policy(path: Path) -> ClusterPolicy:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    policies = [d for d in docs if isinstance(d, dict) and d.get("kind") == "ClusterPolicy"]
+    if len(policies) != 1:
+        raise InputError(f"{path}: expected exactly one ClusterPolicy document, found {len(policies)}")
+    return ClusterPolicy.model_validate(policies[0])
+
+
+def load_nodes(path: Path) -> list[dict[str, Any]]:
+    nodes: list[dict[str, Any]] = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        items = doc if isinstance(doc, list) else (doc or {}).get("items", [doc]) if doc else []
+        nodes.extend(item for item in items if isinstance(item, dict) and item.get("kind") == "Node")
+    if not nodes:
+        raise InputError(f"{path}: no Node objects found (give a YAML list, a v1 List or Node documents)")
+    return nodes
+
+
+def label_gpu_nodes(nodes: list[dict[str, Any]]) -> None:
+    """What the operator's node labelling does first: NFD GPU labels -> nvidia.com/gpu.present=true."""
+    for node in nodes:
+        labels = node.setdefault("metadata", {}).setdefault("labels", {})
+        if GPU_PRESENT not in labels and has_nfd_gpu_labels(labels):
+            labels[GPU_PRESENT] = "true"
+
+
+def operator_env() -> dict[str, str]:
+    env = dict(CHART_DEFAULT_IMAGES)
+    env.update({k: v for k, v in os.environ.items() if k.endswith("_IMAGE") and v})
+    return env
+
+
+def format_yaml(result: RenderResult) -> str:
+    lines: list[str] = []
+    for warning in result.warnings:
+        lines.append(f"# warning: {warning}")
+    for state in result.states:
+        status = "enabled" if state.enabled else "disabled"
+        lines.append(f"# state {state.name}: {status} ({state.reason})")
+        for ref in state.delete:
+            where = f" in {ref.namespace}" if ref.namespace else ""
+            lines.append(f"#   delete {ref.kind} {ref.name}{where}")
+        for obj in state.objects:
+            lines.append("---")
+            lines.append(yaml.safe_dump(obj, sort_keys=False, width=120).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def format_json(result: RenderResult) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": result.objects()}, indent=2) + "\n"
+
+
+def run_render(*, policy: Path, nodes: Path | None, shapes: list[str], namespace: str, output: str,
+               k8s_version: str, openshift: bool, as_labelled: bool) -> int:
+    from gpu_operator import shapes as node_shapes
+
+    try:
+        if output not in ("yaml", "json"):
+            raise InputError(f"-o {output}: choose yaml or json")
+        cluster = load_nodes(nodes) if nodes else []
+        cluster += node_shapes.nodes(shapes)
+        if as_labelled:
+            label_gpu_nodes(cluster)
+        facts = ClusterFacts.from_nodes(cluster, namespace=namespace, k8s_version=k8s_version,
+                                        openshift=openshift, operator_env=operator_env())
+        result = render(load_policy(policy), facts)
+    except (InputError, node_shapes.ShapeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ValidationError as err:
+        print(f"error: {policy} is not a valid ClusterPolicy:\n{err}", file=sys.stderr)
+        return 2
+    except RenderError as err:
+        print(f"error: cannot render {policy}: {err}", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_yaml(result) if output == "yaml" else format_json(result))
+    return 0

@@ -1,0 +1,156 @@
+"""Cluster facts as plain data (nodes, runtime, versions, namespace, operator env): rendering does no I/O."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.render.result import RenderError
+
+NFD = "feature.node.kubernetes.io"
+GPU_PRESENT = "nvidia.com/gpu.present"
+# NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).
+NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")
+OS_ID = f"{NFD}/system-os_release.ID"
+OS_VERSION_ID = f"{NFD}/system-os_release.VERSION_ID"
+KERNEL_FULL = f"{NFD}/kernel-version.full"
+# Distributions whose OS tag uses the major version only (rhel9, not rhel9.4).
+MAJOR_ONLY_OS = ("rhel", "rocky", "ol")
+_RUNTIME_PREFIXES = {"docker://": "docker", "containerd://": "containerd", "cri-o://": "crio"}
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    labels: Mapping[str, str]
+    runtime_version: str = ""
+    kernel_version: str = ""
+
+    @property
+    def gpu(self) -> bool:
+        return self.labels.get(GPU_PRESENT) == "true"
+
+    @property
+    def os_tag(self) -> str:
+        """`<ID><VERSION_ID>` from NFD os-release labels (e.g. ubuntu22.04, rhel9), or ""."""
+        os_id = self.labels.get(OS_ID, "")
+        version = self.labels.get(OS_VERSION_ID, "")
+        if not os_id or not version:
+            return ""
+        if os_id in MAJOR_ONLY_OS:
+            version = version.split(".")[0]
+        return f"{os_id}{version}"
+
+    @property
+    def kernel(self) -> str:
+        return self.labels.get(KERNEL_FULL, "") or self.kernel_version
+
+
+def runtime_of(nodes: list[NodeFacts], openshift: bool) -> str:
+    """The cluster's container runtime: crio on OpenShift; containerd wins over the rest."""
+    if openshift:
+        return "crio"
+    found = ""
+    for node in nodes:
+        if not node.gpu:
+            continue
+        for prefix, runtime in _RUNTIME_PREFIXES.items():
+            if node.runtime_version.startswith(prefix):
+                if runtime == "containerd":
+                    return "containerd"
+                found = runtime
+    return found or "containerd"
+
+
+def has_nfd_gpu_labels(labels: Mapping[str, str]) -> bool:
+    return any(labels.get(key) == "true" for key in NFD_GPU_LABELS)
+
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """Everything the renderer knows about the cluster; build it with :meth:`from_nodes`."""
+
+    nodes: tuple[NodeFacts, ...]
+    namespace: str = "gpu-operator"
+    k8s_version: str = "1.36.0"
+    openshift: bool = False
+    openshift_version: str = ""
+    runtime: str = "containerd"
+    operator_env: Mapping[str, str] = field(default_factory=dict)
+    servicemonitor_crd: bool = True
+    # keys of ConfigMaps the policy references (repo/cert/kernel-module configs), read by the operator
+    configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_nodes(
+        cls,
+        node_dicts: list[dict[str, Any]],
+        *,
+        namespace: str = "gpu-operator",
+        k8s_version: str = "1.36.0",
+        openshift: bool = False,
+        openshift_version: str = "",
+        operator_env: Mapping[str, str] | None = None,
+        servicemonitor_crd: bool = True,
+        configmap_keys: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> ClusterFacts:
+        if not _VERSION.match(k8s_version):
+            raise RenderError("k8s_version", f"{k8s_version!r} is not a version: use e.g. 1.36.3")
+        nodes = tuple(
+            NodeFacts(
+                name=str(node.get("metadata", {}).get("name", "")),
+                labels=dict(node.get("metadata", {}).get("labels") or {}),
+                runtime_version=str(node.get("status", {}).get("nodeInfo", {}).get("containerRuntimeVersion", "")),
+                kernel_version=str(node.get("status", {}).get("nodeInfo", {}).get("kernelVersion", "")),
+            )
+            for node in node_dicts
+        )
+        return cls(
+            nodes=nodes,
+            namespace=namespace,
+            k8s_version=k8s_version,
+            openshift=openshift,
+            openshift_version=openshift_version,
+            runtime=runtime_of(list(nodes), openshift),
+            operator_env=dict(operator_env or {}),
+            servicemonitor_crd=servicemonitor_crd,
+            configmap_keys=dict(configmap_keys or {}),
+        )
+
+    @property
+    def gpu_nodes(self) -> tuple[NodeFacts, ...]:
+        return tuple(node for node in self.nodes if node.gpu)
+
+    @property
+    def has_gpu_nodes(self) -> bool:
+        return bool(self.gpu_nodes)
+
+    @property
+    def os_tag(self) -> str:
+        """The OS tag of the first GPU node (the ClusterPolicy path assumes one OS)."""
+        for node in self.gpu_nodes:
+            if node.os_tag:
+                return node.os_tag
+        return ""
+
+    @property
+    def os_id(self) -> str:
+        for node in self.gpu_nodes:
+            if node.labels.get(OS_ID):
+                return node.labels[OS_ID]
+        return ""
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """Distinct full kernel versions of GPU nodes, sorted (one precompiled DaemonSet each)."""
+        return tuple(sorted({node.kernel for node in self.gpu_nodes if node.kernel}))
+
+    def k8s_minor(self) -> tuple[int, int]:
+        match = _VERSION.match(self.k8s_version)
+        assert match is not None  # checked in from_nodes
+        return int(match[1]), int(match[2])

@@ -1,0 +1,216 @@
+"""The one generic operand renderer: a small declarative definition per state -> Kubernetes objects.
+
+A state module declares only what is particular to it (when it is enabled, its node-label gate,
+its pod, its extra objects); this module does everything common: ServiceAccount and RBAC,
+the DaemonSet skeleton, images, pull settings, resources/args/env, DaemonSet-wide settings,
+validation init containers, GPU access, ownership labels, and what to delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.api.common import ComponentFields
+from gpu_operator.render.objects import Ctx, obj, ownership
+from gpu_operator.render.result import Manifest, ObjectRef
+from gpu_operator.render.transforms.cdi import gpu_access
+from gpu_operator.render.transforms.component import apply_component, apply_image, pull_secrets
+from gpu_operator.render.transforms.daemonset import common_config, driver_install_dir, host_root
+from gpu_operator.render.transforms.image import image_path, pull_policy
+
+Gate = Callable[[Ctx], tuple[bool, str]]
+PodBuilder = Callable[[Ctx, str], dict[str, Any]]
+Transform = Callable[[dict[str, Any], Ctx], None]
+Extras = Callable[[Ctx, str], list[Manifest]]
+RBAC = "rbac.authorization.k8s.io/v1"
+DEPLOY_LABEL = "nvidia.com/gpu.deploy.{}"
+
+
+def rule(groups: list[str], resources: list[str], verbs: list[str], names: list[str] | None = None,
+         ) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiGroups": groups, "resources": resources, "verbs": verbs}
+    if names:
+        out["resourceNames"] = names
+    return out
+
+
+@dataclass(frozen=True)
+class Image:
+    """Where an operand's image comes from: `spec.<field>` and the operator env var fallback."""
+
+    field: str
+    env: str
+
+    def fields(self, ctx: Ctx) -> ComponentFields:
+        value = getattr(ctx.spec, self.field)
+        assert isinstance(value, ComponentFields)
+        return value
+
+    def resolve(self, ctx: Ctx) -> str:
+        return image_path(self.fields(ctx), self.env, dict(ctx.facts.operator_env), f"spec.{self.field}")
+
+
+VALIDATOR = Image("validator", "VALIDATOR_IMAGE")
+
+
+@dataclass(frozen=True)
+class DaemonSetDef:
+    name: str
+    deploy: str  # node label gate: nvidia.com/gpu.deploy.<deploy>=true
+    image: Image
+    pod: PodBuilder
+    gpu_access: bool = False  # runtimeClassName / NRI annotations
+    transforms: tuple[Transform, ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    on_delete: bool = False
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A declared object of a state (so a disabled state knows what to delete)."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespaced: bool = True
+
+    def ref(self, namespace: str) -> ObjectRef:
+        return ObjectRef(self.api_version, self.kind, self.name, namespace if self.namespaced else None)
+
+
+@dataclass(frozen=True)
+class Operand:
+    state: str
+    gate: Gate
+    account: str | None = None  # ServiceAccount and RBAC object name
+    role_rules: tuple[dict[str, Any], ...] = ()
+    cluster_rules: tuple[dict[str, Any], ...] = ()
+    daemonset: DaemonSetDef | None = None
+    extras: Extras | None = None  # ConfigMaps, Services, ServiceMonitors, RuntimeClasses
+    refs: tuple[Ref, ...] = ()  # what `extras` can produce
+    # Several DaemonSets (driver variants); defaults to the single `daemonset`.
+    daemonsets: Callable[[Operand, Ctx], list[Manifest]] | None = None
+    variant_refs: Callable[[Ctx], list[Ref]] | None = None
+
+    def declared(self, ctx: Ctx) -> list[ObjectRef]:
+        """Every object this state may own, for deletion when it is disabled."""
+        refs = [*self._rbac_refs(ctx), *self.refs]
+        if self.daemonset:
+            refs.append(Ref("apps/v1", "DaemonSet", self.daemonset.name))
+        if self.variant_refs:
+            refs.extend(self.variant_refs(ctx))
+        return [r.ref(ctx.ns) for r in refs]
+
+    def _rbac_refs(self, ctx: Ctx) -> list[Ref]:
+        if not self.account:
+            return []
+        refs = [Ref("v1", "ServiceAccount", self.account)]
+        if self.role_rules or ctx.facts.openshift:
+            refs += [Ref(RBAC, "Role", self.account), Ref(RBAC, "RoleBinding", self.account)]
+        if self.cluster_rules:
+            refs += [Ref(RBAC, "ClusterRole", self.account, False), Ref(RBAC, "ClusterRoleBinding", self.account, False)]
+        if ctx.facts.openshift:
+            refs.append(Ref("security.openshift.io/v1", "SecurityContextConstraints", self.account, False))
+        return refs
+
+
+def rbac(operand: Operand, ctx: Ctx) -> list[Manifest]:
+    """ServiceAccount, Role/RoleBinding, ClusterRole/ClusterRoleBinding (and an SCC on OpenShift)."""
+    name, state, ns = operand.account, operand.state, ctx.ns
+    if not name:
+        return []
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
+    out = [obj("v1", "ServiceAccount", name, state, ns)]
+    role_rules = list(operand.role_rules)
+    if ctx.facts.openshift:
+        role_rules.append(rule(["security.openshift.io"], ["securitycontextconstraints"], ["use"], [name]))
+    if role_rules:
+        out.append(obj(RBAC, "Role", name, state, ns, rules=role_rules))
+        out.append(obj(RBAC, "RoleBinding", name, state, ns, subjects=subject,
+                       roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}))
+    if operand.cluster_rules:
+        out.append(obj(RBAC, "ClusterRole", name, state, None, rules=list(operand.cluster_rules)))
+        out.append(obj(RBAC, "ClusterRoleBinding", name, state, None, subjects=subject,
+                       roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}))
+    if ctx.facts.openshift:
+        out.append(obj(
+            "security.openshift.io/v1", "SecurityContextConstraints", name, state, None,
+            allowPrivilegedContainer=True, allowHostDirVolumePlugin=True, allowHostIPC=False,
+            allowHostNetwork=True, allowHostPID=True, allowHostPorts=True, readOnlyRootFilesystem=False,
+            runAsUser={"type": "RunAsAny"}, seLinuxContext={"type": "RunAsAny"},
+            fsGroup={"type": "RunAsAny"}, supplementalGroups={"type": "RunAsAny"},
+            volumes=["configMap", "emptyDir", "hostPath", "projected", "secret", "downwardAPI"],
+            users=[f"system:serviceaccount:{ns}:{name}"],
+        ))
+    return out
+
+
+def _wire_validation_inits(pod: dict[str, Any], ctx: Ctx) -> None:
+    """Every `*-validation` init container runs the validator image."""
+    inits = [c for c in pod.get("initContainers", []) if c["name"].endswith("-validation")]
+    if not inits:
+        return
+    image = VALIDATOR.resolve(ctx)
+    fields = ctx.spec.validator
+    for ctr in inits:
+        ctr["image"] = image
+        ctr["imagePullPolicy"] = pull_policy(fields.imagePullPolicy)
+    pull_secrets(pod, fields.imagePullSecrets)
+
+
+def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
+    """The DaemonSet of one definition with every common transform applied."""
+    image = defn.image.resolve(ctx)
+    pod = defn.pod(ctx, image)
+    labels = {"app": defn.name, **defn.labels, **ownership(operand.state)}
+    pod["nodeSelector"] = {DEPLOY_LABEL.format(defn.deploy): "true", **defn.node_selector}
+    if operand.account:
+        pod["serviceAccountName"] = operand.account
+    ds = obj("apps/v1", "DaemonSet", defn.name, operand.state, ctx.ns)
+    ds["metadata"]["labels"].update(labels)
+    ds["spec"] = {
+        "selector": {"matchLabels": {"app": defn.name}},
+        "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+    }
+    fields = defn.image.fields(ctx)
+    main = pod["containers"][0]
+    apply_image(main, pod, image, fields)
+    apply_component(pod, main, fields)
+    _wire_validation_inits(pod, ctx)
+    common_config(ds, ctx.spec, on_delete=defn.on_delete)
+    host_root(ds, ctx.spec.hostPaths.root())
+    driver_install_dir(ds, ctx.spec.hostPaths.driver_install_dir())
+    if defn.gpu_access:
+        gpu_access(ds, ctx.spec, ctx.facts.runtime)
+    for transform in defn.transforms:
+        transform(ds, ctx)
+    return ds
+
+
+def render_operand(operand: Operand, ctx: Ctx) -> tuple[list[Manifest], list[ObjectRef], str]:
+    """Objects to apply (in apply order), declared objects not rendered (to delete), and a note."""
+    objects = rbac(operand, ctx)
+    if operand.extras:
+        objects += operand.extras(ctx, operand.state)
+    note = ""
+    daemonsets: list[Manifest] = []
+    if operand.daemonset or operand.daemonsets:
+        if ctx.facts.has_gpu_nodes:
+            if operand.daemonsets:
+                daemonsets = operand.daemonsets(operand, ctx)
+            elif operand.daemonset:
+                daemonsets = [build_daemonset(operand.daemonset, operand, ctx)]
+        else:
+            note = "; DaemonSets wait for a GPU node (no node has nvidia.com/gpu.present=true)"
+    objects += daemonsets
+    rendered = {ObjectRef.of(o) for o in objects}
+    skipped_kinds = set()
+    if not ctx.facts.has_gpu_nodes:
+        skipped_kinds.add("DaemonSet")  # left alone, as upstream does, until GPU nodes appear
+    if not ctx.facts.servicemonitor_crd:
+        skipped_kinds.add("ServiceMonitor")
+    delete = [r for r in operand.declared(ctx) if r not in rendered and r.kind not in skipped_kinds]
+    return objects, delete, note

@@ -1,0 +1,137 @@
+"""Pieces several state modules share: gates, validation init containers, services, config maps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api.clusterpolicy import Component
+from gpu_operator.render.objects import (
+    NODE_NAME,
+    VALIDATIONS_DIR,
+    Ctx,
+    container,
+    env,
+    hostpath,
+    mount,
+    obj,
+)
+from gpu_operator.render.operand import Gate
+from gpu_operator.render.result import Manifest
+
+VALIDATIONS = hostpath("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
+RUN_NVIDIA = hostpath("run-nvidia", "/run/nvidia", "Directory")
+HOST_ROOT = hostpath("host-root", "/")
+HOST_DEV_CHAR = hostpath("host-dev-char", "/dev/char")
+DRIVER_INSTALL_DIR = hostpath("driver-install-dir", "/run/nvidia/driver", "DirectoryOrCreate")
+SYS = hostpath("host-sys", "/sys", "Directory")
+DEVICE_PLUGINS = hostpath("device-plugin", "/var/lib/kubelet/device-plugins")
+
+
+def _is_on(ctx: Ctx, field: str) -> bool:
+    component = getattr(ctx.spec, field)
+    assert isinstance(component, Component)
+    return component.on()
+
+
+def _because(ctx: Ctx, field: str) -> str:
+    component = getattr(ctx.spec, field)
+    value = component.on()
+    source = "" if component.enabled is not None else " (default)"
+    return f"spec.{field}.enabled={str(value).lower()}{source}"
+
+
+def when_enabled(field: str) -> Gate:
+    """Enabled when spec.<field> is enabled (with the Go default when unset)."""
+
+    def gate(ctx: Ctx) -> tuple[bool, str]:
+        return _is_on(ctx, field), _because(ctx, field)
+
+    return gate
+
+
+def always(reason: str) -> Gate:
+    def gate(ctx: Ctx) -> tuple[bool, str]:
+        return True, reason
+
+    return gate
+
+
+def sandbox(field: str | None = None, mode: str | None = None) -> Gate:
+    """Sandbox-workload operands: sandboxWorkloads.enabled (+ component enabled, + mode)."""
+
+    def gate(ctx: Ctx) -> tuple[bool, str]:
+        if not ctx.spec.sandbox_on():
+            return False, "spec.sandboxWorkloads.enabled=false"
+        if field and not _is_on(ctx, field):
+            return False, _because(ctx, field)
+        if mode and ctx.spec.sandbox_mode() != mode:
+            return False, f"spec.sandboxWorkloads.mode={ctx.spec.sandbox_mode()} (needs {mode})"
+        parts = ["spec.sandboxWorkloads.enabled=true"]
+        if field:
+            parts.append(_because(ctx, field))
+        if mode:
+            parts.append(f"mode={mode}")
+        return True, ", ".join(parts)
+
+    return gate
+
+
+def wait_for(component: str, ready_file: str) -> dict[str, Any]:
+    """An init container that blocks until another operand's status file exists on the host."""
+    path = f"{VALIDATIONS_DIR}/{ready_file}"
+    return container(
+        f"{component}-validation",
+        command=["sh", "-c"],
+        args=[f"until [ -f {path} ]; do echo waiting for {ready_file}; sleep 5; done"],
+        mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
+    )
+
+
+def validator_init(component: str, *extra_env: dict[str, Any], privileged: bool = True,
+                   mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An init container running one validator component (COMPONENT=<name>, waiting until it passes)."""
+    return container(
+        f"{component}-validation",
+        command=["sh", "-c"],
+        args=["nvidia-validator"],
+        env_vars=[env("WITH_WAIT", "true"), env("COMPONENT", component), NODE_NAME, *extra_env],
+        mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
+        privileged=privileged,
+    )
+
+
+def configmap(name: str, state: str, ctx: Ctx, data: dict[str, str]) -> Manifest:
+    return obj("v1", "ConfigMap", name, state, ctx.ns, data=data)
+
+
+def service(name: str, state: str, ctx: Ctx, port: int, port_name: str, app: str,
+            **spec: Any) -> Manifest:
+    svc = obj("v1", "Service", name, state, ctx.ns, spec={
+        "selector": {"app": app},
+        "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
+        **spec,
+    })
+    svc["metadata"]["labels"]["app"] = app
+    return svc
+
+
+def service_monitor(name: str, state: str, ctx: Ctx, port_name: str, app: str, *, interval: str | None = None,
+                    scrape_timeout: str | None = None, honor_labels: bool | None = None,
+                    labels: dict[str, str] | None = None,
+                    relabelings: list[dict[str, Any]] | None = None) -> list[Manifest]:
+    """A ServiceMonitor, only when the monitoring.coreos.com CRD exists (like upstream)."""
+    if not ctx.facts.servicemonitor_crd:
+        return []
+    endpoint: dict[str, Any] = {"port": port_name, "path": "/metrics"}
+    for key, value in (("interval", interval), ("scrapeTimeout", scrape_timeout), ("honorLabels", honor_labels),
+                       ("relabelings", relabelings)):
+        if value is not None:
+            endpoint[key] = value
+    monitor = obj("monitoring.coreos.com/v1", "ServiceMonitor", name, state, ctx.ns, spec={
+        "jobLabel": "app",
+        "namespaceSelector": {"matchNames": [ctx.ns]},
+        "selector": {"matchLabels": {"app": app}},
+        "endpoints": [endpoint],
+    })
+    monitor["metadata"]["labels"].update(labels or {})
+    return [monitor]

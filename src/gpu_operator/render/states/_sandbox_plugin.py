@@ -1,0 +1,33 @@
+"""The pod shared by the KubeVirt and Kata sandbox device plugins: wait for the workload, then serve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.render.objects import VALIDATIONS_DIR, container, hostpath, mount
+from gpu_operator.render.states._common import DEVICE_PLUGINS, SYS, VALIDATIONS
+
+WAIT_SCRIPT = (
+    f"until [ -f {VALIDATIONS_DIR}/workload-type ]; do sleep 5; done; "
+    f"case $(cat {VALIDATIONS_DIR}/workload-type) in "
+    f"vm-passthrough) f={VALIDATIONS_DIR}/vfio-pci-ready ;; "
+    f"vm-vgpu) f={VALIDATIONS_DIR}/vgpu-devices-ready ;; *) exit 0 ;; esac; "
+    "until [ -f $f ]; do echo waiting for $f; sleep 5; done"
+)
+
+
+def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
+    wait = container(
+        "vfio-pci-validation",
+        command=["sh", "-c"],
+        args=[WAIT_SCRIPT],
+        mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
+    )
+    main = container(
+        main_name,
+        mounts=[mount("device-plugin", "/var/lib/kubelet/device-plugins"), mount("vfio", "/dev/vfio"),
+                mount("host-sys", "/sys")],
+        privileged=True,
+    )
+    return {"initContainers": [wait], "containers": [main],
+            "volumes": [VALIDATIONS, DEVICE_PLUGINS, hostpath("vfio", "/dev/vfio"), SYS]}

@@ -1,0 +1,135 @@
+"""State 6, state-device-plugin: advertises nvidia.com/gpu to the kubelet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.render.objects import (
+    Ctx,
+    add_mount,
+    add_volume,
+    configmap_volume,
+    container,
+    env,
+    hostpath,
+    mount,
+    upsert_env,
+)
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.result import Manifest
+from gpu_operator.render.states._common import (
+    DEVICE_PLUGINS,
+    DRIVER_INSTALL_DIR,
+    HOST_ROOT,
+    VALIDATIONS,
+    configmap,
+    wait_for,
+    when_enabled,
+)
+from gpu_operator.render.transforms.cdi import device_plugin_cdi, rdma_storage_env
+from gpu_operator.render.transforms.config_manager import config_manager
+from gpu_operator.render.transforms.mig import mig_strategy_env
+
+STATE = "state-device-plugin"
+NAME = "nvidia-device-plugin"
+ENTRYPOINT = "nvidia-device-plugin-entrypoint"
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
+IMAGE = Image("devicePlugin", "DEVICE_PLUGIN_IMAGE")
+SCRIPT = """#!/bin/sh
+# Start once the driver is validated; take the driver location from driver-ready.
+until [ -f /run/nvidia/validations/driver-ready ]; do echo waiting for the driver; sleep 5; done
+set -a; . /run/nvidia/validations/driver-ready; set +a
+exec nvidia-device-plugin "$@"
+"""
+
+
+def config_manager_containers() -> list[dict[str, Any]]:
+    """config-manager init + sidecar (wired or removed by the config-manager transform)."""
+    return [
+        container("config-manager-init", command=["config-manager"], env_vars=[env("ONESHOT", "true")]),
+        container("config-manager", command=["config-manager"], env_vars=[env("ONESHOT", "false")]),
+    ]
+
+
+def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
+    init, sidecar = config_manager_containers()
+    main = container(
+        "nvidia-device-plugin",
+        command=["/bin/entrypoint.sh"],
+        env_vars=[env("PASS_DEVICE_SPECS", "true"), env("FAIL_ON_INIT_ERROR", "true"),
+                  env("DEVICE_ID_STRATEGY", "uuid"), env("NVIDIA_VISIBLE_DEVICES", "all"),
+                  env("NVIDIA_DRIVER_CAPABILITIES", "all")],
+        mounts=[
+            mount("nvidia-device-plugin-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"),
+            mount("device-plugin", "/var/lib/kubelet/device-plugins"),
+            mount("run-nvidia-validations", "/run/nvidia/validations"),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("cdi-root", "/var/run/cdi"),
+        ],
+        privileged=True,
+    )
+    return {
+        "initContainers": [wait_for("toolkit", "toolkit-ready"), init],
+        "containers": [main, sidecar],
+        "volumes": [
+            configmap_volume("nvidia-device-plugin-entrypoint", ENTRYPOINT, 0o755),
+            DEVICE_PLUGINS,
+            VALIDATIONS,
+            DRIVER_INSTALL_DIR,
+            HOST_ROOT,
+            hostpath("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+        ],
+    }
+
+
+def mps_root(pod: dict[str, Any], ctx: Ctx) -> None:
+    """A custom MPS root moves the MPS pipe and shm directories."""
+    root = ctx.spec.devicePlugin.mps.root if ctx.spec.devicePlugin.mps else DEFAULT_MPS_ROOT
+    if root == DEFAULT_MPS_ROOT:
+        return
+    main = pod["containers"][0]
+    upsert_env(main, "MPS_ROOT", root)
+    add_volume(pod, hostpath("mps-root", root, "DirectoryOrCreate"))
+    add_volume(pod, hostpath("mps-shm", f"{root}/shm"))
+    add_mount(main, mount("mps-root", root, propagation="Bidirectional"))
+    add_mount(main, mount("mps-shm", "/dev/shm"))
+
+
+def plugin_transform(ds: dict[str, Any], ctx: Ctx) -> None:
+    """Shared by the device plugin and the MPS control daemon: MIG, CDI, config-manager, MPS root."""
+    pod = ds["spec"]["template"]["spec"]
+    main = pod["containers"][0]
+    mig_strategy_env(main, ctx.spec)
+    config_manager(pod, ctx.spec, main["image"])
+    mps_root(pod, ctx)
+
+
+def _device_plugin(ds: dict[str, Any], ctx: Ctx) -> None:
+    main = ds["spec"]["template"]["spec"]["containers"][0]
+    device_plugin_cdi(main, ctx.spec)
+    rdma_storage_env(main, ctx.spec)
+    plugin_transform(ds, ctx)
+
+
+def _extras(ctx: Ctx, state: str) -> list[Manifest]:
+    return [configmap(ENTRYPOINT, state, ctx, {"entrypoint.sh": SCRIPT})]
+
+
+OPERAND = Operand(
+    state=STATE,
+    gate=when_enabled("devicePlugin"),
+    account=NAME,
+    role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
+    extras=_extras,
+    refs=(Ref("v1", "ConfigMap", ENTRYPOINT),),
+    daemonset=DaemonSetDef(
+        name="nvidia-device-plugin-daemonset",
+        deploy="device-plugin",
+        image=IMAGE,
+        pod=_pod,
+        gpu_access=True,
+        transforms=(_device_plugin,),
+    ),
+)

@@ -1,0 +1,175 @@
+"""State 3, state-driver: the containerized NVIDIA driver (one DaemonSet, or one per kernel when precompiled)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gpu_operator.render.facts import KERNEL_FULL
+from gpu_operator.render.objects import (
+    NODE_NAME,
+    VALIDATIONS_DIR,
+    Ctx,
+    configmap_volume,
+    container,
+    env,
+    env_field,
+    hostpath,
+    mount,
+)
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, build_daemonset, rule
+from gpu_operator.render.result import Manifest
+from gpu_operator.render.states._common import VALIDATIONS, configmap
+from gpu_operator.render.states._driver_like import driver_manager_init
+from gpu_operator.render.transforms import digest
+from gpu_operator.render.transforms.driver import precompiled_name, transform_driver
+
+STATE = "state-driver"
+NAME = "nvidia-driver"
+DAEMONSET = "nvidia-driver-daemonset"
+PROBE_CM = "nvidia-driver-startup-probe"
+COMPONENT = "app.kubernetes.io/component"
+READY = f"{VALIDATIONS_DIR}/.driver-ctr-ready"
+PROBE_SCRIPT = f"""#!/bin/sh
+# Ready when the module is loaded, helper daemons (if any) report Ready and nvidia-smi works.
+[ -f /sys/module/nvidia/refcnt ] || exit 1
+if [ -f {VALIDATIONS_DIR}/.driver-daemons-status ]; then
+  grep -q Ready {VALIDATIONS_DIR}/.driver-daemons-status || exit 1
+fi
+nvidia-smi > /dev/null || exit 1
+touch {READY}
+"""
+
+
+def _gate(ctx: Ctx) -> tuple[bool, str]:
+    driver = ctx.spec.driver
+    if driver.useNvidiaDriverCRD:
+        return False, ("spec.driver.useNvidiaDriverCRD=true: NVIDIADriver objects manage the driver "
+                       "(delete the ClusterPolicy's driver DaemonSets with propagationPolicy=Orphan)")
+    source = "" if driver.enabled is not None else " (default)"
+    return driver.on(), f"spec.driver.enabled={str(driver.on()).lower()}{source}"
+
+
+def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
+    main = container(
+        "nvidia-driver-ctr",
+        command=["nvidia-driver"],
+        args=["init"],
+        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void"), NODE_NAME, env_field("NODE_IP", "status.hostIP")],
+        mounts=[
+            mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+            mount("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager"),
+            mount("run-nvidia-topologyd", "/run/nvidia-topologyd"),
+            mount("var-log", "/var/log"),
+            mount("dev-log", "/dev/log"),
+            mount("host-os-release", "/host-etc/os-release", readonly=True),
+            mount("mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src", propagation="HostToContainer"),
+            mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
+            mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+            mount("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
+            mount("nv-firmware", "/lib/firmware"),
+            mount("driver-startup-probe-script", "/usr/local/bin/startup-probe.sh", sub_path="startup-probe.sh"),
+        ],
+        securityContext={"privileged": True, "seLinuxOptions": {"level": "s0"}},
+        startupProbe={"exec": {"command": ["sh", "/usr/local/bin/startup-probe.sh"]}, "initialDelaySeconds": 60,
+                      "timeoutSeconds": 60, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 120},
+        lifecycle={"preStop": {"exec": {"command": ["/bin/sh", "-c", f"rm -f {READY}"]}}},
+    )
+    sidecar_mounts = [mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+                      mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")]
+    sidecars = [
+        container("nvidia-peermem-ctr", command=["nvidia-driver"], args=["reload_nvidia_peermem"],
+                  mounts=sidecar_mounts, privileged=True),
+        container("nvidia-fs-ctr", command=["nvidia-gds-driver"], args=["start"], mounts=sidecar_mounts,
+                  privileged=True),
+        container("nvidia-gdrcopy-ctr", command=["nvidia-gdrcopy-driver"], args=["start"], mounts=sidecar_mounts,
+                  privileged=True),
+    ]
+    return {
+        "hostPID": True,
+        "initContainers": [driver_manager_init()],
+        "containers": [main, *sidecars],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchExpressions": [{"key": COMPONENT, "operator": "In",
+                                                    "values": ["nvidia-driver", "nvidia-vgpu-manager"]}]},
+            "topologyKey": "kubernetes.io/hostname",
+        }]}},
+        "volumes": [
+            hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
+            hostpath("var-log", "/var/log"),
+            hostpath("dev-log", "/dev/log"),
+            hostpath("host-os-release", "/etc/os-release"),
+            hostpath("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager", "DirectoryOrCreate"),
+            hostpath("run-nvidia-topologyd", "/run/nvidia-topologyd", "DirectoryOrCreate"),
+            hostpath("mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src", "DirectoryOrCreate"),
+            hostpath("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate"),
+            VALIDATIONS,
+            hostpath("host-root", "/"),
+            hostpath("host-sys", "/sys", "Directory"),
+            hostpath("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+            hostpath("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
+            hostpath("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate"),
+            configmap_volume("driver-startup-probe-script", PROBE_CM, 0o755),
+        ],
+    }
+
+
+def _variant(kernel: str | None) -> Any:
+    def transform(ds: dict[str, Any], ctx: Ctx) -> None:
+        transform_driver(ds, ctx.spec, ctx.facts, kernel)
+        template = ds["spec"]["template"]
+        template.setdefault("metadata", {}).setdefault("annotations", {})[
+            "kubectl.kubernetes.io/default-container"] = "nvidia-driver-ctr"
+        digest.stamp(template["spec"])
+
+    return transform
+
+
+BASE = DaemonSetDef(
+    name=DAEMONSET,
+    deploy="driver",
+    image=Image("driver", "DRIVER_IMAGE"),
+    pod=_pod,
+    labels={COMPONENT: "nvidia-driver"},
+    on_delete=True,
+)
+
+
+def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
+    if not ctx.spec.driver.precompiled():
+        return [build_daemonset(dataclasses.replace(BASE, transforms=(_variant(None),)), operand, ctx)]
+    return [
+        build_daemonset(dataclasses.replace(
+            BASE, name=precompiled_name(kernel, ctx.facts.os_tag), transforms=(_variant(kernel),),
+            node_selector={KERNEL_FULL: kernel}), operand, ctx)
+        for kernel in ctx.facts.kernels
+    ]
+
+
+def _variant_refs(ctx: Ctx) -> list[Ref]:
+    """Both variants: the one not in use is stale and gets deleted."""
+    names = [DAEMONSET, *(precompiled_name(k, ctx.facts.os_tag) for k in ctx.facts.kernels)]
+    return [Ref("apps/v1", "DaemonSet", name) for name in names]
+
+
+def _extras(ctx: Ctx, state: str) -> list[Manifest]:
+    return [configmap(PROBE_CM, state, ctx, {"startup-probe.sh": PROBE_SCRIPT})]
+
+
+OPERAND = Operand(
+    state=STATE,
+    gate=_gate,
+    account=NAME,
+    role_rules=(rule([""], ["configmaps", "secrets"], ["get", "list", "watch"]),),
+    cluster_rules=(
+        rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
+        rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+        rule([""], ["pods/eviction"], ["create"]),
+        rule(["apps"], ["daemonsets"], ["get", "list", "watch"]),
+        rule(["config.openshift.io"], ["clusterversions"], ["get", "list"]),
+    ),
+    extras=_extras,
+    refs=(Ref("v1", "ConfigMap", PROBE_CM),),
+    daemonsets=_daemonsets,
+    variant_refs=_variant_refs,
+)

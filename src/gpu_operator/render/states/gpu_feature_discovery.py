@@ -1,0 +1,59 @@
+"""State 10, gpu-feature-discovery: labels nodes with GPU properties (nvidia.com/gpu.product, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
+from gpu_operator.render.states._common import DRIVER_INSTALL_DIR, VALIDATIONS, wait_for, when_enabled
+from gpu_operator.render.states.device_plugin import config_manager_containers
+from gpu_operator.render.transforms.config_manager import config_manager
+from gpu_operator.render.transforms.mig import mig_strategy_env
+
+NAME = "nvidia-gpu-feature-discovery"
+FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+
+
+def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
+    init, sidecar = config_manager_containers()
+    main = container(
+        "gpu-feature-discovery",
+        command=["gpu-feature-discovery"],
+        env_vars=[env("GFD_SLEEP_INTERVAL", "60s"), env("GFD_FAIL_ON_INIT_ERROR", "true"),
+                  env("NVIDIA_VISIBLE_DEVICES", "all")],
+        mounts=[mount("output-dir", FEATURES_DIR), mount("host-sys", "/sys"),
+                mount("driver-install-dir", "/driver-root", readonly=True, propagation="HostToContainer")],
+        privileged=True,
+    )
+    return {
+        "initContainers": [wait_for("toolkit", "toolkit-ready"), init],
+        "containers": [main, sidecar],
+        "volumes": [VALIDATIONS, hostpath("output-dir", FEATURES_DIR), hostpath("host-sys", "/sys"),
+                    DRIVER_INSTALL_DIR],
+    }
+
+
+def _gfd(ds: dict[str, Any], ctx: Ctx) -> None:
+    pod = ds["spec"]["template"]["spec"]
+    main = pod["containers"][0]
+    mig_strategy_env(main, ctx.spec)
+    config_manager(pod, ctx.spec, main["image"])
+
+
+OPERAND = Operand(
+    state="gpu-feature-discovery",
+    gate=when_enabled("gfd"),
+    account=NAME,
+    role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),
+                   rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"])),
+    daemonset=DaemonSetDef(
+        name="gpu-feature-discovery",
+        deploy="gpu-feature-discovery",
+        image=Image("gfd", "GFD_IMAGE"),
+        pod=_pod,
+        gpu_access=True,
+        transforms=(_gfd,),
+    ),
+)

@@ -1,0 +1,29 @@
+"""State 19, state-kata-manager: deprecated upstream and always disabled; only cleans up after itself."""
+
+from __future__ import annotations
+
+from gpu_operator.render.objects import Ctx
+from gpu_operator.render.operand import Operand, Ref, rule
+
+NAME = "nvidia-kata-manager"
+# RuntimeClasses the old kata manager created carry this label; the operator deletes them by label.
+RUNTIME_CLASS_LABEL = "nvidia.com/kata-runtime-class"
+
+
+def _gate(ctx: Ctx) -> tuple[bool, str]:
+    return False, (f"deprecated: always disabled (spec.kataManager is ignored); its objects and every "
+                   f"RuntimeClass labelled {RUNTIME_CLASS_LABEL}=true are removed")
+
+
+OPERAND = Operand(
+    state="state-kata-manager",
+    gate=_gate,
+    account=NAME,
+    role_rules=(rule([""], ["configmaps"], ["get"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),),
+    refs=(
+        Ref("v1", "ConfigMap", "nvidia-kata-manager-config"),
+        Ref("v1", "ConfigMap", "nvidia-kata-manager-entrypoint"),
+        Ref("apps/v1", "DaemonSet", NAME),
+    ),
+)

@@ -1,0 +1,110 @@
+"""State 5, state-operator-validation: validates driver, toolkit, CUDA and device plugin per node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.render.objects import (
+    VALIDATIONS_DIR,
+    Ctx,
+    container,
+    find,
+    mount,
+    remove_containers,
+    upsert_env,
+)
+from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
+from gpu_operator.render.states._common import (
+    DRIVER_INSTALL_DIR,
+    HOST_DEV_CHAR,
+    HOST_ROOT,
+    VALIDATIONS,
+    always,
+    validator_init,
+)
+from gpu_operator.render.transforms.component import env_upsert
+from gpu_operator.render.transforms.runtime import runtime_class_name
+
+STATE = "state-operator-validation"
+NAME = "nvidia-operator-validator"
+ROOT = {"runAsUser": 0}
+
+
+def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
+    validations = mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")
+    driver = validator_init("driver", mounts=[
+        mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"),
+        mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+        mount("host-dev-char", "/host-dev-char"),
+        validations,
+    ])
+    inits = [
+        driver,
+        validator_init("toolkit"),
+        validator_init("cuda", privileged=False),
+        validator_init("plugin", privileged=False),
+    ]
+    main = container(
+        NAME,
+        command=["sh", "-c"],
+        args=["echo all validations are successful; sleep infinity"],
+        mounts=[validations],
+        lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}},
+        privileged=True,
+    )
+    return {
+        "initContainers": inits,
+        "containers": [main],
+        "volumes": [VALIDATIONS, DRIVER_INSTALL_DIR, HOST_ROOT, HOST_DEV_CHAR],
+    }
+
+
+def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
+    """Per-component env, workload-pod settings, and no plugin check without a device plugin."""
+    pod = ds["spec"]["template"]["spec"]
+    spec = ctx.spec
+    if not spec.devicePlugin.on():
+        remove_containers(pod, "plugin-validation")
+    per_component = {"driver": spec.validator.driver, "toolkit": spec.validator.toolkit,
+                     "cuda": spec.validator.cuda, "plugin": spec.validator.plugin}
+    image = VALIDATOR.resolve(ctx)
+    secrets = ",".join(spec.validator.imagePullSecrets or [])
+    for component, extra in per_component.items():
+        ctr = find(pod, f"{component}-validation")
+        if ctr is None:
+            continue
+        ctr.setdefault("securityContext", {}).update(ROOT)
+        if component in ("cuda", "plugin"):
+            # the validator starts workload pods with these settings
+            upsert_env(ctr, "VALIDATOR_IMAGE", image)
+            upsert_env(ctr, "VALIDATOR_IMAGE_PULL_POLICY", ctr["imagePullPolicy"])
+            if secrets:
+                upsert_env(ctr, "VALIDATOR_IMAGE_PULL_SECRETS", secrets)
+            runtime_class = runtime_class_name(spec, ctx.facts.runtime)
+            if runtime_class:
+                upsert_env(ctr, "VALIDATOR_RUNTIME_CLASS", runtime_class)
+        if component == "plugin":
+            upsert_env(ctr, "WITH_WORKLOAD", "false")
+            if spec.mig.strategy:
+                upsert_env(ctr, "MIG_STRATEGY", spec.mig.strategy)
+        if extra is not None:
+            env_upsert(ctr, extra.env)
+    pod["containers"][0].setdefault("securityContext", {}).update(ROOT)
+
+
+OPERAND = Operand(
+    state=STATE,
+    gate=always("always enabled"),
+    account=NAME,
+    role_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "delete"]),
+                rule(["apps"], ["daemonsets"], ["get", "list"])),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
+    daemonset=DaemonSetDef(
+        name=NAME,
+        deploy="operator-validator",
+        image=VALIDATOR,
+        pod=_pod,
+        gpu_access=True,
+        transforms=(_validator,),
+    ),
+)

@@ -1,0 +1,69 @@
+"""State 13, state-vgpu-manager: the NVIDIA vGPU host driver on vm-vgpu nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
+from gpu_operator.render.states._common import HOST_ROOT, SYS, VALIDATIONS, sandbox
+from gpu_operator.render.states._driver_like import driver_manager_init
+from gpu_operator.render.transforms.driver import driver_image
+from gpu_operator.render.transforms.driver_manager import driver_manager
+
+NAME = "nvidia-vgpu-manager"
+
+
+def _gate(ctx: Ctx) -> tuple[bool, str]:
+    if ctx.spec.driver.useNvidiaDriverCRD:
+        return False, "spec.driver.useNvidiaDriverCRD=true: NVIDIADriver objects manage the vGPU manager"
+    return sandbox("vgpuManager")(ctx)
+
+
+def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
+    main = container(
+        "nvidia-vgpu-manager-ctr",
+        command=["nvidia-driver"],
+        args=["init"],
+        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void")],
+        mounts=[mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+                mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+                mount("host-sys", "/sys"), mount("var-log", "/var/log")],
+        privileged=True,
+    )
+    return {
+        "hostPID": True,
+        "initContainers": [driver_manager_init()],
+        "containers": [main],
+        "volumes": [hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"), HOST_ROOT, SYS,
+                    hostpath("var-log", "/var/log"), VALIDATIONS,
+                    hostpath("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate")],
+    }
+
+
+def _vgpu(ds: dict[str, Any], ctx: Ctx) -> None:
+    pod = ds["spec"]["template"]["spec"]
+    main = pod["containers"][0]
+    main["image"] = driver_image(main["image"], ctx.facts.os_tag, None)
+    driver_manager(pod, ctx.spec.vgpuManager.driverManager, dict(ctx.facts.operator_env),
+                   "spec.vgpuManager.driverManager", ctx.spec)
+
+
+OPERAND = Operand(
+    state="state-vgpu-manager",
+    gate=_gate,
+    account=NAME,
+    role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
+                   rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+                   rule([""], ["pods/eviction"], ["create"])),
+    daemonset=DaemonSetDef(
+        name="nvidia-vgpu-manager-daemonset",
+        deploy="vgpu-manager",
+        image=Image("vgpuManager", "VGPU_MANAGER_IMAGE"),
+        pod=_pod,
+        labels={"app.kubernetes.io/component": "nvidia-vgpu-manager"},
+        on_delete=True,
+        transforms=(_vgpu,),
+    ),
+)

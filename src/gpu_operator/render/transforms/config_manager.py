@@ -1,0 +1,49 @@
+"""config-manager wiring (device plugin, GFD, MPS): per-node configs from a user ConfigMap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.render.objects import (
+    add_mount,
+    add_volume,
+    configmap_volume,
+    find,
+    mount,
+    remove_containers,
+    upsert_env,
+)
+
+INIT = "config-manager-init"
+SIDECAR = "config-manager"
+NODE_LABEL = "nvidia.com/device-plugin.config"
+
+
+def config_manager(pod: dict[str, Any], spec: ClusterPolicySpec, image: str) -> None:
+    """Keep and wire the config-manager containers when devicePlugin.config.name is set, else drop them."""
+    config = spec.devicePlugin.config
+    if config is None or not config.name:
+        remove_containers(pod, INIT, SIDECAR)
+        return
+    main = pod["containers"][0]
+    upsert_env(main, "CONFIG_FILE", "/config/config.yaml")
+    add_volume(pod, configmap_volume(config.name, config.name))
+    add_volume(pod, {"name": "config", "emptyDir": {}})
+    add_mount(main, mount("config", "/config"))
+    for name in (INIT, SIDECAR):
+        ctr = find(pod, name)
+        if ctr is None:
+            continue
+        ctr["image"] = image
+        ctr["imagePullPolicy"] = main.get("imagePullPolicy", "IfNotPresent")
+        upsert_env(ctr, "DEFAULT_CONFIG", config.default or "")
+        upsert_env(ctr, "FALLBACK_STRATEGIES", "empty")
+        upsert_env(ctr, "CONFIG_FILE_SRCDIR", "/available-configs")
+        upsert_env(ctr, "CONFIG_FILE_DST", "/config/config.yaml")
+        upsert_env(ctr, "NODE_LABEL", NODE_LABEL)
+        add_mount(ctr, mount(config.name, "/available-configs"))
+        add_mount(ctr, mount("config", "/config"))
+    if not pod.get("hostPID"):
+        # the sidecar signals the main container to reload
+        pod["shareProcessNamespace"] = True

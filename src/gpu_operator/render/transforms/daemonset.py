@@ -1,0 +1,72 @@
+"""DaemonSet-wide settings from `spec.daemonsets` and `spec.hostPaths` (applied to every operand)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.render.objects import find, upsert_env
+
+DEFAULT_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+DEFAULT_PRIORITY_CLASS = "system-node-critical"
+# Labels the operator owns on pod templates; spec.daemonsets.labels never override them.
+PROTECTED_LABELS = ("app", "app.kubernetes.io/part-of")
+
+
+def common_config(ds: dict[str, Any], spec: ClusterPolicySpec, *, on_delete: bool = False) -> None:
+    """Update strategy, priority class, tolerations, pod security context, extra labels/annotations."""
+    daemonsets = spec.daemonsets
+    pod = ds["spec"]["template"]["spec"]
+    if on_delete or daemonsets.updateStrategy == "OnDelete":
+        ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    else:
+        strategy: dict[str, Any] = {"type": "RollingUpdate"}
+        if daemonsets.rollingUpdate and daemonsets.rollingUpdate.maxUnavailable:
+            value = daemonsets.rollingUpdate.maxUnavailable
+            strategy["rollingUpdate"] = {"maxUnavailable": int(value) if value.isdigit() else value}
+        ds["spec"]["updateStrategy"] = strategy
+    pod["priorityClassName"] = daemonsets.priorityClassName or DEFAULT_PRIORITY_CLASS
+    pod["tolerations"] = [dict(t) for t in (daemonsets.tolerations or DEFAULT_TOLERATIONS)]
+    if daemonsets.podSecurityContext:
+        pod["securityContext"] = dict(daemonsets.podSecurityContext)
+    template_meta = ds["spec"]["template"]["metadata"]
+    for source, key in ((daemonsets.labels, "labels"), (daemonsets.annotations, "annotations")):
+        for name, value in (source or {}).items():
+            if key == "labels" and name in PROTECTED_LABELS:
+                continue
+            template_meta.setdefault(key, {})[name] = value
+            ds["metadata"].setdefault(key, {}).setdefault(name, value)
+
+
+def host_root(ds: dict[str, Any], root: str) -> None:
+    """A custom host root moves the `host-root`/`host-dev-char` volumes and tells containers."""
+    if root in ("", "/"):
+        return
+    pod = ds["spec"]["template"]["spec"]
+    found = False
+    for volume in pod.get("volumes", []):
+        if volume["name"] == "host-root":
+            volume["hostPath"]["path"] = root
+            found = True
+        elif volume["name"] == "host-dev-char":
+            volume["hostPath"]["path"] = root.rstrip("/") + "/dev/char"
+    if found:
+        for ctr in pod.get("containers", []):
+            upsert_env(ctr, "HOST_ROOT", root)
+
+
+def driver_install_dir(ds: dict[str, Any], path: str) -> None:
+    """A custom driver install dir moves volume `driver-install-dir` and the validator's view of it."""
+    if path in ("", "/run/nvidia/driver"):
+        return
+    pod = ds["spec"]["template"]["spec"]
+    for volume in pod.get("volumes", []):
+        if volume["name"] == "driver-install-dir":
+            volume["hostPath"]["path"] = path
+    validation = find(pod, "driver-validation")
+    if validation is not None:
+        for volume_mount in validation.get("volumeMounts", []):
+            if volume_mount["name"] == "driver-install-dir":
+                volume_mount["mountPath"] = path
+        upsert_env(validation, "DRIVER_INSTALL_DIR", path)
+        upsert_env(validation, "DRIVER_INSTALL_DIR_CTR_PATH", path)

@@ -1,0 +1,102 @@
+"""Container-runtime wiring: the runtimeClassName rule and the toolkit's runtime config paths."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.render.objects import add_mount, add_volume, get_env, hostpath, mount, upsert_env
+
+CONFIG_DIR = "/runtime/config-dir/"
+DROP_IN_DIR = "/runtime/config-dir.d/"
+SOCKET_DIR = "/runtime/sock-dir/"
+NRI_SOCKET_DIR = "/runtime/nri-sock-dir/"
+DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_INSTALL_DIR = "/usr/local/nvidia"
+
+# runtime -> (env prefix, default config, default drop-in, default socket)
+RUNTIMES: dict[str, tuple[str, str, str, str]] = {
+    "containerd": (
+        "CONTAINERD",
+        "/etc/containerd/config.toml",
+        "/etc/containerd/conf.d/99-nvidia.toml",
+        "/run/containerd/containerd.sock",
+    ),
+    "crio": ("CRIO", "/etc/crio/config.toml", "/etc/crio/crio.conf.d/99-nvidia.conf", ""),
+    "docker": ("DOCKER", "/etc/docker/daemon.json", "", "/var/run/docker.sock"),
+}
+
+
+def runtime_class_name(spec: ClusterPolicySpec, runtime: str) -> str | None:
+    """Operands that need GPUs run with the nvidia RuntimeClass, except with NRI or crio without CDI."""
+    if spec.cdi.nri() or (not spec.cdi.on() and runtime == "crio"):
+        return None
+    return spec.operator.runtimeClass
+
+
+def _pick(ctr: dict[str, Any], names: tuple[str, ...], default: str) -> str:
+    for name in names:
+        value = get_env(ctr, name)
+        if value:
+            return value
+    return default
+
+
+def _mount_dir(pod: dict[str, Any], ctr: dict[str, Any], volume: str, host_file: str, target: str,
+               type_: str | None) -> str:
+    add_volume(pod, hostpath(volume, posixpath.dirname(host_file), type_))
+    add_mount(ctr, mount(volume, target))
+    return target + posixpath.basename(host_file)
+
+
+def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, openshift: bool) -> None:
+    """Point the toolkit at the host's runtime config, drop-in dir and socket through /runtime/*."""
+    ctr = pod["containers"][0]
+    upsert_env(ctr, "RUNTIME", runtime)
+    if spec.cdi.on():
+        for name, value in (("CDI_ENABLED", "true"), ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
+                            ("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"), ("CRIO_CONFIG_MODE", "config")):
+            upsert_env(ctr, name, value)
+        if spec.cdi.nri():
+            upsert_env(ctr, "ENABLE_NRI_PLUGIN", "true")
+    elif runtime == "crio":
+        upsert_env(ctr, "CRIO_CONFIG_MODE", "hook")
+        hooks = "/run/containers/oci/hooks.d" if openshift else "/usr/share/containers/oci/hooks.d"
+        add_volume(pod, hostpath("crio-hooks", hooks, "DirectoryOrCreate"))
+        add_mount(ctr, mount("crio-hooks", hooks))
+    install_dir = spec.toolkit.installDir
+    if install_dir != DEFAULT_INSTALL_DIR:
+        upsert_env(ctr, "ROOT", install_dir)
+        add_volume(pod, hostpath("toolkit-install-dir", install_dir, "DirectoryOrCreate"))
+        add_mount(ctr, mount("toolkit-install-dir", install_dir))
+    if spec.cdi.nri():
+        socket = _pick(ctr, ("NRI_SOCKET",), DEFAULT_NRI_SOCKET)
+        upsert_env(ctr, "NRI_SOCKET", _mount_dir(pod, ctr, "nri-socket", socket, NRI_SOCKET_DIR, "DirectoryOrCreate"))
+        return
+    _runtime_paths(pod, ctr, runtime)
+
+
+def _runtime_paths(pod: dict[str, Any], ctr: dict[str, Any], runtime: str) -> None:
+    prefix, default_config, default_drop_in, default_socket = RUNTIMES[runtime]
+    config = _pick(ctr, (f"{prefix}_CONFIG", "RUNTIME_CONFIG"), default_config)
+    target = _mount_dir(pod, ctr, f"{runtime}-config", config, CONFIG_DIR, "DirectoryOrCreate")
+    upsert_env(ctr, "RUNTIME_CONFIG", target)
+    upsert_env(ctr, f"{prefix}_CONFIG", target)
+    drop_in = _pick(ctr, ("RUNTIME_DROP_IN_CONFIG",), default_drop_in)
+    if drop_in:
+        target = _mount_dir(pod, ctr, f"{runtime}-drop-in-config", drop_in, DROP_IN_DIR, "DirectoryOrCreate")
+        upsert_env(ctr, "RUNTIME_DROP_IN_CONFIG", target)
+        upsert_env(ctr, "RUNTIME_DROP_IN_CONFIG_HOST_PATH", drop_in)
+    socket = _pick(ctr, (f"{prefix}_SOCKET", "RUNTIME_SOCKET"), default_socket)
+    if socket:
+        target = _mount_dir(pod, ctr, f"{runtime}-socket", socket, SOCKET_DIR, None)
+        upsert_env(ctr, "RUNTIME_SOCKET", target)
+        upsert_env(ctr, f"{prefix}_SOCKET", target)
+    if runtime == "containerd":
+        upsert_env(ctr, "CONTAINERD_RUNTIME_CLASS", _pick(ctr, ("CONTAINERD_RUNTIME_CLASS",), "nvidia"))
+    source = get_env(ctr, "RUNTIME_CONFIG_SOURCE")
+    if source:
+        # the toolkit reads host files through the /host mount of the root filesystem
+        parts = [f"file=/host{p[5:]}" if p.startswith("file=/") else p for p in source.split(",")]
+        upsert_env(ctr, "RUNTIME_CONFIG_SOURCE", ",".join(parts))
