@@ -2,8 +2,280 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
 import typer
+
+HostRoot = Annotated[
+    str | None,
+    typer.Option(
+        "--host-root",
+        envvar="GPU_OPERATOR_HOST_ROOT",
+        help="Directory holding the host's root file system (default: /host when it exists, else /).",
+    ),
+]
+Workload = Annotated[
+    str | None,
+    typer.Option(
+        "--workload-config",
+        help="The node's GPU workload: container, vm-passthrough or vm-vgpu (default: the node label, else inferred from the host).",
+    ),
+]
+
+
+def _fs(host_root: str | None) -> Any:
+    from gpu_operator.node.hostfs import HostFS
+
+    root = host_root or ("/host" if Path("/host").is_dir() else "/")
+    if not Path(root).is_dir():
+        raise typer.BadParameter(f"--host-root {root}: no such directory")
+    return HostFS(root)
+
+
+def _kube_view(namespace: str = "") -> Any:
+    """The API view of this node when NODE_NAME is set and credentials are found; None otherwise."""
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        return None
+    from lightkube.core.exceptions import ConfigError
+
+    from gpu_operator.node.kubeapi import KubeNodeView
+
+    try:
+        return KubeNodeView(
+            node, namespace or os.environ.get("OPERATOR_NAMESPACE", ""), os.environ.get("POD_NAME", "")
+        )
+    except ConfigError as err:
+        typer.echo(f"note: no Kubernetes API access ({err}); node labels and pods are unavailable", err=True)
+        return None
+
+
+def probe(
+    host_root: HostRoot = None,
+    publish: Annotated[
+        bool, typer.Option(help="Publish labels and events for NODE_NAME through the API.")
+    ] = False,
+    interval: Annotated[float, typer.Option(help="With --publish: seconds between probes.")] = 300.0,
+    once: Annotated[bool, typer.Option(help="With --publish: probe and publish once, then exit.")] = False,
+    workload_config: Workload = None,
+    search_path: Annotated[
+        list[str] | None, typer.Option(help="Extra directory to look for nvidia-smi in (repeatable).")
+    ] = None,
+) -> None:
+    """Print what this host has (GPUs, driver source, IOMMU, runtime, CDI) as JSON; optionally publish it."""
+    from gpu_operator.node.findings import diagnose
+    from gpu_operator.node.probe import probe as run_probe
+
+    fs = _fs(host_root)
+    dirs = tuple(search_path or ())
+    if not publish:
+        typer.echo(run_probe(fs, extra_search_dirs=dirs).model_dump_json(indent=2))
+        return
+    from gpu_operator.node.publish import node_events, node_labels
+    from gpu_operator.node.validate.config import WORKLOAD_CONFIG_LABEL
+
+    view = _kube_view()
+    if view is None:
+        raise typer.BadParameter(
+            "--publish needs NODE_NAME and Kubernetes API access (in-cluster or KUBECONFIG)"
+        )
+    last_codes: set[str] | None = None
+    while True:
+        report = run_probe(fs, extra_search_dirs=dirs)
+        declared = workload_config or view.node_labels().get(WORKLOAD_CONFIG_LABEL) or None
+        findings = diagnose(report, declared)
+        events = node_events(findings)
+        for event in events:
+            typer.echo(f"{event['reason']}: {event['message']}", err=True)
+        codes = {f.code for f in findings}
+        # Events repeat only when the set of problems changes; labels are re-applied every time.
+        view.publish(node_labels(report, findings), events if codes != last_codes else [])
+        last_codes = codes
+        if once:
+            return
+        time.sleep(interval)
+
+
+def validate(
+    component: Annotated[
+        str, typer.Option("--component", "-c", envvar="COMPONENT", help="What to validate.")
+    ],
+    host_root: HostRoot = None,
+) -> None:
+    """Validate one component and write its status file under <host-root>/run/nvidia/validations."""
+    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.validate.base import Context, Outcome
+    from gpu_operator.node.validate.config import ConfigError, ValidatorConfig
+    from gpu_operator.node.validate.run import validate as run_validation
+
+    try:
+        config = ValidatorConfig.from_env(os.environ)
+    except ConfigError as err:
+        raise typer.BadParameter(str(err)) from None
+    fs = _fs(host_root)
+    ctx = Context(
+        fs, HostRunner(fs), config, kube=_kube_view(config.namespace), log=lambda m: typer.echo(m, err=True)
+    )
+    try:
+        result = run_validation(ctx, component)
+    except ConfigError as err:
+        raise typer.BadParameter(str(err)) from None
+    typer.echo(f"{component}: {result.outcome}: {result.message}")
+    if result.outcome == Outcome.FAILED:
+        # Kubernetes shows this file's text as the container's termination message.
+        termination = Path(os.environ.get("TERMINATION_LOG", "/dev/termination-log"))
+        if termination.parent.is_dir() and os.access(termination.parent, os.W_OK):
+            termination.write_text(result.message[:4096])
+        raise typer.Exit(1)
+
+
+vfio_app = typer.Typer(
+    help="Move NVIDIA GPUs to vfio-pci (bind) or back to the host's drivers (unbind).", no_args_is_help=True
+)
+
+
+def _vfio(
+    action: Literal["bind", "unbind"],
+    all_gpus: bool,
+    device: list[str] | None,
+    dry_run: bool,
+    host_root: str | None,
+    load_module: bool,
+) -> None:
+    from gpu_operator.node import vfio
+    from gpu_operator.node.hostfs import KernelWriter
+    from gpu_operator.node.runner import HostRunner
+
+    fs = _fs(host_root)
+    try:
+        if dry_run:
+            plans = vfio.plan(fs, action, device or [], all_gpus)
+        else:
+
+            def load() -> None:
+                result = HostRunner(fs).run(["modprobe", vfio.VFIO_DRIVER], root="/", timeout=60)
+                if not result.ok:
+                    typer.echo(f"could not load vfio-pci: {result.summary()}", err=True)
+
+            plans = vfio.execute(
+                fs, KernelWriter(fs), action, device or [], all_gpus, load_vfio=load if load_module else None
+            )
+    except vfio.VfioUsageError as err:
+        raise typer.BadParameter(str(err)) from None
+    if not plans:
+        typer.echo("no NVIDIA GPU on this host; nothing to do")
+    failed = False
+    for p in plans:
+        head = f"{p.gpu} {p.name or ''}".strip()
+        if p.refused:
+            failed = True
+            typer.echo(f"{head}: REFUSED: {p.refused}", err=True)
+            continue
+        if dry_run:
+            typer.echo(f"{head}: " + ("nothing to do" if not p.writes else f"{len(p.writes)} write(s)"))
+            for path, value in p.writes:
+                typer.echo(f"  echo {value.strip()!r} > {path}" if value.strip() else f"  echo > {path}")
+            continue
+        failed |= not p.ok
+        typer.echo(f"{head}: {p.result}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@vfio_app.command("bind")
+def vfio_bind(
+    all_gpus: Annotated[bool, typer.Option("--all", help="Every NVIDIA GPU on the host.")] = False,
+    device: Annotated[
+        list[str] | None, typer.Option("--device", help="A GPU's PCI address (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the sysfs writes instead of making them.")
+    ] = False,
+    load_module: Annotated[
+        bool, typer.Option(help="modprobe vfio-pci on the host when it is not loaded.")
+    ] = True,
+    host_root: HostRoot = None,
+) -> None:
+    """Bind GPUs (and the NVIDIA functions of their IOMMU groups) to vfio-pci."""
+    _vfio("bind", all_gpus, device, dry_run, host_root, load_module)
+
+
+@vfio_app.command("unbind")
+def vfio_unbind(
+    all_gpus: Annotated[bool, typer.Option("--all", help="Every NVIDIA GPU on the host.")] = False,
+    device: Annotated[
+        list[str] | None, typer.Option("--device", help="A GPU's PCI address (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the sysfs writes instead of making them.")
+    ] = False,
+    host_root: HostRoot = None,
+) -> None:
+    """Give GPUs back to the host: clear driver_override, unbind from vfio-pci, let the kernel re-probe."""
+    _vfio("unbind", all_gpus, device, dry_run, host_root, False)
+
+
+def node_status_exporter(
+    host_root: HostRoot = None,
+    port: Annotated[int, typer.Option(envvar="METRICS_PORT", help="Port to serve /metrics on.")] = 8000,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+) -> None:
+    """Serve the node's validation state as Prometheus metrics (status files are read at each scrape)."""
+    from prometheus_client import start_http_server
+
+    from gpu_operator.node.exporter import NodeStatusCollector, registry_for
+    from gpu_operator.node.validate.config import ValidatorConfig
+
+    fs = _fs(host_root)
+    config = ValidatorConfig.from_env(os.environ)
+    view = _kube_view(config.namespace)
+
+    def devices() -> int | None:
+        from gpu_operator.node.validate.workload import pick_gpu_resource
+
+        allocatable = view.node_allocatable()
+        resource = pick_gpu_resource(allocatable, config.resource_name)
+        return int(allocatable[resource]) if resource else 0
+
+    collector = NodeStatusCollector(fs, config.output_dir, plugin_devices=devices if view else None)
+    start_http_server(port, addr=address, registry=registry_for(collector))
+    typer.echo(f"serving node metrics on {address}:{port}/metrics", err=True)
+    while True:
+        time.sleep(3600)
+
+
+def doctor(
+    host_root: HostRoot = None,
+    workload_config: Workload = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    search_path: Annotated[
+        list[str] | None, typer.Option(help="Extra directory to look for nvidia-smi in (repeatable).")
+    ] = None,
+) -> None:
+    """Check one host for what breaks GPU nodes; each finding has severity, evidence and fix. Exit 1 on errors."""
+    from rich.console import Console
+
+    from gpu_operator.node.doctor import run
+    from gpu_operator.node.findings import WORKLOADS
+    from gpu_operator.node.probe import probe as run_probe
+
+    if workload_config and workload_config not in WORKLOADS:
+        raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOADS)}")
+    report = run_probe(_fs(host_root), extra_search_dirs=tuple(search_path or ()))
+    code = run(report, workload_config, as_json, Console(file=sys.stdout, soft_wrap=as_json))
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
+    node_app = typer.Typer(help="Node agents that describe this host.", no_args_is_help=True)
+    node_app.command("probe")(probe)
+    app.add_typer(node_app, name="node")
+    app.command("validate")(validate)
+    app.add_typer(vfio_app, name="vfio-manage")
+    app.command("node-status-exporter")(node_status_exporter)
+    app.command("doctor")(doctor)

@@ -1,0 +1,92 @@
+"""node-status-exporter: the node's validation state as Prometheus metrics, read from the status files."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from gpu_operator.node import pci
+from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.validate.base import StatusDir
+
+PREFIX = "gpu_operator_node"
+_READY_FILES = {
+    "driver": "driver-ready",
+    "toolkit": "toolkit-ready",
+    "plugin": "plugin-ready",
+    "cuda": "cuda-ready",
+}
+
+
+class NodeStatusCollector(Collector):
+    """Reads the status files at every scrape; checks that cost more (driver, plugin devices) are injected."""
+
+    def __init__(
+        self,
+        fs: HostFS,
+        output_dir: str = "/run/nvidia/validations",
+        *,
+        driver_check: Callable[[], bool] | None = None,
+        plugin_devices: Callable[[], int | None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.fs = fs
+        self.status = StatusDir(fs, output_dir)
+        self.driver_check = driver_check
+        self.plugin_devices = plugin_devices
+        self.clock = clock
+        self.started = clock()
+        self.driver_last_success: float | None = None
+        self.plugin_last_success: float | None = None
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, value=value)
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._gauge(
+            f"{PREFIX}_metrics_ready_ts_seconds", "Unix time the exporter became ready", self.started
+        )
+        for component, name in _READY_FILES.items():
+            ready = 1.0 if self.status.exists(name) else 0.0
+            yield self._gauge(f"{PREFIX}_{component}_ready", f"1 when {self.status.path(name)} exists", ready)
+        if self.driver_check is not None:
+            ok = self.driver_check()
+            if ok:
+                self.driver_last_success = self.clock()
+            yield self._gauge(
+                f"{PREFIX}_driver_validation", "1 when the last driver check passed", 1.0 if ok else 0.0
+            )
+        if self.driver_last_success is not None:
+            yield self._gauge(
+                f"{PREFIX}_driver_validation_last_success_ts_seconds",
+                "Unix time of the last passing driver check",
+                self.driver_last_success,
+            )
+        devices = self.plugin_devices() if self.plugin_devices is not None else None
+        if devices is not None:
+            if devices > 0:
+                self.plugin_last_success = self.clock()
+            yield self._gauge(
+                f"{PREFIX}_device_plugin_devices_total",
+                "GPU devices the device plugin advertises",
+                float(devices),
+            )
+        if self.plugin_last_success is not None:
+            yield self._gauge(
+                f"{PREFIX}_device_plugin_validation_last_success_ts_seconds",
+                "Unix time the device plugin last advertised devices",
+                self.plugin_last_success,
+            )
+        gpus = [f for f in pci.scan(self.fs, pci.NVIDIA_VENDOR) if f.is_gpu]
+        yield self._gauge(
+            "gpu_operator_nvidia_pci_devices_total", "NVIDIA GPU PCI functions on the node", float(len(gpus))
+        )
+
+
+def registry_for(collector: NodeStatusCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry

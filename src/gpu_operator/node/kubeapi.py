@@ -1,0 +1,124 @@
+"""The node agents' thin Kubernetes layer (lightkube sync Client): node labels, events, validation pods."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from gpu_operator.node.validate.base import PodOutcome
+
+FIELD_MANAGER = "gpu-operator-node"
+
+
+def _client() -> Any:
+    from lightkube import Client
+
+    return Client(field_manager=FIELD_MANAGER)
+
+
+class KubeNodeView:
+    """NodeView over the API for one node; the agent's own pod (POD_NAME) gives owner and tolerations."""
+
+    def __init__(self, node_name: str, namespace: str, pod_name: str = "", client: Any = None) -> None:
+        self.node_name = node_name
+        self.namespace = namespace
+        self.pod_name = pod_name
+        self.client = client or _client()
+
+    def _node(self) -> dict[str, Any]:
+        from lightkube.resources.core_v1 import Node
+
+        node: dict[str, Any] = self.client.get(Node, self.node_name).to_dict()
+        return node
+
+    def node_labels(self) -> dict[str, str]:
+        return dict(self._node().get("metadata", {}).get("labels") or {})
+
+    def node_allocatable(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (self._node().get("status", {}).get("allocatable") or {}).items()}
+
+    def validator_pod_template(self) -> dict[str, Any]:
+        from lightkube.resources.core_v1 import Pod
+
+        if not self.pod_name:
+            return {}
+        pod = self.client.get(Pod, self.pod_name, namespace=self.namespace).to_dict()
+        return {
+            "ownerReferences": pod.get("metadata", {}).get("ownerReferences") or [],
+            "tolerations": pod.get("spec", {}).get("tolerations") or [],
+        }
+
+    def run_pod(self, manifest: dict[str, Any], timeout: float) -> PodOutcome:
+        """Delete earlier pods of the same app on this node, create this one, wait for it to end."""
+        from lightkube.resources.core_v1 import Pod
+
+        app = manifest["metadata"]["labels"]["app"]
+        namespace = manifest["metadata"]["namespace"]
+        for old in self.client.list(
+            Pod, namespace=namespace, labels={"app": app}, fields={"spec.nodeName": self.node_name}
+        ):
+            self.client.delete(Pod, old.metadata.name, namespace=namespace)
+        created = self.client.create(Pod.from_dict(manifest))
+        name = created.metadata.name
+        deadline = time.monotonic() + timeout
+        detail = ""
+        while time.monotonic() < deadline:
+            pod = self.client.get(Pod, name, namespace=namespace).to_dict()
+            phase = pod.get("status", {}).get("phase", "Pending")
+            detail = pod_detail(pod)
+            if phase in ("Succeeded", "Failed"):
+                return PodOutcome(phase == "Succeeded", phase, detail)
+            time.sleep(2)
+        return PodOutcome(False, "Timeout", f"pod {namespace}/{name} still not finished; {detail}")
+
+    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]]) -> None:
+        from lightkube.resources.core_v1 import Event, Node
+        from lightkube.types import PatchType
+
+        self.client.patch(Node, self.node_name, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE)
+        node = self._node()
+        for event in events:
+            self.client.create(Event.from_dict(node_event(node, event, self.namespace or "default")))
+
+
+def pod_detail(pod: dict[str, Any]) -> str:
+    """The most telling reason a pod gives for its state (waiting/terminated reasons, scheduling messages)."""
+    status = pod.get("status", {})
+    parts = []
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        state = cs.get("state", {})
+        for key in ("waiting", "terminated"):
+            info = state.get(key)
+            if info and info.get("reason") not in (None, "Completed", "PodInitializing"):
+                parts.append(f"{cs.get('name')}: {info.get('reason')} {info.get('message', '')}".strip())
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "False" and cond.get("message"):
+            parts.append(f"{cond.get('type')}: {cond.get('message')}")
+    if status.get("reason"):
+        parts.append(f"{status['reason']}: {status.get('message', '')}")
+    return "; ".join(parts)
+
+
+def node_event(node: dict[str, Any], event: dict[str, str], namespace: str) -> dict[str, Any]:
+    """A core/v1 Event about a Node (events about cluster-scoped objects live in a namespace of choice)."""
+    meta = node.get("metadata", {})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', 'node')}.", "namespace": namespace},
+        "involvedObject": {
+            "kind": "Node",
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "apiVersion": "v1",
+        },
+        "reason": event["reason"],
+        "message": event["message"][:1024],
+        "type": event["type"],
+        "source": {"component": "gpu-operator-node-probe", "host": meta.get("name")},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

@@ -1,0 +1,44 @@
+"""What the probe DaemonSet publishes about its node: labels and events, computed from a HostReport (pure)."""
+
+from __future__ import annotations
+
+import re
+
+from gpu_operator.node.findings import Finding, Severity
+from gpu_operator.node.probe import HostReport
+
+DRIVER_SOURCE_LABEL = "nvidia.com/gpu.driver.source"
+DRIVER_VERSION_LABEL = "nvidia.com/gpu.driver.version"
+PROBE_STATUS_LABEL = "nvidia.com/gpu.probe.status"
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def node_labels(report: HostReport, findings: list[Finding]) -> dict[str, str | None]:
+    """Labels to merge-patch onto the Node; None removes a label that no longer applies."""
+    version = report.driver.kernel_version
+    worst = (
+        "error"
+        if any(f.severity == Severity.ERROR for f in findings)
+        else ("warning" if any(f.severity == Severity.WARNING for f in findings) else "ok")
+    )
+    return {
+        DRIVER_SOURCE_LABEL: report.driver.source.value,
+        DRIVER_VERSION_LABEL: version if version and _LABEL_VALUE.match(version) else None,
+        PROBE_STATUS_LABEL: worst,
+    }
+
+
+def node_events(findings: list[Finding]) -> list[dict[str, str]]:
+    """One Warning event per error or warning finding: the message carries evidence and the fix."""
+    out = []
+    for f in findings:
+        if f.severity == Severity.INFO:
+            continue
+        evidence = "; ".join(f.evidence[:4])
+        message = (
+            f"{f.severity.upper()}: {f.summary}."
+            + (f" Evidence: {evidence}." if evidence else "")
+            + (f" Fix: {f.fix}" if f.fix else "")
+        )
+        out.append({"reason": f.reason, "type": "Warning", "message": message})
+    return out

@@ -1,0 +1,1 @@
+"""The validator: one check per component, status files under <host-root>/run/nvidia/validations."""

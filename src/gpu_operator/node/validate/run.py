@@ -1,0 +1,53 @@
+"""Run one validator component: honour the skip list, write the status file, turn failures into results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from gpu_operator.node.validate import host, sandbox, workload
+from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
+from gpu_operator.node.validate.config import COMPONENTS, STATUS_FILES, ConfigError
+
+VALIDATIONS: dict[str, Callable[[Context], Result]] = {
+    "driver": host.validate_driver,
+    "toolkit": host.validate_toolkit,
+    "cuda": workload.validate_cuda,
+    "plugin": workload.validate_plugin,
+    "vfio-pci": sandbox.validate_vfio_pci,
+    "vgpu-manager": sandbox.validate_vgpu_manager,
+    "vgpu-devices": sandbox.validate_vgpu_devices,
+    "cc-manager": sandbox.validate_cc_manager,
+    "mofed": host.validate_mofed,
+    "nvidia-fs": partial(host.validate_module, component="nvidia-fs"),
+    "gdrcopy": partial(host.validate_module, component="gdrcopy"),
+    "nvidia-peermem": partial(host.validate_module, component="nvidia-peermem"),
+}
+assert set(VALIDATIONS) == set(COMPONENTS)
+
+
+def _skipped(ctx: Context, component: str) -> Result:
+    """A switched-off check still writes its status file, so the components waiting on it proceed."""
+    values = {"VALIDATION_SKIPPED": "true"}
+    if component == "driver":
+        from gpu_operator.node.driver import detect_driver
+
+        values = {
+            **host.driver_ready_values(
+                detect_driver(ctx.fs, extra_search_dirs=ctx.config.search_dirs), ctx.fs
+            ),
+            **values,
+        }
+    path = ctx.status.write(STATUS_FILES[component], values)
+    return Result(component, Outcome.SKIPPED, "switched off by VALIDATOR_SKIP / DISABLE_*_VALIDATION", [path])
+
+
+def validate(ctx: Context, component: str) -> Result:
+    if component not in VALIDATIONS:
+        raise ConfigError(f"--component {component!r}: use one of {', '.join(COMPONENTS)}")
+    if component in ctx.config.skipped:
+        return _skipped(ctx, component)
+    try:
+        return VALIDATIONS[component](ctx)
+    except ValidationFailed as err:
+        return Result(component, Outcome.FAILED, str(err))

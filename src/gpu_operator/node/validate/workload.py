@@ -1,0 +1,155 @@
+"""The cuda and plugin validations: node GPU capacity and the validation workload pods (manifests are pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
+from gpu_operator.node.validate.config import STATUS_FILES
+
+CUDA_APP = "nvidia-cuda-validator"
+PLUGIN_APP = "nvidia-device-plugin-validator"
+DEFAULT_WORKLOAD_COMMAND = ("vectorAdd",)
+
+
+def pick_gpu_resource(allocatable: dict[str, str], override: str = "") -> str | None:
+    """The GPU resource a plugin workload should ask for: MIG slices first, then whole GPUs."""
+
+    def count(name: str) -> int:
+        try:
+            return int(allocatable.get(name, "0"))
+        except ValueError:
+            return 0
+
+    if override:
+        return override if count(override) >= 1 else None
+    mig = sorted(n for n in allocatable if n.startswith("nvidia.com/mig-") and count(n) >= 1)
+    if mig:
+        return mig[0]
+    gpus = sorted(n for n in allocatable if n.startswith("nvidia.com/gpu") and count(n) >= 1)
+    return gpus[0] if gpus else None
+
+
+def workload_pod(
+    app: str,
+    *,
+    node_name: str,
+    namespace: str,
+    image: str,
+    template: dict[str, Any],
+    runtime_class: str = "",
+    pull_secrets: tuple[str, ...] = (),
+    gpu_resource: str | None = None,
+    command: tuple[str, ...] = DEFAULT_WORKLOAD_COMMAND,
+) -> dict[str, Any]:
+    """A validation pod pinned to this node, owned like the validator pod, tolerating what it tolerates."""
+    if not image:
+        raise ValidationFailed(
+            f"{app}: no workload image: set CUDA_VALIDATOR_IMAGE (an image with {command[0]})"
+        )
+    if not node_name:
+        raise ValidationFailed(f"{app}: NODE_NAME is not set; give it from the downward API (spec.nodeName)")
+    init: dict[str, Any] = {
+        "name": f"{app.removeprefix('nvidia-')}-workload",
+        "image": image,
+        "command": list(command),
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if gpu_resource:
+        init["resources"] = {"limits": {gpu_resource: "1"}}
+    spec: dict[str, Any] = {
+        "nodeName": node_name,
+        "restartPolicy": "Never",
+        "tolerations": template.get("tolerations") or [],
+        "initContainers": [init],
+        "containers": [
+            {
+                "name": app,
+                "image": image,
+                "command": ["sh", "-c", f"echo {app} workload succeeded"],
+                "securityContext": {"allowPrivilegeEscalation": False},
+            }
+        ],
+    }
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    if pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
+    metadata: dict[str, Any] = {
+        "generateName": f"{app}-",
+        "namespace": namespace,
+        "labels": {"app": app, "app.kubernetes.io/part-of": "gpu-operator"},
+    }
+    if template.get("ownerReferences"):
+        metadata["ownerReferences"] = template["ownerReferences"]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _needs_kube(ctx: Context, component: str) -> Any:
+    if ctx.kube is None:
+        raise ValidationFailed(
+            f"{component}: needs the Kubernetes API (set NODE_NAME and run in-cluster or with KUBECONFIG), "
+            "or set WITH_WORKLOAD=false to skip the workload pod"
+        )
+    return ctx.kube
+
+
+def _run_workload(ctx: Context, component: str, app: str, gpu_resource: str | None) -> None:
+    kube = _needs_kube(ctx, component)
+    cfg = ctx.config
+    manifest = workload_pod(
+        app,
+        node_name=cfg.node_name,
+        namespace=cfg.namespace or "gpu-operator",
+        image=cfg.cuda_image,
+        template=kube.validator_pod_template(),
+        runtime_class=cfg.runtime_class,
+        pull_secrets=cfg.image_pull_secrets,
+        gpu_resource=gpu_resource,
+    )
+    budget = cfg.budgets[component]
+    outcome = kube.run_pod(manifest, budget)
+    if not outcome.succeeded:
+        raise ValidationFailed(
+            f"{component}: the {app} pod on node {cfg.node_name} ended {outcome.phase} within {budget:.0f}s: "
+            f"{outcome.detail or 'no detail'}. Likely fix: `kubectl -n {manifest['metadata']['namespace']} describe pod "
+            f"-l app={app}`; an image pull error needs CUDA_VALIDATOR_IMAGE/pull secrets, a CUDA error a driver "
+            "new enough for the workload image"
+        )
+
+
+def validate_cuda(ctx: Context) -> Result:
+    ctx.status.remove(STATUS_FILES["cuda"])
+    if ctx.config.with_workload:
+        _run_workload(ctx, "cuda", CUDA_APP, None)
+        message = "CUDA workload pod succeeded"
+    else:
+        message = "WITH_WORKLOAD=false: no workload pod run"
+    return Result("cuda", Outcome.PASSED, message, [ctx.status.write(STATUS_FILES["cuda"])])
+
+
+def validate_plugin(ctx: Context) -> Result:
+    ctx.status.remove(STATUS_FILES["plugin"])
+    kube = _needs_kube(ctx, "plugin")
+    found: list[str] = []
+
+    def registered() -> str | None:
+        resource = pick_gpu_resource(kube.node_allocatable(), ctx.config.resource_name)
+        if resource:
+            found.append(resource)
+            return None
+        return "node allocatable has no nvidia.com/gpu* or nvidia.com/mig-* resource"
+
+    ctx.wait(
+        registered,
+        component="plugin",
+        what="the device plugin to register GPUs with the kubelet",
+        where=f"node {ctx.config.node_name} status.allocatable",
+        fix="check the nvidia-device-plugin-daemonset pod logs on this node (it waits for toolkit-ready)",
+        always=True,
+    )
+    if ctx.config.with_workload:
+        _run_workload(ctx, "plugin", PLUGIN_APP, found[-1])
+    return Result(
+        "plugin", Outcome.PASSED, f"{found[-1]} is allocatable", [ctx.status.write(STATUS_FILES["plugin"])]
+    )
