@@ -153,7 +153,22 @@ def _unbind_plan(fs: HostFS, gpu: pci.PciFunction) -> GpuPlan:
 def plan(fs: HostFS, action: Action, devices: list[str], all_gpus: bool) -> list[GpuPlan]:
     gpus = select_gpus(fs, devices, all_gpus)
     selected = {g.address for g in gpus}
-    return [_bind_plan(fs, g, selected) if action == "bind" else _unbind_plan(fs, g) for g in gpus]
+    plans = [_bind_plan(fs, g, selected) if action == "bind" else _unbind_plan(fs, g) for g in gpus]
+    # GPUs sharing an IOMMU group plan the same functions: the first plan makes the writes.
+    claimed: set[str] = set()
+    for p in plans:
+        if p.refused:
+            continue
+        p.writes = [(path, value) for path, value in p.writes if _write_target(path, value) not in claimed]
+        claimed.update(f.address for f in p.functions)
+    return plans
+
+
+def _write_target(path: str, value: str) -> str:
+    """The PCI address a planned write is about."""
+    if path.endswith("/driver_override"):
+        return path.rsplit("/", 2)[-2]
+    return value.strip()
 
 
 def _verify(fs: HostFS, p: GpuPlan, action: Action) -> None:
