@@ -6,12 +6,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from renderkit import IMAGES, daemonset, facts, policy, run
 
 from gpu_operator.render import RenderError, render
 from gpu_operator.render.objects import MANAGED_BY, STATE_LABEL
 from gpu_operator.render.states import STATE_NAMES
-
-from renderkit import IMAGES, daemonset, facts, policy, run
 
 UPSTREAM_ORDER = [
     "pre-requisites", "state-operator-metrics", "state-driver", "state-container-toolkit",

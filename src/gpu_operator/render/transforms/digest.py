@@ -17,7 +17,7 @@ _GO_PACKAGE = "config"  # the Go package of the hashed types, part of their spew
 
 
 @dataclass(frozen=True)
-class EnvPair:
+class EnvVar:
     Name: str
     Value: str
 
@@ -52,10 +52,10 @@ class DriverInstallState:
     KernelModuleType: str = ""
     DriverCommand: list[str] = field(default_factory=list)
     DriverArgs: list[str] = field(default_factory=list)
-    DriverEnv: list[EnvPair] = field(default_factory=list)
-    ManagerEnv: list[EnvPair] = field(default_factory=list)
-    GDSEnv: list[EnvPair] = field(default_factory=list)
-    GDRCopyEnv: list[EnvPair] = field(default_factory=list)
+    DriverEnv: list[EnvVar] = field(default_factory=list)
+    ManagerEnv: list[EnvVar] = field(default_factory=list)
+    GDSEnv: list[EnvVar] = field(default_factory=list)
+    GDRCopyEnv: list[EnvVar] = field(default_factory=list)
     SecretEnvSource: str = ""
     GPUDirectRDMAEnabled: bool = False
     UseHostMOFED: bool = False
@@ -113,8 +113,8 @@ def digest(state: DriverInstallState) -> str:
     return str(fnv32a("".join(parts).encode()))
 
 
-def _env(ctr: dict[str, Any]) -> list[EnvPair]:
-    pairs = [EnvPair(e["name"], str(e.get("value", ""))) for e in ctr.get("env", []) if "valueFrom" not in e]
+def _env(ctr: dict[str, Any]) -> list[EnvVar]:
+    pairs = [EnvVar(e["name"], str(e.get("value", ""))) for e in ctr.get("env", []) if "valueFrom" not in e]
     return sorted(pairs, key=lambda p: p.Name)
 
 

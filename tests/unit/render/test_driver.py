@@ -1,0 +1,117 @@
+"""The driver transform: image tags, kernel module type, sidecars, config maps, secrets, manager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from renderkit import ctr, daemonset, env_of, run
+
+CM_KEYS = {"repos": ("cuda.list", "extra.list"), "certs": ("corp.crt",), "kmods": ("nvidia.conf",)}
+
+
+def driver(data: dict[str, Any], *nodes: str, **kwargs: Any) -> dict[str, Any]:
+    return daemonset(run({"driver": data} if "driver" not in data else data, *nodes, **kwargs), "state-driver")
+
+
+def test_defaults() -> None:
+    ds = driver({})
+    main = ctr(ds, "nvidia-driver-ctr")
+    assert main["image"] == "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"
+    assert env_of(main)["KERNEL_MODULE_TYPE"] == "auto"
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == "nvidia-driver"
+    assert ds["metadata"]["labels"]["nvidia.com/precompiled"] == "false"
+    assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["nvidia-driver-ctr"]
+    manager = ctr(ds, "k8s-driver-manager")
+    assert manager["image"] == "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0"
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.deploy.driver": "true"}
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [({"kernelModuleType": "open"}, {"KERNEL_MODULE_TYPE": "open", "OPEN_KERNEL_MODULES_ENABLED": "true"}),
+     ({"kernelModuleType": "proprietary"}, {"KERNEL_MODULE_TYPE": "proprietary"}),
+     ({"rdma": {"enabled": True}}, {"GPU_DIRECT_RDMA_ENABLED": "true"}),
+     ({"rdma": {"enabled": True, "useHostMofed": True}}, {"GPU_DIRECT_RDMA_ENABLED": "true", "USE_HOST_MOFED": "true"})],
+)
+def test_feature_env(data: dict[str, Any], expected: dict[str, str]) -> None:
+    got = env_of(ctr(driver(data), "nvidia-driver-ctr"))
+    assert {k: got.get(k) for k in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "sidecars", "images"),
+    [({"driver": {"rdma": {"enabled": True}}}, ["nvidia-peermem-ctr"],
+      {"nvidia-peermem-ctr": "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"}),
+     ({"gds": {"enabled": True}}, ["nvidia-fs-ctr"],
+      {"nvidia-fs-ctr": "nvcr.io/nvidia/cloud-native/nvidia-fs:2.29.4-ubuntu22.04"}),
+     ({"gdrcopy": {"enabled": True}}, ["nvidia-gdrcopy-ctr"],
+      {"nvidia-gdrcopy-ctr": "nvcr.io/nvidia/cloud-native/gdrdrv:v2.6-ubuntu22.04"})],
+)
+def test_sidecars_only_with_their_feature(spec: dict[str, Any], sidecars: list[str], images: dict[str, str]) -> None:
+    ds = daemonset(run(spec), "state-driver")
+    names = [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]]
+    assert names == ["nvidia-driver-ctr", *sidecars]
+    assert {n: ctr(ds, n)["image"] for n in images} == images
+
+
+@pytest.mark.parametrize(
+    ("licensing", "volume_key", "mounts"),
+    [({"secretName": "lic"}, "secret", ["/drivers/gridd.conf", "/drivers/ClientConfigToken/client_configuration_token.tok"]),
+     ({"configMapName": "lic", "nlsEnabled": False}, "configMap", ["/drivers/gridd.conf"])],
+)
+def test_licensing(licensing: dict[str, Any], volume_key: str, mounts: list[str]) -> None:
+    ds = driver({"licensingConfig": licensing})
+    volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "licensing-config")
+    assert volume_key in volume
+    got = [m["mountPath"] for m in ctr(ds, "nvidia-driver-ctr")["volumeMounts"] if m["name"] == "licensing-config"]
+    assert got == mounts
+
+
+@pytest.mark.parametrize(
+    ("data", "volume", "paths"),
+    [({"repoConfig": {"configMapName": "repos"}}, "repo-config",
+      ["/etc/apt/sources.list.d/cuda.list", "/etc/apt/sources.list.d/extra.list"]),
+     ({"certConfig": {"name": "certs"}}, "cert-config", ["/usr/local/share/ca-certificates/corp.crt"]),
+     ({"kernelModuleConfig": {"name": "kmods"}}, "kernel-module-config", ["/drivers/nvidia.conf"]),
+     ({"virtualTopology": {"config": "topo"}}, "topology-config", ["/etc/nvidia/nvidia-topologyd.conf"])],
+)
+def test_config_maps(data: dict[str, Any], volume: str, paths: list[str]) -> None:
+    ds = driver(data, configmap_keys=CM_KEYS)
+    got = [m["mountPath"] for m in ctr(ds, "nvidia-driver-ctr")["volumeMounts"] if m["name"] == volume]
+    assert got == paths
+
+
+def test_kernel_module_config_with_unknown_keys_mounts_optional_standard_files() -> None:
+    ds = driver({"kernelModuleConfig": {"name": "kmods"}})
+    volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "kernel-module-config")
+    assert volume["configMap"]["optional"] is True
+    assert [i["key"] for i in volume["configMap"]["items"]][0] == "nvidia.conf"
+
+
+def test_secret_env_and_manager_settings() -> None:
+    ds = driver({"secretEnv": "s", "manager": {"repository": "r", "image": "m", "version": "2",
+                                               "env": [{"name": "ENABLE_GPU_POD_EVICTION", "value": "false"}]},
+                 "upgradePolicy": {"autoUpgrade": False, "drain": {"enable": True, "timeoutSeconds": 60}}})
+    assert ctr(ds, "nvidia-driver-ctr")["envFrom"] == [{"secretRef": {"name": "s"}}]
+    manager = ctr(ds, "k8s-driver-manager")
+    assert manager["image"] == "r/m:2"
+    got = env_of(manager)
+    assert got["ENABLE_GPU_POD_EVICTION"] == "false"
+    assert got["ENABLE_AUTO_DRAIN"] == "true" and got["DRAIN_TIMEOUT_SECONDS"] == "60s"
+
+
+def test_probe_override() -> None:
+    probe = ctr(driver({"startupProbe": {"failureThreshold": 5, "periodSeconds": 3}}), "nvidia-driver-ctr")["startupProbe"]
+    assert probe["failureThreshold"] == 5 and probe["periodSeconds"] == 3 and probe["initialDelaySeconds"] == 60
+
+
+def test_os_tag_comes_from_the_first_gpu_node() -> None:
+    ds = daemonset(run({}, "host-driver:1", "dgx-h100:1"), "state-driver")
+    assert ctr(ds, "nvidia-driver-ctr")["image"].endswith("-ubuntu24.04")
+
+
+def test_openshift_version_env() -> None:
+    ds = daemonset(run({}, openshift=True, openshift_version="4.19"), "state-driver")
+    assert env_of(ctr(ds, "nvidia-driver-ctr"))["OPENSHIFT_VERSION"] == "4.19"

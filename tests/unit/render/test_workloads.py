@@ -1,0 +1,80 @@
+"""The three workload configurations and the container variant of seed 000 (host driver)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from renderkit import daemonset, facts
+
+from gpu_operator.render import render
+from gpu_operator.render.clitext import load_policy
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def enabled(example: str, *nodes: str) -> set[str]:
+    result = render(load_policy(EXAMPLES / example), facts(*nodes))
+    return {s.name for s in result.states if s.enabled}
+
+
+def test_default_example_is_minimal() -> None:
+    assert (EXAMPLES / "clusterpolicy-default.yaml").read_text().count("spec: {}") == 1
+
+
+def test_container_workload_default() -> None:
+    states = enabled("clusterpolicy-default.yaml", "dgx-h100:2")
+    assert {"state-driver", "state-container-toolkit", "state-device-plugin", "gpu-feature-discovery",
+            "state-dcgm-exporter", "state-mig-manager", "state-operator-validation"} <= states
+    assert not {s for s in states if "vfio" in s or "sandbox" in s or "vgpu" in s}
+
+
+def test_seed_000_host_driver_container_variant() -> None:
+    result = render(load_policy(EXAMPLES / "clusterpolicy-container-host-driver.yaml"), facts("host-driver:2"))
+    by_name = {s.name: s for s in result.states}
+    assert not by_name["state-driver"].enabled  # the host driver stays in charge
+    assert any(r.name == "nvidia-driver-daemonset" for r in by_name["state-driver"].delete)
+    assert by_name["state-device-plugin"].enabled  # nvidia.com/gpu is published
+    assert by_name["state-container-toolkit"].enabled
+    assert not by_name["state-vfio-manager"].enabled  # the host driver is never unbound
+    assert not by_name["state-sandbox-validation"].enabled
+    plugin = daemonset(result, "state-device-plugin")
+    assert plugin["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_vm_passthrough() -> None:
+    states = enabled("clusterpolicy-vm-passthrough.yaml", "vfio-passthrough:2")
+    assert {"state-vfio-manager", "state-sandbox-device-plugin", "state-sandbox-validation"} <= states
+    assert "state-vgpu-manager" not in states and "state-kata-device-plugin" not in states
+    # the container stack still exists for nodes whose workload config is container (node labels decide)
+    assert "state-device-plugin" in states
+
+
+def test_vm_vgpu() -> None:
+    states = enabled("clusterpolicy-vm-vgpu.yaml", "dgx-h100:1")
+    assert {"state-vgpu-manager", "state-vgpu-device-manager", "state-sandbox-device-plugin",
+            "state-sandbox-validation"} <= states
+    result = render(load_policy(EXAMPLES / "clusterpolicy-vm-vgpu.yaml"), facts("dgx-h100:1"))
+    manager = daemonset(result, "state-vgpu-manager")
+    image = manager["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.example.com/nvidia/vgpu-manager:595.91.07-ubuntu22.04"
+
+
+@pytest.mark.parametrize(("workload", "label"), [("vm-passthrough", "vfio-manager"),
+                                                 ("vm-vgpu", "vgpu-device-manager")])
+def test_sandbox_daemonsets_are_gated_by_deploy_labels(workload: str, label: str) -> None:
+    example = f"clusterpolicy-{workload}.yaml"
+    result = render(load_policy(EXAMPLES / example), facts("dgx-h100:1"))
+    states = [s for s in result.states if s.enabled and any(o["kind"] == "DaemonSet" for o in s.objects)]
+    selectors = [o["spec"]["template"]["spec"]["nodeSelector"] for s in states for o in s.objects
+                 if o["kind"] == "DaemonSet"]
+    assert {f"nvidia.com/gpu.deploy.{label}": "true"} in selectors
+
+
+def test_sandbox_validator_knows_the_default_workload() -> None:
+    result = render(load_policy(EXAMPLES / "clusterpolicy-vm-passthrough.yaml"), facts("vfio-passthrough:1"))
+    ds = daemonset(result, "state-sandbox-validation")
+    inits = {c["name"]: c for c in ds["spec"]["template"]["spec"]["initContainers"]}
+    assert "cc-manager-validation" not in inits  # ccManager is off
+    env = {e["name"]: e.get("value") for e in inits["vfio-pci-validation"]["env"]}
+    assert env["DEFAULT_GPU_WORKLOAD_CONFIG"] == "vm-passthrough"
