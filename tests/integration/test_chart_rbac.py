@@ -111,7 +111,7 @@ def test_the_serviceaccount_may_do_what_the_chart_lists(installed: Installed) ->
 
 
 @pytest.mark.parametrize(("permission", "namespace"), [
-    (("", "secrets", "get", None), NAMESPACE),
+    (("", "secrets", "get", None), "default"),
     (("", "nodes", "delete", None), None),
     (("rbac.authorization.k8s.io", "clusterroles", "escalate", None), None),
     (("rbac.authorization.k8s.io", "clusterroles", "bind", None), None),
