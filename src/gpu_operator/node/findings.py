@@ -109,8 +109,8 @@ def _passthrough(report: HostReport, vgpu: bool) -> list[Finding]:
         out.append(
             _finding(
                 "vfio-pci-not-loaded",
-                Severity.ERROR,
-                "the vfio-pci driver is not loaded",
+                Severity.WARNING,
+                "the vfio-pci driver is not loaded (vfio-manage loads it, but it should not depend on that)",
                 ["no /sys/bus/pci/drivers/vfio-pci"],
                 "modprobe vfio-pci and persist it: echo vfio-pci > /etc/modules-load.d/vfio-pci.conf",
             )
