@@ -25,7 +25,7 @@ from gpu_operator.api.common import (
     Model,
     ObjectMeta,
     Toggle,
-    unknown_fields,
+    unknown_field_warnings,
 )
 
 GROUP = "nvidia.com"
@@ -402,11 +402,7 @@ class ClusterPolicy(Model):
 
     def warnings(self) -> list[str]:
         """One line per unknown field: kept as-is, but the operator does not act on it."""
-        return [
-            f"unknown field {path!r} in ClusterPolicy {self.metadata.name!r}: kept, but ignored"
-            for path in unknown_fields(self)
-            if not path.startswith(("metadata.", "status."))
-        ]
+        return unknown_field_warnings(self, "ClusterPolicy", self.metadata.name)
 
 
 __all__ = [

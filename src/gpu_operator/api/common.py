@@ -44,6 +44,15 @@ def unknown_fields(model: BaseModel, path: str = "") -> list[str]:
     return found
 
 
+def unknown_field_warnings(model: BaseModel, kind: str, name: str) -> list[str]:
+    """One line per unknown spec field: kept as-is, but the operator does not act on it."""
+    return [
+        f"unknown field {path!r} in {kind} {name!r}: kept, but ignored"
+        for path in unknown_fields(model)
+        if not path.startswith(("metadata.", "status."))
+    ]
+
+
 class EnvVar(Model):
     """A name/value pair (upstream's own type: no valueFrom)."""
 

@@ -13,19 +13,16 @@ from gpu_operator.api.common import (
     ComponentFields,
     Condition,
     ContainerProbeSpec,
-    DrainSpec,
     DriverManagerSpec,
+    DriverUpgradePolicySpec,
     EnvVar,
     GPUDirectRDMASpec,
     ImageFields,
-    IntOrString,
     KernelModuleType,
     Model,
     ObjectMeta,
-    PodDeletionSpec,
     ResourceRequirements,
-    WaitForCompletionSpec,
-    unknown_fields,
+    unknown_field_warnings,
 )
 
 GROUP = "nvidia.com"
@@ -55,15 +52,10 @@ class LicensingConfig(Model):
     nlsEnabled: bool | None = None
 
 
-class NVIDIADriverUpgradePolicy(Model):
+class NVIDIADriverUpgradePolicy(DriverUpgradePolicySpec):
     """Like ClusterPolicy's, except that auto-upgrade defaults to on."""
 
     autoUpgrade: bool = True
-    maxParallelUpgrades: int = Field(default=1, ge=0)
-    maxUnavailable: IntOrString = "25%"
-    waitForCompletion: WaitForCompletionSpec | None = None
-    podDeletion: PodDeletionSpec | None = None
-    drain: DrainSpec | None = None
 
 
 class NVIDIADriverSpec(ComponentFields):
@@ -132,8 +124,4 @@ class NVIDIADriver(Model):
     status: NVIDIADriverStatus | None = None
 
     def warnings(self) -> list[str]:
-        return [
-            f"unknown field {path!r} in NVIDIADriver {self.metadata.name!r}: kept, but ignored"
-            for path in unknown_fields(self)
-            if not path.startswith(("metadata.", "status."))
-        ]
+        return unknown_field_warnings(self, "NVIDIADriver", self.metadata.name)

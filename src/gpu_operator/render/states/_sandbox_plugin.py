@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import VALIDATIONS_DIR, container, hostpath, mount
-from gpu_operator.render.states._common import DEVICE_PLUGINS, SYS, VALIDATIONS
+from gpu_operator.render.objects import VALIDATIONS_DIR, Ctx, container, hostpath, mount
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
+from gpu_operator.render.states._common import DEVICE_PLUGINS, SYS, VALIDATIONS, sandbox
 
 WAIT_SCRIPT = (
     f"until [ -f {VALIDATIONS_DIR}/workload-type ]; do sleep 5; done; "
@@ -31,3 +32,19 @@ def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
     )
     return {"initContainers": [wait], "containers": [main],
             "volumes": [VALIDATIONS, DEVICE_PLUGINS, hostpath("vfio", "/dev/vfio"), SYS]}
+
+
+def sandbox_plugin_operand(*, state: str, account: str, daemonset: str, deploy: str, image: Image, mode: str,
+                           main: str) -> Operand:
+    """The KubeVirt and Kata sandbox device plugins differ only in names, image and sandbox mode."""
+
+    def pod(ctx: Ctx, image_ref: str) -> dict[str, Any]:
+        return sandbox_plugin_pod(main)
+
+    return Operand(
+        state=state,
+        gate=sandbox(image.field, mode=mode),
+        account=account,
+        cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
+        daemonset=DaemonSetDef(name=daemonset, deploy=deploy, image=image, pod=pod),
+    )

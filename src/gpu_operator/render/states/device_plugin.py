@@ -27,8 +27,7 @@ from gpu_operator.render.states._common import (
     when_enabled,
 )
 from gpu_operator.render.transforms.cdi import device_plugin_cdi, rdma_storage_env
-from gpu_operator.render.transforms.config_manager import config_manager
-from gpu_operator.render.transforms.mig import mig_strategy_env
+from gpu_operator.render.transforms.config_manager import plugin_config
 
 STATE = "state-device-plugin"
 NAME = "nvidia-device-plugin"
@@ -96,20 +95,12 @@ def mps_root(pod: dict[str, Any], ctx: Ctx) -> None:
     add_mount(main, mount("mps-shm", "/dev/shm"))
 
 
-def plugin_transform(ds: dict[str, Any], ctx: Ctx) -> None:
-    """Shared by the device plugin and the MPS control daemon: MIG, CDI, config-manager, MPS root."""
-    pod = ds["spec"]["template"]["spec"]
-    main = pod["containers"][0]
-    mig_strategy_env(main, ctx.spec)
-    config_manager(pod, ctx.spec, main["image"])
-    mps_root(pod, ctx)
-
-
 def _device_plugin(ds: dict[str, Any], ctx: Ctx) -> None:
-    main = ds["spec"]["template"]["spec"]["containers"][0]
-    device_plugin_cdi(main, ctx.spec)
-    rdma_storage_env(main, ctx.spec)
-    plugin_transform(ds, ctx)
+    pod = ds["spec"]["template"]["spec"]
+    device_plugin_cdi(pod["containers"][0], ctx.spec)
+    rdma_storage_env(pod["containers"][0], ctx.spec)
+    plugin_config(pod, ctx.spec)
+    mps_root(pod, ctx)
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:

@@ -8,8 +8,7 @@ from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
 from gpu_operator.render.operand import DaemonSetDef, Operand, rule
 from gpu_operator.render.states._common import VALIDATIONS, wait_for, when_enabled
 from gpu_operator.render.states.device_plugin import IMAGE, config_manager_containers
-from gpu_operator.render.transforms.config_manager import config_manager
-from gpu_operator.render.transforms.mig import mig_strategy_env
+from gpu_operator.render.transforms.config_manager import plugin_config
 
 NAME = "nvidia-device-plugin-mps-control-daemon"
 
@@ -37,11 +36,8 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
 
 
 def _mps(ds: dict[str, Any], ctx: Ctx) -> None:
-    pod = ds["spec"]["template"]["spec"]
-    main = pod["containers"][0]
     # the daemon's own volumes already follow the configured MPS root
-    mig_strategy_env(main, ctx.spec)
-    config_manager(pod, ctx.spec, main["image"])
+    plugin_config(ds["spec"]["template"]["spec"], ctx.spec)
 
 
 OPERAND = Operand(

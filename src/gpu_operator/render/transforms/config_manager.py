@@ -14,6 +14,7 @@ from gpu_operator.render.objects import (
     remove_containers,
     upsert_env,
 )
+from gpu_operator.render.transforms.mig import mig_strategy_env
 
 INIT = "config-manager-init"
 SIDECAR = "config-manager"
@@ -47,3 +48,10 @@ def config_manager(pod: dict[str, Any], spec: ClusterPolicySpec, image: str) -> 
     if not pod.get("hostPID"):
         # the sidecar signals the main container to reload
         pod["shareProcessNamespace"] = True
+
+
+def plugin_config(pod: dict[str, Any], spec: ClusterPolicySpec) -> None:
+    """What the device plugin, GFD and the MPS daemon share: MIG strategy env and config-manager."""
+    main = pod["containers"][0]
+    mig_strategy_env(main, spec)
+    config_manager(pod, spec, main["image"])
