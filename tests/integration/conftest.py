@@ -84,3 +84,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.integration)
+
+
+from tests.integration.operator_fixtures import (  # noqa: E402,F401
+    crds,
+    cluster_policies,
+    operator_namespace,
+    start_operator,
+)

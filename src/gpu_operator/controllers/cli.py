@@ -1,9 +1,52 @@
-"""Commands of the controllers area (registered on the top-level app by gpu_operator.cli)."""
+"""Commands of the operator area: `run` (registered on the top-level app by gpu_operator.cli)."""
 
 from __future__ import annotations
+
+import os
+from typing import Annotated
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
+
+    @app.command("run")
+    def run(
+        namespace: Annotated[str, typer.Option(
+            "--namespace", envvar="OPERATOR_NAMESPACE",
+            help="Namespace of the operator and its operands (env OPERATOR_NAMESPACE).")] = "",
+        kubeconfig: Annotated[str | None, typer.Option(
+            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        leader_elect: Annotated[bool, typer.Option(
+            "--leader-elect/--no-leader-elect",
+            help="Take the Lease 53822513.nvidia.com before writing anything (run >1 replica).")] = False,
+        metrics_bind_address: Annotated[str, typer.Option(
+            help="Where /metrics listens; 0 turns it off.")] = ":8080",
+        health_probe_bind_address: Annotated[str, typer.Option(
+            help="Where /healthz and /readyz listen; 0 turns them off.")] = ":8081",
+        leader_lease_renew_deadline: Annotated[float, typer.Option(
+            help="Seconds a leader may fail to renew before it steps down; the lease lasts 5 s more.")] = 10.0,
+        label_concurrency: Annotated[int, typer.Option(
+            help="Node label patches in flight at once.")] = 32,
+        log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    ) -> None:
+        """Run the operator: reconcile ClusterPolicy, label GPU nodes, serve metrics and probes."""
+        import asyncio
+        import logging
+
+        from gpu_operator.controllers.run import run as run_operator
+
+        logging.basicConfig(level=log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        for noisy in ("kopf", "httpx", "httpx2", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+        if not namespace:
+            raise typer.BadParameter("set --namespace or OPERATOR_NAMESPACE (where operands are deployed)",
+                                     param_hint="--namespace")
+        os.environ["OPERATOR_NAMESPACE"] = namespace
+        code = asyncio.run(run_operator(
+            namespace, kubeconfig, leader_elect, metrics_bind_address, health_probe_bind_address,
+            lease_duration=leader_lease_renew_deadline + 5, renew_deadline=leader_lease_renew_deadline,
+            label_concurrency=label_concurrency))
+        raise typer.Exit(code)

@@ -17,7 +17,9 @@ READY, NOT_READY, IGNORED = "ready", "notReady", "ignored"
 
 
 def daemonset_ready(ds: dict[str, Any]) -> bool:
-    """Readiness of a RollingUpdate DaemonSet, the way upstream judges it."""
+    """Readiness of a DaemonSet the way upstream judges a RollingUpdate one. For OnDelete (the
+    driver) upstream compares pods' revision hashes; updatedNumberScheduled counts exactly the
+    pods on the latest revision, so the same rule covers it without listing pods."""
     status = ds.get("status") or {}
     desired = status.get("desiredNumberScheduled", 0)
     if desired == 0:
@@ -30,31 +32,6 @@ def daemonset_ready(ds: dict[str, Any]) -> bool:
         and status.get("updatedNumberScheduled", 0) == desired
         and status.get("numberAvailable", 0) == desired
     )
-
-
-def ondelete_daemonset_ready(ds: dict[str, Any], pods: list[dict[str, Any]],
-                             latest_revision_hash: str | None) -> bool:
-    """Readiness of an OnDelete DaemonSet (the driver): every owned pod runs the latest revision
-    and all its containers are ready."""
-    status = ds.get("status") or {}
-    if status.get("desiredNumberScheduled", 0) == 0:
-        return True
-    if status.get("numberUnavailable", 0):
-        return False
-    uid = ds.get("metadata", {}).get("uid")
-    owned = [p for p in pods if (p["metadata"].get("ownerReferences") or [{}])[0].get("uid") == uid]
-    if not owned:
-        return False
-    for pod in owned:
-        if latest_revision_hash and \
-                pod["metadata"].get("labels", {}).get("controller-revision-hash") != latest_revision_hash:
-            return False
-        pod_status = pod.get("status") or {}
-        if pod_status.get("phase") != "Running":
-            return False
-        if not all(c.get("ready") for c in pod_status.get("containerStatuses") or []):
-            return False
-    return True
 
 
 @dataclass(frozen=True)

@@ -120,5 +120,8 @@ class Kube:
         return dict(obj.to_dict())
 
     async def server_version(self) -> str:
-        info = await self.client.request("get", "/version")  # type: ignore[attr-defined]
-        return str(info.get("gitVersion", "")).lstrip("v")
+        # /version has no resource type; lightkube's connection (auth, TLS) sends it as is.
+        http = self.client._client._client  # noqa: SLF001
+        response = await http.get("/version")
+        response.raise_for_status()
+        return str(response.json().get("gitVersion", "")).lstrip("v")

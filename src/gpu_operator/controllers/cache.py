@@ -1,0 +1,136 @@
+"""What the operator keeps in memory per watched object: small views built by kopf index handlers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_operator.controllers import nodelabels
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "gpu-operator"
+STATE_LABEL = "nvidia.com/gpu-operator.state"
+HASH_ANNOTATION = "nvidia.com/last-applied-hash"
+UPGRADE_ANNOTATIONS = (nodelabels.UPGRADE_ENABLED_ANNOTATION,)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The few facts of a Node the operator needs: relevant labels, one annotation, nodeInfo."""
+
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    runtime: str
+    kernel: str
+
+    @classmethod
+    def of(cls, body: Any) -> NodeView:
+        meta = body.get("metadata", {})
+        info = (body.get("status") or {}).get("nodeInfo") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        return cls(
+            name=meta["name"],
+            labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
+            annotations={k: annotations[k] for k in UPGRADE_ANNOTATIONS if k in annotations},
+            runtime=info.get("containerRuntimeVersion", ""),
+            kernel=info.get("kernelVersion", ""),
+        )
+
+    @property
+    def has_nfd(self) -> bool:
+        return any(k.startswith(nodelabels.NFD_PREFIX) for k in self.labels)
+
+    @property
+    def gpu_present(self) -> bool:
+        return self.labels.get(nodelabels.GPU_PRESENT) == "true"
+
+    def as_node(self) -> dict[str, Any]:
+        """A minimal Node dict, the input the renderer's cluster facts are built from."""
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.name, "labels": dict(self.labels)},
+            "status": {"nodeInfo": {"containerRuntimeVersion": self.runtime,
+                                    "kernelVersion": self.kernel}},
+        }
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    name: str
+    uid: str
+    generation: int
+    created: str
+    body: dict[str, Any]
+
+    @classmethod
+    def of(cls, body: Any) -> PolicyView:
+        meta = body.get("metadata", {})
+        plain = json.loads(json.dumps(dict(body)))
+        return cls(meta["name"], meta["uid"], int(meta.get("generation", 0)),
+                   meta.get("creationTimestamp", ""), plain)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.body.get("status") or {})
+
+
+@dataclass(frozen=True)
+class OwnedView:
+    """An object carrying our managed-by label: who owns it, which hash it was applied with and,
+    for DaemonSets, what readiness needs."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str | None
+    uid: str
+    owner_uids: tuple[str, ...]
+    applied_hash: str
+    state: str
+    readiness: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, body: Any) -> OwnedView:
+        meta = body.get("metadata", {})
+        kind = body.get("kind", "")
+        readiness = None
+        if kind == "DaemonSet":
+            readiness = {
+                "metadata": {"generation": meta.get("generation", 0), "uid": meta.get("uid")},
+                "status": dict(body.get("status") or {}),
+                "spec": {"updateStrategy": dict((body.get("spec") or {}).get("updateStrategy") or {}),
+                         "selector": dict((body.get("spec") or {}).get("selector") or {})},
+            }
+        return cls(
+            api_version=body.get("apiVersion", ""), kind=kind, name=meta["name"],
+            namespace=meta.get("namespace"), uid=meta.get("uid", ""),
+            owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []
+                             if ref.get("controller")),
+            applied_hash=(meta.get("annotations") or {}).get(HASH_ANNOTATION, ""),
+            state=(meta.get("labels") or {}).get(STATE_LABEL, ""),
+            readiness=readiness,
+        )
+
+    @property
+    def key(self) -> tuple[str, str, str | None, str]:
+        return object_key(self.api_version, self.kind, self.namespace, self.name)
+
+
+def object_key(api_version: str, kind: str, namespace: str | None, name: str) -> tuple[str, str, str | None, str]:
+    return (api_version.split("/")[0] if "/" in api_version else "", kind, namespace, name)
+
+
+def desired_hash(obj: dict[str, Any]) -> str:
+    """A stable hash of what we apply; equal hash on the live object means nothing to do."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def first(store: Any) -> Any:
+    """The single value of a kopf index store (our keys are unique per object)."""
+    for value in store:
+        return value
+    return None

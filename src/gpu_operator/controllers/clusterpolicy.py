@@ -1,0 +1,188 @@
+"""The ClusterPolicy reconcile: read the cache, render, apply the difference, write status."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from lightkube.core.exceptions import ApiError
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers import status as st
+from gpu_operator.controllers.cache import (
+    HASH_ANNOTATION,
+    NodeView,
+    OwnedView,
+    PolicyView,
+    desired_hash,
+    object_key,
+)
+from gpu_operator.kube.client import Kube, ObjectKey
+from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
+
+log = logging.getLogger("gpu_operator.clusterpolicy")
+
+REQUEUE_NOT_READY = 5.0
+REQUEUE_NO_NFD = 45.0
+# Operator env vars the renderer may read (*_IMAGE fallbacks and friends).
+_ENV_SUFFIXES = ("_IMAGE",)
+
+
+@dataclass
+class Snapshot:
+    """What one reconcile sees: everything comes from the watch caches, nothing is fetched."""
+
+    policies: list[PolicyView]
+    nodes: list[NodeView]
+    owned: dict[tuple[str, str, str | None, str], OwnedView]
+    namespace: str
+    k8s_version: str
+    servicemonitor_crd: bool = False
+
+
+@dataclass
+class ReconcileReport:
+    """What a reconcile did (for logs, metrics and tests)."""
+
+    outcome: st.Outcome | None = None
+    requeue: float | None = None
+    applied: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    not_ready: list[str] = field(default_factory=list)
+    has_nfd: bool = False
+    gpu_nodes: int = 0
+
+
+def active_policy(policies: Iterable[PolicyView]) -> PolicyView | None:
+    """The singleton rule: the oldest ClusterPolicy (name breaks ties) is the active one."""
+    ordered = sorted(policies, key=lambda p: (p.created, p.name))
+    return ordered[0] if ordered else None
+
+
+def operator_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.endswith(_ENV_SUFFIXES) or k == "OPERATOR_NAMESPACE"}
+
+
+def owner_reference(policy: PolicyView) -> dict[str, Any]:
+    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": policy.name,
+            "uid": policy.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def with_ownership(obj: dict[str, Any], policy: PolicyView) -> dict[str, Any]:
+    """The object as we apply it: owned by the policy and stamped with the hash of itself."""
+    meta = dict(obj["metadata"])
+    meta["ownerReferences"] = [owner_reference(policy)]
+    owned = {**obj, "metadata": meta}
+    meta["annotations"] = {**(meta.get("annotations") or {}), HASH_ANNOTATION: desired_hash(owned)}
+    return owned
+
+
+def validation_message(err: pydantic.ValidationError) -> str:
+    first = err.errors()[0]
+    where = "spec." + ".".join(str(p) for p in first["loc"][1:]) if first["loc"][:1] == ("spec",) \
+        else ".".join(str(p) for p in first["loc"])
+    return f"{where}: {first['msg']} (fix the field in the ClusterPolicy)"
+
+
+class ClusterPolicyReconciler:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    async def reconcile(self, snap: Snapshot) -> ReconcileReport:
+        report = ReconcileReport()
+        report.has_nfd = any(n.has_nfd for n in snap.nodes)
+        report.gpu_nodes = sum(1 for n in snap.nodes if n.gpu_present)
+        active = active_policy(snap.policies)
+        if active is None:
+            return report
+        for other in snap.policies:
+            if other is not active and other.status.get("state") != st.IGNORED:
+                log.info("ClusterPolicy %s ignored: %s is the active one (oldest)", other.name, active.name)
+                await self.kube.patch_clusterpolicy_status(
+                    other.name, {"state": st.IGNORED, "namespace": snap.namespace})
+
+        try:
+            policy = ClusterPolicy.model_validate(active.body)
+            facts = ClusterFacts.from_nodes(
+                [n.as_node() for n in snap.nodes], namespace=snap.namespace,
+                k8s_version=snap.k8s_version, operator_env=operator_env(),
+                servicemonitor_crd=snap.servicemonitor_crd)
+            result = render(policy, facts)
+        except pydantic.ValidationError as err:
+            return await self._finish(report, active, snap, st.Outcome.failed(validation_message(err)))
+        except RenderError as err:
+            return await self._finish(report, active, snap, st.Outcome.failed(str(err)))
+
+        try:
+            await self._apply(result, active, snap, report)
+        except ApiError as err:
+            message = f"Failed to reconcile: {err.status.message}"
+            log.error("ClusterPolicy %s: %s", active.name, message)
+            return await self._finish(report, active, snap, st.Outcome.failed(message))
+
+        report.not_ready = self._not_ready_states(result, snap, report)
+        result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0)
+        return await self._finish(report, active, snap, result_outcome)
+
+    async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
+                     report: ReconcileReport) -> None:
+        desired: set[tuple[str, str, str | None, str]] = set()
+        for state in result.states:
+            for obj in state.objects:
+                owned = with_ownership(obj, policy)
+                meta = owned["metadata"]
+                key = object_key(owned["apiVersion"], owned["kind"], meta.get("namespace"), meta["name"])
+                desired.add(key)
+                live = snap.owned.get(key)
+                if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
+                    continue
+                await self.kube.apply(owned)
+                report.applied.append(str(ObjectKey.of(owned)))
+        # Delete what we own and no longer want: disabled states, stale variants. Ownership is
+        # checked against the policy's uid, so objects someone else created are never touched.
+        has_gpu = any(n.gpu_present for n in snap.nodes)
+        for key, live in snap.owned.items():
+            if key in desired or policy.uid not in live.owner_uids:
+                continue
+            if live.kind == "DaemonSet" and not has_gpu:
+                continue  # DaemonSets are only left out while no GPU node exists
+            ref = ObjectKey(live.api_version, live.kind, live.name, live.namespace)
+            if await self.kube.delete(ref):
+                report.deleted.append(str(ref))
+
+    def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
+        not_ready = []
+        for state in result.states:
+            if not state.enabled:
+                continue
+            for obj in state.objects:
+                if obj["kind"] != "DaemonSet":
+                    continue
+                meta = obj["metadata"]
+                live = snap.owned.get(object_key(obj["apiVersion"], "DaemonSet", meta.get("namespace"),
+                                                 meta["name"]))
+                applied_now = str(ObjectKey.of(obj)) in report.applied
+                if live is None or live.readiness is None or applied_now \
+                        or not st.daemonset_ready(live.readiness):
+                    not_ready.append(state.name)
+                    break
+        return not_ready
+
+    async def _finish(self, report: ReconcileReport, policy: PolicyView, snap: Snapshot,
+                      outcome: st.Outcome) -> ReconcileReport:
+        report.outcome = outcome
+        wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation)
+        current = {k: policy.status.get(k) for k in ("state", "namespace", "conditions")}
+        if st.status_differs(current, wanted):
+            log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
+                     outcome.message)
+            await self.kube.patch_clusterpolicy_status(policy.name, wanted)
+        if outcome.state == st.NOT_READY and outcome.reason == st.OPERAND_NOT_READY:
+            report.requeue = REQUEUE_NOT_READY
+        elif outcome.reason == st.NFD_LABELS_MISSING:
+            report.requeue = REQUEUE_NO_NFD
+        return report

@@ -1,0 +1,129 @@
+"""Lease-based leader election (coordination.k8s.io/v1), compatible with client-go's lock records."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import socket
+import uuid
+from dataclasses import dataclass
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+
+from gpu_operator.kube.client import WRITES
+
+log = logging.getLogger("gpu_operator.leader")
+
+LEASE_NAME = "53822513.nvidia.com"  # upstream's election ID: one leader across both implementations
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def identity() -> str:
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class LeaderElector:
+    client: AsyncClient
+    namespace: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    name: str = LEASE_NAME
+
+    async def _try(self) -> bool:
+        """One attempt to acquire or renew; True when we hold the lease afterwards."""
+        now = _now()
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            WRITES.labels("create", "Lease").inc()
+            await self.client.create(Lease(
+                metadata=ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=self._spec(now, transitions=0, acquired=now)))
+            return True
+        spec = lease.spec or LeaseSpec()
+        holder = spec.holderIdentity or ""
+        renewed = spec.renewTime or spec.acquireTime
+        duration = spec.leaseDurationSeconds or int(self.lease_duration)
+        expired = renewed is None or (now - renewed).total_seconds() > duration
+        if holder and holder != self.identity and not expired:
+            return False
+        transitions = (spec.leaseTransitions or 0) + (0 if holder == self.identity else 1)
+        acquired = spec.acquireTime if holder == self.identity and spec.acquireTime else now
+        lease.spec = self._spec(now, transitions=transitions, acquired=acquired)
+        WRITES.labels("update", "Lease").inc()
+        # replace() carries the resourceVersion: two candidates racing for an expired lease
+        # cannot both win (the loser gets 409 Conflict).
+        await self.client.replace(lease)
+        return True
+
+    def _spec(self, now: dt.datetime, transitions: int, acquired: dt.datetime) -> LeaseSpec:
+        return LeaseSpec(holderIdentity=self.identity, leaseDurationSeconds=int(self.lease_duration),
+                         acquireTime=acquired, renewTime=now, leaseTransitions=transitions)
+
+    async def _attempt(self) -> bool:
+        try:
+            return await self._try()
+        except ApiError as err:
+            if err.status.code == 409:
+                return False
+            log.warning("leader election: %s", err.status.message)
+            return False
+        except Exception as err:  # network trouble: keep trying until the deadline says otherwise
+            log.warning("leader election: %s", err)
+            return False
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait until we lead (True) or stop is set (False)."""
+        log.info("leader election: %s waiting for lease %s/%s", self.identity, self.namespace, self.name)
+        while not stop.is_set():
+            if await self._attempt():
+                log.info("leader election: %s became the leader", self.identity)
+                return True
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.retry_period)
+            except TimeoutError:
+                pass
+        return False
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Renew until stop is set; returns (having set stop) when leadership is lost."""
+        last_renewal = asyncio.get_running_loop().time()
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.retry_period)
+                break
+            except TimeoutError:
+                pass
+            if await self._attempt():
+                last_renewal = asyncio.get_running_loop().time()
+            elif asyncio.get_running_loop().time() - last_renewal > self.renew_deadline:
+                log.error("leader election: lost the lease %s; stopping", self.name)
+                stop.set()
+                return
+
+    async def release(self) -> None:
+        """Give the lease up at a clean shutdown so a follower takes over at once."""
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+            if lease.spec and lease.spec.holderIdentity == self.identity:
+                lease.spec.holderIdentity = ""
+                lease.spec.renewTime = _now() - dt.timedelta(seconds=self.lease_duration + 1)
+                WRITES.labels("update", "Lease").inc()
+                await self.client.replace(lease)
+                log.info("leader election: released lease %s", self.name)
+        except Exception as err:
+            log.warning("leader election: could not release the lease: %s", err)
+

@@ -1,0 +1,80 @@
+"""The operator's Prometheus metrics (upstream's names) and its metrics and health endpoints."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+
+from gpu_operator.controllers import status as st
+
+if TYPE_CHECKING:
+    from gpu_operator.controllers.clusterpolicy import ReconcileReport
+
+GPU_NODES = Gauge("gpu_operator_gpu_nodes_total", "Nodes with nvidia.com/gpu.present=true")
+LAST_SUCCESS = Gauge("gpu_operator_reconciliation_last_success_ts_seconds",
+                     "Unix time of the last reconcile that ended ready")
+STATUS = Gauge("gpu_operator_reconciliation_status",
+               "1 ready, 0 operands not ready, -1 ClusterPolicy unavailable, -2 operator error")
+RECONCILES = Counter("gpu_operator_reconciliation", "Reconciles that reached the state walk")
+FAILED = Counter("gpu_operator_reconciliation_failed", "Reconciles that ended not ready or in error")
+HAS_NFD = Gauge("gpu_operator_reconciliation_has_nfd_labels", "1 when any node has NFD labels")
+AUTO_UPGRADE = Gauge("gpu_operator_driver_auto_upgrade_enabled", "1 when driver auto-upgrade is on")
+# OpenShift driver-toolkit gauges keep upstream's names; this operator does not use the DTK.
+DTK_ENABLED = Gauge("gpu_operator_openshift_driver_toolkit_enabled",
+                    "1 enabled, -1 requested but not possible, 0 not requested")
+
+
+def record_reconcile(report: ReconcileReport) -> None:
+    GPU_NODES.set(report.gpu_nodes)
+    HAS_NFD.set(1 if report.has_nfd else 0)
+    if report.outcome is None:
+        STATUS.set(-1)
+        return
+    RECONCILES.inc()
+    if report.outcome.state == st.READY:
+        STATUS.set(1)
+        LAST_SUCCESS.set(time.time())
+    else:
+        STATUS.set(0)
+        FAILED.inc()
+
+
+def record_error() -> None:
+    STATUS.set(-2)
+    FAILED.inc()
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
+async def serve(metrics_address: str, health_address: str, is_ready: Callable[[], bool]) -> list[web.AppRunner]:
+    """Start /metrics and /healthz + /readyz; returns the runners to clean up."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(text="ok") if is_ready() else web.Response(status=503, text="not ready")
+
+    runners = []
+    for address, routes in ((metrics_address, [web.get("/metrics", metrics)]),
+                            (health_address, [web.get("/healthz", healthz), web.get("/readyz", readyz)])):
+        if not address or address == "0":
+            continue
+        app = web.Application()
+        app.add_routes(routes)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        host, port = _split(address)
+        await web.TCPSite(runner, host, port).start()
+        runners.append(runner)
+    return runners

@@ -1,0 +1,226 @@
+"""The operator process: kopf watches and indices feeding two level-based loops (ClusterPolicy
+reconcile, node labelling); handlers only record interest, the loops do the work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kopf._core.engines.indexing import OperatorIndexers
+
+from gpu_operator.controllers import metrics
+from gpu_operator.controllers.cache import (
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    NodeView,
+    OwnedView,
+    PolicyView,
+    first,
+)
+from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
+from gpu_operator.controllers.labeller import NodeLabeller
+from gpu_operator.controllers.nodelabels import LabelPolicy
+from gpu_operator.kube.client import Kube
+
+log = logging.getLogger("gpu_operator.operator")
+
+# Kinds the renderer produces that we watch (group, version, plural); their index ids are
+# "owned_<plural>". Objects of other kinds (ServiceMonitor) are applied once per process.
+OWNED_KINDS = (
+    ("apps", "v1", "daemonsets"),
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "services"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles"),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
+    ("node.k8s.io", "v1", "runtimeclasses"),
+)
+COALESCE_SECONDS = 0.1
+
+
+@dataclass
+class Loops:
+    """Work signals between kopf handlers and the two loops."""
+
+    indexed: asyncio.Event = field(default_factory=asyncio.Event)
+    policy_kick: asyncio.Event = field(default_factory=asyncio.Event)
+    label_kick: asyncio.Event = field(default_factory=asyncio.Event)
+    dirty_nodes: set[str] = field(default_factory=set)
+    node_fingerprints: dict[str, NodeView] = field(default_factory=dict)
+
+    def kick(self, nodes: set[str] | None = None) -> None:
+        if nodes:
+            self.dirty_nodes |= nodes
+        self.policy_kick.set()
+        self.label_kick.set()
+
+
+class Operator:
+    def __init__(self, kube: Kube, namespace: str, label_concurrency: int = 32) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.loops = Loops()
+        self.indexers = OperatorIndexers()
+        self.reconciler = ClusterPolicyReconciler(kube)
+        self.labeller = NodeLabeller(kube, concurrency=label_concurrency)
+        self.k8s_version = "1.36.0"
+        self.servicemonitor_crd = False
+        self.label_policy: LabelPolicy | None = None
+        self.registry = self._registry()
+
+    # -- kopf wiring ------------------------------------------------------------------------------
+
+    def _registry(self) -> kopf.OperatorRegistry:
+        registry = kopf.OperatorRegistry()
+        loops = self.loops
+
+        @kopf.on.login(registry=registry)
+        def login(**kwargs: Any) -> Any:
+            return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+
+        @kopf.on.startup(registry=registry)
+        def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.posting.enabled = False  # status and conditions speak; no kopf events
+            settings.scanning.disabled = True  # no cluster-wide CRD/namespace discovery watches
+            settings.watching.server_timeout = 300
+            settings.watching.client_timeout = 310
+            settings.watching.connect_timeout = 30
+            settings.watching.chunk_size = 500
+            settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
+            settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpu-operator")
+
+        @kopf.index("nodes", id="nodes", registry=registry)
+        def nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
+            return {name: NodeView.of(body)}
+
+        @kopf.index("nvidia.com", "v1", "clusterpolicies", id="policies", registry=registry)
+        def policies(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
+            return {name: PolicyView.of(body)}
+
+        @kopf.on.event("nodes", registry=registry)
+        def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
+            loops.indexed.set()
+            if type == "DELETED":
+                loops.node_fingerprints.pop(name, None)
+                loops.policy_kick.set()
+                return
+            view = NodeView.of(body)
+            if loops.node_fingerprints.get(name) != view:  # heartbeats and other noise stop here
+                loops.node_fingerprints[name] = view
+                loops.kick({name})
+
+        @kopf.on.event("nvidia.com", "v1", "clusterpolicies", registry=registry)
+        def policy_event(**_: Any) -> None:
+            loops.indexed.set()
+            loops.kick()
+
+        managed = {MANAGED_BY: MANAGED_BY_VALUE}
+        for group, version, plural in OWNED_KINDS:
+            resource = (group, version, plural) if group else (version, plural)
+
+            def owned(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
+                view = OwnedView.of(body)
+                return {view.key: view}
+
+            def owned_event(**_: Any) -> None:
+                loops.indexed.set()
+                loops.policy_kick.set()
+
+            kopf.index(*resource, id=f"owned_{plural}", labels=managed, registry=registry)(owned)
+            kopf.on.event(*resource, id=f"owned_event_{plural}", labels=managed,
+                          registry=registry)(owned_event)
+        return registry
+
+    # -- snapshots of the caches ----------------------------------------------------------------
+
+    def _index(self, name: str) -> Any:
+        return self.indexers.indices[name]
+
+    def node_views(self) -> list[NodeView]:
+        return [v for store in self._index("nodes").values() if (v := first(store)) is not None]
+
+    def policy_views(self) -> list[PolicyView]:
+        return [v for store in self._index("policies").values() if (v := first(store)) is not None]
+
+    def snapshot(self) -> Snapshot:
+        owned: dict[Any, OwnedView] = {}
+        for _group, _version, plural in OWNED_KINDS:
+            for key, store in self._index(f"owned_{plural}").items():
+                if (view := first(store)) is not None:
+                    owned[key] = view
+        return Snapshot(self.policy_views(), self.node_views(), owned, self.namespace,
+                        self.k8s_version, self.servicemonitor_crd)
+
+    # -- the loops --------------------------------------------------------------------------------
+
+    async def policy_loop(self) -> None:
+        await self.loops.indexed.wait()
+        requeue: float | None = None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.loops.policy_kick.wait(), timeout=requeue)
+            await asyncio.sleep(COALESCE_SECONDS)
+            self.loops.policy_kick.clear()
+            try:
+                report = await self.reconciler.reconcile(self.snapshot())
+            except Exception:  # keep serving: the next kick or requeue retries
+                log.exception("ClusterPolicy reconcile failed; retrying in 5s")
+                metrics.record_error()
+                requeue = 5.0
+                continue
+            metrics.record_reconcile(report)
+            requeue = report.requeue
+
+    async def label_loop(self) -> None:
+        await self.loops.indexed.wait()
+        while True:
+            await self.loops.label_kick.wait()
+            await asyncio.sleep(COALESCE_SECONDS)
+            self.loops.label_kick.clear()
+            active = active_policy(self.policy_views())
+            if active is None:
+                continue  # no ClusterPolicy: nodes are left alone
+            policy = LabelPolicy.from_spec(active.body.get("spec") or {})
+            views = {v.name: v for v in self.node_views()}
+            if policy != self.label_policy:
+                self.label_policy, dirty = policy, set(views)
+            else:
+                dirty, self.loops.dirty_nodes = self.loops.dirty_nodes, set()
+            try:
+                report = await self.labeller.label([views[n] for n in dirty if n in views], policy)
+            except Exception:
+                log.exception("node labelling failed; retrying")
+                self.loops.kick(dirty)
+                await asyncio.sleep(1)
+                continue
+            if report.failed:
+                self.loops.kick(set(report.failed))
+                await asyncio.sleep(1)
+
+    async def discover(self) -> None:
+        """Cluster facts that need one request at start-up."""
+        with contextlib.suppress(Exception):
+            self.k8s_version = await self.kube.server_version() or self.k8s_version
+        crd = await self.kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
+                                       "servicemonitors.monitoring.coreos.com")
+        self.servicemonitor_crd = crd is not None
+        log.info("Kubernetes %s; ServiceMonitor CRD %s", self.k8s_version,
+                 "present" if self.servicemonitor_crd else "absent")
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        await self.discover()
+        tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
+                 asyncio.create_task(self.label_loop(), name="node-labelling")]
+        try:
+            await kopf.operator(registry=self.registry, indexers=self.indexers, clusterwide=True,
+                                standalone=True, stop_flag=stop, ready_flag=ready)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

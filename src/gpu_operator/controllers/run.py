@@ -1,0 +1,58 @@
+"""`gpu-operator run`: wires leader election, metrics/health endpoints and the operator loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from gpu_operator.controllers import metrics
+from gpu_operator.controllers.leader import LeaderElector, identity
+from gpu_operator.controllers.operator import Operator
+from gpu_operator.kube.client import Kube
+
+log = logging.getLogger("gpu_operator")
+
+
+async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metrics_address: str,
+              health_address: str, lease_duration: float = 15.0, renew_deadline: float = 10.0,
+              retry_period: float = 2.0, label_concurrency: int = 32) -> int:
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig  # kopf's login reads it
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _stopper(stop, sig))
+
+    kube = Kube(kubeconfig)
+    ready = asyncio.Event()
+    runners = await metrics.serve(metrics_address, health_address, ready.is_set)
+    elector = None
+    try:
+        if leader_elect:
+            elector = LeaderElector(kube.client, namespace, identity(), lease_duration=lease_duration,
+                                    renew_deadline=renew_deadline, retry_period=retry_period)
+            if not await elector.acquire(stop):
+                return 0
+            keeper = asyncio.create_task(elector.keep(stop), name="leader-renewal")
+        operator = Operator(kube, namespace, label_concurrency=label_concurrency)
+        log.info("operator starting in namespace %s", namespace)
+        await operator.run(stop, ready)
+        if leader_elect:
+            keeper.cancel()
+        return 0
+    finally:
+        if elector is not None:
+            await elector.release()
+        for runner in runners:
+            await runner.cleanup()
+        await kube.close()
+        log.info("operator stopped")
+
+
+def _stopper(stop: asyncio.Event, sig: signal.Signals):  # type: ignore[no-untyped-def]
+    def handler() -> None:
+        log.info("received %s: shutting down", sig.name)
+        stop.set()
+    return handler

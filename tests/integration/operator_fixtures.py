@@ -1,0 +1,89 @@
+"""Fixtures to run the real operator process against the session's control plane."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace
+
+from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.kube.crds import apply_crds
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.operator_process import OperatorProcess
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0, context: Callable[[], str] = str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{context()}")
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="session")
+def crds(kube: Client) -> list[str]:
+    return apply_crds(kube)
+
+
+@pytest.fixture
+def operator_namespace(kube: Client) -> Iterator[str]:
+    name = f"gpu-operator-{uuid.uuid4().hex[:6]}"
+    kube.create(Namespace(metadata={"name": name}))  # type: ignore[arg-type]
+    yield name
+    kube.delete(Namespace, name)
+
+
+@pytest.fixture
+def start_operator(control_plane: ControlPlane, operator_namespace: str, crds: list[str],
+                   tmp_path: Any) -> Iterator[Callable[..., OperatorProcess]]:
+    started: list[OperatorProcess] = []
+
+    def start(**kwargs: Any) -> OperatorProcess:
+        proc = OperatorProcess(kubeconfig=kwargs.pop("kubeconfig", control_plane.admin_kubeconfig),
+                               namespace=operator_namespace,
+                               log=tmp_path / f"operator-{len(started)}.log", **kwargs).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+        print(f"--- {proc.log} ---\n{proc.log_text()[-4000:]}")
+
+
+@pytest.fixture
+def cluster_policies(kube: Client) -> Iterator[Callable[..., str]]:
+    """`cluster_policies(spec, name=...)` creates a ClusterPolicy; all are deleted after the test
+    and their owned objects garbage-collected before the next test starts."""
+    created: list[str] = []
+
+    def create(spec: dict[str, Any] | None = None, name: str = "cluster-policy") -> str:
+        kube.create(ClusterPolicyResource(  # type: ignore[call-arg]
+            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": name}, spec=spec or {}))
+        created.append(name)
+        return name
+
+    yield create
+    for name in created:
+        try:
+            kube.delete(ClusterPolicyResource, name)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+
+def policy_status(kube: Client, name: str = "cluster-policy") -> dict[str, Any]:
+    try:
+        obj = kube.get(ClusterPolicyResource, name)
+    except ApiError:
+        return {}
+    return dict(obj.get("status") or {})
