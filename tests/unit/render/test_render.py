@@ -216,3 +216,16 @@ def test_use_nvidia_driver_crd_disables_the_driver_state() -> None:
     state = run({"driver": {"useNvidiaDriverCRD": True}}).state("state-driver")
     assert not state.enabled and "Orphan" in state.reason
     assert any(r.name == "nvidia-driver-daemonset" for r in state.delete)
+
+
+def test_bidirectional_mounts_only_in_privileged_containers() -> None:
+    # the apiserver rejects pods whose unprivileged containers ask for Bidirectional propagation
+    result = run(EVERYTHING, configmap_keys=CONFIGMAP_KEYS)
+    for obj in result.objects():
+        if obj["kind"] != "DaemonSet":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            privileged = c.get("securityContext", {}).get("privileged", False)
+            for m in c.get("volumeMounts", []):
+                assert privileged or m.get("mountPropagation") != "Bidirectional", (obj["metadata"]["name"], c["name"])

@@ -95,7 +95,9 @@ def validator_init(component: str, *extra_env: dict[str, Any], privileged: bool 
         command=["sh", "-c"],
         args=["nvidia-validator"],
         env_vars=[env("WITH_WAIT", "true"), env("COMPONENT", component), NODE_NAME, *extra_env],
-        mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
+        # The apiserver allows Bidirectional propagation only in privileged containers.
+        mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR,
+                                propagation="Bidirectional" if privileged else "HostToContainer")],
         privileged=privileged,
     )
 
