@@ -227,7 +227,8 @@ def node_status_exporter(
     """Serve the node's validation state as Prometheus metrics (status files are read at each scrape)."""
     from prometheus_client import start_http_server
 
-    from gpu_operator.node.exporter import NodeStatusCollector, registry_for
+    from gpu_operator.node.exporter import NodeStatusCollector, driver_answers, registry_for
+    from gpu_operator.node.runner import HostRunner
     from gpu_operator.node.validate.config import ValidatorConfig
 
     fs = _fs(host_root)
@@ -241,7 +242,13 @@ def node_status_exporter(
         resource = pick_gpu_resource(allocatable, config.resource_name)
         return int(allocatable[resource]) if resource else 0
 
-    collector = NodeStatusCollector(fs, config.output_dir, plugin_devices=devices if view else None)
+    runner = HostRunner(fs)
+    collector = NodeStatusCollector(
+        fs,
+        config.output_dir,
+        driver_check=lambda: driver_answers(fs, runner, config.search_dirs),
+        plugin_devices=devices if view else None,
+    )
     start_http_server(port, addr=address, registry=registry_for(collector))
     typer.echo(f"serving node metrics on {address}:{port}/metrics", err=True)
     while True:

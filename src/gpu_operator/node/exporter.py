@@ -9,7 +9,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpu_operator.node import pci
+from gpu_operator.node.driver import detect_driver
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.runner import CommandRunner
 from gpu_operator.node.validate.base import StatusDir
 
 PREFIX = "gpu_operator_node"
@@ -32,6 +34,7 @@ class NodeStatusCollector(Collector):
         driver_check: Callable[[], bool] | None = None,
         plugin_devices: Callable[[], int | None] | None = None,
         clock: Callable[[], float] = time.time,
+        check_interval: float = 30.0,
     ) -> None:
         self.fs = fs
         self.status = StatusDir(fs, output_dir)
@@ -40,6 +43,9 @@ class NodeStatusCollector(Collector):
         self.clock = clock
         self.started = clock()
         self.driver_last_success: float | None = None
+        # Upstream polls every 30 s; scrapes in between reuse the last driver check.
+        self.check_interval = check_interval
+        self._driver_checked: tuple[float, bool] | None = None
         self.plugin_last_success: float | None = None
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -53,9 +59,12 @@ class NodeStatusCollector(Collector):
             ready = 1.0 if self.status.exists(name) else 0.0
             yield self._gauge(f"{PREFIX}_{component}_ready", f"1 when {self.status.path(name)} exists", ready)
         if self.driver_check is not None:
-            ok = self.driver_check()
-            if ok:
-                self.driver_last_success = self.clock()
+            now = self.clock()
+            if self._driver_checked is None or now - self._driver_checked[0] >= self.check_interval:
+                self._driver_checked = (now, self.driver_check())
+                if self._driver_checked[1]:
+                    self.driver_last_success = now
+            ok = self._driver_checked[1]
             yield self._gauge(
                 f"{PREFIX}_driver_validation", "1 when the last driver check passed", 1.0 if ok else 0.0
             )
@@ -84,6 +93,14 @@ class NodeStatusCollector(Collector):
         yield self._gauge(
             "gpu_operator_nvidia_pci_devices_total", "NVIDIA GPU PCI functions on the node", float(len(gpus))
         )
+
+
+def driver_answers(fs: HostFS, runner: CommandRunner, search_dirs: tuple[str, ...] = ()) -> bool:
+    """Whether the node's driver (host or operator) answers nvidia-smi right now."""
+    info = detect_driver(fs, extra_search_dirs=search_dirs)
+    if info.smi_in_root is None:
+        return False
+    return runner.run([info.smi_in_root], root=info.run_root, timeout=60).ok
 
 
 def registry_for(collector: NodeStatusCollector) -> CollectorRegistry:

@@ -1,0 +1,227 @@
+"""Validator components on fixture hosts: status files and formats, bounded waits with reasons, skips."""
+
+from __future__ import annotations
+
+import pytest
+from tests.unit.node.nodekit import FakeNodeView, context
+from typer.testing import CliRunner
+
+from gpu_operator.cli import app
+from gpu_operator.node.validate.base import Outcome
+from gpu_operator.node.validate.config import COMPONENTS, ConfigError, ValidatorConfig
+from gpu_operator.node.validate.run import validate
+
+VALIDATIONS = "/run/nvidia/validations"
+FAILING_SMI = "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2\nexit 9\n"
+
+
+def _read(fs, name: str) -> str | None:  # type: ignore[no-untyped-def]
+    return fs.read_text(f"{VALIDATIONS}/{name}")
+
+
+@pytest.mark.parametrize("name", ["ubuntu-apt-driver", "talos"])
+def test_host_driver_passes_and_writes_driver_ready(build_host, name: str) -> None:  # type: ignore[no-untyped-def]
+    host = build_host(name)
+    ctx, _ = context(host.fs)
+    result = validate(ctx, "driver")
+    assert result.outcome == Outcome.PASSED, result.message
+    assert _read(host.fs, "driver-ready") == (
+        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"
+    )
+
+
+def test_operator_driver_passes_and_points_at_the_driver_root(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("operator-driver")
+    ctx, _ = context(host.fs)
+    assert validate(ctx, "driver").outcome == Outcome.PASSED
+    values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
+    assert values["IS_HOST_DRIVER"] == "false"
+    assert values["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver" and values["DRIVER_ROOT_CTR_PATH"] == "/driver-root"
+
+
+def test_operator_driver_wait_is_bounded_and_names_what_it_waited_for(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("nouveau")
+    ctx, clock = context(host.fs, {"WITH_WAIT": "true", "DRIVER_TIMEOUT_SECONDS": "60", "SLEEP_INTERVAL_SECONDS": "5"})
+    result = validate(ctx, "driver")
+    assert result.outcome == Outcome.FAILED
+    assert "waited 60s of 60s" in result.message and ".driver-ctr-ready" in result.message
+    assert "nvidia-driver-daemonset" in result.message
+    assert clock.now == 60 and len(clock.sleeps) == 12
+    assert _read(host.fs, "driver-ready") is None
+
+
+def test_failing_nvidia_smi_is_reported_with_its_output(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    host.fs.write_text("/usr/bin/nvidia-smi", FAILING_SMI)
+    ctx, clock = context(host.fs)
+    result = validate(ctx, "driver")
+    assert result.outcome == Outcome.FAILED and clock.sleeps == []  # WITH_WAIT=false: one try
+    assert "exited 9: NVIDIA-SMI has failed" in result.message and "checked once" in result.message
+
+
+def test_skip_gpu_init_uses_version_only(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    host.fs.write_text("/usr/bin/nvidia-smi", '#!/bin/sh\n[ "$1" = "--version" ] && exit 0\nexit 9\n')
+    ctx, _ = context(host.fs, {"DRIVER_VALIDATION_SKIP_GPU_INIT": "true"})
+    assert validate(ctx, "driver").outcome == Outcome.PASSED
+
+
+def test_driver_on_an_all_vfio_node_fails_fast_with_the_fix(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("h100-vfio")
+    ctx, clock = context(host.fs, {"WITH_WAIT": "true"})
+    result = validate(ctx, "driver")
+    assert result.outcome == Outcome.FAILED and clock.sleeps == []
+    assert "vfio-pci" in result.message and "nvidia.com/gpu.workload.config=vm-passthrough" in result.message
+
+
+def test_operator_driver_extra_modules_from_driver_ctr_ready(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("operator-driver")
+    host.fs.write_text(f"{VALIDATIONS}/.driver-ctr-ready", "GDS_ENABLED=true\nGDRCOPY_ENABLED=false\n")
+    ctx, _ = context(host.fs)
+    result = validate(ctx, "driver")
+    assert result.outcome == Outcome.FAILED and "nvidia_fs" in result.message
+    host.fs.write_text("/proc/modules", (host.fs.read_text("/proc/modules") or "") + "nvidia_fs 1 0 - Live 0x0\n")
+    assert validate(ctx, "driver").outcome == Outcome.PASSED
+
+
+@pytest.mark.parametrize(("component", "module"), [("nvidia-fs", "nvidia_fs"), ("gdrcopy", "gdrdrv"), ("nvidia-peermem", "nvidia_peermem")])
+def test_module_components(build_host, component: str, module: str) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("operator-driver")
+    ctx, _ = context(host.fs)
+    assert validate(ctx, component).outcome == Outcome.FAILED
+    host.fs.write_text("/proc/modules", f"{module} 1 0 - Live 0x0\n")
+    result = validate(ctx, component)
+    assert result.outcome == Outcome.PASSED and _read(host.fs, f"{component}-ready") == ""
+
+
+def test_vfio_pci_on_the_seed_host_and_on_a_host_driver_node(build_host) -> None:  # type: ignore[no-untyped-def]
+    good = build_host("h100-vfio")
+    ctx, _ = context(good.fs, kube=FakeNodeView(labels={"nvidia.com/gpu.workload.config": "vm-passthrough"}))
+    assert validate(ctx, "vfio-pci").outcome == Outcome.PASSED
+    assert _read(good.fs, "workload-type") == "vm-passthrough" and _read(good.fs, "vfio-pci-ready") == ""
+    bad = build_host("h100-nvidia-bound")
+    ctx, _ = context(bad.fs, {"WITH_WAIT": "true", "VFIO_PCI_TIMEOUT_SECONDS": "10"})
+    result = validate(ctx, "vfio-pci")  # DEFAULT_GPU_WORKLOAD_CONFIG is vm-passthrough
+    assert result.outcome == Outcome.FAILED
+    assert "0000:0a:00.0 -> nvidia" in result.message and "an NVIDIA host driver is present" in result.message
+    assert _read(bad.fs, "vfio-pci-ready") is None and _read(bad.fs, "workload-type") == "vm-passthrough"
+
+
+def test_vfio_pci_not_applicable_on_container_nodes(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    ctx, _ = context(host.fs, kube=FakeNodeView(labels={"nvidia.com/gpu.workload.config": "container"}))
+    result = validate(ctx, "vfio-pci")
+    assert result.outcome == Outcome.NOT_APPLICABLE and _read(host.fs, "workload-type") == "container"
+
+
+def test_vgpu_components(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("operator-driver")
+    ctx, _ = context(host.fs, {"GPU_WORKLOAD_CONFIG": "vm-vgpu", "VGPU_MANAGER_TIMEOUT_SECONDS": "20"})
+    result = validate(ctx, "vgpu-manager")
+    assert result.outcome == Outcome.FAILED and "mdev" in result.message
+    host.fs.mkdir("/sys/class/mdev_bus/0000:07:00.0")
+    assert validate(ctx, "vgpu-manager").outcome == Outcome.PASSED
+    assert _read(host.fs, "vgpu-manager-ready") == ""
+    assert validate(ctx, "vgpu-devices").outcome == Outcome.FAILED
+    host.fs.mkdir("/sys/bus/mdev/devices/2c1c0e3e-0000-4e2b-9d6c-000000000001")
+    assert validate(ctx, "vgpu-devices").outcome == Outcome.PASSED
+
+
+def test_cc_manager(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("h100-vfio")
+    ctx, _ = context(host.fs, kube=FakeNodeView())
+    assert validate(ctx, "cc-manager").outcome == Outcome.NOT_APPLICABLE
+    ctx, _ = context(host.fs, {"CC_CAPABLE": "true"})
+    assert validate(ctx, "cc-manager").outcome == Outcome.FAILED
+    host.fs.write_text(f"{VALIDATIONS}/.cc-manager-ctr-ready", "")
+    assert validate(ctx, "cc-manager").outcome == Outcome.PASSED
+
+
+def test_mofed_only_with_rdma_and_a_mellanox_device(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("operator-driver")
+    ctx, _ = context(host.fs, {"GPU_DIRECT_RDMA_ENABLED": "true"})
+    assert validate(ctx, "mofed").outcome == Outcome.NOT_APPLICABLE
+    nic = {"address": "0000:31:00.0", "vendor": "15b3", "device": "101b", "class": "020700", "driver": "mlx5_core"}
+    rdma = build_host("operator-driver", devices=[nic])
+    ctx, _ = context(rdma.fs, {"GPU_DIRECT_RDMA_ENABLED": "true"})
+    assert validate(ctx, "mofed").outcome == Outcome.PASSED and _read(rdma.fs, "mofed-ready") == ""
+
+
+def test_toolkit_runs_nvidia_smi_in_this_container(build_host, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("cpu-only")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    ctx, _ = context(host.fs)
+    result = validate(ctx, "toolkit")
+    assert result.outcome == Outcome.FAILED and "nvidia-smi" in result.message and "container-toolkit" in result.message
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    assert validate(ctx, "toolkit").outcome == Outcome.PASSED and _read(host.fs, "toolkit-ready") == ""
+
+
+def test_skipped_components_still_unblock_their_dependents(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("cpu-only")
+    ctx, _ = context(host.fs, {"VALIDATOR_SKIP": "cuda, toolkit", "DISABLE_DRIVER_VALIDATION": "true"})
+    for component in ("cuda", "toolkit", "driver"):
+        assert validate(ctx, component).outcome == Outcome.SKIPPED
+    assert _read(host.fs, "cuda-ready") == "VALIDATION_SKIPPED=true\n"
+    assert "IS_HOST_DRIVER=false" in (_read(host.fs, "driver-ready") or "")
+
+
+def test_status_file_is_deleted_before_a_failing_check(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("nouveau")
+    host.fs.write_text(f"{VALIDATIONS}/driver-ready", "IS_HOST_DRIVER=true\n")
+    ctx, _ = context(host.fs)
+    assert validate(ctx, "driver").outcome == Outcome.FAILED
+    assert _read(host.fs, "driver-ready") is None
+
+
+def test_config_errors_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match="VALIDATOR_SKIP.*bogus"):
+        ValidatorConfig.from_env({"VALIDATOR_SKIP": "bogus"})
+    with pytest.raises(ConfigError, match="WITH_WAIT"):
+        ValidatorConfig.from_env({"WITH_WAIT": "maybe"})
+    with pytest.raises(ConfigError, match="GPU_WORKLOAD_CONFIG"):
+        ValidatorConfig.from_env({"GPU_WORKLOAD_CONFIG": "vm"})
+    config = ValidatorConfig.from_env({"VALIDATION_TIMEOUT_SECONDS": "7", "CUDA_TIMEOUT_SECONDS": "9"})
+    assert config.budgets["driver"] == 7 and config.budgets["cuda"] == 9
+    assert set(ValidatorConfig.from_env({}).budgets) == set(COMPONENTS)
+
+
+def test_cli_validate_writes_status_and_reports_failures(build_host, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("GPU_OPERATOR_NO_CHROOT", "1")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.setenv("TERMINATION_LOG", str(tmp_path / "termination-log"))
+    host = build_host("talos")
+    ok = CliRunner().invoke(app, ["validate", "-c", "driver", "--host-root", str(host.fs.root)])
+    assert ok.exit_code == 0 and "driver: passed" in ok.output
+    bad = build_host("nouveau")
+    failed = CliRunner().invoke(app, ["validate", "--component", "driver", "--host-root", str(bad.fs.root)])
+    assert failed.exit_code == 1 and ".driver-ctr-ready" in failed.output
+    assert ".driver-ctr-ready" in (tmp_path / "termination-log").read_text()
+    unknown = CliRunner().invoke(app, ["validate", "-c", "gpu", "--host-root", str(bad.fs.root)])
+    assert unknown.exit_code == 2 and "nvidia-peermem" in unknown.output
+
+
+def test_dev_char_symlinks_for_nvidia_character_devices(build_host) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import stat as stat_mod
+    from types import SimpleNamespace
+
+    from gpu_operator.node.validate.host import create_dev_char_symlinks
+
+    host = build_host("ubuntu-apt-driver")
+    for name in ("nvidia0", "nvidiactl", "nvidia-uvm", "null"):
+        host.fs.write_text(f"/dev/{name}", "")
+    numbers = {"nvidia0": (195, 0), "nvidiactl": (195, 255), "nvidia-uvm": (510, 0)}
+
+    def fake_stat(path):  # type: ignore[no-untyped-def]
+        major, minor = numbers.get(os.path.basename(path), (0, 0))
+        mode = stat_mod.S_IFCHR if os.path.basename(path) in numbers else stat_mod.S_IFREG
+        return SimpleNamespace(st_mode=mode, st_rdev=os.makedev(major, minor))
+
+    made = create_dev_char_symlinks(host.fs, fake_stat)
+    assert sorted(made) == ["/dev/char/195:0", "/dev/char/195:255", "/dev/char/510:0"]
+    assert host.fs.readlink("/dev/char/195:255") == "../nvidiactl"
+    assert create_dev_char_symlinks(host.fs, fake_stat) == []  # idempotent
