@@ -186,15 +186,16 @@ def _vfio(
         raise typer.Exit(1)
 
 
+AllGpus = Annotated[bool, typer.Option("--all", help="Every NVIDIA GPU on the host.")]
+Devices = Annotated[list[str] | None, typer.Option("--device", help="A GPU's PCI address (repeatable).")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the sysfs writes instead of making them.")]
+
+
 @vfio_app.command("bind")
 def vfio_bind(
-    all_gpus: Annotated[bool, typer.Option("--all", help="Every NVIDIA GPU on the host.")] = False,
-    device: Annotated[
-        list[str] | None, typer.Option("--device", help="A GPU's PCI address (repeatable).")
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the sysfs writes instead of making them.")
-    ] = False,
+    all_gpus: AllGpus = False,
+    device: Devices = None,
+    dry_run: DryRun = False,
     load_module: Annotated[
         bool, typer.Option(help="modprobe vfio-pci on the host when it is not loaded.")
     ] = True,
@@ -206,14 +207,7 @@ def vfio_bind(
 
 @vfio_app.command("unbind")
 def vfio_unbind(
-    all_gpus: Annotated[bool, typer.Option("--all", help="Every NVIDIA GPU on the host.")] = False,
-    device: Annotated[
-        list[str] | None, typer.Option("--device", help="A GPU's PCI address (repeatable).")
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the sysfs writes instead of making them.")
-    ] = False,
-    host_root: HostRoot = None,
+    all_gpus: AllGpus = False, device: Devices = None, dry_run: DryRun = False, host_root: HostRoot = None
 ) -> None:
     """Give GPUs back to the host: clear driver_override, unbind from vfio-pci, let the kernel re-probe."""
     _vfio("unbind", all_gpus, device, dry_run, host_root, False)

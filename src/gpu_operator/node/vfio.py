@@ -90,34 +90,42 @@ def _iommu_refusal(fs: HostFS, gpu: pci.PciFunction) -> str | None:
     return None
 
 
-def _bind_plan(fs: HostFS, gpu: pci.PciFunction, selected: set[str]) -> GpuPlan:
-    functions, foreign = _group_functions(fs, gpu)
-    plan = GpuPlan(gpu.address, gpu.name, functions)
+def _bind_refusal(
+    fs: HostFS,
+    gpu: pci.PciFunction,
+    functions: list[pci.PciFunction],
+    foreign: list[pci.PciFunction],
+    selected: set[str],
+) -> str | None:
+    """Why this GPU must not move now, or None."""
     if refusal := _iommu_refusal(fs, gpu):
-        plan.refused = refusal
-        return plan
+        return refusal
     if foreign:
         listed = ", ".join(f"{m.address} ({m.vendor_device}, driver {m.driver or 'none'})" for m in foreign)
-        plan.refused = (
+        return (
             f"IOMMU group {gpu.iommu_group} also holds non-NVIDIA devices: {listed}. A VM would get them too. "
             "Fix: move the GPU to a slot with its own group, or enable ACS in the firmware"
         )
-        return plan
-    others = [f.address for f in functions if f.is_gpu and f.address not in selected]
-    if others:
-        plan.refused = (
+    if others := [f.address for f in functions if f.is_gpu and f.address not in selected]:
+        return (
             f"IOMMU group {gpu.iommu_group} also holds GPU(s) {', '.join(others)}, which must move together. "
             "Fix: name them with --device too, or use --all"
         )
-        return plan
     addresses = {f.address for f in functions}
-    busy = [h for h in gpu_holders(fs) if h.address in addresses]
-    if busy:
+    if busy := [h for h in gpu_holders(fs) if h.address in addresses]:
         who = ", ".join(f"{h.comm} (pid {h.pid}) holds {h.device}" for h in busy)
-        plan.refused = (
+        return (
             f"in use: {who}. Unbinding the nvidia driver now would hang in the kernel. Fix: stop those "
             "processes (e.g. `systemctl stop nvidia-persistenced`, drain GPU pods) and run again"
         )
+    return None
+
+
+def _bind_plan(fs: HostFS, gpu: pci.PciFunction, selected: set[str]) -> GpuPlan:
+    functions, foreign = _group_functions(fs, gpu)
+    plan = GpuPlan(gpu.address, gpu.name, functions)
+    plan.refused = _bind_refusal(fs, gpu, functions, foreign, selected)
+    if plan.refused:
         return plan
     for func in functions:
         if func.on_vfio:
