@@ -5,7 +5,9 @@ from __future__ import annotations
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.render.facts import ClusterFacts
 from gpu_operator.render.objects import Ctx
+from gpu_operator.render.operand import render_operand
 from gpu_operator.render.result import Manifest, ObjectRef, RenderError, RenderResult, StateResult
+from gpu_operator.render.states import ORDER
 
 __all__ = [
     "ClusterFacts",
@@ -35,9 +37,6 @@ def check_policy(policy: ClusterPolicy) -> None:
 
 def render(policy: ClusterPolicy, facts: ClusterFacts) -> RenderResult:
     """Every state in upstream order: enabled or not and why, objects in apply order, refs to delete."""
-    from gpu_operator.render.operand import render_operand
-    from gpu_operator.render.states import ORDER
-
     check_policy(policy)
     ctx = Ctx(policy, facts)
     states: list[StateResult] = []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 from renderkit import IMAGES, daemonset, facts, policy, run
 
@@ -56,6 +58,12 @@ EVERYTHING = {
     "validator": {"plugin": {"env": [{"name": "WITH_WORKLOAD", "value": "true"}]}},
 }
 CONFIGMAP_KEYS = {"repos": ("cuda.list",), "certs": ("corp.crt",)}
+
+
+# kubernetes-validate re-reads its multi-megabyte definitions file for every object; the schema
+# files never change during a run, so read each once.
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(  # type: ignore[assignment]
+    kubernetes_validate.utils.schema_contents)
 
 
 def _validate(objects: list[dict[str, Any]]) -> None:
@@ -229,3 +237,10 @@ def test_bidirectional_mounts_only_in_privileged_containers() -> None:
             privileged = c.get("securityContext", {}).get("privileged", False)
             for m in c.get("volumeMounts", []):
                 assert privileged or m.get("mountPropagation") != "Bidirectional", (obj["metadata"]["name"], c["name"])
+
+
+def test_the_schema_check_catches_a_broken_object() -> None:
+    ds = daemonset(run(), "state-device-plugin")
+    ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = 3
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate([ds])
