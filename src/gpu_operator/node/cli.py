@@ -67,7 +67,6 @@ def probe(
     ] = None,
 ) -> None:
     """Print what this host has (GPUs, driver source, IOMMU, runtime, CDI) as JSON; optionally publish it."""
-    from gpu_operator.node.findings import diagnose
     from gpu_operator.node.probe import probe as run_probe
 
     fs = _fs(host_root)
@@ -75,8 +74,7 @@ def probe(
     if not publish:
         typer.echo(run_probe(fs, extra_search_dirs=dirs).model_dump_json(indent=2))
         return
-    from gpu_operator.node.publish import node_events, node_labels
-    from gpu_operator.node.validate.config import WORKLOAD_CONFIG_LABEL
+    from gpu_operator.node.publish import publish_once
 
     view = _kube_view()
     if view is None:
@@ -85,16 +83,11 @@ def probe(
         )
     last_codes: set[str] | None = None
     while True:
-        report = run_probe(fs, extra_search_dirs=dirs)
-        declared = workload_config or view.node_labels().get(WORKLOAD_CONFIG_LABEL) or None
-        findings = diagnose(report, declared)
-        events = node_events(findings)
+        last_codes, events = publish_once(
+            fs, view, workload=workload_config, last_codes=last_codes, search_dirs=dirs
+        )
         for event in events:
             typer.echo(f"{event['reason']}: {event['message']}", err=True)
-        codes = {f.code for f in findings}
-        # Events repeat only when the set of problems changes; labels are re-applied every time.
-        view.publish(node_labels(report, findings), events if codes != last_codes else [])
-        last_codes = codes
         if once:
             return
         time.sleep(interval)

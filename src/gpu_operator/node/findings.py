@@ -267,6 +267,16 @@ def _runtime(report: HostReport) -> list[Finding]:
 def diagnose(report: HostReport, declared_workload: str | None = None) -> list[Finding]:
     """Every finding for the host, errors first."""
     workload, why = intended_workload(report, declared_workload)
+    if not report.sysfs_visible:
+        return [
+            _finding(
+                "host-root-incomplete",
+                Severity.ERROR,
+                "the host root shows no /sys/bus/pci/devices, so no GPU can be seen",
+                [f"host root: {report.host_root}"],
+                "Point --host-root at the host's / with /sys mounted (a hostPath / volume mounted at /host)",
+            )
+        ]
     if not report.gpus:
         return [
             _finding(

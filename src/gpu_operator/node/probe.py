@@ -36,6 +36,7 @@ class PassthroughIntent(BaseModel):
 
 class HostReport(BaseModel):
     host_root: str
+    sysfs_visible: bool = Field(default=True, description="/sys/bus/pci/devices exists under the host root")
     os_id: str = ""
     os_version_id: str = ""
     kernel: str = ""
@@ -117,6 +118,7 @@ def probe(fs: HostFS, *, extra_search_dirs: tuple[str, ...] = ()) -> HostReport:
     toolkit = [p for b in TOOLKIT_BINARIES if (p := find_executable(fs, b, TOOLKIT_DIRS))]
     return HostReport(
         host_root=str(fs.root),
+        sysfs_visible=fs.is_dir(pci.PCI_DEVICES),
         os_id=release.get("ID", ""),
         os_version_id=release.get("VERSION_ID", ""),
         kernel=fs.read_value("/proc/sys/kernel/osrelease") or "",

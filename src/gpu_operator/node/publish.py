@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
-from gpu_operator.node.findings import Finding, Severity
-from gpu_operator.node.probe import HostReport
+from gpu_operator.node.findings import Finding, Severity, diagnose
+from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.probe import HostReport, probe
 
+WORKLOAD_CONFIG_LABEL = "nvidia.com/gpu.workload.config"
 DRIVER_SOURCE_LABEL = "nvidia.com/gpu.driver.source"
 DRIVER_VERSION_LABEL = "nvidia.com/gpu.driver.version"
 PROBE_STATUS_LABEL = "nvidia.com/gpu.probe.status"
@@ -42,3 +45,30 @@ def node_events(findings: list[Finding]) -> list[dict[str, str]]:
         )
         out.append({"reason": f.reason, "type": "Warning", "message": message})
     return out
+
+
+class NodePublisher(Protocol):
+    def node_labels(self) -> dict[str, str]: ...
+
+    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]]) -> None: ...
+
+
+def publish_once(
+    fs: HostFS,
+    node: NodePublisher,
+    *,
+    workload: str | None = None,
+    last_codes: set[str] | None = None,
+    search_dirs: tuple[str, ...] = (),
+) -> tuple[set[str], list[dict[str, str]]]:
+    """Probe, judge against the node's workload label, publish; events only when the findings changed.
+
+    Returns the finding codes (to pass back as `last_codes`) and the events of this round.
+    """
+    report = probe(fs, extra_search_dirs=search_dirs)
+    declared = workload or node.node_labels().get(WORKLOAD_CONFIG_LABEL) or None
+    findings = diagnose(report, declared)
+    codes = {f.code for f in findings}
+    events = node_events(findings)
+    node.publish(node_labels(report, findings), events if codes != last_codes else [])
+    return codes, events

@@ -119,3 +119,11 @@ def test_cli_doctor_json_and_exit_code(build_host) -> None:  # type: ignore[no-u
     assert ok.exit_code == 0 and "0 error(s)" in ok.output
     bad = CliRunner().invoke(app, ["doctor", "--workload-config", "vms", "--host-root", root])
     assert bad.exit_code == 2 and "--workload-config" in bad.output
+
+
+def test_a_host_root_without_sysfs_is_an_error_not_a_cpu_only_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpu_operator.node.hostfs import HostFS
+
+    (tmp_path / "etc").mkdir()
+    findings = diagnose(probe(HostFS(tmp_path)))
+    assert [(f.code, f.severity) for f in findings] == [("host-root-incomplete", Severity.ERROR)]

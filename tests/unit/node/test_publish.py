@@ -49,3 +49,30 @@ def test_pod_detail_picks_the_telling_reason() -> None:
     pod = {"status": {"phase": "Pending", "initContainerStatuses": [
         {"name": "cuda-validator-workload", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}}
     assert pod_detail(pod) == "cuda-validator-workload: ImagePullBackOff not found"
+
+
+class FakeNode:
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.published: list[tuple[dict[str, str | None], list[dict[str, str]]]] = []
+
+    def node_labels(self) -> dict[str, str]:
+        return self.labels
+
+    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]]) -> None:
+        self.published.append((labels, events))
+
+
+def test_publish_once_reads_the_workload_label_and_repeats_events_only_on_change(build_host) -> None:  # type: ignore[no-untyped-def]
+    from gpu_operator.node.publish import publish_once
+
+    host = build_host("h100-nvidia-bound")
+    node = FakeNode({"nvidia.com/gpu.workload.config": "vm-passthrough"})
+    codes, _ = publish_once(host.fs, node)
+    codes, _ = publish_once(host.fs, node, last_codes=codes)
+    (labels, events), (again, no_events) = node.published
+    assert labels["nvidia.com/gpu.probe.status"] == "error" and again == labels
+    assert "HostDriverOnPassthrough" in {e["reason"] for e in events} and no_events == []
+    container = FakeNode({})
+    publish_once(host.fs, container)
+    assert container.published[0][0]["nvidia.com/gpu.probe.status"] != "error"
