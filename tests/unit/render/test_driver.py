@@ -92,14 +92,16 @@ def test_kernel_module_config_with_unknown_keys_mounts_optional_standard_files()
 
 def test_secret_env_and_manager_settings() -> None:
     ds = driver({"secretEnv": "s", "manager": {"repository": "r", "image": "m", "version": "2",
-                                               "env": [{"name": "ENABLE_GPU_POD_EVICTION", "value": "false"}]},
-                 "upgradePolicy": {"autoUpgrade": False, "drain": {"enable": True, "timeoutSeconds": 60}}})
+                                               "env": [{"name": "ENABLE_GPU_POD_EVICTION", "value": "false"},
+                                                       {"name": "ENABLE_AUTO_DRAIN", "value": "true"}]},
+                 "rdma": {"enabled": True}})
     assert ctr(ds, "nvidia-driver-ctr")["envFrom"] == [{"secretRef": {"name": "s"}}]
     manager = ctr(ds, "k8s-driver-manager")
     assert manager["image"] == "r/m:2"
     got = env_of(manager)
     assert got["ENABLE_GPU_POD_EVICTION"] == "false"
-    assert got["ENABLE_AUTO_DRAIN"] == "true" and got["DRAIN_TIMEOUT_SECONDS"] == "60s"
+    assert got["ENABLE_AUTO_DRAIN"] == "true" and got["DRAIN_TIMEOUT_SECONDS"] == "0s"
+    assert got["GPU_DIRECT_RDMA_ENABLED"] == "true"
 
 
 def test_probe_override() -> None:
@@ -115,3 +117,30 @@ def test_os_tag_comes_from_the_first_gpu_node() -> None:
 def test_openshift_version_env() -> None:
     ds = daemonset(run({}, openshift=True, openshift_version="4.19"), "state-driver")
     assert env_of(ctr(ds, "nvidia-driver-ctr"))["OPENSHIFT_VERSION"] == "4.19"
+
+
+def test_default_driver_pod_has_upstreams_install_state_layout() -> None:
+    # DRIVER_CONFIG_DIGEST hashes images, command/args, plain env, every volume and every driver
+    # mount; keeping upstream's names and paths keeps an upgrade from one operator to the other
+    # from reinstalling the driver on every node.
+    from gpu_operator.render.transforms.digest import state_of_pod
+
+    state = state_of_pod(driver({})["spec"]["template"]["spec"])
+    assert state.DriverCommand == ["nvidia-driver"] and state.DriverArgs == ["init"]
+    assert [(e.Name, e.Value) for e in state.DriverEnv if e.Name != "DRIVER_CONFIG_DIGEST"] == [
+        ("KERNEL_MODULE_TYPE", "auto")]
+    assert [(e.Name, e.Value) for e in state.ManagerEnv if e.Name != "DRIVER_CONFIG_DIGEST"] == [
+        ("DRAIN_DELETE_EMPTYDIR_DATA", "false"), ("DRAIN_POD_SELECTOR_LABEL", ""), ("DRAIN_TIMEOUT_SECONDS", "0s"),
+        ("DRAIN_USE_FORCE", "false"), ("ENABLE_AUTO_DRAIN", "false"), ("ENABLE_GPU_POD_EVICTION", "true"),
+        ("NVIDIA_VISIBLE_DEVICES", "void")]
+    assert {(v.Name, v.HostPath or v.ConfigMapName) for v in state.AdditionalVolumes} == {
+        ("run-nvidia", "/run/nvidia"), ("var-log", "/var/log"), ("dev-log", "/dev/log"),
+        ("host-os-release", "/etc/os-release"), ("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager"),
+        ("run-nvidia-topologyd", "/run/nvidia-topologyd"), ("mlnx-ofed-usr-src", "/run/mellanox/drivers/usr/src"),
+        ("run-mellanox-drivers", "/run/mellanox/drivers"), ("run-nvidia-validations", "/run/nvidia/validations"),
+        ("host-root", "/"), ("host-sys", "/sys"),
+        ("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+        ("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
+        ("nv-firmware", "/run/nvidia/driver/lib/firmware"),
+        ("driver-startup-probe-script", "nvidia-driver-startup-probe")}
+    assert len(state.AdditionalVolumeMounts) == 12 and state.HostRoot == "/"

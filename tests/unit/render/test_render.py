@@ -38,7 +38,7 @@ EVERYTHING = {
                "virtualTopology": {"config": "topo"}, "kernelModuleConfig": {"name": "kmods"},
                "repoConfig": {"configMapName": "repos"}, "certConfig": {"name": "certs"},
                "manager": {"env": [{"name": "DRAIN_USE_FORCE", "value": "true"}]},
-               "upgradePolicy": {"autoUpgrade": False, "drain": {"enable": True, "timeoutSeconds": 60}},
+               "upgradePolicy": {"autoUpgrade": True, "drain": {"enable": True, "timeoutSeconds": 60}},
                "startupProbe": {"failureThreshold": 10},
                "resources": {"limits": {"cpu": "2", "memory": "4Gi"}}, "args": ["--x"],
                "env": [{"name": "A", "value": "1"}]},

@@ -12,7 +12,6 @@ from gpu_operator.render.objects import (
     Ctx,
     configmap_volume,
     container,
-    env,
     env_field,
     hostpath,
     mount,
@@ -55,7 +54,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "nvidia-driver-ctr",
         command=["nvidia-driver"],
         args=["init"],
-        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void"), NODE_NAME, env_field("NODE_IP", "status.hostIP")],
+        env_vars=[NODE_NAME, env_field("NODE_IP", "status.hostIP")],
         mounts=[
             mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
             mount("run-nvidia-fabricmanager", "/run/nvidia-fabricmanager"),

@@ -15,20 +15,11 @@ INIT = "k8s-driver-manager"
 
 def driver_manager(pod: dict[str, Any], fields: DriverManagerSpec | None, operator_env: dict[str, str],
                    field_path: str, spec: ClusterPolicySpec) -> None:
-    """Image, pull settings, drain settings and the user's env of the k8s-driver-manager init."""
+    """Image, pull settings, RDMA flags and the user's env (eviction/drain knobs) of the k8s-driver-manager init."""
     ctr = find(pod, INIT)
     if ctr is None:
         return
     apply_image(ctr, pod, image_path(fields, "DRIVER_MANAGER_IMAGE", operator_env, field_path), fields)
-    policy = spec.driver.upgradePolicy
-    drain = policy.drain if policy else None
-    if drain is not None and not (policy and policy.autoUpgrade):
-        # without the upgrade controller, the driver manager drains by itself
-        upsert_env(ctr, "ENABLE_AUTO_DRAIN", str(drain.enable).lower())
-        upsert_env(ctr, "DRAIN_USE_FORCE", str(drain.force).lower())
-        upsert_env(ctr, "DRAIN_POD_SELECTOR_LABEL", drain.podSelector or "")
-        upsert_env(ctr, "DRAIN_TIMEOUT_SECONDS", f"{drain.timeoutSeconds}s")
-        upsert_env(ctr, "DRAIN_DELETE_EMPTYDIR_DATA", str(drain.deleteEmptyDir).lower())
     if spec.driver.rdma_on():
         upsert_env(ctr, "GPU_DIRECT_RDMA_ENABLED", "true")
         if spec.driver.host_mofed():
