@@ -26,8 +26,9 @@ def _register_all() -> None:
     from gpu_operator.node import cli as node_cli
     from gpu_operator.render import cli as render_cli
     from gpu_operator.sim import cli as sim_cli
+    from gpu_operator.statusview import cli as statusview_cli
 
-    for module in (controllers_cli, render_cli, node_cli, sim_cli):
+    for module in (controllers_cli, render_cli, node_cli, sim_cli, statusview_cli):
         module.register(app)
 
 

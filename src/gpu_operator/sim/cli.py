@@ -2,8 +2,116 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+sim_app = typer.Typer(
+    name="sim", no_args_is_help=True,
+    help="The simulator: a real control plane on 127.0.0.1 with fake GPU nodes (kwok). `up` and "
+         "`demo --keep` leave it running in the background; `down` stops it.")
+
+DirOption = Annotated[Path | None, typer.Option(
+    "--dir", help="State and work directory [default: ~/.cache/gpu-operator/sim/current].")]
+ShapeOption = Annotated[list[str] | None, typer.Option(
+    "--shape", help="Fake nodes as SHAPE[:COUNT] (repeatable); shapes: dgx-h100, host-driver, "
+    "vfio-passthrough, cpu. [default: dgx-h100:4]")]
+
+
+def _dir(directory: Path | None) -> Path:
+    from gpu_operator.sim.state import default_dir
+
+    return (directory or default_dir()).expanduser().resolve()
+
+
+def _progress(msg: str) -> None:
+    typer.echo(f"sim: {msg}", err=True)
+
+
+def _fail(err: Exception) -> typer.Exit:
+    typer.secho(f"error: {err}", fg="red", err=True)
+    return typer.Exit(1)
+
+
+@sim_app.command("up")
+def up(shape: ShapeOption = None, directory: DirOption = None,
+       operator: Annotated[bool, typer.Option(help="Also start the operator (and apply the CRDs).")] = False,
+       ) -> None:
+    """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
+    from gpu_operator.shapes import ShapeError
+    from gpu_operator.sim import session
+
+    try:
+        state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress)
+        if operator:
+            session.start_operator(state, _progress)
+    except (session.SimError, ShapeError) as err:
+        raise _fail(err) from err
+    typer.echo(f"export KUBECONFIG={state.kubeconfig}")
+
+
+@sim_app.command("status")
+def status(directory: DirOption = None) -> None:
+    """What the recorded simulator runs (processes, apiserver, nodes). Exit 1 if nothing runs."""
+    from gpu_operator.sim import session
+
+    where = _dir(directory)
+    rep = session.report(where)
+    if rep.state is None:
+        typer.echo(f"no simulator recorded in {where} (start one: gpu-operator sim up)")
+        raise typer.Exit(1)
+    state = rep.state
+    typer.echo(f"simulator in {where}: apiserver {state.server} "
+               f"{'ready' if rep.apiserver_ready else 'NOT ready'}")
+    for proc in state.processes:
+        mark = "running" if proc.name in rep.alive else "stopped"
+        typer.echo(f"  {proc.name:<24} pid {proc.pid:<8} {mark:<8} {proc.log}")
+    if rep.apiserver_ready:
+        client = session.admin_client(state)
+        try:
+            from lightkube.resources.core_v1 import Node
+
+            count = len(list(client.list(Node)))
+        finally:
+            client.close()
+        typer.echo(f"  nodes: {count} ({' '.join(state.shapes) or 'none added'})")
+        typer.echo(f"export KUBECONFIG={state.kubeconfig}")
+    if rep.dead:
+        typer.echo(f"not running: {', '.join(rep.dead)} (see their logs; `gpu-operator sim down` cleans up)")
+    raise typer.Exit(0 if rep.apiserver_ready and not rep.dead else 1)
+
+
+@sim_app.command("down")
+def down(directory: DirOption = None) -> None:
+    """Stop everything the simulator recorded (SIGTERM, then SIGKILL). Safe to run twice."""
+    from gpu_operator.sim import session
+
+    where = _dir(directory)
+    if not session.down(where, _progress):
+        typer.echo(f"nothing running in {where}")
+
+
+@sim_app.command("demo")
+def demo(shape: ShapeOption = None, directory: DirOption = None,
+         keep: Annotated[bool, typer.Option(
+             "--keep/--no-keep", help="Leave the simulator and operator running afterwards.")] = False,
+         timeout: Annotated[float, typer.Option(help="Seconds to wait for the ClusterPolicy to be ready.")] = 240,
+         ) -> None:
+    """From nothing to a Ready ClusterPolicy: simulator + CRDs + default policy + operator, with a
+    live nodes x components view, then a summary. Tears everything down unless --keep."""
+    from gpu_operator.shapes import ShapeError
+    from gpu_operator.sim import session
+    from gpu_operator.sim.demo import demo as run_demo
+    from gpu_operator.statusview.render import make_console
+
+    try:
+        code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console())
+    except (session.SimError, ShapeError) as err:
+        raise _fail(err) from err
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
+    app.add_typer(sim_app)

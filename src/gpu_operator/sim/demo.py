@@ -1,0 +1,165 @@
+"""`sim demo`: simulator + CRDs + default ClusterPolicy + operator, watched live until Ready."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from gpu_operator.sim import session
+from gpu_operator.sim.state import SimState
+from gpu_operator.statusview.table import StatusView
+
+POLICY_NAME = "cluster-policy"
+
+
+@dataclass
+class Timings:
+    marks: list[tuple[str, float]] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)
+
+    def mark(self, what: str) -> None:
+        now = time.monotonic()
+        self.marks.append((what, now - self.last))
+        self.last = now
+
+
+def create_default_policy(state: SimState) -> bool:
+    """Create the ClusterPolicy with every default (examples/clusterpolicy-default.yaml): spec {}.
+    False if one exists already."""
+    from lightkube.core.exceptions import ApiError
+
+    from gpu_operator.kube.client import ClusterPolicyResource
+
+    client = session.admin_client(state)
+    try:
+        client.create(ClusterPolicyResource(  # type: ignore[call-overload]
+            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": POLICY_NAME}, spec={}))
+        return True
+    except ApiError as err:
+        if err.status.code == 409:
+            return False
+        raise
+    finally:
+        client.close()
+
+
+def watch(state: SimState, console: Console, timeout: float, started: float) -> StatusView:
+    """Show the status view live (a progress line per change when not on a terminal) until it is
+    ready or `timeout` passes; returns the last view."""
+    from gpu_operator.statusview.collect import collect
+    from gpu_operator.statusview.render import one_line, render_view
+
+    client = session.admin_client(state)
+    operator = state.proc("operator")
+
+    def frame(view: StatusView) -> Group:
+        elapsed = time.monotonic() - started
+        head = Text(f"waiting for the ClusterPolicy to become ready: {elapsed:4.0f}s "
+                    f"(limit {timeout:.0f}s)", style="bold")
+        return Group(head, render_view(view, max_nodes=20, legend=False))
+
+    deadline = time.monotonic() + timeout
+    view = collect(client, session.OPERATOR_NAMESPACE)
+    last_line = ""
+    try:
+        with Live(frame(view), console=console, refresh_per_second=4, transient=True,
+                  auto_refresh=console.is_terminal) as live:
+            while not view.ready and time.monotonic() < deadline:
+                if operator is not None and not operator.alive:
+                    raise session.SimError(f"the operator exited; see {operator.log}")
+                time.sleep(1.0)
+                view = collect(client, session.OPERATOR_NAMESPACE)
+                if console.is_terminal:
+                    live.update(frame(view))
+                elif (line := one_line(view)) != last_line:
+                    console.print(f"[{time.monotonic() - started:5.1f}s] {line}", highlight=False)
+                    last_line = line
+    finally:
+        client.close()
+    return view
+
+
+def summary(state: SimState, view: StatusView, timings: Timings) -> Table:
+    table = Table(title="Demo summary", title_justify="left", show_header=False, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for what, seconds in timings.marks:
+        table.add_row(what, f"{seconds:.1f}s")
+    ready, expected = view.counts()
+    table.add_row("GPU nodes", str(len(view.rows)))
+    table.add_row("operand pods ready", f"{ready}/{expected}")
+    policy = view.policy
+    table.add_row("ClusterPolicy", f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none")
+    table.add_row("operator log", str(Path(state.dir) / "logs" / "operator.log"))
+    return table
+
+
+def look_around(state: SimState, keep: bool) -> str:
+    ns = session.OPERATOR_NAMESPACE
+    lines = [
+        "Look around (in another shell while it runs):",
+        f"  export KUBECONFIG={state.kubeconfig}",
+        "  gpu-operator status",
+        "  kubectl get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver",
+        f"  kubectl -n {ns} get daemonsets,pods -o wide",
+        f"  kubectl get clusterpolicy {POLICY_NAME} -o yaml",
+        f"  logs: {Path(state.dir) / 'logs'}",
+    ]
+    if keep:
+        lines += ["Everything keeps running. Stop it with:", "  gpu-operator sim down"]
+    else:
+        lines += ["Tearing down now (run `gpu-operator sim demo --keep` to leave it running)."]
+    return "\n".join(lines)
+
+
+def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console) -> int:
+    """Returns the exit code: 0 when the ClusterPolicy became ready, 1 when not in time."""
+
+    def progress(msg: str) -> None:
+        console.print(f"[dim]sim:[/] {msg}", highlight=False)
+
+    timings = Timings()
+    state, fresh = session.up(directory, shapes, progress)
+    timings.mark("control plane + fake nodes" if fresh else "attach to the running simulator")
+    operator_was_running = bool((p := state.proc("operator")) and p.alive)
+    try:
+        session.start_operator(state, progress)
+        timings.mark("CRDs + operator start")
+        if create_default_policy(state):
+            progress(f"created ClusterPolicy {POLICY_NAME} with every default (spec: {{}})")
+        else:
+            progress(f"ClusterPolicy {POLICY_NAME} exists already: watching it")
+        view = watch(state, console, timeout, time.monotonic())
+        timings.mark("ClusterPolicy created -> ready")
+        from gpu_operator.statusview.render import render_view
+
+        console.print(render_view(view, max_nodes=20))
+        code = 0
+        if view.ready:
+            console.print(summary(state, view, timings))
+        else:
+            console.print(f"[bold red]not ready after {timeout:.0f}s:[/] "
+                          + "; ".join(view.problems or ["(no reason visible in the API)"]))
+            code = 1
+        console.print(look_around(state, keep), highlight=False)
+        return code
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    finally:
+        if not keep:
+            if fresh:
+                session.down(directory, progress)
+            elif not operator_was_running:
+                # We attached to someone's simulator: leave it as we found it.
+                state.stop(["operator"])
+                state.processes = [p for p in state.processes if p.name != "operator"]
+                state.save()
+                progress("stopped the operator this demo started; the simulator keeps running")

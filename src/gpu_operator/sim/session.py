@@ -1,0 +1,217 @@
+"""A detached simulator session: start the control plane, fake nodes and operator so that they
+outlive the command, record them in the state dir, report on them and tear them down."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_operator.sim import binaries as binaries_mod
+from gpu_operator.sim.controlplane import ControlPlane, ControlPlaneError
+from gpu_operator.sim.state import STATE_FILE, Proc, SimState
+
+OPERATOR_NAMESPACE = "gpu-operator"
+OPERATOR_SA = "gpu-operator"
+DEFAULT_SHAPES = ["dgx-h100:4"]
+Progress = Callable[[str], None]
+
+
+class SimError(RuntimeError):
+    """The simulator cannot start or be found; the message says what to do."""
+
+
+def attach(state: SimState) -> ControlPlane:
+    """A ControlPlane object for an already running control plane (requests, identities, audit)."""
+    port = int(state.server.rsplit(":", 1)[1])
+    return ControlPlane(Path(state.dir), binaries_mod.Binaries(Path(state.binaries)), apiserver_port=port)
+
+
+def running(directory: Path) -> SimState | None:
+    """The state of a live simulator in `directory`, or None (nothing recorded, or it died)."""
+    state = SimState.load(directory)
+    if state is None:
+        return None
+    core = [state.proc(n) for n in ("etcd", "kube-apiserver")]
+    if all(p is not None and p.alive for p in core) and apiserver_ready(state):
+        return state
+    return None
+
+
+def apiserver_ready(state: SimState) -> bool:
+    plane = attach(state)
+    try:
+        with urllib.request.urlopen(f"{plane.server}/readyz", context=plane.ssl_context("admin"),
+                                    timeout=3) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _prepare_dir(directory: Path, progress: Progress) -> None:
+    """Clear what a previous (dead or half-stopped) session left; refuse foreign directories."""
+    stale = SimState.load(directory)
+    if stale is not None:
+        stopped = stale.stop()
+        if stopped:
+            progress(f"stopped leftovers of a previous session: {', '.join(stopped)}")
+    if directory.exists() and any(directory.iterdir()):
+        if not (directory / STATE_FILE).exists() and not (directory / "pki").exists():
+            raise SimError(f"{directory} is not empty and holds no simulator state: choose another --dir")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True) -> tuple[SimState, bool]:
+    """Start (or reuse) a detached simulator; returns its state and whether it was started now."""
+    from gpu_operator import shapes as shapes_mod
+
+    for spec in shapes:  # bad input fails before anything starts
+        shapes_mod.parse_spec(spec)
+    existing = running(directory)
+    if existing is not None:
+        progress(f"reusing the simulator already running in {directory}")
+        return existing, False
+    _prepare_dir(directory, progress)
+    progress("locating the control-plane binaries (a first build takes ~10 min; later runs reuse it)")
+    try:
+        found = binaries_mod.locate(build=build)
+    except binaries_mod.BinariesMissing as err:
+        raise SimError(str(err)) from err
+    plane = ControlPlane(directory, found, progress=progress)
+    t0 = time.monotonic()
+    # On a failure half-way the ControlPlane stops what it started before raising.
+    try:
+        plane.start()
+    except ControlPlaneError as err:
+        raise SimError(f"the control plane did not start: {err}") from err
+    state = SimState(dir=str(directory), server=plane.server, kubeconfig=str(plane.admin_kubeconfig),
+                     binaries=str(found.root), shapes=list(shapes))
+    for component in plane.components:
+        assert component.process is not None
+        state.add(Proc.of(component.name, component.process.pid, component.log))
+    state.save()
+    progress(f"control plane up in {time.monotonic() - t0:.1f}s at {plane.server}")
+    try:
+        if shapes:
+            state.nodes = add_fake_nodes(state, shapes, progress)
+            state.save()
+    except BaseException:
+        state.stop()
+        raise
+    return state, True
+
+
+def admin_client(state: SimState, field_manager: str = "gpu-operator-sim"):  # type: ignore[no-untyped-def]
+    from lightkube import Client, KubeConfig
+
+    return Client(KubeConfig.from_file(state.kubeconfig), field_manager=field_manager)
+
+
+def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> list[str]:
+    from gpu_operator.sim import nodes
+
+    client = admin_client(state)
+    try:
+        progress(f"adding fake nodes: {' '.join(shapes)}")
+        names = nodes.add_nodes(client, shapes)
+        nodes.wait_ready(client, names)
+        progress(f"{len(names)} node(s) Ready")
+        return names
+    finally:
+        client.close()
+
+
+def operator_kubeconfig(state: SimState) -> Path:
+    """A kubeconfig for the operator's own ServiceAccount, bound to cluster-admin: its writes show
+    up in the audit log under its own name (system:serviceaccount:gpu-operator:gpu-operator)."""
+    import contextlib
+
+    plane = attach(state)
+    kubeconfig = plane.serviceaccount_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpu-operator-sim"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}],
+    }
+    with contextlib.suppress(urllib.error.HTTPError):  # 409: bound by an earlier run
+        plane.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+    return kubeconfig
+
+
+def start_operator(state: SimState, progress: Progress, extra_args: list[str] | None = None) -> Proc:
+    """Apply the CRDs and start the operator detached (recorded as "operator" in the state)."""
+    from gpu_operator.kube.crds import apply_crds
+    from gpu_operator.sim.operator_process import OperatorProcess
+
+    existing = state.proc("operator")
+    if existing is not None and existing.alive:
+        progress(f"reusing the running operator (pid {existing.pid})")
+        return existing
+    client = admin_client(state)
+    try:
+        progress("applying the CRDs")
+        apply_crds(client)
+    finally:
+        client.close()
+    kubeconfig = operator_kubeconfig(state)
+    log = Path(state.dir) / "logs" / "operator.log"
+    operator = OperatorProcess(kubeconfig=kubeconfig, namespace=OPERATOR_NAMESPACE, log=log,
+                               extra_args=extra_args or []).start()
+    assert operator.process is not None
+    proc = Proc.of("operator", operator.process.pid, log)
+    state.add(proc)
+    state.operator_namespace, state.metrics_port = OPERATOR_NAMESPACE, operator.metrics_port
+    state.save()
+    progress(f"operator started (pid {proc.pid}, log {log}, metrics http://127.0.0.1:{operator.metrics_port}/metrics)")
+    wait_operator_ready(operator.health_port, proc)
+    return proc
+
+
+def wait_operator_ready(health_port: int, proc: Proc, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive:
+            raise SimError(f"the operator exited during start-up; see {proc.log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise SimError(f"the operator did not report ready within {timeout:.0f}s; see {proc.log}")
+
+
+def down(directory: Path, progress: Progress) -> list[str]:
+    """Stop everything recorded in `directory` (SIGTERM, then SIGKILL); safe to repeat."""
+    state = SimState.load(directory)
+    if state is None:
+        return []
+    stopped = state.stop()
+    state.path.unlink(missing_ok=True)
+    if stopped:
+        progress(f"stopped {', '.join(stopped)} (logs kept in {directory / 'logs'})")
+    return stopped
+
+
+@dataclass
+class Report:
+    state: SimState | None
+    alive: list[str]
+    dead: list[str]
+    apiserver_ready: bool
+
+
+def report(directory: Path) -> Report:
+    state = SimState.load(directory)
+    if state is None:
+        return Report(None, [], [], False)
+    alive = [p.name for p in state.processes if p.alive]
+    dead = [p.name for p in state.processes if p.name not in alive]
+    return Report(state, alive, dead, "kube-apiserver" in alive and apiserver_ready(state))

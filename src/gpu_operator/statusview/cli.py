@@ -1,0 +1,47 @@
+"""Commands of the statusview area: `status` (registered on the top-level app by gpu_operator.cli)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the top-level app."""
+
+    @app.command("status")
+    def status(
+        kubeconfig: Annotated[str | None, typer.Option(
+            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        namespace: Annotated[str | None, typer.Option(
+            "--namespace", "-n",
+            help="Operand namespace; default: the ClusterPolicy's status.namespace.")] = None,
+        max_nodes: Annotated[int, typer.Option(help="Rows to show (not-ready nodes first).")] = 40,
+    ) -> None:
+        """GPU nodes x components (deploy label, operand pod phase, validation), the ClusterPolicy
+        state and the reason for anything not ready. Exit code 0 when everything is ready, 1 if not."""
+        import httpx
+        from lightkube import Client, ConfigError
+        from lightkube.core.exceptions import ApiError
+
+        from gpu_operator.kube.client import load_config
+        from gpu_operator.statusview.collect import collect
+        from gpu_operator.statusview.render import make_console, render_view
+
+        console = make_console()
+        try:
+            client = Client(load_config(kubeconfig))
+            view = collect(client, namespace)
+        except (ConfigError, FileNotFoundError) as err:
+            raise typer.BadParameter(f"cannot load a kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG",
+                                     param_hint="--kubeconfig") from err
+        except httpx.HTTPError as err:
+            console.print(f"[red]cannot reach the Kubernetes API: {err}[/]")
+            raise typer.Exit(2) from err
+        except ApiError as err:
+            console.print(f"[red]the Kubernetes API refused a read: {err.status.message}[/] "
+                          "(the status view needs get/list on nodes, daemonsets, pods, clusterpolicies)")
+            raise typer.Exit(2) from err
+        console.print(render_view(view, max_nodes=max_nodes))
+        raise typer.Exit(0 if view.ready else 1)

@@ -1,0 +1,115 @@
+"""Turns a StatusView into rich renderables: the nodes x components table, policy line, problems."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from gpu_operator.statusview.table import Cell, StatusView
+
+# Short column headers: the full component names would make a 12-column table unreadable.
+SHORT = {
+    "driver": "driver", "gpu-feature-discovery": "gfd", "container-toolkit": "toolkit",
+    "device-plugin": "plugin", "dcgm": "dcgm", "dcgm-exporter": "dcgm-exp",
+    "mig-manager": "mig-mgr", "node-status-exporter": "status-exp",
+    "operator-validator": "validator", "sandbox-device-plugin": "sbx-plugin",
+    "sandbox-validator": "sbx-valid", "vfio-manager": "vfio", "kata-manager": "kata",
+    "cc-manager": "cc", "vgpu-manager": "vgpu-mgr", "vgpu-device-manager": "vgpu-dev",
+}
+
+
+def cell_text(cell: Cell) -> Text:
+    if cell.ready is None:
+        if cell.label is None:
+            return Text("·", style="dim")
+        return Text(cell.label if cell.label != "true" else "on", style="dim")
+    if cell.ready:
+        return Text("✓", style="green")
+    failed = any(s in cell.pod for s in ("Failed", "Unknown"))
+    return Text(f"✗ {cell.pod}" if failed else f"… {cell.pod}", style="red" if failed else "yellow")
+
+
+def shown_components(view: StatusView) -> tuple[list[str], list[str]]:
+    """(columns with an operand somewhere, components whose deploy label no operand uses): the
+    latter (disabled operands, labels for other stacks) go in a footnote to keep the table narrow."""
+    used = {c for row in view.rows for c, cell in row.cells.items() if cell.expected}
+    return [c for c in view.components if c in used], [c for c in view.components if c not in used]
+
+
+def policy_text(view: StatusView) -> Text:
+    policy = view.policy
+    if policy is None:
+        return Text("ClusterPolicy: none", style="red")
+    style = {"ready": "green", "notReady": "yellow", "ignored": "dim"}.get(policy.state, "yellow")
+    text = Text("ClusterPolicy ")
+    text.append(policy.name, style="bold")
+    text.append(": ")
+    text.append(policy.state or "not reconciled yet", style=f"bold {style}")
+    if policy.reason:
+        text.append(f" ({policy.reason})")
+    if view.namespace:
+        text.append(f"   operands in namespace {view.namespace}", style="dim")
+    return text
+
+
+def node_table(view: StatusView, max_nodes: int = 40) -> Table:
+    ready, expected = view.counts()
+    title = f"GPU nodes: {len(view.rows)}   operand pods ready: {ready}/{expected}"
+    if view.other_nodes:
+        title += f"   (+{view.other_nodes} node(s) without GPU)"
+    table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
+    table.add_column("node", no_wrap=True)
+    columns, _ = shown_components(view)
+    for component in columns:
+        table.add_column(SHORT.get(component, component), no_wrap=True)
+    table.add_column("validation", no_wrap=True)
+    # Not-ready nodes first: on a big cluster those are the rows worth the screen.
+    rows = sorted(view.rows, key=lambda r: (r.ready, r.name))
+    for row in rows[:max_nodes]:
+        validation = Text(row.validation or "·", style="green" if row.validation.startswith("passed")
+                          else "dim" if not row.validation else "yellow")
+        table.add_row(row.name, *(cell_text(row.cells[c]) for c in columns), validation)
+    if len(rows) > max_nodes:
+        rest = rows[max_nodes:]
+        not_ready = sum(1 for r in rest if not r.ready)
+        table.add_row(Text(f"… {len(rest)} more ({not_ready} not ready)", style="dim"))
+    return table
+
+
+LEGEND = ("cells: the component's DaemonSet pod on the node where its deploy label "
+          "(nvidia.com/gpu.deploy.<component>) is true: ✓ Running and Ready, … its phase while not "
+          "ready, ✗ failed; otherwise the label's value (on = set, but no operand selects the node; "
+          "· = no label)")
+
+
+def render_view(view: StatusView, max_nodes: int = 40, legend: bool = True) -> RenderableType:
+    parts: list[RenderableType] = [policy_text(view), node_table(view, max_nodes)]
+    if view.problems:
+        parts.append(Text("Not ready:", style="bold yellow"))
+        parts.extend(Text(f"  - {p}") for p in view.problems[:12])
+        if len(view.problems) > 12:
+            parts.append(Text(f"  … {len(view.problems) - 12} more", style="dim"))
+    elif view.ready:
+        parts.append(Text("Everything is ready.", style="bold green"))
+    if legend:
+        _, label_only = shown_components(view)
+        if label_only:
+            parts.append(Text(f"deploy labels without an operand here (disabled or another stack): "
+                              f"{', '.join(label_only)}", style="dim"))
+        parts.append(Text(LEGEND, style="dim"))
+    return Group(*parts)
+
+
+def one_line(view: StatusView) -> str:
+    """A progress line for logs and non-terminal output."""
+    ready, expected = view.counts()
+    state = view.policy.state or "pending" if view.policy else "no ClusterPolicy"
+    return f"ClusterPolicy {state}; operand pods ready {ready}/{expected} on {len(view.rows)} GPU node(s)"
+
+
+def make_console() -> Console:
+    """A console for the view: piped output gets 120 columns instead of rich's 80, so that the
+    table is not squeezed into ellipses in logs and CI."""
+    console = Console()
+    return console if console.is_terminal else Console(width=120)

@@ -1,0 +1,231 @@
+"""Pure: nodes, DaemonSets, pods and ClusterPolicies (as dicts) -> the GPU nodes x components view."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.controllers.nodelabels import GPU_PRESENT, STATE_LABELS, has_gpu
+
+DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+# Column order: the states' order in upstream's walk, then anything else alphabetically.
+_ORDER = [label.removeprefix(DEPLOY_PREFIX) for labels in STATE_LABELS.values() for label in labels]
+_ORDER.insert(_ORDER.index("node-status-exporter"), "mig-manager")
+CANONICAL_ORDER = list(dict.fromkeys(_ORDER))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One component on one node: its deploy label and the state of its operand pod(s) there."""
+
+    label: str | None  # value of nvidia.com/gpu.deploy.<component>; None when absent
+    pod: str = ""  # phase of the DaemonSet pod(s) on the node ("" when none is expected)
+    ready: bool | None = None  # None: nothing is expected to run here
+    detail: str = ""  # why it is not ready
+
+    @property
+    def expected(self) -> bool:
+        return self.ready is not None
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    cells: dict[str, Cell]
+    validation: str = ""  # the validator pod's progress through its *-validation init containers
+
+    @property
+    def ready(self) -> bool:
+        return all(c.ready is not False for c in self.cells.values())
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    name: str
+    state: str  # status.state: ready | notReady | ignored | "" (not reconciled yet)
+    reason: str = ""
+    message: str = ""
+    ignored: tuple[str, ...] = ()  # other ClusterPolicies: only the oldest one is active
+
+
+@dataclass
+class StatusView:
+    namespace: str | None
+    components: list[str]
+    rows: list[NodeRow]
+    policy: PolicySummary | None
+    other_nodes: int = 0  # nodes without a GPU (not shown)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return (self.policy is not None and self.policy.state == "ready"
+                and all(row.ready for row in self.rows))
+
+    def counts(self) -> tuple[int, int]:
+        """(operand pods ready, operand pods expected) over every shown cell."""
+        cells = [c for row in self.rows for c in row.cells.values() if c.expected]
+        return sum(1 for c in cells if c.ready), len(cells)
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def is_gpu_node(node: dict[str, Any]) -> bool:
+    labels = _labels(node)
+    return labels.get(GPU_PRESENT) == "true" or has_gpu(labels)
+
+
+def components_of(daemonset: dict[str, Any]) -> list[str]:
+    """The components whose deploy label gates this DaemonSet (its nodeSelector keys)."""
+    selector = ((daemonset.get("spec") or {}).get("template") or {}).get("spec", {}).get("nodeSelector") or {}
+    return [key.removeprefix(DEPLOY_PREFIX) for key in selector if key.startswith(DEPLOY_PREFIX)]
+
+
+def selects(daemonset: dict[str, Any], node: dict[str, Any]) -> bool:
+    selector = daemonset["spec"]["template"]["spec"].get("nodeSelector") or {}
+    labels = _labels(node)
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def pod_problem(pod: dict[str, Any]) -> str:
+    """The most specific reason a pod is not ready: a waiting/failed container, else a condition."""
+    status = pod.get("status") or {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            state = cs.get("state") or {}
+            if "waiting" in state and state["waiting"].get("reason") not in (None, "PodInitializing"):
+                return f"{cs['name']}: {state['waiting']['reason']}"
+            terminated = state.get("terminated")
+            if terminated and terminated.get("exitCode", 0) != 0:
+                return f"{cs['name']}: exited {terminated['exitCode']} ({terminated.get('reason', '')})"
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True" and cond.get("message"):
+            return f"{cond['type']}: {cond['message']}"
+    return status.get("reason") or status.get("phase") or "unknown"
+
+
+def validation_state(pod: dict[str, Any] | None) -> str:
+    """Where a validator pod stands in its chain of *-validation init containers."""
+    if pod is None:
+        return ""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    if not statuses:
+        return "ready" if pod_ready(pod) else "pending"
+    for cs in statuses:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if not terminated:
+            return f"waiting: {cs['name']}"
+        if terminated.get("exitCode", 0) != 0:
+            return f"failed: {cs['name']}"
+    return f"passed ({len(statuses)}/{len(statuses)})"
+
+
+def _policy_summary(policies: list[dict[str, Any]]) -> PolicySummary | None:
+    if not policies:
+        return None
+    ordered = sorted(policies, key=lambda p: (p["metadata"].get("creationTimestamp", ""), _name(p)))
+    active = ordered[0]
+    status = active.get("status") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    error: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Error"), {})
+    failing = error if error.get("status") == "True" else ready
+    return PolicySummary(_name(active), str(status.get("state", "")), str(failing.get("reason", "")),
+                         str(failing.get("message", "")), tuple(_name(p) for p in ordered[1:]))
+
+
+def _order(components: Iterable[str]) -> list[str]:
+    known = [c for c in CANONICAL_ORDER if c in components]
+    return known + sorted(set(components) - set(known))
+
+
+def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
+               pods: list[dict[str, Any]], policies: list[dict[str, Any]],
+               namespace: str | None = None) -> StatusView:
+    """The GPU nodes x components view and the reasons for anything not ready."""
+    gpu_nodes = sorted((n for n in nodes if is_gpu_node(n)), key=_name)
+    by_component: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ds in daemonsets:
+        for component in components_of(ds):
+            by_component[component].append(ds)
+    owner_uid = {ds["metadata"].get("uid"): ds for ds in daemonsets}
+    pods_by: dict[tuple[str, str], dict[str, Any]] = {}
+    for pod in pods:
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("uid") in owner_uid and node_name:
+                pods_by[(_name(owner_uid[ref["uid"]]), node_name)] = pod
+    labelled = {key.removeprefix(DEPLOY_PREFIX) for n in gpu_nodes for key in _labels(n)
+                if key.startswith(DEPLOY_PREFIX)}
+    components = _order(labelled | set(by_component))
+
+    rows = []
+    for node in gpu_nodes:
+        cells = {c: _cell(node, c, by_component.get(c, []), pods_by) for c in components}
+        validator = next((pods_by.get((_name(ds), _name(node))) for c in components if c.endswith("validator")
+                          for ds in by_component.get(c, []) if (_name(ds), _name(node)) in pods_by), None)
+        rows.append(NodeRow(_name(node), cells, validation_state(validator)))
+    view = StatusView(namespace, components, rows, _policy_summary(policies),
+                      other_nodes=len(nodes) - len(gpu_nodes))
+    view.problems = problems(view)
+    return view
+
+
+def _cell(node: dict[str, Any], component: str, daemonsets: list[dict[str, Any]],
+          pods_by: dict[tuple[str, str], dict[str, Any]]) -> Cell:
+    label = _labels(node).get(DEPLOY_PREFIX + component)
+    targeting = [ds for ds in daemonsets if selects(ds, node)]
+    if label != "true" or not targeting:
+        return Cell(label)
+    phases, details = [], []
+    for ds in targeting:
+        pod = pods_by.get((_name(ds), _name(node)))
+        if pod is None:
+            phases.append("no pod")
+            details.append(f"no pod of DaemonSet {_name(ds)} yet")
+            continue
+        phases.append(str((pod.get("status") or {}).get("phase") or "Unknown"))
+        if not pod_ready(pod):
+            details.append(f"pod {_name(pod)}: {pod_problem(pod)}")
+    return Cell(label, "/".join(dict.fromkeys(phases)), not details, "; ".join(details))
+
+
+def problems(view: StatusView, examples: int = 3) -> list[str]:
+    """Reasons for everything not ready, grouped so that a thousand nodes read as one line."""
+    out: list[str] = []
+    policy = view.policy
+    if policy is None:
+        out.append("no ClusterPolicy: create one (e.g. examples/clusterpolicy-default.yaml)")
+    elif policy.state != "ready":
+        state = policy.state or "not reconciled yet"
+        why = f" ({policy.reason}: {policy.message})" if policy.reason or policy.message else ""
+        out.append(f"ClusterPolicy {policy.name}: {state}{why}")
+    if policy is not None and policy.ignored:
+        out.append(f"ClusterPolicy {', '.join(policy.ignored)} ignored: only the oldest one "
+                   f"({policy.name}) is active")
+    if not view.rows:
+        out.append("no GPU node: none carries nvidia.com/gpu.present=true or an NFD pci-10de label")
+    grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for row in view.rows:
+        for component, cell in row.cells.items():
+            if cell.ready is False:
+                reason = cell.detail.split(": ", 1)[-1] if cell.detail.startswith("pod ") else cell.detail
+                grouped[(component, reason)].append(row.name)
+    for (component, reason), names in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        more = f" and {len(names) - examples} more" if len(names) > examples else ""
+        out.append(f"{component} not ready on {len(names)} node(s) ({', '.join(names[:examples])}{more}): "
+                   f"{reason}")
+    return out
