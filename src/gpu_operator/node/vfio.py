@@ -211,9 +211,11 @@ def execute(
     load_vfio: Callable[[], None] | None = None,
 ) -> list[GpuPlan]:
     """Plan, refuse what must be refused, make the writes through `writer`, then check the result."""
-    if action == "bind" and VFIO_DRIVER not in pci.loaded_pci_drivers(fs) and load_vfio is not None:
-        load_vfio()
     plans = plan(fs, action, devices, all_gpus)
+    needs_vfio = action == "bind" and any(p.writes and not p.refused for p in plans)
+    if needs_vfio and VFIO_DRIVER not in pci.loaded_pci_drivers(fs) and load_vfio is not None:
+        load_vfio()
+        plans = plan(fs, action, devices, all_gpus)
     if action == "bind" and VFIO_DRIVER not in pci.loaded_pci_drivers(fs):
         for p in plans:
             if not p.refused and p.writes:
