@@ -31,6 +31,7 @@ class _Function:
     group: int | None
     parent: str
     extra: dict[str, str] = field(default_factory=dict)
+    physfn: str | None = None
 
 
 @dataclass
@@ -97,6 +98,7 @@ def _functions(spec: dict[str, Any]) -> list[_Function]:
                     this_group,
                     parent,
                     {str(k): str(v) for k, v in (entry.get("attributes") or {}).items()},
+                    entry.get("physfn"),
                 )
             )
             slot = address.rsplit(".", 1)[0]
@@ -153,6 +155,8 @@ def _write_function(fs: HostFS, func: _Function) -> None:
     for name, value in attrs.items():
         fs.write_text(f"{dev_dir}/{name}", value)
     rel_symlink(fs, f"/sys/bus/pci/devices/{func.address}", dev_dir)
+    if func.physfn:
+        rel_symlink(fs, f"{dev_dir}/physfn", fs.canonical(f"/sys/bus/pci/devices/{func.physfn}"))
     if func.group is not None:
         group_dir = f"/sys/kernel/iommu_groups/{func.group}"
         fs.mkdir(f"{group_dir}/devices")

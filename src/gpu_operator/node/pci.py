@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from gpu_operator.node.hostfs import HostFS
 
@@ -39,6 +39,9 @@ class PciFunction(BaseModel):
     driver_override: str | None = None
     sriov_totalvfs: int | None = None
     sriov_numvfs: int | None = None
+    physfn: str | None = Field(
+        default=None, description="for an SR-IOV virtual function: its parent's address"
+    )
 
     @property
     def vendor_device(self) -> str:
@@ -50,8 +53,8 @@ class PciFunction(BaseModel):
 
     @property
     def is_gpu(self) -> bool:
-        """Display (VGA 0300 or 3D 0302) class: what the operator calls a GPU."""
-        return self.pci_class.startswith("03")
+        """A physical display-class (VGA 0300, 3D 0302) function; vGPU virtual functions are not GPUs."""
+        return self.pci_class.startswith("03") and self.physfn is None
 
     @property
     def is_bridge(self) -> bool:
@@ -102,6 +105,7 @@ def read_function(fs: HostFS, address: str, names: PciNames | None = None) -> Pc
         driver_override=override if override and override != "(null)" else None,
         sriov_totalvfs=_int(fs.read_value(f"{base}/sriov_totalvfs")),
         sriov_numvfs=_int(fs.read_value(f"{base}/sriov_numvfs")),
+        physfn=fs.link_name(f"{base}/physfn"),
     )
 
 

@@ -55,3 +55,15 @@ def test_bridges_are_real_functions_in_their_own_groups(build_host) -> None:  # 
     host = build_host("h100-vfio")
     bridges = [f for f in pci.scan(host.fs) if f.is_bridge]
     assert len(bridges) == 9 and all(b.driver == "pcieport" for b in bridges)
+
+
+def test_sriov_virtual_functions_are_not_counted_as_gpus(build_host) -> None:  # type: ignore[no-untyped-def]
+    devices = [
+        {"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200", "driver": "nvidia",
+         "attributes": {"sriov_totalvfs": 32, "sriov_numvfs": 1}},
+        {"address": "0000:41:00.4", "vendor": "10de", "device": "26b9", "class": "030200", "physfn": "0000:41:00.0"},
+    ]
+    host = build_host("ubuntu-apt-driver", devices=devices)
+    funcs = {f.address: f for f in pci.scan(host.fs, "10de")}
+    assert funcs["0000:41:00.4"].physfn == "0000:41:00.0" and not funcs["0000:41:00.4"].is_gpu
+    assert funcs["0000:41:00.0"].is_gpu and funcs["0000:41:00.0"].sriov_totalvfs == 32
