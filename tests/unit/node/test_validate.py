@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.unit.node.nodekit import FakeNodeView, context
+from tests.unit.node.nodekit import HOST_NAMES, FakeNodeView, context
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
@@ -225,3 +225,25 @@ def test_dev_char_symlinks_for_nvidia_character_devices(build_host) -> None:  # 
     assert sorted(made) == ["/dev/char/195:0", "/dev/char/195:255", "/dev/char/510:0"]
     assert host.fs.readlink("/dev/char/195:255") == "../nvidiactl"
     assert create_dev_char_symlinks(host.fs, fake_stat) == []  # idempotent
+
+
+# fixture -> (driver outcome, words its message must hold; vfio-pci outcome on a vm-passthrough node)
+EVERY_FIXTURE = {
+    "cpu-only": (Outcome.FAILED, "no NVIDIA GPU", Outcome.FAILED),
+    "h100-nvidia-bound": (Outcome.PASSED, "host (distribution)", Outcome.FAILED),
+    "h100-vfio": (Outcome.FAILED, "vfio-pci", Outcome.PASSED),
+    "nouveau": (Outcome.FAILED, ".driver-ctr-ready", Outcome.FAILED),
+    "operator-driver": (Outcome.PASSED, "operator", Outcome.FAILED),
+    "talos": (Outcome.PASSED, "host (talos)", Outcome.FAILED),
+    "ubuntu-apt-driver": (Outcome.PASSED, "host (distribution)", Outcome.FAILED),
+}
+
+
+@pytest.mark.parametrize("name", HOST_NAMES)
+def test_driver_and_vfio_pci_on_every_fixture(build_host, name: str) -> None:  # type: ignore[no-untyped-def]
+    driver_outcome, words, vfio_outcome = EVERY_FIXTURE[name]
+    host = build_host(name)
+    ctx, _ = context(host.fs)
+    result = validate(ctx, "driver")
+    assert (result.outcome, words in result.message) == (driver_outcome, True), result.message
+    assert validate(ctx, "vfio-pci").outcome == vfio_outcome

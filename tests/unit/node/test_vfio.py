@@ -9,6 +9,8 @@ from gpu_operator.cli import app
 from gpu_operator.node import pci, vfio
 from gpu_operator.node.hostfs import RecordingWriter
 
+from tests.unit.node.nodekit import HOST_NAMES
+
 H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
 
 
@@ -157,3 +159,21 @@ def test_cli_dry_run_prints_writes_and_cpu_only_host_has_nothing(build_host) -> 
     assert result.exit_code == 0 and "no NVIDIA GPU" in result.output
     result = CliRunner().invoke(app, ["vfio-manage", "bind", "--device", "0a:00.0", "--host-root", str(cpu.fs.root)])
     assert result.exit_code == 2 and "not an NVIDIA GPU" in result.output
+
+
+@pytest.mark.parametrize("name", HOST_NAMES)
+def test_bind_all_then_unbind_all_on_every_fixture(build_host, name: str) -> None:  # type: ignore[no-untyped-def]
+    host = build_host(name)
+    kernel = host.kernel()
+    gpus = [f.address for f in pci.scan(host.fs, "10de") if f.is_gpu]
+    before = _drivers(host.fs)
+    plans = vfio.execute(host.fs, kernel, "bind", [], True, load_vfio=lambda: kernel.load_driver("vfio-pci"))
+    assert [p.gpu for p in plans] == gpus and all(p.ok for p in plans), [p.refused or p.result for p in plans]
+    assert all(_drivers(host.fs)[a] == "vfio-pci" for a in gpus)
+    writes = len(kernel.log)
+    assert all(p.unchanged for p in vfio.execute(host.fs, kernel, "bind", [], True)) and len(kernel.log) == writes
+    vfio.execute(host.fs, kernel, "unbind", [], True)
+    after = _drivers(host.fs)
+    for address, driver in before.items():
+        # Back to what the host's loaded drivers claim: the original driver, or none for vfio-only hosts.
+        assert after[address] == (None if driver == "vfio-pci" else driver)

@@ -110,6 +110,12 @@ def validate_driver(ctx: Context) -> Result:
         extra_search_dirs=ctx.config.search_dirs,
         operator_root=ctx.config.driver_install_dir,
     )
+    if not gpus:
+        raise ValidationFailed(
+            "driver: no NVIDIA GPU under /sys/bus/pci/devices, so there is no driver to validate. Likely fix: "
+            "this node should not run GPU operands; check its nvidia.com/gpu.present label and the NFD "
+            "pci-10de labels, or --host-root if the host's /sys is not visible"
+        )
     if info.source == DriverSource.VFIO:
         raise ValidationFailed(
             "driver: every NVIDIA GPU on this node is bound to vfio-pci, so no driver can serve containers. "
