@@ -16,7 +16,7 @@ TEMPLATE = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "eff
 
 def test_cuda_pod_manifest_is_pinned_owned_and_valid() -> None:
     pod = workload_pod(CUDA_APP, node_name="gpu-0", namespace="gpu-operator", image="example/cuda:1", template=TEMPLATE,
-                       runtime_class="nvidia", pull_secrets=("regcred",))
+                       runtime_class="nvidia", pull_secrets=("regcred",), pull_policy="IfNotPresent")
     assert pod["metadata"]["generateName"] == "nvidia-cuda-validator-"
     assert pod["metadata"]["labels"]["app"] == "nvidia-cuda-validator"
     assert pod["metadata"]["ownerReferences"] == TEMPLATE["ownerReferences"]
@@ -24,6 +24,7 @@ def test_cuda_pod_manifest_is_pinned_owned_and_valid() -> None:
     assert pod["spec"]["tolerations"] == TEMPLATE["tolerations"]
     assert pod["spec"]["runtimeClassName"] == "nvidia" and pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["initContainers"][0]["command"] == ["vectorAdd"]
+    assert {c["imagePullPolicy"] for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]} == {"IfNotPresent"}
     named = {**pod, "metadata": {**pod["metadata"], "name": "nvidia-cuda-validator-x"}}
     kubernetes_validate.validate(named, "1.33", strict=True)
 

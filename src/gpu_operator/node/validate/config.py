@@ -113,6 +113,7 @@ class ValidatorConfig:
     validator_image: str = ""
     cuda_image: str = ""
     runtime_class: str = ""
+    image_pull_policy: str = ""
     image_pull_secrets: tuple[str, ...] = ()
     resource_name: str = ""
 
@@ -144,6 +145,9 @@ class ValidatorConfig:
         ):
             if value and value not in WORKLOAD_CONFIGS:
                 raise ConfigError(f"{name}={value!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
+        policy = env.get("VALIDATOR_IMAGE_PULL_POLICY", "")
+        if policy and policy not in ("Always", "IfNotPresent", "Never"):
+            raise ConfigError(f"VALIDATOR_IMAGE_PULL_POLICY={policy!r}: use Always, IfNotPresent or Never")
         cc = env.get("CC_CAPABLE")
         return cls(
             node_name=env.get("NODE_NAME", ""),
@@ -166,6 +170,7 @@ class ValidatorConfig:
             validator_image=env.get("VALIDATOR_IMAGE", ""),
             cuda_image=env.get("CUDA_VALIDATOR_IMAGE", "") or env.get("VALIDATOR_IMAGE", ""),
             runtime_class=env.get("VALIDATOR_RUNTIME_CLASS", ""),
+            image_pull_policy=env.get("VALIDATOR_IMAGE_PULL_POLICY", ""),
             image_pull_secrets=tuple(s for s in env.get("VALIDATOR_IMAGE_PULL_SECRETS", "").split(",") if s),
             resource_name=env.get("PLUGIN_RESOURCE_NAME", ""),
         )

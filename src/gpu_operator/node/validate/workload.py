@@ -39,6 +39,7 @@ def workload_pod(
     template: dict[str, Any],
     runtime_class: str = "",
     pull_secrets: tuple[str, ...] = (),
+    pull_policy: str = "",
     gpu_resource: str | None = None,
     command: tuple[str, ...] = DEFAULT_WORKLOAD_COMMAND,
 ) -> dict[str, Any]:
@@ -71,6 +72,9 @@ def workload_pod(
             }
         ],
     }
+    if pull_policy:
+        for container in spec["initContainers"] + spec["containers"]:
+            container["imagePullPolicy"] = pull_policy
     if runtime_class:
         spec["runtimeClassName"] = runtime_class
     if pull_secrets:
@@ -105,6 +109,7 @@ def _run_workload(ctx: Context, component: str, app: str, gpu_resource: str | No
         template=kube.validator_pod_template(),
         runtime_class=cfg.runtime_class,
         pull_secrets=cfg.image_pull_secrets,
+        pull_policy=cfg.image_pull_policy,
         gpu_resource=gpu_resource,
     )
     budget = cfg.budgets[component]
