@@ -120,6 +120,8 @@ def detect_driver(
     version = kernel_driver_version(fs)
     if version:
         evidence.append(f"/proc/driver/nvidia/version reports kernel module {version}")
+    # /proc/driver/nvidia exists only while the module is loaded, even if /proc/modules is unreadable.
+    loaded = loaded or version is not None
 
     smi = find_executable(fs, "nvidia-smi", (*extra_search_dirs, *SMI_SEARCH_DIRS))
     nvml = find_nvml(fs)

@@ -103,3 +103,10 @@ def test_cli_probe_prints_json(build_host) -> None:  # type: ignore[no-untyped-d
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["driver"]["source"] == "host" and data["nvidia_functions"][0]["name"] == "AD104GL [L4]"
+
+
+def test_proc_driver_version_alone_means_the_module_is_loaded(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver", executables={}, files={})
+    host.fs.write_text("/proc/modules", "")
+    driver = probe(host.fs).driver
+    assert (driver.source, driver.kernel_module_loaded, driver.kernel_version) == ("host", True, "550.127.05")
