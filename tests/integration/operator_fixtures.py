@@ -48,7 +48,7 @@ def start_operator(control_plane: ControlPlane, operator_namespace: str, crds: l
     started: list[OperatorProcess] = []
 
     def start(**kwargs: Any) -> OperatorProcess:
-        proc = OperatorProcess(kubeconfig=kwargs.pop("kubeconfig", control_plane.admin_kubeconfig),
+        proc = OperatorProcess(kubeconfig=kwargs.pop("kubeconfig", control_plane.kubeconfig_for("operator")),
                                namespace=operator_namespace,
                                log=tmp_path / f"operator-{len(started)}.log", **kwargs).start()
         started.append(proc)
