@@ -7,11 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.node.nodekit import HOSTS_DIR
 
 from gpu_operator.node import fakehost
-
-HOSTS_DIR = Path(__file__).parents[2] / "fixtures" / "hosts"
-HOST_NAMES = sorted(p.stem for p in HOSTS_DIR.glob("*.yaml"))
 
 BuildHost = Callable[..., fakehost.FakeHost]
 
