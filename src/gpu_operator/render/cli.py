@@ -1,4 +1,4 @@
-"""Commands of the render area: `render` (offline objects) and `crds generate|print`."""
+"""Commands of the render area: `render` (offline objects) and `crds generate|apply|print`."""
 
 from __future__ import annotations
 
@@ -33,6 +33,24 @@ def crds_generate(
         raise typer.Exit(1 if stale else 0)
     for path in crdgen.write(targets):
         typer.echo(f"wrote {path}")
+
+
+@crds_app.command("apply")
+def crds_apply(
+    kubeconfig: Annotated[str | None, typer.Option(
+        envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait until every CRD is Established.")] = 60.0,
+) -> None:
+    """Apply the packaged CRDs (server-side apply, idempotent) and wait until they are served.
+    The Helm chart's pre-install/pre-upgrade hook runs this."""
+    from lightkube import Client, KubeConfig
+
+    from gpu_operator.kube.crds import apply_crds
+
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    with Client(config) as client:
+        for name in apply_crds(client, timeout=timeout):
+            typer.echo(f"applied {name} (Established)")
 
 
 @crds_app.command("print")

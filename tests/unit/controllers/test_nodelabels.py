@@ -1,0 +1,144 @@
+"""Table tests of the node-labelling decisions (upstream-contract section 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_operator.controllers.nodelabels import (
+    MIG_CONFIG,
+    MIG_MANAGER,
+    UPGRADE_ENABLED_ANNOTATION,
+    LabelPolicy,
+    deploy,
+    desired_change,
+    mig_capable,
+    workload_config,
+)
+
+GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+CONTAINER = {deploy(c) for c in ("driver", "gpu-feature-discovery", "container-toolkit", "device-plugin",
+                                 "dcgm", "dcgm-exporter", "node-status-exporter", "operator-validator",
+                                 "client")}
+SANDBOX = LabelPolicy(sandbox_enabled=True, default_workload="vm-passthrough")
+
+
+def set_to_true(change: dict[str, str | None]) -> set[str]:
+    return {k for k, v in change.items() if v == "true"}
+
+
+def test_fresh_gpu_node_gets_present_and_container_stack() -> None:
+    change = desired_change(dict(GPU), {}, LabelPolicy())
+    assert change.labels["nvidia.com/gpu.present"] == "true"
+    assert set_to_true(change.labels) == CONTAINER | {"nvidia.com/gpu.present"}
+
+
+def test_node_already_labelled_needs_no_change() -> None:
+    labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER}}
+    assert not desired_change(labels, {}, LabelPolicy())
+
+
+@pytest.mark.parametrize("value", ["false", "pre-installed", "paused-for-driver-upgrade",
+                                   "pre-installed_paused-for-driver-upgrade"])
+def test_non_empty_values_survive(value: str) -> None:
+    labels = {**GPU, deploy("driver"): value}
+    change = desired_change(labels, {}, LabelPolicy())
+    assert deploy("driver") not in change.labels
+
+
+def test_empty_value_counts_as_absent() -> None:
+    change = desired_change({**GPU, deploy("driver"): ""}, {}, LabelPolicy())
+    assert change.labels[deploy("driver")] == "true"
+
+
+def test_operands_opt_out_strips_every_deploy_label() -> None:
+    labels = {**GPU, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.operands": "false",
+              deploy("driver"): "true", MIG_MANAGER: "true", deploy("vfio-manager"): "true"}
+    change = desired_change(labels, {}, LabelPolicy())
+    assert change.labels == {deploy("driver"): None, MIG_MANAGER: None, deploy("vfio-manager"): None}
+
+
+def test_gpu_gone_flips_present_and_strips_labels() -> None:
+    labels = {"nvidia.com/gpu.present": "true", deploy("driver"): "true", MIG_CONFIG: "all-disabled"}
+    change = desired_change(labels, {}, LabelPolicy())
+    assert change.labels == {"nvidia.com/gpu.present": "false", deploy("driver"): None}
+
+
+def test_cpu_node_is_left_alone() -> None:
+    assert not desired_change({"kubernetes.io/os": "linux"}, {}, LabelPolicy())
+
+
+@pytest.mark.parametrize(("labels", "policy", "expected"), [
+    ({}, LabelPolicy(), "container"),
+    ({"nvidia.com/gpu.workload.config": "vm-vgpu"}, LabelPolicy(), "container"),  # sandbox off
+    ({}, SANDBOX, "vm-passthrough"),
+    ({"nvidia.com/gpu.workload.config": "vm-vgpu"}, SANDBOX, "vm-vgpu"),
+    ({"nvidia.com/gpu.workload.config": "bogus"}, SANDBOX, "vm-passthrough"),
+    ({}, LabelPolicy(sandbox_enabled=True, default_workload="bogus"), "container"),
+])
+def test_workload_config(labels: dict[str, str], policy: LabelPolicy, expected: str) -> None:
+    assert workload_config(labels, policy) == expected
+
+
+def test_switching_to_passthrough_swaps_stacks() -> None:
+    labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER}}
+    change = desired_change(labels, {}, SANDBOX)
+    assert set_to_true(change.labels) == {deploy(c) for c in (
+        "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager")}
+    assert {k for k, v in change.labels.items() if v is None} == CONTAINER - {deploy("client")}
+
+
+def test_kata_mode_uses_kata_sandbox_device_plugin() -> None:
+    policy = LabelPolicy(sandbox_enabled=True, default_workload="vm-passthrough", sandbox_mode="kata")
+    labels = set_to_true(desired_change(dict(GPU), {}, policy).labels)
+    assert deploy("kata-sandbox-device-plugin") in labels and deploy("sandbox-device-plugin") not in labels
+
+
+@pytest.mark.parametrize(("labels", "capable"), [
+    ({"nvidia.com/mig.capable": "true"}, True),
+    ({"nvidia.com/mig.capable": "false", "nvidia.com/gpu.product": "NVIDIA-H100"}, False),
+    ({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, True),
+    ({"nvidia.com/gpu.product": "NVIDIA-L40S"}, False),
+    ({"nvidia.com/gpu.product": "NVIDIA-H100", "nvidia.com/vgpu.host-driver-version": "550"}, False),
+])
+def test_mig_capable(labels: dict[str, str], capable: bool) -> None:
+    assert mig_capable(labels) is capable
+
+
+def test_mig_manager_and_default_mig_config() -> None:
+    labels = {**GPU, "nvidia.com/mig.capable": "true"}
+    change = desired_change(labels, {}, LabelPolicy(mig_config_default="all-disabled"))
+    assert change.labels[MIG_MANAGER] == "true"
+    assert change.labels[MIG_CONFIG] == "all-disabled"
+    assert MIG_CONFIG not in desired_change(labels, {}, LabelPolicy(mig_config_default=None)).labels
+    assert MIG_CONFIG not in desired_change(labels, {}, LabelPolicy(mig_manager_enabled=False)).labels
+
+
+def test_mig_manager_label_is_kept_on_container_nodes_once_set() -> None:
+    labels = {**GPU, MIG_MANAGER: "true", "nvidia.com/mig.capable": "false"}
+    assert MIG_MANAGER not in desired_change(labels, {}, LabelPolicy()).labels
+
+
+def test_upgrade_annotation_follows_policy() -> None:
+    on = LabelPolicy(driver_auto_upgrade=True)
+    assert desired_change(dict(GPU), {}, on).annotations == {UPGRADE_ENABLED_ANNOTATION: "true"}
+    assert desired_change(dict(GPU), {UPGRADE_ENABLED_ANNOTATION: "true"}, LabelPolicy()).annotations == {
+        UPGRADE_ENABLED_ANNOTATION: None}
+
+
+def test_label_policy_from_spec_defaults_and_values() -> None:
+    assert LabelPolicy.from_spec({}) == LabelPolicy(mig_config_default=None)
+    spec = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu", "mode": "kata"},
+            "migManager": {"enabled": False, "config": {"default": "all-disabled"}},
+            "driver": {"upgradePolicy": {"autoUpgrade": True}}}
+    policy = LabelPolicy.from_spec(spec)
+    assert policy == LabelPolicy(sandbox_enabled=True, default_workload="vm-vgpu", sandbox_mode="kata",
+                                 mig_manager_enabled=False, mig_config_default="all-disabled",
+                                 driver_auto_upgrade=False)  # sandbox turns auto-upgrade off
+    assert LabelPolicy.from_spec({"driver": {"upgradePolicy": {"autoUpgrade": True}}}).driver_auto_upgrade
+
+
+def test_merge_patch_shape() -> None:
+    change = desired_change(dict(GPU), {}, LabelPolicy(driver_auto_upgrade=True))
+    patch = change.merge_patch()
+    assert patch["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
+    assert patch["metadata"]["annotations"] == {UPGRADE_ENABLED_ANNOTATION: "true"}

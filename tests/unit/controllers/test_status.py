@@ -1,0 +1,53 @@
+"""Readiness rules and the Ready/Error condition pair (upstream-contract sections 2.3 and 2.5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_operator.controllers import status as st
+
+
+def ds(generation: int = 1, **status: int) -> dict[str, Any]:
+    return {"metadata": {"generation": generation}, "status": status}
+
+
+@pytest.mark.parametrize(("obj", "ready"), [
+    (ds(), True),  # desired 0
+    (ds(desiredNumberScheduled=2, numberUnavailable=1), False),
+    (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2), True),
+    (ds(2, desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2), False),
+    (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=1, numberAvailable=2), False),
+    (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=1), False),
+])
+def test_daemonset_ready(obj: dict[str, Any], ready: bool) -> None:
+    assert st.daemonset_ready(obj) is ready
+
+
+@pytest.mark.parametrize(("not_ready", "nfd", "gpus", "state", "reason"), [
+    (["state-driver"], True, True, st.NOT_READY, st.OPERAND_NOT_READY),
+    ([], False, False, st.READY, st.NFD_LABELS_MISSING),
+    ([], True, False, st.READY, st.NO_GPU_NODES),
+    ([], True, True, st.READY, st.RECONCILED),
+])
+def test_outcome(not_ready: list[str], nfd: bool, gpus: bool, state: str, reason: str) -> None:
+    result = st.outcome(not_ready, nfd, gpus)
+    assert (result.state, result.reason) == (state, reason)
+
+
+def test_conditions_pair_and_stable_transition_time() -> None:
+    ok = st.status_body(st.outcome([], True, True), "gpu-operator", None, 3)
+    by_type = {c["type"]: c for c in ok["conditions"]}
+    assert by_type["Ready"]["status"] == "True" and by_type["Ready"]["reason"] == st.RECONCILED
+    assert by_type["Error"]["status"] == "False" and by_type["Error"]["reason"] == "Ready"
+    again = st.status_body(st.outcome([], True, True), "gpu-operator", ok, 3)
+    assert not st.status_differs(ok, again)  # same outcome: nothing to write
+
+    failed = st.status_body(st.Outcome.failed("spec.driver: no image"), "gpu-operator", ok, 4)
+    by_type = {c["type"]: c for c in failed["conditions"]}
+    assert failed["state"] == st.NOT_READY
+    assert by_type["Ready"]["reason"] == "Error"
+    assert by_type["Error"]["status"] == "True" and by_type["Error"]["reason"] == st.RECONCILE_FAILED
+    assert by_type["Error"]["message"] == "spec.driver: no image"
+    assert st.status_differs(ok, failed)
