@@ -87,8 +87,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 from tests.integration.operator_fixtures import (  # noqa: E402,F401
-    crds,
     cluster_policies,
+    crds,
     operator_namespace,
     start_operator,
 )

@@ -51,7 +51,7 @@ def test_default_policy_labels_nodes_and_becomes_ready(
     assert status["namespace"] == operator_namespace
 
     daemonsets = {ds.metadata.name: ds for ds in kube.list(DaemonSet, namespace=operator_namespace)}
-    assert DEFAULT_DAEMONSETS <= set(daemonsets), sorted(daemonsets)
+    assert set(daemonsets) >= DEFAULT_DAEMONSETS, sorted(daemonsets)
     for name in DEFAULT_DAEMONSETS - {"nvidia-device-plugin-mps-control-daemon"}:
         ds = daemonsets[name]
         assert ds.status.desiredNumberScheduled == 3, name

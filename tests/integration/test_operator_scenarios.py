@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, ServiceAccount
-from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource

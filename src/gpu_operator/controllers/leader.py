@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import socket
@@ -23,7 +24,7 @@ LEASE_NAME = "53822513.nvidia.com"  # upstream's election ID: one leader across 
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def identity() -> str:
@@ -92,10 +93,8 @@ class LeaderElector:
             if await self._attempt():
                 log.info("leader election: %s became the leader", self.identity)
                 return True
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.retry_period)
-            except TimeoutError:
-                pass
         return False
 
     async def keep(self, stop: asyncio.Event) -> None:

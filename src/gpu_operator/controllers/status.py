@@ -61,7 +61,7 @@ def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool) -> 
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:

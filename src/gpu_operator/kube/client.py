@@ -68,7 +68,7 @@ class Kube:
     async def apply(self, obj: dict[str, Any]) -> None:
         key = ObjectKey.of(obj)
         WRITES.labels("apply", key.kind).inc()
-        await self.client.patch(  # type: ignore[call-overload]
+        await self.client.patch(
             resource_for(key.api_version, key.kind), key.name, obj, namespace=key.namespace,
             patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True,
         )
@@ -91,14 +91,14 @@ class Kube:
     async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
                           namespace: str | None = None) -> None:
         WRITES.labels("patch", kind).inc()
-        await self.client.patch(  # type: ignore[call-overload]
+        await self.client.patch(
             resource_for(api_version, kind), name, patch, namespace=namespace,
             patch_type=PatchType.MERGE,
         )
 
     async def patch_clusterpolicy_status(self, name: str, status: dict[str, Any]) -> None:
         WRITES.labels("patch", "ClusterPolicy/status").inc()
-        await self.client.patch(  # type: ignore[call-overload]
+        await self.client.patch(
             ClusterPolicyResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
 
     async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,

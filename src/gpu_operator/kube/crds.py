@@ -16,7 +16,7 @@ def apply_crds(client: Client, timeout: float = 60.0) -> list[str]:
     """Apply every CRD shipped with the package; returns their names once all are Established."""
     names = []
     for crd in load_packaged():
-        client.apply(from_dict(crd), field_manager=FIELD_MANAGER, force=True)  # type: ignore[call-overload]
+        client.apply(from_dict(crd), field_manager=FIELD_MANAGER, force=True)
         names.append(crd["metadata"]["name"])
     deadline = time.monotonic() + timeout
     for name in names:

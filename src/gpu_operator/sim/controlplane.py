@@ -285,10 +285,10 @@ class ControlPlane:
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
              "spec": {"expirationSeconds": expiration_seconds}},
         )["status"]["token"]
-        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        write_kubeconfig(path, server=self.server, ca=self.pki.ca_cert, user=f"{namespace}-{name}",
+        target = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        write_kubeconfig(target, server=self.server, ca=self.pki.ca_cert, user=f"{namespace}-{name}",
                          token=token)
-        return path
+        return target
 
     def audit_events(self) -> Iterator[dict[str, Any]]:
         """Audit events of write requests (everyone but the control plane's own components)."""

@@ -24,7 +24,7 @@ def add_nodes(client: Client, specs: list[str], start: int = 0) -> list[str]:
 
 def create_node(client: Client, manifest: dict[str, Any]) -> None:
     try:
-        client.create(from_dict(manifest))  # type: ignore[call-overload]
+        client.create(from_dict(manifest))
     except ApiError as err:
         if err.status.code != 409:
             raise
@@ -35,8 +35,10 @@ def remove_nodes(client: Client, names: list[str]) -> None:
     itself, the pod garbage collector only removes a deleted node's pods after a 40 s quarantine.)"""
     for name in names:
         for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": name}):
+            meta = pod.metadata
+            assert meta is not None and meta.name is not None
             try:
-                client.delete(Pod, pod.metadata.name, namespace=pod.metadata.namespace, grace_period=0)
+                client.delete(Pod, meta.name, namespace=meta.namespace, grace_period=0)
             except ApiError as err:
                 if err.status.code != 404:
                     raise
@@ -57,7 +59,8 @@ def wait_ready(client: Client, names: list[str], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     pending = set(names)
     while pending:
-        ready = {n.metadata.name for n in client.list(Node, labels={"type": "kwok"}) if node_ready(n)}
+        ready = {n.metadata.name for n in client.list(Node, labels={"type": "kwok"})
+                 if n.metadata is not None and node_ready(n)}
         pending -= ready
         if not pending:
             return

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.unit.node.nodekit import HOSTS_DIR
 
 from gpu_operator.node import fakehost
+from tests.unit.node.nodekit import HOSTS_DIR
 
 BuildHost = Callable[..., fakehost.FakeHost]
 

@@ -6,13 +6,13 @@ import json
 
 import pytest
 from rich.console import Console
-from tests.unit.node.nodekit import HOST_NAMES
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
 from gpu_operator.node.doctor import run
 from gpu_operator.node.findings import Severity, diagnose, intended_workload
 from gpu_operator.node.probe import probe
+from tests.unit.node.nodekit import HOST_NAMES
 
 # (fixture, declared workload) -> (error codes, warning codes)
 EXPECTED = {

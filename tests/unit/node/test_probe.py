@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.unit.node.nodekit import HOST_NAMES
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
 from gpu_operator.node.probe import probe
+from tests.unit.node.nodekit import HOST_NAMES
 
 # name -> (driver source, flavor, GPU count, runtime flavor, nvidia runtime, nouveau, passthrough intent)
 EXPECTED = {

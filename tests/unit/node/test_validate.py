@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from tests.unit.node.nodekit import HOST_NAMES, FakeNodeView, context
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
 from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.config import COMPONENTS, ConfigError, ValidatorConfig
 from gpu_operator.node.validate.run import validate
+from tests.unit.node.nodekit import HOST_NAMES, FakeNodeView, context
 
 VALIDATIONS = "/run/nvidia/validations"
 FAILING_SMI = "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2\nexit 9\n"

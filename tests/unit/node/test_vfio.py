@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from tests.unit.node.nodekit import HOST_NAMES
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
 from gpu_operator.node import pci, vfio
 from gpu_operator.node.hostfs import RecordingWriter
+from tests.unit.node.nodekit import HOST_NAMES
 
 H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import kubernetes_validate
 import pytest
-from tests.unit.node.nodekit import FakeNodeView, context
 
 from gpu_operator.node.validate.base import Outcome, PodOutcome, ValidationFailed
 from gpu_operator.node.validate.run import validate
 from gpu_operator.node.validate.workload import CUDA_APP, PLUGIN_APP, pick_gpu_resource, workload_pod
+from tests.unit.node.nodekit import FakeNodeView, context
 
 TEMPLATE = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-operator-validator", "uid": "u1"}]}
