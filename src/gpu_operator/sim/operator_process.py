@@ -12,6 +12,8 @@ from pathlib import Path
 from gpu_operator.sim.controlplane import free_port
 from gpu_operator.sim.images import DEFAULT_IMAGES
 
+PROFILE_ENV = "GPU_OPERATOR_PROFILE"
+
 
 @dataclass
 class OperatorProcess:
@@ -28,7 +30,11 @@ class OperatorProcess:
     def start(self) -> OperatorProcess:
         self.metrics_port, self.health_port = free_port(), free_port()
         env = {**os.environ, **DEFAULT_IMAGES, **self.env, "OPERATOR_NAMESPACE": self.namespace}
-        argv = [sys.executable, "-m", "gpu_operator.cli", "run", f"--kubeconfig={self.kubeconfig}",
+        # GPU_OPERATOR_PROFILE=<file>: run under cProfile (written at a clean SIGTERM exit), to
+        # find where the operator spends its time in benchmarks.
+        profile = env.get(PROFILE_ENV)
+        python = [sys.executable, "-m", "cProfile", "-o", profile] if profile else [sys.executable]
+        argv = [*python, "-m", "gpu_operator.cli", "run", f"--kubeconfig={self.kubeconfig}",
                 f"--namespace={self.namespace}",
                 f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
                 f"--health-probe-bind-address=127.0.0.1:{self.health_port}",

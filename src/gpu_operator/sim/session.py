@@ -126,12 +126,11 @@ def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> li
         client.close()
 
 
-def operator_kubeconfig(state: SimState) -> Path:
+def operator_kubeconfig(plane: ControlPlane) -> Path:
     """A kubeconfig for the operator's own ServiceAccount, bound to cluster-admin: its writes show
     up in the audit log under its own name (system:serviceaccount:gpu-operator:gpu-operator)."""
     import contextlib
 
-    plane = attach(state)
     kubeconfig = plane.serviceaccount_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA)
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
@@ -159,7 +158,7 @@ def start_operator(state: SimState, progress: Progress, extra_args: list[str] | 
         apply_crds(client)
     finally:
         client.close()
-    kubeconfig = operator_kubeconfig(state)
+    kubeconfig = operator_kubeconfig(attach(state))
     log = Path(state.dir) / "logs" / "operator.log"
     operator = OperatorProcess(kubeconfig=kubeconfig, namespace=OPERATOR_NAMESPACE, log=log,
                                extra_args=extra_args or []).start()

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """GPU nodes x components (deploy label, operand pod phase, validation), the ClusterPolicy
         state and the reason for anything not ready. Exit code 0 when everything is ready, 1 if not."""
-        import httpx
+        import httpx2 as httpx
         from lightkube import Client, ConfigError
         from lightkube.core.exceptions import ApiError
 

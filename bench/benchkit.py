@@ -1,0 +1,155 @@
+"""Measuring helpers for the scale benchmark: /proc readings, audit-log and metrics counts, nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from gpu_operator.controllers.nodelabels import GPU_PRESENT, STATE_LABELS
+
+# A node counts as labelled once it carries every deploy label of the container workload.
+WANTED = (GPU_PRESENT, *STATE_LABELS["container"])
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def labelled(labels: dict[str, str] | None) -> bool:
+    return bool(labels) and all((labels or {}).get(key) == "true" for key in WANTED)
+
+
+@dataclass
+class ProcStats:
+    rss_peak_mb: float
+    rss_mb: float
+    cpu_seconds: float
+
+
+def proc_stats(pid: int) -> ProcStats:
+    """Peak and current RSS (VmHWM, VmRSS) and user+system CPU seconds of a live process."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ":" in line)
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return ProcStats(rss_peak_mb=int(status["VmHWM"].split()[0]) / 1024,
+                     rss_mb=int(status["VmRSS"].split()[0]) / 1024,
+                     cpu_seconds=(int(fields[11]) + int(fields[12])) / CLK_TCK)
+
+
+def metric_sum(port: int, name: str) -> float:
+    """The sum of every sample of a Prometheus counter on the operator's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def audit_writes(log: Path, offset: int, user: str) -> tuple[int, dict[str, int]]:
+    """Write requests by `user` in the audit log after byte `offset`, leases excluded (leader
+    election renews its Lease by design). Returns (count, {"verb resource": count})."""
+    counts: Counter[str] = Counter()
+    with log.open("rb") as f:
+        f.seek(offset)
+        for raw in f:
+            try:
+                event = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != user:
+                continue
+            ref = event.get("objectRef") or {}
+            if ref.get("apiGroup") == "coordination.k8s.io":
+                continue
+            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+            counts[f"{event.get('verb')} {ref.get('resource', '?')}{sub}"] += 1
+    return sum(counts.values()), dict(counts)
+
+
+async def create_nodes(client: AsyncClient, manifests: Iterable[dict[str, Any]], concurrency: int) -> None:
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(manifest: dict[str, Any]) -> None:
+        async with limit:
+            try:
+                await client.create(from_dict(manifest))  # type: ignore[call-overload]
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+
+    await asyncio.gather(*(one(m) for m in manifests))
+
+
+async def patch_ceiling(client: AsyncClient, names: list[str], total: int, concurrency: int) -> float:
+    """Node-label merge patches per second the apiserver accepts from a tight client with
+    `concurrency` requests in flight (the same patch type and concurrency as the operator's)."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with limit:
+            await client.patch(Node, names[i % len(names)],  # type: ignore[call-overload]
+                               {"metadata": {"labels": {"bench.gpu-operator/ceiling": str(i)}}},
+                               patch_type=PatchType.MERGE)
+
+    start = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(total)))
+    return total / (time.monotonic() - start)
+
+
+@dataclass
+class LabelWatch:
+    """Records, from a Node watch, when each node first carried every wanted label."""
+
+    client: AsyncClient
+    labelled_at: dict[str, float] = field(default_factory=dict)
+    waiters: dict[str, asyncio.Event] = field(default_factory=dict)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self) -> None:
+        while True:  # a watch may end (server timeout): resume
+            try:
+                async for _op, node in self.client.watch(Node):
+                    self.started.set()
+                    self._see(node)
+            except (ApiError, OSError):
+                await asyncio.sleep(0.2)
+
+    def _see(self, node: Any) -> None:
+        name = node.metadata.name
+        if name not in self.labelled_at and labelled(node.metadata.labels):
+            self.labelled_at[name] = time.monotonic()
+            if name in self.waiters:
+                self.waiters[name].set()
+
+    def waiter(self, name: str) -> asyncio.Event:
+        event = self.waiters.setdefault(name, asyncio.Event())
+        if name in self.labelled_at:
+            event.set()
+        return event
+
+    async def wait_all(self, names: list[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(n in self.labelled_at for n in names):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]

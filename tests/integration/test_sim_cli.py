@@ -1,0 +1,77 @@
+"""`gpu-operator sim up/status/down/demo` as a user runs them: separate processes, detached components."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Node
+
+from gpu_operator.sim.state import SimState
+
+
+def sim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", "sim", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def processes_mentioning(path: Path) -> list[int]:
+    """Live processes whose command line names `path` (the simulator puts its dir in every argv)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(path) in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> None:
+    where = tmp_path / "sim"
+    up = sim("up", "--dir", str(where), "--shape", "dgx-h100:2", "--shape", "cpu:1")
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == f"export KUBECONFIG={where / 'admin.kubeconfig'}"
+    assert "starting kube-apiserver" in up.stderr  # progress on long waits
+    try:
+        state = SimState.load(where)
+        assert state is not None
+        assert [p.name for p in state.alive()] == ["etcd", "kube-apiserver", "kube-controller-manager",
+                                                   "kube-scheduler", "kwok"]
+        client = Client(KubeConfig.from_file(state.kubeconfig))
+        assert sorted(n.metadata.name for n in client.list(Node)) == ["cpu-0", "dgx-h100-0", "dgx-h100-1"]
+        client.close()
+
+        status = sim("status", "--dir", str(where))
+        assert status.returncode == 0, status.stdout
+        assert "nodes: 3" in status.stdout and "kube-apiserver" in status.stdout
+
+        again = sim("up", "--dir", str(where))  # reuses, starts nothing twice
+        assert again.returncode == 0 and "reusing the simulator" in again.stderr
+    finally:
+        down = sim("down", "--dir", str(where))
+    assert down.returncode == 0 and "stopped kwok" in down.stderr
+    assert not any(p.alive for p in state.processes)
+    assert processes_mentioning(where) == []
+    assert "nothing running" in sim("down", "--dir", str(where)).stdout
+    assert sim("status", "--dir", str(where)).returncode == 1
+
+
+def test_demo_reaches_ready_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    where = tmp_path / "demo"
+    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--timeout", "180", timeout=420)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    out = demo.stdout
+    assert "Demo summary" in out and "ClusterPolicy cluster-policy: ready (Reconciled)" in out
+    assert "dgx-h100-0" in out and "dgx-h100-1" in out and "Everything is ready." in out
+    assert "export KUBECONFIG=" in out and "Tearing down now" in out
+    assert "stopped operator" in out
+    assert processes_mentioning(where) == []
+    assert not (where / "state.json").exists()

@@ -1,0 +1,166 @@
+"""The status view's table builder and renderer, on hand-made nodes, DaemonSets, pods and policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from gpu_operator.statusview.render import render_view
+from gpu_operator.statusview.table import (
+    CANONICAL_ORDER,
+    build_view,
+    validation_state,
+)
+
+DEPLOY = "nvidia.com/gpu.deploy."
+
+
+def node(name: str, gpu: bool = True, **deploy: str) -> dict[str, Any]:
+    labels = {"kubernetes.io/hostname": name}
+    if gpu:
+        labels["feature.node.kubernetes.io/pci-10de.present"] = "true"
+        labels["nvidia.com/gpu.present"] = "true"
+    labels.update({DEPLOY + k.replace("_", "-"): v for k, v in deploy.items()})
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def daemonset(name: str, component: str, **extra_selector: str) -> dict[str, Any]:
+    selector = {DEPLOY + component: "true", **extra_selector}
+    return {"metadata": {"name": name, "namespace": "gpu-operator", "uid": f"uid-{name}"},
+            "spec": {"template": {"spec": {"nodeSelector": selector}}}}
+
+
+def pod(ds: str, node_name: str, phase: str = "Running", ready: bool = True,
+        waiting: str | None = None, init: list[tuple[str, int | None]] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [{"name": "main", "state": {"waiting": {"reason": waiting}} if waiting
+                               else {"running": {}}}],
+    }
+    if init is not None:
+        status["initContainerStatuses"] = [
+            {"name": n, "state": {"terminated": {"exitCode": code}} if code is not None else {"running": {}}}
+            for n, code in init]
+    return {"metadata": {"name": f"{ds}-{node_name}", "namespace": "gpu-operator",
+                         "ownerReferences": [{"kind": "DaemonSet", "name": ds, "uid": f"uid-{ds}"}]},
+            "spec": {"nodeName": node_name}, "status": status}
+
+
+def policy(name: str = "cluster-policy", state: str = "ready", created: str = "2026-01-01T00:00:00Z",
+           reason: str = "Reconciled", message: str = "") -> dict[str, Any]:
+    ok = state == "ready"
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "status": {"state": state, "namespace": "gpu-operator", "conditions": [
+                {"type": "Ready", "status": "True" if ok else "False", "reason": reason if ok else "Error",
+                 "message": message if ok else ""},
+                {"type": "Error", "status": "False" if ok else "True", "reason": "Ready" if ok else reason,
+                 "message": "" if ok else message}]}}
+
+
+def test_everything_running_is_ready_and_cpu_nodes_are_counted_not_shown() -> None:
+    nodes = [node("gpu-a", driver="true", device_plugin="true"), node("gpu-b", driver="true", device_plugin="true"),
+             node("cpu-a", gpu=False)]
+    dss = [daemonset("nvidia-driver-daemonset", "driver"), daemonset("nvidia-device-plugin-daemonset", "device-plugin")]
+    pods = [pod(ds["metadata"]["name"], n) for ds in dss for n in ("gpu-a", "gpu-b")]
+    view = build_view(nodes, dss, pods, [policy()], "gpu-operator")
+    assert view.ready and view.problems == []
+    assert [r.name for r in view.rows] == ["gpu-a", "gpu-b"] and view.other_nodes == 1
+    assert view.components == ["driver", "device-plugin"]
+    assert view.counts() == (4, 4)
+    cell = view.rows[0].cells["driver"]
+    assert (cell.label, cell.pod, cell.ready) == ("true", "Running", True)
+
+
+def test_not_ready_pods_are_grouped_by_component_and_reason() -> None:
+    names = [f"gpu-{i}" for i in range(5)]
+    nodes = [node(n, driver="true") for n in names]
+    ds = daemonset("nvidia-driver-daemonset", "driver")
+    pods = [pod("nvidia-driver-daemonset", n, phase="Pending", ready=False, waiting="ImagePullBackOff")
+            for n in names[:4]]
+    view = build_view(nodes, [ds], pods, [policy()])
+    assert not view.ready
+    assert view.problems == [
+        "driver not ready on 4 node(s) (gpu-0, gpu-1, gpu-2 and 1 more): main: ImagePullBackOff",
+        "driver not ready on 1 node(s) (gpu-4): no pod of DaemonSet nvidia-driver-daemonset yet",
+    ]
+    assert view.rows[4].cells["driver"].pod == "no pod"
+
+
+def test_a_label_other_than_true_or_no_operand_expects_nothing() -> None:
+    nodes = [node("gpu-a", driver="pre-installed", client="true")]
+    view = build_view(nodes, [daemonset("nvidia-driver-daemonset", "driver")], [], [policy()])
+    driver, client = view.rows[0].cells["driver"], view.rows[0].cells["client"]
+    assert (driver.label, driver.expected) == ("pre-installed", False)
+    assert (client.label, client.expected) == ("true", False)  # no DaemonSet is gated by it
+    assert view.ready
+
+
+def test_a_daemonset_with_an_extra_selector_only_counts_where_it_selects() -> None:
+    # The MPS control daemon shares the device-plugin label but also needs mps.capable=true.
+    mps_node = node("gpu-mps", device_plugin="true")
+    mps_node["metadata"]["labels"]["nvidia.com/mps.capable"] = "true"
+    nodes = [node("gpu-a", device_plugin="true"), mps_node]
+    dss = [daemonset("plugin", "device-plugin"),
+           daemonset("mps", "device-plugin", **{"nvidia.com/mps.capable": "true"})]
+    pods = [pod("plugin", "gpu-a"), pod("plugin", "gpu-mps")]
+    view = build_view(nodes, dss, pods, [policy()])
+    assert view.rows[0].cells["device-plugin"].ready is True
+    mps = [r for r in view.rows if r.name == "gpu-mps"][0].cells["device-plugin"]
+    assert (mps.ready, mps.pod) == (False, "Running/no pod")
+    assert "no pod of DaemonSet mps yet" in mps.detail
+
+
+def test_validation_state_follows_the_validator_init_containers() -> None:
+    steps = ["driver-validation", "toolkit-validation", "cuda-validation", "plugin-validation"]
+    assert validation_state(None) == ""
+    assert validation_state(pod("v", "n", init=[(s, 0) for s in steps])) == "passed (4/4)"
+    assert validation_state(pod("v", "n", init=[(steps[0], 0), (steps[1], None), (steps[2], None)])) \
+        == "waiting: toolkit-validation"
+    assert validation_state(pod("v", "n", init=[(steps[0], 1)])) == "failed: driver-validation"
+    nodes = [node("gpu-a", operator_validator="true")]
+    ds = daemonset("nvidia-operator-validator", "operator-validator")
+    view = build_view(nodes, [ds], [pod("nvidia-operator-validator", "gpu-a", init=[(s, 0) for s in steps])],
+                      [policy()])
+    assert view.rows[0].validation == "passed (4/4)"
+
+
+def test_policy_state_and_reasons() -> None:
+    nodes = [node("gpu-a")]
+    assert build_view(nodes, [], [], []).problems[0].startswith("no ClusterPolicy")
+    failing = policy(state="notReady", reason="OperandNotReady", message="states not ready: ['state-driver']")
+    view = build_view(nodes, [], [], [failing])
+    assert view.policy is not None and view.policy.reason == "OperandNotReady"
+    assert view.problems == ["ClusterPolicy cluster-policy: notReady (OperandNotReady: states not ready: "
+                             "['state-driver'])"]
+    fresh = {"metadata": {"name": "cluster-policy", "creationTimestamp": "2026-01-01T00:00:00Z"}}
+    assert build_view(nodes, [], [], [fresh]).problems == ["ClusterPolicy cluster-policy: not reconciled yet"]
+    # Only the oldest policy is active; a later one is reported as ignored.
+    view = build_view(nodes, [], [], [policy("newer", created="2026-02-01T00:00:00Z"), policy("older")])
+    assert view.policy is not None and (view.policy.name, view.policy.ignored) == ("older", ("newer",))
+    assert view.problems == ["ClusterPolicy newer ignored: only the oldest one (older) is active"]
+    assert build_view([node("cpu", gpu=False)], [], [], [policy()]).problems == [
+        "no GPU node: none carries nvidia.com/gpu.present=true or an NFD pci-10de label"]
+
+
+def test_columns_follow_the_upstream_state_order() -> None:
+    nodes = [node("gpu-a", operator_validator="true", driver="true", mig_manager="true", zz_custom="true")]
+    view = build_view(nodes, [], [], [policy()])
+    assert view.components == ["driver", "mig-manager", "operator-validator", "zz-custom"]
+    assert CANONICAL_ORDER.index("mig-manager") < CANONICAL_ORDER.index("node-status-exporter")
+
+
+def test_render_shows_cells_policy_problems_and_a_footnote() -> None:
+    nodes = [node("gpu-a", driver="true", client="true"), node("gpu-b", driver="true", client="true")]
+    ds = daemonset("nvidia-driver-daemonset", "driver")
+    pods = [pod("nvidia-driver-daemonset", "gpu-a"),
+            pod("nvidia-driver-daemonset", "gpu-b", phase="Pending", ready=False, waiting="ErrImagePull")]
+    console = Console(record=True, width=140)
+    console.print(render_view(build_view(nodes, [ds], pods, [policy()], "gpu-operator"), max_nodes=1))
+    text = console.export_text()
+    assert "ClusterPolicy cluster-policy: ready (Reconciled)" in text
+    assert "… Pending" in text and "gpu-b" in text  # not-ready rows first
+    assert "… 1 more (0 not ready)" in text
+    assert "driver not ready on 1 node(s) (gpu-b): main: ErrImagePull" in text
+    assert "without an operand here (disabled or another stack): client" in text
