@@ -13,7 +13,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Node, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Node, ServiceAccount
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
@@ -215,3 +215,23 @@ def test_schema_rejects_invalid_policy(kube: Client, crds: list[str]) -> None:
     else:
         kube.delete(ClusterPolicyResource, "bad-policy")
         raise AssertionError("the apiserver accepted an invalid defaultWorkload")
+
+
+def test_missing_configmap_is_named_and_picked_up_once_created(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+        operator_namespace: str) -> None:
+    fake_nodes("dgx-h100:1")
+    operator = start_operator()
+    cluster_policies({"driver": {"repoConfig": {"configMapName": "custom-repo"}}})
+
+    def error_message() -> str:
+        conditions = policy_status(kube).get("conditions", [])
+        return next((c["message"] for c in conditions if c["type"] == "Error" and c["status"] == "True"), "")
+    message = wait_for("an Error condition", error_message, context=operator.log_text)
+    assert "spec.driver.repoConfig.configMapName" in message
+    kube.create(ConfigMap(metadata=ObjectMeta(name="custom-repo", namespace=operator_namespace),
+                          data={"custom.list": "deb http://repo.example.com/ jammy main"}))
+    wait_for("Reconciled once the ConfigMap exists", reconciled(kube), timeout=120, context=operator.log_text)
+    driver = kube.get(DaemonSet, "nvidia-driver-daemonset", namespace=operator_namespace)
+    mounts = [m.mountPath for c in driver.spec.template.spec.containers for m in c.volumeMounts or []]
+    assert any(path.endswith("custom.list") for path in mounts), mounts

@@ -110,7 +110,8 @@ class ClusterPolicyReconciler:
             facts = ClusterFacts.from_nodes(
                 [n.as_node() for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=operator_env(),
-                servicemonitor_crd=snap.servicemonitor_crd)
+                servicemonitor_crd=snap.servicemonitor_crd,
+                configmap_keys=await self._configmap_keys(policy, snap.namespace))
             result = render(policy, facts)
         except pydantic.ValidationError as err:
             return await self._finish(report, active, snap, st.Outcome.failed(validation_message(err)))
@@ -127,6 +128,22 @@ class ClusterPolicyReconciler:
         report.not_ready = self._not_ready_states(result, snap, report)
         result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0)
         return await self._finish(report, active, snap, result_outcome)
+
+    async def _configmap_keys(self, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
+        """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules).
+        A missing ConfigMap is left out: rendering then names the field that refers to it."""
+        driver = policy.spec.driver
+        names = {ref for ref in (
+            driver.repoConfig.configMapName if driver.repoConfig else None,
+            driver.certConfig.name if driver.certConfig else None,
+            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
+        ) if ref}
+        keys: dict[str, tuple[str, ...]] = {}
+        for name in sorted(names):
+            found = await self.kube.get_dict("v1", "ConfigMap", name, namespace=namespace)
+            if found is not None:
+                keys[name] = tuple(sorted({*(found.get("data") or {}), *(found.get("binaryData") or {})}))
+        return keys
 
     async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
@@ -181,7 +198,10 @@ class ClusterPolicyReconciler:
             log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
                      outcome.message)
             await self.kube.patch_clusterpolicy_status(policy.name, wanted)
-        if outcome.state == st.NOT_READY and outcome.reason == st.OPERAND_NOT_READY:
+        if outcome.state == st.NOT_READY:
+            # Operands still rolling out, or an error that may depend on objects we do not
+            # watch (a ConfigMap the policy names): look again soon. Reads only; the status is
+            # written only when it changes.
             report.requeue = REQUEUE_NOT_READY
         elif outcome.reason == st.NFD_LABELS_MISSING:
             report.requeue = REQUEUE_NO_NFD

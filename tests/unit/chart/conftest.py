@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 
 import helm_python
 import pytest
-from chart_helpers import CHART, NAMESPACE, Rendered, Values, deep_merge
+
+from tests.unit.chart.chart_helpers import CHART, NAMESPACE, Rendered, Values, deep_merge
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import NAMESPACE, Rendered, find, objects
+
+from tests.unit.chart.chart_helpers import NAMESPACE, Rendered, find, objects
 
 # (apiGroup, resource, verb, resourceName or None). One place that says what the operator does;
 # the operator should export the same list (e.g. gpu_operator.controllers.permissions) and this

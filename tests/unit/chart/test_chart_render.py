@@ -10,7 +10,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from chart_helpers import (
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.common import unknown_fields
+from tests.unit.chart.chart_helpers import (
     CHART,
     NAMESPACE,
     PRESETS,
@@ -22,9 +25,6 @@ from chart_helpers import (
     objects,
     preset,
 )
-
-from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.api.common import unknown_fields
 
 # kubernetes-validate ships schemas up to 1.37; 1.36 is the release we target.
 KUBE_VERSION = "1.36.0"

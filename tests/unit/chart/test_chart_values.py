@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_helpers import Rendered, Values, find, notes
 from helm_python import HelmRenderError
+
+from tests.unit.chart.chart_helpers import Rendered, Values, find, notes
 
 UPSTREAM_VALUES = Path(__file__).parent / "data" / "upstream-values.yaml"
 OUR_IMAGE = "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
