@@ -71,7 +71,7 @@ def test_demo_reaches_ready_and_leaves_nothing_behind(tmp_path: Path) -> None:
     out = demo.stdout
     assert "Demo summary" in out and "ClusterPolicy cluster-policy: ready (Reconciled)" in out
     assert "dgx-h100-0" in out and "dgx-h100-1" in out and "Everything is ready." in out
-    assert "export KUBECONFIG=" in out and "Tearing down now" in out
+    assert "export KUBECONFIG=" in out and "Tearing down now." in out
     assert "stopped operator" in out
     assert processes_mentioning(where) == []
     assert not (where / "state.json").exists()

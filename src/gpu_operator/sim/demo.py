@@ -101,21 +101,34 @@ def summary(state: SimState, view: StatusView, timings: Timings) -> Table:
     return table
 
 
+def _command(name: str) -> str:
+    """`name` if the shell finds it, else its path in this Python environment (e.g. .venv/bin)."""
+    import shutil
+    import sys
+
+    if shutil.which(name):
+        return name
+    candidate = Path(sys.prefix) / "bin" / name
+    return str(candidate) if candidate.exists() else name
+
+
 def look_around(state: SimState, keep: bool) -> str:
     ns = session.OPERATOR_NAMESPACE
+    kubectl, gpu_operator = _command("kubectl"), _command("gpu-operator")
     lines = [
-        "Look around (in another shell while it runs):",
+        "Look around (in another shell):" if keep else
+        "Look around (run the demo with --keep, then in another shell):",
         f"  export KUBECONFIG={state.kubeconfig}",
-        "  gpu-operator status",
-        "  kubectl get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver",
-        f"  kubectl -n {ns} get daemonsets,pods -o wide",
-        f"  kubectl get clusterpolicy {POLICY_NAME} -o yaml",
+        f"  {gpu_operator} status",
+        f"  {kubectl} get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver",
+        f"  {kubectl} -n {ns} get daemonsets,pods -o wide",
+        f"  {kubectl} get clusterpolicy {POLICY_NAME} -o yaml",
         f"  logs: {Path(state.dir) / 'logs'}",
     ]
     if keep:
-        lines += ["Everything keeps running. Stop it with:", "  gpu-operator sim down"]
+        lines += ["Everything keeps running. Stop it with:", f"  {gpu_operator} sim down"]
     else:
-        lines += ["Tearing down now (run `gpu-operator sim demo --keep` to leave it running)."]
+        lines += ["Tearing down now."]
     return "\n".join(lines)
 
 
