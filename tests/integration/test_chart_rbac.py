@@ -367,3 +367,28 @@ def test_operator_without_a_needed_rule_is_refused(
             time.sleep(1)
     finally:
         kube.apply(from_dict(role), force=True)  # type: ignore[call-overload]
+
+
+def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: ControlPlane, kube: Client,
+                                                                installed: Installed, tmp_path: Path) -> None:
+    hook = [o for o in render_chart() if o["metadata"].get("annotations", {}).get("helm.sh/hook")
+            and o["kind"] in RBAC_KINDS]
+    assert sorted(o["kind"] for o in hook) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
+    job = next(o for o in render_chart() if o["kind"] == "Job")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[0] == "gpu-operator"
+    apply_all(kube, hook)
+    try:
+        sa_kubeconfig = control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator-crds", create=False)
+        token = yaml.safe_load(sa_kubeconfig.read_text())["users"][0]["user"]["token"]
+        with RecordingProxy(control_plane.server, control_plane.pki.ca_cert) as proxy:
+            env = {**os.environ, "KUBECONFIG": str(proxy.kubeconfig(tmp_path / "hook.kubeconfig", token))}
+            done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", *command[1:]], env=env,
+                                  capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert proxy.forbidden() == [], refusals(proxy)
+        assert {r.method for r in proxy.responses} >= {"PATCH"}
+    finally:
+        for obj in hook:
+            if obj["kind"].startswith("Cluster"):
+                kube.delete(type(from_dict(obj)), obj["metadata"]["name"])
