@@ -93,10 +93,10 @@ def _epoch(stamp: str) -> float:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def test_no_writes_while_nothing_changes(
+def test_50_nodes_reach_ready_then_no_writes_while_nothing_changes(
         kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]],
         start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str]) -> None:
-    fake_nodes("dgx-h100:3", "cpu:1")
+    fake_nodes("dgx-h100:50", "cpu:2")
     operator = start_operator()
     cluster_policies({})
     wait_for("Reconciled", lambda: reconciled(kube), timeout=120, context=operator.log_text)

@@ -21,15 +21,18 @@ def daemonset_ready(ds: dict[str, Any]) -> bool:
     driver) upstream compares pods' revision hashes; updatedNumberScheduled counts exactly the
     pods on the latest revision, so the same rule covers it without listing pods."""
     status = ds.get("status") or {}
+    generation = ds.get("metadata", {}).get("generation", 0)
+    if status.get("observedGeneration", 0) < generation:
+        # The DaemonSet controller has not looked at this spec yet: its counts (often all
+        # zero for a new DaemonSet) say nothing. Upstream would call a fresh one ready here.
+        return False
     desired = status.get("desiredNumberScheduled", 0)
     if desired == 0:
         return True
     if status.get("numberUnavailable", 0):
         return False
-    generation = ds.get("metadata", {}).get("generation", 0)
     return bool(
-        status.get("observedGeneration", 0) >= generation
-        and status.get("updatedNumberScheduled", 0) == desired
+        status.get("updatedNumberScheduled", 0) == desired
         and status.get("numberAvailable", 0) == desired
     )
 

@@ -14,7 +14,9 @@ def ds(generation: int = 1, **status: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("obj", "ready"), [
-    (ds(), True),  # desired 0
+    (ds(0), True),  # desired 0
+    (ds(), False),  # a new DaemonSet not yet seen by its controller
+    (ds(observedGeneration=1), True),
     (ds(desiredNumberScheduled=2, numberUnavailable=1), False),
     (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2), True),
     (ds(2, desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2), False),
