@@ -92,6 +92,11 @@ class Operator:
             settings.watching.client_timeout = 310
             settings.watching.connect_timeout = 30
             settings.watching.chunk_size = 500
+            # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services
+            # and RBAC objects never reach this process.
+            for group, version, plural in OWNED_KINDS:
+                resource = (group, version, plural) if group else (version, plural)
+                settings.watching.label_selectors[resource] = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
             settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
             settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpu-operator")
 
