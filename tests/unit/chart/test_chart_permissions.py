@@ -18,7 +18,8 @@ from tests.unit.chart.chart_helpers import NAMESPACE, Rendered, find, objects
 # the operator should export the same list (e.g. gpu_operator.controllers.permissions) and this
 # test should then read it from there.
 Permission = tuple[str, str, str, str | None]
-MANAGE = ("get", "list", "watch", "create", "update", "patch", "delete")
+# Server-side apply (authorized as patch, and as create when it creates) and deletes; never update.
+MANAGE = ("get", "list", "watch", "create", "patch", "delete")
 
 
 def grant(group: str, resources: Iterable[str], verbs: Iterable[str], names: Iterable[str] = ()) -> set[Permission]:
@@ -27,8 +28,8 @@ def grant(group: str, resources: Iterable[str], verbs: Iterable[str], names: Ite
 
 CLUSTER_WIDE: set[Permission] = (
     # the operator's own work
-    grant("nvidia.com", ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch", "update", "patch"])
-    | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status"], ["get", "update", "patch"])
+    grant("nvidia.com", ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch", "patch"])
+    | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status"], ["patch"])
     | grant("nvidia.com", ["clusterpolicies/finalizers", "nvidiadrivers/finalizers"], ["update"])
     | grant("nvidia.com", ["gpuclusters"], ["get", "list", "watch"])
     | grant("", ["nodes"], ["get", "list", "watch", "patch"])
@@ -53,7 +54,7 @@ IN_NAMESPACE: set[Permission] = (
     | grant("rbac.authorization.k8s.io", ["roles", "rolebindings"], MANAGE)
     | grant("monitoring.coreos.com", ["servicemonitors"], MANAGE)
     | grant("coordination.k8s.io", ["leases"], ["create"])
-    | grant("coordination.k8s.io", ["leases"], ["get", "update", "patch"], ["53822513.nvidia.com"])
+    | grant("coordination.k8s.io", ["leases"], ["get", "update"], ["53822513.nvidia.com"])
     # held only to hand on to operand Roles
     | grant("", ["pods"], ["create"])
     | grant("", ["secrets"], ["get", "list", "watch"])
