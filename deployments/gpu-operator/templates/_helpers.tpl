@@ -15,8 +15,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 The image fields (repository, image, version) of a component that runs from our operator
-image (operator, validator, node-status-exporter). NVIDIA's default pair is replaced by ours
-(and reported by gpu-operator.unsupported); an unset version means the appVersion.
+image (operator, validator, node-status-exporter). NVIDIA's default pair is replaced by ours,
+version included (and reported by gpu-operator.unsupported); an unset version means the
+appVersion.
 Input: dict "root" $ "spec" <component values>. Output: YAML mapping.
 */}}
 {{- define "gpu-operator.ownImageFields" -}}
@@ -24,17 +25,21 @@ Input: dict "root" $ "spec" <component values>. Output: YAML mapping.
 {{- $own := .root.Values.operator -}}
 {{- $repository := $spec.repository -}}
 {{- $image := $spec.image -}}
+{{- $version := $spec.version | default .root.Chart.AppVersion -}}
 {{- if include "gpu-operator.isUpstreamOperatorImage" $spec -}}
+{{- /* a version pinned for NVIDIA's image names no image of ours */ -}}
 {{- $repository = "ghcr.io/gpu-operator-py" -}}
 {{- $image = "gpu-operator" -}}
+{{- $version = .root.Chart.AppVersion -}}
 {{- if not (include "gpu-operator.isUpstreamOperatorImage" $own) -}}
 {{- $repository = $own.repository -}}
 {{- $image = $own.image -}}
+{{- $version = $own.version | default .root.Chart.AppVersion -}}
 {{- end -}}
 {{- end -}}
 repository: {{ $repository | quote }}
 image: {{ $image | quote }}
-version: {{ $spec.version | default .root.Chart.AppVersion | quote }}
+version: {{ $version | toString | quote }}
 {{- end }}
 
 {{/*

@@ -163,6 +163,14 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
     assert not any(o["kind"] == "Job" for o in objects(render({"operator": {"upgradeCRD": False}})))
 
 
+def test_nfd_dependency_is_not_needed_to_render(chart: helm_python.Chart) -> None:
+    # Offline the subchart is absent: enabled or not, the chart's own objects are the same.
+    on = chart.render({"nfd": {"enabled": True}}, name="gpu-operator", namespace=NAMESPACE, is_install=True)
+    off = chart.render({"nfd": {"enabled": False}}, name="gpu-operator", namespace=NAMESPACE, is_install=True)
+    assert objects(on) == objects(off)
+    assert not any(name.startswith("gpu-operator/charts/") for name in on)
+
+
 def test_clusterpolicy_can_be_left_out(render: Callable[..., Rendered]) -> None:
     assert not any(o["kind"] == "ClusterPolicy" for o in objects(render({"clusterPolicy": {"deployCR": False}})))
 

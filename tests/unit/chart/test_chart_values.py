@@ -50,6 +50,25 @@ def test_upstream_values_file_reports_only_the_replaced_images(render: Callable[
     assert "NVIDIA's Go operator image cannot run this operator" in notes(rendered)
 
 
+def test_a_version_pinned_for_nvidias_image_is_not_used_on_ours(render: Callable[..., Rendered]) -> None:
+    values = upstream_values()
+    values["operator"]["version"] = values["validator"]["version"] = "v26.7.0"
+    rendered = render(values)
+    (container,) = find(rendered, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == OUR_IMAGE
+    assert find(rendered, "ClusterPolicy", "cluster-policy")["spec"]["validator"]["version"] == "0.1.0"
+
+
+def test_our_image_can_be_moved_and_pinned(render: Callable[..., Rendered]) -> None:
+    rendered = render({"operator": {"repository": "registry.corp/mirror", "version": "0.1.1"},
+                       "validator": {"repository": "nvcr.io/nvidia", "image": "gpu-operator"}})
+    (container,) = find(rendered, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.corp/mirror/gpu-operator:0.1.1"
+    validator = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]["validator"]
+    assert (validator["repository"], validator["image"], validator["version"]) == (
+        "registry.corp/mirror", "gpu-operator", "0.1.1")
+
+
 def test_user_overrides_land_in_the_policy(render: Callable[..., Rendered]) -> None:
     k3s = [{"name": "CONTAINERD_CONFIG", "value": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"},
            {"name": "CONTAINERD_SOCKET", "value": "/run/k3s/containerd/containerd.sock"}]
