@@ -72,6 +72,8 @@ class Operator:
         self.k8s_version = "1.36.0"
         self.servicemonitor_crd = False
         self.label_policy: LabelPolicy | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.stop = asyncio.Event()
         self.registry = self._registry()
 
     # -- kopf wiring ------------------------------------------------------------------------------
@@ -100,16 +102,22 @@ class Operator:
             settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
             settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpu-operator")
 
+        @kopf.on.cleanup(registry=registry)
+        async def cleanup(**_: Any) -> None:
+            # kopf caught the signal itself; setting our stop flag too ends kopf's waiter on it
+            # (otherwise a "hung" task that holds the shutdown for 5 s) and stops the lease keeper.
+            self.stop.set()
+
         @kopf.index("nodes", id="nodes", registry=registry)
-        def nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
+        async def nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
             return {name: NodeView.of(body)}
 
         @kopf.index("nvidia.com", "v1", "clusterpolicies", id="policies", registry=registry)
-        def policies(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
+        async def policies(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
             return {name: PolicyView.of(body)}
 
         @kopf.on.event("nodes", registry=registry)
-        def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
+        async def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
             loops.indexed.set()
             if type == "DELETED":
                 loops.node_fingerprints.pop(name, None)
@@ -121,7 +129,7 @@ class Operator:
                 loops.kick({name})
 
         @kopf.on.event("nvidia.com", "v1", "clusterpolicies", registry=registry)
-        def policy_event(**_: Any) -> None:
+        async def policy_event(**_: Any) -> None:
             loops.indexed.set()
             loops.kick()
 
@@ -129,11 +137,11 @@ class Operator:
         for group, version, plural in OWNED_KINDS:
             resource = (group, version, plural) if group else (version, plural)
 
-            def owned(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
+            async def owned(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
                 view = OwnedView.of(body)
                 return {view.key: view}
 
-            def owned_event(**_: Any) -> None:
+            async def owned_event(**_: Any) -> None:
                 loops.indexed.set()
                 loops.policy_kick.set()
 
@@ -219,13 +227,14 @@ class Operator:
                  "present" if self.servicemonitor_crd else "absent")
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        self.stop = stop
         await self.discover()
-        tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
-                 asyncio.create_task(self.label_loop(), name="node-labelling")]
+        self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
+                      asyncio.create_task(self.label_loop(), name="node-labelling")]
         try:
             await kopf.operator(registry=self.registry, indexers=self.indexers, clusterwide=True,
                                 standalone=True, stop_flag=stop, ready_flag=ready)
         finally:
-            for task in tasks:
+            for task in self.tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*self.tasks, return_exceptions=True)
