@@ -82,7 +82,7 @@ async def create_nodes(client: AsyncClient, manifests: Iterable[dict[str, Any]],
     async def one(manifest: dict[str, Any]) -> None:
         async with limit:
             try:
-                await client.create(from_dict(manifest))  # type: ignore[call-overload]
+                await client.create(from_dict(manifest))
             except ApiError as err:
                 if err.status.code != 409:
                     raise
@@ -97,7 +97,7 @@ async def patch_ceiling(client: AsyncClient, names: list[str], total: int, concu
 
     async def one(i: int) -> None:
         async with limit:
-            await client.patch(Node, names[i % len(names)],  # type: ignore[call-overload]
+            await client.patch(Node, names[i % len(names)],
                                {"metadata": {"labels": {"bench.gpu-operator/ceiling": str(i)}}},
                                patch_type=PatchType.MERGE)
 

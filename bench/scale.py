@@ -29,6 +29,7 @@ from benchkit import (  # noqa: E402
     proc_stats,
 )
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
+from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
@@ -59,6 +60,25 @@ def policy_ready(client: Client) -> bool:
         c.get("type") == "Ready" and c.get("reason") == "Reconciled" for c in status.get("conditions") or [])
 
 
+async def until_quiet(pid: int, timeout: float, window: float = 2.0, busy: float = 0.1) -> float:
+    """Seconds until the process uses less than `busy` of a CPU over `window` seconds."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        before = proc_stats(pid).cpu_seconds
+        await asyncio.sleep(window)
+        if proc_stats(pid).cpu_seconds - before < busy * window:
+            return time.monotonic() - start - window
+    return time.monotonic() - start
+
+
+def operand_pods(client: Client) -> str:
+    """"ready/desired" operand pods over the operator's DaemonSets (is the cluster settled?)."""
+    sets = list(client.list(DaemonSet, namespace=session.OPERATOR_NAMESPACE))
+    ready = sum((ds.status.numberReady or 0) if ds.status else 0 for ds in sets)
+    desired = sum((ds.status.desiredNumberScheduled or 0) if ds.status else 0 for ds in sets)
+    return f"{ready}/{desired}"
+
+
 async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": n}
     sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
@@ -86,6 +106,10 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         pid = operator.process.pid
         session.wait_operator_ready(operator.health_port, Proc.of("operator", pid, operator.log), 120)
         say(f"operator ready (pid {pid}); RSS {proc_stats(pid).rss_mb:.0f} MB")
+        # /readyz turns ready before the operator has digested its initial list of N nodes; the
+        # policy goes in once it is quiet, so that "created -> labelled" is not start-up time.
+        out["startup_digest_s"] = await until_quiet(pid, args.label_timeout)
+        say(f"operator quiet {out['startup_digest_s']:.1f}s after /readyz")
 
         watch = LabelWatch(client)
         watcher = asyncio.create_task(watch.run())
@@ -134,6 +158,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
             await asyncio.sleep(2)
         out["settled"] = policy_ready(sync)
         out["settle_s"] = time.monotonic() - t
+        out["operand_pods_ready_at_idle"] = operand_pods(sync)
         say(f"ClusterPolicy {'ready' if out['settled'] else 'NOT ready'} after {out['settle_s']:.0f}s more; "
             f"idle window {args.idle_seconds:.0f}s")
         await asyncio.sleep(5)  # let the last status write land before the window opens
@@ -213,6 +238,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
+                    * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "python": platform.python_version(),
+                    "loadavg_at_end": os.getloadavg()},
+        "targets": TARGETS, "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
@@ -232,22 +267,16 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     found = binaries.locate(build=True)
-    rows = []
+    path = args.out / f"scale-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    rows: list[dict[str, Any]] = []
     for n in args.nodes:
         say(f"=== {n} nodes ===")
         row = run_one(n, args, found, args.out)
         row["targets_met"] = verdicts(row)
         rows.append(row)
         print(table(rows), flush=True)
-    report = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
-                    * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg()},
-        "targets": TARGETS, "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows,
-    }
-    path = args.out / f"scale-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
+        # Written after every size, so that a long run interrupted later keeps what it measured.
+        path.write_text(json.dumps(report(rows, args), indent=2, default=str))
     print(f"\n{table(rows)}\n\nresults: {path}")
     return 0
 
