@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,11 +176,13 @@ class Operator:
     async def policy_loop(self) -> None:
         await self.loops.indexed.wait()
         requeue: float | None = None
+        pause = COALESCE_SECONDS
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.loops.policy_kick.wait(), timeout=requeue)
-            await asyncio.sleep(COALESCE_SECONDS)
+            await asyncio.sleep(pause)
             self.loops.policy_kick.clear()
+            started = time.monotonic()
             try:
                 report = await self.reconciler.reconcile(self.snapshot())
             except Exception:  # keep serving: the next kick or requeue retries
@@ -189,6 +192,10 @@ class Operator:
                 continue
             metrics.record_reconcile(report)
             requeue = report.requeue
+            # While thousands of nodes are being labelled, every patch comes back as a node
+            # event; a full reconcile per event would starve the labeller on the same loop.
+            # So the next reconcile waits at least twice as long as this one took.
+            pause = max(COALESCE_SECONDS, 2 * (time.monotonic() - started))
 
     async def label_loop(self) -> None:
         await self.loops.indexed.wait()
