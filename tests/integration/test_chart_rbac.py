@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import re
 import ssl
 import subprocess
 import sys
@@ -328,22 +327,6 @@ def policy_state(kube: Client) -> str | None:
     return str(state) if state else None
 
 
-# Lists of namespaced kinds at cluster scope: what the operator does while it watches them with
-# kopf's clusterwide=True instead of namespaces=[<its namespace>] (the chart grants these reads
-# in its namespace only, on purpose; see docs/helm.md).
-CLUSTER_WIDE_READS = re.compile(
-    r"^/api/v1/(configmaps|serviceaccounts|services)$"
-    r"|^/apis/(apps/v1/daemonsets|rbac\.authorization\.k8s\.io/v1/(roles|rolebindings)"
-    r"|monitoring\.coreos\.com/v1/servicemonitors)$")
-
-
-def xfail_if_operator_reads_cluster_wide(proxy: RecordingProxy) -> None:
-    refused = proxy.forbidden()
-    if refused and all(r.method == "GET" and CLUSTER_WIDE_READS.match(r.path) for r in refused):
-        pytest.xfail("the operator lists namespaced kinds cluster-wide (kopf clusterwide=True); with "
-                     "namespaces=[<operator namespace>] this test passes (checked by hand). " + refusals(proxy))
-
-
 def refusals(proxy: RecordingProxy) -> str:
     refused = sorted({f"{r.method} {r.path}" for r in proxy.forbidden()})
     return (f"the API server refused the operator {len(proxy.forbidden())} time(s): {refused}. Namespaced "
@@ -359,8 +342,6 @@ def test_operator_runs_the_default_policy_without_forbidden_responses(
     process = operator_run.start()
     deadline = time.monotonic() + 180
     while policy_state(kube) != "ready":
-        if process.poll() is not None:
-            xfail_if_operator_reads_cluster_wide(operator_run.proxy)
         assert process.poll() is None, f"the operator exited with {process.returncode}; " + refusals(operator_run.proxy)
         assert time.monotonic() < deadline, f"ClusterPolicy {policy_state(kube)}; " + refusals(operator_run.proxy)
         time.sleep(1)
@@ -385,8 +366,8 @@ def test_operator_without_a_needed_rule_is_refused(
         process = operator_run.start()
         deadline = time.monotonic() + 90
         while not [r for r in operator_run.proxy.forbidden() if r.method == "PATCH" and "/nodes/" in r.path]:
-            if process.poll() is not None:
-                xfail_if_operator_reads_cluster_wide(operator_run.proxy)
+            assert process.poll() is None, f"the operator exited with {process.returncode}; " + refusals(
+                operator_run.proxy)
             assert time.monotonic() < deadline, "no refused PATCH of a node; " + refusals(operator_run.proxy)
             time.sleep(1)
     finally:

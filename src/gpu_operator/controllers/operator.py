@@ -239,8 +239,12 @@ class Operator:
         self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
                       asyncio.create_task(self.label_loop(), name="node-labelling")]
         try:
-            await kopf.operator(registry=self.registry, indexers=self.indexers, clusterwide=True,
-                                standalone=True, stop_flag=stop, ready_flag=ready)
+            # Namespaced kinds are watched in the operator's namespace only (least privilege:
+            # the chart grants no cluster-wide reads of ConfigMaps or Secrets); cluster-scoped
+            # kinds (nodes, ClusterPolicies, ClusterRoles, RuntimeClasses) are watched whole.
+            await kopf.operator(registry=self.registry, indexers=self.indexers, clusterwide=False,
+                                namespaces=[self.namespace], standalone=True, stop_flag=stop,
+                                ready_flag=ready)
         finally:
             for task in self.tasks:
                 task.cancel()
