@@ -50,6 +50,11 @@ def create_default_policy(state: SimState) -> bool:
         client.close()
 
 
+def done(view: StatusView) -> bool:
+    """Ready, with operands running: the default policy deploys some on every GPU node."""
+    return view.ready and (not view.rows or view.counts()[1] > 0)
+
+
 def watch(state: SimState, console: Console, timeout: float, started: float) -> StatusView:
     """Show the status view live (a progress line per change when not on a terminal) until it is
     ready or `timeout` passes; returns the last view."""
@@ -71,7 +76,7 @@ def watch(state: SimState, console: Console, timeout: float, started: float) -> 
     try:
         with Live(frame(view), console=console, refresh_per_second=4, transient=True,
                   auto_refresh=console.is_terminal) as live:
-            while not view.ready and time.monotonic() < deadline:
+            while not done(view) and time.monotonic() < deadline:
                 if operator is not None and not operator.alive:
                     raise session.SimError(f"the operator exited; see {operator.log}")
                 time.sleep(1.0)
@@ -112,7 +117,7 @@ def _command(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def look_around(state: SimState, keep: bool) -> str:
+def look_around(state: SimState, keep: bool, teardown: str) -> str:
     ns = session.OPERATOR_NAMESPACE
     kubectl, gpu_operator = _command("kubectl"), _command("gpu-operator")
     lines = [
@@ -128,7 +133,7 @@ def look_around(state: SimState, keep: bool) -> str:
     if keep:
         lines += ["Everything keeps running. Stop it with:", f"  {gpu_operator} sim down"]
     else:
-        lines += ["Tearing down now."]
+        lines += [teardown]
     return "\n".join(lines)
 
 
@@ -155,13 +160,15 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
 
         console.print(render_view(view, max_nodes=20))
         code = 0
-        if view.ready:
+        if done(view):
             console.print(summary(state, view, timings))
         else:
             console.print(f"[bold red]not ready after {timeout:.0f}s:[/] "
-                          + "; ".join(view.problems or ["(no reason visible in the API)"]))
+                          + "; ".join(view.problems or ["no operand DaemonSet selects the GPU nodes yet"]))
             code = 1
-        console.print(look_around(state, keep), highlight=False)
+        teardown = ("Tearing down now." if fresh else
+                    "Stopping the operator this demo started; the simulator keeps running.")
+        console.print(look_around(state, keep, teardown), highlight=False)
         return code
     except KeyboardInterrupt:
         console.print("interrupted")

@@ -10,6 +10,7 @@ from typing import Any
 from gpu_operator.controllers.nodelabels import GPU_PRESENT, STATE_LABELS, has_gpu
 
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+NO_GPU_NODES = "NoGPUNodes"  # the ClusterPolicy Ready reason when the operator saw no GPU node
 # Column order: the states' order in upstream's walk, then anything else alphabetically.
 _ORDER = [label.removeprefix(DEPLOY_PREFIX) for labels in STATE_LABELS.values() for label in labels]
 _ORDER.insert(_ORDER.index("node-status-exporter"), "mig-manager")
@@ -60,8 +61,13 @@ class StatusView:
     problems: list[str] = field(default_factory=list)
 
     @property
+    def policy_behind(self) -> bool:
+        """The policy says there is no GPU node while there are: its last reconcile predates them."""
+        return self.policy is not None and self.policy.reason == NO_GPU_NODES and bool(self.rows)
+
+    @property
     def ready(self) -> bool:
-        return (self.policy is not None and self.policy.state == "ready"
+        return (self.policy is not None and self.policy.state == "ready" and not self.policy_behind
                 and all(row.ready for row in self.rows))
 
     def counts(self) -> tuple[int, int]:
@@ -213,6 +219,9 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
         state = policy.state or "not reconciled yet"
         why = f" ({policy.reason}: {policy.message})" if policy.reason or policy.message else ""
         out.append(f"ClusterPolicy {policy.name}: {state}{why}")
+    if view.policy_behind:
+        out.append(f"ClusterPolicy {policy.name if policy else ''}: {NO_GPU_NODES} while {len(view.rows)} "
+                   "GPU node(s) exist: the operator has not reconciled since they appeared")
     if policy is not None and policy.ignored:
         out.append(f"ClusterPolicy {', '.join(policy.ignored)} ignored: only the oldest one "
                    f"({policy.name}) is active")

@@ -144,6 +144,16 @@ def test_policy_state_and_reasons() -> None:
         "no GPU node: none carries nvidia.com/gpu.present=true or an NFD pci-10de label"]
 
 
+def test_a_policy_that_saw_no_gpu_node_is_not_ready_once_gpu_nodes_exist() -> None:
+    # The operator's first reconcile may run before it labelled any node: ready (NoGPUNodes).
+    behind = policy(reason="NoGPUNodes")
+    assert build_view([node("cpu", gpu=False)], [], [], [behind]).ready
+    view = build_view([node("gpu-a", driver="true")], [], [], [behind])
+    assert not view.ready
+    assert view.problems == ["ClusterPolicy cluster-policy: NoGPUNodes while 1 GPU node(s) exist: the "
+                             "operator has not reconciled since they appeared"]
+
+
 def test_columns_follow_the_upstream_state_order() -> None:
     nodes = [node("gpu-a", operator_validator="true", driver="true", mig_manager="true", zz_custom="true")]
     view = build_view(nodes, [], [], [policy()])
