@@ -21,6 +21,7 @@ from gpu_operator.controllers.cache import (
     desired_hash,
     object_key,
 )
+from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 
@@ -126,7 +127,8 @@ class ClusterPolicyReconciler:
             return await self._finish(report, active, snap, st.Outcome.failed(message))
 
         report.not_ready = self._not_ready_states(result, snap, report)
-        result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0)
+        unlabelled = sum(1 for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present)
+        result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled)
         return await self._finish(report, active, snap, result_outcome)
 
     async def _configmap_keys(self, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:

@@ -50,7 +50,14 @@ class Outcome:
         return cls(NOT_READY, RECONCILE_FAILED, message)
 
 
-def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool) -> Outcome:
+def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
+            unlabelled_gpu_nodes: int = 0) -> Outcome:
+    if unlabelled_gpu_nodes:
+        # NFD found GPUs the labeller has not marked yet: "ready, no GPU nodes" would be a lie
+        # that lasts a moment and fools anyone waiting for ready.
+        return Outcome(NOT_READY, OPERAND_NOT_READY,
+                       f"ClusterPolicy is not ready; {unlabelled_gpu_nodes} GPU node(s) not labelled "
+                       "nvidia.com/gpu.present yet")
     if not_ready_states:
         return Outcome(NOT_READY, OPERAND_NOT_READY,
                        f"ClusterPolicy is not ready; states not ready: {not_ready_states}")

@@ -38,6 +38,12 @@ def test_outcome(not_ready: list[str], nfd: bool, gpus: bool, state: str, reason
     assert (result.state, result.reason) == (state, reason)
 
 
+def test_gpu_nodes_not_yet_labelled_are_not_ready() -> None:
+    result = st.outcome([], True, False, unlabelled_gpu_nodes=2)
+    assert (result.state, result.reason) == (st.NOT_READY, st.OPERAND_NOT_READY)
+    assert "2 GPU node(s) not labelled" in result.message
+
+
 def test_conditions_pair_and_stable_transition_time() -> None:
     ok = st.status_body(st.outcome([], True, True), "gpu-operator", None, 3)
     by_type = {c["type"]: c for c in ok["conditions"]}
