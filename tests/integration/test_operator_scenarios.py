@@ -192,9 +192,10 @@ def test_unsatisfiable_policy_is_reported_and_other_work_goes_on(
 
     def reported() -> Any:
         status = policy_status(kube)
-        errors = [c for c in status.get("conditions", []) if c["type"] == "Error" and c["status"] == "True"]
+        errors = [c for c in status.get("conditions", []) if c["type"] == "Error" and c["status"] == "True"
+                  and c["reason"] == "ReconcileFailed"]
         return status.get("state") == "notReady" and errors and errors[0]
-    error = wait_for("notReady with an Error condition", reported, context=operator.log_text)
+    error = wait_for("notReady with a ReconcileFailed Error condition", reported, context=operator.log_text)
     assert "spec.driver" in error["message"], error
     # Node labelling is independent of rendering and still happens.
     wait_for("node labelled anyway",
@@ -226,8 +227,9 @@ def test_missing_configmap_is_named_and_picked_up_once_created(
 
     def error_message() -> str:
         conditions = policy_status(kube).get("conditions", [])
-        return next((c["message"] for c in conditions if c["type"] == "Error" and c["status"] == "True"), "")
-    message = wait_for("an Error condition", error_message, context=operator.log_text)
+        return next((c["message"] for c in conditions if c["type"] == "Error" and c["status"] == "True"
+                     and c["reason"] == "ReconcileFailed"), "")
+    message = wait_for("a ReconcileFailed Error condition", error_message, context=operator.log_text)
     assert "spec.driver.repoConfig.configMapName" in message
     kube.create(ConfigMap(metadata=ObjectMeta(name="custom-repo", namespace=operator_namespace),
                           data={"custom.list": "deb http://repo.example.com/ jammy main"}))
