@@ -50,6 +50,16 @@ def patch_spec(kube: Client, spec: dict[str, Any], name: str = "cluster-policy")
     kube.patch(ClusterPolicyResource, name, {"spec": spec}, patch_type=PatchType.MERGE)
 
 
+def reconciled_with(kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+                    *shapes: str) -> OperatorProcess:
+    """Fake nodes, the operator and a default ClusterPolicy, waited until Reconciled."""
+    fake_nodes(*shapes)
+    operator = start_operator()
+    cluster_policies({})
+    wait_for("Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    return operator
+
+
 def test_vm_passthrough_nodes_get_sandbox_stack_only(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
         operator_namespace: str) -> None:
@@ -76,10 +86,7 @@ def test_vm_passthrough_nodes_get_sandbox_stack_only(
 def test_disabling_a_component_deletes_its_objects_and_enabling_restores_them(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
         operator_namespace: str) -> None:
-    fake_nodes("dgx-h100:2")
-    operator = start_operator()
-    cluster_policies({})
-    wait_for("Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    operator = reconciled_with(kube, fake_nodes, start_operator, cluster_policies, "dgx-h100:2")
     assert "nvidia-device-plugin-daemonset" in daemonsets(kube, operator_namespace)
 
     patch_spec(kube, {"devicePlugin": {"enabled": False}})
@@ -98,10 +105,7 @@ def test_disabling_a_component_deletes_its_objects_and_enabling_restores_them(
 def test_late_gpu_node_is_labelled_and_stripped_when_its_gpu_goes(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
         operator_namespace: str) -> None:
-    fake_nodes("dgx-h100:1")
-    operator = start_operator()
-    cluster_policies({})
-    wait_for("Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    operator = reconciled_with(kube, fake_nodes, start_operator, cluster_policies, "dgx-h100:1")
 
     late = fake_nodes("dgx-h100:1")[0]
     wait_for("the late node labelled",
@@ -132,10 +136,7 @@ def test_operator_never_overwrites_a_non_empty_deploy_label(
 
 def test_second_cluster_policy_is_ignored(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies) -> None:
-    fake_nodes("dgx-h100:1")
-    operator = start_operator()
-    cluster_policies({})
-    wait_for("Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    operator = reconciled_with(kube, fake_nodes, start_operator, cluster_policies, "dgx-h100:1")
     time.sleep(1.1)  # creationTimestamp has a resolution of one second
     cluster_policies({}, name="second-policy")
     wait_for("second policy ignored", lambda: policy_status(kube, "second-policy").get("state") == "ignored",
@@ -146,10 +147,7 @@ def test_second_cluster_policy_is_ignored(
 def test_deleting_the_policy_garbage_collects_what_it_owned(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
         operator_namespace: str) -> None:
-    fake_nodes("dgx-h100:1")
-    operator = start_operator()
-    cluster_policies({})
-    wait_for("Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    operator = reconciled_with(kube, fake_nodes, start_operator, cluster_policies, "dgx-h100:1")
     # An object in the namespace that the operator did not create must survive.
     kube.create(ServiceAccount(metadata=ObjectMeta(name="users-own", namespace=operator_namespace)))
     assert daemonsets(kube, operator_namespace)
