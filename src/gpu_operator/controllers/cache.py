@@ -99,12 +99,9 @@ class OwnedView:
         kind = body.get("kind", "")
         readiness = None
         if kind == "DaemonSet":
-            readiness = {
-                "metadata": {"generation": meta.get("generation", 0), "uid": meta.get("uid")},
-                "status": dict(body.get("status") or {}),
-                "spec": {"updateStrategy": dict((body.get("spec") or {}).get("updateStrategy") or {}),
-                         "selector": dict((body.get("spec") or {}).get("selector") or {})},
-            }
+            # Exactly what status.daemonset_ready reads.
+            readiness = {"metadata": {"generation": meta.get("generation", 0)},
+                         "status": dict(body.get("status") or {})}
         return cls(
             api_version=body.get("apiVersion", ""), kind=kind, name=meta["name"],
             namespace=meta.get("namespace"), uid=meta.get("uid", ""),

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
+from gpu_operator.render.facts import NFD_GPU_LABELS as NFD_GPU_LABELS
+from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
+
+__all__ = ["NFD_GPU_LABELS", "has_gpu"]  # re-exported for callers of this module
+
 NVIDIA = "nvidia.com"
-NFD_GPU_LABELS = (
-    "feature.node.kubernetes.io/pci-10de.present",
-    "feature.node.kubernetes.io/pci-0302_10de.present",
-    "feature.node.kubernetes.io/pci-0300_10de.present",
-)
 NFD_PREFIX = "feature.node.kubernetes.io/"
 GPU_PRESENT = f"{NVIDIA}/gpu.present"
 WORKLOAD_CONFIG = f"{NVIDIA}/gpu.workload.config"
@@ -103,10 +104,6 @@ class NodeChange:
         if self.annotations:
             metadata["annotations"] = dict(self.annotations)
         return {"metadata": metadata}
-
-
-def has_gpu(labels: dict[str, str]) -> bool:
-    return any(labels.get(key) == "true" for key in NFD_GPU_LABELS)
 
 
 def is_relevant_label(key: str) -> bool:
