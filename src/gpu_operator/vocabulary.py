@@ -1,0 +1,73 @@
+"""The names that cross layers: label and annotation keys, ownership labels, workload configs,
+condition reasons. One definition each; api, render, controllers, node and statusview import them
+from here (this module imports nothing of ours).
+
+Upstream's names are a contract: node selectors, dashboards, alerts, k8s-driver-manager and other
+operators match on them, so every value below is upstream's unless it says it is ours.
+"""
+
+from __future__ import annotations
+
+NVIDIA = "nvidia.com"
+NFD = "feature.node.kubernetes.io"
+NFD_PREFIX = f"{NFD}/"
+
+# -- node labels -------------------------------------------------------------------------------
+GPU_PRESENT = f"{NVIDIA}/gpu.present"
+WORKLOAD_CONFIG = f"{NVIDIA}/gpu.workload.config"
+DEPLOY_PREFIX = f"{NVIDIA}/gpu.deploy."
+DEPLOY_OPERANDS = f"{DEPLOY_PREFIX}operands"
+MIG_CAPABLE = f"{NVIDIA}/mig.capable"
+MIG_CONFIG = f"{NVIDIA}/mig.config"
+GPU_PRODUCT = f"{NVIDIA}/gpu.product"
+VGPU_HOST_DRIVER = f"{NVIDIA}/vgpu.host-driver-version"
+CC_CAPABLE = f"{NVIDIA}/cc.capable"
+DEVICE_PLUGIN_CONFIG = f"{NVIDIA}/device-plugin.config"
+KATA_RUNTIME_CLASS = f"{NVIDIA}/kata-runtime-class"
+# Published by our probe (ours: upstream has no probe).
+DRIVER_SOURCE = f"{NVIDIA}/gpu.driver.source"
+DRIVER_VERSION = f"{NVIDIA}/gpu.driver.version"
+PROBE_STATUS = f"{NVIDIA}/gpu.probe.status"
+
+# NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).
+NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")
+
+
+def deploy_label(component: str) -> str:
+    """`nvidia.com/gpu.deploy.<component>`: the node label that gates one operand's DaemonSet."""
+    return f"{DEPLOY_PREFIX}{component}"
+
+
+# -- workload configs ---------------------------------------------------------------------------
+CONTAINER, VM_PASSTHROUGH, VM_VGPU = "container", "vm-passthrough", "vm-vgpu"
+WORKLOAD_CONFIGS = (CONTAINER, VM_PASSTHROUGH, VM_VGPU)
+
+# -- driver upgrades (upstream's k8s-operator-libs keys with driver name "gpu") ----------------
+UPGRADE_STATE = f"{NVIDIA}/gpu-driver-upgrade-state"
+UPGRADE_SKIP = f"{NVIDIA}/gpu-driver-upgrade.skip"
+UPGRADE_ENABLED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-enabled"
+UPGRADE_REQUESTED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-requested"
+UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade.driver-wait-for-safe-load"
+UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade.node-initial-state.unschedulable"
+UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-wait-for-pod-completion-start-time"
+UPGRADE_VALIDATION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-validation-start-time"
+UPGRADE_DRAIN_SKIP_POD_LABEL = f"{NVIDIA}/gpu-driver-upgrade-drain.skip"
+
+# -- objects the operator owns -------------------------------------------------------------------
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "gpu-operator"
+MANAGED_SELECTOR = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+STATE_LABEL = f"{NVIDIA}/gpu-operator.state"  # ours: which state of the walk rendered an object
+HASH_ANNOTATION = f"{NVIDIA}/last-applied-hash"  # ours: hash of what we applied last
+
+# -- ClusterPolicy status ------------------------------------------------------------------------
+READY, NOT_READY, IGNORED = "ready", "notReady", "ignored"
+# Condition reasons (upstream's names: dashboards and alerts match on them).
+RECONCILED = "Reconciled"
+RECONCILE_FAILED = "ReconcileFailed"
+NFD_LABELS_MISSING = "NFDLabelsMissing"
+NO_GPU_NODES = "NoGPUNodes"
+OPERAND_NOT_READY = "OperandNotReady"
+
+# -- the validator's status files ------------------------------------------------------------------
+VALIDATIONS_DIR = "/run/nvidia/validations"
