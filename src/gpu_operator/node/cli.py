@@ -93,22 +93,20 @@ def probe(
         time.sleep(interval)
 
 
-def validate(
-    component: Annotated[
-        str, typer.Option("--component", "-c", envvar="COMPONENT", help="What to validate.")
-    ],
-    host_root: HostRoot = None,
-) -> None:
-    """Validate one component and write its status file under <host-root>/run/nvidia/validations."""
+def run_component(component: str, host_root: str | None, environ: dict[str, str]) -> None:
+    """One validator component (or COMPONENT=metrics: the node-status exporter), upstream's env contract."""
     from gpu_operator.node.runner import HostRunner
     from gpu_operator.node.validate.base import Context, Outcome
-    from gpu_operator.node.validate.config import ConfigError, ValidatorConfig
+    from gpu_operator.node.validate.config import METRICS, ConfigError, ValidatorConfig
     from gpu_operator.node.validate.run import validate as run_validation
 
     try:
-        config = ValidatorConfig.from_env(os.environ)
+        config = ValidatorConfig.from_env(environ)
     except ConfigError as err:
         raise typer.BadParameter(str(err)) from None
+    if component == METRICS:
+        serve_metrics(host_root, config, config.metrics_port, "0.0.0.0")
+        return
     fs = _fs(host_root)
     ctx = Context(
         fs, HostRunner(fs), config, kube=_kube_view(config.namespace), log=lambda m: typer.echo(m, err=True)
@@ -120,10 +118,24 @@ def validate(
     typer.echo(f"{component}: {result.outcome}: {result.message}")
     if result.outcome == Outcome.FAILED:
         # Kubernetes shows this file's text as the container's termination message.
-        termination = Path(os.environ.get("TERMINATION_LOG", "/dev/termination-log"))
+        termination = Path(environ.get("TERMINATION_LOG", "/dev/termination-log"))
         if termination.parent.is_dir() and os.access(termination.parent, os.W_OK):
             termination.write_text(result.message[:4096])
         raise typer.Exit(1)
+
+
+def validate(
+    component: Annotated[
+        str,
+        typer.Option(
+            "--component", "-c", envvar="COMPONENT",
+            help="What to validate (driver, toolkit, cuda, plugin, ...), or metrics to serve the status files.",
+        ),
+    ],
+    host_root: HostRoot = None,
+) -> None:
+    """Validate one component and write its status file under <host-root>/run/nvidia/validations."""
+    run_component(component, host_root, dict(os.environ))
 
 
 vfio_app = typer.Typer(
@@ -206,20 +218,14 @@ def vfio_unbind(
     _vfio("unbind", all_gpus, device, dry_run, host_root, False)
 
 
-def node_status_exporter(
-    host_root: HostRoot = None,
-    port: Annotated[int, typer.Option(envvar="METRICS_PORT", help="Port to serve /metrics on.")] = 8000,
-    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
-) -> None:
-    """Serve the node's validation state as Prometheus metrics (status files are read at each scrape)."""
+def serve_metrics(host_root: str | None, config: Any, port: int, address: str) -> None:
+    """Serve the node's validation state as Prometheus metrics until stopped."""
     from prometheus_client import start_http_server
 
     from gpu_operator.node.exporter import NodeStatusCollector, driver_answers, registry_for
     from gpu_operator.node.runner import HostRunner
-    from gpu_operator.node.validate.config import ValidatorConfig
 
     fs = _fs(host_root)
-    config = ValidatorConfig.from_env(os.environ)
     view = _kube_view(config.namespace)
 
     def devices() -> int | None:
@@ -240,6 +246,21 @@ def node_status_exporter(
     typer.echo(f"serving node metrics on {address}:{port}/metrics", err=True)
     while True:
         time.sleep(3600)
+
+
+def node_status_exporter(
+    host_root: HostRoot = None,
+    port: Annotated[int, typer.Option(envvar="METRICS_PORT", help="Port to serve /metrics on.")] = 8000,
+    address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+) -> None:
+    """Serve the node's validation state as Prometheus metrics (status files are read at each scrape)."""
+    from gpu_operator.node.validate.config import ConfigError, ValidatorConfig
+
+    try:
+        config = ValidatorConfig.from_env(os.environ)
+    except ConfigError as err:
+        raise typer.BadParameter(str(err)) from None
+    serve_metrics(host_root, config, port, address)
 
 
 def doctor(

@@ -6,6 +6,15 @@ fall back to them so a minimal policy renders without a cluster.
 
 from __future__ import annotations
 
+from gpu_operator import __version__
+
+# Our own image (the operator, `nvidia-validator`, the node-status exporter, the CRD hook); the
+# chart names the same one (deployments/gpu-operator/values.yaml: operator/validator).
+OWN_IMAGE = f"ghcr.io/gpu-operator-py/gpu-operator:{__version__}"
+# The CUDA and plugin workload pods run `vectorAdd`; our image has no CUDA sample, NVIDIA's
+# operator image ships it at /usr/bin/vectorAdd. Operator env CUDA_VALIDATOR_IMAGE overrides it.
+CUDA_WORKLOAD_IMAGE = "nvcr.io/nvidia/gpu-operator:v26.7.0"
+
 CHART_DEFAULT_IMAGES: dict[str, str] = {
     "DRIVER_IMAGE": "nvcr.io/nvidia/driver:595.91.07",
     "DRIVER_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0",
@@ -14,7 +23,8 @@ CHART_DEFAULT_IMAGES: dict[str, str] = {
     "GFD_IMAGE": "nvcr.io/nvidia/k8s-device-plugin:v0.20.0",
     "DCGM_IMAGE": "nvcr.io/nvidia/cloud-native/dcgm:4.6.0-1-ubuntu24.04",
     "DCGM_EXPORTER_IMAGE": "nvcr.io/nvidia/k8s/dcgm-exporter:4.6.0-4.8.3-distroless",
-    "VALIDATOR_IMAGE": "nvcr.io/nvidia/gpu-operator:v26.7.0",
+    "VALIDATOR_IMAGE": OWN_IMAGE,
+    "CUDA_VALIDATOR_IMAGE": CUDA_WORKLOAD_IMAGE,
     "MIG_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-mig-manager:v0.15.0",
     "GDS_IMAGE": "nvcr.io/nvidia/cloud-native/nvidia-fs:2.29.4",
     "GDRCOPY_IMAGE": "nvcr.io/nvidia/cloud-native/gdrdrv:v2.6",

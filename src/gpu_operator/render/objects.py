@@ -80,6 +80,9 @@ def env_field(name: str, field_path: str) -> dict[str, Any]:
 
 
 NODE_NAME = env_field("NODE_NAME", "spec.nodeName")
+OPERATOR_NAMESPACE = env_field("OPERATOR_NAMESPACE", "metadata.namespace")
+NAMESPACE = env_field("NAMESPACE", "metadata.namespace")
+POD_NAME = env_field("POD_NAME", "metadata.name")
 
 
 def container(

@@ -247,3 +247,35 @@ def test_driver_and_vfio_pci_on_every_fixture(build_host, name: str) -> None:  #
     result = validate(ctx, "driver")
     assert (result.outcome, words in result.message) == (driver_outcome, True), result.message
     assert validate(ctx, "vfio-pci").outcome == vfio_outcome
+
+
+def test_nvidia_validator_entry_takes_upstreams_env_contract(build_host, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpu_operator.node.validate.entry import app as validator_app
+
+    monkeypatch.setenv("GPU_OPERATOR_NO_CHROOT", "1")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.setenv("TERMINATION_LOG", str(tmp_path / "termination-log"))
+    host = build_host("talos")
+    env = {"COMPONENT": "driver", "WITH_WAIT": "false", "GPU_OPERATOR_HOST_ROOT": str(host.fs.root)}
+    ok = CliRunner().invoke(validator_app, [], env=env)
+    assert ok.exit_code == 0 and "driver: passed" in ok.output
+    assert _read(host.fs, "driver-ready") is not None
+    # a flag overrides its env variable, as upstream's do
+    out = tmp_path / "elsewhere"
+    moved = CliRunner().invoke(validator_app, ["-c", "driver", "-o", "/run/elsewhere"], env=env)
+    assert moved.exit_code == 0 and host.fs.exists("/run/elsewhere/driver-ready") and not out.exists()
+    bad = CliRunner().invoke(validator_app, [], env={**env, "WITH_WAIT": "maybe"})
+    assert bad.exit_code == 2 and "WITH_WAIT='maybe'" in bad.output
+
+
+def test_component_metrics_serves_the_node_status_exporter(build_host, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from gpu_operator.node import cli as node_cli
+
+    served: list[tuple[int, str]] = []
+    monkeypatch.setattr(node_cli, "serve_metrics", lambda root, config, port, address: served.append((port, address)))
+    host = build_host("talos")
+    result = CliRunner().invoke(
+        app, ["validate", "--host-root", str(host.fs.root)], env={"COMPONENT": "metrics", "METRICS_PORT": "8123"}
+    )
+    assert result.exit_code == 0, result.output
+    assert served == [(8123, "0.0.0.0")]

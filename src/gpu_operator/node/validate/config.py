@@ -1,9 +1,19 @@
-"""Validator settings from the environment (upstream's names where they exist) and the component table."""
+"""Validator settings from the environment (upstream's names where they exist) and the component table.
+
+The environment is the validator's contract with the pods that run it (upstream's
+`nvidia-validator` reads the same names): COMPONENT, WITH_WAIT, WITH_WORKLOAD, NODE_NAME,
+OPERATOR_NAMESPACE, OUTPUT_DIR, MIG_STRATEGY, METRICS_PORT, ... One pydantic model holds them;
+each field's alias is its variable's name.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from gpu_operator import vocabulary
 
 COMPONENTS = (
     "driver",
@@ -20,6 +30,8 @@ COMPONENTS = (
     "nvidia-peermem",
 )
 # Status file each component creates on success (upstream names, Appendix A).
+# COMPONENT=metrics is not a validation: it serves the status files as Prometheus metrics.
+METRICS = "metrics"
 STATUS_FILES = {
     "driver": "driver-ready",
     "toolkit": "toolkit-ready",
@@ -54,123 +66,132 @@ DEFAULT_BUDGETS = {
     "gdrcopy": 300.0,
     "nvidia-peermem": 300.0,
 }
-WORKLOAD_CONFIGS = ("container", "vm-passthrough", "vm-vgpu")
-WORKLOAD_CONFIG_LABEL = "nvidia.com/gpu.workload.config"
+WORKLOAD_CONFIGS = vocabulary.WORKLOAD_CONFIGS
+WORKLOAD_CONFIG_LABEL = vocabulary.WORKLOAD_CONFIG
 
 
 class ConfigError(ValueError):
     """An environment variable has a value we cannot use; the message names it and the accepted values."""
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={raw!r}: expected true or false")
-
-
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a number of seconds") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r}: must not be negative")
-    return value
-
-
 def _env_key(component: str) -> str:
     return component.upper().replace("-", "_")
 
 
-@dataclass
-class ValidatorConfig:
-    node_name: str = ""
-    namespace: str = ""
-    with_wait: bool = False
-    with_workload: bool = True
-    sleep_interval: float = 5.0
-    output_dir: str = "/run/nvidia/validations"
-    mig_strategy: str = "single"
-    default_workload: str = "vm-passthrough"
-    workload_override: str = ""
-    driver_install_dir: str = "/run/nvidia/driver"
-    skip_gpu_init: bool = False
-    disable_dev_char_symlinks: bool = False
-    gpu_direct_rdma: bool = False
-    cc_capable: bool | None = None
-    search_dirs: tuple[str, ...] = ()
-    skipped: frozenset[str] = frozenset()
-    budgets: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BUDGETS))
-    validator_image: str = ""
-    cuda_image: str = ""
-    runtime_class: str = ""
-    image_pull_policy: str = ""
-    image_pull_secrets: tuple[str, ...] = ()
-    resource_name: str = ""
+def _csv(value: Any) -> Any:
+    return tuple(p.strip() for p in value.split(",") if p.strip()) if isinstance(value, str) else value
 
+
+def _path_list(value: Any) -> Any:
+    return tuple(p for p in value.split(":") if p) if isinstance(value, str) else value
+
+
+Seconds = Annotated[float, Field(ge=0)]
+CsvList = Annotated[tuple[str, ...], BeforeValidator(_csv)]
+Workload = Literal["container", "vm-passthrough", "vm-vgpu"]
+MigStrategy = Literal["none", "single", "mixed"]
+# What each env variable accepts, for error messages that name the fix.
+_EXPECTED = {
+    "bool_parsing": "expected true or false",
+    "float_parsing": "expected a number of seconds",
+    "int_parsing": "expected a whole number",
+    "greater_than_equal": "must not be negative",
+}
+
+
+class ValidatorConfig(BaseModel):
+    """The validator's environment. Unset and empty variables take the defaults below."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    component: str = Field("", alias="COMPONENT")
+    node_name: str = Field("", alias="NODE_NAME")
+    namespace: str = Field("", alias="OPERATOR_NAMESPACE")
+    with_wait: bool = Field(False, alias="WITH_WAIT")
+    with_workload: bool = Field(True, alias="WITH_WORKLOAD")
+    cleanup_all: bool = Field(False, alias="CLEANUP_ALL")
+    sleep_interval: Seconds = Field(5.0, alias="SLEEP_INTERVAL_SECONDS")
+    output_dir: str = Field("/run/nvidia/validations", alias="OUTPUT_DIR")
+    mig_strategy: MigStrategy = Field("single", alias="MIG_STRATEGY")
+    metrics_port: int = Field(8000, alias="METRICS_PORT", ge=1, le=65535)
+    default_workload: Workload = Field("vm-passthrough", alias="DEFAULT_GPU_WORKLOAD_CONFIG")
+    workload_override: Literal["", "container", "vm-passthrough", "vm-vgpu"] = Field("", alias="GPU_WORKLOAD_CONFIG")
+    host_root: str = Field("/", alias="HOST_ROOT")
+    driver_install_dir: str = Field("/run/nvidia/driver", alias="DRIVER_INSTALL_DIR")
+    driver_install_dir_ctr_path: str = Field("/run/nvidia/driver", alias="DRIVER_INSTALL_DIR_CTR_PATH")
+    skip_gpu_init: bool = Field(False, alias="DRIVER_VALIDATION_SKIP_GPU_INIT")
+    disable_dev_char_symlinks: bool = Field(False, alias="DISABLE_DEV_CHAR_SYMLINK_CREATION")
+    gpu_direct_rdma: bool = Field(False, alias="GPU_DIRECT_RDMA_ENABLED")
+    cc_capable: bool | None = Field(None, alias="CC_CAPABLE")
+    search_dirs: Annotated[tuple[str, ...], BeforeValidator(_path_list)] = Field((), alias="DRIVER_SEARCH_PATHS")
+    skipped: frozenset[str] = Field(frozenset(), alias="VALIDATOR_SKIP")
+    budgets: dict[str, Seconds] = Field(default_factory=lambda: dict(DEFAULT_BUDGETS))
+    validator_image: str = Field("", alias="VALIDATOR_IMAGE")
+    cuda_image: str = Field("", alias="CUDA_VALIDATOR_IMAGE")
+    runtime_class: str = Field("", alias="VALIDATOR_RUNTIME_CLASS")
+    image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field("", alias="VALIDATOR_IMAGE_PULL_POLICY")
+    image_pull_secrets: CsvList = Field((), alias="VALIDATOR_IMAGE_PULL_SECRETS")
+    resource_name: str = Field("", alias="PLUGIN_RESOURCE_NAME")
+
+    @model_validator(mode="before")
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ValidatorConfig:
-        skipped = {c.strip() for c in env.get("VALIDATOR_SKIP", "").split(",") if c.strip()}
+    def _derived(cls, data: Any) -> Any:
+        """Empty means unset; the skip list and the per-component budgets come from several variables."""
+        if not isinstance(data, Mapping):
+            return data
+        env = {k: v for k, v in data.items() if v != ""}
+        skipped = set(_csv(env.get("VALIDATOR_SKIP", "")))
         unknown = skipped - set(COMPONENTS)
         if unknown:
-            raise ConfigError(
+            raise ValueError(
                 f"VALIDATOR_SKIP names unknown component(s) {sorted(unknown)}: use {', '.join(COMPONENTS)}"
             )
         for component in COMPONENTS:
-            if _bool(env, f"DISABLE_{_env_key(component)}_VALIDATION", False):
-                skipped.add(component)
+            flag = f"DISABLE_{_env_key(component)}_VALIDATION"
+            if flag in env:
+                env[flag] = _strict_bool(flag, env[flag])
+                if env[flag]:
+                    skipped.add(component)
+        env["VALIDATOR_SKIP"] = frozenset(skipped)
         overall = env.get("VALIDATION_TIMEOUT_SECONDS")
-        budgets = {
-            c: _float(
-                env,
-                f"{_env_key(c)}_TIMEOUT_SECONDS",
-                _float(env, "VALIDATION_TIMEOUT_SECONDS", b) if overall else b,
-            )
+        env.setdefault("budgets", {
+            c: env.get(f"{_env_key(c)}_TIMEOUT_SECONDS", overall if overall is not None else b)
             for c, b in DEFAULT_BUDGETS.items()
-        }
-        workload = env.get("GPU_WORKLOAD_CONFIG", "")
-        default_workload = env.get("DEFAULT_GPU_WORKLOAD_CONFIG", "") or "vm-passthrough"
-        for name, value in (
-            ("GPU_WORKLOAD_CONFIG", workload),
-            ("DEFAULT_GPU_WORKLOAD_CONFIG", default_workload),
-        ):
-            if value and value not in WORKLOAD_CONFIGS:
-                raise ConfigError(f"{name}={value!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
-        policy = env.get("VALIDATOR_IMAGE_PULL_POLICY", "")
-        if policy and policy not in ("Always", "IfNotPresent", "Never"):
-            raise ConfigError(f"VALIDATOR_IMAGE_PULL_POLICY={policy!r}: use Always, IfNotPresent or Never")
-        cc = env.get("CC_CAPABLE")
-        return cls(
-            node_name=env.get("NODE_NAME", ""),
-            namespace=env.get("OPERATOR_NAMESPACE", ""),
-            with_wait=_bool(env, "WITH_WAIT", False),
-            with_workload=_bool(env, "WITH_WORKLOAD", True),
-            sleep_interval=_float(env, "SLEEP_INTERVAL_SECONDS", 5.0),
-            output_dir=env.get("OUTPUT_DIR", "") or "/run/nvidia/validations",
-            mig_strategy=env.get("MIG_STRATEGY", "") or "single",
-            default_workload=default_workload,
-            workload_override=workload,
-            driver_install_dir=env.get("DRIVER_INSTALL_DIR", "") or "/run/nvidia/driver",
-            skip_gpu_init=_bool(env, "DRIVER_VALIDATION_SKIP_GPU_INIT", False),
-            disable_dev_char_symlinks=_bool(env, "DISABLE_DEV_CHAR_SYMLINK_CREATION", False),
-            gpu_direct_rdma=_bool(env, "GPU_DIRECT_RDMA_ENABLED", False),
-            cc_capable=None if cc is None or cc == "" else _bool(env, "CC_CAPABLE", False),
-            search_dirs=tuple(p for p in env.get("DRIVER_SEARCH_PATHS", "").split(":") if p),
-            skipped=frozenset(skipped),
-            budgets=budgets,
-            validator_image=env.get("VALIDATOR_IMAGE", ""),
-            cuda_image=env.get("CUDA_VALIDATOR_IMAGE", "") or env.get("VALIDATOR_IMAGE", ""),
-            runtime_class=env.get("VALIDATOR_RUNTIME_CLASS", ""),
-            image_pull_policy=env.get("VALIDATOR_IMAGE_PULL_POLICY", ""),
-            image_pull_secrets=tuple(s for s in env.get("VALIDATOR_IMAGE_PULL_SECRETS", "").split(",") if s),
-            resource_name=env.get("PLUGIN_RESOURCE_NAME", ""),
-        )
+        })
+        # CUDA workload pods run the validator image unless a CUDA image is named
+        env.setdefault("CUDA_VALIDATOR_IMAGE", env.get("VALIDATOR_IMAGE", ""))
+        return env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ValidatorConfig:
+        try:
+            return cls.model_validate(dict(env))
+        except ValidationError as err:
+            raise ConfigError("; ".join(_describe(e, env) for e in err.errors())) from None
+
+
+def _strict_bool(name: str, raw: Any) -> bool:
+    value = str(raw).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r}: expected true or false")
+
+
+def _describe(error: Any, env: Mapping[str, str]) -> str:
+    """`NAME='value': what is accepted`, naming the variable (or a budget's variable)."""
+    loc = [str(part) for part in error.get("loc", ())]
+    if not loc:
+        return str(error.get("msg", "")).removeprefix("Value error, ")
+    name = loc[0]
+    if name == "budgets" and len(loc) > 1:
+        name = f"{_env_key(loc[1])}_TIMEOUT_SECONDS"
+        if name not in env:
+            name = "VALIDATION_TIMEOUT_SECONDS"
+    raw = env.get(name, error.get("input"))
+    expected = _EXPECTED.get(error.get("type", ""))
+    if expected is None:
+        ctx = error.get("ctx") or {}
+        expected = f"use one of {ctx['expected']}" if "expected" in ctx else str(error.get("msg", ""))
+    return f"{name}={raw!r}: {expected}"

@@ -7,6 +7,7 @@ from typing import Any
 from gpu_operator.api.clusterpolicy import Component
 from gpu_operator.render.objects import (
     NODE_NAME,
+    OPERATOR_NAMESPACE,
     VALIDATIONS_DIR,
     Ctx,
     container,
@@ -89,17 +90,25 @@ def wait_for(component: str, ready_file: str) -> dict[str, Any]:
 
 def validator_init(component: str, *extra_env: dict[str, Any], privileged: bool = True,
                    mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """An init container running one validator component (COMPONENT=<name>, waiting until it passes)."""
-    return container(
+    """An init container running one validator component (COMPONENT=<name>, waiting until it passes).
+
+    It runs as root (the validator image's user is 1000; chroot and the status files need uid 0)
+    and knows its namespace (the driver check looks up the driver DaemonSets there; the workload
+    checks start their pods there).
+    """
+    ctr = container(
         f"{component}-validation",
         command=["sh", "-c"],
         args=["nvidia-validator"],
-        env_vars=[env("WITH_WAIT", "true"), env("COMPONENT", component), NODE_NAME, *extra_env],
+        env_vars=[env("WITH_WAIT", "true"), env("COMPONENT", component), NODE_NAME, OPERATOR_NAMESPACE,
+                  *extra_env],
         # The apiserver allows Bidirectional propagation only in privileged containers.
         mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR,
                                 propagation="Bidirectional" if privileged else "HostToContainer")],
         privileged=privileged,
     )
+    ctr.setdefault("securityContext", {})["runAsUser"] = 0
+    return ctr
 
 
 def configmap(name: str, state: str, ctx: Ctx, data: dict[str, str]) -> Manifest:

@@ -96,7 +96,8 @@ OPERAND = Operand(
     state=STATE,
     gate=when_enabled("toolkit"),
     account=NAME,
-    role_rules=(rule([""], ["pods"], ["get", "list"]),),
+    # driver-validation lists the driver DaemonSets in its namespace
+    role_rules=(rule([""], ["pods"], ["get", "list"]), rule(["apps"], ["daemonsets"], ["get", "list"])),
     extras=_extras,
     refs=(Ref("v1", "ConfigMap", ENTRYPOINT),),
     daemonset=DaemonSetDef(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
+from gpu_operator.render.objects import NAMESPACE, NODE_NAME, POD_NAME, Ctx, container, env, hostpath, mount
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import DRIVER_INSTALL_DIR, VALIDATIONS, wait_for, when_enabled
 from gpu_operator.render.states.device_plugin import config_manager_containers
@@ -20,7 +20,9 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "gpu-feature-discovery",
         command=["gpu-feature-discovery"],
         env_vars=[env("GFD_SLEEP_INTERVAL", "60s"), env("GFD_FAIL_ON_INIT_ERROR", "true"),
-                  env("NVIDIA_VISIBLE_DEVICES", "all")],
+                  env("NVIDIA_VISIBLE_DEVICES", "all"),
+                  # the NodeFeature object it publishes is named after the node, in the pod's namespace
+                  NAMESPACE, NODE_NAME, POD_NAME],
         mounts=[mount("output-dir", FEATURES_DIR), mount("host-sys", "/sys"),
                 mount("driver-install-dir", "/driver-root", readonly=True, propagation="HostToContainer")],
         privileged=True,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE
 from gpu_operator.render.objects import (
     VALIDATIONS_DIR,
     Ctx,
     container,
+    env,
     find,
     mount,
     remove_containers,
@@ -40,7 +42,8 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     ])
     inits = [
         driver,
-        validator_init("toolkit"),
+        # the validator image sets NVIDIA_VISIBLE_DEVICES=void; the toolkit check needs the driver injected
+        validator_init("toolkit", env("NVIDIA_VISIBLE_DEVICES", "all")),
         validator_init("cuda", privileged=False),
         validator_init("plugin", privileged=False),
     ]
@@ -77,6 +80,9 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
         if component in ("cuda", "plugin"):
             # the validator starts workload pods with these settings
             upsert_env(ctr, "VALIDATOR_IMAGE", image)
+            # the workload pods run vectorAdd: an image that has it (ours has not)
+            upsert_env(ctr, "CUDA_VALIDATOR_IMAGE", ctx.facts.operator_env.get("CUDA_VALIDATOR_IMAGE")
+                       or CUDA_WORKLOAD_IMAGE)
             upsert_env(ctr, "VALIDATOR_IMAGE_PULL_POLICY", ctr["imagePullPolicy"])
             if secrets:
                 upsert_env(ctr, "VALIDATOR_IMAGE_PULL_SECRETS", secrets)
@@ -85,8 +91,8 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
                 upsert_env(ctr, "VALIDATOR_RUNTIME_CLASS", runtime_class)
         if component == "plugin":
             upsert_env(ctr, "WITH_WORKLOAD", "false")
-            if spec.mig.strategy:
-                upsert_env(ctr, "MIG_STRATEGY", spec.mig.strategy)
+            # always, as upstream (empty when unset: the validator then assumes single)
+            upsert_env(ctr, "MIG_STRATEGY", spec.mig.strategy or "")
         if extra is not None:
             env_upsert(ctr, extra.env)
     pod["containers"][0].setdefault("securityContext", {}).update(ROOT)
