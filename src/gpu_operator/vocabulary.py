@@ -28,6 +28,8 @@ KATA_RUNTIME_CLASS = f"{NVIDIA}/kata-runtime-class"
 DRIVER_SOURCE = f"{NVIDIA}/gpu.driver.source"
 DRIVER_VERSION = f"{NVIDIA}/gpu.driver.version"
 PROBE_STATUS = f"{NVIDIA}/gpu.probe.status"
+# The NVIDIADriver that owns a GPU node (written by node labelling when NVIDIADrivers are in use).
+DRIVER_OWNER = f"{NVIDIA}/gpu-operator.driver.owner"
 
 # NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).
 NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")

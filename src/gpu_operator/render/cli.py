@@ -63,8 +63,15 @@ def crds_print() -> None:
 
 def render_command(
     policy: Annotated[
-        Path, typer.Option("--policy", exists=True, dir_okay=False, help="ClusterPolicy YAML file.")
-    ],
+        Path | None, typer.Option("--policy", exists=True, dir_okay=False, help="ClusterPolicy YAML file.")
+    ] = None,
+    nvidiadriver: Annotated[
+        Path | None,
+        typer.Option("--nvidiadriver", exists=True, dir_okay=False,
+                     help="NVIDIADriver YAML file (one or more documents): render their driver DaemonSets, "
+                     "one per node pool, instead of the ClusterPolicy's states (--policy then only supplies "
+                     "host paths and the validator image)."),
+    ] = None,
     nodes: Annotated[
         Path | None,
         typer.Option("--nodes", exists=True, dir_okay=False, help="Node manifests (YAML list or stream)."),
@@ -83,11 +90,13 @@ def render_command(
         ),
     ] = True,
 ) -> None:
-    """Print every object of every state in apply order (offline: no cluster needed)."""
+    """Print every object of every state in apply order (offline: no cluster needed).
+    Needs --policy, --nvidiadriver, or both."""
     from gpu_operator.render.clitext import run_render
 
     code = run_render(
         policy=policy,
+        nvidiadriver=nvidiadriver,
         nodes=nodes,
         shapes=list(shape or []),
         namespace=namespace,

@@ -12,9 +12,12 @@ import yaml
 from pydantic import ValidationError
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.render import RenderError, RenderResult, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+from gpu_operator.render.driverowners import conflict_message, route
 from gpu_operator.render.facts import GPU_PRESENT, ClusterFacts, has_nfd_gpu_labels
+from gpu_operator.render.nvidiadriver import render_nvidiadriver
 
 
 class InputError(ValueError):
@@ -73,11 +76,44 @@ def format_json(result: RenderResult) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": result.objects()}, indent=2) + "\n"
 
 
-def run_render(*, policy: Path, nodes: Path | None, shapes: list[str], namespace: str, output: str,
-               k8s_version: str, openshift: bool, as_labelled: bool) -> int:
+def load_nvidiadrivers(path: Path) -> list[NVIDIADriver]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "NVIDIADriver"]
+    if not found:
+        raise InputError(f"{path}: no NVIDIADriver document found (kind: NVIDIADriver, apiVersion: nvidia.com/v1alpha1)")
+    drivers = []
+    for doc in found:
+        try:
+            drivers.append(NVIDIADriver.model_validate(doc))
+        except ValidationError as err:
+            name = (doc.get("metadata") or {}).get("name", "?")
+            raise InputError(f"{path}: NVIDIADriver {name!r} is not valid:\n{err}") from err
+    names = [d.metadata.name for d in drivers]
+    if len(set(names)) != len(names) or not all(names):
+        raise InputError(f"{path}: every NVIDIADriver needs a distinct metadata.name (found {names})")
+    return drivers
+
+
+def render_drivers(drivers: list[NVIDIADriver], facts: ClusterFacts, base: ClusterPolicy | None) -> RenderResult:
+    """Every NVIDIADriver's objects, with GPU nodes routed to their owners as the operator does."""
+    routing = route(drivers, {n.name: n.labels for n in facts.gpu_nodes})
+    result = RenderResult(states=[])
+    for node, names in sorted(routing.conflicts.items()):
+        result.warnings.append(conflict_message(node, names))
+    for nvd in drivers:
+        one = render_nvidiadriver(nvd, facts, base, owned=routing.owned_by(nvd.metadata.name))
+        result.states.extend(one.states)
+        result.warnings.extend(one.warnings)
+    return result
+
+
+def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | None, shapes: list[str],
+               namespace: str, output: str, k8s_version: str, openshift: bool, as_labelled: bool) -> int:
     from gpu_operator import shapes as node_shapes
 
     try:
+        if policy is None and nvidiadriver is None:
+            raise InputError("give --policy FILE (a ClusterPolicy), --nvidiadriver FILE (NVIDIADrivers), or both")
         if output not in ("yaml", "json"):
             raise InputError(f"-o {output}: choose yaml or json")
         cluster = load_nodes(nodes) if nodes else []
@@ -86,7 +122,12 @@ def run_render(*, policy: Path, nodes: Path | None, shapes: list[str], namespace
             label_gpu_nodes(cluster)
         facts = ClusterFacts.from_nodes(cluster, namespace=namespace, k8s_version=k8s_version,
                                         openshift=openshift, operator_env=operator_env())
-        result = render(load_policy(policy), facts)
+        base = load_policy(policy) if policy else None
+        if nvidiadriver is not None:
+            result = render_drivers(load_nvidiadrivers(nvidiadriver), facts, base)
+        else:
+            assert base is not None
+            result = render(base, facts)
     except (InputError, node_shapes.ShapeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -94,7 +135,7 @@ def run_render(*, policy: Path, nodes: Path | None, shapes: list[str], namespace
         print(f"error: {policy} is not a valid ClusterPolicy:\n{err}", file=sys.stderr)
         return 2
     except RenderError as err:
-        print(f"error: cannot render {policy}: {err}", file=sys.stderr)
+        print(f"error: cannot render {nvidiadriver or policy}: {err}", file=sys.stderr)
         return 2
     sys.stdout.write(format_yaml(result) if output == "yaml" else format_json(result))
     return 0

@@ -6,6 +6,7 @@ The same shapes feed the simulator (kwok-managed Nodes) and `gpu-operator render
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -132,24 +133,32 @@ def load(name: str) -> Shape:
     )
 
 
-_SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?::(?P<count>\d+))?$")
+_SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?::(?P<count>\d+))?(?P<labels>(?:,[^,=]+=[^,=]*)*)$")
 
 
 def parse_spec(spec: str) -> tuple[Shape, int]:
-    """Parse `NAME[:COUNT]` (COUNT defaults to 1)."""
+    """Parse `NAME[:COUNT][,KEY=VALUE...]` (COUNT defaults to 1; labels are added to every node)."""
     match = _SPEC.match(spec.strip())
     if not match:
-        raise ShapeError(f"bad shape {spec!r}: expected NAME[:COUNT], e.g. dgx-h100:4")
+        raise ShapeError(f"bad shape {spec!r}: expected NAME[:COUNT][,KEY=VALUE...], e.g. dgx-h100:4,pool=a")
     count = int(match["count"] or 1)
     if count < 1:
         raise ShapeError(f"bad shape {spec!r}: COUNT must be at least 1")
-    return load(match["name"]), count
+    shape = load(match["name"])
+    extra = dict(pair.split("=", 1) for pair in match["labels"].split(",")[1:])
+    if extra:
+        shape = dataclasses.replace(shape, extra_labels={**shape.extra_labels, **extra})
+    return shape, count
 
 
 def nodes(specs: list[str], start: int = 0) -> list[dict[str, Any]]:
-    """Node manifests for `NAME[:COUNT]` specs, named `<shape>-<index>`."""
+    """Node manifests for `NAME[:COUNT][,KEY=VALUE...]` specs, named `<shape>-<index>` (numbered
+    across specs of the same shape, so `dgx-h100:2,pool=a dgx-h100:2,pool=b` gives four nodes)."""
     out: list[dict[str, Any]] = []
+    used: dict[str, int] = {}
     for spec in specs:
         shape, count = parse_spec(spec)
-        out.extend(shape.node(f"{shape.name}-{start + i}") for i in range(count))
+        first = start + used.get(shape.name, 0)
+        used[shape.name] = used.get(shape.name, 0) + count
+        out.extend(shape.node(f"{shape.name}-{first + i}") for i in range(count))
     return out
