@@ -42,6 +42,9 @@ class Image:
 
     field: str
     env: str
+    # a version/repository/image given alone replaces that part of the default image (the driver's
+    # version is a branch for precompiled images, so it keeps upstream's rule)
+    partial: bool = True
 
     def fields(self, ctx: Ctx) -> ComponentFields:
         value = getattr(ctx.spec, self.field)
@@ -49,7 +52,8 @@ class Image:
         return value
 
     def resolve(self, ctx: Ctx) -> str:
-        return image_path(self.fields(ctx), self.env, dict(ctx.facts.operator_env), f"spec.{self.field}")
+        return image_path(self.fields(ctx), self.env, dict(ctx.facts.operator_env), f"spec.{self.field}",
+                          partial=self.partial)
 
 
 VALIDATOR = Image("validator", "VALIDATOR_IMAGE")

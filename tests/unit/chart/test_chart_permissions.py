@@ -57,6 +57,7 @@ IN_NAMESPACE: set[Permission] = (
     | grant("coordination.k8s.io", ["leases"], ["get", "update"], ["53822513.nvidia.com"])
     # held only to hand on to operand Roles
     | grant("", ["pods"], ["create"])
+    | grant("", ["configmaps"], ["update"])
     | grant("", ["secrets"], ["get", "list", "watch"])
 )
 OPENSHIFT_CLUSTER_WIDE: set[Permission] = (

@@ -140,7 +140,7 @@ def test_default_driver_pod_has_upstreams_install_state_layout() -> None:
         ("run-mellanox-drivers", "/run/mellanox/drivers"), ("run-nvidia-validations", "/run/nvidia/validations"),
         ("host-root", "/"), ("host-sys", "/sys"),
         ("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-        ("sysfs-memory-online", "/sys/devices/system/memory/auto_online_blocks"),
+        ("host-sys-devices-system", "/sys/devices/system"),
         ("nv-firmware", "/run/nvidia/driver/lib/firmware"),
         ("driver-startup-probe-script", "nvidia-driver-startup-probe")}
     assert len(state.AdditionalVolumeMounts) == 12 and state.HostRoot == "/"

@@ -17,7 +17,9 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     port: dict[str, Any] = {"name": "dcgm", "containerPort": PORT, "protocol": "TCP"}
     if ctx.spec.dcgm.hostPort:
         port["hostPort"] = ctx.spec.dcgm.hostPort
-    main = container("nvidia-dcgm-ctr", command=["nv-hostengine"], args=["-n", "-b", "ALL"], ports=[port])
+    probe = {"tcpSocket": {"port": PORT}, "initialDelaySeconds": 15}
+    main = container("nvidia-dcgm-ctr", command=["nv-hostengine"], args=["-n", "-b", "ALL"], ports=[port],
+                     privileged=True, livenessProbe=probe, readinessProbe=dict(probe))
     return {"initContainers": [wait_for("toolkit", "toolkit-ready")], "containers": [main], "volumes": [VALIDATIONS]}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.render.objects import (
+    NODE_NAME,
     Ctx,
     add_mount,
     add_volume,
@@ -44,8 +45,10 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         "nvidia-dcgm-exporter",
         env_vars=[env("DCGM_EXPORTER_LISTEN", f":{PORT}"), env("DCGM_EXPORTER_KUBERNETES", "true"),
-                  env("DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcp-metrics-included.csv")],
+                  env("DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcp-metrics-included.csv"), NODE_NAME],
         ports=[{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}],
+        livenessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45, "periodSeconds": 5},
+        readinessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45},
         mounts=[mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", readonly=True)],
         securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
     )
@@ -95,7 +98,9 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     if spec.service and spec.service.type:
         svc_spec["type"] = spec.service.type
     svc_spec["internalTrafficPolicy"] = (spec.service.internalTrafficPolicy if spec.service else None) or "Cluster"
-    out = [service(NAME, state, ctx, PORT, PORT_NAME, NAME, **svc_spec)]
+    svc = service(NAME, state, ctx, PORT, PORT_NAME, NAME, **svc_spec)
+    svc["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
+    out = [svc]
     monitor = spec.serviceMonitor
     if monitor and monitor.enabled:
         out += service_monitor(NAME, state, ctx, PORT_NAME, NAME, interval=monitor.interval or "15s",

@@ -15,7 +15,7 @@ FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
-    init, sidecar = config_manager_containers()
+    init, sidecar = config_manager_containers("gpu-feature-discovery")
     main = container(
         "gpu-feature-discovery",
         command=["gpu-feature-discovery"],

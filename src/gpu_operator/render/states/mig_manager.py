@@ -3,55 +3,74 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gpu_operator.render.objects import (
     NODE_NAME,
+    POD_NAME,
     VALIDATIONS_DIR,
     Ctx,
     configmap_volume,
     container,
     env,
+    env_field,
     hostpath,
     mount,
 )
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
 from gpu_operator.render.result import Manifest
-from gpu_operator.render.states._common import HOST_ROOT, VALIDATIONS, configmap, wait_for, when_enabled
+from gpu_operator.render.states._common import (
+    DRIVER_INSTALL_DIR,
+    HOST_ROOT,
+    VALIDATIONS,
+    configmap,
+    wait_for,
+    when_enabled,
+)
 from gpu_operator.render.transforms.cdi import device_plugin_cdi
 
 NAME = "nvidia-mig-manager"
 MIG_CONFIG = "default-mig-parted-config"
 GPU_CLIENTS = "default-gpu-clients"
 ENTRYPOINT = "nvidia-mig-manager-entrypoint"
-# Uniform layouts per MIG-capable product: (PCI device id, [(profile, count), ...]).
-PROFILES: dict[str, tuple[str, list[tuple[str, int]]]] = {
-    "A100-40GB": ("0x20B010DE", [("1g.5gb", 7), ("2g.10gb", 3), ("3g.20gb", 2), ("7g.40gb", 1)]),
-    "A100-80GB": ("0x20B210DE", [("1g.10gb", 7), ("2g.20gb", 3), ("3g.40gb", 2), ("7g.80gb", 1)]),
-    "A30-24GB": ("0x20B710DE", [("1g.6gb", 4), ("2g.12gb", 2), ("4g.24gb", 1)]),
-    "H100-80GB": ("0x233010DE", [("1g.10gb", 7), ("2g.20gb", 3), ("3g.40gb", 2), ("7g.80gb", 1)]),
-    "H200-141GB": ("0x233510DE", [("1g.18gb", 7), ("2g.35gb", 3), ("3g.71gb", 2), ("7g.141gb", 1)]),
-}
+LAYOUTS = Path(__file__).parent / "data" / "mig-layouts.txt"
+# Host services that hold the GPUs and are stopped while MIG is reconfigured (host driver only).
+GPU_CLIENT_SERVICES = (
+    "nvsm.service", "nvsm-mqtt.service", "nvsm-core.service", "nvsm-api-gateway.service",
+    "nvsm-notifier.service", "nv_peer_mem.service", "nvidia-dcgm.service", "dcgm.service",
+    "dcgm-exporter.service",
+)
+# Waits for the driver, takes its location from driver-ready; host GPU clients are shut down
+# only when the driver is the host's (a driver container has no host services using it).
 SCRIPT = """#!/bin/sh
-until [ -f /run/nvidia/validations/toolkit-ready ]; do echo waiting for the toolkit; sleep 5; done
+until [ -f /run/nvidia/validations/driver-ready ]; do echo waiting for the driver; sleep 5; done
+set -a; . /run/nvidia/validations/driver-ready; set +a
+export WITH_SHUTDOWN_HOST_GPU_CLIENTS="$IS_HOST_DRIVER"
+echo "WITH_SHUTDOWN_HOST_GPU_CLIENTS=$WITH_SHUTDOWN_HOST_GPU_CLIENTS"
 exec nvidia-mig-manager
 """
 
 
 @functools.cache  # a constant: dumping it costs ~10 ms, once per reconcile otherwise
 def default_mig_config() -> str:
-    """Our own mig-parted config: all-disabled, all-enabled, and uniform all-<profile> layouts."""
+    """mig-parted's config of every known layout (data/mig-layouts.txt) plus all-disabled/all-enabled."""
     configs: dict[str, list[dict[str, Any]]] = {
         "all-disabled": [{"devices": "all", "mig-enabled": False}],
         "all-enabled": [{"devices": "all", "mig-enabled": True, "mig-devices": {}}],
     }
-    for _product, (device, layouts) in PROFILES.items():
-        for profile, count in layouts:
-            configs.setdefault(f"all-{profile}", []).append(
-                {"device-filter": [device], "devices": "all", "mig-enabled": True, "mig-devices": {profile: count}}
-            )
+    for line in LAYOUTS.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, devices, *profiles = line.split()
+        entry: dict[str, Any] = {}
+        if devices != "*":
+            entry["device-filter"] = devices.split(",")
+        entry.update({"devices": "all", "mig-enabled": True,
+                      "mig-devices": {p: int(n) for p, n in (x.split("=") for x in profiles)}})
+        configs.setdefault(name, []).append(entry)
     return yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=False)
 
 
@@ -76,7 +95,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         NAME,
         command=["/bin/entrypoint.sh"],
         env_vars=[
-            NODE_NAME, config_env,
+            NODE_NAME, POD_NAME, env_field("POD_NAMESPACE", "metadata.namespace"), config_env,
             env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
             env("HOST_ROOT_MOUNT", "/host"),
             env("HOST_NVIDIA_DIR", ctx.spec.toolkit.installDir),
@@ -84,8 +103,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             env("HOST_GPU_CLIENT_SERVICES_FILE", "/host/etc/systemd/system/nvidia-mig-manager.service.d/clients"),
             env("HOST_KUBELET_SERVICE", "kubelet.service"),
             env("WITH_REBOOT", "false"),
-            env("WITH_SHUTDOWN_HOST_GPU_CLIENTS", "true"),
-            env("DEFAULT_GPU_CLIENTS_NAMESPACE", ctx.ns),
+            env_field("DEFAULT_GPU_CLIENTS_NAMESPACE", "metadata.namespace"),
             env("NVIDIA_VISIBLE_DEVICES", "all"),
         ],
         mounts=[
@@ -95,6 +113,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             mount("host-sys", "/sys"),
             mount("mig-parted-config", "/mig-parted-config"),
             mount("gpu-clients", "/gpu-clients"),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
             mount("cdi-root", "/var/run/cdi"),
         ],
         privileged=True,
@@ -112,6 +131,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             configmap_volume("mig-parted-config", custom or MIG_CONFIG,
                              items=[{"key": key, "path": path}]),
             configmap_volume("gpu-clients", _clients_name(ctx) or GPU_CLIENTS),
+            DRIVER_INSTALL_DIR,
             hostpath("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
         ],
     }
@@ -126,7 +146,7 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     if not _mig_config_name(ctx):
         out.append(configmap(MIG_CONFIG, state, ctx, {"config.yaml": default_mig_config()}))
     if not _clients_name(ctx):
-        clients = yaml.safe_dump({"version": "v1", "systemd-services": ["nvsm.service", "dcgm.service"]})
+        clients = yaml.safe_dump({"version": "v1", "systemd-services": list(GPU_CLIENT_SERVICES)})
         out.append(configmap(GPU_CLIENTS, state, ctx, {"clients.yaml": clients}))
     return out
 
@@ -135,9 +155,12 @@ OPERAND = Operand(
     state="state-mig-manager",
     gate=when_enabled("migManager"),
     account=NAME,
+    # it evicts GPU pods on its node, keeps its state in ConfigMaps, labels its node
     role_rules=(rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+                rule([""], ["configmaps"], ["create", "get", "list", "update", "patch"]),
                 rule(["apps"], ["daemonsets"], ["get", "list", "watch"])),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
+                   rule([""], ["pods"], ["list"])),
     extras=_extras,
     refs=(Ref("v1", "ConfigMap", ENTRYPOINT), Ref("v1", "ConfigMap", MIG_CONFIG), Ref("v1", "ConfigMap", GPU_CLIENTS)),
     daemonset=DaemonSetDef(

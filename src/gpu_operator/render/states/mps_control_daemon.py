@@ -4,40 +4,49 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
+from gpu_operator.render.objects import NODE_NAME, Ctx, container, env, find, mount
 from gpu_operator.render.operand import DaemonSetDef, Operand, rule
 from gpu_operator.render.states._common import VALIDATIONS, wait_for, when_enabled
-from gpu_operator.render.states.device_plugin import IMAGE, config_manager_containers
+from gpu_operator.render.states.device_plugin import IMAGE, config_manager_containers, mps_volumes
 from gpu_operator.render.transforms.config_manager import plugin_config
 
 NAME = "nvidia-device-plugin-mps-control-daemon"
 
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
-    init, sidecar = config_manager_containers()
+    init, sidecar = config_manager_containers("/usr/bin/mps-control-daemon")
     main = container(
         "mps-control-daemon-ctr",
         command=["mps-control-daemon"],
-        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "all"), env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")],
-        mounts=[mount("mps-root", "/mps", propagation="Bidirectional"), mount("mps-shm", "/dev/shm")],
+        env_vars=[NODE_NAME, env("NVIDIA_VISIBLE_DEVICES", "all"),
+                  env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")],
+        mounts=[mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps")],
         privileged=True,
     )
-    root = ctx.spec.devicePlugin.mps.root if ctx.spec.devicePlugin.mps else "/run/nvidia/mps"
+    # mounts the MPS shm tmpfs on the host before the daemon starts (its image's `mount-shm`)
+    mounts = container(
+        "mps-control-daemon-mounts",
+        image=image,
+        command=["mps-control-daemon", "mount-shm"],
+        mounts=[mount("mps-root", "/mps", propagation="Bidirectional")],
+        privileged=True,
+    )
     return {
         "hostPID": True,
-        "initContainers": [wait_for("toolkit", "toolkit-ready"), init],
+        "initContainers": [wait_for("toolkit", "toolkit-ready"), mounts, init],
         "containers": [main, sidecar],
-        "volumes": [
-            VALIDATIONS,
-            hostpath("mps-root", root, "DirectoryOrCreate"),
-            hostpath("mps-shm", f"{root}/shm"),
-        ],
+        "volumes": [VALIDATIONS, *mps_volumes(ctx)],
     }
 
 
 def _mps(ds: dict[str, Any], ctx: Ctx) -> None:
     # the daemon's own volumes already follow the configured MPS root
-    plugin_config(ds["spec"]["template"]["spec"], ctx.spec)
+    pod = ds["spec"]["template"]["spec"]
+    mounts = find(pod, "mps-control-daemon-mounts")
+    if mounts is not None:
+        mounts["image"] = pod["containers"][0]["image"]
+        mounts["imagePullPolicy"] = pod["containers"][0]["imagePullPolicy"]
+    plugin_config(pod, ctx.spec)
 
 
 OPERAND = Operand(

@@ -9,7 +9,7 @@ PULL_POLICIES = ("Always", "Never", "IfNotPresent")
 
 
 def image_path(fields: ImageFields | None, env_name: str, operator_env: dict[str, str] | object,
-               field_path: str) -> str:
+               field_path: str, *, partial: bool = False) -> str:
     """`repo/image:version` (or `@version` for digests), `image` alone, or the env fallback."""
     repository = (fields.repository or "") if fields else ""
     image = (fields.image or "") if fields else ""
@@ -21,7 +21,9 @@ def image_path(fields: ImageFields | None, env_name: str, operator_env: dict[str
         return f"{repository}/{image}{separator}{version}"
     fallback = operator_env.get(env_name, "") if isinstance(operator_env, dict) else ""
     if fallback:
-        return str(fallback)
+        # With `partial`, a version (or a repository/image) given alone still counts: it replaces that
+        # part of the default image, instead of being dropped as upstream drops it.
+        return _override(str(fallback), repository, image, version) if partial else str(fallback)
     raise RenderError(
         field_path,
         f"no image: set {field_path}.repository, .image and .version (or .image alone as a full "
@@ -39,3 +41,18 @@ def with_os_tag(image: str, os_tag: str) -> str:
     if "sha256:" in image or not os_tag:
         return image
     return f"{image}-{os_tag}"
+
+
+def _override(reference: str, repository: str, image: str, version: str) -> str:
+    """`reference` with the parts the policy did give replaced (repository, image name, tag or digest)."""
+    if not (repository or image or version):
+        return reference
+    name, _, digest = reference.partition("@")
+    base_repo, _, last = name.rpartition("/")
+    last_name, colon, tag = last.partition(":")
+    repository = repository or base_repo
+    image = image or last_name
+    if version:
+        separator = "@" if version.startswith("sha256:") else ":"
+        return f"{repository}/{image}{separator}{version}"
+    return f"{repository}/{image}" + (f"@{digest}" if digest else f":{tag}" if colon else "")
