@@ -85,27 +85,27 @@ def wait_for(component: str, ready_file: str) -> dict[str, Any]:
         command=["sh", "-c"],
         args=[f"until [ -f {path} ]; do echo waiting for {ready_file}; sleep 5; done"],
         mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
+        privileged=True,
     )
 
 
-def validator_init(component: str, *extra_env: dict[str, Any], privileged: bool = True,
+def validator_init(component: str, *extra_env: dict[str, Any], wait: bool = True,
                    mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """An init container running one validator component (COMPONENT=<name>, waiting until it passes).
 
     It runs as root (the validator image's user is 1000; chroot and the status files need uid 0)
     and knows its namespace (the driver check looks up the driver DaemonSets there; the workload
-    checks start their pods there).
+    checks start their pods there). Without `wait` (WITH_WAIT=false, upstream's choice for the
+    toolkit, cuda and plugin checks) a failed check exits and the kubelet retries the container.
     """
     ctr = container(
         f"{component}-validation",
         command=["sh", "-c"],
         args=["nvidia-validator"],
-        env_vars=[env("WITH_WAIT", "true"), env("COMPONENT", component), NODE_NAME, OPERATOR_NAMESPACE,
-                  *extra_env],
-        # The apiserver allows Bidirectional propagation only in privileged containers.
-        mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR,
-                                propagation="Bidirectional" if privileged else "HostToContainer")],
-        privileged=privileged,
+        env_vars=[env("WITH_WAIT", str(wait).lower()), env("COMPONENT", component), NODE_NAME,
+                  OPERATOR_NAMESPACE, *extra_env],
+        mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
+        privileged=True,
     )
     ctr.setdefault("securityContext", {})["runAsUser"] = 0
     return ctr
@@ -116,13 +116,16 @@ def configmap(name: str, state: str, ctx: Ctx, data: dict[str, str]) -> Manifest
 
 
 def service(name: str, state: str, ctx: Ctx, port: int, port_name: str, app: str,
-            **spec: Any) -> Manifest:
+            scrape: bool = False, **spec: Any) -> Manifest:
+    """A Service for one operand's port; `scrape` adds Prometheus' annotation-based discovery."""
     svc = obj("v1", "Service", name, state, ctx.ns, spec={
         "selector": {"app": app},
         "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
         **spec,
     })
     svc["metadata"]["labels"]["app"] = app
+    if scrape:
+        svc["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
     return svc
 
 

@@ -7,8 +7,15 @@ from typing import Any
 from gpu_operator.render.objects import NODE_NAME, container, env, env_field, mount
 
 
-def driver_manager_init(*extra_env: dict[str, Any]) -> dict[str, Any]:
-    """Unloads a previous driver (evicting GPU pods first) before the main container installs one."""
+def driver_manager_init(*extra_env: dict[str, Any], evict: bool = True) -> dict[str, Any]:
+    """Unloads a previous driver before the main container installs one.
+
+    The driver's evicts GPU pods first (with the drain settings); the vGPU and VFIO managers'
+    do not, as upstream's (their nodes run VMs, not GPU pods).
+    """
+    drain = [env("DRAIN_USE_FORCE", "false"), env("DRAIN_POD_SELECTOR_LABEL", ""),
+             env("DRAIN_TIMEOUT_SECONDS", "0s"), env("DRAIN_DELETE_EMPTYDIR_DATA", "false")] if evict else []
+    mellanox = [mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer")] if evict else []
     return container(
         "k8s-driver-manager",
         command=["driver-manager"],
@@ -16,12 +23,9 @@ def driver_manager_init(*extra_env: dict[str, Any]) -> dict[str, Any]:
         env_vars=[
             NODE_NAME,
             env("NVIDIA_VISIBLE_DEVICES", "void"),
-            env("ENABLE_GPU_POD_EVICTION", "true"),
+            env("ENABLE_GPU_POD_EVICTION", str(evict).lower()),
             env("ENABLE_AUTO_DRAIN", "false"),
-            env("DRAIN_USE_FORCE", "false"),
-            env("DRAIN_POD_SELECTOR_LABEL", ""),
-            env("DRAIN_TIMEOUT_SECONDS", "0s"),
-            env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
+            *drain,
             env_field("OPERATOR_NAMESPACE", "metadata.namespace"),
             *extra_env,
         ],
@@ -29,7 +33,7 @@ def driver_manager_init(*extra_env: dict[str, Any]) -> dict[str, Any]:
             mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
             mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
             mount("host-sys", "/sys"),
-            mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
+            *mellanox,
         ],
         privileged=True,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import VALIDATIONS_DIR, Ctx, container, hostpath, mount
+from gpu_operator.render.objects import NODE_NAME, VALIDATIONS_DIR, Ctx, container, env_field, hostpath, mount
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import DEVICE_PLUGINS, SYS, VALIDATIONS, sandbox
 
@@ -23,15 +23,18 @@ def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
         command=["sh", "-c"],
         args=[WAIT_SCRIPT],
         mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
+        privileged=True,
     )
     main = container(
         main_name,
+        env_vars=[NODE_NAME, env_field("POD_NAMESPACE", "metadata.namespace")],
         mounts=[mount("device-plugin", "/var/lib/kubelet/device-plugins"), mount("vfio", "/dev/vfio"),
-                mount("host-sys", "/sys")],
+                mount("host-sys", "/sys"), mount("cdi-root", "/var/run/cdi")],
         privileged=True,
     )
     return {"initContainers": [wait], "containers": [main],
-            "volumes": [VALIDATIONS, DEVICE_PLUGINS, hostpath("vfio", "/dev/vfio"), SYS]}
+            "volumes": [VALIDATIONS, DEVICE_PLUGINS, hostpath("vfio", "/dev/vfio"), SYS,
+                        hostpath("cdi-root", "/var/run/cdi", "DirectoryOrCreate")]}
 
 
 def sandbox_plugin_operand(*, state: str, account: str, daemonset: str, deploy: str, image: Image, mode: str,
@@ -45,6 +48,9 @@ def sandbox_plugin_operand(*, state: str, account: str, daemonset: str, deploy: 
         state=state,
         gate=sandbox(image.field, mode=mode),
         account=account,
-        cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
+        # it publishes its devices as NodeFeature objects and looks up pods on its node
+        role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),
+                    rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"])),
+        cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]), rule([""], ["pods"], ["get"])),
         daemonset=DaemonSetDef(name=daemonset, deploy=deploy, image=image, pod=pod),
     )

@@ -14,7 +14,8 @@ NAME = "nvidia-cc-manager"
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         "nvidia-cc-manager",
-        env_vars=[NODE_NAME, env("DEFAULT_CC_MODE", ctx.spec.ccManager.defaultMode or "on")],
+        env_vars=[NODE_NAME, env("NVIDIA_VISIBLE_DEVICES", "void"),
+                  env("DEFAULT_CC_MODE", ctx.spec.ccManager.defaultMode or "on")],
         mounts=[mount("host-sys", "/sys"),
                 mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
         privileged=True,
@@ -28,6 +29,7 @@ OPERAND = Operand(
     state="state-cc-manager",
     gate=sandbox("ccManager", mode="kata"),
     account=NAME,
+    role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),),
     daemonset=DaemonSetDef(name=NAME, deploy="cc-manager", image=Image("ccManager", "CC_MANAGER_IMAGE"), pod=_pod),
 )

@@ -18,7 +18,8 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     if ctx.spec.dcgm.hostPort:
         port["hostPort"] = ctx.spec.dcgm.hostPort
     probe = {"tcpSocket": {"port": PORT}, "initialDelaySeconds": 15}
-    main = container("nvidia-dcgm-ctr", command=["nv-hostengine"], args=["-n", "-b", "ALL"], ports=[port],
+    # the image's entrypoint starts nv-hostengine listening on all interfaces
+    main = container("nvidia-dcgm-ctr", ports=[port],
                      privileged=True, livenessProbe=probe, readinessProbe=dict(probe))
     return {"initContainers": [wait_for("toolkit", "toolkit-ready")], "containers": [main], "volumes": [VALIDATIONS]}
 

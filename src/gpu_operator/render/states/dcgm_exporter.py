@@ -98,9 +98,7 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     if spec.service and spec.service.type:
         svc_spec["type"] = spec.service.type
     svc_spec["internalTrafficPolicy"] = (spec.service.internalTrafficPolicy if spec.service else None) or "Cluster"
-    svc = service(NAME, state, ctx, PORT, PORT_NAME, NAME, **svc_spec)
-    svc["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
-    out = [svc]
+    out = [service(NAME, state, ctx, PORT, PORT_NAME, NAME, scrape=True, **svc_spec)]
     monitor = spec.serviceMonitor
     if monitor and monitor.enabled:
         out += service_monitor(NAME, state, ctx, PORT_NAME, NAME, interval=monitor.interval or "15s",

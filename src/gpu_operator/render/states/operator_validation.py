@@ -43,9 +43,9 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     inits = [
         driver,
         # the validator image sets NVIDIA_VISIBLE_DEVICES=void; the toolkit check needs the driver injected
-        validator_init("toolkit", env("NVIDIA_VISIBLE_DEVICES", "all")),
-        validator_init("cuda", privileged=False),
-        validator_init("plugin", privileged=False),
+        validator_init("toolkit", env("NVIDIA_VISIBLE_DEVICES", "all"), wait=False),
+        validator_init("cuda", wait=False),
+        validator_init("plugin", wait=False),
     ]
     main = container(
         NAME,

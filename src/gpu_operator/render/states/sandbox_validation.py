@@ -6,7 +6,14 @@ from typing import Any
 
 from gpu_operator.render.objects import VALIDATIONS_DIR, Ctx, container, env, find, mount, remove_containers
 from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
-from gpu_operator.render.states._common import HOST_ROOT, SYS, VALIDATIONS, sandbox, validator_init
+from gpu_operator.render.states._common import (
+    DRIVER_INSTALL_DIR,
+    HOST_ROOT,
+    SYS,
+    VALIDATIONS,
+    sandbox,
+    validator_init,
+)
 from gpu_operator.render.transforms.component import env_upsert
 
 NAME = "nvidia-sandbox-validator"
@@ -18,10 +25,12 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     host = [mount("host-root", "/host", readonly=True, propagation="HostToContainer"), mount("host-sys", "/sys"),
             validations]
     inits = [validator_init(component, mounts=host) for component in ("cc-manager", *WORKLOAD_AWARE)]
+    # the vGPU manager check runs nvidia-smi from the vGPU manager's driver root
+    inits[2]["volumeMounts"].append(mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"))
     main = container(NAME, command=["sh", "-c"], args=["echo all validations are successful; sleep infinity"],
                      mounts=[validations], privileged=True,
                      lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}})
-    return {"hostPID": True, "initContainers": inits, "containers": [main], "volumes": [VALIDATIONS, HOST_ROOT, SYS]}
+    return {"hostPID": True, "initContainers": inits, "containers": [main], "volumes": [VALIDATIONS, HOST_ROOT, SYS, DRIVER_INSTALL_DIR]}
 
 
 def _sandbox_validator(ds: dict[str, Any], ctx: Ctx) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import Ctx, container, hostpath, mount
+from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import HOST_ROOT, SYS, VALIDATIONS, sandbox
 from gpu_operator.render.states._driver_like import driver_manager_init
@@ -18,16 +18,20 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "nvidia-vfio-manager",
         command=["vfio-manage"],
         args=["bind", "--all"],
-        mounts=[mount("host-sys", "/sys"), mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
+        env_vars=[env("HOST_ROOT", "/host")],
+        # modprobe vfio-pci needs the host's modules
+        mounts=[mount("host-sys", "/sys"), mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+                mount("lib-modules", "/lib/modules", readonly=True)],
         privileged=True,
         lifecycle={"preStop": {"exec": {"command": ["vfio-manage", "unbind", "--all"]}}},
     )
     return {
         "hostPID": True,
-        "initContainers": [driver_manager_init()],
+        "initContainers": [driver_manager_init(evict=False)],
         "containers": [main],
         "volumes": [hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"), HOST_ROOT, SYS, VALIDATIONS,
-                    hostpath("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate")],
+                    hostpath("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate"),
+                    hostpath("lib-modules", "/lib/modules")],
     }
 
 

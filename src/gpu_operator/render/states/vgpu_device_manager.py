@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from gpu_operator.render.objects import (
+    NAMESPACE,
     NODE_NAME,
     VALIDATIONS_DIR,
     Ctx,
@@ -17,7 +18,14 @@ from gpu_operator.render.objects import (
 )
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
 from gpu_operator.render.result import Manifest
-from gpu_operator.render.states._common import HOST_ROOT, SYS, VALIDATIONS, configmap, sandbox
+from gpu_operator.render.states._common import (
+    DRIVER_INSTALL_DIR,
+    HOST_ROOT,
+    SYS,
+    VALIDATIONS,
+    configmap,
+    sandbox,
+)
 
 NAME = "nvidia-vgpu-device-manager"
 DEFAULT_CONFIG = "default-vgpu-devices-config"
@@ -52,19 +60,23 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         args=[f"until [ -f {VALIDATIONS_DIR}/vgpu-manager-ready ] || [ -f {VALIDATIONS_DIR}/host-vgpu-manager-ready ]; "
               "do echo waiting for the vGPU manager; sleep 5; done"],
         mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
+        privileged=True,
     )
     main = container(
         "nvidia-vgpu-device-manager",
-        env_vars=[NODE_NAME, env("CONFIG_FILE", "/vgpu-config/config.yaml"), env("DEFAULT_VGPU_CONFIG", default)],
+        env_vars=[NAMESPACE, NODE_NAME, env("CONFIG_FILE", "/vgpu-config/config.yaml"),
+                  env("DEFAULT_VGPU_CONFIG", default)],
         mounts=[mount("vgpu-config", "/vgpu-config"), mount("host-sys", "/sys"),
-                mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
+                mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+                mount("driver-install-dir", "/driver-root", propagation="HostToContainer")],
         privileged=True,
     )
     return {
         "hostPID": True,
         "initContainers": [wait],
         "containers": [main],
-        "volumes": [VALIDATIONS, configmap_volume("vgpu-config", _config_name(ctx) or DEFAULT_CONFIG), SYS, HOST_ROOT],
+        "volumes": [VALIDATIONS, configmap_volume("vgpu-config", _config_name(ctx) or DEFAULT_CONFIG), SYS, HOST_ROOT,
+                    DRIVER_INSTALL_DIR],
     }
 
 

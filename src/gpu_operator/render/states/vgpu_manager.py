@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import Ctx, container, env, hostpath, mount
+from gpu_operator.render.objects import Ctx, container, hostpath, mount
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import HOST_ROOT, SYS, VALIDATIONS, sandbox
 from gpu_operator.render.states._driver_like import driver_manager_init
@@ -25,19 +25,26 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "nvidia-vgpu-manager-ctr",
         command=["nvidia-driver"],
         args=["init"],
-        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void")],
+        # the vGPU host driver: built against the host (os-release), binds VFs (/dev/vfio), loads firmware
         mounts=[mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
-                mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-                mount("host-sys", "/sys"), mount("var-log", "/var/log")],
+                mount("host-os-release", "/host-etc/os-release", readonly=True),
+                mount("vfio", "/dev/vfio"), mount("host-cgroup", "/sys/fs/cgroup"),
+                mount("var-log", "/var/log"), mount("dev-log", "/dev/log"),
+                mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+                mount("nv-firmware", "/lib/firmware")],
         privileged=True,
     )
     return {
         "hostPID": True,
-        "initContainers": [driver_manager_init()],
+        "hostIPC": True,
+        "initContainers": [driver_manager_init(evict=False)],
         "containers": [main],
         "volumes": [hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"), HOST_ROOT, SYS,
-                    hostpath("var-log", "/var/log"), VALIDATIONS,
-                    hostpath("run-mellanox-drivers", "/run/mellanox/drivers", "DirectoryOrCreate")],
+                    hostpath("var-log", "/var/log"), hostpath("dev-log", "/dev/log"), VALIDATIONS,
+                    hostpath("host-os-release", "/etc/os-release"), hostpath("vfio", "/dev/vfio"),
+                    hostpath("host-cgroup", "/sys/fs/cgroup"),
+                    hostpath("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+                    hostpath("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate")],
     }
 
 
