@@ -66,15 +66,24 @@ class NVIDIADriverSpec(ComponentFields):
                     "rule": "!(has(self.default) && self.default) || !has(self.nodeSelector) "
                     "|| size(self.nodeSelector) == 0",
                     "message": "the default NVIDIADriver must not set nodeSelector",
+                    "fieldPath": ".nodeSelector",
+                },
+                {
+                    "rule": "!has(self.nodeSelector) || !('nvidia.com/gpu-operator.driver.owner' in self.nodeSelector)",
+                    "message": "nodeSelector must not use nvidia.com/gpu-operator.driver.owner: the operator "
+                    "writes that label from the nodeSelector",
+                    "fieldPath": ".nodeSelector",
                 },
                 {
                     "rule": "!has(oldSelf.driverType) || !has(self.driverType) || self.driverType == oldSelf.driverType",
                     "message": "driverType is immutable",
+                    "fieldPath": ".driverType",
                 },
                 {
                     "rule": "(has(self.usePrecompiled) ? self.usePrecompiled : false) == "
                     "(has(oldSelf.usePrecompiled) ? oldSelf.usePrecompiled : false)",
                     "message": "usePrecompiled is immutable",
+                    "fieldPath": ".usePrecompiled",
                 },
             ]
         }

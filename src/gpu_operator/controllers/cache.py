@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.controllers import nodelabels
@@ -25,6 +25,9 @@ class NodeView:
     annotations: dict[str, str]
     runtime: str
     kernel: str
+    # Every label, for NVIDIADriver nodeSelectors (which may use any key); `labels` above is the
+    # part the renderer and the labeller read.
+    selectable: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, body: Any) -> NodeView:
@@ -38,6 +41,7 @@ class NodeView:
             annotations={k: annotations[k] for k in UPGRADE_ANNOTATIONS if k in annotations},
             runtime=info.get("containerRuntimeVersion", ""),
             kernel=info.get("kernelVersion", ""),
+            selectable=dict(labels),
         )
 
     @property
@@ -115,6 +119,27 @@ class OwnedView:
     @property
     def key(self) -> tuple[str, str, str | None, str]:
         return object_key(self.api_version, self.kind, self.namespace, self.name)
+
+
+DRIVER_COMPONENT = "app.kubernetes.io/component"
+
+
+@dataclass(frozen=True)
+class DriverPodView:
+    """A driver pod (label app.kubernetes.io/component=nvidia-driver): where it runs, whether it
+    runs, and whether a controller (a DaemonSet) still owns it."""
+
+    name: str
+    node: str
+    running: bool
+    orphaned: bool
+
+    @classmethod
+    def of(cls, body: Any) -> DriverPodView:
+        meta = body.get("metadata", {})
+        owners = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
+        return cls(name=meta["name"], node=(body.get("spec") or {}).get("nodeName") or "",
+                   running=(body.get("status") or {}).get("phase") == "Running", orphaned=not owners)
 
 
 def object_key(api_version: str, kind: str, namespace: str | None, name: str) -> tuple[str, str, str | None, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,18 +68,52 @@ def operator_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.endswith(_ENV_SUFFIXES) or k == "OPERATOR_NAMESPACE"}
 
 
-def owner_reference(policy: PolicyView) -> dict[str, Any]:
-    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": policy.name,
+def owner_reference(policy: PolicyView, api_version: str = "nvidia.com/v1",
+                    kind: str = "ClusterPolicy") -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "name": policy.name,
             "uid": policy.uid, "controller": True, "blockOwnerDeletion": True}
 
 
-def with_ownership(obj: dict[str, Any], policy: PolicyView) -> dict[str, Any]:
-    """The object as we apply it: owned by the policy and stamped with the hash of itself."""
+def with_ownership(obj: dict[str, Any], policy: PolicyView, owner: dict[str, Any] | None = None,
+                   ) -> dict[str, Any]:
+    """The object as we apply it: owned by the policy (or `owner`, a ready ownerReference) and
+    stamped with the hash of itself."""
     meta = dict(obj["metadata"])
-    meta["ownerReferences"] = [owner_reference(policy)]
+    meta["ownerReferences"] = [owner or owner_reference(policy)]
     owned = {**obj, "metadata": meta}
     meta["annotations"] = {**(meta.get("annotations") or {}), HASH_ANNOTATION: desired_hash(owned)}
     return owned
+
+
+OwnedKey = tuple[str, str, str | None, str]
+
+
+async def apply_owned(kube: Kube, objects: Iterable[dict[str, Any]], owner: PolicyView, owner_ref: dict[str, Any],
+                      owned: dict[OwnedKey, OwnedView], report: ReconcileReport, *,
+                      keep: Callable[[OwnedView], bool] = lambda _view: False,
+                      orphan: Callable[[OwnedView], bool] = lambda _view: False) -> None:
+    """The one apply/delete contract of every owner CR: apply what changed (by hash), then delete
+    what this owner (by uid) owns and no longer wants, unless `keep` says to leave it; `orphan`
+    deletes leaving the dependents (a DaemonSet's pods) running."""
+    desired: set[OwnedKey] = set()
+    for obj in objects:
+        applied = with_ownership(obj, owner, owner_ref)
+        meta = applied["metadata"]
+        key = object_key(applied["apiVersion"], applied["kind"], meta.get("namespace"), meta["name"])
+        desired.add(key)
+        live = owned.get(key)
+        if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
+            continue
+        await kube.apply(applied)
+        report.applied.append(str(ObjectKey.of(applied)))
+    # Ownership is checked against the owner's uid, so objects someone else created (or another
+    # owner CR owns) are never touched.
+    for key, live in owned.items():
+        if key in desired or owner.uid not in live.owner_uids or keep(live):
+            continue
+        ref = ObjectKey(live.api_version, live.kind, live.name, live.namespace)
+        if await kube.delete(ref, orphan=orphan(live)):
+            report.deleted.append(str(ref) + (" (orphaning its pods)" if orphan(live) else ""))
 
 
 def validation_message(err: pydantic.ValidationError) -> str:
@@ -87,6 +121,23 @@ def validation_message(err: pydantic.ValidationError) -> str:
     where = "spec." + ".".join(str(p) for p in first["loc"][1:]) if first["loc"][:1] == ("spec",) \
         else ".".join(str(p) for p in first["loc"])
     return f"{where}: {first['msg']} (fix the field in the ClusterPolicy)"
+
+
+async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
+    """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules).
+    A missing ConfigMap is left out: rendering then names the field that refers to it."""
+    driver = policy.spec.driver
+    names = {ref for ref in (
+        driver.repoConfig.configMapName if driver.repoConfig else None,
+        driver.certConfig.name if driver.certConfig else None,
+        driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
+    ) if ref}
+    keys: dict[str, tuple[str, ...]] = {}
+    for name in sorted(names):
+        found = await kube.get_dict("v1", "ConfigMap", name, namespace=namespace)
+        if found is not None:
+            keys[name] = tuple(sorted({*(found.get("data") or {}), *(found.get("binaryData") or {})}))
+    return keys
 
 
 class ClusterPolicyReconciler:
@@ -112,7 +163,7 @@ class ClusterPolicyReconciler:
                 [n.as_node() for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=operator_env(),
                 servicemonitor_crd=snap.servicemonitor_crd,
-                configmap_keys=await self._configmap_keys(policy, snap.namespace))
+                configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))
             result = render(policy, facts)
         except pydantic.ValidationError as err:
             return await self._finish(report, active, snap, st.Outcome.failed(validation_message(err)))
@@ -131,47 +182,17 @@ class ClusterPolicyReconciler:
         result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled)
         return await self._finish(report, active, snap, result_outcome)
 
-    async def _configmap_keys(self, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
-        """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules).
-        A missing ConfigMap is left out: rendering then names the field that refers to it."""
-        driver = policy.spec.driver
-        names = {ref for ref in (
-            driver.repoConfig.configMapName if driver.repoConfig else None,
-            driver.certConfig.name if driver.certConfig else None,
-            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
-        ) if ref}
-        keys: dict[str, tuple[str, ...]] = {}
-        for name in sorted(names):
-            found = await self.kube.get_dict("v1", "ConfigMap", name, namespace=namespace)
-            if found is not None:
-                keys[name] = tuple(sorted({*(found.get("data") or {}), *(found.get("binaryData") or {})}))
-        return keys
-
     async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
-        desired: set[tuple[str, str, str | None, str]] = set()
-        for state in result.states:
-            for obj in state.objects:
-                owned = with_ownership(obj, policy)
-                meta = owned["metadata"]
-                key = object_key(owned["apiVersion"], owned["kind"], meta.get("namespace"), meta["name"])
-                desired.add(key)
-                live = snap.owned.get(key)
-                if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
-                    continue
-                await self.kube.apply(owned)
-                report.applied.append(str(ObjectKey.of(owned)))
-        # Delete what we own and no longer want: disabled states, stale variants. Ownership is
-        # checked against the policy's uid, so objects someone else created are never touched.
+        # Delete what we own and no longer want: disabled states, stale variants. DaemonSets are
+        # left alone while no GPU node exists; a driver DaemonSet handed over to NVIDIADrivers
+        # is deleted with its pods orphaned, so no driver is unloaded mid-switch.
         has_gpu = any(n.gpu_present for n in snap.nodes)
-        for key, live in snap.owned.items():
-            if key in desired or policy.uid not in live.owner_uids:
-                continue
-            if live.kind == "DaemonSet" and not has_gpu:
-                continue  # DaemonSets are only left out while no GPU node exists
-            ref = ObjectKey(live.api_version, live.kind, live.name, live.namespace)
-            if await self.kube.delete(ref):
-                report.deleted.append(str(ref))
+        orphaning = {s.name for s in result.states if s.orphan_pods}
+        await apply_owned(
+            self.kube, result.objects(), policy, owner_reference(policy), snap.owned, report,
+            keep=lambda live: live.kind == "DaemonSet" and not has_gpu,
+            orphan=lambda live: live.kind == "DaemonSet" and live.state in orphaning)
 
     def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
         not_ready = []

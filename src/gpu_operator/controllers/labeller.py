@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers.cache import NodeView
-from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver, desired_change
 from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator.nodelabels")
@@ -27,11 +27,14 @@ class NodeLabeller:
         self.kube = kube
         self.concurrency = concurrency
 
-    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy) -> LabelReport:
-        """Patch every node whose labels differ from what the policy wants; nodes that already
-        match cost nothing (no request)."""
+    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
+                    drivers: Mapping[str, NodeDriver] | None = None) -> LabelReport:
+        """Patch every node whose labels differ from what the policy (and, with NVIDIADrivers,
+        the node's owner) wants; nodes that already match cost nothing (no request)."""
         report = LabelReport()
-        changes = [(node, desired_change(node.labels, node.annotations, policy)) for node in nodes]
+        drivers = drivers or {}
+        changes = [(node, desired_change(node.labels, node.annotations, policy, drivers.get(node.name)))
+                   for node in nodes]
         changes = [(node, change) for node, change in changes if change]
         if not changes:
             return report

@@ -8,6 +8,7 @@ from typing import Any
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
 from gpu_operator.render.facts import NFD_GPU_LABELS as NFD_GPU_LABELS
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
+from gpu_operator.vocabulary import DRIVER_OWNER, UPGRADE_STATE
 
 __all__ = ["NFD_GPU_LABELS", "has_gpu"]  # re-exported for callers of this module
 
@@ -21,6 +22,7 @@ MIG_CONFIG = f"{NVIDIA}/mig.config"
 GPU_PRODUCT = f"{NVIDIA}/gpu.product"
 VGPU_HOST_DRIVER = f"{NVIDIA}/vgpu.host-driver-version"
 UPGRADE_ENABLED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-enabled"
+UPGRADE_REQUIRED = "upgrade-required"
 
 WORKLOAD_CONFIGS = ("container", "vm-passthrough", "vm-vgpu")
 
@@ -63,6 +65,7 @@ class LabelPolicy:
     mig_manager_enabled: bool = True
     mig_config_default: str | None = "all-disabled"
     driver_auto_upgrade: bool = False  # driver.enabled and upgradePolicy.autoUpgrade and not sandbox
+    use_nvidia_driver_crd: bool = False  # NVIDIADrivers own the driver: owner labels, per-CR upgrades
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> LabelPolicy:
@@ -84,7 +87,18 @@ class LabelPolicy:
                 driver.get("enabled", True) and upgrade is not None
                 and upgrade.get("autoUpgrade", False) and not sandbox_enabled
             ),
+            use_nvidia_driver_crd=bool(driver.get("useNvidiaDriverCRD", False)),
         )
+
+
+@dataclass(frozen=True)
+class NodeDriver:
+    """What the NVIDIADrivers say about one GPU node (see gpu_operator.render.driverowners)."""
+
+    owner: str | None = None  # the owning NVIDIADriver; None: no NVIDIADriver claims the node
+    conflict: bool = False  # two NVIDIADrivers claim it: owner label and annotation stay as they are
+    auto_upgrade: bool = True  # the owner's spec.upgradePolicy.autoUpgrade (default true)
+    orphaned_driver_pod: bool = False  # a running driver pod no DaemonSet owns (left by a switch)
 
 
 @dataclass(frozen=True)
@@ -139,8 +153,32 @@ def _state_labels(config: str, policy: LabelPolicy) -> tuple[str, ...]:
     return labels
 
 
+def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: NodeDriver,
+                  change_labels: dict[str, str | None], change_annotations: dict[str, str | None]) -> None:
+    """Owner label, upgrade-enabled annotation per owner, and the migration rule: a node whose
+    driver pod was orphaned by the switch to NVIDIADrivers is marked upgrade-required, so the
+    upgrade controller replaces that pod with the owner's."""
+    if driver.conflict:
+        return
+    if driver.owner is None:
+        if DRIVER_OWNER in labels:
+            change_labels[DRIVER_OWNER] = None
+        if UPGRADE_ENABLED_ANNOTATION in annotations:
+            change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
+        return
+    if labels.get(DRIVER_OWNER) != driver.owner:
+        change_labels[DRIVER_OWNER] = driver.owner
+    if driver.auto_upgrade:
+        if annotations.get(UPGRADE_ENABLED_ANNOTATION) != "true":
+            change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
+    elif UPGRADE_ENABLED_ANNOTATION in annotations:
+        change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
+    if driver.orphaned_driver_pod and labels.get(UPGRADE_STATE, "") in ("", "upgrade-done"):
+        change_labels[UPGRADE_STATE] = UPGRADE_REQUIRED
+
+
 def desired_change(labels: dict[str, str], annotations: dict[str, str],
-                   policy: LabelPolicy) -> NodeChange:
+                   policy: LabelPolicy, driver: NodeDriver | None = None) -> NodeChange:
     """What must change on a node with these labels and annotations; empty when nothing.
 
     Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
@@ -156,6 +194,8 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
         change_labels[GPU_PRESENT] = "false"
 
     present = {key for key in ALL_DEPLOY_LABELS if key in labels}
+    if DRIVER_OWNER in labels and (not gpu or not policy.use_nvidia_driver_crd):
+        change_labels[DRIVER_OWNER] = None  # no NVIDIADriver in charge of this node
     if not gpu or labels.get(DEPLOY_OPERANDS) == "false":
         change_labels.update({key: None for key in present})
         return NodeChange(change_labels, change_annotations)
@@ -175,7 +215,9 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
             and policy.mig_config_default == "all-disabled"):
         change_labels[MIG_CONFIG] = "all-disabled"
 
-    if policy.driver_auto_upgrade:
+    if policy.use_nvidia_driver_crd:
+        _driver_owner(labels, annotations, driver or NodeDriver(), change_labels, change_annotations)
+    elif policy.driver_auto_upgrade:
         if annotations.get(UPGRADE_ENABLED_ANNOTATION) != "true":
             change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
     elif UPGRADE_ENABLED_ANNOTATION in annotations:

@@ -15,8 +15,10 @@ from kopf._core.engines.indexing import OperatorIndexers
 
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import (
+    DRIVER_COMPONENT,
     MANAGED_BY,
     MANAGED_BY_VALUE,
+    DriverPodView,
     NodeView,
     OwnedView,
     PolicyView,
@@ -24,7 +26,9 @@ from gpu_operator.controllers.cache import (
 )
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
 from gpu_operator.controllers.labeller import NodeLabeller
-from gpu_operator.controllers.nodelabels import LabelPolicy
+from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
+from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
+from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
 from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator.operator")
@@ -52,6 +56,7 @@ class Loops:
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
     policy_kick: asyncio.Event = field(default_factory=asyncio.Event)
     label_kick: asyncio.Event = field(default_factory=asyncio.Event)
+    driver_kick: asyncio.Event = field(default_factory=asyncio.Event)
     dirty_nodes: set[str] = field(default_factory=set)
     node_fingerprints: dict[str, NodeView] = field(default_factory=dict)
 
@@ -60,6 +65,7 @@ class Loops:
             self.dirty_nodes |= nodes
         self.policy_kick.set()
         self.label_kick.set()
+        self.driver_kick.set()
 
 
 class Operator:
@@ -72,7 +78,9 @@ class Operator:
         self.labeller = NodeLabeller(kube, concurrency=label_concurrency)
         self.k8s_version = "1.36.0"
         self.servicemonitor_crd = False
+        self.drivers = NVIDIADriverReconciler(kube)
         self.label_policy: LabelPolicy | None = None
+        self.label_drivers: dict[str, NodeDriver] | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.registry = self._registry()
@@ -100,6 +108,7 @@ class Operator:
             for group, version, plural in OWNED_KINDS:
                 resource = (group, version, plural) if group else (version, plural)
                 settings.watching.label_selectors[resource] = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+            settings.watching.label_selectors[("v1", "pods")] = f"{DRIVER_COMPONENT}=nvidia-driver"
             settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
             settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpu-operator")
 
@@ -116,6 +125,29 @@ class Operator:
         @kopf.index("nvidia.com", "v1", "clusterpolicies", id="policies", registry=registry)
         async def policies(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
             return {name: PolicyView.of(body)}
+
+        @kopf.index("nvidia.com", "v1alpha1", "nvidiadrivers", id="drivers", registry=registry)
+        async def drivers(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
+            return {name: PolicyView.of(body)}
+
+        @kopf.on.event("nvidia.com", "v1alpha1", "nvidiadrivers", registry=registry)
+        async def driver_event(**_: Any) -> None:
+            loops.indexed.set()
+            loops.kick()
+
+        # Driver pods (any owner, or none: the migration rule looks for orphaned ones).
+        @kopf.index("pods", id="driver_pods", labels={DRIVER_COMPONENT: "nvidia-driver"}, registry=registry)
+        async def driver_pods(body: kopf.Body, name: str, **_: Any) -> dict[str, DriverPodView]:
+            return {name: DriverPodView.of(body)}
+
+        @kopf.on.event("pods", labels={DRIVER_COMPONENT: "nvidia-driver"}, registry=registry)
+        async def driver_pod_event(body: kopf.Body, **_: Any) -> None:
+            loops.indexed.set()
+            node = (body.get("spec") or {}).get("nodeName")
+            if node:
+                loops.dirty_nodes.add(node)
+            loops.label_kick.set()
+            loops.driver_kick.set()
 
         @kopf.on.event("nodes", registry=registry)
         async def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -145,6 +177,7 @@ class Operator:
             async def owned_event(**_: Any) -> None:
                 loops.indexed.set()
                 loops.policy_kick.set()
+                loops.driver_kick.set()
 
             kopf.index(*resource, id=f"owned_{plural}", labels=managed, registry=registry)(owned)
             kopf.on.event(*resource, id=f"owned_event_{plural}", labels=managed,
@@ -162,13 +195,26 @@ class Operator:
     def policy_views(self) -> list[PolicyView]:
         return [v for store in self._index("policies").values() if (v := first(store)) is not None]
 
-    def snapshot(self) -> Snapshot:
+    def driver_views(self) -> list[PolicyView]:
+        return [v for store in self._index("drivers").values() if (v := first(store)) is not None]
+
+    def driver_pod_views(self) -> list[DriverPodView]:
+        return [v for store in self._index("driver_pods").values() if (v := first(store)) is not None]
+
+    def owned_views(self) -> dict[Any, OwnedView]:
         owned: dict[Any, OwnedView] = {}
         for _group, _version, plural in OWNED_KINDS:
             for key, store in self._index(f"owned_{plural}").items():
                 if (view := first(store)) is not None:
                     owned[key] = view
-        return Snapshot(self.policy_views(), self.node_views(), owned, self.namespace,
+        return owned
+
+    def driver_snapshot(self) -> DriverSnapshot:
+        return DriverSnapshot(self.driver_views(), self.policy_views(), self.node_views(), self.owned_views(),
+                              self.namespace, self.k8s_version)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.policy_views(), self.node_views(), self.owned_views(), self.namespace,
                         self.k8s_version, self.servicemonitor_crd)
 
     # -- the loops --------------------------------------------------------------------------------
@@ -197,6 +243,30 @@ class Operator:
             # So the next reconcile waits at least twice as long as this one took.
             pause = max(COALESCE_SECONDS, 2 * (time.monotonic() - started))
 
+    async def driver_loop(self) -> None:
+        """NVIDIADrivers: one level-based reconcile of all of them (routing needs them all)."""
+        await self.loops.indexed.wait()
+        requeue: float | None = None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.loops.driver_kick.wait(), timeout=requeue)
+            await asyncio.sleep(COALESCE_SECONDS)
+            self.loops.driver_kick.clear()
+            try:
+                report = await self.drivers.reconcile(self.driver_snapshot())
+            except Exception:  # keep serving: the next kick or requeue retries
+                log.exception("NVIDIADriver reconcile failed; retrying in 5s")
+                metrics.record_error()
+                requeue = 5.0
+                continue
+            requeue = report.requeue
+
+    def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
+        if not policy.use_nvidia_driver_crd:
+            return None
+        drivers, _ = parse_drivers(self.driver_views())
+        return node_drivers(drivers.values(), views.values(), self.driver_pod_views())
+
     async def label_loop(self) -> None:
         await self.loops.indexed.wait()
         while True:
@@ -208,12 +278,15 @@ class Operator:
                 continue  # no ClusterPolicy: nodes are left alone
             policy = LabelPolicy.from_spec(active.body.get("spec") or {})
             views = {v.name: v for v in self.node_views()}
-            if policy != self.label_policy:
-                self.label_policy, dirty = policy, set(views)
+            per_node = self._node_drivers(policy, views)
+            if policy != self.label_policy or per_node != self.label_drivers:
+                # NVIDIADriver changes move owners: every node is looked at (cheap when unchanged)
+                self.label_policy, self.label_drivers, dirty = policy, per_node, set(views)
+                self.loops.dirty_nodes = set()
             else:
                 dirty, self.loops.dirty_nodes = self.loops.dirty_nodes, set()
             try:
-                report = await self.labeller.label([views[n] for n in dirty if n in views], policy)
+                report = await self.labeller.label([views[n] for n in dirty if n in views], policy, per_node)
             except Exception:
                 log.exception("node labelling failed; retrying")
                 self.loops.kick(dirty)
@@ -237,6 +310,7 @@ class Operator:
         self.stop = stop
         await self.discover()
         self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
+                      asyncio.create_task(self.driver_loop(), name="nvidiadriver"),
                       asyncio.create_task(self.label_loop(), name="node-labelling")]
         try:
             # Namespaced kinds are watched in the operator's namespace only (least privilege:

@@ -101,6 +101,29 @@ class Kube:
         await self.client.patch(
             ClusterPolicyResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
 
+    async def patch_nvidiadriver_status(self, name: str, status: dict[str, Any]) -> None:
+        WRITES.labels("patch", "NVIDIADriver/status").inc()
+        await self.client.patch(
+            NVIDIADriverResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+
+    async def node_event(self, node: str, reason: str, message: str, *, warning: bool = True,
+                         namespace: str = "default") -> None:
+        """A core/v1 Event about a Node (cluster-scoped objects' events live in `default`)."""
+        import datetime as dt
+
+        from lightkube.models.core_v1 import EventSource, ObjectReference
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Event
+        now = dt.datetime.now(dt.UTC)
+        event = Event(
+            metadata=ObjectMeta(generateName=f"{node}.", namespace=namespace),
+            involvedObject=ObjectReference(apiVersion="v1", kind="Node", name=node, uid=node),
+            reason=reason, message=message, type="Warning" if warning else "Normal",
+            source=EventSource(component="gpu-operator"), firstTimestamp=now, lastTimestamp=now, count=1,
+        )
+        WRITES.labels("create", "Event").inc()
+        await self.client.create(event)
+
     async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
                          labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         res = resource_for(api_version, kind)

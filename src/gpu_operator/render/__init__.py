@@ -43,7 +43,8 @@ def render(policy: ClusterPolicy, facts: ClusterFacts) -> RenderResult:
     for operand in ORDER:
         enabled, reason = operand.gate(ctx)
         if not enabled:
-            states.append(StateResult(operand.state, False, reason, [], operand.declared(ctx)))
+            orphan = bool(operand.orphan_pods and operand.orphan_pods(ctx))
+            states.append(StateResult(operand.state, False, reason, [], operand.declared(ctx), orphan))
             continue
         objects, delete, note = render_operand(operand, ctx)
         states.append(StateResult(operand.state, True, reason + note, objects, delete))

@@ -98,6 +98,8 @@ class Operand:
     # Several DaemonSets (driver variants); defaults to the single `daemonset`.
     daemonsets: Callable[[Operand, Ctx], list[Manifest]] | None = None
     variant_refs: Callable[[Ctx], list[Ref]] | None = None
+    # When disabled: delete the DaemonSets with their pods orphaned (not killed)?
+    orphan_pods: Callable[[Ctx], bool] | None = None
 
     def declared(self, ctx: Ctx) -> list[ObjectRef]:
         """Every object this state may own, for deletion when it is disabled."""

@@ -41,6 +41,9 @@ class StateResult:
     reason: str
     objects: list[Manifest] = field(default_factory=list)
     delete: list[ObjectRef] = field(default_factory=list)
+    # Delete this state's DaemonSets leaving their pods running (the driver handed over to
+    # NVIDIADrivers: its pods stay until the new DaemonSets replace them).
+    orphan_pods: bool = False
 
 
 @dataclass

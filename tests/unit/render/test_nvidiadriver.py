@@ -195,3 +195,15 @@ def test_cli_renders_nvidiadrivers_per_pool(tmp_path: Path) -> None:
                    "spec: {default: true, nodeSelector: {pool: a}}\n")
     out = CliRunner().invoke(app, ["render", "--nvidiadriver", str(bad), "--shape", "dgx-h100"])
     assert out.exit_code == 2 and "spec.nodeSelector" in out.output
+
+
+def test_clusterpolicy_driver_state_hands_over_with_orphaned_pods() -> None:
+    from gpu_operator.render import render
+
+    handed = render(policy({"driver": {"useNvidiaDriverCRD": True}}), facts("dgx-h100:1"))
+    state = handed.state("state-driver")
+    assert not state.enabled and state.orphan_pods
+    assert any(r.kind == "DaemonSet" and r.name == "nvidia-driver-daemonset" for r in state.delete)
+    assert handed.state("state-vgpu-manager").orphan_pods
+    off = render(policy({"driver": {"enabled": False}}), facts("dgx-h100:1")).state("state-driver")
+    assert not off.enabled and not off.orphan_pods

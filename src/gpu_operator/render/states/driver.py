@@ -158,6 +158,7 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
 OPERAND = Operand(
     state=STATE,
     gate=_gate,
+    orphan_pods=lambda ctx: bool(ctx.spec.driver.useNvidiaDriverCRD),
     account=NAME,
     role_rules=(rule([""], ["configmaps", "secrets"], ["get", "list", "watch"]),),
     cluster_rules=(

@@ -59,6 +59,7 @@ def _vgpu(ds: dict[str, Any], ctx: Ctx) -> None:
 OPERAND = Operand(
     state="state-vgpu-manager",
     gate=_gate,
+    orphan_pods=lambda ctx: bool(ctx.spec.driver.useNvidiaDriverCRD),
     account=NAME,
     role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),

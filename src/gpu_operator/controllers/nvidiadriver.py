@@ -1,0 +1,238 @@
+"""The NVIDIADriver reconcile: route GPU nodes to their NVIDIADriver, render each one's pools through
+the driver state, apply with the ClusterPolicy's apply/delete contract, report conflicts, write status."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from lightkube.core.exceptions import ApiError
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.nvidiadriver import NVIDIADriver
+from gpu_operator.controllers import status as st
+from gpu_operator.controllers.cache import DriverPodView, NodeView, OwnedView, PolicyView, object_key
+from gpu_operator.controllers.clusterpolicy import (
+    OwnedKey,
+    ReconcileReport,
+    active_policy,
+    apply_owned,
+    configmap_keys,
+    operator_env,
+    owner_reference,
+)
+from gpu_operator.controllers.nodelabels import NodeDriver
+from gpu_operator.kube.client import Kube, ObjectKey
+from gpu_operator.render import ClusterFacts, RenderError
+from gpu_operator.render.driverowners import Routing, conflict_message, route
+from gpu_operator.render.nvidiadriver import driver_policy, pools_of, render_nvidiadriver
+from gpu_operator.vocabulary import DRIVER_OWNER
+
+log = logging.getLogger("gpu_operator.nvidiadriver")
+
+API_VERSION = "nvidia.com/v1alpha1"
+KIND = "NVIDIADriver"
+DISABLED = "disabled"
+# Upstream's condition reasons for NVIDIADriver.
+CONFLICTING_NODE_SELECTOR = "ConflictingNodeSelector"
+DRIVER_NOT_READY = "DriverNotReady"
+PREREQUISITE_NOT_MET = "PrerequisiteNotMet"
+REQUEUE_NOT_READY = 5.0
+
+
+@dataclass
+class DriverSnapshot:
+    """What one reconcile of every NVIDIADriver sees (from the watch caches)."""
+
+    drivers: list[PolicyView]
+    policies: list[PolicyView]
+    nodes: list[NodeView]
+    owned: dict[OwnedKey, OwnedView]
+    namespace: str
+    k8s_version: str
+
+
+@dataclass
+class DriverReport:
+    reports: dict[str, ReconcileReport] = field(default_factory=dict)
+    requeue: float | None = None
+    events: list[str] = field(default_factory=list)
+
+
+def parse(views: Iterable[PolicyView]) -> tuple[dict[str, NVIDIADriver], dict[str, str]]:
+    """Valid NVIDIADrivers by name (those being deleted left out) and the invalid ones' errors."""
+    valid: dict[str, NVIDIADriver] = {}
+    errors: dict[str, str] = {}
+    for view in views:
+        if view.body.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        try:
+            valid[view.name] = NVIDIADriver.model_validate(view.body)
+        except pydantic.ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            errors[view.name] = f"{where}: {first['msg']} (fix the field in NVIDIADriver {view.name})"
+    return valid, errors
+
+
+def routing_of(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView]) -> Routing:
+    return route(drivers, {n.name: n.selectable for n in nodes if n.gpu_present})
+
+
+def effective_owners(routing: Routing, nodes: Iterable[NodeView]) -> dict[str, str]:
+    """Owners to render for: the routing, and for a conflicting node its current owner label (so a
+    conflict takes nothing away from the NVIDIADriver that had the node)."""
+    owners = dict(routing.owners)
+    labels = {n.name: n.labels for n in nodes}
+    for node in routing.conflicts:
+        current = labels.get(node, {}).get(DRIVER_OWNER)
+        if current:
+            owners[node] = current
+    return owners
+
+
+def node_drivers(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView],
+                 pods: Iterable[DriverPodView]) -> dict[str, NodeDriver]:
+    """Per GPU node, what node labelling needs: owner, conflict, owner's auto-upgrade, orphaned pod."""
+    by_name = {d.metadata.name: d for d in drivers}
+    nodes = list(nodes)
+    routing = routing_of(by_name.values(), nodes)
+    orphaned = {p.node for p in pods if p.orphaned and p.running}
+    out: dict[str, NodeDriver] = {}
+    for node in nodes:
+        if not node.gpu_present:
+            continue
+        owner = routing.owners.get(node.name)
+        policy = by_name[owner].spec.upgradePolicy if owner else None
+        out[node.name] = NodeDriver(owner=owner, conflict=node.name in routing.conflicts,
+                                    auto_upgrade=policy.autoUpgrade if policy else True,
+                                    orphaned_driver_pod=node.name in orphaned)
+    return out
+
+
+class NVIDIADriverReconciler:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.reported: set[tuple[str, tuple[str, ...]]] = set()  # conflicts already sent as events
+
+    async def reconcile(self, snap: DriverSnapshot) -> DriverReport:
+        out = DriverReport()
+        if not snap.drivers:
+            return out
+        views = {v.name: v for v in snap.drivers}
+        drivers, invalid = parse(snap.drivers)
+        for name, message in invalid.items():
+            await self._status(views[name], snap, st.Outcome.failed(message))
+        active = active_policy(snap.policies)
+        if active is None or not (active.body.get("spec") or {}).get("driver", {}).get("useNvidiaDriverCRD"):
+            for name in drivers:
+                await self._disabled(views[name], snap, active)
+            return out
+        routing = routing_of(drivers.values(), snap.nodes)
+        await self._conflict_events(routing, out)
+        owners = effective_owners(routing, snap.nodes)
+        try:
+            base = ClusterPolicy.model_validate(active.body)
+        except pydantic.ValidationError:
+            base = None  # the ClusterPolicy reports its own error; drivers render on defaults
+        facts = ClusterFacts.from_nodes([n.as_node() for n in snap.nodes], namespace=snap.namespace,
+                                        k8s_version=snap.k8s_version, operator_env=operator_env())
+        for name, nvd in sorted(drivers.items()):
+            report = ReconcileReport()
+            out.reports[name] = report
+            outcome = await self._one(nvd, views[name], base, facts, owners, routing, snap, report)
+            report.outcome = outcome
+            await self._status(views[name], snap, outcome)
+            if outcome.state != st.READY:
+                out.requeue = REQUEUE_NOT_READY
+        return out
+
+    async def _one(self, nvd: NVIDIADriver, view: PolicyView, base: ClusterPolicy | None, facts: ClusterFacts,
+                   owners: dict[str, str], routing: Routing, snap: DriverSnapshot,
+                   report: ReconcileReport) -> st.Outcome:
+        name = nvd.metadata.name
+        owned_nodes = sorted(node for node, owner in owners.items() if owner == name)
+        try:
+            keys = await configmap_keys(self.kube, driver_policy(nvd, base), snap.namespace)
+            result = render_nvidiadriver(nvd, dataclasses.replace(facts, configmap_keys=keys), base,
+                                         owned=owned_nodes)
+        except RenderError as err:
+            return st.Outcome.failed(f"{err} (fix the field in NVIDIADriver {name})")
+        try:
+            await apply_owned(self.kube, result.objects(), view, owner_reference(view, API_VERSION, KIND),
+                              snap.owned, report)
+        except ApiError as err:
+            return st.Outcome.failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
+        conflicts = routing.conflicts_of(name)
+        if conflicts:
+            return st.Outcome(st.NOT_READY, CONFLICTING_NODE_SELECTOR,
+                              "; ".join(conflict_message(node, names) for node, names in conflicts.items()))
+        not_ready = []
+        for pool in pools_of(result):
+            for ds in pool.objects:
+                meta = ds["metadata"]
+                live = snap.owned.get(object_key(ds["apiVersion"], "DaemonSet", meta.get("namespace"), meta["name"]))
+                if live is None or live.readiness is None or str(ObjectKey.of(ds)) in report.applied \
+                        or not st.daemonset_ready(live.readiness):
+                    not_ready.append(meta["name"])
+        report.not_ready = not_ready
+        if not_ready:
+            return st.Outcome(st.NOT_READY, DRIVER_NOT_READY,
+                              f"NVIDIADriver {name} is not ready; driver DaemonSets not ready: {not_ready}")
+        if not owned_nodes:
+            selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items()))
+            what = f"nodeSelector ({selector})" if selector else "this default NVIDIADriver"
+            return st.Outcome(st.READY, st.NO_GPU_NODES,
+                              f"NVIDIADriver {name}: {what} matches no GPU node (that no other NVIDIADriver "
+                              "selects); no driver DaemonSet is deployed")
+        return st.Outcome(st.READY, st.RECONCILED,
+                          f"NVIDIADriver {name} is ready: {len(owned_nodes)} node(s) in "
+                          f"{len(pools_of(result))} pool(s)")
+
+    async def _conflict_events(self, routing: Routing, out: DriverReport) -> None:
+        """One Warning Event per node and set of claimants (not one per reconcile)."""
+        current = set(routing.conflicts.items())
+        for node, names in sorted(current - self.reported):
+            message = conflict_message(node, names)
+            log.warning("%s", message)
+            try:
+                await self.kube.node_event(node, CONFLICTING_NODE_SELECTOR, message)
+            except ApiError as err:
+                log.warning("node %s: event not recorded: %s", node, err.status.message)
+                continue
+            out.events.append(node)
+            self.reported.add((node, names))
+        self.reported &= current
+
+    async def _disabled(self, view: PolicyView, snap: DriverSnapshot, active: PolicyView | None) -> None:
+        if active is None:
+            outcome = st.Outcome(st.NOT_READY, PREREQUISITE_NOT_MET,
+                                 "no ClusterPolicy: create one with spec.driver.useNvidiaDriverCRD=true")
+            await self._status(view, snap, outcome)
+            return
+        message = (f"ClusterPolicy {active.name} has spec.driver.useNvidiaDriverCRD=false: set it to true to let "
+                   "NVIDIADrivers manage the driver")
+        wanted = st.status_body(st.Outcome(st.NOT_READY, PREREQUISITE_NOT_MET, message), snap.namespace,
+                                view.status, view.generation)
+        wanted["state"] = DISABLED
+        await self._write(view, wanted)
+
+    async def _status(self, view: PolicyView, snap: DriverSnapshot, outcome: st.Outcome) -> None:
+        await self._write(view, st.status_body(outcome, snap.namespace, view.status, view.generation))
+
+    async def _write(self, view: PolicyView, wanted: dict[str, Any]) -> None:
+        current = {k: view.status.get(k) for k in ("state", "namespace", "conditions")}
+        if not st.status_differs(current, wanted):
+            return
+        conditions = wanted.get("conditions") or [{}]
+        log.info("NVIDIADriver %s: %s (%s) %s", view.name, wanted["state"], conditions[-1].get("reason"),
+                 conditions[-1].get("message"))
+        try:
+            await self.kube.patch_nvidiadriver_status(view.name, wanted)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
