@@ -71,7 +71,10 @@ def node_label(kube: Client, node: str, key: str) -> str | None:
 
 
 def ready(kube: Client, name: str) -> Callable[[], bool]:
-    return lambda: driver_status(kube, name).get("state") == "ready"
+    def check() -> bool:
+        status = driver_status(kube, name)
+        return status.get("state") == "ready" and condition(status, "Ready").get("reason") == "Reconciled"
+    return check
 
 
 def test_two_pools_two_versions_get_their_own_daemonsets_on_their_own_nodes(
@@ -98,7 +101,8 @@ def test_two_pools_two_versions_get_their_own_daemonsets_on_their_own_nodes(
                 if any(r.name == ds.metadata.name for r in p.metadata.ownerReferences or [])]
         assert sorted(p.spec.nodeName for p in pods) == sorted(nodes), owner
         assert all(node_label(kube, n, OWNER) == owner for n in nodes)
-        assert condition(driver_status(kube, owner), "Ready")["reason"] == "Reconciled"
+        assert condition(driver_status(kube, owner), "Ready")["reason"] == "Reconciled", (
+            driver_status(kube, owner), operator.log_text()[-3000:])
     assert "nvidia-driver-daemonset" not in {ds.metadata.name for ds in kube.list(DaemonSet,
                                                                                  namespace=operator_namespace)}
     # Deleting one NVIDIADriver removes its DaemonSets only.

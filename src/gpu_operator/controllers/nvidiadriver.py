@@ -25,7 +25,7 @@ from gpu_operator.controllers.clusterpolicy import (
     operator_env,
     owner_reference,
 )
-from gpu_operator.controllers.nodelabels import NodeDriver
+from gpu_operator.controllers.nodelabels import NodeDriver, has_gpu
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
 from gpu_operator.render.driverowners import Routing, conflict_message, route
@@ -180,6 +180,13 @@ class NVIDIADriverReconciler:
                         or not st.daemonset_ready(live.readiness):
                     not_ready.append(meta["name"])
         report.not_ready = not_ready
+        labels = {n.name: n.labels for n in snap.nodes}
+        unlabelled = [n for n in owned_nodes if labels.get(n, {}).get(DRIVER_OWNER) != name]
+        waiting = [n.name for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present]
+        if unlabelled or waiting:
+            # "ready" now would only mean the DaemonSets have no node to run on yet
+            return st.Outcome(st.NOT_READY, DRIVER_NOT_READY,
+                              f"NVIDIADriver {name} is not ready; nodes not labelled yet: {unlabelled or waiting}")
         if not_ready:
             return st.Outcome(st.NOT_READY, DRIVER_NOT_READY,
                               f"NVIDIADriver {name} is not ready; driver DaemonSets not ready: {not_ready}")
