@@ -267,12 +267,6 @@ class RecordingProxy:
             return response
 
 
-def operator_available() -> bool:
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "run", "--help"],
-                          capture_output=True, text=True, timeout=60)
-    return done.returncode == 0
-
-
 @dataclass
 class OperatorRun:
     proxy: RecordingProxy
@@ -283,9 +277,6 @@ class OperatorRun:
 def operator_run(control_plane: ControlPlane, installed: Installed, kube: Client,
                  tmp_path: Path) -> Iterator[OperatorRun]:
     """Starts `gpu-operator run` as the chart's ServiceAccount, through a RecordingProxy."""
-    if not operator_available():
-        pytest.skip("`gpu-operator run` is not registered yet: the operator run as the chart's "
-                    "ServiceAccount cannot be tested")
     token = yaml.safe_load(installed.kubeconfig.read_text())["users"][0]["user"]["token"]
     started: list[subprocess.Popen[bytes]] = []
     with RecordingProxy(control_plane.server, control_plane.pki.ca_cert) as proxy:
