@@ -20,7 +20,8 @@ import yaml
 from gpu_operator.render.result import Manifest, RenderResult
 
 CONTRACTS = Path(__file__).parent / "states" / "contracts"
-WRAPPERS = ("sh", "/bin/sh", "bash", "/bin/bash", "-c", "-e", "-ec", "-xe")
+WRAPPERS = ("sh", "/bin/sh", "bash", "/bin/bash", "-c", "-e", "-ec", "-xe", "-xc")
+SHARED = "_shared.yaml"  # deliberate deviations that hold for every state
 # Values upstream leaves for its transforms to fill in: only the variable's presence counts.
 PLACEHOLDERS = ("FILLED BY THE OPERATOR", "FILLED_BY_THE_OPERATOR", "FILLED BY OPERATOR")
 VALIDATIONS = "/run/nvidia/validations"
@@ -50,11 +51,17 @@ class Contract:
         return {str(k): str(v) for k, v in out.items()}
 
     def explains(self, deviation: Deviation) -> str | None:
-        """The reason a deliberate entry gives for this deviation, or None."""
-        for pattern, reason in self.deliberate.items():
+        """The reason a deliberate entry (this state's, then the shared ones) gives, or None."""
+        for pattern, reason in [*self.deliberate.items(), *shared_deliberate().items()]:
             if fnmatch.fnmatchcase(deviation.id, pattern):
                 return reason
         return None
+
+
+@functools.cache
+def shared_deliberate() -> dict[str, str]:
+    data = yaml.safe_load((CONTRACTS / SHARED).read_text()) or {}
+    return {str(k): str(v) for k, v in (data.get("deliberate") or {}).items()}
 
 
 @functools.cache
@@ -62,6 +69,8 @@ def contracts() -> dict[str, Contract]:
     """Every state's contract, by state name."""
     out: dict[str, Contract] = {}
     for path in sorted(CONTRACTS.glob("*.yaml")):
+        if path.name == SHARED:
+            continue
         data = yaml.safe_load(path.read_text())
         out[data["state"]] = Contract(data["state"], data)
     return out
@@ -215,8 +224,14 @@ def compare_state(state: str, objects: list[Manifest]) -> list[Deviation]:
             out.append(Deviation(state, f"{name}:daemonset-extra", "we render this DaemonSet; upstream does not"))
             continue
         out += _check_daemonset(state, ds, facts[base])
+    theirs_objects = {o for o in data.get("upstream_objects") or []}
+    if theirs_objects:
+        ours_objects = {f"{o['kind']}/{o['metadata']['name']}" for o in objects}
+        for ref in sorted(ours_objects - theirs_objects):
+            out.append(Deviation(state, f"{state}:object-extra:{ref}", "we render this object; upstream does not"))
     for kind in ("Role", "ClusterRole"):
-        theirs = set((data.get("rbac") or {}).get(kind) or [])
+        # the SCC rule is OpenShift's (we add it there only)
+        theirs = {r for r in (data.get("rbac") or {}).get(kind) or [] if not r.startswith("security.openshift.io")}
         account = data.get("account")
         ours: set[str] = set()
         for o in objects:

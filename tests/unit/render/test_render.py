@@ -114,8 +114,10 @@ def test_ownership_labels_namespaces_and_no_owner_references() -> None:
 
 def test_apply_order_puts_rbac_first_and_daemonsets_last() -> None:
     kinds = [o["kind"] for o in run().state("state-device-plugin").objects]
+    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]
+    kinds = [o["kind"] for o in run().state("state-mig-manager").objects]
     assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                     "DaemonSet"]
+                     "ConfigMap", "ConfigMap", "DaemonSet"]
 
 
 def test_default_policy_enables_the_container_stack_only() -> None:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import NODE_NAME, VALIDATIONS_DIR, Ctx, container, env_field, hostpath, mount
+from gpu_operator.render.objects import (
+    NODE_NAME,
+    VALIDATIONS_DIR,
+    Ctx,
+    container,
+    env,
+    env_field,
+    hostpath,
+    mount,
+)
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import DEVICE_PLUGINS, SYS, VALIDATIONS, sandbox
 
@@ -22,6 +31,7 @@ def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
         "vfio-pci-validation",
         command=["sh", "-c"],
         args=[WAIT_SCRIPT],
+        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void")],
         mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
         privileged=True,
     )

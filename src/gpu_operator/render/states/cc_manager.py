@@ -30,6 +30,6 @@ OPERAND = Operand(
     gate=sandbox("ccManager", mode="kata"),
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),),
     daemonset=DaemonSetDef(name=NAME, deploy="cc-manager", image=Image("ccManager", "CC_MANAGER_IMAGE"), pod=_pod),
 )

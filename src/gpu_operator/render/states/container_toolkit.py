@@ -10,6 +10,7 @@ from gpu_operator.render.objects import (
     configmap_volume,
     container,
     env,
+    env_field,
     hostpath,
     mount,
 )
@@ -48,7 +49,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             env("NVIDIA_CONTAINER_RUNTIME_MODES_CDI_DEFAULT_KIND", "management.nvidia.com/gpu"),
             env("NVIDIA_VISIBLE_DEVICES", "void"),
             env("TOOLKIT_PID_FILE", "/run/nvidia/toolkit/toolkit.pid"),
-            env("NRI_NAMESPACE", ctx.ns),
+            env_field("NRI_NAMESPACE", "metadata.namespace"),
         ],
         mounts=[
             mount("nvidia-container-toolkit-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"),

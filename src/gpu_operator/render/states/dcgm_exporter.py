@@ -117,7 +117,7 @@ OPERAND = Operand(
     state="state-dcgm-exporter",
     gate=when_enabled("dcgmExporter"),
     account=NAME,
-    role_rules=(rule([""], ["configmaps"], ["get"]),),
+    role_rules=(rule([""], ["configmaps"], ["get", "list"]),),
     extras=_extras,
     refs=(
         Ref("v1", "Service", NAME),

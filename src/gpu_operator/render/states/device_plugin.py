@@ -130,7 +130,7 @@ OPERAND = Operand(
     state=STATE,
     gate=when_enabled("devicePlugin"),
     account=NAME,
-    role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
+    # config-manager reads its configs from the mounted ConfigMap and its node's label
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
     extras=_extras,
     refs=(Ref("v1", "ConfigMap", ENTRYPOINT),),

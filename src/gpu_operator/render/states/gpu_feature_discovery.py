@@ -43,9 +43,10 @@ OPERAND = Operand(
     state="gpu-feature-discovery",
     gate=when_enabled("gfd"),
     account=NAME,
-    role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),
-                   rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"])),
+    # its NodeFeature object lives in the operator's namespace
+    role_rules=(rule([""], ["pods"], ["get"]),
+                rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"])),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
     daemonset=DaemonSetDef(
         name="gpu-feature-discovery",
         deploy="gpu-feature-discovery",

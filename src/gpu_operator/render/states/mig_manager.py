@@ -97,12 +97,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         env_vars=[
             NODE_NAME, POD_NAME, env_field("POD_NAMESPACE", "metadata.namespace"), config_env,
             env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
-            env("HOST_ROOT_MOUNT", "/host"),
-            env("HOST_NVIDIA_DIR", ctx.spec.toolkit.installDir),
-            env("HOST_MIG_MANAGER_STATE_FILE", "/host/etc/systemd/system/nvidia-mig-manager.service.d/override.conf"),
-            env("HOST_GPU_CLIENT_SERVICES_FILE", "/host/etc/systemd/system/nvidia-mig-manager.service.d/clients"),
-            env("HOST_KUBELET_SERVICE", "kubelet.service"),
-            env("WITH_REBOOT", "false"),
+            # host paths, kubelet service and reboot policy: the image's defaults, as upstream
             env_field("DEFAULT_GPU_CLIENTS_NAMESPACE", "metadata.namespace"),
             env("NVIDIA_VISIBLE_DEVICES", "all"),
         ],

@@ -53,7 +53,7 @@ OPERAND = Operand(
     state="state-mps-control-daemon",
     gate=when_enabled("devicePlugin"),
     account=NAME,
-    role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
+    # config-manager reads its configs from the mounted ConfigMap and its node's label
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
     daemonset=DaemonSetDef(
         name=NAME,

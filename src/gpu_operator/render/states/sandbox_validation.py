@@ -26,7 +26,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             validations]
     inits = [validator_init(component, mounts=host) for component in ("cc-manager", *WORKLOAD_AWARE)]
     # the vGPU manager check runs nvidia-smi from the vGPU manager's driver root
-    inits[2]["volumeMounts"].append(mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"))
+    inits[2]["volumeMounts"] = [*host, mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer")]
     main = container(NAME, command=["sh", "-c"], args=["echo all validations are successful; sleep infinity"],
                      mounts=[validations], privileged=True,
                      lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}})

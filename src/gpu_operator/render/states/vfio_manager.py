@@ -46,7 +46,9 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list", "watch", "delete"]),
                 rule(["apps"], ["daemonsets"], ["get", "list"])),
+    # k8s-driver-manager looks for GPU pods on its node in every namespace
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
+                   rule([""], ["pods"], ["get", "list", "watch"]),
                    rule([""], ["pods/eviction"], ["create"])),
     daemonset=DaemonSetDef(name=NAME, deploy="vfio-manager", image=Image("vfioManager", "VFIO_MANAGER_IMAGE"),
                            pod=_pod, transforms=(_vfio,)),

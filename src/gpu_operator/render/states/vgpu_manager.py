@@ -64,7 +64,8 @@ OPERAND = Operand(
     role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
                    rule([""], ["pods"], ["get", "list", "watch", "delete"]),
-                   rule([""], ["pods/eviction"], ["create"])),
+                   rule([""], ["pods/eviction"], ["create"]),
+                   rule(["apps"], ["daemonsets"], ["get"])),
     daemonset=DaemonSetDef(
         name="nvidia-vgpu-manager-daemonset",
         deploy="vgpu-manager",

@@ -1,0 +1,102 @@
+"""Every rendered object of every example policy (and an all-operands policy) against the operand contracts.
+
+The contracts (render/states/contracts/*.yaml) hold upstream's facts per image: env, mounts,
+privilege, the program each container runs, status files, RBAC, Services. A deviation must be
+listed as deliberate, with its reason, in its contract and in docs/operands.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+
+import pytest
+from tools.operand_facts.compare import policies, render_policy
+
+from gpu_operator.render.contract import Deviation, compare_state, contracts, undocumented
+from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE, OWN_IMAGE
+from gpu_operator.render.states import STATE_NAMES
+
+ROOT = Path(__file__).resolve().parents[3]
+POLICIES = policies()
+SHELL = {"sh", "echo", "until", "<image entrypoint>"}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_rendered_object_keeps_its_contract(name: str) -> None:
+    result = render_policy(POLICIES[name])
+    assert any(s.enabled and s.objects for s in result.states)
+    found = [d for s in result.states if s.enabled for d in compare_state(s.name, s.objects)]
+    assert undocumented(found) == [], "\n".join(map(str, undocumented(found)))
+
+
+def test_every_state_has_a_contract_and_the_policies_reach_them_all() -> None:
+    assert set(contracts()) == set(STATE_NAMES)
+    rendered = {s.name for p in POLICIES.values() for s in render_policy(p).states if s.enabled and s.objects}
+    # the kata manager is deprecated and never rendered (it only cleans up after itself)
+    assert rendered == set(STATE_NAMES) - {"state-kata-manager"}
+
+
+def test_the_check_catches_the_node_stopping_deviations() -> None:
+    """Undo each node-stopping fix on a rendered object: the contract check must name it."""
+    result = render_policy(POLICIES["clusterpolicy-default.yaml"])
+    state = result.state("state-operator-validation")
+    broken = copy.deepcopy(state.objects)
+    ds = next(o for o in broken if o["kind"] == "DaemonSet")
+    for ctr in ds["spec"]["template"]["spec"]["initContainers"]:
+        ctr["env"] = [e for e in ctr.get("env", []) if e["name"] not in ("OPERATOR_NAMESPACE", "NVIDIA_VISIBLE_DEVICES")]
+    ids = {d.id for d in undocumented(compare_state(state.name, broken))}
+    assert "nvidia-operator-validator/toolkit-validation:env-missing:NVIDIA_VISIBLE_DEVICES" in ids
+    assert "nvidia-operator-validator/cuda-validation:env-missing:OPERATOR_NAMESPACE" in ids
+    toolkit = result.state("state-container-toolkit")
+    broken = copy.deepcopy(toolkit.objects)
+    for o in broken:
+        if o["kind"] == "Role":
+            o["rules"] = [r for r in o["rules"] if "daemonsets" not in r["resources"]]
+        if o["kind"] == "DaemonSet":
+            o["spec"]["template"]["spec"]["initContainers"][0]["securityContext"].pop("runAsUser")
+    ids = {d.id for d in undocumented(compare_state(toolkit.name, broken))}
+    assert "state-container-toolkit:Role:rule-missing:apps daemonsets list" in ids
+    assert "nvidia-container-toolkit-daemonset/driver-validation:runAsUser" in ids
+    gfd = result.state("gpu-feature-discovery")
+    broken = copy.deepcopy(gfd.objects)
+    for o in broken:
+        if o["kind"] == "DaemonSet":
+            main = o["spec"]["template"]["spec"]["containers"][0]
+            main["env"] = [e for e in main["env"] if e["name"] != "NODE_NAME"]
+    found: list[Deviation] = undocumented(compare_state(gfd.name, broken))
+    assert [d.id for d in found] == ["gpu-feature-discovery/gpu-feature-discovery:env-missing:NODE_NAME"]
+
+
+def test_our_image_runs_only_what_our_package_provides() -> None:
+    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    assert {"gpu-operator", "nvidia-validator"} <= scripts
+    from gpu_operator.render.contract import runs
+
+    for policy in POLICIES.values():
+        for obj in render_policy(policy).objects():
+            if obj["kind"] != "DaemonSet":
+                continue
+            pod = obj["spec"]["template"]["spec"]
+            for ctr in [*pod.get("initContainers", []), *pod["containers"]]:
+                if ctr["image"] == OWN_IMAGE:
+                    assert runs(ctr) in scripts | SHELL, (obj["metadata"]["name"], ctr["name"], runs(ctr))
+
+
+def test_workload_pods_name_an_image_that_has_vectoradd() -> None:
+    result = render_policy(POLICIES["clusterpolicy-default.yaml"])
+    ds = next(o for o in result.state("state-operator-validation").objects if o["kind"] == "DaemonSet")
+    for ctr in ds["spec"]["template"]["spec"]["initContainers"]:
+        if ctr["name"] in ("cuda-validation", "plugin-validation"):
+            env = {e["name"]: e.get("value") for e in ctr["env"]}
+            assert env["CUDA_VALIDATOR_IMAGE"] == CUDA_WORKLOAD_IMAGE != OWN_IMAGE
+            assert env["VALIDATOR_IMAGE"] == OWN_IMAGE
+
+
+def test_every_deliberate_deviation_is_documented() -> None:
+    docs = (ROOT / "docs" / "operands.md").read_text()
+    from gpu_operator.render.contract import shared_deliberate
+
+    patterns = [p for c in contracts().values() for p in c.deliberate] + list(shared_deliberate())
+    assert [p for p in patterns if f"`{p}`" not in docs] == []

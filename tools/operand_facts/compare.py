@@ -1,0 +1,97 @@
+"""Compare what the renderer produces with the recorded operand contracts; rerunnable.
+
+    .venv/bin/python tools/operand_facts/compare.py [--all] [--docs docs/operands.md]
+
+Renders every example policy (examples/*.yaml) and one policy with every optional operand on,
+against the node shapes of the simulator, and prints each deviation from the contracts
+(src/gpu_operator/render/states/contracts/*.yaml): deliberate ones with their reason (with --all),
+undocumented ones always. Exit status 1 when a deviation is not deliberate, or when a deliberate
+entry is not listed in docs/operands.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_operator import shapes
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.render import RenderResult, render
+from gpu_operator.render.clitext import label_gpu_nodes
+from gpu_operator.render.contract import Deviation, compare, contracts
+from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+from gpu_operator.render.facts import ClusterFacts
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = {**CHART_DEFAULT_IMAGES, "VGPU_MANAGER_IMAGE": "registry.example.com/nvidia/vgpu-manager:595.91.07"}
+# Every optional operand on: the kata/CC managers, GPUDirect, MIG manager, config-manager, NRI off.
+EVERYTHING: dict[str, Any] = {
+    "sandboxWorkloads": {"enabled": True, "mode": "kata"},
+    "kataManager": {"enabled": True},
+    "kataSandboxDevicePlugin": {"enabled": True},
+    "ccManager": {"enabled": True},
+    "vfioManager": {"enabled": True},
+    "nodeStatusExporter": {"enabled": True},
+    "gds": {"enabled": True},
+    "gdrcopy": {"enabled": True},
+    "driver": {"rdma": {"enabled": True}},
+    "devicePlugin": {"config": {"name": "time-slicing", "default": "any"}},
+    "dcgmExporter": {"serviceMonitor": {"enabled": True}},
+}
+
+
+def policies() -> dict[str, dict[str, Any]]:
+    out = {p.name: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "examples").glob("*.yaml"))}
+    out["everything-on"] = {"metadata": {"name": "cluster-policy"}, "spec": EVERYTHING}
+    return out
+
+
+def render_policy(manifest: dict[str, Any]) -> RenderResult:
+    """One policy rendered for two labelled DGX H100 nodes with the chart's default images."""
+    nodes = shapes.nodes(["dgx-h100:2"])
+    label_gpu_nodes(nodes)
+    facts = ClusterFacts.from_nodes(nodes, namespace="gpu-operator", k8s_version="1.36.3", operator_env=IMAGES,
+                                    servicemonitor_crd=True)
+    return render(ClusterPolicy.model_validate(manifest), facts)
+
+
+def deviations(name: str, manifest: dict[str, Any]) -> list[Deviation]:
+    return compare(render_policy(manifest))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="also print the deliberate deviations")
+    parser.add_argument("--docs", default=str(ROOT / "docs" / "operands.md"))
+    args = parser.parse_args()
+    table = contracts()
+    failed = False
+    seen: dict[str, set[str]] = {}
+    for name, manifest in policies().items():
+        for dev in sorted(set(deviations(name, manifest))):
+            reason = table[dev.state].explains(dev) if dev.state in table else None
+            if reason is None:
+                failed = True
+                print(f"UNDOCUMENTED [{name}] {dev.state} {dev}")
+            else:
+                seen.setdefault(dev.state, set()).add(dev.id)
+                if args.all:
+                    print(f"deliberate   [{name}] {dev.state} {dev} -- {reason}")
+    docs = Path(args.docs).read_text() if Path(args.docs).exists() else ""
+    for state, contract in sorted(table.items()):
+        for pattern in contract.deliberate:
+            if f"`{pattern}`" not in docs:
+                failed = True
+                print(f"NOT IN DOCS  {state} deliberate `{pattern}` is missing from {args.docs}")
+    total = sum(len(v) for v in seen.values())
+    print(f"{total} deliberate deviation(s) over {len(policies())} policies; "
+          + ("undocumented ones above" if failed else "none undocumented"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
