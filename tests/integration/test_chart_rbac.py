@@ -388,3 +388,47 @@ def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: C
         for obj in hook:
             if obj["kind"].startswith("Cluster"):
                 kube.delete(type(from_dict(obj)), obj["metadata"]["name"])
+
+
+def nvidiadriver_reason(kube: Client, name: str) -> str | None:
+    from gpu_operator.kube.client import NVIDIADriverResource
+    try:
+        status = kube.get(NVIDIADriverResource, name).get("status") or {}
+    except ApiError:
+        return None
+    failing = [c for c in status.get("conditions", []) if c["type"] == "Error" and c["status"] == "True"]
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
+    return str((failing or ready or [{}])[0].get("reason")) if status else None
+
+
+def test_operator_runs_nvidiadrivers_without_forbidden_responses(
+    kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
+) -> None:
+    """The chart's default NVIDIADriver, then two overlapping ones (status writes, Node events)."""
+    from gpu_operator.kube.client import NVIDIADriverResource
+
+    (node,) = fake_nodes("dgx-h100:1")
+    chart = render_chart({"driver": {"nvidiaDriverCRD": {"enabled": True}}})
+    overlapping = [{"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": name},
+                    "spec": {"version": "580.82.07", "nodeSelector": {"nvidia.com/gpu.present": "true"}}}
+                   for name in ("rbac-x", "rbac-y")]
+    apply_all(kube, [pick(chart, "ClusterPolicy", "cluster-policy"), pick(chart, "NVIDIADriver", "default")])
+    process = operator_run.start()
+    try:
+        for names, reason in ((["default"], "Reconciled"), (["rbac-x", "rbac-y"], "ConflictingNodeSelector")):
+            if names != ["default"]:
+                apply_all(kube, overlapping)
+            deadline = time.monotonic() + 180
+            while any(nvidiadriver_reason(kube, n) != reason for n in names):
+                assert process.poll() is None, f"the operator exited; {refusals(operator_run.proxy)}"
+                assert time.monotonic() < deadline, f"{names} not {reason}; " + refusals(operator_run.proxy)
+                time.sleep(1)
+        assert any(r.method == "POST" and r.path.endswith("/events") for r in operator_run.proxy.responses)
+        assert operator_run.proxy.forbidden() == [], refusals(operator_run.proxy)
+    finally:
+        for name in ("default", "rbac-x", "rbac-y"):
+            try:
+                kube.delete(NVIDIADriverResource, name)
+            except ApiError as err:
+                if err.status.code != 404:
+                    raise

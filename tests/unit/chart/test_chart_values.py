@@ -6,11 +6,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from helm_python import HelmRenderError
 
-from tests.unit.chart.chart_helpers import Rendered, Values, find, notes
+from tests.unit.chart.chart_helpers import CHART, Rendered, Values, find, notes, objects
+from tests.unit.chart.test_chart_render import pruned
 
 UPSTREAM_VALUES = Path(__file__).parent / "data" / "upstream-values.yaml"
 OUR_IMAGE = "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
@@ -98,7 +100,39 @@ def test_nvidia_driver_crd_mode_drops_the_driver_image(render: Callable[..., Ren
     driver = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]["driver"]
     assert driver["useNvidiaDriverCRD"] is True
     assert not {"repository", "image", "version", "nvidiaDriverCRD"} & set(driver)
-    assert [e["key"] for e in report(rendered)] == ["driver.nvidiaDriverCRD.enabled"]
+    assert report(rendered) == []
+
+
+def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callable[..., Rendered]) -> None:
+    from gpu_operator.api.nvidiadriver import NVIDIADriver
+    from gpu_operator.render.nvidiadriver import image_reference
+
+    values = {"driver": {"nvidiaDriverCRD": {"enabled": True}, "version": "570.172.08", "kernelModuleType": "open",
+                         "licensingConfig": {"configMapName": "licensing", "nlsEnabled": True},
+                         "repoConfig": {"configMapName": "repos"}},
+              "gds": {"enabled": True}}
+    spec = find(render(values), "NVIDIADriver", "default")["spec"]
+    assert spec["default"] is True and "nodeSelector" not in spec
+    assert spec["version"] == "570.172.08" and spec["kernelModuleType"] == "open" and spec["driverType"] == "gpu"
+    assert spec["upgradePolicy"]["autoUpgrade"] is True and "gpuPodDeletion" not in spec["upgradePolicy"]
+    assert spec["upgradePolicy"]["podDeletion"]["timeoutSeconds"] == 300
+    assert spec["licensingConfig"] == {"name": "licensing", "secretName": "", "nlsEnabled": True}
+    assert spec["repoConfig"] == {"name": "repos"} and spec["gds"]["enabled"] is True
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    obj = find(render(values), "NVIDIADriver", "default")
+    crd = yaml.safe_load((CHART / "crds" / "nvidia.com_nvidiadrivers.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    jsonschema.validate(obj, schema)
+    assert pruned(obj["spec"], schema["properties"]["spec"], "spec") == []
+    model = NVIDIADriver.model_validate(obj)
+    assert model.warnings() == []
+    assert image_reference(model.spec) == "nvcr.io/nvidia/driver:570.172.08"
+    pooled = render({"driver": {"nvidiaDriverCRD": {"enabled": True, "nodeSelector": {"pool": "a"},
+                                                    "driverType": "vgpu"}}})
+    spec = find(pooled, "NVIDIADriver", "default")["spec"]
+    assert spec["nodeSelector"] == {"pool": "a"} and "default" not in spec and spec["driverType"] == "vgpu"
+    for values in ({"driver": {"nvidiaDriverCRD": {"enabled": True, "deployDefaultCR": False}}}, {}):
+        assert not [o for o in objects(render(values)) if o["kind"] == "NVIDIADriver"]
 
 
 @pytest.mark.parametrize(("values", "key"), [
