@@ -67,7 +67,7 @@ def cluster_policies(kube: Client) -> Iterator[Callable[..., str]]:
     created: list[str] = []
 
     def create(spec: dict[str, Any] | None = None, name: str = "cluster-policy") -> str:
-        kube.create(ClusterPolicyResource(  # type: ignore[call-arg]
+        kube.create(ClusterPolicyResource(  # type: ignore[call-overload]  # metadata as a dict
             apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": name}, spec=spec or {}))
         created.append(name)
         return name

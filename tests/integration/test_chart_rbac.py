@@ -78,7 +78,7 @@ class Installed:
 
 def apply_all(kube: Client, objs: list[dict[str, Any]]) -> None:
     for obj in objs:
-        kube.apply(from_dict(obj), force=True)  # type: ignore[call-overload]
+        kube.apply(from_dict(obj), force=True)
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +131,14 @@ def test_the_serviceaccount_may_not_do_more(permission: Permission, namespace: s
 
 def test_operand_roles_are_created_without_escalate(installed: Installed, kube: Client) -> None:
     """What the operator holds it can hand on (RBAC's no-escalation rule); more it cannot."""
-    held = {
+    held: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "rbac-test-operand"},
         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"]},
                   {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],
                    "verbs": ["get", "list", "watch", "create", "update"]}],
     }
-    binding = {
+    binding: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "rbac-test-operand"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rbac-test-operand"},
@@ -148,10 +148,10 @@ def test_operand_roles_are_created_without_escalate(installed: Installed, kube: 
     more["metadata"]["name"] = "rbac-test-greedy"
     more["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
     try:
-        installed.client.apply(from_dict(held), force=True)  # type: ignore[call-overload]
-        installed.client.apply(from_dict(binding), force=True)  # type: ignore[call-overload]
+        installed.client.apply(from_dict(held), force=True)
+        installed.client.apply(from_dict(binding), force=True)
         with pytest.raises(ApiError) as refused:
-            installed.client.apply(from_dict(more), force=True)  # type: ignore[call-overload]
+            installed.client.apply(from_dict(more), force=True)
         assert refused.value.status.code == 403
         assert "not currently held" in str(refused.value.status.message)
     finally:
@@ -170,13 +170,13 @@ def test_removing_a_needed_rule_is_caught(installed: Installed, kube: Client) ->
     trimmed = copy.deepcopy(role)
     trimmed["rules"] = [r for r in trimmed["rules"] if r["resources"] != ["pods/eviction"]]
     try:
-        kube.apply(from_dict(trimmed), force=True)  # type: ignore[call-overload]
+        kube.apply(from_dict(trimmed), force=True)
         deadline = time.monotonic() + 10
         while installed.can(eviction, "default") and time.monotonic() < deadline:
             time.sleep(0.2)  # the authorizer's informer catches up
         assert not installed.can(eviction, "default")
     finally:
-        kube.apply(from_dict(role), force=True)  # type: ignore[call-overload]
+        kube.apply(from_dict(role), force=True)
 
 
 # -- the operator itself, as the chart's ServiceAccount -------------------------------------------
@@ -353,7 +353,7 @@ def test_operator_without_a_needed_rule_is_refused(
     fake_nodes("dgx-h100:1")
     apply_all(kube, [pick(render_chart(), "ClusterPolicy", "cluster-policy")])
     try:
-        kube.apply(from_dict(trimmed), force=True)  # type: ignore[call-overload]
+        kube.apply(from_dict(trimmed), force=True)
         process = operator_run.start()
         deadline = time.monotonic() + 90
         while not [r for r in operator_run.proxy.forbidden() if r.method == "PATCH" and "/nodes/" in r.path]:
@@ -362,7 +362,7 @@ def test_operator_without_a_needed_rule_is_refused(
             assert time.monotonic() < deadline, "no refused PATCH of a node; " + refusals(operator_run.proxy)
             time.sleep(1)
     finally:
-        kube.apply(from_dict(role), force=True)  # type: ignore[call-overload]
+        kube.apply(from_dict(role), force=True)
 
 
 def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: ControlPlane, kube: Client,

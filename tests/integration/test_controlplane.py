@@ -48,7 +48,7 @@ def test_crd_is_served(control_plane: ControlPlane, kube: Client) -> None:
             }],
         },
     }
-    kube.apply(from_dict(crd), force=True)  # type: ignore[call-overload]
+    kube.apply(from_dict(crd), force=True)
 
     def established() -> bool:
         got = control_plane.request(
@@ -89,7 +89,7 @@ def test_daemonset_follows_fake_gpu_nodes(kube: Client, namespace: str,
             },
         },
     }
-    kube.create(from_dict(ds))  # type: ignore[call-overload]
+    kube.create(from_dict(ds))
 
     def counts() -> tuple[int, int]:
         status = kube.get(DaemonSet, "smoke", namespace=namespace).status

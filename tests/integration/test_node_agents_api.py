@@ -32,7 +32,7 @@ def test_probe_publishes_driver_source_label(control_plane: ControlPlane, kube: 
     fakehost.build_file(HOSTS / "ubuntu-apt-driver.yaml", root)
     done = agent(control_plane, node, "node", "probe", f"--host-root={root}", "--publish", "--once")
     assert done.returncode == 0, done.stderr
-    labels = kube.get(Node, node).metadata.labels
+    labels = kube.get(Node, node).metadata.labels or {}
     assert labels["nvidia.com/gpu.driver.source"] == "host"
 
 

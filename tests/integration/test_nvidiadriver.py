@@ -31,7 +31,7 @@ def nvidia_drivers(kube: Client) -> Iterator[Callable[..., str]]:
     created: list[str] = []
 
     def create(name: str, spec: dict[str, Any]) -> str:
-        kube.create(NVIDIADriverResource(  # type: ignore[call-arg]
+        kube.create(NVIDIADriverResource(  # type: ignore[call-overload]  # metadata as a dict
             apiVersion="nvidia.com/v1alpha1", kind="NVIDIADriver", metadata={"name": name}, spec=spec))
         created.append(name)
         return name
@@ -87,8 +87,10 @@ def test_two_pools_two_versions_get_their_own_daemonsets_on_their_own_nodes(
     nvidia_drivers("pool-a", {"version": "570.172.08", "nodeSelector": {"pool": "a"}})
     nvidia_drivers("pool-b", {"version": "580.82.07", "kernelModuleType": "open", "nodeSelector": {"pool": "b"}})
     for name in ("pool-a", "pool-b"):
-        wait_for(f"NVIDIADriver {name} ready", ready(kube, name), timeout=120,
-                 context=lambda n=name: f"{driver_status(kube, n)}\n{operator.log_text()[-3000:]}")
+        def context(n: str = name) -> str:
+            return f"{driver_status(kube, n)}\n{operator.log_text()[-3000:]}"
+
+        wait_for(f"NVIDIADriver {name} ready", ready(kube, name), timeout=120, context=context)
     expected = {"pool-a": (pool_a, "nvcr.io/nvidia/driver:570.172.08-ubuntu22.04"),
                 "pool-b": (pool_b, "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04")}
     for owner, (nodes, image) in expected.items():
@@ -96,10 +98,10 @@ def test_two_pools_two_versions_get_their_own_daemonsets_on_their_own_nodes(
         assert ds.metadata.name.startswith("nvidia-gpu-driver-ubuntu22.04-")
         containers = {c.name: c for c in ds.spec.template.spec.containers}
         assert containers["nvidia-driver-ctr"].image == image
-        assert ds.spec.template.spec.nodeSelector[OWNER] == owner
+        assert (ds.spec.template.spec.nodeSelector or {})[OWNER] == owner
         pods = [p for p in driver_pods(kube, operator_namespace)
                 if any(r.name == ds.metadata.name for r in p.metadata.ownerReferences or [])]
-        assert sorted(p.spec.nodeName for p in pods) == sorted(nodes), owner
+        assert sorted(str(p.spec.nodeName) for p in pods) == sorted(nodes), owner
         assert all(node_label(kube, n, OWNER) == owner for n in nodes)
         assert condition(driver_status(kube, owner), "Ready")["reason"] == "Reconciled", (
             driver_status(kube, owner), operator.log_text()[-3000:])
@@ -125,7 +127,7 @@ def test_switch_from_clusterpolicy_driver_keeps_driver_pods_until_replaced(
     wait_for("the ClusterPolicy's driver pods running", lambda: len(
         [p for p in driver_pods(kube, operator_namespace) if p.status.phase == "Running"]) == 2,
         timeout=120, context=operator.log_text)
-    old = {p.metadata.name: p.spec.nodeName for p in driver_pods(kube, operator_namespace)}
+    old = {str(p.metadata.name): p.spec.nodeName for p in driver_pods(kube, operator_namespace)}
     nvidia_drivers("default", {"default": True, "version": "580.82.07"})
     kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": CRD_ON}, patch_type=PatchType.MERGE)
     wait_for("the ClusterPolicy's driver DaemonSet deleted", lambda: "nvidia-driver-daemonset" not in {
@@ -139,11 +141,13 @@ def test_switch_from_clusterpolicy_driver_keeps_driver_pods_until_replaced(
         assert not [r for r in live[name].metadata.ownerReferences or [] if r.controller]
     # The migration rule marks the nodes for the upgrade controller, which replaces the pods.
     for node in nodes:
-        wait_for(f"{node} upgrade-required", lambda n=node: node_label(
-            kube, n, "nvidia.com/gpu-driver-upgrade-state") == "upgrade-required", context=operator.log_text)
+        def upgrade_required(n: str = node) -> bool:
+            return node_label(kube, n, "nvidia.com/gpu-driver-upgrade-state") == "upgrade-required"
+
+        wait_for(f"{node} upgrade-required", upgrade_required, context=operator.log_text)
         assert node_label(kube, node, OWNER) == "default"
     (new_ds,) = owned_daemonsets(kube, operator_namespace, "default")
-    new_pods = [p for p in driver_pods(kube, operator_namespace) if p.metadata.name not in old]
+    new_pods = [p for p in driver_pods(kube, operator_namespace) if str(p.metadata.name) not in old]
     assert all(p.status.phase != "Running" for p in new_pods)  # the anti-affinity keeps them out
     for name in old:  # the upgrade controller's pod-restart step, one node after the other
         kube.delete(Pod, name, namespace=operator_namespace)
@@ -169,8 +173,10 @@ def test_overlapping_selectors_are_reported_and_nothing_is_deleted(
 
     nvidia_drivers("second", {"version": "580.82.07", "nodeSelector": {"nvidia.com/gpu.present": "true"}})
     for name in ("first", "second"):
-        wait_for(f"{name} reports the conflict", lambda n=name: condition(
-            driver_status(kube, n), "Error").get("reason") == "ConflictingNodeSelector", context=operator.log_text)
+        def conflict_reported(n: str = name) -> bool:
+            return condition(driver_status(kube, n), "Error").get("reason") == "ConflictingNodeSelector"
+
+        wait_for(f"{name} reports the conflict", conflict_reported, context=operator.log_text)
         status = driver_status(kube, name)
         assert status["state"] == "notReady"
         assert node in condition(status, "Error")["message"]

@@ -50,7 +50,7 @@ def test_default_policy_labels_nodes_and_becomes_ready(
     assert ready["Error"]["status"] == "False"
     assert status["namespace"] == operator_namespace
 
-    daemonsets = {ds.metadata.name: ds for ds in kube.list(DaemonSet, namespace=operator_namespace)}
+    daemonsets = {str(ds.metadata.name): ds for ds in kube.list(DaemonSet, namespace=operator_namespace)}
     assert set(daemonsets) >= DEFAULT_DAEMONSETS, sorted(daemonsets)
     for name in DEFAULT_DAEMONSETS - {"nvidia-device-plugin-mps-control-daemon"}:
         ds = daemonsets[name]

@@ -31,7 +31,7 @@ def labels_of(kube: Client, node: str) -> dict[str, str]:
 
 
 def daemonsets(kube: Client, namespace: str) -> dict[str, Any]:
-    return {ds.metadata.name: ds for ds in kube.list(DaemonSet, namespace=namespace)}
+    return {str(ds.metadata.name): ds for ds in kube.list(DaemonSet, namespace=namespace)}
 
 
 def reconciled(kube: Client, name: str = "cluster-policy") -> Callable[[], Any]:
@@ -154,7 +154,7 @@ def test_deleting_the_policy_garbage_collects_what_it_owned(
 
     kube.delete(ClusterPolicyResource, "cluster-policy")
     def service_accounts() -> set[str]:
-        return {sa.metadata.name for sa in kube.list(ServiceAccount, namespace=operator_namespace)}
+        return {str(sa.metadata.name) for sa in kube.list(ServiceAccount, namespace=operator_namespace)}
 
     wait_for("owned DaemonSets and ServiceAccounts garbage-collected", lambda: not daemonsets(
         kube, operator_namespace) and "nvidia-device-plugin" not in service_accounts(),
@@ -205,7 +205,7 @@ def test_unsatisfiable_policy_is_reported_and_other_work_goes_on(
 
 def test_schema_rejects_invalid_policy(kube: Client, crds: list[str]) -> None:
     try:
-        kube.create(ClusterPolicyResource(  # type: ignore[call-arg]
+        kube.create(ClusterPolicyResource(  # type: ignore[call-overload]  # metadata as a dict
             apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": "bad-policy"},
             spec={"sandboxWorkloads": {"defaultWorkload": "vm-everything"}}))
     except ApiError as err:

@@ -46,7 +46,7 @@ def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> No
         assert [p.name for p in state.alive()] == ["etcd", "kube-apiserver", "kube-controller-manager",
                                                    "kube-scheduler", "kwok"]
         client = Client(KubeConfig.from_file(state.kubeconfig))
-        assert sorted(n.metadata.name for n in client.list(Node)) == ["cpu-0", "dgx-h100-0", "dgx-h100-1"]
+        assert sorted(str(n.metadata.name) for n in client.list(Node)) == ["cpu-0", "dgx-h100-0", "dgx-h100-1"]
         client.close()
 
         status = sim("status", "--dir", str(where))

@@ -124,7 +124,7 @@ def test_a_missing_rule_is_caught(render: Callable[..., Rendered]) -> None:
 
 
 # Policies that between them enable every operand state and its RBAC.
-POLICIES = {
+POLICIES: dict[str, dict[str, Any]] = {
     "defaults": {},
     "everything": {"dcgm": {"enabled": True}, "nodeStatusExporter": {"enabled": True},
                    "gds": {"enabled": True}, "gdrcopy": {"enabled": True},

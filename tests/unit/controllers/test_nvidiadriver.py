@@ -70,7 +70,7 @@ def test_a_conflicting_node_stays_with_its_current_owner() -> None:
 
 
 def test_driver_pod_view() -> None:
-    body = {"metadata": {"name": "p", "ownerReferences": [{"controller": True, "uid": "u"}]},
+    body: dict[str, Any] = {"metadata": {"name": "p", "ownerReferences": [{"controller": True, "uid": "u"}]},
             "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}
     assert DriverPodView.of(body) == DriverPodView("p", "n", running=True, orphaned=False)
     body["metadata"]["ownerReferences"] = []

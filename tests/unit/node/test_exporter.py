@@ -76,7 +76,12 @@ def test_driver_checks_are_throttled_and_run_nvidia_smi(build_host) -> None:  # 
     assert driver_answers(host.fs, runner) is True
     calls: list[int] = []
     clock = iter([0.0, 1.0, 2.0, 40.0])
-    collector = NodeStatusCollector(host.fs, driver_check=lambda: bool(calls.append(1)) or True, clock=lambda: next(clock))
+
+    def driver_check() -> bool:
+        calls.append(1)
+        return True
+
+    collector = NodeStatusCollector(host.fs, driver_check=driver_check, clock=lambda: next(clock))
     registry = registry_for(collector)
     _values(registry)  # t=1: checks
     _values(registry)  # t=2: reuses

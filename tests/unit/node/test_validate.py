@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
+from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.config import COMPONENTS, ConfigError, ValidatorConfig
 from gpu_operator.node.validate.run import validate
@@ -15,7 +16,7 @@ VALIDATIONS = "/run/nvidia/validations"
 FAILING_SMI = "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2\nexit 9\n"
 
 
-def _read(fs, name: str) -> str | None:  # type: ignore[no-untyped-def]
+def _read(fs: HostFS, name: str) -> str | None:
     return fs.read_text(f"{VALIDATIONS}/{name}")
 
 

@@ -47,7 +47,8 @@ def ctr(ds: dict[str, Any], name: str) -> dict[str, Any]:
     pod = ds["spec"]["template"]["spec"]
     for c in [*pod.get("initContainers", []), *pod["containers"]]:
         if c["name"] == name:
-            return c
+            found: dict[str, Any] = c
+            return found
     raise AssertionError(f"no container {name}")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from renderkit import ctr, daemonset, env_of, run
 
 from gpu_operator.render.transforms.digest import (
     ENV_NAME,
@@ -16,6 +15,7 @@ from gpu_operator.render.transforms.digest import (
     fnv32a,
     state_of_pod,
 )
+from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
 
 def test_reproduces_upstream_driver_minimal_golden_value() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from renderkit import ctr, daemonset, env_of, run
+
+from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
 CM_KEYS = {"repos": ("cuda.list", "extra.list"), "certs": ("corp.crt",), "kmods": ("nvidia.conf",)}
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import yaml
-from renderkit import ctr, env_of, facts, policy
 from typer.testing import CliRunner
 
 from gpu_operator.api.nvidiadriver import NVIDIADriver
@@ -24,6 +23,7 @@ from gpu_operator.render.nvidiadriver import (
     render_nvidiadriver,
     safe_encode,
 )
+from tests.unit.render.renderkit import ctr, env_of, facts, policy
 
 UID = "7f3c2a9e-1b0d-4c55-9a77-0e4f5d6c8b21"
 
@@ -103,7 +103,7 @@ def test_node_selector_and_owned_nodes_choose_the_pool_members() -> None:
 
 
 def test_fields_reach_the_driver_pod() -> None:
-    spec = {"repository": "registry.example.com/nv", "image": "driver", "version": "sha256:abc",
+    spec: dict[str, Any] = {"repository": "registry.example.com/nv", "image": "driver", "version": "sha256:abc",
             "kernelModuleType": "open", "rdma": {"enabled": True}, "imagePullSecrets": ["regcred"],
             "licensingConfig": {"name": "licensing", "nlsEnabled": True}, "secretEnv": "drv-env",
             "tolerations": [{"key": "pool", "operator": "Exists"}], "priorityClassName": "pc",

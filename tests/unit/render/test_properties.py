@@ -6,10 +6,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from renderkit import facts, policy
 
 from gpu_operator.render import ObjectRef, render
 from gpu_operator.render.objects import MANAGED_BY, STATE_LABEL
+from tests.unit.render.renderkit import facts, policy
 
 KEYS = {"repos": ("a.list",), "certs": ("c.crt",)}
 FACTS = {

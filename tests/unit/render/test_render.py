@@ -8,11 +8,11 @@ from typing import Any
 import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
-from renderkit import IMAGES, daemonset, facts, policy, run
 
 from gpu_operator.render import RenderError, render
 from gpu_operator.render.objects import MANAGED_BY, STATE_LABEL
 from gpu_operator.render.states import STATE_NAMES
+from tests.unit.render.renderkit import IMAGES, daemonset, facts, policy, run
 
 UPSTREAM_ORDER = [
     "pre-requisites", "state-operator-metrics", "state-driver", "state-container-toolkit",
@@ -62,7 +62,7 @@ CONFIGMAP_KEYS = {"repos": ("cuda.list",), "certs": ("corp.crt",)}
 
 # kubernetes-validate re-reads its multi-megabyte definitions file for every object; the schema
 # files never change during a run, so read each once.
-kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(  # type: ignore[assignment]
+kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
     kubernetes_validate.utils.schema_contents)
 
 

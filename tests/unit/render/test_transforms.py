@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from renderkit import ctr, daemonset, env_of, run
 
-from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec, ComponentFields
-from gpu_operator.api.common import ImageFields
+from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec
+from gpu_operator.api.common import ComponentFields, ImageFields
 from gpu_operator.render import RenderError
 from gpu_operator.render.facts import NodeFacts, runtime_of
 from gpu_operator.render.objects import container, env
@@ -20,6 +19,7 @@ from gpu_operator.render.transforms.driver import driver_image, precompiled_name
 from gpu_operator.render.transforms.image import image_path, pull_policy, with_os_tag
 from gpu_operator.render.transforms.mig import mig_strategy_env
 from gpu_operator.render.transforms.runtime import runtime_class_name, toolkit_runtime
+from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
 
 def spec(data: dict[str, Any]) -> ClusterPolicySpec:
@@ -211,7 +211,7 @@ def test_mig_strategy_env(strategy: str | None, expected: dict[str, str]) -> Non
 @pytest.mark.parametrize(("data", "kept"), [({}, False), ({"devicePlugin": {"config": {"name": "cfg",
                                                                                       "default": "a"}}}, True)])
 def test_config_manager(data: dict[str, Any], kept: bool) -> None:
-    pod = {"initContainers": [container("config-manager-init")],
+    pod: dict[str, Any] = {"initContainers": [container("config-manager-init")],
            "containers": [container("main"), container("config-manager")]}
     config_manager(pod, spec(data), "img:1")
     names = [c["name"] for c in [*pod.get("initContainers", []), *pod["containers"]]]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from renderkit import daemonset, facts
 
 from gpu_operator.render import render
 from gpu_operator.render.clitext import load_policy
+from tests.unit.render.renderkit import daemonset, facts
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
