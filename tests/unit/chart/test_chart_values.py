@@ -131,8 +131,8 @@ def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callabl
                                                     "driverType": "vgpu"}}})
     spec = find(pooled, "NVIDIADriver", "default")["spec"]
     assert spec["nodeSelector"] == {"pool": "a"} and "default" not in spec and spec["driverType"] == "vgpu"
-    for values in ({"driver": {"nvidiaDriverCRD": {"enabled": True, "deployDefaultCR": False}}}, {}):
-        assert not [o for o in objects(render(values)) if o["kind"] == "NVIDIADriver"]
+    for more in ({"driver": {"nvidiaDriverCRD": {"enabled": True, "deployDefaultCR": False}}}, {}):
+        assert not [o for o in objects(render(more)) if o["kind"] == "NVIDIADriver"]
 
 
 @pytest.mark.parametrize(("values", "key"), [
