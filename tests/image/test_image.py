@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from gpu_operator.node import fakehost
+from gpu_operator.render.defaults import OWN_IMAGE
 from gpu_operator.sim.containerd import Mount, PrivateContainerd
 
 pytestmark = pytest.mark.image
@@ -78,6 +79,7 @@ def test_name_tag_and_digest_are_the_charts(built: Built) -> None:
     values = yaml.safe_load((REPO / "deployments/gpu-operator/values.yaml").read_text())
     op = values["operator"]
     assert built.ref == f"{op['repository']}/{op['image']}:{chart['appVersion']}"
+    assert built.ref == OWN_IMAGE  # what the renderer puts in operand pods by default
     assert values["validator"]["repository"] == op["repository"]
     assert values["validator"]["image"] == op["image"]
     assert built.sibling(".digest").read_text().strip() == built.digest
@@ -151,6 +153,16 @@ def host_root(tmp_path: Path) -> Path:
     validations.mkdir(parents=True, exist_ok=True)
     os.chown(validations, 65532, 65532)  # the image's user writes the status files
     return root
+
+
+def test_oci_archive_imports_with_the_built_digest(containerd: PrivateContainerd, built: Built) -> None:
+    repo = built.ref.rsplit(":", 1)[0]
+    other = PrivateContainerd(containerd.base_dir, namespace="oci-import")
+    # the same daemon, another namespace
+    assert other.import_image(built.oci_archive, base_name=repo) == [built.ref]
+    assert other.image_digest(built.ref) == built.digest
+    # the docker-archive carries a Docker manifest of the same config and layer: another digest
+    assert containerd.image_digest(built.ref).startswith("sha256:")
 
 
 def test_help_runs_in_a_container(containerd: PrivateContainerd, built: Built) -> None:

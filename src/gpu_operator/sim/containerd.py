@@ -6,7 +6,7 @@ our image's entrypoints in real containers, or as a node's container runtime (se
 and point a kubelet at ``endpoint``)::
 
     with PrivateContainerd(tmp / "ctrd") as ctrd:         # start() ... stop()
-        refs = ctrd.import_image(Path("dist/gpu-operator.oci.tar"))
+        refs = ctrd.import_image(Path("dist/gpu-operator-0.1.0.docker.tar"))
         result = ctrd.run(refs[0], ["gpu-operator", "--help"],
                           env={"COMPONENT": "driver"}, mounts=[Mount("/srv/host", "/host")])
         assert result.ok, result.describe()
@@ -232,19 +232,28 @@ class PrivateContainerd:
         """Run any `ctr` subcommand against this containerd; returns stdout, raises on failure."""
         return self._ctr(args, timeout=timeout).stdout
 
-    def import_image(self, archive: Path, *, ref: str | None = None) -> list[str]:
-        """`ctr images import` an OCI or docker-archive tar; returns the image names it holds.
+    def import_image(self, archive: Path, *, base_name: str | None = None) -> list[str]:
+        """`ctr images import` a docker-archive or OCI archive; returns the image names it added.
 
-        ``ref`` names an OCI archive's image when its index carries no ref name.
+        ``base_name`` (e.g. ``ghcr.io/org/image``) names an OCI archive's images, whose index
+        carries only tags; a docker-archive names them itself.
         """
         before = set(self.images())
         args = ["images", "import", "--snapshotter", self.snapshotter]
-        if ref:
-            args += ["--index-name", ref]
+        if base_name:
+            args += ["--base-name", base_name]
         self._ctr([*args, str(Path(archive).absolute())])
         after = self.images()
         new = [r for r in after if r not in before]
         return new or after
+
+    def image_digest(self, ref: str) -> str:
+        """The manifest digest containerd holds for ``ref``."""
+        for line in self._ctr(["images", "ls"]).stdout.splitlines()[1:]:
+            fields = line.split()
+            if fields and fields[0] == ref:
+                return fields[2]
+        raise ContainerdError(f"containerd at {self.socket} has no image {ref}; it has {self.images()}")
 
     def images(self) -> list[str]:
         return self._ctr(["images", "ls", "-q"]).stdout.split()

@@ -1,0 +1,31 @@
+"""tools/image/requirements.lock (what the image installs) agrees with pyproject's pins."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_lock_pins_every_dependency_at_pyprojects_version_with_a_hash() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    lock: dict[str, str] = {}
+    for line in (REPO / "tools/image/requirements.lock").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        spec, _, hashes = line.partition(" ")
+        assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", hashes), f"unhashed lock line: {line}"
+        name, version = spec.split("==")
+        lock[norm(name)] = version
+    for dep in pyproject["project"]["dependencies"]:
+        name, version = dep.split("==")
+        assert lock.get(norm(name)) == version, (
+            f"tools/image/requirements.lock has {name} at {lock.get(norm(name))}, pyproject.toml at "
+            f"{version}: run tools/image/lock.sh"
+        )
