@@ -5,13 +5,14 @@
 Renders every example policy (examples/*.yaml) and one policy with every optional operand on,
 against the node shapes of the simulator, and prints each deviation from the contracts
 (src/gpu_operator/render/states/contracts/*.yaml): deliberate ones with their reason (with --all),
-undocumented ones always. Exit status 1 when a deviation is not deliberate, or when a deliberate
-entry is not listed in docs/operands.md.
+undocumented ones always. Exit status 1 when a deviation is not deliberate, when a deliberate
+entry matches nothing any more, or when one is not listed in docs/operands.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from gpu_operator import shapes
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.render import RenderResult, render
 from gpu_operator.render.clitext import label_gpu_nodes
-from gpu_operator.render.contract import Deviation, compare, contracts
+from gpu_operator.render.contract import Deviation, compare, contracts, shared_deliberate
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.facts import ClusterFacts
 
@@ -63,11 +64,30 @@ def deviations(name: str, manifest: dict[str, Any]) -> list[Deviation]:
     return compare(render_policy(manifest))
 
 
+def markdown() -> str:
+    """The deliberate-deviation tables of docs/operands.md, from the contracts."""
+    lines = ["## Deliberate deviations", "",
+             "Each entry is a pattern over the deviation ids `tools/operand_facts/compare.py` prints",
+             "(`<DaemonSet>/<container>:<kind>:<name>` or `<state>:<Role|ClusterRole>:rule-...`), with its reason.",
+             "Regenerate this section with `tools/operand_facts/compare.py --markdown`.", ""]
+    sections = [("Every state", shared_deliberate())]
+    sections += [(state, c.deliberate) for state, c in sorted(contracts().items()) if c.deliberate]
+    for title, entries in sections:
+        lines += [f"### {title}", "", "| deviation | reason |", "|---|---|"]
+        lines += [f"| `{k}` | {v} |" for k, v in entries.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="also print the deliberate deviations")
     parser.add_argument("--docs", default=str(ROOT / "docs" / "operands.md"))
+    parser.add_argument("--markdown", action="store_true", help="print the docs' deviation tables and exit")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown())
+        return 0
     table = contracts()
     failed = False
     seen: dict[str, set[str]] = {}
@@ -81,6 +101,12 @@ def main() -> int:
                 seen.setdefault(dev.state, set()).add(dev.id)
                 if args.all:
                     print(f"deliberate   [{name}] {dev.state} {dev} -- {reason}")
+    matched = {pattern for state, ids in seen.items() for pattern in
+               [*table[state].deliberate, *shared_deliberate()] if any(fnmatch.fnmatchcase(i, pattern) for i in ids)}
+    for pattern in sorted({p for c in table.values() for p in c.deliberate} | set(shared_deliberate())):
+        if pattern not in matched:
+            failed = True
+            print(f"STALE        deliberate `{pattern}` matches no deviation any more: remove it (and from the docs)")
     docs = Path(args.docs).read_text() if Path(args.docs).exists() else ""
     for state, contract in sorted(table.items()):
         for pattern in contract.deliberate:

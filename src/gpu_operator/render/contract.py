@@ -77,11 +77,14 @@ def contracts() -> dict[str, Contract]:
 
 
 def runs(ctr: Manifest) -> str:
-    """The program a container starts: its command and args without shell wrappers, first word."""
+    """The program a container starts: without shell wrappers, the word after the last `exec`
+    of an inline script (wait loops end with one), else the first word."""
     words: list[str] = []
     for part in [*(ctr.get("command") or []), *(ctr.get("args") or [])]:
         words.extend(str(part).split())
     words = [w for w in words if w not in WRAPPERS]
+    if "exec" in words[:-1]:
+        return words[len(words) - 1 - words[::-1].index("exec") + 1]
     return words[0] if words else "<image entrypoint>"
 
 

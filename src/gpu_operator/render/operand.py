@@ -113,9 +113,10 @@ class Operand:
     def _rbac_refs(self, ctx: Ctx) -> list[Ref]:
         if not self.account:
             return []
-        refs = [Ref("v1", "ServiceAccount", self.account)]
-        if self.role_rules or ctx.facts.openshift:
-            refs += [Ref(RBAC, "Role", self.account), Ref(RBAC, "RoleBinding", self.account)]
+        # Role and RoleBinding are declared even when this version renders none, so one an older
+        # version created is deleted
+        refs = [Ref("v1", "ServiceAccount", self.account),
+                Ref(RBAC, "Role", self.account), Ref(RBAC, "RoleBinding", self.account)]
         if self.cluster_rules:
             refs += [Ref(RBAC, "ClusterRole", self.account, False), Ref(RBAC, "ClusterRoleBinding", self.account, False)]
         if ctx.facts.openshift:

@@ -26,7 +26,7 @@ WAIT_SCRIPT = (
 )
 
 
-def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
+def sandbox_plugin_pod(main_name: str, extra_env: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
     wait = container(
         "vfio-pci-validation",
         command=["sh", "-c"],
@@ -37,7 +37,7 @@ def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
     )
     main = container(
         main_name,
-        env_vars=[NODE_NAME, env_field("POD_NAMESPACE", "metadata.namespace")],
+        env_vars=[NODE_NAME, env_field("POD_NAMESPACE", "metadata.namespace"), *extra_env],
         mounts=[mount("device-plugin", "/var/lib/kubelet/device-plugins"), mount("vfio", "/dev/vfio"),
                 mount("host-sys", "/sys"), mount("cdi-root", "/var/run/cdi")],
         privileged=True,
@@ -48,11 +48,11 @@ def sandbox_plugin_pod(main_name: str) -> dict[str, Any]:
 
 
 def sandbox_plugin_operand(*, state: str, account: str, daemonset: str, deploy: str, image: Image, mode: str,
-                           main: str) -> Operand:
+                           main: str, extra_env: tuple[dict[str, Any], ...] = ()) -> Operand:
     """The KubeVirt and Kata sandbox device plugins differ only in names, image and sandbox mode."""
 
     def pod(ctx: Ctx, image_ref: str) -> dict[str, Any]:
-        return sandbox_plugin_pod(main)
+        return sandbox_plugin_pod(main, extra_env)
 
     return Operand(
         state=state,

@@ -74,15 +74,36 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
                       "timeoutSeconds": 60, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 120},
         lifecycle={"preStop": {"exec": {"command": ["/bin/sh", "-c", f"rm -f {READY}"]}}},
     )
-    sidecar_mounts = [mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
-                      mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")]
+    logs = [mount("var-log", "/var/log"), mount("dev-log", "/dev/log")]
+    selinux = {"privileged": True, "seLinuxOptions": {"level": "s0"}}
+
+    def module_probe(check: str, **timing: int) -> dict[str, Any]:
+        return {"exec": {"command": ["sh", "-c", check]}, "successThreshold": 1, "timeoutSeconds": 10, **timing}
+
+    def gpudirect(name: str, program: str, module: str) -> dict[str, Any]:
+        """GDS/GDRCopy: wait for the driver container's sources and module, then build and load."""
+        return container(
+            name, command=["bash", "-xc"],
+            args=["until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep -q nvidia; do "
+                  f"echo waiting for the NVIDIA driver; sleep 10; done; exec {program} install"],
+            mounts=[mount("run-nvidia", "/run/nvidia", propagation="HostToContainer"), *logs],
+            securityContext=dict(selinux),
+            startupProbe=module_probe(f"lsmod | grep {module}", initialDelaySeconds=10, failureThreshold=120,
+                                      periodSeconds=10),
+        )
+
+    peermem_check = "nvidia-driver probe_nvidia_peermem"
     sidecars = [
         container("nvidia-peermem-ctr", command=["nvidia-driver"], args=["reload_nvidia_peermem"],
-                  mounts=sidecar_mounts, privileged=True),
-        container("nvidia-fs-ctr", command=["nvidia-gds-driver"], args=["start"], mounts=sidecar_mounts,
-                  privileged=True),
-        container("nvidia-gdrcopy-ctr", command=["nvidia-gdrcopy-driver"], args=["start"], mounts=sidecar_mounts,
-                  privileged=True),
+                  mounts=[mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"), *logs,
+                          mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer")],
+                  securityContext=dict(selinux),
+                  startupProbe=module_probe(peermem_check, initialDelaySeconds=10, failureThreshold=120,
+                                            periodSeconds=10),
+                  livenessProbe=module_probe(peermem_check, initialDelaySeconds=30, failureThreshold=1,
+                                             periodSeconds=30)),
+        gpudirect("nvidia-fs-ctr", "nvidia-gds-driver", "nvidia_fs"),
+        gpudirect("nvidia-gdrcopy-ctr", "nvidia-gdrcopy-driver", "gdrdrv"),
     ]
     return {
         "hostPID": True,
