@@ -54,6 +54,16 @@ UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade.node-in
 UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-wait-for-pod-completion-start-time"
 UPGRADE_VALIDATION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-validation-start-time"
 UPGRADE_DRAIN_SKIP_POD_LABEL = f"{NVIDIA}/gpu-driver-upgrade-drain.skip"
+# Ours (beyond upstream): why a node failed, since when it is in its state, when pod deletion or
+# drain started (their timeouts survive an operator restart), and the pause switch (an annotation
+# on the ClusterPolicy or NVIDIADriver whose upgradePolicy applies).
+UPGRADE_FAILURE_REASON_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-failure-reason"
+UPGRADE_STATE_SINCE_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-state-since"
+UPGRADE_POD_DELETION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-pod-deletion-start-time"
+UPGRADE_DRAIN_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-drain-start-time"
+UPGRADE_PAUSED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-paused"
+UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
+CONTROLLER_REVISION_HASH = "controller-revision-hash"
 
 # -- objects the operator owns -------------------------------------------------------------------
 MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -1,0 +1,449 @@
+"""The driver upgrade state machine, pure: node facts + policy + now -> per node the next state
+and the actions to take. No I/O; controllers/upgrade.py gathers the facts and carries out the steps.
+
+Called once per owner of driver pods (the ClusterPolicy, or each NVIDIADriver with its own
+upgradePolicy): `plan(nodes, policy, now, paused)` where `nodes` are the nodes that owner's
+driver DaemonSet(s) run on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.vocabulary import (
+    CONTROLLER_REVISION_HASH,
+    UPGRADE_DRAIN_START_ANNOTATION,
+    UPGRADE_FAILURE_REASON_ANNOTATION,
+    UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
+    UPGRADE_POD_DELETION_START_ANNOTATION,
+    UPGRADE_REQUESTED_ANNOTATION,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
+    UPGRADE_STATE_SINCE_ANNOTATION,
+    UPGRADE_VALIDATION_START_ANNOTATION,
+    UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION,
+    UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION,
+)
+
+UNKNOWN = ""
+UPGRADE_REQUIRED = "upgrade-required"
+CORDON_REQUIRED = "cordon-required"
+WAIT_FOR_JOBS_REQUIRED = "wait-for-jobs-required"
+POD_DELETION_REQUIRED = "pod-deletion-required"
+DRAIN_REQUIRED = "drain-required"
+POD_RESTART_REQUIRED = "pod-restart-required"
+VALIDATION_REQUIRED = "validation-required"
+UNCORDON_REQUIRED = "uncordon-required"
+UPGRADE_DONE = "upgrade-done"
+UPGRADE_FAILED = "upgrade-failed"
+STATES = (UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED,
+          DRAIN_REQUIRED, POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED, UPGRADE_DONE,
+          UPGRADE_FAILED)
+# Between cordon-required and uncordon-required: what maxParallelUpgrades bounds.
+ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,
+          POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED)
+VALIDATION_TIMEOUT_SECONDS = 600  # upstream's fixed validation timeout
+CRASH_LOOP_RESTARTS = 10  # upstream: any driver container restarted more than this -> failed
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """driver.upgradePolicy, flattened (CRD defaults)."""
+
+    auto_upgrade: bool = False
+    max_parallel: int = 1
+    max_unavailable: int | str = "25%"
+    wait_selector: str = ""
+    wait_timeout: int = 0
+    deletion_force: bool = False
+    deletion_timeout: int = 300
+    deletion_empty_dir: bool = False
+    drain_enable: bool = False
+    drain_force: bool = False
+    drain_selector: str = ""
+    drain_timeout: int = 300
+    drain_empty_dir: bool = False
+    validation_timeout: int = VALIDATION_TIMEOUT_SECONDS
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any] | None) -> Policy:
+        """From an upgradePolicy object (ClusterPolicy `driver.upgradePolicy` or NVIDIADriver
+        `upgradePolicy`); None -> auto-upgrade off."""
+        if not spec:
+            return cls()
+        wait = spec.get("waitForCompletion") or {}
+        deletion = spec.get("podDeletion") or spec.get("gpuPodDeletion") or {}
+        drain = spec.get("drain") or {}
+        return cls(
+            auto_upgrade=bool(spec.get("autoUpgrade", False)),
+            max_parallel=int(spec.get("maxParallelUpgrades", 1)),
+            max_unavailable=spec.get("maxUnavailable", "25%") if spec.get("maxUnavailable") is not None else "25%",
+            wait_selector=wait.get("podSelector") or "",
+            wait_timeout=int(wait.get("timeoutSeconds") or 0),
+            deletion_force=bool(deletion.get("force", False)),
+            deletion_timeout=int(deletion.get("timeoutSeconds", 300)),
+            deletion_empty_dir=bool(deletion.get("deleteEmptyDir", False)),
+            drain_enable=bool(drain.get("enable", False)),
+            drain_force=bool(drain.get("force", False)),
+            drain_selector=drain.get("podSelector") or "",
+            drain_timeout=int(drain.get("timeoutSeconds", 300)),
+            drain_empty_dir=bool(drain.get("deleteEmptyDir", False)),
+        )
+
+    def unavailable_limit(self, total: int) -> int:
+        """maxUnavailable as a node count: an int, or a percent of the managed nodes rounded up."""
+        value = self.max_unavailable
+        if isinstance(value, str):
+            text = value.strip()
+            if text.endswith("%"):
+                return math.ceil(total * float(text[:-1]) / 100)
+            return int(text)
+        return int(value)
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """A pod on an upgrading node, as the decisions need it."""
+
+    name: str
+    namespace: str
+    phase: str = "Running"
+    gpu: bool = False  # requests/limits nvidia.com/gpu* or nvidia.com/mig-*
+    daemonset: bool = False  # owned by a DaemonSet (drain ignores these)
+    mirror: bool = False  # static pod
+    controlled: bool = True  # has a controller owner (else only removed with force)
+    empty_dir: bool = False  # uses emptyDir (else only removed with deleteEmptyDir)
+    drain_skip: bool = False  # nvidia.com/gpu-driver-upgrade-drain.skip=true
+    wait_match: bool = False  # matches waitForCompletion.podSelector
+    drain_match: bool = True  # matches drain.podSelector
+    terminating: bool = False
+    blocked_by: str = ""  # the PodDisruptionBudget that refused its last eviction
+
+
+@dataclass(frozen=True)
+class DriverPod:
+    name: str
+    namespace: str
+    in_sync: bool  # controller-revision-hash == the DaemonSet's latest ControllerRevision
+    orphaned: bool = False  # no DaemonSet owns it
+    ready: bool = False  # Running and every container ready
+    restarts: int = 0  # the highest container restartCount
+    restart_only: bool = False  # same DRIVER_CONFIG_DIGEST as the DaemonSet template
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)  # state and skip labels are read
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    ready: bool = True
+    driver: DriverPod | None = None
+    pods: Sequence[PodFacts] = ()
+    validators_ready: bool | None = None  # None: no validator pod on the node
+
+    @property
+    def state(self) -> str:
+        return self.labels.get(UPGRADE_STATE, UNKNOWN)
+
+    @property
+    def skip(self) -> bool:
+        return self.labels.get(UPGRADE_SKIP) == "true"
+
+    def ts(self, key: str) -> float | None:
+        try:
+            return float(self.annotations[key])
+        except (KeyError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class Step:
+    """What to do for one node this pass. `state` None: label unchanged."""
+
+    node: str
+    state: str | None = None
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    cordon: bool | None = None  # True cordon, False uncordon
+    evict: tuple[PodFacts, ...] = ()
+    delete_driver_pod: bool = False
+    remove_state: bool = False
+    message: str = ""
+    warning: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return (self.state is None and not self.annotations and self.cordon is None and not self.evict
+                and not self.delete_driver_pod and not self.remove_state)
+
+
+@dataclass(frozen=True)
+class Counts:
+    total: int = 0
+    in_progress: int = 0
+    done: int = 0
+    failed: int = 0
+    pending: int = 0
+    available: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+    counts: Counts
+
+
+def latest_revision_hash(revisions: Iterable[Mapping[str, Any]]) -> str | None:
+    """The DaemonSet's newest ControllerRevision's hash (highest `.revision`)."""
+    best: Mapping[str, Any] | None = None
+    for rev in revisions:
+        if best is None or int(rev.get("revision", 0)) > int(best.get("revision", 0)):
+            best = rev
+    if best is None:
+        return None
+    labels = (best.get("metadata") or {}).get("labels") or {}
+    return labels.get(CONTROLLER_REVISION_HASH)
+
+
+def requests_gpu(pod: Mapping[str, Any]) -> bool:
+    """upstream's pod filter: a container requests or limits nvidia.com/gpu* or nvidia.com/mig-*."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        for section in ("requests", "limits"):
+            for name in resources.get(section) or {}:
+                if name.startswith(GPU_RESOURCE_PREFIXES):
+                    return True
+    return False
+
+
+def _needs_upgrade(node: NodeFacts) -> bool:
+    d = node.driver
+    return ((d is not None and (not d.in_sync or d.orphaned))
+            or node.annotations.get(UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION) == "true"
+            or node.annotations.get(UPGRADE_REQUESTED_ANNOTATION) == "true")
+
+
+def _to(node: NodeFacts, state: str, now: float, message: str = "", *, warning: bool = False,
+        annotations: Mapping[str, str | None] | None = None, **kw: Any) -> Step:
+    notes: dict[str, str | None] = {UPGRADE_STATE_SINCE_ANNOTATION: str(int(now))}
+    if annotations:
+        notes.update(annotations)
+    return Step(node.name, state=state, annotations=notes,
+                message=message or f"Successfully updated node state label to {state}", warning=warning, **kw)
+
+
+def _fail(node: NodeFacts, now: float, reason: str) -> Step:
+    return _to(node, UPGRADE_FAILED, now, f"upgrade failed: {reason}", warning=True,
+               annotations={UPGRADE_FAILURE_REASON_ANNOTATION: reason,
+                            UPGRADE_POD_DELETION_START_ANNOTATION: None, UPGRADE_DRAIN_START_ANNOTATION: None,
+                            UPGRADE_VALIDATION_START_ANNOTATION: None,
+                            UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None})
+
+
+def _after_upgrade(node: NodeFacts, now: float) -> Step:
+    """Validated (or recovered): uncordon, unless the node was cordoned before the upgrade."""
+    clear = {UPGRADE_VALIDATION_START_ANNOTATION: None, UPGRADE_FAILURE_REASON_ANNOTATION: None}
+    if node.annotations.get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION) == "true":
+        return _to(node, UPGRADE_DONE, now, annotations={**clear, UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: None})
+    return _to(node, UNCORDON_REQUIRED, now,
+               annotations={**clear, UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: None}
+               if UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION in node.annotations else clear)
+
+
+def _blockers(pods: Sequence[PodFacts], force: bool, empty_dir: bool) -> str:
+    """Why these pods cannot be removed without force/deleteEmptyDir ('' when they can)."""
+    for pod in pods:
+        if not pod.controlled and not force:
+            return f"pod {pod.namespace}/{pod.name} has no controller (set force: true to delete it)"
+        if pod.empty_dir and not empty_dir:
+            return f"pod {pod.namespace}/{pod.name} uses emptyDir (set deleteEmptyDir: true to delete it)"
+    return ""
+
+
+def _eviction(node: NodeFacts, pods: Sequence[PodFacts], start_key: str, timeout: int, now: float,
+              force: bool, empty_dir: bool, what: str) -> tuple[str, Step | None]:
+    """Shared by pod deletion and drain: ('done'|'failed:<reason>'|'wait', step)."""
+    if not pods:
+        return "done", None
+    blocker = _blockers(pods, force, empty_dir)
+    if blocker:
+        return f"failed:{what} refused: {blocker}", None
+    started = node.ts(start_key)
+    if started is None:
+        return "wait", Step(node.name, annotations={start_key: str(int(now))}, evict=tuple(pods),
+                            message=f"Scheduling {what} of the node")
+    if timeout > 0 and now - started > timeout:
+        blocked = sorted({p.blocked_by for p in pods if p.blocked_by})
+        if blocked:
+            pdb = ", ".join(blocked)
+            names = ", ".join(f"{p.namespace}/{p.name}" for p in pods if p.blocked_by)
+            return f"failed:{what} blocked by PodDisruptionBudget {pdb} (pod {names}) for {timeout}s", None
+        names = ", ".join(f"{p.namespace}/{p.name}" for p in pods)
+        return f"failed:{what} timed out after {timeout}s with pods left: {names}", None
+    return "wait", Step(node.name, evict=tuple(p for p in pods if not p.terminating))
+
+
+def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step:
+    """One node's next step. `may_start`: a slot is free for this node to leave upgrade-required."""
+    state, d = node.state, node.driver
+    if state in (UNKNOWN, UPGRADE_DONE):
+        if d is None and state == UNKNOWN:
+            return Step(node.name)
+        if _needs_upgrade(node):
+            return _to(node, UPGRADE_REQUIRED, now)
+        if state == UNKNOWN:
+            return _to(node, UPGRADE_DONE, now)
+        return Step(node.name)
+    if state == UPGRADE_REQUIRED:
+        if node.skip or not may_start:
+            return Step(node.name)
+        requested = UPGRADE_REQUESTED_ANNOTATION in node.annotations
+        safe_load = node.annotations.get(UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION) == "true"
+        notes: dict[str, str | None] = {}
+        if node.unschedulable and UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION not in node.annotations:
+            # ("false" is written by `upgrade retry` for a node this operator cordoned itself)
+            notes[UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION] = "true"
+        if requested:
+            notes[UPGRADE_REQUESTED_ANNOTATION] = None
+        if d is not None and d.restart_only and not d.orphaned and not requested and not safe_load:
+            return _to(node, POD_RESTART_REQUIRED, now, "driver configuration unchanged: restarting the pod only",
+                       annotations=notes, cordon=True)
+        return _to(node, CORDON_REQUIRED, now, annotations=notes)
+    if state == CORDON_REQUIRED:
+        return _to(node, WAIT_FOR_JOBS_REQUIRED, now, cordon=True)
+    if state == WAIT_FOR_JOBS_REQUIRED:
+        return _wait_for_jobs(node, policy, now)
+    if state == POD_DELETION_REQUIRED:
+        gpu_pods = [p for p in node.pods if p.gpu and p.phase in ("Running", "Pending") and not p.mirror]
+        outcome, step = _eviction(node, gpu_pods, UPGRADE_POD_DELETION_START_ANNOTATION, policy.deletion_timeout,
+                                  now, policy.deletion_force, policy.deletion_empty_dir, "GPU pod deletion")
+        clear = {UPGRADE_POD_DELETION_START_ANNOTATION: None}
+        if outcome == "done":
+            nxt = DRAIN_REQUIRED if policy.drain_enable else POD_RESTART_REQUIRED
+            return _to(node, nxt, now, "Deleted workload pods on the node for the driver upgrade", annotations=clear)
+        if outcome.startswith("failed:"):
+            if policy.drain_enable:
+                return _to(node, DRAIN_REQUIRED, now, "Pod deletion failed but drain is enabled in spec. "
+                           f"Will attempt a node drain ({outcome[7:]})", warning=True, annotations=clear)
+            return _fail(node, now, outcome[7:])
+        return step or Step(node.name)
+    if state == DRAIN_REQUIRED:
+        if not policy.drain_enable:
+            return _to(node, POD_RESTART_REQUIRED, now)
+        pods = [p for p in node.pods if not p.daemonset and not p.mirror and not p.drain_skip and p.drain_match
+                and p.phase in ("Running", "Pending")]
+        outcome, step = _eviction(node, pods, UPGRADE_DRAIN_START_ANNOTATION, policy.drain_timeout, now,
+                                  policy.drain_force, policy.drain_empty_dir, "drain")
+        if outcome == "done":
+            return _to(node, POD_RESTART_REQUIRED, now, "Successfully drained the node",
+                       annotations={UPGRADE_DRAIN_START_ANNOTATION: None})
+        if outcome.startswith("failed:"):
+            return _fail(node, now, outcome[7:])
+        return step or Step(node.name)
+    if state == POD_RESTART_REQUIRED:
+        return _pod_restart(node, now)
+    if state == VALIDATION_REQUIRED:
+        if node.validators_ready:
+            return _after_upgrade(node, now)
+        started = node.ts(UPGRADE_VALIDATION_START_ANNOTATION)
+        if started is None:
+            return Step(node.name, annotations={UPGRADE_VALIDATION_START_ANNOTATION: str(int(now))})
+        if now - started > policy.validation_timeout:
+            what = "no validator pod on the node" if node.validators_ready is None else "validator pods not ready"
+            return _fail(node, now, f"validation timed out after {policy.validation_timeout}s ({what})")
+        return Step(node.name)
+    if state == UNCORDON_REQUIRED:
+        return _to(node, UPGRADE_DONE, now, cordon=False)
+    if state == UPGRADE_FAILED:
+        if d is not None and d.in_sync and not d.orphaned and d.ready and not _needs_upgrade(node):
+            return _after_upgrade(node, now)
+        return Step(node.name)
+    return Step(node.name, message=f"could not determine next upgrade state from {state!r}, will retry",
+                warning=True)
+
+
+def _wait_for_jobs(node: NodeFacts, policy: Policy, now: float) -> Step:
+    clear = {UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None}
+    if not policy.wait_selector:
+        return _to(node, POD_DELETION_REQUIRED, now, annotations=clear)
+    running = [p for p in node.pods if p.wait_match and p.phase in ("Running", "Pending")]
+    if not running:
+        return _to(node, POD_DELETION_REQUIRED, now, annotations=clear)
+    if policy.wait_timeout > 0:
+        started = node.ts(UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION)
+        if started is None:
+            return Step(node.name, annotations={UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: str(int(now))})
+        if now - started > policy.wait_timeout:
+            return _to(node, POD_DELETION_REQUIRED, now, "waitForCompletion timed out", annotations=clear)
+    return Step(node.name)
+
+
+def _pod_restart(node: NodeFacts, now: float) -> Step:
+    d = node.driver
+    if d is None or d.terminating:
+        return Step(node.name)  # the DaemonSet controller is replacing it
+    if not d.in_sync or d.orphaned:
+        return Step(node.name, delete_driver_pod=True, message=f"Restarting driver pod {d.namespace}/{d.name}")
+    notes: dict[str, str | None] = {}
+    if UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION in node.annotations:
+        notes[UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION] = None  # unblock the driver's safe load
+    if d.ready:
+        return _to(node, VALIDATION_REQUIRED, now, annotations=notes)
+    if d.restarts > CRASH_LOOP_RESTARTS:
+        return _fail(node, now, f"driver pod {d.namespace}/{d.name} crash-looping ({d.restarts} restarts)")
+    return Step(node.name, annotations=notes)
+
+
+def plan(nodes: Sequence[NodeFacts], policy: Policy, now: float, paused: bool = False) -> Plan:
+    """Every node's step this pass; slots and maxUnavailable bound who leaves upgrade-required."""
+    if not policy.auto_upgrade:
+        return Plan(tuple(Step(n.name, remove_state=True, message="driver auto-upgrade disabled")
+                          for n in nodes if n.state != UNKNOWN), Counts())
+    managed = [n for n in nodes if n.driver is not None or n.state != UNKNOWN]
+    total = len(managed)
+    by_state: dict[str, int] = {}
+    for n in managed:
+        by_state[n.state] = by_state.get(n.state, 0) + 1
+    in_progress = total - by_state.get(UNKNOWN, 0) - by_state.get(UPGRADE_DONE, 0) - by_state.get(UPGRADE_REQUIRED, 0)
+    slots = total if policy.max_parallel == 0 else max(0, policy.max_parallel - in_progress)
+    limit = policy.unavailable_limit(total)
+    unavailable = sum(1 for n in managed if n.unschedulable or not n.ready
+                      or (n.state == CORDON_REQUIRED))
+    slots = min(slots, max(0, limit - unavailable))
+    if paused:
+        slots = 0
+    steps: list[Step] = []
+    for node in sorted(managed, key=lambda n: n.name):
+        may_start = False
+        if node.state == UPGRADE_REQUIRED and not node.skip:
+            if node.unschedulable and not paused:
+                may_start = True  # already cordoned: adds no unavailability
+            elif slots > 0:
+                may_start, slots = True, slots - 1
+        step = decide(node, policy, now, may_start)
+        if not step.empty:
+            steps.append(step)
+    counts = Counts(total=total, in_progress=in_progress, done=by_state.get(UPGRADE_DONE, 0),
+                    failed=by_state.get(UPGRADE_FAILED, 0), pending=by_state.get(UPGRADE_REQUIRED, 0),
+                    available=max(0, slots))
+    return Plan(tuple(steps), counts)
+
+
+def retry_patch(annotations: Mapping[str, str]) -> dict[str, Any]:
+    """`gpu-operator upgrade retry NODE`: back to upgrade-required, the failure forgotten. A node
+    we cordoned ourselves is marked initially schedulable so that it is uncordoned at the end."""
+    notes: dict[str, str | None] = {UPGRADE_FAILURE_REASON_ANNOTATION: None,
+                                    UPGRADE_POD_DELETION_START_ANNOTATION: None,
+                                    UPGRADE_DRAIN_START_ANNOTATION: None,
+                                    UPGRADE_VALIDATION_START_ANNOTATION: None,
+                                    UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None}
+    if annotations.get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION) != "true":
+        notes[UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION] = "false"
+    return {"metadata": {"labels": {UPGRADE_STATE: UPGRADE_REQUIRED}, "annotations": notes}}
+
+
