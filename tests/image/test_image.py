@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_operator.node import fakehost
 from gpu_operator.render.defaults import OWN_IMAGE
 from gpu_operator.sim.containerd import Mount, PrivateContainerd
+from tests.support.hostsim import fakehost
 
 pytestmark = pytest.mark.image
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node
 
-from gpu_operator.node import fakehost
 from gpu_operator.sim.controlplane import ControlPlane
+from tests.support.hostsim import fakehost
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 

@@ -19,6 +19,20 @@ ShapeOption = Annotated[list[str] | None, typer.Option(
     "vfio-passthrough, cpu. [default: dgx-h100:4]")]
 
 
+SIM_EXTRA_HINT = ("the simulator needs the `sim` extra (cryptography, for its control plane's "
+                  "certificates): pip install 'gpu-operator[sim]'")
+
+
+@sim_app.callback()
+def _needs_sim_extra() -> None:
+    """Every sim command runs a control plane with its own PKI: say which extra is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("cryptography") is None:
+        typer.secho(f"error: {SIM_EXTRA_HINT}", fg="red", err=True)
+        raise typer.Exit(2)
+
+
 def _dir(directory: Path | None) -> Path:
     from gpu_operator.sim.state import default_dir
 

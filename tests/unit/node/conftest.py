@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.node import fakehost
+from tests.support.hostsim import fakehost
 from tests.unit.node.nodekit import HOSTS_DIR
 
 BuildHost = Callable[..., fakehost.FakeHost]

@@ -1,4 +1,4 @@
-"""Host-root fixtures built from data: a real sysfs layout (links, attributes), procfs files and host files."""
+"""Host-root fixtures built from YAML data (tests/fixtures/hosts): a real sysfs layout (links, attributes), procfs files and host files."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 
 from gpu_operator.node.hostfs import HostFS
+from tests.support.hostsim.kernelsim import KernelSimulator
+from tests.support.hostsim.sysfs import add_driver, rel_symlink, write_gpu_information
 
 _BRIDGE_VENDOR = "8086"
 _BRIDGE_CLASS = "060400"
@@ -41,16 +43,8 @@ class FakeHost:
     fs: HostFS
     spec: dict[str, Any]
 
-    def kernel(self) -> Any:
-        from gpu_operator.node.kernelsim import KernelSimulator
-
+    def kernel(self) -> KernelSimulator:
         return KernelSimulator(self.fs, extra_matches=self.spec.get("driver_matches") or {})
-
-
-def rel_symlink(fs: HostFS, link: str, target: str) -> None:
-    """A relative symlink as the kernel makes them (sysfs never uses absolute targets)."""
-    rel = os.path.relpath(target, os.path.dirname(link))
-    fs.symlink(link, rel)
 
 
 def _bus(address: str) -> str:
@@ -168,23 +162,8 @@ def _write_function(fs: HostFS, func: _Function) -> None:
         rel_symlink(fs, f"/sys/bus/pci/drivers/{func.driver}/{func.address}", dev_dir)
 
 
-def add_driver(fs: HostFS, name: str) -> None:
-    """A loaded PCI driver's sysfs directory (the kernel's attribute files are empty regular files here)."""
-    base = f"/sys/bus/pci/drivers/{name}"
-    for attr in ("bind", "unbind", "new_id", "remove_id"):
-        if not fs.exists(f"{base}/{attr}"):
-            fs.write_text(f"{base}/{attr}", "")
-
-
 def _module_line(name: str) -> str:
     return f"{name.replace('-', '_')} 16384 0 - Live 0x0000000000000000\n"
-
-
-def write_gpu_information(fs: HostFS, address: str, minor: int, version: str) -> None:
-    fs.write_text(
-        f"/proc/driver/nvidia/gpus/{address}/information",
-        f"Model:           NVIDIA GPU\nDevice Minor:    {minor}\nBus Location:    {address}\nDriver:          {version}\n",
-    )
 
 
 def build(spec: dict[str, Any], root: str | os.PathLike[str]) -> FakeHost:

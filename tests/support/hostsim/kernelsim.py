@@ -6,9 +6,10 @@ import errno
 import fnmatch
 import os
 
-from gpu_operator.node import fakehost, pci
+from gpu_operator.node import pci
 from gpu_operator.node.holders import gpu_holders
 from gpu_operator.node.hostfs import HostFS
+from tests.support.hostsim import sysfs
 
 # What each driver's id table matches, as vendor:device:class globs. vfio-pci has no table of
 # its own: it only takes devices through driver_override or new_id, as in the kernel.
@@ -72,7 +73,7 @@ class KernelSimulator:
         """Register a driver: it appears under /sys/bus/pci/drivers and probes unbound devices."""
         if self.fs.exists(f"{DRIVERS}/{name}"):
             return
-        fakehost.add_driver(self.fs, name)
+        sysfs.add_driver(self.fs, name)
         modules = self.fs.read_text("/proc/modules") or ""
         self.fs.write_text("/proc/modules", modules + f"{name.replace('-', '_')} 16384 0 - Live 0x0\n")
         for address in self.fs.listdir(pci.PCI_DEVICES):
@@ -129,12 +130,12 @@ class KernelSimulator:
 
     def _attach(self, driver: str, address: str) -> None:
         dev_dir = self.fs.canonical(f"{pci.PCI_DEVICES}/{address}")
-        fakehost.rel_symlink(self.fs, f"{dev_dir}/driver", f"{DRIVERS}/{driver}")
-        fakehost.rel_symlink(self.fs, f"{DRIVERS}/{driver}/{address}", dev_dir)
+        sysfs.rel_symlink(self.fs, f"{dev_dir}/driver", f"{DRIVERS}/{driver}")
+        sysfs.rel_symlink(self.fs, f"{DRIVERS}/{driver}/{address}", dev_dir)
         if driver == "nvidia" and pci.read_function(self.fs, address).is_gpu:
             used = {m for m in self._minors()}
             minor = next(i for i in range(len(used) + 1) if i not in used)
-            fakehost.write_gpu_information(self.fs, address, minor, "simulated")
+            sysfs.write_gpu_information(self.fs, address, minor, "simulated")
 
     def _minors(self) -> list[int]:
         from gpu_operator.node.holders import device_minors
