@@ -339,3 +339,25 @@ def test_dcgm_exporter(data: dict[str, Any], main_env: dict[str, str], pod_check
     read_pods = any(o["metadata"]["name"] == "nvidia-dcgm-exporter-read-pods"
                     for o in result.state("state-dcgm-exporter").objects)
     assert read_pods == bool(data.get("dcgmExporter", {}).get("enablePodUID"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"version": "v1.17.8"}, "nvcr.io/nvidia/k8s/container-toolkit:v1.17.8"),
+        ({"version": "sha256:abc"}, "nvcr.io/nvidia/k8s/container-toolkit@sha256:abc"),
+        ({"repository": "registry.example.com/mirror"}, "registry.example.com/mirror/container-toolkit:v1.20.0"),
+        ({"repository": "r.example.com", "version": "v2"}, "r.example.com/container-toolkit:v2"),
+    ],
+)
+def test_a_partial_image_replaces_that_part_of_the_default(fields: dict[str, str], expected: str) -> None:
+    default = {"CONTAINER_TOOLKIT_IMAGE": "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"}
+    assert image_path(ImageFields(**fields), "CONTAINER_TOOLKIT_IMAGE", default, "spec.toolkit", partial=True) == expected
+    # upstream's rule (the driver keeps it: its version is a branch for precompiled images)
+    assert image_path(ImageFields(**fields), "CONTAINER_TOOLKIT_IMAGE", default, "spec.toolkit") == \
+        default["CONTAINER_TOOLKIT_IMAGE"]
+
+
+def test_toolkit_version_alone_reaches_the_daemonset() -> None:
+    ds = daemonset(run({"toolkit": {"version": "v1.17.8"}}), "state-container-toolkit")
+    assert ctr(ds, "nvidia-container-toolkit-ctr")["image"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.17.8"

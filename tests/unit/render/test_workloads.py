@@ -78,3 +78,44 @@ def test_sandbox_validator_knows_the_default_workload() -> None:
     assert "cc-manager-validation" not in inits  # ccManager is off
     env = {e["name"]: e.get("value") for e in inits["vfio-pci-validation"]["env"]}
     assert env["DEFAULT_GPU_WORKLOAD_CONFIG"] == "vm-passthrough"
+
+
+def test_default_mig_layouts_cover_current_gpus_and_the_balanced_layout() -> None:
+    import yaml
+
+    from gpu_operator.render.states.mig_manager import GPU_CLIENT_SERVICES, default_mig_config
+
+    configs = yaml.safe_load(default_mig_config())["mig-configs"]
+    assert {"all-disabled", "all-enabled", "all-balanced", "all-1g.10gb", "all-7g.80gb"} <= set(configs)
+    # H100 NVL (94 GB), H200 (141 GB), B200 (180 GB) sizes
+    assert {"all-7g.94gb", "all-7g.141gb", "all-7g.180gb"} <= set(configs)
+    balanced = {f for entry in configs["all-balanced"] for f in entry["device-filter"]}
+    assert {"0x233510DE", "0x233010DE"} <= balanced  # H200, H100 SXM
+    assert all(e["devices"] == "all" for layouts in configs.values() for e in layouts)
+    assert len(GPU_CLIENT_SERVICES) == 9 and "nvidia-dcgm.service" in GPU_CLIENT_SERVICES
+
+
+def test_mig_manager_sources_driver_ready_and_mounts_the_driver_root() -> None:
+    from tests.unit.render.renderkit import ctr, daemonset, env_of, run
+
+    result = run()
+    ds = daemonset(result, "state-mig-manager")
+    main = ctr(ds, "nvidia-mig-manager")
+    assert "WITH_SHUTDOWN_HOST_GPU_CLIENTS" not in env_of(main)
+    assert any(m["mountPath"] == "/driver-root" for m in main["volumeMounts"])
+    script = next(o for o in result.state("state-mig-manager").objects
+                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nvidia-mig-manager-entrypoint")
+    text = script["data"]["entrypoint.sh"]
+    assert "driver-ready" in text and 'WITH_SHUTDOWN_HOST_GPU_CLIENTS="$IS_HOST_DRIVER"' in text
+
+
+def test_config_manager_init_sends_no_signal_and_knows_its_node() -> None:
+    from tests.unit.render.renderkit import ctr, daemonset, env_of, run
+
+    result = run({"devicePlugin": {"config": {"name": "time-slicing", "default": "any"}}})
+    for state, process in (("state-device-plugin", "nvidia-device-plugin"), ("gpu-feature-discovery", "gpu-feature-discovery"),
+                           ("state-mps-control-daemon", "/usr/bin/mps-control-daemon")):
+        ds = daemonset(result, state)
+        init, sidecar = ctr(ds, "config-manager-init"), ctr(ds, "config-manager")
+        assert env_of(init)["SEND_SIGNAL"] == "false" and "NODE_NAME" in env_of(init)
+        assert env_of(sidecar)["SEND_SIGNAL"] == "true" and env_of(sidecar)["PROCESS_TO_SIGNAL"] == process
