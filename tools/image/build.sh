@@ -81,13 +81,18 @@ wheels=$cache/wheels
 mkdir -p "$wheels" "$work/install"
 pip_version=26.3
 say "fetching pinned wheels (tools/image/requirements.lock) into $wheels"
-"$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --require-hashes \
-  -r tools/image/requirements.lock -d "$wheels"
-"$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: "pip==$pip_version" -d "$wheels"
+fetch() {  # from the cache directory alone when it has everything, else from PyPI
+  "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" \
+    --no-index --find-links "$wheels" "$@" >/dev/null 2>&1 \
+  || "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" "$@" >&2
+}
+fetch --require-hashes -r tools/image/requirements.lock
+fetch "pip==$pip_version"
 say "building the gpu-operator wheel"
 # from a copy of the tracked files, so the build neither sees nor leaves untracked files
 mkdir -p "$work/src" && git ls-files -z | xargs -0 tar -c | tar -x -C "$work/src"
-"$py" -m pip wheel -q --disable-pip-version-check --no-deps "$work/src" -w "$work/install" >&2
+PIP_CONSTRAINT=$root_dir/tools/image/build-constraints.txt \
+  "$py" -m pip wheel -q --disable-pip-version-check --no-deps "$work/src" -w "$work/install" >&2
 cp "$wheels"/*.whl tools/image/requirements.lock "$work/install/"
 mv "$work/install" "$rootfs/tmp/install"
 in_root() { chroot "$rootfs" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp \
