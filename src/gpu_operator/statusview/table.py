@@ -113,11 +113,14 @@ def pod_problem(pod: dict[str, Any]) -> str:
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or []:
             state = cs.get("state") or {}
+            # a container's termination message (the validator writes its failure there) says most
+            last = (state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {})
+            said = f": {last['message'].strip()[:300]}" if last.get("exitCode", 0) != 0 and last.get("message") else ""
             if "waiting" in state and state["waiting"].get("reason") not in (None, "PodInitializing"):
-                return f"{cs['name']}: {state['waiting']['reason']}"
+                return f"{cs['name']}: {state['waiting']['reason']}{said}"
             terminated = state.get("terminated")
             if terminated and terminated.get("exitCode", 0) != 0:
-                return f"{cs['name']}: exited {terminated['exitCode']} ({terminated.get('reason', '')})"
+                return f"{cs['name']}: exited {terminated['exitCode']} ({terminated.get('reason', '')}){said}"
     for cond in status.get("conditions") or []:
         if cond.get("status") != "True" and cond.get("message"):
             return f"{cond['type']}: {cond['message']}"

@@ -174,3 +174,16 @@ def test_render_shows_cells_policy_problems_and_a_footnote() -> None:
     assert "… 1 more (0 not ready)" in text
     assert "driver not ready on 1 node(s) (gpu-b): main: ErrImagePull" in text
     assert "without an operand here (disabled or another stack): client" in text
+
+
+def test_pod_problem_carries_the_validators_termination_message() -> None:
+    from gpu_operator.statusview.table import pod_problem
+
+    message = ("cuda: the nvidia-cuda-validator pod on node gpu-1 ended Pending within 300s: "
+               "ImagePullBackOff: nvcr.io/nvidia/gpu-operator:v0 not found")
+    pod = {"status": {"phase": "Pending", "initContainerStatuses": [
+        {"name": "driver-validation", "state": {"terminated": {"exitCode": 0}}},
+        {"name": "cuda-validation", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+         "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}},
+    ]}}
+    assert pod_problem(pod) == f"cuda-validation: CrashLoopBackOff: {message}"
