@@ -29,3 +29,17 @@ def test_lock_pins_every_dependency_at_pyprojects_version_with_a_hash() -> None:
             f"tools/image/requirements.lock has {name} at {lock.get(norm(name))}, pyproject.toml at "
             f"{version}: run tools/image/lock.sh"
         )
+
+
+def test_chart_and_renderer_default_to_the_image_the_build_names() -> None:
+    import yaml
+
+    from gpu_operator.render.defaults import OWN_IMAGE
+
+    chart = yaml.safe_load((REPO / "deployments/gpu-operator/Chart.yaml").read_text())
+    values = yaml.safe_load((REPO / "deployments/gpu-operator/values.yaml").read_text())
+    built = f"{values['operator']['repository']}/{values['operator']['image']}:{chart['appVersion']}"
+    assert built == OWN_IMAGE
+    for component in ("validator", "nodeStatusExporter"):
+        assert (values[component]["repository"], values[component]["image"]) == (
+            values["operator"]["repository"], values["operator"]["image"]), component
