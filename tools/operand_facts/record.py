@@ -18,66 +18,24 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.render.contract import container_facts, rule_strings
+
 
 def _git(git_dir: str, *args: str) -> str:
     return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True, text=True).stdout
 
 
-def _env(ctr: dict[str, Any]) -> dict[str, str]:
-    out = {}
-    for entry in ctr.get("env") or []:
-        if "valueFrom" in entry:
-            ref = entry["valueFrom"].get("fieldRef", {}).get("fieldPath", "")
-            out[entry["name"]] = f"fieldRef:{ref}"
-        else:
-            out[entry["name"]] = str(entry.get("value", ""))
-    return out
-
-
-def _volume(volume: dict[str, Any]) -> str:
-    if "hostPath" in volume:
-        return f"hostPath:{volume['hostPath']['path']}"
-    if "configMap" in volume:
-        return f"configMap:{volume['configMap'].get('name', '')}"
-    if "secret" in volume:
-        return f"secret:{volume['secret'].get('secretName', '')}"
-    return next(iter(k for k in volume if k != "name"), "")
-
-
 def _daemonset(doc: dict[str, Any]) -> dict[str, Any]:
     pod = doc["spec"]["template"]["spec"]
-    volumes = {v["name"]: _volume(v) for v in pod.get("volumes") or []}
-    containers = {}
-    for kind in ("initContainers", "containers"):
-        for ctr in pod.get(kind) or []:
-            sc = ctr.get("securityContext") or {}
-            containers[ctr["name"]] = {
-                "init": kind == "initContainers",
-                "command": [*(ctr.get("command") or []), *(ctr.get("args") or [])],
-                "env": _env(ctr),
-                "mounts": {m["mountPath"]: volumes.get(m["name"], m["name"]) + (
-                    f" ({m['mountPropagation']})" if m.get("mountPropagation") else "")
-                    for m in ctr.get("volumeMounts") or []},
-                "privileged": bool(sc.get("privileged")),
-                "runAsUser": sc.get("runAsUser"),
-                "probes": sorted(k for k in ("startupProbe", "livenessProbe", "readinessProbe") if k in ctr),
-            }
+    containers = container_facts(doc)
+    for facts in containers.values():
+        if not facts["init"]:
+            del facts["init"]
     return {
         "serviceAccount": pod.get("serviceAccountName", ""),
         "pod": {k: pod[k] for k in ("hostPID", "hostIPC", "hostNetwork") if pod.get(k)},
         "containers": containers,
     }
-
-
-def _rules(doc: dict[str, Any]) -> list[str]:
-    out = []
-    for rule in doc.get("rules") or []:
-        for group in rule.get("apiGroups") or [""]:
-            for resource in rule.get("resources") or []:
-                for verb in rule.get("verbs") or []:
-                    names = ",".join(rule.get("resourceNames") or [])
-                    out.append(f"{group or 'core'} {resource} {verb}" + (f" {names}" if names else ""))
-    return sorted(set(out))
 
 
 def record(git_dir: str, commit: str) -> dict[str, Any]:
@@ -94,7 +52,7 @@ def record(git_dir: str, commit: str) -> dict[str, Any]:
             if kind == "DaemonSet":
                 entry["daemonsets"][name] = _daemonset(doc)
             elif kind in ("Role", "ClusterRole") and "openshift" not in path:
-                entry["rbac"][kind] = _rules(doc)
+                entry["rbac"][kind] = sorted(rule_strings(doc))
             elif kind == "Service":
                 entry["services"][name] = {
                     "annotations": doc["metadata"].get("annotations") or {},

@@ -109,7 +109,8 @@ def _source(volume: Manifest) -> str:
     return next(iter(k for k in volume if k != "name"), "")
 
 
-def _containers(ds: Manifest) -> dict[str, dict[str, Any]]:
+def container_facts(ds: Manifest) -> dict[str, dict[str, Any]]:
+    """Per container of a DaemonSet: the program, env, mounts (with their sources), privilege, probes."""
     pod = ds["spec"]["template"]["spec"]
     volumes = {v["name"]: _source(v) for v in pod.get("volumes") or []}
     out: dict[str, dict[str, Any]] = {}
@@ -117,6 +118,8 @@ def _containers(ds: Manifest) -> dict[str, dict[str, Any]]:
         for ctr in pod.get(kind) or []:
             sc = ctr.get("securityContext") or {}
             out[ctr["name"]] = {
+                "init": kind == "initContainers",
+                "command": [*(ctr.get("command") or []), *(ctr.get("args") or [])],
                 "runs": runs(ctr),
                 "env": _env(ctr),
                 "mounts": {m["mountPath"]: volumes.get(m["name"], m["name"]) + (
@@ -129,7 +132,8 @@ def _containers(ds: Manifest) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _rules(role: Manifest) -> set[str]:
+def rule_strings(role: Manifest) -> set[str]:
+    """A Role's rules as `group resource verb [names]` strings (OpenShift's SCC rule left out)."""
     out: set[str] = set()
     for rule in role.get("rules") or []:
         for group in rule.get("apiGroups") or [""]:
@@ -197,7 +201,7 @@ def _check_daemonset(state: str, ds: Manifest, fact: dict[str, Any]) -> list[Dev
     for key, value in (fact.get("pod") or {}).items():
         if pod.get(key) != value:
             out.append(Deviation(state, f"{name}:pod:{key}", f"{key}={pod.get(key)}; upstream {value}"))
-    ours = _containers(ds)
+    ours = container_facts(ds)
     theirs: dict[str, dict[str, Any]] = fact.get("containers") or {}
     for ctr in sorted(set(ours) | set(theirs)):
         prefix = f"{name}/{ctr}"
@@ -239,7 +243,7 @@ def compare_state(state: str, objects: list[Manifest]) -> list[Deviation]:
         ours: set[str] = set()
         for o in objects:
             if o["kind"] == kind and (account is None or o["metadata"]["name"] == account):
-                ours |= _rules(o)
+                ours |= rule_strings(o)
         out += _diff(state, f"{state}:{kind}", ours, theirs, "rule")
     for name, svc in (data.get("services") or {}).items():
         found = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name]
