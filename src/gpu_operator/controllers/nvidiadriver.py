@@ -13,7 +13,7 @@ import pydantic
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.api.nvidiadriver import NVIDIADriver
+from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.cache import DriverPodView, NodeView, OwnedView, PolicyView, object_key
 from gpu_operator.controllers.clusterpolicy import (
@@ -112,6 +112,30 @@ def node_drivers(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView],
                                     auto_upgrade=policy.autoUpgrade if policy else True,
                                     orphaned_driver_pod=node.name in orphaned)
     return out
+
+
+@dataclass(frozen=True)
+class UpgradeGroup:
+    """The nodes one NVIDIADriver owns and the upgrade policy that applies to them: the unit the
+    driver upgrade state machine runs on, once per owner CR (upstream partitions its cluster
+    state by the owner label and applies each CR's policy)."""
+
+    owner: str
+    policy: NVIDIADriverUpgradePolicy
+    nodes: tuple[str, ...]
+
+
+def upgrade_groups(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView]) -> list[UpgradeGroup]:
+    """Per NVIDIADriver, its nodes (by the owner label node labelling wrote) and its policy
+    (upstream's defaults, auto-upgrade on, when the CR sets none)."""
+    owned: dict[str, list[str]] = {}
+    for node in nodes:
+        owner = node.labels.get(DRIVER_OWNER)
+        if owner:
+            owned.setdefault(owner, []).append(node.name)
+    return [UpgradeGroup(d.metadata.name, d.spec.upgradePolicy or NVIDIADriverUpgradePolicy(),
+                         tuple(sorted(owned.get(d.metadata.name, []))))
+            for d in sorted(drivers, key=lambda d: d.metadata.name)]
 
 
 class NVIDIADriverReconciler:

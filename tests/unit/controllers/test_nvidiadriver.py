@@ -8,7 +8,7 @@ from typing import Any
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers.cache import DriverPodView, NodeView
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver, desired_change
-from gpu_operator.controllers.nvidiadriver import effective_owners, node_drivers, routing_of
+from gpu_operator.controllers.nvidiadriver import effective_owners, node_drivers, routing_of, upgrade_groups
 
 OWNER = "nvidia.com/gpu-operator.driver.owner"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
@@ -75,3 +75,13 @@ def test_driver_pod_view() -> None:
     assert DriverPodView.of(body) == DriverPodView("p", "n", running=True, orphaned=False)
     body["metadata"]["ownerReferences"] = []
     assert DriverPodView.of(body).orphaned
+
+
+def test_upgrade_groups_one_per_owner_with_its_own_policy() -> None:
+    drivers = [nvd("b", nodeSelector={"pool": "b"}, upgradePolicy={"autoUpgrade": False, "maxParallelUpgrades": 3}),
+               nvd("a", nodeSelector={"pool": "a"})]
+    nodes = [view("n2", **{OWNER: "a"}), view("n1", **{OWNER: "a"}), view("n3", **{OWNER: "b"}), view("n4")]
+    groups = upgrade_groups(drivers, nodes)
+    assert [(g.owner, g.nodes) for g in groups] == [("a", ("n1", "n2")), ("b", ("n3",))]
+    assert groups[0].policy.autoUpgrade is True and groups[0].policy.maxParallelUpgrades == 1
+    assert groups[1].policy.autoUpgrade is False and groups[1].policy.maxParallelUpgrades == 3
