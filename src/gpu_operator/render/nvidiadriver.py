@@ -118,11 +118,14 @@ def shared_name(nvd: NVIDIADriver) -> str:
 
 
 def daemonset_name(nvd: NVIDIADriver, pool: Pool) -> str:
-    """`nvidia-<driverType>-driver-<osTag>-<hash>`, hash of the CR's uid (+ `-<kernel>` if precompiled)."""
+    """`nvidia-<driverType>-driver-<osTag>-<hash>`, hash of the CR's uid (+ `-<kernel>` if precompiled);
+    past 63 characters the prefix is cut, never the hash."""
     key = nvd.metadata.uid or nvd.metadata.name
     if pool.kernel:
         key = f"{key}-{pool.kernel}"
-    return truncate(f"nvidia-{nvd.spec.driverType}-driver-{pool.os_tag}-{name_hash(key)}")
+    digest = name_hash(key)
+    prefix = f"nvidia-{nvd.spec.driverType}-driver-{pool.os_tag}"
+    return f"{prefix[:NAME_LIMIT - len(digest) - 1]}-{digest}"
 
 
 def image_reference(spec: NVIDIADriverSpec) -> str:
@@ -154,6 +157,9 @@ def _driver_fields(spec: NVIDIADriverSpec) -> dict[str, Any]:
     if spec.upgradePolicy:  # with its defaults: auto-upgrade is on unless the CR says otherwise
         out["upgradePolicy"] = spec.upgradePolicy.model_dump(mode="json", exclude_none=True)
     out["kernelModuleType"] = spec.kernelModuleType
+    if spec.startupProbe is None:  # upstream's NVIDIADriver default: precompiled modules load fast
+        out["startupProbe"] = {"initialDelaySeconds": 5 if spec.usePrecompiled else 60, "timeoutSeconds": 60,
+                               "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 120}
     if spec.repoConfig and spec.repoConfig.name:
         out["repoConfig"] = {"configMapName": spec.repoConfig.name}
     if spec.licensingConfig:
@@ -181,6 +187,9 @@ def driver_policy(nvd: NVIDIADriver, base: ClusterPolicy | None = None) -> Clust
         value = getattr(spec, key)
         if value:
             daemonsets[key] = value
+    if spec.labels:  # the pods stay selectable: `app` and `app.kubernetes.io/*` are ours
+        daemonsets["labels"] = {k: v for k, v in spec.labels.items()
+                                if k != "app" and not k.startswith("app.kubernetes.io/")}
     cp["daemonsets"] = daemonsets
     if spec.driverType == "vgpu-host-manager":
         cp["vgpuManager"] = {"enabled": True, **_image_fields(spec),

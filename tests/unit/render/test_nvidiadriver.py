@@ -207,3 +207,19 @@ def test_clusterpolicy_driver_state_hands_over_with_orphaned_pods() -> None:
     assert handed.state("state-vgpu-manager").orphan_pods
     off = render(policy({"driver": {"enabled": False}}), facts("dgx-h100:1")).state("state-driver")
     assert not off.enabled and not off.orphan_pods
+
+
+def test_long_names_keep_the_hash_and_upstream_defaults_apply() -> None:
+    long = nvd(driverType="vgpu-host-manager")
+    pool = node_pools(long, facts("dgx-h100:1").gpu_nodes)[0][0]
+    pool = type(pool)(os_tag="x" * 80, node_selector={}, nodes=())
+    name = daemonset_name(long, pool)
+    assert len(name) == 63 and name.endswith("-" + safe_encode(str(fnv32a(UID))))
+    pre = next(iter(daemonsets(render_nvidiadriver(nvd(usePrecompiled=True, version="1"),
+                                                   facts("dgx-h100:1"))).values()))
+    assert ctr(pre, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"] == 5
+    labelled = nvd(version="1", labels={"app": "x", "app.kubernetes.io/name": "y", "team": "ml"})
+    ds = next(iter(daemonsets(render_nvidiadriver(labelled, facts("dgx-h100:1"))).values()))
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "ml" and labels["app"] == ds["metadata"]["name"] and "app.kubernetes.io/name" not in labels
+    assert ctr(ds, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"] == 60
