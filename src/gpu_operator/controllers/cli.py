@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         import logging
 
         from gpu_operator.controllers.run import run as run_operator
+        from gpu_operator.controllers.settings import OperatorSettings
 
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -45,8 +46,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("set --namespace or OPERATOR_NAMESPACE (where operands are deployed)",
                                      param_hint="--namespace")
         os.environ["OPERATOR_NAMESPACE"] = namespace
+        settings = OperatorSettings.with_renew_deadline(leader_lease_renew_deadline,
+                                                        label_concurrency=label_concurrency)
         code = asyncio.run(run_operator(
-            namespace, kubeconfig, leader_elect, metrics_bind_address, health_probe_bind_address,
-            lease_duration=leader_lease_renew_deadline + 5, renew_deadline=leader_lease_renew_deadline,
-            label_concurrency=label_concurrency))
+            namespace, kubeconfig, leader_elect, metrics_bind_address, health_probe_bind_address, settings))
         raise typer.Exit(code)

@@ -1,25 +1,91 @@
-"""The node-labelling controller's I/O: patch the nodes whose labels differ, with bounded concurrency."""
+"""The node-labelling controller's I/O: patch the nodes whose labels differ, with bounded
+concurrency; nodes whose patch failed are retried on their own backoff (`LabelRetries`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lightkube.core.exceptions import ApiError
 
+from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver, desired_change
+from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator.nodelabels")
 
 
+@dataclass(frozen=True)
+class LabelFailure:
+    """Why one node's label patch failed: the HTTP status code and the apiserver's message."""
+
+    code: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"HTTP {self.code}: {self.message}"
+
+
 @dataclass
 class LabelReport:
     patched: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, LabelFailure] = field(default_factory=dict)
+
+
+class LabelRetries:
+    """Per-node backoff for label patches that keep failing (a 403 from a policy webhook, say).
+
+    A failed node is retried alone, after `backoff.delay(n)` for its n-th consecutive failure; it
+    does not wake the other loops. Each failure is counted in
+    `gpu_operator_node_label_patch_failures_total{code}`; the warning is logged once per node
+    (again only when the reason changes), and once more when the node is labelled at last."""
+
+    def __init__(self, backoff: Backoff, clock: Callable[[], float] = time.monotonic) -> None:
+        self.backoff = backoff
+        self.clock = clock
+        self.failures: dict[str, tuple[int, LabelFailure]] = {}
+        self.scheduled: dict[str, float] = {}
+
+    def record(self, report: LabelReport) -> None:
+        now = self.clock()
+        for name in report.patched:
+            self.scheduled.pop(name, None)
+            if (previous := self.failures.pop(name, None)) is not None:
+                log.info("node %s: labels patched after %d failed attempts", name, previous[0])
+        for name, failure in report.failed.items():
+            metrics.LABEL_PATCH_FAILURES.labels(str(failure.code)).inc()
+            count, reason = self.failures.get(name, (0, None))
+            delay = self.backoff.delay(count + 1)
+            if reason != failure:
+                log.warning("node %s: label patch failed (%s); retrying this node with backoff "
+                            "(%.0f s, doubling up to %.0f s); logged again only if the reason changes",
+                            name, failure, delay, self.backoff.cap)
+            self.failures[name] = (count + 1, failure)
+            self.scheduled[name] = now + delay
+
+    def forget(self, name: str) -> None:
+        """The node is gone."""
+        self.failures.pop(name, None)
+        self.scheduled.pop(name, None)
+
+    def due(self) -> set[str]:
+        """Nodes whose retry time has come (handed out once; a new failure schedules them again)."""
+        now = self.clock()
+        ready = {name for name, at in self.scheduled.items() if at <= now}
+        for name in ready:
+            del self.scheduled[name]
+        return ready
+
+    def next_wait(self) -> float | None:
+        """Seconds until the next scheduled retry; None when none is scheduled."""
+        if not self.scheduled:
+            return None
+        return max(0.0, min(self.scheduled.values()) - self.clock())
 
 
 class NodeLabeller:
@@ -47,8 +113,7 @@ class NodeLabeller:
                 except ApiError as err:
                     if err.status.code == 404:
                         return  # the node left meanwhile
-                    report.failed[node.name] = str(err.status.message)
-                    log.warning("node %s: label patch failed: %s", node.name, err.status.message)
+                    report.failed[node.name] = LabelFailure(int(err.status.code or 0), str(err.status.message))
                     return
                 report.patched.append(node.name)
 

@@ -8,7 +8,7 @@ import datetime as dt
 import logging
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
@@ -16,6 +16,7 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import WRITES
 
 log = logging.getLogger("gpu_operator.leader")
@@ -36,10 +37,20 @@ class LeaderElector:
     client: AsyncClient
     namespace: str
     identity: str
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
     name: str = LEASE_NAME
+
+    @property
+    def lease_duration(self) -> float:
+        return self.settings.leader_lease_duration
+
+    @property
+    def renew_deadline(self) -> float:
+        return self.settings.leader_renew_deadline
+
+    @property
+    def retry_period(self) -> float:
+        return self.settings.leader_retry_period
 
     async def _try(self) -> bool:
         """One attempt to acquire or renew; True when we hold the lease afterwards."""

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+from prometheus_client import Counter, Gauge
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpu_operator.controllers import status as st
 
@@ -23,6 +24,9 @@ RECONCILES = Counter("gpu_operator_reconciliation", "Reconciles that reached the
 FAILED = Counter("gpu_operator_reconciliation_failed", "Reconciles that ended not ready or in error")
 HAS_NFD = Gauge("gpu_operator_reconciliation_has_nfd_labels", "1 when any node has NFD labels")
 AUTO_UPGRADE = Gauge("gpu_operator_driver_auto_upgrade_enabled", "1 when driver auto-upgrade is on")
+# Ours (no upstream counterpart): every failed node label patch, by HTTP status code.
+LABEL_PATCH_FAILURES = Counter("gpu_operator_node_label_patch_failures",
+                               "Node label patches that failed, by HTTP status code", ["code"])
 # OpenShift driver-toolkit gauges keep upstream's names; this operator does not use the DTK.
 DTK_ENABLED = Gauge("gpu_operator_openshift_driver_toolkit_enabled",
                     "1 enabled, -1 requested but not possible, 0 not requested")
@@ -56,9 +60,6 @@ def _split(address: str) -> tuple[str, int]:
 async def serve(metrics_address: str, health_address: str, is_ready: Callable[[], bool]) -> list[web.AppRunner]:
     """Start /metrics and /healthz + /readyz; returns the runners to clean up."""
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -66,7 +67,7 @@ async def serve(metrics_address: str, health_address: str, is_ready: Callable[[]
         return web.Response(text="ok") if is_ready() else web.Response(status=503, text="not ready")
 
     runners = []
-    for address, routes in ((metrics_address, [web.get("/metrics", metrics)]),
+    for address, routes in ((metrics_address, [web.get("/metrics", make_aiohttp_handler())]),
                             (health_address, [web.get("/healthz", healthz), web.get("/readyz", readyz)])):
         if not address or address == "0":
             continue

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kopf._core.engines.indexing import OperatorIndexers
 
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import (
@@ -25,10 +24,11 @@ from gpu_operator.controllers.cache import (
     first,
 )
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
-from gpu_operator.controllers.labeller import NodeLabeller
+from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator.operator")
@@ -46,7 +46,13 @@ OWNED_KINDS = (
     ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
     ("node.k8s.io", "v1", "runtimeclasses"),
 )
-COALESCE_SECONDS = 0.1
+# The kopf indices the loops read; kopf hands them to every handler by id, the startup one too.
+INDEX_IDS = ("nodes", "policies", "drivers", "driver_pods",
+             *(f"owned_{plural}" for _group, _version, plural in OWNED_KINDS))
+
+
+class DiscoveryError(RuntimeError):
+    """A start-up fact could not be read from the apiserver."""
 
 
 @dataclass
@@ -69,14 +75,17 @@ class Loops:
 
 
 class Operator:
-    def __init__(self, kube: Kube, namespace: str, label_concurrency: int = 32) -> None:
+    def __init__(self, kube: Kube, namespace: str, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.namespace = namespace
+        self.settings = settings or OperatorSettings()
         self.loops = Loops()
-        self.indexers = OperatorIndexers()
+        # kopf's live indices by id, taken from the startup handler's kwargs (kopf's public way)
+        self.indices: dict[str, Any] = {}
         self.reconciler = ClusterPolicyReconciler(kube)
-        self.labeller = NodeLabeller(kube, concurrency=label_concurrency)
-        self.k8s_version = "1.36.0"
+        self.labeller = NodeLabeller(kube, concurrency=self.settings.label_concurrency)
+        self.label_retries = LabelRetries(self.settings.label_backoff)
+        self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
         self.drivers = NVIDIADriverReconciler(kube)
         self.label_policy: LabelPolicy | None = None
@@ -96,13 +105,18 @@ class Operator:
             return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
 
         @kopf.on.startup(registry=registry)
-        def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+            missing = [index for index in INDEX_IDS if index not in kwargs]
+            if missing:  # kopf stopped passing indices to startup handlers: fail loudly, at once
+                raise kopf.PermanentError(f"kopf did not pass the indices {missing} to the startup handler")
+            self.indices = {index: kwargs[index] for index in INDEX_IDS}
+            ours = self.settings
             settings.posting.enabled = False  # status and conditions speak; no kopf events
             settings.scanning.disabled = True  # no cluster-wide CRD/namespace discovery watches
-            settings.watching.server_timeout = 300
-            settings.watching.client_timeout = 310
-            settings.watching.connect_timeout = 30
-            settings.watching.chunk_size = 500
+            settings.watching.server_timeout = ours.watch_server_timeout
+            settings.watching.client_timeout = ours.watch_client_timeout
+            settings.watching.connect_timeout = ours.watch_connect_timeout
+            settings.watching.chunk_size = ours.watch_chunk_size
             # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services
             # and RBAC objects never reach this process.
             for group, version, plural in OWNED_KINDS:
@@ -154,6 +168,7 @@ class Operator:
             loops.indexed.set()
             if type == "DELETED":
                 loops.node_fingerprints.pop(name, None)
+                self.label_retries.forget(name)
                 loops.policy_kick.set()
                 return
             view = NodeView.of(body)
@@ -187,7 +202,7 @@ class Operator:
     # -- snapshots of the caches ----------------------------------------------------------------
 
     def _index(self, name: str) -> Any:
-        return self.indexers.indices[name]
+        return self.indices[name]
 
     def node_views(self) -> list[NodeView]:
         return [v for store in self._index("nodes").values() if (v := first(store)) is not None]
@@ -221,8 +236,10 @@ class Operator:
 
     async def policy_loop(self) -> None:
         await self.loops.indexed.wait()
+        coalesce = self.settings.coalesce
         requeue: float | None = None
-        pause = COALESCE_SECONDS
+        pause = coalesce
+        failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.loops.policy_kick.wait(), timeout=requeue)
@@ -231,34 +248,39 @@ class Operator:
             started = time.monotonic()
             try:
                 report = await self.reconciler.reconcile(self.snapshot())
-            except Exception:  # keep serving: the next kick or requeue retries
-                log.exception("ClusterPolicy reconcile failed; retrying in 5s")
+            except Exception:  # keep serving: the next kick or the backoff retries
+                failures += 1
+                requeue = self.settings.reconcile_backoff.delay(failures)
+                log.exception("ClusterPolicy reconcile failed (%d in a row); retrying in %.0f s", failures, requeue)
                 metrics.record_error()
-                requeue = 5.0
                 continue
+            failures = 0
             metrics.record_reconcile(report)
             requeue = report.requeue
             # While thousands of nodes are being labelled, every patch comes back as a node
             # event; a full reconcile per event would starve the labeller on the same loop.
             # So the next reconcile waits at least twice as long as this one took.
-            pause = max(COALESCE_SECONDS, 2 * (time.monotonic() - started))
+            pause = max(coalesce, 2 * (time.monotonic() - started))
 
     async def driver_loop(self) -> None:
         """NVIDIADrivers: one level-based reconcile of all of them (routing needs them all)."""
         await self.loops.indexed.wait()
         requeue: float | None = None
+        failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.loops.driver_kick.wait(), timeout=requeue)
-            await asyncio.sleep(COALESCE_SECONDS)
+            await asyncio.sleep(self.settings.coalesce)
             self.loops.driver_kick.clear()
             try:
                 report = await self.drivers.reconcile(self.driver_snapshot())
-            except Exception:  # keep serving: the next kick or requeue retries
-                log.exception("NVIDIADriver reconcile failed; retrying in 5s")
+            except Exception:  # keep serving: the next kick or the backoff retries
+                failures += 1
+                requeue = self.settings.reconcile_backoff.delay(failures)
+                log.exception("NVIDIADriver reconcile failed (%d in a row); retrying in %.0f s", failures, requeue)
                 metrics.record_error()
-                requeue = 5.0
                 continue
+            failures = 0
             requeue = report.requeue
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
@@ -269,10 +291,13 @@ class Operator:
 
     async def label_loop(self) -> None:
         await self.loops.indexed.wait()
+        failures = 0
         while True:
-            await self.loops.label_kick.wait()
-            await asyncio.sleep(COALESCE_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.loops.label_kick.wait(), timeout=self.label_retries.next_wait())
+            await asyncio.sleep(self.settings.coalesce)
             self.loops.label_kick.clear()
+            self.loops.dirty_nodes |= self.label_retries.due()
             active = active_policy(self.policy_views())
             if active is None:
                 continue  # no ClusterPolicy: nodes are left alone
@@ -287,28 +312,52 @@ class Operator:
                 dirty, self.loops.dirty_nodes = self.loops.dirty_nodes, set()
             try:
                 report = await self.labeller.label([views[n] for n in dirty if n in views], policy, per_node)
-            except Exception:
-                log.exception("node labelling failed; retrying")
-                self.loops.kick(dirty)
-                await asyncio.sleep(1)
+            except Exception:  # not one node's patch (those are in the report): retry them all
+                failures += 1
+                delay = self.settings.label_backoff.delay(failures)
+                log.exception("node labelling failed (%d in a row); retrying in %.0f s", failures, delay)
+                self.loops.dirty_nodes |= dirty
+                await asyncio.sleep(delay)
+                self.loops.label_kick.set()
                 continue
-            if report.failed:
-                self.loops.kick(set(report.failed))
-                await asyncio.sleep(1)
+            failures = 0
+            # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
+            self.label_retries.record(report)
 
-    async def discover(self) -> None:
-        """Cluster facts that need one request at start-up."""
-        with contextlib.suppress(Exception):
-            self.k8s_version = await self.kube.server_version() or self.k8s_version
+    async def _discover_once(self) -> None:
+        version = await self.kube.server_version()
+        if not version:
+            raise DiscoveryError("GET /version answered without a gitVersion")
         crd = await self.kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
                                        "servicemonitors.monitoring.coreos.com")
-        self.servicemonitor_crd = crd is not None
-        log.info("Kubernetes %s; ServiceMonitor CRD %s", self.k8s_version,
-                 "present" if self.servicemonitor_crd else "absent")
+        self.k8s_version, self.servicemonitor_crd = version, crd is not None
+
+    async def discover(self) -> bool:
+        """Cluster facts that need one request at start-up: the Kubernetes version (rendering
+        depends on it) and whether the ServiceMonitor CRD exists. There is no made-up fallback:
+        failures are logged with their reason and retried with backoff until they answer (the
+        process stays not ready meanwhile). False when stop was set first."""
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                await self._discover_once()
+            except Exception as err:
+                failures += 1
+                delay = self.settings.discovery_backoff.delay(failures)
+                log.warning("start-up discovery failed (GET /version and the ServiceMonitor CRD): %s; "
+                            "not starting the loops, retrying in %.0f s", err, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), timeout=delay)
+                continue
+            log.info("Kubernetes %s; ServiceMonitor CRD %s", self.k8s_version,
+                     "present" if self.servicemonitor_crd else "absent")
+            return True
+        return False
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         self.stop = stop
-        await self.discover()
+        if not await self.discover():
+            return
         self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
                       asyncio.create_task(self.driver_loop(), name="nvidiadriver"),
                       asyncio.create_task(self.label_loop(), name="node-labelling")]
@@ -316,7 +365,7 @@ class Operator:
             # Namespaced kinds are watched in the operator's namespace only (least privilege:
             # the chart grants no cluster-wide reads of ConfigMaps or Secrets); cluster-scoped
             # kinds (nodes, ClusterPolicies, ClusterRoles, RuntimeClasses) are watched whole.
-            await kopf.operator(registry=self.registry, indexers=self.indexers, clusterwide=False,
+            await kopf.operator(registry=self.registry, clusterwide=False,
                                 namespaces=[self.namespace], standalone=True, stop_flag=stop,
                                 ready_flag=ready)
         finally:

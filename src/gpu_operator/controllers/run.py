@@ -10,14 +10,15 @@ import signal
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.leader import LeaderElector, identity
 from gpu_operator.controllers.operator import Operator
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator")
 
 
 async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metrics_address: str,
-              health_address: str, lease_duration: float = 15.0, renew_deadline: float = 10.0,
-              retry_period: float = 2.0, label_concurrency: int = 32) -> int:
+              health_address: str, settings: OperatorSettings | None = None) -> int:
+    settings = settings or OperatorSettings()
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # kopf's login reads it
     stop = asyncio.Event()
@@ -31,12 +32,11 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
     elector = None
     try:
         if leader_elect:
-            elector = LeaderElector(kube.client, namespace, identity(), lease_duration=lease_duration,
-                                    renew_deadline=renew_deadline, retry_period=retry_period)
+            elector = LeaderElector(kube.client, namespace, identity(), settings=settings)
             if not await elector.acquire(stop):
                 return 0
             keeper = asyncio.create_task(elector.keep(stop), name="leader-renewal")
-        operator = Operator(kube, namespace, label_concurrency=label_concurrency)
+        operator = Operator(kube, namespace, settings)
         log.info("operator starting in namespace %s", namespace)
         await operator.run(stop, ready)
         if leader_elect:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightkube import AsyncClient, KubeConfig
+from lightkube.config import client_adapter
 from lightkube.core.exceptions import ApiError
 from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
@@ -143,8 +144,10 @@ class Kube:
         return dict(obj.to_dict())
 
     async def server_version(self) -> str:
-        # /version has no resource type; lightkube's connection (auth, TLS) sends it as is.
-        http = self.client._client._client  # noqa: SLF001
-        response = await http.get("/version")
-        response.raise_for_status()
-        return str(response.json().get("gitVersion", "")).lstrip("v")
+        """The apiserver's gitVersion without the leading v ("1.36.3"). /version has no resource
+        type: one short-lived HTTP client from the same config (server, TLS, credentials) sends it,
+        through lightkube's public `client.config` and `config.client_adapter`."""
+        async with client_adapter.AsyncClient(self.client.config, client_adapter.ConnectionParams()) as http:
+            response = await http.get("/version")
+            response.raise_for_status()
+            return str(response.json().get("gitVersion", "")).lstrip("v")

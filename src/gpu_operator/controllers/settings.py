@@ -1,0 +1,77 @@
+"""The operator's tunables in one typed object (`gpu-operator run` builds it from its options), and
+the capped exponential backoff every retry in the operator uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff: `initial`, then doubled per consecutive failure, never above `cap`."""
+
+    initial: float = 1.0
+    """Seconds before the first retry."""
+    cap: float = 60.0
+    """The longest wait between two retries, however many failures came before."""
+
+    def delay(self, failures: int) -> float:
+        """The wait after `failures` consecutive failures (1 = the first failure)."""
+        exponent = max(0, failures - 1)
+        if exponent >= 64:  # 2**64 seconds is past any cap
+            return self.cap
+        return float(min(self.cap, self.initial * 2.0 ** exponent))
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Everything `gpu-operator run` can tune, with its defaults. Times are in seconds."""
+
+    coalesce: float = 0.1
+    """Kicks (watch events) arriving within this window are served by one reconcile or labelling
+    pass. A ClusterPolicy reconcile also waits at least twice as long as the previous one took."""
+
+    reconcile_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=60.0))
+    """Retries of a ClusterPolicy or NVIDIADriver reconcile that raised (API errors, network):
+    1 s, 2 s, 4 s ... up to 60 s; the first success resets it. Not-ready policies requeue on their
+    own schedule (5 s; 45 s without NFD labels), which is not an error."""
+
+    label_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=300.0))
+    """Per node: a label patch that failed (403, 409, 5xx ...) is retried for that node only,
+    after 1 s, 2 s, 4 s ... up to 5 min; other nodes and the ClusterPolicy loop are not woken.
+    A node event (its labels changed) or a changed policy retries it at once."""
+
+    label_concurrency: int = 32
+    """Node label patches in flight at once."""
+
+    leader_lease_duration: float = 15.0
+    """How long a Lease stays ours after the last renewal (written into the Lease)."""
+
+    leader_renew_deadline: float = 10.0
+    """A leader that could not renew for this long steps down (stops the process)."""
+
+    leader_retry_period: float = 2.0
+    """Between two attempts to take or renew the Lease."""
+
+    discovery_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=30.0))
+    """Start-up discovery (the Kubernetes version, the ServiceMonitor CRD) is retried with this
+    backoff until it answers; the operator does not start its loops (and is not ready) before."""
+
+    watch_server_timeout: float = 300
+    """Asked of the apiserver per watch request: it ends the watch after this, kopf restarts it."""
+
+    watch_client_timeout: float = 310
+    """The client gives up on a watch request that has not ended after this."""
+
+    watch_connect_timeout: float = 30
+    """Connecting for a watch request."""
+
+    watch_chunk_size: int = 500
+    """Objects per page when a watch first lists its kind."""
+
+    @classmethod
+    def with_renew_deadline(cls, renew_deadline: float, **changes: Any) -> OperatorSettings:
+        """The CLI's `--leader-lease-renew-deadline`: the Lease lasts 5 s longer than the deadline."""
+        return replace(cls(leader_renew_deadline=renew_deadline, leader_lease_duration=renew_deadline + 5),
+                       **changes)
