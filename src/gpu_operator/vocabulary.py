@@ -8,6 +8,8 @@ operators match on them, so every value below is upstream's unless it says it is
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 NVIDIA = "nvidia.com"
 NFD = "feature.node.kubernetes.io"
 NFD_PREFIX = f"{NFD}/"
@@ -31,6 +33,13 @@ PROBE_STATUS = f"{NVIDIA}/gpu.probe.status"
 # The NVIDIADriver that owns a GPU node (written by node labelling when NVIDIADrivers are in use).
 DRIVER_OWNER = f"{NVIDIA}/gpu-operator.driver.owner"
 
+# NFD labels the renderer reads and the fake node shapes write.
+OS_ID = f"{NFD}/system-os_release.ID"
+OS_VERSION_ID = f"{NFD}/system-os_release.VERSION_ID"
+OS_VERSION_MAJOR = f"{OS_VERSION_ID}.major"
+KERNEL_FULL = f"{NFD}/kernel-version.full"
+# GPU feature discovery's count label (the shapes write it; upstream's GFD publishes it).
+GPU_COUNT = f"{NVIDIA}/gpu.count"
 # NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).
 NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")
 
@@ -41,8 +50,9 @@ def deploy_label(component: str) -> str:
 
 
 # -- workload configs ---------------------------------------------------------------------------
-CONTAINER, VM_PASSTHROUGH, VM_VGPU = "container", "vm-passthrough", "vm-vgpu"
-WORKLOAD_CONFIGS = (CONTAINER, VM_PASSTHROUGH, VM_VGPU)
+WorkloadConfig = Literal["container", "vm-passthrough", "vm-vgpu"]
+WORKLOAD_CONFIGS: tuple[WorkloadConfig, ...] = get_args(WorkloadConfig)
+CONTAINER, VM_PASSTHROUGH, VM_VGPU = WORKLOAD_CONFIGS
 
 # -- driver upgrades (upstream's k8s-operator-libs keys with driver name "gpu") ----------------
 UPGRADE_STATE = f"{NVIDIA}/gpu-driver-upgrade-state"
@@ -71,6 +81,9 @@ MANAGED_BY_VALUE = "gpu-operator"
 MANAGED_SELECTOR = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
 STATE_LABEL = f"{NVIDIA}/gpu-operator.state"  # ours: which state of the walk rendered an object
 HASH_ANNOTATION = f"{NVIDIA}/last-applied-hash"  # ours: hash of what we applied last
+# The driver pods carry component=nvidia-driver (upstream's label; the operator watches driver pods by it).
+COMPONENT = "app.kubernetes.io/component"
+DRIVER_COMPONENT_VALUE = "nvidia-driver"
 
 # -- ClusterPolicy status ------------------------------------------------------------------------
 READY, NOT_READY, IGNORED = "ready", "notReady", "ignored"

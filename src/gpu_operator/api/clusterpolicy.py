@@ -27,14 +27,13 @@ from gpu_operator.api.common import (
     Toggle,
     unknown_field_warnings,
 )
+from gpu_operator.vocabulary import WorkloadConfig
 
 GROUP = "nvidia.com"
 VERSION = "v1"
 KIND = "ClusterPolicy"
 PLURAL = "clusterpolicies"
 
-WorkloadConfig = Literal["container", "vm-passthrough", "vm-vgpu"]
-WORKLOAD_CONFIGS: tuple[str, ...] = ("container", "vm-passthrough", "vm-vgpu")
 
 
 class Component(Toggle, ComponentFields):
@@ -406,7 +405,6 @@ class ClusterPolicy(Model):
 
 
 __all__ = [
-    "WORKLOAD_CONFIGS",
     "CCManagerSpec",
     "CDIConfigSpec",
     "ClusterPolicy",

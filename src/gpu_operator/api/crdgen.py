@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel
 
 from gpu_operator.api import clusterpolicy, nvidiadriver
+from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 
 _DROP = {"title", "additionalProperties", "default"}
 
@@ -113,7 +114,7 @@ def _crd(
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{plural}.{group}",
-            "labels": {"app.kubernetes.io/managed-by": "gpu-operator"},
+            "labels": {MANAGED_BY: MANAGED_BY_VALUE},
         },
         "spec": {
             "group": group,

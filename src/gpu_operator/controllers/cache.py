@@ -8,12 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.controllers import nodelabels
+from gpu_operator.vocabulary import (
+    COMPONENT,
+    GPU_PRESENT,
+    HASH_ANNOTATION,
+    NFD_PREFIX,
+    STATE_LABEL,
+    UPGRADE_ENABLED_ANNOTATION,
+)
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY_VALUE = "gpu-operator"
-STATE_LABEL = "nvidia.com/gpu-operator.state"
-HASH_ANNOTATION = "nvidia.com/last-applied-hash"
-UPGRADE_ANNOTATIONS = (nodelabels.UPGRADE_ENABLED_ANNOTATION,)
+UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,11 @@ class NodeView:
 
     @property
     def has_nfd(self) -> bool:
-        return any(k.startswith(nodelabels.NFD_PREFIX) for k in self.labels)
+        return any(k.startswith(NFD_PREFIX) for k in self.labels)
 
     @property
     def gpu_present(self) -> bool:
-        return self.labels.get(nodelabels.GPU_PRESENT) == "true"
+        return self.labels.get(GPU_PRESENT) == "true"
 
     def as_node(self) -> dict[str, Any]:
         """A minimal Node dict, the input the renderer's cluster facts are built from."""
@@ -121,7 +125,7 @@ class OwnedView:
         return object_key(self.api_version, self.kind, self.namespace, self.name)
 
 
-DRIVER_COMPONENT = "app.kubernetes.io/component"
+DRIVER_COMPONENT = COMPONENT
 
 
 @dataclass(frozen=True)

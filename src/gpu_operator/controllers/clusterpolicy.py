@@ -11,10 +11,10 @@ from typing import Any
 import pydantic
 from lightkube.core.exceptions import ApiError
 
+from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.cache import (
-    HASH_ANNOTATION,
     NodeView,
     OwnedView,
     PolicyView,
@@ -24,6 +24,7 @@ from gpu_operator.controllers.cache import (
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
+from gpu_operator.vocabulary import HASH_ANNOTATION
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
@@ -152,10 +153,10 @@ class ClusterPolicyReconciler:
         if active is None:
             return report
         for other in snap.policies:
-            if other is not active and other.status.get("state") != st.IGNORED:
+            if other is not active and other.status.get("state") != vocab.IGNORED:
                 log.info("ClusterPolicy %s ignored: %s is the active one (oldest)", other.name, active.name)
                 await self.kube.patch_clusterpolicy_status(
-                    other.name, {"state": st.IGNORED, "namespace": snap.namespace})
+                    other.name, {"state": vocab.IGNORED, "namespace": snap.namespace})
 
         try:
             policy = ClusterPolicy.model_validate(active.body)
@@ -221,11 +222,11 @@ class ClusterPolicyReconciler:
             log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
                      outcome.message)
             await self.kube.patch_clusterpolicy_status(policy.name, wanted)
-        if outcome.state == st.NOT_READY:
+        if outcome.state == vocab.NOT_READY:
             # Operands still rolling out, or an error that may depend on objects we do not
             # watch (a ConfigMap the policy names): look again soon. Reads only; the status is
             # written only when it changes.
             report.requeue = REQUEUE_NOT_READY
-        elif outcome.reason == st.NFD_LABELS_MISSING:
+        elif outcome.reason == vocab.NFD_LABELS_MISSING:
             report.requeue = REQUEUE_NO_NFD
         return report

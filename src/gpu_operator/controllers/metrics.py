@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gpu_operator.controllers import status as st
+from gpu_operator import vocabulary as vocab
 
 if TYPE_CHECKING:
     from gpu_operator.controllers.clusterpolicy import ReconcileReport
@@ -39,7 +39,7 @@ def record_reconcile(report: ReconcileReport) -> None:
         STATUS.set(-1)
         return
     RECONCILES.inc()
-    if report.outcome.state == st.READY:
+    if report.outcome.state == vocab.READY:
         STATUS.set(1)
         LAST_SUCCESS.set(time.time())
     else:

@@ -6,49 +6,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
-from gpu_operator.render.facts import NFD_GPU_LABELS as NFD_GPU_LABELS
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
-from gpu_operator.vocabulary import DRIVER_OWNER, UPGRADE_STATE
+from gpu_operator.vocabulary import (
+    DEPLOY_OPERANDS,
+    DRIVER_OWNER,
+    GPU_PRESENT,
+    GPU_PRODUCT,
+    KERNEL_FULL,
+    MIG_CAPABLE,
+    MIG_CONFIG,
+    NFD_GPU_LABELS,
+    NFD_PREFIX,
+    NVIDIA,
+    UPGRADE_ENABLED_ANNOTATION,
+    UPGRADE_STATE,
+    VGPU_HOST_DRIVER,
+    WORKLOAD_CONFIG,
+    WORKLOAD_CONFIGS,
+    deploy_label,
+)
 
-__all__ = ["NFD_GPU_LABELS", "has_gpu"]  # re-exported for callers of this module
+__all__ = ["has_gpu"]  # re-exported for callers of this module
 
-NVIDIA = "nvidia.com"
-NFD_PREFIX = "feature.node.kubernetes.io/"
-GPU_PRESENT = f"{NVIDIA}/gpu.present"
-WORKLOAD_CONFIG = f"{NVIDIA}/gpu.workload.config"
-DEPLOY_OPERANDS = f"{NVIDIA}/gpu.deploy.operands"
-MIG_CAPABLE = f"{NVIDIA}/mig.capable"
-MIG_CONFIG = f"{NVIDIA}/mig.config"
-GPU_PRODUCT = f"{NVIDIA}/gpu.product"
-VGPU_HOST_DRIVER = f"{NVIDIA}/vgpu.host-driver-version"
-UPGRADE_ENABLED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-enabled"
 UPGRADE_REQUIRED = "upgrade-required"
 
-WORKLOAD_CONFIGS = ("container", "vm-passthrough", "vm-vgpu")
 
-
-def deploy(component: str) -> str:
-    return f"{NVIDIA}/gpu.deploy.{component}"
-
-
-MIG_MANAGER = deploy("mig-manager")
+MIG_MANAGER = deploy_label("mig-manager")
 STATE_LABELS: dict[str, tuple[str, ...]] = {
-    "container": tuple(deploy(c) for c in (
+    "container": tuple(deploy_label(c) for c in (
         "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
         "dcgm-exporter", "node-status-exporter", "operator-validator", "client",
     )),
-    "vm-passthrough": tuple(deploy(c) for c in (
+    "vm-passthrough": tuple(deploy_label(c) for c in (
         "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager",
         "client",
     )),
-    "vm-vgpu": tuple(deploy(c) for c in (
+    "vm-vgpu": tuple(deploy_label(c) for c in (
         "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "sandbox-validator",
         "cc-manager", "client",
     )),
 }
-KATA_SANDBOX_DEVICE_PLUGIN = deploy("kata-sandbox-device-plugin")
+KATA_SANDBOX_DEVICE_PLUGIN = deploy_label("kata-sandbox-device-plugin")
 # Labels of the DRA stack (GPUCluster) are swept too: a node must not keep a stack it left.
-DRA_LABELS = tuple(deploy(c) for c in ("dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
+DRA_LABELS = tuple(deploy_label(c) for c in ("dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
 ALL_DEPLOY_LABELS = frozenset(
     {label for labels in STATE_LABELS.values() for label in labels}
     | {MIG_MANAGER, KATA_SANDBOX_DEVICE_PLUGIN, *DRA_LABELS}
@@ -123,7 +123,7 @@ class NodeChange:
 def is_relevant_label(key: str) -> bool:
     """The label keys the operator keeps in memory per node (everything else is dropped)."""
     return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
-        NFD_PREFIX + "system-os_release.") or key == NFD_PREFIX + "kernel-version.full"
+        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL
 
 
 def mig_capable(labels: dict[str, str]) -> bool:
@@ -148,7 +148,7 @@ def workload_config(labels: dict[str, str], policy: LabelPolicy) -> str:
 def _state_labels(config: str, policy: LabelPolicy) -> tuple[str, ...]:
     labels = STATE_LABELS[config]
     if config == "vm-passthrough" and policy.sandbox_mode == "kata":
-        return tuple(KATA_SANDBOX_DEVICE_PLUGIN if lbl == deploy("sandbox-device-plugin") else lbl
+        return tuple(KATA_SANDBOX_DEVICE_PLUGIN if lbl == deploy_label("sandbox-device-plugin") else lbl
                      for lbl in labels)
     return labels
 

@@ -12,6 +12,7 @@ from typing import Any
 import pydantic
 from lightkube.core.exceptions import ApiError
 
+from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import status as st
@@ -171,7 +172,7 @@ class NVIDIADriverReconciler:
             outcome = await self._one(nvd, views[name], base, facts, owners, routing, snap, report)
             report.outcome = outcome
             await self._status(views[name], snap, outcome)
-            if outcome.state != st.READY:
+            if outcome.state != vocab.READY:
                 out.requeue = REQUEUE_NOT_READY
         return out
 
@@ -193,7 +194,7 @@ class NVIDIADriverReconciler:
             return st.Outcome.failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
         conflicts = routing.conflicts_of(name)
         if conflicts:
-            return st.Outcome(st.NOT_READY, CONFLICTING_NODE_SELECTOR,
+            return st.Outcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR,
                               "; ".join(conflict_message(node, names) for node, names in conflicts.items()))
         not_ready = []
         for pool in pools_of(result):
@@ -209,18 +210,18 @@ class NVIDIADriverReconciler:
         waiting = [n.name for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present]
         if unlabelled or waiting:
             # "ready" now would only mean the DaemonSets have no node to run on yet
-            return st.Outcome(st.NOT_READY, DRIVER_NOT_READY,
+            return st.Outcome(vocab.NOT_READY, DRIVER_NOT_READY,
                               f"NVIDIADriver {name} is not ready; nodes not labelled yet: {unlabelled or waiting}")
         if not_ready:
-            return st.Outcome(st.NOT_READY, DRIVER_NOT_READY,
+            return st.Outcome(vocab.NOT_READY, DRIVER_NOT_READY,
                               f"NVIDIADriver {name} is not ready; driver DaemonSets not ready: {not_ready}")
         if not owned_nodes:
             selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items()))
             what = f"nodeSelector ({selector})" if selector else "this default NVIDIADriver"
-            return st.Outcome(st.READY, st.NO_GPU_NODES,
+            return st.Outcome(vocab.READY, vocab.NO_GPU_NODES,
                               f"NVIDIADriver {name}: {what} matches no GPU node (that no other NVIDIADriver "
                               "selects); no driver DaemonSet is deployed")
-        return st.Outcome(st.READY, st.RECONCILED,
+        return st.Outcome(vocab.READY, vocab.RECONCILED,
                           f"NVIDIADriver {name} is ready: {len(owned_nodes)} node(s) in "
                           f"{len(pools_of(result))} pool(s)")
 
@@ -241,13 +242,13 @@ class NVIDIADriverReconciler:
 
     async def _disabled(self, view: PolicyView, snap: DriverSnapshot, active: PolicyView | None) -> None:
         if active is None:
-            outcome = st.Outcome(st.NOT_READY, PREREQUISITE_NOT_MET,
+            outcome = st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
                                  "no ClusterPolicy: create one with spec.driver.useNvidiaDriverCRD=true")
             await self._status(view, snap, outcome)
             return
         message = (f"ClusterPolicy {active.name} has spec.driver.useNvidiaDriverCRD=false: set it to true to let "
                    "NVIDIADrivers manage the driver")
-        wanted = st.status_body(st.Outcome(st.NOT_READY, PREREQUISITE_NOT_MET, message), snap.namespace,
+        wanted = st.status_body(st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET, message), snap.namespace,
                                 view.status, view.generation)
         wanted["state"] = DISABLED
         await self._write(view, wanted)

@@ -15,8 +15,6 @@ import kopf
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import (
     DRIVER_COMPONENT,
-    MANAGED_BY,
-    MANAGED_BY_VALUE,
     DriverPodView,
     NodeView,
     OwnedView,
@@ -30,6 +28,7 @@ from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverRe
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
+from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR
 
 log = logging.getLogger("gpu_operator.operator")
 
@@ -121,7 +120,7 @@ class Operator:
             # and RBAC objects never reach this process.
             for group, version, plural in OWNED_KINDS:
                 resource = (group, version, plural) if group else (version, plural)
-                settings.watching.label_selectors[resource] = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+                settings.watching.label_selectors[resource] = MANAGED_SELECTOR
             settings.watching.label_selectors[("v1", "pods")] = f"{DRIVER_COMPONENT}=nvidia-driver"
             settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
             settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpu-operator")

@@ -6,14 +6,15 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-# Condition reasons (upstream's names: dashboards and alerts match on them).
-RECONCILED = "Reconciled"
-RECONCILE_FAILED = "ReconcileFailed"
-NFD_LABELS_MISSING = "NFDLabelsMissing"
-NO_GPU_NODES = "NoGPUNodes"
-OPERAND_NOT_READY = "OperandNotReady"
-
-READY, NOT_READY, IGNORED = "ready", "notReady", "ignored"
+from gpu_operator.vocabulary import (
+    NFD_LABELS_MISSING,
+    NO_GPU_NODES,
+    NOT_READY,
+    OPERAND_NOT_READY,
+    READY,
+    RECONCILE_FAILED,
+    RECONCILED,
+)
 
 
 def daemonset_ready(ds: dict[str, Any]) -> bool:

@@ -275,11 +275,11 @@ def doctor(
     from rich.console import Console
 
     from gpu_operator.node.doctor import run
-    from gpu_operator.node.findings import WORKLOADS
     from gpu_operator.node.probe import probe as run_probe
+    from gpu_operator.vocabulary import WORKLOAD_CONFIGS
 
-    if workload_config and workload_config not in WORKLOADS:
-        raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOADS)}")
+    if workload_config and workload_config not in WORKLOAD_CONFIGS:
+        raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
     report = run_probe(_fs(host_root), extra_search_dirs=tuple(search_path or ()))
     code = run(report, workload_config, as_json, Console(file=sys.stdout, soft_wrap=as_json))
     raise typer.Exit(code)

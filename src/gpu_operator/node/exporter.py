@@ -13,6 +13,7 @@ from gpu_operator.node.driver import detect_driver
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.runner import CommandRunner
 from gpu_operator.node.validate.base import StatusDir
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 PREFIX = "gpu_operator_node"
 _READY_FILES = {
@@ -29,7 +30,7 @@ class NodeStatusCollector(Collector):
     def __init__(
         self,
         fs: HostFS,
-        output_dir: str = "/run/nvidia/validations",
+        output_dir: str = VALIDATIONS_DIR,
         *,
         driver_check: Callable[[], bool] | None = None,
         plugin_devices: Callable[[], int | None] | None = None,

@@ -8,8 +8,7 @@ from pydantic import BaseModel, Field
 
 from gpu_operator.node.driver import DriverSource
 from gpu_operator.node.probe import HostReport
-
-WORKLOADS = ("container", "vm-passthrough", "vm-vgpu")
+from gpu_operator.vocabulary import VM_PASSTHROUGH, VM_VGPU, WORKLOAD_CONFIGS
 
 
 class Severity(StrEnum):
@@ -35,8 +34,8 @@ def _finding(code: str, severity: Severity, summary: str, evidence: list[str], f
 def intended_workload(report: HostReport, declared: str | None) -> tuple[str, str]:
     """The node's GPU workload config and where that came from (declared label/option, or host signs)."""
     if declared:
-        if declared not in WORKLOADS:
-            raise ValueError(f"workload config {declared!r} is not one of {', '.join(WORKLOADS)}")
+        if declared not in WORKLOAD_CONFIGS:
+            raise ValueError(f"workload config {declared!r} is not one of {', '.join(WORKLOAD_CONFIGS)}")
         return declared, "declared"
     if report.passthrough_intent.present:
         return "vm-passthrough", "inferred from " + "; ".join(report.passthrough_intent.evidence[:3])
@@ -287,7 +286,7 @@ def diagnose(report: HostReport, declared_workload: str | None = None) -> list[F
             )
         ]
     out = [_finding("workload", Severity.INFO, f"GPU workload config: {workload}", [why])]
-    on_vm = workload in ("vm-passthrough", "vm-vgpu")
+    on_vm = workload in (VM_PASSTHROUGH, VM_VGPU)
     nouveau_gpus = [g.address for g in report.gpus if g.driver == "nouveau"]
     if report.nouveau_loaded or nouveau_gpus:
         harmless = on_vm and not nouveau_gpus

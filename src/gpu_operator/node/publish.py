@@ -8,11 +8,8 @@ from typing import Protocol
 from gpu_operator.node.findings import Finding, Severity, diagnose
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.probe import HostReport, probe
+from gpu_operator.vocabulary import DRIVER_SOURCE, DRIVER_VERSION, PROBE_STATUS, WORKLOAD_CONFIG
 
-WORKLOAD_CONFIG_LABEL = "nvidia.com/gpu.workload.config"
-DRIVER_SOURCE_LABEL = "nvidia.com/gpu.driver.source"
-DRIVER_VERSION_LABEL = "nvidia.com/gpu.driver.version"
-PROBE_STATUS_LABEL = "nvidia.com/gpu.probe.status"
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
@@ -25,9 +22,9 @@ def node_labels(report: HostReport, findings: list[Finding]) -> dict[str, str | 
         else ("warning" if any(f.severity == Severity.WARNING for f in findings) else "ok")
     )
     return {
-        DRIVER_SOURCE_LABEL: report.driver.source.value,
-        DRIVER_VERSION_LABEL: version if version and _LABEL_VALUE.match(version) else None,
-        PROBE_STATUS_LABEL: worst,
+        DRIVER_SOURCE: report.driver.source.value,
+        DRIVER_VERSION: version if version and _LABEL_VALUE.match(version) else None,
+        PROBE_STATUS: worst,
     }
 
 
@@ -66,7 +63,7 @@ def publish_once(
     Returns the finding codes (to pass back as `last_codes`) and the events of this round.
     """
     report = probe(fs, extra_search_dirs=search_dirs)
-    declared = workload or node.node_labels().get(WORKLOAD_CONFIG_LABEL) or None
+    declared = workload or node.node_labels().get(WORKLOAD_CONFIG) or None
     findings = diagnose(report, declared)
     codes = {f.code for f in findings}
     events = node_events(findings)

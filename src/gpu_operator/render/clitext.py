@@ -16,8 +16,9 @@ from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.render import RenderError, RenderResult, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.driverowners import conflict_message, route
-from gpu_operator.render.facts import GPU_PRESENT, ClusterFacts, has_nfd_gpu_labels
+from gpu_operator.render.facts import ClusterFacts, has_nfd_gpu_labels
 from gpu_operator.render.nvidiadriver import render_nvidiadriver
+from gpu_operator.vocabulary import GPU_PRESENT
 
 
 class InputError(ValueError):

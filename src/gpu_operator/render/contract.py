@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 
 from gpu_operator.render.result import Manifest, RenderResult
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 CONTRACTS = Path(__file__).parent / "states" / "contracts"
 WRAPPERS = ("sh", "/bin/sh", "bash", "/bin/bash", "-c", "-e", "-ec", "-xe", "-xc")
 SHARED = "_shared.yaml"  # deliberate deviations that hold for every state
 # Values upstream leaves for its transforms to fill in: only the variable's presence counts.
 PLACEHOLDERS = ("FILLED BY THE OPERATOR", "FILLED_BY_THE_OPERATOR", "FILLED BY OPERATOR")
-VALIDATIONS = "/run/nvidia/validations"
 
 
 @dataclass(frozen=True, order=True)
@@ -188,9 +188,9 @@ def _check_container(state: str, prefix: str, ours: dict[str, Any], fact: dict[s
         out.append(Deviation(state, f"{prefix}:runAsUser", f"runAsUser={ours['runAsUser']}; upstream {fact['runAsUser']}"))
     out += _diff(state, prefix, set(ours["probes"]), set(fact.get("probes") or []), "probe")
     status = [*(fact.get("reads") or []), *(fact.get("writes") or [])]
-    if status and not any(p in (VALIDATIONS, "/run/nvidia") for p in ours["mounts"]):
+    if status and not any(p in (VALIDATIONS_DIR, "/run/nvidia") for p in ours["mounts"]):
         out.append(Deviation(state, f"{prefix}:status-files",
-                             f"reads/writes {', '.join(status)} but does not mount {VALIDATIONS}"))
+                             f"reads/writes {', '.join(status)} but does not mount {VALIDATIONS_DIR}"))
     return out
 
 

@@ -9,14 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.render.result import RenderError
+from gpu_operator.vocabulary import GPU_PRESENT, KERNEL_FULL, NFD_GPU_LABELS, OS_ID, OS_VERSION_ID
 
-NFD = "feature.node.kubernetes.io"
-GPU_PRESENT = "nvidia.com/gpu.present"
-# NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).
-NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")
-OS_ID = f"{NFD}/system-os_release.ID"
-OS_VERSION_ID = f"{NFD}/system-os_release.VERSION_ID"
-KERNEL_FULL = f"{NFD}/kernel-version.full"
 # Distributions whose OS tag uses the major version only (rhel9, not rhel9.4).
 MAJOR_ONLY_OS = ("rhel", "rocky", "ol")
 _RUNTIME_PREFIXES = {"docker://": "docker", "containerd://": "containerd", "cri-o://": "crio"}

@@ -19,23 +19,22 @@ from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverSpec
-from gpu_operator.render.facts import (
-    KERNEL_FULL,
-    MAJOR_ONLY_OS,
-    OS_ID,
-    OS_VERSION_ID,
-    ClusterFacts,
-    NodeFacts,
-)
+from gpu_operator.render.facts import MAJOR_ONLY_OS, ClusterFacts, NodeFacts
 from gpu_operator.render.objects import Ctx
 from gpu_operator.render.operand import Operand, render_operand
 from gpu_operator.render.result import Manifest, RenderError, RenderResult, StateResult
 from gpu_operator.render.states import driver as driver_state
 from gpu_operator.render.states import vgpu_manager as vgpu_state
-from gpu_operator.vocabulary import DRIVER_OWNER, GPU_PRESENT
+from gpu_operator.vocabulary import (
+    DRIVER_OWNER,
+    GPU_PRESENT,
+    KERNEL_FULL,
+    OS_ID,
+    OS_VERSION_ID,
+    OS_VERSION_MAJOR,
+)
 
 OWNER_LABEL = DRIVER_OWNER
-OS_VERSION_MAJOR = f"{OS_VERSION_ID}.major"
 NAME_LIMIT = 63
 # k8s.io/apimachinery rand.SafeEncodeString's alphabet (no vowels, no look-alikes).
 _SAFE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"

@@ -8,11 +8,7 @@ from typing import Any
 from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec
 from gpu_operator.render.facts import ClusterFacts
 from gpu_operator.render.result import Manifest
-
-MANAGED_BY = "app.kubernetes.io/managed-by"
-STATE_LABEL = "nvidia.com/gpu-operator.state"
-OPERATOR = "gpu-operator"
-VALIDATIONS_DIR = "/run/nvidia/validations"
+from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE, STATE_LABEL
 
 
 @dataclass(frozen=True)
@@ -32,7 +28,7 @@ class Ctx:
 
 
 def ownership(state: str) -> dict[str, str]:
-    return {MANAGED_BY: OPERATOR, STATE_LABEL: state}
+    return {MANAGED_BY: MANAGED_BY_VALUE, STATE_LABEL: state}
 
 
 def obj(api_version: str, kind: str, name: str, state: str, namespace: str | None, **body: Any) -> Manifest:

@@ -19,13 +19,13 @@ from gpu_operator.render.transforms.cdi import gpu_access
 from gpu_operator.render.transforms.component import apply_component, apply_image, pull_secrets
 from gpu_operator.render.transforms.daemonset import common_config, driver_install_dir, host_root
 from gpu_operator.render.transforms.image import image_path, pull_policy
+from gpu_operator.vocabulary import deploy_label
 
 Gate = Callable[[Ctx], tuple[bool, str]]
 PodBuilder = Callable[[Ctx, str], dict[str, Any]]
 Transform = Callable[[dict[str, Any], Ctx], None]
 Extras = Callable[[Ctx, str], list[Manifest]]
 RBAC = "rbac.authorization.k8s.io/v1"
-DEPLOY_LABEL = "nvidia.com/gpu.deploy.{}"
 
 
 def rule(groups: list[str], resources: list[str], verbs: list[str], names: list[str] | None = None,
@@ -173,7 +173,7 @@ def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
     image = defn.image.resolve(ctx)
     pod = defn.pod(ctx, image)
     labels = {"app": defn.name, **defn.labels, **ownership(operand.state)}
-    pod["nodeSelector"] = {DEPLOY_LABEL.format(defn.deploy): "true", **defn.node_selector}
+    pod["nodeSelector"] = {deploy_label(defn.deploy): "true", **defn.node_selector}
     if operand.account:
         pod["serviceAccountName"] = operand.account
     ds = obj("apps/v1", "DaemonSet", defn.name, operand.state, ctx.ns)

@@ -14,7 +14,18 @@ from typing import Any
 
 import yaml
 
-NFD = "feature.node.kubernetes.io"
+from gpu_operator.vocabulary import (
+    GPU_COUNT,
+    GPU_PRODUCT,
+    KERNEL_FULL,
+    MIG_CAPABLE,
+    NFD,
+    NFD_GPU_LABELS,
+    OS_ID,
+    OS_VERSION_ID,
+    OS_VERSION_MAJOR,
+)
+
 # kwok manages only nodes carrying this annotation (see gpu_operator.sim.controlplane).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
@@ -49,20 +60,20 @@ class Shape:
             "kubernetes.io/arch": "amd64",
             "type": "kwok",
             SHAPE_LABEL: self.name,
-            f"{NFD}/system-os_release.ID": self.os_id,
-            f"{NFD}/system-os_release.VERSION_ID": self.os_version_id,
-            f"{NFD}/system-os_release.VERSION_ID.major": self.os_version_id.split(".")[0],
-            f"{NFD}/kernel-version.full": self.kernel,
+            OS_ID: self.os_id,
+            OS_VERSION_ID: self.os_version_id,
+            OS_VERSION_MAJOR: self.os_version_id.split(".")[0],
+            KERNEL_FULL: self.kernel,
             f"{NFD}/cpu-model.vendor_id": "Intel",
         }
         if self.gpu_count:
-            labels[f"{NFD}/pci-10de.present"] = "true"
+            labels[NFD_GPU_LABELS[0]] = "true"
             if self.gfd_labels:
-                labels["nvidia.com/gpu.count"] = str(self.gpu_count)
+                labels[GPU_COUNT] = str(self.gpu_count)
                 if self.gpu_product:
-                    labels["nvidia.com/gpu.product"] = self.gpu_product
+                    labels[GPU_PRODUCT] = self.gpu_product
                 if self.mig_capable is not None:
-                    labels["nvidia.com/mig.capable"] = str(self.mig_capable).lower()
+                    labels[MIG_CAPABLE] = str(self.mig_capable).lower()
         labels.update(self.extra_labels)
         return labels
 

@@ -7,10 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.controllers.nodelabels import GPU_PRESENT, STATE_LABELS, has_gpu
+from gpu_operator.controllers.nodelabels import STATE_LABELS, has_gpu
+from gpu_operator.vocabulary import DEPLOY_PREFIX, GPU_PRESENT, NO_GPU_NODES
 
-DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
-NO_GPU_NODES = "NoGPUNodes"  # the ClusterPolicy Ready reason when the operator saw no GPU node
 # Column order: the states' order in upstream's walk, then anything else alphabetically.
 _ORDER = [label.removeprefix(DEPLOY_PREFIX) for labels in STATE_LABELS.values() for label in labels]
 _ORDER.insert(_ORDER.index("node-status-exporter"), "mig-manager")

@@ -5,18 +5,16 @@ from __future__ import annotations
 import pytest
 
 from gpu_operator.controllers.nodelabels import (
-    MIG_CONFIG,
     MIG_MANAGER,
-    UPGRADE_ENABLED_ANNOTATION,
     LabelPolicy,
-    deploy,
     desired_change,
     mig_capable,
     workload_config,
 )
+from gpu_operator.vocabulary import MIG_CONFIG, UPGRADE_ENABLED_ANNOTATION, deploy_label
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
-CONTAINER = {deploy(c) for c in ("driver", "gpu-feature-discovery", "container-toolkit", "device-plugin",
+CONTAINER = {deploy_label(c) for c in ("driver", "gpu-feature-discovery", "container-toolkit", "device-plugin",
                                  "dcgm", "dcgm-exporter", "node-status-exporter", "operator-validator",
                                  "client")}
 SANDBOX = LabelPolicy(sandbox_enabled=True, default_workload="vm-passthrough")
@@ -40,27 +38,27 @@ def test_node_already_labelled_needs_no_change() -> None:
 @pytest.mark.parametrize("value", ["false", "pre-installed", "paused-for-driver-upgrade",
                                    "pre-installed_paused-for-driver-upgrade"])
 def test_non_empty_values_survive(value: str) -> None:
-    labels = {**GPU, deploy("driver"): value}
+    labels = {**GPU, deploy_label("driver"): value}
     change = desired_change(labels, {}, LabelPolicy())
-    assert deploy("driver") not in change.labels
+    assert deploy_label("driver") not in change.labels
 
 
 def test_empty_value_counts_as_absent() -> None:
-    change = desired_change({**GPU, deploy("driver"): ""}, {}, LabelPolicy())
-    assert change.labels[deploy("driver")] == "true"
+    change = desired_change({**GPU, deploy_label("driver"): ""}, {}, LabelPolicy())
+    assert change.labels[deploy_label("driver")] == "true"
 
 
 def test_operands_opt_out_strips_every_deploy_label() -> None:
     labels = {**GPU, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.operands": "false",
-              deploy("driver"): "true", MIG_MANAGER: "true", deploy("vfio-manager"): "true"}
+              deploy_label("driver"): "true", MIG_MANAGER: "true", deploy_label("vfio-manager"): "true"}
     change = desired_change(labels, {}, LabelPolicy())
-    assert change.labels == {deploy("driver"): None, MIG_MANAGER: None, deploy("vfio-manager"): None}
+    assert change.labels == {deploy_label("driver"): None, MIG_MANAGER: None, deploy_label("vfio-manager"): None}
 
 
 def test_gpu_gone_flips_present_and_strips_labels() -> None:
-    labels = {"nvidia.com/gpu.present": "true", deploy("driver"): "true", MIG_CONFIG: "all-disabled"}
+    labels = {"nvidia.com/gpu.present": "true", deploy_label("driver"): "true", MIG_CONFIG: "all-disabled"}
     change = desired_change(labels, {}, LabelPolicy())
-    assert change.labels == {"nvidia.com/gpu.present": "false", deploy("driver"): None}
+    assert change.labels == {"nvidia.com/gpu.present": "false", deploy_label("driver"): None}
 
 
 def test_cpu_node_is_left_alone() -> None:
@@ -82,15 +80,15 @@ def test_workload_config(labels: dict[str, str], policy: LabelPolicy, expected: 
 def test_switching_to_passthrough_swaps_stacks() -> None:
     labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER}}
     change = desired_change(labels, {}, SANDBOX)
-    assert set_to_true(change.labels) == {deploy(c) for c in (
+    assert set_to_true(change.labels) == {deploy_label(c) for c in (
         "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager")}
-    assert {k for k, v in change.labels.items() if v is None} == CONTAINER - {deploy("client")}
+    assert {k for k, v in change.labels.items() if v is None} == CONTAINER - {deploy_label("client")}
 
 
 def test_kata_mode_uses_kata_sandbox_device_plugin() -> None:
     policy = LabelPolicy(sandbox_enabled=True, default_workload="vm-passthrough", sandbox_mode="kata")
     labels = set_to_true(desired_change(dict(GPU), {}, policy).labels)
-    assert deploy("kata-sandbox-device-plugin") in labels and deploy("sandbox-device-plugin") not in labels
+    assert deploy_label("kata-sandbox-device-plugin") in labels and deploy_label("sandbox-device-plugin") not in labels
 
 
 @pytest.mark.parametrize(("labels", "capable"), [

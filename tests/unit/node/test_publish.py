@@ -5,20 +5,21 @@ from __future__ import annotations
 from gpu_operator.node.findings import diagnose
 from gpu_operator.node.kubeapi import node_event, pod_detail
 from gpu_operator.node.probe import probe
-from gpu_operator.node.publish import DRIVER_SOURCE_LABEL, node_events, node_labels
+from gpu_operator.node.publish import node_events, node_labels
+from gpu_operator.vocabulary import DRIVER_SOURCE
 
 
 def test_labels_for_a_host_driver_and_a_vfio_host(build_host) -> None:  # type: ignore[no-untyped-def]
     report = probe(build_host("ubuntu-apt-driver").fs)
     labels = node_labels(report, diagnose(report))
     assert labels == {
-        DRIVER_SOURCE_LABEL: "host",
+        DRIVER_SOURCE: "host",
         "nvidia.com/gpu.driver.version": "550.127.05",
         "nvidia.com/gpu.probe.status": "ok",
     }
     vfio = probe(build_host("h100-vfio").fs)
     labels = node_labels(vfio, diagnose(vfio, "vm-passthrough"))
-    assert labels[DRIVER_SOURCE_LABEL] == "vfio" and labels["nvidia.com/gpu.driver.version"] is None
+    assert labels[DRIVER_SOURCE] == "vfio" and labels["nvidia.com/gpu.driver.version"] is None
 
 
 def test_host_driver_on_a_passthrough_node_is_loud(build_host) -> None:  # type: ignore[no-untyped-def]

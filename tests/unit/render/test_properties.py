@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.render import ObjectRef, render
-from gpu_operator.render.objects import MANAGED_BY, STATE_LABEL
+from gpu_operator.vocabulary import MANAGED_BY, STATE_LABEL
 from tests.unit.render.renderkit import facts, policy
 
 KEYS = {"repos": ("a.list",), "certs": ("c.crt",)}

@@ -10,8 +10,8 @@ import kubernetes_validate.utils
 import pytest
 
 from gpu_operator.render import RenderError, render
-from gpu_operator.render.objects import MANAGED_BY, STATE_LABEL
 from gpu_operator.render.states import STATE_NAMES
+from gpu_operator.vocabulary import MANAGED_BY, STATE_LABEL
 from tests.unit.render.renderkit import IMAGES, daemonset, facts, policy, run
 
 UPSTREAM_ORDER = [

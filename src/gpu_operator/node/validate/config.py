@@ -66,8 +66,6 @@ DEFAULT_BUDGETS = {
     "gdrcopy": 300.0,
     "nvidia-peermem": 300.0,
 }
-WORKLOAD_CONFIGS = vocabulary.WORKLOAD_CONFIGS
-WORKLOAD_CONFIG_LABEL = vocabulary.WORKLOAD_CONFIG
 
 
 class ConfigError(ValueError):
@@ -88,7 +86,7 @@ def _path_list(value: Any) -> Any:
 
 Seconds = Annotated[float, Field(ge=0)]
 CsvList = Annotated[tuple[str, ...], BeforeValidator(_csv)]
-Workload = Literal["container", "vm-passthrough", "vm-vgpu"]
+Workload = vocabulary.WorkloadConfig
 MigStrategy = Literal["none", "single", "mixed"]
 # What each env variable accepts, for error messages that name the fix.
 _EXPECTED = {
@@ -111,11 +109,11 @@ class ValidatorConfig(BaseModel):
     with_workload: bool = Field(True, alias="WITH_WORKLOAD")
     cleanup_all: bool = Field(False, alias="CLEANUP_ALL")
     sleep_interval: Seconds = Field(5.0, alias="SLEEP_INTERVAL_SECONDS")
-    output_dir: str = Field("/run/nvidia/validations", alias="OUTPUT_DIR")
+    output_dir: str = Field(vocabulary.VALIDATIONS_DIR, alias="OUTPUT_DIR")
     mig_strategy: MigStrategy = Field("single", alias="MIG_STRATEGY")
     metrics_port: int = Field(8000, alias="METRICS_PORT", ge=1, le=65535)
     default_workload: Workload = Field("vm-passthrough", alias="DEFAULT_GPU_WORKLOAD_CONFIG")
-    workload_override: Literal["", "container", "vm-passthrough", "vm-vgpu"] = Field("", alias="GPU_WORKLOAD_CONFIG")
+    workload_override: Literal[""] | Workload = Field("", alias="GPU_WORKLOAD_CONFIG")
     host_root: str = Field("/", alias="HOST_ROOT")
     driver_install_dir: str = Field("/run/nvidia/driver", alias="DRIVER_INSTALL_DIR")
     driver_install_dir_ctr_path: str = Field("/run/nvidia/driver", alias="DRIVER_INSTALL_DIR_CTR_PATH")

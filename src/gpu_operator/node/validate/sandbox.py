@@ -9,12 +9,9 @@ from gpu_operator.node.validate.config import (
     CC_MANAGER_CTR_READY,
     HOST_VGPU_MANAGER_FILE,
     STATUS_FILES,
-    WORKLOAD_CONFIG_LABEL,
-    WORKLOAD_CONFIGS,
     WORKLOAD_TYPE_FILE,
 )
-
-CC_CAPABLE_LABEL = "nvidia.com/cc.capable"
+from gpu_operator.vocabulary import CC_CAPABLE, WORKLOAD_CONFIG, WORKLOAD_CONFIGS
 
 
 def workload_config(ctx: Context) -> tuple[str, str]:
@@ -22,9 +19,9 @@ def workload_config(ctx: Context) -> tuple[str, str]:
     if ctx.config.workload_override:
         return ctx.config.workload_override, "GPU_WORKLOAD_CONFIG"
     if ctx.kube is not None:
-        value = ctx.kube.node_labels().get(WORKLOAD_CONFIG_LABEL, "")
+        value = ctx.kube.node_labels().get(WORKLOAD_CONFIG, "")
         if value in WORKLOAD_CONFIGS:
-            return value, f"node label {WORKLOAD_CONFIG_LABEL}"
+            return value, f"node label {WORKLOAD_CONFIG}"
     return ctx.config.default_workload, "DEFAULT_GPU_WORKLOAD_CONFIG"
 
 
@@ -154,8 +151,8 @@ def validate_cc_manager(ctx: Context) -> Result:
     capable = ctx.config.cc_capable
     origin = "CC_CAPABLE"
     if capable is None:
-        capable = ctx.kube is not None and ctx.kube.node_labels().get(CC_CAPABLE_LABEL) == "true"
-        origin = f"node label {CC_CAPABLE_LABEL}"
+        capable = ctx.kube is not None and ctx.kube.node_labels().get(CC_CAPABLE) == "true"
+        origin = f"node label {CC_CAPABLE}"
     if not capable:
         return Result("cc-manager", Outcome.NOT_APPLICABLE, f"node is not CC-capable ({origin})")
     ctx.wait(

@@ -8,7 +8,6 @@ from gpu_operator.api.clusterpolicy import Component
 from gpu_operator.render.objects import (
     NODE_NAME,
     OPERATOR_NAMESPACE,
-    VALIDATIONS_DIR,
     Ctx,
     container,
     env,
@@ -18,6 +17,7 @@ from gpu_operator.render.objects import (
 )
 from gpu_operator.render.operand import Gate
 from gpu_operator.render.result import Manifest
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 VALIDATIONS = hostpath("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
 RUN_NVIDIA = hostpath("run-nvidia", "/run/nvidia", "Directory")

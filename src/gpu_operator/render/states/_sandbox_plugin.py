@@ -6,7 +6,6 @@ from typing import Any
 
 from gpu_operator.render.objects import (
     NODE_NAME,
-    VALIDATIONS_DIR,
     Ctx,
     container,
     env,
@@ -16,6 +15,7 @@ from gpu_operator.render.objects import (
 )
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import DEVICE_PLUGINS, SYS, VALIDATIONS, sandbox
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 WAIT_SCRIPT = (
     f"until [ -f {VALIDATIONS_DIR}/workload-type ]; do sleep 5; done; "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import NODE_NAME, VALIDATIONS_DIR, Ctx, container, env, mount
+from gpu_operator.render.objects import NODE_NAME, Ctx, container, env, mount
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.states._common import SYS, VALIDATIONS, sandbox
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 NAME = "nvidia-cc-manager"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.render.objects import (
-    VALIDATIONS_DIR,
     Ctx,
     configmap_volume,
     container,
@@ -26,6 +25,7 @@ from gpu_operator.render.states._common import (
     when_enabled,
 )
 from gpu_operator.render.transforms.runtime import toolkit_runtime
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 STATE = "state-container-toolkit"
 NAME = "nvidia-container-toolkit"

@@ -27,6 +27,7 @@ from gpu_operator.render.states._common import (
 )
 from gpu_operator.render.transforms.cdi import device_plugin_cdi, rdma_storage_env
 from gpu_operator.render.transforms.config_manager import plugin_config
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 STATE = "state-device-plugin"
 NAME = "nvidia-device-plugin"
@@ -74,7 +75,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         mounts=[
             mount("nvidia-device-plugin-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"),
             mount("device-plugin", "/var/lib/kubelet/device-plugins"),
-            mount("run-nvidia-validations", "/run/nvidia/validations"),
+            mount("run-nvidia-validations", VALIDATIONS_DIR),
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
             mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
             mount("cdi-root", "/var/run/cdi"),

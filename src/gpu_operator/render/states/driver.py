@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from gpu_operator.render.facts import KERNEL_FULL
 from gpu_operator.render.objects import (
     NODE_NAME,
-    VALIDATIONS_DIR,
     Ctx,
     configmap_volume,
     container,
@@ -22,12 +20,12 @@ from gpu_operator.render.states._common import VALIDATIONS, configmap
 from gpu_operator.render.states._driver_like import driver_manager_init
 from gpu_operator.render.transforms import digest
 from gpu_operator.render.transforms.driver import precompiled_name, transform_driver
+from gpu_operator.vocabulary import COMPONENT, KERNEL_FULL, VALIDATIONS_DIR
 
 STATE = "state-driver"
 NAME = "nvidia-driver"
 DAEMONSET = "nvidia-driver-daemonset"
 PROBE_CM = "nvidia-driver-startup-probe"
-COMPONENT = "app.kubernetes.io/component"
 READY = f"{VALIDATIONS_DIR}/.driver-ctr-ready"
 PROBE_SCRIPT = f"""#!/bin/sh
 # Ready when the module is loaded, helper daemons (if any) report Ready and nvidia-smi works.

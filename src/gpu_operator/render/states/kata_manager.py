@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from gpu_operator.render.objects import Ctx
 from gpu_operator.render.operand import Operand, Ref, rule
+from gpu_operator.vocabulary import KATA_RUNTIME_CLASS
 
 NAME = "nvidia-kata-manager"
-# RuntimeClasses the old kata manager created carry this label; the operator deletes them by label.
-RUNTIME_CLASS_LABEL = "nvidia.com/kata-runtime-class"
+# RuntimeClasses the old kata manager created carry KATA_RUNTIME_CLASS; the operator deletes them by label.
 
 
 def _gate(ctx: Ctx) -> tuple[bool, str]:
     return False, (f"deprecated: always disabled (spec.kataManager is ignored); its objects and every "
-                   f"RuntimeClass labelled {RUNTIME_CLASS_LABEL}=true are removed")
+                   f"RuntimeClass labelled {KATA_RUNTIME_CLASS}=true are removed")
 
 
 OPERAND = Operand(

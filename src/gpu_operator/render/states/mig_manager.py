@@ -11,7 +11,6 @@ import yaml
 from gpu_operator.render.objects import (
     NODE_NAME,
     POD_NAME,
-    VALIDATIONS_DIR,
     Ctx,
     configmap_volume,
     container,
@@ -31,6 +30,7 @@ from gpu_operator.render.states._common import (
     when_enabled,
 )
 from gpu_operator.render.transforms.cdi import device_plugin_cdi
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 NAME = "nvidia-mig-manager"
 MIG_CONFIG = "default-mig-parted-config"

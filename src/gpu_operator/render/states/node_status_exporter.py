@@ -7,7 +7,6 @@ from typing import Any
 from gpu_operator.render.objects import (
     NODE_NAME,
     OPERATOR_NAMESPACE,
-    VALIDATIONS_DIR,
     Ctx,
     container,
     env,
@@ -16,6 +15,7 @@ from gpu_operator.render.objects import (
 from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import HOST_ROOT, VALIDATIONS, service, service_monitor, when_enabled
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 NAME = "nvidia-node-status-exporter"
 PORT = 8000

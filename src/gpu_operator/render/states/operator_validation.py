@@ -6,7 +6,6 @@ from typing import Any
 
 from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE
 from gpu_operator.render.objects import (
-    VALIDATIONS_DIR,
     Ctx,
     container,
     env,
@@ -26,6 +25,7 @@ from gpu_operator.render.states._common import (
 )
 from gpu_operator.render.transforms.component import env_upsert
 from gpu_operator.render.transforms.runtime import runtime_class_name
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 STATE = "state-operator-validation"
 NAME = "nvidia-operator-validator"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.render.objects import VALIDATIONS_DIR, Ctx, container, env, find, mount, remove_containers
+from gpu_operator.render.objects import Ctx, container, env, find, mount, remove_containers
 from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -15,6 +15,7 @@ from gpu_operator.render.states._common import (
     validator_init,
 )
 from gpu_operator.render.transforms.component import env_upsert
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 NAME = "nvidia-sandbox-validator"
 WORKLOAD_AWARE = ("vfio-pci", "vgpu-manager", "vgpu-devices")

@@ -9,7 +9,6 @@ import yaml
 from gpu_operator.render.objects import (
     NAMESPACE,
     NODE_NAME,
-    VALIDATIONS_DIR,
     Ctx,
     configmap_volume,
     container,
@@ -26,6 +25,7 @@ from gpu_operator.render.states._common import (
     configmap,
     sandbox,
 )
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 NAME = "nvidia-vgpu-device-manager"
 DEFAULT_CONFIG = "default-vgpu-devices-config"

@@ -15,10 +15,10 @@ from gpu_operator.render.objects import (
     upsert_env,
 )
 from gpu_operator.render.transforms.mig import mig_strategy_env
+from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG
 
 INIT = "config-manager-init"
 SIDECAR = "config-manager"
-NODE_LABEL = "nvidia.com/device-plugin.config"
 
 
 def config_manager(pod: dict[str, Any], spec: ClusterPolicySpec, image: str) -> None:
@@ -42,7 +42,7 @@ def config_manager(pod: dict[str, Any], spec: ClusterPolicySpec, image: str) -> 
         upsert_env(ctr, "FALLBACK_STRATEGIES", "empty")
         upsert_env(ctr, "CONFIG_FILE_SRCDIR", "/available-configs")
         upsert_env(ctr, "CONFIG_FILE_DST", "/config/config.yaml")
-        upsert_env(ctr, "NODE_LABEL", NODE_LABEL)
+        upsert_env(ctr, "NODE_LABEL", DEVICE_PLUGIN_CONFIG)
         add_mount(ctr, mount(config.name, "/available-configs"))
         add_mount(ctr, mount("config", "/config"))
     if not pod.get("hostPID"):
