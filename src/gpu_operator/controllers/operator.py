@@ -266,11 +266,16 @@ class Operator:
         await self.loops.indexed.wait()
         requeue: float | None = None
         failures = 0
+        pause = self.settings.coalesce
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.loops.driver_kick.wait(), timeout=requeue)
-            await asyncio.sleep(self.settings.coalesce)
+            await asyncio.sleep(pause)
             self.loops.driver_kick.clear()
+            if not self.driver_views():
+                requeue = None  # no NVIDIADriver: nothing to snapshot (node bursts cost nothing here)
+                continue
+            started = time.monotonic()
             try:
                 report = await self.drivers.reconcile(self.driver_snapshot())
             except Exception:  # keep serving: the next kick or the backoff retries
@@ -281,6 +286,7 @@ class Operator:
                 continue
             failures = 0
             requeue = report.requeue
+            pause = max(self.settings.coalesce, 2 * (time.monotonic() - started))  # as the ClusterPolicy loop
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
