@@ -27,6 +27,7 @@ from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.upgrade import UpgradeController, clusterpolicy_owner
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR
 
@@ -62,6 +63,7 @@ class Loops:
     policy_kick: asyncio.Event = field(default_factory=asyncio.Event)
     label_kick: asyncio.Event = field(default_factory=asyncio.Event)
     driver_kick: asyncio.Event = field(default_factory=asyncio.Event)
+    upgrade_kick: asyncio.Event = field(default_factory=asyncio.Event)
     dirty_nodes: set[str] = field(default_factory=set)
     node_fingerprints: dict[str, NodeView] = field(default_factory=dict)
 
@@ -71,6 +73,7 @@ class Loops:
         self.policy_kick.set()
         self.label_kick.set()
         self.driver_kick.set()
+        self.upgrade_kick.set()
 
 
 class Operator:
@@ -87,6 +90,7 @@ class Operator:
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
         self.drivers = NVIDIADriverReconciler(kube)
+        self.upgrades = UpgradeController(kube, namespace)
         self.label_policy: LabelPolicy | None = None
         self.label_drivers: dict[str, NodeDriver] | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -161,6 +165,7 @@ class Operator:
                 loops.dirty_nodes.add(node)
             loops.label_kick.set()
             loops.driver_kick.set()
+            loops.upgrade_kick.set()
 
         @kopf.on.event("nodes", registry=registry)
         async def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -288,6 +293,25 @@ class Operator:
             requeue = report.requeue
             pause = max(self.settings.coalesce, 2 * (time.monotonic() - started))  # as the ClusterPolicy loop
 
+    async def upgrade_loop(self) -> None:
+        """Driver upgrades (controllers/upgrade.py) for the ClusterPolicy's driver pods."""
+        await self.loops.indexed.wait()
+        requeue: float | None = None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.loops.upgrade_kick.wait(), timeout=requeue)
+            await asyncio.sleep(COALESCE_SECONDS)
+            self.loops.upgrade_kick.clear()
+            active = active_policy(self.policy_views())
+            owner = None  # with NVIDIADrivers in use, each CR owns its driver pods (not handled here)
+            if active is not None and not LabelPolicy.from_spec(active.body.get("spec") or {}).use_nvidia_driver_crd:
+                owner = clusterpolicy_owner(active.body)
+            try:
+                requeue = await self.upgrades.reconcile(owner)
+            except Exception:
+                log.exception("driver upgrade pass failed; retrying in 5s")
+                requeue = 5.0
+
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
             return None
@@ -365,7 +389,8 @@ class Operator:
             return
         self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
                       asyncio.create_task(self.driver_loop(), name="nvidiadriver"),
-                      asyncio.create_task(self.label_loop(), name="node-labelling")]
+                      asyncio.create_task(self.label_loop(), name="node-labelling"),
+                      asyncio.create_task(self.upgrade_loop(), name="driver-upgrades")]
         try:
             # Namespaced kinds are watched in the operator's namespace only (least privilege:
             # the chart grants no cluster-wide reads of ConfigMaps or Secrets); cluster-scoped

@@ -410,21 +410,30 @@ def plan(nodes: Sequence[NodeFacts], policy: Policy, now: float, paused: bool = 
     for n in managed:
         by_state[n.state] = by_state.get(n.state, 0) + 1
     in_progress = total - by_state.get(UNKNOWN, 0) - by_state.get(UPGRADE_DONE, 0) - by_state.get(UPGRADE_REQUIRED, 0)
-    slots = total if policy.max_parallel == 0 else max(0, policy.max_parallel - in_progress)
+    # maxParallelUpgrades bounds every node that starts; maxUnavailable only those that are not
+    # cordoned already (a cordoned node adds no unavailability).
+    parallel = total if policy.max_parallel == 0 else max(0, policy.max_parallel - in_progress)
     limit = policy.unavailable_limit(total)
-    unavailable = sum(1 for n in managed if n.unschedulable or not n.ready
-                      or (n.state == CORDON_REQUIRED))
-    slots = min(slots, max(0, limit - unavailable))
+    unavailable = sum(1 for n in managed if n.unschedulable or not n.ready or n.state == CORDON_REQUIRED)
+    room = max(0, limit - unavailable)
     if paused:
-        slots = 0
+        parallel = 0
     steps: list[Step] = []
+    waiting = sorted((n for n in managed if n.state == UPGRADE_REQUIRED and not n.skip),
+                     key=lambda n: (not n.unschedulable, n.name))
+    starting: set[str] = set()
+    for node in waiting:
+        if parallel <= 0:
+            break
+        if node.unschedulable:
+            starting.add(node.name)
+            parallel -= 1
+        elif room > 0:
+            starting.add(node.name)
+            parallel, room = parallel - 1, room - 1
+    slots = min(parallel, room)
     for node in sorted(managed, key=lambda n: n.name):
-        may_start = False
-        if node.state == UPGRADE_REQUIRED and not node.skip:
-            if node.unschedulable and not paused:
-                may_start = True  # already cordoned: adds no unavailability
-            elif slots > 0:
-                may_start, slots = True, slots - 1
+        may_start = node.name in starting
         step = decide(node, policy, now, may_start)
         if not step.empty:
             steps.append(step)

@@ -202,7 +202,8 @@ def started(p: us.Plan) -> list[str]:
     (5, 2, 0, 0, 2),  # maxUnavailable caps slots
     (5, "10%", 0, 0, 2),  # 10% of 20
     (5, 3, 0, 2, 3),  # two cordoned nodes count as unavailable (one slot left) and start without one
-    (5, 2, 0, 2, 2),  # no slot left, but the cordoned ones proceed
+    (5, 2, 0, 2, 2),  # no unavailability left, but the cordoned ones proceed
+    (1, "100%", 0, 2, 1),  # ... within maxParallelUpgrades all the same
 ])
 def test_slots(max_parallel: int, max_unavailable: int | str, in_flight: int, cordoned: int, want: int) -> None:
     nodes = cluster(20 - in_flight - cordoned)

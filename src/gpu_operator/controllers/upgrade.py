@@ -1,0 +1,277 @@
+"""The driver upgrade controller: gathers node facts (driver pod revision, workload pods,
+validators), asks the pure state machine (upgrade_state.plan) for steps and carries them out
+(one merge patch per node transition, Eviction API, driver pod deletion, Node events)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Gauge
+
+from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.kube.client import WRITES, Kube
+from gpu_operator.vocabulary import (
+    CONTROLLER_REVISION_HASH,
+    UPGRADE_DRAIN_SKIP_POD_LABEL,
+    UPGRADE_EVENT_REASON,
+    UPGRADE_PAUSED_ANNOTATION,
+    UPGRADE_STATE,
+)
+
+log = logging.getLogger("gpu_operator.upgrade")
+
+DRIVER_POD_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
+VALIDATOR_SELECTOR = "app=nvidia-operator-validator"
+DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
+ACTIVE_REQUEUE = 2.0  # seconds between passes while any node is between states
+IDLE_REQUEUE = 120.0  # upstream requeues every 2 minutes
+
+IN_PROGRESS = Gauge("gpu_operator_nodes_upgrades_in_progress", "Nodes on which a driver upgrade is in progress")
+DONE = Gauge("gpu_operator_nodes_upgrades_done", "Nodes on which the driver upgrade is done")
+FAILED = Gauge("gpu_operator_nodes_upgrades_failed", "Nodes on which the driver upgrade failed")
+AVAILABLE = Gauge("gpu_operator_nodes_upgrades_available", "Upgrade slots available")
+PENDING = Gauge("gpu_operator_nodes_upgrades_pending", "Nodes waiting for a driver upgrade")
+
+
+def record(counts: us.Counts) -> None:
+    IN_PROGRESS.set(counts.in_progress)
+    DONE.set(counts.done)
+    FAILED.set(counts.failed)
+    AVAILABLE.set(counts.available)
+    PENDING.set(counts.pending)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose upgradePolicy applies to which driver pods: the ClusterPolicy, or one NVIDIADriver."""
+
+    name: str
+    policy: us.Policy
+    paused: bool
+    owner_uid: str  # driver DaemonSets owned by this object are the ones considered
+
+
+def owner_of(body: Mapping[str, Any], spec_policy: Mapping[str, Any] | None, enabled: bool = True) -> Owner:
+    meta = body.get("metadata") or {}
+    policy = us.Policy.from_spec(spec_policy) if enabled else us.Policy()
+    paused = (meta.get("annotations") or {}).get(UPGRADE_PAUSED_ANNOTATION) == "true"
+    return Owner(meta.get("name", ""), policy, paused, meta.get("uid", ""))
+
+
+def clusterpolicy_owner(body: Mapping[str, Any]) -> Owner:
+    spec = body.get("spec") or {}
+    driver = spec.get("driver") or {}
+    enabled = bool(driver.get("enabled", True)) and not (spec.get("sandboxWorkloads") or {}).get("enabled", False)
+    return owner_of(body, driver.get("upgradePolicy"), enabled)
+
+
+def _digest(spec: Mapping[str, Any]) -> str:
+    for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        for env in container.get("env") or []:
+            if env.get("name") == DIGEST_ENV:
+                return str(env.get("value", ""))
+    return ""
+
+
+def driver_pod_facts(pod: Mapping[str, Any], daemonsets: Mapping[str, Mapping[str, Any]],
+                     latest: Mapping[str, str | None]) -> us.DriverPod:
+    """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision."""
+    meta = pod.get("metadata") or {}
+    owner = next((r.get("uid", "") for r in meta.get("ownerReferences") or []
+                  if r.get("kind") == "DaemonSet" and r.get("controller")), "")
+    ds = daemonsets.get(owner)
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    ready = (pod.get("status") or {}).get("phase") == "Running" and bool(statuses) and all(
+        s.get("ready") for s in statuses)
+    restarts = max((int(s.get("restartCount", 0)) for s in statuses), default=0)
+    pod_hash = (meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH)
+    in_sync = ds is not None and pod_hash is not None and pod_hash == latest.get(owner)
+    template_digest = _digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
+    pod_digest = _digest(pod.get("spec") or {})
+    return us.DriverPod(meta.get("name", ""), meta.get("namespace", ""), in_sync=in_sync, orphaned=ds is None,
+                        ready=ready, restarts=restarts, terminating=bool(meta.get("deletionTimestamp")),
+                        restart_only=bool(template_digest) and template_digest == pod_digest)
+
+
+def pod_facts(pod: Mapping[str, Any], wait_names: set[str], drain_names: set[str] | None,
+              blocked: Mapping[tuple[str, str], str]) -> us.PodFacts:
+    meta = pod.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    controller = next((r for r in refs if r.get("controller")), None)
+    name, ns = meta.get("name", ""), meta.get("namespace", "")
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return us.PodFacts(
+        name, ns, phase=(pod.get("status") or {}).get("phase", ""), gpu=us.requests_gpu(pod),
+        daemonset=bool(controller and controller.get("kind") == "DaemonSet"),
+        mirror="kubernetes.io/config.mirror" in (meta.get("annotations") or {}),
+        controlled=controller is not None, empty_dir=any("emptyDir" in v for v in volumes),
+        drain_skip=(meta.get("labels") or {}).get(UPGRADE_DRAIN_SKIP_POD_LABEL) == "true",
+        wait_match=name in wait_names, drain_match=drain_names is None or name in drain_names,
+        terminating=bool(meta.get("deletionTimestamp")), blocked_by=blocked.get((ns, name), ""))
+
+
+def node_patch(step: us.Step) -> dict[str, Any]:
+    """One merge patch for a node's transition: state label, annotations, cordon."""
+    patch: dict[str, Any] = {"metadata": {}}
+    if step.state is not None:
+        patch["metadata"]["labels"] = {UPGRADE_STATE: step.state}
+    if step.remove_state:
+        patch["metadata"]["labels"] = {UPGRADE_STATE: None}
+    if step.annotations:
+        patch["metadata"]["annotations"] = dict(step.annotations)
+    if step.cordon is not None:
+        patch["spec"] = {"unschedulable": step.cordon}
+    return patch
+
+
+POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQUIRED)
+
+
+class UpgradeController:
+    def __init__(self, kube: Kube, namespace: str, concurrency: int = 32) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.blocked: dict[tuple[str, str], str] = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
+        self.gate = asyncio.Semaphore(concurrency)
+
+    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        # Label selectors from the policy are strings (`app=job,tier!=x`): passed to the
+        # apiserver as they are, so it does the matching.
+        http = self.kube.client._client._client  # noqa: SLF001
+        items: list[dict[str, Any]] = []
+        query = dict(params or {})
+        while True:
+            response = await http.get(path, params=query)
+            response.raise_for_status()
+            body = response.json()
+            items.extend(body.get("items") or [])
+            cont = (body.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+            query["continue"] = cont
+
+    async def reconcile(self, owner: Owner | None) -> float:
+        """One pass for the ClusterPolicy's driver pods; returns seconds until the next pass."""
+        if owner is None:
+            return IDLE_REQUEUE
+        ns = self.namespace
+        nodes = await self._get("/api/v1/nodes")
+        if not owner.policy.auto_upgrade:
+            result = us.plan([us.NodeFacts(n["metadata"]["name"], labels=n["metadata"].get("labels") or {})
+                              for n in nodes], owner.policy, time.time())
+            await self._execute(result.steps, {})
+            record(result.counts)
+            return IDLE_REQUEUE
+        dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
+        daemonsets = {d["metadata"]["uid"]: d for d in dss
+                      if any(r.get("uid") == owner.owner_uid for r in d["metadata"].get("ownerReferences") or [])}
+        revisions = await self._get(f"/apis/apps/v1/namespaces/{ns}/controllerrevisions")
+        latest = {uid: us.latest_revision_hash(
+            r for r in revisions if any(o.get("uid") == uid for o in r["metadata"].get("ownerReferences") or []))
+            for uid in daemonsets}
+        driver_pods = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": DRIVER_POD_SELECTOR})
+        validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR})
+        by_node: dict[str, us.DriverPod] = {}
+        for pod in driver_pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            driver = driver_pod_facts(pod, daemonsets, latest)
+            if node and (node not in by_node or by_node[node].orphaned):
+                by_node[node] = driver
+        validators_ready: dict[str, bool] = {}
+        for pod in validators:
+            node = (pod.get("spec") or {}).get("nodeName")
+            ok = any(c.get("type") == "Ready" and c.get("status") == "True"
+                     for c in (pod.get("status") or {}).get("conditions") or [])
+            if node:
+                validators_ready[node] = validators_ready.get(node, True) and ok
+        facts_list = await asyncio.gather(*(self._node_facts(n, by_node, validators_ready, owner.policy)
+                                            for n in nodes))
+        managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
+        result = us.plan(managed, owner.policy, time.time(), paused=owner.paused)
+        await self._execute(result.steps, {f.name: f for f in managed})
+        record(result.counts)
+        busy = any(f.state not in (us.UNKNOWN, us.UPGRADE_DONE, us.UPGRADE_FAILED) for f in managed) or any(
+            s.state is not None for s in result.steps)
+        return ACTIVE_REQUEUE if busy else IDLE_REQUEUE
+
+    async def _node_facts(self, node: Mapping[str, Any], drivers: Mapping[str, us.DriverPod],
+                          validators: Mapping[str, bool], policy: us.Policy) -> us.NodeFacts:
+        meta = node.get("metadata") or {}
+        name = meta.get("name", "")
+        labels = meta.get("labels") or {}
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        pods: tuple[us.PodFacts, ...] = ()
+        if labels.get(UPGRADE_STATE) in POD_STATES:
+            pods = await self._pods_on(name, policy)
+        return us.NodeFacts(name, labels=labels, annotations=meta.get("annotations") or {},
+                            unschedulable=bool((node.get("spec") or {}).get("unschedulable")), ready=ready,
+                            driver=drivers.get(name), pods=pods, validators_ready=validators.get(name))
+
+    async def _pods_on(self, node: str, policy: us.Policy) -> tuple[us.PodFacts, ...]:
+        field = {"fieldSelector": f"spec.nodeName={node}"}
+        async with self.gate:
+            pods = await self._get("/api/v1/pods", field)
+            wait: set[str] = set()
+            if policy.wait_selector:
+                wait = {p["metadata"]["name"] for p in
+                        await self._get("/api/v1/pods", {**field, "labelSelector": policy.wait_selector})}
+            drain: set[str] | None = None
+            if policy.drain_selector:
+                drain = {p["metadata"]["name"] for p in
+                         await self._get("/api/v1/pods", {**field, "labelSelector": policy.drain_selector})}
+        return tuple(pod_facts(p, wait, drain, self.blocked) for p in pods)
+
+    async def _execute(self, steps: Sequence[us.Step], facts: Mapping[str, us.NodeFacts]) -> None:
+        await asyncio.gather(*(self._apply(step, facts.get(step.node)) for step in steps))
+
+    async def _apply(self, step: us.Step, node: us.NodeFacts | None) -> None:
+        async with self.gate:
+            try:
+                patch = node_patch(step)
+                if patch != {"metadata": {}}:
+                    await self.kube.merge_patch("v1", "Node", step.node, patch)
+                for pod in step.evict:
+                    await self._evict(pod)
+                if step.delete_driver_pod and node is not None and node.driver is not None:
+                    await self._delete_pod(node.driver.namespace, node.driver.name)
+                if step.state is not None or step.remove_state or step.delete_driver_pod or (
+                        step.message and step.warning):
+                    log.info("node %s: %s", step.node, step.message)
+                    await self.kube.node_event(step.node, UPGRADE_EVENT_REASON, step.message, warning=step.warning)
+            except Exception as err:  # one node's failure must not stop the others; next pass retries
+                log.warning("node %s: upgrade step failed: %s", step.node, err)
+
+    async def _evict(self, pod: us.PodFacts) -> None:
+        http = self.kube.client._client._client  # noqa: SLF001
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{urllib.parse.quote(pod.name)}/eviction"
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod.name, "namespace": pod.namespace}}
+        WRITES.labels("create", "Eviction").inc()
+        response = await http.post(path, json=body)
+        if response.status_code == 429:
+            self.blocked[(pod.namespace, pod.name)] = f"{pod.namespace}/{pdb_name(response.json())}"
+        elif response.status_code not in (200, 201, 404):
+            response.raise_for_status()
+        else:
+            self.blocked.pop((pod.namespace, pod.name), None)
+
+    async def _delete_pod(self, namespace: str, name: str) -> None:
+        from gpu_operator.kube.client import ObjectKey
+        await self.kube.delete(ObjectKey("v1", "Pod", name, namespace))
+
+
+def pdb_name(status: Mapping[str, Any]) -> str:
+    """The PodDisruptionBudget named in a refused eviction's Status (cause DisruptionBudget:
+    'The disruption budget NAME needs ...'); '?' when the apiserver did not say."""
+    for cause in ((status.get("details") or {}).get("causes") or []):
+        message = cause.get("message", "")
+        if cause.get("reason") == "DisruptionBudget" and message.startswith("The disruption budget "):
+            return str(message).removeprefix("The disruption budget ").split(" ", 1)[0]
+    return "?"

@@ -1,0 +1,173 @@
+"""Driver upgrades on the real control plane: the DaemonSet controller's OnDelete flow replaces
+driver pods on kwok nodes, the Eviction API enforces PodDisruptionBudgets, and the operator's
+upgrade controller walks every node through the states."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
+from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.sim import workloads
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.vocabulary import (
+    UPGRADE_FAILURE_REASON_ANNOTATION,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
+)
+from tests.integration.operator_fixtures import wait_for
+from tests.integration.test_operator_scenarios import reconciled
+
+Start = Callable[..., OperatorProcess]
+Nodes = Callable[..., list[str]]
+Policies = Callable[..., str]
+
+POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 5, "maxUnavailable": "100%",
+          "gpuPodDeletion": {"timeoutSeconds": 4}, "podDeletion": {"timeoutSeconds": 4},
+          "drain": {"enable": True, "timeoutSeconds": 8}}
+
+
+class StateRecorder:
+    """Watches Nodes and records every state label change (the test's independent witness)."""
+
+    def __init__(self, kube: Client, names: list[str]) -> None:
+        self.kube, self.names = kube, set(names)
+        self.states: dict[str, str] = {}
+        self.history: dict[str, list[str]] = {n: [] for n in names}
+        self.peak = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                for _, node in self.kube.watch(Node, timeout_seconds=5):
+                    self._see(node)
+                    if self.stop.is_set():
+                        return
+            except Exception:  # the watch is restarted; the next list catches up
+                time.sleep(0.2)
+
+    def _see(self, node: Node) -> None:
+        name = str(node.metadata.name)
+        if name not in self.names:
+            return
+        state = (node.metadata.labels or {}).get(UPGRADE_STATE, "")
+        if self.states.get(name) != state:
+            self.states[name] = state
+            self.history[name].append(state)
+        self.peak = max(self.peak, sum(1 for s in self.states.values() if s in ACTIVE))
+
+    def __enter__(self) -> StateRecorder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop.set()
+
+
+def states(kube: Client, names: list[str]) -> dict[str, str]:
+    return {n: (kube.get(Node, n).metadata.labels or {}).get(UPGRADE_STATE, "") for n in names}
+
+
+def driver_pods(kube: Client, namespace: str) -> dict[str, str]:
+    """node -> driver pod name."""
+    return {str(p.spec.nodeName): str(p.metadata.name) for p in kube.list(
+        Pod, namespace=namespace, labels={"app.kubernetes.io/component": "nvidia-driver"}) if p.spec.nodeName}
+
+
+def upgrade_driver(kube: Client, version: str) -> None:
+    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": {"version": version}}},
+               patch_type=PatchType.MERGE)
+
+
+@pytest.fixture
+def upgrade_cluster(kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+                    namespace: str) -> Iterator[Callable[..., tuple[list[str], OperatorProcess]]]:
+    def setup(count: int, policy: dict[str, Any]) -> tuple[list[str], OperatorProcess]:
+        names = fake_nodes(f"dgx-h100:{count}")
+        operator = start_operator()
+        cluster_policies({"driver": {"upgradePolicy": policy}})
+        wait_for("Reconciled", reconciled(kube), timeout=180, context=operator.log_text)
+        wait_for("every node upgrade-done (initial state)",
+                 lambda: set(states(kube, names).values()) == {UPGRADE_DONE}, timeout=60, context=operator.log_text)
+        return names, operator
+    yield setup
+
+
+def test_rolling_upgrade_bounded_parallel_pdb_skip_and_cordoned(
+        kube: Client, upgrade_cluster: Callable[..., tuple[list[str], OperatorProcess]], namespace: str,
+        operator_namespace: str) -> None:
+    names, operator = upgrade_cluster(20, POLICY)
+    blocked, skipped, cordoned = names[0], names[1], names[2]
+    workloads.create(kube, workloads.gpu_deployment("train", namespace, 20, node_selector={
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}))
+    workloads.create(kube, workloads.gpu_deployment("serve", namespace, 1, node_selector={
+        "kubernetes.io/hostname": blocked}), workloads.pdb("serve-pdb", namespace, "serve", 1))
+    wait_for("workload pods running", lambda: sum(
+        1 for p in kube.list(Pod, namespace=namespace) if p.status and p.status.phase == "Running") == 21,
+        timeout=90)
+    kube.patch(Node, skipped, {"metadata": {"labels": {UPGRADE_SKIP: "true"}}})
+    kube.patch(Node, cordoned, {"spec": {"unschedulable": True}})
+    before = driver_pods(kube, operator_namespace)
+    evicted_from = {str(p.metadata.name): str(p.spec.nodeName) for p in kube.list(Pod, namespace=namespace)}
+
+    with StateRecorder(kube, names) as recorder:
+        upgrade_driver(kube, "580.95.05")
+        others = [n for n in names if n not in (blocked, skipped)]
+        wait_for("every other node upgrade-done, the PDB-blocked one failed", lambda: (
+            all(s == UPGRADE_DONE for n, s in states(kube, names).items() if n in others)
+            and states(kube, [blocked])[blocked] == UPGRADE_FAILED), timeout=240,
+            context=lambda: f"{states(kube, names)}\n{operator.log_text()[-3000:]}")
+    assert recorder.peak <= 5, recorder.history
+    assert recorder.peak >= 2, recorder.history  # it did run in parallel
+    assert states(kube, [skipped])[skipped] == UPGRADE_REQUIRED
+    reason = (kube.get(Node, blocked).metadata.annotations or {})[UPGRADE_FAILURE_REASON_ANNOTATION]
+    assert f"PodDisruptionBudget {namespace}/serve-pdb" in reason, reason
+    for name in others:
+        node = kube.get(Node, name)
+        assert bool(node.spec.unschedulable) == (name == cordoned), name
+    after = driver_pods(kube, operator_namespace)
+    assert all(after[n] != before[n] for n in others)  # replaced with the new revision
+    assert after[skipped] == before[skipped] and after[blocked] == before[blocked]
+    # GPU workload pods on upgraded nodes were evicted and rescheduled
+    running = [p for p in kube.list(Pod, namespace=namespace) if p.metadata.labels.get("app") == "train"]
+    moved = [p for p in evicted_from if evicted_from[p] in others]
+    assert moved and not any(str(p.metadata.name) in moved for p in running)
+    wait_for("train rescheduled", lambda: sum(
+        1 for p in kube.list(Pod, namespace=namespace, labels={"app": "train"})
+        if p.status and p.status.phase == "Running") == 20, timeout=60)
+
+
+def test_sigkill_mid_upgrade_continues_without_double_upgrade_then_auto_upgrade_off(
+        kube: Client, upgrade_cluster: Callable[..., tuple[list[str], OperatorProcess]], start_operator: Start,
+        operator_namespace: str) -> None:
+    names, operator = upgrade_cluster(6, {**POLICY, "maxParallelUpgrades": 2})
+    ds_name = next(str(d.metadata.name) for d in kube.list(DaemonSet, namespace=operator_namespace)
+                   if str(d.metadata.name).startswith("nvidia-driver-daemonset"))
+    deleted: dict[str, int] = {n: 0 for n in names}
+    with StateRecorder(kube, names) as recorder:
+        upgrade_driver(kube, "580.95.05")
+        wait_for("a node in flight", lambda: any(s in ACTIVE for s in recorder.states.values()), timeout=60)
+        operator.kill()
+        start_operator()
+        wait_for("all upgrade-done", lambda: set(states(kube, names).values()) == {UPGRADE_DONE}, timeout=180,
+                 context=lambda: str(states(kube, names)))
+    for name, history in recorder.history.items():
+        assert history.count("pod-restart-required") == 1, (name, history)
+        deleted[name] = history.count("cordon-required")
+    assert all(v <= 1 for v in deleted.values()), deleted
+    assert all(not kube.get(Node, n).spec.unschedulable for n in names)
+    assert ds_name
+    kube.patch(ClusterPolicyResource, "cluster-policy",
+               {"spec": {"driver": {"upgradePolicy": {"autoUpgrade": False}}}}, patch_type=PatchType.MERGE)
+    wait_for("state labels removed", lambda: set(states(kube, names).values()) == {""}, timeout=60)
