@@ -50,7 +50,7 @@ class StateRecorder:
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                for _, node in self.kube.watch(Node, timeout_seconds=5):
+                for _, node in self.kube.watch(Node, server_timeout=5):
                     self._see(node)
                     if self.stop.is_set():
                         return
@@ -86,7 +86,8 @@ def driver_pods(kube: Client, namespace: str) -> dict[str, str]:
 
 
 def upgrade_driver(kube: Client, version: str) -> None:
-    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": {"version": version}}},
+    driver = {"repository": "nvcr.io/nvidia", "image": "driver", "version": version}
+    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": driver}},
                patch_type=PatchType.MERGE)
 
 

@@ -197,6 +197,7 @@ class Operator:
                 loops.indexed.set()
                 loops.policy_kick.set()
                 loops.driver_kick.set()
+                loops.upgrade_kick.set()  # a new driver DaemonSet revision starts upgrades
 
             kopf.index(*resource, id=f"owned_{plural}", labels=managed, registry=registry)(owned)
             kopf.on.event(*resource, id=f"owned_event_{plural}", labels=managed,
