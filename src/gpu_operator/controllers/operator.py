@@ -298,10 +298,11 @@ class Operator:
         """Driver upgrades (controllers/upgrade.py) for the ClusterPolicy's driver pods."""
         await self.loops.indexed.wait()
         requeue: float | None = None
+        failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.loops.upgrade_kick.wait(), timeout=requeue)
-            await asyncio.sleep(COALESCE_SECONDS)
+            await asyncio.sleep(self.settings.coalesce)
             self.loops.upgrade_kick.clear()
             active = active_policy(self.policy_views())
             owner = None  # with NVIDIADrivers in use, each CR owns its driver pods (not handled here)
@@ -309,9 +310,12 @@ class Operator:
                 owner = clusterpolicy_owner(active.body)
             try:
                 requeue = await self.upgrades.reconcile(owner)
-            except Exception:
-                log.exception("driver upgrade pass failed; retrying in 5s")
-                requeue = 5.0
+            except Exception:  # keep serving: the next kick or the backoff retries
+                failures += 1
+                requeue = self.settings.reconcile_backoff.delay(failures)
+                log.exception("driver upgrade pass failed (%d in a row); retrying in %.0f s", failures, requeue)
+                continue
+            failures = 0
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
