@@ -8,6 +8,7 @@ from gpu_operator.api.clusterpolicy import Component
 from gpu_operator.render.objects import (
     NODE_NAME,
     OPERATOR_NAMESPACE,
+    POD_NAME,
     Ctx,
     container,
     env,
@@ -95,7 +96,7 @@ def validator_init(component: str, *extra_env: dict[str, Any], wait: bool = True
 
     It runs as root (the validator image's user is 1000; chroot and the status files need uid 0)
     and knows its namespace (the driver check looks up the driver DaemonSets there; the workload
-    checks start their pods there). Without `wait` (WITH_WAIT=false, upstream's choice for the
+    checks start their pods there, owned like and tolerating what this pod, POD_NAME, does). Without `wait` (WITH_WAIT=false, upstream's choice for the
     toolkit, cuda and plugin checks) a failed check exits and the kubelet retries the container.
     """
     ctr = container(
@@ -103,7 +104,7 @@ def validator_init(component: str, *extra_env: dict[str, Any], wait: bool = True
         command=["sh", "-c"],
         args=["nvidia-validator"],
         env_vars=[env("WITH_WAIT", str(wait).lower()), env("COMPONENT", component), NODE_NAME,
-                  OPERATOR_NAMESPACE, *extra_env],
+                  OPERATOR_NAMESPACE, POD_NAME, *extra_env],
         mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
         privileged=True,
     )
