@@ -4,6 +4,8 @@ upgrade controller walks every node through the states."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,11 +15,13 @@ import pytest
 from lightkube import Client
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim import workloads
+from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
     UPGRADE_FAILURE_REASON_ANNOTATION,
@@ -85,6 +89,11 @@ def driver_pods(kube: Client, namespace: str) -> dict[str, str]:
         Pod, namespace=namespace, labels={"app.kubernetes.io/component": "nvidia-driver"}) if p.spec.nodeName}
 
 
+def cli(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", *args, f"--kubeconfig={plane.admin_kubeconfig}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
 def upgrade_driver(kube: Client, version: str) -> None:
     driver = {"repository": "nvcr.io/nvidia", "image": "driver", "version": version}
     kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": driver}},
@@ -107,7 +116,7 @@ def upgrade_cluster(kube: Client, fake_nodes: Nodes, start_operator: Start, clus
 
 def test_rolling_upgrade_bounded_parallel_pdb_skip_and_cordoned(
         kube: Client, upgrade_cluster: Callable[..., tuple[list[str], OperatorProcess]], namespace: str,
-        operator_namespace: str) -> None:
+        operator_namespace: str, control_plane: ControlPlane) -> None:
     names, operator = upgrade_cluster(20, POLICY)
     blocked, skipped, cordoned = names[0], names[1], names[2]
     workloads.create(kube, workloads.gpu_deployment("train", namespace, 20, node_selector={
@@ -148,16 +157,33 @@ def test_rolling_upgrade_bounded_parallel_pdb_skip_and_cordoned(
         1 for p in kube.list(Pod, namespace=namespace, labels={"app": "train"})
         if p.status and p.status.phase == "Running") == 20, timeout=60)
 
+    # the failure is shown by `upgrade status` and `status`, and `upgrade retry` unsticks the node
+    shown = cli(control_plane, "upgrade", "status")
+    assert shown.returncode == 1 and blocked in shown.stdout and "serve-pdb" in shown.stdout, shown
+    overall = cli(control_plane, "status", "--max-nodes", "30")
+    assert f"driver upgrade failed on {blocked}" in overall.stdout and "serve-pdb" in overall.stdout, overall.stdout
+    kube.delete(PodDisruptionBudget, "serve-pdb", namespace=namespace)
+    assert cli(control_plane, "upgrade", "retry", blocked).returncode == 0
+    wait_for("retried node upgrade-done and uncordoned", lambda: states(kube, [blocked])[blocked] == UPGRADE_DONE
+             and not kube.get(Node, blocked).spec.unschedulable, timeout=60,
+             context=lambda: str(states(kube, [blocked])))
+    assert cli(control_plane, "upgrade", "status").returncode == 0
 
-def test_sigkill_mid_upgrade_continues_without_double_upgrade_then_auto_upgrade_off(
+
+def test_pause_then_sigkill_mid_upgrade_continues_without_double_upgrade_then_auto_upgrade_off(
         kube: Client, upgrade_cluster: Callable[..., tuple[list[str], OperatorProcess]], start_operator: Start,
-        operator_namespace: str) -> None:
+        operator_namespace: str, control_plane: ControlPlane) -> None:
     names, operator = upgrade_cluster(6, {**POLICY, "maxParallelUpgrades": 2})
     ds_name = next(str(d.metadata.name) for d in kube.list(DaemonSet, namespace=operator_namespace)
                    if str(d.metadata.name).startswith("nvidia-driver-daemonset"))
     deleted: dict[str, int] = {n: 0 for n in names}
     with StateRecorder(kube, names) as recorder:
+        assert cli(control_plane, "upgrade", "pause").returncode == 0
         upgrade_driver(kube, "580.95.05")
+        wait_for("all upgrade-required", lambda: set(states(kube, names).values()) == {UPGRADE_REQUIRED}, timeout=60)
+        time.sleep(5)  # several passes (2 s apart while upgrades are pending): none may start
+        assert set(states(kube, names).values()) == {UPGRADE_REQUIRED}, recorder.history
+        assert cli(control_plane, "upgrade", "resume").returncode == 0
         wait_for("a node in flight", lambda: any(s in ACTIVE for s in recorder.states.values()), timeout=60)
         operator.kill()
         start_operator()

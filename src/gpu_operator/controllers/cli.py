@@ -10,6 +10,8 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
+    from gpu_operator.controllers import upgrade_cli
+    upgrade_cli.register(app)
 
     @app.command("run")
     def run(

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpu_operator.statusview.table import Cell, StatusView
+from gpu_operator.statusview.upgrades import NodeUpgrade
 
 # Short column headers: the full component names would make a 12-column table unreadable.
 SHORT = {
@@ -64,17 +65,28 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
     for component in columns:
         table.add_column(SHORT.get(component, component), no_wrap=True)
     table.add_column("validation", no_wrap=True)
+    upgrades = any(r.upgrade is not None and r.upgrade.state for r in view.rows)
+    if upgrades:
+        table.add_column("driver upgrade", no_wrap=True)
     # Not-ready nodes first: on a big cluster those are the rows worth the screen.
     rows = sorted(view.rows, key=lambda r: (r.ready, r.name))
     for row in rows[:max_nodes]:
         validation = Text(row.validation or "·", style="green" if row.validation.startswith("passed")
                           else "dim" if not row.validation else "yellow")
-        table.add_row(row.name, *(cell_text(row.cells[c]) for c in columns), validation)
+        extra = [upgrade_text(row.upgrade)] if upgrades else []
+        table.add_row(row.name, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
     if len(rows) > max_nodes:
         rest = rows[max_nodes:]
         not_ready = sum(1 for r in rest if not r.ready)
         table.add_row(Text(f"… {len(rest)} more ({not_ready} not ready)", style="dim"))
     return table
+
+
+def upgrade_text(upgrade: NodeUpgrade | None) -> Text:
+    if upgrade is None or not upgrade.state:
+        return Text("·", style="dim")
+    style = {"upgrade-done": "green", "upgrade-failed": "red", "upgrade-required": "dim"}.get(upgrade.state, "yellow")
+    return Text(upgrade.text, style=style)
 
 
 LEGEND = ("cells: the component's DaemonSet pod on the node where its deploy label "

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.controllers.nodelabels import STATE_LABELS, has_gpu
+from gpu_operator.statusview.upgrades import NodeUpgrade, node_upgrade
+from gpu_operator.statusview.upgrades import problems as upgrade_problems
 from gpu_operator.vocabulary import DEPLOY_PREFIX, GPU_PRESENT, NO_GPU_NODES
 
 # Column order: the states' order in upstream's walk, then anything else alphabetically.
@@ -35,6 +37,7 @@ class NodeRow:
     name: str
     cells: dict[str, Cell]
     validation: str = ""  # the validator pod's progress through its *-validation init containers
+    upgrade: NodeUpgrade | None = None  # driver upgrade state, reason and time in state
 
     @property
     def ready(self) -> bool:
@@ -185,7 +188,7 @@ def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
         cells = {c: _cell(node, c, by_component.get(c, []), pods_by) for c in components}
         validator = next((pods_by.get((_name(ds), _name(node))) for c in components if c.endswith("validator")
                           for ds in by_component.get(c, []) if (_name(ds), _name(node)) in pods_by), None)
-        rows.append(NodeRow(_name(node), cells, validation_state(validator)))
+        rows.append(NodeRow(_name(node), cells, validation_state(validator), node_upgrade(node)))
     view = StatusView(namespace, components, rows, _policy_summary(policies),
                       other_nodes=len(nodes) - len(gpu_nodes))
     view.problems = problems(view)
@@ -229,6 +232,7 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
                    f"({policy.name}) is active")
     if not view.rows:
         out.append("no GPU node: none carries nvidia.com/gpu.present=true or an NFD pci-10de label")
+    out.extend(upgrade_problems([r.upgrade for r in view.rows if r.upgrade is not None]))
     grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
     for row in view.rows:
         for component, cell in row.cells.items():
