@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler as one
-# multicall binary; etcd; kwok) from Go modules into a versioned cache directory, and prints
+# Builds the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet as one
+# multicall binary; etcd; kwok; the real node's pause) from Go modules into a versioned cache directory, and prints
 # that directory on the last line of stdout. Skips everything already built.
 #
 #   tools/controlplane/build.sh            # build or reuse; prints the cache dir
@@ -16,12 +16,12 @@ gover=$(go env GOVERSION | sed 's/^go//')
 case "$gover" in 1.2[6-9]*|1.[3-9]*) ;; *) fail "Go $gover is too old: kube $KUBE_VERSION and kwok $KWOK_VERSION need Go >= 1.26.";; esac
 
 # The cache key changes whenever a version or a go.sum changes.
-key=$( (cat "$here/versions.env" "$here/kube/go.sum" "$here/etcd/go.sum" "$here/kube/main.go" "$here/etcd/main.go"; echo "$gover") | sha256sum | cut -c1-12)
+key=$( (cat "$here/versions.env" "$here/kube/go.sum" "$here/etcd/go.sum" "$here/kube/main.go" "$here/kube/pause/main.go" "$here/etcd/main.go"; echo "$gover") | sha256sum | cut -c1-12)
 root=${GPU_OPERATOR_CP_CACHE:-$HOME/.cache/gpu-operator}
 out="$root/controlplane/${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}-$key"
 mkdir -p "$out/bin"
 
-if [ -x "$out/bin/kube" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ]; then
+if [ -x "$out/bin/kube" ] && [ -x "$out/bin/pause" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ]; then
   echo "controlplane: reusing $out" >&2
   echo "$out"; exit 0
 fi
@@ -59,9 +59,13 @@ fi
 
 if [ ! -x "$out/bin/kube" ]; then
   minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
-  step "building kube-apiserver/controller-manager/scheduler $KUBE_VERSION (cold: tens of minutes on 2 cores)"
+  step "building kube-apiserver/controller-manager/scheduler/kubelet $KUBE_VERSION (cold: tens of minutes on 2 cores)"
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
   (cd "$here/kube" && go build -trimpath -ldflags "$ldflags" -o "$out/bin/kube.tmp" .) && mv "$out/bin/kube.tmp" "$out/bin/kube"
+fi
+if [ ! -x "$out/bin/pause" ]; then
+  # The real node's sandbox process (static, a few hundred KB): packed into a local image.
+  (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$out/bin/pause.tmp" ./pause) && mv "$out/bin/pause.tmp" "$out/bin/pause"
 fi
 step "done in $(( $(date +%s) - t0 )) s"
 echo "$out"

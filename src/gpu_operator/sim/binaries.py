@@ -23,6 +23,11 @@ class Binaries:
         return self.root / "bin" / "kube"
 
     @property
+    def pause(self) -> Path:
+        """The real node's sandbox process (packed into a local pause image)."""
+        return self.root / "bin" / "pause"
+
+    @property
     def etcd(self) -> Path:
         return self.root / "bin" / "etcd"
 

@@ -93,6 +93,8 @@ class PrivateContainerd:
     ``snapshotter``: "overlayfs" when the kernel has overlay, else "native" (copies; slower).
     ``cri``: keep containerd's CRI plugin (for a kubelet); off by default, since plain `ctr`
     runs do not need it. ``extra_config``: TOML appended to the generated config.toml.
+    ``launcher``: an argv prefix containerd is started with (e.g. `nsenter ...` into the real
+    node's namespaces).
     """
 
     base_dir: Path
@@ -100,6 +102,7 @@ class PrivateContainerd:
     snapshotter: str = ""
     cri: bool = False
     extra_config: str = ""
+    launcher: Sequence[str] = ()
     start_timeout: float = 30.0
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
@@ -164,7 +167,7 @@ class PrivateContainerd:
         self.config_path.write_text(self.config_toml())
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                ["containerd", "--config", str(self.config_path)],
+                [*self.launcher, "containerd", "--config", str(self.config_path)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "PATH": _PATH}, start_new_session=True,
             )

@@ -164,3 +164,22 @@ def generate(directory: Path) -> Pki:
         path.write_bytes(data)
         path.chmod(0o600)
     return pki
+
+
+def issue_client_cert(pki: Pki, identity: str, user: str, groups: list[str]) -> tuple[Path, Path]:
+    """Sign a client certificate for `user` in `groups` with the existing CA (e.g. a real node's
+    kubelet: system:node:<name> in system:nodes); written as <identity>.crt/.key next to the rest."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    key = _key()
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, user)]
+    attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
+    cert = (
+        _builder(x509.Name(attrs), ca_cert.subject, key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    for path, data in ((pki.client_cert(identity), _pem_cert(cert)), (pki.client_key(identity), _pem_key(key))):
+        path.write_bytes(data)
+        path.chmod(0o600)
+    return pki.client_cert(identity), pki.client_key(identity)

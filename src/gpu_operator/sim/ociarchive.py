@@ -1,0 +1,64 @@
+"""Packs single files into a minimal OCI image archive that `ctr images import` accepts (the real
+node's pause image, built from our own Go pause binary: nothing is pulled from a registry)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+
+def _blob(tar: tarfile.TarFile, data: bytes) -> dict[str, Any]:
+    digest = hashlib.sha256(data).hexdigest()
+    info = tarfile.TarInfo(f"blobs/sha256/{digest}")
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def _layer(files: dict[str, Path]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
+        for target, source in files.items():
+            data = source.read_bytes()
+            info = tarfile.TarInfo(target.lstrip("/"))
+            info.size, info.mode = len(data), 0o755
+            layer.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_archive(out: Path, ref: str, files: dict[str, Path], entrypoint: list[str]) -> Path:
+    """An OCI archive at `out` whose one image (named `ref`) holds `files` (image path -> host
+    file, executable) and runs `entrypoint`."""
+    layer = _layer(files)
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": entrypoint},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
+    }).encode()
+    with tarfile.open(out, mode="w") as tar:
+        layer_desc = _blob(tar, layer)
+        config_desc = _blob(tar, config)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}],
+        }).encode()
+        manifest_desc = _blob(tar, manifest)
+        index = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
+                "platform": {"architecture": "amd64", "os": "linux"},
+                "annotations": {"io.containerd.image.name": ref,
+                                "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]},
+            }],
+        }).encode()
+        for name, data in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out

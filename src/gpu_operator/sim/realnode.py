@@ -1,0 +1,283 @@
+"""A real node for the simulator: the kubelet (from the control plane's multicall binary) and
+Debian's containerd + runc, registered with the simulator's apiserver, running real pods.
+
+Everything lives under ``base_dir`` (containerd root/state/socket, the kubelet's root dir, its
+certificates, pod logs, CNI state) or inside the node's namespace sandbox (see `nodens`); the
+kubelet's cgroups are created under ``/<hierarchy>/gpu-operator-sim/<node>`` and removed on stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_operator.sim import pki as pki_mod
+from gpu_operator.sim.binaries import Binaries
+from gpu_operator.sim.containerd import PrivateContainerd
+from gpu_operator.sim.kubeconfig import write_kubeconfig
+from gpu_operator.sim.nodens import NODE_IP, POD_SUBNET, SERVICE_IP, Sandbox, proxy_argv
+from gpu_operator.sim.ociarchive import write_archive
+
+PAUSE_IMAGE = "localhost/gpu-operator-sim/pause:1"
+CGROUP_PARENT = "gpu-operator-sim"
+CGROUP_FS = Path("/sys/fs/cgroup")
+CRI_NAMESPACE = "k8s.io"
+
+
+class RealNodeError(RuntimeError):
+    """The real node did not come up; the message names the component and its log's tail."""
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def cgroup_dirs(node: str) -> list[Path]:
+    """The node's cgroup root in every mounted v1 hierarchy (or the v2 mount)."""
+    if (CGROUP_FS / "cgroup.controllers").exists():
+        return [CGROUP_FS / CGROUP_PARENT / node]
+    return [h / CGROUP_PARENT / node for h in sorted(CGROUP_FS.iterdir())
+            if h.is_dir() and not h.is_symlink() and (h / "cgroup.procs").exists()]
+
+
+def make_cgroups(node: str) -> None:
+    for leaf in cgroup_dirs(node):
+        for level in (leaf.parent, leaf):
+            if level.exists():
+                continue
+            level.mkdir()
+            # A v1 cpuset child starts empty and takes no tasks until given cpus and mems.
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if (level / knob).exists():
+                    (level / knob).write_text((level.parent / knob).read_text())
+
+
+def remove_cgroups(node: str) -> list[str]:
+    """rmdir the node's cgroup trees bottom-up (they are empty once its processes are gone);
+    returns what could not be removed."""
+    left = []
+    for leaf in cgroup_dirs(node):
+        if not leaf.exists():
+            continue
+        for path in sorted((p for p in leaf.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        for level in (leaf, leaf.parent):
+            try:
+                level.rmdir()
+            except OSError:
+                if level == leaf:
+                    left.append(str(level))
+    return left
+
+
+def kubelet_config(base: Path, ca: Path, endpoint: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        # cgroup v1 hosts: 1.35+ refuses them unless told (the default is true).
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs", "cgroupsPerQOS": True,
+        "containerRuntimeEndpoint": endpoint,
+        "address": NODE_IP, "port": 10250, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
+        # The kubelet's API is only reachable inside the sandbox's network namespace.
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(ca)}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "podLogsDir": str(base / "pod-logs"),
+        "failSwapOn": False, "protectKernelDefaults": False,
+        "resolvConf": "", "clusterDomain": "cluster.local",
+        "maxPods": 40, "serializeImagePulls": False,
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "nodeStatusUpdateFrequency": "5s", "syncFrequency": "10s",
+        "fileCheckFrequency": "60s", "httpCheckFrequency": "60s",
+        "shutdownGracePeriod": "0s", "logging": {"format": "text"},
+    }
+
+
+def containerd_cri_config(base: Path) -> str:
+    cri = '[plugins."io.containerd.grpc.v1.cri"]'
+    return "\n".join([
+        cri,
+        f'  sandbox_image = "{PAUSE_IMAGE}"',
+        "  enable_selinux = false",
+        f"{cri[:-1]}.containerd]",
+        '  default_runtime_name = "runc"',
+        f'{cri[:-1]}.containerd.runtimes.runc]',
+        '  runtime_type = "io.containerd.runc.v2"',
+        f"{cri[:-1]}.cni]",
+        '  bin_dir = "/usr/lib/cni"',
+        f'  conf_dir = "{base / "cni" / "net.d"}"',
+        "",
+    ])
+
+
+def cni_conflist(base: Path) -> dict[str, Any]:
+    return {
+        "cniVersion": "1.0.0", "name": "gpu-operator-sim",
+        "plugins": [{
+            "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
+            "hairpinMode": True,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                     "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(base / "cni" / "ipam")},
+        }],
+    }
+
+
+@dataclass
+class RealNode:
+    """start() brings up the sandbox, apiserver proxy, containerd and kubelet and waits until
+    the Node is Ready; stop() removes every container and process and the node's cgroups."""
+
+    base_dir: Path
+    name: str
+    binaries: Binaries
+    pki_dir: Path
+    apiserver_port: int
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[str] = field(default_factory=list)
+    sandbox: Sandbox = field(init=False)
+    containerd: PrivateContainerd = field(init=False)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.base_dir = Path(self.base_dir).absolute()
+        self.sandbox = Sandbox(self.base_dir)
+        self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE,
+                                            cri=True, extra_config=containerd_cri_config(self.base_dir))
+
+    @property
+    def logs(self) -> Path:
+        return self.base_dir / "logs"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.base_dir / "pod-logs"
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[name] = proc
+        return proc
+
+    def pids(self) -> dict[str, int]:
+        """What runs (for the simulator's state file): the sandbox holder first."""
+        found = {"real-node-sandbox": self.sandbox.holder}
+        if self.containerd.process is not None:
+            found["real-node-containerd"] = self.containerd.process.pid
+        found.update({f"real-node-{k}": p.pid for k, p in self.processes.items()})
+        return found
+
+    def start(self, timeout: float = 180.0) -> RealNode:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout: float) -> None:
+        base = self.base_dir
+        self.sandbox.start()
+        self._spawn("nsproxy", proxy_argv(self.sandbox.netns_path, f"{SERVICE_IP}:443",
+                                          f"127.0.0.1:{self.apiserver_port}"))
+        pki = pki_mod.Pki(self.pki_dir)
+        cert, key = pki_mod.issue_client_cert(pki, f"node-{self.name}", f"system:node:{self.name}",
+                                              ["system:nodes"])
+        kubeconfig = write_kubeconfig(base / "kubelet.kubeconfig", server=f"https://{SERVICE_IP}:443",
+                                      ca=pki.ca_cert, user=f"system:node:{self.name}",
+                                      client_cert=cert, client_key=key)
+        (base / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
+        (base / "cni" / "net.d" / "10-gpu-operator-sim.conflist").write_text(
+            json.dumps(cni_conflist(base), indent=2))
+        self.containerd.launcher = self.sandbox.enter()
+        self.containerd.start()
+        archive = write_archive(base / "pause.oci.tar", PAUSE_IMAGE, {"/pause": self.binaries.pause},
+                                ["/pause"])
+        self.containerd.import_image(archive, ref=PAUSE_IMAGE)
+        make_cgroups(self.name)
+        config = base / "kubelet-config.yaml"
+        cfg = kubelet_config(base, pki.ca_cert, self.containerd.endpoint)
+        cfg["cgroupRoot"] = f"/{CGROUP_PARENT}/{self.name}"
+        config.write_text(yaml.safe_dump(cfg))
+        argv = [*self.sandbox.enter(), str(self.binaries.kube), "kubelet",
+                f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={base / 'kubelet'}",
+                f"--hostname-override={self.name}", f"--node-ip={NODE_IP}", "--v=2"]
+        if self.labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        if self.taints:
+            argv.append("--register-with-taints=" + ",".join(self.taints))
+        self._spawn("kubelet", argv)
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        import ssl
+        import urllib.request
+
+        pki = pki_mod.Pki(self.pki_dir)
+        context = ssl.create_default_context(cafile=str(pki.ca_cert))
+        context.load_cert_chain(pki.client_cert("admin"), pki.client_key("admin"))
+        url = f"https://127.0.0.1:{self.apiserver_port}/api/v1/nodes/{self.name}"
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    raise RealNodeError(f"real node {self.name}: {name} exited with code {proc.returncode}; "
+                                        f"log {self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}")
+            with contextlib.suppress(OSError, ValueError):
+                with urllib.request.urlopen(url, context=context, timeout=3) as resp:
+                    node = json.loads(resp.read())
+                conds = node.get("status", {}).get("conditions", [])
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                    return
+            if time.monotonic() > deadline:
+                log = self.logs / "kubelet.log"
+                raise RealNodeError(f"real node {self.name} not Ready after {timeout:.0f}s; kubelet log {log}:\n"
+                                    f"{_tail(log, 40)}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        kubelet = self.processes.pop("kubelet", None)
+        if kubelet is not None:
+            _terminate(kubelet)
+        with contextlib.suppress(Exception):
+            self.containerd.stop()
+        for proc in self.processes.values():
+            _terminate(proc)
+        self.processes.clear()
+        self.sandbox.stop()
+        remove_cgroups(self.name)
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def cleanup(base_dir: Path, name: str, holder: int) -> None:
+    """After `sim down` stopped the recorded processes: kill what is left in the sandbox (shims,
+    containers) and remove the node's cgroups. Safe to repeat."""
+    if holder and os.path.exists(f"/proc/{holder}"):
+        Sandbox(base_dir, holder=holder).stop(grace=2.0)
+    remove_cgroups(name)
