@@ -31,7 +31,7 @@ def _layer(files: dict[str, Path]) -> bytes:
 
 
 def write_archive(out: Path, ref: str, files: dict[str, Path], entrypoint: list[str]) -> Path:
-    """An OCI archive at `out` whose one image (named `ref`) holds `files` (image path -> host
+    """An OCI archive at `out` whose one image (tagged with `ref`'s tag) holds `files` (image path -> host
     file, executable) and runs `entrypoint`."""
     layer = _layer(files)
     config = json.dumps({
@@ -53,8 +53,8 @@ def write_archive(out: Path, ref: str, files: dict[str, Path], entrypoint: list[
             "manifests": [{
                 "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
                 "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {"io.containerd.image.name": ref,
-                                "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]},
+                # a tag only, as OCI layouts carry it: import with --base-name <repository>
+                "annotations": {"org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]},
             }],
         }).encode()
         for name, data in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):

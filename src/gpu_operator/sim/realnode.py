@@ -114,6 +114,9 @@ def containerd_cri_config(base: Path) -> str:
         cri,
         f'  sandbox_image = "{PAUSE_IMAGE}"',
         "  enable_selinux = false",
+        # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which root lacks on these machines (runc:
+        # "failed to update /proc/self/oom_score_adj: Permission denied"): clamp to our own.
+        "  restrict_oom_score_adj = true",
         f"{cri[:-1]}.containerd]",
         '  default_runtime_name = "runc"',
         f'{cri[:-1]}.containerd.runtimes.runc]',
@@ -209,7 +212,7 @@ class RealNode:
         self.containerd.start()
         archive = write_archive(base / "pause.oci.tar", PAUSE_IMAGE, {"/pause": self.binaries.pause},
                                 ["/pause"])
-        self.containerd.import_image(archive, ref=PAUSE_IMAGE)
+        self.containerd.import_image(archive, base_name=PAUSE_IMAGE.rsplit(":", 1)[0])
         make_cgroups(self.name)
         config = base / "kubelet-config.yaml"
         cfg = kubelet_config(base, pki.ca_cert, self.containerd.endpoint)
