@@ -284,3 +284,31 @@ def cleanup(base_dir: Path, name: str, holder: int) -> None:
     if holder and os.path.exists(f"/proc/{holder}"):
         Sandbox(base_dir, holder=holder).stop(grace=2.0)
     remove_cgroups(name)
+
+
+IMAGE_ENV = "GPU_OPERATOR_IMAGE_ARCHIVE"
+
+
+def image_archive(build: bool = True) -> Path:
+    """Our image as a docker-archive for the real node: $GPU_OPERATOR_IMAGE_ARCHIVE, else the
+    checkout's dist/gpu-operator-<version>.docker.tar, built by tools/image/build.sh if missing."""
+    from gpu_operator import __version__
+    from gpu_operator.sim.binaries import build_script
+
+    if os.environ.get(IMAGE_ENV):
+        return Path(os.environ[IMAGE_ENV])
+    script = build_script()
+    if script is None:
+        raise RealNodeError(f"our image is needed on the real node: set ${IMAGE_ENV} to an archive "
+                            "made by `./dev image`")
+    repo = script.parents[2]
+    archive = repo / "dist" / f"gpu-operator-{__version__}.docker.tar"
+    if not archive.exists() and build:
+        done = subprocess.run([str(repo / "tools" / "image" / "build.sh")], cwd=repo, check=False,
+                              env={**os.environ, "PYTHON": str(repo / ".venv" / "bin" / "python")})
+        if done.returncode != 0:
+            raise RealNodeError("building our image for the real node failed (tools/image/build.sh); "
+                                "see the messages above, or set $" + IMAGE_ENV)
+    if not archive.exists():
+        raise RealNodeError(f"{archive} is missing: run `./dev image` or set ${IMAGE_ENV}")
+    return archive
