@@ -1,0 +1,166 @@
+"""Driver upgrade benchmark on the simulator: N nodes (default 1,000), maxParallelUpgrades 100,
+driver version changed once; reports total time, peak parallelism (watched), API writes per node
+(audit log) and the operator's CPU. Run: .venv/bin/python bench/upgrade.py --nodes 1000"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchkit import audit_writes, create_nodes, proc_stats  # noqa: E402
+from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
+from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
+from lightkube.types import PatchType  # noqa: E402
+
+from gpu_operator import shapes  # noqa: E402
+from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE  # noqa: E402
+from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
+from gpu_operator.kube.crds import apply_crds  # noqa: E402
+from gpu_operator.sim import binaries, nodes, session  # noqa: E402
+from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
+from gpu_operator.sim.operator_process import OperatorProcess  # noqa: E402
+from gpu_operator.sim.state import Proc  # noqa: E402
+from gpu_operator.vocabulary import UPGRADE_STATE  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SHAPE = "dgx-h100"
+OPERATOR_USER = f"system:serviceaccount:{session.OPERATOR_NAMESPACE}:{session.OPERATOR_SA}"
+# Driver and validator only: the upgrade touches those; the other operands would only add pods.
+OFF = ("toolkit", "devicePlugin", "dcgmExporter", "gfd", "migManager", "nodeStatusExporter", "dcgm")
+
+
+def say(msg: str) -> None:
+    print(f"[{dt.datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+class StateWatch:
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.states: dict[str, str] = {}
+        self.peak = 0
+        self.active = 0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                async for _, node in self.client.watch(Node, server_timeout=60):
+                    state = (node.metadata.labels or {}).get(UPGRADE_STATE, "")
+                    self.states[str(node.metadata.name)] = state
+                    self.active = sum(1 for s in self.states.values() if s in ACTIVE)
+                    self.peak = max(self.peak, self.active)
+            except Exception:  # noqa: BLE001 - restart the watch
+                await asyncio.sleep(0.5)
+
+    def count(self, state: str) -> int:
+        return sum(1 for s in self.states.values() if s == state)
+
+
+async def wait_done(watch: StateWatch, n: int, timeout: float, what: str) -> bool:
+    deadline = time.monotonic() + timeout
+    last = 0.0
+    while time.monotonic() < deadline:
+        if watch.count(UPGRADE_DONE) >= n:
+            return True
+        if time.monotonic() - last > 15:
+            say(f"{what}: {watch.count(UPGRADE_DONE)}/{n} upgrade-done, {watch.active} in flight")
+            last = time.monotonic()
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def measure(n: int, args: argparse.Namespace, plane: ControlPlane) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": n, "max_parallel": args.max_parallel}
+    sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
+    client = AsyncClient(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
+    try:
+        await create_nodes(client, shapes.nodes([f"{SHAPE}:{n}"]), 32)
+        names = [f"{SHAPE}-{i}" for i in range(n)]
+        nodes.wait_ready(sync, names, timeout=60 + n / 5)
+        apply_crds(sync)
+        sync.create(Namespace(metadata={"name": session.OPERATOR_NAMESPACE}))  # type: ignore[arg-type]
+        operator = OperatorProcess(kubeconfig=session.operator_kubeconfig(plane),
+                                   namespace=session.OPERATOR_NAMESPACE,
+                                   log=plane.workdir / "logs" / "operator.log").start()
+        assert operator.process is not None
+        pid = operator.process.pid
+        session.wait_operator_ready(operator.health_port, Proc.of("operator", pid, operator.log), 120)
+        watch = StateWatch(client)
+        watcher = asyncio.create_task(watch.run())
+        spec: dict[str, Any] = {k: {"enabled": False} for k in OFF}
+        spec["driver"] = {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": args.max_parallel,
+                                            "maxUnavailable": "100%", "drain": {"enable": False}}}
+        t = time.monotonic()
+        await client.create(ClusterPolicyResource(  # type: ignore[call-overload]
+            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": "cluster-policy"}, spec=spec))
+        if not await wait_done(watch, n, args.timeout, "initial"):
+            out["error"] = "nodes never reached upgrade-done before the upgrade"
+            return out
+        out["initial_s"] = time.monotonic() - t
+        say(f"all {n} nodes upgrade-done (driver pods in sync) after {out['initial_s']:.0f}s")
+        await asyncio.sleep(5)
+
+        offset = plane.audit_log.stat().st_size
+        cpu0 = proc_stats(pid).cpu_seconds
+        watch.peak = 0
+        t0 = time.monotonic()
+        sync.patch(ClusterPolicyResource, "cluster-policy",
+                   {"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "580.95.05"}}},
+                   patch_type=PatchType.MERGE)
+        while watch.count(UPGRADE_DONE) >= n and time.monotonic() - t0 < 60:
+            await asyncio.sleep(0.2)  # until the new revision shows
+        done = await wait_done(watch, n, args.timeout, "upgrade")
+        out["upgrade_s"] = time.monotonic() - t0 if done else None
+        out["done"] = watch.count(UPGRADE_DONE)
+        out["peak_parallel"] = watch.peak
+        out["operator_cpu_s"] = proc_stats(pid).cpu_seconds - cpu0
+        writes, by_kind = audit_writes(plane.audit_log, offset, OPERATOR_USER)
+        out["writes"], out["writes_by_kind"] = writes, by_kind
+        out["writes_per_node"] = writes / n
+        out["rss_peak_mb"] = proc_stats(pid).rss_peak_mb
+        say(f"upgrade: {out['upgrade_s']} s, peak {watch.peak} in flight, {writes / n:.1f} writes/node, "
+            f"operator CPU {out['operator_cpu_s']:.1f}s")
+        watcher.cancel()
+        operator.stop(60)
+    finally:
+        await client.close()
+        sync.close()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--max-parallel", type=int, default=100)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "upgrade.json")
+    args = parser.parse_args()
+    found = binaries.locate(build=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-upgrade-{args.nodes}-"))
+    plane = ControlPlane(workdir, found, progress=lambda m: say(f"control plane: {m}"))
+    plane.start()
+    try:
+        row = asyncio.run(measure(args.nodes, args, plane))
+    finally:
+        plane.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+              "loadavg_at_end": os.getloadavg(), "run": row}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0 if row.get("upgrade_s") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
