@@ -1,0 +1,77 @@
+"""The upgrade controller's fact-gathering and patch-building helpers (pure parts of upgrade.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.controllers import upgrade
+from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_PAUSED_ANNOTATION, UPGRADE_STATE
+
+DS_UID = "ds-1"
+
+
+def ds(digest: str = "111") -> dict[str, Any]:
+    return {"metadata": {"uid": DS_UID}, "spec": {"template": {"spec": {
+        "containers": [{"name": "driver", "env": [{"name": "DRIVER_CONFIG_DIGEST", "value": digest}]}]}}}}
+
+
+def driver_pod(hash_: str = "new", digest: str = "111", owned: bool = True, **status: Any) -> dict[str, Any]:
+    refs = [{"kind": "DaemonSet", "uid": DS_UID, "controller": True}] if owned else []
+    return {"metadata": {"name": "drv", "namespace": "ops", "labels": {"controller-revision-hash": hash_},
+                         "ownerReferences": refs},
+            "spec": {"containers": [{"name": "driver", "env": [{"name": "DRIVER_CONFIG_DIGEST", "value": digest}]}]},
+            "status": {"phase": "Running", "containerStatuses": [{"ready": True, "restartCount": 0}], **status}}
+
+
+def test_driver_pod_in_sync_by_revision_hash() -> None:
+    daemonsets, latest = {DS_UID: ds()}, {DS_UID: "new"}
+    assert upgrade.driver_pod_facts(driver_pod("new"), daemonsets, latest).in_sync
+    old = upgrade.driver_pod_facts(driver_pod("old"), daemonsets, latest)
+    assert not old.in_sync and old.restart_only  # same digest: only the pod must restart
+    changed = upgrade.driver_pod_facts(driver_pod("old", digest="222"), daemonsets, latest)
+    assert not changed.restart_only
+    orphan = upgrade.driver_pod_facts(driver_pod("new", owned=False), daemonsets, latest)
+    assert orphan.orphaned and not orphan.in_sync
+
+
+def test_driver_pod_readiness_and_restarts() -> None:
+    crashing = driver_pod(containerStatuses=[{"ready": False, "restartCount": 12}])
+    facts = upgrade.driver_pod_facts(crashing, {DS_UID: ds()}, {DS_UID: "new"})
+    assert not facts.ready and facts.restarts == 12
+
+
+def test_pod_facts() -> None:
+    pod = {"metadata": {"name": "w", "namespace": "work", "labels": {UPGRADE_DRAIN_SKIP_POD_LABEL: "true"},
+                        "ownerReferences": [{"kind": "ReplicaSet", "controller": True}]},
+           "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                    "volumes": [{"name": "scratch", "emptyDir": {}}]},
+           "status": {"phase": "Running"}}
+    facts = upgrade.pod_facts(pod, {"w"}, None, {("work", "w"): "work/pdb"})
+    assert (facts.gpu, facts.controlled, facts.daemonset, facts.empty_dir, facts.drain_skip, facts.wait_match,
+            facts.drain_match, facts.blocked_by) == (True, True, False, True, True, True, True, "work/pdb")
+    assert not upgrade.pod_facts(pod, set(), {"other"}, {}).drain_match
+
+
+def test_node_patch_is_one_merge_patch() -> None:
+    step = us.Step("n", state=us.CORDON_REQUIRED, annotations={"a": "1", "b": None}, cordon=True)
+    assert upgrade.node_patch(step) == {"metadata": {"labels": {UPGRADE_STATE: us.CORDON_REQUIRED},
+                                                     "annotations": {"a": "1", "b": None}},
+                                        "spec": {"unschedulable": True}}
+    assert upgrade.node_patch(us.Step("n", remove_state=True)) == {"metadata": {"labels": {UPGRADE_STATE: None}}}
+
+
+def test_pdb_name_from_refused_eviction() -> None:
+    status = {"kind": "Status", "code": 429, "details": {"causes": [
+        {"reason": "DisruptionBudget", "message": "The disruption budget serve-pdb needs 1 healthy pods and has 1 currently"}]}}
+    assert upgrade.pdb_name(status) == "serve-pdb"
+    assert upgrade.pdb_name({"code": 429}) == "?"
+
+
+def test_clusterpolicy_owner() -> None:
+    body = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
+            "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
+    owner = upgrade.clusterpolicy_owner(body)
+    assert owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
+    sandbox = {**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}}
+    assert not upgrade.clusterpolicy_owner(sandbox).policy.auto_upgrade
