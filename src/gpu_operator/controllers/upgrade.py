@@ -143,7 +143,7 @@ class UpgradeController:
     async def _get(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
         # Label selectors from the policy are strings (`app=job,tier!=x`): passed to the
         # apiserver as they are, so it does the matching.
-        http = self.kube.client._client._client  # noqa: SLF001
+        http = self.kube.http
         items: list[dict[str, Any]] = []
         query = dict(params or {})
         while True:
@@ -249,7 +249,7 @@ class UpgradeController:
                 log.warning("node %s: upgrade step failed: %s", step.node, err)
 
     async def _evict(self, pod: us.PodFacts) -> None:
-        http = self.kube.client._client._client  # noqa: SLF001
+        http = self.kube.http
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{urllib.parse.quote(pod.name)}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod.name, "namespace": pod.namespace}}

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.core.exceptions import ApiError
@@ -62,8 +63,21 @@ class Kube:
 
     def __init__(self, kubeconfig: str | None = None, client: AsyncClient | None = None) -> None:
         self.client = client or AsyncClient(load_config(kubeconfig), field_manager=FIELD_MANAGER)
+        self._http: httpx2.AsyncClient | None = None
+
+    @property
+    def http(self) -> httpx2.AsyncClient:
+        """A plain HTTP client to the same apiserver (server, TLS, credentials from the same config)
+        for the few requests lightkube has no call for: /version, lists by a raw label-selector
+        string, evictions with their 429 body. Built through lightkube's public `client.config` and
+        `lightkube.config.client_adapter`, never its private attributes; closed by `close()`."""
+        if self._http is None:
+            self._http = client_adapter.AsyncClient(self.client.config, client_adapter.ConnectionParams())
+        return self._http
 
     async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
         await self.client.close()
 
     async def apply(self, obj: dict[str, Any]) -> None:
@@ -144,10 +158,7 @@ class Kube:
         return dict(obj.to_dict())
 
     async def server_version(self) -> str:
-        """The apiserver's gitVersion without the leading v ("1.36.3"). /version has no resource
-        type: one short-lived HTTP client from the same config (server, TLS, credentials) sends it,
-        through lightkube's public `client.config` and `config.client_adapter`."""
-        async with client_adapter.AsyncClient(self.client.config, client_adapter.ConnectionParams()) as http:
-            response = await http.get("/version")
-            response.raise_for_status()
-            return str(response.json().get("gitVersion", "")).lstrip("v")
+        """The apiserver's gitVersion without the leading v ("1.36.3"); /version has no resource type."""
+        response = await self.http.get("/version")
+        response.raise_for_status()
+        return str(response.json().get("gitVersion", "")).lstrip("v")
