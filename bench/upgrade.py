@@ -55,8 +55,10 @@ class StateWatch:
         while True:
             try:
                 async for _, node in self.client.watch(Node, server_timeout=60):
-                    state = (node.metadata.labels or {}).get(UPGRADE_STATE, "")
-                    self.states[str(node.metadata.name)] = state
+                    meta = node.metadata
+                    assert meta is not None
+                    state = (meta.labels or {}).get(UPGRADE_STATE, "")
+                    self.states[str(meta.name)] = state
                     self.active = sum(1 for s in self.states.values() if s in ACTIVE)
                     self.peak = max(self.peak, self.active)
             except Exception:  # noqa: BLE001 - restart the watch

@@ -69,7 +69,7 @@ def test_pdb_name_from_refused_eviction() -> None:
 
 
 def test_clusterpolicy_owner() -> None:
-    body = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
+    body: dict[str, Any] = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
             "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
     owner = upgrade.clusterpolicy_owner(body)
     assert owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
