@@ -22,14 +22,13 @@ from gpu_operator.controllers.cache import (
     object_key,
 )
 from gpu_operator.controllers.nodelabels import has_gpu
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
-REQUEUE_NOT_READY = 5.0
-REQUEUE_NO_NFD = 45.0
 # Operator env vars the renderer may read (*_IMAGE fallbacks and friends).
 _ENV_SUFFIXES = ("_IMAGE",)
 
@@ -142,8 +141,9 @@ async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> d
 
 
 class ClusterPolicyReconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
+        self.settings = settings or OperatorSettings()
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -226,7 +226,7 @@ class ClusterPolicyReconciler:
             # Operands still rolling out, or an error that may depend on objects we do not
             # watch (a ConfigMap the policy names): look again soon. Reads only; the status is
             # written only when it changes.
-            report.requeue = REQUEUE_NOT_READY
+            report.requeue = self.settings.requeue_not_ready
         elif outcome.reason == vocab.NFD_LABELS_MISSING:
-            report.requeue = REQUEUE_NO_NFD
+            report.requeue = self.settings.requeue_no_nfd
         return report

@@ -27,6 +27,7 @@ from gpu_operator.controllers.clusterpolicy import (
     owner_reference,
 )
 from gpu_operator.controllers.nodelabels import NodeDriver, has_gpu
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
 from gpu_operator.render.driverowners import Routing, conflict_message, route
@@ -42,7 +43,6 @@ DISABLED = "disabled"
 CONFLICTING_NODE_SELECTOR = "ConflictingNodeSelector"
 DRIVER_NOT_READY = "DriverNotReady"
 PREREQUISITE_NOT_MET = "PrerequisiteNotMet"
-REQUEUE_NOT_READY = 5.0
 
 
 @dataclass
@@ -140,8 +140,9 @@ def upgrade_groups(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView]) -
 
 
 class NVIDIADriverReconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
+        self.settings = settings or OperatorSettings()
         self.reported: set[tuple[str, tuple[str, ...]]] = set()  # conflicts already sent as events
 
     async def reconcile(self, snap: DriverSnapshot) -> DriverReport:
@@ -173,7 +174,7 @@ class NVIDIADriverReconciler:
             report.outcome = outcome
             await self._status(views[name], snap, outcome)
             if outcome.state != vocab.READY:
-                out.requeue = REQUEUE_NOT_READY
+                out.requeue = self.settings.requeue_not_ready
         return out
 
     async def _one(self, nvd: NVIDIADriver, view: PolicyView, base: ClusterPolicy | None, facts: ClusterFacts,

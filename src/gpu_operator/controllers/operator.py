@@ -84,13 +84,13 @@ class Operator:
         self.loops = Loops()
         # kopf's live indices by id, taken from the startup handler's kwargs (kopf's public way)
         self.indices: dict[str, Any] = {}
-        self.reconciler = ClusterPolicyReconciler(kube)
+        self.reconciler = ClusterPolicyReconciler(kube, self.settings)
         self.labeller = NodeLabeller(kube, concurrency=self.settings.label_concurrency)
         self.label_retries = LabelRetries(self.settings.label_backoff)
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
-        self.drivers = NVIDIADriverReconciler(kube)
-        self.upgrades = UpgradeController(kube, namespace)
+        self.drivers = NVIDIADriverReconciler(kube, self.settings)
+        self.upgrades = UpgradeController(kube, namespace, self.settings)
         self.label_policy: LabelPolicy | None = None
         self.label_drivers: dict[str, NodeDriver] | None = None
         self.tasks: list[asyncio.Task[None]] = []

@@ -32,6 +32,22 @@ class OperatorSettings:
     """Kicks (watch events) arriving within this window are served by one reconcile or labelling
     pass. A ClusterPolicy reconcile also waits at least twice as long as the previous one took."""
 
+    requeue_not_ready: float = 5.0
+    """A ClusterPolicy or NVIDIADriver whose operands are not ready is reconciled again after this
+    (besides every watch event that concerns it)."""
+
+    requeue_no_nfd: float = 45.0
+    """A ClusterPolicy on a cluster without NFD labels is reconciled again after this."""
+
+    upgrade_active_requeue: float = 2.0
+    """Between two driver-upgrade passes while any node is between upgrade states."""
+
+    upgrade_idle_requeue: float = 120.0
+    """Between two driver-upgrade passes while no upgrade is under way (upstream: 2 minutes)."""
+
+    upgrade_concurrency: int = 32
+    """Pod evictions and deletions in flight at once during driver upgrades."""
+
     reconcile_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=60.0))
     """Retries of a ClusterPolicy or NVIDIADriver reconcile that raised (API errors, network):
     1 s, 2 s, 4 s ... up to 60 s; the first success resets it. Not-ready policies requeue on their

@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import WRITES, Kube
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
@@ -29,8 +30,6 @@ log = logging.getLogger("gpu_operator.upgrade")
 DRIVER_POD_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
 VALIDATOR_SELECTOR = "app=nvidia-operator-validator"
 DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
-ACTIVE_REQUEUE = 2.0  # seconds between passes while any node is between states
-IDLE_REQUEUE = 120.0  # upstream requeues every 2 minutes
 
 IN_PROGRESS = Gauge("gpu_operator_nodes_upgrades_in_progress", "Nodes on which a driver upgrade is in progress")
 DONE = Gauge("gpu_operator_nodes_upgrades_done", "Nodes on which the driver upgrade is done")
@@ -134,9 +133,11 @@ POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQU
 
 
 class UpgradeController:
-    def __init__(self, kube: Kube, namespace: str, concurrency: int = 32) -> None:
+    def __init__(self, kube: Kube, namespace: str, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.namespace = namespace
+        self.settings = settings or OperatorSettings()
+        concurrency = self.settings.upgrade_concurrency
         self.blocked: dict[tuple[str, str], str] = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
         self.gate = asyncio.Semaphore(concurrency)
 
@@ -159,7 +160,7 @@ class UpgradeController:
     async def reconcile(self, owner: Owner | None) -> float:
         """One pass for the ClusterPolicy's driver pods; returns seconds until the next pass."""
         if owner is None:
-            return IDLE_REQUEUE
+            return self.settings.upgrade_idle_requeue
         ns = self.namespace
         nodes = await self._get("/api/v1/nodes")
         if not owner.policy.auto_upgrade:
@@ -167,7 +168,7 @@ class UpgradeController:
                               for n in nodes], owner.policy, time.time())
             await self._execute(result.steps, {})
             record(result.counts)
-            return IDLE_REQUEUE
+            return self.settings.upgrade_idle_requeue
         dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
         daemonsets = {d["metadata"]["uid"]: d for d in dss
                       if any(r.get("uid") == owner.owner_uid for r in d["metadata"].get("ownerReferences") or [])}
@@ -198,7 +199,7 @@ class UpgradeController:
         record(result.counts)
         busy = any(f.state not in (us.UNKNOWN, us.UPGRADE_DONE, us.UPGRADE_FAILED) for f in managed) or any(
             s.state is not None for s in result.steps)
-        return ACTIVE_REQUEUE if busy else IDLE_REQUEUE
+        return self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue
 
     async def _node_facts(self, node: Mapping[str, Any], drivers: Mapping[str, us.DriverPod],
                           validators: Mapping[str, bool], policy: us.Policy) -> us.NodeFacts:
