@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,17 +15,6 @@ from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0, context: Callable[[], str] = str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{context()}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="session")
@@ -79,11 +67,3 @@ def cluster_policies(kube: Client) -> Iterator[Callable[..., str]]:
         except ApiError as err:
             if err.status.code != 404:
                 raise
-
-
-def policy_status(kube: Client, name: str = "cluster-policy") -> dict[str, Any]:
-    try:
-        obj = kube.get(ClusterPolicyResource, name)
-    except ApiError:
-        return {}
-    return dict(obj.get("status") or {})

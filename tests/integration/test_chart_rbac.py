@@ -11,14 +11,12 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import helm_python
 import pytest
 import yaml
 from aiohttp import web
@@ -32,33 +30,21 @@ from lightkube.resources.core_v1 import Namespace
 from yarl import URL
 
 from gpu_operator.sim.controlplane import ControlPlane, free_port
+from tests.support.chart import CHART, find, objects, render_chart
+from tests.support.permissions import Permission, expand
+from tests.support.status import condition, driver_status, policy_status
+from tests.support.waiting import wait_for
 
-CHART = Path(__file__).resolve().parents[2] / "deployments" / "gpu-operator"
 NAMESPACE = "gpu-operator-rbac"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 # Resources the ClusterRole grants that live in namespaces (checked in namespace "default").
 NAMESPACED = {"pods", "pods/eviction", "events", "daemonsets", "nodefeatures", "endpoints"}
 
-Permission = tuple[str, str, str, str | None]
 ClusterPolicy = create_global_resource("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies")
 
 
-def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    layered = {"nfd": {"enabled": False}, **(values or {})}
-    with helm_python.Chart.load(CHART) as chart:
-        rendered = chart.render(layered, name="gpu-operator", namespace=NAMESPACE, is_install=True)
-    return [doc for name, text in sorted(rendered.items()) if not name.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc]
-
-
-def pick(objs: list[dict[str, Any]], kind: str, name: str = "gpu-operator") -> dict[str, Any]:
-    return next(o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name)
-
-
-def expand(rules: list[dict[str, Any]]) -> list[Permission]:
-    return [(group, resource, verb, name) for rule in rules for group in rule["apiGroups"]
-            for resource in rule["resources"] for verb in rule["verbs"]
-            for name in (rule.get("resourceNames") or [None])]
+def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return objects(render_chart(values, namespace=NAMESPACE))
 
 
 @dataclass
@@ -86,7 +72,7 @@ def installed(control_plane: ControlPlane, kube: Client) -> Iterator[Installed]:
     """The chart's CRDs (from crds/) and the operator's RBAC objects, applied as Helm would (admin)."""
     apply_all(kube, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
     crds = [yaml.safe_load(p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))]
-    objs = [o for o in render_chart() if o["kind"] in RBAC_KINDS and "helm.sh/hook" not in
+    objs = [o for o in chart_objects() if o["kind"] in RBAC_KINDS and "helm.sh/hook" not in
             o["metadata"].get("annotations", {})]
     apply_all(kube, crds + objs)
     kubeconfig = control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False)
@@ -103,11 +89,11 @@ def installed(control_plane: ControlPlane, kube: Client) -> Iterator[Installed]:
 
 def test_the_serviceaccount_may_do_what_the_chart_lists(installed: Installed) -> None:
     denied: list[str] = []
-    for permission in expand(pick(installed.objects, "ClusterRole")["rules"]):
+    for permission in expand(find(installed.objects, "ClusterRole")["rules"]):
         namespace = "default" if permission[1] in NAMESPACED else None
         if not installed.can(permission, namespace):
             denied.append(f"cluster-wide {permission}")
-    for permission in expand(pick(installed.objects, "Role")["rules"]):
+    for permission in expand(find(installed.objects, "Role")["rules"]):
         if not installed.can(permission, NAMESPACE):
             denied.append(f"in {NAMESPACE} {permission}")
     assert denied == []
@@ -164,17 +150,16 @@ def test_operand_roles_are_created_without_escalate(installed: Installed, kube: 
 
 
 def test_removing_a_needed_rule_is_caught(installed: Installed, kube: Client) -> None:
-    role = pick(installed.objects, "ClusterRole")
+    role = find(installed.objects, "ClusterRole")
     eviction = ("", "pods/eviction", "create", None)
     assert installed.can(eviction, "default")
     trimmed = copy.deepcopy(role)
     trimmed["rules"] = [r for r in trimmed["rules"] if r["resources"] != ["pods/eviction"]]
     try:
         kube.apply(from_dict(trimmed), force=True)
-        deadline = time.monotonic() + 10
-        while installed.can(eviction, "default") and time.monotonic() < deadline:
-            time.sleep(0.2)  # the authorizer's informer catches up
-        assert not installed.can(eviction, "default")
+        # the authorizer's informer catches up
+        wait_for("the authorizer to refuse pods/eviction", lambda: installed.can(eviction, "default"),
+                 until=lambda allowed: not allowed, timeout=10, interval=0.2)
     finally:
         kube.apply(from_dict(role), force=True)
 
@@ -308,16 +293,6 @@ def operator_run(control_plane: ControlPlane, installed: Installed, kube: Client
                     raise
 
 
-def policy_state(kube: Client) -> str | None:
-    try:
-        got = kube.get(ClusterPolicy, "cluster-policy")
-    except ApiError:
-        return None
-    status = getattr(got, "status", None) or {}
-    state = status.get("state") if isinstance(status, dict) else None
-    return str(state) if state else None
-
-
 def refusals(proxy: RecordingProxy) -> str:
     refused = sorted({f"{r.method} {r.path}" for r in proxy.forbidden()})
     return (f"the API server refused the operator {len(proxy.forbidden())} time(s): {refused}. Namespaced "
@@ -325,18 +300,36 @@ def refusals(proxy: RecordingProxy) -> str:
             "deployments/gpu-operator/templates/rbac.yaml only for what the operator truly needs")
 
 
+def running(process: subprocess.Popen[bytes], proxy: RecordingProxy) -> None:
+    assert process.poll() is None, f"the operator exited with {process.returncode}; " + refusals(proxy)
+
+
+def lease_renewals(proxy: RecordingProxy) -> int:
+    return sum(1 for r in list(proxy.responses) if r.method == "PUT" and "/leases/" in r.path)
+
+
 def test_operator_runs_the_default_policy_without_forbidden_responses(
     kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
 ) -> None:
     fake_nodes("dgx-h100:2")
-    apply_all(kube, [pick(render_chart(), "ClusterPolicy", "cluster-policy")])
+    apply_all(kube, [find(chart_objects(), "ClusterPolicy", "cluster-policy")])
     process = operator_run.start()
-    deadline = time.monotonic() + 180
-    while policy_state(kube) != "ready":
-        assert process.poll() is None, f"the operator exited with {process.returncode}; " + refusals(operator_run.proxy)
-        assert time.monotonic() < deadline, f"ClusterPolicy {policy_state(kube)}; " + refusals(operator_run.proxy)
-        time.sleep(1)
-    time.sleep(5)  # a few more reconciles, watches and lease renewals
+    proxy = operator_run.proxy
+
+    def state() -> object:
+        running(process, proxy)
+        return policy_status(kube).get("state")
+
+    def renewals() -> int:
+        running(process, proxy)
+        return lease_renewals(proxy)
+
+    wait_for("ClusterPolicy ready", state, until=lambda s: s == "ready", timeout=180, interval=1,
+             context=lambda: refusals(proxy))
+    # a few more reconciles and watches, until two more lease renewals went through the proxy
+    renewed = lease_renewals(proxy)
+    wait_for("two more lease renewals", renewals,
+             until=lambda n: n >= renewed + 2, timeout=60, context=lambda: refusals(proxy))
     responses = operator_run.proxy.responses
     assert len(responses) > 20 and {r.method for r in responses} >= {"GET", "PATCH"}
     assert operator_run.proxy.forbidden() == [], refusals(operator_run.proxy)
@@ -345,32 +338,34 @@ def test_operator_runs_the_default_policy_without_forbidden_responses(
 def test_operator_without_a_needed_rule_is_refused(
     kube: Client, installed: Installed, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
 ) -> None:
-    role = pick(installed.objects, "ClusterRole")
+    role = find(installed.objects, "ClusterRole")
     trimmed = copy.deepcopy(role)
     for rule in trimmed["rules"]:
         if rule["resources"] == ["nodes"] and "patch" in rule["verbs"]:
             rule["verbs"].remove("patch")  # node labelling needs it
     fake_nodes("dgx-h100:1")
-    apply_all(kube, [pick(render_chart(), "ClusterPolicy", "cluster-policy")])
+    apply_all(kube, [find(chart_objects(), "ClusterPolicy", "cluster-policy")])
     try:
         kube.apply(from_dict(trimmed), force=True)
         process = operator_run.start()
-        deadline = time.monotonic() + 90
-        while not [r for r in operator_run.proxy.forbidden() if r.method == "PATCH" and "/nodes/" in r.path]:
-            assert process.poll() is None, f"the operator exited with {process.returncode}; " + refusals(
-                operator_run.proxy)
-            assert time.monotonic() < deadline, "no refused PATCH of a node; " + refusals(operator_run.proxy)
-            time.sleep(1)
+        proxy = operator_run.proxy
+
+        def refused_node_patches() -> list[Response]:
+            running(process, proxy)
+            return [r for r in proxy.forbidden() if r.method == "PATCH" and "/nodes/" in r.path]
+
+        wait_for("a refused PATCH of a node", refused_node_patches, timeout=90, interval=1,
+                 context=lambda: refusals(proxy))
     finally:
         kube.apply(from_dict(role), force=True)
 
 
 def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: ControlPlane, kube: Client,
                                                                 installed: Installed, tmp_path: Path) -> None:
-    hook = [o for o in render_chart() if o["metadata"].get("annotations", {}).get("helm.sh/hook")
+    hook = [o for o in chart_objects() if o["metadata"].get("annotations", {}).get("helm.sh/hook")
             and o["kind"] in RBAC_KINDS]
     assert sorted(o["kind"] for o in hook) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
-    job = next(o for o in render_chart() if o["kind"] == "Job")
+    job = next(o for o in chart_objects() if o["kind"] == "Job")
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[0] == "gpu-operator"
     apply_all(kube, hook)
@@ -391,14 +386,10 @@ def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: C
 
 
 def nvidiadriver_reason(kube: Client, name: str) -> str | None:
-    from gpu_operator.kube.client import NVIDIADriverResource
-    try:
-        status = kube.get(NVIDIADriverResource, name).get("status") or {}
-    except ApiError:
-        return None
-    failing = [c for c in status.get("conditions", []) if c["type"] == "Error" and c["status"] == "True"]
-    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
-    return str((failing or ready or [{}])[0].get("reason")) if status else None
+    status = driver_status(kube, name)
+    failing = condition(status, "Error") if condition(status, "Error").get("status") == "True" else {}
+    ready = condition(status, "Ready") if condition(status, "Ready").get("status") == "True" else {}
+    return str((failing or ready).get("reason")) if status else None
 
 
 def test_operator_runs_nvidiadrivers_without_forbidden_responses(
@@ -408,21 +399,26 @@ def test_operator_runs_nvidiadrivers_without_forbidden_responses(
     from gpu_operator.kube.client import NVIDIADriverResource
 
     (node,) = fake_nodes("dgx-h100:1")
-    chart = render_chart({"driver": {"nvidiaDriverCRD": {"enabled": True}}})
+    chart = chart_objects({"driver": {"nvidiaDriverCRD": {"enabled": True}}})
     overlapping = [{"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": name},
                     "spec": {"version": "580.82.07", "nodeSelector": {"nvidia.com/gpu.present": "true"}}}
                    for name in ("rbac-x", "rbac-y")]
-    apply_all(kube, [pick(chart, "ClusterPolicy", "cluster-policy"), pick(chart, "NVIDIADriver", "default")])
+    apply_all(kube, [find(chart, "ClusterPolicy", "cluster-policy"), find(chart, "NVIDIADriver", "default")])
     process = operator_run.start()
     try:
         for names, reason in ((["default"], "Reconciled"), (["rbac-x", "rbac-y"], "ConflictingNodeSelector")):
             if names != ["default"]:
                 apply_all(kube, overlapping)
-            deadline = time.monotonic() + 180
-            while any(nvidiadriver_reason(kube, n) != reason for n in names):
-                assert process.poll() is None, f"the operator exited; {refusals(operator_run.proxy)}"
-                assert time.monotonic() < deadline, f"{names} not {reason}; " + refusals(operator_run.proxy)
-                time.sleep(1)
+
+            def reasons(names: list[str] = names) -> dict[str, str | None]:
+                running(process, operator_run.proxy)
+                return {n: nvidiadriver_reason(kube, n) for n in names}
+
+            def all_have(got: dict[str, str | None], reason: str = reason) -> bool:
+                return set(got.values()) == {reason}
+
+            wait_for(f"{names} {reason}", reasons, until=all_have, timeout=180, interval=1,
+                     context=lambda: refusals(operator_run.proxy))
         assert any(r.method == "POST" and r.path.endswith("/events") for r in operator_run.proxy.responses)
         assert operator_run.proxy.forbidden() == [], refusals(operator_run.proxy)
     finally:

@@ -3,7 +3,6 @@ and scheduler (DaemonSet pods created and bound), kwok (fake nodes, pods Ready).
 
 from __future__ import annotations
 
-import time
 import urllib.error
 from collections.abc import Callable
 
@@ -15,14 +14,7 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.sim.controlplane import ControlPlane
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.3)
+from tests.support.waiting import wait_for
 
 
 def test_version_is_the_built_release(control_plane: ControlPlane) -> None:
@@ -56,7 +48,7 @@ def test_crd_is_served(control_plane: ControlPlane, kube: Client) -> None:
         conditions = got.get("status", {}).get("conditions", [])
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-    wait_for("CRD Established", established)
+    wait_for("CRD Established", established, timeout=60)
     control_plane.request("POST", "/apis/smoke.example.com/v1/widgets",
                           {"apiVersion": "smoke.example.com/v1", "kind": "Widget",
                            "metadata": {"name": "w"}, "spec": {"size": 2}})
@@ -95,9 +87,9 @@ def test_daemonset_follows_fake_gpu_nodes(kube: Client, namespace: str,
         status = kube.get(DaemonSet, "smoke", namespace=namespace).status
         return (status.desiredNumberScheduled, status.numberReady) if status else (-1, -1)
 
-    wait_for("3 ready pods", lambda: counts() == (3, 3))
+    wait_for("3 ready pods", counts, until=lambda c: c == (3, 3), timeout=60)
     fake_nodes.remove(gpu_nodes[0])  # type: ignore[attr-defined]
-    wait_for("the DaemonSet to follow the node deletion", lambda: counts() == (2, 2))
+    wait_for("the DaemonSet to follow the node deletion", counts, until=lambda c: c == (2, 2), timeout=60)
 
 
 def test_serviceaccount_identity_is_subject_to_rbac(control_plane: ControlPlane) -> None:

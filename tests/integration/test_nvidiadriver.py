@@ -15,7 +15,8 @@ from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.integration.operator_fixtures import policy_status, wait_for
+from tests.support.status import condition, driver_status, policy_status
+from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
@@ -43,17 +44,6 @@ def nvidia_drivers(kube: Client) -> Iterator[Callable[..., str]]:
         except ApiError as err:
             if err.status.code != 404:
                 raise
-
-
-def driver_status(kube: Client, name: str) -> dict[str, Any]:
-    try:
-        return dict(kube.get(NVIDIADriverResource, name).get("status") or {})
-    except ApiError:
-        return {}
-
-
-def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
 
 def owned_daemonsets(kube: Client, namespace: str, owner: str) -> list[DaemonSet]:

@@ -9,7 +9,8 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.integration.operator_fixtures import policy_status, wait_for
+from tests.support.status import reconciled
+from tests.support.waiting import wait_for
 
 CONTAINER_DEPLOY_LABELS = [
     "nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.deploy.gpu-feature-discovery",
@@ -41,10 +42,7 @@ def test_default_policy_labels_nodes_and_becomes_ready(
     cpu_labels = kube.get(Node, cpu).metadata.labels
     assert not any(k.startswith("nvidia.com/gpu.deploy.") for k in cpu_labels)
 
-    status = wait_for("ClusterPolicy ready (Reconciled)",
-                      lambda: (s := policy_status(kube)) and s.get("state") == "ready" and any(
-                          c["reason"] == "Reconciled" for c in s["conditions"]) and s,
-                      timeout=120, context=operator.log_text)
+    status = reconciled(kube, context=operator.log_text)
     ready = {c["type"]: c for c in status["conditions"]}
     assert ready["Ready"]["status"] == "True" and ready["Ready"]["reason"] == "Reconciled"
     assert ready["Error"]["status"] == "False"

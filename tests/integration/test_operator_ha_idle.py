@@ -15,7 +15,8 @@ from lightkube.resources.core_v1 import Node
 from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.integration.operator_fixtures import policy_status, wait_for
+from tests.support.status import reconciled
+from tests.support.waiting import wait_for
 
 OPERATOR_USER = "gpu-operator-sim"
 
@@ -33,12 +34,6 @@ def writes_by_kind(operator: OperatorProcess) -> dict[str, float]:
     return out
 
 
-def reconciled(kube: Client) -> bool:
-    status = policy_status(kube)
-    return status.get("state") == "ready" and any(
-        c["reason"] == "Reconciled" for c in status.get("conditions", []))
-
-
 def test_only_the_leader_writes_and_a_follower_takes_over(
         kube: Client, fake_nodes: Callable[..., list[str]],
         start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
@@ -47,12 +42,19 @@ def test_only_the_leader_writes_and_a_follower_takes_over(
     cluster_policies({})
     args = ["--leader-lease-renew-deadline=3"]  # lease of 8 s keeps the test short
     first = start_operator(leader_elect=True, extra_args=args)
-    wait_for("the first replica to lead and reconcile", lambda: reconciled(kube), timeout=120,
-             context=first.log_text)
+    reconciled(kube, context=first.log_text)  # the first replica leads and reconciles
     second = start_operator(leader_elect=True, extra_args=args)
     wait_for("the second replica's metrics endpoint", lambda: _metrics_up(second), timeout=30,
              context=second.log_text)
-    time.sleep(3)
+    # the follower retries every 2 s; two renewals by the leader give it time to try and be refused
+    renewals: set[object] = set()
+
+    def renewals_seen() -> int:
+        renewals.add(kube.get(Lease, LEASE_NAME, namespace=operator_namespace).spec.renewTime)
+        return len(renewals)
+
+    wait_for("two lease renewals by the leader while the follower runs", renewals_seen, until=lambda n: n >= 3,
+             timeout=30, context=second.log_text)
     lease = kube.get(Lease, LEASE_NAME, namespace=operator_namespace)
     assert lease.spec.holderIdentity and "became the leader" in first.log_text()
     assert writes_by_kind(second) == {}, "a follower must not write (not even to its Lease)"
@@ -99,12 +101,19 @@ def test_50_nodes_reach_ready_then_no_writes_while_nothing_changes(
     fake_nodes("dgx-h100:50", "cpu:2")
     operator = start_operator()
     cluster_policies({})
-    wait_for("Reconciled", lambda: reconciled(kube), timeout=120, context=operator.log_text)
-    time.sleep(2)  # let the last watch events (our own status write) settle
-    before = writes_by_kind(operator)
+    reconciled(kube, context=operator.log_text)
+    # the last watch events (our own status write) settle: no new write between two looks
+    looks = [writes_by_kind(operator)]
+
+    def quiet() -> bool:
+        looks.append(writes_by_kind(operator))
+        return looks[-1] == looks[-2]
+
+    wait_for("the operator to stop writing", quiet, interval=1, timeout=30, context=lambda: looks[-1])
+    before = looks[-1]
     start = time.time()
     assert _operator_writes(control_plane, start - 3600), "the audit log must see the operator's setup writes"
-    time.sleep(60)
+    time.sleep(60)  # the observation window itself (not synchronisation): nothing may be written in it
     writes = _operator_writes(control_plane, start)
     assert writes == [], [(w["verb"], w["objectRef"]) for w in writes]
     assert writes_by_kind(operator) == before

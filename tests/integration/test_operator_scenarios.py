@@ -3,7 +3,7 @@ status; controller-manager for DaemonSet pods and garbage collection; scheduler;
 
 from __future__ import annotations
 
-import time
+import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,8 @@ from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.integration.operator_fixtures import policy_status, wait_for
+from tests.support.status import policy_status, reconciled
+from tests.support.waiting import wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 Start = Callable[..., OperatorProcess]
@@ -32,14 +33,6 @@ def labels_of(kube: Client, node: str) -> dict[str, str]:
 
 def daemonsets(kube: Client, namespace: str) -> dict[str, Any]:
     return {str(ds.metadata.name): ds for ds in kube.list(DaemonSet, namespace=namespace)}
-
-
-def reconciled(kube: Client, name: str = "cluster-policy") -> Callable[[], Any]:
-    def check() -> Any:
-        status = policy_status(kube, name)
-        return status.get("state") == "ready" and any(
-            c["type"] == "Ready" and c["reason"] == "Reconciled" for c in status.get("conditions", []))
-    return check
 
 
 def example_spec(name: str) -> dict[str, Any]:
@@ -56,7 +49,7 @@ def reconciled_with(kube: Client, fake_nodes: Nodes, start_operator: Start, clus
     fake_nodes(*shapes)
     operator = start_operator()
     cluster_policies({})
-    wait_for("Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    reconciled(kube, context=operator.log_text)
     return operator
 
 
@@ -66,7 +59,7 @@ def test_vm_passthrough_nodes_get_sandbox_stack_only(
     names = fake_nodes("vfio-passthrough:2")
     operator = start_operator()
     cluster_policies(example_spec("clusterpolicy-vm-passthrough.yaml"))
-    wait_for("ClusterPolicy Reconciled", reconciled(kube), timeout=120, context=operator.log_text)
+    reconciled(kube, context=operator.log_text)
     for name in names:
         labels = labels_of(kube, name)
         for component in ("sandbox-device-plugin", "sandbox-validator", "vfio-manager"):
@@ -99,7 +92,7 @@ def test_disabling_a_component_deletes_its_objects_and_enabling_restores_them(
     wait_for("device plugin DaemonSet back and ready", lambda: (
         (ds := daemonsets(kube, operator_namespace).get("nvidia-device-plugin-daemonset")) is not None
         and ds.status is not None and ds.status.numberReady == 2), context=operator.log_text)
-    wait_for("Reconciled again", reconciled(kube), context=operator.log_text)
+    reconciled(kube, context=operator.log_text)  # Reconciled again
 
 
 def test_late_gpu_node_is_labelled_and_stripped_when_its_gpu_goes(
@@ -137,7 +130,12 @@ def test_operator_never_overwrites_a_non_empty_deploy_label(
 def test_second_cluster_policy_is_ignored(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies) -> None:
     operator = reconciled_with(kube, fake_nodes, start_operator, cluster_policies, "dgx-h100:1")
-    time.sleep(1.1)  # creationTimestamp has a resolution of one second
+    # creationTimestamp has a resolution of one second: the second policy must be created in a later one
+    first = kube.get(ClusterPolicyResource, "cluster-policy").metadata.creationTimestamp
+    assert first is not None
+    wait_for("a second later than the first policy's creationTimestamp",
+             lambda: dt.datetime.now(dt.UTC).replace(microsecond=0), until=lambda now: now > first,
+             interval=0.1, timeout=5)
     cluster_policies({}, name="second-policy")
     wait_for("second policy ignored", lambda: policy_status(kube, "second-policy").get("state") == "ignored",
              context=operator.log_text)
@@ -172,7 +170,7 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
              context=first.log_text)
     first.kill()
     second = start_operator()
-    wait_for("Reconciled after restart", reconciled(kube), timeout=120, context=second.log_text)
+    reconciled(kube, context=second.log_text)  # Reconciled after restart
     found = daemonsets(kube, operator_namespace)
     assert len(found) == len(set(found))
     for ds in found.values():
@@ -200,7 +198,7 @@ def test_unsatisfiable_policy_is_reported_and_other_work_goes_on(
              lambda: labels_of(kube, node).get("nvidia.com/gpu.deploy.driver") == "true")
 
     patch_spec(kube, {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "595.91.07"}})
-    wait_for("Reconciled once the field is fixed", reconciled(kube), timeout=120, context=operator.log_text)
+    reconciled(kube, context=operator.log_text)  # Reconciled once the field is fixed
 
 
 def test_schema_rejects_invalid_policy(kube: Client, crds: list[str]) -> None:
@@ -231,7 +229,7 @@ def test_missing_configmap_is_named_and_picked_up_once_created(
     assert "spec.driver.repoConfig.configMapName" in message
     kube.create(ConfigMap(metadata=ObjectMeta(name="custom-repo", namespace=operator_namespace),
                           data={"custom.list": "deb http://repo.example.com/ jammy main"}))
-    wait_for("Reconciled once the ConfigMap exists", reconciled(kube), timeout=120, context=operator.log_text)
+    reconciled(kube, context=operator.log_text)  # Reconciled once the ConfigMap exists
     driver = kube.get(DaemonSet, "nvidia-driver-daemonset", namespace=operator_namespace)
     mounts = [m.mountPath for c in driver.spec.template.spec.containers for m in c.volumeMounts or []]
     assert any(path.endswith("custom.list") for path in mounts), mounts

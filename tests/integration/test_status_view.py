@@ -11,7 +11,7 @@ from lightkube import Client
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.statusview.collect import collect
-from tests.integration.operator_fixtures import wait_for
+from tests.support.waiting import wait_for
 
 # The default policy's operands on a dgx-h100 node (MPS and the disabled exporter select none).
 RUNNING = ["driver", "container-toolkit", "operator-validator", "device-plugin", "gpu-feature-discovery",

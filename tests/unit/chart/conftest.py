@@ -1,4 +1,4 @@
-"""Fixtures for the Helm chart tests: the chart rendered offline by Helm's own engine (helm-python-sdk)."""
+"""Fixtures for the Helm chart tests: the chart loaded once per session, rendered through tests.support.chart."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import helm_python
 import pytest
 
-from tests.unit.chart.chart_helpers import CHART, NAMESPACE, Rendered, Values, deep_merge
+from tests.support.chart import CHART, NAMESPACE, Rendered, Values, render_chart
 
 
 @pytest.fixture(scope="session")
@@ -18,14 +18,9 @@ def chart() -> Iterator[helm_python.Chart]:
 
 @pytest.fixture(scope="session")
 def render(chart: helm_python.Chart) -> Callable[..., Rendered]:
-    """render(values) -> {template path: manifest}, as `helm template` with nfd disabled.
-
-    NFD is a chart dependency fetched from a registry; offline its subchart is absent, so the
-    tests render with nfd.enabled=false unless a test says otherwise.
-    """
+    """render(values) -> {template path: manifest}, as `helm template` with nfd disabled."""
 
     def run(values: Values | None = None, *, namespace: str = NAMESPACE) -> Rendered:
-        layered = deep_merge({"nfd": {"enabled": False}}, values or {})
-        return chart.render(layered, name="gpu-operator", namespace=namespace, is_install=True)
+        return render_chart(values, namespace=namespace, chart=chart)
 
     return run

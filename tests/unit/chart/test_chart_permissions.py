@@ -5,27 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.unit.chart.chart_helpers import NAMESPACE, Rendered, find, objects
+from tests.support.chart import NAMESPACE, Rendered, find, objects
+from tests.support.permissions import Permission, covers, expand, grant
 
-# (apiGroup, resource, verb, resourceName or None). One place that says what the operator does;
-# the operator should export the same list (e.g. gpu_operator.controllers.permissions) and this
-# test should then read it from there.
-Permission = tuple[str, str, str, str | None]
+# One place that says what the operator does; the operator should export the same list
+# (e.g. gpu_operator.controllers.permissions) and this test should then read it from there.
 # Server-side apply (authorized as patch, and as create when it creates) and deletes; never update.
 MANAGE = ("get", "list", "watch", "create", "patch", "delete")
-
-
-def grant(group: str, resources: Iterable[str], verbs: Iterable[str], names: Iterable[str] = ()) -> set[Permission]:
-    return {(group, r, v, n) for r in resources for v in verbs for n in (tuple(names) or (None,))}
-
-
 CLUSTER_WIDE: set[Permission] = (
     # the operator's own work
     grant("nvidia.com", ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch", "patch"])
@@ -69,19 +62,6 @@ OPENSHIFT_IN_NAMESPACE: set[Permission] = (
     grant("monitoring.coreos.com", ["prometheusrules"], MANAGE)
     | grant("", ["endpoints"], ["get", "list", "watch"])
 )
-
-
-def expand(rules: list[dict[str, Any]]) -> set[Permission]:
-    found: set[Permission] = set()
-    for rule in rules:
-        for group in rule["apiGroups"]:
-            found |= grant(group, rule["resources"], rule["verbs"], rule.get("resourceNames", ()))
-    return found
-
-
-def covers(held: set[Permission], wanted: Permission) -> bool:
-    group, resource, verb, name = wanted
-    return (group, resource, verb, None) in held or (name is not None and wanted in held)
 
 
 def operator_rules(rendered: Rendered) -> tuple[set[Permission], set[Permission]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.chart.chart_helpers import VGPU_IMAGE, Rendered, Values, deep_merge, find, preset
+from tests.support.chart import VGPU_IMAGE, Rendered, Values, deep_merge, find, preset
 
 # When upstream's operator runs a state (upstream-contract section 2.2), from the ClusterPolicy spec.
 STATE_ENABLED: dict[str, Callable[[dict[str, Any]], bool]] = {

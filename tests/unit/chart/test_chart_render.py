@@ -13,7 +13,7 @@ import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.common import unknown_fields
-from tests.unit.chart.chart_helpers import (
+from tests.support.chart import (
     CHART,
     NAMESPACE,
     PRESETS,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helm_python import HelmRenderError
 
-from tests.unit.chart.chart_helpers import CHART, Rendered, Values, find, notes, objects
+from tests.support.chart import CHART, Rendered, Values, find, notes, objects
 from tests.unit.chart.test_chart_render import pruned
 
 UPSTREAM_VALUES = Path(__file__).parent / "data" / "upstream-values.yaml"

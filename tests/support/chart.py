@@ -1,13 +1,15 @@
-"""Helpers for the Helm chart tests: values layering, presets, and picking objects out of a render."""
+"""The Helm chart rendered offline by Helm's own engine (helm-python-sdk), for unit and integration tests:
+values layering, presets, and picking objects out of a render. One render path for every test."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import yaml
 
-CHART = Path(__file__).resolve().parents[3] / "deployments" / "gpu-operator"
+CHART = Path(__file__).resolve().parents[2] / "deployments" / "gpu-operator"
 NAMESPACE = "gpu-operator"
 PRESETS = ("container", "passthrough", "vgpu")
 # The vGPU manager image is the user's own build; the vgpu preset needs it named.
@@ -28,6 +30,21 @@ def deep_merge(base: Values, override: Values) -> Values:
     return merged
 
 
+def render_chart(values: Values | None = None, *, namespace: str = NAMESPACE,
+                 chart: helm_python.Chart | None = None) -> Rendered:
+    """{template path: manifest}, as `helm template` with nfd disabled unless `values` say otherwise.
+
+    NFD is a chart dependency fetched from a registry; offline its subchart is absent. Pass an
+    already loaded `chart` to save loading it per render (the unit tests' session fixture does).
+    """
+    layered = deep_merge({"nfd": {"enabled": False}}, values or {})
+    if chart is not None:
+        rendered: Rendered = chart.render(layered, name="gpu-operator", namespace=namespace, is_install=True)
+        return rendered
+    with helm_python.Chart.load(CHART) as loaded:
+        return render_chart(values, namespace=namespace, chart=loaded)
+
+
 def preset(name: str) -> Values:
     loaded: Values = yaml.safe_load((CHART / f"values-{name}.yaml").read_text())
     return loaded
@@ -43,8 +60,10 @@ def objects(rendered: Rendered) -> list[dict[str, Any]]:
     return found
 
 
-def find(rendered: Rendered, kind: str, name: str) -> dict[str, Any]:
-    matches = [o for o in objects(rendered) if o["kind"] == kind and o["metadata"]["name"] == name]
+def find(rendered: Rendered | list[dict[str, Any]], kind: str, name: str = "gpu-operator") -> dict[str, Any]:
+    """The one object of that kind and name, from a render or a list of objects."""
+    found = objects(rendered) if isinstance(rendered, dict) else rendered
+    matches = [o for o in found if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
     return matches[0]
 
