@@ -53,11 +53,12 @@ def test_discover_gives_up_only_when_stopped() -> None:
     operator = _operator(kube)
 
     async def scenario() -> bool:
-        async def stop_soon() -> None:
-            await asyncio.sleep(0.1)
+        async def stop_after_three_tries() -> None:
+            while kube.calls < 3:  # a condition, not a guessed time: stopped while still retrying
+                await asyncio.sleep(0.01)
             operator.stop.set()
 
-        stopper = asyncio.create_task(stop_soon())
+        stopper = asyncio.create_task(asyncio.wait_for(stop_after_three_tries(), timeout=30))
         found = await operator.discover()
         await stopper
         return found

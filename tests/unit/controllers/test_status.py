@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from gpu_operator import vocabulary
 from gpu_operator.controllers import status as st
 
 
@@ -28,10 +29,10 @@ def test_daemonset_ready(obj: dict[str, Any], ready: bool) -> None:
 
 
 @pytest.mark.parametrize(("not_ready", "nfd", "gpus", "state", "reason"), [
-    (["state-driver"], True, True, st.NOT_READY, st.OPERAND_NOT_READY),
-    ([], False, False, st.READY, st.NFD_LABELS_MISSING),
-    ([], True, False, st.READY, st.NO_GPU_NODES),
-    ([], True, True, st.READY, st.RECONCILED),
+    (["state-driver"], True, True, vocabulary.NOT_READY, vocabulary.OPERAND_NOT_READY),
+    ([], False, False, vocabulary.READY, vocabulary.NFD_LABELS_MISSING),
+    ([], True, False, vocabulary.READY, vocabulary.NO_GPU_NODES),
+    ([], True, True, vocabulary.READY, vocabulary.RECONCILED),
 ])
 def test_outcome(not_ready: list[str], nfd: bool, gpus: bool, state: str, reason: str) -> None:
     result = st.outcome(not_ready, nfd, gpus)
@@ -40,22 +41,22 @@ def test_outcome(not_ready: list[str], nfd: bool, gpus: bool, state: str, reason
 
 def test_gpu_nodes_not_yet_labelled_are_not_ready() -> None:
     result = st.outcome([], True, False, unlabelled_gpu_nodes=2)
-    assert (result.state, result.reason) == (st.NOT_READY, st.OPERAND_NOT_READY)
+    assert (result.state, result.reason) == (vocabulary.NOT_READY, vocabulary.OPERAND_NOT_READY)
     assert "2 GPU node(s) not labelled" in result.message
 
 
 def test_conditions_pair_and_stable_transition_time() -> None:
     ok = st.status_body(st.outcome([], True, True), "gpu-operator", None, 3)
     by_type = {c["type"]: c for c in ok["conditions"]}
-    assert by_type["Ready"]["status"] == "True" and by_type["Ready"]["reason"] == st.RECONCILED
+    assert by_type["Ready"]["status"] == "True" and by_type["Ready"]["reason"] == vocabulary.RECONCILED
     assert by_type["Error"]["status"] == "False" and by_type["Error"]["reason"] == "Ready"
     again = st.status_body(st.outcome([], True, True), "gpu-operator", ok, 3)
     assert not st.status_differs(ok, again)  # same outcome: nothing to write
 
     failed = st.status_body(st.Outcome.failed("spec.driver: no image"), "gpu-operator", ok, 4)
     by_type = {c["type"]: c for c in failed["conditions"]}
-    assert failed["state"] == st.NOT_READY
+    assert failed["state"] == vocabulary.NOT_READY
     assert by_type["Ready"]["reason"] == "Error"
-    assert by_type["Error"]["status"] == "True" and by_type["Error"]["reason"] == st.RECONCILE_FAILED
+    assert by_type["Error"]["status"] == "True" and by_type["Error"]["reason"] == vocabulary.RECONCILE_FAILED
     assert by_type["Error"]["message"] == "spec.driver: no image"
     assert st.status_differs(ok, failed)

@@ -352,9 +352,9 @@ def test_dcgm_exporter(data: dict[str, Any], main_env: dict[str, str], pod_check
 )
 def test_a_partial_image_replaces_that_part_of_the_default(fields: dict[str, str], expected: str) -> None:
     default = {"CONTAINER_TOOLKIT_IMAGE": "nvcr.io/nvidia/k8s/container-toolkit:v1.20.0"}
-    assert image_path(ImageFields(**fields), "CONTAINER_TOOLKIT_IMAGE", default, "spec.toolkit", partial=True) == expected
+    assert image_path(ImageFields.model_validate(fields), "CONTAINER_TOOLKIT_IMAGE", default, "spec.toolkit", partial=True) == expected
     # upstream's rule (the driver keeps it: its version is a branch for precompiled images)
-    assert image_path(ImageFields(**fields), "CONTAINER_TOOLKIT_IMAGE", default, "spec.toolkit") == \
+    assert image_path(ImageFields.model_validate(fields), "CONTAINER_TOOLKIT_IMAGE", default, "spec.toolkit") == \
         default["CONTAINER_TOOLKIT_IMAGE"]
 
 
