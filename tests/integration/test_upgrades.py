@@ -28,8 +28,8 @@ from gpu_operator.vocabulary import (
     UPGRADE_SKIP,
     UPGRADE_STATE,
 )
-from tests.integration.operator_fixtures import wait_for
-from tests.integration.test_operator_scenarios import reconciled
+from tests.support.status import reconciled
+from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
@@ -107,7 +107,7 @@ def upgrade_cluster(kube: Client, fake_nodes: Nodes, start_operator: Start, clus
         names = fake_nodes(f"dgx-h100:{count}")
         operator = start_operator()
         cluster_policies({"driver": {"upgradePolicy": policy}})
-        wait_for("Reconciled", reconciled(kube), timeout=180, context=operator.log_text)
+        reconciled(kube, timeout=180, context=operator.log_text)
         wait_for("every node upgrade-done (initial state)",
                  lambda: set(states(kube, names).values()) == {UPGRADE_DONE}, timeout=60, context=operator.log_text)
         return names, operator
