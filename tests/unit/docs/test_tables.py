@@ -6,7 +6,9 @@ one fails until the row is fixed."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import pkgutil
 import re
 import tomllib
 from pathlib import Path
@@ -14,8 +16,8 @@ from pathlib import Path
 import typer
 from prometheus_client import REGISTRY
 
-import gpu_operator.controllers.metrics  # noqa: F401  (registers the operator's metrics)
-import gpu_operator.kube.client  # noqa: F401  (registers the API write counter)
+import gpu_operator.controllers
+import gpu_operator.kube
 from gpu_operator.cli import app
 from gpu_operator.node.exporter import NodeStatusCollector
 from gpu_operator.node.hostfs import HostFS
@@ -110,7 +112,11 @@ def test_doctor_codes_table_matches_the_findings() -> None:
 # -- metrics --------------------------------------------------------------------------------------
 
 def operator_metrics() -> set[str]:
-    """The operator's metric names as scraped (counters with their _total suffix)."""
+    """The operator's metric names as scraped (counters with their _total suffix); every module of
+    the operator's packages is imported first, so every metric it defines is registered."""
+    for package in (gpu_operator.controllers, gpu_operator.kube):
+        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            importlib.import_module(module.name)
     names = set()
     for family in REGISTRY.collect():
         if family.name.startswith("gpu_operator_"):  # the node-status exporter has its own registry
