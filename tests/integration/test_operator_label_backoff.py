@@ -19,7 +19,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.integration.operator_fixtures import wait_for
+from tests.support.waiting import wait_for
 
 POLICY = "gpu-operator-test-deny-node-labels"
 
