@@ -7,7 +7,6 @@ one fails until the row is fixed."""
 from __future__ import annotations
 
 import importlib
-import itertools
 import pkgutil
 import re
 import tomllib
@@ -66,17 +65,25 @@ def scripts() -> set[str]:
     return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
 
 
+def command_words(text: str) -> list[str]:
+    """The leading command words of `text`: up to an option, a placeholder (FILE, NODE) or a value."""
+    words = []
+    for word in text.split():
+        if not re.fullmatch(r"[a-z][a-z-]*", word):
+            break
+        words.append(word)
+    return words
+
+
 def documented_commands(span: str) -> set[str]:
-    """`gpu-operator crds generate\\|apply\\|print` -> {"crds generate", "crds apply", "crds print"}."""
-    words = span.split()
-    if words[0] == "gpu-operator":
-        words = words[1:]
-    path: list[list[str]] = []
-    for word in words:
-        if not re.fullmatch(r"[a-z][a-z-]*(\\\|[a-z][a-z-]*)*", word):
-            break  # an option, a placeholder (FILE) or a value
-        path.append(word.split("\\|"))
-    return {" ".join(p) for p in itertools.product(*path)}
+    """`gpu-operator crds generate\\|apply\\|print` -> {"crds generate", "crds apply", "crds print"};
+    `gpu-operator upgrade status\\|retry NODE\\|pause` -> {"upgrade status", "upgrade retry", ...}."""
+    first, *others = span.removeprefix("gpu-operator ").split("\\|")
+    path = command_words(first)
+    if not others:
+        return {" ".join(path)}
+    alternatives = [path[-1], *(command_words(other)[0] for other in others)]
+    return {" ".join([*path[:-1], word]) for word in alternatives}
 
 
 def test_every_command_is_in_a_commands_table_and_every_row_exists() -> None:
@@ -96,6 +103,8 @@ def test_command_expansion() -> None:
     assert documented_commands("gpu-operator crds generate\\|apply\\|print") == {
         "crds generate", "crds apply", "crds print"}
     assert documented_commands("gpu-operator render --policy FILE --shape dgx-h100:2") == {"render"}
+    assert documented_commands("gpu-operator upgrade status\\|retry NODE\\|pause") == {
+        "upgrade status", "upgrade retry", "upgrade pause"}
 
 
 # -- doctor codes ---------------------------------------------------------------------------------
