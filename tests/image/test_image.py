@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def test_sbom_lists_debian_and_python_packages(built: Built) -> None:
 # --- in a real container ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def containerd(built: Built, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def containerd(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateContainerd]:
     if os.geteuid() != 0:
         pytest.fail("running the image needs root (containerd, runc): run the tests as root")
     ctrd = PrivateContainerd(tmp_path_factory.mktemp("containerd"))
@@ -172,6 +173,9 @@ def test_help_runs_in_a_container(containerd: PrivateContainerd, built: Built) -
     assert "Usage: gpu-operator" in result.stdout and "node" in result.stdout
     who = containerd.run(built.ref, ["id", "-u"])
     assert who.stdout.strip() == "65532", who.describe()
+    # the sandbox-validation pod's command, with the validator image
+    shell = containerd.run(built.ref, ["sh", "-c", "echo all validations are successful; sleep 0"])
+    assert shell.ok and shell.stdout.strip() == "all validations are successful", shell.describe()
 
 
 def test_node_probe_reads_the_mounted_host(containerd: PrivateContainerd, built: Built, host_root: Path) -> None:
