@@ -4,11 +4,13 @@ our image for real; its pods reach the apiserver with their own ServiceAccount."
 from __future__ import annotations
 
 import time
+import urllib.error
 from typing import Any
 
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, pod_log
+from tests.support.waiting import wait_for
 
 # Lists pods in its namespace with the in-cluster credentials the kubelet mounted: prints the
 # HTTP status, so a missing permission shows as 403 in the log.
@@ -24,6 +26,16 @@ try:
 except urllib.error.HTTPError as err:
     print('status', err.code)
 """
+
+
+def _get_or_none(plane: ControlPlane, path: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = plane.request("GET", path)
+        return found
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
 
 
 def _run_pod(plane: ControlPlane, namespace: str, name: str, sa: str, timeout: float = 120) -> dict[str, Any]:
@@ -49,8 +61,10 @@ def test_real_node_registers_with_its_own_identity(control_plane: ControlPlane, 
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
     assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})
     # It renews its Lease as system:node:<name> (the Node authorizer lets it touch only its own).
-    lease = control_plane.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{REAL_NODE}")
-    assert lease["spec"]["holderIdentity"] == REAL_NODE
+    # The kubelet reports Ready before its first Lease renewal lands: wait for the Lease.
+    lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{REAL_NODE}"
+    lease = wait_for(f"the Lease of {REAL_NODE}", lambda: _get_or_none(control_plane, lease_path), timeout=60)
+    assert lease is not None and lease["spec"]["holderIdentity"] == REAL_NODE
 
 
 def test_pods_of_our_image_run_and_reach_the_apiserver_as_their_serviceaccount(
