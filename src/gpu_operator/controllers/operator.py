@@ -299,11 +299,13 @@ class Operator:
         await self.loops.indexed.wait()
         requeue: float | None = None
         failures = 0
+        pause = self.settings.coalesce
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.loops.upgrade_kick.wait(), timeout=requeue)
-            await asyncio.sleep(self.settings.coalesce)
+            await asyncio.sleep(pause)
             self.loops.upgrade_kick.clear()
+            started = time.monotonic()
             active = active_policy(self.policy_views())
             owner = None  # with NVIDIADrivers in use, each CR owns its driver pods (not handled here)
             if active is not None and not LabelPolicy.from_spec(active.body.get("spec") or {}).use_nvidia_driver_crd:
@@ -316,6 +318,9 @@ class Operator:
                 log.exception("driver upgrade pass failed (%d in a row); retrying in %.0f s", failures, requeue)
                 continue
             failures = 0
+            # Node events come in bursts (labelling a thousand nodes): a pass that lists the
+            # cluster is not repeated sooner than twice its own duration.
+            pause = max(self.settings.coalesce, 2 * (time.monotonic() - started))
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:

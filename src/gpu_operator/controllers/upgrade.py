@@ -162,13 +162,14 @@ class UpgradeController:
         if owner is None:
             return self.settings.upgrade_idle_requeue
         ns = self.namespace
-        nodes = await self._get("/api/v1/nodes")
-        if not owner.policy.auto_upgrade:
+        if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
+            nodes = await self._get("/api/v1/nodes", {"labelSelector": UPGRADE_STATE})
             result = us.plan([us.NodeFacts(n["metadata"]["name"], labels=n["metadata"].get("labels") or {})
                               for n in nodes], owner.policy, time.time())
             await self._execute(result.steps, {})
             record(result.counts)
             return self.settings.upgrade_idle_requeue
+        nodes = await self._get("/api/v1/nodes")
         dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
         daemonsets = {d["metadata"]["uid"]: d for d in dss
                       if any(r.get("uid") == owner.owner_uid for r in d["metadata"].get("ownerReferences") or [])}
