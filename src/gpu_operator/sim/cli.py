@@ -33,6 +33,13 @@ def _needs_sim_extra() -> None:
         raise typer.Exit(2)
 
 
+RealNodeOption = Annotated[bool, typer.Option(
+    "--real-node", help="Also start one real node (kubelet + containerd, as root) that runs our image "
+    "for real; operands of NVIDIA images stay on the fake nodes.")]
+RealNodeShapeOption = Annotated[str, typer.Option(
+    "--real-node-shape", help="The real node's GPU shape (its labels).")]
+
+
 def _dir(directory: Path | None) -> Path:
     from gpu_operator.sim.state import default_dir
 
@@ -51,16 +58,19 @@ def _fail(err: Exception) -> typer.Exit:
 @sim_app.command("up")
 def up(shape: ShapeOption = None, directory: DirOption = None,
        operator: Annotated[bool, typer.Option(help="Also start the operator (and apply the CRDs).")] = False,
+       real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "dgx-h100",
        ) -> None:
     """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
+    from gpu_operator.sim.realnode import RealNodeError
 
     try:
-        state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress)
+        state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
+                              real_node=real_node_shape if real_node else None)
         if operator:
             session.start_operator(state, _progress)
-    except (session.SimError, ShapeError) as err:
+    except (session.SimError, ShapeError, RealNodeError) as err:
         raise _fail(err) from err
     typer.echo(f"export KUBECONFIG={state.kubeconfig}")
 

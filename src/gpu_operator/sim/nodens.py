@@ -26,11 +26,12 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SERVICE_IP = "10.0.0.1"  # first address of the apiserver's --service-cluster-ip-range
 NODE_IP = "10.2.0.1"
+SHORT_ROOT = "/run/gpu-operator-sim"  # inside the sandbox only (its /run is a tmpfs of its own)
 POD_SUBNET = "10.88.0.0/16"
 # What the kubelet's container manager requires of these sysctls (it writes them if they differ).
 KUBELET_SYSCTLS = {
@@ -45,13 +46,15 @@ class SandboxError(RuntimeError):
     """The namespace sandbox could not be set up; the message names the step and the output."""
 
 
-def _setup_script(base: Path) -> str:
+def _setup_script(base: Path, binds: dict[str, Path]) -> str:
     sysctl_dir = base / "sysctl"
     lines = [
         "set -eu",
         "mount -t tmpfs -o mode=0755,size=256m gpu-operator-sim-run /run",
         "mkdir -p /run/containerd /run/netns /run/lock",
     ]
+    for target, source in binds.items():
+        lines += [f"mkdir -p {target}", f"mount --bind {source} {target}"]
     for key in KUBELET_SYSCTLS:
         lines.append(f"mount --bind {sysctl_dir / key.replace('/', '.')} /proc/sys/{key}")
     lines += [
@@ -78,6 +81,8 @@ class Sandbox:
 
     base_dir: Path
     holder: int = 0
+    # Directories of ours bound at short paths inside (unix socket paths must stay < 108 bytes).
+    binds: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).absolute()
@@ -102,7 +107,7 @@ class Sandbox:
         with self.log.open("ab") as out:
             proc = subprocess.Popen(
                 ["unshare", "--mount", "--net", "--propagation", "private", "--",
-                 "sh", "-c", _setup_script(self.base_dir)],
+                 "sh", "-c", _setup_script(self.base_dir, self.binds)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )

@@ -23,7 +23,7 @@ from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.containerd import PrivateContainerd
 from gpu_operator.sim.kubeconfig import write_kubeconfig
-from gpu_operator.sim.nodens import NODE_IP, POD_SUBNET, SERVICE_IP, Sandbox, proxy_argv
+from gpu_operator.sim.nodens import NODE_IP, POD_SUBNET, SERVICE_IP, SHORT_ROOT, Sandbox, proxy_argv
 from gpu_operator.sim.ociarchive import write_archive
 
 PAUSE_IMAGE = "localhost/gpu-operator-sim/pause:1"
@@ -121,6 +121,11 @@ def containerd_cri_config(base: Path) -> str:
         '  default_runtime_name = "runc"',
         f'{cri[:-1]}.containerd.runtimes.runc]',
         '  runtime_type = "io.containerd.runc.v2"',
+        # The handler of the `nvidia` RuntimeClass our operands ask for; the container toolkit
+        # (an NVIDIA image, not run here) would point it at nvidia-container-runtime. Plain runc:
+        # the real node has no GPU.
+        f'{cri[:-1]}.containerd.runtimes.nvidia]',
+        '  runtime_type = "io.containerd.runc.v2"',
         f"{cri[:-1]}.cni]",
         '  bin_dir = "/usr/lib/cni"',
         f'  conf_dir = "{base / "cni" / "net.d"}"',
@@ -158,9 +163,15 @@ class RealNode:
 
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).absolute()
-        self.sandbox = Sandbox(self.base_dir)
+        (self.base_dir / "kubelet").mkdir(parents=True, exist_ok=True)
+        self.sandbox = Sandbox(self.base_dir, binds={self.kubelet_root: self.base_dir / "kubelet"})
         self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE,
                                             cri=True, extra_config=containerd_cri_config(self.base_dir))
+
+    @property
+    def kubelet_root(self) -> str:
+        """The kubelet's --root-dir as the node sees it: base_dir/kubelet bound at a short path."""
+        return f"{SHORT_ROOT}/kubelet"
 
     @property
     def logs(self) -> Path:
@@ -177,17 +188,19 @@ class RealNode:
         self.processes[name] = proc
         return proc
 
-    def pids(self) -> dict[str, int]:
-        """What runs (for the simulator's state file): the sandbox holder first."""
-        found = {"real-node-sandbox": self.sandbox.holder}
+    def pids(self) -> dict[str, tuple[int, Path]]:
+        """What runs, with its log (for the simulator's state file): the sandbox holder first."""
+        found = {"real-node-sandbox": (self.sandbox.holder, self.sandbox.log)}
         if self.containerd.process is not None:
-            found["real-node-containerd"] = self.containerd.process.pid
-        found.update({f"real-node-{k}": p.pid for k, p in self.processes.items()})
+            found["real-node-containerd"] = (self.containerd.process.pid, self.containerd.log)
+        found.update({f"real-node-{k}": (p.pid, self.logs / f"{k}.log") for k, p in self.processes.items()})
         return found
 
-    def start(self, timeout: float = 180.0) -> RealNode:
+    def start(self, timeout: float = 180.0, sandbox_started: bool = False) -> RealNode:
         self.logs.mkdir(parents=True, exist_ok=True)
         try:
+            if not sandbox_started:
+                self.sandbox.start()
             self._start(timeout)
         except BaseException:
             self.stop()
@@ -196,7 +209,6 @@ class RealNode:
 
     def _start(self, timeout: float) -> None:
         base = self.base_dir
-        self.sandbox.start()
         self._spawn("nsproxy", proxy_argv(self.sandbox.netns_path, f"{SERVICE_IP}:443",
                                           f"127.0.0.1:{self.apiserver_port}"))
         pki = pki_mod.Pki(self.pki_dir)
@@ -219,23 +231,32 @@ class RealNode:
         cfg["cgroupRoot"] = f"/{CGROUP_PARENT}/{self.name}"
         config.write_text(yaml.safe_dump(cfg))
         argv = [*self.sandbox.enter(), str(self.binaries.kube), "kubelet",
-                f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={base / 'kubelet'}",
+                f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={self.kubelet_root}",
                 f"--hostname-override={self.name}", f"--node-ip={NODE_IP}", "--v=2"]
-        if self.labels:
-            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
         if self.taints:
             argv.append("--register-with-taints=" + ",".join(self.taints))
         self._spawn("kubelet", argv)
         self.wait_ready(timeout)
+        if self.labels:
+            # As an admin, after registration: the kubelet refuses NFD's *.kubernetes.io labels.
+            self._admin("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}},
+                        "application/merge-patch+json")
 
-    def wait_ready(self, timeout: float) -> None:
+    def _admin(self, method: str, path: str, body: Any = None,
+               content_type: str = "application/json") -> Any:
         import ssl
         import urllib.request
 
         pki = pki_mod.Pki(self.pki_dir)
         context = ssl.create_default_context(cafile=str(pki.ca_cert))
         context.load_cert_chain(pki.client_cert("admin"), pki.client_key("admin"))
-        url = f"https://127.0.0.1:{self.apiserver_port}/api/v1/nodes/{self.name}"
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"https://127.0.0.1:{self.apiserver_port}{path}", data=data,
+                                     method=method, headers={"Content-Type": content_type})
+        with urllib.request.urlopen(req, context=context, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             for name, proc in self.processes.items():
@@ -243,8 +264,7 @@ class RealNode:
                     raise RealNodeError(f"real node {self.name}: {name} exited with code {proc.returncode}; "
                                         f"log {self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}")
             with contextlib.suppress(OSError, ValueError):
-                with urllib.request.urlopen(url, context=context, timeout=3) as resp:
-                    node = json.loads(resp.read())
+                node = self._admin("GET", f"/api/v1/nodes/{self.name}")
                 conds = node.get("status", {}).get("conditions", [])
                 if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
                     return
@@ -281,7 +301,7 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 def cleanup(base_dir: Path, name: str, holder: int) -> None:
     """After `sim down` stopped the recorded processes: kill what is left in the sandbox (shims,
     containers) and remove the node's cgroups. Safe to repeat."""
-    if holder and os.path.exists(f"/proc/{holder}"):
+    if holder:
         Sandbox(base_dir, holder=holder).stop(grace=2.0)
     remove_cgroups(name)
 
@@ -312,3 +332,24 @@ def image_archive(build: bool = True) -> Path:
     if not archive.exists():
         raise RealNodeError(f"{archive} is missing: run `./dev image` or set ${IMAGE_ENV}")
     return archive
+
+
+# The operands whose image is ours (the validator, the node-status exporter): the only ones the
+# real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
+OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter")
+
+
+def node_labels(shape: str) -> dict[str, str]:
+    """The labels a real node of `shape` carries: the shape's NFD/GPU labels, and
+    `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image (the operator's
+    node labelling keeps an existing value, so those DaemonSets never select this node)."""
+    from gpu_operator import shapes
+    from gpu_operator.controllers.nodelabels import ALL_DEPLOY_LABELS
+    from gpu_operator.vocabulary import deploy_label
+
+    manifest = shapes.nodes([shape])[0]
+    labels = {k: v for k, v in manifest["metadata"].get("labels", {}).items()
+              if not k.startswith("kubernetes.io/") and k != "type"}
+    own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS}
+    labels.update({key: "false" for key in ALL_DEPLOY_LABELS - own})
+    return labels

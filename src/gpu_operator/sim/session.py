@@ -56,6 +56,7 @@ def _prepare_dir(directory: Path, progress: Progress) -> None:
     """Clear what a previous (dead or half-stopped) session left; refuse foreign directories."""
     stale = SimState.load(directory)
     if stale is not None:
+        stop_real_node(stale)
         stopped = stale.stop()
         if stopped:
             progress(f"stopped leftovers of a previous session: {', '.join(stopped)}")
@@ -66,11 +67,12 @@ def _prepare_dir(directory: Path, progress: Progress) -> None:
     directory.mkdir(parents=True, exist_ok=True)
 
 
-def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True) -> tuple[SimState, bool]:
+def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True,
+       real_node: str | None = None) -> tuple[SimState, bool]:
     """Start (or reuse) a detached simulator; returns its state and whether it was started now."""
     from gpu_operator import shapes as shapes_mod
 
-    for spec in shapes:  # bad input fails before anything starts
+    for spec in [*shapes, *([real_node] if real_node else [])]:  # bad input fails before anything starts
         shapes_mod.parse_spec(spec)
     existing = running(directory)
     if existing is not None:
@@ -100,10 +102,51 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
         if shapes:
             state.nodes = add_fake_nodes(state, shapes, progress)
             state.save()
+        if real_node:
+            add_real_node(state, found, real_node, progress)
     except BaseException:
+        stop_real_node(state)
         state.stop()
         raise
     return state, True
+
+
+REAL_NODE_NAME = "real-node-0"
+
+
+def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, progress: Progress) -> None:
+    """Start the real node (kubelet + containerd) of `shape` with our image imported; record it."""
+    from gpu_operator.sim import realnode
+
+    archive = realnode.image_archive()
+    progress(f"starting the real node {REAL_NODE_NAME} ({shape}): kubelet + containerd")
+    t0 = time.monotonic()
+    node = realnode.RealNode(Path(state.dir) / "real-node", REAL_NODE_NAME, found, Path(state.dir) / "pki",
+                             int(state.server.rsplit(":", 1)[1]), labels=realnode.node_labels(shape))
+    node.sandbox.start()  # recorded before anything else starts in it, so `down` finds it all
+    state.real_node = {"name": REAL_NODE_NAME, "dir": str(node.base_dir), "shape": shape}
+    state.add(Proc.of("real-node-sandbox", node.sandbox.holder, node.sandbox.log))
+    state.save()
+    node.start(sandbox_started=True)
+    for name, (pid, log) in node.pids().items():
+        state.add(Proc.of(name, pid, log))
+    state.save()
+    progress(f"real node Ready in {time.monotonic() - t0:.1f}s; importing our image {archive.name}")
+    node.containerd.import_image(archive)
+    progress(f"real node {REAL_NODE_NAME} runs our image (logs {node.logs}, pod logs {node.pod_logs})")
+
+
+def stop_real_node(state: SimState) -> bool:
+    """Kill everything inside the real node's sandbox (kubelet, containerd, shims, containers) and
+    remove its cgroups; its mounts and network go with the namespaces. True if it was running."""
+    from gpu_operator.sim import realnode
+
+    info, holder = state.real_node, state.proc("real-node-sandbox")
+    if not info:
+        return False
+    running = holder is not None and holder.alive  # (pid, start time): never a recycled pid
+    realnode.cleanup(Path(info["dir"]), info["name"], holder.pid if running and holder else 0)
+    return running
 
 
 def admin_client(state: SimState, field_manager: str = "gpu-operator-sim"):  # type: ignore[no-untyped-def]
@@ -192,7 +235,10 @@ def down(directory: Path, progress: Progress) -> list[str]:
     state = SimState.load(directory)
     if state is None:
         return []
+    real = stop_real_node(state)  # first: the sandbox's members are found through its holder
     stopped = state.stop()
+    if real:
+        stopped.insert(0, "real node")
     state.path.unlink(missing_ok=True)
     if stopped:
         progress(f"stopped {', '.join(stopped)} (logs kept in {directory / 'logs'})")

@@ -79,6 +79,8 @@ class SimState:
     nodes: list[str] = field(default_factory=list)
     operator_namespace: str = ""
     metrics_port: int = 0
+    # The real node, if any: {"name", "dir", "holder" (its namespace sandbox's pid), "shape"}.
+    real_node: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
 
     @property
