@@ -12,17 +12,23 @@ import pytest
 from gpu_operator import __version__
 from gpu_operator.sim import binaries
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
+from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive, node_labels
+from tests.support.hostsim import fakehost
 
 REAL_NODE = "real-node-0"
+SHAPE = "host-driver"
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 IMAGE = f"ghcr.io/gpu-operator-py/gpu-operator:{__version__}"
 
 
 @pytest.fixture(scope="session")
 def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     archive = image_archive()
-    node = RealNode(Path(tmp_path_factory.mktemp("real-node")), REAL_NODE, binaries.locate(),
-                    control_plane.pki.dir, control_plane.apiserver_port)
+    base = Path(tmp_path_factory.mktemp("real-node"))
+    host = base / "host"
+    fakehost.build_file(HOSTS / "ubuntu-apt-driver.yaml", host)
+    node = RealNode(base / "node", REAL_NODE, binaries.locate(), control_plane.pki.dir,
+                    control_plane.apiserver_port, labels=node_labels(SHAPE), host_root=host)
     t0 = time.monotonic()
     node.start()
     try:

@@ -50,6 +50,9 @@ def _setup_script(base: Path, binds: dict[str, Path]) -> str:
     sysctl_dir = base / "sysctl"
     lines = [
         "set -eu",
+        # unshare made every mount private (nothing reaches the host); shared again from here, in
+        # peer groups of the sandbox's own, for the operands' Bidirectional mounts.
+        "mount --make-rshared /",
         "mount -t tmpfs -o mode=0755,size=256m gpu-operator-sim-run /run",
         "mkdir -p /run/containerd /run/netns /run/lock",
     ]

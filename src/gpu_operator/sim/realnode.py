@@ -157,6 +157,9 @@ class RealNode:
     apiserver_port: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)
+    # A fixture host tree: its run/nvidia is the node's /run/nvidia (validation status files);
+    # policies reach the rest through hostPaths.rootFS / driverInstallDir.
+    host_root: Path | None = None
     sandbox: Sandbox = field(init=False)
     containerd: PrivateContainerd = field(init=False)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
@@ -164,7 +167,11 @@ class RealNode:
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).absolute()
         (self.base_dir / "kubelet").mkdir(parents=True, exist_ok=True)
-        self.sandbox = Sandbox(self.base_dir, binds={self.kubelet_root: self.base_dir / "kubelet"})
+        binds = {self.kubelet_root: self.base_dir / "kubelet"}
+        if self.host_root is not None:
+            (self.host_root / "run" / "nvidia").mkdir(parents=True, exist_ok=True)
+            binds["/run/nvidia"] = Path(self.host_root).absolute() / "run" / "nvidia"
+        self.sandbox = Sandbox(self.base_dir, binds=binds)
         self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE,
                                             cri=True, extra_config=containerd_cri_config(self.base_dir))
 
