@@ -30,6 +30,22 @@ KATA_RUNTIME_CLASS = f"{NVIDIA}/kata-runtime-class"
 DRIVER_SOURCE = f"{NVIDIA}/gpu.driver.source"
 DRIVER_VERSION = f"{NVIDIA}/gpu.driver.version"
 PROBE_STATUS = f"{NVIDIA}/gpu.probe.status"
+# VM passthrough (ours). On a mixed node this annotation lists the PCI addresses of the GPUs that
+# go to VMs (comma-separated, e.g. "0000:0a:00.0,0000:18:00.0"); the others stay on nvidia for
+# containers. Without it, a vm-passthrough node gives every GPU to VMs.
+PASSTHROUGH_DEVICES_ANNOTATION = f"{NVIDIA}/gpu.passthrough.devices"
+# The probe's published facts (JSON): driver source and, per GPU, address, vendor:device, product
+# name and bound driver. The KubeVirt sync reads it.
+PROBE_FACTS_ANNOTATION = f"{NVIDIA}/gpu.probe.facts"
+# vfio-manage's in-cluster result: a label (bound | partial | refused | failed | none) and an
+# annotation (JSON: per GPU, its driver after the run and the refusal or result text).
+VFIO_STATE = f"{NVIDIA}/gpu.vfio.state"
+VFIO_RESULT_ANNOTATION = f"{NVIDIA}/gpu.vfio.result"
+VFIO_STATES = ("bound", "partial", "refused", "failed", "none")
+# Event reasons of the node agents that the operator also matches on.
+VFIO_BOUND_REASON = "VFIOBound"
+VFIO_REFUSED_REASON = "VFIORefused"
+HOST_DRIVER_ON_PASSTHROUGH_REASON = "HostDriverOnPassthrough"
 # The NVIDIADriver that owns a GPU node (written by node labelling when NVIDIADrivers are in use).
 DRIVER_OWNER = f"{NVIDIA}/gpu-operator.driver.owner"
 
