@@ -12,12 +12,15 @@ import pytest
 from gpu_operator import __version__
 from gpu_operator.sim import binaries
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive, node_labels
+from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
+from gpu_operator.sim.realspec import gpu_resources, node_labels
 from tests.support.hostsim import fakehost
 
 REAL_NODE = "real-node-0"
 SHAPE = "host-driver"
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+MERGE = "application/merge-patch+json"
+GPU_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/", "gpu-operator.sim/")
 IMAGE = f"ghcr.io/gpu-operator-py/gpu-operator:{__version__}"
 
 
@@ -25,10 +28,15 @@ IMAGE = f"ghcr.io/gpu-operator-py/gpu-operator:{__version__}"
 def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     archive = image_archive()
     base = Path(tmp_path_factory.mktemp("real-node"))
-    host = base / "host"
+    host, broken = base / "host", base / "host-no-driver"
     fakehost.build_file(HOSTS / "ubuntu-apt-driver.yaml", host)
+    # The same GPUs with no driver installed (for the pending-validation test).
+    fakehost.build_file(HOSTS / "nouveau.yaml", broken)
+    # No GPU labels until a test asks for them (`real_gpu_node`): other tests' policies (rootFS /)
+    # must not run our operands on this machine's own root.
     node = RealNode(base / "node", REAL_NODE, binaries.locate(), control_plane.pki.dir,
-                    control_plane.apiserver_port, labels=node_labels(SHAPE), host_root=host)
+                    control_plane.apiserver_port, resources=gpu_resources(SHAPE),
+                    host_root=host, other_host_roots=(broken,))
     t0 = time.monotonic()
     node.start()
     try:
@@ -41,6 +49,18 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     # Nothing of the node may outlive it: processes, cgroups.
     assert node.sandbox.members() == []
     assert not [d for d in cgroup_dirs(REAL_NODE) if d.exists()]
+
+
+@pytest.fixture
+def real_gpu_node(real_node: RealNode) -> Iterator[RealNode]:
+    """The real node labelled as a GPU node of SHAPE for one test (our operands may select it);
+    afterwards every GPU label (the shape's and the operator's) is removed again."""
+    path = f"/api/v1/nodes/{REAL_NODE}"
+    real_node.admin("PATCH", path, {"metadata": {"labels": node_labels(SHAPE)}}, MERGE)
+    yield real_node
+    labels = real_node.admin("GET", path)["metadata"].get("labels", {})
+    gpu = {k: None for k in labels if k.startswith(GPU_LABEL_PREFIXES)}
+    real_node.admin("PATCH", path, {"metadata": {"labels": gpu}}, MERGE)
 
 
 def pod_log(node: RealNode, namespace: str, pod: str, container: str) -> str:

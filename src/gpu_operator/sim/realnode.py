@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.sim import nvruntime
 from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.containerd import PrivateContainerd
@@ -108,7 +111,9 @@ def kubelet_config(base: Path, ca: Path, endpoint: str) -> dict[str, Any]:
     }
 
 
-def containerd_cri_config(base: Path) -> str:
+def containerd_cri_config(base: Path, nvidia_binary: Path | None = None) -> str:
+    """CRI settings; the `nvidia` handler runs `nvidia_binary` (see `nvruntime`) instead of runc
+    when given, plain runc otherwise."""
     cri = '[plugins."io.containerd.grpc.v1.cri"]'
     return "\n".join([
         cri,
@@ -122,10 +127,11 @@ def containerd_cri_config(base: Path) -> str:
         f'{cri[:-1]}.containerd.runtimes.runc]',
         '  runtime_type = "io.containerd.runc.v2"',
         # The handler of the `nvidia` RuntimeClass our operands ask for; the container toolkit
-        # (an NVIDIA image, not run here) would point it at nvidia-container-runtime. Plain runc:
-        # the real node has no GPU.
+        # (an NVIDIA image, not run here) would point it at nvidia-container-runtime.
         f'{cri[:-1]}.containerd.runtimes.nvidia]',
         '  runtime_type = "io.containerd.runc.v2"',
+        *([f'{cri[:-1]}.containerd.runtimes.nvidia.options]', f'  BinaryName = "{nvidia_binary}"']
+          if nvidia_binary else []),
         f"{cri[:-1]}.cni]",
         '  bin_dir = "/usr/lib/cni"',
         f'  conf_dir = "{base / "cni" / "net.d"}"',
@@ -157,9 +163,14 @@ class RealNode:
     apiserver_port: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)
-    # A fixture host tree: its run/nvidia is the node's /run/nvidia (validation status files);
-    # policies reach the rest through hostPaths.rootFS / driverInstallDir.
+    # Extended resources set in the Node's capacity once it is Ready (a device plugin's job).
+    resources: dict[str, str] = field(default_factory=dict)
+    # A fixture host tree: its run/nvidia is the node's /run/nvidia (validation status files, the
+    # driver install dir) and its nvidia-smi is what the `nvidia` runtime handler injects;
+    # policies reach the rest through hostPaths.rootFS (see `realspec.policy_spec`).
     host_root: Path | None = None
+    # More host trees policies may point at (their run/ made a mount point like the first's).
+    other_host_roots: tuple[Path, ...] = ()
     sandbox: Sandbox = field(init=False)
     containerd: PrivateContainerd = field(init=False)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
@@ -167,13 +178,24 @@ class RealNode:
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).absolute()
         (self.base_dir / "kubelet").mkdir(parents=True, exist_ok=True)
-        binds = {self.kubelet_root: self.base_dir / "kubelet"}
+        binds: dict[str, Path] = {self.kubelet_root: self.base_dir / "kubelet"}
+        roots = [Path(r).absolute() for r in ((self.host_root,) if self.host_root else ()) + self.other_host_roots]
+        for root in roots:
+            # A mount point, as /run is on a host: the validator's read-only /host (rootFS) then
+            # still lets it write <rootFS>/run/nvidia/validations (a submount stays writable).
+            (root / "run" / "nvidia" / "validations").mkdir(parents=True, exist_ok=True)
+            binds[str(root / "run")] = root / "run"
+        wrapper = None
         if self.host_root is not None:
-            (self.host_root / "run" / "nvidia").mkdir(parents=True, exist_ok=True)
-            binds["/run/nvidia"] = Path(self.host_root).absolute() / "run" / "nvidia"
+            self.host_root = Path(self.host_root).absolute()
+            binds["/run/nvidia"] = self.host_root / "run" / "nvidia"
+            wrapper = self.base_dir / "nvidia-runc"
+            runc = shutil.which("runc") or "/usr/sbin/runc"
+            wrapper.write_text(nvruntime.wrapper_script(self.host_root, runc))
+            wrapper.chmod(0o755)
         self.sandbox = Sandbox(self.base_dir, binds=binds)
-        self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE,
-                                            cri=True, extra_config=containerd_cri_config(self.base_dir))
+        self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE, cri=True,
+                                            extra_config=containerd_cri_config(self.base_dir, wrapper))
 
     @property
     def kubelet_root(self) -> str:
@@ -246,10 +268,16 @@ class RealNode:
         self.wait_ready(timeout)
         if self.labels:
             # As an admin, after registration: the kubelet refuses NFD's *.kubernetes.io labels.
-            self._admin("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}},
+            self.admin("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}},
+                        "application/merge-patch+json")
+        if self.resources:
+            # Kept by the kubelet's status updates (it copies capacity it does not manage to
+            # allocatable); set both so that readers see them at once.
+            self.admin("PATCH", f"/api/v1/nodes/{self.name}/status",
+                        {"status": {"capacity": self.resources, "allocatable": self.resources}},
                         "application/merge-patch+json")
 
-    def _admin(self, method: str, path: str, body: Any = None,
+    def admin(self, method: str, path: str, body: Any = None,
                content_type: str = "application/json") -> Any:
         import ssl
         import urllib.request
@@ -271,7 +299,7 @@ class RealNode:
                     raise RealNodeError(f"real node {self.name}: {name} exited with code {proc.returncode}; "
                                         f"log {self.logs / (name + '.log')}:\n{_tail(self.logs / (name + '.log'))}")
             with contextlib.suppress(OSError, ValueError):
-                node = self._admin("GET", f"/api/v1/nodes/{self.name}")
+                node = self.admin("GET", f"/api/v1/nodes/{self.name}")
                 conds = node.get("status", {}).get("conditions", [])
                 if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
                     return
@@ -280,6 +308,15 @@ class RealNode:
                 raise RealNodeError(f"real node {self.name} not Ready after {timeout:.0f}s; kubelet log {log}:\n"
                                     f"{_tail(log, 40)}")
             time.sleep(0.5)
+
+    def http_get(self, url: str, timeout: float = 10.0) -> str:
+        """GET `url` from inside the node's network (pod IPs live there); raises with the output."""
+        script = ("import sys, urllib.request\n"
+                  "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())")
+        done = self.sandbox.run([sys.executable, "-c", script, url, str(timeout)], timeout=timeout + 20)
+        if done.returncode != 0:
+            raise RealNodeError(f"GET {url} inside real node {self.name} failed: {done.stderr.strip()[-500:]}")
+        return done.stdout
 
     def stop(self) -> None:
         kubelet = self.processes.pop("kubelet", None)
@@ -339,24 +376,3 @@ def image_archive(build: bool = True) -> Path:
     if not archive.exists():
         raise RealNodeError(f"{archive} is missing: run `./dev image` or set ${IMAGE_ENV}")
     return archive
-
-
-# The operands whose image is ours (the validator, the node-status exporter): the only ones the
-# real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
-OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter")
-
-
-def node_labels(shape: str) -> dict[str, str]:
-    """The labels a real node of `shape` carries: the shape's NFD/GPU labels, and
-    `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image (the operator's
-    node labelling keeps an existing value, so those DaemonSets never select this node)."""
-    from gpu_operator import shapes
-    from gpu_operator.controllers.nodelabels import ALL_DEPLOY_LABELS
-    from gpu_operator.vocabulary import deploy_label
-
-    manifest = shapes.nodes([shape])[0]
-    labels = {k: v for k, v in manifest["metadata"].get("labels", {}).items()
-              if not k.startswith("kubernetes.io/") and k != "type"}
-    own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS}
-    labels.update({key: "false" for key in ALL_DEPLOY_LABELS - own})
-    return labels

@@ -123,6 +123,8 @@ def pod_problem(pod: dict[str, Any]) -> str:
             terminated = state.get("terminated")
             if terminated and terminated.get("exitCode", 0) != 0:
                 return f"{cs['name']}: exited {terminated['exitCode']} ({terminated.get('reason', '')}){said}"
+            if said and "running" in state:  # restarted: its last run's failure is still the reason
+                return f"{cs['name']}: running again after exit {last['exitCode']}{said}"
     for cond in status.get("conditions") or []:
         if cond.get("status") != "True" and cond.get("message"):
             return f"{cond['type']}: {cond['message']}"

@@ -187,3 +187,14 @@ def test_pod_problem_carries_the_validators_termination_message() -> None:
          "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}},
     ]}}
     assert pod_problem(pod) == f"cuda-validation: CrashLoopBackOff: {message}"
+
+
+def test_pod_problem_of_a_restarted_validation_is_its_last_failure() -> None:
+    from gpu_operator.statusview.table import pod_problem
+
+    message = "driver: the operator's driver container at /run/nvidia/validations/.driver-ctr-ready: waited 10s"
+    pod = {"status": {"phase": "Pending", "initContainerStatuses": [
+        {"name": "driver-validation", "state": {"running": {}}, "restartCount": 1,
+         "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}},
+    ], "conditions": [{"type": "Initialized", "status": "False", "message": "containers with incomplete status"}]}}
+    assert pod_problem(pod) == f"driver-validation: running again after exit 1: {message}"

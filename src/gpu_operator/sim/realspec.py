@@ -1,0 +1,63 @@
+"""What the real node is given by its shape (labels, GPU resources, a host tree) and the
+ClusterPolicy settings that point our operands at that host tree instead of this machine's /.
+
+Only our image runs on the real node: the operands of NVIDIA images (driver, toolkit, device
+plugin, GFD, DCGM, MIG manager, ...) cannot be pulled here, so their deploy labels are `false` on
+it and they run on kwok nodes only. What they would have left on a GPU host is given instead: the
+host tree's driver (a fixture), `nvidia.com/gpu` in the Node's capacity (as the device plugin
+would register it), and the `nvidia` runtime handler (see `nvruntime`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The operands whose image is ours (the validator, the node-status exporter): the only ones the
+# real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
+OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter")
+# The validator and the exporter run the host tree's nvidia-smi directly: a fixture tree has no
+# shell or libc to chroot into (the node-agent tests run them the same way).
+NO_CHROOT = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
+
+
+def node_labels(shape: str) -> dict[str, str]:
+    """The labels a real node of `shape` carries: the shape's NFD/GPU labels, and
+    `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image (the operator's
+    node labelling keeps an existing value, so those DaemonSets never select this node)."""
+    from gpu_operator import shapes
+    from gpu_operator.controllers.nodelabels import ALL_DEPLOY_LABELS
+    from gpu_operator.vocabulary import deploy_label
+
+    manifest = shapes.nodes([shape])[0]
+    labels = {k: v for k, v in manifest["metadata"].get("labels", {}).items()
+              if not k.startswith("kubernetes.io/") and k != "type"}
+    own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS}
+    labels.update({key: "false" for key in ALL_DEPLOY_LABELS - own})
+    return labels
+
+
+def gpu_resources(shape: str) -> dict[str, str]:
+    """The `nvidia.com/*` resources a node of `shape` advertises (what its device plugin would
+    register with the kubelet; the plugin itself is an NVIDIA image)."""
+    from gpu_operator import shapes
+
+    capacity = shapes.nodes([shape])[0]["status"]["capacity"]
+    return {k: v for k, v in capacity.items() if k.startswith("nvidia.com/")}
+
+
+def policy_spec(host_root: Path | str, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ClusterPolicy spec (`base`, default: every default) whose operands reach the real node's
+    host tree: `hostPaths.rootFS` is the tree (the validator's driver check and the exporter read
+    its sysfs/proc and run its nvidia-smi); the CUDA check runs no workload pod (its image,
+    NVIDIA's CUDA sample, cannot be pulled here); the node-status exporter is on, so its metrics
+    can be scraped from its pod."""
+    spec: dict[str, Any] = {**(base or {})}
+    spec["hostPaths"] = {**spec.get("hostPaths", {}), "rootFS": str(host_root)}
+    spec["nodeStatusExporter"] = {"enabled": True, **spec.get("nodeStatusExporter", {}),
+                                  "env": [NO_CHROOT]}
+    validator = dict(spec.get("validator", {}))
+    validator["driver"] = {"env": [NO_CHROOT]}
+    validator["cuda"] = {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}
+    spec["validator"] = validator
+    return spec

@@ -1,0 +1,165 @@
+"""The operator with 2 kwok nodes and the real node: our operands really run on the real node,
+against its fixture host tree (hostPaths.rootFS), with their own ServiceAccounts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client
+from lightkube.resources.core_v1 import Pod
+
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.realnode import RealNode
+from gpu_operator.sim.realspec import policy_spec
+from gpu_operator.vocabulary import VALIDATIONS_DIR
+from tests.integration.realnode_fixtures import REAL_NODE, pod_log
+from tests.support.status import policy_status
+from tests.support.waiting import wait_for
+
+VALIDATOR_APP = "nvidia-operator-validator"
+EXPORTER_APP = "nvidia-node-status-exporter"
+
+
+def _pods(kube: Client, namespace: str, app: str) -> list[dict[str, Any]]:
+    return [p.to_dict() for p in kube.list(Pod, namespace=namespace, labels={"app": app},
+                                           fields={"spec.nodeName": REAL_NODE})]
+
+
+def _summary(kube: Client, namespace: str) -> str:
+    pods = kube.list(Pod, namespace=namespace, fields={"spec.nodeName": REAL_NODE})
+    return "\n".join(f"{p.metadata.name if p.metadata else ''}: {json.dumps(p.to_dict().get('status') or {})[:1500]}"
+                     for p in pods)
+
+
+def _running_with_inits_done(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    inits = status.get("initContainerStatuses") or []
+    return status.get("phase") == "Running" and bool(inits) and all(
+        (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0 for s in inits)
+
+
+def _forbidden_in_audit(plane: ControlPlane, namespace: str) -> list[str]:
+    prefix = f"system:serviceaccount:{namespace}:"
+    return [f"{e['user']['username']} {e['verb']} {e.get('requestURI')}" for e in plane.audit_events()
+            if e.get("user", {}).get("username", "").startswith(prefix)
+            and (e.get("responseStatus") or {}).get("code") == 403]
+
+
+def _forbidden_in_logs(node: RealNode, namespace: str) -> list[str]:
+    found = []
+    for log in node.pod_logs.glob(f"{namespace}_*/*/*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if " 403" in line or "Forbidden" in line or "forbidden" in line:
+                found.append(f"{log.parent.parent.name}/{log.parent.name}: {line[:300]}")
+    return found
+
+
+def test_operator_ready_with_our_operands_really_running_on_the_real_node(
+        control_plane: ControlPlane, kube: Client, real_gpu_node: RealNode, fake_nodes: Callable[..., list[str]],
+        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
+        operator_namespace: str) -> None:
+    real_node = real_gpu_node
+    assert real_node.host_root is not None
+    validations = real_node.host_root / VALIDATIONS_DIR.lstrip("/")
+    for stale in validations.glob("*"):
+        stale.unlink()
+    fake_nodes("dgx-h100:2")
+    operator = start_operator()
+    cluster_policies(policy_spec(real_node.host_root))
+    ns = operator_namespace
+
+    def context() -> str:
+        return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+
+    wait_for("the ClusterPolicy to become ready", lambda: policy_status(kube).get("state"),
+             until=lambda s: s == "ready", timeout=300, interval=2, context=context)
+    validator = wait_for("the real node's validator pod with every validation passed",
+                         lambda: _pods(kube, ns, VALIDATOR_APP), timeout=60, interval=1, context=context,
+                         until=lambda pods: len(pods) == 1 and _running_with_inits_done(pods[0]))[0]
+    name = validator["metadata"]["name"]
+    # The init containers really ran: each wrote its status file into the fixture host tree.
+    for component in ("driver", "toolkit", "cuda", "plugin"):
+        assert (validations / f"{component}-ready").exists(), (component, list(validations.iterdir()))
+        assert f"{component}: passed" in pod_log(real_node, ns, name, f"{component}-validation")
+    assert "IS_HOST_DRIVER=true" in (validations / "driver-ready").read_text()
+    assert "nvidia-smi runs inside a GPU container" in pod_log(real_node, ns, name, "toolkit-validation")
+
+    # The node-status exporter's /metrics, scraped from its pod on the node's pod network.
+    exporter = wait_for("the real node's node-status exporter pod", lambda: _pods(kube, ns, EXPORTER_APP),
+                        until=lambda pods: len(pods) == 1 and pods[0]["status"].get("podIP")
+                        and pods[0]["status"].get("phase") == "Running", timeout=90, interval=1,
+                        context=context)[0]
+    url = f"http://{exporter['status']['podIP']}:8000/metrics"
+    metrics = wait_for(f"metrics from {url}", lambda: _scrape(real_node, url),
+                       until=lambda text: "gpu_operator_node_driver_validation 1.0" in text, timeout=60,
+                       interval=2)
+    for line in ("gpu_operator_node_driver_ready 1.0", "gpu_operator_node_plugin_ready 1.0",
+                 "gpu_operator_node_device_plugin_devices_total 2.0", "gpu_operator_nvidia_pci_devices_total 2.0"):
+        assert line in metrics, metrics
+
+    # `gpu-operator status` sees the real node's validation pass.
+    shown = _status_command(control_plane, ns)
+    assert REAL_NODE in shown and "passed (4/4)" in shown, shown
+    assert _forbidden_in_logs(real_node, ns) == []
+    assert _forbidden_in_audit(control_plane, ns) == []
+
+
+def _scrape(node: RealNode, url: str) -> str:
+    try:
+        return node.http_get(url)
+    except Exception as err:  # not listening yet
+        return f"not yet: {err}"
+
+
+def _status_command(plane: ControlPlane, namespace: str) -> str:
+    """`gpu-operator status` as a user runs it (wide, so that reasons are not wrapped)."""
+    import os
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", "status", f"--kubeconfig={plane.admin_kubeconfig}",
+         f"--namespace={namespace}"],
+        env={**os.environ, "COLUMNS": "400"}, capture_output=True, text=True, timeout=60, check=False)
+    return done.stdout + done.stderr
+
+
+def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_reason(
+        control_plane: ControlPlane, kube: Client, real_gpu_node: RealNode,
+        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
+        operator_namespace: str) -> None:
+    real_node = real_gpu_node
+    broken = real_node.other_host_roots[0]
+    assert not (Path(broken) / "usr/bin/nvidia-smi").exists()
+    operator = start_operator()
+    spec = policy_spec(broken)
+    # A short driver budget, so the validator gives up and says why within the test.
+    spec["validator"]["driver"]["env"].append({"name": "DRIVER_TIMEOUT_SECONDS", "value": "10"})
+    cluster_policies(spec)
+    ns = operator_namespace
+
+    def context() -> str:
+        return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+
+    def failed_driver_validation() -> str:
+        for pod in _pods(kube, ns, VALIDATOR_APP):
+            for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+                last = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+                if cs["name"] == "driver-validation" and last and last.get("exitCode"):
+                    return str(last.get("message", ""))
+        return ""
+
+    message = wait_for("the real node's driver validation to fail", failed_driver_validation, timeout=180,
+                       interval=2, context=context)
+    assert "driver:" in message and ".driver-ctr-ready" in message, message
+    assert policy_status(kube).get("state") != "ready"
+    # The reason, from the validator's termination message (the table may wrap it: compare unwrapped).
+    shown = _status_command(control_plane, ns)
+    assert REAL_NODE in shown and "driver-validation" in shown, shown
+    assert "".join(message.split())[:120] in "".join(shown.split()), shown
+    assert _forbidden_in_logs(real_node, ns) == []
+    assert _forbidden_in_audit(control_plane, ns) == []

@@ -1,0 +1,42 @@
+"""The real node's shape-derived settings, its policy settings and its `nvidia` runtime handler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.sim import nvruntime
+from gpu_operator.sim.realspec import gpu_resources, node_labels, policy_spec
+
+
+def test_only_our_image_operands_may_select_the_real_node() -> None:
+    labels = node_labels("host-driver")
+    deploy = {k.rsplit(".", 1)[-1]: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")}
+    assert "operator-validator" not in deploy and "node-status-exporter" not in deploy
+    assert deploy["driver"] == deploy["device-plugin"] == deploy["container-toolkit"] == "false"
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+    assert gpu_resources("host-driver") == {"nvidia.com/gpu": "2"}
+
+
+def test_policy_spec_points_operands_at_the_host_tree_and_keeps_other_settings() -> None:
+    spec = policy_spec(Path("/tmp/host"), {"driver": {"enabled": False}, "validator": {"repository": "r"}})
+    parsed = ClusterPolicySpec.model_validate(spec)
+    assert parsed.hostPaths.rootFS == "/tmp/host"
+    assert parsed.driver.enabled is False and parsed.validator.repository == "r"
+    assert parsed.nodeStatusExporter.on()
+    assert spec["validator"]["cuda"]["env"] == [{"name": "WITH_WORKLOAD", "value": "false"}]
+
+
+def test_nvidia_runtime_binds_the_host_trees_nvidia_smi_into_containers_not_sandboxes(tmp_path: Path) -> None:
+    smi = tmp_path / "usr/bin/nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text("#!/bin/sh\n")
+    container: dict[str, Any] = {"mounts": [{"destination": "/proc", "type": "proc"}]}
+    assert nvruntime.inject(container, tmp_path) == ["/usr/bin/nvidia-smi"]
+    assert container["mounts"][-1] == {"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": str(smi),
+                                       "options": ["rbind", "ro", "nosuid", "nodev"]}
+    assert nvruntime.inject(container, tmp_path) == []  # once
+    sandbox: dict[str, Any] = {"annotations": {nvruntime.SANDBOX_ANNOTATION: "sandbox"}}
+    assert nvruntime.inject(sandbox, tmp_path) == [] and "mounts" not in sandbox
+    assert nvruntime.inject({}, tmp_path / "no-driver") == []
