@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -138,86 +138,6 @@ def validate(
     run_component(component, host_root, dict(os.environ))
 
 
-vfio_app = typer.Typer(
-    help="Move NVIDIA GPUs to vfio-pci (bind) or back to the host's drivers (unbind).", no_args_is_help=True
-)
-
-
-def _vfio(
-    action: Literal["bind", "unbind"],
-    all_gpus: bool,
-    device: list[str] | None,
-    dry_run: bool,
-    host_root: str | None,
-    load_module: bool,
-) -> None:
-    from gpu_operator.node import vfio
-    from gpu_operator.node.hostfs import KernelWriter
-    from gpu_operator.node.runner import HostRunner
-
-    fs = _fs(host_root)
-    try:
-        if dry_run:
-            plans = vfio.plan(fs, action, device or [], all_gpus)
-        else:
-
-            def load() -> None:
-                result = HostRunner(fs).run(["modprobe", vfio.VFIO_DRIVER], root="/", timeout=60)
-                if not result.ok:
-                    typer.echo(f"could not load vfio-pci: {result.summary()}", err=True)
-
-            plans = vfio.execute(
-                fs, KernelWriter(fs), action, device or [], all_gpus, load_vfio=load if load_module else None
-            )
-    except vfio.VfioUsageError as err:
-        raise typer.BadParameter(str(err)) from None
-    if not plans:
-        typer.echo("no NVIDIA GPU on this host; nothing to do")
-    failed = False
-    for p in plans:
-        head = f"{p.gpu} {p.name or ''}".strip()
-        if p.refused:
-            failed = True
-            typer.echo(f"{head}: REFUSED: {p.refused}", err=True)
-            continue
-        if dry_run:
-            typer.echo(f"{head}: " + ("nothing to do" if not p.writes else f"{len(p.writes)} write(s)"))
-            for path, value in p.writes:
-                typer.echo(f"  echo {value.strip()!r} > {path}" if value.strip() else f"  echo > {path}")
-            continue
-        failed |= not p.ok
-        typer.echo(f"{head}: {p.result}")
-    if failed:
-        raise typer.Exit(1)
-
-
-AllGpus = Annotated[bool, typer.Option("--all", help="Every NVIDIA GPU on the host.")]
-Devices = Annotated[list[str] | None, typer.Option("--device", help="A GPU's PCI address (repeatable).")]
-DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the sysfs writes instead of making them.")]
-
-
-@vfio_app.command("bind")
-def vfio_bind(
-    all_gpus: AllGpus = False,
-    device: Devices = None,
-    dry_run: DryRun = False,
-    load_module: Annotated[
-        bool, typer.Option(help="modprobe vfio-pci on the host when it is not loaded.")
-    ] = True,
-    host_root: HostRoot = None,
-) -> None:
-    """Bind GPUs (and the NVIDIA functions of their IOMMU groups) to vfio-pci."""
-    _vfio("bind", all_gpus, device, dry_run, host_root, load_module)
-
-
-@vfio_app.command("unbind")
-def vfio_unbind(
-    all_gpus: AllGpus = False, device: Devices = None, dry_run: DryRun = False, host_root: HostRoot = None
-) -> None:
-    """Give GPUs back to the host: clear driver_override, unbind from vfio-pci, let the kernel re-probe."""
-    _vfio("unbind", all_gpus, device, dry_run, host_root, False)
-
-
 def serve_metrics(host_root: str | None, config: Any, port: int, address: str) -> None:
     """Serve the node's validation state as Prometheus metrics until stopped."""
     from prometheus_client import start_http_server
@@ -291,6 +211,8 @@ def register(app: typer.Typer) -> None:
     node_app.command("probe")(probe)
     app.add_typer(node_app, name="node")
     app.command("validate")(validate)
+    from gpu_operator.node.vfio_cli import vfio_app
+
     app.add_typer(vfio_app, name="vfio-manage")
     app.command("node-status-exporter")(node_status_exporter)
     app.command("doctor")(doctor)

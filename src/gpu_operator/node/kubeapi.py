@@ -20,11 +20,19 @@ def _client() -> Any:
 class KubeNodeView:
     """NodeView over the API for one node; the agent's own pod (POD_NAME) gives owner and tolerations."""
 
-    def __init__(self, node_name: str, namespace: str, pod_name: str = "", client: Any = None) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        namespace: str,
+        pod_name: str = "",
+        client: Any = None,
+        component: str = "gpu-operator-node-probe",
+    ) -> None:
         self.node_name = node_name
         self.namespace = namespace
         self.pod_name = pod_name
         self.client = client or _client()
+        self.component = component
 
     def _node(self) -> dict[str, Any]:
         from lightkube.resources.core_v1 import Node
@@ -37,6 +45,19 @@ class KubeNodeView:
 
     def node_allocatable(self) -> dict[str, str]:
         return {k: str(v) for k, v in (self._node().get("status", {}).get("allocatable") or {}).items()}
+
+    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The Node's labels and annotations (one GET)."""
+        meta = self._node().get("metadata", {})
+        return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
+
+    def node_resources(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The Node's capacity and allocatable (one GET)."""
+        status = self._node().get("status", {})
+        return (
+            {k: str(v) for k, v in (status.get("capacity") or {}).items()},
+            {k: str(v) for k, v in (status.get("allocatable") or {}).items()},
+        )
 
     def validator_pod_template(self) -> dict[str, Any]:
         from lightkube.resources.core_v1 import Pod
@@ -72,14 +93,24 @@ class KubeNodeView:
             time.sleep(2)
         return PodOutcome(False, "Timeout", f"pod {namespace}/{name} still not finished; {detail}")
 
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]]) -> None:
+    def publish(
+        self,
+        labels: dict[str, str | None],
+        events: list[dict[str, str]],
+        annotations: dict[str, str | None] | None = None,
+    ) -> None:
+        """One merge patch of labels (and annotations), then one Event per entry (the patch answers the Node's uid)."""
         from lightkube.resources.core_v1 import Event, Node
         from lightkube.types import PatchType
 
-        self.client.patch(Node, self.node_name, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE)
-        node = self._node()
+        meta: dict[str, Any] = {"labels": labels}
+        if annotations:
+            meta["annotations"] = annotations
+        patched = self.client.patch(Node, self.node_name, {"metadata": meta}, patch_type=PatchType.MERGE)
+        node = patched.to_dict()
         for event in events:
-            self.client.create(Event.from_dict(node_event(node, event, self.namespace or "default")))
+            body = node_event(node, event, self.namespace or "default", self.component)
+            self.client.create(Event.from_dict(body))
 
 
 def pod_detail(pod: dict[str, Any]) -> str:
@@ -100,7 +131,9 @@ def pod_detail(pod: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def node_event(node: dict[str, Any], event: dict[str, str], namespace: str) -> dict[str, Any]:
+def node_event(
+    node: dict[str, Any], event: dict[str, str], namespace: str, component: str = "gpu-operator-node-probe"
+) -> dict[str, Any]:
     """A core/v1 Event about a Node (events about cluster-scoped objects live in a namespace of choice)."""
     meta = node.get("metadata", {})
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -117,7 +150,7 @@ def node_event(node: dict[str, Any], event: dict[str, str], namespace: str) -> d
         "reason": event["reason"],
         "message": event["message"][:1024],
         "type": event["type"],
-        "source": {"component": "gpu-operator-node-probe", "host": meta.get("name")},
+        "source": {"component": component, "host": meta.get("name")},
         "firstTimestamp": now,
         "lastTimestamp": now,
         "count": 1,

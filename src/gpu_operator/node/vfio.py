@@ -76,6 +76,11 @@ def _group_functions(fs: HostFS, gpu: pci.PciFunction) -> tuple[list[pci.PciFunc
     return ours or [gpu], foreign
 
 
+def moving_functions(fs: HostFS, gpus: list[pci.PciFunction]) -> list[str]:
+    """Addresses of the GPUs and the NVIDIA functions of their IOMMU groups (what bind moves), sorted."""
+    return sorted({f.address for g in gpus for f in _group_functions(fs, g)[0]})
+
+
 def _iommu_refusal(fs: HostFS, gpu: pci.PciFunction) -> str | None:
     if pci.iommu_group_count(fs) == 0:
         return (

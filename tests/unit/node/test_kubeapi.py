@@ -45,8 +45,9 @@ class StandInClient:
         self.calls.append(("create", type(obj).__name__))
         return Obj({"metadata": {"name": "nvidia-cuda-validator-abcde"}})
 
-    def patch(self, res: Any, name: str, obj: Any, patch_type: Any) -> None:
+    def patch(self, res: Any, name: str, obj: Any, patch_type: Any) -> Obj:
         self.calls.append(("patch", name, obj))
+        return Obj(self.node)
 
 
 MANIFEST = {"apiVersion": "v1", "kind": "Pod",
