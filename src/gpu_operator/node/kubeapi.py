@@ -109,7 +109,7 @@ class KubeNodeView:
         patched = self.client.patch(Node, self.node_name, {"metadata": meta}, patch_type=PatchType.MERGE)
         node = patched.to_dict()
         for event in events:
-            body = node_event(node, event, self.namespace or "default", self.component)
+            body = node_event(node, event, self.component)
             self.client.create(Event.from_dict(body))
 
 
@@ -132,15 +132,16 @@ def pod_detail(pod: dict[str, Any]) -> str:
 
 
 def node_event(
-    node: dict[str, Any], event: dict[str, str], namespace: str, component: str = "gpu-operator-node-probe"
+    node: dict[str, Any], event: dict[str, str], component: str = "gpu-operator-node-probe"
 ) -> dict[str, Any]:
-    """A core/v1 Event about a Node (events about cluster-scoped objects live in a namespace of choice)."""
+    """A core/v1 Event about a Node. The apiserver accepts events about cluster-scoped objects only in
+    `default` (or no namespace), so that is where they go whatever namespace the agent runs in."""
     meta = node.get("metadata", {})
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{meta.get('name', 'node')}.", "namespace": namespace},
+        "metadata": {"generateName": f"{meta.get('name', 'node')}.", "namespace": "default"},
         "involvedObject": {
             "kind": "Node",
             "name": meta.get("name"),

@@ -159,8 +159,18 @@ def vfio_reconcile(
         view = KubeNodeView(node, os.environ.get("OPERATOR_NAMESPACE", ""), component="gpu-operator-vfio-manager")
     except ConfigError as err:
         raise typer.BadParameter(f"reconcile needs Kubernetes API access (in-cluster or KUBECONFIG): {err}") from None
+    from httpx2 import HTTPError
+    from lightkube.core.exceptions import ApiError
+
     while True:
-        record, written = reconcile(fs, KernelWriter(fs), view, load_vfio=_loader(fs) if load_module else None)
+        try:
+            record, written = reconcile(fs, KernelWriter(fs), view, load_vfio=_loader(fs) if load_module else None)
+        except (ApiError, HTTPError) as err:
+            if once:
+                raise typer.BadParameter(f"Node {node}: the API refused or failed: {err}") from None
+            typer.echo(f"Node {node}: API error, retrying in {interval:.0f}s: {err}", err=True)
+            time.sleep(interval)
+            continue
         typer.echo(f"{node}: vfio state {record['state']}" + (" (recorded on the Node)" if written else " (unchanged)"))
         for address, gpu in sorted(record["gpus"].items()):
             typer.echo(f"  {address}: {gpu['driver']}: {gpu['result']}")

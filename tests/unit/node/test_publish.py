@@ -40,9 +40,9 @@ def test_info_findings_make_no_events(build_host) -> None:  # type: ignore[no-un
 
 def test_node_event_body() -> None:
     node = {"metadata": {"name": "gpu-0", "uid": "abc"}}
-    body = node_event(node, {"reason": "IommuOff", "type": "Warning", "message": "x" * 2000}, "gpu-operator")
+    body = node_event(node, {"reason": "IommuOff", "type": "Warning", "message": "x" * 2000})
     assert body["involvedObject"] == {"kind": "Node", "name": "gpu-0", "uid": "abc", "apiVersion": "v1"}
-    assert body["metadata"] == {"generateName": "gpu-0.", "namespace": "gpu-operator"}
+    assert body["metadata"] == {"generateName": "gpu-0.", "namespace": "default"}
     assert len(body["message"]) == 1024 and body["reason"] == "IommuOff"
 
 

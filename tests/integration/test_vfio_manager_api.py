@@ -1,0 +1,120 @@
+"""vfio-manage reconcile against the real apiserver, as the vfio-manager's ServiceAccount with only the
+permissions it needs (get/patch its Node, create Events): the Node's result label, annotation and Event
+(host side: the seed-001 fixture with the kernel simulator, and the command line on an isolated host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from lightkube import Client, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
+from lightkube.types import PatchType
+
+from gpu_operator.node.kubeapi import KubeNodeView
+from gpu_operator.node.vfio_node import reconcile
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, VFIO_RESULT_ANNOTATION, VFIO_STATE
+from tests.support.hostsim import fakehost
+from tests.support.waiting import wait_for
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+
+
+def vfio_manager_identity(control_plane: ControlPlane, kube: Client, namespace: str) -> Path:
+    """A ServiceAccount with exactly the agent's rights; its token kubeconfig."""
+    sa = "vfio-manager-test"
+    kubeconfig = control_plane.serviceaccount_kubeconfig(namespace, sa)
+    subject = [Subject(kind="ServiceAccount", name=sa, namespace=namespace)]
+    cluster_role = f"{namespace}-vfio-manager"
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "name": cluster_role}
+    kube.apply(ClusterRole(metadata=ObjectMeta(name=cluster_role),
+                           rules=[PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "patch"])]))
+    kube.apply(ClusterRoleBinding(metadata=ObjectMeta(name=cluster_role), subjects=subject,
+                                  roleRef=RoleRef(kind="ClusterRole", **ref)))
+    # Events about a Node live in `default`, whatever namespace the agent runs in.
+    kube.apply(Role(metadata=ObjectMeta(name=cluster_role, namespace="default"),
+                    rules=[PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"])]))
+    kube.apply(RoleBinding(metadata=ObjectMeta(name=cluster_role, namespace="default"), subjects=subject,
+                           roleRef=RoleRef(kind="Role", **ref)))
+    return kubeconfig
+
+
+def can_get(client: Client, node: str) -> bool:
+    try:
+        client.get(Node, node)
+    except ApiError as err:
+        if err.status.code != 403:
+            raise
+        return False
+    return True
+
+
+def node_events(kube: Client, node: str) -> list[Event]:
+    return [e for e in kube.list(Event, namespace="default")
+            if e.involvedObject and e.involvedObject.kind == "Node" and e.involvedObject.name == node]
+
+
+def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
+        control_plane: ControlPlane, kube: Client, namespace: str,
+        fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    node = fake_nodes("vfio-passthrough:1")[0]
+    kube.patch(Node, node, {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
+               patch_type=PatchType.MERGE)
+    host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
+    kubeconfig = vfio_manager_identity(control_plane, kube, namespace)
+    client = Client(KubeConfig.from_file(kubeconfig), field_manager="gpu-operator-node")
+    wait_for("the ServiceAccount's RBAC to let it read its Node", lambda: can_get(client, node), timeout=60)
+    view = KubeNodeView(node, namespace, client=client, component="gpu-operator-vfio-manager")
+    kernel = host.kernel()
+    record, written = reconcile(host.fs, kernel, view)
+    assert written and record["state"] == "bound"
+    stored = kube.get(Node, node).metadata
+    assert stored is not None and (stored.labels or {})[VFIO_STATE] == "bound"
+    gpus = json.loads((stored.annotations or {})[VFIO_RESULT_ANNOTATION])["gpus"]
+    assert {a: g["driver"] for a, g in gpus.items()} == {**dict.fromkeys(H100[:4], "vfio-pci"), **dict.fromkeys(H100[4:], "nvidia")}
+    (event,) = node_events(kube, node)
+    assert event.reason == "VFIOBound" and event.type == "Normal"
+    assert event.source is not None and event.source.component == "gpu-operator-vfio-manager"
+    assert "4 left for containers" in (event.message or "")
+    # A second pass finds everything in place: no sysfs write, no Node patch, no new Event.
+    def version() -> str | None:
+        meta = kube.get(Node, node).metadata
+        return meta.resourceVersion if meta else None
+
+    writes, before = len(kernel.log), version()
+    _, written = reconcile(host.fs, kernel, view)
+    assert not written and len(kernel.log) == writes
+    assert version() == before
+    assert len(node_events(kube, node)) == 1
+
+
+def test_the_command_reports_a_refusal_on_the_node(
+        control_plane: ControlPlane, kube: Client, namespace: str,
+        fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    node = fake_nodes("vfio-passthrough:1")[0]
+    root = tmp_path / "root"
+    fakehost.build(
+        {**fakehost.load_spec(HOSTS / "h100-nvidia-bound.yaml"), "iommu": False}, root)
+    kubeconfig = vfio_manager_identity(control_plane, kube, namespace)
+    sa_client = Client(KubeConfig.from_file(kubeconfig))
+    wait_for("the ServiceAccount's RBAC to let it read its Node", lambda: can_get(sa_client, node), timeout=60)
+    env = {**os.environ, "NODE_NAME": node, "OPERATOR_NAMESPACE": namespace, "KUBECONFIG": str(kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "vfio-manage", "reconcile", "--once",
+                           f"--host-root={root}", "--no-load-module"],
+                          env=env, text=True, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "vfio state refused" in done.stdout
+    meta = kube.get(Node, node).metadata
+    assert meta is not None and (meta.labels or {})[VFIO_STATE] == "refused"
+    (event,) = node_events(kube, node)
+    assert event.type == "Warning" and event.reason == "VFIORefused" and "IOMMU is off" in (event.message or "")
