@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 
 from gpu_operator import __version__
-from gpu_operator.sim import binaries
+from gpu_operator.sim import binaries, hosttree
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
-from gpu_operator.sim.realspec import gpu_resources, node_labels
-from tests.support.hostsim import fakehost
+from gpu_operator.sim.realspec import gpu_resources, host_spec, node_labels
 
 REAL_NODE = "real-node-0"
 SHAPE = "host-driver"
-HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+NO_DRIVER_SHAPE = "dgx-h100"  # its driver would come from the operator (an NVIDIA image)
 MERGE = "application/merge-patch+json"
 GPU_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/", "gpu-operator.sim/")
 IMAGE = f"ghcr.io/gpu-operator-py/gpu-operator:{__version__}"
@@ -29,9 +28,9 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     archive = image_archive()
     base = Path(tmp_path_factory.mktemp("real-node"))
     host, broken = base / "host", base / "host-no-driver"
-    fakehost.build_file(HOSTS / "ubuntu-apt-driver.yaml", host)
-    # The same GPUs with no driver installed (for the pending-validation test).
-    fakehost.build_file(HOSTS / "nouveau.yaml", broken)
+    hosttree.build(host_spec(SHAPE), host)
+    # GPUs with no driver installed (for the pending-validation test).
+    hosttree.build(host_spec(NO_DRIVER_SHAPE), broken)
     # No GPU labels until a test asks for them (`real_gpu_node`): other tests' policies (rootFS /)
     # must not run our operands on this machine's own root.
     node = RealNode(base / "node", REAL_NODE, binaries.locate(), control_plane.pki.dir,
@@ -48,7 +47,7 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
         node.stop()
     # Nothing of the node may outlive it: processes, cgroups.
     assert node.sandbox.members() == []
-    assert not [d for d in cgroup_dirs(REAL_NODE) if d.exists()]
+    assert not [d for d in cgroup_dirs(node.cgroup_name) if d.exists()]
 
 
 @pytest.fixture

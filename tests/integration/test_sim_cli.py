@@ -77,46 +77,39 @@ def test_demo_reaches_ready_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert not (where / "state.json").exists()
 
 
-def test_up_with_a_real_node_and_down_removes_every_container(tmp_path: Path) -> None:
-    import time
-
-    from lightkube.codecs import from_dict
-    from lightkube.resources.core_v1 import Pod
-
-    from gpu_operator.render.defaults import OWN_IMAGE
-    from gpu_operator.sim.realnode import cgroup_dirs
+def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_container(tmp_path: Path) -> None:
+    from gpu_operator.sim.realnode import cgroup_dirs, cgroup_name
 
     where = tmp_path / "sim"
-    up = sim("up", "--dir", str(where), "--shape", "cpu:1", "--real-node")
-    assert up.returncode == 0, up.stderr
+    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--real-node", "--keep", "--timeout", "240",
+               timeout=480)
     state = SimState.load(where)
-    assert state is not None and state.real_node["name"] == "real-node-0"
     try:
-        assert {"real-node-sandbox", "real-node-containerd", "real-node-kubelet", "real-node-nsproxy"} <= \
-            {p.name for p in state.alive()}
+        assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+        assert state is not None and state.real_node["name"] == "real-node-0"
+        out = " ".join(demo.stdout.replace("│", " ").split())  # the summary table, unwrapped
+        # The real node's row: our operands' cells, from pods that really ran there.
+        assert "real-node-0 (host-driver): kubelet + containerd running our image" in out, out
+        assert "pods that really ran there: node-status-exporter, operator-validator; validation passed (4/4)" in out
+        assert "status files they wrote: cuda-ready, driver-ready, plugin-ready, toolkit-ready" in out
+        assert {"real-node-sandbox", "real-node-containerd", "real-node-kubelet", "real-node-nsproxy",
+                "operator"} <= {p.name for p in state.alive()}
         client = Client(KubeConfig.from_file(state.kubeconfig))
         node = client.get(Node, "real-node-0")
         assert node.status is not None and node.status.nodeInfo is not None
         assert node.status.nodeInfo.kubeletVersion == "v1.36.3"
         labels = node.metadata.labels if node.metadata and node.metadata.labels else {}
         assert labels["nvidia.com/gpu.deploy.driver"] == "false"  # NVIDIA images stay off it
-        assert "nvidia.com/gpu.deploy.operator-validator" not in labels  # ours may run there
-        # a container of our image that would run forever: `down` must remove it
-        client.create(from_dict({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": "default"},
-            "spec": {"nodeName": "real-node-0", "containers": [
-                {"name": "main", "image": OWN_IMAGE, "command": ["sleep", "100000"]}]}}))
-        deadline = time.monotonic() + 60
-        while (pod := client.get(Pod, "sleeper", namespace="default")).status.phase != "Running":
-            assert time.monotonic() < deadline, pod.status
-            time.sleep(0.5)
+        assert labels["nvidia.com/gpu.deploy.operator-validator"] == "true"  # ours run there
         client.close()
-        assert any(d.exists() for d in cgroup_dirs("real-node-0"))
+        cgroups = cgroup_name("real-node-0", Path(state.real_node["dir"]))
+        # the validator's and exporter's containers run forever: `down` must remove them
+        assert any(d.exists() for d in cgroup_dirs(cgroups))
     finally:
         down = sim("down", "--dir", str(where))
     assert down.returncode == 0 and "real node" in down.stderr, down.stderr
     assert not any(p.alive for p in state.processes)
     assert processes_mentioning(where) == []
     # removable only once empty: no container process is left
-    assert not [d for d in cgroup_dirs("real-node-0") if d.exists()]
+    assert not [d for d in cgroup_dirs(cgroups) if d.exists()]
     assert str(where) not in Path("/proc/self/mountinfo").read_text()

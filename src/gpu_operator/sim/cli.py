@@ -37,7 +37,8 @@ RealNodeOption = Annotated[bool, typer.Option(
     "--real-node", help="Also start one real node (kubelet + containerd, as root) that runs our image "
     "for real; operands of NVIDIA images stay on the fake nodes.")]
 RealNodeShapeOption = Annotated[str, typer.Option(
-    "--real-node-shape", help="The real node's GPU shape (its labels).")]
+    "--real-node-shape", help="The real node's GPU shape: its labels, GPU resources and host tree "
+    "(host-driver: driver on the host; dgx-h100: none, validation waits for the operator's driver).")]
 
 
 def _dir(directory: Path | None) -> Path:
@@ -58,7 +59,7 @@ def _fail(err: Exception) -> typer.Exit:
 @sim_app.command("up")
 def up(shape: ShapeOption = None, directory: DirOption = None,
        operator: Annotated[bool, typer.Option(help="Also start the operator (and apply the CRDs).")] = False,
-       real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "dgx-h100",
+       real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "host-driver",
        ) -> None:
     """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
     from gpu_operator.shapes import ShapeError
@@ -121,17 +122,20 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
          keep: Annotated[bool, typer.Option(
              "--keep/--no-keep", help="Leave the simulator and operator running afterwards.")] = False,
          timeout: Annotated[float, typer.Option(help="Seconds to wait for the ClusterPolicy to be ready.")] = 240,
+         real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "host-driver",
          ) -> None:
     """From nothing to a Ready ClusterPolicy: simulator + CRDs + default policy + operator, with a
     live nodes x components view, then a summary. Tears everything down unless --keep."""
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
     from gpu_operator.sim.demo import demo as run_demo
+    from gpu_operator.sim.realnode import RealNodeError
     from gpu_operator.statusview.render import make_console
 
     try:
-        code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console())
-    except (session.SimError, ShapeError) as err:
+        code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console(),
+                        real_node=real_node_shape if real_node else None)
+    except (session.SimError, ShapeError, RealNodeError) as err:
         raise _fail(err) from err
     raise typer.Exit(code)
 

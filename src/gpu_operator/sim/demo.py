@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -30,9 +31,17 @@ class Timings:
         self.last = now
 
 
+def policy_spec(state: SimState) -> dict[str, Any]:
+    """Every default (examples/clusterpolicy-default.yaml: spec {}); with a real node, its host
+    tree as hostPaths.rootFS and what our operands need to run there (see `realspec.policy_spec`)."""
+    from gpu_operator.sim.realspec import policy_spec as real_node_spec
+
+    host = state.real_node.get("host_root")
+    return real_node_spec(host) if host else {}
+
+
 def create_default_policy(state: SimState) -> bool:
-    """Create the ClusterPolicy with every default (examples/clusterpolicy-default.yaml): spec {}.
-    False if one exists already."""
+    """Create the ClusterPolicy (`policy_spec`). False if one exists already."""
     from lightkube.core.exceptions import ApiError
 
     from gpu_operator.kube.client import ClusterPolicyResource
@@ -40,7 +49,8 @@ def create_default_policy(state: SimState) -> bool:
     client = session.admin_client(state)
     try:
         client.create(ClusterPolicyResource(  # type: ignore[call-overload]
-            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": POLICY_NAME}, spec={}))
+            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": POLICY_NAME},
+            spec=policy_spec(state)))
         return True
     except ApiError as err:
         if err.status.code == 409:
@@ -103,7 +113,28 @@ def summary(state: SimState, view: StatusView, timings: Timings) -> Table:
     policy = view.policy
     table.add_row("ClusterPolicy", f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none")
     table.add_row("operator log", str(Path(state.dir) / "logs" / "operator.log"))
+    real = real_node_lines(state, view)
+    if real:
+        table.add_row("real node", "\n".join(real))
     return table
+
+
+def real_node_lines(state: SimState, view: StatusView) -> list[str]:
+    """What really ran on the real node: its row's validation and the status files the
+    validator's init containers wrote into its host tree."""
+    from gpu_operator.vocabulary import VALIDATIONS_DIR
+
+    info = state.real_node
+    if not info:
+        return []
+    row = next((r for r in view.rows if r.name == info["name"]), None)
+    ran = [c for c, cell in row.cells.items() if cell.ready] if row else []
+    files = sorted(p.name for p in (Path(info["host_root"]) / VALIDATIONS_DIR.lstrip("/")).glob("*-ready"))
+    return [f"{info['name']} ({info['shape']}): kubelet + containerd running our image",
+            f"pods that really ran there: {', '.join(ran) or 'none ready'}; "
+            f"validation {row.validation if row else 'not seen'}",
+            f"status files they wrote: {', '.join(files) or 'none'} in {info['host_root']}{VALIDATIONS_DIR}",
+            f"pod logs: {Path(info['dir']) / 'pod-logs'}"]
 
 
 def _command(name: str) -> str:
@@ -137,21 +168,27 @@ def look_around(state: SimState, keep: bool, teardown: str) -> str:
     return "\n".join(lines)
 
 
-def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console) -> int:
+def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console,
+         real_node: str | None = None) -> int:
     """Returns the exit code: 0 when the ClusterPolicy became ready, 1 when not in time."""
 
     def progress(msg: str) -> None:
         console.print(f"[dim]sim:[/] {msg}", highlight=False)
 
     timings = Timings()
-    state, fresh = session.up(directory, shapes, progress)
-    timings.mark("control plane + fake nodes" if fresh else "attach to the running simulator")
+    state, fresh = session.up(directory, shapes, progress, real_node=real_node)
+    timings.mark(("control plane + fake nodes" + (" + real node" if real_node else "")) if fresh
+                 else "attach to the running simulator")
     operator_was_running = bool((p := state.proc("operator")) and p.alive)
     try:
         session.start_operator(state, progress)
         timings.mark("CRDs + operator start")
         if create_default_policy(state):
-            progress(f"created ClusterPolicy {POLICY_NAME} with every default (spec: {{}})")
+            if state.real_node:
+                progress(f"created ClusterPolicy {POLICY_NAME}: defaults, hostPaths.rootFS = the real node's "
+                         f"host tree {state.real_node['host_root']}")
+            else:
+                progress(f"created ClusterPolicy {POLICY_NAME} with every default (spec: {{}})")
         else:
             progress(f"ClusterPolicy {POLICY_NAME} exists already: watching it")
         view = watch(state, console, timeout, time.monotonic())

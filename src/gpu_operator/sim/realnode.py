@@ -46,6 +46,14 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
+def cgroup_name(node: str, base_dir: Path) -> str:
+    """The node's cgroup directory name: its name and its directory's, so that two real nodes
+    (two test sessions, a test session and `sim up`) never share cgroups."""
+    import hashlib
+
+    return f"{node}-{hashlib.sha256(str(Path(base_dir).absolute()).encode()).hexdigest()[:8]}"
+
+
 def cgroup_dirs(node: str) -> list[Path]:
     """The node's cgroup root in every mounted v1 hierarchy (or the v2 mount)."""
     if (CGROUP_FS / "cgroup.controllers").exists():
@@ -203,6 +211,10 @@ class RealNode:
         return f"{SHORT_ROOT}/kubelet"
 
     @property
+    def cgroup_name(self) -> str:
+        return cgroup_name(self.name, self.base_dir)
+
+    @property
     def logs(self) -> Path:
         return self.base_dir / "logs"
 
@@ -254,10 +266,10 @@ class RealNode:
         archive = write_archive(base / "pause.oci.tar", PAUSE_IMAGE, {"/pause": self.binaries.pause},
                                 ["/pause"])
         self.containerd.import_image(archive, base_name=PAUSE_IMAGE.rsplit(":", 1)[0])
-        make_cgroups(self.name)
+        make_cgroups(self.cgroup_name)
         config = base / "kubelet-config.yaml"
         cfg = kubelet_config(base, pki.ca_cert, self.containerd.endpoint)
-        cfg["cgroupRoot"] = f"/{CGROUP_PARENT}/{self.name}"
+        cfg["cgroupRoot"] = f"/{CGROUP_PARENT}/{self.cgroup_name}"
         config.write_text(yaml.safe_dump(cfg))
         argv = [*self.sandbox.enter(), str(self.binaries.kube), "kubelet",
                 f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={self.kubelet_root}",
@@ -328,7 +340,7 @@ class RealNode:
             _terminate(proc)
         self.processes.clear()
         self.sandbox.stop()
-        remove_cgroups(self.name)
+        remove_cgroups(self.cgroup_name)
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
@@ -347,7 +359,7 @@ def cleanup(base_dir: Path, name: str, holder: int) -> None:
     containers) and remove the node's cgroups. Safe to repeat."""
     if holder:
         Sandbox(base_dir, holder=holder).stop(grace=2.0)
-    remove_cgroups(name)
+    remove_cgroups(cgroup_name(name, base_dir))
 
 
 IMAGE_ENV = "GPU_OPERATOR_IMAGE_ARCHIVE"

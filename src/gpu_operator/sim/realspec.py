@@ -61,3 +61,41 @@ def policy_spec(host_root: Path | str, base: dict[str, Any] | None = None) -> di
     validator["cuda"] = {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}
     spec["validator"] = validator
     return spec
+
+
+HOST_DRIVER_VERSION = "550.127.05"
+_NVIDIA_SMI = f"""#!/bin/sh
+# The host tree's nvidia-smi: answers as a driver {HOST_DRIVER_VERSION} would (there is no GPU here).
+if [ "$1" = "--version" ]; then echo "NVIDIA-SMI version  : {HOST_DRIVER_VERSION}"; exit 0; fi
+echo "NVIDIA-SMI {HOST_DRIVER_VERSION}    Driver Version: {HOST_DRIVER_VERSION}    CUDA Version: 12.4"
+"""
+
+
+def host_spec(shape: str) -> dict[str, Any]:
+    """The host tree of a real node of `shape` (see `hosttree`): its GPUs on the PCI bus, and
+    what its labels say about the driver: installed on the host (nvidia bound, nvidia-smi
+    present), GPUs bound to vfio-pci (vm-passthrough), or none yet (the operator's driver, an
+    NVIDIA image, would install it: the validator then waits for it)."""
+    from gpu_operator import shapes
+    from gpu_operator.vocabulary import WORKLOAD_CONFIG
+
+    found, _ = shapes.parse_spec(shape)
+    labels = found.labels(shape)
+    vendor, _, device = found.gpu_vendor_device.partition(":")
+    host_driver = labels.get("nvidia.com/gpu.driver.source") == "host"
+    passthrough = labels.get(WORKLOAD_CONFIG) == "vm-passthrough"
+    driver = "nvidia" if host_driver else "vfio-pci" if passthrough else None
+    spec: dict[str, Any] = {
+        "os": {"id": found.os_id, "version_id": found.os_version_id},
+        "kernel": found.kernel,
+        "devices": [{"address": f"0000:{0x41 + i:02x}:00.0", "vendor": vendor, "device": device,
+                     "class": "030200", "driver": driver} for i in range(found.gpu_count)],
+        "modules": [], "pci_drivers": [driver] if driver else [],
+    }
+    if host_driver:
+        spec["modules"] = ["nvidia", "nvidia_uvm", "nvidia_modeset"]
+        spec["driver_version"] = HOST_DRIVER_VERSION
+        spec["executables"] = {"/usr/bin/nvidia-smi": _NVIDIA_SMI}
+    elif passthrough:
+        spec["modules"] = ["vfio_pci", "vfio", "vfio_iommu_type1"]
+    return spec

@@ -116,16 +116,18 @@ REAL_NODE_NAME = "real-node-0"
 
 def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, progress: Progress) -> None:
     """Start the real node (kubelet + containerd) of `shape` with our image imported; record it."""
-    from gpu_operator.sim import realnode, realspec
+    from gpu_operator.sim import hosttree, realnode, realspec
 
     archive = realnode.image_archive()
     progress(f"starting the real node {REAL_NODE_NAME} ({shape}): kubelet + containerd")
     t0 = time.monotonic()
+    host = Path(state.dir) / "real-node-host"
+    hosttree.build(realspec.host_spec(shape), host)
     node = realnode.RealNode(Path(state.dir) / "real-node", REAL_NODE_NAME, found, Path(state.dir) / "pki",
                              int(state.server.rsplit(":", 1)[1]), labels=realspec.node_labels(shape),
-                             resources=realspec.gpu_resources(shape))
+                             resources=realspec.gpu_resources(shape), host_root=host)
     node.sandbox.start()  # recorded before anything else starts in it, so `down` finds it all
-    state.real_node = {"name": REAL_NODE_NAME, "dir": str(node.base_dir), "shape": shape}
+    state.real_node = {"name": REAL_NODE_NAME, "dir": str(node.base_dir), "shape": shape, "host_root": str(host)}
     state.add(Proc.of("real-node-sandbox", node.sandbox.holder, node.sandbox.log))
     state.save()
     node.start(sandbox_started=True)

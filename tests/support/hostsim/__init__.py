@@ -1,3 +1,3 @@
 """Host simulators for tests (never shipped): `fakehost` builds host roots from the YAML fixtures
-in tests/fixtures/hosts; `kernelsim` gives sysfs writes their kernel meaning; both write through
-the primitives in `sysfs` (so neither imports the other's internals)."""
+in tests/fixtures/hosts (with the simulator's builder, gpu_operator.sim.hosttree); `kernelsim`
+gives sysfs writes their kernel meaning, writing through the same primitives."""
