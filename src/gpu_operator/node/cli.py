@@ -190,18 +190,45 @@ def doctor(
     search_path: Annotated[
         list[str] | None, typer.Option(help="Extra directory to look for nvidia-smi in (repeatable).")
     ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            envvar="NODE_NAME",
+            help="This host's Node: read its workload label, passthrough device list and what KubeVirt advertises.",
+        ),
+    ] = None,
+    passthrough_devices: Annotated[
+        str | None, typer.Option(help="A mixed node's GPUs for VMs (comma-separated PCI addresses).")
+    ] = None,
+    advertised: Annotated[
+        list[str] | None,
+        typer.Option(help="Offline: what KubeVirt advertises on this node, as VENDOR:DEVICE=COUNT (repeatable)."),
+    ] = None,
 ) -> None:
     """Check one host for what breaks GPU nodes; each finding has severity, evidence and fix. Exit 1 on errors."""
     from rich.console import Console
 
     from gpu_operator.node.doctor import run
+    from gpu_operator.node.doctor_inputs import cluster_inputs
     from gpu_operator.node.probe import probe as run_probe
     from gpu_operator.vocabulary import WORKLOAD_CONFIGS
 
     if workload_config and workload_config not in WORKLOAD_CONFIGS:
         raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
     report = run_probe(_fs(host_root), extra_search_dirs=tuple(search_path or ()))
-    code = run(report, workload_config, as_json, Console(file=sys.stdout, soft_wrap=as_json))
+    try:
+        inputs = cluster_inputs(node, workload_config, passthrough_devices, advertised or [])
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    code = run(
+        report,
+        inputs.workload,
+        as_json,
+        Console(file=sys.stdout, soft_wrap=as_json),
+        passthrough_devices=inputs.passthrough_devices,
+        advertised=inputs.advertised,
+        unchecked=inputs.unchecked,
+    )
     raise typer.Exit(code)
 
 

@@ -9,8 +9,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpu_operator.node.findings import Finding, Severity, diagnose, has_errors
+from gpu_operator.node.findings import Finding, Severity, diagnose, has_errors, intended_workload
 from gpu_operator.node.probe import HostReport
+from gpu_operator.node.vmchecks import Advertised, kubevirt_findings
+from gpu_operator.vocabulary import VM_PASSTHROUGH
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
@@ -56,8 +58,22 @@ def render(report: HostReport, findings: list[Finding], console: Console) -> Non
     )
 
 
-def run(report: HostReport, workload: str | None, as_json: bool, console: Console) -> int:
-    findings = diagnose(report, workload)
+def run(
+    report: HostReport,
+    workload: str | None,
+    as_json: bool,
+    console: Console,
+    *,
+    passthrough_devices: list[str] | None = None,
+    advertised: list[Advertised] | None = None,
+    unchecked: str = "",
+) -> int:
+    """Diagnose and print; on a VM node also compare what KubeVirt advertises (`advertised`; None: not known, see `unchecked`)."""
+    findings = diagnose(report, workload, passthrough_devices)
+    resolved, _ = intended_workload(report, workload)
+    if report.gpus and (passthrough_devices or resolved == VM_PASSTHROUGH):
+        order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+        findings = sorted(findings + kubevirt_findings(report, advertised, unchecked), key=lambda f: order[f.severity])
     if as_json:
         console.out(report_json(report, findings))
     else:

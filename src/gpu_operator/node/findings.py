@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from pydantic import BaseModel, Field
-
 from gpu_operator.node.driver import DriverSource
 from gpu_operator.node.probe import HostReport
+from gpu_operator.node.verdict import Finding, Severity
+from gpu_operator.node.verdict import finding as _finding
+from gpu_operator.node.vmchecks import persistence_findings, split_report, unknown_devices
 from gpu_operator.vocabulary import VM_PASSTHROUGH, VM_VGPU, WORKLOAD_CONFIGS
 
-
-class Severity(StrEnum):
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-
-class Finding(BaseModel):
-    code: str = Field(description="stable kebab-case id, e.g. host-driver-on-passthrough")
-    reason: str = Field(description="CamelCase form used as the Kubernetes event reason")
-    severity: Severity
-    summary: str
-    evidence: list[str] = Field(default_factory=list)
-    fix: str = ""
-
-
-def _finding(code: str, severity: Severity, summary: str, evidence: list[str], fix: str = "") -> Finding:
-    reason = "".join(part.capitalize() for part in code.split("-"))
-    return Finding(code=code, reason=reason, severity=severity, summary=summary, evidence=evidence, fix=fix)
+__all__ = ["Finding", "Severity", "diagnose", "has_errors", "intended_workload"]
 
 
 def intended_workload(report: HostReport, declared: str | None) -> tuple[str, str]:
@@ -43,14 +24,15 @@ def intended_workload(report: HostReport, declared: str | None) -> tuple[str, st
 
 
 _BIND_FIX = (
-    "Move the GPUs now with `gpu-operator vfio-manage bind --all`, and make it survive reboots: either "
-    "remove the host driver packages, or set driver_override=vfio-pci for the GPUs before nvidia loads "
-    "(an initramfs init-top script, or `softdep nvidia pre: vfio-pci` plus `options vfio-pci ids=10de:<device>` "
-    "in /etc/modprobe.d, then update-initramfs -u -k all)"
+    "Move the GPUs now with `gpu-operator vfio-manage bind --all`, and keep them there across reboots with "
+    "`gpu-operator vfio-manage persist --all` (an initramfs script that sets driver_override=vfio-pci before "
+    "nvidia loads; it prints the regenerate and rollback commands), or remove the host driver packages"
 )
 
 
-def _passthrough(report: HostReport, vgpu: bool) -> list[Finding]:
+def _passthrough(report: HostReport, vgpu: bool, mixed: bool = False) -> list[Finding]:
+    """Passthrough checks over `report`'s GPUs (on a mixed node: the listed ones only, where a host
+    driver is expected for the others and only counts when it holds a listed GPU)."""
     out: list[Finding] = []
     gpus = report.gpus
     if not report.iommu.enabled:
@@ -69,8 +51,8 @@ def _passthrough(report: HostReport, vgpu: bool) -> list[Finding]:
     if vgpu:
         return out
     driver = report.driver
-    if driver.source == DriverSource.HOST:
-        claimed = [g.address for g in gpus if g.driver == "nvidia"]
+    claimed = [g.address for g in gpus if g.driver == "nvidia"]
+    if driver.source == DriverSource.HOST and (claimed or not mixed):
         active = driver.kernel_module_loaded or bool(claimed)
         out.append(
             _finding(
@@ -90,7 +72,12 @@ def _passthrough(report: HostReport, vgpu: bool) -> list[Finding]:
                 Severity.ERROR,
                 f"{len(not_vfio)} of {len(gpus)} GPU(s) are not bound to vfio-pci; VMs cannot start with them",
                 [f"{g.address} ({g.name or g.vendor_device}) -> {g.driver or 'no driver'}" for g in not_vfio],
-                "gpu-operator vfio-manage bind --all (see also host-driver-on-passthrough)",
+                (
+                    "gpu-operator vfio-manage bind " + " ".join(f"--device {g.address}" for g in not_vfio)
+                    if mixed
+                    else "gpu-operator vfio-manage bind --all"
+                )
+                + " (see also host-driver-on-passthrough)",
             )
         )
         busy = [h for h in report.holders if h.address in {g.address for g in not_vfio}]
@@ -263,9 +250,32 @@ def _runtime(report: HostReport) -> list[Finding]:
     return out
 
 
-def diagnose(report: HostReport, declared_workload: str | None = None) -> list[Finding]:
-    """Every finding for the host, errors first."""
+def _container(report: HostReport) -> list[Finding]:
+    out = _driver(report) + _runtime(report)
+    on_vfio = [g.address for g in report.gpus if g.on_vfio]
+    if on_vfio:
+        out.append(
+            _finding(
+                "gpu-on-vfio-in-container-mode",
+                Severity.WARNING,
+                "GPUs are bound to vfio-pci on a node meant for containers; containers cannot use them",
+                on_vfio,
+                "gpu-operator vfio-manage unbind "
+                + " ".join(f"--device {a}" for a in on_vfio)
+                + ", or label the node nvidia.com/gpu.workload.config=vm-passthrough (or list them for VMs)",
+            )
+        )
+    return out
+
+
+def diagnose(
+    report: HostReport, declared_workload: str | None = None, passthrough_devices: list[str] | None = None
+) -> list[Finding]:
+    """Every finding for the host, errors first. `passthrough_devices` (a mixed node's list of GPUs
+    for VMs) splits the checks: passthrough for those, containers for the rest."""
     workload, why = intended_workload(report, declared_workload)
+    if passthrough_devices:
+        workload, why = "mixed", f"{len(passthrough_devices)} GPU(s) listed for VMs: {', '.join(passthrough_devices)}"
     if not report.sysfs_visible:
         return [
             _finding(
@@ -301,22 +311,16 @@ def diagnose(report: HostReport, declared_workload: str | None = None) -> list[F
                 "/etc/modprobe.d/blacklist-nouveau.conf; update-initramfs -u; reboot",
             )
         )
-    if on_vm:
+    if passthrough_devices:
+        vm, containers = split_report(report, passthrough_devices)
+        out += unknown_devices(report, passthrough_devices, "the passthrough device list")
+        out += _passthrough(vm, vgpu=False, mixed=True) + persistence_findings(vm)
+        out += _container(containers) if containers.gpus else []
+    elif on_vm:
         out += _passthrough(report, vgpu=workload == "vm-vgpu")
+        out += persistence_findings(report) if workload == VM_PASSTHROUGH else []
     else:
-        out += _driver(report)
-        out += _runtime(report)
-        on_vfio = [g.address for g in report.gpus if g.on_vfio]
-        if on_vfio:
-            out.append(
-                _finding(
-                    "gpu-on-vfio-in-container-mode",
-                    Severity.WARNING,
-                    "GPUs are bound to vfio-pci on a node meant for containers; containers cannot use them",
-                    on_vfio,
-                    "gpu-operator vfio-manage unbind --all, or label the node nvidia.com/gpu.workload.config=vm-passthrough",
-                )
-            )
+        out += _container(report)
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
     return sorted(out, key=lambda f: order[f.severity])
 

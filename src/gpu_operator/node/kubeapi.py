@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpu_operator.node.validate.base import PodOutcome
+from gpu_operator.node.vmchecks import Advertised
 
 FIELD_MANAGER = "gpu-operator-node"
 
@@ -58,6 +59,23 @@ class KubeNodeView:
             {k: str(v) for k, v in (status.get("capacity") or {}).items()},
             {k: str(v) for k, v in (status.get("allocatable") or {}).items()},
         )
+
+    def kubevirt_advertised(self) -> list[Advertised]:
+        """Per PCI ID that a KubeVirt CR permits: its resource name and this Node's allocatable count of it."""
+        from lightkube.generic_resource import create_namespaced_resource
+
+        kubevirt = create_namespaced_resource("kubevirt.io", "v1", "KubeVirt", "kubevirts")
+        names: dict[str, str] = {}
+        for cr in self.client.list(kubevirt, namespace="*"):
+            config = (cr.to_dict().get("spec") or {}).get("configuration") or {}
+            for device in (config.get("permittedHostDevices") or {}).get("pciHostDevices") or []:
+                if device.get("pciVendorSelector") and device.get("resourceName"):
+                    names[device["pciVendorSelector"].lower()] = device["resourceName"]
+        capacity, allocatable = self.node_resources()
+        return [
+            Advertised(ids, resource, int(allocatable.get(resource) or capacity.get(resource) or 0))
+            for ids, resource in sorted(names.items())
+        ]
 
     def validator_pod_template(self) -> dict[str, Any]:
         from lightkube.resources.core_v1 import Pod

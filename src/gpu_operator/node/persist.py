@@ -89,8 +89,9 @@ def flavor_of(fs: HostFS) -> Flavor:
     )
 
 
-def regenerate_command(flavor: Flavor) -> str:
-    return "update-initramfs -u -k all" if flavor == "initramfs-tools" else "dracut -f --regenerate-all"
+def regenerate_command(flavor: str) -> str:
+    """The command that rebuilds the initramfs for a generator ("" when unknown)."""
+    return {"initramfs-tools": "update-initramfs -u -k all", "dracut": "dracut -f --regenerate-all"}.get(flavor, "")
 
 
 def rollback_text(flavor: Flavor) -> list[str]:

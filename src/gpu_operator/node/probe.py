@@ -10,6 +10,7 @@ from gpu_operator.node import pci
 from gpu_operator.node.driver import DriverInfo, detect_driver, find_executable, module_names, os_release
 from gpu_operator.node.holders import GpuHolder, gpu_holders
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.persist import PersistInfo, inspect
 from gpu_operator.node.runtime import CdiSpec, ContainerRuntime, cdi_specs, detect_runtime
 
 _IOMMU_FLAGS = re.compile(r"(?:^|\s)((?:intel_iommu|amd_iommu|iommu)=\S+)")
@@ -44,6 +45,10 @@ class HostReport(BaseModel):
     driver: DriverInfo
     nouveau_loaded: bool = False
     vfio_pci_loaded: bool = False
+    vfio_iommu_type1_loaded: bool = Field(default=False, description="the VFIO IOMMU backend VMs need")
+    persistence: PersistInfo = Field(
+        default_factory=PersistInfo, description="what the boot configuration puts on vfio-pci at the next boot"
+    )
     loaded_pci_drivers: list[str] = Field(default_factory=list)
     iommu: IommuInfo
     runtime: ContainerRuntime
@@ -130,6 +135,8 @@ def probe(fs: HostFS, *, extra_search_dirs: tuple[str, ...] = ()) -> HostReport:
         ),
         nouveau_loaded="nouveau" in modules,
         vfio_pci_loaded="vfio-pci" in drivers or "vfio_pci" in modules,
+        vfio_iommu_type1_loaded="vfio_iommu_type1" in modules,
+        persistence=inspect(fs, functions),
         loaded_pci_drivers=drivers,
         iommu=IommuInfo(enabled=groups > 0, groups=groups, cmdline_flags=_IOMMU_FLAGS.findall(cmdline)),
         runtime=detect_runtime(fs),

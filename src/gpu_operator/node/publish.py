@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 from gpu_operator.node.findings import Finding, Severity, diagnose
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.probe import HostReport, probe
-from gpu_operator.vocabulary import DRIVER_SOURCE, DRIVER_VERSION, PROBE_STATUS, WORKLOAD_CONFIG
+from gpu_operator.node.verdict import finding
+from gpu_operator.node.vfio import VfioUsageError
+from gpu_operator.node.vfio_node import parse_passthrough_devices
+from gpu_operator.vocabulary import (
+    DRIVER_SOURCE,
+    DRIVER_VERSION,
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    PROBE_FACTS_ANNOTATION,
+    PROBE_STATUS,
+    WORKLOAD_CONFIG,
+)
 
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
@@ -28,6 +39,34 @@ def node_labels(report: HostReport, findings: list[Finding]) -> dict[str, str | 
     }
 
 
+def _product(name: str) -> str:
+    """pci.ids names put the marketing name in brackets: "GH100 [H100 SXM5 80GB]" -> "H100 SXM5 80GB"."""
+    match = re.search(r"\[([^\]]+)\]", name)
+    return (match.group(1) if match else name).strip()
+
+
+def probe_facts(report: HostReport) -> dict[str, Any]:
+    """The facts the operator reads (KubeVirt sync, status): driver source and, per GPU, ID, name and driver."""
+    return {
+        "driverSource": report.driver.source.value,
+        "gpus": [
+            {
+                "address": g.address,
+                "vendorDevice": g.vendor_device,
+                "name": g.name,
+                "product": _product(g.name),
+                "driver": g.driver or "",
+            }
+            for g in report.gpus
+        ],
+    }
+
+
+def node_annotations(report: HostReport) -> dict[str, str | None]:
+    """Annotations to merge-patch onto the Node (compact, stable JSON: an unchanged host patches the same text)."""
+    return {PROBE_FACTS_ANNOTATION: json.dumps(probe_facts(report), sort_keys=True, separators=(",", ":"))}
+
+
 def node_events(findings: list[Finding]) -> list[dict[str, str]]:
     """One Warning event per error or warning finding: the message carries evidence and the fix."""
     out = []
@@ -45,9 +84,14 @@ def node_events(findings: list[Finding]) -> list[dict[str, str]]:
 
 
 class NodePublisher(Protocol):
-    def node_labels(self) -> dict[str, str]: ...
+    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]: ...
 
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]]) -> None: ...
+    def publish(
+        self,
+        labels: dict[str, str | None],
+        events: list[dict[str, str]],
+        annotations: dict[str, str | None] | None = None,
+    ) -> None: ...
 
 
 def publish_once(
@@ -63,9 +107,18 @@ def publish_once(
     Returns the finding codes (to pass back as `last_codes`) and the events of this round.
     """
     report = probe(fs, extra_search_dirs=search_dirs)
-    declared = workload or node.node_labels().get(WORKLOAD_CONFIG) or None
-    findings = diagnose(report, declared)
+    labels, annotations = node.node_metadata()
+    declared = workload or labels.get(WORKLOAD_CONFIG) or None
+    bad_list: list[Finding] = []
+    devices = None
+    try:
+        devices = parse_passthrough_devices(annotations.get(PASSTHROUGH_DEVICES_ANNOTATION, "")) or None
+    except VfioUsageError as err:
+        bad_list = [
+            finding("passthrough-device-unknown", Severity.ERROR, "the passthrough device list does not parse", [str(err)])
+        ]
+    findings = bad_list + diagnose(report, declared, devices)
     codes = {f.code for f in findings}
     events = node_events(findings)
-    node.publish(node_labels(report, findings), events if codes != last_codes else [])
+    node.publish(node_labels(report, findings), events if codes != last_codes else [], node_annotations(report))
     return codes, events

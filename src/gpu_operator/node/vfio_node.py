@@ -45,8 +45,8 @@ class Selection:
     error: str = ""
 
 
-def parse_passthrough_devices(value: str) -> list[str]:
-    """The annotation's comma (or space) separated PCI addresses, normalized; VfioUsageError names a bad one."""
+def parse_passthrough_devices(value: str, source: str = f"annotation {PASSTHROUGH_DEVICES_ANNOTATION}") -> list[str]:
+    """A comma (or space) separated list of PCI addresses, normalized; VfioUsageError names `source` and the bad one."""
     words = [w for w in value.replace(",", " ").split() if w]
     out = []
     for word in words:
@@ -54,7 +54,7 @@ def parse_passthrough_devices(value: str) -> list[str]:
             out.append(vfio.normalize_address(word))
         except vfio.VfioUsageError:
             raise vfio.VfioUsageError(
-                f"annotation {PASSTHROUGH_DEVICES_ANNOTATION}: {word!r} is not a PCI address; "
+                f"{source}: {word!r} is not a PCI address; "
                 "list the passthrough GPUs like 0000:0a:00.0,0000:18:00.0"
             ) from None
     return sorted(set(out))

@@ -110,9 +110,9 @@ def test_command_expansion() -> None:
 # -- doctor codes ---------------------------------------------------------------------------------
 
 def test_doctor_codes_table_matches_the_findings() -> None:
-    source = (SRC / "node" / "findings.py").read_text()
-    codes = set(re.findall(r'_finding\(\s*"([a-z][a-z-]*)"', source))
-    assert len(codes) > 10, "the pattern no longer finds the codes in node/findings.py"
+    source = "".join((SRC / "node" / name).read_text() for name in ("findings.py", "vmchecks.py"))
+    codes = set(re.findall(r'\b_?finding\(\s*"([a-z][a-z0-9-]*)"', source))
+    assert len(codes) > 10, "the pattern no longer finds the codes in node/findings.py and node/vmchecks.py"
     documented = set(first_column_spans(ROOT / "docs" / "node-agents.md", "code"))
     assert sorted(codes - documented) == [], "finding codes missing from docs/node-agents.md"
     assert sorted(documented - codes) == [], "docs/node-agents.md lists codes the doctor does not have"

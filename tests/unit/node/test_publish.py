@@ -53,15 +53,19 @@ def test_pod_detail_picks_the_telling_reason() -> None:
 
 
 class FakeNode:
-    def __init__(self, labels: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str], annotations: dict[str, str] | None = None) -> None:
         self.labels = labels
+        self.annotations = annotations or {}
         self.published: list[tuple[dict[str, str | None], list[dict[str, str]]]] = []
+        self.published_annotations: list[dict[str, str | None]] = []
 
-    def node_labels(self) -> dict[str, str]:
-        return self.labels
+    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
+        return self.labels, self.annotations
 
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]]) -> None:
+    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
+                annotations: dict[str, str | None] | None = None) -> None:
         self.published.append((labels, events))
+        self.published_annotations.append(annotations or {})
 
 
 def test_publish_once_reads_the_workload_label_and_repeats_events_only_on_change(build_host) -> None:  # type: ignore[no-untyped-def]
