@@ -16,6 +16,8 @@ from gpu_operator.node.probe import probe
 from gpu_operator.node.publish import probe_facts, publish_once
 from gpu_operator.node.vmchecks import Advertised
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION, WORKLOAD_CONFIG
+from tests.support.hostsim.fakehost import FakeHost
+from tests.unit.node.conftest import BuildHost
 from tests.unit.node.test_publish import FakeNode
 
 H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
@@ -54,7 +56,7 @@ def test_a_missing_vfio_iommu_type1_now_is_an_error_and_at_boot_a_warning(build_
     assert "vfio, vfio_pci" in found["vfio-iommu-type1-missing"].evidence[0]
 
 
-def mixed_host(build_host):  # type: ignore[no-untyped-def]
+def mixed_host(build_host: BuildHost) -> FakeHost:
     host = build_host("h100-nvidia-bound")
     vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False)
     return host
@@ -134,7 +136,7 @@ def test_probe_publishes_gpu_facts_and_judges_a_mixed_node_by_its_annotation(bui
     node = FakeNode({WORKLOAD_CONFIG: "vm-passthrough"}, {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])})
     _, events = publish_once(host.fs, node)
     assert "HostDriverOnPassthrough" not in {e["reason"] for e in events}
-    assert json.loads(node.published_annotations[0][PROBE_FACTS_ANNOTATION]) == facts
+    assert json.loads(node.published_annotations[0][PROBE_FACTS_ANNOTATION] or "") == facts
     whole = FakeNode({WORKLOAD_CONFIG: "vm-passthrough"})
     _, events = publish_once(host.fs, whole)
     assert "HostDriverOnPassthrough" in {e["reason"] for e in events}
