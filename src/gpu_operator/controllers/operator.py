@@ -120,6 +120,7 @@ class Operator:
             settings.watching.client_timeout = ours.watch_client_timeout
             settings.watching.connect_timeout = ours.watch_connect_timeout
             settings.watching.chunk_size = ours.watch_chunk_size
+            settings.networking.error_backoffs = ours.api_error_backoffs
             # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services
             # and RBAC objects never reach this process.
             for group, version, plural in OWNED_KINDS:

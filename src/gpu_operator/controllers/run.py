@@ -8,6 +8,7 @@ import os
 import signal
 
 from gpu_operator.controllers import metrics
+from gpu_operator.controllers.apihealth import ApiHealth
 from gpu_operator.controllers.leader import LeaderElector, identity
 from gpu_operator.controllers.operator import Operator
 from gpu_operator.controllers.settings import OperatorSettings
@@ -28,7 +29,9 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
 
     kube = Kube(kubeconfig)
     ready = asyncio.Event()
-    runners = await metrics.serve(metrics_address, health_address, ready.is_set)
+    health = ApiHealth(kube, period=settings.apiserver_probe_period)
+    prober = asyncio.create_task(health.watch(stop), name="apiserver-probe")
+    runners = await metrics.serve(metrics_address, health_address, lambda: ready.is_set() and health.ok)
     elector = None
     try:
         if leader_elect:
@@ -43,6 +46,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
             keeper.cancel()
         return 0
     finally:
+        prober.cancel()
         if elector is not None:
             await elector.release()
         for runner in runners:

@@ -74,6 +74,15 @@ class OperatorSettings:
     """Start-up discovery (the Kubernetes version, the ServiceMonitor CRD) is retried with this
     backoff until it answers; the operator does not start its loops (and is not ready) before."""
 
+    apiserver_probe_period: float = 3.0
+    """Between two GETs of the apiserver's /readyz; two misses in a row make the operator's own
+    /readyz answer 503 until the apiserver answers again."""
+
+    api_error_backoffs: tuple[float, ...] = (0.5, 1.0, 1.0, 2.0, 2.0, 2.0)
+    """kopf's retries of a failed watch or list request (connection refused, 5xx), in seconds. A
+    watch whose retries are used up starts over at once, so an apiserver that comes back is seen
+    within about 2 s (kopf's own default climbs to 21 s: a restart went unnoticed for >10 s)."""
+
     watch_server_timeout: float = 300
     """Asked of the apiserver per watch request: it ends the watch after this, kopf restarts it."""
 

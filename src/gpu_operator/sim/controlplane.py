@@ -69,6 +69,14 @@ class Component:
                 f"{_tail(self.log)}"
             )
 
+    def kill(self) -> None:
+        """SIGKILL, as a crashed machine would: no clean shutdown."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
     def stop(self, timeout: float = 10.0) -> None:
         proc = self.process
         if proc is None or proc.poll() is not None:
@@ -247,6 +255,35 @@ class ControlPlane:
             f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", context), deadline)
         for component in components:
             component.check_alive()
+
+    # -- faults (chaos tests) -----------------------------------------------------------------
+
+    def component(self, name: str) -> Component:
+        for component in self.components:
+            if component.name == name:
+                return component
+        raise KeyError(f"no control plane component {name!r}; have {[c.name for c in self.components]}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one component ("etcd", "kube-apiserver", ...); the others keep running."""
+        self.component(name).kill()
+
+    def revive(self, name: str, timeout: float = 60.0) -> None:
+        """Start a killed component again with its original arguments (same ports, same etcd
+        data) and wait until it serves: etcd's /health, the apiserver's /readyz."""
+        component = self.component(name)
+        if component.process is not None and component.process.poll() is None:
+            raise ControlPlaneError(f"{name} is still running (pid {component.process.pid}); kill it first")
+        component.start()
+        deadline = time.monotonic() + timeout
+        if name == "etcd":
+            self._wait("etcd /health", component, lambda: _http_ok(f"{self.etcd_url}/health"), deadline)
+        elif name == "kube-apiserver":
+            context = self.ssl_context("admin")
+            self._wait("/readyz", component, lambda: _http_ok(f"{self.server}/readyz", context), deadline)
+
+    def apiserver_ready(self) -> bool:
+        return _http_ok(f"{self.server}/readyz", self.ssl_context("admin"))
 
     # -- helpers for tests and tools -------------------------------------------------------------
 

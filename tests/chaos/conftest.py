@@ -1,0 +1,62 @@
+"""Fixtures for the chaos tests: faults injected into a real control plane and real operator
+processes (SIGKILL, SIGSTOP, killed apiserver or etcd, a slow proxy in front of the apiserver).
+
+Each test module gets a control plane of its own: a test that kills etcd must not disturb the
+integration tests' shared one, and 200-node crash runs leave no nodes behind for others. The
+function-scoped fixtures (fake nodes, operator processes, policies) are the integration ones.
+
+GPU_OPERATOR_CHAOS_HEAVY=1 runs the benchmark-machine variants (200 nodes, every crash point on
+its own run); the default variants keep `./dev test` short on a small machine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import Client, KubeConfig
+
+from gpu_operator.kube.crds import apply_crds
+from gpu_operator.sim import binaries
+from gpu_operator.sim.controlplane import ControlPlane
+from tests.integration.conftest import fake_nodes  # noqa: F401
+from tests.integration.operator_fixtures import (  # noqa: F401
+    cluster_policies,
+    operator_namespace,
+    start_operator,
+)
+
+HEAVY = os.environ.get("GPU_OPERATOR_CHAOS_HEAVY", "") not in ("", "0")
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    found = binaries.locate(build=True)  # a missing build fails, never skips
+    plane = ControlPlane(Path(tmp_path_factory.mktemp("chaos-controlplane")), found)
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def kube(control_plane: ControlPlane) -> Iterator[Client]:
+    client = Client(KubeConfig.from_file(control_plane.admin_kubeconfig), field_manager="tests")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def crds(kube: Client) -> list[str]:
+    return apply_crds(kube)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.chaos)
