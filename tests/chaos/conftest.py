@@ -5,7 +5,7 @@ Each test module gets a control plane of its own: a test that kills etcd must no
 integration tests' shared one, and 200-node crash runs leave no nodes behind for others. The
 function-scoped fixtures (fake nodes, operator processes, policies) are the integration ones.
 
-GPU_OPERATOR_CHAOS_HEAVY=1 runs the benchmark-machine variants (200 nodes, every crash point on
+GPU_OPERATOR_CHAOS_HEAVY=1 (tests/support/chaos.py) runs the benchmark-machine variants (200 nodes, every crash point on
 its own run); the default variants keep `./dev test` short on a small machine.
 """
 
@@ -27,8 +27,6 @@ from tests.integration.operator_fixtures import (  # noqa: F401
     operator_namespace,
     start_operator,
 )
-
-HEAVY = os.environ.get("GPU_OPERATOR_CHAOS_HEAVY", "") not in ("", "0")
 
 
 @pytest.fixture(scope="module")
