@@ -39,6 +39,10 @@ class LeaderElector:
     identity: str
     settings: OperatorSettings = field(default_factory=OperatorSettings)
     name: str = LEASE_NAME
+    renewed_at: float | None = None
+    """Monotonic time at which the last successful take-or-renew attempt started."""
+    expires_in: float | None = None
+    """When another replica holds the lease: seconds until it expires, as last read."""
 
     @property
     def lease_duration(self) -> float:
@@ -71,6 +75,7 @@ class LeaderElector:
         duration = spec.leaseDurationSeconds or int(self.lease_duration)
         expired = renewed is None or (now - renewed).total_seconds() > duration
         if holder and holder != self.identity and not expired:
+            self.expires_in = duration - (now - renewed).total_seconds() if renewed else None
             return False
         transitions = (spec.leaseTransitions or 0) + (0 if holder == self.identity else 1)
         acquired = spec.acquireTime if holder == self.identity and spec.acquireTime else now
@@ -85,9 +90,25 @@ class LeaderElector:
         return LeaseSpec(holderIdentity=self.identity, leaseDurationSeconds=int(self.lease_duration),
                          acquireTime=acquired, renewTime=now, leaseTransitions=transitions)
 
+    def leading(self) -> bool:
+        """The write fence: True only while the lease we last renewed cannot have run out. A
+        follower takes it no sooner than lease duration after our renewal, so we stop writing one
+        retry period before that (a margin for latency and clock skew). A leader paused past it
+        (SIGSTOP, a frozen VM) sends nothing when it resumes, whatever its loops had queued, until
+        it has renewed the lease again; its renewal loop then stops it if the lease was taken."""
+        if self.renewed_at is None:
+            return False
+        age = asyncio.get_running_loop().time() - self.renewed_at
+        return age < self.lease_duration - self.retry_period
+
     async def _attempt(self) -> bool:
+        started = asyncio.get_running_loop().time()
+        self.expires_in = None
         try:
-            return await self._try()
+            if await self._try():
+                self.renewed_at = started
+                return True
+            return False
         except ApiError as err:
             if err.status.code == 409:
                 return False
@@ -104,8 +125,13 @@ class LeaderElector:
             if await self._attempt():
                 log.info("leader election: %s became the leader", self.identity)
                 return True
+            # Try again after the retry period, or just after the holder's lease runs out if
+            # that comes sooner (a killed leader is replaced as soon as its lease allows).
+            wait = self.retry_period
+            if self.expires_in is not None:
+                wait = min(wait, max(0.05, self.expires_in + 0.05))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.retry_period)
+                await asyncio.wait_for(stop.wait(), timeout=wait)
         return False
 
     async def keep(self, stop: asyncio.Event) -> None:

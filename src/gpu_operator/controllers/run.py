@@ -36,6 +36,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
     try:
         if leader_elect:
             elector = LeaderElector(kube.client, namespace, identity(), settings=settings)
+            kube.fence = elector.leading
             if not await elector.acquire(stop):
                 return 0
             keeper = asyncio.create_task(elector.keep(stop), name="leader-renewal")

@@ -16,7 +16,7 @@ from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.kube.client import WRITES, Kube
+from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     UPGRADE_DRAIN_SKIP_POD_LABEL,
@@ -255,7 +255,7 @@ class UpgradeController:
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{urllib.parse.quote(pod.name)}/eviction"
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod.name, "namespace": pod.namespace}}
-        WRITES.labels("create", "Eviction").inc()
+        self.kube.write("create", "Eviction")
         response = await http.post(path, json=body)
         if response.status_code == 429:
             self.blocked[(pod.namespace, pod.name)] = f"{pod.namespace}/{pdb_name(response.json())}"

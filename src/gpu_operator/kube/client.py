@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,10 @@ PrometheusRuleResource = create_namespaced_resource(
 # Every write this process sends, by verb and kind: the idle-write benchmark and tests read it.
 WRITES = Counter("gpu_operator_api_write_requests", "Write requests sent to the Kubernetes API",
                  ["verb", "kind"])
+
+
+class NotLeading(RuntimeError):
+    """A write refused by the leader-election fence."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,16 @@ class Kube:
     def __init__(self, kubeconfig: str | None = None, client: AsyncClient | None = None) -> None:
         self.client = client or AsyncClient(load_config(kubeconfig), field_manager=FIELD_MANAGER)
         self._http: httpx2.AsyncClient | None = None
+        self.fence: Callable[[], bool] | None = None
+        """With leader election: True while this replica may write (LeaderElector.leading)."""
+
+    def write(self, verb: str, kind: str) -> None:
+        """Every write passes here first: refused without the lease, else counted."""
+        if self.fence is not None and not self.fence():
+            raise NotLeading(f"not sending {verb} {kind}: this replica has not renewed the leader Lease "
+                             "within its renew deadline (paused or cut off); it writes again only "
+                             "after renewing, or stops")
+        WRITES.labels(verb, kind).inc()
 
     @property
     def http(self) -> httpx2.AsyncClient:
@@ -82,7 +97,7 @@ class Kube:
 
     async def apply(self, obj: dict[str, Any]) -> None:
         key = ObjectKey.of(obj)
-        WRITES.labels("apply", key.kind).inc()
+        self.write("apply", key.kind)
         await self.client.patch(
             resource_for(key.api_version, key.kind), key.name, obj, namespace=key.namespace,
             patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True,
@@ -90,7 +105,7 @@ class Kube:
 
     async def delete(self, key: ObjectKey, *, orphan: bool = False) -> bool:
         """Delete; False when it was already gone."""
-        WRITES.labels("delete", key.kind).inc()
+        self.write("delete", key.kind)
         kwargs: dict[str, Any] = {"namespace": key.namespace} if key.namespace else {}
         if orphan:
             from lightkube.types import CascadeType
@@ -105,19 +120,19 @@ class Kube:
 
     async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
                           namespace: str | None = None) -> None:
-        WRITES.labels("patch", kind).inc()
+        self.write("patch", kind)
         await self.client.patch(
             resource_for(api_version, kind), name, patch, namespace=namespace,
             patch_type=PatchType.MERGE,
         )
 
     async def patch_clusterpolicy_status(self, name: str, status: dict[str, Any]) -> None:
-        WRITES.labels("patch", "ClusterPolicy/status").inc()
+        self.write("patch", "ClusterPolicy/status")
         await self.client.patch(
             ClusterPolicyResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
 
     async def patch_nvidiadriver_status(self, name: str, status: dict[str, Any]) -> None:
-        WRITES.labels("patch", "NVIDIADriver/status").inc()
+        self.write("patch", "NVIDIADriver/status")
         await self.client.patch(
             NVIDIADriverResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
 
@@ -136,7 +151,7 @@ class Kube:
             reason=reason, message=message, type="Warning" if warning else "Normal",
             source=EventSource(component="gpu-operator"), firstTimestamp=now, lastTimestamp=now, count=1,
         )
-        WRITES.labels("create", "Event").inc()
+        self.write("create", "Event")
         await self.client.create(event)
 
     async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
