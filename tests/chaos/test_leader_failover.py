@@ -4,6 +4,7 @@ ServiceAccount so the audit log tells their writes apart."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -144,7 +145,7 @@ def test_a_paused_leader_does_not_write_after_it_resumes(
             wait_for("the follower holding the Lease", lambda: holder(kube, operator_namespace),
                      until=lambda h: h and h != old, timeout=60, context=second.log_text)
             for node in burst:
-                wait_for(f"node {node} labelled by the new leader", lambda n=node: labelled(kube, n),
+                wait_for(f"node {node} labelled by the new leader", functools.partial(labelled, kube, node),
                          timeout=60, context=second.log_text)
             patched_before = node_patches()
             assert patched_before < len(burst), "the leader finished before the pause: nothing was queued"
