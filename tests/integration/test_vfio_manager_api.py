@@ -118,3 +118,21 @@ def test_the_command_reports_a_refusal_on_the_node(
     assert meta is not None and (meta.labels or {})[VFIO_STATE] == "refused"
     (event,) = node_events(kube, node)
     assert event.type == "Warning" and event.reason == "VFIORefused" and "IOMMU is off" in (event.message or "")
+
+
+def test_doctor_reads_the_mixed_list_and_the_advertised_count_from_the_node(
+        control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    node = fake_nodes("vfio-passthrough:1")[0]
+    kube.patch(Node, node, {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
+               patch_type=PatchType.MERGE)
+    host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
+    from gpu_operator.node import vfio
+    assert all(p.ok for p in vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False))
+    env = {**os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "doctor", f"--host-root={host.fs.root}", "--json"],
+                          env=env, text=True, capture_output=True, timeout=120, check=False)
+    findings = {f["code"]: f for f in json.loads(done.stdout)["findings"]}
+    # The Node's annotation made it a mixed node: four for VMs, the host driver is right for the other four.
+    assert "mixed" in findings["workload"]["summary"] and "host-driver-on-passthrough" not in findings
+    # No KubeVirt in this cluster: doctor says so instead of guessing.
+    assert "kubevirt.io/v1 KubeVirt" in findings["kubevirt-count-unchecked"]["evidence"][0], done.stdout + done.stderr

@@ -43,7 +43,7 @@ def cluster_inputs(
         if inputs.advertised is None:
             inputs.unchecked = f"no --node (or NODE_NAME), so no API: {OFFLINE_HINT}"
         return inputs
-    from httpx2 import HTTPError
+    from httpx2 import HTTPError, HTTPStatusError
     from lightkube.core.exceptions import ApiError, ConfigError
 
     from gpu_operator.node.kubeapi import KubeNodeView
@@ -65,7 +65,16 @@ def cluster_inputs(
             inputs.advertised = view.kubevirt_advertised()
         except ApiError as err:
             inputs.unchecked = (
-                f"KubeVirt's API (kubevirt.io/v1 KubeVirt) is not served or not readable ({err.status.message})"
+                f"KubeVirt's API (kubevirt.io/v1 KubeVirt) is not readable ({err.status.message}): "
+                "nothing to compare with"
+            )
+        except HTTPStatusError as err:
+            # An API group the server does not know answers 404 with a plain-text body.
+            code = err.response.status_code
+            inputs.unchecked = (
+                "KubeVirt's API (kubevirt.io/v1 KubeVirt) is not served in this cluster: nothing to compare with"
+                if code == 404
+                else f"could not list KubeVirt CRs (HTTP {code}); {OFFLINE_HINT}"
             )
         except (HTTPError, OSError) as err:
             inputs.unchecked = f"could not list KubeVirt CRs ({err}); {OFFLINE_HINT}"

@@ -79,3 +79,18 @@ def test_publish_patches_labels_and_creates_node_events() -> None:
     )
     assert client.calls[0] == ("patch", "gpu-0", {"metadata": {"labels": {"nvidia.com/gpu.driver.source": "host", "nvidia.com/gpu.driver.version": None}}})
     assert client.calls[1] == ("create", Event.__name__)
+
+
+def test_kubevirt_advertised_pairs_permitted_ids_with_the_nodes_allocatable() -> None:
+    class KubeVirtClient(StandInClient):
+        def list(self, res: Any, namespace: str, **_: Any) -> list[Obj]:  # type: ignore[override]
+            assert res.__name__ == "KubeVirt" and namespace == "*"
+            return [Obj({"metadata": {"name": "kubevirt"}, "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
+                {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB", "externalResourceProvider": False},
+                {"pciVendorSelector": "10DE:26B9", "resourceName": "nvidia.com/L40S"}]}}}})]
+
+    client = KubeVirtClient(["Running"])
+    client.node["status"] = {"capacity": {"nvidia.com/H100_SXM5_80GB": "8"}, "allocatable": {"nvidia.com/H100_SXM5_80GB": "8"}}
+    view = KubeNodeView("gpu-0", "", client=client)
+    assert [(a.vendor_device, a.resource, a.count) for a in view.kubevirt_advertised()] == [
+        ("10de:2330", "nvidia.com/H100_SXM5_80GB", 8), ("10de:26b9", "nvidia.com/L40S", 0)]
