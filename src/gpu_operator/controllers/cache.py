@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpu_operator.controllers import nodelabels
 from gpu_operator.vocabulary import (
@@ -18,6 +18,38 @@ from gpu_operator.vocabulary import (
 )
 
 UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
+
+
+class OwnedKind(NamedTuple):
+    """A kind the renderer emits and the operator watches (its objects carrying our managed-by
+    label): kopf's (group, version, plural) and the kind name the render result uses."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def resource(self) -> tuple[str, str] | tuple[str, str, str]:
+        return (self.group, self.version, self.plural) if self.group else (self.version, self.plural)
+
+
+# Every kind the renderer can emit is watched (apply once, delete when no longer rendered), except
+# - ServiceMonitor: watched only when its CRD exists at start-up (SERVICE_MONITOR below), and
+# - SecurityContextConstraints (OpenShift only): remembered in memory by the ClusterPolicy
+#   reconciler, see ClusterPolicyReconciler.remembered.
+OWNED_KINDS = (
+    OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
+    OwnedKind("", "v1", "serviceaccounts", "ServiceAccount"),
+    OwnedKind("", "v1", "configmaps", "ConfigMap"),
+    OwnedKind("", "v1", "services", "Service"),
+    OwnedKind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    OwnedKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    OwnedKind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole"),
+    OwnedKind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding"),
+    OwnedKind("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass"),
+)
+SERVICE_MONITOR = OwnedKind("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor")
 
 
 @dataclass(frozen=True)

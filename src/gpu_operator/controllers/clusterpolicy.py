@@ -15,6 +15,7 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.cache import (
+    OWNED_KINDS,
     NodeView,
     OwnedView,
     PolicyView,
@@ -43,6 +44,9 @@ class Snapshot:
     namespace: str
     k8s_version: str
     servicemonitor_crd: bool = False
+    # Kinds whose objects `owned` holds (the watched ones); objects of any other kind the
+    # renderer emits are remembered by the reconciler instead.
+    watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
 
 
 @dataclass
@@ -144,6 +148,10 @@ class ClusterPolicyReconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
+        # Objects this process applied whose kind it does not watch (the OpenShift SCC, a
+        # ServiceMonitor without a watch): known here so they are applied once and deleted when
+        # no state renders them any more. Memory only: after a restart each is applied once again.
+        self.remembered: dict[OwnedKey, OwnedView] = {}
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -185,15 +193,22 @@ class ClusterPolicyReconciler:
 
     async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
-        # Delete what we own and no longer want: disabled states, stale variants. DaemonSets are
-        # left alone while no GPU node exists; a driver DaemonSet handed over to NVIDIADrivers
-        # is deleted with its pods orphaned, so no driver is unloaded mid-switch.
-        has_gpu = any(n.gpu_present for n in snap.nodes)
+        # The render result is the contract: its objects are the apply set; whatever we own and
+        # it no longer renders is deleted, except the kinds it says to keep (DaemonSets while no
+        # GPU node exists); a state with orphan_pods (the driver handed over to NVIDIADrivers)
+        # has its DaemonSets deleted with their pods orphaned, so no driver is unloaded mid-switch.
         orphaning = {s.name for s in result.states if s.orphan_pods}
+        remembered = {k: v for k, v in self.remembered.items() if v.kind not in snap.watched_kinds}
         await apply_owned(
-            self.kube, result.objects(), policy, owner_reference(policy), snap.owned, report,
-            keep=lambda live: live.kind == "DaemonSet" and not has_gpu,
+            self.kube, result.objects(), policy, owner_reference(policy), {**remembered, **snap.owned}, report,
+            keep=lambda live: live.kind in result.keep_kinds,
             orphan=lambda live: live.kind == "DaemonSet" and live.state in orphaning)
+        # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
+        self.remembered = {}
+        for obj in result.objects():
+            if obj["kind"] not in snap.watched_kinds:
+                view = OwnedView.of(with_ownership(obj, policy))
+                self.remembered[view.key] = view
 
     def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
         not_ready = []

@@ -15,8 +15,11 @@ import kopf
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import (
     DRIVER_COMPONENT,
+    OWNED_KINDS,
+    SERVICE_MONITOR,
     DriverPodView,
     NodeView,
+    OwnedKind,
     OwnedView,
     PolicyView,
     first,
@@ -33,22 +36,8 @@ from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECT
 
 log = logging.getLogger("gpu_operator.operator")
 
-# Kinds the renderer produces that we watch (group, version, plural); their index ids are
-# "owned_<plural>". Objects of other kinds (ServiceMonitor) are applied once per process.
-OWNED_KINDS = (
-    ("apps", "v1", "daemonsets"),
-    ("", "v1", "serviceaccounts"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "services"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("rbac.authorization.k8s.io", "v1", "clusterroles"),
-    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
-    ("node.k8s.io", "v1", "runtimeclasses"),
-)
 # The kopf indices the loops read; kopf hands them to every handler by id, the startup one too.
-INDEX_IDS = ("nodes", "policies", "drivers", "driver_pods",
-             *(f"owned_{plural}" for _group, _version, plural in OWNED_KINDS))
+INDEX_IDS = ("nodes", "policies", "drivers", "driver_pods", *(f"owned_{k.plural}" for k in OWNED_KINDS))
 
 
 class DiscoveryError(RuntimeError):
@@ -95,6 +84,7 @@ class Operator:
         self.label_drivers: dict[str, NodeDriver] | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
+        self.owned_kinds: list[OwnedKind] = []
         self.registry = self._registry()
 
     # -- kopf wiring ------------------------------------------------------------------------------
@@ -109,10 +99,11 @@ class Operator:
 
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-            missing = [index for index in INDEX_IDS if index not in kwargs]
+            ids = [*INDEX_IDS, *(f"owned_{k.plural}" for k in self.owned_kinds if k not in OWNED_KINDS)]
+            missing = [index for index in ids if index not in kwargs]
             if missing:  # kopf stopped passing indices to startup handlers: fail loudly, at once
                 raise kopf.PermanentError(f"kopf did not pass the indices {missing} to the startup handler")
-            self.indices = {index: kwargs[index] for index in INDEX_IDS}
+            self.indices = {index: kwargs[index] for index in ids}
             ours = self.settings
             settings.posting.enabled = False  # status and conditions speak; no kopf events
             settings.scanning.disabled = True  # no cluster-wide CRD/namespace discovery watches
@@ -123,9 +114,8 @@ class Operator:
             settings.networking.error_backoffs = ours.api_error_backoffs
             # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services
             # and RBAC objects never reach this process.
-            for group, version, plural in OWNED_KINDS:
-                resource = (group, version, plural) if group else (version, plural)
-                settings.watching.label_selectors[resource] = MANAGED_SELECTOR
+            for kind in self.owned_kinds:
+                settings.watching.label_selectors[kind.resource] = MANAGED_SELECTOR
             settings.watching.label_selectors[("v1", "pods")] = f"{DRIVER_COMPONENT}=nvidia-driver"
             settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
             settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="gpu-operator")
@@ -186,24 +176,31 @@ class Operator:
             loops.indexed.set()
             loops.kick()
 
-        managed = {MANAGED_BY: MANAGED_BY_VALUE}
-        for group, version, plural in OWNED_KINDS:
-            resource = (group, version, plural) if group else (version, plural)
-
-            async def owned(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
-                view = OwnedView.of(body)
-                return {view.key: view}
-
-            async def owned_event(**_: Any) -> None:
-                loops.indexed.set()
-                loops.policy_kick.set()
-                loops.driver_kick.set()
-                loops.upgrade_kick.set()  # a new driver DaemonSet revision starts upgrades
-
-            kopf.index(*resource, id=f"owned_{plural}", labels=managed, registry=registry)(owned)
-            kopf.on.event(*resource, id=f"owned_event_{plural}", labels=managed,
-                          registry=registry)(owned_event)
+        for kind in OWNED_KINDS:
+            self._watch_owned(registry, kind)
         return registry
+
+    def _watch_owned(self, registry: kopf.OperatorRegistry, kind: OwnedKind) -> None:
+        """Index and watch the objects of one owned kind that carry our managed-by label (the
+        same constant the renderer stamps, so the two cannot drift apart)."""
+        loops = self.loops
+        managed = {MANAGED_BY: MANAGED_BY_VALUE}
+
+        async def owned(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
+            view = OwnedView.of(body)
+            return {view.key: view}
+
+        async def owned_event(**_: Any) -> None:
+            loops.indexed.set()
+            loops.policy_kick.set()
+            loops.driver_kick.set()
+            loops.upgrade_kick.set()  # a new driver DaemonSet revision starts upgrades
+
+        kopf.index(*kind.resource, id=f"owned_{kind.plural}", labels=managed, registry=registry)(owned)
+        kopf.on.event(*kind.resource, id=f"owned_event_{kind.plural}", labels=managed,
+                      registry=registry)(owned_event)
+        if kind not in self.owned_kinds:
+            self.owned_kinds.append(kind)
 
     # -- snapshots of the caches ----------------------------------------------------------------
 
@@ -224,8 +221,8 @@ class Operator:
 
     def owned_views(self) -> dict[Any, OwnedView]:
         owned: dict[Any, OwnedView] = {}
-        for _group, _version, plural in OWNED_KINDS:
-            for key, store in self._index(f"owned_{plural}").items():
+        for kind in self.owned_kinds:
+            for key, store in self._index(f"owned_{kind.plural}").items():
                 if (view := first(store)) is not None:
                     owned[key] = view
         return owned
@@ -236,7 +233,8 @@ class Operator:
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.policy_views(), self.node_views(), self.owned_views(), self.namespace,
-                        self.k8s_version, self.servicemonitor_crd)
+                        self.k8s_version, self.servicemonitor_crd,
+                        watched_kinds=frozenset(k.kind for k in self.owned_kinds))
 
     # -- the loops --------------------------------------------------------------------------------
 
@@ -398,6 +396,10 @@ class Operator:
         self.stop = stop
         if not await self.discover():
             return
+        if self.servicemonitor_crd:
+            # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
+            # when its state is disabled. A CRD installed later is seen at the next start.
+            self._watch_owned(self.registry, SERVICE_MONITOR)
         self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
                       asyncio.create_task(self.driver_loop(), name="nvidiadriver"),
                       asyncio.create_task(self.label_loop(), name="node-labelling"),

@@ -1,4 +1,4 @@
-"""Pure rendering: (ClusterPolicy, cluster facts) -> every object of every state, and what to delete."""
+"""Pure rendering: (ClusterPolicy, cluster facts) -> every object of every state, in apply order."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def check_policy(policy: ClusterPolicy) -> None:
 
 
 def render(policy: ClusterPolicy, facts: ClusterFacts) -> RenderResult:
-    """Every state in upstream order: enabled or not and why, objects in apply order, refs to delete."""
+    """Every state in upstream order: enabled or not and why, objects in apply order."""
     check_policy(policy)
     ctx = Ctx(policy, facts)
     states: list[StateResult] = []
@@ -44,13 +44,10 @@ def render(policy: ClusterPolicy, facts: ClusterFacts) -> RenderResult:
         enabled, reason = operand.gate(ctx)
         if not enabled:
             orphan = bool(operand.orphan_pods and operand.orphan_pods(ctx))
-            states.append(StateResult(operand.state, False, reason, [], operand.declared(ctx), orphan))
+            states.append(StateResult(operand.state, False, reason, [], orphan))
             continue
-        objects, delete, note = render_operand(operand, ctx)
-        states.append(StateResult(operand.state, True, reason + note, objects, delete))
-    return RenderResult(states=states, warnings=policy.warnings())
+        objects, note = render_operand(operand, ctx)
+        states.append(StateResult(operand.state, True, reason + note, objects))
+    keep = frozenset() if facts.has_gpu_nodes else frozenset({"DaemonSet"})
+    return RenderResult(states=states, warnings=policy.warnings(), keep_kinds=keep)
 
-
-def delete_refs(result: RenderResult) -> list[ObjectRef]:
-    """Every object the operator should delete, in reverse apply order."""
-    return [ref for state in reversed(result.states) for ref in reversed(state.delete)]

@@ -64,9 +64,6 @@ def format_yaml(result: RenderResult) -> str:
     for state in result.states:
         status = "enabled" if state.enabled else "disabled"
         lines.append(f"# state {state.name}: {status} ({state.reason})")
-        for ref in state.delete:
-            where = f" in {ref.namespace}" if ref.namespace else ""
-            lines.append(f"#   delete {ref.kind} {ref.name}{where}")
         for obj in state.objects:
             lines.append("---")
             lines.append(yaml.safe_dump(obj, sort_keys=False, width=120).rstrip())

@@ -263,22 +263,22 @@ def render_nvidiadriver(nvd: NVIDIADriver, facts: ClusterFacts, base: ClusterPol
     gpu = [n for n in facts.gpu_nodes if (n.name in owned if owned is not None else selects(nvd.spec, n.labels))]
     pools, unpooled = node_pools(nvd, gpu)
     probe_cm = truncate(f"{shared_name(nvd)}-startup-probe")
-    shared, _, _ = render_operand(operand, Ctx(policy, pool_facts(facts, [])))
+    shared, _ = render_operand(operand, Ctx(policy, pool_facts(facts, [])))
     _rename_configmap(shared, driver_state.PROBE_CM, probe_cm)
     selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items())) or "every GPU node"
     reason = f"NVIDIADriver {nvd.metadata.name}: {len(gpu)} node(s) ({selector}), {len(pools)} pool(s)"
-    states = [StateResult(operand.state, True, reason, shared, [])]
+    states = [StateResult(operand.state, True, reason, shared)]
     for pool in pools:
         ctx = Ctx(policy, pool_facts(facts, pool.nodes))
         built = operand.daemonsets(operand, ctx) if operand.daemonsets else []
         if not built and operand.daemonset:
-            objects, _, _ = render_operand(operand, ctx)
+            objects, _ = render_operand(operand, ctx)
             built = [o for o in objects if o["kind"] == "DaemonSet"]
         if len(built) != 1:
             raise RenderError("spec", f"pool {pool.key} rendered {len(built)} DaemonSets, expected one")
         _rename_configmap(built, driver_state.PROBE_CM, probe_cm)
         ds = _pool_daemonset(built[0], nvd, pool)
-        states.append(StateResult(f"pool {pool.key}", True, f"nodes: {', '.join(pool.nodes)}", [ds], []))
+        states.append(StateResult(f"pool {pool.key}", True, f"nodes: {', '.join(pool.nodes)}", [ds]))
     warnings = nvd.warnings()
     if unpooled:
         warnings.append(f"NVIDIADriver {nvd.metadata.name}: node(s) {', '.join(unpooled)} lack the NFD labels "

@@ -3,7 +3,7 @@
 A state module declares only what is particular to it (when it is enabled, its node-label gate,
 its pod, its extra objects); this module does everything common: ServiceAccount and RBAC,
 the DaemonSet skeleton, images, pull settings, resources/args/env, DaemonSet-wide settings,
-validation init containers, GPU access, ownership labels, and what to delete.
+validation init containers, GPU access and ownership labels.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_operator.api.common import ComponentFields
 from gpu_operator.render.objects import Ctx, obj, ownership
-from gpu_operator.render.result import Manifest, ObjectRef
+from gpu_operator.render.result import Manifest
 from gpu_operator.render.transforms.cdi import gpu_access
 from gpu_operator.render.transforms.component import apply_component, apply_image, pull_secrets
 from gpu_operator.render.transforms.daemonset import common_config, driver_install_dir, host_root
@@ -73,19 +73,6 @@ class DaemonSetDef:
 
 
 @dataclass(frozen=True)
-class Ref:
-    """A declared object of a state (so a disabled state knows what to delete)."""
-
-    api_version: str
-    kind: str
-    name: str
-    namespaced: bool = True
-
-    def ref(self, namespace: str) -> ObjectRef:
-        return ObjectRef(self.api_version, self.kind, self.name, namespace if self.namespaced else None)
-
-
-@dataclass(frozen=True)
 class Operand:
     state: str
     gate: Gate
@@ -94,34 +81,10 @@ class Operand:
     cluster_rules: tuple[dict[str, Any], ...] = ()
     daemonset: DaemonSetDef | None = None
     extras: Extras | None = None  # ConfigMaps, Services, ServiceMonitors, RuntimeClasses
-    refs: tuple[Ref, ...] = ()  # what `extras` can produce
     # Several DaemonSets (driver variants); defaults to the single `daemonset`.
     daemonsets: Callable[[Operand, Ctx], list[Manifest]] | None = None
-    variant_refs: Callable[[Ctx], list[Ref]] | None = None
     # When disabled: delete the DaemonSets with their pods orphaned (not killed)?
     orphan_pods: Callable[[Ctx], bool] | None = None
-
-    def declared(self, ctx: Ctx) -> list[ObjectRef]:
-        """Every object this state may own, for deletion when it is disabled."""
-        refs = [*self._rbac_refs(ctx), *self.refs]
-        if self.daemonset:
-            refs.append(Ref("apps/v1", "DaemonSet", self.daemonset.name))
-        if self.variant_refs:
-            refs.extend(self.variant_refs(ctx))
-        return [r.ref(ctx.ns) for r in refs]
-
-    def _rbac_refs(self, ctx: Ctx) -> list[Ref]:
-        if not self.account:
-            return []
-        # Role and RoleBinding are declared even when this version renders none, so one an older
-        # version created is deleted
-        refs = [Ref("v1", "ServiceAccount", self.account),
-                Ref(RBAC, "Role", self.account), Ref(RBAC, "RoleBinding", self.account)]
-        if self.cluster_rules:
-            refs += [Ref(RBAC, "ClusterRole", self.account, False), Ref(RBAC, "ClusterRoleBinding", self.account, False)]
-        if ctx.facts.openshift:
-            refs.append(Ref("security.openshift.io/v1", "SecurityContextConstraints", self.account, False))
-        return refs
 
 
 def rbac(operand: Operand, ctx: Ctx) -> list[Manifest]:
@@ -197,8 +160,8 @@ def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
     return ds
 
 
-def render_operand(operand: Operand, ctx: Ctx) -> tuple[list[Manifest], list[ObjectRef], str]:
-    """Objects to apply (in apply order), declared objects not rendered (to delete), and a note."""
+def render_operand(operand: Operand, ctx: Ctx) -> tuple[list[Manifest], str]:
+    """Objects to apply (in apply order) and a note for the state's reason."""
     objects = rbac(operand, ctx)
     if operand.extras:
         objects += operand.extras(ctx, operand.state)
@@ -213,11 +176,4 @@ def render_operand(operand: Operand, ctx: Ctx) -> tuple[list[Manifest], list[Obj
         else:
             note = "; DaemonSets wait for a GPU node (no node has nvidia.com/gpu.present=true)"
     objects += daemonsets
-    rendered = {ObjectRef.of(o) for o in objects}
-    skipped_kinds = set()
-    if not ctx.facts.has_gpu_nodes:
-        skipped_kinds.add("DaemonSet")  # left alone, as upstream does, until GPU nodes appear
-    if not ctx.facts.servicemonitor_crd:
-        skipped_kinds.add("ServiceMonitor")
-    delete = [r for r in operand.declared(ctx) if r not in rendered and r.kind not in skipped_kinds]
-    return objects, delete, note
+    return objects, note

@@ -1,4 +1,4 @@
-"""What rendering returns: per-state objects to apply, references to delete, and the errors."""
+"""What rendering returns: per-state objects to apply, what the operator must not delete, and the errors."""
 
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ class ObjectRef:
 
 @dataclass
 class StateResult:
-    """One state of the walk: whether it is enabled, why, what to apply and what to delete."""
+    """One state of the walk: whether it is enabled, why, and what to apply.
+
+    The renderer lists no deletes: what the operator owns and no longer finds in any state's
+    objects is deleted by the operator (see RenderResult.keep_kinds and orphan_pods)."""
 
     name: str
     enabled: bool
     reason: str
     objects: list[Manifest] = field(default_factory=list)
-    delete: list[ObjectRef] = field(default_factory=list)
     # Delete this state's DaemonSets leaving their pods running (the driver handed over to
     # NVIDIADrivers: its pods stay until the new DaemonSets replace them).
     orphan_pods: bool = False
@@ -52,6 +54,9 @@ class RenderResult:
 
     states: list[StateResult]
     warnings: list[str] = field(default_factory=list)
+    # Kinds the operator leaves alone although no state renders them this time: DaemonSets
+    # while no node has nvidia.com/gpu.present=true (upstream keeps them until GPU nodes come).
+    keep_kinds: frozenset[str] = frozenset()
 
     def state(self, name: str) -> StateResult:
         for state in self.states:

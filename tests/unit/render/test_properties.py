@@ -90,7 +90,6 @@ def test_valid_specs_render(spec: dict[str, Any], cluster: str) -> None:
     for state in result.states:
         refs = [ObjectRef.of(o) for o in state.objects]
         assert len(set(refs)) == len(refs)
-        assert not set(refs) & set(state.delete)
         assert not set(refs) & seen  # no object belongs to two states
         seen.update(refs)
         for obj in state.objects:

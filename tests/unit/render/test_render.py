@@ -125,25 +125,25 @@ def test_default_policy_enables_the_container_stack_only() -> None:
     assert enabled == UPSTREAM_ORDER[:11]
 
 
-def test_disabled_states_list_what_to_delete() -> None:
-    state = run().state("state-vfio-manager")
+def test_disabled_states_render_nothing() -> None:
+    # What a disabled state owned is deleted by the operator: it is not in the apply set.
+    result = run()
+    state = result.state("state-vfio-manager")
     assert not state.enabled and state.objects == []
-    kinds = {(r.kind, r.name, r.namespace) for r in state.delete}
-    assert ("DaemonSet", "nvidia-vfio-manager", "gpu-operator") in kinds
-    assert ("ClusterRole", "nvidia-vfio-manager", None) in kinds
+    assert not any(o["metadata"]["name"] == "nvidia-vfio-manager" for o in result.objects())
 
 
-def test_enabled_state_deletes_objects_it_no_longer_renders() -> None:
+def test_enabled_state_renders_only_what_it_wants() -> None:
     state = run({"cdi": {"enabled": False}}).state("pre-requisites")
     assert [o["metadata"]["name"] for o in state.objects] == ["nvidia"]
-    assert {r.name for r in state.delete} == {"nvidia-cdi", "nvidia-legacy"}
+    assert run({"cdi": {"enabled": True}}).keep_kinds == frozenset()
 
 
 def test_no_gpu_node_leaves_daemonsets_out() -> None:
     result = render(policy(), facts("cpu:2"))
     for state in result.states:
         assert all(o["kind"] != "DaemonSet" for o in state.objects)
-        assert all(r.kind != "DaemonSet" for r in state.delete if state.enabled)
+    assert result.keep_kinds == frozenset({"DaemonSet"})  # the operator leaves live ones alone
     assert "no node has nvidia.com/gpu.present=true" in result.state("state-driver").reason
     assert result.state("state-driver").objects  # RBAC and config maps are still applied
 
@@ -159,7 +159,6 @@ def test_servicemonitors_skipped_without_their_crd() -> None:
     without = run(spec, servicemonitor_crd=False)
     assert any(o["kind"] == "ServiceMonitor" for o in with_crd.objects())
     assert not any(o["kind"] == "ServiceMonitor" for o in without.objects())
-    assert not any(r.kind == "ServiceMonitor" for s in without.states for r in s.delete if s.enabled)
 
 
 def test_servicemonitor_shape() -> None:
@@ -213,7 +212,7 @@ def test_precompiled_driver_fans_out_per_kernel_and_deletes_the_other_variant() 
     names = sorted(o["metadata"]["name"] for o in state.objects if o["kind"] == "DaemonSet")
     assert names == ["nvidia-driver-daemonset-5.15.0-119-generic-ubuntu22.04",
                      "nvidia-driver-daemonset-6.8.0-48-generic-ubuntu22.04"]
-    assert [r.name for r in state.delete if r.kind == "DaemonSet"] == ["nvidia-driver-daemonset"]
+    assert "nvidia-driver-daemonset" not in names  # the other variant is not rendered: the operator deletes it
     ds = daemonset(result, "state-driver", names[0])
     assert ds["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"] == \
         "5.15.0-119-generic"
@@ -225,7 +224,7 @@ def test_precompiled_driver_fans_out_per_kernel_and_deletes_the_other_variant() 
 def test_use_nvidia_driver_crd_disables_the_driver_state() -> None:
     state = run({"driver": {"useNvidiaDriverCRD": True}}).state("state-driver")
     assert not state.enabled and "Orphan" in state.reason
-    assert any(r.name == "nvidia-driver-daemonset" for r in state.delete)
+    assert state.objects == [] and state.orphan_pods
 
 
 def test_bidirectional_mounts_only_in_privileged_containers() -> None:

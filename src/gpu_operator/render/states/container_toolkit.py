@@ -13,7 +13,7 @@ from gpu_operator.render.objects import (
     hostpath,
     mount,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -100,7 +100,6 @@ OPERAND = Operand(
     # driver-validation lists the driver DaemonSets in its namespace
     role_rules=(rule([""], ["pods"], ["get", "list"]), rule(["apps"], ["daemonsets"], ["get", "list"])),
     extras=_extras,
-    refs=(Ref("v1", "ConfigMap", ENTRYPOINT),),
     daemonset=DaemonSetDef(
         name="nvidia-container-toolkit-daemonset",
         deploy="container-toolkit",

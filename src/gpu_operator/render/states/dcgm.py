@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.render.objects import Ctx, container
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import VALIDATIONS, service, wait_for, when_enabled
 
@@ -33,6 +33,5 @@ OPERAND = Operand(
     gate=when_enabled("dcgm"),
     account=NAME,
     extras=_extras,
-    refs=(Ref("v1", "Service", NAME),),
     daemonset=DaemonSetDef(name=NAME, deploy="dcgm", image=Image("dcgm", "DCGM_IMAGE"), pod=_pod, gpu_access=True),
 )

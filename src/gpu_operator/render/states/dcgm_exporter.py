@@ -18,7 +18,7 @@ from gpu_operator.render.objects import (
     obj,
     upsert_env,
 )
-from gpu_operator.render.operand import RBAC, DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.operand import RBAC, DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import VALIDATIONS, service, service_monitor, wait_for, when_enabled
 from gpu_operator.render.transforms.component import host_network
@@ -119,12 +119,6 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["configmaps"], ["get", "list"]),),
     extras=_extras,
-    refs=(
-        Ref("v1", "Service", NAME),
-        Ref("monitoring.coreos.com/v1", "ServiceMonitor", NAME),
-        Ref(RBAC, "ClusterRole", READ_PODS, namespaced=False),
-        Ref(RBAC, "ClusterRoleBinding", READ_PODS, namespaced=False),
-    ),
     daemonset=DaemonSetDef(
         name=NAME,
         deploy="dcgm-exporter",

@@ -14,7 +14,7 @@ from gpu_operator.render.objects import (
     mount,
     upsert_env,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import (
     DEVICE_PLUGINS,
@@ -134,7 +134,6 @@ OPERAND = Operand(
     # config-manager reads its configs from the mounted ConfigMap and its node's label
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
     extras=_extras,
-    refs=(Ref("v1", "ConfigMap", ENTRYPOINT),),
     daemonset=DaemonSetDef(
         name="nvidia-device-plugin-daemonset",
         deploy="device-plugin",

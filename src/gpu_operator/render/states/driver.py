@@ -14,7 +14,7 @@ from gpu_operator.render.objects import (
     hostpath,
     mount,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, build_daemonset, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, build_daemonset, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import VALIDATIONS, configmap
 from gpu_operator.render.states._driver_like import driver_manager_init
@@ -164,12 +164,6 @@ def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
     ]
 
 
-def _variant_refs(ctx: Ctx) -> list[Ref]:
-    """Both variants: the one not in use is stale and gets deleted."""
-    names = [DAEMONSET, *(precompiled_name(k, ctx.facts.os_tag) for k in ctx.facts.kernels)]
-    return [Ref("apps/v1", "DaemonSet", name) for name in names]
-
-
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     return [configmap(PROBE_CM, state, ctx, {"startup-probe.sh": PROBE_SCRIPT})]
 
@@ -188,7 +182,5 @@ OPERAND = Operand(
         rule(["config.openshift.io"], ["clusterversions"], ["get", "list"]),
     ),
     extras=_extras,
-    refs=(Ref("v1", "ConfigMap", PROBE_CM),),
     daemonsets=_daemonsets,
-    variant_refs=_variant_refs,
 )

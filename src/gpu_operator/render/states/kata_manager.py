@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_operator.render.objects import Ctx
-from gpu_operator.render.operand import Operand, Ref, rule
+from gpu_operator.render.operand import Operand, rule
 from gpu_operator.vocabulary import KATA_RUNTIME_CLASS
 
 NAME = "nvidia-kata-manager"
@@ -21,9 +21,4 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["configmaps"], ["get"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),),
-    refs=(
-        Ref("v1", "ConfigMap", "nvidia-kata-manager-config"),
-        Ref("v1", "ConfigMap", "nvidia-kata-manager-entrypoint"),
-        Ref("apps/v1", "DaemonSet", NAME),
-    ),
 )

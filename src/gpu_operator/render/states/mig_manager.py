@@ -19,7 +19,7 @@ from gpu_operator.render.objects import (
     hostpath,
     mount,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -157,7 +157,6 @@ OPERAND = Operand(
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
                    rule([""], ["pods"], ["list"])),
     extras=_extras,
-    refs=(Ref("v1", "ConfigMap", ENTRYPOINT), Ref("v1", "ConfigMap", MIG_CONFIG), Ref("v1", "ConfigMap", GPU_CLIENTS)),
     daemonset=DaemonSetDef(
         name=NAME,
         deploy="mig-manager",

@@ -12,7 +12,7 @@ from gpu_operator.render.objects import (
     env,
     mount,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import HOST_ROOT, VALIDATIONS, service, service_monitor, when_enabled
 from gpu_operator.vocabulary import VALIDATIONS_DIR
@@ -49,7 +49,6 @@ OPERAND = Operand(
     role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
     extras=_extras,
-    refs=(Ref("v1", "Service", NAME), Ref("monitoring.coreos.com/v1", "ServiceMonitor", NAME)),
     daemonset=DaemonSetDef(
         name=NAME,
         deploy="node-status-exporter",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_operator.render.objects import Ctx, obj
-from gpu_operator.render.operand import RBAC, Operand, Ref, rule
+from gpu_operator.render.operand import RBAC, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import always, service, service_monitor
 
@@ -38,10 +38,4 @@ OPERAND = Operand(
     state=STATE,
     gate=always("always enabled"),
     extras=_extras,
-    refs=(
-        Ref("v1", "Service", NAME),
-        Ref("monitoring.coreos.com/v1", "ServiceMonitor", NAME),
-        Ref(RBAC, "Role", PROMETHEUS),
-        Ref(RBAC, "RoleBinding", PROMETHEUS),
-    ),
 )

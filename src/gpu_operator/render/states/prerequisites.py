@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_operator.render.objects import Ctx, obj
-from gpu_operator.render.operand import Operand, Ref
+from gpu_operator.render.operand import Operand
 from gpu_operator.render.result import Manifest
 
 CDI_CLASSES = ("nvidia-cdi", "nvidia-legacy")
@@ -33,9 +33,4 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     return [_runtime_class(name, state, ctx) for name in dict.fromkeys(_classes(ctx))]
 
 
-def _refs(ctx: Ctx) -> list[Ref]:
-    names = dict.fromkeys([ctx.spec.operator.runtimeClass, *CDI_CLASSES])
-    return [Ref(_api(ctx), "RuntimeClass", name, namespaced=False) for name in names]
-
-
-OPERAND = Operand(state="pre-requisites", gate=_gate, extras=_extras, variant_refs=_refs)
+OPERAND = Operand(state="pre-requisites", gate=_gate, extras=_extras)

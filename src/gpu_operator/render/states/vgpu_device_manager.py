@@ -15,7 +15,7 @@ from gpu_operator.render.objects import (
     env,
     mount,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, Ref, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -93,7 +93,6 @@ OPERAND = Operand(
     role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),),
     extras=_extras,
-    refs=(Ref("v1", "ConfigMap", DEFAULT_CONFIG),),
     daemonset=DaemonSetDef(
         name=NAME,
         deploy="vgpu-device-manager",
