@@ -5,7 +5,6 @@ off; a ServiceMonitor the operator did not create survives."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,8 @@ from gpu_operator.kube.client import ClusterPolicyResource, ServiceMonitorResour
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
-from tests.integration.operator_fixtures import policy_status, wait_for
+from tests.support.status import reconciled
+from tests.support.waiting import wait_for
 
 OPERATOR_USER = "gpu-operator-sim"
 CRD_NAME = "servicemonitors.monitoring.coreos.com"
@@ -79,19 +79,21 @@ def _monitor(kube: Client, namespace: str, name: str) -> Any:
         raise
 
 
-def _monitor_writes(control_plane: ControlPlane, name: str) -> list[tuple[str, str]]:
-    """The operator's write requests on one ServiceMonitor, from the apiserver's audit log."""
+def _writes(control_plane: ControlPlane, resource: str, name: str) -> list[tuple[str, str]]:
+    """The operator's write requests on one object, from the apiserver's audit log."""
     return [(e.get("verb", ""), e.get("stage", "")) for e in control_plane.audit_events()
             if e.get("user", {}).get("username") == OPERATOR_USER
-            and e.get("objectRef", {}).get("resource") == "servicemonitors"
+            and e.get("objectRef", {}).get("resource") == resource
             and e.get("objectRef", {}).get("name") == name
             and e.get("stage") == "ResponseComplete"]
 
 
-def _reconciled(kube: Client) -> bool:
-    status = policy_status(kube)
-    return status.get("state") == "ready" and any(
-        c["type"] == "Ready" and c["reason"] == "Reconciled" for c in status.get("conditions", []))
+def _monitor_writes(control_plane: ControlPlane, name: str) -> list[tuple[str, str]]:
+    return _writes(control_plane, "servicemonitors", name)
+
+
+def _plugin_writes(control_plane: ControlPlane) -> int:
+    return len(_writes(control_plane, "daemonsets", "nvidia-device-plugin-daemonset"))
 
 
 def _plugin_env(kube: Client, namespace: str) -> dict[str, str]:
@@ -116,7 +118,7 @@ def test_servicemonitor_is_applied_once_and_deleted_when_disabled(
         "spec": {"endpoints": [{"port": "metrics"}], "selector": {}}}))
     operator = start_operator()
     cluster_policies({"dcgmExporter": {"serviceMonitor": {"enabled": True}}})
-    wait_for("Reconciled", lambda: _reconciled(kube), timeout=120, context=operator.log_text)
+    reconciled(kube, context=operator.log_text)
     assert "ServiceMonitor CRD present" in operator.log_text()  # discovered at start-up
     created = wait_for("the dcgm-exporter ServiceMonitor", lambda: _monitor(kube, operator_namespace, DCGM_MONITOR),
                        context=operator.log_text)
@@ -126,15 +128,20 @@ def test_servicemonitor_is_applied_once_and_deleted_when_disabled(
     assert writes_after_create, "the audit log must show the ServiceMonitor's apply"
 
     # Two more reconciles that each change something else (the device plugin's env): the
-    # ServiceMonitor is neither re-applied nor touched.
-    for value in ("one", "two"):
+    # ServiceMonitor is neither re-applied nor touched. A third change is the fence: the pass that
+    # applies it starts after the second pass finished (the ServiceMonitor is applied after the
+    # device plugin in a pass), and once its DaemonSet write is in the audit log, so is every
+    # write of the passes before it.
+    plugin_writes = _plugin_writes(control_plane)
+    for value in ("one", "two", "fence"):
         kube.patch(ClusterPolicyResource, "cluster-policy",
                    {"spec": {"devicePlugin": {"env": [{"name": "APPLY_ONCE_PROBE", "value": value}]}}},
                    patch_type=PatchType.MERGE)
         wait_for(f"the device plugin to carry APPLY_ONCE_PROBE={value}",
-                 lambda v=value: _plugin_env(kube, operator_namespace).get("APPLY_ONCE_PROBE") == v,  # type: ignore[misc]
-                 context=operator.log_text)
-    time.sleep(1)  # the audit log is written after the response; let the last lines land
+                 lambda: _plugin_env(kube, operator_namespace).get("APPLY_ONCE_PROBE"),
+                 until=value.__eq__, context=operator.log_text)
+    wait_for("the audit log to show the operator's three device plugin writes",
+             lambda: _plugin_writes(control_plane), until=lambda n: n >= plugin_writes + 3)
     assert _monitor(kube, operator_namespace, DCGM_MONITOR).metadata.resourceVersion == version
     assert _monitor_writes(control_plane, DCGM_MONITOR) == writes_after_create
 

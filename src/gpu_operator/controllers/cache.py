@@ -37,7 +37,7 @@ class OwnedKind(NamedTuple):
 # Every kind the renderer can emit is watched (apply once, delete when no longer rendered), except
 # - ServiceMonitor: watched only when its CRD exists at start-up (SERVICE_MONITOR below), and
 # - SecurityContextConstraints (OpenShift only): remembered in memory by the ClusterPolicy
-#   reconciler, see ClusterPolicyReconciler.remembered.
+#   owner CR by the applier, see controllers/apply.py (Applier.remembered).
 OWNED_KINDS = (
     OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
     OwnedKind("", "v1", "serviceaccounts", "ServiceAccount"),

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import pydantic
 from lightkube.core.exceptions import ApiError
@@ -14,19 +13,18 @@ from lightkube.core.exceptions import ApiError
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import status as st
+from gpu_operator.controllers.apply import Applied, Applier, OwnedKey, owner_reference
 from gpu_operator.controllers.cache import (
     OWNED_KINDS,
     NodeView,
     OwnedView,
     PolicyView,
-    desired_hash,
     object_key,
 )
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
-from gpu_operator.vocabulary import HASH_ANNOTATION
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
@@ -40,23 +38,21 @@ class Snapshot:
 
     policies: list[PolicyView]
     nodes: list[NodeView]
-    owned: dict[tuple[str, str, str | None, str], OwnedView]
+    owned: dict[OwnedKey, OwnedView]
     namespace: str
     k8s_version: str
     servicemonitor_crd: bool = False
     # Kinds whose objects `owned` holds (the watched ones); objects of any other kind the
-    # renderer emits are remembered by the reconciler instead.
+    # renderer emits are remembered by the applier instead (controllers/apply.py).
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
 
 
 @dataclass
-class ReconcileReport:
-    """What a reconcile did (for logs, metrics and tests)."""
+class ReconcileReport(Applied):
+    """What a reconcile did (for logs, metrics and tests): its writes, and more."""
 
     outcome: st.Outcome | None = None
     requeue: float | None = None
-    applied: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
     not_ready: list[str] = field(default_factory=list)
     has_nfd: bool = False
     gpu_nodes: int = 0
@@ -70,54 +66,6 @@ def active_policy(policies: Iterable[PolicyView]) -> PolicyView | None:
 
 def operator_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.endswith(_ENV_SUFFIXES) or k == "OPERATOR_NAMESPACE"}
-
-
-def owner_reference(policy: PolicyView, api_version: str = "nvidia.com/v1",
-                    kind: str = "ClusterPolicy") -> dict[str, Any]:
-    return {"apiVersion": api_version, "kind": kind, "name": policy.name,
-            "uid": policy.uid, "controller": True, "blockOwnerDeletion": True}
-
-
-def with_ownership(obj: dict[str, Any], policy: PolicyView, owner: dict[str, Any] | None = None,
-                   ) -> dict[str, Any]:
-    """The object as we apply it: owned by the policy (or `owner`, a ready ownerReference) and
-    stamped with the hash of itself."""
-    meta = dict(obj["metadata"])
-    meta["ownerReferences"] = [owner or owner_reference(policy)]
-    owned = {**obj, "metadata": meta}
-    meta["annotations"] = {**(meta.get("annotations") or {}), HASH_ANNOTATION: desired_hash(owned)}
-    return owned
-
-
-OwnedKey = tuple[str, str, str | None, str]
-
-
-async def apply_owned(kube: Kube, objects: Iterable[dict[str, Any]], owner: PolicyView, owner_ref: dict[str, Any],
-                      owned: dict[OwnedKey, OwnedView], report: ReconcileReport, *,
-                      keep: Callable[[OwnedView], bool] = lambda _view: False,
-                      orphan: Callable[[OwnedView], bool] = lambda _view: False) -> None:
-    """The one apply/delete contract of every owner CR: apply what changed (by hash), then delete
-    what this owner (by uid) owns and no longer wants, unless `keep` says to leave it; `orphan`
-    deletes leaving the dependents (a DaemonSet's pods) running."""
-    desired: set[OwnedKey] = set()
-    for obj in objects:
-        applied = with_ownership(obj, owner, owner_ref)
-        meta = applied["metadata"]
-        key = object_key(applied["apiVersion"], applied["kind"], meta.get("namespace"), meta["name"])
-        desired.add(key)
-        live = owned.get(key)
-        if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
-            continue
-        await kube.apply(applied)
-        report.applied.append(str(ObjectKey.of(applied)))
-    # Ownership is checked against the owner's uid, so objects someone else created (or another
-    # owner CR owns) are never touched.
-    for key, live in owned.items():
-        if key in desired or owner.uid not in live.owner_uids or keep(live):
-            continue
-        ref = ObjectKey(live.api_version, live.kind, live.name, live.namespace)
-        if await kube.delete(ref, orphan=orphan(live)):
-            report.deleted.append(str(ref) + (" (orphaning its pods)" if orphan(live) else ""))
 
 
 def validation_message(err: pydantic.ValidationError) -> str:
@@ -148,10 +96,7 @@ class ClusterPolicyReconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
-        # Objects this process applied whose kind it does not watch (the OpenShift SCC, a
-        # ServiceMonitor without a watch): known here so they are applied once and deleted when
-        # no state renders them any more. Memory only: after a restart each is applied once again.
-        self.remembered: dict[OwnedKey, OwnedView] = {}
+        self.applier = Applier(kube)
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -193,22 +138,7 @@ class ClusterPolicyReconciler:
 
     async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
-        # The render result is the contract: its objects are the apply set; whatever we own and
-        # it no longer renders is deleted, except the kinds it says to keep (DaemonSets while no
-        # GPU node exists); a state with orphan_pods (the driver handed over to NVIDIADrivers)
-        # has its DaemonSets deleted with their pods orphaned, so no driver is unloaded mid-switch.
-        orphaning = {s.name for s in result.states if s.orphan_pods}
-        remembered = {k: v for k, v in self.remembered.items() if v.kind not in snap.watched_kinds}
-        await apply_owned(
-            self.kube, result.objects(), policy, owner_reference(policy), {**remembered, **snap.owned}, report,
-            keep=lambda live: live.kind in result.keep_kinds,
-            orphan=lambda live: live.kind == "DaemonSet" and live.state in orphaning)
-        # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
-        self.remembered = {}
-        for obj in result.objects():
-            if obj["kind"] not in snap.watched_kinds:
-                view = OwnedView.of(with_ownership(obj, policy))
-                self.remembered[view.key] = view
+        await self.applier.apply(result, policy, owner_reference(policy), snap.owned, snap.watched_kinds, report)
 
     def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
         not_ready = []

@@ -16,15 +16,20 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.cache import DriverPodView, NodeView, OwnedView, PolicyView, object_key
+from gpu_operator.controllers.apply import Applier, OwnedKey, owner_reference
+from gpu_operator.controllers.cache import (
+    OWNED_KINDS,
+    DriverPodView,
+    NodeView,
+    OwnedView,
+    PolicyView,
+    object_key,
+)
 from gpu_operator.controllers.clusterpolicy import (
-    OwnedKey,
     ReconcileReport,
     active_policy,
-    apply_owned,
     configmap_keys,
     operator_env,
-    owner_reference,
 )
 from gpu_operator.controllers.nodelabels import NodeDriver, has_gpu
 from gpu_operator.controllers.settings import OperatorSettings
@@ -55,6 +60,7 @@ class DriverSnapshot:
     owned: dict[OwnedKey, OwnedView]
     namespace: str
     k8s_version: str
+    watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)  # as Snapshot's
 
 
 @dataclass
@@ -143,6 +149,7 @@ class NVIDIADriverReconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
+        self.applier = Applier(kube)
         self.reported: set[tuple[str, tuple[str, ...]]] = set()  # conflicts already sent as events
 
     async def reconcile(self, snap: DriverSnapshot) -> DriverReport:
@@ -150,6 +157,7 @@ class NVIDIADriverReconciler:
         if not snap.drivers:
             return out
         views = {v.name: v for v in snap.drivers}
+        self.applier.forget_others({v.uid for v in snap.drivers})
         drivers, invalid = parse(snap.drivers)
         for name, message in invalid.items():
             await self._status(views[name], snap, st.Outcome.failed(message))
@@ -189,8 +197,8 @@ class NVIDIADriverReconciler:
         except RenderError as err:
             return st.Outcome.failed(f"{err} (fix the field in NVIDIADriver {name})")
         try:
-            await apply_owned(self.kube, result.objects(), view, owner_reference(view, API_VERSION, KIND),
-                              snap.owned, report)
+            await self.applier.apply(result, view, owner_reference(view, API_VERSION, KIND),
+                                     snap.owned, snap.watched_kinds, report)
         except ApiError as err:
             return st.Outcome.failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
         conflicts = routing.conflicts_of(name)

@@ -229,7 +229,8 @@ class Operator:
 
     def driver_snapshot(self) -> DriverSnapshot:
         return DriverSnapshot(self.driver_views(), self.policy_views(), self.node_views(), self.owned_views(),
-                              self.namespace, self.k8s_version)
+                              self.namespace, self.k8s_version,
+                              watched_kinds=frozenset(k.kind for k in self.owned_kinds))
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.policy_views(), self.node_views(), self.owned_views(), self.namespace,

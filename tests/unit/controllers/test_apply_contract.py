@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.controllers.apply import Applied, Applier, owner_reference
 from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR, NodeView, OwnedView, PolicyView
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.kube.client import ObjectKey
-from gpu_operator.render import render
+from gpu_operator.render import RenderResult, StateResult, render
+from gpu_operator.vocabulary import STATE_LABEL
 from tests.unit.render.renderkit import IMAGES, facts, nodes, policy
 
 # Emitted only on OpenShift, which the operator does not detect yet: remembered, not watched.
@@ -125,3 +127,47 @@ def test_kept_kinds_and_foreign_objects_are_not_deleted(monkeypatch: pytest.Monk
     deleted = {d for d, _ in kube.deletes}
     assert "DaemonSet gpu-operator/nvidia-device-plugin-daemonset" in deleted
     assert "ConfigMap gpu-operator/users" not in deleted
+
+
+def _ds(name: str, state: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": "gpu-operator", "labels": {STATE_LABEL: state}}}
+
+
+def _scc(name: str) -> dict[str, Any]:
+    return {"apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints",
+            "metadata": {"name": name, "labels": {STATE_LABEL: "state-driver"}}}
+
+
+def test_applier_keeps_kinds_orphans_marked_states_and_remembers_per_owner() -> None:
+    """The one contract both reconcilers use, on hand-made results: `keep_kinds` spares a kind,
+    `orphan_pods` deletes a state's DaemonSets with orphan propagation, unwatched kinds are
+    remembered per owner (one owner's disabled SCC never touches another owner's)."""
+    kube = RecordingKube()
+    applier = Applier(kube)  # type: ignore[arg-type]
+    watched = frozenset(k.kind for k in OWNED_KINDS)
+    one = PolicyView("one", "uid-one", 1, "t", {})
+    two = PolicyView("two", "uid-two", 1, "t", {})
+
+    def run(owner: PolicyView, states: list[StateResult], keep: frozenset[str] = frozenset()) -> Applied:
+        done = Applied()
+        asyncio.run(applier.apply(RenderResult(states, keep_kinds=keep), owner, owner_reference(owner),
+                                  kube.owned(watched), watched, done))
+        return done
+
+    driver = StateResult("state-driver", True, "", [_ds("driver", "state-driver"), _scc("driver-scc")])
+    plugin = StateResult("state-device-plugin", True, "", [_ds("plugin", "state-device-plugin")])
+    assert len(run(one, [driver, plugin]).applied) == 3
+    assert len(run(two, [StateResult("state-driver", True, "", [_scc("other-scc")])]).applied) == 1
+    assert run(one, [driver, plugin]).applied == []  # hashes match; the SCC is remembered
+
+    # DaemonSets kept: nothing goes although the plugin is no longer rendered.
+    assert run(one, [driver], keep=frozenset({"DaemonSet"})).deleted == []
+    # The driver handed over: its DaemonSet deleted with its pods orphaned, its SCC deleted, the
+    # plugin DaemonSet deleted normally; the other owner's SCC untouched.
+    handed_over = StateResult("state-driver", False, "", [], orphan_pods=True)
+    done = run(one, [handed_over])
+    assert sorted(done.deleted) == ["DaemonSet gpu-operator/driver (orphaning its pods)",
+                                    "DaemonSet gpu-operator/plugin", "SecurityContextConstraints driver-scc"]
+    assert ("SecurityContextConstraints other-scc", False) not in kube.deletes
+    assert run(one, [handed_over]).deleted == []  # nothing left to delete

@@ -6,8 +6,9 @@ import pydantic
 import pytest
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers.apply import with_ownership
 from gpu_operator.controllers.cache import NodeView, OwnedView, PolicyView
-from gpu_operator.controllers.clusterpolicy import active_policy, validation_message, with_ownership
+from gpu_operator.controllers.clusterpolicy import active_policy, validation_message
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
 

@@ -1,0 +1,93 @@
+"""The one apply/delete contract of every owner CR (ClusterPolicy, NVIDIADriver).
+
+The render result is the only source of truth: its objects are the apply set. Whatever the owner
+(by uid) owns and no state renders any more is deleted, except the kinds the result says to keep
+(`RenderResult.keep_kinds`); the DaemonSets of a state marked `orphan_pods` are deleted leaving
+their pods running. Objects of a kind the operator does not watch (the OpenShift SCC; a
+ServiceMonitor when its CRD was not there at start-up) are remembered here, so they too are
+applied once and deleted when no longer rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_operator.controllers.cache import OwnedView, PolicyView, desired_hash, object_key
+from gpu_operator.kube.client import Kube, ObjectKey
+from gpu_operator.render import RenderResult
+from gpu_operator.vocabulary import HASH_ANNOTATION
+
+OwnedKey = tuple[str, str, str | None, str]
+
+
+def owner_reference(policy: PolicyView, api_version: str = "nvidia.com/v1",
+                    kind: str = "ClusterPolicy") -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "name": policy.name,
+            "uid": policy.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+def with_ownership(obj: dict[str, Any], policy: PolicyView, owner: dict[str, Any] | None = None,
+                   ) -> dict[str, Any]:
+    """The object as we apply it: owned by the policy (or `owner`, a ready ownerReference) and
+    stamped with the hash of itself."""
+    meta = dict(obj["metadata"])
+    meta["ownerReferences"] = [owner or owner_reference(policy)]
+    owned = {**obj, "metadata": meta}
+    meta["annotations"] = {**(meta.get("annotations") or {}), HASH_ANNOTATION: desired_hash(owned)}
+    return owned
+
+
+@dataclass
+class Applied:
+    """What apply passes wrote (a reconcile's report extends it)."""
+
+    applied: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+
+class Applier:
+    """Applies render results for owner CRs; remembers, per owner uid, the objects it applied of
+    kinds the operator does not watch (memory only: after a restart each is applied once again,
+    and one whose state was disabled while the operator was down is not deleted)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.remembered: dict[str, dict[OwnedKey, OwnedView]] = {}
+
+    async def apply(self, result: RenderResult, owner: PolicyView, owner_ref: dict[str, Any],
+                    owned: dict[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
+        """Apply what changed (by hash), then delete what this owner owns and no longer renders;
+        each write is added to `done` as it happens."""
+        known = {**{k: v for k, v in self.remembered.get(owner.uid, {}).items() if v.kind not in watched_kinds},
+                 **owned}
+        orphaning = {s.name for s in result.states if s.orphan_pods}
+        desired: dict[OwnedKey, OwnedView] = {}
+        for obj in result.objects():
+            applied = with_ownership(obj, owner, owner_ref)
+            meta = applied["metadata"]
+            key = object_key(applied["apiVersion"], applied["kind"], meta.get("namespace"), meta["name"])
+            desired[key] = OwnedView.of(applied)
+            live = known.get(key)
+            if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
+                continue
+            await self.kube.apply(applied)
+            done.applied.append(str(ObjectKey.of(applied)))
+        # Ownership is checked against the owner's uid, so objects someone else created (or another
+        # owner CR owns) are never touched.
+        for key, live in known.items():
+            if key in desired or owner.uid not in live.owner_uids or live.kind in result.keep_kinds:
+                continue
+            orphan = live.kind == "DaemonSet" and live.state in orphaning
+            ref = ObjectKey(live.api_version, live.kind, live.name, live.namespace)
+            if await self.kube.delete(ref, orphan=orphan):
+                done.deleted.append(str(ref) + (" (orphaning its pods)" if orphan else ""))
+        # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
+        self.remembered[owner.uid] = {k: v for k, v in desired.items() if v.kind not in watched_kinds}
+
+    def forget_others(self, uids: Collection[str]) -> None:
+        """Drop what is remembered for owners that no longer exist (the garbage collector took
+        their objects)."""
+        for uid in [u for u in self.remembered if u not in uids]:
+            del self.remembered[uid]
