@@ -5,7 +5,9 @@ off; a ServiceMonitor the operator did not create survives."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
+from operator import eq
 from typing import Any
 
 import pytest
@@ -139,9 +141,12 @@ def test_servicemonitor_is_applied_once_and_deleted_when_disabled(
                    patch_type=PatchType.MERGE)
         wait_for(f"the device plugin to carry APPLY_ONCE_PROBE={value}",
                  lambda: _plugin_env(kube, operator_namespace).get("APPLY_ONCE_PROBE"),
-                 until=value.__eq__, context=operator.log_text)
+                 until=functools.partial(eq, value), context=operator.log_text)
     wait_for("the audit log to show the operator's three device plugin writes",
-             lambda: _plugin_writes(control_plane), until=lambda n: n >= plugin_writes + 3)
+             lambda: _plugin_writes(control_plane), until=lambda n: n >= plugin_writes + 3,
+             context=lambda: [(e.get("verb"), e.get("stage"), e.get("user", {}).get("username"), e.get("objectRef"))
+                              for e in control_plane.audit_events()
+                              if e.get("objectRef", {}).get("resource") == "daemonsets"])
     assert _monitor(kube, operator_namespace, DCGM_MONITOR).metadata.resourceVersion == version
     assert _monitor_writes(control_plane, DCGM_MONITOR) == writes_after_create
 
