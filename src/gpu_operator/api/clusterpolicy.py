@@ -375,10 +375,14 @@ class ClusterPolicySpec(Model):
     def sandbox_mode(self) -> str:
         return self.sandboxWorkloads.mode
 
+    def driver_upgrade_policy(self) -> DriverUpgradePolicySpec | None:
+        """driver.upgradePolicy where it applies: the driver enabled and no sandbox workloads."""
+        return self.driver.upgradePolicy if self.driver.on() and not self.sandbox_on() else None
+
     def driver_auto_upgrade(self) -> bool:
         """Whether nodes get annotation nvidia.com/gpu-driver-upgrade-enabled=true."""
-        policy = self.driver.upgradePolicy
-        return self.driver.on() and policy is not None and policy.autoUpgrade and not self.sandbox_on()
+        policy = self.driver_upgrade_policy()
+        return policy is not None and policy.autoUpgrade
 
 
 ClusterPolicyState = Literal["ignored", "ready", "notReady"]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import pydantic
+
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
@@ -64,31 +69,32 @@ class LabelPolicy:
     sandbox_mode: str = "kubevirt"
     mig_manager_enabled: bool = True
     mig_config_default: str | None = "all-disabled"
-    driver_auto_upgrade: bool = False  # driver.enabled and upgradePolicy.autoUpgrade and not sandbox
+    driver_auto_upgrade: bool = False  # ClusterPolicySpec.driver_auto_upgrade()
     use_nvidia_driver_crd: bool = False  # NVIDIADrivers own the driver: owner labels, per-CR upgrades
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> LabelPolicy:
-        """From a ClusterPolicy spec as stored (dict), applying the CRD defaults for absent keys."""
-        sandbox = spec.get("sandboxWorkloads") or {}
-        mig_manager = spec.get("migManager") or {}
-        driver = spec.get("driver") or {}
-        upgrade = driver.get("upgradePolicy")
-        sandbox_enabled = bool(sandbox.get("enabled", False))
-        mig_config = mig_manager.get("config")
+    def of(cls, spec: ClusterPolicySpec) -> LabelPolicy:
+        """From a validated spec: every default and rule is the api model's (api/clusterpolicy.py),
+        the same the renderer reads, so labels and rendered objects cannot disagree."""
+        mig_config = spec.migManager.config
         return cls(
-            sandbox_enabled=sandbox_enabled,
-            default_workload=sandbox.get("defaultWorkload") or "container",
-            sandbox_mode=sandbox.get("mode") or "kubevirt",
-            mig_manager_enabled=bool(mig_manager.get("enabled", True)),
-            mig_config_default=(mig_config or {}).get("default", "all-disabled") if mig_config is not None
-            else None,
-            driver_auto_upgrade=bool(
-                driver.get("enabled", True) and upgrade is not None
-                and upgrade.get("autoUpgrade", False) and not sandbox_enabled
-            ),
-            use_nvidia_driver_crd=bool(driver.get("useNvidiaDriverCRD", False)),
+            sandbox_enabled=spec.sandbox_on(),
+            default_workload=spec.default_workload(),
+            sandbox_mode=spec.sandbox_mode(),
+            mig_manager_enabled=spec.migManager.on(),
+            mig_config_default=mig_config.default if mig_config is not None else None,
+            driver_auto_upgrade=spec.driver_auto_upgrade(),
+            use_nvidia_driver_crd=bool(spec.driver.useNvidiaDriverCRD),
         )
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> LabelPolicy | None:
+        """From a ClusterPolicy spec as stored; None when the api model rejects it (the
+        ClusterPolicy's status then names the field)."""
+        try:
+            return cls.of(ClusterPolicySpec.model_validate(spec))
+        except pydantic.ValidationError:
+            return None
 
 
 @dataclass(frozen=True)

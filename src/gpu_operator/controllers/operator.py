@@ -308,7 +308,8 @@ class Operator:
             started = time.monotonic()
             active = active_policy(self.policy_views())
             owner = None  # with NVIDIADrivers in use, each CR owns its driver pods (not handled here)
-            if active is not None and not LabelPolicy.from_spec(active.body.get("spec") or {}).use_nvidia_driver_crd:
+            if (active is not None and (labels := LabelPolicy.from_spec(active.body.get("spec") or {}))
+                    and not labels.use_nvidia_driver_crd):
                 owner = clusterpolicy_owner(active.body)
             try:
                 requeue = await self.upgrades.reconcile(owner)
@@ -340,7 +341,9 @@ class Operator:
             active = active_policy(self.policy_views())
             if active is None:
                 continue  # no ClusterPolicy: nodes are left alone
-            policy = LabelPolicy.from_spec(active.body.get("spec") or {})
+            policy = LabelPolicy.from_spec(active.body.get("spec") or {}) or self.label_policy
+            if policy is None:
+                continue  # a spec the api model rejects and no earlier one: nodes are left alone
             views = {v.name: v for v in self.node_views()}
             per_node = self._node_drivers(policy, views)
             if policy != self.label_policy or per_node != self.label_drivers:

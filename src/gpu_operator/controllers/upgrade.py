@@ -12,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 from prometheus_client import Gauge
 
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
@@ -56,18 +58,21 @@ class Owner:
     owner_uid: str  # driver DaemonSets owned by this object are the ones considered
 
 
-def owner_of(body: Mapping[str, Any], spec_policy: Mapping[str, Any] | None, enabled: bool = True) -> Owner:
+def owner_of(body: Mapping[str, Any], policy: us.Policy) -> Owner:
     meta = body.get("metadata") or {}
-    policy = us.Policy.from_spec(spec_policy) if enabled else us.Policy()
     paused = (meta.get("annotations") or {}).get(UPGRADE_PAUSED_ANNOTATION) == "true"
     return Owner(meta.get("name", ""), policy, paused, meta.get("uid", ""))
 
 
-def clusterpolicy_owner(body: Mapping[str, Any]) -> Owner:
-    spec = body.get("spec") or {}
-    driver = spec.get("driver") or {}
-    enabled = bool(driver.get("enabled", True)) and not (spec.get("sandboxWorkloads") or {}).get("enabled", False)
-    return owner_of(body, driver.get("upgradePolicy"), enabled)
+def clusterpolicy_owner(body: Mapping[str, Any]) -> Owner | None:
+    """The ClusterPolicy as the owner of its driver pods, its upgradePolicy read through the api
+    model (ClusterPolicySpec.driver_upgrade_policy: off with the driver disabled or sandbox
+    workloads on); None when the model rejects the spec (its status names the field)."""
+    try:
+        spec = ClusterPolicySpec.model_validate(body.get("spec") or {})
+    except pydantic.ValidationError:
+        return None
+    return owner_of(body, us.Policy.of(spec.driver_upgrade_policy()))
 
 
 def _digest(spec: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_operator.api.common import DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec, WaitForCompletionSpec
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     UPGRADE_DRAIN_START_ANNOTATION,
@@ -70,28 +71,28 @@ class Policy:
     validation_timeout: int = VALIDATION_TIMEOUT_SECONDS
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any] | None) -> Policy:
-        """From an upgradePolicy object (ClusterPolicy `driver.upgradePolicy` or NVIDIADriver
-        `upgradePolicy`); None -> auto-upgrade off."""
-        if not spec:
+    def of(cls, spec: DriverUpgradePolicySpec | None) -> Policy:
+        """From a validated upgradePolicy (ClusterPolicy `driver.upgradePolicy` or NVIDIADriver
+        `upgradePolicy`: the api model holds the defaults); None -> auto-upgrade off."""
+        if spec is None:
             return cls()
-        wait = spec.get("waitForCompletion") or {}
-        deletion = spec.get("podDeletion") or spec.get("gpuPodDeletion") or {}
-        drain = spec.get("drain") or {}
+        wait = spec.waitForCompletion or WaitForCompletionSpec()
+        deletion = spec.podDeletion or PodDeletionSpec()
+        drain = spec.drain or DrainSpec()
         return cls(
-            auto_upgrade=bool(spec.get("autoUpgrade", False)),
-            max_parallel=int(spec.get("maxParallelUpgrades", 1)),
-            max_unavailable=spec.get("maxUnavailable", "25%") if spec.get("maxUnavailable") is not None else "25%",
-            wait_selector=wait.get("podSelector") or "",
-            wait_timeout=int(wait.get("timeoutSeconds") or 0),
-            deletion_force=bool(deletion.get("force", False)),
-            deletion_timeout=int(deletion.get("timeoutSeconds", 300)),
-            deletion_empty_dir=bool(deletion.get("deleteEmptyDir", False)),
-            drain_enable=bool(drain.get("enable", False)),
-            drain_force=bool(drain.get("force", False)),
-            drain_selector=drain.get("podSelector") or "",
-            drain_timeout=int(drain.get("timeoutSeconds", 300)),
-            drain_empty_dir=bool(drain.get("deleteEmptyDir", False)),
+            auto_upgrade=spec.autoUpgrade,
+            max_parallel=spec.maxParallelUpgrades,
+            max_unavailable=spec.maxUnavailable,
+            wait_selector=wait.podSelector or "",
+            wait_timeout=wait.timeoutSeconds,
+            deletion_force=deletion.force,
+            deletion_timeout=deletion.timeoutSeconds,
+            deletion_empty_dir=deletion.deleteEmptyDir,
+            drain_enable=drain.enable,
+            drain_force=drain.force,
+            drain_selector=drain.podSelector or "",
+            drain_timeout=drain.timeoutSeconds,
+            drain_empty_dir=drain.deleteEmptyDir,
         )
 
     def unavailable_limit(self, total: int) -> int:

@@ -7,14 +7,15 @@ from typing import Any
 
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers.cache import DriverPodView, NodeView
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver, desired_change
+from gpu_operator.controllers.nodelabels import NodeDriver, desired_change
 from gpu_operator.controllers.nvidiadriver import effective_owners, node_drivers, routing_of, upgrade_groups
+from tests.unit.controllers.labelkit import label_policy
 
 OWNER = "nvidia.com/gpu-operator.driver.owner"
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 ENABLED = "nvidia.com/gpu-driver-upgrade-enabled"
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/gpu.present": "true"}
-CRD = LabelPolicy.from_spec({"driver": {"useNvidiaDriverCRD": True}})
+CRD = label_policy({"driver": {"useNvidiaDriverCRD": True}})
 
 
 def nvd(name: str, **spec: Any) -> NVIDIADriver:
@@ -48,7 +49,7 @@ def test_migration_rule_marks_nodes_with_orphaned_driver_pods() -> None:
 
 
 def test_without_the_crd_the_owner_label_goes_and_the_policy_decides_the_annotation() -> None:
-    policy = LabelPolicy.from_spec({"driver": {"upgradePolicy": {"autoUpgrade": True}}})
+    policy = label_policy({"driver": {"upgradePolicy": {"autoUpgrade": True}}})
     change = desired_change({**GPU, OWNER: "x"}, {}, policy, NodeDriver(owner="x", auto_upgrade=False))
     assert change.labels[OWNER] is None and change.annotations[ENABLED] == "true"
 

@@ -72,6 +72,8 @@ def test_clusterpolicy_owner() -> None:
     body: dict[str, Any] = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
             "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
     owner = upgrade.clusterpolicy_owner(body)
-    assert owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
-    sandbox = {**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}}
-    assert not upgrade.clusterpolicy_owner(sandbox).policy.auto_upgrade
+    assert owner is not None and owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
+    sandbox = upgrade.clusterpolicy_owner({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}})
+    assert sandbox is not None and not sandbox.policy.auto_upgrade
+    # A spec the api model rejects owns nothing (its status names the field).
+    assert upgrade.clusterpolicy_owner({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}}) is None

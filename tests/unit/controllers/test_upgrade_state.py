@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.api.common import DriverUpgradePolicySpec
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.vocabulary import (
     UPGRADE_DRAIN_START_ANNOTATION,
@@ -262,12 +263,15 @@ def test_requests_gpu() -> None:
     assert not us.requests_gpu(pod({"requests": {"cpu": "1"}}))
 
 
-def test_policy_from_spec_defaults_and_chart_key() -> None:
-    p = us.Policy.from_spec({"autoUpgrade": True, "maxParallelUpgrades": 5, "maxUnavailable": 2,
-                             "gpuPodDeletion": {"timeoutSeconds": 7}, "drain": {"enable": True}})
+def test_policy_of_the_api_model_values_and_defaults() -> None:
+    p = us.Policy.of(DriverUpgradePolicySpec.model_validate(
+        {"autoUpgrade": True, "maxParallelUpgrades": 5, "maxUnavailable": 2,
+         "podDeletion": {"timeoutSeconds": 7}, "drain": {"enable": True}}))
     assert (p.auto_upgrade, p.max_parallel, p.max_unavailable, p.deletion_timeout, p.drain_enable,
             p.drain_timeout) == (True, 5, 2, 7, True, 300)
-    assert us.Policy.from_spec(None).auto_upgrade is False
+    assert us.Policy.of(None) == us.Policy()
+    # Every default is the api model's: an empty upgradePolicy reads as the dataclass defaults.
+    assert us.Policy.of(DriverUpgradePolicySpec()) == us.Policy()
 
 
 def test_retry_patch() -> None:
