@@ -25,11 +25,10 @@ from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
+from gpu_operator.render.facts import operator_env
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
-# Operator env vars the renderer may read (*_IMAGE fallbacks and friends).
-_ENV_SUFFIXES = ("_IMAGE",)
 
 
 @dataclass
@@ -62,10 +61,6 @@ def active_policy(policies: Iterable[PolicyView]) -> PolicyView | None:
     """The singleton rule: the oldest ClusterPolicy (name breaks ties) is the active one."""
     ordered = sorted(policies, key=lambda p: (p.created, p.name))
     return ordered[0] if ordered else None
-
-
-def operator_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.endswith(_ENV_SUFFIXES) or k == "OPERATOR_NAMESPACE"}
 
 
 def validation_message(err: pydantic.ValidationError) -> str:
@@ -115,7 +110,7 @@ class ClusterPolicyReconciler:
             policy = ClusterPolicy.model_validate(active.body)
             facts = ClusterFacts.from_nodes(
                 [n.as_node() for n in snap.nodes], namespace=snap.namespace,
-                k8s_version=snap.k8s_version, operator_env=operator_env(),
+                k8s_version=snap.k8s_version, operator_env=operator_env(os.environ),
                 servicemonitor_crd=snap.servicemonitor_crd,
                 configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))
             result = render(policy, facts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,13 +30,13 @@ from gpu_operator.controllers.clusterpolicy import (
     ReconcileReport,
     active_policy,
     configmap_keys,
-    operator_env,
 )
 from gpu_operator.controllers.nodelabels import NodeDriver, has_gpu
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
 from gpu_operator.render.driverowners import Routing, conflict_message, route
+from gpu_operator.render.facts import operator_env
 from gpu_operator.render.nvidiadriver import driver_policy, pools_of, render_nvidiadriver
 from gpu_operator.vocabulary import DRIVER_OWNER
 
@@ -174,7 +175,7 @@ class NVIDIADriverReconciler:
         except pydantic.ValidationError:
             base = None  # the ClusterPolicy reports its own error; drivers render on defaults
         facts = ClusterFacts.from_nodes([n.as_node() for n in snap.nodes], namespace=snap.namespace,
-                                        k8s_version=snap.k8s_version, operator_env=operator_env())
+                                        k8s_version=snap.k8s_version, operator_env=operator_env(os.environ))
         for name, nvd in sorted(drivers.items()):
             report = ReconcileReport()
             out.reports[name] = report

@@ -16,7 +16,7 @@ from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.render import RenderError, RenderResult, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.driverowners import conflict_message, route
-from gpu_operator.render.facts import ClusterFacts, has_nfd_gpu_labels
+from gpu_operator.render.facts import ClusterFacts, has_nfd_gpu_labels, operator_env
 from gpu_operator.render.nvidiadriver import render_nvidiadriver
 from gpu_operator.vocabulary import GPU_PRESENT
 
@@ -49,12 +49,6 @@ def label_gpu_nodes(nodes: list[dict[str, Any]]) -> None:
         labels = node.setdefault("metadata", {}).setdefault("labels", {})
         if GPU_PRESENT not in labels and has_nfd_gpu_labels(labels):
             labels[GPU_PRESENT] = "true"
-
-
-def operator_env() -> dict[str, str]:
-    env = dict(CHART_DEFAULT_IMAGES)
-    env.update({k: v for k, v in os.environ.items() if k.endswith("_IMAGE") and v})
-    return env
 
 
 def format_yaml(result: RenderResult) -> str:
@@ -119,7 +113,8 @@ def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | 
         if as_labelled:
             label_gpu_nodes(cluster)
         facts = ClusterFacts.from_nodes(cluster, namespace=namespace, k8s_version=k8s_version,
-                                        openshift=openshift, operator_env=operator_env())
+                                        openshift=openshift,
+                                        operator_env=operator_env(os.environ, CHART_DEFAULT_IMAGES))
         base = load_policy(policy) if policy else None
         if nvidiadriver is not None:
             result = render_drivers(load_nvidiadrivers(nvidiadriver), facts, base)

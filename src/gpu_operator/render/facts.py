@@ -63,6 +63,19 @@ def has_nfd_gpu_labels(labels: Mapping[str, str]) -> bool:
     return any(labels.get(key) == "true" for key in NFD_GPU_LABELS)
 
 
+# The operator's env vars the renderer reads: image fallbacks (DRIVER_IMAGE, CUDA_VALIDATOR_IMAGE, ...).
+IMAGE_ENV_SUFFIX = "_IMAGE"
+
+
+def operator_env(environ: Mapping[str, str], defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The `ClusterFacts.operator_env` of a process environment: its non-empty *_IMAGE variables,
+    over `defaults` (offline rendering passes the chart's images; the operator passes none, its
+    Deployment sets them). The one rule for the operator and `gpu-operator render`."""
+    env = dict(defaults or {})
+    env.update({k: v for k, v in environ.items() if k.endswith(IMAGE_ENV_SUFFIX) and v})
+    return env
+
+
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 

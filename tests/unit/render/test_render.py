@@ -10,6 +10,8 @@ import kubernetes_validate.utils
 import pytest
 
 from gpu_operator.render import RenderError, render
+from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+from gpu_operator.render.facts import operator_env
 from gpu_operator.render.states import STATE_NAMES
 from gpu_operator.vocabulary import MANAGED_BY, STATE_LABEL
 from tests.unit.render.renderkit import IMAGES, daemonset, facts, policy, run
@@ -182,6 +184,19 @@ def test_missing_image_names_the_field_and_env() -> None:
         render(policy(), facts("dgx-h100:1", operator_env=env))
     assert err.value.field_path == "spec.devicePlugin"
     assert "DEVICE_PLUGIN_IMAGE" in err.value.message
+
+
+def test_operator_env_one_rule_for_the_operator_and_offline_rendering() -> None:
+    environ = {"DRIVER_IMAGE": "r.example/driver:1", "GDS_IMAGE": "", "OPERATOR_NAMESPACE": "gpu-operator",
+               "PATH": "/bin"}
+    # The operator: its non-empty *_IMAGE variables, nothing else.
+    assert operator_env(environ) == {"DRIVER_IMAGE": "r.example/driver:1"}
+    # `gpu-operator render`: the same variables over the chart's images; an empty one does not
+    # blank a default.
+    offline = operator_env(environ, CHART_DEFAULT_IMAGES)
+    assert offline["DRIVER_IMAGE"] == "r.example/driver:1"
+    assert offline["GDS_IMAGE"] == CHART_DEFAULT_IMAGES["GDS_IMAGE"]
+    assert set(offline) == set(CHART_DEFAULT_IMAGES)
 
 
 @pytest.mark.parametrize(
