@@ -20,7 +20,6 @@ from lightkube.types import PatchType
 
 from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim import workloads
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
@@ -28,6 +27,7 @@ from gpu_operator.vocabulary import (
     UPGRADE_SKIP,
     UPGRADE_STATE,
 )
+from tests.support import workloads
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 

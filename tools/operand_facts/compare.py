@@ -1,10 +1,10 @@
 """Compare what the renderer produces with the recorded operand contracts; rerunnable.
 
-    .venv/bin/python tools/operand_facts/compare.py [--all] [--docs docs/operands.md]
+    .venv/bin/python -m tools.operand_facts.compare [--all] [--docs docs/operands.md]   (from the repository root)
 
 Renders every example policy (examples/*.yaml) and one policy with every optional operand on,
 against the node shapes of the simulator, and prints each deviation from the contracts
-(src/gpu_operator/render/states/contracts/*.yaml): deliberate ones with their reason (with --all),
+(tools/operand_facts/contracts/*.yaml): deliberate ones with their reason (with --all),
 undocumented ones always. Exit status 1 when a deviation is not deliberate, when a deliberate
 entry matches nothing any more, or when one is not listed in docs/operands.md.
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tools.operand_facts.contract import Deviation, compare, contracts, shared_deliberate
 
 from gpu_operator import shapes
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.render import RenderResult, render
 from gpu_operator.render.clitext import label_gpu_nodes
-from gpu_operator.render.contract import Deviation, compare, contracts, shared_deliberate
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.facts import ClusterFacts
 
@@ -69,7 +69,7 @@ def markdown() -> str:
     lines = ["## Deliberate deviations", "",
              "Each entry is a pattern over the deviation ids `tools/operand_facts/compare.py` prints",
              "(`<DaemonSet>/<container>:<kind>:<name>` or `<state>:<Role|ClusterRole>:rule-...`), with its reason.",
-             "Regenerate this section with `tools/operand_facts/compare.py --markdown`.", ""]
+             "Regenerate this section with `.venv/bin/python -m tools.operand_facts.compare --markdown`.", ""]
     sections = [("Every state", shared_deliberate())]
     sections += [(state, c.deliberate) for state, c in sorted(contracts().items()) if c.deliberate]
     for title, entries in sections:

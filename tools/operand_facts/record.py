@@ -1,11 +1,11 @@
 """Record upstream facts for the operand contracts from a checkout of NVIDIA's gpu-operator.
 
-    python tools/operand_facts/record.py GIT_DIR [COMMIT] > facts.json
+    python -m tools.operand_facts.record GIT_DIR [COMMIT] > facts.json   (from the repository root)
 
 Reads the manifests under assets/ at COMMIT (default HEAD) with `git show` and keeps only facts:
 DaemonSet, container and volume names, env names and values, mount paths and their host paths
 or ConfigMaps, privilege, commands, RBAC rules, Service ports and annotations. The contract
-files (src/gpu_operator/render/states/contracts/*.yaml) were written from this output, then
+files (tools/operand_facts/contracts/*.yaml) were written from this output, then
 completed by hand with what upstream's transforms and the components' sources add.
 """
 
@@ -17,8 +17,7 @@ import sys
 from typing import Any
 
 import yaml
-
-from gpu_operator.render.contract import container_facts, rule_strings
+from tools.operand_facts.contract import container_facts, rule_strings
 
 
 def _git(git_dir: str, *args: str) -> str:

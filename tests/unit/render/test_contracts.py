@@ -1,6 +1,6 @@
 """Every rendered object of every example policy (and an all-operands policy) against the operand contracts.
 
-The contracts (render/states/contracts/*.yaml) hold upstream's facts per image: env, mounts,
+The contracts (tools/operand_facts/contracts/*.yaml) hold upstream's facts per image: env, mounts,
 privilege, the program each container runs, status files, RBAC, Services. A deviation must be
 listed as deliberate, with its reason, in its contract and in docs/operands.md.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from tools.operand_facts.compare import policies, render_policy
+from tools.operand_facts.contract import Deviation, compare_state, contracts, undocumented
 
-from gpu_operator.render.contract import Deviation, compare_state, contracts, undocumented
 from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE, OWN_IMAGE
 from gpu_operator.render.states import STATE_NAMES
 
@@ -72,7 +72,7 @@ def test_the_check_catches_the_node_stopping_deviations() -> None:
 def test_our_image_runs_only_what_our_package_provides() -> None:
     scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
     assert {"gpu-operator", "nvidia-validator"} <= scripts
-    from gpu_operator.render.contract import runs
+    from tools.operand_facts.contract import runs
 
     for policy in POLICIES.values():
         for obj in render_policy(policy).objects():
@@ -96,7 +96,7 @@ def test_workload_pods_name_an_image_that_has_vectoradd() -> None:
 
 def test_every_deliberate_deviation_is_documented() -> None:
     docs = (ROOT / "docs" / "operands.md").read_text()
-    from gpu_operator.render.contract import shared_deliberate
+    from tools.operand_facts.contract import shared_deliberate
 
     patterns = [p for c in contracts().values() for p in c.deliberate] + list(shared_deliberate())
     assert [p for p in patterns if f"`{p}`" not in docs] == []

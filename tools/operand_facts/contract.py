@@ -1,6 +1,6 @@
 """Operand contracts: what each image needs (recorded as data) checked against rendered objects.
 
-Each state has a contract file in render/states/contracts/<state>.yaml: upstream's facts for its
+Each state has a contract file in tools/operand_facts/contracts/<state>.yaml: upstream's facts for its
 DaemonSets (containers, the program each runs, env, mounts, privilege, probes, status files),
 its RBAC and Services, the env upstream's run-time transforms may set, and the deviations we
 make on purpose, each with its reason. `compare` lists every difference between a render and
@@ -20,7 +20,7 @@ import yaml
 from gpu_operator.render.result import Manifest, RenderResult
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
-CONTRACTS = Path(__file__).parent / "states" / "contracts"
+CONTRACTS = Path(__file__).parent / "contracts"
 WRAPPERS = ("sh", "/bin/sh", "bash", "/bin/bash", "-c", "-e", "-ec", "-xe", "-xc")
 SHARED = "_shared.yaml"  # deliberate deviations that hold for every state
 # Values upstream leaves for its transforms to fill in: only the variable's presence counts.
