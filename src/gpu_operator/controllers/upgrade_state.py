@@ -51,23 +51,27 @@ CRASH_LOOP_RESTARTS = 10  # upstream: any driver container restarted more than t
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
+# The api model's defaults, read once.
+_API, _WAIT, _DELETION, _DRAIN = DriverUpgradePolicySpec(), WaitForCompletionSpec(), PodDeletionSpec(), DrainSpec()
+
+
 @dataclass(frozen=True)
 class Policy:
-    """driver.upgradePolicy, flattened (CRD defaults)."""
+    """driver.upgradePolicy, flattened; every default is the api model's (api/common.py)."""
 
-    auto_upgrade: bool = False
-    max_parallel: int = 1
-    max_unavailable: int | str = "25%"
-    wait_selector: str = ""
-    wait_timeout: int = 0
-    deletion_force: bool = False
-    deletion_timeout: int = 300
-    deletion_empty_dir: bool = False
-    drain_enable: bool = False
-    drain_force: bool = False
-    drain_selector: str = ""
-    drain_timeout: int = 300
-    drain_empty_dir: bool = False
+    auto_upgrade: bool = _API.autoUpgrade
+    max_parallel: int = _API.maxParallelUpgrades
+    max_unavailable: int | str = _API.maxUnavailable
+    wait_selector: str = _WAIT.podSelector or ""
+    wait_timeout: int = _WAIT.timeoutSeconds
+    deletion_force: bool = _DELETION.force
+    deletion_timeout: int = _DELETION.timeoutSeconds
+    deletion_empty_dir: bool = _DELETION.deleteEmptyDir
+    drain_enable: bool = _DRAIN.enable
+    drain_force: bool = _DRAIN.force
+    drain_selector: str = _DRAIN.podSelector or ""
+    drain_timeout: int = _DRAIN.timeoutSeconds
+    drain_empty_dir: bool = _DRAIN.deleteEmptyDir
     validation_timeout: int = VALIDATION_TIMEOUT_SECONDS
 
     @classmethod
@@ -76,9 +80,7 @@ class Policy:
         `upgradePolicy`: the api model holds the defaults); None -> auto-upgrade off."""
         if spec is None:
             return cls()
-        wait = spec.waitForCompletion or WaitForCompletionSpec()
-        deletion = spec.podDeletion or PodDeletionSpec()
-        drain = spec.drain or DrainSpec()
+        wait, deletion, drain = spec.waitForCompletion or _WAIT, spec.podDeletion or _DELETION, spec.drain or _DRAIN
         return cls(
             auto_upgrade=spec.autoUpgrade,
             max_parallel=spec.maxParallelUpgrades,
