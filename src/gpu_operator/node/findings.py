@@ -53,13 +53,19 @@ def _passthrough(report: HostReport, vgpu: bool, mixed: bool = False) -> list[Fi
     driver = report.driver
     claimed = [g.address for g in gpus if g.driver == "nvidia"]
     if driver.source == DriverSource.HOST and (claimed or not mixed):
-        active = driver.kernel_module_loaded or bool(claimed)
+        # A loaded module takes back, at the next boot, every GPU that nothing early puts on vfio-pci.
+        at_boot = [g.address for g in gpus if g.address not in report.persistence.persisted]
+        reclaim = driver.kernel_module_loaded and bool(at_boot)
         out.append(
             _finding(
                 "host-driver-on-passthrough",
-                Severity.ERROR if active else Severity.WARNING,
+                Severity.ERROR if claimed or reclaim else Severity.WARNING,
                 "an NVIDIA host driver is present on a node meant for VFIO passthrough"
-                + (f"; it holds {len(claimed)} GPU(s)" if claimed else ""),
+                + (
+                    f"; it holds {len(claimed)} GPU(s)"
+                    if claimed
+                    else (f"; it takes {len(at_boot)} GPU(s) back at the next boot" if reclaim else "")
+                ),
                 driver.evidence,
                 _BIND_FIX,
             )
@@ -314,7 +320,8 @@ def diagnose(
     if passthrough_devices:
         vm, containers = split_report(report, passthrough_devices)
         out += unknown_devices(report, passthrough_devices, "the passthrough device list")
-        out += _passthrough(vm, vgpu=False, mixed=True) + persistence_findings(vm)
+        out += _passthrough(vm, vgpu=False, mixed=True)
+        out += persistence_findings(vm, [g.address for g in report.gpus])
         out += _container(containers) if containers.gpus else []
     elif on_vm:
         out += _passthrough(report, vgpu=workload == "vm-vgpu")

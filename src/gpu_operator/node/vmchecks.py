@@ -53,15 +53,19 @@ def unknown_devices(report: HostReport, devices: list[str], source: str) -> list
     ]
 
 
-def persistence_findings(report: HostReport) -> list[Finding]:
-    """GPUs on vfio-pci now that fall back at the next boot; the VFIO IOMMU backend now and at boot."""
+def persistence_findings(report: HostReport, host_gpus: list[str] | None = None) -> list[Finding]:
+    """GPUs on vfio-pci now that fall back at the next boot; the VFIO IOMMU backend now and at boot.
+    `host_gpus`: every GPU address of the host when `report` is a mixed node's VM part."""
     out: list[Finding] = []
     info = report.persistence
     on_vfio = [g for g in report.gpus if g.on_vfio]
     fleeting = [g.address for g in on_vfio if g.address not in info.persisted]
     regenerate = regenerate_command(info.flavor)
     if fleeting:
-        devices = " ".join(f"--device {a}" for a in fleeting)
+        # persist writes the whole list: name what it already keeps too.
+        wanted = sorted(set(info.ours) | set(fleeting))
+        everything = sorted(host_gpus if host_gpus is not None else [g.address for g in report.gpus])
+        devices = "--all" if wanted == everything else " ".join(f"--device {a}" for a in wanted)
         out.append(
             finding(
                 "vfio-not-persistent",
