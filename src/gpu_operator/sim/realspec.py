@@ -70,6 +70,15 @@ if [ "$1" = "--version" ]; then echo "NVIDIA-SMI version  : {HOST_DRIVER_VERSION
 echo "NVIDIA-SMI {HOST_DRIVER_VERSION}    Driver Version: {HOST_DRIVER_VERSION}    CUDA Version: 12.4"
 """
 
+_CONTAINERD_CONFIG = """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  default_runtime_name = "runc"
+"""
+_NVIDIA_RUNTIME = """[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
+    BinaryName = "/usr/bin/nvidia-container-runtime"
+"""
 
 def host_spec(shape: str) -> dict[str, Any]:
     """The host tree of a real node of `shape` (see `hosttree`): its GPUs on the PCI bus, and
@@ -91,11 +100,15 @@ def host_spec(shape: str) -> dict[str, Any]:
         "devices": [{"address": f"0000:{0x41 + i:02x}:00.0", "vendor": vendor, "device": device,
                      "class": "030200", "driver": driver} for i in range(found.gpu_count)],
         "modules": [], "pci_drivers": [driver] if driver else [],
+        # The node's runtime as the probe finds it on a host: containerd (CRI), runc by default.
+        "files": {"/etc/containerd/config.toml": _CONTAINERD_CONFIG, "/run/containerd/containerd.sock": ""},
     }
     if host_driver:
         spec["modules"] = ["nvidia", "nvidia_uvm", "nvidia_modeset"]
         spec["driver_version"] = HOST_DRIVER_VERSION
         spec["executables"] = {"/usr/bin/nvidia-smi": _NVIDIA_SMI}
+        # and the nvidia runtime, as the distribution's toolkit package configures it
+        spec["files"]["/etc/containerd/config.toml"] += _NVIDIA_RUNTIME
     elif passthrough:
         spec["modules"] = ["vfio_pci", "vfio", "vfio_iommu_type1"]
     return spec
