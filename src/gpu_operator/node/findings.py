@@ -67,7 +67,10 @@ def _passthrough(report: HostReport, vgpu: bool, mixed: bool = False) -> list[Fi
                     else (f"; it takes {len(at_boot)} GPU(s) back at the next boot" if reclaim else "")
                 ),
                 driver.evidence,
-                _BIND_FIX,
+                _BIND_FIX
+                if claimed or reclaim
+                else "The GPUs are on vfio-pci and stay there at boot; remove the host driver packages too, so "
+                "nothing on this host loads nvidia (the distribution's nvidia driver and libnvidia packages)",
             )
         )
     not_vfio = [g for g in gpus if not g.on_vfio]
