@@ -103,7 +103,8 @@ def persistence_findings(report: HostReport, host_gpus: list[str] | None = None)
 
 
 def kubevirt_findings(report: HostReport, advertised: list[Advertised] | None, unchecked: str = "") -> list[Finding]:
-    """KubeVirt counts devices by PCI ID; a VM scheduled onto one not on vfio-pci fails to start."""
+    """KubeVirt's device plugin lists a permitted PCI ID's devices when it starts; one that is (or later
+    is no longer) on vfio-pci stays advertised, and a VM scheduled onto it fails to start."""
     if advertised is None:
         return [finding("kubevirt-count-unchecked", Severity.INFO, "KubeVirt's advertised GPUs were not checked", [unchecked])]
     out: list[Finding] = []
@@ -120,8 +121,9 @@ def kubevirt_findings(report: HostReport, advertised: list[Advertised] | None, u
                     f"{len(bound)} are bound to vfio-pci: VMs would fail to start on the others",
                     [f"{g.address} -> {g.driver or 'no driver'}" for g in present if g not in bound]
                     or [f"{len(present)} GPU(s) of that ID on the host"],
-                    "Bind them (gpu-operator vfio-manage bind), or on a mixed node advertise only the bound ones "
-                    "(the sandbox device plugin counts only vfio-bound GPUs)",
+                    "Bind them (gpu-operator vfio-manage bind --device ADDR), or, if they are meant for containers, "
+                    "have the device plugin list the devices again (restart virt-handler, or the sandbox device "
+                    "plugin, on this node): it reads them when it starts",
                 )
             )
     return out
