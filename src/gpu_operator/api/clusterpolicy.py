@@ -12,6 +12,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
+from gpu_operator.api.checks import (
+    AbsolutePath,
+    Annotations,
+    Labels,
+    NumberOrPercent,
+    ObjectName,
+    Port,
+)
 from gpu_operator.api.common import (
     ComponentFields,
     Condition,
@@ -54,7 +62,7 @@ class ServiceMonitorConfig(Model):
     interval: str | None = None
     scrapeTimeout: str | None = None
     honorLabels: bool | None = None
-    additionalLabels: dict[str, str] | None = None
+    additionalLabels: Labels | None = None
     relabelings: list[dict[str, Any]] | None = None
 
 
@@ -70,39 +78,39 @@ class OperatorSpec(Model):
     defaultRuntime: Literal["docker", "crio", "containerd"] | None = Field(
         default=None, description="Deprecated and ignored: the runtime is detected from the nodes."
     )
-    runtimeClass: str = "nvidia"
+    runtimeClass: ObjectName = "nvidia"
     initContainer: InitContainerSpec | None = None
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
+    labels: Labels | None = None
+    annotations: Annotations | None = None
     metrics: OperatorMetricsSpec | None = None
     use_ocp_driver_toolkit: bool | None = None
 
 
 class RollingUpdateSpec(Model):
-    maxUnavailable: str | None = None
+    maxUnavailable: NumberOrPercent | None = None
 
 
 class DaemonsetsSpec(Model):
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
+    labels: Labels | None = None
+    annotations: Annotations | None = None
     tolerations: list[dict[str, Any]] | None = None
-    priorityClassName: str | None = None
+    priorityClassName: ObjectName | None = None
     updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
     rollingUpdate: RollingUpdateSpec | None = None
     podSecurityContext: dict[str, Any] | None = None
 
 
 class ConfigMapNameSpec(Model):
-    configMapName: str | None = None
+    configMapName: ObjectName | None = None
 
 
 class NameSpec(Model):
-    name: str | None = None
+    name: ObjectName | None = None
 
 
 class DriverLicensingConfigSpec(Model):
-    configMapName: str | None = None
-    secretName: str | None = None
+    configMapName: ObjectName | None = None
+    secretName: ObjectName | None = None
     nlsEnabled: bool | None = None
 
 
@@ -126,7 +134,7 @@ class DriverSpec(Component):
     licensingConfig: DriverLicensingConfigSpec | None = None
     virtualTopology: VirtualTopologySpec | None = None
     kernelModuleConfig: NameSpec | None = None
-    secretEnv: str | None = None
+    secretEnv: ObjectName | None = None
 
     def precompiled(self) -> bool:
         return bool(self.usePrecompiled)
@@ -139,16 +147,16 @@ class DriverSpec(Component):
 
 
 class ToolkitSpec(Component):
-    installDir: str = "/usr/local/nvidia"
+    installDir: AbsolutePath = "/usr/local/nvidia"
 
 
 class DevicePluginConfig(Model):
-    name: str | None = None
+    name: ObjectName | None = None
     default: str | None = None
 
 
 class MPSConfig(Model):
-    root: str = "/run/nvidia/mps"
+    root: AbsolutePath = "/run/nvidia/mps"
 
 
 class DevicePluginSpec(Component):
@@ -157,7 +165,7 @@ class DevicePluginSpec(Component):
 
 
 class DCGMExporterMetricsConfig(Model):
-    name: str | None = None
+    name: ObjectName | None = None
 
 
 class DCGMExporterServiceConfig(Model):
@@ -167,11 +175,11 @@ class DCGMExporterServiceConfig(Model):
 
 class HPCJobMappingConfig(Model):
     enabled: bool | None = None
-    directory: str | None = None
+    directory: AbsolutePath | None = None
 
 
 class DCGMExporterSpec(Component):
-    annotations: dict[str, str] | None = None
+    annotations: Annotations | None = None
     config: DCGMExporterMetricsConfig | None = None
     serviceMonitor: ServiceMonitorConfig | None = None
     service: DCGMExporterServiceConfig | None = None
@@ -183,7 +191,7 @@ class DCGMExporterSpec(Component):
 
 
 class DCGMSpec(Component):
-    hostPort: int | None = None
+    hostPort: Port | None = None
 
 
 class NodeStatusExporterSpec(OffByDefault):
@@ -199,7 +207,7 @@ class MIGSpec(Model):
 
 
 class MIGPartedConfig(Model):
-    name: str | None = None
+    name: ObjectName | None = None
     default: Literal["all-disabled", ""] = "all-disabled"
 
 
@@ -257,7 +265,7 @@ class VGPUManagerSpec(OffByDefault):
 
 
 class VGPUDevicesConfig(Model):
-    name: str | None = None
+    name: ObjectName | None = None
     default: str = "default"
 
 
@@ -278,7 +286,7 @@ class CDIConfigSpec(Model):
 
 
 class KataManagerConfig(Model):
-    artifactsDir: str = "/opt/nvidia-gpu-operator/artifacts/runtimeclasses"
+    artifactsDir: AbsolutePath = "/opt/nvidia-gpu-operator/artifacts/runtimeclasses"
     runtimeClasses: list[dict[str, Any]] | None = None
 
 
@@ -293,9 +301,9 @@ class CCManagerSpec(OffByDefault):
 
 
 class HostPathsSpec(Model):
-    rootFS: str | None = None
-    driverInstallDir: str | None = None
-    kubeletRootDir: str = "/var/lib/kubelet"
+    rootFS: AbsolutePath | None = None
+    driverInstallDir: AbsolutePath | None = None
+    kubeletRootDir: AbsolutePath = "/var/lib/kubelet"
 
     def root(self) -> str:
         return self.rootFS or "/"

@@ -12,7 +12,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+from gpu_operator.api.checks import (
+    EnvName,
+    ImageName,
+    ImageRepository,
+    ImageVersion,
+    IntOrPercent,
+    ObjectName,
+    Quantity,
+    Seconds,
+)
+
+# "" is upstream's unset (Kubernetes then defaults it).
+PullPolicy = Literal["Always", "IfNotPresent", "Never", ""]
 KernelModuleType = Literal["auto", "open", "proprietary"]
 IntOrString = int | str
 
@@ -56,25 +68,25 @@ def unknown_field_warnings(model: BaseModel, kind: str, name: str) -> list[str]:
 class EnvVar(Model):
     """A name/value pair (upstream's own type: no valueFrom)."""
 
-    name: str
+    name: EnvName
     value: str = ""
 
 
 class ResourceRequirements(Model):
     """Container resources; quantities as in Kubernetes (int or string)."""
 
-    limits: dict[str, IntOrString] | None = None
-    requests: dict[str, IntOrString] | None = None
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
 
 
 class ImageFields(Model):
     """repository/image/version as upstream resolves them, plus pull settings."""
 
-    repository: str | None = None
-    image: str | None = None
-    version: str | None = None
-    imagePullPolicy: str | None = None
-    imagePullSecrets: list[str] | None = None
+    repository: ImageRepository | None = None
+    image: ImageName | None = None
+    version: ImageVersion | None = None
+    imagePullPolicy: PullPolicy | None = None
+    imagePullSecrets: list[ObjectName] | None = None
 
 
 class ComponentFields(ImageFields):
@@ -96,11 +108,11 @@ class Toggle(Model):
 
 
 class ContainerProbeSpec(Model):
-    initialDelaySeconds: int | None = None
-    timeoutSeconds: int | None = None
-    periodSeconds: int | None = None
-    successThreshold: int | None = None
-    failureThreshold: int | None = None
+    initialDelaySeconds: Seconds | None = None
+    timeoutSeconds: Seconds | None = None
+    periodSeconds: Seconds | None = None
+    successThreshold: Seconds | None = None
+    failureThreshold: Seconds | None = None
 
 
 class DriverManagerSpec(ImageFields):
@@ -138,7 +150,7 @@ class DriverUpgradePolicySpec(Model):
 
     autoUpgrade: bool = False
     maxParallelUpgrades: int = Field(default=1, ge=0)
-    maxUnavailable: IntOrString = "25%"
+    maxUnavailable: IntOrPercent = "25%"
     waitForCompletion: WaitForCompletionSpec | None = None
     podDeletion: PodDeletionSpec | None = None
     drain: DrainSpec | None = None

@@ -83,7 +83,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         out["type"] = kind
     else:
         out["x-kubernetes-preserve-unknown-fields"] = True
-    for key in ("minimum", "maximum", "pattern", "x-kubernetes-validations"):
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern", "minLength",
+                "maxLength", "minItems", "maxItems", "maxProperties", "x-kubernetes-validations"):
         if key in node:
             out[key] = node[key]
     return out

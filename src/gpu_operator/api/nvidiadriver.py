@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from gpu_operator.api.checks import Annotations, ImageName, Labels, ObjectName
 from gpu_operator.api.common import (
     ComponentFields,
     Condition,
@@ -43,12 +44,12 @@ class SidecarDriverSpec(ImageFields):
 
 
 class NameRef(Model):
-    name: str | None = None
+    name: ObjectName | None = None
 
 
 class LicensingConfig(Model):
-    secretName: str | None = None
-    name: str | None = None
+    secretName: ObjectName | None = None
+    name: ObjectName | None = None
     nlsEnabled: bool | None = None
 
 
@@ -100,7 +101,7 @@ class NVIDIADriverSpec(ComponentFields):
     rdma: GPUDirectRDMASpec | None = None
     gds: SidecarDriverSpec | None = None
     gdrcopy: SidecarDriverSpec | None = None
-    image: str = "nvcr.io/nvidia/driver"
+    image: ImageName = "nvcr.io/nvidia/driver"
     manager: DriverManagerSpec | None = None
     resources: ResourceRequirements | None = None
     repoConfig: NameRef | None = None
@@ -108,14 +109,14 @@ class NVIDIADriverSpec(ComponentFields):
     licensingConfig: LicensingConfig | None = None
     virtualTopologyConfig: NameRef | None = None
     kernelModuleConfig: NameRef | None = None
-    secretEnv: str | None = None
+    secretEnv: ObjectName | None = None
     upgradePolicy: NVIDIADriverUpgradePolicy | None = None
-    nodeSelector: dict[str, str] | None = None
+    nodeSelector: Labels | None = None
     nodeAffinity: dict[str, Any] | None = None
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
+    labels: Labels | None = None
+    annotations: Annotations | None = None
     tolerations: list[dict[str, Any]] | None = None
-    priorityClassName: str | None = None
+    priorityClassName: ObjectName | None = None
     podSecurityContext: dict[str, Any] | None = None
 
 

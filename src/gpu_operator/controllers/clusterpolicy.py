@@ -63,11 +63,12 @@ def active_policy(policies: Iterable[PolicyView]) -> PolicyView | None:
     return ordered[0] if ordered else None
 
 
-def validation_message(err: pydantic.ValidationError) -> str:
+def validation_message(err: pydantic.ValidationError, owner: str = "the ClusterPolicy") -> str:
+    """The first invalid field, what is wrong with it and where to fix it."""
     first = err.errors()[0]
-    where = "spec." + ".".join(str(p) for p in first["loc"][1:]) if first["loc"][:1] == ("spec",) \
-        else ".".join(str(p) for p in first["loc"])
-    return f"{where}: {first['msg']} (fix the field in the ClusterPolicy)"
+    where = ".".join(str(p) for p in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message} (fix the field in {owner})"
 
 
 async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:

@@ -30,6 +30,7 @@ from gpu_operator.controllers.clusterpolicy import (
     ReconcileReport,
     active_policy,
     configmap_keys,
+    validation_message,
 )
 from gpu_operator.controllers.nodelabels import NodeDriver, has_gpu
 from gpu_operator.controllers.settings import OperatorSettings
@@ -81,9 +82,7 @@ def parse(views: Iterable[PolicyView]) -> tuple[dict[str, NVIDIADriver], dict[st
         try:
             valid[view.name] = NVIDIADriver.model_validate(view.body)
         except pydantic.ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            errors[view.name] = f"{where}: {first['msg']} (fix the field in NVIDIADriver {view.name})"
+            errors[view.name] = validation_message(err, f"NVIDIADriver {view.name}")
     return valid, errors
 
 

@@ -25,6 +25,8 @@ from gpu_operator.render.nvidiadriver import (
 )
 from tests.unit.render.renderkit import ctr, env_of, facts, policy
 
+DIGEST = "sha256:" + "ab" * 32  # a digest of the real length
+
 UID = "7f3c2a9e-1b0d-4c55-9a77-0e4f5d6c8b21"
 
 
@@ -103,7 +105,7 @@ def test_node_selector_and_owned_nodes_choose_the_pool_members() -> None:
 
 
 def test_fields_reach_the_driver_pod() -> None:
-    spec: dict[str, Any] = {"repository": "registry.example.com/nv", "image": "driver", "version": "sha256:abc",
+    spec: dict[str, Any] = {"repository": "registry.example.com/nv", "image": "driver", "version": DIGEST,
             "kernelModuleType": "open", "rdma": {"enabled": True}, "imagePullSecrets": ["regcred"],
             "licensingConfig": {"name": "licensing", "nlsEnabled": True}, "secretEnv": "drv-env",
             "tolerations": [{"key": "pool", "operator": "Exists"}], "priorityClassName": "pc",
@@ -112,7 +114,7 @@ def test_fields_reach_the_driver_pod() -> None:
     ds = next(iter(daemonsets(render_nvidiadriver(nvd(**spec), facts("dgx-h100:1"))).values()))
     pod = ds["spec"]["template"]["spec"]
     main = ctr(ds, "nvidia-driver-ctr")
-    assert main["image"] == "registry.example.com/nv/driver@sha256:abc"
+    assert main["image"] == f"registry.example.com/nv/driver@{DIGEST}"
     assert env_of(main)["KERNEL_MODULE_TYPE"] == "open" and env_of(main)["FOO"] == "1"
     assert env_of(main)["GPU_DIRECT_RDMA_ENABLED"] == "true"
     assert {c["name"] for c in pod["containers"]} == {"nvidia-driver-ctr", "nvidia-peermem-ctr"}

@@ -29,7 +29,7 @@ image = st.sampled_from([
 
 def component(**extra: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
     base = st.fixed_dictionaries({}, optional={
-        "enabled": flag, "imagePullPolicy": st.sampled_from(["Always", "IfNotPresent", "bogus"]),
+        "enabled": flag, "imagePullPolicy": st.sampled_from(["Always", "IfNotPresent", "Never"]),
         "imagePullSecrets": st.lists(name, max_size=2), "args": st.lists(st.just("--v"), max_size=1),
         "env": env_list, "resources": st.just({"limits": {"cpu": "1", "memory": "1Gi"}}),
         "hostNetwork": flag, **extra})

@@ -21,6 +21,8 @@ from gpu_operator.render.transforms.mig import mig_strategy_env
 from gpu_operator.render.transforms.runtime import runtime_class_name, toolkit_runtime
 from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
+DIGEST = "sha256:" + "ab" * 32  # a digest of the real length
+
 
 def spec(data: dict[str, Any]) -> ClusterPolicySpec:
     return ClusterPolicy.model_validate({"spec": data}).spec
@@ -35,7 +37,7 @@ def ds_with(*containers: dict[str, Any], **pod: Any) -> dict[str, Any]:
     ("fields", "env_vars", "expected"),
     [
         ({"repository": "r", "image": "i", "version": "1"}, {}, "r/i:1"),
-        ({"repository": "r", "image": "i", "version": "sha256:ab"}, {}, "r/i@sha256:ab"),
+        ({"repository": "r", "image": "i", "version": DIGEST}, {}, f"r/i@{DIGEST}"),
         ({"image": "full/ref:tag"}, {}, "full/ref:tag"),
         ({"image": "i", "version": "1"}, {"X_IMAGE": "env/x:2"}, "env/x:2"),
         ({}, {"X_IMAGE": "env/x:2"}, "env/x:2"),
@@ -63,7 +65,7 @@ def test_pull_policy(value: str | None, expected: str) -> None:
     ("image", "os_tag", "kernel", "expected"),
     [
         ("r/driver:595", "ubuntu22.04", None, "r/driver:595-ubuntu22.04"),
-        ("r/driver@sha256:ab", "ubuntu22.04", None, "r/driver@sha256:ab"),
+        (f"r/driver@{DIGEST}", "ubuntu22.04", None, f"r/driver@{DIGEST}"),
         ("r/driver:595", "", None, "r/driver:595"),
         ("r/driver:595", "rhel9", "5.14.0-427.el9.x86_64", "r/driver:595-5.14.0-427.el9.x86_64-rhel9"),
     ],
@@ -345,7 +347,7 @@ def test_dcgm_exporter(data: dict[str, Any], main_env: dict[str, str], pod_check
     ("fields", "expected"),
     [
         ({"version": "v1.17.8"}, "nvcr.io/nvidia/k8s/container-toolkit:v1.17.8"),
-        ({"version": "sha256:abc"}, "nvcr.io/nvidia/k8s/container-toolkit@sha256:abc"),
+        ({"version": DIGEST}, f"nvcr.io/nvidia/k8s/container-toolkit@{DIGEST}"),
         ({"repository": "registry.example.com/mirror"}, "registry.example.com/mirror/container-toolkit:v1.20.0"),
         ({"repository": "r.example.com", "version": "v2"}, "r.example.com/container-toolkit:v2"),
     ],
