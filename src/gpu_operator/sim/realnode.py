@@ -365,9 +365,17 @@ def cleanup(base_dir: Path, name: str, holder: int) -> None:
 IMAGE_ENV = "GPU_OPERATOR_IMAGE_ARCHIVE"
 
 
+def _newest_source(repo: Path) -> float:
+    """The newest modification time among what goes into our image."""
+    files = [repo / "pyproject.toml", *(repo / "tools" / "image").iterdir(),
+             *(repo / "src").rglob("*")]
+    return max((f.stat().st_mtime for f in files if f.is_file() and "__pycache__" not in f.parts), default=0.0)
+
+
 def image_archive(build: bool = True) -> Path:
     """Our image as a docker-archive for the real node: $GPU_OPERATOR_IMAGE_ARCHIVE, else the
-    checkout's dist/gpu-operator-<version>.docker.tar, built by tools/image/build.sh if missing."""
+    checkout's dist/gpu-operator-<version>.docker.tar, built by tools/image/build.sh if missing or
+    older than the sources it is built from (the real node must run the code under test)."""
     from gpu_operator import __version__
     from gpu_operator.sim.binaries import build_script
 
@@ -379,7 +387,7 @@ def image_archive(build: bool = True) -> Path:
                             "made by `./dev image`")
     repo = script.parents[2]
     archive = repo / "dist" / f"gpu-operator-{__version__}.docker.tar"
-    if not archive.exists() and build:
+    if build and (not archive.exists() or _newest_source(repo) > archive.stat().st_mtime):
         done = subprocess.run([str(repo / "tools" / "image" / "build.sh")], cwd=repo, check=False,
                               env={**os.environ, "PYTHON": str(repo / ".venv" / "bin" / "python")})
         if done.returncode != 0:
