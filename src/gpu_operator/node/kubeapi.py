@@ -47,6 +47,9 @@ class KubeNodeView:
     def node_allocatable(self) -> dict[str, str]:
         return {k: str(v) for k, v in (self._node().get("status", {}).get("allocatable") or {}).items()}
 
+    def node_annotations(self) -> dict[str, str]:
+        return dict(self._node().get("metadata", {}).get("annotations") or {})
+
     def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
         """The Node's labels and annotations (one GET)."""
         meta = self._node().get("metadata", {})

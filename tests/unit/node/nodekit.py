@@ -33,14 +33,18 @@ class FakeNodeView:
     """A NodeView with canned answers; records the pods it was asked to run."""
 
     def __init__(self, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None,
-                 outcome: PodOutcome | None = None) -> None:
+                 outcome: PodOutcome | None = None, annotations: dict[str, str] | None = None) -> None:
         self.labels = labels or {}
+        self.annotations = annotations or {}
         self.allocatable = allocatable or {}
         self.outcome = outcome or PodOutcome(True, "Succeeded")
         self.pods: list[dict[str, Any]] = []
 
     def node_labels(self) -> dict[str, str]:
         return self.labels
+
+    def node_annotations(self) -> dict[str, str]:
+        return self.annotations
 
     def node_allocatable(self) -> dict[str, str]:
         return self.allocatable

@@ -146,3 +146,26 @@ def test_probe_publishes_gpu_facts_and_judges_a_mixed_node_by_its_annotation(bui
     whole = FakeNode({WORKLOAD_CONFIG: "vm-passthrough"})
     _, events = publish_once(host.fs, whole)
     assert "HostDriverOnPassthrough" in {e["reason"] for e in events}
+
+
+def test_vfio_pci_validation_on_a_mixed_node_checks_only_the_listed_gpus(build_host) -> None:  # type: ignore[no-untyped-def]
+    from gpu_operator.node.validate.base import Outcome
+    from gpu_operator.node.validate.run import validate
+    from tests.unit.node.nodekit import FakeNodeView, context
+
+    host = mixed_host(build_host)
+    listed = {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}
+    for labels in ({WORKLOAD_CONFIG: "vm-passthrough"}, {WORKLOAD_CONFIG: "container"}):
+        ctx, _ = context(host.fs, kube=FakeNodeView(labels=labels, annotations=listed))
+        result = validate(ctx, "vfio-pci")
+        assert result.outcome == Outcome.PASSED and "4 GPU(s) on vfio-pci (listed in" in result.message
+    one_more = {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:5])}
+    ctx, _ = context(host.fs, {"WITH_WAIT": "true", "VFIO_PCI_TIMEOUT_SECONDS": "10"},
+                     kube=FakeNodeView(labels={WORKLOAD_CONFIG: "vm-passthrough"}, annotations=one_more))
+    result = validate(ctx, "vfio-pci")
+    assert result.outcome == Outcome.FAILED and "0000:87:00.0 -> nvidia" in result.message
+    assert "0000:90:00.0" not in result.message
+    # Without the list the node is all-for-VMs and the four on nvidia fail it.
+    ctx, _ = context(host.fs, {"WITH_WAIT": "true", "VFIO_PCI_TIMEOUT_SECONDS": "10"},
+                     kube=FakeNodeView(labels={WORKLOAD_CONFIG: "vm-passthrough"}))
+    assert validate(ctx, "vfio-pci").outcome == Outcome.FAILED

@@ -11,7 +11,13 @@ from gpu_operator.node.validate.config import (
     STATUS_FILES,
     WORKLOAD_TYPE_FILE,
 )
-from gpu_operator.vocabulary import CC_CAPABLE, WORKLOAD_CONFIG, WORKLOAD_CONFIGS
+from gpu_operator.node.vfio import VfioUsageError, normalize_address
+from gpu_operator.vocabulary import (
+    CC_CAPABLE,
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    WORKLOAD_CONFIG,
+    WORKLOAD_CONFIGS,
+)
 
 
 def workload_config(ctx: Context) -> tuple[str, str]:
@@ -29,20 +35,35 @@ def _gpus(ctx: Context) -> list[pci.PciFunction]:
     return [f for f in pci.scan(ctx.fs, pci.NVIDIA_VENDOR) if f.is_gpu]
 
 
+def passthrough_devices(ctx: Context) -> list[str] | None:
+    """A mixed node's GPUs for VMs (its annotation), or None: every GPU when the node is vm-passthrough."""
+    if ctx.kube is None:
+        return None
+    listed = ctx.kube.node_annotations().get(PASSTHROUGH_DEVICES_ANNOTATION, "")
+    words = [w for w in listed.replace(",", " ").split() if w]
+    try:
+        return sorted({normalize_address(w) for w in words}) or None
+    except VfioUsageError:
+        return None  # vfio-manage reports the bad list on the Node; here every GPU must be on vfio-pci
+
+
 def validate_vfio_pci(ctx: Context) -> Result:
     status = ctx.status
     status.remove(STATUS_FILES["vfio-pci"])
     workload, origin = workload_config(ctx)
     written = [status.write(WORKLOAD_TYPE_FILE, workload)]
-    if workload != "vm-passthrough":
+    listed = passthrough_devices(ctx)
+    if workload != "vm-passthrough" and not listed:
         return Result(
             "vfio-pci", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})", written
         )
 
     def all_on_vfio() -> str | None:
-        gpus = _gpus(ctx)
+        gpus = [g for g in _gpus(ctx) if listed is None or g.address in listed]
         if not gpus:
-            return "no NVIDIA GPU found under /sys/bus/pci/devices"
+            return "no NVIDIA GPU found under /sys/bus/pci/devices" + (
+                f" at the addresses of {PASSTHROUGH_DEVICES_ANNOTATION}: {', '.join(listed)}" if listed else ""
+            )
         wrong = [g for g in gpus if not g.on_vfio]
         if not wrong:
             return None
@@ -56,13 +77,15 @@ def validate_vfio_pci(ctx: Context) -> Result:
     ctx.wait(
         all_on_vfio,
         component="vfio-pci",
-        what="every NVIDIA GPU bound to vfio-pci",
+        what="every passthrough GPU bound to vfio-pci",
         where="/sys/bus/pci/devices/*/driver",
         fix="check the nvidia-vfio-manager pod on this node; run `gpu-operator doctor --workload-config "
         "vm-passthrough` for the host-side cause (host driver, IOMMU off, shared IOMMU group)",
     )
     written.append(status.write(STATUS_FILES["vfio-pci"]))
-    return Result("vfio-pci", Outcome.PASSED, f"{len(_gpus(ctx))} GPU(s) on vfio-pci", written)
+    count = len(listed) if listed else len(_gpus(ctx))
+    where = f" (listed in {PASSTHROUGH_DEVICES_ANNOTATION})" if listed else ""
+    return Result("vfio-pci", Outcome.PASSED, f"{count} GPU(s) on vfio-pci{where}", written)
 
 
 def _vgpu_parents_ready(ctx: Context) -> str | None:
