@@ -22,7 +22,12 @@ from lightkube.types import PatchType
 from gpu_operator.node.kubeapi import KubeNodeView
 from gpu_operator.node.vfio_node import reconcile
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, VFIO_RESULT_ANNOTATION, VFIO_STATE
+from gpu_operator.vocabulary import (
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    PROBE_FACTS_ANNOTATION,
+    VFIO_RESULT_ANNOTATION,
+    VFIO_STATE,
+)
 from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for
 
@@ -136,3 +141,26 @@ def test_doctor_reads_the_mixed_list_and_the_advertised_count_from_the_node(
     assert "mixed" in findings["workload"]["summary"] and "host-driver-on-passthrough" not in findings
     # No KubeVirt in this cluster: doctor says so instead of guessing.
     assert "kubevirt.io/v1 KubeVirt" in findings["kubevirt-count-unchecked"]["evidence"][0], done.stdout + done.stderr
+
+
+def test_probe_publishes_the_gpu_facts_and_judges_the_mixed_node_by_its_annotation(
+        control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    node = fake_nodes("vfio-passthrough:1")[0]
+    kube.patch(Node, node, {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
+               patch_type=PatchType.MERGE)
+    host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
+    from gpu_operator.node import vfio
+    assert all(p.ok for p in vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False))
+    env = {**os.environ, "NODE_NAME": node, "OPERATOR_NAMESPACE": "gpu-operator",
+           "KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "node", "probe", f"--host-root={host.fs.root}",
+                           "--publish", "--once"], env=env, text=True, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    meta = kube.get(Node, node).metadata
+    assert meta is not None
+    facts = json.loads((meta.annotations or {})[PROBE_FACTS_ANNOTATION])
+    assert {g["vendorDevice"] for g in facts["gpus"]} == {"10de:2330"}
+    assert {g["product"] for g in facts["gpus"]} == {"H100 SXM5 80GB"}
+    assert [g["driver"] for g in facts["gpus"]] == ["vfio-pci"] * 4 + ["nvidia"] * 4
+    reasons = {e.reason for e in node_events(kube, node)}
+    assert "HostDriverOnPassthrough" not in reasons and "VfioNotPersistent" in reasons, reasons

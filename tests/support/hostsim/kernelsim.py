@@ -23,6 +23,9 @@ DEFAULT_MATCHES: dict[str, list[str]] = {
     "vfio-pci": [],
 }
 DRIVERS = "/sys/bus/pci/drivers"
+# Modules modprobe loads along with a driver: its dependencies, and the vfio core's soft
+# dependency on its IOMMU backend ("post: vfio_iommu_type1"), which VMs need to map memory.
+MODULES_WITH: dict[str, list[str]] = {"vfio-pci": ["vfio", "vfio_iommu_type1", "vfio_pci_core"]}
 
 
 class SimulatedHang(OSError):
@@ -75,7 +78,11 @@ class KernelSimulator:
             return
         sysfs.add_driver(self.fs, name)
         modules = self.fs.read_text("/proc/modules") or ""
-        self.fs.write_text("/proc/modules", modules + f"{name.replace('-', '_')} 16384 0 - Live 0x0\n")
+        loaded = {line.split()[0] for line in modules.splitlines() if line.strip()}
+        for module in [*MODULES_WITH.get(name, []), name.replace("-", "_")]:
+            if module not in loaded:
+                modules += f"{module} 16384 0 - Live 0x0\n"
+        self.fs.write_text("/proc/modules", modules)
         for address in self.fs.listdir(pci.PCI_DEVICES):
             if self.fs.link_name(f"{pci.PCI_DEVICES}/{address}/driver") is None and self._matches(
                 name, address

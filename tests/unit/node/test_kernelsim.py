@@ -73,6 +73,9 @@ def test_override_to_an_unloaded_driver_leaves_the_device_unbound_until_it_loads
     kernel.load_driver("vfio-pci")
     assert _driver(host.fs, GPU) == "vfio-pci"
     assert _driver(host.fs, "0000:18:00.0") == "nvidia"
+    # modprobe vfio-pci brings the vfio core and, by its soft dependency, the IOMMU backend.
+    modules = [line.split()[0] for line in (host.fs.read_text("/proc/modules") or "").splitlines()]
+    assert {"vfio", "vfio_iommu_type1", "vfio_pci"} <= set(modules) and len(modules) == len(set(modules))
 
 
 def test_clearing_the_override_lets_the_default_driver_back(build_host) -> None:  # type: ignore[no-untyped-def]
