@@ -101,8 +101,10 @@ def _plugin_writes(control_plane: ControlPlane) -> int:
 def _plugin_env(kube: Client, namespace: str) -> dict[str, str]:
     try:
         ds = kube.get(DaemonSet, "nvidia-device-plugin-daemonset", namespace=namespace)
-    except ApiError:
-        return {}
+    except ApiError as err:
+        if err.status.code == 404:
+            return {}
+        raise
     container = ds.spec.template.spec.containers[0]
     return {e.name: str(e.value) for e in container.env or []}
 
