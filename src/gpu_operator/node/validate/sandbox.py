@@ -11,7 +11,8 @@ from gpu_operator.node.validate.config import (
     STATUS_FILES,
     WORKLOAD_TYPE_FILE,
 )
-from gpu_operator.node.vfio import VfioUsageError, normalize_address
+from gpu_operator.node.vfio import VfioUsageError
+from gpu_operator.node.vfio_node import parse_passthrough_devices
 from gpu_operator.vocabulary import (
     CC_CAPABLE,
     PASSTHROUGH_DEVICES_ANNOTATION,
@@ -39,10 +40,8 @@ def passthrough_devices(ctx: Context) -> list[str] | None:
     """A mixed node's GPUs for VMs (its annotation), or None: every GPU when the node is vm-passthrough."""
     if ctx.kube is None:
         return None
-    listed = ctx.kube.node_annotations().get(PASSTHROUGH_DEVICES_ANNOTATION, "")
-    words = [w for w in listed.replace(",", " ").split() if w]
     try:
-        return sorted({normalize_address(w) for w in words}) or None
+        return parse_passthrough_devices(ctx.kube.node_annotations().get(PASSTHROUGH_DEVICES_ANNOTATION, "")) or None
     except VfioUsageError:
         return None  # vfio-manage reports the bad list on the Node; here every GPU must be on vfio-pci
 
