@@ -102,3 +102,48 @@ def test_inspect_reads_vfio_pci_ids_from_the_command_line_and_modprobe(build_hos
     other = build_host("h100-nvidia-bound")
     other.fs.write_text("/etc/modprobe.d/vfio.conf", "options vfio-pci ids=10de:2330\n")
     assert persist.inspect(HostFS(other.fs.root)).persisted["0000:0a:00.0"] == "vfio-pci ids=10de:2330"
+
+
+def _run_early_script(host, text: str, cmdline: str, tmp_path: Path, source: bool = False):  # type: ignore[no-untyped-def]
+    """Run the generated boot script with sh against the fixture's sysfs (its absolute paths moved under
+    the fixture root; modprobe is a stub that records its arguments)."""
+    import subprocess
+
+    root = str(host.fs.root)
+    host.fs.write_text("/proc/cmdline", cmdline + "\n")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "early.sh"
+    script.write_text(text.replace("/sys/bus/pci/devices/", f"{root}/sys/bus/pci/devices/")
+                      .replace("/proc/cmdline", f"{root}/proc/cmdline"))
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "modprobe").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/modprobe.log\n")
+    (stubs / "modprobe").chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin"}
+    argv = ["sh", "-c", f". {script}"] if source else ["sh", str(script)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize("flavor", ["initramfs-tools", "dracut"])
+def test_the_boot_script_sets_driver_override_and_honours_the_skip_word(build_host, tmp_path: Path, flavor: str) -> None:  # type: ignore[no-untyped-def]
+    from gpu_operator.node import pci
+
+    text = (persist.initramfs_tools_script if flavor == "initramfs-tools" else persist.dracut_hook)(
+        [*H100[:4], "0000:ff:00.0"])  # an address that is gone at boot is skipped, not an error
+    skipped = build_host("h100-nvidia-bound")
+    done = _run_early_script(skipped, text, f"ro quiet {persist.SKIP_PARAM}", tmp_path / "a", source=flavor == "dracut")
+    assert done.returncode == 0, done.stderr
+    assert all(pci.read_function(skipped.fs, a).driver_override is None for a in H100)
+    host = build_host("h100-nvidia-bound")
+    done = _run_early_script(host, text, "ro quiet intel_iommu=on", tmp_path / "b", source=flavor == "dracut")
+    assert done.returncode == 0, done.stderr
+    overrides = {a: pci.read_function(host.fs, a).driver_override for a in H100}
+    assert overrides == {**dict.fromkeys(H100[:4], "vfio-pci"), **dict.fromkeys(H100[4:], None)}
+    assert (tmp_path / "b" / "modprobe.log").read_text() == "-q vfio-pci\n"
+
+
+def test_the_dracut_module_setup_parses() -> None:
+    import subprocess
+
+    done = subprocess.run(["bash", "-n"], input=persist.dracut_setup(), capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
