@@ -46,6 +46,16 @@ VFIO_STATES = ("bound", "partial", "refused", "failed", "none")
 VFIO_BOUND_REASON = "VFIOBound"
 VFIO_REFUSED_REASON = "VFIORefused"
 HOST_DRIVER_ON_PASSTHROUGH_REASON = "HostDriverOnPassthrough"
+# The operator's KubeVirt sync (ours). Its field manager on the KubeVirt CR, the annotation there that
+# lists the pciVendorSelectors it added (KubeVirt's pciHostDevices list is atomic, so ownership of an
+# entry is recorded here, not in managedFields), and the ClusterPolicy condition with its reasons.
+KUBEVIRT_FIELD_MANAGER = "gpu-operator-kubevirt"
+KUBEVIRT_DEVICES_ANNOTATION = f"{NVIDIA}/gpu-operator.permitted-host-devices"
+VM_PASSTHROUGH_CONDITION = "VMPassthrough"
+HOST_DEVICES_SYNCED = "HostDevicesSynced"
+HOST_DEVICES_NOT_SYNCED = "HostDevicesNotSynced"  # sync off or KubeVirt not installed: nothing written
+HOST_DEVICE_LISTED_BY_OTHERS = "HostDeviceListedByOthers"
+PASSTHROUGH_DEVICE_UNKNOWN = "PassthroughDeviceUnknown"
 # The NVIDIADriver that owns a GPU node (written by node labelling when NVIDIADrivers are in use).
 DRIVER_OWNER = f"{NVIDIA}/gpu-operator.driver.owner"
 

@@ -246,9 +246,27 @@ class GDRCopySpec(OffByDefault):
     pass
 
 
+class KubeVirtSpec(Model):
+    """Ours (upstream has no such field): how the operator keeps KubeVirt's CR in step with the GPUs."""
+
+    syncPermittedHostDevices: bool | None = Field(
+        default=None,
+        description="Keep spec.configuration.permittedHostDevices.pciHostDevices of the KubeVirt CR in step with "
+        "the GPUs of vm-passthrough nodes (default true; needs sandboxWorkloads.enabled and KubeVirt's CRD).",
+    )
+
+    def sync_on(self) -> bool:
+        return self.syncPermittedHostDevices is not False
+
+
 class SandboxWorkloadsSpec(Toggle):
     defaultWorkload: WorkloadConfig = "container"
     mode: Literal["kubevirt", "kata"] = "kubevirt"
+    kubevirt: KubeVirtSpec | None = None
+
+    def kubevirt_sync(self) -> bool:
+        """Whether the KubeVirt sync runs: sandbox on, mode kubevirt, not switched off."""
+        return self.is_enabled(False) and self.mode == "kubevirt" and (self.kubevirt or KubeVirtSpec()).sync_on()
 
 
 class VFIOManagerSpec(OffByDefault):

@@ -13,11 +13,16 @@ from gpu_operator.vocabulary import (
     GPU_PRESENT,
     HASH_ANNOTATION,
     NFD_PREFIX,
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    PROBE_FACTS_ANNOTATION,
     STATE_LABEL,
     UPGRADE_ENABLED_ANNOTATION,
 )
 
 UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
+# What the node labeller and the KubeVirt sync read: the upgrade switch, a mixed node's passthrough
+# list, the probe's published GPU facts.
+KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION)
 
 
 class OwnedKind(NamedTuple):
@@ -74,7 +79,7 @@ class NodeView:
         return cls(
             name=meta["name"],
             labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
-            annotations={k: annotations[k] for k in UPGRADE_ANNOTATIONS if k in annotations},
+            annotations={k: annotations[k] for k in KEPT_ANNOTATIONS if k in annotations},
             runtime=info.get("containerRuntimeVersion", ""),
             kernel=info.get("kernelVersion", ""),
             selectable=dict(labels),

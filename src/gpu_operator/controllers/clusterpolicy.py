@@ -12,6 +12,7 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers import kubevirt
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applied, Applier, OwnedKey, owner_reference
 from gpu_operator.controllers.cache import (
@@ -55,6 +56,7 @@ class ReconcileReport(Applied):
     not_ready: list[str] = field(default_factory=list)
     has_nfd: bool = False
     gpu_nodes: int = 0
+    extra_conditions: list[dict[str, str]] = field(default_factory=list)
 
 
 def active_policy(policies: Iterable[PolicyView]) -> PolicyView | None:
@@ -127,6 +129,7 @@ class ClusterPolicyReconciler:
             log.error("ClusterPolicy %s: %s", active.name, message)
             return await self._finish(report, active, snap, st.Outcome.failed(message))
 
+        await self._kubevirt(policy, active, snap, report)
         report.not_ready = self._not_ready_states(result, snap, report)
         unlabelled = sum(1 for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present)
         result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled)
@@ -135,6 +138,24 @@ class ClusterPolicyReconciler:
     async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
         await self.applier.apply(result, policy, owner_reference(policy), snap.owned, snap.watched_kinds, report)
+
+    async def _kubevirt(self, policy: ClusterPolicy, active: PolicyView, snap: Snapshot,
+                        report: ReconcileReport) -> None:
+        """VM passthrough: KubeVirt's permitted host devices and the VMPassthrough condition."""
+        previous = active.status.get("conditions") or []
+        try:
+            synced = await kubevirt.sync(self.kube, policy, snap.nodes, previous)
+        except ApiError as err:
+            report.extra_conditions = [{"type": vocab.VM_PASSTHROUGH_CONDITION, "status": "False",
+                                        "reason": vocab.HOST_DEVICES_NOT_SYNCED,
+                                        "message": f"KubeVirt sync failed: {err.status.message}"}]
+            report.requeue = self.settings.requeue_not_ready
+            return
+        if synced.condition:
+            report.extra_conditions = [synced.condition]
+        if synced.retry:
+            report.requeue = self.settings.requeue_not_ready
+        await kubevirt.emit(self.kube, synced.events, active.name)
 
     def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
         not_ready = []
@@ -157,7 +178,8 @@ class ClusterPolicyReconciler:
     async def _finish(self, report: ReconcileReport, policy: PolicyView, snap: Snapshot,
                       outcome: st.Outcome) -> ReconcileReport:
         report.outcome = outcome
-        wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation)
+        wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,
+                                report.extra_conditions)
         current = {k: policy.status.get(k) for k in ("state", "namespace", "conditions")}
         if st.status_differs(current, wanted):
             log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
@@ -170,4 +192,6 @@ class ClusterPolicyReconciler:
             report.requeue = self.settings.requeue_not_ready
         elif outcome.reason == vocab.NFD_LABELS_MISSING:
             report.requeue = self.settings.requeue_no_nfd
+        elif report.requeue is None and report.extra_conditions:
+            report.requeue = self.settings.requeue_kubevirt
         return report

@@ -12,7 +12,10 @@ from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
+from gpu_operator.render.facts import passthrough_list
+from gpu_operator.render.facts import workload_config as _workload_config
 from gpu_operator.vocabulary import (
+    CONTAINER,
     DEPLOY_OPERANDS,
     DRIVER_OWNER,
     GPU_PRESENT,
@@ -26,8 +29,7 @@ from gpu_operator.vocabulary import (
     UPGRADE_ENABLED_ANNOTATION,
     UPGRADE_STATE,
     VGPU_HOST_DRIVER,
-    WORKLOAD_CONFIG,
-    WORKLOAD_CONFIGS,
+    VM_PASSTHROUGH,
     deploy_label,
 )
 
@@ -142,13 +144,13 @@ def mig_capable(labels: dict[str, str]) -> bool:
 
 
 def workload_config(labels: dict[str, str], policy: LabelPolicy) -> str:
-    if not policy.sandbox_enabled:
-        return "container"
-    if labels.get(WORKLOAD_CONFIG) in WORKLOAD_CONFIGS:
-        return labels[WORKLOAD_CONFIG]
-    if policy.default_workload in WORKLOAD_CONFIGS:
-        return policy.default_workload
-    return "container"
+    return _workload_config(labels, policy.sandbox_enabled, policy.default_workload)
+
+
+def is_mixed(annotations: dict[str, str], policy: LabelPolicy) -> bool:
+    """A mixed node (ours): sandbox workloads on and the node lists its passthrough GPUs in
+    `nvidia.com/gpu.passthrough.devices`; it runs the container stack and the vm-passthrough stack."""
+    return policy.sandbox_enabled and passthrough_list(annotations) is not None
 
 
 def _state_labels(config: str, policy: LabelPolicy) -> tuple[str, ...]:
@@ -207,9 +209,15 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
         return NodeChange(change_labels, change_annotations)
 
     config = workload_config(labels, policy)
+    mixed = is_mixed(annotations, policy)
     wanted = set(_state_labels(config, policy))
+    if mixed:
+        # Both stacks, whatever the workload label says: the listed GPUs go to vfio-pci (vfio-manage
+        # binds only those), the others stay on nvidia for the device plugin. No MIG manager is added:
+        # it would repartition GPUs across the split.
+        wanted = set(_state_labels(CONTAINER, policy)) | set(_state_labels(VM_PASSTHROUGH, policy))
     capable = mig_capable(labels)
-    if config == "container" and (capable or MIG_MANAGER in labels):
+    if config == "container" and not mixed and (capable or MIG_MANAGER in labels):
         wanted.add(MIG_MANAGER)  # never removed from a container node once set
     for key in wanted:
         if not labels.get(key):

@@ -39,6 +39,10 @@ class OperatorSettings:
     requeue_no_nfd: float = 45.0
     """A ClusterPolicy on a cluster without NFD labels is reconciled again after this."""
 
+    requeue_kubevirt: float = 30.0
+    """With sandbox workloads on, a ready ClusterPolicy is reconciled again after this: the KubeVirt
+    CR is not watched, so an edit there (or a new KubeVirt install) is seen within this time."""
+
     upgrade_active_requeue: float = 2.0
     """Between two driver-upgrade passes while any node is between upgrade states."""
 

@@ -75,15 +75,18 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
-    """The Ready/Error pair for `result`; a condition that did not change keeps its
-    lastTransitionTime, so an unchanged outcome yields identical conditions (and no write)."""
+def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int,
+               extra: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The Ready/Error pair for `result` (then `extra` conditions, e.g. VMPassthrough); a condition
+    that did not change keeps its lastTransitionTime, so an unchanged outcome yields identical
+    conditions (and no write)."""
     ok = result.state == READY
     wanted = [
         {"type": "Ready", "status": "True" if ok else "False",
          "reason": result.reason if ok else "Error", "message": result.message if ok else ""},
         {"type": "Error", "status": "False" if ok else "True",
          "reason": "Ready" if ok else result.reason, "message": "" if ok else result.message},
+        *(extra or []),
     ]
     by_type = {c.get("type"): c for c in previous}
     out = []
@@ -100,12 +103,12 @@ def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int)
 
 
 def status_body(result: Outcome, namespace: str, previous: dict[str, Any] | None,
-                generation: int) -> dict[str, Any]:
+                generation: int, extra: list[dict[str, str]] | None = None) -> dict[str, Any]:
     prev = previous or {}
     return {
         "state": result.state,
         "namespace": namespace,
-        "conditions": conditions(result, prev.get("conditions") or [], generation),
+        "conditions": conditions(result, prev.get("conditions") or [], generation, extra),
     }
 
 

@@ -95,12 +95,12 @@ class Kube:
             await self._http.aclose()
         await self.client.close()
 
-    async def apply(self, obj: dict[str, Any]) -> None:
+    async def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> None:
         key = ObjectKey.of(obj)
         self.write("apply", key.kind)
         await self.client.patch(
             resource_for(key.api_version, key.kind), key.name, obj, namespace=key.namespace,
-            patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER, force=True,
+            patch_type=PatchType.APPLY, field_manager=field_manager, force=True,
         )
 
     async def delete(self, key: ObjectKey, *, orphan: bool = False) -> bool:
@@ -139,6 +139,12 @@ class Kube:
     async def node_event(self, node: str, reason: str, message: str, *, warning: bool = True,
                          namespace: str = "default") -> None:
         """A core/v1 Event about a Node (cluster-scoped objects' events live in `default`)."""
+        await self.event({"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}, reason, message,
+                         warning=warning, namespace=namespace)
+
+    async def event(self, involved: dict[str, str], reason: str, message: str, *, warning: bool = True,
+                    namespace: str = "default") -> None:
+        """A core/v1 Event about any object (`involved`: apiVersion, kind, name, namespace?, uid?)."""
         import datetime as dt
 
         from lightkube.models.core_v1 import EventSource, ObjectReference
@@ -146,8 +152,8 @@ class Kube:
         from lightkube.resources.core_v1 import Event
         now = dt.datetime.now(dt.UTC)
         event = Event(
-            metadata=ObjectMeta(generateName=f"{node}.", namespace=namespace),
-            involvedObject=ObjectReference(apiVersion="v1", kind="Node", name=node, uid=node),
+            metadata=ObjectMeta(generateName=f"{involved['name']}.", namespace=involved.get("namespace") or namespace),
+            involvedObject=ObjectReference(**involved),
             reason=reason, message=message, type="Warning" if warning else "Normal",
             source=EventSource(component="gpu-operator"), firstTimestamp=now, lastTimestamp=now, count=1,
         )

@@ -9,7 +9,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.render.result import RenderError
-from gpu_operator.vocabulary import GPU_PRESENT, KERNEL_FULL, NFD_GPU_LABELS, OS_ID, OS_VERSION_ID
+from gpu_operator.vocabulary import (
+    CONTAINER,
+    GPU_PRESENT,
+    KERNEL_FULL,
+    NFD_GPU_LABELS,
+    OS_ID,
+    OS_VERSION_ID,
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    WORKLOAD_CONFIG,
+    WORKLOAD_CONFIGS,
+)
 
 # Distributions whose OS tag uses the major version only (rhel9, not rhel9.4).
 MAJOR_ONLY_OS = ("rhel", "rocky", "ol")
@@ -74,6 +84,25 @@ def operator_env(environ: Mapping[str, str], defaults: Mapping[str, str] | None 
     env = dict(defaults or {})
     env.update({k: v for k, v in environ.items() if k.endswith(IMAGE_ENV_SUFFIX) and v})
     return env
+
+
+def workload_config(labels: Mapping[str, str], sandbox_enabled: bool, default_workload: str) -> str:
+    """A node's workload config (upstream's getWorkloadConfig): container unless sandbox workloads are on;
+    then its `nvidia.com/gpu.workload.config` label if valid, else the policy's default, else container."""
+    if not sandbox_enabled:
+        return CONTAINER
+    if labels.get(WORKLOAD_CONFIG) in WORKLOAD_CONFIGS:
+        return labels[WORKLOAD_CONFIG]
+    return default_workload if default_workload in WORKLOAD_CONFIGS else CONTAINER
+
+
+def passthrough_list(annotations: Mapping[str, str]) -> list[str] | None:
+    """A mixed node's passthrough GPUs (annotation `nvidia.com/gpu.passthrough.devices`), as written and
+    lowercased, a missing domain read as 0000; None when the node has no such list (not mixed)."""
+    words = [w.strip().lower() for w in annotations.get(PASSTHROUGH_DEVICES_ANNOTATION, "").replace(",", " ").split()]
+    if not words:
+        return None
+    return sorted({w if w.count(":") == 2 else f"0000:{w}" for w in words})
 
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")

@@ -34,6 +34,7 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], MANAGE)
     | grant("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
     | grant("", ["namespaces"], ["get", "patch"], [NAMESPACE])
+    | grant("kubevirt.io", ["kubevirts"], ["get", "list", "patch"])
     # held only to hand on to operand ClusterRoles
     | grant("", ["nodes"], ["update"])
     | grant("apps", ["daemonsets"], ["get", "list", "watch"])

@@ -142,3 +142,30 @@ def test_merge_patch_shape() -> None:
     patch = change.merge_patch()
     assert patch["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
     assert patch["metadata"]["annotations"] == {UPGRADE_ENABLED_ANNOTATION: "true"}
+
+
+# -- mixed nodes (ours): the passthrough list annotation puts both stacks on the node ------------------
+PASSTHROUGH_STACK = {deploy_label(c) for c in ("sandbox-device-plugin", "sandbox-validator", "vfio-manager",
+                                               "kata-manager", "cc-manager", "client")}
+MIXED = {"nvidia.com/gpu.passthrough.devices": "0000:0a:00.0,18:00.0"}
+H100 = {**GPU, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.mark.parametrize("workload", ["vm-passthrough", "container", None])
+def test_mixed_node_gets_both_stacks_whatever_its_workload_label(workload: str | None) -> None:
+    labels = {**H100, **({"nvidia.com/gpu.workload.config": workload} if workload else {})}
+    change = desired_change(labels, dict(MIXED), SANDBOX)
+    assert set_to_true(change.labels) == CONTAINER | PASSTHROUGH_STACK | {"nvidia.com/gpu.present"}
+    assert MIG_MANAGER not in change.labels  # no MIG repartitioning across the split
+
+
+def test_mixed_annotation_is_ignored_without_sandbox_workloads() -> None:
+    change = desired_change(dict(H100), dict(MIXED), LabelPolicy())
+    assert not set_to_true(change.labels) & (PASSTHROUGH_STACK - CONTAINER)
+
+
+def test_passthrough_node_loses_container_stack_when_annotation_goes() -> None:
+    labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER | PASSTHROUGH_STACK}}
+    assert not desired_change(labels, dict(MIXED), SANDBOX)
+    change = desired_change(labels, {}, SANDBOX)
+    assert {k for k, v in change.labels.items() if v is None} == CONTAINER - PASSTHROUGH_STACK

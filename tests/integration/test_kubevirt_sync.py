@@ -1,0 +1,209 @@
+"""The KubeVirt sync on the real control plane: KubeVirt's CRD (tests/fixtures/kubevirt, the fields we
+touch, as KubeVirt's API declares them: pciHostDevices an atomic list) served by the apiserver, the
+operator process applying the list with server-side apply under its own field manager, kwok nodes
+carrying the probe's published facts, the ClusterPolicy's VMPassthrough condition and Node Events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.core_v1 import Event, Node
+from lightkube.types import PatchType
+
+from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.vocabulary import (
+    HOST_DEVICE_LISTED_BY_OTHERS,
+    HOST_DRIVER_ON_PASSTHROUGH_REASON,
+    KUBEVIRT_DEVICES_ANNOTATION,
+    KUBEVIRT_FIELD_MANAGER,
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    PROBE_FACTS_ANNOTATION,
+)
+from tests.support.status import condition, policy_status
+from tests.support.waiting import wait_for
+
+CRD = Path(__file__).resolve().parents[1] / "fixtures" / "kubevirt" / "kubevirt.io_kubevirts.yaml"
+KubeVirt = create_namespaced_resource("kubevirt.io", "v1", "KubeVirt", "kubevirts")
+Start = Callable[..., OperatorProcess]
+Nodes = Callable[..., list[str]]
+Policies = Callable[..., str]
+
+SEED_001 = ["0a", "18", "3b", "44", "87", "90", "b8", "c1"]
+OURS_KUBEVIRT = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB",
+                 "externalResourceProvider": False}
+OURS_SANDBOX = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/GH100_H100_SXM5_80GB",
+                "externalResourceProvider": True}
+USER_ENTRY = {"pciVendorSelector": "8086:107C", "resourceName": "kubevirt.io/internet-card"}
+PASSTHROUGH = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"},
+               "vfioManager": {"enabled": True}, "sandboxDevicePlugin": {"enabled": False}}
+
+
+@pytest.fixture(scope="module")
+def kubevirt_crd(kube: Client) -> Iterator[None]:
+    kube.apply(from_dict(yaml.safe_load(CRD.read_text())), field_manager="tests", force=True)
+    wait_for("KubeVirt CRD established", lambda: any(
+        c.type == "Established" and c.status == "True"
+        for c in (kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").status.conditions or [])))
+    wait_for("kubevirt.io/v1 served", lambda: _served(kube))
+    yield
+    kube.delete(CustomResourceDefinition, "kubevirts.kubevirt.io")
+
+
+def _served(kube: Client) -> bool:
+    try:
+        list(kube.list(KubeVirt, namespace="*"))
+    except ApiError:
+        return False
+    return True
+
+
+@pytest.fixture
+def kubevirt_cr(kube: Client, kubevirt_crd: None, namespace: str) -> Callable[..., str]:
+    """The cluster's KubeVirt CR, created by its user with their own entries (their field manager)."""
+    for old in kube.list(KubeVirt, namespace="*"):  # one KubeVirt per cluster: none left by a test before
+        kube.delete(KubeVirt, str(old.metadata.name), namespace=old.metadata.namespace)
+    wait_for("no KubeVirt CR left", lambda: list(kube.list(KubeVirt, namespace="*")), until=lambda crs: not crs)
+
+    def create(entries: list[dict[str, Any]]) -> str:
+        body = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt",
+                "namespace": namespace}, "spec": {"configuration": {
+                    "developerConfiguration": {"featureGates": ["HostDevices"]},
+                    "permittedHostDevices": {"pciHostDevices": entries}}}}
+        kube.apply(KubeVirt.from_dict(body), field_manager="platform-admin")
+        return namespace
+    return create
+
+
+def kubevirt_dict(kube: Client, namespace: str) -> dict[str, Any]:
+    return dict(kube.get(KubeVirt, "kubevirt", namespace=namespace).to_dict())  # type: ignore[no-untyped-call]
+
+
+def devices(kube: Client, namespace: str) -> list[dict[str, Any]]:
+    cr = kubevirt_dict(kube, namespace)
+    return list(cr["spec"]["configuration"].get("permittedHostDevices", {}).get("pciHostDevices") or [])
+
+
+def probe_facts(drivers: dict[str, str]) -> str:
+    gpus = [{"address": f"0000:{b}:00.0", "vendorDevice": "10de:2330", "name": "GH100 [H100 SXM5 80GB]",
+             "product": "H100 SXM5 80GB", "driver": d} for b, d in sorted(drivers.items())]
+    return json.dumps({"driverSource": "none", "gpus": gpus})
+
+
+def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
+    kube.patch(Node, node, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE)
+
+
+def vm_condition(kube: Client) -> dict[str, Any]:
+    return condition(policy_status(kube), "VMPassthrough")
+
+
+def test_two_passthrough_nodes_list_the_h100_once_and_the_users_entry_survives(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+        kubevirt_cr: Callable[..., str]) -> None:
+    names = fake_nodes("vfio-passthrough:2")
+    for name in names:
+        annotate(kube, name, {PROBE_FACTS_ANNOTATION: probe_facts({b: "vfio-pci" for b in SEED_001})})
+    ns = kubevirt_cr([USER_ENTRY])
+    operator = start_operator()
+    cluster_policies(PASSTHROUGH)
+
+    wait_for("KubeVirt lists the user's entry, then 10DE:2330 once (KubeVirt's own plugin)",
+             lambda: devices(kube, ns), until=lambda d: d == [USER_ENTRY, OURS_KUBEVIRT], context=operator.log_text)
+    cr = kubevirt_dict(kube, ns)
+    assert cr["metadata"]["annotations"][KUBEVIRT_DEVICES_ANNOTATION] == "10DE:2330"
+    managers = {m["manager"]: m["operation"] for m in cr["metadata"]["managedFields"]}
+    assert managers.get(KUBEVIRT_FIELD_MANAGER) == "Apply"
+    # what we did not write stays the user's: the feature gate list keeps its manager
+    assert cr["spec"]["configuration"]["developerConfiguration"]["featureGates"] == ["HostDevices"]
+    cond = wait_for("VMPassthrough condition synced", lambda: vm_condition(kube),
+                    until=lambda c: c.get("reason") == "HostDevicesSynced", context=operator.log_text)
+    assert cond["status"] == "True"
+    assert "10DE:2330 nvidia.com/H100_SXM5_80GB: 16 GPU(s) on vfio-pci on 2 node(s)" in cond["message"]
+
+    # Our sandbox device plugin on: it advertises the GPUs, KubeVirt must leave them to it.
+    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"sandboxDevicePlugin": {"enabled": True}}},
+               patch_type=PatchType.MERGE)
+    wait_for("externalResourceProvider flipped, named as NVIDIA's sandbox plugin names it",
+             lambda: devices(kube, ns), until=lambda d: d == [USER_ENTRY, OURS_SANDBOX], context=operator.log_text)
+
+    # The user adds an entry of their own later (a client-side edit of the list): kept on the next sync.
+    later = {"pciVendorSelector": "10DE:1EB8", "resourceName": "nvidia.com/TU104GL_Tesla_T4"}
+    kube.patch(KubeVirt, "kubevirt", {"spec": {"configuration": {"permittedHostDevices": {
+        "pciHostDevices": [USER_ENTRY, OURS_SANDBOX, later]}}}}, namespace=ns, patch_type=PatchType.MERGE)
+    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"sandboxDevicePlugin": {"enabled": False}}},
+               patch_type=PatchType.MERGE)
+    wait_for("our entry back to KubeVirt's plugin, both user entries kept", lambda: devices(kube, ns),
+             until=lambda d: d == [USER_ENTRY, later, OURS_KUBEVIRT], context=operator.log_text)
+
+
+def test_host_driver_on_passthrough_is_a_warning_in_status_and_an_event(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+        kubevirt_cr: Callable[..., str]) -> None:
+    (node,) = fake_nodes("vfio-passthrough:1")
+    annotate(kube, node, {PROBE_FACTS_ANNOTATION: probe_facts(
+        {b: ("nvidia" if b == "0a" else "vfio-pci") for b in SEED_001})})
+    ns = kubevirt_cr([])
+    operator = start_operator()
+    cluster_policies(PASSTHROUGH)
+
+    cond = wait_for("VMPassthrough names the host driver", lambda: vm_condition(kube),
+                    until=lambda c: c.get("reason") == HOST_DRIVER_ON_PASSTHROUGH_REASON, context=operator.log_text)
+    assert cond["status"] == "False" and "0000:0a:00.0" in cond["message"] and node in cond["message"]
+    events = wait_for("a Warning Event on the Node", lambda: [
+        e for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
+        if e.reason == HOST_DRIVER_ON_PASSTHROUGH_REASON], until=bool, context=operator.log_text)
+    assert events[0].type == "Warning" and "vfio-manage bind --device 0000:0a:00.0" in (events[0].message or "")
+    # the seven GPUs on vfio-pci are still listed
+    wait_for("10DE:2330 listed", lambda: devices(kube, ns), until=lambda d: d == [OURS_KUBEVIRT])
+    assert len(events) == 1  # one Event per finding, not one per pass
+
+
+def test_mixed_node_4_plus_4_both_stacks_and_only_the_bound_half_counted(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+        kubevirt_cr: Callable[..., str]) -> None:
+    (node,) = fake_nodes("vfio-passthrough:1")
+    vms, containers = SEED_001[:4], SEED_001[4:]
+    annotate(kube, node, {
+        PASSTHROUGH_DEVICES_ANNOTATION: ",".join(f"0000:{b}:00.0" for b in vms),
+        PROBE_FACTS_ANNOTATION: probe_facts({**{b: "vfio-pci" for b in vms}, **{b: "nvidia" for b in containers}}),
+    })
+    ns = kubevirt_cr([])
+    operator = start_operator()
+    cluster_policies(PASSTHROUGH)
+
+    def labels() -> dict[str, str]:
+        return dict(kube.get(Node, node).metadata.labels or {})
+    wanted = ("vfio-manager", "sandbox-validator", "sandbox-device-plugin",
+              "device-plugin", "container-toolkit", "operator-validator", "driver")
+    wait_for("both stacks' deploy labels", labels, until=lambda lb: all(
+        lb.get(f"nvidia.com/gpu.deploy.{c}") == "true" for c in wanted), context=operator.log_text)
+    cond = wait_for("VMPassthrough counts the 4 bound GPUs", lambda: vm_condition(kube),
+                    until=lambda c: c.get("reason") == "HostDevicesSynced", context=operator.log_text)
+    assert "4 GPU(s) on vfio-pci on 1 node(s)" in cond["message"]
+    assert devices(kube, ns) == [OURS_KUBEVIRT]
+
+    # A device the KubeVirt CR already lists for another plugin: reported, not fought over.
+    kube.patch(KubeVirt, "kubevirt", {"metadata": {"annotations": {KUBEVIRT_DEVICES_ANNOTATION: None}},
+                                      "spec": {"configuration": {"permittedHostDevices": {
+                                          "pciHostDevices": [OURS_SANDBOX]}}}},
+               namespace=ns, patch_type=PatchType.MERGE)
+    kube.patch(ClusterPolicyResource, "cluster-policy", {"metadata": {"annotations": {"touch": "1"}}},
+               patch_type=PatchType.MERGE)
+    cond = wait_for("VMPassthrough reports the entry someone else owns", lambda: vm_condition(kube),
+                    until=lambda c: c.get("reason") == HOST_DEVICE_LISTED_BY_OTHERS, context=operator.log_text)
+    assert cond["status"] == "False" and "10DE:2330" in cond["message"]
+    assert devices(kube, ns) == [OURS_SANDBOX]
+    wait_for("a Warning Event about the ClusterPolicy", lambda: [
+        e for e in kube.list(Event, namespace="default", fields={"involvedObject.name": "cluster-policy"})
+        if e.reason == HOST_DEVICE_LISTED_BY_OTHERS], until=bool)
