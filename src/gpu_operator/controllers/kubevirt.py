@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 
@@ -21,6 +22,7 @@ log = logging.getLogger("gpu_operator.kubevirt")
 
 # Registers kubevirt.io/v1 KubeVirt with lightkube (Kube.apply and list find it by apiVersion/kind).
 KubeVirtResource = create_namespaced_resource("kubevirt.io", "v1", "KubeVirt", "kubevirts")
+CRD_NAME = "kubevirts.kubevirt.io"
 
 
 @dataclass
@@ -33,10 +35,16 @@ class SyncResult:
 
 async def _kubevirt_cr(kube: Kube) -> dict[str, Any] | None | bool:
     """The KubeVirt CR (the oldest if several); None when none exists; False when the API is not served."""
+    if await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition", CRD_NAME) is None:
+        return False
     try:
         crs = await kube.list_dicts(kv.API_VERSION, kv.KIND, namespace="*")
     except ApiError as err:
         if err.status.code == 404:
+            return False
+        raise
+    except httpx2.HTTPStatusError as err:  # a list of a kind the apiserver does not serve (yet)
+        if err.response.status_code == 404:
             return False
         raise
     if not crs:
