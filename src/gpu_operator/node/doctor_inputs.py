@@ -27,7 +27,7 @@ def parse_advertised(values: list[str]) -> list[Advertised]:
         vendor, colon, device = ids.strip().lower().partition(":")
         if not (sep and colon and len(vendor) == 4 and len(device) == 4 and count.strip().isdigit()):
             raise ValueError(f"--advertised {value!r}: expected VENDOR:DEVICE=COUNT, e.g. 10de:2330=8")
-        out.append(Advertised(f"{vendor}:{device}", "given with --advertised", int(count)))
+        out.append(Advertised(f"{vendor}:{device}", "", int(count)))
     return out
 
 

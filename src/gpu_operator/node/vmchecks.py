@@ -13,7 +13,7 @@ from gpu_operator.node.verdict import Finding, Severity, finding
 
 @dataclass(frozen=True)
 class Advertised:
-    """What the node offers KubeVirt for one PCI ID: the resource name and its count (allocatable)."""
+    """What the node offers KubeVirt for one PCI ID: the resource name ("" when given offline) and its count."""
 
     vendor_device: str
     resource: str
@@ -117,7 +117,9 @@ def kubevirt_findings(report: HostReport, advertised: list[Advertised] | None, u
                 finding(
                     "kubevirt-advertises-unbound",
                     Severity.ERROR,
-                    f"KubeVirt advertises {adv.count} GPUs of {ids.upper()} ({adv.resource}) on the node but only "
+                    f"KubeVirt advertises {adv.count} GPUs of {ids.upper()}"
+                    + (f" ({adv.resource})" if adv.resource else "")
+                    + " on the node but only "
                     f"{len(bound)} are bound to vfio-pci: VMs would fail to start on the others",
                     [f"{g.address} -> {g.driver or 'no driver'}" for g in present if g not in bound]
                     or [f"{len(present)} GPU(s) of that ID on the host"],
