@@ -1,5 +1,7 @@
-"""The operator process: kopf watches and indices feeding two level-based loops (ClusterPolicy
-reconcile, node labelling); handlers only record interest, the loops do the work."""
+"""The operator process: a Node reflector (controllers/reflector.py) and kopf watches and indices
+(ClusterPolicies, NVIDIADrivers, driver pods, owned kinds) feeding level-based loops
+(ClusterPolicy reconcile, NVIDIADrivers, node labelling, driver upgrades); watch callbacks only
+record interest, the loops do the work."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
+from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, clusterpolicy_owner
 from gpu_operator.kube.client import Kube
@@ -37,7 +40,7 @@ from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECT
 log = logging.getLogger("gpu_operator.operator")
 
 # The kopf indices the loops read; kopf hands them to every handler by id, the startup one too.
-INDEX_IDS = ("nodes", "policies", "drivers", "driver_pods", *(f"owned_{k.plural}" for k in OWNED_KINDS))
+INDEX_IDS = ("policies", "drivers", "driver_pods", *(f"owned_{k.plural}" for k in OWNED_KINDS))
 
 
 class DiscoveryError(RuntimeError):
@@ -53,8 +56,13 @@ class Loops:
     label_kick: asyncio.Event = field(default_factory=asyncio.Event)
     driver_kick: asyncio.Event = field(default_factory=asyncio.Event)
     upgrade_kick: asyncio.Event = field(default_factory=asyncio.Event)
+    nodes_synced: asyncio.Event = field(default_factory=asyncio.Event)
     dirty_nodes: set[str] = field(default_factory=set)
-    node_fingerprints: dict[str, NodeView] = field(default_factory=dict)
+
+    async def ready(self) -> None:
+        """Until kopf's indices are in (its first event) and the Node reflector's first list."""
+        await self.indexed.wait()
+        await self.nodes_synced.wait()
 
     def kick(self, nodes: set[str] | None = None) -> None:
         if nodes:
@@ -85,6 +93,10 @@ class Operator:
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.owned_kinds: list[OwnedKind] = []
+        self.nodes = NodeReflector(kube.http, self._node_changed, backoff=self.settings.watch_backoff,
+                                   page_size=self.settings.watch_chunk_size,
+                                   server_timeout=self.settings.watch_server_timeout,
+                                   connect_timeout=self.settings.watch_connect_timeout)
         self.registry = self._registry()
 
     # -- kopf wiring ------------------------------------------------------------------------------
@@ -126,10 +138,6 @@ class Operator:
             # (otherwise a "hung" task that holds the shutdown for 5 s) and stops the lease keeper.
             self.stop.set()
 
-        @kopf.index("nodes", id="nodes", registry=registry)
-        async def nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
-            return {name: NodeView.of(body)}
-
         @kopf.index("nvidia.com", "v1", "clusterpolicies", id="policies", registry=registry)
         async def policies(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
             return {name: PolicyView.of(body)}
@@ -157,19 +165,6 @@ class Operator:
             loops.label_kick.set()
             loops.driver_kick.set()
             loops.upgrade_kick.set()
-
-        @kopf.on.event("nodes", registry=registry)
-        async def node_event(name: str, body: kopf.Body, type: str | None, **_: Any) -> None:
-            loops.indexed.set()
-            if type == "DELETED":
-                loops.node_fingerprints.pop(name, None)
-                self.label_retries.forget(name)
-                loops.policy_kick.set()
-                return
-            view = NodeView.of(body)
-            if loops.node_fingerprints.get(name) != view:  # heartbeats and other noise stop here
-                loops.node_fingerprints[name] = view
-                loops.kick({name})
 
         @kopf.on.event("nvidia.com", "v1", "clusterpolicies", registry=registry)
         async def policy_event(**_: Any) -> None:
@@ -202,13 +197,22 @@ class Operator:
         if kind not in self.owned_kinds:
             self.owned_kinds.append(kind)
 
+    def _node_changed(self, name: str, view: NodeView | None) -> None:
+        """The reflector saw a node appear, change what we read of it, or go. Events for one node
+        coalesce in `dirty_nodes` until the loops' next pass."""
+        if view is None:
+            self.label_retries.forget(name)
+            self.loops.policy_kick.set()
+            return
+        self.loops.kick({name})
+
     # -- snapshots of the caches ----------------------------------------------------------------
 
     def _index(self, name: str) -> Any:
         return self.indices[name]
 
     def node_views(self) -> list[NodeView]:
-        return [v for store in self._index("nodes").values() if (v := first(store)) is not None]
+        return list(self.nodes.views.values())
 
     def policy_views(self) -> list[PolicyView]:
         return [v for store in self._index("policies").values() if (v := first(store)) is not None]
@@ -240,7 +244,7 @@ class Operator:
     # -- the loops --------------------------------------------------------------------------------
 
     async def policy_loop(self) -> None:
-        await self.loops.indexed.wait()
+        await self.loops.ready()
         coalesce = self.settings.coalesce
         requeue: float | None = None
         pause = coalesce
@@ -269,7 +273,7 @@ class Operator:
 
     async def driver_loop(self) -> None:
         """NVIDIADrivers: one level-based reconcile of all of them (routing needs them all)."""
-        await self.loops.indexed.wait()
+        await self.loops.ready()
         requeue: float | None = None
         failures = 0
         pause = self.settings.coalesce
@@ -296,7 +300,7 @@ class Operator:
 
     async def upgrade_loop(self) -> None:
         """Driver upgrades (controllers/upgrade.py) for the ClusterPolicy's driver pods."""
-        await self.loops.indexed.wait()
+        await self.loops.ready()
         requeue: float | None = None
         failures = 0
         pause = self.settings.coalesce
@@ -330,7 +334,7 @@ class Operator:
         return node_drivers(drivers.values(), views.values(), self.driver_pod_views())
 
     async def label_loop(self) -> None:
-        await self.loops.indexed.wait()
+        await self.loops.ready()
         failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
@@ -365,6 +369,20 @@ class Operator:
             failures = 0
             # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
             self.label_retries.record(report)
+
+    async def node_reflector(self, stop: asyncio.Event) -> None:
+        task = asyncio.create_task(self.nodes.run(stop))
+        await self.nodes.synced.wait()
+        log.info("Node reflector: %d nodes listed", len(self.nodes.views))
+        self.loops.nodes_synced.set()
+        await task
+
+    async def _ready_when(self, kopf_ready: asyncio.Event, ready: asyncio.Event | None) -> None:
+        """Ready once kopf has started and the Node reflector has its first list."""
+        await kopf_ready.wait()
+        await self.loops.nodes_synced.wait()
+        if ready is not None:
+            ready.set()
 
     async def _discover_once(self) -> None:
         version = await self.kube.server_version()
@@ -404,7 +422,10 @@ class Operator:
             # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
             # when its state is disabled. A CRD installed later is seen at the next start.
             self._watch_owned(self.registry, SERVICE_MONITOR)
-        self.tasks = [asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
+        kopf_ready = asyncio.Event()
+        self.tasks = [asyncio.create_task(self.node_reflector(stop), name="node-reflector"),
+                      asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),
+                      asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
                       asyncio.create_task(self.driver_loop(), name="nvidiadriver"),
                       asyncio.create_task(self.label_loop(), name="node-labelling"),
                       asyncio.create_task(self.upgrade_loop(), name="driver-upgrades")]
@@ -414,7 +435,7 @@ class Operator:
             # kinds (nodes, ClusterPolicies, ClusterRoles, RuntimeClasses) are watched whole.
             await kopf.operator(registry=self.registry, clusterwide=False,
                                 namespaces=[self.namespace], standalone=True, stop_flag=stop,
-                                ready_flag=ready)
+                                ready_flag=kopf_ready)
         finally:
             for task in self.tasks:
                 task.cancel()

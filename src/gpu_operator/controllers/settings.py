@@ -96,6 +96,10 @@ class OperatorSettings:
     watch_connect_timeout: float = 30
     """Connecting for a watch request."""
 
+    watch_backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, cap=30.0))
+    """The Node reflector's retries after a failed list or watch request (it resumes from the last
+    resourceVersion it saw; a 410 Gone answer lists again at once)."""
+
     watch_chunk_size: int = 500
     """Objects per page when a watch first lists its kind."""
 
