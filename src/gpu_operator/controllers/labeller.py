@@ -14,6 +14,7 @@ from lightkube.core.exceptions import ApiError
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver, desired_change
+from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
 
@@ -89,9 +90,15 @@ class LabelRetries:
 
 
 class NodeLabeller:
+    """Patches go through one adaptive gate kept across passes (controllers/pacing.py): up to
+    `concurrency` in flight, fewer while the apiserver answers slowly, 429 or 5xx."""
+
     def __init__(self, kube: Kube, concurrency: int = 32) -> None:
         self.kube = kube
         self.concurrency = concurrency
+        self.gate = Gate(AdaptiveLimit(initial=min(4, concurrency), maximum=concurrency),
+                         on_change=metrics.LABEL_CONCURRENCY.set)
+        metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 
     async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
                     drivers: Mapping[str, NodeDriver] | None = None) -> LabelReport:
@@ -104,13 +111,13 @@ class NodeLabeller:
         changes = [(node, change) for node, change in changes if change]
         if not changes:
             return report
-        limit = asyncio.Semaphore(self.concurrency)
 
         async def patch(node: NodeView, patch_body: dict[str, object]) -> None:
-            async with limit:
+            async with self.gate.slot() as outcome:
                 try:
                     await self.kube.merge_patch("v1", "Node", node.name, patch_body)
                 except ApiError as err:
+                    outcome[0] = int(err.status.code or 0)
                     if err.status.code == 404:
                         return  # the node left meanwhile
                     report.failed[node.name] = LabelFailure(int(err.status.code or 0), str(err.status.message))

@@ -27,6 +27,8 @@ AUTO_UPGRADE = Gauge("gpu_operator_driver_auto_upgrade_enabled", "1 when driver 
 # Ours (no upstream counterpart): every failed node label patch, by HTTP status code.
 LABEL_PATCH_FAILURES = Counter("gpu_operator_node_label_patch_failures",
                                "Node label patches that failed, by HTTP status code", ["code"])
+LABEL_CONCURRENCY = Gauge("gpu_operator_node_label_concurrency_limit",
+                          "Node label patches allowed in flight now (adaptive, up to --label-concurrency)")
 # OpenShift driver-toolkit gauges keep upstream's names; this operator does not use the DTK.
 DTK_ENABLED = Gauge("gpu_operator_openshift_driver_toolkit_enabled",
                     "1 enabled, -1 requested but not possible, 0 not requested")

@@ -1,0 +1,158 @@
+"""The adaptive write limit (pure), the gate that applies it, and the labeller's promise: never
+more patches than nodes whose labels must change."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import Status
+
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.labeller import NodeLabeller
+from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
+from gpu_operator.vocabulary import GPU_PRESENT
+
+
+def test_slow_start_doubles_per_round_trip_while_latency_is_flat() -> None:
+    limit = AdaptiveLimit(initial=4, maximum=64)
+    for _ in range(4):  # one round trip at 4 in flight
+        limit.record(0.01)
+    assert limit.allowed == 8
+    for _ in range(8):
+        limit.record(0.01)
+    assert limit.allowed == 16
+
+
+def test_never_above_the_maximum_nor_below_the_minimum() -> None:
+    limit = AdaptiveLimit(initial=4, minimum=2, maximum=10)
+    for _ in range(1000):
+        limit.record(0.01)
+    assert limit.allowed == 10
+    for _ in range(50):
+        limit.record(0.01, 429)
+    assert limit.allowed == 2
+
+
+def test_overload_halves_at_once_and_ends_slow_start() -> None:
+    limit = AdaptiveLimit(initial=32, maximum=64)
+    limit.record(0.01, 429)
+    assert limit.allowed == 16
+    limit.record(0.01, 503)
+    assert limit.allowed == 8
+    before = limit.limit
+    for _ in range(8):  # additive now: about +1 per round trip
+        limit.record(0.01)
+    assert before < limit.limit < before + 1.5
+
+
+def test_latency_rise_shrinks_once_per_round_trip() -> None:
+    limit = AdaptiveLimit(initial=20, maximum=64)
+    limit.slow_start = False
+    for _ in range(20):
+        limit.record(0.010)
+    flat = limit.limit
+    for _ in range(10):
+        limit.record(0.200)  # the apiserver slows down: 20x the baseline
+    assert limit.limit < flat
+    assert limit.limit >= flat * 0.9 * 0.9 - 1e-9  # not once per slow answer
+    shrunk = limit.limit
+    for _ in range(200):
+        limit.record(0.200)
+    assert limit.limit < shrunk
+
+
+def test_a_slower_apiserver_becomes_the_new_normal() -> None:
+    limit = AdaptiveLimit(initial=8, maximum=64)
+    limit.record(0.01)
+    for _ in range(1500):
+        limit.record(0.05)  # permanently 5x slower
+    low = limit.limit
+    for _ in range(200):
+        limit.record(0.05)
+    assert limit.limit > low  # growing again: the baseline followed
+
+
+def test_refusals_do_not_grow_the_limit() -> None:
+    limit = AdaptiveLimit(initial=4)
+    for _ in range(20):
+        limit.record(0.01, 403)
+    assert limit.allowed == 4
+
+
+class FakeKube:
+    """Counts merge patches; answers 429 for the nodes named in `refuse`. The gate's bound is what
+    is checked here, not API behaviour."""
+
+    def __init__(self, refuse: set[str] | None = None) -> None:
+        self.patches: list[str] = []
+        self.in_flight = 0
+        self.peak = 0
+        self.refuse = refuse or set()
+
+    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
+                          namespace: str | None = None) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(0.001)
+        self.in_flight -= 1
+        self.patches.append(name)
+        if name in self.refuse:
+            raise ApiError(status=Status(code=429, message="too many requests"))
+
+
+def gpu_node(name: str, labelled: bool) -> NodeView:
+    labels = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+    if labelled:
+        labels = {**labels, GPU_PRESENT: "true"}
+    return NodeView(name, labels, {}, "", "")
+
+
+def test_one_patch_per_changed_node_and_the_gate_bounds_them() -> None:
+    kube = FakeKube()
+    labeller = NodeLabeller(kube, concurrency=8)  # type: ignore[arg-type]
+    nodes = [gpu_node(f"n{i}", labelled=False) for i in range(300)]
+    nodes += [gpu_node(f"done{i}", labelled=True) for i in range(300)]
+    # A labelled node still lacks its deploy labels; only truly unchanged nodes are skipped.
+    policy = LabelPolicy()
+    wanted = {n.name for n in nodes if desired_change(n.labels, n.annotations, policy)}
+    report = asyncio.run(labeller.label(nodes, policy))
+    assert sorted(kube.patches) == sorted(wanted)  # one each, none for a node that matches
+    assert len(set(kube.patches)) == len(kube.patches)
+    assert kube.peak <= 8 and labeller.gate.peak <= 8
+    assert sorted(report.patched) == sorted(wanted)
+
+
+def test_nothing_to_change_sends_nothing() -> None:
+    kube = FakeKube()
+    labeller = NodeLabeller(kube, concurrency=8)  # type: ignore[arg-type]
+    policy = LabelPolicy()
+    node = NodeView("plain", {}, {}, "", "")  # no GPU, no labels of ours
+    assert not asyncio.run(labeller.label([node], policy)).patched
+    assert kube.patches == []
+
+
+def test_429_answers_shrink_the_gate() -> None:
+    kube = FakeKube(refuse={f"n{i}" for i in range(0, 200, 2)})
+    labeller = NodeLabeller(kube, concurrency=32)  # type: ignore[arg-type]
+    report = asyncio.run(labeller.label([gpu_node(f"n{i}", False) for i in range(200)], LabelPolicy()))
+    assert len(report.failed) == 100 and {f.code for f in report.failed.values()} == {429}
+    assert labeller.gate.limit.allowed < 4  # halved on every 429: far below its start
+
+
+def test_gate_limit_follows_its_answers() -> None:
+    async def run() -> Gate:
+        gate = Gate(AdaptiveLimit(initial=2, maximum=16))
+
+        async def one() -> None:
+            async with gate.slot():
+                await asyncio.sleep(0.001)
+
+        await asyncio.gather(*(one() for _ in range(100)))
+        return gate
+
+    gate = asyncio.run(run())
+    assert gate.in_flight == 0
+    assert 2 < gate.peak <= 16
