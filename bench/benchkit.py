@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import ssl
 import time
 import urllib.request
 from collections import Counter
@@ -154,3 +156,46 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     rank = max(1, -(-len(ordered) * q // 100))
     return ordered[int(rank) - 1]
+
+
+_REQUEST_LINE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+
+
+def apiserver_requests(server: str, context: ssl.SSLContext) -> Counter[str]:
+    """The apiserver's request counters (`apiserver_request_total`) summed by "VERB resource[/sub]"."""
+    req = urllib.request.Request(f"{server}/metrics")
+    with urllib.request.urlopen(req, context=context, timeout=30) as resp:
+        text = resp.read().decode()
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        match = _REQUEST_LINE.match(line)
+        if not match:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+        counts[f"{labels.get('verb', '?')} {labels.get('resource', '?')}{sub}"] += int(float(match["value"]))
+    return counts
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        return proc_stats(pid).cpu_seconds
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+
+
+async def simulator_load(server: str, context: ssl.SSLContext, pids: dict[str, int],
+                         seconds: float) -> dict[str, Any]:
+    """What the simulated cluster costs by itself over a window with no operator: apiserver
+    requests/s by verb and resource (kwok's Lease renewals and node status, the controllers'
+    reads) and each component's CPU as a fraction of one core."""
+    before, cpu0, t0 = apiserver_requests(server, context), {n: cpu_seconds(p) for n, p in pids.items()}, \
+        time.monotonic()
+    await asyncio.sleep(seconds)
+    after, cpu1 = apiserver_requests(server, context), {n: cpu_seconds(p) for n, p in pids.items()}
+    elapsed = time.monotonic() - t0
+    rates = {k: round((after[k] - before.get(k, 0)) / elapsed, 2) for k in after if after[k] > before.get(k, 0)}
+    writes = sum(v for k, v in rates.items() if k.split()[0] in ("PUT", "PATCH", "POST", "DELETE", "APPLY"))
+    return {"window_s": round(elapsed, 1), "requests_per_s": dict(sorted(rates.items(), key=lambda kv: -kv[1])),
+            "writes_per_s": round(writes, 1), "reads_per_s": round(sum(rates.values()) - writes, 1),
+            "cpu_cores": {n: round((cpu1[n] - cpu0[n]) / elapsed, 3) for n in pids}}

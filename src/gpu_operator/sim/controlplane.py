@@ -99,6 +99,10 @@ class ControlPlane:
     binaries: Binaries
     kwok: bool = True
     audit: bool = True
+    node_lease_seconds: int = 40
+    """kwok's node Lease duration: each fake node renews its Lease a few times per duration (the
+    heartbeat that dominates the simulator's own apiserver load at thousands of nodes). Above 40 s
+    the controller-manager's node grace period follows, so nodes stay Ready."""
     progress: Callable[[str], None] = lambda _msg: None
     components: list[Component] = field(default_factory=list)
     apiserver_port: int = 0
@@ -228,6 +232,8 @@ class ControlPlane:
             f"--service-account-private-key-file={pki.sa_key}",
             "--use-service-account-credentials=false", "--cluster-name=sim",
             "--concurrent-daemonset-syncs=10", "--concurrent-gc-syncs=40", *common,
+            *([f"--node-monitor-grace-period={self.node_lease_seconds + 20}s"]
+              if self.node_lease_seconds > 40 else []),
         ])
         scheduler = self._launch("kube-scheduler", [
             str(self.binaries.kube), "kube-scheduler",
@@ -246,7 +252,7 @@ class ControlPlane:
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--config={stages}", f"--server-address=127.0.0.1:{free_port()}",
                 "--cidr=10.244.0.0/16", "--node-ip=10.1.0.1",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={self.node_lease_seconds}",
             ]))
         # The controller-manager is working once its service-account controller has created the
         # default ServiceAccount; the scheduler and kwok only have to stay up.

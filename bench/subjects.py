@@ -1,0 +1,67 @@
+"""The operators the scale benchmark measures: ours (`gpu-operator run`, as its own ServiceAccount)
+or a peer started from a command line (`--peer-cmd`), both with the same kubeconfig, namespace
+and readiness check, so that the audit log, /proc and /readyz read them the same way."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_operator.sim import session
+from gpu_operator.sim.controlplane import ControlPlane, free_port
+from gpu_operator.sim.operator_process import PROFILE_ENV, OperatorProcess
+from gpu_operator.sim.state import Proc
+
+
+@dataclass
+class Subject:
+    name: str
+    process: subprocess.Popen[bytes]
+    health_port: int
+    metrics_port: int | None  # ours: gpu_operator_api_write_requests_total is read from it
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self, timeout: float) -> None:
+        session.wait_operator_ready(self.health_port, Proc.of(self.name, self.pid, self.log), timeout)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.process.poll() is not None:
+            return self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait(10)
+
+
+def start_ours(plane: ControlPlane, concurrency: int, profile: Path | None) -> Subject:
+    env = {PROFILE_ENV: str(profile)} if profile else {}
+    operator = OperatorProcess(kubeconfig=session.operator_kubeconfig(plane), namespace=session.OPERATOR_NAMESPACE,
+                               log=plane.workdir / "logs" / "operator.log",
+                               extra_args=[f"--label-concurrency={concurrency}"], env=env).start()
+    assert operator.process is not None
+    return Subject("ours", operator.process, operator.health_port, operator.metrics_port, operator.log)
+
+
+def start_peer(plane: ControlPlane, command: str) -> Subject:
+    """`command` with {kubeconfig}, {namespace}, {metrics_port}, {health_port} filled in; run
+    without a shell (so /proc reads the operator itself), OPERATOR_NAMESPACE in its environment."""
+    metrics_port, health_port = free_port(), free_port()
+    values = {"kubeconfig": str(session.operator_kubeconfig(plane)), "namespace": session.OPERATOR_NAMESPACE,
+              "metrics_port": str(metrics_port), "health_port": str(health_port)}
+    argv = [part.format(**values) for part in shlex.split(command)]
+    log = plane.workdir / "logs" / "peer.log"
+    env = {**os.environ, "OPERATOR_NAMESPACE": session.OPERATOR_NAMESPACE}
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=env, start_new_session=True)
+    return Subject("peer", process, health_port, None, log)
