@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gpu_operator.sim import session
 from gpu_operator.sim.controlplane import ControlPlane, free_port
+from gpu_operator.sim.images import DEFAULT_IMAGES
 from gpu_operator.sim.operator_process import PROFILE_ENV, OperatorProcess
 from gpu_operator.sim.state import Proc
 
@@ -60,7 +61,8 @@ def start_peer(plane: ControlPlane, command: str) -> Subject:
               "metrics_port": str(metrics_port), "health_port": str(health_port)}
     argv = [part.format(**values) for part in shlex.split(command)]
     log = plane.workdir / "logs" / "peer.log"
-    env = {**os.environ, "OPERATOR_NAMESPACE": session.OPERATOR_NAMESPACE}
+    # The operand images from the environment, as the chart passes them to either operator.
+    env = {**os.environ, **DEFAULT_IMAGES, "OPERATOR_NAMESPACE": session.OPERATOR_NAMESPACE}
     with log.open("ab") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, start_new_session=True)
