@@ -18,8 +18,7 @@ import httpx2
 import msgspec
 from prometheus_client import Counter
 
-from gpu_operator.controllers import nodelabels
-from gpu_operator.controllers.cache import UPGRADE_ANNOTATIONS, NodeView
+from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import Backoff
 
 log = logging.getLogger("gpu_operator.reflector")
@@ -90,18 +89,15 @@ def _interned(mapping: dict[str, str]) -> dict[str, str]:
 
 
 def view_of(node: SlimNode) -> NodeView:
+    """The NodeView of a decoded Node: the same `NodeView.of` the rest of the operator uses, fed
+    the slim body (label strings interned first)."""
     meta = node.metadata
-    labels = _interned(meta.labels or {})
-    annotations = meta.annotations or {}
     info = node.status.nodeInfo if node.status is not None else None
-    return NodeView(
-        name=meta.name,
-        labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
-        annotations={k: annotations[k] for k in UPGRADE_ANNOTATIONS if k in annotations},
-        runtime=sys.intern(info.containerRuntimeVersion) if info else "",
-        kernel=sys.intern(info.kernelVersion) if info else "",
-        selectable=labels,
-    )
+    body = {"metadata": {"name": meta.name, "labels": _interned(meta.labels or {}),
+                         "annotations": meta.annotations or {}},
+            "status": {"nodeInfo": {"containerRuntimeVersion": sys.intern(info.containerRuntimeVersion),
+                                    "kernelVersion": sys.intern(info.kernelVersion)} if info else {}}}
+    return NodeView.of(body)
 
 
 OnChange = Callable[[str, NodeView | None], None]
