@@ -90,6 +90,8 @@ class Operator:
         self.upgrades = UpgradeController(kube, namespace, self.settings)
         self.label_policy: LabelPolicy | None = None
         self.label_drivers: dict[str, NodeDriver] | None = None
+        self._label_source: PolicyView | None = None
+        self._label_spec_policy: LabelPolicy | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.owned_kinds: list[OwnedKind] = []
@@ -345,7 +347,10 @@ class Operator:
             active = active_policy(self.policy_views())
             if active is None:
                 continue  # no ClusterPolicy: nodes are left alone
-            policy = LabelPolicy.from_spec(active.body.get("spec") or {}) or self.label_policy
+            if self._label_source is not active:  # validated once per ClusterPolicy version
+                self._label_source = active
+                self._label_spec_policy = LabelPolicy.from_spec(active.body.get("spec") or {})
+            policy = self._label_spec_policy or self.label_policy
             if policy is None:
                 continue  # a spec the api model rejects and no earlier one: nodes are left alone
             views = {v.name: v for v in self.node_views()}
