@@ -282,6 +282,22 @@ def diagnose(
 ) -> list[Finding]:
     """Every finding for the host, errors first. `passthrough_devices` (a mixed node's list of GPUs
     for VMs) splits the checks: passthrough for those, containers for the rest."""
+    out = _diagnose(report, declared_workload, passthrough_devices)
+    if report.unreadable_paths:
+        out.append(_finding(
+            "host-path-unreadable", Severity.WARNING,
+            f"{len(report.unreadable_paths)} host path(s) were not read; what they hold is unknown",
+            [f"{path}: {why}" for path, why in sorted(report.unreadable_paths.items())],
+            "Look at these paths on the host: a symlink that leads outside the host root or in a loop, or "
+            "a file far longer than a kernel value, is never followed or read (check --host-root too)",
+        ))
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    return sorted(out, key=lambda f: order[f.severity])
+
+
+def _diagnose(
+    report: HostReport, declared_workload: str | None, passthrough_devices: list[str] | None
+) -> list[Finding]:
     workload, why = intended_workload(report, declared_workload)
     if passthrough_devices:
         workload, why = "mixed", f"{len(passthrough_devices)} GPU(s) listed for VMs: {', '.join(passthrough_devices)}"
@@ -331,8 +347,7 @@ def diagnose(
         out += persistence_findings(report) if workload == VM_PASSTHROUGH else []
     else:
         out += _container(report)
-    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-    return sorted(out, key=lambda f: order[f.severity])
+    return out
 
 
 def has_errors(findings: list[Finding]) -> bool:

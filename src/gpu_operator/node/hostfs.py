@@ -11,6 +11,10 @@ from typing import Protocol
 
 # Linux gives up after 40 symlink hops (ELOOP); so do we.
 _MAX_SYMLINK_HOPS = 40
+# A sysfs or procfs attribute is at most a page; anything far longer is not a kernel value.
+MAX_VALUE_BYTES = 64 << 10
+# Whole files we parse (os-release, pci.ids, runtime configs) stay well under this.
+MAX_TEXT_BYTES = 16 << 20
 
 
 class HostPathError(OSError):
@@ -28,10 +32,15 @@ class HostFS:
     chrooted into the root would see them: absolute targets start again at the root. Any `..`
     that would climb above the root is refused, so neither a caller nor a hostile symlink on
     the host can make us touch a file outside it.
+
+    Reads never raise for what the host holds: a path that leads outside the root, loops, or
+    holds a value longer than any kernel value reads as absent, and is remembered in `refused`
+    (host path -> reason) so the agents can name it. Writes raise instead.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
+        self.refused: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"HostFS({str(self.root)!r})"
@@ -58,7 +67,11 @@ class HostFS:
                 hops += 1
                 if hops > _MAX_SYMLINK_HOPS:
                     raise HostPathError(f"host path {path!r}: too many levels of symbolic links")
-                target = os.readlink(candidate)
+                try:
+                    target = os.readlink(candidate)
+                except (FileNotFoundError, NotADirectoryError):  # removed since the check above
+                    current.append(name)
+                    continue
                 if target.startswith("/"):
                     current = []
                 parts.extendleft(reversed([p for p in target.split("/") if p and p != "."]))
@@ -77,46 +90,74 @@ class HostFS:
 
     # -- reads ------------------------------------------------------------------------------
 
+    def _readable(self, path: str, *, follow_last: bool = True) -> Path | None:
+        """The real path to read, or None (remembered in `refused`) when the host's links make it unsafe."""
+        try:
+            return self.resolve(path, follow_last=follow_last)
+        except HostPathError as err:
+            self.refused[path] = str(err)
+            return None
+
     def exists(self, path: str) -> bool:
-        return self.resolve(path).exists()
+        real = self._readable(path)
+        return real is not None and real.exists()
 
     def is_file(self, path: str) -> bool:
-        return self.resolve(path).is_file()
+        real = self._readable(path)
+        return real is not None and real.is_file()
 
     def is_dir(self, path: str) -> bool:
-        return self.resolve(path).is_dir()
+        real = self._readable(path)
+        return real is not None and real.is_dir()
 
     def is_symlink(self, path: str) -> bool:
-        return self.resolve(path, follow_last=False).is_symlink()
+        real = self._readable(path, follow_last=False)
+        return real is not None and real.is_symlink()
 
     def is_executable(self, path: str) -> bool:
-        real = self.resolve(path)
-        return real.is_file() and os.access(real, os.X_OK)
+        real = self._readable(path)
+        return real is not None and real.is_file() and os.access(real, os.X_OK)
 
-    def read_text(self, path: str, default: str | None = None) -> str | None:
-        """The file's text, or `default` when it does not exist or cannot be read."""
-        try:
-            return self.resolve(path).read_text(errors="replace")
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+    def read_text(self, path: str, default: str | None = None, *, limit: int = MAX_TEXT_BYTES) -> str | None:
+        """The file's text, or `default` when it does not exist, cannot be read, or is longer
+        than `limit` bytes (then it is named in `refused`). Undecodable bytes are replaced."""
+        real = self._readable(path)
+        if real is None:
             return default
+        try:
+            with real.open("rb") as handle:
+                data = handle.read(limit + 1)
+        except OSError:  # absent, a directory, unreadable, gone since
+            return default
+        if len(data) > limit:
+            self.refused[path] = f"longer than {limit} bytes: not read"
+            return default
+        return data.decode(errors="replace")
 
     def read_value(self, path: str) -> str | None:
-        """A one-line sysfs/procfs attribute, stripped; None when absent."""
-        text = self.read_text(path)
+        """A one-line sysfs/procfs attribute, stripped; None when absent (or absurdly long)."""
+        text = self.read_text(path, limit=MAX_VALUE_BYTES)
         return None if text is None else text.strip()
 
     def listdir(self, path: str) -> list[str]:
         """Sorted entry names; empty when the directory does not exist."""
-        real = self.resolve(path)
+        real = self._readable(path)
+        if real is None:
+            return []
         try:
             return sorted(os.listdir(real))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except OSError:
             return []
 
     def readlink(self, path: str) -> str | None:
         """The raw target of a symlink (not resolved), or None when it is not a symlink."""
-        real = self.resolve(path, follow_last=False)
-        return os.readlink(real) if real.is_symlink() else None
+        real = self._readable(path, follow_last=False)
+        if real is None or not real.is_symlink():
+            return None
+        try:
+            return os.readlink(real)
+        except OSError:  # gone since
+            return None
 
     def link_name(self, path: str) -> str | None:
         """The last component of where a symlink points (`driver` -> `vfio-pci`), or None."""

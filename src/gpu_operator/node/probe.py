@@ -61,6 +61,10 @@ class HostReport(BaseModel):
     # Non-NVIDIA, non-bridge devices that share an IOMMU group with an NVIDIA GPU: group -> addresses.
     shared_iommu_groups: dict[int, list[str]] = Field(default_factory=dict)
     mellanox_present: bool = False
+    unreadable_paths: dict[str, str] = Field(
+        default_factory=dict,
+        description="host paths not read: a link out of the host root or in a loop, a value far too long",
+    )
 
     @property
     def gpus(self) -> list[pci.PciFunction]:
@@ -146,4 +150,5 @@ def probe(fs: HostFS, *, extra_search_dirs: tuple[str, ...] = ()) -> HostReport:
         passthrough_intent=_passthrough_intent(fs, functions, cmdline),
         shared_iommu_groups=_shared_groups(fs, functions),
         mellanox_present=bool(pci.scan(fs, "15b3")),
+        unreadable_paths=dict(fs.refused),  # last: every read above has happened
     )

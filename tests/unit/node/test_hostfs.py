@@ -36,7 +36,9 @@ def test_relative_symlinks_like_sysfs_resolve(tree: tuple[HostFS, Path]) -> None
 def test_dotdot_above_root_is_refused(tree: tuple[HostFS, Path]) -> None:
     fs, _ = tree
     with pytest.raises(HostPathEscape):
-        fs.read_text("/../outside.txt")
+        fs.resolve("/../outside.txt")
+    assert fs.read_text("/../outside.txt") is None  # a read refuses quietly and names the path
+    assert "climbs above the host root" in fs.refused["/../outside.txt"]
     with pytest.raises(HostPathEscape):
         fs.write_text("/etc/../../outside.txt", "pwned")
 
@@ -45,8 +47,9 @@ def test_symlink_leading_out_is_refused_for_reads_and_writes(tree: tuple[HostFS,
     fs, outside = tree
     # A hostile link planted on the host (not made through HostFS).
     (fs.root / "etc" / "evil").symlink_to("../../outside.txt")
-    with pytest.raises(HostPathEscape):
-        fs.read_text("/etc/evil")
+    assert fs.read_text("/etc/evil") is None
+    assert not fs.exists("/etc/evil") and fs.listdir("/etc/evil") == []
+    assert "/etc/evil" in fs.refused
     with pytest.raises(HostPathEscape):
         fs.write_existing("/etc/evil", "pwned")
     with pytest.raises(HostPathEscape):
@@ -74,7 +77,18 @@ def test_symlink_loops_end_with_an_error(tree: tuple[HostFS, Path]) -> None:
     (fs.root / "a").symlink_to("b")
     (fs.root / "b").symlink_to("a")
     with pytest.raises(HostPathError, match="too many levels"):
-        fs.read_text("/a")
+        fs.resolve("/a")
+    assert fs.read_text("/a") is None
+    assert "too many levels" in fs.refused["/a"]
+
+
+def test_absurdly_long_values_are_not_read(tree: tuple[HostFS, Path]) -> None:
+    fs, _ = tree
+    (fs.root / "etc" / "vendor").write_bytes(b"0x10de" * 100_000)
+    assert fs.read_value("/etc/vendor") is None
+    assert "longer than" in fs.refused["/etc/vendor"]
+    (fs.root / "etc" / "garbage").write_bytes(b"\x00\xff\xfe0x10de\n")
+    assert fs.read_value("/etc/garbage") == "\x00\ufffd\ufffd0x10de"
 
 
 def test_remove_deletes_the_link_not_its_target(tree: tuple[HostFS, Path]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
+from gpu_operator.node.hostfs import HostPathError
 from gpu_operator.node.validate import host, sandbox, workload
 from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
 from gpu_operator.node.validate.config import COMPONENTS, STATUS_FILES, ConfigError
@@ -45,9 +46,14 @@ def _skipped(ctx: Context, component: str) -> Result:
 def validate(ctx: Context, component: str) -> Result:
     if component not in VALIDATIONS:
         raise ConfigError(f"--component {component!r}: use one of {', '.join(COMPONENTS)}")
-    if component in ctx.config.skipped:
-        return _skipped(ctx, component)
     try:
+        if component in ctx.config.skipped:
+            return _skipped(ctx, component)
         return VALIDATIONS[component](ctx)
     except ValidationFailed as err:
         return Result(component, Outcome.FAILED, str(err))
+    except HostPathError as err:
+        # A status path on the host leads outside the host root (or loops): nothing is written there.
+        return Result(component, Outcome.FAILED, f"{err}; fix the link on the host")
+    except OSError as err:  # a status file's directory is a file, a read-only mount, ...
+        return Result(component, Outcome.FAILED, f"{err.strerror}: {err.filename}; fix that path on the host")
