@@ -17,6 +17,7 @@ from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
 
@@ -171,7 +172,7 @@ def test_host_driver_on_passthrough_is_a_warning_in_status_and_an_event(
 
 def test_mixed_node_4_plus_4_both_stacks_and_only_the_bound_half_counted(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
-        kubevirt_cr: Callable[..., str]) -> None:
+        kubevirt_cr: Callable[..., str], operator_namespace: str) -> None:
     (node,) = fake_nodes("vfio-passthrough:1")
     vms, containers = SEED_001[:4], SEED_001[4:]
     annotate(kube, node, {
@@ -192,6 +193,16 @@ def test_mixed_node_4_plus_4_both_stacks_and_only_the_bound_half_counted(
                     until=lambda c: c.get("reason") == "HostDevicesSynced", context=operator.log_text)
     assert "4 GPU(s) on vfio-pci on 1 node(s)" in cond["message"]
     assert devices(kube, ns) == [OURS_KUBEVIRT]
+    # The vfio manager and the probe run our commands from our image, each as its own ServiceAccount.
+    for name, command in (("nvidia-vfio-manager", ["gpu-operator", "node", "vfio-manage", "reconcile"]),
+                          ("nvidia-gpu-probe", ["gpu-operator", "node", "probe", "--publish", "--interval=60"])):
+        ds = wait_for(f"DaemonSet {name} ready on the node", lambda n=name: next(  # type: ignore[misc]
+            (d for d in kube.list(DaemonSet, namespace=operator_namespace) if d.metadata.name == n), None),
+            until=lambda d: d is not None and (d.status.numberReady or 0) == 1, context=operator.log_text)
+        pod = ds.spec.template.spec
+        assert pod.containers[0].command == command and pod.serviceAccountName == name
+        assert pod.containers[0].image.startswith("ghcr.io/gpu-operator-py/gpu-operator")
+        assert not pod.initContainers
 
     # A device the KubeVirt CR already lists for another plugin: reported, not fought over.
     kube.patch(KubeVirt, "kubevirt", {"metadata": {"annotations": {KUBEVIRT_DEVICES_ANNOTATION: None}},

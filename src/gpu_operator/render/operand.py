@@ -60,6 +60,16 @@ VALIDATOR = Image("validator", "VALIDATOR_IMAGE")
 
 
 @dataclass(frozen=True)
+class OwnImage(Image):
+    """Our image (the validator's image fields: the chart and the operator resolve them to ours) for an
+    operand whose upstream image runs a program we replace; pull policy, pull secrets, env, resources
+    and args still come from `spec.<field>`."""
+
+    def resolve(self, ctx: Ctx) -> str:
+        return VALIDATOR.resolve(ctx)
+
+
+@dataclass(frozen=True)
 class DaemonSetDef:
     name: str
     deploy: str  # node label gate: nvidia.com/gpu.deploy.<deploy>=true
