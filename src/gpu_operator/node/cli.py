@@ -236,10 +236,12 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
     node_app = typer.Typer(help="Node agents that describe this host.", no_args_is_help=True)
     node_app.command("probe")(probe)
-    app.add_typer(node_app, name="node")
-    app.command("validate")(validate)
     from gpu_operator.node.vfio_cli import vfio_app
 
+    # Also under `node` (hidden): the vfio-manager DaemonSet runs `gpu-operator node vfio-manage reconcile`.
+    node_app.add_typer(vfio_app, name="vfio-manage", hidden=True)
+    app.add_typer(node_app, name="node")
+    app.command("validate")(validate)
     app.add_typer(vfio_app, name="vfio-manage")
     app.command("node-status-exporter")(node_status_exporter)
     app.command("doctor")(doctor)

@@ -55,6 +55,6 @@ def test_rendered_gpu_operator_commands_exist(example: Path) -> None:
 
 
 def test_resolve_tells_a_missing_subcommand() -> None:
-    assert is_group(resolve(["node", "vfio-manage", "reconcile"])[0])
+    assert is_group(resolve(["node", "vfio-manager", "reconcile"])[0])
     command, rest = resolve(["vfio-manage", "reconcile", "--once"])
     assert command.name == "reconcile" and rest == ["--once"]
