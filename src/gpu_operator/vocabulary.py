@@ -46,6 +46,9 @@ VFIO_STATES = ("bound", "partial", "refused", "failed", "none")
 VFIO_BOUND_REASON = "VFIOBound"
 VFIO_REFUSED_REASON = "VFIORefused"
 HOST_DRIVER_ON_PASSTHROUGH_REASON = "HostDriverOnPassthrough"
+# The node agents' field manager (probe, vfio-manage): with the operator's ("gpu-operator", in
+# kube/client.py) it tells `gpu-operator cleanup` which node labels and annotations we wrote.
+NODE_AGENT_FIELD_MANAGER = "gpu-operator-node"
 # The operator's KubeVirt sync (ours). Its field manager on the KubeVirt CR, the annotation there that
 # lists the pciVendorSelectors it added (KubeVirt's pciHostDevices list is atomic, so ownership of an
 # entry is recorded here, not in managedFields), and the ClusterPolicy condition with its reasons.

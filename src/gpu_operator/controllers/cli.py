@@ -13,6 +13,30 @@ def register(app: typer.Typer) -> None:
     from gpu_operator.controllers import upgrade_cli
     upgrade_cli.register(app)
 
+    @app.command("cleanup")
+    def cleanup(
+        kubeconfig: Annotated[str | None, typer.Option(
+            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        timeout: Annotated[float, typer.Option(
+            help="Seconds to wait for the ClusterPolicies and NVIDIADrivers to be gone.")] = 120.0,
+    ) -> None:
+        """Before an uninstall: delete every ClusterPolicy and NVIDIADriver (their operands go with
+        them), then remove the nvidia.com labels and annotations we wrote from every node."""
+        import asyncio
+
+        from gpu_operator.controllers.cleanup import cleanup as run_cleanup
+        from gpu_operator.kube.client import Kube
+
+        async def go() -> list[str]:
+            kube = Kube(kubeconfig)
+            try:
+                return await run_cleanup(kube, timeout=timeout)
+            finally:
+                await kube.close()
+
+        for line in asyncio.run(go()) or ["nothing to clean up"]:
+            typer.echo(line)
+
     @app.command("run")
     def run(
         namespace: Annotated[str, typer.Option(

@@ -26,6 +26,7 @@ from gpu_operator.controllers.cache import (
     PolicyView,
     first,
 )
+from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
 from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
@@ -346,6 +347,8 @@ class Operator:
             self.loops.dirty_nodes |= self.label_retries.due()
             active = active_policy(self.policy_views())
             if active is None:
+                if self._label_source is not None:  # the last ClusterPolicy was deleted
+                    await self._take_back_labels()
                 continue  # no ClusterPolicy: nodes are left alone
             if self._label_source is not active:  # validated once per ClusterPolicy version
                 self._label_source = active
@@ -374,6 +377,18 @@ class Operator:
             failures = 0
             # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
             self.label_retries.record(report)
+
+    async def _take_back_labels(self) -> None:
+        """Remove the labels and annotations we wrote from every node (once; retried on failure)."""
+        try:
+            patched = await strip_nodes(self.kube)
+        except Exception:
+            log.exception("removing our node labels after the last ClusterPolicy was deleted failed; retrying")
+            await asyncio.sleep(self.settings.label_backoff.delay(1))
+            self.loops.label_kick.set()
+            return
+        log.info("last ClusterPolicy deleted: our labels and annotations removed from %d node(s)", len(patched))
+        self._label_source, self._label_spec_policy, self.label_policy = None, None, None
 
     async def node_reflector(self, stop: asyncio.Event) -> None:
         task = asyncio.create_task(self.nodes.run(stop))

@@ -8,8 +8,9 @@ from typing import Any
 
 from gpu_operator.node.validate.base import PodOutcome
 from gpu_operator.node.vmchecks import Advertised
+from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 
-FIELD_MANAGER = "gpu-operator-node"
+FIELD_MANAGER = NODE_AGENT_FIELD_MANAGER
 
 
 def _client() -> Any:

@@ -160,7 +160,27 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
     named = [r for r in rules if "resourceNames" in r]
     crd_files = sorted(p.name.split("_", 1)[1].removesuffix(".yaml") for p in (CHART / "crds").glob("*.yaml"))
     assert sorted(n.split(".")[0] for n in named[0]["resourceNames"]) == crd_files
-    assert not any(o["kind"] == "Job" for o in objects(render({"operator": {"upgradeCRD": False}})))
+    assert not any(o["kind"] == "Job" and o["metadata"]["name"] == "gpu-operator-crds"
+                   for o in objects(render({"operator": {"upgradeCRD": False}})))
+
+
+def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
+    rendered = render()
+    job = find(rendered, "Job", "gpu-operator-cleanup")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-operator-cleanup"
+    assert pod["containers"][0]["command"] == ["gpu-operator", "cleanup"]
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        hooked = find(rendered, kind, "gpu-operator-cleanup")["metadata"]["annotations"]
+        assert hooked["helm.sh/hook"] == "pre-delete" and int(hooked["helm.sh/hook-weight"]) < 0
+    # Only what the cleanup does: delete our CRs, patch node labels; nothing else.
+    assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
+        {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers"], "verbs": ["list", "delete"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+    ]
+    assert not any(o["metadata"]["name"] == "gpu-operator-cleanup"
+                   for o in objects(render({"operator": {"cleanupOnUninstall": False}})))
 
 
 def test_nfd_dependency_is_not_needed_to_render(chart: helm_python.Chart) -> None:

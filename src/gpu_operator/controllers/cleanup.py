@@ -1,0 +1,114 @@
+"""Taking back what we wrote on nodes: the labels and annotations under nvidia.com/ that the
+operator or the node agents set (their field managers own them in the node's managedFields).
+
+A key someone else wrote last (a user's `nvidia.com/gpu.deploy.driver=false`, the workload config
+label, the passthrough device list) is owned by that writer and stays. Used when the last
+ClusterPolicy is deleted (the operator's label loop) and by `gpu-operator cleanup` (the chart's
+pre-delete hook).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+
+from gpu_operator.kube.client import FIELD_MANAGER, Kube, ObjectKey
+from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, NVIDIA
+
+log = logging.getLogger("gpu_operator.cleanup")
+OUR_MANAGERS = frozenset({FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER})
+
+
+def _keys(fields: dict[str, Any]) -> set[str]:
+    return {key[2:] for key in fields if key.startswith("f:")}
+
+
+def owned_keys(metadata: dict[str, Any], managers: frozenset[str] = OUR_MANAGERS) -> tuple[set[str], set[str]]:
+    """(labels, annotations) under nvidia.com/ that `managers` own on this object, and only those."""
+    present_labels = set(metadata.get("labels") or {})
+    present_annotations = set(metadata.get("annotations") or {})
+    labels: set[str] = set()
+    annotations: set[str] = set()
+    for entry in metadata.get("managedFields") or []:
+        if entry.get("manager") not in managers:
+            continue
+        meta = (entry.get("fieldsV1") or {}).get("f:metadata") or {}
+        labels |= _keys(meta.get("f:labels") or {})
+        annotations |= _keys(meta.get("f:annotations") or {})
+    ours = f"{NVIDIA}/"
+    return ({k for k in labels & present_labels if k.startswith(ours)},
+            {k for k in annotations & present_annotations if k.startswith(ours)})
+
+
+def cleanup_patch(node: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that removes our keys from a node, or None when it carries none."""
+    labels, annotations = owned_keys(node.get("metadata") or {})
+    if not labels and not annotations:
+        return None
+    metadata: dict[str, Any] = {}
+    if labels:
+        metadata["labels"] = dict.fromkeys(sorted(labels))
+    if annotations:
+        metadata["annotations"] = dict.fromkeys(sorted(annotations))
+    return {"metadata": metadata}
+
+
+async def strip_nodes(kube: Kube) -> list[str]:
+    """Remove our labels and annotations from every node; returns the nodes patched."""
+    patched = []
+    for node in await kube.list_dicts("v1", "Node"):
+        patch = cleanup_patch(node)
+        if patch is None:
+            continue
+        name = node["metadata"]["name"]
+        try:
+            await kube.merge_patch("v1", "Node", name, patch)
+        except ApiError as err:
+            if err.status.code == 404:
+                continue  # the node left meanwhile
+            raise
+        removed = sorted({*patch["metadata"].get("labels", {}), *patch["metadata"].get("annotations", {})})
+        log.info("node %s: removed %s", name, ", ".join(removed))
+        patched.append(name)
+    return patched
+
+
+OWNER_KINDS = (("nvidia.com/v1alpha1", "NVIDIADriver"), ("nvidia.com/v1", "ClusterPolicy"))
+
+
+async def cleanup(kube: Kube, *, timeout: float = 120.0) -> list[str]:
+    """Delete every NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
+    wait until they are gone, then remove our node labels and annotations. Lines for the log."""
+    done: list[str] = []
+    for api_version, kind in OWNER_KINDS:
+        try:
+            found = await kube.list_dicts(api_version, kind)
+        except ApiError as err:
+            if err.status.code == 404:
+                continue  # the CRD is gone already
+            raise
+        for obj in found:
+            name = obj["metadata"]["name"]
+            if await kube.delete(ObjectKey(api_version, kind, name, None)):
+                done.append(f"deleted {kind} {name}")
+    deadline = time.monotonic() + timeout
+    for api_version, kind in OWNER_KINDS:
+        while True:
+            try:
+                left = await kube.list_dicts(api_version, kind)
+            except ApiError as err:
+                if err.status.code == 404:
+                    break
+                raise
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(o["metadata"]["name"] for o in left)
+                raise TimeoutError(f"{kind} {names} still there after {timeout:.0f} s (a finalizer?)")
+            await asyncio.sleep(0.5)
+    done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]
+    return done

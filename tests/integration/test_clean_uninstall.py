@@ -1,0 +1,193 @@
+"""Clean uninstall on the real control plane: after `helm uninstall` (real Helm, helm-python-sdk) or
+after deleting the ClusterPolicy, every node carries exactly the nvidia.com/ labels and annotations,
+and the taints, it had before the operator came, and no object we created is left, of any kind.
+
+kwok stands in for the kubelet, so no container runs: the operator runs as a process with the
+chart's ServiceAccount (as in test_chart_rbac.py), and the chart's pre-delete hook command (taken
+from the rendered Job) runs as a process with the hook's own ServiceAccount and RBAC, applied as
+Helm applies them; `helm uninstall` then runs the hook Job (kwok completes it) and deletes the
+release.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace, Node
+
+from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.vocabulary import GPU_PRESENT, MANAGED_SELECTOR, NVIDIA
+from tests.support.chart import CHART, objects, render_chart
+from tests.support.owned import owned_by
+from tests.support.status import reconciled
+from tests.support.waiting import wait_for
+
+NAMESPACE = "gpu-operator-uninstall"
+Marks = dict[str, Any]
+
+
+def marks(kube: Client) -> dict[str, Marks]:
+    """Per node: its nvidia.com/ labels and annotations, and every taint (other keys come and go
+    with the control plane's own controllers, e.g. the beta.kubernetes.io labels)."""
+    def ours(found: dict[str, str] | None) -> dict[str, str]:
+        return {k: v for k, v in (found or {}).items() if k.startswith(f"{NVIDIA}/")}
+    return {str(n.metadata.name): {
+        "labels": ours(n.metadata.labels),
+        "annotations": ours(n.metadata.annotations),
+        "taints": sorted((t.key, t.value, t.effect) for t in (n.spec.taints or [])),
+    } for n in kube.list(Node)}
+
+
+def differences(before: dict[str, Marks], now: dict[str, Marks]) -> list[str]:
+    out = []
+    for node, was in before.items():
+        is_ = now.get(node)
+        if is_ is None:
+            continue
+        for part in ("labels", "annotations"):
+            added = {k: v for k, v in is_[part].items() if was[part].get(k) != v}
+            removed = sorted(set(was[part]) - set(is_[part]))
+            if added or removed:
+                out.append(f"{node} {part}: +{added} -{removed}")
+        if was["taints"] != is_["taints"]:
+            out.append(f"{node} taints: {was['taints']} -> {is_['taints']}")
+    return out
+
+
+def ours_left(control_plane: ControlPlane) -> list[str]:
+    """Objects of every listable kind that carry our managed-by label (CRDs aside: Helm keeps
+    what crds/ installed), plus any ClusterPolicy or NVIDIADriver."""
+    found = []
+    selector = urllib.parse.quote(MANAGED_SELECTOR)
+    groups = [("", "v1")] + [(g["name"], g["preferredVersion"]["groupVersion"])
+                             for g in control_plane.request("GET", "/apis")["groups"]]
+    for group, version in groups:
+        base = "/api/v1" if not group else f"/apis/{version}"
+        for res in control_plane.request("GET", base)["resources"]:
+            if "/" in res["name"] or "list" not in res.get("verbs", []) or res["kind"] == "CustomResourceDefinition":
+                continue
+            if group == "nvidia.com":
+                items = control_plane.request("GET", f"{base}/{res['name']}")["items"]
+            else:
+                items = control_plane.request("GET", f"{base}/{res['name']}?labelSelector={selector}")["items"]
+            found += [f"{res['kind']} {i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items]
+    return sorted(found)
+
+
+def offline_chart(target: Path) -> Path:
+    """The chart without its NFD dependency (disabled here, and not fetched offline): Helm's install
+    refuses a chart whose declared dependency is missing from charts/."""
+    shutil.copytree(CHART, target)
+    meta = yaml.safe_load((target / "Chart.yaml").read_text())
+    meta.pop("dependencies", None)
+    (target / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    return target
+
+
+def _gpu_nodes_labelled(kube: Client, names: list[str]) -> bool:
+    return all((kube.get(Node, n).metadata.labels or {}).get(GPU_PRESENT) == "true" for n in names)
+
+
+@pytest.fixture
+def release_namespace(kube: Client) -> Iterator[str]:
+    yield NAMESPACE
+    try:
+        kube.delete(Namespace, NAMESPACE)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+
+
+def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Client, crds: list[str],
+                                        fake_nodes: Callable[..., list[str]], release_namespace: str,
+                                        tmp_path: Path) -> None:
+    gpu_nodes = fake_nodes("dgx-h100:2", "host-driver:1")
+    fake_nodes("cpu:1")
+    before = marks(kube)
+    values = {"nfd": {"enabled": False}}
+    helm = helm_python.Config(kubeconfig_path=control_plane.admin_kubeconfig, namespace=NAMESPACE)
+    with helm_python.Chart.load(offline_chart(tmp_path / "gpu-operator")) as chart:
+        helm.install(chart, "gpu-operator", values, namespace=NAMESPACE, create_namespace=True, timeout=180)
+    operator = OperatorProcess(
+        kubeconfig=control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False),
+        namespace=NAMESPACE, log=tmp_path / "operator.log").start()
+    try:
+        reconciled(kube, "cluster-policy", context=operator.log_text)
+        uid = kube.get(ClusterPolicyResource, "cluster-policy").metadata.uid
+        wait_for("GPU nodes labelled", lambda: _gpu_nodes_labelled(kube, gpu_nodes), context=operator.log_text)
+        assert differences(before, marks(kube)), "the operator wrote nothing on the nodes: nothing to clean"
+        assert owned_by(kube, uid), "the operator created nothing: nothing to clean"
+
+        # The operator stops first (a crash-looping one at uninstall time), so what follows is the
+        # hook's work alone. The pre-delete hook, as Helm creates it; its command runs with its
+        # own identity.
+        operator.stop()
+        hook = [o for o in objects(render_chart(values, namespace=NAMESPACE))
+                if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"]
+        job = next(o for o in hook if o["kind"] == "Job")
+        for obj in hook:
+            if obj["kind"] != "Job":
+                kube.apply(from_dict(obj), force=True)
+        hook_config = control_plane.serviceaccount_kubeconfig(
+            NAMESPACE, job["spec"]["template"]["spec"]["serviceAccountName"], create=False)
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[0] == "gpu-operator"
+        cli = str(Path(sys.executable).parent / "gpu-operator")
+        done = subprocess.run([cli, *command[1:], "--kubeconfig", str(hook_config)],
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "deleted ClusterPolicy cluster-policy" in done.stdout, done.stdout
+        assert differences(before, marks(kube)) == [], "the hook left labels behind"
+
+        helm.uninstall("gpu-operator", timeout=180)
+    finally:
+        operator.stop()
+        print(f"--- {operator.log} ---\n{operator.log_text()[-4000:]}")
+    wait_for("every node as it was before the install", lambda: differences(before, marks(kube)),
+             until=lambda diff: not diff, timeout=60)
+    wait_for("no object owned by the ClusterPolicy", lambda: owned_by(kube, uid), until=lambda o: not o,
+             timeout=120)
+    wait_for("no object of any kind marked as ours", lambda: ours_left(control_plane),
+             until=lambda o: not o, timeout=60)
+    assert "gpu-operator" not in [r["name"] for r in helm.list(all_states=True)]  # the release is gone
+
+
+def test_deleting_the_clusterpolicy_takes_back_our_node_labels(
+        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
+        cluster_policies: Callable[..., str]) -> None:
+    gpu_nodes = fake_nodes("dgx-h100:2", "vfio-passthrough:1")
+    names = set(gpu_nodes)
+    # A user's own label and a user's choice to keep the driver off one node must survive.
+    kube.patch(Node, gpu_nodes[0], {"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "false",
+                                                            "nvidia.com/team": "ml"}}})
+    before = {n: m for n, m in marks(kube).items() if n in names}
+    operator = start_operator()
+    name = cluster_policies({})
+    reconciled(kube, name, context=operator.log_text)
+    wait_for("GPU nodes labelled", lambda: _gpu_nodes_labelled(kube, gpu_nodes), context=operator.log_text)
+    uid = kube.get(ClusterPolicyResource, name).metadata.uid
+    assert differences(before, marks(kube))
+
+    kube.delete(ClusterPolicyResource, name)
+    wait_for("every node as it was before the ClusterPolicy", lambda: differences(before, marks(kube)),
+             until=lambda diff: not diff, timeout=60, context=operator.log_text)
+    wait_for("no object owned by the ClusterPolicy", lambda: owned_by(kube, uid), until=lambda o: not o,
+             timeout=120)
+    labels = kube.get(Node, gpu_nodes[0]).metadata.labels or {}
+    assert labels.get("nvidia.com/gpu.deploy.driver") == "false" and labels.get("nvidia.com/team") == "ml"
+    assert operator.alive
+    assert not list(kube.list(NVIDIADriverResource))
