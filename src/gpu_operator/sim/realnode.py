@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -74,9 +75,33 @@ def make_cgroups(node: str) -> None:
                     (level / knob).write_text((level.parent / knob).read_text())
 
 
+def _cgroup_pids(leaf: Path) -> set[int]:
+    pids: set[int] = set()
+    for procs in leaf.rglob("cgroup.procs"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(pid) for pid in procs.read_text().split())
+    return pids
+
+
+def kill_cgroup_members(node: str, timeout: float = 15.0) -> set[int]:
+    """SIGKILL every process left in the node's cgroups (containers live in mount namespaces of
+    their own, so only their cgroups find them all) until none is left; returns the pids seen."""
+    leaves = [leaf for leaf in cgroup_dirs(node) if leaf.exists()]
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while (pids := set().union(*(_cgroup_pids(leaf) for leaf in leaves))) and time.monotonic() < deadline:
+        seen |= pids
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return seen
+
+
 def remove_cgroups(node: str) -> list[str]:
-    """rmdir the node's cgroup trees bottom-up (they are empty once its processes are gone);
-    returns what could not be removed."""
+    """Kill what is left in the node's cgroup trees, then rmdir them bottom-up; returns what could
+    not be removed."""
+    kill_cgroup_members(node)
     left = []
     for leaf in cgroup_dirs(node):
         if not leaf.exists():
