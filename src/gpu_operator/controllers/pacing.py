@@ -1,14 +1,17 @@
 """Writes shaped to the apiserver: an adaptive bound on requests in flight.
 
 `AdaptiveLimit` is the pure decision (no clock, no I/O): it grows while the latency it is fed
-stays near the lowest latency seen (slow start: +1 per completion, i.e. doubling per round trip;
-then +1 per round trip), and shrinks on overload (429 or 5xx: halved) or on a latency rise
-(x0.9, at most once per round trip). `Gate` applies it to coroutines."""
+stays near the lowest latency of the recent answers (slow start: +1 per completion, i.e.
+doubling per round trip; then +1 per round trip), and shrinks on overload (429 or 5xx: halved,
+down to `minimum`) or on a latency rise (x0.9, at most once per round trip, never below
+`initial`: a latency rise alone may be our own event loop or a neighbour on the machine, not
+the apiserver refusing work). `Gate` applies it to coroutines."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,11 +31,11 @@ class AdaptiveLimit:
     """A smoothed latency above `tolerance` x the baseline counts as a rise."""
     smoothing: float = 0.2
     """Weight of the newest sample in the smoothed latency."""
-    drift: float = 0.002
-    """The baseline (lowest latency seen) creeps toward each sample by this fraction, so that a
-    permanently slower apiserver becomes the new normal instead of a forever-rise."""
+    window: int = 256
+    """The baseline is the lowest latency among this many recent answers, so that it follows a
+    machine whose load changes instead of remembering one lucky answer."""
     limit: float = field(init=False)
-    baseline: float | None = field(default=None, init=False)
+    recent: deque[float] = field(default_factory=deque, init=False)
     smoothed: float | None = field(default=None, init=False)
     slow_start: bool = field(default=True, init=False)
     since_decrease: int = field(default=0, init=False)
@@ -51,23 +54,27 @@ class AdaptiveLimit:
         if overloaded(code):
             self._decrease(0.5, force=True)
             return
-        if self.baseline is None or latency < self.baseline:
-            self.baseline = latency
-        else:
-            self.baseline += (latency - self.baseline) * self.drift
+        self.recent.append(latency)
+        if len(self.recent) > self.window:
+            self.recent.popleft()
         self.smoothed = latency if self.smoothed is None else (
             self.smoothed + (latency - self.smoothed) * self.smoothing)
         if self.smoothed > self.tolerance * self.baseline:
-            self._decrease(0.9)
+            self._decrease(0.9, floor=self.initial)
         elif code < 400:  # refusals (403, 409) say nothing about capacity: no growth on them
             self.limit = min(float(self.maximum), self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
 
-    def _decrease(self, factor: float, force: bool = False) -> None:
+    @property
+    def baseline(self) -> float:
+        return min(self.recent) if self.recent else 0.0
+
+    def _decrease(self, factor: float, force: bool = False, floor: int | None = None) -> None:
         if not force and self.since_decrease < self.limit:
             return  # one decrease per round trip: the requests in flight still carry the old load
         self.slow_start = False
         self.since_decrease = 0
-        self.limit = max(float(self.minimum), self.limit * factor)
+        lowest = float(self.minimum if floor is None else max(self.minimum, floor))
+        self.limit = max(min(lowest, self.limit), self.limit * factor)
 
 
 class Gate:
