@@ -96,7 +96,8 @@ class NodeLabeller:
     def __init__(self, kube: Kube, concurrency: int = 32) -> None:
         self.kube = kube
         self.concurrency = concurrency
-        self.gate = Gate(AdaptiveLimit(initial=min(4, concurrency), maximum=concurrency),
+        # Half the bound to start; a latency rise alone never goes below that start (see pacing).
+        self.gate = Gate(AdaptiveLimit(initial=max(1, concurrency // 2), maximum=concurrency),
                          on_change=metrics.LABEL_CONCURRENCY.set)
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 

@@ -36,7 +36,13 @@ from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, clusterpolicy_owner
 from gpu_operator.kube.client import Kube
-from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR
+from gpu_operator.vocabulary import (
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    MANAGED_SELECTOR,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
+)
 
 log = logging.getLogger("gpu_operator.operator")
 
@@ -102,6 +108,8 @@ class Operator:
         self.label_policy: LabelPolicy | None = None
         self.label_drivers: dict[str, NodeDriver] | None = None
         self._label_source: PolicyView | None = None
+        # What the upgrade state machine reads of a node's labels and our annotations, per node.
+        self._upgrade_facts: dict[str, tuple[str | None, str | None, tuple[tuple[str, str], ...]]] = {}
         self._label_spec_policy: LabelPolicy | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
@@ -213,11 +221,24 @@ class Operator:
     def _node_changed(self, name: str, view: NodeView | None) -> None:
         """The reflector saw a node appear, change what we read of it, or go. Events for one node
         coalesce in `dirty_nodes` until the loops' next pass."""
+        before = self._upgrade_facts.pop(name, None)
         if view is None:
             self.label_retries.forget(name)
             self.loops.policy_kick.set()
+            self.loops.upgrade_kick.set()
             return
-        self.loops.kick({name})
+        facts = (view.labels.get(UPGRADE_STATE), view.labels.get(UPGRADE_SKIP), tuple(sorted(view.annotations.items())))
+        self._upgrade_facts[name] = facts
+        loops = self.loops
+        loops.dirty_nodes.add(name)
+        loops.policy_kick.set()
+        loops.label_kick.set()
+        loops.driver_kick.set()
+        if facts != before:
+            # A pass of the upgrade loop lists every node and driver pod: label-only changes
+            # (thousands while a policy labels its nodes) do not start one; a new node, its
+            # upgrade state label or its upgrade annotations do.
+            loops.upgrade_kick.set()
 
     # -- snapshots of the caches ----------------------------------------------------------------
 
