@@ -13,8 +13,10 @@ from pathlib import Path
 
 from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ApiError
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.models.rbac_v1 import PolicyRule, RoleRef, Subject
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.types import PatchType
@@ -25,6 +27,8 @@ from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.vocabulary import (
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,
+    VFIO_BOUND_REASON,
+    VFIO_REFUSED_REASON,
     VFIO_RESULT_ANNOTATION,
     VFIO_STATE,
 )
@@ -51,7 +55,19 @@ def vfio_manager_identity(control_plane: ControlPlane, kube: Client, namespace: 
                     rules=[PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"])]))
     kube.apply(RoleBinding(metadata=ObjectMeta(name=cluster_role, namespace="default"), subjects=subject,
                            roleRef=RoleRef(kind="Role", **ref)))
+    # The authorizer learns new bindings from its own watch: wait until it grants all three.
+    client = Client(KubeConfig.from_file(kubeconfig))
+    wanted = (("nodes", "get", None), ("nodes", "patch", None), ("events", "create", "default"))
+    wait_for("the ServiceAccount's rights (nodes get/patch, events create in default)",
+             lambda: [w for w in wanted if not allowed(client, *w)], until=lambda missing: not missing, timeout=60)
     return kubeconfig
+
+
+def allowed(client: Client, resource: str, verb: str, namespace: str | None) -> bool:
+    review = SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(resourceAttributes=ResourceAttributes(
+        resource=resource, verb=verb, namespace=namespace)))
+    answer = client.create(review)
+    return bool(answer.status and answer.status.allowed)
 
 
 def can_get(client: Client, node: str) -> bool:
@@ -62,6 +78,11 @@ def can_get(client: Client, node: str) -> bool:
             raise
         return False
     return True
+
+
+def vfio_events(kube: Client, node: str) -> list[Event]:
+    """The vfio manager's events about the Node (the node controller adds its own, RegisteredNode, whenever)."""
+    return [e for e in node_events(kube, node) if e.reason in (VFIO_BOUND_REASON, VFIO_REFUSED_REASON)]
 
 
 def node_events(kube: Client, node: str) -> list[Event]:
@@ -87,7 +108,7 @@ def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
     assert stored is not None and (stored.labels or {})[VFIO_STATE] == "bound"
     gpus = json.loads((stored.annotations or {})[VFIO_RESULT_ANNOTATION])["gpus"]
     assert {a: g["driver"] for a, g in gpus.items()} == {**dict.fromkeys(H100[:4], "vfio-pci"), **dict.fromkeys(H100[4:], "nvidia")}
-    (event,) = node_events(kube, node)
+    (event,) = vfio_events(kube, node)
     assert event.reason == "VFIOBound" and event.type == "Normal"
     assert event.source is not None and event.source.component == "gpu-operator-vfio-manager"
     assert "4 left for containers" in (event.message or "")
@@ -100,7 +121,7 @@ def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
     _, written = reconcile(host.fs, kernel, view)
     assert not written and len(kernel.log) == writes
     assert version() == before
-    assert len(node_events(kube, node)) == 1
+    assert len(vfio_events(kube, node)) == 1
 
 
 def test_the_command_reports_a_refusal_on_the_node(
@@ -121,7 +142,7 @@ def test_the_command_reports_a_refusal_on_the_node(
     assert "vfio state refused" in done.stdout
     meta = kube.get(Node, node).metadata
     assert meta is not None and (meta.labels or {})[VFIO_STATE] == "refused"
-    (event,) = node_events(kube, node)
+    (event,) = vfio_events(kube, node)
     assert event.type == "Warning" and event.reason == "VFIORefused" and "IOMMU is off" in (event.message or "")
 
 
