@@ -27,6 +27,7 @@ from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.render.facts import operator_env
+from gpu_operator.render.kubevirt import Finding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
@@ -94,6 +95,7 @@ class ClusterPolicyReconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
+        self._vm_findings: set[Finding] = set()  # VM passthrough findings already sent as Events
         self.applier = Applier(kube)
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
@@ -142,9 +144,8 @@ class ClusterPolicyReconciler:
     async def _kubevirt(self, policy: ClusterPolicy, active: PolicyView, snap: Snapshot,
                         report: ReconcileReport) -> None:
         """VM passthrough: KubeVirt's permitted host devices and the VMPassthrough condition."""
-        previous = active.status.get("conditions") or []
         try:
-            synced = await kubevirt.sync(self.kube, policy, snap.nodes, previous)
+            synced = await kubevirt.sync(self.kube, policy, snap.nodes)
         except ApiError as err:
             report.extra_conditions = [{"type": vocab.VM_PASSTHROUGH_CONDITION, "status": "False",
                                         "reason": vocab.HOST_DEVICES_NOT_SYNCED,
@@ -155,7 +156,10 @@ class ClusterPolicyReconciler:
             report.extra_conditions = [synced.condition]
         if synced.retry:
             report.requeue = self.settings.requeue_not_ready
-        await kubevirt.emit(self.kube, synced.events, active.name)
+        # One Event per finding while it lasts (not one per pass); one that goes and comes back is new.
+        current = set(synced.findings)
+        await kubevirt.emit(self.kube, [f for f in synced.findings if f not in self._vm_findings], active.name)
+        self._vm_findings = current
 
     def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
         not_ready = []

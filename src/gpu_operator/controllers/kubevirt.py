@@ -16,7 +16,7 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.render import kubevirt as kv
-from gpu_operator.vocabulary import KUBEVIRT_FIELD_MANAGER, VM_PASSTHROUGH_CONDITION
+from gpu_operator.vocabulary import KUBEVIRT_FIELD_MANAGER
 
 log = logging.getLogger("gpu_operator.kubevirt")
 
@@ -30,7 +30,7 @@ class SyncResult:
     condition: dict[str, str] | None = None  # None: sandbox workloads off, no condition
     applied: bool = False
     retry: bool = False  # the CR changed under us (409): look again soon
-    events: list[kv.Finding] = field(default_factory=list)
+    findings: list[kv.Finding] = field(default_factory=list)
 
 
 async def _kubevirt_cr(kube: Kube) -> dict[str, Any] | None | bool:
@@ -56,8 +56,7 @@ def _inputs(nodes: Iterable[NodeView]) -> list[kv.NodeInput]:
     return [kv.NodeInput(n.name, n.labels, n.annotations) for n in nodes]
 
 
-async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView],
-               previous: list[dict[str, Any]] | None = None) -> SyncResult:
+async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView]) -> SyncResult:
     spec = policy.spec
     if not spec.sandbox_on():
         return SyncResult()
@@ -95,14 +94,8 @@ async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView],
                     result.retry = True  # edited since we read it: the next pass reads it again
     text = kv.summary(inventory, entries) + (f"; {note}" if note else "")
     result.condition = kv.condition(findings, synced, text)
-    result.events = _new_findings(findings, previous)
+    result.findings = findings
     return result
-
-
-def _new_findings(findings: list[kv.Finding], previous: list[dict[str, Any]] | None) -> list[kv.Finding]:
-    """Findings not already in the previous VMPassthrough condition: one Event each, not one per pass."""
-    old = next((c for c in previous or [] if c.get("type") == VM_PASSTHROUGH_CONDITION), {})
-    return [f for f in findings if f.message not in str(old.get("message", ""))]
 
 
 async def emit(kube: Kube, findings: list[kv.Finding], policy_name: str) -> None:

@@ -233,16 +233,24 @@ def summary(inv: Inventory, entries: list[dict[str, Any]]) -> str:
              for sel, nodes in sorted(counts.items())]
     text = "; ".join(parts) or "no GPU bound to vfio-pci on a passthrough node"
     if inv.pending:
-        text += f"; not bound yet: {', '.join(inv.pending)}"
+        text += f"; not bound yet: {_some(inv.pending)}"
     if inv.no_facts:
-        text += f"; no probe facts yet from: {', '.join(inv.no_facts)}"
+        text += f"; no probe facts yet from: {_some(inv.no_facts)}"
     return text
+
+
+def _some(items: list[str], limit: int = 8) -> str:
+    """A status message stays readable on a thousand nodes: the first few, then how many more."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def condition(findings: list[Finding], synced: bool, text: str) -> dict[str, str]:
     """The VMPassthrough condition (without times): False with the first finding's reason when any."""
     if findings:
+        shown = " | ".join(f.message for f in findings[:5])
+        more = f" | and {len(findings) - 5} more finding(s): see the Warning Events" if len(findings) > 5 else ""
         return {"type": VM_PASSTHROUGH_CONDITION, "status": "False", "reason": findings[0].reason,
-                "message": " | ".join(f.message for f in findings)}
+                "message": shown + more}
     return {"type": VM_PASSTHROUGH_CONDITION, "status": "True",
             "reason": HOST_DEVICES_SYNCED if synced else HOST_DEVICES_NOT_SYNCED, "message": text}

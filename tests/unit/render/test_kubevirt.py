@@ -160,3 +160,12 @@ def test_condition() -> None:
     assert "10DE:2330 nvidia.com/H100_SXM5_80GB: 16 GPU(s) on vfio-pci on 2 node(s)" in ok["message"]
     bad = kv.condition([kv.Finding(HOST_DRIVER_ON_PASSTHROUGH_REASON, "x", "a")], True, "")
     assert bad["status"] == "False" and bad["reason"] == HOST_DRIVER_ON_PASSTHROUGH_REASON
+
+
+def test_messages_stay_short_on_many_nodes() -> None:
+    nodes = [node(f"n{i:03}", facts("")) for i in range(40)] + [node(f"x{i:03}", {}) for i in range(40)]
+    inv = kv.inventory(nodes, spec())
+    text = kv.summary(inv, [])
+    assert "and 312 more" in text and "and 32 more" in text and len(text) < 1000
+    findings = [kv.Finding(HOST_DRIVER_ON_PASSTHROUGH_REASON, f"m{i}", "a") for i in range(9)]
+    assert kv.condition(findings, True, "")["message"].endswith("and 4 more finding(s): see the Warning Events")
