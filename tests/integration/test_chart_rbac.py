@@ -363,9 +363,9 @@ def test_operator_without_a_needed_rule_is_refused(
 def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: ControlPlane, kube: Client,
                                                                 installed: Installed, tmp_path: Path) -> None:
     hook = [o for o in chart_objects() if o["metadata"].get("annotations", {}).get("helm.sh/hook")
-            and o["kind"] in RBAC_KINDS]
+            and o["kind"] in RBAC_KINDS and o["metadata"]["name"] == "gpu-operator-crds"]
     assert sorted(o["kind"] for o in hook) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
-    job = next(o for o in chart_objects() if o["kind"] == "Job")
+    job = next(o for o in chart_objects() if o["kind"] == "Job" and o["metadata"]["name"] == "gpu-operator-crds")
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[0] == "gpu-operator"
     apply_all(kube, hook)
