@@ -10,7 +10,7 @@ from typing import Any
 from gpu_operator.controllers.nodelabels import STATE_LABELS, has_gpu
 from gpu_operator.statusview.upgrades import NodeUpgrade, node_upgrade
 from gpu_operator.statusview.upgrades import problems as upgrade_problems
-from gpu_operator.vocabulary import DEPLOY_PREFIX, GPU_PRESENT, NO_GPU_NODES
+from gpu_operator.vocabulary import DEPLOY_PREFIX, GPU_PRESENT, NO_GPU_NODES, VM_PASSTHROUGH_CONDITION
 
 # Column order: the states' order in upstream's walk, then anything else alphabetically.
 _ORDER = [label.removeprefix(DEPLOY_PREFIX) for labels in STATE_LABELS.values() for label in labels]
@@ -51,6 +51,7 @@ class PolicySummary:
     reason: str = ""
     message: str = ""
     ignored: tuple[str, ...] = ()  # other ClusterPolicies: only the oldest one is active
+    vm_problem: str = ""  # the VMPassthrough condition when False: "reason: message"
 
 
 @dataclass
@@ -156,8 +157,11 @@ def _policy_summary(policies: list[dict[str, Any]]) -> PolicySummary | None:
     ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     error: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Error"), {})
     failing = error if error.get("status") == "True" else ready
+    vm: dict[str, Any] = next((c for c in status.get("conditions") or []
+                               if c.get("type") == VM_PASSTHROUGH_CONDITION), {})
+    vm_problem = f"{vm.get('reason', '')}: {vm.get('message', '')}" if vm.get("status") == "False" else ""
     return PolicySummary(_name(active), str(status.get("state", "")), str(failing.get("reason", "")),
-                         str(failing.get("message", "")), tuple(_name(p) for p in ordered[1:]))
+                         str(failing.get("message", "")), tuple(_name(p) for p in ordered[1:]), vm_problem)
 
 
 def _order(components: Iterable[str]) -> list[str]:
@@ -232,6 +236,8 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
     if policy is not None and policy.ignored:
         out.append(f"ClusterPolicy {', '.join(policy.ignored)} ignored: only the oldest one "
                    f"({policy.name}) is active")
+    if policy is not None and policy.vm_problem:
+        out.append(f"VM passthrough: {policy.vm_problem}")
     if not view.rows:
         out.append("no GPU node: none carries nvidia.com/gpu.present=true or an NFD pci-10de label")
     out.extend(upgrade_problems([r.upgrade for r in view.rows if r.upgrade is not None]))

@@ -198,3 +198,14 @@ def test_pod_problem_of_a_restarted_validation_is_its_last_failure() -> None:
          "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}},
     ], "conditions": [{"type": "Initialized", "status": "False", "message": "containers with incomplete status"}]}}
     assert pod_problem(pod) == f"driver-validation: running again after exit 1: {message}"
+
+
+def test_a_vm_passthrough_finding_is_a_problem_and_a_synced_list_is_not() -> None:
+    nodes = [node("gpu-a")]
+    ready = policy()
+    ready["status"]["conditions"].append({"type": "VMPassthrough", "status": "False",
+                                          "reason": "HostDriverOnPassthrough", "message": "Node gpu-a: GPU 0000:0a:00.0"})
+    assert build_view(nodes, [], [], [ready]).problems == [
+        "VM passthrough: HostDriverOnPassthrough: Node gpu-a: GPU 0000:0a:00.0"]
+    ready["status"]["conditions"][-1].update(status="True", reason="HostDevicesSynced")
+    assert build_view(nodes, [], [], [ready]).problems == []
