@@ -4,6 +4,7 @@ the operator process's RSS, and reading the apiserver's audit log for one user's
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import urllib.error
 import urllib.request
@@ -52,3 +53,47 @@ def writes_by(control_plane: ControlPlane, user: str = OPERATOR_USER, *,
             continue
         if epoch(event.get("requestReceivedTimestamp", "1970-01-01T00:00:00Z")) >= since:
             yield event
+
+
+class AuditTail:
+    """Reads the audit log incrementally: `new()` returns the write events (ResponseComplete) of
+    `user` appended since the last call, so a test can react to the Nth write within ~20 ms."""
+
+    def __init__(self, control_plane: ControlPlane, user: str = OPERATOR_USER) -> None:
+        self.path, self.user, self.offset, self.partial = control_plane.audit_log, user, 0, ""
+        if self.path.exists():
+            self.offset = self.path.stat().st_size  # only what happens from now on
+
+    def new(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open() as f:
+            f.seek(self.offset)
+            chunk = f.read()
+            self.offset = f.tell()
+        lines = (self.partial + chunk).split("\n")
+        self.partial = lines.pop()  # an unfinished last line waits for the next call
+        events = []
+        for line in lines:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("user", {}).get("username") == self.user and event.get("stage") == "ResponseComplete":
+                events.append(event)
+        return events
+
+
+def category(event: dict[str, Any]) -> str:
+    """What a write of the operator was, for crash points: label (a Node patch), status (the
+    ClusterPolicy's status), pod (a pod deletion or eviction: upgrades), event, or apply."""
+    ref = event.get("objectRef", {})
+    resource, sub = ref.get("resource"), ref.get("subresource", "")
+    if resource == "nodes":
+        return "label"
+    if resource == "clusterpolicies" and sub == "status":
+        return "status"
+    if resource == "pods":
+        return "pod"
+    if resource == "events":
+        return "event"
+    return "apply"
