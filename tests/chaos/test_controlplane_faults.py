@@ -75,7 +75,7 @@ def test_slow_lossy_apiserver_still_converges(
         cluster_policies: Policies, tmp_path: Path) -> None:
     """The operator talks to the apiserver through a proxy that delays every chunk and drops a
     share of new connections: it still reaches Reconciled and labels every node."""
-    count, latency, drops = (100, 0.1, 0.2) if HEAVY else (12, 0.05, 0.1)
+    count, latency, drops = (100, 0.1, 0.2) if HEAVY else (8, 0.05, 0.1)
     names = fake_nodes(f"dgx-h100:{count}")
     port = int(control_plane.server.rsplit(":", 1)[1])
     with FaultProxy("127.0.0.1", port, latency=latency, drop_fraction=drops) as proxy:

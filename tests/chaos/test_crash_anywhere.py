@@ -24,7 +24,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
-from gpu_operator.controllers.operator import OWNED_KINDS
+from gpu_operator.controllers.cache import OWNED_KINDS
 from gpu_operator.controllers.upgrade_state import UPGRADE_DONE
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.controlplane import ControlPlane
@@ -60,13 +60,17 @@ def points(n: int) -> list[Point]:
     return install + upgrade
 
 
+def _prefix(group: str, version: str) -> str:
+    return f"/apis/{group}/{version}" if group else f"/api/{version}"
+
+
 def managed(kube: Client, control_plane: ControlPlane) -> dict[tuple[str, str, str], dict[str, Any]]:
     """Every object with our managed-by label, normalized: no uids, versions, times, status, and
     no ownerReference uid or hash annotation (both differ between two installs by design)."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for group, version, plural in OWNED_KINDS:
-        prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        body = control_plane.request("GET", f"{prefix}/{plural}?labelSelector={MANAGED_SELECTOR}")
+    for owned in OWNED_KINDS:
+        plural = owned.plural
+        body = control_plane.request("GET", f"{_prefix(owned.group, owned.version)}/{plural}?labelSelector={MANAGED_SELECTOR}")
         for item in body["items"]:
             meta = item["metadata"]
             key = (plural, meta.get("namespace", ""), meta["name"])
@@ -167,8 +171,8 @@ def give_work(kube: Client, control_plane: ControlPlane, point: Point, names: li
         strip_labels(kube, names, original)
     elif point.kind == "apply":
         for plural, namespace, name in sorted(managed(kube, control_plane))[: point.nth + 4]:
-            group_version = next((g, v) for g, v, p in OWNED_KINDS if p == plural)
-            prefix = f"/apis/{group_version[0]}/{group_version[1]}" if group_version[0] else "/api/v1"
+            owned = next(k for k in OWNED_KINDS if k.plural == plural)
+            prefix = _prefix(owned.group, owned.version)
             path = f"{prefix}/namespaces/{namespace}/{plural}/{name}" if namespace else f"{prefix}/{plural}/{name}"
             control_plane.request("PATCH", path, {"metadata": {"annotations": {HASH_ANNOTATION: "edited"}}},
                                   content_type="application/merge-patch+json")

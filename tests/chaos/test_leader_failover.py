@@ -122,7 +122,7 @@ def test_a_paused_leader_does_not_write_after_it_resumes(
     cluster_policies({})
     args = ["--leader-lease-renew-deadline=3", "--label-concurrency=1"]  # a lease of 8 s; patches in a row
     port = int(control_plane.server.rsplit(":", 1)[1])
-    with FaultProxy("127.0.0.1", port, latency=0.1) as slow:
+    with FaultProxy("127.0.0.1", port) as slow:
         first = start_operator(leader_elect=True, extra_args=args, kubeconfig=slow.kubeconfig(
             replica_kubeconfig(control_plane, kube, operator_namespace, "replica-a"), tmp_path / "a.kubeconfig"))
         reconciled(kube, context=first.log_text)
@@ -133,7 +133,8 @@ def test_a_paused_leader_does_not_write_after_it_resumes(
         assert first.process is not None
         old = holder(kube, operator_namespace)
         started = time.time()
-        burst = fake_nodes("dgx-h100:20", wait=False)
+        slow.latency = 0.1  # from now on: the install went at full speed, the labelling crawls
+        burst = fake_nodes("dgx-h100:12", wait=False)
 
         def node_patches() -> int:
             return sum(1 for e in writes_by(control_plane, user(operator_namespace, "replica-a"), since=started)

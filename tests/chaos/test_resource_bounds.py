@@ -57,7 +57,7 @@ def settled_rss(operator: OperatorProcess, pid: int) -> int:
 def test_memory_stays_bounded_under_a_10x_burst_of_node_events(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
         record_property: Callable[[str, object], None]) -> None:
-    count, rounds = (200, 10) if HEAVY else (30, 3)
+    count, rounds = (200, 10) if HEAVY else (20, 3)
     names = fake_nodes(f"dgx-h100:{count}")
     operator = start_operator()
     cluster_policies({})

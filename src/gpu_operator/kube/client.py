@@ -75,9 +75,9 @@ class Kube:
     def write(self, verb: str, kind: str) -> None:
         """Every write passes here first: refused without the lease, else counted."""
         if self.fence is not None and not self.fence():
-            raise NotLeading(f"not sending {verb} {kind}: this replica has not renewed the leader Lease "
-                             "within its renew deadline (paused or cut off); it writes again only "
-                             "after renewing, or stops")
+            raise NotLeading(f"not sending {verb} {kind}: this replica's leader Lease may have run out "
+                             "(not renewed in time: paused or cut off); it writes again only after "
+                             "renewing it, or stops if another replica holds it")
         WRITES.labels(verb, kind).inc()
 
     @property
