@@ -38,6 +38,10 @@ Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
 Policies = Callable[..., str]
 NODES = 200 if HEAVY else 24
+# With 24 nodes the labeller's 32 patches in flight finish in one batch, faster than a kill can
+# react; four at a time spreads them so the mid-labelling points land mid-labelling. 200 nodes
+# are labelled in several batches at the default.
+ARGS = [] if HEAVY else ["--label-concurrency=4"]
 # upgrades in one wave, short timeouts: kwok pods have no workloads to wait for
 SPEC = {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 0, "maxUnavailable": "100%",
                                      "podDeletion": {"timeoutSeconds": 4}, "drain": {"enable": False}}}}
@@ -195,7 +199,7 @@ def with_retry(call: Callable[[], object]) -> None:
 def crash_at(point: Point, start_operator: Start, control_plane: ControlPlane, timeout: float = 60.0) -> str:
     """Starts an incarnation and SIGKILLs it at the point; returns what had landed by then."""
     tail = AuditTail(control_plane)
-    operator = start_operator()
+    operator = start_operator(extra_args=ARGS)
     counts: dict[str, int] = {}
     seen: list[str] = []
 
@@ -226,7 +230,7 @@ def test_sigkill_at_20_points_ends_where_an_uninterrupted_run_ends(
 
     # The reference: install, then one driver upgrade, never interrupted.
     began = time.monotonic()
-    operator = start_operator()
+    operator = start_operator(extra_args=ARGS)
     cluster_policies(SPEC)
     wait_for("reference install converged", lambda: converged(kube, names, gpu, None, operator_namespace),
              timeout=settle, interval=1, context=operator.log_text)
@@ -253,14 +257,14 @@ def test_sigkill_at_20_points_ends_where_an_uninterrupted_run_ends(
             give_work(kube, control_plane, point, names, original)
         log.append(crash_at(point, start_operator, control_plane))
     # Converge the install, then start the upgrade and crash through it.
-    operator = start_operator()
+    operator = start_operator(extra_args=ARGS)
     wait_for("install converged after the crashes", lambda: converged(kube, names, gpu, None, operator_namespace),
              timeout=settle, interval=1, context=operator.log_text)
     operator.kill()
     kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": NEXT_DRIVER}}, patch_type=PatchType.MERGE)
     for point in upgrade:
         log.append("upgrade " + crash_at(point, start_operator, control_plane))
-    operator = start_operator()
+    operator = start_operator(extra_args=ARGS)
     wait_for("upgrade converged after the crashes", lambda: converged(kube, names, gpu, NEXT_DRIVER["version"],
                                                                         operator_namespace),
              timeout=settle, interval=1, context=lambda: "\n".join(log) + "\n" + operator.log_text()[-3000:])
