@@ -23,7 +23,7 @@ Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
 Policies = Callable[..., str]
 DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
-OUTAGE_SECONDS = 12  # longer than a full round of the watch retries (0.5+1+1+2+2+2 s)
+OUTAGE_SECONDS = 20  # long enough for an uncapped retry backoff to reach 8-16 s (it did: see docs)
 RECOVERY_LIMIT = 10.0
 
 

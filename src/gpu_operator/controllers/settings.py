@@ -96,9 +96,11 @@ class OperatorSettings:
     watch_connect_timeout: float = 30
     """Connecting for a watch request."""
 
-    watch_backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, cap=30.0))
+    watch_backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.5, cap=2.0))
     """The Node reflector's retries after a failed list or watch request (it resumes from the last
-    resourceVersion it saw; a 410 Gone answer lists again at once)."""
+    resourceVersion it saw; a 410 Gone answer lists again at once). Capped at 2 s, as kopf's
+    watches (`api_error_backoffs`): one request per 2 s during an outage costs nothing, and a
+    longer cap left a returning apiserver unseen for up to the cap (16 s after a 20 s outage)."""
 
     watch_chunk_size: int = 500
     """Objects per page when a watch first lists its kind."""
