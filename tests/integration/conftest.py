@@ -92,4 +92,8 @@ from tests.integration.operator_fixtures import (  # noqa: E402,F401
     operator_namespace,
     start_operator,
 )
-from tests.integration.realnode_fixtures import real_gpu_node, real_node  # noqa: E402,F401
+from tests.integration.realnode_fixtures import (  # noqa: E402,F401
+    real_gpu_node,
+    real_node,
+    real_passthrough_node,
+)

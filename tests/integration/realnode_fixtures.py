@@ -50,16 +50,28 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     assert not [d for d in cgroup_dirs(node.cgroup_name) if d.exists()]
 
 
+def _labelled(node: RealNode, shape: str) -> Iterator[RealNode]:
+    path = f"/api/v1/nodes/{REAL_NODE}"
+    node.admin("PATCH", path, {"metadata": {"labels": node_labels(shape)}}, MERGE)
+    yield node
+    meta = node.admin("GET", path)["metadata"]
+    gpu = {k: None for k in meta.get("labels", {}) if k.startswith(GPU_LABEL_PREFIXES)}
+    notes = {k: None for k in meta.get("annotations", {}) if k.startswith(GPU_LABEL_PREFIXES)}
+    node.admin("PATCH", path, {"metadata": {"labels": gpu, "annotations": notes}}, MERGE)
+
+
 @pytest.fixture
 def real_gpu_node(real_node: RealNode) -> Iterator[RealNode]:
     """The real node labelled as a GPU node of SHAPE for one test (our operands may select it);
-    afterwards every GPU label (the shape's and the operator's) is removed again."""
-    path = f"/api/v1/nodes/{REAL_NODE}"
-    real_node.admin("PATCH", path, {"metadata": {"labels": node_labels(SHAPE)}}, MERGE)
-    yield real_node
-    labels = real_node.admin("GET", path)["metadata"].get("labels", {})
-    gpu = {k: None for k in labels if k.startswith(GPU_LABEL_PREFIXES)}
-    real_node.admin("PATCH", path, {"metadata": {"labels": gpu}}, MERGE)
+    afterwards every GPU label and annotation (the shape's, the operator's, the agents') is
+    removed again. Request it before the operator and policy fixtures: it is undone after them."""
+    yield from _labelled(real_node, SHAPE)
+
+
+@pytest.fixture
+def real_passthrough_node(real_node: RealNode) -> Iterator[RealNode]:
+    """The same, labelled as a vfio-passthrough node (nvidia.com/gpu.workload.config=vm-passthrough)."""
+    yield from _labelled(real_node, "vfio-passthrough")
 
 
 def pod_log(node: RealNode, namespace: str, pod: str, container: str) -> str:

@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
+from gpu_operator.sim import hosttree
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.realspec import policy_spec
-from gpu_operator.vocabulary import VALIDATIONS_DIR
+from gpu_operator.sim.realspec import host_spec, policy_spec
+from gpu_operator.vocabulary import VALIDATIONS_DIR, VFIO_STATE
 from tests.integration.realnode_fixtures import REAL_NODE, pod_log
+from tests.integration.test_vfio_manager_api import node_events
 from tests.support.status import policy_status
 from tests.support.waiting import wait_for
 
@@ -161,5 +163,49 @@ def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_rea
     shown = _status_command(control_plane, ns)
     assert REAL_NODE in shown and "driver-validation" in shown, shown
     assert "".join(message.split())[:120] in "".join(shown.split()), shown
+    assert _forbidden_in_logs(real_node, ns) == []
+    assert _forbidden_in_audit(control_plane, ns) == []
+
+
+def _shared_group_passthrough_tree(root: Path) -> Path:
+    """A vm-passthrough host whose GPUs are on vfio-pci but the first, still on nvidia, shares its
+    IOMMU group with a NIC: the vfio manager must refuse to move it."""
+    spec = host_spec("vfio-passthrough")
+    spec["devices"][0].update(driver="nvidia", iommu_group=10)
+    spec["devices"].append({"address": "0000:40:00.0", "vendor": "8086", "device": "1572", "class": "020000",
+                            "driver": "i40e", "iommu_group": 10})
+    spec["pci_drivers"] = ["vfio-pci", "nvidia", "i40e"]
+    spec["modules"] = [*spec["modules"], "nvidia"]
+    hosttree.build(spec, root)
+    return root
+
+
+def test_the_vfio_manager_daemonset_refuses_a_shared_iommu_group_on_the_real_node(
+        control_plane: ControlPlane, kube: Client, real_passthrough_node: RealNode,
+        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
+        operator_namespace: str, tmp_path: Path) -> None:
+    """The operator's vfio-manager DaemonSet (our image: vfio-manage reconcile) really runs on the
+    real node against the tree (hostPaths.rootFS): the refusal is in its log, on the Node's label
+    and in a Warning Event it writes with its own ServiceAccount."""
+    real_node = real_passthrough_node
+    tree = _shared_group_passthrough_tree(tmp_path / "host")
+    operator = start_operator()
+    cluster_policies(policy_spec(tree, {"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True}}))
+    ns = operator_namespace
+
+    def context() -> str:
+        return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+
+    def vfio_state() -> str:
+        node = kube.get(Node, REAL_NODE)
+        return (node.metadata.labels or {}).get(VFIO_STATE, "") if node.metadata else ""
+
+    wait_for("the real node's vfio state label", vfio_state, until=lambda s: s == "refused", timeout=240,
+             interval=2, context=context)
+    (pod,) = _pods(kube, ns, "nvidia-vfio-manager")
+    log = pod_log(real_node, ns, pod["metadata"]["name"], "nvidia-vfio-manager")
+    assert "refused" in log and "also holds non-NVIDIA devices: 0000:40:00.0" in log, log
+    events = [e for e in node_events(kube, REAL_NODE) if e.reason == "VFIORefused"]
+    assert events and events[-1].type == "Warning" and "0000:40:00.0" in (events[-1].message or ""), events
     assert _forbidden_in_logs(real_node, ns) == []
     assert _forbidden_in_audit(control_plane, ns) == []

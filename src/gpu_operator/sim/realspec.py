@@ -13,9 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# The operands whose image is ours (the validator, the node-status exporter): the only ones the
-# real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
-OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter")
+# The operands whose image is ours (the validator, the node-status exporter, the vfio manager
+# and GPU probe): the only ones the real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
+OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter",
+                      "vfio-manager")  # (and the GPU probe, gated by the same label)
 # The validator and the exporter run the host tree's nvidia-smi directly: a fixture tree has no
 # shell or libc to chroot into (the node-agent tests run them the same way).
 NO_CHROOT = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
