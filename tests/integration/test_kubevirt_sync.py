@@ -52,6 +52,7 @@ PASSTHROUGH = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-pass
 
 @pytest.fixture(scope="module")
 def kubevirt_crd(kube: Client) -> Iterator[None]:
+    wait_for("no KubeVirt CRD left terminating", lambda: not _terminating(kube))
     kube.apply(from_dict(yaml.safe_load(CRD.read_text())), field_manager="tests", force=True)
     wait_for("KubeVirt CRD established", lambda: any(
         c.type == "Established" and c.status == "True"
@@ -59,6 +60,27 @@ def kubevirt_crd(kube: Client) -> Iterator[None]:
     wait_for("kubevirt.io/v1 served", lambda: _served(kube))
     yield
     kube.delete(CustomResourceDefinition, "kubevirts.kubevirt.io")
+    # the next module applies it again: an apply onto a CRD still terminating lands and then vanishes
+    wait_for("KubeVirt CRD deleted", lambda: not _exists(kube))
+
+
+def _exists(kube: Client) -> bool:
+    try:
+        kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io")
+    except ApiError as e:
+        if e.status.code == 404:
+            return False
+        raise
+    return True
+
+
+def _terminating(kube: Client) -> bool:
+    try:
+        return kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").metadata.deletionTimestamp is not None
+    except ApiError as e:
+        if e.status.code == 404:
+            return False
+        raise
 
 
 def _served(kube: Client) -> bool:
