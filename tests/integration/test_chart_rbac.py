@@ -225,7 +225,7 @@ class RecordingProxy:
                                               timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, shutdown_timeout=2.0)  # open watches: do not wait 60 s for them
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
