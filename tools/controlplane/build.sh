@@ -59,7 +59,7 @@ fi
 
 if [ ! -x "$out/bin/kube" ]; then
   minor=$(echo "$KUBE_VERSION" | cut -d. -f2)
-  step "building kube-apiserver/controller-manager/scheduler/kubelet $KUBE_VERSION (cold: tens of minutes on 2 cores)"
+  step "building kube-apiserver/controller-manager/scheduler/kubelet $KUBE_VERSION (cold: ~4-6 min on 2 cores)"
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
   (cd "$here/kube" && go build -trimpath -ldflags "$ldflags" -o "$out/bin/kube.tmp" .) && mv "$out/bin/kube.tmp" "$out/bin/kube"
 fi
