@@ -101,6 +101,8 @@ UPGRADE_STATE_SINCE_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-state-since"
 UPGRADE_POD_DELETION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-pod-deletion-start-time"
 UPGRADE_DRAIN_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-drain-start-time"
 UPGRADE_PAUSED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-paused"
+# Every annotation above begins with it.
+UPGRADE_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-driver-upgrade"
 UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
 CONTROLLER_REVISION_HASH = "controller-revision-hash"
 

@@ -16,6 +16,7 @@ from gpu_operator.vocabulary import (
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,
     STATE_LABEL,
+    UPGRADE_ANNOTATION_PREFIX,
     UPGRADE_ENABLED_ANNOTATION,
 )
 
@@ -23,6 +24,11 @@ UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 # What the node labeller and the KubeVirt sync read: the upgrade switch, a mixed node's passthrough
 # list, the probe's published GPU facts.
 KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION)
+
+
+def kept_annotation(key: str) -> bool:
+    """One of KEPT_ANNOTATIONS, or one the driver upgrade state machine reads and writes."""
+    return key in KEPT_ANNOTATIONS or key.startswith(UPGRADE_ANNOTATION_PREFIX)
 
 
 class OwnedKind(NamedTuple):
@@ -69,6 +75,10 @@ class NodeView:
     # Every label, for NVIDIADriver nodeSelectors (which may use any key); `labels` above is the
     # part the renderer and the labeller read.
     selectable: dict[str, str] = field(default_factory=dict)
+    # What the driver upgrade controller reads besides labels: cordoned, Ready, and its own
+    # annotations (kept in `annotations` too, see `kept_annotation`).
+    unschedulable: bool = False
+    ready: bool = False
 
     @classmethod
     def of(cls, body: Any) -> NodeView:
@@ -79,10 +89,13 @@ class NodeView:
         return cls(
             name=meta["name"],
             labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
-            annotations={k: annotations[k] for k in KEPT_ANNOTATIONS if k in annotations},
+            annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
             runtime=info.get("containerRuntimeVersion", ""),
             kernel=info.get("kernelVersion", ""),
             selectable=dict(labels),
+            unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
+            ready=any(c.get("type") == "Ready" and c.get("status") == "True"
+                      for c in (body.get("status") or {}).get("conditions") or []),
         )
 
     @property

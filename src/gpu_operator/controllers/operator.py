@@ -104,12 +104,12 @@ class Operator:
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
         self.drivers = NVIDIADriverReconciler(kube, self.settings)
-        self.upgrades = UpgradeController(kube, namespace, self.settings)
+        self.upgrades = UpgradeController(kube, namespace, lambda: self.nodes.views.values(), self.settings)
         self.label_policy: LabelPolicy | None = None
         self.label_drivers: dict[str, NodeDriver] | None = None
         self._label_source: PolicyView | None = None
         # What the upgrade state machine reads of a node's labels and our annotations, per node.
-        self._upgrade_facts: dict[str, tuple[str | None, str | None, tuple[tuple[str, str], ...]]] = {}
+        self._upgrade_facts: dict[str, tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]] = {}
         self._label_spec_policy: LabelPolicy | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
@@ -227,7 +227,8 @@ class Operator:
             self.loops.policy_kick.set()
             self.loops.upgrade_kick.set()
             return
-        facts = (view.labels.get(UPGRADE_STATE), view.labels.get(UPGRADE_SKIP), tuple(sorted(view.annotations.items())))
+        facts = (view.labels.get(UPGRADE_STATE), view.labels.get(UPGRADE_SKIP), tuple(sorted(view.annotations.items())),
+                 view.unschedulable, view.ready)
         self._upgrade_facts[name] = facts
         loops = self.loops
         loops.dirty_nodes.add(name)

@@ -41,14 +41,25 @@ class _NodeInfo(msgspec.Struct):
     containerRuntimeVersion: str = ""
 
 
+class _Condition(msgspec.Struct):
+    type: str = ""
+    status: str = ""  # heartbeat times are skipped: a heartbeat changes no view
+
+
 class _Status(msgspec.Struct):
     nodeInfo: _NodeInfo | None = None
+    conditions: list[_Condition] | None = None
+
+
+class _Spec(msgspec.Struct):
+    unschedulable: bool = False
 
 
 class SlimNode(msgspec.Struct):
     """The part of a Node the decoder builds; every other field is skipped."""
 
     metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec | None = None
     status: _Status | None = None
 
 
@@ -93,10 +104,15 @@ def view_of(node: SlimNode) -> NodeView:
     the slim body (label strings interned first)."""
     meta = node.metadata
     info = node.status.nodeInfo if node.status is not None else None
+    conditions = (node.status.conditions if node.status is not None else None) or []
+    status: dict[str, Any] = {"conditions": [{"type": c.type, "status": c.status} for c in conditions]}
+    if info:
+        status["nodeInfo"] = {"containerRuntimeVersion": sys.intern(info.containerRuntimeVersion),
+                              "kernelVersion": sys.intern(info.kernelVersion)}
     body = {"metadata": {"name": meta.name, "labels": _interned(meta.labels or {}),
                          "annotations": meta.annotations or {}},
-            "status": {"nodeInfo": {"containerRuntimeVersion": sys.intern(info.containerRuntimeVersion),
-                                    "kernelVersion": sys.intern(info.kernelVersion)} if info else {}}}
+            "spec": {"unschedulable": node.spec.unschedulable if node.spec else False},
+            "status": status}
     return NodeView.of(body)
 
 

@@ -49,6 +49,14 @@ class OperatorSettings:
     upgrade_idle_requeue: float = 120.0
     """Between two driver-upgrade passes while no upgrade is under way (upstream: 2 minutes)."""
 
+    upgrade_view_wait: float = 0.5
+    """A driver-upgrade pass whose node views do not show its own last patches yet (the Node watch
+    lags) waits this long and looks again before planning."""
+
+    upgrade_view_lag_limit: float = 30.0
+    """How long a pass waits for the Node watch to show its patches before it plans anyway (and
+    logs that the watch lags)."""
+
     upgrade_concurrency: int = 32
     """Pod evictions and deletions in flight at once during driver upgrades."""
 

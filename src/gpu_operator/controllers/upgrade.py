@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,7 @@ from prometheus_client import Gauge
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
@@ -137,14 +138,51 @@ def node_patch(step: us.Step) -> dict[str, Any]:
 POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQUIRED)
 
 
+def reflects(view: NodeView, patch: Mapping[str, Any]) -> bool:
+    """Whether a node's view shows a merge patch we sent (labels, annotations, cordon)."""
+    meta = patch.get("metadata") or {}
+    for current, wanted in ((view.selectable, meta.get("labels") or {}),
+                            (view.annotations, meta.get("annotations") or {})):
+        if any(current.get(k) != v for k, v in wanted.items()):
+            return False
+    cordon = (patch.get("spec") or {}).get("unschedulable")
+    return cordon is None or view.unschedulable == cordon
+
+
 class UpgradeController:
-    def __init__(self, kube: Kube, namespace: str, settings: OperatorSettings | None = None) -> None:
+    """Nodes come from the operator's Node reflector (`nodes()`), not from a list per pass. A pass
+    plans only once the reflector shows every node patch the previous passes sent: planning on a
+    view older than our own writes could start more than maxParallelUpgrades nodes or repeat a step."""
+
+    def __init__(self, kube: Kube, namespace: str, nodes: Callable[[], Iterable[NodeView]],
+                 settings: OperatorSettings | None = None) -> None:
         self.kube = kube
         self.namespace = namespace
+        self.nodes = nodes
         self.settings = settings or OperatorSettings()
         concurrency = self.settings.upgrade_concurrency
         self.blocked: dict[tuple[str, str], str] = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
         self.gate = asyncio.Semaphore(concurrency)
+        self.sent: dict[str, dict[str, Any]] = {}  # node -> its last patch the reflector has not shown yet
+        self.waiting_since: float | None = None
+
+    def caught_up(self, views: Mapping[str, NodeView]) -> bool:
+        """Drops the sent patches the views show (or whose node is gone); True when none is left,
+        or when the watch has lagged for `upgrade_view_lag_limit` seconds (then planning goes on
+        with what it has, and says so)."""
+        self.sent = {n: p for n, p in self.sent.items() if n in views and not reflects(views[n], p)}
+        if not self.sent:
+            self.waiting_since = None
+            return True
+        now = time.monotonic()
+        self.waiting_since = self.waiting_since or now
+        if now - self.waiting_since < self.settings.upgrade_view_lag_limit:
+            return False
+        log.warning("the Node watch has not shown %d of our upgrade patches for %.0f s (e.g. node %s); "
+                    "planning anyway", len(self.sent), now - self.waiting_since, next(iter(self.sent)))
+        self.sent.clear()
+        self.waiting_since = None
+        return True
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
         # Label selectors from the policy are strings (`app=job,tier!=x`): passed to the
@@ -167,14 +205,15 @@ class UpgradeController:
         if owner is None:
             return self.settings.upgrade_idle_requeue
         ns = self.namespace
+        views = {v.name: v for v in self.nodes()}
+        if not self.caught_up(views):
+            return self.settings.upgrade_view_wait
         if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
-            nodes = await self._get("/api/v1/nodes", {"labelSelector": UPGRADE_STATE})
-            result = us.plan([us.NodeFacts(n["metadata"]["name"], labels=n["metadata"].get("labels") or {})
-                              for n in nodes], owner.policy, time.time())
+            result = us.plan([us.NodeFacts(v.name, labels=v.selectable)
+                              for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, time.time())
             await self._execute(result.steps, {})
             record(result.counts)
             return self.settings.upgrade_idle_requeue
-        nodes = await self._get("/api/v1/nodes")
         dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
         daemonsets = {d["metadata"]["uid"]: d for d in dss
                       if any(r.get("uid") == owner.owner_uid for r in d["metadata"].get("ownerReferences") or [])}
@@ -197,8 +236,8 @@ class UpgradeController:
                      for c in (pod.get("status") or {}).get("conditions") or [])
             if node:
                 validators_ready[node] = validators_ready.get(node, True) and ok
-        facts_list = await asyncio.gather(*(self._node_facts(n, by_node, validators_ready, owner.policy)
-                                            for n in nodes))
+        facts_list = await asyncio.gather(*(self._node_facts(v, by_node, validators_ready, owner.policy)
+                                            for v in views.values()))
         managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
         result = us.plan(managed, owner.policy, time.time(), paused=owner.paused)
         await self._execute(result.steps, {f.name: f for f in managed})
@@ -207,19 +246,14 @@ class UpgradeController:
             s.state is not None for s in result.steps)
         return self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue
 
-    async def _node_facts(self, node: Mapping[str, Any], drivers: Mapping[str, us.DriverPod],
+    async def _node_facts(self, node: NodeView, drivers: Mapping[str, us.DriverPod],
                           validators: Mapping[str, bool], policy: us.Policy) -> us.NodeFacts:
-        meta = node.get("metadata") or {}
-        name = meta.get("name", "")
-        labels = meta.get("labels") or {}
-        conditions = (node.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
         pods: tuple[us.PodFacts, ...] = ()
-        if labels.get(UPGRADE_STATE) in POD_STATES:
-            pods = await self._pods_on(name, policy)
-        return us.NodeFacts(name, labels=labels, annotations=meta.get("annotations") or {},
-                            unschedulable=bool((node.get("spec") or {}).get("unschedulable")), ready=ready,
-                            driver=drivers.get(name), pods=pods, validators_ready=validators.get(name))
+        if node.selectable.get(UPGRADE_STATE) in POD_STATES:
+            pods = await self._pods_on(node.name, policy)
+        return us.NodeFacts(node.name, labels=node.selectable, annotations=node.annotations,
+                            unschedulable=node.unschedulable, ready=node.ready,
+                            driver=drivers.get(node.name), pods=pods, validators_ready=validators.get(node.name))
 
     async def _pods_on(self, node: str, policy: us.Policy) -> tuple[us.PodFacts, ...]:
         field = {"fieldSelector": f"spec.nodeName={node}"}
@@ -244,6 +278,7 @@ class UpgradeController:
                 patch = node_patch(step)
                 if patch != {"metadata": {}}:
                     await self.kube.merge_patch("v1", "Node", step.node, patch)
+                    self.sent[step.node] = patch
                 for pod in step.evict:
                     await self._evict(pod)
                 if step.delete_driver_pod and node is not None and node.driver is not None:

@@ -154,3 +154,24 @@ def test_the_view_keeps_what_the_controllers_read() -> None:
     assert view.annotations == {"nvidia.com/gpu-driver-upgrade-enabled": "true"}
     assert view.kernel == "6.8" and view.runtime == "containerd://2.1"
     assert view.selectable["team"] == "x" and "team" not in view.labels
+
+
+def test_the_view_carries_what_the_upgrade_controller_reads() -> None:
+    """Cordon, Ready and the upgrade state machine's own annotations; a heartbeat changes nothing."""
+    import msgspec
+
+    from gpu_operator.controllers.reflector import SlimNode
+
+    body = node("a", "1")
+    body["spec"] = {"unschedulable": True, "podCIDR": "10.0.0.0/24"}
+    body["metadata"]["annotations"]["nvidia.com/gpu-driver-upgrade-drain-start-time"] = "1700000000"
+    body["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t0"}]
+    view = view_of(msgspec.json.decode(json.dumps(body), type=SlimNode))
+    assert view == NodeView.of(body)
+    assert view.unschedulable and view.ready
+    assert view.annotations["nvidia.com/gpu-driver-upgrade-drain-start-time"] == "1700000000"
+    assert "other" not in view.annotations
+    body["status"]["conditions"][0]["lastHeartbeatTime"] = "t1"
+    assert view_of(msgspec.json.decode(json.dumps(body), type=SlimNode)) == view
+    body["status"]["conditions"][0]["status"] = "False"
+    assert not view_of(msgspec.json.decode(json.dumps(body), type=SlimNode)).ready

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpu_operator.controllers import upgrade
 from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
 from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_PAUSED_ANNOTATION, UPGRADE_STATE
 
 DS_UID = "ds-1"
@@ -77,3 +81,32 @@ def test_clusterpolicy_owner() -> None:
     assert sandbox is not None and not sandbox.policy.auto_upgrade
     # A spec the api model rejects owns nothing (its status names the field).
     assert upgrade.clusterpolicy_owner({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}}) is None
+
+
+def _view(name: str, state: str | None = None, *, cordoned: bool = False,
+          notes: dict[str, str] | None = None) -> NodeView:
+    labels = {UPGRADE_STATE: state} if state else {}
+    return NodeView.of({"metadata": {"name": name, "labels": labels, "annotations": notes or {}},
+                        "spec": {"unschedulable": cordoned}})
+
+
+def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
+    """Planning on views older than our own writes could start more nodes than maxParallelUpgrades
+    or send a step twice: the controller waits for the views, and after the lag limit goes on."""
+    controller = UpgradeController(None, "ns", lambda: [], OperatorSettings(upgrade_view_lag_limit=0.2))  # type: ignore[arg-type]
+    step = us.Step("a", state=us.CORDON_REQUIRED, annotations={"nvidia.com/gpu-driver-upgrade-state-since": "5"})
+    controller.sent["a"] = node_patch(step)
+    controller.sent["gone"] = node_patch(step)
+    assert not controller.caught_up({"a": _view("a", us.UPGRADE_REQUIRED)})
+    assert list(controller.sent) == ["a"]  # a node that is gone is not waited for
+    assert not controller.caught_up({"a": _view("a", us.CORDON_REQUIRED)})  # the annotation is not there yet
+    assert controller.caught_up({"a": _view("a", us.CORDON_REQUIRED, notes={"nvidia.com/gpu-driver-upgrade-state-since": "5"})})
+    assert controller.sent == {}
+
+    controller.sent["a"] = node_patch(us.Step("a", cordon=True))
+    assert not reflects(_view("a"), controller.sent["a"]) and reflects(_view("a", cordoned=True), controller.sent["a"])
+    removal = node_patch(us.Step("a", remove_state=True))
+    assert reflects(_view("a"), removal) and not reflects(_view("a", us.UPGRADE_DONE), removal)
+    assert not controller.caught_up({"a": _view("a")})
+    time.sleep(0.25)
+    assert controller.caught_up({"a": _view("a")})  # the watch lagged past the limit: plan anyway
