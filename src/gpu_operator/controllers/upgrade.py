@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pydantic
 from prometheus_client import Gauge
 
@@ -39,6 +40,67 @@ DONE = Gauge("gpu_operator_nodes_upgrades_done", "Nodes on which the driver upgr
 FAILED = Gauge("gpu_operator_nodes_upgrades_failed", "Nodes on which the driver upgrade failed")
 AVAILABLE = Gauge("gpu_operator_nodes_upgrades_available", "Upgrade slots available")
 PENDING = Gauge("gpu_operator_nodes_upgrades_pending", "Nodes waiting for a driver upgrade")
+
+
+class _Env(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    value: str | None = None
+
+
+class _Container(msgspec.Struct, omit_defaults=True):
+    env: list[_Env] | None = None
+
+
+class _OwnerRef(msgspec.Struct, omit_defaults=True):
+    kind: str = ""
+    uid: str = ""
+    controller: bool | None = None
+
+
+class _PodMeta(msgspec.Struct, omit_defaults=True):
+    name: str = ""
+    namespace: str = ""
+    labels: dict[str, str] | None = None
+    ownerReferences: list[_OwnerRef] | None = None
+    deletionTimestamp: str | None = None
+
+
+class _PodSpec(msgspec.Struct, omit_defaults=True):
+    nodeName: str | None = None
+    containers: list[_Container] | None = None
+    initContainers: list[_Container] | None = None
+
+
+class _ContainerStatus(msgspec.Struct, omit_defaults=True):
+    ready: bool = False
+    restartCount: int = 0
+
+
+class _Condition(msgspec.Struct, omit_defaults=True):
+    type: str = ""
+    status: str = ""
+
+
+class _PodStatus(msgspec.Struct, omit_defaults=True):
+    phase: str = ""
+    containerStatuses: list[_ContainerStatus] | None = None
+    conditions: list[_Condition] | None = None
+
+
+class SlimPod(msgspec.Struct, omit_defaults=True):
+    """What `driver_pod_facts` and the validator check read of a pod; the decoder skips the rest."""
+
+    metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
+    spec: _PodSpec | None = None
+    status: _PodStatus | None = None
+
+
+class _PodList(msgspec.Struct):
+    items: list[SlimPod] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+_decode_pods = msgspec.json.Decoder(_PodList).decode
 
 
 def record(counts: us.Counts) -> None:
@@ -184,18 +246,27 @@ class UpgradeController:
         self.waiting_since = None
         return True
 
-    async def _get(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    async def _get(self, path: str, params: Mapping[str, str] | None = None, *,
+                   slim: bool = False) -> list[dict[str, Any]]:
+        """Every item of a list, page by page. `slim`: pods decoded as `SlimPod` (driver and
+        validator pods, one per node: their whole bodies would be most of a pass's cost)."""
         # Label selectors from the policy are strings (`app=job,tier!=x`): passed to the
         # apiserver as they are, so it does the matching.
         http = self.kube.http
         items: list[dict[str, Any]] = []
-        query = dict(params or {})
+        query = {"limit": "500", **(params or {})}
         while True:
             response = await http.get(path, params=query)
             response.raise_for_status()
-            body = response.json()
-            items.extend(body.get("items") or [])
-            cont = (body.get("metadata") or {}).get("continue")
+            if slim:
+                page = _decode_pods(response.content)
+                items.extend(msgspec.to_builtins(p) for p in page.items or [])
+                meta = page.metadata or {}
+            else:
+                body = response.json()
+                items.extend(body.get("items") or [])
+                meta = body.get("metadata") or {}
+            cont = meta.get("continue")
             if not cont:
                 return items
             query["continue"] = cont
@@ -221,8 +292,8 @@ class UpgradeController:
         latest = {uid: us.latest_revision_hash(
             r for r in revisions if any(o.get("uid") == uid for o in r["metadata"].get("ownerReferences") or []))
             for uid in daemonsets}
-        driver_pods = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": DRIVER_POD_SELECTOR})
-        validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR})
+        driver_pods = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": DRIVER_POD_SELECTOR}, slim=True)
+        validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR}, slim=True)
         by_node: dict[str, us.DriverPod] = {}
         for pod in driver_pods:
             node = (pod.get("spec") or {}).get("nodeName")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
+
+import msgspec
 
 from gpu_operator.controllers import upgrade
 from gpu_operator.controllers import upgrade_state as us
@@ -110,3 +113,25 @@ def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     assert not controller.caught_up({"a": _view("a")})
     time.sleep(0.25)
     assert controller.caught_up({"a": _view("a")})  # the watch lagged past the limit: plan anyway
+
+
+def _slim(pod: dict[str, Any]) -> dict[str, Any]:
+    page = {"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": [pod]}
+    (item,) = upgrade._decode_pods(json.dumps(page).encode()).items or []
+    result: dict[str, Any] = msgspec.to_builtins(item)
+    return result
+
+
+def test_a_slim_decoded_pod_gives_the_same_facts_as_its_whole_body() -> None:
+    daemonsets, latest = {DS_UID: ds()}, {DS_UID: "new"}
+    pods = [driver_pod("new"), driver_pod("old"), driver_pod("old", digest="222"), driver_pod("new", owned=False),
+            driver_pod(containerStatuses=[{"ready": False, "restartCount": 12, "image": "x", "state": {}}]),
+            {**driver_pod(), "metadata": {**driver_pod()["metadata"], "deletionTimestamp": "2026-11-23T00:00:00Z"}}]
+    for pod in pods:
+        pod = {**pod, "spec": {**pod["spec"], "nodeName": "n1", "volumes": [{"name": "v", "hostPath": {}}]}}
+        assert upgrade.driver_pod_facts(_slim(pod), daemonsets, latest) == upgrade.driver_pod_facts(
+            pod, daemonsets, latest)
+        assert _slim(pod)["spec"]["nodeName"] == "n1" and "volumes" not in _slim(pod)["spec"]
+    validator = {"metadata": {"name": "v"}, "spec": {"nodeName": "n1"},
+                 "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t"}]}}
+    assert _slim(validator)["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
