@@ -293,7 +293,11 @@ class UpgradeController:
             r for r in revisions if any(o.get("uid") == uid for o in r["metadata"].get("ownerReferences") or []))
             for uid in daemonsets}
         driver_pods = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": DRIVER_POD_SELECTOR}, slim=True)
-        validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR}, slim=True)
+        validators: list[dict[str, Any]] = []
+        if any(v.selectable.get(UPGRADE_STATE) == us.VALIDATION_REQUIRED for v in views.values()):
+            # only that state reads them: no list of one pod per node on the other passes
+            validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR},
+                                         slim=True)
         by_node: dict[str, us.DriverPod] = {}
         for pod in driver_pods:
             node = (pod.get("spec") or {}).get("nodeName")

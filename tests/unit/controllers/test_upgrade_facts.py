@@ -135,3 +135,31 @@ def test_a_slim_decoded_pod_gives_the_same_facts_as_its_whole_body() -> None:
     validator = {"metadata": {"name": "v"}, "spec": {"nodeName": "n1"},
                  "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t"}]}}
     assert _slim(validator)["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+
+
+def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required() -> None:
+    import asyncio
+    import types
+
+    import httpx2
+
+    asked: list[str] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        asked.append(request.url.params.get("labelSelector", request.url.path))
+        return httpx2.Response(200, json={"kind": "List", "metadata": {}, "items": []})
+
+    async def one_pass(views: list[NodeView]) -> None:
+        http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
+        kube = types.SimpleNamespace(http=http)
+        controller = UpgradeController(kube, "ops", lambda: views)  # type: ignore[arg-type]
+        policy = us.Policy.of(upgrade.ClusterPolicySpec.model_validate(
+            {"driver": {"upgradePolicy": {"autoUpgrade": True}}}).driver_upgrade_policy())
+        await controller.reconcile(upgrade.Owner("cp", policy, False, "uid"))
+        await http.aclose()
+
+    asyncio.run(one_pass([_view("a", us.POD_RESTART_REQUIRED), _view("b", us.UPGRADE_DONE), _view("c")]))
+    assert upgrade.DRIVER_POD_SELECTOR in asked and upgrade.VALIDATOR_SELECTOR not in asked
+    asked.clear()
+    asyncio.run(one_pass([_view("a", us.VALIDATION_REQUIRED), _view("b")]))
+    assert upgrade.DRIVER_POD_SELECTOR in asked and upgrade.VALIDATOR_SELECTOR in asked
