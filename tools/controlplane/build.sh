@@ -21,6 +21,14 @@ root=${GPU_OPERATOR_CP_CACHE:-$HOME/.cache/gpu-operator}
 out="$root/controlplane/${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}-$key"
 mkdir -p "$out/bin"
 
+# One build per cache directory at a time: two checkouts (or a test run and a setup) building
+# at once would both write the same temporary outputs. The second waits, then reuses.
+exec 9>"$out/.build.lock"
+if ! flock -n 9; then
+  echo "controlplane: another build of $out is running; waiting for it" >&2
+  flock 9
+fi
+
 if [ -x "$out/bin/kube" ] && [ -x "$out/bin/pause" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ]; then
   echo "controlplane: reusing $out" >&2
   echo "$out"; exit 0
