@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpu_operator.controllers import nodelabels
+from gpu_operator.render.facts import NodeFacts
 from gpu_operator.vocabulary import (
     COMPONENT,
     GPU_PRESENT,
@@ -106,14 +108,11 @@ class NodeView:
     def gpu_present(self) -> bool:
         return self.labels.get(GPU_PRESENT) == "true"
 
-    def as_node(self) -> dict[str, Any]:
-        """A minimal Node dict, the input the renderer's cluster facts are built from."""
-        return {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": self.name, "labels": dict(self.labels)},
-            "status": {"nodeInfo": {"containerRuntimeVersion": self.runtime,
-                                    "kernelVersion": self.kernel}},
-        }
+    @functools.cached_property
+    def facts(self) -> NodeFacts:
+        """The renderer's facts of this node, built once per view: a view is replaced, not
+        changed, when the node changes, and every reconcile reads the facts of every node."""
+        return NodeFacts(self.name, self.labels, runtime_version=self.runtime, kernel_version=self.kernel)
 
 
 @dataclass(frozen=True)

@@ -113,8 +113,8 @@ class ClusterPolicyReconciler:
 
         try:
             policy = ClusterPolicy.model_validate(active.body)
-            facts = ClusterFacts.from_nodes(
-                [n.as_node() for n in snap.nodes], namespace=snap.namespace,
+            facts = ClusterFacts.of(
+                [n.facts for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=operator_env(os.environ),
                 servicemonitor_crd=snap.servicemonitor_crd,
                 configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))

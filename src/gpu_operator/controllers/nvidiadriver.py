@@ -173,8 +173,8 @@ class NVIDIADriverReconciler:
             base = ClusterPolicy.model_validate(active.body)
         except pydantic.ValidationError:
             base = None  # the ClusterPolicy reports its own error; drivers render on defaults
-        facts = ClusterFacts.from_nodes([n.as_node() for n in snap.nodes], namespace=snap.namespace,
-                                        k8s_version=snap.k8s_version, operator_env=operator_env(os.environ))
+        facts = ClusterFacts.of([n.facts for n in snap.nodes], namespace=snap.namespace,
+                                k8s_version=snap.k8s_version, operator_env=operator_env(os.environ))
         for name, nvd in sorted(drivers.items()):
             report = ReconcileReport()
             out.reports[name] = report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,15 @@ class NodeFacts:
     @property
     def kernel(self) -> str:
         return self.labels.get(KERNEL_FULL, "") or self.kernel_version
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> NodeFacts:
+        """From a Node object (a dict as the API returns it)."""
+        meta = node.get("metadata") or {}
+        info = (node.get("status") or {}).get("nodeInfo") or {}
+        return cls(name=str(meta.get("name", "")), labels=dict(meta.get("labels") or {}),
+                   runtime_version=str(info.get("containerRuntimeVersion", "")),
+                   kernel_version=str(info.get("kernelVersion", "")))
 
 
 def runtime_of(nodes: list[NodeFacts], openshift: bool) -> str:
@@ -110,7 +119,8 @@ _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 @dataclass(frozen=True)
 class ClusterFacts:
-    """Everything the renderer knows about the cluster; build it with :meth:`from_nodes`."""
+    """Everything the renderer knows about the cluster; build it with :meth:`of` (node facts) or
+    :meth:`from_nodes` (Node objects)."""
 
     nodes: tuple[NodeFacts, ...]
     namespace: str = "gpu-operator"
@@ -124,9 +134,14 @@ class ClusterFacts:
     configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
-    def from_nodes(
+    def from_nodes(cls, node_dicts: list[dict[str, Any]], **kwargs: Any) -> ClusterFacts:
+        """From Node objects (dicts as the API returns them); keywords as :meth:`of`."""
+        return cls.of([NodeFacts.of(node) for node in node_dicts], **kwargs)
+
+    @classmethod
+    def of(
         cls,
-        node_dicts: list[dict[str, Any]],
+        node_facts: Iterable[NodeFacts],
         *,
         namespace: str = "gpu-operator",
         k8s_version: str = "1.36.0",
@@ -138,15 +153,7 @@ class ClusterFacts:
     ) -> ClusterFacts:
         if not _VERSION.match(k8s_version):
             raise RenderError("k8s_version", f"{k8s_version!r} is not a version: use e.g. 1.36.3")
-        nodes = tuple(
-            NodeFacts(
-                name=str(node.get("metadata", {}).get("name", "")),
-                labels=dict(node.get("metadata", {}).get("labels") or {}),
-                runtime_version=str(node.get("status", {}).get("nodeInfo", {}).get("containerRuntimeVersion", "")),
-                kernel_version=str(node.get("status", {}).get("nodeInfo", {}).get("kernelVersion", "")),
-            )
-            for node in node_dicts
-        )
+        nodes = tuple(node_facts)
         return cls(
             nodes=nodes,
             namespace=namespace,

@@ -54,7 +54,8 @@ def test_node_view_keeps_only_relevant_labels() -> None:
         "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://1.7", "kernelVersion": "6.8"}}})
     assert set(view.labels) == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
     assert view.gpu_present and view.has_nfd
-    assert view.as_node()["status"]["nodeInfo"]["containerRuntimeVersion"] == "containerd://1.7"
+    assert view.facts.runtime_version == "containerd://1.7" and view.facts.kernel == "6.8"
+    assert view.facts is view.facts and view.facts.gpu  # built once per view
 
 
 def test_validation_message_names_the_field() -> None:
