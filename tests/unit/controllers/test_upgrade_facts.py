@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers import upgrade
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView
@@ -153,7 +154,7 @@ def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required()
         http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
         kube = types.SimpleNamespace(http=http)
         controller = UpgradeController(kube, "ops", lambda: views)  # type: ignore[arg-type]
-        policy = us.Policy.of(upgrade.ClusterPolicySpec.model_validate(
+        policy = us.Policy.of(ClusterPolicySpec.model_validate(
             {"driver": {"upgradePolicy": {"autoUpgrade": True}}}).driver_upgrade_policy())
         await controller.reconcile(upgrade.Owner("cp", policy, False, "uid"))
         await http.aclose()
