@@ -165,7 +165,7 @@ def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: N
                   change_labels: dict[str, str | None], change_annotations: dict[str, str | None]) -> None:
     """Owner label, upgrade-enabled annotation per owner, and the migration rule: a node whose
     driver pod was orphaned by the switch to NVIDIADrivers is marked upgrade-required, so the
-    upgrade controller replaces that pod with the owner's."""
+    upgrade controller replaces that pod with the owner's (when the owner's autoUpgrade is on)."""
     if driver.conflict:
         return
     if driver.owner is None:
@@ -181,7 +181,8 @@ def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: N
             change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
     elif UPGRADE_ENABLED_ANNOTATION in annotations:
         change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
-    if driver.orphaned_driver_pod and labels.get(UPGRADE_STATE, "") in ("", "upgrade-done"):
+    if driver.auto_upgrade and driver.orphaned_driver_pod and labels.get(UPGRADE_STATE, "") in ("", "upgrade-done"):
+        # (with autoUpgrade off the upgrade controller removes state labels: no label fight)
         change_labels[UPGRADE_STATE] = UPGRADE_REQUIRED
 
 

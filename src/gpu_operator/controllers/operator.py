@@ -34,7 +34,8 @@ from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverRe
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.upgrade import UpgradeController, clusterpolicy_owner
+from gpu_operator.controllers.upgrade import UpgradeController
+from gpu_operator.controllers.upgrade_owners import upgrade_owners
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
     MANAGED_BY,
@@ -334,7 +335,8 @@ class Operator:
             pause = max(self.settings.coalesce, 2 * (time.monotonic() - started))  # as the ClusterPolicy loop
 
     async def upgrade_loop(self) -> None:
-        """Driver upgrades (controllers/upgrade.py) for the ClusterPolicy's driver pods."""
+        """Driver upgrades (controllers/upgrade.py): one pass runs the state machine for the
+        ClusterPolicy, or for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py)."""
         await self.loops.ready()
         requeue: float | None = None
         failures = 0
@@ -345,13 +347,9 @@ class Operator:
             await asyncio.sleep(pause)
             self.loops.upgrade_kick.clear()
             started = time.monotonic()
-            active = active_policy(self.policy_views())
-            owner = None  # with NVIDIADrivers in use, each CR owns its driver pods (not handled here)
-            if (active is not None and (labels := LabelPolicy.from_spec(active.body.get("spec") or {}))
-                    and not labels.use_nvidia_driver_crd):
-                owner = clusterpolicy_owner(active.body)
+            owners = upgrade_owners(active_policy(self.policy_views()), self.driver_views(), self.node_views())
             try:
-                requeue = await self.upgrades.reconcile(owner)
+                requeue = await self.upgrades.reconcile(owners)
             except Exception:  # keep serving: the next kick or the backoff retries
                 failures += 1
                 requeue = self.settings.reconcile_backoff.delay(failures)

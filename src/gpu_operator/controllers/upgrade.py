@@ -9,23 +9,21 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import pydantic
 from prometheus_client import Gauge
 
-from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.upgrade_owners import Owner
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     UPGRADE_DRAIN_SKIP_POD_LABEL,
     UPGRADE_EVENT_REASON,
-    UPGRADE_PAUSED_ANNOTATION,
     UPGRADE_STATE,
 )
 
@@ -111,33 +109,6 @@ def record(counts: us.Counts) -> None:
     PENDING.set(counts.pending)
 
 
-@dataclass(frozen=True)
-class Owner:
-    """Whose upgradePolicy applies to which driver pods: the ClusterPolicy, or one NVIDIADriver."""
-
-    name: str
-    policy: us.Policy
-    paused: bool
-    owner_uid: str  # driver DaemonSets owned by this object are the ones considered
-
-
-def owner_of(body: Mapping[str, Any], policy: us.Policy) -> Owner:
-    meta = body.get("metadata") or {}
-    paused = (meta.get("annotations") or {}).get(UPGRADE_PAUSED_ANNOTATION) == "true"
-    return Owner(meta.get("name", ""), policy, paused, meta.get("uid", ""))
-
-
-def clusterpolicy_owner(body: Mapping[str, Any]) -> Owner | None:
-    """The ClusterPolicy as the owner of its driver pods, its upgradePolicy read through the api
-    model (ClusterPolicySpec.driver_upgrade_policy: off with the driver disabled or sandbox
-    workloads on); None when the model rejects the spec (its status names the field)."""
-    try:
-        spec = ClusterPolicySpec.model_validate(body.get("spec") or {})
-    except pydantic.ValidationError:
-        return None
-    return owner_of(body, us.Policy.of(spec.driver_upgrade_policy()))
-
-
 def _digest(spec: Mapping[str, Any]) -> str:
     for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
         for env in container.get("env") or []:
@@ -146,12 +117,17 @@ def _digest(spec: Mapping[str, Any]) -> str:
     return ""
 
 
+def daemonset_uid(pod: Mapping[str, Any]) -> str:
+    """The uid of the DaemonSet that controls a pod ('' when none does)."""
+    return next((r.get("uid", "") for r in (pod.get("metadata") or {}).get("ownerReferences") or []
+                 if r.get("kind") == "DaemonSet" and r.get("controller")), "")
+
+
 def driver_pod_facts(pod: Mapping[str, Any], daemonsets: Mapping[str, Mapping[str, Any]],
                      latest: Mapping[str, str | None]) -> us.DriverPod:
     """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision."""
     meta = pod.get("metadata") or {}
-    owner = next((r.get("uid", "") for r in meta.get("ownerReferences") or []
-                  if r.get("kind") == "DaemonSet" and r.get("controller")), "")
+    owner = daemonset_uid(pod)
     ds = daemonsets.get(owner)
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
     ready = (pod.get("status") or {}).get("phase") == "Running" and bool(statuses) and all(
@@ -164,6 +140,72 @@ def driver_pod_facts(pod: Mapping[str, Any], daemonsets: Mapping[str, Mapping[st
     return us.DriverPod(meta.get("name", ""), meta.get("namespace", ""), in_sync=in_sync, orphaned=ds is None,
                         ready=ready, restarts=restarts, terminating=bool(meta.get("deletionTimestamp")),
                         restart_only=bool(template_digest) and template_digest == pod_digest)
+
+
+def latest_revisions(revisions: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
+    """Per DaemonSet uid, the hash of its newest ControllerRevision (one scan of the list)."""
+    by_owner: dict[str, list[Mapping[str, Any]]] = {}
+    for rev in revisions:
+        for ref in (rev.get("metadata") or {}).get("ownerReferences") or []:
+            by_owner.setdefault(ref.get("uid", ""), []).append(rev)
+    return {uid: us.latest_revision_hash(revs) for uid, revs in by_owner.items()}
+
+
+@dataclass(frozen=True)
+class PassPod:
+    """A driver pod as one pass sees it: its node, the owners of its DaemonSet, its facts."""
+
+    node: str
+    owners: frozenset[str]  # uids in its DaemonSet's ownerReferences (empty: orphaned)
+    driver: us.DriverPod
+
+
+def pass_pods(pods: Iterable[Mapping[str, Any]], daemonsets: Mapping[str, Mapping[str, Any]],
+              latest: Mapping[str, str | None]) -> list[PassPod]:
+    """Every scheduled driver pod's facts, against every DaemonSet in the namespace (so that a
+    pod counts as orphaned only when its DaemonSet does not exist at all), read once per pass."""
+    out: list[PassPod] = []
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            continue
+        ds_meta = (daemonsets.get(daemonset_uid(pod)) or {}).get("metadata") or {}
+        out.append(PassPod(node, frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
+                           driver_pod_facts(pod, daemonsets, latest)))
+    return out
+
+
+def drivers_by_node(pods: Iterable[PassPod], owner_uid: str) -> dict[str, us.DriverPod]:
+    """Per node, the driver pod one owner's pass looks at: a pod of a DaemonSet this owner owns,
+    else an orphaned one (its DaemonSet is gone, e.g. after the switch to NVIDIADrivers). A pod of
+    another owner's DaemonSet is that owner's business, never this one's."""
+    out: dict[str, us.DriverPod] = {}
+    for pod in pods:
+        if owner_uid not in pod.owners and not pod.driver.orphaned:
+            continue
+        if pod.node not in out or out[pod.node].orphaned:
+            out[pod.node] = pod.driver
+    return out
+
+
+def validators_ready(pods: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
+    """Per node, whether all its validator pods are Ready."""
+    ready: dict[str, bool] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        ok = any(c.get("type") == "Ready" and c.get("status") == "True"
+                 for c in (pod.get("status") or {}).get("conditions") or [])
+        if node:
+            ready[node] = ready.get(node, True) and ok
+    return ready
+
+
+@dataclass(frozen=True)
+class PassLists:
+    """What one pass lists once and every owner's pass reads."""
+
+    pods: tuple[PassPod, ...] = ()
+    validators: Mapping[str, bool] = field(default_factory=dict)
 
 
 def pod_facts(pod: Mapping[str, Any], wait_names: set[str], drain_names: set[str] | None,
@@ -271,55 +313,56 @@ class UpgradeController:
                 return items
             query["continue"] = cont
 
-    async def reconcile(self, owner: Owner | None) -> float:
-        """One pass for the ClusterPolicy's driver pods; returns seconds until the next pass."""
-        if owner is None:
+    async def reconcile(self, owners: Sequence[Owner]) -> float:
+        """One pass: the state machine once per owner (the ClusterPolicy, or each NVIDIADriver),
+        each on its own nodes with its own policy and pause; the lists are read once and shared.
+        Returns seconds until the next pass."""
+        if not owners:
             return self.settings.upgrade_idle_requeue
-        ns = self.namespace
         views = {v.name: v for v in self.nodes()}
         if not self.caught_up(views):
             return self.settings.upgrade_view_wait
-        if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
-            result = us.plan([us.NodeFacts(v.name, labels=v.selectable)
-                              for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, time.time())
-            await self._execute(result.steps, {})
-            record(result.counts)
-            return self.settings.upgrade_idle_requeue
+        lists = PassLists()
+        if any(owner.policy.auto_upgrade for owner in owners):
+            lists = await self._lists(views)
+        counts: list[us.Counts] = []
+        busy = False
+        for owner in owners:
+            owner_counts, owner_busy = await self._owner_pass(owner, owner.scope(views), lists)
+            counts.append(owner_counts)
+            busy = busy or owner_busy
+        record(us.total(counts))
+        return self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue
+
+    async def _lists(self, views: Mapping[str, NodeView]) -> PassLists:
+        ns = self.namespace
         dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
-        daemonsets = {d["metadata"]["uid"]: d for d in dss
-                      if any(r.get("uid") == owner.owner_uid for r in d["metadata"].get("ownerReferences") or [])}
-        revisions = await self._get(f"/apis/apps/v1/namespaces/{ns}/controllerrevisions")
-        latest = {uid: us.latest_revision_hash(
-            r for r in revisions if any(o.get("uid") == uid for o in r["metadata"].get("ownerReferences") or []))
-            for uid in daemonsets}
+        daemonsets = {d["metadata"]["uid"]: d for d in dss}
+        latest = latest_revisions(await self._get(f"/apis/apps/v1/namespaces/{ns}/controllerrevisions"))
         driver_pods = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": DRIVER_POD_SELECTOR}, slim=True)
         validators: list[dict[str, Any]] = []
         if any(v.selectable.get(UPGRADE_STATE) == us.VALIDATION_REQUIRED for v in views.values()):
             # only that state reads them: no list of one pod per node on the other passes
             validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR},
                                          slim=True)
-        by_node: dict[str, us.DriverPod] = {}
-        for pod in driver_pods:
-            node = (pod.get("spec") or {}).get("nodeName")
-            driver = driver_pod_facts(pod, daemonsets, latest)
-            if node and (node not in by_node or by_node[node].orphaned):
-                by_node[node] = driver
-        validators_ready: dict[str, bool] = {}
-        for pod in validators:
-            node = (pod.get("spec") or {}).get("nodeName")
-            ok = any(c.get("type") == "Ready" and c.get("status") == "True"
-                     for c in (pod.get("status") or {}).get("conditions") or [])
-            if node:
-                validators_ready[node] = validators_ready.get(node, True) and ok
-        facts_list = await asyncio.gather(*(self._node_facts(v, by_node, validators_ready, owner.policy)
+        return PassLists(tuple(pass_pods(driver_pods, daemonsets, latest)), validators_ready(validators))
+
+    async def _owner_pass(self, owner: Owner, views: Mapping[str, NodeView], lists: PassLists) -> tuple[us.Counts, bool]:
+        """The state machine for one owner's nodes: (its counts, whether an upgrade is under way)."""
+        if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
+            result = us.plan([us.NodeFacts(v.name, labels=v.selectable)
+                              for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, time.time())
+            await self._execute(result.steps, {})
+            return result.counts, False
+        by_node = drivers_by_node(lists.pods, owner.owner_uid)
+        facts_list = await asyncio.gather(*(self._node_facts(v, by_node, lists.validators, owner.policy)
                                             for v in views.values()))
         managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
         result = us.plan(managed, owner.policy, time.time(), paused=owner.paused)
         await self._execute(result.steps, {f.name: f for f in managed})
-        record(result.counts)
         busy = any(f.state not in (us.UNKNOWN, us.UPGRADE_DONE, us.UPGRADE_FAILED) for f in managed) or any(
             s.state is not None for s in result.steps)
-        return self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue
+        return result.counts, busy
 
     async def _node_facts(self, node: NodeView, drivers: Mapping[str, us.DriverPod],
                           validators: Mapping[str, bool], policy: us.Policy) -> us.NodeFacts:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpu_operator.api.common import DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec, WaitForCompletionSpec
@@ -193,6 +193,12 @@ class Counts:
     failed: int = 0
     pending: int = 0
     available: int = 0
+
+
+def total(counts: Iterable[Counts]) -> Counts:
+    """The sum of several owners' counts (the gauges are cluster-wide)."""
+    items = list(counts)
+    return Counts(*(sum(getattr(c, f.name) for c in items) for f in fields(Counts)))
 
 
 @dataclass(frozen=True)

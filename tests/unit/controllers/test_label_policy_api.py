@@ -25,7 +25,7 @@ from gpu_operator.controllers.nodelabels import (
     LabelPolicy,
     desired_change,
 )
-from gpu_operator.controllers.upgrade import clusterpolicy_owner
+from gpu_operator.controllers.upgrade_owners import clusterpolicy_owner
 from gpu_operator.vocabulary import GPU_PRODUCT, MIG_CONFIG, UPGRADE_ENABLED_ANNOTATION, deploy_label
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -46,6 +46,9 @@ def test_migration_rule_marks_nodes_with_orphaned_driver_pods() -> None:
     assert desired_change({**GPU, STATE: "upgrade-done"}, {}, CRD, orphan).labels[STATE] == "upgrade-required"
     assert STATE not in desired_change({**GPU, STATE: "cordon-required"}, {}, CRD, orphan).labels
     assert STATE not in desired_change(dict(GPU), {}, CRD, NodeDriver(owner="default")).labels
+    # autoUpgrade off: the upgrade controller removes state labels, so none is written here
+    manual = NodeDriver(owner="default", auto_upgrade=False, orphaned_driver_pod=True)
+    assert STATE not in desired_change(dict(GPU), {}, CRD, manual).labels
 
 
 def test_without_the_crd_the_owner_label_goes_and_the_policy_decides_the_annotation() -> None:

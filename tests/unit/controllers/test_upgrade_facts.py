@@ -8,8 +8,7 @@ from typing import Any
 
 import msgspec
 
-from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.controllers import upgrade
+from gpu_operator.controllers import upgrade, upgrade_owners
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import OperatorSettings
@@ -79,12 +78,12 @@ def test_pdb_name_from_refused_eviction() -> None:
 def test_clusterpolicy_owner() -> None:
     body: dict[str, Any] = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
             "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
-    owner = upgrade.clusterpolicy_owner(body)
+    owner = upgrade_owners.clusterpolicy_owner(body)
     assert owner is not None and owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
-    sandbox = upgrade.clusterpolicy_owner({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}})
+    sandbox = upgrade_owners.clusterpolicy_owner({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}})
     assert sandbox is not None and not sandbox.policy.auto_upgrade
     # A spec the api model rejects owns nothing (its status names the field).
-    assert upgrade.clusterpolicy_owner({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}}) is None
+    assert upgrade_owners.clusterpolicy_owner({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}}) is None
 
 
 def _view(name: str, state: str | None = None, *, cordoned: bool = False,
@@ -154,9 +153,8 @@ def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required()
         http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
         kube = types.SimpleNamespace(http=http)
         controller = UpgradeController(kube, "ops", lambda: views)  # type: ignore[arg-type]
-        policy = us.Policy.of(ClusterPolicySpec.model_validate(
-            {"driver": {"upgradePolicy": {"autoUpgrade": True}}}).driver_upgrade_policy())
-        await controller.reconcile(upgrade.Owner("cp", policy, False, "uid"))
+        policy = us.Policy(auto_upgrade=True)
+        await controller.reconcile([upgrade_owners.Owner("cp", policy, False, "uid")])
         await http.aclose()
 
     asyncio.run(one_pass([_view("a", us.POD_RESTART_REQUIRED), _view("b", us.UPGRADE_DONE), _view("c")]))
