@@ -13,7 +13,7 @@ from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
-from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_PAUSED_ANNOTATION, UPGRADE_STATE
+from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_STATE
 
 DS_UID = "ds-1"
 
@@ -73,17 +73,6 @@ def test_pdb_name_from_refused_eviction() -> None:
         {"reason": "DisruptionBudget", "message": "The disruption budget serve-pdb needs 1 healthy pods and has 1 currently"}]}}
     assert upgrade.pdb_name(status) == "serve-pdb"
     assert upgrade.pdb_name({"code": 429}) == "?"
-
-
-def test_clusterpolicy_owner() -> None:
-    body: dict[str, Any] = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
-            "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
-    owner = upgrade_owners.clusterpolicy_owner(body)
-    assert owner is not None and owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
-    sandbox = upgrade_owners.clusterpolicy_owner({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}})
-    assert sandbox is not None and not sandbox.policy.auto_upgrade
-    # A spec the api model rejects owns nothing (its status names the field).
-    assert upgrade_owners.clusterpolicy_owner({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}}) is None
 
 
 def _view(name: str, state: str | None = None, *, cordoned: bool = False,
