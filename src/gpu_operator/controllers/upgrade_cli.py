@@ -1,18 +1,27 @@
 """`gpu-operator upgrade status|retry NODE|pause|resume`: driver upgrades from the command line.
 
-Pause is stored as the annotation nvidia.com/gpu-driver-upgrade-paused=true on the active
-ClusterPolicy: while it is set, no node leaves upgrade-required; nodes in flight finish."""
+Pause is stored as the annotation nvidia.com/gpu-driver-upgrade-paused=true on the owner of the
+driver pods: the active ClusterPolicy, or with `driver.useNvidiaDriverCRD` each NVIDIADriver (one
+with `--nvidiadriver NAME`). While it is set, none of that owner's nodes leaves upgrade-required;
+nodes in flight finish."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
+import pydantic
 import typer
 
 from gpu_operator.vocabulary import UPGRADE_PAUSED_ANNOTATION
 
 Kubeconfig = Annotated[str | None, typer.Option(
     envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")]
+OnlyDriver = Annotated[str | None, typer.Option(
+    "--nvidiadriver", metavar="NAME",
+    help="Only this NVIDIADriver's nodes. Without it: every NVIDIADriver when the ClusterPolicy has "
+         "driver.useNvidiaDriverCRD=true (each has its own upgradePolicy), else the ClusterPolicy.")]
+CLUSTER_POLICY, NVIDIA_DRIVER = "ClusterPolicy", "NVIDIADriver"
 
 
 def _client(kubeconfig: str | None) -> Any:
@@ -22,9 +31,13 @@ def _client(kubeconfig: str | None) -> Any:
     return Client(load_config(kubeconfig))
 
 
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
 def _active_policy(client: Any) -> dict[str, Any]:
     from gpu_operator.kube.client import ClusterPolicyResource
-    policies = sorted((p.to_dict() if hasattr(p, "to_dict") else dict(p) for p in client.list(ClusterPolicyResource)),
+    policies = sorted((_as_dict(p) for p in client.list(ClusterPolicyResource)),
                       key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
     if not policies:
         typer.echo("no ClusterPolicy: driver upgrades follow ClusterPolicy spec.driver.upgradePolicy; create one",
@@ -33,15 +46,69 @@ def _active_policy(client: Any) -> dict[str, Any]:
     return policies[0]
 
 
-def _set_paused(kubeconfig: str | None, value: str | None) -> str:
+def _drivers(client: Any) -> list[dict[str, Any]]:
+    from gpu_operator.kube.client import NVIDIADriverResource
+    return sorted((_as_dict(d) for d in client.list(NVIDIADriverResource)), key=lambda d: d["metadata"]["name"])
+
+
+def uses_nvidia_drivers(policy: Mapping[str, Any]) -> bool:
+    return bool(((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD"))
+
+
+def pause_targets(policy: Mapping[str, Any] | None, drivers: Sequence[Mapping[str, Any]],
+                  only: str | None) -> list[tuple[str, str]]:
+    """(kind, name) of the objects pause/resume annotates: the NVIDIADriver named by
+    `--nvidiadriver`, else the owners of the driver pods (every NVIDIADriver with the CRD in use,
+    else the active ClusterPolicy). LookupError names what is missing."""
+    names = [d["metadata"]["name"] for d in drivers]
+    if only is not None:
+        if only not in names:
+            raise LookupError(f"no NVIDIADriver {only} (there are: {', '.join(names) or 'none'})")
+        return [(NVIDIA_DRIVER, only)]
+    if policy is None:
+        raise LookupError("no ClusterPolicy")
+    if not uses_nvidia_drivers(policy):
+        return [(CLUSTER_POLICY, policy["metadata"]["name"])]
+    if not names:
+        raise LookupError("the ClusterPolicy uses NVIDIADrivers (driver.useNvidiaDriverCRD) but there is none")
+    return [(NVIDIA_DRIVER, name) for name in names]
+
+
+def policy_line(kind: str, body: Mapping[str, Any]) -> str:
+    """One owner's upgradePolicy as `upgrade status` prints it (the api model's defaults: an
+    NVIDIADriver's autoUpgrade is on when unset, the ClusterPolicy's off)."""
+    from gpu_operator.api.common import DriverUpgradePolicySpec
+    from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
+    from gpu_operator.statusview.upgrades import paused
+    name, spec = body["metadata"]["name"], body.get("spec") or {}
+    raw = ((spec.get("driver") or {}) if kind == CLUSTER_POLICY else spec).get("upgradePolicy") or {}
+    model = NVIDIADriverUpgradePolicy if kind == NVIDIA_DRIVER else DriverUpgradePolicySpec
+    try:
+        policy = model.model_validate(raw)
+        text = (f"autoUpgrade={policy.autoUpgrade} maxParallelUpgrades={policy.maxParallelUpgrades} "
+                f"maxUnavailable={policy.maxUnavailable}")
+    except pydantic.ValidationError:
+        text = f"upgradePolicy not valid: {raw}"
+    if paused(dict(body)):
+        text += f"  PAUSED (gpu-operator upgrade resume{f' --nvidiadriver {name}' if kind == NVIDIA_DRIVER else ''})"
+    return f"{kind} {name}: {text}"
+
+
+def _set_paused(kubeconfig: str | None, only: str | None, value: str | None) -> list[tuple[str, str]]:
     from lightkube.types import PatchType
 
-    from gpu_operator.kube.client import ClusterPolicyResource
+    from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
     client = _client(kubeconfig)
-    name = _active_policy(client)["metadata"]["name"]
-    client.patch(ClusterPolicyResource, name, {"metadata": {"annotations": {UPGRADE_PAUSED_ANNOTATION: value}}},
-                 patch_type=PatchType.MERGE)
-    return str(name)
+    try:
+        targets = pause_targets(None if only else _active_policy(client), _drivers(client), only)
+    except LookupError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from err
+    patch = {"metadata": {"annotations": {UPGRADE_PAUSED_ANNOTATION: value}}}
+    for kind, name in targets:
+        client.patch(NVIDIADriverResource if kind == NVIDIA_DRIVER else ClusterPolicyResource, name, patch,
+                     patch_type=PatchType.MERGE)
+    return targets
 
 
 def register(app: typer.Typer) -> None:
@@ -54,19 +121,25 @@ def register(app: typer.Typer) -> None:
         """Each node's upgrade state, time in state and, for failed nodes, why."""
         from lightkube.resources.core_v1 import Node
 
-        from gpu_operator.statusview.upgrades import node_upgrade, paused, summary
+        from gpu_operator.statusview.upgrades import node_upgrade, summary
+        from gpu_operator.vocabulary import DRIVER_OWNER
         client = _client(kubeconfig)
         policy = _active_policy(client)
-        spec = ((policy.get("spec") or {}).get("driver") or {}).get("upgradePolicy") or {}
-        rows = [node_upgrade(n.to_dict()) for n in client.list(Node)]
-        rows = [r for r in rows if r.state]
-        typer.echo(f"ClusterPolicy {policy['metadata']['name']}: autoUpgrade={bool(spec.get('autoUpgrade'))} "
-                   f"maxParallelUpgrades={spec.get('maxParallelUpgrades', 1)} "
-                   f"maxUnavailable={spec.get('maxUnavailable', '25%')}"
-                   f"{'  PAUSED (gpu-operator upgrade resume)' if paused(policy) else ''}")
+        nodes = [n.to_dict() for n in client.list(Node)]
+        rows = [r for r in (node_upgrade(n) for n in nodes) if r.state]
+        owners: dict[str, str] = {}
+        if uses_nvidia_drivers(policy):
+            typer.echo(f"ClusterPolicy {policy['metadata']['name']}: driver.useNvidiaDriverCRD=true, each "
+                       "NVIDIADriver's upgradePolicy applies to its nodes")
+            for driver in _drivers(client):
+                typer.echo(policy_line(NVIDIA_DRIVER, driver))
+            owners = {n["metadata"]["name"]: f"  ({NVIDIA_DRIVER} {owner})" for n in nodes
+                      if (owner := (n["metadata"].get("labels") or {}).get(DRIVER_OWNER))}
+        else:
+            typer.echo(policy_line(CLUSTER_POLICY, policy))
         typer.echo(summary(rows))
         for row in sorted(rows, key=lambda r: (r.state == "upgrade-done", r.node)):
-            line = f"  {row.node:<32} {row.text}"
+            line = f"  {row.node:<32} {row.text}{owners.get(row.node, '')}"
             if row.reason:
                 line += f"  reason: {row.reason}"
             typer.echo(line)
@@ -91,11 +164,15 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"Node {node}: back to upgrade-required")
 
     @upgrade.command("pause")
-    def pause(kubeconfig: Kubeconfig = None) -> None:
-        """No new node starts upgrading; nodes already in flight finish."""
-        typer.echo(f"ClusterPolicy {_set_paused(kubeconfig, 'true')}: driver upgrades paused")
+    def pause(nvidiadriver: OnlyDriver = None, kubeconfig: Kubeconfig = None) -> None:
+        """No new node starts upgrading; nodes already in flight finish. Sets the annotation
+        nvidia.com/gpu-driver-upgrade-paused=true on the ClusterPolicy or, when it has
+        driver.useNvidiaDriverCRD=true, on every NVIDIADriver (or only --nvidiadriver NAME)."""
+        for kind, name in _set_paused(kubeconfig, nvidiadriver, "true"):
+            typer.echo(f"{kind} {name}: driver upgrades paused")
 
     @upgrade.command("resume")
-    def resume(kubeconfig: Kubeconfig = None) -> None:
-        """Let nodes start upgrading again."""
-        typer.echo(f"ClusterPolicy {_set_paused(kubeconfig, None)}: driver upgrades resumed")
+    def resume(nvidiadriver: OnlyDriver = None, kubeconfig: Kubeconfig = None) -> None:
+        """Let nodes start upgrading again (removes the annotation pause set, from the same objects)."""
+        for kind, name in _set_paused(kubeconfig, nvidiadriver, None):
+            typer.echo(f"{kind} {name}: driver upgrades resumed")
