@@ -89,6 +89,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 from tests.integration.operator_fixtures import (  # noqa: E402,F401
     cluster_policies,
     crds,
+    nvidia_drivers,
     operator_namespace,
     start_operator,
 )

@@ -11,7 +11,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 
-from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
@@ -64,6 +64,28 @@ def cluster_policies(kube: Client) -> Iterator[Callable[..., str]]:
     for name in created:
         try:
             kube.delete(ClusterPolicyResource, name)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+
+
+@pytest.fixture
+def nvidia_drivers(kube: Client) -> Iterator[Callable[..., str]]:
+    """`nvidia_drivers(name, spec, annotations=None)` creates an NVIDIADriver; all are deleted
+    after the test."""
+    created: list[str] = []
+
+    def create(name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> str:
+        metadata: dict[str, Any] = {"name": name, **({"annotations": annotations} if annotations else {})}
+        kube.create(NVIDIADriverResource(  # type: ignore[call-overload]  # metadata as a dict
+            apiVersion="nvidia.com/v1alpha1", kind="NVIDIADriver", metadata=metadata, spec=spec))
+        created.append(name)
+        return name
+
+    yield create
+    for name in created:
+        try:
+            kube.delete(NVIDIADriverResource, name)
         except ApiError as err:
             if err.status.code != 404:
                 raise

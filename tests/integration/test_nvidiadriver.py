@@ -3,7 +3,7 @@ driver, conflicts, and the CRD's rules (apiserver + etcd + controller-manager GC
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,27 +23,9 @@ Nodes = Callable[..., list[str]]
 Policies = Callable[..., str]
 OWNER = "nvidia.com/gpu-operator.driver.owner"
 COMPONENT = "app.kubernetes.io/component"
+UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+PAUSED = "nvidia.com/gpu-driver-upgrade-paused"
 CRD_ON = {"driver": {"useNvidiaDriverCRD": True}}
-
-
-@pytest.fixture
-def nvidia_drivers(kube: Client) -> Iterator[Callable[..., str]]:
-    """`nvidia_drivers(name, spec)` creates an NVIDIADriver; all are deleted after the test."""
-    created: list[str] = []
-
-    def create(name: str, spec: dict[str, Any]) -> str:
-        kube.create(NVIDIADriverResource(  # type: ignore[call-overload]  # metadata as a dict
-            apiVersion="nvidia.com/v1alpha1", kind="NVIDIADriver", metadata={"name": name}, spec=spec))
-        created.append(name)
-        return name
-
-    yield create
-    for name in created:
-        try:
-            kube.delete(NVIDIADriverResource, name)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
 
 
 def owned_daemonsets(kube: Client, namespace: str, owner: str) -> list[DaemonSet]:
@@ -118,7 +100,10 @@ def test_switch_from_clusterpolicy_driver_keeps_driver_pods_until_replaced(
         [p for p in driver_pods(kube, operator_namespace) if p.status.phase == "Running"]) == 2,
         timeout=120, context=operator.log_text)
     old = {str(p.metadata.name): p.spec.nodeName for p in driver_pods(kube, operator_namespace)}
-    nvidia_drivers("default", {"default": True, "version": "580.82.07"})
+    # Paused, so that the test sees the nodes held in upgrade-required before the upgrade
+    # controller replaces the pods (both nodes at once: no limit on parallel upgrades).
+    nvidia_drivers("default", {"default": True, "version": "580.82.07", "upgradePolicy": {
+        "maxParallelUpgrades": 0, "maxUnavailable": "100%"}}, annotations={PAUSED: "true"})
     kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": CRD_ON}, patch_type=PatchType.MERGE)
     wait_for("the ClusterPolicy's driver DaemonSet deleted", lambda: "nvidia-driver-daemonset" not in {
         ds.metadata.name for ds in kube.list(DaemonSet, namespace=operator_namespace)}, context=operator.log_text)
@@ -132,15 +117,21 @@ def test_switch_from_clusterpolicy_driver_keeps_driver_pods_until_replaced(
     # The migration rule marks the nodes for the upgrade controller, which replaces the pods.
     for node in nodes:
         def upgrade_required(n: str = node) -> bool:
-            return node_label(kube, n, "nvidia.com/gpu-driver-upgrade-state") == "upgrade-required"
+            return node_label(kube, n, UPGRADE_STATE) == "upgrade-required"
 
         wait_for(f"{node} upgrade-required", upgrade_required, context=operator.log_text)
         assert node_label(kube, node, OWNER) == "default"
     (new_ds,) = owned_daemonsets(kube, operator_namespace, "default")
     new_pods = [p for p in driver_pods(kube, operator_namespace) if str(p.metadata.name) not in old]
     assert all(p.status.phase != "Running" for p in new_pods)  # the anti-affinity keeps them out
-    for name in old:  # the upgrade controller's pod-restart step, one node after the other
-        kube.delete(Pod, name, namespace=operator_namespace)
+    # Resumed, the upgrade controller takes the nodes through the NVIDIADriver's upgrade policy:
+    # its pod-restart step deletes the old pods and the new DaemonSet's pods start.
+    kube.patch(NVIDIADriverResource, "default", {"metadata": {"annotations": {PAUSED: None}}},
+               patch_type=PatchType.MERGE)
+    wait_for("both nodes upgrade-done", lambda: {node_label(kube, n, UPGRADE_STATE) for n in nodes} == {
+        "upgrade-done"}, timeout=120, context=lambda: f"{[node_label(kube, n, UPGRADE_STATE) for n in nodes]}\n"
+             f"{operator.log_text()[-3000:]}")
+    assert not {str(p.metadata.name) for p in driver_pods(kube, operator_namespace)} & set(old)
     wait_for("the NVIDIADriver ready with its own pods", ready(kube, "default"), timeout=120,
              context=lambda: f"{driver_status(kube, 'default')}\n{operator.log_text()[-3000:]}")
     running = {p.spec.nodeName for p in driver_pods(kube, operator_namespace) if p.status.phase == "Running"

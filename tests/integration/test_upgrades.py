@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,8 +19,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
-from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
@@ -198,3 +200,53 @@ def test_pause_then_sigkill_mid_upgrade_continues_without_double_upgrade_then_au
     kube.patch(ClusterPolicyResource, "cluster-policy",
                {"spec": {"driver": {"upgradePolicy": {"autoUpgrade": False}}}}, patch_type=PatchType.MERGE)
     wait_for("state labels removed", lambda: set(states(kube, names).values()) == {""}, timeout=60)
+
+
+def upgrades_pending(operator: OperatorProcess) -> float:
+    """The operator's gpu_operator_nodes_upgrades_pending gauge (the sum over owners)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+    return next((float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("gpu_operator_nodes_upgrades_pending ")), -1.0)
+
+
+def test_each_nvidiadriver_upgrades_its_own_nodes_with_its_own_policy_and_pause(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+        nvidia_drivers: Callable[..., str], operator_namespace: str, control_plane: ControlPlane) -> None:
+    pool_a = fake_nodes("dgx-h100:3,pool=a")
+    pool_b = fake_nodes("dgx-h100:2,pool=b")
+    operator = start_operator()
+    cluster_policies({"driver": {"useNvidiaDriverCRD": True}})
+    nvidia_drivers("pool-a", {"version": "570.172.08", "nodeSelector": {"pool": "a"},
+                              "upgradePolicy": {"maxParallelUpgrades": 1, "maxUnavailable": "100%"}})
+    nvidia_drivers("pool-b", {"version": "570.172.08", "nodeSelector": {"pool": "b"},
+                              "upgradePolicy": {"autoUpgrade": False}})
+    wait_for("pool a upgrade-done, both pools' driver pods placed", lambda: (
+        set(states(kube, pool_a).values()) == {UPGRADE_DONE}
+        and set(driver_pods(kube, operator_namespace)) >= {*pool_a, *pool_b}), timeout=120,
+        context=lambda: f"{states(kube, pool_a + pool_b)}\n{operator.log_text()[-3000:]}")
+    before = driver_pods(kube, operator_namespace)
+
+    with StateRecorder(kube, pool_a + pool_b) as recorder:
+        paused = cli(control_plane, "upgrade", "pause", "--nvidiadriver", "pool-a")
+        assert paused.returncode == 0 and "NVIDIADriver pool-a: driver upgrades paused" in paused.stdout, paused
+        kube.patch(NVIDIADriverResource, "pool-a", {"spec": {"version": "580.95.05"}}, patch_type=PatchType.MERGE)
+        # A pass that found all three waiting has recorded them (pool b adds none): paused, it started none.
+        wait_for("a pass with pool a's 3 nodes pending", lambda: upgrades_pending(operator), until=lambda v: v == 3,
+                 timeout=60, context=lambda: f"{states(kube, pool_a)}\n{operator.log_text()[-3000:]}")
+        assert set(states(kube, pool_a).values()) == {UPGRADE_REQUIRED}, recorder.history
+        shown = cli(control_plane, "upgrade", "status")
+        assert "NVIDIADriver pool-a: autoUpgrade=True maxParallelUpgrades=1" in shown.stdout, shown
+        assert "PAUSED (gpu-operator upgrade resume --nvidiadriver pool-a)" in shown.stdout, shown
+        resumed = cli(control_plane, "upgrade", "resume")  # every NVIDIADriver
+        assert "NVIDIADriver pool-a: driver upgrades resumed" in resumed.stdout, resumed
+        wait_for("pool a upgrade-done again", lambda: all(
+            recorder.history[n][-2:] == [us.UNCORDON_REQUIRED, UPGRADE_DONE] for n in pool_a), timeout=120,
+            context=lambda: f"{recorder.history}\n{operator.log_text()[-3000:]}")
+    assert recorder.peak == 1, recorder.history  # maxParallelUpgrades 1, per NVIDIADriver
+    for name in pool_a:
+        assert recorder.history[name].count(us.POD_RESTART_REQUIRED) == 1, recorder.history
+        assert not kube.get(Node, name).spec.unschedulable, name
+    assert all(recorder.history[name] in ([], [""]) for name in pool_b), recorder.history  # autoUpgrade false
+    after = driver_pods(kube, operator_namespace)
+    assert all(after[n] != before[n] for n in pool_a)
+    assert {n: after[n] for n in pool_b} == {n: before[n] for n in pool_b}
