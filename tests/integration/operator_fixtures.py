@@ -48,44 +48,46 @@ def start_operator(control_plane: ControlPlane, operator_namespace: str, crds: l
         print(f"--- {proc.log} ---\n{proc.log_text()[-4000:]}")
 
 
+class CustomObjects:
+    """Objects of one cluster-scoped custom kind that a test creates; `delete_all` after the test
+    (one already gone is fine)."""
+
+    def __init__(self, kube: Client, resource: Any, api_version: str, kind: str) -> None:
+        self.kube, self.resource, self.api_version, self.kind = kube, resource, api_version, kind
+        self.created: list[str] = []
+
+    def create(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> str:
+        metadata: dict[str, Any] = {"name": name, **({"annotations": annotations} if annotations else {})}
+        self.kube.create(self.resource(apiVersion=self.api_version, kind=self.kind, metadata=metadata, spec=spec))
+        self.created.append(name)
+        return name
+
+    def delete_all(self) -> None:
+        for name in self.created:
+            try:
+                self.kube.delete(self.resource, name)
+            except ApiError as err:
+                if err.status.code != 404:
+                    raise
+
+
 @pytest.fixture
 def cluster_policies(kube: Client) -> Iterator[Callable[..., str]]:
     """`cluster_policies(spec, name=...)` creates a ClusterPolicy; all are deleted after the test
     and their owned objects garbage-collected before the next test starts."""
-    created: list[str] = []
+    objects = CustomObjects(kube, ClusterPolicyResource, "nvidia.com/v1", "ClusterPolicy")
 
     def create(spec: dict[str, Any] | None = None, name: str = "cluster-policy") -> str:
-        kube.create(ClusterPolicyResource(  # type: ignore[call-overload]  # metadata as a dict
-            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": name}, spec=spec or {}))
-        created.append(name)
-        return name
+        return objects.create(name, spec or {})
 
     yield create
-    for name in created:
-        try:
-            kube.delete(ClusterPolicyResource, name)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+    objects.delete_all()
 
 
 @pytest.fixture
 def nvidia_drivers(kube: Client) -> Iterator[Callable[..., str]]:
     """`nvidia_drivers(name, spec, annotations=None)` creates an NVIDIADriver; all are deleted
     after the test."""
-    created: list[str] = []
-
-    def create(name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> str:
-        metadata: dict[str, Any] = {"name": name, **({"annotations": annotations} if annotations else {})}
-        kube.create(NVIDIADriverResource(  # type: ignore[call-overload]  # metadata as a dict
-            apiVersion="nvidia.com/v1alpha1", kind="NVIDIADriver", metadata=metadata, spec=spec))
-        created.append(name)
-        return name
-
-    yield create
-    for name in created:
-        try:
-            kube.delete(NVIDIADriverResource, name)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
+    objects = CustomObjects(kube, NVIDIADriverResource, "nvidia.com/v1alpha1", "NVIDIADriver")
+    yield objects.create
+    objects.delete_all()
