@@ -160,7 +160,7 @@ def test_invalid_objects_are_rejected_or_reported(
     if os.environ.get("UPDATE_GOLDEN") == "1":
         if _doc_table(DOC.read_text() if DOC.exists() else "") != generated:
             _write_table(generated)
-            pytest.skip(f"rewrote the bad-input table in {DOC}")
+            pytest.fail(f"rewrote the bad-input table in {DOC}: review the diff, then run again without UPDATE_GOLDEN")
         return
     assert _doc_table(DOC.read_text() if DOC.exists() else "") == generated, (
         f"the bad-input table in {DOC} is stale: run UPDATE_GOLDEN=1 pytest {__file__}")

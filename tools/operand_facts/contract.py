@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,15 @@ from gpu_operator.vocabulary import VALIDATIONS_DIR
 CONTRACTS = Path(__file__).parent / "contracts"
 WRAPPERS = ("sh", "/bin/sh", "bash", "/bin/bash", "-c", "-e", "-ec", "-xe", "-xc")
 SHARED = "_shared.yaml"  # deliberate deviations that hold for every state
-# Values upstream leaves for its transforms to fill in: only the variable's presence counts.
-PLACEHOLDERS = ("FILLED BY THE OPERATOR", "FILLED_BY_THE_OPERATOR", "FILLED BY OPERATOR")
+# Values upstream's manifests leave for its run-time transforms to fill in are recorded as this
+# marker of ours: only the variable's (or volume's, object's) presence counts.
+RUN_TIME = "<set at run time>"
+_UPSTREAM_PLACEHOLDER = re.compile(r"filled[ _]by[ _](the[ _])?operator", re.IGNORECASE)
+
+
+def run_time(value: str) -> str:
+    """A recorded value: upstream's fill-in placeholder (in any of its spellings) becomes RUN_TIME."""
+    return RUN_TIME if _UPSTREAM_PLACEHOLDER.fullmatch(value.strip()) else value
 
 
 @dataclass(frozen=True, order=True)
@@ -95,7 +103,7 @@ def _env(ctr: Manifest) -> dict[str, str]:
             ref = entry["valueFrom"].get("fieldRef", {}).get("fieldPath", "")
             out[entry["name"]] = f"fieldRef:{ref}" if ref else "valueFrom"
         else:
-            out[entry["name"]] = str(entry.get("value", ""))
+            out[entry["name"]] = run_time(str(entry.get("value", "")))
     return out
 
 
@@ -103,7 +111,7 @@ def _source(volume: Manifest) -> str:
     if "hostPath" in volume:
         return f"hostPath:{volume['hostPath']['path']}"
     if "configMap" in volume:
-        return f"configMap:{volume['configMap'].get('name', '')}"
+        return f"configMap:{run_time(volume['configMap'].get('name', ''))}"
     if "secret" in volume:
         return f"secret:{volume['secret'].get('secretName', '')}"
     return next(iter(k for k in volume if k != "name"), "")
@@ -167,7 +175,7 @@ def _check_container(state: str, prefix: str, ours: dict[str, Any], fact: dict[s
         elif mine is None:
             if name not in transform:
                 out.append(Deviation(state, f"{prefix}:env-missing:{name}", f"upstream sets {name}={theirs!r}; we do not"))
-        elif mine != theirs and theirs not in PLACEHOLDERS and name not in transform:
+        elif mine != theirs and theirs != RUN_TIME and name not in transform:
             out.append(Deviation(state, f"{prefix}:env-value:{name}", f"{name}={mine!r}; upstream {theirs!r}"))
     theirs_mounts: dict[str, str] = fact.get("mounts") or {}
     transform_mounts = set(fact.get("transform_mounts") or [])
@@ -179,7 +187,7 @@ def _check_container(state: str, prefix: str, ours: dict[str, Any], fact: dict[s
             out.append(Deviation(state, f"{prefix}:mount-extra:{path}", f"we mount {mine} at {path}; upstream does not"))
         elif mine is None:
             out.append(Deviation(state, f"{prefix}:mount-missing:{path}", f"upstream mounts {theirs} at {path}; we do not"))
-        elif mine != theirs and "FILLED" not in theirs:
+        elif mine != theirs and RUN_TIME not in theirs:
             out.append(Deviation(state, f"{prefix}:mount-source:{path}", f"{path} is {mine}; upstream {theirs}"))
     if bool(fact.get("privileged")) != ours["privileged"]:
         out.append(Deviation(state, f"{prefix}:privileged",

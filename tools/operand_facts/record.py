@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 import yaml
-from tools.operand_facts.contract import container_facts, rule_strings
+from tools.operand_facts.contract import container_facts, rule_strings, run_time
 
 
 def _git(git_dir: str, *args: str) -> str:
@@ -47,7 +47,7 @@ def record(git_dir: str, commit: str) -> dict[str, Any]:
             if not doc:
                 continue
             kind, name = doc["kind"], doc["metadata"]["name"]
-            entry["objects"].append(f"{kind}/{name}" + (" (openshift)" if "openshift" in path else ""))
+            entry["objects"].append(f"{kind}/{run_time(name)}" + (" (openshift)" if "openshift" in path else ""))
             if kind == "DaemonSet":
                 entry["daemonsets"][name] = _daemonset(doc)
             elif kind in ("Role", "ClusterRole") and "openshift" not in path:

@@ -66,7 +66,7 @@ def test_no_golden_directory_without_a_policy_and_shape() -> None:
             for file in (GOLDEN / name).iterdir():
                 file.unlink()
             (GOLDEN / name).rmdir()
-        pytest.skip(f"removed stale golden directories {stale}")
+        pytest.fail(f"removed stale golden directories {stale}: run again without UPDATE_GOLDEN")
     assert stale == [], f"golden directories for no example policy and shape: {stale}; run UPDATE_GOLDEN=1"
 
 
@@ -87,7 +87,8 @@ def test_render_matches_golden(example: Path, shape: str) -> None:
                 path.write_text(actual[name])
             else:
                 path.unlink()
-        pytest.skip(f"rewrote {folder.relative_to(ROOT)}: {', '.join(changed)}")
+        pytest.fail(f"rewrote {folder.relative_to(ROOT)}: {', '.join(changed)}; review the diff, then run again "
+                    "without UPDATE_GOLDEN")
     report = []
     for name in changed:
         where = f"{folder.relative_to(ROOT)}/{name}.yaml"
