@@ -25,6 +25,8 @@ from gpu_operator.vocabulary import (
 )
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, pod_log
 from tests.integration.test_vfio_manager_api import node_events, vfio_manager_identity
+from tests.support import audit
+from tests.support.audit import cri_messages, serviceaccount_user
 from tests.support.waiting import wait_for
 
 # Lists pods in its namespace with the in-cluster credentials the kubelet mounted: prints the
@@ -109,9 +111,12 @@ def test_pods_of_our_image_run_and_reach_the_apiserver_as_their_serviceaccount(
         state = pod["status"]["containerStatuses"][0]["state"]
         assert state.get("terminated", {}).get("exitCode") == 0, state
         assert pod["status"]["podIP"].startswith("10.88."), pod["status"]  # the node's CNI bridge
-    assert "status 200" in pod_log(real_node, namespace, "allowed", "main")
-    # The same program without the binding: the 403 a real operand would hit shows in its log.
-    assert "status 403" in pod_log(real_node, namespace, "denied", "main")
+    assert "status 200" in cri_messages(pod_log(real_node, namespace, "allowed", "main"))
+    # The same program without the binding: the 403 a real operand would hit shows in its log,
+    # and the apiserver's audit log records the refusal for that ServiceAccount only.
+    assert "status 403" in cri_messages(pod_log(real_node, namespace, "denied", "main"))
+    assert [line.split()[0] for line in audit.refused(plane, serviceaccount_user(namespace))] == \
+        [serviceaccount_user(namespace, "default")]
 
 
 def _passthrough_host(root: Path, shared_group: bool) -> Path:
@@ -151,7 +156,7 @@ def test_vfio_manage_runs_in_pods_on_the_real_node(
         assert "vfio state refused" in log and "also holds non-NVIDIA devices: 0000:40:00.0" in log, log
         events = [e for e in node_events(kube, REAL_NODE) if e.reason == "VFIORefused"]
         assert events and events[-1].type == "Warning" and "0000:40:00.0" in (events[-1].message or ""), events
-        assert "403" not in log and "Forbidden" not in log
+        assert audit.refused(plane, serviceaccount_user(namespace, "vfio-manager-test")) == []
     finally:
         kube.patch(Node, REAL_NODE, {"metadata": {"labels": {VFIO_STATE: None},
                                                   "annotations": {VFIO_RESULT_ANNOTATION: None}}},
@@ -173,7 +178,7 @@ def test_the_probe_publishes_the_host_trees_facts_from_a_pod_on_the_real_node(
         labels = meta.labels or {} if meta else {}
         assert labels[DRIVER_SOURCE] == "host" and labels[DRIVER_VERSION] == HOST_DRIVER_VERSION, labels
         assert labels[PROBE_STATUS] == "ok", (labels, log)
-        assert "403" not in log and "Forbidden" not in log, log
+        assert audit.refused(control_plane, serviceaccount_user(namespace, "vfio-manager-test")) == [], log
     finally:
         kube.patch(Node, REAL_NODE, {"metadata": {"labels": dict.fromkeys((DRIVER_SOURCE, DRIVER_VERSION, PROBE_STATUS))}},
                    patch_type=PatchType.MERGE)

@@ -21,6 +21,7 @@ from gpu_operator.sim.realspec import host_spec, policy_spec
 from gpu_operator.vocabulary import VALIDATIONS_DIR, VFIO_STATE
 from tests.integration.realnode_fixtures import REAL_NODE, pod_log
 from tests.integration.test_vfio_manager_api import node_events
+from tests.support.audit import forbidden_in_namespace
 from tests.support.status import policy_status
 from tests.support.waiting import wait_for
 
@@ -44,22 +45,6 @@ def _running_with_inits_done(pod: dict[str, Any]) -> bool:
     inits = status.get("initContainerStatuses") or []
     return status.get("phase") == "Running" and bool(inits) and all(
         (s.get("state") or {}).get("terminated", {}).get("exitCode") == 0 for s in inits)
-
-
-def _forbidden_in_audit(plane: ControlPlane, namespace: str) -> list[str]:
-    prefix = f"system:serviceaccount:{namespace}:"
-    return [f"{e['user']['username']} {e['verb']} {e.get('requestURI')}" for e in plane.audit_events()
-            if e.get("user", {}).get("username", "").startswith(prefix)
-            and (e.get("responseStatus") or {}).get("code") == 403]
-
-
-def _forbidden_in_logs(node: RealNode, namespace: str) -> list[str]:
-    found = []
-    for log in node.pod_logs.glob(f"{namespace}_*/*/*.log"):
-        for line in log.read_text(errors="replace").splitlines():
-            if " 403" in line or "Forbidden" in line or "forbidden" in line:
-                found.append(f"{log.parent.parent.name}/{log.parent.name}: {line[:300]}")
-    return found
 
 
 def test_operator_ready_with_our_operands_really_running_on_the_real_node(
@@ -108,8 +93,7 @@ def test_operator_ready_with_our_operands_really_running_on_the_real_node(
     # `gpu-operator status` sees the real node's validation pass.
     shown = _status_command(control_plane, ns)
     assert REAL_NODE in shown and "passed (4/4)" in shown, shown
-    assert _forbidden_in_logs(real_node, ns) == []
-    assert _forbidden_in_audit(control_plane, ns) == []
+    assert forbidden_in_namespace(control_plane, ns) == []
 
 
 def _scrape(node: RealNode, url: str) -> str:
@@ -163,8 +147,7 @@ def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_rea
     shown = _status_command(control_plane, ns)
     assert REAL_NODE in shown and "driver-validation" in shown, shown
     assert "".join(message.split())[:120] in "".join(shown.split()), shown
-    assert _forbidden_in_logs(real_node, ns) == []
-    assert _forbidden_in_audit(control_plane, ns) == []
+    assert forbidden_in_namespace(control_plane, ns) == []
 
 
 def _shared_group_passthrough_tree(root: Path) -> Path:
@@ -208,5 +191,4 @@ def test_the_vfio_manager_daemonset_refuses_a_shared_iommu_group_on_the_real_nod
     assert "vfio state partial" in log and "0000:41:00.0: nvidia: REFUSED: IOMMU group 10 also holds non-NVIDIA devices: 0000:40:00.0" in log, log
     events = [e for e in node_events(kube, REAL_NODE) if e.reason == "VFIORefused"]
     assert events and events[-1].type == "Warning" and "0000:40:00.0" in (events[-1].message or ""), events
-    assert _forbidden_in_logs(real_node, ns) == []
-    assert _forbidden_in_audit(control_plane, ns) == []
+    assert forbidden_in_namespace(control_plane, ns) == []

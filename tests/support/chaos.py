@@ -18,6 +18,7 @@ HEAVY_ENV = "GPU_OPERATOR_CHAOS_HEAVY"
 HEAVY = os.environ.get(HEAVY_ENV, "") not in ("", "0")
 """GPU_OPERATOR_CHAOS_HEAVY=1: the benchmark-machine variants (more nodes, more crash points)."""
 
+READ_VERBS = ("get", "list", "watch")  # the audit log keeps ServiceAccounts' reads too
 OPERATOR_USER = "gpu-operator-sim"  # the sim PKI's user for the operator's kubeconfig
 
 
@@ -78,7 +79,8 @@ class AuditTail:
             if not line.strip():
                 continue
             event = json.loads(line)
-            if event.get("user", {}).get("username") == self.user and event.get("stage") == "ResponseComplete":
+            if (event.get("user", {}).get("username") == self.user and event.get("stage") == "ResponseComplete"
+                    and event.get("verb") not in READ_VERBS):
                 events.append(event)
         return events
 

@@ -59,6 +59,7 @@ class LeaderElector:
     async def _try(self) -> bool:
         """One attempt to acquire or renew; True when we hold the lease afterwards."""
         now = _now()
+        read_from = asyncio.get_running_loop().time()
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
         except ApiError as err:
@@ -69,6 +70,12 @@ class LeaderElector:
                 metadata=ObjectMeta(name=self.name, namespace=self.namespace),
                 spec=self._spec(now, transitions=0, acquired=now)))
             return True
+        took = asyncio.get_running_loop().time() - read_from
+        if took > self.retry_period:
+            # Paused (SIGSTOP, a frozen VM) or stalled while reading: the Lease may have changed
+            # hands since, so a renewal from this read would only be refused (409). Read again.
+            log.info("leader election: the Lease read took %.1f s; reading it again before renewing", took)
+            return False
         spec = lease.spec or LeaseSpec()
         holder = spec.holderIdentity or ""
         renewed = spec.renewTime or spec.acquireTime

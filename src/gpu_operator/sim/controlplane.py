@@ -27,6 +27,7 @@ from gpu_operator.sim.kubeconfig import write_kubeconfig
 # Users whose writes are not logged by the audit policy: the control plane's own machinery.
 _QUIET_USERS = ["system:kube-controller-manager", "system:kube-scheduler", "kwok-controller",
                 "system:apiserver"]
+_READ_VERBS = ("get", "list", "watch")
 
 
 class ControlPlaneError(RuntimeError):
@@ -335,6 +336,13 @@ class ControlPlane:
 
     def audit_events(self) -> Iterator[dict[str, Any]]:
         """Audit events of write requests (everyone but the control plane's own components)."""
+        for event in self.audit_all():
+            if event.get("verb") not in _READ_VERBS:
+                yield event
+
+    def audit_all(self) -> Iterator[dict[str, Any]]:
+        """Every audit event: the writes of `audit_events()` and the reads of ServiceAccounts
+        outside kube-system (pods and operator replicas), each with its `responseStatus.code`."""
         if not self.audit_log.exists():
             return
         with self.audit_log.open() as f:
@@ -350,7 +358,11 @@ def _audit_policy() -> dict[str, Any]:
         "omitStages": ["RequestReceived"],
         "rules": [
             {"level": "None", "users": _QUIET_USERS},
-            {"level": "None", "verbs": ["get", "list", "watch"]},
+            # Reads by ServiceAccounts (our pods, operator replicas) are kept so a test can read
+            # a refusal's status code from responseStatus; everyone else's reads are not.
+            {"level": "None", "userGroups": ["system:serviceaccounts:kube-system"]},
+            {"level": "Metadata", "userGroups": ["system:serviceaccounts"], "verbs": list(_READ_VERBS)},
+            {"level": "None", "verbs": list(_READ_VERBS)},
             {"level": "Metadata"},
         ],
     }

@@ -85,3 +85,34 @@ def test_a_refused_follower_knows_when_the_holders_lease_ends() -> None:
         assert elector.expires_in is not None and 2.5 < elector.expires_in <= 3.0
         assert not elector.leading()
     asyncio.run(run())
+
+
+class SlowRead(LeaseStore):
+    """A Lease read that returns only after `delay` seconds (a pause or a stalled line), counting
+    renewals sent."""
+
+    def __init__(self, lease: Lease, delay: float) -> None:
+        super().__init__(lease)
+        self.delay, self.replaced = delay, 0
+
+    async def get(self, *args: Any, **kwargs: Any) -> Lease:
+        await asyncio.sleep(self.delay)
+        return await super().get(*args, **kwargs)
+
+    async def replace(self, lease: Lease) -> None:
+        self.replaced += 1
+        await super().replace(lease)
+
+
+def test_a_renewal_is_not_sent_from_a_lease_read_older_than_the_retry_period() -> None:
+    ours = Lease(metadata=ObjectMeta(name="l", namespace="ns"),
+                 spec=LeaseSpec(holderIdentity="me", leaseDurationSeconds=8, renewTime=dt.datetime.now(dt.UTC)))
+    fast = OperatorSettings(leader_retry_period=0.2)
+
+    async def run(delay: float) -> int:
+        store = SlowRead(ours, delay)
+        elector = LeaderElector(cast(AsyncClient, store), "ns", "me", settings=fast)
+        await elector._attempt()
+        return store.replaced
+    assert asyncio.run(run(0.0)) == 1  # a prompt read renews
+    assert asyncio.run(run(0.5)) == 0  # a read older than the retry period is read again, not renewed
