@@ -8,7 +8,6 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- $found := list -}}
 {{- $checks := list
     (list "gpuCluster.deployCR" $v.gpuCluster.deployCR "the GPUCluster (DRA) stack is not implemented; no GPUCluster is rendered and draDriver.* is ignored")
-    (list "operator.cleanupCRD" $v.operator.cleanupCRD "no pre-delete hook deletes the CRDs; delete them by hand after uninstall")
     (list "nfd.nodefeaturerules" $v.nfd.nodefeaturerules "the NodeFeatureRule for gdrcopy/GDS/peermem capability labels is not rendered")
     (list "kataManager.enabled" $v.kataManager.enabled "kata-manager is deprecated and ignored by the operator")
     (list "platform.openshift" $v.platform.openshift "OpenShift specifics (SCCs, driver toolkit) are not rendered by the operator yet; only the RBAC rules are granted") -}}

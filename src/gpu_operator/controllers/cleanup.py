@@ -16,8 +16,15 @@ from typing import Any
 
 from lightkube.core.exceptions import ApiError
 
+from gpu_operator.api.crdgen import load_packaged
+from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import FIELD_MANAGER, Kube, ObjectKey
-from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, NVIDIA
+from gpu_operator.vocabulary import (
+    NODE_AGENT_FIELD_MANAGER,
+    NVIDIA,
+    UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
+    UPGRADE_STATE,
+)
 
 log = logging.getLogger("gpu_operator.cleanup")
 OUR_MANAGERS = frozenset({FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER})
@@ -57,6 +64,50 @@ def cleanup_patch(node: dict[str, Any]) -> dict[str, Any] | None:
     return {"metadata": metadata}
 
 
+# Upgrade states in which the node is not (yet, or no longer) cordoned by the upgrade controller.
+_NOT_CORDONED_BY_US = frozenset({UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, UPGRADE_DONE})
+
+
+def cordoned_by_us(node: dict[str, Any]) -> bool:
+    """The driver upgrade controller cordoned this node and has not uncordoned it yet: it is
+    unschedulable in a state past cordon-required, and was not unschedulable before the upgrade
+    began (the initial-state annotation is not "true"). A node a user cordoned stays cordoned."""
+    meta = node.get("metadata") or {}
+    state = (meta.get("labels") or {}).get(UPGRADE_STATE, UNKNOWN)
+    initially = (meta.get("annotations") or {}).get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION)
+    return bool((node.get("spec") or {}).get("unschedulable")) and state not in _NOT_CORDONED_BY_US \
+        and initially != "true"
+
+
+async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
+    """Uncordon the nodes a driver upgrade left cordoned (an uninstall in the middle of one)."""
+    done = []
+    for node in nodes:
+        if not cordoned_by_us(node):
+            continue
+        name = node["metadata"]["name"]
+        try:
+            await kube.merge_patch("v1", "Node", name, {"spec": {"unschedulable": False}})
+        except ApiError as err:
+            if err.status.code == 404:
+                continue
+            raise
+        log.info("node %s: uncordoned (cordoned by a driver upgrade in progress)", name)
+        done.append(name)
+    return done
+
+
+async def delete_crds(kube: Kube) -> list[str]:
+    """Delete the CRDs this package installs (after their objects are gone)."""
+    deleted = []
+    for crd in load_packaged():
+        name = crd["metadata"]["name"]
+        if await kube.delete(ObjectKey("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None)):
+            log.info("deleted CRD %s", name)
+            deleted.append(name)
+    return deleted
+
+
 async def strip_nodes(kube: Kube) -> list[str]:
     """Remove our labels and annotations from every node; returns the nodes patched."""
     patched = []
@@ -80,9 +131,10 @@ async def strip_nodes(kube: Kube) -> list[str]:
 OWNER_KINDS = (("nvidia.com/v1alpha1", "NVIDIADriver"), ("nvidia.com/v1", "ClusterPolicy"))
 
 
-async def cleanup(kube: Kube, *, timeout: float = 120.0) -> list[str]:
+async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False) -> list[str]:
     """Delete every NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
-    wait until they are gone, then remove our node labels and annotations. Lines for the log."""
+    wait until they are gone, uncordon the nodes a driver upgrade had cordoned, then remove our
+    node labels and annotations; with `crds`, delete our CRDs last. Lines for the log."""
     done: list[str] = []
     for api_version, kind in OWNER_KINDS:
         try:
@@ -110,5 +162,9 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0) -> list[str]:
                 names = ", ".join(o["metadata"]["name"] for o in left)
                 raise TimeoutError(f"{kind} {names} still there after {timeout:.0f} s (a finalizer?)")
             await asyncio.sleep(0.5)
+    nodes = await kube.list_dicts("v1", "Node")
+    done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
     done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]
+    if crds:
+        done += [f"deleted CRD {name}" for name in await delete_crds(kube)]
     return done

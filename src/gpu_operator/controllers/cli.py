@@ -19,9 +19,13 @@ def register(app: typer.Typer) -> None:
             envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
         timeout: Annotated[float, typer.Option(
             help="Seconds to wait for the ClusterPolicies and NVIDIADrivers to be gone.")] = 120.0,
+        crds: Annotated[bool, typer.Option(
+            "--crds", help="Also delete our CRDs, last (the chart's operator.cleanupCRD).")] = False,
     ) -> None:
         """Before an uninstall: delete every ClusterPolicy and NVIDIADriver (their operands go with
-        them), then remove the nvidia.com labels and annotations we wrote from every node."""
+        them), uncordon the nodes a driver upgrade in progress had cordoned (only those), then
+        remove the nvidia.com labels and annotations we wrote from every node; with --crds, delete
+        our CRDs too. The operator deletes its Lease when it stops with no ClusterPolicy left."""
         import asyncio
 
         from gpu_operator.controllers.cleanup import cleanup as run_cleanup
@@ -30,7 +34,7 @@ def register(app: typer.Typer) -> None:
         async def go() -> list[str]:
             kube = Kube(kubeconfig)
             try:
-                return await run_cleanup(kube, timeout=timeout)
+                return await run_cleanup(kube, timeout=timeout, crds=crds)
             finally:
                 await kube.close()
 

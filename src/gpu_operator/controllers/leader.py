@@ -157,11 +157,16 @@ class LeaderElector:
                 stop.set()
                 return
 
-    async def release(self) -> None:
-        """Give the lease up at a clean shutdown so a follower takes over at once."""
+    async def release(self, delete: bool = False) -> None:
+        """Give the lease up at a clean shutdown so a follower takes over at once; with `delete`
+        (an uninstall: nothing left to lead), delete the Lease instead."""
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)
-            if lease.spec and lease.spec.holderIdentity == self.identity:
+            if delete and lease.spec and lease.spec.holderIdentity == self.identity:
+                WRITES.labels("delete", "Lease").inc()
+                await self.client.delete(Lease, self.name, namespace=self.namespace)
+                log.info("leader election: deleted lease %s (no ClusterPolicy or NVIDIADriver left)", self.name)
+            elif lease.spec and lease.spec.holderIdentity == self.identity:
                 lease.spec.holderIdentity = ""
                 lease.spec.renewTime = _now() - dt.timedelta(seconds=self.lease_duration + 1)
                 WRITES.labels("update", "Lease").inc()

@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 
+from lightkube.core.exceptions import ApiError
+
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.apihealth import ApiHealth
 from gpu_operator.controllers.leader import LeaderElector, identity
@@ -49,7 +51,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
     finally:
         prober.cancel()
         if elector is not None:
-            await elector.release()
+            await elector.release(delete=await nothing_to_lead(kube, timeout=5.0))
         for runner in runners:
             await runner.cleanup()
         await kube.close()
@@ -61,3 +63,20 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals):  # type: ignore[no-untyp
         log.info("received %s: shutting down", sig.name)
         stop.set()
     return handler
+
+
+async def nothing_to_lead(kube: Kube, timeout: float) -> bool:
+    """No ClusterPolicy or NVIDIADriver is left (or their CRDs are gone): an uninstall, whose
+    pre-delete hook deleted them before the operator was stopped. False when it cannot tell."""
+    from gpu_operator.controllers.cleanup import OWNER_KINDS
+
+    for api_version, kind in OWNER_KINDS:
+        try:
+            if await asyncio.wait_for(kube.list_dicts(api_version, kind), timeout):
+                return False
+        except ApiError as err:
+            if err.status.code != 404:
+                return False
+        except Exception:  # the apiserver is unreachable: keep the Lease, as a plain release would
+            return False
+    return True

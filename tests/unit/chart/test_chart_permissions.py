@@ -48,7 +48,7 @@ IN_NAMESPACE: set[Permission] = (
     | grant("rbac.authorization.k8s.io", ["roles", "rolebindings"], MANAGE)
     | grant("monitoring.coreos.com", ["servicemonitors"], MANAGE)
     | grant("coordination.k8s.io", ["leases"], ["create"])
-    | grant("coordination.k8s.io", ["leases"], ["get", "update"], ["53822513.nvidia.com"])
+    | grant("coordination.k8s.io", ["leases"], ["get", "update", "delete"], ["53822513.nvidia.com"])
     # held only to hand on to operand Roles
     | grant("", ["pods"], ["create"])
     | grant("", ["configmaps"], ["update"])

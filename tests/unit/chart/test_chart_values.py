@@ -136,7 +136,6 @@ def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callabl
 
 
 @pytest.mark.parametrize(("values", "key"), [
-    ({"operator": {"cleanupCRD": True}}, "operator.cleanupCRD"),
     ({"nfd": {"nodefeaturerules": True}}, "nfd.nodefeaturerules"),
     ({"kataManager": {"enabled": True}}, "kataManager.enabled"),
     ({"platform": {"openshift": True}}, "platform.openshift"),
@@ -152,6 +151,23 @@ def test_unsupported_values_are_reported(values: Values, key: str, render: Calla
     rendered = render(values)
     assert [entry["key"] for entry in report(rendered)] == [key]
     assert f"  - {key}=" in notes(rendered)
+
+
+def test_cleanup_crd_deletes_our_crds_in_the_pre_delete_hook(render: Callable[..., Rendered]) -> None:
+    def hook(values: Values) -> tuple[list[str], list[dict[str, Any]]]:
+        rendered = render(values)
+        job = find(rendered, "Job", "gpu-operator-cleanup")
+        role = find(rendered, "ClusterRole", "gpu-operator-cleanup")
+        return job["spec"]["template"]["spec"]["containers"][0]["command"], role["rules"]
+    command, rules = hook({"operator": {"cleanupCRD": True}})
+    assert command == ["gpu-operator", "cleanup", "--crds"]
+    assert {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+            "resourceNames": ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"],
+            "verbs": ["delete"]} in rules
+    command, rules = hook({})
+    assert command == ["gpu-operator", "cleanup"]
+    assert not [r for r in rules if "apiextensions.k8s.io" in r["apiGroups"]]
+    assert report(render({"operator": {"cleanupCRD": True}})) == []
 
 
 def test_defaults_report_nothing(render: Callable[..., Rendered]) -> None:

@@ -1,0 +1,140 @@
+"""What an uninstall used to leave behind, on the real control plane: nodes a driver upgrade had
+cordoned, the operator's Lease, and (when asked) our CRDs. `gpu-operator cleanup` is the chart's
+pre-delete hook command; the operator is the process Helm stops afterwards."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Node
+
+from gpu_operator.controllers.leader import LEASE_NAME
+from gpu_operator.controllers.upgrade_state import (
+    POD_DELETION_REQUIRED,
+    UPGRADE_REQUIRED,
+    WAIT_FOR_JOBS_REQUIRED,
+)
+from gpu_operator.kube.client import FIELD_MANAGER, ClusterPolicyResource
+from gpu_operator.kube.crds import apply_crds
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.vocabulary import UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION, UPGRADE_STATE
+from tests.support.status import reconciled
+from tests.support.waiting import wait_for
+
+
+def cleanup_command(control_plane: ControlPlane, *args: str) -> str:
+    cli = str(Path(sys.executable).parent / "gpu-operator")
+    done = subprocess.run([cli, "cleanup", "--kubeconfig", str(control_plane.admin_kubeconfig), *args],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def lease(kube: Client, namespace: str) -> Lease | None:
+    try:
+        return kube.get(Lease, LEASE_NAME, namespace=namespace)
+    except ApiError as err:
+        if err.status.code == 404:
+            return None
+        raise
+
+
+def test_the_operator_deletes_its_lease_when_it_stops_with_nothing_left_to_lead(
+        kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]],
+        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
+        operator_namespace: str) -> None:
+    fake_nodes("dgx-h100:1")
+    cluster_policies({})
+    # A rollout with a ClusterPolicy in place: the Lease is released (no holder), not deleted.
+    first = start_operator(leader_elect=True)
+    reconciled(kube, context=first.log_text)
+    assert first.stop() == 0
+    released = lease(kube, operator_namespace)
+    assert released is not None and released.spec is not None and not released.spec.holderIdentity
+    # An uninstall: the pre-delete hook deletes the ClusterPolicy, then Helm stops the operator.
+    second = start_operator(leader_elect=True)
+    wait_for("the second replica holding the Lease", lambda: lease(kube, operator_namespace),
+             until=lambda got: got is not None and got.spec is not None and bool(got.spec.holderIdentity),
+             timeout=60, context=second.log_text)
+    assert "deleted ClusterPolicy cluster-policy" in cleanup_command(control_plane)
+    assert second.stop() == 0
+    assert lease(kube, operator_namespace) is None, second.log_text()[-2000:]
+    assert "deleted lease" in second.log_text()
+
+
+@pytest.fixture
+def our_crds_restored(kube: Client, crds: list[str]) -> Iterator[list[str]]:
+    """Our CRDs, applied again after the test (later tests of the session need them)."""
+    yield crds
+    for name in crds:
+        wait_for(f"CRD {name} gone or kept", functools.partial(_crd_terminating, kube, name),
+                 until=lambda terminating: not terminating, timeout=60)
+    apply_crds(kube)
+
+
+def _crd_terminating(kube: Client, name: str) -> bool:
+    try:
+        crd = kube.get(CustomResourceDefinition, name)
+    except ApiError as err:
+        if err.status.code == 404:
+            return False
+        raise
+    return crd.metadata is not None and crd.metadata.deletionTimestamp is not None
+
+
+def test_cleanup_uncordons_only_the_nodes_a_driver_upgrade_cordoned_and_deletes_our_crds_when_asked(
+        kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]],
+        our_crds_restored: list[str]) -> None:
+    ours, user_before, user_waiting, plain = fake_nodes("dgx-h100:4")
+    # (not the cluster_policies fixture: its teardown would find the CRD gone)
+    kube.create(ClusterPolicyResource(apiVersion="nvidia.com/v1", kind="ClusterPolicy",
+                                      metadata=ObjectMeta(name="cluster-policy"), spec={}))
+    # The upgrade controller's marks, written under its field manager, as it leaves them when the
+    # uninstall comes in the middle of an upgrade (no operator runs here: the hook's work alone).
+    as_operator = Client(config=kube.config, field_manager=FIELD_MANAGER)
+    marks = {
+        ours: (WAIT_FOR_JOBS_REQUIRED, {}),  # cordoned by the upgrade
+        user_before: (POD_DELETION_REQUIRED, {UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: "true"}),  # a user's
+        user_waiting: (UPGRADE_REQUIRED, {}),  # a user cordoned it while it waited for a slot
+    }
+    for node, (state, notes) in marks.items():
+        as_operator.patch(Node, node, {"metadata": {"labels": {UPGRADE_STATE: state}, "annotations": notes},
+                                       "spec": {"unschedulable": True}})
+    out = cleanup_command(control_plane, "--crds")
+
+    def cordoned(node: str) -> bool:
+        found = kube.get(Node, node)
+        return bool(found.spec and found.spec.unschedulable)
+    assert not cordoned(ours), out
+    assert cordoned(user_before) and cordoned(user_waiting) and not cordoned(plain)
+    assert f"node {ours}: uncordoned" in out and f"node {user_before}: uncordoned" not in out
+    for node in marks:
+        labels = kube.get(Node, node).metadata.labels or {}
+        assert UPGRADE_STATE not in labels, (node, labels)
+    for name in our_crds_restored:
+        assert f"deleted CRD {name}" in out
+        wait_for(f"CRD {name} deleted", functools.partial(_crd_exists, kube, name),
+                 until=lambda left: not left, timeout=60)
+    for node in (user_before, user_waiting):  # the user's cordons are theirs to lift
+        kube.patch(Node, node, {"spec": {"unschedulable": False}})
+
+
+def _crd_exists(kube: Client, name: str) -> bool:
+    try:
+        kube.get(CustomResourceDefinition, name)
+    except ApiError as err:
+        if err.status.code == 404:
+            return False
+        raise
+    return True
