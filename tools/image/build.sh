@@ -10,6 +10,9 @@
 #   4. dist/: <name>-<tag>.oci.tar (OCI archive), .docker.tar (`docker load` / `ctr import`,
 #      written by skopeo), .digest (manifest digest), .sbom.cdx.json (CycloneDX).
 # Needs root (chroot, file ownership) and the Debian packages mmdebstrap, umoci, skopeo.
+# --arch arm64 (or IMAGE_ARCH=arm64) builds the same image for arm64 on an amd64 host: Debian's
+# arm64 packages, the arm64 wheels of the lock file, the root's own programs run under
+# qemu-user-static (binfmt_misc); its outputs are named <name>-<tag>-arm64.*.
 # IMAGE_OUT=DIR writes the outputs there instead of dist/. Last stdout line: "<digest> <size-bytes-uncompressed> <oci archive path> <image ref>".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,10 +22,31 @@ py=${PYTHON:-$root_dir/.venv/bin/python}
 say() { echo "image: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
+arch=${IMAGE_ARCH:-amd64}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch=${2:?--arch needs amd64 or arm64}; shift 2 ;;
+    --arch=*) arch=${1#--arch=}; shift ;;
+    *) die "unknown argument $1 (only --arch amd64|arm64)" ;;
+  esac
+done
+case "$arch" in
+  amd64) triplet=x86_64-linux-gnu; suffix="" ;;
+  arm64) triplet=aarch64-linux-gnu; suffix="-arm64" ;;
+  *) die "--arch $arch: the image is built for amd64 or arm64" ;;
+esac
+host_arch=$(dpkg --print-architecture)
+
 [ "$(id -u)" = 0 ] || die "building the image needs root (chroot into the root filesystem, uid 0 files); run as root"
 for tool in mmdebstrap umoci skopeo; do
   command -v "$tool" >/dev/null || die "$tool not found: install the Debian package $tool (./dev image does it as root)"
 done
+if [ "$arch" != "$host_arch" ]; then
+  qemu=/proc/sys/fs/binfmt_misc/qemu-${triplet%%-*}
+  [ -e "$qemu" ] && grep -q '^enabled' "$qemu" || die "building for $arch on $host_arch runs $arch programs: \
+install qemu-user-static and binfmt-support and mount binfmt_misc (./dev image --arch $arch does it as root); $qemu is not registered"
+fi
+platform_args=$(ARCH=$arch bash tools/image/platforms.sh)
 
 read -r name tag < <("$py" - <<'PY'
 import yaml
@@ -33,7 +57,7 @@ print(f'{op["repository"]}/{op["image"]}', op.get("version") or chart["appVersio
 PY
 )
 ref="$name:$tag"
-base_name=gpu-operator-$tag
+base_name=gpu-operator-$tag$suffix
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 export SOURCE_DATE_EPOCH
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
@@ -53,11 +77,11 @@ mmopts=(--variant=essential "--include=$(IFS=,; echo "${packages[*]}")"
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*'
         --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/doc/*'
         --dpkgopt='path-include=/usr/share/doc/*/copyright'
-        --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*'
+        --dpkgopt="path-exclude=/usr/lib/$triplet/gconv/*" "--architectures=$arch"
         --dpkgopt='path-exclude=/usr/share/lintian/*')
 cache=${GPU_OPERATOR_CACHE:-$HOME/.cache/gpu-operator}/image
 key=$(printf '%s\n' "$suite" "${packages[@]}" "${mirrors[@]}" "${mmopts[@]}" | sha256sum | cut -c1-16)
-base_tar=$cache/base-$suite-$key.tar
+base_tar=$cache/base-$suite-$arch-$key.tar
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9  # one build at a time per cache (the base and the wheel directory are shared)
@@ -77,14 +101,16 @@ rootfs=$work/rootfs
 mkdir -p "$rootfs" && tar -xpf "$base_tar" --numeric-owner -C "$rootfs"
 
 # --- 2. Python packages ---------------------------------------------------------------------
-wheels=$cache/wheels
+wheels=$cache/wheels-$arch
 mkdir -p "$wheels" "$work/install"
 pip_version=26.3
 say "fetching pinned wheels (tools/image/requirements.lock) into $wheels"
 fetch() {  # from the cache directory alone when it has everything, else from PyPI
+  # shellcheck disable=SC2086
   "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" \
-    --no-index --find-links "$wheels" "$@" >/dev/null 2>&1 \
-  || "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" "$@" >&2
+    $platform_args --no-index --find-links "$wheels" "$@" >/dev/null 2>&1 \
+  || "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" \
+    $platform_args "$@" >&2
 }
 fetch --require-hashes -r tools/image/requirements.lock
 fetch "pip==$pip_version"
@@ -128,7 +154,7 @@ umoci init --layout "$oci"
 umoci new --image "$oci:$tag"
 umoci raw add-layer --image "$oci:$tag" --history.created "$created" \
   --history.created_by "./dev image (Debian $suite: ${packages[*]}; gpu-operator wheel)" "$work/layer.tar"
-umoci config --image "$oci:$tag" --created "$created" --author gpu-operator --os linux --architecture amd64 \
+umoci config --image "$oci:$tag" --created "$created" --author gpu-operator --os linux --architecture "$arch" \
   --no-history --config.user 65532:65532 --config.workingdir / \
   --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --config.env LANG=C.UTF-8 --config.env PYTHONDONTWRITEBYTECODE=1 --config.env PYTHONUNBUFFERED=1 \
@@ -154,7 +180,7 @@ echo "$digest" > "$out.digest"
 "$py" tools/image/sbom.py --rootfs "$rootfs" --name "$name" --version "$tag" --digest "$digest" \
   --created "$created" > "$out.sbom.cdx.json"
 compressed=$(stat -c %s "$out.oci.tar")
-say "image $ref"
+say "image $ref ($arch)"
 say "digest $digest"
 say "size $((size / 1000000)) MB uncompressed (layer), $((compressed / 1000000)) MB as OCI archive"
 say "wrote $out.oci.tar $out.docker.tar $out.digest $out.sbom.cdx.json"
