@@ -7,13 +7,11 @@ or a container cannot run here, these tests fail and say why: they never skip.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,51 +19,14 @@ import yaml
 
 from gpu_operator.render.defaults import OWN_IMAGE
 from gpu_operator.sim.containerd import Mount, PrivateContainerd
+from tests.image.imagebuild import REPO, Built, build, oci_blob, oci_blob_index, sha256
 from tests.support.hostsim import fakehost
 
 pytestmark = pytest.mark.image
 
-REPO = Path(__file__).resolve().parents[2]
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 SIZE_LIMIT = 150_000_000
 IMAGE_USER = "65532:65532"
-
-
-@dataclass(frozen=True)
-class Built:
-    digest: str
-    size: int
-    oci_archive: Path
-    ref: str
-
-    def sibling(self, suffix: str) -> Path:
-        return self.oci_archive.with_name(self.oci_archive.name.removesuffix(".oci.tar") + suffix)
-
-
-def build(out: Path) -> Built:
-    env = {**os.environ, "IMAGE_OUT": str(out), "PYTHON": str(REPO / ".venv" / "bin" / "python")}
-    done = subprocess.run([str(REPO / "tools" / "image" / "build.sh")], capture_output=True, text=True,
-                          env=env, cwd=REPO, check=False, timeout=1800)
-    if done.returncode != 0:
-        pytest.fail(f"tools/image/build.sh exited {done.returncode}:\n{done.stderr[-4000:]}")
-    digest, size, archive, ref = done.stdout.strip().splitlines()[-1].split()
-    return Built(digest, int(size), Path(archive) if Path(archive).is_absolute() else REPO / archive, ref)
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    return build(tmp_path_factory.mktemp("image-first"))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def oci_blob(archive: Path, digest: str) -> bytes:
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
-        assert member is not None, f"{archive} has no blob {digest}"
-        return member.read()
 
 
 def test_a_second_build_from_the_same_commit_gives_the_same_digest(built: Built, tmp_path: Path) -> None:
@@ -87,13 +48,6 @@ def test_name_tag_and_digest_are_the_charts(built: Built) -> None:
     assert built.sibling(".digest").read_text().strip() == built.digest
     index = json.loads(oci_blob_index(built.oci_archive))
     assert [m["digest"] for m in index["manifests"]] == [built.digest]
-
-
-def oci_blob_index(archive: Path) -> bytes:
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile("index.json")
-        assert member is not None
-        return member.read()
 
 
 def test_config_runs_as_non_root_and_layer_is_clean(built: Built) -> None:
