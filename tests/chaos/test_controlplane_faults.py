@@ -14,7 +14,7 @@ from lightkube.resources.core_v1 import Node
 
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.support.chaos import HEAVY, readyz
+from tests.support.chaos import HEAVY, readyz, rollout
 from tests.support.faultproxy import FaultProxy
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
@@ -67,7 +67,7 @@ def test_operator_rides_out_a_killed_control_plane_component(
           f"{recovery:.1f} s after it returned")
     assert operator.alive and operator.process.pid == pid, "the operator must survive, not be restarted"
     assert recovery <= RECOVERY_LIMIT, f"labelled {recovery:.1f} s after {component} returned"
-    reconciled(kube, context=operator.log_text)
+    reconciled(kube, context=lambda: f"{rollout(kube, operator.namespace)}\n{operator.log_text()[-3000:]}")
 
 
 def test_slow_lossy_apiserver_still_converges(

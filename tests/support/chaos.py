@@ -99,3 +99,23 @@ def category(event: dict[str, Any]) -> str:
     if resource == "events":
         return "event"
     return "apply"
+
+
+def rollout(kube: Any, namespace: str) -> str:
+    """The operands' DaemonSets (desired/ready/updated) and pods that are not Ready, one per
+    line: context for a wait on Reconciled that may time out on the cluster's side."""
+    from lightkube.resources.apps_v1 import DaemonSet
+    from lightkube.resources.core_v1 import Pod
+
+    lines = []
+    for ds in kube.list(DaemonSet, namespace=namespace):
+        s = ds.status
+        lines.append(f"DaemonSet {ds.metadata.name}: desired {s.desiredNumberScheduled if s else '?'} "
+                     f"ready {s.numberReady if s else '?'} updated {s.updatedNumberScheduled if s else '?'} "
+                     f"observedGeneration {s.observedGeneration if s else '?'}/{ds.metadata.generation}")
+    for pod in kube.list(Pod, namespace=namespace):
+        conditions = {c.type: c.status for c in (pod.status.conditions or [])} if pod.status else {}
+        if conditions.get("Ready") != "True":
+            lines.append(f"Pod {pod.metadata.name} on {pod.spec.nodeName if pod.spec else '?'}: "
+                         f"{pod.status.phase if pod.status else '?'} {conditions}")
+    return "\n".join(lines)
