@@ -312,7 +312,9 @@ def test_operator_runs_the_default_policy_without_forbidden_responses(
     kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
 ) -> None:
     fake_nodes("dgx-h100:2")
-    apply_all(kube, [find(chart_objects(), "ClusterPolicy", "cluster-policy")])
+    policy = find(chart_objects(), "ClusterPolicy", "cluster-policy")
+    policy["spec"]["psa"] = {"enabled": True}  # the namespace patch goes through the chart's RBAC too
+    apply_all(kube, [policy])
     process = operator_run.start()
     proxy = operator_run.proxy
 
@@ -333,6 +335,10 @@ def test_operator_runs_the_default_policy_without_forbidden_responses(
     responses = operator_run.proxy.responses
     assert len(responses) > 20 and {r.method for r in responses} >= {"GET", "PATCH"}
     assert operator_run.proxy.forbidden() == [], refusals(operator_run.proxy)
+    labels = kube.get(Namespace, NAMESPACE).metadata.labels or {}
+    assert {k: v for k, v in labels.items() if k.startswith("pod-security.kubernetes.io/")} == {
+        "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/audit": "privileged",
+        "pod-security.kubernetes.io/warn": "privileged"}, labels
 
 
 def test_operator_without_a_needed_rule_is_refused(

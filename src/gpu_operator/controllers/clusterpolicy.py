@@ -23,6 +23,7 @@ from gpu_operator.controllers.cache import (
     object_key,
 )
 from gpu_operator.controllers.nodelabels import has_gpu
+from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
@@ -97,6 +98,7 @@ class ClusterPolicyReconciler:
         self.settings = settings or OperatorSettings()
         self._vm_findings: set[Finding] = set()  # VM passthrough findings already sent as Events
         self.applier = Applier(kube)
+        self.namespace_labeller = NamespaceLabeller(kube)
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -125,6 +127,7 @@ class ClusterPolicyReconciler:
             return await self._finish(report, active, snap, st.Outcome.failed(str(err)))
 
         try:
+            await self.namespace_labeller.ensure(policy, snap.namespace)
             await self._apply(result, active, snap, report)
         except ApiError as err:
             message = f"Failed to reconcile: {err.status.message}"
