@@ -160,6 +160,7 @@ umoci config --image "$oci:$tag" --created "$created" --author gpu-operator --os
   --config.env LANG=C.UTF-8 --config.env PYTHONDONTWRITEBYTECODE=1 --config.env PYTHONUNBUFFERED=1 \
   --config.env HOME=/tmp --config.cmd gpu-operator --config.cmd --help \
   --config.label "org.opencontainers.image.title=gpu-operator" \
+  --config.label "org.opencontainers.image.licenses=Apache-2.0" \
   --config.label "org.opencontainers.image.version=$tag" \
   --config.label "org.opencontainers.image.revision=$revision" \
   --config.label "org.opencontainers.image.created=$created"
