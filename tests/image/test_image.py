@@ -57,6 +57,7 @@ def test_config_runs_as_non_root_and_layer_is_clean(built: Built) -> None:
     assert "PYTHONDONTWRITEBYTECODE=1" in config["config"]["Env"]
     assert config["config"]["Labels"]["org.opencontainers.image.revision"] == subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()
+    assert config["config"]["Labels"]["org.opencontainers.image.licenses"] == "Apache-2.0"
     (layer,) = manifest["layers"]
     import gzip
     import io
