@@ -40,6 +40,7 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("apps", ["daemonsets"], ["get", "list", "watch"])
     | grant("nfd.k8s-sigs.io", ["nodefeatures"], ["get", "list", "watch", "create", "update"])
     | grant("config.openshift.io", ["clusterversions"], ["get", "list"])
+    | grant("resource.k8s.io", ["resourceclaims"], ["get", "list"])
 )
 IN_NAMESPACE: set[Permission] = (
     grant("apps", ["daemonsets"], MANAGE)

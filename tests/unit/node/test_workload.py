@@ -25,6 +25,11 @@ def test_cuda_pod_manifest_is_pinned_owned_and_valid() -> None:
     assert pod["spec"]["runtimeClassName"] == "nvidia" and pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["initContainers"][0]["command"] == ["vectorAdd"]
     assert {c["imagePullPolicy"] for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]} == {"IfNotPresent"}
+    # the NVIDIA runtime injects every GPU only when asked (the validator image says void)
+    init = pod["spec"]["initContainers"][0]
+    assert init["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    assert init["securityContext"]["privileged"] is True
+    assert pod["spec"]["containers"][0]["securityContext"]["privileged"] is True
     named = {**pod, "metadata": {**pod["metadata"], "name": "nvidia-cuda-validator-x"}}
     kubernetes_validate.validate(named, "1.33", strict=True)
 
@@ -32,6 +37,9 @@ def test_cuda_pod_manifest_is_pinned_owned_and_valid() -> None:
 def test_plugin_pod_requests_one_gpu() -> None:
     pod = workload_pod(PLUGIN_APP, node_name="n", namespace="ns", image="i", template={}, gpu_resource="nvidia.com/mig-1g.10gb")
     assert pod["spec"]["initContainers"][0]["resources"] == {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+    # the device plugin picks the GPU: no blanket NVIDIA_VISIBLE_DEVICES, not privileged
+    assert "env" not in pod["spec"]["initContainers"][0]
+    assert not pod["spec"]["initContainers"][0]["securityContext"].get("privileged")
     assert "ownerReferences" not in pod["metadata"]
 
 

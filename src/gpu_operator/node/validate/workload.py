@@ -56,21 +56,28 @@ def workload_pod(
         "command": list(command),
         "securityContext": {"allowPrivilegeEscalation": False},
     }
+    main: dict[str, Any] = {
+        "name": app,
+        "image": image,
+        "command": ["sh", "-c", f"echo {app} workload succeeded"],
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
     if gpu_resource:
+        # the device plugin's Allocate answer tells the runtime which GPU to inject
         init["resources"] = {"limits": {gpu_resource: "1"}}
+    else:
+        # No device plugin involved: ask the NVIDIA runtime for every GPU of the node, as NVIDIA's
+        # validator does; its image sets NVIDIA_VISIBLE_DEVICES=void, so without this the toolkit
+        # injects no GPU and vectorAdd cannot run.
+        init["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+        init["securityContext"] = {"privileged": True}
+        main["securityContext"] = {"privileged": True, "readOnlyRootFilesystem": True}
     spec: dict[str, Any] = {
         "nodeName": node_name,
         "restartPolicy": "Never",
         "tolerations": template.get("tolerations") or [],
         "initContainers": [init],
-        "containers": [
-            {
-                "name": app,
-                "image": image,
-                "command": ["sh", "-c", f"echo {app} workload succeeded"],
-                "securityContext": {"allowPrivilegeEscalation": False},
-            }
-        ],
+        "containers": [main],
     }
     if pull_policy:
         for container in spec["initContainers"] + spec["containers"]:

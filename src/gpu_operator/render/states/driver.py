@@ -180,6 +180,8 @@ OPERAND = Operand(
         rule([""], ["pods/eviction"], ["create"]),
         rule(["apps"], ["daemonsets"], ["get", "list", "watch"]),
         rule(["config.openshift.io"], ["clusterversions"], ["get", "list"]),
+        # k8s-driver-manager reads the claims of the node's pods before it evicts GPU pods
+        rule(["resource.k8s.io"], ["resourceclaims"], ["get", "list"]),
     ),
     extras=_extras,
     daemonsets=_daemonsets,
