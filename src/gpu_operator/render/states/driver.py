@@ -28,15 +28,25 @@ DAEMONSET = "nvidia-driver-daemonset"
 PROBE_CM = "nvidia-driver-startup-probe"
 READY = f"{VALIDATIONS_DIR}/.driver-ctr-ready"
 PROBE_SCRIPT = f"""#!/bin/sh
-# Ready when the module is loaded, helper daemons (if any) report Ready and nvidia-smi works.
-[ -f /sys/module/nvidia/refcnt ] || exit 1
-if [ -f {VALIDATIONS_DIR}/.driver-daemons-status ]; then
-  grep -q Ready {VALIDATIONS_DIR}/.driver-daemons-status || exit 1
+# The driver container's startup probe. Ready when the module is loaded, the driver's helper
+# daemons (when it reports them) say exactly Ready, and nvidia-smi works; then it records which
+# GPUDirect modules this driver brings, for the validator to wait on before driver-ready.
+set -eu
+dir={VALIDATIONS_DIR}
+mkdir -p "$dir"
+[ -f /sys/module/nvidia/refcnt ] || {{ echo "the nvidia kernel module is not loaded"; exit 1; }}
+if [ -f "$dir/.driver-daemons-status" ]; then
+  daemons=$(head -n 1 "$dir/.driver-daemons-status" | tr -d '[:space:]')
+  [ "$daemons" = Ready ] || {{ echo "driver daemons: ${{daemons:-no status}} (want Ready)"; exit 1; }}
 fi
-nvidia-smi > /dev/null || exit 1
-touch {READY}
+nvidia-smi > /dev/null || {{ echo "nvidia-smi failed"; exit 1; }}
+{{
+  echo "GDRCOPY_ENABLED: ${{GDRCOPY_ENABLED:-false}}"
+  echo "GDS_ENABLED: ${{GDS_ENABLED:-false}}"
+  echo "GPU_DIRECT_RDMA_ENABLED: ${{GPU_DIRECT_RDMA_ENABLED:-false}}"
+}} > {READY}.tmp
+mv {READY}.tmp {READY}
 """
-
 
 def _gate(ctx: Ctx) -> tuple[bool, str]:
     driver = ctx.spec.driver
