@@ -81,6 +81,23 @@ def moving_functions(fs: HostFS, gpus: list[pci.PciFunction]) -> list[str]:
     return sorted({f.address for g in gpus for f in _group_functions(fs, g)[0]})
 
 
+def persistable(fs: HostFS, gpus: list[pci.PciFunction]) -> tuple[list[str], dict[str, str]]:
+    """What `persist` may write for the next boot: (addresses of the functions that move, sorted;
+    {GPU address: why it is left out}). The same IOMMU and group rules as bind, so a boot never
+    puts a GPU on vfio-pci that bind would refuse (a group shared with a NIC would leave the GPU
+    lost to both the host and any VM); processes holding a GPU now do not matter for a boot."""
+    selected = {g.address for g in gpus}
+    moving: set[str] = set()
+    left_out: dict[str, str] = {}
+    for gpu in gpus:
+        functions, foreign = _group_functions(fs, gpu)
+        if refusal := _group_refusal(fs, gpu, functions, foreign, selected):
+            left_out[gpu.address] = refusal
+        else:
+            moving.update(f.address for f in functions)
+    return sorted(moving), left_out
+
+
 def _iommu_refusal(fs: HostFS, gpu: pci.PciFunction) -> str | None:
     if pci.iommu_group_count(fs) == 0:
         return (
@@ -95,14 +112,14 @@ def _iommu_refusal(fs: HostFS, gpu: pci.PciFunction) -> str | None:
     return None
 
 
-def _bind_refusal(
+def _group_refusal(
     fs: HostFS,
     gpu: pci.PciFunction,
     functions: list[pci.PciFunction],
     foreign: list[pci.PciFunction],
     selected: set[str],
 ) -> str | None:
-    """Why this GPU must not move now, or None."""
+    """Why this GPU must never be on vfio-pci as the host is built (IOMMU, its group), or None."""
     if refusal := _iommu_refusal(fs, gpu):
         return refusal
     if foreign:
@@ -116,6 +133,19 @@ def _bind_refusal(
             f"IOMMU group {gpu.iommu_group} also holds GPU(s) {', '.join(others)}, which must move together. "
             "Fix: name them with --device too, or use --all"
         )
+    return None
+
+
+def _bind_refusal(
+    fs: HostFS,
+    gpu: pci.PciFunction,
+    functions: list[pci.PciFunction],
+    foreign: list[pci.PciFunction],
+    selected: set[str],
+) -> str | None:
+    """Why this GPU must not move now, or None: the group's rules, then processes holding it."""
+    if refusal := _group_refusal(fs, gpu, functions, foreign, selected):
+        return refusal
     addresses = {f.address for f in functions}
     if busy := [h for h in gpu_holders(fs) if h.address in addresses]:
         who = ", ".join(f"{h.comm} (pid {h.pid}) holds {h.device}" for h in busy)

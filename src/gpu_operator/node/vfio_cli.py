@@ -103,10 +103,15 @@ def vfio_persist(
     remove: Annotated[bool, typer.Option("--remove", help="Remove exactly what persist wrote.")] = False,
     host_root: HostRoot = None,
 ) -> None:
-    """Write the early-boot script (driver_override=vfio-pci before nvidia loads) and the vfio module lines."""
+    """Write the early-boot script (driver_override=vfio-pci before nvidia loads) and the vfio module lines.
+
+    A GPU that bind would refuse for good (IOMMU off, its group shared with a non-NVIDIA device,
+    group companions not named) is left out with the reason, the others are written, and the
+    command exits 1."""
     from gpu_operator.node import persist, vfio
 
     fs = _fs(host_root)
+    left_out: dict[str, str] = {}
     try:
         if remove:
             if all_gpus or device:
@@ -114,7 +119,13 @@ def vfio_persist(
             result = persist.remove(fs)
         else:
             gpus = vfio.select_gpus(fs, device or [], all_gpus)
-            result = persist.persist(fs, vfio.moving_functions(fs, gpus))
+            addresses, left_out = vfio.persistable(fs, gpus)
+            for address, why in left_out.items():
+                typer.echo(f"left out {address}: {why}", err=True)
+            if gpus and not addresses:
+                typer.echo("no GPU may be persisted on vfio-pci; nothing written", err=True)
+                raise typer.Exit(1)
+            result = persist.persist(fs, addresses)
     except (vfio.VfioUsageError, persist.PersistError) as err:
         raise typer.BadParameter(str(err)) from None
     for path in result.written:
@@ -125,14 +136,19 @@ def vfio_persist(
         typer.echo(f"unchanged {path}")
     for note in result.notes:
         typer.echo(f"note: {note}")
+    # (a GPU left out above makes the command exit 1 once the others are written)
+    partial = not remove and bool(left_out)
     if not result.changed:
         typer.echo("nothing changed" + ("" if remove else "; the initramfs needs no rebuild for this"))
-        return
+        raise typer.Exit(1 if partial else 0)
     typer.echo(f"next: regenerate the initramfs on the host ({result.flavor}): {persist.regenerate_command(result.flavor)}")
     if not remove:
         typer.echo("then reboot; `gpu-operator doctor` afterwards shows every GPU on vfio-pci and persisted")
         for line in persist.rollback_text(result.flavor):
             typer.echo(f"roll back, {line}")
+    if partial:
+        typer.echo(f"persisted all but {len(left_out)} GPU(s): {', '.join(left_out)} (see above)", err=True)
+        raise typer.Exit(1)
 
 
 @vfio_app.command("reconcile")

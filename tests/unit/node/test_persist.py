@@ -147,3 +147,38 @@ def test_the_dracut_module_setup_parses() -> None:
 
     done = subprocess.run(["bash", "-n"], input=persist.dracut_setup(), capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_persist_all_leaves_out_a_gpu_whose_group_holds_a_nic(build_host) -> None:  # type: ignore[no-untyped-def]
+    """Seed 001's 8x H100 with GPU 0000:3b:00.0 in one IOMMU group with an i40e NIC: bind refuses that
+    GPU, so persist must not put it on vfio-pci at the next boot either; the other seven are written."""
+    others = [a for a in H100 if a != "0000:3b:00.0"]
+    devices = [
+        {"addresses": others, "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia"},
+        {"address": "0000:3b:00.0", "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia",
+         "iommu_group": 77},
+        {"address": "0000:3c:00.0", "vendor": "8086", "device": "1572", "class": "020000", "driver": "i40e",
+         "iommu_group": 77},
+    ]
+    host = build_host("h100-nvidia-bound", devices=devices, pci_drivers=["vfio-pci", "nvidia", "i40e"])
+    root = str(host.fs.root)
+    code, out = cli("persist", "--all", f"--host-root={root}")
+    assert code == 1, out
+    assert "left out 0000:3b:00.0" in out and "0000:3c:00.0" in out and "ACS" in out
+    script = host.fs.read_text(persist.INITRAMFS_TOOLS_SCRIPT) or ""
+    assert all(a in script for a in others) and "0000:3b:00.0" not in script and "0000:3c:00.0" not in script
+    assert "persisted all but 1 GPU(s): 0000:3b:00.0" in out
+    # the same refusal as bind's, for the same GPU
+    from gpu_operator.node import vfio
+    plans = {p.gpu: p for p in vfio.plan(host.fs, "bind", [], True)}
+    assert plans["0000:3b:00.0"].refused and not any(plans[a].refused for a in others)
+    # run again: nothing changes, still says which GPU stays out
+    code, again = cli("persist", "--all", f"--host-root={root}")
+    assert code == 1 and "nothing changed" in again and "left out 0000:3b:00.0" in again
+
+
+def test_persist_writes_nothing_when_no_gpu_may_move(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("h100-nvidia-bound", iommu=False)
+    code, out = cli("persist", "--all", f"--host-root={host.fs.root}")
+    assert code == 1 and "IOMMU is off" in out and "nothing written" in out
+    assert host.fs.read_text(persist.INITRAMFS_TOOLS_SCRIPT) is None
