@@ -62,6 +62,12 @@ def probe(
     interval: Annotated[float, typer.Option(help="With --publish: seconds between probes.")] = 300.0,
     once: Annotated[bool, typer.Option(help="With --publish: probe and publish once, then exit.")] = False,
     workload_config: Workload = None,
+    default_workload: Annotated[
+        str | None,
+        typer.Option(help="With --publish: the cluster's default workload (ClusterPolicy "
+                     "sandboxWorkloads.defaultWorkload) for a node without the workload label; "
+                     "the operator's probe DaemonSet sets it."),
+    ] = None,
     search_path: Annotated[
         list[str] | None, typer.Option(help="Extra directory to look for nvidia-smi in (repeatable).")
     ] = None,
@@ -71,6 +77,11 @@ def probe(
 
     fs = _fs(host_root)
     dirs = tuple(search_path or ())
+    from gpu_operator.vocabulary import WORKLOAD_CONFIGS
+
+    for option, value in (("--workload-config", workload_config), ("--default-workload", default_workload)):
+        if value and value not in WORKLOAD_CONFIGS:
+            raise typer.BadParameter(f"{option} {value!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
     if not publish:
         typer.echo(run_probe(fs, extra_search_dirs=dirs).model_dump_json(indent=2))
         return
@@ -84,7 +95,8 @@ def probe(
     last_codes: set[str] | None = None
     while True:
         last_codes, events = publish_once(
-            fs, view, workload=workload_config, last_codes=last_codes, search_dirs=dirs
+            fs, view, workload=workload_config, default_workload=default_workload, last_codes=last_codes,
+            search_dirs=dirs
         )
         for event in events:
             typer.echo(f"{event['reason']}: {event['message']}", err=True)

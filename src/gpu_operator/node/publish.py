@@ -99,16 +99,21 @@ def publish_once(
     node: NodePublisher,
     *,
     workload: str | None = None,
+    default_workload: str | None = None,
     last_codes: set[str] | None = None,
     search_dirs: tuple[str, ...] = (),
 ) -> tuple[set[str], list[dict[str, str]]]:
     """Probe, judge against the node's workload label, publish; events only when the findings changed.
 
+    The node's workload is `workload` if given, else its label, else the cluster's default
+    (`default_workload`: the ClusterPolicy's sandboxWorkloads.defaultWorkload, as the operator
+    reads it), and only without any of those inferred from the host.
+
     Returns the finding codes (to pass back as `last_codes`) and the events of this round.
     """
     report = probe(fs, extra_search_dirs=search_dirs)
     labels, annotations = node.node_metadata()
-    declared = workload or labels.get(WORKLOAD_CONFIG) or None
+    declared = workload or labels.get(WORKLOAD_CONFIG) or default_workload or None
     bad_list: list[Finding] = []
     devices = None
     try:

@@ -81,3 +81,47 @@ def test_publish_once_reads_the_workload_label_and_repeats_events_only_on_change
     container = FakeNode({})
     publish_once(host.fs, container)
     assert container.published[0][0]["nvidia.com/gpu.probe.status"] != "error"
+
+
+def test_a_node_without_the_label_follows_the_clusters_default_workload(build_host) -> None:  # type: ignore[no-untyped-def]
+    """In a cluster whose ClusterPolicy says defaultWorkload: vm-passthrough, an unlabelled node with
+    the host's NVIDIA driver is a passthrough node with a host driver on it, not a container node
+    missing its runtime; the node's own label still wins."""
+    from gpu_operator.node.publish import publish_once
+
+    host = build_host("h100-nvidia-bound")
+    unlabelled = FakeNode({})
+    codes, events = publish_once(host.fs, unlabelled, default_workload="vm-passthrough")
+    assert "host-driver-on-passthrough" in codes and "nvidia-runtime-missing" not in codes
+    assert "HostDriverOnPassthrough" in {e["reason"] for e in events}
+    labelled = FakeNode({"nvidia.com/gpu.workload.config": "container"})
+    codes, _ = publish_once(host.fs, labelled, default_workload="vm-passthrough")
+    assert "host-driver-on-passthrough" not in codes
+
+
+def test_the_probe_daemonset_passes_the_policys_default_workload() -> None:
+    from typer.main import get_command
+
+    from gpu_operator import shapes
+    from gpu_operator.api.clusterpolicy import ClusterPolicy
+    from gpu_operator.cli import app
+    from gpu_operator.render import render
+    from gpu_operator.render.clitext import label_gpu_nodes
+    from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+    from gpu_operator.render.facts import ClusterFacts
+
+    policy = ClusterPolicy.model_validate({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                                           "metadata": {"name": "p"}, "spec": {"sandboxWorkloads": {
+                                               "enabled": True, "defaultWorkload": "vm-passthrough"}, "vfioManager": {"enabled": True}}})
+    nodes = shapes.nodes(["vfio-passthrough:1"])
+    label_gpu_nodes(nodes)
+    result = render(policy, ClusterFacts.from_nodes(nodes, namespace="gpu-operator", k8s_version="1.33.0",
+                                                    operator_env=dict(CHART_DEFAULT_IMAGES)))
+    probes = [c for s in result.states for o in s.objects if o["kind"] == "DaemonSet"
+              for c in o["spec"]["template"]["spec"]["containers"] if c["name"] == "nvidia-gpu-probe"]
+    assert len(probes) == 1
+    command = probes[0]["command"]
+    assert "--default-workload=vm-passthrough" in command
+    # the option is one the CLI accepts
+    node = get_command(app).commands["node"]  # type: ignore[attr-defined]
+    assert "default_workload" in {p.name for p in node.commands["probe"].params}

@@ -55,7 +55,9 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
 def _probe_pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         PROBE,
-        command=["gpu-operator", "node", "probe", "--publish", f"--interval={PROBE_INTERVAL_SECONDS}"],
+        command=["gpu-operator", "node", "probe", "--publish", f"--interval={PROBE_INTERVAL_SECONDS}",
+                 # a node without the workload label is what the policy's default says, as for the operator
+                 f"--default-workload={ctx.spec.default_workload()}"],
         env_vars=[env("GPU_OPERATOR_HOST_ROOT", "/host"), NODE_NAME, OPERATOR_NAMESPACE],
         mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
         securityContext={"privileged": True, "runAsUser": 0},  # reads every process's fds under /host/proc
