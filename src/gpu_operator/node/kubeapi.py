@@ -82,15 +82,25 @@ class KubeNodeView:
         ]
 
     def validator_pod_template(self) -> dict[str, Any]:
+        """What the workload pods take from the validator pod: its tolerations, and as owner the
+        ClusterPolicy that owns the validator's DaemonSet (as NVIDIA's validator does). Never the
+        DaemonSet itself: its controller orphans pods it does not select, and owning them with
+        blockOwnerDeletion would need daemonsets/finalizers where owner permission is enforced."""
+        from lightkube.resources.apps_v1 import DaemonSet
         from lightkube.resources.core_v1 import Pod
 
         if not self.pod_name:
             return {}
         pod = self.client.get(Pod, self.pod_name, namespace=self.namespace).to_dict()
-        return {
-            "ownerReferences": pod.get("metadata", {}).get("ownerReferences") or [],
-            "tolerations": pod.get("spec", {}).get("tolerations") or [],
-        }
+        owners: list[dict[str, Any]] = []
+        for ref in pod.get("metadata", {}).get("ownerReferences") or []:
+            if ref.get("kind") != "DaemonSet":
+                continue
+            ds = self.client.get(DaemonSet, ref["name"], namespace=self.namespace).to_dict()
+            owners += [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["name"], "uid": o["uid"],
+                        "controller": True, "blockOwnerDeletion": True}
+                       for o in ds.get("metadata", {}).get("ownerReferences") or [] if o.get("kind") == "ClusterPolicy"]
+        return {"ownerReferences": owners[:1], "tolerations": pod.get("spec", {}).get("tolerations") or []}
 
     def run_pod(self, manifest: dict[str, Any], timeout: float) -> PodOutcome:
         """Delete earlier pods of the same app on this node, create this one, wait for it to end."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node
 
 from gpu_operator.node.kubeapi import KubeNodeView
@@ -30,8 +31,13 @@ class StandInClient:
     def get(self, res: Any, name: str, namespace: str | None = None) -> Obj:
         if res is Node:
             return Obj(self.node)
+        if res is DaemonSet:
+            return Obj({"metadata": {"name": name, "ownerReferences": [
+                {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy", "uid": "cp1",
+                 "controller": True, "blockOwnerDeletion": True}]}})
         phase = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
-        return Obj({"metadata": {"name": name, "ownerReferences": [{"kind": "DaemonSet"}]}, "spec": {"tolerations": [{"operator": "Exists"}]},
+        return Obj({"metadata": {"name": name, "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-operator-validator"}]},
+                    "spec": {"tolerations": [{"operator": "Exists"}]},
                     "status": {"phase": phase}})
 
     def list(self, res: Any, namespace: str, labels: dict[str, str], fields: dict[str, str]) -> list[Obj]:
@@ -67,7 +73,11 @@ def test_run_pod_replaces_old_pods_and_waits_for_the_end(monkeypatch) -> None:  
 def test_node_facts_and_template(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     view = KubeNodeView("gpu-0", "gpu-operator", "validator-pod", client=StandInClient(["Running"]))
     assert view.node_labels() == {"a": "b"} and view.node_allocatable() == {"nvidia.com/gpu": "8"}
-    assert view.validator_pod_template() == {"ownerReferences": [{"kind": "DaemonSet"}], "tolerations": [{"operator": "Exists"}]}
+    # the workload pods belong to the ClusterPolicy that owns the validator's DaemonSet, not to the DaemonSet
+    assert view.validator_pod_template() == {
+        "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
+                             "uid": "cp1", "controller": True, "blockOwnerDeletion": True}],
+        "tolerations": [{"operator": "Exists"}]}
     assert KubeNodeView("gpu-0", "ns", "", client=StandInClient(["Running"])).validator_pod_template() == {}
 
 

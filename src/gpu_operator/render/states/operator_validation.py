@@ -104,7 +104,9 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "delete"]),
                 rule(["apps"], ["daemonsets"], ["get", "list"])),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),
+                   # the workload pods' owner is the ClusterPolicy, with blockOwnerDeletion
+                   rule(["nvidia.com"], ["clusterpolicies/finalizers"], ["update"])),
     daemonset=DaemonSetDef(
         name=NAME,
         deploy="operator-validator",
