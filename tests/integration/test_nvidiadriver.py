@@ -179,7 +179,7 @@ def test_overlapping_selectors_are_reported_and_nothing_is_deleted(
     ({"default": True, "nodeSelector": {"pool": "a"}}, None, "spec.nodeSelector", "must not set nodeSelector"),
     ({"nodeSelector": {OWNER: "x"}}, None, "spec.nodeSelector", "must not use"),
     ({"driverType": "cpu"}, None, "spec.driverType", "Unsupported value"),
-    ({"kernelModuleType": "closed"}, None, "spec.kernelModuleType", "Unsupported value"),
+    ({"kernelModuleType": "closed"}, None, "spec.kernelModuleType", "unsupported value closed: use one of auto, open"),
     ({"driverType": "gpu"}, {"driverType": "vgpu"}, "spec.driverType", "immutable"),
     ({"usePrecompiled": False}, {"usePrecompiled": True}, "spec.usePrecompiled", "immutable"),
 ])

@@ -8,9 +8,9 @@ default, so an object round-trips without gaining fields. Unknown fields are kep
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from gpu_operator.api.checks import (
     AbsolutePath,
@@ -21,6 +21,7 @@ from gpu_operator.api.checks import (
     Port,
 )
 from gpu_operator.api.common import (
+    KERNEL_MODULE_TYPE_RULES,
     ComponentFields,
     Condition,
     ContainerProbeSpec,
@@ -33,6 +34,7 @@ from gpu_operator.api.common import (
     Model,
     ObjectMeta,
     Toggle,
+    not_precompiled,
     unknown_field_warnings,
 )
 from gpu_operator.vocabulary import WorkloadConfig
@@ -122,7 +124,8 @@ class DriverSpec(Component):
     useNvidiaDriverCRD: bool | None = None
     usePrecompiled: bool | None = None
     useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
-    kernelModuleType: KernelModuleType = "auto"
+    kernelModuleType: Annotated[KernelModuleType, BeforeValidator(not_precompiled)] = Field(
+        default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES)
     startupProbe: ContainerProbeSpec | None = None
     livenessProbe: ContainerProbeSpec | None = None
     readinessProbe: ContainerProbeSpec | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from gpu_operator.api.checks import (
     EnvName,
@@ -26,6 +27,31 @@ from gpu_operator.api.checks import (
 # "" is upstream's unset (Kubernetes then defaults it).
 PullPolicy = Literal["Always", "IfNotPresent", "Never", ""]
 KernelModuleType = Literal["auto", "open", "proprietary"]
+PRECOMPILED_IS_NOT_A_MODULE_TYPE = (
+    "precompiled is not a kernel module type: a precompiled driver is chosen with usePrecompiled: true "
+    "(kernelModuleType stays auto, open or proprietary)"
+)
+
+
+def KERNEL_MODULE_TYPE_RULES(schema: JsonDict) -> None:  # noqa: N802 (a schema hook, named as data)
+    """kernelModuleType's CRD schema: the allowed values as a CEL rule instead of an enum, because
+    the apiserver answers an enum miss with its own text only, and `precompiled` (a common mix-up)
+    needs the answer that names usePrecompiled. Any other value gets the list of allowed ones."""
+    enum = schema.pop("enum", [])
+    allowed = [str(v) for v in enum] if isinstance(enum, list) else []
+    listed = ", ".join(f"'{v}'" for v in allowed)
+    schema["x-kubernetes-validations"] = [{
+        "rule": f"self in [{listed}]",
+        "messageExpression": (f"self == 'precompiled' ? '{PRECOMPILED_IS_NOT_A_MODULE_TYPE}' : "
+                              f"'unsupported value ' + self + ': use one of {', '.join(allowed)}'"),
+    }]
+
+
+def not_precompiled(value: object) -> object:
+    """A before-validator for kernelModuleType: the misplaced value gets the field that does it."""
+    if value == "precompiled":
+        raise ValueError(PRECOMPILED_IS_NOT_A_MODULE_TYPE)
+    return value
 IntOrString = int | str
 
 

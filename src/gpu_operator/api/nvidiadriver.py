@@ -5,12 +5,13 @@ Unknown fields are kept and reported like ClusterPolicy's (see gpu_operator.api.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from gpu_operator.api.checks import Annotations, ImageName, Labels, ObjectName
 from gpu_operator.api.common import (
+    KERNEL_MODULE_TYPE_RULES,
     ComponentFields,
     Condition,
     ContainerProbeSpec,
@@ -23,6 +24,7 @@ from gpu_operator.api.common import (
     Model,
     ObjectMeta,
     ResourceRequirements,
+    not_precompiled,
     unknown_field_warnings,
 )
 
@@ -94,7 +96,8 @@ class NVIDIADriverSpec(ComponentFields):
     driverType: DriverType = "gpu"
     usePrecompiled: bool | None = None
     useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
-    kernelModuleType: KernelModuleType = "auto"
+    kernelModuleType: Annotated[KernelModuleType, BeforeValidator(not_precompiled)] = Field(
+        default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES)
     startupProbe: ContainerProbeSpec | None = None
     livenessProbe: ContainerProbeSpec | None = None
     readinessProbe: ContainerProbeSpec | None = None
