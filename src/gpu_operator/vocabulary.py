@@ -127,3 +127,6 @@ OPERAND_NOT_READY = "OperandNotReady"
 
 # -- the validator's status files ------------------------------------------------------------------
 VALIDATIONS_DIR = "/run/nvidia/validations"
+
+# Event reason for a ClusterPolicy field that is set but has no effect (or is unknown)
+POLICY_WARNING_REASON = "PolicyWarning"

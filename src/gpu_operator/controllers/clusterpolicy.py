@@ -99,6 +99,7 @@ class ClusterPolicyReconciler:
         self._vm_findings: set[Finding] = set()  # VM passthrough findings already sent as Events
         self.applier = Applier(kube)
         self.namespace_labeller = NamespaceLabeller(kube)
+        self._warned: set[tuple[str, int, str]] = set()  # (uid, generation, warning) sent as an Event
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -127,6 +128,7 @@ class ClusterPolicyReconciler:
             return await self._finish(report, active, snap, st.Outcome.failed(str(err)))
 
         try:
+            await self._warn(active, result.warnings)
             await self.namespace_labeller.ensure(policy, snap.namespace)
             await self._apply(result, active, snap, report)
         except ApiError as err:
@@ -139,6 +141,17 @@ class ClusterPolicyReconciler:
         unlabelled = sum(1 for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present)
         result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled)
         return await self._finish(report, active, snap, result_outcome)
+
+    async def _warn(self, policy: PolicyView, warnings: list[str]) -> None:
+        """Each render warning once per policy generation: logged and a Warning Event on the policy."""
+        for warning in warnings:
+            key = (policy.uid, policy.generation, warning)
+            if key in self._warned:
+                continue
+            log.warning("ClusterPolicy %s: %s", policy.name, warning)
+            await self.kube.event({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": policy.name,
+                                   "uid": policy.uid}, vocab.POLICY_WARNING_REASON, warning)
+            self._warned.add(key)
 
     async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
