@@ -64,6 +64,14 @@ def holder(kube: Client, namespace: str) -> str:
         raise
 
 
+def lease_reads(control_plane: ControlPlane, username: str) -> int:
+    """How many GETs of the leader Lease by `username` the apiserver has answered."""
+    return sum(1 for e in control_plane.audit_all()
+               if e.get("user", {}).get("username") == username and e.get("verb") == "get"
+               and e.get("stage") == "ResponseComplete" and (e.get("objectRef") or {}).get("resource") == "leases"
+               and (e.get("objectRef") or {}).get("name") == LEASE_NAME)
+
+
 def labelled(kube: Client, node: str) -> bool:
     return (kube.get(Node, node).metadata.labels or {}).get(DEPLOY_DRIVER) == "true"
 
@@ -90,7 +98,11 @@ def test_follower_takes_over_a_killed_leader_within_the_target(
     cluster_policies({})
     first, second = two_replicas(kube, control_plane, operator_namespace, start_operator, [])  # default timings
     old = holder(kube, operator_namespace)
-    time.sleep(2.5)  # the follower has been refused at least once: it knows when the lease ends
+    # The follower has read the held Lease at least once (the audit log keeps ServiceAccounts'
+    # reads), so it knows when the lease ends and tries again just after it.
+    wait_for("the follower's first read of the held Lease", functools.partial(
+        lease_reads, control_plane, user(operator_namespace, "replica-b")), until=lambda n: n >= 1, timeout=30,
+        interval=0.05, context=second.log_text)
 
     killed = time.time()
     first.kill()
