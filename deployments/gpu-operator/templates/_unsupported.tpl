@@ -37,7 +37,7 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- $found = append $found (dict "key" (printf "%s.repository/%s.image" $key $key) "value" "nvcr.io/nvidia/gpu-operator" "effect" "NVIDIA's Go operator image cannot run this operator; replaced by this chart's operator image (its version too). Remove these keys from your values to silence this") -}}
 {{- end -}}
 {{- end -}}
-{{- $known := list "global" "platform" "nfd" "psa" "cdi" "sandboxWorkloads" "hostPaths" "daemonsets" "validator" "operator" "mig" "driver" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "vgpuManager" "vgpuDeviceManager" "vfioManager" "kataManager" "sandboxDevicePlugin" "kataSandboxDevicePlugin" "ccManager" "clusterPolicy" "gpuCluster" "draDriver" "extraObjects" "psp" "node-feature-discovery" -}}
+{{- $known := list "global" "platform" "nfd" "psa" "cdi" "sandboxWorkloads" "hostPaths" "daemonsets" "validator" "operator" "mig" "driver" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "vgpuManager" "vgpuDeviceManager" "vfioManager" "kataManager" "sandboxDevicePlugin" "kataSandboxDevicePlugin" "ccManager" "clusterPolicy" "gpuCluster" "draDriver" "extraObjects" "psp" "node-feature-discovery" "monitoring" -}}
 {{- range $key, $value := $v -}}
 {{- if not (has $key $known) -}}
 {{- $found = append $found (dict "key" $key "value" $value "effect" "not a key of this chart; ignored") -}}

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from gpu_operator.controllers.clusterpolicy import ReconcileReport
 
 GPU_NODES = Gauge("gpu_operator_gpu_nodes_total", "Nodes with nvidia.com/gpu.present=true")
+LEADER = Gauge("gpu_operator_leader",
+               "1 while this replica leads (holds the Lease, or runs without leader election), else 0")
 LAST_SUCCESS = Gauge("gpu_operator_reconciliation_last_success_ts_seconds",
                      "Unix time of the last reconcile that ended ready")
 STATUS = Gauge("gpu_operator_reconciliation_status",

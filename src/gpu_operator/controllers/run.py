@@ -42,6 +42,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
             if not await elector.acquire(stop):
                 return 0
             keeper = asyncio.create_task(elector.keep(stop), name="leader-renewal")
+        metrics.LEADER.set(1)
         operator = Operator(kube, namespace, settings)
         log.info("operator starting in namespace %s", namespace)
         await operator.run(stop, ready)
@@ -49,6 +50,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
             keeper.cancel()
         return 0
     finally:
+        metrics.LEADER.set(0)
         prober.cancel()
         if elector is not None:
             await elector.release(delete=await nothing_to_lead(kube, timeout=5.0))
