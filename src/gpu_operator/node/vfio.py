@@ -136,16 +136,8 @@ def _group_refusal(
     return None
 
 
-def _bind_refusal(
-    fs: HostFS,
-    gpu: pci.PciFunction,
-    functions: list[pci.PciFunction],
-    foreign: list[pci.PciFunction],
-    selected: set[str],
-) -> str | None:
-    """Why this GPU must not move now, or None: the group's rules, then processes holding it."""
-    if refusal := _group_refusal(fs, gpu, functions, foreign, selected):
-        return refusal
+def _busy_refusal(fs: HostFS, functions: list[pci.PciFunction]) -> str | None:
+    """Why the group's functions cannot be unbound now (processes hold them), or None."""
     addresses = {f.address for f in functions}
     if busy := [h for h in gpu_holders(fs) if h.address in addresses]:
         who = ", ".join(f"{h.comm} (pid {h.pid}) holds {h.device}" for h in busy)
@@ -159,7 +151,7 @@ def _bind_refusal(
 def _bind_plan(fs: HostFS, gpu: pci.PciFunction, selected: set[str]) -> GpuPlan:
     functions, foreign = _group_functions(fs, gpu)
     plan = GpuPlan(gpu.address, gpu.name, functions)
-    plan.refused = _bind_refusal(fs, gpu, functions, foreign, selected)
+    plan.refused = _group_refusal(fs, gpu, functions, foreign, selected) or _busy_refusal(fs, functions)
     if plan.refused:
         return plan
     for func in functions:
