@@ -217,7 +217,8 @@ def test_mixed_node_4_plus_4_both_stacks_and_only_the_bound_half_counted(
     assert devices(kube, ns) == [OURS_KUBEVIRT]
     # The vfio manager and the probe run our commands from our image, each as its own ServiceAccount.
     for name, command in (("nvidia-vfio-manager", ["gpu-operator", "node", "vfio-manage", "reconcile"]),
-                          ("nvidia-gpu-probe", ["gpu-operator", "node", "probe", "--publish", "--interval=60"])):
+                          ("nvidia-gpu-probe", ["gpu-operator", "node", "probe", "--publish", "--interval=60",
+                                                "--default-workload=vm-passthrough"])):
         ds = wait_for(f"DaemonSet {name} ready on the node", lambda n=name: next(  # type: ignore[misc]
             (d for d in kube.list(DaemonSet, namespace=operator_namespace) if d.metadata.name == n), None),
             until=lambda d: d is not None and (d.status.numberReady or 0) == 1, context=operator.log_text)
