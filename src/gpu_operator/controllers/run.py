@@ -11,7 +11,7 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.apihealth import ApiHealth
-from gpu_operator.controllers.leader import LeaderElector, identity
+from gpu_operator.controllers.leader import LEASE_NAME, LeaderElector, identity
 from gpu_operator.controllers.operator import Operator
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
@@ -37,7 +37,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
     elector = None
     try:
         if leader_elect:
-            elector = LeaderElector(kube.client, namespace, identity(), settings=settings)
+            elector = LeaderElector(kube.lease_client(namespace, LEASE_NAME), namespace, identity(), settings=settings)
             kube.fence = elector.leading
             if not await elector.acquire(stop):
                 return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 import httpx2
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config import client_adapter
+from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
@@ -63,36 +65,129 @@ def load_config(kubeconfig: str | None) -> KubeConfig:
     return KubeConfig.from_env()
 
 
-class Kube:
-    """Thin async wrapper: apply, delete, patch, status writes; each write is counted."""
+Fence = Callable[[], bool]
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-    def __init__(self, kubeconfig: str | None = None, client: AsyncClient | None = None) -> None:
-        self.client = client or AsyncClient(load_config(kubeconfig), field_manager=FIELD_MANAGER)
-        self._http: httpx2.AsyncClient | None = None
-        self.fence: Callable[[], bool] | None = None
+
+def _refusal(what: str) -> NotLeading:
+    return NotLeading(f"not sending {what}: this replica's leader Lease may have run out "
+                      "(not renewed in time: paused or cut off); it writes again only after "
+                      "renewing it, or stops if another replica holds it")
+
+
+class FencedTransport(httpx2.AsyncBaseTransport):
+    """The one door every request of a client goes through. A write (any method but GET, HEAD,
+    OPTIONS) is checked against the fence twice: when it enters, and again at the last moment,
+    once a connection is ready and just before its first byte is written (httpcore's `trace`
+    request extension, event `*.send_request_headers.started`). A request that waited for a
+    connection, or sat in a process paused past its lease, is refused when it would go out.
+    `exempt` names the writes the fence does not apply to (the Lease renewal itself)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, fence: Callable[[], Fence | None],
+                 exempt: Callable[[httpx2.Request], bool] = lambda _: False) -> None:
+        self.inner, self.fence, self.exempt = inner, fence, exempt
+
+    def _check(self, request: httpx2.Request) -> None:
+        fence = self.fence()
+        if fence is not None and not fence():
+            raise _refusal(f"{request.method} {request.url.path}")
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method not in READ_METHODS and not self.exempt(request):
+            self._check(request)
+            outer = request.extensions.get("trace")
+
+            async def last_moment(event: str, info: dict[str, Any]) -> None:
+                if event.endswith(".send_request_headers.started"):
+                    self._check(request)
+                if outer is not None:
+                    await outer(event, info)
+            request.extensions = {**request.extensions, "trace": last_moment}
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _body_name(request: httpx2.Request) -> str | None:
+    try:
+        body = json.loads(request.content or b"{}")
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    return body.get("metadata", {}).get("name") if isinstance(body, dict) else None
+
+
+def _transport(config: SingleConfig, fence: Callable[[], Fence | None],
+               exempt: Callable[[httpx2.Request], bool] = lambda _: False) -> FencedTransport:
+    """A fenced transport with the TLS settings lightkube derives from the config (CA, client
+    certificate). Proxies from the environment are not used: the operator talks to the apiserver
+    directly, as in-cluster clients do."""
+    if config.user is None:
+        raise ValueError("the kubeconfig's context names no user: add one with credentials for the apiserver")
+    verify = client_adapter.verify_cluster(config.cluster, config.user, config.abs_file)
+    return FencedTransport(httpx2.AsyncHTTPTransport(verify=verify), fence, exempt)
+
+
+class Kube:
+    """Thin async wrapper: apply, delete, patch, status writes; each write is counted. Every
+    request goes through a `FencedTransport`: with leader election (`fence` set), no write leaves
+    this process, whatever sends it (lightkube or the plain `http` client), unless the fence
+    says this replica leads. `lease_client` is the exception, for the Lease alone."""
+
+    def __init__(self, kubeconfig: str | None = None, *, config: KubeConfig | SingleConfig | None = None) -> None:
+        loaded = config if config is not None else load_config(kubeconfig)
+        single = loaded.get() if isinstance(loaded, KubeConfig) else loaded
+        if single is None:
+            raise ValueError("the kubeconfig has no current context: set one (kubectl config use-context NAME)")
+        self.config: SingleConfig = single
+        self.fence: Fence | None = None
         """With leader election: True while this replica may write (LeaderElector.leading)."""
+        self.client = AsyncClient(self.config, field_manager=FIELD_MANAGER,
+                                  transport=_transport(self.config, lambda: self.fence))
+        self._http: httpx2.AsyncClient | None = None
+        self._lease_client: AsyncClient | None = None
+
+    def lease_client(self, namespace: str, name: str) -> AsyncClient:
+        """The client leader election renews the Lease `namespace/name` with: it may write that
+        Lease (create, update, delete) whatever the fence says, and nothing else, ever."""
+        if self._lease_client is None:
+            collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+            def the_lease(request: httpx2.Request) -> bool:
+                path = request.url.path.rstrip("/")
+                if request.method == "POST":  # a create names the object in its body
+                    return path == collection and _body_name(request) == name
+                return path == f"{collection}/{name}"
+            closed: Fence = lambda: False  # noqa: E731
+            self._lease_client = AsyncClient(self.config, field_manager=FIELD_MANAGER,
+                                             transport=_transport(self.config, lambda: closed, the_lease))
+        return self._lease_client
 
     def write(self, verb: str, kind: str) -> None:
-        """Every write passes here first: refused without the lease, else counted."""
+        """Every write of ours passes here first: refused early without the lease, else counted.
+        (The transport refuses it again at the last moment.)"""
         if self.fence is not None and not self.fence():
-            raise NotLeading(f"not sending {verb} {kind}: this replica's leader Lease may have run out "
-                             "(not renewed in time: paused or cut off); it writes again only after "
-                             "renewing it, or stops if another replica holds it")
+            raise _refusal(f"{verb} {kind}")
         WRITES.labels(verb, kind).inc()
 
     @property
     def http(self) -> httpx2.AsyncClient:
         """A plain HTTP client to the same apiserver (server, TLS, credentials from the same config)
         for the few requests lightkube has no call for: /version, lists by a raw label-selector
-        string, evictions with their 429 body. Built through lightkube's public `client.config` and
-        `lightkube.config.client_adapter`, never its private attributes; closed by `close()`."""
+        string, evictions with their 429 body. Built through `lightkube.config.client_adapter` with the
+        same fenced transport, never lightkube's private attributes; closed by `close()`."""
         if self._http is None:
-            self._http = client_adapter.AsyncClient(self.client.config, client_adapter.ConnectionParams())
+            # ConnectionParams types its transport as sync; httpx's AsyncClient takes the async one.
+            transport: Any = _transport(self.config, lambda: self.fence)
+            params = client_adapter.ConnectionParams(transport=transport)
+            self._http = client_adapter.AsyncClient(self.config, params)
         return self._http
 
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+        if self._lease_client is not None:
+            await self._lease_client.close()
         await self.client.close()
 
     async def apply(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> None:

@@ -8,7 +8,8 @@ import datetime as dt
 from typing import Any, cast
 
 import pytest
-from lightkube import AsyncClient
+from lightkube import AsyncClient, KubeConfig
+from lightkube.config.models import Cluster, User
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
@@ -58,7 +59,7 @@ def _elector(store: LeaseStore) -> LeaderElector:
 def test_writes_pass_while_the_lease_is_fresh_and_are_refused_once_it_may_have_run_out() -> None:
     async def run() -> None:
         elector = _elector(LeaseStore())
-        kube = Kube(client=cast(AsyncClient, object()))
+        kube = Kube(config=KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")))
         kube.fence = elector.leading
         with pytest.raises(NotLeading):
             kube.write("patch", "Node")  # before any renewal: not the leader

@@ -7,7 +7,7 @@ import asyncio
 import socket
 
 from aiohttp import web
-from lightkube import AsyncClient, KubeConfig
+from lightkube import KubeConfig
 from lightkube.config.models import Cluster, User
 
 from gpu_operator.kube.client import Kube
@@ -34,7 +34,7 @@ def test_server_version_sends_the_credentials_and_strips_the_v() -> None:
         port = _free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         config = KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User(token="s3cret"))
-        kube = Kube(client=AsyncClient(config))
+        kube = Kube(config=config)
         try:
             return await kube.server_version()
         finally:
