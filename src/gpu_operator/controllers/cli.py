@@ -41,6 +41,44 @@ def register(app: typer.Typer) -> None:
         for line in asyncio.run(go()) or ["nothing to clean up"]:
             typer.echo(line)
 
+    @app.command("must-gather")
+    def must_gather(
+        out: Annotated[str | None, typer.Option(
+            "--out", help="Tarball to write (default: gpu-operator-must-gather-UTCSTAMP.tar.gz here).")] = None,
+        namespace: Annotated[str, typer.Option(
+            "--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")] = "gpu-operator",
+        kubeconfig: Annotated[str | None, typer.Option(
+            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+    ) -> None:
+        """Collect what a bug report needs into one tarball: ClusterPolicy/NVIDIADriver/GPUCluster
+        with status, every object we own, the operator namespace's pods, events and logs (previous
+        container too), nodes with our labels and annotations, each GPU node's probe facts and
+        findings, versions. Reads only; Secrets appear as names and key names, and credentials
+        in any text are replaced. What could not be read is listed in errors.txt."""
+        import asyncio
+        import datetime as dt
+        from pathlib import Path
+
+        from gpu_operator.controllers.mustgather import gather
+        from gpu_operator.kube.client import Kube
+
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        top = f"gpu-operator-must-gather-{stamp}"
+        target = Path(out or f"{top}.tar.gz")
+
+        async def go() -> bytes:
+            kube = Kube(kubeconfig)
+            try:
+                bundle = await gather(kube, namespace)
+            finally:
+                await kube.close()
+            typer.echo(f"{len(bundle.files)} file(s) collected; {len(bundle.errors)} item(s) could not be read "
+                       "(see errors.txt)", err=True)
+            return bundle.tarball(top)
+
+        target.write_bytes(asyncio.run(go()))
+        typer.echo(str(target))
+
     @app.command("run")
     def run(
         namespace: Annotated[str, typer.Option(

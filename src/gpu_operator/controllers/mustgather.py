@@ -1,0 +1,276 @@
+"""`gpu-operator must-gather`: one tarball a user can attach to a bug report.
+
+Everything is read through the Kubernetes API with the caller's credentials (reads only) and
+passed through `redact` before it is written. What could not be read (not served, forbidden,
+a node the apiserver cannot reach for logs) is listed in `errors.txt`, never silently left out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import io
+import json
+import tarfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import yaml
+
+from gpu_operator import __version__
+from gpu_operator.controllers import redact
+from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
+from gpu_operator.kube.client import Kube
+from gpu_operator.vocabulary import MANAGED_SELECTOR, PROBE_FACTS_ANNOTATION
+
+OWNERS = (OwnedKind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy"),
+          OwnedKind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver"),
+          OwnedKind("nvidia.com", "v1alpha1", "gpuclusters", "GPUCluster"))
+IN_NAMESPACE = (OwnedKind("apps", "v1", "deployments", "Deployment"),
+                OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
+                OwnedKind("batch", "v1", "jobs", "Job"),
+                OwnedKind("", "v1", "pods", "Pod"),
+                OwnedKind("", "v1", "configmaps", "ConfigMap"),
+                OwnedKind("coordination.k8s.io", "v1", "leases", "Lease"))
+NODE_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de", "feature.node.kubernetes.io/kernel-version")
+LOG_TAIL_LINES = 5000
+LOG_TIMEOUT = 20.0  # seconds for one log: the apiserver dials the node's kubelet
+LOG_NODES_AT_ONCE = 8
+
+
+def path_of(kind: OwnedKind, namespace: str | None = None, name: str = "") -> str:
+    base = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{where}/{kind.plural}" + (f"/{name}" if name else "")
+
+
+@dataclass
+class Bundle:
+    """Files of the tarball (path under the top directory -> text) and what could not be read."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def yaml(self, path: str, data: Any) -> None:
+        self.files[path] = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+    def tarball(self, top: str) -> bytes:
+        out = io.BytesIO()
+        now = int(time.time())
+        with tarfile.open(fileobj=out, mode="w:gz") as tar:
+            for path, content in sorted({**self.files, "errors.txt": "\n".join(self.errors) + "\n"}.items()):
+                data = content.encode()
+                info = tarfile.TarInfo(f"{top}/{path}")
+                info.size, info.mtime, info.mode = len(data), now, 0o644
+                tar.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+
+class Gatherer:
+    def __init__(self, kube: Kube, namespace: str, bundle: Bundle) -> None:
+        self.kube, self.namespace, self.bundle = kube, namespace, bundle
+
+    async def get(self, path: str, params: dict[str, str] | None = None, *, what: str) -> Any | None:
+        """A GET's JSON (every page of a list), or None with the reason recorded in errors.txt."""
+        query = dict(params or {})
+        items: list[Any] = []
+        while True:
+            try:
+                response = await self.kube.http.get(path, params=query)
+            except httpx2.HTTPError as err:
+                self.bundle.errors.append(f"{what}: {path}: {type(err).__name__}: {err}")
+                return None
+            if response.status_code != 200:
+                self.bundle.errors.append(f"{what}: {path}: HTTP {response.status_code} {_reason(response)}")
+                return None
+            body = response.json()
+            if not isinstance(body, dict) or "items" not in body:
+                return body
+            items.extend(body.get("items") or [])
+            cont = (body.get("metadata") or {}).get("continue")
+            if not cont:
+                return {**body, "items": items}
+            query["continue"] = cont
+
+    async def text(self, path: str, params: dict[str, str], *, what: str) -> tuple[str | None, int | None]:
+        """A GET's text, or None and the HTTP status (None: no answer), recorded in errors.txt."""
+        try:
+            response = await self.kube.http.get(path, params=params, timeout=LOG_TIMEOUT)
+        except httpx2.HTTPError as err:
+            self.bundle.errors.append(f"{what}: {type(err).__name__}: {err}")
+            return None, None
+        if response.status_code != 200:
+            self.bundle.errors.append(f"{what}: HTTP {response.status_code} {_reason(response)}")
+            return None, response.status_code
+        return response.text, 200
+
+    async def objects(self, kind: OwnedKind, dest: str, *, namespace: str | None = None,
+                      selector: str | None = None) -> list[dict[str, Any]]:
+        body = await self.get(path_of(kind, namespace), {"labelSelector": selector} if selector else None,
+                              what=kind.kind)
+        items = [{"apiVersion": f"{kind.group}/{kind.version}".lstrip("/"), "kind": kind.kind, **i}
+                 for i in (body or {}).get("items", [])]
+        if body is not None:
+            self.bundle.yaml(dest, [redact.obj(i) for i in items])
+        return items
+
+    async def versions(self) -> None:
+        server = await self.get("/version", what="apiserver version") or {}
+        crds = await self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", what="CRDs") or {}
+        ours = {c["metadata"]["name"]: [v["name"] for v in c["spec"]["versions"] if v.get("served")]
+                for c in crds.get("items", []) if c["spec"]["group"] == "nvidia.com"}
+        self.bundle.files["versions.json"] = json.dumps(
+            {"mustGather": __version__, "kubernetes": server.get("gitVersion"), "crds": ours}, indent=2) + "\n"
+
+    async def nodes(self) -> None:
+        body = await self.get("/api/v1/nodes", what="nodes")
+        if body is None:
+            return
+        out = []
+        for node in body["items"]:
+            meta, status = node["metadata"], node.get("status") or {}
+            mine = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(NODE_PREFIXES)}
+            notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("nvidia.com/")}
+            info = status.get("nodeInfo") or {}
+            out.append({
+                "name": meta["name"], "labels": mine, "annotations": notes,
+                "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
+                "conditions": {c["type"]: c["status"] for c in status.get("conditions") or []},
+                "capacity": {k: v for k, v in (status.get("capacity") or {}).items() if "/" in k},
+                "allocatable": {k: v for k, v in (status.get("allocatable") or {}).items() if "/" in k},
+                "nodeInfo": {k: info.get(k) for k in ("kernelVersion", "osImage", "containerRuntimeVersion",
+                                                      "kubeletVersion", "architecture")},
+            })
+            if facts := notes.get(PROBE_FACTS_ANNOTATION):
+                self.bundle.files[f"nodes/{meta['name']}/probe-facts.json"] = _pretty(facts)
+        self.bundle.yaml("nodes.yaml", out)
+        await self.node_findings({n["name"] for n in out if n["labels"] or n["annotations"]})
+
+    async def node_findings(self, names: set[str]) -> None:
+        """What each GPU node's probe reported (its Events: the findings `doctor` prints on that
+        host, with evidence and fix), newest last."""
+        body = await self.get("/api/v1/events", {"fieldSelector": "involvedObject.kind=Node"}, what="node events")
+        by_node: dict[str, list[str]] = {}
+        for event in sorted((body or {}).get("items", []), key=_when):
+            node = (event.get("involvedObject") or {}).get("name")
+            if node in names:
+                source = (event.get("source") or {}).get("component", "")
+                by_node.setdefault(node, []).append(
+                    f"{_when(event)} {event.get('type')} {event.get('reason')} ({source}) x{event.get('count', 1)}: "
+                    f"{redact.text(event.get('message', ''))}")
+        for node, lines in by_node.items():
+            self.bundle.files[f"nodes/{node}/events.txt"] = "\n".join(lines) + "\n"
+
+    async def events(self) -> None:
+        body = await self.get(f"/api/v1/namespaces/{self.namespace}/events", what="events")
+        if body is not None:
+            items = sorted(body["items"], key=_when)
+            self.bundle.yaml(f"namespaces/{self.namespace}/events.yaml", [redact.obj(e) for e in items])
+
+    async def secrets(self) -> None:
+        body = await self.get(f"/api/v1/namespaces/{self.namespace}/secrets", what="secrets")
+        if body is not None:
+            self.bundle.yaml(f"namespaces/{self.namespace}/secrets.yaml", [redact.secret(s) for s in body["items"]])
+
+    async def logs(self, pods: Iterable[dict[str, Any]]) -> None:
+        """Every container's log (init containers too), and the previous one of any that
+        restarted; nodes in parallel. The apiserver fetches logs from the node's kubelet: once a
+        node answers 5xx (the apiserver cannot reach it), its other logs are listed, not tried."""
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            by_node.setdefault((pod.get("spec") or {}).get("nodeName") or "", []).append(pod)
+        limit = asyncio.Semaphore(LOG_NODES_AT_ONCE)
+
+        async def one_node(node: str, pods: list[dict[str, Any]]) -> None:
+            async with limit:
+                unreachable = ""
+                for pod, container, previous in _log_requests(pods):
+                    meta = pod["metadata"]
+                    where = f"logs of {meta['name']}/{container}{' (previous)' if previous else ''}"
+                    if unreachable or not node:
+                        self.bundle.errors.append(f"{where}: not tried: " + (
+                            f"node {node} unreachable for logs ({unreachable})" if node else "pod not scheduled"))
+                        continue
+                    params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
+                    if previous:
+                        params["previous"] = "true"
+                    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log"
+                    log, failure = await self.text(path, params, what=where)
+                    if log is not None:
+                        suffix = ".previous.log" if previous else ".log"
+                        self.bundle.files[f"logs/{meta['name']}/{container}{suffix}"] = redact.text(log)
+                    elif failure is not None and failure >= 500:
+                        unreachable = f"HTTP {failure} on {meta['name']}/{container}"
+        await asyncio.gather(*(one_node(node, group) for node, group in sorted(by_node.items())))
+
+    async def run(self) -> None:
+        await self.versions()
+        for kind in OWNERS:
+            await self.objects(kind, f"cluster/{kind.kind}.yaml")
+        for kind in (*OWNED_KINDS, SERVICE_MONITOR):
+            await self.objects(kind, f"owned/{kind.kind}.yaml", selector=MANAGED_SELECTOR)
+        pods: list[dict[str, Any]] = []
+        for kind in IN_NAMESPACE:
+            found = await self.objects(kind, f"namespaces/{self.namespace}/{kind.kind}.yaml", namespace=self.namespace)
+            pods = found if kind.kind == "Pod" else pods
+        await self.secrets()
+        await self.events()
+        await self.nodes()
+        await self.logs(pods)
+
+
+async def gather(kube: Kube, namespace: str) -> Bundle:
+    bundle = Bundle()
+    await Gatherer(kube, namespace, bundle).run()
+    bundle.files["README.txt"] = README.format(namespace=namespace, when=dt.datetime.now(dt.UTC).isoformat())
+    return bundle
+
+
+def _log_requests(pods: list[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], str, bool]]:
+    """(pod, container, previous) for every container of the pods, previous runs of restarted ones."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for state in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            yield pod, state["name"], False
+            if state.get("restartCount"):
+                yield pod, state["name"], True
+
+
+def _reason(response: httpx2.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return " ".join(response.text.split())[:200]
+    return str(body.get("message") or body.get("reason") or "") if isinstance(body, dict) else ""
+
+
+def _when(event: dict[str, Any]) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp") or "")
+
+
+def _pretty(raw: str) -> str:
+    try:
+        return json.dumps(json.loads(raw), indent=2) + "\n"
+    except ValueError:
+        return raw
+
+
+README = """gpu-operator must-gather, collected {when} (operator namespace {namespace}).
+
+versions.json                 this tool's version, the apiserver's, our CRDs' served versions
+cluster/                      ClusterPolicy, NVIDIADriver, GPUCluster objects with their status
+owned/                        every object labelled app.kubernetes.io/managed-by=gpu-operator, by kind
+namespaces/{namespace}/   Deployments, DaemonSets, Jobs, Pods (with status), ConfigMaps, Leases,
+                              Secrets (names, types and key names only), Events
+nodes.yaml                    every node: our labels and annotations, conditions, extended resources
+nodes/NODE/                   probe facts the node published, and the Events about it (the probe's
+                              findings with evidence and fix, upgrade and validation events)
+logs/POD/CONTAINER.log        each container's last {lines} lines (.previous.log: before its restart)
+errors.txt                    everything that could not be read, and why
+
+Redacted: Secret values (never read into the bundle), environment variables and ConfigMap keys
+named like credentials, and tokens, passwords and private keys found in any text.
+""".replace("{lines}", str(LOG_TAIL_LINES))
