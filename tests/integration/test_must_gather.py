@@ -31,7 +31,7 @@ def _members(path: Path) -> dict[str, str]:
     with tarfile.open(path) as tar:
         top = {m.name.split("/", 1)[0] for m in tar.getmembers()}
         assert len(top) == 1, top
-        return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()  # type: ignore[union-attr]
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()
                 for m in tar.getmembers() if m.isfile()}
 
 
