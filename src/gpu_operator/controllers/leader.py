@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 import logging
 import socket
+import sys
 import uuid
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.kube.client import WRITES
+from gpu_operator.kube.client import WRITES, NotLeading
 
 log = logging.getLogger("gpu_operator.leader")
 
@@ -175,3 +176,12 @@ class LeaderElector:
         except Exception as err:
             log.warning("leader election: could not release the lease: %s", err)
 
+
+def log_pass_failure(log: logging.Logger, what: str, failures: int, retry_in: float) -> None:
+    """Inside an except block: a loop's failed pass, with its traceback, except a write the
+    leader fence refused (expected after a pause: the renewal loop decides what happens next)."""
+    err = sys.exc_info()[1]
+    if isinstance(err, NotLeading):
+        log.warning("%s (%d in a row): %s; retrying in %.0f s", what, failures, err, retry_in)
+    else:
+        log.exception("%s (%d in a row); retrying in %.0f s", what, failures, retry_in)

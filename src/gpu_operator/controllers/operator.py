@@ -29,6 +29,7 @@ from gpu_operator.controllers.cache import (
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
 from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
+from gpu_operator.controllers.leader import log_pass_failure
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
@@ -296,7 +297,7 @@ class Operator:
             except Exception:  # keep serving: the next kick or the backoff retries
                 failures += 1
                 requeue = self.settings.reconcile_backoff.delay(failures)
-                log.exception("ClusterPolicy reconcile failed (%d in a row); retrying in %.0f s", failures, requeue)
+                log_pass_failure(log, "ClusterPolicy reconcile failed", failures, requeue)
                 metrics.record_error()
                 continue
             failures = 0
@@ -327,7 +328,7 @@ class Operator:
             except Exception:  # keep serving: the next kick or the backoff retries
                 failures += 1
                 requeue = self.settings.reconcile_backoff.delay(failures)
-                log.exception("NVIDIADriver reconcile failed (%d in a row); retrying in %.0f s", failures, requeue)
+                log_pass_failure(log, "NVIDIADriver reconcile failed", failures, requeue)
                 metrics.record_error()
                 continue
             failures = 0
@@ -353,7 +354,7 @@ class Operator:
             except Exception:  # keep serving: the next kick or the backoff retries
                 failures += 1
                 requeue = self.settings.reconcile_backoff.delay(failures)
-                log.exception("driver upgrade pass failed (%d in a row); retrying in %.0f s", failures, requeue)
+                log_pass_failure(log, "driver upgrade pass failed", failures, requeue)
                 continue
             failures = 0
             # Node events come in bursts (labelling a thousand nodes): a pass that lists the
@@ -399,7 +400,7 @@ class Operator:
             except Exception:  # not one node's patch (those are in the report): retry them all
                 failures += 1
                 delay = self.settings.label_backoff.delay(failures)
-                log.exception("node labelling failed (%d in a row); retrying in %.0f s", failures, delay)
+                log_pass_failure(log, "node labelling failed", failures, delay)
                 self.loops.dirty_nodes |= dirty
                 await asyncio.sleep(delay)
                 self.loops.label_kick.set()
@@ -490,3 +491,4 @@ class Operator:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+

@@ -117,3 +117,18 @@ def test_a_renewal_is_not_sent_from_a_lease_read_older_than_the_retry_period() -
         return store.replaced
     assert asyncio.run(run(0.0)) == 1  # a prompt read renews
     assert asyncio.run(run(0.5)) == 0  # a read older than the retry period is read again, not renewed
+
+
+def test_a_fenced_write_is_logged_as_a_warning_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from gpu_operator.controllers.leader import log_pass_failure
+    logger = logging.getLogger("test.fence")
+    for err in (NotLeading("not sending PATCH /api/v1/nodes/n"), RuntimeError("boom")):
+        try:
+            raise err
+        except Exception:
+            log_pass_failure(logger, "node labelling failed", 1, 1.0)
+    fenced, other = caplog.records
+    assert (fenced.levelname, fenced.exc_info) == ("WARNING", None) and "not sending" in fenced.getMessage()
+    assert other.levelname == "ERROR" and other.exc_info is not None
