@@ -216,6 +216,15 @@ def doctor(
         list[str] | None,
         typer.Option(help="Offline: what KubeVirt advertises on this node, as VENDOR:DEVICE=COUNT (repeatable)."),
     ] = None,
+    cuda: Annotated[
+        list[str] | None,
+        typer.Option("--cuda", help="A workload's CUDA version to check against the driver (repeatable): 12.4, "
+                     "CUDA_VERSION=12.4.1 or NVIDIA_REQUIRE_CUDA=cuda>=12.4 from its image."),
+    ] = None,
+    commands: Annotated[
+        bool, typer.Option("--commands/--no-commands", help="Run read-only nvidia-smi queries (MIG mode, "
+                           "processes on the GPUs) when the host has a driver.")
+    ] = True,
 ) -> None:
     """Check one host for what breaks GPU nodes; each finding has severity, evidence and fix. Exit 1 on errors."""
     from rich.console import Console
@@ -227,9 +236,13 @@ def doctor(
 
     if workload_config and workload_config not in WORKLOAD_CONFIGS:
         raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
-    report = run_probe(_fs(host_root), extra_search_dirs=tuple(search_path or ()))
+    from gpu_operator.node.troubleshoot import parse_cuda
+
+    fs = _fs(host_root)
+    report = run_probe(fs, extra_search_dirs=tuple(search_path or ()))
     try:
         inputs = cluster_inputs(node, workload_config, passthrough_devices, advertised or [])
+        wanted = [parse_cuda(c) for c in cuda or []]
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     code = run(
@@ -240,8 +253,24 @@ def doctor(
         passthrough_devices=inputs.passthrough_devices,
         advertised=inputs.advertised,
         unchecked=inputs.unchecked,
+        extra=_troubleshoot(fs, report, wanted, commands),
     )
     raise typer.Exit(code)
+
+
+def _troubleshoot(fs: Any, report: Any, cuda: list[tuple[int, int]], commands: bool) -> list[Any]:
+    """doctor's checks beyond the probe: kernel log, kernel headers, CUDA versions, MIG."""
+    from gpu_operator.node import troubleshoot
+    from gpu_operator.node.kernellog import kernel_log_findings
+    from gpu_operator.node.runner import HostRunner
+
+    found = kernel_log_findings(fs) if report.gpus else []
+    found += troubleshoot.header_findings(fs, report.kernel, report.driver) if report.gpus else []
+    for wanted in cuda:
+        found += troubleshoot.cuda_findings(wanted, report.driver)
+    if commands and report.gpus:
+        found += troubleshoot.mig_findings(HostRunner(fs), report.driver)
+    return found
 
 
 def register(app: typer.Typer) -> None:

@@ -67,13 +67,16 @@ def run(
     passthrough_devices: list[str] | None = None,
     advertised: list[Advertised] | None = None,
     unchecked: str = "",
+    extra: list[Finding] | None = None,
 ) -> int:
-    """Diagnose and print; on a VM node also compare what KubeVirt advertises (`advertised`; None: not known, see `unchecked`)."""
-    findings = diagnose(report, workload, passthrough_devices)
+    """Diagnose and print (with the `extra` findings of other checks); on a VM node also compare what
+    KubeVirt advertises (`advertised`; None: not known, see `unchecked`)."""
+    findings = diagnose(report, workload, passthrough_devices) + (extra or [])
     resolved, _ = intended_workload(report, workload)
     if report.gpus and (passthrough_devices or resolved == VM_PASSTHROUGH):
-        order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
-        findings = sorted(findings + kubevirt_findings(report, advertised, unchecked), key=lambda f: order[f.severity])
+        findings += kubevirt_findings(report, advertised, unchecked)
+    order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+    findings = sorted(findings, key=lambda f: order[f.severity])
     if as_json:
         console.out(report_json(report, findings))
     else:

@@ -1,0 +1,155 @@
+"""The kernel log's word on the GPUs: NVIDIA's Xid events and the NVRM lines that stop a driver,
+each a finding with what it means and the fix.
+
+Read from the host's `/dev/kmsg` (non-blocking: every record the ring buffer still holds), else
+the first of the syslog files that exists, all under the host root. Xid numbers and meanings are
+NVIDIA's (its Xid catalogue); the words here are ours.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.verdict import Finding, Severity, finding
+
+KMSG = "/dev/kmsg"
+LOG_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
+MAX_KMSG_BYTES = 4 * 1024 * 1024
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): (\d+)\b(.*)")
+
+RESET = "drain the node's GPU pods, then reset the GPU (nvidia-smi -r -i ADDR) or reboot the node"
+
+
+@dataclass(frozen=True)
+class XidKind:
+    severity: Severity
+    meaning: str
+    fix: str
+
+
+XIDS: dict[int, XidKind] = {
+    13: XidKind(Severity.WARNING, "graphics engine exception (usually the application's fault)",
+                "check the application that ran on this GPU (its logs, CUDA error); recurring on every "
+                "workload points at the hardware"),
+    31: XidKind(Severity.WARNING, "GPU memory page fault (usually an application's illegal access)",
+                "check the application that ran on this GPU; recurring across workloads: " + RESET),
+    43: XidKind(Severity.WARNING, "GPU stopped processing (an application fault was contained)",
+                "the application was stopped; restart it. Recurring: " + RESET),
+    45: XidKind(Severity.INFO, "preemptive cleanup after an application stopped or faulted", ""),
+    48: XidKind(Severity.ERROR, "double-bit ECC error in GPU memory",
+                RESET + " so the page is retired; if it recurs, the GPU needs replacing"),
+    61: XidKind(Severity.ERROR, "internal micro-controller breakpoint or warning", RESET),
+    62: XidKind(Severity.ERROR, "internal micro-controller halt", RESET),
+    63: XidKind(Severity.WARNING, "ECC page retirement or row remapping recorded",
+                "the remapping takes effect at the next GPU reset: " + RESET + " when convenient"),
+    64: XidKind(Severity.ERROR, "ECC page retirement or row remapping failed", RESET + "; if it recurs, replace the GPU"),
+    74: XidKind(Severity.ERROR, "NVLink error",
+                "check the NVLink bridges/NVSwitch and nvidia-fabricmanager's log; " + RESET),
+    79: XidKind(Severity.ERROR, "GPU has fallen off the bus (no longer reachable over PCIe)",
+                "the GPU is lost until the node is power-cycled: drain it, reboot, and check power, "
+                "cooling and the PCIe seating if it happens again"),
+    92: XidKind(Severity.WARNING, "high single-bit ECC error rate", "watch the GPU's ECC counters (DCGM); plan its replacement"),
+    94: XidKind(Severity.WARNING, "contained ECC error (the affected application was stopped)",
+                "restart the stopped application; other work on the GPU was not affected"),
+    95: XidKind(Severity.ERROR, "uncontained ECC error", RESET),
+    119: XidKind(Severity.ERROR, "GSP firmware call timed out", RESET + "; recurring: update the driver"),
+    120: XidKind(Severity.ERROR, "GSP firmware error", RESET + "; recurring: update the driver"),
+}
+UNKNOWN = XidKind(Severity.WARNING, "an Xid event", "look the number up in NVIDIA's Xid catalogue")
+# NVRM lines that are no Xid but mean the driver cannot work: (pattern, code, summary, fix)
+NVRM_LINES = (
+    (re.compile(r"NVRM: API mismatch"), "driver-api-mismatch",
+     "the NVIDIA kernel module and the user-space driver are different versions",
+     "load the kernel module that matches the installed libraries (reboot after a driver update, or "
+     "restart the driver pod); two drivers (host and operator) must not both be installed"),
+    (re.compile(r"NVRM: RmInitAdapter failed"), "gpu-init-failed",
+     "the driver could not initialise a GPU",
+     "check the lines around it in the kernel log; reset or reboot, and check the GPU is supported by this driver"),
+    (re.compile(r"NVRM: .*fallen off the bus"), "gpu-off-bus",
+     "a GPU has fallen off the bus", XIDS[79].fix),
+)
+
+
+def read_kernel_log(fs: HostFS) -> tuple[str, str] | None:
+    """(source, text) of the host's kernel log, or None when none can be read."""
+    try:
+        real = fs.resolve(KMSG)
+    except HostPathError as err:
+        fs.refused[KMSG] = str(err)
+    else:
+        text = _read_kmsg(str(real)) if real.exists() else None
+        if text is not None:
+            return KMSG, text
+    for path in LOG_FILES:
+        text = fs.read_text(path, limit=MAX_KMSG_BYTES)
+        if text is not None:
+            return path, text
+    return None
+
+
+def _read_kmsg(path: str) -> str | None:
+    """Every record /dev/kmsg holds (one record per read; EAGAIN at the end), as plain lines. A
+    regular file in kmsg's format (a host-root fixture) reads the same way."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    lines, size = [], 0
+    try:
+        while size < MAX_KMSG_BYTES:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: a record was overwritten while reading; go on with the next
+                continue
+            if not chunk:
+                break
+            size += len(chunk)
+            for record in chunk.decode(errors="replace").splitlines():
+                _, _, message = record.partition(";")
+                if message and not record.startswith(" "):  # continuation lines carry key=value
+                    lines.append(message)
+    finally:
+        os.close(fd)
+    return "\n".join(lines)
+
+
+def kernel_log_findings(fs: HostFS) -> list[Finding]:
+    found = read_kernel_log(fs)
+    if found is None:
+        return [finding("kernel-log-unreadable", Severity.INFO, "the kernel log could not be read",
+                        [f"tried {KMSG} and {', '.join(LOG_FILES)} under the host root"],
+                        "run doctor with access to /dev/kmsg (privileged, or as root on the host)")]
+    source, text = found
+    return xid_findings(text, source)
+
+
+def xid_findings(text: str, source: str) -> list[Finding]:
+    counts: Counter[tuple[str, int]] = Counter()
+    last: dict[tuple[str, int], str] = {}
+    other: dict[str, tuple[str, str, str, list[str]]] = {}
+    for line in text.splitlines():
+        match = _XID.search(line)
+        if match:
+            key = (match.group(1).lower(), int(match.group(2)))
+            counts[key] += 1
+            last[key] = line.strip()[match.start():][:300]
+            continue
+        for pattern, code, summary, fix in NVRM_LINES:
+            if pattern.search(line):
+                other.setdefault(code, (summary, fix, source, []))[3].append(line.strip()[:300])
+    out = []
+    for (address, xid), count in sorted(counts.items()):
+        kind = XIDS.get(xid, UNKNOWN)
+        out.append(finding(
+            f"xid-{xid}", kind.severity, f"GPU {address}: Xid {xid}, {kind.meaning} ({count} time(s))",
+            [f"{source}: {last[(address, xid)]}"], kind.fix.replace("ADDR", address)))
+    for code, (summary, fix, src, lines) in other.items():
+        out.append(finding(code, Severity.ERROR, f"{summary} ({len(lines)} line(s))",
+                           [f"{src}: {line}" for line in lines[-3:]], fix))
+    return out
