@@ -131,6 +131,16 @@ CASES: list[Case] = [
     _cp("relative root path", {"hostPaths": {"rootFS": "host"}}, "spec.hostPaths.rootFS", REPORTED),
     _cp("relative toolkit install dir", {"toolkit": {"installDir": "usr/local/nvidia"}},
         "spec.toolkit.installDir", REPORTED),
+    # -- Kubernetes and monitoring types typed as upstream's CRD has them -------------------------
+    _cp("scrape interval not a duration", {"dcgmExporter": {"serviceMonitor": {"interval": "often"}}},
+        "spec.dcgmExporter.serviceMonitor.interval", REJECTED),
+    _cp("unknown relabeling action", {"dcgmExporter": {"serviceMonitor": {"relabelings": [{"action": "rename"}]}}},
+        "spec.dcgmExporter.serviceMonitor.relabelings[0].action", REJECTED),
+    _cp("toleration seconds as a string", {"daemonsets": {"tolerations": [{"operator": "Exists",
+                                                                           "tolerationSeconds": "300"}]}},
+        "spec.daemonsets.tolerations[0].tolerationSeconds", REJECTED),
+    _cp("run-as user as a name", {"daemonsets": {"podSecurityContext": {"runAsUser": "nobody"}}},
+        "spec.daemonsets.podSecurityContext.runAsUser", REJECTED),
     # -- NVIDIADriver -----------------------------------------------------------------------------
     _nvd("unknown driver type", {"driverType": "cuda"}, "spec.driverType", REJECTED),
     _nvd("image as a number", {"image": 535}, "spec.image", REJECTED),

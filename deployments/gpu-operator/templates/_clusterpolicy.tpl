@@ -58,7 +58,7 @@ Output: YAML mapping.
 {{- $_ := set $spec "driver" $driver }}
 
 {{- range $key := list "validator" "nodeStatusExporter" }}
-{{- $component := deepCopy (index $v $key) }}
+{{- $component := include "gpu-operator.specOf" (dict "values" (index $v $key) "drop" (list)) | fromYaml }}
 {{- $component = merge (include "gpu-operator.ownImageFields" (dict "root" $root "spec" $component) | fromYaml) $component }}
 {{- $_ := set $spec $key $component }}
 {{- end }}

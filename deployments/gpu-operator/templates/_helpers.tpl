@@ -71,6 +71,10 @@ Input: dict "values" <map> "drop" <list of keys, "a" or "a.b">. Output: YAML map
 */}}
 {{- define "gpu-operator.specOf" -}}
 {{- $spec := deepCopy (.values | default dict) -}}
+{{- /* hostNetwork: false is the default; left out of the policy, as NVIDIA's chart does */ -}}
+{{- if and (hasKey $spec "hostNetwork") (not $spec.hostNetwork) -}}
+{{- $_ := unset $spec "hostNetwork" -}}
+{{- end -}}
 {{- range .drop -}}
 {{- $path := splitList "." . -}}
 {{- if eq (len $path) 1 -}}

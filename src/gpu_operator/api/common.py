@@ -105,6 +105,63 @@ class ResourceRequirements(Model):
     requests: dict[str, Quantity] | None = None
 
 
+class Toleration(Model):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = None
+    operator: str | None = Field(default=None, description="Exists or Equal (default Equal).")
+    value: str | None = None
+    effect: str | None = Field(default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty: all.")
+    tolerationSeconds: int | None = None
+
+
+class SELinuxOptions(Model):
+    level: str | None = None
+    role: str | None = None
+    type: str | None = None
+    user: str | None = None
+
+
+class SeccompProfile(Model):
+    type: str = Field(description="RuntimeDefault, Unconfined or Localhost.")
+    localhostProfile: str | None = None
+
+
+class AppArmorProfile(Model):
+    type: str = Field(description="RuntimeDefault, Unconfined or Localhost.")
+    localhostProfile: str | None = None
+
+
+class Sysctl(Model):
+    name: str
+    value: str
+
+
+class WindowsSecurityContextOptions(Model):
+    gmsaCredentialSpec: str | None = None
+    gmsaCredentialSpecName: str | None = None
+    hostProcess: bool | None = None
+    runAsUserName: str | None = None
+
+
+class PodSecurityContext(Model):
+    """A pod's security context (core/v1 PodSecurityContext)."""
+
+    appArmorProfile: AppArmorProfile | None = None
+    fsGroup: int | None = None
+    fsGroupChangePolicy: str | None = None
+    runAsGroup: int | None = None
+    runAsNonRoot: bool | None = None
+    runAsUser: int | None = None
+    seLinuxChangePolicy: str | None = None
+    seLinuxOptions: SELinuxOptions | None = None
+    seccompProfile: SeccompProfile | None = None
+    supplementalGroups: list[int] | None = None
+    supplementalGroupsPolicy: str | None = None
+    sysctls: list[Sysctl] | None = None
+    windowsOptions: WindowsSecurityContextOptions | None = None
+
+
 class ImageFields(Model):
     """repository/image/version as upstream resolves them, plus pull settings."""
 

@@ -23,7 +23,9 @@ from gpu_operator.api.common import (
     KernelModuleType,
     Model,
     ObjectMeta,
+    PodSecurityContext,
     ResourceRequirements,
+    Toleration,
     not_precompiled,
     unknown_field_warnings,
 )
@@ -118,9 +120,9 @@ class NVIDIADriverSpec(ComponentFields):
     nodeAffinity: dict[str, Any] | None = None
     labels: Labels | None = None
     annotations: Annotations | None = None
-    tolerations: list[dict[str, Any]] | None = None
+    tolerations: list[Toleration] | None = None
     priorityClassName: ObjectName | None = None
-    podSecurityContext: dict[str, Any] | None = None
+    podSecurityContext: PodSecurityContext | None = None
 
 
 class NVIDIADriverStatus(Model):

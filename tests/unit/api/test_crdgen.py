@@ -67,8 +67,15 @@ def test_clusterpolicy_schema_details() -> None:
     assert upgrade["maxUnavailable"] == {"x-kubernetes-int-or-string": True, "default": "25%"}
     resources = props["driver"]["properties"]["resources"]["properties"]["limits"]
     assert resources["additionalProperties"] == {"x-kubernetes-int-or-string": True}
-    assert props["daemonsets"]["properties"]["tolerations"]["items"] == {
-        "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    # Kubernetes types typed as upstream's CRD has them (core/v1 Toleration, PodSecurityContext,
+    # the monitoring API's RelabelConfig), so a wrong type is refused by the apiserver
+    toleration = props["daemonsets"]["properties"]["tolerations"]["items"]
+    assert toleration["type"] == "object" and toleration["properties"]["tolerationSeconds"]["type"] == "integer"
+    context = props["daemonsets"]["properties"]["podSecurityContext"]["properties"]
+    assert context["runAsUser"]["type"] == "integer" and context["seccompProfile"]["required"] == ["type"]
+    monitor = props["dcgmExporter"]["properties"]["serviceMonitor"]["properties"]
+    assert monitor["interval"]["pattern"].startswith("^(0|")
+    assert "keepequal" in monitor["relabelings"]["items"]["properties"]["action"]["enum"]
     rules = [r["message"] for r in spec["x-kubernetes-validations"]]
     assert any("nriPluginEnabled" in m for m in rules)
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

@@ -110,8 +110,11 @@ def test_command_expansion() -> None:
 # -- doctor codes ---------------------------------------------------------------------------------
 
 def test_doctor_codes_table_matches_the_findings() -> None:
-    source = "".join((SRC / "node" / name).read_text() for name in ("findings.py", "vmchecks.py"))
+    from gpu_operator.node.kernellog import NVRM_LINES
+    names = ("findings.py", "vmchecks.py", "troubleshoot.py", "kernellog.py")
+    source = "".join((SRC / "node" / name).read_text() for name in names)
     codes = set(re.findall(r'\b_?finding\(\s*"([a-z][a-z0-9-]*)"', source))
+    codes |= {line[1] for line in NVRM_LINES} | {"xid-N"}  # one code per Xid number: xid-79, ...
     assert len(codes) > 10, "the pattern no longer finds the codes in node/findings.py and node/vmchecks.py"
     documented = set(first_column_spans(ROOT / "docs" / "node-agents.md", "code"))
     assert sorted(codes - documented) == [], "finding codes missing from docs/node-agents.md"

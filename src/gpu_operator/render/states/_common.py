@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import Component
+from gpu_operator.api.common import Model
 from gpu_operator.render.objects import (
     NODE_NAME,
     OPERATOR_NAMESPACE,
@@ -133,13 +135,14 @@ def service(name: str, state: str, ctx: Ctx, port: int, port_name: str, app: str
 def service_monitor(name: str, state: str, ctx: Ctx, port_name: str, app: str, *, interval: str | None = None,
                     scrape_timeout: str | None = None, honor_labels: bool | None = None,
                     labels: dict[str, str] | None = None,
-                    relabelings: list[dict[str, Any]] | None = None) -> list[Manifest]:
+                    relabelings: Sequence[Model] | None = None) -> list[Manifest]:
     """A ServiceMonitor, only when the monitoring.coreos.com CRD exists (like upstream)."""
     if not ctx.facts.servicemonitor_crd:
         return []
     endpoint: dict[str, Any] = {"port": port_name, "path": "/metrics"}
+    rules = [r.dump() for r in relabelings] if relabelings is not None else None
     for key, value in (("interval", interval), ("scrapeTimeout", scrape_timeout), ("honorLabels", honor_labels),
-                       ("relabelings", relabelings)):
+                       ("relabelings", rules)):
         if value is not None:
             endpoint[key] = value
     monitor = obj("monitoring.coreos.com/v1", "ServiceMonitor", name, state, ctx.ns, spec={

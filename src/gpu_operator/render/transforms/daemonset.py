@@ -26,9 +26,10 @@ def common_config(ds: dict[str, Any], spec: ClusterPolicySpec, *, on_delete: boo
             strategy["rollingUpdate"] = {"maxUnavailable": int(value) if value.isdigit() else value}
         ds["spec"]["updateStrategy"] = strategy
     pod["priorityClassName"] = daemonsets.priorityClassName or DEFAULT_PRIORITY_CLASS
-    pod["tolerations"] = [dict(t) for t in (daemonsets.tolerations or DEFAULT_TOLERATIONS)]
+    pod["tolerations"] = ([t.dump() for t in daemonsets.tolerations] if daemonsets.tolerations
+                          else [dict(t) for t in DEFAULT_TOLERATIONS])
     if daemonsets.podSecurityContext:
-        pod["securityContext"] = dict(daemonsets.podSecurityContext)
+        pod["securityContext"] = daemonsets.podSecurityContext.dump()
     template_meta = ds["spec"]["template"]["metadata"]
     for source, key in ((daemonsets.labels, "labels"), (daemonsets.annotations, "annotations")):
         for name, value in (source or {}).items():
