@@ -11,7 +11,6 @@ release.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -21,7 +20,6 @@ from typing import Any
 
 import helm_python
 import pytest
-import yaml
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
@@ -29,9 +27,10 @@ from lightkube.resources.core_v1 import Namespace, Node
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.helm import offline_chart
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GPU_PRESENT, MANAGED_SELECTOR, NVIDIA
-from tests.support.chart import CHART, objects, render_chart
+from tests.support.chart import objects, render_chart
 from tests.support.owned import owned_by
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
@@ -86,16 +85,6 @@ def ours_left(control_plane: ControlPlane) -> list[str]:
                 items = control_plane.request("GET", f"{base}/{res['name']}?labelSelector={selector}")["items"]
             found += [f"{res['kind']} {i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items]
     return sorted(found)
-
-
-def offline_chart(target: Path) -> Path:
-    """The chart without its NFD dependency (disabled here, and not fetched offline): Helm's install
-    refuses a chart whose declared dependency is missing from charts/."""
-    shutil.copytree(CHART, target)
-    meta = yaml.safe_load((target / "Chart.yaml").read_text())
-    meta.pop("dependencies", None)
-    (target / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return target
 
 
 def _gpu_nodes_labelled(kube: Client, names: list[str]) -> bool:

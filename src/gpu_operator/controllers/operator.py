@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import kopf
 
-from gpu_operator.controllers import metrics
+from gpu_operator.controllers import kopflogin, metrics
 from gpu_operator.controllers.cache import (
     DRIVER_COMPONENT,
     OWNED_KINDS,
@@ -128,9 +128,7 @@ class Operator:
         registry = kopf.OperatorRegistry()
         loops = self.loops
 
-        @kopf.on.login(registry=registry)
-        def login(**kwargs: Any) -> Any:
-            return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+        kopf.on.login(registry=registry)(kopflogin.login)
 
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:

@@ -41,6 +41,16 @@ RealNodeShapeOption = Annotated[str, typer.Option(
     "(host-driver: driver on the host; dgx-h100: none, validation waits for the operator's driver).")]
 
 
+HelmOption = Annotated[bool, typer.Option(
+    "--helm", help="Install our chart with real Helm (release and namespace gpu-operator): the operator "
+    "runs as the chart's Deployment on the real node, its hook Jobs too. Needs --real-node. The values "
+    "the real node needs are written to real-node-values.yaml in --dir and shown.")]
+ValuesOption = Annotated[list[Path] | None, typer.Option(
+    "--values", "-f", help="With --helm: a values file on top of the simulator's (repeatable).")]
+SetOption = Annotated[list[str] | None, typer.Option(
+    "--set", help="With --helm: KEY=VALUE on top of the values files (repeatable), as helm --set.")]
+
+
 def _dir(directory: Path | None) -> Path:
     from gpu_operator.sim.state import default_dir
 
@@ -60,17 +70,28 @@ def _fail(err: Exception) -> typer.Exit:
 def up(shape: ShapeOption = None, directory: DirOption = None,
        operator: Annotated[bool, typer.Option(help="Also start the operator (and apply the CRDs).")] = False,
        real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "host-driver",
+       helm: HelmOption = False, values: ValuesOption = None, set_values: SetOption = None,
        ) -> None:
     """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
     from gpu_operator.sim.realnode import RealNodeError
 
+    if helm and not real_node:
+        raise typer.BadParameter("--helm needs --real-node: the chart's operator pod runs on the real node",
+                                 param_hint="--helm")
+    if helm and operator:
+        raise typer.BadParameter("--helm runs the operator as the chart's pod: leave out --operator",
+                                 param_hint="--operator")
+    if (values or set_values) and not helm:
+        raise typer.BadParameter("--values and --set are for --helm", param_hint="--values/--set")
     try:
         state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
                               real_node=real_node_shape if real_node else None)
         if operator:
             session.start_operator(state, _progress)
+        if helm:
+            session.install_chart(state, values or [], set_values or [], _progress)
     except (session.SimError, ShapeError, RealNodeError) as err:
         raise _fail(err) from err
     typer.echo(f"export KUBECONFIG={state.kubeconfig}")

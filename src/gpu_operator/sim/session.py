@@ -152,6 +152,24 @@ def stop_real_node(state: SimState) -> bool:
     return running
 
 
+def install_chart(state: SimState, files: list[Path], sets: list[str], progress: Progress) -> None:
+    """Our chart with real Helm, the operator on the real node (see sim/helm.py)."""
+    from gpu_operator.sim import helm
+
+    info = state.real_node
+    if not info:
+        raise SimError("no real node in this simulator: start it with --real-node")
+    try:
+        values, path = helm.values_for(Path(state.dir), info["name"], info["host_root"], files, sets)
+        progress(f"the real node's values ({path}):\n{path.read_text()}")
+        helm.install(Path(state.kubeconfig), Path(state.dir), values, progress)
+    except helm.HelmInstallError as err:
+        raise SimError(str(err)) from err
+    except Exception as err:  # Helm's own errors: its message says what failed
+        raise SimError(f"helm install failed: {err}") from err
+    progress(f"installed; the operator runs as a pod: kubectl -n {helm.NAMESPACE} get pods -o wide")
+
+
 def admin_client(state: SimState, field_manager: str = "gpu-operator-sim"):  # type: ignore[no-untyped-def]
     from lightkube import Client, KubeConfig
 

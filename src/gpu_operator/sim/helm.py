@@ -1,0 +1,113 @@
+"""`sim up --real-node --helm`: our chart installed with real Helm into the simulator, the
+operator Deployment and the chart's hook Jobs on the real node running our image for real.
+
+What differs from a plain install is one values file the simulator writes and shows
+(`real-node-values.yaml` in the simulator's directory); a user's `--values` files and `--set`
+pairs go on top, as `helm -f ... --set ...` would.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RELEASE = NAMESPACE = "gpu-operator"
+CHART_DIR = Path(__file__).resolve().parents[3] / "deployments" / "gpu-operator"
+VALUES_FILE = "real-node-values.yaml"
+Progress = Callable[[str], None]
+
+
+class HelmInstallError(RuntimeError):
+    """The chart could not be installed; the message says why and what to do."""
+
+
+def real_node_values(node: str, host_root: str) -> dict[str, Any]:
+    """The values the simulator's real node needs, and only those."""
+    no_chroot = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
+    return {
+        # kwok nodes carry NFD's labels already; NFD's chart is not fetched offline
+        "nfd": {"enabled": False},
+        # the operator labels its namespace for its privileged operands
+        "psa": {"enabled": True},
+        # the operator and the chart's hook Jobs run on the real node (our image is in its containerd)
+        "operator": {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [], "affinity": None},
+        # our operands on the real node read its fixture host tree, not this machine's root
+        "hostPaths": {"rootFS": host_root},
+        "nodeStatusExporter": {"enabled": True, "env": [no_chroot]},
+        # the CUDA check's workload image (NVIDIA's CUDA sample) cannot be pulled here
+        "validator": {"driver": {"env": [no_chroot]}, "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}},
+    }
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Helm's layering: maps merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_set(pair: str) -> dict[str, Any]:
+    """`a.b.c=value` as a nested mapping; the value read as YAML (true, 3, [a]) like helm --set."""
+    path, sep, raw = pair.partition("=")
+    if not sep or not path:
+        raise HelmInstallError(f"--set {pair!r}: use KEY=VALUE, e.g. --set driver.enabled=false")
+    value: Any = yaml.safe_load(raw) if raw else ""
+    for key in reversed(path.split(".")):
+        value = {key: value}
+    return dict(value)
+
+
+def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], sets: list[str]) -> tuple[dict[str, Any], Path]:
+    """The merged values and the path of the simulator's own values file (written here)."""
+    ours = real_node_values(node, host_root)
+    path = state_dir / VALUES_FILE
+    path.write_text("# What the simulator's real node needs on top of a plain install (gpu-operator sim).\n"
+                    + yaml.safe_dump(ours, sort_keys=False))
+    merged = ours
+    for file in files:
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise HelmInstallError(f"--values {file}: {err}") from err
+        if not isinstance(loaded, dict):
+            raise HelmInstallError(f"--values {file}: not a mapping of values")
+        merged = merge(merged, loaded)
+    for pair in sets:
+        merged = merge(merged, parse_set(pair))
+    return merged, path
+
+
+def offline_chart(target: Path) -> Path:
+    """A copy of the chart without its NFD dependency (Helm refuses a chart whose declared
+    dependency is missing from charts/, and nothing is fetched offline; NFD is off here)."""
+    if not (CHART_DIR / "Chart.yaml").exists():
+        raise HelmInstallError(f"the chart is not in this installation ({CHART_DIR}): run from the source tree")
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(CHART_DIR, target)
+    meta = yaml.safe_load((target / "Chart.yaml").read_text())
+    meta.pop("dependencies", None)
+    (target / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    return target
+
+
+def install(kubeconfig: Path, state_dir: Path, values: dict[str, Any], progress: Progress, timeout: int = 300) -> None:
+    """`helm install gpu-operator` (namespace gpu-operator, created) with these values; idempotent:
+    an existing release is upgraded with them instead."""
+    import helm_python
+
+    helm = helm_python.Config(kubeconfig_path=str(kubeconfig), namespace=NAMESPACE)
+    chart_path = offline_chart(state_dir / "chart" / "gpu-operator")
+    existing = [r for r in helm.list() if getattr(r, "name", None) == RELEASE]
+    with helm_python.Chart.load(chart_path) as chart:
+        if existing:
+            progress(f"helm upgrade {RELEASE} (a release is installed already)")
+            helm.upgrade(chart, RELEASE, values, namespace=NAMESPACE, timeout=timeout)
+        else:
+            progress(f"helm install {RELEASE} into namespace {NAMESPACE} (the CRD hook Job runs on the real node)")
+            helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=timeout)
