@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from lightkube import Client, KubeConfig
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 
 from gpu_operator.sim import binaries, nodes
 from gpu_operator.sim.controlplane import ControlPlane
+from tests.support.cleanup import delete_if_present
 
 
 @pytest.fixture(scope="session")
@@ -45,11 +45,7 @@ def namespace(kube: Client) -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex[:8]}"
     kube.create(Namespace(metadata={"name": name}))  # type: ignore[arg-type]
     yield name
-    try:
-        kube.delete(Namespace, name)
-    except ApiError as err:
-        if err.status.code != 404:
-            raise
+    delete_if_present(kube, Namespace, name)
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
+from tests.support.cleanup import delete_if_present
 
 
 @pytest.fixture(scope="session")
@@ -64,11 +64,7 @@ class CustomObjects:
 
     def delete_all(self) -> None:
         for name in self.created:
-            try:
-                self.kube.delete(self.resource, name)
-            except ApiError as err:
-                if err.status.code != 404:
-                    raise
+            delete_if_present(self.kube, self.resource, name)
 
 
 @pytest.fixture

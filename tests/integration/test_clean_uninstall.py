@@ -22,7 +22,6 @@ import helm_python
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
-from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace, Node
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
@@ -31,6 +30,7 @@ from gpu_operator.sim.helm import offline_chart
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GPU_PRESENT, MANAGED_SELECTOR, NVIDIA
 from tests.support.chart import objects, render_chart
+from tests.support.cleanup import delete_if_present
 from tests.support.owned import owned_by
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
@@ -94,11 +94,7 @@ def _gpu_nodes_labelled(kube: Client, names: list[str]) -> bool:
 @pytest.fixture
 def release_namespace(kube: Client) -> Iterator[str]:
     yield NAMESPACE
-    try:
-        kube.delete(Namespace, NAMESPACE)
-    except ApiError as err:
-        if err.status.code != 404:
-            raise
+    delete_if_present(kube, Namespace, NAMESPACE)
 
 
 def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Client, crds: list[str],

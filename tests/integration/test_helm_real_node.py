@@ -16,7 +16,6 @@ from typing import Any
 import helm_python
 import pytest
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
@@ -30,6 +29,7 @@ from tests.integration.realnode_fixtures import REAL_NODE, pod_log
 from tests.integration.test_clean_uninstall import differences, marks
 from tests.support.audit import cri_messages, forbidden_in_namespace, serviceaccount_user, status_code
 from tests.support.chart import objects, render_chart
+from tests.support.cleanup import delete_if_present
 from tests.support.status import policy_status
 from tests.support.waiting import wait_for
 
@@ -47,11 +47,7 @@ def _values() -> dict[str, Any]:
 def restricted_namespace(kube: Client) -> Iterator[str]:
     kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE, labels=RESTRICTED)))
     yield NAMESPACE
-    try:
-        kube.delete(Namespace, NAMESPACE)
-    except ApiError as err:
-        if err.status.code != 404:
-            raise
+    delete_if_present(kube, Namespace, NAMESPACE)
 
 
 def _operator_pods(kube: Client) -> list[dict[str, Any]]:
