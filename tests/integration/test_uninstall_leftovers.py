@@ -4,19 +4,25 @@ pre-delete hook command; the operator is the process Helm stops afterwards."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.apps_v1 import DeploymentSpec
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.core_v1 import Container, PodSpec, PodTemplateSpec
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.controllers.upgrade_state import (
@@ -24,7 +30,7 @@ from gpu_operator.controllers.upgrade_state import (
     UPGRADE_REQUIRED,
     WAIT_FOR_JOBS_REQUIRED,
 )
-from gpu_operator.kube.client import FIELD_MANAGER, ClusterPolicyResource
+from gpu_operator.kube.client import FIELD_MANAGER, ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
@@ -81,6 +87,20 @@ def our_crds_restored(kube: Client, crds: list[str]) -> Iterator[list[str]]:
         wait_for(f"CRD {name} gone or kept", functools.partial(_crd_terminating, kube, name),
                  until=lambda terminating: not terminating, timeout=60)
     apply_crds(kube)
+    # Established is not yet served: the apiserver answers 429 for a recreated CRD's resources for
+    # a moment, and the next test's first list would fail on it.
+    for resource in (ClusterPolicyResource, NVIDIADriverResource):
+        wait_for(f"{resource.__name__} served again", functools.partial(_served, kube, resource), timeout=60)
+
+
+def _served(kube: Client, resource: Any) -> bool:
+    try:
+        list(kube.list(resource))
+    except ApiError as err:
+        if err.status.code == 429:
+            return False
+        raise
+    return True
 
 
 def _crd_terminating(kube: Client, name: str) -> bool:
@@ -138,3 +158,49 @@ def _crd_exists(kube: Client, name: str) -> bool:
             return False
         raise
     return True
+
+
+def _operator_deployment(namespace: str, node: str) -> Deployment:
+    labels = {"app": "gpu-operator"}
+    return Deployment(
+        metadata=ObjectMeta(name="gpu-operator", namespace=namespace),
+        spec=DeploymentSpec(
+            replicas=1, selector=LabelSelector(matchLabels=labels),
+            template=PodTemplateSpec(metadata=ObjectMeta(labels=labels), spec=PodSpec(
+                nodeSelector={"kubernetes.io/hostname": node},
+                containers=[Container(name="gpu-operator", image="gpu-operator:test")]))))
+
+
+def _held_lease(namespace: str, holder: str) -> Lease:
+    now = dt.datetime.now(dt.UTC)
+    return Lease(metadata=ObjectMeta(name=LEASE_NAME, namespace=namespace),
+                 spec=LeaseSpec(holderIdentity=holder, leaseDurationSeconds=15, acquireTime=now, renewTime=now))
+
+
+def test_cleanup_stops_the_operator_deployment_before_helm_deletes_its_rbac(
+        kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]], namespace: str) -> None:
+    (node,) = fake_nodes("cpu:1")
+    kube.create(_operator_deployment(namespace, node))
+    wait_for("the operator pod Running", lambda: [p for p in kube.list(Pod, namespace=namespace)
+                                                  if p.status and p.status.phase == "Running"], timeout=60)
+    # A holder that cannot delete its Lease on the way out (a kwok pod runs nothing): the hook does.
+    kube.create(_held_lease(namespace, "gpu-operator-abc_1234"))
+    out = cleanup_command(control_plane, "--operator-deployment", "gpu-operator", "--namespace", namespace)
+    assert f"scaled Deployment {namespace}/gpu-operator to 0" in out.splitlines(), out
+    spec = kube.get(Deployment, "gpu-operator", namespace=namespace).spec
+    assert spec is not None and spec.replicas == 0
+    assert list(kube.list(Pod, namespace=namespace)) == []  # waited for: no operator pod left
+    assert lease(kube, namespace) is None, out
+    # Run again (a retried hook): nothing to scale, nothing to delete, no error.
+    again = cleanup_command(control_plane, "--operator-deployment", "gpu-operator", "--namespace", namespace)
+    assert "scaled Deployment" not in again and "deleted Lease" not in again, again
+
+
+def test_cleanup_keeps_a_lease_held_by_an_operator_it_did_not_stop(
+        kube: Client, control_plane: ControlPlane, namespace: str) -> None:
+    kube.create(_held_lease(namespace, "elsewhere_5678"))  # e.g. an operator run outside the chart
+    out = cleanup_command(control_plane, "--operator-deployment", "gpu-operator", "--namespace", namespace)
+    assert f"kept Lease {namespace}/{LEASE_NAME}: held by elsewhere_5678 and no Deployment gpu-operator to stop" \
+        in out.splitlines(), out
+    found = lease(kube, namespace)
+    assert found is not None and found.spec is not None and found.spec.holderIdentity == "elsewhere_5678"

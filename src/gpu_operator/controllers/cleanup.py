@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.api.crdgen import load_packaged
+from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import FIELD_MANAGER, Kube, ObjectKey
 from gpu_operator.vocabulary import (
@@ -131,10 +133,53 @@ async def strip_nodes(kube: Kube) -> list[str]:
 OWNER_KINDS = (("nvidia.com/v1alpha1", "NVIDIADriver"), ("nvidia.com/v1", "ClusterPolicy"))
 
 
-async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False) -> list[str]:
+@dataclass(frozen=True)
+class OperatorDeployment:
+    """The operator Deployment a pre-delete hook stops before Helm deletes the chart's RBAC."""
+    namespace: str
+    name: str
+
+
+async def _operator_pods(kube: Kube, where: OperatorDeployment, selector: dict[str, str]) -> list[str]:
+    return [p["metadata"]["name"] for p in await kube.list_dicts("v1", "Pod", where.namespace, labels=selector)]
+
+
+async def stop_operator(kube: Kube, where: OperatorDeployment, timeout: float) -> list[str]:
+    """Scale the operator's Deployment to zero and wait until its pods have exited. The hook runs
+    before Helm deletes anything, so the stopping operator still has its RBAC and deletes its own
+    Lease (nothing left to lead); Helm deletes the pods' RBAC at once after the hook, and a pod
+    still stopping then could not. A Lease nobody renews any more is deleted here."""
+    done: list[str] = []
+    deployment = await kube.get_dict("apps/v1", "Deployment", where.name, where.namespace)
+    if deployment is not None:
+        selector = deployment["spec"]["selector"].get("matchLabels") or {}
+        if deployment["spec"].get("replicas", 1):
+            await kube.merge_patch("apps/v1", "Deployment", where.name, {"spec": {"replicas": 0}}, where.namespace)
+            done.append(f"scaled Deployment {where.namespace}/{where.name} to 0")
+        deadline = time.monotonic() + timeout
+        while left := await _operator_pods(kube, where, selector):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"operator pod(s) {', '.join(left)} still running {timeout:.0f} s after the "
+                                   f"scale-down (terminationGracePeriodSeconds?)")
+            await asyncio.sleep(0.5)
+        done.append("the operator stopped")
+    lease = await kube.get_dict("coordination.k8s.io/v1", "Lease", LEASE_NAME, where.namespace)
+    if lease is not None:
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") and deployment is None:
+            done.append(f"kept Lease {where.namespace}/{LEASE_NAME}: held by {spec['holderIdentity']} and no "
+                        f"Deployment {where.name} to stop")
+        elif await kube.delete(ObjectKey("coordination.k8s.io/v1", "Lease", LEASE_NAME, where.namespace)):
+            done.append(f"deleted Lease {where.namespace}/{LEASE_NAME}")
+    return done
+
+
+async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
+                  operator: OperatorDeployment | None = None) -> list[str]:
     """Delete every NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
-    wait until they are gone, uncordon the nodes a driver upgrade had cordoned, then remove our
-    node labels and annotations; with `crds`, delete our CRDs last. Lines for the log."""
+    wait until they are gone; with `operator`, stop the operator (stop_operator); then uncordon the
+    nodes a driver upgrade had cordoned and remove our node labels and annotations; with `crds`,
+    delete our CRDs last. Lines for the log."""
     done: list[str] = []
     for api_version, kind in OWNER_KINDS:
         try:
@@ -162,6 +207,8 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False) -> 
                 names = ", ".join(o["metadata"]["name"] for o in left)
                 raise TimeoutError(f"{kind} {names} still there after {timeout:.0f} s (a finalizer?)")
             await asyncio.sleep(0.5)
+    if operator is not None:
+        done += await stop_operator(kube, operator, timeout)
     nodes = await kube.list_dicts("v1", "Node")
     done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
     done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]

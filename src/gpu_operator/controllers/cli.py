@@ -21,6 +21,12 @@ def register(app: typer.Typer) -> None:
             help="Seconds to wait for the ClusterPolicies and NVIDIADrivers to be gone.")] = 120.0,
         crds: Annotated[bool, typer.Option(
             "--crds", help="Also delete our CRDs, last (the chart's operator.cleanupCRD).")] = False,
+        operator_deployment: Annotated[str | None, typer.Option(
+            "--operator-deployment", help="The operator's Deployment in --namespace: scaled to 0 after the "
+            "CRs are gone and waited for, so the operator stops (deleting its Lease) while its RBAC still "
+            "exists; a Lease left unrenewed is deleted. The chart's hook passes it.")] = None,
+        namespace: Annotated[str, typer.Option(
+            "--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")] = "gpu-operator",
     ) -> None:
         """Before an uninstall: delete every ClusterPolicy and NVIDIADriver (their operands go with
         them), uncordon the nodes a driver upgrade in progress had cordoned (only those), then
@@ -28,13 +34,15 @@ def register(app: typer.Typer) -> None:
         our CRDs too. The operator deletes its Lease when it stops with no ClusterPolicy left."""
         import asyncio
 
+        from gpu_operator.controllers.cleanup import OperatorDeployment
         from gpu_operator.controllers.cleanup import cleanup as run_cleanup
         from gpu_operator.kube.client import Kube
 
         async def go() -> list[str]:
             kube = Kube(kubeconfig)
             try:
-                return await run_cleanup(kube, timeout=timeout, crds=crds)
+                where = OperatorDeployment(namespace, operator_deployment) if operator_deployment else None
+                return await run_cleanup(kube, timeout=timeout, crds=crds, operator=where)
             finally:
                 await kube.close()
 

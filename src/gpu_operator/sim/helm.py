@@ -27,7 +27,8 @@ class HelmInstallError(RuntimeError):
 
 def real_node_values(node: str, host_root: str) -> dict[str, Any]:
     """The values the simulator's real node needs, and only those."""
-    no_chroot = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
+    def no_chroot() -> dict[str, str]:  # a fresh dict each time: no YAML anchors in the file a user reads
+        return {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
     return {
         # kwok nodes carry NFD's labels already; NFD's chart is not fetched offline
         "nfd": {"enabled": False},
@@ -37,9 +38,9 @@ def real_node_values(node: str, host_root: str) -> dict[str, Any]:
         "operator": {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [], "affinity": None},
         # our operands on the real node read its fixture host tree, not this machine's root
         "hostPaths": {"rootFS": host_root},
-        "nodeStatusExporter": {"enabled": True, "env": [no_chroot]},
+        "nodeStatusExporter": {"enabled": True, "env": [no_chroot()]},
         # the CUDA check's workload image (NVIDIA's CUDA sample) cannot be pulled here
-        "validator": {"driver": {"env": [no_chroot]}, "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}},
+        "validator": {"driver": {"env": [no_chroot()]}, "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}},
     }
 
 

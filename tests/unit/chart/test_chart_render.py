@@ -13,6 +13,7 @@ import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.common import unknown_fields
+from gpu_operator.controllers.leader import LEASE_NAME
 from tests.support.chart import (
     CHART,
     NAMESPACE,
@@ -170,14 +171,23 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator-cleanup"
-    assert pod["containers"][0]["command"] == ["gpu-operator", "cleanup"]
-    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+    assert pod["containers"][0]["command"] == ["gpu-operator", "cleanup", "--operator-deployment=gpu-operator"]
+    assert find(rendered, "Deployment", "gpu-operator")  # the one it stops
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         hooked = find(rendered, kind, "gpu-operator-cleanup")["metadata"]["annotations"]
         assert hooked["helm.sh/hook"] == "pre-delete" and int(hooked["helm.sh/hook-weight"]) < 0
     # Only what the cleanup does: delete our CRs, patch node labels; nothing else.
     assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
         {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers"], "verbs": ["list", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+    ]
+    # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease.
+    assert find(rendered, "Role", "gpu-operator-cleanup")["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["gpu-operator"],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
+         "verbs": ["get", "delete"]},
     ]
     assert not any(o["metadata"]["name"] == "gpu-operator-cleanup"
                    for o in objects(render({"operator": {"cleanupOnUninstall": False}})))

@@ -160,12 +160,12 @@ def test_cleanup_crd_deletes_our_crds_in_the_pre_delete_hook(render: Callable[..
         role = find(rendered, "ClusterRole", "gpu-operator-cleanup")
         return job["spec"]["template"]["spec"]["containers"][0]["command"], role["rules"]
     command, rules = hook({"operator": {"cleanupCRD": True}})
-    assert command == ["gpu-operator", "cleanup", "--crds"]
+    assert command == ["gpu-operator", "cleanup", "--operator-deployment=gpu-operator", "--crds"]
     assert {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
             "resourceNames": ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"],
             "verbs": ["delete"]} in rules
     command, rules = hook({})
-    assert command == ["gpu-operator", "cleanup"]
+    assert command == ["gpu-operator", "cleanup", "--operator-deployment=gpu-operator"]
     assert not [r for r in rules if "apiextensions.k8s.io" in r["apiGroups"]]
     assert report(render({"operator": {"cleanupCRD": True}})) == []
 
