@@ -4,6 +4,9 @@ session, next to the kwok nodes, started on first use. Fails (never skips) when 
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +38,7 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     # must not run our operands on this machine's own root.
     node = RealNode(base / "node", REAL_NODE, binaries.locate(), control_plane.pki.dir,
                     control_plane.apiserver_port, resources=gpu_resources(SHAPE),
-                    host_root=host, other_host_roots=(broken,))
+                    host_root=host, other_host_roots=(broken,), egress_routes=control_plane.egress_routes)
     t0 = time.monotonic()
     node.start()
     try:
@@ -74,8 +77,13 @@ def real_passthrough_node(real_node: RealNode) -> Iterator[RealNode]:
     yield from _labelled(real_node, "vfio-passthrough")
 
 
-def pod_log(node: RealNode, namespace: str, pod: str, container: str) -> str:
-    """A container's log as the kubelet wrote it (its CRI log files under the node's podLogsDir)."""
-    return "".join(p.read_text(errors="replace")
-                   for d in node.pod_logs.glob(f"{namespace}_{pod}_*")
-                   for p in sorted((d / container).glob("*.log")))
+def api_log(plane: ControlPlane, namespace: str, pod: str, container: str, previous: bool = False) -> list[str]:
+    """A container's log lines as `kubectl logs` reads them: through the apiserver, which fetches
+    them from the real node's kubelet (through the control plane's egress proxy)."""
+    query = urllib.parse.urlencode({"container": container, **({"previous": "true"} if previous else {})})
+    req = urllib.request.Request(f"{plane.server}/api/v1/namespaces/{namespace}/pods/{pod}/log?{query}")
+    try:
+        with urllib.request.urlopen(req, context=plane.ssl_context("admin"), timeout=30) as resp:
+            return str(resp.read().decode(errors="replace")).splitlines()
+    except urllib.error.HTTPError as err:
+        raise AssertionError(f"log of {namespace}/{pod}/{container}: HTTP {err.code} {err.read()[:500]!r}") from err

@@ -25,9 +25,9 @@ from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.helm import offline_chart, real_node_values
 from gpu_operator.sim.realnode import RealNode
-from tests.integration.realnode_fixtures import REAL_NODE, pod_log
+from tests.integration.realnode_fixtures import REAL_NODE, api_log
 from tests.integration.test_clean_uninstall import differences, marks
-from tests.support.audit import cri_messages, forbidden_in_namespace, serviceaccount_user, status_code
+from tests.support.audit import forbidden_in_namespace, serviceaccount_user, status_code
 from tests.support.chart import objects, render_chart
 from tests.support.cleanup import delete_if_present
 from tests.support.status import policy_status
@@ -104,7 +104,7 @@ def test_helm_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(
     name, spec = pod["metadata"]["name"], pod["spec"]
 
     def log() -> str:
-        return "\n".join(cri_messages(pod_log(real_node, NAMESPACE, name, "gpu-operator"))[-80:])
+        return "\n".join(api_log(control_plane, NAMESPACE, name, "gpu-operator")[-80:])
     assert spec["nodeName"] == REAL_NODE
     assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
     # admitted under `restricted` (the namespace enforced it when the pod was created)
@@ -127,7 +127,7 @@ def test_helm_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(
         wait_for(f"{node} labelled by the operator pod", lambda n=node: _labelled(kube, n),  # type: ignore[misc]
                  timeout=60)
     assert forbidden_in_namespace(control_plane, NAMESPACE) == []
-    messages = cri_messages(pod_log(real_node, NAMESPACE, name, "gpu-operator"))
+    messages = api_log(control_plane, NAMESPACE, name, "gpu-operator")
     assert any("became the leader" in m for m in messages), messages[-20:]
     assert not any("Traceback" in m for m in messages), "\n".join(messages[-60:])
     print(f"helm install with the CRD hook Job on the real node: {installed:.1f} s; operator pod {name} Ready")

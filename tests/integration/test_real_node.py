@@ -23,10 +23,10 @@ from gpu_operator.vocabulary import (
     VFIO_RESULT_ANNOTATION,
     VFIO_STATE,
 )
-from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, pod_log
+from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 from tests.integration.test_vfio_manager_api import node_events, vfio_manager_identity
 from tests.support import audit
-from tests.support.audit import cri_messages, serviceaccount_user
+from tests.support.audit import serviceaccount_user
 from tests.support.waiting import wait_for
 
 # Lists pods in its namespace with the in-cluster credentials the kubelet mounted: prints the
@@ -111,10 +111,10 @@ def test_pods_of_our_image_run_and_reach_the_apiserver_as_their_serviceaccount(
         state = pod["status"]["containerStatuses"][0]["state"]
         assert state.get("terminated", {}).get("exitCode") == 0, state
         assert pod["status"]["podIP"].startswith("10.88."), pod["status"]  # the node's CNI bridge
-    assert "status 200" in cri_messages(pod_log(real_node, namespace, "allowed", "main"))
+    assert "status 200" in api_log(plane, namespace, "allowed", "main")
     # The same program without the binding: the 403 a real operand would hit shows in its log,
     # and the apiserver's audit log records the refusal for that ServiceAccount only.
-    assert "status 403" in cri_messages(pod_log(real_node, namespace, "denied", "main"))
+    assert "status 403" in api_log(plane, namespace, "denied", "main")
     assert [line.split()[0] for line in audit.refused(plane, serviceaccount_user(namespace))] == \
         [serviceaccount_user(namespace, "default")]
 
@@ -142,7 +142,7 @@ def test_vfio_manage_runs_in_pods_on_the_real_node(
     plane = control_plane
     dry = _run_pod(plane, namespace, "vfio-dry-run", "default", host_root=_passthrough_host(tmp_path / "a", False),
                    command=["gpu-operator", "vfio-manage", "bind", "--all", "--dry-run", "--no-load-module"])
-    log = pod_log(real_node, namespace, "vfio-dry-run", "main")
+    log = "\n".join(api_log(plane, namespace, "vfio-dry-run", "main"))
     assert dry["status"]["phase"] == "Succeeded", (dry["status"], log)
     assert "driver_override" in log and "vfio-pci" in log and "REFUSED" not in log, log
 
@@ -151,7 +151,7 @@ def test_vfio_manage_runs_in_pods_on_the_real_node(
     try:
         refused = _run_pod(plane, namespace, "vfio-refused", "vfio-manager-test", command=reconcile,
                            host_root=_passthrough_host(tmp_path / "b", True))
-        log = pod_log(real_node, namespace, "vfio-refused", "main")
+        log = "\n".join(api_log(plane, namespace, "vfio-refused", "main"))
         assert refused["status"]["phase"] == "Failed", (refused["status"], log)
         assert "vfio state refused" in log and "also holds non-NVIDIA devices: 0000:40:00.0" in log, log
         events = [e for e in node_events(kube, REAL_NODE) if e.reason == "VFIORefused"]
@@ -172,7 +172,7 @@ def test_the_probe_publishes_the_host_trees_facts_from_a_pod_on_the_real_node(
     try:
         done = _run_pod(control_plane, namespace, "probe", "vfio-manager-test", host_root=real_node.host_root,
                         command=["gpu-operator", "node", "probe", "--publish", "--once"])
-        log = pod_log(real_node, namespace, "probe", "main")
+        log = "\n".join(api_log(control_plane, namespace, "probe", "main"))
         assert done["status"]["phase"] == "Succeeded", log[-3000:]
         meta = kube.get(Node, REAL_NODE).metadata
         labels = meta.labels or {} if meta else {}

@@ -19,7 +19,7 @@ from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.sim.realnode import RealNode
 from gpu_operator.sim.realspec import host_spec, policy_spec
 from gpu_operator.vocabulary import VALIDATIONS_DIR, VFIO_STATE
-from tests.integration.realnode_fixtures import REAL_NODE, pod_log
+from tests.integration.realnode_fixtures import REAL_NODE, api_log
 from tests.integration.test_vfio_manager_api import node_events
 from tests.support.audit import forbidden_in_namespace
 from tests.support.status import policy_status
@@ -73,9 +73,9 @@ def test_operator_ready_with_our_operands_really_running_on_the_real_node(
     # The init containers really ran: each wrote its status file into the fixture host tree.
     for component in ("driver", "toolkit", "cuda", "plugin"):
         assert (validations / f"{component}-ready").exists(), (component, list(validations.iterdir()))
-        assert f"{component}: passed" in pod_log(real_node, ns, name, f"{component}-validation")
+        assert f"{component}: passed" in "\n".join(api_log(control_plane, ns, name, f"{component}-validation"))
     assert "IS_HOST_DRIVER=true" in (validations / "driver-ready").read_text()
-    assert "nvidia-smi runs inside a GPU container" in pod_log(real_node, ns, name, "toolkit-validation")
+    assert "nvidia-smi runs inside a GPU container" in "\n".join(api_log(control_plane, ns, name, "toolkit-validation"))
 
     # The node-status exporter's /metrics, scraped from its pod on the node's pod network.
     exporter = wait_for("the real node's node-status exporter pod", lambda: _pods(kube, ns, EXPORTER_APP),
@@ -170,7 +170,7 @@ def test_the_vfio_manager_daemonset_refuses_a_shared_iommu_group_on_the_real_nod
     """The operator's vfio-manager DaemonSet (our image: vfio-manage reconcile) really runs on the
     real node against the tree (hostPaths.rootFS): the refusal is in its log, on the Node's label
     (partial: one GPU refused) and in a Warning Event it writes with its own ServiceAccount."""
-    real_node = real_passthrough_node
+    assert real_passthrough_node.host_root is not None
     tree = _shared_group_passthrough_tree(tmp_path / "host")
     operator = start_operator()
     cluster_policies(policy_spec(tree, {"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True}}))
@@ -187,7 +187,7 @@ def test_the_vfio_manager_daemonset_refuses_a_shared_iommu_group_on_the_real_nod
     wait_for("the real node's vfio state label", vfio_state, until=lambda s: s == "partial", timeout=240,
              interval=2, context=context)
     (pod,) = _pods(kube, ns, "nvidia-vfio-manager")
-    log = pod_log(real_node, ns, pod["metadata"]["name"], "nvidia-vfio-manager")
+    log = "\n".join(api_log(control_plane, ns, pod["metadata"]["name"], "nvidia-vfio-manager"))
     assert "vfio state partial" in log and "0000:41:00.0: nvidia: REFUSED: IOMMU group 10 also holds non-NVIDIA devices: 0000:40:00.0" in log, log
     events = [e for e in node_events(kube, REAL_NODE) if e.reason == "VFIORefused"]
     assert events and events[-1].type == "Warning" and "0000:40:00.0" in (events[-1].message or ""), events

@@ -34,18 +34,3 @@ def forbidden_in_namespace(plane: ControlPlane, namespace: str) -> list[str]:
 def status_code(event: dict[str, Any]) -> int | None:
     code = (event.get("responseStatus") or {}).get("code")
     return int(code) if code is not None else None
-
-
-def cri_messages(log: str) -> list[str]:
-    """The messages of a CRI container log (`<RFC3339Nano time> <stream> <tag> <message>` per line,
-    as the kubelet writes it), without the timestamp, stream and tag fields."""
-    messages = []
-    for line in log.splitlines():
-        parts = line.split(" ", 3)
-        if len(parts) == 4 and parts[1] in ("stdout", "stderr"):
-            messages.append(parts[3])
-        elif len(parts) == 3 and parts[1] in ("stdout", "stderr"):
-            messages.append("")  # an empty line
-        else:
-            raise ValueError(f"not a CRI log line: {line[:200]!r}")
-    return messages

@@ -10,6 +10,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ import yaml
 
 from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
+from gpu_operator.sim.egress import egress_config
 from gpu_operator.sim.kubeconfig import write_kubeconfig
 
 # Users whose writes are not logged by the audit policy: the control plane's own machinery.
@@ -124,6 +126,11 @@ class ControlPlane:
         return self.kubeconfig_for("admin")
 
     @property
+    def egress_routes(self) -> Path:
+        """Where real nodes register their network namespaces for the apiserver's egress proxy."""
+        return self.workdir / "egress"
+
+    @property
     def audit_log(self) -> Path:
         return self.workdir / "logs" / "audit.log"
 
@@ -149,7 +156,8 @@ class ControlPlane:
         try:
             deadline = time.monotonic() + timeout
             self._start_etcd(deadline)
-            self._start_apiserver(pki, deadline)
+            egress = self._start_egress(deadline)
+            self._start_apiserver(pki, egress, deadline)
             self._start_controllers(pki, deadline)
         except BaseException:
             self.stop()
@@ -193,7 +201,20 @@ class ControlPlane:
         ])
         self._wait("etcd /health", etcd, lambda: _http_ok(f"{self.etcd_url}/health"), deadline)
 
-    def _start_apiserver(self, pki: pki_mod.Pki, deadline: float) -> None:
+    def _start_egress(self, deadline: float) -> str:
+        """The apiserver's `cluster` egress proxy (sim/egress.py): how it reaches real nodes."""
+        listen = f"127.0.0.1:{free_port()}"
+        self.egress_routes.mkdir(parents=True, exist_ok=True)
+        proxy = self._launch("egress-proxy", [sys.executable, "-m", "gpu_operator.sim.egress", listen,
+                                              str(self.egress_routes)])
+        self._wait("the egress proxy listening", proxy, lambda: _tcp_open(listen), deadline)
+        return listen
+
+    def _start_apiserver(self, pki: pki_mod.Pki, egress: str, deadline: float) -> None:
+        selector = self.workdir / "egress-selector.yaml"
+        selector.write_text(yaml.safe_dump(egress_config(egress)))
+        kubelet_cert, kubelet_key = pki_mod.issue_client_cert(pki, "apiserver-kubelet-client",
+                                                              "kube-apiserver-kubelet-client", [])
         args = [
             str(self.binaries.kube), "kube-apiserver",
             f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1",
@@ -210,6 +231,11 @@ class ControlPlane:
             "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
             "--enable-priority-and-fairness=false",
             "--profiling=false", "--v=1",
+            # To the kubelets (logs, exec, port-forward): through the egress proxy, to the node's
+            # InternalIP (its name resolves nowhere), verifying its serving certificate.
+            f"--egress-selector-config-file={selector}", "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={kubelet_cert}", f"--kubelet-client-key={kubelet_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
         ]
         if self.audit:
             policy = self.workdir / "audit-policy.yaml"
@@ -374,3 +400,12 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _tcp_open(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        return False
+    return True

@@ -13,8 +13,11 @@ import ctypes
 import os
 import socket
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 CLONE_NEWNET = 0x40000000
+T = TypeVar("T")
 
 
 def _setns(fd: int) -> None:
@@ -24,24 +27,28 @@ def _setns(fd: int) -> None:
         raise OSError(err, f"setns: {os.strerror(err)}")
 
 
-def listen_in(netns: str, host: str, port: int) -> socket.socket:
-    """A listening socket created inside `netns` (a socket stays in the namespace it was made in);
-    the calling thread returns to its own namespace afterwards."""
+def in_netns(netns: str, make: Callable[[], T]) -> T:
+    """Call `make` (which creates a socket) with this thread inside `netns`: a socket stays in the
+    namespace it was made in; the thread returns to its own namespace afterwards."""
     own = os.open("/proc/self/ns/net", os.O_RDONLY)
     target = os.open(netns, os.O_RDONLY)
     try:
         _setns(target)
         try:
-            sock = socket.create_server((host, port), backlog=128, reuse_port=False)
+            return make()
         finally:
             _setns(own)
     finally:
         os.close(target)
         os.close(own)
-    return sock
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+def listen_in(netns: str, host: str, port: int) -> socket.socket:
+    """A listening socket on HOST:PORT inside `netns`."""
+    return in_netns(netns, lambda: socket.create_server((host, port), backlog=128, reuse_port=False))
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -60,14 +67,14 @@ async def serve(sock: socket.socket, host: str, port: int) -> None:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     server = await asyncio.start_server(handle, sock=sock)
     async with server:
         await server.serve_forever()
 
 
-def _split(addr: str) -> tuple[str, int]:
+def split_address(addr: str) -> tuple[str, int]:
     host, port = addr.rsplit(":", 1)
     return host, int(port)
 
@@ -77,9 +84,9 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     netns, listen, target = argv
-    sock = listen_in(netns, *_split(listen))
+    sock = listen_in(netns, *split_address(listen))
     print(f"nsproxy: {netns} {listen} -> {target}", flush=True)
-    asyncio.run(serve(sock, *_split(target)))
+    asyncio.run(serve(sock, *split_address(target)))
     return 0
 
 

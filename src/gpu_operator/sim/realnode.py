@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.sim import nvruntime
+from gpu_operator.sim import egress, nvruntime
 from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.containerd import PrivateContainerd
@@ -118,7 +118,7 @@ def remove_cgroups(node: str) -> list[str]:
     return left
 
 
-def kubelet_config(base: Path, ca: Path, endpoint: str) -> dict[str, Any]:
+def kubelet_config(base: Path, ca: Path, endpoint: str, serving: tuple[Path, Path]) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         # cgroup v1 hosts: 1.35+ refuses them unless told (the default is true).
@@ -127,8 +127,11 @@ def kubelet_config(base: Path, ca: Path, endpoint: str) -> dict[str, Any]:
         "containerRuntimeEndpoint": endpoint,
         "address": NODE_IP, "port": 10250, "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
-        # The kubelet's API is only reachable inside the sandbox's network namespace.
-        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
+        # Its API, reached by the apiserver through the egress proxy: a serving certificate from
+        # the simulator's CA (the apiserver verifies it), clients with a certificate of that CA
+        # only (the apiserver's kubelet client), no anonymous access.
+        "tlsCertFile": str(serving[0]), "tlsPrivateKeyFile": str(serving[1]),
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
                            "x509": {"clientCAFile": str(ca)}},
         "authorization": {"mode": "AlwaysAllow"},
         "podLogsDir": str(base / "pod-logs"),
@@ -204,6 +207,9 @@ class RealNode:
     host_root: Path | None = None
     # More host trees policies may point at (their run/ made a mount point like the first's).
     other_host_roots: tuple[Path, ...] = ()
+    # The control plane's egress routes (sim/egress.py): registering the node's networks there lets
+    # the apiserver reach its kubelet (kubectl logs, exec, port-forward) and its pods.
+    egress_routes: Path | None = None
     sandbox: Sandbox = field(init=False)
     containerd: PrivateContainerd = field(init=False)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
@@ -280,6 +286,9 @@ class RealNode:
         pki = pki_mod.Pki(self.pki_dir)
         cert, key = pki_mod.issue_client_cert(pki, f"node-{self.name}", f"system:node:{self.name}",
                                               ["system:nodes"])
+        serving = pki_mod.issue_serving_cert(pki, f"kubelet-{self.name}", self.name, [NODE_IP], [self.name])
+        if self.egress_routes is not None:
+            egress.register(self.egress_routes, self.name, self.sandbox.netns_path, [f"{NODE_IP}/32", POD_SUBNET])
         kubeconfig = write_kubeconfig(base / "kubelet.kubeconfig", server=f"https://{SERVICE_IP}:443",
                                       ca=pki.ca_cert, user=f"system:node:{self.name}",
                                       client_cert=cert, client_key=key)
@@ -293,7 +302,7 @@ class RealNode:
         self.containerd.import_image(archive, base_name=PAUSE_IMAGE.rsplit(":", 1)[0])
         make_cgroups(self.cgroup_name)
         config = base / "kubelet-config.yaml"
-        cfg = kubelet_config(base, pki.ca_cert, self.containerd.endpoint)
+        cfg = kubelet_config(base, pki.ca_cert, self.containerd.endpoint, serving)
         cfg["cgroupRoot"] = f"/{CGROUP_PARENT}/{self.cgroup_name}"
         config.write_text(yaml.safe_dump(cfg))
         argv = [*self.sandbox.enter(), str(self.binaries.kube), "kubelet",
@@ -366,6 +375,8 @@ class RealNode:
         self.processes.clear()
         self.sandbox.stop()
         remove_cgroups(self.cgroup_name)
+        if self.egress_routes is not None:
+            (self.egress_routes / f"{self.name}.json").unlink(missing_ok=True)
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

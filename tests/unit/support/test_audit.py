@@ -1,25 +1,13 @@
-"""The test helpers that read refusals from fields: the audit log's responseStatus and CRI log
-messages, so a timestamp whose nanoseconds contain "403" is never taken for a refusal."""
+"""The test helpers that read refusals from fields (the audit log's responseStatus), so a timestamp
+whose nanoseconds contain "403" is never taken for a refusal. Pod logs are read through the API
+(`kubectl logs`, realnode_fixtures.api_log): messages without the kubelet's timestamps."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
-import pytest
-
 from gpu_operator.sim.controlplane import ControlPlane
-from tests.support.audit import cri_messages, forbidden_in_namespace, refused, serviceaccount_user
-
-LOG = ("2026-11-24T11:45:16.323403831Z stdout F vfio state refused\n"
-       "2026-11-24T11:45:16.403000000Z stderr F status 200\n"
-       "2026-11-24T11:45:17.000000000Z stdout P \n")
-
-
-def test_cri_messages_drop_the_timestamp_and_keep_the_message() -> None:
-    assert cri_messages(LOG) == ["vfio state refused", "status 200", ""]
-    assert not any("403" in m for m in cri_messages(LOG))
-    with pytest.raises(ValueError, match="not a CRI log line"):
-        cri_messages("plain text")
+from tests.support.audit import forbidden_in_namespace, refused, serviceaccount_user
 
 
 class _Plane:
