@@ -87,6 +87,9 @@ def two_replicas(kube: Client, control_plane: ControlPlane, namespace: str, star
     wait_for("replica b waiting for the lease", lambda: "waiting for lease" in second.log_text(), timeout=30,
              context=second.log_text)
     assert "became the leader" in first.log_text() and "became the leader" not in second.log_text()
+    # The standby is Ready (to take over): a rolling update waits for that before stopping the leader.
+    wait_for("replica b's /readyz 200 while it waits", lambda: readyz(second), until=lambda c: c == 200,
+             timeout=30, context=second.log_text)
     return first, second
 
 

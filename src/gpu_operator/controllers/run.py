@@ -31,15 +31,23 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
 
     kube = Kube(kubeconfig)
     ready = asyncio.Event()
+    # A replica waiting for the Lease is ready too (to take over): otherwise a rolling update of a
+    # one-replica Deployment (maxUnavailable 0) waits forever for the new pod, which waits for the
+    # old pod's Lease, and the old operator keeps running.
+    standby = asyncio.Event()
     health = ApiHealth(kube, period=settings.apiserver_probe_period)
     prober = asyncio.create_task(health.watch(stop), name="apiserver-probe")
-    runners = await metrics.serve(metrics_address, health_address, lambda: ready.is_set() and health.ok)
+    runners = await metrics.serve(metrics_address, health_address,
+                                  lambda: (ready.is_set() or standby.is_set()) and health.ok)
     elector = None
     try:
         if leader_elect:
             elector = LeaderElector(kube.lease_client(namespace, LEASE_NAME), namespace, identity(), settings=settings)
             kube.fence = elector.leading
-            if not await elector.acquire(stop):
+            standby.set()
+            acquired = await elector.acquire(stop)
+            standby.clear()
+            if not acquired:
                 return 0
             keeper = asyncio.create_task(elector.keep(stop), name="leader-renewal")
         metrics.LEADER.set(1)
