@@ -26,7 +26,8 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- $found = append $found (dict "key" "operator.defaultGPUMode" "value" . "effect" "not a ClusterPolicy field (NVIDIA's chart renders it and the API server prunes it); ignored") -}}
 {{- end -}}
 {{- $logging := $v.operator.logging | default dict -}}
-{{- $loggingDefaults := dict "timeEncoding" "epoch" "level" "info" "develMode" false -}}
+{{- /* logging.level is the operator's --log-level; these two have no equivalent here */ -}}
+{{- $loggingDefaults := dict "timeEncoding" "epoch" "develMode" false -}}
 {{- range $key, $default := $loggingDefaults -}}
 {{- if and (hasKey $logging $key) (ne (toString (index $logging $key)) (toString $default)) -}}
 {{- $found = append $found (dict "key" (printf "operator.logging.%s" $key) "value" (index $logging $key) "effect" "the operator's log settings are not configurable from the chart yet; ignored") -}}

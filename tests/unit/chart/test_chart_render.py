@@ -121,7 +121,7 @@ def test_operator_deployment(render: Callable[..., Rendered]) -> None:
     assert container["image"] == "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
     assert container["command"] == ["gpu-operator", "run"]
     assert container["args"] == ["--namespace", NAMESPACE, "--leader-elect", "--metrics-bind-address", ":8080",
-                                 "--health-probe-bind-address", ":8081"]
+                                 "--health-probe-bind-address", ":8081", "--log-level", "info"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}

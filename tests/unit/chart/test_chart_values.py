@@ -140,7 +140,7 @@ def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callabl
     ({"kataManager": {"enabled": True}}, "kataManager.enabled"),
     ({"platform": {"openshift": True}}, "platform.openshift"),
     ({"operator": {"defaultGPUMode": "vm-passthrough"}}, "operator.defaultGPUMode"),
-    ({"operator": {"logging": {"level": "debug"}}}, "operator.logging.level"),
+    ({"operator": {"logging": {"develMode": True}}}, "operator.logging.develMode"),
     ({"psp": {"enabled": True}}, "psp"),
     ({"someFutureKey": {"a": 1}}, "someFutureKey"),
     # a key under a component that the ClusterPolicy CRD does not define would be pruned
@@ -199,6 +199,7 @@ CHECKS = [
     ({"mig": {"strategy": "all"}}, r"mig\.strategy=\"all\" is not a MIG strategy"),
     ({"driver": {"kernelModuleType": "closed"}}, r"driver\.kernelModuleType=\"closed\""),
     ({"operator": {"repository": "", "image": ""}}, r"operator\.repository and operator\.image must name"),
+    ({"operator": {"logging": {"level": "trace"}}}, r"operator\.logging\.level=\"trace\" is not a log level"),
 ]
 
 
@@ -207,3 +208,11 @@ def test_bad_values_fail_with_the_key_and_the_fix(values: Values, message: str,
                                                   render: Callable[..., Rendered]) -> None:
     with pytest.raises(HelmRenderError, match=message):
         render(values)
+
+
+def test_the_operator_log_level_comes_from_operator_logging_level(render: Callable[..., Rendered]) -> None:
+    def args(values: Values) -> list[str]:
+        deployment = find(render(values), "Deployment", "gpu-operator")
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args({})[-2:] == ["--log-level", "info"]
+    assert args({"operator": {"logging": {"level": "debug"}}})[-2:] == ["--log-level", "debug"]
