@@ -114,6 +114,8 @@ def register(app: typer.Typer) -> None:
         from gpu_operator.controllers.run import run as run_operator
         from gpu_operator.controllers.settings import OperatorSettings
 
+        if log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise typer.BadParameter(f"{log_level!r}: use debug, info, warning or error", param_hint="--log-level")
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         for noisy in ("kopf", "httpx", "httpx2", "aiohttp.access"):
@@ -122,6 +124,10 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("set --namespace or OPERATOR_NAMESPACE (where operands are deployed)",
                                      param_hint="--namespace")
         os.environ["OPERATOR_NAMESPACE"] = namespace
+        from gpu_operator import __version__
+        logging.getLogger("gpu_operator").info("gpu-operator %s: namespace %s, log level %s, leader election %s",
+                                               __version__, namespace, log_level.lower(),
+                                               "on" if leader_elect else "off")
         settings = OperatorSettings.with_renew_deadline(leader_lease_renew_deadline,
                                                         label_concurrency=label_concurrency)
         code = asyncio.run(run_operator(
