@@ -12,6 +12,9 @@ Traceback in the operator's log."""
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -206,6 +209,25 @@ def test_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(release:
                  timeout=60)
     assert any("became the leader" in m for m in release.log(pod["metadata"]["name"]))
     release.assert_clean(pod)
+
+
+def test_must_gather_holds_the_real_node_pods_logs(release: Release, tmp_path: Path) -> None:
+    """The support bundle fetches logs through the API: from the real node's kubelet they arrive."""
+    pod = release.leading_pod()["metadata"]["name"]
+    out = tmp_path / "bundle.tar.gz"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", "must-gather", "--out", str(out), "--namespace", NAMESPACE,
+         "--kubeconfig", str(release.plane.admin_kubeconfig)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(out) as tar:
+        names = tar.getnames()
+        log = next(n for n in names if n.endswith(f"logs/{pod}/gpu-operator.log"))
+        member = tar.extractfile(log)
+        assert member is not None and "became the leader" in member.read().decode()
+        errors = next((n for n in names if n.endswith("errors.txt")), None)
+        report = tar.extractfile(errors) if errors else None
+        failed = report.read().decode() if report else ""
+    assert f"logs of {pod}/" not in failed, failed
 
 
 def test_upgrade_with_new_values_is_applied_by_the_new_operator_pod(release: Release) -> None:
