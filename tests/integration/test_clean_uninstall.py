@@ -11,6 +11,7 @@ release.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import urllib.parse
@@ -132,8 +133,9 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         assert command[0] == "gpu-operator"
         cli = str(Path(sys.executable).parent / "gpu-operator")
+        env = {**os.environ, "OPERATOR_NAMESPACE": NAMESPACE}  # the Job's fieldRef to its namespace
         done = subprocess.run([cli, *command[1:], "--kubeconfig", str(hook_config)],
-                              capture_output=True, text=True, timeout=180, check=False)
+                              capture_output=True, text=True, timeout=180, check=False, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "deleted ClusterPolicy cluster-policy" in done.stdout, done.stdout
         assert differences(before, marks(kube)) == [], "the hook left labels behind"

@@ -60,9 +60,10 @@ def test_the_node_is_reached_by_its_internal_ip_with_a_verified_certificate(
     # The kubelet API through the egress proxy, as the apiserver reaches it: its certificate names
     # the node and chains to the cluster CA; without a client certificate it refuses (401).
     config = yaml.safe_load((control_plane.workdir / "egress-selector.yaml").read_text())
-    proxy = config["egressSelections"][0]["connection"]["transport"]["tcp"]["url"].removeprefix("http://")
-    host, port = proxy.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as raw:
+    proxy = config["egressSelections"][0]["connection"]["transport"]["uds"]["udsName"]
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.settimeout(10)
+        raw.connect(proxy)
         raw.sendall(f"CONNECT {NODE_IP}:10250 HTTP/1.1\r\nHost: {NODE_IP}:10250\r\n\r\n".encode())
         assert raw.recv(4096).split(b"\r\n", 1)[0].split()[1] == b"200"
         context = ssl.create_default_context(cafile=str(control_plane.pki.ca_cert))

@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -201,16 +202,18 @@ class ControlPlane:
         ])
         self._wait("etcd /health", etcd, lambda: _http_ok(f"{self.etcd_url}/health"), deadline)
 
-    def _start_egress(self, deadline: float) -> str:
+    def _start_egress(self, deadline: float) -> Path:
         """The apiserver's `cluster` egress proxy (sim/egress.py): how it reaches real nodes."""
-        listen = f"127.0.0.1:{free_port()}"
+        listen = self.workdir / "egress.sock"
+        if len(str(listen)) > 100:  # a unix socket path has 108 bytes at most
+            listen = Path(tempfile.mkdtemp(prefix="gpu-operator-sim-")) / "egress.sock"
         self.egress_routes.mkdir(parents=True, exist_ok=True)
-        proxy = self._launch("egress-proxy", [sys.executable, "-m", "gpu_operator.sim.egress", listen,
+        proxy = self._launch("egress-proxy", [sys.executable, "-m", "gpu_operator.sim.egress", str(listen),
                                               str(self.egress_routes)])
-        self._wait("the egress proxy listening", proxy, lambda: _tcp_open(listen), deadline)
+        self._wait("the egress proxy listening", proxy, lambda: _unix_open(listen), deadline)
         return listen
 
-    def _start_apiserver(self, pki: pki_mod.Pki, egress: str, deadline: float) -> None:
+    def _start_apiserver(self, pki: pki_mod.Pki, egress: Path, deadline: float) -> None:
         selector = self.workdir / "egress-selector.yaml"
         selector.write_text(yaml.safe_dump(egress_config(egress)))
         kubelet_cert, kubelet_key = pki_mod.issue_client_cert(pki, "apiserver-kubelet-client",
@@ -402,10 +405,10 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
         return False
 
 
-def _tcp_open(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
+def _unix_open(path: Path) -> bool:
     try:
-        socket.create_connection((host, int(port)), timeout=2).close()
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(path))
     except OSError:
         return False
     return True

@@ -8,7 +8,7 @@ A real node registers its networks in a routes directory: `<name>.json` with
 proxy opens the connection inside the network namespace whose networks hold `host`, or in its own
 for any other address; it answers 200 and then relays bytes both ways.
 
-    python -m gpu_operator.sim.egress 127.0.0.1:PORT ROUTES_DIR
+    python -m gpu_operator.sim.egress SOCKET_PATH ROUTES_DIR
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from pathlib import Path
 from gpu_operator.sim.nsproxy import in_netns, pipe, split_address
 
 
-def egress_config(proxy: str) -> dict[str, object]:
-    """The apiserver's EgressSelectorConfiguration: only `cluster` traffic through the proxy."""
+def egress_config(socket_path: Path) -> dict[str, object]:
+    """The apiserver's EgressSelectorConfiguration: only `cluster` traffic, to the proxy's unix
+    socket (a TCP transport without TLS crashes kube-apiserver 1.36 at start: nil TLS config)."""
     return {
         "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
         "egressSelections": [{"name": "cluster", "connection": {
-            "proxyProtocol": "HTTPConnect", "transport": {"tcp": {"url": f"http://{proxy}"}}}}],
+            "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket_path)}}}}],
     }
 
 
@@ -101,9 +102,10 @@ def handler(routes: Path):  # type: ignore[no-untyped-def]
     return handle
 
 
-async def serve(listen: str, routes: Path) -> None:
-    host, port = split_address(listen)
-    server = await asyncio.start_server(handler(routes), host, port)
+async def serve(listen: Path, routes: Path) -> None:
+    listen.unlink(missing_ok=True)
+    server = await asyncio.start_unix_server(handler(routes), path=str(listen))
+    listen.chmod(0o600)
     async with server:
         await server.serve_forever()
 
@@ -114,7 +116,7 @@ def main(argv: list[str]) -> int:
         return 2
     listen, routes = argv
     print(f"egress: CONNECT proxy on {listen}, routes in {routes} (pid {os.getpid()})", flush=True)
-    asyncio.run(serve(listen, Path(routes)))
+    asyncio.run(serve(Path(listen), Path(routes)))
     return 0
 
 

@@ -28,11 +28,11 @@ def test_routes_pick_the_namespace_holding_the_address(tmp_path: Path) -> None:
 
 
 def test_the_apiserver_config_sends_only_cluster_traffic_to_the_proxy() -> None:
-    config: dict[str, Any] = egress_config("127.0.0.1:5000")
+    config: dict[str, Any] = egress_config(Path("/run/sim/egress.sock"))
     (selection,) = config["egressSelections"]
     assert selection["name"] == "cluster"
     assert selection["connection"] == {"proxyProtocol": "HTTPConnect",
-                                       "transport": {"tcp": {"url": "http://127.0.0.1:5000"}}}
+                                       "transport": {"uds": {"udsName": "/run/sim/egress.sock"}}}
 
 
 @contextlib.asynccontextmanager
