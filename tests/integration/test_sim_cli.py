@@ -43,7 +43,7 @@ def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> No
     try:
         state = SimState.load(where)
         assert state is not None
-        assert [p.name for p in state.alive()] == ["etcd", "kube-apiserver", "kube-controller-manager",
+        assert [p.name for p in state.alive()] == ["etcd", "egress-proxy", "kube-apiserver", "kube-controller-manager",
                                                    "kube-scheduler", "kwok"]
         client = Client(KubeConfig.from_file(state.kubeconfig))
         assert sorted(str(n.metadata.name) for n in client.list(Node)) == ["cpu-0", "dgx-h100-0", "dgx-h100-1"]
