@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from lightkube import Client, KubeConfig
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.sim.state import SimState
 
@@ -113,3 +113,27 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
     # removable only once empty: no container process is left
     assert not [d for d in cgroup_dirs(cgroups) if d.exists()]
     assert str(where) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_demo_with_helm_installs_the_chart_and_runs_the_operator_pod_on_the_real_node(tmp_path: Path) -> None:
+    where = tmp_path / "sim"
+    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:1", "--real-node", "--helm", "--keep",
+               "--timeout", "240", timeout=480)
+    state = SimState.load(where)
+    try:
+        assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+        assert state is not None
+        assert "helm install gpu-operator into namespace gpu-operator" in demo.stderr, demo.stderr
+        assert (where / "real-node-values.yaml").exists()
+        out = " ".join(demo.stdout.replace("│", " ").split())
+        assert "validation passed (4/4)" in out, out
+        assert "kubectl -n gpu-operator logs deploy/gpu-operator" in out
+        assert "operator" not in {p.name for p in state.processes}  # no host process: the chart's pod
+        client = Client(KubeConfig.from_file(state.kubeconfig))
+        (pod,) = client.list(Pod, namespace="gpu-operator", labels={"app": "gpu-operator"})
+        assert pod.spec is not None and pod.spec.nodeName == "real-node-0"
+        client.close()
+    finally:
+        down = sim("down", "--dir", str(where))
+    assert down.returncode == 0, down.stderr
+    assert processes_mentioning(where) == []

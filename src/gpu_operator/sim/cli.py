@@ -144,9 +144,15 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
              "--keep/--no-keep", help="Leave the simulator and operator running afterwards.")] = False,
          timeout: Annotated[float, typer.Option(help="Seconds to wait for the ClusterPolicy to be ready.")] = 240,
          real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "host-driver",
+         helm: Annotated[bool, typer.Option(
+             "--helm", help="Install our chart with real Helm instead of starting the operator: its "
+             "operator pod and hook Jobs run on the real node (needs --real-node).")] = False,
          ) -> None:
     """From nothing to a Ready ClusterPolicy: simulator + CRDs + default policy + operator, with a
     live nodes x components view, then a summary. Tears everything down unless --keep."""
+    if helm and not real_node:
+        raise typer.BadParameter("--helm needs --real-node: the chart's operator pod runs on the real node",
+                                 param_hint="--helm")
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
     from gpu_operator.sim.demo import demo as run_demo
@@ -155,7 +161,7 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
 
     try:
         code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console(),
-                        real_node=real_node_shape if real_node else None)
+                        real_node=real_node_shape if real_node else None, helm=helm)
     except (session.SimError, ShapeError, RealNodeError) as err:
         raise _fail(err) from err
     raise typer.Exit(code)

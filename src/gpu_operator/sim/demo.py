@@ -101,7 +101,7 @@ def watch(state: SimState, console: Console, timeout: float, started: float) -> 
     return view
 
 
-def summary(state: SimState, view: StatusView, timings: Timings) -> Table:
+def summary(state: SimState, view: StatusView, timings: Timings, helm: bool = False) -> Table:
     table = Table(title="Demo summary", title_justify="left", show_header=False, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
@@ -112,7 +112,8 @@ def summary(state: SimState, view: StatusView, timings: Timings) -> Table:
     table.add_row("operand pods ready", f"{ready}/{expected}")
     policy = view.policy
     table.add_row("ClusterPolicy", f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none")
-    table.add_row("operator log", str(Path(state.dir) / "logs" / "operator.log"))
+    table.add_row("operator log", f"kubectl -n {session.OPERATOR_NAMESPACE} logs deploy/gpu-operator (the chart's pod)"
+                  if helm else str(Path(state.dir) / "logs" / "operator.log"))
     real = real_node_lines(state, view)
     if real:
         table.add_row("real node", "\n".join(real))
@@ -169,7 +170,7 @@ def look_around(state: SimState, keep: bool, teardown: str) -> str:
 
 
 def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console,
-         real_node: str | None = None) -> int:
+         real_node: str | None = None, helm: bool = False) -> int:
     """Returns the exit code: 0 when the ClusterPolicy became ready, 1 when not in time."""
 
     def progress(msg: str) -> None:
@@ -181,9 +182,17 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
                  else "attach to the running simulator")
     operator_was_running = bool((p := state.proc("operator")) and p.alive)
     try:
-        session.start_operator(state, progress)
-        timings.mark("CRDs + operator start")
-        if create_default_policy(state):
+        if helm:
+            # The chart brings the CRDs (its hook Job), the operator (its Deployment) and the
+            # ClusterPolicy, all on the real node; nothing is started here.
+            session.install_chart(state, [], [], progress)
+            timings.mark("helm install (CRD hook Job on the real node)")
+        else:
+            session.start_operator(state, progress)
+            timings.mark("CRDs + operator start")
+        if helm:
+            progress(f"the chart created ClusterPolicy {POLICY_NAME} from its values")
+        elif create_default_policy(state):
             if state.real_node:
                 progress(f"created ClusterPolicy {POLICY_NAME}: defaults, hostPaths.rootFS = the real node's "
                          f"host tree {state.real_node['host_root']}")
@@ -198,7 +207,7 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
         console.print(render_view(view, max_nodes=20))
         code = 0
         if done(view):
-            console.print(summary(state, view, timings))
+            console.print(summary(state, view, timings, helm))
         else:
             console.print(f"[bold red]not ready after {timeout:.0f}s:[/] "
                           + "; ".join(view.problems or ["no operand DaemonSet selects the GPU nodes yet"]))
