@@ -211,6 +211,26 @@ def test_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(release:
     release.assert_clean(pod)
 
 
+def test_another_pod_scrapes_the_operators_metrics(release: Release) -> None:
+    """/metrics on the pod network (the chart's port 8080), from another pod on the real node."""
+    ip = release.leading_pod()["status"]["podIP"]
+    scrape = ("import urllib.request; body = urllib.request.urlopen('http://%s:8080/metrics', timeout=10).read()"
+              ".decode(); print([line for line in body.splitlines() if line.startswith('gpu_operator_leader ')])" % ip)
+    release.plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "scraper"},
+        "spec": {"nodeName": REAL_NODE, "restartPolicy": "Never",
+                 "containers": [{"name": "main", "image": IMAGE, "command": ["python3.11", "-c", scrape]}]}})
+    try:
+        phase = wait_for("the scraper pod finished", lambda: release.plane.request(
+            "GET", f"/api/v1/namespaces/{NAMESPACE}/pods/scraper")["status"].get("phase"),
+            until=lambda p: p in ("Succeeded", "Failed"), timeout=120)
+        lines = api_log(release.plane, NAMESPACE, "scraper", "main")
+        assert phase == "Succeeded", lines
+        assert lines == ["['gpu_operator_leader 1.0']"], lines
+    finally:
+        delete_if_present(release.kube, Pod, "scraper", NAMESPACE)
+
+
 def test_must_gather_holds_the_real_node_pods_logs(release: Release, tmp_path: Path) -> None:
     """The support bundle fetches logs through the API: from the real node's kubelet they arrive."""
     pod = release.leading_pod()["metadata"]["name"]
