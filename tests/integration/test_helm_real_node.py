@@ -214,8 +214,8 @@ def test_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(release:
 def test_another_pod_scrapes_the_operators_metrics(release: Release) -> None:
     """/metrics on the pod network (the chart's port 8080), from another pod on the real node."""
     ip = release.leading_pod()["status"]["podIP"]
-    scrape = ("import urllib.request; body = urllib.request.urlopen('http://%s:8080/metrics', timeout=10).read()"
-              ".decode(); print([line for line in body.splitlines() if line.startswith('gpu_operator_leader ')])" % ip)
+    scrape = (f"import urllib.request; body = urllib.request.urlopen('http://{ip}:8080/metrics', timeout=10)"
+              ".read().decode(); print([line for line in body.splitlines() if line.startswith('gpu_operator_leader ')])")
     release.plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "scraper"},
         "spec": {"nodeName": REAL_NODE, "restartPolicy": "Never",
