@@ -21,8 +21,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpu_operator.controllers.nodelabels import STATE_LABELS
-from gpu_operator.vocabulary import GPU_PRESENT
+from gpu_operator.vocabulary import GPU_PRESENT, STATE_LABELS
 
 # A node counts as labelled once it carries every deploy label of the container workload.
 WANTED = (GPU_PRESENT, *STATE_LABELS["container"])

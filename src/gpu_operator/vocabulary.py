@@ -130,3 +130,29 @@ VALIDATIONS_DIR = "/run/nvidia/validations"
 
 # Event reason for a ClusterPolicy field that is set but has no effect (or is unknown)
 POLICY_WARNING_REASON = "PolicyWarning"
+
+
+# The deploy labels of each workload config's operand stack (the node-labelling controller sets
+# them; `gpu-operator status` and the simulator read them).
+MIG_MANAGER = deploy_label("mig-manager")
+STATE_LABELS: dict[str, tuple[str, ...]] = {
+    "container": tuple(deploy_label(c) for c in (
+        "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
+        "dcgm-exporter", "node-status-exporter", "operator-validator", "client",
+    )),
+    "vm-passthrough": tuple(deploy_label(c) for c in (
+        "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager",
+        "client",
+    )),
+    "vm-vgpu": tuple(deploy_label(c) for c in (
+        "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "sandbox-validator",
+        "cc-manager", "client",
+    )),
+}
+KATA_SANDBOX_DEVICE_PLUGIN = deploy_label("kata-sandbox-device-plugin")
+# Labels of the DRA stack (GPUCluster) are swept too: a node must not keep a stack it left.
+DRA_LABELS = tuple(deploy_label(c) for c in ("dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
+ALL_DEPLOY_LABELS = frozenset(
+    {label for labels in STATE_LABELS.values() for label in labels}
+    | {MIG_MANAGER, KATA_SANDBOX_DEVICE_PLUGIN, *DRA_LABELS}
+)

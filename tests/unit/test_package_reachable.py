@@ -5,42 +5,13 @@ tests/support/, dev tooling in tools/."""
 
 from __future__ import annotations
 
-import ast
 import tomllib
 from pathlib import Path
 
+from tests.support.imports import modules as _modules
+from tests.support.imports import references
+
 ROOT = Path(__file__).resolve().parents[2]
-SRC = ROOT / "src"
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for path in (SRC / "gpu_operator").rglob("*.py"):
-        parts = list(path.relative_to(SRC).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found[".".join(parts)] = path
-    return found
-
-
-def _references(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Modules this one imports (absolute, relative, `from x import module`) or names in a string
-    (a `-m gpu_operator.x` argv)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    refs: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            refs.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([node.module] if node.module else [])])
-            refs.add(base)
-            refs.update(f"{base}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            refs.add(node.value)
-    return refs & set(modules)
 
 
 def test_every_shipped_module_is_reached_from_an_entry_point() -> None:
@@ -56,6 +27,6 @@ def test_every_shipped_module_is_reached_from_an_entry_point() -> None:
         reached.add(name)
         parts = name.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # parent packages load first
-        todo += _references(name, modules[name], modules)
+        todo += references(name, modules[name], modules, strings=True)
     unreached = sorted(set(modules) - reached)
     assert unreached == [], f"only tests or tools use {unreached}: move them to tests/support/ or tools/"

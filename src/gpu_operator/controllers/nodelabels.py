@@ -15,17 +15,21 @@ from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.facts import passthrough_list
 from gpu_operator.render.facts import workload_config as _workload_config
 from gpu_operator.vocabulary import (
+    ALL_DEPLOY_LABELS,
     CONTAINER,
     DEPLOY_OPERANDS,
     DRIVER_OWNER,
     GPU_PRESENT,
     GPU_PRODUCT,
+    KATA_SANDBOX_DEVICE_PLUGIN,
     KERNEL_FULL,
     MIG_CAPABLE,
     MIG_CONFIG,
+    MIG_MANAGER,
     NFD_GPU_LABELS,
     NFD_PREFIX,
     NVIDIA,
+    STATE_LABELS,
     UPGRADE_ENABLED_ANNOTATION,
     UPGRADE_STATE,
     VGPU_HOST_DRIVER,
@@ -36,30 +40,6 @@ from gpu_operator.vocabulary import (
 __all__ = ["has_gpu"]  # re-exported for callers of this module
 
 UPGRADE_REQUIRED = "upgrade-required"
-
-
-MIG_MANAGER = deploy_label("mig-manager")
-STATE_LABELS: dict[str, tuple[str, ...]] = {
-    "container": tuple(deploy_label(c) for c in (
-        "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
-        "dcgm-exporter", "node-status-exporter", "operator-validator", "client",
-    )),
-    "vm-passthrough": tuple(deploy_label(c) for c in (
-        "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager",
-        "client",
-    )),
-    "vm-vgpu": tuple(deploy_label(c) for c in (
-        "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "sandbox-validator",
-        "cc-manager", "client",
-    )),
-}
-KATA_SANDBOX_DEVICE_PLUGIN = deploy_label("kata-sandbox-device-plugin")
-# Labels of the DRA stack (GPUCluster) are swept too: a node must not keep a stack it left.
-DRA_LABELS = tuple(deploy_label(c) for c in ("dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
-ALL_DEPLOY_LABELS = frozenset(
-    {label for labels in STATE_LABELS.values() for label in labels}
-    | {MIG_MANAGER, KATA_SANDBOX_DEVICE_PLUGIN, *DRA_LABELS}
-)
 
 
 @dataclass(frozen=True)

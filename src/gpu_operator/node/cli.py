@@ -10,30 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-HostRoot = Annotated[
-    str | None,
-    typer.Option(
-        "--host-root",
-        envvar="GPU_OPERATOR_HOST_ROOT",
-        help="Directory holding the host's root file system (default: /host when it exists, else /).",
-    ),
-]
-Workload = Annotated[
-    str | None,
-    typer.Option(
-        "--workload-config",
-        help="The node's GPU workload: container, vm-passthrough or vm-vgpu (default: the node label, else inferred from the host).",
-    ),
-]
-
-
-def _fs(host_root: str | None) -> Any:
-    from gpu_operator.node.hostfs import HostFS
-
-    root = host_root or ("/host" if Path("/host").is_dir() else "/")
-    if not Path(root).is_dir():
-        raise typer.BadParameter(f"--host-root {root}: no such directory")
-    return HostFS(root)
+from gpu_operator.node.options import HostRoot, Workload, host_fs
 
 
 def _kube_view(namespace: str = "") -> Any:
@@ -75,7 +52,7 @@ def probe(
     """Print what this host has (GPUs, driver source, IOMMU, runtime, CDI) as JSON; optionally publish it."""
     from gpu_operator.node.probe import probe as run_probe
 
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     dirs = tuple(search_path or ())
     from gpu_operator.vocabulary import WORKLOAD_CONFIGS
 
@@ -119,7 +96,7 @@ def run_component(component: str, host_root: str | None, environ: dict[str, str]
     if component == METRICS:
         serve_metrics(host_root, config, config.metrics_port, "0.0.0.0")
         return
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     ctx = Context(
         fs, HostRunner(fs), config, kube=_kube_view(config.namespace), log=lambda m: typer.echo(m, err=True)
     )
@@ -157,7 +134,7 @@ def serve_metrics(host_root: str | None, config: Any, port: int, address: str) -
     from gpu_operator.node.exporter import NodeStatusCollector, driver_answers, registry_for
     from gpu_operator.node.runner import HostRunner
 
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     view = _kube_view(config.namespace)
 
     def devices() -> int | None:
@@ -238,7 +215,7 @@ def doctor(
         raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
     from gpu_operator.node.troubleshoot import parse_cuda
 
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     report = run_probe(fs, extra_search_dirs=tuple(search_path or ()))
     try:
         inputs = cluster_inputs(node, workload_config, passthrough_devices, advertised or [])

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from gpu_operator.node.cli import HostRoot, _fs
+from gpu_operator.node.options import HostRoot, host_fs
 
 vfio_app = typer.Typer(
     help="Move NVIDIA GPUs to vfio-pci (bind) or back to the host's drivers (unbind); persist or reconcile that.",
@@ -39,7 +39,7 @@ def _vfio(
     from gpu_operator.node import vfio
     from gpu_operator.node.hostfs import KernelWriter
 
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     try:
         if dry_run:
             plans = vfio.plan(fs, action, device or [], all_gpus)
@@ -110,7 +110,7 @@ def vfio_persist(
     command exits 1."""
     from gpu_operator.node import persist, vfio
 
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     left_out: dict[str, str] = {}
     try:
         if remove:
@@ -170,7 +170,7 @@ def vfio_reconcile(
     node = os.environ.get("NODE_NAME", "")
     if not node:
         raise typer.BadParameter("reconcile needs NODE_NAME (the downward API's spec.nodeName)")
-    fs = _fs(host_root)
+    fs = host_fs(host_root)
     try:
         view = KubeNodeView(node, os.environ.get("OPERATOR_NAMESPACE", ""), component="gpu-operator-vfio-manager")
     except ConfigError as err:

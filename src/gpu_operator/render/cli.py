@@ -1,4 +1,4 @@
-"""Commands of the render area: `render` (offline objects) and `crds generate|apply|print`."""
+"""Commands of the render area: `render` (offline objects)."""
 
 from __future__ import annotations
 
@@ -6,59 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-crds_app = typer.Typer(help="The CustomResourceDefinitions generated from the API models.", no_args_is_help=True)
-
-
-def _repo_root() -> Path:
-    # src/gpu_operator/render/cli.py -> repository root
-    return Path(__file__).resolve().parents[3]
-
-
-@crds_app.command("generate")
-def crds_generate(
-    chart_dir: Annotated[
-        Path | None, typer.Option(help="Helm chart CRD folder (default: deployments/gpu-operator/crds).")
-    ] = None,
-    check: Annotated[bool, typer.Option("--check", help="Only report stale files; exit 1 if any.")] = False,
-) -> None:
-    """Regenerate the CRDs into the package and the Helm chart."""
-    from gpu_operator.api import crdgen
-
-    targets = [crdgen.package_dir(), chart_dir or crdgen.chart_dir(_repo_root())]
-    if check:
-        stale = crdgen.stale(targets)
-        for path in stale:
-            typer.echo(f"stale: {path} (run `gpu-operator crds generate`)")
-        raise typer.Exit(1 if stale else 0)
-    for path in crdgen.write(targets):
-        typer.echo(f"wrote {path}")
-
-
-@crds_app.command("apply")
-def crds_apply(
-    kubeconfig: Annotated[str | None, typer.Option(
-        envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait until every CRD is Established.")] = 60.0,
-) -> None:
-    """Apply the packaged CRDs (server-side apply, idempotent) and wait until they are served.
-    The Helm chart's pre-install/pre-upgrade hook runs this."""
-    from lightkube import Client, KubeConfig
-
-    from gpu_operator.kube.crds import apply_crds
-
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    with Client(config) as client:
-        for name in apply_crds(client, timeout=timeout):
-            typer.echo(f"applied {name} (Established)")
-
-
-@crds_app.command("print")
-def crds_print() -> None:
-    """Print every CRD as one multi-document YAML stream."""
-    from gpu_operator.api import crdgen
-
-    typer.echo("---\n".join(crdgen.render_yaml(crd) for crd in crdgen.crds().values()), nl=False)
 
 
 def render_command(
@@ -111,4 +58,3 @@ def render_command(
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
     app.command("render")(render_command)
-    app.add_typer(crds_app, name="crds")

@@ -27,8 +27,7 @@ def node_labels(shape: str) -> dict[str, str]:
     `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image (the operator's
     node labelling keeps an existing value, so those DaemonSets never select this node)."""
     from gpu_operator import shapes
-    from gpu_operator.controllers.nodelabels import ALL_DEPLOY_LABELS
-    from gpu_operator.vocabulary import deploy_label
+    from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, deploy_label
 
     manifest = shapes.nodes([shape])[0]
     labels = {k: v for k, v in manifest["metadata"].get("labels", {}).items()

@@ -7,10 +7,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.controllers.nodelabels import STATE_LABELS, has_gpu
+from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.statusview.upgrades import NodeUpgrade, node_upgrade
 from gpu_operator.statusview.upgrades import problems as upgrade_problems
-from gpu_operator.vocabulary import DEPLOY_PREFIX, GPU_PRESENT, NO_GPU_NODES, VM_PASSTHROUGH_CONDITION
+from gpu_operator.vocabulary import (
+    DEPLOY_PREFIX,
+    GPU_PRESENT,
+    NO_GPU_NODES,
+    STATE_LABELS,
+    VM_PASSTHROUGH_CONDITION,
+)
 
 # Column order: the states' order in upstream's walk, then anything else alphabetically.
 _ORDER = [label.removeprefix(DEPLOY_PREFIX) for labels in STATE_LABELS.values() for label in labels]

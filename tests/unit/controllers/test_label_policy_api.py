@@ -19,14 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.controllers.nodelabels import (
-    KATA_SANDBOX_DEVICE_PLUGIN,
-    STATE_LABELS,
-    LabelPolicy,
-    desired_change,
-)
+from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
 from gpu_operator.controllers.upgrade_owners import clusterpolicy_owner
-from gpu_operator.vocabulary import GPU_PRODUCT, MIG_CONFIG, UPGRADE_ENABLED_ANNOTATION, deploy_label
+from gpu_operator.vocabulary import (
+    GPU_PRODUCT,
+    KATA_SANDBOX_DEVICE_PLUGIN,
+    MIG_CONFIG,
+    STATE_LABELS,
+    UPGRADE_ENABLED_ANNOTATION,
+    deploy_label,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gpu_operator.controllers.nodelabels import (
-    MIG_MANAGER,
     LabelPolicy,
     desired_change,
     mig_capable,
     workload_config,
 )
-from gpu_operator.vocabulary import MIG_CONFIG, UPGRADE_ENABLED_ANNOTATION, deploy_label
+from gpu_operator.vocabulary import MIG_CONFIG, MIG_MANAGER, UPGRADE_ENABLED_ANNOTATION, deploy_label
 from tests.unit.controllers.labelkit import label_policy
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
