@@ -156,3 +156,20 @@ ALL_DEPLOY_LABELS = frozenset(
     {label for labels in STATE_LABELS.values() for label in labels}
     | {MIG_MANAGER, KATA_SANDBOX_DEVICE_PLUGIN, *DRA_LABELS}
 )
+
+
+# The driver upgrade states (the value of UPGRADE_STATE), in the order a node goes through them.
+UNKNOWN = ""
+UPGRADE_REQUIRED = "upgrade-required"
+CORDON_REQUIRED = "cordon-required"
+WAIT_FOR_JOBS_REQUIRED = "wait-for-jobs-required"
+POD_DELETION_REQUIRED = "pod-deletion-required"
+DRAIN_REQUIRED = "drain-required"
+POD_RESTART_REQUIRED = "pod-restart-required"
+VALIDATION_REQUIRED = "validation-required"
+UNCORDON_REQUIRED = "uncordon-required"
+UPGRADE_DONE = "upgrade-done"
+UPGRADE_FAILED = "upgrade-failed"
+STATES = (UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED,
+          DRAIN_REQUIRED, POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED, UPGRADE_DONE,
+          UPGRADE_FAILED)

@@ -30,7 +30,10 @@ from gpu_operator.vocabulary import (
     NFD_PREFIX,
     NVIDIA,
     STATE_LABELS,
+    UNKNOWN,
+    UPGRADE_DONE,
     UPGRADE_ENABLED_ANNOTATION,
+    UPGRADE_REQUIRED,
     UPGRADE_STATE,
     VGPU_HOST_DRIVER,
     VM_PASSTHROUGH,
@@ -39,7 +42,6 @@ from gpu_operator.vocabulary import (
 
 __all__ = ["has_gpu"]  # re-exported for callers of this module
 
-UPGRADE_REQUIRED = "upgrade-required"
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: N
             change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
     elif UPGRADE_ENABLED_ANNOTATION in annotations:
         change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
-    if driver.auto_upgrade and driver.orphaned_driver_pod and labels.get(UPGRADE_STATE, "") in ("", "upgrade-done"):
+    if driver.auto_upgrade and driver.orphaned_driver_pod and labels.get(UPGRADE_STATE, "") in (UNKNOWN, UPGRADE_DONE):
         # (with autoUpgrade off the upgrade controller removes state labels: no label fight)
         change_labels[UPGRADE_STATE] = UPGRADE_REQUIRED
 

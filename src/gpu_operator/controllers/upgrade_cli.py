@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import pydantic
 import typer
 
-from gpu_operator.vocabulary import UPGRADE_PAUSED_ANNOTATION
+from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_PAUSED_ANNOTATION
 
 Kubeconfig = Annotated[str | None, typer.Option(
     envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")]
@@ -138,12 +138,12 @@ def register(app: typer.Typer) -> None:
         else:
             typer.echo(policy_line(CLUSTER_POLICY, policy))
         typer.echo(summary(rows))
-        for row in sorted(rows, key=lambda r: (r.state == "upgrade-done", r.node)):
+        for row in sorted(rows, key=lambda r: (r.state == UPGRADE_DONE, r.node)):
             line = f"  {row.node:<32} {row.text}{owners.get(row.node, '')}"
             if row.reason:
                 line += f"  reason: {row.reason}"
             typer.echo(line)
-        raise typer.Exit(1 if any(r.state == "upgrade-failed" for r in rows) else 0)
+        raise typer.Exit(1 if any(r.state == UPGRADE_FAILED for r in rows) else 0)
 
     @upgrade.command("retry")
     def retry(node: Annotated[str, typer.Argument(help="Node in upgrade-failed (or stuck) to start over.")],

@@ -28,21 +28,43 @@ from gpu_operator.vocabulary import (
     UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION,
     UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION,
 )
+from gpu_operator.vocabulary import (
+    CORDON_REQUIRED as CORDON_REQUIRED,
+)
+from gpu_operator.vocabulary import (
+    DRAIN_REQUIRED as DRAIN_REQUIRED,
+)
+from gpu_operator.vocabulary import (
+    POD_DELETION_REQUIRED as POD_DELETION_REQUIRED,
+)
+from gpu_operator.vocabulary import (
+    POD_RESTART_REQUIRED as POD_RESTART_REQUIRED,
+)
+from gpu_operator.vocabulary import (
+    STATES as STATES,
+)
+from gpu_operator.vocabulary import (
+    UNCORDON_REQUIRED as UNCORDON_REQUIRED,
+)
+from gpu_operator.vocabulary import (  # the state names, shared with statusview and nodelabels
+    UNKNOWN as UNKNOWN,
+)
+from gpu_operator.vocabulary import (
+    UPGRADE_DONE as UPGRADE_DONE,
+)
+from gpu_operator.vocabulary import (
+    UPGRADE_FAILED as UPGRADE_FAILED,
+)
+from gpu_operator.vocabulary import (
+    UPGRADE_REQUIRED as UPGRADE_REQUIRED,
+)
+from gpu_operator.vocabulary import (
+    VALIDATION_REQUIRED as VALIDATION_REQUIRED,
+)
+from gpu_operator.vocabulary import (
+    WAIT_FOR_JOBS_REQUIRED as WAIT_FOR_JOBS_REQUIRED,
+)
 
-UNKNOWN = ""
-UPGRADE_REQUIRED = "upgrade-required"
-CORDON_REQUIRED = "cordon-required"
-WAIT_FOR_JOBS_REQUIRED = "wait-for-jobs-required"
-POD_DELETION_REQUIRED = "pod-deletion-required"
-DRAIN_REQUIRED = "drain-required"
-POD_RESTART_REQUIRED = "pod-restart-required"
-VALIDATION_REQUIRED = "validation-required"
-UNCORDON_REQUIRED = "uncordon-required"
-UPGRADE_DONE = "upgrade-done"
-UPGRADE_FAILED = "upgrade-failed"
-STATES = (UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED,
-          DRAIN_REQUIRED, POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED, UPGRADE_DONE,
-          UPGRADE_FAILED)
 # Between cordon-required and uncordon-required: what maxParallelUpgrades bounds.
 ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,
           POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED)

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from gpu_operator.statusview.table import Cell, StatusView
 from gpu_operator.statusview.upgrades import NodeUpgrade
+from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
 
 # Short column headers: the full component names would make a 12-column table unreadable.
 SHORT = {
@@ -85,7 +86,7 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
 def upgrade_text(upgrade: NodeUpgrade | None) -> Text:
     if upgrade is None or not upgrade.state:
         return Text("·", style="dim")
-    style = {"upgrade-done": "green", "upgrade-failed": "red", "upgrade-required": "dim"}.get(upgrade.state, "yellow")
+    style = {UPGRADE_DONE: "green", UPGRADE_FAILED: "red", UPGRADE_REQUIRED: "dim"}.get(upgrade.state, "yellow")
     return Text(upgrade.text, style=style)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.vocabulary import (
+    UPGRADE_FAILED,
     UPGRADE_FAILURE_REASON_ANNOTATION,
     UPGRADE_PAUSED_ANNOTATION,
     UPGRADE_SKIP,
@@ -17,7 +18,7 @@ from gpu_operator.vocabulary import (
     UPGRADE_STATE_SINCE_ANNOTATION,
 )
 
-FAILED = "upgrade-failed"
+FAILED = UPGRADE_FAILED
 
 
 @dataclass(frozen=True)
