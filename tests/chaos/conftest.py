@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 
 from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim import binaries
 from gpu_operator.sim.controlplane import ControlPlane
 from tests.integration.conftest import fake_nodes  # noqa: F401
 from tests.integration.operator_fixtures import (  # noqa: F401
@@ -27,24 +25,19 @@ from tests.integration.operator_fixtures import (  # noqa: F401
     operator_namespace,
     start_operator,
 )
+from tests.support.planes import admin_client, running_plane
 
 
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    found = binaries.locate(build=True)  # a missing build fails, never skips
-    plane = ControlPlane(Path(tmp_path_factory.mktemp("chaos-controlplane")), found)
-    plane.start()
-    try:
+    with running_plane(tmp_path_factory, "chaos-controlplane") as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="module")
 def kube(control_plane: ControlPlane) -> Iterator[Client]:
-    client = Client(KubeConfig.from_file(control_plane.admin_kubeconfig), field_manager="tests")
-    yield client
-    client.close()
+    with admin_client(control_plane) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

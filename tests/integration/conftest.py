@@ -7,37 +7,28 @@ import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-from lightkube import Client, KubeConfig
+from lightkube import Client
 from lightkube.resources.core_v1 import Namespace
 
-from gpu_operator.sim import binaries, nodes
+from gpu_operator.sim import nodes
 from gpu_operator.sim.controlplane import ControlPlane
 from tests.support.cleanup import delete_if_present
+from tests.support.planes import admin_client, running_plane
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    # In CI the binaries must be there (./dev builds them first); a missing build is a failure,
-    # never a skip.
-    found = binaries.locate(build=True)
-    workdir = Path(tmp_path_factory.mktemp("controlplane"))
-    plane = ControlPlane(workdir, found)
-    plane.start()
-    try:
+    with running_plane(tmp_path_factory, "controlplane") as plane:
         yield plane
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")
 def kube(control_plane: ControlPlane) -> Iterator[Client]:
     """An admin lightkube client."""
-    client = Client(KubeConfig.from_file(control_plane.admin_kubeconfig), field_manager="tests")
-    yield client
-    client.close()
+    with admin_client(control_plane) as client:
+        yield client
 
 
 @pytest.fixture
