@@ -25,6 +25,7 @@ def test_lock_pins_every_dependency_at_pyprojects_version_with_a_hash() -> None:
             f"lock line without a hash per architecture's wheel: {line}"
         name, version = spec.split("==")
         lock[norm(name)] = version
+    assert lock and pyproject["project"]["dependencies"], "an empty lock or dependency list checks nothing"
     for dep in pyproject["project"]["dependencies"]:
         name, version = dep.split("==")
         assert lock.get(norm(name)) == version, (

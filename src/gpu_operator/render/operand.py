@@ -8,6 +8,7 @@ validation init containers, GPU access and ownership labels.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,7 +145,10 @@ def _wire_validation_inits(pod: dict[str, Any], ctx: Ctx) -> None:
 def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
     """The DaemonSet of one definition with every common transform applied."""
     image = defn.image.resolve(ctx)
-    pod = defn.pod(ctx, image)
+    # A copy: state modules build pods from shared constants (volumes, mounts), and the
+    # transforms below change the pod in place; without it one policy's hostPaths leaked into
+    # every later render in the same process.
+    pod = copy.deepcopy(defn.pod(ctx, image))
     labels = {"app": defn.name, **defn.labels, **ownership(operand.state)}
     pod["nodeSelector"] = {deploy_label(defn.deploy): "true", **defn.node_selector}
     if operand.account:

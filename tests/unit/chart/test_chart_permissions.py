@@ -87,6 +87,7 @@ def test_openshift_adds_only_the_openshift_rules(render: Callable[..., Rendered]
 def test_no_wildcards_and_no_privilege_escalation_verbs(render: Callable[..., Rendered]) -> None:
     for openshift in (False, True):
         rendered = render({"platform": {"openshift": openshift}})
+        assert any(o["kind"] in ("ClusterRole", "Role") for o in objects(rendered))
         for obj in objects(rendered):
             if obj["kind"] not in ("ClusterRole", "Role"):
                 continue

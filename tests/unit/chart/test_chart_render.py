@@ -102,6 +102,8 @@ def test_every_object_is_valid(name: str, values: Values, render: Callable[..., 
 
 def test_every_namespaced_object_is_in_the_release_namespace(render: Callable[..., Rendered]) -> None:
     cluster_scoped = {"ClusterPolicy", "ClusterRole", "ClusterRoleBinding"}
+    namespaced = [o for o in objects(render(namespace="gpu-ops")) if o["kind"] not in cluster_scoped]
+    assert len(namespaced) > 3
     for obj in objects(render(namespace="gpu-ops")):
         if obj["kind"] not in cluster_scoped:
             assert obj["metadata"]["namespace"] == "gpu-ops", obj["metadata"]

@@ -58,3 +58,10 @@ def test_resolve_tells_a_missing_subcommand() -> None:
     assert is_group(resolve(["node", "vfio-manager", "reconcile"])[0])
     command, rest = resolve(["vfio-manage", "reconcile", "--once"])
     assert command.name == "reconcile" and rest == ["--once"]
+
+
+def test_the_examples_render_commands_of_ours_to_check() -> None:
+    """The check above loops over what the examples render; it must have something to check."""
+    rendered = [argv for example in EXAMPLES for shape in ("vfio-passthrough:1", "dgx-h100:1")
+                for argv in our_commands(yaml.safe_load(example.read_text())["spec"], shape)]
+    assert len(rendered) >= 3, rendered

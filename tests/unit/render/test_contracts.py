@@ -87,6 +87,8 @@ def test_our_image_runs_only_what_our_package_provides() -> None:
 def test_workload_pods_name_an_image_that_has_vectoradd() -> None:
     result = render_policy(POLICIES["clusterpolicy-default.yaml"])
     ds = next(o for o in result.state("state-operator-validation").objects if o["kind"] == "DaemonSet")
+    names = [c["name"] for c in ds["spec"]["template"]["spec"]["initContainers"]]
+    assert {"cuda-validation", "plugin-validation"} <= set(names), names
     for ctr in ds["spec"]["template"]["spec"]["initContainers"]:
         if ctr["name"] in ("cuda-validation", "plugin-validation"):
             env = {e["name"]: e.get("value") for e in ctr["env"]}

@@ -105,6 +105,7 @@ def test_every_object_is_valid_for_kubernetes_1_36(spec: dict[str, Any], kwargs:
 def test_ownership_labels_namespaces_and_no_owner_references() -> None:
     result = run(EVERYTHING, configmap_keys=CONFIGMAP_KEYS)
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "RuntimeClass", "SecurityContextConstraints"}
+    assert len(result.objects()) > 20
     for state in result.states:
         for obj in state.objects:
             meta = obj["metadata"]
@@ -245,6 +246,10 @@ def test_use_nvidia_driver_crd_disables_the_driver_state() -> None:
 def test_bidirectional_mounts_only_in_privileged_containers() -> None:
     # the apiserver rejects pods whose unprivileged containers ask for Bidirectional propagation
     result = run(EVERYTHING, configmap_keys=CONFIGMAP_KEYS)
+    bidirectional = [m for o in result.objects() if o["kind"] == "DaemonSet"
+                     for c in o["spec"]["template"]["spec"]["containers"] for m in c.get("volumeMounts", [])
+                     if m.get("mountPropagation") == "Bidirectional"]
+    assert bidirectional, "no Bidirectional mount rendered: the check below would check nothing"
     for obj in result.objects():
         if obj["kind"] != "DaemonSet":
             continue
