@@ -141,6 +141,7 @@ def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callabl
     ({"platform": {"openshift": True}}, "platform.openshift"),
     ({"operator": {"defaultGPUMode": "vm-passthrough"}}, "operator.defaultGPUMode"),
     ({"operator": {"logging": {"develMode": True}}}, "operator.logging.develMode"),
+    ({"operator": {"replica": 2}}, "operator.replica"),
     ({"psp": {"enabled": True}}, "psp"),
     ({"someFutureKey": {"a": 1}}, "someFutureKey"),
     # a key under a component that the ClusterPolicy CRD does not define would be pruned
@@ -200,6 +201,9 @@ CHECKS = [
     ({"driver": {"kernelModuleType": "closed"}}, r"driver\.kernelModuleType=\"closed\""),
     ({"operator": {"repository": "", "image": ""}}, r"operator\.repository and operator\.image must name"),
     ({"operator": {"logging": {"level": "trace"}}}, r"operator\.logging\.level=\"trace\" is not a log level"),
+    ({"operator": {"replicas": "two"}}, r"operator\.replicas=two is not a pod count"),
+    ({"operator": {"replicas": 1.5}}, r"operator\.replicas=1\.5 is not a pod count"),
+    ({"operator": {"replicas": -1}}, r"operator\.replicas=-1 is not a pod count"),
 ]
 
 
@@ -216,3 +220,10 @@ def test_the_operator_log_level_comes_from_operator_logging_level(render: Callab
         return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
     assert args({})[-2:] == ["--log-level", "info"]
     assert args({"operator": {"logging": {"level": "debug"}}})[-2:] == ["--log-level", "debug"]
+
+
+def test_operator_replicas_are_standbys_for_the_lease(render: Callable[..., Rendered]) -> None:
+    deployment = find(render({"operator": {"replicas": 3}}), "Deployment", "gpu-operator")
+    assert deployment["spec"]["replicas"] == 3
+    assert "--leader-elect" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert find(render(), "Deployment", "gpu-operator")["spec"]["replicas"] == 1
