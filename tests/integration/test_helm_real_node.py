@@ -31,9 +31,10 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from gpu_operator import __version__
 from gpu_operator.controllers.leader import LEASE_NAME
+from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim import nodes
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import merge, offline_chart, real_node_values
+from gpu_operator.sim.helm import merge, offline_chart, real_node_values, release_names
 from gpu_operator.sim.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 from tests.integration.test_clean_uninstall import differences, marks
@@ -179,8 +180,12 @@ def release(control_plane: ControlPlane, kube: Client, real_node: RealNode,
     try:
         yield state
     finally:
-        if any(getattr(r, "name", None) == RELEASE for r in helm.list()):
+        if RELEASE in release_names(helm):
             helm.uninstall(RELEASE, timeout=300)
+        # Later tests of the session create their own ClusterPolicy of the same name.
+        wait_for("the chart's ClusterPolicy gone", lambda: [p.metadata.name for p in kube.list(ClusterPolicyResource)
+                                                            if p.metadata],
+                 until=lambda names: "cluster-policy" not in names, timeout=120)
         delete_if_present(kube, Namespace, NAMESPACE)
         nodes.remove_nodes(kube, gpu_nodes)
         print("\nhelm lifecycle on the real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in state.figures.items()))

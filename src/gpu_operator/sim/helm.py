@@ -104,7 +104,7 @@ def install(kubeconfig: Path, state_dir: Path, values: dict[str, Any], progress:
 
     helm = helm_python.Config(kubeconfig_path=str(kubeconfig), namespace=NAMESPACE)
     chart_path = offline_chart(state_dir / "chart" / "gpu-operator")
-    existing = [r for r in helm.list() if getattr(r, "name", None) == RELEASE]
+    existing = RELEASE in release_names(helm)
     with helm_python.Chart.load(chart_path) as chart:
         if existing:
             progress(f"helm upgrade {RELEASE} (a release is installed already)")
@@ -112,3 +112,8 @@ def install(kubeconfig: Path, state_dir: Path, values: dict[str, Any], progress:
         else:
             progress(f"helm install {RELEASE} into namespace {NAMESPACE} (the CRD hook Job runs on the real node)")
             helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=timeout)
+
+
+def release_names(helm: Any) -> list[str]:
+    """Every release of the namespace, in any state (a failed install too)."""
+    return [str(r["name"]) for r in helm.list(all_states=True)]
