@@ -123,7 +123,7 @@ def test_demo_with_helm_installs_the_chart_and_runs_the_operator_pod_on_the_real
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
         assert state is not None
-        assert "helm install gpu-operator into namespace gpu-operator" in demo.stderr, demo.stderr
+        assert "helm install gpu-operator into namespace gpu-operator" in demo.stdout, demo.stdout[-3000:]
         assert (where / "real-node-values.yaml").exists()
         out = " ".join(demo.stdout.replace("│", " ").split())
         assert "validation passed (4/4)" in out, out
