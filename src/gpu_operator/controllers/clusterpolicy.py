@@ -36,7 +36,9 @@ log = logging.getLogger("gpu_operator.clusterpolicy")
 
 @dataclass
 class Snapshot:
-    """What one reconcile sees: everything comes from the watch caches, nothing is fetched."""
+    """What one reconcile sees, from the watch caches. The one read a pass makes besides is
+    `configmap_keys`: a GET of each user ConfigMap the policy names for the driver (repo, certs,
+    kernel modules), whose keys the driver mounts file by file (user ConfigMaps are not watched)."""
 
     policies: list[PolicyView]
     nodes: list[NodeView]
