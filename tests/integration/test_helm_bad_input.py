@@ -3,7 +3,7 @@ error names the key to fix, and nothing is left that `helm uninstall` cannot rem
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,9 @@ RELEASE = "gpu-operator"
 
 
 @pytest.fixture
-def helm(control_plane: ControlPlane, kube: Client, crds: list[str]) -> Iterator[helm_python.Config]:
+def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
+         fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
+    fake_nodes("cpu:1")  # where kwok completes the chart's hook Job pods
     config = helm_python.Config(kubeconfig_path=control_plane.admin_kubeconfig, namespace=NAMESPACE)
     yield config
     if RELEASE in release_names(config):
@@ -35,7 +37,7 @@ def helm(control_plane: ControlPlane, kube: Client, crds: list[str]) -> Iterator
 def _install(helm: helm_python.Config, chart_dir: Path, values: dict[str, Any]) -> str:
     with helm_python.Chart.load(offline_chart(chart_dir)) as chart, pytest.raises(Exception) as failed:
         helm.install(chart, RELEASE, {"nfd": {"enabled": False}, **values}, namespace=NAMESPACE,
-                     create_namespace=True, timeout=120)
+                     create_namespace=True, timeout=90)
     return str(failed.value)
 
 

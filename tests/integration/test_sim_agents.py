@@ -33,7 +33,7 @@ def test_kwok_nodes_carry_the_probes_facts_of_their_shape(kube: Client) -> None:
             meta = kube.get(Node, name).metadata
             assert meta is not None and meta.annotations is not None and meta.labels is not None
             facts = json.loads(meta.annotations[PROBE_FACTS_ANNOTATION])
-            assert facts["driverSource"] == "none", facts
+            assert facts["driverSource"] == "vfio", facts
             assert facts["gpus"] and {g["driver"] for g in facts["gpus"]} == {"vfio-pci"}, facts
             assert all(g["vendorDevice"].startswith("10de:") for g in facts["gpus"]), facts
             assert meta.labels[PROBE_STATUS] in ("ok", "warning", "error")
