@@ -11,11 +11,13 @@ symlinks, processes; `iommu: false` for a host without IOMMU groups.
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.sim import devnodes
 
 _BRIDGE_VENDOR = "8086"
 _BRIDGE_CLASS = "060400"
@@ -192,6 +194,10 @@ def build(spec: dict[str, Any], root: str | os.PathLike[str]) -> HostFS:
         nvidia = [f for f in functions if f.driver == "nvidia" and f.pci_class.startswith("03")]
         for minor, func in enumerate(nvidia):
             write_gpu_information(fs, func.address, minor, version)
+        # the character devices the driver creates, and its majors in /proc/devices
+        for path, (major, minor) in devnodes.driver_nodes(loaded, list(range(len(nvidia)))).items():
+            devnodes.make_char(fs.resolve(path), major, minor)
+        fs.write_text("/proc/devices", devnodes.proc_devices(loaded))
     for path, content in (spec.get("files") or {}).items():
         fs.write_text(path, str(content))
     for path, content in (spec.get("executables") or {}).items():
@@ -225,8 +231,14 @@ def add_driver(fs: HostFS, name: str) -> None:
             fs.write_text(f"{base}/{attr}", "")
 
 
+def gpu_uuid(address: str) -> str:
+    """A GPU's UUID in a tree: stable per PCI address, in NVIDIA's `GPU-<uuid>` form."""
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim:{address}')}"
+
+
 def write_gpu_information(fs: HostFS, address: str, minor: int, version: str) -> None:
     fs.write_text(
         f"/proc/driver/nvidia/gpus/{address}/information",
-        f"Model:           NVIDIA GPU\nDevice Minor:    {minor}\nBus Location:    {address}\nDriver:          {version}\n",
+        f"Model:           NVIDIA GPU\nGPU UUID:        {gpu_uuid(address)}\nDevice Minor:    {minor}\n"
+        f"Bus Location:    {address}\nDriver:          {version}\n",
     )

@@ -166,6 +166,8 @@ def containerd_cri_config(base: Path, nvidia_binary: Path | None = None) -> str:
         # (an NVIDIA image, not run here) would point it at nvidia-container-runtime.
         f'{cri[:-1]}.containerd.runtimes.nvidia]',
         '  runtime_type = "io.containerd.runc.v2"',
+        # as NVIDIA's toolkit configures it: the device plugin's CDI annotations reach the runtime
+        '  container_annotations = ["cdi.k8s.io/*"]',
         *([f'{cri[:-1]}.containerd.runtimes.nvidia.options]', f'  BinaryName = "{nvidia_binary}"']
           if nvidia_binary else []),
         f"{cri[:-1]}.cni]",
@@ -202,8 +204,9 @@ class RealNode:
     # Extended resources set in the Node's capacity once it is Ready (a device plugin's job).
     resources: dict[str, str] = field(default_factory=dict)
     # A fixture host tree: its run/nvidia is the node's /run/nvidia (validation status files, the
-    # driver install dir) and its nvidia-smi is what the `nvidia` runtime handler injects;
-    # policies reach the rest through hostPaths.rootFS (see `realspec.policy_spec`).
+    # driver install dir); its driver (device nodes, nvidia-smi) is what the `nvidia` runtime
+    # handler gives containers by the toolkit's rules; policies reach the rest through
+    # hostPaths.rootFS (see `realspec.policy_spec`).
     host_root: Path | None = None
     # More host trees policies may point at (their run/ made a mount point like the first's).
     other_host_roots: tuple[Path, ...] = ()

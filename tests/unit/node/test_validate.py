@@ -208,24 +208,28 @@ def test_cli_validate_writes_status_and_reports_failures(build_host, monkeypatch
 def test_dev_char_symlinks_for_nvidia_character_devices(build_host) -> None:  # type: ignore[no-untyped-def]
     import os
     import stat as stat_mod
+    from pathlib import Path
     from types import SimpleNamespace
 
     from gpu_operator.node.validate.host import create_dev_char_symlinks
+    from gpu_operator.sim import devnodes
 
-    host = build_host("ubuntu-apt-driver")
-    for name in ("nvidia0", "nvidiactl", "nvidia-uvm", "null"):
-        host.fs.write_text(f"/dev/{name}", "")
-    numbers = {"nvidia0": (195, 0), "nvidiactl": (195, 255), "nvidia-uvm": (510, 0)}
+    host = build_host("ubuntu-apt-driver")  # its loaded driver made /dev/nvidia0, nvidiactl, nvidia-uvm...
+    host.fs.write_text("/dev/null", "")  # not NVIDIA's: never linked
 
-    def fake_stat(path):  # type: ignore[no-untyped-def]
-        major, minor = numbers.get(os.path.basename(path), (0, 0))
-        mode = stat_mod.S_IFCHR if os.path.basename(path) in numbers else stat_mod.S_IFREG
-        return SimpleNamespace(st_mode=mode, st_rdev=os.makedev(major, minor))
+    def stat_fn(path):  # type: ignore[no-untyped-def]
+        """os.stat; a device-node stand-in (the tree's, where mknod was refused) reads as its device."""
+        ids = devnodes.char_device(Path(path))
+        if ids is None or stat_mod.S_ISCHR(os.stat(path).st_mode):
+            return os.stat(path)
+        return SimpleNamespace(st_mode=stat_mod.S_IFCHR, st_rdev=os.makedev(*ids))
 
-    made = create_dev_char_symlinks(host.fs, fake_stat)
-    assert sorted(made) == ["/dev/char/195:0", "/dev/char/195:255", "/dev/char/510:0"]
-    assert host.fs.readlink("/dev/char/195:255") == "../nvidiactl"
-    assert create_dev_char_symlinks(host.fs, fake_stat) == []  # idempotent
+    made = create_dev_char_symlinks(host.fs, stat_fn)
+    expected = {f"/dev/char/{major}:{minor}": f"../{path.rsplit('/', 1)[1]}"
+                for path, (major, minor) in devnodes.driver_nodes({"nvidia", "nvidia_uvm", "nvidia_modeset"}, [0, 1]).items()}  # two GPUs
+    assert sorted(made) == sorted(expected) and "/dev/char/195:255" in expected
+    assert all(host.fs.readlink(link) == target for link, target in expected.items())
+    assert create_dev_char_symlinks(host.fs, stat_fn) == []  # idempotent
 
 
 # fixture -> (driver outcome, words its message must hold; vfio-pci outcome on a vm-passthrough node)

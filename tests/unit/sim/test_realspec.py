@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.sim import nvruntime
 from gpu_operator.sim.realspec import gpu_resources, node_labels, policy_spec
 
 
@@ -26,17 +24,3 @@ def test_policy_spec_points_operands_at_the_host_tree_and_keeps_other_settings()
     assert parsed.driver.enabled is False and parsed.validator.repository == "r"
     assert parsed.nodeStatusExporter.on()
     assert spec["validator"]["cuda"]["env"] == [{"name": "WITH_WORKLOAD", "value": "false"}]
-
-
-def test_nvidia_runtime_binds_the_host_trees_nvidia_smi_into_containers_not_sandboxes(tmp_path: Path) -> None:
-    smi = tmp_path / "usr/bin/nvidia-smi"
-    smi.parent.mkdir(parents=True)
-    smi.write_text("#!/bin/sh\n")
-    container: dict[str, Any] = {"mounts": [{"destination": "/proc", "type": "proc"}]}
-    assert nvruntime.inject(container, tmp_path) == ["/usr/bin/nvidia-smi"]
-    assert container["mounts"][-1] == {"destination": "/usr/bin/nvidia-smi", "type": "bind", "source": str(smi),
-                                       "options": ["rbind", "ro", "nosuid", "nodev"]}
-    assert nvruntime.inject(container, tmp_path) == []  # once
-    sandbox: dict[str, Any] = {"annotations": {nvruntime.SANDBOX_ANNOTATION: "sandbox"}}
-    assert nvruntime.inject(sandbox, tmp_path) == [] and "mounts" not in sandbox
-    assert nvruntime.inject({}, tmp_path / "no-driver") == []

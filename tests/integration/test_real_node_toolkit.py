@@ -1,0 +1,132 @@
+"""The real node's `nvidia` runtime gives a container what NVIDIA's container toolkit would, and
+nothing else: pods of our image on the real node, each container asking differently
+(NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES), report what they see; one asking for a GPU
+the node does not have is refused with the toolkit's reason."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpu_operator.sim import hosttree
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.realnode import RealNode
+from gpu_operator.sim.realspec import host_spec
+from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, api_log
+
+RUNTIME_CLASS = "nvidia-toolkit-rules"
+# What a container sees: each /dev/nvidia* (a character device? what open() says), nvidia-smi's
+# first line, the driver libraries in its library directory.
+LOOK = """
+import errno, glob, json, os, stat, subprocess
+seen = {}
+for path in sorted(glob.glob('/dev/nvidia*')):
+    st = os.stat(path)
+    try:
+        os.close(os.open(path, os.O_RDWR)); opened = 'ok'
+    except OSError as err:
+        opened = errno.errorcode.get(err.errno, str(err.errno))
+    seen[path] = {'char': stat.S_ISCHR(st.st_mode), 'rdev': [os.major(st.st_rdev), os.minor(st.st_rdev)], 'open': opened}
+smi = None
+if os.path.exists('/usr/bin/nvidia-smi'):
+    smi = subprocess.run(['/usr/bin/nvidia-smi'], capture_output=True, text=True).stdout.splitlines()[:1]
+libs = sorted(os.path.basename(p) for p in glob.glob('/usr/lib/x86_64-linux-gnu/lib*nvidia*') + glob.glob('/usr/lib/x86_64-linux-gnu/libcuda*'))
+print('SEEN ' + json.dumps({'devices': seen, 'smi': smi, 'libs': libs}))
+"""
+UUID0 = hosttree.gpu_uuid(host_spec(SHAPE)["devices"][0]["address"])
+ASKS: dict[str, dict[str, str] | None] = {
+    "all": {"NVIDIA_VISIBLE_DEVICES": "all"},
+    "void": {"NVIDIA_VISIBLE_DEVICES": "void"},
+    "unset": None,
+    "none": {"NVIDIA_VISIBLE_DEVICES": "none"},
+    "index1": {"NVIDIA_VISIBLE_DEVICES": "1"},
+    "uuid0": {"NVIDIA_VISIBLE_DEVICES": UUID0},
+    "utility": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+}
+
+
+@pytest.fixture
+def runtime_class(real_node: RealNode) -> Iterator[str]:
+    """A RuntimeClass of the `nvidia` handler, ours for this test (the operator's `nvidia` is left alone)."""
+    real_node.admin("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
+        "handler": "nvidia"})
+    yield RUNTIME_CLASS
+    real_node.admin("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{RUNTIME_CLASS}")
+
+
+def _pod(plane: ControlPlane, namespace: str, name: str, asks: dict[str, dict[str, str] | None]) -> None:
+    containers: list[dict[str, Any]] = []
+    for cname, env in asks.items():
+        container: dict[str, Any] = {"name": cname, "image": IMAGE, "command": ["python3.11", "-c", LOOK]}
+        if env is not None:
+            container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        containers.append(container)
+    plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"nodeName": REAL_NODE, "restartPolicy": "Never", "runtimeClassName": RUNTIME_CLASS,
+                 "containers": containers}})
+
+
+def _statuses(plane: ControlPlane, namespace: str, name: str, timeout: float = 120) -> dict[str, dict[str, Any]]:
+    """Each container's state once every one has ended or been refused."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pod: dict[str, Any] = plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        states = {s["name"]: s.get("state", {}) for s in pod["status"].get("containerStatuses") or []}
+        ended = all("terminated" in st or st.get("waiting", {}).get("reason") in ("CreateContainerError", "RunContainerError")
+                    for st in states.values())
+        if states and ended:
+            return states
+        assert time.monotonic() < deadline, f"pod {namespace}/{name} still {pod['status']}"
+        time.sleep(0.5)
+
+
+def _seen(plane: ControlPlane, namespace: str, pod: str, container: str) -> dict[str, Any]:
+    lines = [line for line in api_log(plane, namespace, pod, container) if line.startswith("SEEN ")]
+    assert lines, f"{container}: no report in its log"
+    found: dict[str, Any] = json.loads(lines[-1][len("SEEN "):])
+    return found
+
+
+def gpu_nodes(seen: dict[str, Any]) -> set[str]:
+    return {p for p in seen["devices"] if p[len("/dev/nvidia"):].isdigit()}
+
+
+def test_containers_get_what_they_ask_the_toolkit_for(
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+    _pod(control_plane, namespace, "asks", ASKS)
+    states = _statuses(control_plane, namespace, "asks")
+    assert {name: st.get("terminated", {}).get("exitCode") for name, st in states.items()} == dict.fromkeys(ASKS, 0)
+    seen = {name: _seen(control_plane, namespace, "asks", name) for name in ASKS}
+
+    everything = seen["all"]
+    assert gpu_nodes(everything) == {"/dev/nvidia0", "/dev/nvidia1"}
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= set(everything["devices"])
+    assert "/dev/nvidia-modeset" not in everything["devices"]  # display capability only
+    gpu0 = everything["devices"]["/dev/nvidia0"]
+    # a character device 195:0 the device cgroup allows: open() reaches the kernel, which has no
+    # NVIDIA driver here (ENXIO), not a cgroup refusal (EPERM)
+    assert gpu0["char"] and gpu0["rdev"] == [195, 0] and gpu0["open"] == "ENXIO", gpu0
+    assert everything["smi"] and "Driver Version" in everything["smi"][0]
+
+    for untouched in ("void", "unset"):
+        assert seen[untouched] == {"devices": {}, "smi": None, "libs": []}, untouched
+    assert gpu_nodes(seen["none"]) == set() and "/dev/nvidiactl" in seen["none"]["devices"] and seen["none"]["smi"]
+    assert gpu_nodes(seen["index1"]) == {"/dev/nvidia1"}
+    assert gpu_nodes(seen["uuid0"]) == {"/dev/nvidia0"}
+    assert "/dev/nvidia-uvm" not in seen["utility"]["devices"] and seen["utility"]["smi"]
+
+
+def test_a_container_asking_for_a_gpu_the_node_lacks_is_refused_with_the_reason(
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+    _pod(control_plane, namespace, "too-many", {"seven": {"NVIDIA_VISIBLE_DEVICES": "7"}})
+    state = _statuses(control_plane, namespace, "too-many")["seven"]
+    detail = state.get("terminated") or state.get("waiting") or {}
+    assert "unknown device '7'" in detail.get("message", ""), state
+    assert f"this node has: 0 ({UUID0})" in detail["message"]
+    assert state.get("terminated", {}).get("exitCode") != 0  # never ran
