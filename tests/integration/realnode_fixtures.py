@@ -16,7 +16,7 @@ from gpu_operator import __version__
 from gpu_operator.sim import binaries, hosttree
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
-from gpu_operator.sim.realspec import gpu_resources, host_spec, node_labels
+from gpu_operator.sim.realspec import host_spec, node_labels
 
 REAL_NODE = "real-node-0"
 SHAPE = "host-driver"
@@ -37,7 +37,7 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     # No GPU labels until a test asks for them (`real_gpu_node`): other tests' policies (rootFS /)
     # must not run our operands on this machine's own root.
     node = RealNode(base / "node", REAL_NODE, binaries.locate(), control_plane.pki.dir,
-                    control_plane.apiserver_port, resources=gpu_resources(SHAPE),
+                    control_plane.apiserver_port,
                     host_root=host, other_host_roots=(broken,), egress_routes=control_plane.egress_routes)
     t0 = time.monotonic()
     node.start()

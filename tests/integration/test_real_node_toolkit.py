@@ -59,17 +59,24 @@ def runtime_class(real_node: RealNode) -> Iterator[str]:
     real_node.admin("DELETE", f"/apis/node.k8s.io/v1/runtimeclasses/{RUNTIME_CLASS}")
 
 
-def _pod(plane: ControlPlane, namespace: str, name: str, asks: dict[str, dict[str, str] | None]) -> None:
+def _pod(plane: ControlPlane, namespace: str, name: str, asks: dict[str, dict[str, str] | None],
+         gpus: int = 0) -> None:
+    """Containers asking as `asks` says; with `gpus`, the first asks the scheduler for that many
+    `nvidia.com/gpu` on the real node (else the pod is bound to it directly)."""
     containers: list[dict[str, Any]] = []
     for cname, env in asks.items():
         container: dict[str, Any] = {"name": cname, "image": IMAGE, "command": ["python3.11", "-c", LOOK]}
         if env is not None:
             container["env"] = [{"name": k, "value": v} for k, v in env.items()]
         containers.append(container)
+    spec: dict[str, Any] = {"restartPolicy": "Never", "runtimeClassName": RUNTIME_CLASS, "containers": containers}
+    if gpus:
+        containers[0]["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+        spec["nodeSelector"] = {"kubernetes.io/hostname": REAL_NODE}
+    else:
+        spec["nodeName"] = REAL_NODE
     plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"nodeName": REAL_NODE, "restartPolicy": "Never", "runtimeClassName": RUNTIME_CLASS,
-                 "containers": containers}})
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
 
 
 def _statuses(plane: ControlPlane, namespace: str, name: str, timeout: float = 120) -> dict[str, dict[str, Any]]:
@@ -130,3 +137,37 @@ def test_a_container_asking_for_a_gpu_the_node_lacks_is_refused_with_the_reason(
     assert "unknown device '7'" in detail.get("message", ""), state
     assert f"this node has: 0 ({UUID0})" in detail["message"]
     assert state.get("terminated", {}).get("exitCode") != 0  # never ran
+
+
+def test_the_kubelet_advertises_the_plugins_gpus_and_a_pod_asking_for_one_gets_exactly_one(
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+    node = control_plane.request("GET", f"/api/v1/nodes/{REAL_NODE}")
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == "2"
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+    # written by the kubelet from the device plugin's registration, not by anyone's patch
+    owners = [m["manager"] for m in node["metadata"]["managedFields"]
+              if "f:nvidia.com/gpu" in json.dumps(m.get("fieldsV1", {}))]
+    assert owners == ["kubelet"], owners
+
+    _pod(control_plane, namespace, "one-gpu", {"main": None}, gpus=1)
+    state = _statuses(control_plane, namespace, "one-gpu")["main"]
+    assert state.get("terminated", {}).get("exitCode") == 0, state
+    seen = _seen(control_plane, namespace, "one-gpu", "main")
+    # the plugin's Allocate set NVIDIA_VISIBLE_DEVICES to the GPU's UUID; the runtime gave that GPU
+    assert len(gpu_nodes(seen)) == 1 and "/dev/nvidiactl" in seen["devices"], seen
+    assert seen["smi"], seen
+
+
+def test_a_pod_asking_for_more_gpus_than_the_node_has_stays_pending_with_the_schedulers_reason(
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+    _pod(control_plane, namespace, "three-gpus", {"main": None}, gpus=3)
+    deadline = time.monotonic() + 60
+    while True:
+        pod = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/three-gpus")
+        scheduled = next((c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
+        if scheduled and scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable":
+            break
+        assert time.monotonic() < deadline, pod["status"]
+        time.sleep(0.5)
+    assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+    assert "Insufficient nvidia.com/gpu" in scheduled["message"], scheduled

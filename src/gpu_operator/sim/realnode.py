@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.sim import egress, nvruntime
+from gpu_operator.sim import deviceplugin, egress, nvruntime, toolkit
 from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.containerd import PrivateContainerd
@@ -201,8 +201,10 @@ class RealNode:
     apiserver_port: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)
-    # Extended resources set in the Node's capacity once it is Ready (a device plugin's job).
-    resources: dict[str, str] = field(default_factory=dict)
+    # The device-plugin stand-in's DEVICE_LIST_STRATEGY (see `deviceplugin`; None: no plugin): it
+    # registers `nvidia.com/gpu` for the host tree's GPUs with the kubelet, which puts them in
+    # the Node's capacity.
+    device_plugin: str | None = "envvar"
     # A fixture host tree: its run/nvidia is the node's /run/nvidia (validation status files, the
     # driver install dir); its driver (device nodes, nvidia-smi) is what the `nvidia` runtime
     # handler gives containers by the toolkit's rules; policies reach the rest through
@@ -319,12 +321,26 @@ class RealNode:
             # As an admin, after registration: the kubelet refuses NFD's *.kubernetes.io labels.
             self.admin("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}},
                         "application/merge-patch+json")
-        if self.resources:
-            # Kept by the kubelet's status updates (it copies capacity it does not manage to
-            # allocatable); set both so that readers see them at once.
-            self.admin("PATCH", f"/api/v1/nodes/{self.name}/status",
-                        {"status": {"capacity": self.resources, "allocatable": self.resources}},
-                        "application/merge-patch+json")
+        count = len(toolkit.gpus(self.host_root)) if self.host_root is not None else 0
+        if self.device_plugin and count:
+            self._spawn("device-plugin", [*self.sandbox.enter(), sys.executable, "-m", "gpu_operator.sim.deviceplugin",
+                                          f"--host-root={self.host_root}", f"--strategy={self.device_plugin}",
+                                          f"--plugin-dir={self.kubelet_root}/device-plugins"])
+            self.wait_allocatable(deviceplugin.RESOURCE, str(count), timeout)
+
+    def wait_allocatable(self, resource: str, value: str, timeout: float) -> None:
+        """Until the kubelet reports `resource` allocatable as `value` (a registered device plugin)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.admin("GET", f"/api/v1/nodes/{self.name}").get("status", {})
+            if status.get("allocatable", {}).get(resource) == value:
+                return
+            if time.monotonic() > deadline:
+                log = self.logs / "device-plugin.log"
+                raise RealNodeError(f"real node {self.name}: {resource} allocatable is "
+                                    f"{status.get('allocatable', {}).get(resource)!r}, not {value}, after {timeout:.0f}s; "
+                                    f"device plugin log {log}:\n{_tail(log)}")
+            time.sleep(0.5)
 
     def admin(self, method: str, path: str, body: Any = None,
                content_type: str = "application/json") -> Any:

@@ -1,11 +1,12 @@
-"""What the real node is given by its shape (labels, GPU resources, a host tree) and the
+"""What the real node is given by its shape (labels, a host tree) and the
 ClusterPolicy settings that point our operands at that host tree instead of this machine's /.
 
 Only our image runs on the real node: the operands of NVIDIA images (driver, toolkit, device
 plugin, GFD, DCGM, MIG manager, ...) cannot be pulled here, so their deploy labels are `false` on
 it and they run on kwok nodes only. What they would have left on a GPU host is given instead: the
-host tree's driver (a fixture), `nvidia.com/gpu` in the Node's capacity (as the device plugin
-would register it), and the `nvidia` runtime handler (see `nvruntime`).
+host tree's driver (a fixture with its device nodes), a device-plugin stand-in registering
+`nvidia.com/gpu` with the kubelet (see `deviceplugin`), and the `nvidia` runtime handler giving
+containers what the container toolkit would (see `nvruntime`).
 """
 
 from __future__ import annotations
@@ -35,15 +36,6 @@ def node_labels(shape: str) -> dict[str, str]:
     own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS}
     labels.update({key: "false" for key in ALL_DEPLOY_LABELS - own})
     return labels
-
-
-def gpu_resources(shape: str) -> dict[str, str]:
-    """The `nvidia.com/*` resources a node of `shape` advertises (what its device plugin would
-    register with the kubelet; the plugin itself is an NVIDIA image)."""
-    from gpu_operator import shapes
-
-    capacity = shapes.nodes([shape])[0]["status"]["capacity"]
-    return {k: v for k, v in capacity.items() if k.startswith("nvidia.com/")}
 
 
 def policy_spec(host_root: Path | str, base: dict[str, Any] | None = None) -> dict[str, Any]:

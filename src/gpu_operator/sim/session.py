@@ -125,7 +125,7 @@ def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, pro
     hosttree.build(realspec.host_spec(shape), host)
     node = realnode.RealNode(Path(state.dir) / "real-node", REAL_NODE_NAME, found, Path(state.dir) / "pki",
                              int(state.server.rsplit(":", 1)[1]), labels=realspec.node_labels(shape),
-                             resources=realspec.gpu_resources(shape), host_root=host,
+                             host_root=host,
                              egress_routes=Path(state.dir) / "egress")
     node.sandbox.start()  # recorded before anything else starts in it, so `down` finds it all
     state.real_node = {"name": REAL_NODE_NAME, "dir": str(node.base_dir), "shape": shape, "host_root": str(host)}

@@ -1,0 +1,212 @@
+"""A stand-in for NVIDIA's device plugin on the real node (simulator code, not an operand: NVIDIA's
+image cannot be pulled here). It speaks the kubelet's device-plugin API (`dpapi`) for
+`nvidia.com/gpu` and answers as NVIDIA's plugin does (NVIDIA/k8s-device-plugin
+internal/plugin/server.go; facts only):
+
+- registers its socket `nvidia-gpu.sock` with the kubelet (version v1beta1, preferred allocation
+  available), again whenever the kubelet's socket is re-created (a kubelet restart removes plugin
+  sockets);
+- ListAndWatch: one device per GPU of the host tree (ID = its UUID, DEVICE_ID_STRATEGY=uuid, the
+  default; NUMA node from sysfs), Healthy while its /dev/nvidiaN is there, Unhealthy when it is gone
+  (NVIDIA's plugin marks a GPU unhealthy on XID events; a vanished device node is our stand-in);
+  a new list is sent on every change;
+- Allocate, by DEVICE_LIST_STRATEGY: `envvar` (default) sets NVIDIA_VISIBLE_DEVICES to the
+  allocated IDs; `cdi-annotations` sets the annotation `cdi.k8s.io/nvidia-device-plugin_<id>` to
+  `k8s.device-plugin.nvidia.com/gpu=<ID>,...` and writes that kind's CDI spec into the tree's
+  /var/run/cdi, as NVIDIA's plugin does; an unknown ID fails the call;
+- GetPreferredAllocation: the must-include IDs, then the others in PCI order.
+
+The `nvidia` runtime handler (`nvruntime`) then does the rest, as the toolkit would.
+Run: `python -m gpu_operator.sim.deviceplugin --host-root TREE --plugin-dir DIR [--strategy S]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpu_operator.sim import devnodes, dpapi
+from gpu_operator.sim.toolkit import VISIBLE, Gpu, gpus
+
+RESOURCE = "nvidia.com/gpu"
+SOCKET = "nvidia-gpu.sock"
+STRATEGIES = ("envvar", "cdi-annotations")
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+CDI_SPEC = "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json"
+CDI_ANNOTATION = "cdi.k8s.io/nvidia-device-plugin_"
+POLL_SECONDS = 1.0
+Empty = dpapi.message("Empty")
+
+
+class GpuPlugin:
+    """The DevicePlugin service over one host tree."""
+
+    def __init__(self, host_root: Path, strategy: str = "envvar") -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"--strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+        self.host_root, self.strategy = host_root, strategy
+        self.stopping = threading.Event()
+
+    def gpus(self) -> list[Gpu]:
+        return gpus(self.host_root)
+
+    def _numa(self, gpu: Gpu) -> int | None:
+        path = self.host_root / "sys/bus/pci/devices" / gpu.address / "numa_node"
+        text = path.read_text().strip() if path.is_file() else ""
+        return int(text) if text.lstrip("-").isdigit() and int(text) >= 0 else None
+
+    def devices(self) -> list[Any]:
+        out = []
+        for gpu in self.gpus():
+            healthy = devnodes.char_device(self.host_root / f"dev/nvidia{gpu.minor}") is not None
+            device = dpapi.message("Device")(ID=gpu.uuid, health=dpapi.HEALTHY if healthy else dpapi.UNHEALTHY)
+            numa = self._numa(gpu)
+            if numa is not None:
+                device.topology.nodes.add(ID=numa)
+            out.append(device)
+        return out
+
+    # -- the DevicePlugin service --
+
+    def options(self, request: Any, context: Any) -> Any:
+        return dpapi.message("DevicePluginOptions")(get_preferred_allocation_available=True)
+
+    def list_and_watch(self, request: Any, context: Any) -> Iterator[Any]:
+        last = None
+        while not self.stopping.is_set() and context.is_active():
+            devices = self.devices()
+            shown = [(d.ID, d.health) for d in devices]
+            if shown != last:
+                last = shown
+                yield dpapi.message("ListAndWatchResponse")(devices=devices)
+            self.stopping.wait(POLL_SECONDS)
+
+    def preferred(self, request: Any, context: Any) -> Any:
+        response = dpapi.message("PreferredAllocationResponse")()
+        order = [g.uuid for g in self.gpus()]
+        for req in request.container_requests:
+            chosen = list(req.must_include_deviceIDs)
+            chosen += [i for i in order if i in req.available_deviceIDs and i not in chosen]
+            response.container_responses.add(deviceIDs=chosen[:req.allocation_size])
+        return response
+
+    def allocate(self, request: Any, context: Any) -> Any:
+        known = {g.uuid for g in self.gpus()}
+        response = dpapi.message("AllocateResponse")()
+        for req in request.container_requests:
+            ids = list(dict.fromkeys(req.devices_ids))
+            unknown = [i for i in ids if i not in known]
+            if unknown:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"invalid allocation request for {RESOURCE!r}: unknown device: {', '.join(unknown)}")
+            out = response.container_responses.add()
+            if self.strategy == "envvar":
+                out.envs[VISIBLE] = ",".join(ids)
+            else:
+                self.write_cdi_spec()
+                out.annotations[f"{CDI_ANNOTATION}{uuid.uuid4()}"] = ",".join(f"{CDI_KIND}={i}" for i in ids)
+        return response
+
+    def pre_start(self, request: Any, context: Any) -> Any:
+        return dpapi.message("PreStartContainerResponse")()
+
+    def write_cdi_spec(self) -> None:
+        """The plugin's CDI spec: each GPU by ID (its device node), the control devices for all."""
+        common = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+                  if devnodes.char_device(self.host_root / "dev" / n) is not None]
+        spec = {"cdiVersion": "0.5.0", "kind": CDI_KIND,
+                "devices": [{"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{g.minor}"}]}}
+                            for g in self.gpus()],
+                "containerEdits": {"deviceNodes": [{"path": p} for p in common]}}
+        target = self.host_root / CDI_SPEC.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(spec, indent=2))
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        def unary(fn: Any, req: str, resp: str) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=dpapi.message(req).FromString,
+                                                       response_serializer=dpapi.message(resp).SerializeToString)
+        return grpc.method_handlers_generic_handler(dpapi.PLUGIN_SERVICE, {
+            "GetDevicePluginOptions": unary(self.options, "Empty", "DevicePluginOptions"),
+            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                self.list_and_watch, request_deserializer=Empty.FromString,
+                response_serializer=dpapi.message("ListAndWatchResponse").SerializeToString),
+            "GetPreferredAllocation": unary(self.preferred, "PreferredAllocationRequest", "PreferredAllocationResponse"),
+            "Allocate": unary(self.allocate, "AllocateRequest", "AllocateResponse"),
+            "PreStartContainer": unary(self.pre_start, "PreStartContainerRequest", "PreStartContainerResponse"),
+        })
+
+
+def register(kubelet_socket: Path, endpoint: str = SOCKET, timeout: float = 5.0) -> None:
+    """Register our socket's name with the kubelet, as NVIDIA's plugin does."""
+    request = dpapi.message("RegisterRequest")(
+        version=dpapi.VERSION, endpoint=endpoint, resource_name=RESOURCE,
+        options=dpapi.message("DevicePluginOptions")(get_preferred_allocation_available=True))
+    with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+        call = channel.unary_unary(dpapi.REGISTER, request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=Empty.FromString)
+        call(request, timeout=timeout)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
+    """Serve and stay registered until `plugin.stopping` is set: a new kubelet socket, or our own
+    socket removed (a kubelet restart clears the directory), starts the server again and registers."""
+    kubelet_socket = plugin_dir / dpapi.KUBELET_SOCKET
+    server: grpc.Server | None = None
+    registered: tuple[int | None, int | None] = (None, None)
+    while not plugin.stopping.is_set():
+        ours = plugin_dir / SOCKET
+        state = (_inode(kubelet_socket), _inode(ours))
+        if state[0] is not None and (state != registered or server is None):
+            if server is not None:
+                server.stop(grace=None)
+            ours.unlink(missing_ok=True)
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+            server.add_generic_rpc_handlers((plugin.handler(),))
+            server.add_insecure_port(f"unix://{ours}")
+            server.start()
+            try:
+                register(kubelet_socket)
+            except grpc.RpcError as err:
+                log(f"device plugin: registering with {kubelet_socket} failed ({err.code().name}); retrying")
+                time.sleep(POLL_SECONDS)
+                continue
+            registered = (_inode(kubelet_socket), _inode(ours))
+            log(f"device plugin: {RESOURCE} registered ({len(plugin.gpus())} GPUs, strategy {plugin.strategy})")
+        plugin.stopping.wait(POLL_SECONDS)
+    if server is not None:
+        server.stop(grace=1.0)
+    (plugin_dir / SOCKET).unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gpu_operator.sim.deviceplugin", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host-root", type=Path, required=True, help="the node's host tree")
+    parser.add_argument("--plugin-dir", type=Path, required=True, help="the kubelet's device-plugins directory")
+    parser.add_argument("--strategy", default="envvar", choices=STRATEGIES, help="DEVICE_LIST_STRATEGY")
+    args = parser.parse_args(argv)
+    plugin = GpuPlugin(args.host_root, args.strategy)
+    signal.signal(signal.SIGTERM, lambda *_: plugin.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: plugin.stopping.set())
+    serve(plugin, args.plugin_dir, log=lambda msg: print(msg, flush=True))
+
+
+if __name__ == "__main__":
+    main()
