@@ -15,6 +15,7 @@ import pytest
 from gpu_operator import __version__
 from gpu_operator.sim import binaries, hosttree
 from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
 from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
 from gpu_operator.sim.realspec import host_spec, node_labels
 
@@ -42,8 +43,8 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     t0 = time.monotonic()
     node.start()
     try:
-        refs = node.containerd.import_image(archive)
-        assert IMAGE in refs, f"{archive} does not hold {IMAGE}: {refs}"
+        refs = node.import_images(archive)
+        assert IMAGE in refs and CUDA_SAMPLE_IMAGE in refs, f"{archive}: {refs}"
         print(f"\nreal node {REAL_NODE} Ready with our image in {time.monotonic() - t0:.1f}s")
         yield node
     finally:

@@ -76,6 +76,13 @@ def test_operator_ready_with_our_operands_really_running_on_the_real_node(
         assert f"{component}: passed" in "\n".join(api_log(control_plane, ns, name, f"{component}-validation"))
     assert "IS_HOST_DRIVER=true" in (validations / "driver-ready").read_text()
     assert "nvidia-smi runs inside a GPU container" in "\n".join(api_log(control_plane, ns, name, "toolkit-validation"))
+    # The CUDA validation ran its workload pod for real: the CUDA sample stand-in got both GPUs,
+    # the driver's devices and libcuda from the tree through the `nvidia` runtime.
+    assert "CUDA workload pod succeeded" in "\n".join(api_log(control_plane, ns, name, "cuda-validation"))
+    (workload,) = _pods(kube, ns, "nvidia-cuda-validator")
+    assert workload["status"]["phase"] == "Succeeded", workload["status"]
+    sample = "\n".join(api_log(control_plane, ns, workload["metadata"]["name"], "cuda-validator-workload"))
+    assert "Test PASSED (stand-in: GPUs /dev/nvidia0, /dev/nvidia1)" in sample, sample
 
     # The node-status exporter's /metrics, scraped from its pod on the node's pod network.
     exporter = wait_for("the real node's node-status exporter pod", lambda: _pods(kube, ns, EXPORTER_APP),

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
+
 RELEASE = NAMESPACE = "gpu-operator"
 CHART_DIR = Path(__file__).resolve().parents[3] / "deployments" / "gpu-operator"
 VALUES_FILE = "real-node-values.yaml"
@@ -39,8 +41,9 @@ def real_node_values(node: str, host_root: str) -> dict[str, Any]:
         # our operands on the real node read its fixture host tree, not this machine's root
         "hostPaths": {"rootFS": host_root},
         "nodeStatusExporter": {"enabled": True, "env": [no_chroot()]},
-        # the CUDA check's workload image (NVIDIA's CUDA sample) cannot be pulled here
-        "validator": {"driver": {"env": [no_chroot()]}, "cuda": {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}},
+        # the CUDA check's workload image (NVIDIA's CUDA sample) cannot be pulled here: its stand-in
+        "validator": {"driver": {"env": [no_chroot()]},
+                      "cuda": {"env": [{"name": "CUDA_VALIDATOR_IMAGE", "value": CUDA_SAMPLE_IMAGE}]}},
     }
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.sim import deviceplugin, egress, nvruntime, toolkit
+from gpu_operator.sim import cudasample, deviceplugin, egress, nvruntime, toolkit
 from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.containerd import PrivateContainerd
@@ -341,6 +341,12 @@ class RealNode:
                                     f"{status.get('allocatable', {}).get(resource)!r}, not {value}, after {timeout:.0f}s; "
                                     f"device plugin log {log}:\n{_tail(log)}")
             time.sleep(0.5)
+
+    def import_images(self, archive: Path) -> list[str]:
+        """Our image (docker-archive `archive`) and the CUDA sample stand-in built on it into the
+        node's containerd; returns the image names added."""
+        sample = cudasample.build(archive, self.base_dir / "cuda-sample.docker.tar")
+        return self.containerd.import_image(archive) + self.containerd.import_image(sample)
 
     def admin(self, method: str, path: str, body: Any = None,
                content_type: str = "application/json") -> Any:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
+
 # The operands whose image is ours (the validator, the node-status exporter, the vfio manager
 # and GPU probe): the only ones the real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
 OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter",
@@ -41,16 +43,16 @@ def node_labels(shape: str) -> dict[str, str]:
 def policy_spec(host_root: Path | str, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """A ClusterPolicy spec (`base`, default: every default) whose operands reach the real node's
     host tree: `hostPaths.rootFS` is the tree (the validator's driver check and the exporter read
-    its sysfs/proc and run its nvidia-smi); the CUDA check runs no workload pod (its image,
-    NVIDIA's CUDA sample, cannot be pulled here); the node-status exporter is on, so its metrics
-    can be scraped from its pod."""
+    its sysfs/proc and run its nvidia-smi); the CUDA check's workload pod runs the CUDA sample
+    stand-in (`cudasample`; NVIDIA's image cannot be pulled here); the node-status exporter is on,
+    so its metrics can be scraped from its pod."""
     spec: dict[str, Any] = {**(base or {})}
     spec["hostPaths"] = {**spec.get("hostPaths", {}), "rootFS": str(host_root)}
     spec["nodeStatusExporter"] = {"enabled": True, **spec.get("nodeStatusExporter", {}),
                                   "env": [NO_CHROOT]}
     validator = dict(spec.get("validator", {}))
     validator["driver"] = {"env": [NO_CHROOT]}
-    validator["cuda"] = {"env": [{"name": "WITH_WORKLOAD", "value": "false"}]}
+    validator["cuda"] = {"env": [{"name": "CUDA_VALIDATOR_IMAGE", "value": CUDA_SAMPLE_IMAGE}]}
     spec["validator"] = validator
     return spec
 
@@ -99,6 +101,10 @@ def host_spec(shape: str) -> dict[str, Any]:
         spec["modules"] = ["nvidia", "nvidia_uvm", "nvidia_modeset"]
         spec["driver_version"] = HOST_DRIVER_VERSION
         spec["executables"] = {"/usr/bin/nvidia-smi": _NVIDIA_SMI}
+        # the driver's libraries the toolkit mounts for `utility` and `compute` (empty placeholders:
+        # nothing here loads them; the CUDA sample stand-in checks libcuda was given)
+        spec["files"].update({f"/usr/lib/x86_64-linux-gnu/{lib}.{HOST_DRIVER_VERSION}": ""
+                              for lib in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")})
         # and the nvidia runtime, as the distribution's toolkit package configures it
         spec["files"]["/etc/containerd/config.toml"] += _NVIDIA_RUNTIME
     elif passthrough:

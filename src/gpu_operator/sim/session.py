@@ -136,7 +136,7 @@ def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, pro
         state.add(Proc.of(name, pid, log))
     state.save()
     progress(f"real node Ready in {time.monotonic() - t0:.1f}s; importing our image {archive.name}")
-    node.containerd.import_image(archive)
+    node.import_images(archive)
     progress(f"real node {REAL_NODE_NAME} runs our image (logs {node.logs}, pod logs {node.pod_logs})")
 
 

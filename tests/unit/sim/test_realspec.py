@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
 from gpu_operator.sim.realspec import node_labels, policy_spec
 
 
@@ -22,4 +23,4 @@ def test_policy_spec_points_operands_at_the_host_tree_and_keeps_other_settings()
     assert parsed.hostPaths.rootFS == "/tmp/host"
     assert parsed.driver.enabled is False and parsed.validator.repository == "r"
     assert parsed.nodeStatusExporter.on()
-    assert spec["validator"]["cuda"]["env"] == [{"name": "WITH_WORKLOAD", "value": "false"}]
+    assert spec["validator"]["cuda"]["env"] == [{"name": "CUDA_VALIDATOR_IMAGE", "value": CUDA_SAMPLE_IMAGE}]
