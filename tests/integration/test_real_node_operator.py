@@ -157,6 +157,45 @@ def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_rea
     assert forbidden_in_namespace(control_plane, ns) == []
 
 
+def test_a_cuda_workload_pod_that_gets_no_gpu_fails_the_validation_naming_what_is_missing(
+        control_plane: ControlPlane, kube: Client, real_gpu_node: RealNode,
+        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
+        operator_namespace: str) -> None:
+    """The validator's workload pods run with a RuntimeClass whose handler is plain runc (a
+    misconfigured runtime class): the CUDA sample gets no GPU, and the validation says so."""
+    real_node = real_gpu_node
+    assert real_node.host_root is not None
+    real_node.admin("POST", "/apis/node.k8s.io/v1/runtimeclasses", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "plain-runc"}, "handler": "runc"})
+    try:
+        operator = start_operator()
+        spec = policy_spec(real_node.host_root)
+        spec["validator"]["cuda"]["env"] += [{"name": "VALIDATOR_RUNTIME_CLASS", "value": "plain-runc"},
+                                             {"name": "CUDA_TIMEOUT_SECONDS", "value": "60"}]
+        cluster_policies(spec)
+        ns = operator_namespace
+
+        def context() -> str:
+            return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+
+        def failed_cuda_validation() -> str:
+            for pod in _pods(kube, ns, VALIDATOR_APP):
+                for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+                    last = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+                    if cs["name"] == "cuda-validation" and last and last.get("exitCode"):
+                        return str(last.get("message", ""))
+            return ""
+
+        message = wait_for("the real node's CUDA validation to fail", failed_cuda_validation, timeout=240,
+                           interval=2, context=context)
+        assert "nvidia-cuda-validator pod" in message and "ended Failed" in message, message
+        assert "no CUDA-capable device is detected" in message, message
+        assert "/dev/nvidiactl is missing" in message and "no GPU device /dev/nvidiaN" in message, message
+        assert policy_status(kube).get("state") != "ready"
+    finally:
+        real_node.admin("DELETE", "/apis/node.k8s.io/v1/runtimeclasses/plain-runc")
+
+
 def _shared_group_passthrough_tree(root: Path) -> Path:
     """A vm-passthrough host whose GPUs are on vfio-pci but the first, still on nvidia, shares its
     IOMMU group with a NIC: the vfio manager must refuse to move it."""

@@ -55,6 +55,9 @@ def workload_pod(
         "image": image,
         "command": list(command),
         "securityContext": {"allowPrivilegeEscalation": False},
+        # a failed sample's last log lines (its CUDA error) become the termination message, which
+        # the validator's failure reason quotes
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     main: dict[str, Any] = {
         "name": app,
