@@ -241,3 +241,26 @@ def test_mixed_node_4_plus_4_both_stacks_and_only_the_bound_half_counted(
     wait_for("a Warning Event about the ClusterPolicy", lambda: [
         e for e in kube.list(Event, namespace="default", fields={"involvedObject.name": "cluster-policy"})
         if e.reason == HOST_DEVICE_LISTED_BY_OTHERS], until=bool)
+
+
+def test_kwok_passthrough_nodes_need_no_hand_annotation_the_simulated_agents_publish_their_facts(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
+        kubevirt_cr: Callable[..., str]) -> None:
+    """What `sim up --shape vfio-passthrough:2 --operator` does: the simulator plays the probe and
+    the vfio manager on the kwok nodes (sim/agents.py), and the KubeVirt CR lists their GPUs."""
+    from gpu_operator import shapes
+    from gpu_operator.sim.agents import publish_probe_facts
+    from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, VFIO_STATE
+
+    spec = "vfio-passthrough:2"
+    names = fake_nodes(spec)
+    agent = Client(config=kube.config, field_manager=NODE_AGENT_FIELD_MANAGER)
+    publish_probe_facts(agent, {spec: names}, "gpu-operator")
+    assert {(kube.get(Node, n).metadata.labels or {}).get(VFIO_STATE) for n in names} == {"bound"}
+    ns = kubevirt_cr([])
+    operator = start_operator()
+    cluster_policies(PASSTHROUGH)
+    selector = shapes.parse_spec(spec)[0].gpu_vendor_device.upper()
+    listed = wait_for(f"KubeVirt lists {selector} from the published facts", lambda: devices(kube, ns),
+                      until=lambda d: [e["pciVendorSelector"] for e in d] == [selector], context=operator.log_text)
+    assert listed[0]["externalResourceProvider"] is False and listed[0]["resourceName"].startswith("nvidia.com/")

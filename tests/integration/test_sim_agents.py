@@ -17,6 +17,8 @@ from gpu_operator.vocabulary import (
     NODE_AGENT_FIELD_MANAGER,
     PROBE_FACTS_ANNOTATION,
     PROBE_STATUS,
+    VFIO_RESULT_ANNOTATION,
+    VFIO_STATE,
 )
 
 
@@ -42,8 +44,13 @@ def test_kwok_nodes_carry_the_probes_facts_of_their_shape(kube: Client) -> None:
                         if PROBE_FACTS_ANNOTATION.replace("/", "~1") in json.dumps(m.fieldsV1)
                         or f"f:{PROBE_FACTS_ANNOTATION}" in json.dumps(m.fieldsV1)}
             assert managers == {NODE_AGENT_FIELD_MANAGER}, managers
+            # and the vfio manager's pass over the same tree: every GPU already on vfio-pci
+            assert meta.labels[VFIO_STATE] == "bound", meta.labels
+            record = json.loads(meta.annotations[VFIO_RESULT_ANNOTATION])
+            assert {g["driver"] for g in record["gpus"].values()} == {"vfio-pci"}, record
         (host,) = by_spec["host-driver:1"]
         labels = kube.get(Node, host).metadata.labels or {}
         assert labels[DRIVER_SOURCE] == "host" and labels[DRIVER_VERSION] == HOST_DRIVER_VERSION, labels
+        assert VFIO_STATE not in labels  # a container node: no vfio manager
     finally:
         nodes.remove_nodes(kube, names)

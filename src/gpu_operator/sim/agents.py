@@ -6,8 +6,14 @@ each kwok node of that shape, with the node agents' field manager, as the probe 
 would. So the KubeVirt device list, `gpu-operator status` and doctor see facts on a simulator of
 kwok nodes only.
 
-Not played: the vfio manager's outcome label (`nvidia.com/gpu.vfio.state`) and later changes (a
-probe pod re-runs on a host that changes; these trees do not change).
+On nodes whose shape makes them vm-passthrough nodes it also plays the vfio manager: its own
+reconcile pass (`node.vfio_node.reconcile`: select the node's passthrough GPUs from its labels and
+annotations, bind, record) over the same tree, as the vfio-manager pod's field manager, so the
+node gets the outcome label `nvidia.com/gpu.vfio.state` and the result annotation. The trees'
+GPUs already sit on vfio-pci, so the pass finds nothing to move; a write it would still make is
+recorded, not applied (there is no kernel behind these trees).
+
+Not played: later changes (the agents re-run on a host that changes; these trees do not change).
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpu_operator import shapes
+from gpu_operator.node.hostfs import RecordingWriter
 from gpu_operator.node.kubeapi import KubeNodeView
 from gpu_operator.node.publish import publish_once
+from gpu_operator.node.vfio_node import reconcile
 from gpu_operator.sim import hosttree
 from gpu_operator.sim.realspec import host_spec
+from gpu_operator.vocabulary import VM_PASSTHROUGH, WORKLOAD_CONFIG
 
 
 def publish_probe_facts(client: Any, nodes_by_spec: Mapping[str, list[str]], namespace: str,
@@ -33,9 +43,14 @@ def publish_probe_facts(client: Any, nodes_by_spec: Mapping[str, list[str]], nam
             if not names:
                 continue
             fs = hosttree.build(host_spec(spec), Path(base) / str(i))
+            shape = shapes.parse_spec(spec)[0]
+            passthrough = shape.labels(names[0]).get(WORKLOAD_CONFIG) == VM_PASSTHROUGH
             for name in names:
                 codes, _ = publish_once(fs, KubeNodeView(name, namespace, client=client,
                                                          component="gpu-operator-node-probe"))
                 found[name] = codes
+                if passthrough:
+                    reconcile(fs, RecordingWriter(), KubeNodeView(name, namespace, client=client,
+                                                                  component="gpu-operator-vfio-manager"))
             progress(f"probe facts published for {len(names)} {spec.split(':')[0]} node(s) (from its host tree)")
     return found
