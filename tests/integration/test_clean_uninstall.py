@@ -27,7 +27,7 @@ from lightkube.resources.core_v1 import Namespace, Node
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import offline_chart
+from gpu_operator.sim.helm import packaged_chart
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GPU_PRESENT, MANAGED_SELECTOR, NVIDIA
 from tests.support.chart import objects, render_chart
@@ -106,7 +106,7 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
     before = marks(kube)
     values = {"nfd": {"enabled": False}}
     helm = helm_python.Config(kubeconfig_path=control_plane.admin_kubeconfig, namespace=NAMESPACE)
-    with helm_python.Chart.load(offline_chart(tmp_path / "gpu-operator")) as chart:
+    with helm_python.Chart.load(packaged_chart(tmp_path)) as chart:
         helm.install(chart, "gpu-operator", values, namespace=NAMESPACE, create_namespace=True, timeout=180)
     operator = OperatorProcess(
         kubeconfig=control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False),

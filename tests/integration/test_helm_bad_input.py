@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import Namespace
 
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import offline_chart, release_names
+from gpu_operator.sim.helm import packaged_chart, release_names
 from tests.support.cleanup import delete_if_present
 from tests.support.waiting import wait_for
 
@@ -35,7 +35,7 @@ def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
 
 
 def _install(helm: helm_python.Config, chart_dir: Path, values: dict[str, Any]) -> str:
-    with helm_python.Chart.load(offline_chart(chart_dir)) as chart, pytest.raises(Exception) as failed:
+    with helm_python.Chart.load(packaged_chart(chart_dir)) as chart, pytest.raises(Exception) as failed:
         helm.install(chart, RELEASE, {"nfd": {"enabled": False}, **values}, namespace=NAMESPACE,
                      create_namespace=True, timeout=90)
     return str(failed.value)

@@ -34,7 +34,7 @@ from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim import nodes
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import merge, offline_chart, real_node_values, release_names
+from gpu_operator.sim.helm import merge, packaged_chart, real_node_values, release_names
 from gpu_operator.sim.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 from tests.integration.test_clean_uninstall import differences, marks
@@ -174,7 +174,7 @@ def release(control_plane: ControlPlane, kube: Client, real_node: RealNode,
     nodes.wait_ready(kube, gpu_nodes)
     # Our image under a second tag, as a rebuilt image would arrive (same content, another name).
     real_node.containerd.ctr("images", "tag", "--force", IMAGE, IMAGE.rsplit(":", 1)[0] + ":" + RETAGGED)
-    chart = offline_chart(tmp_path_factory.mktemp("chart") / "gpu-operator")
+    chart = packaged_chart(tmp_path_factory.mktemp("chart"))  # installed as a user would: the package
     helm = helm_python.Config(kubeconfig_path=control_plane.admin_kubeconfig, namespace=NAMESPACE)
     state = Release(control_plane, kube, real_node, chart, gpu_nodes, marks(kube), helm)
     try:

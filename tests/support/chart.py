@@ -34,8 +34,9 @@ def render_chart(values: Values | None = None, *, namespace: str = NAMESPACE,
                  chart: helm_python.Chart | None = None) -> Rendered:
     """{template path: manifest}, as `helm template` with nfd disabled unless `values` say otherwise.
 
-    NFD is a chart dependency fetched from a registry; offline its subchart is absent. Pass an
-    already loaded `chart` to save loading it per render (the unit tests' session fixture does).
+    nfd.enabled adds the node-discovery DaemonSet (tests/unit/chart/test_node_discovery.py tests
+    it); the other tests look at the rest. Pass an already loaded `chart` to save loading it per
+    render (the unit tests' session fixture does).
     """
     layered = deep_merge({"nfd": {"enabled": False}}, values or {})
     if chart is not None:

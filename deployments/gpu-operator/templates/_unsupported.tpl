@@ -19,6 +19,9 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- range include "gpu-operator.clusterPolicyPruned" . | fromYamlArray -}}
 {{- $found = append $found (dict "key" . "value" "(set)" "effect" "not a field of the ClusterPolicy CRD; the API server drops it") -}}
 {{- end -}}
+{{- with (index $v "node-feature-discovery") -}}
+{{- $found = append $found (dict "key" "node-feature-discovery" "value" "(set)" "effect" "NFD is not shipped with this chart (nfd.enabled runs its own NFD-compatible GPU discovery); the subchart's values are ignored") -}}
+{{- end -}}
 {{- with $v.psp -}}
 {{- $found = append $found (dict "key" "psp" "value" . "effect" "PodSecurityPolicy support is deprecated upstream and ignored") -}}
 {{- end -}}

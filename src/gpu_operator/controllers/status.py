@@ -64,8 +64,9 @@ def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
                        f"ClusterPolicy is not ready; states not ready: {not_ready_states}")
     if not has_nfd:
         return Outcome(READY, NFD_LABELS_MISSING,
-                       "No NFD labels found: deploy node-feature-discovery (or label GPU nodes with "
-                       "feature.node.kubernetes.io/pci-10de.present=true)")
+                       "No NFD labels found: install the chart with nfd.enabled=true (its node-discovery "
+                       "DaemonSet writes them), deploy node-feature-discovery, or label GPU nodes with "
+                       "feature.node.kubernetes.io/pci-10de.present=true")
     if not has_gpu_nodes:
         return Outcome(READY, NO_GPU_NODES, "No GPU node found, watching for new nodes to join the cluster")
     return Outcome(READY, RECONCILED, "ClusterPolicy is ready as all resources have been successfully reconciled")

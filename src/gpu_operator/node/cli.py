@@ -254,6 +254,9 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
     node_app = typer.Typer(help="Node agents that describe this host.", no_args_is_help=True)
     node_app.command("probe")(probe)
+    from gpu_operator.node.discover import discover
+
+    node_app.command("discover")(discover)
     from gpu_operator.node.vfio_cli import vfio_app
 
     # Also under `node` (hidden): the vfio-manager DaemonSet runs `gpu-operator node vfio-manage reconcile`.

@@ -8,7 +8,6 @@ pairs go on top, as `helm -f ... --set ...` would.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,18 +85,15 @@ def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], se
     return merged, path
 
 
-def offline_chart(target: Path) -> Path:
-    """A copy of the chart without its NFD dependency (Helm refuses a chart whose declared
-    dependency is missing from charts/, and nothing is fetched offline; NFD is off here)."""
+def packaged_chart(target: Path) -> Path:
+    """Our chart packaged (`helm package`) into directory `target`: what a user installs from a
+    chart repository, not the source directory. Returns the .tgz."""
+    import helm_python
+
     if not (CHART_DIR / "Chart.yaml").exists():
         raise HelmInstallError(f"the chart is not in this installation ({CHART_DIR}): run from the source tree")
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(CHART_DIR, target)
-    meta = yaml.safe_load((target / "Chart.yaml").read_text())
-    meta.pop("dependencies", None)
-    (target / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return target
+    target.mkdir(parents=True, exist_ok=True)
+    return Path(helm_python.package(CHART_DIR, destination=target))
 
 
 def install(kubeconfig: Path, state_dir: Path, values: dict[str, Any], progress: Progress, timeout: int = 300) -> None:
@@ -106,7 +102,7 @@ def install(kubeconfig: Path, state_dir: Path, values: dict[str, Any], progress:
     import helm_python
 
     helm = helm_python.Config(kubeconfig_path=str(kubeconfig), namespace=NAMESPACE)
-    chart_path = offline_chart(state_dir / "chart" / "gpu-operator")
+    chart_path = packaged_chart(state_dir / "chart")
     existing = RELEASE in release_names(helm)
     with helm_python.Chart.load(chart_path) as chart:
         if existing:

@@ -29,7 +29,6 @@ from tests.support.chart import (
 
 # kubernetes-validate ships schemas up to 1.37; 1.36 is the release we target.
 KUBE_VERSION = "1.36.0"
-MISSING_NFD = "chart directory is missing these dependencies: node-feature-discovery"
 
 
 def shapes() -> list[tuple[str, Values]]:
@@ -73,14 +72,9 @@ def pruned(value: Any, schema: dict[str, Any], path: str) -> list[str]:
 
 @pytest.mark.parametrize(("name", "values"), SHAPES, ids=IDS)
 def test_lint_is_clean(name: str, values: Values) -> None:
-    # Offline the NFD subchart cannot be fetched: Helm warns about exactly that and nothing else.
-    report = helm_python.lint(
-        CHART, deep_merge({"nfd": {"enabled": False}}, values), strict=True, namespace=NAMESPACE,
-        kube_version=f"v{KUBE_VERSION}",
-    )
-    nfd_vendored = any((CHART / "charts").glob("node-feature-discovery*"))
-    expected = [] if nfd_vendored else [MISSING_NFD]
-    assert [m["error"] for m in report["messages"]] == expected, report
+    # NFD is not a dependency (nfd.enabled runs our discovery DaemonSet): nothing to fetch, nothing to warn
+    report = helm_python.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    assert [m["error"] for m in report["messages"]] == [], report
 
 
 @pytest.mark.parametrize(("name", "values"), SHAPES, ids=IDS)
@@ -193,14 +187,6 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     ]
     assert not any(o["metadata"]["name"] == "gpu-operator-cleanup"
                    for o in objects(render({"operator": {"cleanupOnUninstall": False}})))
-
-
-def test_nfd_dependency_is_not_needed_to_render(chart: helm_python.Chart) -> None:
-    # Offline the subchart is absent: enabled or not, the chart's own objects are the same.
-    on = chart.render({"nfd": {"enabled": True}}, name="gpu-operator", namespace=NAMESPACE, is_install=True)
-    off = chart.render({"nfd": {"enabled": False}}, name="gpu-operator", namespace=NAMESPACE, is_install=True)
-    assert objects(on) == objects(off)
-    assert not any(name.startswith("gpu-operator/charts/") for name in on)
 
 
 def test_clusterpolicy_can_be_left_out(render: Callable[..., Rendered]) -> None:

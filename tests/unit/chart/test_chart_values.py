@@ -43,6 +43,7 @@ def test_upstream_values_file_renders_the_same_policy_as_our_defaults(render: Ca
 def test_upstream_values_file_reports_only_the_replaced_images(render: Callable[..., Rendered]) -> None:
     rendered = render(upstream_values())
     assert [entry["key"] for entry in report(rendered)] == [
+        "node-feature-discovery",  # NFD's subchart values: not shipped here
         "operator.repository/operator.image",
         "validator.repository/validator.image",
         "nodeStatusExporter.repository/nodeStatusExporter.image",
@@ -143,6 +144,8 @@ def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callabl
     ({"operator": {"logging": {"develMode": True}}}, "operator.logging.develMode"),
     ({"operator": {"replica": 2}}, "operator.replica"),
     ({"psp": {"enabled": True}}, "psp"),
+    # NFD is not shipped: its subchart values (in NVIDIA's values files) are reported, not dropped silently
+    ({"node-feature-discovery": {"worker": {"tolerations": []}}}, "node-feature-discovery"),
     ({"someFutureKey": {"a": 1}}, "someFutureKey"),
     # a key under a component that the ClusterPolicy CRD does not define would be pruned
     ({"driver": {"someFutureField": True}}, "spec.driver.someFutureField"),

@@ -43,7 +43,9 @@ def test_every_upstream_values_key_is_one_of_ours() -> None:
     upstream = {line for line in UPSTREAM_KEYS.read_text().splitlines() if line and not line.startswith("#")}
     assert len(upstream) > 300  # the recorded list is whole
     ours = _paths(yaml.safe_load((CHART / "values.yaml").read_text()))
-    assert sorted(upstream - ours) == []
+    # NFD's subchart is not shipped (nfd.enabled runs our discovery): its values are reported as
+    # ignored by the chart (test_chart_values.py), every other key is ours
+    assert sorted(k for k in upstream - ours if k.split(".")[0] != "node-feature-discovery") == []
 
 
 def test_host_network_is_left_out_by_default_and_passed_when_set(render: Callable[..., Rendered]) -> None:

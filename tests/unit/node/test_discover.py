@@ -1,0 +1,71 @@
+"""GPU-node discovery without NFD: the NFD labels the operator reads, from host fixtures; only
+labels the agent wrote are ever removed."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpu_operator.node.discover import OWNED_ANNOTATION, changes, discovered, publish_once
+from gpu_operator.vocabulary import KERNEL_FULL, OS_ID, OS_VERSION_ID, OS_VERSION_MAJOR
+
+PCI = "feature.node.kubernetes.io/pci-10de.present"
+
+
+class MemoryNode:
+    """A Node's metadata with merge-patch semantics (null removes), and the patches it received."""
+
+    def __init__(self, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
+        self.labels, self.annotations = dict(labels or {}), dict(annotations or {})
+        self.patches: list[dict[str, Any]] = []
+
+    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
+        return dict(self.labels), dict(self.annotations)
+
+    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
+                annotations: dict[str, str | None] | None = None) -> None:
+        self.patches.append({"labels": labels, "annotations": annotations})
+        for target, patch in ((self.labels, labels), (self.annotations, annotations or {})):
+            for key, value in patch.items():
+                if value is None:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
+
+
+def test_a_gpu_host_gets_nfds_pci_kernel_and_os_labels(build_host) -> None:  # type: ignore[no-untyped-def]
+    labels, skipped = discovered(build_host("ubuntu-apt-driver").fs)
+    assert labels == {PCI: "true", KERNEL_FULL: "6.8.0-48-generic", OS_ID: "ubuntu", OS_VERSION_ID: "24.04",
+                      OS_VERSION_MAJOR: "24", f"{OS_VERSION_ID}.minor": "04"}
+    assert skipped == []
+
+
+def test_gpus_on_vfio_count_and_a_cpu_host_has_no_pci_label(build_host) -> None:  # type: ignore[no-untyped-def]
+    assert discovered(build_host("h100-vfio").fs)[0][PCI] == "true"
+    cpu, _ = discovered(build_host("cpu-only").fs)
+    assert PCI not in cpu and cpu[KERNEL_FULL] == "5.15.0-119-generic"
+
+
+def test_a_value_kubernetes_refuses_is_left_out_with_the_reason(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("cpu-only", kernel="6.8.0+custom build")
+    labels, skipped = discovered(host.fs)
+    assert KERNEL_FULL not in labels
+    assert skipped and skipped[0].startswith(f"{KERNEL_FULL}='6.8.0+custom build': not a valid label value")
+
+
+def test_only_labels_the_agent_wrote_are_removed() -> None:
+    # NFD (or a person) set the PCI label; this host no longer shows a GPU: we leave it alone
+    patch, owned = changes({KERNEL_FULL: "6.8"}, {PCI: "true", KERNEL_FULL: "6.8"}, [KERNEL_FULL])
+    assert patch == {} and owned == [KERNEL_FULL]
+    # the agent wrote it before: now it goes
+    patch, owned = changes({KERNEL_FULL: "6.8"}, {PCI: "true", KERNEL_FULL: "6.8"}, [PCI, KERNEL_FULL])
+    assert patch == {PCI: None} and owned == [KERNEL_FULL]
+
+
+def test_publish_writes_once_records_ownership_and_then_stays_quiet(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    node = MemoryNode(labels={"kubernetes.io/hostname": "gpu-1"})
+    patch, _ = publish_once(host.fs, node)
+    assert patch[PCI] == "true" and node.labels[PCI] == "true"
+    assert set(json.loads(node.annotations[OWNED_ANNOTATION])) == {k for k in node.labels if k.startswith("feature.")}
+    assert publish_once(host.fs, node)[0] == {} and len(node.patches) == 1  # nothing changed: no write
