@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -33,6 +32,7 @@ from gpu_operator.controllers.leader import log_pass_failure
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
+from gpu_operator.controllers.passloop import PassLoop
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController
@@ -278,86 +278,32 @@ class Operator:
 
     # -- the loops --------------------------------------------------------------------------------
 
-    async def policy_loop(self) -> None:
-        await self.loops.ready()
-        coalesce = self.settings.coalesce
-        requeue: float | None = None
-        pause = coalesce
-        failures = 0
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.loops.policy_kick.wait(), timeout=requeue)
-            await asyncio.sleep(pause)
-            self.loops.policy_kick.clear()
-            started = time.monotonic()
-            try:
-                report = await self.reconciler.reconcile(self.snapshot())
-            except Exception:  # keep serving: the next kick or the backoff retries
-                failures += 1
-                requeue = self.settings.reconcile_backoff.delay(failures)
-                log_pass_failure(log, "ClusterPolicy reconcile failed", failures, requeue)
-                metrics.record_error()
-                continue
-            failures = 0
+    def pass_loops(self) -> dict[str, PassLoop]:
+        """The level-based controllers, each one PassLoop (controllers/passloop.py)."""
+        async def policy_pass() -> float | None:
+            report = await self.reconciler.reconcile(self.snapshot())
             metrics.record_reconcile(report)
-            requeue = report.requeue
-            # While thousands of nodes are being labelled, every patch comes back as a node
-            # event; a full reconcile per event would starve the labeller on the same loop.
-            # So the next reconcile waits at least twice as long as this one took.
-            pause = max(coalesce, 2 * (time.monotonic() - started))
+            return report.requeue
 
-    async def driver_loop(self) -> None:
-        """NVIDIADrivers: one level-based reconcile of all of them (routing needs them all)."""
-        await self.loops.ready()
-        requeue: float | None = None
-        failures = 0
-        pause = self.settings.coalesce
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.loops.driver_kick.wait(), timeout=requeue)
-            await asyncio.sleep(pause)
-            self.loops.driver_kick.clear()
-            if not self.driver_views():
-                requeue = None  # no NVIDIADriver: nothing to snapshot (node bursts cost nothing here)
-                continue
-            started = time.monotonic()
-            try:
-                report = await self.drivers.reconcile(self.driver_snapshot())
-            except Exception:  # keep serving: the next kick or the backoff retries
-                failures += 1
-                requeue = self.settings.reconcile_backoff.delay(failures)
-                log_pass_failure(log, "NVIDIADriver reconcile failed", failures, requeue)
-                metrics.record_error()
-                continue
-            failures = 0
-            requeue = report.requeue
-            pause = max(self.settings.coalesce, 2 * (time.monotonic() - started))  # as the ClusterPolicy loop
+        async def driver_pass() -> float | None:
+            # NVIDIADrivers: one level-based reconcile of all of them (routing needs them all)
+            return (await self.drivers.reconcile(self.driver_snapshot())).requeue
 
-    async def upgrade_loop(self) -> None:
-        """Driver upgrades (controllers/upgrade.py): one pass runs the state machine for the
-        ClusterPolicy, or for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py)."""
-        await self.loops.ready()
-        requeue: float | None = None
-        failures = 0
-        pause = self.settings.coalesce
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.loops.upgrade_kick.wait(), timeout=requeue)
-            await asyncio.sleep(pause)
-            self.loops.upgrade_kick.clear()
-            started = time.monotonic()
+        async def upgrade_pass() -> float | None:
+            # Driver upgrades (controllers/upgrade.py): the state machine for the ClusterPolicy, or
+            # for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py).
             owners = upgrade_owners(active_policy(self.policy_views()), self.driver_views(), self.node_views())
-            try:
-                requeue = await self.upgrades.reconcile(owners)
-            except Exception:  # keep serving: the next kick or the backoff retries
-                failures += 1
-                requeue = self.settings.reconcile_backoff.delay(failures)
-                log_pass_failure(log, "driver upgrade pass failed", failures, requeue)
-                continue
-            failures = 0
-            # Node events come in bursts (labelling a thousand nodes): a pass that lists the
-            # cluster is not repeated sooner than twice its own duration.
-            pause = max(self.settings.coalesce, 2 * (time.monotonic() - started))
+            return await self.upgrades.reconcile(owners)
+
+        settings = self.settings
+        return {
+            "clusterpolicy": PassLoop("ClusterPolicy reconcile", self.loops.policy_kick, policy_pass, settings,
+                                      on_error=lambda _err: metrics.record_error()),
+            # no NVIDIADriver: nothing to snapshot (node bursts cost nothing here)
+            "nvidiadriver": PassLoop("NVIDIADriver reconcile", self.loops.driver_kick, driver_pass, settings,
+                                     idle=lambda: not self.driver_views()),
+            "upgrade": PassLoop("driver upgrade pass", self.loops.upgrade_kick, upgrade_pass, settings),
+        }
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
@@ -474,10 +420,9 @@ class Operator:
         kopf_ready = asyncio.Event()
         self.tasks = [asyncio.create_task(self.node_reflector(stop), name="node-reflector"),
                       asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),
-                      asyncio.create_task(self.policy_loop(), name="clusterpolicy"),
-                      asyncio.create_task(self.driver_loop(), name="nvidiadriver"),
                       asyncio.create_task(self.label_loop(), name="node-labelling"),
-                      asyncio.create_task(self.upgrade_loop(), name="driver-upgrades")]
+                      *(asyncio.create_task(loop.run(self.loops.ready), name=name)
+                        for name, loop in self.pass_loops().items())]
         try:
             # Namespaced kinds are watched in the operator's namespace only (least privilege:
             # the chart grants no cluster-wide reads of ConfigMaps or Secrets); cluster-scoped
