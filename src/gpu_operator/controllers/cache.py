@@ -6,8 +6,12 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
+import pydantic
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import nodelabels
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.vocabulary import (
@@ -26,6 +30,7 @@ UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 # What the node labeller and the KubeVirt sync read: the upgrade switch, a mixed node's passthrough
 # list, the probe's published GPU facts.
 KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION)
+M = TypeVar("M", bound=pydantic.BaseModel)
 
 
 def kept_annotation(key: str) -> bool:
@@ -133,6 +138,41 @@ class PolicyView:
     @property
     def status(self) -> dict[str, Any]:
         return dict(self.body.get("status") or {})
+
+    # The body parsed by the api models once per object version (a view is replaced, not changed,
+    # when its object changes), shared by every loop that reads it.
+
+    @functools.cached_property
+    def as_policy(self) -> Parsed[ClusterPolicy]:
+        """This view's body as a ClusterPolicy, or the model's refusal."""
+        return Parsed.of(ClusterPolicy, self.body)
+
+    @functools.cached_property
+    def as_driver(self) -> Parsed[NVIDIADriver]:
+        """This view's body as an NVIDIADriver, or the model's refusal."""
+        return Parsed.of(NVIDIADriver, self.body)
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[M]):
+    """A body validated by an api model: the model, or the ValidationError that names the field."""
+
+    model: M | None
+    error: pydantic.ValidationError | None = None
+
+    @classmethod
+    def of(cls, model: type[M], body: Any) -> Parsed[M]:
+        try:
+            return cls(model.model_validate(body))
+        except pydantic.ValidationError as err:
+            return cls(None, err)
+
+    def valid(self) -> M:
+        """The model; raises the stored ValidationError for a body the model refused."""
+        if self.error is not None:
+            raise self.error
+        assert self.model is not None
+        return self.model
 
 
 @dataclass(frozen=True)

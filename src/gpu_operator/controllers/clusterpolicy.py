@@ -117,7 +117,7 @@ class ClusterPolicyReconciler:
                     other.name, {"state": vocab.IGNORED, "namespace": snap.namespace})
 
         try:
-            policy = ClusterPolicy.model_validate(active.body)
+            policy = active.as_policy.valid()  # parsed once per version (controllers/cache.py)
             facts = ClusterFacts.of(
                 [n.facts for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=operator_env(os.environ),

@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator import vocabulary as vocab
@@ -79,10 +78,11 @@ def parse(views: Iterable[PolicyView]) -> tuple[dict[str, NVIDIADriver], dict[st
     for view in views:
         if view.body.get("metadata", {}).get("deletionTimestamp"):
             continue
-        try:
-            valid[view.name] = NVIDIADriver.model_validate(view.body)
-        except pydantic.ValidationError as err:
-            errors[view.name] = validation_message(err, f"NVIDIADriver {view.name}")
+        parsed = view.as_driver
+        if parsed.error is not None:
+            errors[view.name] = validation_message(parsed.error, f"NVIDIADriver {view.name}")
+        else:
+            valid[view.name] = parsed.valid()
     return valid, errors
 
 
@@ -162,17 +162,19 @@ class NVIDIADriverReconciler:
         for name, message in invalid.items():
             await self._status(views[name], snap, st.Outcome.failed(message))
         active = active_policy(snap.policies)
-        if active is None or not (active.body.get("spec") or {}).get("driver", {}).get("useNvidiaDriverCRD"):
+        policy = active.as_policy.model if active is not None else None
+        if active is not None and policy is None:
+            # the ClusterPolicy reports its own error (naming the field); its drivers stay as they
+            # are until it is valid again: a typo in the policy must not remove driver pools
+            return out
+        if policy is None or not policy.spec.driver.useNvidiaDriverCRD:
             for name in drivers:
                 await self._disabled(views[name], snap, active)
             return out
         routing = routing_of(drivers.values(), snap.nodes)
         await self._conflict_events(routing, out)
         owners = effective_owners(routing, snap.nodes)
-        try:
-            base = ClusterPolicy.model_validate(active.body)
-        except pydantic.ValidationError:
-            base = None  # the ClusterPolicy reports its own error; drivers render on defaults
+        base = policy
         facts = ClusterFacts.of([n.facts for n in snap.nodes], namespace=snap.namespace,
                                 k8s_version=snap.k8s_version, operator_env=operator_env(os.environ))
         for name, nvd in sorted(drivers.items()):

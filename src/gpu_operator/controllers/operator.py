@@ -327,7 +327,8 @@ class Operator:
                 continue  # no ClusterPolicy: nodes are left alone
             if self._label_source is not active:  # validated once per ClusterPolicy version
                 self._label_source = active
-                self._label_spec_policy = LabelPolicy.from_spec(active.body.get("spec") or {})
+                model = active.as_policy.model  # parsed once per version (controllers/cache.py)
+                self._label_spec_policy = LabelPolicy.of(model.spec) if model is not None else None
             policy = self._label_spec_policy or self.label_policy
             if policy is None:
                 continue  # a spec the api model rejects and no earlier one: nodes are left alone

@@ -9,9 +9,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pydantic
-
-from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView, PolicyView
 from gpu_operator.controllers.nvidiadriver import parse, upgrade_groups
@@ -42,19 +39,12 @@ def owner_of(body: Mapping[str, Any], policy: us.Policy) -> Owner:
     return Owner(meta.get("name", ""), policy, paused, meta.get("uid", ""))
 
 
-def _spec(body: Mapping[str, Any]) -> ClusterPolicySpec | None:
-    try:
-        return ClusterPolicySpec.model_validate(body.get("spec") or {})
-    except pydantic.ValidationError:
-        return None
-
-
-def clusterpolicy_owner(body: Mapping[str, Any]) -> Owner | None:
+def clusterpolicy_owner(view: PolicyView) -> Owner | None:
     """The ClusterPolicy as the owner of its driver pods, its upgradePolicy read through the api
     model (ClusterPolicySpec.driver_upgrade_policy: off with the driver disabled or sandbox
-    workloads on); None when the model rejects the spec (its status names the field)."""
-    spec = _spec(body)
-    return None if spec is None else owner_of(body, us.Policy.of(spec.driver_upgrade_policy()))
+    workloads on); None when the model rejects it (its status names the field)."""
+    model = view.as_policy.model
+    return None if model is None else owner_of(view.body, us.Policy.of(model.spec.driver_upgrade_policy()))
 
 
 def nvidiadriver_owners(drivers: Iterable[PolicyView], nodes: Iterable[NodeView]) -> list[Owner]:
@@ -72,9 +62,10 @@ def nvidiadriver_owners(drivers: Iterable[PolicyView], nodes: Iterable[NodeView]
 def upgrade_owners(active: PolicyView | None, drivers: Iterable[PolicyView], nodes: Iterable[NodeView]) -> list[Owner]:
     """The owners one upgrade pass runs for: none without a ClusterPolicy (or with one the api
     model rejects), the ClusterPolicy, or with `driver.useNvidiaDriverCRD` every NVIDIADriver."""
-    spec = _spec(active.body) if active is not None else None
-    if active is None or spec is None:
+    model = active.as_policy.model if active is not None else None
+    if active is None or model is None:
         return []
-    if spec.driver.useNvidiaDriverCRD:
+    if model.spec.driver.useNvidiaDriverCRD:
         return nvidiadriver_owners(drivers, nodes)
-    return [owner_of(active.body, us.Policy.of(spec.driver_upgrade_policy()))]
+    owner = clusterpolicy_owner(active)
+    return [owner] if owner is not None else []

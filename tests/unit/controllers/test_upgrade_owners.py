@@ -8,6 +8,8 @@ import asyncio
 from typing import Any
 
 import httpx2
+import pydantic
+import pytest
 from prometheus_client import REGISTRY
 
 from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
@@ -51,13 +53,13 @@ def node(name: str, owner: str | None = None, state: str | None = None) -> NodeV
 def test_clusterpolicy_owner() -> None:
     body: dict[str, Any] = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
                             "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
-    owner = clusterpolicy_owner(body)
+    owner = clusterpolicy_owner(PolicyView.of(body))
     assert owner is not None and owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
     assert owner.nodes is None  # every node
-    sandbox = clusterpolicy_owner({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}})
+    sandbox = clusterpolicy_owner(PolicyView.of({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}}))
     assert sandbox is not None and not sandbox.policy.auto_upgrade
     # A spec the api model rejects owns nothing (its status names the field).
-    assert clusterpolicy_owner({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}}) is None
+    assert clusterpolicy_owner(PolicyView.of({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}})) is None
 
 
 def test_without_the_crd_the_clusterpolicy_owns_every_node() -> None:
@@ -204,3 +206,15 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
     gauges = {name: REGISTRY.get_sample_value(f"gpu_operator_nodes_upgrades_{name}")
               for name in ("pending", "in_progress", "done", "available")}
     assert gauges == {"pending": 2, "in_progress": 0, "done": 0, "available": 0}  # pool-a's (its slot taken by a1)
+
+
+def test_a_policy_view_is_parsed_once_and_keeps_the_models_refusal() -> None:
+    good = policy_view("ClusterPolicy", "cp", {"driver": {"useNvidiaDriverCRD": True}})
+    assert good.as_policy is good.as_policy  # one parse per object version, shared by the loops
+    assert good.as_policy.valid().spec.driver.useNvidiaDriverCRD is True
+    bad = policy_view("ClusterPolicy", "cp", {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}})
+    assert bad.as_policy.model is None and bad.as_policy.error is not None
+    assert "maxParallelUpgrades" in str(bad.as_policy.error)
+    with pytest.raises(pydantic.ValidationError):
+        bad.as_policy.valid()
+    assert upgrade_owners(bad, [], []) == []
