@@ -144,10 +144,12 @@ def test_the_kubelet_advertises_the_plugins_gpus_and_a_pod_asking_for_one_gets_e
     node = control_plane.request("GET", f"/api/v1/nodes/{REAL_NODE}")
     assert node["status"]["capacity"]["nvidia.com/gpu"] == "2"
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "2"
-    # written by the kubelet from the device plugin's registration, not by anyone's patch
-    owners = [m["manager"] for m in node["metadata"]["managedFields"]
+    # written by the kubelet from the device plugin's registration, not by anyone's patch: the
+    # only manager of the field is the kubelet's status update (our multicall binary's user agent
+    # is its name, `kube`, run as `kube kubelet`)
+    owners = [(m["manager"], m["operation"], m.get("subresource")) for m in node["metadata"]["managedFields"]
               if "f:nvidia.com/gpu" in json.dumps(m.get("fieldsV1", {}))]
-    assert owners == ["kubelet"], owners
+    assert owners == [("kube", "Update", "status")], owners
 
     _pod(control_plane, namespace, "one-gpu", {"main": None}, gpus=1)
     state = _statuses(control_plane, namespace, "one-gpu")["main"]

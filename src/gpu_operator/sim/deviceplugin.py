@@ -171,9 +171,13 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
     kubelet_socket = plugin_dir / dpapi.KUBELET_SOCKET
     server: grpc.Server | None = None
     registered: tuple[int | None, int | None] = (None, None)
+    waiting_said = False
     while not plugin.stopping.is_set():
         ours = plugin_dir / SOCKET
         state = (_inode(kubelet_socket), _inode(ours))
+        if state[0] is None and not waiting_said:
+            log(f"device plugin: waiting for the kubelet's socket {kubelet_socket}")
+            waiting_said = True
         if state[0] is not None and (state != registered or server is None):
             if server is not None:
                 server.stop(grace=None)
@@ -189,6 +193,7 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
                 time.sleep(POLL_SECONDS)
                 continue
             registered = (_inode(kubelet_socket), _inode(ours))
+            waiting_said = False
             log(f"device plugin: {RESOURCE} registered ({len(plugin.gpus())} GPUs, strategy {plugin.strategy})")
         plugin.stopping.wait(POLL_SECONDS)
     if server is not None:

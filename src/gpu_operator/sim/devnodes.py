@@ -35,6 +35,7 @@ def make_char(path: Path, major: int, minor: int) -> None:
         path.unlink()
     try:
         os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.chmod(path, 0o666)  # crw-rw-rw- as the driver makes them, whatever the umask
     except PermissionError:
         path.write_text(f"{_STAND_IN}{major}:{minor}\n")
 

@@ -34,6 +34,8 @@ PAUSE_IMAGE = "localhost/gpu-operator-sim/pause:1"
 CGROUP_PARENT = "gpu-operator-sim"
 CGROUP_FS = Path("/sys/fs/cgroup")
 CRI_NAMESPACE = "k8s.io"
+# The kubelet's device-plugin directory (fixed in the kubelet, not under --root-dir).
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
 class RealNodeError(RuntimeError):
@@ -222,7 +224,11 @@ class RealNode:
     def __post_init__(self) -> None:
         self.base_dir = Path(self.base_dir).absolute()
         (self.base_dir / "kubelet").mkdir(parents=True, exist_ok=True)
-        binds: dict[str, Path] = {self.kubelet_root: self.base_dir / "kubelet"}
+        binds: dict[str, Path] = {self.kubelet_root: self.base_dir / "kubelet",
+                                  # the kubelet's device-plugin directory is fixed (not under --root-dir):
+                                  # the node's own, so its sockets never land in this machine's /var/lib
+                                  DEVICE_PLUGIN_DIR: self.base_dir / "device-plugins"}
+        (self.base_dir / "device-plugins").mkdir(parents=True, exist_ok=True)
         roots = [Path(r).absolute() for r in ((self.host_root,) if self.host_root else ()) + self.other_host_roots]
         for root in roots:
             # A mount point, as /run is on a host: the validator's read-only /host (rootFS) then
@@ -325,7 +331,7 @@ class RealNode:
         if self.device_plugin and count:
             self._spawn("device-plugin", [*self.sandbox.enter(), sys.executable, "-m", "gpu_operator.sim.deviceplugin",
                                           f"--host-root={self.host_root}", f"--strategy={self.device_plugin}",
-                                          f"--plugin-dir={self.kubelet_root}/device-plugins"])
+                                          f"--plugin-dir={DEVICE_PLUGIN_DIR}"])
             self.wait_allocatable(deviceplugin.RESOURCE, str(count), timeout)
 
     def wait_allocatable(self, resource: str, value: str, timeout: float) -> None:

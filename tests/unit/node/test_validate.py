@@ -232,6 +232,22 @@ def test_dev_char_symlinks_for_nvidia_character_devices(build_host) -> None:  # 
     assert create_dev_char_symlinks(host.fs, stat_fn) == []  # idempotent
 
 
+def test_dev_char_symlinks_go_into_the_pods_dev_char_mount_not_the_read_only_host_root(  # type: ignore[no-untyped-def]
+        build_host, tmp_path) -> None:
+    """In the validator pod /host is read-only; the host's /dev/char is mounted at /host-dev-char."""
+    import os
+
+    from gpu_operator.node.validate.host import create_dev_char_symlinks
+
+    host = build_host("ubuntu-apt-driver")
+    mounted = tmp_path / "host-dev-char"
+    mounted.mkdir()
+    made = create_dev_char_symlinks(host.fs, link_dir=mounted)
+    assert "/dev/char/195:255" in made and os.readlink(mounted / "195:255") == "../nvidiactl"
+    assert not host.fs.exists("/dev/char")  # nothing written through the host root
+    assert create_dev_char_symlinks(host.fs, link_dir=mounted) == []  # idempotent
+
+
 # fixture -> (driver outcome, words its message must hold; vfio-pci outcome on a vm-passthrough node)
 EVERY_FIXTURE = {
     "cpu-only": (Outcome.FAILED, "no NVIDIA GPU", Outcome.FAILED),

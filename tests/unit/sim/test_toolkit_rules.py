@@ -56,7 +56,8 @@ def test_the_tree_has_the_devices_a_loaded_driver_creates(host: Path) -> None:
                       "/dev/nvidia-modeset": (195, 254)}.items():
         assert devnodes.char_device(host / path.lstrip("/")) == ids, path
     if os.geteuid() == 0:  # root may mknod: real character devices, not the stand-in
-        assert stat.S_ISCHR((host / "dev/nvidia0").stat().st_mode)
+        mode = (host / "dev/nvidia0").stat().st_mode
+        assert stat.S_ISCHR(mode) and stat.S_IMODE(mode) == 0o666  # any user may open it, as on a host
     found = gpus(host)
     assert [(g.index, g.minor) for g in found] == [(0, 0), (1, 1)]
     assert all(g.uuid.startswith("GPU-") for g in found) and found[0].uuid != found[1].uuid

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 from gpu_operator.node import pci
 from gpu_operator.node.driver import SMI_SEARCH_DIRS, DriverInfo, DriverSource, detect_driver, module_names
@@ -45,8 +46,14 @@ def _run_smi(ctx: Context, info: DriverInfo) -> str | None:
     return None if result.ok else result.summary()
 
 
-def create_dev_char_symlinks(fs: HostFS, stat_fn=os.stat) -> list[str]:  # type: ignore[no-untyped-def]
-    """/dev/char/<major>:<minor> -> ../nvidiaX for NVIDIA device nodes (systemd-less hosts lack them)."""
+# The host's /dev/char as the validator pod mounts it (read-write; its /host is read-only).
+DEV_CHAR_MOUNT = Path("/host-dev-char")
+
+
+def create_dev_char_symlinks(fs: HostFS, stat_fn=os.stat, link_dir: Path | None = None) -> list[str]:  # type: ignore[no-untyped-def]
+    """/dev/char/<major>:<minor> -> ../nvidiaX for NVIDIA device nodes (systemd-less hosts lack them).
+    The nodes are read in the host root's /dev; the links go into `link_dir` (the pod's mount of
+    the host's /dev/char), else into the host root's /dev/char (run on the host)."""
     made = []
     for name in fs.listdir("/dev"):
         if not name.startswith("nvidia"):
@@ -54,10 +61,17 @@ def create_dev_char_symlinks(fs: HostFS, stat_fn=os.stat) -> list[str]:  # type:
         st = stat_fn(fs.resolve(f"/dev/{name}"))
         if not stat.S_ISCHR(st.st_mode):
             continue
-        link = f"/dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-        if fs.readlink(link) != f"../{name}":
-            fs.symlink(link, f"../{name}")
-            made.append(link)
+        key = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+        target = f"../{name}"
+        if link_dir is not None:
+            link = link_dir / key
+            if not link.is_symlink() or os.readlink(link) != target:
+                link.unlink(missing_ok=True)
+                link.symlink_to(target)
+                made.append(f"/dev/char/{key}")
+        elif fs.readlink(f"/dev/char/{key}") != target:
+            fs.symlink(f"/dev/char/{key}", target)
+            made.append(f"/dev/char/{key}")
     return made
 
 
@@ -132,7 +146,7 @@ def validate_driver(ctx: Context) -> Result:
     for component in extras:
         _wait_module(ctx, component, "driver")
     if not ctx.config.disable_dev_char_symlinks:
-        create_dev_char_symlinks(ctx.fs)
+        create_dev_char_symlinks(ctx.fs, link_dir=DEV_CHAR_MOUNT if DEV_CHAR_MOUNT.is_dir() else None)
     path = status.write(STATUS_FILES["driver"], driver_ready_values(info, ctx.fs))
     source = f"host ({info.flavor})" if info.source == DriverSource.HOST else "operator"
     return Result(
