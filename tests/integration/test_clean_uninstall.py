@@ -40,15 +40,21 @@ NAMESPACE = "gpu-operator-uninstall"
 Marks = dict[str, Any]
 
 
+CONDITION_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
 def marks(kube: Client) -> dict[str, Marks]:
-    """Per node: its nvidia.com/ labels and annotations, and every taint (other keys come and go
-    with the control plane's own controllers, e.g. the beta.kubernetes.io labels)."""
+    """Per node: its nvidia.com/ labels and annotations, whether it is cordoned, and its taints
+    except the node lifecycle controller's condition taints (not-ready, unreachable: they follow
+    the node's Ready condition, and a kwok node just made Ready still carries not-ready for a
+    moment); other keys come and go with the control plane's own controllers too."""
     def ours(found: dict[str, str] | None) -> dict[str, str]:
         return {k: v for k, v in (found or {}).items() if k.startswith(f"{NVIDIA}/")}
     return {str(n.metadata.name): {
         "labels": ours(n.metadata.labels),
         "annotations": ours(n.metadata.annotations),
-        "taints": sorted((t.key, t.value, t.effect) for t in (n.spec.taints or [])),
+        "unschedulable": bool(n.spec.unschedulable),
+        "taints": sorted((t.key, t.value, t.effect) for t in (n.spec.taints or []) if t.key not in CONDITION_TAINTS),
     } for n in kube.list(Node)}
 
 
@@ -63,8 +69,9 @@ def differences(before: dict[str, Marks], now: dict[str, Marks]) -> list[str]:
             removed = sorted(set(was[part]) - set(is_[part]))
             if added or removed:
                 out.append(f"{node} {part}: +{added} -{removed}")
-        if was["taints"] != is_["taints"]:
-            out.append(f"{node} taints: {was['taints']} -> {is_['taints']}")
+        for part in ("taints", "unschedulable"):
+            if was[part] != is_[part]:
+                out.append(f"{node} {part}: {was[part]} -> {is_[part]}")
     return out
 
 
