@@ -81,7 +81,7 @@ def test_operator_ready_with_our_operands_really_running_on_the_real_node(
     assert "CUDA workload pod succeeded" in "\n".join(api_log(control_plane, ns, name, "cuda-validation"))
     (workload,) = _pods(kube, ns, "nvidia-cuda-validator")
     assert workload["status"]["phase"] == "Succeeded", workload["status"]
-    sample = "\n".join(api_log(control_plane, ns, workload["metadata"]["name"], "cuda-validator-workload"))
+    sample = "\n".join(api_log(control_plane, ns, workload["metadata"]["name"], "cuda-validation"))
     assert "Test PASSED (stand-in: GPUs /dev/nvidia0, /dev/nvidia1)" in sample, sample
 
     # The node-status exporter's /metrics, scraped from its pod on the node's pod network.

@@ -82,7 +82,8 @@ class KubeNodeView:
         ]
 
     def validator_pod_template(self) -> dict[str, Any]:
-        """What the workload pods take from the validator pod: its tolerations, and as owner the
+        """What the workload pods take from the validator pod: its tolerations and ServiceAccount
+        (where the platform grants privileged pods, e.g. OpenShift's SCC), and as owner the
         ClusterPolicy that owns the validator's DaemonSet (as NVIDIA's validator does). Never the
         DaemonSet itself: its controller orphans pods it does not select, and owning them with
         blockOwnerDeletion would need daemonsets/finalizers where owner permission is enforced."""
@@ -100,7 +101,9 @@ class KubeNodeView:
             owners += [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["name"], "uid": o["uid"],
                         "controller": True, "blockOwnerDeletion": True}
                        for o in ds.get("metadata", {}).get("ownerReferences") or [] if o.get("kind") == "ClusterPolicy"]
-        return {"ownerReferences": owners[:1], "tolerations": pod.get("spec", {}).get("tolerations") or []}
+        spec = pod.get("spec", {})
+        return {"ownerReferences": owners[:1], "tolerations": spec.get("tolerations") or [],
+                "serviceAccountName": spec.get("serviceAccountName") or ""}
 
     def run_pod(self, manifest: dict[str, Any], timeout: float) -> PodOutcome:
         """Delete earlier pods of the same app on this node, create this one, wait for it to end."""

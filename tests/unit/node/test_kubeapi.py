@@ -37,7 +37,7 @@ class StandInClient:
                  "controller": True, "blockOwnerDeletion": True}]}})
         phase = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
         return Obj({"metadata": {"name": name, "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-operator-validator"}]},
-                    "spec": {"tolerations": [{"operator": "Exists"}]},
+                    "spec": {"tolerations": [{"operator": "Exists"}], "serviceAccountName": "nvidia-operator-validator"},
                     "status": {"phase": phase}})
 
     def list(self, res: Any, namespace: str, labels: dict[str, str], fields: dict[str, str]) -> list[Obj]:
@@ -77,7 +77,7 @@ def test_node_facts_and_template(monkeypatch) -> None:  # type: ignore[no-untype
     assert view.validator_pod_template() == {
         "ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
                              "uid": "cp1", "controller": True, "blockOwnerDeletion": True}],
-        "tolerations": [{"operator": "Exists"}]}
+        "tolerations": [{"operator": "Exists"}], "serviceAccountName": "nvidia-operator-validator"}
     assert KubeNodeView("gpu-0", "ns", "", client=StandInClient(["Running"])).validator_pod_template() == {}
 
 

@@ -48,8 +48,8 @@ def test_node_event_body() -> None:
 
 def test_pod_detail_picks_the_telling_reason() -> None:
     pod = {"status": {"phase": "Pending", "initContainerStatuses": [
-        {"name": "cuda-validator-workload", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}}
-    assert pod_detail(pod) == "cuda-validator-workload: ImagePullBackOff not found"
+        {"name": "cuda-validation", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}}
+    assert pod_detail(pod) == "cuda-validation: ImagePullBackOff not found"
 
 
 class FakeNode:

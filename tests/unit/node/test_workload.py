@@ -76,7 +76,7 @@ def test_cuda_runs_the_pod_and_writes_cuda_ready(build_host) -> None:  # type: i
 
 def test_cuda_failure_carries_the_pod_reason(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("ubuntu-apt-driver")
-    view = FakeNodeView(outcome=PodOutcome(False, "Failed", "cuda-validator-workload: Error CUDA driver version is insufficient"))
+    view = FakeNodeView(outcome=PodOutcome(False, "Failed", "cuda-validation: Error CUDA driver version is insufficient"))
     ctx, _ = context(host.fs, ENV, kube=view)
     result = validate(ctx, "cuda")
     assert result.outcome == Outcome.FAILED and "insufficient" in result.message and "gpu-0" in result.message

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tools.operand_facts.compare import policies, render_policy
@@ -102,3 +103,47 @@ def test_every_deliberate_deviation_is_documented() -> None:
 
     patterns = [p for c in contracts().values() for p in c.deliberate] + list(shared_deliberate())
     assert [p for p in patterns if f"`{p}`" not in docs] == []
+
+
+VALIDATOR_TEMPLATE = {"ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
+                                           "uid": "u", "controller": True, "blockOwnerDeletion": True}],
+                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                      "serviceAccountName": "nvidia-operator-validator"}
+
+
+def _workload_pods(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    from gpu_operator.node.validate.workload import CUDA_APP, PLUGIN_APP, workload_pod
+
+    common: dict[str, Any] = {"node_name": "gpu-0", "namespace": "gpu-operator", "image": CUDA_WORKLOAD_IMAGE, "template": template,
+              "runtime_class": "nvidia"}
+    return {CUDA_APP: workload_pod(CUDA_APP, **common),
+            PLUGIN_APP: workload_pod(PLUGIN_APP, gpu_resource="nvidia.com/gpu", **common)}
+
+
+def test_the_validators_workload_pods_keep_their_contract() -> None:
+    """Objects our code creates at run time, checked like the rendered ones."""
+    from tools.operand_facts.workload import check
+
+    contract = contracts()["state-operator-validation"]
+    facts = contract.data["workload_pods"]
+    pods = _workload_pods(VALIDATOR_TEMPLATE)
+    assert set(pods) == set(facts)
+    found = [d for app, pod in pods.items()
+             for d in check(contract.state, app, pod, facts[app], VALIDATOR_TEMPLATE["tolerations"])]
+    assert [str(d) for d in found if not contract.explains(d)] == []
+    assert {d.id for d in found} == {"workload:nvidia-cuda-validator:restartPolicy",
+                                     "workload:nvidia-device-plugin-validator:restartPolicy"}  # the deliberate ones
+
+
+def test_the_workload_check_catches_what_would_break_a_real_node() -> None:
+    from tools.operand_facts.workload import check
+
+    contract = contracts()["state-operator-validation"]
+    pods = _workload_pods({**VALIDATOR_TEMPLATE, "serviceAccountName": ""})
+    cuda = pods["nvidia-cuda-validator"]
+    cuda["spec"]["initContainers"][0]["name"] = "cuda-workload"  # the CDI annotation would miss it
+    cuda["spec"]["initContainers"][0]["env"] = []  # NVIDIA_VISIBLE_DEVICES=void from the image: no GPU
+    ids = {d.id for d in check(contract.state, "nvidia-cuda-validator", cuda,
+                               contract.data["workload_pods"]["nvidia-cuda-validator"], VALIDATOR_TEMPLATE["tolerations"])}
+    assert {"workload:nvidia-cuda-validator:serviceAccount", "workload:nvidia-cuda-validator:init.name",
+            "workload:nvidia-cuda-validator:init.env.NVIDIA_VISIBLE_DEVICES"} <= ids, ids

@@ -10,6 +10,12 @@ from gpu_operator.node.validate.config import STATUS_FILES
 CUDA_APP = "nvidia-cuda-validator"
 PLUGIN_APP = "nvidia-device-plugin-validator"
 DEFAULT_WORKLOAD_COMMAND = ("vectorAdd",)
+# The workload's init container, named as NVIDIA's validator names it: the CUDA pod's CDI
+# annotation addresses it by this name.
+INIT_NAMES = {CUDA_APP: "cuda-validation", PLUGIN_APP: "plugin-validation"}
+# With CDI, the runtime gives the CUDA sample every GPU and the management devices by this
+# annotation (the toolkit's nvidia.cdi.k8s.io/ prefix, per container), as NVIDIA's validator asks.
+CUDA_CDI_ANNOTATION = (f"nvidia.cdi.k8s.io/container.{INIT_NAMES[CUDA_APP]}", "management.nvidia.com/gpu=all")
 
 
 def pick_gpu_resource(allocatable: dict[str, str], override: str = "") -> str | None:
@@ -51,7 +57,7 @@ def workload_pod(
     if not node_name:
         raise ValidationFailed(f"{app}: NODE_NAME is not set; give it from the downward API (spec.nodeName)")
     init: dict[str, Any] = {
-        "name": f"{app.removeprefix('nvidia-')}-workload",
+        "name": INIT_NAMES[app],
         "image": image,
         "command": list(command),
         "securityContext": {"allowPrivilegeEscalation": False},
@@ -63,7 +69,7 @@ def workload_pod(
         "name": app,
         "image": image,
         "command": ["sh", "-c", f"echo {app} workload succeeded"],
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
     }
     if gpu_resource:
         # the device plugin's Allocate answer tells the runtime which GPU to inject
@@ -89,11 +95,15 @@ def workload_pod(
         spec["runtimeClassName"] = runtime_class
     if pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in pull_secrets]
+    if template.get("serviceAccountName"):
+        spec["serviceAccountName"] = template["serviceAccountName"]
     metadata: dict[str, Any] = {
         "generateName": f"{app}-",
         "namespace": namespace,
         "labels": {"app": app, "app.kubernetes.io/part-of": "gpu-operator"},
     }
+    if app == CUDA_APP:
+        metadata["annotations"] = dict([CUDA_CDI_ANNOTATION])
     if template.get("ownerReferences"):
         metadata["ownerReferences"] = template["ownerReferences"]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
