@@ -105,7 +105,7 @@ def test_every_deliberate_deviation_is_documented() -> None:
     assert [p for p in patterns if f"`{p}`" not in docs] == []
 
 
-VALIDATOR_TEMPLATE = {"ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
+VALIDATOR_TEMPLATE: dict[str, Any] = {"ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
                                            "uid": "u", "controller": True, "blockOwnerDeletion": True}],
                       "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                       "serviceAccountName": "nvidia-operator-validator"}
