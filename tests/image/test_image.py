@@ -146,13 +146,19 @@ def test_node_probe_reads_the_mounted_host(containerd: PrivateContainerd, built:
 
 def test_validator_entry_validates_the_driver(containerd: PrivateContainerd, built: Built,
                                               host_root: Path) -> None:
-    # No chroot as a non-root user: nvidia-smi is run from under /host directly.
+    # No chroot as a non-root user: nvidia-smi is run from under /host directly. The host's
+    # /dev/char is mounted read-write at /host-dev-char, as the rendered pod mounts it.
     env = {"COMPONENT": "driver", "NODE_NAME": "gpu-node-1", "GPU_OPERATOR_NO_CHROOT": "1"}
+    dev_char = host_root.parent / "dev-char"
+    dev_char.mkdir()
+    os.chown(dev_char, 65532, 65532)
     result = containerd.run(built.ref, ["nvidia-validator"], env=env,
-                            mounts=[Mount(host_root, "/host", readonly=False)])
+                            mounts=[Mount(host_root, "/host", readonly=False), Mount(dev_char, "/host-dev-char", readonly=False)])
     assert result.ok, result.describe()
     assert "driver: passed" in result.stdout and "550.127.05" in result.stdout
     assert (host_root / "run/nvidia/validations/driver-ready").is_file()
+    # the links of the tree's device nodes (the fixture's loaded driver made them) went to the mount
+    assert os.readlink(dev_char / "195:255") == "../nvidiactl", sorted(p.name for p in dev_char.iterdir())
     failing = containerd.run(built.ref, ["nvidia-validator"], env={**env, "COMPONENT": "driver"},
                              mounts=[Mount(REPO / "tests" / "fixtures", "/host")])
     assert not failing.ok, failing.describe()

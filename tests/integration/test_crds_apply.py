@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import urllib.error
+from typing import Any
 
 from gpu_operator.sim.controlplane import ControlPlane
 
@@ -16,5 +19,48 @@ def test_crds_apply_twice(control_plane: ControlPlane) -> None:
         assert done.returncode == 0, done.stderr
         assert "applied clusterpolicies.nvidia.com (Established)" in done.stdout
         assert "applied nvidiadrivers.nvidia.com (Established)" in done.stdout
+        assert "applied gpuclusters.nvidia.com (Established)" in done.stdout
     served = control_plane.request("GET", "/apis/nvidia.com/v1")
     assert any(r["name"] == "clusterpolicies" for r in served["resources"])
+
+
+def _create(plane: ControlPlane, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    try:
+        return 201, plane.request("POST", "/apis/nvidia.com/v1alpha1/gpuclusters", body)
+    except urllib.error.HTTPError as err:
+        status: dict[str, Any] = json.loads(err.read() or b"{}")
+        return err.code, status
+
+
+def test_the_apiserver_holds_the_gpucluster_schema(control_plane: ControlPlane) -> None:
+    """Upstream's v26.7.0 rules, enforced at admission: a singleton named gpu-cluster, draDriver
+    required, the image pattern, the healthcheck port range; defaults filled in."""
+    subprocess.run([sys.executable, "-m", "gpu_operator.cli", "crds", "apply",
+                    f"--kubeconfig={control_plane.admin_kubeconfig}"], check=True, capture_output=True, timeout=120)
+
+    def gc(name: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": name}}
+        if spec is not None:
+            body["spec"] = spec
+        return body
+
+    def causes(status: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(c.get("field", ""), c.get("message", "")) for c in status.get("details", {}).get("causes", [])]
+
+    code, status = _create(control_plane, gc("other", {"draDriver": {}}))
+    assert code == 422 and any("singleton" in message for _, message in causes(status)), status
+    code, status = _create(control_plane, gc("gpu-cluster", {}))
+    assert code == 422 and ("spec.draDriver", "Required value") in causes(status), status
+    code, status = _create(control_plane, gc("gpu-cluster", {"draDriver": {"image": "dra/driver"}}))
+    assert code == 422 and [f for f, _ in causes(status)] == ["spec.draDriver.image"], status
+    code, status = _create(control_plane, gc("gpu-cluster", {"draDriver": {"gpus": {"kubeletPlugin": {
+        "healthcheck": {"port": 70000}}}}}))
+    assert code == 422 and [f for f, _ in causes(status)] == ["spec.draDriver.gpus.kubeletPlugin.healthcheck.port"], status
+
+    code, stored = _create(control_plane, gc("gpu-cluster", {"draDriver": {"computeDomains": {}}, "hostPaths": {}}))
+    try:
+        assert code == 201, stored
+        assert stored["spec"]["draDriver"]["computeDomains"]["enabled"] is True
+        assert stored["spec"]["hostPaths"]["kubeletRootDir"] == "/var/lib/kubelet"
+    finally:
+        control_plane.request("DELETE", "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster")

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from gpu_operator.api import clusterpolicy, nvidiadriver
+from gpu_operator.api import clusterpolicy, gpucluster, nvidiadriver
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 
 _DROP = {"title", "additionalProperties", "default"}
@@ -106,7 +106,21 @@ def _crd(
     status_model: type[BaseModel],
     short_names: list[str] | None = None,
     columns: list[dict[str, str]],
+    rules: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
+    root: dict[str, Any] = {
+        "type": "object",
+        "description": f"{kind} is the Schema for the {plural} API.",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": schema_of(spec_model),
+            "status": schema_of(status_model),
+        },
+    }
+    if rules:
+        root["x-kubernetes-validations"] = rules
     names: dict[str, Any] = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
     if short_names:
         names["shortNames"] = short_names
@@ -128,19 +142,7 @@ def _crd(
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": f"{kind} is the Schema for the {plural} API.",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": schema_of(spec_model),
-                                "status": schema_of(status_model),
-                            },
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
@@ -170,6 +172,17 @@ def crds() -> dict[str, dict[str, Any]]:
             status_model=nvidiadriver.NVIDIADriverStatus,
             short_names=nvidiadriver.SHORT_NAMES,
             columns=[status, {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"}, age],
+        ),
+        "nvidia.com_gpuclusters.yaml": _crd(
+            group=gpucluster.GROUP,
+            version=gpucluster.VERSION,
+            kind=gpucluster.KIND,
+            plural=gpucluster.PLURAL,
+            spec_model=gpucluster.GPUClusterSpec,
+            status_model=gpucluster.GPUClusterStatus,
+            short_names=gpucluster.SHORT_NAMES,
+            columns=[status, age],
+            rules=[gpucluster.SINGLETON_RULE],
         ),
     }
 

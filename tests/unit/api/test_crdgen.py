@@ -94,4 +94,29 @@ def test_nvidiadriver_schema_details() -> None:
 
 def test_packaged_crds_load() -> None:
     assert [c["metadata"]["name"] for c in crdgen.load_packaged()] == [
-        "clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"]
+        "clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com"]  # file order
+
+
+def test_gpucluster_schema_details() -> None:
+    """Upstream's v26.7.0 GPUCluster CRD: singleton by a CEL rule on the object, draDriver required,
+    the image pattern, defaults, the healthcheck port range, a required status state."""
+    crd = crdgen.crds()["nvidia.com_gpuclusters.yaml"]
+    assert crd["spec"]["names"]["shortNames"] == ["gc"] and crd["spec"]["scope"] == "Cluster"
+    version = crd["spec"]["versions"][0]
+    assert (version["name"], version["subresources"]) == ("v1alpha1", {"status": {}})
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Status", "Age"]
+    root = version["schema"]["openAPIV3Schema"]
+    assert root["x-kubernetes-validations"] == [{"rule": "self.metadata.name == 'gpu-cluster'",
+                                                 "message": "GPUCluster is a singleton, metadata.name must be 'gpu-cluster'"}]
+    spec, status = root["properties"]["spec"], root["properties"]["status"]
+    assert spec["required"] == ["draDriver"] and status["required"] == ["state"]
+    assert status["properties"]["state"]["enum"] == ["ready", "notReady", "disabled"]
+    dra = spec["properties"]["draDriver"]["properties"]
+    assert dra["image"]["pattern"] == r"^[a-zA-Z0-9\-]+$"
+    assert dra["featureGates"]["additionalProperties"] == {"type": "boolean"}
+    cd = dra["computeDomains"]["properties"]
+    assert cd["enabled"]["default"] is True
+    check = cd["kubeletPlugin"]["properties"]["healthcheck"]["properties"]
+    assert check["enabled"]["default"] is True and (check["port"]["minimum"], check["port"]["maximum"]) == (1, 65535)
+    assert spec["properties"]["hostPaths"]["properties"]["kubeletRootDir"]["default"] == "/var/lib/kubelet"
+    assert "rootFS" not in spec["properties"]["hostPaths"]["properties"]

@@ -31,6 +31,20 @@ def test_host_driver_passes_and_writes_driver_ready(build_host, name: str) -> No
     )
 
 
+def test_driver_validation_that_cannot_make_the_dev_char_links_fails_with_the_fix(  # type: ignore[no-untyped-def]
+        build_host, tmp_path, monkeypatch) -> None:
+    """A /host-dev-char the validator cannot write (here: a directory where a link must go)."""
+    from gpu_operator.node.validate import host as host_mod
+
+    mounted = tmp_path / "host-dev-char"
+    (mounted / "195:255").mkdir(parents=True)  # no link can replace a directory
+    monkeypatch.setattr(host_mod, "DEV_CHAR_MOUNT", mounted)
+    ctx, _ = context(build_host("ubuntu-apt-driver").fs)
+    result = validate(ctx, "driver")
+    assert result.outcome == Outcome.FAILED
+    assert "cannot create the /dev/char links" in result.message and "DISABLE_DEV_CHAR_SYMLINK_CREATION=true" in result.message
+
+
 def test_operator_driver_passes_and_points_at_the_driver_root(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("operator-driver")
     ctx, _ = context(host.fs)

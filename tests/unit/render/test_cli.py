@@ -61,5 +61,5 @@ def test_crds_print_and_check() -> None:
     out = runner.invoke(app, ["crds", "print"])
     assert out.exit_code == 0
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(out.output) if d]
-    assert names == ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"]
+    assert names == ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com"]
     assert runner.invoke(app, ["crds", "generate", "--check"]).exit_code == 0

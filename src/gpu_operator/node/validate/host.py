@@ -146,7 +146,16 @@ def validate_driver(ctx: Context) -> Result:
     for component in extras:
         _wait_module(ctx, component, "driver")
     if not ctx.config.disable_dev_char_symlinks:
-        create_dev_char_symlinks(ctx.fs, link_dir=DEV_CHAR_MOUNT if DEV_CHAR_MOUNT.is_dir() else None)
+        link_dir = DEV_CHAR_MOUNT if DEV_CHAR_MOUNT.is_dir() else None
+        try:
+            create_dev_char_symlinks(ctx.fs, link_dir=link_dir)
+        except OSError as err:
+            where = link_dir or f"{ctx.fs.root}/dev/char"
+            raise ValidationFailed(
+                f"driver: cannot create the /dev/char links of the NVIDIA device nodes in {where} ({err.strerror}). "
+                f"Likely fix: run the validator as root with the host's /dev/char mounted read-write at "
+                f"{DEV_CHAR_MOUNT} (as the operator renders it), or set DISABLE_DEV_CHAR_SYMLINK_CREATION=true"
+            ) from None
     path = status.write(STATUS_FILES["driver"], driver_ready_values(info, ctx.fs))
     source = f"host ({info.flavor})" if info.source == DriverSource.HOST else "operator"
     return Result(
