@@ -121,6 +121,16 @@ def _status_command(plane: ControlPlane, namespace: str) -> str:
     return done.stdout + done.stderr
 
 
+def _failed_init(kube: Client, namespace: str, container: str) -> str:
+    """The termination message of the validator's init container `container` once it failed, or ""."""
+    for pod in _pods(kube, namespace, VALIDATOR_APP):
+        for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+            last = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if cs["name"] == container and last and last.get("exitCode"):
+                return str(last.get("message", ""))
+    return ""
+
+
 def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_reason(
         control_plane: ControlPlane, kube: Client, real_gpu_node: RealNode,
         start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
@@ -138,16 +148,8 @@ def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_rea
     def context() -> str:
         return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
 
-    def failed_driver_validation() -> str:
-        for pod in _pods(kube, ns, VALIDATOR_APP):
-            for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
-                last = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-                if cs["name"] == "driver-validation" and last and last.get("exitCode"):
-                    return str(last.get("message", ""))
-        return ""
-
-    message = wait_for("the real node's driver validation to fail", failed_driver_validation, timeout=180,
-                       interval=2, context=context)
+    message = wait_for("the real node's driver validation to fail", lambda: _failed_init(kube, ns, "driver-validation"),
+                       timeout=180, interval=2, context=context)
     assert "driver:" in message and ".driver-ctr-ready" in message, message
     assert policy_status(kube).get("state") != "ready"
     # The reason, from the validator's termination message (the table may wrap it: compare unwrapped).
@@ -178,16 +180,8 @@ def test_a_cuda_workload_pod_that_gets_no_gpu_fails_the_validation_naming_what_i
         def context() -> str:
             return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
 
-        def failed_cuda_validation() -> str:
-            for pod in _pods(kube, ns, VALIDATOR_APP):
-                for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
-                    last = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
-                    if cs["name"] == "cuda-validation" and last and last.get("exitCode"):
-                        return str(last.get("message", ""))
-            return ""
-
-        message = wait_for("the real node's CUDA validation to fail", failed_cuda_validation, timeout=240,
-                           interval=2, context=context)
+        message = wait_for("the real node's CUDA validation to fail", lambda: _failed_init(kube, ns, "cuda-validation"),
+                           timeout=240, interval=2, context=context)
         assert "nvidia-cuda-validator pod" in message and "ended Failed" in message, message
         assert "no CUDA-capable device is detected" in message, message
         assert "/dev/nvidiactl is missing" in message and "no GPU device /dev/nvidiaN" in message, message
