@@ -1,11 +1,15 @@
-"""Applies the packaged CRDs (server-side apply) and waits until the apiserver serves them."""
+"""Applies the packaged CRDs (server-side apply) and waits until the apiserver serves them: Established,
+then a list of each served version answers (not 429)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from lightkube import Client
 from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from gpu_operator.api.crdgen import load_packaged
@@ -28,4 +32,25 @@ def apply_crds(client: Client, timeout: float = 60.0) -> list[str]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s: check the apiserver log")
             time.sleep(0.2)
+    for crd in load_packaged():
+        _wait_served(client, crd, deadline, timeout)
     return names
+
+
+def _wait_served(client: Client, crd: dict[str, Any], deadline: float, timeout: float) -> None:
+    """Until a list of the CRD's objects answers: Established comes before the apiserver serves the
+    resource, which answers 429 "storage is (re)initializing" meanwhile (a new or recreated CRD)."""
+    spec = crd["spec"]
+    for version in (v["name"] for v in spec["versions"] if v.get("served")):
+        resource = create_global_resource(spec["group"], version, spec["names"]["kind"], spec["names"]["plural"])
+        while True:
+            try:
+                next(iter(client.list(resource, chunk_size=1)), None)
+                break
+            except ApiError as err:
+                if err.status.code != 429:
+                    raise
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {crd['metadata']['name']} {version} not served after {timeout:.0f}s "
+                                   "(the apiserver answers 429): check the apiserver log")
+            time.sleep(0.2)
