@@ -70,6 +70,8 @@ KERNEL_FULL = f"{NFD}/kernel-version.full"
 # GPU feature discovery's count label (the shapes write it; upstream's GFD publishes it).
 GPU_COUNT = f"{NVIDIA}/gpu.count"
 # NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).
+# A Kubernetes label value (at most 63 characters).
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")
 
 

@@ -40,6 +40,11 @@ def _summary(kube: Client, namespace: str) -> str:
                      for p in pods)
 
 
+def _context(kube: Client, namespace: str, operator: OperatorProcess) -> Callable[[], str]:
+    """What a failed wait shows: the real node's pods and the operator's log tail."""
+    return lambda: f"{_summary(kube, namespace)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+
+
 def _running_with_inits_done(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     inits = status.get("initContainerStatuses") or []
@@ -61,8 +66,7 @@ def test_operator_ready_with_our_operands_really_running_on_the_real_node(
     cluster_policies(policy_spec(real_node.host_root))
     ns = operator_namespace
 
-    def context() -> str:
-        return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+    context = _context(kube, ns, operator)
 
     wait_for("the ClusterPolicy to become ready", lambda: policy_status(kube).get("state"),
              until=lambda s: s == "ready", timeout=300, interval=2, context=context)
@@ -145,8 +149,7 @@ def test_a_host_without_driver_keeps_the_real_node_validation_pending_with_a_rea
     cluster_policies(spec)
     ns = operator_namespace
 
-    def context() -> str:
-        return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+    context = _context(kube, ns, operator)
 
     message = wait_for("the real node's driver validation to fail", lambda: _failed_init(kube, ns, "driver-validation"),
                        timeout=180, interval=2, context=context)
@@ -177,8 +180,7 @@ def test_a_cuda_workload_pod_that_gets_no_gpu_fails_the_validation_naming_what_i
         cluster_policies(spec)
         ns = operator_namespace
 
-        def context() -> str:
-            return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+        context = _context(kube, ns, operator)
 
         message = wait_for("the real node's CUDA validation to fail", lambda: _failed_init(kube, ns, "cuda-validation"),
                            timeout=240, interval=2, context=context)
@@ -216,8 +218,7 @@ def test_the_vfio_manager_daemonset_refuses_a_shared_iommu_group_on_the_real_nod
     cluster_policies(policy_spec(tree, {"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True}}))
     ns = operator_namespace
 
-    def context() -> str:
-        return f"{_summary(kube, ns)}\n--- operator log ---\n{operator.log_text()[-3000:]}"
+    context = _context(kube, ns, operator)
 
     def vfio_state() -> str:
         node = kube.get(Node, REAL_NODE)

@@ -19,11 +19,12 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
+from gpu_operator.vocabulary import LABEL_VALUE_PATTERN  # a Kubernetes fact, shared with the node agents
+
 # -- Kubernetes names and labels (k8s.io/apimachinery/pkg/util/validation) -----------------------
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
-LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 
 
 def dns_subdomain(value: str) -> str:

@@ -18,8 +18,9 @@ from gpu_operator.kube.client import FIELD_MANAGER
 
 def apply_crds(client: Client, timeout: float = 60.0) -> list[str]:
     """Apply every CRD shipped with the package; returns their names once all are Established."""
+    crds = load_packaged()
     names = []
-    for crd in load_packaged():
+    for crd in crds:
         client.apply(from_dict(crd), field_manager=FIELD_MANAGER, force=True)
         names.append(crd["metadata"]["name"])
     deadline = time.monotonic() + timeout
@@ -32,7 +33,7 @@ def apply_crds(client: Client, timeout: float = 60.0) -> list[str]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s: check the apiserver log")
             time.sleep(0.2)
-    for crd in load_packaged():
+    for crd in crds:
         _wait_served(client, crd, deadline, timeout)
     return names
 

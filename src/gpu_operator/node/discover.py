@@ -1,5 +1,5 @@
 """GPU-node discovery without Node Feature Discovery: the NFD labels this operator reads, read from
-the host by our own agent (the chart's `nvfd` DaemonSet when NFD is not installed with it).
+the host by our own agent (the chart's gpu-operator-node-discovery DaemonSet, nfd.enabled).
 
 The labels and their meaning are NFD's (kubernetes-sigs/node-feature-discovery; NVIDIA's chart
 configures its PCI labels by vendor, so a node with an NVIDIA display-class function gets
@@ -28,6 +28,7 @@ from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.options import HostRoot, host_fs
 from gpu_operator.vocabulary import (
     KERNEL_FULL,
+    LABEL_VALUE_PATTERN,
     NFD_GPU_LABELS,
     NVIDIA,
     OS_ID,
@@ -37,7 +38,7 @@ from gpu_operator.vocabulary import (
 
 OWNED_ANNOTATION = f"{NVIDIA}/gpu-operator.discovery.labels"
 COMPONENT = "gpu-operator-node-discovery"
-_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_VALUE = re.compile(LABEL_VALUE_PATTERN)
 
 
 def discovered(fs: HostFS) -> tuple[dict[str, str], list[str]]:
@@ -69,7 +70,9 @@ def changes(labels: dict[str, str], current: dict[str, str], owned: list[str]) -
     """The label patch (set what changed, remove what we wrote and no longer earn) and what we then own."""
     patch: dict[str, str | None] = {k: v for k, v in labels.items() if current.get(k) != v}
     patch.update({k: None for k in owned if k not in labels and k in current})
-    return patch, sorted(labels)
+    # ours: what we write now, and what we wrote before and still earn (a label NFD set to the
+    # same value stays NFD's)
+    return patch, sorted(k for k in labels if k in patch or k in owned)
 
 
 def publish_once(fs: HostFS, node: Any) -> tuple[dict[str, str | None], list[str]]:

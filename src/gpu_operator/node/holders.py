@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from gpu_operator.node.hostfs import HostFS, HostPathError
 
-_MINOR = re.compile(r"Device Minor:\s*(\d+)")
+_FIELD = re.compile(r"^(Device Minor|GPU UUID):\s*(\S+)", re.MULTILINE)
 _PER_GPU = re.compile(r"^/dev/nvidia(\d+)$")
 
 
@@ -21,14 +21,20 @@ class GpuHolder(BaseModel):
     address: str | None = None
 
 
-def device_minors(fs: HostFS) -> dict[int, str]:
-    """/dev/nvidiaN minor number -> PCI address, from the driver's /proc/driver/nvidia/gpus tree."""
-    out: dict[int, str] = {}
+def driver_gpus(fs: HostFS) -> dict[str, dict[str, str]]:
+    """PCI address -> the driver's fields of that GPU (`Device Minor`, `GPU UUID`), from the
+    driver's /proc/driver/nvidia/gpus tree; GPUs without a minor left out."""
+    out: dict[str, dict[str, str]] = {}
     for address in fs.listdir("/proc/driver/nvidia/gpus"):
-        match = _MINOR.search(fs.read_text(f"/proc/driver/nvidia/gpus/{address}/information") or "")
-        if match:
-            out[int(match.group(1))] = address.lower()
+        fields = dict(_FIELD.findall(fs.read_text(f"/proc/driver/nvidia/gpus/{address}/information") or ""))
+        if fields.get("Device Minor", "").isdigit():
+            out[address.lower()] = fields
     return out
+
+
+def device_minors(fs: HostFS) -> dict[int, str]:
+    """/dev/nvidiaN minor number -> PCI address."""
+    return {int(fields["Device Minor"]): address for address, fields in driver_gpus(fs).items()}
 
 
 def open_device_files(fs: HostFS, prefix: str) -> list[tuple[int, str, str]]:

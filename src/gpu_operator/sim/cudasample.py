@@ -20,6 +20,8 @@ import json
 import tarfile
 from pathlib import Path
 
+from gpu_operator.sim import ociarchive
+
 CUDA_SAMPLE_IMAGE = "localhost/gpu-operator-sim/cuda-sample:vectoradd"  # never pulled: imported
 VECTOR_ADD = '''#!/usr/bin/env python3.11
 """vectorAdd stand-in (gpu-operator simulator): passes only with a GPU really given to the container."""
@@ -72,20 +74,10 @@ print("Done")
 '''
 
 
-def _layer(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
-        for target, data in files.items():
-            info = tarfile.TarInfo(target.lstrip("/"))
-            info.size, info.mode = len(data), 0o755
-            layer.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def build(base: Path, out: Path, ref: str = CUDA_SAMPLE_IMAGE) -> Path:
     """A docker-archive at `out`: the image of docker-archive `base` plus a layer with
     /usr/bin/vectorAdd, tagged `ref` (deterministic: same base, same bytes)."""
-    layer = _layer({"/usr/bin/vectorAdd": VECTOR_ADD.encode()})
+    layer = ociarchive.layer({"/usr/bin/vectorAdd": VECTOR_ADD.encode()})
     layer_digest = hashlib.sha256(layer).hexdigest()
     with tarfile.open(base) as src:
         manifest = json.load(src.extractfile("manifest.json"))  # type: ignore[arg-type]

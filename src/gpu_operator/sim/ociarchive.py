@@ -19,11 +19,11 @@ def _blob(tar: tarfile.TarFile, data: bytes) -> dict[str, Any]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def _layer(files: dict[str, Path]) -> bytes:
+def layer(files: dict[str, bytes]) -> bytes:
+    """An image layer (tar) holding `files` (image path -> content), each executable."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
-        for target, source in files.items():
-            data = source.read_bytes()
+        for target, data in files.items():
             info = tarfile.TarInfo(target.lstrip("/"))
             info.size, info.mode = len(data), 0o755
             layer.addfile(info, io.BytesIO(data))
@@ -33,14 +33,14 @@ def _layer(files: dict[str, Path]) -> bytes:
 def write_archive(out: Path, ref: str, files: dict[str, Path], entrypoint: list[str]) -> Path:
     """An OCI archive at `out` whose one image (tagged with `ref`'s tag) holds `files` (image path -> host
     file, executable) and runs `entrypoint`."""
-    layer = _layer(files)
+    layer_bytes = layer({target: source.read_bytes() for target, source in files.items()})
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": entrypoint},
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer_bytes).hexdigest()}"]},
     }).encode()
     with tarfile.open(out, mode="w") as tar:
-        layer_desc = _blob(tar, layer)
+        layer_desc = _blob(tar, layer_bytes)
         config_desc = _blob(tar, config)
         manifest = json.dumps({
             "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",

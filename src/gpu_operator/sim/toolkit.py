@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.node.holders import driver_gpus
+from gpu_operator.node.hostfs import HostFS
 from gpu_operator.sim import cdi, devnodes
 from gpu_operator.sim.edits import Edits, InjectionError
 
@@ -69,14 +71,9 @@ class Gpu:
 
 def gpus(host_root: Path) -> list[Gpu]:
     """The tree's GPUs as NVML numbers them (by PCI address), from the driver's procfs files."""
-    base = host_root / "proc/driver/nvidia/gpus"
-    found = []
-    for info in sorted(base.glob("*/information")) if base.is_dir() else []:
-        fields = dict(line.split(":", 1) for line in info.read_text().splitlines() if ":" in line)
-        fields = {k.strip(): v.strip() for k, v in fields.items()}
-        if fields.get("Device Minor", "").isdigit():
-            found.append((info.parent.name, int(fields["Device Minor"]), fields.get("GPU UUID", "")))
-    return [Gpu(i, minor, uuid, address) for i, (address, minor, uuid) in enumerate(found)]
+    found = sorted(driver_gpus(HostFS(host_root)).items())
+    return [Gpu(i, int(fields["Device Minor"]), fields.get("GPU UUID", ""), address)
+            for i, (address, fields) in enumerate(found)]
 
 
 def _env(config: dict[str, Any]) -> dict[str, str]:

@@ -60,6 +60,9 @@ def test_only_labels_the_agent_wrote_are_removed() -> None:
     # the agent wrote it before: now it goes
     patch, owned = changes({KERNEL_FULL: "6.8"}, {PCI: "true", KERNEL_FULL: "6.8"}, [PCI, KERNEL_FULL])
     assert patch == {PCI: None} and owned == [KERNEL_FULL]
+    # a label NFD already set to the value we would write stays NFD's: never claimed, never removed
+    patch, owned = changes({PCI: "true"}, {PCI: "true"}, [])
+    assert patch == {} and owned == []
 
 
 def test_publish_writes_once_records_ownership_and_then_stays_quiet(build_host) -> None:  # type: ignore[no-untyped-def]
