@@ -61,3 +61,27 @@ def context(fs: HostFS, env: dict[str, str] | None = None, kube: Any = None) -> 
     clock = FakeClock()
     config = ValidatorConfig.from_env(env or {})
     return Context(fs, HostRunner(fs, chroot=False), config, kube=kube, sleep=clock.sleep, clock=clock), clock
+
+
+class RecordedNode:
+    """The Node as the agent sees it: a merge patch changes labels/annotations (None deletes), events pile up."""
+
+    def __init__(self, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
+        self.labels = dict(labels or {})
+        self.annotations = dict(annotations or {})
+        self.events: list[dict[str, str]] = []
+        self.patches = 0
+
+    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
+        return dict(self.labels), dict(self.annotations)
+
+    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
+                annotations: dict[str, str | None] | None = None) -> None:
+        self.patches += 1
+        for target, changes in ((self.labels, labels), (self.annotations, annotations or {})):
+            for key, value in changes.items():
+                if value is None:
+                    target.pop(key, None)
+                else:
+                    target[key] = value
+        self.events += events

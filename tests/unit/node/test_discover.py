@@ -4,33 +4,12 @@ labels the agent wrote are ever removed."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from gpu_operator.node.discover import OWNED_ANNOTATION, changes, discovered, publish_once
 from gpu_operator.vocabulary import KERNEL_FULL, OS_ID, OS_VERSION_ID, OS_VERSION_MAJOR
+from tests.unit.node.nodekit import RecordedNode
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
-
-
-class MemoryNode:
-    """A Node's metadata with merge-patch semantics (null removes), and the patches it received."""
-
-    def __init__(self, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
-        self.labels, self.annotations = dict(labels or {}), dict(annotations or {})
-        self.patches: list[dict[str, Any]] = []
-
-    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
-        return dict(self.labels), dict(self.annotations)
-
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
-                annotations: dict[str, str | None] | None = None) -> None:
-        self.patches.append({"labels": labels, "annotations": annotations})
-        for target, patch in ((self.labels, labels), (self.annotations, annotations or {})):
-            for key, value in patch.items():
-                if value is None:
-                    target.pop(key, None)
-                else:
-                    target[key] = value
 
 
 def test_a_gpu_host_gets_nfds_pci_kernel_and_os_labels(build_host) -> None:  # type: ignore[no-untyped-def]
@@ -67,8 +46,8 @@ def test_only_labels_the_agent_wrote_are_removed() -> None:
 
 def test_publish_writes_once_records_ownership_and_then_stays_quiet(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("ubuntu-apt-driver")
-    node = MemoryNode(labels={"kubernetes.io/hostname": "gpu-1"})
+    node = RecordedNode(labels={"kubernetes.io/hostname": "gpu-1"})
     patch, _ = publish_once(host.fs, node)
     assert patch[PCI] == "true" and node.labels[PCI] == "true"
     assert set(json.loads(node.annotations[OWNED_ANNOTATION])) == {k for k in node.labels if k.startswith("feature.")}
-    assert publish_once(host.fs, node)[0] == {} and len(node.patches) == 1  # nothing changed: no write
+    assert publish_once(host.fs, node)[0] == {} and node.patches == 1  # nothing changed: no write

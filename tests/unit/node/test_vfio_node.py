@@ -14,33 +14,11 @@ from gpu_operator.vocabulary import (
     VFIO_STATE,
     WORKLOAD_CONFIG,
 )
+from tests.unit.node.nodekit import RecordedNode
 
 H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
 VMS, CONTAINERS = H100[:4], H100[4:]
 
-
-class RecordedNode:
-    """The Node as the agent sees it: a merge patch changes labels/annotations (None deletes), events pile up."""
-
-    def __init__(self, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
-        self.labels = dict(labels or {})
-        self.annotations = dict(annotations or {})
-        self.events: list[dict[str, str]] = []
-        self.patches = 0
-
-    def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
-        return dict(self.labels), dict(self.annotations)
-
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
-                annotations: dict[str, str | None] | None = None) -> None:
-        self.patches += 1
-        for target, changes in ((self.labels, labels), (self.annotations, annotations or {})):
-            for key, value in changes.items():
-                if value is None:
-                    target.pop(key, None)
-                else:
-                    target[key] = value
-        self.events += events
 
 
 def drivers(fs: Any) -> dict[str, str | None]:
