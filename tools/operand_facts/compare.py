@@ -46,7 +46,7 @@ EVERYTHING: dict[str, Any] = {
 
 
 def policies() -> dict[str, dict[str, Any]]:
-    out = {p.name: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "examples").glob("*.yaml"))}
+    out = {p.name: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))}
     out["everything-on"] = {"metadata": {"name": "cluster-policy"}, "spec": EVERYTHING}
     return out
 

@@ -18,6 +18,7 @@ from gpu_operator.api.clusterpolicy import DaemonsetsSpec, DCGMExporterSpec, DCG
 from gpu_operator.api.common import (
     Condition,
     EnvVar,
+    ImageFields,
     Model,
     ObjectMeta,
     ResourceRequirements,
@@ -75,13 +76,11 @@ class ComputeDomainsSpec(Model):
     kubeletPlugin: KubeletPluginSpec | None = None
 
 
-class DRADriverSpec(Model):
-    repository: str | None = None
+class DRADriverSpec(ImageFields):
+    """The DRA driver image (repository/image:version, or @version for a sha256: digest), its pull
+    settings, feature gates and the two parts of NVIDIA's DRA driver."""
+
     image: Annotated[str, Field(pattern=r"^[a-zA-Z0-9\-]+$")] | None = None
-    # a version starting with sha256: is a digest (repository/image@sha256:...)
-    version: str | None = None
-    imagePullPolicy: str | None = None
-    imagePullSecrets: list[str] | None = None
     # rendered as the env FEATURE_GATES=K=true,K2=false (keys sorted)
     featureGates: dict[str, bool] | None = None
     gpus: GPUsSpec | None = None

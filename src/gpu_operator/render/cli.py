@@ -19,6 +19,16 @@ def render_command(
                      "one per node pool, instead of the ClusterPolicy's states (--policy then only supplies "
                      "host paths and the validator image)."),
     ] = None,
+    gpucluster: Annotated[
+        Path | None,
+        typer.Option("--gpucluster", exists=True, dir_okay=False,
+                     help="GPUCluster YAML file: render the DRA stack's four states (DRA driver, DCGM, DCGM "
+                     "exporter, DRA validation) instead of a ClusterPolicy's."),
+    ] = None,
+    resource_api: Annotated[
+        str, typer.Option("--resource-api", help="With --gpucluster: the resource.k8s.io version the apiserver "
+                          "serves (v1, v1beta2, v1beta1; none = DRA not served).")
+    ] = "v1",
     nodes: Annotated[
         Path | None,
         typer.Option("--nodes", exists=True, dir_okay=False, help="Node manifests (YAML list or stream)."),
@@ -38,7 +48,7 @@ def render_command(
     ] = True,
 ) -> None:
     """Print every object of every state in apply order (offline: no cluster needed).
-    Needs --policy, --nvidiadriver, or both."""
+    Needs --policy, --nvidiadriver, both, or --gpucluster."""
     from gpu_operator.render.clitext import run_render
 
     code = run_render(
@@ -51,6 +61,8 @@ def render_command(
         k8s_version=k8s_version,
         openshift=openshift,
         as_labelled=as_labelled,
+        gpucluster=gpucluster,
+        resource_api_version=resource_api,
     )
     raise typer.Exit(code)
 

@@ -12,9 +12,11 @@ import yaml
 from pydantic import ValidationError
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.render import RenderError, RenderResult, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+from gpu_operator.render.dra import RESOURCE_API_VERSIONS, DRAFacts, render_gpucluster
 from gpu_operator.render.driverowners import conflict_message, route
 from gpu_operator.render.facts import ClusterFacts, has_nfd_gpu_labels, operator_env
 from gpu_operator.render.nvidiadriver import render_nvidiadriver
@@ -31,6 +33,26 @@ def load_policy(path: Path) -> ClusterPolicy:
     if len(policies) != 1:
         raise InputError(f"{path}: expected exactly one ClusterPolicy document, found {len(policies)}")
     return ClusterPolicy.model_validate(policies[0])
+
+
+def load_gpucluster(path: Path) -> GPUCluster:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "GPUCluster"]
+    if len(found) != 1:
+        raise InputError(f"{path}: expected exactly one GPUCluster document (kind: GPUCluster, apiVersion: "
+                         f"nvidia.com/v1alpha1), found {len(found)}")
+    return GPUCluster.model_validate(found[0])
+
+
+def resource_api(version: str) -> str | None:
+    """--resource-api v1|v1beta2|v1beta1|none -> the group-version (None: DRA not served)."""
+    if version == "none":
+        return None
+    wanted = f"resource.k8s.io/{version}"
+    if wanted not in RESOURCE_API_VERSIONS:
+        choices = ", ".join(v.split("/")[1] for v in RESOURCE_API_VERSIONS)
+        raise InputError(f"--resource-api {version}: choose one of {choices} or none")
+    return wanted
 
 
 def load_nodes(path: Path) -> list[dict[str, Any]]:
@@ -100,14 +122,26 @@ def render_drivers(drivers: list[NVIDIADriver], facts: ClusterFacts, base: Clust
 
 
 def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | None, shapes: list[str],
-               namespace: str, output: str, k8s_version: str, openshift: bool, as_labelled: bool) -> int:
+               namespace: str, output: str, k8s_version: str, openshift: bool, as_labelled: bool,
+               gpucluster: Path | None = None, resource_api_version: str = "v1") -> int:
     from gpu_operator import shapes as node_shapes
 
+    source = gpucluster or nvidiadriver or policy
     try:
-        if policy is None and nvidiadriver is None:
-            raise InputError("give --policy FILE (a ClusterPolicy), --nvidiadriver FILE (NVIDIADrivers), or both")
         if output not in ("yaml", "json"):
             raise InputError(f"-o {output}: choose yaml or json")
+        if gpucluster is not None:
+            if policy is not None or nvidiadriver is not None:
+                raise InputError("--gpucluster renders the DRA stack alone: a GPUCluster and a ClusterPolicy cannot "
+                                 "be active together (drop --policy/--nvidiadriver)")
+            facts_dra = DRAFacts(namespace=namespace, resource_api=resource_api(resource_api_version),
+                                 openshift=openshift, operator_env=operator_env(os.environ, CHART_DEFAULT_IMAGES))
+            result = render_gpucluster(load_gpucluster(gpucluster), facts_dra)
+            sys.stdout.write(format_yaml(result) if output == "yaml" else format_json(result))
+            return 0
+        if policy is None and nvidiadriver is None:
+            raise InputError("give --policy FILE (a ClusterPolicy), --nvidiadriver FILE (NVIDIADrivers), both, "
+                             "or --gpucluster FILE (a GPUCluster)")
         cluster = load_nodes(nodes) if nodes else []
         cluster += node_shapes.nodes(shapes)
         if as_labelled:
@@ -125,10 +159,11 @@ def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | 
         print(f"error: {err}", file=sys.stderr)
         return 2
     except ValidationError as err:
-        print(f"error: {policy} is not a valid ClusterPolicy:\n{err}", file=sys.stderr)
+        kind = "GPUCluster" if gpucluster else "ClusterPolicy"
+        print(f"error: {source} is not a valid {kind}:\n{err}", file=sys.stderr)
         return 2
     except RenderError as err:
-        print(f"error: cannot render {nvidiadriver or policy}: {err}", file=sys.stderr)
+        print(f"error: cannot render {source}: {err}", file=sys.stderr)
         return 2
     sys.stdout.write(format_yaml(result) if output == "yaml" else format_json(result))
     return 0

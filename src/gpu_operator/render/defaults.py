@@ -32,6 +32,9 @@ CHART_DEFAULT_IMAGES: dict[str, str] = {
     "VGPU_DEVICE_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.5.0",
     "SANDBOX_DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.6.0",
     "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE": "nvcr.io/nvidia/cloud-native/nvidia-sandbox-device-plugin:v0.0.5",
+    # the chart's draDriver values (NVIDIA's chart writes them into its GPUCluster; ours also gives
+    # them to the operator, so `spec: {draDriver: {}}` works)
+    "DRA_DRIVER_IMAGE": "nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0",
     "CC_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.4.3",
     # The vGPU manager image is licensed: users build and host it themselves, so no default.
 }

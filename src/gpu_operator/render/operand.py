@@ -98,34 +98,43 @@ class Operand:
     orphan_pods: Callable[[Ctx], bool] | None = None
 
 
+def grant(kind: str, name: str, state: str, ns: str, rules: list[dict[str, Any]], account: str) -> list[Manifest]:
+    """A Role (kind "Role", in `ns`) or ClusterRole with `rules`, bound to ServiceAccount `account`."""
+    scope = ns if kind == "Role" else None
+    subject = [{"kind": "ServiceAccount", "name": account, "namespace": ns}]
+    return [obj(RBAC, kind, name, state, scope, rules=rules),
+            obj(RBAC, f"{kind}Binding", name, state, scope, subjects=subject,
+                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name})]
+
+
+def scc(name: str, state: str, users: list[str], *, host_network: bool = True) -> Manifest:
+    """An OpenShift SecurityContextConstraints letting `users` run privileged pods with host paths."""
+    return obj(
+        "security.openshift.io/v1", "SecurityContextConstraints", name, state, None,
+        allowPrivilegedContainer=True, allowHostDirVolumePlugin=True, allowHostIPC=False,
+        allowHostNetwork=host_network, allowHostPID=True, allowHostPorts=host_network, readOnlyRootFilesystem=False,
+        runAsUser={"type": "RunAsAny"}, seLinuxContext={"type": "RunAsAny"},
+        fsGroup={"type": "RunAsAny"}, supplementalGroups={"type": "RunAsAny"},
+        volumes=["configMap", "emptyDir", "hostPath", "projected", "secret", "downwardAPI"],
+        users=users,
+    )
+
+
 def rbac(operand: Operand, ctx: Ctx) -> list[Manifest]:
     """ServiceAccount, Role/RoleBinding, ClusterRole/ClusterRoleBinding (and an SCC on OpenShift)."""
     name, state, ns = operand.account, operand.state, ctx.ns
     if not name:
         return []
-    subject = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
     out = [obj("v1", "ServiceAccount", name, state, ns)]
     role_rules = list(operand.role_rules)
     if ctx.facts.openshift:
         role_rules.append(rule(["security.openshift.io"], ["securitycontextconstraints"], ["use"], [name]))
     if role_rules:
-        out.append(obj(RBAC, "Role", name, state, ns, rules=role_rules))
-        out.append(obj(RBAC, "RoleBinding", name, state, ns, subjects=subject,
-                       roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}))
+        out += grant("Role", name, state, ns, role_rules, name)
     if operand.cluster_rules:
-        out.append(obj(RBAC, "ClusterRole", name, state, None, rules=list(operand.cluster_rules)))
-        out.append(obj(RBAC, "ClusterRoleBinding", name, state, None, subjects=subject,
-                       roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}))
+        out += grant("ClusterRole", name, state, ns, list(operand.cluster_rules), name)
     if ctx.facts.openshift:
-        out.append(obj(
-            "security.openshift.io/v1", "SecurityContextConstraints", name, state, None,
-            allowPrivilegedContainer=True, allowHostDirVolumePlugin=True, allowHostIPC=False,
-            allowHostNetwork=True, allowHostPID=True, allowHostPorts=True, readOnlyRootFilesystem=False,
-            runAsUser={"type": "RunAsAny"}, seLinuxContext={"type": "RunAsAny"},
-            fsGroup={"type": "RunAsAny"}, supplementalGroups={"type": "RunAsAny"},
-            volumes=["configMap", "emptyDir", "hostPath", "projected", "secret", "downwardAPI"],
-            users=[f"system:serviceaccount:{ns}:{name}"],
-        ))
+        out.append(scc(name, state, [f"system:serviceaccount:{ns}:{name}"]))
     return out
 
 

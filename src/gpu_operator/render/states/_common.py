@@ -118,10 +118,10 @@ def configmap(name: str, state: str, ctx: Ctx, data: dict[str, str]) -> Manifest
     return obj("v1", "ConfigMap", name, state, ctx.ns, data=data)
 
 
-def service(name: str, state: str, ctx: Ctx, port: int, port_name: str, app: str,
+def service(name: str, state: str, ns: str, port: int, port_name: str, app: str,
             scrape: bool = False, **spec: Any) -> Manifest:
     """A Service for one operand's port; `scrape` adds Prometheus' annotation-based discovery."""
-    svc = obj("v1", "Service", name, state, ctx.ns, spec={
+    svc = obj("v1", "Service", name, state, ns, spec={
         "selector": {"app": app},
         "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
         **spec,

@@ -25,7 +25,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
-    return [service(NAME, state, ctx, PORT, "dcgm", NAME, internalTrafficPolicy="Local")]
+    return [service(NAME, state, ctx.ns, PORT, "dcgm", NAME, internalTrafficPolicy="Local")]
 
 
 OPERAND = Operand(

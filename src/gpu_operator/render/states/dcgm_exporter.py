@@ -98,7 +98,7 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     if spec.service and spec.service.type:
         svc_spec["type"] = spec.service.type
     svc_spec["internalTrafficPolicy"] = (spec.service.internalTrafficPolicy if spec.service else None) or "Cluster"
-    out = [service(NAME, state, ctx, PORT, PORT_NAME, NAME, scrape=True, **svc_spec)]
+    out = [service(NAME, state, ctx.ns, PORT, PORT_NAME, NAME, scrape=True, **svc_spec)]
     monitor = spec.serviceMonitor
     if monitor and monitor.enabled:
         out += service_monitor(NAME, state, ctx, PORT_NAME, NAME, interval=monitor.interval or "15s",

@@ -38,7 +38,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
-    return [service(NAME, state, ctx, PORT, PORT_NAME, NAME, scrape=True),
+    return [service(NAME, state, ctx.ns, PORT, PORT_NAME, NAME, scrape=True),
             *service_monitor(NAME, state, ctx, PORT_NAME, NAME)]
 
 

@@ -14,7 +14,7 @@ PROMETHEUS = "prometheus-k8s"
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
-    out = [service(NAME, state, ctx, 8080, PORT_NAME, NAME, scrape=True)]
+    out = [service(NAME, state, ctx.ns, 8080, PORT_NAME, NAME, scrape=True)]
     monitor = ctx.spec.operator.metrics.serviceMonitor if ctx.spec.operator.metrics else None
     out += service_monitor(
         NAME, state, ctx, PORT_NAME, NAME,

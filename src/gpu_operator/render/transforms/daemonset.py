@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.api.clusterpolicy import ClusterPolicySpec, DaemonsetsSpec
 from gpu_operator.render.objects import find, upsert_env
 
 DEFAULT_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -16,7 +16,6 @@ PROTECTED_LABELS = ("app", "app.kubernetes.io/part-of")
 def common_config(ds: dict[str, Any], spec: ClusterPolicySpec, *, on_delete: bool = False) -> None:
     """Update strategy, priority class, tolerations, pod security context, extra labels/annotations."""
     daemonsets = spec.daemonsets
-    pod = ds["spec"]["template"]["spec"]
     if on_delete or daemonsets.updateStrategy == "OnDelete":
         ds["spec"]["updateStrategy"] = {"type": "OnDelete"}
     else:
@@ -25,6 +24,13 @@ def common_config(ds: dict[str, Any], spec: ClusterPolicySpec, *, on_delete: boo
             value = daemonsets.rollingUpdate.maxUnavailable
             strategy["rollingUpdate"] = {"maxUnavailable": int(value) if value.isdigit() else value}
         ds["spec"]["updateStrategy"] = strategy
+    pod_wide(ds, daemonsets)
+
+
+def pod_wide(ds: dict[str, Any], daemonsets: DaemonsetsSpec) -> None:
+    """`spec.daemonsets` on a DaemonSet's pods: priority class, tolerations (the nvidia.com/gpu taint
+    when none are given), pod security context, extra labels and annotations."""
+    pod = ds["spec"]["template"]["spec"]
     pod["priorityClassName"] = daemonsets.priorityClassName or DEFAULT_PRIORITY_CLASS
     pod["tolerations"] = ([t.dump() for t in daemonsets.tolerations] if daemonsets.tolerations
                           else [dict(t) for t in DEFAULT_TOLERATIONS])
