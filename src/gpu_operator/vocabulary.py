@@ -126,6 +126,7 @@ RECONCILE_FAILED = "ReconcileFailed"
 NFD_LABELS_MISSING = "NFDLabelsMissing"
 NO_GPU_NODES = "NoGPUNodes"
 OPERAND_NOT_READY = "OperandNotReady"
+PREREQUISITE_NOT_MET = "PrerequisiteNotMet"
 
 # -- the validator's status files ------------------------------------------------------------------
 VALIDATIONS_DIR = "/run/nvidia/validations"
@@ -137,6 +138,7 @@ POLICY_WARNING_REASON = "PolicyWarning"
 # The deploy labels of each workload config's operand stack (the node-labelling controller sets
 # them; `gpu-operator status` and the simulator read them).
 MIG_MANAGER = deploy_label("mig-manager")
+VGPU_MANAGER = deploy_label("vgpu-manager")
 STATE_LABELS: dict[str, tuple[str, ...]] = {
     "container": tuple(deploy_label(c) for c in (
         "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
@@ -154,6 +156,10 @@ STATE_LABELS: dict[str, tuple[str, ...]] = {
 KATA_SANDBOX_DEVICE_PLUGIN = deploy_label("kata-sandbox-device-plugin")
 # Labels of the DRA stack (GPUCluster) are swept too: a node must not keep a stack it left.
 DRA_LABELS = tuple(deploy_label(c) for c in ("dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra"))
+DRA_DRIVER_LABEL = DRA_LABELS[0]
+# A GPU node's labels while a GPUCluster is active (the driver label is shared with the
+# ClusterPolicy stack: an NVIDIADriver's or the host's driver).
+DRA_STATE_LABELS = (deploy_label("driver"), *DRA_LABELS)
 ALL_DEPLOY_LABELS = frozenset(
     {label for labels in STATE_LABELS.values() for label in labels}
     | {MIG_MANAGER, KATA_SANDBOX_DEVICE_PLUGIN, *DRA_LABELS}

@@ -11,6 +11,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import pydantic
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import nodelabels
 from gpu_operator.render.facts import NodeFacts
@@ -66,6 +67,8 @@ OWNED_KINDS = (
     OwnedKind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole"),
     OwnedKind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding"),
     OwnedKind("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass"),
+    # the DRA driver's compute-domain controller (GPUCluster)
+    OwnedKind("apps", "v1", "deployments", "Deployment"),
 )
 SERVICE_MONITOR = OwnedKind("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor")
 
@@ -152,6 +155,11 @@ class PolicyView:
         """This view's body as an NVIDIADriver, or the model's refusal."""
         return Parsed.of(NVIDIADriver, self.body)
 
+    @functools.cached_property
+    def as_gpucluster(self) -> Parsed[GPUCluster]:
+        """This view's body as a GPUCluster, or the model's refusal."""
+        return Parsed.of(GPUCluster, self.body)
+
 
 @dataclass(frozen=True)
 class Parsed(Generic[M]):
@@ -189,16 +197,20 @@ class OwnedView:
     applied_hash: str
     state: str
     readiness: dict[str, Any] | None = None
+    # a DaemonSet whose pods hold ResourceClaims (deleted before the DRA kubelet plugin goes)
+    claims: bool = False
+    deleting: bool = False  # has a deletionTimestamp (e.g. waiting for its pods: foreground deletion)
 
     @classmethod
     def of(cls, body: Any) -> OwnedView:
         meta = body.get("metadata", {})
         kind = body.get("kind", "")
         readiness = None
-        if kind == "DaemonSet":
-            # Exactly what status.daemonset_ready reads.
+        if kind in ("DaemonSet", "Deployment"):
+            # Exactly what status.daemonset_ready and status.deployment_ready read.
             readiness = {"metadata": {"generation": meta.get("generation", 0)},
                          "status": dict(body.get("status") or {})}
+        pod = (((body.get("spec") or {}).get("template") or {}).get("spec") or {}) if kind == "DaemonSet" else {}
         return cls(
             api_version=body.get("apiVersion", ""), kind=kind, name=meta["name"],
             namespace=meta.get("namespace"), uid=meta.get("uid", ""),
@@ -207,6 +219,8 @@ class OwnedView:
             applied_hash=(meta.get("annotations") or {}).get(HASH_ANNOTATION, ""),
             state=(meta.get("labels") or {}).get(STATE_LABEL, ""),
             readiness=readiness,
+            claims=bool(pod.get("resourceClaims")),
+            deleting=bool(meta.get("deletionTimestamp")),
         )
 
     @property

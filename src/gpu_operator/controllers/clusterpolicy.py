@@ -49,6 +49,8 @@ class Snapshot:
     # Kinds whose objects `owned` holds (the watched ones); objects of any other kind the
     # renderer emits are remembered by the applier instead (controllers/apply.py).
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
+    # GPUClusters (names): a ClusterPolicy does not run beside one
+    gpuclusters: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -113,9 +115,13 @@ class ClusterPolicyReconciler:
         for other in snap.policies:
             if other is not active and other.status.get("state") != vocab.IGNORED:
                 log.info("ClusterPolicy %s ignored: %s is the active one (oldest)", other.name, active.name)
-                await self.kube.patch_clusterpolicy_status(
+                await self.kube.patch_status("ClusterPolicy",
                     other.name, {"state": vocab.IGNORED, "namespace": snap.namespace})
 
+        if snap.gpuclusters:
+            report.requeue = self.settings.requeue_conflict
+            return await self._finish(report, active, snap, st.Outcome.failed(
+                st.conflict_message(snap.gpuclusters[0], active.name)))
         try:
             policy = active.as_policy.valid()  # parsed once per version (controllers/cache.py)
             facts = ClusterFacts.of(
@@ -206,12 +212,12 @@ class ClusterPolicyReconciler:
         if st.status_differs(current, wanted):
             log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
                      outcome.message)
-            await self.kube.patch_clusterpolicy_status(policy.name, wanted)
+            await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
         if outcome.state == vocab.NOT_READY:
             # Operands still rolling out, or an error that may depend on objects we do not
             # watch (a ConfigMap the policy names): look again soon. Reads only; the status is
-            # written only when it changes.
-            report.requeue = self.settings.requeue_not_ready
+            # written only when it changes. (A GPUCluster beside it set its own, longer time.)
+            report.requeue = report.requeue or self.settings.requeue_not_ready
         elif outcome.reason == vocab.NFD_LABELS_MISSING:
             report.requeue = self.settings.requeue_no_nfd
         elif report.requeue is None and report.extra_conditions:

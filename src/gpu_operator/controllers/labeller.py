@@ -107,7 +107,7 @@ class NodeLabeller:
         the node's owner) wants; nodes that already match cost nothing (no request)."""
         report = LabelReport()
         drivers = drivers or {}
-        changes = [(node, desired_change(node.labels, node.annotations, policy, drivers.get(node.name)))
+        changes = [(node, desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name))
                    for node in nodes]
         changes = [(node, change) for node, change in changes if change]
         if not changes:

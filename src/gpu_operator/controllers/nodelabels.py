@@ -18,6 +18,8 @@ from gpu_operator.vocabulary import (
     ALL_DEPLOY_LABELS,
     CONTAINER,
     DEPLOY_OPERANDS,
+    DRA_DRIVER_LABEL,
+    DRA_STATE_LABELS,
     DRIVER_OWNER,
     GPU_PRESENT,
     GPU_PRODUCT,
@@ -36,6 +38,7 @@ from gpu_operator.vocabulary import (
     UPGRADE_REQUIRED,
     UPGRADE_STATE,
     VGPU_HOST_DRIVER,
+    VGPU_MANAGER,
     VM_PASSTHROUGH,
     deploy_label,
 )
@@ -55,6 +58,10 @@ class LabelPolicy:
     mig_config_default: str | None = "all-disabled"
     driver_auto_upgrade: bool = False  # ClusterPolicySpec.driver_auto_upgrade()
     use_nvidia_driver_crd: bool = False  # NVIDIADrivers own the driver: owner labels, per-CR upgrades
+    # A GPUCluster is active (not a ClusterPolicy): GPU nodes get the DRA stack's labels.
+    dra: bool = False
+    # Nodes where a pod still holds a gpu.nvidia.com ResourceClaim: the DRA driver label stays.
+    claim_holders: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, spec: ClusterPolicySpec) -> LabelPolicy:
@@ -168,8 +175,19 @@ def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: N
         change_labels[UPGRADE_STATE] = UPGRADE_REQUIRED
 
 
+def _dra_change(labels: dict[str, str], present: set[str], change_labels: dict[str, str | None]) -> None:
+    """A GPU node of the DRA stack: its labels set (a non-empty value kept: the driver manager pauses
+    an operand by rewriting it), every other stack's label removed but the vGPU manager's.
+    `nvidia.com/gpu.deploy.operands=false` does not apply to this stack (as upstream)."""
+    for key in DRA_STATE_LABELS:
+        if not labels.get(key):
+            change_labels[key] = "true"
+    for key in present - set(DRA_STATE_LABELS) - {VGPU_MANAGER}:
+        change_labels[key] = None
+
+
 def desired_change(labels: dict[str, str], annotations: dict[str, str],
-                   policy: LabelPolicy, driver: NodeDriver | None = None) -> NodeChange:
+                   policy: LabelPolicy, driver: NodeDriver | None = None, node: str = "") -> NodeChange:
     """What must change on a node with these labels and annotations; empty when nothing.
 
     Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
@@ -187,6 +205,13 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
     present = {key for key in ALL_DEPLOY_LABELS if key in labels}
     if DRIVER_OWNER in labels and (not gpu or not policy.use_nvidia_driver_crd):
         change_labels[DRIVER_OWNER] = None  # no NVIDIADriver in charge of this node
+    if policy.dra and gpu:
+        _dra_change(labels, present, change_labels)
+        if UPGRADE_ENABLED_ANNOTATION in annotations:
+            change_annotations[UPGRADE_ENABLED_ANNOTATION] = None  # no ClusterPolicy upgrades this driver
+        return NodeChange(change_labels, change_annotations)
+    if node in policy.claim_holders:
+        present.discard(DRA_DRIVER_LABEL)  # removed once the node's pods release their claims
     if not gpu or labels.get(DEPLOY_OPERANDS) == "false":
         change_labels.update({key: None for key in present})
         return NodeChange(change_labels, change_annotations)

@@ -48,7 +48,7 @@ DISABLED = "disabled"
 # Upstream's condition reasons for NVIDIADriver.
 CONFLICTING_NODE_SELECTOR = "ConflictingNodeSelector"
 DRIVER_NOT_READY = "DriverNotReady"
-PREREQUISITE_NOT_MET = "PrerequisiteNotMet"
+PREREQUISITE_NOT_MET = vocab.PREREQUISITE_NOT_MET
 
 
 @dataclass
@@ -275,7 +275,7 @@ class NVIDIADriverReconciler:
         log.info("NVIDIADriver %s: %s (%s) %s", view.name, wanted["state"], conditions[-1].get("reason"),
                  conditions[-1].get("message"))
         try:
-            await self.kube.patch_nvidiadriver_status(view.name, wanted)
+            await self.kube.patch_status("NVIDIADriver", view.name, wanted)
         except ApiError as err:
             if err.status.code != 404:
                 raise

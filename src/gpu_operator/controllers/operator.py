@@ -25,13 +25,10 @@ from gpu_operator.controllers.cache import (
     PolicyView,
     first,
 )
-from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
-from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
-from gpu_operator.controllers.leader import log_pass_failure
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
-from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler, node_drivers
-from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
+from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
+from gpu_operator.controllers.labelloop import LabelLoop, Sources
+from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler
 from gpu_operator.controllers.passloop import PassLoop
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
@@ -49,7 +46,7 @@ from gpu_operator.vocabulary import (
 log = logging.getLogger("gpu_operator.operator")
 
 # The kopf indices the loops read; kopf hands them to every handler by id, the startup one too.
-INDEX_IDS = ("policies", "drivers", "driver_pods", *(f"owned_{k.plural}" for k in OWNED_KINDS))
+INDEX_IDS = ("policies", "drivers", "gpuclusters", "driver_pods", *(f"owned_{k.plural}" for k in OWNED_KINDS))
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -75,6 +72,7 @@ class Loops:
     label_kick: asyncio.Event = field(default_factory=asyncio.Event)
     driver_kick: asyncio.Event = field(default_factory=asyncio.Event)
     upgrade_kick: asyncio.Event = field(default_factory=asyncio.Event)
+    cluster_kick: asyncio.Event = field(default_factory=asyncio.Event)
     nodes_synced: asyncio.Event = field(default_factory=asyncio.Event)
     dirty_nodes: set[str] = field(default_factory=set)
 
@@ -90,6 +88,11 @@ class Loops:
         self.label_kick.set()
         self.driver_kick.set()
         self.upgrade_kick.set()
+        self.cluster_kick.set()
+
+    def take_dirty(self) -> set[str]:
+        dirty, self.dirty_nodes = self.dirty_nodes, set()
+        return dirty
 
 
 class Operator:
@@ -101,18 +104,16 @@ class Operator:
         # kopf's live indices by id, taken from the startup handler's kwargs (kopf's public way)
         self.indices: dict[str, Any] = {}
         self.reconciler = ClusterPolicyReconciler(kube, self.settings)
-        self.labeller = NodeLabeller(kube, concurrency=self.settings.label_concurrency)
-        self.label_retries = LabelRetries(self.settings.label_backoff)
+        self.gpuclusters = GPUClusterReconciler(kube, self.settings)
+        self.labels = LabelLoop(kube, self.settings, Sources(
+            self.node_views, self.policy_views, self.gpucluster_views, self.driver_views, self.driver_pod_views),
+            self.loops.label_kick, lambda: self.loops.dirty_nodes, self.loops.take_dirty)
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
         self.drivers = NVIDIADriverReconciler(kube, self.settings)
         self.upgrades = UpgradeController(kube, namespace, lambda: self.nodes.views.values(), self.settings)
-        self.label_policy: LabelPolicy | None = None
-        self.label_drivers: dict[str, NodeDriver] | None = None
-        self._label_source: PolicyView | None = None
         # What the upgrade state machine reads of a node's labels and our annotations, per node.
         self._upgrade_facts: dict[str, tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]] = {}
-        self._label_spec_policy: LabelPolicy | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.owned_kinds: list[OwnedKind] = []
@@ -167,6 +168,15 @@ class Operator:
         async def drivers(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
             return {name: PolicyView.of(body)}
 
+        @kopf.index("nvidia.com", "v1alpha1", "gpuclusters", id="gpuclusters", registry=registry)
+        async def gpuclusters(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
+            return {name: PolicyView.of(body)}
+
+        @kopf.on.event("nvidia.com", "v1alpha1", "gpuclusters", registry=registry)
+        async def gpucluster_event(**_: Any) -> None:
+            loops.indexed.set()
+            loops.kick()
+
         @kopf.on.event("nvidia.com", "v1alpha1", "nvidiadrivers", registry=registry)
         async def driver_event(**_: Any) -> None:
             loops.indexed.set()
@@ -211,6 +221,7 @@ class Operator:
             loops.policy_kick.set()
             loops.driver_kick.set()
             loops.upgrade_kick.set()  # a new driver DaemonSet revision starts upgrades
+            loops.cluster_kick.set()
 
         kopf.index(*kind.resource, id=f"owned_{kind.plural}", labels=managed, registry=registry)(owned)
         kopf.on.event(*kind.resource, id=f"owned_event_{kind.plural}", labels=managed,
@@ -223,7 +234,7 @@ class Operator:
         coalesce in `dirty_nodes` until the loops' next pass."""
         before = self._upgrade_facts.pop(name, None)
         if view is None:
-            self.label_retries.forget(name)
+            self.labels.retries.forget(name)
             self.loops.policy_kick.set()
             self.loops.upgrade_kick.set()
             return
@@ -255,6 +266,9 @@ class Operator:
     def driver_views(self) -> list[PolicyView]:
         return [v for store in self._index("drivers").values() if (v := first(store)) is not None]
 
+    def gpucluster_views(self) -> list[PolicyView]:
+        return [v for store in self._index("gpuclusters").values() if (v := first(store)) is not None]
+
     def driver_pod_views(self) -> list[DriverPodView]:
         return [v for store in self._index("driver_pods").values() if (v := first(store)) is not None]
 
@@ -274,7 +288,12 @@ class Operator:
     def snapshot(self) -> Snapshot:
         return Snapshot(self.policy_views(), self.node_views(), self.owned_views(), self.namespace,
                         self.k8s_version, self.servicemonitor_crd,
-                        watched_kinds=frozenset(k.kind for k in self.owned_kinds))
+                        watched_kinds=frozenset(k.kind for k in self.owned_kinds),
+                        gpuclusters=[v.name for v in self.gpucluster_views()])
+
+    def cluster_snapshot(self) -> ClusterSnapshot:
+        return ClusterSnapshot(self.gpucluster_views(), self.policy_views(), self.owned_views(), self.namespace,
+                               watched_kinds=frozenset(k.kind for k in self.owned_kinds))
 
     # -- the loops --------------------------------------------------------------------------------
 
@@ -288,6 +307,9 @@ class Operator:
         async def driver_pass() -> float | None:
             # NVIDIADrivers: one level-based reconcile of all of them (routing needs them all)
             return (await self.drivers.reconcile(self.driver_snapshot())).requeue
+
+        async def cluster_pass() -> float | None:
+            return (await self.gpuclusters.reconcile(self.cluster_snapshot())).requeue
 
         async def upgrade_pass() -> float | None:
             # Driver upgrades (controllers/upgrade.py): the state machine for the ClusterPolicy, or
@@ -303,68 +325,10 @@ class Operator:
             "nvidiadriver": PassLoop("NVIDIADriver reconcile", self.loops.driver_kick, driver_pass, settings,
                                      idle=lambda: not self.driver_views()),
             "upgrade": PassLoop("driver upgrade pass", self.loops.upgrade_kick, upgrade_pass, settings),
+            # no GPUCluster: nothing to do
+            "gpucluster": PassLoop("GPUCluster reconcile", self.loops.cluster_kick, cluster_pass, settings,
+                                   idle=lambda: not self.gpucluster_views()),
         }
-
-    def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
-        if not policy.use_nvidia_driver_crd:
-            return None
-        drivers, _ = parse_drivers(self.driver_views())
-        return node_drivers(drivers.values(), views.values(), self.driver_pod_views())
-
-    async def label_loop(self) -> None:
-        await self.loops.ready()
-        failures = 0
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.loops.label_kick.wait(), timeout=self.label_retries.next_wait())
-            await asyncio.sleep(self.settings.coalesce)
-            self.loops.label_kick.clear()
-            self.loops.dirty_nodes |= self.label_retries.due()
-            active = active_policy(self.policy_views())
-            if active is None:
-                if self._label_source is not None:  # the last ClusterPolicy was deleted
-                    await self._take_back_labels()
-                continue  # no ClusterPolicy: nodes are left alone
-            if self._label_source is not active:  # validated once per ClusterPolicy version
-                self._label_source = active
-                model = active.as_policy.model  # parsed once per version (controllers/cache.py)
-                self._label_spec_policy = LabelPolicy.of(model.spec) if model is not None else None
-            policy = self._label_spec_policy or self.label_policy
-            if policy is None:
-                continue  # a spec the api model rejects and no earlier one: nodes are left alone
-            views = {v.name: v for v in self.node_views()}
-            per_node = self._node_drivers(policy, views)
-            if policy != self.label_policy or per_node != self.label_drivers:
-                # NVIDIADriver changes move owners: every node is looked at (cheap when unchanged)
-                self.label_policy, self.label_drivers, dirty = policy, per_node, set(views)
-                self.loops.dirty_nodes = set()
-            else:
-                dirty, self.loops.dirty_nodes = self.loops.dirty_nodes, set()
-            try:
-                report = await self.labeller.label([views[n] for n in dirty if n in views], policy, per_node)
-            except Exception:  # not one node's patch (those are in the report): retry them all
-                failures += 1
-                delay = self.settings.label_backoff.delay(failures)
-                log_pass_failure(log, "node labelling failed", failures, delay)
-                self.loops.dirty_nodes |= dirty
-                await asyncio.sleep(delay)
-                self.loops.label_kick.set()
-                continue
-            failures = 0
-            # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
-            self.label_retries.record(report)
-
-    async def _take_back_labels(self) -> None:
-        """Remove the labels and annotations we wrote from every node (once; retried on failure)."""
-        try:
-            patched = await strip_nodes(self.kube)
-        except Exception:
-            log.exception("removing our node labels after the last ClusterPolicy was deleted failed; retrying")
-            await asyncio.sleep(self.settings.label_backoff.delay(1))
-            self.loops.label_kick.set()
-            return
-        log.info("last ClusterPolicy deleted: our labels and annotations removed from %d node(s)", len(patched))
-        self._label_source, self._label_spec_policy, self.label_policy = None, None, None
 
     async def node_reflector(self, stop: asyncio.Event) -> None:
         task = asyncio.create_task(self.nodes.run(stop))
@@ -421,7 +385,7 @@ class Operator:
         kopf_ready = asyncio.Event()
         self.tasks = [asyncio.create_task(self.node_reflector(stop), name="node-reflector"),
                       asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),
-                      asyncio.create_task(self.label_loop(), name="node-labelling"),
+                      asyncio.create_task(self.labels.run(self.loops.ready), name="node-labelling"),
                       *(asyncio.create_task(loop.run(self.loops.ready), name=name)
                         for name, loop in self.pass_loops().items())]
         try:

@@ -36,6 +36,14 @@ class OperatorSettings:
     """A ClusterPolicy or NVIDIADriver whose operands are not ready is reconciled again after this
     (besides every watch event that concerns it)."""
 
+    requeue_conflict: float = 60.0
+    """A GPUCluster beside a ClusterPolicy (which cannot run together) is looked at again after this
+    (besides every event of either)."""
+
+    claim_recheck: float = 30.0
+    """Node labelling looks again this often at nodes that keep the DRA driver label only because a
+    pod there still holds a gpu.nvidia.com ResourceClaim (leaving the DRA stack)."""
+
     requeue_no_nfd: float = 45.0
     """A ClusterPolicy on a cluster without NFD labels is reconciled again after this."""
 

@@ -38,6 +38,24 @@ def daemonset_ready(ds: dict[str, Any]) -> bool:
     )
 
 
+def deployment_ready(deployment: dict[str, Any]) -> bool:
+    """Upstream's rule: the Deployment controller has seen this spec, and every replica is updated
+    and available."""
+    status = deployment.get("status") or {}
+    if status.get("observedGeneration", 0) < deployment.get("metadata", {}).get("generation", 0):
+        return False
+    replicas = status.get("replicas", 0)
+    return bool(replicas and status.get("updatedReplicas", 0) == replicas == status.get("availableReplicas", 0))
+
+
+def conflict_message(cluster: str, policy: str) -> str:
+    """Both CRs' status when a GPUCluster and a ClusterPolicy are there together."""
+    return (f"GPUCluster {cluster} and ClusterPolicy {policy} cannot co-exist: the cluster runs either the DRA "
+            f"stack (GPUCluster) or the device-plugin stack (ClusterPolicy). Delete one of them "
+            f"(`kubectl delete clusterpolicy {policy}` or `kubectl delete gpucluster {cluster}`); nothing is "
+            "applied for either until then")
+
+
 @dataclass(frozen=True)
 class Outcome:
     """The result of one reconcile, before it is written as status."""

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 ClusterPolicyResource = create_global_resource("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies")
 NVIDIADriverResource = create_global_resource("nvidia.com", "v1alpha1", "NVIDIADriver", "nvidiadrivers")
+GPUClusterResource = create_global_resource("nvidia.com", "v1alpha1", "GPUCluster", "gpuclusters")
+# Our CRs with a status subresource, by kind.
+STATUS_RESOURCES: dict[str, Any] = {"ClusterPolicy": ClusterPolicyResource, "NVIDIADriver": NVIDIADriverResource,
+                                    "GPUCluster": GPUClusterResource}
 ServiceMonitorResource = create_namespaced_resource(
     "monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
 PrometheusRuleResource = create_namespaced_resource(
@@ -198,13 +202,14 @@ class Kube:
             patch_type=PatchType.APPLY, field_manager=field_manager, force=True,
         )
 
-    async def delete(self, key: ObjectKey, *, orphan: bool = False) -> bool:
-        """Delete; False when it was already gone."""
+    async def delete(self, key: ObjectKey, *, orphan: bool = False, foreground: bool = False) -> bool:
+        """Delete; False when it was already gone. `orphan` leaves the dependents (pods) running;
+        `foreground` keeps the object until the garbage collector has deleted its dependents."""
         self.write("delete", key.kind)
         kwargs: dict[str, Any] = {"namespace": key.namespace} if key.namespace else {}
-        if orphan:
+        if orphan or foreground:
             from lightkube.types import CascadeType
-            kwargs["cascade"] = CascadeType.ORPHAN
+            kwargs["cascade"] = CascadeType.ORPHAN if orphan else CascadeType.FOREGROUND
         try:
             await self.client.delete(resource_for(key.api_version, key.kind), key.name, **kwargs)
         except ApiError as err:
@@ -221,15 +226,28 @@ class Kube:
             patch_type=PatchType.MERGE,
         )
 
-    async def patch_clusterpolicy_status(self, name: str, status: dict[str, Any]) -> None:
-        self.write("patch", "ClusterPolicy/status")
-        await self.client.patch(
-            ClusterPolicyResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+    async def patch_status(self, kind: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the status of one of our CRs (ClusterPolicy, NVIDIADriver, GPUCluster)."""
+        self.write("patch", f"{kind}/status")
+        await self.client.patch(STATUS_RESOURCES[kind].Status, name, {"status": status}, patch_type=PatchType.MERGE)
 
-    async def patch_nvidiadriver_status(self, name: str, status: dict[str, Any]) -> None:
-        self.write("patch", "NVIDIADriver/status")
-        await self.client.patch(
-            NVIDIADriverResource.Status, name, {"status": status}, patch_type=PatchType.MERGE)
+    async def served_versions(self, group: str, kind: str) -> list[str]:
+        """The versions of an API group that serve `kind`, as discovery lists them (preferred first);
+        empty when the group is not served."""
+        response = await self.http.get(f"/apis/{group}")
+        if response.status_code == 404:
+            return []
+        response.raise_for_status()
+        versions = [v["version"] for v in response.json().get("versions") or []]
+        serving = []
+        for version in versions:
+            listing = await self.http.get(f"/apis/{group}/{version}")
+            if listing.status_code == 404:
+                continue
+            listing.raise_for_status()
+            if any(r.get("kind") == kind for r in listing.json().get("resources") or []):
+                serving.append(version)
+        return serving
 
     async def node_event(self, node: str, reason: str, message: str, *, warning: bool = True,
                          namespace: str = "default") -> None:

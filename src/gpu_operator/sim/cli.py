@@ -167,6 +167,14 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
     raise typer.Exit(code)
 
 
+@sim_app.command("dra-plugin", hidden=True)
+def dra_plugin(kubeconfig: Annotated[str, typer.Option(help="Admin kubeconfig of the simulator.")]) -> None:
+    """What NVIDIA's DRA kubelet plugin publishes for kwok nodes (sim/draplugin.py); `sim up` starts it."""
+    from gpu_operator.sim.draplugin import serve
+
+    serve(kubeconfig)
+
+
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
     app.add_typer(sim_app)

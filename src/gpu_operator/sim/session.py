@@ -102,6 +102,7 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
         if shapes:
             state.nodes = add_fake_nodes(state, shapes, progress)
             state.save()
+        start_dra_plugin(state, progress)
         if real_node:
             add_real_node(state, found, real_node, progress)
     except BaseException:
@@ -200,6 +201,17 @@ def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> li
     finally:
         client.close()
         agent.close()
+
+
+def start_dra_plugin(state: SimState, progress: Progress) -> None:
+    """The DRA kubelet plugin's stand-in for kwok nodes (sim/draplugin.py), detached and recorded."""
+    from gpu_operator.sim.draplugin import start_detached
+
+    log = Path(state.dir) / "logs" / "dra-plugin.log"
+    pid = start_detached(state.kubeconfig, log)
+    state.add(Proc.of("dra-plugin", pid, log))
+    state.save()
+    progress(f"DRA kubelet-plugin stand-in started (pid {pid}): ResourceSlices for kwok nodes running the plugin")
 
 
 def operator_kubeconfig(plane: ControlPlane) -> Path:

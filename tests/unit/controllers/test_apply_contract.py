@@ -69,7 +69,7 @@ class RecordingKube:
         self.deletes.append((str(key), orphan))
         return bool(found)
 
-    async def patch_clusterpolicy_status(self, name: str, status: dict[str, Any]) -> None:
+    async def patch_status(self, kind: str, name: str, status: dict[str, Any]) -> None:
         pass
 
     async def get_dict(self, *_: Any, **__: Any) -> dict[str, Any] | None:

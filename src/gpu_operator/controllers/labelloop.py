@@ -1,0 +1,164 @@
+"""The node-labelling loop: one writer of node labels for both stacks.
+
+Which stack a GPU node gets follows which CR is there: a ClusterPolicy -> the device-plugin label
+set (by workload config), a GPUCluster -> the DRA label set. Both at once -> no label is touched
+(both CRs report the conflict). Neither (the last one was deleted) -> our labels are taken back.
+Leaving the DRA stack waits for claims: `nvidia.com/gpu.deploy.dra-driver` stays on a node while
+a pod there holds a ResourceClaim allocated by gpu.nvidia.com (the kubelet plugin must unprepare
+it), and the node is looked at again every `claim_recheck` seconds until it is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from gpu_operator.controllers.cache import DriverPodView, NodeView, PolicyView
+from gpu_operator.controllers.cleanup import strip_nodes
+from gpu_operator.controllers.clusterpolicy import active_policy
+from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
+from gpu_operator.controllers.leader import log_pass_failure
+from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
+from gpu_operator.controllers.nvidiadriver import node_drivers
+from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.kube.client import Kube
+from gpu_operator.vocabulary import DRA_DRIVER_LABEL
+
+log = logging.getLogger("gpu_operator.operator")
+
+GPU_DRIVER = "gpu.nvidia.com"
+
+
+@dataclass
+class Sources:
+    """What the loop reads from the operator's caches."""
+
+    nodes: Callable[[], list[NodeView]]
+    policies: Callable[[], list[PolicyView]]
+    clusters: Callable[[], list[PolicyView]]
+    drivers: Callable[[], list[PolicyView]]
+    driver_pods: Callable[[], list[DriverPodView]]
+
+
+def claim_holding_nodes(claims: list[dict[str, Any]]) -> frozenset[str]:
+    """Nodes where an allocated, reserved ResourceClaim holds a device of gpu.nvidia.com (the
+    allocation's pool is the node whose ResourceSlices offered it)."""
+    nodes = set()
+    for claim in claims:
+        status = claim.get("status") or {}
+        if not status.get("reservedFor"):
+            continue
+        for result in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []:
+            if result.get("driver") == GPU_DRIVER and result.get("pool"):
+                nodes.add(result["pool"])
+    return frozenset(nodes)
+
+
+class LabelLoop:
+    def __init__(self, kube: Kube, settings: OperatorSettings, sources: Sources, kick: asyncio.Event,
+                 dirty: Callable[[], set[str]], take_dirty: Callable[[], set[str]]) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.sources = sources
+        self.kick = kick
+        self.dirty = dirty
+        self.take_dirty = take_dirty
+        self.labeller = NodeLabeller(kube, concurrency=settings.label_concurrency)
+        self.retries = LabelRetries(settings.label_backoff)
+        self.policy: LabelPolicy | None = None
+        self.drivers: dict[str, NodeDriver] | None = None
+        self._source: PolicyView | None = None
+        self._spec_policy: LabelPolicy | None = None
+        self._claims_checked = 0.0
+
+    def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
+        if not policy.use_nvidia_driver_crd:
+            return None
+        drivers, _ = parse_drivers(self.sources.drivers())
+        return node_drivers(drivers.values(), views.values(), self.sources.driver_pods())
+
+    def _wanted(self) -> LabelPolicy | None | Literal[False]:
+        """The policy to label by; None: nothing to label by now; False: take our labels back."""
+        active = active_policy(self.sources.policies())
+        clusters = self.sources.clusters()
+        if active is not None and clusters:
+            return None  # both: no label flips (both CRs say why in their status)
+        if clusters:
+            self._source = None
+            return LabelPolicy(dra=True)
+        if active is None:
+            return False if self._source is not None or (self.policy is not None and self.policy.dra) else None
+        if self._source is not active:  # validated once per ClusterPolicy version
+            self._source = active
+            model = active.as_policy.model  # parsed once per version (controllers/cache.py)
+            self._spec_policy = LabelPolicy.of(model.spec) if model is not None else None
+        return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)
+
+    async def _claims(self, policy: LabelPolicy, views: dict[str, NodeView]) -> LabelPolicy:
+        """Leaving the DRA stack: which nodes still hold gpu.nvidia.com claims (one list, only while
+        some node still carries the DRA driver label)."""
+        if policy.dra or not any(DRA_DRIVER_LABEL in v.labels for v in views.values()):
+            return policy
+        claims = await self.kube.list_dicts("resource.k8s.io/v1", "ResourceClaim")
+        return replace(policy, claim_holders=claim_holding_nodes(claims))
+
+    async def run(self, ready: Callable[[], Any]) -> None:
+        await ready()
+        failures = 0
+        while True:
+            wait = self.retries.next_wait()
+            if self.policy is not None and self.policy.claim_holders:
+                wait = min(wait if wait is not None else self.settings.claim_recheck, self.settings.claim_recheck)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kick.wait(), timeout=wait)
+            await asyncio.sleep(self.settings.coalesce)
+            self.kick.clear()
+            self.dirty().update(self.retries.due())
+            wanted = self._wanted()
+            if wanted is False:
+                await self._take_back()
+                continue
+            if wanted is None:
+                continue
+            views = {v.name: v for v in self.sources.nodes()}
+            try:
+                policy = await self._claims(wanted, views)
+                per_node = self._node_drivers(policy, views)
+                if policy != self.policy or per_node != self.drivers:
+                    # a new policy, stack or NVIDIADriver routing: every node is looked at (cheap
+                    # when unchanged)
+                    self.policy, self.drivers, dirty = policy, per_node, set(views)
+                    self.take_dirty()
+                else:
+                    dirty = self.take_dirty()
+                report = await self.labeller.label([views[n] for n in dirty if n in views], policy, per_node)
+            except Exception as err:  # not one node's patch (those are in the report): retry them all
+                failures += 1
+                delay = self.settings.label_backoff.delay(failures)
+                log_pass_failure(log, f"node labelling failed ({err})", failures, delay)
+                self.dirty().update(views)
+                await asyncio.sleep(delay)
+                self.kick.set()
+                continue
+            failures = 0
+            # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
+            self.retries.record(report)
+
+    async def _take_back(self) -> None:
+        """Remove the labels and annotations we wrote from every node (once; retried on failure)."""
+        try:
+            patched = await strip_nodes(self.kube)
+        except Exception:
+            log.exception("removing our node labels after the last ClusterPolicy/GPUCluster was deleted failed; "
+                          "retrying")
+            await asyncio.sleep(self.settings.label_backoff.delay(1))
+            self.kick.set()
+            return
+        log.info("last ClusterPolicy/GPUCluster deleted: our labels and annotations removed from %d node(s)",
+                 len(patched))
+        self._source, self._spec_policy, self.policy = None, None, None

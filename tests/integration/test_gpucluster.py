@@ -1,0 +1,222 @@
+"""GPUCluster on the real control plane: the DRA stack applied, GPU nodes labelled for it, the real
+scheduler allocating ResourceClaims against the slices the simulator's kubelet-plugin stand-in
+publishes (sim/draplugin.py), the ClusterPolicy exclusion, switched-off features deleted, and the
+ordered teardown (claim holders first, then the finalizer, then the garbage collector)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.resources.apps_v1 import DaemonSet, Deployment
+from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
+from lightkube.types import PatchType
+
+from gpu_operator.kube.client import GPUClusterResource
+from gpu_operator.sim.draplugin import SlicePublisher
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, DRA_STATE_LABELS, deploy_label
+from tests.support.status import condition, policy_status
+from tests.support.waiting import wait_for
+
+Start = Callable[..., OperatorProcess]
+Nodes = Callable[..., list[str]]
+DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+# (registered for from_dict)
+ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
+                                                   "resourceclaimtemplates")
+IMAGE = {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0"}
+NAME = "gpu-cluster"
+
+
+def gpucluster_status(kube: Client) -> dict[str, Any]:
+    try:
+        return dict(kube.get(GPUClusterResource, NAME).get("status") or {})
+    except ApiError as err:
+        if err.status.code == 404:
+            return {}
+        raise
+
+
+def is_ready(status: dict[str, Any]) -> bool:
+    return status.get("state") == "ready" and condition(status, "Ready").get("reason") == "Reconciled"
+
+
+def exists(kube: Client, resource: Any, name: str, namespace: str | None = None) -> bool:
+    try:
+        kube.get(resource, name, **({"namespace": namespace} if namespace else {}))
+    except ApiError as err:
+        if err.status.code == 404:
+            return False
+        raise
+    return True
+
+
+@pytest.fixture
+def gpucluster(kube: Client) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """`gpucluster(spec)` creates the GPUCluster; after the test it is deleted (its finalizer removed
+    by hand if no operator is left to do it: no later test may find it)."""
+    def create(spec: dict[str, Any]) -> None:
+        kube.create(from_dict({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+                               "metadata": {"name": NAME}, "spec": spec}))
+
+    yield create
+    try:
+        kube.delete(GPUClusterResource, NAME)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+    try:
+        wait_for("the GPUCluster gone", lambda: not exists(kube, GPUClusterResource, NAME), timeout=30)
+    except AssertionError:
+        kube.patch(GPUClusterResource, NAME, {"metadata": {"finalizers": []}}, patch_type=PatchType.MERGE)
+    wait_for("the GPUCluster gone", lambda: not exists(kube, GPUClusterResource, NAME), timeout=30)
+    wait_for("its DeviceClasses collected", lambda: not exists(kube, DeviceClass, "gpu.nvidia.com"), timeout=60)
+
+
+@pytest.fixture
+def slices(kube: Client) -> Iterator[SlicePublisher]:
+    publisher = SlicePublisher(kube)
+    stop = threading.Event()
+    thread = threading.Thread(target=publisher.run, args=(stop, 0.5), daemon=True)
+    thread.start()
+    yield publisher
+    stop.set()
+    thread.join(timeout=10)
+
+
+def labels(kube: Client, node: str) -> dict[str, str]:
+    return dict(kube.get(Node, node).metadata.labels or {})
+
+
+def deploy_labels(kube: Client, node: str) -> dict[str, str]:
+    return {k: v for k, v in labels(kube, node).items() if k in ALL_DEPLOY_LABELS}
+
+
+def claim_pod(kube: Client, namespace: str, name: str, count: int) -> None:
+    """A user's pod asking, through a ResourceClaimTemplate, for `count` gpu.nvidia.com devices."""
+    kube.create(from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}}))  # noqa: E501
+    kube.create(from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                                 "resources": {"claims": [{"name": "gpu"}]}}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}))
+
+
+def allocated_node(kube: Client, namespace: str, pod: str) -> str | None:
+    """The node (pool) of the pod's allocated claim, None until it is allocated."""
+    status = kube.get(Pod, pod, namespace=namespace).status
+    for entry in (status.resourceClaimStatuses if status else None) or []:
+        if entry.resourceClaimName:
+            claim = kube.get(ResourceClaim, entry.resourceClaimName, namespace=namespace)
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            if results:
+                return str(results[0]["pool"])
+    return None
+
+
+def test_the_dra_stack_comes_up_and_claims_are_allocated_on_gpu_nodes(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, operator_namespace: str,
+        slices: SlicePublisher, gpucluster: Callable[[dict[str, Any]], None], namespace: str) -> None:
+    gpu_nodes = fake_nodes("dgx-h100:2")
+    (cpu_node,) = fake_nodes("cpu:1")
+    operator = start_operator()
+    gpucluster({"draDriver": IMAGE, "dcgmExporter": {}})
+
+    def context() -> str:
+        return f"{gpucluster_status(kube)}\n{operator.log_text()[-4000:]}"
+
+    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    body = kube.get(GPUClusterResource, NAME)
+    assert "gpucluster.nvidia.com/dra-resourceclaim" in body["metadata"]["finalizers"]
+    assert gpucluster_status(kube)["namespace"] == operator_namespace
+    ns_labels = kube.get(Namespace, operator_namespace).metadata.labels or {}
+    assert ns_labels.get("resource.kubernetes.io/admin-access") == "true"
+    for node in gpu_nodes:
+        assert deploy_labels(kube, node) == {key: "true" for key in DRA_STATE_LABELS}, node
+    assert deploy_labels(kube, cpu_node) == {}
+    for name in ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "compute-domain-daemon.nvidia.com"):
+        assert exists(kube, DeviceClass, name), name
+    validators = list(kube.list(Pod, namespace=operator_namespace, labels={"app": "nvidia-operator-validator"}))
+    placed = {str(p.metadata.name if p.metadata else ""): str(p.spec.nodeName if p.spec else "") for p in validators}
+    assert sorted(placed.values()) == sorted(gpu_nodes)
+    for pod, node_name in placed.items():
+        assert allocated_node(kube, operator_namespace, pod) == node_name
+
+    # a user's claim for one GPU lands on a GPU node; one for more GPUs than a node has stays pending
+    claim_pod(kube, namespace, "one-gpu", 1)
+    holder = wait_for("the one-GPU claim allocated", lambda: allocated_node(kube, namespace, "one-gpu"), timeout=60)
+    assert holder in gpu_nodes
+    claim_pod(kube, namespace, "nine-gpus", 9)
+
+    def unschedulable() -> dict[str, Any]:
+        status = kube.get(Pod, "nine-gpus", namespace=namespace).status
+        found = [c for c in (status.conditions if status else None) or [] if c.type == "PodScheduled"]
+        return {"status": found[0].status, "reason": found[0].reason, "message": found[0].message} if found else {}
+
+    scheduled = wait_for("the nine-GPU pod refused by the scheduler", unschedulable,
+                         until=lambda c: c.get("reason") == "Unschedulable", timeout=60)
+    assert scheduled["status"] == "False" and "claim" in (scheduled["message"] or "")
+
+    # a feature switched off: its objects are deleted (upstream leaves them)
+    kube.patch(GPUClusterResource, NAME, {"spec": {"draDriver": {"computeDomains": {"enabled": False}}}},
+               patch_type=PatchType.MERGE)
+    wait_for("the compute-domain controller deleted",
+             lambda: not exists(kube, Deployment, "nvidia-dra-driver-controller", operator_namespace), timeout=60,
+             context=context)
+    wait_for("the compute-domain DeviceClasses deleted",
+             lambda: not exists(kube, DeviceClass, "compute-domain-daemon.nvidia.com"), timeout=60, context=context)
+
+    # deletion: claim holders first (foreground), then the finalizer; the plugin goes last
+    kube.delete(Pod, "one-gpu", namespace=namespace)
+    kube.delete(GPUClusterResource, NAME)
+    wait_for("the GPUCluster gone", lambda: not exists(kube, GPUClusterResource, NAME), timeout=120, context=context)
+    events = [e for e in kube.list(Event, namespace="default") if e.involvedObject.kind == "GPUCluster"]
+    assert any(e.reason == "DrainingClaimConsumers" and "nvidia-dra-validator" in (e.message or "") for e in events)
+    wait_for("the kubelet plugin collected",
+             lambda: not exists(kube, DaemonSet, "nvidia-dra-driver-kubelet-plugin", operator_namespace), timeout=60)
+    wait_for("the DRA labels taken back", lambda: all(not deploy_labels(kube, n) for n in gpu_nodes), timeout=60,
+             context=context)
+
+
+def test_a_clusterpolicy_beside_a_gpucluster_stops_both_and_flips_no_label(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
+        cluster_policies: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None]) -> None:
+    gpu_nodes = fake_nodes("dgx-h100:1")
+    operator = start_operator()
+    gpucluster({"draDriver": IMAGE})
+
+    def context() -> str:
+        return f"{gpucluster_status(kube)}\n{policy_status(kube)}\n{operator.log_text()[-4000:]}"
+
+    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    before = deploy_labels(kube, gpu_nodes[0])
+    cluster_policies({})
+
+    def both_conflicted() -> bool:
+        mine, theirs = condition(gpucluster_status(kube), "Error"), condition(policy_status(kube), "Error")
+        return mine.get("reason") == "PrerequisiteNotMet" and theirs.get("reason") == "ReconcileFailed" \
+            and "cannot co-exist" in theirs.get("message", "") and "cluster-policy" in mine.get("message", "")
+
+    wait_for("both CRs report the conflict", both_conflicted, timeout=60, context=context)
+    assert gpucluster_status(kube)["state"] == "notReady" and policy_status(kube)["state"] == "notReady"
+    assert deploy_labels(kube, gpu_nodes[0]) == before  # no flip to the device-plugin set
+    assert deploy_label("device-plugin") not in labels(kube, gpu_nodes[0])
+    assert not list(kube.list(DaemonSet, namespace="*", labels={"app": "nvidia-device-plugin-daemonset"}))
+
+    kube.delete(GPUClusterResource, NAME)
+    wait_for("the ClusterPolicy's stack takes over", lambda: labels(kube, gpu_nodes[0]).get(
+        deploy_label("device-plugin")) == "true", timeout=120, context=context)
+    assert not {k for k in labels(kube, gpu_nodes[0]) if k in DRA_STATE_LABELS[1:]}
