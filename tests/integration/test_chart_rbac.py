@@ -29,6 +29,7 @@ from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Namespace
 from yarl import URL
 
+from gpu_operator.kube.client import GPUClusterResource
 from gpu_operator.sim.controlplane import ControlPlane, free_port
 from tests.support.chart import CHART, find, objects, render_chart
 from tests.support.permissions import Permission, expand
@@ -339,6 +340,43 @@ def test_operator_runs_the_default_policy_without_forbidden_responses(
     assert {k: v for k, v in labels.items() if k.startswith("pod-security.kubernetes.io/")} == {
         "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/audit": "privileged",
         "pod-security.kubernetes.io/warn": "privileged"}, labels
+
+
+def test_operator_runs_a_gpucluster_without_forbidden_responses(
+    kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DRA stack as the chart's ServiceAccount: every object the GPUCluster renders (DeviceClasses,
+    the admission policy, the DRA driver's roles, claim templates) is applied without a refusal,
+    the finalizer and the namespace label are written, and the teardown removes the finalizer."""
+    from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+    from tests.integration.test_gpucluster import IMAGE, NAME, exists, gpucluster_status
+
+    for key, value in CHART_DEFAULT_IMAGES.items():  # the image env the chart's Deployment sets
+        monkeypatch.setenv(key, value)
+    fake_nodes("dgx-h100:1")
+    spec = {"draDriver": {**IMAGE, "featureGates": {"MPSSupport": True}}, "dcgm": {"enabled": True},
+            "dcgmExporter": {}}
+    apply_all(kube, [{"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": NAME},
+                      "spec": spec}])
+    process = operator_run.start()
+    proxy = operator_run.proxy
+    try:
+        def state() -> object:
+            running(process, proxy)
+            return condition(gpucluster_status(kube), "Error").get("reason")
+
+        # the validator's claims need ResourceSlices (the simulator's plugin stand-in, not here):
+        # operands applied and waiting for pods is what this test needs
+        wait_for("GPUCluster applied, waiting for operand pods", state, until=lambda r: r == "OperandNotReady",
+                 timeout=120, interval=1, context=lambda: refusals(proxy))
+        assert exists(kube, GPUClusterResource, NAME)
+        assert kube.get(Namespace, NAMESPACE).metadata.labels.get("resource.kubernetes.io/admin-access") == "true"
+        assert proxy.forbidden() == [], refusals(proxy)
+    finally:
+        kube.delete(GPUClusterResource, NAME)
+    wait_for("the GPUCluster gone (finalizer removed as the chart's ServiceAccount)",
+             lambda: not exists(kube, GPUClusterResource, NAME), timeout=90, context=lambda: refusals(proxy))
+    assert proxy.forbidden() == [], refusals(proxy)
 
 
 def test_operator_without_a_needed_rule_is_refused(

@@ -7,7 +7,6 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- $v := .Values -}}
 {{- $found := list -}}
 {{- $checks := list
-    (list "gpuCluster.deployCR" $v.gpuCluster.deployCR "the GPUCluster (DRA) stack is not implemented; no GPUCluster is rendered and draDriver.* is ignored")
     (list "nfd.nodefeaturerules" $v.nfd.nodefeaturerules "the NodeFeatureRule for gdrcopy/GDS/peermem capability labels is not rendered")
     (list "kataManager.enabled" $v.kataManager.enabled "kata-manager is deprecated and ignored by the operator")
     (list "platform.openshift" $v.platform.openshift "OpenShift specifics (SCCs, driver toolkit) are not rendered by the operator yet; only the RBAC rules are granted") -}}

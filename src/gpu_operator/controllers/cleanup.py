@@ -130,7 +130,10 @@ async def strip_nodes(kube: Kube) -> list[str]:
     return patched
 
 
-OWNER_KINDS = (("nvidia.com/v1alpha1", "NVIDIADriver"), ("nvidia.com/v1", "ClusterPolicy"))
+# The GPUCluster first: its finalizer is removed by the running operator once the pods holding
+# ResourceClaims are gone (the hook stops the operator only after every owner CR is gone).
+OWNER_KINDS = (("nvidia.com/v1alpha1", "GPUCluster"), ("nvidia.com/v1alpha1", "NVIDIADriver"),
+               ("nvidia.com/v1", "ClusterPolicy"))
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ async def stop_operator(kube: Kube, where: OperatorDeployment, timeout: float) -
 
 async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
                   operator: OperatorDeployment | None = None) -> list[str]:
-    """Delete every NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
+    """Delete every GPUCluster, NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
     wait until they are gone; with `operator`, stop the operator (stop_operator); then uncordon the
     nodes a driver upgrade had cordoned and remove our node labels and annotations; with `crds`,
     delete our CRDs last. Lines for the log."""

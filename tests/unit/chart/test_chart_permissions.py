@@ -21,10 +21,13 @@ from tests.support.permissions import Permission, covers, expand, grant
 MANAGE = ("get", "list", "watch", "create", "patch", "delete")
 CLUSTER_WIDE: set[Permission] = (
     # the operator's own work
-    grant("nvidia.com", ["clusterpolicies", "nvidiadrivers"], ["get", "list", "watch", "patch"])
-    | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status"], ["patch"])
-    | grant("nvidia.com", ["clusterpolicies/finalizers", "nvidiadrivers/finalizers"], ["update"])
-    | grant("nvidia.com", ["gpuclusters"], ["get", "list", "watch"])
+    grant("nvidia.com", ["clusterpolicies", "nvidiadrivers", "gpuclusters"], ["get", "list", "watch", "patch"])
+    | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status", "gpuclusters/status"], ["patch"])
+    | grant("nvidia.com", ["clusterpolicies/finalizers", "nvidiadrivers/finalizers", "gpuclusters/finalizers"],
+            ["update"])
+    | grant("resource.k8s.io", ["deviceclasses"], MANAGE)
+    | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+            MANAGE)
     | grant("", ["nodes"], ["get", "list", "watch", "patch"])
     | grant("", ["pods"], ["get", "list", "watch", "delete"])
     | grant("", ["pods/eviction"], ["create"])
@@ -40,16 +43,25 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("apps", ["daemonsets"], ["get", "list", "watch"])
     | grant("nfd.k8s-sigs.io", ["nodefeatures"], ["get", "list", "watch", "create", "update"])
     | grant("config.openshift.io", ["clusterversions"], ["get", "list"])
-    | grant("resource.k8s.io", ["resourceclaims"], ["get", "list"])
+    | grant("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"])
+    # ... to the DRA driver's roles (GPUCluster)
+    | grant("resource.k8s.io", ["resourceslices", "resourceclaimtemplates"],
+            ["get", "list", "watch", "create", "update", "delete"])
+    | grant("resource.nvidia.com", ["computedomains", "computedomains/status"], ["get", "list", "watch", "update", "patch"])
+    | grant("resource.nvidia.com", ["computedomaincliques"], ["get", "list", "watch", "create", "update", "patch"])
+    | grant("", ["pods"], ["patch"])
 )
 IN_NAMESPACE: set[Permission] = (
-    grant("apps", ["daemonsets"], MANAGE)
+    grant("apps", ["daemonsets", "deployments"], MANAGE)
+    | grant("apps", ["daemonsets", "deployments"], ["update"])
     | grant("apps", ["controllerrevisions"], ["get", "list", "watch"])
     | grant("", ["serviceaccounts", "configmaps", "services"], MANAGE)
     | grant("rbac.authorization.k8s.io", ["roles", "rolebindings"], MANAGE)
+    | grant("resource.k8s.io", ["resourceclaimtemplates"], MANAGE)
     | grant("monitoring.coreos.com", ["servicemonitors"], MANAGE)
     | grant("coordination.k8s.io", ["leases"], ["create"])
     | grant("coordination.k8s.io", ["leases"], ["get", "update", "delete"], ["53822513.nvidia.com"])
+    | grant("coordination.k8s.io", ["leases"], ["get", "update"], ["nvidia-dra-driver-controller"])
     # held only to hand on to operand Roles
     | grant("", ["pods"], ["create"])
     | grant("", ["configmaps"], ["update"])
@@ -144,4 +156,25 @@ def test_operator_holds_every_permission_it_hands_to_operands(
             held = cluster if role["kind"] == "ClusterRole" else cluster | namespaced
             missing += [f"{name}: {role['kind']} {role['metadata']['name']} needs {p}"
                         for p in sorted(expand(role["rules"]), key=str) if not covers(held, p)]
+    # (the chart renders its GPUCluster only where the apiserver serves DeviceClass: built here)
+    cluster_cr = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": "gpu-cluster"},
+                  "spec": {"draDriver": {"featureGates": {"MPSSupport": True}}, "dcgm": {"enabled": True},
+                           "dcgmExporter": {}}}
+    for role in gpucluster_rbac(cluster_cr, tmp_path, openshift):
+        held = cluster if role["kind"] == "ClusterRole" else cluster | namespaced
+        missing += [f"GPUCluster: {role['kind']} {role['metadata']['name']} needs {p}"
+                    for p in sorted(expand(role["rules"]), key=str) if not covers(held, p)]
     assert missing == [], "\n".join(missing)
+
+
+def gpucluster_rbac(cluster: dict[str, Any], tmp_path: Path, openshift: bool) -> list[dict[str, Any]]:
+    path = tmp_path / "gpucluster.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    argv = [sys.executable, "-m", "gpu_operator.cli", "render", "--gpucluster", str(path),
+            "--namespace", NAMESPACE, "-o", "json"] + (["--openshift"] if openshift else [])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"gpu-operator render failed ({' '.join(argv[3:])}):\n{done.stderr}"
+    items: list[dict[str, Any]] = json.loads(done.stdout)["items"]
+    roles = [o for o in items if o["kind"] in ("Role", "ClusterRole")]
+    assert {r["metadata"]["name"] for r in roles} >= {"nvidia-dra-driver-kubeletplugin", "compute-domain-daemon"}
+    return roles

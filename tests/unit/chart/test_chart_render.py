@@ -174,7 +174,8 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
         assert hooked["helm.sh/hook"] == "pre-delete" and int(hooked["helm.sh/hook-weight"]) < 0
     # Only what the cleanup does: delete our CRs, patch node labels; nothing else.
     assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
-        {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers"], "verbs": ["list", "delete"]},
+        {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers", "gpuclusters"],
+         "verbs": ["list", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
     ]
     # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease.

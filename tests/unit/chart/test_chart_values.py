@@ -182,10 +182,7 @@ def test_defaults_report_nothing(render: Callable[..., Rendered]) -> None:
 
 CHECKS = [
     ({"gpuCluster": {"deployCR": True}}, r"clusterPolicy\.deployCR and gpuCluster\.deployCR are both true"),
-    ({"clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True}},
-     r"gpuCluster\.deployCR=true requires driver\.nvidiaDriverCRD\.enabled=true"),
-    ({"clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True},
-      "driver": {"nvidiaDriverCRD": {"enabled": True}}}, r"resource\.k8s\.io/v1 DeviceClass API"),
+    ({"clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True}}, r"resource\.k8s\.io/v1 DeviceClass API"),
     ({"cdi": {"enabled": False, "nriPluginEnabled": True}}, r"cdi\.nriPluginEnabled=true requires cdi\.enabled=true"),
     ({"cdi": {"nriPluginEnabled": True}, "toolkit": {"enabled": False}},
      r"cdi\.nriPluginEnabled=true requires toolkit\.enabled=true"),

@@ -167,6 +167,9 @@ def test_image_rules_digest_env_fallback_and_partial() -> None:
     with pytest.raises(RenderError) as err:
         render_gpucluster(cluster({"draDriver": {}}), DRAFacts(operator_env={"VALIDATOR_IMAGE": "v:1"}))
     assert err.value.field_path == "spec.draDriver" and "DRA_DRIVER_IMAGE" in err.value.message
+    with pytest.raises(RenderError) as err:
+        render_gpucluster(cluster({"draDriver": IMAGE}), DRAFacts())
+    assert err.value.field_path == "VALIDATOR_IMAGE" and "operator's Deployment" in err.value.message
 
 
 def test_feature_gates_sorted_and_what_they_switch() -> None:

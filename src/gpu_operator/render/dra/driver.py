@@ -36,7 +36,7 @@ from gpu_operator.render.objects import (
     obj,
 )
 from gpu_operator.render.operand import VALIDATOR
-from gpu_operator.render.result import Manifest
+from gpu_operator.render.result import Manifest, RenderError
 from gpu_operator.render.transforms.component import env_upsert, pull_secrets
 from gpu_operator.render.transforms.image import image_path, pull_policy
 from gpu_operator.vocabulary import GPU_PRESENT, NFD_GPU_LABELS, VALIDATIONS_DIR, deploy_label
@@ -68,7 +68,14 @@ def driver_image(ctx: DRACtx) -> str:
 
 
 def validator_image(ctx: DRACtx) -> str:
-    return image_path(None, VALIDATOR.env, dict(ctx.facts.operator_env), "the operator's env")
+    """The DRA stack's validation containers run our image, named by the operator's env (a GPUCluster
+    has no validator field; the chart sets the variable)."""
+    image = ctx.facts.operator_env.get(VALIDATOR.env, "")
+    if not image:
+        raise RenderError(VALIDATOR.env, f"the operator has no env var {VALIDATOR.env} (the image of the driver "
+                          "validation and DRA validation containers): set it in the operator's Deployment (the "
+                          "chart sets it from validator.*)")
+    return image
 
 
 def _labels(component: str) -> dict[str, str]:

@@ -37,13 +37,16 @@ def driver_rbac(ctx: DRACtx, state: str, plugin: str, controller: str,
             rule([NVIDIA_RESOURCE], ["computedomains"], ["get", "list", "watch", "update"]),
             rule([NVIDIA_RESOURCE], ["computedomains/status"], ["update"]),
             rule([RESOURCE], ["resourceclaimtemplates"], CRUD),
-            rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
             rule([""], ["nodes"], [*READ, "update"]),
             rule([""], ["pods"], READ),
         ], controller)
         out += grant("Role", controller, state, ctx.ns, [
             rule(["apps"], ["daemonsets"], [*CRUD[:5], "patch", "delete"]),
             rule([NVIDIA_RESOURCE], ["computedomaincliques"], [*READ, "update"]),
+            # its leader-election Lease, in this namespace and by name (NVIDIA's chart grants every
+            # Lease of the cluster: the operator would have to hold that too to hand it on)
+            rule(["coordination.k8s.io"], ["leases"], ["create"]),
+            rule(["coordination.k8s.io"], ["leases"], ["get", "update"], [controller]),
         ], controller)
         out.append(_account(ctx, state, CD_DAEMON_ACCOUNT,
                             {"app.kubernetes.io/name": "nvidia-dra-driver", "app.kubernetes.io/component": CD_DAEMON}))
