@@ -9,7 +9,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource
 from gpu_operator.statusview.table import StatusView, build_view, components_of
 
 
@@ -17,9 +17,10 @@ def _dicts(objs: Any) -> list[dict[str, Any]]:
     return [o.to_dict() if hasattr(o, "to_dict") else dict(o) for o in objs]
 
 
-def list_policies(client: Client) -> list[dict[str, Any]]:
+def list_policies(client: Client, resource: Any = ClusterPolicyResource) -> list[dict[str, Any]]:
+    """ClusterPolicies (or GPUClusters); [] when their CRD is not installed."""
     try:
-        return _dicts(client.list(ClusterPolicyResource))
+        return _dicts(client.list(resource))
     except ApiError as err:
         if err.status.code == 404:  # the CRD is not installed
             return []
@@ -40,7 +41,8 @@ def find_namespace(client: Client, policies: list[dict[str, Any]]) -> str | None
 
 def collect(client: Client, namespace: str | None = None) -> StatusView:
     policies = list_policies(client)
-    namespace = namespace or find_namespace(client, policies)
+    clusters = list_policies(client, GPUClusterResource)
+    namespace = namespace or find_namespace(client, policies + clusters)
     nodes = _dicts(client.list(Node))
     daemonsets: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
@@ -48,4 +50,4 @@ def collect(client: Client, namespace: str | None = None) -> StatusView:
         daemonsets = [ds for ds in _dicts(client.list(DaemonSet, namespace=namespace)) if components_of(ds)]
         if daemonsets:
             pods = _dicts(client.list(Pod, namespace=namespace))
-    return build_view(nodes, daemonsets, pods, policies, namespace)
+    return build_view(nodes, daemonsets, pods, policies, namespace, clusters)

@@ -42,9 +42,9 @@ def shown_components(view: StatusView) -> tuple[list[str], list[str]]:
 def policy_text(view: StatusView) -> Text:
     policy = view.policy
     if policy is None:
-        return Text("ClusterPolicy: none", style="red")
+        return Text("ClusterPolicy/GPUCluster: none", style="red")
     style = {"ready": "green", "notReady": "yellow", "ignored": "dim"}.get(policy.state, "yellow")
-    text = Text("ClusterPolicy ")
+    text = Text(f"{policy.kind} ")
     text.append(policy.name, style="bold")
     text.append(": ")
     text.append(policy.state or "not reconciled yet", style=f"bold {style}")
@@ -62,6 +62,9 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
         title += f"   (+{view.other_nodes} node(s) without GPU)"
     table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
     table.add_column("node", no_wrap=True)
+    stacks = any(r.stack == "dra" for r in view.rows) or (view.policy is not None and view.policy.kind == "GPUCluster")
+    if stacks:
+        table.add_column("stack", no_wrap=True)
     columns, _ = shown_components(view)
     for component in columns:
         table.add_column(SHORT.get(component, component), no_wrap=True)
@@ -75,7 +78,8 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
         validation = Text(row.validation or "·", style="green" if row.validation.startswith("passed")
                           else "dim" if not row.validation else "yellow")
         extra = [upgrade_text(row.upgrade)] if upgrades else []
-        table.add_row(row.name, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
+        stack = [Text(row.stack or "·", style="dim" if not row.stack else "")] if stacks else []
+        table.add_row(row.name, *stack, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
     if len(rows) > max_nodes:
         rest = rows[max_nodes:]
         not_ready = sum(1 for r in rest if not r.ready)
@@ -117,8 +121,9 @@ def render_view(view: StatusView, max_nodes: int = 40, legend: bool = True) -> R
 def one_line(view: StatusView) -> str:
     """A progress line for logs and non-terminal output."""
     ready, expected = view.counts()
-    state = view.policy.state or "pending" if view.policy else "no ClusterPolicy"
-    return f"ClusterPolicy {state}; operand pods ready {ready}/{expected} on {len(view.rows)} GPU node(s)"
+    state = view.policy.state or "pending" if view.policy else "none"
+    kind = view.policy.kind if view.policy else "ClusterPolicy"
+    return f"{kind} {state}; operand pods ready {ready}/{expected} on {len(view.rows)} GPU node(s)"
 
 
 def make_console() -> Console:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
@@ -44,6 +44,7 @@ class NodeRow:
     cells: dict[str, Cell]
     validation: str = ""  # the validator pod's progress through its *-validation init containers
     upgrade: NodeUpgrade | None = None  # driver upgrade state, reason and time in state
+    stack: str = ""  # "dra" (GPUCluster labels), "device-plugin" (ClusterPolicy labels) or "" (none yet)
 
     @property
     def ready(self) -> bool:
@@ -58,6 +59,8 @@ class PolicySummary:
     message: str = ""
     ignored: tuple[str, ...] = ()  # other ClusterPolicies: only the oldest one is active
     vm_problem: str = ""  # the VMPassthrough condition when False: "reason: message"
+    kind: str = "ClusterPolicy"  # or GPUCluster (the DRA stack)
+    conflict: str = ""  # a GPUCluster beside the ClusterPolicy (they cannot run together)
 
 
 @dataclass
@@ -154,9 +157,24 @@ def validation_state(pod: dict[str, Any] | None) -> str:
     return f"passed ({len(statuses)}/{len(statuses)})"
 
 
-def _policy_summary(policies: list[dict[str, Any]]) -> PolicySummary | None:
-    if not policies:
+def node_stack(labels: dict[str, str]) -> str:
+    """Which stack's labels a node carries: the DRA stack's or the device plugin's."""
+    if labels.get(DEPLOY_PREFIX + "dra-driver"):
+        return "dra"
+    if any(labels.get(DEPLOY_PREFIX + c) for c in ("device-plugin", "sandbox-device-plugin", "kata-sandbox-device-plugin")):
+        return "device-plugin"
+    return ""
+
+
+def _policy_summary(policies: list[dict[str, Any]], clusters: list[dict[str, Any]]) -> PolicySummary | None:
+    if not policies and not clusters:
         return None
+    if not policies:
+        return replace(_summary_of(clusters), kind="GPUCluster")
+    return replace(_summary_of(policies), conflict=_name(clusters[0]) if clusters else "")
+
+
+def _summary_of(policies: list[dict[str, Any]]) -> PolicySummary:
     ordered = sorted(policies, key=lambda p: (p["metadata"].get("creationTimestamp", ""), _name(p)))
     active = ordered[0]
     status = active.get("status") or {}
@@ -177,7 +195,7 @@ def _order(components: Iterable[str]) -> list[str]:
 
 def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
                pods: list[dict[str, Any]], policies: list[dict[str, Any]],
-               namespace: str | None = None) -> StatusView:
+               namespace: str | None = None, clusters: list[dict[str, Any]] | None = None) -> StatusView:
     """The GPU nodes x components view and the reasons for anything not ready."""
     gpu_nodes = sorted((n for n in nodes if is_gpu_node(n)), key=_name)
     by_component: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -200,8 +218,9 @@ def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
         cells = {c: _cell(node, c, by_component.get(c, []), pods_by) for c in components}
         validator = next((pods_by.get((_name(ds), _name(node))) for c in components if c.endswith("validator")
                           for ds in by_component.get(c, []) if (_name(ds), _name(node)) in pods_by), None)
-        rows.append(NodeRow(_name(node), cells, validation_state(validator), node_upgrade(node)))
-    view = StatusView(namespace, components, rows, _policy_summary(policies),
+        rows.append(NodeRow(_name(node), cells, validation_state(validator), node_upgrade(node),
+                            node_stack(_labels(node))))
+    view = StatusView(namespace, components, rows, _policy_summary(policies, clusters or []),
                       other_nodes=len(nodes) - len(gpu_nodes))
     view.problems = problems(view)
     return view
@@ -231,13 +250,17 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
     out: list[str] = []
     policy = view.policy
     if policy is None:
-        out.append("no ClusterPolicy: create one (e.g. examples/clusterpolicy-default.yaml)")
+        out.append("no ClusterPolicy or GPUCluster: create one (e.g. examples/clusterpolicy-default.yaml, or "
+                   "examples/gpucluster.yaml for the DRA stack)")
     elif policy.state != "ready":
         state = policy.state or "not reconciled yet"
         why = f" ({policy.reason}: {policy.message})" if policy.reason or policy.message else ""
-        out.append(f"ClusterPolicy {policy.name}: {state}{why}")
+        out.append(f"{policy.kind} {policy.name}: {state}{why}")
+    if policy is not None and policy.conflict:
+        out.append(f"GPUCluster {policy.conflict} exists beside ClusterPolicy {policy.name}: they cannot run "
+                   "together; delete one of them")
     if view.policy_behind:
-        out.append(f"ClusterPolicy {policy.name if policy else ''}: {NO_GPU_NODES} while {len(view.rows)} "
+        out.append(f"{policy.kind if policy else 'ClusterPolicy'} {policy.name if policy else ''}: {NO_GPU_NODES} while {len(view.rows)} "
                    "GPU node(s) exist: the operator has not reconciled since they appeared")
     if policy is not None and policy.ignored:
         out.append(f"ClusterPolicy {', '.join(policy.ignored)} ignored: only the oldest one "
