@@ -209,3 +209,23 @@ def test_a_vm_passthrough_finding_is_a_problem_and_a_synced_list_is_not() -> Non
         "VM passthrough: HostDriverOnPassthrough: Node gpu-a: GPU 0000:0a:00.0"]
     ready["status"]["conditions"][-1].update(status="True", reason="HostDevicesSynced")
     assert build_view(nodes, [], [], [ready]).problems == []
+
+
+def test_a_gpucluster_is_the_summary_and_each_node_shows_its_stack() -> None:
+    nodes = [node("gpu-a", dra_driver="true", dra_validator="true"), node("gpu-b", device_plugin="true"),
+             node("gpu-c")]
+    dss = [daemonset("nvidia-dra-driver-kubelet-plugin", "dra-driver")]
+    view = build_view(nodes, dss, [pod("nvidia-dra-driver-kubelet-plugin", "gpu-a")], [], "gpu-operator",
+                      clusters=[policy("gpu-cluster")])
+    assert view.policy is not None and (view.policy.kind, view.policy.name) == ("GPUCluster", "gpu-cluster")
+    assert {r.name: r.stack for r in view.rows} == {"gpu-a": "dra", "gpu-b": "device-plugin", "gpu-c": ""}
+    console = Console(width=160, record=True)
+    console.print(render_view(view))
+    text = console.export_text()
+    assert "GPUCluster gpu-cluster: ready" in text and "stack" in text
+
+
+def test_a_gpucluster_beside_the_clusterpolicy_is_a_problem() -> None:
+    view = build_view([node("gpu-a")], [], [], [policy()], clusters=[policy("gpu-cluster")])
+    assert view.policy is not None and view.policy.kind == "ClusterPolicy"
+    assert any(p.startswith("GPUCluster gpu-cluster exists beside ClusterPolicy cluster-policy") for p in view.problems)

@@ -9,14 +9,8 @@ from typing import Any
 from gpu_operator.api.common import ComponentFields
 from gpu_operator.render.dra.common import DRACtx, claim_on, claim_template, daemonset
 from gpu_operator.render.objects import (
-    NODE_NAME,
-    add_mount,
-    add_volume,
-    configmap_volume,
     container,
-    env,
     hostpath,
-    mount,
     obj,
     upsert_env,
 )
@@ -24,7 +18,7 @@ from gpu_operator.render.operand import grant, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import service
 from gpu_operator.render.states.dcgm import PORT as DCGM_PORT
-from gpu_operator.render.states.dcgm_exporter import METRICS_FILE, PORT, PORT_NAME
+from gpu_operator.render.states.dcgm_exporter import PORT, PORT_NAME, exporter_container, metrics_config
 from gpu_operator.render.transforms.component import apply_component, apply_image
 from gpu_operator.render.transforms.image import image_path
 from gpu_operator.vocabulary import deploy_label
@@ -72,15 +66,7 @@ def dcgm(ctx: DRACtx) -> list[Manifest]:
 def exporter(ctx: DRACtx) -> list[Manifest]:
     state, fields = "state-dcgm-exporter", ctx.spec.dcgmExporter
     assert fields is not None  # enabled only when the block is there
-    main = container(
-        EXPORTER,
-        env_vars=[env("DCGM_EXPORTER_LISTEN", f":{PORT}"), env("DCGM_EXPORTER_KUBERNETES", "true"),
-                  env("DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcp-metrics-included.csv"), NODE_NAME],
-        ports=[{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}],
-        livenessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45, "periodSeconds": 5},
-        readinessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45},
-        mounts=[mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", readonly=True)],
-        privileged=True)
+    main = exporter_container(EXPORTER, {"privileged": True})
     if ctx.spec.dcgm_on():
         upsert_env(main, "DCGM_REMOTE_HOSTENGINE_INFO", f"{DCGM}:{DCGM_PORT}")
     # metrics name the pod holding each GPU's claim, which the exporter reads from the API
@@ -92,11 +78,7 @@ def exporter(ctx: DRACtx) -> list[Manifest]:
               volumes)
     pod = ds["spec"]["template"]["spec"]
     pod["automountServiceAccountToken"] = True
-    if fields.config and fields.config.name:
-        upsert_env(main, "DCGM_EXPORTER_COLLECTORS", METRICS_FILE)
-        add_volume(pod, configmap_volume("metrics-config", fields.config.name,
-                                         items=[{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}]))
-        add_mount(main, mount("metrics-config", METRICS_FILE, readonly=True, sub_path="dcgm-metrics.csv"))
+    metrics_config(pod, main, fields)
     svc_spec: dict[str, Any] = {}
     if fields.service and fields.service.type:
         svc_spec["type"] = fields.service.type

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_operator.api.clusterpolicy import DCGMExporterSpec
 from gpu_operator.render.objects import (
     NODE_NAME,
     Ctx,
@@ -40,18 +41,33 @@ def pod_metadata_enrichment(ctx: Ctx) -> bool:
     return any(user_env.get(f"DCGM_EXPORTER_KUBERNETES_ENABLE_POD_{k}") == "true" for k in ("LABELS", "UID"))
 
 
-def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
-    kubelet = ctx.spec.hostPaths.kubeletRootDir.rstrip("/")
-    main = container(
-        "nvidia-dcgm-exporter",
+def exporter_container(name: str, security: dict[str, Any]) -> dict[str, Any]:
+    """dcgm-exporter's container: its listen address, collectors, probes and the kubelet's
+    pod-resources socket (which pod holds which GPU); shared with the DRA stack's exporter."""
+    return container(
+        name,
         env_vars=[env("DCGM_EXPORTER_LISTEN", f":{PORT}"), env("DCGM_EXPORTER_KUBERNETES", "true"),
                   env("DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcp-metrics-included.csv"), NODE_NAME],
         ports=[{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}],
         livenessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45, "periodSeconds": 5},
         readinessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45},
         mounts=[mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", readonly=True)],
-        securityContext={"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+        securityContext=security,
     )
+
+
+def metrics_config(pod: dict[str, Any], main: dict[str, Any], spec: DCGMExporterSpec) -> None:
+    """`config.name`: the metrics to collect come from that ConfigMap's dcgm-metrics.csv."""
+    if spec.config and spec.config.name:
+        upsert_env(main, "DCGM_EXPORTER_COLLECTORS", METRICS_FILE)
+        add_volume(pod, configmap_volume("metrics-config", spec.config.name,
+                                         items=[{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}]))
+        add_mount(main, mount("metrics-config", METRICS_FILE, readonly=True, sub_path="dcgm-metrics.csv"))
+
+
+def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
+    kubelet = ctx.spec.hostPaths.kubeletRootDir.rstrip("/")
+    main = exporter_container("nvidia-dcgm-exporter", {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}})
     return {
         "initContainers": [wait_for("toolkit", "toolkit-ready")],
         "containers": [main],
@@ -83,11 +99,7 @@ def _exporter(ds: dict[str, Any], ctx: Ctx) -> None:
         upsert_env(main, "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX", ",".join(spec.podLabelAllowlistRegex))
     if pod_metadata_enrichment(ctx):
         pod["automountServiceAccountToken"] = True
-    if spec.config and spec.config.name:
-        upsert_env(main, "DCGM_EXPORTER_COLLECTORS", METRICS_FILE)
-        add_volume(pod, configmap_volume("metrics-config", spec.config.name,
-                                         items=[{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}]))
-        add_mount(main, mount("metrics-config", METRICS_FILE, readonly=True, sub_path="dcgm-metrics.csv"))
+    metrics_config(pod, main, spec)
     if spec.annotations:
         template["metadata"].setdefault("annotations", {}).update(spec.annotations)
 
