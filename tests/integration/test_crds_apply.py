@@ -8,6 +8,8 @@ import sys
 import urllib.error
 from typing import Any
 
+import pytest
+
 from gpu_operator.sim.controlplane import ControlPlane
 
 
@@ -64,3 +66,35 @@ def test_the_apiserver_holds_the_gpucluster_schema(control_plane: ControlPlane) 
         assert stored["spec"]["hostPaths"]["kubeletRootDir"] == "/var/lib/kubelet"
     finally:
         control_plane.request("DELETE", "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster")
+
+
+def test_computedomain_crds_admit_a_domain_and_keep_its_spec(control_plane: ControlPlane) -> None:
+    """The IMEX kinds NVIDIA's DRA driver expects (shipped with our CRDs): a ComputeDomain with its
+    defaults, an immutable spec, a clique with its daemons."""
+    subprocess.run([sys.executable, "-m", "gpu_operator.cli", "crds", "apply",
+                    f"--kubeconfig={control_plane.admin_kubeconfig}"], check=True, capture_output=True, timeout=120)
+    base = "/apis/resource.nvidia.com/v1beta1/namespaces/default"
+    body: dict[str, Any] = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain", "metadata": {"name": "imex"},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "imex-channel"}}}}
+    created = control_plane.request("POST", f"{base}/computedomains", body)
+    try:
+        assert created["spec"] == {"numNodes": 0, "channel": {"allocationMode": "Single",
+                                                              "resourceClaimTemplate": {"name": "imex-channel"}}}
+        changed = {**created, "spec": {**created["spec"], "numNodes": 4}}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            control_plane.request("PUT", f"{base}/computedomains/imex", changed)
+        assert refused.value.code == 422
+        assert "A computeDomain.spec is immutable" in json.loads(refused.value.read())["message"]
+        bad = {**body, "metadata": {"name": "bad"}, "spec": {"numNodes": -1, "channel": {}}}
+        with pytest.raises(urllib.error.HTTPError) as invalid:
+            control_plane.request("POST", f"{base}/computedomains", bad)
+        assert invalid.value.code == 422
+        clique_name = f"{created['metadata']['uid']}.clique-1"
+        clique = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
+                  "metadata": {"name": clique_name},
+                  "daemons": [{"nodeName": "n1", "ipAddress": "10.0.0.1", "cliqueID": "clique-1", "index": 0}]}
+        made = control_plane.request("POST", f"{base}/computedomaincliques", clique)
+        assert made["daemons"][0]["status"] == "NotReady"
+        control_plane.request("DELETE", f"{base}/computedomaincliques/{clique_name}")
+    finally:
+        control_plane.request("DELETE", f"{base}/computedomains/imex")

@@ -1,4 +1,4 @@
-"""Objects owned (by ownerReference uid) by one ClusterPolicy or NVIDIADriver, across every kind the
+"""Objects owned (by ownerReference uid) by one ClusterPolicy, NVIDIADriver or GPUCluster, across every kind the
 operator applies: for checks that nothing was applied, or that everything is gone."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from lightkube import ALL_NS, Client
-from lightkube.resources.apps_v1 import DaemonSet
+from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import ConfigMap, Service, ServiceAccount
 from lightkube.resources.node_v1 import RuntimeClass
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 
 from gpu_operator.controllers.cache import OWNED_KINDS
 
-NAMESPACED = (DaemonSet, ServiceAccount, ConfigMap, Service, Role, RoleBinding)
+NAMESPACED = (DaemonSet, Deployment, ServiceAccount, ConfigMap, Service, Role, RoleBinding)
 CLUSTER = (ClusterRole, ClusterRoleBinding, RuntimeClass)
 assert {k.__name__ for k in (*NAMESPACED, *CLUSTER)} == {k.kind for k in OWNED_KINDS}, \
     "the kinds checked here differ from those the operator applies (controllers/cache.py OWNED_KINDS)"

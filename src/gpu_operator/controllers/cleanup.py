@@ -99,11 +99,30 @@ async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
     return done
 
 
+async def _objects_left(kube: Kube, crd: dict[str, Any]) -> int:
+    """How many objects of the CRD's kind exist (0 when its resource is not served)."""
+    spec = crd["spec"]
+    version = next(v["name"] for v in spec["versions"] if v.get("storage"))
+    try:
+        return len(await kube.list_dicts(f"{spec['group']}/{version}", spec["names"]["kind"],
+                                         namespace="*" if spec.get("scope") == "Namespaced" else None))
+    except ApiError as err:
+        if err.status.code == 404:
+            return 0
+        raise
+
+
 async def delete_crds(kube: Kube) -> list[str]:
-    """Delete the CRDs this package installs (after their objects are gone)."""
+    """Delete the CRDs this package installs once their objects are gone. A CRD that still has
+    objects stays (deleting it would delete them: e.g. a user's ComputeDomains), with a warning."""
     deleted = []
     for crd in load_packaged():
         name = crd["metadata"]["name"]
+        left = await _objects_left(kube, crd)
+        if left:
+            log.warning("kept CRD %s: %d object(s) of it still exist (deleting the CRD would delete them); "
+                        "delete them first, then the CRD", name, left)
+            continue
         if await kube.delete(ObjectKey("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None)):
             log.info("deleted CRD %s", name)
             deleted.append(name)

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 ClusterPolicyResource = create_global_resource("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies")
 NVIDIADriverResource = create_global_resource("nvidia.com", "v1alpha1", "NVIDIADriver", "nvidiadrivers")
 GPUClusterResource = create_global_resource("nvidia.com", "v1alpha1", "GPUCluster", "gpuclusters")
+# NVIDIA's DRA driver's IMEX kinds, whose CRDs we ship (registered for lists by kind).
+ComputeDomainResource = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains")
+ComputeDomainCliqueResource = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomainClique",
+                                                         "computedomaincliques")
 # Our CRs with a status subresource, by kind.
 STATUS_RESOURCES: dict[str, Any] = {"ClusterPolicy": ClusterPolicyResource, "NVIDIADriver": NVIDIADriverResource,
                                     "GPUCluster": GPUClusterResource}

@@ -9,7 +9,7 @@ from typing import Any
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from gpu_operator.api.crdgen import load_packaged
@@ -43,10 +43,13 @@ def _wait_served(client: Client, crd: dict[str, Any], deadline: float, timeout: 
     resource, which answers 429 "storage is (re)initializing" meanwhile (a new or recreated CRD)."""
     spec = crd["spec"]
     for version in (v["name"] for v in spec["versions"] if v.get("served")):
-        resource = create_global_resource(spec["group"], version, spec["names"]["kind"], spec["names"]["plural"])
+        names = (spec["group"], version, spec["names"]["kind"], spec["names"]["plural"])
+        namespaced = spec.get("scope") == "Namespaced"
+        resource = create_namespaced_resource(*names) if namespaced else create_global_resource(*names)
+        where: dict[str, Any] = {"namespace": "*"} if namespaced else {}
         while True:
             try:
-                next(iter(client.list(resource, chunk_size=1)), None)
+                next(iter(client.list(resource, chunk_size=1, **where)), None)
                 break
             except ApiError as err:
                 if err.status.code != 429:

@@ -94,7 +94,8 @@ def test_nvidiadriver_schema_details() -> None:
 
 def test_packaged_crds_load() -> None:
     assert [c["metadata"]["name"] for c in crdgen.load_packaged()] == [
-        "clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com"]  # file order
+        "clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com",
+        "computedomaincliques.resource.nvidia.com", "computedomains.resource.nvidia.com"]  # file order
 
 
 def test_gpucluster_schema_details() -> None:

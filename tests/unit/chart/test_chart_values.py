@@ -166,7 +166,8 @@ def test_cleanup_crd_deletes_our_crds_in_the_pre_delete_hook(render: Callable[..
     command, rules = hook({"operator": {"cleanupCRD": True}})
     assert command == ["gpu-operator", "cleanup", "--operator-deployment=gpu-operator", "--crds"]
     assert {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-            "resourceNames": ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com"],
+            "resourceNames": ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com",
+                              "computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"],
             "verbs": ["delete"]} in rules
     command, rules = hook({})
     assert command == ["gpu-operator", "cleanup", "--operator-deployment=gpu-operator"]

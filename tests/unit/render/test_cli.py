@@ -61,5 +61,6 @@ def test_crds_print_and_check() -> None:
     out = runner.invoke(app, ["crds", "print"])
     assert out.exit_code == 0
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(out.output) if d]
-    assert names == ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com"]
+    assert names == ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com",
+                     "computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"]
     assert runner.invoke(app, ["crds", "generate", "--check"]).exit_code == 0
