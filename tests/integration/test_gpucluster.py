@@ -220,3 +220,29 @@ def test_a_clusterpolicy_beside_a_gpucluster_stops_both_and_flips_no_label(
     wait_for("the ClusterPolicy's stack takes over", lambda: labels(kube, gpu_nodes[0]).get(
         deploy_label("device-plugin")) == "true", timeout=120, context=context)
     assert not {k for k in labels(kube, gpu_nodes[0]) if k in DRA_STATE_LABELS[1:]}
+
+
+def test_nvidiadrivers_manage_the_dra_stack_driver(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
+        nvidia_drivers: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None],
+        operator_namespace: str) -> None:
+    """Without a ClusterPolicy, NVIDIADrivers install the driver of a GPUCluster's nodes (as NVIDIA's
+    operator lets them): their pools' DaemonSets on the nodes they own, owner labels, status."""
+    (node,) = fake_nodes("dgx-h100:1")
+    operator = start_operator()
+    nvidia_drivers("default", {"default": True, "version": "580.82.07"})
+    gpucluster({"draDriver": IMAGE})
+
+    def context() -> str:
+        return f"{gpucluster_status(kube)}\n{operator.log_text()[-4000:]}"
+
+    def driver_ready() -> bool:
+        from tests.support.status import driver_status
+        return driver_status(kube, "default").get("state") == "ready"
+
+    wait_for("the NVIDIADriver ready beside the GPUCluster", driver_ready, timeout=120, context=context)
+    assert labels(kube, node).get("nvidia.com/gpu-operator.driver.owner") == "default"
+    drivers = [ds for ds in kube.list(DaemonSet, namespace=operator_namespace)
+               if (ds.metadata.labels or {}).get("app.kubernetes.io/component") == "nvidia-driver"]
+    assert len(drivers) == 1 and drivers[0].spec.template.spec.nodeSelector.get(deploy_label("driver")) == "true"
+    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=120, context=context)

@@ -90,7 +90,9 @@ class LabelLoop:
             return None  # both: no label flips (both CRs say why in their status)
         if clusters:
             self._source = None
-            return LabelPolicy(dra=True)
+            # NVIDIADrivers own the DRA stack's driver when there are any (owner labels, upgrades)
+            valid, _ = parse_drivers(self.sources.drivers())
+            return LabelPolicy(dra=True, use_nvidia_driver_crd=bool(valid))
         if active is None:
             return False if self._source is not None or (self.policy is not None and self.policy.dra) else None
         if self._source is not active:  # validated once per ClusterPolicy version

@@ -207,7 +207,9 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
         change_labels[DRIVER_OWNER] = None  # no NVIDIADriver in charge of this node
     if policy.dra and gpu:
         _dra_change(labels, present, change_labels)
-        if UPGRADE_ENABLED_ANNOTATION in annotations:
+        if policy.use_nvidia_driver_crd:  # NVIDIADrivers own the driver: owner label, their upgrades
+            _driver_owner(labels, annotations, driver or NodeDriver(), change_labels, change_annotations)
+        elif UPGRADE_ENABLED_ANNOTATION in annotations:
             change_annotations[UPGRADE_ENABLED_ANNOTATION] = None  # no ClusterPolicy upgrades this driver
         return NodeChange(change_labels, change_annotations)
     if node in policy.claim_holders:

@@ -62,6 +62,8 @@ class DriverSnapshot:
     namespace: str
     k8s_version: str
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)  # as Snapshot's
+    # GPUClusters (names): with one and no ClusterPolicy, NVIDIADrivers manage the DRA stack's driver
+    gpuclusters: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -167,7 +169,8 @@ class NVIDIADriverReconciler:
             # the ClusterPolicy reports its own error (naming the field); its drivers stay as they
             # are until it is valid again: a typo in the policy must not remove driver pools
             return out
-        if policy is None or not policy.spec.driver.useNvidiaDriverCRD:
+        dra = active is None and bool(snap.gpuclusters)  # the DRA stack's driver (host root /)
+        if not dra and (policy is None or not policy.spec.driver.useNvidiaDriverCRD):
             for name in drivers:
                 await self._disabled(views[name], snap, active)
             return out
@@ -254,7 +257,8 @@ class NVIDIADriverReconciler:
     async def _disabled(self, view: PolicyView, snap: DriverSnapshot, active: PolicyView | None) -> None:
         if active is None:
             outcome = st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
-                                 "no ClusterPolicy: create one with spec.driver.useNvidiaDriverCRD=true")
+                                 "no ClusterPolicy and no GPUCluster: create a ClusterPolicy with "
+                                 "spec.driver.useNvidiaDriverCRD=true, or a GPUCluster (the DRA stack)")
             await self._status(view, snap, outcome)
             return
         message = (f"ClusterPolicy {active.name} has spec.driver.useNvidiaDriverCRD=false: set it to true to let "

@@ -283,7 +283,8 @@ class Operator:
     def driver_snapshot(self) -> DriverSnapshot:
         return DriverSnapshot(self.driver_views(), self.policy_views(), self.node_views(), self.owned_views(),
                               self.namespace, self.k8s_version,
-                              watched_kinds=frozenset(k.kind for k in self.owned_kinds))
+                              watched_kinds=frozenset(k.kind for k in self.owned_kinds),
+                              gpuclusters=[v.name for v in self.gpucluster_views()])
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.policy_views(), self.node_views(), self.owned_views(), self.namespace,
@@ -314,7 +315,8 @@ class Operator:
         async def upgrade_pass() -> float | None:
             # Driver upgrades (controllers/upgrade.py): the state machine for the ClusterPolicy, or
             # for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py).
-            owners = upgrade_owners(active_policy(self.policy_views()), self.driver_views(), self.node_views())
+            owners = upgrade_owners(active_policy(self.policy_views()), self.driver_views(), self.node_views(),
+                                    dra=bool(self.gpucluster_views()))
             return await self.upgrades.reconcile(owners)
 
         settings = self.settings

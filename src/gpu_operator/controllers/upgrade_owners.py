@@ -59,9 +59,13 @@ def nvidiadriver_owners(drivers: Iterable[PolicyView], nodes: Iterable[NodeView]
             for group in upgrade_groups(valid.values(), nodes)]
 
 
-def upgrade_owners(active: PolicyView | None, drivers: Iterable[PolicyView], nodes: Iterable[NodeView]) -> list[Owner]:
+def upgrade_owners(active: PolicyView | None, drivers: Iterable[PolicyView], nodes: Iterable[NodeView],
+                   dra: bool = False) -> list[Owner]:
     """The owners one upgrade pass runs for: none without a ClusterPolicy (or with one the api
-    model rejects), the ClusterPolicy, or with `driver.useNvidiaDriverCRD` every NVIDIADriver."""
+    model rejects), the ClusterPolicy, or with `driver.useNvidiaDriverCRD` every NVIDIADriver; with
+    `dra` (a GPUCluster and no ClusterPolicy) every NVIDIADriver."""
+    if active is None and dra:
+        return nvidiadriver_owners(drivers, nodes)
     model = active.as_policy.model if active is not None else None
     if active is None or model is None:
         return []

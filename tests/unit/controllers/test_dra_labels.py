@@ -59,3 +59,14 @@ def test_claim_holders_are_nodes_of_reserved_gpu_claims() -> None:
 
     claims = [claim("n1"), claim("n2", reserved=False), claim("n3", driver="compute-domain.nvidia.com"), {}]
     assert claim_holding_nodes(claims) == frozenset({"n1"})
+
+
+def test_with_nvidiadrivers_the_dra_stack_gets_owner_labels_and_their_upgrade_switch() -> None:
+    from gpu_operator.controllers.nodelabels import NodeDriver
+    from gpu_operator.vocabulary import DRIVER_OWNER
+
+    labels = {**GPU, **{k: "true" for k in DRA_STATE_LABELS}}
+    change = desired_change(labels, {}, LabelPolicy(dra=True, use_nvidia_driver_crd=True),
+                            NodeDriver(owner="default", auto_upgrade=True))
+    assert change.labels == {DRIVER_OWNER: "default"}
+    assert change.annotations == {UPGRADE_ENABLED_ANNOTATION: "true"}

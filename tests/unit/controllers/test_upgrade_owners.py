@@ -218,3 +218,11 @@ def test_a_policy_view_is_parsed_once_and_keeps_the_models_refusal() -> None:
     with pytest.raises(pydantic.ValidationError):
         bad.as_policy.valid()
     assert upgrade_owners(bad, [], []) == []
+
+
+def test_with_a_gpucluster_and_no_clusterpolicy_each_nvidiadriver_owns_its_nodes() -> None:
+    drivers = [policy_view("NVIDIADriver", "pool-a", {"nodeSelector": {"pool": "a"}})]
+    nodes = [node("a1", "pool-a"), node("free")]
+    assert upgrade_owners(None, drivers, nodes) == []  # neither CR: nothing is upgraded
+    (owner,) = upgrade_owners(None, drivers, nodes, dra=True)
+    assert owner.name == "pool-a" and owner.nodes == frozenset({"a1"})
