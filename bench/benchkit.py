@@ -21,15 +21,17 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpu_operator.vocabulary import GPU_PRESENT, STATE_LABELS
+from gpu_operator.vocabulary import DRA_STATE_LABELS, GPU_PRESENT, STATE_LABELS
 
-# A node counts as labelled once it carries every deploy label of the container workload.
+# A node counts as labelled once it carries every deploy label of the container workload (with a
+# GPUCluster: of the DRA stack).
 WANTED = (GPU_PRESENT, *STATE_LABELS["container"])
+DRA_WANTED = (GPU_PRESENT, *DRA_STATE_LABELS)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def labelled(labels: dict[str, str] | None) -> bool:
-    return bool(labels) and all((labels or {}).get(key) == "true" for key in WANTED)
+def labelled(labels: dict[str, str] | None, wanted: tuple[str, ...] = WANTED) -> bool:
+    return bool(labels) and all((labels or {}).get(key) == "true" for key in wanted)
 
 
 @dataclass
@@ -113,6 +115,7 @@ class LabelWatch:
     """Records, from a Node watch, when each node first carried every wanted label."""
 
     client: AsyncClient
+    wanted: tuple[str, ...] = WANTED
     labelled_at: dict[str, float] = field(default_factory=dict)
     waiters: dict[str, asyncio.Event] = field(default_factory=dict)
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -128,7 +131,7 @@ class LabelWatch:
 
     def _see(self, node: Any) -> None:
         name = node.metadata.name
-        if name not in self.labelled_at and labelled(node.metadata.labels):
+        if name not in self.labelled_at and labelled(node.metadata.labels, self.wanted):
             self.labelled_at[name] = time.monotonic()
             if name in self.waiters:
                 self.waiters[name].set()

@@ -13,6 +13,7 @@ import pstats
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchkit import (  # noqa: E402
+    DRA_WANTED,
+    WANTED,
     LabelWatch,
     audit_writes,
     create_nodes,
@@ -36,10 +39,11 @@ from lightkube.resources.core_v1 import Namespace  # noqa: E402
 from subjects import Subject, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
-from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
+from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
 from gpu_operator.sim import binaries, nodes, session  # noqa: E402
 from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
+from gpu_operator.sim.draplugin import SlicePublisher  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SHAPE = "dgx-h100"
@@ -54,9 +58,11 @@ def say(msg: str) -> None:
     print(f"[{dt.datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
 
 
-def policy_ready(client: Client) -> bool:
+def policy_ready(client: Client, gpucluster: bool = False) -> bool:
+    """The ClusterPolicy (or with --gpucluster the GPUCluster) is ready (Reconciled)."""
+    resource, name = (GPUClusterResource, "gpu-cluster") if gpucluster else (ClusterPolicyResource, "cluster-policy")
     try:
-        status = client.get(ClusterPolicyResource, "cluster-policy").get("status") or {}
+        status = client.get(resource, name).get("status") or {}
     except Exception:  # noqa: BLE001 - not there yet
         return False
     return status.get("state") == "ready" and any(
@@ -99,6 +105,13 @@ def read_policy(path: Path | None) -> dict[str, Any]:
     body = yaml.safe_load(path.read_text())
     body["metadata"] = {"name": "cluster-policy"}
     return dict(body)
+
+
+def read_gpucluster() -> dict[str, Any]:
+    """The GPUCluster of --gpucluster: examples/gpucluster.yaml."""
+    import yaml
+    body: dict[str, Any] = yaml.safe_load((HERE.parent / "examples" / "gpucluster.yaml").read_text())
+    return body
 
 
 def apply_peer_crds(sync: Client, directory: Path) -> None:
@@ -155,13 +168,18 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["rss_before_policy_mb"] = proc_stats(pid).rss_mb
         say(f"{who} CPU under churn {out['churn_cpu_fraction']:.1%} of a core over {args.churn_seconds:.0f}s")
 
-        watch = LabelWatch(client)
+        watch = LabelWatch(client, wanted=DRA_WANTED if args.gpucluster else WANTED)
+        publisher = None
+        if args.gpucluster:  # the DRA kubelet plugin's ResourceSlices (the simulator's stand-in)
+            publisher = SlicePublisher(Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench"))
+            stop_slices = threading.Event()
+            threading.Thread(target=publisher.run, args=(stop_slices, 1.0), daemon=True).start()
         watcher = asyncio.create_task(watch.run())
         await asyncio.wait_for(watch.started.wait(), 30)
         cpu0 = proc_stats(pid).cpu_seconds
         t0 = time.monotonic()
         out["load_at_policy"] = load()
-        await client.create(from_dict(read_policy(args.policy)))
+        await client.create(from_dict(read_gpucluster() if args.gpucluster else read_policy(args.policy)))
         done = await watch.wait_all(names, args.label_timeout)
         if done:
             out["labelled_s"] = max(watch.labelled_at[name] for name in names) - t0
@@ -200,9 +218,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
 
         t = time.monotonic()
         deadline = t + args.settle_timeout
-        while not policy_ready(sync) and time.monotonic() < deadline:
+        while not policy_ready(sync, args.gpucluster) and time.monotonic() < deadline:
             await asyncio.sleep(2)
-        out["settled"] = policy_ready(sync)
+        out["settled"] = policy_ready(sync, args.gpucluster)
         out["settle_s"] = time.monotonic() - t
         out["operand_pods_ready_at_idle"] = operand_pods(sync)
         say(f"ClusterPolicy {'ready' if out['settled'] else 'NOT ready'} after {out['settle_s']:.0f}s more; "
@@ -222,6 +240,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         stats = proc_stats(pid)
         out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = stats.rss_peak_mb, stats.rss_mb, stats.cpu_seconds
         out["writes_total_audit"], out["writes_by_kind"] = audit_writes(plane.audit_log, 0, OPERATOR_USER)
+        if publisher is not None:
+            stop_slices.set()
+            publisher.client.close()
         out["operator_exit"] = subject.stop(60)
         out["load_at_end"] = load()
         say(f"idle writes: audit {out['idle_writes_audit']}, metric {out['idle_writes_metric']}; "
@@ -336,6 +357,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="patches in flight (operator and ceiling)")
     parser.add_argument("--ceiling-patches", type=int, default=2000)
     parser.add_argument("--policy", type=Path, help="ClusterPolicy file for both operators (default: spec {})")
+    parser.add_argument("--gpucluster", action="store_true",
+                        help="create the GPUCluster of examples/gpucluster.yaml (the DRA stack) instead of a "
+                        "ClusterPolicy; the simulator's DRA plugin stand-in publishes the ResourceSlices")
     parser.add_argument("--peer-cmd", help="also run this operator (placeholders {kubeconfig} {namespace} "
                         "{metrics_port} {health_port}) through the same procedure; see bench/README.md")
     parser.add_argument("--peer-crds", type=Path, help="directory of CRD files to apply for the peer "
