@@ -60,5 +60,40 @@ def record(git_dir: str, commit: str) -> dict[str, Any]:
     return states
 
 
+# The GPUCluster states' facts come from upstream's rendered golden files (its manifests under
+# manifests/ are templates): one file per state, the fullest case.
+GPUCLUSTER_GOLDEN = {
+    "state-dra-driver": "gpucluster-dra-driver-full-spec.yaml",
+    "state-dcgm": "gpucluster-dcgm.yaml",
+    "state-dcgm-exporter": "gpucluster-dcgm-exporter-remote-engine.yaml",
+    "state-dra-validation": "gpucluster-dra-validation.yaml",
+}
+
+
+def record_gpucluster(git_dir: str, commit: str) -> dict[str, Any]:
+    """The same facts for the four GPUCluster states, keyed `gpucluster/<state>`."""
+    states: dict[str, Any] = {}
+    for state, name in GPUCLUSTER_GOLDEN.items():
+        entry = states.setdefault(f"gpucluster/{state}", {"objects": [], "daemonsets": {}, "rbac": {}, "services": {}})
+        text = _git(git_dir, "show", f"{commit}:internal/state/testdata/golden/{name}")
+        for doc in yaml.safe_load_all(text):
+            if not doc:
+                continue
+            kind, obj_name = doc["kind"], doc["metadata"]["name"]
+            entry["objects"].append(f"{kind}/{obj_name}")
+            if kind == "DaemonSet":
+                entry["daemonsets"][obj_name] = _daemonset(doc)
+            elif kind in ("Role", "ClusterRole"):
+                entry["rbac"].setdefault(kind, [])
+                entry["rbac"][kind] = sorted({*entry["rbac"][kind], *rule_strings(doc)})
+            elif kind == "Service":
+                entry["services"][obj_name] = {
+                    "annotations": doc["metadata"].get("annotations") or {},
+                    "ports": [p["port"] for p in doc["spec"].get("ports") or []],
+                }
+    return states
+
+
 if __name__ == "__main__":
-    print(json.dumps(record(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "HEAD"), indent=1))
+    git_dir, commit = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "HEAD"
+    print(json.dumps({**record(git_dir, commit), **record_gpucluster(git_dir, commit)}, indent=1))

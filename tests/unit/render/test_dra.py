@@ -255,3 +255,36 @@ def test_openshift_gets_security_context_constraints() -> None:
                             "system:serviceaccount:gpu-operator:compute-domain-daemon-service-account"]
     named(result, "SecurityContextConstraints", "nvidia-dra-validator")
     assert not [o for o in run({"draDriver": {}}).objects() if o["kind"] == "SecurityContextConstraints"]
+
+
+def test_upstreams_golden_case_keeps_the_dra_contracts() -> None:
+    """Our render of the GPUCluster NVIDIA's golden files render, against the contracts recorded from
+    them (tools/operand_facts/contracts/gpucluster-*.yaml): only deliberate deviations."""
+    from tools.operand_facts.compare import gpucluster_deviations
+    from tools.operand_facts.contract import contracts, undocumented
+
+    found = gpucluster_deviations()
+    assert undocumented(found) == [], "\n".join(map(str, undocumented(found)))
+    assert {k for k in contracts() if k.startswith("gpucluster/")} == {f"gpucluster/{s}" for s in STATE_NAMES}
+    assert {d.id.split(":")[-1] for d in found} == {"coordination.k8s.io leases create",
+                                                     "coordination.k8s.io leases get",
+                                                     "coordination.k8s.io leases update",
+                                                     "coordination.k8s.io leases get nvidia-dra-driver-controller",
+                                                     "coordination.k8s.io leases update nvidia-dra-driver-controller"}
+
+
+def test_the_dra_contract_catches_what_would_stop_the_plugin() -> None:
+    import copy
+
+    from tools.operand_facts.compare import GPUCLUSTER_FIXTURE
+    from tools.operand_facts.contract import compare_state, undocumented
+
+    state = run(GPUCLUSTER_FIXTURE).state("state-dra-driver")
+    broken = copy.deepcopy(state.objects)
+    plugin = next(o for o in broken if o["kind"] == "DaemonSet")
+    gpus = next(c for c in plugin["spec"]["template"]["spec"]["containers"] if c["name"] == "gpus")
+    gpus["env"] = [e for e in gpus["env"] if e["name"] != "KUBELET_PLUGINS_DIRECTORY_PATH"]
+    gpus["volumeMounts"] = [m for m in gpus["volumeMounts"] if m["name"] != "cdi"]
+    ids = {d.id for d in undocumented(compare_state("gpucluster/state-dra-driver", broken))}
+    assert ids == {"nvidia-dra-driver-kubelet-plugin/gpus:env-missing:KUBELET_PLUGINS_DIRECTORY_PATH",
+                   "nvidia-dra-driver-kubelet-plugin/gpus:mount-missing:/var/run/cdi"}
