@@ -86,6 +86,19 @@ class Applier:
         # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
         self.remembered[owner.uid] = {k: v for k, v in desired.items() if v.kind not in watched_kinds}
 
+    async def verify_remembered(self, owner_uid: str) -> list[str]:
+        """Read back what is remembered for an owner (reads only): an object someone deleted or
+        changed is forgotten, so the next apply writes it again. Returns what was forgotten."""
+        kept = self.remembered.get(owner_uid, {})
+        forgotten = []
+        for key, view in list(kept.items()):
+            live = await self.kube.get_dict(view.api_version, view.kind, view.name, view.namespace)
+            hash_now = ((live or {}).get("metadata", {}).get("annotations") or {}).get(HASH_ANNOTATION)
+            if hash_now != view.applied_hash:
+                del kept[key]
+                forgotten.append(str(ObjectKey(view.api_version, view.kind, view.name, view.namespace)))
+        return forgotten
+
     def forget_others(self, uids: Collection[str]) -> None:
         """Drop what is remembered for owners that no longer exist (the garbage collector took
         their objects)."""

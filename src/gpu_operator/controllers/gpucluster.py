@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,7 @@ class GPUClusterReconciler:
         self.applier = Applier(kube)
         self.resource_api: str | None = None  # found by discovery; looked up again while None
         self._namespace_labelled = False
+        self._verified = 0.0  # when the unwatched objects (DeviceClasses, the policy...) were last read back
 
     async def reconcile(self, snap: ClusterSnapshot) -> ClusterReport:
         report = ClusterReport()
@@ -101,6 +103,7 @@ class GPUClusterReconciler:
                 f"{err} (fix the field in GPUCluster {view.name})" if err.field_path.startswith("spec") else str(err)))
         try:
             await self._allow_admin_access(snap.namespace)
+            await self._verify_unwatched(view)
             await self.applier.apply(result, view, owner_reference(view, API_VERSION, KIND), snap.owned,
                                      snap.watched_kinds, report)
         except ApiError as err:
@@ -113,7 +116,18 @@ class GPUClusterReconciler:
         else:
             outcome = st.Outcome(vocab.READY, vocab.RECONCILED,
                                  "GPUCluster is ready: every DRA operand is reconciled and its pods are ready")
+            report.requeue = self.settings.gpucluster_resync  # unwatched objects are read back then
         return await self._finish(view, snap, report, outcome)
+
+    async def _verify_unwatched(self, view: PolicyView) -> None:
+        """DeviceClasses, the admission policy and claim templates are not watched: at most every
+        `gpucluster_resync` seconds they are read back, and one deleted or changed is applied again."""
+        now = time.monotonic()
+        if now - self._verified < self.settings.gpucluster_resync:
+            return
+        self._verified = now
+        for what in await self.applier.verify_remembered(view.uid):
+            log.info("GPUCluster %s: %s was deleted or changed by someone else; applying it again", view.name, what)
 
     async def _resource_api(self) -> str | None:
         if self.resource_api is None:

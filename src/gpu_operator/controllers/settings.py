@@ -40,6 +40,11 @@ class OperatorSettings:
     """A GPUCluster beside a ClusterPolicy (which cannot run together) is looked at again after this
     (besides every event of either)."""
 
+    gpucluster_resync: float = 60.0
+    """A ready GPUCluster is looked at again after this, and the objects of kinds the operator does
+    not watch (DeviceClasses, the ResourceSlice admission policy, claim templates) are read back:
+    one someone deleted or changed is applied again (reads only while nothing changed)."""
+
     claim_recheck: float = 30.0
     """Node labelling looks again this often at nodes that keep the DRA driver label only because a
     pod there still holds a gpu.nvidia.com ResourceClaim (leaving the DRA stack)."""
