@@ -33,9 +33,11 @@ class ApiHealth:
 
     async def check(self) -> None:
         try:
-            response = await self.kube.http.get("/readyz", timeout=self.timeout)
-            if response.status_code != 200:
-                raise RuntimeError(f"/readyz answered {response.status_code}: {response.text[:200]}")
+            answer = await self.kube.get_answer("/readyz", timeout=self.timeout)
+            if answer.status is None:
+                raise RuntimeError(answer.error)
+            if answer.status != 200:
+                raise RuntimeError(f"/readyz answered {answer.status}: {answer.text[:200]}")
         except Exception as err:  # refused, timed out, TLS, 5xx: all mean "not reachable now"
             self.failures += 1
             self.last_error = str(err) or type(err).__name__

@@ -94,18 +94,23 @@ class NodeView:
     def of(cls, body: Any) -> NodeView:
         meta = body.get("metadata", {})
         info = (body.get("status") or {}).get("nodeInfo") or {}
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        return cls(
-            name=meta["name"],
-            labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
-            annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
-            runtime=info.get("containerRuntimeVersion", ""),
-            kernel=info.get("kernelVersion", ""),
-            selectable=dict(labels),
+        return cls.of_parts(
+            meta["name"], meta.get("labels") or {}, meta.get("annotations") or {},
+            runtime=info.get("containerRuntimeVersion", ""), kernel=info.get("kernelVersion", ""),
             unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
             ready=any(c.get("type") == "Ready" and c.get("status") == "True"
-                      for c in (body.get("status") or {}).get("conditions") or []),
+                      for c in (body.get("status") or {}).get("conditions") or []))
+
+    @classmethod
+    def of_parts(cls, name: str, labels: dict[str, str], annotations: dict[str, str], *, runtime: str = "",
+                 kernel: str = "", unschedulable: bool = False, ready: bool = False) -> NodeView:
+        """From a Node's fields (a body, or the Node watch's decoded node): only the labels and
+        annotations the operator reads are kept in `labels`/`annotations`."""
+        return cls(
+            name=name,
+            labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
+            annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
+            runtime=runtime, kernel=kernel, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
         )
 
     @property

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2
 import yaml
 
 from gpu_operator import __version__
@@ -78,15 +77,14 @@ class Gatherer:
         query = dict(params or {})
         items: list[Any] = []
         while True:
-            try:
-                response = await self.kube.http.get(path, params=query)
-            except httpx2.HTTPError as err:
-                self.bundle.errors.append(f"{what}: {path}: {type(err).__name__}: {err}")
+            answer = await self.kube.get_answer(path, query)
+            if answer.status is None:
+                self.bundle.errors.append(f"{what}: {path}: {answer.error}")
                 return None
-            if response.status_code != 200:
-                self.bundle.errors.append(f"{what}: {path}: HTTP {response.status_code} {_reason(response)}")
+            if answer.status != 200:
+                self.bundle.errors.append(f"{what}: {path}: HTTP {answer.status} {answer.reason}")
                 return None
-            body = response.json()
+            body = answer.json()
             if not isinstance(body, dict) or "items" not in body:
                 return body
             items.extend(body.get("items") or [])
@@ -97,15 +95,14 @@ class Gatherer:
 
     async def text(self, path: str, params: dict[str, str], *, what: str) -> tuple[str | None, int | None]:
         """A GET's text, or None and the HTTP status (None: no answer), recorded in errors.txt."""
-        try:
-            response = await self.kube.http.get(path, params=params, timeout=LOG_TIMEOUT)
-        except httpx2.HTTPError as err:
-            self.bundle.errors.append(f"{what}: {type(err).__name__}: {err}")
+        answer = await self.kube.get_answer(path, params, timeout=LOG_TIMEOUT)
+        if answer.status is None:
+            self.bundle.errors.append(f"{what}: {answer.error}")
             return None, None
-        if response.status_code != 200:
-            self.bundle.errors.append(f"{what}: HTTP {response.status_code} {_reason(response)}")
-            return None, response.status_code
-        return response.text, 200
+        if answer.status != 200:
+            self.bundle.errors.append(f"{what}: HTTP {answer.status} {answer.reason}")
+            return None, answer.status
+        return answer.text, 200
 
     async def objects(self, kind: OwnedKind, dest: str, *, namespace: str | None = None,
                       selector: str | None = None) -> list[dict[str, Any]]:
@@ -237,14 +234,6 @@ def _log_requests(pods: list[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], 
             yield pod, state["name"], False
             if state.get("restartCount"):
                 yield pod, state["name"], True
-
-
-def _reason(response: httpx2.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return " ".join(response.text.split())[:200]
-    return str(body.get("message") or body.get("reason") or "") if isinstance(body, dict) else ""
 
 
 def _when(event: dict[str, Any]) -> str:

@@ -1,97 +1,18 @@
-"""The Node reflector: one paged list, then one watch resumed from the last resourceVersion
-(bookmarks keep it current), a fresh list when the apiserver answers 410 Gone, capped backoff on
-any other failure. Each Node is decoded straight into the few fields the operator reads (msgspec
-skips the rest of the body without building it), kept as a `NodeView`, and reported only when
-that view changed: kubelet/kwok status heartbeats cost one decode and one comparison."""
+"""The operator's Node reflector: kube/nodewatch.py's NodeWatch, each decoded Node kept as the
+`NodeView` the rest of the operator reads (built straight from the decoded fields, label strings
+interned), retrying with the operator's watch backoff."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import random
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import httpx2
-import msgspec
-from prometheus_client import Counter
 
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
 
-log = logging.getLogger("gpu_operator.reflector")
-
-EVENTS = Counter("gpu_operator_node_watch_events", "Node watch events received, by type", ["type"])
-LISTS = Counter("gpu_operator_node_lists", "Full Node lists, by reason (start, gone, error)", ["reason"])
-
-NODES_PATH = "/api/v1/nodes"
-
-
-class _Meta(msgspec.Struct):
-    name: str = ""
-    resourceVersion: str = ""
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
-
-
-class _NodeInfo(msgspec.Struct):
-    kernelVersion: str = ""
-    containerRuntimeVersion: str = ""
-
-
-class _Condition(msgspec.Struct):
-    type: str = ""
-    status: str = ""  # heartbeat times are skipped: a heartbeat changes no view
-
-
-class _Status(msgspec.Struct):
-    nodeInfo: _NodeInfo | None = None
-    conditions: list[_Condition] | None = None
-
-
-class _Spec(msgspec.Struct):
-    unschedulable: bool = False
-
-
-class SlimNode(msgspec.Struct):
-    """The part of a Node the decoder builds; every other field is skipped."""
-
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
-    spec: _Spec | None = None
-    status: _Status | None = None
-
-
-class _ListMeta(msgspec.Struct):
-    resourceVersion: str = ""
-    continue_: str | None = msgspec.field(name="continue", default=None)
-
-
-class _NodeList(msgspec.Struct):
-    items: list[SlimNode] | None = None
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
-
-
-class _Event(msgspec.Struct):
-    type: str
-    object: msgspec.Raw
-
-
-class _ErrorStatus(msgspec.Struct):
-    code: int = 0
-    message: str = ""
-    reason: str = ""
-
-
-_decode_list = msgspec.json.Decoder(_NodeList).decode
-_decode_event = msgspec.json.Decoder(_Event).decode
-_decode_node = msgspec.json.Decoder(SlimNode).decode
-_decode_error = msgspec.json.Decoder(_ErrorStatus).decode
-
-
-class Gone(Exception):
-    """The resourceVersion the watch resumed from is too old (HTTP 410): list again."""
+__all__ = ["Gone", "NodeReflector", "SlimNode", "view_of"]
 
 
 def _interned(mapping: dict[str, str]) -> dict[str, str]:
@@ -100,143 +21,22 @@ def _interned(mapping: dict[str, str]) -> dict[str, str]:
 
 
 def view_of(node: SlimNode) -> NodeView:
-    """The NodeView of a decoded Node: the same `NodeView.of` the rest of the operator uses, fed
-    the slim body (label strings interned first)."""
+    """The NodeView of a decoded Node."""
     meta = node.metadata
     info = node.status.nodeInfo if node.status is not None else None
     conditions = (node.status.conditions if node.status is not None else None) or []
-    status: dict[str, Any] = {"conditions": [{"type": c.type, "status": c.status} for c in conditions]}
-    if info:
-        status["nodeInfo"] = {"containerRuntimeVersion": sys.intern(info.containerRuntimeVersion),
-                              "kernelVersion": sys.intern(info.kernelVersion)}
-    body = {"metadata": {"name": meta.name, "labels": _interned(meta.labels or {}),
-                         "annotations": meta.annotations or {}},
-            "spec": {"unschedulable": node.spec.unschedulable if node.spec else False},
-            "status": status}
-    return NodeView.of(body)
+    return NodeView.of_parts(
+        meta.name, _interned(meta.labels or {}), meta.annotations or {},
+        runtime=sys.intern(info.containerRuntimeVersion) if info else "",
+        kernel=sys.intern(info.kernelVersion) if info else "",
+        unschedulable=node.spec.unschedulable if node.spec else False,
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions))
 
 
-OnChange = Callable[[str, NodeView | None], None]
-
-
-class NodeReflector:
-    """Keeps `views` (node name -> NodeView) equal to the apiserver's Nodes; calls
-    `on_change(name, view)` for a new or changed view and `on_change(name, None)` for a node that
-    is gone. `synced` is set once the first list is in."""
-
-    def __init__(self, http: httpx2.AsyncClient, on_change: OnChange, *, backoff: Backoff | None = None,
+class NodeReflector(NodeWatch[NodeView]):
+    def __init__(self, http: httpx2.AsyncClient, on_change: OnChange[NodeView], *, backoff: Backoff | None = None,
                  page_size: int = 500, server_timeout: float = 300, connect_timeout: float = 30,
                  path: str = NODES_PATH) -> None:
-        self.http = http
-        self.on_change = on_change
-        self.backoff = backoff or Backoff(initial=0.5, cap=30.0)
-        self.page_size = page_size
-        self.server_timeout = server_timeout
-        self.connect_timeout = connect_timeout
-        self.path = path
-        self.views: dict[str, NodeView] = {}
-        self.resource_version = ""
-        self.synced = asyncio.Event()
-
-    def _apply(self, name: str, view: NodeView | None) -> None:
-        if view is None:
-            if self.views.pop(name, None) is not None:
-                self.on_change(name, None)
-            return
-        if self.views.get(name) != view:
-            self.views[name] = view
-            self.on_change(name, view)
-
-    async def list(self) -> str:
-        """One consistent paged list; replaces the store and reports the differences. Returns
-        the list's resourceVersion."""
-        seen: set[str] = set()
-        params: dict[str, Any] = {"limit": self.page_size}
-        version = ""
-        while True:
-            response = await self.http.get(self.path, params=params, timeout=self._timeout(60))
-            if response.status_code == 410:  # the continue token expired mid-list: start over
-                params, seen = {"limit": self.page_size}, set()
-                continue
-            response.raise_for_status()
-            page = _decode_list(response.content)
-            version = version or page.metadata.resourceVersion
-            for node in page.items or ():
-                seen.add(node.metadata.name)
-                self._apply(node.metadata.name, view_of(node))
-            if not page.metadata.continue_:
-                break
-            params = {"limit": self.page_size, "continue": page.metadata.continue_}
-        for name in set(self.views) - seen:
-            self._apply(name, None)
-        self.resource_version = version
-        self.synced.set()
-        return version
-
-    def _timeout(self, read: float | None) -> httpx2.Timeout:
-        return httpx2.Timeout(self.connect_timeout, read=read)
-
-    async def watch(self) -> None:
-        """One watch request from `resource_version`, until the server ends it (returns normally),
-        it fails (raises), or the version is too old (raises Gone)."""
-        # Spread the restarts of many watches, as client-go does (between 1x and 2x the minimum).
-        timeout = int(self.server_timeout * (1 + random.random()))
-        params = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
-                  "timeoutSeconds": str(timeout)}
-        async with self.http.stream("GET", self.path, params=params,
-                                    timeout=self._timeout(timeout + 30)) as response:
-            if response.status_code == 410:
-                raise Gone(f"HTTP 410 for resourceVersion {self.resource_version}")
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line:
-                    self.handle_line(line)
-
-    def handle_line(self, line: str | bytes) -> None:
-        event = _decode_event(line)
-        EVENTS.labels(event.type).inc()
-        if event.type == "ERROR":
-            status = _decode_error(event.object)
-            if status.code == 410:
-                raise Gone(status.message or "too old resource version")
-            raise RuntimeError(f"Node watch error event: HTTP {status.code} {status.reason}: {status.message}")
-        node = _decode_node(event.object)
-        if node.metadata.resourceVersion:
-            self.resource_version = node.metadata.resourceVersion
-        if event.type == "BOOKMARK":
-            return
-        if event.type == "DELETED":
-            self._apply(node.metadata.name, None)
-        else:
-            self._apply(node.metadata.name, view_of(node))
-
-    async def run(self, stop: asyncio.Event | None = None) -> None:
-        """List, then watch and resume, forever (or until `stop`)."""
-        stop = stop or asyncio.Event()
-        failures = 0
-        reason = "start"
-        while not stop.is_set():
-            try:
-                if reason:
-                    LISTS.labels(reason).inc()
-                    await self.list()
-                    reason = ""
-                await self.watch()
-                failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Gone as err:
-                log.info("Node watch: %s; listing the nodes again", err)
-                reason = "gone"
-                failures = 0
-            except Exception as err:  # network, 5xx, a malformed line: back off, resume the watch
-                failures += 1
-                delay = self.backoff.delay(failures)
-                if not self.synced.is_set():
-                    reason = "start"
-                elif isinstance(err, httpx2.HTTPStatusError) and err.response.status_code == 410:
-                    reason = "gone"
-                log.warning("Node %s failed (%d in a row): %s; retrying in %.1f s",
-                            "list" if reason else "watch", failures, err or type(err).__name__, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
+        super().__init__(http, on_change, view_of, delay=(backoff or Backoff(initial=0.5, cap=30.0)).delay,
+                         page_size=page_size, server_timeout=server_timeout, connect_timeout=connect_timeout,
+                         path=path)

@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
@@ -38,67 +36,6 @@ DONE = Gauge("gpu_operator_nodes_upgrades_done", "Nodes on which the driver upgr
 FAILED = Gauge("gpu_operator_nodes_upgrades_failed", "Nodes on which the driver upgrade failed")
 AVAILABLE = Gauge("gpu_operator_nodes_upgrades_available", "Upgrade slots available")
 PENDING = Gauge("gpu_operator_nodes_upgrades_pending", "Nodes waiting for a driver upgrade")
-
-
-class _Env(msgspec.Struct, omit_defaults=True):
-    name: str = ""
-    value: str | None = None
-
-
-class _Container(msgspec.Struct, omit_defaults=True):
-    env: list[_Env] | None = None
-
-
-class _OwnerRef(msgspec.Struct, omit_defaults=True):
-    kind: str = ""
-    uid: str = ""
-    controller: bool | None = None
-
-
-class _PodMeta(msgspec.Struct, omit_defaults=True):
-    name: str = ""
-    namespace: str = ""
-    labels: dict[str, str] | None = None
-    ownerReferences: list[_OwnerRef] | None = None
-    deletionTimestamp: str | None = None
-
-
-class _PodSpec(msgspec.Struct, omit_defaults=True):
-    nodeName: str | None = None
-    containers: list[_Container] | None = None
-    initContainers: list[_Container] | None = None
-
-
-class _ContainerStatus(msgspec.Struct, omit_defaults=True):
-    ready: bool = False
-    restartCount: int = 0
-
-
-class _Condition(msgspec.Struct, omit_defaults=True):
-    type: str = ""
-    status: str = ""
-
-
-class _PodStatus(msgspec.Struct, omit_defaults=True):
-    phase: str = ""
-    containerStatuses: list[_ContainerStatus] | None = None
-    conditions: list[_Condition] | None = None
-
-
-class SlimPod(msgspec.Struct, omit_defaults=True):
-    """What `driver_pod_facts` and the validator check read of a pod; the decoder skips the rest."""
-
-    metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
-    spec: _PodSpec | None = None
-    status: _PodStatus | None = None
-
-
-class _PodList(msgspec.Struct):
-    items: list[SlimPod] | None = None
-    metadata: dict[str, Any] | None = None
-
-
-_decode_pods = msgspec.json.Decoder(_PodList).decode
 
 
 def record(counts: us.Counts) -> None:
@@ -290,28 +227,9 @@ class UpgradeController:
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None, *,
                    slim: bool = False) -> list[dict[str, Any]]:
-        """Every item of a list, page by page. `slim`: pods decoded as `SlimPod` (driver and
-        validator pods, one per node: their whole bodies would be most of a pass's cost)."""
-        # Label selectors from the policy are strings (`app=job,tier!=x`): passed to the
-        # apiserver as they are, so it does the matching.
-        http = self.kube.http
-        items: list[dict[str, Any]] = []
-        query = {"limit": "500", **(params or {})}
-        while True:
-            response = await http.get(path, params=query)
-            response.raise_for_status()
-            if slim:
-                page = _decode_pods(response.content)
-                items.extend(msgspec.to_builtins(p) for p in page.items or [])
-                meta = page.metadata or {}
-            else:
-                body = response.json()
-                items.extend(body.get("items") or [])
-                meta = body.get("metadata") or {}
-            cont = meta.get("continue")
-            if not cont:
-                return items
-            query["continue"] = cont
+        """Every item of a list (kube/pages.py). `slim`: pods decoded slim (driver and validator
+        pods, one per node: their whole bodies would be most of a pass's cost)."""
+        return await self.kube.list_all(path, params, slim_pods=slim)
 
     async def reconcile(self, owners: Sequence[Owner]) -> float:
         """One pass: the state machine once per owner (the ClusterPolicy, or each NVIDIADriver),
@@ -409,29 +327,12 @@ class UpgradeController:
                 log.warning("node %s: upgrade step failed: %s", step.node, err)
 
     async def _evict(self, pod: us.PodFacts) -> None:
-        http = self.kube.http
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{urllib.parse.quote(pod.name)}/eviction"
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": pod.name, "namespace": pod.namespace}}
-        self.kube.write("create", "Eviction")
-        response = await http.post(path, json=body)
-        if response.status_code == 429:
-            self.blocked[(pod.namespace, pod.name)] = f"{pod.namespace}/{pdb_name(response.json())}"
-        elif response.status_code not in (200, 201, 404):
-            response.raise_for_status()
+        answer = await self.kube.evict(pod.namespace, pod.name)
+        if answer.refused_by:
+            self.blocked[(pod.namespace, pod.name)] = answer.refused_by
         else:
             self.blocked.pop((pod.namespace, pod.name), None)
 
     async def _delete_pod(self, namespace: str, name: str) -> None:
         from gpu_operator.kube.client import ObjectKey
         await self.kube.delete(ObjectKey("v1", "Pod", name, namespace))
-
-
-def pdb_name(status: Mapping[str, Any]) -> str:
-    """The PodDisruptionBudget named in a refused eviction's Status (cause DisruptionBudget:
-    'The disruption budget NAME needs ...'); '?' when the apiserver did not say."""
-    for cause in ((status.get("details") or {}).get("causes") or []):
-        message = cause.get("message", "")
-        if cause.get("reason") == "DisruptionBudget" and message.startswith("The disruption budget "):
-            return str(message).removeprefix("The disruption budget ").split(" ", 1)[0]
-    return "?"

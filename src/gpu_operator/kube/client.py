@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,8 @@ from lightkube.core.resource_registry import resource_registry
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.types import PatchType
 from prometheus_client import Counter
+
+from gpu_operator.kube import pages
 
 FIELD_MANAGER = "gpu-operator"
 log = logging.getLogger(__name__)
@@ -276,6 +278,22 @@ class Kube:
         )
         self.write("create", "Event")
         await self.client.create(event)
+
+    async def list_all(self, path: str, params: Mapping[str, str] | None = None, *,
+                       slim_pods: bool = False) -> list[dict[str, Any]]:
+        """Every item of the list at `path`, page by page (kube/pages.py)."""
+        return await pages.list_all(self.http, path, params, slim_pods=slim_pods)
+
+    async def get_answer(self, path: str, params: Mapping[str, str] | None = None,
+                         timeout: float | None = None) -> pages.Answer:
+        """A GET of any path: its status and text, or why there was no answer (never raises for
+        an HTTP status or a transport error)."""
+        return await pages.get(self.http, path, params, timeout)
+
+    async def evict(self, namespace: str, name: str) -> pages.Evicted:
+        """The Eviction API for one pod; a PodDisruptionBudget's refusal is in the answer."""
+        self.write("create", "Eviction")
+        return await pages.evict(self.http, namespace, name)
 
     async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
                          labels: dict[str, str] | None = None) -> list[dict[str, Any]]:

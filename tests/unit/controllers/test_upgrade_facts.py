@@ -13,6 +13,7 @@ from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
+from gpu_operator.kube import pages
 from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_STATE
 
 DS_UID = "ds-1"
@@ -71,8 +72,8 @@ def test_node_patch_is_one_merge_patch() -> None:
 def test_pdb_name_from_refused_eviction() -> None:
     status = {"kind": "Status", "code": 429, "details": {"causes": [
         {"reason": "DisruptionBudget", "message": "The disruption budget serve-pdb needs 1 healthy pods and has 1 currently"}]}}
-    assert upgrade.pdb_name(status) == "serve-pdb"
-    assert upgrade.pdb_name({"code": 429}) == "?"
+    assert pages.pdb_name(status) == "serve-pdb"
+    assert pages.pdb_name({"code": 429}) == "?"
 
 
 def _view(name: str, state: str | None = None, *, cordoned: bool = False,
@@ -106,7 +107,7 @@ def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
 
 def _slim(pod: dict[str, Any]) -> dict[str, Any]:
     page = {"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": [pod]}
-    (item,) = upgrade._decode_pods(json.dumps(page).encode()).items or []
+    (item,) = pages._decode_pods(json.dumps(page).encode()).items or []
     result: dict[str, Any] = msgspec.to_builtins(item)
     return result
 
@@ -140,7 +141,10 @@ def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required()
 
     async def one_pass(views: list[NodeView]) -> None:
         http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
-        kube = types.SimpleNamespace(http=http)
+        async def list_all(path: str, params: Any = None, *, slim_pods: bool = False) -> list[dict[str, Any]]:
+            return await pages.list_all(http, path, params, slim_pods=slim_pods)
+
+        kube = types.SimpleNamespace(http=http, list_all=list_all)
         controller = UpgradeController(kube, "ops", lambda: views)  # type: ignore[arg-type]
         policy = us.Policy(auto_upgrade=True)
         await controller.reconcile([upgrade_owners.Owner("cp", policy, False, "uid")])

@@ -164,6 +164,11 @@ class FakeKube:
 
         self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
 
+    async def list_all(self, path: str, params: Any = None, *, slim_pods: bool = False) -> list[dict[str, Any]]:
+        from gpu_operator.kube.pages import list_all
+
+        return await list_all(self.http, path, params, slim_pods=slim_pods)
+
     async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any]) -> None:
         assert name not in self.patches, f"{name} patched twice in one pass"
         self.patches[name] = patch
