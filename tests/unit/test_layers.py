@@ -105,3 +105,14 @@ def test_the_architecture_page_lists_every_room() -> None:
     block = text[text.index("## Layers"):text.index("## From a ClusterPolicy")]
     listed = set(re.findall(r"^(\w+)(?:/|\.py)", block, flags=re.M))
     assert set(MAY_IMPORT) - {"cli"} <= listed, set(MAY_IMPORT) - listed
+
+
+def test_only_kube_speaks_http() -> None:
+    """No request is sent from controllers/ itself (kube/ holds the client, the watches, the lists,
+    the eviction), and no wire decoder lives there."""
+    root = Path(__file__).resolve().parents[2] / "src" / "gpu_operator" / "controllers"
+    sending = re.compile(r"\.http\.(get|post|put|patch|delete|stream|request)\(")
+    found = [f"{path.name}:{n}" for path in sorted(root.glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if sending.search(line) or re.match(r"\s*(import msgspec|from msgspec)", line)]
+    assert found == [], f"HTTP or wire decoding in controllers/: {found}; move it to kube/"
