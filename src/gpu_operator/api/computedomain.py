@@ -49,12 +49,17 @@ class ComputeDomainSpec(Model):
     channel: ComputeDomainChannel
 
 
-class ComputeDomainNode(Model):
-    name: str
+class _IMEXDaemon(Model):
+    """One IMEX daemon: its address, its NVLink clique, its index there (a stable DNS name)."""
+
     ipAddress: str
     cliqueID: str
     index: int | None = None
     status: Readiness = "NotReady"
+
+
+class ComputeDomainNode(_IMEXDaemon):
+    name: str
 
 
 class ComputeDomainStatus(Model):
@@ -70,12 +75,8 @@ class ComputeDomain(Model):
     status: ComputeDomainStatus | None = None
 
 
-class CliqueDaemon(Model):
+class CliqueDaemon(_IMEXDaemon):
     nodeName: str
-    ipAddress: str
-    cliqueID: str
-    index: int | None = None
-    status: Readiness = "NotReady"
 
 
 class CliqueBody(Model):
