@@ -59,9 +59,13 @@ def metric_sum(port: int, name: str) -> float:
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
 def audit_writes(log: Path, offset: int, user: str) -> tuple[int, dict[str, int]]:
     """Write requests by `user` in the audit log after byte `offset`, leases excluded (leader
-    election renews its Lease by design). Returns (count, {"verb resource": count})."""
+    election renews its Lease by design); reads (the audit policy logs them too: the apiserver
+    probe, read-backs) are left out. Returns (count, {"verb resource": count})."""
     counts: Counter[str] = Counter()
     with log.open("rb") as f:
         f.seek(offset)
@@ -73,7 +77,7 @@ def audit_writes(log: Path, offset: int, user: str) -> tuple[int, dict[str, int]
             if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != user:
                 continue
             ref = event.get("objectRef") or {}
-            if ref.get("apiGroup") == "coordination.k8s.io":
+            if ref.get("apiGroup") == "coordination.k8s.io" or event.get("verb") not in WRITE_VERBS:
                 continue
             sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
             counts[f"{event.get('verb')} {ref.get('resource', '?')}{sub}"] += 1

@@ -223,7 +223,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["settled"] = policy_ready(sync, args.gpucluster)
         out["settle_s"] = time.monotonic() - t
         out["operand_pods_ready_at_idle"] = operand_pods(sync)
-        say(f"ClusterPolicy {'ready' if out['settled'] else 'NOT ready'} after {out['settle_s']:.0f}s more; "
+        say(f"{'GPUCluster' if args.gpucluster else 'ClusterPolicy'} {'ready' if out['settled'] else 'NOT ready'} "
+            f"after {out['settle_s']:.0f}s more; "
             f"idle window {args.idle_seconds:.0f}s")
         await asyncio.sleep(5)  # let the last status write land before the window opens
         offset = plane.audit_log.stat().st_size

@@ -246,3 +246,34 @@ def test_nvidiadrivers_manage_the_dra_stack_driver(
                if (ds.metadata.labels or {}).get("app.kubernetes.io/component") == "nvidia-driver"]
     assert len(drivers) == 1 and drivers[0].spec.template.spec.nodeSelector.get(deploy_label("driver")) == "true"
     wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=120, context=context)
+
+
+def test_leaving_dra_keeps_the_driver_label_while_a_pod_holds_a_gpu_claim(
+        kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
+        cluster_policies: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None], namespace: str) -> None:
+    """GPUCluster -> ClusterPolicy: nvidia.com/gpu.deploy.dra-driver stays on the node where a user's
+    pod still holds a gpu.nvidia.com claim (its plugin must unprepare it), and goes once the pod is
+    gone; the other node switches at once."""
+    nodes = fake_nodes("dgx-h100:2")
+    operator = start_operator()
+    gpucluster({"draDriver": IMAGE})
+
+    def context() -> str:
+        return f"{gpucluster_status(kube)}\n{policy_status(kube)}\n{operator.log_text()[-4000:]}"
+
+    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    claim_pod(kube, namespace, "holder", 1)
+    holder = str(wait_for("the claim allocated", lambda: allocated_node(kube, namespace, "holder"), timeout=60))
+    other = next(n for n in nodes if n != holder)
+    kube.delete(GPUClusterResource, NAME)
+    wait_for("the GPUCluster gone", lambda: not exists(kube, GPUClusterResource, NAME), timeout=120, context=context)
+    cluster_policies({})
+    wait_for("the free node on the device-plugin stack", lambda: labels(kube, other).get(
+        deploy_label("device-plugin")) == "true" and deploy_label("dra-driver") not in labels(kube, other),
+        timeout=120, context=context)
+    on_holder = labels(kube, holder)
+    assert on_holder.get(deploy_label("device-plugin")) == "true"
+    assert on_holder.get(deploy_label("dra-driver")) == "true", "the DRA driver label went while a claim is held"
+    kube.delete(Pod, "holder", namespace=namespace)
+    wait_for("the DRA driver label gone once the claim is released", lambda: deploy_label("dra-driver") not in labels(
+        kube, holder), timeout=90, context=context)

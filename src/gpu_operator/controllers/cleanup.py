@@ -53,9 +53,11 @@ def owned_keys(metadata: dict[str, Any], managers: frozenset[str] = OUR_MANAGERS
             {k for k in annotations & present_annotations if k.startswith(ours)})
 
 
-def cleanup_patch(node: dict[str, Any]) -> dict[str, Any] | None:
-    """The merge patch that removes our keys from a node, or None when it carries none."""
+def cleanup_patch(node: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The merge patch that removes our keys (but the labels in `keep`) from a node, or None when
+    it carries none."""
     labels, annotations = owned_keys(node.get("metadata") or {})
+    labels -= keep
     if not labels and not annotations:
         return None
     metadata: dict[str, Any] = {}
@@ -129,11 +131,15 @@ async def delete_crds(kube: Kube) -> list[str]:
     return deleted
 
 
-async def strip_nodes(kube: Kube) -> list[str]:
-    """Remove our labels and annotations from every node; returns the nodes patched."""
+async def strip_nodes(kube: Kube, keep: dict[str, frozenset[str]] | None = None,
+                      only: set[str] | None = None) -> list[str]:
+    """Remove our labels and annotations from every node (or the nodes in `only`), but the labels
+    `keep` names per node; returns the nodes patched."""
     patched = []
     for node in await kube.list_dicts("v1", "Node"):
-        patch = cleanup_patch(node)
+        if only is not None and node["metadata"]["name"] not in only:
+            continue
+        patch = cleanup_patch(node, (keep or {}).get(node["metadata"]["name"], frozenset()))
         if patch is None:
             continue
         name = node["metadata"]["name"]

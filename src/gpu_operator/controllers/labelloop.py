@@ -74,7 +74,8 @@ class LabelLoop:
         self.drivers: dict[str, NodeDriver] | None = None
         self._source: PolicyView | None = None
         self._spec_policy: LabelPolicy | None = None
-        self._claims_checked = 0.0
+        # nodes whose DRA driver label outlived the last CR: a pod there still holds a GPU claim
+        self._held: set[str] = set()
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
@@ -101,20 +102,27 @@ class LabelLoop:
             self._spec_policy = LabelPolicy.of(model.spec) if model is not None else None
         return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)
 
+    async def _holders(self, views: dict[str, NodeView]) -> frozenset[str]:
+        """Nodes carrying the DRA driver label where a pod holds a gpu.nvidia.com claim (one list of
+        ResourceClaims, only while some node carries the label)."""
+        labelled = {name for name, v in views.items() if DRA_DRIVER_LABEL in v.labels}
+        if not labelled:
+            return frozenset()
+        claims = await self.kube.list_dicts("resource.k8s.io/v1", "ResourceClaim", namespace="*")  # every namespace
+        return claim_holding_nodes(claims) & labelled
+
     async def _claims(self, policy: LabelPolicy, views: dict[str, NodeView]) -> LabelPolicy:
-        """Leaving the DRA stack: which nodes still hold gpu.nvidia.com claims (one list, only while
-        some node still carries the DRA driver label)."""
-        if policy.dra or not any(DRA_DRIVER_LABEL in v.labels for v in views.values()):
+        """Leaving the DRA stack: the nodes that keep the DRA driver label for now."""
+        if policy.dra:
             return policy
-        claims = await self.kube.list_dicts("resource.k8s.io/v1", "ResourceClaim")
-        return replace(policy, claim_holders=claim_holding_nodes(claims))
+        return replace(policy, claim_holders=await self._holders(views))
 
     async def run(self, ready: Callable[[], Any]) -> None:
         await ready()
         failures = 0
         while True:
             wait = self.retries.next_wait()
-            if self.policy is not None and self.policy.claim_holders:
+            if self._held or (self.policy is not None and self.policy.claim_holders):
                 wait = min(wait if wait is not None else self.settings.claim_recheck, self.settings.claim_recheck)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.kick.wait(), timeout=wait)
@@ -126,7 +134,9 @@ class LabelLoop:
                 await self._take_back()
                 continue
             if wanted is None:
+                await self._release_held()
                 continue
+            self._held = set()  # a CR is back: its labelling pass decides these nodes' labels
             views = {v.name: v for v in self.sources.nodes()}
             try:
                 policy = await self._claims(wanted, views)
@@ -151,16 +161,37 @@ class LabelLoop:
             # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
             self.retries.record(report)
 
-    async def _take_back(self) -> None:
-        """Remove the labels and annotations we wrote from every node (once; retried on failure)."""
+    async def _release_held(self) -> None:
+        """Neither CR: the DRA driver label kept on claim-holding nodes goes once their claims are
+        released (looked at every `claim_recheck` seconds)."""
+        if not self._held:
+            return
         try:
-            patched = await strip_nodes(self.kube)
+            holders = await self._holders({v.name: v for v in self.sources.nodes() if v.name in self._held})
+            released = self._held - holders
+            if released:
+                await strip_nodes(self.kube, only=released)
+                log.info("node(s) %s: GPU claims released; the DRA driver label removed", ", ".join(sorted(released)))
+            self._held -= released
+        except Exception as err:  # retried at the next recheck
+            log.warning("releasing the DRA driver label of %s failed: %s", ", ".join(sorted(self._held)), err)
+
+    async def _take_back(self) -> None:
+        """Remove the labels and annotations we wrote from every node (once; retried on failure),
+        but the DRA driver label of nodes where a pod still holds a GPU claim: it goes once the
+        claim is released."""
+        try:
+            holders = await self._holders({v.name: v for v in self.sources.nodes()})
+            patched = await strip_nodes(self.kube, keep={n: frozenset({DRA_DRIVER_LABEL}) for n in holders})
+            self._held = set(holders)
         except Exception:
             log.exception("removing our node labels after the last ClusterPolicy/GPUCluster was deleted failed; "
                           "retrying")
             await asyncio.sleep(self.settings.label_backoff.delay(1))
             self.kick.set()
             return
-        log.info("last ClusterPolicy/GPUCluster deleted: our labels and annotations removed from %d node(s)",
-                 len(patched))
+        kept = f"; the DRA driver label kept on {', '.join(sorted(self._held))} until their GPU claims are released" \
+            if self._held else ""
+        log.info("last ClusterPolicy/GPUCluster deleted: our labels and annotations removed from %d node(s)%s",
+                 len(patched), kept)
         self._source, self._spec_policy, self.policy = None, None, None

@@ -73,3 +73,9 @@ def _upgrading(state: str, unschedulable: bool, initially: str | None = None) ->
 ])
 def test_only_nodes_the_upgrade_cordoned_are_uncordoned(node: dict[str, Any], ours: bool) -> None:
     assert cordoned_by_us(node) is ours
+
+
+def test_a_kept_label_stays_out_of_the_patch() -> None:
+    patch = cleanup_patch(NODE, frozenset({"nvidia.com/gpu.deploy.device-plugin"}))
+    assert patch is not None and "nvidia.com/gpu.deploy.device-plugin" not in patch["metadata"]["labels"]
+    assert "nvidia.com/gpu.present" in patch["metadata"]["labels"]
