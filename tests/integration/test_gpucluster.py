@@ -127,18 +127,26 @@ def allocated_node(kube: Client, namespace: str, pod: str) -> str | None:
     return None
 
 
+def bring_up(kube: Client, start_operator: Start, gpucluster: Callable[[dict[str, Any]], None],
+             spec: dict[str, Any]) -> Callable[[], str]:
+    """Start the operator, create the GPUCluster, wait until it is ready; returns the context (both
+    CRs' status and the operator's log) to print with a failed wait."""
+    operator = start_operator()
+    gpucluster(spec)
+
+    def context() -> str:
+        return f"{gpucluster_status(kube)}\n{policy_status(kube)}\n{operator.log_text()[-4000:]}"
+
+    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    return context
+
+
 def test_the_dra_stack_comes_up_and_claims_are_allocated_on_gpu_nodes(
         kube: Client, fake_nodes: Nodes, start_operator: Start, operator_namespace: str,
         slices: SlicePublisher, gpucluster: Callable[[dict[str, Any]], None], namespace: str) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2")
     (cpu_node,) = fake_nodes("cpu:1")
-    operator = start_operator()
-    gpucluster({"draDriver": IMAGE, "dcgmExporter": {}})
-
-    def context() -> str:
-        return f"{gpucluster_status(kube)}\n{operator.log_text()[-4000:]}"
-
-    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    context = bring_up(kube, start_operator, gpucluster, {"draDriver": IMAGE, "dcgmExporter": {}})
     body = kube.get(GPUClusterResource, NAME)
     assert "gpucluster.nvidia.com/dra-resourceclaim" in body["metadata"]["finalizers"]
     assert gpucluster_status(kube)["namespace"] == operator_namespace
@@ -195,13 +203,7 @@ def test_a_clusterpolicy_beside_a_gpucluster_stops_both_and_flips_no_label(
         kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
         cluster_policies: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None]) -> None:
     gpu_nodes = fake_nodes("dgx-h100:1")
-    operator = start_operator()
-    gpucluster({"draDriver": IMAGE})
-
-    def context() -> str:
-        return f"{gpucluster_status(kube)}\n{policy_status(kube)}\n{operator.log_text()[-4000:]}"
-
-    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    context = bring_up(kube, start_operator, gpucluster, {"draDriver": IMAGE})
     before = deploy_labels(kube, gpu_nodes[0])
     cluster_policies({})
 
@@ -255,13 +257,7 @@ def test_leaving_dra_keeps_the_driver_label_while_a_pod_holds_a_gpu_claim(
     pod still holds a gpu.nvidia.com claim (its plugin must unprepare it), and goes once the pod is
     gone; the other node switches at once."""
     nodes = fake_nodes("dgx-h100:2")
-    operator = start_operator()
-    gpucluster({"draDriver": IMAGE})
-
-    def context() -> str:
-        return f"{gpucluster_status(kube)}\n{policy_status(kube)}\n{operator.log_text()[-4000:]}"
-
-    wait_for("GPUCluster ready", lambda: gpucluster_status(kube), until=is_ready, timeout=180, context=context)
+    context = bring_up(kube, start_operator, gpucluster, {"draDriver": IMAGE})
     claim_pod(kube, namespace, "holder", 1)
     holder = str(wait_for("the claim allocated", lambda: allocated_node(kube, namespace, "holder"), timeout=60))
     other = next(n for n in nodes if n != holder)
