@@ -80,6 +80,18 @@ def test_demo_reaches_ready_and_leaves_nothing_behind(tmp_path: Path) -> None:
     assert not (where / "state.json").exists()
 
 
+def test_demo_of_the_dra_stack_reaches_ready(tmp_path: Path) -> None:
+    where = tmp_path / "dra"
+    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--gpucluster", "--timeout", "180",
+               timeout=420)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    out = demo.stdout
+    assert "GPUCluster gpu-cluster: ready (Reconciled)" in out and "Everything is ready." in out
+    assert "dra-driver" in out and "dra-validator" in out  # the DRA stack's columns
+    assert "get deviceclasses,resourceslices" in out
+    assert processes_mentioning(where) == []
+
+
 def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_container(tmp_path: Path) -> None:
     from gpu_operator.sim.realnode import cgroup_dirs, cgroup_name
 

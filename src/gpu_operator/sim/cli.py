@@ -147,12 +147,19 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
          helm: Annotated[bool, typer.Option(
              "--helm", help="Install our chart with real Helm instead of starting the operator: its "
              "operator pod and hook Jobs run on the real node (needs --real-node).")] = False,
+         gpucluster: Annotated[bool, typer.Option(
+             "--gpucluster", help="Create the GPUCluster gpu-cluster (the DRA stack: NVIDIA's DRA driver, "
+             "DRA validation) instead of the default ClusterPolicy; see docs/dra.md.")] = False,
          ) -> None:
-    """From nothing to a Ready ClusterPolicy: simulator + CRDs + default policy + operator, with a
+    """From nothing to a Ready ClusterPolicy (with --gpucluster: a Ready GPUCluster, the DRA stack):
+    simulator + CRDs + default policy + operator, with a
     live nodes x components view, then a summary. Tears everything down unless --keep."""
     if helm and not real_node:
         raise typer.BadParameter("--helm needs --real-node: the chart's operator pod runs on the real node",
                                  param_hint="--helm")
+    if gpucluster and (helm or real_node):
+        raise typer.BadParameter("--gpucluster runs on the kwok GPU nodes only: leave out --real-node/--helm",
+                                 param_hint="--gpucluster")
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
     from gpu_operator.sim.demo import demo as run_demo
@@ -161,7 +168,7 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
 
     try:
         code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console(),
-                        real_node=real_node_shape if real_node else None, helm=helm)
+                        real_node=real_node_shape if real_node else None, helm=helm, gpucluster=gpucluster)
     except (session.SimError, ShapeError, RealNodeError) as err:
         raise _fail(err) from err
     raise typer.Exit(code)

@@ -1,4 +1,5 @@
-"""`sim demo`: simulator + CRDs + default ClusterPolicy + operator, watched live until Ready."""
+"""`sim demo`: simulator + CRDs + default ClusterPolicy (or, with --gpucluster, the GPUCluster of the
+DRA stack) + operator, watched live until Ready."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gpu_operator.sim.state import SimState
 from gpu_operator.statusview.table import StatusView
 
 POLICY_NAME = "cluster-policy"
+GPUCLUSTER_NAME = "gpu-cluster"
 
 
 @dataclass
@@ -40,17 +42,21 @@ def policy_spec(state: SimState) -> dict[str, Any]:
     return real_node_spec(host) if host else {}
 
 
-def create_default_policy(state: SimState) -> bool:
-    """Create the ClusterPolicy (`policy_spec`). False if one exists already."""
+def create_default_policy(state: SimState, gpucluster: bool = False) -> bool:
+    """Create the ClusterPolicy (`policy_spec`), or the GPUCluster with the chart's DRA driver
+    (`spec: {draDriver: {}}`). False if it exists already."""
+    from lightkube.codecs import from_dict
     from lightkube.core.exceptions import ApiError
 
-    from gpu_operator.kube.client import ClusterPolicyResource
+    import gpu_operator.kube.client  # noqa: F401 - registers our kinds for from_dict
 
+    body = ({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": GPUCLUSTER_NAME},
+             "spec": {"draDriver": {}}} if gpucluster else
+            {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": POLICY_NAME},
+             "spec": policy_spec(state)})
     client = session.admin_client(state)
     try:
-        client.create(ClusterPolicyResource(  # type: ignore[call-overload]
-            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": POLICY_NAME},
-            spec=policy_spec(state)))
+        client.create(from_dict(body))
         return True
     except ApiError as err:
         if err.status.code == 409:
@@ -65,7 +71,8 @@ def done(view: StatusView) -> bool:
     return view.ready and (not view.rows or view.counts()[1] > 0)
 
 
-def watch(state: SimState, console: Console, timeout: float, started: float) -> StatusView:
+def watch(state: SimState, console: Console, timeout: float, started: float, kind: str = "ClusterPolicy",
+          ) -> StatusView:
     """Show the status view live (a progress line per change when not on a terminal) until it is
     ready or `timeout` passes; returns the last view."""
     from gpu_operator.statusview.collect import collect
@@ -76,7 +83,7 @@ def watch(state: SimState, console: Console, timeout: float, started: float) -> 
 
     def frame(view: StatusView) -> Group:
         elapsed = time.monotonic() - started
-        head = Text(f"waiting for the ClusterPolicy to become ready: {elapsed:4.0f}s "
+        head = Text(f"waiting for the {kind} to become ready: {elapsed:4.0f}s "
                     f"(limit {timeout:.0f}s)", style="bold")
         return Group(head, render_view(view, max_nodes=20, legend=False))
 
@@ -111,7 +118,8 @@ def summary(state: SimState, view: StatusView, timings: Timings, helm: bool = Fa
     table.add_row("GPU nodes", str(len(view.rows)))
     table.add_row("operand pods ready", f"{ready}/{expected}")
     policy = view.policy
-    table.add_row("ClusterPolicy", f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none")
+    table.add_row(policy.kind if policy else "ClusterPolicy",
+                  f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none")
     table.add_row("operator log", f"kubectl -n {session.OPERATOR_NAMESPACE} logs deploy/gpu-operator (the chart's pod)"
                   if helm else str(Path(state.dir) / "logs" / "operator.log"))
     real = real_node_lines(state, view)
@@ -149,7 +157,7 @@ def _command(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-def look_around(state: SimState, keep: bool, teardown: str) -> str:
+def look_around(state: SimState, keep: bool, teardown: str, gpucluster: bool = False) -> str:
     ns = session.OPERATOR_NAMESPACE
     kubectl, gpu_operator = _command("kubectl"), _command("gpu-operator")
     lines = [
@@ -159,7 +167,9 @@ def look_around(state: SimState, keep: bool, teardown: str) -> str:
         f"  {gpu_operator} status",
         f"  {kubectl} get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver",
         f"  {kubectl} -n {ns} get daemonsets,pods -o wide",
+        f"  {kubectl} get gpucluster {GPUCLUSTER_NAME} -o yaml" if gpucluster else
         f"  {kubectl} get clusterpolicy {POLICY_NAME} -o yaml",
+        *([f"  {kubectl} get deviceclasses,resourceslices"] if gpucluster else []),
         f"  logs: {Path(state.dir) / 'logs'}",
     ]
     if keep:
@@ -170,8 +180,9 @@ def look_around(state: SimState, keep: bool, teardown: str) -> str:
 
 
 def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console,
-         real_node: str | None = None, helm: bool = False) -> int:
-    """Returns the exit code: 0 when the ClusterPolicy became ready, 1 when not in time."""
+         real_node: str | None = None, helm: bool = False, gpucluster: bool = False) -> int:
+    """Returns the exit code: 0 when the ClusterPolicy (or GPUCluster) became ready, 1 when not in time."""
+    kind, name = ("GPUCluster", GPUCLUSTER_NAME) if gpucluster else ("ClusterPolicy", POLICY_NAME)
 
     def progress(msg: str) -> None:
         console.print(f"[dim]sim:[/] {msg}", highlight=False)
@@ -192,16 +203,19 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
             timings.mark("CRDs + operator start")
         if helm:
             progress(f"the chart created ClusterPolicy {POLICY_NAME} from its values")
-        elif create_default_policy(state):
-            if state.real_node:
+        elif create_default_policy(state, gpucluster):
+            if gpucluster:
+                progress(f"created GPUCluster {name} (the DRA stack) with the chart's DRA driver image; the "
+                         "simulator's plugin stand-in publishes each GPU node's ResourceSlice")
+            elif state.real_node:
                 progress(f"created ClusterPolicy {POLICY_NAME}: defaults, hostPaths.rootFS = the real node's "
                          f"host tree {state.real_node['host_root']}")
             else:
                 progress(f"created ClusterPolicy {POLICY_NAME} with every default (spec: {{}})")
         else:
-            progress(f"ClusterPolicy {POLICY_NAME} exists already: watching it")
-        view = watch(state, console, timeout, time.monotonic())
-        timings.mark("ClusterPolicy created -> ready")
+            progress(f"{kind} {name} exists already: watching it")
+        view = watch(state, console, timeout, time.monotonic(), kind)
+        timings.mark(f"{kind} created -> ready")
         from gpu_operator.statusview.render import render_view
 
         console.print(render_view(view, max_nodes=20))
@@ -214,7 +228,7 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
             code = 1
         teardown = ("Tearing down now." if fresh else
                     "Stopping the operator this demo started; the simulator keeps running.")
-        console.print(look_around(state, keep, teardown), highlight=False)
+        console.print(look_around(state, keep, teardown, gpucluster), highlight=False)
         return code
     except KeyboardInterrupt:
         console.print("interrupted")
