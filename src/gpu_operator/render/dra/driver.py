@@ -9,7 +9,6 @@ from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
-from gpu_operator.api.common import ResourceRequirements
 from gpu_operator.api.gpucluster import (
     COMPUTE_DOMAINS_HEALTHCHECK_PORT,
     DRA_DRIVER_IMAGE_ENV,
@@ -37,7 +36,7 @@ from gpu_operator.render.objects import (
 )
 from gpu_operator.render.operand import VALIDATOR
 from gpu_operator.render.result import Manifest, RenderError
-from gpu_operator.render.transforms.component import env_upsert, pull_secrets
+from gpu_operator.render.transforms.component import env_upsert, pull_secrets, requirements
 from gpu_operator.render.transforms.image import image_path, pull_policy
 from gpu_operator.vocabulary import GPU_PRESENT, NFD_GPU_LABELS, VALIDATIONS_DIR, deploy_label
 
@@ -89,14 +88,6 @@ def _feature_gates(ctx: DRACtx) -> list[dict[str, Any]]:
     return [env("FEATURE_GATES", ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items())))]
 
 
-def _resources(requirements: ResourceRequirements | None) -> dict[str, Any] | None:
-    if requirements is None:
-        return None
-    out = {key: {k: str(v) for k, v in (getattr(requirements, key) or {}).items()}
-           for key in ("limits", "requests")}
-    return {k: v for k, v in out.items() if v} or None
-
-
 def larger(a: str, b: str) -> str:
     """The larger of two resource quantities, as written (the API model checked both are quantities)."""
     left, right = parse_quantity(a), parse_quantity(b)
@@ -113,14 +104,17 @@ def _probes(ctr: dict[str, Any], port: int | None, liveness_period: int) -> None
                             "timeoutSeconds": 10}
 
 
-PLUGIN_MOUNTS = [
-    mount("plugins-registry", "/var/lib/kubelet/plugins_registry"),
-    mount("plugins", "/var/lib/kubelet/plugins", propagation="Bidirectional"),
-    mount("cdi", "/var/run/cdi"),
-    mount("validations", VALIDATIONS_DIR, readonly=True),
-    mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-    mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-]
+def plugin_mounts(kubelet: str) -> list[dict[str, Any]]:
+    """What both plugin containers mount: the kubelet's plugin directories, CDI specs, the status
+    files (read-only), the host and the driver root."""
+    return [
+        mount("plugins-registry", f"{kubelet}/plugins_registry"),
+        mount("plugins", f"{kubelet}/plugins", propagation="Bidirectional"),
+        mount("cdi", "/var/run/cdi"),
+        mount("validations", VALIDATIONS_DIR, readonly=True),
+        mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+        mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+    ]
 
 
 def _plugin_container(ctx: DRACtx, name: str, program: str, spec: KubeletPluginSpec | None, port: int | None,
@@ -141,8 +135,7 @@ def _plugin_container(ctx: DRACtx, name: str, program: str, spec: KubeletPluginS
     if not gpus:
         env_vars.append(env("GPU_CLIQUE_LABEL_ENABLED", "true"))
     env_vars += _feature_gates(ctx)
-    mounts = [dict(m) for m in PLUGIN_MOUNTS]
-    mounts[0]["mountPath"], mounts[1]["mountPath"] = f"{kubelet}/plugins_registry", f"{kubelet}/plugins"
+    mounts = plugin_mounts(kubelet)
     if gpus and ctx.gate_on("PassthroughSupport"):
         mounts += [mount("host-lib-modules", "/lib/modules", readonly=True, propagation="HostToContainer"),
                    mount("host-sys", "/sys", propagation="Bidirectional"),
@@ -152,7 +145,7 @@ def _plugin_container(ctx: DRACtx, name: str, program: str, spec: KubeletPluginS
                     env_vars=env_vars, mounts=mounts, privileged=True, image=image)
     ctr["imagePullPolicy"] = pull_policy(ctx.spec.draDriver.imagePullPolicy)
     env_upsert(ctr, spec.env if spec else None)
-    limits = _resources(spec.resources if spec else None)
+    limits = requirements(spec.resources if spec else None)
     if limits:
         ctr["resources"] = limits
     _probes(ctr, port, liveness_period=30 if gpus else 10)
@@ -254,7 +247,7 @@ def controller_deployment(ctx: DRACtx) -> Manifest:
                   *_feature_gates(ctx)])
     main["imagePullPolicy"] = pull_policy(draft.imagePullPolicy)
     env_upsert(main, settings.env if settings else None)
-    limits = _resources(settings.resources if settings else None)
+    limits = requirements(settings.resources if settings else None)
     if limits:
         main["resources"] = limits
     daemonsets = ctx.daemonsets

@@ -31,7 +31,6 @@ def render(ctx: DRACtx) -> list[Manifest]:
                                                 "while true; do sleep 86400; done"], image=image)
     pod: dict[str, Any] = {
         "serviceAccountName": NAME,
-        "priorityClassName": "system-node-critical",
         "nodeSelector": {deploy_label("dra-validator"): "true"},
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": GPU_PRESENT, "operator": "In", "values": ["true"]}]}]}}},

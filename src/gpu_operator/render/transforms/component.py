@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.api.common import ComponentFields, DriverManagerSpec, EnvVar, ImageFields
+from gpu_operator.api.common import (
+    ComponentFields,
+    DriverManagerSpec,
+    EnvVar,
+    ImageFields,
+    ResourceRequirements,
+)
 from gpu_operator.render.objects import pod_containers, upsert_env
 from gpu_operator.render.transforms.image import pull_policy
 
@@ -25,13 +31,18 @@ def env_upsert(ctr: dict[str, Any], env: list[EnvVar] | None) -> None:
 
 
 def resources(fields: ComponentFields) -> dict[str, Any] | None:
-    if fields.resources is None:
+    return requirements(fields.resources)
+
+
+def requirements(spec: ResourceRequirements | None) -> dict[str, Any] | None:
+    """A container's `resources` from the API model's requests and limits (None when empty)."""
+    if spec is None:
         return None
     out: dict[str, Any] = {}
-    if fields.resources.limits:
-        out["limits"] = {k: str(v) for k, v in fields.resources.limits.items()}
-    if fields.resources.requests:
-        out["requests"] = {k: str(v) for k, v in fields.resources.requests.items()}
+    if spec.limits:
+        out["limits"] = {k: str(v) for k, v in spec.limits.items()}
+    if spec.requests:
+        out["requests"] = {k: str(v) for k, v in spec.requests.items()}
     return out or None
 
 
