@@ -285,7 +285,7 @@ def test_driver_and_vfio_pci_on_every_fixture(build_host, name: str) -> None:  #
 
 
 def test_nvidia_validator_entry_takes_upstreams_env_contract(build_host, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from gpu_operator.node.validate.entry import app as validator_app
+    from gpu_operator.node.validator_cli import app as validator_app
 
     monkeypatch.setenv("GPU_OPERATOR_NO_CHROOT", "1")
     monkeypatch.delenv("NODE_NAME", raising=False)
