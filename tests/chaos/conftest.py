@@ -12,37 +12,18 @@ its own run); the default variants keep `./dev test` short on a small machine.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
-from lightkube import Client
 
-from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim.controlplane import ControlPlane
 from tests.integration.conftest import fake_nodes  # noqa: F401
 from tests.integration.operator_fixtures import (  # noqa: F401
     cluster_policies,
     operator_namespace,
     start_operator,
 )
-from tests.support.planes import admin_client, running_plane
+from tests.support.planes import module_plane_fixtures
 
-
-@pytest.fixture(scope="module")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    with running_plane(tmp_path_factory, "chaos-controlplane") as plane:
-        yield plane
-
-
-@pytest.fixture(scope="module")
-def kube(control_plane: ControlPlane) -> Iterator[Client]:
-    with admin_client(control_plane) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def crds(kube: Client) -> list[str]:
-    return apply_crds(kube)
+control_plane, kube, crds = module_plane_fixtures("chaos-controlplane")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -11,12 +11,11 @@ import helm_python
 import pytest
 from lightkube import Client
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import Namespace
 
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.helm import packaged_chart, release_names
-from tests.support.cleanup import delete_if_present
+from tests.support.chart import helm_in
 from tests.support.waiting import wait_for
 
 NAMESPACE = "gpu-operator-bad-values"
@@ -27,11 +26,8 @@ RELEASE = "gpu-operator"
 def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
          fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
     fake_nodes("cpu:1")  # where kwok completes the chart's hook Job pods
-    config = helm_python.Config(kubeconfig_path=control_plane.admin_kubeconfig, namespace=NAMESPACE)
-    yield config
-    if RELEASE in release_names(config):
-        config.uninstall(RELEASE, timeout=180)
-    delete_if_present(kube, Namespace, NAMESPACE)
+    with helm_in(control_plane, kube, NAMESPACE, RELEASE) as config:
+        yield config
 
 
 def _install(helm: helm_python.Config, chart_dir: Path, values: dict[str, Any]) -> str:

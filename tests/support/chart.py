@@ -3,11 +3,19 @@ values layering, presets, and picking objects out of a render. One render path f
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python
 import yaml
+from lightkube import Client
+from lightkube.resources.core_v1 import Namespace
+
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.helm import release_names
+from tests.support.cleanup import delete_if_present
 
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "gpu-operator"
 NAMESPACE = "gpu-operator"
@@ -71,3 +79,15 @@ def find(rendered: Rendered | list[dict[str, Any]], kind: str, name: str = "gpu-
 
 def notes(rendered: Rendered) -> str:
     return next(text for template, text in rendered.items() if template.endswith("NOTES.txt"))
+
+
+@contextlib.contextmanager
+def helm_in(plane: ControlPlane, kube: Client, namespace: str, release: str = "gpu-operator"
+            ) -> Iterator[helm_python.Config]:
+    """Real Helm against `plane` for releases in `namespace`; afterwards `release`, in whatever
+    state it was left (a failed install too), is uninstalled and the namespace deleted."""
+    config = helm_python.Config(kubeconfig_path=plane.admin_kubeconfig, namespace=namespace)
+    yield config
+    if release in release_names(config):
+        config.uninstall(release, timeout=180)
+    delete_if_present(kube, Namespace, namespace)

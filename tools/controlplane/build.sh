@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet as one
 # multicall binary; etcd; kwok; the real node's pause) from Go modules into a versioned cache directory, and prints
-# that directory on the last line of stdout. Skips everything already built.
+# that directory on the last line of stdout. Skips everything already built. Also builds the oldest
+# Kubernetes we support (KUBE_FLOOR_VERSION: apiserver, controller-manager, scheduler) into a cache
+# directory of its own, linked from the first as bin/kube-floor, so a new floor rebuilds only itself.
 #
 #   tools/controlplane/build.sh            # build or reuse; prints the cache dir
 #   GPU_OPERATOR_CP_CACHE=/path build.sh   # another cache root (default ~/.cache/gpu-operator)
@@ -9,6 +11,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
+# shellcheck source=kube-floor/version.env
+source "$here/kube-floor/version.env"
 
 fail() { echo "controlplane build: $*" >&2; exit 1; }
 command -v go >/dev/null || fail "Go is not installed: install Go >= 1.26 (the module needs it) and retry."
@@ -16,10 +20,13 @@ gover=$(go env GOVERSION | sed 's/^go//')
 case "$gover" in 1.2[6-9]*|1.[3-9]*) ;; *) fail "Go $gover is too old: kube $KUBE_VERSION and kwok $KWOK_VERSION need Go >= 1.26.";; esac
 
 # The cache key changes whenever a version or a go.sum changes.
-key=$( (cat "$here/versions.env" "$here/kube/go.sum" "$here/etcd/go.sum" "$here/kube/main.go" "$here/kube/pause/main.go" "$here/etcd/main.go"; echo "$gover") | sha256sum | cut -c1-12)
+multicall=("$here/multicall/go.mod" "$here/multicall/go.sum" "$here/multicall/multicall.go")
+key=$( (cat "$here/versions.env" "$here/kube/go.sum" "$here/etcd/go.sum" "$here/kube/main.go" "$here/kube/pause/main.go" "$here/etcd/main.go" "${multicall[@]}"; echo "$gover") | sha256sum | cut -c1-12)
 root=${GPU_OPERATOR_CP_CACHE:-$HOME/.cache/gpu-operator}
 out="$root/controlplane/${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}-$key"
 mkdir -p "$out/bin"
+floorkey=$( (cat "$here/kube-floor/version.env" "$here/kube-floor/go.sum" "$here/kube-floor/main.go" "${multicall[@]}"; echo "$KUBE_FLOOR_VERSION $gover") | sha256sum | cut -c1-12)
+floor="$root/controlplane/floor-${KUBE_FLOOR_VERSION}-$floorkey"
 
 # One build per cache directory at a time: two checkouts (or a test run and a setup) building
 # at once would both write the same temporary outputs. The second waits, then reuses.
@@ -29,7 +36,8 @@ if ! flock -n 9; then
   flock 9
 fi
 
-if [ -x "$out/bin/kube" ] && [ -x "$out/bin/pause" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ]; then
+if [ -x "$out/bin/kube" ] && [ -x "$out/bin/pause" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ] \
+   && [ -x "$floor/kube" ] && [ "$(readlink "$out/bin/kube-floor")" = "$floor/kube" ]; then
   echo "controlplane: reusing $out" >&2
   echo "$out"; exit 0
 fi
@@ -75,5 +83,14 @@ if [ ! -x "$out/bin/pause" ]; then
   # The real node's sandbox process (static, a few hundred KB): packed into a local image.
   (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$out/bin/pause.tmp" ./pause) && mv "$out/bin/pause.tmp" "$out/bin/pause"
 fi
+if [ ! -x "$floor/kube" ]; then
+  step "building the floor, kube-apiserver/controller-manager/scheduler $KUBE_FLOOR_VERSION (cold: ~4 min on 2 cores)"
+  mkdir -p "$floor"
+  minor=$(echo "$KUBE_FLOOR_VERSION" | cut -d. -f2)
+  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_FLOOR_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+  tmp=$(mktemp "$floor/kube.XXXXXX")
+  (cd "$here/kube-floor" && go build -trimpath -ldflags "$ldflags" -o "$tmp" .) && mv "$tmp" "$floor/kube"
+fi
+ln -sfn "$floor/kube" "$out/bin/kube-floor"
 step "done in $(( $(date +%s) - t0 )) s"
 echo "$out"

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ENV = "GPU_OPERATOR_CONTROLPLANE"
+KUBERNETES = ("current", "floor")
+"""Which Kubernetes the control plane runs: the current one (tools/controlplane/versions.env) or
+the oldest we support (tools/controlplane/kube-floor/version.env, the chart's kubeVersion floor;
+no kubelet, so no real node)."""
 
 
 class BinariesMissing(RuntimeError):
@@ -17,10 +21,18 @@ class BinariesMissing(RuntimeError):
 @dataclass(frozen=True)
 class Binaries:
     root: Path
+    kubernetes: str = "current"
 
     @property
     def kube(self) -> Path:
-        return self.root / "bin" / "kube"
+        """The apiserver/controller-manager/scheduler (and, current only, kubelet) multicall binary."""
+        return self.root / "bin" / ("kube" if self.kubernetes == "current" else "kube-floor")
+
+    def of(self, kubernetes: str) -> Binaries:
+        """The same cache with the control plane of `kubernetes` ("current" or "floor")."""
+        if kubernetes not in KUBERNETES:
+            raise BinariesMissing(f"unknown Kubernetes {kubernetes!r}: choose one of {', '.join(KUBERNETES)}")
+        return replace(self, kubernetes=kubernetes)
 
     @property
     def pause(self) -> Path:
@@ -41,8 +53,8 @@ class Binaries:
         return "\n---\n".join(f.read_text().strip().removeprefix("---").strip() for f in files) + "\n"
 
     def complete(self) -> bool:
-        return all(p.is_file() and os.access(p, os.X_OK) for p in (self.kube, self.etcd, self.kwok)) \
-            and (self.root / "stages").is_dir()
+        binaries = (self.root / "bin" / "kube", self.root / "bin" / "kube-floor", self.etcd, self.kwok)
+        return all(p.is_file() and os.access(p, os.X_OK) for p in binaries) and (self.root / "stages").is_dir()
 
 
 def build_script() -> Path | None:
@@ -60,7 +72,7 @@ def locate(build: bool = True) -> Binaries:
         binaries = Binaries(Path(os.environ[ENV]))
         if not binaries.complete():
             raise BinariesMissing(
-                f"${ENV}={binaries.root} does not hold bin/kube, bin/etcd, bin/kwok and stages/: "
+                f"${ENV}={binaries.root} does not hold bin/kube, bin/kube-floor, bin/etcd, bin/kwok and stages/: "
                 "unset it or run tools/controlplane/build.sh"
             )
         return binaries

@@ -41,6 +41,9 @@ RealNodeShapeOption = Annotated[str, typer.Option(
     "(host-driver: driver on the host; dgx-h100: none, validation waits for the operator's driver).")]
 
 
+KubernetesOption = Annotated[str, typer.Option(
+    "--kubernetes", help="The control plane's Kubernetes: current (the version we develop on) or floor "
+    "(the oldest we support, the chart's kubeVersion; fake nodes only).")]
 HelmOption = Annotated[bool, typer.Option(
     "--helm", help="Install our chart with real Helm (release and namespace gpu-operator): the operator "
     "runs as the chart's Deployment on the real node, its hook Jobs too. Needs --real-node. The values "
@@ -71,7 +74,7 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
        operator: Annotated[bool, typer.Option(help="Also start the operator (and apply the CRDs).")] = False,
        real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "host-driver",
        helm: HelmOption = False, values: ValuesOption = None, set_values: SetOption = None,
-       ) -> None:
+       kubernetes: KubernetesOption = "current") -> None:
     """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
@@ -87,7 +90,7 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
         raise typer.BadParameter("--values and --set are for --helm", param_hint="--values/--set")
     try:
         state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
-                              real_node=real_node_shape if real_node else None)
+                              real_node=real_node_shape if real_node else None, kubernetes=kubernetes)
         if operator:
             session.start_operator(state, _progress)
         if helm:
@@ -150,7 +153,7 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
          gpucluster: Annotated[bool, typer.Option(
              "--gpucluster", help="Create the GPUCluster gpu-cluster (the DRA stack: NVIDIA's DRA driver, "
              "DRA validation) instead of the default ClusterPolicy; see docs/dra.md.")] = False,
-         ) -> None:
+         kubernetes: KubernetesOption = "current") -> None:
     """From nothing to a Ready ClusterPolicy (with --gpucluster: a Ready GPUCluster, the DRA stack):
     simulator + CRDs + default policy + operator, with a
     live nodes x components view, then a summary. Tears everything down unless --keep."""
@@ -168,7 +171,8 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
 
     try:
         code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console(),
-                        real_node=real_node_shape if real_node else None, helm=helm, gpucluster=gpucluster)
+                        real_node=real_node_shape if real_node else None, helm=helm, gpucluster=gpucluster,
+                        kubernetes=kubernetes)
     except (session.SimError, ShapeError, RealNodeError) as err:
         raise _fail(err) from err
     raise typer.Exit(code)

@@ -261,7 +261,9 @@ class ControlPlane:
             f"--secure-port={free_port()}", f"--root-ca-file={pki.ca_cert}",
             f"--service-account-private-key-file={pki.sa_key}",
             "--use-service-account-credentials=false", "--cluster-name=sim",
-            "--concurrent-daemonset-syncs=10", "--concurrent-gc-syncs=40", *common,
+            "--concurrent-gc-syncs=40", *common,
+            # The DaemonSet controller's workers are a flag from 1.30 on; the floor keeps its 2.
+            *(["--concurrent-daemonset-syncs=10"] if self.binaries.kubernetes == "current" else []),
             *([f"--node-monitor-grace-period={self.node_lease_seconds + 20}s"]
               if self.node_lease_seconds > 40 else []),
         ])

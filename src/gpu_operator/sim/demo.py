@@ -180,7 +180,8 @@ def look_around(state: SimState, keep: bool, teardown: str, gpucluster: bool = F
 
 
 def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console,
-         real_node: str | None = None, helm: bool = False, gpucluster: bool = False) -> int:
+         real_node: str | None = None, helm: bool = False, gpucluster: bool = False,
+         kubernetes: str = "current") -> int:
     """Returns the exit code: 0 when the ClusterPolicy (or GPUCluster) became ready, 1 when not in time."""
     kind, name = ("GPUCluster", GPUCLUSTER_NAME) if gpucluster else ("ClusterPolicy", POLICY_NAME)
 
@@ -188,7 +189,7 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
         console.print(f"[dim]sim:[/] {msg}", highlight=False)
 
     timings = Timings()
-    state, fresh = session.up(directory, shapes, progress, real_node=real_node)
+    state, fresh = session.up(directory, shapes, progress, real_node=real_node, kubernetes=kubernetes)
     timings.mark(("control plane + fake nodes" + (" + real node" if real_node else "")) if fresh
                  else "attach to the running simulator")
     operator_was_running = bool((p := state.proc("operator")) and p.alive)

@@ -68,10 +68,16 @@ def _prepare_dir(directory: Path, progress: Progress) -> None:
 
 
 def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True,
-       real_node: str | None = None) -> tuple[SimState, bool]:
-    """Start (or reuse) a detached simulator; returns its state and whether it was started now."""
+       real_node: str | None = None, kubernetes: str = "current") -> tuple[SimState, bool]:
+    """Start (or reuse) a detached simulator; returns its state and whether it was started now.
+    `kubernetes` "floor" runs the oldest Kubernetes we support (binaries.KUBERNETES)."""
     from gpu_operator import shapes as shapes_mod
 
+    if kubernetes not in binaries_mod.KUBERNETES:
+        raise SimError(f"--kubernetes {kubernetes}: choose one of {', '.join(binaries_mod.KUBERNETES)}")
+    if real_node and kubernetes != "current":
+        raise SimError("--real-node runs the current Kubernetes' kubelet: leave out --kubernetes floor "
+                       "(the floor is tested on fake nodes)")
     for spec in [*shapes, *([real_node] if real_node else [])]:  # bad input fails before anything starts
         shapes_mod.parse_spec(spec)
     existing = running(directory)
@@ -81,7 +87,7 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
     _prepare_dir(directory, progress)
     progress("locating the control-plane binaries (a first build takes ~10 min; later runs reuse it)")
     try:
-        found = binaries_mod.locate(build=build)
+        found = binaries_mod.locate(build=build).of(kubernetes)
     except binaries_mod.BinariesMissing as err:
         raise SimError(str(err)) from err
     plane = ControlPlane(directory, found, progress=progress)

@@ -4,9 +4,10 @@ go 1.26.0
 
 require (
 	github.com/spf13/cobra v1.10.2
-	k8s.io/component-base v0.36.3
 	k8s.io/kubernetes v1.36.3
 )
+
+require k8s.io/component-base v0.36.3 // indirect
 
 require (
 	cel.dev/expr v0.25.1 // indirect
@@ -125,6 +126,7 @@ require (
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
+	gpu-operator.local/controlplane/multicall v0.0.0
 	k8s.io/api v0.36.3 // indirect
 	k8s.io/apiextensions-apiserver v0.0.0 // indirect
 	k8s.io/apimachinery v0.36.3 // indirect
@@ -197,3 +199,5 @@ replace (
 	k8s.io/sample-controller => k8s.io/sample-controller v0.36.3
 	k8s.io/streaming => k8s.io/streaming v0.36.3
 )
+
+replace gpu-operator.local/controlplane/multicall => ../multicall

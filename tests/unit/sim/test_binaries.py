@@ -1,0 +1,45 @@
+"""The control-plane cache layout: which multicall binary each Kubernetes runs, and what makes a
+cache directory complete."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpu_operator.sim import session
+from gpu_operator.sim.binaries import Binaries, BinariesMissing
+
+
+def _cache(root: Path, *, floor: bool = True) -> Binaries:
+    (root / "bin").mkdir(parents=True)
+    (root / "stages").mkdir()
+    for name in ("kube", "etcd", "kwok", *(["kube-floor"] if floor else [])):
+        path = root / "bin" / name
+        path.write_text("#!/bin/sh\n")
+        os.chmod(path, 0o755)
+    return Binaries(root)
+
+
+def test_the_floor_runs_its_own_binary_from_the_same_cache(tmp_path: Path) -> None:
+    current = _cache(tmp_path)
+    floor = current.of("floor")
+    assert (current.kube.name, floor.kube.name) == ("kube", "kube-floor")
+    assert (floor.etcd, floor.kwok) == (current.etcd, current.kwok)
+    assert current.complete() and floor.complete()
+    with pytest.raises(BinariesMissing, match="choose one of current, floor"):
+        current.of("1.28")
+
+
+def test_a_cache_without_the_floor_is_incomplete(tmp_path: Path) -> None:
+    assert not _cache(tmp_path, floor=False).complete()
+
+
+def test_the_simulator_refuses_a_real_node_on_the_floor(tmp_path: Path) -> None:
+    with pytest.raises(session.SimError, match="--real-node runs the current Kubernetes"):
+        session.up(tmp_path / "sim", [], lambda _msg: None, build=False, real_node="host-driver",
+                   kubernetes="floor")
+    with pytest.raises(session.SimError, match="--kubernetes oldest: choose one of current, floor"):
+        session.up(tmp_path / "sim", [], lambda _msg: None, build=False, kubernetes="oldest")
+    assert not (tmp_path / "sim").exists()  # refused before anything started
