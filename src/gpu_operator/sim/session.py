@@ -82,6 +82,9 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
         shapes_mod.parse_spec(spec)
     existing = running(directory)
     if existing is not None:
+        if existing.kubernetes != kubernetes:
+            raise SimError(f"the simulator running in {directory} runs Kubernetes {existing.kubernetes}, not "
+                           f"{kubernetes}: stop it first (gpu-operator sim down) or choose another --dir")
         progress(f"reusing the simulator already running in {directory}")
         return existing, False
     _prepare_dir(directory, progress)
@@ -98,7 +101,7 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
     except ControlPlaneError as err:
         raise SimError(f"the control plane did not start: {err}") from err
     state = SimState(dir=str(directory), server=plane.server, kubeconfig=str(plane.admin_kubeconfig),
-                     binaries=str(found.root), shapes=list(shapes))
+                     binaries=str(found.root), shapes=list(shapes), kubernetes=kubernetes)
     for component in plane.components:
         assert component.process is not None
         state.add(Proc.of(component.name, component.process.pid, component.log))

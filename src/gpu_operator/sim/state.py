@@ -82,6 +82,7 @@ class SimState:
     # The real node, if any: {"name", "dir", "holder" (its namespace sandbox's pid), "shape"}.
     real_node: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    kubernetes: str = "current"  # binaries.KUBERNETES: the current Kubernetes or the floor
 
     @property
     def path(self) -> Path:

@@ -43,3 +43,14 @@ def test_the_simulator_refuses_a_real_node_on_the_floor(tmp_path: Path) -> None:
     with pytest.raises(session.SimError, match="--kubernetes oldest: choose one of current, floor"):
         session.up(tmp_path / "sim", [], lambda _msg: None, build=False, kubernetes="oldest")
     assert not (tmp_path / "sim").exists()  # refused before anything started
+
+
+def test_up_does_not_reuse_a_simulator_of_another_kubernetes(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_operator.sim.state import SimState
+
+    live = SimState(dir=str(tmp_path), server="https://127.0.0.1:1", kubeconfig="k", binaries="b")
+    monkeypatch.setattr(session, "running", lambda _directory: live)
+    with pytest.raises(session.SimError, match="runs Kubernetes current, not floor: stop it first"):
+        session.up(tmp_path, [], lambda _msg: None, build=False, kubernetes="floor")
+    assert session.up(tmp_path, [], lambda _msg: None, build=False) == (live, False)
