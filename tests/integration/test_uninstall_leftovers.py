@@ -204,3 +204,22 @@ def test_cleanup_keeps_a_lease_held_by_an_operator_it_did_not_stop(
         in out.splitlines(), out
     found = lease(kube, namespace)
     assert found is not None and found.spec is not None and found.spec.holderIdentity == "elsewhere_5678"
+
+
+def test_cleanup_crds_keeps_a_crd_whose_objects_remain(
+        kube: Client, control_plane: ControlPlane, namespace: str, our_crds_restored: list[str]) -> None:
+    """A user's ComputeDomains (namespaced, counted across namespaces from a one-item list) keep
+    their CRD; the CRDs without objects go."""
+    base = f"/apis/resource.nvidia.com/v1beta1/namespaces/{namespace}/computedomains"
+    for name in ("imex-a", "imex-b"):
+        control_plane.request("POST", base, {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain", "metadata": {"name": name},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}})
+    kept = "computedomains.resource.nvidia.com"
+    out = cleanup_command(control_plane, "--crds")
+    assert f"kept CRD {kept}: 2 object(s) of it still exist" in out, out
+    assert _crd_exists(kube, kept)
+    for name in set(our_crds_restored) - {kept}:
+        assert f"deleted CRD {name}" in out, out
+    for name in ("imex-a", "imex-b"):
+        control_plane.request("DELETE", f"{base}/{name}")

@@ -102,16 +102,11 @@ async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
 
 
 async def _objects_left(kube: Kube, crd: dict[str, Any]) -> int:
-    """How many objects of the CRD's kind exist (0 when its resource is not served)."""
+    """How many objects of the CRD's kind exist, in every namespace (0 when its resource is not
+    served); counted from a one-item list, not by listing them all."""
     spec = crd["spec"]
     version = next(v["name"] for v in spec["versions"] if v.get("storage"))
-    try:
-        return len(await kube.list_dicts(f"{spec['group']}/{version}", spec["names"]["kind"],
-                                         namespace="*" if spec.get("scope") == "Namespaced" else None))
-    except ApiError as err:
-        if err.status.code == 404:
-            return 0
-        raise
+    return await kube.count(f"/apis/{spec['group']}/{version}/{spec['names']['plural']}") or 0
 
 
 async def delete_crds(kube: Kube) -> list[str]:

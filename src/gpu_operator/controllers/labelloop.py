@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -76,6 +77,9 @@ class LabelLoop:
         self._spec_policy: LabelPolicy | None = None
         # nodes whose DRA driver label outlived the last CR: a pod there still holds a GPU claim
         self._held: set[str] = set()
+        # under a ClusterPolicy, the claim holders of the last ResourceClaim list and when it was
+        # taken: listed again at most every `claim_recheck` seconds, not on every labelling pass
+        self._holders_seen: tuple[float, frozenset[str]] | None = None
 
     def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
@@ -112,10 +116,17 @@ class LabelLoop:
         return claim_holding_nodes(claims) & labelled
 
     async def _claims(self, policy: LabelPolicy, views: dict[str, NodeView]) -> LabelPolicy:
-        """Leaving the DRA stack: the nodes that keep the DRA driver label for now."""
+        """Leaving the DRA stack: the nodes that keep the DRA driver label for now. The claims are
+        listed at most every `claim_recheck` seconds (the DRA plugin is gone, so no new claim is
+        allocated there; a release is noticed within that time, as when no CR is left)."""
         if policy.dra:
+            self._holders_seen = None
             return policy
-        return replace(policy, claim_holders=await self._holders(views))
+        now = time.monotonic()
+        if self._holders_seen is None or now - self._holders_seen[0] >= self.settings.claim_recheck:
+            self._holders_seen = (now, await self._holders(views))
+        labelled = {name for name, v in views.items() if DRA_DRIVER_LABEL in v.labels}
+        return replace(policy, claim_holders=self._holders_seen[1] & labelled)
 
     async def run(self, ready: Callable[[], Any]) -> None:
         await ready()

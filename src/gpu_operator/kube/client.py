@@ -284,6 +284,10 @@ class Kube:
         """Every item of the list at `path`, page by page (kube/pages.py)."""
         return await pages.list_all(self.http, path, params, slim_pods=slim_pods)
 
+    async def count(self, path: str) -> int | None:
+        """How many objects the list at `path` holds (one item fetched); None when not served."""
+        return await pages.count(self.http, path)
+
     async def get_answer(self, path: str, params: Mapping[str, str] | None = None,
                          timeout: float | None = None) -> pages.Answer:
         """A GET of any path: its status and text, or why there was no answer (never raises for

@@ -100,6 +100,17 @@ async def list_all(http: httpx2.AsyncClient, path: str, params: Mapping[str, str
         query["continue"] = cont
 
 
+async def count(http: httpx2.AsyncClient, path: str) -> int | None:
+    """How many items the list at `path` has, from one item and the apiserver's
+    metadata.remainingItemCount (no full list); None when the path is not served (404)."""
+    response = await http.get(path, params={"limit": "1"})
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    body = response.json()
+    return len(body.get("items") or []) + int((body.get("metadata") or {}).get("remainingItemCount") or 0)
+
+
 @dataclass(frozen=True)
 class Evicted:
     """What the Eviction API answered: done (or the pod was gone), or refused by a budget."""

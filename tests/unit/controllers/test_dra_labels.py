@@ -70,3 +70,48 @@ def test_with_nvidiadrivers_the_dra_stack_gets_owner_labels_and_their_upgrade_sw
                             NodeDriver(owner="default", auto_upgrade=True))
     assert change.labels == {DRIVER_OWNER: "default"}
     assert change.annotations == {UPGRADE_ENABLED_ANNOTATION: "true"}
+
+
+def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
+    import asyncio
+    from dataclasses import replace as dc_replace
+    from typing import Any
+
+    from gpu_operator.controllers.cache import NodeView
+    from gpu_operator.controllers.labelloop import LabelLoop, Sources
+    from gpu_operator.controllers.settings import OperatorSettings
+
+    held = {"status": {"allocation": {"devices": {"results": [
+        {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0", "request": "gpu"}]}},
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}
+
+    class Claims:
+        lists = 0
+
+        async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None) -> list[Any]:
+            assert (api_version, kind, namespace) == ("resource.k8s.io/v1", "ResourceClaim", "*")
+            self.lists += 1
+            return [held]
+
+    def view(name: str, labels: dict[str, str]) -> NodeView:
+        return NodeView(name=name, labels=labels, annotations={}, runtime="containerd", kernel="6.1")
+
+    kube = Claims()
+    settings = OperatorSettings()
+    loop = LabelLoop(kube, settings, Sources(*(lambda: [],) * 5), asyncio.Event(),  # type: ignore[arg-type]
+                     set, set)
+    views = {"n1": view("n1", {DRA_DRIVER_LABEL: "true"}), "n2": view("n2", {DRA_DRIVER_LABEL: "true"})}
+
+    async def passes() -> list[frozenset[str]]:
+        seen = [(await loop._claims(LabelPolicy(), views)).claim_holders for _ in range(5)]
+        del views["n2"]  # its label went: it is no holder whatever the last list said
+        seen.append((await loop._claims(LabelPolicy(), views)).claim_holders)
+        loop.settings = dc_replace(settings, claim_recheck=0.0)  # the recheck is due: listed again
+        held["status"] = {}  # the claim was released meanwhile
+        seen.append((await loop._claims(LabelPolicy(), views)).claim_holders)
+        return seen
+
+    seen = asyncio.run(passes())
+    assert seen[:6] == [frozenset({"n1"})] * 6
+    assert seen[6] == frozenset()
+    assert kube.lists == 2

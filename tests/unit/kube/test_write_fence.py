@@ -92,6 +92,7 @@ CALLS: dict[str, tuple[Callable[[Kube], Awaitable[Any]], bool]] = {
     "served_versions": (lambda k: k.served_versions("resource.k8s.io", "DeviceClass"), False),
     "list_all": (lambda k: k.list_all("/api/v1/namespaces/ns/pods"), False),
     "get_answer": (lambda k: k.get_answer("/readyz"), False),
+    "count": (lambda k: k.count("/apis/nvidia.com/v1/clusterpolicies"), False),
     "evict": (lambda k: k.evict("ns", "p"), True),
     "node_event": (lambda k: k.node_event("n1", "Reason", "message"), True),
     "event": (lambda k: k.event(NODE, "Reason", "message"), True),
