@@ -207,10 +207,8 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
         change_labels[DRIVER_OWNER] = None  # no NVIDIADriver in charge of this node
     if policy.dra and gpu:
         _dra_change(labels, present, change_labels)
-        if policy.use_nvidia_driver_crd:  # NVIDIADrivers own the driver: owner label, their upgrades
-            _driver_owner(labels, annotations, driver or NodeDriver(), change_labels, change_annotations)
-        elif UPGRADE_ENABLED_ANNOTATION in annotations:
-            change_annotations[UPGRADE_ENABLED_ANNOTATION] = None  # no ClusterPolicy upgrades this driver
+        # no ClusterPolicy upgrades this driver: only NVIDIADrivers, when there are any
+        _driver_upgrades(labels, annotations, policy, driver, False, change_labels, change_annotations)
         return NodeChange(change_labels, change_annotations)
     if node in policy.claim_holders:
         present.discard(DRA_DRIVER_LABEL)  # removed once the node's pods release their claims
@@ -239,11 +237,20 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str],
             and policy.mig_config_default == "all-disabled"):
         change_labels[MIG_CONFIG] = "all-disabled"
 
+    _driver_upgrades(labels, annotations, policy, driver, policy.driver_auto_upgrade, change_labels,
+                     change_annotations)
+    return NodeChange(change_labels, change_annotations)
+
+
+def _driver_upgrades(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
+                     driver: NodeDriver | None, auto_upgrade: bool, change_labels: dict[str, str | None],
+                     change_annotations: dict[str, str | None]) -> None:
+    """Who upgrades the node's driver: NVIDIADrivers (owner label, their upgrade switch) when they
+    own it, else the ClusterPolicy's autoUpgrade (`auto_upgrade`); a switch nobody sets goes."""
     if policy.use_nvidia_driver_crd:
         _driver_owner(labels, annotations, driver or NodeDriver(), change_labels, change_annotations)
-    elif policy.driver_auto_upgrade:
+    elif auto_upgrade:
         if annotations.get(UPGRADE_ENABLED_ANNOTATION) != "true":
             change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
     elif UPGRADE_ENABLED_ANNOTATION in annotations:
         change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
-    return NodeChange(change_labels, change_annotations)
