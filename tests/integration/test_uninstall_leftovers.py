@@ -30,7 +30,12 @@ from gpu_operator.controllers.upgrade_state import (
     UPGRADE_REQUIRED,
     WAIT_FOR_JOBS_REQUIRED,
 )
-from gpu_operator.kube.client import FIELD_MANAGER, ClusterPolicyResource, NVIDIADriverResource
+from gpu_operator.kube.client import (
+    FIELD_MANAGER,
+    ClusterPolicyResource,
+    GPUClusterResource,
+    NVIDIADriverResource,
+)
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
@@ -44,7 +49,7 @@ def cleanup_command(control_plane: ControlPlane, *args: str) -> str:
     done = subprocess.run([cli, "cleanup", "--kubeconfig", str(control_plane.admin_kubeconfig), *args],
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    return done.stdout + done.stderr  # warnings (a CRD kept) go to stderr
 
 
 def lease(kube: Client, namespace: str) -> Lease | None:
@@ -89,7 +94,7 @@ def our_crds_restored(kube: Client, crds: list[str]) -> Iterator[list[str]]:
     apply_crds(kube)
     # Established is not yet served: the apiserver answers 429 for a recreated CRD's resources for
     # a moment, and the next test's first list would fail on it.
-    for resource in (ClusterPolicyResource, NVIDIADriverResource):
+    for resource in (ClusterPolicyResource, NVIDIADriverResource, GPUClusterResource):
         wait_for(f"{resource.__name__} served again", functools.partial(_served, kube, resource), timeout=60)
 
 
@@ -97,7 +102,7 @@ def _served(kube: Client, resource: Any) -> bool:
     try:
         list(kube.list(resource))
     except ApiError as err:
-        if err.status.code == 429:
+        if err.status.code in (404, 429):  # not in discovery yet; storage (re)initializing
             return False
         raise
     return True

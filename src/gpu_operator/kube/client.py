@@ -113,10 +113,27 @@ class FencedTransport(httpx2.AsyncBaseTransport):
                 if outer is not None:
                     await outer(event, info)
             request.extensions = {**request.extensions, "trace": last_moment}
-        return await self.inner.handle_async_request(request)
+        response = await self.inner.handle_async_request(request)
+        if response.status_code == 404 and "json" not in response.headers.get("content-type", ""):
+            return await _not_served(request, response)
+        return response
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+async def _not_served(request: httpx2.Request, response: httpx2.Response) -> httpx2.Response:
+    """A path the apiserver does not serve at all (a CRD not installed, a group/version not
+    enabled) gets a plain-text 404, which lightkube passes on as a bare HTTP error instead of the
+    ApiError a missing object raises. Answered here as the Status a missing object gets, so every
+    caller handles "not there" in one way (`err.status.code == 404`)."""
+    await response.aread()
+    await response.aclose()
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound",
+              "code": 404, "message": f"the server does not serve {request.url.path} "
+                                      f"({response.text.strip() or 'no body'}): is the CRD or API group installed?"}
+    return httpx2.Response(404, headers={"content-type": "application/json"}, json=status,
+                           extensions=response.extensions)
 
 
 def _body_name(request: httpx2.Request) -> str | None:

@@ -43,6 +43,8 @@ class Recorder:
         self.seen.append((request.method, request.path))
         if request.path == "/version":
             return web.json_response({"gitVersion": "v1.36.3"})
+        if request.path.endswith("/gpuclusters"):  # what the apiserver answers for a CRD not installed
+            return web.Response(status=404, text="404 page not found\n", content_type="text/plain")
         if request.method == "GET":
             if request.path.endswith("s") or "/configmaps" in request.path and request.path.count("/") == 5:
                 return web.json_response({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []})
@@ -206,3 +208,26 @@ def test_the_operator_process_builds_no_client_but_kubes() -> None:
     assert run_by_operator
     assert [c for p in run_by_operator for c in _client_constructions(p)] == []
     assert _client_constructions(SRC / "kube" / "client.py")  # the scan finds the ones that exist
+
+
+def test_a_path_the_server_does_not_serve_is_a_404_status_like_a_missing_object(
+        server: tuple[Recorder, int]) -> None:
+    """A CRD not installed: the apiserver's plain-text 404 reaches callers as ApiError 404 (what
+    they handle), not as a bare HTTP error that crashed `cleanup` before."""
+    from lightkube.core.exceptions import ApiError
+
+    _recorder, port = server
+
+    async def go() -> None:
+        kube = _kube(port)
+        try:
+            with pytest.raises(ApiError) as refused:
+                await kube.list_dicts("nvidia.com/v1alpha1", "GPUCluster")
+            assert refused.value.status.code == 404
+            assert "does not serve /apis/nvidia.com/v1alpha1/gpuclusters" in str(refused.value.status.message)
+            assert await kube.count("/apis/nvidia.com/v1alpha1/gpuclusters") is None
+            assert await kube.count("/api/v1/configmaps") == 0
+        finally:
+            await kube.close()
+
+    asyncio.get_event_loop().run_until_complete(go())
