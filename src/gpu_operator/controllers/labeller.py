@@ -13,7 +13,7 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import NodeView
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver, desired_change
+from gpu_operator.controllers.nodelabels import LabelPolicy, NodeChange, NodeDriver, desired_change
 from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
@@ -101,34 +101,38 @@ class NodeLabeller:
                          on_change=metrics.LABEL_CONCURRENCY.set)
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 
-    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
-                    drivers: Mapping[str, NodeDriver] | None = None) -> LabelReport:
-        """Patch every node whose labels differ from what the policy (and, with NVIDIADrivers,
-        the node's owner) wants; nodes that already match cost nothing (no request)."""
-        report = LabelReport()
+    @staticmethod
+    def changes(nodes: Iterable[NodeView], policy: LabelPolicy,
+                drivers: Mapping[str, NodeDriver] | None = None) -> list[tuple[NodeView, NodeChange]]:
+        """The nodes whose labels differ from what the policy (and, with NVIDIADrivers, the
+        node's owner) wants, with their change; nodes that already match are left out."""
         drivers = drivers or {}
         changes = [(node, desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name))
                    for node in nodes]
-        changes = [(node, change) for node, change in changes if change]
-        if not changes:
-            return report
+        return [(node, change) for node, change in changes if change]
 
-        async def patch(node: NodeView, patch_body: dict[str, object]) -> None:
-            async with self.gate.slot() as outcome:
-                try:
-                    await self.kube.merge_patch("v1", "Node", node.name, patch_body)
-                except ApiError as err:
-                    outcome[0] = int(err.status.code or 0)
-                    if err.status.code == 404:
-                        return  # the node left meanwhile
+    async def patch(self, node: NodeView, change: NodeChange, report: LabelReport | None = None) -> LabelReport:
+        """One node's merge patch through the gate; its outcome lands in `report` (a new one by
+        default). A node gone meanwhile (404) is neither patched nor failed."""
+        report = report if report is not None else LabelReport()
+        async with self.gate.slot() as outcome:
+            try:
+                await self.kube.merge_patch("v1", "Node", node.name, change.merge_patch())
+            except ApiError as err:
+                outcome[0] = int(err.status.code or 0)
+                if err.status.code != 404:
                     report.failed[node.name] = LabelFailure(int(err.status.code or 0), str(err.status.message))
-                    return
-                report.patched.append(node.name)
+                return report
+        report.patched.append(node.name)
+        log.info("node %s: labels %s", node.name, _describe(change.labels, change.annotations))
+        return report
 
-        await asyncio.gather(*(patch(node, change.merge_patch()) for node, change in changes))
-        for node, change in changes:
-            if node.name in report.patched:
-                log.info("node %s: labels %s", node.name, _describe(change.labels, change.annotations))
+    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
+                    drivers: Mapping[str, NodeDriver] | None = None) -> LabelReport:
+        """Patch every node whose labels differ (nodes that already match cost no request) and
+        wait for all of them."""
+        report = LabelReport()
+        await asyncio.gather(*(self.patch(node, change, report) for node, change in self.changes(nodes, policy, drivers)))
         return report
 
 

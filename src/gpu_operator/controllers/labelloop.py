@@ -6,6 +6,14 @@ set (by workload config), a GPUCluster -> the DRA label set. Both at once -> no 
 Leaving the DRA stack waits for claims: `nvidia.com/gpu.deploy.dra-driver` stays on a node while
 a pod there holds a ResourceClaim allocated by gpu.nvidia.com (the kubelet plugin must unprepare
 it), and the node is looked at again every `claim_recheck` seconds until it is released.
+
+A node event is served at once: the loop does not wait for a batch of patches to finish before it
+looks at the next dirty nodes (each patch is its own task through the labeller's gate), and a
+pass costs what its dirty nodes cost, not the cluster's size. Events are coalesced only under
+load: after a pass the loop waits up to twice as long as the pass took (at most `coalesce`) before
+the next, so a storm of events is served in batches while a lone join is patched right away. A
+node whose event arrives while its own patch is in flight is looked at again when that patch
+returns.
 """
 
 from __future__ import annotations
@@ -21,9 +29,9 @@ from typing import Any, Literal
 from gpu_operator.controllers.cache import DriverPodView, NodeView, PolicyView
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clusterpolicy import active_policy
-from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
+from gpu_operator.controllers.labeller import LabelFailure, LabelReport, LabelRetries, NodeLabeller
 from gpu_operator.controllers.leader import log_pass_failure
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
+from gpu_operator.controllers.nodelabels import LabelPolicy, NodeChange, NodeDriver
 from gpu_operator.controllers.nvidiadriver import node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
 from gpu_operator.controllers.settings import OperatorSettings
@@ -40,6 +48,7 @@ class Sources:
     """What the loop reads from the operator's caches."""
 
     nodes: Callable[[], list[NodeView]]
+    node: Callable[[str], NodeView | None]
     policies: Callable[[], list[PolicyView]]
     clusters: Callable[[], list[PolicyView]]
     drivers: Callable[[], list[PolicyView]]
@@ -80,12 +89,15 @@ class LabelLoop:
         # under a ClusterPolicy, the claim holders of the last ResourceClaim list and when it was
         # taken: listed again at most every `claim_recheck` seconds, not on every labelling pass
         self._holders_seen: tuple[float, frozenset[str]] | None = None
+        # one task per node whose patch is in flight; nodes that changed meanwhile, to look at again
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._recheck: set[str] = set()
 
-    def _node_drivers(self, policy: LabelPolicy, views: dict[str, NodeView]) -> dict[str, NodeDriver] | None:
+    def _node_drivers(self, policy: LabelPolicy) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
             return None
         drivers, _ = parse_drivers(self.sources.drivers())
-        return node_drivers(drivers.values(), views.values(), self.sources.driver_pods())
+        return node_drivers(drivers.values(), self.sources.nodes(), self.sources.driver_pods())
 
     def _wanted(self) -> LabelPolicy | None | Literal[False]:
         """The policy to label by; None: nothing to label by now; False: take our labels back."""
@@ -106,16 +118,16 @@ class LabelLoop:
             self._spec_policy = LabelPolicy.of(model.spec) if model is not None else None
         return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)
 
-    async def _holders(self, views: dict[str, NodeView]) -> frozenset[str]:
+    async def _holders(self, views: list[NodeView]) -> frozenset[str]:
         """Nodes carrying the DRA driver label where a pod holds a gpu.nvidia.com claim (one list of
         ResourceClaims, only while some node carries the label)."""
-        labelled = {name for name, v in views.items() if DRA_DRIVER_LABEL in v.labels}
+        labelled = {v.name for v in views if DRA_DRIVER_LABEL in v.labels}
         if not labelled:
             return frozenset()
         claims = await self.kube.list_dicts("resource.k8s.io/v1", "ResourceClaim", namespace="*")  # every namespace
         return claim_holding_nodes(claims) & labelled
 
-    async def _claims(self, policy: LabelPolicy, views: dict[str, NodeView]) -> LabelPolicy:
+    async def _claims(self, policy: LabelPolicy) -> LabelPolicy:
         """Leaving the DRA stack: the nodes that keep the DRA driver label for now. The claims are
         listed at most every `claim_recheck` seconds (the DRA plugin is gone, so no new claim is
         allocated there; a release is noticed within that time, as when no CR is left)."""
@@ -124,53 +136,95 @@ class LabelLoop:
             return policy
         now = time.monotonic()
         if self._holders_seen is None or now - self._holders_seen[0] >= self.settings.claim_recheck:
-            self._holders_seen = (now, await self._holders(views))
-        labelled = {name for name, v in views.items() if DRA_DRIVER_LABEL in v.labels}
-        return replace(policy, claim_holders=self._holders_seen[1] & labelled)
+            self._holders_seen = (now, await self._holders(self.sources.nodes()))
+        holders = frozenset(name for name in self._holders_seen[1]
+                            if (v := self.sources.node(name)) is not None and DRA_DRIVER_LABEL in v.labels)
+        return replace(policy, claim_holders=holders)
 
     async def run(self, ready: Callable[[], Any]) -> None:
         await ready()
+        try:
+            await self._serve()
+        finally:
+            for task in self._inflight.values():
+                task.cancel()
+
+    async def _serve(self) -> None:
         failures = 0
+        quiet_from = 0.0  # the next pass starts no earlier than this (coalescing under load)
         while True:
             wait = self.retries.next_wait()
             if self._held or (self.policy is not None and self.policy.claim_holders):
                 wait = min(wait if wait is not None else self.settings.claim_recheck, self.settings.claim_recheck)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.kick.wait(), timeout=wait)
-            await asyncio.sleep(self.settings.coalesce)
+            if (pause := quiet_from - time.monotonic()) > 0:
+                await asyncio.sleep(pause)
             self.kick.clear()
+            started = time.monotonic()
             self.dirty().update(self.retries.due())
             wanted = self._wanted()
             if wanted is False:
+                await self._drain()
                 await self._take_back()
                 continue
             if wanted is None:
                 await self._release_held()
                 continue
             self._held = set()  # a CR is back: its labelling pass decides these nodes' labels
-            views = {v.name: v for v in self.sources.nodes()}
             try:
-                policy = await self._claims(wanted, views)
-                per_node = self._node_drivers(policy, views)
+                policy = await self._claims(wanted)
+                per_node = self._node_drivers(policy)
                 if policy != self.policy or per_node != self.drivers:
                     # a new policy, stack or NVIDIADriver routing: every node is looked at (cheap
                     # when unchanged)
-                    self.policy, self.drivers, dirty = policy, per_node, set(views)
+                    self.policy, self.drivers = policy, per_node
                     self.take_dirty()
+                    self._dispatch(self.sources.nodes(), policy, per_node)
                 else:
-                    dirty = self.take_dirty()
-                report = await self.labeller.label([views[n] for n in dirty if n in views], policy, per_node)
-            except Exception as err:  # not one node's patch (those are in the report): retry them all
+                    self._dispatch([v for n in self.take_dirty() if (v := self.sources.node(n)) is not None],
+                                   policy, per_node)
+            except Exception as err:  # not one node's patch (those report on their own): retry them all
                 failures += 1
                 delay = self.settings.label_backoff.delay(failures)
                 log_pass_failure(log, f"node labelling failed ({err})", failures, delay)
-                self.dirty().update(views)
+                self.dirty().update(v.name for v in self.sources.nodes())
                 await asyncio.sleep(delay)
                 self.kick.set()
                 continue
             failures = 0
-            # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
+            quiet_from = time.monotonic() + min(self.settings.coalesce, 2 * (time.monotonic() - started))
+
+    def _dispatch(self, views: list[NodeView], policy: LabelPolicy, per_node: dict[str, NodeDriver] | None) -> None:
+        """Start a patch for each node whose labels differ; a node whose patch is still in flight
+        is looked at again when it returns."""
+        busy = [v.name for v in views if v.name in self._inflight]
+        self._recheck.update(busy)
+        for view, change in self.labeller.changes((v for v in views if v.name not in self._inflight), policy, per_node):
+            self._inflight[view.name] = asyncio.create_task(self._patch(view, change), name=f"label {view.name}")
+
+    async def _patch(self, view: NodeView, change: NodeChange) -> None:
+        try:
+            try:
+                report = await self.labeller.patch(view, change)
+            except Exception as err:  # no answer (connection, timeout): this node retries on its backoff
+                report = LabelReport(failed={view.name: LabelFailure(0, f"{type(err).__name__}: {err}")})
+            # A failed node waits for its own backoff and wakes no other loop; this loop is woken
+            # only to take the new retry time into its wait.
             self.retries.record(report)
+            if report.failed:
+                self.kick.set()
+        finally:
+            del self._inflight[view.name]
+            if view.name in self._recheck:
+                self._recheck.discard(view.name)
+                self.dirty().add(view.name)
+                self.kick.set()
+
+    async def _drain(self) -> None:
+        """Wait for the patches in flight (before our labels are taken back)."""
+        while self._inflight:
+            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
 
     async def _release_held(self) -> None:
         """Neither CR: the DRA driver label kept on claim-holding nodes goes once their claims are
@@ -178,7 +232,7 @@ class LabelLoop:
         if not self._held:
             return
         try:
-            holders = await self._holders({v.name: v for v in self.sources.nodes() if v.name in self._held})
+            holders = await self._holders([v for n in self._held if (v := self.sources.node(n)) is not None])
             released = self._held - holders
             if released:
                 await strip_nodes(self.kube, only=released)
@@ -192,7 +246,7 @@ class LabelLoop:
         but the DRA driver label of nodes where a pod still holds a GPU claim: it goes once the
         claim is released."""
         try:
-            holders = await self._holders({v.name: v for v in self.sources.nodes()})
+            holders = await self._holders(self.sources.nodes())
             patched = await strip_nodes(self.kube, keep={n: frozenset({DRA_DRIVER_LABEL}) for n in holders})
             self._held = set(holders)
         except Exception:

@@ -106,7 +106,7 @@ class Operator:
         self.reconciler = ClusterPolicyReconciler(kube, self.settings)
         self.gpuclusters = GPUClusterReconciler(kube, self.settings)
         self.labels = LabelLoop(kube, self.settings, Sources(
-            self.node_views, self.policy_views, self.gpucluster_views, self.driver_views, self.driver_pod_views),
+            self.node_views, self.node_view, self.policy_views, self.gpucluster_views, self.driver_views, self.driver_pod_views),
             self.loops.label_kick, lambda: self.loops.dirty_nodes, self.loops.take_dirty)
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
@@ -259,6 +259,9 @@ class Operator:
 
     def node_views(self) -> list[NodeView]:
         return list(self.nodes.views.values())
+
+    def node_view(self, name: str) -> NodeView | None:
+        return self.nodes.views.get(name)
 
     def policy_views(self) -> list[PolicyView]:
         return [v for store in self._index("policies").values() if (v := first(store)) is not None]

@@ -98,17 +98,17 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
 
     kube = Claims()
     settings = OperatorSettings()
-    loop = LabelLoop(kube, settings, Sources(*(lambda: [],) * 5), asyncio.Event(),  # type: ignore[arg-type]
-                     set, set)
     views = {"n1": view("n1", {DRA_DRIVER_LABEL: "true"}), "n2": view("n2", {DRA_DRIVER_LABEL: "true"})}
+    sources = Sources(lambda: list(views.values()), views.get, *(lambda: [],) * 4)  # type: ignore[arg-type]
+    loop = LabelLoop(kube, settings, sources, asyncio.Event(), set, set)  # type: ignore[arg-type]
 
     async def passes() -> list[frozenset[str]]:
-        seen = [(await loop._claims(LabelPolicy(), views)).claim_holders for _ in range(5)]
+        seen = [(await loop._claims(LabelPolicy())).claim_holders for _ in range(5)]
         del views["n2"]  # its label went: it is no holder whatever the last list said
-        seen.append((await loop._claims(LabelPolicy(), views)).claim_holders)
+        seen.append((await loop._claims(LabelPolicy())).claim_holders)
         loop.settings = dc_replace(settings, claim_recheck=0.0)  # the recheck is due: listed again
         held["status"] = {}  # the claim was released meanwhile
-        seen.append((await loop._claims(LabelPolicy(), views)).claim_holders)
+        seen.append((await loop._claims(LabelPolicy())).claim_holders)
         return seen
 
     seen = asyncio.run(passes())

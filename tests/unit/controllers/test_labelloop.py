@@ -1,0 +1,169 @@
+"""The labelling loop's serving promises: a lone node event is patched at once (no coalescing
+window while idle), a node does not wait for another node's patch to return, a node that changed
+while its own patch was in flight is looked at again, and a patch that gets no answer is retried
+on that node's backoff.
+
+The fake apiserver applies each merge patch to the node views and sends the change back as the
+Node watch would (the view replaced, the node marked dirty, the loop kicked), after the patch
+answers or, for a held node, when the test releases it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.labelloop import LabelLoop, Sources
+from gpu_operator.controllers.nodelabels import LabelPolicy
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.vocabulary import GPU_PRESENT
+
+NFD_GPU = "feature.node.kubernetes.io/pci-10de.present"
+
+
+class Cluster:
+    """Node views, the dirty set and the kick the loop reads, and a fake apiserver that applies
+    merge patches to the views (with their watch event) and records when each arrived."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.views = {n: NodeView(n, {NFD_GPU: "true"}, {}, "", "") for n in names}
+        self.dirty: set[str] = set()
+        self.kick = asyncio.Event()
+        self.patches: list[tuple[float, str, dict[str, Any]]] = []
+        self.hold: dict[str, asyncio.Event] = {}
+        self.fail_once: set[str] = set()
+
+    def take_dirty(self) -> set[str]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    def changed(self, name: str, labels: dict[str, str | None]) -> None:
+        """A node event: the view after `labels` (None removes a key), as the watch delivers it."""
+        view = self.views[name]
+        merged = {k: v for k, v in {**view.labels, **labels}.items() if v is not None}
+        self.views[name] = replace(view, labels=merged)
+        self.dirty.add(name)
+        self.kick.set()
+
+    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
+                          namespace: str | None = None) -> None:
+        self.patches.append((time.monotonic(), name, patch))
+        if name in self.hold:
+            await self.hold[name].wait()
+        if name in self.fail_once:
+            self.fail_once.discard(name)
+            raise ConnectionResetError("connection reset by peer")
+        self.changed(name, patch["metadata"].get("labels", {}))
+
+    def loop(self, **settings: Any) -> LabelLoop:
+        sources = Sources(lambda: list(self.views.values()), self.views.get, *(lambda: [],) * 4)
+        loop = LabelLoop(self, OperatorSettings(**settings), sources, self.kick,  # type: ignore[arg-type]
+                         lambda: self.dirty, self.take_dirty)
+        loop._wanted = lambda: LabelPolicy()  # type: ignore[method-assign]  # a ClusterPolicy with defaults
+        return loop
+
+
+async def until(check: Any, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def labelled(cluster: Cluster, name: str) -> bool:
+    return cluster.views[name].labels.get(GPU_PRESENT) == "true"
+
+
+async def started(cluster: Cluster, **settings: Any) -> tuple[LabelLoop, asyncio.Task[None]]:
+    loop = cluster.loop(**settings)
+
+    async def ready() -> None:
+        return None
+
+    task = asyncio.create_task(loop.run(ready))
+    cluster.kick.set()  # the first watch events
+    await until(lambda: all(labelled(cluster, n) for n in cluster.views))
+    await asyncio.sleep(0.05)  # the echoes of the first pass are served
+    return loop, task
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_lone_join_is_patched_at_once_not_after_the_coalescing_window() -> None:
+    async def run() -> float:
+        cluster = Cluster(["n0"])
+        _, task = await started(cluster, coalesce=5.0)  # a window a waiting loop could not hide
+        await asyncio.sleep(0.2)  # idle
+        cluster.views["n1"] = NodeView("n1", {NFD_GPU: "true"}, {}, "", "")
+        joined = time.monotonic()
+        cluster.dirty.add("n1")
+        cluster.kick.set()
+        await until(lambda: labelled(cluster, "n1"))
+        took = next(t for t, name, _ in cluster.patches if name == "n1") - joined
+        await stop(task)
+        return took
+
+    assert asyncio.run(run()) < 0.5
+
+
+def test_a_node_does_not_wait_for_another_nodes_patch() -> None:
+    async def run() -> None:
+        cluster = Cluster(["n0", "n1"])
+        _, task = await started(cluster)
+        cluster.hold["n0"] = asyncio.Event()  # n0's next patch gets no answer until released
+        cluster.changed("n0", {GPU_PRESENT: None})  # someone took a label away
+        await until(lambda: any(name == "n0" for _, name, _ in cluster.patches[2:]))
+        cluster.changed("n1", {GPU_PRESENT: None})
+        await until(lambda: labelled(cluster, "n1"))  # while n0's patch is still in flight
+        assert not labelled(cluster, "n0")
+        cluster.hold["n0"].set()
+        await until(lambda: labelled(cluster, "n0"))
+        await stop(task)
+
+    asyncio.run(run())
+
+
+def test_a_node_that_changed_while_its_patch_was_in_flight_is_looked_at_again() -> None:
+    async def run() -> None:
+        cluster = Cluster(["n0"])
+        _, task = await started(cluster)
+        cluster.hold["n0"] = release = asyncio.Event()
+        cluster.changed("n0", {GPU_PRESENT: None})
+        await until(lambda: len(cluster.patches) == 2)  # the patch that puts it back, held
+        # meanwhile the node lost its GPU (NFD label gone) and got its label back by hand: the
+        # patch in flight no longer matches what the node needs
+        cluster.hold.pop("n0")
+        cluster.views["n0"] = replace(cluster.views["n0"], labels={GPU_PRESENT: "true"})
+        cluster.dirty.add("n0")
+        cluster.kick.set()
+        await asyncio.sleep(0.05)
+        assert len(cluster.patches) == 2  # not patched twice at once
+        release.set()
+        await until(lambda: cluster.views["n0"].labels.get(GPU_PRESENT) == "false")
+        assert len(cluster.patches) == 3  # the held one, then the one for what the node is now
+        await stop(task)
+
+    asyncio.run(run())
+
+
+def test_a_patch_without_an_answer_is_retried_on_the_nodes_backoff() -> None:
+    async def run() -> None:
+        cluster = Cluster(["n0"])
+        loop, task = await started(cluster)
+        cluster.fail_once.add("n0")
+        cluster.changed("n0", {GPU_PRESENT: None})
+        await until(lambda: labelled(cluster, "n0"), timeout=5.0)  # the retry, after ~1 s
+        attempts = [t for t, name, _ in cluster.patches if name == "n0"][1:]
+        assert len(attempts) == 2 and attempts[1] - attempts[0] >= 0.9
+        assert not loop.retries.failures
+        await stop(task)
+
+    asyncio.run(run())
