@@ -20,6 +20,7 @@ from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_operator.vocabulary import DRA_STATE_LABELS, GPU_PRESENT, STATE_LABELS
 
@@ -57,6 +58,26 @@ def metric_sum(port: int, name: str) -> float:
         text = resp.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def histogram(port: int, name: str) -> dict[float, float]:
+    """A Prometheus histogram on the operator's /metrics as {upper bound: cumulative count}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return {float(s.labels["le"]): s.value for s in family.samples if s.name == name + "_bucket"}
+    return {}
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket holding the q-quantile (0..1) of what was observed between
+    two reads of one histogram (inf: above the largest bound); None when nothing was observed."""
+    counts = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = counts.get(float("inf"), 0.0)
+    if total <= 0:
+        return None
+    return next(le for le, n in counts.items() if n >= q * total)
 
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})

@@ -25,7 +25,9 @@ from benchkit import (  # noqa: E402
     WANTED,
     LabelWatch,
     audit_writes,
+    bucket_quantile,
     create_nodes,
+    histogram,
     metric_sum,
     patch_ceiling,
     percentile,
@@ -50,6 +52,8 @@ SHAPE = "dgx-h100"
 OPERATOR_USER = f"system:serviceaccount:{session.OPERATOR_NAMESPACE}:{session.OPERATOR_SA}"
 WRITES_METRIC = "gpu_operator_api_write_requests_total"
 LIMIT_METRIC = "gpu_operator_node_label_concurrency_limit"
+DELAY_METRIC = "gpu_operator_node_label_delay_seconds"
+LAG_METRIC = "gpu_operator_event_loop_lag_seconds"
 TARGETS = {"labelled_fraction_of_ceiling": 0.9, "join_p99_s": {1000: 1.0, 5000: 2.0}, "idle_writes": 0,
            "rss_mb": 150.0, "quiet_after_ready_s": 10.0, "busy_fraction": 0.1, "idle_cpu_fraction": 0.01}
 
@@ -196,6 +200,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
 
         latencies = []
         cpu1 = proc_stats(pid).cpu_seconds
+        hists0 = {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)} \
+            if subject.metrics_port else {}
         for i in range(args.joins):
             manifest = shapes.nodes([SHAPE], start=n + i)[0]
             name = manifest["metadata"]["name"]
@@ -214,6 +220,14 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["join_max_s"] = max(latencies) if latencies else None
         out["joins_cpu_s"] = proc_stats(pid).cpu_seconds - cpu1
         say(f"joins: p50 {out['join_p50_s']:.3f}s p99 {out['join_p99_s']:.3f}s")
+        if hists0:  # ours: what the joins waited for inside the operator (bucket upper bounds)
+            for key, metric in (("join_label_delay", DELAY_METRIC), ("join_loop_lag", LAG_METRIC)):
+                after = histogram(subject.metrics_port, metric)
+                for q in (50, 99):
+                    out[f"{key}_p{q}_le_s"] = bucket_quantile(hists0[metric], after, q / 100)
+            say(f"inside ours during the joins: event -> patch sent p50/p99 <= {out['join_label_delay_p50_le_s']}/"
+                f"{out['join_label_delay_p99_le_s']} s; event-loop lag p50/p99 <= {out['join_loop_lag_p50_le_s']}/"
+                f"{out['join_loop_lag_p99_le_s']} s")
         watcher.cancel()
 
         t = time.monotonic()

@@ -89,6 +89,9 @@ class NodeView:
     # annotations (kept in `annotations` too, see `kept_annotation`).
     unschedulable: bool = False
     ready: bool = False
+    # When the Node watch delivered this view (monotonic clock; 0 when not from the watch): how
+    # long a label change waited is measured from here. Not part of what the view says.
+    seen: float = field(default=0.0, compare=False)
 
     @classmethod
     def of(cls, body: Any) -> NodeView:
@@ -103,7 +106,7 @@ class NodeView:
 
     @classmethod
     def of_parts(cls, name: str, labels: dict[str, str], annotations: dict[str, str], *, runtime: str = "",
-                 kernel: str = "", unschedulable: bool = False, ready: bool = False) -> NodeView:
+                 kernel: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0) -> NodeView:
         """From a Node's fields (a body, or the Node watch's decoded node): only the labels and
         annotations the operator reads are kept in `labels`/`annotations`."""
         return cls(
@@ -111,6 +114,7 @@ class NodeView:
             labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
             annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
             runtime=runtime, kernel=kernel, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
+            seen=seen,
         )
 
     @property

@@ -111,11 +111,15 @@ class NodeLabeller:
                    for node in nodes]
         return [(node, change) for node, change in changes if change]
 
-    async def patch(self, node: NodeView, change: NodeChange, report: LabelReport | None = None) -> LabelReport:
+    async def patch(self, node: NodeView, change: NodeChange, report: LabelReport | None = None,
+                    since: float | None = None) -> LabelReport:
         """One node's merge patch through the gate; its outcome lands in `report` (a new one by
-        default). A node gone meanwhile (404) is neither patched nor failed."""
+        default). A node gone meanwhile (404) is neither patched nor failed. `since`: when the
+        event that called for it arrived (the wait until it is sent is a metric)."""
         report = report if report is not None else LabelReport()
         async with self.gate.slot() as outcome:
+            if since:
+                metrics.LABEL_DELAY.observe(time.monotonic() - since)
             try:
                 await self.kube.merge_patch("v1", "Node", node.name, change.merge_patch())
             except ApiError as err:

@@ -90,7 +90,7 @@ class LabelLoop:
         # taken: listed again at most every `claim_recheck` seconds, not on every labelling pass
         self._holders_seen: tuple[float, frozenset[str]] | None = None
         # one task per node whose patch is in flight; nodes that changed meanwhile, to look at again
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._inflight: dict[str, tuple[asyncio.Task[None], NodeView]] = {}
         self._recheck: set[str] = set()
 
     def _node_drivers(self, policy: LabelPolicy) -> dict[str, NodeDriver] | None:
@@ -146,7 +146,7 @@ class LabelLoop:
         try:
             await self._serve()
         finally:
-            for task in self._inflight.values():
+            for task, _ in self._inflight.values():
                 task.cancel()
 
     async def _serve(self) -> None:
@@ -180,10 +180,10 @@ class LabelLoop:
                     # when unchanged)
                     self.policy, self.drivers = policy, per_node
                     self.take_dirty()
-                    self._dispatch(self.sources.nodes(), policy, per_node)
+                    self._dispatch(self.sources.nodes(), policy, per_node, events=False)
                 else:
                     self._dispatch([v for n in self.take_dirty() if (v := self.sources.node(n)) is not None],
-                                   policy, per_node)
+                                   policy, per_node, events=True)
             except Exception as err:  # not one node's patch (those report on their own): retry them all
                 failures += 1
                 delay = self.settings.label_backoff.delay(failures)
@@ -195,18 +195,29 @@ class LabelLoop:
             failures = 0
             quiet_from = time.monotonic() + min(self.settings.coalesce, 2 * (time.monotonic() - started))
 
-    def _dispatch(self, views: list[NodeView], policy: LabelPolicy, per_node: dict[str, NodeDriver] | None) -> None:
+    def _dispatch(self, views: list[NodeView], policy: LabelPolicy, per_node: dict[str, NodeDriver] | None,
+                  events: bool) -> None:
         """Start a patch for each node whose labels differ; a node whose patch is still in flight
-        is looked at again when it returns."""
-        busy = [v.name for v in views if v.name in self._inflight]
-        self._recheck.update(busy)
-        for view, change in self.labeller.changes((v for v in views if v.name not in self._inflight), policy, per_node):
-            self._inflight[view.name] = asyncio.create_task(self._patch(view, change), name=f"label {view.name}")
+        is looked at again when it returns. `events`: these nodes are here for their own watch
+        events (how long each waited is measured), not for a new policy."""
+        idle = []
+        for view in views:
+            if (sent := self._inflight.get(view.name)) is None:
+                idle.append(view)
+            elif (view.labels, view.annotations) != (sent[1].labels, sent[1].annotations):
+                # its labels changed meanwhile (our own patch's echo, or someone else): the answer
+                # to this patch is not the last word; an event that leaves them (a status update)
+                # does not change what the patch in flight sends
+                self._recheck.add(view.name)
+        for view, change in self.labeller.changes(idle, policy, per_node):
+            task = asyncio.create_task(self._patch(view, change, view.seen if events else None),
+                                       name=f"label {view.name}")
+            self._inflight[view.name] = (task, view)
 
-    async def _patch(self, view: NodeView, change: NodeChange) -> None:
+    async def _patch(self, view: NodeView, change: NodeChange, since: float | None) -> None:
         try:
             try:
-                report = await self.labeller.patch(view, change)
+                report = await self.labeller.patch(view, change, since=since)
             except Exception as err:  # no answer (connection, timeout): this node retries on its backoff
                 report = LabelReport(failed={view.name: LabelFailure(0, f"{type(err).__name__}: {err}")})
             # A failed node waits for its own backoff and wakes no other loop; this loop is woken
@@ -224,7 +235,7 @@ class LabelLoop:
     async def _drain(self) -> None:
         """Wait for the patches in flight (before our labels are taken back)."""
         while self._inflight:
-            await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+            await asyncio.gather(*(task for task, _ in self._inflight.values()), return_exceptions=True)
 
     async def _release_held(self) -> None:
         """Neither CR: the DRA driver label kept on claim-holding nodes goes once their claims are

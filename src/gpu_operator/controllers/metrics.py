@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpu_operator import vocabulary as vocab
@@ -31,9 +32,24 @@ LABEL_PATCH_FAILURES = Counter("gpu_operator_node_label_patch_failures",
                                "Node label patches that failed, by HTTP status code", ["code"])
 LABEL_CONCURRENCY = Gauge("gpu_operator_node_label_concurrency_limit",
                           "Node label patches allowed in flight now (adaptive, up to --label-concurrency)")
+LABEL_DELAY = Histogram("gpu_operator_node_label_delay_seconds",
+                        "From the Node watch event that called for a label change to its patch being sent",
+                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+LOOP_LAG = Histogram("gpu_operator_event_loop_lag_seconds",
+                     "How late a timer on the operator's event loop fired: work that held the loop meanwhile "
+                     "(every watch event and write waits behind it)",
+                     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 # OpenShift driver-toolkit gauges keep upstream's names; this operator does not use the DTK.
 DTK_ENABLED = Gauge("gpu_operator_openshift_driver_toolkit_enabled",
                     "1 enabled, -1 requested but not possible, 0 not requested")
+
+
+async def sample_loop_lag(interval: float = 0.1) -> None:
+    """Observe, every `interval` seconds, how late the event loop woke this task."""
+    while True:
+        started = time.monotonic()
+        await asyncio.sleep(interval)
+        LOOP_LAG.observe(max(0.0, time.monotonic() - started - interval))
 
 
 def record_reconcile(report: ReconcileReport) -> None:

@@ -391,6 +391,7 @@ class Operator:
         self.tasks = [asyncio.create_task(self.node_reflector(stop), name="node-reflector"),
                       asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),
                       asyncio.create_task(self.labels.run(self.loops.ready), name="node-labelling"),
+                      asyncio.create_task(metrics.sample_loop_lag(), name="event-loop-lag"),
                       *(asyncio.create_task(loop.run(self.loops.ready), name=name)
                         for name, loop in self.pass_loops().items())]
         try:

@@ -5,6 +5,7 @@ interned), retrying with the operator's watch backoff."""
 from __future__ import annotations
 
 import sys
+import time
 
 import httpx2
 
@@ -30,7 +31,7 @@ def view_of(node: SlimNode) -> NodeView:
         runtime=sys.intern(info.containerRuntimeVersion) if info else "",
         kernel=sys.intern(info.kernelVersion) if info else "",
         unschedulable=node.spec.unschedulable if node.spec else False,
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions))
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions), seen=time.monotonic())
 
 
 class NodeReflector(NodeWatch[NodeView]):

@@ -29,8 +29,9 @@ class OperatorSettings:
     """Everything `gpu-operator run` can tune, with its defaults. Times are in seconds."""
 
     coalesce: float = 0.1
-    """Kicks (watch events) arriving within this window are served by one reconcile or labelling
-    pass. A ClusterPolicy reconcile also waits at least twice as long as the previous one took."""
+    """Kicks (watch events) arriving within this window are served by one reconcile pass. A
+    ClusterPolicy reconcile also waits at least twice as long as the previous one took. The
+    labelling loop waits only under load: twice as long as its last pass took, at most this."""
 
     requeue_not_ready: float = 5.0
     """A ClusterPolicy or NVIDIADriver whose operands are not ready is reconciled again after this

@@ -4,8 +4,8 @@ while its own patch was in flight is looked at again, and a patch that gets no a
 on that node's backoff.
 
 The fake apiserver applies each merge patch to the node views and sends the change back as the
-Node watch would (the view replaced, the node marked dirty, the loop kicked), after the patch
-answers or, for a held node, when the test releases it."""
+Node watch would (the view replaced, the node marked dirty, the loop kicked), 10 ms after the
+patch answers (for a held node, after the test releases it)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ class Cluster:
         if name in self.fail_once:
             self.fail_once.discard(name)
             raise ConnectionResetError("connection reset by peer")
-        self.changed(name, patch["metadata"].get("labels", {}))
+        # the watch event of this write comes a little after the answer (it may also come before)
+        asyncio.get_running_loop().call_later(0.01, self.changed, name, patch["metadata"].get("labels", {}))
 
     def loop(self, **settings: Any) -> LabelLoop:
         sources = Sources(lambda: list(self.views.values()), self.views.get, *(lambda: [],) * 4)
@@ -164,6 +165,27 @@ def test_a_patch_without_an_answer_is_retried_on_the_nodes_backoff() -> None:
         attempts = [t for t, name, _ in cluster.patches if name == "n0"][1:]
         assert len(attempts) == 2 and attempts[1] - attempts[0] >= 0.9
         assert not loop.retries.failures
+        await stop(task)
+
+    asyncio.run(run())
+
+
+def test_a_status_update_during_the_patch_costs_no_second_patch() -> None:
+    async def run() -> None:
+        cluster = Cluster(["n0"])
+        _, task = await started(cluster)
+        cluster.hold["n0"] = release = asyncio.Event()
+        cluster.changed("n0", {GPU_PRESENT: None})
+        await until(lambda: len(cluster.patches) == 2)
+        # the kubelet (kwok) reports the node Ready while the patch is in flight: labels unchanged
+        cluster.views["n0"] = replace(cluster.views["n0"], ready=True)
+        cluster.dirty.add("n0")
+        cluster.kick.set()
+        await asyncio.sleep(0.05)
+        release.set()
+        await until(lambda: labelled(cluster, "n0"))
+        await asyncio.sleep(0.1)  # the echo and any recheck are served
+        assert len(cluster.patches) == 2
         await stop(task)
 
     asyncio.run(run())
