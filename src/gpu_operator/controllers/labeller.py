@@ -132,11 +132,13 @@ class NodeLabeller:
         return report
 
     async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
-                    drivers: Mapping[str, NodeDriver] | None = None) -> LabelReport:
+                    drivers: Mapping[str, NodeDriver] | None = None, events: bool = False) -> LabelReport:
         """Patch every node whose labels differ (nodes that already match cost no request) and
-        wait for all of them."""
+        wait for all of them. `events`: these nodes are here for their own watch events, so how
+        long each waited since its view arrived is measured (not for a new policy)."""
         report = LabelReport()
-        await asyncio.gather(*(self.patch(node, change, report) for node, change in self.changes(nodes, policy, drivers)))
+        await asyncio.gather(*(self.patch(node, change, report, since=node.seen if events else None)
+                               for node, change in self.changes(nodes, policy, drivers)))
         return report
 
 

@@ -7,13 +7,10 @@ Leaving the DRA stack waits for claims: `nvidia.com/gpu.deploy.dra-driver` stays
 a pod there holds a ResourceClaim allocated by gpu.nvidia.com (the kubelet plugin must unprepare
 it), and the node is looked at again every `claim_recheck` seconds until it is released.
 
-A node event is served at once: the loop does not wait for a batch of patches to finish before it
-looks at the next dirty nodes (each patch is its own task through the labeller's gate), and a
-pass costs what its dirty nodes cost, not the cluster's size. Events are coalesced only under
-load: after a pass the loop waits up to twice as long as the pass took (at most `coalesce`) before
-the next, so a storm of events is served in batches while a lone join is patched right away. A
-node whose event arrives while its own patch is in flight is looked at again when that patch
-returns.
+A node event is served at once while the loop is idle; events are coalesced only under load:
+after a pass the next one waits up to twice as long as the pass took (at most `coalesce`), so
+the echoes of a thousand patches are served in a few passes while a lone join is patched right
+away. A pass costs what its dirty nodes cost (views looked up by name), not the cluster's size.
 """
 
 from __future__ import annotations
@@ -29,9 +26,9 @@ from typing import Any, Literal
 from gpu_operator.controllers.cache import DriverPodView, NodeView, PolicyView
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clusterpolicy import active_policy
-from gpu_operator.controllers.labeller import LabelFailure, LabelReport, LabelRetries, NodeLabeller
+from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
 from gpu_operator.controllers.leader import log_pass_failure
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeChange, NodeDriver
+from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.nvidiadriver import node_drivers
 from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
 from gpu_operator.controllers.settings import OperatorSettings
@@ -89,9 +86,6 @@ class LabelLoop:
         # under a ClusterPolicy, the claim holders of the last ResourceClaim list and when it was
         # taken: listed again at most every `claim_recheck` seconds, not on every labelling pass
         self._holders_seen: tuple[float, frozenset[str]] | None = None
-        # one task per node whose patch is in flight; nodes that changed meanwhile, to look at again
-        self._inflight: dict[str, tuple[asyncio.Task[None], NodeView]] = {}
-        self._recheck: set[str] = set()
 
     def _node_drivers(self, policy: LabelPolicy) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
@@ -143,13 +137,6 @@ class LabelLoop:
 
     async def run(self, ready: Callable[[], Any]) -> None:
         await ready()
-        try:
-            await self._serve()
-        finally:
-            for task, _ in self._inflight.values():
-                task.cancel()
-
-    async def _serve(self) -> None:
         failures = 0
         quiet_from = 0.0  # the next pass starts no earlier than this (coalescing under load)
         while True:
@@ -165,7 +152,6 @@ class LabelLoop:
             self.dirty().update(self.retries.due())
             wanted = self._wanted()
             if wanted is False:
-                await self._drain()
                 await self._take_back()
                 continue
             if wanted is None:
@@ -180,11 +166,11 @@ class LabelLoop:
                     # when unchanged)
                     self.policy, self.drivers = policy, per_node
                     self.take_dirty()
-                    self._dispatch(self.sources.nodes(), policy, per_node, events=False)
+                    report = await self.labeller.label(self.sources.nodes(), policy, per_node)
                 else:
-                    self._dispatch([v for n in self.take_dirty() if (v := self.sources.node(n)) is not None],
-                                   policy, per_node, events=True)
-            except Exception as err:  # not one node's patch (those report on their own): retry them all
+                    views = [v for n in self.take_dirty() if (v := self.sources.node(n)) is not None]
+                    report = await self.labeller.label(views, policy, per_node, events=True)
+            except Exception as err:  # not one node's patch (those are in the report): retry them all
                 failures += 1
                 delay = self.settings.label_backoff.delay(failures)
                 log_pass_failure(log, f"node labelling failed ({err})", failures, delay)
@@ -193,49 +179,10 @@ class LabelLoop:
                 self.kick.set()
                 continue
             failures = 0
-            quiet_from = time.monotonic() + min(self.settings.coalesce, 2 * (time.monotonic() - started))
-
-    def _dispatch(self, views: list[NodeView], policy: LabelPolicy, per_node: dict[str, NodeDriver] | None,
-                  events: bool) -> None:
-        """Start a patch for each node whose labels differ; a node whose patch is still in flight
-        is looked at again when it returns. `events`: these nodes are here for their own watch
-        events (how long each waited is measured), not for a new policy."""
-        idle = []
-        for view in views:
-            if (sent := self._inflight.get(view.name)) is None:
-                idle.append(view)
-            elif (view.labels, view.annotations) != (sent[1].labels, sent[1].annotations):
-                # its labels changed meanwhile (our own patch's echo, or someone else): the answer
-                # to this patch is not the last word; an event that leaves them (a status update)
-                # does not change what the patch in flight sends
-                self._recheck.add(view.name)
-        for view, change in self.labeller.changes(idle, policy, per_node):
-            task = asyncio.create_task(self._patch(view, change, view.seen if events else None),
-                                       name=f"label {view.name}")
-            self._inflight[view.name] = (task, view)
-
-    async def _patch(self, view: NodeView, change: NodeChange, since: float | None) -> None:
-        try:
-            try:
-                report = await self.labeller.patch(view, change, since=since)
-            except Exception as err:  # no answer (connection, timeout): this node retries on its backoff
-                report = LabelReport(failed={view.name: LabelFailure(0, f"{type(err).__name__}: {err}")})
-            # A failed node waits for its own backoff and wakes no other loop; this loop is woken
-            # only to take the new retry time into its wait.
+            # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
             self.retries.record(report)
-            if report.failed:
-                self.kick.set()
-        finally:
-            del self._inflight[view.name]
-            if view.name in self._recheck:
-                self._recheck.discard(view.name)
-                self.dirty().add(view.name)
-                self.kick.set()
-
-    async def _drain(self) -> None:
-        """Wait for the patches in flight (before our labels are taken back)."""
-        while self._inflight:
-            await asyncio.gather(*(task for task, _ in self._inflight.values()), return_exceptions=True)
+            ended = time.monotonic()
+            quiet_from = ended + min(self.settings.coalesce, 2 * (ended - started))
 
     async def _release_held(self) -> None:
         """Neither CR: the DRA driver label kept on claim-holding nodes goes once their claims are

@@ -1,7 +1,7 @@
 """The labelling loop's serving promises: a lone node event is patched at once (no coalescing
-window while idle), a node does not wait for another node's patch to return, a node that changed
-while its own patch was in flight is looked at again, and a patch that gets no answer is retried
-on that node's backoff.
+window while idle), a node that changed while its own patch was in flight is looked at again, a
+status-only event costs no second patch, and a patch that gets no answer is retried on that
+node's backoff.
 
 The fake apiserver applies each merge patch to the node views and sends the change back as the
 Node watch would (the view replaced, the node marked dirty, the loop kicked), 10 ms after the
@@ -113,23 +113,6 @@ def test_a_lone_join_is_patched_at_once_not_after_the_coalescing_window() -> Non
         return took
 
     assert asyncio.run(run()) < 0.5
-
-
-def test_a_node_does_not_wait_for_another_nodes_patch() -> None:
-    async def run() -> None:
-        cluster = Cluster(["n0", "n1"])
-        _, task = await started(cluster)
-        cluster.hold["n0"] = asyncio.Event()  # n0's next patch gets no answer until released
-        cluster.changed("n0", {GPU_PRESENT: None})  # someone took a label away
-        await until(lambda: any(name == "n0" for _, name, _ in cluster.patches[2:]))
-        cluster.changed("n1", {GPU_PRESENT: None})
-        await until(lambda: labelled(cluster, "n1"))  # while n0's patch is still in flight
-        assert not labelled(cluster, "n0")
-        cluster.hold["n0"].set()
-        await until(lambda: labelled(cluster, "n0"))
-        await stop(task)
-
-    asyncio.run(run())
 
 
 def test_a_node_that_changed_while_its_patch_was_in_flight_is_looked_at_again() -> None:
