@@ -53,7 +53,7 @@ class Binaries:
         return "\n---\n".join(f.read_text().strip().removeprefix("---").strip() for f in files) + "\n"
 
     def complete(self) -> bool:
-        binaries = (self.root / "bin" / "kube", self.root / "bin" / "kube-floor", self.etcd, self.kwok)
+        binaries = (*(self.of(k).kube for k in KUBERNETES), self.etcd, self.kwok)
         return all(p.is_file() and os.access(p, os.X_OK) for p in binaries) and (self.root / "stages").is_dir()
 
 
