@@ -168,6 +168,7 @@ class LabelLoop:
                     # once instead, 1,000 nodes were labelled 1.5-3x slower: 7.5-14.4 s against
                     # 5-7.5 s, measured side by side)
                     await asyncio.sleep(self.settings.coalesce)
+                    started = time.monotonic()  # the pass's own time (its pause follows it)
                     self.policy, self.drivers = policy, per_node
                     self.take_dirty()
                     report = await self.labeller.label(self.sources.nodes(), policy, per_node)

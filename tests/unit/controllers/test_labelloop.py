@@ -87,7 +87,8 @@ async def started(cluster: Cluster, **settings: Any) -> tuple[LabelLoop, asyncio
 
     task = asyncio.create_task(loop.run(ready))
     cluster.kick.set()  # the first watch events
-    await until(lambda: all(labelled(cluster, n) for n in cluster.views))
+    # the first pass labels every node (a new policy): it waits the coalescing window first
+    await until(lambda: all(labelled(cluster, n) for n in cluster.views), timeout=2.0 + loop.settings.coalesce)
     await asyncio.sleep(0.05)  # the echoes of the first pass are served
     return loop, task
 
@@ -101,7 +102,9 @@ async def stop(task: asyncio.Task[None]) -> None:
 def test_a_lone_join_is_patched_at_once_not_after_the_coalescing_window() -> None:
     async def run() -> float:
         cluster = Cluster(["n0"])
-        _, task = await started(cluster, coalesce=5.0)  # a window a waiting loop could not hide
+        begun = time.monotonic()
+        _, task = await started(cluster, coalesce=1.5)  # a window a waiting loop could not hide
+        assert cluster.patches[0][0] - begun >= 1.5  # the fleet-wide first pass did wait it
         await asyncio.sleep(0.2)  # idle
         cluster.views["n1"] = NodeView("n1", {NFD_GPU: "true"}, {}, "", "")
         joined = time.monotonic()
