@@ -60,6 +60,20 @@ class Cluster:
         # the watch event of this write comes a little after the answer (it may also come before)
         asyncio.get_running_loop().call_later(0.01, self.changed, name, patch["metadata"].get("labels", {}))
 
+    def event(self, name: str, view: NodeView) -> None:
+        """A watch event that replaces the node's view as given (no merge)."""
+        self.views[name] = view
+        self.dirty.add(name)
+        self.kick.set()
+
+    async def held_patch(self, name: str) -> asyncio.Event:
+        """Take a label away from `name` and hold the patch that puts it back; set the returned
+        event to let the patch answer."""
+        self.hold[name] = release = asyncio.Event()
+        self.changed(name, {GPU_PRESENT: None})
+        await until(lambda: sum(1 for _, n, _ in self.patches if n == name) == 2)
+        return release
+
     def loop(self, **settings: Any) -> LabelLoop:
         sources = Sources(lambda: list(self.views.values()), self.views.get, *(lambda: [],) * 4)
         loop = LabelLoop(self, OperatorSettings(**settings), sources, self.kick,  # type: ignore[arg-type]
@@ -122,15 +136,11 @@ def test_a_node_that_changed_while_its_patch_was_in_flight_is_looked_at_again() 
     async def run() -> None:
         cluster = Cluster(["n0"])
         _, task = await started(cluster)
-        cluster.hold["n0"] = release = asyncio.Event()
-        cluster.changed("n0", {GPU_PRESENT: None})
-        await until(lambda: len(cluster.patches) == 2)  # the patch that puts it back, held
+        release = await cluster.held_patch("n0")
         # meanwhile the node lost its GPU (NFD label gone) and got its label back by hand: the
         # patch in flight no longer matches what the node needs
         cluster.hold.pop("n0")
-        cluster.views["n0"] = replace(cluster.views["n0"], labels={GPU_PRESENT: "true"})
-        cluster.dirty.add("n0")
-        cluster.kick.set()
+        cluster.event("n0", replace(cluster.views["n0"], labels={GPU_PRESENT: "true"}))
         await asyncio.sleep(0.05)
         assert len(cluster.patches) == 2  # not patched twice at once
         release.set()
@@ -160,13 +170,9 @@ def test_a_status_update_during_the_patch_costs_no_second_patch() -> None:
     async def run() -> None:
         cluster = Cluster(["n0"])
         _, task = await started(cluster)
-        cluster.hold["n0"] = release = asyncio.Event()
-        cluster.changed("n0", {GPU_PRESENT: None})
-        await until(lambda: len(cluster.patches) == 2)
+        release = await cluster.held_patch("n0")
         # the kubelet (kwok) reports the node Ready while the patch is in flight: labels unchanged
-        cluster.views["n0"] = replace(cluster.views["n0"], ready=True)
-        cluster.dirty.add("n0")
-        cluster.kick.set()
+        cluster.event("n0", replace(cluster.views["n0"], ready=True))
         await asyncio.sleep(0.05)
         release.set()
         await until(lambda: labelled(cluster, "n0"))
