@@ -99,7 +99,7 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
     kube = Claims()
     settings = OperatorSettings()
     views = {"n1": view("n1", {DRA_DRIVER_LABEL: "true"}), "n2": view("n2", {DRA_DRIVER_LABEL: "true"})}
-    sources = Sources(lambda: list(views.values()), views.get, *(lambda: [],) * 4)  # type: ignore[arg-type]
+    sources = Sources(lambda: list(views.values()), views.get, *(lambda: [],) * 4)
     loop = LabelLoop(kube, settings, sources, asyncio.Event(), set, set)  # type: ignore[arg-type]
 
     async def passes() -> list[frozenset[str]]:
