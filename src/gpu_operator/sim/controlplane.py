@@ -33,6 +33,28 @@ _QUIET_USERS = ["system:kube-controller-manager", "system:kube-scheduler", "kwok
 _READ_VERBS = ("get", "list", "watch")
 
 
+# kwok plays pod stages (a scheduled pod -> Running and Ready) 4 at a time by default: on a busy
+# apiserver (~0.2 s per status patch) that is ~20 pods/s, and with 3,000 nodes 1,700 of 24,000
+# operand pods were Ready 200 s after the policy while the DaemonSet controller had created
+# 23,000; with 32 at a time 6,100 were Ready at the same point (kwok still at ~0.2 of a core).
+# Given a KwokConfiguration, kwok v0.8.0 leaves unset options at zero (its node-lease controller
+# then refuses to start), so its other defaults are spelled out.
+KWOK_CONFIGURATION = """---
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: 32
+  nodePlayStageParallelism: 16
+  nodeLeaseParallelism: 4
+  podsOnNodeSyncParallelism: 1
+  enableDebuggingHandlers: true
+  enableProfilingHandler: true
+  enableContentionProfiling: false
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+"""
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to start or died; the message names it and points to its log."""
 
@@ -277,7 +299,7 @@ class ControlPlane:
         components = [kcm, scheduler]
         if self.kwok:
             stages = self.workdir / "kwok-stages.yaml"
-            stages.write_text(self.binaries.stages_yaml())
+            stages.write_text(self.binaries.stages_yaml() + KWOK_CONFIGURATION)
             components.append(self._launch("kwok", [
                 str(self.binaries.kwok), f"--kubeconfig={self.kubeconfig_for('kwok')}",
                 "--manage-all-nodes=false",
