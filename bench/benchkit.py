@@ -52,19 +52,21 @@ def proc_stats(pid: int) -> ProcStats:
                      cpu_seconds=(int(fields[11]) + int(fields[12])) / CLK_TCK)
 
 
+def _metrics_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
 def metric_sum(port: int, name: str) -> float:
     """The sum of every sample of a Prometheus counter on the operator's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    text = _metrics_text(port)
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def histogram(port: int, name: str) -> dict[float, float]:
     """A Prometheus histogram on the operator's /metrics as {upper bound: cumulative count}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_metrics_text(port)):
         if family.name == name:
             return {float(s.labels["le"]): s.value for s in family.samples if s.name == name + "_bucket"}
     return {}

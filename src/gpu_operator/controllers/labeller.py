@@ -101,22 +101,23 @@ class NodeLabeller:
                          on_change=metrics.LABEL_CONCURRENCY.set)
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 
-    @staticmethod
-    def changes(nodes: Iterable[NodeView], policy: LabelPolicy,
-                drivers: Mapping[str, NodeDriver] | None = None) -> list[tuple[NodeView, NodeChange]]:
-        """The nodes whose labels differ from what the policy (and, with NVIDIADrivers, the
-        node's owner) wants, with their change; nodes that already match are left out."""
+    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
+                    drivers: Mapping[str, NodeDriver] | None = None, events: bool = False) -> LabelReport:
+        """Patch every node whose labels differ from what the policy (and, with NVIDIADrivers,
+        the node's owner) wants; nodes that already match cost nothing (no request). Waits for
+        all of them. `events`: these nodes are here for their own watch events, so how long each
+        waited since its view arrived is measured (not for a new policy)."""
+        report = LabelReport()
         drivers = drivers or {}
         changes = [(node, desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name))
                    for node in nodes]
-        return [(node, change) for node, change in changes if change]
+        await asyncio.gather(*(self._patch(node, change, report, node.seen if events else None)
+                               for node, change in changes if change))
+        return report
 
-    async def patch(self, node: NodeView, change: NodeChange, report: LabelReport | None = None,
-                    since: float | None = None) -> LabelReport:
-        """One node's merge patch through the gate; its outcome lands in `report` (a new one by
-        default). A node gone meanwhile (404) is neither patched nor failed. `since`: when the
-        event that called for it arrived (the wait until it is sent is a metric)."""
-        report = report if report is not None else LabelReport()
+    async def _patch(self, node: NodeView, change: NodeChange, report: LabelReport, since: float | None) -> None:
+        """One node's merge patch through the gate, its outcome into `report`; a node gone
+        meanwhile (404) is neither patched nor failed."""
         async with self.gate.slot() as outcome:
             if since:
                 metrics.LABEL_DELAY.observe(time.monotonic() - since)
@@ -126,20 +127,9 @@ class NodeLabeller:
                 outcome[0] = int(err.status.code or 0)
                 if err.status.code != 404:
                     report.failed[node.name] = LabelFailure(int(err.status.code or 0), str(err.status.message))
-                return report
+                return
         report.patched.append(node.name)
         log.info("node %s: labels %s", node.name, _describe(change.labels, change.annotations))
-        return report
-
-    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
-                    drivers: Mapping[str, NodeDriver] | None = None, events: bool = False) -> LabelReport:
-        """Patch every node whose labels differ (nodes that already match cost no request) and
-        wait for all of them. `events`: these nodes are here for their own watch events, so how
-        long each waited since its view arrived is measured (not for a new policy)."""
-        report = LabelReport()
-        await asyncio.gather(*(self.patch(node, change, report, since=node.seen if events else None)
-                               for node, change in self.changes(nodes, policy, drivers)))
-        return report
 
 
 def _describe(labels: dict[str, str | None], annotations: dict[str, str | None]) -> str:
