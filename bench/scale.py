@@ -84,12 +84,39 @@ async def until_quiet(pid: int, timeout: float, window: float = 2.0, busy: float
     return time.monotonic() - start
 
 
-def operand_pods(client: Client) -> str:
-    """"ready/desired" operand pods over the operator's DaemonSets (is the cluster settled?)."""
+def operand_counts(client: Client) -> tuple[int, int]:
+    """(ready, desired) operand pods over the operator's DaemonSets (is the cluster settled?)."""
     sets = list(client.list(DaemonSet, namespace=session.OPERATOR_NAMESPACE))
     ready = sum((ds.status.numberReady or 0) if ds.status else 0 for ds in sets)
     desired = sum((ds.status.desiredNumberScheduled or 0) if ds.status else 0 for ds in sets)
-    return f"{ready}/{desired}"
+    return ready, desired
+
+
+def operand_pods(client: Client) -> str:
+    return "/".join(map(str, operand_counts(client)))
+
+
+async def sample_operands(sync: Client, t0: float, samples: list[tuple[float, int, int]],
+                          every: float = 5.0) -> None:
+    """Until cancelled: (seconds since the policy, operand pods ready, desired) every `every` s."""
+    while True:
+        counts = await asyncio.to_thread(operand_counts, sync)
+        samples.append((round(time.monotonic() - t0, 1), *counts))
+        await asyncio.sleep(every)
+
+
+def settle_rates(samples: list[tuple[float, int, int]], window: float = 15.0) -> tuple[float | None, float | None]:
+    """The simulator's own pace, operand pods made Ready per second: on average from the policy
+    to the last sample, and at best over any `window` seconds."""
+    if not samples or samples[-1][0] <= 0:
+        return None, None
+    peak = None
+    for i, (t, ready, _) in enumerate(samples):
+        later = next((s for s in samples[i + 1:] if s[0] - t >= window), None)
+        if later is not None:
+            rate = (later[1] - ready) / (later[0] - t)
+            peak = rate if peak is None else max(peak, rate)
+    return samples[-1][1] / samples[-1][0], peak
 
 
 def load() -> str:
@@ -184,6 +211,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         t0 = time.monotonic()
         out["load_at_policy"] = load()
         await client.create(from_dict(read_gpucluster() if args.gpucluster else read_policy(args.policy)))
+        samples: list[tuple[float, int, int]] = []  # the operand rollout, sampled from the policy on
+        sampler = asyncio.create_task(sample_operands(sync, t0, samples))
         done = await watch.wait_all(names, args.label_timeout)
         if done:
             out["labelled_s"] = max(watch.labelled_at[name] for name in names) - t0
@@ -232,10 +261,20 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
 
         t = time.monotonic()
         deadline = t + args.settle_timeout
+        said = 0.0
         while not policy_ready(sync, args.gpucluster) and time.monotonic() < deadline:
+            if samples and time.monotonic() - said >= 15:
+                said = time.monotonic()
+                say(f"settling: {samples[-1][1]}/{samples[-1][2]} operand pods ready, {samples[-1][0]:.0f}s "
+                    "after the policy")
             await asyncio.sleep(2)
         out["settled"] = policy_ready(sync, args.gpucluster)
         out["settle_s"] = time.monotonic() - t
+        sampler.cancel()
+        samples.append((round(time.monotonic() - t0, 1), *operand_counts(sync)))
+        out["settle_samples"] = samples
+        out["policy_to_ready_s"] = samples[-1][0] if out["settled"] else None
+        out["simulator_pods_ready_per_s"], out["simulator_pods_ready_peak_per_s"] = settle_rates(samples)
         out["operand_pods_ready_at_idle"] = operand_pods(sync)
         say(f"{'GPUCluster' if args.gpucluster else 'ClusterPolicy'} {'ready' if out['settled'] else 'NOT ready'} "
             f"after {out['settle_s']:.0f}s more; "
@@ -315,6 +354,8 @@ COLUMNS = [  # (heading, key, format)
     ("labelled s", "labelled_s", ".2f"), ("rate/s", "labelling_rate_per_s", ".0f"),
     ("ceiling/s", "ceiling_patches_per_s", ".0f"), ("of ceiling", "labelling_fraction_of_ceiling", ".0%"),
     ("join p50 s", "join_p50_s", ".3f"), ("join p99 s", "join_p99_s", ".3f"),
+    ("policy -> ready s", "policy_to_ready_s", ".0f"), ("sim pods ready/s avg", "simulator_pods_ready_per_s", ".0f"),
+    ("peak", "simulator_pods_ready_peak_per_s", ".0f"),
     ("idle writes", "idle_writes_audit", "d"), ("idle CPU", "idle_cpu_fraction", ".2%"),
     ("peak RSS MB", "rss_peak_mb", ".0f"), ("CPU s", "cpu_total_s", ".1f"),
 ]
