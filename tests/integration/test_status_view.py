@@ -60,3 +60,35 @@ def test_status_view_before_and_after_the_operator(
     assert all(name in result.stdout for name in names) and "Everything is ready." in result.stdout
     # Without --namespace the view finds the operands through the policy's status.namespace.
     assert collect(kube).namespace == operator_namespace
+
+
+def test_an_operator_pod_that_cannot_pull_its_image_is_reported_with_the_values_keys(
+        kube: Client, operator_namespace: str) -> None:
+    """Before any ClusterPolicy (an operator that never started wrote none): the view finds the
+    chart's pods in every namespace and says which values build the image it cannot pull."""
+    from lightkube.codecs import from_dict
+    from lightkube.resources.core_v1 import Pod
+
+    name = "gpu-operator-5c8d9-pull"
+    image = "registry.invalid/gpu-operator:nosuch"
+    kube.create(from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": operator_namespace,
+                     "labels": {"app": "gpu-operator", "app.kubernetes.io/component": "gpu-operator"}},
+        # held out of scheduling: no kwok node plays it, so its status is what the kubelet would report
+        "spec": {"schedulingGates": [{"name": "example.com/held"}],
+                 "containers": [{"name": "gpu-operator", "image": image}]}}))
+    try:
+        kube.patch(Pod.Status, name, {"status": {"phase": "Pending", "containerStatuses": [{
+            "name": "gpu-operator", "image": image, "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff",
+                                  "message": f'Back-off pulling image "{image}"'}}}]}},
+                   namespace=operator_namespace)
+        view = collect(kube)
+        line = next(p for p in view.problems if name in p)
+        assert line.startswith(f"the operator: pod {operator_namespace}/{name} cannot pull image '{image}' "
+                               "(ImagePullBackOff)"), line
+        assert "operator.repository, operator.image and operator.version" in line
+        assert not view.ready
+    finally:
+        kube.delete(Pod, name, namespace=operator_namespace, grace_period=0)

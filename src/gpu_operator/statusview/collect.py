@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from httpx2 import HTTPStatusError
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
+from lightkube.operators import in_
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource
+from gpu_operator.statusview.operatorpods import COMPONENT_LABEL, ROLES
 from gpu_operator.statusview.table import StatusView, build_view, components_of
 
 
@@ -18,11 +21,13 @@ def _dicts(objs: Any) -> list[dict[str, Any]]:
 
 
 def list_policies(client: Client, resource: Any = ClusterPolicyResource) -> list[dict[str, Any]]:
-    """ClusterPolicies (or GPUClusters); [] when their CRD is not installed."""
+    """ClusterPolicies (or GPUClusters); [] when their CRD is not installed (the apiserver then
+    answers 404 with a plain-text body, which lightkube leaves an HTTPStatusError)."""
     try:
         return _dicts(client.list(resource))
-    except ApiError as err:
-        if err.status.code == 404:  # the CRD is not installed
+    except (ApiError, HTTPStatusError) as err:
+        code = err.status.code if isinstance(err, ApiError) else err.response.status_code
+        if code == 404:
             return []
         raise
 
@@ -39,6 +44,18 @@ def find_namespace(client: Client, policies: list[dict[str, Any]]) -> str | None
     return None
 
 
+def operator_pods(client: Client, namespace: str | None) -> list[dict[str, Any]]:
+    """The chart's own pods (operator, CRD and cleanup hooks): in the operand namespace, or in
+    every namespace while none is known (an operator that never started wrote no status)."""
+    try:
+        return _dicts(client.list(Pod, namespace=namespace or "*",
+                                  labels={COMPONENT_LABEL: in_(list(ROLES))}))
+    except ApiError as err:
+        if err.status.code == 403:  # a user who may read only the operand namespace
+            return []
+        raise
+
+
 def collect(client: Client, namespace: str | None = None) -> StatusView:
     policies = list_policies(client)
     clusters = list_policies(client, GPUClusterResource)
@@ -50,4 +67,4 @@ def collect(client: Client, namespace: str | None = None) -> StatusView:
         daemonsets = [ds for ds in _dicts(client.list(DaemonSet, namespace=namespace)) if components_of(ds)]
         if daemonsets:
             pods = _dicts(client.list(Pod, namespace=namespace))
-    return build_view(nodes, daemonsets, pods, policies, namespace, clusters)
+    return build_view(nodes, daemonsets, pods, policies, namespace, clusters, operator_pods(client, namespace))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
+from gpu_operator.statusview.operatorpods import operator_problems
 from gpu_operator.statusview.upgrades import NodeUpgrade, node_upgrade
 from gpu_operator.statusview.upgrades import problems as upgrade_problems
 from gpu_operator.vocabulary import (
@@ -71,6 +72,7 @@ class StatusView:
     policy: PolicySummary | None
     other_nodes: int = 0  # nodes without a GPU (not shown)
     problems: list[str] = field(default_factory=list)
+    operator: list[str] = field(default_factory=list)  # the chart's own pods that cannot run (operatorpods.py)
 
     @property
     def policy_behind(self) -> bool:
@@ -80,7 +82,7 @@ class StatusView:
     @property
     def ready(self) -> bool:
         return (self.policy is not None and self.policy.state == "ready" and not self.policy_behind
-                and all(row.ready for row in self.rows))
+                and not self.operator and all(row.ready for row in self.rows))
 
     def counts(self) -> tuple[int, int]:
         """(operand pods ready, operand pods expected) over every shown cell."""
@@ -195,8 +197,10 @@ def _order(components: Iterable[str]) -> list[str]:
 
 def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
                pods: list[dict[str, Any]], policies: list[dict[str, Any]],
-               namespace: str | None = None, clusters: list[dict[str, Any]] | None = None) -> StatusView:
-    """The GPU nodes x components view and the reasons for anything not ready."""
+               namespace: str | None = None, clusters: list[dict[str, Any]] | None = None,
+               operator_pods: list[dict[str, Any]] | None = None) -> StatusView:
+    """The GPU nodes x components view and the reasons for anything not ready; `operator_pods`:
+    the chart's own pods (operatorpods.SELECTOR), whose failures to start come first."""
     gpu_nodes = sorted((n for n in nodes if is_gpu_node(n)), key=_name)
     by_component: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for ds in daemonsets:
@@ -221,8 +225,8 @@ def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
         rows.append(NodeRow(_name(node), cells, validation_state(validator), node_upgrade(node),
                             node_stack(_labels(node))))
     view = StatusView(namespace, components, rows, _policy_summary(policies, clusters or []),
-                      other_nodes=len(nodes) - len(gpu_nodes))
-    view.problems = problems(view)
+                      other_nodes=len(nodes) - len(gpu_nodes), operator=operator_problems(operator_pods or []))
+    view.problems = view.operator + problems(view)
     return view
 
 

@@ -1,0 +1,60 @@
+"""Pure: the chart's own pods (the operator, the CRD hook Job, the uninstall cleanup Job) -> why
+they are not running, with the values key to fix. When the operator cannot start nothing of
+ours reports anything (no ClusterPolicy status, no Event), so `gpu-operator status` reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+# What each pod is, by its component label (the chart's; NVIDIA's operator pod carries the same).
+ROLES = {
+    "gpu-operator": "the operator",
+    "crds": "the CRD hook Job (helm install/upgrade waits for it)",
+    "cleanup": "the uninstall cleanup Job (helm uninstall waits for it)",
+}
+SELECTOR = f"{COMPONENT_LABEL} in ({','.join(ROLES)})"
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+IMAGE_KEYS = ("operator.repository, operator.image and operator.version (operator.imagePullSecrets for a "
+              "private registry)")
+
+
+def _waiting(pod: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(container, reason, message) of every container waiting for a reason other than start-up."""
+    status = pod.get("status") or {}
+    out = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+                out.append((str(cs.get("name", "")), str(waiting["reason"]), str(waiting.get("message", ""))))
+    return out
+
+
+def _image_of(pod: dict[str, Any], container: str) -> str:
+    spec = pod.get("spec") or {}
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        if c.get("name") == container:
+            return str(c.get("image", ""))
+    return ""
+
+
+def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
+    """One line per pod of the chart's that waits on something it cannot get by itself."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        role = ROLES.get((meta.get("labels") or {}).get(COMPONENT_LABEL, ""))
+        if role is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for container, reason, message in _waiting(pod):
+            if reason in IMAGE_REASONS:
+                out.append(f"{role}: pod {where} cannot pull image {_image_of(pod, container)!r} ({reason}); "
+                           f"the chart builds it from {IMAGE_KEYS}: fix them and `helm upgrade`, or "
+                           "`helm uninstall --no-hooks` and `gpu-operator cleanup` if the release cannot "
+                           "run its own hooks")
+            else:
+                said = f": {message[:300]}" if message else ""
+                out.append(f"{role}: pod {where}, container {container}: {reason}{said}")
+    return out

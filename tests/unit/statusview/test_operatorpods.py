@@ -1,0 +1,67 @@
+"""`gpu-operator status` on the chart's own pods: an operator or hook pod that cannot pull its
+image is reported with the values keys that build the image, and keeps the view not ready."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.statusview.operatorpods import operator_problems
+from gpu_operator.statusview.table import build_view
+
+
+def chart_pod(name: str, component: str, *, waiting: tuple[str, str] | None = None, phase: str = "Pending",
+              image: str = "registry.example/gpu-operator:nosuch") -> dict[str, Any]:
+    state: dict[str, Any] = {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else {"running": {}}
+    return {"metadata": {"name": name, "namespace": "gpu-operator",
+                         "labels": {"app.kubernetes.io/component": component}},
+            "spec": {"containers": [{"name": "main", "image": image}]},
+            "status": {"phase": phase, "containerStatuses": [{"name": "main", "state": state}]}}
+
+
+def ready_policy() -> dict[str, Any]:
+    return {"metadata": {"name": "cluster-policy", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"state": "ready", "conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled"}]}}
+
+
+def test_an_operator_pod_that_cannot_pull_names_the_image_and_the_values_keys() -> None:
+    pods = [chart_pod("gpu-operator-7d9-abcde", "gpu-operator",
+                      waiting=("ImagePullBackOff", 'Back-off pulling image "registry.example/gpu-operator:nosuch"'))]
+    [line] = operator_problems(pods)
+    assert line.startswith("the operator: pod gpu-operator/gpu-operator-7d9-abcde cannot pull image "
+                           "'registry.example/gpu-operator:nosuch' (ImagePullBackOff)")
+    assert "operator.repository, operator.image and operator.version" in line
+    assert "helm uninstall --no-hooks" in line
+
+
+def test_each_hook_job_is_named_for_what_waits_on_it() -> None:
+    pods = [chart_pod("gpu-operator-crds-x1", "crds", waiting=("ErrImagePull", "not found")),
+            chart_pod("gpu-operator-cleanup-y2", "cleanup", waiting=("InvalidImageName", "bad reference"))]
+    lines = operator_problems(pods)
+    assert lines[0].startswith("the CRD hook Job (helm install/upgrade waits for it): pod gpu-operator/gpu-operator-crds-x1"
+                               " cannot pull image")
+    assert lines[1].startswith("the uninstall cleanup Job (helm uninstall waits for it): pod "
+                               "gpu-operator/gpu-operator-cleanup-y2 cannot pull image")
+
+
+def test_running_finished_and_foreign_pods_are_no_problem() -> None:
+    pods = [chart_pod("gpu-operator-7d9-abcde", "gpu-operator", phase="Running"),
+            chart_pod("gpu-operator-crds-x1", "crds", phase="Succeeded"),
+            chart_pod("someone-else", "web", waiting=("ImagePullBackOff", "not ours"))]
+    assert operator_problems(pods) == []
+
+
+def test_another_wait_reason_is_reported_with_its_message() -> None:
+    pods = [chart_pod("gpu-operator-7d9-abcde", "gpu-operator", phase="Running",
+                      waiting=("CrashLoopBackOff", "back-off 5m0s restarting failed container"))]
+    assert operator_problems(pods) == ["the operator: pod gpu-operator/gpu-operator-7d9-abcde, container main: "
+                                       "CrashLoopBackOff: back-off 5m0s restarting failed container"]
+
+
+def test_the_view_is_not_ready_and_lists_the_operator_first() -> None:
+    stuck = chart_pod("gpu-operator-7d9-abcde", "gpu-operator", waiting=("ImagePullBackOff", ""))
+    healthy = build_view([], [], [], [ready_policy()], "gpu-operator", operator_pods=[])
+    assert healthy.ready
+    view = build_view([], [], [], [ready_policy()], "gpu-operator", operator_pods=[stuck])
+    assert view.operator and view.problems[0] == view.operator[0]
+    assert not view.ready
+    assert view.problems[1:] == healthy.problems
