@@ -86,6 +86,12 @@ class LabelLoop:
         # under a ClusterPolicy, the claim holders of the last ResourceClaim list and when it was
         # taken: listed again at most every `claim_recheck` seconds, not on every labelling pass
         self._holders_seen: tuple[float, frozenset[str]] | None = None
+        # the ClusterPolicy version (uid, generation) the loop last labelled by, and whether the
+        # fleet-wide pass it started is still running: what `labelling()` reports
+        self._looking: tuple[str, int] | None = None  # the version `_wanted` read this pass
+        self._seen: tuple[str, int] | None = None
+        self._fleet = False
+        self._waiting: tuple[tuple[str, int], float, bool] | None = None  # version, since, warned
 
     def _node_drivers(self, policy: LabelPolicy) -> dict[str, NodeDriver] | None:
         if not policy.use_nvidia_driver_crd:
@@ -106,6 +112,7 @@ class LabelLoop:
             return LabelPolicy(dra=True, use_nvidia_driver_crd=bool(valid))
         if active is None:
             return False if self._source is not None or (self.policy is not None and self.policy.dra) else None
+        self._looking = (active.uid, active.generation)
         if self._source is not active:  # validated once per ClusterPolicy version
             self._source = active
             model = active.as_policy.model  # parsed once per version (controllers/cache.py)
@@ -151,11 +158,9 @@ class LabelLoop:
             started = time.monotonic()
             self.dirty().update(self.retries.due())
             wanted = self._wanted()
-            if wanted is False:
-                await self._take_back()
-                continue
-            if wanted is None:
-                await self._release_held()
+            if wanted is False or wanted is None:
+                self._seen = self._looking  # nothing to label by: no reconcile waits for this loop
+                await (self._take_back() if wanted is False else self._release_held())
                 continue
             self._held = set()  # a CR is back: its labelling pass decides these nodes' labels
             try:
@@ -167,12 +172,17 @@ class LabelLoop:
                     # the coalescing window, like the reconcile the same change starts (begun at
                     # once instead, 1,000 nodes were labelled 1.5-3x slower: 7.5-14.4 s against
                     # 5-7.5 s, measured side by side)
-                    await asyncio.sleep(self.settings.coalesce)
-                    started = time.monotonic()  # the pass's own time (its pause follows it)
-                    self.policy, self.drivers = policy, per_node
-                    self.take_dirty()
-                    report = await self.labeller.label(self.sources.nodes(), policy, per_node)
+                    self._fleet, self._seen = True, self._looking
+                    try:
+                        await asyncio.sleep(self.settings.coalesce)
+                        started = time.monotonic()  # the pass's own time (its pause follows it)
+                        self.policy, self.drivers = policy, per_node
+                        self.take_dirty()
+                        report = await self.labeller.label(self.sources.nodes(), policy, per_node)
+                    finally:
+                        self._fleet = False
                 else:
+                    self._seen = self._looking
                     views = [v for n in self.take_dirty() if (v := self.sources.node(n)) is not None]
                     report = await self.labeller.label(views, policy, per_node, events=True)
             except Exception as err:  # not one node's patch (those are in the report): retry them all
@@ -188,6 +198,29 @@ class LabelLoop:
             self.retries.record(report)
             ended = time.monotonic()
             quiet_from = ended + min(self.settings.coalesce, 2 * (ended - started))
+
+    def labelling(self, active: PolicyView | None) -> bool:
+        """True while a new ClusterPolicy's labels have yet to land: this loop has not looked at
+        this version of `active`, or runs the fleet-wide pass it started. Its reconcile waits
+        meanwhile (at most `labels_first_limit` per version): the DaemonSets it creates make the
+        controller-manager, scheduler and kubelets start a pod per labelled node at once, and
+        that load on the apiserver would slow the labelling every operand waits for anyway."""
+        if active is None or self.sources.clusters():
+            return False
+        version = (active.uid, active.generation)
+        if self._seen == version and not self._fleet:
+            self._waiting = None
+            return False
+        now = time.monotonic()
+        if self._waiting is None or self._waiting[0] != version:
+            self._waiting = (version, now, False)
+        if now - self._waiting[1] < self.settings.labels_first_limit:
+            return True
+        if not self._waiting[2]:
+            log.warning("ClusterPolicy %s: its nodes are still being labelled after %.0f s; reconciling anyway",
+                        active.name, self.settings.labels_first_limit)
+            self._waiting = (version, self._waiting[1], True)
+        return False
 
     async def _release_held(self) -> None:
         """Neither CR: the DRA driver label kept on claim-holding nodes goes once their claims are

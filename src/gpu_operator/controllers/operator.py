@@ -304,6 +304,8 @@ class Operator:
     def pass_loops(self) -> dict[str, PassLoop]:
         """The level-based controllers, each one PassLoop (controllers/passloop.py)."""
         async def policy_pass() -> float | None:
+            if self.labels.labelling(active_policy(self.policy_views())):
+                return self.settings.coalesce  # labels first (LabelLoop.labelling); look again soon
             report = await self.reconciler.reconcile(self.snapshot())
             metrics.record_reconcile(report)
             return report.requeue

@@ -33,6 +33,11 @@ class OperatorSettings:
     ClusterPolicy reconcile also waits at least twice as long as the previous one took. The
     labelling loop waits only under load: twice as long as its last pass took, at most this."""
 
+    labels_first_limit: float = 60.0
+    """A new ClusterPolicy's labels go first: its reconcile (which creates the operands'
+    DaemonSets) waits while the labelling loop has not yet looked at this version of the policy
+    or runs the fleet-wide pass it started, but never longer than this."""
+
     requeue_not_ready: float = 5.0
     """A ClusterPolicy or NVIDIADriver whose operands are not ready is reconciled again after this
     (besides every watch event that concerns it)."""

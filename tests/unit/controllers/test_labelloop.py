@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.cache import NodeView, PolicyView
 from gpu_operator.controllers.labelloop import LabelLoop, Sources
 from gpu_operator.controllers.nodelabels import LabelPolicy
 from gpu_operator.controllers.settings import OperatorSettings
@@ -181,3 +181,53 @@ def test_a_status_update_during_the_patch_costs_no_second_patch() -> None:
         await stop(task)
 
     asyncio.run(run())
+
+
+def policy_view(generation: int = 1) -> PolicyView:
+    return PolicyView("cluster-policy", "uid-1", generation, "2026-01-01T00:00:00Z", {})
+
+
+def test_a_new_policys_reconcile_waits_for_its_fleet_wide_labelling_pass() -> None:
+    """Labels first: `labelling()` holds the reconcile (and the DaemonSets it would create) until
+    the loop has looked at this policy version and its fleet-wide pass has ended."""
+    async def run() -> None:
+        cluster = Cluster(["n0", "n1"])
+        loop = cluster.loop()
+        active = policy_view()
+
+        def wanted() -> LabelPolicy:
+            loop._looking = (active.uid, active.generation)
+            return LabelPolicy()
+
+        loop._wanted = wanted  # type: ignore[method-assign]
+        assert loop.labelling(active)  # not looked at yet
+        release = cluster.hold["n1"] = asyncio.Event()
+
+        async def ready() -> None:
+            return None
+
+        task = asyncio.create_task(loop.run(ready))
+        cluster.kick.set()
+        await until(lambda: any(name == "n1" for _, name, _ in cluster.patches))
+        assert loop.labelling(active)  # the fleet-wide pass is still patching n1
+        release.set()
+        await until(lambda: not loop.labelling(active))
+        await until(lambda: labelled(cluster, "n0") and labelled(cluster, "n1"))  # the watch echoes
+        # a status-only update keeps the generation: nothing to wait for; a spec change does wait
+        assert not loop.labelling(replace(active, body={"status": {"state": "ready"}}))
+        assert loop.labelling(policy_view(generation=2))
+        await stop(task)
+
+    asyncio.run(run())
+
+
+def test_a_labelling_loop_that_never_gets_there_holds_the_reconcile_only_up_to_the_limit(
+        caplog: pytest.LogCaptureFixture) -> None:
+    loop = Cluster(["n0"]).loop(labels_first_limit=0.05)
+    active = policy_view()
+    assert loop.labelling(active)
+    time.sleep(0.06)
+    assert not loop.labelling(active) and not loop.labelling(active)
+    warnings = [r.getMessage() for r in caplog.records if "still being labelled" in r.getMessage()]
+    assert warnings == ["ClusterPolicy cluster-policy: its nodes are still being labelled after 0 s; reconciling anyway"]
+    assert not loop.labelling(None)
