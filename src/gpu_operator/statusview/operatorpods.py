@@ -13,7 +13,6 @@ ROLES = {
     "crds": "the CRD hook Job (helm install/upgrade waits for it)",
     "cleanup": "the uninstall cleanup Job (helm uninstall waits for it)",
 }
-SELECTOR = f"{COMPONENT_LABEL} in ({','.join(ROLES)})"
 IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 IMAGE_KEYS = ("operator.repository, operator.image and operator.version (operator.imagePullSecrets for a "
               "private registry)")

@@ -200,7 +200,8 @@ def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
                namespace: str | None = None, clusters: list[dict[str, Any]] | None = None,
                operator_pods: list[dict[str, Any]] | None = None) -> StatusView:
     """The GPU nodes x components view and the reasons for anything not ready; `operator_pods`:
-    the chart's own pods (operatorpods.SELECTOR), whose failures to start come first."""
+    the chart's own pods (by their component label, operatorpods.ROLES), whose failures to start
+    come first."""
     gpu_nodes = sorted((n for n in nodes if is_gpu_node(n)), key=_name)
     by_component: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for ds in daemonsets:
