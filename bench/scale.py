@@ -92,10 +92,6 @@ def operand_counts(client: Client) -> tuple[int, int]:
     return ready, desired
 
 
-def operand_pods(client: Client) -> str:
-    return "/".join(map(str, operand_counts(client)))
-
-
 async def sample_operands(sync: Client, t0: float, samples: list[tuple[float, int, int]],
                           every: float = 5.0) -> None:
     """Until cancelled: (seconds since the policy, operand pods ready, desired) every `every` s."""
@@ -275,7 +271,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["settle_samples"] = samples
         out["policy_to_ready_s"] = samples[-1][0] if out["settled"] else None
         out["simulator_pods_ready_per_s"], out["simulator_pods_ready_peak_per_s"] = settle_rates(samples)
-        out["operand_pods_ready_at_idle"] = operand_pods(sync)
+        out["operand_pods_ready_at_idle"] = f"{samples[-1][1]}/{samples[-1][2]}"
         say(f"{'GPUCluster' if args.gpucluster else 'ClusterPolicy'} {'ready' if out['settled'] else 'NOT ready'} "
             f"after {out['settle_s']:.0f}s more; "
             f"idle window {args.idle_seconds:.0f}s")

@@ -84,8 +84,7 @@ def test_the_default_policy_becomes_ready_on_the_floor(
 @pytest.fixture
 def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
          fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
-    fake_nodes("cpu:1")  # where kwok completes the chart's hook Job pods
-    with helm_in(control_plane, kube, HELM_NAMESPACE, RELEASE) as config:
+    with helm_in(control_plane, kube, fake_nodes, HELM_NAMESPACE, RELEASE) as config:
         yield config
 
 

@@ -25,8 +25,7 @@ RELEASE = "gpu-operator"
 @pytest.fixture
 def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
          fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
-    fake_nodes("cpu:1")  # where kwok completes the chart's hook Job pods
-    with helm_in(control_plane, kube, NAMESPACE, RELEASE) as config:
+    with helm_in(control_plane, kube, fake_nodes, NAMESPACE, RELEASE) as config:
         yield config
 
 

@@ -24,8 +24,7 @@ RELEASE = "gpu-operator"
 @pytest.fixture
 def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
          fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
-    fake_nodes("cpu:1")  # where kwok completes the chart's hook Job pods
-    with helm_in(control_plane, kube, NAMESPACE, RELEASE) as config:
+    with helm_in(control_plane, kube, fake_nodes, NAMESPACE, RELEASE) as config:
         yield config
     # Helm keeps the GPUCluster on uninstall (helm.sh/resource-policy: keep): not for the next test
     if any(c.metadata and c.metadata.name == "gpu-cluster" for c in kube.list(GPUClusterResource)):

@@ -64,8 +64,9 @@ def test_status_view_before_and_after_the_operator(
 
 def test_an_operator_pod_that_cannot_pull_its_image_is_reported_with_the_values_keys(
         kube: Client, operator_namespace: str) -> None:
-    """Before any ClusterPolicy (an operator that never started wrote none): the view finds the
-    chart's pods in every namespace and says which values build the image it cannot pull."""
+    """Without --namespace (an operator that never started wrote no status to say where it is):
+    the view finds the chart's pods in every namespace and says which values build the image it
+    cannot pull."""
     from lightkube.codecs import from_dict
     from lightkube.resources.core_v1 import Pod
 

@@ -4,7 +4,7 @@ values layering, presets, and picking objects out of a render. One render path f
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +82,12 @@ def notes(rendered: Rendered) -> str:
 
 
 @contextlib.contextmanager
-def helm_in(plane: ControlPlane, kube: Client, namespace: str, release: str = "gpu-operator"
-            ) -> Iterator[helm_python.Config]:
-    """Real Helm against `plane` for releases in `namespace`; afterwards `release`, in whatever
-    state it was left (a failed install too), is uninstalled and the namespace deleted."""
+def helm_in(plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], namespace: str,
+            release: str = "gpu-operator") -> Iterator[helm_python.Config]:
+    """Real Helm against `plane` for releases in `namespace`, with a kwok node (`fake_nodes`, the
+    integration fixture) where kwok completes the chart's hook Job pods; afterwards `release`, in
+    whatever state it was left (a failed install too), is uninstalled and the namespace deleted."""
+    fake_nodes("cpu:1")
     config = helm_python.Config(kubeconfig_path=plane.admin_kubeconfig, namespace=namespace)
     yield config
     if release in release_names(config):

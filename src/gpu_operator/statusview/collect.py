@@ -6,7 +6,6 @@ from typing import Any
 
 from httpx2 import HTTPStatusError
 from lightkube import Client
-from lightkube.core.exceptions import ApiError
 from lightkube.operators import in_
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
@@ -25,9 +24,8 @@ def list_policies(client: Client, resource: Any = ClusterPolicyResource) -> list
     answers 404 with a plain-text body, which lightkube leaves an HTTPStatusError)."""
     try:
         return _dicts(client.list(resource))
-    except (ApiError, HTTPStatusError) as err:
-        code = err.status.code if isinstance(err, ApiError) else err.response.status_code
-        if code == 404:
+    except HTTPStatusError as err:  # lightkube's ApiError is one too
+        if err.response.status_code == 404:
             return []
         raise
 
@@ -45,18 +43,20 @@ def find_namespace(client: Client, policies: list[dict[str, Any]]) -> str | None
 
 
 def operator_pods(client: Client, namespace: str | None) -> list[dict[str, Any]]:
-    """The chart's own pods (operator, CRD and cleanup hooks): in the operand namespace, or in
-    every namespace while none is known (an operator that never started wrote no status)."""
+    """The chart's own pods (operator, CRD and cleanup hooks): in the namespace the user named,
+    else in every namespace (one found from a policy's status or a DaemonSet need not be where
+    a stuck operator is: an operator that never started wrote no status)."""
     try:
         return _dicts(client.list(Pod, namespace=namespace or "*",
                                   labels={COMPONENT_LABEL: in_(list(ROLES))}))
-    except ApiError as err:
-        if err.status.code == 403:  # a user who may read only the operand namespace
+    except HTTPStatusError as err:
+        if err.response.status_code == 403:  # a user who may read only the operand namespace
             return []
         raise
 
 
 def collect(client: Client, namespace: str | None = None) -> StatusView:
+    chart_pods = operator_pods(client, namespace)
     policies = list_policies(client)
     clusters = list_policies(client, GPUClusterResource)
     namespace = namespace or find_namespace(client, policies + clusters)
@@ -67,4 +67,4 @@ def collect(client: Client, namespace: str | None = None) -> StatusView:
         daemonsets = [ds for ds in _dicts(client.list(DaemonSet, namespace=namespace)) if components_of(ds)]
         if daemonsets:
             pods = _dicts(client.list(Pod, namespace=namespace))
-    return build_view(nodes, daemonsets, pods, policies, namespace, clusters, operator_pods(client, namespace))
+    return build_view(nodes, daemonsets, pods, policies, namespace, clusters, chart_pods)
