@@ -63,10 +63,15 @@ class OperatorSettings:
     CR is not watched, so an edit there (or a new KubeVirt install) is seen within this time."""
 
     upgrade_active_requeue: float = 2.0
-    """Between two driver-upgrade passes while any node is between upgrade states."""
+    """Between two driver-upgrade passes while any node is between upgrade states (cordoned,
+    drained, its driver pod restarting, being validated)."""
 
-    upgrade_idle_requeue: float = 120.0
-    """Between two driver-upgrade passes while no upgrade is under way (upstream: 2 minutes)."""
+    upgrade_idle_requeue: float = 600.0
+    """Between two driver-upgrade passes while no node is between upgrade states, when nothing
+    kicked one. Every input of such a pass is watched (driver pods, our DaemonSets, nodes' upgrade
+    labels, annotations, cordon and readiness, the ClusterPolicy and NVIDIADrivers), so this is a
+    resync against a missed event only. Upstream polls every 2 minutes, which at 5,000 nodes lists
+    every driver pod for nothing."""
 
     upgrade_view_wait: float = 0.5
     """A driver-upgrade pass whose node views do not show its own last patches yet (the Node watch

@@ -177,6 +177,12 @@ def node_patch(step: us.Step) -> dict[str, Any]:
 
 
 POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQUIRED)
+# States a node leaves only on a watched event (its driver pod, its labels or annotations, a slot
+# freed by another node's progress, a policy or NVIDIADriver edit), never by time: while every node
+# rests, passes run on kicks and the idle resync only. upgrade-required is one of them: a node
+# waiting for a slot waits on another node, which is in progress (and polled) itself; one held by
+# the skip label, a pause or maxUnavailable waits on an edit.
+RESTING = (us.UNKNOWN, us.UPGRADE_DONE, us.UPGRADE_FAILED, us.UPGRADE_REQUIRED)
 
 
 def reflects(view: NodeView, patch: Mapping[str, Any]) -> bool:
@@ -278,8 +284,7 @@ class UpgradeController:
         managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
         result = us.plan(managed, owner.policy, time.time(), paused=owner.paused)
         await self._execute(result.steps, {f.name: f for f in managed})
-        busy = any(f.state not in (us.UNKNOWN, us.UPGRADE_DONE, us.UPGRADE_FAILED) for f in managed) or any(
-            s.state is not None for s in result.steps)
+        busy = any(f.state not in RESTING for f in managed) or any(s.state is not None for s in result.steps)
         return result.counts, busy
 
     async def _node_facts(self, node: NodeView, drivers: Mapping[str, us.DriverPod],

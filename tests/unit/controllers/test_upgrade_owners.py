@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import NodeView, PolicyView
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import (
     PassPod,
     UpgradeController,
@@ -211,6 +212,38 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
     gauges = {name: REGISTRY.get_sample_value(f"gpu_operator_nodes_upgrades_{name}")
               for name in ("pending", "in_progress", "done", "available")}
     assert gauges == {"pending": 2, "in_progress": 0, "done": 0, "available": 0}  # pool-a's (its slot taken by a1)
+
+
+def requeue_after_one_pass(driver: PolicyView, nodes: list[NodeView], pods: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+    cp = policy_view("ClusterPolicy", "cp", CRD_ON)
+    kube = FakeKube(list(DAEMONSETS.values()), REVISIONS, pods)
+    controller = UpgradeController(kube, "ops", lambda: nodes)  # type: ignore[arg-type]
+
+    async def one_pass() -> float:
+        try:
+            return await controller.reconcile(upgrade_owners(cp, [driver], nodes))
+        finally:
+            await kube.http.aclose()
+
+    return asyncio.run(one_pass()), kube.patches
+
+
+def test_nodes_held_in_upgrade_required_are_not_polled_and_a_started_one_is() -> None:
+    nodes = [node("a1", "pool-a", us.UPGRADE_REQUIRED), node("a2", "pool-a", us.UPGRADE_REQUIRED)]
+    pods = [driver_pod("pa1", "a1", "ds-a", "a-old"), driver_pod("pa2", "a2", "ds-a", "a-old")]
+    policy = {"nodeSelector": {"pool": "a"}, "upgradePolicy": {"maxParallelUpgrades": 1, "maxUnavailable": "100%"}}
+    paused = policy_view("NVIDIADriver", "pool-a", policy, paused=True)
+    # Paused: nothing may start, and nothing changes with time; the next pass comes from an event
+    # (the pause annotation removed) or the resync.
+    requeue, patches = requeue_after_one_pass(paused, nodes, pods)
+    assert patches == {} and requeue == OperatorSettings().upgrade_idle_requeue
+    # Unpaused: a1 starts (cordon-required), a2 waits for its slot: passes every 2 s until done.
+    requeue, patches = requeue_after_one_pass(policy_view("NVIDIADriver", "pool-a", policy), nodes, pods)
+    assert list(patches) == ["a1"] and requeue == OperatorSettings().upgrade_active_requeue
+    # a1 in progress, a2 still waiting: polled (a1's drain and pod restart move by time and pods).
+    nodes[0] = node("a1", "pool-a", us.CORDON_REQUIRED)
+    requeue, _ = requeue_after_one_pass(paused, nodes, pods)
+    assert requeue == OperatorSettings().upgrade_active_requeue
 
 
 def test_a_policy_view_is_parsed_once_and_keeps_the_models_refusal() -> None:
