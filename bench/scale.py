@@ -38,7 +38,7 @@ from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace  # noqa: E402
-from subjects import Subject, start_ours, start_peer  # noqa: E402
+from subjects import Subject, apply_peer_crds, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource  # noqa: E402
@@ -139,13 +139,6 @@ def read_gpucluster() -> dict[str, Any]:
     import yaml
     body: dict[str, Any] = yaml.safe_load((HERE.parent / "examples" / "gpucluster.yaml").read_text())
     return body
-
-
-def apply_peer_crds(sync: Client, directory: Path) -> None:
-    from lightkube.codecs import load_all_yaml
-    for path in sorted(directory.glob("*.yaml")):
-        for obj in load_all_yaml(path.read_text()):
-            sync.apply(obj, force=True)
 
 
 async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results_dir: Path,

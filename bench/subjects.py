@@ -11,6 +11,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightkube import Client
+from lightkube.codecs import load_all_yaml
+
 from gpu_operator.sim import session
 from gpu_operator.sim.controlplane import ControlPlane, free_port
 from gpu_operator.sim.images import DEFAULT_IMAGES
@@ -67,3 +70,10 @@ def start_peer(plane: ControlPlane, command: str) -> Subject:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, start_new_session=True)
     return Subject("peer", process, health_port, None, log)
+
+
+def apply_peer_crds(sync: Client, directory: Path) -> None:
+    """The peer's own CRDs (its chart's crds/ directory), in place of ours."""
+    for path in sorted(directory.glob("*.yaml")):
+        for obj in load_all_yaml(path.read_text()):
+            sync.apply(obj, force=True)

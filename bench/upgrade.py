@@ -1,6 +1,7 @@
 """Driver upgrade benchmark on the simulator: N nodes (default 1,000), maxParallelUpgrades 100,
 driver version changed once; reports total time, peak parallelism (watched), API writes per node
-(audit log) and the operator's CPU. Run: .venv/bin/python bench/upgrade.py --nodes 1000"""
+(audit log) and the operator's CPU. With --peer-cmd (as bench/scale.py) the same run follows
+for that operator on a fresh simulator of its own. Run: .venv/bin/python bench/upgrade.py --nodes 1000"""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from benchkit import audit_writes, create_nodes, proc_stats  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
 from lightkube.types import PatchType  # noqa: E402
+from subjects import apply_peer_crds, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
 from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE  # noqa: E402
@@ -29,8 +31,6 @@ from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
 from gpu_operator.sim import binaries, nodes, session  # noqa: E402
 from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
-from gpu_operator.sim.operator_process import OperatorProcess  # noqa: E402
-from gpu_operator.sim.state import Proc  # noqa: E402
 from gpu_operator.vocabulary import UPGRADE_STATE  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -81,22 +81,22 @@ async def wait_done(watch: StateWatch, n: int, timeout: float, what: str) -> boo
     return False
 
 
-async def measure(n: int, args: argparse.Namespace, plane: ControlPlane) -> dict[str, Any]:
-    out: dict[str, Any] = {"nodes": n, "max_parallel": args.max_parallel}
+async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"nodes": n, "operator": who, "max_parallel": args.max_parallel}
     sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     client = AsyncClient(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     try:
         await create_nodes(client, shapes.nodes([f"{SHAPE}:{n}"]), 32)
         names = [f"{SHAPE}-{i}" for i in range(n)]
         nodes.wait_ready(sync, names, timeout=60 + n / 5)
-        apply_crds(sync)
+        if who == "peer" and args.peer_crds:
+            apply_peer_crds(sync, args.peer_crds)
+        else:
+            apply_crds(sync)
         sync.create(Namespace(metadata={"name": session.OPERATOR_NAMESPACE}))  # type: ignore[arg-type]
-        operator = OperatorProcess(kubeconfig=session.operator_kubeconfig(plane),
-                                   namespace=session.OPERATOR_NAMESPACE,
-                                   log=plane.workdir / "logs" / "operator.log").start()
-        assert operator.process is not None
-        pid = operator.process.pid
-        session.wait_operator_ready(operator.health_port, Proc.of("operator", pid, operator.log), 120)
+        subject = start_peer(plane, args.peer_cmd) if who == "peer" else start_ours(plane, 32, None)
+        pid = subject.pid
+        subject.wait_ready(120)
         watch = StateWatch(client)
         watcher = asyncio.create_task(watch.run())
         spec: dict[str, Any] = {k: {"enabled": False} for k in OFF}
@@ -130,10 +130,10 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane) -> dict
         out["writes"], out["writes_by_kind"] = writes, by_kind
         out["writes_per_node"] = writes / n
         out["rss_peak_mb"] = proc_stats(pid).rss_peak_mb
-        say(f"upgrade: {out['upgrade_s']} s, peak {watch.peak} in flight, {writes / n:.1f} writes/node, "
+        say(f"{who} upgrade: {out['upgrade_s']} s, peak {watch.peak} in flight, {writes / n:.1f} writes/node, "
             f"operator CPU {out['operator_cpu_s']:.1f}s")
         watcher.cancel()
-        operator.stop(60)
+        subject.stop(60)
     finally:
         await client.close()
         sync.close()
@@ -145,23 +145,33 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--max-parallel", type=int, default=100)
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--peer-cmd", help="also run this operator (placeholders as bench/scale.py)")
+    parser.add_argument("--peer-crds", type=Path, help="directory of CRD files to apply for the peer")
+    parser.add_argument("--only-peer", action="store_true", help="with --peer-cmd: skip our operator")
+    parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "upgrade.json")
     args = parser.parse_args()
     found = binaries.locate(build=True)
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-upgrade-{args.nodes}-"))
-    plane = ControlPlane(workdir, found, progress=lambda m: say(f"control plane: {m}"))
-    plane.start()
-    try:
-        row = asyncio.run(measure(args.nodes, args, plane))
-    finally:
-        plane.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    rows = []
+    for who in ([] if args.only_peer else ["ours"]) + (["peer"] if args.peer_cmd else []):
+        say(f"=== {args.nodes} nodes: {who} ===")
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench-upgrade-{args.nodes}-"))
+        plane = ControlPlane(workdir, found, progress=lambda m: say(f"control plane: {m}"))
+        plane.start()
+        try:
+            rows.append(asyncio.run(measure(args.nodes, args, plane, who)))
+        finally:
+            plane.stop()
+            if args.keep_workdir:
+                say(f"kept {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
     report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-              "loadavg_at_end": os.getloadavg(), "run": row}
+              "loadavg_at_end": os.getloadavg(), "runs": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
-    return 0 if row.get("upgrade_s") else 1
+    return 0 if rows and all(row.get("upgrade_s") for row in rows) else 1
 
 
 if __name__ == "__main__":
