@@ -85,6 +85,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
     out: dict[str, Any] = {"nodes": n, "operator": who, "max_parallel": args.max_parallel}
     sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     client = AsyncClient(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
+    subject = None
     try:
         await create_nodes(client, shapes.nodes([f"{SHAPE}:{n}"]), 32)
         names = [f"{SHAPE}-{i}" for i in range(n)]
@@ -99,7 +100,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         subject.wait_ready(120)
         watch = StateWatch(client)
         watcher = asyncio.create_task(watch.run())
-        spec: dict[str, Any] = {k: {"enabled": False} for k in OFF}
+        # operator and daemonsets: required by the peer's CRD schema (ours defaults them)
+        spec: dict[str, Any] = {"operator": {}, "daemonsets": {}, **{k: {"enabled": False} for k in OFF}}
         spec["driver"] = {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": args.max_parallel,
                                             "maxUnavailable": "100%", "drain": {"enable": False}}}
         t = time.monotonic()
@@ -133,8 +135,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         say(f"{who} upgrade: {out['upgrade_s']} s, peak {watch.peak} in flight, {writes / n:.1f} writes/node, "
             f"operator CPU {out['operator_cpu_s']:.1f}s")
         watcher.cancel()
-        subject.stop(60)
     finally:
+        if subject is not None:  # a failed run must not leave the operator running
+            subject.stop(60)
         await client.close()
         sync.close()
     return out

@@ -17,6 +17,7 @@ from gpu_operator.controllers import nodelabels
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.vocabulary import (
     COMPONENT,
+    CONTROLLER_REVISION_HASH,
     GPU_PRESENT,
     HASH_ANNOTATION,
     NFD_PREFIX,
@@ -240,22 +241,51 @@ class OwnedView:
 DRIVER_COMPONENT = COMPONENT
 
 
+DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
+
+
+def config_digest(spec: Any) -> str:
+    """The driver configuration digest a pod spec (or a DaemonSet's pod template) carries in its
+    DRIVER_CONFIG_DIGEST env ('' when none does)."""
+    for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        for env in container.get("env") or []:
+            if env.get("name") == DIGEST_ENV:
+                return str(env.get("value", ""))
+    return ""
+
+
 @dataclass(frozen=True)
 class DriverPodView:
-    """A driver pod (label app.kubernetes.io/component=nvidia-driver): where it runs, whether it
-    runs, and whether a controller (a DaemonSet) still owns it."""
+    """A driver pod (label app.kubernetes.io/component=nvidia-driver) as the watch shows it: where
+    it runs, whether it runs, whether a controller still owns it, and the facts the driver upgrade
+    state machine reads (its DaemonSet, revision, readiness, restarts, configuration digest)."""
 
     name: str
     node: str
     running: bool
     orphaned: bool
+    namespace: str = ""
+    daemonset: str = ""  # uid of the DaemonSet that controls it ('' when none does)
+    revision: str | None = None  # its controller-revision-hash label
+    ready: bool = False  # Running, and every container ready
+    restarts: int = 0
+    digest: str = ""
+    deleting: bool = False
 
     @classmethod
     def of(cls, body: Any) -> DriverPodView:
         meta = body.get("metadata", {})
+        spec, status = body.get("spec") or {}, body.get("status") or {}
         owners = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
-        return cls(name=meta["name"], node=(body.get("spec") or {}).get("nodeName") or "",
-                   running=(body.get("status") or {}).get("phase") == "Running", orphaned=not owners)
+        statuses = status.get("containerStatuses") or []
+        running = status.get("phase") == "Running"
+        return cls(name=meta["name"], node=spec.get("nodeName") or "", running=running, orphaned=not owners,
+                   namespace=meta.get("namespace") or "",
+                   daemonset=next((r.get("uid", "") for r in owners if r.get("kind") == "DaemonSet"), ""),
+                   revision=(meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH),
+                   ready=running and bool(statuses) and all(s.get("ready") for s in statuses),
+                   restarts=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
+                   digest=config_digest(spec), deleting=bool(meta.get("deletionTimestamp")))
 
 
 def object_key(api_version: str, kind: str, namespace: str | None, name: str) -> tuple[str, str, str | None, str]:

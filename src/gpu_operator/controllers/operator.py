@@ -111,7 +111,8 @@ class Operator:
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
         self.drivers = NVIDIADriverReconciler(kube, self.settings)
-        self.upgrades = UpgradeController(kube, namespace, lambda: self.nodes.views.values(), self.settings)
+        self.upgrades = UpgradeController(kube, namespace, lambda: self.nodes.views.values(), self.settings,
+                                          driver_pods=self.driver_pod_views)
         # What the upgrade state machine reads of a node's labels and our annotations, per node.
         self._upgrade_facts: dict[str, tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -184,8 +185,9 @@ class Operator:
 
         # Driver pods (any owner, or none: the migration rule looks for orphaned ones).
         @kopf.index("pods", id="driver_pods", labels={DRIVER_COMPONENT: "nvidia-driver"}, registry=registry)
-        async def driver_pods(body: kopf.Body, name: str, **_: Any) -> dict[str, DriverPodView]:
-            return {name: DriverPodView.of(body)}
+        async def driver_pods(body: kopf.Body, name: str, namespace: str | None,
+                              **_: Any) -> dict[tuple[str | None, str], DriverPodView]:
+            return {(namespace, name): DriverPodView.of(body)}
 
         @kopf.on.event("pods", labels={DRIVER_COMPONENT: "nvidia-driver"}, registry=registry)
         async def driver_pod_event(body: kopf.Body, **_: Any) -> None:

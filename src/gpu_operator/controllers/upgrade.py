@@ -14,12 +14,11 @@ from typing import Any
 from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade_owners import Owner
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
-    CONTROLLER_REVISION_HASH,
     UPGRADE_DRAIN_SKIP_POD_LABEL,
     UPGRADE_EVENT_REASON,
     UPGRADE_STATE,
@@ -27,9 +26,7 @@ from gpu_operator.vocabulary import (
 
 log = logging.getLogger("gpu_operator.upgrade")
 
-DRIVER_POD_SELECTOR = "app.kubernetes.io/component=nvidia-driver"
 VALIDATOR_SELECTOR = "app=nvidia-operator-validator"
-DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
 
 IN_PROGRESS = Gauge("gpu_operator_nodes_upgrades_in_progress", "Nodes on which a driver upgrade is in progress")
 DONE = Gauge("gpu_operator_nodes_upgrades_done", "Nodes on which the driver upgrade is done")
@@ -46,37 +43,16 @@ def record(counts: us.Counts) -> None:
     PENDING.set(counts.pending)
 
 
-def _digest(spec: Mapping[str, Any]) -> str:
-    for container in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        for env in container.get("env") or []:
-            if env.get("name") == DIGEST_ENV:
-                return str(env.get("value", ""))
-    return ""
-
-
-def daemonset_uid(pod: Mapping[str, Any]) -> str:
-    """The uid of the DaemonSet that controls a pod ('' when none does)."""
-    return next((r.get("uid", "") for r in (pod.get("metadata") or {}).get("ownerReferences") or []
-                 if r.get("kind") == "DaemonSet" and r.get("controller")), "")
-
-
-def driver_pod_facts(pod: Mapping[str, Any], daemonsets: Mapping[str, Mapping[str, Any]],
+def driver_pod_facts(pod: DriverPodView, daemonsets: Mapping[str, Mapping[str, Any]],
                      latest: Mapping[str, str | None]) -> us.DriverPod:
-    """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision."""
-    meta = pod.get("metadata") or {}
-    owner = daemonset_uid(pod)
-    ds = daemonsets.get(owner)
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    ready = (pod.get("status") or {}).get("phase") == "Running" and bool(statuses) and all(
-        s.get("ready") for s in statuses)
-    restarts = max((int(s.get("restartCount", 0)) for s in statuses), default=0)
-    pod_hash = (meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH)
-    in_sync = ds is not None and pod_hash is not None and pod_hash == latest.get(owner)
-    template_digest = _digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
-    pod_digest = _digest(pod.get("spec") or {})
-    return us.DriverPod(meta.get("name", ""), meta.get("namespace", ""), in_sync=in_sync, orphaned=ds is None,
-                        ready=ready, restarts=restarts, terminating=bool(meta.get("deletionTimestamp")),
-                        restart_only=bool(template_digest) and template_digest == pod_digest)
+    """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision; only its
+    pod must restart when its configuration digest is its DaemonSet template's."""
+    ds = daemonsets.get(pod.daemonset) if pod.daemonset else None
+    in_sync = ds is not None and pod.revision is not None and pod.revision == latest.get(pod.daemonset)
+    template_digest = config_digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
+    return us.DriverPod(pod.name, pod.namespace, in_sync=in_sync, orphaned=ds is None, ready=pod.ready,
+                        restarts=pod.restarts, terminating=pod.deleting,
+                        restart_only=bool(template_digest) and template_digest == pod.digest)
 
 
 def latest_revisions(revisions: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
@@ -97,17 +73,16 @@ class PassPod:
     driver: us.DriverPod
 
 
-def pass_pods(pods: Iterable[Mapping[str, Any]], daemonsets: Mapping[str, Mapping[str, Any]],
+def pass_pods(pods: Iterable[DriverPodView], daemonsets: Mapping[str, Mapping[str, Any]],
               latest: Mapping[str, str | None]) -> list[PassPod]:
     """Every scheduled driver pod's facts, against every DaemonSet in the namespace (so that a
     pod counts as orphaned only when its DaemonSet does not exist at all), read once per pass."""
     out: list[PassPod] = []
     for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
+        if not pod.node:
             continue
-        ds_meta = (daemonsets.get(daemonset_uid(pod)) or {}).get("metadata") or {}
-        out.append(PassPod(node, frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
+        ds_meta = (daemonsets.get(pod.daemonset) or {}).get("metadata") or {} if pod.daemonset else {}
+        out.append(PassPod(pod.node, frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
                            driver_pod_facts(pod, daemonsets, latest)))
     return out
 
@@ -197,44 +172,55 @@ def reflects(view: NodeView, patch: Mapping[str, Any]) -> bool:
 
 
 class UpgradeController:
-    """Nodes come from the operator's Node reflector (`nodes()`), not from a list per pass. A pass
-    plans only once the reflector shows every node patch the previous passes sent: planning on a
-    view older than our own writes could start more than maxParallelUpgrades nodes or repeat a step."""
+    """Nodes come from the operator's Node reflector (`nodes()`) and driver pods from its driver pod
+    watch (`driver_pods()`), not from a list per pass (at 5,000 nodes that list was most of a
+    pass's cost, every 2 s during a rollout). A pass plans only once those views show every node
+    patch and driver pod deletion the previous passes sent: planning on a view older than our own
+    writes could start more than maxParallelUpgrades nodes or repeat a step."""
 
     def __init__(self, kube: Kube, namespace: str, nodes: Callable[[], Iterable[NodeView]],
-                 settings: OperatorSettings | None = None) -> None:
+                 settings: OperatorSettings | None = None, *,
+                 driver_pods: Callable[[], Iterable[DriverPodView]]) -> None:
         self.kube = kube
         self.namespace = namespace
         self.nodes = nodes
+        self.driver_pods = driver_pods
         self.settings = settings or OperatorSettings()
         concurrency = self.settings.upgrade_concurrency
         self.blocked: dict[tuple[str, str], str] = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
         self.gate = asyncio.Semaphore(concurrency)
         self.sent: dict[str, dict[str, Any]] = {}  # node -> its last patch the reflector has not shown yet
+        self.deleted: set[tuple[str, str]] = set()  # driver pods we deleted that the watch still shows live
         self.waiting_since: float | None = None
 
-    def caught_up(self, views: Mapping[str, NodeView]) -> bool:
-        """Drops the sent patches the views show (or whose node is gone); True when none is left,
-        or when the watch has lagged for `upgrade_view_lag_limit` seconds (then planning goes on
-        with what it has, and says so)."""
+    def caught_up(self, views: Mapping[str, NodeView],
+                  pods: Mapping[tuple[str, str], DriverPodView] | None = None) -> bool:
+        """Drops the sent patches the views show (or whose node is gone) and the deleted driver pods
+        the watch shows terminating or gone; True when none is left, or when the watches have lagged
+        for `upgrade_view_lag_limit` seconds (then planning goes on with what it has, and says so)."""
         self.sent = {n: p for n, p in self.sent.items() if n in views and not reflects(views[n], p)}
-        if not self.sent:
+        pods = pods or {}
+        self.deleted = {k for k in self.deleted if k in pods and not pods[k].deleting}
+        if not self.sent and not self.deleted:
             self.waiting_since = None
             return True
         now = time.monotonic()
         self.waiting_since = self.waiting_since or now
         if now - self.waiting_since < self.settings.upgrade_view_lag_limit:
             return False
-        log.warning("the Node watch has not shown %d of our upgrade patches for %.0f s (e.g. node %s); "
-                    "planning anyway", len(self.sent), now - self.waiting_since, next(iter(self.sent)))
+        example = next(iter(self.sent), None) or "/".join(next(iter(self.deleted)))
+        log.warning("the watches have not shown %d of our upgrade patches and %d driver pod deletions for "
+                    "%.0f s (e.g. %s); planning anyway", len(self.sent), len(self.deleted),
+                    now - self.waiting_since, example)
         self.sent.clear()
+        self.deleted.clear()
         self.waiting_since = None
         return True
 
     async def _get(self, path: str, params: Mapping[str, str] | None = None, *,
                    slim: bool = False) -> list[dict[str, Any]]:
-        """Every item of a list (kube/pages.py). `slim`: pods decoded slim (driver and validator
-        pods, one per node: their whole bodies would be most of a pass's cost)."""
+        """Every item of a list (kube/pages.py). `slim`: pods decoded slim (validator pods, one
+        per node: their whole bodies would be most of a pass's cost)."""
         return await self.kube.list_all(path, params, slim_pods=slim)
 
     async def reconcile(self, owners: Sequence[Owner]) -> float:
@@ -244,11 +230,12 @@ class UpgradeController:
         if not owners:
             return self.settings.upgrade_idle_requeue
         views = {v.name: v for v in self.nodes()}
-        if not self.caught_up(views):
+        pods = {(p.namespace, p.name): p for p in self.driver_pods() if p.namespace == self.namespace}
+        if not self.caught_up(views, pods):
             return self.settings.upgrade_view_wait
         lists = PassLists()
         if any(owner.policy.auto_upgrade for owner in owners):
-            lists = await self._lists(views)
+            lists = await self._lists(views, pods.values())
         counts: list[us.Counts] = []
         busy = False
         for owner in owners:
@@ -258,12 +245,11 @@ class UpgradeController:
         record(us.total(counts))
         return self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue
 
-    async def _lists(self, views: Mapping[str, NodeView]) -> PassLists:
+    async def _lists(self, views: Mapping[str, NodeView], driver_pods: Iterable[DriverPodView]) -> PassLists:
         ns = self.namespace
         dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
         daemonsets = {d["metadata"]["uid"]: d for d in dss}
         latest = latest_revisions(await self._get(f"/apis/apps/v1/namespaces/{ns}/controllerrevisions"))
-        driver_pods = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": DRIVER_POD_SELECTOR}, slim=True)
         validators: list[dict[str, Any]] = []
         if any(v.selectable.get(UPGRADE_STATE) == us.VALIDATION_REQUIRED for v in views.values()):
             # only that state reads them: no list of one pod per node on the other passes
@@ -324,6 +310,7 @@ class UpgradeController:
                     await self._evict(pod)
                 if step.delete_driver_pod and node is not None and node.driver is not None:
                     await self._delete_pod(node.driver.namespace, node.driver.name)
+                    self.deleted.add((node.driver.namespace, node.driver.name))
                 if step.state is not None or step.remove_state or step.delete_driver_pod or (
                         step.message and step.warning):
                     log.info("node %s: %s", step.node, step.message)

@@ -10,7 +10,7 @@ import msgspec
 
 from gpu_operator.controllers import upgrade, upgrade_owners
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.cache import DriverPodView, NodeView
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
 from gpu_operator.kube import pages
@@ -34,18 +34,18 @@ def driver_pod(hash_: str = "new", digest: str = "111", owned: bool = True, **st
 
 def test_driver_pod_in_sync_by_revision_hash() -> None:
     daemonsets, latest = {DS_UID: ds()}, {DS_UID: "new"}
-    assert upgrade.driver_pod_facts(driver_pod("new"), daemonsets, latest).in_sync
-    old = upgrade.driver_pod_facts(driver_pod("old"), daemonsets, latest)
+    assert upgrade.driver_pod_facts(DriverPodView.of(driver_pod("new")), daemonsets, latest).in_sync
+    old = upgrade.driver_pod_facts(DriverPodView.of(driver_pod("old")), daemonsets, latest)
     assert not old.in_sync and old.restart_only  # same digest: only the pod must restart
-    changed = upgrade.driver_pod_facts(driver_pod("old", digest="222"), daemonsets, latest)
+    changed = upgrade.driver_pod_facts(DriverPodView.of(driver_pod("old", digest="222")), daemonsets, latest)
     assert not changed.restart_only
-    orphan = upgrade.driver_pod_facts(driver_pod("new", owned=False), daemonsets, latest)
+    orphan = upgrade.driver_pod_facts(DriverPodView.of(driver_pod("new", owned=False)), daemonsets, latest)
     assert orphan.orphaned and not orphan.in_sync
 
 
 def test_driver_pod_readiness_and_restarts() -> None:
     crashing = driver_pod(containerStatuses=[{"ready": False, "restartCount": 12}])
-    facts = upgrade.driver_pod_facts(crashing, {DS_UID: ds()}, {DS_UID: "new"})
+    facts = upgrade.driver_pod_facts(DriverPodView.of(crashing), {DS_UID: ds()}, {DS_UID: "new"})
     assert not facts.ready and facts.restarts == 12
 
 
@@ -86,7 +86,8 @@ def _view(name: str, state: str | None = None, *, cordoned: bool = False,
 def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     """Planning on views older than our own writes could start more nodes than maxParallelUpgrades
     or send a step twice: the controller waits for the views, and after the lag limit goes on."""
-    controller = UpgradeController(None, "ns", lambda: [], OperatorSettings(upgrade_view_lag_limit=0.2))  # type: ignore[arg-type]
+    controller = UpgradeController(None, "ns", lambda: [],  # type: ignore[arg-type]
+                                   OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [])
     step = us.Step("a", state=us.CORDON_REQUIRED, annotations={"nvidia.com/gpu-driver-upgrade-state-since": "5"})
     controller.sent["a"] = node_patch(step)
     controller.sent["gone"] = node_patch(step)
@@ -105,6 +106,25 @@ def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     assert controller.caught_up({"a": _view("a")})  # the watch lagged past the limit: plan anyway
 
 
+def test_a_pass_waits_until_the_pod_watch_shows_the_driver_pods_it_deleted() -> None:
+    """The driver pods come from the watch: a pass right after our delete would see the old pod
+    live and delete it again; it waits until the watch shows it terminating or gone."""
+    controller = UpgradeController(None, "ops", lambda: [],  # type: ignore[arg-type]
+                                   OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [])
+    live = DriverPodView.of(driver_pod())
+    terminating = DriverPodView.of({**driver_pod(), "metadata": {**driver_pod()["metadata"],
+                                                                 "deletionTimestamp": "2026-11-23T00:00:00Z"}})
+    controller.deleted.add(("ops", "drv"))
+    assert not controller.caught_up({}, {("ops", "drv"): live})
+    assert controller.caught_up({}, {("ops", "drv"): terminating}) and not controller.deleted
+    controller.deleted.add(("ops", "drv"))
+    assert controller.caught_up({}, {}) and not controller.deleted  # gone
+    controller.deleted.add(("ops", "drv"))
+    assert not controller.caught_up({}, {("ops", "drv"): live})
+    time.sleep(0.25)
+    assert controller.caught_up({}, {("ops", "drv"): live}) and not controller.deleted  # lagged: plan anyway
+
+
 def _slim(pod: dict[str, Any]) -> dict[str, Any]:
     page = {"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": [pod]}
     (item,) = pages._decode_pods(json.dumps(page).encode()).items or []
@@ -112,19 +132,23 @@ def _slim(pod: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def test_a_slim_decoded_pod_gives_the_same_facts_as_its_whole_body() -> None:
-    daemonsets, latest = {DS_UID: ds()}, {DS_UID: "new"}
-    pods = [driver_pod("new"), driver_pod("old"), driver_pod("old", digest="222"), driver_pod("new", owned=False),
-            driver_pod(containerStatuses=[{"ready": False, "restartCount": 12, "image": "x", "state": {}}]),
-            {**driver_pod(), "metadata": {**driver_pod()["metadata"], "deletionTimestamp": "2026-11-23T00:00:00Z"}}]
-    for pod in pods:
-        pod = {**pod, "spec": {**pod["spec"], "nodeName": "n1", "volumes": [{"name": "v", "hostPath": {}}]}}
-        assert upgrade.driver_pod_facts(_slim(pod), daemonsets, latest) == upgrade.driver_pod_facts(
-            pod, daemonsets, latest)
-        assert _slim(pod)["spec"]["nodeName"] == "n1" and "volumes" not in _slim(pod)["spec"]
-    validator = {"metadata": {"name": "v"}, "spec": {"nodeName": "n1"},
+def test_a_slim_decoded_validator_keeps_its_node_and_ready_condition() -> None:
+    validator = {"metadata": {"name": "v"}, "spec": {"nodeName": "n1", "volumes": [{"name": "v", "hostPath": {}}]},
                  "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t"}]}}
     assert _slim(validator)["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert _slim(validator)["spec"]["nodeName"] == "n1" and "volumes" not in _slim(validator)["spec"]
+    assert upgrade.validators_ready([_slim(validator)]) == {"n1": True}
+
+
+def test_a_driver_pods_view_keeps_what_the_upgrade_facts_read() -> None:
+    pod = driver_pod("old", digest="222")
+    view = DriverPodView.of({**pod, "spec": {**pod["spec"], "nodeName": "n1"}})
+    assert (view.namespace, view.node, view.daemonset, view.revision, view.ready, view.restarts, view.deleting) == (
+        "ops", "n1", DS_UID, "old", True, 0, False)
+    assert view.digest == "222" and not view.orphaned
+    gone = DriverPodView.of({**driver_pod(), "metadata": {**driver_pod()["metadata"],
+                                                          "deletionTimestamp": "2026-11-23T00:00:00Z"}})
+    assert gone.deleting and upgrade.driver_pod_facts(gone, {DS_UID: ds()}, {DS_UID: "new"}).terminating
 
 
 def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required() -> None:
@@ -145,13 +169,14 @@ def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required()
             return await pages.list_all(http, path, params, slim_pods=slim_pods)
 
         kube = types.SimpleNamespace(http=http, list_all=list_all)
-        controller = UpgradeController(kube, "ops", lambda: views)  # type: ignore[arg-type]
+        controller = UpgradeController(kube, "ops", lambda: views, driver_pods=lambda: [])  # type: ignore[arg-type]
         policy = us.Policy(auto_upgrade=True)
         await controller.reconcile([upgrade_owners.Owner("cp", policy, False, "uid")])
         await http.aclose()
 
     asyncio.run(one_pass([_view("a", us.POD_RESTART_REQUIRED), _view("b", us.UPGRADE_DONE), _view("c")]))
-    assert upgrade.DRIVER_POD_SELECTOR in asked and upgrade.VALIDATOR_SELECTOR not in asked
+    assert upgrade.VALIDATOR_SELECTOR not in asked
+    assert all("pods" not in a for a in asked), asked  # driver pods come from the watch, never a list
     asked.clear()
     asyncio.run(one_pass([_view("a", us.VALIDATION_REQUIRED), _view("b")]))
-    assert upgrade.DRIVER_POD_SELECTOR in asked and upgrade.VALIDATOR_SELECTOR in asked
+    assert upgrade.VALIDATOR_SELECTOR in asked

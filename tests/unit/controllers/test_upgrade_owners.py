@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import NodeView, PolicyView
+from gpu_operator.controllers.cache import DriverPodView, NodeView, PolicyView
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import (
     PassPod,
@@ -126,9 +126,10 @@ def test_latest_revisions_per_daemonset() -> None:
 
 
 def test_a_pod_of_another_owners_daemonset_is_neither_orphaned_nor_looked_at() -> None:
-    pods = pass_pods([driver_pod("pa", "n1", "ds-a", "a-old"), driver_pod("pb", "n2", "ds-b", "b-old"),
-                      driver_pod("gone", "n3", "ds-deleted", "x"), driver_pod("none", "n4", None, "x"),
-                      driver_pod("unscheduled", "", "ds-a", "a-new")], DAEMONSETS, latest_revisions(REVISIONS))
+    pods = pass_pods([DriverPodView.of(p) for p in (
+                          driver_pod("pa", "n1", "ds-a", "a-old"), driver_pod("pb", "n2", "ds-b", "b-old"),
+                          driver_pod("gone", "n3", "ds-deleted", "x"), driver_pod("none", "n4", None, "x"),
+                          driver_pod("unscheduled", "", "ds-a", "a-new"))], DAEMONSETS, latest_revisions(REVISIONS))
     facts = {p.driver.name: p for p in pods}
     assert "unscheduled" not in facts
     assert facts["pb"].owners == {"uid-pool-b"} and not facts["pb"].driver.orphaned and facts["pb"].driver.in_sync
@@ -193,7 +194,8 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
             driver_pod("pb1", "b1", "ds-b", "b-old"), driver_pod("pb2", "b2", "ds-b", "b-old"),
             driver_pod("ps", "stray", "ds-a", "a-old")]
     kube = FakeKube(list(DAEMONSETS.values()), REVISIONS, pods)
-    controller = UpgradeController(kube, "ops", lambda: nodes)  # type: ignore[arg-type]
+    controller = UpgradeController(kube, "ops", lambda: nodes,  # type: ignore[arg-type]
+                                   driver_pods=lambda: [DriverPodView.of(p) for p in pods])
     owners = upgrade_owners(cp, drivers, nodes)
 
     async def one_pass() -> float:
@@ -203,7 +205,7 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
             await kube.http.aclose()
 
     requeue = asyncio.run(one_pass())
-    assert sorted(kube.lists) == ["controllerrevisions", "daemonsets", "pods"]  # once per pass, not per owner
+    assert sorted(kube.lists) == ["controllerrevisions", "daemonsets"]  # once per pass, not per owner; pods: watched
     states = {name: (p["metadata"].get("labels") or {}).get(UPGRADE_STATE, "-") for name, p in kube.patches.items()}
     # pool-a: one of its two waiting nodes starts (maxParallelUpgrades 1), the in-sync one is done
     assert states == {"a1": us.CORDON_REQUIRED, "a3": us.UPGRADE_DONE, "b1": None}, kube.patches
@@ -217,7 +219,8 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
 def requeue_after_one_pass(driver: PolicyView, nodes: list[NodeView], pods: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
     cp = policy_view("ClusterPolicy", "cp", CRD_ON)
     kube = FakeKube(list(DAEMONSETS.values()), REVISIONS, pods)
-    controller = UpgradeController(kube, "ops", lambda: nodes)  # type: ignore[arg-type]
+    controller = UpgradeController(kube, "ops", lambda: nodes,  # type: ignore[arg-type]
+                                   driver_pods=lambda: [DriverPodView.of(p) for p in pods])
 
     async def one_pass() -> float:
         try:
