@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -279,13 +280,15 @@ class DriverPodView:
         owners = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         statuses = status.get("containerStatuses") or []
         running = status.get("phase") == "Running"
+        revision = (meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH)
+        # namespace, DaemonSet uid, revision and digest repeat on every node's pod: one string each
         return cls(name=meta["name"], node=spec.get("nodeName") or "", running=running, orphaned=not owners,
-                   namespace=meta.get("namespace") or "",
-                   daemonset=next((r.get("uid", "") for r in owners if r.get("kind") == "DaemonSet"), ""),
-                   revision=(meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH),
+                   namespace=sys.intern(meta.get("namespace") or ""),
+                   daemonset=sys.intern(next((r.get("uid", "") for r in owners if r.get("kind") == "DaemonSet"), "")),
+                   revision=sys.intern(revision) if revision is not None else None,
                    ready=running and bool(statuses) and all(s.get("ready") for s in statuses),
                    restarts=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
-                   digest=config_digest(spec), deleting=bool(meta.get("deletionTimestamp")))
+                   digest=sys.intern(config_digest(spec)), deleting=bool(meta.get("deletionTimestamp")))
 
 
 def object_key(api_version: str, kind: str, namespace: str | None, name: str) -> tuple[str, str, str | None, str]:
