@@ -22,6 +22,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_operator.sim.auditlog import AuditReader
 from gpu_operator.vocabulary import DRA_STATE_LABELS, GPU_PRESENT, STATE_LABELS
 
 # A node counts as labelled once it carries every deploy label of the container workload (with a
@@ -85,25 +86,24 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
-def audit_writes(log: Path, offset: int, user: str) -> tuple[int, dict[str, int]]:
-    """Write requests by `user` in the audit log after byte `offset`, leases excluded (leader
-    election renews its Lease by design); reads (the audit policy logs them too: the apiserver
-    probe, read-backs) are left out. Returns (count, {"verb resource": count})."""
+def audit_writes(reader: AuditReader, user: str) -> tuple[int, dict[str, int]]:
+    """Write requests by `user` in the audit log from the reader's place on (across the
+    apiserver's rotations of the log), leases excluded (leader election renews its Lease by
+    design); reads (the audit policy logs them too: the apiserver probe, read-backs) are left out.
+    Returns (count, {"verb resource": count})."""
     counts: Counter[str] = Counter()
-    with log.open("rb") as f:
-        f.seek(offset)
-        for raw in f:
-            try:
-                event = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != user:
-                continue
-            ref = event.get("objectRef") or {}
-            if ref.get("apiGroup") == "coordination.k8s.io" or event.get("verb") not in WRITE_VERBS:
-                continue
-            sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
-            counts[f"{event.get('verb')} {ref.get('resource', '?')}{sub}"] += 1
+    for raw in reader.read():
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != user:
+            continue
+        ref = event.get("objectRef") or {}
+        if ref.get("apiGroup") == "coordination.k8s.io" or event.get("verb") not in WRITE_VERBS:
+            continue
+        sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
+        counts[f"{event.get('verb')} {ref.get('resource', '?')}{sub}"] += 1
     return sum(counts.values()), dict(counts)
 
 

@@ -44,6 +44,7 @@ from gpu_operator import shapes  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
 from gpu_operator.sim import binaries, nodes, session  # noqa: E402
+from gpu_operator.sim.auditlog import AuditReader  # noqa: E402
 from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
 from gpu_operator.sim.draplugin import SlicePublisher  # noqa: E402
 
@@ -269,20 +270,20 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
             f"after {out['settle_s']:.0f}s more; "
             f"idle window {args.idle_seconds:.0f}s")
         await asyncio.sleep(5)  # let the last status write land before the window opens
-        offset = plane.audit_log.stat().st_size
+        audit = AuditReader.from_now(plane.audit_log)
         writes0 = metric_sum(subject.metrics_port, WRITES_METRIC) if subject.metrics_port else None
         cpu2, t2 = proc_stats(pid).cpu_seconds, time.monotonic()
         out["load_at_idle"] = load()
         await asyncio.sleep(args.idle_seconds)
         out["idle_seconds"] = args.idle_seconds
-        out["idle_writes_audit"], out["idle_writes_by_kind"] = audit_writes(plane.audit_log, offset, OPERATOR_USER)
+        out["idle_writes_audit"], out["idle_writes_by_kind"] = audit_writes(audit, OPERATOR_USER)
         out["idle_writes_metric"] = (metric_sum(subject.metrics_port, WRITES_METRIC) - writes0
                                      if subject.metrics_port and writes0 is not None else None)
         out["idle_cpu_s"] = proc_stats(pid).cpu_seconds - cpu2
         out["idle_cpu_fraction"] = cpu_fraction(pid, cpu2, t2)
         stats = proc_stats(pid)
         out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = stats.rss_peak_mb, stats.rss_mb, stats.cpu_seconds
-        out["writes_total_audit"], out["writes_by_kind"] = audit_writes(plane.audit_log, 0, OPERATOR_USER)
+        out["writes_total_audit"], out["writes_by_kind"] = audit_writes(AuditReader(plane.audit_log), OPERATOR_USER)
         if publisher is not None:
             stop_slices.set()
             publisher.client.close()

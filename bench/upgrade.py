@@ -30,6 +30,7 @@ from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE  # noqa:
 from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
 from gpu_operator.sim import binaries, nodes, session  # noqa: E402
+from gpu_operator.sim.auditlog import AuditReader  # noqa: E402
 from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
 from gpu_operator.vocabulary import UPGRADE_STATE  # noqa: E402
 
@@ -102,8 +103,12 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         watcher = asyncio.create_task(watch.run())
         # operator and daemonsets: required by the peer's CRD schema (ours defaults them)
         spec: dict[str, Any] = {"operator": {}, "daemonsets": {}, **{k: {"enabled": False} for k in OFF}}
-        spec["driver"] = {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": args.max_parallel,
-                                            "maxUnavailable": "100%", "drain": {"enable": False}}}
+        # podDeletion and waitForCompletion as NVIDIA's sample policy sets them: the peer refuses an
+        # upgrade without podDeletion ("pod deletion spec should not be empty"); ours defaults it
+        spec["driver"] = {"upgradePolicy": {
+            "autoUpgrade": True, "maxParallelUpgrades": args.max_parallel, "maxUnavailable": "100%",
+            "drain": {"enable": False}, "waitForCompletion": {"timeoutSeconds": 0},
+            "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False}}}
         t = time.monotonic()
         await client.create(ClusterPolicyResource(  # type: ignore[call-overload]
             apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": "cluster-policy"}, spec=spec))
@@ -114,7 +119,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         say(f"all {n} nodes upgrade-done (driver pods in sync) after {out['initial_s']:.0f}s")
         await asyncio.sleep(5)
 
-        offset = plane.audit_log.stat().st_size
+        audit = AuditReader.from_now(plane.audit_log)
         cpu0 = proc_stats(pid).cpu_seconds
         watch.peak = 0
         t0 = time.monotonic()
@@ -128,7 +133,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         out["done"] = watch.count(UPGRADE_DONE)
         out["peak_parallel"] = watch.peak
         out["operator_cpu_s"] = proc_stats(pid).cpu_seconds - cpu0
-        writes, by_kind = audit_writes(plane.audit_log, offset, OPERATOR_USER)
+        writes, by_kind = audit_writes(audit, OPERATOR_USER)
         out["writes"], out["writes_by_kind"] = writes, by_kind
         out["writes_per_node"] = writes / n
         out["rss_peak_mb"] = proc_stats(pid).rss_peak_mb

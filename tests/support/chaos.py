@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from gpu_operator.sim.auditlog import AuditReader
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 
@@ -61,23 +62,12 @@ class AuditTail:
     `user` appended since the last call, so a test can react to the Nth write within ~20 ms."""
 
     def __init__(self, control_plane: ControlPlane, user: str = OPERATOR_USER) -> None:
-        self.path, self.user, self.offset, self.partial = control_plane.audit_log, user, 0, ""
-        if self.path.exists():
-            self.offset = self.path.stat().st_size  # only what happens from now on
+        # only what happens from now on, across the apiserver's rotations of the log
+        self.reader, self.user = AuditReader.from_now(control_plane.audit_log), user
 
     def new(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with self.path.open() as f:
-            f.seek(self.offset)
-            chunk = f.read()
-            self.offset = f.tell()
-        lines = (self.partial + chunk).split("\n")
-        self.partial = lines.pop()  # an unfinished last line waits for the next call
         events = []
-        for line in lines:
-            if not line.strip():
-                continue
+        for line in self.reader.read():
             event = json.loads(line)
             if (event.get("user", {}).get("username") == self.user and event.get("stage") == "ResponseComplete"
                     and event.get("verb") not in READ_VERBS):

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from gpu_operator.sim import pki as pki_mod
+from gpu_operator.sim.auditlog import AuditReader
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.egress import egress_config
 from gpu_operator.sim.kubeconfig import write_kubeconfig
@@ -396,12 +397,9 @@ class ControlPlane:
     def audit_all(self) -> Iterator[dict[str, Any]]:
         """Every audit event: the writes of `audit_events()` and the reads of ServiceAccounts
         outside kube-system (pods and operator replicas), each with its `responseStatus.code`."""
-        if not self.audit_log.exists():
-            return
-        with self.audit_log.open() as f:
-            for line in f:
-                with contextlib.suppress(json.JSONDecodeError):
-                    yield json.loads(line)
+        for line in AuditReader(self.audit_log).read():  # every rotated file, then audit.log
+            with contextlib.suppress(json.JSONDecodeError):
+                yield json.loads(line)
 
 
 def _audit_policy() -> dict[str, Any]:
