@@ -255,6 +255,15 @@ def config_digest(spec: Any) -> str:
     return ""
 
 
+def pod_ready(pod: Any) -> bool:
+    """Running with every container ready: upstream's test for driver and validator pods alike. Not
+    the pod's Ready condition: the node lifecycle controller sets that False on every pod of a node
+    that missed its heartbeats, and only a kubelet sets it back (containers ready all along)."""
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or []
+    return status.get("phase") == "Running" and bool(statuses) and all(s.get("ready") for s in statuses)
+
+
 @dataclass(frozen=True)
 class DriverPodView:
     """A driver pod (label app.kubernetes.io/component=nvidia-driver) as the watch shows it: where
@@ -279,14 +288,14 @@ class DriverPodView:
         spec, status = body.get("spec") or {}, body.get("status") or {}
         owners = [ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")]
         statuses = status.get("containerStatuses") or []
-        running = status.get("phase") == "Running"
         revision = (meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH)
         # namespace, DaemonSet uid, revision and digest repeat on every node's pod: one string each
-        return cls(name=meta["name"], node=spec.get("nodeName") or "", running=running, orphaned=not owners,
+        return cls(name=meta["name"], node=spec.get("nodeName") or "", running=status.get("phase") == "Running",
+                   orphaned=not owners,
                    namespace=sys.intern(meta.get("namespace") or ""),
                    daemonset=sys.intern(next((r.get("uid", "") for r in owners if r.get("kind") == "DaemonSet"), "")),
                    revision=sys.intern(revision) if revision is not None else None,
-                   ready=running and bool(statuses) and all(s.get("ready") for s in statuses),
+                   ready=pod_ready(body),
                    restarts=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
                    digest=sys.intern(config_digest(spec)), deleting=bool(meta.get("deletionTimestamp")))
 

@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest
+from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest, pod_ready
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade_owners import Owner
 from gpu_operator.kube.client import Kube
@@ -101,14 +101,12 @@ def drivers_by_node(pods: Iterable[PassPod], owner_uid: str) -> dict[str, us.Dri
 
 
 def validators_ready(pods: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
-    """Per node, whether all its validator pods are Ready."""
+    """Per node, whether all its validator pods are ready."""
     ready: dict[str, bool] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        ok = any(c.get("type") == "Ready" and c.get("status") == "True"
-                 for c in (pod.get("status") or {}).get("conditions") or [])
         if node:
-            ready[node] = ready.get(node, True) and ok
+            ready[node] = ready.get(node, True) and pod_ready(pod)
     return ready
 
 

@@ -49,15 +49,9 @@ class _ContainerStatus(msgspec.Struct, omit_defaults=True):
     restartCount: int = 0
 
 
-class _Condition(msgspec.Struct, omit_defaults=True):
-    type: str = ""
-    status: str = ""
-
-
 class _PodStatus(msgspec.Struct, omit_defaults=True):
     phase: str = ""
     containerStatuses: list[_ContainerStatus] | None = None
-    conditions: list[_Condition] | None = None
 
 
 class SlimPod(msgspec.Struct, omit_defaults=True):

@@ -132,12 +132,22 @@ def _slim(pod: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def test_a_slim_decoded_validator_keeps_its_node_and_ready_condition() -> None:
-    validator = {"metadata": {"name": "v"}, "spec": {"nodeName": "n1", "volumes": [{"name": "v", "hostPath": {}}]},
-                 "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t"}]}}
-    assert _slim(validator)["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+def test_a_slim_decoded_validator_is_ready_by_its_containers_as_upstream() -> None:
+    validator: dict[str, Any] = {
+        "metadata": {"name": "v"}, "spec": {"nodeName": "n1", "volumes": [{"name": "v", "hostPath": {}}]},
+        "status": {"phase": "Running", "containerStatuses": [{"ready": True, "image": "x"}],
+                   "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t"}]}}
     assert _slim(validator)["spec"]["nodeName"] == "n1" and "volumes" not in _slim(validator)["spec"]
     assert upgrade.validators_ready([_slim(validator)]) == {"n1": True}
+    # its node missed heartbeats: the node lifecycle controller set Ready False, the containers
+    # still run ready (upstream's validation reads them, and so do we)
+    marked = {**validator, "status": {**validator["status"], "conditions": [{"type": "Ready", "status": "False"}]}}
+    assert upgrade.validators_ready([_slim(marked)]) == {"n1": True}
+    crashing = {**validator, "status": {"phase": "Running", "containerStatuses": [{"ready": True}, {"ready": False}]}}
+    pending = {**validator, "status": {"phase": "Pending"}}
+    other = {**validator, "spec": {"nodeName": "n2"}}  # another node's: its own answer
+    assert upgrade.validators_ready([_slim(p) for p in (validator, crashing, pending, other)]) == {"n1": False,
+                                                                                                  "n2": True}
 
 
 def test_a_driver_pods_view_keeps_what_the_upgrade_facts_read() -> None:
