@@ -10,9 +10,7 @@ import json
 import os
 import platform
 import pstats
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace  # noqa: E402
-from subjects import Subject, apply_peer_crds, start_ours, start_peer  # noqa: E402
+from subjects import Subject, apply_peer_crds, on_fresh_plane, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource  # noqa: E402
@@ -311,18 +309,12 @@ def top_functions(path: Path, limit: int = 25) -> list[str]:
 
 def run_one(n: int, args: argparse.Namespace, found: binaries.Binaries, results_dir: Path,
             who: str) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"bench-scale-{n}-"))
-    plane = ControlPlane(workdir, found, node_lease_seconds=args.node_lease_seconds,
-                         progress=lambda m: say(f"control plane: {m}"))
-    plane.start()
-    try:
-        return asyncio.run(measure(n, args, plane, results_dir, who))
-    finally:
-        plane.stop()
-        if args.keep_workdir:
-            say(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+    async def run(plane: ControlPlane) -> dict[str, Any]:
+        return await measure(n, args, plane, results_dir, who)
+
+    row: dict[str, Any] = on_fresh_plane(f"bench-scale-{n}-", found, run, say, keep=args.keep_workdir,
+                                         node_lease_seconds=args.node_lease_seconds)
+    return row
 
 
 def verdicts(row: dict[str, Any]) -> dict[str, bool | None]:

@@ -4,17 +4,23 @@ and readiness check, so that the audit log, /proc and /readyz read them the same
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from lightkube import Client
 from lightkube.codecs import load_all_yaml
 
 from gpu_operator.sim import session
+from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.controlplane import ControlPlane, free_port
 from gpu_operator.sim.images import DEFAULT_IMAGES
 from gpu_operator.sim.operator_process import PROFILE_ENV, OperatorProcess
@@ -77,3 +83,23 @@ def apply_peer_crds(sync: Client, directory: Path) -> None:
     for path in sorted(directory.glob("*.yaml")):
         for obj in load_all_yaml(path.read_text()):
             sync.apply(obj, force=True)
+
+
+T = TypeVar("T")
+
+
+def on_fresh_plane(prefix: str, found: Binaries, run: Callable[[ControlPlane], Coroutine[Any, Any, T]],
+                   say: Callable[[str], None], *, keep: bool = False, **options: Any) -> T:
+    """`run` on a control plane of its own (`options` for ControlPlane), stopped afterwards; its
+    working directory removed unless `keep`."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    plane = ControlPlane(workdir, found, progress=lambda m: say(f"control plane: {m}"), **options)
+    plane.start()
+    try:
+        return asyncio.run(run(plane))
+    finally:
+        plane.stop()
+        if keep:
+            say(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -10,9 +10,7 @@ import asyncio
 import datetime as dt
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from benchkit import audit_writes, create_nodes, proc_stats  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
 from lightkube.types import PatchType  # noqa: E402
-from subjects import apply_peer_crds, start_ours, start_peer  # noqa: E402
+from subjects import apply_peer_crds, on_fresh_plane, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
 from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE  # noqa: E402
@@ -163,17 +161,9 @@ def main() -> int:
     rows = []
     for who in ([] if args.only_peer else ["ours"]) + (["peer"] if args.peer_cmd else []):
         say(f"=== {args.nodes} nodes: {who} ===")
-        workdir = Path(tempfile.mkdtemp(prefix=f"bench-upgrade-{args.nodes}-"))
-        plane = ControlPlane(workdir, found, progress=lambda m: say(f"control plane: {m}"))
-        plane.start()
-        try:
-            rows.append(asyncio.run(measure(args.nodes, args, plane, who)))
-        finally:
-            plane.stop()
-            if args.keep_workdir:
-                say(f"kept {workdir}")
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
+        rows.append(on_fresh_plane(f"bench-upgrade-{args.nodes}-", found,
+                                   lambda plane, who=who: measure(args.nodes, args, plane, who), say,
+                                   keep=args.keep_workdir))
     report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
               "loadavg_at_end": os.getloadavg(), "runs": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
