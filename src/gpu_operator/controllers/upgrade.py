@@ -47,7 +47,7 @@ def driver_pod_facts(pod: DriverPodView, daemonsets: Mapping[str, Mapping[str, A
                      latest: Mapping[str, str | None]) -> us.DriverPod:
     """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision; only its
     pod must restart when its configuration digest is its DaemonSet template's."""
-    ds = daemonsets.get(pod.daemonset) if pod.daemonset else None
+    ds = daemonsets.get(pod.daemonset)  # none for '' (no DaemonSet controls the pod)
     in_sync = ds is not None and pod.revision is not None and pod.revision == latest.get(pod.daemonset)
     template_digest = config_digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
     return us.DriverPod(pod.name, pod.namespace, in_sync=in_sync, orphaned=ds is None, ready=pod.ready,
@@ -81,7 +81,7 @@ def pass_pods(pods: Iterable[DriverPodView], daemonsets: Mapping[str, Mapping[st
     for pod in pods:
         if not pod.node:
             continue
-        ds_meta = (daemonsets.get(pod.daemonset) or {}).get("metadata") or {} if pod.daemonset else {}
+        ds_meta = (daemonsets.get(pod.daemonset) or {}).get("metadata") or {}
         out.append(PassPod(pod.node, frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
                            driver_pod_facts(pod, daemonsets, latest)))
     return out
@@ -171,8 +171,8 @@ def reflects(view: NodeView, patch: Mapping[str, Any]) -> bool:
 
 class UpgradeController:
     """Nodes come from the operator's Node reflector (`nodes()`) and driver pods from its driver pod
-    watch (`driver_pods()`), not from a list per pass (at 5,000 nodes that list was most of a
-    pass's cost, every 2 s during a rollout). A pass plans only once those views show every node
+    watch (`driver_pods()`), not from a list per pass (at 5,000 nodes that list cost 1.6 s of CPU,
+    and a rollout's driver pod events start a pass every few seconds). A pass plans only once those views show every node
     patch and driver pod deletion the previous passes sent: planning on a view older than our own
     writes could start more than maxParallelUpgrades nodes or repeat a step."""
 
