@@ -92,7 +92,7 @@ def audit_writes(reader: AuditReader, user: str) -> tuple[int, dict[str, int]]:
     design); reads (the audit policy logs them too: the apiserver probe, read-backs) are left out.
     Returns (count, {"verb resource": count})."""
     counts: Counter[str] = Counter()
-    for raw in reader.read():
+    for raw in reader.lines():
         try:
             event = json.loads(raw)
         except json.JSONDecodeError:

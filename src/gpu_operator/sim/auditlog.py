@@ -12,6 +12,7 @@ rotated, so it reads every line once, in order.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -22,14 +23,14 @@ def audit_files(log: Path) -> list[Path]:
 
 
 class AuditReader:
-    """Complete lines appended since the last `read()` (from the first line ever written, or from
-    the moment of `from_now`)."""
+    """Complete lines appended since the last read (from the first line ever written, or from the
+    moment of `from_now`), streamed file by file: the place is kept just past the last complete
+    line, so an unfinished line is read whole next time."""
 
     def __init__(self, log: Path) -> None:
         self.log = log
         self.inode: int | None = None  # the file this reader is in, whatever its name now
         self.offset = 0
-        self.partial = b""
 
     @classmethod
     def from_now(cls, log: Path) -> AuditReader:
@@ -42,13 +43,9 @@ class AuditReader:
         return reader
 
     def read(self) -> list[bytes]:
-        data = self.partial + b"".join(self._chunks())
-        lines = data.split(b"\n")
-        self.partial = lines.pop()  # an unfinished last line waits for the next read
-        return [line for line in lines if line.strip()]
+        return list(self.lines())
 
-    def _chunks(self) -> list[bytes]:
-        chunks: list[bytes] = []
+    def lines(self) -> Iterator[bytes]:
         while True:
             try:
                 paths = audit_files(self.log)
@@ -56,29 +53,33 @@ class AuditReader:
             except FileNotFoundError:  # renamed between the listing and the stat: list again
                 continue
             if not paths:
-                return chunks
+                return
             if self.inode not in inodes:  # first read, or our file is gone: the oldest there is
                 self.inode, self.offset = inodes[0], 0
             i = inodes.index(self.inode)
-            chunks.append(self._read_rest(paths[i]))
+            yield from self._rest(paths[i])
             if i + 1 < len(inodes):  # ours was rotated: the next file from its start
                 self.inode, self.offset = inodes[i + 1], 0
                 continue
             try:
                 if self.log.stat().st_ino == self.inode:
-                    return chunks
+                    return
             except FileNotFoundError:  # no current file (not started, or mid-rotation): next read
-                return chunks
+                return
             # rotated while we read it: the next listing puts it in its place, and the rest follows
 
-    def _read_rest(self, path: Path) -> bytes:
+    def _rest(self, path: Path) -> Iterator[bytes]:
         try:
-            with path.open("rb") as f:
-                if os.fstat(f.fileno()).st_ino != self.inode:
-                    return b""  # renamed under us: the next listing finds it by inode
-                f.seek(self.offset)
-                data = f.read()
-                self.offset = f.tell()
-                return data
+            f = path.open("rb")
         except FileNotFoundError:
-            return b""
+            return
+        with f:
+            if os.fstat(f.fileno()).st_ino != self.inode:
+                return  # renamed under us: the next listing finds it by inode
+            f.seek(self.offset)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    return  # unfinished: read whole next time
+                self.offset += len(line)
+                if line.strip():
+                    yield line.rstrip(b"\n")

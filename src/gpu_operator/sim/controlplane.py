@@ -397,7 +397,7 @@ class ControlPlane:
     def audit_all(self) -> Iterator[dict[str, Any]]:
         """Every audit event: the writes of `audit_events()` and the reads of ServiceAccounts
         outside kube-system (pods and operator replicas), each with its `responseStatus.code`."""
-        for line in AuditReader(self.audit_log).read():  # every rotated file, then audit.log
+        for line in AuditReader(self.audit_log).lines():  # every rotated file, then audit.log
             with contextlib.suppress(json.JSONDecodeError):
                 yield json.loads(line)
 
