@@ -118,7 +118,7 @@ class Operator:
         self.tasks: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.owned_kinds: list[OwnedKind] = []
-        self.nodes = NodeReflector(kube.http, self._node_changed, backoff=self.settings.watch_backoff,
+        self.nodes = NodeReflector(kube.http, kube.streams, self._node_changed, backoff=self.settings.watch_backoff,
                                    page_size=self.settings.watch_chunk_size,
                                    server_timeout=self.settings.watch_server_timeout,
                                    connect_timeout=self.settings.watch_connect_timeout)

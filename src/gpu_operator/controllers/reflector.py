@@ -11,6 +11,7 @@ import httpx2
 
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
 
 __all__ = ["Gone", "NodeReflector", "SlimNode", "view_of"]
@@ -35,9 +36,9 @@ def view_of(node: SlimNode) -> NodeView:
 
 
 class NodeReflector(NodeWatch[NodeView]):
-    def __init__(self, http: httpx2.AsyncClient, on_change: OnChange[NodeView], *, backoff: Backoff | None = None,
-                 page_size: int = 500, server_timeout: float = 300, connect_timeout: float = 30,
-                 path: str = NODES_PATH) -> None:
-        super().__init__(http, on_change, view_of, delay=(backoff or Backoff(initial=0.5, cap=30.0)).delay,
+    def __init__(self, http: httpx2.AsyncClient, streams: LineStreams, on_change: OnChange[NodeView], *,
+                 backoff: Backoff | None = None, page_size: int = 500, server_timeout: float = 300,
+                 connect_timeout: float = 30, path: str = NODES_PATH) -> None:
+        super().__init__(http, streams, on_change, view_of, delay=(backoff or Backoff(initial=0.5, cap=30.0)).delay,
                          page_size=page_size, server_timeout=server_timeout, connect_timeout=connect_timeout,
                          path=path)

@@ -19,6 +19,7 @@ from lightkube.types import PatchType
 from prometheus_client import Counter
 
 from gpu_operator.kube import pages
+from gpu_operator.kube.linestream import LineStreams
 
 FIELD_MANAGER = "gpu-operator"
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class Kube:
         self.client = AsyncClient(self.config, field_manager=FIELD_MANAGER,
                                   transport=_transport(self.config, lambda: self.fence))
         self._http: httpx2.AsyncClient | None = None
+        self._streams: LineStreams | None = None
         self._lease_client: AsyncClient | None = None
 
     def lease_client(self, namespace: str, name: str) -> AsyncClient:
@@ -209,6 +211,14 @@ class Kube:
             params = client_adapter.ConnectionParams(transport=transport)
             self._http = client_adapter.AsyncClient(self.config, params)
         return self._http
+
+    @property
+    def streams(self) -> LineStreams:
+        """Long-lived watch streams to the same apiserver with the same TLS settings and
+        credentials, each on a connection of its own (kube/linestream.py). Reads only."""
+        if self._streams is None:
+            self._streams = LineStreams(self.config)
+        return self._streams
 
     async def close(self) -> None:
         if self._http is not None:

@@ -1,6 +1,8 @@
-"""The Node watch, as HTTP: one paged list, then one watch resumed from the last resourceVersion
-(bookmarks keep it current), a fresh list when the apiserver answers 410 Gone, the caller's
-backoff on any other failure. Each Node is decoded straight into the few fields the operator reads
+"""The Node watch, as HTTP: one paged list (the shared HTTP client), then one watch resumed from
+the last resourceVersion (bookmarks keep it current) on a line stream of its own
+(kube/linestream.py: a kwok or kubelet heartbeat is one event per node every few minutes, the
+operator's steadiest cost while idle), a fresh list when the apiserver answers 410 Gone, the
+caller's backoff on any other failure. Each Node is decoded straight into the few fields the operator reads
 (msgspec skips the rest of the body without building it) and turned into the caller's view;
 only a view that changed is reported: kubelet/kwok status heartbeats cost one decode and one
 comparison."""
@@ -17,6 +19,8 @@ from typing import Any, Generic, TypeVar
 import httpx2
 import msgspec
 from prometheus_client import Counter
+
+from gpu_operator.kube.linestream import LineStreams, StreamStatusError
 
 log = logging.getLogger("gpu_operator.reflector")
 
@@ -101,10 +105,11 @@ class NodeWatch(Generic[V]):
     `on_change(name, None)` for a node that is gone. `synced` is set once the first list is in.
     `delay(n)` is the wait after the n-th failure in a row."""
 
-    def __init__(self, http: httpx2.AsyncClient, on_change: OnChange[V], to_view: Callable[[SlimNode], V], *,
-                 delay: Callable[[int], float], page_size: int = 500, server_timeout: float = 300,
-                 connect_timeout: float = 30, path: str = NODES_PATH) -> None:
+    def __init__(self, http: httpx2.AsyncClient, streams: LineStreams, on_change: OnChange[V],
+                 to_view: Callable[[SlimNode], V], *, delay: Callable[[int], float], page_size: int = 500,
+                 server_timeout: float = 300, connect_timeout: float = 30, path: str = NODES_PATH) -> None:
         self.http = http
+        self.streams = streams
         self.on_change = on_change
         self.to_view = to_view
         self.delay = delay
@@ -161,16 +166,15 @@ class NodeWatch(Generic[V]):
         timeout = int(self.server_timeout * (1 + random.random()))
         params = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
                   "timeoutSeconds": str(timeout)}
-        async with self.http.stream("GET", self.path, params=params,
-                                    timeout=self._timeout(timeout + 30)) as response:
-            if response.status_code == 410:
-                raise Gone(f"HTTP 410 for resourceVersion {self.resource_version}")
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line:
-                    self.handle_line(line)
+        try:
+            await self.streams.stream(self.path, params, self.handle_line,
+                                      connect_timeout=self.connect_timeout, timeout=timeout + 30)
+        except StreamStatusError as err:
+            if err.status == 410:
+                raise Gone(f"HTTP 410 for resourceVersion {self.resource_version}") from None
+            raise
 
-    def handle_line(self, line: str | bytes) -> None:
+    def handle_line(self, line: bytes) -> None:
         event = _decode_event(line)
         EVENTS.labels(event.type).inc()
         if event.type == "ERROR":

@@ -1,7 +1,9 @@
-"""The Node reflector against a scripted apiserver (HTTP answers in order): paged list, watch
-resume from the last resourceVersion (bookmarks included), relist on 410 Gone (as an HTTP status
-and as an ERROR event), resume without relisting after other failures, and heartbeats that
-change nothing we read reported to nobody."""
+"""The Node reflector against a scripted apiserver (HTTP answers in order, served over HTTP/1.1 on
+127.0.0.1: lists through the shared client, watches through kube/linestream.py, their bodies
+chunked in small odd pieces so lines arrive split across reads): paged list, watch resume from
+the last resourceVersion (bookmarks included), relist on 410 Gone (as an HTTP status and as an
+ERROR event), resume without relisting after other failures, and heartbeats that change nothing
+we read reported to nobody."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from typing import Any
 
 import httpx2
 import pytest
+from lightkube import KubeConfig
 
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.reflector import NodeReflector, view_of
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.kube.linestream import LineStreams
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true", "kubernetes.io/hostname": "x"}
 
@@ -62,12 +66,37 @@ class Script:
         return self.answers[len(self.requests) - 1]()
 
 
+async def serve(script: Script, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One request per connection, answered from the script; a watch's body goes chunked in
+    pieces of 7 bytes, each written on its own."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    target = head.split(b" ")[1].decode()
+    response = script(httpx2.Request("GET", "http://apiserver" + target))
+    status = f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\nContent-Type: application/json\r\n"
+    body = response.content
+    if "watch=true" in target:
+        writer.write(f"{status}Transfer-Encoding: chunked\r\n\r\n".encode())
+        for at in range(0, len(body), 7):
+            piece = body[at:at + 7]
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+    else:
+        writer.write(f"{status}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    await writer.drain()
+    writer.close()
+
+
 async def run(script: Script) -> tuple[NodeReflector, list[tuple[str, NodeView | None]]]:
     changes: list[tuple[str, NodeView | None]] = []
-    http = httpx2.AsyncClient(transport=httpx2.MockTransport(script), base_url="https://apiserver")
-    reflector = NodeReflector(http, lambda name, view: changes.append((name, view)),
+    server = await asyncio.start_server(lambda r, w: serve(script, r, w), "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    http = httpx2.AsyncClient(base_url=url)
+    streams = LineStreams(KubeConfig.from_server(url).get())
+    reflector = NodeReflector(http, streams, lambda name, view: changes.append((name, view)),
                               backoff=Backoff(initial=0.0, cap=0.0), page_size=2)
-    await asyncio.wait_for(reflector.run(script.stop), timeout=10)
+    async with server:
+        await asyncio.wait_for(reflector.run(script.stop), timeout=10)
     await http.aclose()
     return reflector, changes
 
