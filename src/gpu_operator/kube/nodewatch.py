@@ -89,6 +89,7 @@ _decode_list = msgspec.json.Decoder(_NodeList).decode
 _decode_event = msgspec.json.Decoder(_Event).decode
 _decode_node = msgspec.json.Decoder(SlimNode).decode
 _decode_error = msgspec.json.Decoder(_ErrorStatus).decode
+_encode = msgspec.json.Encoder().encode
 
 
 class Gone(Exception):
@@ -118,11 +119,26 @@ class NodeWatch(Generic[V]):
         self.connect_timeout = connect_timeout
         self.path = path
         self.views: dict[str, V] = {}
+        # Per node, a hash of what was decoded of it (its resourceVersion left out) when its view
+        # was last made: a heartbeat decodes to the same fields, so it skips making the view.
+        self.decoded: dict[str, int] = {}
         self.resource_version = ""
         self.synced = asyncio.Event()
 
+    def _node(self, node: SlimNode) -> None:
+        """A listed or watched Node: its view made again only when a field it is made of changed."""
+        name, version = node.metadata.name, node.metadata.resourceVersion
+        node.metadata.resourceVersion = ""
+        fingerprint = hash(_encode(node))
+        node.metadata.resourceVersion = version
+        if name in self.views and self.decoded.get(name) == fingerprint:
+            return
+        self.decoded[name] = fingerprint
+        self._apply(name, self.to_view(node))
+
     def _apply(self, name: str, view: V | None) -> None:
         if view is None:
+            self.decoded.pop(name, None)
             if self.views.pop(name, None) is not None:
                 self.on_change(name, None)
             return
@@ -146,7 +162,7 @@ class NodeWatch(Generic[V]):
             version = version or page.metadata.resourceVersion
             for node in page.items or ():
                 seen.add(node.metadata.name)
-                self._apply(node.metadata.name, self.to_view(node))
+                self._node(node)
             if not page.metadata.continue_:
                 break
             params = {"limit": self.page_size, "continue": page.metadata.continue_}
@@ -190,7 +206,7 @@ class NodeWatch(Generic[V]):
         if event.type == "DELETED":
             self._apply(node.metadata.name, None)
         else:
-            self._apply(node.metadata.name, self.to_view(node))
+            self._node(node)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """List, then watch and resume, forever (or until `stop`)."""

@@ -87,14 +87,19 @@ async def serve(script: Script, reader: asyncio.StreamReader, writer: asyncio.St
     writer.close()
 
 
-async def run(script: Script) -> tuple[NodeReflector, list[tuple[str, NodeView | None]]]:
+async def run(script: Script, made: list[str] | None = None) -> tuple[NodeReflector, list[tuple[str, NodeView | None]]]:
+    """Run the reflector through the script; `made` gets the name of each node a view is made of."""
     changes: list[tuple[str, NodeView | None]] = []
     server = await asyncio.start_server(lambda r, w: serve(script, r, w), "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     http = httpx2.AsyncClient(base_url=url)
-    streams = LineStreams(KubeConfig.from_server(url).get())
+    config = KubeConfig.from_server(url).get()
+    assert config is not None
+    streams = LineStreams(config)
     reflector = NodeReflector(http, streams, lambda name, view: changes.append((name, view)),
                               backoff=Backoff(initial=0.0, cap=0.0), page_size=2)
+    if made is not None:
+        reflector.to_view = lambda node: made.append(node.metadata.name) or view_of(node)  # type: ignore[func-returns-value]
     async with server:
         await asyncio.wait_for(reflector.run(script.stop), timeout=10)
     await http.aclose()
@@ -158,6 +163,24 @@ def test_gone_lists_again_and_reports_what_changed_meanwhile(gone: str) -> None:
     assert script.requests[3]["resourceVersion"] == "40"
     assert [(name, view is not None) for name, view in changes[2:]] == [("a", True), ("c", True), ("b", False)]
     assert sorted(reflector.views) == ["a", "c"]
+
+
+def test_a_heartbeat_makes_no_view() -> None:
+    """What was decoded of a node is fingerprinted: a heartbeat (only its resourceVersion and the
+    heartbeat time differ) costs no view; a label change, a node deleted and added back do."""
+    labelled = {**GPU, "nvidia.com/gpu.present": "true"}
+    script = Script([
+        lambda: node_list([node("a", "1"), node("b", "2")], "10"),
+        lambda: stream(("MODIFIED", node("a", "11", heartbeat="t1")), ("MODIFIED", node("b", "12", labels=labelled)),
+                       ("MODIFIED", node("a", "13", heartbeat="t2")), ("DELETED", node("a", "14", heartbeat="t2")),
+                       ("ADDED", node("a", "15", heartbeat="t2"))),
+    ])
+    made: list[str] = []
+    reflector, changes = asyncio.run(run(script, made))
+    assert made == ["a", "b", "b", "a"]
+    assert [(name, view is not None) for name, view in changes] == [("a", True), ("b", True), ("b", True),
+                                                                   ("a", False), ("a", True)]
+    assert reflector.resource_version == "15"
 
 
 def test_a_failed_first_list_is_retried_before_any_watch() -> None:

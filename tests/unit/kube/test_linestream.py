@@ -60,6 +60,7 @@ async def streamed(pki: simpki.Pki, tmp_path: Path, handler: Handler, *, token: 
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
     }).get()
+    assert config is not None
     lines: list[bytes] = []
     async with server:
         await LineStreams(config).stream("/api/v1/nodes", {"watch": "true"}, on_line or lines.append,
