@@ -18,7 +18,8 @@ FAST = OperatorSettings(discovery_backoff=Backoff(initial=0.01, cap=0.02))
 class FlakyKube:
     """Answers /version with the given results in turn (an exception is raised); CRD absent."""
 
-    http: Any = None  # the Node reflector's client: not used before discovery
+    http: Any = None  # the Node reflector's client and line streams: not used before discovery
+    streams: Any = None
 
     def __init__(self, *versions: Any) -> None:
         self.versions = list(versions)
