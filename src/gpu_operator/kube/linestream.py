@@ -51,7 +51,7 @@ class _Reader(asyncio.Protocol):
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self.status = 0
-        self.partial = b""  # the body after its last newline
+        self.partial = bytearray()  # the body after its last newline
         self.error_body = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,11 +102,11 @@ class _Reader(asyncio.Protocol):
                 self._finish(ConnectionError("the server closed the stream's connection"))
 
     def _lines(self, data: bytes) -> None:
+        self.partial += data  # a bytearray: a large object in many reads is not copied per read
         if b"\n" not in data:
-            self.partial += data
             return
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
+        lines = bytes(self.partial).split(b"\n")
+        self.partial = bytearray(lines.pop())
         for line in lines:
             if line:
                 self.on_line(line)

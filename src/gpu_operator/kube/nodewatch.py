@@ -1,11 +1,11 @@
 """The Node watch, as HTTP: one paged list (the shared HTTP client), then one watch resumed from
 the last resourceVersion (bookmarks keep it current) on a line stream of its own
-(kube/linestream.py: a kwok or kubelet heartbeat is one event per node every few minutes, the
+(kube/linestream.py: kubelet or kwok heartbeats, one event per node every few minutes, are the
 operator's steadiest cost while idle), a fresh list when the apiserver answers 410 Gone, the
-caller's backoff on any other failure. Each Node is decoded straight into the few fields the operator reads
-(msgspec skips the rest of the body without building it) and turned into the caller's view;
-only a view that changed is reported: kubelet/kwok status heartbeats cost one decode and one
-comparison."""
+caller's backoff on any other failure. Each Node is decoded straight into the few fields the
+operator reads (msgspec skips the rest of the body without building it); the caller's view is
+made again only when those fields changed (a hash of them per node), and only a view that
+changed is reported: a heartbeat costs one decode, one encode and a hash."""
 
 from __future__ import annotations
 
