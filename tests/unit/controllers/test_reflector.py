@@ -71,10 +71,11 @@ async def serve(script: Script, reader: asyncio.StreamReader, writer: asyncio.St
     pieces of 7 bytes, each written on its own."""
     head = await reader.readuntil(b"\r\n\r\n")
     target = head.split(b" ")[1].decode()
-    response = script(httpx2.Request("GET", "http://apiserver" + target))
+    request = httpx2.Request("GET", "http://apiserver" + target)
+    response = script(request)
     status = f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\nContent-Type: application/json\r\n"
     body = response.content
-    if "watch=true" in target:
+    if request.url.params.get("watch") == "true":
         writer.write(f"{status}Transfer-Encoding: chunked\r\n\r\n".encode())
         for at in range(0, len(body), 7):
             piece = body[at:at + 7]
