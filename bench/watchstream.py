@@ -29,6 +29,7 @@ from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.shapes import nodes as shape_nodes
 from gpu_operator.sim import pki as simpki
+from gpu_operator.sim.kubeconfig import write_kubeconfig
 
 
 def heartbeat_node() -> dict[str, Any]:
@@ -85,10 +86,8 @@ def serve(directory: str, port_out: Any, events: int, gap: float) -> None:
 
 
 async def measure(path: str, url: str, ca: Path) -> tuple[float, int]:
-    config = KubeConfig.from_dict({
-        "clusters": [{"name": "c", "cluster": {"server": url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": "bench"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}], "current-context": "x"}).get()
+    config = KubeConfig.from_file(write_kubeconfig(ca.parent / "kubeconfig", server=url, ca=ca, user="bench",
+                                                   token="bench")).get()
     assert config is not None
     streams = LineStreams(config)
     http = httpx2.AsyncClient(base_url=url, verify=ssl.create_default_context(cafile=str(ca)))

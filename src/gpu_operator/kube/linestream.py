@@ -159,8 +159,7 @@ class LineStreams:
 
     async def _send(self, request: httpx2.Request, on_line: OnLine, connect_timeout: float, timeout: float) -> None:
         conn = h11.Connection(h11.CLIENT)
-        headers: list[tuple[str, str]] = [("Host", request.url.netloc.decode())]
-        headers += [(k, v) for k, v in request.headers.items() if k.lower() != "host"]
+        headers = list(request.headers.items())  # Host included, as the request set it
         wire = (conn.send(h11.Request(method="GET", target=request.url.raw_path, headers=headers)) or b"")
         wire += conn.send(h11.EndOfMessage()) or b""
         reader = _Reader(conn, wire, on_line)

@@ -1,4 +1,4 @@
-"""Writes kubeconfig files for the simulated control plane (client certificate or bearer token)."""
+"""Writes kubeconfig files for the simulated control plane (client certificate, bearer token or token file)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import yaml
 
 
 def write_kubeconfig(path: Path, *, server: str, ca: Path, user: str, client_cert: Path | None = None,
-                     client_key: Path | None = None, token: str | None = None) -> Path:
+                     client_key: Path | None = None, token: str | None = None,
+                     token_file: Path | None = None) -> Path:
     credentials: dict[str, Any] = {}
     if client_cert and client_key:
         credentials = {"client-certificate": str(client_cert), "client-key": str(client_key)}
     if token:
         credentials["token"] = token
+    if token_file:
+        credentials["tokenFile"] = str(token_file)
     config = {
         "apiVersion": "v1",
         "kind": "Config",

@@ -9,13 +9,13 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from lightkube import KubeConfig
 
 from gpu_operator.kube.linestream import LineStreams, StreamStatusError
 from gpu_operator.sim import pki as simpki
+from gpu_operator.sim.kubeconfig import write_kubeconfig
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
 
@@ -49,17 +49,11 @@ async def streamed(pki: simpki.Pki, tmp_path: Path, handler: Handler, *, token: 
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
     port = server.sockets[0].getsockname()[1]
-    user: dict[str, Any] = {"client-certificate": str(pki.client_cert("admin")),
-                            "client-key": str(pki.client_key("admin"))}
-    if token is not None:
-        user = {"tokenFile": token}
-    config = KubeConfig.from_dict({
-        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}",
-                                                "certificate-authority": str(pki.ca_cert)}}],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "x",
-    }).get()
+    path = write_kubeconfig(tmp_path / "kubeconfig", server=f"https://127.0.0.1:{port}", ca=pki.ca_cert, user="u",
+                            client_cert=None if token else pki.client_cert("admin"),
+                            client_key=None if token else pki.client_key("admin"),
+                            token_file=Path(token) if token else None)
+    config = KubeConfig.from_file(path).get()
     assert config is not None
     lines: list[bytes] = []
     async with server:
