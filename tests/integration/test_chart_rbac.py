@@ -461,8 +461,10 @@ def test_operator_runs_nvidiadrivers_without_forbidden_responses(
             def all_have(got: dict[str, str | None], reason: str = reason) -> bool:
                 return set(got.values()) == {reason}
 
-            wait_for(f"{names} {reason}", reasons, until=all_have, timeout=180, interval=1,
-                     context=lambda: refusals(operator_run.proxy))
+            def statuses(names: list[str] = names) -> str:
+                return f"{ {n: driver_status(kube, n) for n in names} }\n{refusals(operator_run.proxy)}"
+
+            wait_for(f"{names} {reason}", reasons, until=all_have, timeout=180, interval=1, context=statuses)
         assert any(r.method == "POST" and r.path.endswith("/events") for r in operator_run.proxy.responses)
         assert operator_run.proxy.forbidden() == [], refusals(operator_run.proxy)
     finally:

@@ -171,6 +171,22 @@ def test_overlapping_selectors_are_reported_and_nothing_is_deleted(
     assert owned_daemonsets(kube, operator_namespace, "second") == []
     assert {p.metadata.name for p in driver_pods(kube, operator_namespace)} == pods_before
 
+    # A conflict is what the status names first (as upstream), also when the CR cannot render:
+    # which one a user sees must not depend on which CR the operator saw first.
+    kube.patch(NVIDIADriverResource, "first", {"spec": {"repoConfig": {"name": "no-such-repo"}}},
+               patch_type=PatchType.MERGE)
+
+    def conflict_and_render_error() -> dict[str, Any]:
+        return condition(driver_status(kube, "first"), "Error")
+
+    error = wait_for("first reports the conflict and its missing ConfigMap", conflict_and_render_error,
+                     until=lambda c: "no-such-repo" in c.get("message", ""), context=operator.log_text)
+    assert error["reason"] == "ConflictingNodeSelector"
+    assert node in error["message"]
+    assert [ds.metadata.name for ds in owned_daemonsets(kube, operator_namespace, "first")] == \
+        [first_ds.metadata.name]
+    kube.patch(NVIDIADriverResource, "first", {"spec": {"repoConfig": None}}, patch_type=PatchType.MERGE)
+
     kube.delete(NVIDIADriverResource, "second")
     wait_for("first ready again", ready(kube, "first"), context=operator.log_text)
 

@@ -195,21 +195,29 @@ class NVIDIADriverReconciler:
                    report: ReconcileReport) -> st.Outcome:
         name = nvd.metadata.name
         owned_nodes = sorted(node for node, owner in owners.items() if owner == name)
+        conflicts = routing.conflicts_of(name)
+        conflict = "; ".join(conflict_message(node, names) for node, names in conflicts.items())
+
+        def failed(message: str) -> st.Outcome:
+            # As upstream, a conflicting nodeSelector is what the status names first, whatever
+            # else fails: which one a user sees must not depend on which CR the watch saw first.
+            if conflict:
+                return st.Outcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, f"{conflict}; also: {message}")
+            return st.Outcome.failed(message)
+
         try:
             keys = await configmap_keys(self.kube, driver_policy(nvd, base), snap.namespace)
             result = render_nvidiadriver(nvd, dataclasses.replace(facts, configmap_keys=keys), base,
                                          owned=owned_nodes)
         except RenderError as err:
-            return st.Outcome.failed(f"{err} (fix the field in NVIDIADriver {name})")
+            return failed(f"{err} (fix the field in NVIDIADriver {name})")
         try:
             await self.applier.apply(result, view, owner_reference(view, API_VERSION, KIND),
                                      snap.owned, snap.watched_kinds, report)
         except ApiError as err:
-            return st.Outcome.failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
-        conflicts = routing.conflicts_of(name)
-        if conflicts:
-            return st.Outcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR,
-                              "; ".join(conflict_message(node, names) for node, names in conflicts.items()))
+            return failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
+        if conflict:
+            return st.Outcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, conflict)
         not_ready = []
         for pool in pools_of(result):
             for ds in pool.objects:
