@@ -146,6 +146,7 @@ class Operator:
             settings.watching.client_timeout = ours.watch_client_timeout
             settings.watching.connect_timeout = ours.watch_connect_timeout
             settings.watching.chunk_size = ours.watch_chunk_size
+            settings.queueing.idle_timeout = ours.watch_worker_idle
             settings.networking.error_backoffs = ours.api_error_backoffs
             # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services
             # and RBAC objects never reach this process.

@@ -137,6 +137,12 @@ class OperatorSettings:
     watch_chunk_size: int = 500
     """Objects per page when a watch first lists its kind."""
 
+    watch_worker_idle: float = 0.5
+    """How long kopf keeps an object's event worker after its last event (kopf's default: 5 s).
+    An idle worker still holds the whole decoded body of the last event it handled: during a
+    rollout at 5,000 nodes that was ~24 MB of driver-pod bodies held at the peak. Our handlers
+    only slim the body into an index and set flags, so a new worker per burst costs nothing."""
+
     @classmethod
     def with_renew_deadline(cls, renew_deadline: float, **changes: Any) -> OperatorSettings:
         """The CLI's `--leader-lease-renew-deadline`: the Lease lasts 5 s longer than the deadline."""
