@@ -12,6 +12,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,44 @@ def audit_writes(reader: AuditReader, user: str) -> tuple[int, dict[str, int]]:
         sub = f"/{ref['subresource']}" if ref.get("subresource") else ""
         counts[f"{event.get('verb')} {ref.get('resource', '?')}{sub}"] += 1
     return sum(counts.values()), dict(counts)
+
+
+def _stamp(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def join_phases(reader: AuditReader, latencies: dict[str, float], user: str) -> dict[str, list[float]]:
+    """Where each join's time went, from the apiserver's audit log (its timestamps, microseconds):
+    `create` the node's create request (received -> answered), `to_patch` from that answer to
+    the arrival of `user`'s first patch of the node (the watch event reaching the operator, its
+    own delay, the request's way in), `patch` that patch (received -> answered), `rest` what is
+    left of the join's measured latency (the bench's watch seeing the labels, and the way of
+    the create request in and out). Joins without both requests in the log are left out."""
+    created: dict[str, tuple[float, float]] = {}
+    patched: dict[str, tuple[float, float]] = {}
+    for raw in reader.lines():
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        ref = event.get("objectRef") or {}
+        name = ref.get("name")
+        if event.get("stage") != "ResponseComplete" or ref.get("resource") != "nodes" or name not in latencies:
+            continue
+        times = (_stamp(event["requestReceivedTimestamp"]), _stamp(event["stageTimestamp"]))
+        if event.get("verb") == "create":
+            created[name] = times
+        elif event.get("verb") == "patch" and event.get("user", {}).get("username") == user:
+            patched.setdefault(name, times)
+    phases: dict[str, list[float]] = {"create": [], "to_patch": [], "patch": [], "rest": []}
+    for name, latency in latencies.items():
+        if name not in created or name not in patched or latency == float("inf"):
+            continue
+        (c0, c1), (p0, p1) = created[name], patched[name]
+        for key, value in (("create", c1 - c0), ("to_patch", p0 - c1), ("patch", p1 - p0),
+                           ("rest", latency - (p1 - c0))):
+            phases[key].append(value)
+    return phases
 
 
 async def create_nodes(client: AsyncClient, manifests: Iterable[dict[str, Any]], concurrency: int) -> None:

@@ -26,6 +26,7 @@ from benchkit import (  # noqa: E402
     bucket_quantile,
     create_nodes,
     histogram,
+    join_phases,
     metric_sum,
     patch_ceiling,
     percentile,
@@ -217,6 +218,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         say(f"labelled: {out.get('labelled_s')} s")
 
         latencies = []
+        joined: dict[str, float] = {}
+        join_audit = AuditReader.from_now(plane.audit_log)
         cpu1 = proc_stats(pid).cpu_seconds
         hists0 = {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)} \
             if subject.metrics_port else {}
@@ -231,6 +234,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
                 latencies.append(watch.labelled_at[name] - start)
             except TimeoutError:
                 latencies.append(float("inf"))
+            joined[name] = latencies[-1]
             await asyncio.sleep(args.join_gap)
         out["joins"] = len(latencies)
         out["join_p50_s"] = percentile(latencies, 50)
@@ -238,6 +242,13 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["join_max_s"] = max(latencies) if latencies else None
         out["joins_cpu_s"] = proc_stats(pid).cpu_seconds - cpu1
         say(f"joins: p50 {out['join_p50_s']:.3f}s p99 {out['join_p99_s']:.3f}s")
+        phases = join_phases(join_audit, joined, OPERATOR_USER)
+        for key, values in phases.items():
+            for q in (50, 99):
+                out[f"join_{key}_p{q}_s"] = percentile(values, q) if values else None
+        if phases["create"]:
+            say(f"joins by phase (apiserver audit, {len(phases['create'])} joins), p50/p99 s: " + "; ".join(
+                f"{key} {out[f'join_{key}_p50_s']:.3f}/{out[f'join_{key}_p99_s']:.3f}" for key in phases))
         if hists0:  # ours: what the joins waited for inside the operator (bucket upper bounds)
             for key, metric in (("join_label_delay", DELAY_METRIC), ("join_loop_lag", LAG_METRIC)):
                 after = histogram(subject.metrics_port, metric)
