@@ -33,6 +33,7 @@ from gpu_operator.vocabulary import (
     VFIO_STATE,
 )
 from tests.support.audit import serviceaccount_user
+from tests.support.chaos import writes_by
 from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for
 
@@ -118,13 +119,12 @@ def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
     # moves with writes by others, such as the simulator's node heartbeats).
     user = serviceaccount_user(namespace, "vfio-manager-test")
 
-    def agent_writes() -> list[str]:
-        return [f"{e.get('verb')} {e.get('requestURI')}" for e in control_plane.audit_all()
-                if e.get("stage") == "ResponseComplete" and e.get("user", {}).get("username") == user
-                and e.get("verb") in ("create", "update", "patch", "delete")]
+    def agent_writes() -> list[tuple[str, str, str]]:
+        return [(e.get("verb", ""), (e.get("objectRef") or {}).get("resource", ""),
+                 (e.get("objectRef") or {}).get("name", "")) for e in writes_by(control_plane, user)]
 
     writes, api_writes = len(kernel.log), agent_writes()
-    assert any("/nodes/" in w for w in api_writes), api_writes  # the first pass's patch is seen
+    assert ("patch", "nodes", node) in api_writes, api_writes  # the first pass's patch is seen
     _, written = reconcile(host.fs, kernel, view)
     assert not written and len(kernel.log) == writes
     assert agent_writes() == api_writes

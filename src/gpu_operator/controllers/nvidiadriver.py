@@ -195,8 +195,7 @@ class NVIDIADriverReconciler:
                    report: ReconcileReport) -> st.Outcome:
         name = nvd.metadata.name
         owned_nodes = sorted(node for node, owner in owners.items() if owner == name)
-        conflicts = routing.conflicts_of(name)
-        conflict = "; ".join(conflict_message(node, names) for node, names in conflicts.items())
+        conflict = "; ".join(conflict_message(node, names) for node, names in routing.conflicts_of(name).items())
 
         def failed(message: str) -> st.Outcome:
             # As upstream, a conflicting nodeSelector is what the status names first, whatever
