@@ -189,14 +189,14 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["rss_before_policy_mb"] = proc_stats(pid).rss_mb
         say(f"{who} CPU under churn {out['churn_cpu_fraction']:.1%} of a core over {args.churn_seconds:.0f}s")
 
-        watch = LabelWatch(client, wanted=DRA_WANTED if args.gpucluster else WANTED)
+        watch = LabelWatch(client, wanted=DRA_WANTED if args.gpucluster else WANTED, existing=n)
         publisher = None
         if args.gpucluster:  # the DRA kubelet plugin's ResourceSlices (the simulator's stand-in)
             publisher = SlicePublisher(Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench"))
             stop_slices = threading.Event()
             threading.Thread(target=publisher.run, args=(stop_slices, 1.0), daemon=True).start()
         watcher = asyncio.create_task(watch.run())
-        await asyncio.wait_for(watch.started.wait(), 30)
+        await asyncio.wait_for(watch.started.wait(), 30 + n / 100)
         cpu0 = proc_stats(pid).cpu_seconds
         t0 = time.monotonic()
         out["load_at_policy"] = load()

@@ -96,8 +96,9 @@ class NodeLabeller:
     def __init__(self, kube: Kube, concurrency: int = 32) -> None:
         self.kube = kube
         self.concurrency = concurrency
-        # Half the bound to start; a latency rise alone never goes below that start (see pacing).
-        self.gate = Gate(AdaptiveLimit(initial=max(1, concurrency // 2), maximum=concurrency),
+        # The whole bound to start (the apiserver is measured at it); a latency rise alone never
+        # goes below half of it, overload (429, 5xx) may (see pacing).
+        self.gate = Gate(AdaptiveLimit(initial=concurrency, maximum=concurrency, floor=max(1, concurrency // 2)),
                          on_change=metrics.LABEL_CONCURRENCY.set)
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 

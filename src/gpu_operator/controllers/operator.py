@@ -322,8 +322,13 @@ class Operator:
 
         async def upgrade_pass() -> float | None:
             # Driver upgrades (controllers/upgrade.py): the state machine for the ClusterPolicy, or
-            # for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py).
-            owners = upgrade_owners(active_policy(self.policy_views()), self.driver_views(), self.node_views(),
+            # for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py). Labels first, as
+            # for the reconcile: while a new policy's labels are written, every echo would start a
+            # pass over every node that plans nothing (no driver pod runs before its DaemonSet).
+            active = active_policy(self.policy_views())
+            if self.labels.labelling(active):
+                return self.settings.coalesce
+            owners = upgrade_owners(active, self.driver_views(), self.node_views(),
                                     dra=bool(self.gpucluster_views()))
             return await self.upgrades.reconcile(owners)
 

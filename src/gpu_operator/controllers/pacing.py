@@ -4,8 +4,8 @@
 stays near the lowest latency of the recent answers (slow start: +1 per completion, i.e.
 doubling per round trip; then +1 per round trip), and shrinks on overload (429 or 5xx: halved,
 down to `minimum`) or on a latency rise (x0.9, at most once per round trip, never below
-`initial`: a latency rise alone may be our own event loop or a neighbour on the machine, not
-the apiserver refusing work). `Gate` applies it to coroutines."""
+`floor`, by default `initial`: a latency rise alone may be our own event loop or a neighbour
+on the machine, not the apiserver refusing work). `Gate` applies it to coroutines."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ class AdaptiveLimit:
     """A smoothed latency above `tolerance` x the baseline counts as a rise."""
     smoothing: float = 0.2
     """Weight of the newest sample in the smoothed latency."""
+    floor: int | None = None
+    """The lowest a latency rise alone takes the limit (None: `initial`); overload goes lower."""
     window: int = 256
     """The baseline is the lowest latency among this many recent answers, so that it follows a
     machine whose load changes instead of remembering one lucky answer."""
@@ -60,7 +62,7 @@ class AdaptiveLimit:
         self.smoothed = latency if self.smoothed is None else (
             self.smoothed + (latency - self.smoothed) * self.smoothing)
         if self.smoothed > self.tolerance * self.baseline:
-            self._decrease(0.9, floor=self.initial)
+            self._decrease(0.9, floor=self.initial if self.floor is None else self.floor)
         elif code < 400:  # refusals (403, 409) say nothing about capacity: no growth on them
             self.limit = min(float(self.maximum), self.limit + (1.0 if self.slow_start else 1.0 / self.limit))
 

@@ -150,6 +150,17 @@ def node_patch(step: us.Step) -> dict[str, Any]:
 
 
 POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQUIRED)
+
+
+def node_facts(node: NodeView, drivers: Mapping[str, us.DriverPod], validators: Mapping[str, bool],
+               pods: tuple[us.PodFacts, ...]) -> us.NodeFacts:
+    """What the state machine reads of one node: its view, its driver pod, whether its validator is
+    ready, and (in a pod-reading state) its pods."""
+    return us.NodeFacts(node.name, labels=node.selectable, annotations=node.annotations,
+                        unschedulable=node.unschedulable, ready=node.ready,
+                        driver=drivers.get(node.name), pods=pods, validators_ready=validators.get(node.name))
+
+
 # States a node leaves only on a watched event (its driver pod, its labels or annotations, a slot
 # freed by another node's progress, a policy or NVIDIADriver edit), never by time: while every node
 # rests, passes run on kicks and the idle resync only. upgrade-required is one of them: a node
@@ -263,22 +274,15 @@ class UpgradeController:
             await self._execute(result.steps, {})
             return result.counts, False
         by_node = drivers_by_node(lists.pods, owner.owner_uid)
-        facts_list = await asyncio.gather(*(self._node_facts(v, by_node, lists.validators, owner.policy)
-                                            for v in views.values()))
+        # only the nodes in a pod-reading state wait for I/O: one task each, not one per node
+        reading = [v.name for v in views.values() if v.selectable.get(UPGRADE_STATE) in POD_STATES]
+        pods = dict(zip(reading, await asyncio.gather(*(self._pods_on(name, owner.policy) for name in reading)), strict=True))
+        facts_list = [node_facts(v, by_node, lists.validators, pods.get(v.name, ())) for v in views.values()]
         managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
         result = us.plan(managed, owner.policy, time.time(), paused=owner.paused)
         await self._execute(result.steps, {f.name: f for f in managed})
         busy = any(f.state not in RESTING for f in managed) or any(s.state is not None for s in result.steps)
         return result.counts, busy
-
-    async def _node_facts(self, node: NodeView, drivers: Mapping[str, us.DriverPod],
-                          validators: Mapping[str, bool], policy: us.Policy) -> us.NodeFacts:
-        pods: tuple[us.PodFacts, ...] = ()
-        if node.selectable.get(UPGRADE_STATE) in POD_STATES:
-            pods = await self._pods_on(node.name, policy)
-        return us.NodeFacts(node.name, labels=node.selectable, annotations=node.annotations,
-                            unschedulable=node.unschedulable, ready=node.ready,
-                            driver=drivers.get(node.name), pods=pods, validators_ready=validators.get(node.name))
 
     async def _pods_on(self, node: str, policy: us.Policy) -> tuple[us.PodFacts, ...]:
         field = {"fieldSelector": f"spec.nodeName={node}"}

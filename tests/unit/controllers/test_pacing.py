@@ -67,6 +67,17 @@ def test_latency_rise_shrinks_once_per_round_trip_but_not_below_the_start() -> N
     assert limit.allowed >= 4  # a latency rise alone never goes below where it started
 
 
+def test_starting_at_the_bound_a_latency_rise_stops_at_the_floor_and_overload_goes_below() -> None:
+    limit = AdaptiveLimit(initial=32, maximum=32, floor=16)  # the node labeller's shape
+    assert limit.allowed == 32
+    limit.record(0.010)
+    for _ in range(250):
+        limit.record(0.400)  # 40x the baseline (while it is still in the window of 256 answers)
+    assert limit.allowed == 16  # shrunk, to the floor and no lower
+    limit.record(0.400, 429)
+    assert limit.allowed == 8  # the apiserver refusing work halves it below the floor
+
+
 def test_a_slower_machine_becomes_the_new_normal() -> None:
     limit = AdaptiveLimit(initial=8, maximum=64, window=100)
     for _ in range(50):
