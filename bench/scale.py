@@ -147,6 +147,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
     out: dict[str, Any] = {"nodes": n, "operator": who, "load_at_start": load()}
     sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     client = AsyncClient(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
+    running: list[Subject] = []  # stopped in `finally`, so a failed run leaves no operator behind
     try:
         t = time.monotonic()
         await create_nodes(client, shapes.nodes([f"{SHAPE}:{n}"]), args.concurrency)
@@ -174,6 +175,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         subject: Subject = (start_peer(plane, args.peer_cmd) if who == "peer" else
                             start_ours(plane, args.concurrency,
                                        results_dir / f"operator-{n}.prof" if args.profile else None))
+        running.append(subject)
         pid = subject.pid
         subject.wait_ready(args.ready_timeout)
         out["rss_at_ready_mb"] = proc_stats(pid).rss_mb
@@ -304,6 +306,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         if args.profile and who == "ours":
             out["profile_top"] = top_functions(results_dir / f"operator-{n}.prof")
     finally:
+        for started in running:
+            started.stop(60)
         await client.close()
         sync.close()
     return out

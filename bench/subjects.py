@@ -91,15 +91,18 @@ T = TypeVar("T")
 def on_fresh_plane(prefix: str, found: Binaries, run: Callable[[ControlPlane], Coroutine[Any, Any, T]],
                    say: Callable[[str], None], *, keep: bool = False, **options: Any) -> T:
     """`run` on a control plane of its own (`options` for ControlPlane), stopped afterwards; its
-    working directory removed unless `keep`."""
+    working directory removed unless `keep` (or the run failed: its logs say why)."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     plane = ControlPlane(workdir, found, progress=lambda m: say(f"control plane: {m}"), **options)
     plane.start()
+    failed = True
     try:
-        return asyncio.run(run(plane))
+        result = asyncio.run(run(plane))
+        failed = False
+        return result
     finally:
         plane.stop()
-        if keep:
+        if keep or failed:
             say(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
