@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -306,9 +307,18 @@ class Operator:
 
     def pass_loops(self) -> dict[str, PassLoop]:
         """The level-based controllers, each one PassLoop (controllers/passloop.py)."""
+        def labels_first(one_pass: Callable[[], Awaitable[float | None]]) -> Callable[[], Awaitable[float | None]]:
+            """While a new ClusterPolicy's labels are written (LabelLoop.labelling), the pass looks
+            again after the coalescing window instead: the reconcile would start the operands' pods
+            on every node as it is labelled, and every label echo would start an upgrade pass over
+            every node that plans nothing (no driver pod runs before its DaemonSet)."""
+            async def gated() -> float | None:
+                if self.labels.labelling(active_policy(self.policy_views())):
+                    return self.settings.coalesce
+                return await one_pass()
+            return gated
+
         async def policy_pass() -> float | None:
-            if self.labels.labelling(active_policy(self.policy_views())):
-                return self.settings.coalesce  # labels first (LabelLoop.labelling); look again soon
             report = await self.reconciler.reconcile(self.snapshot())
             metrics.record_reconcile(report)
             return report.requeue
@@ -322,24 +332,19 @@ class Operator:
 
         async def upgrade_pass() -> float | None:
             # Driver upgrades (controllers/upgrade.py): the state machine for the ClusterPolicy, or
-            # for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py). Labels first, as
-            # for the reconcile: while a new policy's labels are written, every echo would start a
-            # pass over every node that plans nothing (no driver pod runs before its DaemonSet).
-            active = active_policy(self.policy_views())
-            if self.labels.labelling(active):
-                return self.settings.coalesce
-            owners = upgrade_owners(active, self.driver_views(), self.node_views(),
+            # for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py).
+            owners = upgrade_owners(active_policy(self.policy_views()), self.driver_views(), self.node_views(),
                                     dra=bool(self.gpucluster_views()))
             return await self.upgrades.reconcile(owners)
 
         settings = self.settings
         return {
-            "clusterpolicy": PassLoop("ClusterPolicy reconcile", self.loops.policy_kick, policy_pass, settings,
+            "clusterpolicy": PassLoop("ClusterPolicy reconcile", self.loops.policy_kick, labels_first(policy_pass), settings,
                                       on_error=lambda _err: metrics.record_error()),
             # no NVIDIADriver: nothing to snapshot (node bursts cost nothing here)
             "nvidiadriver": PassLoop("NVIDIADriver reconcile", self.loops.driver_kick, driver_pass, settings,
                                      idle=lambda: not self.driver_views()),
-            "upgrade": PassLoop("driver upgrade pass", self.loops.upgrade_kick, upgrade_pass, settings),
+            "upgrade": PassLoop("driver upgrade pass", self.loops.upgrade_kick, labels_first(upgrade_pass), settings),
             # no GPUCluster: nothing to do
             "gpucluster": PassLoop("GPUCluster reconcile", self.loops.cluster_kick, cluster_pass, settings,
                                    idle=lambda: not self.gpucluster_views()),
