@@ -27,6 +27,7 @@ from gpu_operator.controllers.cache import (
     first,
 )
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
+from gpu_operator.controllers.echoes import StatusEchoes
 from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
 from gpu_operator.controllers.labelloop import LabelLoop, Sources
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler
@@ -175,15 +176,21 @@ class Operator:
         async def gpuclusters(body: kopf.Body, name: str, **_: Any) -> dict[str, PolicyView]:
             return {name: PolicyView.of(body)}
 
-        @kopf.on.event("nvidia.com", "v1alpha1", "gpuclusters", registry=registry)
-        async def gpucluster_event(**_: Any) -> None:
-            loops.indexed.set()
-            loops.kick()
+        def cr_event(kind: str) -> Callable[..., Awaitable[None]]:
+            """Any event of one of our CRs wakes every loop, except the echo of our own status
+            write (controllers/echoes.py)."""
+            echoes = StatusEchoes(kind, lambda k, n: self.kube.statuses_written.get((k, n)))
 
-        @kopf.on.event("nvidia.com", "v1alpha1", "nvidiadrivers", registry=registry)
-        async def driver_event(**_: Any) -> None:
-            loops.indexed.set()
-            loops.kick()
+            async def event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 (kopf's name)
+                loops.indexed.set()
+                if not echoes.is_echo(body, type):
+                    loops.kick()
+            return event
+
+        for version, plural, cr_kind in (("v1", "clusterpolicies", "ClusterPolicy"),
+                                         ("v1alpha1", "nvidiadrivers", "NVIDIADriver"),
+                                         ("v1alpha1", "gpuclusters", "GPUCluster")):
+            kopf.on.event("nvidia.com", version, plural, id=f"{plural}_event", registry=registry)(cr_event(cr_kind))
 
         # Driver pods (any owner, or none: the migration rule looks for orphaned ones).
         @kopf.index("pods", id="driver_pods", labels={DRIVER_COMPONENT: "nvidia-driver"}, registry=registry)
@@ -200,11 +207,6 @@ class Operator:
             loops.label_kick.set()
             loops.driver_kick.set()
             loops.upgrade_kick.set()
-
-        @kopf.on.event("nvidia.com", "v1", "clusterpolicies", registry=registry)
-        async def policy_event(**_: Any) -> None:
-            loops.indexed.set()
-            loops.kick()
 
         for kind in OWNED_KINDS:
             self._watch_owned(registry, kind)

@@ -71,15 +71,18 @@ class Outcome:
 
 def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
             unlabelled_gpu_nodes: int = 0) -> Outcome:
+    if not_ready_states:
+        # Upstream's message, its list as Go prints a []string. The states come first: a node that
+        # has just joined is unlabelled for a moment, and reporting that instead would flip the
+        # message (and write the status) on every reconcile while nodes join during a rollout.
+        return Outcome(NOT_READY, OPERAND_NOT_READY,
+                       f"ClusterPolicy is not ready; states not ready: [{' '.join(not_ready_states)}]")
     if unlabelled_gpu_nodes:
         # NFD found GPUs the labeller has not marked yet: "ready, no GPU nodes" would be a lie
         # that lasts a moment and fools anyone waiting for ready.
         return Outcome(NOT_READY, OPERAND_NOT_READY,
                        f"ClusterPolicy is not ready; {unlabelled_gpu_nodes} GPU node(s) not labelled "
                        "nvidia.com/gpu.present yet")
-    if not_ready_states:
-        return Outcome(NOT_READY, OPERAND_NOT_READY,
-                       f"ClusterPolicy is not ready; states not ready: {not_ready_states}")
     if not has_nfd:
         return Outcome(READY, NFD_LABELS_MISSING,
                        "No NFD labels found: install the chart with nfd.enabled=true (its node-discovery "

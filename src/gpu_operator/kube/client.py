@@ -175,6 +175,8 @@ class Kube:
         self._http: httpx2.AsyncClient | None = None
         self._streams: LineStreams | None = None
         self._lease_client: AsyncClient | None = None
+        self.statuses_written: dict[tuple[str, str], dict[str, Any]] = {}
+        """(kind, name) -> the status fields our last `patch_status` of that object sent."""
 
     def lease_client(self, namespace: str, name: str) -> AsyncClient:
         """The client leader election renews the Lease `namespace/name` with: it may write that
@@ -263,6 +265,7 @@ class Kube:
         """Merge-patch the status of one of our CRs (ClusterPolicy, NVIDIADriver, GPUCluster)."""
         self.write("patch", f"{kind}/status")
         await self.client.patch(STATUS_RESOURCES[kind].Status, name, {"status": status}, patch_type=PatchType.MERGE)
+        self.statuses_written[(kind, name)] = status
 
     async def served_versions(self, group: str, kind: str) -> list[str]:
         """The versions of an API group that serve `kind`, as discovery lists them (preferred first);

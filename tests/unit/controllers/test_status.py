@@ -45,6 +45,17 @@ def test_gpu_nodes_not_yet_labelled_are_not_ready() -> None:
     assert "2 GPU node(s) not labelled" in result.message
 
 
+def test_a_joining_unlabelled_node_does_not_change_a_not_ready_message() -> None:
+    # during a rollout nodes join unlabelled for a moment: the message (and the status) must not
+    # flip between the states and the node count from one reconcile to the next
+    states = ["state-driver", "state-container-toolkit"]
+    alone, joining = st.outcome(states, True, True), st.outcome(states, True, True, unlabelled_gpu_nodes=1)
+    assert joining == alone
+    assert alone.message == "ClusterPolicy is not ready; states not ready: [state-driver state-container-toolkit]"
+    body = st.status_body(alone, "gpu-operator", None, 1)
+    assert not st.status_differs(body, st.status_body(joining, "gpu-operator", body, 1))
+
+
 def test_conditions_pair_and_stable_transition_time() -> None:
     ok = st.status_body(st.outcome([], True, True), "gpu-operator", None, 3)
     by_type = {c["type"]: c for c in ok["conditions"]}

@@ -129,11 +129,11 @@ def test_validation_state_follows_the_validator_init_containers() -> None:
 def test_policy_state_and_reasons() -> None:
     nodes = [node("gpu-a")]
     assert build_view(nodes, [], [], []).problems[0].startswith("no ClusterPolicy")
-    failing = policy(state="notReady", reason="OperandNotReady", message="states not ready: ['state-driver']")
+    failing = policy(state="notReady", reason="OperandNotReady", message="states not ready: [state-driver]")
     view = build_view(nodes, [], [], [failing])
     assert view.policy is not None and view.policy.reason == "OperandNotReady"
     assert view.problems == ["ClusterPolicy cluster-policy: notReady (OperandNotReady: states not ready: "
-                             "['state-driver'])"]
+                             "[state-driver])"]
     fresh = {"metadata": {"name": "cluster-policy", "creationTimestamp": "2026-01-01T00:00:00Z"}}
     assert build_view(nodes, [], [], [fresh]).problems == ["ClusterPolicy cluster-policy: not reconciled yet"]
     # Only the oldest policy is active; a later one is reported as ignored.
