@@ -74,6 +74,18 @@ def histogram(port: int, name: str) -> dict[float, float]:
     return {}
 
 
+def counter_by(port: int, name: str, label: str) -> dict[str, float]:
+    """A labelled Prometheus counter on the operator's /metrics as {label value: count} (summed over its other labels)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(_metrics_text(port)):
+        if family.name == name:
+            for sample in family.samples:
+                if sample.name == name + "_total":
+                    key = sample.labels.get(label, "")
+                    counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
 def bucket_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
     """The upper bound of the bucket holding the q-quantile (0..1) of what was observed between
     two reads of one histogram (inf: above the largest bound); None when nothing was observed."""
@@ -195,7 +207,7 @@ class LabelWatch:
         while True:  # a watch may end (server timeout): resume
             try:
                 async for _op, node in self.client.watch(Node):
-                    if not self.started.is_set():
+                    if not self.started.is_set() and node.metadata is not None and node.metadata.name:
                         self.seen.add(node.metadata.name)
                         if len(self.seen) >= self.existing:
                             self.started.set()

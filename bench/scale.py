@@ -24,6 +24,7 @@ from benchkit import (  # noqa: E402
     LabelWatch,
     audit_writes,
     bucket_quantile,
+    counter_by,
     create_nodes,
     histogram,
     join_phases,
@@ -54,6 +55,7 @@ WRITES_METRIC = "gpu_operator_api_write_requests_total"
 LIMIT_METRIC = "gpu_operator_node_label_concurrency_limit"
 DELAY_METRIC = "gpu_operator_node_label_delay_seconds"
 LAG_METRIC = "gpu_operator_event_loop_lag_seconds"
+PASSES_METRIC = "gpu_operator_controller_passes"
 # issue 25 item 6
 TARGETS = {"labelled_fraction_of_ceiling": 0.9, "join_p99_s": {1000: 0.5, 5000: 1.0}, "idle_writes": 0,
            "rss_mb": 150.0, "quiet_after_ready_s": 10.0, "busy_fraction": 0.1, "idle_cpu_fraction": 0.01}
@@ -225,6 +227,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         cpu1 = proc_stats(pid).cpu_seconds
         hists0 = {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)} \
             if subject.metrics_port else {}
+        passes0 = counter_by(subject.metrics_port, PASSES_METRIC, "loop") if subject.metrics_port else {}
         for i in range(args.joins):
             manifest = shapes.nodes([SHAPE], start=n + i)[0]
             name = manifest["metadata"]["name"]
@@ -256,6 +259,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
                 after = histogram(subject.metrics_port, metric)
                 for q in (50, 99):
                     out[f"{key}_p{q}_le_s"] = bucket_quantile(hists0[metric], after, q / 100)
+            passes = counter_by(subject.metrics_port, PASSES_METRIC, "loop")
+            out["join_passes"] = {loop: int(n - passes0.get(loop, 0.0)) for loop, n in sorted(passes.items())}
+            say(f"passes of our loops during the joins: {out['join_passes']}")
             say(f"inside ours during the joins: event -> patch sent p50/p99 <= {out['join_label_delay_p50_le_s']}/"
                 f"{out['join_label_delay_p99_le_s']} s; event-loop lag p50/p99 <= {out['join_loop_lag_p50_le_s']}/"
                 f"{out['join_loop_lag_p99_le_s']} s")

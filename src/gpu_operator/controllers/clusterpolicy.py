@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -104,6 +106,7 @@ class ClusterPolicyReconciler:
         self.applier = Applier(kube)
         self.namespace_labeller = NamespaceLabeller(kube)
         self._warned: set[tuple[str, int, str]] = set()  # (uid, generation, warning) sent as an Event
+        self._written_at: dict[str, float] = {}  # policy uid -> when its status was last written
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -209,10 +212,18 @@ class ClusterPolicyReconciler:
         wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,
                                 report.extra_conditions)
         current = {k: policy.status.get(k) for k in ("state", "namespace", "conditions")}
+        held = 0.0  # seconds a new not-ready message waits (settings.status_message_hold)
         if st.status_differs(current, wanted):
-            log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
-                     outcome.message)
-            await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
+            since = time.monotonic() - self._written_at.get(policy.uid, -math.inf)
+            if st.message_only(current, wanted) and since < self.settings.status_message_hold:
+                held = self.settings.status_message_hold - since
+            else:
+                log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
+                         outcome.message)
+                await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
+                self._written_at[policy.uid] = time.monotonic()
+        if held:
+            report.requeue = min(report.requeue or held, held)
         if outcome.state == vocab.NOT_READY:
             # Operands still rolling out, or an error that may depend on objects we do not
             # watch (a ConfigMap the policy names): look again soon. Reads only; the status is

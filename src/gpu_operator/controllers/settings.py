@@ -42,6 +42,11 @@ class OperatorSettings:
     """A ClusterPolicy or NVIDIADriver whose operands are not ready is reconciled again after this
     (besides every watch event that concerns it)."""
 
+    status_message_hold: float = 5.0
+    """While a ClusterPolicy stays not ready for the same reason, a new message (which states are
+    not ready moves with every DaemonSet's numbers while nodes join) is written at most this often;
+    the pass at the end of the hold writes the latest. A change of state or reason is written at once."""
+
     requeue_conflict: float = 60.0
     """A GPUCluster beside a ClusterPolicy (which cannot run together) is looked at again after this
     (besides every event of either)."""

@@ -136,3 +136,16 @@ def status_body(result: Outcome, namespace: str, previous: dict[str, Any] | None
 
 def status_differs(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
     return (current or {}) != wanted
+
+
+def _error_reason(status: dict[str, Any]) -> str | None:
+    return next((c.get("reason") for c in status.get("conditions") or [] if c.get("type") == "Error"), None)
+
+
+def message_only(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+    """Both not ready because operands are (OperandNotReady), in the same namespace: only which
+    states are not ready differs. (A new error message, a failed reconcile, is never held.)"""
+    current = current or {}
+    return (current.get("state") == wanted.get("state") == NOT_READY
+            and current.get("namespace") == wanted.get("namespace")
+            and _error_reason(current) == _error_reason(wanted) == OPERAND_NOT_READY)
