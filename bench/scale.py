@@ -224,6 +224,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         latencies = []
         joined: dict[str, float] = {}
         join_audit = AuditReader.from_now(plane.audit_log)
+        join_writes = AuditReader.from_now(plane.audit_log)
         cpu1 = proc_stats(pid).cpu_seconds
         hists0 = {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)} \
             if subject.metrics_port else {}
@@ -248,6 +249,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["joins_cpu_s"] = proc_stats(pid).cpu_seconds - cpu1
         say(f"joins: p50 {out['join_p50_s']:.3f}s p99 {out['join_p99_s']:.3f}s")
         phases = join_phases(join_audit, joined, OPERATOR_USER)
+        out["join_writes"], out["join_writes_by_kind"] = audit_writes(join_writes, OPERATOR_USER)
+        say(f"our writes during the joins: {out['join_writes']} {out['join_writes_by_kind']}")
         for key, values in phases.items():
             for q in (50, 99):
                 out[f"join_{key}_p{q}_s"] = percentile(values, q) if values else None
