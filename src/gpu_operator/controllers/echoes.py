@@ -1,9 +1,10 @@
 """Our own status writes come back as watch events: those echoes start no pass.
 
 Every pass ends by writing the CR's status when it changed; the write comes back as a MODIFIED
-event, and kicking the loops on it started one more pass of every loop (a render of the whole
-policy, an upgrade pass over every node) per status write: three a second while nodes joined
-during a rollout. Upstream filters its CRs' events the same way (controller-runtime's
+event, and each such event asked every loop for one more pass (a render of the whole policy, an
+upgrade pass over every node): about three a second while nodes joined during a rollout (then
+the DaemonSets' own events asked for as many, so the pass count hardly moved; an operator whose
+only news is its own write no longer answers itself). Upstream filters its CRs' events the same way (controller-runtime's
 GenerationChangedPredicate); here the filter is narrower: an event starts no pass only when the
 object, its status aside, is what the last event showed and its status holds what we last wrote.
 Anything else (a spec, label or annotation change, a status someone else wrote, ADDED, DELETED)
