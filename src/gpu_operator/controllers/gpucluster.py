@@ -112,7 +112,7 @@ class GPUClusterReconciler:
         report.not_ready = not_ready_states(result, snap.owned, report.applied)
         if report.not_ready:
             outcome = st.Outcome(vocab.NOT_READY, vocab.OPERAND_NOT_READY,
-                                 f"Waiting for operand pods to be ready; states not ready: {report.not_ready}")
+                                 f"Waiting for operand pods to be ready; states not ready: {st.listed(report.not_ready)}")
         else:
             outcome = st.Outcome(vocab.READY, vocab.RECONCILED,
                                  "GPUCluster is ready: every DRA operand is reconciled and its pods are ready")

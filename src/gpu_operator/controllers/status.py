@@ -69,6 +69,11 @@ class Outcome:
         return cls(NOT_READY, RECONCILE_FAILED, message)
 
 
+def listed(names: list[str]) -> str:
+    """A list of names as upstream's messages print one (Go's %v of a []string): [a b]."""
+    return f"[{' '.join(names)}]"
+
+
 def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
             unlabelled_gpu_nodes: int = 0) -> Outcome:
     if not_ready_states:
@@ -76,7 +81,7 @@ def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
         # has just joined is unlabelled for a moment, and reporting that instead would flip the
         # message (and write the status) on every reconcile while nodes join during a rollout.
         return Outcome(NOT_READY, OPERAND_NOT_READY,
-                       f"ClusterPolicy is not ready; states not ready: [{' '.join(not_ready_states)}]")
+                       f"ClusterPolicy is not ready; states not ready: {listed(not_ready_states)}")
     if unlabelled_gpu_nodes:
         # NFD found GPUs the labeller has not marked yet: "ready, no GPU nodes" would be a lie
         # that lasts a moment and fools anyone waiting for ready.
