@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from time import monotonic
 
 import pydantic
 from lightkube.core.exceptions import ApiError
@@ -214,14 +214,14 @@ class ClusterPolicyReconciler:
         current = {k: policy.status.get(k) for k in ("state", "namespace", "conditions")}
         held = 0.0  # seconds a new not-ready message waits (settings.status_message_hold)
         if st.status_differs(current, wanted):
-            since = time.monotonic() - self._written_at.get(policy.uid, -math.inf)
+            since = monotonic() - self._written_at.get(policy.uid, -math.inf)
             if st.message_only(current, wanted) and since < self.settings.status_message_hold:
                 held = self.settings.status_message_hold - since
             else:
                 log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
                          outcome.message)
                 await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
-                self._written_at[policy.uid] = time.monotonic()
+                self._written_at[policy.uid] = monotonic()
         if held:
             report.requeue = min(report.requeue or held, held)
         if outcome.state == vocab.NOT_READY:

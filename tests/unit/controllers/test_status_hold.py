@@ -29,13 +29,13 @@ def view(status: dict[str, Any]) -> PolicyView:
 
 
 def message(status: dict[str, Any]) -> str:
-    return next(c["message"] for c in status["conditions"] if c["type"] == "Error")
+    return str(next(c["message"] for c in status["conditions"] if c["type"] == "Error"))
 
 
 def test_a_new_not_ready_message_waits_out_the_hold_and_a_new_reason_does_not(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
-    monkeypatch.setattr(clusterpolicy.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(clusterpolicy, "monotonic", lambda: clock[0])
     kube = StatusKube()
     reconciler = ClusterPolicyReconciler(kube, OperatorSettings(status_message_hold=5.0))  # type: ignore[arg-type]
     snap = Snapshot([], [], {}, "gpu-operator", "1.36.0")
