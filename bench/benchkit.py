@@ -10,7 +10,7 @@ import ssl
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -99,18 +99,25 @@ def bucket_quantile(before: dict[float, float], after: dict[float, float], q: fl
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
-def audit_writes(reader: AuditReader, user: str) -> tuple[int, dict[str, int]]:
-    """Write requests by `user` in the audit log from the reader's place on (across the
-    apiserver's rotations of the log), leases excluded (leader election renews its Lease by
-    design); reads (the audit policy logs them too: the apiserver probe, read-backs) are left out.
-    Returns (count, {"verb resource": count})."""
-    counts: Counter[str] = Counter()
+def completed(reader: AuditReader) -> Iterator[dict[str, Any]]:
+    """The audit events (ResponseComplete stage) from the reader's place on, across the
+    apiserver's rotations of the log, each decoded once."""
     for raw in reader.lines():
         try:
             event = json.loads(raw)
         except json.JSONDecodeError:
             continue
-        if event.get("stage") != "ResponseComplete" or event.get("user", {}).get("username") != user:
+        if event.get("stage") == "ResponseComplete":
+            yield event
+
+
+def audit_writes(events: Iterable[dict[str, Any]], user: str) -> tuple[int, dict[str, int]]:
+    """Write requests by `user` among `events` (`completed`), leases excluded (leader election
+    renews its Lease by design); reads (the audit policy logs them too: the apiserver probe,
+    read-backs) are left out. Returns (count, {"verb resource": count})."""
+    counts: Counter[str] = Counter()
+    for event in events:
+        if event.get("user", {}).get("username") != user:
             continue
         ref = event.get("objectRef") or {}
         if ref.get("apiGroup") == "coordination.k8s.io" or event.get("verb") not in WRITE_VERBS:
@@ -124,8 +131,9 @@ def _stamp(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def join_phases(reader: AuditReader, latencies: dict[str, float], user: str) -> dict[str, list[float]]:
-    """Where each join's time went, from the apiserver's audit log (its timestamps, microseconds):
+def join_phases(events: Iterable[dict[str, Any]], latencies: dict[str, float], user: str) -> dict[str, list[float]]:
+    """Where each join's time went, from the apiserver's audit events (`completed`; their
+    timestamps, microseconds):
     `create` the node's create request (received -> answered), `to_patch` from that answer to
     the arrival of `user`'s first patch of the node (the watch event reaching the operator, its
     own delay, the request's way in), `patch` that patch (received -> answered), `rest` what is
@@ -133,14 +141,10 @@ def join_phases(reader: AuditReader, latencies: dict[str, float], user: str) -> 
     the create request in and out). Joins without both requests in the log are left out."""
     created: dict[str, tuple[float, float]] = {}
     patched: dict[str, tuple[float, float]] = {}
-    for raw in reader.lines():
-        try:
-            event = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
+    for event in events:
         ref = event.get("objectRef") or {}
         name = ref.get("name")
-        if event.get("stage") != "ResponseComplete" or ref.get("resource") != "nodes" or name not in latencies:
+        if ref.get("resource") != "nodes" or name not in latencies:
             continue
         times = (_stamp(event["requestReceivedTimestamp"]), _stamp(event["stageTimestamp"]))
         if event.get("verb") == "create":

@@ -24,6 +24,7 @@ from benchkit import (  # noqa: E402
     LabelWatch,
     audit_writes,
     bucket_quantile,
+    completed,
     counter_by,
     create_nodes,
     histogram,
@@ -224,7 +225,6 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         latencies = []
         joined: dict[str, float] = {}
         join_audit = AuditReader.from_now(plane.audit_log)
-        join_writes = AuditReader.from_now(plane.audit_log)
         cpu1 = proc_stats(pid).cpu_seconds
         hists0 = {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)} \
             if subject.metrics_port else {}
@@ -248,8 +248,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["join_max_s"] = max(latencies) if latencies else None
         out["joins_cpu_s"] = proc_stats(pid).cpu_seconds - cpu1
         say(f"joins: p50 {out['join_p50_s']:.3f}s p99 {out['join_p99_s']:.3f}s")
-        phases = join_phases(join_audit, joined, OPERATOR_USER)
-        out["join_writes"], out["join_writes_by_kind"] = audit_writes(join_writes, OPERATOR_USER)
+        join_events = list(completed(join_audit))  # the joins' audit events, read and decoded once
+        phases = join_phases(join_events, joined, OPERATOR_USER)
+        out["join_writes"], out["join_writes_by_kind"] = audit_writes(join_events, OPERATOR_USER)
         say(f"our writes during the joins: {out['join_writes']} {out['join_writes_by_kind']}")
         for key, values in phases.items():
             for q in (50, 99):
@@ -297,14 +298,15 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["load_at_idle"] = load()
         await asyncio.sleep(args.idle_seconds)
         out["idle_seconds"] = args.idle_seconds
-        out["idle_writes_audit"], out["idle_writes_by_kind"] = audit_writes(audit, OPERATOR_USER)
+        out["idle_writes_audit"], out["idle_writes_by_kind"] = audit_writes(completed(audit), OPERATOR_USER)
         out["idle_writes_metric"] = (metric_sum(subject.metrics_port, WRITES_METRIC) - writes0
                                      if subject.metrics_port and writes0 is not None else None)
         out["idle_cpu_s"] = proc_stats(pid).cpu_seconds - cpu2
         out["idle_cpu_fraction"] = cpu_fraction(pid, cpu2, t2)
         stats = proc_stats(pid)
         out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = stats.rss_peak_mb, stats.rss_mb, stats.cpu_seconds
-        out["writes_total_audit"], out["writes_by_kind"] = audit_writes(AuditReader(plane.audit_log), OPERATOR_USER)
+        whole_run = completed(AuditReader(plane.audit_log))
+        out["writes_total_audit"], out["writes_by_kind"] = audit_writes(whole_run, OPERATOR_USER)
         if publisher is not None:
             stop_slices.set()
             publisher.client.close()

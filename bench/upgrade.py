@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import audit_writes, create_nodes, proc_stats  # noqa: E402
+from benchkit import audit_writes, completed, create_nodes, proc_stats  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
 from lightkube.types import PatchType  # noqa: E402
@@ -131,7 +131,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         out["done"] = watch.count(UPGRADE_DONE)
         out["peak_parallel"] = watch.peak
         out["operator_cpu_s"] = proc_stats(pid).cpu_seconds - cpu0
-        writes, by_kind = audit_writes(audit, OPERATOR_USER)
+        writes, by_kind = audit_writes(completed(audit), OPERATOR_USER)
         out["writes"], out["writes_by_kind"] = writes, by_kind
         out["writes_per_node"] = writes / n
         out["rss_peak_mb"] = proc_stats(pid).rss_peak_mb

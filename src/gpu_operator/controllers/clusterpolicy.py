@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -212,18 +211,16 @@ class ClusterPolicyReconciler:
         wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,
                                 report.extra_conditions)
         current = {k: policy.status.get(k) for k in ("state", "namespace", "conditions")}
-        held = 0.0  # seconds a new not-ready message waits (settings.status_message_hold)
         if st.status_differs(current, wanted):
-            since = monotonic() - self._written_at.get(policy.uid, -math.inf)
-            if st.message_only(current, wanted) and since < self.settings.status_message_hold:
-                held = self.settings.status_message_hold - since
+            last = self._written_at.get(policy.uid)
+            hold = 0.0 if last is None else self.settings.status_message_hold - (monotonic() - last)
+            if hold > 0 and st.message_only(current, wanted):
+                report.requeue = min(report.requeue or hold, hold)  # the pass then writes the latest
             else:
                 log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
                          outcome.message)
                 await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
                 self._written_at[policy.uid] = monotonic()
-        if held:
-            report.requeue = min(report.requeue or held, held)
         if outcome.state == vocab.NOT_READY:
             # Operands still rolling out, or an error that may depend on objects we do not
             # watch (a ConfigMap the policy names): look again soon. Reads only; the status is

@@ -2,13 +2,13 @@
 
 Every pass ends by writing the CR's status when it changed; the write comes back as a MODIFIED
 event, and each such event asked every loop for one more pass (a render of the whole policy, an
-upgrade pass over every node): about three a second while nodes joined during a rollout (then
-the DaemonSets' own events asked for as many, so the pass count hardly moved; an operator whose
-only news is its own write no longer answers itself). Upstream filters its CRs' events the same way (controller-runtime's
-GenerationChangedPredicate); here the filter is narrower: an event starts no pass only when the
-object, its status aside, is what the last event showed and its status holds what we last wrote.
-Anything else (a spec, label or annotation change, a status someone else wrote, ADDED, DELETED)
-kicks as before.
+upgrade pass over every node): about three a second while nodes joined during a rollout (the
+DaemonSets' own events asked for as many then, so the pass count hardly moved; an operator whose
+only news is its own write no longer answers itself). Upstream filters its CRs' events the same
+way (controller-runtime's GenerationChangedPredicate); here the filter is narrower: an event
+starts no pass only when the object, its status aside, is what the last event showed and its
+status holds what we last wrote. Anything else (a spec, label or annotation change, a status
+someone else wrote, ADDED, DELETED) kicks as before.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ def _without_status(body: Mapping[str, Any]) -> str:
 class StatusEchoes:
     """Tells a watch event of one CR kind that only echoes our own status write."""
 
-    def __init__(self, kind: str, written: Callable[[str, str], Mapping[str, Any] | None]) -> None:
-        self.kind = kind
-        self.written = written  # (kind, name) -> the status fields we last sent, or None
+    def __init__(self, written: Callable[[str], Mapping[str, Any] | None]) -> None:
+        self.written = written  # name -> the status fields we last sent this kind's object, or None
         self._seen: dict[str, str] = {}  # uid -> the object as last seen, status aside
 
     def is_echo(self, body: Mapping[str, Any], event_type: str | None) -> bool:
@@ -44,6 +43,6 @@ class StatusEchoes:
         self._seen[uid] = shape
         if event_type != "MODIFIED" or before != shape:
             return False
-        sent = self.written(self.kind, name)
+        sent = self.written(name)
         status = body.get("status") or {}
         return sent is not None and all(status.get(key) == value for key, value in sent.items())

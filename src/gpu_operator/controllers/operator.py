@@ -179,7 +179,7 @@ class Operator:
         def cr_event(kind: str) -> Callable[..., Awaitable[None]]:
             """Any event of one of our CRs wakes every loop, except the echo of our own status
             write (controllers/echoes.py)."""
-            echoes = StatusEchoes(kind, lambda k, n: self.kube.statuses_written.get((k, n)))
+            echoes = StatusEchoes(lambda name: self.kube.statuses_written.get((kind, name)))
 
             async def event(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 (kopf's name)
                 loops.indexed.set()

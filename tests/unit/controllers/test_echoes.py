@@ -17,7 +17,7 @@ def policy(rv: str = "1", generation: int = 1, status: dict[str, Any] | None = N
 
 
 def echoes(written: dict[tuple[str, str], dict[str, Any]]) -> StatusEchoes:
-    return StatusEchoes("ClusterPolicy", lambda kind, name: written.get((kind, name)))
+    return StatusEchoes(lambda name: written.get(("ClusterPolicy", name)))
 
 
 def test_the_echo_of_our_status_write_is_an_echo() -> None:
