@@ -222,6 +222,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
             out["label_concurrency_limit"] = metric_sum(subject.metrics_port, LIMIT_METRIC)
         say(f"labelled: {out.get('labelled_s')} s")
 
+        if (wait := t0 + args.joins_after - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        out["joins_after_policy_s"] = time.monotonic() - t0
         latencies = []
         joined: dict[str, float] = {}
         join_audit = AuditReader.from_now(plane.audit_log)
@@ -415,6 +418,10 @@ def main() -> int:
     parser.add_argument("--joins", type=int, default=100)
     parser.add_argument("--join-gap", type=float, default=0.2, help="seconds between two joins")
     parser.add_argument("--join-timeout", type=float, default=30.0)
+    parser.add_argument("--joins-after", type=float, default=0.0,
+                        help="start the joins no earlier than this many seconds after the policy's creation "
+                        "(0: as soon as the fleet is labelled), so that two operators that label at different "
+                        "speeds meet the same phase of the operand rollout")
     parser.add_argument("--label-timeout", type=float, default=600.0)
     parser.add_argument("--ready-timeout", type=float, default=120.0, help="max wait for /readyz")
     parser.add_argument("--settle-timeout", type=float, default=900.0,
