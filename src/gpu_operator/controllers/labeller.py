@@ -107,13 +107,29 @@ class NodeLabeller:
         """Patch every node whose labels differ from what the policy (and, with NVIDIADrivers,
         the node's owner) wants; nodes that already match cost nothing (no request). Waits for
         all of them. `events`: these nodes are here for their own watch events, so how long each
-        waited since its view arrived is measured (not for a new policy)."""
+        waited since its view arrived is measured (not for a new policy).
+
+        As many workers as the gate's bound take the nodes one by one: the first patch leaves as
+        soon as its own node's change is known, not after the whole fleet's (a new policy's pass
+        over 1,000 nodes computed 44 ms of changes before its first patch), and a pass holds that
+        many tasks, not one per node."""
         report = LabelReport()
         drivers = drivers or {}
-        changes = [(node, desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name))
-                   for node in nodes]
-        await asyncio.gather(*(self._patch(node, change, report, node.seen if events else None)
-                               for node, change in changes if change))
+        todo = list(nodes)
+        pending = iter(todo)
+
+        async def worker() -> None:
+            for node in pending:  # shared: each node goes to one worker
+                change = desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name)
+                if change:
+                    await self._patch(node, change, report, node.seen if events else None)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(min(self.concurrency, len(todo)))]
+        try:
+            await asyncio.gather(*workers)
+        finally:  # an error (or our own cancellation) stops the other workers too
+            for task in workers:
+                task.cancel()
         return report
 
     async def _patch(self, node: NodeView, change: NodeChange, report: LabelReport, since: float | None) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import Status
 
+from gpu_operator.controllers import labeller as labeller_module
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.labeller import NodeLabeller
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
@@ -138,6 +140,48 @@ def test_one_patch_per_changed_node_and_the_gate_bounds_them() -> None:
     assert len(set(kube.patches)) == len(kube.patches)
     assert kube.peak <= 8 and labeller.gate.peak <= 8
     assert sorted(report.patched) == sorted(wanted)
+
+
+def test_the_first_patch_leaves_before_the_fleets_changes_are_all_known(monkeypatch: pytest.MonkeyPatch) -> None:
+    computed: list[str] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        computed.append(args[-1])
+        return desired_change(*args, **kwargs)
+
+    class Recording(FakeKube):
+        computed_at_first_patch: int | None = None
+
+        async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
+                              namespace: str | None = None) -> None:
+            if self.computed_at_first_patch is None:
+                self.computed_at_first_patch = len(computed)
+            await super().merge_patch(api_version, kind, name, patch, namespace)
+
+    monkeypatch.setattr(labeller_module, "desired_change", counting)
+    kube = Recording()
+    labeller = NodeLabeller(kube, concurrency=8)  # type: ignore[arg-type]
+    asyncio.run(labeller.label([gpu_node(f"n{i}", labelled=False) for i in range(300)], LabelPolicy()))
+    assert len(kube.patches) == 300 and len(computed) == 300
+    assert kube.computed_at_first_patch is not None and kube.computed_at_first_patch <= 8
+
+
+def test_a_failing_change_stops_the_pass_and_its_other_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if args[-1] == "n40":
+            raise ValueError("no change for n40")
+        return desired_change(*args, **kwargs)
+
+    async def run(kube: FakeKube) -> None:
+        labeller = NodeLabeller(kube, concurrency=8)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="n40"):
+            await labeller.label([gpu_node(f"n{i}", labelled=False) for i in range(300)], LabelPolicy())
+        sent = len(kube.patches)
+        await asyncio.sleep(0.05)  # no worker of the failed pass goes on patching
+        assert len(kube.patches) == sent < 300
+
+    monkeypatch.setattr(labeller_module, "desired_change", failing)
+    asyncio.run(run(FakeKube()))
 
 
 def test_nothing_to_change_sends_nothing() -> None:
