@@ -18,26 +18,38 @@ async def _connections_for_two_bursts(limits: httpx2.Limits, in_flight: int) -> 
     arrived = 0
     burst_in = asyncio.Event()
 
+    open_connections = 0
+    all_closed = asyncio.Event()
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal accepted, arrived
+        nonlocal accepted, arrived, open_connections
         accepted += 1
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # the client closed it
-            while True:
-                await reader.readuntil(b"\r\n\r\n")
-                arrived += 1
-                if arrived % in_flight == 0:
-                    burst_in.set()
-                await burst_in.wait()
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
-                await writer.drain()
+        open_connections += 1
+        try:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # the client closed it
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    arrived += 1
+                    if arrived % in_flight == 0:
+                        burst_in.set()
+                    await burst_in.wait()
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                    await writer.drain()
+        finally:
+            writer.close()
+            open_connections -= 1
+            if open_connections == 0:
+                all_closed.set()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with server, httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(limits=limits)) as client:
-        for _ in range(2):
-            burst_in.clear()
-            answers = await asyncio.gather(*(client.get(f"http://127.0.0.1:{port}/") for _ in range(in_flight)))
-            assert all(a.status_code == 200 for a in answers)
+    async with server:
+        async with httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(limits=limits)) as client:
+            for _ in range(2):
+                burst_in.clear()
+                answers = await asyncio.gather(*(client.get(f"http://127.0.0.1:{port}/") for _ in range(in_flight)))
+                assert all(a.status_code == 200 for a in answers)
+        await asyncio.wait_for(all_closed.wait(), 10)  # the client closed every connection it kept
     return accepted
 
 
