@@ -109,5 +109,5 @@ class Gate:
                 self.on_change(self.limit.allowed)
             async with self._free:
                 self.in_flight -= 1
-                # Wake only as many waiters as there are free slots (thousands may be waiting).
+                # Wake only as many waiters as there are free slots, not every waiter.
                 self._free.notify(max(0, self.limit.allowed - self.in_flight))
