@@ -20,11 +20,6 @@ from gpu_operator.sim.kubeconfig import write_kubeconfig
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> simpki.Pki:
-    return simpki.generate(tmp_path_factory.mktemp("pki"))
-
-
 def chunked(status: str, pieces: list[bytes], headers: str = "") -> bytes:
     head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n{headers}\r\n"
     return head.encode() + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
-import pytest
 from lightkube import KubeConfig
 
 from gpu_operator.controllers.settings import OperatorSettings
@@ -19,11 +18,6 @@ from gpu_operator.sim import pki as simpki
 from gpu_operator.sim.kubeconfig import write_kubeconfig
 
 IN_FLIGHT = OperatorSettings().label_concurrency
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> simpki.Pki:
-    return simpki.generate(tmp_path_factory.mktemp("pki"))
 
 
 async def _connections_for_two_bursts(pki: simpki.Pki, tmp_path: Path,

@@ -1,0 +1,12 @@
+"""The simulator's PKI for the kube/ tests that talk TLS to a local server."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_operator.sim import pki as simpki
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> simpki.Pki:
+    return simpki.generate(tmp_path_factory.mktemp("pki"))
