@@ -53,10 +53,12 @@ def test_operator_rides_out_a_killed_control_plane_component(
         assert operator.alive, operator.log_text()[-3000:]
     finally:
         control_plane.revive(component)  # also after a failure: the module's later tests need it
-    # "Back" is when the apiserver is ready again (after etcd, that is its storage's return too).
+    # "Back" is when the apiserver is ready again (after etcd, that is its storage's return too)
+    # and its watch caches have caught up with etcd (revive waits for both): a node that joins
+    # before kwok's Lease watch resumes keeps its pods Pending for good (ControlPlane._caches_fresh).
     wait_for("the apiserver's /readyz", control_plane.apiserver_ready, timeout=60, interval=0.1)
     back = time.monotonic()
-    late = fake_nodes("dgx-h100:1", wait=False)[0]  # joins the moment the apiserver answers again
+    late = fake_nodes("dgx-h100:1", wait=False)[0]  # joins the moment the apiserver is back
     wait_for(f"node {late} labelled after {component} returned", lambda: labelled(kube, late),
              timeout=60, interval=0.2, context=operator.log_text)
     recovery = time.monotonic() - back
