@@ -345,8 +345,7 @@ class ControlPlane:
             apiserver = component
         else:
             return
-        context = self.ssl_context("admin")
-        self._wait("/readyz", apiserver, lambda: _http_ok(f"{self.server}/readyz", context), deadline)
+        self._wait("/readyz", apiserver, self.apiserver_ready, deadline)
         self._wait("watch caches caught up with etcd", apiserver, self._caches_fresh, deadline)
 
     # The caches a fake node's life goes through: kwok holds a node by its Lease and plays the pods
