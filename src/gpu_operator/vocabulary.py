@@ -62,6 +62,19 @@ PASSTHROUGH_DEVICE_UNKNOWN = "PassthroughDeviceUnknown"
 # The NVIDIADriver that owns a GPU node (written by node labelling when NVIDIADrivers are in use).
 DRIVER_OWNER = f"{NVIDIA}/gpu-operator.driver.owner"
 
+# GPU feature discovery's labels (upstream GFD v0.20.0, the chart's default: its NodeFeature API is
+# on by default, internal/lm/output.go): one NodeFeature (nfd.k8s-sigs.io/v1alpha1) per node, named
+# `nvidia-features-for-<node>`, in GFD's pod namespace, labelled with NFD's node-name label, owned by
+# the GFD DaemonSet (controller) and the pod; `spec.labels` holds the labels NFD's master would put
+# on the Node. Without NFD, the operator's node labelling mirrors them onto the Node (ours) and
+# lists the keys it wrote in GFD_LABELS_ANNOTATION, so it removes exactly those.
+NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
+NODE_FEATURE_VERSION = "v1alpha1"
+NODE_FEATURE_PLURAL = "nodefeatures"
+NFD_NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+GFD_NODE_FEATURE_PREFIX = "nvidia-features-for-"
+GFD_LABELS_ANNOTATION = f"{NVIDIA}/gpu-operator.gfd.labels"
+
 # NFD labels the renderer reads and the fake node shapes write.
 OS_ID = f"{NFD}/system-os_release.ID"
 OS_VERSION_ID = f"{NFD}/system-os_release.VERSION_ID"
@@ -73,6 +86,9 @@ GPU_COUNT = f"{NVIDIA}/gpu.count"
 # A Kubernetes label value (at most 63 characters).
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{NFD}/pci-0300_10de.present")
+# NFD's per-model PCI label (deviceLabelFields [vendor, device]): `<prefix><device>.present`, e.g.
+# feature.node.kubernetes.io/pci-10de_2330.present; our node discovery writes it for each GPU model.
+NFD_DEVICE_LABEL_PREFIX = f"{NFD}/pci-10de_"
 
 
 def deploy_label(component: str) -> str:

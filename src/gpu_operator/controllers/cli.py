@@ -105,6 +105,10 @@ def register(app: typer.Typer) -> None:
             help="Seconds a leader may fail to renew before it steps down; the lease lasts 5 s more.")] = 10.0,
         label_concurrency: Annotated[int, typer.Option(
             help="Node label patches in flight at once.")] = 32,
+        gfd_node_labels: Annotated[bool, typer.Option(
+            "--gfd-node-labels/--no-gfd-node-labels",
+            help="Put GPU feature discovery's nvidia.com/ labels (its NodeFeature objects) on the Nodes, "
+                 "as NFD's master would; turn off where NFD runs (the chart does, with nfd.enabled=false).")] = True,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     ) -> None:
         """Run the operator: reconcile ClusterPolicy, label GPU nodes, serve metrics and probes."""
@@ -129,7 +133,8 @@ def register(app: typer.Typer) -> None:
                                                __version__, namespace, log_level.lower(),
                                                "on" if leader_elect else "off")
         settings = OperatorSettings.with_renew_deadline(leader_lease_renew_deadline,
-                                                        label_concurrency=label_concurrency)
+                                                        label_concurrency=label_concurrency,
+                                                        gfd_node_labels=gfd_node_labels)
         code = asyncio.run(run_operator(
             namespace, kubeconfig, leader_elect, metrics_bind_address, health_probe_bind_address, settings))
         raise typer.Exit(code)

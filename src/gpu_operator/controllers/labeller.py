@@ -103,11 +103,13 @@ class NodeLabeller:
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 
     async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
-                    drivers: Mapping[str, NodeDriver] | None = None, events: bool = False) -> LabelReport:
+                    drivers: Mapping[str, NodeDriver] | None = None, events: bool = False,
+                    gfd: Callable[[str], Mapping[str, str] | None] = lambda _name: None) -> LabelReport:
         """Patch every node whose labels differ from what the policy (and, with NVIDIADrivers,
         the node's owner) wants; nodes that already match cost nothing (no request). Waits for
         all of them. `events`: these nodes are here for their own watch events, so how long each
-        waited since its view arrived is measured (not for a new policy).
+        waited since its view arrived is measured (not for a new policy). `gfd`: the labels GPU
+        feature discovery publishes for a node (controllers/gfdlabels.py), None if none.
 
         As many workers as the gate's bound take the nodes one by one: the first patch leaves as
         soon as its own node's change is known, not after the whole fleet's (a new policy's pass
@@ -120,7 +122,8 @@ class NodeLabeller:
 
         async def worker() -> None:
             for node in pending:  # shared: each node goes to one worker
-                change = desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name)
+                change = desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name,
+                                        gfd(node.name))
                 if change:
                     await self._patch(node, change, report, node.seen if events else None)
 

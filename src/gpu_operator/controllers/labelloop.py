@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -50,6 +50,8 @@ class Sources:
     clusters: Callable[[], list[PolicyView]]
     drivers: Callable[[], list[PolicyView]]
     driver_pods: Callable[[], list[DriverPodView]]
+    # the labels GPU feature discovery publishes for a node (its NodeFeature), None if none
+    gfd: Callable[[str], Mapping[str, str] | None] = lambda _name: None
 
 
 def claim_holding_nodes(claims: list[dict[str, Any]]) -> frozenset[str]:
@@ -109,14 +111,15 @@ class LabelLoop:
             self._source = None
             # NVIDIADrivers own the DRA stack's driver when there are any (owner labels, upgrades)
             valid, _ = parse_drivers(self.sources.drivers())
-            return LabelPolicy(dra=True, use_nvidia_driver_crd=bool(valid))
+            return LabelPolicy(dra=True, use_nvidia_driver_crd=bool(valid), gfd_mirror=self.settings.gfd_node_labels)
         if active is None:
             return False if self._source is not None or (self.policy is not None and self.policy.dra) else None
         self._looking = (active.uid, active.generation)
         if self._source is not active:  # validated once per ClusterPolicy version
             self._source = active
             model = active.as_policy.model  # parsed once per version (controllers/cache.py)
-            self._spec_policy = LabelPolicy.of(model.spec) if model is not None else None
+            self._spec_policy = (replace(LabelPolicy.of(model.spec), gfd_mirror=self.settings.gfd_node_labels)
+                                 if model is not None else None)
         return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)
 
     async def _holders(self, views: list[NodeView]) -> frozenset[str]:
@@ -178,13 +181,14 @@ class LabelLoop:
                         started = time.monotonic()  # the pass's own time (its pause follows it)
                         self.policy, self.drivers = policy, per_node
                         self.take_dirty()
-                        report = await self.labeller.label(self.sources.nodes(), policy, per_node)
+                        report = await self.labeller.label(self.sources.nodes(), policy, per_node,
+                                                           gfd=self.sources.gfd)
                     finally:
                         self._fleet = False
                 else:
                     self._seen = self._looking
                     views = [v for n in self.take_dirty() if (v := self.sources.node(n)) is not None]
-                    report = await self.labeller.label(views, policy, per_node, events=True)
+                    report = await self.labeller.label(views, policy, per_node, events=True, gfd=self.sources.gfd)
             except Exception as err:  # not one node's patch (those are in the report): retry them all
                 failures += 1
                 delay = self.settings.label_backoff.delay(failures)

@@ -9,11 +9,13 @@ from typing import Any
 import pydantic
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.controllers.gfdlabels import applied, gfd_change, gfd_runs
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.facts import passthrough_list
 from gpu_operator.render.facts import workload_config as _workload_config
+from gpu_operator.render.states.mig_manager import mig_capable_devices
 from gpu_operator.vocabulary import (
     ALL_DEPLOY_LABELS,
     CONTAINER,
@@ -22,12 +24,12 @@ from gpu_operator.vocabulary import (
     DRA_STATE_LABELS,
     DRIVER_OWNER,
     GPU_PRESENT,
-    GPU_PRODUCT,
     KATA_SANDBOX_DEVICE_PLUGIN,
     KERNEL_FULL,
     MIG_CAPABLE,
     MIG_CONFIG,
     MIG_MANAGER,
+    NFD_DEVICE_LABEL_PREFIX,
     NFD_GPU_LABELS,
     NFD_PREFIX,
     NVIDIA,
@@ -62,6 +64,10 @@ class LabelPolicy:
     dra: bool = False
     # Nodes where a pod still holds a gpu.nvidia.com ResourceClaim: the DRA driver label stays.
     claim_holders: frozenset[str] = frozenset()
+    # The operator puts GFD's NodeFeature labels on nodes (OperatorSettings.gfd_node_labels: no NFD
+    # in the cluster); False: it neither writes nor removes any of them (controllers/gfdlabels.py).
+    gfd_mirror: bool = False
+    gfd_enabled: bool = True  # the ClusterPolicy deploys GFD (spec.gfd.enabled)
 
     @classmethod
     def of(cls, spec: ClusterPolicySpec) -> LabelPolicy:
@@ -76,6 +82,7 @@ class LabelPolicy:
             mig_config_default=mig_config.default if mig_config is not None else None,
             driver_auto_upgrade=spec.driver_auto_upgrade(),
             use_nvidia_driver_crd=bool(spec.driver.useNvidiaDriverCRD),
+            gfd_enabled=spec.gfd.on(),
         )
 
     @classmethod
@@ -120,16 +127,20 @@ class NodeChange:
 def is_relevant_label(key: str) -> bool:
     """The label keys the operator keeps in memory per node (everything else is dropped)."""
     return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
-        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL
+        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX)
 
 
-def mig_capable(labels: dict[str, str]) -> bool:
+def mig_capable(labels: Mapping[str, str]) -> bool:
+    """GFD's `nvidia.com/mig.capable` where GFD has run; before that (or where GFD cannot run) a GPU
+    model our MIG layouts list, by the PCI device IDs NFD or our discovery label the node with."""
     if labels.get(VGPU_HOST_DRIVER):
         return False
     if MIG_CAPABLE in labels:
         return labels[MIG_CAPABLE] == "true"
-    product = labels.get(GPU_PRODUCT, "").lower()
-    return any(model in product for model in ("h100", "a100", "a30"))
+    capable = mig_capable_devices()
+    return any(key.startswith(NFD_DEVICE_LABEL_PREFIX) and value == "true"
+               and key[len(NFD_DEVICE_LABEL_PREFIX):].removesuffix(".present") in capable
+               for key, value in labels.items())
 
 
 def workload_config(labels: dict[str, str], policy: LabelPolicy) -> str:
@@ -186,9 +197,30 @@ def _dra_change(labels: dict[str, str], present: set[str], change_labels: dict[s
         change_labels[key] = None
 
 
-def desired_change(labels: dict[str, str], annotations: dict[str, str],
-                   policy: LabelPolicy, driver: NodeDriver | None = None, node: str = "") -> NodeChange:
-    """What must change on a node with these labels and annotations; empty when nothing.
+def desired_change(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
+                   driver: NodeDriver | None = None, node: str = "",
+                   gfd: Mapping[str, str] | None = None) -> NodeChange:
+    """What must change on a node with these labels and annotations; empty when nothing. `gfd`:
+    the labels GPU feature discovery publishes for the node (its NodeFeature), None if none.
+
+    With the GFD mirror on, GFD's labels are decided first and the stack's labels from the node as
+    it will be (GFD's mig.capable decides the MIG manager in the same patch); GFD's labels are kept
+    only while the node's own GFD deploy label says GFD runs there.
+    """
+    if not policy.gfd_mirror:
+        return _stack_change(labels, annotations, policy, driver, node)
+    published = gfd if policy.gfd_enabled else None
+    mirror = gfd_change(labels, annotations, published)
+    stack = _stack_change(applied(labels, mirror.labels), annotations, policy, driver, node)
+    if published is not None and not gfd_runs(applied(applied(labels, mirror.labels), stack.labels)):
+        mirror = gfd_change(labels, annotations, None)
+        stack = _stack_change(applied(labels, mirror.labels), annotations, policy, driver, node)
+    return NodeChange({**mirror.labels, **stack.labels}, {**mirror.annotations, **stack.annotations})
+
+
+def _stack_change(labels: dict[str, str], annotations: dict[str, str],
+                  policy: LabelPolicy, driver: NodeDriver | None = None, node: str = "") -> NodeChange:
+    """The stack's labels (presence, deploy labels, MIG config, driver owner and upgrades).
 
     Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
     `false`, `pre-installed` or `paused-for-driver-upgrade` that must survive.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,11 +28,12 @@ from gpu_operator.controllers.cache import (
 )
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot, active_policy
 from gpu_operator.controllers.echoes import StatusEchoes
+from gpu_operator.controllers.gfdlabels import gfd_node_of
 from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
 from gpu_operator.controllers.labelloop import LabelLoop, Sources
 from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler
 from gpu_operator.controllers.passloop import PassLoop
-from gpu_operator.controllers.reflector import NodeReflector
+from gpu_operator.controllers.reflector import NodeReflector, interned
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController
 from gpu_operator.controllers.upgrade_owners import upgrade_owners
@@ -41,6 +42,9 @@ from gpu_operator.vocabulary import (
     MANAGED_BY,
     MANAGED_BY_VALUE,
     MANAGED_SELECTOR,
+    NODE_FEATURE_GROUP,
+    NODE_FEATURE_PLURAL,
+    NODE_FEATURE_VERSION,
     UPGRADE_SKIP,
     UPGRADE_STATE,
 )
@@ -48,6 +52,7 @@ from gpu_operator.vocabulary import (
 log = logging.getLogger("gpu_operator.operator")
 
 # The kopf indices the loops read; kopf hands them to every handler by id, the startup one too.
+GFD_INDEX = "gfd_features"  # registered only where the NodeFeature kind is served and the mirror is on
 INDEX_IDS = ("policies", "drivers", "gpuclusters", "driver_pods", *(f"owned_{k.plural}" for k in OWNED_KINDS))
 
 
@@ -108,10 +113,12 @@ class Operator:
         self.reconciler = ClusterPolicyReconciler(kube, self.settings)
         self.gpuclusters = GPUClusterReconciler(kube, self.settings)
         self.labels = LabelLoop(kube, self.settings, Sources(
-            self.node_views, self.node_view, self.policy_views, self.gpucluster_views, self.driver_views, self.driver_pod_views),
+            self.node_views, self.node_view, self.policy_views, self.gpucluster_views, self.driver_views,
+            self.driver_pod_views, self.gfd_labels),
             self.loops.label_kick, lambda: self.loops.dirty_nodes, self.loops.take_dirty)
         self.k8s_version = ""  # set by discover() before any loop runs
         self.servicemonitor_crd = False
+        self.node_feature_crd = False
         self.drivers = NVIDIADriverReconciler(kube, self.settings)
         self.upgrades = UpgradeController(kube, namespace, lambda: self.nodes.views.values(), self.settings,
                                           driver_pods=self.driver_pod_views)
@@ -136,7 +143,8 @@ class Operator:
 
         @kopf.on.startup(registry=registry)
         def configure(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-            ids = [*INDEX_IDS, *(f"owned_{k.plural}" for k in self.owned_kinds if k not in OWNED_KINDS)]
+            ids = [*INDEX_IDS, *(f"owned_{k.plural}" for k in self.owned_kinds if k not in OWNED_KINDS),
+                   *((GFD_INDEX,) if self.node_feature_crd and self.settings.gfd_node_labels else ())]
             missing = [index for index in ids if index not in kwargs]
             if missing:  # kopf stopped passing indices to startup handlers: fail loudly, at once
                 raise kopf.PermanentError(f"kopf did not pass the indices {missing} to the startup handler")
@@ -235,6 +243,28 @@ class Operator:
         if kind not in self.owned_kinds:
             self.owned_kinds.append(kind)
 
+    def _watch_gfd_features(self, registry: kopf.OperatorRegistry) -> None:
+        """GPU feature discovery's NodeFeature objects in our namespace, indexed by node: node
+        labelling mirrors their labels onto the Nodes (controllers/gfdlabels.py); a change marks
+        that node dirty for the label loop only."""
+        loops = self.loops
+        resource = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, NODE_FEATURE_PLURAL)
+
+        async def features(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, str]]:
+            node = gfd_node_of(name, body.get("metadata", {}).get("labels") or {})
+            labels = (body.get("spec") or {}).get("labels") or {}
+            return {node: interned({str(k): str(v) for k, v in labels.items()})} if node else {}
+
+        async def event(body: kopf.Body, name: str, **_: Any) -> None:
+            loops.indexed.set()
+            node = gfd_node_of(name, body.get("metadata", {}).get("labels") or {})
+            if node:
+                loops.dirty_nodes.add(node)
+                loops.label_kick.set()
+
+        kopf.index(*resource, id=GFD_INDEX, registry=registry)(features)
+        kopf.on.event(*resource, id=f"{GFD_INDEX}_event", registry=registry)(event)
+
     def _node_changed(self, name: str, view: NodeView | None) -> None:
         """The reflector saw a node appear, change what we read of it, or go. Events for one node
         coalesce in `dirty_nodes` until the loops' next pass."""
@@ -277,6 +307,15 @@ class Operator:
 
     def gpucluster_views(self) -> list[PolicyView]:
         return [v for store in self._index("gpuclusters").values() if (v := first(store)) is not None]
+
+    def gfd_labels(self, node: str) -> Mapping[str, str] | None:
+        """The labels GFD's NodeFeature publishes for `node`; None where there is none (or the
+        NodeFeature kind is not served, or the mirror is off)."""
+        store = self.indices.get(GFD_INDEX)
+        if store is None or node not in store:
+            return None
+        labels: Mapping[str, str] | None = first(store[node])
+        return labels
 
     def driver_pod_views(self) -> list[DriverPodView]:
         return [v for store in self._index("driver_pods").values() if (v := first(store)) is not None]
@@ -372,7 +411,10 @@ class Operator:
             raise DiscoveryError("GET /version answered without a gitVersion")
         crd = await self.kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
                                        "servicemonitors.monitoring.coreos.com")
+        features = await self.kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
+                                            f"{NODE_FEATURE_PLURAL}.{NODE_FEATURE_GROUP}")
         self.k8s_version, self.servicemonitor_crd = version, crd is not None
+        self.node_feature_crd = features is not None
 
     async def discover(self) -> bool:
         """Cluster facts that need one request at start-up: the Kubernetes version (rendering
@@ -391,8 +433,9 @@ class Operator:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), timeout=delay)
                 continue
-            log.info("Kubernetes %s; ServiceMonitor CRD %s", self.k8s_version,
-                     "present" if self.servicemonitor_crd else "absent")
+            log.info("Kubernetes %s; ServiceMonitor CRD %s; NodeFeature CRD %s", self.k8s_version,
+                     "present" if self.servicemonitor_crd else "absent",
+                     "present" if self.node_feature_crd else "absent")
             return True
         return False
 
@@ -404,6 +447,13 @@ class Operator:
             # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
             # when its state is disabled. A CRD installed later is seen at the next start.
             self._watch_owned(self.registry, SERVICE_MONITOR)
+        if self.settings.gfd_node_labels:
+            if self.node_feature_crd:
+                self._watch_gfd_features(self.registry)
+            else:
+                log.warning("GPU feature discovery's labels will not reach the Nodes: the NodeFeature CRD "
+                            "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
+                            "does) or NFD, then restart the operator", NODE_FEATURE_PLURAL, NODE_FEATURE_GROUP)
         kopf_ready = asyncio.Event()
         self.tasks = [asyncio.create_task(self.node_reflector(stop), name="node-reflector"),
                       asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),

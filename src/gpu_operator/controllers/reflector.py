@@ -14,10 +14,10 @@ from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
 
-__all__ = ["Gone", "NodeReflector", "SlimNode", "view_of"]
+__all__ = ["Gone", "NodeReflector", "SlimNode", "interned", "view_of"]
 
 
-def _interned(mapping: dict[str, str]) -> dict[str, str]:
+def interned(mapping: dict[str, str]) -> dict[str, str]:
     # Label keys and most values repeat on every node: one string object each, not one per node.
     return {sys.intern(k): sys.intern(v) for k, v in mapping.items()}
 
@@ -28,7 +28,7 @@ def view_of(node: SlimNode) -> NodeView:
     info = node.status.nodeInfo if node.status is not None else None
     conditions = (node.status.conditions if node.status is not None else None) or []
     return NodeView.of_parts(
-        meta.name, _interned(meta.labels or {}), meta.annotations or {},
+        meta.name, interned(meta.labels or {}), meta.annotations or {},
         runtime=sys.intern(info.containerRuntimeVersion) if info else "",
         kernel=sys.intern(info.kernelVersion) if info else "",
         unschedulable=node.spec.unschedulable if node.spec else False,

@@ -102,6 +102,12 @@ class OperatorSettings:
     label_concurrency: int = 32
     """Node label patches in flight at once."""
 
+    gfd_node_labels: bool = True
+    """Node labelling puts GPU feature discovery's `nvidia.com/` labels (its NodeFeature objects in
+    the operator's namespace) on the Nodes, as NFD's master would, and removes exactly those it
+    wrote once GFD no longer runs there. Off where NFD runs (the chart's `nfd.enabled=false`): then
+    NFD's master is their one writer and the operator writes none of them."""
+
     leader_lease_duration: float = 15.0
     """How long a Lease stays ours after the last renewal (written into the Lease)."""
 

@@ -12,16 +12,23 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
-from gpu_operator.api.crdgen import load_packaged
+from gpu_operator.api.crdgen import load_packaged, node_feature_crd
 from gpu_operator.kube.client import FIELD_MANAGER
 
 
-def apply_crds(client: Client, timeout: float = 60.0) -> list[str]:
-    """Apply every CRD shipped with the package; returns their names once all are Established."""
+def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True) -> list[str]:
+    """Apply every CRD shipped with the package; returns their names once all are Established.
+    `node_feature`: also create NFD's NodeFeature CRD where it is absent (GFD publishes its labels
+    there); one that exists (NFD's, or ours from an earlier run) is left exactly as it is."""
     crds = load_packaged()
     names = []
     for crd in crds:
         client.apply(from_dict(crd), field_manager=FIELD_MANAGER, force=True)
+        names.append(crd["metadata"]["name"])
+    if node_feature:
+        crd = node_feature_crd()
+        create_if_absent(client, crd)
+        crds.append(crd)
         names.append(crd["metadata"]["name"])
     deadline = time.monotonic() + timeout
     for name in names:
@@ -36,6 +43,17 @@ def apply_crds(client: Client, timeout: float = 60.0) -> list[str]:
     for crd in crds:
         _wait_served(client, crd, deadline, timeout)
     return names
+
+
+def create_if_absent(client: Client, crd: dict[str, Any]) -> bool:
+    """Create a CRD nobody has created yet; True if this call created it."""
+    try:
+        client.create(from_dict(crd), field_manager=FIELD_MANAGER)
+    except ApiError as err:
+        if err.status.code != 409:
+            raise
+        return False
+    return True
 
 
 def _wait_served(client: Client, crd: dict[str, Any], deadline: float, timeout: float) -> None:

@@ -42,6 +42,11 @@ def crds_apply(
     kubeconfig: Annotated[str | None, typer.Option(
         envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait until every CRD is Established.")] = 60.0,
+    node_feature: Annotated[bool, typer.Option(
+        "--node-feature/--no-node-feature",
+        help="Also create NFD's NodeFeature CRD (nodefeatures.nfd.k8s-sigs.io) where it is absent: GPU "
+             "feature discovery publishes its labels there. One that exists is left as it is. "
+             "The chart turns this off when NFD runs in the cluster (nfd.enabled=false).")] = True,
 ) -> None:
     """Apply the packaged CRDs (server-side apply, idempotent) and wait until they are served.
     The Helm chart's pre-install/pre-upgrade hook runs this."""
@@ -51,7 +56,7 @@ def crds_apply(
 
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     with Client(config) as client:
-        for name in apply_crds(client, timeout=timeout):
+        for name in apply_crds(client, timeout=timeout, node_feature=node_feature):
             typer.echo(f"applied {name} (Established)")
 
 

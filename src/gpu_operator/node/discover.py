@@ -5,6 +5,10 @@ The labels and their meaning are NFD's (kubernetes-sigs/node-feature-discovery; 
 configures its PCI labels by vendor, so a node with an NVIDIA display-class function gets
 `feature.node.kubernetes.io/pci-10de.present=true`):
 - pci-10de.present           an NVIDIA GPU (PCI class 0300 or 0302) is on the bus
+- pci-10de_<device>.present  each NVIDIA GPU model on the bus, by PCI device ID (NFD's label
+                             with deviceLabelFields [vendor, device], e.g. pci-10de_2330.present
+                             for an H100 SXM5): the operator tells MIG-capable nodes by it where
+                             GPU feature discovery's nvidia.com/mig.capable is not there (yet)
 - kernel-version.full        the running kernel (/proc/sys/kernel/osrelease)
 - system-os_release.ID, .VERSION_ID, .VERSION_ID.major, .VERSION_ID.minor   from /etc/os-release
 
@@ -29,6 +33,7 @@ from gpu_operator.node.options import HostRoot, host_fs
 from gpu_operator.vocabulary import (
     KERNEL_FULL,
     LABEL_VALUE_PATTERN,
+    NFD_DEVICE_LABEL_PREFIX,
     NFD_GPU_LABELS,
     NVIDIA,
     OS_ID,
@@ -48,6 +53,7 @@ def discovered(fs: HostFS) -> tuple[dict[str, str], list[str]]:
     version = release.get("VERSION_ID", "")
     wanted = {
         NFD_GPU_LABELS[0]: "true" if gpus else "",
+        **{f"{NFD_DEVICE_LABEL_PREFIX}{g.device.lower()}.present": "true" for g in gpus},
         KERNEL_FULL: fs.read_value("/proc/sys/kernel/osrelease") or "",
         OS_ID: release.get("ID", ""),
         OS_VERSION_ID: version,

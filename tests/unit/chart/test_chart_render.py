@@ -116,8 +116,10 @@ def test_operator_deployment(render: Callable[..., Rendered]) -> None:
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
     assert container["command"] == ["gpu-operator", "run"]
+    # (rendered with nfd.enabled=false: NFD's master, not the operator, puts GFD's labels on Nodes)
     assert container["args"] == ["--namespace", NAMESPACE, "--leader-elect", "--metrics-bind-address", ":8080",
-                                 "--health-probe-bind-address", ":8081", "--log-level", "info"]
+                                 "--health-probe-bind-address", ":8081", "--no-gfd-node-labels",
+                                 "--log-level", "info"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -148,7 +150,7 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator-crds"
-    assert pod["containers"][0]["command"] == ["gpu-operator", "crds", "apply"]
+    assert pod["containers"][0]["command"] == ["gpu-operator", "crds", "apply", "--no-node-feature"]  # (nfd off)
     # The hook's identity exists before the Job runs (lower weight) and only touches our CRDs.
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
         hooked = find(rendered, kind, "gpu-operator-crds")["metadata"]["annotations"]
@@ -215,3 +217,16 @@ def test_extra_objects(render: Callable[..., Rendered]) -> None:
     rendered = render({"extraObjects": extra})
     assert find(rendered, "ConfigMap", "extra-gpu-operator")
     assert find(rendered, "Secret", "extra-secret")
+
+
+@pytest.mark.parametrize("nfd", [True, False])
+def test_gfd_labels_have_one_writer(render: Callable[..., Rendered], nfd: bool) -> None:
+    """Our discovery instead of NFD: the operator mirrors GFD's NodeFeature labels and the CRD hook
+    creates the NodeFeature CRD where absent (and may read it); with NFD, neither."""
+    out = render({"nfd": {"enabled": nfd}})
+    args = find(out, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert ("--no-gfd-node-labels" in args) is (not nfd)
+    job = find(out, "Job", "gpu-operator-crds")["spec"]["template"]["spec"]["containers"][0]
+    assert job["command"][-1] == ("--node-feature" if nfd else "--no-node-feature")
+    names = [r.get("resourceNames") or [] for r in find(out, "ClusterRole", "gpu-operator-crds")["rules"]]
+    assert ("nodefeatures.nfd.k8s-sigs.io" in sum(names, [])) is nfd

@@ -25,6 +25,7 @@ from gpu_operator.controllers.upgrade_owners import clusterpolicy_owner
 from gpu_operator.vocabulary import (
     GPU_PRODUCT,
     KATA_SANDBOX_DEVICE_PLUGIN,
+    MIG_CAPABLE,
     MIG_CONFIG,
     STATE_LABELS,
     UPGRADE_ENABLED_ANNOTATION,
@@ -34,7 +35,8 @@ from gpu_operator.vocabulary import (
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))
 # A MIG-capable GPU node without a workload label: every policy decision shows on it.
-NODE = {"feature.node.kubernetes.io/pci-10de.present": "true", GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3"}
+NODE = {"feature.node.kubernetes.io/pci-10de.present": "true", GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
+        MIG_CAPABLE: "true"}  # as GFD publishes for an H100
 
 flag = st.none() | st.booleans()
 

@@ -91,15 +91,34 @@ def test_kata_mode_uses_kata_sandbox_device_plugin() -> None:
     assert deploy_label("kata-sandbox-device-plugin") in labels and deploy_label("sandbox-device-plugin") not in labels
 
 
+def dev(device: str) -> dict[str, str]:
+    """NFD's per-model PCI label (deviceLabelFields [vendor, device]), as our discovery writes it."""
+    return {f"feature.node.kubernetes.io/pci-10de_{device}.present": "true"}
+
+
 @pytest.mark.parametrize(("labels", "capable"), [
     ({"nvidia.com/mig.capable": "true"}, True),
-    ({"nvidia.com/mig.capable": "false", "nvidia.com/gpu.product": "NVIDIA-H100"}, False),
-    ({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, True),
+    ({"nvidia.com/mig.capable": "false", **dev("2330")}, False),  # GFD's word wins
+    ({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, False),  # no product-name guess
     ({"nvidia.com/gpu.product": "NVIDIA-L40S"}, False),
-    ({"nvidia.com/gpu.product": "NVIDIA-H100", "nvidia.com/vgpu.host-driver-version": "550"}, False),
+    ({**dev("2330"), "nvidia.com/vgpu.host-driver-version": "550"}, False),
+    (dev("2236"), False),  # A10
+    (dev("26b9"), False),  # L40S
+    ({**dev("26b9"), **dev("2330")}, True),  # one MIG-capable model is enough
+    ({"feature.node.kubernetes.io/pci-10de_2330.present": "false"}, False),
 ])
 def test_mig_capable(labels: dict[str, str], capable: bool) -> None:
     assert mig_capable(labels) is capable
+
+
+# Device IDs of every MIG-capable model our MIG layouts list (mig-layouts.txt), by name.
+@pytest.mark.parametrize(("model", "device"), [
+    ("A30", "20b7"), ("A100 SXM4 40GB", "20b0"), ("A100 SXM4 80GB", "20b2"), ("A100 PCIe 80GB", "20b5"),
+    ("H100 SXM5", "2330"), ("H100 PCIe", "2331"), ("H100 NVL", "2321"), ("H200 SXM", "2335"),
+    ("GH200", "2342"), ("B200", "2901"), ("GB200", "2941"),
+])
+def test_every_mig_capable_model_is_known_by_its_device_id(model: str, device: str) -> None:
+    assert mig_capable({**GPU, **dev(device)}), model
 
 
 def test_mig_manager_and_default_mig_config() -> None:

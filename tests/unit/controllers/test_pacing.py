@@ -168,7 +168,7 @@ def test_the_first_patch_leaves_before_the_fleets_changes_are_all_known(monkeypa
 
 def test_a_failing_change_stops_the_pass_and_its_other_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     def failing(*args: Any, **kwargs: Any) -> Any:
-        if args[-1] == "n40":
+        if args[4] == "n40":  # desired_change(labels, annotations, policy, driver, node, gfd)
             raise ValueError("no change for n40")
         return desired_change(*args, **kwargs)
 

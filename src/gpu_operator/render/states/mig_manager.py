@@ -54,6 +54,21 @@ exec nvidia-mig-manager
 """
 
 
+@functools.cache
+def mig_capable_devices() -> frozenset[str]:
+    """PCI device IDs (lower-case hex, vendor 10de) of every GPU model our MIG layouts list: the
+    MIG-capable models (A30, A100, H100, H200, GH200, B200, GB200 ...). mig-parted's device filters
+    read `0x<device><vendor>` (0x233010DE: device 2330 of vendor 10de)."""
+    out: set[str] = set()
+    for line in LAYOUTS.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        devices = line.split()[1]
+        if devices != "*":
+            out.update(d[2:6].lower() for d in devices.split(",") if d.upper().endswith("10DE"))
+    return frozenset(out)
+
+
 @functools.cache  # a constant: dumping it costs ~10 ms, once per reconcile otherwise
 def default_mig_config() -> str:
     """mig-parted's config of every known layout (data/mig-layouts.txt) plus all-disabled/all-enabled."""
