@@ -19,6 +19,7 @@ from gpu_operator.render.facts import NodeFacts
 from gpu_operator.vocabulary import (
     COMPONENT,
     CONTROLLER_REVISION_HASH,
+    GFD_LABELS_ANNOTATION,
     GPU_PRESENT,
     HASH_ANNOTATION,
     NFD_PREFIX,
@@ -31,8 +32,9 @@ from gpu_operator.vocabulary import (
 
 UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 # What the node labeller and the KubeVirt sync read: the upgrade switch, a mixed node's passthrough
-# list, the probe's published GPU facts.
-KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION)
+# list, the probe's published GPU facts, the GFD labels the labeller wrote (controllers/gfdlabels.py).
+KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION,
+                    GFD_LABELS_ANNOTATION)
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gfdlabels import gfd_change, gfd_node_of, mirrored, written
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
 from gpu_operator.render.states.mig_manager import LAYOUTS, mig_capable_devices
@@ -137,3 +138,12 @@ def test_mig_layout_device_filters_are_pci_ids() -> None:
             for device in line.split()[1].split(","):
                 assert re.fullmatch(r"0x[0-9A-F]{4}10DE", device), line
     assert {"20b7", "2330", "2335", "2901", "2941"} <= mig_capable_devices()
+
+
+def test_the_node_view_keeps_what_the_mirror_reads() -> None:
+    """The operator's node views drop annotations nobody reads; the mirror reads its own list."""
+    view = NodeView.of_parts("n1", {**GPU, "nvidia.com/gpu.product": "NVIDIA-A10"},
+                             {GFD_LABELS_ANNOTATION: "gpu.product", "other.example/x": "y"})
+    assert view.annotations == {GFD_LABELS_ANNOTATION: "gpu.product"}
+    assert desired_change(view.labels, view.annotations, MIRROR, gfd=None).labels == {
+        "nvidia.com/gpu.product": None, **desired_change(view.labels, {}, MIRROR, gfd=None).labels}
