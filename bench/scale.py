@@ -11,7 +11,6 @@ import os
 import platform
 import pstats
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ from gpu_operator.kube.crds import apply_crds  # noqa: E402
 from gpu_operator.sim import binaries, nodes, session  # noqa: E402
 from gpu_operator.sim.auditlog import AuditReader  # noqa: E402
 from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
-from gpu_operator.sim.draplugin import SlicePublisher  # noqa: E402
+from gpu_operator.sim.standins import StandIns  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SHAPE = "dgx-h100"
@@ -151,6 +150,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
     sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     client = AsyncClient(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     running: list[Subject] = []  # stopped in `finally`, so a failed run leaves no operator behind
+    node_standins: StandIns | None = None
     try:
         t = time.monotonic()
         await create_nodes(client, shapes.nodes([f"{SHAPE}:{n}"]), args.concurrency)
@@ -175,6 +175,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         else:
             apply_crds(sync)
         sync.create(Namespace(metadata={"name": session.OPERATOR_NAMESPACE}))  # type: ignore[arg-type]
+        # What GFD, the device plugin (through the kubelet) and the DRA kubelet plugin do on a node once
+        # their pods run there (sim/standins.py, as `sim up` runs them): the operator sees the honest flow.
+        node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig)).start()
         subject: Subject = (start_peer(plane, args.peer_cmd) if who == "peer" else
                             start_ours(plane, args.concurrency,
                                        results_dir / f"operator-{n}.prof" if args.profile else None))
@@ -195,11 +198,6 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         say(f"{who} CPU under churn {out['churn_cpu_fraction']:.1%} of a core over {args.churn_seconds:.0f}s")
 
         watch = LabelWatch(client, wanted=DRA_WANTED if args.gpucluster else WANTED, existing=n)
-        publisher = None
-        if args.gpucluster:  # the DRA kubelet plugin's ResourceSlices (the simulator's stand-in)
-            publisher = SlicePublisher(Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench"))
-            stop_slices = threading.Event()
-            threading.Thread(target=publisher.run, args=(stop_slices, 1.0), daemon=True).start()
         watcher = asyncio.create_task(watch.run())
         await asyncio.wait_for(watch.started.wait(), 30 + n / 100)
         cpu0 = proc_stats(pid).cpu_seconds
@@ -310,9 +308,6 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = stats.rss_peak_mb, stats.rss_mb, stats.cpu_seconds
         whole_run = completed(AuditReader(plane.audit_log))
         out["writes_total_audit"], out["writes_by_kind"] = audit_writes(whole_run, OPERATOR_USER)
-        if publisher is not None:
-            stop_slices.set()
-            publisher.client.close()
         out["operator_exit"] = subject.stop(60)
         out["load_at_end"] = load()
         say(f"idle writes: audit {out['idle_writes_audit']}, metric {out['idle_writes_metric']}; "
@@ -322,6 +317,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
     finally:
         for started in running:
             started.stop(60)
+        if node_standins is not None:
+            node_standins.stop()
         await client.close()
         sync.close()
     return out

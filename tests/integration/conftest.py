@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Namespace
 
-from gpu_operator.sim import nodes
+from gpu_operator.sim import nodes, standins
 from gpu_operator.sim.controlplane import ControlPlane
 from tests.support.cleanup import delete_if_present
 from tests.support.planes import admin_client, running_plane
@@ -29,6 +29,32 @@ def kube(control_plane: ControlPlane) -> Iterator[Client]:
     """An admin lightkube client."""
     with admin_client(control_plane) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def node_standins(control_plane: ControlPlane) -> Iterator[standins.StandIns]:
+    """What node components do on kwok nodes once their pods run there, for the whole session
+    (sim/standins.py, as `sim up` runs them): GPU feature discovery's NodeFeature, the device
+    plugin's `nvidia.com/gpu` capacity, the DRA kubelet plugin's ResourceSlice."""
+    with standins.running(KubeConfig.from_file(control_plane.admin_kubeconfig)) as running:
+        yield running
+    assert running.error is None, f"the stand-ins failed: {running.error!r}"
+
+
+@pytest.fixture(autouse=True)
+def _node_standins_with_the_plane(request: pytest.FixtureRequest) -> None:
+    """Every test on the shared control plane gets the node stand-ins (started by the first)."""
+    if "control_plane" in request.fixturenames:
+        request.getfixturevalue("node_standins")
+
+
+@pytest.fixture
+def nfd_master(control_plane: ControlPlane) -> Iterator[standins.StandIns]:
+    """NFD's master (sim/nfdmaster.py) for one test: NodeFeature labels onto the Nodes, as on a
+    cluster whose user runs NFD. Opt-in: by default nothing plays it."""
+    with standins.running(KubeConfig.from_file(control_plane.admin_kubeconfig), nodes=False, nfd=True) as running:
+        yield running
+    assert running.error is None, f"the NFD master stand-in failed: {running.error!r}"
 
 
 @pytest.fixture

@@ -1,11 +1,11 @@
 """GPUCluster on the real control plane: the DRA stack applied, GPU nodes labelled for it, the real
 scheduler allocating ResourceClaims against the slices the simulator's kubelet-plugin stand-in
-publishes (sim/draplugin.py), the ClusterPolicy exclusion, switched-off features deleted, and the
-ordered teardown (claim holders first, then the finalizer, then the garbage collector)."""
+publishes (sim/draplugin.py, run for the session by conftest's node stand-ins), the ClusterPolicy
+exclusion, switched-off features deleted, and the ordered teardown (claim holders first, then the
+finalizer, then the garbage collector)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +19,6 @@ from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import GPUClusterResource
-from gpu_operator.sim.draplugin import SlicePublisher
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, DRA_STATE_LABELS, deploy_label
 from tests.support.status import condition, policy_status
@@ -81,17 +80,6 @@ def gpucluster(kube: Client) -> Iterator[Callable[[dict[str, Any]], None]]:
     wait_for("its DeviceClasses collected", lambda: not exists(kube, DeviceClass, "gpu.nvidia.com"), timeout=60)
 
 
-@pytest.fixture
-def slices(kube: Client) -> Iterator[SlicePublisher]:
-    publisher = SlicePublisher(kube)
-    stop = threading.Event()
-    thread = threading.Thread(target=publisher.run, args=(stop, 0.5), daemon=True)
-    thread.start()
-    yield publisher
-    stop.set()
-    thread.join(timeout=10)
-
-
 def labels(kube: Client, node: str) -> dict[str, str]:
     return dict(kube.get(Node, node).metadata.labels or {})
 
@@ -143,7 +131,7 @@ def bring_up(kube: Client, start_operator: Start, gpucluster: Callable[[dict[str
 
 def test_the_dra_stack_comes_up_and_claims_are_allocated_on_gpu_nodes(
         kube: Client, fake_nodes: Nodes, start_operator: Start, operator_namespace: str,
-        slices: SlicePublisher, gpucluster: Callable[[dict[str, Any]], None], namespace: str) -> None:
+        gpucluster: Callable[[dict[str, Any]], None], namespace: str) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2")
     (cpu_node,) = fake_nodes("cpu:1")
     context = bring_up(kube, start_operator, gpucluster, {"draDriver": IMAGE, "dcgmExporter": {}})
@@ -200,7 +188,7 @@ def test_the_dra_stack_comes_up_and_claims_are_allocated_on_gpu_nodes(
 
 
 def test_a_clusterpolicy_beside_a_gpucluster_stops_both_and_flips_no_label(
-        kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
+        kube: Client, fake_nodes: Nodes, start_operator: Start,
         cluster_policies: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None]) -> None:
     gpu_nodes = fake_nodes("dgx-h100:1")
     context = bring_up(kube, start_operator, gpucluster, {"draDriver": IMAGE})
@@ -225,7 +213,7 @@ def test_a_clusterpolicy_beside_a_gpucluster_stops_both_and_flips_no_label(
 
 
 def test_nvidiadrivers_manage_the_dra_stack_driver(
-        kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
+        kube: Client, fake_nodes: Nodes, start_operator: Start,
         nvidia_drivers: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None],
         operator_namespace: str) -> None:
     """Without a ClusterPolicy, NVIDIADrivers install the driver of a GPUCluster's nodes (as NVIDIA's
@@ -251,7 +239,7 @@ def test_nvidiadrivers_manage_the_dra_stack_driver(
 
 
 def test_leaving_dra_keeps_the_driver_label_while_a_pod_holds_a_gpu_claim(
-        kube: Client, fake_nodes: Nodes, start_operator: Start, slices: SlicePublisher,
+        kube: Client, fake_nodes: Nodes, start_operator: Start,
         cluster_policies: Callable[..., str], gpucluster: Callable[[dict[str, Any]], None], namespace: str) -> None:
     """GPUCluster -> ClusterPolicy: nvidia.com/gpu.deploy.dra-driver stays on the node where a user's
     pod still holds a gpu.nvidia.com claim (its plugin must unprepare it), and goes once the pod is

@@ -8,12 +8,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Event, Node
+from lightkube.resources.core_v1 import Event, Node, Pod
 
 from gpu_operator.sim.controlplane import ControlPlane
 from tests.support.hostsim import fakehost
+from tests.support.waiting import wait_for
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 
@@ -52,9 +54,17 @@ def test_probe_reports_a_host_driver_on_a_passthrough_node_as_a_warning_event(
     assert kube.get(Node, node).metadata.labels.get("nvidia.com/gpu.probe.status") == "error"
 
 
-def test_plugin_validation_sees_allocatable_gpus(control_plane: ControlPlane,
+def test_plugin_validation_sees_allocatable_gpus(control_plane: ControlPlane, kube: Client, namespace: str,
                                                  fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
-    node = fake_nodes("dgx-h100:1")[0]  # allocatable nvidia.com/gpu: 8
+    node = fake_nodes("dgx-h100:1")[0]
+    # nothing allocatable until the device plugin runs there (the stand-in plays it, sim/kubeletdp.py)
+    assert "nvidia.com/gpu" not in (kube.get(Node, node).status.allocatable or {})
+    kube.create(cast(Pod, Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "device-plugin", "namespace": namespace, "labels": {"app": "nvidia-device-plugin-daemonset"}},
+        "spec": {"nodeName": node, "containers": [{"name": "plugin", "image": "example.invalid/device-plugin:1"}]}})))
+    wait_for("allocatable GPUs", lambda: (kube.get(Node, node).status.allocatable or {}).get("nvidia.com/gpu"),
+             until=lambda n: n == "8")
     root = tmp_path / "root"
     fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", root)
     env_args = ["validate", "--component", "plugin", f"--host-root={root}"]

@@ -44,7 +44,7 @@ def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> No
         state = SimState.load(where)
         assert state is not None
         assert [p.name for p in state.alive()] == ["etcd", "egress-proxy", "kube-apiserver", "kube-controller-manager",
-                                                   "kube-scheduler", "kwok", "dra-plugin"]
+                                                   "kube-scheduler", "kwok", "stand-ins"]
         client = Client(KubeConfig.from_file(state.kubeconfig))
         assert sorted(str(n.metadata.name) for n in client.list(Node)) == ["cpu-0", "dgx-h100-0", "dgx-h100-1"]
         client.close()
@@ -60,7 +60,7 @@ def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> No
     assert down.returncode == 0, down.stderr
     (line,) = [ln for ln in down.stderr.splitlines() if ln.startswith("sim: stopped ")]
     stopped = line.removeprefix("sim: stopped ").split(" (logs kept")[0].split(", ")
-    assert {"kwok", "dra-plugin", "kube-apiserver", "etcd"} <= set(stopped), stopped
+    assert {"kwok", "stand-ins", "kube-apiserver", "etcd"} <= set(stopped), stopped
     assert not any(p.alive for p in state.processes)
     assert processes_mentioning(where) == []
     assert "nothing running" in sim("down", "--dir", str(where)).stdout

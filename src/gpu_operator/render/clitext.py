@@ -143,7 +143,7 @@ def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | 
             raise InputError("give --policy FILE (a ClusterPolicy), --nvidiadriver FILE (NVIDIADrivers), both, "
                              "or --gpucluster FILE (a GPUCluster)")
         cluster = load_nodes(nodes) if nodes else []
-        cluster += node_shapes.nodes(shapes)
+        cluster += node_shapes.nodes(shapes, settled=True)  # the steady state: GFD and the device plugin ran
         if as_labelled:
             label_gpu_nodes(cluster)
         facts = ClusterFacts.from_nodes(cluster, namespace=namespace, k8s_version=k8s_version,

@@ -1,7 +1,15 @@
 """Fake GPU node shapes: data (YAML beside this module) turned into Node manifests.
 
-The same shapes feed the simulator (kwok-managed Nodes) and `gpu-operator render --shape`
-(cluster facts without a cluster), so both see identical labels and nodeInfo.
+A shape describes a host: its OS and kernel, its GPUs as NVML would report them, where their
+driver comes from. From it come three views:
+
+- `Shape.node()`: the Node as it is created (the simulator's kwok Nodes): what the kubelet and
+  Node Feature Discovery (or our node-discovery agent) put there, nothing more. No GPU feature
+  discovery (GFD) label, no `nvidia.com/gpu` capacity: those appear only once GFD's and the device
+  plugin's pods run on the node (the simulator's stand-ins, `gpu_operator.sim.standins`).
+- `Shape.gfd_labels()`: the labels GFD publishes for such a host (its NodeFeature's spec.labels).
+- `Shape.settled_node()`: the steady state (node + GFD labels + the device plugin's capacity), for
+  `gpu-operator render --shape`, which describes a cluster whose operands already run.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from gpu_operator.vocabulary import (
     KERNEL_FULL,
     MIG_CAPABLE,
     NFD,
+    NFD_DEVICE_LABEL_PREFIX,
     NFD_GPU_LABELS,
+    NVIDIA,
     OS_ID,
     OS_VERSION_ID,
     OS_VERSION_MAJOR,
@@ -30,10 +40,36 @@ from gpu_operator.vocabulary import (
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
 SHAPE_LABEL = "gpu-operator.sim/shape"
+GPU_RESOURCE = f"{NVIDIA}/gpu"
+# The driver every simulated GPU node runs (the host driver of sim/realspec.py's trees; the
+# operator's driver container is played by kwok, so one version stands for both) and the CUDA
+# version that driver reports (cuDriverGetVersion).
+DRIVER_VERSION = "550.127.05"
+CUDA_DRIVER_VERSION = (12, 4)
+# Where a shape's GPUs get their driver: the operator's driver container, the host, or vfio-pci
+# (passed through to VMs: no NVML, so neither GFD nor the device plugin sees them).
+GPU_DRIVERS = ("operator", "host", "vfio-pci")
 
 
 class ShapeError(ValueError):
     """A shape name, count or file is wrong; the message says which and how to fix it."""
+
+
+def sanitise(value: str) -> str:
+    """GFD's label-value form of a name: only [A-Za-z0-9-_. ] kept, runs of blanks become "-"
+    (k8s-device-plugin internal/lm/resource.go)."""
+    return "-".join(re.sub(r"[^A-Za-z0-9\-_. ]", "", value).split())
+
+
+def arch_family(major: int, minor: int) -> str:
+    """GFD's `nvidia.com/gpu.family` for a CUDA compute capability (internal/lm/resource.go)."""
+    families = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
+                10: "blackwell", 12: "blackwell", 13: "rubin"}
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return families.get(major, "undefined")
 
 
 @dataclass(frozen=True)
@@ -45,15 +81,33 @@ class Shape:
     kernel: str
     runtime: str
     capacity: dict[str, str]
+    machine: str = ""
     gpu_count: int = 0
     gpu_vendor_device: str = ""
-    gpu_product: str = ""
-    mig_capable: bool | None = None
-    gfd_labels: bool = True
+    gpu_name: str = ""
+    gpu_memory_mib: int = 0
+    gpu_compute_capability: str = ""
+    mig_capable: bool = False
+    gpu_driver: str = "operator"
     extra_labels: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def gpu_product(self) -> str:
+        """GFD's `nvidia.com/gpu.product`: the NVML device name, sanitised."""
+        return sanitise(self.gpu_name)
+
+    @property
+    def host_driver(self) -> bool:
+        return self.gpu_driver == "host"
+
+    @property
+    def nvidia_gpus(self) -> int:
+        """The GPUs NVML sees (on the nvidia driver): none where they sit on vfio-pci."""
+        return 0 if self.gpu_driver == "vfio-pci" else self.gpu_count
+
     def labels(self, node_name: str) -> dict[str, str]:
-        """NFD-style labels (and GFD-style ones where the shape implies them)."""
+        """The Node's labels at creation: the kubelet's, NFD's (or our node-discovery agent's:
+        the same keys), the simulator's own (`type`, the shape) and the spec's extra labels."""
         labels = {
             "kubernetes.io/hostname": node_name,
             "kubernetes.io/os": "linux",
@@ -66,22 +120,19 @@ class Shape:
             KERNEL_FULL: self.kernel,
             f"{NFD}/cpu-model.vendor_id": "Intel",
         }
+        if "." in self.os_version_id:
+            labels[f"{OS_VERSION_ID}.minor"] = self.os_version_id.split(".")[1]
         if self.gpu_count:
             labels[NFD_GPU_LABELS[0]] = "true"
-            if self.gfd_labels:
-                labels[GPU_COUNT] = str(self.gpu_count)
-                if self.gpu_product:
-                    labels[GPU_PRODUCT] = self.gpu_product
-                if self.mig_capable is not None:
-                    labels[MIG_CAPABLE] = str(self.mig_capable).lower()
+            device = self.gpu_vendor_device.partition(":")[2].lower()
+            if device:
+                labels[f"{NFD_DEVICE_LABEL_PREFIX}{device}.present"] = "true"
         labels.update(self.extra_labels)
         return labels
 
     def node(self, node_name: str) -> dict[str, Any]:
-        """A Node manifest for this shape, managed by kwok."""
+        """A Node manifest for this shape as it is created, managed by kwok."""
         capacity = dict(self.capacity)
-        if self.gpu_count and self.gfd_labels:
-            capacity["nvidia.com/gpu"] = str(self.gpu_count)
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -96,7 +147,7 @@ class Shape:
             "spec": {},
             "status": {
                 "capacity": capacity,
-                "allocatable": capacity,
+                "allocatable": dict(capacity),
                 "nodeInfo": {
                     "architecture": "amd64",
                     "operatingSystem": "linux",
@@ -111,6 +162,65 @@ class Shape:
                 },
             },
         }
+
+    def gfd_labels(self, mig_strategy: str = "none", timestamp: int | None = None) -> dict[str, str]:
+        """What GPU feature discovery v0.20.0 publishes for this host with full GPUs (no MIG
+        device configured), its default (no) sharing and no vGPU: internal/lm/nvml.go (versions,
+        mig.capable, mps.capable, gpu.mode), resource.go (product, count, replicas,
+        sharing-strategy, memory, family, compute), mig-strategy.go and strategy.go
+        (`mig.strategy` unless none), machine-type.go, vgpu.go, timestamp.go (`timestamp`: the
+        process start, Unix seconds; None leaves it out, as GFD_NO_TIMESTAMP does). Empty where
+        NVML sees no GPU (no GPU, or all on vfio-pci): GFD then writes nothing. Not covered:
+        fabric-attached GPUs (imex.go's gpu.clique; none of our shapes has an NVLink fabric)."""
+        if not self.nvidia_gpus:
+            return {}
+        major, _, minor = self.gpu_compute_capability.partition(".")
+        driver = DRIVER_VERSION.split(".")
+        cuda_major, cuda_minor = CUDA_DRIVER_VERSION
+        n = NVIDIA
+        labels = {
+            f"{n}/gpu.machine": sanitise(self.machine or "unknown"),
+            f"{n}/cuda.driver.major": driver[0], f"{n}/cuda.driver.minor": driver[1],
+            f"{n}/cuda.driver.rev": driver[2] if len(driver) > 2 else "",
+            f"{n}/cuda.runtime.major": str(cuda_major), f"{n}/cuda.runtime.minor": str(cuda_minor),
+            f"{n}/cuda.driver-version.major": driver[0], f"{n}/cuda.driver-version.minor": driver[1],
+            f"{n}/cuda.driver-version.revision": driver[2] if len(driver) > 2 else "",
+            f"{n}/cuda.driver-version.full": DRIVER_VERSION,
+            f"{n}/cuda.runtime-version.major": str(cuda_major),
+            f"{n}/cuda.runtime-version.minor": str(cuda_minor),
+            f"{n}/cuda.runtime-version.full": f"{cuda_major}.{cuda_minor}",
+            MIG_CAPABLE: str(self.mig_capable).lower(),
+            f"{n}/mps.capable": "false",
+            GPU_PRODUCT: self.gpu_product,
+            GPU_COUNT: str(self.nvidia_gpus),
+            f"{n}/gpu.replicas": "1",
+            f"{n}/gpu.sharing-strategy": "none",
+            f"{n}/gpu.mode": "compute",  # PCI class 0302 (3D controller), as every shape's GPU
+            f"{n}/vgpu.present": "false",
+        }
+        if self.gpu_memory_mib:
+            labels[f"{n}/gpu.memory"] = str(self.gpu_memory_mib)
+        if major and int(major):
+            labels.update({f"{n}/gpu.family": arch_family(int(major), int(minor or 0)),
+                           f"{n}/gpu.compute.major": major, f"{n}/gpu.compute.minor": minor or "0"})
+        if mig_strategy in ("single", "mixed"):
+            labels[f"{n}/mig.strategy"] = mig_strategy
+        if timestamp is not None:
+            labels[f"{n}/gfd.timestamp"] = str(timestamp)
+        return labels
+
+    def device_plugin_resources(self) -> dict[str, str]:
+        """What NVIDIA's device plugin registers with the kubelet (full GPUs, no sharing)."""
+        return {GPU_RESOURCE: str(self.nvidia_gpus)} if self.nvidia_gpus else {}
+
+    def settled_node(self, node_name: str, mig_strategy: str = "none") -> dict[str, Any]:
+        """The Node once GFD's labels are on it and the device plugin has registered its GPUs
+        (GFD's timestamp left out): the steady state `render --shape` describes."""
+        node = self.node(node_name)
+        node["metadata"]["labels"].update(self.gfd_labels(mig_strategy))
+        for key in ("capacity", "allocatable"):
+            node["status"][key].update(self.device_plugin_resources())
+        return node
 
 
 def names() -> list[str]:
@@ -127,6 +237,9 @@ def load(name: str) -> Shape:
     raw = yaml.safe_load(path.read_text()) or {}
     gpu = raw.get("gpu") or {}
     os_ = raw["os"]
+    driver = str(gpu.get("driver", "operator"))
+    if driver not in GPU_DRIVERS:
+        raise ShapeError(f"shape {name}: gpu.driver {driver!r}: choose one of {', '.join(GPU_DRIVERS)}")
     return Shape(
         name=name,
         description=raw.get("description", ""),
@@ -135,11 +248,14 @@ def load(name: str) -> Shape:
         kernel=str(raw["kernel"]),
         runtime=str(raw["runtime"]),
         capacity={k: str(v) for k, v in raw["capacity"].items()},
+        machine=str(raw.get("machine", "")),
         gpu_count=int(gpu.get("count", 0)),
         gpu_vendor_device=str(gpu.get("vendor_device", "")),
-        gpu_product=str(gpu.get("product", "")),
-        mig_capable=gpu.get("mig_capable"),
-        gfd_labels=bool(gpu.get("gfd_labels", True)),
+        gpu_name=str(gpu.get("name", "")),
+        gpu_memory_mib=int(gpu.get("memory_mib", 0)),
+        gpu_compute_capability=str(gpu.get("compute_capability", "")),
+        mig_capable=bool(gpu.get("mig_capable", False)),
+        gpu_driver=driver,
         extra_labels={k: str(v) for k, v in (raw.get("extra_labels") or {}).items()},
     )
 
@@ -162,14 +278,17 @@ def parse_spec(spec: str) -> tuple[Shape, int]:
     return shape, count
 
 
-def nodes(specs: list[str], start: int = 0) -> list[dict[str, Any]]:
+def nodes(specs: list[str], start: int = 0, settled: bool = False) -> list[dict[str, Any]]:
     """Node manifests for `NAME[:COUNT][,KEY=VALUE...]` specs, named `<shape>-<index>` (numbered
-    across specs of the same shape, so `dgx-h100:2,pool=a dgx-h100:2,pool=b` gives four nodes)."""
+    across specs of the same shape, so `dgx-h100:2,pool=a dgx-h100:2,pool=b` gives four nodes):
+    as created (`Shape.node`), or with `settled` as they are once GFD and the device plugin ran
+    (`Shape.settled_node`)."""
     out: list[dict[str, Any]] = []
     used: dict[str, int] = {}
     for spec in specs:
         shape, count = parse_spec(spec)
         first = start + used.get(shape.name, 0)
         used[shape.name] = used.get(shape.name, 0) + count
-        out.extend(shape.node(f"{shape.name}-{first + i}") for i in range(count))
+        make = shape.settled_node if settled else shape.node
+        out.extend(make(f"{shape.name}-{first + i}") for i in range(count))
     return out

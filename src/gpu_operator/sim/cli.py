@@ -15,7 +15,7 @@ sim_app = typer.Typer(
 DirOption = Annotated[Path | None, typer.Option(
     "--dir", help="State and work directory [default: ~/.cache/gpu-operator/sim/current].")]
 ShapeOption = Annotated[list[str] | None, typer.Option(
-    "--shape", help="Fake nodes as SHAPE[:COUNT] (repeatable); shapes: dgx-h100, host-driver, "
+    "--shape", help="Fake nodes as SHAPE[:COUNT] (repeatable); shapes: dgx-h100, a10, host-driver, "
     "vfio-passthrough, cpu. [default: dgx-h100:4]")]
 
 
@@ -74,7 +74,10 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
        operator: Annotated[bool, typer.Option(help="Also start the operator (and apply the CRDs).")] = False,
        real_node: RealNodeOption = False, real_node_shape: RealNodeShapeOption = "host-driver",
        helm: HelmOption = False, values: ValuesOption = None, set_values: SetOption = None,
-       kubernetes: KubernetesOption = "current") -> None:
+       kubernetes: KubernetesOption = "current",
+       nfd: Annotated[bool, typer.Option(
+           "--nfd", help="Also play NFD's master: NodeFeature labels (GPU feature discovery's) onto the "
+           "Nodes, as on a cluster whose user runs NFD (the chart's nfd.enabled=false).")] = False) -> None:
     """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
@@ -88,14 +91,20 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
                                  param_hint="--operator")
     if (values or set_values) and not helm:
         raise typer.BadParameter("--values and --set are for --helm", param_hint="--values/--set")
+    from gpu_operator.sim.helm import HelmInstallError, user_layers
+    from gpu_operator.sim.reuse import refuse_unusable
+
     try:
+        user_layers(values or [], set_values or [])  # bad input stops here, before anything starts
+        refuse_unusable(_dir(directory), shape, real_node_shape if real_node else None)
         state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
-                              real_node=real_node_shape if real_node else None, kubernetes=kubernetes)
+                              real_node=real_node_shape if real_node else None, kubernetes=kubernetes,
+                              nfd=nfd)
         if operator:
             session.start_operator(state, _progress)
         if helm:
             session.install_chart(state, values or [], set_values or [], _progress)
-    except (session.SimError, ShapeError, RealNodeError) as err:
+    except (session.SimError, ShapeError, RealNodeError, HelmInstallError) as err:
         raise _fail(err) from err
     typer.echo(f"export KUBECONFIG={state.kubeconfig}")
 
@@ -167,9 +176,11 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
     from gpu_operator.sim import session
     from gpu_operator.sim.demo import demo as run_demo
     from gpu_operator.sim.realnode import RealNodeError
+    from gpu_operator.sim.reuse import refuse_unusable
     from gpu_operator.statusview.render import make_console
 
     try:
+        refuse_unusable(_dir(directory), shape, real_node_shape if real_node else None)
         code = run_demo(_dir(directory), shape or session.DEFAULT_SHAPES, keep, timeout, make_console(),
                         real_node=real_node_shape if real_node else None, helm=helm, gpucluster=gpucluster,
                         kubernetes=kubernetes)
@@ -178,12 +189,13 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
     raise typer.Exit(code)
 
 
-@sim_app.command("dra-plugin", hidden=True)
-def dra_plugin(kubeconfig: Annotated[str, typer.Option(help="Admin kubeconfig of the simulator.")]) -> None:
-    """What NVIDIA's DRA kubelet plugin publishes for kwok nodes (sim/draplugin.py); `sim up` starts it."""
-    from gpu_operator.sim.draplugin import serve
+@sim_app.command("stand-ins", hidden=True)
+def stand_ins(kubeconfig: Annotated[str, typer.Option(help="Admin kubeconfig of the simulator.")],
+              nfd: Annotated[bool, typer.Option("--nfd", help="Also play NFD's master.")] = False) -> None:
+    """What node components do to the API on kwok nodes (sim/standins.py); `sim up` starts it."""
+    from gpu_operator.sim.standins import serve
 
-    serve(kubeconfig)
+    serve(kubeconfig, nfd=nfd)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.shapes import DRIVER_VERSION
 from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
 
 # The operands whose image is ours (the validator, the node-status exporter, the vfio manager
@@ -26,7 +27,8 @@ NO_CHROOT = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
 
 
 def node_labels(shape: str) -> dict[str, str]:
-    """The labels a real node of `shape` carries: the shape's NFD/GPU labels, and
+    """The labels a real node of `shape` carries when it joins: the shape's kubelet and NFD labels
+    (what our probe and GFD would add comes later, from the probe pod), and
     `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image (the operator's
     node labelling keeps an existing value, so those DaemonSets never select this node)."""
     from gpu_operator import shapes
@@ -57,7 +59,7 @@ def policy_spec(host_root: Path | str, base: dict[str, Any] | None = None) -> di
     return spec
 
 
-HOST_DRIVER_VERSION = "550.127.05"
+HOST_DRIVER_VERSION = DRIVER_VERSION  # the version every simulated GPU node runs (shapes)
 _NVIDIA_SMI = f"""#!/bin/sh
 # The host tree's nvidia-smi: answers as a driver {HOST_DRIVER_VERSION} would (there is no GPU here).
 if [ "$1" = "--version" ]; then echo "NVIDIA-SMI version  : {HOST_DRIVER_VERSION}"; exit 0; fi
@@ -85,8 +87,8 @@ def host_spec(shape: str) -> dict[str, Any]:
     found, _ = shapes.parse_spec(shape)
     labels = found.labels(shape)
     vendor, _, device = found.gpu_vendor_device.partition(":")
-    host_driver = labels.get("nvidia.com/gpu.driver.source") == "host"
-    passthrough = labels.get(WORKLOAD_CONFIG) == "vm-passthrough"
+    host_driver = found.host_driver
+    passthrough = found.gpu_driver == "vfio-pci" or labels.get(WORKLOAD_CONFIG) == "vm-passthrough"
     driver = "nvidia" if host_driver else "vfio-pci" if passthrough else None
     spec: dict[str, Any] = {
         "os": {"id": found.os_id, "version_id": found.os_version_id},

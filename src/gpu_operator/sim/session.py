@@ -68,9 +68,10 @@ def _prepare_dir(directory: Path, progress: Progress) -> None:
 
 
 def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True,
-       real_node: str | None = None, kubernetes: str = "current") -> tuple[SimState, bool]:
+       real_node: str | None = None, kubernetes: str = "current", nfd: bool = False) -> tuple[SimState, bool]:
     """Start (or reuse) a detached simulator; returns its state and whether it was started now.
-    `kubernetes` "floor" runs the oldest Kubernetes we support (binaries.KUBERNETES)."""
+    `kubernetes` "floor" runs the oldest Kubernetes we support (binaries.KUBERNETES); `nfd` also
+    plays NFD's master (NodeFeature labels onto Nodes) in the stand-ins process."""
     from gpu_operator import shapes as shapes_mod
 
     if kubernetes not in binaries_mod.KUBERNETES:
@@ -111,7 +112,7 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
         if shapes:
             state.nodes = add_fake_nodes(state, shapes, progress)
             state.save()
-        start_dra_plugin(state, progress)
+        start_standins(state, progress, nfd=nfd)
         if real_node:
             add_real_node(state, found, real_node, progress)
     except BaseException:
@@ -212,15 +213,18 @@ def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> li
         agent.close()
 
 
-def start_dra_plugin(state: SimState, progress: Progress) -> None:
-    """The DRA kubelet plugin's stand-in for kwok nodes (sim/draplugin.py), detached and recorded."""
-    from gpu_operator.sim.draplugin import start_detached
+def start_standins(state: SimState, progress: Progress, nfd: bool = False) -> None:
+    """The stand-ins for what node components do on kwok nodes (sim/standins.py: GPU feature
+    discovery's NodeFeature, the device plugin's capacity, the DRA kubelet plugin's ResourceSlice;
+    with `nfd` NFD's master too), one detached process, recorded."""
+    from gpu_operator.sim.standins import start_detached
 
-    log = Path(state.dir) / "logs" / "dra-plugin.log"
-    pid = start_detached(state.kubeconfig, log)
-    state.add(Proc.of("dra-plugin", pid, log))
+    log = Path(state.dir) / "logs" / "stand-ins.log"
+    pid = start_detached(state.kubeconfig, log, nfd=nfd)
+    state.add(Proc.of("stand-ins", pid, log))
     state.save()
-    progress(f"DRA kubelet-plugin stand-in started (pid {pid}): ResourceSlices for kwok nodes running the plugin")
+    progress(f"node stand-ins started (pid {pid}): GPU feature discovery, device-plugin capacity and DRA "
+             f"ResourceSlices on kwok nodes where their pods run{'; NFD master' if nfd else ''}")
 
 
 def operator_kubeconfig(plane: ControlPlane) -> Path:

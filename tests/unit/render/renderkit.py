@@ -16,7 +16,7 @@ K8S = "1.36.3"
 
 
 def nodes(*specs: str, labelled: bool = True) -> list[dict[str, Any]]:
-    out = shapes.nodes(list(specs))
+    out = shapes.nodes(list(specs), settled=True)  # as `render --shape` sees them
     if labelled:
         label_gpu_nodes(out)
     return out

@@ -52,7 +52,7 @@ def case_name(example: Path, shape: str) -> str:
 
 def rendered_states(example: Path, shape: str) -> dict[str, str]:
     """{state name: file text} for one example policy on one node of one shape."""
-    nodes = shapes.nodes([f"{shape}:1"])
+    nodes = shapes.nodes([f"{shape}:1"], settled=True)  # as `render --shape` sees them
     label_gpu_nodes(nodes)
     facts = ClusterFacts.from_nodes(nodes, namespace=NAMESPACE, k8s_version=K8S_VERSION,
                                     operator_env=dict(CHART_DEFAULT_IMAGES))

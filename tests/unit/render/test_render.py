@@ -233,8 +233,9 @@ def test_precompiled_driver_fans_out_per_kernel_and_deletes_the_other_variant() 
     assert ds["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"] == \
         "5.15.0-119-generic"
     assert ds["metadata"]["labels"]["nvidia.com/precompiled"] == "true"
+    # the version is the branch: NVIDIA's precompiled images are tagged <branch>-<kernel>-<os>
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == \
-        "nvcr.io/nvidia/driver:595.91.07-5.15.0-119-generic-ubuntu22.04"
+        "nvcr.io/nvidia/driver:595-5.15.0-119-generic-ubuntu22.04"
 
 
 def test_use_nvidia_driver_crd_disables_the_driver_state() -> None:

@@ -1,0 +1,292 @@
+"""The machinery of the simulator's stand-ins (`sim/standins.py`): what they read of a component's
+pod and of a Node, a list + watch that reports only changes (`Reflector`), a coalescing work queue
+with retries (`WorkQueue`), and `NodeStandIns`, which drives the node components' stand-ins
+(`Player`s: `sim/gfd.py`, `sim/kubeletdp.py`, `sim/draplugin.py`) from one watch of their pods."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.operators import in_
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import OnErrorAction, OnErrorResult
+
+from gpu_operator import shapes
+from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, SHAPE_LABEL, Shape, ShapeError
+from gpu_operator.vocabulary import VM_PASSTHROUGH, WORKLOAD_CONFIG
+
+log = logging.getLogger("gpu_operator.sim.standins")  # one logger for all stand-ins
+
+
+def _seconds(value: Any) -> int:
+    """A Kubernetes time (datetime or RFC 3339 text) as Unix seconds; 0 if absent."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return int(value.timestamp())
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the stand-ins read of a component's pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    app: str
+    node: str
+    running: bool  # phase Running and not terminating: the component's process runs
+    started: int  # status.startTime (else creation), Unix seconds
+    daemonset: dict[str, str] | None = None  # its DaemonSet owner reference
+    env: dict[str, str] = field(default_factory=dict)  # literal env values, first container first
+
+    @classmethod
+    def of(cls, pod: Any) -> PodView:
+        meta, spec, status = pod.metadata, pod.spec, pod.status
+        owner = next((r for r in meta.ownerReferences or [] if r.kind == "DaemonSet"), None)
+        env: dict[str, str] = {}
+        for container in (spec.containers if spec else None) or []:
+            for var in container.env or []:
+                if var.value is not None:
+                    env.setdefault(var.name, var.value)
+        return cls(
+            namespace=str(meta.namespace), name=str(meta.name), uid=str(meta.uid or ""),
+            app=str((meta.labels or {}).get("app", "")), node=str((spec.nodeName if spec else None) or ""),
+            running=status is not None and status.phase == "Running" and meta.deletionTimestamp is None,
+            started=_seconds((status.startTime if status else None) or meta.creationTimestamp),
+            daemonset=None if owner is None else {"apiVersion": owner.apiVersion, "kind": owner.kind,
+                                                  "name": owner.name, "uid": owner.uid},
+            env=env)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the stand-ins read of a Node (fetched once, when a component's pod first lands there)."""
+
+    name: str
+    uid: str
+    labels: dict[str, str]
+    capacity: dict[str, str]
+    shape: Shape | None  # None: not a simulator kwok node (no shape label, or not kwok's)
+
+    @classmethod
+    def of(cls, node: Any) -> NodeView:
+        meta, status = node.metadata, node.status
+        labels = dict(meta.labels or {})
+        shape = None
+        if (meta.annotations or {}).get(KWOK_ANNOTATION) == KWOK_ANNOTATION_VALUE and SHAPE_LABEL in labels:
+            with contextlib.suppress(ShapeError):
+                shape = shapes.load(labels[SHAPE_LABEL])
+        capacity = {k: str(v) for k, v in ((status.capacity if status else None) or {}).items()}
+        return cls(name=str(meta.name), uid=str(meta.uid or ""), labels=labels, capacity=capacity, shape=shape)
+
+    @property
+    def nvidia_gpus(self) -> int:
+        """The GPUs NVML sees on this node: its shape's, none where they go to VMs."""
+        if self.shape is None or self.labels.get(WORKLOAD_CONFIG) == VM_PASSTHROUGH:
+            return 0
+        return self.shape.nvidia_gpus
+
+
+class Player(Protocol):
+    """One component's stand-in: `sync` is called with the component's pods on a node (any
+    phase) whenever they change; it returns seconds after which to be called again, or None."""
+
+    app: str  # the component's pod label app=<app>
+    field_manager: str
+
+    async def start(self, client: AsyncClient) -> None: ...
+
+    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
+                   pods: list[PodView]) -> float | None: ...
+
+
+def describe(err: Exception) -> str:
+    """An API failure in one line: the apiserver's message, or the HTTP status and path."""
+    if isinstance(err, ApiError):
+        return str(err.status.message)
+    response = getattr(err, "response", None)
+    if response is not None:
+        return f"{response.status_code} {response.reason_phrase} for {response.request.url.path}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _watch_errors(err: Exception, count: int) -> OnErrorResult:
+    """Resume a broken watch from its last version; a version too old (410) ends it: relist."""
+    if isinstance(err, ApiError) and err.status.code == 410:
+        return OnErrorResult(OnErrorAction.STOP)
+    return OnErrorResult(OnErrorAction.RETRY, sleep=min(0.2 * count, 5.0))
+
+
+class Reflector:
+    """List + watch of one resource (label-selected, every namespace); `on_change(old, new)` for
+    each object added, changed or removed (None on the missing side). A watch too old or a failed
+    one relists and reports only the difference."""
+
+    def __init__(self, client: AsyncClient, resource: Any, labels: dict[str, Any],
+                 view: Callable[[Any], Any], on_change: Callable[[Any, Any], None], what: str) -> None:
+        self.client, self.resource, self.labels = client, resource, labels
+        self.view, self.on_change, self.what = view, on_change, what
+        self.objects: dict[tuple[str, str], Any] = {}
+        self.synced = asyncio.Event()
+        self.last_error = ""
+
+    def _see(self, key: tuple[str, str], new: Any) -> None:
+        old = self.objects.get(key)
+        if new is None:
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = new
+        if old != new:
+            self.on_change(old, new)
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                listed = self.client.list(self.resource, namespace="*", labels=self.labels)
+                seen: dict[tuple[str, str], Any] = {}
+                async for obj in listed:
+                    seen[(str(obj.metadata.namespace), str(obj.metadata.name))] = self.view(obj)
+                for key in set(self.objects) - set(seen):
+                    self._see(key, None)
+                for key, new in seen.items():
+                    self._see(key, new)
+                self.synced.set()
+                failures, self.last_error = 0, ""
+                async for kind, obj in self.client.watch(self.resource, namespace="*", labels=self.labels,
+                                                         resource_version=listed.resourceVersion,
+                                                         on_error=_watch_errors):
+                    key = (str(obj.metadata.namespace), str(obj.metadata.name))
+                    self._see(key, None if kind == "DELETED" else self.view(obj))
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - an outage or a missing CRD: list again later
+                failures += 1
+                message = describe(err)
+                if message != self.last_error:  # once per distinct failure
+                    log.warning("%s: %s; listing again", self.what, message)
+                self.last_error = message
+                await asyncio.sleep(min(0.5 * failures, 5.0))
+
+
+class WorkQueue:
+    """Keys to handle, each at most once at a time and coalesced while waiting; `concurrency`
+    workers. A failed key comes back with a growing delay; a handler may ask to be called again."""
+
+    def __init__(self, handler: Callable[[Any], Awaitable[float | None]], concurrency: int, what: str) -> None:
+        self.handler, self.concurrency, self.what = handler, concurrency, what
+        self.queue: asyncio.Queue[Hashable] = asyncio.Queue()
+        self.waiting: set[Hashable] = set()
+        self.busy: set[Hashable] = set()
+        self.again: set[Hashable] = set()
+        self.failures: dict[Hashable, int] = {}
+        self.errors: dict[Hashable, str] = {}
+
+    def add(self, key: Hashable) -> None:
+        if key in self.busy:
+            self.again.add(key)
+        elif key not in self.waiting:
+            self.waiting.add(key)
+            self.queue.put_nowait(key)
+
+    def later(self, key: Hashable, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.add, key)
+
+    async def worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self.waiting.discard(key)
+            self.busy.add(key)
+            try:
+                delay = await self.handler(key)
+                self.failures.pop(key, None)
+                self.errors.pop(key, None)
+                if delay is not None:
+                    self.later(key, delay)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - retried; logged once per distinct error
+                count = self.failures[key] = self.failures.get(key, 0) + 1
+                message = describe(err)
+                if self.errors.get(key) != message:
+                    log.warning("%s %s: %s (retrying)", self.what, key, message)
+                self.errors[key] = message
+                self.later(key, min(0.5 * 2 ** min(count, 5), 10.0))
+            finally:
+                self.busy.discard(key)
+                if key in self.again:
+                    self.again.discard(key)
+                    self.add(key)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(self.worker(), name=f"{self.what}-{i}") for i in range(self.concurrency)]
+
+
+class NodeStandIns:
+    """The node components' stand-ins (`players`) driven by one watch of their pods."""
+
+    def __init__(self, client: AsyncClient, players: list[Player], concurrency: int = 16) -> None:
+        self.client, self.players = client, {p.app: p for p in players}
+        self.by_node: dict[tuple[str, str], dict[tuple[str, str], PodView]] = {}
+        self.nodes: dict[str, NodeView | None] = {}
+        self.queue = WorkQueue(self.handle, concurrency, "stand-in")
+        self.pods = Reflector(client, Pod, {"app": in_(sorted(self.players))}, PodView.of, self.changed,
+                              "component pods")
+
+    def changed(self, old: PodView | None, new: PodView | None) -> None:
+        for pod, present in ((old, False), (new, True)):
+            if pod is None or not pod.node or pod.app not in self.players:
+                continue
+            key = (pod.app, pod.node)
+            on_node = self.by_node.setdefault(key, {})
+            if present:
+                on_node[(pod.namespace, pod.name)] = pod
+            else:
+                on_node.pop((pod.namespace, pod.name), None)
+            self.queue.add(key)
+
+    async def node(self, name: str) -> NodeView | None:
+        if name not in self.nodes:
+            try:
+                self.nodes[name] = NodeView.of(await self.client.get(Node, name))
+            except ApiError as err:
+                if err.status.code != 404:
+                    raise
+                return None  # not cached: a node that joins later is looked up again
+        return self.nodes[name]
+
+    async def handle(self, key: tuple[str, str]) -> float | None:
+        app, node = key
+        pods = list(self.by_node.get(key, {}).values())
+        if not pods:
+            self.by_node.pop(key, None)
+        view = await self.node(node)
+        delay = await self.players[app].sync(self.client, node, view, pods)
+        if not any(self.by_node.get((a, node)) for a in self.players):
+            self.nodes.pop(node, None)  # no component left there: a Node of that name may be new next time
+        return delay
+
+    async def run(self) -> None:
+        for player in self.players.values():
+            await player.start(self.client)
+        tasks = [asyncio.create_task(self.pods.run(), name="pods"), *self.queue.tasks()]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+

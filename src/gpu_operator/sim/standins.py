@@ -1,0 +1,149 @@
+"""The simulator's stand-ins for what node components do to the API on kwok nodes, which run no
+container. Each acts only where its component would run, its pod on that node and Running (not
+terminating), and only through the channel that component uses:
+
+- GPU feature discovery (`sim/gfd.py`): the NodeFeature object its pod publishes;
+- the device plugin, through the kubelet (`sim/kubeletdp.py`): `nvidia.com/gpu` in the Node's
+  status capacity and allocatable;
+- NVIDIA's DRA kubelet plugin (`sim/draplugin.py`): the node's ResourceSlice;
+- optionally NFD's master (`sim/nfdmaster.py`), for clusters whose user runs NFD: NodeFeature
+  labels onto the Node. Never on by default (`sim up --nfd`).
+
+What a node has comes from its shape (label gpu-operator.sim/shape), as the real components read
+it from NVML. One list + watch of the components' pods (label-selected, every namespace) drives
+all three node stand-ins; a write happens only when what the component would write changed, so
+5,000 nodes cost one watch and a write per node and change. Everything runs on one asyncio loop:
+`serve` in its own process (`gpu-operator sim stand-ins`, started by `sim up`), `StandIns` in a
+background thread (tests, benches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient
+
+from gpu_operator.sim.draplugin import SlicePublisher
+from gpu_operator.sim.gfd import FeatureDiscovery
+from gpu_operator.sim.kubeletdp import DevicePluginCapacity
+from gpu_operator.sim.nfdmaster import NfdMaster
+from gpu_operator.sim.podwatch import NodeStandIns, Player
+
+log = logging.getLogger("gpu_operator.sim.standins")
+
+
+def default_players(grace_period: float | None = None) -> list[Player]:
+    dp = DevicePluginCapacity() if grace_period is None else DevicePluginCapacity(grace_period=grace_period)
+    return [FeatureDiscovery(), dp, SlicePublisher()]
+
+
+async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
+                  grace_period: float | None = None, ready: Callable[[], None] = lambda: None) -> None:
+    """Run the node stand-ins (`nodes`) and/or NFD's master (`nfd`) until `stop` is set."""
+    client = AsyncClient(config, field_manager="gpu-operator-sim")
+    runners: list[Any] = [NodeStandIns(client, default_players(grace_period))] if nodes else []
+    if nfd:
+        runners.append(NfdMaster(client))
+    tasks = [asyncio.create_task(r.run()) for r in runners]
+    ready()
+    try:
+        waiter = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not waiter and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in [*tasks]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+
+
+class StandIns:
+    """The stand-ins on an asyncio loop in a background thread: `start()`, then `stop()`."""
+
+    def __init__(self, config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None) -> None:
+        self.config, self.nodes, self.nfd, self.grace_period = config, nodes, nfd, grace_period
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="sim-stand-ins", daemon=True)
+        self.error: BaseException | None = None
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            await run_all(self.config, self._stop, nodes=self.nodes, nfd=self.nfd,
+                          grace_period=self.grace_period, ready=self._ready.set)
+
+        try:
+            asyncio.run(main())
+        except BaseException as err:  # noqa: BLE001 - kept for the owner, who asked for a clean stop
+            self.error = err
+        finally:
+            self._ready.set()
+
+    def start(self) -> StandIns:
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the simulator's stand-ins did not stop within {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def running(config: Any, nodes: bool = True, nfd: bool = False,
+            grace_period: float | None = None) -> Iterator[StandIns]:
+    """The stand-ins in a background thread for the `with` block (tests, benches)."""
+    standins = StandIns(config, nodes=nodes, nfd=nfd, grace_period=grace_period).start()
+    try:
+        yield standins
+    finally:
+        standins.stop()
+
+
+def serve(kubeconfig: str, nfd: bool = False) -> None:
+    """`gpu-operator sim stand-ins`: run until SIGTERM/SIGINT (the simulator starts it)."""
+    import signal
+
+    from lightkube import KubeConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx2", "httpcore2"):  # one line per request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("stand-ins for kwok nodes: GPU feature discovery, the device plugin's capacity, the DRA kubelet "
+                 "plugin%s", "; NFD's master" if nfd else "")
+        await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd)
+
+    asyncio.run(main())
+
+
+def start_detached(kubeconfig: str, log_path: Path, nfd: bool = False) -> int:
+    """Start `serve` as its own session (the simulator records and stops it); returns its pid."""
+    import subprocess
+    import sys
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.cli", "sim", "stand-ins",
+                                 f"--kubeconfig={kubeconfig}", *(["--nfd"] if nfd else [])],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid
