@@ -8,7 +8,8 @@ app = typer.Typer(
     name="gpu-operator",
     help=(
         "A drop-in Python implementation of the NVIDIA GPU Operator.\n\n"
-        "Operator: `run`. Offline tools: `render`, `status`. Node agents (run inside pods, or "
+        "Operator: `run`. Offline: `render`. Against a cluster: `status`, `upgrade`, `cleanup`, "
+        "`must-gather`, `crds`. Node agents (run inside pods, or "
         "against a host-root directory): `node`, `validate`, `vfio-manage`, "
         "`node-status-exporter`, `doctor`. Simulator (a real control plane with fake GPU "
         "nodes): `sim`."

@@ -102,5 +102,8 @@ def test_must_gather_collects_the_cluster_state_without_credentials(
     assert log_errors and len(log_errors) == sum(
         len((p["status"].get("initContainerStatuses") or []) + (p["status"].get("containerStatuses") or []))
         for p in pods), log_errors
+    # each says why (a fake node), and the summary groups them into one line that says so
+    assert all(e.endswith("is a fake (kwok) node: no kubelet behind it serves container logs)") for e in log_errors)
+    assert f"{len(log_errors)} container log(s) of pods on 1 fake (kwok) node(s), which serve no logs" in done.stderr
     assert "README.txt" in files and "errors.txt" in files
     assert io.BytesIO(out.read_bytes()).getbuffer().nbytes < 5_000_000

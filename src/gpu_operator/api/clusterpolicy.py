@@ -457,17 +457,8 @@ class ClusterPolicy(Model):
     status: ClusterPolicyStatus | None = None
 
     def warnings(self) -> list[str]:
-        """One line per unknown field (kept as-is, but the operator does not act on it) and per
-        field set in a way that has no effect."""
-        out = unknown_field_warnings(self, "ClusterPolicy", self.metadata.name)
-        driver = self.spec.driver
-        if driver.version and not (driver.repository and driver.image):
-            out.append(
-                f"driver.version {driver.version!r} in ClusterPolicy {self.metadata.name!r} has no effect without "
-                "driver.repository and driver.image: the driver image is the operator's DRIVER_IMAGE as a "
-                "whole (as in NVIDIA's operator); set driver.repository and driver.image too (e.g. "
-                "nvcr.io/nvidia and driver) to pick that version")
-        return out
+        """One line per unknown field (kept as-is, but the operator does not act on it)."""
+        return unknown_field_warnings(self, "ClusterPolicy", self.metadata.name)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         kubeconfig: Annotated[str | None, typer.Option(
             envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
         timeout: Annotated[float, typer.Option(
-            help="Seconds to wait for the ClusterPolicies and NVIDIADrivers to be gone.")] = 120.0,
+            help="Seconds to wait for the GPUClusters, NVIDIADrivers and ClusterPolicies to be gone.")] = 120.0,
         crds: Annotated[bool, typer.Option(
             "--crds", help="Also delete our CRDs, last (the chart's operator.cleanupCRD).")] = False,
         operator_deployment: Annotated[str | None, typer.Option(
@@ -28,25 +28,35 @@ def register(app: typer.Typer) -> None:
         namespace: Annotated[str, typer.Option(
             "--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")] = "gpu-operator",
     ) -> None:
-        """Before an uninstall: delete every ClusterPolicy and NVIDIADriver (their operands go with
-        them), uncordon the nodes a driver upgrade in progress had cordoned (only those), then
-        remove the nvidia.com labels and annotations we wrote from every node; with --crds, delete
-        our CRDs too. The operator deletes its Lease when it stops with no ClusterPolicy left."""
+        """Before an uninstall: delete every GPUCluster, NVIDIADriver and ClusterPolicy (their
+        operands go with them), uncordon the nodes a driver upgrade in progress had cordoned (only
+        those), then remove the nvidia.com labels and annotations we wrote from every node; with
+        --crds, delete our CRDs too. The operator deletes its Lease when it stops with no
+        ClusterPolicy left."""
         import asyncio
 
         from gpu_operator.controllers.cleanup import OperatorDeployment
         from gpu_operator.controllers.cleanup import cleanup as run_cleanup
         from gpu_operator.kube.client import Kube
+        from gpu_operator.kube.reach import api_errors, load_target
+
+        target = load_target(kubeconfig)
 
         async def go() -> list[str]:
-            kube = Kube(kubeconfig)
+            kube = Kube(config=target.config)
             try:
                 where = OperatorDeployment(namespace, operator_deployment) if operator_deployment else None
                 return await run_cleanup(kube, timeout=timeout, crds=crds, operator=where)
             finally:
                 await kube.close()
 
-        for line in asyncio.run(go()) or ["nothing to clean up"]:
+        with api_errors(target, "clean up before an uninstall"):
+            try:
+                done = asyncio.run(go())
+            except TimeoutError as err:  # the message names what is still there
+                typer.secho(f"error: {err}", fg="red", err=True)
+                raise typer.Exit(1) from err
+        for line in done or ["nothing to clean up"]:
             typer.echo(line)
 
     @app.command("must-gather")
@@ -67,25 +77,33 @@ def register(app: typer.Typer) -> None:
         import datetime as dt
         from pathlib import Path
 
-        from gpu_operator.controllers.mustgather import gather
+        from gpu_operator.controllers.mustgather import Bundle, gather
         from gpu_operator.kube.client import Kube
+        from gpu_operator.kube.reach import api_errors, load_target, unreachable_line
 
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         top = f"gpu-operator-must-gather-{stamp}"
-        target = Path(out or f"{top}.tar.gz")
+        path = Path(out or f"{top}.tar.gz")
+        target = load_target(kubeconfig)
 
-        async def go() -> bytes:
-            kube = Kube(kubeconfig)
+        async def go() -> Bundle:
+            kube = Kube(config=target.config)
             try:
-                bundle = await gather(kube, namespace)
+                return await gather(kube, namespace)
             finally:
                 await kube.close()
-            typer.echo(f"{len(bundle.files)} file(s) collected; {len(bundle.errors)} item(s) could not be read "
-                       "(see errors.txt)", err=True)
-            return bundle.tarball(top)
 
-        target.write_bytes(asyncio.run(go()))
-        typer.echo(str(target))
+        # An apiserver that does not answer at all: nothing to bundle, one line and exit 2.
+        with api_errors(target, "collect the support bundle"):
+            bundle = asyncio.run(go())
+        path.write_bytes(bundle.tarball(top))
+        typer.echo(bundle.summary(), err=True)
+        typer.echo(str(path))
+        if bundle.unanswered:  # it stopped answering half-way: what was read is in the bundle
+            typer.secho(unreachable_line(target, "collect the rest of the bundle", bundle.unanswered[0])
+                        + f" ({len(bundle.unanswered)} request(s) got no answer; {path} holds what was read)",
+                        fg="red", err=True)
+            raise typer.Exit(1)
 
     @app.command("run")
     def run(
@@ -125,13 +143,20 @@ def register(app: typer.Typer) -> None:
         for noisy in ("kopf", "httpx", "httpx2", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
         if not namespace:
-            raise typer.BadParameter("set --namespace or OPERATOR_NAMESPACE (where operands are deployed)",
-                                     param_hint="--namespace")
+            raise typer.BadParameter("set --namespace or OPERATOR_NAMESPACE: the namespace the operator and "
+                                     "its operands run in, e.g. --namespace gpu-operator", param_hint="--namespace")
         os.environ["OPERATOR_NAMESPACE"] = namespace
         from gpu_operator import __version__
-        logging.getLogger("gpu_operator").info("gpu-operator %s: namespace %s, log level %s, leader election %s",
-                                               __version__, namespace, log_level.lower(),
-                                               "on" if leader_elect else "off")
+        from gpu_operator.render.defaults import missing_images
+        log = logging.getLogger("gpu_operator")
+        log.info("gpu-operator %s: namespace %s, log level %s, leader election %s",
+                 __version__, namespace, log_level.lower(), "on" if leader_elect else "off")
+        if defaults := missing_images(os.environ):
+            # the chart's Deployment sets every one of them; run by hand, the same values apply
+            os.environ.update(defaults)
+            log.info("image variables not set, using the chart's defaults (render/defaults.py, the images its "
+                     "values.yaml names; set one to \"\" for no fallback): %s",
+                     ", ".join(f"{k}={v}" for k, v in defaults.items()))
         settings = OperatorSettings.with_renew_deadline(leader_lease_renew_deadline,
                                                         label_concurrency=label_concurrency,
                                                         gfd_node_labels=gfd_node_labels)

@@ -23,6 +23,8 @@ from gpu_operator import __version__
 from gpu_operator.controllers import redact
 from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
 from gpu_operator.kube.client import Kube
+from gpu_operator.kube.reach import Unreachable
+from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.vocabulary import MANAGED_SELECTOR, PROBE_FACTS_ANNOTATION
 
 OWNERS = (OwnedKind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy"),
@@ -38,6 +40,8 @@ NODE_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de", "feature.
 LOG_TAIL_LINES = 5000
 LOG_TIMEOUT = 20.0  # seconds for one log: the apiserver dials the node's kubelet
 LOG_NODES_AT_ONCE = 8
+FAKE_NODE = "a fake (kwok) node: no kubelet behind it serves container logs"
+SUMMARY_ITEMS = 8  # items named one by one in the summary; errors.txt has them all
 
 
 def path_of(kind: OwnedKind, namespace: str | None = None, name: str = "") -> str:
@@ -52,6 +56,27 @@ class Bundle:
 
     files: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    fake_nodes: set[str] = field(default_factory=set)  # kwok's nodes: no kubelet serves their logs
+    fake_logs: list[str] = field(default_factory=list)  # errors: logs of pods on those nodes
+    fake_log_nodes: set[str] = field(default_factory=set)  # the nodes of those pods
+    unanswered: list[str] = field(default_factory=list)  # reads the apiserver gave no answer to, and why
+
+    def summary(self) -> str:
+        """What was collected and, item by item (grouped where one reason covers many), what not
+        and why: the line `must-gather` prints."""
+        head = f"{len(self.files)} file(s) collected"
+        if not self.errors:
+            return f"{head}; everything could be read"
+        lines = [f"{head}; {len(self.errors)} item(s) could not be read (each in errors.txt):"]
+        if self.fake_logs:
+            lines.append(f"  {len(self.fake_logs)} container log(s) of pods on {len(self.fake_log_nodes)} fake (kwok) "
+                         "node(s), which serve no logs (expected on the simulator)")
+        fake = set(self.fake_logs)
+        rest = [e for e in self.errors if e not in fake]
+        lines += [f"  {e}" for e in rest[:SUMMARY_ITEMS]]
+        if len(rest) > SUMMARY_ITEMS:
+            lines.append(f"  ... and {len(rest) - SUMMARY_ITEMS} more")
+        return "\n".join(lines)
 
     def yaml(self, path: str, data: Any) -> None:
         self.files[path] = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
@@ -80,6 +105,7 @@ class Gatherer:
             answer = await self.kube.get_answer(path, query)
             if answer.status is None:
                 self.bundle.errors.append(f"{what}: {path}: {answer.error}")
+                self.bundle.unanswered.append(answer.error)
                 return None
             if answer.status != 200:
                 self.bundle.errors.append(f"{what}: {path}: HTTP {answer.status} {answer.reason}")
@@ -93,16 +119,14 @@ class Gatherer:
                 return {**body, "items": items}
             query["continue"] = cont
 
-    async def text(self, path: str, params: dict[str, str], *, what: str) -> tuple[str | None, int | None]:
-        """A GET's text, or None and the HTTP status (None: no answer), recorded in errors.txt."""
+    async def text(self, path: str, params: dict[str, str]) -> tuple[str | None, int | None, str]:
+        """A GET's text, or None, the HTTP status (None: no answer) and why."""
         answer = await self.kube.get_answer(path, params, timeout=LOG_TIMEOUT)
         if answer.status is None:
-            self.bundle.errors.append(f"{what}: {answer.error}")
-            return None, None
+            return None, None, answer.error
         if answer.status != 200:
-            self.bundle.errors.append(f"{what}: HTTP {answer.status} {answer.reason}")
-            return None, answer.status
-        return answer.text, 200
+            return None, answer.status, f"HTTP {answer.status} {answer.reason}"
+        return answer.text, 200, ""
 
     async def objects(self, kind: OwnedKind, dest: str, *, namespace: str | None = None,
                       selector: str | None = None) -> list[dict[str, Any]]:
@@ -115,7 +139,10 @@ class Gatherer:
         return items
 
     async def versions(self) -> None:
-        server = await self.get("/version", what="apiserver version") or {}
+        server = await self.get("/version", what="apiserver version")
+        if server is None and self.bundle.unanswered:  # the first read: an apiserver that does not answer
+            raise Unreachable(self.bundle.unanswered[0])
+        server = server or {}
         crds = await self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", what="CRDs") or {}
         ours = {c["metadata"]["name"]: [v["name"] for v in c["spec"]["versions"] if v.get("served")]
                 for c in crds.get("items", []) if c["spec"]["group"] == "nvidia.com"}
@@ -129,6 +156,8 @@ class Gatherer:
         out = []
         for node in body["items"]:
             meta, status = node["metadata"], node.get("status") or {}
+            if (meta.get("annotations") or {}).get(KWOK_ANNOTATION) == KWOK_ANNOTATION_VALUE:
+                self.bundle.fake_nodes.add(meta["name"])
             mine = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(NODE_PREFIXES)}
             notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("nvidia.com/")}
             info = status.get("nodeInfo") or {}
@@ -182,24 +211,33 @@ class Gatherer:
         limit = asyncio.Semaphore(LOG_NODES_AT_ONCE)
 
         async def one_node(node: str, pods: list[dict[str, Any]]) -> None:
+            def failed(line: str) -> None:
+                if node in self.bundle.fake_nodes:
+                    line += f" (node {node} is {FAKE_NODE})"
+                    self.bundle.fake_logs.append(line)
+                    self.bundle.fake_log_nodes.add(node)
+                self.bundle.errors.append(line)
+
             async with limit:
                 unreachable = ""
                 for pod, container, previous in _log_requests(pods):
                     meta = pod["metadata"]
                     where = f"logs of {meta['name']}/{container}{' (previous)' if previous else ''}"
                     if unreachable or not node:
-                        self.bundle.errors.append(f"{where}: not tried: " + (
+                        failed(f"{where}: not tried: " + (
                             f"node {node} unreachable for logs ({unreachable})" if node else "pod not scheduled"))
                         continue
                     params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
                     if previous:
                         params["previous"] = "true"
                     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log"
-                    log, failure = await self.text(path, params, what=where)
+                    log, failure, why = await self.text(path, params)
                     if log is not None:
                         suffix = ".previous.log" if previous else ".log"
                         self.bundle.files[f"logs/{meta['name']}/{container}{suffix}"] = redact.text(log)
-                    elif failure is not None and failure >= 500:
+                        continue
+                    failed(f"{where}: {why}")
+                    if failure is not None and failure >= 500:
                         unreachable = f"HTTP {failure} on {meta['name']}/{container}"
         await asyncio.gather(*(one_node(node, group) for node, group in sorted(by_node.items())))
 

@@ -24,13 +24,6 @@ OnlyDriver = Annotated[str | None, typer.Option(
 CLUSTER_POLICY, NVIDIA_DRIVER = "ClusterPolicy", "NVIDIADriver"
 
 
-def _client(kubeconfig: str | None) -> Any:
-    from lightkube import Client
-
-    from gpu_operator.kube.client import load_config
-    return Client(load_config(kubeconfig))
-
-
 def _as_dict(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
@@ -94,11 +87,10 @@ def policy_line(kind: str, body: Mapping[str, Any]) -> str:
     return f"{kind} {name}: {text}"
 
 
-def _set_paused(kubeconfig: str | None, only: str | None, value: str | None) -> list[tuple[str, str]]:
+def _set_paused(client: Any, only: str | None, value: str | None) -> list[tuple[str, str]]:
     from lightkube.types import PatchType
 
     from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
-    client = _client(kubeconfig)
     try:
         targets = pause_targets(None if only else _active_policy(client), _drivers(client), only)
     except LookupError as err:
@@ -121,17 +113,19 @@ def register(app: typer.Typer) -> None:
         """Each node's upgrade state, time in state and, for failed nodes, why."""
         from lightkube.resources.core_v1 import Node
 
+        from gpu_operator.kube.reach import sync_client
         from gpu_operator.statusview.upgrades import node_upgrade, summary
         from gpu_operator.vocabulary import DRIVER_OWNER
-        client = _client(kubeconfig)
-        policy = _active_policy(client)
-        nodes = [n.to_dict() for n in client.list(Node)]
+        with sync_client(kubeconfig, "read the driver upgrade state") as client:
+            policy = _active_policy(client)
+            nodes = [n.to_dict() for n in client.list(Node)]
+            drivers = _drivers(client) if uses_nvidia_drivers(policy) else []
         rows = [r for r in (node_upgrade(n) for n in nodes) if r.state]
         owners: dict[str, str] = {}
         if uses_nvidia_drivers(policy):
             typer.echo(f"ClusterPolicy {policy['metadata']['name']}: driver.useNvidiaDriverCRD=true, each "
                        "NVIDIADriver's upgradePolicy applies to its nodes")
-            for driver in _drivers(client):
+            for driver in drivers:
                 typer.echo(policy_line(NVIDIA_DRIVER, driver))
             owners = {n["metadata"]["name"]: f"  ({NVIDIA_DRIVER} {owner})" for n in nodes
                       if (owner := (n["metadata"].get("labels") or {}).get(DRIVER_OWNER))}
@@ -154,13 +148,15 @@ def register(app: typer.Typer) -> None:
         from lightkube.types import PatchType
 
         from gpu_operator.controllers.upgrade_state import retry_patch
-        client = _client(kubeconfig)
-        try:
-            current = client.get(Node, node)
-        except ApiError as err:
-            typer.echo(f"Node {node}: {err.status.message}", err=True)
-            raise typer.Exit(2) from err
-        client.patch(Node, node, retry_patch(dict(current.metadata.annotations or {})), patch_type=PatchType.MERGE)
+        from gpu_operator.kube.reach import sync_client
+        with sync_client(kubeconfig, f"put Node {node} back to upgrade-required") as client:
+            try:
+                current = client.get(Node, node)
+            except ApiError as err:
+                typer.echo(f"Node {node}: {err.status.message}", err=True)
+                raise typer.Exit(2) from err
+            client.patch(Node, node, retry_patch(dict(current.metadata.annotations or {})),
+                         patch_type=PatchType.MERGE)
         typer.echo(f"Node {node}: back to upgrade-required")
 
     @upgrade.command("pause")
@@ -168,11 +164,17 @@ def register(app: typer.Typer) -> None:
         """No new node starts upgrading; nodes already in flight finish. Sets the annotation
         nvidia.com/gpu-driver-upgrade-paused=true on the ClusterPolicy or, when it has
         driver.useNvidiaDriverCRD=true, on every NVIDIADriver (or only --nvidiadriver NAME)."""
-        for kind, name in _set_paused(kubeconfig, nvidiadriver, "true"):
+        from gpu_operator.kube.reach import sync_client
+        with sync_client(kubeconfig, "pause driver upgrades") as client:
+            targets = _set_paused(client, nvidiadriver, "true")
+        for kind, name in targets:
             typer.echo(f"{kind} {name}: driver upgrades paused")
 
     @upgrade.command("resume")
     def resume(nvidiadriver: OnlyDriver = None, kubeconfig: Kubeconfig = None) -> None:
         """Let nodes start upgrading again (removes the annotation pause set, from the same objects)."""
-        for kind, name in _set_paused(kubeconfig, nvidiadriver, None):
+        from gpu_operator.kube.reach import sync_client
+        with sync_client(kubeconfig, "resume driver upgrades") as client:
+            targets = _set_paused(client, nvidiadriver, None)
+        for kind, name in targets:
             typer.echo(f"{kind} {name}: driver upgrades resumed")

@@ -50,12 +50,11 @@ def crds_apply(
 ) -> None:
     """Apply the packaged CRDs (server-side apply, idempotent) and wait until they are served.
     The Helm chart's pre-install/pre-upgrade hook runs this."""
-    from lightkube import Client, KubeConfig
-
     from gpu_operator.kube.crds import apply_crds
+    from gpu_operator.kube.reach import sync_client
 
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
-    with Client(config) as client:
+    with sync_client(kubeconfig, "apply the CRDs", needs="it needs get/create/patch on "
+                     "customresourcedefinitions") as client:
         for name in apply_crds(client, timeout=timeout, node_feature=node_feature):
             typer.echo(f"applied {name} (Established)")
 

@@ -30,27 +30,27 @@ def report_json(report: HostReport, findings: list[Finding]) -> str:
 def render(report: HostReport, findings: list[Finding], console: Console) -> None:
     gpus = report.gpus
     console.print(Text(f"GPU host report for {report.host_root}", style="bold"))
-    console.print(
+    # what the host says is printed as text, never read as rich markup (a name like "GA100 [a100]")
+    console.print(Text(
         f"OS {report.os_id} {report.os_version_id}, kernel {report.kernel or '?'}; "
         f"{len(gpus)} NVIDIA GPU(s); driver source: {report.driver.source}"
         + (f" ({report.driver.flavor})" if report.driver.flavor else "")
         + f"; runtime: {report.runtime.flavor or 'none'}; IOMMU: {'on' if report.iommu.enabled else 'off'}"
-    )
+    ))
     if gpus:
         table = Table("address", "device", "name", "driver", "NUMA", "IOMMU group")
         for g in gpus:
-            table.add_row(
-                g.address, g.vendor_device, g.name, g.driver or "-", str(g.numa_node), str(g.iommu_group)
-            )
+            table.add_row(*(Text(str(v)) for v in (
+                g.address, g.vendor_device, g.name, g.driver or "-", g.numa_node, g.iommu_group)))
         console.print(table)
     for f in findings:
         console.print(
             Text(f"{f.severity.upper():8}", style=_STYLE[f.severity]) + Text(f" [{f.code}] {f.summary}")
         )
         for line in f.evidence:
-            console.print(f"           evidence: {line}")
+            console.print(Text(f"           evidence: {line}"))
         if f.fix:
-            console.print(f"           fix: {f.fix}")
+            console.print(Text(f"           fix: {f.fix}"))
     errors = sum(f.severity == Severity.ERROR for f in findings)
     warnings = sum(f.severity == Severity.WARNING for f in findings)
     console.print(

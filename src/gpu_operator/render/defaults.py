@@ -6,6 +6,8 @@ fall back to them so a minimal policy renders without a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpu_operator import __version__
 
 # Our own image (the operator, `nvidia-validator`, the node-status exporter, the CRD hook); the
@@ -38,3 +40,10 @@ CHART_DEFAULT_IMAGES: dict[str, str] = {
     "CC_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.4.3",
     # The vGPU manager image is licensed: users build and host it themselves, so no default.
 }
+
+
+def missing_images(environ: Mapping[str, str]) -> dict[str, str]:
+    """The chart's default of every image variable `environ` does not set: what `gpu-operator run`
+    falls back to when it was started without the chart's Deployment env. One set to "" stays
+    unset on purpose (no fallback: a policy must name that image)."""
+    return {name: image for name, image in CHART_DEFAULT_IMAGES.items() if name not in environ}

@@ -43,9 +43,6 @@ class Image:
 
     field: str
     env: str
-    # a version/repository/image given alone replaces that part of the default image (the driver's
-    # version is a branch for precompiled images, so it keeps upstream's rule)
-    partial: bool = True
 
     def fields(self, ctx: Ctx) -> ComponentFields:
         value = getattr(ctx.spec, self.field)
@@ -53,8 +50,9 @@ class Image:
         return value
 
     def resolve(self, ctx: Ctx) -> str:
+        # a version, repository or image given alone replaces that part of the env var's image
         return image_path(self.fields(ctx), self.env, dict(ctx.facts.operator_env), f"spec.{self.field}",
-                          partial=self.partial)
+                          partial=True)
 
 
 VALIDATOR = Image("validator", "VALIDATOR_IMAGE")

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -101,7 +102,7 @@ def watch(state: SimState, console: Console, timeout: float, started: float, kin
                 if console.is_terminal:
                     live.update(frame(view))
                 elif (line := one_line(view)) != last_line:
-                    console.print(f"[{time.monotonic() - started:5.1f}s] {line}", highlight=False)
+                    console.print(Text(f"[{time.monotonic() - started:5.1f}s] {line}"), highlight=False)
                     last_line = line
     finally:
         client.close()
@@ -119,13 +120,21 @@ def summary(state: SimState, view: StatusView, timings: Timings, helm: bool = Fa
     table.add_row("operand pods ready", f"{ready}/{expected}")
     policy = view.policy
     table.add_row(policy.kind if policy else "ClusterPolicy",
-                  f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none")
-    table.add_row("operator log", f"kubectl -n {session.OPERATOR_NAMESPACE} logs deploy/gpu-operator (the chart's pod)"
-                  if helm else str(Path(state.dir) / "logs" / "operator.log"))
+                  Text(f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none"))
+    table.add_row("operator log", Text(f"kubectl -n {session.OPERATOR_NAMESPACE} logs deploy/gpu-operator "
+                                       "(the chart's pod)" if helm else str(Path(state.dir) / "logs" / "operator.log")))
     real = real_node_lines(state, view)
     if real:
-        table.add_row("real node", "\n".join(real))
+        table.add_row("real node", Text("\n".join(real)))
     return table
+
+
+def not_ready_text(view: StatusView, timeout: float) -> Text:
+    """The demo's last line when the policy did not become ready: the problems as plain text
+    (they quote the cluster: `states not ready: [state-driver ...]` is no markup)."""
+    text = Text(f"not ready after {timeout:.0f}s:", style="bold red")
+    text.append(" " + "; ".join(view.problems or ["no operand DaemonSet selects the GPU nodes yet"]))
+    return text
 
 
 def real_node_lines(state: SimState, view: StatusView) -> list[str]:
@@ -186,13 +195,15 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
     kind, name = ("GPUCluster", GPUCLUSTER_NAME) if gpucluster else ("ClusterPolicy", POLICY_NAME)
 
     def progress(msg: str) -> None:
-        console.print(f"[dim]sim:[/] {msg}", highlight=False)
+        console.print(f"[dim]sim:[/] {escape(msg)}", highlight=False)
 
     timings = Timings()
     state, fresh = session.up(directory, shapes, progress, real_node=real_node, kubernetes=kubernetes)
     timings.mark(("control plane + fake nodes" + (" + real node" if real_node else "")) if fresh
                  else "attach to the running simulator")
     operator_was_running = bool((p := state.proc("operator")) and p.alive)
+    # the operator process this demo starts (and stops again on a simulator it attached to)
+    starts_operator = not helm and not operator_was_running
     try:
         if helm:
             # The chart brings the CRDs (its hook Job), the operator (its Deployment) and the
@@ -201,10 +212,11 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
             timings.mark("helm install (CRD hook Job on the real node)")
         else:
             session.start_operator(state, progress)
-            timings.mark("CRDs + operator start")
+            timings.mark("CRDs + operator start" if starts_operator else "operator already running")
+        created = False
         if helm:
             progress(f"the chart created ClusterPolicy {POLICY_NAME} from its values")
-        elif create_default_policy(state, gpucluster):
+        elif created := create_default_policy(state, gpucluster):
             if gpucluster:
                 progress(f"created GPUCluster {name} (the DRA stack) with the chart's DRA driver image; the "
                          "simulator's plugin stand-in publishes each GPU node's ResourceSlice")
@@ -216,7 +228,7 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
         else:
             progress(f"{kind} {name} exists already: watching it")
         view = watch(state, console, timeout, time.monotonic(), kind)
-        timings.mark(f"{kind} created -> ready")
+        timings.mark(f"{kind} {'created' if created else 'from the chart' if helm else 'found'} -> ready")
         from gpu_operator.statusview.render import render_view
 
         console.print(render_view(view, max_nodes=20))
@@ -224,12 +236,10 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
         if done(view):
             console.print(summary(state, view, timings, helm))
         else:
-            console.print(f"[bold red]not ready after {timeout:.0f}s:[/] "
-                          + "; ".join(view.problems or ["no operand DaemonSet selects the GPU nodes yet"]))
+            console.print(not_ready_text(view, timeout))
             code = 1
-        teardown = ("Tearing down now." if fresh else
-                    "Stopping the operator this demo started; the simulator keeps running.")
-        console.print(look_around(state, keep, teardown, gpucluster), highlight=False)
+        console.print(Text(look_around(state, keep, teardown_text(fresh, starts_operator, helm), gpucluster)),
+                      highlight=False)
         return code
     except KeyboardInterrupt:
         console.print("interrupted")
@@ -238,9 +248,22 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
         if not keep:
             if fresh:
                 session.down(directory, progress)
-            elif not operator_was_running:
+            elif starts_operator and (p := state.proc("operator")) is not None and p.alive:
                 # We attached to someone's simulator: leave it as we found it.
                 state.stop(["operator"])
                 state.processes = [p for p in state.processes if p.name != "operator"]
                 state.save()
                 progress("stopped the operator this demo started; the simulator keeps running")
+
+
+def teardown_text(fresh: bool, starts_operator: bool, helm: bool = False) -> str:
+    """What happens when the demo ends without --keep, as it will happen: a simulator it started
+    goes; on one it attached to, only an operator process it started is stopped."""
+    if fresh:
+        return "Tearing down now."
+    if starts_operator:
+        return "Stopping the operator this demo started; the simulator keeps running."
+    if helm:
+        return "The simulator ran before this demo: it keeps running, with the chart's release installed."
+    return ("The simulator and its operator ran before this demo: both keep running "
+            "(gpu-operator sim down stops them).")

@@ -65,6 +65,23 @@ def parse_set(pair: str) -> dict[str, Any]:
     return dict(value)
 
 
+def user_layers(files: list[Path], sets: list[str]) -> list[dict[str, Any]]:
+    """The `--values` files, then the `--set` pairs, as the layers Helm puts on top of the
+    simulator's values; HelmInstallError names a file that cannot be read or is not a mapping,
+    and a malformed pair. `sim up` calls it before anything starts, so bad input stops it at once."""
+    layers: list[dict[str, Any]] = []
+    for file in files:
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise HelmInstallError(f"--values {file}: {err}") from err
+        if not isinstance(loaded, dict):
+            raise HelmInstallError(f"--values {file}: not a mapping of values (its top level is a "
+                                   f"{type(loaded).__name__}); write KEY: VALUE lines, e.g. driver: {{enabled: false}}")
+        layers.append(loaded)
+    return layers + [parse_set(pair) for pair in sets]
+
+
 def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], sets: list[str]) -> tuple[dict[str, Any], Path]:
     """The merged values and the path of the simulator's own values file (written here)."""
     ours = real_node_values(node, host_root)
@@ -72,16 +89,8 @@ def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], se
     path.write_text("# What the simulator's real node needs on top of a plain install (gpu-operator sim).\n"
                     + yaml.safe_dump(ours, sort_keys=False))
     merged = ours
-    for file in files:
-        try:
-            loaded = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise HelmInstallError(f"--values {file}: {err}") from err
-        if not isinstance(loaded, dict):
-            raise HelmInstallError(f"--values {file}: not a mapping of values")
-        merged = merge(merged, loaded)
-    for pair in sets:
-        merged = merge(merged, parse_set(pair))
+    for layer in user_layers(files, sets):
+        merged = merge(merged, layer)
     return merged, path
 
 
@@ -107,10 +116,13 @@ def install(kubeconfig: Path, state_dir: Path, values: dict[str, Any], progress:
     with helm_python.Chart.load(chart_path) as chart:
         if existing:
             progress(f"helm upgrade {RELEASE} (a release is installed already)")
-            helm.upgrade(chart, RELEASE, values, namespace=NAMESPACE, timeout=timeout)
+            release = helm.upgrade(chart, RELEASE, values, namespace=NAMESPACE, timeout=timeout)
         else:
             progress(f"helm install {RELEASE} into namespace {NAMESPACE} (the CRD hook Job runs on the real node)")
-            helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=timeout)
+            release = helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=timeout)
+    # as the helm command prints them: the chart's values report (values it ignores) is there
+    if notes := str((release or {}).get("notes") or "").strip():
+        progress(f"the chart's NOTES:\n{notes}")
 
 
 def release_names(helm: Any) -> list[str]:

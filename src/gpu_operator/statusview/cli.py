@@ -21,27 +21,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """GPU nodes x components (deploy label, operand pod phase, validation), the ClusterPolicy
         state and the reason for anything not ready. Exit code 0 when everything is ready, 1 if not."""
-        import httpx2 as httpx
-        from lightkube import Client, ConfigError
-        from lightkube.core.exceptions import ApiError
-
-        from gpu_operator.kube.client import load_config
+        from gpu_operator.kube.reach import sync_client
         from gpu_operator.statusview.collect import collect
         from gpu_operator.statusview.render import make_console, render_view
 
-        console = make_console()
-        try:
-            client = Client(load_config(kubeconfig))
+        with sync_client(kubeconfig, "read the GPU nodes and the ClusterPolicy",
+                         needs="the status view needs get/list on nodes, daemonsets, pods, clusterpolicies") as client:
             view = collect(client, namespace)
-        except (ConfigError, FileNotFoundError) as err:
-            raise typer.BadParameter(f"cannot load a kubeconfig: {err}; pass --kubeconfig or set KUBECONFIG",
-                                     param_hint="--kubeconfig") from err
-        except httpx.HTTPError as err:
-            console.print(f"[red]cannot reach the Kubernetes API: {err}[/]")
-            raise typer.Exit(2) from err
-        except ApiError as err:
-            console.print(f"[red]the Kubernetes API refused a read: {err.status.message}[/] "
-                          "(the status view needs get/list on nodes, daemonsets, pods, clusterpolicies)")
-            raise typer.Exit(2) from err
-        console.print(render_view(view, max_nodes=max_nodes))
+        make_console().print(render_view(view, max_nodes=max_nodes))
         raise typer.Exit(0 if view.ready else 1)

@@ -79,7 +79,7 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
                           else "dim" if not row.validation else "yellow")
         extra = [upgrade_text(row.upgrade)] if upgrades else []
         stack = [Text(row.stack or "·", style="dim" if not row.stack else "")] if stacks else []
-        table.add_row(row.name, *stack, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
+        table.add_row(Text(row.name), *stack, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
     if len(rows) > max_nodes:
         rest = rows[max_nodes:]
         not_ready = sum(1 for r in rest if not r.ready)

@@ -122,21 +122,32 @@ def pod_ready(pod: dict[str, Any]) -> bool:
 
 
 def pod_problem(pod: dict[str, Any]) -> str:
-    """The most specific reason a pod is not ready: a waiting/failed container, else a condition."""
+    """The most specific reason a pod is not ready: a waiting/failed container (its termination
+    message first: the validator writes its failure there), an init container still at work (a
+    validator waiting for what it checks), else a condition (the kubelet's generic "containers
+    with incomplete status" only when no container says more)."""
     status = pod.get("status") or {}
+    running_init = ""
     for key in ("initContainerStatuses", "containerStatuses"):
-        for cs in status.get(key) or []:
+        statuses = status.get(key) or []
+        for index, cs in enumerate(statuses):
             state = cs.get("state") or {}
-            # a container's termination message (the validator writes its failure there) says most
             last = (state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {})
             said = f": {last['message'].strip()[:300]}" if last.get("exitCode", 0) != 0 and last.get("message") else ""
-            if "waiting" in state and state["waiting"].get("reason") not in (None, "PodInitializing"):
-                return f"{cs['name']}: {state['waiting']['reason']}{said}"
+            waiting = state.get("waiting") or {}
+            if "waiting" in state and waiting.get("reason") not in (None, "PodInitializing"):
+                told = said or (f": {' '.join(str(waiting['message']).split())[:300]}" if waiting.get("message") else "")
+                return f"{cs['name']}: {waiting['reason']}{told}"
             terminated = state.get("terminated")
             if terminated and terminated.get("exitCode", 0) != 0:
                 return f"{cs['name']}: exited {terminated['exitCode']} ({terminated.get('reason', '')}){said}"
             if said and "running" in state:  # restarted: its last run's failure is still the reason
                 return f"{cs['name']}: running again after exit {last['exitCode']}{said}"
+            if key == "initContainerStatuses" and "running" in state and not running_init:
+                running_init = (f"{cs['name']}: init container {index + 1} of {len(statuses)} still running, "
+                                f"not passed yet (its log says what it waits for: kubectl logs <pod> -c {cs['name']})")
+    if running_init:
+        return running_init
     for cond in status.get("conditions") or []:
         if cond.get("status") != "True" and cond.get("message"):
             return f"{cond['type']}: {cond['message']}"

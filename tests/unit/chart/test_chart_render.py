@@ -134,6 +134,22 @@ def test_operator_deployment(render: Callable[..., Rendered]) -> None:
     assert "VGPU_MANAGER_IMAGE" not in env
 
 
+def test_a_hand_run_operator_falls_back_to_the_images_the_chart_sets(render: Callable[..., Rendered]) -> None:
+    from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES, missing_images
+
+    (container,) = find(render(), "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # the chart's Deployment sets each fallback to the same image (CUDA_VALIDATOR_IMAGE: it leaves it
+    # unset and the renderer uses the same default, CUDA_WORKLOAD_IMAGE)
+    assert {k: v for k, v in env.items() if k in CHART_DEFAULT_IMAGES} == \
+        {k: v for k, v in CHART_DEFAULT_IMAGES.items() if k != "CUDA_VALIDATOR_IMAGE"}
+    # `gpu-operator run` fills in only what its environment does not set; "" means no fallback
+    assert missing_images({}) == CHART_DEFAULT_IMAGES
+    assert missing_images(env) == {"CUDA_VALIDATOR_IMAGE": CHART_DEFAULT_IMAGES["CUDA_VALIDATOR_IMAGE"]}
+    mine = missing_images({"DRIVER_IMAGE": "r.example/driver:1", "GFD_IMAGE": ""})
+    assert "DRIVER_IMAGE" not in mine and "GFD_IMAGE" not in mine and "DCGM_IMAGE" in mine
+
+
 def test_image_fallbacks_follow_the_image_rules(render: Callable[..., Rendered]) -> None:
     rendered = render({"driver": {"version": "sha256:abc"}, "vgpuManager": {"repository": "r.example", "version": "1"},
                        "operator": {"version": "v9"}})

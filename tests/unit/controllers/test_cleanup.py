@@ -79,3 +79,13 @@ def test_a_kept_label_stays_out_of_the_patch() -> None:
     patch = cleanup_patch(NODE, frozenset({"nvidia.com/gpu.deploy.device-plugin"}))
     assert patch is not None and "nvidia.com/gpu.deploy.device-plugin" not in patch["metadata"]["labels"]
     assert "nvidia.com/gpu.present" in patch["metadata"]["labels"]
+
+
+def test_cleanup_help_names_every_kind_it_deletes() -> None:
+    from typer.testing import CliRunner
+
+    from gpu_operator.cli import app
+    from gpu_operator.controllers.cleanup import OWNER_KINDS
+
+    text = " ".join(CliRunner().invoke(app, ["cleanup", "--help"]).output.replace("│", "").split())
+    assert [kind for _, kind in OWNER_KINDS if kind not in text] == [], text

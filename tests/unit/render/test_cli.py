@@ -64,3 +64,20 @@ def test_crds_print_and_check() -> None:
     assert names == ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com", "gpuclusters.nvidia.com",
                      "computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"]
     assert runner.invoke(app, ["crds", "generate", "--check"]).exit_code == 0
+
+
+def test_the_nvidiadriver_examples_of_docs_api_md_are_in_examples_and_render() -> None:
+    path = EXAMPLES / "nvidiadrivers.yaml"
+    examples = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    page = (EXAMPLES.parent / "docs" / "api.md").read_text()
+    blocks = [d for block in page.split("```yaml\n")[1:] for d in yaml.safe_load_all(block.split("```")[0])
+              if d and d.get("kind") == "NVIDIADriver"]
+    assert blocks == examples  # the page shows exactly the file's objects
+    assert f"render --nvidiadriver examples/{path.name}" in page
+    out = runner.invoke(app, ["render", "--nvidiadriver", str(path), "--shape", "dgx-h100:2,pool=a",
+                              "--shape", "host-driver:1,pool=b"])
+    assert out.exit_code == 0, out.output
+    daemonsets = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "DaemonSet"]
+    images = sorted(c["image"] for d in daemonsets for c in d["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "nvidia-driver-ctr")
+    assert images == ["nvcr.io/nvidia/driver:570.172.08-ubuntu22.04", "nvcr.io/nvidia/driver:580.82.07-ubuntu24.04"]

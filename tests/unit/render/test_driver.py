@@ -29,6 +29,24 @@ def test_defaults() -> None:
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.deploy.driver": "true"}
 
 
+@pytest.mark.parametrize(("data", "image"), [
+    # NVIDIA's operator ignores a version without repository and image (DRIVER_IMAGE as a whole):
+    # here it retags the image the operator would otherwise use, so changing it starts an upgrade
+    ({"version": "580.95.05"}, "nvcr.io/nvidia/driver:580.95.05-ubuntu22.04"),
+    ({"version": "sha256:" + "a" * 64}, "nvcr.io/nvidia/driver@sha256:" + "a" * 64),  # digests get no OS suffix
+    ({"repository": "registry.example.com/nvidia"}, "registry.example.com/nvidia/driver:595.91.07-ubuntu22.04"),
+    ({"repository": "r.example.com/nv", "image": "drv", "version": "1.2"}, "r.example.com/nv/drv:1.2-ubuntu22.04"),
+])
+def test_a_driver_version_alone_retags_the_operators_driver_image(data: dict[str, Any], image: str) -> None:
+    default, changed = driver({}), driver(data)
+    assert ctr(changed, "nvidia-driver-ctr")["image"] == image
+    # a new pod template (a new ControllerRevision: the upgrade controller replaces the pods) and a
+    # new install digest (k8s-driver-manager does not skip the reinstall)
+    assert default["spec"]["template"] != changed["spec"]["template"]
+    assert env_of(ctr(default, "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"] != \
+        env_of(ctr(changed, "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"]
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [({"kernelModuleType": "open"}, {"KERNEL_MODULE_TYPE": "open", "OPEN_KERNEL_MODULES_ENABLED": "true"}),

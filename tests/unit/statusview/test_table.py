@@ -200,6 +200,30 @@ def test_pod_problem_of_a_restarted_validation_is_its_last_failure() -> None:
     assert pod_problem(pod) == f"driver-validation: running again after exit 1: {message}"
 
 
+def test_a_validator_still_waiting_is_named_before_the_kubelets_generic_condition() -> None:
+    from gpu_operator.statusview.table import pod_problem
+
+    # a real node without a driver: driver-validation waits (up to 15 min) before it fails once
+    pod: dict[str, Any] = {"metadata": {"name": "nvidia-operator-validator-x"}, "status": {"phase": "Pending", "initContainerStatuses": [
+        {"name": "driver-validation", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}, "restartCount": 0},
+        {"name": "toolkit-validation", "state": {"waiting": {"reason": "PodInitializing"}}},
+        {"name": "cuda-validation", "state": {"waiting": {"reason": "PodInitializing"}}},
+    ], "containerStatuses": [{"name": "nvidia-operator-validator", "state": {"waiting": {"reason": "PodInitializing"}}}],
+        "conditions": [{"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+                        "message": "containers with incomplete status: [driver-validation toolkit-validation]"}]}}
+    problem = pod_problem(pod)
+    assert problem == ("driver-validation: init container 1 of 3 still running, not passed yet (its log says what "
+                       "it waits for: kubectl logs <pod> -c driver-validation)")
+    # a container waiting for a reason of its own says it, message included
+    pod["status"]["initContainerStatuses"][0]["state"] = {"waiting": {
+        "reason": "CreateContainerConfigError", "message": 'secret "licence" not found'}}
+    assert pod_problem(pod) == 'driver-validation: CreateContainerConfigError: secret "licence" not found'
+    # with no container saying more, the condition is still the reason
+    pod["status"]["initContainerStatuses"] = []
+    pod["status"]["containerStatuses"] = []
+    assert pod_problem(pod).startswith("Initialized: containers with incomplete status")
+
+
 def test_a_vm_passthrough_finding_is_a_problem_and_a_synced_list_is_not() -> None:
     nodes = [node("gpu-a")]
     ready = policy()

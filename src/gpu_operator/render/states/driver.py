@@ -156,7 +156,9 @@ def _variant(kernel: str | None) -> Any:
 BASE = DaemonSetDef(
     name=DAEMONSET,
     deploy="driver",
-    image=Image("driver", "DRIVER_IMAGE", partial=False),
+    # driver.version alone takes the operator's DRIVER_IMAGE with that tag (NVIDIA's operator ignores
+    # it without driver.repository and driver.image); precompiled: the branch, `-<kernel>-<os>` added
+    image=Image("driver", "DRIVER_IMAGE"),
     pod=_pod,
     labels={COMPONENT: "nvidia-driver"},
     on_delete=True,
