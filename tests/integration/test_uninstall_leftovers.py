@@ -39,9 +39,16 @@ from gpu_operator.kube.client import (
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.vocabulary import UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION, UPGRADE_STATE
+from gpu_operator.vocabulary import (
+    NODE_FEATURE_GROUP,
+    NODE_FEATURE_PLURAL,
+    UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
+    UPGRADE_STATE,
+)
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
+
+NODE_FEATURE_CRD = f"{NODE_FEATURE_PLURAL}.{NODE_FEATURE_GROUP}"
 
 
 def cleanup_command(control_plane: ControlPlane, *args: str) -> str:
@@ -86,8 +93,10 @@ def test_the_operator_deletes_its_lease_when_it_stops_with_nothing_left_to_lead(
 
 @pytest.fixture
 def our_crds_restored(kube: Client, crds: list[str]) -> Iterator[list[str]]:
-    """Our CRDs, applied again after the test (later tests of the session need them)."""
-    yield crds
+    """Our CRDs, applied again after the test (later tests of the session need them). NFD's
+    NodeFeature CRD, which `apply_crds` creates where absent, is not ours: cleanup leaves it."""
+    yield [name for name in crds if name != NODE_FEATURE_CRD]
+    assert _crd_exists(kube, NODE_FEATURE_CRD)  # whatever the test deleted, never NFD's kind
     for name in crds:
         wait_for(f"CRD {name} gone or kept", functools.partial(_crd_terminating, kube, name),
                  until=lambda terminating: not terminating, timeout=60)
