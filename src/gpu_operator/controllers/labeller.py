@@ -13,10 +13,12 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.gfdlabels import mirrored
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeChange, NodeDriver, desired_change
 from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
+from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION
 
 log = logging.getLogger("gpu_operator.nodelabels")
 
@@ -152,6 +154,21 @@ class NodeLabeller:
         log.info("node %s: labels %s", node.name, _describe(change.labels, change.annotations))
 
 
+# GFD's labels that say what the node is; the rest of its set is counted, not listed, in the log.
+_GFD_SHOWN = ("nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/mig.capable")
+
+
 def _describe(labels: dict[str, str | None], annotations: dict[str, str | None]) -> str:
-    parts = [f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted({**labels, **annotations}.items())]
+    """The change for the log: the operator's own keys one by one; GFD's mirrored labels (about 25 a
+    node) as a count with the few that say what the node is."""
+    # (a change of GFD's set carries the annotation that lists it; one value changing is shown as is)
+    gfd = {k for k, v in labels.items() if mirrored(k, v or "x")} if GFD_LABELS_ANNOTATION in annotations else set()
+    parts = [f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted({**labels, **annotations}.items())
+             if k not in gfd and k != GFD_LABELS_ANNOTATION]
+    if gfd:
+        added = sorted(k for k in gfd if labels[k] is not None)
+        shown = ", ".join(f"{k}={labels[k]}" for k in _GFD_SHOWN if k in added)
+        removed = len(gfd) - len(added)
+        parts.append(f"GPU feature discovery's labels: {len(added)} set" + (f" ({shown})" if shown else "")
+                     + (f", {removed} removed" if removed else ""))
     return ", ".join(parts)

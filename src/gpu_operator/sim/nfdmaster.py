@@ -41,7 +41,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpu_operator.sim.gfd import NodeFeature
-from gpu_operator.sim.podwatch import Reflector, WorkQueue
+from gpu_operator.sim.podwatch import Reflector, WorkQueue, run_together
 from gpu_operator.vocabulary import LABEL_VALUE_PATTERN, NFD, NFD_NODE_NAME_LABEL
 
 log = logging.getLogger("gpu_operator.sim.nfdmaster")
@@ -179,10 +179,4 @@ class NfdMaster:
         return None
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self.features.run(), name="nodefeatures"), *self.queue.tasks()]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_together([asyncio.create_task(self.features.run(), name="nodefeatures"), *self.queue.tasks()])

@@ -112,6 +112,16 @@ class Player(Protocol):
                    pods: list[PodView]) -> float | None: ...
 
 
+async def run_together(tasks: list[asyncio.Task[Any]]) -> None:
+    """Until one of the tasks fails (or we are cancelled); then the others are cancelled too."""
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def describe(err: Exception) -> str:
     """An API failure in one line: the apiserver's message, or the HTTP status and path."""
     if isinstance(err, ApiError):
@@ -281,12 +291,6 @@ class NodeStandIns:
     async def run(self) -> None:
         for player in self.players.values():
             await player.start(self.client)
-        tasks = [asyncio.create_task(self.pods.run(), name="pods"), *self.queue.tasks()]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await run_together([asyncio.create_task(self.pods.run(), name="pods"), *self.queue.tasks()])
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gfdlabels import gfd_change, gfd_node_of, mirrored, written
+from gpu_operator.controllers.labeller import _describe
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
 from gpu_operator.render.states.mig_manager import LAYOUTS, mig_capable_devices
 from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION, MIG_CONFIG, MIG_MANAGER, deploy_label
@@ -148,3 +149,15 @@ def test_the_node_view_keeps_what_the_mirror_reads() -> None:
     assert view.annotations == {GFD_LABELS_ANNOTATION: "gpu.product"}
     assert desired_change(view.labels, view.annotations, MIRROR, gfd=None).labels == {
         "nvidia.com/gpu.product": None, **desired_change(view.labels, {}, MIRROR, gfd=None).labels}
+
+
+def test_the_log_line_counts_gfds_labels_and_names_the_few_that_say_what_the_node_is() -> None:
+    labels = {**GPU, GFD: "true", "nvidia.com/gpu.present": "true"}
+    change = desired_change(labels, {}, MIRROR, gfd=H100_GFD)
+    line = _describe(change.labels, change.annotations)
+    assert line.split(", GPU feature discovery's labels: ")[1] == (
+        "5 set (nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count=8, nvidia.com/mig.capable=true)")
+    assert "nvidia.com/gpu.deploy.mig-manager=true" in line.split(", ")
+    settled_labels, notes = settled(dict(labels), {}, MIRROR, H100_GFD)
+    gone = desired_change(settled_labels, notes, MIRROR, gfd=None)
+    assert _describe(gone.labels, gone.annotations).endswith("GPU feature discovery's labels: 0 set, 5 removed")
