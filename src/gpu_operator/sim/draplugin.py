@@ -97,15 +97,27 @@ class SlicePublisher:
 
     def __init__(self) -> None:
         self.published: set[str] = set()
+        self.served = True  # resource.k8s.io/v1 (Kubernetes >= 1.34); the floor (1.29) has none
 
     async def start(self, client: AsyncClient) -> None:
-        """Slices this stand-in published before (a restart): withdrawn when their pod is gone."""
-        async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"}):
-            if found.spec and found.spec.get("nodeName"):
-                self.published.add(str(found.spec["nodeName"]))
+        """Slices this stand-in published before (a restart): withdrawn when their pod is gone. Where
+        the apiserver serves no resource.k8s.io/v1, NVIDIA's plugin could not publish either: this
+        stand-in stays idle, and the other stand-ins play on."""
+        try:
+            async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"}):
+                if found.spec and found.spec.get("nodeName"):
+                    self.published.add(str(found.spec["nodeName"]))
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            self.served = False
+            log.info("resource.k8s.io/v1 ResourceSlices are not served here (Kubernetes older than 1.34): "
+                     "the DRA kubelet plugin stand-in publishes nothing")
 
     async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
                    pods: list[PodView]) -> float | None:
+        if not self.served:
+            return None
         running = any(p.running for p in pods)
         if running and view is not None and view.shape is not None:
             if node not in self.published:

@@ -253,3 +253,22 @@ def test_work_queue_coalesces_and_retries() -> None:
 
     asyncio.run(go())
     assert calls.count("a") == 1 and calls.count("b") == 1 and calls.count("bad") == 2
+
+
+class NoDraApi(FakeClient):
+    """An apiserver without resource.k8s.io/v1 (the Kubernetes floor, 1.29)."""
+
+    def list(self, resource: Any, **_: Any) -> Any:
+        async def gen() -> Any:
+            raise ApiError(status=type("S", (), {"code": 404, "message": "the server could not find the resource"})())
+            yield  # an async generator
+        return gen()
+
+
+def test_without_resourceslices_the_dra_stand_in_stays_idle_and_the_others_play_on() -> None:
+    client = NoDraApi()
+    player = draplugin.SlicePublisher()
+    asyncio.run(player.start(client))  # type: ignore[arg-type]
+    assert not player.served
+    assert asyncio.run(player.sync(client, "dgx-h100-0", view(), [pod()])) is None  # type: ignore[arg-type]
+    assert client.calls == []
