@@ -96,7 +96,7 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
 
     try:
         user_layers(values or [], set_values or [])  # bad input stops here, before anything starts
-        refuse_unusable(_dir(directory), shape, real_node_shape if real_node else None)
+        refuse_unusable(_dir(directory), shape, real_node_shape if real_node else None, nfd)
         state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
                               real_node=real_node_shape if real_node else None, kubernetes=kubernetes,
                               nfd=nfd)

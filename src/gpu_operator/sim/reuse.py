@@ -1,6 +1,6 @@
 """`sim up` and `sim demo` reuse a simulator already running in their directory. Its nodes were
-made when it started: options that would need other nodes (`--shape`, `--real-node`) are
-refused with what runs and the ways out, never silently ignored.
+made when it started: options that would need other nodes (`--shape`, `--real-node`) or another
+stand-in (`--nfd`) are refused with what runs and the ways out, never silently ignored.
 
 Refused, not honoured by adding the nodes: `--shape` names the whole fleet, not nodes to add
 (`--shape cpu:2` on a running `dgx-h100:4` would have to remove four nodes, which pods and the
@@ -30,9 +30,11 @@ def same_fleet(running: list[str], asked: list[str]) -> bool:
     return [_key(s) for s in running] == [_key(s) for s in asked]
 
 
-def conflicts(state: SimState, shapes: list[str] | None, real_node: str | None) -> list[str]:
+def conflicts(state: SimState, shapes: list[str] | None, real_node: str | None, nfd: bool = False) -> list[str]:
     """What the running simulator `state` cannot give: `shapes` None means none was asked for."""
     out: list[str] = []
+    if nfd and not state.nfd:
+        out.append("--nfd: its stand-ins do not play NFD's master (it was started without --nfd)")
     if shapes is not None and not same_fleet(state.shapes, shapes):
         out.append(f"--shape {' --shape '.join(shapes)}: it runs the fake nodes "
                    f"{' '.join(state.shapes) or '(none)'}, made when it started")
@@ -43,7 +45,7 @@ def conflicts(state: SimState, shapes: list[str] | None, real_node: str | None) 
     return out
 
 
-def refuse_unusable(directory: Path, shapes: list[str] | None, real_node: str | None) -> None:
+def refuse_unusable(directory: Path, shapes: list[str] | None, real_node: str | None, nfd: bool = False) -> None:
     """SimError when a simulator runs in `directory` and cannot give what was asked; nothing when
     none runs (a new one is started with these options) or it can."""
     from gpu_operator.sim import session
@@ -53,7 +55,7 @@ def refuse_unusable(directory: Path, shapes: list[str] | None, real_node: str | 
     existing = session.running(directory)
     if existing is None:
         return
-    problems = conflicts(existing, shapes, real_node)
+    problems = conflicts(existing, shapes, real_node, nfd)
     if problems:
         raise session.SimError(f"a simulator already runs in {directory}, and these options cannot apply to it: "
                                f"{'; '.join(problems)}. {WAYS_OUT}")

@@ -102,7 +102,7 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
     except ControlPlaneError as err:
         raise SimError(f"the control plane did not start: {err}") from err
     state = SimState(dir=str(directory), server=plane.server, kubeconfig=str(plane.admin_kubeconfig),
-                     binaries=str(found.root), shapes=list(shapes), kubernetes=kubernetes)
+                     binaries=str(found.root), shapes=list(shapes), kubernetes=kubernetes, nfd=nfd)
     for component in plane.components:
         assert component.process is not None
         state.add(Proc.of(component.name, component.process.pid, component.log))

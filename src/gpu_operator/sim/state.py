@@ -83,6 +83,7 @@ class SimState:
     real_node: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     kubernetes: str = "current"  # binaries.KUBERNETES: the current Kubernetes or the floor
+    nfd: bool = False  # the stand-ins also play NFD's master (`sim up --nfd`)
 
     @property
     def path(self) -> Path:

@@ -37,6 +37,10 @@ def test_only_what_the_running_simulator_lacks_conflicts(tmp_path: Path) -> None
     assert conflicts(with_real, None, "dgx-h100") == []
     assert conflicts(with_real, None, "host-driver") == [
         "--real-node (shape host-driver): its real node has shape dgx-h100"]
+    assert conflicts(state, None, None, nfd=True) == [
+        "--nfd: its stand-ins do not play NFD's master (it was started without --nfd)"]
+    state.nfd = True
+    assert conflicts(state, None, None, nfd=True) == [] and conflicts(state, None, None) == []
 
 
 def test_the_refusal_names_what_runs_and_the_ways_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
