@@ -80,6 +80,8 @@ OS_ID = f"{NFD}/system-os_release.ID"
 OS_VERSION_ID = f"{NFD}/system-os_release.VERSION_ID"
 OS_VERSION_MAJOR = f"{OS_VERSION_ID}.major"
 KERNEL_FULL = f"{NFD}/kernel-version.full"
+# The extended resource NVIDIA's device plugin registers for full GPUs.
+GPU_RESOURCE = f"{NVIDIA}/gpu"
 # GPU feature discovery's count label (the shapes write it; upstream's GFD publishes it).
 GPU_COUNT = f"{NVIDIA}/gpu.count"
 # NFD PCI labels that mark a node with an NVIDIA GPU (vendor 10de).

@@ -16,12 +16,17 @@ from gpu_operator.sim.controlplane import ControlPlane
 def test_crds_apply_twice(control_plane: ControlPlane) -> None:
     argv = [sys.executable, "-m", "gpu_operator.cli", "crds", "apply",
             f"--kubeconfig={control_plane.admin_kubeconfig}"]
-    for _ in range(2):
+    for run in range(2):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
         assert "applied clusterpolicies.nvidia.com (Established)" in done.stdout
         assert "applied nvidiadrivers.nvidia.com (Established)" in done.stdout
         assert "applied gpuclusters.nvidia.com (Established)" in done.stdout
+        # NFD's kind: created where absent; once it exists (the second run at the latest) never
+        # changed, and said so
+        lines = done.stdout.splitlines()
+        left = "left nodefeatures.nfd.k8s-sigs.io as it was (it exists; Established)"
+        assert left in lines if run else (left in lines or "applied nodefeatures.nfd.k8s-sigs.io (Established)" in lines)
     served = control_plane.request("GET", "/apis/nvidia.com/v1")
     assert any(r["name"] == "clusterpolicies" for r in served["resources"])
 

@@ -83,8 +83,10 @@ def gfd_change(labels: Mapping[str, str], annotations: Mapping[str, str],
     return GfdChange(change, notes)
 
 
-def applied(labels: Mapping[str, str], change: Mapping[str, str | None]) -> dict[str, str]:
-    """The labels after a change (None removes)."""
+def applied(labels: dict[str, str], change: Mapping[str, str | None]) -> dict[str, str]:
+    """The labels after a change (None removes); `labels` itself when there is none (no copy)."""
+    if not change:
+        return labels
     out = dict(labels)
     for key, value in change.items():
         if value is None:

@@ -16,10 +16,12 @@ from gpu_operator.api.crdgen import load_packaged, node_feature_crd
 from gpu_operator.kube.client import FIELD_MANAGER
 
 
-def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True) -> list[str]:
+def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True,
+               kept: list[str] | None = None) -> list[str]:
     """Apply every CRD shipped with the package; returns their names once all are Established.
     `node_feature`: also create NFD's NodeFeature CRD where it is absent (GFD publishes its labels
-    there); one that exists (NFD's, or ours from an earlier run) is left exactly as it is."""
+    there); one that exists (NFD's, or ours from an earlier run) is left exactly as it is, and its
+    name added to `kept`."""
     crds = load_packaged()
     names = []
     for crd in crds:
@@ -27,7 +29,8 @@ def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True)
         names.append(crd["metadata"]["name"])
     if node_feature:
         crd = node_feature_crd()
-        create_if_absent(client, crd)
+        if not create_if_absent(client, crd) and kept is not None:
+            kept.append(crd["metadata"]["name"])
         crds.append(crd)
         names.append(crd["metadata"]["name"])
     deadline = time.monotonic() + timeout

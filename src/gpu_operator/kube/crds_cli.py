@@ -55,8 +55,10 @@ def crds_apply(
 
     with sync_client(kubeconfig, "apply the CRDs", needs="it needs get/create/patch on "
                      "customresourcedefinitions") as client:
-        for name in apply_crds(client, timeout=timeout, node_feature=node_feature):
-            typer.echo(f"applied {name} (Established)")
+        kept: list[str] = []
+        for name in apply_crds(client, timeout=timeout, node_feature=node_feature, kept=kept):
+            typer.echo(f"left {name} as it was (it exists; Established)" if name in kept
+                       else f"applied {name} (Established)")
 
 
 @crds_app.command("print")

@@ -25,6 +25,7 @@ import yaml
 from gpu_operator.vocabulary import (
     GPU_COUNT,
     GPU_PRODUCT,
+    GPU_RESOURCE,
     KERNEL_FULL,
     MIG_CAPABLE,
     NFD,
@@ -40,7 +41,6 @@ from gpu_operator.vocabulary import (
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
 SHAPE_LABEL = "gpu-operator.sim/shape"
-GPU_RESOURCE = f"{NVIDIA}/gpu"
 # The driver every simulated GPU node runs (the host driver of sim/realspec.py's trees; the
 # operator's driver container is played by kwok, so one version stands for both) and the CUDA
 # version that driver reports (cuDriverGetVersion).

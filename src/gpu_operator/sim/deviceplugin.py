@@ -37,8 +37,9 @@ import grpc
 
 from gpu_operator.sim import devnodes, dpapi
 from gpu_operator.sim.toolkit import VISIBLE, Gpu, gpus
+from gpu_operator.vocabulary import GPU_RESOURCE
 
-RESOURCE = "nvidia.com/gpu"
+RESOURCE = GPU_RESOURCE
 SOCKET = "nvidia-gpu.sock"
 STRATEGIES = ("envvar", "cdi-annotations")
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"

@@ -32,8 +32,8 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.shapes import GPU_RESOURCE
 from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.vocabulary import GPU_RESOURCE
 
 log = logging.getLogger("gpu_operator.sim.kubeletdp")
 

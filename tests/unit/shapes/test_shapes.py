@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpu_operator import shapes
-from gpu_operator.shapes import GPU_RESOURCE, arch_family, sanitise
+from gpu_operator.shapes import arch_family, sanitise
+from gpu_operator.vocabulary import GPU_RESOURCE
 
 # Every key GFD v0.20.0 publishes for full GPUs, mig strategy none, no sharing, no vGPU.
 GFD_KEYS = {f"nvidia.com/{k}" for k in (
