@@ -126,6 +126,18 @@ UPGRADE_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-driver-upgrade"
 UPGRADE_EVENT_REASON = "GPUDriverUpgrade"
 CONTROLLER_REVISION_HASH = "controller-revision-hash"
 
+# -- GPU health (ours: upstream has no health agent) ---------------------------------------------
+# The health agent (our image, on every GPU node) publishes its report per node in this annotation:
+# compact JSON, written once per change and never while nothing changes. The operator reads it
+# (the only reader) and turns it into HEALTH_CONDITION, HEALTH_TAINT, an Event and metrics.
+HEALTH_REPORT_ANNOTATION = f"{NVIDIA}/gpu-health.report"
+HEALTH_CONDITION = "NvidiaGPUReady"  # Node condition: True only when validated and every GPU healthy
+HEALTH_TAINT = f"{NVIDIA}/gpu-unhealthy"  # NoSchedule (NoExecute if the policy asks) while quarantined
+HEALTH_STATE = f"{NVIDIA}/gpu-health.state"  # label: where a node is in remediation
+HEALTH_EVENT_REASON = "GPUHealth"
+# The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
+HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
+
 # -- objects the operator owns -------------------------------------------------------------------
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "gpu-operator"
