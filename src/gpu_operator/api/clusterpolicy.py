@@ -39,6 +39,7 @@ from gpu_operator.api.common import (
     not_precompiled,
     unknown_field_warnings,
 )
+from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.vocabulary import WorkloadConfig
 
 GROUP = "nvidia.com"
@@ -415,6 +416,8 @@ class ClusterPolicySpec(Model):
     ccManager: CCManagerSpec = Field(default_factory=CCManagerSpec)
     hostPaths: HostPathsSpec = Field(default_factory=HostPathsSpec)
     kataSandboxDevicePlugin: KataDevicePluginSpec = Field(default_factory=KataDevicePluginSpec)
+    # ours, not upstream's (api/healthpolicy.py, docs/health.md): unset keeps the defaults
+    health: HealthSpec | None = None
 
     def sandbox_on(self) -> bool:
         return self.sandboxWorkloads.is_enabled(False)

@@ -45,6 +45,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
                 out["default"] = extra["default"]
             if "description" in extra:
                 out["description"] = extra["description"]
+            if "x-kubernetes-validations" in extra:
+                out["x-kubernetes-validations"] = extra["x-kubernetes-validations"]
             return out
         if len(options) != 1:
             raise ValueError(f"cannot express a union of {types} in a structural schema")
