@@ -135,11 +135,13 @@ def pdb_name(status: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Answer:
-    """A GET's answer: its status and text, or (status None) why there was none."""
+    """A GET's answer: its status and text, or (status None) why there was none; `path` is
+    what was asked (for a report naming it)."""
 
     status: int | None
     text: str = ""
     error: str = ""
+    path: str = ""
 
     def json(self) -> Any:
         return json.loads(self.text)
@@ -162,5 +164,5 @@ async def get(http: httpx2.AsyncClient, path: str, params: Mapping[str, str] | N
     try:
         response = await http.get(path, **kwargs)
     except httpx2.HTTPError as err:
-        return Answer(None, error=f"{type(err).__name__}: {err}")
-    return Answer(response.status_code, response.text)
+        return Answer(None, error=f"{type(err).__name__}: {err}", path=path)
+    return Answer(response.status_code, response.text, path=path)

@@ -1,14 +1,16 @@
-"""The commands that talk to a cluster (`status`, `upgrade`, `cleanup`, `must-gather`, `crds
-apply`) report a kubeconfig that cannot be loaded, an apiserver that cannot be reached and a
-request it refused as one line on stderr and exit 2, never as a traceback. The line names the
+"""How a command reaches a cluster. Every command that talks to one (`status`, `upgrade`,
+`cleanup`, `must-gather`, `crds apply`) gets its client here: `run_kube` (a `Kube`, for the
+admin commands) or `sync_client` (a lightkube Client, for `status` and `crds apply`), both from
+`load_target`. A kubeconfig that cannot be loaded, an apiserver that cannot be reached and a
+request it refused are one line on stderr and exit 2, never a traceback. The line names the
 apiserver and the configuration it came from, and what to check."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 import typer
@@ -17,6 +19,10 @@ from lightkube import ConfigError
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError
 
+if TYPE_CHECKING:
+    from gpu_operator.kube.client import Kube
+
+T = TypeVar("T")
 EXIT_CODE = 2
 CHECK = ("check that the apiserver is up and reachable from here, and that this is the cluster you mean "
          "(--kubeconfig or KUBECONFIG)")
@@ -137,3 +143,24 @@ def sync_client(kubeconfig: str | None, doing: str, needs: str = "") -> Iterator
             yield client
         finally:
             client.close()
+
+
+def run_kube(target: Target | str | None, doing: str, work: Callable[[Kube], Awaitable[T]], needs: str = "") -> T:
+    """Run `work` with a `Kube` for `target` (a Target, or a kubeconfig path: None for
+    KUBECONFIG, in-cluster, ~/.kube/config) to its end, and close the Kube; its failures are
+    reported as `api_errors` does. What `work` raises besides passes through."""
+    import asyncio
+
+    from gpu_operator.kube.client import Kube
+
+    where = target if isinstance(target, Target) else load_target(target)
+
+    async def go() -> T:
+        kube = Kube(config=where.config)
+        try:
+            return await work(kube)
+        finally:
+            await kube.close()
+
+    with api_errors(where, doing, needs):
+        return asyncio.run(go())

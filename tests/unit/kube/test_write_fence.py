@@ -95,6 +95,13 @@ CALLS: dict[str, tuple[Callable[[Kube], Awaitable[Any]], bool]] = {
     "list_all": (lambda k: k.list_all("/api/v1/namespaces/ns/pods"), False),
     "get_answer": (lambda k: k.get_answer("/readyz"), False),
     "count": (lambda k: k.count("/apis/nvidia.com/v1/clusterpolicies"), False),
+    "list_items": (lambda k: k.list_items("apps", "v1", "daemonsets", "ns"), False),
+    "list_pods": (lambda k: k.list_pods("ns", labels="app=x", fields="spec.nodeName=n1", slim=True), False),
+    "count_items": (lambda k: k.count_items("nvidia.com", "v1", "clusterpolicies"), False),
+    "read_list": (lambda k: k.read_list("", "v1", "nodes"), False),
+    "read_version": (lambda k: k.read_version(), False),
+    "read_readyz": (lambda k: k.read_readyz(timeout=1.0), False),
+    "read_pod_log": (lambda k: k.read_pod_log("ns", "p", "c", tail_lines=10, previous=True), False),
     "evict": (lambda k: k.evict("ns", "p"), True),
     "node_event": (lambda k: k.node_event("n1", "Reason", "message"), True),
     "event": (lambda k: k.event(NODE, "Reason", "message"), True),
@@ -201,10 +208,10 @@ def _client_constructions(path: Path) -> list[str]:
 
 def test_the_operator_process_builds_no_client_but_kubes() -> None:
     """The operator's writes can only take the fenced paths if nothing in it builds another
-    client: only kube/client.py constructs one. (The `*_cli.py` commands and `cleanup` are run by
-    a user or the chart's pre-delete Job, without leader election.)"""
-    run_by_operator = [p for p in (SRC / "controllers").glob("*.py")
-                       if not p.name.endswith("_cli.py") and p.name not in ("cli.py", "cleanup.py")]
+    client: only kube/client.py constructs one. (The commands a user or the chart's pre-delete
+    Job runs, without leader election, are in admin/; they build no client either, but use
+    kube/reach.py's.)"""
+    run_by_operator = sorted((SRC / "controllers").rglob("*.py"))
     assert run_by_operator
     assert [c for p in run_by_operator for c in _client_constructions(p)] == []
     assert _client_constructions(SRC / "kube" / "client.py")  # the scan finds the ones that exist
