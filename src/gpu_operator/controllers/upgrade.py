@@ -226,12 +226,6 @@ class UpgradeController:
         self.waiting_since = None
         return True
 
-    async def _get(self, path: str, params: Mapping[str, str] | None = None, *,
-                   slim: bool = False) -> list[dict[str, Any]]:
-        """Every item of a list (kube/pages.py). `slim`: pods decoded slim (validator pods, one
-        per node: their whole bodies would be most of a pass's cost)."""
-        return await self.kube.list_all(path, params, slim_pods=slim)
-
     async def reconcile(self, owners: Sequence[Owner]) -> float:
         """One pass: the state machine once per owner (the ClusterPolicy, or each NVIDIADriver),
         each on its own nodes with its own policy and pause; the lists are read once and shared.
@@ -256,14 +250,14 @@ class UpgradeController:
 
     async def _lists(self, views: Mapping[str, NodeView], driver_pods: Iterable[DriverPodView]) -> PassLists:
         ns = self.namespace
-        dss = await self._get(f"/apis/apps/v1/namespaces/{ns}/daemonsets")
+        dss = await self.kube.list_items("apps", "v1", "daemonsets", ns)
         daemonsets = {d["metadata"]["uid"]: d for d in dss}
-        latest = latest_revisions(await self._get(f"/apis/apps/v1/namespaces/{ns}/controllerrevisions"))
+        latest = latest_revisions(await self.kube.list_items("apps", "v1", "controllerrevisions", ns))
         validators: list[dict[str, Any]] = []
         if any(v.selectable.get(UPGRADE_STATE) == us.VALIDATION_REQUIRED for v in views.values()):
-            # only that state reads them: no list of one pod per node on the other passes
-            validators = await self._get(f"/api/v1/namespaces/{ns}/pods", {"labelSelector": VALIDATOR_SELECTOR},
-                                         slim=True)
+            # only that state reads them: no list of one pod per node on the other passes; slim:
+            # one pod per node, whose whole bodies would be most of a pass's cost
+            validators = await self.kube.list_pods(ns, labels=VALIDATOR_SELECTOR, slim=True)
         return PassLists(tuple(pass_pods(driver_pods, daemonsets, latest)), validators_ready(validators))
 
     async def _owner_pass(self, owner: Owner, views: Mapping[str, NodeView], lists: PassLists) -> tuple[us.Counts, bool]:
@@ -285,17 +279,17 @@ class UpgradeController:
         return result.counts, busy
 
     async def _pods_on(self, node: str, policy: us.Policy) -> tuple[us.PodFacts, ...]:
-        field = {"fieldSelector": f"spec.nodeName={node}"}
+        on_node = f"spec.nodeName={node}"
         async with self.gate:
-            pods = await self._get("/api/v1/pods", field)
+            pods = await self.kube.list_pods(fields=on_node)
             wait: set[str] = set()
             if policy.wait_selector:
                 wait = {p["metadata"]["name"] for p in
-                        await self._get("/api/v1/pods", {**field, "labelSelector": policy.wait_selector})}
+                        await self.kube.list_pods(fields=on_node, labels=policy.wait_selector)}
             drain: set[str] | None = None
             if policy.drain_selector:
                 drain = {p["metadata"]["name"] for p in
-                         await self._get("/api/v1/pods", {**field, "labelSelector": policy.drain_selector})}
+                         await self.kube.list_pods(fields=on_node, labels=policy.drain_selector)}
         return tuple(pod_facts(p, wait, drain, self.blocked) for p in pods)
 
     async def _execute(self, steps: Sequence[us.Step], facts: Mapping[str, us.NodeFacts]) -> None:

@@ -7,9 +7,11 @@ internal/plugin/server.go; facts only):
   available), again whenever the kubelet's socket is re-created (a kubelet restart removes plugin
   sockets);
 - ListAndWatch: one device per GPU of the host tree (ID = its UUID, DEVICE_ID_STRATEGY=uuid, the
-  default; NUMA node from sysfs), Healthy while its /dev/nvidiaN is there, Unhealthy when it is gone
-  (NVIDIA's plugin marks a GPU unhealthy on XID events; a vanished device node is our stand-in);
-  a new list is sent on every change;
+  default; NUMA node from sysfs), Unhealthy once the tree's kernel log has a critical Xid for it
+  after the plugin started (NVIDIA's rule, see `xidhealth`: NVML's Xid events, the application
+  Xids and DP_DISABLE_HEALTHCHECKS/DP_ENABLE_HEALTHCHECKS ignored) until a new boot, and while its
+  /dev/nvidiaN is gone (the GPU fell off the bus, `sim fault --gone`: NVIDIA's plugin gets Xid 79
+  and NVML fails for it); a new list is sent on every change;
 - Allocate, by DEVICE_LIST_STRATEGY: `envvar` (default) sets NVIDIA_VISIBLE_DEVICES to the
   allocated IDs; `cdi-annotations` sets the annotation `cdi.k8s.io/nvidia-device-plugin_<id>` to
   `k8s.device-plugin.nvidia.com/gpu=<ID>,...` and writes that kind's CDI spec into the tree's
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import threading
 import time
@@ -37,6 +40,7 @@ import grpc
 
 from gpu_operator.sim import devnodes, dpapi
 from gpu_operator.sim.toolkit import VISIBLE, Gpu, gpus
+from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
 
 RESOURCE = GPU_RESOURCE
@@ -52,14 +56,23 @@ Empty = dpapi.message("Empty")
 class GpuPlugin:
     """The DevicePlugin service over one host tree."""
 
-    def __init__(self, host_root: Path, strategy: str = "envvar") -> None:
+    def __init__(self, host_root: Path, strategy: str = "envvar", env: dict[str, str] | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
         self.host_root, self.strategy = host_root, strategy
         self.stopping = threading.Event()
+        self.xids = XidHealth(host_root, dict(os.environ) if env is None else env)
+        self._found: tuple[str, list[Gpu]] | None = None
 
     def gpus(self) -> list[Gpu]:
-        return gpus(self.host_root)
+        """The GPUs the plugin found at its start, as NVIDIA's plugin keeps them: one that falls off
+        the bus stays listed (Unhealthy). A new boot is a new plugin process: found again."""
+        boot = self.xids.boot_id()
+        if self._found is None or (self._found[0] and self._found[0] != boot):
+            self._found = (boot, gpus(self.host_root))
+        elif not self._found[0]:  # the tree got its boot_id: the same boot
+            self._found = (boot, self._found[1])
+        return self._found[1]
 
     def _numa(self, gpu: Gpu) -> int | None:
         path = self.host_root / "sys/bus/pci/devices" / gpu.address / "numa_node"
@@ -68,8 +81,10 @@ class GpuPlugin:
 
     def devices(self) -> list[Any]:
         out = []
+        xid_marked = self.xids.poll()
         for gpu in self.gpus():
-            healthy = devnodes.char_device(self.host_root / f"dev/nvidia{gpu.minor}") is not None
+            healthy = (devnodes.char_device(self.host_root / f"dev/nvidia{gpu.minor}") is not None
+                       and gpu.address.rsplit(".", 1)[0] not in xid_marked)
             device = dpapi.message("Device")(ID=gpu.uuid, health=dpapi.HEALTHY if healthy else dpapi.UNHEALTHY)
             numa = self._numa(gpu)
             if numa is not None:

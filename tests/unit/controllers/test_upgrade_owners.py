@@ -24,6 +24,7 @@ from gpu_operator.controllers.upgrade import (
     pass_pods,
 )
 from gpu_operator.controllers.upgrade_owners import Owner, clusterpolicy_owner, upgrade_owners
+from gpu_operator.kube.reads import Reads
 from gpu_operator.vocabulary import DRIVER_OWNER, UPGRADE_PAUSED_ANNOTATION, UPGRADE_STATE
 
 GPU = {"nvidia.com/gpu.present": "true"}
@@ -150,8 +151,9 @@ def test_counts_are_summed_over_owners() -> None:
     assert us.total([]) == us.Counts()
 
 
-class FakeKube:
-    """An apiserver that answers the pass's lists and records node patches and events."""
+class FakeKube(Reads):
+    """An apiserver that answers the pass's lists (kube/reads.py's calls over a mock transport)
+    and records node patches and events."""
 
     def __init__(self, daemonsets: list[dict[str, Any]], revisions: list[dict[str, Any]],
                  pods: list[dict[str, Any]]) -> None:
@@ -164,12 +166,11 @@ class FakeKube:
             return httpx2.Response(200, json={"kind": "List", "metadata": {},
                                               "items": answers[request.url.path.rsplit("/", 1)[-1]]})
 
-        self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
+        self.mock = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
 
-    async def list_all(self, path: str, params: Any = None, *, slim_pods: bool = False) -> list[dict[str, Any]]:
-        from gpu_operator.kube.pages import list_all
-
-        return await list_all(self.http, path, params, slim_pods=slim_pods)
+    @property
+    def http(self) -> httpx2.AsyncClient:
+        return self.mock
 
     async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any]) -> None:
         assert name not in self.patches, f"{name} patched twice in one pass"

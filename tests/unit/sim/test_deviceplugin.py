@@ -1,6 +1,7 @@
 """The device-plugin stand-in over gRPC on unix sockets, with a kubelet's Registration service
 played by the test: registration (and again after a kubelet restart), ListAndWatch with health,
-Allocate by strategy, preferred allocation; its CDI answer resolved by the `nvidia` runtime."""
+Allocate by strategy, preferred allocation; its CDI answer resolved by the `nvidia` runtime; the
+health NVIDIA's plugin reports for Xids and a GPU off the bus (`sim fault`), Healthy after a reboot."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Any
 import grpc
 import pytest
 
-from gpu_operator.sim import deviceplugin, dpapi, hosttree, nvruntime
+from gpu_operator.sim import deviceplugin, dpapi, faults, hosttree, nvruntime
 from gpu_operator.sim.realspec import host_spec
 from gpu_operator.sim.toolkit import gpus
+from gpu_operator.sim.xidhealth import XidFilter
 
 
 class FakeKubelet:
@@ -149,3 +151,45 @@ def test_cdi_annotations_strategy_is_resolved_by_the_nvidia_runtime(host: Path, 
 def test_an_unknown_strategy_is_refused_with_the_choices(host: Path) -> None:
     with pytest.raises(ValueError, match="use one of envvar, cdi-annotations"):
         deviceplugin.GpuPlugin(host, strategy="volume-mounts")
+
+
+def test_xid_filter_follows_nvidia_rules() -> None:
+    default = XidFilter({})
+    assert [x for x in (13, 31, 43, 45, 48, 68, 79, 109) if default.counts(x)] == [48, 79]
+    more = XidFilter({"DP_DISABLE_HEALTHCHECKS": "48, nope,"})
+    assert not more.counts(48) and more.counts(79) and not more.all_disabled
+    assert XidFilter({"DP_DISABLE_HEALTHCHECKS": "xids"}).all_disabled
+    enabled = XidFilter({"DP_ENABLE_HEALTHCHECKS": "13"})
+    assert enabled.counts(13) and not enabled.counts(31)
+    every = XidFilter({"DP_ENABLE_HEALTHCHECKS": "all"})
+    assert all(every.counts(x) for x in (13, 31, 109, 79))
+
+
+def test_listandwatch_reports_xids_and_a_lost_gpu_unhealthy_until_a_new_boot(host: Path, plugin_dir: Path,
+                                                                               tmp_path: Path) -> None:
+    node = faults.HostFaults(host, tmp_path / "book")
+    node.xid(79, 0)  # before the plugin started: not its event
+    plugin = deviceplugin.GpuPlugin(host, env={})
+    for kubelet in run(plugin, plugin_dir):
+        kubelet.requests.get(timeout=10)
+        uuids = [g.uuid for g in gpus(host)]
+        with grpc.insecure_channel(f"unix://{plugin_dir / deviceplugin.SOCKET}") as channel:
+            watch = channel.unary_stream(f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
+                                         request_serializer=lambda m: m.SerializeToString(),
+                                         response_deserializer=dpapi.message("ListAndWatchResponse").FromString)
+            stream = watch(deviceplugin.Empty(), timeout=60)
+
+            def health(stream: Any = stream) -> list[tuple[str, str]]:
+                return [(d.ID, d.health) for d in next(stream).devices]
+
+            assert health() == [(uuids[0], "Healthy"), (uuids[1], "Healthy")]
+            node.xid(13, 0)  # an application Xid: ignored (had it counted, GPU 0 would turn Unhealthy first)
+            node.xid(48, 1)
+            assert health() == [(uuids[0], "Healthy"), (uuids[1], "Unhealthy")]
+            node.clear()  # a new boot: a new plugin process, every GPU Healthy
+            assert health() == [(uuids[0], "Healthy"), (uuids[1], "Healthy")]
+            node.gone(0)  # off the bus: still listed, Unhealthy
+            assert health() == [(uuids[0], "Unhealthy"), (uuids[1], "Healthy")]
+            node.clear()
+            assert health() == [(uuids[0], "Healthy"), (uuids[1], "Healthy")]
+            stream.cancel()
