@@ -23,6 +23,7 @@ app = typer.Typer(
 def _register_all() -> None:
     # Each area owns its commands; heavy imports stay inside the command bodies so that
     # `gpu-operator --help` and the node agents start fast.
+    from gpu_operator.admin import cli as admin_cli
     from gpu_operator.controllers import cli as controllers_cli
     from gpu_operator.kube import crds_cli
     from gpu_operator.node import cli as node_cli
@@ -30,7 +31,7 @@ def _register_all() -> None:
     from gpu_operator.sim import cli as sim_cli
     from gpu_operator.statusview import cli as statusview_cli
 
-    for module in (controllers_cli, render_cli, crds_cli, node_cli, sim_cli, statusview_cli):
+    for module in (admin_cli, controllers_cli, render_cli, crds_cli, node_cli, sim_cli, statusview_cli):
         module.register(app)
 
 

@@ -13,16 +13,17 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from gpu_operator import __version__
-from gpu_operator.controllers import redact
+from gpu_operator.admin import redact
 from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
 from gpu_operator.kube.client import Kube
+from gpu_operator.kube.pages import Answer
 from gpu_operator.kube.reach import Unreachable
 from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.vocabulary import MANAGED_SELECTOR, PROBE_FACTS_ANNOTATION
@@ -42,12 +43,6 @@ LOG_TIMEOUT = 20.0  # seconds for one log: the apiserver dials the node's kubele
 LOG_NODES_AT_ONCE = 8
 FAKE_NODE = "a fake (kwok) node: no kubelet behind it serves container logs"
 SUMMARY_ITEMS = 8  # items named one by one in the summary; errors.txt has them all
-
-
-def path_of(kind: OwnedKind, namespace: str | None = None, name: str = "") -> str:
-    base = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
-    where = f"/namespaces/{namespace}" if namespace else ""
-    return f"{base}{where}/{kind.plural}" + (f"/{name}" if name else "")
 
 
 @dataclass
@@ -97,18 +92,19 @@ class Gatherer:
     def __init__(self, kube: Kube, namespace: str, bundle: Bundle) -> None:
         self.kube, self.namespace, self.bundle = kube, namespace, bundle
 
-    async def get(self, path: str, params: dict[str, str] | None = None, *, what: str) -> Any | None:
-        """A GET's JSON (every page of a list), or None with the reason recorded in errors.txt."""
-        query = dict(params or {})
+    async def get(self, read: Callable[[dict[str, str]], Awaitable[Answer]], *, what: str) -> Any | None:
+        """A read's JSON (every page of a list: `read` is called with the query of each page), or
+        None with the reason recorded in errors.txt."""
+        query: dict[str, str] = {}
         items: list[Any] = []
         while True:
-            answer = await self.kube.get_answer(path, query)
+            answer = await read(dict(query))
             if answer.status is None:
-                self.bundle.errors.append(f"{what}: {path}: {answer.error}")
+                self.bundle.errors.append(f"{what}: {answer.path}: {answer.error}")
                 self.bundle.unanswered.append(answer.error)
                 return None
             if answer.status != 200:
-                self.bundle.errors.append(f"{what}: {path}: HTTP {answer.status} {answer.reason}")
+                self.bundle.errors.append(f"{what}: {answer.path}: HTTP {answer.status} {answer.reason}")
                 return None
             body = answer.json()
             if not isinstance(body, dict) or "items" not in body:
@@ -119,9 +115,14 @@ class Gatherer:
                 return {**body, "items": items}
             query["continue"] = cont
 
-    async def text(self, path: str, params: dict[str, str]) -> tuple[str | None, int | None, str]:
-        """A GET's text, or None, the HTTP status (None: no answer) and why."""
-        answer = await self.kube.get_answer(path, params, timeout=LOG_TIMEOUT)
+    def listing(self, group: str, version: str, plural: str, namespace: str | None = None,
+                **selectors: str) -> Callable[[dict[str, str]], Awaitable[Answer]]:
+        """The read of a kind's list for `get` (`selectors`: labelSelector, fieldSelector)."""
+        return lambda query: self.kube.read_list(group, version, plural, namespace, {**selectors, **query})
+
+    async def text(self, read: Awaitable[Answer]) -> tuple[str | None, int | None, str]:
+        """A read's text, or None, the HTTP status (None: no answer) and why."""
+        answer = await read
         if answer.status is None:
             return None, None, answer.error
         if answer.status != 200:
@@ -130,7 +131,8 @@ class Gatherer:
 
     async def objects(self, kind: OwnedKind, dest: str, *, namespace: str | None = None,
                       selector: str | None = None) -> list[dict[str, Any]]:
-        body = await self.get(path_of(kind, namespace), {"labelSelector": selector} if selector else None,
+        selectors = {"labelSelector": selector} if selector else {}
+        body = await self.get(self.listing(kind.group, kind.version, kind.plural, namespace, **selectors),
                               what=kind.kind)
         items = [{"apiVersion": f"{kind.group}/{kind.version}".lstrip("/"), "kind": kind.kind, **i}
                  for i in (body or {}).get("items", [])]
@@ -139,18 +141,19 @@ class Gatherer:
         return items
 
     async def versions(self) -> None:
-        server = await self.get("/version", what="apiserver version")
+        server = await self.get(lambda _: self.kube.read_version(), what="apiserver version")
         if server is None and self.bundle.unanswered:  # the first read: an apiserver that does not answer
             raise Unreachable(self.bundle.unanswered[0])
         server = server or {}
-        crds = await self.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", what="CRDs") or {}
+        crds = await self.get(self.listing("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
+                              what="CRDs") or {}
         ours = {c["metadata"]["name"]: [v["name"] for v in c["spec"]["versions"] if v.get("served")]
                 for c in crds.get("items", []) if c["spec"]["group"] == "nvidia.com"}
         self.bundle.files["versions.json"] = json.dumps(
             {"mustGather": __version__, "kubernetes": server.get("gitVersion"), "crds": ours}, indent=2) + "\n"
 
     async def nodes(self) -> None:
-        body = await self.get("/api/v1/nodes", what="nodes")
+        body = await self.get(self.listing("", "v1", "nodes"), what="nodes")
         if body is None:
             return
         out = []
@@ -178,7 +181,8 @@ class Gatherer:
     async def node_findings(self, names: set[str]) -> None:
         """What each GPU node's probe reported (its Events: the findings `doctor` prints on that
         host, with evidence and fix), newest last."""
-        body = await self.get("/api/v1/events", {"fieldSelector": "involvedObject.kind=Node"}, what="node events")
+        body = await self.get(self.listing("", "v1", "events", fieldSelector="involvedObject.kind=Node"),
+                              what="node events")
         by_node: dict[str, list[str]] = {}
         for event in sorted((body or {}).get("items", []), key=_when):
             node = (event.get("involvedObject") or {}).get("name")
@@ -191,13 +195,13 @@ class Gatherer:
             self.bundle.files[f"nodes/{node}/events.txt"] = "\n".join(lines) + "\n"
 
     async def events(self) -> None:
-        body = await self.get(f"/api/v1/namespaces/{self.namespace}/events", what="events")
+        body = await self.get(self.listing("", "v1", "events", self.namespace), what="events")
         if body is not None:
             items = sorted(body["items"], key=_when)
             self.bundle.yaml(f"namespaces/{self.namespace}/events.yaml", [redact.obj(e) for e in items])
 
     async def secrets(self) -> None:
-        body = await self.get(f"/api/v1/namespaces/{self.namespace}/secrets", what="secrets")
+        body = await self.get(self.listing("", "v1", "secrets", self.namespace), what="secrets")
         if body is not None:
             self.bundle.yaml(f"namespaces/{self.namespace}/secrets.yaml", [redact.secret(s) for s in body["items"]])
 
@@ -227,11 +231,9 @@ class Gatherer:
                         failed(f"{where}: not tried: " + (
                             f"node {node} unreachable for logs ({unreachable})" if node else "pod not scheduled"))
                         continue
-                    params = {"container": container, "tailLines": str(LOG_TAIL_LINES)}
-                    if previous:
-                        params["previous"] = "true"
-                    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/log"
-                    log, failure, why = await self.text(path, params)
+                    log, failure, why = await self.text(self.kube.read_pod_log(
+                        meta["namespace"], meta["name"], container, tail_lines=LOG_TAIL_LINES, previous=previous,
+                        timeout=LOG_TIMEOUT))
                     if log is not None:
                         suffix = ".previous.log" if previous else ".log"
                         self.bundle.files[f"logs/{meta['name']}/{container}{suffix}"] = redact.text(log)

@@ -8,12 +8,16 @@ nodes in flight finish."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pydantic
 import typer
 
 from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_PAUSED_ANNOTATION
+
+if TYPE_CHECKING:
+    from gpu_operator.kube.client import Kube
 
 Kubeconfig = Annotated[str | None, typer.Option(
     envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")]
@@ -24,13 +28,11 @@ OnlyDriver = Annotated[str | None, typer.Option(
 CLUSTER_POLICY, NVIDIA_DRIVER = "ClusterPolicy", "NVIDIADriver"
 
 
-def _as_dict(obj: Any) -> dict[str, Any]:
-    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+CLUSTER_POLICY_API, NVIDIA_DRIVER_API = "nvidia.com/v1", "nvidia.com/v1alpha1"
 
 
-def _active_policy(client: Any) -> dict[str, Any]:
-    from gpu_operator.kube.client import ClusterPolicyResource
-    policies = sorted((_as_dict(p) for p in client.list(ClusterPolicyResource)),
+async def _active_policy(kube: Kube) -> dict[str, Any]:
+    policies = sorted(await kube.list_dicts(CLUSTER_POLICY_API, CLUSTER_POLICY),
                       key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
     if not policies:
         typer.echo("no ClusterPolicy: driver upgrades follow ClusterPolicy spec.driver.upgradePolicy; create one",
@@ -39,9 +41,8 @@ def _active_policy(client: Any) -> dict[str, Any]:
     return policies[0]
 
 
-def _drivers(client: Any) -> list[dict[str, Any]]:
-    from gpu_operator.kube.client import NVIDIADriverResource
-    return sorted((_as_dict(d) for d in client.list(NVIDIADriverResource)), key=lambda d: d["metadata"]["name"])
+async def _drivers(kube: Kube) -> list[dict[str, Any]]:
+    return sorted(await kube.list_dicts(NVIDIA_DRIVER_API, NVIDIA_DRIVER), key=lambda d: d["metadata"]["name"])
 
 
 def uses_nvidia_drivers(policy: Mapping[str, Any]) -> bool:
@@ -87,20 +88,38 @@ def policy_line(kind: str, body: Mapping[str, Any]) -> str:
     return f"{kind} {name}: {text}"
 
 
-def _set_paused(client: Any, only: str | None, value: str | None) -> list[tuple[str, str]]:
-    from lightkube.types import PatchType
-
-    from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
+async def _set_paused(kube: Kube, only: str | None, value: str | None) -> list[tuple[str, str]]:
     try:
-        targets = pause_targets(None if only else _active_policy(client), _drivers(client), only)
+        targets = pause_targets(None if only else await _active_policy(kube), await _drivers(kube), only)
     except LookupError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from err
     patch = {"metadata": {"annotations": {UPGRADE_PAUSED_ANNOTATION: value}}}
     for kind, name in targets:
-        client.patch(NVIDIADriverResource if kind == NVIDIA_DRIVER else ClusterPolicyResource, name, patch,
-                     patch_type=PatchType.MERGE)
+        await kube.merge_patch(NVIDIA_DRIVER_API if kind == NVIDIA_DRIVER else CLUSTER_POLICY_API, kind, name, patch)
     return targets
+
+
+@dataclass(frozen=True)
+class _Reading:
+    policy: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    drivers: list[dict[str, Any]]
+
+
+async def _read(kube: Kube) -> _Reading:
+    policy = await _active_policy(kube)
+    nodes = await kube.list_dicts("v1", "Node")
+    return _Reading(policy, nodes, await _drivers(kube) if uses_nvidia_drivers(policy) else [])
+
+
+async def _retry(kube: Kube, node: str) -> None:
+    from gpu_operator.controllers.upgrade_state import retry_patch
+    current = await kube.get_dict("v1", "Node", node)
+    if current is None:
+        typer.echo(f'Node {node}: nodes "{node}" not found', err=True)
+        raise typer.Exit(2)
+    await kube.merge_patch("v1", "Node", node, retry_patch(dict(current["metadata"].get("annotations") or {})))
 
 
 def register(app: typer.Typer) -> None:
@@ -111,15 +130,11 @@ def register(app: typer.Typer) -> None:
     @upgrade.command("status")
     def status(kubeconfig: Kubeconfig = None) -> None:
         """Each node's upgrade state, time in state and, for failed nodes, why."""
-        from lightkube.resources.core_v1 import Node
-
-        from gpu_operator.kube.reach import sync_client
+        from gpu_operator.kube.reach import run_kube
         from gpu_operator.statusview.upgrades import node_upgrade, summary
         from gpu_operator.vocabulary import DRIVER_OWNER
-        with sync_client(kubeconfig, "read the driver upgrade state") as client:
-            policy = _active_policy(client)
-            nodes = [n.to_dict() for n in client.list(Node)]
-            drivers = _drivers(client) if uses_nvidia_drivers(policy) else []
+        reading = run_kube(kubeconfig, "read the driver upgrade state", _read)
+        policy, nodes, drivers = reading.policy, reading.nodes, reading.drivers
         rows = [r for r in (node_upgrade(n) for n in nodes) if r.state]
         owners: dict[str, str] = {}
         if uses_nvidia_drivers(policy):
@@ -143,20 +158,8 @@ def register(app: typer.Typer) -> None:
     def retry(node: Annotated[str, typer.Argument(help="Node in upgrade-failed (or stuck) to start over.")],
               kubeconfig: Kubeconfig = None) -> None:
         """Put NODE back to upgrade-required, its failure reason and timers cleared."""
-        from lightkube.core.exceptions import ApiError
-        from lightkube.resources.core_v1 import Node
-        from lightkube.types import PatchType
-
-        from gpu_operator.controllers.upgrade_state import retry_patch
-        from gpu_operator.kube.reach import sync_client
-        with sync_client(kubeconfig, f"put Node {node} back to upgrade-required") as client:
-            try:
-                current = client.get(Node, node)
-            except ApiError as err:
-                typer.echo(f"Node {node}: {err.status.message}", err=True)
-                raise typer.Exit(2) from err
-            client.patch(Node, node, retry_patch(dict(current.metadata.annotations or {})),
-                         patch_type=PatchType.MERGE)
+        from gpu_operator.kube.reach import run_kube
+        run_kube(kubeconfig, f"put Node {node} back to upgrade-required", lambda kube: _retry(kube, node))
         typer.echo(f"Node {node}: back to upgrade-required")
 
     @upgrade.command("pause")
@@ -164,17 +167,15 @@ def register(app: typer.Typer) -> None:
         """No new node starts upgrading; nodes already in flight finish. Sets the annotation
         nvidia.com/gpu-driver-upgrade-paused=true on the ClusterPolicy or, when it has
         driver.useNvidiaDriverCRD=true, on every NVIDIADriver (or only --nvidiadriver NAME)."""
-        from gpu_operator.kube.reach import sync_client
-        with sync_client(kubeconfig, "pause driver upgrades") as client:
-            targets = _set_paused(client, nvidiadriver, "true")
+        from gpu_operator.kube.reach import run_kube
+        targets = run_kube(kubeconfig, "pause driver upgrades", lambda kube: _set_paused(kube, nvidiadriver, "true"))
         for kind, name in targets:
             typer.echo(f"{kind} {name}: driver upgrades paused")
 
     @upgrade.command("resume")
     def resume(nvidiadriver: OnlyDriver = None, kubeconfig: Kubeconfig = None) -> None:
         """Let nodes start upgrading again (removes the annotation pause set, from the same objects)."""
-        from gpu_operator.kube.reach import sync_client
-        with sync_client(kubeconfig, "resume driver upgrades") as client:
-            targets = _set_paused(client, nvidiadriver, None)
+        from gpu_operator.kube.reach import run_kube
+        targets = run_kube(kubeconfig, "resume driver upgrades", lambda kube: _set_paused(kube, nvidiadriver, None))
         for kind, name in targets:
             typer.echo(f"{kind} {name}: driver upgrades resumed")

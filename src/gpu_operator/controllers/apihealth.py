@@ -33,7 +33,7 @@ class ApiHealth:
 
     async def check(self) -> None:
         try:
-            answer = await self.kube.get_answer("/readyz", timeout=self.timeout)
+            answer = await self.kube.read_readyz(timeout=self.timeout)
             if answer.status is None:
                 raise RuntimeError(answer.error)
             if answer.status != 200:

@@ -4,29 +4,18 @@ operator or the node agents set (their field managers own them in the node's man
 A key someone else wrote last (a user's `nvidia.com/gpu.deploy.driver=false`, the workload config
 label, the passthrough device list) is owned by that writer and stays. Used when the last
 ClusterPolicy is deleted (the operator's label loop) and by `gpu-operator cleanup` (the chart's
-pre-delete hook).
+pre-delete hook; admin/cleanup.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from dataclasses import dataclass
 from typing import Any
 
 from lightkube.core.exceptions import ApiError
 
-from gpu_operator.api.crdgen import load_packaged
-from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
-from gpu_operator.kube.client import FIELD_MANAGER, Kube, ObjectKey
-from gpu_operator.vocabulary import (
-    NODE_AGENT_FIELD_MANAGER,
-    NVIDIA,
-    UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
-    UPGRADE_STATE,
-)
+from gpu_operator.kube.client import FIELD_MANAGER, Kube
+from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, NVIDIA
 
 log = logging.getLogger("gpu_operator.cleanup")
 OUR_MANAGERS = frozenset({FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER})
@@ -68,64 +57,6 @@ def cleanup_patch(node: dict[str, Any], keep: frozenset[str] = frozenset()) -> d
     return {"metadata": metadata}
 
 
-# Upgrade states in which the node is not (yet, or no longer) cordoned by the upgrade controller.
-_NOT_CORDONED_BY_US = frozenset({UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, UPGRADE_DONE})
-
-
-def cordoned_by_us(node: dict[str, Any]) -> bool:
-    """The driver upgrade controller cordoned this node and has not uncordoned it yet: it is
-    unschedulable in a state past cordon-required, and was not unschedulable before the upgrade
-    began (the initial-state annotation is not "true"). A node a user cordoned stays cordoned."""
-    meta = node.get("metadata") or {}
-    state = (meta.get("labels") or {}).get(UPGRADE_STATE, UNKNOWN)
-    initially = (meta.get("annotations") or {}).get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION)
-    return bool((node.get("spec") or {}).get("unschedulable")) and state not in _NOT_CORDONED_BY_US \
-        and initially != "true"
-
-
-async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
-    """Uncordon the nodes a driver upgrade left cordoned (an uninstall in the middle of one)."""
-    done = []
-    for node in nodes:
-        if not cordoned_by_us(node):
-            continue
-        name = node["metadata"]["name"]
-        try:
-            await kube.merge_patch("v1", "Node", name, {"spec": {"unschedulable": False}})
-        except ApiError as err:
-            if err.status.code == 404:
-                continue
-            raise
-        log.info("node %s: uncordoned (cordoned by a driver upgrade in progress)", name)
-        done.append(name)
-    return done
-
-
-async def _objects_left(kube: Kube, crd: dict[str, Any]) -> int:
-    """How many objects of the CRD's kind exist, in every namespace (0 when its resource is not
-    served); counted from a one-item list, not by listing them all."""
-    spec = crd["spec"]
-    version = next(v["name"] for v in spec["versions"] if v.get("storage"))
-    return await kube.count(f"/apis/{spec['group']}/{version}/{spec['names']['plural']}") or 0
-
-
-async def delete_crds(kube: Kube) -> list[str]:
-    """Delete the CRDs this package installs once their objects are gone. A CRD that still has
-    objects stays (deleting it would delete them: e.g. a user's ComputeDomains), with a warning."""
-    deleted = []
-    for crd in load_packaged():
-        name = crd["metadata"]["name"]
-        left = await _objects_left(kube, crd)
-        if left:
-            log.warning("kept CRD %s: %d object(s) of it still exist (deleting the CRD would delete them); "
-                        "delete them first, then the CRD", name, left)
-            continue
-        if await kube.delete(ObjectKey("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None)):
-            log.info("deleted CRD %s", name)
-            deleted.append(name)
-    return deleted
-
-
 async def strip_nodes(kube: Kube, keep: dict[str, frozenset[str]] | None = None,
                       only: set[str] | None = None) -> list[str]:
     """Remove our labels and annotations from every node (or the nodes in `only`), but the labels
@@ -154,87 +85,3 @@ async def strip_nodes(kube: Kube, keep: dict[str, frozenset[str]] | None = None,
 # ResourceClaims are gone (the hook stops the operator only after every owner CR is gone).
 OWNER_KINDS = (("nvidia.com/v1alpha1", "GPUCluster"), ("nvidia.com/v1alpha1", "NVIDIADriver"),
                ("nvidia.com/v1", "ClusterPolicy"))
-
-
-@dataclass(frozen=True)
-class OperatorDeployment:
-    """The operator Deployment a pre-delete hook stops before Helm deletes the chart's RBAC."""
-    namespace: str
-    name: str
-
-
-async def _operator_pods(kube: Kube, where: OperatorDeployment, selector: dict[str, str]) -> list[str]:
-    return [p["metadata"]["name"] for p in await kube.list_dicts("v1", "Pod", where.namespace, labels=selector)]
-
-
-async def stop_operator(kube: Kube, where: OperatorDeployment, timeout: float) -> list[str]:
-    """Scale the operator's Deployment to zero and wait until its pods have exited. The hook runs
-    before Helm deletes anything, so the stopping operator still has its RBAC and deletes its own
-    Lease (nothing left to lead); Helm deletes the pods' RBAC at once after the hook, and a pod
-    still stopping then could not. A Lease nobody renews any more is deleted here."""
-    done: list[str] = []
-    deployment = await kube.get_dict("apps/v1", "Deployment", where.name, where.namespace)
-    if deployment is not None:
-        selector = deployment["spec"]["selector"].get("matchLabels") or {}
-        if deployment["spec"].get("replicas", 1):
-            await kube.merge_patch("apps/v1", "Deployment", where.name, {"spec": {"replicas": 0}}, where.namespace)
-            done.append(f"scaled Deployment {where.namespace}/{where.name} to 0")
-        deadline = time.monotonic() + timeout
-        while left := await _operator_pods(kube, where, selector):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"operator pod(s) {', '.join(left)} still running {timeout:.0f} s after the "
-                                   f"scale-down (terminationGracePeriodSeconds?)")
-            await asyncio.sleep(0.5)
-        done.append("the operator stopped")
-    lease = await kube.get_dict("coordination.k8s.io/v1", "Lease", LEASE_NAME, where.namespace)
-    if lease is not None:
-        spec = lease.get("spec") or {}
-        if spec.get("holderIdentity") and deployment is None:
-            done.append(f"kept Lease {where.namespace}/{LEASE_NAME}: held by {spec['holderIdentity']} and no "
-                        f"Deployment {where.name} to stop")
-        elif await kube.delete(ObjectKey("coordination.k8s.io/v1", "Lease", LEASE_NAME, where.namespace)):
-            done.append(f"deleted Lease {where.namespace}/{LEASE_NAME}")
-    return done
-
-
-async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
-                  operator: OperatorDeployment | None = None) -> list[str]:
-    """Delete every GPUCluster, NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
-    wait until they are gone; with `operator`, stop the operator (stop_operator); then uncordon the
-    nodes a driver upgrade had cordoned and remove our node labels and annotations; with `crds`,
-    delete our CRDs last. Lines for the log."""
-    done: list[str] = []
-    for api_version, kind in OWNER_KINDS:
-        try:
-            found = await kube.list_dicts(api_version, kind)
-        except ApiError as err:
-            if err.status.code == 404:
-                continue  # the CRD is gone already
-            raise
-        for obj in found:
-            name = obj["metadata"]["name"]
-            if await kube.delete(ObjectKey(api_version, kind, name, None)):
-                done.append(f"deleted {kind} {name}")
-    deadline = time.monotonic() + timeout
-    for api_version, kind in OWNER_KINDS:
-        while True:
-            try:
-                left = await kube.list_dicts(api_version, kind)
-            except ApiError as err:
-                if err.status.code == 404:
-                    break
-                raise
-            if not left:
-                break
-            if time.monotonic() > deadline:
-                names = ", ".join(o["metadata"]["name"] for o in left)
-                raise TimeoutError(f"{kind} {names} still there after {timeout:.0f} s (a finalizer?)")
-            await asyncio.sleep(0.5)
-    if operator is not None:
-        done += await stop_operator(kube, operator, timeout)
-    nodes = await kube.list_dicts("v1", "Node")
-    done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
-    done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]
-    if crds:
-        done += [f"deleted CRD {name}" for name in await delete_crds(kube)]
-    return done

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import json
 
-from gpu_operator.controllers import redact
+from gpu_operator.admin import redact
 
 JWT = "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEyMyJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6eCJ9.c2lnbmF0dXJlc2lnbmF0dXJl"
 DOCKER = json.dumps({"auths": {"nvcr.io": {"auth": base64.b64encode(b"$oauthtoken:nvapi-SECRET").decode()}}})

@@ -1,5 +1,5 @@
 """`gpu-operator upgrade`: which objects pause/resume annotate and how status prints each owner's
-upgradePolicy (the pure parts of controllers/upgrade_cli.py)."""
+upgradePolicy (the pure parts of admin/upgrade_cli.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.controllers.upgrade_cli import pause_targets, policy_line
+from gpu_operator.admin.upgrade_cli import pause_targets, policy_line
 from gpu_operator.vocabulary import UPGRADE_PAUSED_ANNOTATION
 
 

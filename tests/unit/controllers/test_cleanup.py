@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from gpu_operator.controllers.cleanup import cleanup_patch, cordoned_by_us, owned_keys
+from gpu_operator.controllers.cleanup import cleanup_patch, owned_keys
 
 
 def _entry(manager: str, labels: list[str], annotations: list[str] = []) -> dict[str, Any]:  # noqa: B006
@@ -53,39 +51,7 @@ def test_a_node_without_our_keys_needs_no_patch() -> None:
     assert cleanup_patch(plain) is None
 
 
-def _upgrading(state: str, unschedulable: bool, initially: str | None = None) -> dict[str, Any]:
-    annotations = {} if initially is None else {"nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable": initially}
-    return {"metadata": {"name": "n", "labels": {"nvidia.com/gpu-driver-upgrade-state": state} if state else {},
-                         "annotations": annotations},
-            "spec": {"unschedulable": unschedulable}}
-
-
-@pytest.mark.parametrize(("node", "ours"), [
-    (_upgrading("wait-for-jobs-required", True), True),
-    (_upgrading("drain-required", True, "false"), True),  # `upgrade retry` of a node we cordoned
-    (_upgrading("upgrade-failed", True), True),
-    (_upgrading("validation-required", True, "true"), False),  # cordoned before the upgrade began
-    (_upgrading("upgrade-required", True), False),  # not cordoned by us yet: a user's cordon
-    (_upgrading("cordon-required", True), False),
-    (_upgrading("upgrade-done", True), False),
-    (_upgrading("", True), False),
-    (_upgrading("wait-for-jobs-required", False), False),
-])
-def test_only_nodes_the_upgrade_cordoned_are_uncordoned(node: dict[str, Any], ours: bool) -> None:
-    assert cordoned_by_us(node) is ours
-
-
 def test_a_kept_label_stays_out_of_the_patch() -> None:
     patch = cleanup_patch(NODE, frozenset({"nvidia.com/gpu.deploy.device-plugin"}))
     assert patch is not None and "nvidia.com/gpu.deploy.device-plugin" not in patch["metadata"]["labels"]
     assert "nvidia.com/gpu.present" in patch["metadata"]["labels"]
-
-
-def test_cleanup_help_names_every_kind_it_deletes() -> None:
-    from typer.testing import CliRunner
-
-    from gpu_operator.cli import app
-    from gpu_operator.controllers.cleanup import OWNER_KINDS
-
-    text = " ".join(CliRunner().invoke(app, ["cleanup", "--help"]).output.replace("│", "").split())
-    assert [kind for _, kind in OWNER_KINDS if kind not in text] == [], text

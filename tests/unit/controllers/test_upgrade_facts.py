@@ -163,9 +163,10 @@ def test_a_driver_pods_view_keeps_what_the_upgrade_facts_read() -> None:
 
 def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required() -> None:
     import asyncio
-    import types
 
     import httpx2
+
+    from gpu_operator.kube.reads import Reads
 
     asked: list[str] = []
 
@@ -175,10 +176,13 @@ def test_validator_pods_are_listed_only_while_a_node_is_in_validation_required()
 
     async def one_pass(views: list[NodeView]) -> None:
         http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver")
-        async def list_all(path: str, params: Any = None, *, slim_pods: bool = False) -> list[dict[str, Any]]:
-            return await pages.list_all(http, path, params, slim_pods=slim_pods)
 
-        kube = types.SimpleNamespace(http=http, list_all=list_all)
+        class Lists(Reads):  # kube/reads.py's calls over the mock apiserver
+            @property
+            def http(self) -> httpx2.AsyncClient:
+                return http
+
+        kube = Lists()
         controller = UpgradeController(kube, "ops", lambda: views, driver_pods=lambda: [])  # type: ignore[arg-type]
         policy = us.Policy(auto_upgrade=True)
         await controller.reconcile([upgrade_owners.Owner("cp", policy, False, "uid")])
