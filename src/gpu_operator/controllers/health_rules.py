@@ -1,0 +1,244 @@
+"""GPU health signals, pure: a node's health report + what the node carries now + the policy ->
+the NvidiaGPUReady condition, our taints, the metric state, and the writes that take the node
+from what it carries to that (none when it already carries it). No I/O: controllers/units/health.py
+reads the facts and sends the writes.
+
+The report is the health agent's annotation (vocabulary.HEALTH_REPORT_ANNOTATION), compact JSON:
+{"version": 1, "validated": bool, "gpus": [{"busId", "state", "xid", "action", "reason"}]}, one
+entry per affected GPU (none: every GPU healthy).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES, HealthSpec
+from gpu_operator.vocabulary import HEALTH_ACTIONS, HEALTH_CONDITION, HEALTH_TAINT
+
+GPU_STATES = ("healthy", "warning", "unhealthy", "gone")
+# The metric's states (gpu_operator_node_gpu_health{node, state}): one is 1 per node.
+METRIC_STATES = ("healthy", "warning", "quarantined", "remediating", "failed", "held")
+
+# Condition reasons (CamelCase tokens, as Kubernetes conditions spell them).
+HEALTHY = "GPUsHealthy"
+VALIDATION_PENDING = "ValidationPending"
+WARNING = "GPUWarning"
+UNHEALTHY = "GPUUnhealthy"
+GONE = "GPUGone"
+UNREADABLE = "HealthReportUnreadable"
+REMEDIATING = "Remediating"
+REMEDIATION_FAILED = "RemediationFailed"
+HELD = "RemediationHeld"
+
+
+@dataclass(frozen=True)
+class GPUReport:
+    bus_id: str
+    state: str
+    xid: int | None = None
+    action: str = "none"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    validated: bool
+    gpus: tuple[GPUReport, ...] = ()
+    version: int = 1
+
+    @property
+    def worst(self) -> str:
+        """The worst GPU state in the report (healthy when no GPU is listed)."""
+        states = {g.state for g in self.gpus}
+        return next((s for s in reversed(GPU_STATES) if s in states), "healthy")
+
+
+class ReportError(ValueError):
+    """A report the operator cannot read; `field` names the part that is wrong ('' the whole)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field} {problem}" if field else problem)
+        self.field = field
+
+
+def parse_report(text: str) -> Report:
+    """The agent's report; ReportError names what is wrong with it."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ReportError("", f"not JSON ({err.msg} at character {err.pos})") from None
+    if not isinstance(data, dict):
+        raise ReportError("", "not a JSON object")
+    gpus: list[GPUReport] = []
+    for index, item in enumerate(data.get("gpus") or []):
+        if not isinstance(item, dict):
+            raise ReportError(f"gpus[{index}]", "is not an object")
+        state, action, xid = item.get("state"), item.get("action", "none"), item.get("xid")
+        if state not in GPU_STATES:
+            raise ReportError(f"gpus[{index}].state", f"{state!r} is not one of {', '.join(GPU_STATES)}")
+        if action not in HEALTH_ACTIONS:
+            raise ReportError(f"gpus[{index}].action", f"{action!r} is not one of {', '.join(HEALTH_ACTIONS)}")
+        if xid is not None and not isinstance(xid, int):
+            raise ReportError(f"gpus[{index}].xid", f"{xid!r} is not an integer")
+        gpus.append(GPUReport(str(item.get("busId", "")), state, xid, action, str(item.get("reason", ""))))
+    validated = data.get("validated")
+    if not isinstance(validated, bool):
+        raise ReportError("validated", "is missing or not true/false")
+    return Report(validated, tuple(sorted(gpus, key=lambda g: g.bus_id)), int(data.get("version", 1)))
+
+
+@dataclass(frozen=True, order=True)
+class Taint:
+    key: str
+    effect: str
+    value: str = ""
+
+    def body(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
+def ours(key: str) -> bool:
+    """A taint key the operator reads and may write (its own and startup taints)."""
+    return key == HEALTH_TAINT or key.startswith(OUR_TAINT_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+
+    def body(self, now: str, transition: bool = True) -> dict[str, str]:
+        """The condition as a strategic-merge-patch item (merged by `type`): the transition time
+        moves only when the status does."""
+        out = {"type": HEALTH_CONDITION, "status": self.status, "reason": self.reason, "message": self.message,
+               "lastHeartbeatTime": now}
+        if transition:
+            out["lastTransitionTime"] = now
+        return out
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the signals read of one node."""
+
+    name: str
+    report: str | None = None  # the agent's annotation, as is
+    condition: Condition | None = None  # our condition as the node carries it
+    taints: tuple[Taint, ...] = ()  # the node's taints with our keys (see `ours`)
+    remediation: str = ""  # HEALTH_STATE label: where remediation is ('' none)
+    remediation_reason: str = ""  # why it failed or is held
+
+
+@dataclass(frozen=True)
+class Desired:
+    condition: Condition | None  # None: the node carries none of ours
+    taints: tuple[Taint, ...]  # every taint with our keys the node should carry
+    state: str | None  # metric state; None: no series for the node
+    quarantine: bool = False
+
+
+@dataclass(frozen=True)
+class Writes:
+    """What to send for one node: each None/empty when nothing changes."""
+
+    condition: Condition | None = None
+    delete_condition: bool = False
+    taints: tuple[Taint, ...] | None = None  # the node's new set of our taints
+    event: tuple[bool, str] | None = None  # (warning, message)
+
+    @property
+    def empty(self) -> bool:
+        return self.condition is None and not self.delete_condition and self.taints is None and self.event is None
+
+
+def describe(gpu: GPUReport) -> str:
+    xid = f"Xid {gpu.xid}" if gpu.xid is not None else "no Xid"
+    text = f"GPU {gpu.bus_id or '?'} {gpu.state}: {xid}, action {gpu.action}"
+    return f"{text} ({gpu.reason})" if gpu.reason else text
+
+
+def _gpus_message(report: Report) -> str:
+    return "; ".join(describe(g) for g in report.gpus if g.state != "healthy")
+
+
+# Remediation states (HEALTH_STATE) -> the metric's state and the condition's reason.
+REMEDIATION_METRIC = {"quarantined": "quarantined", "draining": "remediating", "acting": "remediating",
+                      "validating": "remediating", "failed": "failed", "held": "held"}
+_REMEDIATION_REASON = {"failed": REMEDIATION_FAILED, "held": HELD}
+
+
+def managed(policy: HealthSpec) -> frozenset[str]:
+    """The taint keys the signals write: the quarantine taint and the startup taint."""
+    return frozenset((HEALTH_TAINT, policy.startupTaint.key))
+
+
+def desire(facts: Facts, policy: HealthSpec) -> Desired:
+    """The condition, managed taints (see `managed`) and metric state this node should have."""
+    startup = tuple(t for t in facts.taints if t.key == policy.startupTaint.key)
+    quarantine_taint = Taint(HEALTH_TAINT, policy.taintEffect)
+    if facts.report is None:
+        held = facts.remediation in ("failed", "held")
+        # no agent report: nothing of ours, unless remediation holds the node
+        return Desired(None, startup + ((quarantine_taint,) if held else ()),
+                       REMEDIATION_METRIC.get(facts.remediation), quarantine=held)
+    try:
+        report = parse_report(facts.report)
+    except ValueError as err:
+        # keep the taints as they are: a report we cannot read proves nothing either way
+        return Desired(Condition("Unknown", UNREADABLE, f"health report unreadable: {err}"),
+                       tuple(t for t in facts.taints if t.key in managed(policy)),
+                       REMEDIATION_METRIC.get(facts.remediation, "warning"))
+    worst = report.worst
+    if facts.remediation in REMEDIATION_METRIC:
+        state = REMEDIATION_METRIC[facts.remediation]
+        reason = _REMEDIATION_REASON.get(facts.remediation, REMEDIATING if state == "remediating" else UNHEALTHY)
+        detail = _gpus_message(report) or "GPUs report healthy, waiting for validation"
+        if facts.remediation_reason:
+            detail = f"{detail}; {facts.remediation_reason}"
+        return Desired(Condition("False", reason, f"{facts.remediation}: {detail}"), startup + (quarantine_taint,),
+                       state, quarantine=True)
+    if worst in ("unhealthy", "gone"):
+        reason = GONE if worst == "gone" else UNHEALTHY
+        return Desired(Condition("False", reason, _gpus_message(report)), startup + (quarantine_taint,),
+                       "quarantined", quarantine=True)
+    startup_left = () if report.validated and policy.startupTaint.enabled else startup
+    if not report.validated:
+        message = "GPU validation has not passed yet"
+        if worst == "warning":
+            message = f"{message}; {_gpus_message(report)}"
+        return Desired(Condition("False", VALIDATION_PENDING, message), startup_left, "warning")
+    if worst == "warning":
+        return Desired(Condition("False", WARNING, _gpus_message(report)), startup_left, "warning")
+    return Desired(Condition("True", HEALTHY, "validated; every GPU healthy"), startup_left, "healthy")
+
+
+def writes(facts: Facts, desired: Desired, policy: HealthSpec) -> Writes:
+    """The writes from what the node carries to `desired` (empty when it carries it already)."""
+    condition: Condition | None = None
+    delete = False
+    event: tuple[bool, str] | None = None
+    if desired.condition is None:
+        delete = facts.condition is not None
+    elif desired.condition != facts.condition:
+        condition = desired.condition
+        event = (condition.status != "True" and condition.reason != VALIDATION_PENDING,
+                 f"{HEALTH_CONDITION}={condition.status} ({condition.reason}): {condition.message}")
+    keys = managed(policy)
+    have = sorted({t for t in facts.taints if t.key in keys})
+    want = sorted(set(desired.taints))
+    return Writes(condition, delete, None if have == want else tuple(want), event)
+
+
+def merged_taints(current: Sequence[Mapping[str, Any]], keys: frozenset[str],
+                  want: Sequence[Taint]) -> list[dict[str, Any]]:
+    """The node's whole taint list (as read just now) with the taints of `keys` replaced by `want`;
+    every other taint exactly as it was, in its place."""
+    kept = [dict(t) for t in current if str(t.get("key", "")) not in keys]
+    return kept + [t.body() for t in sorted(set(want))]

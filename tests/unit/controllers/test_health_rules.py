@@ -1,0 +1,117 @@
+"""The GPU health signals' rules: report + node + policy -> condition, taints, metric state, writes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpu_operator.api.healthpolicy import DEFAULT_STARTUP_TAINT, HealthSpec, StartupTaintSpec
+from gpu_operator.controllers import health_rules as hr
+from gpu_operator.vocabulary import HEALTH_TAINT
+
+POLICY = HealthSpec()
+STARTUP = HealthSpec(startupTaint=StartupTaintSpec(enabled=True))
+NOEXEC = HealthSpec(taintEffect="NoExecute")
+BUS = "0000:3b:00.0"
+
+
+def report(validated: bool = True, *gpus: dict[str, Any]) -> str:
+    return json.dumps({"version": 1, "validated": validated, "gpus": list(gpus)})
+
+
+def gpu(state: str, xid: int | None, action: str, reason: str = "") -> dict[str, Any]:
+    return {"busId": BUS, "state": state, "xid": xid, "action": action, "reason": reason}
+
+
+XID79 = report(True, gpu("unhealthy", 79, "reboot", "GPU has fallen off the bus"))
+XID13 = report(True, gpu("warning", 13, "restart-app", "graphics engine exception"))
+QUARANTINE = hr.Taint(HEALTH_TAINT, "NoSchedule")
+STARTUP_TAINT = hr.Taint(DEFAULT_STARTUP_TAINT, "NoSchedule")
+
+
+@pytest.mark.parametrize(("name", "facts", "policy", "status", "reason", "taints", "state"), [
+    ("xid79 quarantines", hr.Facts("n", XID79), POLICY, "False", hr.UNHEALTHY, {QUARANTINE}, "quarantined"),
+    ("NoExecute when asked", hr.Facts("n", XID79), NOEXEC, "False", hr.UNHEALTHY,
+     {hr.Taint(HEALTH_TAINT, "NoExecute")}, "quarantined"),
+    ("gone quarantines", hr.Facts("n", report(True, gpu("gone", 79, "reboot"))), POLICY, "False", hr.GONE,
+     {QUARANTINE}, "quarantined"),
+    ("xid13 warns, no taint", hr.Facts("n", XID13), POLICY, "False", hr.WARNING, set(), "warning"),
+    ("pending validation", hr.Facts("n", report(False)), POLICY, "False", hr.VALIDATION_PENDING, set(), "warning"),
+    ("healthy", hr.Facts("n", report(True)), POLICY, "True", hr.HEALTHY, set(), "healthy"),
+    ("healthy drops our taint", hr.Facts("n", report(True), taints=(QUARANTINE,)), POLICY, "True", hr.HEALTHY,
+     set(), "healthy"),
+    ("startup taint stays while pending", hr.Facts("n", report(False), taints=(STARTUP_TAINT,)), STARTUP,
+     "False", hr.VALIDATION_PENDING, {STARTUP_TAINT}, "warning"),
+    ("startup taint goes once validated", hr.Facts("n", report(True), taints=(STARTUP_TAINT,)), STARTUP,
+     "True", hr.HEALTHY, set(), "healthy"),
+    ("startup taint left alone when not enabled", hr.Facts("n", report(True), taints=(STARTUP_TAINT,)), POLICY,
+     "True", hr.HEALTHY, {STARTUP_TAINT}, "healthy"),
+    ("remediation holds", hr.Facts("n", report(True), remediation="held", remediation_reason="flapping"), POLICY,
+     "False", hr.HELD, {QUARANTINE}, "held"),
+    ("remediating", hr.Facts("n", XID79, remediation="draining"), POLICY, "False", hr.REMEDIATING, {QUARANTINE},
+     "remediating"),
+    ("unreadable keeps taints", hr.Facts("n", "{nope", taints=(QUARANTINE,)), POLICY, "Unknown", hr.UNREADABLE,
+     {QUARANTINE}, "warning"),
+])
+def test_desire(name: str, facts: hr.Facts, policy: HealthSpec, status: str, reason: str,
+                taints: set[hr.Taint], state: str) -> None:
+    want = hr.desire(facts, policy)
+    assert want.condition is not None
+    assert (want.condition.status, want.condition.reason) == (status, reason), name
+    assert set(want.taints) == taints, name
+    assert want.state == state, name
+
+
+def test_message_names_bus_xid_and_action() -> None:
+    cond = hr.desire(hr.Facts("n", XID79), POLICY).condition
+    assert cond is not None
+    assert cond.message == f"GPU {BUS} unhealthy: Xid 79, action reboot (GPU has fallen off the bus)"
+
+
+def test_no_report_no_signals_and_cleanup() -> None:
+    assert hr.desire(hr.Facts("n"), POLICY) == hr.Desired(None, (), None)
+    old = hr.Facts("n", None, hr.Condition("False", hr.UNHEALTHY, "x"), (QUARANTINE,))
+    w = hr.writes(old, hr.desire(old, POLICY), POLICY)
+    assert w.delete_condition and w.taints == () and w.condition is None
+
+
+def test_no_writes_when_already_as_desired() -> None:
+    for text, taints in ((XID79, (QUARANTINE,)), (XID13, ()), (report(True), ()), (report(False), ())):
+        first = hr.Facts("n", text, taints=taints)
+        cond = hr.desire(first, POLICY).condition
+        settled = hr.Facts("n", text, cond, taints)
+        assert hr.writes(settled, hr.desire(settled, POLICY), POLICY).empty
+
+
+def test_first_sight_writes_condition_taint_and_one_warning_event() -> None:
+    facts = hr.Facts("n", XID79)
+    w = hr.writes(facts, hr.desire(facts, POLICY), POLICY)
+    assert w.condition is not None and w.condition.reason == hr.UNHEALTHY
+    assert w.taints == (QUARANTINE,)
+    assert w.event is not None and w.event[0] is True
+
+
+def test_others_taints_are_never_touched() -> None:
+    other = hr.Taint("nvidia.com/gpu", "NoSchedule", "present")
+    facts = hr.Facts("n", report(True), taints=(other,))
+    assert hr.writes(facts, hr.desire(facts, POLICY), POLICY).taints is None
+    current = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}, other.body(),
+               {"key": HEALTH_TAINT, "effect": "NoSchedule"}]
+    assert hr.merged_taints(current, hr.managed(POLICY), ()) == current[:2]
+    assert hr.merged_taints(current[:2], hr.managed(POLICY), (QUARANTINE,)) == [*current[:2], QUARANTINE.body()]
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("[]", ""),
+    ("{nope", ""),
+    ('{"validated": true, "gpus": [{"state": "sick"}]}', "gpus[0].state"),
+    ('{"validated": true, "gpus": [{"state": "warning", "action": "pray"}]}', "gpus[0].action"),
+    ('{"validated": true, "gpus": [{"state": "warning", "xid": "79"}]}', "gpus[0].xid"),
+    ('{"gpus": []}', "validated"),
+])
+def test_bad_reports_name_the_field(text: str, field: str) -> None:
+    with pytest.raises(hr.ReportError) as info:
+        hr.parse_report(text)
+    assert info.value.field == field
