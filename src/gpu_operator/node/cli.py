@@ -257,6 +257,9 @@ def register(app: typer.Typer) -> None:
     from gpu_operator.node.discover import discover
 
     node_app.command("discover")(discover)
+    from gpu_operator.node.health.command import health
+
+    node_app.command("health")(health)
     from gpu_operator.node.vfio_cli import vfio_app
 
     # Also under `node` (hidden): the vfio-manager DaemonSet runs `gpu-operator node vfio-manage reconcile`.

@@ -2,8 +2,9 @@
 each a finding with what it means and the fix.
 
 Read from the host's `/dev/kmsg` (non-blocking: every record the ring buffer still holds), else
-the first of the syslog files that exists, all under the host root. Xid numbers and meanings are
-NVIDIA's (its Xid catalogue); the words here are ours.
+the first of the syslog files that exists, all under the host root. Each Xid is judged by the
+catalogue the health agent uses (node/health/catalogue.py: NVIDIA's Xid catalogue, its source
+recorded there); the words here are ours.
 """
 
 from __future__ import annotations
@@ -11,55 +12,50 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
 
+from gpu_operator.node.health.catalogue import (
+    CATALOGUE_URL,
+    HEALTHY,
+    REBOOT,
+    RESET_GPU,
+    RESTART_APP,
+    UNHEALTHY,
+    WARNING,
+    XID_LINE,
+    classify,
+)
 from gpu_operator.node.hostfs import HostFS, HostPathError
 from gpu_operator.node.verdict import Finding, Severity, finding
 
 KMSG = "/dev/kmsg"
 LOG_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 MAX_KMSG_BYTES = 4 * 1024 * 1024
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): (\d+)\b(.*)")
+_XID = XID_LINE
 
 RESET = "drain the node's GPU pods, then reset the GPU (nvidia-smi -r -i ADDR) or reboot the node"
-
-
-@dataclass(frozen=True)
-class XidKind:
-    severity: Severity
-    meaning: str
-    fix: str
-
-
-XIDS: dict[int, XidKind] = {
-    13: XidKind(Severity.WARNING, "graphics engine exception (usually the application's fault)",
-                "check the application that ran on this GPU (its logs, CUDA error); recurring on every "
-                "workload points at the hardware"),
-    31: XidKind(Severity.WARNING, "GPU memory page fault (usually an application's illegal access)",
-                "check the application that ran on this GPU; recurring across workloads: " + RESET),
-    43: XidKind(Severity.WARNING, "GPU stopped processing (an application fault was contained)",
-                "the application was stopped; restart it. Recurring: " + RESET),
-    45: XidKind(Severity.INFO, "preemptive cleanup after an application stopped or faulted", ""),
-    48: XidKind(Severity.ERROR, "double-bit ECC error in GPU memory",
-                RESET + " so the page is retired; if it recurs, the GPU needs replacing"),
-    61: XidKind(Severity.ERROR, "internal micro-controller breakpoint or warning", RESET),
-    62: XidKind(Severity.ERROR, "internal micro-controller halt", RESET),
-    63: XidKind(Severity.WARNING, "ECC page retirement or row remapping recorded",
-                "the remapping takes effect at the next GPU reset: " + RESET + " when convenient"),
-    64: XidKind(Severity.ERROR, "ECC page retirement or row remapping failed", RESET + "; if it recurs, replace the GPU"),
-    74: XidKind(Severity.ERROR, "NVLink error",
-                "check the NVLink bridges/NVSwitch and nvidia-fabricmanager's log; " + RESET),
-    79: XidKind(Severity.ERROR, "GPU has fallen off the bus (no longer reachable over PCIe)",
-                "the GPU is lost until the node is power-cycled: drain it, reboot, and check power, "
-                "cooling and the PCIe seating if it happens again"),
-    92: XidKind(Severity.WARNING, "high single-bit ECC error rate", "watch the GPU's ECC counters (DCGM); plan its replacement"),
-    94: XidKind(Severity.WARNING, "contained ECC error (the affected application was stopped)",
-                "restart the stopped application; other work on the GPU was not affected"),
-    95: XidKind(Severity.ERROR, "uncontained ECC error", RESET),
-    119: XidKind(Severity.ERROR, "GSP firmware call timed out", RESET + "; recurring: update the driver"),
-    120: XidKind(Severity.ERROR, "GSP firmware error", RESET + "; recurring: update the driver"),
+# doctor's fix per action of the Xid catalogue (node/health/catalogue.py): words ours.
+FIXES = {
+    RESTART_APP: "check the application that ran on this GPU (its logs, CUDA error) and restart it; "
+                 "recurring on every workload points at the hardware",
+    RESET_GPU: RESET,
+    REBOOT: "the GPU is lost until the node is power-cycled: drain it, reboot, and check power, "
+            "cooling and the PCIe seating if it happens again",
 }
-UNKNOWN = XidKind(Severity.WARNING, "an Xid event", "look the number up in NVIDIA's Xid catalogue")
+_SEVERITY = {HEALTHY: Severity.INFO, WARNING: Severity.WARNING, UNHEALTHY: Severity.ERROR}
+UNKNOWN_FIX = "look the number up in NVIDIA's Xid catalogue (" + CATALOGUE_URL + ")"
+
+
+def xid_kind(xid: int) -> tuple[Severity, str, str]:
+    """(severity, meaning, fix) of one Xid for doctor, from the shared catalogue."""
+    cls = classify(xid)
+    if cls.bucket == "UNKNOWN":
+        return Severity.WARNING, cls.meaning, UNKNOWN_FIX
+    fix = FIXES.get(cls.action, "")
+    if not fix and cls.state == WARNING:
+        fix = f"NVIDIA's Xid catalogue says {cls.bucket} for it ({CATALOGUE_URL})"
+    return _SEVERITY[cls.state], cls.meaning, fix
+
+
 # NVRM lines that are no Xid but mean the driver cannot work: (pattern, code, summary, fix)
 NVRM_LINES = (
     (re.compile(r"NVRM: API mismatch"), "driver-api-mismatch",
@@ -70,7 +66,7 @@ NVRM_LINES = (
      "the driver could not initialise a GPU",
      "check the lines around it in the kernel log; reset or reboot, and check the GPU is supported by this driver"),
     (re.compile(r"NVRM: .*fallen off the bus"), "gpu-off-bus",
-     "a GPU has fallen off the bus", XIDS[79].fix),
+     "a GPU has fallen off the bus", FIXES[REBOOT]),
 )
 
 
@@ -145,10 +141,10 @@ def xid_findings(text: str, source: str) -> list[Finding]:
                 other.setdefault(code, (summary, fix, source, []))[3].append(line.strip()[:300])
     out = []
     for (address, xid), count in sorted(counts.items()):
-        kind = XIDS.get(xid, UNKNOWN)
+        severity, meaning, fix = xid_kind(xid)
         out.append(finding(
-            f"xid-{xid}", kind.severity, f"GPU {address}: Xid {xid}, {kind.meaning} ({count} time(s))",
-            [f"{source}: {last[(address, xid)]}"], kind.fix.replace("ADDR", address)))
+            f"xid-{xid}", severity, f"GPU {address}: Xid {xid}, {meaning} ({count} time(s))",
+            [f"{source}: {last[(address, xid)]}"], fix.replace("ADDR", address)))
     for code, (summary, fix, src, lines) in other.items():
         out.append(finding(code, Severity.ERROR, f"{summary} ({len(lines)} line(s))",
                            [f"{src}: {line}" for line in lines[-3:]], fix))

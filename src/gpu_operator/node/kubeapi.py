@@ -19,6 +19,19 @@ def _client() -> Any:
     return Client(field_manager=FIELD_MANAGER)
 
 
+def new_client() -> Any:
+    """The node agents' client (in-cluster credentials or KUBECONFIG), our field manager."""
+    return _client()
+
+
+def patch_node_annotations(client: Any, node_name: str, annotations: dict[str, str | None]) -> None:
+    """One merge patch of a Node's annotations (None removes one)."""
+    from lightkube.resources.core_v1 import Node
+    from lightkube.types import PatchType
+
+    client.patch(Node, node_name, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE)
+
+
 class KubeNodeView:
     """NodeView over the API for one node; the agent's own pod (POD_NAME) gives owner and tolerations."""
 

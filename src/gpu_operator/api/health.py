@@ -1,0 +1,97 @@
+"""The health agent's report as the operator reads it: the JSON in the Node annotation
+HEALTH_REPORT_ANNOTATION (nvidia.com/gpu-health.report), schema version 1.
+
+    report = HealthReport.parse(node_annotations[HEALTH_REPORT_ANNOTATION])   # ReportError if garbage
+    report.ready          # validated, not stopped, and no GPU unhealthy or gone
+    report.action         # the strongest action a GPU needs (one of HEALTH_ACTIONS)
+
+The agent (gpu_operator.node.health) writes it once per change and never while nothing changes.
+Unknown keys are refused: a newer agent bumps `v`, and an older operator then says which version
+it understands instead of guessing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION
+
+SCHEMA_VERSION = 1
+GpuState = Literal["healthy", "warning", "unhealthy", "gone"]
+Action = Literal["none", "restart-app", "reset-gpu", "reboot"]  # vocabulary.HEALTH_ACTIONS
+STATES: tuple[str, ...] = ("healthy", "warning", "unhealthy", "gone")  # mildest first
+BUS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
+
+
+class ReportError(ValueError):
+    """The annotation's text is no health report; the message names the field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class GpuHealth(_Strict):
+    """One GPU that is not healthy."""
+
+    bus: str = Field(pattern=BUS, description="PCI address as sysfs names it, e.g. 0000:41:00.0")
+    state: Literal["warning", "unhealthy", "gone"]
+    action: Action
+    reason: str = Field(max_length=200)
+    minor: int | None = Field(default=None, ge=0, description="the driver's device minor (/proc)")
+    index: int | None = Field(default=None, ge=0, description="NVML's index")
+    xid: int | None = Field(default=None, ge=0, description="the Xid that set the state, if any")
+
+
+class HealthReport(_Strict):
+    v: Literal[1]
+    validated: bool
+    state: GpuState
+    action: Action
+    healthy: int = Field(ge=0)
+    gpus: tuple[GpuHealth, ...] = Field(max_length=64)
+    sources: tuple[Literal["kmsg", "nvml", "pci", "proc"], ...]
+    missing: tuple[str, ...] = ()
+    stopped: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HealthReport:
+        worst = max((g.state for g in self.gpus), key=STATES.index, default="healthy")
+        if self.state != worst:
+            raise ValueError(f"state {self.state!r} is not the worst GPU state ({worst!r}) of gpus")
+        if self.validated and self.missing:
+            raise ValueError("validated is true but missing lists validations: one of them is wrong")
+        return self
+
+    @property
+    def ready(self) -> bool:
+        """What the node condition says: validated, the agent running, no GPU unhealthy or gone."""
+        return self.validated and not self.stopped and all(g.state == "warning" for g in self.gpus)
+
+    @property
+    def unhealthy(self) -> tuple[GpuHealth, ...]:
+        return tuple(g for g in self.gpus if g.state in ("unhealthy", "gone"))
+
+    @classmethod
+    def parse(cls, text: str) -> HealthReport:
+        """The report in an annotation's text; ReportError (naming the field) for anything else."""
+        where = f"annotation {HEALTH_REPORT_ANNOTATION}"
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as err:
+            raise ReportError(f"{where}: not JSON ({err}); the health agent writes a JSON object") from None
+        if not isinstance(data, dict):
+            raise ReportError(f"{where}: a JSON {type(data).__name__}, not an object")
+        if data.get("v") != SCHEMA_VERSION:
+            raise ReportError(f"{where}: schema version v={data.get('v')!r}; this operator reads v={SCHEMA_VERSION} "
+                              "(upgrade the operator or run the matching agent image)")
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "(report)"
+            raise ReportError(f"{where}: field {field}: {first['msg']} "
+                              f"({err.error_count()} problem(s); the agent's report format is v{SCHEMA_VERSION})") from None

@@ -1,0 +1,203 @@
+"""The health agent: observations of one host, the report when it changes, the metrics, the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpu_operator.node.health.assess import XidMark, encode, evaluate
+from gpu_operator.node.health.catalogue import HEALTHY, STATES, WARNING, classify
+from gpu_operator.node.health.kmsg import KmsgFollower, XidEvent, parse_xid
+from gpu_operator.node.health.nvml import NvmlSource
+from gpu_operator.node.health.observe import DEFAULT_VALIDATIONS, HostSnapshot, snapshot
+from gpu_operator.node.hostfs import HostFS
+from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, VALIDATIONS_DIR
+
+DEFAULT_WARNING_HOLD = 600.0  # seconds a warning (restart-app, unknown Xid) stays without a new one
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class HealthMetrics:
+    """Prometheus metrics of one agent: per GPU its state (one series per state, 1 for the current),
+    the node's validation, and Xid events counted by code, action and source."""
+
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.state = Gauge("gpu_operator_gpu_health_state", "GPU health state as the node's health "
+                           "agent sees it (1 for the current state)", ["gpu", "state"], registry=self.registry)
+        self.validated = Gauge("gpu_operator_gpu_health_validated", "1 when every validator status "
+                               "file of the node is present", registry=self.registry)
+        self.xids = Counter("gpu_operator_gpu_xid", "Xid events seen since the agent started",
+                            ["gpu", "xid", "action", "source"], registry=self.registry)
+
+    def update(self, states: dict[str, str], validated: bool) -> None:
+        for bus, current in states.items():
+            for state in STATES:
+                self.state.labels(gpu=bus, state=state).set(1 if state == current else 0)
+        self.validated.set(1 if validated else 0)
+
+    def xid(self, event: XidEvent, action: str) -> None:
+        self.xids.labels(gpu=event.bus, xid=str(event.xid), action=action, source=event.source).inc()
+
+
+class HealthAgent:
+    """One host's health agent, callable in-process (the simulator plays it for fake nodes).
+
+    `observe()` reads the host tree (and NVML) and returns the current report; `step()` does the
+    same and returns it only when its JSON differs from the last one returned (None otherwise).
+    Publishing is the caller's: see `AnnotationPublisher` and `run`.
+    """
+
+    def __init__(
+        self,
+        fs: HostFS,
+        node: str,
+        *,
+        validations: tuple[str, ...] = DEFAULT_VALIDATIONS,
+        validations_dir: str = VALIDATIONS_DIR,
+        nvml: bool = True,
+        nvml_module: Any = None,
+        warning_hold: float = DEFAULT_WARNING_HOLD,
+        replay: bool = False,
+        metrics: HealthMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        log: Callable[[str], None] = _stderr,
+    ) -> None:
+        self.fs, self.node = fs, node
+        self.validations, self.validations_dir = validations, validations_dir
+        self.warning_hold, self.metrics, self.clock, self.log = warning_hold, metrics, clock, log
+        # The kernel log from its end (no replay after a restart); `replay`: what it holds now too.
+        self.kmsg = KmsgFollower(fs, from_start=replay)
+        if self.kmsg.error:
+            log(f"kernel log: {self.kmsg.error}: Xid events come from NVML only")
+        self.nvml = NvmlSource(log, nvml_module) if nvml else None
+        self.baseline: HostSnapshot = snapshot(fs, validations, validations_dir)
+        self.marks: dict[str, XidMark] = {}
+        self.last: str | None = None
+        self.unparsed = 0  # NVRM Xid lines whose address or number did not parse
+
+    def _take(self, event: XidEvent) -> None:
+        cls = classify(event.xid)
+        if self.metrics:
+            self.metrics.xid(event, cls.action)
+        old = self.marks.get(event.bus)
+        if old is None or STATES.index(cls.state) >= STATES.index(old.cls.state):
+            self.marks[event.bus] = XidMark(cls, self.clock(), event.source)
+
+    def _expire(self) -> None:
+        """A warning (or a harmless Xid) lapses after `warning_hold` seconds without a new one."""
+        now = self.clock()
+        for bus, mark in list(self.marks.items()):
+            if mark.cls.state in (WARNING, HEALTHY) and now - mark.at >= self.warning_hold:
+                del self.marks[bus]
+
+    def sources(self) -> list[str]:
+        out = ["pci", "proc"]
+        if self.kmsg.fd is not None:
+            out.append("kmsg")
+        if self.nvml is not None and self.nvml.available:
+            out.append("nvml")
+        return out
+
+    def observe(self) -> dict[str, Any]:
+        """Read what is new and return the current report (always)."""
+        for message in self.kmsg.poll():
+            event = parse_xid(message)
+            if event is not None:
+                self._take(event)
+            elif "NVRM: Xid" in message:
+                self.unparsed += 1
+                self.log(f"kernel log: an Xid line that does not parse, skipped: {message[:200]!r}")
+        observation = self.nvml.poll() if self.nvml is not None else None
+        for event in observation.events if observation else []:
+            self._take(event)
+        self._expire()
+        now = snapshot(self.fs, self.validations, self.validations_dir)
+        report, states = evaluate(self.baseline, now, self.marks, observation, self.sources())
+        if self.metrics:
+            self.metrics.update(states, report["validated"])
+        return report
+
+    async def step(self) -> dict[str, Any] | None:
+        """The report when it changed since the last step (the first step always returns one)."""
+        report = self.observe()
+        text = encode(report)
+        if text == self.last:
+            return None
+        self.last = text
+        return report
+
+    def final(self) -> dict[str, Any]:
+        """The last report, as the agent stops: marked `stopped` (the operator no longer trusts it)."""
+        return {**self.observe(), "stopped": True}
+
+    def close(self) -> None:
+        self.kmsg.close()
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+class Publisher(Protocol):
+    async def publish(self, text: str) -> None: ...
+
+
+class AnnotationPublisher:
+    """One merge patch of the Node's report annotation per call (the node agents' Kubernetes client)."""
+
+    def __init__(self, node: str, client: Any = None) -> None:
+        from gpu_operator.node.kubeapi import new_client
+
+        self.node = node
+        self.client = client if client is not None else new_client()
+        self.patches = 0
+
+    def _patch(self, text: str) -> None:
+        from gpu_operator.node.kubeapi import patch_node_annotations
+
+        patch_node_annotations(self.client, self.node, {HEALTH_REPORT_ANNOTATION: text})
+        self.patches += 1
+
+    async def publish(self, text: str) -> None:
+        await asyncio.to_thread(self._patch, text)
+
+
+async def run(agent: HealthAgent, publisher: Publisher, interval: float, stop: asyncio.Event) -> None:
+    """Step every `interval` seconds and publish each changed report (a failed write is retried at
+    the next step, and only then); on `stop`, publish the final report and close."""
+    pending: str | None = None
+    while not stop.is_set():
+        report = await agent.step()
+        if report is not None:
+            pending = encode(report)
+            agent.log(f"report changed: state={report['state']} action={report['action']} "
+                      f"validated={str(report['validated']).lower()} gpus listed={len(report['gpus'])}")
+        if pending is not None:
+            try:
+                await publisher.publish(pending)
+                pending = None
+            except Exception as err:  # noqa: BLE001 - the apiserver may be away; retry next step
+                agent.log(f"publishing the report failed (retrying in {interval:g}s): {err}")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+    try:
+        await publisher.publish(encode(agent.final()))
+    except Exception as err:  # noqa: BLE001 - best effort on the way out
+        agent.log(f"publishing the final report failed: {err}")
+    agent.close()
+
+
+def install_stop(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set `stop` (the loop ends cleanly)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)

@@ -1,0 +1,406 @@
+"""The GPU health agent on host trees with real layouts (tests/fixtures/hosts): the kernel log
+followed from where the agent starts, GPUs leaving the bus, the validator's status files, NVML
+where it loads (a stand-in module here), the report's round trip through the operator's parser,
+and one write per change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from gpu_operator.api.health import HealthReport, ReportError
+from gpu_operator.cli import app
+from gpu_operator.node.health import HealthAgent, HealthMetrics, encode, run
+from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS, classify
+from gpu_operator.node.hostfs import HostFS
+from gpu_operator.vocabulary import HEALTH_ACTIONS, VALIDATIONS_DIR
+from tests.unit.node.nodekit import FakeClock
+
+GPUS = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0",
+        "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+SEQ = iter(range(10_000, 1_000_000))
+
+
+def record(message: str) -> str:
+    """One /dev/kmsg record (`prio,seq,usec,flags;message`) and a continuation line, as the kernel writes them."""
+    seq = next(SEQ)
+    return f"3,{seq},{seq * 1000},-;{message}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:0a:00.0\n"
+
+
+def xid_line(bus: str, xid: int) -> str:
+    return record(f"NVRM: Xid (PCI:{bus}): {xid}, pid=4242, name=python, something happened")
+
+
+def append(fs: HostFS, text: str) -> None:
+    with fs.resolve("/dev/kmsg").open("a") as handle:
+        handle.write(text)
+
+
+def validated(fs: HostFS, components: tuple[str, ...] = ("driver", "toolkit", "cuda", "plugin")) -> None:
+    for component in components:
+        fs.write_text(f"{VALIDATIONS_DIR}/{component}-ready", "")
+
+
+@pytest.fixture
+def host(build_host: Any) -> HostFS:
+    """8x H100 bound to nvidia (driver 550 loaded: /proc/driver/nvidia/gpus), validated, an empty kmsg."""
+    fs: HostFS = build_host("h100-nvidia-bound").fs
+    fs.write_text("/dev/kmsg", record("Linux version 6.8.0-generic"))
+    validated(fs)
+    return fs
+
+
+def agent_for(fs: HostFS, **kwargs: Any) -> HealthAgent:
+    logs: list[str] = []
+    kwargs.setdefault("nvml", False)
+    agent = HealthAgent(fs, "node-a", log=logs.append, **kwargs)
+    agent.logs = logs  # type: ignore[attr-defined]
+    return agent
+
+
+def step(agent: HealthAgent) -> dict[str, Any] | None:
+    return asyncio.run(agent.step())
+
+
+def gpu(report: dict[str, Any], bus: str) -> dict[str, Any]:
+    listed: dict[str, dict[str, Any]] = {g["bus"]: g for g in report["gpus"]}
+    assert bus in listed, f"{bus} not listed: {report}"
+    return listed[bus]
+
+
+def test_a_clean_node_is_healthy_and_validated(host: HostFS) -> None:
+    report = agent_for(host).observe()
+    assert report["state"] == "healthy" and report["action"] == "none"
+    assert report["healthy"] == 8 and report["gpus"] == []
+    assert report["validated"] is True and "missing" not in report
+    assert report["sources"] == ["kmsg", "pci", "proc"]
+    parsed = HealthReport.parse(encode(report))
+    assert parsed.ready and parsed.healthy == 8
+
+
+def test_xid_79_appended_after_start_makes_the_gpu_unhealthy_with_reboot(host: HostFS) -> None:
+    agent = agent_for(host)
+    assert agent.observe()["state"] == "healthy"
+    append(host, xid_line("0000:0a:00", 79))
+    report = agent.observe()
+    entry = gpu(report, "0000:0a:00.0")
+    assert (entry["state"], entry["action"], entry["xid"], entry["minor"]) == ("unhealthy", "reboot", 79, 0)
+    assert report["state"] == "unhealthy" and report["action"] == "reboot" and report["healthy"] == 7
+    parsed = HealthReport.parse(encode(report))
+    assert not parsed.ready and [g.bus for g in parsed.unhealthy] == ["0000:0a:00.0"]
+
+
+def test_xid_13_is_a_warning_with_restart_app_and_keeps_the_node_ready(host: HostFS) -> None:
+    agent = agent_for(host)
+    append(host, xid_line("0000:c1:00", 13))
+    report = agent.observe()
+    entry = gpu(report, "0000:c1:00.0")
+    assert (entry["state"], entry["action"], entry["xid"]) == ("warning", "restart-app", 13)
+    parsed = HealthReport.parse(encode(report))
+    assert parsed.ready and parsed.unhealthy == () and parsed.state == "warning"
+
+
+def test_lines_present_before_start_are_not_replayed(host: HostFS) -> None:
+    append(host, xid_line("0000:0a:00", 79) + xid_line("0000:18:00", 48))
+    agent = agent_for(host)
+    assert agent.observe()["gpus"] == []
+    assert step(agent) is not None and step(agent) is None
+    # a restarted agent does not replay them either
+    again = agent_for(host)
+    assert again.observe()["healthy"] == 8
+
+
+def test_an_unparseable_line_does_not_crash_and_later_lines_count(host: HostFS) -> None:
+    agent = agent_for(host)
+    garbage = (record("NVRM: Xid (PCI:zzzz:0a:00): 79, broken address")
+               + "no header at all\n" + "\x00\xff" * 3000 + "\n"
+               + record("NVRM: Xid (PCI:0000:0a:00): notanumber")
+               + "3,1,2,-;" + "x" * 10_000 + "\n")
+    append(host, garbage)
+    report = agent.observe()
+    assert report["gpus"] == [] and report["healthy"] == 8
+    assert agent.unparsed == 2 and any("does not parse" in line for line in agent.logs)  # type: ignore[attr-defined]
+    append(host, xid_line("0000:18:00", 95))
+    assert gpu(agent.observe(), "0000:18:00.0")["action"] == "reset-gpu"
+
+
+def test_a_line_split_across_two_polls_is_read_once_whole(host: HostFS) -> None:
+    agent = agent_for(host)
+    line = xid_line("0000:3b:00", 79)
+    append(host, line[:20])
+    assert agent.observe()["gpus"] == []
+    append(host, line[20:])
+    assert gpu(agent.observe(), "0000:3b:00.0")["xid"] == 79
+
+
+def test_a_gpu_removed_from_sysfs_is_gone(host: HostFS) -> None:
+    agent = agent_for(host)
+    assert agent.observe()["healthy"] == 8
+    assert host.remove("/sys/bus/pci/devices/0000:18:00.0")
+    report = agent.observe()
+    entry = gpu(report, "0000:18:00.0")
+    assert (entry["state"], entry["action"]) == ("gone", "reboot")
+    assert report["state"] == "gone" and report["healthy"] == 7
+    assert HealthReport.parse(encode(report)).unhealthy[0].state == "gone"
+
+
+def test_the_driver_dropping_a_gpu_it_still_owns_is_unhealthy(host: HostFS) -> None:
+    agent = agent_for(host)
+    import shutil
+
+    shutil.rmtree(host.resolve("/proc/driver/nvidia/gpus/0000:44:00.0"))
+    entry = gpu(agent.observe(), "0000:44:00.0")
+    assert (entry["state"], entry["action"]) == ("unhealthy", "reset-gpu")
+
+
+def test_missing_status_files_mean_not_validated(host: HostFS) -> None:
+    assert host.remove(f"{VALIDATIONS_DIR}/plugin-ready")
+    report = agent_for(host).observe()
+    assert report["validated"] is False and report["missing"] == ["plugin"]
+    assert not HealthReport.parse(encode(report)).ready
+    only_driver = agent_for(host, validations=("driver",)).observe()
+    assert only_driver["validated"] is True
+
+
+class FakePublisher:
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def publish(self, text: str) -> None:
+        self.texts.append(text)
+
+
+def test_one_write_per_change_and_none_while_nothing_changes(host: HostFS) -> None:
+    agent = agent_for(host)
+    publisher = FakePublisher()
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(agent, publisher, 0.01, stop))
+        await asyncio.sleep(0.15)  # ~15 steps, nothing changes
+        assert len(publisher.texts) == 1
+        append(host, xid_line("0000:87:00", 79))
+        await asyncio.sleep(0.15)
+        assert len(publisher.texts) == 2
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    reports = [HealthReport.parse(t) for t in publisher.texts]
+    assert [r.state for r in reports] == ["healthy", "unhealthy", "unhealthy"]
+    assert [r.stopped for r in reports] == [False, False, True]
+
+
+def test_a_failed_write_is_retried_at_the_next_step_only_until_it_lands(host: HostFS) -> None:
+    class Flaky(FakePublisher):
+        fails = 2
+
+        async def publish(self, text: str) -> None:
+            if self.fails:
+                self.fails -= 1
+                raise ConnectionError("apiserver away")
+            await super().publish(text)
+
+    agent, publisher = agent_for(host), Flaky()
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(run(agent, publisher, 0.01, stop))
+        await asyncio.sleep(0.15)
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert len(publisher.texts) == 2  # the first report once it landed, then the final one
+    assert sum("publishing the report failed" in line for line in agent.logs) == 2  # type: ignore[attr-defined]
+
+
+def test_warnings_lapse_after_the_hold_and_unhealthy_stays(host: HostFS) -> None:
+    clock = FakeClock()
+    agent = agent_for(host, clock=clock, warning_hold=60)
+    append(host, xid_line("0000:0a:00", 13) + xid_line("0000:18:00", 79))
+    assert step(agent) is not None
+    clock.now += 59
+    assert step(agent) is None
+    clock.now += 1
+    report = step(agent)
+    assert report is not None and [g["bus"] for g in report["gpus"]] == ["0000:18:00.0"]
+
+
+def test_a_milder_xid_does_not_hide_a_worse_one(host: HostFS) -> None:
+    agent = agent_for(host)
+    append(host, xid_line("0000:0a:00", 79) + xid_line("0000:0a:00", 13))
+    entry = gpu(agent.observe(), "0000:0a:00.0")
+    assert (entry["xid"], entry["action"]) == (79, "reboot")
+
+
+def test_without_nvml_the_kernel_log_and_sysfs_still_work(host: HostFS) -> None:
+    class NoLibrary:
+        class NVMLError(Exception):
+            pass
+
+        def nvmlInit(self) -> None:  # noqa: N802 - NVML's name
+            raise self.NVMLError("NVML Shared Library Not Found")
+
+    agent = agent_for(host, nvml=True, nvml_module=NoLibrary())
+    assert any(line.startswith("NVML unavailable") and "kernel log and sysfs only" in line
+               for line in agent.logs)  # type: ignore[attr-defined]
+    append(host, xid_line("0000:0a:00", 79))
+    host.remove("/sys/bus/pci/devices/0000:18:00.0")
+    report = agent.observe()
+    assert "nvml" not in report["sources"]
+    assert gpu(report, "0000:0a:00.0")["state"] == "unhealthy" and gpu(report, "0000:18:00.0")["state"] == "gone"
+
+
+class FakeNvml:
+    """The part of pynvml the agent calls, with events and errors a test queues."""
+
+    nvmlEventTypeXidCriticalError = 0x8
+    nvmlEventTypeDoubleBitEccError = 0x2
+    NVML_ERROR_TIMEOUT, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED = 10, 15, 16
+    NVML_TEMPERATURE_GPU = 0
+
+    class NVMLError(Exception):
+        def __init__(self, value: int) -> None:
+            super().__init__(f"NVML error {value}")
+            self.value = value
+
+    def __init__(self, buses: list[str]) -> None:
+        self.buses = buses
+        self.queue: list[tuple[int, int, int]] = []  # (index, type, data)
+        self.lost: set[int] = set()
+        self.registered: dict[int, int] = {}
+
+    def nvmlInit(self) -> None: ...  # noqa: N802
+    def nvmlShutdown(self) -> None: ...  # noqa: N802
+    def nvmlEventSetCreate(self) -> str: return "set"  # noqa: N802
+    def nvmlEventSetFree(self, _: str) -> None: ...  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int: return len(self.buses)  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i  # noqa: N802
+    def nvmlDeviceGetIndex(self, h: int) -> int: return h  # noqa: N802
+    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int: return 0xFF  # noqa: N802
+
+    def nvmlDeviceRegisterEvents(self, h: int, mask: int, _: str) -> None:  # noqa: N802
+        self.registered[h] = mask
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
+        class Info:
+            busId = f"0000{self.buses[h]}".upper().encode()  # NVML's 8-digit domain, bytes  # noqa: N815
+        return Info()
+
+    def nvmlEventSetWait_v2(self, _: str, timeout: int) -> Any:  # noqa: N802
+        if not self.queue:
+            raise self.NVMLError(self.NVML_ERROR_TIMEOUT)
+        index, kind, data = self.queue.pop(0)
+
+        class Event:
+            device, eventType, eventData = index, kind, data  # noqa: N815
+        return Event()
+
+    def nvmlDeviceGetTemperature(self, h: int, _: int) -> int:  # noqa: N802
+        if h in self.lost:
+            raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        return 40
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:  # noqa: N802
+        return (0, 0, 1 if h == 5 else 0, 0)
+
+
+def test_nvml_events_and_state_join_the_report(host: HostFS) -> None:
+    fake = FakeNvml(GPUS)
+    metrics = HealthMetrics()
+    agent = agent_for(host, nvml=True, nvml_module=fake, metrics=metrics)
+    assert set(fake.registered.values()) == {0x8 | 0x2}  # Xid critical and double-bit ECC, as the device plugin
+    fake.queue += [(2, 0x8, 79), (3, 0x2, 0)]
+    fake.lost.add(4)
+    report = agent.observe()
+    assert report["sources"] == ["kmsg", "nvml", "pci", "proc"]
+    assert (gpu(report, "0000:3b:00.0")["xid"], gpu(report, "0000:3b:00.0")["index"]) == (79, 2)
+    assert (gpu(report, "0000:44:00.0")["xid"], gpu(report, "0000:44:00.0")["action"]) == (48, "reset-gpu")
+    assert gpu(report, "0000:87:00.0")["state"] == "gone"
+    assert (gpu(report, "0000:90:00.0")["state"], gpu(report, "0000:90:00.0")["action"]) == ("warning", "reset-gpu")
+    assert report["healthy"] == 4
+    value = metrics.registry.get_sample_value
+    assert value("gpu_operator_gpu_xid_total", {"gpu": "0000:3b:00.0", "xid": "79", "action": "reboot",
+                                                "source": "nvml"}) == 1
+    assert value("gpu_operator_gpu_health_state", {"gpu": "0000:87:00.0", "state": "gone"}) == 1
+    assert value("gpu_operator_gpu_health_state", {"gpu": "0000:0a:00.0", "state": "healthy"}) == 1
+    assert value("gpu_operator_gpu_health_state", {"gpu": "0000:0a:00.0", "state": "gone"}) == 0
+    assert value("gpu_operator_gpu_health_validated") == 1
+    HealthReport.parse(encode(report))
+
+
+def test_the_real_bindings_without_a_driver_leave_nvml_out(host: HostFS) -> None:
+    """nvidia-ml-py is installed (pinned); this machine has no libnvidia-ml, so NVML does not load."""
+    agent = agent_for(host, nvml=True)
+    if agent.nvml is not None and agent.nvml.available:
+        pytest.skip("this machine has an NVIDIA driver")
+    assert "nvml" not in agent.observe()["sources"]
+    assert any(line.startswith("NVML unavailable") for line in agent.logs)  # type: ignore[attr-defined]
+
+
+def test_kmsg_created_or_replaced_after_start_is_read_from_its_beginning(host: HostFS) -> None:
+    host.remove("/dev/kmsg")
+    agent = agent_for(host)
+    assert "kmsg" not in agent.observe()["sources"]
+    host.write_text("/dev/kmsg", xid_line("0000:0a:00", 79))
+    assert gpu(agent.observe(), "0000:0a:00.0")["xid"] == 79
+    host.write_atomic("/dev/kmsg", xid_line("0000:18:00", 79))  # another inode
+    assert gpu(agent.observe(), "0000:18:00.0")["xid"] == 79
+
+
+def test_catalogue_classes() -> None:
+    assert (classify(79).action, classify(79).state, classify(79).bucket) == ("reboot", "unhealthy", "RESTART_BM")
+    assert (classify(13).action, classify(13).state) == ("restart-app", "warning")
+    assert (classify(48).action, classify(48).state) == ("reset-gpu", "unhealthy")
+    assert (classify(109).bucket, classify(109).state) == ("RESET_GPU", "warning")  # the device plugin's rule
+    assert all(classify(x).state != "unhealthy" for x in DEVICE_PLUGIN_APPLICATION_XIDS)
+    assert (classify(63).action, classify(63).state) == ("none", "healthy")  # IGNORE
+    assert (classify(999).bucket, classify(999).action, classify(999).state) == ("UNKNOWN", "none", "warning")
+    assert {classify(x).action for x in range(1, 170)} <= set(HEALTH_ACTIONS)
+
+
+def test_the_parser_refuses_garbage_naming_the_field() -> None:
+    good = {"v": 1, "validated": True, "state": "healthy", "action": "none", "healthy": 1, "gpus": [],
+            "sources": ["pci"]}
+    assert HealthReport.parse(json.dumps(good)).ready
+    cases = {
+        "not json{": "not JSON",
+        "[1]": "not an object",
+        json.dumps({**good, "v": 2}): "schema version",
+        json.dumps({**good, "healthy": -1}): "field healthy",
+        json.dumps({**good, "extra": 1}): "field extra",
+        json.dumps({**good, "gpus": [{"bus": "41:00", "state": "gone", "action": "reboot", "reason": ""}],
+                    "state": "gone"}): "field gpus.0.bus",
+        json.dumps({**good, "gpus": [{"bus": "0000:41:00.0", "state": "gone", "action": "wipe", "reason": ""}],
+                    "state": "gone"}): "field gpus.0.action",
+        json.dumps({**good, "state": "unhealthy"}): "not the worst GPU state",
+        json.dumps({**good, "missing": ["cuda"]}): "validated is true but missing",
+        json.dumps({**good, "validated": "yes"}): "field validated",
+    }
+    for text, expected in cases.items():
+        with pytest.raises(ReportError) as err:
+            HealthReport.parse(text)
+        assert expected in str(err.value), (text, str(err.value))
+
+
+def test_once_prints_a_report_that_includes_the_log_present_now(host: HostFS) -> None:
+    append(host, xid_line("0000:0a:00", 79))
+    result = CliRunner().invoke(app, ["node", "health", "--once", "--no-nvml", "--host-root", str(host.root)])
+    assert result.exit_code == 0, result.output
+    report = HealthReport.parse(json.dumps(json.loads(result.stdout)))
+    assert [(g.bus, g.xid, g.action) for g in report.gpus] == [("0000:0a:00.0", 79, "reboot")]
+
+
+def test_the_command_refuses_bad_options(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["node", "health", "--once", "--host-root", str(tmp_path), "--validations", "drvier"])
+    assert result.exit_code == 2 and "--validations" in result.output
+    result = runner.invoke(app, ["node", "health", "--host-root", str(tmp_path), "--metrics-port", "0"],
+                           env={"NODE_NAME": ""})
+    assert result.exit_code == 2 and "--node-name" in result.output
