@@ -7,12 +7,13 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, Self, TypeVar, cast
 
 import pydantic
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.gpucluster import GPUCluster
+from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import nodelabels
 from gpu_operator.render.facts import NodeFacts
@@ -22,6 +23,8 @@ from gpu_operator.vocabulary import (
     GFD_LABELS_ANNOTATION,
     GPU_PRESENT,
     HASH_ANNOTATION,
+    HEALTH_CONDITION,
+    HEALTH_TAINT,
     NFD_PREFIX,
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,
@@ -36,11 +39,44 @@ UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION,
                     GFD_LABELS_ANNOTATION)
 M = TypeVar("M", bound=pydantic.BaseModel)
+# GPU health: the agent's report (nvidia.com/gpu-health.report) and the remediation state
+# machine's annotations (controllers/health_machine.py) share this prefix.
+HEALTH_ANNOTATION_PREFIX = "nvidia.com/gpu-health."
 
 
 def kept_annotation(key: str) -> bool:
-    """One of KEPT_ANNOTATIONS, or one the driver upgrade state machine reads and writes."""
-    return key in KEPT_ANNOTATIONS or key.startswith(UPGRADE_ANNOTATION_PREFIX)
+    """One of KEPT_ANNOTATIONS, or one the driver upgrade or the GPU health state machine reads and writes."""
+    return key in KEPT_ANNOTATIONS or key.startswith((UPGRADE_ANNOTATION_PREFIX, HEALTH_ANNOTATION_PREFIX))
+
+
+def kept_taint(key: str) -> bool:
+    """A taint the GPU health signals read: the quarantine taint, startup taints (api/healthpolicy.py)."""
+    return key == HEALTH_TAINT or key.startswith(OUR_TAINT_PREFIXES)
+
+
+Taints = tuple[tuple[str, str, str], ...]  # (key, effect, value), sorted
+GPUCondition = tuple[str, str, str]  # NvidiaGPUReady's (status, reason, message)
+
+
+def kept_taints(taints: Any) -> Taints:
+    """The kept taints of a Node's spec.taints (dicts, or objects with key/effect/value)."""
+    out = []
+    for t in taints or ():
+        key, effect, value = (t.get("key"), t.get("effect"), t.get("value")) if isinstance(t, dict) else (
+            t.key, t.effect, t.value)
+        if key and kept_taint(key):
+            out.append((sys.intern(key), sys.intern(effect or ""), value or ""))
+    return tuple(sorted(out))
+
+
+def gpu_condition(conditions: Any) -> GPUCondition | None:
+    """NvidiaGPUReady's (status, reason, message) among a Node's conditions (dicts or objects)."""
+    for c in conditions or ():
+        fields = (c.get("type"), c.get("status"), c.get("reason"), c.get("message")) if isinstance(c, dict) else (
+            c.type, c.status, c.reason, c.message)
+        if fields[0] == HEALTH_CONDITION:
+            return (fields[1] or "", fields[2] or "", fields[3] or "")
+    return None
 
 
 class OwnedKind(NamedTuple):
@@ -93,6 +129,10 @@ class NodeView:
     # annotations (kept in `annotations` too, see `kept_annotation`).
     unschedulable: bool = False
     ready: bool = False
+    # What the GPU health signals read besides labels and annotations: our taints (`kept_taint`)
+    # and the NvidiaGPUReady condition as the node carries it.
+    taints: Taints = ()
+    gpu_condition: GPUCondition | None = None
     # When the Node watch delivered this view (monotonic clock; 0 when not from the watch): how
     # long a label change waited is measured from here. Not part of what the view says.
     seen: float = field(default=0.0, compare=False)
@@ -106,11 +146,14 @@ class NodeView:
             runtime=info.get("containerRuntimeVersion", ""), kernel=info.get("kernelVersion", ""),
             unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
             ready=any(c.get("type") == "Ready" and c.get("status") == "True"
-                      for c in (body.get("status") or {}).get("conditions") or []))
+                      for c in (body.get("status") or {}).get("conditions") or []),
+            taints=kept_taints((body.get("spec") or {}).get("taints")),
+            gpu_condition=gpu_condition((body.get("status") or {}).get("conditions")))
 
     @classmethod
     def of_parts(cls, name: str, labels: dict[str, str], annotations: dict[str, str], *, runtime: str = "",
-                 kernel: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0) -> NodeView:
+                 kernel: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0,
+                 taints: Taints = (), gpu_condition: GPUCondition | None = None) -> NodeView:
         """From a Node's fields (a body, or the Node watch's decoded node): only the labels and
         annotations the operator reads are kept in `labels`/`annotations`."""
         return cls(
@@ -118,7 +161,7 @@ class NodeView:
             labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
             annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
             runtime=runtime, kernel=kernel, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
-            seen=seen,
+            seen=seen, taints=taints, gpu_condition=gpu_condition,
         )
 
     @property
@@ -137,15 +180,21 @@ class NodeView:
 
 
 @dataclass(frozen=True)
-class PolicyView:
+class CRView(Generic[M]):
+    """One of our custom resources as the caches keep it; `parsed` is its body validated by the
+    kind's api model, once per object version (a view is replaced, not changed, when its object
+    changes), shared by every unit that reads it. One subclass per kind."""
+
     name: str
     uid: str
     generation: int
     created: str
     body: dict[str, Any]
 
+    MODEL: ClassVar[type[pydantic.BaseModel]]
+
     @classmethod
-    def of(cls, body: Any) -> PolicyView:
+    def of(cls, body: Any) -> Self:
         meta = body.get("metadata", {})
         plain = json.loads(json.dumps(dict(body)))
         return cls(meta["name"], meta["uid"], int(meta.get("generation", 0)),
@@ -155,23 +204,29 @@ class PolicyView:
     def status(self) -> dict[str, Any]:
         return dict(self.body.get("status") or {})
 
-    # The body parsed by the api models once per object version (a view is replaced, not changed,
-    # when its object changes), shared by every loop that reads it.
+    @property
+    def deleting(self) -> bool:
+        return bool(self.body.get("metadata", {}).get("deletionTimestamp"))
 
     @functools.cached_property
-    def as_policy(self) -> Parsed[ClusterPolicy]:
-        """This view's body as a ClusterPolicy, or the model's refusal."""
-        return Parsed.of(ClusterPolicy, self.body)
+    def parsed(self) -> Parsed[M]:
+        """This view's body as its kind's model, or the model's refusal."""
+        return cast("Parsed[M]", Parsed.of(self.MODEL, self.body))
 
-    @functools.cached_property
-    def as_driver(self) -> Parsed[NVIDIADriver]:
-        """This view's body as an NVIDIADriver, or the model's refusal."""
-        return Parsed.of(NVIDIADriver, self.body)
 
-    @functools.cached_property
-    def as_gpucluster(self) -> Parsed[GPUCluster]:
-        """This view's body as a GPUCluster, or the model's refusal."""
-        return Parsed.of(GPUCluster, self.body)
+@dataclass(frozen=True)
+class ClusterPolicyView(CRView[ClusterPolicy]):
+    MODEL = ClusterPolicy
+
+
+@dataclass(frozen=True)
+class NVIDIADriverView(CRView[NVIDIADriver]):
+    MODEL = NVIDIADriver
+
+
+@dataclass(frozen=True)
+class GPUClusterView(CRView[GPUCluster]):
+    MODEL = GPUCluster
 
 
 @dataclass(frozen=True)

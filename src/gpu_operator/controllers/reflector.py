@@ -9,7 +9,7 @@ import time
 
 import httpx2
 
-from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.cache import NodeView, gpu_condition, kept_taints
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
@@ -32,7 +32,8 @@ def view_of(node: SlimNode) -> NodeView:
         runtime=sys.intern(info.containerRuntimeVersion) if info else "",
         kernel=sys.intern(info.kernelVersion) if info else "",
         unschedulable=node.spec.unschedulable if node.spec else False,
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions), seen=time.monotonic())
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions), seen=time.monotonic(),
+        taints=kept_taints(node.spec.taints if node.spec else None), gpu_condition=gpu_condition(conditions))
 
 
 class NodeReflector(NodeWatch[NodeView]):

@@ -45,6 +45,8 @@ class _NodeInfo(msgspec.Struct):
 class _Condition(msgspec.Struct):
     type: str = ""
     status: str = ""  # heartbeat times are skipped: a heartbeat changes no view
+    reason: str = ""  # (reason and message: the GPU health signals compare their own condition)
+    message: str = ""
 
 
 class _Status(msgspec.Struct):
@@ -52,8 +54,15 @@ class _Status(msgspec.Struct):
     conditions: list[_Condition] | None = None
 
 
+class _Taint(msgspec.Struct):
+    key: str = ""
+    effect: str = ""
+    value: str = ""
+
+
 class _Spec(msgspec.Struct):
     unschedulable: bool = False
+    taints: list[_Taint] | None = None
 
 
 class SlimNode(msgspec.Struct):
