@@ -14,7 +14,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.controllers.cache import OwnedView, PolicyView, desired_hash, object_key
+from gpu_operator.controllers import status as st
+from gpu_operator.controllers.cache import CRView, OwnedView, desired_hash, object_key
+from gpu_operator.controllers.loop import Result
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderResult
 from gpu_operator.vocabulary import HASH_ANNOTATION
@@ -22,13 +24,13 @@ from gpu_operator.vocabulary import HASH_ANNOTATION
 OwnedKey = tuple[str, str, str | None, str]
 
 
-def owner_reference(policy: PolicyView, api_version: str = "nvidia.com/v1",
+def owner_reference(policy: CRView[Any], api_version: str = "nvidia.com/v1",
                     kind: str = "ClusterPolicy") -> dict[str, Any]:
     return {"apiVersion": api_version, "kind": kind, "name": policy.name,
             "uid": policy.uid, "controller": True, "blockOwnerDeletion": True}
 
 
-def with_ownership(obj: dict[str, Any], policy: PolicyView, owner: dict[str, Any] | None = None,
+def with_ownership(obj: dict[str, Any], policy: CRView[Any], owner: dict[str, Any] | None = None,
                    ) -> dict[str, Any]:
     """The object as we apply it: owned by the policy (or `owner`, a ready ownerReference) and
     stamped with the hash of itself."""
@@ -40,11 +42,22 @@ def with_ownership(obj: dict[str, Any], policy: PolicyView, owner: dict[str, Any
 
 
 @dataclass
-class Applied:
-    """What apply passes wrote (a reconcile's report extends it)."""
+class Applied(Result):
+    """What apply passes wrote, and when to look again (a reconcile's report extends it)."""
 
     applied: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReconcileReport(Applied):
+    """What an owner CR's reconcile did (for logs, metrics and tests): its writes, and more."""
+
+    outcome: st.Outcome | None = None
+    not_ready: list[str] = field(default_factory=list)
+    has_nfd: bool = False
+    gpu_nodes: int = 0
+    extra_conditions: list[dict[str, str]] = field(default_factory=list)
 
 
 class Applier:
@@ -56,7 +69,7 @@ class Applier:
         self.kube = kube
         self.remembered: dict[str, dict[OwnedKey, OwnedView]] = {}
 
-    async def apply(self, result: RenderResult, owner: PolicyView, owner_ref: dict[str, Any],
+    async def apply(self, result: RenderResult, owner: CRView[Any], owner_ref: dict[str, Any],
                     owned: dict[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
         """Apply what changed (by hash), then delete what this owner owns and no longer renders;
         each write is added to `done` as it happens."""

@@ -8,6 +8,10 @@ from typing import Annotated
 
 import typer
 
+from gpu_operator.controllers.settings import OperatorSettings
+
+DEFAULTS = OperatorSettings()
+
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
@@ -26,21 +30,23 @@ def register(app: typer.Typer) -> None:
         health_probe_bind_address: Annotated[str, typer.Option(
             help="Where /healthz and /readyz listen; 0 turns them off.")] = ":8081",
         leader_lease_renew_deadline: Annotated[float, typer.Option(
-            help="Seconds a leader may fail to renew before it steps down; the lease lasts 5 s more.")] = 10.0,
+            help="Seconds a leader may fail to renew before it steps down; the lease lasts 5 s more.")
+        ] = DEFAULTS.leader_renew_deadline,
         label_concurrency: Annotated[int, typer.Option(
-            help="Node label patches in flight at once.")] = 32,
+            help="Node label patches in flight at once.")] = DEFAULTS.label_concurrency,
         gfd_node_labels: Annotated[bool, typer.Option(
             "--gfd-node-labels/--no-gfd-node-labels",
             help="Put GPU feature discovery's nvidia.com/ labels (its NodeFeature objects) on the Nodes, "
-                 "as NFD's master would; turn off where NFD runs (the chart does, with nfd.enabled=false).")] = True,
+                 "as NFD's master would; turn off where NFD runs (the chart does, with nfd.enabled=false).")
+        ] = DEFAULTS.gfd_node_labels,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     ) -> None:
         """Run the operator: reconcile ClusterPolicy, label GPU nodes, serve metrics and probes."""
         import asyncio
         import logging
 
+        from gpu_operator.controllers.environment import Environment
         from gpu_operator.controllers.run import run as run_operator
-        from gpu_operator.controllers.settings import OperatorSettings
 
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise typer.BadParameter(f"{log_level!r}: use debug, info, warning or error", param_hint="--log-level")
@@ -51,7 +57,6 @@ def register(app: typer.Typer) -> None:
         if not namespace:
             raise typer.BadParameter("set --namespace or OPERATOR_NAMESPACE: the namespace the operator and "
                                      "its operands run in, e.g. --namespace gpu-operator", param_hint="--namespace")
-        os.environ["OPERATOR_NAMESPACE"] = namespace
         from gpu_operator import __version__
         from gpu_operator.render.defaults import missing_images
         log = logging.getLogger("gpu_operator")
@@ -59,13 +64,14 @@ def register(app: typer.Typer) -> None:
                  __version__, namespace, log_level.lower(), "on" if leader_elect else "off")
         if defaults := missing_images(os.environ):
             # the chart's Deployment sets every one of them; run by hand, the same values apply
-            os.environ.update(defaults)
             log.info("image variables not set, using the chart's defaults (render/defaults.py, the images its "
                      "values.yaml names; set one to \"\" for no fallback): %s",
                      ", ".join(f"{k}={v}" for k, v in defaults.items()))
         settings = OperatorSettings.with_renew_deadline(leader_lease_renew_deadline,
                                                         label_concurrency=label_concurrency,
                                                         gfd_node_labels=gfd_node_labels)
+        # the environment is read here, once: the units are handed what it says
+        environment = Environment.of({**os.environ, **defaults, "OPERATOR_NAMESPACE": namespace})
         code = asyncio.run(run_operator(
-            namespace, kubeconfig, leader_elect, metrics_bind_address, health_probe_bind_address, settings))
+            environment, kubeconfig, leader_elect, metrics_bind_address, health_probe_bind_address, settings))
         raise typer.Exit(code)

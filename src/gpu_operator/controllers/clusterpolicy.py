@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from time import monotonic
 
@@ -15,24 +14,25 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import kubevirt
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.apply import Applied, Applier, OwnedKey, owner_reference
+from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
 from gpu_operator.controllers.cache import (
     OWNED_KINDS,
+    ClusterPolicyView,
     NodeView,
     OwnedView,
-    PolicyView,
     object_key,
 )
+from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.podsecurity import NamespaceLabeller
+from gpu_operator.controllers.queries import active_policy, validation_message
+from gpu_operator.controllers.readmodel import configmap_keys
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
-from gpu_operator.render.facts import operator_env
 from gpu_operator.render.kubevirt import Finding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
-
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Snapshot:
     `configmap_keys`: a GET of each user ConfigMap the policy names for the driver (repo, certs,
     kernel modules), whose keys the driver mounts file by file (user ConfigMaps are not watched)."""
 
-    policies: list[PolicyView]
+    policies: list[ClusterPolicyView]
     nodes: list[NodeView]
     owned: dict[OwnedKey, OwnedView]
     namespace: str
@@ -54,53 +54,13 @@ class Snapshot:
     gpuclusters: list[str] = field(default_factory=list)
 
 
-@dataclass
-class ReconcileReport(Applied):
-    """What a reconcile did (for logs, metrics and tests): its writes, and more."""
-
-    outcome: st.Outcome | None = None
-    requeue: float | None = None
-    not_ready: list[str] = field(default_factory=list)
-    has_nfd: bool = False
-    gpu_nodes: int = 0
-    extra_conditions: list[dict[str, str]] = field(default_factory=list)
-
-
-def active_policy(policies: Iterable[PolicyView]) -> PolicyView | None:
-    """The singleton rule: the oldest ClusterPolicy (name breaks ties) is the active one."""
-    ordered = sorted(policies, key=lambda p: (p.created, p.name))
-    return ordered[0] if ordered else None
-
-
-def validation_message(err: pydantic.ValidationError, owner: str = "the ClusterPolicy") -> str:
-    """The first invalid field, what is wrong with it and where to fix it."""
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    message = str(first["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message} (fix the field in {owner})"
-
-
-async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
-    """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules).
-    A missing ConfigMap is left out: rendering then names the field that refers to it."""
-    driver = policy.spec.driver
-    names = {ref for ref in (
-        driver.repoConfig.configMapName if driver.repoConfig else None,
-        driver.certConfig.name if driver.certConfig else None,
-        driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
-    ) if ref}
-    keys: dict[str, tuple[str, ...]] = {}
-    for name in sorted(names):
-        found = await kube.get_dict("v1", "ConfigMap", name, namespace=namespace)
-        if found is not None:
-            keys[name] = tuple(sorted({*(found.get("data") or {}), *(found.get("binaryData") or {})}))
-    return keys
-
-
 class ClusterPolicyReconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
+                 images: Mapping[str, str] | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
+        # the operand images of the operator's environment (controllers/environment.py), read once
+        self.images = dict(images) if images is not None else operator_env_now()
         self._vm_findings: set[Finding] = set()  # VM passthrough findings already sent as Events
         self.applier = Applier(kube)
         self.namespace_labeller = NamespaceLabeller(kube)
@@ -125,10 +85,10 @@ class ClusterPolicyReconciler:
             return await self._finish(report, active, snap, st.Outcome.failed(
                 st.conflict_message(snap.gpuclusters[0], active.name)))
         try:
-            policy = active.as_policy.valid()  # parsed once per version (controllers/cache.py)
+            policy = active.parsed.valid()  # parsed once per version (controllers/cache.py)
             facts = ClusterFacts.of(
                 [n.facts for n in snap.nodes], namespace=snap.namespace,
-                k8s_version=snap.k8s_version, operator_env=operator_env(os.environ),
+                k8s_version=snap.k8s_version, operator_env=self.images,
                 servicemonitor_crd=snap.servicemonitor_crd,
                 configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))
             result = render(policy, facts)
@@ -152,7 +112,7 @@ class ClusterPolicyReconciler:
         result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled)
         return await self._finish(report, active, snap, result_outcome)
 
-    async def _warn(self, policy: PolicyView, warnings: list[str]) -> None:
+    async def _warn(self, policy: ClusterPolicyView, warnings: list[str]) -> None:
         """Each render warning once per policy generation: logged and a Warning Event on the policy."""
         for warning in warnings:
             key = (policy.uid, policy.generation, warning)
@@ -163,11 +123,11 @@ class ClusterPolicyReconciler:
                                    "uid": policy.uid}, vocab.POLICY_WARNING_REASON, warning)
             self._warned.add(key)
 
-    async def _apply(self, result: RenderResult, policy: PolicyView, snap: Snapshot,
+    async def _apply(self, result: RenderResult, policy: ClusterPolicyView, snap: Snapshot,
                      report: ReconcileReport) -> None:
         await self.applier.apply(result, policy, owner_reference(policy), snap.owned, snap.watched_kinds, report)
 
-    async def _kubevirt(self, policy: ClusterPolicy, active: PolicyView, snap: Snapshot,
+    async def _kubevirt(self, policy: ClusterPolicy, active: ClusterPolicyView, snap: Snapshot,
                         report: ReconcileReport) -> None:
         """VM passthrough: KubeVirt's permitted host devices and the VMPassthrough condition."""
         try:
@@ -205,7 +165,7 @@ class ClusterPolicyReconciler:
                     break
         return not_ready
 
-    async def _finish(self, report: ReconcileReport, policy: PolicyView, snap: Snapshot,
+    async def _finish(self, report: ReconcileReport, policy: ClusterPolicyView, snap: Snapshot,
                       outcome: st.Outcome) -> ReconcileReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,

@@ -12,9 +12,8 @@ a switched-off feature are deleted), and status says which state is not ready.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +23,19 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.api.gpucluster import KIND, SINGLETON, VERSION
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applied, Applier, OwnedKey, owner_reference
-from gpu_operator.controllers.cache import OWNED_KINDS, OwnedView, PolicyView, object_key
-from gpu_operator.controllers.clusterpolicy import active_policy, validation_message
+from gpu_operator.controllers.cache import (
+    OWNED_KINDS,
+    ClusterPolicyView,
+    GPUClusterView,
+    OwnedView,
+    object_key,
+)
+from gpu_operator.controllers.environment import operator_env_now
+from gpu_operator.controllers.queries import active_policy, validation_message
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderError
 from gpu_operator.render.dra import RESOURCE_API_VERSIONS, DRAFacts, render_gpucluster
-from gpu_operator.render.facts import operator_env
 from gpu_operator.render.result import RenderResult
 
 log = logging.getLogger("gpu_operator.gpucluster")
@@ -52,8 +57,8 @@ def served_resource_api(versions: Iterable[str]) -> str | None:
 class ClusterSnapshot:
     """What one GPUCluster reconcile sees, from the watch caches."""
 
-    clusters: list[PolicyView]
-    policies: list[PolicyView]
+    clusters: list[GPUClusterView]
+    policies: list[ClusterPolicyView]
     owned: dict[OwnedKey, OwnedView]
     namespace: str
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
@@ -62,15 +67,16 @@ class ClusterSnapshot:
 @dataclass
 class ClusterReport(Applied):
     outcome: st.Outcome | None = None
-    requeue: float | None = None
     not_ready: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)
 
 
 class GPUClusterReconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
+                 images: Mapping[str, str] | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
+        self.images = dict(images) if images is not None else operator_env_now()  # read once
         self.applier = Applier(kube)
         self.resource_api: str | None = None  # found by discovery; looked up again while None
         self._namespace_labelled = False
@@ -90,13 +96,13 @@ class GPUClusterReconciler:
             report.requeue = self.settings.requeue_conflict
             return await self._finish(view, snap, report, st.Outcome(
                 vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET, st.conflict_message(view.name, policy.name)))
-        parsed = view.as_gpucluster
+        parsed = view.parsed
         if parsed.error is not None:
             return await self._finish(view, snap, report, st.Outcome.failed(
                 validation_message(parsed.error, f"GPUCluster {view.name}")))
         try:
             facts = DRAFacts(namespace=snap.namespace, resource_api=await self._resource_api(),
-                             operator_env=operator_env(os.environ))
+                             operator_env=self.images)
             result = render_gpucluster(parsed.valid(), facts)
         except RenderError as err:
             return await self._finish(view, snap, report, st.Outcome.failed(
@@ -119,7 +125,7 @@ class GPUClusterReconciler:
             report.requeue = self.settings.gpucluster_resync  # unwatched objects are read back then
         return await self._finish(view, snap, report, outcome)
 
-    async def _verify_unwatched(self, view: PolicyView) -> None:
+    async def _verify_unwatched(self, view: GPUClusterView) -> None:
         """DeviceClasses, the admission policy and claim templates are not watched: at most every
         `gpucluster_resync` seconds they are read back, and one deleted or changed is applied again."""
         now = time.monotonic()
@@ -136,7 +142,7 @@ class GPUClusterReconciler:
                 log.info("DRA: the apiserver serves %s", self.resource_api)
         return self.resource_api
 
-    async def _ensure_finalizer(self, view: PolicyView) -> None:
+    async def _ensure_finalizer(self, view: GPUClusterView) -> None:
         finalizers = list(view.body.get("metadata", {}).get("finalizers") or [])
         if FINALIZER not in finalizers:
             await self.kube.merge_patch(API_VERSION, KIND, view.name,
@@ -154,7 +160,7 @@ class GPUClusterReconciler:
             log.info("namespace %s labelled %s=true (admin-access ResourceClaims)", namespace, ADMIN_ACCESS_LABEL)
         self._namespace_labelled = True
 
-    async def _teardown(self, view: PolicyView, snap: ClusterSnapshot, report: ClusterReport) -> ClusterReport:
+    async def _teardown(self, view: GPUClusterView, snap: ClusterSnapshot, report: ClusterReport) -> ClusterReport:
         """Claim-holding DaemonSets first (foreground: until their pods are gone), then the finalizer."""
         holders = sorted((v for v in snap.owned.values()
                           if v.kind == "DaemonSet" and v.claims and view.uid in v.owner_uids),
@@ -185,7 +191,7 @@ class GPUClusterReconciler:
                     raise
         return report
 
-    async def _finish(self, view: PolicyView, snap: ClusterSnapshot, report: ClusterReport,
+    async def _finish(self, view: GPUClusterView, snap: ClusterSnapshot, report: ClusterReport,
                       outcome: st.Outcome) -> ClusterReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, view.status, view.generation)

@@ -14,7 +14,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from gpu_operator import vocabulary as vocab
 
 if TYPE_CHECKING:
-    from gpu_operator.controllers.clusterpolicy import ReconcileReport
+    from gpu_operator.controllers.apply import ReconcileReport
 
 GPU_NODES = Gauge("gpu_operator_gpu_nodes_total", "Nodes with nvidia.com/gpu.present=true")
 LEADER = Gauge("gpu_operator_leader",

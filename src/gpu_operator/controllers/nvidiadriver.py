@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,29 +13,26 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverUpgradePolicy
+from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.apply import Applier, OwnedKey, owner_reference
+from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
 from gpu_operator.controllers.cache import (
     OWNED_KINDS,
-    DriverPodView,
+    ClusterPolicyView,
     NodeView,
+    NVIDIADriverView,
     OwnedView,
-    PolicyView,
     object_key,
 )
-from gpu_operator.controllers.clusterpolicy import (
-    ReconcileReport,
-    active_policy,
-    configmap_keys,
-    validation_message,
-)
-from gpu_operator.controllers.nodelabels import NodeDriver, has_gpu
+from gpu_operator.controllers.environment import operator_env_now
+from gpu_operator.controllers.loop import Result
+from gpu_operator.controllers.nodelabels import has_gpu
+from gpu_operator.controllers.queries import active_policy, effective_owners, parse_drivers, routing_of
+from gpu_operator.controllers.readmodel import configmap_keys
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
-from gpu_operator.render.driverowners import Routing, conflict_message, route
-from gpu_operator.render.facts import operator_env
+from gpu_operator.render.driverowners import Routing, conflict_message
 from gpu_operator.render.nvidiadriver import driver_policy, pools_of, render_nvidiadriver
 from gpu_operator.vocabulary import DRIVER_OWNER
 
@@ -55,8 +51,8 @@ PREREQUISITE_NOT_MET = vocab.PREREQUISITE_NOT_MET
 class DriverSnapshot:
     """What one reconcile of every NVIDIADriver sees (from the watch caches)."""
 
-    drivers: list[PolicyView]
-    policies: list[PolicyView]
+    drivers: list[NVIDIADriverView]
+    policies: list[ClusterPolicyView]
     nodes: list[NodeView]
     owned: dict[OwnedKey, OwnedView]
     namespace: str
@@ -67,90 +63,17 @@ class DriverSnapshot:
 
 
 @dataclass
-class DriverReport:
+class DriverReport(Result):
     reports: dict[str, ReconcileReport] = field(default_factory=dict)
-    requeue: float | None = None
     events: list[str] = field(default_factory=list)
 
 
-def parse(views: Iterable[PolicyView]) -> tuple[dict[str, NVIDIADriver], dict[str, str]]:
-    """Valid NVIDIADrivers by name (those being deleted left out) and the invalid ones' errors."""
-    valid: dict[str, NVIDIADriver] = {}
-    errors: dict[str, str] = {}
-    for view in views:
-        if view.body.get("metadata", {}).get("deletionTimestamp"):
-            continue
-        parsed = view.as_driver
-        if parsed.error is not None:
-            errors[view.name] = validation_message(parsed.error, f"NVIDIADriver {view.name}")
-        else:
-            valid[view.name] = parsed.valid()
-    return valid, errors
-
-
-def routing_of(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView]) -> Routing:
-    return route(drivers, {n.name: n.selectable for n in nodes if n.gpu_present})
-
-
-def effective_owners(routing: Routing, nodes: Iterable[NodeView]) -> dict[str, str]:
-    """Owners to render for: the routing, and for a conflicting node its current owner label (so a
-    conflict takes nothing away from the NVIDIADriver that had the node)."""
-    owners = dict(routing.owners)
-    labels = {n.name: n.labels for n in nodes}
-    for node in routing.conflicts:
-        current = labels.get(node, {}).get(DRIVER_OWNER)
-        if current:
-            owners[node] = current
-    return owners
-
-
-def node_drivers(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView],
-                 pods: Iterable[DriverPodView]) -> dict[str, NodeDriver]:
-    """Per GPU node, what node labelling needs: owner, conflict, owner's auto-upgrade, orphaned pod."""
-    by_name = {d.metadata.name: d for d in drivers}
-    nodes = list(nodes)
-    routing = routing_of(by_name.values(), nodes)
-    orphaned = {p.node for p in pods if p.orphaned and p.running}
-    out: dict[str, NodeDriver] = {}
-    for node in nodes:
-        if not node.gpu_present:
-            continue
-        owner = routing.owners.get(node.name)
-        policy = by_name[owner].spec.upgradePolicy if owner else None
-        out[node.name] = NodeDriver(owner=owner, conflict=node.name in routing.conflicts,
-                                    auto_upgrade=policy.autoUpgrade if policy else True,
-                                    orphaned_driver_pod=node.name in orphaned)
-    return out
-
-
-@dataclass(frozen=True)
-class UpgradeGroup:
-    """The nodes one NVIDIADriver owns and the upgrade policy that applies to them: the unit the
-    driver upgrade state machine runs on, once per owner CR (upstream partitions its cluster
-    state by the owner label and applies each CR's policy)."""
-
-    owner: str
-    policy: NVIDIADriverUpgradePolicy
-    nodes: tuple[str, ...]
-
-
-def upgrade_groups(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView]) -> list[UpgradeGroup]:
-    """Per NVIDIADriver, its nodes (by the owner label node labelling wrote) and its policy
-    (upstream's defaults, auto-upgrade on, when the CR sets none)."""
-    owned: dict[str, list[str]] = {}
-    for node in nodes:
-        owner = node.labels.get(DRIVER_OWNER)
-        if owner:
-            owned.setdefault(owner, []).append(node.name)
-    return [UpgradeGroup(d.metadata.name, d.spec.upgradePolicy or NVIDIADriverUpgradePolicy(),
-                         tuple(sorted(owned.get(d.metadata.name, []))))
-            for d in sorted(drivers, key=lambda d: d.metadata.name)]
-
-
 class NVIDIADriverReconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings | None = None) -> None:
+    def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
+                 images: Mapping[str, str] | None = None) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
+        self.images = dict(images) if images is not None else operator_env_now()  # read once
         self.applier = Applier(kube)
         self.reported: set[tuple[str, tuple[str, ...]]] = set()  # conflicts already sent as events
 
@@ -160,11 +83,11 @@ class NVIDIADriverReconciler:
             return out
         views = {v.name: v for v in snap.drivers}
         self.applier.forget_others({v.uid for v in snap.drivers})
-        drivers, invalid = parse(snap.drivers)
+        drivers, invalid = parse_drivers(snap.drivers)
         for name, message in invalid.items():
             await self._status(views[name], snap, st.Outcome.failed(message))
         active = active_policy(snap.policies)
-        policy = active.as_policy.model if active is not None else None
+        policy = active.parsed.model if active is not None else None
         if active is not None and policy is None:
             # the ClusterPolicy reports its own error (naming the field); its drivers stay as they
             # are until it is valid again: a typo in the policy must not remove driver pools
@@ -179,7 +102,7 @@ class NVIDIADriverReconciler:
         owners = effective_owners(routing, snap.nodes)
         base = policy
         facts = ClusterFacts.of([n.facts for n in snap.nodes], namespace=snap.namespace,
-                                k8s_version=snap.k8s_version, operator_env=operator_env(os.environ))
+                                k8s_version=snap.k8s_version, operator_env=self.images)
         for name, nvd in sorted(drivers.items()):
             report = ReconcileReport()
             out.reports[name] = report
@@ -190,7 +113,7 @@ class NVIDIADriverReconciler:
                 out.requeue = self.settings.requeue_not_ready
         return out
 
-    async def _one(self, nvd: NVIDIADriver, view: PolicyView, base: ClusterPolicy | None, facts: ClusterFacts,
+    async def _one(self, nvd: NVIDIADriver, view: NVIDIADriverView, base: ClusterPolicy | None, facts: ClusterFacts,
                    owners: dict[str, str], routing: Routing, snap: DriverSnapshot,
                    report: ReconcileReport) -> st.Outcome:
         name = nvd.metadata.name
@@ -261,7 +184,7 @@ class NVIDIADriverReconciler:
             self.reported.add((node, names))
         self.reported &= current
 
-    async def _disabled(self, view: PolicyView, snap: DriverSnapshot, active: PolicyView | None) -> None:
+    async def _disabled(self, view: NVIDIADriverView, snap: DriverSnapshot, active: ClusterPolicyView | None) -> None:
         if active is None:
             outcome = st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
                                  "no ClusterPolicy and no GPUCluster: create a ClusterPolicy with "
@@ -275,10 +198,10 @@ class NVIDIADriverReconciler:
         wanted["state"] = DISABLED
         await self._write(view, wanted)
 
-    async def _status(self, view: PolicyView, snap: DriverSnapshot, outcome: st.Outcome) -> None:
+    async def _status(self, view: NVIDIADriverView, snap: DriverSnapshot, outcome: st.Outcome) -> None:
         await self._write(view, st.status_body(outcome, snap.namespace, view.status, view.generation))
 
-    async def _write(self, view: PolicyView, wanted: dict[str, Any]) -> None:
+    async def _write(self, view: NVIDIADriverView, wanted: dict[str, Any]) -> None:
         current = {k: view.status.get(k) for k in ("state", "namespace", "conditions")}
         if not st.status_differs(current, wanted):
             return

@@ -11,17 +11,19 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.apihealth import ApiHealth
+from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.leader import LEASE_NAME, LeaderElector, identity
-from gpu_operator.controllers.operator import Operator
+from gpu_operator.controllers.manager import Manager
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator")
 
 
-async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metrics_address: str,
+async def run(environment: Environment, kubeconfig: str | None, leader_elect: bool, metrics_address: str,
               health_address: str, settings: OperatorSettings | None = None) -> int:
     settings = settings or OperatorSettings()
+    namespace = environment.namespace
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # kopf's login reads it
     stop = asyncio.Event()
@@ -51,7 +53,7 @@ async def run(namespace: str, kubeconfig: str | None, leader_elect: bool, metric
                 return 0
             keeper = asyncio.create_task(elector.keep(stop), name="leader-renewal")
         metrics.LEADER.set(1)
-        operator = Operator(kube, namespace, settings)
+        operator = Manager(kube, environment, settings)
         log.info("operator starting in namespace %s", namespace)
         await operator.run(stop, ready)
         if leader_elect:

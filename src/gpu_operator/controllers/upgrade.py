@@ -15,6 +15,7 @@ from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest, pod_ready
+from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade_owners import Owner
 from gpu_operator.kube.client import Kube
@@ -226,16 +227,16 @@ class UpgradeController:
         self.waiting_since = None
         return True
 
-    async def reconcile(self, owners: Sequence[Owner]) -> float:
+    async def reconcile(self, owners: Sequence[Owner]) -> Result:
         """One pass: the state machine once per owner (the ClusterPolicy, or each NVIDIADriver),
         each on its own nodes with its own policy and pause; the lists are read once and shared.
-        Returns seconds until the next pass."""
+        Its Result says when to look again."""
         if not owners:
-            return self.settings.upgrade_idle_requeue
+            return Result(self.settings.upgrade_idle_requeue)
         views = {v.name: v for v in self.nodes()}
         pods = {(p.namespace, p.name): p for p in self.driver_pods() if p.namespace == self.namespace}
         if not self.caught_up(views, pods):
-            return self.settings.upgrade_view_wait
+            return Result(self.settings.upgrade_view_wait)
         lists = PassLists()
         if any(owner.policy.auto_upgrade for owner in owners):
             lists = await self._lists(views, pods.values())
@@ -246,7 +247,7 @@ class UpgradeController:
             counts.append(owner_counts)
             busy = busy or owner_busy
         record(us.total(counts))
-        return self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue
+        return Result(self.settings.upgrade_active_requeue if busy else self.settings.upgrade_idle_requeue)
 
     async def _lists(self, views: Mapping[str, NodeView], driver_pods: Iterable[DriverPodView]) -> PassLists:
         ns = self.namespace

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import NodeView, PolicyView
-from gpu_operator.controllers.nvidiadriver import parse, upgrade_groups
+from gpu_operator.controllers.cache import ClusterPolicyView, NodeView, NVIDIADriverView
+from gpu_operator.controllers.queries import parse_drivers, upgrade_groups
 from gpu_operator.vocabulary import UPGRADE_PAUSED_ANNOTATION
 
 
@@ -39,34 +39,34 @@ def owner_of(body: Mapping[str, Any], policy: us.Policy) -> Owner:
     return Owner(meta.get("name", ""), policy, paused, meta.get("uid", ""))
 
 
-def clusterpolicy_owner(view: PolicyView) -> Owner | None:
+def clusterpolicy_owner(view: ClusterPolicyView) -> Owner | None:
     """The ClusterPolicy as the owner of its driver pods, its upgradePolicy read through the api
     model (ClusterPolicySpec.driver_upgrade_policy: off with the driver disabled or sandbox
     workloads on); None when the model rejects it (its status names the field)."""
-    model = view.as_policy.model
+    model = view.parsed.model
     return None if model is None else owner_of(view.body, us.Policy.of(model.spec.driver_upgrade_policy()))
 
 
-def nvidiadriver_owners(drivers: Iterable[PolicyView], nodes: Iterable[NodeView]) -> list[Owner]:
+def nvidiadriver_owners(drivers: Iterable[NVIDIADriverView], nodes: Iterable[NodeView]) -> list[Owner]:
     """One owner per valid NVIDIADriver (those being deleted or rejected by the api model own
     nothing): its own upgradePolicy (api/nvidiadriver.py: autoUpgrade on when unset), its pause
     annotation, and the nodes carrying its owner label."""
     views = list(drivers)
-    valid, _ = parse(views)
+    valid, _ = parse_drivers(views)
     bodies = {v.name: v.body for v in views}
     return [dataclasses.replace(owner_of(bodies[group.owner], us.Policy.of(group.policy)),
                                 nodes=frozenset(group.nodes))
             for group in upgrade_groups(valid.values(), nodes)]
 
 
-def upgrade_owners(active: PolicyView | None, drivers: Iterable[PolicyView], nodes: Iterable[NodeView],
+def upgrade_owners(active: ClusterPolicyView | None, drivers: Iterable[NVIDIADriverView], nodes: Iterable[NodeView],
                    dra: bool = False) -> list[Owner]:
     """The owners one upgrade pass runs for: none without a ClusterPolicy (or with one the api
     model rejects), the ClusterPolicy, or with `driver.useNvidiaDriverCRD` every NVIDIADriver; with
     `dra` (a GPUCluster and no ClusterPolicy) every NVIDIADriver."""
     if active is None and dra:
         return nvidiadriver_owners(drivers, nodes)
-    model = active.as_policy.model if active is not None else None
+    model = active.parsed.model if active is not None else None
     if active is None or model is None:
         return []
     if model.spec.driver.useNvidiaDriverCRD:

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
-from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR, NodeView, OwnedView, PolicyView
+from gpu_operator.controllers.cache import (
+    OWNED_KINDS,
+    SERVICE_MONITOR,
+    ClusterPolicyView,
+    NodeView,
+    OwnedView,
+)
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.kube.client import ObjectKey
 from gpu_operator.render import RenderResult, StateResult, render
@@ -84,7 +90,7 @@ def snapshot(kube: RecordingKube, spec: dict[str, Any], watched: frozenset[str])
     body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
             "metadata": {"name": "cluster-policy", "uid": "policy-uid"}, "spec": spec}
     views = [NodeView.of(n) for n in nodes("dgx-h100:1")]
-    return Snapshot([PolicyView("cluster-policy", "policy-uid", 1, "t", body)], views, kube.owned(watched),
+    return Snapshot([ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body)], views, kube.owned(watched),
                     "gpu-operator", "1.36.0", servicemonitor_crd=True, watched_kinds=watched)
 
 
@@ -146,10 +152,10 @@ def test_applier_keeps_kinds_orphans_marked_states_and_remembers_per_owner() -> 
     kube = RecordingKube()
     applier = Applier(kube)  # type: ignore[arg-type]
     watched = frozenset(k.kind for k in OWNED_KINDS)
-    one = PolicyView("one", "uid-one", 1, "t", {})
-    two = PolicyView("two", "uid-two", 1, "t", {})
+    one = ClusterPolicyView("one", "uid-one", 1, "t", {})
+    two = ClusterPolicyView("two", "uid-two", 1, "t", {})
 
-    def run(owner: PolicyView, states: list[StateResult], keep: frozenset[str] = frozenset()) -> Applied:
+    def run(owner: ClusterPolicyView, states: list[StateResult], keep: frozenset[str] = frozenset()) -> Applied:
         done = Applied()
         asyncio.run(applier.apply(RenderResult(states, keep_kinds=keep), owner, owner_reference(owner),
                                   kube.owned(watched), watched, done))

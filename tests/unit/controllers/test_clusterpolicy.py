@@ -7,13 +7,13 @@ import pytest
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers.apply import with_ownership
-from gpu_operator.controllers.cache import NodeView, OwnedView, PolicyView
-from gpu_operator.controllers.clusterpolicy import active_policy, validation_message
+from gpu_operator.controllers.cache import ClusterPolicyView, NodeView, OwnedView
+from gpu_operator.controllers.queries import active_policy, validation_message
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
 
-def policy(name: str, created: str, uid: str = "u") -> PolicyView:
-    return PolicyView(name, uid, 1, created, {"metadata": {"name": name}, "spec": {}})
+def policy(name: str, created: str, uid: str = "u") -> ClusterPolicyView:
+    return ClusterPolicyView(name, uid, 1, created, {"metadata": {"name": name}, "spec": {}})
 
 
 def test_oldest_policy_is_active_name_breaks_ties() -> None:

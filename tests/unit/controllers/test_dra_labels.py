@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_operator.controllers.labelloop import claim_holding_nodes
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.units.labels import claim_holding_nodes
 from gpu_operator.vocabulary import (
     DRA_DRIVER_LABEL,
     DRA_STATE_LABELS,
@@ -78,8 +78,9 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
     from typing import Any
 
     from gpu_operator.controllers.cache import NodeView
-    from gpu_operator.controllers.labelloop import LabelLoop, Sources
+    from gpu_operator.controllers.readmodel import ReadModel
     from gpu_operator.controllers.settings import OperatorSettings
+    from gpu_operator.controllers.units.labels import LabelUnit
 
     held = {"status": {"allocation": {"devices": {"results": [
         {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0", "request": "gpu"}]}},
@@ -99,8 +100,8 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
     kube = Claims()
     settings = OperatorSettings()
     views = {"n1": view("n1", {DRA_DRIVER_LABEL: "true"}), "n2": view("n2", {DRA_DRIVER_LABEL: "true"})}
-    sources = Sources(lambda: list(views.values()), views.get, *(lambda: [],) * 4)
-    loop = LabelLoop(kube, settings, sources, asyncio.Event(), set, set)  # type: ignore[arg-type]
+    model = ReadModel("gpu-operator", node_map=views)
+    loop = LabelUnit(kube, settings, model)  # type: ignore[arg-type]
 
     async def passes() -> list[frozenset[str]]:
         seen = [(await loop._claims(LabelPolicy())).claim_holders for _ in range(5)]

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
-from gpu_operator.controllers.cache import OWNED_KINDS, PolicyView
+from gpu_operator.controllers.cache import OWNED_KINDS, GPUClusterView
 from gpu_operator.kube.client import ObjectKey
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.dra import DRAFacts, render_gpucluster
@@ -25,7 +25,7 @@ class ReadingKube(RecordingKube):
 def test_a_deleted_deviceclass_is_applied_again_after_the_read_back() -> None:
     body = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
             "metadata": {"name": "gpu-cluster", "uid": "gc-uid"}, "spec": {"draDriver": {}}}
-    view = PolicyView("gpu-cluster", "gc-uid", 1, "t", body)
+    view = GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body)
     result = render_gpucluster(GPUCluster.model_validate(body), DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)))
     kube = ReadingKube()
     applier = Applier(kube)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.controllers.cache import PolicyView
+from gpu_operator.controllers.cache import ClusterPolicyView
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
 from gpu_operator.controllers.upgrade_owners import clusterpolicy_owner
 from gpu_operator.vocabulary import (
@@ -71,10 +71,10 @@ def check(raw: dict[str, Any]) -> None:
         spec = ClusterPolicySpec.model_validate(raw)
     except pydantic.ValidationError:
         assert LabelPolicy.from_spec(raw) is None
-        assert clusterpolicy_owner(PolicyView.of(body)) is None
+        assert clusterpolicy_owner(ClusterPolicyView.of(body)) is None
         return
     policy = LabelPolicy.from_spec(raw)
-    owner = clusterpolicy_owner(PolicyView.of(body))
+    owner = clusterpolicy_owner(ClusterPolicyView.of(body))
     assert policy is not None and owner is not None
     change = desired_change(dict(NODE), {}, policy)
     deploy = {k for k, v in change.labels.items() if v == "true" and k.startswith(deploy_label(""))}

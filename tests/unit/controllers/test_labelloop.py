@@ -1,4 +1,4 @@
-"""The labelling loop's serving promises: a lone node event is patched at once (no coalescing
+"""The labelling unit's serving promises: a lone node event is patched at once (no coalescing
 window while idle), a node that changed while its own patch was in flight is looked at again, a
 status-only event costs no second patch, and a patch that gets no answer is retried on that
 node's backoff.
@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.controllers.cache import NodeView, PolicyView
-from gpu_operator.controllers.labelloop import LabelLoop, Sources
+from gpu_operator.controllers.cache import ClusterPolicyView, NodeView
+from gpu_operator.controllers.loop import UnitLoop
 from gpu_operator.controllers.nodelabels import LabelPolicy
+from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.labels import LabelUnit
 from gpu_operator.vocabulary import GPU_PRESENT
 
 NFD_GPU = "feature.node.kubernetes.io/pci-10de.present"
@@ -31,15 +33,17 @@ class Cluster:
 
     def __init__(self, names: list[str]) -> None:
         self.views = {n: NodeView(n, {NFD_GPU: "true"}, {}, "", "") for n in names}
-        self.dirty: set[str] = set()
+        self.unit: LabelUnit | None = None
         self.kick = asyncio.Event()
         self.patches: list[tuple[float, str, dict[str, Any]]] = []
         self.hold: dict[str, asyncio.Event] = {}
         self.fail_once: set[str] = set()
 
-    def take_dirty(self) -> set[str]:
-        dirty, self.dirty = self.dirty, set()
-        return dirty
+    @property
+    def dirty(self) -> set[str]:
+        """The unit's queue: what a Node watch event adds to."""
+        assert self.unit is not None
+        return self.unit.dirty
 
     def changed(self, name: str, labels: dict[str, str | None]) -> None:
         """A node event: the view after `labels` (None removes a key), as the watch delivers it."""
@@ -74,12 +78,16 @@ class Cluster:
         await until(lambda: sum(1 for _, n, _ in self.patches if n == name) == 2)
         return release
 
-    def loop(self, **settings: Any) -> LabelLoop:
-        sources = Sources(lambda: list(self.views.values()), self.views.get, *(lambda: [],) * 4)
-        loop = LabelLoop(self, OperatorSettings(**settings), sources, self.kick,  # type: ignore[arg-type]
-                         lambda: self.dirty, self.take_dirty)
-        loop._wanted = lambda: LabelPolicy()  # type: ignore[method-assign]  # a ClusterPolicy with defaults
-        return loop
+    def loop(self, **settings: Any) -> LabelUnit:
+        model = ReadModel("gpu-operator", node_map=self.views,
+                          indices={"policies": {}, "drivers": {}, "gpuclusters": {}, "driver_pods": {}})
+        unit = self.unit = LabelUnit(self, OperatorSettings(**settings), model)  # type: ignore[arg-type]
+        unit._wanted = lambda: LabelPolicy()  # type: ignore[method-assign]  # a ClusterPolicy with defaults
+        return unit
+
+    def runner(self, unit: LabelUnit) -> UnitLoop:
+        """The loop every unit runs in (controllers/loop.py), kicked by this cluster's events."""
+        return UnitLoop(unit, unit.settings.coalesce, unit.settings.label_backoff, kick=self.kick)
 
 
 async def until(check: Any, timeout: float = 2.0) -> None:
@@ -93,13 +101,13 @@ def labelled(cluster: Cluster, name: str) -> bool:
     return cluster.views[name].labels.get(GPU_PRESENT) == "true"
 
 
-async def started(cluster: Cluster, **settings: Any) -> tuple[LabelLoop, asyncio.Task[None]]:
+async def started(cluster: Cluster, **settings: Any) -> tuple[LabelUnit, asyncio.Task[None]]:
     loop = cluster.loop(**settings)
 
     async def ready() -> None:
         return None
 
-    task = asyncio.create_task(loop.run(ready))
+    task = asyncio.create_task(cluster.runner(loop).run(ready))
     cluster.kick.set()  # the first watch events
     # the first pass labels every node (a new policy): it waits the coalescing window first
     await until(lambda: all(labelled(cluster, n) for n in cluster.views), timeout=2.0 + loop.settings.coalesce)
@@ -183,8 +191,8 @@ def test_a_status_update_during_the_patch_costs_no_second_patch() -> None:
     asyncio.run(run())
 
 
-def policy_view(generation: int = 1) -> PolicyView:
-    return PolicyView("cluster-policy", "uid-1", generation, "2026-01-01T00:00:00Z", {})
+def policy_view(generation: int = 1) -> ClusterPolicyView:
+    return ClusterPolicyView("cluster-policy", "uid-1", generation, "2026-01-01T00:00:00Z", {})
 
 
 def test_a_new_policys_reconcile_waits_for_its_fleet_wide_labelling_pass() -> None:
@@ -206,7 +214,7 @@ def test_a_new_policys_reconcile_waits_for_its_fleet_wide_labelling_pass() -> No
         async def ready() -> None:
             return None
 
-        task = asyncio.create_task(loop.run(ready))
+        task = asyncio.create_task(cluster.runner(loop).run(ready))
         cluster.kick.set()
         await until(lambda: any(name == "n1" for _, name, _ in cluster.patches))
         assert loop.labelling(active)  # the fleet-wide pass is still patching n1

@@ -1,15 +1,18 @@
-"""Labels first: while a new ClusterPolicy's labels are being written, the loops that would act on
+"""Labels first: while a new ClusterPolicy's labels are being written, the units that would act on
 every node (the reconcile, the driver upgrade pass) wait and look again after the coalescing
-window; once the labelling loop is done, they run."""
+window; once the labelling unit is done, they run. The manager wires the gate."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any, cast
 
-from gpu_operator.controllers.cache import PolicyView
-from gpu_operator.controllers.operator import Operator
+from gpu_operator.controllers.cache import ClusterPolicyView
+from gpu_operator.controllers.environment import Environment
+from gpu_operator.controllers.loop import Result
+from gpu_operator.controllers.manager import Manager
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.upgrade import UpgradeUnit
 from gpu_operator.kube.client import Kube
 
 
@@ -18,40 +21,42 @@ class NoKube:
 
     http: Any = None
     streams: Any = None
+    statuses_written: dict[Any, Any] = {}
 
 
-def _operator(busy: list[bool], asked: list[Any]) -> tuple[Operator, list[Any]]:
-    operator = Operator(cast(Kube, NoKube()), "gpu-operator", OperatorSettings(coalesce=0.1))
-    policy = PolicyView.of({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                            "metadata": {"name": "cluster-policy", "uid": "u1", "generation": 1,
-                                         "creationTimestamp": "2026-11-26T00:00:00Z"},
-                            "spec": {}})
-    operator.indices = {"policies": {"cluster-policy": [policy]}, "drivers": {}, "gpuclusters": {},
-                        "driver_pods": {}}
+def _manager(busy: list[bool], asked: list[Any]) -> tuple[Manager, list[Any]]:
+    manager = Manager(cast(Kube, NoKube()), Environment("gpu-operator"), OperatorSettings(coalesce=0.1))
+    policy = ClusterPolicyView.of({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+                                   "metadata": {"name": "cluster-policy", "uid": "u1", "generation": 1,
+                                                "creationTimestamp": "2026-11-26T00:00:00Z"},
+                                   "spec": {}})
+    manager.model.indices.update({"policies": {"cluster-policy": [policy]}, "drivers": {}, "gpuclusters": {},
+                                  "driver_pods": {}})
 
-    def labelling(active: PolicyView | None) -> bool:
+    def labelling(active: ClusterPolicyView | None) -> bool:
         asked.append(active.name if active is not None else None)
         return busy[0]
 
     passes: list[Any] = []
 
-    async def reconcile(owners: Any) -> float:
+    async def reconcile(owners: Any) -> Result:
         passes.append(owners)
-        return 600.0
+        return Result(600.0)
 
-    operator.labels.labelling = labelling  # type: ignore[method-assign]
-    operator.upgrades.reconcile = reconcile  # type: ignore[method-assign]
-    return operator, passes
+    manager.labels.labelling = labelling  # type: ignore[method-assign]
+    upgrade = next(loop.unit for loop in manager.loops if isinstance(loop.unit, UpgradeUnit))
+    upgrade.controller.reconcile = reconcile  # type: ignore[method-assign]
+    return manager, passes
 
 
 def test_the_driver_upgrade_pass_waits_while_a_new_policys_labels_are_written() -> None:
     labelling: list[bool] = [True]
     asked: list[Any] = []
-    operator, passes = _operator(labelling, asked)
-    upgrade = operator.pass_loops()["upgrade"]
+    manager, passes = _manager(labelling, asked)
+    upgrade = next(loop.unit for loop in manager.loops if isinstance(loop.unit, UpgradeUnit))
 
     async def one_pass() -> float | None:
-        return await upgrade.one_pass()
+        return (await upgrade.reconcile()).requeue
 
     assert asyncio.run(one_pass()) == 0.1  # looks again after the coalescing window
     assert passes == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import kopf
 
-from gpu_operator.controllers.operator import NoDiffBase
+from gpu_operator.controllers.watches import NoDiffBase
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "gpu_operator" / "controllers"
 CHANGING = {"create", "update", "delete", "resume", "field"}

@@ -10,8 +10,9 @@ import pytest
 
 from gpu_operator.controllers import clusterpolicy
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.cache import PolicyView
-from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, ReconcileReport, Snapshot
+from gpu_operator.controllers.apply import ReconcileReport
+from gpu_operator.controllers.cache import ClusterPolicyView
+from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.settings import OperatorSettings
 
 
@@ -23,9 +24,9 @@ class StatusKube:
         self.written.append(status)
 
 
-def view(status: dict[str, Any]) -> PolicyView:
+def view(status: dict[str, Any]) -> ClusterPolicyView:
     body = {"metadata": {"name": "cluster-policy", "uid": "u1"}, "spec": {}, "status": status}
-    return PolicyView("cluster-policy", "u1", 1, "t", body)
+    return ClusterPolicyView("cluster-policy", "u1", 1, "t", body)
 
 
 def message(status: dict[str, Any]) -> str:

@@ -14,7 +14,12 @@ from prometheus_client import REGISTRY
 
 from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import DriverPodView, NodeView, PolicyView
+from gpu_operator.controllers.cache import (
+    ClusterPolicyView,
+    DriverPodView,
+    NodeView,
+    NVIDIADriverView,
+)
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import (
     PassPod,
@@ -32,14 +37,15 @@ CRD_ON = {"driver": {"useNvidiaDriverCRD": True}}
 
 
 def policy_view(kind: str, name: str, spec: dict[str, Any], *, paused: bool = False,
-                deleting: bool = False) -> PolicyView:
+                deleting: bool = False) -> Any:
     meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}"}
     if paused:
         meta["annotations"] = {UPGRADE_PAUSED_ANNOTATION: "true"}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-24T00:00:00Z"
     api = "nvidia.com/v1alpha1" if kind == "NVIDIADriver" else "nvidia.com/v1"
-    return PolicyView.of({"apiVersion": api, "kind": kind, "metadata": meta, "spec": spec})
+    view = NVIDIADriverView if kind == "NVIDIADriver" else ClusterPolicyView
+    return view.of({"apiVersion": api, "kind": kind, "metadata": meta, "spec": spec})
 
 
 def node(name: str, owner: str | None = None, state: str | None = None) -> NodeView:
@@ -55,13 +61,13 @@ def node(name: str, owner: str | None = None, state: str | None = None) -> NodeV
 def test_clusterpolicy_owner() -> None:
     body: dict[str, Any] = {"metadata": {"name": "cp", "uid": "u", "annotations": {UPGRADE_PAUSED_ANNOTATION: "true"}},
                             "spec": {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 3}}}}
-    owner = clusterpolicy_owner(PolicyView.of(body))
+    owner = clusterpolicy_owner(ClusterPolicyView.of(body))
     assert owner is not None and owner.paused and owner.policy.auto_upgrade and owner.policy.max_parallel == 3
     assert owner.nodes is None  # every node
-    sandbox = clusterpolicy_owner(PolicyView.of({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}}))
+    sandbox = clusterpolicy_owner(ClusterPolicyView.of({**body, "spec": {**body["spec"], "sandboxWorkloads": {"enabled": True}}}))
     assert sandbox is not None and not sandbox.policy.auto_upgrade
     # A spec the api model rejects owns nothing (its status names the field).
-    assert clusterpolicy_owner(PolicyView.of({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}})) is None
+    assert clusterpolicy_owner(ClusterPolicyView.of({**body, "spec": {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}}})) is None
 
 
 def test_without_the_crd_the_clusterpolicy_owns_every_node() -> None:
@@ -201,7 +207,7 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
 
     async def one_pass() -> float:
         try:
-            return await controller.reconcile(owners)
+            return (await controller.reconcile(owners)).requeue or 0.0
         finally:
             await kube.http.aclose()
 
@@ -217,7 +223,7 @@ def test_one_pass_over_two_nvidiadrivers_lists_once_and_keeps_to_each_owners_nod
     assert gauges == {"pending": 2, "in_progress": 0, "done": 0, "available": 0}  # pool-a's (its slot taken by a1)
 
 
-def requeue_after_one_pass(driver: PolicyView, nodes: list[NodeView], pods: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+def requeue_after_one_pass(driver: NVIDIADriverView, nodes: list[NodeView], pods: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
     cp = policy_view("ClusterPolicy", "cp", CRD_ON)
     kube = FakeKube(list(DAEMONSETS.values()), REVISIONS, pods)
     controller = UpgradeController(kube, "ops", lambda: nodes,  # type: ignore[arg-type]
@@ -225,7 +231,7 @@ def requeue_after_one_pass(driver: PolicyView, nodes: list[NodeView], pods: list
 
     async def one_pass() -> float:
         try:
-            return await controller.reconcile(upgrade_owners(cp, [driver], nodes))
+            return (await controller.reconcile(upgrade_owners(cp, [driver], nodes))).requeue or 0.0
         finally:
             await kube.http.aclose()
 
@@ -252,13 +258,13 @@ def test_nodes_held_in_upgrade_required_are_not_polled_and_a_started_one_is() ->
 
 def test_a_policy_view_is_parsed_once_and_keeps_the_models_refusal() -> None:
     good = policy_view("ClusterPolicy", "cp", {"driver": {"useNvidiaDriverCRD": True}})
-    assert good.as_policy is good.as_policy  # one parse per object version, shared by the loops
-    assert good.as_policy.valid().spec.driver.useNvidiaDriverCRD is True
+    assert good.parsed is good.parsed  # one parse per object version, shared by the loops
+    assert good.parsed.valid().spec.driver.useNvidiaDriverCRD is True
     bad = policy_view("ClusterPolicy", "cp", {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}})
-    assert bad.as_policy.model is None and bad.as_policy.error is not None
-    assert "maxParallelUpgrades" in str(bad.as_policy.error)
+    assert bad.parsed.model is None and bad.parsed.error is not None
+    assert "maxParallelUpgrades" in str(bad.parsed.error)
     with pytest.raises(pydantic.ValidationError):
-        bad.as_policy.valid()
+        bad.parsed.valid()
     assert upgrade_owners(bad, [], []) == []
 
 

@@ -1,4 +1,4 @@
-"""The node-labelling loop: one writer of node labels for both stacks.
+"""The node-labelling unit: one writer of node labels for both stacks.
 
 Which stack a GPU node gets follows which CR is there: a ClusterPolicy -> the device-plugin label
 set (by workload config), a GPUCluster -> the DRA label set. Both at once -> no label is touched
@@ -7,30 +7,27 @@ Leaving the DRA stack waits for claims: `nvidia.com/gpu.deploy.dra-driver` stays
 a pod there holds a ResourceClaim allocated by gpu.nvidia.com (the kubelet plugin must unprepare
 it), and the node is looked at again every `claim_recheck` seconds until it is released.
 
-A node event is served at once while the loop is idle; events are coalesced only under load:
-after a pass the next one waits up to twice as long as the pass took (at most `coalesce`), so
-the echoes of a thousand patches are served in a few passes while a lone join is patched right
-away. A pass costs what its dirty nodes cost (views looked up by name), not the cluster's size.
+Events: a node's change, its driver pod's or its GFD NodeFeature's marks that node dirty; any
+event of our CRs looks at whether the policy changed. Pacing IDLE_FIRST (controllers/loop.py): a
+node event is served at once while the unit is idle, coalesced only under load, so the echoes of
+a thousand patches are served in a few passes while a lone join is patched right away. A pass
+costs what its dirty nodes cost (views looked up by name), not the cluster's size.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
-from gpu_operator.controllers.cache import DriverPodView, NodeView, PolicyView
+from gpu_operator.controllers.cache import ClusterPolicyView, NodeView
 from gpu_operator.controllers.cleanup import strip_nodes
-from gpu_operator.controllers.clusterpolicy import active_policy
 from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
-from gpu_operator.controllers.leader import log_pass_failure
+from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Pacing, Result, UnitBase
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
-from gpu_operator.controllers.nvidiadriver import node_drivers
-from gpu_operator.controllers.nvidiadriver import parse as parse_drivers
+from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import DRA_DRIVER_LABEL
@@ -38,20 +35,6 @@ from gpu_operator.vocabulary import DRA_DRIVER_LABEL
 log = logging.getLogger("gpu_operator.operator")
 
 GPU_DRIVER = "gpu.nvidia.com"
-
-
-@dataclass
-class Sources:
-    """What the loop reads from the operator's caches."""
-
-    nodes: Callable[[], list[NodeView]]
-    node: Callable[[str], NodeView | None]
-    policies: Callable[[], list[PolicyView]]
-    clusters: Callable[[], list[PolicyView]]
-    drivers: Callable[[], list[PolicyView]]
-    driver_pods: Callable[[], list[DriverPodView]]
-    # the labels GPU feature discovery publishes for a node (its NodeFeature), None if none
-    gfd: Callable[[str], Mapping[str, str] | None] = lambda _name: None
 
 
 def claim_holding_nodes(claims: list[dict[str, Any]]) -> frozenset[str]:
@@ -68,20 +51,21 @@ def claim_holding_nodes(claims: list[dict[str, Any]]) -> frozenset[str]:
     return frozenset(nodes)
 
 
-class LabelLoop:
-    def __init__(self, kube: Kube, settings: OperatorSettings, sources: Sources, kick: asyncio.Event,
-                 dirty: Callable[[], set[str]], take_dirty: Callable[[], set[str]]) -> None:
+class LabelUnit(UnitBase):
+    name = "node labelling"
+    pacing = Pacing.IDLE_FIRST
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel) -> None:
         self.kube = kube
         self.settings = settings
-        self.sources = sources
-        self.kick = kick
-        self.dirty = dirty
-        self.take_dirty = take_dirty
+        self.model = model
+        self.backoff = settings.label_backoff
+        self.dirty: set[str] = set()  # nodes to look at in the next pass (its queue)
         self.labeller = NodeLabeller(kube, concurrency=settings.label_concurrency)
         self.retries = LabelRetries(settings.label_backoff)
         self.policy: LabelPolicy | None = None
         self.drivers: dict[str, NodeDriver] | None = None
-        self._source: PolicyView | None = None
+        self._source: ClusterPolicyView | None = None
         self._spec_policy: LabelPolicy | None = None
         # nodes whose DRA driver label outlived the last CR: a pod there still holds a GPU claim
         self._held: set[str] = set()
@@ -95,29 +79,49 @@ class LabelLoop:
         self._fleet = False
         self._waiting: tuple[tuple[str, int], float, bool] | None = None  # version, since, warned
 
+    # -- the events it wants ------------------------------------------------------------------------
+
+    def wants(self, event: Event) -> bool:
+        if isinstance(event, NodeEvent):
+            if event.view is None:
+                self.retries.forget(event.name)
+                return False
+            self.dirty.add(event.name)
+            return True
+        if event.kind in (Kind.DRIVER_POD, Kind.GFD_FEATURES):
+            if event.node:
+                self.dirty.add(event.node)
+            return event.kind is Kind.DRIVER_POD or bool(event.node)
+        return event.kind in (Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER)
+
+    def failed(self, err: BaseException) -> None:
+        """Not one node's patch (those are in the report): every node is looked at again."""
+        self.dirty.update(v.name for v in self.model.nodes())
+
+    def take_dirty(self) -> set[str]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
     def _node_drivers(self, policy: LabelPolicy) -> dict[str, NodeDriver] | None:
-        if not policy.use_nvidia_driver_crd:
-            return None
-        drivers, _ = parse_drivers(self.sources.drivers())
-        return node_drivers(drivers.values(), self.sources.nodes(), self.sources.driver_pods())
+        return self.model.node_drivers() if policy.use_nvidia_driver_crd else None
 
     def _wanted(self) -> LabelPolicy | None | Literal[False]:
         """The policy to label by; None: nothing to label by now; False: take our labels back."""
-        active = active_policy(self.sources.policies())
-        clusters = self.sources.clusters()
+        active = self.model.active_policy()
+        clusters = self.model.gpuclusters()
         if active is not None and clusters:
             return None  # both: no label flips (both CRs say why in their status)
         if clusters:
             self._source = None
             # NVIDIADrivers own the DRA stack's driver when there are any (owner labels, upgrades)
-            valid, _ = parse_drivers(self.sources.drivers())
+            valid, _ = self.model.valid_drivers()
             return LabelPolicy(dra=True, use_nvidia_driver_crd=bool(valid), gfd_mirror=self.settings.gfd_node_labels)
         if active is None:
             return False if self._source is not None or (self.policy is not None and self.policy.dra) else None
         self._looking = (active.uid, active.generation)
         if self._source is not active:  # validated once per ClusterPolicy version
             self._source = active
-            model = active.as_policy.model  # parsed once per version (controllers/cache.py)
+            model = active.parsed.model  # parsed once per version (controllers/cache.py)
             self._spec_policy = (replace(LabelPolicy.of(model.spec), gfd_mirror=self.settings.gfd_node_labels)
                                  if model is not None else None)
         return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)
@@ -140,76 +144,62 @@ class LabelLoop:
             return policy
         now = time.monotonic()
         if self._holders_seen is None or now - self._holders_seen[0] >= self.settings.claim_recheck:
-            self._holders_seen = (now, await self._holders(self.sources.nodes()))
+            self._holders_seen = (now, await self._holders(self.model.nodes()))
         holders = frozenset(name for name in self._holders_seen[1]
-                            if (v := self.sources.node(name)) is not None and DRA_DRIVER_LABEL in v.labels)
+                            if (v := self.model.node(name)) is not None and DRA_DRIVER_LABEL in v.labels)
         return replace(policy, claim_holders=holders)
 
-    async def run(self, ready: Callable[[], Any]) -> None:
-        await ready()
-        failures = 0
-        quiet_from = 0.0  # the next pass starts no earlier than this (coalescing under load)
-        while True:
-            wait = self.retries.next_wait()
-            if self._held or (self.policy is not None and self.policy.claim_holders):
-                wait = min(wait if wait is not None else self.settings.claim_recheck, self.settings.claim_recheck)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.kick.wait(), timeout=wait)
-            if (pause := quiet_from - time.monotonic()) > 0:
-                await asyncio.sleep(pause)
-            self.kick.clear()
-            started = time.monotonic()
-            self.dirty().update(self.retries.due())
-            wanted = self._wanted()
-            if wanted is False or wanted is None:
-                self._seen = self._looking  # nothing to label by: no reconcile waits for this loop
-                await (self._take_back() if wanted is False else self._release_held())
-                continue
-            self._held = set()  # a CR is back: its labelling pass decides these nodes' labels
-            try:
-                policy = await self._claims(wanted)
-                per_node = self._node_drivers(policy)
-                if policy != self.policy or per_node != self.drivers:
-                    # a new policy, stack or NVIDIADriver routing: every node is looked at (cheap
-                    # when unchanged). A fleet-wide pass is load by definition: it starts after
-                    # the coalescing window, like the reconcile the same change starts (begun at
-                    # once instead, 1,000 nodes were labelled 1.5-3x slower: 7.5-14.4 s against
-                    # 5-7.5 s, measured side by side)
-                    self._fleet, self._seen = True, self._looking
-                    try:
-                        await asyncio.sleep(self.settings.coalesce)
-                        started = time.monotonic()  # the pass's own time (its pause follows it)
-                        self.policy, self.drivers = policy, per_node
-                        self.take_dirty()
-                        report = await self.labeller.label(self.sources.nodes(), policy, per_node,
-                                                           gfd=self.sources.gfd)
-                    finally:
-                        self._fleet = False
-                else:
-                    self._seen = self._looking
-                    views = [v for n in self.take_dirty() if (v := self.sources.node(n)) is not None]
-                    report = await self.labeller.label(views, policy, per_node, events=True, gfd=self.sources.gfd)
-            except Exception as err:  # not one node's patch (those are in the report): retry them all
-                failures += 1
-                delay = self.settings.label_backoff.delay(failures)
-                log_pass_failure(log, f"node labelling failed ({err})", failures, delay)
-                self.dirty().update(v.name for v in self.sources.nodes())
-                await asyncio.sleep(delay)
-                self.kick.set()
-                continue
-            failures = 0
-            # Failed nodes wait for their own backoff; they wake neither this loop nor the others.
-            self.retries.record(report)
-            ended = time.monotonic()
-            quiet_from = ended + min(self.settings.coalesce, 2 * (ended - started))
+    def _requeue(self) -> float | None:
+        """Failed nodes wait for their own backoff (they wake neither this unit nor the others);
+        nodes kept only by a GPU claim are looked at every `claim_recheck` seconds."""
+        wait = self.retries.next_wait()
+        if self._held or (self.policy is not None and self.policy.claim_holders):
+            wait = min(wait if wait is not None else self.settings.claim_recheck, self.settings.claim_recheck)
+        return wait
 
-    def labelling(self, active: PolicyView | None) -> bool:
+    async def reconcile(self) -> Result:
+        self.dirty.update(self.retries.due())
+        wanted = self._wanted()
+        if wanted is False or wanted is None:
+            self._seen = self._looking  # nothing to label by: no reconcile waits for this unit
+            if wanted is False:
+                await self._take_back()
+            else:
+                await self._release_held()
+            return Result(self._requeue())
+        self._held = set()  # a CR is back: its labelling pass decides these nodes' labels
+        policy = await self._claims(wanted)
+        per_node = self._node_drivers(policy)
+        if policy != self.policy or per_node != self.drivers:
+            # a new policy, stack or NVIDIADriver routing: every node is looked at (cheap when
+            # unchanged). A fleet-wide pass is load by definition: it starts after the coalescing
+            # window, like the reconcile the same change starts (begun at once instead, 1,000
+            # nodes were labelled 1.5-3x slower: 7.5-14.4 s against 5-7.5 s, measured side by side)
+            self._fleet, self._seen = True, self._looking
+            try:
+                await asyncio.sleep(self.settings.coalesce)
+                started = time.monotonic()  # the pass's own time (pacing counts it, not the window)
+                self.policy, self.drivers = policy, per_node
+                self.take_dirty()
+                report = await self.labeller.label(self.model.nodes(), policy, per_node, gfd=self.model.gfd_labels)
+            finally:
+                self._fleet = False
+            self.retries.record(report)
+            return Result(self._requeue(), busy=time.monotonic() - started)
+        else:
+            self._seen = self._looking
+            views = [v for n in self.take_dirty() if (v := self.model.node(n)) is not None]
+            report = await self.labeller.label(views, policy, per_node, events=True, gfd=self.model.gfd_labels)
+        self.retries.record(report)
+        return Result(self._requeue())
+
+    def labelling(self, active: ClusterPolicyView | None) -> bool:
         """True while a new ClusterPolicy's labels have yet to land: this loop has not looked at
         this version of `active`, or runs the fleet-wide pass it started. Its reconcile waits
         meanwhile (at most `labels_first_limit` per version): the DaemonSets it creates make the
         controller-manager, scheduler and kubelets start a pod per labelled node at once, and
         that load on the apiserver would slow the labelling every operand waits for anyway."""
-        if active is None or self.sources.clusters():
+        if active is None or self.model.gpuclusters():
             return False
         version = (active.uid, active.generation)
         if self._seen == version and not self._fleet:
@@ -232,7 +222,7 @@ class LabelLoop:
         if not self._held:
             return
         try:
-            holders = await self._holders([v for n in self._held if (v := self.sources.node(n)) is not None])
+            holders = await self._holders([v for n in self._held if (v := self.model.node(n)) is not None])
             released = self._held - holders
             if released:
                 await strip_nodes(self.kube, only=released)
@@ -246,15 +236,13 @@ class LabelLoop:
         but the DRA driver label of nodes where a pod still holds a GPU claim: it goes once the
         claim is released."""
         try:
-            holders = await self._holders(self.sources.nodes())
+            holders = await self._holders(self.model.nodes())
             patched = await strip_nodes(self.kube, keep={n: frozenset({DRA_DRIVER_LABEL}) for n in holders})
             self._held = set(holders)
         except Exception:
             log.exception("removing our node labels after the last ClusterPolicy/GPUCluster was deleted failed; "
                           "retrying")
-            await asyncio.sleep(self.settings.label_backoff.delay(1))
-            self.kick.set()
-            return
+            raise
         kept = f"; the DRA driver label kept on {', '.join(sorted(self._held))} until their GPU claims are released" \
             if self._held else ""
         log.info("last ClusterPolicy/GPUCluster deleted: our labels and annotations removed from %d node(s)%s",

@@ -1,0 +1,128 @@
+"""The operator process: registers the watches and the units, and hands every event to every
+unit (each decides what it wants: controllers/loop.py). It knows nothing of what a unit does.
+
+Nodes come from the Node reflector (controllers/reflector.py), everything else from kopf's
+watches (controllers/watches.py); both fill the one read model (controllers/readmodel.py) the
+units read. The units: ClusterPolicy, NVIDIADriver, GPUCluster, node labelling, driver upgrades."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import kopf
+
+from gpu_operator.controllers import metrics
+from gpu_operator.controllers.cache import SERVICE_MONITOR, NodeView
+from gpu_operator.controllers.environment import Environment
+from gpu_operator.controllers.loop import Event, NodeEvent, UnitBase, UnitLoop
+from gpu_operator.controllers.readmodel import ClusterInfo, ReadModel
+from gpu_operator.controllers.reflector import NodeReflector
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
+from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
+from gpu_operator.controllers.units.labels import LabelUnit
+from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
+from gpu_operator.controllers.units.upgrade import UpgradeUnit
+from gpu_operator.controllers.watches import Watches
+from gpu_operator.kube.client import Kube
+from gpu_operator.vocabulary import NODE_FEATURE_GROUP, NODE_FEATURE_PLURAL
+
+log = logging.getLogger("gpu_operator.operator")
+
+
+class Manager:
+    def __init__(self, kube: Kube, environment: Environment, settings: OperatorSettings | None = None) -> None:
+        self.kube = kube
+        self.settings = settings = settings or OperatorSettings()
+        self.stop = asyncio.Event()
+        self.nodes = NodeReflector(kube.http, kube.streams, self._node_changed, backoff=settings.watch_backoff,
+                                   page_size=settings.watch_chunk_size, server_timeout=settings.watch_server_timeout,
+                                   connect_timeout=settings.watch_connect_timeout)
+        self.model = model = ReadModel(environment.namespace, node_map=self.nodes.views)
+        self.watches = Watches(model, settings, self.dispatch, kube.statuses_written.get, self.stop.set)
+        images = environment.images
+        self.labels = LabelUnit(kube, settings, model)
+        labels_first = self._labels_first
+        units: list[UnitBase] = [
+            ClusterPolicyUnit(kube, settings, model, images, labels_first),
+            NVIDIADriverUnit(kube, settings, model, images),
+            UpgradeUnit(kube, settings, model, labels_first),
+            GPUClusterUnit(kube, settings, model, images),
+            self.labels,
+        ]
+        self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]
+                      for unit in units]
+        self.nodes_synced = asyncio.Event()
+
+    def _labels_first(self) -> bool:
+        """While a new ClusterPolicy's labels are written (LabelUnit.labelling), the reconcile and
+        the upgrade pass look again after the coalescing window instead: the reconcile would start
+        the operands' pods on every node as it is labelled, and every label echo would start an
+        upgrade pass over every node that plans nothing (no driver pod runs before its DaemonSet)."""
+        return self.labels.labelling(self.model.active_policy())
+
+    def dispatch(self, event: Event) -> None:
+        for loop in self.loops:
+            loop.offer(event)
+
+    def _node_changed(self, name: str, view: NodeView | None) -> None:
+        """The reflector saw a node appear, change what we read of it, or go."""
+        self.dispatch(NodeEvent(name, view))
+
+    async def ready(self) -> None:
+        """Until kopf's indices are in (its first event) and the Node reflector's first list."""
+        await self.watches.indexed.wait()
+        await self.nodes_synced.wait()
+
+    async def _reflect_nodes(self, stop: asyncio.Event) -> None:
+        task = asyncio.create_task(self.nodes.run(stop))
+        await self.nodes.synced.wait()
+        log.info("Node reflector: %d nodes listed", len(self.nodes.views))
+        self.nodes_synced.set()
+        await task
+
+    async def _ready_when(self, kopf_ready: asyncio.Event, ready: asyncio.Event | None) -> None:
+        """Ready once kopf has started and the Node reflector has its first list."""
+        await kopf_ready.wait()
+        await self.nodes_synced.wait()
+        if ready is not None:
+            ready.set()
+
+    def _watch_optional(self, info: ClusterInfo) -> None:
+        if info.servicemonitor_crd:
+            # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
+            # when its state is disabled. A CRD installed later is seen at the next start.
+            self.watches.watch_owned(SERVICE_MONITOR)
+        if not self.settings.gfd_node_labels:
+            return
+        if info.node_feature_crd:
+            self.watches.watch_gfd_features()
+        else:
+            log.warning("GPU feature discovery's labels will not reach the Nodes: the NodeFeature CRD "
+                        "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
+                        "does) or NFD, then restart the operator", NODE_FEATURE_PLURAL, NODE_FEATURE_GROUP)
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        self.stop = stop
+        info = await ClusterInfo.discover(self.kube, stop, self.settings.discovery_backoff)
+        if info is None:
+            return
+        self.model.info = info
+        self._watch_optional(info)
+        kopf_ready = asyncio.Event()
+        tasks = [asyncio.create_task(self._reflect_nodes(stop), name="node-reflector"),
+                 asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),
+                 asyncio.create_task(metrics.sample_loop_lag(), name="event-loop-lag"),
+                 *(asyncio.create_task(loop.run(self.ready), name=loop.name) for loop in self.loops)]
+        try:
+            # Namespaced kinds are watched in the operator's namespace only (least privilege: the
+            # chart grants no cluster-wide reads of ConfigMaps or Secrets); cluster-scoped kinds
+            # (nodes, ClusterPolicies, ClusterRoles, RuntimeClasses) are watched whole.
+            await kopf.operator(registry=self.watches.registry, clusterwide=False,
+                                namespaces=[self.model.namespace], standalone=True, stop_flag=stop,
+                                ready_flag=kopf_ready)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

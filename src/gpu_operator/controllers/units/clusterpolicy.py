@@ -1,0 +1,46 @@
+"""The ClusterPolicy unit: the reconcile (controllers/clusterpolicy.py) of the active policy,
+kicked by every event but a driver pod's or a NodeFeature's (neither changes what it renders or
+its status), and held back while a new policy's labels are written (`labels_first`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from gpu_operator.controllers import metrics
+from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
+from gpu_operator.controllers.readmodel import ReadModel
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.kube.client import Kube
+
+WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED})
+
+
+class ClusterPolicyUnit(UnitBase):
+    name = "ClusterPolicy reconcile"
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str],
+                 labels_first: Callable[[], bool]) -> None:
+        self.model = model
+        self.settings = settings
+        self.labels_first = labels_first
+        self.reconciler = ClusterPolicyReconciler(kube, settings, images)
+
+    def wants(self, event: Event) -> bool:
+        return isinstance(event, NodeEvent) or event.kind in WANTED
+
+    def snapshot(self) -> Snapshot:
+        model = self.model
+        return Snapshot(model.policies(), model.nodes(), model.owned(), model.namespace, model.info.k8s_version,
+                        model.info.servicemonitor_crd, watched_kinds=model.watched_kinds,
+                        gpuclusters=[v.name for v in model.gpuclusters()])
+
+    async def reconcile(self) -> Result:
+        if self.labels_first():
+            return Result(self.settings.coalesce)  # looks again after the coalescing window
+        report = await self.reconciler.reconcile(self.snapshot())
+        metrics.record_reconcile(report)
+        return report
+
+    def failed(self, err: BaseException) -> None:
+        metrics.record_error()

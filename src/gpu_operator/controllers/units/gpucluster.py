@@ -1,0 +1,37 @@
+"""The GPUCluster unit: the DRA stack's reconcile (controllers/gpucluster.py), kicked by our CRs
+and owned objects (node changes reach it through the DaemonSets' status), idle while there is no
+GPUCluster."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
+from gpu_operator.controllers.loop import Event, Kind, ObjectEvent, Result, UnitBase
+from gpu_operator.controllers.readmodel import ReadModel
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.kube.client import Kube
+
+WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED})
+
+
+class GPUClusterUnit(UnitBase):
+    name = "GPUCluster reconcile"
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str]) -> None:
+        self.model = model
+        self.reconciler = GPUClusterReconciler(kube, settings, images)
+
+    def wants(self, event: Event) -> bool:
+        return isinstance(event, ObjectEvent) and event.kind in WANTED
+
+    def idle(self) -> bool:
+        return not self.model.gpuclusters()
+
+    def snapshot(self) -> ClusterSnapshot:
+        model = self.model
+        return ClusterSnapshot(model.gpuclusters(), model.policies(), model.owned(), model.namespace,
+                               watched_kinds=model.watched_kinds)
+
+    async def reconcile(self) -> Result:
+        return await self.reconciler.reconcile(self.snapshot())

@@ -1,0 +1,38 @@
+"""The NVIDIADriver unit: one level-based reconcile of every NVIDIADriver (routing needs them
+all; controllers/nvidiadriver.py), kicked by nodes, driver pods, our CRs and owned objects, and
+idle while there is no NVIDIADriver (node bursts then cost nothing here)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
+from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler
+from gpu_operator.controllers.readmodel import ReadModel
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.kube.client import Kube
+
+WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.DRIVER_POD})
+
+
+class NVIDIADriverUnit(UnitBase):
+    name = "NVIDIADriver reconcile"
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str]) -> None:
+        self.model = model
+        self.reconciler = NVIDIADriverReconciler(kube, settings, images)
+
+    def wants(self, event: Event) -> bool:
+        return isinstance(event, NodeEvent) or event.kind in WANTED
+
+    def idle(self) -> bool:
+        return not self.model.drivers()
+
+    def snapshot(self) -> DriverSnapshot:
+        model = self.model
+        return DriverSnapshot(model.drivers(), model.policies(), model.nodes(), model.owned(), model.namespace,
+                              model.info.k8s_version, watched_kinds=model.watched_kinds,
+                              gpuclusters=[v.name for v in model.gpuclusters()])
+
+    async def reconcile(self) -> Result:
+        return await self.reconciler.reconcile(self.snapshot())

@@ -1,0 +1,189 @@
+"""kopf's part of the watches: indices that fill the read model (our CRs, driver pods, owned
+objects, GPU feature discovery's NodeFeatures) and event handlers that turn each change into one
+`ObjectEvent` for the manager to hand to the units. Handlers only record; units do the work.
+Nodes are not watched here: the Node reflector (controllers/reflector.py) does that."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
+
+import kopf
+
+from gpu_operator.controllers import kopflogin
+from gpu_operator.controllers.cache import (
+    OWNED_KINDS,
+    ClusterPolicyView,
+    CRView,
+    DriverPodView,
+    GPUClusterView,
+    NVIDIADriverView,
+    OwnedKind,
+    OwnedView,
+)
+from gpu_operator.controllers.echoes import StatusEchoes
+from gpu_operator.controllers.gfdlabels import gfd_node_of
+from gpu_operator.controllers.loop import Event, Kind, ObjectEvent
+from gpu_operator.controllers.readmodel import (
+    DRIVER_PODS,
+    DRIVERS,
+    GFD_FEATURES,
+    GPUCLUSTERS,
+    POLICIES,
+    ReadModel,
+    owned_index,
+)
+from gpu_operator.controllers.reflector import interned
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.vocabulary import (
+    COMPONENT,
+    DRIVER_COMPONENT_VALUE,
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    MANAGED_SELECTOR,
+    NODE_FEATURE_GROUP,
+    NODE_FEATURE_PLURAL,
+    NODE_FEATURE_VERSION,
+)
+
+# Our CRs: (version, plural, kind, its typed view, its index id, its event kind)
+CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, Kind], ...] = (
+    ("v1", "clusterpolicies", "ClusterPolicy", ClusterPolicyView, POLICIES, Kind.CLUSTER_POLICY),
+    ("v1alpha1", "nvidiadrivers", "NVIDIADriver", NVIDIADriverView, DRIVERS, Kind.NVIDIA_DRIVER),
+    ("v1alpha1", "gpuclusters", "GPUCluster", GPUClusterView, GPUCLUSTERS, Kind.GPU_CLUSTER),
+)
+DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
+
+
+class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds a diff base (a deep copy of the body's essence) for every event of every
+    watched kind, whether or not a create/update handler would read it. We register none (only
+    indices and on.event handlers), so the essence is empty: at 1,000 nodes the copies of
+    DaemonSet and driver pod bodies were ~40% of the operator's CPU (bench/README.md)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {})
+
+
+class Watches:
+    """The kopf registry. `dispatch` receives every event; `indexed` is set at kopf's first event
+    (its indices are in by then); `stop` is set when kopf caught a signal itself."""
+
+    def __init__(self, model: ReadModel, settings: OperatorSettings, dispatch: Callable[[Event], None],
+                 status_written: Callable[[tuple[str, str]], Any], stop: Callable[[], None]) -> None:
+        self.model = model
+        self.settings = settings
+        self.dispatch = dispatch
+        self.status_written = status_written
+        self.indexed = asyncio.Event()
+        self.registry = kopf.OperatorRegistry()
+        self._ids: list[str] = [POLICIES, DRIVERS, GPUCLUSTERS, DRIVER_PODS]
+        self._owned: list[OwnedKind] = []
+        kopf.on.login(registry=self.registry)(kopflogin.login)
+        kopf.on.startup(registry=self.registry)(self._configure)
+
+        @kopf.on.cleanup(registry=self.registry)
+        async def cleanup(**_: Any) -> None:
+            # kopf caught the signal itself; setting our stop flag too ends kopf's waiter on it
+            # (otherwise a "hung" task that holds the shutdown for 5 s) and stops the lease keeper.
+            stop()
+
+        for version, plural, kind, view, index, event_kind in CUSTOM_RESOURCES:
+            self._watch_cr(version, plural, kind, view, index, event_kind)
+        self._watch_driver_pods()
+        for owned in OWNED_KINDS:
+            self.watch_owned(owned)
+
+    def _configure(self, settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        missing = [index for index in self._ids if index not in kwargs]
+        if missing:  # kopf stopped passing indices to startup handlers: fail loudly, at once
+            raise kopf.PermanentError(f"kopf did not pass the indices {missing} to the startup handler")
+        self.model.indices.update({index: kwargs[index] for index in self._ids})
+        ours = self.settings
+        settings.posting.enabled = False  # status and conditions speak; no kopf events
+        settings.scanning.disabled = True  # no cluster-wide CRD/namespace discovery watches
+        settings.watching.server_timeout = ours.watch_server_timeout
+        settings.watching.client_timeout = ours.watch_client_timeout
+        settings.watching.connect_timeout = ours.watch_connect_timeout
+        settings.watching.chunk_size = ours.watch_chunk_size
+        settings.queueing.idle_timeout = ours.watch_worker_idle
+        settings.networking.error_backoffs = ours.api_error_backoffs
+        # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services and
+        # RBAC objects never reach this process.
+        for kind in self._owned:
+            settings.watching.label_selectors[kind.resource] = MANAGED_SELECTOR
+        settings.watching.label_selectors[("v1", "pods")] = f"{COMPONENT}={DRIVER_COMPONENT_VALUE}"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
+        settings.persistence.diffbase_storage = NoDiffBase(prefix="gpu-operator")
+
+    def _event(self, event: ObjectEvent) -> None:
+        self.indexed.set()
+        self.dispatch(event)
+
+    def _watch_cr(self, version: str, plural: str, kind: str, view: type[CRView[Any]], index: str,
+                  event_kind: Kind) -> None:
+        """Any event of one of our CRs is an event, except the echo of our own status write
+        (controllers/echoes.py)."""
+        echoes = StatusEchoes(lambda name: self.status_written((kind, name)))
+
+        async def indexed(body: kopf.Body, name: str, **_: Any) -> dict[str, CRView[Any]]:
+            return {name: view.of(body)}
+
+        async def changed(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 (kopf's name)
+            self.indexed.set()
+            if not echoes.is_echo(body, type):
+                self.dispatch(ObjectEvent(event_kind))
+
+        kopf.index("nvidia.com", version, plural, id=index, registry=self.registry)(indexed)
+        kopf.on.event("nvidia.com", version, plural, id=f"{plural}_event", registry=self.registry)(changed)
+
+    def _watch_driver_pods(self) -> None:
+        """Driver pods (any owner, or none: the migration rule looks for orphaned ones)."""
+        async def indexed(body: kopf.Body, name: str, namespace: str | None,
+                          **_: Any) -> dict[tuple[str | None, str], DriverPodView]:
+            return {(namespace, name): DriverPodView.of(body)}
+
+        async def changed(body: kopf.Body, **_: Any) -> None:
+            self._event(ObjectEvent(Kind.DRIVER_POD, (body.get("spec") or {}).get("nodeName") or None))
+
+        kopf.index("pods", id=DRIVER_PODS, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
+        kopf.on.event("pods", labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
+
+    def watch_owned(self, kind: OwnedKind) -> None:
+        """Index and watch the objects of one owned kind that carry our managed-by label (the
+        same constant the renderer stamps, so the two cannot drift apart)."""
+        managed = {MANAGED_BY: MANAGED_BY_VALUE}
+
+        async def indexed(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
+            view = OwnedView.of(body)
+            return {view.key: view}
+
+        async def changed(**_: Any) -> None:
+            self._event(ObjectEvent(Kind.OWNED))
+
+        index = owned_index(kind)
+        kopf.index(*kind.resource, id=index, labels=managed, registry=self.registry)(indexed)
+        kopf.on.event(*kind.resource, id=f"owned_event_{kind.plural}", labels=managed,
+                      registry=self.registry)(changed)
+        self._ids.append(index)
+        self._owned.append(kind)
+        if kind not in self.model.owned_kinds:
+            self.model.owned_kinds.append(kind)
+
+    def watch_gfd_features(self) -> None:
+        """GPU feature discovery's NodeFeature objects in our namespace, indexed by node: node
+        labelling mirrors their labels onto the Nodes (controllers/gfdlabels.py)."""
+        resource = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, NODE_FEATURE_PLURAL)
+
+        async def indexed(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, str]]:
+            node = gfd_node_of(name, body.get("metadata", {}).get("labels") or {})
+            labels = (body.get("spec") or {}).get("labels") or {}
+            return {node: interned({str(k): str(v) for k, v in labels.items()})} if node else {}
+
+        async def changed(body: kopf.Body, name: str, **_: Any) -> None:
+            self._event(ObjectEvent(Kind.GFD_FEATURES, gfd_node_of(name, body.get("metadata", {}).get("labels") or {})))
+
+        kopf.index(*resource, id=GFD_FEATURES, registry=self.registry)(indexed)
+        kopf.on.event(*resource, id=f"{GFD_FEATURES}_event", registry=self.registry)(changed)
+        self._ids.append(GFD_FEATURES)
