@@ -7,7 +7,7 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, Self, TypeVar, cast
 
 import pydantic
 
@@ -180,15 +180,21 @@ class NodeView:
 
 
 @dataclass(frozen=True)
-class PolicyView:
+class CRView(Generic[M]):
+    """One of our custom resources as the caches keep it; `parsed` is its body validated by the
+    kind's api model, once per object version (a view is replaced, not changed, when its object
+    changes), shared by every unit that reads it. One subclass per kind."""
+
     name: str
     uid: str
     generation: int
     created: str
     body: dict[str, Any]
 
+    MODEL: ClassVar[type[pydantic.BaseModel]]
+
     @classmethod
-    def of(cls, body: Any) -> PolicyView:
+    def of(cls, body: Any) -> Self:
         meta = body.get("metadata", {})
         plain = json.loads(json.dumps(dict(body)))
         return cls(meta["name"], meta["uid"], int(meta.get("generation", 0)),
@@ -198,23 +204,29 @@ class PolicyView:
     def status(self) -> dict[str, Any]:
         return dict(self.body.get("status") or {})
 
-    # The body parsed by the api models once per object version (a view is replaced, not changed,
-    # when its object changes), shared by every loop that reads it.
+    @property
+    def deleting(self) -> bool:
+        return bool(self.body.get("metadata", {}).get("deletionTimestamp"))
 
     @functools.cached_property
-    def as_policy(self) -> Parsed[ClusterPolicy]:
-        """This view's body as a ClusterPolicy, or the model's refusal."""
-        return Parsed.of(ClusterPolicy, self.body)
+    def parsed(self) -> Parsed[M]:
+        """This view's body as its kind's model, or the model's refusal."""
+        return cast("Parsed[M]", Parsed.of(self.MODEL, self.body))
 
-    @functools.cached_property
-    def as_driver(self) -> Parsed[NVIDIADriver]:
-        """This view's body as an NVIDIADriver, or the model's refusal."""
-        return Parsed.of(NVIDIADriver, self.body)
 
-    @functools.cached_property
-    def as_gpucluster(self) -> Parsed[GPUCluster]:
-        """This view's body as a GPUCluster, or the model's refusal."""
-        return Parsed.of(GPUCluster, self.body)
+@dataclass(frozen=True)
+class ClusterPolicyView(CRView[ClusterPolicy]):
+    MODEL = ClusterPolicy
+
+
+@dataclass(frozen=True)
+class NVIDIADriverView(CRView[NVIDIADriver]):
+    MODEL = NVIDIADriver
+
+
+@dataclass(frozen=True)
+class GPUClusterView(CRView[GPUCluster]):
+    MODEL = GPUCluster
 
 
 @dataclass(frozen=True)
