@@ -3,22 +3,21 @@ the NvidiaGPUReady condition, our taints, the metric state, and the writes that 
 from what it carries to that (none when it already carries it). No I/O: controllers/units/health.py
 reads the facts and sends the writes.
 
-The report is the health agent's annotation (vocabulary.HEALTH_REPORT_ANNOTATION), compact JSON:
-{"version": 1, "validated": bool, "gpus": [{"busId", "state", "xid", "action", "reason"}]}, one
-entry per affected GPU (none: every GPU healthy).
+The report is the health agent's annotation (vocabulary.HEALTH_REPORT_ANNOTATION), parsed by
+api/health.py: whether validation passed, whether the agent stopped, one entry per GPU that is not
+healthy (bus id, state, Xid, the catalogue's action, reason).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_operator.api.health import GpuHealth, HealthReport, ReportError
 from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES, HealthSpec
-from gpu_operator.vocabulary import HEALTH_ACTIONS, HEALTH_CONDITION, HEALTH_TAINT
+from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_TAINT
 
-GPU_STATES = ("healthy", "warning", "unhealthy", "gone")
 # The metric's states (gpu_operator_node_gpu_health{node, state}): one is 1 per node.
 METRIC_STATES = ("healthy", "warning", "quarantined", "remediating", "failed", "held")
 
@@ -29,65 +28,15 @@ WARNING = "GPUWarning"
 UNHEALTHY = "GPUUnhealthy"
 GONE = "GPUGone"
 UNREADABLE = "HealthReportUnreadable"
+STOPPED = "HealthAgentStopped"
 REMEDIATING = "Remediating"
 REMEDIATION_FAILED = "RemediationFailed"
 HELD = "RemediationHeld"
 
 
-@dataclass(frozen=True)
-class GPUReport:
-    bus_id: str
-    state: str
-    xid: int | None = None
-    action: str = "none"
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Report:
-    validated: bool
-    gpus: tuple[GPUReport, ...] = ()
-    version: int = 1
-
-    @property
-    def worst(self) -> str:
-        """The worst GPU state in the report (healthy when no GPU is listed)."""
-        states = {g.state for g in self.gpus}
-        return next((s for s in reversed(GPU_STATES) if s in states), "healthy")
-
-
-class ReportError(ValueError):
-    """A report the operator cannot read; `field` names the part that is wrong ('' the whole)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field} {problem}" if field else problem)
-        self.field = field
-
-
-def parse_report(text: str) -> Report:
-    """The agent's report; ReportError names what is wrong with it."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ReportError("", f"not JSON ({err.msg} at character {err.pos})") from None
-    if not isinstance(data, dict):
-        raise ReportError("", "not a JSON object")
-    gpus: list[GPUReport] = []
-    for index, item in enumerate(data.get("gpus") or []):
-        if not isinstance(item, dict):
-            raise ReportError(f"gpus[{index}]", "is not an object")
-        state, action, xid = item.get("state"), item.get("action", "none"), item.get("xid")
-        if state not in GPU_STATES:
-            raise ReportError(f"gpus[{index}].state", f"{state!r} is not one of {', '.join(GPU_STATES)}")
-        if action not in HEALTH_ACTIONS:
-            raise ReportError(f"gpus[{index}].action", f"{action!r} is not one of {', '.join(HEALTH_ACTIONS)}")
-        if xid is not None and not isinstance(xid, int):
-            raise ReportError(f"gpus[{index}].xid", f"{xid!r} is not an integer")
-        gpus.append(GPUReport(str(item.get("busId", "")), state, xid, action, str(item.get("reason", ""))))
-    validated = data.get("validated")
-    if not isinstance(validated, bool):
-        raise ReportError("validated", "is missing or not true/false")
-    return Report(validated, tuple(sorted(gpus, key=lambda g: g.bus_id)), int(data.get("version", 1)))
+def parse_report(text: str) -> HealthReport:
+    """The agent's report (api/health.py); ReportError names the field that is wrong."""
+    return HealthReport.parse(text)
 
 
 @dataclass(frozen=True, order=True)
@@ -158,14 +107,14 @@ class Writes:
         return self.condition is None and not self.delete_condition and self.taints is None and self.event is None
 
 
-def describe(gpu: GPUReport) -> str:
+def describe(gpu: GpuHealth) -> str:
     xid = f"Xid {gpu.xid}" if gpu.xid is not None else "no Xid"
-    text = f"GPU {gpu.bus_id or '?'} {gpu.state}: {xid}, action {gpu.action}"
+    text = f"GPU {gpu.bus} {gpu.state}: {xid}, action {gpu.action}"
     return f"{text} ({gpu.reason})" if gpu.reason else text
 
 
-def _gpus_message(report: Report) -> str:
-    return "; ".join(describe(g) for g in report.gpus if g.state != "healthy")
+def _gpus_message(report: HealthReport) -> str:
+    return "; ".join(describe(g) for g in sorted(report.gpus, key=lambda g: g.bus))
 
 
 # Remediation states (HEALTH_STATE) -> the metric's state and the condition's reason.
@@ -190,12 +139,15 @@ def desire(facts: Facts, policy: HealthSpec) -> Desired:
                        REMEDIATION_METRIC.get(facts.remediation), quarantine=held)
     try:
         report = parse_report(facts.report)
-    except ValueError as err:
+    except ReportError as err:
         # keep the taints as they are: a report we cannot read proves nothing either way
-        return Desired(Condition("Unknown", UNREADABLE, f"health report unreadable: {err}"),
+        return Desired(Condition("Unknown", UNREADABLE, str(err)),
                        tuple(t for t in facts.taints if t.key in managed(policy)),
                        REMEDIATION_METRIC.get(facts.remediation, "warning"))
-    worst = report.worst
+    if report.stopped and facts.remediation not in REMEDIATION_METRIC:
+        return Desired(Condition("Unknown", STOPPED, "the GPU health agent stopped; its last report may be stale"),
+                       tuple(t for t in facts.taints if t.key in managed(policy)), "warning")
+    worst = report.state
     if facts.remediation in REMEDIATION_METRIC:
         state = REMEDIATION_METRIC[facts.remediation]
         reason = _REMEDIATION_REASON.get(facts.remediation, REMEDIATING if state == "remediating" else UNHEALTHY)
