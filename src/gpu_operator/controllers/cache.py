@@ -18,7 +18,6 @@ from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import nodelabels
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.vocabulary import (
-    COMPONENT,
     CONTROLLER_REVISION_HASH,
     GFD_LABELS_ANNOTATION,
     GPU_PRESENT,
@@ -295,8 +294,6 @@ class OwnedView:
     def key(self) -> tuple[str, str, str | None, str]:
         return object_key(self.api_version, self.kind, self.namespace, self.name)
 
-
-DRIVER_COMPONENT = COMPONENT
 
 
 DIGEST_ENV = "DRIVER_CONFIG_DIGEST"

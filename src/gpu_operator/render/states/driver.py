@@ -20,7 +20,7 @@ from gpu_operator.render.states._common import VALIDATIONS, configmap
 from gpu_operator.render.states._driver_like import driver_manager_init
 from gpu_operator.render.transforms import digest
 from gpu_operator.render.transforms.driver import precompiled_name, transform_driver
-from gpu_operator.vocabulary import COMPONENT, KERNEL_FULL, VALIDATIONS_DIR
+from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE, KERNEL_FULL, VALIDATIONS_DIR
 
 STATE = "state-driver"
 NAME = "nvidia-driver"
@@ -119,7 +119,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "containers": [main, *sidecars],
         "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchExpressions": [{"key": COMPONENT, "operator": "In",
-                                                    "values": ["nvidia-driver", "nvidia-vgpu-manager"]}]},
+                                                    "values": [DRIVER_COMPONENT_VALUE, "nvidia-vgpu-manager"]}]},
             "topologyKey": "kubernetes.io/hostname",
         }]}},
         "volumes": [
@@ -160,7 +160,7 @@ BASE = DaemonSetDef(
     # it without driver.repository and driver.image); precompiled: the branch, `-<kernel>-<os>` added
     image=Image("driver", "DRIVER_IMAGE"),
     pod=_pod,
-    labels={COMPONENT: "nvidia-driver"},
+    labels={COMPONENT: DRIVER_COMPONENT_VALUE},
     on_delete=True,
 )
 
