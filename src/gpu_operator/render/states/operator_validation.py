@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE
 from gpu_operator.render.objects import (
+    NODE_NAME,
     Ctx,
     container,
     env,
@@ -30,6 +32,26 @@ from gpu_operator.vocabulary import VALIDATIONS_DIR
 STATE = "state-operator-validation"
 NAME = "nvidia-operator-validator"
 ROOT = {"runAsUser": 0}
+# Ours: the GPU health agent (`gpu-operator node health`) runs beside the validator on every GPU
+# node of the container workload; it reads the host's kernel log, sysfs and procfs through the
+# host root, the validator's status files, and NVML (NVIDIA_VISIBLE_DEVICES=all: the toolkit injects
+# the driver's library), and patches its Node's report annotation.
+HEALTH = "gpu-health"
+HEALTH_PORT = 8010
+HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
+
+
+def _health() -> dict[str, Any]:
+    return container(
+        HEALTH,
+        command=["gpu-operator", "node", "health"],
+        args=["--host-root", "/host"],
+        env_vars=[copy.deepcopy(NODE_NAME), env("NVIDIA_VISIBLE_DEVICES", "all"), env("HEALTH_METRICS_PORT", str(HEALTH_PORT)),
+                  env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS))],
+        mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
+        privileged=True,  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
+        ports=[{"name": "health-metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
+    )
 
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
@@ -57,7 +79,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     )
     return {
         "initContainers": inits,
-        "containers": [main],
+        "containers": [main, _health()],
         "volumes": [VALIDATIONS, DRIVER_INSTALL_DIR, HOST_ROOT, HOST_DEV_CHAR],
     }
 
@@ -66,8 +88,15 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
     """Per-component env, workload-pod settings, and no plugin check without a device plugin."""
     pod = ds["spec"]["template"]["spec"]
     spec = ctx.spec
+    health = find(pod, HEALTH)
+    if health is not None:  # our image, pulled as the validator's
+        main = pod["containers"][0]
+        health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
+        health.setdefault("securityContext", {}).update(ROOT)
     if not spec.devicePlugin.on():
         remove_containers(pod, "plugin-validation")
+        if health is not None:  # no plugin-ready file will come
+            upsert_env(health, "HEALTH_VALIDATIONS", ",".join(c for c in HEALTH_VALIDATIONS if c != "plugin"))
     per_component = {"driver": spec.validator.driver, "toolkit": spec.validator.toolkit,
                      "cuda": spec.validator.cuda, "plugin": spec.validator.plugin}
     image = VALIDATOR.resolve(ctx)
@@ -104,7 +133,8 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "delete"]),
                 rule(["apps"], ["daemonsets"], ["get", "list"])),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),
+    # patch: the health agent's report annotation on its own Node
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
                    # the workload pods' owner is the ClusterPolicy, with blockOwnerDeletion
                    rule(["nvidia.com"], ["clusterpolicies/finalizers"], ["update"])),
     daemonset=DaemonSetDef(
