@@ -16,6 +16,7 @@ from typing import Any
 from gpu_operator.api.common import DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec, WaitForCompletionSpec
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
+    HEALTH_STATE,
     UPGRADE_DRAIN_START_ANNOTATION,
     UPGRADE_FAILURE_REASON_ANNOTATION,
     UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
@@ -68,6 +69,8 @@ from gpu_operator.vocabulary import (
 # Between cordon-required and uncordon-required: what maxParallelUpgrades bounds.
 ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,
           POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED)
+# The GPU health remediation states that hold a node's cordon (controllers/health_machine.py's ACTIVE).
+HEALTH_REMEDIATING = ("draining", "acting", "validating")
 VALIDATION_TIMEOUT_SECONDS = 600  # upstream's fixed validation timeout
 CRASH_LOOP_RESTARTS = 10  # upstream: any driver container restarted more than this -> failed
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
@@ -450,7 +453,9 @@ def plan(nodes: Sequence[NodeFacts], policy: Policy, now: float, paused: bool = 
     if paused:
         parallel = 0
     steps: list[Step] = []
-    waiting = sorted((n for n in managed if n.state == UPGRADE_REQUIRED and not n.skip),
+    # one owner of a node's cordon at a time: a node in GPU health remediation waits for it to end
+    waiting = sorted((n for n in managed if n.state == UPGRADE_REQUIRED and not n.skip
+                      and n.labels.get(HEALTH_STATE) not in HEALTH_REMEDIATING),
                      key=lambda n: (not n.unschedulable, n.name))
     starting: set[str] = set()
     for node in waiting:

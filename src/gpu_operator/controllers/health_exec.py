@@ -1,0 +1,82 @@
+"""Carries out the remediation machine's steps (controllers/health_machine.py): one merge patch per
+node transition (HEALTH_STATE label, our annotations, the handoff label, the cordon), evictions
+through the Eviction API (a PodDisruptionBudget's refusal is remembered and named when the drain
+times out), and the pod restarts: the device plugin's pod on the node (it registers the healthy
+devices again) or the driver pod (the driver reloads). GPU resets and reboots are requests in
+annotations the node agent acts on; they need no call here."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.health_machine import Step
+from gpu_operator.controllers.upgrade import pod_facts
+from gpu_operator.kube import nodestatus
+from gpu_operator.kube.client import Kube
+from gpu_operator.kube.resources import ObjectKey
+from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE, HEALTH_STATE
+
+log = logging.getLogger("gpu_operator.health")
+
+DEVICE_PLUGIN_SELECTOR = "app=nvidia-device-plugin-daemonset"  # render/states/device_plugin.py's DaemonSet
+DRIVER_SELECTOR = f"{COMPONENT}={DRIVER_COMPONENT_VALUE}"
+RESTARTS = {"restart-device-plugin": DEVICE_PLUGIN_SELECTOR, "reload-driver": DRIVER_SELECTOR}
+
+
+def node_patch(step: Step) -> dict[str, Any]:
+    """One merge patch for a node's transition."""
+    meta: dict[str, Any] = {}
+    labels: dict[str, str | None] = dict(step.labels)
+    if step.state is not None:
+        labels[HEALTH_STATE] = step.state
+    if step.remove_state:
+        labels[HEALTH_STATE] = None
+    if labels:
+        meta["labels"] = labels
+    if step.notes:
+        meta["annotations"] = dict(step.notes)
+    patch: dict[str, Any] = {"metadata": meta} if meta else {}
+    if step.cordon is not None:
+        patch["spec"] = {"unschedulable": step.cordon}
+    return patch
+
+
+class Executor:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.blocked: dict[tuple[str, str], str] = {}  # pod -> the PodDisruptionBudget that refused it
+
+    async def pod_facts(self, node: str, selector: str | None) -> tuple[us.PodFacts, ...]:
+        """The pods on a draining node; `selector`: only the pods it matches may be evicted."""
+        pods = await nodestatus.pods_on(self.kube, node)
+        matching = None if not selector else {
+            (p["metadata"].get("namespace", ""), p["metadata"]["name"])
+            for p in await nodestatus.pods_on(self.kube, node, selector)}
+        facts = []
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            key = (meta.get("namespace", ""), meta.get("name", ""))
+            names = {key[1]} if matching is None or key in matching else set()
+            facts.append(pod_facts(pod, set(), names, self.blocked))
+        return tuple(facts)
+
+    async def run(self, step: Step) -> None:
+        patch = node_patch(step)
+        if patch:
+            await self.kube.merge_patch("v1", "Node", step.node, patch)
+        for pod in step.evict:
+            answer = await self.kube.evict(pod.namespace, pod.name)
+            if answer.refused_by:
+                self.blocked[(pod.namespace, pod.name)] = answer.refused_by
+            else:
+                self.blocked.pop((pod.namespace, pod.name), None)
+        if step.action in RESTARTS:
+            for body in await nodestatus.pods_on(self.kube, step.node, RESTARTS[step.action]):
+                meta = body.get("metadata") or {}
+                log.info("node %s: %s: deleting pod %s/%s", step.node, step.action, meta.get("namespace"),
+                         meta.get("name"))
+                await self.kube.delete(ObjectKey("v1", "Pod", meta["name"], meta.get("namespace")))
+        if step.message:
+            log.info("node %s: %s", step.node, step.message)

@@ -1,0 +1,229 @@
+"""The GPU health unit: turns each node's health report (the agent's annotation) into the
+NvidiaGPUReady condition, our taints, one Event per change and the node's health metric
+(controllers/health_rules.py decides; this unit reads and writes), and, where the policy opts in,
+drives remediation (controllers/health_machine.py).
+
+It serves a node's change at once (IDLE_FIRST): `wants` records the nodes whose health facts
+changed; a pass looks at those only (every node after a ClusterPolicy change or a failed pass).
+A node already as desired costs no write, so our own writes' echoes end there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.healthpolicy import HealthSpec
+from gpu_operator.controllers import health_machine as hm
+from gpu_operator.controllers import health_rules as hr
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.health_exec import Executor
+from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
+from gpu_operator.kube import nodestatus
+from gpu_operator.kube.client import Kube
+from gpu_operator.vocabulary import (
+    HEALTH_CONDITION,
+    HEALTH_EVENT_REASON,
+    HEALTH_REPORT_ANNOTATION,
+    HEALTH_STATE,
+    UPGRADE_STATE,
+)
+
+log = logging.getLogger("gpu_operator.health")
+
+NODE_HEALTH = Gauge("gpu_operator_node_gpu_health",
+                    "GPU health per node: 1 for the node's current state (healthy, warning, quarantined, "
+                    "remediating, failed, held), 0 for the others", ["node", "state"])
+REMEDIATIONS = Counter("gpu_operator_health_remediations_total",
+                       "Finished remediation attempts per node, by result (succeeded, failed)", ["node", "result"])
+
+
+@dataclass(frozen=True)
+class HealthTunables:
+    """The unit's timing (until the operator's settings carry them)."""
+
+    workers: int = 16  # nodes written at once
+    retry: float = 5.0  # seconds before a node whose write failed is tried again
+    poll: float = 10.0  # seconds between passes while a node is in remediation (timeouts, pods going)
+
+
+def facts_of(view: NodeView, state: str | None = None, notes: Mapping[str, str | None] | None = None) -> hr.Facts:
+    """The signals' facts of a node; `state` and `notes`: what a remediation step wrote just now."""
+    cond = view.gpu_condition
+    merged = {**view.annotations, **(notes or {})}
+    reason = merged.get(hm.REASON) or (f"action {merged[hm.ACTION]}" if merged.get(hm.ACTION) else "")
+    return hr.Facts(view.name, view.annotations.get(HEALTH_REPORT_ANNOTATION),
+                    hr.Condition(*cond) if cond is not None else None,
+                    tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
+                    view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
+
+
+def _watched(view: NodeView) -> tuple[object, ...]:
+    """What the unit reads of a node: a change of any of these kicks it."""
+    health_notes = tuple(sorted((k, v) for k, v in view.annotations.items() if k.startswith(hm.PREFIX)))
+    return (health_notes, view.taints, view.gpu_condition, view.labels.get(HEALTH_STATE),
+            view.labels.get(UPGRADE_STATE), view.unschedulable, view.ready)
+
+
+@dataclass
+class PassReport(Result):
+    """What one pass wrote (for logs and tests)."""
+
+    looked: int = 0
+    conditions: int = 0
+    taints: int = 0
+    events: int = 0
+    steps: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+class HealthUnit(UnitBase):
+    name = "gpu health"
+    pacing = Pacing.IDLE_FIRST
+
+    def __init__(self, nodes: Callable[[], Iterable[NodeView]], node: Callable[[str], NodeView | None],
+                 policy: Callable[[], ClusterPolicy | None], kube: Kube, *,
+                 tunables: HealthTunables | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.nodes, self.node, self.policy, self.kube = nodes, node, policy, kube
+        self.tunables = tunables or HealthTunables()
+        self.clock = clock
+        self.executor = Executor(kube)
+        self._dirty: set[str] = set()
+        self._everything = True  # the first pass looks at every node
+        self._seen: dict[str, tuple[object, ...]] = {}
+        self._states: dict[str, str] = {}  # node -> metric state last exported
+
+    # -- the queue
+
+    def wants(self, event: Event) -> bool:
+        if isinstance(event, NodeEvent):
+            if event.view is None:
+                self._seen.pop(event.name, None)
+                self._dirty.add(event.name)
+                return True
+            watched = _watched(event.view)
+            if self._seen.get(event.name) == watched:
+                return False
+            self._seen[event.name] = watched
+            self._dirty.add(event.name)
+            return True
+        if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
+            self._everything = True
+            return True
+        if isinstance(event, ObjectEvent) and event.kind is Kind.DRIVER_POD and event.node:
+            self._dirty.add(event.node)  # remediation waits for a driver pod to come back
+            return True
+        return False
+
+    def failed(self, err: BaseException) -> None:
+        self._everything = True
+
+    # -- one pass
+
+    async def reconcile(self) -> Result:
+        policy = self.policy()
+        spec = (policy.spec.health or HealthSpec()) if policy is not None else None
+        everything, names = self._everything, self._dirty
+        self._everything, self._dirty = False, set()
+        report = PassReport()
+        if spec is None:
+            self._forget_all()
+            return report
+        views = {v.name: v for v in self.nodes()} if everything or spec.remediation.enabled else {
+            n: v for n in names if (v := self.node(n)) is not None}
+        look = set(views) if everything else names
+        for name in look - set(views):
+            self._export(name, None)
+        now = self.clock()
+        plan = await self._plan(views, spec, now)
+        steps = {s.node: s for s in plan.steps}
+        look |= set(steps)
+        gate = asyncio.Semaphore(self.tunables.workers)
+
+        async def one(name: str) -> None:
+            view = views.get(name)
+            if view is None:
+                return
+            async with gate:
+                try:
+                    await self._node(view, spec, steps.get(name), report)
+                except Exception as err:  # one node's failure must not stop the others
+                    log.warning("node %s: GPU health write failed: %s", name, err)
+                    report.failed.append(name)
+                    self._dirty.add(name)
+
+        await asyncio.gather(*(one(n) for n in sorted(look)))
+        report.looked = len(look)
+        if report.failed:
+            report.requeue = self.tunables.retry
+        elif plan.busy:
+            report.requeue = self.tunables.poll
+        return report
+
+    async def _plan(self, views: Mapping[str, NodeView], spec: HealthSpec, now: float) -> hm.Plan:
+        """The remediation machine's steps (nodes it holds released when it is off)."""
+        if not spec.remediation.enabled:
+            return hm.release_all([hm.node_facts(v) for v in views.values() if v.labels.get(HEALTH_STATE)],
+                                  spec.remediation)
+        draining = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.DRAINING]
+        pods = dict(zip(draining, await asyncio.gather(
+            *(self.executor.pod_facts(n, spec.remediation.podSelector) for n in draining)), strict=True))
+        return hm.plan([hm.node_facts(v, pods.get(n, ())) for n, v in views.items()], spec.remediation, now)
+
+    async def _node(self, view: NodeView, spec: HealthSpec, step: hm.Step | None, report: PassReport) -> None:
+        facts = facts_of(view)
+        if step is not None and not step.empty:
+            await self.executor.run(step)
+            report.steps += 1
+            if step.result:
+                REMEDIATIONS.labels(view.name, step.result).inc()
+            # the signals follow what the step wrote just now, not the view read before it
+            facts = facts_of(view, "" if step.remove_state else step.state, step.notes)
+        desired = hr.desire(facts, spec)
+        writes = hr.writes(facts, desired, spec)
+        self._export(view.name, desired.state)
+        if writes.empty:
+            return
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if writes.condition is not None:
+            moved = facts.condition is None or facts.condition.status != writes.condition.status
+            await nodestatus.patch_condition(self.kube, view.name, writes.condition.body(stamp, transition=moved))
+            report.conditions += 1
+        elif writes.delete_condition:
+            await nodestatus.delete_condition(self.kube, view.name, HEALTH_CONDITION)
+            report.conditions += 1
+        if writes.taints is not None:
+            keys, want = hr.managed(spec), writes.taints
+            if await nodestatus.update_taints(self.kube, view.name, lambda cur: hr.merged_taints(cur, keys, want)):
+                report.taints += 1
+        if writes.event is not None:
+            warning, message = writes.event
+            log.info("node %s: %s", view.name, message)
+            await self.kube.node_event(view.name, HEALTH_EVENT_REASON, message, warning=warning)
+            report.events += 1
+
+    # -- metrics
+
+    def _export(self, node: str, state: str | None) -> None:
+        before = self._states.get(node)
+        if before == state:
+            return
+        if state is None:
+            self._states.pop(node, None)
+            for s in hr.METRIC_STATES:
+                NODE_HEALTH.remove(node, s) if before is not None else None
+            return
+        self._states[node] = state
+        for s in hr.METRIC_STATES:
+            NODE_HEALTH.labels(node, s).set(1 if s == state else 0)
+
+    def _forget_all(self) -> None:
+        for node in list(self._states):
+            self._export(node, None)

@@ -1,0 +1,70 @@
+"""Typed Node calls the GPU health signals and remediation need and `Kube` has no call for: one
+Node condition by strategic merge (conditions merge by `type`: only ours is written, never the
+kubelet's), the node's taint list replaced under its resourceVersion (taints have no merge key: a
+concurrent change by anyone else makes the write fail with 409 instead of being lost), and the
+pods on one node."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+
+from gpu_operator.kube.client import Kube
+from gpu_operator.kube.resources import collection_path
+
+SMP = "application/strategic-merge-patch+json"
+
+
+def _status_path(node: str) -> str:
+    return collection_path("", "v1", "nodes", name=urllib.parse.quote(node)) + "/status"
+
+
+async def patch_condition(kube: Kube, node: str, condition: dict[str, Any]) -> None:
+    """Set one condition of a Node (merged by type: the others are left as they are)."""
+    kube.write("patch", "Node/status")
+    body = json.dumps({"status": {"conditions": [condition]}})
+    response = await kube.http.patch(_status_path(node), content=body, headers={"Content-Type": SMP})
+    response.raise_for_status()
+
+
+async def delete_condition(kube: Kube, node: str, kind: str) -> None:
+    """Remove the condition of type `kind` from a Node (a gone node is not an error)."""
+    kube.write("patch", "Node/status")
+    body = json.dumps({"status": {"conditions": [{"type": kind, "$patch": "delete"}]}})
+    response = await kube.http.patch(_status_path(node), content=body, headers={"Content-Type": SMP})
+    if response.status_code != 404:
+        response.raise_for_status()
+
+
+Change = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+async def update_taints(kube: Kube, node: str, change: Change, *, tries: int = 3) -> bool:
+    """Read the Node, `change` its taint list, write it back under the resourceVersion read
+    (read again on a conflict). False when the node is gone or nothing changed."""
+    for attempt in range(tries):
+        body = await kube.get_dict("v1", "Node", node)
+        if body is None:
+            return False
+        current = list((body.get("spec") or {}).get("taints") or [])
+        wanted = change(current)
+        if wanted == current:
+            return False
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        try:
+            await kube.merge_patch("v1", "Node", node, {"metadata": {"resourceVersion": version},
+                                                        "spec": {"taints": wanted or None}})
+            return True
+        except ApiError as err:
+            if err.status.code != 409 or attempt == tries - 1:
+                raise
+    return False
+
+
+async def pods_on(kube: Kube, node: str, labels: str | None = None) -> list[dict[str, Any]]:
+    """Every pod bound to `node` (matching the label selector string `labels` when given)."""
+    return await kube.list_pods(labels=labels, fields=f"spec.nodeName={node}")

@@ -1,0 +1,136 @@
+"""A recorded fake Kube for the GPU health unit: Nodes and pods in memory, every call recorded;
+strategic merge of node conditions (by type), merge patches with the resourceVersion precondition,
+evictions (a pod named in `pdb_blocks` is refused by that budget)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import httpx2
+from lightkube.core.exceptions import ApiError
+
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.kube.pages import Evicted
+from gpu_operator.kube.resources import ObjectKey
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, ...]] = []
+        self.events: list[tuple[str, str, str, bool]] = []
+        self.pdb_blocks: dict[str, str] = {}
+        self._version = 0
+        self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(self._answer), base_url="https://apiserver")
+
+    # -- the cluster
+
+    def add_node(self, name: str, annotations: dict[str, str] | None = None,
+                 labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> None:
+        self.nodes[name] = {"metadata": {"name": name, "labels": dict(labels or {}),
+                                         "annotations": dict(annotations or {})},
+                            "spec": {"taints": list(taints or [])}, "status": {"conditions": []}}
+        self._bump(name)
+
+    def add_pod(self, name: str, node: str, *, gpu: bool = True, labels: dict[str, str] | None = None,
+                namespace: str = "default", owner: str = "ReplicaSet") -> None:
+        res = {"limits": {"nvidia.com/gpu": "1"}} if gpu else {}
+        self.pods.append({"metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {}),
+                                       "ownerReferences": [{"kind": owner, "name": "o", "uid": "u", "controller": True}]},
+                          "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]},
+                          "status": {"phase": "Running"}})
+
+    def view(self, name: str) -> NodeView | None:
+        body = self.nodes.get(name)
+        return NodeView.of(body) if body is not None else None
+
+    def views(self) -> list[NodeView]:
+        return [NodeView.of(b) for b in self.nodes.values()]
+
+    def _bump(self, name: str) -> None:
+        self._version += 1
+        self.nodes[name]["metadata"]["resourceVersion"] = str(self._version)
+
+    def writes(self) -> list[tuple[str, ...]]:
+        return [c for c in self.calls if c[0] in ("patch-status", "patch", "event", "evict", "delete")]
+
+    # -- what Kube offers
+
+    def write(self, verb: str, kind: str) -> None:
+        return None
+
+    async def _answer(self, request: httpx2.Request) -> httpx2.Response:
+        assert request.method == "PATCH" and request.url.path.endswith("/status"), request.url.path
+        assert request.headers["content-type"] == "application/strategic-merge-patch+json"
+        name = request.url.path.split("/")[-2]
+        if name not in self.nodes:
+            return httpx2.Response(404, json={})
+        conditions = self.nodes[name]["status"]["conditions"]
+        for cond in json.loads(request.content)["status"]["conditions"]:
+            self.calls.append(("patch-status", name, cond["type"], cond.get("$patch", cond.get("status", ""))))
+            conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + (
+                [] if cond.get("$patch") == "delete" else [cond])
+        self._bump(name)
+        return httpx2.Response(200, json=self.nodes[name])
+
+    async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None
+                       ) -> dict[str, Any] | None:
+        self.calls.append(("get", name))
+        body = self.nodes.get(name)
+        return copy.deepcopy(body) if body is not None else None
+
+    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
+                          namespace: str | None = None) -> None:
+        self.calls.append(("patch", name, json.dumps(patch, sort_keys=True)))
+        body = self.nodes[name]
+        version = (patch.get("metadata") or {}).get("resourceVersion")
+        if version is not None and version != body["metadata"]["resourceVersion"]:
+            raise ApiError(status=_status(409))
+        patch = copy.deepcopy(patch)
+        patch.get("metadata", {}).pop("resourceVersion", None)
+        _merge(body, patch)
+        self._bump(name)
+
+    async def node_event(self, node: str, reason: str, message: str, *, warning: bool = True,
+                         namespace: str = "default") -> None:
+        self.calls.append(("event", node, reason))
+        self.events.append((node, reason, message, warning))
+
+    async def evict(self, namespace: str, name: str) -> Evicted:
+        self.calls.append(("evict", f"{namespace}/{name}"))
+        if name in self.pdb_blocks:
+            return Evicted(f"{namespace}/{self.pdb_blocks[name]}")
+        self.pods = [p for p in self.pods if p["metadata"]["name"] != name]
+        return Evicted()
+
+    async def delete(self, key: ObjectKey, *, orphan: bool = False, foreground: bool = False) -> bool:
+        self.calls.append(("delete", f"{key.namespace}/{key.name}"))
+        self.pods = [p for p in self.pods if p["metadata"]["name"] != key.name]
+        return True
+
+    async def list_pods(self, namespace: str | None = None, *, labels: str | None = None,
+                        fields: str | None = None, slim: bool = False) -> list[dict[str, Any]]:
+        node = (fields or "").removeprefix("spec.nodeName=")
+        out = [p for p in self.pods if p["spec"]["nodeName"] == node]
+        if labels:
+            wanted = dict(term.split("=", 1) for term in labels.split(","))
+            out = [p for p in out if all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        return copy.deepcopy(out)
+
+
+def _status(code: int) -> Any:
+    from lightkube.models.meta_v1 import Status
+    return Status(code=code, message="conflict", reason="Conflict")

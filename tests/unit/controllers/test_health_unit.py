@@ -1,0 +1,181 @@
+"""The GPU health unit against a recorded fake Kube: one write per change, none while nothing
+changes; only our condition and taints; remediation carried out step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers import health_machine as hm
+from gpu_operator.controllers.loop import NodeEvent
+from gpu_operator.controllers.units.health import HealthUnit, PassReport
+from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
+from tests.unit.controllers.healthkit import FakeKube
+
+BUS = "0000:3b:00.0"
+OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+
+
+def report(validated: bool = True, *gpus: dict[str, Any]) -> str:
+    order = ("healthy", "warning", "unhealthy", "gone")
+    actions = ("none", "restart-app", "reset-gpu", "reboot")
+    return json.dumps({"v": 1, "validated": validated,
+                       "state": max((g["state"] for g in gpus), key=order.index, default="healthy"),
+                       "action": max((g["action"] for g in gpus), key=actions.index, default="none"),
+                       "healthy": 8 - len(gpus), "gpus": list(gpus), "sources": ["kmsg"],
+                       "missing": [] if validated else ["cuda"]})
+
+
+XID79 = report(True, {"bus": BUS, "state": "unhealthy", "xid": 79, "action": "reboot", "reason": "fell off the bus"})
+XID48 = report(True, {"bus": BUS, "state": "unhealthy", "xid": 48, "action": "reset-gpu", "reason": "DBE"})
+HEALTHY = report(True)
+
+
+def policy(health: dict[str, Any] | None = None) -> ClusterPolicy:
+    spec = {"health": health} if health is not None else {}
+    return ClusterPolicy.model_validate({"metadata": {"name": "p"}, "spec": spec})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(kube: FakeKube, pol: ClusterPolicy | None, clock: Clock | None = None) -> HealthUnit:
+    return HealthUnit(kube.views, kube.view, lambda: pol, kube, clock=clock or Clock())  # type: ignore[arg-type]
+
+
+def run_pass(unit: HealthUnit, kube: FakeKube) -> PassReport:
+    """Hand the unit every node as the watch would, then one pass (if it asks for one)."""
+    for name in list(kube.nodes):
+        unit.wants(NodeEvent(name, kube.view(name)))
+    result = asyncio.run(unit.reconcile())
+    assert isinstance(result, PassReport)
+    return result
+
+
+def gauge(node: str, state: str) -> float | None:
+    return REGISTRY.get_sample_value("gpu_operator_node_gpu_health", {"node": node, "state": state})
+
+
+def condition(kube: FakeKube, node: str) -> dict[str, Any] | None:
+    return next((c for c in kube.nodes[node]["status"]["conditions"] if c["type"] == HEALTH_CONDITION), None)
+
+
+def test_xid79_quarantines_with_one_write_each_then_nothing() -> None:
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID79}, taints=[OTHER_TAINT])
+    kube.add_node("cpu1")
+    unit = make(kube, policy())
+    run_pass(unit, kube)
+    assert [c[:3] for c in kube.writes()] == [("patch-status", "g1", HEALTH_CONDITION), ("patch", "g1", kube.writes()[1][2]),
+                                              ("event", "g1", "GPUHealth")]
+    cond = condition(kube, "g1")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "GPUUnhealthy")
+    assert kube.nodes["g1"]["spec"]["taints"] == [OTHER_TAINT, {"key": HEALTH_TAINT, "effect": "NoSchedule"}]
+    assert gauge("g1", "quarantined") == 1 and gauge("g1", "healthy") == 0
+    assert gauge("cpu1", "healthy") is None
+    before = len(kube.calls)
+    again = run_pass(unit, kube)  # the echoes of our own writes
+    assert kube.calls[before:] == [] and (again.conditions, again.taints, again.events) == (0, 0, 0)
+
+
+def test_recovery_lifts_taint_and_sets_true_other_taints_kept() -> None:
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID79}, taints=[OTHER_TAINT])
+    unit = make(kube, policy())
+    run_pass(unit, kube)
+    kube.nodes["g1"]["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION] = HEALTHY
+    done = run_pass(unit, kube)
+    assert (done.conditions, done.taints, done.events) == (1, 1, 1)
+    cond = condition(kube, "g1")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("True", "GPUsHealthy")
+    assert kube.nodes["g1"]["spec"]["taints"] == [OTHER_TAINT]
+    assert gauge("g1", "healthy") == 1 and gauge("g1", "quarantined") == 0
+    assert kube.events[-1][3] is False  # a Normal event
+
+
+def test_report_removed_takes_our_signals_away() -> None:
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID79})
+    unit = make(kube, policy())
+    run_pass(unit, kube)
+    del kube.nodes["g1"]["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION]
+    run_pass(unit, kube)
+    assert condition(kube, "g1") is None and kube.nodes["g1"]["spec"].get("taints") in (None, [])
+    assert gauge("g1", "quarantined") is None
+
+
+def test_no_policy_no_writes() -> None:
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID79})
+    run_pass(make(kube, None), kube)
+    assert kube.writes() == []
+
+
+def test_noexecute_when_the_policy_asks() -> None:
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID79})
+    run_pass(make(kube, policy({"taintEffect": "NoExecute"})), kube)
+    assert kube.nodes["g1"]["spec"]["taints"] == [{"key": HEALTH_TAINT, "effect": "NoExecute"}]
+
+
+def test_remediation_walks_to_release() -> None:
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID48})
+    kube.add_pod("train", "g1", labels={"team": "ml"})
+    kube.add_pod("keep", "g1", labels={"team": "other"})
+    kube.add_pod("dp", "g1", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
+    clock = Clock()
+    unit = make(kube, policy({"remediation": {"enabled": True, "podSelector": "team=ml",
+                                              "actions": ["restart-device-plugin", "reset-gpu", "reboot"]}}), clock)
+
+    def state() -> str:
+        return str(kube.nodes["g1"]["metadata"]["labels"].get(HEALTH_STATE, ""))
+
+    run_pass(unit, kube)
+    assert state() == hm.QUARANTINED
+    run_pass(unit, kube)
+    assert state() == hm.DRAINING and kube.nodes["g1"]["spec"]["unschedulable"] is True
+    # Xid 48 asks for a GPU reset: the machine starts at reset-gpu, not at the device plugin
+    assert kube.nodes["g1"]["metadata"]["annotations"][hm.STEP] == "1"
+    run_pass(unit, kube)  # evicts the selected GPU pod only
+    assert [c for c in kube.calls if c[0] == "evict"] == [("evict", "default/train")]
+    run_pass(unit, kube)
+    assert state() == hm.ACTING
+    run_pass(unit, kube)
+    notes = kube.nodes["g1"]["metadata"]["annotations"]
+    assert state() == hm.VALIDATING and notes[hm.RESET_REQUESTED] == BUS
+    assert [p["metadata"]["name"] for p in kube.pods] == ["keep", "dp"]  # never evicted: excluded by the selector
+    # the node agent resets the GPU, clears its request and reports healthy
+    del notes[hm.RESET_REQUESTED]
+    notes[HEALTH_REPORT_ANNOTATION] = HEALTHY
+    before = REGISTRY.get_sample_value("gpu_operator_health_remediations_total",
+                                       {"node": "g1", "result": "succeeded"}) or 0
+    run_pass(unit, kube)
+    assert state() == "" and kube.nodes["g1"]["spec"]["unschedulable"] is False
+    assert kube.nodes["g1"]["spec"].get("taints") in (None, [])
+    cond = condition(kube, "g1")
+    assert cond is not None and cond["status"] == "True"
+    assert REGISTRY.get_sample_value("gpu_operator_health_remediations_total",
+                                     {"node": "g1", "result": "succeeded"}) == before + 1
+
+
+def test_device_plugin_restart_deletes_its_pod_on_the_node() -> None:
+    kube = FakeKube()
+    text = report(True, {"bus": BUS, "state": "unhealthy", "xid": 31, "action": "restart-app", "reason": "x"})
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: text})
+    kube.add_pod("dp", "g1", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
+    kube.add_pod("dp-other", "g2", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
+    unit = make(kube, policy({"remediation": {"enabled": True}}))
+    for _ in range(5):
+        run_pass(unit, kube)
+    assert ("delete", "default/dp") in kube.calls and ("delete", "default/dp-other") not in kube.calls
+    assert kube.nodes["g1"]["metadata"]["labels"][HEALTH_STATE] == hm.VALIDATING
