@@ -38,6 +38,7 @@ from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace  # noqa: E402
+from restart import restart  # noqa: E402
 from subjects import Subject, apply_peer_crds, on_fresh_plane, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
@@ -178,9 +179,11 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         # What GFD, the device plugin (through the kubelet) and the DRA kubelet plugin do on a node once
         # their pods run there (sim/standins.py, as `sim up` runs them): the operator sees the honest flow.
         node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig)).start()
-        subject: Subject = (start_peer(plane, args.peer_cmd) if who == "peer" else
-                            start_ours(plane, args.concurrency,
-                                       results_dir / f"operator-{n}.prof" if args.profile else None))
+        def launch() -> Subject:
+            return (start_peer(plane, args.peer_cmd, args.peer_metrics) if who == "peer" else
+                    start_ours(plane, args.concurrency, results_dir / f"operator-{n}.prof" if args.profile else None,
+                               args.leader_elect))
+        subject = launch()
         running.append(subject)
         pid = subject.pid
         subject.wait_ready(args.ready_timeout)
@@ -308,10 +311,19 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = stats.rss_peak_mb, stats.rss_mb, stats.cpu_seconds
         whole_run = completed(AuditReader(plane.audit_log))
         out["writes_total_audit"], out["writes_by_kind"] = audit_writes(whole_run, OPERATOR_USER)
-        out["operator_exit"] = subject.stop(60)
-        out["load_at_end"] = load()
         say(f"idle writes: audit {out['idle_writes_audit']}, metric {out['idle_writes_metric']}; "
-            f"peak RSS {stats.rss_peak_mb:.0f} MB; CPU {stats.cpu_seconds:.1f}s; load {out['load_at_end']}")
+            f"peak RSS {stats.rss_peak_mb:.0f} MB; CPU {stats.cpu_seconds:.1f}s; load {load()}")
+        if args.restart:  # bench/restart.py: SIGTERM, the same command again, until it leads and has caught up
+            out["load_at_restart"] = load()
+            out.update(await asyncio.to_thread(restart, subject, launch, running, sync, session.OPERATOR_NAMESPACE,
+                                               plane.audit_log, OPERATOR_USER, args.idle_seconds, args.restart_timeout))
+            say(f"restart: stopped {out['restart_stopped_s']:.1f}s, ready {out['restart_ready_s']}, leads "
+                f"{out['restart_leads_s']}, caught up {out['restart_caught_up_s']} s (loops {out['restart_loops']}); "
+                f"writes {out['restart_catchup_writes']} + {out['restart_idle_writes']} in {args.idle_seconds:.0f}s "
+                f"{out['restart_catchup_writes_by_kind']} {out['restart_idle_writes_by_kind']}")
+        else:
+            out["operator_exit"] = subject.stop(60)
+        out["load_at_end"] = load()
         if args.profile and who == "ours":
             out["profile_top"] = top_functions(results_dir / f"operator-{n}.prof")
     finally:
@@ -367,6 +379,8 @@ COLUMNS = [  # (heading, key, format)
     ("peak", "simulator_pods_ready_peak_per_s", ".0f"),
     ("idle writes", "idle_writes_audit", "d"), ("idle CPU", "idle_cpu_fraction", ".2%"),
     ("peak RSS MB", "rss_peak_mb", ".0f"), ("CPU s", "cpu_total_s", ".1f"),
+    ("restart: leads s", "restart_leads_s", ".1f"), ("caught up s", "restart_caught_up_s", ".1f"),
+    ("writes after", "restart_writes", "d"),
 ]
 
 
@@ -434,6 +448,14 @@ def main() -> int:
     parser.add_argument("--peer-crds", type=Path, help="directory of CRD files to apply for the peer "
                         "(default: ours)")
     parser.add_argument("--only-peer", action="store_true", help="with --peer-cmd: skip our operator")
+    parser.add_argument("--peer-metrics", action="store_true", help="the peer serves our metrics on "
+                        "{metrics_port} (an earlier revision of ours): read them as for ours")
+    parser.add_argument("--leader-elect", action="store_true", help="run ours with --leader-elect, as the chart "
+                        "does (give the peer's command its own flag)")
+    parser.add_argument("--restart", action="store_true", help="after the idle window: SIGTERM, start the same "
+                        "command again, measure until it leads and has caught up, then its writes over an idle "
+                        "window (bench/restart.py)")
+    parser.add_argument("--restart-timeout", type=float, default=300.0, help="max wait for the restarted operator")
     parser.add_argument("--profile", action="store_true", help="run our operator under cProfile")
     parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results")

@@ -53,18 +53,20 @@ class Subject:
             return self.process.wait(10)
 
 
-def start_ours(plane: ControlPlane, concurrency: int, profile: Path | None) -> Subject:
+def start_ours(plane: ControlPlane, concurrency: int, profile: Path | None, leader_elect: bool = False) -> Subject:
     env = {PROFILE_ENV: str(profile)} if profile else {}
     operator = OperatorProcess(kubeconfig=session.operator_kubeconfig(plane), namespace=session.OPERATOR_NAMESPACE,
-                               log=plane.workdir / "logs" / "operator.log",
+                               log=plane.workdir / "logs" / "operator.log", leader_elect=leader_elect,
                                extra_args=[f"--label-concurrency={concurrency}"], env=env).start()
     assert operator.process is not None
     return Subject("ours", operator.process, operator.health_port, operator.metrics_port, operator.log)
 
 
-def start_peer(plane: ControlPlane, command: str) -> Subject:
+def start_peer(plane: ControlPlane, command: str, our_metrics: bool = False) -> Subject:
     """`command` with {kubeconfig}, {namespace}, {metrics_port}, {health_port} filled in; run
-    without a shell (so /proc reads the operator itself), OPERATOR_NAMESPACE in its environment."""
+    without a shell (so /proc reads the operator itself), OPERATOR_NAMESPACE in its environment.
+    `our_metrics`: the peer serves our metrics on {metrics_port} (an earlier revision of ours), so
+    they are read as for ours."""
     metrics_port, health_port = free_port(), free_port()
     values = {"kubeconfig": str(session.operator_kubeconfig(plane)), "namespace": session.OPERATOR_NAMESPACE,
               "metrics_port": str(metrics_port), "health_port": str(health_port)}
@@ -75,7 +77,7 @@ def start_peer(plane: ControlPlane, command: str) -> Subject:
     with log.open("ab") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env=env, start_new_session=True)
-    return Subject("peer", process, health_port, None, log)
+    return Subject("peer", process, health_port, metrics_port if our_metrics else None, log)
 
 
 def apply_peer_crds(sync: Client, directory: Path) -> None:
