@@ -404,3 +404,40 @@ def test_the_command_refuses_bad_options(tmp_path: Path) -> None:
     result = runner.invoke(app, ["node", "health", "--host-root", str(tmp_path), "--metrics-port", "0"],
                            env={"NODE_NAME": ""})
     assert result.exit_code == 2 and "--node-name" in result.output
+
+
+def test_sigterm_stops_the_loop_cleanly_with_a_final_report(host: HostFS) -> None:
+    import os
+    import signal
+
+    from gpu_operator.node.health.agent import install_stop
+
+    agent, publisher = agent_for(host), FakePublisher()
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        install_stop(stop)
+        asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(run(agent, publisher, 0.02, stop), timeout=5)
+
+    asyncio.run(scenario())
+    assert [HealthReport.parse(t).stopped for t in publisher.texts] == [False, True]
+    assert agent.kmsg.fd is None  # closed
+
+
+def test_the_annotation_publisher_merge_patches_the_report_only() -> None:
+    from gpu_operator.node.health import AnnotationPublisher
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls: list[tuple[Any, ...]] = []
+
+        def patch(self, kind: Any, name: str, body: dict[str, Any], patch_type: Any) -> None:
+            self.calls.append((kind.__name__, name, body, str(patch_type)))
+
+    client = Client()
+    publisher = AnnotationPublisher("node-a", client=client)
+    asyncio.run(publisher.publish('{"v":1}'))
+    assert client.calls == [("Node", "node-a", {"metadata": {"annotations": {
+        "nvidia.com/gpu-health.report": '{"v":1}'}}}, "PatchType.MERGE")]
+    assert publisher.patches == 1
