@@ -8,16 +8,13 @@ from tests.unit.render import renderkit
 
 
 def validator(spec: dict[str, Any]) -> dict[str, Any]:
-    ds: dict[str, Any] = renderkit.daemonset(renderkit.run(spec), "state-operator-validation",
-                                             "nvidia-operator-validator")
-    return ds
+    return renderkit.daemonset(renderkit.run(spec), "state-operator-validation", "nvidia-operator-validator")
 
 
 def health(ds: dict[str, Any]) -> dict[str, Any]:
     pod = ds["spec"]["template"]["spec"]
-    found = [c for c in pod["containers"] if c["name"] == "gpu-health"]
-    assert len(found) == 1
-    return found[0]
+    assert [c["name"] for c in pod["containers"]].count("gpu-health") == 1
+    return renderkit.ctr(ds, "gpu-health")
 
 
 def env(ctr: dict[str, Any]) -> dict[str, Any]:
