@@ -135,6 +135,12 @@ HEALTH_CONDITION = "NvidiaGPUReady"  # Node condition: True only when validated 
 HEALTH_TAINT = f"{NVIDIA}/gpu-unhealthy"  # NoSchedule (NoExecute if the policy asks) while quarantined
 HEALTH_STATE = f"{NVIDIA}/gpu-health.state"  # label: where a node is in remediation
 HEALTH_EVENT_REASON = "GPUHealth"
+# Remediation (controllers/health_machine.py) keeps its memory on the node under this prefix;
+# `gpu-operator status` and `health status` read the reason, the time in state and the attempts.
+HEALTH_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-health."
+HEALTH_REASON_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}reason"
+HEALTH_SINCE_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}since"
+HEALTH_ATTEMPTS_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}attempts"
 # The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
 HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
 

@@ -11,8 +11,9 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
-    from gpu_operator.admin import upgrade_cli
+    from gpu_operator.admin import health_cli, upgrade_cli
     upgrade_cli.register(app)
+    health_cli.register(app)
 
     @app.command("cleanup")
     def cleanup(

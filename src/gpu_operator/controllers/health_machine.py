@@ -23,18 +23,21 @@ from gpu_operator.api.healthpolicy import RemediationSpec
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import HEALTH_ANNOTATION_PREFIX, NodeView
 from gpu_operator.vocabulary import (
+    HEALTH_ATTEMPTS_ANNOTATION,
+    HEALTH_REASON_ANNOTATION,
     HEALTH_REPORT_ANNOTATION,
+    HEALTH_SINCE_ANNOTATION,
     HEALTH_STATE,
     UPGRADE_DRAIN_START_ANNOTATION,
     UPGRADE_STATE,
 )
 
 PREFIX = HEALTH_ANNOTATION_PREFIX
-SINCE = f"{PREFIX}since"  # when the current state began (epoch seconds)
-ATTEMPTS = f"{PREFIX}attempts"  # failed attempts so far
+SINCE = HEALTH_SINCE_ANNOTATION  # when the current state began (epoch seconds)
+ATTEMPTS = HEALTH_ATTEMPTS_ANNOTATION  # failed attempts so far
 STEP = f"{PREFIX}step"  # index into the policy's actions of the action now or next
 ACTION = f"{PREFIX}action"  # the action last carried out
-REASON = f"{PREFIX}reason"  # why the node failed or is held
+REASON = HEALTH_REASON_ANNOTATION  # why the node failed or is held
 UNHEALTHY_AT = f"{PREFIX}unhealthy-at"  # when it turned unhealthy, comma-separated (flapping window)
 INITIALLY_UNSCHEDULABLE = f"{PREFIX}initially-unschedulable"  # cordoned before we began: left cordoned
 DRAIN_START = f"{PREFIX}drain-start"
@@ -268,8 +271,9 @@ def plan(nodes: Sequence[Facts], spec: RemediationSpec, now: float) -> Plan:
 
 
 def release_all(nodes: Sequence[Facts], spec: RemediationSpec) -> Plan:
-    """Remediation switched off: every node it holds goes back (uncordoned where we cordoned it)."""
-    return Plan(tuple(_release(n, spec) for n in nodes if n.state), False)
+    """Remediation switched off: every node it holds goes back (uncordoned where we cordoned it),
+    except one held by hand or for flapping (it waits for `health retry`)."""
+    return Plan(tuple(_release(n, spec) for n in nodes if n.state and n.state != HELD), False)
 
 
 def retry_patch(annotations: Mapping[str, str]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gpu_operator.statusview.health import NodeHealth
 from gpu_operator.statusview.table import Cell, StatusView
 from gpu_operator.statusview.upgrades import NodeUpgrade
 from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
@@ -72,12 +73,16 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
     upgrades = any(r.upgrade is not None and r.upgrade.state for r in view.rows)
     if upgrades:
         table.add_column("driver upgrade", no_wrap=True)
+    healths = any(r.health is not None and r.health.text for r in view.rows)
+    if healths:
+        table.add_column("health", no_wrap=True)
     # Not-ready nodes first: on a big cluster those are the rows worth the screen.
     rows = sorted(view.rows, key=lambda r: (r.ready, r.name))
     for row in rows[:max_nodes]:
         validation = Text(row.validation or "·", style="green" if row.validation.startswith("passed")
                           else "dim" if not row.validation else "yellow")
         extra = [upgrade_text(row.upgrade)] if upgrades else []
+        extra += [health_text(row.health)] if healths else []
         stack = [Text(row.stack or "·", style="dim" if not row.stack else "")] if stacks else []
         table.add_row(Text(row.name), *stack, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
     if len(rows) > max_nodes:
@@ -85,6 +90,13 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
         not_ready = sum(1 for r in rest if not r.ready)
         table.add_row(Text(f"… {len(rest)} more ({not_ready} not ready)", style="dim"))
     return table
+
+
+def health_text(health: NodeHealth | None) -> Text:
+    if health is None or not health.text:
+        return Text("·", style="dim")
+    style = "green" if health.ready == "True" else "red" if health.tainted or health.remediation else "yellow"
+    return Text(health.text, style=style)
 
 
 def upgrade_text(upgrade: NodeUpgrade | None) -> Text:

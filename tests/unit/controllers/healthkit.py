@@ -92,6 +92,11 @@ class FakeKube:
         body = self.nodes.get(name)
         return copy.deepcopy(body) if body is not None else None
 
+    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
+                         labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        assert (api_version, kind) == ("v1", "Node")
+        return [copy.deepcopy(b) for b in self.nodes.values()]
+
     async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
                           namespace: str | None = None) -> None:
         self.calls.append(("patch", name, json.dumps(patch, sort_keys=True)))
