@@ -274,6 +274,7 @@ class FakeNvml:
         self.buses = buses
         self.queue: list[tuple[int, int, int]] = []  # (index, type, data)
         self.lost: set[int] = set()
+        self.lost_at_start: set[int] = set()
         self.registered: dict[int, int] = {}
 
     def nvmlInit(self) -> None: ...  # noqa: N802
@@ -281,7 +282,11 @@ class FakeNvml:
     def nvmlEventSetCreate(self) -> str: return "set"  # noqa: N802
     def nvmlEventSetFree(self, _: str) -> None: ...  # noqa: N802
     def nvmlDeviceGetCount(self) -> int: return len(self.buses)  # noqa: N802
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+        if i in self.lost_at_start:
+            raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        return i
+
     def nvmlDeviceGetIndex(self, h: int) -> int: return h  # noqa: N802
     def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int: return 0xFF  # noqa: N802
 
@@ -441,3 +446,14 @@ def test_the_annotation_publisher_merge_patches_the_report_only() -> None:
     assert client.calls == [("Node", "node-a", {"metadata": {"annotations": {
         "nvidia.com/gpu-health.report": '{"v":1}'}}}, "PatchType.MERGE")]
     assert publisher.patches == 1
+
+
+def test_a_gpu_nvml_cannot_reach_at_start_leaves_nvml_on_for_the_others(host: HostFS) -> None:
+    fake = FakeNvml(GPUS)
+    fake.lost_at_start.add(7)
+    agent = agent_for(host, nvml=True, nvml_module=fake)
+    assert sorted(fake.registered) == [0, 1, 2, 3, 4, 5, 6]
+    assert any("GPU 7 does not answer" in line for line in agent.logs)  # type: ignore[attr-defined]
+    fake.queue.append((1, 0x8, 62))
+    report = agent.observe()
+    assert "nvml" in report["sources"] and gpu(report, "0000:18:00.0")["action"] == "reset-gpu"

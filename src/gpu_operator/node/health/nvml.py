@@ -9,6 +9,7 @@ container) the agent goes on with the kernel log and sysfs, and says so once.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ class NvmlSource:
             self._start(module)
         except Exception as err:  # noqa: BLE001 - any failure of the library leaves us without NVML
             self.reason = f"NVML unavailable ({type(err).__name__}: {err})"
+            if self.nvml is not None:
+                with contextlib.suppress(Exception):
+                    self.nvml.nvmlShutdown()
             self.nvml = None
         if self.nvml is None:
             self.log(f"{self.reason}: watching the kernel log and sysfs only")
@@ -75,14 +79,18 @@ class NvmlSource:
         self.event_set = module.nvmlEventSetCreate()
         wanted = module.nvmlEventTypeXidCriticalError | module.nvmlEventTypeDoubleBitEccError
         for index in range(module.nvmlDeviceGetCount()):
-            handle = module.nvmlDeviceGetHandleByIndex(index)
-            self.handles[index] = handle
-            self.buses[index] = normalise_bus(_text(module.nvmlDeviceGetPciInfo(handle).busId))
+            try:  # a GPU already lost answers nothing: the PCI bus and the kernel log still see it
+                handle = module.nvmlDeviceGetHandleByIndex(index)
+                bus = normalise_bus(_text(module.nvmlDeviceGetPciInfo(handle).busId))
+            except module.NVMLError as err:
+                self.log(f"NVML: GPU {index} does not answer ({err}); left to the kernel log and sysfs")
+                continue
+            self.handles[index], self.buses[index] = handle, bus
             try:
                 supported = module.nvmlDeviceGetSupportedEventTypes(handle)
                 module.nvmlDeviceRegisterEvents(handle, wanted & supported, self.event_set)
             except module.NVMLError as err:
-                self.log(f"NVML: GPU {index} ({self.buses[index]}) takes no event registration: {err}")
+                self.log(f"NVML: GPU {index} ({bus}) takes no event registration: {err}")
 
     def _bus_of(self, handle: Any) -> str | None:
         nvml = self.nvml
