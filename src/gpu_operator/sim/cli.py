@@ -189,13 +189,55 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
     raise typer.Exit(code)
 
 
+@sim_app.command("fault")
+def fault(node: Annotated[str, typer.Argument(help="The node: a fake GPU node (kubectl get nodes) or the real node.")],
+          xid: Annotated[str | None, typer.Option(
+              "--xid", metavar="N", help="Append the driver's Xid N record for the GPU to the node's kernel log "
+              "(NVRM: Xid (PCI:...): N, ...), e.g. 79 (fallen off the bus), 48 (double-bit ECC), 13 "
+              "(an application's fault).")] = None,
+          gpu: Annotated[int | None, typer.Option(
+              "--gpu", metavar="I", help="The GPU, by index in NVML's order (PCI address). [default: 0]")] = None,
+          gone: Annotated[bool, typer.Option(
+              "--gone", help="The GPU falls off the bus: Xid 79 logged, its PCI device leaves sysfs, "
+              "/proc/driver/nvidia and its /dev/nvidiaN disappears.")] = False,
+          clear: Annotated[bool, typer.Option(
+              "--clear", help="Clear every fault of the node as a reboot does: the GPUs back, an empty "
+              "kernel log, a new boot_id.")] = False,
+          directory: DirOption = None) -> None:
+    """Inject a GPU fault into a node's host, as the kernel and NVIDIA's driver leave it.
+
+    On a fake node our health agent (played where the operator-validator pod runs) reads it and
+    publishes the node's GPU health report; on the real node the device-plugin stand-in reports
+    the GPU Unhealthy to the kubelet (critical Xids, a lost GPU; not the application Xids 13, 31,
+    43, 45, 68, 109), so nvidia.com/gpu allocatable drops. --clear makes it Healthy again.
+    """
+    from gpu_operator.sim import session
+    from gpu_operator.sim.faultinject import check_action, inject
+    from gpu_operator.sim.faults import FaultError
+
+    try:
+        action, number = check_action(xid, gone, clear, gpu)
+    except FaultError as err:
+        raise _fail(err) from err
+    where = _dir(directory)
+    state = session.running(where)
+    if state is None:
+        raise _fail(session.SimError(f"no simulator runs in {where}: start one (gpu-operator sim up) or give its --dir"))
+    try:
+        typer.echo(inject(state, node, action, number, gpu))
+    except FaultError as err:
+        raise _fail(err) from err
+
+
 @sim_app.command("stand-ins", hidden=True)
 def stand_ins(kubeconfig: Annotated[str, typer.Option(help="Admin kubeconfig of the simulator.")],
-              nfd: Annotated[bool, typer.Option("--nfd", help="Also play NFD's master.")] = False) -> None:
+              nfd: Annotated[bool, typer.Option("--nfd", help="Also play NFD's master.")] = False,
+              hosts: Annotated[Path | None, typer.Option(
+                  help="The kwok nodes' host trees (<sim dir>/hosts): also play our health agent.")] = None) -> None:
     """What node components do to the API on kwok nodes (sim/standins.py); `sim up` starts it."""
     from gpu_operator.sim.standins import serve
 
-    serve(kubeconfig, nfd=nfd)
+    serve(kubeconfig, nfd=nfd, hosts=hosts)
 
 
 def register(app: typer.Typer) -> None:

@@ -40,12 +40,14 @@ from typing import Any
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.sim import devnodes, hosttree
 from gpu_operator.sim.toolkit import gpus as tree_gpus
+from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 KMSG = "/dev/kmsg"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 BOOK = "faults.json"
 CHANGES = "changes"
 XID_OFF_BUS = 79
+VALIDATED = ("driver", "toolkit", "cuda", "plugin")  # the validator pod's init containers' checks
 MAX_XID = 1023  # NVIDIA's catalogue numbers stay well below; anything above is a typo
 # kmsg priority of the driver's NVRM lines: facility kern (0), level err (3)
 PRIORITY = 3
@@ -255,12 +257,16 @@ def node_host_spec(shape: str) -> dict[str, Any]:
     """The host of a kwok node of `shape` whose operator-validator pod runs (`realspec.host_spec`),
     with NVIDIA's driver loaded: the validator's driver check passed there, so where the operator's
     driver container installs it (no host driver, no vfio-pci) its modules are loaded, the GPUs
-    bound and its device nodes made, as the driver container leaves the host. Like every host it
+    bound and its device nodes made, as the driver container leaves the host; the status files of
+    the validator's checks (driver, toolkit, cuda, plugin: its init containers) are there (empty:
+    nothing reads their content but the validator). Like every host it
     has a kernel log (/dev/kmsg, empty: nothing happened yet) and a boot_id (one per shape, so a
     node's own tree, made at its first fault, reads as the same boot as the tree it shared)."""
     from gpu_operator.sim.realspec import HOST_DRIVER_VERSION, host_spec
 
     spec = host_spec(shape)
+    # the validator's init containers passed: their status files are on the host
+    spec["files"].update({f"{VALIDATIONS_DIR}/{name}-ready": "" for name in VALIDATED})
     spec["files"].update({KMSG: "", BOOT_ID: f"{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim-boot:{shape}')}\n"})
     if not spec["pci_drivers"]:
         spec["pci_drivers"] = ["nvidia"]
@@ -295,6 +301,14 @@ class NodeHosts:
             hosttree.build(spec, building)
             building.rename(root)
         return HostFaults(root, root.parent)
+
+    def has_faults(self, node: str) -> bool:
+        """Whether the node's tree holds a fault not cleared yet (its book says)."""
+        try:
+            raw = json.loads((self.base / node / BOOK).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+        return bool(raw.get("xids") or raw.get("gone"))
 
     def announce(self, node: str) -> None:
         self.base.mkdir(parents=True, exist_ok=True)

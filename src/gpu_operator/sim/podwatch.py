@@ -50,6 +50,7 @@ class PodView:
     started: int  # status.startTime (else creation), Unix seconds
     daemonset: dict[str, str] | None = None  # its DaemonSet owner reference
     env: dict[str, str] = field(default_factory=dict)  # literal env values, first container first
+    containers: tuple[str, ...] = ()  # the names of its (regular) containers
 
     @classmethod
     def of(cls, pod: Any) -> PodView:
@@ -67,7 +68,7 @@ class PodView:
             started=_seconds((status.startTime if status else None) or meta.creationTimestamp),
             daemonset=None if owner is None else {"apiVersion": owner.apiVersion, "kind": owner.kind,
                                                   "name": owner.name, "uid": owner.uid},
-            env=env)
+            env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []))
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ class NodeView:
 
 class Player(Protocol):
     """One component's stand-in: `sync` is called with the component's pods on a node (any
-    phase) whenever they change; it returns seconds after which to be called again, or None."""
+    phase) whenever they change; it returns seconds after which to be called again, or None.
+    A player with an `attach(wake)` method is given `wake(node)`, which has `sync` called for that
+    node soon (a change it learnt of elsewhere, e.g. the node's host tree)."""
 
     app: str  # the component's pod label app=<app>
     field_manager: str
@@ -288,8 +291,14 @@ class NodeStandIns:
             self.nodes.pop(node, None)  # no component left there: a Node of that name may be new next time
         return delay
 
+    def waker(self, app: str) -> Callable[[str], None]:
+        return lambda node: self.queue.add((app, node))
+
     async def run(self) -> None:
         for player in self.players.values():
+            attach = getattr(player, "attach", None)
+            if attach is not None:
+                attach(self.waker(player.app))
             await player.start(self.client)
         await run_together([asyncio.create_task(self.pods.run(), name="pods"), *self.queue.tasks()])
 

@@ -6,6 +6,8 @@ terminating), and only through the channel that component uses:
 - the device plugin, through the kubelet (`sim/kubeletdp.py`): `nvidia.com/gpu` in the Node's
   status capacity and allocatable;
 - NVIDIA's DRA kubelet plugin (`sim/draplugin.py`): the node's ResourceSlice;
+- our GPU health agent (`sim/health.py`, given the nodes' host trees: `sim up` does): its report
+  annotation, from the agent's own code over the node's host tree, which `sim fault` changes;
 - optionally NFD's master (`sim/nfdmaster.py`), for clusters whose user runs NFD: NodeFeature
   labels onto the Node. Never on by default (`sim up --nfd`).
 
@@ -38,16 +40,24 @@ from gpu_operator.sim.podwatch import NodeStandIns, Player
 log = logging.getLogger("gpu_operator.sim.standins")
 
 
-def default_players(grace_period: float | None = None) -> list[Player]:
+def default_players(grace_period: float | None = None, config: Any = None, hosts: Path | None = None) -> list[Player]:
+    """The node stand-ins; with `hosts` (the kwok nodes' host trees) our health agent too."""
     dp = DevicePluginCapacity() if grace_period is None else DevicePluginCapacity(grace_period=grace_period)
-    return [FeatureDiscovery(), dp, SlicePublisher()]
+    players: list[Player] = [FeatureDiscovery(), dp, SlicePublisher()]
+    if hosts is not None:
+        from gpu_operator.sim.health import HealthStandIn
+
+        players.append(HealthStandIn(config, hosts))
+    return players
 
 
 async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
-                  grace_period: float | None = None, ready: Callable[[], None] = lambda: None) -> None:
-    """Run the node stand-ins (`nodes`) and/or NFD's master (`nfd`) until `stop` is set."""
+                  grace_period: float | None = None, ready: Callable[[], None] = lambda: None,
+                  hosts: Path | None = None) -> None:
+    """Run the node stand-ins (`nodes`; with `hosts` the health agent too) and/or NFD's master
+    (`nfd`) until `stop` is set."""
     client = AsyncClient(config, field_manager="gpu-operator-sim")
-    runners: list[Any] = [NodeStandIns(client, default_players(grace_period))] if nodes else []
+    runners: list[Any] = [NodeStandIns(client, default_players(grace_period, config, hosts))] if nodes else []
     if nfd:
         runners.append(NfdMaster(client))
     tasks = [asyncio.create_task(r.run()) for r in runners]
@@ -68,8 +78,10 @@ async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: boo
 class StandIns:
     """The stand-ins on an asyncio loop in a background thread: `start()`, then `stop()`."""
 
-    def __init__(self, config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None) -> None:
+    def __init__(self, config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None,
+                 hosts: Path | None = None) -> None:
         self.config, self.nodes, self.nfd, self.grace_period = config, nodes, nfd, grace_period
+        self.hosts = hosts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -80,7 +92,7 @@ class StandIns:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             await run_all(self.config, self._stop, nodes=self.nodes, nfd=self.nfd,
-                          grace_period=self.grace_period, ready=self._ready.set)
+                          grace_period=self.grace_period, ready=self._ready.set, hosts=self.hosts)
 
         try:
             asyncio.run(main())
@@ -104,16 +116,16 @@ class StandIns:
 
 @contextlib.contextmanager
 def running(config: Any, nodes: bool = True, nfd: bool = False,
-            grace_period: float | None = None) -> Iterator[StandIns]:
+            grace_period: float | None = None, hosts: Path | None = None) -> Iterator[StandIns]:
     """The stand-ins in a background thread for the `with` block (tests, benches)."""
-    standins = StandIns(config, nodes=nodes, nfd=nfd, grace_period=grace_period).start()
+    standins = StandIns(config, nodes=nodes, nfd=nfd, grace_period=grace_period, hosts=hosts).start()
     try:
         yield standins
     finally:
         standins.stop()
 
 
-def serve(kubeconfig: str, nfd: bool = False) -> None:
+def serve(kubeconfig: str, nfd: bool = False, hosts: Path | None = None) -> None:
     """`gpu-operator sim stand-ins`: run until SIGTERM/SIGINT (the simulator starts it)."""
     import signal
 
@@ -129,13 +141,14 @@ def serve(kubeconfig: str, nfd: bool = False) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("stand-ins for kwok nodes: GPU feature discovery, the device plugin's capacity, the DRA kubelet "
-                 "plugin%s", "; NFD's master" if nfd else "")
-        await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd)
+                 "plugin%s%s", f"; our health agent over the host trees in {hosts}" if hosts else "",
+                 "; NFD's master" if nfd else "")
+        await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd, hosts=hosts)
 
     asyncio.run(main())
 
 
-def start_detached(kubeconfig: str, log_path: Path, nfd: bool = False) -> int:
+def start_detached(kubeconfig: str, log_path: Path, nfd: bool = False, hosts: Path | None = None) -> int:
     """Start `serve` as its own session (the simulator records and stops it); returns its pid."""
     import subprocess
     import sys
@@ -143,7 +156,8 @@ def start_detached(kubeconfig: str, log_path: Path, nfd: bool = False) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.cli", "sim", "stand-ins",
-                                 f"--kubeconfig={kubeconfig}", *(["--nfd"] if nfd else [])],
+                                 f"--kubeconfig={kubeconfig}", *(["--nfd"] if nfd else []),
+                                 *([f"--hosts={hosts}"] if hosts else [])],
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     return proc.pid

@@ -1,0 +1,157 @@
+"""The health agent's stand-in on kwok nodes (`sim/health.py`), in-process with a recording client:
+it acts only where the validator pod runs with its gpu-health container, publishes the agent's
+report once per change through the agent's publisher, follows `sim fault` (an Xid, a GPU off the
+bus, a reboot), and leaves quiet nodes alone: 1,000 of them cost one patch each and nothing after."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_operator import shapes
+from gpu_operator.sim.faults import NodeHosts, node_host_spec
+from gpu_operator.sim.health import APP, CONTAINER, HealthStandIn
+from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION
+
+
+class RecordingClient:
+    """The node agents' sync client, as the agent's publisher calls it: Node patches recorded."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> None:
+        self.patches.append((name, body))
+
+    def reports(self, node: str) -> list[dict[str, Any]]:
+        return [json.loads(b["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION]) for n, b in self.patches if n == node]
+
+
+def pod(node: str, uid: str = "uid-1", running: bool = True, containers: tuple[str, ...] = ("nvidia-operator-validator", CONTAINER),
+        env: dict[str, str] | None = None) -> PodView:
+    return PodView("gpu-operator", f"nvidia-operator-validator-{node}", uid, APP, node, running, 0, None,
+                   env or {}, containers)
+
+
+def view(node: str, shape: str = "dgx-h100") -> NodeView:
+    return NodeView(node, f"uid-{node}", {}, {}, shapes.load(shape))
+
+
+class Harness:
+    def __init__(self, base: Path) -> None:
+        self.client = RecordingClient()
+        self.standin = HealthStandIn(None, base / "hosts", interval=0.05, client=self.client)
+        self.hosts = NodeHosts(base / "hosts")
+        self.woken: list[str] = []
+        self.standin.attach(self.woken.append)
+
+    async def sync(self, node: str, *pods: PodView, shape: str = "dgx-h100") -> float | None:
+        return await self.standin.sync(None, node, view(node, shape), list(pods))  # type: ignore[arg-type]
+
+    def fault(self, node: str) -> Any:
+        faults = self.hosts.faults(node, node_host_spec("dgx-h100"))
+        return faults
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_only_where_the_validator_pod_runs_its_health_container(harness: Harness) -> None:
+    async def go() -> None:
+        await harness.standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("a", pod("a", running=False))
+        await harness.sync("b", pod("b", containers=("nvidia-operator-validator",)))  # no gpu-health container
+        assert harness.client.patches == []
+        assert await harness.sync("c", pod("c")) is None  # a quiet node: no further step asked for
+        (report,) = harness.client.reports("c")
+        assert (report["state"], report["action"], report["healthy"], report["validated"]) == ("healthy", "none", 8, True)
+        assert await harness.sync("c", pod("c")) is None  # the same pod again: no patch
+        assert len(harness.client.patches) == 1
+        # the container's HEALTH_VALIDATIONS is the agent's: a node without the plugin check
+        await harness.sync("d", pod("d", env={"HEALTH_VALIDATIONS": "driver,toolkit"}))
+        assert harness.client.reports("d")[0]["validated"] is True
+    run(go())
+
+
+def test_an_xid_then_a_lost_gpu_then_a_reboot(harness: Harness) -> None:
+    async def go() -> None:
+        standin = harness.standin
+        await standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("n", pod("n"))
+        faults = harness.fault("n")
+        lost = faults.xid(79, 1)
+        harness.hosts.announce("n")
+        await asyncio.sleep(0.2)
+        assert harness.woken == ["n"]
+        assert await harness.sync("n", pod("n")) == standin.interval  # a fault: stepped on its interval
+        report = harness.client.reports("n")[-1]
+        assert (report["state"], report["action"], report["healthy"]) == ("unhealthy", "reboot", 7)
+        (gpu,) = report["gpus"]
+        assert (gpu["bus"], gpu["xid"], gpu["state"], gpu["action"]) == (lost.address, 79, "unhealthy", "reboot")
+        assert await harness.sync("n", pod("n")) == standin.interval
+        assert len(harness.client.reports("n")) == 2  # unchanged: no patch
+
+        gone = faults.gone(2)
+        await harness.sync("n", pod("n"))
+        report = harness.client.reports("n")[-1]
+        assert report["state"] == "gone"
+        assert {g["bus"]: g["state"] for g in report["gpus"]} == {lost.address: "unhealthy", gone.address: "gone"}
+
+        faults.clear()  # a reboot: the pod restarts with the node, a new agent
+        assert await harness.sync("n", pod("n")) is None  # healthy again and quiet
+        report = harness.client.reports("n")[-1]
+        assert (report["state"], report["action"], report["healthy"], report["gpus"]) == ("healthy", "none", 8, [])
+        assert standin.live == {}
+        assert len(harness.client.reports("n")) == 4  # first look, Xid, gone, rebooted
+    run(go())
+
+
+def test_a_gpu_lost_on_a_quiet_node_is_gone_as_for_an_agent_that_ran_all_along(harness: Harness) -> None:
+    async def go() -> None:
+        await harness.standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("q", pod("q"))
+        gone = harness.fault("q").gone(0)  # the node's first fault: its own tree is made now
+        await harness.sync("q", pod("q"))
+        report = harness.client.reports("q")[-1]
+        assert report["state"] == "gone" and [g["bus"] for g in report["gpus"]] == [gone.address]
+    run(go())
+
+
+def test_the_pod_going_publishes_the_agents_last_report(harness: Harness) -> None:
+    async def go() -> None:
+        await harness.standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("s", pod("s"))
+        await harness.sync("s", pod("s", running=False))
+        last = harness.client.reports("s")[-1]
+        assert last["stopped"] is True and last["state"] == "healthy"
+    run(go())
+
+
+def test_a_thousand_quiet_nodes_cost_one_patch_each_and_nothing_after(harness: Harness) -> None:
+    async def go() -> None:
+        standin = harness.standin
+        await standin.start(None)  # type: ignore[arg-type]
+        names = [f"gpu-{i}" for i in range(1000)]
+        for name in names:
+            assert await harness.sync(name, pod(name, uid=f"uid-{name}")) is None
+        assert len(harness.client.patches) == 1000 and standin.live == {}
+        harness.fault("gpu-7").xid(48, 0)
+        harness.hosts.announce("gpu-7")
+        await asyncio.sleep(0.2)
+        assert harness.woken == ["gpu-7"]  # only the node whose host changed
+        await harness.sync("gpu-7", pod("gpu-7", uid="uid-gpu-7"))
+        assert list(standin.live) == ["gpu-7"]
+        assert [n for n, _ in harness.client.patches[1000:]] == ["gpu-7"]
+        assert harness.client.reports("gpu-7")[-1]["action"] == "reset-gpu"
+    run(go())
