@@ -29,6 +29,7 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
             MANAGE)
     | grant("", ["nodes"], ["get", "list", "watch", "patch"])
+    | grant("", ["nodes/status"], ["patch"])  # GPU health: the NvidiaGPUReady condition
     | grant("", ["pods"], ["get", "list", "watch", "delete"])
     | grant("", ["pods/eviction"], ["create"])
     | grant("", ["events"], ["create", "patch"])
