@@ -40,24 +40,23 @@ from gpu_operator.sim.podwatch import NodeStandIns, Player
 log = logging.getLogger("gpu_operator.sim.standins")
 
 
-def default_players(grace_period: float | None = None, config: Any = None, hosts: Path | None = None) -> list[Player]:
-    """The node stand-ins; with `hosts` (the kwok nodes' host trees) our health agent too."""
+def default_players(grace_period: float | None = None) -> list[Player]:
     dp = DevicePluginCapacity() if grace_period is None else DevicePluginCapacity(grace_period=grace_period)
-    players: list[Player] = [FeatureDiscovery(), dp, SlicePublisher()]
-    if hosts is not None:
-        from gpu_operator.sim.health import HealthStandIn
-
-        players.append(HealthStandIn(config, hosts))
-    return players
+    return [FeatureDiscovery(), dp, SlicePublisher()]
 
 
 async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
                   grace_period: float | None = None, ready: Callable[[], None] = lambda: None,
                   hosts: Path | None = None) -> None:
-    """Run the node stand-ins (`nodes`; with `hosts` the health agent too) and/or NFD's master
-    (`nfd`) until `stop` is set."""
+    """Run the NVIDIA components' node stand-ins (`nodes`), our health agent over the kwok nodes'
+    host trees (`hosts`), and/or NFD's master (`nfd`) until `stop` is set."""
     client = AsyncClient(config, field_manager="gpu-operator-sim")
-    runners: list[Any] = [NodeStandIns(client, default_players(grace_period, config, hosts))] if nodes else []
+    players = default_players(grace_period) if nodes else []
+    if hosts is not None:
+        from gpu_operator.sim.health import HealthStandIn
+
+        players.append(HealthStandIn(config, hosts))
+    runners: list[Any] = [NodeStandIns(client, players)] if players else []
     if nfd:
         runners.append(NfdMaster(client))
     tasks = [asyncio.create_task(r.run()) for r in runners]

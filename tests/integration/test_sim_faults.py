@@ -1,0 +1,96 @@
+"""`sim fault` on kwok nodes, end to end on the control plane: where the operator-validator pod runs
+with its gpu-health container, the health agent's stand-in (sim/health.py) publishes the node's
+report; an Xid 79 injected on one GPU turns it unhealthy with action reboot, --clear (a reboot)
+healthy again; a node nobody faulted gets only its first report, a node without the pod nothing.
+The writes are counted in the apiserver's audit log. (What the operator makes of the report is
+tested with the operator.)"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.resources.core_v1 import Node, Pod
+
+from gpu_operator.sim import standins
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.faultinject import inject
+from gpu_operator.sim.faults import FaultError
+from gpu_operator.sim.health import APP, CONTAINER
+from gpu_operator.sim.state import SimState
+from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, NODE_AGENT_FIELD_MANAGER
+from tests.support.waiting import wait_for
+
+Nodes = Callable[..., list[str]]
+
+
+def validator_pod(namespace: str, node: str) -> Pod:
+    """A pod bound to a kwok node (kwok marks it Running) shaped like the operator-validator's:
+    its label, its main container and the gpu-health container with the validations it expects."""
+    return cast(Pod, Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"validator-{node}", "namespace": namespace, "labels": {"app": APP}},
+        "spec": {"nodeName": node, "containers": [
+            {"name": APP, "image": "example.invalid/validator:1"},
+            {"name": CONTAINER, "image": "example.invalid/validator:1",
+             "env": [{"name": "HEALTH_VALIDATIONS", "value": "driver,toolkit,cuda,plugin"}]}]}}))
+
+
+def report(kube: Client, node: str) -> dict[str, Any] | None:
+    meta = kube.get(Node, node).metadata
+    text = ((meta.annotations if meta else None) or {}).get(HEALTH_REPORT_ANNOTATION)
+    return None if text is None else cast(dict[str, Any], json.loads(text))
+
+
+def agent_patches(plane: ControlPlane, node: str) -> int:
+    """Completed patches of the Node by the node agents' field manager (the audit log's fields)."""
+    count = 0
+    for event in plane.audit_events():
+        ref = event.get("objectRef", {})
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(event.get("requestURI", "")).query)
+        if (event.get("verb") == "patch" and event.get("stage") == "ResponseComplete"
+                and ref.get("resource") == "nodes" and ref.get("name") == node and not ref.get("subresource")
+                and query.get("fieldManager") == [NODE_AGENT_FIELD_MANAGER]):
+            count += 1
+    return count
+
+
+def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
+        control_plane: ControlPlane, kube: Client, fake_nodes: Nodes, namespace: str, tmp_path: Path) -> None:
+    faulted, quiet, bare = fake_nodes("dgx-h100:3")
+    state = SimState(dir=str(tmp_path), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
+                     binaries="")
+    with pytest.raises(FaultError, match=r"NODE 'no-such-node': no such node in this simulator: give one of "):
+        inject(state, "no-such-node", "xid", 79, None)
+    with pytest.raises(FaultError, match=r"--gpu 8: this host has 8 GPU\(s\): give an index from 0 to 7"):
+        inject(state, faulted, "xid", 79, 8)
+
+    config = KubeConfig.from_file(control_plane.admin_kubeconfig)
+    with standins.running(config, nodes=False, hosts=tmp_path / "hosts") as health:
+        for node in (faulted, quiet):
+            kube.create(validator_pod(namespace, node))
+        for node in (faulted, quiet):
+            first = wait_for(f"{node}'s first health report", lambda n=node: report(kube, n))  # type: ignore[misc]
+            assert (first["state"], first["action"], first["healthy"], first["validated"]) == ("healthy", "none", 8, True)
+
+        said = inject(state, faulted, "xid", 79, 1)
+        assert said.startswith(f"node {faulted}: GPU 1 (")
+        bad = wait_for("the Xid 79 in the report", lambda: report(kube, faulted),
+                       until=lambda r: r is not None and r["state"] != "healthy")
+        assert (bad["state"], bad["action"], bad["healthy"]) == ("unhealthy", "reboot", 7)
+        (gpu,) = bad["gpus"]
+        assert (gpu["xid"], gpu["state"], gpu["action"]) == (79, "unhealthy", "reboot")
+
+        inject(state, faulted, "clear", None, None)
+        good = wait_for("the report healthy again after --clear", lambda: report(kube, faulted),
+                        until=lambda r: r is not None and r["state"] == "healthy")
+        assert (good["action"], good["healthy"], good["gpus"]) == ("none", 8, [])
+    assert health.error is None
+    assert report(kube, bare) is None
+    # first report, unhealthy, healthy again; the quiet node its first report only; the bare node none
+    assert [agent_patches(control_plane, n) for n in (faulted, quiet, bare)] == [3, 1, 0]
