@@ -41,10 +41,11 @@ def validator_pod(namespace: str, node: str) -> Pod:
              "env": [{"name": "HEALTH_VALIDATIONS", "value": "driver,toolkit,cuda,plugin"}]}]}}))
 
 
-def report(kube: Client, node: str) -> dict[str, Any] | None:
+def report(kube: Client, node: str) -> dict[str, Any]:
+    """The node's health report ({} while it has none)."""
     meta = kube.get(Node, node).metadata
     text = ((meta.annotations if meta else None) or {}).get(HEALTH_REPORT_ANNOTATION)
-    return None if text is None else cast(dict[str, Any], json.loads(text))
+    return {} if text is None else cast(dict[str, Any], json.loads(text))
 
 
 def agent_patches(plane: ControlPlane, node: str) -> int:
@@ -81,16 +82,16 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
         said = inject(state, faulted, "xid", 79, 1)
         assert said.startswith(f"node {faulted}: GPU 1 (")
         bad = wait_for("the Xid 79 in the report", lambda: report(kube, faulted),
-                       until=lambda r: r is not None and r["state"] != "healthy")
+                       until=lambda r: r.get("state") not in (None, "healthy"))
         assert (bad["state"], bad["action"], bad["healthy"]) == ("unhealthy", "reboot", 7)
         (gpu,) = bad["gpus"]
         assert (gpu["xid"], gpu["state"], gpu["action"]) == (79, "unhealthy", "reboot")
 
         inject(state, faulted, "clear", None, None)
         good = wait_for("the report healthy again after --clear", lambda: report(kube, faulted),
-                        until=lambda r: r is not None and r["state"] == "healthy")
+                        until=lambda r: r.get("state") == "healthy")
         assert (good["action"], good["healthy"], good["gpus"]) == ("none", 8, [])
     assert health.error is None
-    assert report(kube, bare) is None
+    assert report(kube, bare) == {}
     # first report, unhealthy, healthy again; the quiet node its first report only; the bare node none
     assert [agent_patches(control_plane, n) for n in (faulted, quiet, bare)] == [3, 1, 0]
