@@ -17,12 +17,15 @@ from gpu_operator.render.objects import (
     upsert_env,
 )
 from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
+from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
     HOST_DEV_CHAR,
     HOST_ROOT,
     VALIDATIONS,
     always,
+    service,
+    service_monitor,
     validator_init,
 )
 from gpu_operator.render.transforms.component import env_upsert
@@ -38,6 +41,8 @@ ROOT = {"runAsUser": 0}
 # the driver's library), and patches its Node's report annotation.
 HEALTH = "gpu-health"
 HEALTH_PORT = 8010
+HEALTH_PORT_NAME = "health-metrics"
+HEALTH_SERVICE = "nvidia-gpu-health"
 HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 
 
@@ -50,8 +55,15 @@ def _health() -> dict[str, Any]:
                   env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS))],
         mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
         privileged=True,  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
-        ports=[{"name": "health-metrics", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
+        ports=[{"name": HEALTH_PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
     )
+
+
+def _extras(ctx: Ctx, state: str) -> list[Manifest]:
+    """The health agent's metrics: a Service Prometheus finds by annotation, and a ServiceMonitor
+    where the CRD exists (as the node-status exporter's)."""
+    return [service(HEALTH_SERVICE, state, ctx.ns, HEALTH_PORT, HEALTH_PORT_NAME, NAME, scrape=True),
+            *service_monitor(HEALTH_SERVICE, state, ctx, HEALTH_PORT_NAME, NAME)]
 
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
@@ -137,6 +149,7 @@ OPERAND = Operand(
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
                    # the workload pods' owner is the ClusterPolicy, with blockOwnerDeletion
                    rule(["nvidia.com"], ["clusterpolicies/finalizers"], ["update"])),
+    extras=_extras,
     daemonset=DaemonSetDef(
         name=NAME,
         deploy="operator-validator",
