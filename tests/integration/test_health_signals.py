@@ -42,7 +42,7 @@ def _taints(body: dict[str, Any]) -> list[dict[str, Any]]:
 def _passes(plane: ControlPlane, kube: Client, name: str, times: int) -> list[int]:
     """`times` passes of the unit, each fed the node as the watch would; the writes of each."""
     async def run() -> list[int]:
-        api = Kube(plane.admin_kubeconfig)
+        api = Kube(str(plane.admin_kubeconfig))
         unit = HealthUnit(lambda: [NodeView.of(_body(kube, name))], lambda n: NodeView.of(_body(kube, n)),
                           lambda: ClusterPolicy(), api)
         counts = []
