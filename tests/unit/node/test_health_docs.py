@@ -65,3 +65,16 @@ def test_the_bucket_table_is_what_the_catalogue_does() -> None:
                 assert (classify(code).action, classify(code).state) == (action, want), (name, code)
         for code in re.findall(r"\b(\d+)\b", row[3]):
             assert (classify(int(code)).action, classify(int(code)).state) == (action, state), code
+
+
+def test_doctors_xid_row_matches_its_severities() -> None:
+    from gpu_operator.node.kernellog import xid_kind
+
+    row = next(r for r in tables(PAGE, "code") if r[0] == "`xid-N`")[1]
+    parts = {"error": row.split("is an error (", 1)[1].split(")", 1)[0],
+             "warning": row.split("a warning (", 1)[1].split("any number", 1)[0],
+             "info": row.split("`healthy` information (", 1)[1].split(")", 1)[0]}
+    for severity, text in parts.items():
+        codes = [int(n) for n in re.findall(r"\d+", text)]
+        assert codes, severity
+        assert {str(xid_kind(code)[0]) for code in codes} == {severity}, (severity, codes)
