@@ -2,12 +2,15 @@
 with its gpu-health container, the health agent's stand-in (sim/health.py) publishes the node's
 report; an Xid 79 injected on one GPU turns it unhealthy with action reboot, --clear (a reboot)
 healthy again; a node nobody faulted gets only its first report, a node without the pod nothing.
-The writes are counted in the apiserver's audit log. (What the operator makes of the report is
+The writes are counted in the apiserver's audit log. The command itself on a simulator `sim up`
+started (its stand-ins process plays the agent), with its errors for a bad node or GPU. (What the operator makes of the report is
 tested with the operator.)"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
@@ -95,3 +98,47 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
     assert report(kube, bare) == {}
     # first report, unhealthy, healthy again; the quiet node its first report only; the bare node none
     assert [agent_patches(control_plane, n) for n in (faulted, quiet, bare)] == [3, 1, 0]
+
+
+def sim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", "sim", *args],
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
+    where = str(tmp_path / "sim")
+    up = sim("up", "--dir", where, "--shape", "dgx-h100:2")
+    assert up.returncode == 0, up.stderr
+    try:
+        state = SimState.load(Path(where))
+        assert state is not None
+        kube = Client(KubeConfig.from_file(state.kubeconfig))
+        kube.create(validator_pod("default", "dgx-h100-0"))
+        first = wait_for("the first health report", lambda: report(kube, "dgx-h100-0"))
+        assert (first["state"], first["action"]) == ("healthy", "none")
+
+        xid = sim("fault", "dgx-h100-0", "--xid", "79", "--gpu", "1", "--dir", where)
+        assert xid.returncode == 0, xid.stderr
+        assert xid.stdout.startswith("node dgx-h100-0: GPU 1 (0000:42:00.0): Xid 79 written to the kernel log")
+        bad = wait_for("the Xid in the report", lambda: report(kube, "dgx-h100-0"),
+                       until=lambda r: r.get("state") not in (None, "healthy"))
+        assert (bad["state"], bad["action"], [g["bus"] for g in bad["gpus"]]) == ("unhealthy", "reboot", ["0000:42:00.0"])
+
+        unknown = sim("fault", "dgx-h100-9", "--gone", "--dir", where)
+        assert unknown.returncode == 1
+        assert ("error: NODE 'dgx-h100-9': no such node in this simulator: give one of dgx-h100-0, dgx-h100-1"
+                in unknown.stderr)
+        out_of_range = sim("fault", "dgx-h100-1", "--gone", "--gpu", "8", "--dir", where)
+        assert out_of_range.returncode == 1
+        assert "error: --gpu 8: this host has 8 GPU(s): give an index from 0 to 7" in out_of_range.stderr
+
+        clear = sim("fault", "dgx-h100-0", "--clear", "--dir", where)
+        assert clear.returncode == 0, clear.stderr
+        good = wait_for("the report healthy again", lambda: report(kube, "dgx-h100-0"),
+                        until=lambda r: r.get("state") == "healthy")
+        assert good["gpus"] == []
+        assert report(kube, "dgx-h100-1") == {}  # no validator pod there: no agent
+        kube.close()
+    finally:
+        down = sim("down", "--dir", where)
+    assert down.returncode == 0, down.stderr
