@@ -457,3 +457,29 @@ def test_a_gpu_nvml_cannot_reach_at_start_leaves_nvml_on_for_the_others(host: Ho
     fake.queue.append((1, 0x8, 62))
     report = agent.observe()
     assert "nvml" in report["sources"] and gpu(report, "0000:18:00.0")["action"] == "reset-gpu"
+
+
+def test_a_kmsg_device_that_opens_late_is_read_from_its_end(tmp_path: Path) -> None:
+    """The real /dev/kmsg device node (1:11) in a host tree: from its end, even when it could not be
+    opened at the agent's start (a regular file appearing late is read whole instead)."""
+    import os
+    import stat
+
+    from gpu_operator.node.health.kmsg import KmsgFollower
+
+    fs = HostFS(tmp_path)
+    fs.mkdir("/dev")
+    follower = KmsgFollower(fs)
+    assert follower.fd is None and follower.error
+    try:
+        os.mknod(fs.resolve("/dev/kmsg"), stat.S_IFCHR | 0o600, os.makedev(1, 11))
+        whole = KmsgFollower(fs, from_start=True)
+    except PermissionError:
+        pytest.skip("no CAP_MKNOD here")
+    held = whole.poll()
+    whole.close()
+    if whole.error or len(held) < 20:
+        pytest.skip(f"the kernel log cannot be read here, or holds little ({whole.error or len(held)})")
+    late = follower.poll()
+    follower.close()
+    assert follower.regular is False and len(late) < len(held) // 2  # only what the kernel wrote meanwhile

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Annotated
 
 import typer
 
 from gpu_operator.node.options import HostRoot, host_fs
 
-DEFAULT_METRICS_PORT = 8010  # ours; the node-status exporter serves on 8000 in the same pods' nodes
+DEFAULT_METRICS_PORT = 8010  # ours (the node-status exporter has 8000)
 
 
 def _validations(value: str) -> tuple[str, ...]:
@@ -77,8 +76,7 @@ def health(
     if metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr=os.environ.get("HEALTH_METRICS_ADDRESS", "0.0.0.0"),
-                          registry=metrics.registry)
+        start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
         typer.echo(f"serving health metrics on :{metrics_port}/metrics", err=True)
     agent = HealthAgent(fs, node_name, validations=components, nvml=nvml, warning_hold=warning_hold,
                         metrics=metrics)

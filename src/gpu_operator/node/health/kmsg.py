@@ -46,7 +46,8 @@ def parse_xid(message: str, source: str = "kmsg") -> XidEvent | None:
 
 class KmsgFollower:
     """New kernel-log messages since construction (`poll()`), from `<host root>/dev/kmsg`;
-    `from_start`: also the records it holds already (a one-off look, as doctor takes)."""
+    `from_start`: also the records it holds already (a one-off look, as doctor takes). A character
+    device that could not be opened at first (permissions) is opened at its end when it can be."""
 
     def __init__(self, fs: HostFS, path: str = KMSG, *, from_start: bool = False) -> None:
         self.fs = fs
@@ -57,6 +58,7 @@ class KmsgFollower:
         self.pending = b""
         self.error = ""  # why it cannot be read (empty while it can)
         self.lines_read = 0
+        self.opened = False  # whether an open was tried yet
         self._open(at_end=not from_start)
 
     def _open(self, *, at_end: bool) -> bool:
@@ -65,13 +67,17 @@ class KmsgFollower:
             fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
         except (HostPathError, OSError) as err:
             self.error = f"{self.path}: {getattr(err, 'strerror', None) or err}"
+            self.opened = True
             return False
         info = os.fstat(fd)
         self.regular = stat.S_ISREG(info.st_mode)
         self.inode = (info.st_dev, info.st_ino)
-        if at_end:
+        # A device opened later than at construction starts at its end too: its ring buffer holds
+        # records from before (a file that appears later holds only new ones).
+        if at_end or (not self.regular and self.opened):
             with contextlib.suppress(OSError):
                 os.lseek(fd, 0, os.SEEK_END)
+        self.opened = True
         self.fd, self.pending, self.error = fd, b"", ""
         return True
 
