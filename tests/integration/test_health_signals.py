@@ -96,3 +96,57 @@ def test_the_crd_refuses_bad_health_values(control_plane: ControlPlane, crds: li
     assert create({"taintEffect": "PreferNoSchedule"}) == ["spec.health.taintEffect"]
     assert create({"remediation": {"maxUnavailable": "10%", "actions": ["reset-gpu", "reboot"]}}) == []
     assert create({"remediation": {"maxUnavailable": 2}}) == []
+
+
+def test_remediation_restarts_the_device_plugin_and_releases(control_plane: ControlPlane, kube: Client,
+                                                             fake_nodes: Callable[..., list[str]],
+                                                             namespace: str) -> None:
+    """quarantined -> draining (cordoned) -> acting (the device plugin's pod on the node deleted)
+    -> validating -> the agent reports healthy -> released (uncordoned, untainted, condition True)."""
+    from lightkube.resources.core_v1 import Pod
+
+    from gpu_operator.controllers import health_machine as hm
+    from gpu_operator.vocabulary import HEALTH_STATE
+
+    name = fake_nodes("a10:1")[0]
+    dp = Pod.from_dict({"metadata": {"name": "dp", "namespace": namespace,
+                                     "labels": {"app": "nvidia-device-plugin-daemonset"}},
+                        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "registry.example/dp:1"}]}})
+    kube.create(dp)  # type: ignore[call-overload]
+    sick = json.dumps({"v": 1, "validated": True, "state": "unhealthy", "action": "restart-app", "healthy": 7,
+                       "gpus": [{"bus": "0000:3b:00.0", "state": "unhealthy", "action": "restart-app", "xid": 31,
+                                 "reason": "MMU fault"}], "sources": ["kmsg"]})
+    kube.patch(Node, name, {"metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: sick}}})
+    policy = ClusterPolicy.model_validate({"spec": {"health": {"remediation": {"enabled": True}}}})
+
+    async def run() -> list[tuple[str, bool]]:
+        api = Kube(str(control_plane.admin_kubeconfig))
+        unit = HealthUnit(lambda: [NodeView.of(_body(kube, name))], lambda n: NodeView.of(_body(kube, n)),
+                          lambda: policy, api)
+        seen = []
+        try:
+            for _ in range(6):
+                unit.wants(NodeEvent(name, NodeView.of(_body(kube, name))))
+                await unit.reconcile()
+                body = _body(kube, name)
+                seen.append(((body["metadata"].get("labels") or {}).get(HEALTH_STATE, ""),
+                             bool(body["spec"].get("unschedulable"))))
+                if seen[-1][0] == hm.VALIDATING:
+                    healthy = json.dumps({"v": 1, "validated": True, "state": "healthy", "action": "none",
+                                          "healthy": 8, "gpus": [], "sources": ["kmsg"]})
+                    kube.patch(Node, name, {"metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: healthy}}})
+                if seen[-1][0] == "" and len(seen) > 1:
+                    break
+        finally:
+            await api.close()
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen == [(hm.QUARANTINED, False), (hm.DRAINING, True), (hm.ACTING, True), (hm.VALIDATING, True),
+                    ("", False)]
+    left = {p.metadata.name: p.metadata.deletionTimestamp for p in kube.list(Pod, namespace=namespace) if p.metadata}
+    assert "dp" not in left or left["dp"] is not None  # deleted (kwok may still be finishing it)
+    body = _body(kube, name)
+    cond = _condition(body)
+    assert cond is not None and cond["status"] == "True"
+    assert HEALTH_TAINT not in [t["key"] for t in _taints(body)]
