@@ -319,8 +319,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
                                                plane.audit_log, OPERATOR_USER, args.idle_seconds, args.restart_timeout))
             say(f"restart: stopped {out['restart_stopped_s']:.1f}s, ready {out['restart_ready_s']}, leads "
                 f"{out['restart_leads_s']}, caught up {out['restart_caught_up_s']} s (loops {out['restart_loops']}); "
-                f"writes {out['restart_catchup_writes']} + {out['restart_idle_writes']} in {args.idle_seconds:.0f}s "
-                f"{out['restart_catchup_writes_by_kind']} {out['restart_idle_writes_by_kind']}")
+                f"writes {out['restart_catchup_writes']} + {out.get('restart_idle_writes')} in {args.idle_seconds:.0f}s "
+                f"{out['restart_catchup_writes_by_kind']} {out.get('restart_idle_writes_by_kind')}; "
+                f"exits {out['restart_exits']}")
         else:
             out["operator_exit"] = subject.stop(60)
         out["load_at_end"] = load()
