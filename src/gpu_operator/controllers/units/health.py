@@ -17,14 +17,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Gauge
-
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
 from gpu_operator.controllers import health_rules as hr
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.health_exec import Executor
+from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
@@ -38,11 +37,6 @@ from gpu_operator.vocabulary import (
 
 log = logging.getLogger("gpu_operator.health")
 
-NODE_HEALTH = Gauge("gpu_operator_node_gpu_health",
-                    "GPU health per node: 1 for the node's current state (healthy, warning, quarantined, "
-                    "remediating, failed, held), 0 for the others", ["node", "state"])
-REMEDIATIONS = Counter("gpu_operator_health_remediations_total",
-                       "Finished remediation attempts per node, by result (succeeded, failed)", ["node", "result"])
 
 
 @dataclass(frozen=True)
