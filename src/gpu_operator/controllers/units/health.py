@@ -210,9 +210,9 @@ class HealthUnit(UnitBase):
         if before == state:
             return
         if state is None:
-            self._states.pop(node, None)
+            del self._states[node]  # (before is not None here: it differs from state)
             for s in hr.METRIC_STATES:
-                NODE_HEALTH.remove(node, s) if before is not None else None
+                NODE_HEALTH.remove(node, s)
             return
         self._states[node] = state
         for s in hr.METRIC_STATES:
