@@ -27,9 +27,6 @@ SELECTOR_FIELDS = ("lhs", "rhs", "expr", "vector_selector", "param")
 # DCGM counters the alerts read that dcgm-exporter's counters files leave commented out: served
 # only when the user's metrics ConfigMap lists them (docs/health.md says how).
 OPT_IN = {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
-# The operator's GPU health metrics, promised by the operator side and not registered yet: remove
-# each name here when the operator serves it (test_planned_metrics_are_not_served_yet says when).
-PLANNED = {"gpu_operator_node_gpu_health", "gpu_operator_health_remediations_total"}
 # Every alert: severity, for (None: fires at once), the comparison that ends its expression, and
 # the metrics it reads. Seed 004's thresholds: temperature > 85 warning, > 90 critical; framebuffer
 # > 95 %; double-bit ECC; utilisation > 95 % for 30 min; Xid.
@@ -181,16 +178,49 @@ def test_the_docs_table_says_what_each_alert_does(render: Callable[..., Rendered
         assert documented == set(metric_names(promql_parser.parse(rule["expr"]))), name
 
 
-def test_planned_metrics_are_not_served_yet() -> None:
-    """The alerts may read PLANNED metrics before the operator serves them; once it does, this
-    fails so that the name leaves PLANNED and is checked like the others."""
-    assert PLANNED & exposed() == set(), "the operator serves these now: remove them from PLANNED"
+def selectors(node: Any) -> Iterator[Any]:
+    """Every vector selector of a parsed PromQL expression."""
+    if type(node).__name__ == "VectorSelector":
+        yield node
+    for field in SELECTOR_FIELDS:
+        child = getattr(node, field, None)
+        if child is not None and not isinstance(child, (str, int, float)):
+            yield from selectors(child)
+    args = getattr(node, "args", None)
+    if args is not None:
+        for arg in getattr(args, "args", args):
+            yield from selectors(arg)
+
+
+def test_the_health_alerts_match_the_operators_labels_and_states(render: Callable[..., Rendered]) -> None:
+    """The GPU health alerts select the operator's health metrics by labels they have and by values
+    those labels take (the states the operator sets, the results it counts)."""
+    from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
+    from gpu_operator.controllers.health_rules import METRIC_STATES
+
+    metrics = {"gpu_operator_node_gpu_health": (NODE_HEALTH, {"state": set(METRIC_STATES)}),
+               "gpu_operator_health_remediations_total": (REMEDIATIONS, {"result": {"succeeded", "failed"}})}
+    alerts = rules(render)
+    seen = set()
+    for name in ("GPUNodeQuarantined", "GPURemediationFailed"):
+        for selector in selectors(promql_parser.parse(alerts[name]["expr"])):
+            metric, values = metrics[selector.name]
+            for matcher in selector.matchers.matchers:
+                chosen = set(matcher.value.split("|"))
+                assert chosen <= values[matcher.name], f"{name}: {matcher.name}={matcher.value}"
+                # the metric takes these labels (labels() refuses others); the child goes again at once
+                for value in chosen:
+                    labels = {"node": "alert-rule-test", matcher.name: value}
+                    metric.labels(**labels)
+                    metric.remove(*(labels[key] for key in ("node", matcher.name)))
+                seen.add((selector.name, matcher.name))
+    assert seen == {("gpu_operator_node_gpu_health", "state"), ("gpu_operator_health_remediations_total", "result")}
 
 
 def test_every_query_parses_and_reads_only_metrics_that_exist(render: Callable[..., Rendered]) -> None:
     found = queries(render)
     assert len(found) >= 20
-    known = exposed() | dcgm_defaults() | OPT_IN | PLANNED
+    known = exposed() | dcgm_defaults() | OPT_IN
     unknown: set[str] = set()
     for where, expr in found.items():
         try:
