@@ -28,11 +28,13 @@ follow. The real node's is its own host tree (`real-node-host`), its book beside
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,6 +312,14 @@ class NodeHosts:
             return False
         return bool(raw.get("xids") or raw.get("gone"))
 
+    def gpus(self, node: str) -> list[GpuRecord]:
+        """The node's GPUs as its book recorded them on the intact host ([] without a tree)."""
+        try:
+            raw = json.loads((self.base / node / BOOK).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return []
+        return [GpuRecord(**g) for g in raw.get("gpus") or []]
+
     def announce(self, node: str) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         with (self.base / CHANGES).open("a") as out:
@@ -342,3 +352,13 @@ class ChangeFollower:
         end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
         self.offset += end
         return list(dict.fromkeys(line for line in data[:end].decode(errors="replace").splitlines() if line))
+
+
+async def follow_changes(follower: ChangeFollower, interval: float, wake: Callable[[str], None]) -> None:
+    """Call `wake(node)` for each node announced since `follower` was made (one stat per
+    `interval` while nothing is announced). Make the follower when the caller starts, not when
+    this task first runs: what is announced in between would be missed."""
+    while True:
+        for node in follower.poll():
+            wake(node)
+        await asyncio.sleep(interval)

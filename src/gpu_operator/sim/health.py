@@ -41,7 +41,7 @@ from lightkube import AsyncClient
 from gpu_operator.node.health import AnnotationPublisher, HealthAgent, encode
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.sim import hosttree
-from gpu_operator.sim.faults import ChangeFollower, NodeHosts, boot_id, node_host_spec
+from gpu_operator.sim.faults import ChangeFollower, NodeHosts, boot_id, follow_changes, node_host_spec
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 
@@ -89,7 +89,6 @@ class HealthStandIn:
         # (shape, validations) -> the agent's first and last report on that shape's tree
         self.looks: dict[tuple[str, tuple[str, ...] | None], tuple[str, str]] = {}
         self.wake: Callable[[str], None] = lambda _node: None
-        self.follower: ChangeFollower | None = None
         self.patches = 0
 
     def attach(self, wake: Callable[[str], None]) -> None:
@@ -97,17 +96,13 @@ class HealthStandIn:
 
     async def start(self, client: AsyncClient) -> None:
         shutil.rmtree(self.hosts.base / ".shared", ignore_errors=True)
-        self.follower = ChangeFollower(self.hosts.base)
-        self._task = asyncio.create_task(self.follow(), name="health-changes")
+        # the nodes `sim fault` announces, where the agent runs (one stat of the journal per interval when quiet)
+        self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
+                                         name="health-changes")
 
-    async def follow(self) -> None:
-        """Wake the nodes `sim fault` announced (one stat of the journal per interval when quiet)."""
-        assert self.follower is not None
-        while True:
-            for node in self.follower.poll():
-                if node in self.pods:
-                    self.wake(node)
-            await asyncio.sleep(self.interval)
+    def _woken(self, node: str) -> None:
+        if node in self.pods:
+            self.wake(node)
 
     def shared_root(self, shape: str) -> Path:
         if shape not in self.shared:

@@ -19,20 +19,32 @@ strategic merge of a template that copies `.status.capacity`/`.allocatable` as f
 (kustomize/stage/node/fast/node-initialize.yaml, pkg/utils/lifecycle/next.go) and its lease
 heartbeat touches only conditions, addresses and the daemon endpoint.
 
-Not played: per-device health, sharing replicas, MIG resources, a kubelet restart.
+Per-device health, given the kwok nodes' host trees (`sim up` does; `sim fault` changes them): a
+GPU NVIDIA's plugin would report Unhealthy in ListAndWatch (a critical Xid in the node's kernel log
+since the plugin's pod started, or its device node gone: `sim/xidhealth.py`, the rule of the real
+node's device-plugin stand-in) still counts in capacity but not in allocatable
+(manager.go `GetCapacity`); a new pod of the plugin, or a new boot (`--clear`), starts with every
+GPU Healthy. The node is looked at again when `sim fault` announces it.
+
+Not played: sharing replicas, MIG resources, a kubelet restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
+from gpu_operator.sim import devnodes
+from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
 
 log = logging.getLogger("gpu_operator.sim.kubeletdp")
@@ -44,11 +56,12 @@ GRACE_PERIOD = 300.0
 
 
 def desired_status(gpus: int, running: bool, stopped_for: float | None,
-                   grace_period: float = GRACE_PERIOD) -> dict[str, dict[str, str]] | None:
-    """The `nvidia.com/gpu` capacity and allocatable the kubelet reports: the plugin running;
-    stopped `stopped_for` seconds ago (None: it never registered here: nothing)."""
+                   grace_period: float = GRACE_PERIOD, unhealthy: int = 0) -> dict[str, dict[str, str]] | None:
+    """The `nvidia.com/gpu` capacity and allocatable the kubelet reports: the plugin running (with
+    `unhealthy` of the GPUs reported Unhealthy); stopped `stopped_for` seconds ago (None: it never
+    registered here: nothing)."""
     if running:
-        return {"capacity": {GPU_RESOURCE: str(gpus)}, "allocatable": {GPU_RESOURCE: str(gpus)}}
+        return {"capacity": {GPU_RESOURCE: str(gpus)}, "allocatable": {GPU_RESOURCE: str(max(0, gpus - unhealthy))}}
     if stopped_for is None:
         return None
     if stopped_for <= grace_period:
@@ -66,14 +79,40 @@ class DevicePluginCapacity:
     app = APP
     field_manager = FIELD_MANAGER
 
-    def __init__(self, grace_period: float = GRACE_PERIOD, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, grace_period: float = GRACE_PERIOD, clock: Callable[[], float] = time.monotonic,
+                 hosts: Path | None = None, interval: float = 2.0) -> None:
         self.grace_period, self.clock = grace_period, clock
         # node -> when its plugin stopped (None: it runs); absent: never registered here
         self.stopped_at: dict[str, float | None] = {}
         self.written: dict[str, dict[str, dict[str, str]]] = {}
+        self.hosts = NodeHosts(hosts) if hosts is not None else None
+        self.interval = interval
+        self.health: dict[str, tuple[str, XidHealth]] = {}  # node -> (its plugin pod's uid, what it saw)
+        self.wake: Callable[[str], None] = lambda _node: None
+
+    def attach(self, wake: Callable[[str], None]) -> None:
+        self.wake = wake
 
     async def start(self, client: AsyncClient) -> None:
-        return None
+        if self.hosts is not None:
+            self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
+                                             name="device-plugin-health")
+
+    def _woken(self, node: str) -> None:
+        if node in self.health:
+            self.wake(node)
+
+    def unhealthy(self, node: str, pod: PodView) -> int:
+        """How many of the node's GPUs the plugin in `pod` reports Unhealthy (0 without host trees)."""
+        if self.hosts is None:
+            return 0
+        entry = self.health.get(node)
+        if entry is None or entry[0] != pod.uid:  # the plugin (re)started: it sees Xids from now on
+            entry = self.health[node] = (pod.uid, XidHealth(self.hosts.root(node), pod.env))
+        marked = entry[1].poll()
+        root = self.hosts.root(node)
+        return sum(1 for gpu in self.hosts.gpus(node)
+                   if gpu.xid_address in marked or devnodes.char_device(root / f"dev/nvidia{gpu.minor}") is None)
 
     def stopped_for(self, node: str, view: NodeView, running: bool) -> float | None:
         """Seconds since the plugin stopped on `node` (0 while it runs), None if it never ran."""
@@ -94,10 +133,15 @@ class DevicePluginCapacity:
         if view is None or view.shape is None or not view.nvidia_gpus:
             self.stopped_at.pop(node, None)
             self.written.pop(node, None)
+            self.health.pop(node, None)
             return None
-        running = any(p.running for p in pods)
+        plugins = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
+        running = bool(plugins)
+        unhealthy = self.unhealthy(node, plugins[-1]) if running else 0
+        if not running:
+            self.health.pop(node, None)
         stopped_for = self.stopped_for(node, view, running)
-        wanted = desired_status(view.nvidia_gpus, running, stopped_for, self.grace_period)
+        wanted = desired_status(view.nvidia_gpus, running, stopped_for, self.grace_period, unhealthy)
         if wanted is not None and self.written.get(node) != wanted:
             await client.patch(Node.Status, node, status_patch(wanted), field_manager=FIELD_MANAGER)
             self.written[node] = wanted

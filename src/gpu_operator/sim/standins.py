@@ -40,9 +40,11 @@ from gpu_operator.sim.podwatch import NodeStandIns, Player
 log = logging.getLogger("gpu_operator.sim.standins")
 
 
-def default_players(grace_period: float | None = None) -> list[Player]:
-    dp = DevicePluginCapacity() if grace_period is None else DevicePluginCapacity(grace_period=grace_period)
-    return [FeatureDiscovery(), dp, SlicePublisher()]
+def default_players(grace_period: float | None = None, hosts: Path | None = None) -> list[Player]:
+    """GFD, the device plugin through the kubelet (with `hosts`, the kwok nodes' host trees: its
+    per-GPU health too), the DRA kubelet plugin."""
+    extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
+    return [FeatureDiscovery(), DevicePluginCapacity(hosts=hosts, **extra), SlicePublisher()]
 
 
 async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
@@ -51,7 +53,7 @@ async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: boo
     """Run the NVIDIA components' node stand-ins (`nodes`), our health agent over the kwok nodes'
     host trees (`hosts`), and/or NFD's master (`nfd`) until `stop` is set."""
     client = AsyncClient(config, field_manager="gpu-operator-sim")
-    players = default_players(grace_period) if nodes else []
+    players = default_players(grace_period, hosts) if nodes else []
     if hosts is not None:
         from gpu_operator.sim.health import HealthStandIn
 

@@ -1,7 +1,8 @@
 """The health agent's stand-in on kwok nodes (`sim/health.py`), in-process with a recording client:
 it acts only where the validator pod runs with its gpu-health container, publishes the agent's
 report once per change through the agent's publisher, follows `sim fault` (an Xid, a GPU off the
-bus, a reboot), and leaves quiet nodes alone: 1,000 of them cost one patch each and nothing after."""
+bus, a reboot), and leaves quiet nodes alone: 1,000 of them cost one patch each and nothing after.
+The kwok device plugin's stand-in follows the same trees: Unhealthy GPUs leave allocatable."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import shapes
+from gpu_operator.sim import kubeletdp
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.health import APP, CONTAINER, HealthStandIn
 from gpu_operator.sim.podwatch import NodeView, PodView
@@ -154,4 +156,56 @@ def test_a_thousand_quiet_nodes_cost_one_patch_each_and_nothing_after(harness: H
         assert list(standin.live) == ["gpu-7"]
         assert [n for n, _ in harness.client.patches[1000:]] == ["gpu-7"]
         assert harness.client.reports("gpu-7")[-1]["action"] == "reset-gpu"
+    run(go())
+
+
+class StatusClient:
+    """The device plugin stand-in's async client: Node status patches recorded."""
+
+    def __init__(self) -> None:
+        self.statuses: list[dict[str, Any]] = []
+
+    async def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> None:
+        self.statuses.append(body["status"])
+
+
+def test_on_kwok_nodes_the_device_plugin_counts_unhealthy_gpus_out_of_allocatable(tmp_path: Path) -> None:
+    hosts = NodeHosts(tmp_path / "hosts")
+    client = StatusClient()
+    player = kubeletdp.DevicePluginCapacity(hosts=tmp_path / "hosts", interval=0.05)
+    woken: list[str] = []
+    player.attach(woken.append)
+
+    def plugin(uid: str = "dp-1", env: dict[str, str] | None = None) -> PodView:
+        return PodView("gpu-operator", "nvidia-device-plugin-daemonset-x", uid, kubeletdp.APP, "n", True, 0, None,
+                       env or {}, ("nvidia-device-plugin",))
+
+    def allocatable() -> tuple[str, str]:
+        last = client.statuses[-1]
+        return last["capacity"]["nvidia.com/gpu"], last["allocatable"]["nvidia.com/gpu"]
+
+    async def go() -> None:
+        await player.start(None)  # type: ignore[arg-type]
+        sync: Any = player.sync
+        await sync(client, "n", view("n"), [plugin()])
+        assert allocatable() == ("8", "8")
+        faults = hosts.faults("n", node_host_spec("dgx-h100"))
+        faults.xid(13, 0)  # an application Xid: NVIDIA's plugin ignores it
+        hosts.announce("n")
+        await asyncio.sleep(0.2)
+        assert woken == ["n"]
+        await sync(client, "n", view("n"), [plugin()])
+        assert len(client.statuses) == 1  # nothing to write
+        faults.xid(79, 3)
+        faults.gone(5)
+        await sync(client, "n", view("n"), [plugin()])
+        assert allocatable() == ("8", "6")
+        await sync(client, "n", view("n"), [plugin(uid="dp-2")])  # a new plugin pod: Xids before it are not its
+        assert allocatable() == ("8", "7")  # the lost GPU stays Unhealthy
+        faults.clear()  # a reboot
+        await sync(client, "n", view("n"), [plugin(uid="dp-2")])
+        assert allocatable() == ("8", "8")
+        faults.xid(48, 0)
+        await sync(client, "n", view("n"), [plugin(uid="dp-2", env={"DP_DISABLE_HEALTHCHECKS": "all"})])
+        assert allocatable() == ("8", "7")  # the same process: its environment is the one it started with
     run(go())
