@@ -3,7 +3,8 @@ with its gpu-health container, the health agent's stand-in (sim/health.py) publi
 report; an Xid 79 injected on one GPU turns it unhealthy with action reboot, --clear (a reboot)
 healthy again; a node nobody faulted gets only its first report, a node without the pod nothing.
 The writes are counted in the apiserver's audit log. The command itself on a simulator `sim up`
-started (its stand-ins process plays the agent), with its errors for a bad node or GPU. (What the operator makes of the report is
+started (its stand-ins process plays the agent, and the device plugin, whose allocatable drops
+by the Unhealthy GPU), with its errors for a bad node or GPU. (What the operator makes of the report is
 tested with the operator.)"""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpu_operator.sim import standins
+from gpu_operator.sim import kubeletdp, standins
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.faultinject import inject
 from gpu_operator.sim.faults import FaultError
@@ -100,6 +101,20 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
     assert [agent_patches(control_plane, n) for n in (faulted, quiet, bare)] == [3, 1, 0]
 
 
+def plugin_pod(namespace: str, node: str) -> Pod:
+    """A pod labelled like NVIDIA's device plugin's, bound to a kwok node."""
+    return cast(Pod, Pod.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"device-plugin-{node}", "namespace": namespace, "labels": {"app": kubeletdp.APP}},
+        "spec": {"nodeName": node, "containers": [{"name": "nvidia-device-plugin", "image": "example.invalid/dp:1"}]}}))
+
+
+def gpus(kube: Client, node: str) -> tuple[str | None, str | None]:
+    status = kube.get(Node, node).status
+    assert status is not None
+    return (status.capacity or {}).get("nvidia.com/gpu"), (status.allocatable or {}).get("nvidia.com/gpu")
+
+
 def sim(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gpu_operator.cli", "sim", *args],
                           capture_output=True, text=True, timeout=300, check=False)
@@ -114,8 +129,10 @@ def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
         assert state is not None
         kube = Client(KubeConfig.from_file(state.kubeconfig))
         kube.create(validator_pod("default", "dgx-h100-0"))
+        kube.create(plugin_pod("default", "dgx-h100-0"))
         first = wait_for("the first health report", lambda: report(kube, "dgx-h100-0"))
         assert (first["state"], first["action"]) == ("healthy", "none")
+        wait_for("the device plugin's 8 GPUs", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "8"))
 
         xid = sim("fault", "dgx-h100-0", "--xid", "79", "--gpu", "1", "--dir", where)
         assert xid.returncode == 0, xid.stderr
@@ -123,6 +140,8 @@ def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
         bad = wait_for("the Xid in the report", lambda: report(kube, "dgx-h100-0"),
                        until=lambda r: r.get("state") not in (None, "healthy"))
         assert (bad["state"], bad["action"], [g["bus"] for g in bad["gpus"]]) == ("unhealthy", "reboot", ["0000:42:00.0"])
+        # the device plugin reports that GPU Unhealthy: counted in capacity, not in allocatable
+        wait_for("allocatable 7", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "7"))
 
         unknown = sim("fault", "dgx-h100-9", "--gone", "--dir", where)
         assert unknown.returncode == 1
@@ -137,6 +156,7 @@ def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
         good = wait_for("the report healthy again", lambda: report(kube, "dgx-h100-0"),
                         until=lambda r: r.get("state") == "healthy")
         assert good["gpus"] == []
+        wait_for("allocatable 8 again", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "8"))
         assert report(kube, "dgx-h100-1") == {}  # no validator pod there: no agent
         kube.close()
     finally:
