@@ -120,7 +120,9 @@ def test_fields_reach_the_driver_pod() -> None:
     assert {c["name"] for c in pod["containers"]} == {"nvidia-driver-ctr", "nvidia-peermem-ctr"}
     assert main["envFrom"] == [{"secretRef": {"name": "drv-env"}}]
     assert {"name": "regcred"} in pod["imagePullSecrets"]
-    assert pod["tolerations"] == [{"key": "pool", "operator": "Exists"}] and pod["priorityClassName"] == "pc"
+    assert pod["tolerations"] == [{"key": "pool", "operator": "Exists"},
+                                  {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists"}]  # + the health quarantine's
+    assert pod["priorityClassName"] == "pc"
     assert ds["spec"]["template"]["metadata"]["labels"]["team"] == "ml"
     assert ds["spec"]["template"]["metadata"]["annotations"]["note"] == "x"
     assert "nodeAffinity" in pod["affinity"] and "podAntiAffinity" in pod["affinity"]

@@ -230,13 +230,13 @@ def test_config_manager(data: dict[str, Any], kept: bool) -> None:
 
 @pytest.mark.parametrize(
     ("data", "strategy", "priority", "tolerations"),
-    [({}, {"type": "RollingUpdate"}, "system-node-critical", 1),
-     ({"daemonsets": {"updateStrategy": "OnDelete"}}, {"type": "OnDelete"}, "system-node-critical", 1),
+    [({}, {"type": "RollingUpdate"}, "system-node-critical", 2),
+     ({"daemonsets": {"updateStrategy": "OnDelete"}}, {"type": "OnDelete"}, "system-node-critical", 2),
      ({"daemonsets": {"rollingUpdate": {"maxUnavailable": "3"}, "priorityClassName": "p",
                       "tolerations": [{"operator": "Exists"}, {"key": "k", "operator": "Exists"}]}},
       {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 3}}, "p", 2),
      ({"daemonsets": {"rollingUpdate": {"maxUnavailable": "25%"}}},
-      {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}}, "system-node-critical", 1)],
+      {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}}, "system-node-critical", 2)],
 )
 def test_common_config(data: dict[str, Any], strategy: dict[str, Any], priority: str, tolerations: int) -> None:
     ds = ds_with(container("a"))
@@ -244,6 +244,20 @@ def test_common_config(data: dict[str, Any], strategy: dict[str, Any], priority:
     assert ds["spec"]["updateStrategy"] == strategy
     assert ds["spec"]["template"]["spec"]["priorityClassName"] == priority
     assert len(ds["spec"]["template"]["spec"]["tolerations"]) == tolerations
+
+
+def test_every_daemonset_tolerates_the_gpu_health_quarantine() -> None:
+    """The operands stay on (and come back to) a quarantined node: the default tolerations and a
+    policy's own get the health taint's; a toleration of every taint needs none."""
+    from gpu_operator.vocabulary import HEALTH_TAINT
+    for data, want in (({}, [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                             {"key": HEALTH_TAINT, "operator": "Exists"}]),
+                       ({"daemonsets": {"tolerations": [{"key": "pool", "operator": "Exists"}]}},
+                        [{"key": "pool", "operator": "Exists"}, {"key": HEALTH_TAINT, "operator": "Exists"}]),
+                       ({"daemonsets": {"tolerations": [{"operator": "Exists"}]}}, [{"operator": "Exists"}])):
+        ds = ds_with(container("a"))
+        common_config(ds, spec(data))
+        assert ds["spec"]["template"]["spec"]["tolerations"] == want
 
 
 def test_common_config_labels_never_override_app() -> None:

@@ -6,8 +6,13 @@ from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec, DaemonsetsSpec
 from gpu_operator.render.objects import find, upsert_env
+from gpu_operator.vocabulary import HEALTH_TAINT
 
 DEFAULT_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+# Ours: the operands keep running on (and come back to) a node quarantined for GPU health, whatever
+# the taint's effect: the driver, device plugin and validator's health agent are what remediate it
+# (docs/health.md). Added to the policy's own tolerations unless one already covers it.
+HEALTH_TOLERATION = {"key": HEALTH_TAINT, "operator": "Exists"}
 DEFAULT_PRIORITY_CLASS = "system-node-critical"
 # Labels the operator owns on pod templates; spec.daemonsets.labels never override them.
 PROTECTED_LABELS = ("app", "app.kubernetes.io/part-of")
@@ -29,11 +34,15 @@ def common_config(ds: dict[str, Any], spec: ClusterPolicySpec, *, on_delete: boo
 
 def pod_wide(ds: dict[str, Any], daemonsets: DaemonsetsSpec) -> None:
     """`spec.daemonsets` on a DaemonSet's pods: priority class, tolerations (the nvidia.com/gpu taint
-    when none are given), pod security context, extra labels and annotations."""
+    when none are given; always the GPU health quarantine taint), pod security context, extra
+    labels and annotations."""
     pod = ds["spec"]["template"]["spec"]
     pod["priorityClassName"] = daemonsets.priorityClassName or DEFAULT_PRIORITY_CLASS
     pod["tolerations"] = ([t.dump() for t in daemonsets.tolerations] if daemonsets.tolerations
                           else [dict(t) for t in DEFAULT_TOLERATIONS])
+    if not any(t.get("key") in (HEALTH_TAINT, None, "") and t.get("operator") == "Exists" and not t.get("effect")
+               for t in pod["tolerations"]):
+        pod["tolerations"].append(dict(HEALTH_TOLERATION))
     if daemonsets.podSecurityContext:
         pod["securityContext"] = daemonsets.podSecurityContext.dump()
     template_meta = ds["spec"]["template"]["metadata"]
