@@ -179,3 +179,25 @@ def test_device_plugin_restart_deletes_its_pod_on_the_node() -> None:
         run_pass(unit, kube)
     assert ("delete", "default/dp") in kube.calls and ("delete", "default/dp-other") not in kube.calls
     assert kube.nodes["g1"]["metadata"]["labels"][HEALTH_STATE] == hm.VALIDATING
+
+
+def test_runs_in_a_unit_loop_served_at_once() -> None:
+    from gpu_operator.controllers.loop import Pacing, UnitLoop
+    from gpu_operator.controllers.settings import Backoff
+
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID79})
+    unit = make(kube, policy())
+    assert unit.pacing is Pacing.IDLE_FIRST
+    loop = UnitLoop(unit, coalesce=5.0, backoff=Backoff())
+
+    async def go() -> None:
+        loop.offer(NodeEvent("g1", kube.view("g1")))
+        assert loop.kick.is_set()
+        await asyncio.wait_for(loop.step(None, 0.0), timeout=2.0)  # no coalescing wait while idle
+        loop.offer(NodeEvent("g1", kube.view("g1")))  # the echo of our writes kicks once more ...
+        await asyncio.wait_for(loop.step(None, 0.0), timeout=7.0)
+        loop.offer(NodeEvent("g1", kube.view("g1")))  # ... and then nothing changes: no kick
+        assert not loop.kick.is_set()
+    asyncio.run(go())
+    assert [c[0] for c in kube.writes()] == ["patch-status", "patch", "event"]
