@@ -80,3 +80,24 @@ class Executor:
                 await self.kube.delete(ObjectKey("v1", "Pod", meta["name"], meta.get("namespace")))
         if step.message:
             log.info("node %s: %s", step.node, step.message)
+
+
+async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
+    """What uninstall cleanup must undo of GPU health on one node (its labels and annotations go
+    with the operator's other keys): our condition, the quarantine taint, and the cordon where
+    remediation set it. Returns what it did, for cleanup's report."""
+    from gpu_operator.controllers.health_machine import INITIALLY_UNSCHEDULABLE
+    from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_TAINT
+
+    name = node["metadata"]["name"]
+    done = []
+    if any(c.get("type") == HEALTH_CONDITION for c in (node.get("status") or {}).get("conditions") or []):
+        await nodestatus.delete_condition(kube, name, HEALTH_CONDITION)
+        done.append(f"removed condition {HEALTH_CONDITION}")
+    if await nodestatus.update_taints(kube, name, lambda cur: [t for t in cur if t.get("key") != HEALTH_TAINT]):
+        done.append(f"removed taint {HEALTH_TAINT}")
+    notes = node["metadata"].get("annotations") or {}
+    if notes.get(INITIALLY_UNSCHEDULABLE) == "false" and (node.get("spec") or {}).get("unschedulable"):
+        await kube.merge_patch("v1", "Node", name, {"spec": {"unschedulable": False}})
+        done.append("uncordoned (cordoned by GPU remediation)")
+    return done

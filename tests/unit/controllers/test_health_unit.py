@@ -201,3 +201,20 @@ def test_runs_in_a_unit_loop_served_at_once() -> None:
         assert not loop.kick.is_set()
     asyncio.run(go())
     assert [c[0] for c in kube.writes()] == ["patch-status", "patch", "event"]
+
+
+def test_take_back_undoes_condition_taint_and_our_cordon_only() -> None:
+    from gpu_operator.controllers.health_exec import take_back
+
+    kube = FakeKube()
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID48})
+    kube.add_pod("train", "g1")
+    unit = make(kube, policy({"remediation": {"enabled": True}}))
+    for _ in range(3):  # quarantined, draining (cordoned by us), evicting
+        run_pass(unit, kube)
+    kube.nodes["g1"]["spec"]["taints"].append(OTHER_TAINT)
+    done = asyncio.run(take_back(kube, kube.nodes["g1"]))  # type: ignore[arg-type]
+    assert len(done) == 3
+    assert condition(kube, "g1") is None and kube.nodes["g1"]["spec"]["taints"] == [OTHER_TAINT]
+    assert kube.nodes["g1"]["spec"]["unschedulable"] is False
+    assert asyncio.run(take_back(kube, kube.nodes["g1"])) == []  # type: ignore[arg-type]
