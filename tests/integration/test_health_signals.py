@@ -96,6 +96,7 @@ def test_the_crd_refuses_bad_health_values(control_plane: ControlPlane, crds: li
     assert create({"taintEffect": "PreferNoSchedule"}) == ["spec.health.taintEffect"]
     assert create({"remediation": {"maxUnavailable": "10%", "actions": ["reset-gpu", "reboot"]}}) == []
     assert create({"remediation": {"maxUnavailable": 2}}) == []
+    assert create({"remediation": {"maxUnavailable": "2"}}) == []  # as the model reads it
 
 
 def test_remediation_restarts_the_device_plugin_and_releases(control_plane: ControlPlane, kube: Client,

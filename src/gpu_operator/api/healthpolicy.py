@@ -32,7 +32,8 @@ DEFAULT_ACTIONS: tuple[RemediationAction, ...] = ("restart-device-plugin", "rese
 
 # CEL on an int-or-string: an int >= 0 or 'N%' with N in 0..100 (the apiserver names the field).
 _MAX_UNAVAILABLE_RULE: JsonDict = {
-    "rule": "type(self) == int ? self >= 0 : (self.matches('^[0-9]+%$') && int(self.replace('%', '')) <= 100)",
+    "rule": "type(self) == int ? self >= 0 : (self.matches('^[0-9]+$') || "
+            "(self.matches('^[0-9]+%$') && int(self.replace('%', '')) <= 100))",
     "message": "maxUnavailable must be a non-negative integer (nodes) or a percentage from 0% to 100% (e.g. 1, 10%)",
 }
 

@@ -59,6 +59,7 @@ def test_good_values() -> None:
     assert spec.remediation.unavailable_limit(25) == 3  # 10% of 25 rounded up
     assert RemediationSpec(maxUnavailable="0%").unavailable_limit(25) == 0
     assert RemediationSpec(maxUnavailable=2).unavailable_limit(25) == 2
+    assert RemediationSpec(maxUnavailable="2").unavailable_limit(25) == 2
 
 
 def test_crd_schema_refuses_what_the_model_refuses() -> None:
