@@ -32,13 +32,15 @@ CLUSTER_POLICY_API, NVIDIA_DRIVER_API = "nvidia.com/v1", "nvidia.com/v1alpha1"
 
 
 async def _active_policy(kube: Kube) -> dict[str, Any]:
-    policies = sorted(await kube.list_dicts(CLUSTER_POLICY_API, CLUSTER_POLICY),
-                      key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-    if not policies:
+    """The active ClusterPolicy's body, by the operator's own rule (controllers/queries.py)."""
+    from gpu_operator.controllers.cache import ClusterPolicyView
+    from gpu_operator.controllers.queries import active_policy
+    active = active_policy(ClusterPolicyView.of(p) for p in await kube.list_dicts(CLUSTER_POLICY_API, CLUSTER_POLICY))
+    if active is None:
         typer.echo("no ClusterPolicy: driver upgrades follow ClusterPolicy spec.driver.upgradePolicy; create one",
                    err=True)
         raise typer.Exit(2)
-    return policies[0]
+    return active.body
 
 
 async def _drivers(kube: Kube) -> list[dict[str, Any]]:
@@ -46,7 +48,13 @@ async def _drivers(kube: Kube) -> list[dict[str, Any]]:
 
 
 def uses_nvidia_drivers(policy: Mapping[str, Any]) -> bool:
-    return bool(((policy.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD"))
+    """`driver.useNvidiaDriverCRD` as the operator reads it: through the api model. A policy the
+    model refuses routes no node to an NVIDIADriver (the operator then upgrades nothing either)."""
+    from gpu_operator.api.clusterpolicy import ClusterPolicy
+    try:
+        return bool(ClusterPolicy.model_validate(policy).spec.driver.useNvidiaDriverCRD)
+    except pydantic.ValidationError:
+        return False
 
 
 def pause_targets(policy: Mapping[str, Any] | None, drivers: Sequence[Mapping[str, Any]],
