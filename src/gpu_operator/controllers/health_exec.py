@@ -11,8 +11,8 @@ import logging
 from typing import Any
 
 from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.drain import pod_facts
 from gpu_operator.controllers.health_machine import Step
-from gpu_operator.controllers.upgrade import pod_facts
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.resources import ObjectKey

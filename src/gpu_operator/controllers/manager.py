@@ -3,7 +3,7 @@ unit (each decides what it wants: controllers/loop.py). It knows nothing of what
 
 Nodes come from the Node reflector (controllers/reflector.py), everything else from kopf's
 watches (controllers/watches.py); both fill the one read model (controllers/readmodel.py) the
-units read. The units: ClusterPolicy, NVIDIADriver, GPUCluster, node labelling, driver upgrades."""
+units read. The units: ClusterPolicy, NVIDIADriver, GPUCluster, node labelling, driver upgrades, GPU health."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
+from gpu_operator.controllers.units.health import HealthUnit
 from gpu_operator.controllers.units.labels import LabelUnit
 from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
 from gpu_operator.controllers.units.upgrade import UpgradeUnit
@@ -50,6 +51,7 @@ class Manager:
             UpgradeUnit(kube, settings, model, labels_first),
             GPUClusterUnit(kube, settings, model, images),
             self.labels,
+            HealthUnit(model.nodes, model.node, model.active_model, kube, settings=settings),
         ]
         self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]
                       for unit in units]

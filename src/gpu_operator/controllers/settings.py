@@ -89,6 +89,16 @@ class OperatorSettings:
     upgrade_concurrency: int = 32
     """Pod evictions and deletions in flight at once during driver upgrades."""
 
+    health_concurrency: int = 16
+    """GPU health: nodes whose condition, taints or remediation step are written at once."""
+
+    health_retry: float = 5.0
+    """GPU health: a node whose write failed is looked at again after this."""
+
+    health_poll: float = 10.0
+    """GPU health: between two passes while any node is in remediation (drain and validation
+    timeouts, pods going away), besides every event that concerns it."""
+
     reconcile_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=60.0))
     """Retries of a ClusterPolicy or NVIDIADriver reconcile that raised (API errors, network):
     1 s, 2 s, 4 s ... up to 60 s; the first success resets it. Not-ready policies requeue on their

@@ -15,12 +15,12 @@ from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest, pod_ready
+from gpu_operator.controllers.drain import pod_facts
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade_owners import Owner
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
-    UPGRADE_DRAIN_SKIP_POD_LABEL,
     UPGRADE_EVENT_REASON,
     UPGRADE_STATE,
 )
@@ -117,23 +117,6 @@ class PassLists:
 
     pods: tuple[PassPod, ...] = ()
     validators: Mapping[str, bool] = field(default_factory=dict)
-
-
-def pod_facts(pod: Mapping[str, Any], wait_names: set[str], drain_names: set[str] | None,
-              blocked: Mapping[tuple[str, str], str]) -> us.PodFacts:
-    meta = pod.get("metadata") or {}
-    refs = meta.get("ownerReferences") or []
-    controller = next((r for r in refs if r.get("controller")), None)
-    name, ns = meta.get("name", ""), meta.get("namespace", "")
-    volumes = (pod.get("spec") or {}).get("volumes") or []
-    return us.PodFacts(
-        name, ns, phase=(pod.get("status") or {}).get("phase", ""), gpu=us.requests_gpu(pod),
-        daemonset=bool(controller and controller.get("kind") == "DaemonSet"),
-        mirror="kubernetes.io/config.mirror" in (meta.get("annotations") or {}),
-        controlled=controller is not None, empty_dir=any("emptyDir" in v for v in volumes),
-        drain_skip=(meta.get("labels") or {}).get(UPGRADE_DRAIN_SKIP_POD_LABEL) == "true",
-        wait_match=name in wait_names, drain_match=drain_names is None or name in drain_names,
-        terminating=bool(meta.get("deletionTimestamp")), blocked_by=blocked.get((ns, name), ""))
 
 
 def node_patch(step: us.Step) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from gpu_operator.controllers import upgrade, upgrade_owners
+from gpu_operator.controllers import drain, upgrade, upgrade_owners
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import DriverPodView, NodeView
 from gpu_operator.controllers.settings import OperatorSettings
@@ -55,10 +55,10 @@ def test_pod_facts() -> None:
            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
                     "volumes": [{"name": "scratch", "emptyDir": {}}]},
            "status": {"phase": "Running"}}
-    facts = upgrade.pod_facts(pod, {"w"}, None, {("work", "w"): "work/pdb"})
+    facts = drain.pod_facts(pod, {"w"}, None, {("work", "w"): "work/pdb"})
     assert (facts.gpu, facts.controlled, facts.daemonset, facts.empty_dir, facts.drain_skip, facts.wait_match,
             facts.drain_match, facts.blocked_by) == (True, True, False, True, True, True, True, "work/pdb")
-    assert not upgrade.pod_facts(pod, set(), {"other"}, {}).drain_match
+    assert not drain.pod_facts(pod, set(), {"other"}, {}).drain_match
 
 
 def test_node_patch_is_one_merge_patch() -> None:

@@ -25,6 +25,7 @@ from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.health_exec import Executor
 from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
+from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
@@ -37,15 +38,6 @@ from gpu_operator.vocabulary import (
 
 log = logging.getLogger("gpu_operator.health")
 
-
-
-@dataclass(frozen=True)
-class HealthTunables:
-    """The unit's timing (until the operator's settings carry them)."""
-
-    workers: int = 16  # nodes written at once
-    retry: float = 5.0  # seconds before a node whose write failed is tried again
-    poll: float = 10.0  # seconds between passes while a node is in remediation (timeouts, pods going)
 
 
 def facts_of(view: NodeView, state: str | None = None, notes: Mapping[str, str | None] | None = None) -> hr.Facts:
@@ -84,9 +76,9 @@ class HealthUnit(UnitBase):
 
     def __init__(self, nodes: Callable[[], Iterable[NodeView]], node: Callable[[str], NodeView | None],
                  policy: Callable[[], ClusterPolicy | None], kube: Kube, *,
-                 tunables: HealthTunables | None = None, clock: Callable[[], float] = time.time) -> None:
+                 settings: OperatorSettings | None = None, clock: Callable[[], float] = time.time) -> None:
         self.nodes, self.node, self.policy, self.kube = nodes, node, policy, kube
-        self.tunables = tunables or HealthTunables()
+        self.settings = settings or OperatorSettings()
         self.clock = clock
         self.executor = Executor(kube)
         self._dirty: set[str] = set()
@@ -139,7 +131,7 @@ class HealthUnit(UnitBase):
         plan = await self._plan(views, spec, now)
         steps = {s.node: s for s in plan.steps}
         look |= set(steps)
-        gate = asyncio.Semaphore(self.tunables.workers)
+        gate = asyncio.Semaphore(self.settings.health_concurrency)
 
         async def one(name: str) -> None:
             view = views.get(name)
@@ -156,9 +148,9 @@ class HealthUnit(UnitBase):
         await asyncio.gather(*(one(n) for n in sorted(look)))
         report.looked = len(look)
         if report.failed:
-            report.requeue = self.tunables.retry
+            report.requeue = self.settings.health_retry
         elif plan.busy:
-            report.requeue = self.tunables.poll
+            report.requeue = self.settings.health_poll
         return report
 
     async def _plan(self, views: Mapping[str, NodeView], spec: HealthSpec, now: float) -> hm.Plan:
