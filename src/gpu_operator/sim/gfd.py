@@ -16,10 +16,12 @@ Facts (NVIDIA/k8s-device-plugin v0.20.0, read for facts only):
   GFD_MIG_STRATEGY) picks the MIG strategy (default none); GFD_NO_TIMESTAMP drops
   `nvidia.com/gfd.timestamp`, which is taken once per process start.
 
-Played: the labels of full GPUs (see `Shape.gfd_labels`), the timestamp as the pod's start time,
-the MIG strategy from the pod's environment, the owner references. Not played: MIG devices (the
-MIG manager is not played either, issue 44), sharing (time-slicing/MPS) from the plugin config,
-the 60 s relabel loop (the host never changes), file output (features.d).
+Played: the labels of full GPUs (see `Shape.gfd_labels`) and, once the MIG manager's stand-in has
+changed the GPUs (`sim/mighw.py`), GFD's MIG labels per strategy (`sim/migresources.py`), the
+timestamp as the pod's start time, the MIG strategy from the pod's environment, the owner
+references. Not played: sharing (time-slicing/MPS) from the plugin config, the 60 s relabel loop
+(the GPUs change only while the MIG manager has paused GFD: its new pod labels them afresh), file
+output (features.d).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 
+from gpu_operator.sim import migresources
+from gpu_operator.sim.mighw import MigHardware
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import (
     GFD_NODE_FEATURE_PREFIX,
@@ -68,11 +72,15 @@ def owner_references(pod: PodView) -> list[dict[str, Any]]:
             {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}]
 
 
-def labels_for(view: NodeView, pod: PodView) -> dict[str, str]:
-    """The labels GFD's process in `pod` derives on the node (none where NVML sees no GPU)."""
+def labels_for(view: NodeView, pod: PodView, hardware: MigHardware | None = None) -> dict[str, str]:
+    """The labels GFD's process in `pod` derives on the node (none where NVML sees no GPU), with the
+    GPUs' MIG state as `hardware` has it (without: every GPU with MIG off)."""
     if view.shape is None or not view.nvidia_gpus:
         return {}
-    return view.shape.gfd_labels(mig_strategy(pod.env), None if no_timestamp(pod.env) else pod.started)
+    stamp = None if no_timestamp(pod.env) else pod.started
+    if hardware is None:
+        return view.shape.gfd_labels(mig_strategy(pod.env), stamp)
+    return migresources.gfd_labels(view.shape, mig_strategy(pod.env), hardware.gpus(view.name, view.shape), stamp)
 
 
 def node_feature(node: str, pod: PodView, labels: dict[str, str]) -> dict[str, Any]:
@@ -126,8 +134,9 @@ class FeatureDiscovery:
     app = APP
     field_manager = FIELD_MANAGER
 
-    def __init__(self) -> None:
+    def __init__(self, hardware: MigHardware | None = None) -> None:
         self.written: dict[tuple[str, str], dict[str, Any]] = {}
+        self.hardware = hardware
 
     async def start(self, client: AsyncClient) -> None:
         return None
@@ -140,7 +149,7 @@ class FeatureDiscovery:
         for pod in sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name)):
             newest[pod.namespace] = pod  # one GFD per node and namespace; the newest wins
         for pod in newest.values():
-            labels = labels_for(view, pod)
+            labels = labels_for(view, pod, self.hardware)
             if not labels:
                 continue  # NVML finds no GPU: GFD fails at start and writes nothing
             body = node_feature(node, pod, labels)

@@ -26,7 +26,13 @@ node's device-plugin stand-in) still counts in capacity but not in allocatable
 (manager.go `GetCapacity`); a new pod of the plugin, or a new boot (`--clear`), starts with every
 GPU Healthy. The node is looked at again when `sim fault` announces it.
 
-Not played: sharing replicas, MIG resources, a kubelet restart.
+MIG (given the MIG manager stand-in's GPU state, `sim/mighw.py`): the plugin's resources follow
+its MIG_STRATEGY and the GPUs' MIG state (`sim/migresources.py`: `nvidia.com/gpu` and/or
+`nvidia.com/mig-<profile>`); a layout the plugin refuses registers nothing (it exits). A resource
+the new plugin no longer registers is one whose endpoint stopped (the rule above, per resource);
+MIG devices of an Unhealthy GPU are Unhealthy.
+
+Not played: sharing replicas, a kubelet restart.
 """
 
 from __future__ import annotations
@@ -41,8 +47,9 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.sim import devnodes
+from gpu_operator.sim import devnodes, migresources
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
+from gpu_operator.sim.mighw import MigHardware, shape_gpus
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
@@ -56,21 +63,33 @@ GRACE_PERIOD = 300.0
 
 
 def desired_status(gpus: int, running: bool, stopped_for: float | None,
-                   grace_period: float = GRACE_PERIOD, unhealthy: int = 0) -> dict[str, dict[str, str]] | None:
-    """The `nvidia.com/gpu` capacity and allocatable the kubelet reports: the plugin running (with
-    `unhealthy` of the GPUs reported Unhealthy); stopped `stopped_for` seconds ago (None: it never
-    registered here: nothing)."""
+                   grace_period: float = GRACE_PERIOD, unhealthy: int = 0,
+                   resource: str = GPU_RESOURCE) -> dict[str, dict[str, str]] | None:
+    """The `resource` (`nvidia.com/gpu`) capacity and allocatable the kubelet reports: the plugin
+    running (with `unhealthy` of its `gpus` devices reported Unhealthy); stopped `stopped_for`
+    seconds ago (None: it never registered here: nothing)."""
     if running:
-        return {"capacity": {GPU_RESOURCE: str(gpus)}, "allocatable": {GPU_RESOURCE: str(max(0, gpus - unhealthy))}}
+        return {"capacity": {resource: str(gpus)}, "allocatable": {resource: str(max(0, gpus - unhealthy))}}
     if stopped_for is None:
         return None
     if stopped_for <= grace_period:
-        return {"capacity": {GPU_RESOURCE: str(gpus)}, "allocatable": {GPU_RESOURCE: "0"}}
-    return {"capacity": {GPU_RESOURCE: "0"}, "allocatable": {GPU_RESOURCE: "0"}}
+        return {"capacity": {resource: str(gpus)}, "allocatable": {resource: "0"}}
+    return {"capacity": {resource: "0"}, "allocatable": {resource: "0"}}
 
 
 def status_patch(status: dict[str, dict[str, str]]) -> dict[str, Any]:
     return {"status": status}
+
+
+def merge_status(parts: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str]] | None:
+    """One status of several resources' (None when there is none)."""
+    if not parts:
+        return None
+    return {key: {k: v for part in parts for k, v in part[key].items()} for key in ("capacity", "allocatable")}
+
+
+def is_plugin_resource(name: str) -> bool:
+    return name == GPU_RESOURCE or name.startswith(migresources.MIG_RESOURCE_PREFIX)
 
 
 class DevicePluginCapacity:
@@ -80,10 +99,12 @@ class DevicePluginCapacity:
     field_manager = FIELD_MANAGER
 
     def __init__(self, grace_period: float = GRACE_PERIOD, clock: Callable[[], float] = time.monotonic,
-                 hosts: Path | None = None, interval: float = 2.0) -> None:
+                 hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None) -> None:
         self.grace_period, self.clock = grace_period, clock
-        # node -> when its plugin stopped (None: it runs); absent: never registered here
-        self.stopped_at: dict[str, float | None] = {}
+        # (node, resource) -> when its endpoint stopped (None: it runs); absent: never registered here
+        self.stopped_at: dict[tuple[str, str], float | None] = {}
+        self.registered: dict[tuple[str, str], int] = {}  # (node, resource) -> devices last registered
+        self.mig = mig
         self.written: dict[str, dict[str, dict[str, str]]] = {}
         self.hosts = NodeHosts(hosts) if hosts is not None else None
         self.interval = interval
@@ -104,50 +125,88 @@ class DevicePluginCapacity:
 
     def unhealthy(self, node: str, pod: PodView) -> int:
         """How many of the node's GPUs the plugin in `pod` reports Unhealthy (0 without host trees)."""
+        return len(self.unhealthy_gpus(node, pod))
+
+    def unhealthy_gpus(self, node: str, pod: PodView) -> set[int]:
+        """The indices of the node's GPUs the plugin in `pod` reports Unhealthy (none without host trees)."""
         if self.hosts is None:
-            return 0
+            return set()
         entry = self.health.get(node)
         if entry is None or entry[0] != pod.uid:  # the plugin (re)started: it sees Xids from now on
             entry = self.health[node] = (pod.uid, XidHealth(self.hosts.root(node), pod.env))
         marked = entry[1].poll()
         root = self.hosts.root(node)
-        return sum(1 for gpu in self.hosts.gpus(node)
-                   if gpu.xid_address in marked or devnodes.char_device(root / f"dev/nvidia{gpu.minor}") is None)
+        return {gpu.index for gpu in self.hosts.gpus(node)
+                if gpu.xid_address in marked or devnodes.char_device(root / f"dev/nvidia{gpu.minor}") is None}
 
-    def stopped_for(self, node: str, view: NodeView, running: bool) -> float | None:
-        """Seconds since the plugin stopped on `node` (0 while it runs), None if it never ran."""
-        now = self.clock()
+    def stopped_for(self, node: str, view: NodeView, running: bool, resource: str = GPU_RESOURCE) -> float | None:
+        """Seconds since the plugin's endpoint for `resource` stopped on `node` (0 while it runs),
+        None if it never registered it."""
+        now, key = self.clock(), (node, resource)
         if running:
-            self.stopped_at[node] = None
-        elif node not in self.stopped_at:
-            if float(view.capacity.get(GPU_RESOURCE, 0) or 0) <= 0:
+            self.stopped_at[key] = None
+        elif key not in self.stopped_at:
+            if float(view.capacity.get(resource, 0) or 0) <= 0:
                 return None
-            self.stopped_at[node] = now  # registered before this stand-in started
-        elif self.stopped_at[node] is None:
-            self.stopped_at[node] = now
-        since = self.stopped_at[node]
+            self.stopped_at[key] = now  # registered before this stand-in started
+        elif self.stopped_at[key] is None:
+            self.stopped_at[key] = now
+        since = self.stopped_at[key]
         return 0.0 if since is None else now - since
+
+    def resources(self, node: str, view: NodeView, plugin: PodView | None) -> dict[str, tuple[int, int]]:
+        """Resource -> (devices, Unhealthy ones) the running `plugin` registers (none: it is not running
+        or refuses the MIG layout)."""
+        if plugin is None or view.shape is None:
+            return {}
+        sick = self.unhealthy_gpus(node, plugin)
+        gpus = self.mig.gpus(node, view.shape) if self.mig is not None else shape_gpus(view.shape)
+        if not gpus:  # the shape's GPUs are not NVML's here (e.g. vm-passthrough workload)
+            return {}
+        try:
+            found = migresources.advertised(migresources.strategy_of(plugin.env), gpus)
+        except migresources.PluginError as err:
+            log.info("node %s: the device plugin refuses the MIG layout and exits: %s", node, err)
+            return {}
+        return {name: (len(devs), sum(1 for _, parent in devs if parent in sick)) for name, devs in found.items()}
 
     async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
                    pods: list[PodView]) -> float | None:
         if view is None or view.shape is None or not view.nvidia_gpus:
-            self.stopped_at.pop(node, None)
+            for key in [k for k in self.stopped_at if k[0] == node]:
+                self.stopped_at.pop(key, None)
+                self.registered.pop(key, None)
             self.written.pop(node, None)
             self.health.pop(node, None)
             return None
         plugins = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
         running = bool(plugins)
-        unhealthy = self.unhealthy(node, plugins[-1]) if running else 0
         if not running:
             self.health.pop(node, None)
-        stopped_for = self.stopped_for(node, view, running)
-        wanted = desired_status(view.nvidia_gpus, running, stopped_for, self.grace_period, unhealthy)
+        now_registered = self.resources(node, view, plugins[-1] if running else None)
+        known = {r for (n, r) in self.stopped_at if n == node}
+        known |= {r for r, v in view.capacity.items() if is_plugin_resource(r) and float(v or 0) > 0}
+        parts, again = [], []
+        for resource in sorted(known | set(now_registered)):
+            if resource in now_registered:
+                count, sick = now_registered[resource]
+                self.registered[(node, resource)] = count
+                self.stopped_for(node, view, True, resource)
+                running_status = desired_status(count, True, 0.0, self.grace_period, sick, resource)
+                assert running_status is not None
+                parts.append(running_status)
+                continue
+            stopped_for = self.stopped_for(node, view, False, resource)
+            count = self.registered.get((node, resource), int(float(view.capacity.get(resource, 0) or 0)))
+            status = desired_status(count, False, stopped_for, self.grace_period, resource=resource)
+            if status is not None:
+                parts.append(status)
+            if stopped_for is not None and stopped_for <= self.grace_period:
+                again.append(self.grace_period - stopped_for + 0.05)  # look again when the grace period ends
+        wanted = merge_status(parts)
         if wanted is not None and self.written.get(node) != wanted:
             await client.patch(Node.Status, node, status_patch(wanted), field_manager=FIELD_MANAGER)
             self.written[node] = wanted
-            log.info("node %s: the device plugin %s: %s capacity %s, allocatable %s", node,
-                     "runs" if running else "is gone", GPU_RESOURCE, wanted["capacity"][GPU_RESOURCE],
-                     wanted["allocatable"][GPU_RESOURCE])
-        if not running and stopped_for is not None and stopped_for <= self.grace_period:
-            return self.grace_period - stopped_for + 0.05  # look again when the grace period ends
-        return None
+            log.info("node %s: the device plugin %s: capacity %s, allocatable %s", node,
+                     "runs" if running else "is gone", wanted["capacity"], wanted["allocatable"])
+        return min(again) if again else None

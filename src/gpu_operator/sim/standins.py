@@ -6,6 +6,8 @@ terminating), and only through the channel that component uses:
 - the device plugin, through the kubelet (`sim/kubeletdp.py`): `nvidia.com/gpu` in the Node's
   status capacity and allocatable;
 - NVIDIA's DRA kubelet plugin (`sim/draplugin.py`): the node's ResourceSlice;
+- NVIDIA's MIG manager (`sim/migmanager.py`): the node's `nvidia.com/mig.config` applied to its
+  GPUs, through the node's labels (state, paused clients) as NVIDIA's does;
 - our GPU health agent (`sim/health.py`, given the nodes' host trees: `sim up` does): its report
   annotation, from the agent's own code over the node's host tree, which `sim fault` changes;
 - optionally NFD's master (`sim/nfdmaster.py`), for clusters whose user runs NFD: NodeFeature
@@ -34,6 +36,8 @@ from lightkube import AsyncClient
 from gpu_operator.sim.draplugin import SlicePublisher
 from gpu_operator.sim.gfd import FeatureDiscovery
 from gpu_operator.sim.kubeletdp import DevicePluginCapacity
+from gpu_operator.sim.mighw import MigHardware
+from gpu_operator.sim.migmanager import MigManager
 from gpu_operator.sim.nfdmaster import NfdMaster
 from gpu_operator.sim.podwatch import NodeStandIns, Player
 
@@ -42,9 +46,12 @@ log = logging.getLogger("gpu_operator.sim.standins")
 
 def default_players(grace_period: float | None = None, hosts: Path | None = None) -> list[Player]:
     """GFD, the device plugin through the kubelet (with `hosts`, the kwok nodes' host trees: its
-    per-GPU health too), the DRA kubelet plugin."""
+    per-GPU health too), the DRA kubelet plugin, the MIG manager; the last changes the GPUs' MIG
+    state (`sim/mighw.py`, beside the host trees or in memory), which the first two read."""
     extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
-    return [FeatureDiscovery(), DevicePluginCapacity(hosts=hosts, **extra), SlicePublisher()]
+    mig = MigHardware(hosts)
+    return [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra), SlicePublisher(),
+            MigManager(mig)]
 
 
 async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
@@ -142,7 +149,7 @@ def serve(kubeconfig: str, nfd: bool = False, hosts: Path | None = None) -> None
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("stand-ins for kwok nodes: GPU feature discovery, the device plugin's capacity, the DRA kubelet "
-                 "plugin%s%s", f"; our health agent over the host trees in {hosts}" if hosts else "",
+                 "plugin, the MIG manager%s%s", f"; our health agent over the host trees in {hosts}" if hosts else "",
                  "; NFD's master" if nfd else "")
         await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd, hosts=hosts)
 
