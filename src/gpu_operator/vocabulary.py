@@ -141,6 +141,11 @@ HEALTH_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-health."
 HEALTH_REASON_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}reason"
 HEALTH_SINCE_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}since"
 HEALTH_ATTEMPTS_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}attempts"
+# Remediation's requests to the node's health agent, which acts on them and removes them: reset
+# these GPUs (bus ids, comma-separated, or "all"; only GPUs nothing holds), and reboot the node
+# (an epoch; the agent creates kured's reboot sentinel).
+HEALTH_RESET_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reset-requested"
+HEALTH_REBOOT_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reboot-requested"
 # The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
 HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
 

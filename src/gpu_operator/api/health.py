@@ -13,9 +13,9 @@ it understands instead of guessing.
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION
 
@@ -24,6 +24,11 @@ GpuState = Literal["healthy", "warning", "unhealthy", "gone"]
 Action = Literal["none", "restart-app", "reset-gpu", "reboot"]  # vocabulary.HEALTH_ACTIONS
 STATES: tuple[str, ...] = ("healthy", "warning", "unhealthy", "gone")  # mildest first
 BUS = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"
+
+
+# What the agent did with a reset request, per GPU (node/health/requests.py)
+ResetOutcome = Annotated[str, StringConstraints(pattern=r"^(done|refused:.+|failed:.+)$", max_length=200)]
+Bus = Annotated[str, StringConstraints(pattern=BUS)]
 
 
 class ReportError(ValueError):
@@ -56,6 +61,10 @@ class HealthReport(_Strict):
     sources: tuple[Literal["kmsg", "nvml", "pci", "proc"], ...]
     missing: tuple[str, ...] = ()
     stopped: bool = False
+    reset: dict[Bus, ResetOutcome] = Field(default_factory=dict, max_length=64,
+                                           description="the last reset request's outcome per GPU")
+    reboot: str | None = Field(default=None, max_length=40,
+                               description="the reboot request the agent created the reboot sentinel for")
 
     @model_validator(mode="after")
     def _consistent(self) -> HealthReport:
@@ -74,6 +83,14 @@ class HealthReport(_Strict):
     @property
     def unhealthy(self) -> tuple[GpuHealth, ...]:
         return tuple(g for g in self.gpus if g.state in ("unhealthy", "gone"))
+
+    def reset_outcome(self, bus: str) -> tuple[str, str] | None:
+        """(`done` | `refused` | `failed`, why) of the last reset request for one GPU; None: none."""
+        value = self.reset.get(bus)
+        if value is None:
+            return None
+        kind, _, why = value.partition(":")
+        return kind, why
 
     @classmethod
     def parse(cls, text: str) -> HealthReport:

@@ -25,7 +25,9 @@ from gpu_operator.controllers.cache import HEALTH_ANNOTATION_PREFIX, NodeView
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_REASON_ANNOTATION,
+    HEALTH_REBOOT_REQUESTED,
     HEALTH_REPORT_ANNOTATION,
+    HEALTH_RESET_REQUESTED,
     HEALTH_SINCE_ANNOTATION,
     HEALTH_STATE,
     UPGRADE_DRAIN_START_ANNOTATION,
@@ -41,11 +43,9 @@ REASON = HEALTH_REASON_ANNOTATION  # why the node failed or is held
 UNHEALTHY_AT = f"{PREFIX}unhealthy-at"  # when it turned unhealthy, comma-separated (flapping window)
 INITIALLY_UNSCHEDULABLE = f"{PREFIX}initially-unschedulable"  # cordoned before we began: left cordoned
 DRAIN_START = f"{PREFIX}drain-start"
-# Requests to the node agent (it acts, then removes the annotation): reset these GPUs (bus ids,
-# comma-separated, nothing holding them); reboot the node (the agent creates kured's sentinel file,
-# /var/run/reboot-required, or the reboot daemon reads the annotation itself).
-RESET_REQUESTED = f"{PREFIX}reset-requested"
-REBOOT_REQUESTED = f"{PREFIX}reboot-requested"
+# Requests to the node agent (node/health/requests.py acts, then removes the annotation).
+RESET_REQUESTED = HEALTH_RESET_REQUESTED
+REBOOT_REQUESTED = HEALTH_REBOOT_REQUESTED
 
 QUARANTINED, DRAINING, ACTING, VALIDATING, FAILED, HELD = (
     "quarantined", "draining", "acting", "validating", "failed", "held")

@@ -32,6 +32,39 @@ def patch_node_annotations(client: Any, node_name: str, annotations: dict[str, s
     client.patch(Node, node_name, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE)
 
 
+class NodeAnnotationWatch:
+    """A Node's annotations as a watch of that one Node keeps them (a daemon thread: the kubelet
+    watches its own Node the same way); `current()` is the latest seen, empty until the first."""
+
+    def __init__(self, node_name: str, client: Any = None, log: Any = None) -> None:
+        import threading
+
+        self.node_name = node_name
+        self.client = client if client is not None else _client()
+        self.log = log or (lambda _m: None)
+        self.annotations: dict[str, str] = {}
+        self.thread = threading.Thread(target=self._run, name=f"watch-node-{node_name}", daemon=True)
+        self.thread.start()
+
+    def current(self) -> dict[str, str]:
+        return self.annotations
+
+    def _run(self) -> None:
+        from lightkube.resources.core_v1 import Node
+
+        failures = 0
+        while True:
+            try:
+                for _kind, node in self.client.watch(Node, fields={"metadata.name": self.node_name}):
+                    self.annotations = dict((node.metadata.annotations if node.metadata else None) or {})
+                    failures = 0
+            except Exception as err:  # noqa: BLE001 - the apiserver may be away: watch again
+                failures += 1
+                if failures == 1:
+                    self.log(f"watching Node {self.node_name} failed ({err}); watching again")
+            time.sleep(min(0.5 * 2 ** min(failures, 5), 15.0))
+
+
 class KubeNodeView:
     """NodeView over the API for one node; the agent's own pod (POD_NAME) gives owner and tolerations."""
 

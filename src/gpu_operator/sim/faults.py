@@ -11,9 +11,11 @@ device-plugin stand-in) sees what it would see there.
   functions leave sysfs (/sys/devices/..., /sys/bus/pci/devices, its driver's and IOMMU group's
   links), the driver drops /proc/driver/nvidia/gpus/<address> and its /dev/nvidia<minor> node.
   What was removed is kept outside the tree (the fault book), to be put back.
+- `reset` (no command: the health agent's stand-in plays `nvidia-smi -r` with it): one GPU still
+  on the bus forgets its Xids of this boot; the boot, a gone GPU and other GPUs' faults stay.
 - `clear`: the fix that clears every fault, a reboot (power cycle) of the host: every removed GPU
-  is back as it was, the kernel log starts empty and the boot gets a new
-  /proc/sys/kernel/random/boot_id. Whatever reads the host tells the new boot by that boot_id; the
+  is back as it was, the kernel log starts empty, /run (kured's reboot sentinel) is emptied and the
+  boot gets a new /proc/sys/kernel/random/boot_id. Whatever reads the host tells the new boot by that boot_id; the
   node's agents start afresh, as their pods do after a reboot.
 
 A GPU is named by its index as NVML numbers them (PCI address order) on the intact host: the fault
@@ -211,6 +213,22 @@ class HostFaults:
         shutil.move(str(self.fs.resolve(host_path)), to)
         taken["moved"][host_path] = str(to)
 
+    def reset(self, address: str) -> GpuRecord:
+        """A GPU reset (`nvidia-smi -r`) of one GPU still on the bus: its Xids of this boot are
+        forgotten (the book), the boot and the other GPUs' faults stay; a GPU gone from the bus
+        cannot be reset (only `clear`, a reboot, brings it back)."""
+        book = self.book()
+        gpu = next((g for g in book.gpus if g.address == address), None)
+        if gpu is None:
+            raise FaultError(f"GPU {address}: not a GPU of this host ({', '.join(g.address for g in book.gpus)})")
+        if address in book.gone:
+            raise FaultError(f"GPU {gpu.index} ({address}) is off the bus: a reset cannot reach it; --clear (a "
+                             "reboot) brings it back")
+        book.xids = [x for x in book.xids if x["gpu"] != gpu.index]
+        self.kmsg_append(book, [f"NVRM: GPU at PCI:{address}: GPU reset"])
+        self.save(book)
+        return gpu
+
     def clear(self) -> Book:
         """Reboot the host: removed GPUs back, an empty kernel log, a new boot_id."""
         book = self.book()
@@ -227,6 +245,8 @@ class HostFaults:
         self.fs.resolve(KMSG).parent.mkdir(parents=True, exist_ok=True)
         self.fs.resolve(KMSG).write_text("")
         self.fs.write_text(BOOT_ID, f"{uuid.uuid4()}\n")
+        for run_dir in ("/run", "/var/run"):  # a tmpfs: the reboot empties it (kured's sentinel too)
+            self.fs.remove(f"{run_dir}/reboot-required")
         book.gone, book.xids, book.boots, book.boot_started = {}, [], book.boots + 1, time.time()
         self.save(book)
         return book

@@ -22,6 +22,15 @@ first fault on its shape's tree (what the host was when the pod started) and the
 node's own tree, so it sees the change as an agent that ran all along does: a GPU that left the
 bus is `gone`, the kernel log's new records are judged.
 
+Remediation's requests (the Node annotations nvidia.com/gpu-health.reset-requested and
+reboot-requested) are carried out by the agent's own code (`node.health.requests.RequestActor`)
+for a node with a live agent (remediation only asks of a node whose GPUs are unhealthy, and that
+node's tree holds the fault): its Node is read at each step, a reset is played on the tree by
+`HostFaults.reset` (that GPU's Xids forgotten, the boot kept; a GPU gone from the bus stays gone)
+instead of `nvidia-smi -r`, and a reboot request creates kured's sentinel in the tree
+(/var/run/reboot-required). There is no kured here: whoever plays the reboot runs
+`gpu-operator sim fault NODE --clear`.
+
 `--clear` is a reboot (a new boot_id in the tree): the pod restarts with the node, so a new agent
 takes over, its first report says what the host is now. When the pod stops, the agent's last
 report (marked `stopped`) is published, as the agent does on SIGTERM.
@@ -37,11 +46,20 @@ from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
 
 from gpu_operator.node.health import AnnotationPublisher, HealthAgent, encode
+from gpu_operator.node.health.requests import RequestActor, Resetter
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.sim import hosttree
-from gpu_operator.sim.faults import ChangeFollower, NodeHosts, boot_id, follow_changes, node_host_spec
+from gpu_operator.sim.faults import (
+    ChangeFollower,
+    FaultError,
+    NodeHosts,
+    boot_id,
+    follow_changes,
+    node_host_spec,
+)
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 
@@ -122,16 +140,30 @@ class HealthStandIn:
             agent.close()
         return self.looks[key]
 
-    def _agent(self, node: str, fs: HostFS, wanted: tuple[str, ...] | None) -> HealthAgent:
+    def _agent(self, node: str, fs: HostFS, wanted: tuple[str, ...] | None, *, acts: bool = False) -> HealthAgent:
         extra: dict[str, Any] = {} if wanted is None else {"validations": wanted}
-        return HealthAgent(fs, node, nvml=False, log=lambda m: log.info("node %s: health agent: %s", node, m),
-                           **extra)
+        say = lambda m: log.info("node %s: health agent: %s", node, m)  # noqa: E731
+        # no process of a tree is this agent (own_pid -1): every holder there counts
+        requests = RequestActor(fs, self._resetter(node), own_pid=-1, log=say) if acts else None
+        return HealthAgent(fs, node, nvml=False, log=say, requests=requests, **extra)
 
-    async def publish(self, node: str, text: str) -> None:
-        if self.published.get(node) == text:
+    def _resetter(self, node: str) -> Resetter:
+        """`nvidia-smi -r -i BUS` played on the node's own tree."""
+        def reset(bus: str) -> tuple[bool, str]:
+            if not self.hosts.has(node):
+                return False, "the node has no host tree of its own"
+            try:
+                self.hosts.faults(node).reset(bus)
+            except FaultError as err:
+                return False, str(err)
+            return True, ""
+        return reset
+
+    async def publish(self, node: str, text: str, withdraw: tuple[str, ...] = ()) -> None:
+        if self.published.get(node) == text and not withdraw:
             return
         publisher = self.publishers.setdefault(node, AnnotationPublisher(node, client=self.client))
-        await publisher.publish(text)
+        await publisher.publish(text, withdraw)
         self.published[node] = text
         self.patches += 1
         log.info("node %s: GPU health report published: %s", node, text)
@@ -175,14 +207,16 @@ class HealthStandIn:
                 fs = HostFS(self.shared_root(shape))
             else:
                 return None  # nothing changed since its last report
-            live = Live(self._agent(node, fs, validations(pod)), fs, boot_id(fs))
+            live = Live(self._agent(node, fs, validations(pod), acts=True), fs, boot_id(fs))
             if self.hosts.has(node) and fs.root != own.resolve():
                 fs.root = own.resolve()  # the same agent, now reading the node's own host
                 live.boot = boot_id(fs)
             self.live[node], self.pods[node] = live, pod.uid
+        found = await client.get(Node, node)
+        withdraw = tuple(live.agent.act((found.metadata.annotations if found.metadata else None) or {}))
         await live.agent.step()
         if live.agent.last is not None:
-            await self.publish(node, live.agent.last)
+            await self.publish(node, live.agent.last, withdraw)
         if self.hosts.has_faults(node) or live.agent.marks:
             return self.interval
         self._close(node)  # quiet: put away until its host changes

@@ -171,7 +171,7 @@ class FakePublisher:
     def __init__(self) -> None:
         self.texts: list[str] = []
 
-    async def publish(self, text: str) -> None:
+    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
         self.texts.append(text)
 
 
@@ -200,11 +200,11 @@ def test_a_failed_write_is_retried_at_the_next_step_only_until_it_lands(host: Ho
     class Flaky(FakePublisher):
         fails = 2
 
-        async def publish(self, text: str) -> None:
+        async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
             if self.fails:
                 self.fails -= 1
                 raise ConnectionError("apiserver away")
-            await super().publish(text)
+            await super().publish(text, withdraw)
 
     agent, publisher = agent_for(host), Flaky()
 

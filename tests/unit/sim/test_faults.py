@@ -117,3 +117,20 @@ def test_the_journal_reports_each_announced_node_once_per_poll(tmp_path: Path) -
     with (hosts.base / faults.CHANGES).open("a") as out:
         out.write("-written\n")
     assert follower.poll() == ["half-written"]
+
+
+def test_a_reset_forgets_one_gpus_xids_keeps_the_boot_and_cannot_reach_a_gone_gpu(node: faults.HostFaults) -> None:
+    boot = faults.boot_id(node.fs)
+    first, second = node.xid(48, 1), node.xid(48, 2)
+    gone = node.gone(3)
+    node.reset(first.address)
+    book = node.book()
+    assert [x["gpu"] for x in book.xids] == [second.index, gone.index] and gone.address in book.gone
+    assert faults.boot_id(node.fs) == boot and book.boots == 0
+    with pytest.raises(faults.FaultError, match="off the bus"):
+        node.reset(gone.address)
+    with pytest.raises(faults.FaultError, match="not a GPU of this host"):
+        node.reset("0000:ff:00.0")
+    node.fs.write_text("/var/run/reboot-required", "")
+    node.clear()  # a reboot empties /run: kured's sentinel goes
+    assert not node.fs.exists("/var/run/reboot-required")

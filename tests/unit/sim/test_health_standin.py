@@ -1,7 +1,8 @@
 """The health agent's stand-in on kwok nodes (`sim/health.py`), in-process with a recording client:
 it acts only where the validator pod runs with its gpu-health container, publishes the agent's
 report once per change through the agent's publisher, follows `sim fault` (an Xid, a GPU off the
-bus, a reboot), and leaves quiet nodes alone: 1,000 of them cost one patch each and nothing after.
+bus, a reboot), carries out remediation's reset and reboot requests on the node's tree, and
+leaves quiet nodes alone: 1,000 of them cost one patch each and nothing after.
 The kwok device plugin's stand-in follows the same trees: Unhealthy GPUs leave allocatable."""
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Any
 import pytest
 
 from gpu_operator import shapes
+from gpu_operator.api.health import HealthReport
 from gpu_operator.sim import kubeletdp
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.health import APP, CONTAINER, HealthStandIn
 from gpu_operator.sim.podwatch import NodeView, PodView
-from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION
+from gpu_operator.vocabulary import HEALTH_REBOOT_REQUESTED, HEALTH_REPORT_ANNOTATION, HEALTH_RESET_REQUESTED
 
 
 class RecordingClient:
@@ -26,9 +28,23 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.notes: dict[str, dict[str, str]] = {}  # node -> its annotations (merge patches applied)
 
     def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> None:
         self.patches.append((name, body))
+        notes = self.notes.setdefault(name, {})
+        for key, value in body["metadata"]["annotations"].items():
+            if value is None:
+                notes.pop(key, None)
+            else:
+                notes[key] = value
+
+    async def get(self, resource: Any, name: str) -> Any:
+        """The async client's Node read (the stand-in reads remediation's requests)."""
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Node
+
+        return Node(metadata=ObjectMeta(name=name, annotations=dict(self.notes.get(name, {}))))
 
     def reports(self, node: str) -> list[dict[str, Any]]:
         return [json.loads(b["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION]) for n, b in self.patches if n == node]
@@ -53,7 +69,7 @@ class Harness:
         self.standin.attach(self.woken.append)
 
     async def sync(self, node: str, *pods: PodView, shape: str = "dgx-h100") -> float | None:
-        return await self.standin.sync(None, node, view(node, shape), list(pods))  # type: ignore[arg-type]
+        return await self.standin.sync(self.client, node, view(node, shape), list(pods))  # type: ignore[arg-type]
 
     def fault(self, node: str) -> Any:
         faults = self.hosts.faults(node, node_host_spec("dgx-h100"))
@@ -116,6 +132,41 @@ def test_an_xid_then_a_lost_gpu_then_a_reboot(harness: Harness) -> None:
         assert (report["state"], report["action"], report["healthy"], report["gpus"]) == ("healthy", "none", 8, [])
         assert standin.live == {}
         assert len(harness.client.reports("n")) == 4  # first look, Xid, gone, rebooted
+    run(go())
+
+
+def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_sentinel(harness: Harness) -> None:
+    async def go() -> None:
+        standin, client = harness.standin, harness.client
+        await standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("r", pod("r"))
+        faults = harness.fault("r")
+        bad = faults.xid(48, 3)
+        gone = faults.gone(5)
+        await harness.sync("r", pod("r"))
+        assert {g["bus"]: g["state"] for g in client.reports("r")[-1]["gpus"]} == {
+            bad.address: "unhealthy", gone.address: "gone"}
+        # the operator asks for both GPUs to be reset: the one on the bus is, the gone one is refused
+        client.notes["r"][HEALTH_RESET_REQUESTED] = f"{bad.address},{gone.address}"
+        await harness.sync("r", pod("r"))
+        report = HealthReport.parse(json.dumps(client.reports("r")[-1]))
+        assert report.reset_outcome(bad.address) == ("done", "")
+        assert report.reset_outcome(gone.address) == ("refused", "gone from the bus (only a reboot brings it back)")
+        assert [(g.bus, g.state) for g in report.gpus] == [(gone.address, "gone")]  # reset: healthy again
+        assert [x["gpu"] for x in json.loads((faults.book_path).read_text())["xids"]] == [5]  # the gone GPU's stays
+        assert HEALTH_RESET_REQUESTED in client.notes["r"]  # not every GPU asked for is reset
+        # then a reboot: the sentinel in the tree, the request answered and removed, once
+        client.notes["r"][HEALTH_REBOOT_REQUESTED] = "1700000000"
+        await harness.sync("r", pod("r"))
+        await harness.sync("r", pod("r"))
+        assert faults.fs.is_file("/var/run/reboot-required")
+        assert HealthReport.parse(json.dumps(client.reports("r")[-1])).reboot == "1700000000"
+        assert HEALTH_REBOOT_REQUESTED not in client.notes["r"]
+        assert sum(HEALTH_REBOOT_REQUESTED in b["metadata"]["annotations"] for _, b in client.patches) == 1
+        faults.clear()  # the reboot (kured's part, played by hand): the sentinel goes with /run
+        await harness.sync("r", pod("r"))
+        assert not faults.fs.exists("/var/run/reboot-required")
+        assert client.reports("r")[-1]["gpus"] == []
     run(go())
 
 

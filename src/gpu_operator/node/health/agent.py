@@ -7,7 +7,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gpu_operator.node.health.assess import XidMark, encode, evaluate
@@ -15,6 +15,7 @@ from gpu_operator.node.health.catalogue import HEALTHY, STATES, WARNING, classif
 from gpu_operator.node.health.kmsg import KmsgFollower, XidEvent, parse_xid
 from gpu_operator.node.health.nvml import NvmlSource
 from gpu_operator.node.health.observe import DEFAULT_VALIDATIONS, HostSnapshot, snapshot
+from gpu_operator.node.health.requests import RequestActor
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, VALIDATIONS_DIR
 
@@ -72,8 +73,10 @@ class HealthAgent:
         metrics: HealthMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = _stderr,
+        requests: RequestActor | None = None,
     ) -> None:
         self.fs, self.node = fs, node
+        self.requests, self.nvml_module = requests, nvml_module
         self.validations, self.validations_dir = validations, validations_dir
         self.warning_hold, self.metrics, self.clock, self.log = warning_hold, metrics, clock, log
         # The kernel log from its end (no replay after a restart); `replay`: what it holds now too.
@@ -126,7 +129,38 @@ class HealthAgent:
         report, states = evaluate(self.baseline, now, self.marks, observation, self.sources())
         if self.metrics:
             self.metrics.update(states, report["validated"])
+        if self.requests is not None:
+            report.update(self.requests.report_fields())
         return report
+
+    def act(self, annotations: Mapping[str, str]) -> list[str]:
+        """Carry out the operator's reset and reboot requests among the Node's `annotations`
+        (requests.py); returns the request annotations to remove. A GPU reset clears its Xid state.
+        NVML's handles (open device files, which would hold the GPUs) are let go for the reset."""
+        if self.requests is None:
+            return []
+        self.observe()  # the Xids logged until now: those a reset clears
+        now = snapshot(self.fs, (), self.validations_dir)
+        known = set(self.baseline.pci) | set(now.pci)
+        gone = set(self.baseline.pci) - set(now.pci)
+        released = False
+
+        def release_nvml() -> None:
+            nonlocal released
+            if self.nvml is not None and self.nvml.available and not released:
+                self.nvml.close()
+                released = True
+
+        self.requests.before_reset = release_nvml
+        try:
+            handled = self.requests.act(annotations, known, gone)
+        finally:
+            self.requests.before_reset = None
+            if released:
+                self.nvml = NvmlSource(self.log, self.nvml_module)
+        for bus in handled.reset:
+            self.marks.pop(bus, None)
+        return handled.withdraw
 
     async def step(self) -> dict[str, Any] | None:
         """The report when it changed since the last step (the first step always returns one)."""
@@ -148,7 +182,11 @@ class HealthAgent:
 
 
 class Publisher(Protocol):
-    async def publish(self, text: str) -> None: ...
+    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None: ...
+
+
+class RequestSource(Protocol):
+    def current(self) -> Mapping[str, str]: ...
 
 
 class AnnotationPublisher:
@@ -161,30 +199,40 @@ class AnnotationPublisher:
         self.client = client if client is not None else new_client()
         self.patches = 0
 
-    def _patch(self, text: str) -> None:
+    def _patch(self, text: str, withdraw: tuple[str, ...]) -> None:
         from gpu_operator.node.kubeapi import patch_node_annotations
 
-        patch_node_annotations(self.client, self.node, {HEALTH_REPORT_ANNOTATION: text})
+        patch_node_annotations(self.client, self.node, {HEALTH_REPORT_ANNOTATION: text, **dict.fromkeys(withdraw)})
         self.patches += 1
 
-    async def publish(self, text: str) -> None:
-        await asyncio.to_thread(self._patch, text)
+    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
+        """The report, and the removal of the requests it answers, in one patch."""
+        await asyncio.to_thread(self._patch, text, withdraw)
 
 
-async def run(agent: HealthAgent, publisher: Publisher, interval: float, stop: asyncio.Event) -> None:
+async def run(agent: HealthAgent, publisher: Publisher, interval: float, stop: asyncio.Event,
+              requests: RequestSource | None = None) -> None:
     """Step every `interval` seconds and publish each changed report (a failed write is retried at
-    the next step, and only then); on `stop`, publish the final report and close."""
+    the next step, and only then); with `requests` (the Node's annotations as last seen), carry out
+    the operator's requests first and remove those handled with the report's patch; on `stop`,
+    publish the final report and close."""
     pending: str | None = None
+    withdraw: tuple[str, ...] = ()
     while not stop.is_set():
+        if requests is not None:
+            done = await asyncio.to_thread(agent.act, requests.current())
+            withdraw = tuple(dict.fromkeys((*withdraw, *done)))
         report = await agent.step()
         if report is not None:
             pending = encode(report)
             agent.log(f"report changed: state={report['state']} action={report['action']} "
                       f"validated={str(report['validated']).lower()} gpus listed={len(report['gpus'])}")
+        if withdraw and pending is None:
+            pending = agent.last
         if pending is not None:
             try:
-                await publisher.publish(pending)
-                pending = None
+                await (publisher.publish(pending, withdraw) if withdraw else publisher.publish(pending))
+                pending, withdraw = None, ()
             except Exception as err:  # noqa: BLE001 - the apiserver may be away; retry next step
                 agent.log(f"publishing the report failed (retrying in {interval:g}s): {err}")
         with contextlib.suppress(TimeoutError):

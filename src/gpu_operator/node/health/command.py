@@ -78,13 +78,20 @@ def health(
 
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
         typer.echo(f"serving health metrics on :{metrics_port}/metrics", err=True)
+    from gpu_operator.node.health.agent import _stderr
+    from gpu_operator.node.health.requests import RequestActor, smi_resetter
+    from gpu_operator.node.kubeapi import NodeAnnotationWatch, new_client
+
+    client = new_client()
+    actor = RequestActor(fs, smi_resetter(fs), log=_stderr)
     agent = HealthAgent(fs, node_name, validations=components, nvml=nvml, warning_hold=warning_hold,
-                        metrics=metrics)
+                        metrics=metrics, requests=actor)
 
     async def main() -> None:
         stop = asyncio.Event()
         install_stop(stop)
-        await run(agent, AnnotationPublisher(node_name), interval, stop)
+        watch = NodeAnnotationWatch(node_name, log=_stderr)  # its own client: a watch holds one connection
+        await run(agent, AnnotationPublisher(node_name, client), interval, stop, watch)
 
     asyncio.run(main())
     typer.echo("health agent stopped", err=True)

@@ -12,6 +12,7 @@ from gpu_operator.render.objects import (
     container,
     env,
     find,
+    hostpath,
     mount,
     remove_containers,
     upsert_env,
@@ -44,6 +45,9 @@ HEALTH_PORT = 8010
 HEALTH_PORT_NAME = "health-metrics"
 HEALTH_SERVICE = "nvidia-gpu-health"
 HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
+# The host's /run, writable under the read-only host root: where the agent creates kured's reboot
+# sentinel (/var/run/reboot-required) when remediation asks for a reboot (docs/health.md).
+HOST_RUN = hostpath("host-run", "/run", "Directory")
 
 
 def _health() -> dict[str, Any]:
@@ -53,7 +57,8 @@ def _health() -> dict[str, Any]:
         args=["--host-root", "/host"],
         env_vars=[copy.deepcopy(NODE_NAME), env("NVIDIA_VISIBLE_DEVICES", "all"), env("HEALTH_METRICS_PORT", str(HEALTH_PORT)),
                   env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS))],
-        mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
+        mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+                mount("host-run", "/host/run")],
         privileged=True,  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
         ports=[{"name": HEALTH_PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
     )
@@ -92,7 +97,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     return {
         "initContainers": inits,
         "containers": [main, _health()],
-        "volumes": [VALIDATIONS, DRIVER_INSTALL_DIR, HOST_ROOT, HOST_DEV_CHAR],
+        "volumes": [VALIDATIONS, DRIVER_INSTALL_DIR, HOST_ROOT, HOST_DEV_CHAR, copy.deepcopy(HOST_RUN)],
     }
 
 
