@@ -56,6 +56,18 @@ def ok_passes(port: int | None) -> dict[str, float]:
     return counts
 
 
+def nodes_patched(events: list[dict[str, Any]], user: str) -> dict[str, int]:
+    """{node: patches by `user`} among audit `events`: how many nodes a burst of node patches
+    touched, and whether any was patched more than once."""
+    counts: dict[str, int] = {}
+    for event in events:
+        ref = event.get("objectRef") or {}
+        if (event.get("user", {}).get("username") == user and event.get("verb") == "patch"
+                and ref.get("resource") == "nodes" and not ref.get("subresource")):
+            counts[ref.get("name", "?")] = counts.get(ref.get("name", "?"), 0) + 1
+    return counts
+
+
 def lease_holder(sync: Client, namespace: str) -> str | None:
     """The Lease's holderIdentity ("" when released); None when there is no Lease."""
     try:
@@ -123,13 +135,18 @@ def restart(old: Subject, relaunch: Callable[[], Subject], running: list[Subject
     out["restart_lease_after"] = holder if holder0 is not None else lease_holder(sync, namespace)
     out["restart_passes_at_caught_up"] = passes
     out["restart_exits"] = exits
-    out["restart_catchup_writes"], out["restart_catchup_writes_by_kind"] = audit_writes(completed(audit), user)
+    events = list(completed(audit))
+    out["restart_catchup_writes"], out["restart_catchup_writes_by_kind"] = audit_writes(events, user)
     if new.process.poll() is not None:  # gave up: no idle window to measure
         out["restart_new_exit"] = new.process.returncode
         return out
     cpu0, t1 = proc_stats(new.pid).cpu_seconds, time.monotonic()
     time.sleep(idle_seconds)
-    out["restart_idle_writes"], out["restart_idle_writes_by_kind"] = audit_writes(completed(audit), user)
+    idle = list(completed(audit))
+    out["restart_idle_writes"], out["restart_idle_writes_by_kind"] = audit_writes(idle, user)
+    patched = nodes_patched(events + idle, user)  # from the SIGTERM to the end of the window
+    out["restart_nodes_patched"] = len(patched)
+    out["restart_nodes_patched_more_than_once"] = sum(1 for n in patched.values() if n > 1)
     out["restart_writes"] = out["restart_catchup_writes"] + out["restart_idle_writes"]
     if new.process.poll() is not None:  # exited during the window
         out["restart_new_exit"] = new.process.returncode
