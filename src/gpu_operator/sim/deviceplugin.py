@@ -16,7 +16,13 @@ internal/plugin/server.go; facts only):
   allocated IDs; `cdi-annotations` sets the annotation `cdi.k8s.io/nvidia-device-plugin_<id>` to
   `k8s.device-plugin.nvidia.com/gpu=<ID>,...` and writes that kind's CDI spec into the tree's
   /var/run/cdi, as NVIDIA's plugin does; an unknown ID fails the call;
-- GetPreferredAllocation: the must-include IDs, then the others in PCI order.
+- GetPreferredAllocation: the must-include IDs, then the others in PCI order;
+- MIG (`--mig-strategy`, MIG_STRATEGY; the tree's MIG state, `migtree`): the resources and device IDs
+  of `migresources` (single: the MIG devices as `nvidia.com/gpu`; mixed: one server and socket per
+  resource, `nvidia-mig-<profile>.sock`, as internal/plugin/server.go names them
+  `nvidia-<resource name>.sock`); a MIG device's ID is its MIG UUID, its health its parent GPU's,
+  Allocate hands out the MIG UUIDs (envvar) or their CDI names, whose spec entry has the parent
+  GPU's node and the MIG device's cap nodes.
 
 The `nvidia` runtime handler (`nvruntime`) then does the rest, as the toolkit would.
 Run: `python -m gpu_operator.sim.deviceplugin --host-root TREE --plugin-dir DIR [--strategy S]`.
@@ -38,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from gpu_operator.sim import devnodes, dpapi
+from gpu_operator.sim import devnodes, dpapi, migresources, migtree
 from gpu_operator.sim.toolkit import VISIBLE, Gpu, gpus
 from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
@@ -56,10 +62,15 @@ Empty = dpapi.message("Empty")
 class GpuPlugin:
     """The DevicePlugin service over one host tree."""
 
-    def __init__(self, host_root: Path, strategy: str = "envvar", env: dict[str, str] | None = None) -> None:
+    def __init__(self, host_root: Path, strategy: str = "envvar", env: dict[str, str] | None = None,
+                 resource: str = RESOURCE, mig_strategy: str = "none") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if mig_strategy not in migresources.STRATEGIES:
+            raise ValueError(f"--mig-strategy {mig_strategy!r}: use one of {', '.join(migresources.STRATEGIES)}")
         self.host_root, self.strategy = host_root, strategy
+        self.resource, self.mig_strategy = resource, mig_strategy
+        self.socket = f"nvidia-{resource.removeprefix('nvidia.com/')}.sock"
         self.stopping = threading.Event()
         self.xids = XidHealth(host_root, dict(os.environ) if env is None else env)
         self._found: tuple[str, list[Gpu]] | None = None
@@ -79,13 +90,24 @@ class GpuPlugin:
         text = path.read_text().strip() if path.is_file() else ""
         return int(text) if text.lstrip("-").isdigit() and int(text) >= 0 else None
 
+    def advertised(self) -> list[tuple[str, Gpu]]:
+        """(device ID, its GPU) of this plugin's resource: the GPUs, or with MIG the MIG devices
+        its strategy gives the resource (PluginError where the strategy refuses the layout)."""
+        found = self.gpus()
+        state = migtree.tree_state(self.host_root) if self.mig_strategy != "none" else None
+        if state is None:
+            return [(g.uuid, g) for g in found] if self.resource == RESOURCE else []
+        by_index = {g.index: g for g in found}
+        listed = migresources.advertised(self.mig_strategy, [m for m in state if m.index in by_index])
+        return [(i, by_index[parent]) for i, parent in listed.get(self.resource, [])]
+
     def devices(self) -> list[Any]:
         out = []
         xid_marked = self.xids.poll()
-        for gpu in self.gpus():
+        for device_id, gpu in self.advertised():
             healthy = (devnodes.char_device(self.host_root / f"dev/nvidia{gpu.minor}") is not None
                        and gpu.address.rsplit(".", 1)[0] not in xid_marked)
-            device = dpapi.message("Device")(ID=gpu.uuid, health=dpapi.HEALTHY if healthy else dpapi.UNHEALTHY)
+            device = dpapi.message("Device")(ID=device_id, health=dpapi.HEALTHY if healthy else dpapi.UNHEALTHY)
             numa = self._numa(gpu)
             if numa is not None:
                 device.topology.nodes.add(ID=numa)
@@ -109,7 +131,7 @@ class GpuPlugin:
 
     def preferred(self, request: Any, context: Any) -> Any:
         response = dpapi.message("PreferredAllocationResponse")()
-        order = [g.uuid for g in self.gpus()]
+        order = [i for i, _ in self.advertised()]
         for req in request.container_requests:
             chosen = list(req.must_include_deviceIDs)
             chosen += [i for i in order if i in req.available_deviceIDs and i not in chosen]
@@ -117,14 +139,14 @@ class GpuPlugin:
         return response
 
     def allocate(self, request: Any, context: Any) -> Any:
-        known = {g.uuid for g in self.gpus()}
+        known = {i for i, _ in self.advertised()}
         response = dpapi.message("AllocateResponse")()
         for req in request.container_requests:
             ids = list(dict.fromkeys(req.devices_ids))
             unknown = [i for i in ids if i not in known]
             if unknown:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"invalid allocation request for {RESOURCE!r}: unknown device: {', '.join(unknown)}")
+                              f"invalid allocation request for {self.resource!r}: unknown device: {', '.join(unknown)}")
             out = response.container_responses.add()
             if self.strategy == "envvar":
                 out.envs[VISIBLE] = ",".join(ids)
@@ -140,9 +162,14 @@ class GpuPlugin:
         """The plugin's CDI spec: each GPU by ID (its device node), the control devices for all."""
         common = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
                   if devnodes.char_device(self.host_root / "dev" / n) is not None]
-        spec = {"cdiVersion": "0.5.0", "kind": CDI_KIND,
-                "devices": [{"name": g.uuid, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{g.minor}"}]}}
-                            for g in self.gpus()],
+        devices = []
+        for device_id, g in self.advertised():
+            nodes = [f"/dev/nvidia{g.minor}"]
+            mig = migtree.mig_device(self.host_root, device_id) if device_id.startswith("MIG-") else None
+            if mig is not None:
+                nodes += [path for path, _ in migtree.access_nodes(g.minor, mig[1])]
+            devices.append({"name": device_id, "containerEdits": {"deviceNodes": [{"path": p} for p in nodes]}})
+        spec = {"cdiVersion": "0.5.0", "kind": CDI_KIND, "devices": devices,
                 "containerEdits": {"deviceNodes": [{"path": p} for p in common]}}
         target = self.host_root / CDI_SPEC.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -163,10 +190,10 @@ class GpuPlugin:
         })
 
 
-def register(kubelet_socket: Path, endpoint: str = SOCKET, timeout: float = 5.0) -> None:
+def register(kubelet_socket: Path, endpoint: str = SOCKET, timeout: float = 5.0, resource: str = RESOURCE) -> None:
     """Register our socket's name with the kubelet, as NVIDIA's plugin does."""
     request = dpapi.message("RegisterRequest")(
-        version=dpapi.VERSION, endpoint=endpoint, resource_name=RESOURCE,
+        version=dpapi.VERSION, endpoint=endpoint, resource_name=resource,
         options=dpapi.message("DevicePluginOptions")(get_preferred_allocation_available=True))
     with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
         call = channel.unary_unary(dpapi.REGISTER, request_serializer=lambda m: m.SerializeToString(),
@@ -189,7 +216,7 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
     registered: tuple[int | None, int | None] = (None, None)
     waiting_said = False
     while not plugin.stopping.is_set():
-        ours = plugin_dir / SOCKET
+        ours = plugin_dir / plugin.socket
         state = (_inode(kubelet_socket), _inode(ours))
         if state[0] is None and not waiting_said:
             log(f"device plugin: waiting for the kubelet's socket {kubelet_socket}")
@@ -203,18 +230,19 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
             server.add_insecure_port(f"unix://{ours}")
             server.start()
             try:
-                register(kubelet_socket)
+                register(kubelet_socket, plugin.socket, resource=plugin.resource)
             except grpc.RpcError as err:
                 log(f"device plugin: registering with {kubelet_socket} failed ({err.code().name}); retrying")
                 time.sleep(POLL_SECONDS)
                 continue
             registered = (_inode(kubelet_socket), _inode(ours))
             waiting_said = False
-            log(f"device plugin: {RESOURCE} registered ({len(plugin.gpus())} GPUs, strategy {plugin.strategy})")
+            log(f"device plugin: {plugin.resource} registered ({len(plugin.advertised())} devices, "
+                f"strategy {plugin.strategy})")
         plugin.stopping.wait(POLL_SECONDS)
     if server is not None:
         server.stop(grace=1.0)
-    (plugin_dir / SOCKET).unlink(missing_ok=True)
+    (plugin_dir / plugin.socket).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,11 +250,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-root", type=Path, required=True, help="the node's host tree")
     parser.add_argument("--plugin-dir", type=Path, required=True, help="the kubelet's device-plugins directory")
     parser.add_argument("--strategy", default="envvar", choices=STRATEGIES, help="DEVICE_LIST_STRATEGY")
+    parser.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or "none",
+                        choices=migresources.STRATEGIES, help="MIG_STRATEGY")
     args = parser.parse_args(argv)
-    plugin = GpuPlugin(args.host_root, args.strategy)
-    signal.signal(signal.SIGTERM, lambda *_: plugin.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: plugin.stopping.set())
-    serve(plugin, args.plugin_dir, log=lambda msg: print(msg, flush=True))
+    try:
+        plugins = plugins_for(args.host_root, args.strategy, args.mig_strategy)
+    except migresources.PluginError as err:
+        raise SystemExit(f"device plugin: {err}") from err
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threads = [threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))
+               for p in plugins]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for p in plugins:
+        p.stopping.set()
+    for t in threads:
+        t.join()
+
+
+def plugins_for(host_root: Path, strategy: str, mig_strategy: str) -> list[GpuPlugin]:
+    """One plugin per resource the GPUs give at start, as NVIDIA's plugin builds its servers (none
+    when the strategy refuses the MIG layout: NVIDIA's exits)."""
+    state = migtree.tree_state(host_root) if mig_strategy != "none" else None
+    if state is None:
+        return [GpuPlugin(host_root, strategy)]
+    names = migresources.advertised(mig_strategy, state)
+    return [GpuPlugin(host_root, strategy, resource=name, mig_strategy=mig_strategy) for name in sorted(names)]
 
 
 if __name__ == "__main__":

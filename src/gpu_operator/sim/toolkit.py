@@ -22,6 +22,12 @@ What is mounted: each capability's binaries and libraries found in the tree; /de
 always, /dev/nvidia-uvm and -uvm-tools only with `compute`, /dev/nvidia-modeset only with
 `display`; each requested GPU's /dev/nvidiaN. Devices are bound from the tree and allowed in the
 container's device cgroup, as nvidia-container-cli does.
+MIG devices (by MIG UUID or `<GPU>:<MIG>` index, as the device plugin hands them out; the tree's
+MIG state, `migtree`): the parent GPU's /dev/nvidiaN and the GPU and compute instances' access cap
+nodes /dev/nvidia-caps/nvidia-cap<minor> (libnvidia-container src/nvc_mount.c
+`nvc_mig_device_access_caps_mount`, where the `nvidia-caps` major exists). Not played: its mounts
+of the access files under /proc (runc refuses OCI mounts there; libnvidia-container makes them
+from its hook), the global MIG caps (NVIDIA_MIG_CONFIG_DEVICES, NVIDIA_MIG_MONITOR_DEVICES).
 """
 
 from __future__ import annotations
@@ -122,8 +128,11 @@ def capabilities(config: dict[str, Any]) -> set[str]:
     return raw
 
 
-def select_gpus(host_root: Path, devices: list[str]) -> list[Gpu]:
-    """The GPUs a device list names (`all`, `none`, indices, UUIDs); unknown names fail, as the hook does."""
+def select_gpus(host_root: Path, devices: list[str], caps: list[str] | None = None) -> list[Gpu]:
+    """The GPUs a device list names (`all`, `none`, indices, UUIDs, MIG devices: their parent GPU,
+    with the MIG device's cap nodes added to `caps`); unknown names fail, as the hook does."""
+    from gpu_operator.sim import migtree
+
     found = gpus(host_root)
     if "all" in devices:
         return found
@@ -132,10 +141,14 @@ def select_gpus(host_root: Path, devices: list[str]) -> list[Gpu]:
     chosen: list[Gpu] = []
     for name in devices:
         match = [g for g in found if (name.isdigit() and g.index == int(name)) or g.uuid == name]
+        mig = None if match else migtree.mig_device(host_root, name)
+        if mig is not None:
+            match = [g for g in found if g.index == mig[0].index]
+            if match and caps is not None:
+                caps.extend(path for path, _ in migtree.access_nodes(match[0].minor, mig[1]) if path not in caps)
         if not match:
             have = ", ".join(f"{g.index} ({g.uuid})" for g in found) or "none"
-            raise InjectionError(f"{VISIBLE}: unknown device {name!r} (this node has: {have}); "
-                                 "MIG devices are not simulated")
+            raise InjectionError(f"{VISIBLE}: unknown device {name!r} (this node has: {have})")
         chosen.extend(g for g in match if g not in chosen)
     return chosen
 
@@ -188,7 +201,8 @@ def legacy_edits(host_root: Path, devices: list[str], caps: set[str]) -> Edits:
     if not version:
         raise InjectionError("nvidia-container-cli: initialization error: no NVIDIA driver is loaded on this host "
                              "(the host has no /proc/driver/nvidia/version)")
-    chosen = select_gpus(host_root, devices)
+    mig_caps: list[str] = []
+    chosen = select_gpus(host_root, devices, mig_caps)
     edits.mounts = _binaries(host_root, caps) + _libraries(host_root, caps, version)
     driver_devices = ["/dev/nvidiactl"]
     if "compute" in caps:
@@ -201,6 +215,10 @@ def legacy_edits(host_root: Path, devices: list[str], caps: set[str]) -> Edits:
             edits.devices.append(found)
         elif path.startswith("/dev/nvidia") and path[len("/dev/nvidia"):].isdigit():
             raise InjectionError(f"{path}: the device node of a requested GPU is missing from the host")
+    for path in mig_caps:  # present where the host has the nvidia-caps major (mighw makes both)
+        found = _device(host_root, path)
+        if found:
+            edits.devices.append(found)
     return edits
 
 

@@ -22,6 +22,7 @@ from gpu_operator.sim import (
     migparted,
     migprofiles,
     migresources,
+    migtree,
 )
 from gpu_operator.sim.faults import node_host_spec
 from gpu_operator.sim.podwatch import PodView
@@ -149,7 +150,7 @@ def test_the_driver_files_of_a_layout_in_the_host_tree(tmp_path: Path) -> None:
     root = tmp_path / "root"
     hosttree.build(node_host_spec("dgx-h100"), root)
     minors = {g.index: g.minor for g in tree_gpus(root)}
-    mighw.write_tree(root, applied("all-balanced"), minors)
+    migtree.write_tree(root, applied("all-balanced"), minors)
     table = dict(line.rsplit(" ", 1) for line in (root / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines())
     assert (table["config"], table["monitor"], table["gpu0/gi1/access"], table["gpu0/gi1/ci0/access"]) == \
         ("1", "2", "12", "13")
@@ -157,10 +158,10 @@ def test_the_driver_files_of_a_layout_in_the_host_tree(tmp_path: Path) -> None:
     caps = root / "proc/driver/nvidia/capabilities"
     assert sorted(p.name for p in (caps / "gpu0/mig").iterdir()) == ["gi1", "gi10", "gi13", "gi5"]
     assert (caps / "gpu0/mig/gi10/ci0/access").read_text().splitlines()[0] == f"DeviceFileMinor: {3 + 90 + 1}"
-    assert devnodes.char_device(root / f"dev/nvidia-caps/nvidia-cap{3 + 90 + 1}") == (mighw.CAPS_MAJOR, 94)
-    assert devnodes.char_device(root / "dev/nvidia-caps/nvidia-cap1") == (mighw.CAPS_MAJOR, 1)
-    assert f"{mighw.CAPS_MAJOR} nvidia-caps" in (root / "proc/devices").read_text().splitlines()
-    mighw.write_tree(root, applied("all-disabled"), minors)  # the layout's instances go with it
+    assert devnodes.char_device(root / f"dev/nvidia-caps/nvidia-cap{3 + 90 + 1}") == (migtree.CAPS_MAJOR, 94)
+    assert devnodes.char_device(root / "dev/nvidia-caps/nvidia-cap1") == (migtree.CAPS_MAJOR, 1)
+    assert f"{migtree.CAPS_MAJOR} nvidia-caps" in (root / "proc/devices").read_text().splitlines()
+    migtree.write_tree(root, applied("all-disabled"), minors)  # the layout's instances go with it
     assert not list(caps.glob("gpu*")) and sorted(p.name for p in (root / "dev/nvidia-caps").iterdir()) == \
         ["nvidia-cap1", "nvidia-cap2"]
 
