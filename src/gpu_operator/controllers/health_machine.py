@@ -96,8 +96,9 @@ def node_facts(view: NodeView, pods: Sequence[us.PodFacts] = ()) -> Facts:
             report = HealthReport.parse(text)
         except ReportError:
             report = None
-    return Facts(view.name, view.labels.get(HEALTH_STATE, ""),
-                 {k: v for k, v in view.annotations.items() if k.startswith(PREFIX)}, view.selectable,
+    # the machine's own memory: our prefix, but not the agent's report (which shares it)
+    notes = {k: v for k, v in view.annotations.items() if k.startswith(PREFIX) and k != HEALTH_REPORT_ANNOTATION}
+    return Facts(view.name, view.labels.get(HEALTH_STATE, ""), notes, view.selectable,
                  view.unschedulable, report, pods)
 
 

@@ -134,3 +134,21 @@ def test_a_driver_upgrade_waits_for_remediation() -> None:
     steps = {s.node: s.state for s in us.plan([busy, idle], policy, NOW).steps}
     assert steps == {"n2": us.CORDON_REQUIRED}
     assert us.HEALTH_REMEDIATING == hm.ACTIVE
+
+
+def test_release_never_removes_the_agents_report() -> None:
+    """The report shares the machine's annotation prefix (nvidia.com/gpu-health.): it is the
+    agent's, not the machine's memory, so a release must leave it (without it the node's condition
+    would go and a quiet agent would not write it again)."""
+    from gpu_operator.controllers.cache import NodeView
+    from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, HEALTH_STATE
+
+    healthy = rep(None).model_dump_json(exclude_defaults=True)
+    view = NodeView.of({"metadata": {"name": "n", "labels": {HEALTH_STATE: hm.VALIDATING}, "annotations": {
+        HEALTH_REPORT_ANNOTATION: healthy, hm.SINCE: str(int(NOW)), hm.ACTION: "reset-gpu",
+        hm.INITIALLY_UNSCHEDULABLE: "false"}}, "spec": {"unschedulable": True}})
+    facts = hm.node_facts(view)
+    assert HEALTH_REPORT_ANNOTATION not in facts.annotations and facts.recovered
+    step = hm.decide(facts, SPEC, NOW, True)
+    assert step.remove_state and step.cordon is False
+    assert set(step.notes) == {hm.SINCE, hm.ACTION, hm.INITIALLY_UNSCHEDULABLE}  # ours only, all removed
