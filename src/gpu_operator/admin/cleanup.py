@@ -1,7 +1,9 @@
 """`gpu-operator cleanup`, before an uninstall (the chart's pre-delete hook): delete our CRs and
 wait for them to go, stop the operator, uncordon the nodes a driver upgrade in progress had
-cordoned, take our node labels and annotations back (controllers/cleanup.py, which the operator
-uses too when the last ClusterPolicy goes), and with --crds delete our CRDs."""
+cordoned, take back what GPU health wrote on the nodes (its condition, its quarantine taint, the
+cordon remediation set: controllers/health_exec.py), take our node labels and annotations back
+(controllers/cleanup.py, which the operator uses too when the last ClusterPolicy goes), and with
+--crds delete our CRDs."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.api.crdgen import load_packaged
 from gpu_operator.controllers.cleanup import OWNER_KINDS, strip_nodes
+from gpu_operator.controllers.health_exec import take_back
 from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import Kube, ObjectKey
@@ -53,6 +56,25 @@ async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
             raise
         log.info("node %s: uncordoned (cordoned by a driver upgrade in progress)", name)
         done.append(name)
+    return done
+
+
+async def take_back_health(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
+    """On every node, what GPU health wrote: the NvidiaGPUReady condition, the quarantine taint,
+    and the cordon where remediation set it (before our annotations go: they say whose cordon it
+    is). Lines for the log."""
+    done = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        try:
+            undone = await take_back(kube, node)
+        except ApiError as err:
+            if err.status.code == 404:
+                continue  # the node left meanwhile
+            raise
+        for what in undone:
+            log.info("node %s: %s", name, what)
+            done.append(f"node {name}: {what}")
     return done
 
 
@@ -126,7 +148,8 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
                   operator: OperatorDeployment | None = None) -> list[str]:
     """Delete every GPUCluster, NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
     wait until they are gone; with `operator`, stop the operator (stop_operator); then uncordon the
-    nodes a driver upgrade had cordoned and remove our node labels and annotations; with `crds`,
+    nodes a driver upgrade had cordoned, take back GPU health's condition, taint and cordon, and
+    remove our node labels and annotations; with `crds`,
     delete our CRDs last. Lines for the log."""
     done: list[str] = []
     for api_version, kind in OWNER_KINDS:
@@ -159,6 +182,7 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
         done += await stop_operator(kube, operator, timeout)
     nodes = await kube.list_dicts("v1", "Node")
     done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
+    done += await take_back_health(kube, nodes)
     done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]
     if crds:
         done += [f"deleted CRD {name}" for name in await delete_crds(kube)]

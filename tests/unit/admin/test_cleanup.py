@@ -38,3 +38,42 @@ def test_only_nodes_the_upgrade_cordoned_are_uncordoned(node: dict[str, Any], ou
 def test_cleanup_help_names_every_kind_it_deletes() -> None:
     text = " ".join(CliRunner().invoke(app, ["cleanup", "--help"]).output.replace("│", "").split())
     assert [kind for _, kind in OWNER_KINDS if kind not in text] == [], text
+
+
+def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
+    """A node in remediation (condition, quarantine taint, cordoned by remediation) and one cordoned
+    by its admin before remediation began: cleanup removes the condition and our taint from both,
+    uncordons only the first (remediation's own record says whose cordon it is: read before
+    strip_nodes takes our annotations, which the real apiserver's managedFields decide and
+    tests/integration/test_clean_uninstall.py covers)."""
+    import asyncio
+
+    from gpu_operator.admin.cleanup import cleanup
+    from gpu_operator.controllers import health_machine as hm
+    from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
+    from tests.unit.controllers.healthkit import FakeKube
+    from tests.unit.controllers.test_health_unit import OTHER_TAINT, XID48, make, policy, run_pass
+
+    class Cluster(FakeKube):
+        async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
+                             labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+            return [] if (api_version, kind) != ("v1", "Node") else await super().list_dicts(api_version, kind)
+
+    kube = Cluster()
+    for name in ("ours", "theirs"):
+        kube.add_node(name, {HEALTH_REPORT_ANNOTATION: XID48})
+    kube.nodes["theirs"]["spec"]["unschedulable"] = True  # cordoned by its admin
+    unit = make(kube, policy({"remediation": {"enabled": True, "maxUnavailable": 2}}))
+    for _ in range(3):  # quarantined, then draining (cordoned) and on
+        run_pass(unit, kube)
+    for name in ("ours", "theirs"):
+        node = kube.nodes[name]
+        node["spec"]["taints"].append(OTHER_TAINT)
+        assert node["metadata"]["labels"][HEALTH_STATE] in hm.ACTIVE and node["spec"]["unschedulable"] is True
+    done = asyncio.run(cleanup(kube))  # type: ignore[arg-type]
+    for name in ("ours", "theirs"):
+        node = kube.nodes[name]
+        assert [c["type"] for c in node["status"].get("conditions") or []].count(HEALTH_CONDITION) == 0
+        assert [t["key"] for t in node["spec"]["taints"]] == [OTHER_TAINT["key"]]
+    assert kube.nodes["ours"]["spec"]["unschedulable"] is False and kube.nodes["theirs"]["spec"]["unschedulable"]
+    assert f"node ours: removed taint {HEALTH_TAINT}" in done and "node ours: uncordoned (cordoned by GPU remediation)" in done
