@@ -204,3 +204,34 @@ def test_the_operator_reads_each_outcome(text: str) -> None:
     report = HealthReport.parse(encode({"v": 1, "validated": True, "state": "healthy", "action": "none",
                                         "healthy": 8, "gpus": [], "sources": ["pci"], "reset": {BUS: text}}))
     assert report.reset_outcome(BUS) == tuple(text.partition(":")[::2])
+
+
+def test_the_node_watch_keeps_the_latest_annotations_and_watches_again_after_a_failure() -> None:
+    import threading
+
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Node
+
+    from gpu_operator.node.kubeapi import NodeAnnotationWatch
+
+    done = threading.Event()
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls: list[dict[str, str]] = []
+
+        def watch(self, resource: Any, fields: dict[str, str]) -> Any:
+            self.calls.append(fields)
+            if len(self.calls) == 1:
+                yield "ADDED", Node(metadata=ObjectMeta(name="node-a", annotations={HEALTH_RESET_REQUESTED: BUS}))
+                raise ConnectionError("apiserver away")
+            yield "MODIFIED", Node(metadata=ObjectMeta(name="node-a", annotations={"other": "x"}))
+            done.set()
+            threading.Event().wait()  # the watch stays open
+
+    client, logs = Client(), list[str]()
+    watch = NodeAnnotationWatch("node-a", client, logs.append)
+    assert done.wait(10)
+    assert client.calls == [{"metadata.name": "node-a"}] * 2
+    assert watch.current() == {"other": "x"}
+    assert logs == ["watching Node node-a failed (apiserver away); watching again"]
