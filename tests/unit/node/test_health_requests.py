@@ -108,6 +108,21 @@ def test_a_gone_gpu_is_refused_and_a_failed_reset_is_not_repeated(build_host: An
     assert kind == "failed" and why.endswith("GPU in use")
 
 
+def test_a_later_attempt_asking_for_the_same_gpus_is_a_new_request(build_host: Any) -> None:
+    from gpu_operator.vocabulary import HEALTH_SINCE_ANNOTATION
+
+    fs = make_host(build_host)
+    resets = Resets(fail="exited 255")
+    agent = agent_with(fs, resets)
+    agent.act({HEALTH_RESET_REQUESTED: BUS, HEALTH_SINCE_ANNOTATION: "100"})
+    agent.act({HEALTH_RESET_REQUESTED: BUS, HEALTH_SINCE_ANNOTATION: "100"})  # failed: not again
+    assert resets.calls == [BUS]
+    resets.fail = ""
+    # the machine's next attempt (a new state stamp), its removal in between never seen
+    assert agent.act({HEALTH_RESET_REQUESTED: BUS, HEALTH_SINCE_ANNOTATION: "160"}) == [HEALTH_RESET_REQUESTED]
+    assert resets.calls == [BUS, BUS] and report_of(agent).reset_outcome(BUS) == ("done", "")
+
+
 def test_all_means_every_gpu_of_the_node(build_host: Any) -> None:
     fs = make_host(build_host)
     resets = Resets()

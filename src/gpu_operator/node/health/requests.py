@@ -6,7 +6,8 @@
   is reset with NVIDIA's `nvidia-smi -r -i <bus>` (run through the driver's root as the validator
   finds it, `node/driver.py`). A GPU something holds is never reset: refused, and tried again at
   the next step (the holder may go); a GPU gone from the bus is refused for good (only a reboot
-  brings it back); a failed reset is not repeated for the same request. When every GPU asked for
+  brings it back); a failed reset is not repeated for the same request (one per remediation
+  attempt: the bus ids with the machine's `since` stamp). When every GPU asked for
   is reset, the agent removes the annotation. Outcomes per GPU go into the report's `reset`:
   `done`, `refused:<why>`, `failed:<why>` (the last request's, until another one comes).
 - `nvidia.com/gpu-health.reboot-requested` = the operator's epoch: the agent creates kured's
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from gpu_operator.node.health.catalogue import normalise_bus
 from gpu_operator.node.holders import GpuHolder, gpu_holders
 from gpu_operator.node.hostfs import HostFS, HostPathError
-from gpu_operator.vocabulary import HEALTH_REBOOT_REQUESTED, HEALTH_RESET_REQUESTED
+from gpu_operator.vocabulary import HEALTH_REBOOT_REQUESTED, HEALTH_RESET_REQUESTED, HEALTH_SINCE_ANNOTATION
 
 # kured's default --reboot-sentinel (kubereboot/kured, cmd/kured/main.go)
 SENTINEL = "/var/run/reboot-required"
@@ -106,7 +107,10 @@ class RequestActor:
         reset = annotations.get(HEALTH_RESET_REQUESTED)
         if reset is None:
             self.reset_request = None  # the outcomes stay in the report; the same text later is a new request
-        elif self._reset(reset, known, gone, handled):
+        # one request per remediation attempt: the machine stamps each state it enters (since), so
+        # the same GPUs asked again by a later attempt are a new request even if the removal in
+        # between was never seen
+        elif self._reset(f"{reset}@{annotations.get(HEALTH_SINCE_ANNOTATION, '')}", reset, known, gone, handled):
             handled.withdraw.append(HEALTH_RESET_REQUESTED)
         return handled
 
@@ -144,11 +148,11 @@ class RequestActor:
                 self.log(f"reset requested: {item!r} is no PCI bus id; skipped")
         return sorted(set(out))
 
-    def _reset(self, request: str, known: set[str], gone: set[str], handled: Handled) -> bool:
+    def _reset(self, request: str, buses: str, known: set[str], gone: set[str], handled: Handled) -> bool:
         """Reset what may be reset; True when every GPU asked for is reset."""
         if request != self.reset_request:
             self.reset_request, self.outcomes = request, {}
-        wanted = self._wanted(request, known)
+        wanted = self._wanted(buses, known)
         todo = [b for b in wanted if not self.outcomes.get(b, "").startswith(FINAL)]
         held = self._held(todo) if todo else {}
         for bus in todo:
