@@ -149,6 +149,32 @@ HEALTH_REBOOT_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reboot-requested"
 # The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
 HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
 
+# -- MIG changes (NVIDIA's MIG manager writes the state and pauses; self-repair is ours) ------------
+# The MIG manager (mig-parted v0.15.0, pkg/mig/reconfigure) writes MIG_CONFIG_STATE (pending,
+# success, failed, rebooting) and sets the GPU clients' deploy labels to MIG_PAUSED while it works.
+MIG_CONFIG_STATE = f"{MIG_CONFIG}.state"
+MIG_PAUSED = "paused-for-mig-change"
+MIG_MANAGER_APP = "nvidia-mig-manager"  # its pods' app label (render/states/mig_manager.py)
+# The pods it waits for to leave the node before it changes the layout (their app labels).
+MIG_CLIENT_APPS = ("nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-dcgm")
+MIG_CONDITION = "NvidiaMIGReady"  # Node condition: True once the selected MIG config is applied
+MIG_EVENT_REASON = "MIGChange"
+# Reasons of MIG_CONDITION (controllers/mig_rules.py decides them).
+MIG_APPLIED = "MIGConfigApplied"
+MIG_NOT_STARTED = "MIGChangeNotStarted"
+MIG_IN_PROGRESS = "MIGChangeInProgress"
+MIG_STUCK = "MIGChangeStuck"
+MIG_MANAGER_GONE = "MIGManagerGone"
+MIG_FAILED = "MIGConfigFailed"
+MIG_INVALID_CONFIG = "InvalidMIGConfig"
+# The MIG unit's memory on the node: when it first saw the change pending (an epoch; the MIG
+# manager writes no time), its order to restore the paused deploy labels (node labelling carries it
+# out), and its retries ("<attempts> <epoch the next backoff counts from>").
+MIG_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-operator.mig."
+MIG_PENDING_SINCE = f"{MIG_ANNOTATION_PREFIX}pending-since"
+MIG_RESTORE = f"{MIG_ANNOTATION_PREFIX}restore"
+MIG_RETRY = f"{MIG_ANNOTATION_PREFIX}retry"
+
 # -- objects the operator owns -------------------------------------------------------------------
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "gpu-operator"

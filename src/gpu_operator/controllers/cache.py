@@ -24,6 +24,8 @@ from gpu_operator.vocabulary import (
     HASH_ANNOTATION,
     HEALTH_CONDITION,
     HEALTH_TAINT,
+    MIG_ANNOTATION_PREFIX,
+    MIG_CONDITION,
     NFD_PREFIX,
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,
@@ -44,8 +46,10 @@ HEALTH_ANNOTATION_PREFIX = "nvidia.com/gpu-health."
 
 
 def kept_annotation(key: str) -> bool:
-    """One of KEPT_ANNOTATIONS, or one the driver upgrade or the GPU health state machine reads and writes."""
-    return key in KEPT_ANNOTATIONS or key.startswith((UPGRADE_ANNOTATION_PREFIX, HEALTH_ANNOTATION_PREFIX))
+    """One of KEPT_ANNOTATIONS, or one the driver upgrade, the GPU health state machine or the MIG
+    unit reads and writes."""
+    return key in KEPT_ANNOTATIONS or key.startswith(
+        (UPGRADE_ANNOTATION_PREFIX, HEALTH_ANNOTATION_PREFIX, MIG_ANNOTATION_PREFIX))
 
 
 def kept_taint(key: str) -> bool:
@@ -68,14 +72,20 @@ def kept_taints(taints: Any) -> Taints:
     return tuple(sorted(out))
 
 
-def gpu_condition(conditions: Any) -> GPUCondition | None:
-    """NvidiaGPUReady's (status, reason, message) among a Node's conditions (dicts or objects)."""
+def gpu_condition(conditions: Any, kind: str = HEALTH_CONDITION) -> GPUCondition | None:
+    """NvidiaGPUReady's (or the condition `kind`'s) (status, reason, message) among a Node's
+    conditions (dicts or objects)."""
     for c in conditions or ():
         fields = (c.get("type"), c.get("status"), c.get("reason"), c.get("message")) if isinstance(c, dict) else (
             c.type, c.status, c.reason, c.message)
-        if fields[0] == HEALTH_CONDITION:
+        if fields[0] == kind:
             return (fields[1] or "", fields[2] or "", fields[3] or "")
     return None
+
+
+def mig_condition(conditions: Any) -> GPUCondition | None:
+    """NvidiaMIGReady's (status, reason, message), written by the MIG unit."""
+    return gpu_condition(conditions, MIG_CONDITION)
 
 
 class OwnedKind(NamedTuple):
@@ -132,6 +142,7 @@ class NodeView:
     # and the NvidiaGPUReady condition as the node carries it.
     taints: Taints = ()
     gpu_condition: GPUCondition | None = None
+    mig_condition: GPUCondition | None = None  # NvidiaMIGReady as the node carries it (the MIG unit's)
     # When the Node watch delivered this view (monotonic clock; 0 when not from the watch): how
     # long a label change waited is measured from here. Not part of what the view says.
     seen: float = field(default=0.0, compare=False)
@@ -147,12 +158,14 @@ class NodeView:
             ready=any(c.get("type") == "Ready" and c.get("status") == "True"
                       for c in (body.get("status") or {}).get("conditions") or []),
             taints=kept_taints((body.get("spec") or {}).get("taints")),
-            gpu_condition=gpu_condition((body.get("status") or {}).get("conditions")))
+            gpu_condition=gpu_condition((body.get("status") or {}).get("conditions")),
+            mig_condition=mig_condition((body.get("status") or {}).get("conditions")))
 
     @classmethod
     def of_parts(cls, name: str, labels: dict[str, str], annotations: dict[str, str], *, runtime: str = "",
                  kernel: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0,
-                 taints: Taints = (), gpu_condition: GPUCondition | None = None) -> NodeView:
+                 taints: Taints = (), gpu_condition: GPUCondition | None = None,
+                 mig_condition: GPUCondition | None = None) -> NodeView:
         """From a Node's fields (a body, or the Node watch's decoded node): only the labels and
         annotations the operator reads are kept in `labels`/`annotations`."""
         return cls(
@@ -160,7 +173,7 @@ class NodeView:
             labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
             annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
             runtime=runtime, kernel=kernel, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
-            seen=seen, taints=taints, gpu_condition=gpu_condition,
+            seen=seen, taints=taints, gpu_condition=gpu_condition, mig_condition=mig_condition,
         )
 
     @property

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.settings import Backoff, OperatorSettings
 
 DEFAULTS = OperatorSettings()
 
@@ -39,6 +39,13 @@ def register(app: typer.Typer) -> None:
             help="Put GPU feature discovery's nvidia.com/ labels (its NodeFeature objects) on the Nodes, "
                  "as NFD's master would; turn off where NFD runs (the chart does, with nfd.enabled=false).")
         ] = DEFAULTS.gfd_node_labels,
+        mig_change_budget: Annotated[float, typer.Option(
+            help="Seconds a node's MIG change may stay pending before its paused GPU clients are restored "
+                 "and the change is retried; keep it above the MIG manager's 5-minute wait.")
+        ] = DEFAULTS.mig_change_budget,
+        mig_retry_after: Annotated[float, typer.Option(
+            help="Seconds before the first retry of a stuck or failed MIG change (doubling per retry).")
+        ] = DEFAULTS.mig_retry_backoff.initial,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     ) -> None:
         """Run the operator: reconcile ClusterPolicy, label GPU nodes, serve metrics and probes."""
@@ -67,9 +74,13 @@ def register(app: typer.Typer) -> None:
             log.info("image variables not set, using the chart's defaults (render/defaults.py, the images its "
                      "values.yaml names; set one to \"\" for no fallback): %s",
                      ", ".join(f"{k}={v}" for k, v in defaults.items()))
-        settings = OperatorSettings.with_renew_deadline(leader_lease_renew_deadline,
-                                                        label_concurrency=label_concurrency,
-                                                        gfd_node_labels=gfd_node_labels)
+        for value, hint in ((mig_change_budget, "--mig-change-budget"), (mig_retry_after, "--mig-retry-after")):
+            if value <= 0:
+                raise typer.BadParameter(f"{value:g}: give a number of seconds above 0", param_hint=hint)
+        settings = OperatorSettings.with_renew_deadline(
+            leader_lease_renew_deadline, label_concurrency=label_concurrency, gfd_node_labels=gfd_node_labels,
+            mig_change_budget=mig_change_budget,
+            mig_retry_backoff=Backoff(initial=mig_retry_after, cap=max(mig_retry_after, DEFAULTS.mig_retry_backoff.cap)))
         # the environment is read here, once: the units are handed what it says
         environment = Environment.of({**os.environ, **defaults, "OPERATOR_NAMESPACE": namespace})
         code = asyncio.run(run_operator(

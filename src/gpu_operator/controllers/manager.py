@@ -3,7 +3,8 @@ unit (each decides what it wants: controllers/loop.py). It knows nothing of what
 
 Nodes come from the Node reflector (controllers/reflector.py), everything else from kopf's
 watches (controllers/watches.py); both fill the one read model (controllers/readmodel.py) the
-units read. The units: ClusterPolicy, NVIDIADriver, GPUCluster, node labelling, driver upgrades, GPU health."""
+units read. The units: ClusterPolicy, NVIDIADriver, GPUCluster, node labelling, driver upgrades, GPU health,
+MIG changes."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
 from gpu_operator.controllers.units.health import HealthUnit
 from gpu_operator.controllers.units.labels import LabelUnit
+from gpu_operator.controllers.units.mig import MIGUnit
 from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
 from gpu_operator.controllers.units.upgrade import UpgradeUnit
 from gpu_operator.controllers.watches import Watches
@@ -52,6 +54,7 @@ class Manager:
             GPUClusterUnit(kube, settings, model, images),
             self.labels,
             HealthUnit(model.nodes, model.node, model.active_model, kube, settings=settings),
+            MIGUnit(kube, settings, model),
         ]
         self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]
                       for unit in units]

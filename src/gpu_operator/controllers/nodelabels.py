@@ -10,6 +10,7 @@ import pydantic
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers.gfdlabels import applied, gfd_change, gfd_runs
+from gpu_operator.controllers.mig_rules import restore_ordered
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
@@ -29,6 +30,7 @@ from gpu_operator.vocabulary import (
     MIG_CAPABLE,
     MIG_CONFIG,
     MIG_MANAGER,
+    MIG_PAUSED,
     NFD_DEVICE_LABEL_PREFIX,
     NFD_GPU_LABELS,
     NFD_PREFIX,
@@ -223,7 +225,10 @@ def _stack_change(labels: dict[str, str], annotations: dict[str, str],
     """The stack's labels (presence, deploy labels, MIG config, driver owner and upgrades).
 
     Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
-    `false`, `pre-installed` or `paused-for-driver-upgrade` that must survive.
+    `false`, `pre-installed` or `paused-for-driver-upgrade` that must survive, and the MIG manager
+    pauses GPU clients with `paused-for-mig-change` while it changes the layout. The one exception:
+    a node the MIG unit found stuck in a MIG change (its restore order, controllers/mig_rules.py)
+    gets its `paused-for-mig-change` labels back to `true`, so its GPU clients come back.
     """
     change_labels: dict[str, str | None] = {}
     change_annotations: dict[str, str | None] = {}
@@ -259,8 +264,10 @@ def _stack_change(labels: dict[str, str], annotations: dict[str, str],
     capable = mig_capable(labels)
     if config == "container" and not mixed and (capable or MIG_MANAGER in labels):
         wanted.add(MIG_MANAGER)  # never removed from a container node once set
+    restore = restore_ordered(annotations)
     for key in wanted:
-        if not labels.get(key):
+        value = labels.get(key)
+        if not value or (restore and value == MIG_PAUSED):
             change_labels[key] = "true"
     for key in present - wanted:
         change_labels[key] = None

@@ -9,7 +9,7 @@ import time
 
 import httpx2
 
-from gpu_operator.controllers.cache import NodeView, gpu_condition, kept_taints
+from gpu_operator.controllers.cache import NodeView, gpu_condition, kept_taints, mig_condition
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
@@ -33,7 +33,8 @@ def view_of(node: SlimNode) -> NodeView:
         kernel=sys.intern(info.kernelVersion) if info else "",
         unschedulable=node.spec.unschedulable if node.spec else False,
         ready=any(c.type == "Ready" and c.status == "True" for c in conditions), seen=time.monotonic(),
-        taints=kept_taints(node.spec.taints if node.spec else None), gpu_condition=gpu_condition(conditions))
+        taints=kept_taints(node.spec.taints if node.spec else None), gpu_condition=gpu_condition(conditions),
+        mig_condition=mig_condition(conditions))
 
 
 class NodeReflector(NodeWatch[NodeView]):

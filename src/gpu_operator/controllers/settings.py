@@ -99,6 +99,19 @@ class OperatorSettings:
     """GPU health: between two passes while any node is in remediation (drain and validation
     timeouts, pods going away), besides every event that concerns it."""
 
+    mig_change_budget: float = 600.0
+    """MIG: how long a node's MIG change may stay pending (from when the operator first saw it) before
+    the node counts as stuck: its paused GPU clients are restored and the change is retried. Keep it
+    above the MIG manager's own 5-minute wait for the GPU clients to stop."""
+
+    mig_retry_backoff: Backoff = field(default_factory=lambda: Backoff(initial=60.0, cap=1800.0))
+    """MIG: a stuck or failed change is retried (the node's MIG manager pod restarted) once its GPU
+    clients are back and this backoff has passed: 60 s, 120 s ... up to 30 min; a success resets it."""
+
+    mig_poll: float = 30.0
+    """MIG: between two looks at a node in a MIG change, besides every event of the node (its MIG
+    manager's pod is not watched: a pod gone is seen within this)."""
+
     reconcile_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=60.0))
     """Retries of a ClusterPolicy or NVIDIADriver reconcile that raised (API errors, network):
     1 s, 2 s, 4 s ... up to 60 s; the first success resets it. Not-ready policies requeue on their

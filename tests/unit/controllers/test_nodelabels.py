@@ -187,3 +187,29 @@ def test_passthrough_node_loses_container_stack_when_annotation_goes() -> None:
     assert not desired_change(labels, dict(MIXED), SANDBOX)
     change = desired_change(labels, {}, SANDBOX)
     assert {k for k, v in change.labels.items() if v is None} == CONTAINER - PASSTHROUGH_STACK
+
+
+PAUSABLE = [deploy_label(c) for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")]
+
+
+def _paused_node() -> dict[str, str]:
+    labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER},
+              MIG_MANAGER: "true", MIG_CONFIG: "all-1g.10gb", "nvidia.com/mig.config.state": "pending"}
+    labels.update({k: "paused-for-mig-change" for k in PAUSABLE})
+    labels[deploy_label("dcgm")] = "false"  # a client the user turned off: the MIG manager keeps it false
+    return labels
+
+
+def test_paused_for_mig_change_is_kept_while_the_mig_manager_works() -> None:
+    assert not desired_change(_paused_node(), {}, LabelPolicy())
+
+
+def test_a_node_stuck_in_a_mig_change_gets_its_paused_labels_back() -> None:
+    restore = {"nvidia.com/gpu-operator.mig.restore": "MIGChangeStuck why"}
+    change = desired_change(_paused_node(), restore, LabelPolicy())
+    # only the paused deploy labels, to true; the user's false stays, the MIG labels are not ours to touch
+    assert change.labels == {k: "true" for k in PAUSABLE if k != deploy_label("dcgm")}
+    assert change.annotations == {}
+    # once restored, nothing more to write
+    restored = {**_paused_node(), **change.labels}
+    assert not desired_change(restored, restore, LabelPolicy())

@@ -17,6 +17,7 @@ UNITS: dict[str, set[str]] = {
     f"{C}.units.upgrade": {f"{C}.upgrade", f"{C}.upgrade_owners"},
     f"{C}.units.labels": set(),
     f"{C}.units.health": {f"{C}.health_rules", f"{C}.health_machine", f"{C}.health_exec"},
+    f"{C}.units.mig": {f"{C}.mig_rules"},
 }
 
 

@@ -1,0 +1,253 @@
+"""The MIG unit: watches each node's MIG change (what NVIDIA's MIG manager writes on the Node) and
+repairs a node stuck in one (controllers/mig_rules.py decides; this unit reads and writes).
+
+Per node it writes the NvidiaMIGReady condition and one Event per change of it, its memory in our
+annotations (when it first saw the change pending, its restore order, its retries: node labelling,
+the deploy labels' one writer, carries out the restore order), and restarts the node's MIG manager
+pod to retry a stuck or failed change (the MIG manager's watch reacts only to a change of
+`nvidia.com/mig.config` or its own start). A node already as decided costs no write.
+
+Reads besides the read model, only for nodes in or after a change: the pods on the node in the
+operator's namespace (its MIG manager, the GPU clients that did not stop; not watched: kopf's pod
+watch is selected to driver pods), and the layouts ConfigMap where a config may be invalid. While a
+node is in a change the unit looks again every `mig_poll` seconds, and at the budget's and the
+retry's deadlines.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers import mig_rules as mr
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
+from gpu_operator.controllers.readmodel import ReadModel
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.kube import nodestatus
+from gpu_operator.kube.client import Kube
+from gpu_operator.kube.resources import ObjectKey
+from gpu_operator.render.states.mig_manager import MIG_CONFIG as DEFAULT_LAYOUTS
+from gpu_operator.render.states.mig_manager import default_mig_config
+from gpu_operator.vocabulary import (
+    MIG_ANNOTATION_PREFIX,
+    MIG_CLIENT_APPS,
+    MIG_CONDITION,
+    MIG_CONFIG,
+    MIG_CONFIG_STATE,
+    MIG_EVENT_REASON,
+    MIG_MANAGER,
+    MIG_MANAGER_APP,
+    MIG_PENDING_SINCE,
+    MIG_RESTORE,
+    MIG_RETRY,
+)
+
+log = logging.getLogger("gpu_operator.mig")
+
+LAYOUTS_KEY = "config.yaml"  # the key of the layouts in every config ConfigMap (ours, the user's, the generated)
+
+
+def config_names(text: str) -> tuple[str, ...] | None:
+    """The config names of a mig-parted config file; None when it is no such file."""
+    try:
+        configs = (yaml.safe_load(text) or {}).get("mig-configs")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return tuple(sorted(str(k) for k in configs)) if isinstance(configs, dict) else None
+
+
+def _watched(view: NodeView) -> tuple[object, ...]:
+    """What the unit reads of a node: a change of any of these kicks it."""
+    labels = view.labels
+    ours = tuple(sorted((k, v) for k, v in view.annotations.items() if k.startswith(MIG_ANNOTATION_PREFIX)))
+    return (labels.get(MIG_CONFIG), labels.get(MIG_CONFIG_STATE), mr.paused_labels(labels), labels.get(MIG_MANAGER),
+            ours, view.mig_condition)
+
+
+@dataclass
+class PassReport(Result):
+    """What one pass wrote (for logs and tests)."""
+
+    looked: int = 0
+    conditions: int = 0
+    events: int = 0
+    notes: int = 0
+    retries: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+class MIGUnit(UnitBase):
+    name = "mig"
+    pacing = Pacing.IDLE_FIRST
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kube, self.settings, self.model, self.clock = kube, settings, model, clock
+        self._dirty: set[str] = set()
+        self._active: set[str] = set()  # nodes in or after a change: looked at on every pass
+        self._everything = True
+        self._seen: dict[str, tuple[object, ...]] = {}
+
+    # -- the queue
+
+    def wants(self, event: Event) -> bool:
+        if isinstance(event, NodeEvent):
+            if event.view is None:
+                self._seen.pop(event.name, None)
+                self._active.discard(event.name)
+                return False
+            watched = _watched(event.view)
+            if self._seen.get(event.name) == watched:
+                return False
+            self._seen[event.name] = watched
+            self._dirty.add(event.name)
+            return True
+        if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
+            self._everything = True
+            return True
+        return False
+
+    def failed(self, err: BaseException) -> None:
+        self._everything = True
+
+    # -- one pass
+
+    async def reconcile(self) -> Result:
+        everything, names = self._everything, self._dirty
+        self._everything, self._dirty = False, set()
+        report = PassReport()
+        policy = self.model.active_model()
+        if policy is None:
+            return report  # no policy deploys a MIG manager: nothing to decide by
+        views = {v.name: v for v in self.model.nodes()} if everything else {
+            n: v for n in names | self._active if (v := self.model.node(n)) is not None}
+        now = self.clock()
+        layouts: dict[str, tuple[str, tuple[str, ...] | None]] = {}
+        wakes: list[float] = []
+        for name in sorted(views):
+            try:
+                wake = await self._node(views[name], policy, now, layouts, report)
+            except Exception as err:  # one node's failure must not stop the others
+                log.warning("node %s: MIG repair failed: %s", name, err)
+                report.failed.append(name)
+                self._dirty.add(name)
+                continue
+            if wake is not None:
+                wakes.append(wake)
+        report.looked = len(views)
+        if report.failed:
+            wakes.append(now + self.settings.health_retry)
+        if self._active:
+            wakes.append(now + self.settings.mig_poll)
+        if wakes:
+            report.requeue = max(0.0, min(wakes) - now)
+        return report
+
+    async def _node(self, view: NodeView, policy: ClusterPolicy, now: float,
+                    layouts: dict[str, tuple[str, tuple[str, ...] | None]], report: PassReport) -> float | None:
+        labels, notes = view.labels, view.annotations
+        state = labels.get(MIG_CONFIG_STATE)
+        pods = await self._pods(view.name) if mr.needs_pods(labels, notes) else None
+        attempts, retry_from = mr.parse_retry(notes.get(MIG_RETRY))
+        config = labels.get(MIG_CONFIG)
+        layout_name, valid = ("", None)
+        if config is not None and state not in (mr.SUCCESS, mr.PENDING, mr.REBOOTING) and not mr.paused_labels(labels):
+            layout_name, valid = await self._layouts(view.name, policy, layouts)
+        facts = mr.Facts(
+            view.name, config, state, mr.paused_labels(labels), self._manager(view, policy, pods),
+            pending_since=mr.parse_since(notes.get(MIG_PENDING_SINCE)), restore=notes.get(MIG_RESTORE),
+            attempts=attempts, retry_from=retry_from, valid=valid, layouts=layout_name,
+            clients=self._clients(pods))
+        decision = mr.decide(facts, now, self.settings.mig_change_budget, self.settings.mig_retry_backoff)
+        if decision.kind in (mr.Kind.IN_PROGRESS, mr.Kind.STUCK, mr.Kind.FAILED):
+            self._active.add(view.name)
+        else:
+            self._active.discard(view.name)
+        if decision.notes:
+            await self.kube.merge_patch("v1", "Node", view.name, {"metadata": {"annotations": decision.notes}})
+            report.notes += 1
+        await self._condition(view, decision, report)
+        if decision.retry:
+            await self._restart_manager(view.name, pods or [])
+            report.retries += 1
+        return decision.wake
+
+    # -- reads
+
+    async def _pods(self, node: str) -> list[dict[str, Any]]:
+        return await self.kube.list_pods(self.model.namespace, fields=f"spec.nodeName={node}")
+
+    @staticmethod
+    def _app(pod: dict[str, Any]) -> str:
+        return str(((pod.get("metadata") or {}).get("labels") or {}).get("app", ""))
+
+    def _manager(self, view: NodeView, policy: ClusterPolicy, pods: list[dict[str, Any]] | None) -> mr.Manager:
+        if pods is not None and any(self._app(p) == MIG_MANAGER_APP and not p["metadata"].get("deletionTimestamp")
+                                    for p in pods):
+            return mr.Manager.RUNNING
+        if policy.spec.migManager.on() and view.labels.get(MIG_MANAGER) == "true":
+            return mr.Manager.GONE
+        return mr.Manager.NOT_DEPLOYED
+
+    def _clients(self, pods: list[dict[str, Any]] | None) -> tuple[str, ...]:
+        return tuple(sorted(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
+                            for p in pods or () if self._app(p) in MIG_CLIENT_APPS))
+
+    async def _layouts(self, node: str, policy: ClusterPolicy,
+                       seen: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[str, tuple[str, ...] | None]:
+        """(ConfigMap, its config names) the node's MIG manager selects from: the policy's
+        migManager.config.name; else the config it generated from the node's GPUs and published
+        (`<node>-mig-config`), else ours (`default-mig-parted-config`). Names None: unreadable."""
+        config = policy.spec.migManager.config
+        custom = config.name if config is not None and config.name else None
+        name = custom or f"{node}-mig-config"
+        if name not in seen:
+            found = await self.kube.get_dict("v1", "ConfigMap", name, namespace=self.model.namespace)
+            text = None if found is None else (found.get("data") or {}).get(LAYOUTS_KEY)
+            seen[name] = (name, config_names(str(text)) if text is not None else None)
+        if custom or seen[name][1] is not None:
+            return seen[name]
+        return DEFAULT_LAYOUTS, config_names(default_mig_config())
+
+    # -- writes
+
+    async def _condition(self, view: NodeView, d: mr.Decision, report: PassReport) -> None:
+        want = d.condition
+        have = view.mig_condition
+        if want == have:
+            return
+        if want is None:
+            await nodestatus.delete_condition(self.kube, view.name, MIG_CONDITION)
+            report.conditions += 1
+            return
+        status, reason, message = want
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {"type": MIG_CONDITION, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": stamp}
+        if have is None or have[0] != status:
+            body["lastTransitionTime"] = stamp
+        await nodestatus.patch_condition(self.kube, view.name, body)
+        report.conditions += 1
+        if have is None or have[1] != reason:
+            warning = status == "False" and d.kind is not mr.Kind.IN_PROGRESS
+            log.info("node %s: %s: %s", view.name, reason, message)
+            await self.kube.node_event(view.name, MIG_EVENT_REASON, f"{reason}: {message}", warning=warning)
+            report.events += 1
+
+    async def _restart_manager(self, node: str, pods: list[dict[str, Any]]) -> None:
+        """The retry: the node's MIG manager pod deleted; its DaemonSet starts a new one, whose
+        start runs the node's `nvidia.com/mig.config` again."""
+        for pod in pods:
+            if self._app(pod) == MIG_MANAGER_APP and not pod["metadata"].get("deletionTimestamp"):
+                meta = pod["metadata"]
+                log.info("node %s: retrying its MIG change: restarting %s/%s", node, meta.get("namespace"), meta["name"])
+                await self.kube.delete(ObjectKey("v1", "Pod", meta["name"],
+                                                 meta.get("namespace") or self.model.namespace))

@@ -1,0 +1,242 @@
+"""The MIG unit against a recorded fake Kube: one write per change and none while nothing changes;
+a node stuck in a MIG change gets a restore order, a condition naming the clients that did not
+stop and one Event; after the backoff, with its clients back, its MIG manager pod is restarted;
+an invalid config is reported with the valid names; a success forgets everything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.loop import NodeEvent
+from gpu_operator.controllers.settings import Backoff, OperatorSettings
+from gpu_operator.controllers.units.mig import MIGUnit, PassReport
+from gpu_operator.render.states.mig_manager import default_mig_config
+from gpu_operator.vocabulary import (
+    MIG_CONDITION,
+    MIG_CONFIG,
+    MIG_CONFIG_STATE,
+    MIG_MANAGER,
+    MIG_PAUSED,
+    MIG_PENDING_SINCE,
+    MIG_RESTORE,
+    MIG_RETRY,
+    deploy_label,
+)
+from tests.unit.controllers.healthkit import FakeKube
+
+NS = "gpu-operator"
+DP = deploy_label("device-plugin")
+GFD = deploy_label("gpu-feature-discovery")
+SETTINGS = OperatorSettings(mig_change_budget=600.0, mig_retry_backoff=Backoff(initial=60.0, cap=600.0))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Model:
+    """The part of the read model the unit reads."""
+
+    kube: FakeKube
+    policy: ClusterPolicy | None
+    namespace: str = NS
+
+    def active_model(self) -> ClusterPolicy | None:
+        return self.policy
+
+    def nodes(self) -> list[NodeView]:
+        return self.kube.views()
+
+    def node(self, name: str) -> NodeView | None:
+        return self.kube.view(name)
+
+
+class Kube(FakeKube):
+    """FakeKube with ConfigMaps (by name) beside its Nodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.configmaps: dict[str, dict[str, Any]] = {}
+
+    async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None
+                       ) -> dict[str, Any] | None:
+        if kind == "ConfigMap":
+            self.calls.append(("get-configmap", name))
+            return self.configmaps.get(name)
+        return await super().get_dict(api_version, kind, name, namespace)
+
+
+def policy(mig_manager: dict[str, Any] | None = None) -> ClusterPolicy:
+    spec = {"migManager": mig_manager} if mig_manager is not None else {}
+    return ClusterPolicy.model_validate({"metadata": {"name": "p"}, "spec": spec})
+
+
+def make(kube: Kube, pol: ClusterPolicy | None = None, clock: Clock | None = None) -> MIGUnit:
+    return MIGUnit(kube, SETTINGS, Model(kube, pol or policy()), clock=clock or Clock())  # type: ignore[arg-type]
+
+
+def run_pass(unit: MIGUnit, kube: Kube) -> PassReport:
+    for name in list(kube.nodes):
+        unit.wants(NodeEvent(name, kube.view(name)))
+    result = asyncio.run(unit.reconcile())
+    assert isinstance(result, PassReport)
+    return result
+
+
+def mig_node(kube: Kube, name: str = "n1", **labels: str) -> None:
+    kube.add_node(name, labels={MIG_MANAGER: "true", MIG_CONFIG: "all-1g.10gb", DP: "true", GFD: "true", **labels})
+    kube.add_pod(f"mig-manager-{name}", name, gpu=False, labels={"app": "nvidia-mig-manager"}, namespace=NS,
+                 owner="DaemonSet")
+
+
+def condition(kube: Kube, name: str = "n1") -> tuple[str, str, str] | None:
+    for c in kube.nodes[name]["status"]["conditions"]:
+        if c["type"] == MIG_CONDITION:
+            return c["status"], c["reason"], c["message"]
+    return None
+
+
+def ours(kube: Kube, name: str = "n1") -> dict[str, str]:
+    return {k: v for k, v in kube.nodes[name]["metadata"]["annotations"].items() if k.startswith("nvidia.com/gpu-op")}
+
+
+def pause(kube: Kube, name: str = "n1") -> None:
+    kube.nodes[name]["metadata"]["labels"].update({MIG_CONFIG_STATE: "pending", DP: MIG_PAUSED, GFD: MIG_PAUSED})
+
+
+def test_a_node_without_mig_costs_nothing() -> None:
+    kube = Kube()
+    kube.add_node("cpu", labels={"kubernetes.io/os": "linux"})
+    report = run_pass(make(kube), kube)
+    assert kube.writes() == [] and report.requeue is None
+
+
+def test_applied_is_one_condition_and_one_event_then_nothing() -> None:
+    kube = Kube()
+    mig_node(kube, **{MIG_CONFIG_STATE: "success"})
+    unit = make(kube)
+    run_pass(unit, kube)
+    assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
+    assert [c[0] for c in kube.writes()] == ["patch-status", "event"]
+    assert kube.events[0][1:] == ("MIGChange", "MIGConfigApplied: MIG config 'all-1g.10gb' applied", False)
+    before = len(kube.writes())
+    run_pass(unit, kube)  # the echo of its own write: nothing more
+    assert len(kube.writes()) == before
+
+
+def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> None:
+    kube, clock = Kube(), Clock()
+    mig_node(kube)
+    pause(kube)
+    kube.add_pod("nvidia-dcgm-stuck", "n1", gpu=False, labels={"app": "nvidia-dcgm"}, namespace=NS)
+    unit = make(kube, clock=clock)
+
+    # in progress: first seen now, one annotation, one condition, one (Normal) event
+    report = run_pass(unit, kube)
+    assert ours(kube) == {MIG_PENDING_SINCE: str(int(clock.now))}
+    assert condition(kube) is not None and condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
+    assert [e[3] for e in kube.events] == [False]
+    assert report.requeue == SETTINGS.mig_poll  # looked at again within the poll (the budget is later)
+    writes = len(kube.writes())
+    run_pass(unit, kube)
+    assert len(kube.writes()) == writes  # nothing changed: nothing written
+
+    # past the budget: stuck; the order, the condition naming the client, one Warning event
+    clock.now += 600
+    run_pass(unit, kube)
+    message = ("MIG config 'all-1g.10gb' pending past the 600 s budget: GPU clients that did not stop: "
+               "gpu-operator/nvidia-dcgm-stuck; they are restored on the current layout and the change is retried")
+    assert condition(kube) == ("False", "MIGChangeStuck", message)
+    assert ours(kube)[MIG_RESTORE] == f"MIGChangeStuck {message}"
+    assert ours(kube)[MIG_RETRY] == f"0 {int(clock.now)}"
+    assert kube.events[-1][1:] == ("MIGChange", f"MIGChangeStuck: {message}", True)
+    assert not any(c[0] == "delete" for c in kube.writes())  # labels still paused: no retry
+
+    # node labelling restores the labels (it reads the order); still within the backoff: nothing
+    kube.nodes["n1"]["metadata"]["labels"].update({DP: "true", GFD: "true"})
+    writes = len(kube.writes())
+    report = run_pass(unit, kube)
+    assert len(kube.writes()) == writes and report.requeue == SETTINGS.mig_poll  # (the retry is due at 60 s)
+
+    # the backoff passed: the MIG manager pod restarted, the order withdrawn, the attempt counted
+    clock.now += 60
+    run_pass(unit, kube)
+    deletes = [c for c in kube.writes() if c[0] == "delete"]
+    assert deletes == [("delete", f"{NS}/mig-manager-n1")]
+    assert ours(kube) == {MIG_RETRY: f"1 {int(clock.now)}"}
+
+    # the new MIG manager pauses again: a fresh change, in progress, no second retry
+    kube.add_pod("mig-manager-n1-b", "n1", gpu=False, labels={"app": "nvidia-mig-manager"}, namespace=NS)
+    pause(kube)
+    run_pass(unit, kube)
+    assert condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
+    assert ours(kube)[MIG_PENDING_SINCE] == str(int(clock.now))
+
+    # the client went, the change completed: applied, our memory gone
+    kube.nodes["n1"]["metadata"]["labels"].update({MIG_CONFIG_STATE: "success", DP: "true", GFD: "true"})
+    run_pass(unit, kube)
+    assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
+    assert ours(kube) == {}
+    assert len([c for c in kube.writes() if c[0] == "delete"]) == 1
+
+
+def test_paused_labels_left_by_a_mig_manager_that_will_not_come_back_are_restored_at_once() -> None:
+    kube = Kube()
+    mig_node(kube)
+    pause(kube)
+    kube.pods.clear()
+    kube.nodes["n1"]["metadata"]["labels"][MIG_MANAGER] = "false"
+    run_pass(make(kube), kube)
+    assert condition(kube)[1] == "MIGManagerGone"  # type: ignore[index]
+    assert MIG_RESTORE in ours(kube)
+
+
+def test_invalid_config_names_the_valid_ones_from_our_configmap() -> None:
+    kube = Kube()
+    mig_node(kube, **{MIG_CONFIG: "all-9g.99gb", MIG_CONFIG_STATE: "failed"})
+    run_pass(make(kube), kube)
+    names = sorted(yaml.safe_load(default_mig_config())["mig-configs"])
+    assert condition(kube) == ("False", "InvalidMIGConfig",
+                               "nvidia.com/mig.config 'all-9g.99gb' is not a config of ConfigMap "
+                               f"default-mig-parted-config; valid names: {', '.join(names)}")
+    assert not any(c[0] == "delete" for c in kube.writes())
+    # the MIG manager's generated config (published per node) is the one it selects from
+    kube.configmaps["n1-mig-config"] = {"data": {"config.yaml": "version: v1\nmig-configs:\n  all-9g.99gb: []\n"}}
+    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG_STATE] = "pending"
+    unit = make(kube)
+    run_pass(unit, kube)
+    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG_STATE] = "failed"
+    run_pass(unit, kube)
+    assert condition(kube)[1] == "MIGConfigFailed"  # type: ignore[index]
+
+
+def test_the_policys_configmap_is_read_for_the_names() -> None:
+    kube = Kube()
+    kube.configmaps["my-layouts"] = {"data": {"config.yaml": json.dumps(
+        {"version": "v1", "mig-configs": {"b-layout": [], "a-layout": []}})}}
+    mig_node(kube, **{MIG_CONFIG: "all-1g.10gb"})
+    run_pass(make(kube, policy({"config": {"name": "my-layouts"}})), kube)
+    assert condition(kube) == ("False", "InvalidMIGConfig", "nvidia.com/mig.config 'all-1g.10gb' is not a config "
+                               "of ConfigMap my-layouts; valid names: a-layout, b-layout")
+    assert ("get-configmap", "my-layouts") in kube.calls
+
+
+def test_no_policy_writes_nothing() -> None:
+    kube = Kube()
+    mig_node(kube)
+    pause(kube)
+    unit = MIGUnit(kube, SETTINGS, Model(kube, None), clock=Clock())  # type: ignore[arg-type]
+    run_pass(unit, kube)
+    assert kube.writes() == []
