@@ -41,7 +41,7 @@ from gpu_operator.sim import nodes as sim_nodes
 from gpu_operator.sim import standins
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.faultinject import inject
-from gpu_operator.sim.faults import BOOK, NodeHosts
+from gpu_operator.sim.faults import BOOK, NodeHosts, node_host_spec
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.sim.state import SimState
 from gpu_operator.vocabulary import (
@@ -61,6 +61,7 @@ from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 
 POLICY = "cluster-policy"
+SHAPE = "dgx-h100"
 JOB = "long-job"  # the driver upgrade waits for pods with this app label (waitForCompletion)
 SCENARIO = 75.0  # seconds any one wait may take on a busy 2-core machine
 
@@ -184,8 +185,10 @@ class Cluster:
         return next(g.address for g in self.hosts.gpus(node) if g.index == gpu)
 
     def hold(self, node: str, gpu: int, pid: int = 4242) -> Path:
-        """A process of the node's host that holds GPU `gpu` open (its /proc entry in the tree)."""
-        minor = next(g.minor for g in self.hosts.gpus(node) if g.index == gpu)
+        """A process of the node's host that holds GPU `gpu` open (its /proc entry in the node's
+        own tree, made now if the node has none yet: before the fault, so that no reset can come
+        first)."""
+        minor = self.hosts.faults(node, node_host_spec(SHAPE)).book().gpus[gpu].minor
         proc = self.hosts.root(node) / "proc" / str(pid)
         (proc / "fd").mkdir(parents=True)
         (proc / "comm").write_text("python3\n")
@@ -203,7 +206,7 @@ def cluster(control_plane: ControlPlane, kube: Client, crds: list[str],
     base = tmp_path_factory.mktemp("health-remediation")
     namespace = f"gpu-operator-{uuid.uuid4().hex[:6]}"
     kube.create(Namespace(metadata={"name": namespace}))  # type: ignore[arg-type]
-    names = sim_nodes.add_nodes(kube, ["dgx-h100:9"], start=90_000)
+    names = sim_nodes.add_nodes(kube, [f"{SHAPE}:9"], start=90_000)
     sim = SimState(dir=str(base), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
                    binaries="")
     found = Cluster(kube, control_plane, namespace, sim, NodeHosts(base / "hosts"), list(names), base)
@@ -248,7 +251,8 @@ def test_xid_79_quarantines_drains_reboots_and_brings_the_node_back(cluster: Clu
         bus = cluster.bus(node, 1)
         # the catalogue's action for 79 is reboot (RESTART_BM): the walk requests a reboot
         asked = cluster.wait("the agent's reboot sentinel for remediation's request", node,
-                             lambda s: s.report is not None and s.report.reboot is not None)
+                             lambda s: s.report is not None and s.report.reboot is not None
+                             and s.condition == ("False", "Remediating"))
         assert (cluster.hosts.root(node) / "var/run/reboot-required").is_file()
         assert HEALTH_REBOOT_REQUESTED not in asked.notes  # answered: the agent removed it
         assert asked.state == hm.VALIDATING and asked.notes.get(hm.ACTION) == "reboot"
@@ -303,11 +307,12 @@ def test_xid_48_on_two_nodes_with_max_unavailable_1_one_at_a_time(cluster: Clust
 def test_remediation_failing_3_times_leaves_the_node_failed_with_its_reason(cluster: Cluster) -> None:
     (node,) = cluster.nodes(1)
     cluster.remediation(maxUnavailable=1, actions=["reset-gpu"], maxAttempts=3, validationTimeoutSeconds=1)
-    cluster.fault(node, "xid", 48, 1)
     cluster.hold(node, 1)  # a process on the host holds the GPU: the agent never resets it
-    failed = cluster.wait("failed after 3 attempts", node, lambda s: s.state == hm.FAILED, timeout=2 * SCENARIO)
+    cluster.fault(node, "xid", 48, 1)
+    failed = cluster.wait("failed after 3 attempts", node, lambda s: s.state == hm.FAILED
+                          and s.condition == ("False", "RemediationFailed"), timeout=2 * SCENARIO)
     assert failed.notes.get(HEALTH_ATTEMPTS_ANNOTATION) == "3" and failed.notes.get(hm.REASON)
-    assert failed.condition == ("False", "RemediationFailed") and HEALTH_TAINT in failed.taints
+    assert HEALTH_TAINT in failed.taints
     assert failed.report is not None
     kind, why = failed.report.reset_outcome(cluster.bus(node, 1)) or ("", "")
     assert kind == "refused" and why  # held
@@ -318,8 +323,8 @@ def test_remediation_failing_3_times_leaves_the_node_failed_with_its_reason(clus
 def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: Cluster) -> None:
     (node,) = cluster.nodes(1)
     cluster.remediation(maxUnavailable=1, actions=["reset-gpu"], validationTimeoutSeconds=600, maxAttempts=3)
-    cluster.fault(node, "xid", 48, 3)
     holder = cluster.hold(node, 3)
+    cluster.fault(node, "xid", 48, 3)
     bus = cluster.bus(node, 3)
     waiting = cluster.wait("validating, the reset refused", node, lambda s: s.state == hm.VALIDATING and s.report
                            is not None and (s.report.reset_outcome(bus) or ("",))[0] == "refused")
