@@ -250,3 +250,14 @@ def test_the_node_watch_keeps_the_latest_annotations_and_watches_again_after_a_f
     assert client.calls == [{"metadata.name": "node-a"}] * 2
     assert watch.current() == {"other": "x"}
     assert logs == ["watching Node node-a failed (apiserver away); watching again"]
+
+
+def test_the_operator_refuses_an_outcome_it_does_not_know_naming_the_field() -> None:
+    from gpu_operator.api.health import ReportError
+
+    base = {"v": 1, "validated": True, "state": "healthy", "action": "none", "healthy": 8, "gpus": [],
+            "sources": ["pci"]}
+    with pytest.raises(ReportError, match=rf"field reset\.{BUS}: String should match pattern"):
+        HealthReport.parse(encode({**base, "reset": {BUS: "ok"}}))
+    with pytest.raises(ReportError, match=r"field reset\.0000:44:00\.\[key\]: String should match pattern"):
+        HealthReport.parse(encode({**base, "reset": {"0000:44:00": "done"}}))  # not a bus id as sysfs names it
