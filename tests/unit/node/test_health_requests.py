@@ -261,3 +261,34 @@ def test_the_operator_refuses_an_outcome_it_does_not_know_naming_the_field() -> 
         HealthReport.parse(encode({**base, "reset": {BUS: "ok"}}))
     with pytest.raises(ReportError, match=r"field reset\.0000:44:00\.\[key\]: String should match pattern"):
         HealthReport.parse(encode({**base, "reset": {"0000:44:00": "done"}}))  # not a bus id as sysfs names it
+
+
+def test_the_command_runs_the_agent_with_requests_and_the_node_watch(build_host: Any, monkeypatch: Any) -> None:
+    from typer.testing import CliRunner
+
+    from gpu_operator.cli import app
+    from gpu_operator.node import kubeapi
+    from gpu_operator.node.health import agent as agent_module
+
+    seen: dict[str, Any] = {}
+
+    class Watch:
+        def __init__(self, node: str, client: Any = None, log: Any = None) -> None:
+            seen["watched"] = node
+
+        def current(self) -> dict[str, str]:
+            return {}
+
+    async def fake_run(agent: HealthAgent, publisher: Any, interval: float, stop: Any, requests: Any = None) -> None:
+        seen.update(agent=agent, publisher=publisher, requests=requests)
+
+    monkeypatch.setattr(kubeapi, "new_client", lambda: object())
+    monkeypatch.setattr(kubeapi, "NodeAnnotationWatch", Watch)
+    monkeypatch.setattr(agent_module, "run", fake_run)
+    root = build_host("h100-nvidia-bound").fs.root
+    result = CliRunner().invoke(app, ["node", "health", "--host-root", str(root), "--node-name", "node-a",
+                                      "--metrics-port", "0", "--no-nvml"])
+    assert result.exit_code == 0, result.output
+    assert seen["watched"] == "node-a" and isinstance(seen["requests"], Watch)
+    actor = seen["agent"].requests
+    assert isinstance(actor, RequestActor) and actor.sentinel == SENTINEL
