@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -56,6 +57,9 @@ class Model:
     def active_model(self) -> ClusterPolicy | None:
         return self.policy
 
+    def active_policy(self) -> Any:
+        return SimpleNamespace(name="cluster-policy", uid="cp-uid") if self.policy is not None else None
+
     def nodes(self) -> list[NodeView]:
         return self.kube.views()
 
@@ -64,11 +68,17 @@ class Model:
 
 
 class Kube(FakeKube):
-    """FakeKube with ConfigMaps (by name) beside its Nodes."""
+    """FakeKube with ConfigMaps (by name) beside its Nodes, and Events about other objects."""
 
     def __init__(self) -> None:
         super().__init__()
         self.configmaps: dict[str, dict[str, Any]] = {}
+        self.object_events: list[tuple[str, str, str, str]] = []
+
+    async def event(self, involved: dict[str, str], reason: str, message: str, *, warning: bool = True,
+                    namespace: str = "default") -> None:
+        self.calls.append(("event", involved["name"], reason))
+        self.object_events.append((involved["kind"], involved["name"], reason, message))
 
     async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None
                        ) -> dict[str, Any] | None:
@@ -162,6 +172,8 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     assert ours(kube)[MIG_RESTORE] == f"MIGChangeStuck {message}"
     assert ours(kube)[MIG_RETRY] == f"0 {int(clock.now)}"
     assert kube.events[-1][1:] == ("MIGChange", f"MIGChangeStuck: {message}", True)
+    # and on the ClusterPolicy (its status keeps upstream's shape)
+    assert kube.object_events == [("ClusterPolicy", "cluster-policy", "MIGChange", f"node n1: MIGChangeStuck: {message}")]
     assert not any(c[0] == "delete" for c in kube.writes())  # labels still paused: no retry
 
     # node labelling restores the labels (it reads the order); still within the backoff: nothing

@@ -1,7 +1,8 @@
 """The MIG unit: watches each node's MIG change (what NVIDIA's MIG manager writes on the Node) and
 repairs a node stuck in one (controllers/mig_rules.py decides; this unit reads and writes).
 
-Per node it writes the NvidiaMIGReady condition and one Event per change of it, its memory in our
+Per node it writes the NvidiaMIGReady condition and one Event per change of it (a stuck, failed or
+invalid one also as an Event on the ClusterPolicy, whose status keeps upstream's shape), its memory in our
 annotations (when it first saw the change pending, its restore order, its retries: node labelling,
 the deploy labels' one writer, carries out the restore order), and restarts the node's MIG manager
 pod to retry a stuck or failed change (the MIG manager's watch reacts only to a change of
@@ -241,6 +242,12 @@ class MIGUnit(UnitBase):
             log.info("node %s: %s: %s", view.name, reason, message)
             await self.kube.node_event(view.name, MIG_EVENT_REASON, f"{reason}: {message}", warning=warning)
             report.events += 1
+            source = self.model.active_policy()
+            if warning and source is not None:
+                # the policy's status keeps upstream's shape (state, Ready/Error): its Events say it
+                await self.kube.event({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": source.name,
+                                       "uid": source.uid}, MIG_EVENT_REASON, f"node {view.name}: {reason}: {message}")
+                report.events += 1
 
     async def _restart_manager(self, node: str, pods: list[dict[str, Any]]) -> None:
         """The retry: the node's MIG manager pod deleted; its DaemonSet starts a new one, whose
