@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpu_operator.statusview.health import NodeHealth
+from gpu_operator.statusview.mig import TROUBLE, NodeMIG
 from gpu_operator.statusview.table import Cell, StatusView
 from gpu_operator.statusview.upgrades import NodeUpgrade
 from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
@@ -76,6 +77,9 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
     healths = any(r.health is not None and r.health.text for r in view.rows)
     if healths:
         table.add_column("health", no_wrap=True)
+    migs = any(r.mig is not None and r.mig.text for r in view.rows)
+    if migs:
+        table.add_column("mig", no_wrap=True)
     # Not-ready nodes first: on a big cluster those are the rows worth the screen.
     rows = sorted(view.rows, key=lambda r: (r.ready, r.name))
     for row in rows[:max_nodes]:
@@ -83,6 +87,7 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
                           else "dim" if not row.validation else "yellow")
         extra = [upgrade_text(row.upgrade)] if upgrades else []
         extra += [health_text(row.health)] if healths else []
+        extra += [mig_text(row.mig)] if migs else []
         stack = [Text(row.stack or "·", style="dim" if not row.stack else "")] if stacks else []
         table.add_row(Text(row.name), *stack, *(cell_text(row.cells[c]) for c in columns), validation, *extra)
     if len(rows) > max_nodes:
@@ -97,6 +102,14 @@ def health_text(health: NodeHealth | None) -> Text:
         return Text("·", style="dim")
     style = "green" if health.ready == "True" else "red" if health.tainted or health.remediation else "yellow"
     return Text(health.text, style=style)
+
+
+def mig_text(mig: NodeMIG | None) -> Text:
+    if mig is None or not mig.text:
+        return Text("·", style="dim")
+    style = "green" if mig.state == "success" and mig.reason not in TROUBLE else (
+        "red" if mig.reason in TROUBLE else "yellow")
+    return Text(mig.text, style=style)
 
 
 def upgrade_text(upgrade: NodeUpgrade | None) -> Text:

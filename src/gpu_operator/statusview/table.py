@@ -10,6 +10,8 @@ from typing import Any
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.statusview.health import NodeHealth, node_health
 from gpu_operator.statusview.health import problems as health_problems
+from gpu_operator.statusview.mig import NodeMIG, node_mig
+from gpu_operator.statusview.mig import problems as mig_problems
 from gpu_operator.statusview.operatorpods import operator_problems
 from gpu_operator.statusview.upgrades import NodeUpgrade, node_upgrade
 from gpu_operator.statusview.upgrades import problems as upgrade_problems
@@ -49,6 +51,7 @@ class NodeRow:
     upgrade: NodeUpgrade | None = None  # driver upgrade state, reason and time in state
     stack: str = ""  # "dra" (GPUCluster labels), "device-plugin" (ClusterPolicy labels) or "" (none yet)
     health: NodeHealth | None = None  # the NvidiaGPUReady condition and remediation state
+    mig: NodeMIG | None = None  # the MIG config, its state and the NvidiaMIGReady condition
 
     @property
     def ready(self) -> bool:
@@ -238,7 +241,7 @@ def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
         validator = next((pods_by.get((_name(ds), _name(node))) for c in components if c.endswith("validator")
                           for ds in by_component.get(c, []) if (_name(ds), _name(node)) in pods_by), None)
         rows.append(NodeRow(_name(node), cells, validation_state(validator), node_upgrade(node),
-                            node_stack(_labels(node)), node_health(node)))
+                            node_stack(_labels(node)), node_health(node), node_mig(node)))
     view = StatusView(namespace, components, rows, _policy_summary(policies, clusters or []),
                       other_nodes=len(nodes) - len(gpu_nodes), operator=operator_problems(operator_pods or []))
     view.problems = view.operator + problems(view)
@@ -290,6 +293,7 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
         out.append("no GPU node: none carries nvidia.com/gpu.present=true or an NFD pci-10de label")
     out.extend(upgrade_problems([r.upgrade for r in view.rows if r.upgrade is not None]))
     out.extend(health_problems([r.health for r in view.rows if r.health is not None]))
+    out.extend(mig_problems([r.mig for r in view.rows if r.mig is not None]))
     grouped: dict[tuple[str, str], list[str]] = defaultdict(list)
     for row in view.rows:
         for component, cell in row.cells.items():
