@@ -183,7 +183,8 @@ def doctor(
         str | None,
         typer.Option(
             envvar="NODE_NAME",
-            help="This host's Node: read its workload label, passthrough device list and what KubeVirt advertises.",
+            help="This host's Node: read its workload label, passthrough device list, MIG config and state, and "
+                 "what KubeVirt advertises.",
         ),
     ] = None,
     passthrough_devices: Annotated[
@@ -230,9 +231,16 @@ def doctor(
         passthrough_devices=inputs.passthrough_devices,
         advertised=inputs.advertised,
         unchecked=inputs.unchecked,
-        extra=_troubleshoot(fs, report, wanted, commands),
+        extra=_troubleshoot(fs, report, wanted, commands) + _mig_node(node, inputs.labels, inputs.annotations),
     )
     raise typer.Exit(code)
+
+
+def _mig_node(node: str | None, labels: dict[str, str] | None, annotations: dict[str, str] | None) -> list[Any]:
+    """The Node's MIG config and state, where doctor read the Node (--node)."""
+    from gpu_operator.node import troubleshoot
+
+    return troubleshoot.mig_node_findings(node or "", labels, annotations or {}) if labels is not None else []
 
 
 def _troubleshoot(fs: Any, report: Any, cuda: list[tuple[int, int]], commands: bool) -> list[Any]:

@@ -1,5 +1,6 @@
-"""What doctor needs from the cluster (the Node's workload label, passthrough list, KubeVirt's advertised
-GPUs): read through the API when it can, from options when offline, with a plain note when neither."""
+"""What doctor needs from the cluster (the Node's workload label, passthrough list, MIG config and state,
+KubeVirt's advertised GPUs): read through the API when it can, from options when offline, with a plain
+note when neither."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ class ClusterInputs:
     passthrough_devices: list[str] | None = None
     advertised: list[Advertised] | None = None
     unchecked: str = ""
+    # the Node's labels and annotations where they were read (its MIG config and state among them)
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
 
 
 def parse_advertised(values: list[str]) -> list[Advertised]:
@@ -54,6 +58,7 @@ def cluster_inputs(
     except (ConfigError, ApiError, HTTPError, OSError) as err:
         inputs.unchecked = f"could not read Node {node} through the API ({err}); {OFFLINE_HINT}"
         return inputs
+    inputs.labels, inputs.annotations = labels, annotations
     inputs.workload = inputs.workload or labels.get(WORKLOAD_CONFIG) or None
     listed = annotations.get(PASSTHROUGH_DEVICES_ANNOTATION, "")
     if inputs.passthrough_devices is None and listed.strip():

@@ -14,6 +14,7 @@ from gpu_operator.node.driver import DriverInfo, DriverSource
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.runner import CommandRunner
 from gpu_operator.node.verdict import Finding, Severity, finding
+from gpu_operator.vocabulary import MIG_CONFIG, MIG_CONFIG_STATE, MIG_PAUSED, MIG_RESTORE, MIG_RETRY
 
 # CUDA release -> the oldest Linux driver it supports without the forward-compatibility package.
 CUDA_MIN_DRIVER: dict[tuple[int, int], tuple[int, ...]] = {
@@ -144,3 +145,32 @@ def _bus(address: str) -> str:
     """nvidia-smi writes 00000000:3B:00.0; sysfs writes 0000:3b:00.0."""
     address = address.lower()
     return address[4:] if len(address.split(":")[0]) == 8 else address
+
+
+def mig_node_findings(node: str, labels: dict[str, str], annotations: dict[str, str]) -> list[Finding]:
+    """The Node's MIG config and state (what NVIDIA's MIG manager writes), and what the operator's MIG
+    unit found: a change stuck (its restore order) or failed, with its retries."""
+    config, state = labels.get(MIG_CONFIG), labels.get(MIG_CONFIG_STATE)
+    if config is None and state is None:
+        return []
+    paused = sorted(k for k, v in labels.items() if v == MIG_PAUSED)
+    evidence = [f"Node {node}: {MIG_CONFIG}={config or '(none)'}, {MIG_CONFIG_STATE}={state or '(not written yet)'}"]
+    evidence += [f"paused for the MIG change: {', '.join(paused)}"] if paused else []
+    retry = annotations.get(MIG_RETRY, "").split()
+    tries = f"; {retry[0]} retr{'y' if retry[0] == '1' else 'ies'} so far" if retry and retry[0].isdigit() else ""
+    out = [finding("mig-node-state", Severity.INFO, f"MIG config {config or '(none)'}: {state or 'not applied yet'}",
+                   evidence)]
+    order = annotations.get(MIG_RESTORE)
+    if order:
+        reason, _, why = order.partition(" ")
+        out.append(finding(
+            "mig-change-stuck", Severity.WARNING, f"the operator found this node's MIG change stuck ({reason})",
+            [*evidence, why], "remove what kept the GPU clients from stopping (the pods named above), or reset the "
+            f"GPUs or reboot where none is named; the operator restored the paused clients and retries{tries}"))
+    elif state == "failed":
+        out.append(finding(
+            "mig-change-failed", Severity.WARNING, f"the MIG manager could not apply {config}", evidence,
+            "`gpu-operator status` shows the node's NvidiaMIGReady reason: InvalidMIGConfig lists the valid "
+            "names; otherwise the MIG manager's log says why (a layout these GPUs refuse, a reset or reboot "
+            f"required); the operator retries{tries}"))
+    return out

@@ -177,3 +177,30 @@ def test_doctor_runs_the_checks(build_host, monkeypatch: pytest.MonkeyPatch) -> 
     assert bad.exit_code == 2 and "NVIDIA_REQUIRE_CUDA" in bad.output
     quiet = CliRunner().invoke(app, ["doctor", "--host-root", root, "--json", "--no-commands"])
     assert "mig-change-blocked" not in {f["code"] for f in json.loads(quiet.output)["findings"]}
+
+
+# -- the Node's MIG config and state (doctor --node) -------------------------------------------------
+
+def test_mig_node_findings_from_the_nodes_labels_and_the_operators_order() -> None:
+    from gpu_operator.node.troubleshoot import mig_node_findings
+
+    assert mig_node_findings("n1", {"nvidia.com/gpu.present": "true"}, {}) == []
+    applied = mig_node_findings("n1", {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"},
+                                {})
+    assert [(f.code, f.severity, f.summary) for f in applied] == [
+        ("mig-node-state", Severity.INFO, "MIG config all-1g.10gb: success")]
+    labels = {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "pending",
+              "nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change"}
+    stuck = mig_node_findings("n1", labels, {"nvidia.com/gpu-operator.mig.restore": "MIGChangeStuck clients: a/b",
+                                             "nvidia.com/gpu-operator.mig.retry": "2 1700000000"})
+    assert [f.code for f in stuck] == ["mig-node-state", "mig-change-stuck"]
+    assert stuck[0].evidence == ["Node n1: nvidia.com/mig.config=all-1g.10gb, nvidia.com/mig.config.state=pending",
+                                 "paused for the MIG change: nvidia.com/gpu.deploy.device-plugin"]
+    assert stuck[1].summary == "the operator found this node's MIG change stuck (MIGChangeStuck)"
+    assert stuck[1].evidence[-1] == "clients: a/b"
+    assert stuck[1].fix == ("remove what kept the GPU clients from stopping (the pods named above), or reset the GPUs "
+                            "or reboot where none is named; the operator restored the paused clients and retries; "
+                            "2 retries so far")
+    failed = mig_node_findings("n1", {"nvidia.com/mig.config": "x", "nvidia.com/mig.config.state": "failed"}, {})
+    assert [(f.code, f.severity) for f in failed] == [("mig-node-state", Severity.INFO),
+                                                      ("mig-change-failed", Severity.WARNING)]
