@@ -49,6 +49,10 @@ HOST_DRIVER_ON_PASSTHROUGH_REASON = "HostDriverOnPassthrough"
 # The node agents' field manager (probe, vfio-manage): with the operator's ("gpu-operator", in
 # kube/client.py) it tells `gpu-operator cleanup` which node labels and annotations we wrote.
 NODE_AGENT_FIELD_MANAGER = "gpu-operator-node"
+# NVIDIA's MIG manager (an operand we deploy) writes nvidia.com/mig.config.state and
+# nvidia.com/gpu.deploy.nvsm under this field manager (client-go's default: its program's name).
+# Cleanup takes those back too: nothing of the MIG manager is left to own them after an uninstall.
+MIG_MANAGER_FIELD_MANAGER = "nvidia-mig-manager"
 # The operator's KubeVirt sync (ours). Its field manager on the KubeVirt CR, the annotation there that
 # lists the pciVendorSelectors it added (KubeVirt's pciHostDevices list is atomic, so ownership of an
 # entry is recorded here, not in managedFields), and the ClusterPolicy condition with its reasons.

@@ -1,5 +1,6 @@
 """Taking back what we wrote on nodes: the labels and annotations under nvidia.com/ that the
-operator or the node agents set (their field managers own them in the node's managedFields).
+operator, the node agents or the MIG manager we deploy set (their field managers own them in the
+node's managedFields).
 
 A key someone else wrote last (a user's `nvidia.com/gpu.deploy.driver=false`, the workload config
 label, the passthrough device list) is owned by that writer and stays. Used when the last
@@ -15,10 +16,10 @@ from typing import Any
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.kube.client import FIELD_MANAGER, Kube
-from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, NVIDIA
+from gpu_operator.vocabulary import MIG_MANAGER_FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER, NVIDIA
 
 log = logging.getLogger("gpu_operator.cleanup")
-OUR_MANAGERS = frozenset({FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER})
+OUR_MANAGERS = frozenset({FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER, MIG_MANAGER_FIELD_MANAGER})
 
 
 def _keys(fields: dict[str, Any]) -> set[str]:

@@ -94,7 +94,9 @@ async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
     if any(c.get("type") == HEALTH_CONDITION for c in (node.get("status") or {}).get("conditions") or []):
         await nodestatus.delete_condition(kube, name, HEALTH_CONDITION)
         done.append(f"removed condition {HEALTH_CONDITION}")
-    if await nodestatus.update_taints(kube, name, lambda cur: [t for t in cur if t.get("key") != HEALTH_TAINT]):
+    # read again (under its resourceVersion) only where the listed node carries the taint
+    tainted = any(t.get("key") == HEALTH_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+    if tainted and await nodestatus.update_taints(kube, name, lambda cur: [t for t in cur if t.get("key") != HEALTH_TAINT]):
         done.append(f"removed taint {HEALTH_TAINT}")
     notes = node["metadata"].get("annotations") or {}
     if notes.get(INITIALLY_UNSCHEDULABLE) == "false" and (node.get("spec") or {}).get("unschedulable"):

@@ -47,12 +47,12 @@ from gpu_operator.sim import migparted
 from gpu_operator.sim.mighw import MigHardware
 from gpu_operator.sim.migprofiles import LayoutError
 from gpu_operator.sim.podwatch import NodeView, PodView, describe
-from gpu_operator.vocabulary import DEPLOY_PREFIX, MIG_CONFIG
+from gpu_operator.vocabulary import DEPLOY_PREFIX, MIG_CONFIG, MIG_MANAGER_FIELD_MANAGER
 
 log = logging.getLogger("gpu_operator.sim.migmanager")
 
 APP = "nvidia-mig-manager"
-FIELD_MANAGER = "nvidia-mig-manager"
+FIELD_MANAGER = MIG_MANAGER_FIELD_MANAGER
 MIG_CONFIG_STATE = f"{MIG_CONFIG}.state"
 PAUSED = "paused-for-mig-change"
 PAUSABLE = tuple(f"{DEPLOY_PREFIX}{c}" for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm"))

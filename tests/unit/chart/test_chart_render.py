@@ -190,11 +190,13 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         hooked = find(rendered, kind, "gpu-operator-cleanup")["metadata"]["annotations"]
         assert hooked["helm.sh/hook"] == "pre-delete" and int(hooked["helm.sh/hook-weight"]) < 0
-    # Only what the cleanup does: delete our CRs, patch node labels; nothing else.
+    # Only what the cleanup does: delete our CRs, patch node labels, taints and GPU health's
+    # condition; nothing else.
     assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
         {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers", "gpuclusters"],
          "verbs": ["list", "delete"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "get", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
     ]
     # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease.
     assert find(rendered, "Role", "gpu-operator-cleanup")["rules"] == [
