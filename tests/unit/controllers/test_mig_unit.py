@@ -133,14 +133,13 @@ def test_a_node_without_mig_costs_nothing() -> None:
     assert kube.writes() == [] and report.requeue is None
 
 
-def test_applied_is_one_condition_and_one_event_then_nothing() -> None:
+def test_applied_is_one_condition_then_nothing() -> None:
     kube = Kube()
     mig_node(kube, **{MIG_CONFIG_STATE: "success"})
     unit = make(kube)
     run_pass(unit, kube)
     assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
-    assert [c[0] for c in kube.writes()] == ["patch-status", "event"]
-    assert kube.events[0][1:] == ("MIGChange", "MIGConfigApplied: MIG config 'all-1g.10gb' applied", False)
+    assert [c[0] for c in kube.writes()] == ["patch-status"]  # no Event: nothing to act on
     before = len(kube.writes())
     run_pass(unit, kube)  # the echo of its own write: nothing more
     assert len(kube.writes()) == before
@@ -153,11 +152,11 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     kube.add_pod("nvidia-dcgm-stuck", "n1", gpu=False, labels={"app": "nvidia-dcgm"}, namespace=NS)
     unit = make(kube, clock=clock)
 
-    # in progress: first seen now, one annotation, one condition, one (Normal) event
+    # in progress: first seen now, one annotation, one condition, no Event (nothing to act on yet)
     report = run_pass(unit, kube)
     assert ours(kube) == {MIG_PENDING_SINCE: str(int(clock.now))}
     assert condition(kube) is not None and condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
-    assert [e[3] for e in kube.events] == [False]
+    assert kube.events == []
     assert report.requeue == SETTINGS.mig_poll  # looked at again within the poll (the budget is later)
     writes = len(kube.writes())
     run_pass(unit, kube)
@@ -195,6 +194,9 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     run_pass(unit, kube)
     assert condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
     assert ours(kube)[MIG_PENDING_SINCE] == str(int(clock.now))
+    assert kube.events[-1][1:] == ("MIGChange", "MIGChangeInProgress: applying MIG config 'all-1g.10gb': state "
+                                   "pending, GPU clients paused", False)  # the stuck state ended: a Normal Event
+    assert len(kube.events) == 2  # stuck, then its end
 
     # the client went, the change completed: applied, our memory gone
     kube.nodes["n1"]["metadata"]["labels"].update({MIG_CONFIG_STATE: "success", DP: "true", GFD: "true"})

@@ -1,8 +1,8 @@
 """The MIG unit: watches each node's MIG change (what NVIDIA's MIG manager writes on the Node) and
 repairs a node stuck in one (controllers/mig_rules.py decides; this unit reads and writes).
 
-Per node it writes the NvidiaMIGReady condition and one Event per change of it (a stuck, failed or
-invalid one also as an Event on the ClusterPolicy, whose status keeps upstream's shape), its memory in our
+Per node it writes the NvidiaMIGReady condition, one Event when it turns stuck, failed or invalid
+(also on the ClusterPolicy, whose status keeps upstream's shape) and one when that ends, its memory in our
 annotations (when it first saw the change pending, its restore order, its retries: node labelling,
 the deploy labels' one writer, carries out the restore order), and restarts the node's MIG manager
 pod to retry a stuck or failed change (the MIG manager's watch reacts only to a change of
@@ -44,14 +44,20 @@ from gpu_operator.vocabulary import (
     MIG_CONFIG,
     MIG_CONFIG_STATE,
     MIG_EVENT_REASON,
+    MIG_FAILED,
+    MIG_INVALID_CONFIG,
     MIG_MANAGER,
     MIG_MANAGER_APP,
+    MIG_MANAGER_GONE,
     MIG_PENDING_SINCE,
     MIG_RESTORE,
     MIG_RETRY,
+    MIG_STUCK,
 )
 
 log = logging.getLogger("gpu_operator.mig")
+
+TROUBLE = (MIG_STUCK, MIG_MANAGER_GONE, MIG_FAILED, MIG_INVALID_CONFIG)  # the reasons a person may act on
 
 LAYOUTS_KEY = "config.yaml"  # the key of the layouts in every config ConfigMap (ours, the user's, the generated)
 
@@ -238,8 +244,11 @@ class MIGUnit(UnitBase):
         await nodestatus.patch_condition(self.kube, view.name, body)
         report.conditions += 1
         if have is None or have[1] != reason:
-            warning = status == "False" and d.kind is not mr.Kind.IN_PROGRESS
             log.info("node %s: %s: %s", view.name, reason, message)
+        # an Event where a person may need to act, and when that ends: not for every change started or
+        # applied (a fleet's first pass would post one per MIG node)
+        if (have is None or have[1] != reason) and (reason in TROUBLE or (have is not None and have[1] in TROUBLE)):
+            warning = reason in TROUBLE
             await self.kube.node_event(view.name, MIG_EVENT_REASON, f"{reason}: {message}", warning=warning)
             report.events += 1
             source = self.model.active_policy()
