@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.vocabulary import (
@@ -73,6 +73,7 @@ class Facts:
     paused: tuple[str, ...]  # our deploy labels at paused-for-mig-change
     manager: Manager
     pending_since: float | None = None
+    pending_config: str | None = None  # the mig.config that pending-since was recorded for
     restore: str | None = None  # our restore order: "<condition reason> <why the node was stuck>"
     attempts: int = 0  # retries since the last success
     retry_from: float | None = None  # when the next retry's backoff counts from
@@ -123,11 +124,17 @@ def parse_retry(value: str | None) -> tuple[int, float | None]:
         return 0, None
 
 
-def parse_since(value: str | None) -> float | None:
+def parse_since(value: str | None) -> tuple[float | None, str | None]:
+    """Our pending-since annotation, "<epoch> <mig.config>"; anything else reads as not seen yet."""
+    epoch, _, config = (value or "").partition(" ")
     try:
-        return float(value) if value else None
+        return float(epoch), config
     except ValueError:
-        return None
+        return None, None
+
+
+def _since(now: float, config: str | None) -> str:
+    return f"{_epoch(now)} {config or ''}"
 
 
 def _epoch(t: float) -> str:
@@ -161,8 +168,14 @@ def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
     if f.config is None and f.state is None and not f.paused:
         return Decision(Kind.NONE, notes=_clear(f))
     if f.in_change:
+        if f.pending_since is not None and f.pending_config != (f.config or ""):
+            # mig.config changed since: a new change (the MIG manager runs it), with its own budget; the
+            # old change's order and retries go, or node labelling would undo the new change's pause
+            dropped = {k: None for k, v in ((MIG_RESTORE, f.restore), (MIG_RETRY, f.retry_from)) if v is not None}
+            d = decide(replace(f, pending_since=None, restore=None, attempts=0, retry_from=None), now, budget, backoff)
+            return replace(d, notes={**dropped, **d.notes})
         since = f.pending_since if f.pending_since is not None else now
-        notes: dict[str, str | None] = {} if f.pending_since is not None else {MIG_PENDING_SINCE: _epoch(now)}
+        notes: dict[str, str | None] = {} if f.pending_since is not None else {MIG_PENDING_SINCE: _since(now, f.config)}
         age = now - since
         if f.manager is not Manager.NOT_DEPLOYED and age < budget:
             if f.restore is not None:

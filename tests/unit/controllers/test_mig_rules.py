@@ -36,6 +36,8 @@ R = mr.Manager.RUNNING
 def facts(**kw: object) -> mr.Facts:
     base: dict[str, object] = {"node": "n1", "config": "all-1g.10gb", "state": None, "paused": (), "manager": R}
     base.update(kw)
+    if base.get("pending_since") is not None and "pending_config" not in kw:
+        base["pending_config"] = base["config"] or ""  # recorded for the same config
     return mr.Facts(**base)  # type: ignore[arg-type]
 
 
@@ -83,7 +85,7 @@ def test_verdicts(case: str, f: mr.Facts, kind: mr.Kind, status: str, reason: st
 
 def test_pending_first_seen_is_recorded_and_the_budget_is_the_wake() -> None:
     d = decide(facts(state="pending", paused=(DP,)))
-    assert d.notes == {MIG_PENDING_SINCE: str(int(NOW))}
+    assert d.notes == {MIG_PENDING_SINCE: f"{int(NOW)} all-1g.10gb"}
     assert d.wake == NOW + BUDGET and not d.retry
     again = decide(facts(state="pending", paused=(DP,), pending_since=NOW - 100))
     assert again.notes == {} and again.wake == NOW - 100 + BUDGET
@@ -144,6 +146,17 @@ def test_never_retried_while_a_change_is_in_progress() -> None:
     # a stale restore order goes once a new change runs (the retry's), so node labelling keeps the pause
     d = decide(dataclasses.replace(f, restore=f"{MIG_STUCK} old"))
     assert d.notes == {MIG_RESTORE: None}
+
+
+def test_a_new_mig_config_while_stuck_is_a_new_change_with_its_own_budget() -> None:
+    f = facts(state="pending", paused=(DP,), config="all-3g.40gb", pending_since=NOW - 9000,
+              pending_config="all-1g.10gb", restore=f"{MIG_STUCK} old", attempts=2, retry_from=NOW - 100)
+    d = decide(f)
+    assert d.kind is mr.Kind.IN_PROGRESS and not d.retry
+    # the old order goes (node labelling keeps the new pause), the retries start over
+    assert d.notes == {MIG_RESTORE: None, MIG_RETRY: None, MIG_PENDING_SINCE: f"{int(NOW)} all-3g.40gb"}
+    assert mr.parse_since(f"{int(NOW)} all-3g.40gb") == (NOW, "all-3g.40gb")
+    assert mr.parse_since("garbage") == (None, None) and mr.parse_since(None) == (None, None)
 
 
 def test_failed_is_retried_with_backoff_and_success_forgets_everything() -> None:

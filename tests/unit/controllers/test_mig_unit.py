@@ -154,7 +154,7 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
 
     # in progress: first seen now, one annotation, one condition, no Event (nothing to act on yet)
     report = run_pass(unit, kube)
-    assert ours(kube) == {MIG_PENDING_SINCE: str(int(clock.now))}
+    assert ours(kube) == {MIG_PENDING_SINCE: f"{int(clock.now)} all-1g.10gb"}
     assert condition(kube) is not None and condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
     assert kube.events == []
     assert report.requeue == SETTINGS.mig_poll  # looked at again within the poll (the budget is later)
@@ -193,7 +193,7 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     pause(kube)
     run_pass(unit, kube)
     assert condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
-    assert ours(kube)[MIG_PENDING_SINCE] == str(int(clock.now))
+    assert ours(kube)[MIG_PENDING_SINCE] == f"{int(clock.now)} all-1g.10gb"
     assert kube.events[-1][1:] == ("MIGChange", "MIGChangeInProgress: applying MIG config 'all-1g.10gb': state "
                                    "pending, GPU clients paused", False)  # the stuck state ended: a Normal Event
     assert len(kube.events) == 2  # stuck, then its end

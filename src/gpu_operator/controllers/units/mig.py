@@ -164,13 +164,14 @@ class MIGUnit(UnitBase):
         state = labels.get(MIG_CONFIG_STATE)
         pods = await self._pods(view.name) if mr.needs_pods(labels, notes) else None
         attempts, retry_from = mr.parse_retry(notes.get(MIG_RETRY))
+        since, since_config = mr.parse_since(notes.get(MIG_PENDING_SINCE))
         config = labels.get(MIG_CONFIG)
         layout_name, valid = ("", None)
         if config is not None and state not in (mr.SUCCESS, mr.PENDING, mr.REBOOTING) and not mr.paused_labels(labels):
             layout_name, valid = await self._layouts(view.name, policy, layouts)
         facts = mr.Facts(
             view.name, config, state, mr.paused_labels(labels), self._manager(view, policy, pods),
-            pending_since=mr.parse_since(notes.get(MIG_PENDING_SINCE)), restore=notes.get(MIG_RESTORE),
+            pending_since=since, pending_config=since_config, restore=notes.get(MIG_RESTORE),
             attempts=attempts, retry_from=retry_from, valid=valid, layouts=layout_name,
             clients=self._clients(pods))
         decision = mr.decide(facts, now, self.settings.mig_change_budget, self.settings.mig_retry_backoff)
