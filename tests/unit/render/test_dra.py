@@ -270,7 +270,12 @@ def test_upstreams_golden_case_keeps_the_dra_contracts() -> None:
                                                      "coordination.k8s.io leases get",
                                                      "coordination.k8s.io leases update",
                                                      "coordination.k8s.io leases get nvidia-dra-driver-controller",
-                                                     "coordination.k8s.io leases update nvidia-dra-driver-controller"}
+                                                     "coordination.k8s.io leases update nvidia-dra-driver-controller",
+                                                     # ours: the health agent beside the DRA validator
+                                                     "container-extra", "ClusterRole/nvidia-dra-validator",
+                                                     "ClusterRoleBinding/nvidia-dra-validator",
+                                                     "core nodes get", "core nodes list", "core nodes patch",
+                                                     "core nodes watch"}
 
 
 def test_the_dra_contract_catches_what_would_stop_the_plugin() -> None:
@@ -288,3 +293,22 @@ def test_the_dra_contract_catches_what_would_stop_the_plugin() -> None:
     ids = {d.id for d in undocumented(compare_state("gpucluster/state-dra-driver", broken))}
     assert ids == {"nvidia-dra-driver-kubelet-plugin/gpus:env-missing:KUBELET_PLUGINS_DIRECTORY_PATH",
                    "nvidia-dra-driver-kubelet-plugin/gpus:mount-missing:/var/run/cdi"}
+
+
+def test_the_dra_validator_runs_the_health_agent_with_its_grant() -> None:
+    result = run({"draDriver": {}})
+    ds = named(result, "DaemonSet", "nvidia-dra-validator")
+    pod = ds["spec"]["template"]["spec"]
+    main, health = pod["containers"]
+    assert health["name"] == "gpu-health" and health["command"] == ["gpu-operator", "node", "health"]
+    assert health["image"] == main["image"]
+    values = {e["name"]: e.get("value", e.get("valueFrom")) for e in health["env"]}
+    assert values["HEALTH_VALIDATIONS"] == ""  # no status files in this pod: its init container checked
+    assert values["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert volumes == {"host-root": "/", "host-run": "/run"}
+    role = named(result, "ClusterRole", "nvidia-dra-validator")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}]
+    binding = named(result, "ClusterRoleBinding", "nvidia-dra-validator")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "nvidia-dra-validator",
+                                    "namespace": "gpu-operator"}]

@@ -50,7 +50,8 @@ HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 HOST_RUN = hostpath("host-run", "/run", "Directory")
 
 
-def _health() -> dict[str, Any]:
+def health_container() -> dict[str, Any]:
+    """The GPU health agent's container (also in the DRA stack's validator: render/dra/validation.py)."""
     return container(
         HEALTH,
         command=["gpu-operator", "node", "health"],
@@ -96,7 +97,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     )
     return {
         "initContainers": inits,
-        "containers": [main, _health()],
+        "containers": [main, health_container()],
         "volumes": [VALIDATIONS, DRIVER_INSTALL_DIR, HOST_ROOT, HOST_DEV_CHAR, copy.deepcopy(HOST_RUN)],
     }
 
