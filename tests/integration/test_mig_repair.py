@@ -4,11 +4,16 @@ a 20 s MIG change budget, retries after 5 s) deploys the MIG manager, whose stan
 clients paused); past the budget the operator restores the paused deploy labels, says why in the
 node's NvidiaMIGReady condition (the client that did not stop) and Events, and retries by restarting
 the MIG manager pod; once the pod goes the change completes. A mig.config the layouts ConfigMap does
-not have is reported with the valid names."""
+not have is reported with the valid names, and `doctor --node` reads the node's MIG state."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import yaml
@@ -19,9 +24,11 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from tests.integration.test_sim_mig import DEVICE_PLUGIN, MIG_CONFIG, STATE, History
+from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for
 from tests.support.workloads import create
 
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 CONDITION = "NvidiaMIGReady"
 OURS = "nvidia.com/gpu-operator.mig."
 PAUSED = "paused-for-mig-change"
@@ -73,7 +80,8 @@ def stuck_client(kube: Client, namespace: str, node: str) -> None:
 
 def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_completes(
         kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str, node_history: Callable[[str], History]) -> None:
+        cluster_policies: Callable[..., str], operator_namespace: str, node_history: Callable[[str], History],
+        control_plane: ControlPlane, tmp_path: Path) -> None:
     node = fake_nodes("dgx-h100:1")[0]
     seen = node_history(node)
     operator = start_operator(extra_args=["--mig-change-budget=20", "--mig-retry-after=5"])
@@ -137,3 +145,12 @@ def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_comple
     assert cond == ("False", "InvalidMIGConfig", "nvidia.com/mig.config 'all-9g.99gb' is not a config of ConfigMap "
                     f"default-mig-parted-config; valid names: {', '.join(names)}")
     assert mig_manager_uids(kube, operator_namespace, node) == manager
+
+    # doctor --node reads the same from the Node
+    host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
+    env = {**os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "doctor", f"--host-root={host.fs.root}", "--json",
+                           "--no-commands"], env=env, text=True, capture_output=True, timeout=120, check=False)
+    found = {f["code"]: f for f in json.loads(done.stdout)["findings"]}
+    assert found["mig-node-state"]["summary"] == "MIG config all-9g.99gb: failed"
+    assert found["mig-change-failed"]["severity"] == "warning"
