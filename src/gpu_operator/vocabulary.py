@@ -171,9 +171,9 @@ MIG_STUCK = "MIGChangeStuck"
 MIG_MANAGER_GONE = "MIGManagerGone"
 MIG_FAILED = "MIGConfigFailed"
 MIG_INVALID_CONFIG = "InvalidMIGConfig"
-# The MIG unit's memory on the node: when it first saw the change pending (an epoch; the MIG
-# manager writes no time), its order to restore the paused deploy labels (node labelling carries it
-# out), and its retries ("<attempts> <epoch the next backoff counts from>").
+# The MIG unit's memory on the node: when it first saw the change pending ("<epoch> <mig.config>";
+# the MIG manager writes no time), its order to restore the paused deploy labels ("<reason> <why>";
+# node labelling carries it out), and its retries ("<attempts> <epoch the next backoff counts from>").
 MIG_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-operator.mig."
 MIG_PENDING_SINCE = f"{MIG_ANNOTATION_PREFIX}pending-since"
 MIG_RESTORE = f"{MIG_ANNOTATION_PREFIX}restore"
