@@ -19,6 +19,7 @@ from gpu_operator.api.crdgen import load_packaged
 from gpu_operator.controllers.cleanup import OWNER_KINDS, strip_nodes
 from gpu_operator.controllers.health_exec import take_back
 from gpu_operator.controllers.leader import LEASE_NAME
+from gpu_operator.controllers.units.mig import take_back as take_back_mig
 from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.vocabulary import UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION, UPGRADE_STATE
@@ -62,12 +63,12 @@ async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
 async def take_back_health(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
     """On every node, what GPU health wrote: the NvidiaGPUReady condition, the quarantine taint,
     and the cordon where remediation set it (before our annotations go: they say whose cordon it
-    is). Lines for the log."""
+    is); and the MIG unit's NvidiaMIGReady condition. Lines for the log."""
     done = []
     for node in nodes:
         name = node["metadata"]["name"]
         try:
-            undone = await take_back(kube, node)
+            undone = await take_back(kube, node) + await take_back_mig(kube, node)
         except ApiError as err:
             if err.status.code == 404:
                 continue  # the node left meanwhile

@@ -254,3 +254,15 @@ def test_no_policy_writes_nothing() -> None:
     unit = MIGUnit(kube, SETTINGS, Model(kube, None), clock=Clock())  # type: ignore[arg-type]
     run_pass(unit, kube)
     assert kube.writes() == []
+
+
+def test_take_back_removes_our_condition_only_where_it_is() -> None:
+    from gpu_operator.controllers.units.mig import take_back
+
+    kube = Kube()
+    mig_node(kube, **{MIG_CONFIG_STATE: "success"})
+    run_pass(make(kube), kube)
+    assert condition(kube) is not None
+    assert asyncio.run(take_back(kube, kube.nodes["n1"])) == ["removed condition NvidiaMIGReady"]  # type: ignore[arg-type]
+    assert condition(kube) is None
+    assert asyncio.run(take_back(kube, kube.nodes["n1"])) == []  # type: ignore[arg-type]

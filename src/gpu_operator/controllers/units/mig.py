@@ -268,3 +268,12 @@ class MIGUnit(UnitBase):
                 log.info("node %s: retrying its MIG change: restarting %s/%s", node, meta.get("namespace"), meta["name"])
                 await self.kube.delete(ObjectKey("v1", "Pod", meta["name"],
                                                  meta.get("namespace") or self.model.namespace))
+
+
+async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
+    """What uninstall cleanup must undo of the MIG unit on one node (our annotations go with the
+    operator's other keys): the NvidiaMIGReady condition. Returns what it did, for cleanup's report."""
+    if any(c.get("type") == MIG_CONDITION for c in (node.get("status") or {}).get("conditions") or []):
+        await nodestatus.delete_condition(kube, node["metadata"]["name"], MIG_CONDITION)
+        return [f"removed condition {MIG_CONDITION}"]
+    return []
