@@ -108,6 +108,9 @@ class OperatorSettings:
     """MIG: a stuck or failed change is retried (the node's MIG manager pod restarted) once its GPU
     clients are back and this backoff has passed: 60 s, 120 s ... up to 30 min; a success resets it."""
 
+    mig_concurrency: int = 16
+    """MIG: nodes looked at and written (annotations, condition, a MIG manager pod restarted) at once."""
+
     mig_poll: float = 30.0
     """MIG: between two looks at a node in a MIG change, besides every event of the node (its MIG
     manager's pod is not watched: a pod gone is seen within this)."""

@@ -266,3 +266,12 @@ def test_take_back_removes_our_condition_only_where_it_is() -> None:
     assert asyncio.run(take_back(kube, kube.nodes["n1"])) == ["removed condition NvidiaMIGReady"]  # type: ignore[arg-type]
     assert condition(kube) is None
     assert asyncio.run(take_back(kube, kube.nodes["n1"])) == []  # type: ignore[arg-type]
+
+
+def test_the_operators_default_before_the_mig_manager_acted_costs_no_read() -> None:
+    kube = Kube()
+    for i in range(3):
+        mig_node(kube, f"n{i}", **{MIG_CONFIG: "all-disabled"})
+    run_pass(make(kube), kube)
+    assert [c for c in kube.calls if c[0] == "get-configmap"] == []
+    assert {condition(kube, f"n{i}")[1] for i in range(3)} == {"MIGChangeNotStarted"}  # type: ignore[index]

@@ -17,6 +17,7 @@ retry's deadlines.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
@@ -139,16 +140,21 @@ class MIGUnit(UnitBase):
         now = self.clock()
         layouts: dict[str, tuple[str, tuple[str, ...] | None]] = {}
         wakes: list[float] = []
-        for name in sorted(views):
-            try:
-                wake = await self._node(views[name], policy, now, layouts, report)
-            except Exception as err:  # one node's failure must not stop the others
-                log.warning("node %s: MIG repair failed: %s", name, err)
-                report.failed.append(name)
-                self._dirty.add(name)
-                continue
+        gate = asyncio.Semaphore(self.settings.mig_concurrency)
+
+        async def one(name: str) -> None:
+            async with gate:
+                try:
+                    wake = await self._node(views[name], policy, now, layouts, report)
+                except Exception as err:  # one node's failure must not stop the others
+                    log.warning("node %s: MIG repair failed: %s", name, err)
+                    report.failed.append(name)
+                    self._dirty.add(name)
+                    return
             if wake is not None:
                 wakes.append(wake)
+
+        await asyncio.gather(*(one(n) for n in sorted(views)))
         report.looked = len(views)
         if report.failed:
             wakes.append(now + self.settings.health_retry)
@@ -167,7 +173,11 @@ class MIGUnit(UnitBase):
         since, since_config = mr.parse_since(notes.get(MIG_PENDING_SINCE))
         config = labels.get(MIG_CONFIG)
         layout_name, valid = ("", None)
-        if config is not None and state not in (mr.SUCCESS, mr.PENDING, mr.REBOOTING) and not mr.paused_labels(labels):
+        # the config's name is checked where the MIG manager failed it, or before it acted on one that
+        # is not the operator's default (all-disabled is in every config file the operator renders
+        # and NVIDIA generates): a fleet's first labelling costs no read per node
+        if config is not None and not mr.paused_labels(labels) and (
+                state == mr.FAILED or (state is None and config != "all-disabled")):
             layout_name, valid = await self._layouts(view.name, policy, layouts)
         facts = mr.Facts(
             view.name, config, state, mr.paused_labels(labels), self._manager(view, policy, pods),
