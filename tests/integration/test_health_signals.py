@@ -15,6 +15,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.units.health import HealthUnit
@@ -44,7 +45,7 @@ def _passes(plane: ControlPlane, kube: Client, name: str, times: int) -> list[in
     async def run() -> list[int]:
         api = Kube(str(plane.admin_kubeconfig))
         unit = HealthUnit(lambda: [NodeView.of(_body(kube, name))], lambda n: NodeView.of(_body(kube, n)),
-                          lambda: ClusterPolicy(), api)
+                          lambda: HealthSpec(), api)
         counts = []
         try:
             for _ in range(times):
@@ -123,7 +124,7 @@ def test_remediation_restarts_the_device_plugin_and_releases(control_plane: Cont
     async def run() -> list[tuple[str, bool]]:
         api = Kube(str(control_plane.admin_kubeconfig))
         unit = HealthUnit(lambda: [NodeView.of(_body(kube, name))], lambda n: NodeView.of(_body(kube, n)),
-                          lambda: policy, api)
+                          lambda: policy.spec.health, api)
         seen = []
         try:
             for _ in range(6):

@@ -1,7 +1,8 @@
 """`gpu-operator cleanup`, before an uninstall (the chart's pre-delete hook): delete our CRs and
 wait for them to go, stop the operator, uncordon the nodes a driver upgrade in progress had
 cordoned, take back what GPU health wrote on the nodes (its condition, its quarantine taint, the
-cordon remediation set: controllers/health_exec.py), take our node labels and annotations back
+cordon remediation set: controllers/health_exec.py; on the DRA stack its DeviceTaintRules:
+controllers/health_dra.py), take our node labels and annotations back
 (controllers/cleanup.py, which the operator uses too when the last ClusterPolicy goes), and with
 --crds delete our CRDs."""
 
@@ -17,6 +18,7 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.api.crdgen import load_packaged
 from gpu_operator.controllers.cleanup import OWNER_KINDS, strip_nodes
+from gpu_operator.controllers.health_dra import delete_rules
 from gpu_operator.controllers.health_exec import take_back
 from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.controllers.units.mig import take_back as take_back_mig
@@ -184,6 +186,7 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
     nodes = await kube.list_dicts("v1", "Node")
     done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
     done += await take_back_health(kube, nodes)
+    done += [f"deleted DeviceTaintRule {name}" for name in await delete_rules(kube)]
     done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]
     if crds:
         done += [f"deleted CRD {name}" for name in await delete_crds(kube)]

@@ -16,6 +16,7 @@ import kopf
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import SERVICE_MONITOR, NodeView
 from gpu_operator.controllers.environment import Environment
+from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.loop import Event, NodeEvent, UnitBase, UnitLoop
 from gpu_operator.controllers.readmodel import ClusterInfo, ReadModel
 from gpu_operator.controllers.reflector import NodeReflector
@@ -53,7 +54,8 @@ class Manager:
             UpgradeUnit(kube, settings, model, labels_first),
             GPUClusterUnit(kube, settings, model, images),
             self.labels,
-            HealthUnit(model.nodes, model.node, model.active_model, kube, settings=settings),
+            HealthUnit(model.nodes, model.node, model.health_spec, kube, settings=settings,
+                       device_taints=DeviceTaints(kube, model.gpucluster_owner)),
             MIGUnit(kube, settings, model),
         ]
         self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.gpucluster import GROUP as GPUCLUSTER_GROUP
+from gpu_operator.api.gpucluster import KIND as GPUCLUSTER_KIND
+from gpu_operator.api.gpucluster import SINGLETON
+from gpu_operator.api.gpucluster import VERSION as GPUCLUSTER_VERSION
+from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers.cache import (
     OWNED_KINDS,
@@ -133,6 +138,34 @@ class ReadModel:
         """The active ClusterPolicy's parsed spec; None if there is none or it is invalid."""
         active = self.active_policy()
         return active.parsed.model if active is not None else None
+
+    def active_gpucluster(self) -> GPUClusterView | None:
+        """The GPUCluster that runs the DRA stack: the singleton, valid, not being deleted, and no
+        ClusterPolicy beside it (which stops both)."""
+        if self.policies():
+            return None
+        view = next((v for v in self.gpuclusters() if v.name == SINGLETON), None)
+        if view is None or view.parsed.model is None or view.body.get("metadata", {}).get("deletionTimestamp"):
+            return None
+        return view
+
+    def health_spec(self) -> HealthSpec | None:
+        """GPU health's settings for the active stack: a valid ClusterPolicy's spec.health (its
+        defaults where unset), the defaults under a GPUCluster (it has no spec.health); None
+        without either (a ClusterPolicy the model refuses included): then health changes nothing."""
+        policy = self.active_policy()
+        if policy is not None:
+            model = policy.parsed.model
+            return (model.spec.health or HealthSpec()) if model is not None else None
+        return HealthSpec() if self.active_gpucluster() is not None else None
+
+    def gpucluster_owner(self) -> dict[str, Any] | None:
+        """An ownerReference to the active GPUCluster (what the DRA stack's health objects hang on)."""
+        view = self.active_gpucluster()
+        if view is None:
+            return None
+        return {"apiVersion": f"{GPUCLUSTER_GROUP}/{GPUCLUSTER_VERSION}", "kind": GPUCLUSTER_KIND,
+                "name": view.name, "uid": view.uid}
 
     def valid_drivers(self) -> tuple[dict[str, NVIDIADriver], dict[str, str]]:
         """Valid NVIDIADrivers by name, and the invalid ones' errors naming the field."""

@@ -59,6 +59,9 @@ def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
                              labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
             return [] if (api_version, kind) != ("v1", "Node") else await super().list_dicts(api_version, kind)
 
+        async def served_versions(self, group: str, kind: str) -> list[str]:
+            return []  # no DeviceTaintRule here (the DRA stack's rules: tests/unit/controllers/test_health_dra.py)
+
     kube = Cluster()
     for name in ("ours", "theirs"):
         kube.add_node(name, {HEALTH_REPORT_ANNOTATION: XID48})

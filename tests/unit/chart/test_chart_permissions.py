@@ -26,6 +26,8 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("nvidia.com", ["clusterpolicies/finalizers", "nvidiadrivers/finalizers", "gpuclusters/finalizers"],
             ["update"])
     | grant("resource.k8s.io", ["deviceclasses"], MANAGE)
+    # GPU health on the DRA stack: a DeviceTaintRule per unhealthy GPU
+    | grant("resource.k8s.io", ["devicetaintrules"], ["list", "create", "delete"])
     | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
             MANAGE)
     | grant("", ["nodes"], ["get", "list", "watch", "patch"])

@@ -197,6 +197,7 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
          "verbs": ["list", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "get", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["list", "delete"]},
     ]
     # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease.
     assert find(rendered, "Role", "gpu-operator-cleanup")["rules"] == [

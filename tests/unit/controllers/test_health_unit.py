@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.units.health import HealthUnit, PassReport
@@ -49,7 +50,8 @@ class Clock:
 
 
 def make(kube: FakeKube, pol: ClusterPolicy | None, clock: Clock | None = None) -> HealthUnit:
-    return HealthUnit(kube.views, kube.view, lambda: pol, kube, clock=clock or Clock())  # type: ignore[arg-type]
+    spec = (pol.spec.health or HealthSpec()) if pol is not None else None
+    return HealthUnit(kube.views, kube.view, lambda: spec, kube, clock=clock or Clock())  # type: ignore[arg-type]
 
 
 def run_pass(unit: HealthUnit, kube: FakeKube) -> PassReport:

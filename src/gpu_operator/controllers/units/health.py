@@ -1,7 +1,11 @@
 """The GPU health unit: turns each node's health report (the agent's annotation) into the
 NvidiaGPUReady condition, our taints, one Event per change and the node's health metric
 (controllers/health_rules.py decides; this unit reads and writes), and, where the policy opts in,
-drives remediation (controllers/health_machine.py).
+drives remediation (controllers/health_machine.py). On the DRA stack (GPUCluster) it also keeps one
+DeviceTaintRule per unhealthy GPU where the apiserver serves them (controllers/health_dra.py).
+
+`policy` yields the health settings of the active stack: a valid ClusterPolicy's spec.health, or
+their defaults under a GPUCluster (which has no spec.health); None: change nothing.
 
 It serves a node's change at once (IDLE_FIRST): `wants` records the nodes whose health facts
 changed; a pass looks at those only (every node after a ClusterPolicy change or a failed pass).
@@ -17,11 +21,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
 from gpu_operator.controllers import health_rules as hr
 from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.health_exec import Executor
 from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
@@ -67,6 +71,7 @@ class PassReport(Result):
     taints: int = 0
     events: int = 0
     steps: int = 0
+    waiting: bool = False
     failed: list[str] = field(default_factory=list)
 
 
@@ -75,9 +80,11 @@ class HealthUnit(UnitBase):
     pacing = Pacing.IDLE_FIRST
 
     def __init__(self, nodes: Callable[[], Iterable[NodeView]], node: Callable[[str], NodeView | None],
-                 policy: Callable[[], ClusterPolicy | None], kube: Kube, *,
-                 settings: OperatorSettings | None = None, clock: Callable[[], float] = time.time) -> None:
+                 policy: Callable[[], HealthSpec | None], kube: Kube, *,
+                 settings: OperatorSettings | None = None, clock: Callable[[], float] = time.time,
+                 device_taints: DeviceTaints | None = None) -> None:
         self.nodes, self.node, self.policy, self.kube = nodes, node, policy, kube
+        self.device_taints = device_taints
         self.settings = settings or OperatorSettings()
         self.clock = clock
         self.executor = Executor(kube)
@@ -100,7 +107,7 @@ class HealthUnit(UnitBase):
             self._seen[event.name] = watched
             self._dirty.add(event.name)
             return True
-        if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
+        if isinstance(event, ObjectEvent) and event.kind in (Kind.CLUSTER_POLICY, Kind.GPU_CLUSTER):
             self._everything = True
             return True
         if isinstance(event, ObjectEvent) and event.kind is Kind.DRIVER_POD and event.node:
@@ -114,8 +121,7 @@ class HealthUnit(UnitBase):
     # -- one pass
 
     async def reconcile(self) -> Result:
-        policy = self.policy()
-        spec = (policy.spec.health or HealthSpec()) if policy is not None else None
+        spec = self.policy()
         everything, names = self._everything, self._dirty
         self._everything, self._dirty = False, set()
         report = PassReport()
@@ -127,6 +133,10 @@ class HealthUnit(UnitBase):
         look = set(views) if everything else names
         for name in look - set(views):
             self._export(name, None)
+        if self.device_taints is not None:  # the rules of nodes that are gone
+            for name in sorted((look - set(views)) | (await self.device_taints.pools() - set(views)
+                                                      if everything else set())):
+                await self.device_taints.node(name, None, gone=True)
         now = self.clock()
         plan = await self._plan(views, spec, now)
         steps = {s.node: s for s in plan.steps}
@@ -140,6 +150,11 @@ class HealthUnit(UnitBase):
             async with gate:
                 try:
                     await self._node(view, spec, steps.get(name), report)
+                    # DRA: after the node's own signals, so that a refused rule never holds them up
+                    if self.device_taints is not None and await self.device_taints.node(
+                            name, view.annotations.get(HEALTH_REPORT_ANNOTATION)):
+                        report.waiting = True  # a sick GPU its DRA driver has not published yet
+                        self._dirty.add(name)
                 except Exception as err:  # one node's failure must not stop the others
                     log.warning("node %s: GPU health write failed: %s", name, err)
                     report.failed.append(name)
@@ -149,7 +164,7 @@ class HealthUnit(UnitBase):
         report.looked = len(look)
         if report.failed:
             report.requeue = self.settings.health_retry
-        elif plan.busy:
+        elif plan.busy or report.waiting:
             report.requeue = self.settings.health_poll
         return report
 
