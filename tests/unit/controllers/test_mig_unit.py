@@ -275,3 +275,24 @@ def test_the_operators_default_before_the_mig_manager_acted_costs_no_read() -> N
     run_pass(make(kube), kube)
     assert [c for c in kube.calls if c[0] == "get-configmap"] == []
     assert {condition(kube, f"n{i}")[1] for i in range(3)} == {"MIGChangeNotStarted"}  # type: ignore[index]
+
+
+def test_a_restarted_operator_resumes_from_the_node_without_writing_again() -> None:
+    """Everything the unit decides from is on the Node: a new unit (a restarted operator, another
+    leader) writes nothing for a stuck node it already handled, and retries when the backoff is due."""
+    kube, clock = Kube(), Clock()
+    mig_node(kube)
+    pause(kube)
+    kube.add_pod("nvidia-dcgm-stuck", "n1", gpu=False, labels={"app": "nvidia-dcgm"}, namespace=NS)
+    first = make(kube, clock=clock)
+    run_pass(first, kube)
+    clock.now += 600
+    run_pass(first, kube)  # stuck: order, condition, Events
+    kube.nodes["n1"]["metadata"]["labels"].update({DP: "true", GFD: "true"})  # node labelling restored them
+    writes = len(kube.writes())
+    second = make(kube, clock=clock)
+    run_pass(second, kube)
+    assert len(kube.writes()) == writes
+    clock.now += 60
+    run_pass(second, kube)
+    assert [c for c in kube.writes()[writes:] if c[0] == "delete"] == [("delete", f"{NS}/mig-manager-n1")]
