@@ -60,6 +60,9 @@ log = logging.getLogger("gpu_operator.mig")
 
 TROUBLE = (MIG_STUCK, MIG_MANAGER_GONE, MIG_FAILED, MIG_INVALID_CONFIG)  # the reasons a person may act on
 
+# How long the MIG manager waits for the GPU clients' pods to leave (mig-parted v0.15.0,
+# pkg/mig/reconfigure: 5 minutes, polling each second)
+MIG_MANAGER_WAIT = 300
 LAYOUTS_KEY = "config.yaml"  # the key of the layouts in every config ConfigMap (ours, the user's, the generated)
 
 
@@ -103,6 +106,10 @@ class MIGUnit(UnitBase):
         self._active: set[str] = set()  # nodes in or after a change: looked at on every pass
         self._everything = True
         self._seen: dict[str, tuple[object, ...]] = {}
+        if settings.mig_change_budget < MIG_MANAGER_WAIT:
+            log.warning("mig_change_budget %g s is below the MIG manager's %d s wait for the GPU clients to stop: "
+                        "a change may be found stuck while the MIG manager still waits", settings.mig_change_budget,
+                        MIG_MANAGER_WAIT)
 
     # -- the queue
 
