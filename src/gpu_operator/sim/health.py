@@ -49,6 +49,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.node.health import AnnotationPublisher, HealthAgent, encode
+from gpu_operator.node.health.command import NO_VALIDATIONS
 from gpu_operator.node.health.requests import RequestActor, Resetter
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.sim import hosttree
@@ -74,7 +75,11 @@ INTERVAL = 2.0  # seconds between two steps of a live agent, and two looks at th
 def validations(pod: PodView) -> tuple[str, ...] | None:
     """The validations the pod's agent expects (its HEALTH_VALIDATIONS), None: the agent's default."""
     raw = pod.env.get(VALIDATIONS_ENV)
-    return None if raw is None else tuple(v.strip() for v in raw.split(",") if v.strip())
+    if not raw:  # unset or empty: the agent's default (its option reads an empty variable as unset)
+        return None
+    if raw.strip().lower() == NO_VALIDATIONS:
+        return ()
+    return tuple(v.strip() for v in raw.split(",") if v.strip())
 
 
 class Live:

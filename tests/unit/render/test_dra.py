@@ -303,7 +303,7 @@ def test_the_dra_validator_runs_the_health_agent_with_its_grant() -> None:
     assert health["name"] == "gpu-health" and health["command"] == ["gpu-operator", "node", "health"]
     assert health["image"] == main["image"]
     values = {e["name"]: e.get("value", e.get("valueFrom")) for e in health["env"]}
-    assert values["HEALTH_VALIDATIONS"] == ""  # no status files in this pod: its init container checked
+    assert values["HEALTH_VALIDATIONS"] == "none"  # no status files in this pod: its init container checked
     assert values["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert volumes == {"host-root": "/", "host-run": "/run"}

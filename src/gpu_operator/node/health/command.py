@@ -11,17 +11,20 @@ import typer
 from gpu_operator.node.options import HostRoot, host_fs
 
 DEFAULT_METRICS_PORT = 8010  # ours (the node-status exporter has 8000)
+NO_VALIDATIONS = "none"  # no status file expected (an empty env value would read as unset)
 
 
 def _validations(value: str) -> tuple[str, ...]:
     from gpu_operator.node.validate.config import STATUS_FILES
 
+    if value.strip().lower() == NO_VALIDATIONS:  # a pod whose own checks ran first (the DRA validator's)
+        return ()
     names = tuple(v.strip() for v in value.split(",") if v.strip())
     unknown = [n for n in names if n not in STATUS_FILES]
     if unknown:
         raise typer.BadParameter(
             f"--validations: unknown component(s) {', '.join(unknown)}; use a comma-separated list of "
-            f"{', '.join(STATUS_FILES)}"
+            f"{', '.join(STATUS_FILES)}, or {NO_VALIDATIONS}"
         )
     return names
 
@@ -41,7 +44,7 @@ def health(
     ] = DEFAULT_METRICS_PORT,
     validations: Annotated[
         str, typer.Option(envvar="HEALTH_VALIDATIONS",
-                          help="The validator components whose status files must all be present.")
+                          help="The validator components whose status files must all be present (`none`: no file).")
     ] = "driver,toolkit,cuda,plugin",
     nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Use NVML where its library loads.")] = True,
     warning_hold: Annotated[

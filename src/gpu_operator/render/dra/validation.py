@@ -40,7 +40,7 @@ def render(ctx: DRACtx) -> list[Manifest]:
     health = health_container()
     health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
     health.setdefault("securityContext", {}).update(ROOT)
-    upsert_env(health, "HEALTH_VALIDATIONS", "")  # no status files here: the init container checked
+    upsert_env(health, "HEALTH_VALIDATIONS", "none")  # no status files here: the init container checked
     pod: dict[str, Any] = {
         "serviceAccountName": NAME,
         "nodeSelector": {deploy_label("dra-validator"): "true"},
