@@ -11,7 +11,18 @@ driverVersion, cudaDriverVersion, index; device names gpu-<index>), and the kube
 library's publishing (one pool per node, named after it, `spec.nodeName` set, the slice owned by
 the Node).
 
-What it does not play: MIG devices, passthrough (vfio) devices, health updates, claim preparation
+Each GPU also carries the standard attribute resource.kubernetes.io/pciBusID (its PCI address,
+domain:bus:device.function in lower case: NVML's bus id as go-nvlib folds it; nvlib.go sets it with
+k8s.io/dynamic-resource-allocation's deviceattribute), the address the node's host tree gives it.
+
+Health (given the kwok nodes' host trees, `sim up` does; `sim fault` changes them): with the
+plugin's feature gate NVMLDeviceHealthCheck, an Xid logged since the plugin's pod started taints
+the GPU's device in the slice (`gpu.nvidia.com/xid`, NoSchedule; None for the application Xids),
+which the scheduler honours (Kubernetes 1.36: DRADeviceTaints, beta, on by default): the device
+stays in the slice and is no longer allocated to new claims; a new plugin pod or a new boot starts
+without taints (`sim/drahealth.py` has the rule and its sources). Without the gate: no taint.
+
+What it does not play: MIG devices, passthrough (vfio) devices, claim preparation
 (there is no container to inject into; the real node's toolkit stand-in covers CDI injection).
 A node's GPUs come from its shape (label gpu-operator.sim/shape), as the plugin reads them from
 NVML; a node whose GPUs go to VMs (vfio-pci, or workload config vm-passthrough) publishes none, as
@@ -20,8 +31,13 @@ the plugin finds no GPU on the nvidia driver there.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import uuid
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
@@ -30,6 +46,8 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 
 from gpu_operator.shapes import CUDA_DRIVER_VERSION, DRIVER_VERSION, arch_family
+from gpu_operator.sim.drahealth import SliceHealth
+from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.podwatch import NodeView, PodView
 
 log = logging.getLogger("gpu_operator.sim.draplugin")
@@ -40,7 +58,16 @@ OWNER_LABEL = "gpu-operator.sim/dra-plugin"
 FIELD_MANAGER = "gpu-operator-sim-dra"
 # NVML's architecture names (deviceinfo.go's `architecture`) by GFD's family of the compute capability
 ARCHITECTURES = {"hopper": "Hopper", "ada-lovelace": "Ada Lovelace", "ampere": "Ampere", "blackwell": "Blackwell"}
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
+
+
+@cache
+def gpu_addresses(shape: str) -> tuple[str, ...]:
+    """The PCI addresses of a kwok node's GPUs by index, as its host tree has them."""
+    from gpu_operator.sim.realspec import host_spec
+
+    return tuple(str(d["address"]) for d in host_spec(shape)["devices"])
 
 
 def semver(version: str) -> str:
@@ -54,9 +81,10 @@ def gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}.gpu-operator.sim')}"
 
 
-def devices(view: NodeView) -> list[dict[str, Any]]:
+def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
     """The node's GPUs as the plugin describes them (attributes without a domain are qualified by
-    the driver name: DeviceClass selectors read device.attributes['gpu.nvidia.com'].type)."""
+    the driver name: DeviceClass selectors read device.attributes['gpu.nvidia.com'].type);
+    `taints`: the plugin's taint per GPU address (domain:bus:device, as the Xid line has it)."""
     shape = view.shape
     if shape is None or not view.nvidia_gpus:
         return []
@@ -65,18 +93,27 @@ def devices(view: NodeView) -> list[dict[str, Any]]:
     architecture = ARCHITECTURES.get(arch_family(int(major or 0), int(minor or 0)), "unknown")
     capability = f"{int(major or 0)}.{int(minor or 0)}.0"
     out = []
+    addresses = gpu_addresses(shape.name)
     for index in range(view.nvidia_gpus):
-        out.append({"name": f"gpu-{index}", "attributes": {
+        address = addresses[index] if index < len(addresses) else None
+        attributes = {
             "type": {"string": "gpu"}, "uuid": {"string": gpu_uuid(view.name, index)},
             "productName": {"string": product}, "brand": {"string": "Nvidia"},
             "architecture": {"string": architecture}, "cudaComputeCapability": {"version": capability},
             "driverVersion": {"version": semver(DRIVER_VERSION)},
             "cudaDriverVersion": {"version": "{}.{}.0".format(*CUDA_DRIVER_VERSION)},
-            "index": {"int": index}}})
+            "index": {"int": index}}
+        device: dict[str, Any] = {"name": f"gpu-{index}", "attributes": attributes}
+        if address is not None:
+            attributes[PCI_BUS_ID] = {"string": address}
+            taint = (taints or {}).get(address.rsplit(".", 1)[0])
+            if taint is not None:
+                device["taints"] = [dict(taint)]
+        out.append(device)
     return out
 
 
-def slice_for(view: NodeView) -> dict[str, Any]:
+def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
     name = view.name
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -85,7 +122,7 @@ def slice_for(view: NodeView) -> dict[str, Any]:
                                           "controller": True}]},
         "spec": {"driver": DRIVER, "nodeName": name,
                  "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices(view)},
+                 "devices": devices(view, taints)},
     }
 
 
@@ -95,9 +132,29 @@ class SlicePublisher:
     app = PLUGIN_APP
     field_manager = FIELD_MANAGER
 
-    def __init__(self) -> None:
-        self.published: set[str] = set()
+    def __init__(self, hosts: Path | None = None, interval: float = 2.0) -> None:
+        self.published: dict[str, str] = {}  # node -> the devices last published (JSON)
         self.served = True  # resource.k8s.io/v1 (Kubernetes >= 1.34); the floor (1.29) has none
+        self.hosts = NodeHosts(hosts) if hosts is not None else None
+        self.interval = interval
+        self.health: dict[str, tuple[str, SliceHealth]] = {}  # node -> (its plugin pod's uid, what it saw)
+        self.wake: Callable[[str], None] = lambda _node: None
+
+    def attach(self, wake: Callable[[str], None]) -> None:
+        self.wake = wake
+
+    def _woken(self, node: str) -> None:
+        if node in self.health:
+            self.wake(node)
+
+    def taints(self, node: str, pod: PodView) -> dict[str, dict[str, str]]:
+        """The plugin's taints per GPU address (none without host trees)."""
+        if self.hosts is None:
+            return {}
+        entry = self.health.get(node)
+        if entry is None or entry[0] != pod.uid:  # the plugin (re)started: no taint, Xids from now on
+            entry = self.health[node] = (pod.uid, SliceHealth(self.hosts.root(node), pod.env))
+        return entry[1].poll()
 
     async def start(self, client: AsyncClient) -> None:
         """Slices this stand-in published before (a restart): withdrawn when their pod is gone. Where
@@ -106,32 +163,38 @@ class SlicePublisher:
         try:
             async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"}):
                 if found.spec and found.spec.get("nodeName"):
-                    self.published.add(str(found.spec["nodeName"]))
+                    self.published[str(found.spec["nodeName"])] = ""
         except ApiError as err:
             if err.status.code != 404:
                 raise
             self.served = False
             log.info("resource.k8s.io/v1 ResourceSlices are not served here (Kubernetes older than 1.34): "
                      "the DRA kubelet plugin stand-in publishes nothing")
+        if self.hosts is not None:
+            self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
+                                             name="dra-plugin-health")
 
     async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
                    pods: list[PodView]) -> float | None:
         if not self.served:
             return None
-        running = any(p.running for p in pods)
+        running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
         if running and view is not None and view.shape is not None:
-            if node not in self.published:
-                body = slice_for(view)
+            taints = self.taints(node, running[-1])
+            body = slice_for(view, taints)
+            content = json.dumps(body["spec"]["devices"], sort_keys=True)
+            if self.published.get(node) != content:
                 await client.apply(from_dict(body), field_manager=FIELD_MANAGER, force=True)
-                self.published.add(node)
-                log.info("node %s: the DRA kubelet plugin runs: ResourceSlice %s published", node,
-                         body["metadata"]["name"])
+                log.info("node %s: the DRA kubelet plugin runs: ResourceSlice %s published%s", node,
+                         body["metadata"]["name"], f" (taints: {taints})" if taints else "")
+                self.published[node] = content
         elif node in self.published:
             try:
                 await client.delete(ResourceSlice, f"{node}-{DRIVER}")
             except ApiError as err:
                 if err.status.code != 404:
                     raise
-            self.published.discard(node)
+            self.published.pop(node, None)
+            self.health.pop(node, None)
             log.info("node %s: the DRA kubelet plugin is gone: its ResourceSlice withdrawn", node)
         return None

@@ -46,11 +46,12 @@ log = logging.getLogger("gpu_operator.sim.standins")
 
 def default_players(grace_period: float | None = None, hosts: Path | None = None) -> list[Player]:
     """GFD, the device plugin through the kubelet (with `hosts`, the kwok nodes' host trees: its
-    per-GPU health too), the DRA kubelet plugin, the MIG manager; the last changes the GPUs' MIG
-    state (`sim/mighw.py`, beside the host trees or in memory), which the first two read."""
+    per-GPU health too), the DRA kubelet plugin (with `hosts`: its device taints), the MIG manager;
+    the last changes the GPUs' MIG state (`sim/mighw.py`, beside the host trees or in memory),
+    which the first two read."""
     extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
     mig = MigHardware(hosts)
-    return [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra), SlicePublisher(),
+    return [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra), SlicePublisher(hosts=hosts),
             MigManager(mig)]
 
 
