@@ -131,6 +131,11 @@ class ControlPlane:
     heartbeat that dominates the simulator's own apiserver load at thousands of nodes). Above 40 s
     the controller-manager's node grace period follows, so nodes stay Ready."""
     progress: Callable[[str], None] = lambda _msg: None
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    """Kubernetes feature gates for the apiserver, the controller-manager and the scheduler."""
+    runtime_config: tuple[str, ...] = ()
+    """API versions the apiserver serves besides its defaults (`--runtime-config`), e.g.
+    resource.k8s.io/v1beta2=true."""
     components: list[Component] = field(default_factory=list)
     apiserver_port: int = 0
 
@@ -263,6 +268,9 @@ class ControlPlane:
             f"--kubelet-client-certificate={kubelet_cert}", f"--kubelet-client-key={kubelet_key}",
             f"--kubelet-certificate-authority={pki.ca_cert}",
         ]
+        args += self._gates()
+        if self.runtime_config:
+            args.append(f"--runtime-config={','.join(self.runtime_config)}")
         if self.audit:
             policy = self.workdir / "audit-policy.yaml"
             policy.write_text(yaml.safe_dump(_audit_policy()))
@@ -273,9 +281,14 @@ class ControlPlane:
         self._wait("/readyz", apiserver,
                    lambda: _http_ok(f"{self.server}/readyz", context), deadline)
 
+    def _gates(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))]
+
     def _start_controllers(self, pki: pki_mod.Pki, deadline: float) -> None:
         common = ["--leader-elect=false", "--bind-address=127.0.0.1", "--kube-api-qps=2000",
-                  "--kube-api-burst=4000"]
+                  "--kube-api-burst=4000", *self._gates()]
         kcm = self._launch("kube-controller-manager", [
             str(self.binaries.kube), "kube-controller-manager",
             f"--kubeconfig={self.kubeconfig_for('controller-manager')}",

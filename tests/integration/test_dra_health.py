@@ -1,0 +1,224 @@
+"""GPU health on the DRA stack (GPUCluster), end to end on a control plane of its own: the operator
+process, the GPUCluster's DaemonSets on a kwok GPU node, the simulator's stand-ins over the node's
+host tree (the DRA kubelet plugin's ResourceSlice, our health agent in the DRA validator's pod),
+faults by the simulator's injection. A fault on one GPU -> that device is no longer allocated to a
+new ResourceClaim; `--clear` (a reboot) -> allocatable again. Two ways, one control plane each:
+
+- device-taint-rules: the apiserver serves DeviceTaintRule (resource.k8s.io/v1beta2 enabled, the
+  DRADeviceTaintRules gate on the apiserver, controller-manager and scheduler): the operator keeps
+  one rule for the sick GPU (controllers/health_dra.py);
+- plugin-health-check: Kubernetes' defaults (no DeviceTaintRule), the DRA driver's gate
+  NVMLDeviceHealthCheck on: the plugin (its stand-in, sim/drahealth.py) taints the device in its
+  ResourceSlice, which the scheduler honours (DRADeviceTaints, on by default in 1.36).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.resources.core_v1 import Namespace, Node, Pod
+
+from gpu_operator.api.health import HealthReport
+from gpu_operator.controllers.health_dra import PCI_BUS_ID
+from gpu_operator.kube.client import GPUClusterResource
+from gpu_operator.kube.crds import apply_crds
+from gpu_operator.sim import binaries, standins
+from gpu_operator.sim import nodes as sim_nodes
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.faultinject import inject
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.state import SimState
+from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT
+from tests.support.waiting import wait_for
+
+SHAPE = "a10"  # two GPUs
+IMAGE = {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0"}
+WAIT = 120.0
+DeviceTaintRule = create_global_resource("resource.k8s.io", "v1beta2", "DeviceTaintRule", "devicetaintrules")
+ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
+ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
+ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
+                                                   "resourceclaimtemplates")  # (registered for from_dict)
+
+
+@dataclass
+class Stack:
+    way: str
+    kube: Client
+    node: str
+    namespace: str
+    sim: SimState
+    operator: OperatorProcess
+
+    def logs(self) -> str:
+        return self.operator.log_text()[-4000:]
+
+    def fault(self, action: str, xid: int | None = None, gpu: int | None = None) -> None:
+        inject(self.sim, self.node, action, xid, gpu)
+
+    def report(self) -> HealthReport | None:
+        text = (self.kube.get(Node, self.node).metadata.annotations or {}).get(HEALTH_REPORT_ANNOTATION)
+        return HealthReport.parse(text) if text else None
+
+    def condition(self) -> tuple[str, str] | None:
+        status = self.kube.get(Node, self.node).status
+        found = [c for c in (status.conditions if status else None) or [] if c.type == HEALTH_CONDITION]
+        return (found[0].status, str(found[0].reason)) if found else None
+
+    def slice_devices(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for found in self.kube.list(ResourceSlice):
+            if found["spec"].get("nodeName") == self.node:
+                out.update({d["name"]: d for d in found["spec"].get("devices") or []})
+        return out
+
+    def rules(self) -> dict[str, dict[str, Any]]:
+        if self.way != "device-taint-rules":
+            return {}
+        return {r["metadata"]["name"]: r for r in self.kube.list(DeviceTaintRule)}
+
+
+def start_plane(way: str, base: Path) -> ControlPlane:
+    found = binaries.locate(build=True).of("current")
+    extra: dict[str, Any] = {}
+    if way == "device-taint-rules":
+        extra = {"feature_gates": {"DRADeviceTaintRules": True},
+                 "runtime_config": ("resource.k8s.io/v1beta2=true",)}
+    return ControlPlane(base / "plane", found, **extra).start()
+
+
+@pytest.fixture(scope="module", params=["device-taint-rules", "plugin-health-check"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    way = request.param
+    base = tmp_path_factory.mktemp(f"dra-health-{way}")
+    plane = start_plane(way, base)
+    operator: OperatorProcess | None = None
+    try:
+        kube = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="tests")
+        apply_crds(kube)
+        namespace = f"gpu-operator-{uuid.uuid4().hex[:6]}"
+        kube.create(Namespace(metadata={"name": namespace}))  # type: ignore[arg-type]
+        (node,) = sim_nodes.add_nodes(kube, [f"{SHAPE}:1"], start=95_000)
+        sim_nodes.wait_ready(kube, [node])
+        sim = SimState(dir=str(base), server=plane.server, kubeconfig=str(plane.admin_kubeconfig), binaries="")
+        with standins.running(KubeConfig.from_file(plane.admin_kubeconfig), hosts=base / "hosts") as running:
+            operator = OperatorProcess(kubeconfig=plane.kubeconfig_for("operator"), namespace=namespace,
+                                       log=base / "operator.log").start()
+            driver: dict[str, Any] = dict(IMAGE)
+            if way == "plugin-health-check":
+                driver["featureGates"] = {"NVMLDeviceHealthCheck": True}
+            kube.create(from_dict({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+                                   "metadata": {"name": "gpu-cluster"}, "spec": {"draDriver": driver}}))
+            found = Stack(way, kube, node, namespace, sim, operator)
+            wait_for("GPUCluster ready", lambda: (kube.get(GPUClusterResource, "gpu-cluster").get("status") or {}),
+                     until=lambda s: s.get("state") == "ready", timeout=180, context=found.logs)
+            wait_for("both GPUs published", found.slice_devices, until=lambda d: len(d) == 2, timeout=WAIT)
+            wait_for("the agent's first report: healthy, GPUsHealthy", found.condition,
+                     until=lambda c: c == ("True", "GPUsHealthy"), timeout=WAIT, context=found.logs)
+            yield found
+        assert running.error is None, f"the stand-ins failed: {running.error!r}"
+    finally:
+        if operator is not None and operator.alive:
+            operator.stop()
+        plane.stop()
+
+
+def claim_pod(kube: Client, namespace: str, name: str, count: int) -> None:
+    kube.create(from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}}))
+    kube.create(from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                                 "resources": {"claims": [{"name": "gpu"}]}}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                 # the node's quarantine taint: what is refused here is the device
+                                 {"key": HEALTH_TAINT, "operator": "Exists"}]}}))
+
+
+def allocated(kube: Client, namespace: str, pod: str) -> list[str]:
+    """The devices of the pod's allocated claim ([] until it is allocated)."""
+    status = kube.get(Pod, pod, namespace=namespace).status
+    for entry in (status.resourceClaimStatuses if status else None) or []:
+        if entry.resourceClaimName:
+            claim = kube.get(ResourceClaim, entry.resourceClaimName, namespace=namespace)
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            return sorted(str(r["device"]) for r in results or [])
+    return []
+
+
+def unschedulable(kube: Client, namespace: str, pod: str) -> bool:
+    status = kube.get(Pod, pod, namespace=namespace).status
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               for c in (status.conditions if status else None) or [])
+
+
+def delete_pod(kube: Client, namespace: str, name: str) -> None:
+    kube.delete(Pod, name, namespace=namespace, grace_period=0)
+
+    def gone() -> bool:
+        try:
+            kube.get(Pod, name, namespace=namespace)
+        except ApiError as err:
+            return err.status.code == 404
+        return False
+
+    wait_for(f"pod {name} gone", gone, timeout=WAIT)
+
+
+def test_a_sick_gpu_is_not_allocated_until_the_node_is_healthy_again(stack: Stack) -> None:
+    kube, ns = stack.kube, stack.namespace
+    devices = stack.slice_devices()
+    bus1 = devices["gpu-1"]["attributes"][PCI_BUS_ID]["string"]
+    claim_pod(kube, ns, "both-before", 2)  # both GPUs can be had before the fault
+    assert wait_for("both GPUs allocated", lambda: allocated(kube, ns, "both-before"), timeout=WAIT) == [
+        "gpu-0", "gpu-1"]
+    delete_pod(kube, ns, "both-before")
+
+    stack.fault("xid", 79, 1)
+    report = wait_for("the agent reports GPU 1 unhealthy", stack.report,
+                      until=lambda r: r is not None and [g.bus for g in r.unhealthy] == [bus1], timeout=WAIT)
+    assert report is not None and report.unhealthy[0].xid == 79
+    if stack.way == "device-taint-rules":
+        rules = wait_for("the operator's DeviceTaintRule", stack.rules, until=bool, timeout=WAIT, context=stack.logs)
+        assert list(rules) == [f"gpu-health-{stack.node}-gpu-1"]
+        spec = next(iter(rules.values()))["spec"]
+        assert spec["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": stack.node, "device": "gpu-1"}
+        assert spec["taint"]["key"] == HEALTH_TAINT and spec["taint"]["effect"] == "NoSchedule"
+        assert all("taints" not in d for d in stack.slice_devices().values())  # the plugin's gate is off
+    else:
+        slice_taints = wait_for("the plugin's taint on gpu-1", lambda: stack.slice_devices()["gpu-1"].get("taints"),
+                                timeout=WAIT)
+        assert [(t["key"], t["value"], t["effect"]) for t in slice_taints] == [("gpu.nvidia.com/xid", "79", "NoSchedule")]
+        assert "taints" not in stack.slice_devices()["gpu-0"]
+        assert stack.rules() == {}  # no DeviceTaintRule API here
+
+    claim_pod(kube, ns, "both-during", 2)
+    wait_for("a claim for both GPUs refused", lambda: unschedulable(kube, ns, "both-during"), timeout=WAIT)
+    claim_pod(kube, ns, "one-during", 1)
+    assert wait_for("one GPU allocated", lambda: allocated(kube, ns, "one-during"), timeout=WAIT) == ["gpu-0"]
+    assert allocated(kube, ns, "both-during") == []
+
+    delete_pod(kube, ns, "one-during")
+    stack.fault("clear")  # a reboot
+    wait_for("the agent reports every GPU healthy", stack.report,
+             until=lambda r: r is not None and not r.unhealthy, timeout=WAIT)
+    if stack.way == "device-taint-rules":
+        wait_for("the DeviceTaintRule deleted", stack.rules, until=lambda r: r == {}, timeout=WAIT, context=stack.logs)
+    else:
+        wait_for("the slice without taints", stack.slice_devices,
+                 until=lambda d: all("taints" not in v for v in d.values()), timeout=WAIT)
+    assert wait_for("both GPUs allocated again", lambda: allocated(kube, ns, "both-during"), timeout=WAIT) == [
+        "gpu-0", "gpu-1"]
