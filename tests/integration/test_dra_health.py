@@ -222,3 +222,16 @@ def test_a_sick_gpu_is_not_allocated_until_the_node_is_healthy_again(stack: Stac
                  until=lambda d: all("taints" not in v for v in d.values()), timeout=WAIT)
     assert wait_for("both GPUs allocated again", lambda: allocated(kube, ns, "both-during"), timeout=WAIT) == [
         "gpu-0", "gpu-1"]
+
+
+def test_the_rules_go_with_the_gpucluster(stack: Stack) -> None:
+    if stack.way != "device-taint-rules":
+        pytest.skip("no DeviceTaintRule API on this control plane")
+    stack.fault("xid", 79, 0)
+    rules = wait_for("the operator's DeviceTaintRule", stack.rules, until=bool, timeout=WAIT, context=stack.logs)
+    owner = next(iter(rules.values()))["metadata"]["ownerReferences"][0]
+    gpucluster = stack.kube.get(GPUClusterResource, "gpu-cluster")
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("GPUCluster", "gpu-cluster", gpucluster["metadata"]["uid"])
+    stack.kube.delete(GPUClusterResource, "gpu-cluster")
+    wait_for("the rule collected with the GPUCluster", stack.rules, until=lambda r: r == {}, timeout=WAIT,
+             context=stack.logs)
