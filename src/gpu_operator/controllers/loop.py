@@ -88,6 +88,34 @@ class ObjectEvent:
 Event = NodeEvent | ObjectEvent
 
 
+@dataclass
+class NodeQueue:
+    """A unit's queue of nodes: a node goes in when what the unit reads of it (`facts` of its view)
+    changed since its last event, so an event that changed nothing the unit reads (a heartbeat, the
+    echo of another unit's write) costs one comparison."""
+
+    facts: Callable[[NodeView], object]
+    dirty: set[str] = field(default_factory=set)
+    seen: dict[str, object] = field(default_factory=dict)
+
+    def changed(self, event: NodeEvent) -> bool:
+        """Record a node event; True when the node's facts changed (it is queued). A deleted node
+        is forgotten, not queued: the unit decides what a deletion means to it."""
+        if event.view is None:
+            self.seen.pop(event.name, None)
+            return False
+        facts = self.facts(event.view)
+        if self.seen.get(event.name) == facts:
+            return False
+        self.seen[event.name] = facts
+        self.dirty.add(event.name)
+        return True
+
+    def take(self) -> set[str]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+
 class Pacing(enum.Enum):
     LOAD = "load"
     IDLE_FIRST = "idle-first"

@@ -28,7 +28,16 @@ from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.health_exec import Executor
 from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
-from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
+from gpu_operator.controllers.loop import (
+    Event,
+    Kind,
+    NodeEvent,
+    NodeQueue,
+    ObjectEvent,
+    Pacing,
+    Result,
+    UnitBase,
+)
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
@@ -88,30 +97,25 @@ class HealthUnit(UnitBase):
         self.settings = settings or OperatorSettings()
         self.clock = clock
         self.executor = Executor(kube)
-        self._dirty: set[str] = set()
+        self.queue = NodeQueue(_watched)
         self._everything = True  # the first pass looks at every node
-        self._seen: dict[str, tuple[object, ...]] = {}
         self._states: dict[str, str] = {}  # node -> metric state last exported
 
     # -- the queue
 
     def wants(self, event: Event) -> bool:
         if isinstance(event, NodeEvent):
-            if event.view is None:
-                self._seen.pop(event.name, None)
-                self._dirty.add(event.name)
+            if self.queue.changed(event):
                 return True
-            watched = _watched(event.view)
-            if self._seen.get(event.name) == watched:
-                return False
-            self._seen[event.name] = watched
-            self._dirty.add(event.name)
-            return True
+            if event.view is None:  # a node gone: its metric and DRA rules go too
+                self.queue.dirty.add(event.name)
+                return True
+            return False
         if isinstance(event, ObjectEvent) and event.kind in (Kind.CLUSTER_POLICY, Kind.GPU_CLUSTER):
             self._everything = True
             return True
         if isinstance(event, ObjectEvent) and event.kind is Kind.DRIVER_POD and event.node:
-            self._dirty.add(event.node)  # remediation waits for a driver pod to come back
+            self.queue.dirty.add(event.node)  # remediation waits for a driver pod to come back
             return True
         return False
 
@@ -122,8 +126,8 @@ class HealthUnit(UnitBase):
 
     async def reconcile(self) -> Result:
         spec = self.policy()
-        everything, names = self._everything, self._dirty
-        self._everything, self._dirty = False, set()
+        everything, names = self._everything, self.queue.take()
+        self._everything = False
         report = PassReport()
         if spec is None:
             self._forget_all()
@@ -154,11 +158,11 @@ class HealthUnit(UnitBase):
                     if self.device_taints is not None and await self.device_taints.node(
                             name, view.annotations.get(HEALTH_REPORT_ANNOTATION)):
                         report.waiting = True  # a sick GPU its DRA driver has not published yet
-                        self._dirty.add(name)
+                        self.queue.dirty.add(name)
                 except Exception as err:  # one node's failure must not stop the others
                     log.warning("node %s: GPU health write failed: %s", name, err)
                     report.failed.append(name)
-                    self._dirty.add(name)
+                    self.queue.dirty.add(name)
 
         await asyncio.gather(*(one(n) for n in sorted(look)))
         report.looked = len(look)

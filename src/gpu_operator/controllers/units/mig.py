@@ -30,7 +30,16 @@ import yaml
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.cache import NodeView
-from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, Pacing, Result, UnitBase
+from gpu_operator.controllers.loop import (
+    Event,
+    Kind,
+    NodeEvent,
+    NodeQueue,
+    ObjectEvent,
+    Pacing,
+    Result,
+    UnitBase,
+)
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube import nodestatus
@@ -102,10 +111,9 @@ class MIGUnit(UnitBase):
     def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, *,
                  clock: Callable[[], float] = time.time) -> None:
         self.kube, self.settings, self.model, self.clock = kube, settings, model, clock
-        self._dirty: set[str] = set()
+        self.queue = NodeQueue(_watched)
         self._active: set[str] = set()  # nodes in or after a change: looked at on every pass
         self._everything = True
-        self._seen: dict[str, tuple[object, ...]] = {}
         if settings.mig_change_budget < MIG_MANAGER_WAIT:
             log.warning("mig_change_budget %g s is below the MIG manager's %d s wait for the GPU clients to stop: "
                         "a change may be found stuck while the MIG manager still waits", settings.mig_change_budget,
@@ -116,15 +124,8 @@ class MIGUnit(UnitBase):
     def wants(self, event: Event) -> bool:
         if isinstance(event, NodeEvent):
             if event.view is None:
-                self._seen.pop(event.name, None)
                 self._active.discard(event.name)
-                return False
-            watched = _watched(event.view)
-            if self._seen.get(event.name) == watched:
-                return False
-            self._seen[event.name] = watched
-            self._dirty.add(event.name)
-            return True
+            return self.queue.changed(event)
         if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
             self._everything = True
             return True
@@ -136,8 +137,8 @@ class MIGUnit(UnitBase):
     # -- one pass
 
     async def reconcile(self) -> Result:
-        everything, names = self._everything, self._dirty
-        self._everything, self._dirty = False, set()
+        everything, names = self._everything, self.queue.take()
+        self._everything = False
         report = PassReport()
         policy = self.model.active_model()
         if policy is None:
@@ -156,7 +157,7 @@ class MIGUnit(UnitBase):
                 except Exception as err:  # one node's failure must not stop the others
                     log.warning("node %s: MIG repair failed: %s", name, err)
                     report.failed.append(name)
-                    self._dirty.add(name)
+                    self.queue.dirty.add(name)
                     return
             if wake is not None:
                 wakes.append(wake)
