@@ -34,6 +34,8 @@ from benchkit import (  # noqa: E402
     proc_stats,
     simulator_load,
 )
+from health import add_arguments as add_health_arguments  # noqa: E402
+from health import health_phase  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
@@ -178,7 +180,8 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         sync.create(Namespace(metadata={"name": session.OPERATOR_NAMESPACE}))  # type: ignore[arg-type]
         # What GFD, the device plugin (through the kubelet) and the DRA kubelet plugin do on a node once
         # their pods run there (sim/standins.py, as `sim up` runs them): the operator sees the honest flow.
-        node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig)).start()
+        hosts = plane.workdir / "hosts" if args.health_faults else None  # our health agent over host trees
+        node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig), hosts=hosts).start()
         def launch() -> Subject:
             return (start_peer(plane, args.peer_cmd, args.peer_metrics) if who == "peer" else
                     start_ours(plane, args.concurrency, results_dir / f"operator-{n}.prof" if args.profile else None,
@@ -313,6 +316,9 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["writes_total_audit"], out["writes_by_kind"] = audit_writes(whole_run, OPERATOR_USER)
         say(f"idle writes: audit {out['idle_writes_audit']}, metric {out['idle_writes_metric']}; "
             f"peak RSS {stats.rss_peak_mb:.0f} MB; CPU {stats.cpu_seconds:.1f}s; load {load()}")
+        if hosts is not None:  # bench/health.py: an Xid 79 on --health-faults % of the nodes, then --clear
+            out.update(await health_phase(client, names, args.health_faults, hosts, pid, plane.audit_log,
+                                          OPERATOR_USER, args, say))
         if args.restart:  # bench/restart.py: SIGTERM, the same command again, until it leads and has caught up
             out["load_at_restart"] = load()
             out.update(await asyncio.to_thread(restart, subject, launch, running, sync, session.OPERATOR_NAMESPACE,
@@ -457,6 +463,7 @@ def main() -> int:
                         "command again, measure until it leads and has caught up, then its writes over an idle "
                         "window (bench/restart.py)")
     parser.add_argument("--restart-timeout", type=float, default=300.0, help="max wait for the restarted operator")
+    add_health_arguments(parser)
     parser.add_argument("--profile", action="store_true", help="run our operator under cProfile")
     parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results")
