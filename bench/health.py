@@ -13,8 +13,9 @@ node:
 - `clear`: the reboot written -> the condition True and the taint gone (the stand-in's new agent
   publishes a healthy report, then the operator lifts both); `clear_report` its first part.
 
-Faulted nodes are chosen among nodes whose report is healthy, condition True and taint absent
-when the phase starts, spread over the node names. Over the whole phase (first Xid to the last
+The phase first waits (`--health-wait`) until every node's report is healthy, its condition
+True and no taint on it (the validator pods' rollout done); faulted nodes are chosen among those,
+spread over the node names. Over the whole phase (first Xid to the last
 node cleared): the operator's writes (apiserver audit log, its ServiceAccount, Leases excluded)
 to nodes not faulted, split by whether that node's report changed during the phase (its
 validator pod still starting: the rollout, not the fault) or not (healthy and unchanged: the
@@ -53,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after the idle window: an Xid 79 on PERCENT %% of the nodes, then --clear "
                         "(bench/health.py); 0: skip")
     parser.add_argument("--health-wait", type=float, default=300.0,
-                        help="max wait for enough nodes with a healthy report to fault")
+                        help="max wait for every node to be healthy (report, condition True) before the faults; then at "
+                        "least PERCENT %% must be")
     parser.add_argument("--health-timeout", type=float, default=120.0,
                         help="max wait for the faulted nodes' condition and taint (and again after --clear)")
 
@@ -172,7 +174,8 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
     try:
         await asyncio.wait_for(watch.started.wait(), 30 + len(names) / 100)
         t = time.monotonic()
-        while len(watch.candidates(names)) < k and time.monotonic() - t < args.health_wait:
+        # every node healthy (the reports of the rollout written), or --health-wait: then at least k
+        while len(watch.candidates(names)) < len(names) and time.monotonic() - t < args.health_wait:
             await asyncio.sleep(2)
         ready = watch.candidates(names)
         out["health_wait_s"] = time.monotonic() - t
