@@ -231,13 +231,19 @@ def normalized(line: str) -> str:
     return " ".join(line.split())
 
 
+# A Go library's diagnostic line on stderr (klog's header: severity, date, time, thread, file:line),
+# e.g. client-go's reflector inside helm noting that a watch closed: not the command's output, and
+# printed or not depending on timing, so a quote never carries one and the comparison drops them.
+KLOG = re.compile(r"^[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{6}\s+\d+ [\w./-]+:\d+\] ")
+
+
 def quote_problem(quoted: tuple[str, ...] | list[str], real: str) -> str | None:
     """None when the quoted lines are the real output: the same lines in the same order, blank lines
-    and runs of spaces aside, `...` standing for any lines (none too) and VOLATILE values for any
-    value of their kind; otherwise what differs. A quote without a leading or trailing `...` must
+    and runs of spaces aside, `...` standing for any lines (none too), VOLATILE values for any
+    value of their kind and KLOG diagnostics left out; otherwise what differs. A quote without a leading or trailing `...` must
     start or end where the output does. An empty quote says nothing about the output."""
     want = [normalized(q) for q in quoted if q.strip()]
-    have = [normalized(r) for r in real.splitlines() if r.strip()]
+    have = [normalized(r) for r in real.splitlines() if r.strip() and not KLOG.match(r)]
     if not want:
         return None
     segments: list[list[str]] = [[]]
