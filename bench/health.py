@@ -249,7 +249,8 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
         events = list(completed(audit))
         out["health_writes"], out["health_writes_by_kind"] = audit_writes(events, user)
         hit = set(faulted)
-        rollout = {n for n, s in watch.nodes.items() if n not in hit and s.changed_report_at is not None}
+        rollout = {n for n, s in watch.nodes.items()  # report changed during the phase, not before it
+                   if n not in hit and s.changed_report_at is not None and s.changed_report_at >= t0}
         quiet: list[dict[str, Any]] = []
         busy: list[dict[str, Any]] = []
         for event in events:
