@@ -224,9 +224,9 @@ def test_a_sick_gpu_is_not_allocated_until_the_node_is_healthy_again(stack: Stac
         "gpu-0", "gpu-1"]
 
 
+@pytest.mark.parametrize("stack", ["device-taint-rules"], indirect=True)  # the plane that serves the API
 def test_the_rules_go_with_the_gpucluster(stack: Stack) -> None:
-    if stack.way != "device-taint-rules":
-        pytest.skip("no DeviceTaintRule API on this control plane")
+    assert stack.way == "device-taint-rules"
     stack.fault("xid", 79, 0)
     rules = wait_for("the operator's DeviceTaintRule", stack.rules, until=bool, timeout=WAIT, context=stack.logs)
     owner = next(iter(rules.values()))["metadata"]["ownerReferences"][0]
