@@ -25,7 +25,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -114,6 +114,33 @@ class NodeQueue:
     def take(self) -> set[str]:
         dirty, self.dirty = self.dirty, set()
         return dirty
+
+    async def each(self, names: Iterable[str], limit: int, work: Callable[[str], Awaitable[None]],
+                   report: NodePass, what: str, logger: logging.Logger) -> None:
+        """Run `work` for each node, at most `limit` at once; a node whose work raises is logged,
+        named in `report.failed` and queued again: one node's failure never stops the others."""
+        gate = asyncio.Semaphore(limit)
+
+        async def one(name: str) -> None:
+            async with gate:
+                try:
+                    await work(name)
+                except Exception as err:
+                    logger.warning("node %s: %s: %s", name, what, err)
+                    report.failed.append(name)
+                    self.dirty.add(name)
+
+        await asyncio.gather(*(one(n) for n in sorted(names)))
+
+
+@dataclass
+class NodePass(Result):
+    """What a pass over nodes wrote (the per-node units' reports extend it; for logs and tests)."""
+
+    looked: int = 0
+    conditions: int = 0
+    events: int = 0
+    failed: list[str] = field(default_factory=list)
 
 
 class Pacing(enum.Enum):

@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
@@ -32,6 +32,7 @@ from gpu_operator.controllers.loop import (
     Event,
     Kind,
     NodeEvent,
+    NodePass,
     NodeQueue,
     ObjectEvent,
     Pacing,
@@ -72,16 +73,12 @@ def _watched(view: NodeView) -> tuple[object, ...]:
 
 
 @dataclass
-class PassReport(Result):
+class PassReport(NodePass):
     """What one pass wrote (for logs and tests)."""
 
-    looked: int = 0
-    conditions: int = 0
     taints: int = 0
-    events: int = 0
     steps: int = 0
     waiting: bool = False
-    failed: list[str] = field(default_factory=list)
 
 
 class HealthUnit(UnitBase):
@@ -145,26 +142,19 @@ class HealthUnit(UnitBase):
         plan = await self._plan(views, spec, now)
         steps = {s.node: s for s in plan.steps}
         look |= set(steps)
-        gate = asyncio.Semaphore(self.settings.health_concurrency)
 
         async def one(name: str) -> None:
             view = views.get(name)
             if view is None:
                 return
-            async with gate:
-                try:
-                    await self._node(view, spec, steps.get(name), report)
-                    # DRA: after the node's own signals, so that a refused rule never holds them up
-                    if self.device_taints is not None and await self.device_taints.node(
-                            name, view.annotations.get(HEALTH_REPORT_ANNOTATION)):
-                        report.waiting = True  # a sick GPU its DRA driver has not published yet
-                        self.queue.dirty.add(name)
-                except Exception as err:  # one node's failure must not stop the others
-                    log.warning("node %s: GPU health write failed: %s", name, err)
-                    report.failed.append(name)
-                    self.queue.dirty.add(name)
+            await self._node(view, spec, steps.get(name), report)
+            # DRA: after the node's own signals, so that a refused rule never holds them up
+            if self.device_taints is not None and await self.device_taints.node(
+                    name, view.annotations.get(HEALTH_REPORT_ANNOTATION)):
+                report.waiting = True  # a sick GPU its DRA driver has not published yet
+                self.queue.dirty.add(name)
 
-        await asyncio.gather(*(one(n) for n in sorted(look)))
+        await self.queue.each(look, self.settings.health_concurrency, one, report, "GPU health write failed", log)
         report.looked = len(look)
         if report.failed:
             report.requeue = self.settings.health_retry

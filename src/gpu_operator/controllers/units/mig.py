@@ -17,12 +17,11 @@ retry's deadlines.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -34,6 +33,7 @@ from gpu_operator.controllers.loop import (
     Event,
     Kind,
     NodeEvent,
+    NodePass,
     NodeQueue,
     ObjectEvent,
     Pacing,
@@ -93,15 +93,11 @@ def _watched(view: NodeView) -> tuple[object, ...]:
 
 
 @dataclass
-class PassReport(Result):
+class PassReport(NodePass):
     """What one pass wrote (for logs and tests)."""
 
-    looked: int = 0
-    conditions: int = 0
-    events: int = 0
     notes: int = 0
     retries: int = 0
-    failed: list[str] = field(default_factory=list)
 
 
 class MIGUnit(UnitBase):
@@ -148,21 +144,13 @@ class MIGUnit(UnitBase):
         now = self.clock()
         layouts: dict[str, tuple[str, tuple[str, ...] | None]] = {}
         wakes: list[float] = []
-        gate = asyncio.Semaphore(self.settings.mig_concurrency)
 
         async def one(name: str) -> None:
-            async with gate:
-                try:
-                    wake = await self._node(views[name], policy, now, layouts, report)
-                except Exception as err:  # one node's failure must not stop the others
-                    log.warning("node %s: MIG repair failed: %s", name, err)
-                    report.failed.append(name)
-                    self.queue.dirty.add(name)
-                    return
+            wake = await self._node(views[name], policy, now, layouts, report)
             if wake is not None:
                 wakes.append(wake)
 
-        await asyncio.gather(*(one(n) for n in sorted(views)))
+        await self.queue.each(views, self.settings.mig_concurrency, one, report, "MIG repair failed", log)
         report.looked = len(views)
         if report.failed:
             wakes.append(now + self.settings.health_retry)
