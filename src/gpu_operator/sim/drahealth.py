@@ -26,8 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.sim.xidhealth import _XID, APPLICATION_XIDS, BOOT_ID, KMSG, records
+from gpu_operator.sim.xidhealth import APPLICATION_XIDS, XidLog
 
 GATE = "NVMLDeviceHealthCheck"
 GATES_ENV = "FEATURE_GATES"
@@ -53,31 +52,17 @@ class SliceHealth:
     """Per GPU address (domain:bus:device, as the Xid line writes it) the taint the plugin keeps."""
 
     def __init__(self, host_root: Path, env: Mapping[str, str]) -> None:
-        self.fs = HostFS(host_root)
+        self.log = XidLog(host_root)
         self.on = gate_on(env)
         self.skip = skipped(env)
-        self.boot = self.boot_id()
-        self.seen = max((seq for seq, _ in records(self.fs.resolve(KMSG))), default=-1)
         self.taints: dict[str, dict[str, str]] = {}
 
-    def boot_id(self) -> str:
-        return (self.fs.read_text(BOOT_ID) or "").strip()
-
     def poll(self) -> dict[str, dict[str, str]]:
-        boot = self.boot_id()
-        if boot != self.boot:
-            if self.boot:  # a new boot: a new plugin process, no taint, the log from its start
-                self.taints, self.seen = {}, -1
-            self.boot = boot
+        if self.log.rebooted():  # a new plugin process: no taint
+            self.taints = {}
         if not self.on:
             return {}
-        for seq, message in records(self.fs.resolve(KMSG)):
-            if seq <= self.seen:
-                continue
-            self.seen = seq
-            match = _XID.search(message)
-            if match:
-                xid = int(match.group(2))
-                self.taints[match.group(1).lower()] = {"key": TAINT_XID, "value": str(xid),
-                                                       "effect": "None" if xid in self.skip else "NoSchedule"}
+        for address, xid in self.log.new():
+            self.taints[address] = {"key": TAINT_XID, "value": str(xid),
+                                    "effect": "None" if xid in self.skip else "NoSchedule"}
         return dict(self.taints)

@@ -26,13 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.sim.faults import KMSG, boot_id
 
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
 ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
 ALL = 0  # the key for "every Xid", as the plugin keeps it
-KMSG = "/dev/kmsg"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # the driver's Xid line: NVRM: Xid (PCI:0000:3b:00): 79, ...
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): (\d+)\b")
 
@@ -87,37 +86,60 @@ def records(kmsg: Path) -> list[tuple[int, str]]:
     return out
 
 
-class XidHealth:
-    """The GPUs (by address, domain:bus:device) the plugin would have marked Unhealthy."""
+class XidLog:
+    """The Xid events a process on the host gets from NVML, read from the tree's kernel log: those
+    logged after it started. A new boot (the tree's boot_id changed) is a new process: `rebooted()`
+    says so once, and the new boot's log is read from its start."""
 
-    def __init__(self, host_root: Path, env: Mapping[str, str]) -> None:
-        self.lock = threading.Lock()  # ListAndWatch streams poll from the server's threads
+    def __init__(self, host_root: Path) -> None:
         self.fs = HostFS(host_root)
-        self.filter = XidFilter(env)
         self.boot = self.boot_id()
         self.seen = max((seq for seq, _ in records(self.fs.resolve(KMSG))), default=-1)
-        self.unhealthy: set[str] = set()
 
     def boot_id(self) -> str:
-        return (self.fs.read_text(BOOT_ID) or "").strip()
+        return boot_id(self.fs)
 
-    def poll(self) -> set[str]:
-        with self.lock:
-            return set(self._poll())
-
-    def _poll(self) -> set[str]:
+    def rebooted(self) -> bool:
+        """Whether the host booted again since the last look (a tree that just got its first boot_id
+        did not: the same boot)."""
         boot = self.boot_id()
-        if boot != self.boot:
-            if self.boot:  # a new boot: a new plugin process, every GPU Healthy, the new log from its start
-                self.unhealthy, self.seen = set(), -1
-            self.boot = boot
-        if self.filter.all_disabled:  # no health checks at all
-            return self.unhealthy
+        if boot == self.boot:
+            return False
+        before, self.boot = self.boot, boot
+        if not before:
+            return False
+        self.seen = -1
+        return True
+
+    def new(self) -> list[tuple[str, int]]:
+        """(GPU address domain:bus:device, Xid) of each Xid record logged since the last call."""
+        out = []
         for seq, message in records(self.fs.resolve(KMSG)):
             if seq <= self.seen:
                 continue
             self.seen = seq
             match = _XID.search(message)
-            if match and self.filter.counts(int(match.group(2))):
-                self.unhealthy.add(match.group(1).lower())
-        return self.unhealthy
+            if match:
+                out.append((match.group(1).lower(), int(match.group(2))))
+        return out
+
+
+class XidHealth:
+    """The GPUs (by address, domain:bus:device) the plugin would have marked Unhealthy."""
+
+    def __init__(self, host_root: Path, env: Mapping[str, str]) -> None:
+        self.lock = threading.Lock()  # ListAndWatch streams poll from the server's threads
+        self.log = XidLog(host_root)
+        self.filter = XidFilter(env)
+        self.unhealthy: set[str] = set()
+
+    def boot_id(self) -> str:
+        return self.log.boot_id()
+
+    def poll(self) -> set[str]:
+        with self.lock:
+            if self.log.rebooted():  # a new plugin process: every GPU Healthy
+                self.unhealthy = set()
+            if not self.filter.all_disabled:  # else no health checks at all
+                self.unhealthy |= {address for address, xid in self.log.new() if self.filter.counts(xid)}
+            return set(self.unhealthy)
