@@ -63,15 +63,6 @@ class Condition:
     reason: str
     message: str
 
-    def body(self, now: str, transition: bool = True) -> dict[str, str]:
-        """The condition as a strategic-merge-patch item (merged by `type`): the transition time
-        moves only when the status does."""
-        out = {"type": HEALTH_CONDITION, "status": self.status, "reason": self.reason, "message": self.message,
-               "lastHeartbeatTime": now}
-        if transition:
-            out["lastTransitionTime"] = now
-        return out
-
 
 @dataclass(frozen=True)
 class Facts:

@@ -6,6 +6,7 @@ pods on one node."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import urllib.parse
 from collections.abc import Callable
@@ -23,21 +24,28 @@ def _status_path(node: str) -> str:
     return collection_path("", "v1", "nodes", name=urllib.parse.quote(node)) + "/status"
 
 
-async def patch_condition(kube: Kube, node: str, condition: dict[str, Any]) -> None:
-    """Set one condition of a Node (merged by type: the others are left as they are)."""
+async def _patch_conditions(kube: Kube, node: str, item: dict[str, Any], *, missing_ok: bool) -> None:
     kube.write("patch", "Node/status")
-    body = json.dumps({"status": {"conditions": [condition]}})
+    body = json.dumps({"status": {"conditions": [item]}})
     response = await kube.http.patch(_status_path(node), content=body, headers={"Content-Type": SMP})
-    response.raise_for_status()
+    if not (missing_ok and response.status_code == 404):
+        response.raise_for_status()
+
+
+async def set_condition(kube: Kube, node: str, kind: str, status: str, reason: str, message: str, *,
+                        moved: bool) -> None:
+    """Set the condition of type `kind` of a Node (merged by type: the others are left as they
+    are): its heartbeat now, and its transition time too where `moved` (its status changed)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    item = {"type": kind, "status": status, "reason": reason, "message": message, "lastHeartbeatTime": now}
+    if moved:
+        item["lastTransitionTime"] = now
+    await _patch_conditions(kube, node, item, missing_ok=False)
 
 
 async def delete_condition(kube: Kube, node: str, kind: str) -> None:
     """Remove the condition of type `kind` from a Node (a gone node is not an error)."""
-    kube.write("patch", "Node/status")
-    body = json.dumps({"status": {"conditions": [{"type": kind, "$patch": "delete"}]}})
-    response = await kube.http.patch(_status_path(node), content=body, headers={"Content-Type": SMP})
-    if response.status_code != 404:
-        response.raise_for_status()
+    await _patch_conditions(kube, node, {"type": kind, "$patch": "delete"}, missing_ok=True)
 
 
 Change = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]

@@ -15,7 +15,6 @@ A node already as desired costs no write, so our own writes' echoes end there.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -186,10 +185,10 @@ class HealthUnit(UnitBase):
         self._export(view.name, desired.state)
         if writes.empty:
             return
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if writes.condition is not None:
-            moved = facts.condition is None or facts.condition.status != writes.condition.status
-            await nodestatus.patch_condition(self.kube, view.name, writes.condition.body(stamp, transition=moved))
+        if (cond := writes.condition) is not None:
+            await nodestatus.set_condition(self.kube, view.name, HEALTH_CONDITION, cond.status, cond.reason,
+                                           cond.message, moved=facts.condition is None
+                                           or facts.condition.status != cond.status)
             report.conditions += 1
         elif writes.delete_condition:
             await nodestatus.delete_condition(self.kube, view.name, HEALTH_CONDITION)

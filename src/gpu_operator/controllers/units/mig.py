@@ -17,7 +17,6 @@ retry's deadlines.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -243,12 +242,8 @@ class MIGUnit(UnitBase):
             report.conditions += 1
             return
         status, reason, message = want
-        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {"type": MIG_CONDITION, "status": status, "reason": reason, "message": message,
-                "lastHeartbeatTime": stamp}
-        if have is None or have[0] != status:
-            body["lastTransitionTime"] = stamp
-        await nodestatus.patch_condition(self.kube, view.name, body)
+        await nodestatus.set_condition(self.kube, view.name, MIG_CONDITION, status, reason, message,
+                                       moved=have is None or have[0] != status)
         report.conditions += 1
         if have is None or have[1] != reason:
             log.info("node %s: %s: %s", view.name, reason, message)
