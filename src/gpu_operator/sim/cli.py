@@ -215,17 +215,14 @@ def fault(node: Annotated[str, typer.Argument(help="The node: a fake GPU node (k
     from gpu_operator.sim.faultinject import check_action, inject
     from gpu_operator.sim.faults import FaultError
 
+    where = _dir(directory)
     try:
         action, number = check_action(xid, gone, clear, gpu)
-    except FaultError as err:
-        raise _fail(err) from err
-    where = _dir(directory)
-    state = session.running(where)
-    if state is None:
-        raise _fail(session.SimError(f"no simulator runs in {where}: start one (gpu-operator sim up) or give its --dir"))
-    try:
+        state = session.running(where)
+        if state is None:
+            raise session.SimError(f"no simulator runs in {where}: start one (gpu-operator sim up) or give its --dir")
         typer.echo(inject(state, node, action, number, gpu))
-    except FaultError as err:
+    except (FaultError, session.SimError) as err:
         raise _fail(err) from err
 
 
