@@ -50,10 +50,11 @@ class Executor:
 
     async def pod_facts(self, node: str, selector: str | None) -> tuple[us.PodFacts, ...]:
         """The pods on a draining node; `selector`: only the pods it matches may be evicted."""
-        pods = await nodestatus.pods_on(self.kube, node)
+        on_node = f"spec.nodeName={node}"
+        pods = await self.kube.list_pods(fields=on_node)
         matching = None if not selector else {
             (p["metadata"].get("namespace", ""), p["metadata"]["name"])
-            for p in await nodestatus.pods_on(self.kube, node, selector)}
+            for p in await self.kube.list_pods(fields=on_node, labels=selector)}
         facts = []
         for pod in pods:
             meta = pod.get("metadata") or {}
@@ -73,7 +74,7 @@ class Executor:
             else:
                 self.blocked.pop((pod.namespace, pod.name), None)
         if step.action in RESTARTS:
-            for body in await nodestatus.pods_on(self.kube, step.node, RESTARTS[step.action]):
+            for body in await self.kube.list_pods(fields=f"spec.nodeName={step.node}", labels=RESTARTS[step.action]):
                 meta = body.get("metadata") or {}
                 log.info("node %s: %s: deleting pod %s/%s", step.node, step.action, meta.get("namespace"),
                          meta.get("name"))

@@ -1,8 +1,7 @@
 """Typed Node calls the GPU health signals and remediation need and `Kube` has no call for: one
 Node condition by strategic merge (conditions merge by `type`: only ours is written, never the
 kubelet's), the node's taint list replaced under its resourceVersion (taints have no merge key: a
-concurrent change by anyone else makes the write fail with 409 instead of being lost), and the
-pods on one node."""
+concurrent change by anyone else makes the write fail with 409 instead of being lost)."""
 
 from __future__ import annotations
 
@@ -71,8 +70,3 @@ async def update_taints(kube: Kube, node: str, change: Change, *, tries: int = 3
             if err.status.code != 409 or attempt == tries - 1:
                 raise
     return False
-
-
-async def pods_on(kube: Kube, node: str, labels: str | None = None) -> list[dict[str, Any]]:
-    """Every pod bound to `node` (matching the label selector string `labels` when given)."""
-    return await kube.list_pods(labels=labels, fields=f"spec.nodeName={node}")
