@@ -152,9 +152,12 @@ class MigManager:
                 task.cancel()
             return None
         self.on_nodes.add(node)
-        if node in self.running and not self.running[node].done():
-            return None
         pod = running[-1]
+        task = self.running.get(node)
+        if task is not None and not task.done():
+            if self.done.get(node, ("",))[0] == pod.uid:
+                return None
+            task.cancel()  # its pod is gone (a new one runs): the process died with it
         labels = dict(_labels(await client.get(Node, node)))
         value = labels.get(MIG_CONFIG)
         if value is None or self.done.get(node) == (pod.uid, value):

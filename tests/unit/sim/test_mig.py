@@ -233,3 +233,43 @@ def test_the_kubelet_follows_the_plugins_mig_resources() -> None:
         assert last()["allocatable"] == {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "0"}
 
     asyncio.run(go())
+
+
+def test_the_mig_manager_stops_with_its_pod_when_its_successor_already_runs() -> None:
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Node
+
+    player = migmanager.MigManager(mighw.MigHardware())
+    started: list[str] = []
+    cancelled: list[str] = []
+
+    async def reconfigure(client: object, node: str, shape: object, pod: PodView, value: str) -> None:
+        started.append(pod.uid)
+        try:
+            await asyncio.Event().wait()  # waiting for the GPU clients to go
+        except asyncio.CancelledError:
+            cancelled.append(pod.uid)
+            raise
+
+    player.reconfigure = reconfigure  # type: ignore[method-assign,assignment]
+
+    class Nodes:
+        async def get(self, resource: object, name: str) -> Node:
+            return Node(metadata=ObjectMeta(name=name, labels={"nvidia.com/mig.config": "all-1g.10gb"}))
+
+    def pod(uid: str, started_at: int) -> PodView:
+        return PodView("gpu-operator", f"mig-manager-{uid}", uid, migmanager.APP, "dgx-h100-0", True, started_at)
+
+    async def go() -> None:
+        await player.sync(Nodes(), "dgx-h100-0", view(), [pod("a", 1)])  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert started == ["a"] and cancelled == []
+        # pod a deleted and its successor b Running, seen in one sync (the work queue coalesced them)
+        await player.sync(Nodes(), "dgx-h100-0", view(), [pod("b", 2)])  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert cancelled == ["a"] and started == ["a", "b"]
+        await player.sync(Nodes(), "dgx-h100-0", view(), [])  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert cancelled == ["a", "b"] and not player.running
+
+    asyncio.run(go())
