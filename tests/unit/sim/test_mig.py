@@ -251,7 +251,7 @@ def test_the_mig_manager_stops_with_its_pod_when_its_successor_already_runs() ->
             cancelled.append(pod.uid)
             raise
 
-    player.reconfigure = reconfigure  # type: ignore[method-assign,assignment]
+    player.reconfigure = reconfigure  # type: ignore[method-assign]
 
     class Nodes:
         async def get(self, resource: object, name: str) -> Node:
