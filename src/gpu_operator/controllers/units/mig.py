@@ -46,6 +46,7 @@ from gpu_operator.kube.client import Kube
 from gpu_operator.kube.resources import ObjectKey
 from gpu_operator.render.states.mig_manager import MIG_CONFIG as DEFAULT_LAYOUTS
 from gpu_operator.render.states.mig_manager import default_mig_config
+from gpu_operator.statusview.mig import TROUBLE  # the reasons a person may act on
 from gpu_operator.vocabulary import (
     MIG_ANNOTATION_PREFIX,
     MIG_CLIENT_APPS,
@@ -53,20 +54,15 @@ from gpu_operator.vocabulary import (
     MIG_CONFIG,
     MIG_CONFIG_STATE,
     MIG_EVENT_REASON,
-    MIG_FAILED,
-    MIG_INVALID_CONFIG,
     MIG_MANAGER,
     MIG_MANAGER_APP,
-    MIG_MANAGER_GONE,
     MIG_PENDING_SINCE,
     MIG_RESTORE,
     MIG_RETRY,
-    MIG_STUCK,
 )
 
 log = logging.getLogger("gpu_operator.mig")
 
-TROUBLE = (MIG_STUCK, MIG_MANAGER_GONE, MIG_FAILED, MIG_INVALID_CONFIG)  # the reasons a person may act on
 
 # How long the MIG manager waits for the GPU clients' pods to leave (mig-parted v0.15.0,
 # pkg/mig/reconfigure: 5 minutes, polling each second)
