@@ -92,8 +92,7 @@ async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
 
     name = node["metadata"]["name"]
     done = []
-    if any(c.get("type") == HEALTH_CONDITION for c in (node.get("status") or {}).get("conditions") or []):
-        await nodestatus.delete_condition(kube, name, HEALTH_CONDITION)
+    if await nodestatus.drop_condition(kube, node, HEALTH_CONDITION):
         done.append(f"removed condition {HEALTH_CONDITION}")
     # read again (under its resourceVersion) only where the listed node carries the taint
     tainted = any(t.get("key") == HEALTH_TAINT for t in (node.get("spec") or {}).get("taints") or [])

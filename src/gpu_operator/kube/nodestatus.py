@@ -47,6 +47,14 @@ async def delete_condition(kube: Kube, node: str, kind: str) -> None:
     await _patch_conditions(kube, node, {"type": kind, "$patch": "delete"}, missing_ok=True)
 
 
+async def drop_condition(kube: Kube, node: dict[str, Any], kind: str) -> bool:
+    """Remove the condition of type `kind` where the listed `node` carries it; True when it did."""
+    if not any(c.get("type") == kind for c in (node.get("status") or {}).get("conditions") or []):
+        return False
+    await delete_condition(kube, node["metadata"]["name"], kind)
+    return True
+
+
 Change = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 

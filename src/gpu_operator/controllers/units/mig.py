@@ -270,7 +270,4 @@ class MIGUnit(UnitBase):
 async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
     """What uninstall cleanup must undo of the MIG unit on one node (our annotations go with the
     operator's other keys): the NvidiaMIGReady condition. Returns what it did, for cleanup's report."""
-    if any(c.get("type") == MIG_CONDITION for c in (node.get("status") or {}).get("conditions") or []):
-        await nodestatus.delete_condition(kube, node["metadata"]["name"], MIG_CONDITION)
-        return [f"removed condition {MIG_CONDITION}"]
-    return []
+    return [f"removed condition {MIG_CONDITION}"] if await nodestatus.drop_condition(kube, node, MIG_CONDITION) else []
