@@ -196,6 +196,9 @@ class HealthStandIn:
         pod = running[-1]
         shape, own = view.shape.name, self.hosts.root(node)
         live = self.live.get(node)
+        if live is not None and self.pods.get(node) != pod.uid:
+            self._close(node)  # its pod is gone (a new one runs): the new pod's agent starts afresh
+            live = None
         if live is not None and self.hosts.has(node) and boot_id(live.fs) != live.boot:
             self._close(node)  # rebooted: the pod restarts with the node
             live = None

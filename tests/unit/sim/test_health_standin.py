@@ -191,6 +191,23 @@ def test_the_pod_going_publishes_the_agents_last_report(harness: Harness) -> Non
     run(go())
 
 
+def test_a_new_validator_pod_runs_a_new_agent_even_when_the_old_pods_end_was_not_seen(harness: Harness) -> None:
+    async def go() -> None:
+        standin = harness.standin
+        await standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("p", pod("p"))
+        harness.fault("p").xid(48, 3)
+        assert await harness.sync("p", pod("p")) == standin.interval
+        old = standin.live["p"].agent
+        # the pod replaced, seen in one sync (the work queue coalesced its end and its successor)
+        assert await harness.sync("p", pod("p", uid="uid-2")) == standin.interval
+        assert standin.live["p"].agent is not old and standin.pods["p"] == "uid-2"
+        # as the pod's agent (no replay): the new one reads the kernel log from its end, the old one's
+        # Xid 48 is not its
+        assert [r["state"] for r in harness.client.reports("p")] == ["healthy", "unhealthy", "healthy"]
+    run(go())
+
+
 def test_a_thousand_quiet_nodes_cost_one_patch_each_and_nothing_after(harness: Harness) -> None:
     async def go() -> None:
         standin = harness.standin
