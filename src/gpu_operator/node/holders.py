@@ -10,6 +10,7 @@ from gpu_operator.node.hostfs import HostFS, HostPathError
 
 _FIELD = re.compile(r"^(Device Minor|GPU UUID):\s*(\S+)", re.MULTILINE)
 _PER_GPU = re.compile(r"^/dev/nvidia(\d+)$")
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 
 
 class GpuHolder(BaseModel):
@@ -21,15 +22,18 @@ class GpuHolder(BaseModel):
     address: str | None = None
 
 
+def driver_listed(fs: HostFS) -> dict[str, dict[str, str]]:
+    """PCI address -> the driver's fields of that GPU (`Device Minor`, `GPU UUID`, where its
+    information gives them), for every GPU the driver's /proc/driver/nvidia/gpus tree lists."""
+    return {
+        address.lower(): dict(_FIELD.findall(fs.read_text(f"{DRIVER_GPUS}/{address}/information") or ""))
+        for address in fs.listdir(DRIVER_GPUS)
+    }
+
+
 def driver_gpus(fs: HostFS) -> dict[str, dict[str, str]]:
-    """PCI address -> the driver's fields of that GPU (`Device Minor`, `GPU UUID`), from the
-    driver's /proc/driver/nvidia/gpus tree; GPUs without a minor left out."""
-    out: dict[str, dict[str, str]] = {}
-    for address in fs.listdir("/proc/driver/nvidia/gpus"):
-        fields = dict(_FIELD.findall(fs.read_text(f"/proc/driver/nvidia/gpus/{address}/information") or ""))
-        if fields.get("Device Minor", "").isdigit():
-            out[address.lower()] = fields
-    return out
+    """As `driver_listed`, GPUs without a minor left out."""
+    return {a: fields for a, fields in driver_listed(fs).items() if fields.get("Device Minor", "").isdigit()}
 
 
 def device_minors(fs: HostFS) -> dict[int, str]:

@@ -70,7 +70,8 @@ class PciFunction(BaseModel):
         return self.driver in VFIO_DRIVERS
 
 
-def _hex(value: str | None, width: int) -> str:
+def hex_value(value: str | None, width: int) -> str:
+    """A sysfs hex attribute (`0x10de`) as pci.ids writes it (`10de`), zero-padded to `width`."""
     if not value:
         return ""
     return value.lower().removeprefix("0x").zfill(width)
@@ -86,8 +87,8 @@ def _int(value: str | None) -> int | None:
 def read_function(fs: HostFS, address: str, names: PciNames | None = None) -> PciFunction:
     names = names or PciNames(fs)
     base = f"{PCI_DEVICES}/{address}"
-    vendor = _hex(fs.read_value(f"{base}/vendor"), 4)
-    device = _hex(fs.read_value(f"{base}/device"), 4)
+    vendor = hex_value(fs.read_value(f"{base}/vendor"), 4)
+    device = hex_value(fs.read_value(f"{base}/device"), 4)
     override = fs.read_value(f"{base}/driver_override")
     group = fs.link_name(f"{base}/iommu_group")
     numa = _int(fs.read_value(f"{base}/numa_node"))
@@ -95,7 +96,7 @@ def read_function(fs: HostFS, address: str, names: PciNames | None = None) -> Pc
         address=address,
         vendor=vendor,
         device=device,
-        pci_class=_hex(fs.read_value(f"{base}/class"), 6),
+        pci_class=hex_value(fs.read_value(f"{base}/class"), 6),
         name=names.name(vendor, device),
         # The kernel reports -1 when the platform gives no NUMA affinity.
         numa_node=numa if numa is not None and numa >= 0 else None,
@@ -114,7 +115,7 @@ def scan(fs: HostFS, vendor: str | None = None) -> list[PciFunction]:
     out = []
     names = PciNames(fs)
     for address in fs.listdir(PCI_DEVICES):
-        if vendor and _hex(fs.read_value(f"{PCI_DEVICES}/{address}/vendor"), 4) != vendor:
+        if vendor and hex_value(fs.read_value(f"{PCI_DEVICES}/{address}/vendor"), 4) != vendor:
             continue
         out.append(read_function(fs, address, names))
     return out

@@ -14,7 +14,7 @@ from gpu_operator.node.health.assess import XidMark, encode, evaluate
 from gpu_operator.node.health.catalogue import HEALTHY, STATES, WARNING, classify
 from gpu_operator.node.health.kmsg import KmsgFollower, XidEvent, parse_xid
 from gpu_operator.node.health.nvml import NvmlSource
-from gpu_operator.node.health.observe import DEFAULT_VALIDATIONS, HostSnapshot, snapshot
+from gpu_operator.node.health.observe import DEFAULT_VALIDATIONS, HostSnapshot, pci_gpus, snapshot
 from gpu_operator.node.health.requests import RequestActor
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, VALIDATIONS_DIR
@@ -84,7 +84,8 @@ class HealthAgent:
         if self.kmsg.error:
             log(f"kernel log: {self.kmsg.error}: Xid events come from NVML only")
         self.nvml = NvmlSource(log, nvml_module) if nvml else None
-        self.baseline: HostSnapshot = snapshot(fs, validations, validations_dir)
+        self.pci_kinds: dict[str, bool] = {}  # bus -> is an NVIDIA GPU (observe.pci_gpus)
+        self.baseline: HostSnapshot = snapshot(fs, validations, validations_dir, self.pci_kinds)
         self.marks: dict[str, XidMark] = {}
         self.last: str | None = None
         self.unparsed = 0  # NVRM Xid lines whose address or number did not parse
@@ -125,7 +126,7 @@ class HealthAgent:
         for event in observation.events if observation else []:
             self._take(event)
         self._expire()
-        now = snapshot(self.fs, self.validations, self.validations_dir)
+        now = snapshot(self.fs, self.validations, self.validations_dir, self.pci_kinds)
         report, states = evaluate(self.baseline, now, self.marks, observation, self.sources())
         if self.metrics:
             self.metrics.update(states, report["validated"])
@@ -140,9 +141,9 @@ class HealthAgent:
         if self.requests is None:
             return []
         self.observe()  # the Xids logged until now: those a reset clears
-        now = snapshot(self.fs, (), self.validations_dir)
-        known = set(self.baseline.pci) | set(now.pci)
-        gone = set(self.baseline.pci) - set(now.pci)
+        now = pci_gpus(self.fs, self.pci_kinds)
+        known = set(self.baseline.pci) | set(now)
+        gone = set(self.baseline.pci) - set(now)
         released = False
 
         def release_nvml() -> None:

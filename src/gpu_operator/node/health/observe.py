@@ -5,20 +5,18 @@ files.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from gpu_operator.node import pci
+from gpu_operator.node.holders import driver_listed
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.validate.config import STATUS_FILES
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
-PCI_DEVICES = "/sys/bus/pci/devices"
-DRIVER_GPUS = "/proc/driver/nvidia/gpus"
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
-NVIDIA_VENDOR = "0x10de"
-GPU_CLASSES = ("0x0300", "0x0302")  # VGA and 3D controllers: what NVIDIA's GPUs present
+GPU_CLASSES = ("0300", "0302")  # VGA and 3D controllers: what NVIDIA's GPUs present
 # The validator components whose status files (<component>-ready) say the node passed, in order.
 DEFAULT_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
-_MINOR = re.compile(r"^Device Minor:\s*(\d+)", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -37,38 +35,50 @@ class HostSnapshot:
     missing_validations: tuple[str, ...] = ()
 
 
-def pci_gpus(fs: HostFS) -> dict[str, PciGpu]:
-    """NVIDIA display-class functions under /sys/bus/pci/devices (SR-IOV virtual functions excluded)."""
+def _is_gpu(fs: HostFS, bus: str) -> bool:
+    """An NVIDIA display-class function that is no SR-IOV virtual function."""
+    base = f"{pci.PCI_DEVICES}/{bus}"
+    return (
+        pci.hex_value(fs.read_value(f"{base}/vendor"), 4) == pci.NVIDIA_VENDOR
+        and pci.hex_value(fs.read_value(f"{base}/class"), 6).startswith(GPU_CLASSES)
+        and not fs.is_symlink(f"{base}/physfn")
+    )
+
+
+def pci_gpus(fs: HostFS, kinds: dict[str, bool] | None = None) -> dict[str, PciGpu]:
+    """NVIDIA GPUs under /sys/bus/pci/devices (SR-IOV virtual functions excluded), with the driver
+    bound to each. `kinds` (bus -> is such a GPU), kept by the caller from one call to the next:
+    a function's vendor and class are read once while it stays listed; only the bound driver is
+    read every time."""
+    known = kinds if kinds is not None else {}
+    listed = fs.listdir(pci.PCI_DEVICES)
+    for bus in set(known) - set(listed):
+        del known[bus]
     out = {}
-    for bus in fs.listdir(PCI_DEVICES):
-        base = f"{PCI_DEVICES}/{bus}"
-        if (fs.read_value(f"{base}/vendor") or "").lower() != NVIDIA_VENDOR:
-            continue
-        if not (fs.read_value(f"{base}/class") or "").lower().startswith(GPU_CLASSES):
-            continue
-        if fs.is_symlink(f"{base}/physfn"):
-            continue
-        out[bus.lower()] = PciGpu(bus.lower(), fs.link_name(f"{base}/driver"))
+    for bus in listed:
+        if bus not in known:
+            known[bus] = _is_gpu(fs, bus)
+        if known[bus]:
+            out[bus.lower()] = PciGpu(bus.lower(), fs.link_name(f"{pci.PCI_DEVICES}/{bus}/driver"))
     return out
 
 
 def driver_gpus(fs: HostFS) -> dict[str, int | None]:
     """The driver's per-GPU directories in /proc (bus -> device minor when its information says)."""
-    out: dict[str, int | None] = {}
-    for bus in fs.listdir(DRIVER_GPUS):
-        match = _MINOR.search(fs.read_text(f"{DRIVER_GPUS}/{bus}/information") or "")
-        out[bus.lower()] = int(match.group(1)) if match else None
-    return out
+    return {bus: int(minor) if (minor := fields.get("Device Minor", "")).isdigit() else None
+            for bus, fields in driver_listed(fs).items()}
 
 
 def missing_validations(fs: HostFS, components: tuple[str, ...], directory: str = VALIDATIONS_DIR) -> tuple[str, ...]:
     """The components whose status file (<component>-ready) is absent."""
-    return tuple(c for c in components if not fs.is_file(f"{directory}/{c}-ready"))
+    return tuple(c for c in components if not fs.is_file(f"{directory}/{STATUS_FILES[c]}"))
 
 
-def snapshot(fs: HostFS, validations: tuple[str, ...], directory: str = VALIDATIONS_DIR) -> HostSnapshot:
+def snapshot(fs: HostFS, validations: tuple[str, ...], directory: str = VALIDATIONS_DIR,
+             kinds: dict[str, bool] | None = None) -> HostSnapshot:
+    """`kinds`: as for `pci_gpus`."""
     return HostSnapshot(
-        pci=pci_gpus(fs),
+        pci=pci_gpus(fs, kinds),
         driver_loaded=fs.exists(DRIVER_VERSION_FILE),
         driver_gpus=driver_gpus(fs),
         missing_validations=missing_validations(fs, validations, directory),
