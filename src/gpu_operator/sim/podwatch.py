@@ -1,7 +1,8 @@
 """The machinery of the simulator's stand-ins (`sim/standins.py`): what they read of a component's
 pod and of a Node, a list + watch that reports only changes (`Reflector`), a coalescing work queue
 with retries (`WorkQueue`), and `NodeStandIns`, which drives the node components' stand-ins
-(`Player`s: `sim/gfd.py`, `sim/kubeletdp.py`, `sim/draplugin.py`) from one watch of their pods."""
+(`Player`s: `sim/gfd.py`, `sim/kubeletdp.py`, `sim/draplugin.py`, `sim/migmanager.py`,
+`sim/health.py`) from one watch of their pods."""
 
 from __future__ import annotations
 

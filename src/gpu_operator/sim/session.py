@@ -216,8 +216,8 @@ def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> li
 def start_standins(state: SimState, progress: Progress, nfd: bool = False) -> None:
     """The stand-ins for what node components do on kwok nodes (sim/standins.py: GPU feature
     discovery's NodeFeature, the device plugin's capacity, the DRA kubelet plugin's ResourceSlice,
-    our health agent over the host trees in <dir>/hosts; with `nfd` NFD's master too), one detached
-    process, recorded."""
+    the MIG manager, our health agent over the host trees in <dir>/hosts; with `nfd` NFD's master
+    too), one detached process, recorded."""
     from gpu_operator.sim.standins import start_detached
 
     log = Path(state.dir) / "logs" / "stand-ins.log"
@@ -225,7 +225,8 @@ def start_standins(state: SimState, progress: Progress, nfd: bool = False) -> No
     state.add(Proc.of("stand-ins", pid, log))
     state.save()
     progress(f"node stand-ins started (pid {pid}): GPU feature discovery, device-plugin capacity, DRA "
-             f"ResourceSlices and our health agent on kwok nodes where their pods run{'; NFD master' if nfd else ''}")
+             f"ResourceSlices, the MIG manager and our health agent on kwok nodes where their pods run"
+             f"{'; NFD master' if nfd else ''}")
 
 
 def operator_kubeconfig(plane: ControlPlane) -> Path:

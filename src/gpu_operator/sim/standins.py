@@ -15,7 +15,7 @@ terminating), and only through the channel that component uses:
 
 What a node has comes from its shape (label gpu-operator.sim/shape), as the real components read
 it from NVML. One list + watch of the components' pods (label-selected, every namespace) drives
-all three node stand-ins; a write happens only when what the component would write changed, so
+every node stand-in; a write happens only when what the component would write changed, so
 5,000 nodes cost one watch and a write per node and change. Everything runs on one asyncio loop:
 `serve` in its own process (`gpu-operator sim stand-ins`, started by `sim up`), `StandIns` in a
 background thread (tests, benches).
