@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from gpu_operator.kube.options import Kubeconfig
+
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
@@ -17,8 +19,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cleanup")
     def cleanup(
-        kubeconfig: Annotated[str | None, typer.Option(
-            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        kubeconfig: Kubeconfig = None,
         timeout: Annotated[float, typer.Option(
             help="Seconds to wait for the GPUClusters, NVIDIADrivers and ClusterPolicies to be gone.")] = 120.0,
         crds: Annotated[bool, typer.Option(
@@ -55,8 +56,7 @@ def register(app: typer.Typer) -> None:
             "--out", help="Tarball to write (default: gpu-operator-must-gather-UTCSTAMP.tar.gz here).")] = None,
         namespace: Annotated[str, typer.Option(
             "--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")] = "gpu-operator",
-        kubeconfig: Annotated[str | None, typer.Option(
-            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        kubeconfig: Kubeconfig = None,
     ) -> None:
         """Collect what a bug report needs into one tarball: ClusterPolicy/NVIDIADriver/GPUCluster
         with status, every object we own, the operator namespace's pods, events and logs (previous

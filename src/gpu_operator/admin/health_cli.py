@@ -10,34 +10,28 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gpu_operator.kube.options import Kubeconfig
+
 if TYPE_CHECKING:
     from gpu_operator.kube.client import Kube
 
-Kubeconfig = Annotated[str | None, typer.Option(
-    envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")]
 
 
 async def _nodes(kube: Kube) -> list[dict[str, Any]]:
     return sorted(await kube.list_dicts("v1", "Node"), key=lambda n: n["metadata"]["name"])
 
 
-async def _node(kube: Kube, node: str) -> dict[str, Any]:
-    body = await kube.get_dict("v1", "Node", node)
-    if body is None:
-        typer.echo(f'Node {node}: nodes "{node}" not found', err=True)
-        raise typer.Exit(2)
-    return body
-
-
 async def _retry(kube: Kube, node: str) -> None:
     from gpu_operator.controllers.health_machine import retry_patch
-    body = await _node(kube, node)
+    from gpu_operator.kube.reach import node_or_exit
+    body = await node_or_exit(kube, node)
     await kube.merge_patch("v1", "Node", node, retry_patch(body["metadata"].get("annotations") or {}))
 
 
 async def _hold(kube: Kube, node: str, reason: str) -> None:
     from gpu_operator.controllers.health_machine import hold_patch
-    await _node(kube, node)
+    from gpu_operator.kube.reach import node_or_exit
+    await node_or_exit(kube, node)
     await kube.merge_patch("v1", "Node", node, hold_patch(reason, time.time()))
 
 

@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import pydantic
 import typer
 
+from gpu_operator.kube.options import Kubeconfig
 from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_PAUSED_ANNOTATION
 
 if TYPE_CHECKING:
     from gpu_operator.kube.client import Kube
 
-Kubeconfig = Annotated[str | None, typer.Option(
-    envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")]
 OnlyDriver = Annotated[str | None, typer.Option(
     "--nvidiadriver", metavar="NAME",
     help="Only this NVIDIADriver's nodes. Without it: every NVIDIADriver when the ClusterPolicy has "
@@ -123,10 +122,8 @@ async def _read(kube: Kube) -> _Reading:
 
 async def _retry(kube: Kube, node: str) -> None:
     from gpu_operator.controllers.upgrade_state import retry_patch
-    current = await kube.get_dict("v1", "Node", node)
-    if current is None:
-        typer.echo(f'Node {node}: nodes "{node}" not found', err=True)
-        raise typer.Exit(2)
+    from gpu_operator.kube.reach import node_or_exit
+    current = await node_or_exit(kube, node)
     await kube.merge_patch("v1", "Node", node, retry_patch(dict(current["metadata"].get("annotations") or {})))
 
 

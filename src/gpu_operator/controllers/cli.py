@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
+from gpu_operator.kube.options import Kubeconfig
 
 DEFAULTS = OperatorSettings()
 
@@ -20,8 +21,7 @@ def register(app: typer.Typer) -> None:
         namespace: Annotated[str, typer.Option(
             "--namespace", envvar="OPERATOR_NAMESPACE",
             help="Namespace of the operator and its operands (env OPERATOR_NAMESPACE).")] = "",
-        kubeconfig: Annotated[str | None, typer.Option(
-            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        kubeconfig: Kubeconfig = None,
         leader_elect: Annotated[bool, typer.Option(
             "--leader-elect/--no-leader-elect",
             help="Take the Lease 53822513.nvidia.com before writing anything (run >1 replica).")] = False,

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from gpu_operator.kube.options import Kubeconfig
+
 crds_app = typer.Typer(help="The CustomResourceDefinitions generated from the API models.", no_args_is_help=True)
 
 
@@ -39,8 +41,7 @@ def crds_generate(
 
 @crds_app.command("apply")
 def crds_apply(
-    kubeconfig: Annotated[str | None, typer.Option(
-        envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+    kubeconfig: Kubeconfig = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait until every CRD is Established.")] = 60.0,
     node_feature: Annotated[bool, typer.Option(
         "--node-feature/--no-node-feature",

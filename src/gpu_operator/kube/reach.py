@@ -164,3 +164,12 @@ def run_kube(target: Target | str | None, doing: str, work: Callable[[Kube], Awa
 
     with api_errors(where, doing, needs):
         return asyncio.run(go())
+
+
+async def node_or_exit(kube: Kube, node: str) -> dict[str, Any]:
+    """The Node a command names, else one line on stderr (as kubectl says it) and exit 2."""
+    body = await kube.get_dict("v1", "Node", node)
+    if body is None:
+        typer.echo(f'Node {node}: nodes "{node}" not found', err=True)
+        raise typer.Exit(EXIT_CODE)
+    return body

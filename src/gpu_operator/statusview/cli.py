@@ -6,14 +6,15 @@ from typing import Annotated
 
 import typer
 
+from gpu_operator.kube.options import Kubeconfig
+
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
 
     @app.command("status")
     def status(
-        kubeconfig: Annotated[str | None, typer.Option(
-            envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")] = None,
+        kubeconfig: Kubeconfig = None,
         namespace: Annotated[str | None, typer.Option(
             "--namespace", "-n",
             help="Operand namespace; default: the ClusterPolicy's status.namespace.")] = None,
