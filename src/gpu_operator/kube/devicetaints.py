@@ -11,11 +11,10 @@ feature gate DRADeviceTaintRules (beta in 1.36, off by default). Sources in docs
 from __future__ import annotations
 
 import json
-import urllib.parse
 from typing import Any
 
 from gpu_operator.kube.client import Kube
-from gpu_operator.kube.resources import collection_path
+from gpu_operator.kube.resources import ObjectKey, collection_path
 
 GROUP = "resource.k8s.io"
 RULE_VERSION = "v1beta2"  # the one version of DeviceTaintRule we write (Kubernetes 1.36)
@@ -49,12 +48,7 @@ async def create_rule(kube: Kube, body: dict[str, Any]) -> bool:
 
 async def delete_rule(kube: Kube, name: str) -> bool:
     """Delete one DeviceTaintRule; False when it was gone already."""
-    kube.write("delete", KIND)
-    response = await kube.http.delete(collection_path(GROUP, RULE_VERSION, RULES, name=urllib.parse.quote(name)))
-    if response.status_code == 404:
-        return False
-    response.raise_for_status()
-    return True
+    return await kube.delete(ObjectKey(f"{GROUP}/{RULE_VERSION}", KIND, name))
 
 
 async def node_slices(kube: Kube, node: str, driver: str) -> list[dict[str, Any]]:
