@@ -9,7 +9,6 @@ recorded there); the words here are ours.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 
@@ -24,13 +23,12 @@ from gpu_operator.node.health.catalogue import (
     XID_LINE,
     classify,
 )
+from gpu_operator.node.health.kmsg import KMSG, read_messages
 from gpu_operator.node.hostfs import HostFS, HostPathError
 from gpu_operator.node.verdict import Finding, Severity, finding
 
-KMSG = "/dev/kmsg"
 LOG_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 MAX_KMSG_BYTES = 4 * 1024 * 1024
-_XID = XID_LINE
 
 RESET = "drain the node's GPU pods, then reset the GPU (nvidia-smi -r -i ADDR) or reboot the node"
 # doctor's fix per action of the Xid catalogue (node/health/catalogue.py): words ours.
@@ -77,42 +75,14 @@ def read_kernel_log(fs: HostFS) -> tuple[str, str] | None:
     except HostPathError as err:
         fs.refused[KMSG] = str(err)
     else:
-        text = _read_kmsg(str(real)) if real.exists() else None
-        if text is not None:
-            return KMSG, text
+        messages = read_messages(fs, KMSG, MAX_KMSG_BYTES) if real.exists() else None
+        if messages is not None:
+            return KMSG, "\n".join(messages)
     for path in LOG_FILES:
         text = fs.read_text(path, limit=MAX_KMSG_BYTES)
         if text is not None:
             return path, text
     return None
-
-
-def _read_kmsg(path: str) -> str | None:
-    """Every record /dev/kmsg holds (one record per read; EAGAIN at the end), as plain lines. A
-    regular file in kmsg's format (a host-root fixture) reads the same way."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    lines, size = [], 0
-    try:
-        while size < MAX_KMSG_BYTES:
-            try:
-                chunk = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError:  # EPIPE: a record was overwritten while reading; go on with the next
-                continue
-            if not chunk:
-                break
-            size += len(chunk)
-            for record in chunk.decode(errors="replace").splitlines():
-                _, _, message = record.partition(";")
-                if message and not record.startswith(" "):  # continuation lines carry key=value
-                    lines.append(message)
-    finally:
-        os.close(fd)
-    return "\n".join(lines)
 
 
 def kernel_log_findings(fs: HostFS) -> list[Finding]:
@@ -130,7 +100,7 @@ def xid_findings(text: str, source: str) -> list[Finding]:
     last: dict[tuple[str, int], str] = {}
     other: dict[str, tuple[str, str, str, list[str]]] = {}
     for line in text.splitlines():
-        match = _XID.search(line)
+        match = XID_LINE.search(line)
         if match:
             key = (match.group(1).lower(), int(match.group(2)))
             counts[key] += 1

@@ -57,7 +57,6 @@ class KmsgFollower:
         self.regular = False
         self.pending = b""
         self.error = ""  # why it cannot be read (empty while it can)
-        self.lines_read = 0
         self.opened = False  # whether an open was tried yet
         self._open(at_end=not from_start)
 
@@ -124,12 +123,31 @@ class KmsgFollower:
         text = self.pending + bytes(data)
         lines = text.split(b"\n")
         self.pending = lines.pop()[:MAX_LINE]  # an incomplete last line waits for its end
-        out = []
-        for raw in lines:
-            record = raw[:MAX_LINE].decode(errors="replace")
-            if not record or record.startswith(" "):
-                continue
-            header, sep, message = record.partition(";")
-            out.append(message if sep and "," in header else record)
-        self.lines_read += len(out)
-        return out
+        return [m for m in map(_message, lines) if m is not None]
+
+
+def _message(raw: bytes) -> str | None:
+    """One record's message (its header stripped); None for an empty or continuation line."""
+    record = raw[:MAX_LINE].decode(errors="replace")
+    if not record or record.startswith(" "):
+        return None
+    header, sep, message = record.partition(";")
+    return message if sep and "," in header else record
+
+
+def read_messages(fs: HostFS, path: str = KMSG, limit: int = 4 * MAX_POLL_BYTES) -> list[str] | None:
+    """Every message the kernel log holds now, up to about `limit` bytes (a one-off look, as doctor
+    takes; a last line without its newline counts); None where it cannot be opened."""
+    follower = KmsgFollower(fs, path, from_start=True)
+    try:
+        if follower.fd is None:
+            return None
+        out: list[str] = []
+        size = 0
+        while size < limit and (batch := follower.poll()):
+            out += batch
+            size += sum(len(m) + 1 for m in batch)
+        last = _message(follower.pending)
+        return [*out, last] if last is not None else out
+    finally:
+        follower.close()
