@@ -121,7 +121,3 @@ def normalise_bus(address: str) -> str:
     if len(domain) > 4:
         domain = f"{int(domain, 16):04x}"
     return f"{domain}:{rest}"
-
-
-def worse(a: str, b: str) -> str:
-    return a if STATES.index(a) >= STATES.index(b) else b
