@@ -47,10 +47,6 @@ def _startup_key(key: str) -> str:
     return key
 
 
-def _handoff_key(key: str) -> str:
-    return qualified_key(key)
-
-
 def _selector(value: str | None) -> str | None:
     """A label selector string, checked for what the apiserver would refuse outright."""
     if value is None:
@@ -81,7 +77,7 @@ class StartupTaintSpec(Model):
 class HandoffSpec(Model):
     """The `external` action: the label the operator puts on the node for another system to act on."""
 
-    label: Annotated[str, AfterValidator(_handoff_key)] = Field(
+    label: Annotated[str, AfterValidator(qualified_key)] = Field(
         description="Label key set on the node when it is handed over (e.g. example.com/repair).")
     value: LabelValue = Field(default="requested", description="The label's value.")
 
