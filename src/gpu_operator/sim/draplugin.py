@@ -157,13 +157,16 @@ class SlicePublisher:
         return entry[1].poll()
 
     async def start(self, client: AsyncClient) -> None:
-        """Slices this stand-in published before (a restart): withdrawn when their pod is gone. Where
+        """Slices this stand-in published before (a restart): looked at again once the pods are listed,
+        withdrawn where their plugin's pod no longer runs (as the kubelet wipes a driver's slices that
+        no plugin serves). Where
         the apiserver serves no resource.k8s.io/v1, NVIDIA's plugin could not publish either: this
         stand-in stays idle, and the other stand-ins play on."""
         try:
             async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"}):
                 if found.spec and found.spec.get("nodeName"):
                     self.published[str(found.spec["nodeName"])] = ""
+                    self.wake(str(found.spec["nodeName"]))
         except ApiError as err:
             if err.status.code != 404:
                 raise

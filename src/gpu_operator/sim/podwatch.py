@@ -301,6 +301,13 @@ class NodeStandIns:
             if attach is not None:
                 attach(self.waker(player.app))
             await player.start(self.client)
-        await run_together([asyncio.create_task(self.pods.run(), name="pods"), *self.queue.tasks()])
+        pods = asyncio.create_task(self.pods.run(), name="pods")
+        await run_together([pods, asyncio.create_task(self._work(), name="stand-in-workers")])
+
+    async def _work(self) -> None:
+        """The workers, once the pods are listed: a node a player asked for at its start (or a host
+        change announced early) is looked at with its pods known, not as a node without them."""
+        await self.pods.synced.wait()
+        await run_together(self.queue.tasks())
 
 

@@ -13,8 +13,9 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Pod
 
 from gpu_operator import shapes
+from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.sim import draplugin, gfd, kubeletdp, nfdmaster
-from gpu_operator.sim.podwatch import NodeView, PodView, WorkQueue
+from gpu_operator.sim.podwatch import NodeStandIns, NodeView, PodView, WorkQueue
 
 
 def pod(name: str = "gfd-abc", running: bool = True, env: dict[str, str] | None = None, uid: str = "pod-uid",
@@ -272,3 +273,72 @@ def test_without_resourceslices_the_dra_stand_in_stays_idle_and_the_others_play_
     assert not player.served
     assert asyncio.run(player.sync(client, "dgx-h100-0", view(), [pod()])) is None  # type: ignore[arg-type]
     assert client.calls == []
+
+
+class Listed:
+    """A list answer: the objects (after `delay` seconds) and its resourceVersion."""
+
+    def __init__(self, items: list[Any], delay: float = 0.0) -> None:
+        self.items, self.delay, self.resourceVersion = items, delay, "1"
+
+    async def __aiter__(self) -> Any:
+        await asyncio.sleep(self.delay)
+        for item in self.items:
+            yield item
+
+
+class SlicesLeft(FakeClient):
+    """An apiserver holding a slice the DRA stand-in published before it restarted, for a node whose
+    plugin pod is gone meanwhile; its pods listed after a while."""
+
+    def __init__(self, pods: list[Any]) -> None:
+        super().__init__()
+        self.pods = pods
+
+    def list(self, resource: Any, **_: Any) -> Any:
+        if resource is draplugin.ResourceSlice:
+            return Listed([draplugin.ResourceSlice.from_dict(
+                {"metadata": {"name": f"gone-{draplugin.DRIVER}"}, "spec": {"nodeName": "gone"}})])
+        return Listed(self.pods, delay=0.1)
+
+    async def watch(self, *_: Any, **__: Any) -> Any:
+        await asyncio.Event().wait()
+        yield None  # an async generator
+
+    async def get(self, resource: Any, name: str, namespace: str | None = None) -> Any:
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Node
+
+        self.calls.append(("get", name))
+        return Node(metadata=ObjectMeta(name=name, uid=f"uid-{name}", labels={shapes.SHAPE_LABEL: "dgx-h100"},
+                                        annotations={KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}))
+
+    async def apply(self, obj: Any, field_manager: str | None = None, force: bool = False) -> None:
+        self.calls.append(("apply", obj.to_dict()["spec"]["nodeName"]))
+
+    async def delete(self, resource: Any, name: str, namespace: str | None = None) -> None:
+        self.calls.append(("delete", name))
+
+
+def test_a_slice_left_from_before_a_restart_is_withdrawn_once_the_pods_are_listed() -> None:
+    from lightkube.models.core_v1 import Container, PodSpec, PodStatus
+    from lightkube.models.meta_v1 import ObjectMeta
+
+    def plugin_pod(node: str) -> Pod:
+        return Pod(metadata=ObjectMeta(name=f"plugin-{node}", namespace="gpu-operator", uid=f"pod-{node}",
+                                       labels={"app": draplugin.PLUGIN_APP}),
+                   spec=PodSpec(nodeName=node, containers=[Container(name="gpus")]), status=PodStatus(phase="Running"))
+
+    async def go(slice_node_has_pod: bool) -> list[tuple[str, Any]]:
+        client = SlicesLeft([plugin_pod("gone" if slice_node_has_pod else "other")])
+        standins = NodeStandIns(client, [draplugin.SlicePublisher()])  # type: ignore[arg-type]
+        task = asyncio.create_task(standins.run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return [c for c in client.calls if c[0] != "get"]
+
+    # its pod gone: withdrawn; the other node's plugin publishes
+    assert sorted(asyncio.run(go(False))) == [("apply", "other"), ("delete", f"gone-{draplugin.DRIVER}")]
+    # its pod still runs: looked at with the pod known, so published again, never withdrawn first
+    assert asyncio.run(go(True)) == [("apply", "gone")]
