@@ -20,7 +20,7 @@ from gpu_operator.render.objects import container, obj, upsert_env
 from gpu_operator.render.operand import grant, rule, scc
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import HOST_ROOT
-from gpu_operator.render.states.operator_validation import HOST_RUN, ROOT, health_container
+from gpu_operator.render.states.operator_validation import HOST_RUN, health_container
 from gpu_operator.vocabulary import GPU_PRESENT, deploy_label
 
 STATE = "state-dra-validation"
@@ -39,7 +39,6 @@ def render(ctx: DRACtx) -> list[Manifest]:
                                                 "while true; do sleep 86400; done"], image=image)
     health = health_container()
     health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
-    health.setdefault("securityContext", {}).update(ROOT)
     upsert_env(health, "HEALTH_VALIDATIONS", "none")  # no status files here: the init container checked
     pod: dict[str, Any] = {
         "serviceAccountName": NAME,

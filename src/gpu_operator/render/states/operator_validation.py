@@ -51,7 +51,8 @@ HOST_RUN = hostpath("host-run", "/run", "Directory")
 
 
 def health_container() -> dict[str, Any]:
-    """The GPU health agent's container (also in the DRA stack's validator: render/dra/validation.py)."""
+    """The GPU health agent's container, privileged and root (also in the DRA stack's validator:
+    render/dra/validation.py); its image is the validator's, set by the caller."""
     return container(
         HEALTH,
         command=["gpu-operator", "node", "health"],
@@ -60,7 +61,7 @@ def health_container() -> dict[str, Any]:
                   env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS))],
         mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
                 mount("host-run", "/host/run")],
-        privileged=True,  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
+        securityContext={"privileged": True, **ROOT},  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
         ports=[{"name": HEALTH_PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
     )
 
@@ -110,7 +111,6 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
     if health is not None:  # our image, pulled as the validator's
         main = pod["containers"][0]
         health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
-        health.setdefault("securityContext", {}).update(ROOT)
     if not spec.devicePlugin.on():
         remove_containers(pod, "plugin-validation")
         if health is not None:  # no plugin-ready file will come
