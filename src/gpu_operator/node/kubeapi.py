@@ -13,23 +13,25 @@ from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 FIELD_MANAGER = NODE_AGENT_FIELD_MANAGER
 
 
-def _client() -> Any:
+def new_client() -> Any:
+    """The node agents' client (in-cluster credentials or KUBECONFIG), our field manager."""
     from lightkube import Client
 
     return Client(field_manager=FIELD_MANAGER)
 
 
-def new_client() -> Any:
-    """The node agents' client (in-cluster credentials or KUBECONFIG), our field manager."""
-    return _client()
-
-
-def patch_node_annotations(client: Any, node_name: str, annotations: dict[str, str | None]) -> None:
-    """One merge patch of a Node's annotations (None removes one)."""
+def patch_node(client: Any, node_name: str, *, labels: dict[str, str | None] | None = None,
+               annotations: dict[str, str | None] | None = None) -> Any:
+    """One merge patch of a Node's labels and annotations (None removes one); the patched Node."""
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
 
-    client.patch(Node, node_name, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE)
+    meta: dict[str, Any] = {}
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    return client.patch(Node, node_name, {"metadata": meta}, patch_type=PatchType.MERGE)
 
 
 class NodeAnnotationWatch:
@@ -40,7 +42,7 @@ class NodeAnnotationWatch:
         import threading
 
         self.node_name = node_name
-        self.client = client if client is not None else _client()
+        self.client = client if client is not None else new_client()
         self.log = log or (lambda _m: None)
         self.annotations: dict[str, str] = {}
         self.thread = threading.Thread(target=self._run, name=f"watch-node-{node_name}", daemon=True)
@@ -79,7 +81,7 @@ class KubeNodeView:
         self.node_name = node_name
         self.namespace = namespace
         self.pod_name = pod_name
-        self.client = client or _client()
+        self.client = client or new_client()
         self.component = component
 
     def _node(self) -> dict[str, Any]:
@@ -181,14 +183,9 @@ class KubeNodeView:
         annotations: dict[str, str | None] | None = None,
     ) -> None:
         """One merge patch of labels (and annotations), then one Event per entry (the patch answers the Node's uid)."""
-        from lightkube.resources.core_v1 import Event, Node
-        from lightkube.types import PatchType
+        from lightkube.resources.core_v1 import Event
 
-        meta: dict[str, Any] = {"labels": labels}
-        if annotations:
-            meta["annotations"] = annotations
-        patched = self.client.patch(Node, self.node_name, {"metadata": meta}, patch_type=PatchType.MERGE)
-        node = patched.to_dict()
+        node = patch_node(self.client, self.node_name, labels=labels, annotations=annotations).to_dict()
         for event in events:
             body = node_event(node, event, self.component)
             self.client.create(Event.from_dict(body))

@@ -201,9 +201,9 @@ class AnnotationPublisher:
         self.patches = 0
 
     def _patch(self, text: str, withdraw: tuple[str, ...]) -> None:
-        from gpu_operator.node.kubeapi import patch_node_annotations
+        from gpu_operator.node.kubeapi import patch_node
 
-        patch_node_annotations(self.client, self.node, {HEALTH_REPORT_ANNOTATION: text, **dict.fromkeys(withdraw)})
+        patch_node(self.client, self.node, annotations={HEALTH_REPORT_ANNOTATION: text, **dict.fromkeys(withdraw)})
         self.patches += 1
 
     async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
