@@ -292,3 +292,23 @@ def test_the_command_runs_the_agent_with_requests_and_the_node_watch(build_host:
     assert seen["watched"] == "node-a" and isinstance(seen["requests"], Watch)
     actor = seen["agent"].requests
     assert isinstance(actor, RequestActor) and actor.sentinel == SENTINEL
+
+
+def test_without_a_reset_request_acting_leaves_the_host_to_the_step(build_host: Any) -> None:
+    """The loop acts before every step: with nothing asked (or only a reboot) the host is not read
+    twice per step."""
+    fs = make_host(build_host)
+    agent = agent_with(fs, Resets())
+    looks: list[int] = []
+    observe = agent.observe
+
+    def counted() -> dict[str, Any]:
+        looks.append(1)
+        return observe()
+
+    agent.observe = counted  # type: ignore[method-assign]
+    assert agent.act({}) == [] and looks == []
+    assert agent.act({HEALTH_REBOOT_REQUESTED: "1"}) == [HEALTH_REBOOT_REQUESTED] and looks == []
+    assert fs.exists(SENTINEL)
+    agent.act({HEALTH_RESET_REQUESTED: BUS})
+    assert looks == [1]

@@ -17,7 +17,7 @@ from gpu_operator.node.health.nvml import NvmlSource
 from gpu_operator.node.health.observe import DEFAULT_VALIDATIONS, HostSnapshot, pci_gpus, snapshot
 from gpu_operator.node.health.requests import RequestActor
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, VALIDATIONS_DIR
+from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, HEALTH_RESET_REQUESTED, VALIDATIONS_DIR
 
 DEFAULT_WARNING_HOLD = 600.0  # seconds a warning (restart-app, unknown Xid) stays without a new one
 
@@ -140,10 +140,13 @@ class HealthAgent:
         NVML's handles (open device files, which would hold the GPUs) are let go for the reset."""
         if self.requests is None:
             return []
-        self.observe()  # the Xids logged until now: those a reset clears
-        now = pci_gpus(self.fs, self.pci_kinds)
-        known = set(self.baseline.pci) | set(now)
-        gone = set(self.baseline.pci) - set(now)
+        known: set[str] = set()
+        gone: set[str] = set()
+        if HEALTH_RESET_REQUESTED in annotations:  # else the host is looked at by the step alone
+            self.observe()  # the Xids logged until now: those a reset clears
+            now = pci_gpus(self.fs, self.pci_kinds)
+            known = set(self.baseline.pci) | set(now)
+            gone = set(self.baseline.pci) - set(now)
         released = False
 
         def release_nvml() -> None:
