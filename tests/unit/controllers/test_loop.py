@@ -5,6 +5,7 @@ unit is kicked only by the events it wants."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,8 @@ from gpu_operator.controllers.loop import (
     Event,
     Kind,
     NodeEvent,
+    NodePass,
+    NodeQueue,
     ObjectEvent,
     Pacing,
     Result,
@@ -133,3 +136,26 @@ def test_load_pacing_waits_the_window_after_every_kick_idle_first_does_not() -> 
 
     assert asyncio.run(first_pass_delay(Pacing.LOAD)) >= window
     assert asyncio.run(first_pass_delay(Pacing.IDLE_FIRST)) < window
+
+
+def test_a_node_pass_runs_every_node_within_its_limit_and_queues_a_failed_one_again() -> None:
+    queue = NodeQueue(lambda view: view.labels)
+    report = NodePass()
+    running, most, done = 0, 0, []
+
+    async def work(name: str) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        if name == "n2":
+            raise RuntimeError("the apiserver said no")
+        done.append(name)
+
+    asyncio.run(queue.each({"n1", "n2", "n3", "n4"}, 2, work, report, "write failed",
+                           logging.getLogger("test")))
+    assert sorted(done) == ["n1", "n3", "n4"]  # one node's failure stops none of the others
+    assert report.failed == ["n2"]
+    assert queue.take() == {"n2"}  # looked at again at the next pass
+    assert most == 2
