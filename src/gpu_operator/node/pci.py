@@ -84,6 +84,18 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+def normalise_bus(address: str) -> str:
+    """A PCI address as sysfs names it: lower case, with the function (`0000:41:00` -> `0000:41:00.0`).
+    NVML's and nvidia-smi's 8-digit domain (`00000000:41:00.0`) is shortened to 4."""
+    address = address.strip().lower()
+    if "." not in address:
+        address += ".0"
+    domain, rest = address.split(":", 1)
+    if len(domain) > 4:
+        domain = f"{int(domain, 16):04x}"
+    return f"{domain}:{rest}"
+
+
 def read_function(fs: HostFS, address: str, names: PciNames | None = None) -> PciFunction:
     names = names or PciNames(fs)
     base = f"{PCI_DEVICES}/{address}"

@@ -12,6 +12,7 @@ import re
 
 from gpu_operator.node.driver import DriverInfo, DriverSource
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.pci import normalise_bus
 from gpu_operator.node.runner import CommandRunner
 from gpu_operator.node.verdict import Finding, Severity, finding
 from gpu_operator.vocabulary import MIG_CONFIG, MIG_CONFIG_STATE, MIG_PAUSED, MIG_RESTORE, MIG_RETRY
@@ -108,15 +109,15 @@ def mig_findings(runner: CommandRunner, driver: DriverInfo) -> list[Finding]:
     pending = {}
     for row in _csv(modes.stdout):
         if len(row) == 3 and row[1] != row[2] and "N/A" not in row[1:]:
-            pending[_bus(row[0])] = f"{row[0]}: MIG mode {row[1]}, pending {row[2]}"
+            pending[normalise_bus(row[0])] = f"{row[0]}: MIG mode {row[1]}, pending {row[2]}"
     if not pending:
         return []
     apps = runner.run([smi, "--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader"],
                       root=driver.run_root, timeout=30)
     holders: dict[str, list[str]] = {}
     for row in _csv(apps.stdout) if apps.ok else []:
-        if len(row) == 3 and _bus(row[0]) in pending:
-            holders.setdefault(_bus(row[0]), []).append(f"pid {row[1]} ({row[2]})")
+        if len(row) == 3 and normalise_bus(row[0]) in pending:
+            holders.setdefault(normalise_bus(row[0]), []).append(f"pid {row[1]} ({row[2]})")
     out = []
     for bus, line in sorted(pending.items()):
         if holders.get(bus):
@@ -139,12 +140,6 @@ def mig_findings(runner: CommandRunner, driver: DriverInfo) -> list[Finding]:
 
 def _csv(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.strip()]
-
-
-def _bus(address: str) -> str:
-    """nvidia-smi writes 00000000:3B:00.0; sysfs writes 0000:3b:00.0."""
-    address = address.lower()
-    return address[4:] if len(address.split(":")[0]) == 8 else address
 
 
 def mig_node_findings(node: str, labels: dict[str, str], annotations: dict[str, str]) -> list[Finding]:

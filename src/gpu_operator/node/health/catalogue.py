@@ -109,15 +109,3 @@ def classify(xid: int) -> XidClass:
         state = WARNING
     meaning = MEANINGS.get(xid) or (mnemonic.lower().replace("_", " ") if mnemonic else "an Xid event")
     return XidClass(xid, bucket, mnemonic, action, state, meaning)
-
-
-def normalise_bus(address: str) -> str:
-    """A PCI address as sysfs names it: lower case, with the function (`0000:41:00` -> `0000:41:00.0`).
-    NVML's 8-digit domain (`00000000:41:00.0`) is shortened to 4."""
-    address = address.strip().lower()
-    if "." not in address:
-        address += ".0"
-    domain, rest = address.split(":", 1)
-    if len(domain) > 4:
-        domain = f"{int(domain, 16):04x}"
-    return f"{domain}:{rest}"

@@ -17,8 +17,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpu_operator.node.health.catalogue import XID_LINE, normalise_bus
+from gpu_operator.node.health.catalogue import XID_LINE
 from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.pci import normalise_bus
 
 KMSG = "/dev/kmsg"
 MAX_POLL_BYTES = 1 << 20  # per poll; the rest waits for the next one

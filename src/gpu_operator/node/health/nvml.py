@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.node.health.catalogue import normalise_bus
 from gpu_operator.node.health.kmsg import XidEvent
+from gpu_operator.node.pci import normalise_bus
 
 DBE_XID = 48  # a double-bit ECC event is what Xid 48 reports in the kernel log
 

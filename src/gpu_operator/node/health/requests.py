@@ -26,9 +26,9 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpu_operator.node.health.catalogue import normalise_bus
 from gpu_operator.node.holders import GpuHolder, gpu_holders
 from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.pci import normalise_bus
 from gpu_operator.vocabulary import HEALTH_REBOOT_REQUESTED, HEALTH_RESET_REQUESTED, HEALTH_SINCE_ANNOTATION
 
 # kured's default --reboot-sentinel (kubereboot/kured, cmd/kured/main.go)
