@@ -152,6 +152,11 @@ HEALTH_RESET_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reset-requested"
 HEALTH_REBOOT_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reboot-requested"
 # The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
 HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
+# The validator components whose status files (<component>-ready) the health agent expects, in
+# order (its container's HEALTH_VALIDATIONS); HEALTH_NO_VALIDATIONS: none expected (an empty env
+# value would read as unset).
+HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
+HEALTH_NO_VALIDATIONS = "none"
 
 # -- MIG changes (NVIDIA's MIG manager writes the state and pauses; self-repair is ours) ------------
 # The MIG manager (mig-parted v0.15.0, pkg/mig/reconfigure) writes MIG_CONFIG_STATE (pending,

@@ -14,10 +14,15 @@ from gpu_operator.node.health.assess import XidMark, encode, evaluate
 from gpu_operator.node.health.catalogue import HEALTHY, STATES, WARNING, classify
 from gpu_operator.node.health.kmsg import KmsgFollower, XidEvent, parse_xid
 from gpu_operator.node.health.nvml import NvmlSource
-from gpu_operator.node.health.observe import DEFAULT_VALIDATIONS, HostSnapshot, pci_gpus, snapshot
+from gpu_operator.node.health.observe import HostSnapshot, pci_gpus, snapshot
 from gpu_operator.node.health.requests import RequestActor
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, HEALTH_RESET_REQUESTED, VALIDATIONS_DIR
+from gpu_operator.vocabulary import (
+    HEALTH_REPORT_ANNOTATION,
+    HEALTH_RESET_REQUESTED,
+    HEALTH_VALIDATIONS,
+    VALIDATIONS_DIR,
+)
 
 DEFAULT_WARNING_HOLD = 600.0  # seconds a warning (restart-app, unknown Xid) stays without a new one
 
@@ -64,7 +69,7 @@ class HealthAgent:
         fs: HostFS,
         node: str,
         *,
-        validations: tuple[str, ...] = DEFAULT_VALIDATIONS,
+        validations: tuple[str, ...] = HEALTH_VALIDATIONS,
         validations_dir: str = VALIDATIONS_DIR,
         nvml: bool = True,
         nvml_module: Any = None,

@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 
 from gpu_operator.node.options import HostRoot, host_fs
+from gpu_operator.vocabulary import HEALTH_NO_VALIDATIONS, HEALTH_VALIDATIONS
 
 DEFAULT_METRICS_PORT = 8010  # ours (the node-status exporter has 8000)
-NO_VALIDATIONS = "none"  # no status file expected (an empty env value would read as unset)
+NO_VALIDATIONS = HEALTH_NO_VALIDATIONS
 
 
 def _validations(value: str) -> tuple[str, ...]:
@@ -45,7 +46,7 @@ def health(
     validations: Annotated[
         str, typer.Option(envvar="HEALTH_VALIDATIONS",
                           help="The validator components whose status files must all be present (`none`: no file).")
-    ] = "driver,toolkit,cuda,plugin",
+    ] = ",".join(HEALTH_VALIDATIONS),
     nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Use NVML where its library loads.")] = True,
     warning_hold: Annotated[
         float, typer.Option(help="Seconds a GPU stays in `warning` after its last application-level Xid.")

@@ -15,8 +15,6 @@ from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 GPU_CLASSES = ("0300", "0302")  # VGA and 3D controllers: what NVIDIA's GPUs present
-# The validator components whose status files (<component>-ready) say the node passed, in order.
-DEFAULT_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 
 
 @dataclass(frozen=True)

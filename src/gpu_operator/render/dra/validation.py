@@ -21,7 +21,7 @@ from gpu_operator.render.operand import grant, rule, scc
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import HOST_ROOT
 from gpu_operator.render.states.operator_validation import HOST_RUN, health_container
-from gpu_operator.vocabulary import GPU_PRESENT, deploy_label
+from gpu_operator.vocabulary import GPU_PRESENT, HEALTH_NO_VALIDATIONS, deploy_label
 
 STATE = "state-dra-validation"
 NAME = "nvidia-dra-validator"
@@ -39,7 +39,7 @@ def render(ctx: DRACtx) -> list[Manifest]:
                                                 "while true; do sleep 86400; done"], image=image)
     health = health_container()
     health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
-    upsert_env(health, "HEALTH_VALIDATIONS", "none")  # no status files here: the init container checked
+    upsert_env(health, "HEALTH_VALIDATIONS", HEALTH_NO_VALIDATIONS)  # no status files here: the init container checked
     pod: dict[str, Any] = {
         "serviceAccountName": NAME,
         "nodeSelector": {deploy_label("dra-validator"): "true"},

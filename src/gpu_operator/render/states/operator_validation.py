@@ -31,7 +31,7 @@ from gpu_operator.render.states._common import (
 )
 from gpu_operator.render.transforms.component import env_upsert
 from gpu_operator.render.transforms.runtime import runtime_class_name
-from gpu_operator.vocabulary import VALIDATIONS_DIR
+from gpu_operator.vocabulary import HEALTH_VALIDATIONS, VALIDATIONS_DIR
 
 STATE = "state-operator-validation"
 NAME = "nvidia-operator-validator"
@@ -44,7 +44,6 @@ HEALTH = "gpu-health"
 HEALTH_PORT = 8010
 HEALTH_PORT_NAME = "health-metrics"
 HEALTH_SERVICE = "nvidia-gpu-health"
-HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 # The host's /run, writable under the read-only host root: where the agent creates kured's reboot
 # sentinel (/var/run/reboot-required) when remediation asks for a reboot (docs/health.md).
 HOST_RUN = hostpath("host-run", "/run", "Directory")
