@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpu_operator.sim.xidhealth import APPLICATION_XIDS, XidLog
+from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS
+from gpu_operator.sim.xidhealth import XidLog
 
 GATE = "NVMLDeviceHealthCheck"
 GATES_ENV = "FEATURE_GATES"
@@ -45,7 +46,7 @@ def gate_on(env: Mapping[str, str]) -> bool:
 
 def skipped(env: Mapping[str, str]) -> frozenset[int]:
     extra = {int(v.strip()) for v in env.get(IGNORE_ENV, "").split(",") if v.strip().isdigit()}
-    return frozenset(APPLICATION_XIDS) | extra
+    return DEVICE_PLUGIN_APPLICATION_XIDS | extra
 
 
 class SliceHealth:

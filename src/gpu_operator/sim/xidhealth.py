@@ -20,20 +20,17 @@ boot (the tree's boot_id changed, `sim fault --clear`) is a new plugin process: 
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS, XID_LINE
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.sim.faults import KMSG, boot_id
 
-APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
 ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
 ALL = 0  # the key for "every Xid", as the plugin keeps it
-# the driver's Xid line: NVRM: Xid (PCI:0000:3b:00): 79, ...
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): (\d+)\b")
 
 
 def _parse(value: str) -> dict[int, bool]:
@@ -52,7 +49,7 @@ class XidFilter:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         disabled = _parse(env.get(DISABLE_ENV, ""))
-        for xid in APPLICATION_XIDS:
+        for xid in sorted(DEVICE_PLUGIN_APPLICATION_XIDS):
             disabled[xid] = True
         for xid in _parse(env.get(ENABLE_ENV, "")):
             disabled[xid] = False
@@ -118,9 +115,9 @@ class XidLog:
             if seq <= self.seen:
                 continue
             self.seen = seq
-            match = _XID.search(message)
+            match = XID_LINE.search(message)  # the driver's line, as the health agent reads it
             if match:
-                out.append((match.group(1).lower(), int(match.group(2))))
+                out.append((match.group(1).lower().split(".")[0], int(match.group(2))))
         return out
 
 
