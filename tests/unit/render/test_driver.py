@@ -163,3 +163,29 @@ def test_default_driver_pod_has_upstreams_install_state_layout() -> None:
         ("nv-firmware", "/run/nvidia/driver/lib/firmware"),
         ("driver-startup-probe-script", "nvidia-driver-startup-probe")}
     assert len(state.AdditionalVolumeMounts) == 12 and state.HostRoot == "/"
+
+
+SLES = ("feature.node.kubernetes.io/system-os_release.ID={os},"
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID=15.6")
+
+
+def lib_modules(ds: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    pod = ds["spec"]["template"]["spec"]
+    return ([v for v in pod["volumes"] if v["name"] == "lib-modules"],
+            [m for m in ctr(ds, "nvidia-driver-ctr").get("volumeMounts", []) if m["name"] == "lib-modules"])
+
+
+@pytest.mark.parametrize(("os_id", "precompiled", "mounted"), [
+    ("sles", True, True), ("sl-micro", True, True),
+    ("sles", False, False),  # the runfile driver builds against its own tree
+    ("ubuntu", True, False),
+])
+def test_precompiled_on_suse_reads_the_hosts_lib_modules(os_id: str, precompiled: bool, mounted: bool) -> None:
+    result = run({"driver": {"usePrecompiled": precompiled, "version": "595"}},
+                 "dgx-h100:1," + SLES.format(os=os_id))
+    volumes, mounts = lib_modules(daemonset(result, "state-driver"))
+    if not mounted:
+        assert (volumes, mounts) == ([], [])
+        return
+    assert volumes == [{"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}}]
+    assert mounts == [{"name": "lib-modules", "mountPath": "/run/host/lib/modules", "readOnly": True}]

@@ -227,3 +227,24 @@ def test_long_names_keep_the_hash_and_upstream_defaults_apply() -> None:
     labels = ds["spec"]["template"]["metadata"]["labels"]
     assert labels["team"] == "ml" and labels["app"] == ds["metadata"]["name"] and "app.kubernetes.io/name" not in labels
     assert ctr(ds, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"] == 60
+
+
+@pytest.mark.parametrize(("precompiled", "mounted"), [(True, True), (False, False)])
+def test_precompiled_suse_pool_reads_the_hosts_lib_modules(precompiled: bool, mounted: bool) -> None:
+    suse = ("dgx-h100:1,feature.node.kubernetes.io/system-os_release.ID=sl-micro,"
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID=6.1")
+    by_name = daemonsets(render_nvidiadriver(nvd(usePrecompiled=precompiled, version="570"),
+                                             facts(suse, "host-driver:1")))
+    os_ids = sorted(d["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/system-os_release.ID"]
+                    for d in by_name.values())
+    assert os_ids == ["sl-micro", "ubuntu"]
+    for ds in by_name.values():
+        pod = ds["spec"]["template"]["spec"]
+        volume = [v for v in pod["volumes"] if v["name"] == "lib-modules"]
+        mounts = [m for m in ctr(ds, "nvidia-driver-ctr")["volumeMounts"] if m["name"] == "lib-modules"]
+        on_suse = pod["nodeSelector"]["feature.node.kubernetes.io/system-os_release.ID"] == "sl-micro"
+        if mounted and on_suse:  # only the SUSE pool: the ubuntu pool's DaemonSet has none
+            assert volume == [{"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}}]
+            assert mounts == [{"name": "lib-modules", "mountPath": "/run/host/lib/modules", "readOnly": True}]
+        else:
+            assert (volume, mounts) == ([], [])

@@ -12,6 +12,7 @@ from gpu_operator.render.objects import (
     add_volume,
     configmap_volume,
     find,
+    hostpath,
     mount,
     remove_containers,
     upsert_env,
@@ -37,6 +38,10 @@ _DEB_CERTS, _RH_CERTS, _SUSE_CERTS = ("/usr/local/share/ca-certificates", "/etc/
 CERT_DIRS = {"ubuntu": _DEB_CERTS, "debian": _DEB_CERTS, "rhel": _RH_CERTS, "centos": _RH_CERTS,
              "rocky": _RH_CERTS, "ol": _RH_CERTS, "fedora": _RH_CERTS, "amzn": _RH_CERTS,
              "sles": _SUSE_CERTS, "sl-micro": _SUSE_CERTS}
+# NVIDIA's precompiled driver images for SUSE read the host's modules tree at this path
+# (object_controls.go: precompiled and the GPU nodes' os-release ID sles or sl-micro).
+SUSE_OS = ("sles", "sl-micro")
+HOST_LIB_MODULES = "/run/host/lib/modules"
 _ARCH_SUFFIX = re.compile(r"[._-]?(x86_64|aarch64_64k|aarch64)$")
 
 
@@ -172,6 +177,13 @@ def _configs(main: dict[str, Any], pod: dict[str, Any], spec: ClusterPolicySpec,
                 ctr["envFrom"] = [{"secretRef": {"name": driver.secretEnv}}]
 
 
+def host_lib_modules(pod: dict[str, Any], main: dict[str, Any], os_id: str) -> None:
+    """A precompiled driver on SUSE gets the host's /lib/modules, read-only, at /run/host/lib/modules."""
+    if os_id in SUSE_OS:
+        add_volume(pod, hostpath("lib-modules", "/lib/modules", "Directory"))
+        add_mount(main, mount("lib-modules", HOST_LIB_MODULES, readonly=True))
+
+
 def transform_driver(ds: dict[str, Any], spec: ClusterPolicySpec, facts: ClusterFacts, kernel: str | None) -> None:
     """Everything particular to the driver DaemonSet; the digest is computed by the caller last."""
     pod = ds["spec"]["template"]["spec"]
@@ -185,6 +197,8 @@ def transform_driver(ds: dict[str, Any], spec: ClusterPolicySpec, facts: Cluster
     _configs(main, pod, spec, facts)
     if facts.openshift and facts.openshift_version:
         upsert_env(main, "OPENSHIFT_VERSION", facts.openshift_version)
+    if kernel is not None:
+        host_lib_modules(pod, main, facts.os_id)
     precompiled = "true" if kernel else "false"
     for meta in (ds["metadata"], ds["spec"]["template"]["metadata"]):
         meta["labels"]["nvidia.com/precompiled"] = precompiled
