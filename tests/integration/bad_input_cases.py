@@ -54,6 +54,8 @@ CASES: list[Case] = [
         "spec.driver.kernelModuleType", REJECTED),
     _cp("precompiled as a kernel module type", {"driver": {"kernelModuleType": "precompiled"}},
         "usePrecompiled: true", REJECTED),
+    _cp("runcompiled as a kernel module type", {"driver": {"kernelModuleType": "runcompiled"}},
+        "usePrecompiled: false", REJECTED),
     _cp("unknown update strategy", {"daemonsets": {"updateStrategy": "Recreate"}},
         "spec.daemonsets.updateStrategy", REJECTED),
     _cp("unknown image pull policy", {"driver": {"imagePullPolicy": "Sometimes"}},
@@ -146,6 +148,8 @@ CASES: list[Case] = [
     _nvd("image as a number", {"image": 535}, "spec.image", REJECTED),
     _nvd("unknown kernel module type", {"kernelModuleType": "closed"}, "spec.kernelModuleType", REJECTED),
     _nvd("precompiled as a kernel module type", {"kernelModuleType": "precompiled"}, "usePrecompiled: true",
+         REJECTED),
+    _nvd("runcompiled as a kernel module type", {"kernelModuleType": "runcompiled"}, "usePrecompiled: false",
          REJECTED),
     # -- spec.health (ours) -----------------------------------------------------------------------
     _cp("unknown remediation action", {"health": {"remediation": {"actions": ["reboot", "format-disk"]}}},

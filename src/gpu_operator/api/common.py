@@ -31,26 +31,34 @@ PRECOMPILED_IS_NOT_A_MODULE_TYPE = (
     "precompiled is not a kernel module type: a precompiled driver is chosen with usePrecompiled: true "
     "(kernelModuleType stays auto, open or proprietary)"
 )
+RUNCOMPILED_IS_NOT_A_MODULE_TYPE = (
+    "runcompiled is not a kernel module type: a driver compiled on the node at run time is what "
+    "usePrecompiled: false (the default) gives; kernelModuleType picks the modules, auto, open or proprietary"
+)
+# Values users write for kernelModuleType that belong to another field: the message that names it.
+MISPLACED_MODULE_TYPES = {"precompiled": PRECOMPILED_IS_NOT_A_MODULE_TYPE,
+                          "runcompiled": RUNCOMPILED_IS_NOT_A_MODULE_TYPE}
 
 
 def KERNEL_MODULE_TYPE_RULES(schema: JsonDict) -> None:  # noqa: N802 (a schema hook, named as data)
     """kernelModuleType's CRD schema: the allowed values as a CEL rule instead of an enum, because
-    the apiserver answers an enum miss with its own text only, and `precompiled` (a common mix-up)
-    needs the answer that names usePrecompiled. Any other value gets the list of allowed ones."""
+    the apiserver answers an enum miss with its own text only, and `precompiled` and `runcompiled` (a
+    common mix-up) need the answer that names usePrecompiled. Any other value gets the list of allowed ones."""
     enum = schema.pop("enum", [])
     allowed = [str(v) for v in enum] if isinstance(enum, list) else []
     listed = ", ".join(f"'{v}'" for v in allowed)
     schema["x-kubernetes-validations"] = [{
         "rule": f"self in [{listed}]",
-        "messageExpression": (f"self == 'precompiled' ? '{PRECOMPILED_IS_NOT_A_MODULE_TYPE}' : "
-                              f"'unsupported value ' + self + ': use one of {', '.join(allowed)}'"),
+        "messageExpression": "".join(f"self == '{value}' ? '{hint}' : "
+                                     for value, hint in MISPLACED_MODULE_TYPES.items())
+        + f"'unsupported value ' + self + ': use one of {', '.join(allowed)}'",
     }]
 
 
-def not_precompiled(value: object) -> object:
+def misplaced_module_type(value: object) -> object:
     """A before-validator for kernelModuleType: the misplaced value gets the field that does it."""
-    if value == "precompiled":
-        raise ValueError(PRECOMPILED_IS_NOT_A_MODULE_TYPE)
+    if isinstance(value, str) and value in MISPLACED_MODULE_TYPES:
+        raise ValueError(MISPLACED_MODULE_TYPES[value])
     return value
 IntOrString = int | str
 

@@ -26,7 +26,7 @@ from gpu_operator.api.common import (
     PodSecurityContext,
     ResourceRequirements,
     Toleration,
-    not_precompiled,
+    misplaced_module_type,
     unknown_field_warnings,
 )
 
@@ -98,7 +98,7 @@ class NVIDIADriverSpec(ComponentFields):
     driverType: DriverType = "gpu"
     usePrecompiled: bool | None = None
     useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
-    kernelModuleType: Annotated[KernelModuleType, BeforeValidator(not_precompiled)] = Field(
+    kernelModuleType: Annotated[KernelModuleType, BeforeValidator(misplaced_module_type)] = Field(
         default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES)
     startupProbe: ContainerProbeSpec | None = None
     livenessProbe: ContainerProbeSpec | None = None
