@@ -1,5 +1,6 @@
 """Applies the packaged CRDs (server-side apply) and waits until the apiserver serves them: Established,
-then a list of each served version answers (not 429)."""
+then a list of each served version answers (not 429). A CRD another Helm release owns is left as it
+is (kube/crdowners.py)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,29 @@ from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 
 from gpu_operator.api.crdgen import load_packaged, node_feature_crd
 from gpu_operator.kube.client import FIELD_MANAGER
+from gpu_operator.kube.crdowners import LeftCRD, Release, left_crd
 
 
 def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True,
-               kept: list[str] | None = None) -> list[str]:
+               kept: list[str] | None = None, release: Release | None = None,
+               left: list[LeftCRD] | None = None) -> list[str]:
     """Apply every CRD shipped with the package; returns their names once all are Established.
     `node_feature`: also create NFD's NodeFeature CRD where it is absent (GFD publishes its labels
     there); one that exists (NFD's, or ours from an earlier run) is left exactly as it is, and its
-    name added to `kept`."""
-    crds = load_packaged()
-    names = []
-    for crd in crds:
+    name added to `kept`. A packaged CRD that a Helm release other than `release` owns is not
+    applied: it is added to `left` with what it lacks (waited for until Established only)."""
+    crds: list[dict[str, Any]] = []
+    names: list[str] = []
+    for crd in load_packaged():
+        name = crd["metadata"]["name"]
+        names.append(name)
+        decision = left_crd(get_crd(client, name), crd, release)
+        if decision is not None:
+            if left is not None:
+                left.append(decision)
+            continue
         client.apply(from_dict(crd), field_manager=FIELD_MANAGER, force=True)
-        names.append(crd["metadata"]["name"])
+        crds.append(crd)
     if node_feature:
         crd = node_feature_crd()
         if not create_if_absent(client, crd) and kept is not None:
@@ -46,6 +57,16 @@ def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True,
     for crd in crds:
         _wait_served(client, crd, deadline, timeout)
     return names
+
+
+def get_crd(client: Client, name: str) -> dict[str, Any] | None:
+    """A CRD as the apiserver has it; None when there is none."""
+    try:
+        return dict(client.get(CustomResourceDefinition, name).to_dict())
+    except ApiError as err:
+        if err.status.code == 404:
+            return None
+        raise
 
 
 def create_if_absent(client: Client, crd: dict[str, Any]) -> bool:

@@ -48,18 +48,34 @@ def crds_apply(
         help="Also create NFD's NodeFeature CRD (nodefeatures.nfd.k8s-sigs.io) where it is absent: GPU "
              "feature discovery publishes its labels there. One that exists is left as it is. "
              "The chart turns this off when NFD runs in the cluster (nfd.enabled=false).")] = True,
+    release: Annotated[str | None, typer.Option(
+        "--release", metavar="NAMESPACE/NAME",
+        help="The Helm release running this (the chart's hook passes its own). A CRD whose Helm "
+             "ownership marks name another release is left as it is and reported; without this "
+             "option every CRD with Helm's marks counts as another release's.")] = None,
 ) -> None:
     """Apply the packaged CRDs (server-side apply, idempotent) and wait until they are served.
     The Helm chart's pre-install/pre-upgrade hook runs this."""
+    from gpu_operator.kube.crdowners import LeftCRD, Release
     from gpu_operator.kube.crds import apply_crds
     from gpu_operator.kube.reach import sync_client
 
+    try:
+        ours = Release.parse(release) if release is not None else None
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--release") from None
     with sync_client(kubeconfig, "apply the CRDs", needs="it needs get/create/patch on "
                      "customresourcedefinitions") as client:
         kept: list[str] = []
-        for name in apply_crds(client, timeout=timeout, node_feature=node_feature, kept=kept):
-            typer.echo(f"left {name} as it was (it exists; Established)" if name in kept
-                       else f"applied {name} (Established)")
+        left: list[LeftCRD] = []
+        names = apply_crds(client, timeout=timeout, node_feature=node_feature, kept=kept, release=ours, left=left)
+        owned = {crd.name: crd for crd in left}
+        for name in names:
+            if name in owned:
+                typer.echo(owned[name].sentence())
+            else:
+                typer.echo(f"left {name} as it was (it exists; Established)" if name in kept
+                           else f"applied {name} (Established)")
 
 
 @crds_app.command("print")

@@ -166,7 +166,9 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator-crds"
-    assert pod["containers"][0]["command"] == ["gpu-operator", "crds", "apply", "--no-node-feature"]  # (nfd off)
+    # (nfd off); --release: a CRD another Helm release owns is left to it (kube/crdowners.py)
+    assert pod["containers"][0]["command"] == ["gpu-operator", "crds", "apply", "--release",
+                                               f"{NAMESPACE}/gpu-operator", "--no-node-feature"]
     # The hook's identity exists before the Job runs (lower weight) and only touches our CRDs.
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
         hooked = find(rendered, kind, "gpu-operator-crds")["metadata"]["annotations"]
