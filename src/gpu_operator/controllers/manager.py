@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import kopf
 
@@ -89,9 +90,12 @@ class Manager:
         self.nodes_synced.set()
         await task
 
-    async def _ready_when(self, kopf_ready: asyncio.Event, ready: asyncio.Event | None) -> None:
+    async def _ready_when(self, kopf_ready: asyncio.Event, ready: asyncio.Event | None,
+                          on_kopf_started: Callable[[], None] | None) -> None:
         """Ready once kopf has started and the Node reflector has its first list."""
         await kopf_ready.wait()
+        if on_kopf_started is not None:
+            on_kopf_started()
         await self.nodes_synced.wait()
         if ready is not None:
             ready.set()
@@ -110,7 +114,8 @@ class Manager:
                         "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
                         "does) or NFD, then restart the operator", NODE_FEATURE_PLURAL, NODE_FEATURE_GROUP)
 
-    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None,
+                  on_kopf_started: Callable[[], None] | None = None) -> None:
         self.stop = stop
         info = await ClusterInfo.discover(self.kube, stop, self.settings.discovery_backoff)
         if info is None:
@@ -119,7 +124,7 @@ class Manager:
         self._watch_optional(info)
         kopf_ready = asyncio.Event()
         tasks = [asyncio.create_task(self._reflect_nodes(stop), name="node-reflector"),
-                 asyncio.create_task(self._ready_when(kopf_ready, ready), name="readiness"),
+                 asyncio.create_task(self._ready_when(kopf_ready, ready, on_kopf_started), name="readiness"),
                  asyncio.create_task(metrics.sample_loop_lag(), name="event-loop-lag"),
                  *(asyncio.create_task(loop.run(self.ready), name=loop.name) for loop in self.loops)]
         try:

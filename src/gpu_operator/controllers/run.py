@@ -27,9 +27,7 @@ async def run(environment: Environment, kubeconfig: str | None, leader_elect: bo
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig  # kopf's login reads it
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _stopper(stop, sig))
+    take_signals(stop)
 
     kube = Kube(kubeconfig)
     ready = asyncio.Event()
@@ -55,7 +53,9 @@ async def run(environment: Environment, kubeconfig: str | None, leader_elect: bo
         metrics.LEADER.set(1)
         operator = Manager(kube, environment, settings)
         log.info("operator starting in namespace %s", namespace)
-        await operator.run(stop, ready)
+        # kopf puts its own SIGTERM/SIGINT handlers in at its start; they stop kopf but not the
+        # units, the reflector and the Lease keeper, which kopf then waits for (5 s) and cancels
+        await operator.run(stop, ready, on_kopf_started=lambda: take_signals(stop))
         if leader_elect:
             keeper.cancel()
         return 0
@@ -68,6 +68,13 @@ async def run(environment: Environment, kubeconfig: str | None, leader_elect: bo
             await runner.cleanup()
         await kube.close()
         log.info("operator stopped")
+
+
+def take_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set `stop`, which every task of the operator (kopf's too) watches."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _stopper(stop, sig))
 
 
 def _stopper(stop: asyncio.Event, sig: signal.Signals):  # type: ignore[no-untyped-def]

@@ -228,7 +228,8 @@ class NodeWatch(Generic[V]):
                     LISTS.labels(reason).inc()
                     await self.list()
                     reason = ""
-                await self.watch()
+                if not await _unless_stopped(self.watch(), stop):
+                    return
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -247,3 +248,22 @@ class NodeWatch(Generic[V]):
                             "list" if reason else "watch", failures, err or type(err).__name__, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
+
+
+async def _unless_stopped(work: Any, stop: asyncio.Event) -> bool:
+    """Await `work` (a coroutine) unless `stop` is set first: then it is cancelled and False is
+    returned. A watch waits on its stream for minutes between events; a shutdown must not."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if stop.is_set() and task.cancelled():
+        return False
+    task.result()  # its exception, if it raised
+    return True
