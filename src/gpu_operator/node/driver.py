@@ -33,6 +33,31 @@ NVML_LIBRARY_DIRS = (
     "/usr/local/glibc/lib",
     "/usr/lib/wsl/lib",
 )
+# Where NVIDIA's components look inside a driver root (the host path they get as
+# NVIDIA_DRIVER_ROOT): nvidia-smi in the validator's and the DRA kubelet plugin's binary dirs
+# (gpu-operator internal/driver/root.go, k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/root.go), the
+# libraries in the toolkit's library dirs (nvidia-container-toolkit pkg/lookup/library.go), plus the
+# glibc tree of Talos' extension, which that tree's ld cache points the toolkit at (ours: not in
+# NVIDIA's lists).
+ROOT_BIN_DIRS = ("/", "/opt/bin", "/usr/bin", "/usr/sbin", "/bin", "/sbin")
+ROOT_LIB_DIRS = (
+    "/",
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/nvidia/current",
+    "/usr/lib/aarch64-linux-gnu/nvidia/current",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/lib/x86_64-linux-gnu/nvidia/current",
+    "/lib/aarch64-linux-gnu/nvidia/current",
+    "/glibc/usr/lib",
+    "/glibc/lib",
+)
+# A host driver's root: the host's own root, else the tree an OS extension installs it in (Talos:
+# nvidia-smi in /usr/local/bin, the libraries under /usr/local/glibc), the first that holds it.
+HOST_DRIVER_ROOTS = ("/", "/usr/local")
 _KERNEL_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 
 
@@ -49,7 +74,7 @@ class DriverInfo(BaseModel):
     source: DriverSource
     flavor: str = Field(default="", description="distribution, talos, wsl, operator or ''")
     driver_root: str | None = Field(
-        default=None, description="host path the toolkit uses as NVIDIA_DRIVER_ROOT"
+        default=None, description="host path every component takes as NVIDIA_DRIVER_ROOT (driver-ready)"
     )
     nvidia_smi: str | None = Field(default=None, description="host path of nvidia-smi")
     run_root: str = Field(default="/", description="host directory to chroot into to run nvidia-smi")
@@ -83,6 +108,34 @@ def find_nvml(fs: HostFS, root: str = "/") -> str | None:
             if entry.startswith("libnvidia-ml.so"):
                 return f"{prefix}{directory}/{entry}"
     return None
+
+
+def under_root(root: str, path: str) -> str:
+    """`path` inside the driver root `root`, as a host path."""
+    return root.rstrip("/") + path if path != "/" else root
+
+
+def driver_files(fs: HostFS, root: str) -> tuple[str | None, str | None]:
+    """nvidia-smi and libnvidia-ml as NVIDIA's components find them under the driver root `root`
+    (host paths), None where they find none."""
+    smi = find_executable(fs, "nvidia-smi", [under_root(root, d) for d in ROOT_BIN_DIRS])
+    nvml = None
+    for directory in ROOT_LIB_DIRS:
+        where = under_root(root, directory)
+        names = sorted(e for e in fs.listdir(where) if e.startswith("libnvidia-ml.so"))
+        if names:
+            nvml = f"{where.rstrip('/')}/{names[0]}"
+            break
+    return smi, nvml
+
+
+def host_driver_root(fs: HostFS) -> str:
+    """The driver root of a host driver: the first of HOST_DRIVER_ROOTS under which NVIDIA's
+    components find nvidia-smi or libnvidia-ml; `/` when none holds either."""
+    for root in HOST_DRIVER_ROOTS:
+        if any(driver_files(fs, root)):
+            return root
+    return "/"
 
 
 def os_release(fs: HostFS) -> dict[str, str]:
@@ -152,7 +205,7 @@ def detect_driver(
             update={
                 "source": DriverSource.HOST,
                 "flavor": flavor,
-                "driver_root": "/",
+                "driver_root": host_driver_root(fs),
                 "nvidia_smi": smi,
                 "smi_in_root": smi,
             }
@@ -174,7 +227,7 @@ def detect_driver(
             update={
                 "source": DriverSource.HOST,
                 "flavor": "talos" if talos else "distribution",
-                "driver_root": "/",
+                "driver_root": host_driver_root(fs),
             }
         )
     if gpus_all_on_vfio:

@@ -58,13 +58,14 @@ def test_talos_driver_found_outside_usr_bin(build_host) -> None:  # type: ignore
     driver = probe(build_host("talos").fs).driver
     assert driver.nvidia_smi == "/usr/local/bin/nvidia-smi"
     assert driver.nvml_library and driver.nvml_library.startswith("/usr/local/glibc/usr/lib/")
-    assert driver.kernel_version == "570.124.06" and driver.driver_root == "/"
+    # the driver's tree: nvidia-smi in its bin/, libnvidia-ml in its glibc/usr/lib
+    assert driver.kernel_version == "570.124.06" and driver.driver_root == "/usr/local"
 
 
 def test_glibc_tree_alone_is_enough_to_find_a_talos_driver(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("talos", executables={}, os={"id": "talos", "version_id": "v1.9.5"})
     driver = probe(host.fs).driver
-    assert (driver.source, driver.flavor, driver.nvidia_smi) == ("host", "talos", None)
+    assert (driver.source, driver.flavor, driver.nvidia_smi, driver.driver_root) == ("host", "talos", None, "/usr/local")
 
 
 def test_extra_search_path_finds_a_driver_in_an_odd_place(build_host) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.config import COMPONENTS, ConfigError, ValidatorConfig
 from gpu_operator.node.validate.run import validate
-from tests.unit.node.nodekit import HOST_NAMES, FakeNodeView, context
+from tests.support.hostsim import fakehost
+from tests.unit.node.nodekit import HOST_NAMES, HOSTS_DIR, FakeNodeView, context
 
 VALIDATIONS = "/run/nvidia/validations"
 FAILING_SMI = "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.' >&2\nexit 9\n"
@@ -20,14 +21,20 @@ def _read(fs: HostFS, name: str) -> str | None:
     return fs.read_text(f"{VALIDATIONS}/{name}")
 
 
-@pytest.mark.parametrize("name", ["ubuntu-apt-driver", "talos"])
-def test_host_driver_passes_and_writes_driver_ready(build_host, name: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("name", "root", "ctr_path"), [
+    ("ubuntu-apt-driver", "/", "/host"),
+    # Talos' extension: nvidia-smi in /usr/local/bin, the libraries under /usr/local/glibc; the
+    # components mount the host root at /host, so they see that tree at /host/usr/local
+    ("talos", "/usr/local", "/host/usr/local"),
+])
+def test_host_driver_passes_and_writes_driver_ready(build_host, name: str, root: str, ctr_path: str) -> None:  # type: ignore[no-untyped-def]
     host = build_host(name)
     ctx, _ = context(host.fs)
     result = validate(ctx, "driver")
     assert result.outcome == Outcome.PASSED, result.message
     assert _read(host.fs, "driver-ready") == (
-        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"
+        f"IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT={root}\nDRIVER_ROOT_CTR_PATH={ctr_path}\nNVIDIA_DEV_ROOT=/\n"
+        "DEV_ROOT_CTR_PATH=/host\n"
     )
 
 
@@ -52,6 +59,20 @@ def test_operator_driver_passes_and_points_at_the_driver_root(build_host) -> Non
     values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
     assert values["IS_HOST_DRIVER"] == "false"
     assert values["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver" and values["DRIVER_ROOT_CTR_PATH"] == "/driver-root"
+
+
+def test_a_custom_driver_install_dir_is_the_driver_root_written(build_host) -> None:  # type: ignore[no-untyped-def]
+    """hostPaths.driverInstallDir reaches the validator as DRIVER_INSTALL_DIR: the operator's driver
+    found there is the root every component reads; they mount that dir at /driver-root."""
+    spec = fakehost.load_spec(HOSTS_DIR / "operator-driver.yaml")
+    moved = {key: {path.replace("/run/nvidia/driver/", "/opt/nvidia/driver/"): text for path, text in spec[key].items()}
+             for key in ("files", "executables")}
+    host = build_host("operator-driver", **moved)
+    ctx, _ = context(host.fs, {"DRIVER_INSTALL_DIR": "/opt/nvidia/driver"})
+    assert validate(ctx, "driver").outcome == Outcome.PASSED
+    values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
+    assert (values["IS_HOST_DRIVER"], values["NVIDIA_DRIVER_ROOT"], values["DRIVER_ROOT_CTR_PATH"]) == \
+        ("false", "/opt/nvidia/driver", "/driver-root")
 
 
 def test_operator_driver_wait_is_bounded_and_names_what_it_waited_for(build_host) -> None:  # type: ignore[no-untyped-def]

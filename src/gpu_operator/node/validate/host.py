@@ -7,7 +7,14 @@ import stat
 from pathlib import Path
 
 from gpu_operator.node import pci
-from gpu_operator.node.driver import SMI_SEARCH_DIRS, DriverInfo, DriverSource, detect_driver, module_names
+from gpu_operator.node.driver import (
+    SMI_SEARCH_DIRS,
+    DriverInfo,
+    DriverSource,
+    detect_driver,
+    module_names,
+    under_root,
+)
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
 from gpu_operator.node.validate.config import DRIVER_CTR_READY, STATUS_FILES
@@ -21,8 +28,17 @@ _EXTRA_MODULES = {
 MODULE_OF = {"nvidia-fs": "nvidia_fs", "gdrcopy": "gdrdrv", "nvidia-peermem": "nvidia_peermem"}
 
 
+# Where the components that source driver-ready mount the host's root and the driver install dir.
+HOST_ROOT_CTR_PATH = "/host"
+DRIVER_INSTALL_DIR_CTR_PATH = "/driver-root"
+
+
 def driver_ready_values(info: DriverInfo, fs: HostFS) -> dict[str, str]:
-    """The driver-ready file's keys (sourced by the toolkit and device plugin entrypoints)."""
+    """The driver-ready file's keys, sourced by every component that needs the driver's location
+    (the toolkit, device plugin, MIG manager and DRA kubelet plugin entrypoints): the node's driver
+    root on the host, and where those containers see it. A host driver's root is under the host
+    root they mount at /host (/host itself, or e.g. /host/usr/local on Talos); the operator's
+    driver is the install dir they mount at /driver-root."""
     host = info.source == DriverSource.HOST
     root = info.driver_root or "/"
     # Device nodes live on the host once the host (or the driver container) created them there.
@@ -30,9 +46,9 @@ def driver_ready_values(info: DriverInfo, fs: HostFS) -> dict[str, str]:
     return {
         "IS_HOST_DRIVER": str(host).lower(),
         "NVIDIA_DRIVER_ROOT": root,
-        "DRIVER_ROOT_CTR_PATH": "/host" if host else "/driver-root",
+        "DRIVER_ROOT_CTR_PATH": under_root(HOST_ROOT_CTR_PATH, root) if host else DRIVER_INSTALL_DIR_CTR_PATH,
         "NVIDIA_DEV_ROOT": "/" if dev_on_host else root,
-        "DEV_ROOT_CTR_PATH": "/host" if dev_on_host else "/driver-root",
+        "DEV_ROOT_CTR_PATH": HOST_ROOT_CTR_PATH if dev_on_host else DRIVER_INSTALL_DIR_CTR_PATH,
     }
 
 
