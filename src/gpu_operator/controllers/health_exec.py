@@ -11,7 +11,8 @@ import logging
 from typing import Any
 
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.drain import pod_facts
+from gpu_operator.controllers.drain import claims_of, pod_facts
+from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.health_machine import Step
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
@@ -48,19 +49,22 @@ class Executor:
         self.kube = kube
         self.blocked: dict[tuple[str, str], str] = {}  # pod -> the PodDisruptionBudget that refused it
 
-    async def pod_facts(self, node: str, selector: str | None) -> tuple[us.PodFacts, ...]:
-        """The pods on a draining node; `selector`: only the pods it matches may be evicted."""
+    async def pod_facts(self, node: str, selector: str | None,
+                        access: RuntimeAccess | None = None) -> tuple[us.PodFacts, ...]:
+        """The pods on a draining node; `selector`: only the pods it matches may be evicted;
+        `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime)."""
         on_node = f"spec.nodeName={node}"
         pods = await self.kube.list_pods(fields=on_node)
         matching = None if not selector else {
             (p["metadata"].get("namespace", ""), p["metadata"]["name"])
             for p in await self.kube.list_pods(fields=on_node, labels=selector)}
+        claims = await claims_of(self.kube, pods)
         facts = []
         for pod in pods:
             meta = pod.get("metadata") or {}
             key = (meta.get("namespace", ""), meta.get("name", ""))
             names = {key[1]} if matching is None or key in matching else set()
-            facts.append(pod_facts(pod, set(), names, self.blocked))
+            facts.append(pod_facts(pod, set(), names, self.blocked, access=access or RuntimeAccess(), claims=claims))
         return tuple(facts)
 
     async def run(self, step: Step) -> None:

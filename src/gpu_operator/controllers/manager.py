@@ -17,6 +17,7 @@ import kopf
 from gpu_operator.controllers import metrics
 from gpu_operator.controllers.cache import SERVICE_MONITOR, NodeView
 from gpu_operator.controllers.environment import Environment
+from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.loop import Event, NodeEvent, UnitBase, UnitLoop
 from gpu_operator.controllers.readmodel import ClusterInfo, ReadModel
@@ -56,7 +57,8 @@ class Manager:
             GPUClusterUnit(kube, settings, model, images),
             self.labels,
             HealthUnit(model.nodes, model.node, model.health_spec, kube, settings=settings,
-                       device_taints=DeviceTaints(kube, model.gpucluster_owner)),
+                       device_taints=DeviceTaints(kube, model.gpucluster_owner),
+                       runtime=lambda: runtime_access(model.active_policy())),
             MIGUnit(kube, settings, model),
         ]
         self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]

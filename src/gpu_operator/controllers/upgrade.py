@@ -15,7 +15,8 @@ from prometheus_client import Gauge
 
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest, pod_ready
-from gpu_operator.controllers.drain import pod_facts
+from gpu_operator.controllers.drain import claims_of, pod_facts
+from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade_owners import Owner
@@ -185,6 +186,7 @@ class UpgradeController:
         self.sent: dict[str, dict[str, Any]] = {}  # node -> its last patch the reflector has not shown yet
         self.deleted: set[tuple[str, str]] = set()  # driver pods we deleted that the watch still shows live
         self.waiting_since: float | None = None
+        self.access = RuntimeAccess()
 
     def caught_up(self, views: Mapping[str, NodeView],
                   pods: Mapping[tuple[str, str], DriverPodView] | None = None) -> bool:
@@ -210,10 +212,12 @@ class UpgradeController:
         self.waiting_since = None
         return True
 
-    async def reconcile(self, owners: Sequence[Owner]) -> Result:
+    async def reconcile(self, owners: Sequence[Owner], access: RuntimeAccess | None = None) -> Result:
         """One pass: the state machine once per owner (the ClusterPolicy, or each NVIDIADriver),
         each on its own nodes with its own policy and pause; the lists are read once and shared.
+        `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime).
         Its Result says when to look again."""
+        self.access = access or RuntimeAccess()
         if not owners:
             return Result(self.settings.upgrade_idle_requeue)
         views = {v.name: v for v in self.nodes()}
@@ -274,7 +278,8 @@ class UpgradeController:
             if policy.drain_selector:
                 drain = {p["metadata"]["name"] for p in
                          await self.kube.list_pods(fields=on_node, labels=policy.drain_selector)}
-        return tuple(pod_facts(p, wait, drain, self.blocked) for p in pods)
+            claims = await claims_of(self.kube, pods)
+        return tuple(pod_facts(p, wait, drain, self.blocked, access=self.access, claims=claims) for p in pods)
 
     async def _execute(self, steps: Sequence[us.Step], facts: Mapping[str, us.NodeFacts]) -> None:
         await asyncio.gather(*(self._apply(step, facts.get(step.node)) for step in steps))

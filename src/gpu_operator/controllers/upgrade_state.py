@@ -73,7 +73,6 @@ ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_
 HEALTH_REMEDIATING = ("draining", "acting", "validating")
 VALIDATION_TIMEOUT_SECONDS = 600  # upstream's fixed validation timeout
 CRASH_LOOP_RESTARTS = 10  # upstream: any driver container restarted more than this -> failed
-GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
 # The api model's defaults, read once.
@@ -140,7 +139,7 @@ class PodFacts:
     name: str
     namespace: str
     phase: str = "Running"
-    gpu: bool = False  # requests/limits nvidia.com/gpu* or nvidia.com/mig-*
+    gpu: bool = False  # holds GPUs of the node (controllers/gpuholders.py)
     daemonset: bool = False  # owned by a DaemonSet (drain ignores these)
     mirror: bool = False  # static pod
     controlled: bool = True  # has a controller owner (else only removed with force)
@@ -244,17 +243,6 @@ def latest_revision_hash(revisions: Iterable[Mapping[str, Any]]) -> str | None:
     return labels.get(CONTROLLER_REVISION_HASH)
 
 
-def requests_gpu(pod: Mapping[str, Any]) -> bool:
-    """upstream's pod filter: a container requests or limits nvidia.com/gpu* or nvidia.com/mig-*."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        for section in ("requests", "limits"):
-            for name in resources.get(section) or {}:
-                if name.startswith(GPU_RESOURCE_PREFIXES):
-                    return True
-    return False
-
-
 def _needs_upgrade(node: NodeFacts) -> bool:
     d = node.driver
     return ((d is not None and (not d.in_sync or d.orphaned))
@@ -353,7 +341,10 @@ def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step
     if state == WAIT_FOR_JOBS_REQUIRED:
         return _wait_for_jobs(node, policy, now)
     if state == POD_DELETION_REQUIRED:
-        gpu_pods = [p for p in node.pods if p.gpu and p.phase in ("Running", "Pending") and not p.mirror]
+        # DaemonSet pods never (NVIDIA's pod deletion ignores them too): the operands run under the
+        # nvidia RuntimeClass, and their DaemonSet would put them back on the cordoned node
+        gpu_pods = [p for p in node.pods if p.gpu and p.phase in ("Running", "Pending") and not p.mirror
+                    and not p.daemonset]
         outcome, step = _eviction(node, gpu_pods, UPGRADE_POD_DELETION_START_ANNOTATION, policy.deletion_timeout,
                                   now, policy.deletion_force, policy.deletion_empty_dir, "GPU pod deletion")
         clear = {UPGRADE_POD_DELETION_START_ANNOTATION: None}

@@ -17,6 +17,10 @@ from gpu_operator.kube.resources import collection_path, resource_for
 
 VERSION_PATH = "/version"
 READYZ_PATH = "/readyz"
+# resource.k8s.io versions whose ResourceClaim allocation names each device's driver and pool
+# (status.allocation.devices.results), newest first: v1 from Kubernetes 1.34, v1beta2 1.33,
+# v1beta1 1.32
+RESOURCE_CLAIM_VERSIONS = ("v1", "v1beta2", "v1beta1")
 
 
 def _selectors(labels: str | None, fields: str | None) -> dict[str, str]:
@@ -70,6 +74,17 @@ class Reads:
         """Pods (in `namespace`, else in all) matching the selector strings; `slim`: decoded as
         kube/pages.py's SlimPod (owners, labels, node, env, readiness only)."""
         return await self.list_items("", "v1", "pods", namespace, labels=labels, fields=fields, slim_pods=slim)
+
+    async def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]] | None:
+        """ResourceClaims (in `namespace`, else in all) at the newest version of RESOURCE_CLAIM_VERSIONS
+        the apiserver serves; None when it serves none (no DRA, e.g. Kubernetes 1.29 by default)."""
+        for version in RESOURCE_CLAIM_VERSIONS:
+            try:
+                return await self.list_items("resource.k8s.io", version, "resourceclaims", namespace)
+            except httpx2.HTTPStatusError as err:
+                if err.response.status_code != 404:
+                    raise
+        return None
 
     async def count_items(self, group: str, version: str, plural: str) -> int | None:
         """How many objects of a kind exist in all namespaces (one item fetched); None when the

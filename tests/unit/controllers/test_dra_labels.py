@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpu_operator.controllers.gpuholders import claim_holding_nodes
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
-from gpu_operator.controllers.units.labels import claim_holding_nodes
 from gpu_operator.vocabulary import (
     DRA_DRIVER_LABEL,
     DRA_STATE_LABELS,
@@ -89,8 +89,8 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
     class Claims:
         lists = 0
 
-        async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None) -> list[Any]:
-            assert (api_version, kind, namespace) == ("resource.k8s.io/v1", "ResourceClaim", "*")
+        async def list_resource_claims(self, namespace: str | None = None) -> list[Any]:
+            assert namespace is None  # every namespace
             self.lists += 1
             return [held]
 

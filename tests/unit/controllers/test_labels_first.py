@@ -39,7 +39,7 @@ def _manager(busy: list[bool], asked: list[Any]) -> tuple[Manager, list[Any]]:
 
     passes: list[Any] = []
 
-    async def reconcile(owners: Any) -> Result:
+    async def reconcile(owners: Any, access: Any = None) -> Result:
         passes.append(owners)
         return Result(600.0)
 

@@ -11,6 +11,7 @@ import msgspec
 from gpu_operator.controllers import drain, upgrade, upgrade_owners
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import DriverPodView, NodeView
+from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
 from gpu_operator.kube import pages
@@ -55,10 +56,10 @@ def test_pod_facts() -> None:
            "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
                     "volumes": [{"name": "scratch", "emptyDir": {}}]},
            "status": {"phase": "Running"}}
-    facts = drain.pod_facts(pod, {"w"}, None, {("work", "w"): "work/pdb"})
+    facts = drain.pod_facts(pod, {"w"}, None, {("work", "w"): "work/pdb"}, access=RuntimeAccess(), claims={})
     assert (facts.gpu, facts.controlled, facts.daemonset, facts.empty_dir, facts.drain_skip, facts.wait_match,
             facts.drain_match, facts.blocked_by) == (True, True, False, True, True, True, True, "work/pdb")
-    assert not drain.pod_facts(pod, set(), {"other"}, {}).drain_match
+    assert not drain.pod_facts(pod, set(), {"other"}, {}, access=RuntimeAccess(), claims={}).drain_match
 
 
 def test_node_patch_is_one_merge_patch() -> None:

@@ -255,14 +255,6 @@ def test_latest_revision_hash() -> None:
     assert us.latest_revision_hash([]) is None
 
 
-def test_requests_gpu() -> None:
-    def pod(res: dict[str, Any]) -> dict[str, Any]:
-        return {"spec": {"containers": [{"resources": res}]}}
-    assert us.requests_gpu(pod({"limits": {"nvidia.com/gpu": "1"}}))
-    assert us.requests_gpu(pod({"requests": {"nvidia.com/mig-1g.10gb": "1"}}))
-    assert not us.requests_gpu(pod({"requests": {"cpu": "1"}}))
-
-
 def test_policy_of_the_api_model_values_and_defaults() -> None:
     p = us.Policy.of(DriverUpgradePolicySpec.model_validate(
         {"autoUpgrade": True, "maxParallelUpgrades": 5, "maxUnavailable": 2,

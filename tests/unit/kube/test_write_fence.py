@@ -98,6 +98,7 @@ CALLS: dict[str, tuple[Callable[[Kube], Awaitable[Any]], bool]] = {
     "list_items": (lambda k: k.list_items("apps", "v1", "daemonsets", "ns"), False),
     "list_pods": (lambda k: k.list_pods("ns", labels="app=x", fields="spec.nodeName=n1", slim=True), False),
     "count_items": (lambda k: k.count_items("nvidia.com", "v1", "clusterpolicies"), False),
+    "list_resource_claims": (lambda k: k.list_resource_claims("ns"), False),
     "read_list": (lambda k: k.read_list("", "v1", "nodes"), False),
     "read_version": (lambda k: k.read_version(), False),
     "read_readyz": (lambda k: k.read_readyz(timeout=1.0), False),

@@ -24,6 +24,7 @@ from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
 from gpu_operator.controllers import health_rules as hr
 from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.health_exec import Executor
 from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
@@ -87,8 +88,10 @@ class HealthUnit(UnitBase):
     def __init__(self, nodes: Callable[[], Iterable[NodeView]], node: Callable[[str], NodeView | None],
                  policy: Callable[[], HealthSpec | None], kube: Kube, *,
                  settings: OperatorSettings | None = None, clock: Callable[[], float] = time.time,
-                 device_taints: DeviceTaints | None = None) -> None:
+                 device_taints: DeviceTaints | None = None,
+                 runtime: Callable[[], RuntimeAccess] = RuntimeAccess) -> None:
         self.nodes, self.node, self.policy, self.kube = nodes, node, policy, kube
+        self.runtime = runtime  # how pods reach GPUs besides requests and claims (the drain's)
         self.device_taints = device_taints
         self.settings = settings or OperatorSettings()
         self.clock = clock
@@ -167,8 +170,9 @@ class HealthUnit(UnitBase):
             return hm.release_all([hm.node_facts(v) for v in views.values() if v.labels.get(HEALTH_STATE)],
                                   spec.remediation)
         draining = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.DRAINING]
+        access = self.runtime() if draining else None
         pods = dict(zip(draining, await asyncio.gather(
-            *(self.executor.pod_facts(n, spec.remediation.podSelector) for n in draining)), strict=True))
+            *(self.executor.pod_facts(n, spec.remediation.podSelector, access) for n in draining)), strict=True))
         return hm.plan([hm.node_facts(v, pods.get(n, ())) for n, v in views.items()], spec.remediation, now)
 
     async def _node(self, view: NodeView, spec: HealthSpec, step: hm.Step | None, report: PassReport) -> None:

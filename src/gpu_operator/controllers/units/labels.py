@@ -20,10 +20,11 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Literal
 
 from gpu_operator.controllers.cache import ClusterPolicyView, NodeView
 from gpu_operator.controllers.cleanup import strip_nodes
+from gpu_operator.controllers.gpuholders import claim_holding_nodes
 from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Pacing, Result, UnitBase
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
@@ -33,23 +34,6 @@ from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import DRA_DRIVER_LABEL
 
 log = logging.getLogger("gpu_operator.operator")
-
-GPU_DRIVER = "gpu.nvidia.com"
-
-
-def claim_holding_nodes(claims: list[dict[str, Any]]) -> frozenset[str]:
-    """Nodes where an allocated, reserved ResourceClaim holds a device of gpu.nvidia.com (the
-    allocation's pool is the node whose ResourceSlices offered it)."""
-    nodes = set()
-    for claim in claims:
-        status = claim.get("status") or {}
-        if not status.get("reservedFor"):
-            continue
-        for result in ((status.get("allocation") or {}).get("devices") or {}).get("results") or []:
-            if result.get("driver") == GPU_DRIVER and result.get("pool"):
-                nodes.add(result["pool"])
-    return frozenset(nodes)
-
 
 class LabelUnit(UnitBase):
     name = "node labelling"
@@ -132,8 +116,8 @@ class LabelUnit(UnitBase):
         labelled = {v.name for v in views if DRA_DRIVER_LABEL in v.labels}
         if not labelled:
             return frozenset()
-        claims = await self.kube.list_dicts("resource.k8s.io/v1", "ResourceClaim", namespace="*")  # every namespace
-        return claim_holding_nodes(claims) & labelled
+        claims = await self.kube.list_resource_claims()  # every namespace; None: DRA not served
+        return claim_holding_nodes(claims or []) & labelled
 
     async def _claims(self, policy: LabelPolicy) -> LabelPolicy:
         """Leaving the DRA stack: the nodes that keep the DRA driver label for now. The claims are

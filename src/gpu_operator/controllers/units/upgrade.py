@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
@@ -56,4 +57,4 @@ class UpgradeUnit(UnitBase):
             return Result(self.settings.coalesce)
         model = self.model
         owners = upgrade_owners(model.active_policy(), model.drivers(), model.nodes(), dra=bool(model.gpuclusters()))
-        return await self.controller.reconcile(owners)
+        return await self.controller.reconcile(owners, runtime_access(model.active_policy()))
