@@ -37,6 +37,7 @@ from gpu_operator.controllers.nodelabels import NodeDriver
 from gpu_operator.controllers.queries import active_policy, node_drivers, parse_drivers
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
+from gpu_operator.kube.platform import platform_name, read_openshift_version
 from gpu_operator.vocabulary import NODE_FEATURE_GROUP, NODE_FEATURE_PLURAL
 
 log = logging.getLogger("gpu_operator.operator")
@@ -56,12 +57,18 @@ class DiscoveryError(RuntimeError):
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """Cluster facts read once at start: the Kubernetes version (rendering depends on it) and
+    """Cluster facts read once at start: the Kubernetes version (rendering depends on it), the
+    platform (OpenShift and its version: kube/platform.py, the signal NVIDIA's operator reads) and
     which optional CRDs are served (a CRD installed later is seen at the next start)."""
 
     k8s_version: str = ""
     servicemonitor_crd: bool = False
     node_feature_crd: bool = False
+    openshift_version: str = ""  # "" where the cluster is not OpenShift
+
+    @property
+    def openshift(self) -> bool:
+        return bool(self.openshift_version)
 
     @classmethod
     async def read(cls, kube: Kube) -> ClusterInfo:
@@ -72,7 +79,7 @@ class ClusterInfo:
                                        "servicemonitors.monitoring.coreos.com")
         features = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
                                        f"{NODE_FEATURE_PLURAL}.{NODE_FEATURE_GROUP}")
-        return cls(version, monitors is not None, features is not None)
+        return cls(version, monitors is not None, features is not None, await read_openshift_version(kube))
 
     @classmethod
     async def discover(cls, kube: Kube, stop: asyncio.Event, backoff: Backoff) -> ClusterInfo | None:
@@ -86,12 +93,13 @@ class ClusterInfo:
             except Exception as err:
                 failures += 1
                 delay = backoff.delay(failures)
-                log.warning("start-up discovery failed (GET /version and the ServiceMonitor CRD): %s; "
-                            "not starting the loops, retrying in %.0f s", err, delay)
+                log.warning("start-up discovery failed (GET /version, the ServiceMonitor and NodeFeature CRDs, "
+                            "OpenShift's ClusterVersion): %s; not starting the loops, retrying in %.0f s", err, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                 continue
-            log.info("Kubernetes %s; ServiceMonitor CRD %s; NodeFeature CRD %s", info.k8s_version,
+            log.info("Kubernetes %s; platform %s; ServiceMonitor CRD %s; NodeFeature CRD %s", info.k8s_version,
+                     platform_name(info.openshift_version),
                      "present" if info.servicemonitor_crd else "absent",
                      "present" if info.node_feature_crd else "absent")
             return info

@@ -18,6 +18,10 @@ GPUClusterResource = create_global_resource("nvidia.com", "v1alpha1", "GPUCluste
 ComputeDomainResource = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains")
 ComputeDomainCliqueResource = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomainClique",
                                                          "computedomaincliques")
+# OpenShift's kinds: the ClusterVersion tells the platform (kube/platform.py); operands get SCCs there.
+ClusterVersionResource = create_global_resource("config.openshift.io", "v1", "ClusterVersion", "clusterversions")
+SecurityContextConstraintsResource = create_global_resource("security.openshift.io", "v1",
+                                                            "SecurityContextConstraints", "securitycontextconstraints")
 # Our CRs with a status subresource, by kind.
 STATUS_RESOURCES: dict[str, Any] = {"ClusterPolicy": ClusterPolicyResource, "NVIDIADriver": NVIDIADriverResource,
                                     "GPUCluster": GPUClusterResource}

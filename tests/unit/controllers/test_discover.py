@@ -11,6 +11,7 @@ import pytest
 from gpu_operator.controllers.readmodel import ClusterInfo
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
+from gpu_operator.kube.pages import Answer
 
 FAST = Backoff(initial=0.01, cap=0.02)
 
@@ -31,6 +32,9 @@ class FlakyKube:
 
     async def get_dict(self, *_: Any, **__: Any) -> dict[str, Any] | None:
         return None
+
+    async def get_answer(self, path: str, *_: Any, **__: Any) -> Answer:
+        return Answer(404, "404 page not found", path=path)  # no ClusterVersion: not OpenShift
 
 
 def test_discover_retries_until_the_apiserver_answers(caplog: pytest.LogCaptureFixture) -> None:
