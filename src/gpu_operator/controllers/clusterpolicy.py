@@ -52,6 +52,7 @@ class Snapshot:
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
     # GPUClusters (names): a ClusterPolicy does not run beside one
     gpuclusters: list[str] = field(default_factory=list)
+    openshift_version: str = ""  # start-up discovery's (controllers/readmodel.py); "" where not OpenShift
 
 
 class ClusterPolicyReconciler:
@@ -89,6 +90,7 @@ class ClusterPolicyReconciler:
             facts = ClusterFacts.of(
                 [n.facts for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=self.images,
+                openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version,
                 servicemonitor_crd=snap.servicemonitor_crd,
                 configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))
             result = render(policy, facts)

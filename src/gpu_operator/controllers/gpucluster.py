@@ -62,6 +62,7 @@ class ClusterSnapshot:
     owned: dict[OwnedKey, OwnedView]
     namespace: str
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
+    openshift: bool = False  # start-up discovery's (controllers/readmodel.py)
 
 
 @dataclass
@@ -102,7 +103,7 @@ class GPUClusterReconciler:
                 validation_message(parsed.error, f"GPUCluster {view.name}")))
         try:
             facts = DRAFacts(namespace=snap.namespace, resource_api=await self._resource_api(),
-                             operator_env=self.images)
+                             openshift=snap.openshift, operator_env=self.images)
             result = render_gpucluster(parsed.valid(), facts)
         except RenderError as err:
             return await self._finish(view, snap, report, st.Outcome.failed(

@@ -60,6 +60,7 @@ class DriverSnapshot:
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)  # as Snapshot's
     # GPUClusters (names): with one and no ClusterPolicy, NVIDIADrivers manage the DRA stack's driver
     gpuclusters: list[str] = field(default_factory=list)
+    openshift_version: str = ""  # as Snapshot's
 
 
 @dataclass
@@ -102,7 +103,8 @@ class NVIDIADriverReconciler:
         owners = effective_owners(routing, snap.nodes)
         base = policy
         facts = ClusterFacts.of([n.facts for n in snap.nodes], namespace=snap.namespace,
-                                k8s_version=snap.k8s_version, operator_env=self.images)
+                                k8s_version=snap.k8s_version, operator_env=self.images,
+                                openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version)
         for name, nvd in sorted(drivers.items()):
             report = ReconcileReport()
             out.reports[name] = report

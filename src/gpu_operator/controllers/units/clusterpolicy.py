@@ -33,7 +33,8 @@ class ClusterPolicyUnit(UnitBase):
         model = self.model
         return Snapshot(model.policies(), model.nodes(), model.owned(), model.namespace, model.info.k8s_version,
                         model.info.servicemonitor_crd, watched_kinds=model.watched_kinds,
-                        gpuclusters=[v.name for v in model.gpuclusters()])
+                        gpuclusters=[v.name for v in model.gpuclusters()],
+                        openshift_version=model.info.openshift_version)
 
     async def reconcile(self) -> Result:
         if self.labels_first():

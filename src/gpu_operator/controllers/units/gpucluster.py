@@ -31,7 +31,7 @@ class GPUClusterUnit(UnitBase):
     def snapshot(self) -> ClusterSnapshot:
         model = self.model
         return ClusterSnapshot(model.gpuclusters(), model.policies(), model.owned(), model.namespace,
-                               watched_kinds=model.watched_kinds)
+                               watched_kinds=model.watched_kinds, openshift=model.info.openshift)
 
     async def reconcile(self) -> Result:
         return await self.reconciler.reconcile(self.snapshot())

@@ -32,7 +32,8 @@ class NVIDIADriverUnit(UnitBase):
         model = self.model
         return DriverSnapshot(model.drivers(), model.policies(), model.nodes(), model.owned(), model.namespace,
                               model.info.k8s_version, watched_kinds=model.watched_kinds,
-                              gpuclusters=[v.name for v in model.gpuclusters()])
+                              gpuclusters=[v.name for v in model.gpuclusters()],
+                              openshift_version=model.info.openshift_version)
 
     async def reconcile(self) -> Result:
         return await self.reconciler.reconcile(self.snapshot())
