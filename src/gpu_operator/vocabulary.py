@@ -30,6 +30,10 @@ KATA_RUNTIME_CLASS = f"{NVIDIA}/kata-runtime-class"
 DRIVER_SOURCE = f"{NVIDIA}/gpu.driver.source"
 DRIVER_VERSION = f"{NVIDIA}/gpu.driver.version"
 PROBE_STATUS = f"{NVIDIA}/gpu.probe.status"
+# The container-toolkit DaemonSet a GPU node belongs to (ours): its runtime's distribution where it
+# is not stock containerd (k3s, k3s-v3, rke2, rke2-v3, microk8s, k0s, crio, docker, talos,
+# unrecognised); written by node labelling, selected by the toolkit DaemonSets (docs/distributions.md).
+RUNTIME_GROUP = f"{NVIDIA}/gpu.container-runtime"
 # VM passthrough (ours). On a mixed node this annotation lists the PCI addresses of the GPUs that
 # go to VMs (comma-separated, e.g. "0000:0a:00.0,0000:18:00.0"); the others stay on nvidia for
 # containers. Without it, a vm-passthrough node gives every GPU to VMs.
@@ -203,6 +207,9 @@ NFD_LABELS_MISSING = "NFDLabelsMissing"
 NO_GPU_NODES = "NoGPUNodes"
 OPERAND_NOT_READY = "OperandNotReady"
 PREREQUISITE_NOT_MET = "PrerequisiteNotMet"
+# ours: a GPU node's container runtime is one the toolkit cannot be pointed at (docs/distributions.md);
+# also the reason of the Warning Event on that node
+RUNTIME_NOT_RECOGNISED = "RuntimeNotRecognised"
 
 # -- the validator's status files ------------------------------------------------------------------
 VALIDATIONS_DIR = "/run/nvidia/validations"

@@ -16,7 +16,7 @@ from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import nodelabels
-from gpu_operator.render.facts import NodeFacts
+from gpu_operator.render.facts import NodeFacts, probe_runtime
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     GFD_LABELS_ANNOTATION,
@@ -131,6 +131,7 @@ class NodeView:
     annotations: dict[str, str]
     runtime: str
     kernel: str
+    kubelet: str = ""  # nodeInfo.kubeletVersion (a distribution's suffix: +k3s1, +rke2r1, +k0s)
     # Every label, for NVIDIADriver nodeSelectors (which may use any key); `labels` above is the
     # part the renderer and the labeller read.
     selectable: dict[str, str] = field(default_factory=dict)
@@ -154,6 +155,7 @@ class NodeView:
         return cls.of_parts(
             meta["name"], meta.get("labels") or {}, meta.get("annotations") or {},
             runtime=info.get("containerRuntimeVersion", ""), kernel=info.get("kernelVersion", ""),
+            kubelet=info.get("kubeletVersion", ""),
             unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
             ready=any(c.get("type") == "Ready" and c.get("status") == "True"
                       for c in (body.get("status") or {}).get("conditions") or []),
@@ -163,7 +165,7 @@ class NodeView:
 
     @classmethod
     def of_parts(cls, name: str, labels: dict[str, str], annotations: dict[str, str], *, runtime: str = "",
-                 kernel: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0,
+                 kernel: str = "", kubelet: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0,
                  taints: Taints = (), gpu_condition: GPUCondition | None = None,
                  mig_condition: GPUCondition | None = None) -> NodeView:
         """From a Node's fields (a body, or the Node watch's decoded node): only the labels and
@@ -172,7 +174,7 @@ class NodeView:
             name=name,
             labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
             annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
-            runtime=runtime, kernel=kernel, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
+            runtime=runtime, kernel=kernel, kubelet=kubelet, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
             seen=seen, taints=taints, gpu_condition=gpu_condition, mig_condition=mig_condition,
         )
 
@@ -188,7 +190,8 @@ class NodeView:
     def facts(self) -> NodeFacts:
         """The renderer's facts of this node, built once per view: a view is replaced, not
         changed, when the node changes, and every reconcile reads the facts of every node."""
-        return NodeFacts(self.name, self.labels, runtime_version=self.runtime, kernel_version=self.kernel)
+        return NodeFacts(self.name, self.labels, runtime_version=self.runtime, kernel_version=self.kernel,
+                         kubelet_version=self.kubelet, probe_runtime=probe_runtime(self.annotations))
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class NodeLabeller:
         async def worker() -> None:
             for node in pending:  # shared: each node goes to one worker
                 change = desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name,
-                                        gfd(node.name))
+                                        gfd(node.name), node.facts.toolkit_group)
                 if change:
                     await self._patch(node, change, report, node.seen if events else None)
 

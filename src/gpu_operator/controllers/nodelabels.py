@@ -13,6 +13,7 @@ from gpu_operator.controllers.gfdlabels import applied, gfd_change, gfd_runs
 from gpu_operator.controllers.mig_rules import restore_ordered
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
+from gpu_operator.render.distributions import MICROK8S_LABEL
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.facts import passthrough_list
 from gpu_operator.render.facts import workload_config as _workload_config
@@ -35,6 +36,7 @@ from gpu_operator.vocabulary import (
     NFD_GPU_LABELS,
     NFD_PREFIX,
     NVIDIA,
+    RUNTIME_GROUP,
     STATE_LABELS,
     UNKNOWN,
     UPGRADE_DONE,
@@ -129,7 +131,8 @@ class NodeChange:
 def is_relevant_label(key: str) -> bool:
     """The label keys the operator keeps in memory per node (everything else is dropped)."""
     return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
-        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX)
+        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX) \
+        or key == MICROK8S_LABEL  # the distribution of the node's runtime (render/distributions.py)
 
 
 def mig_capable(labels: Mapping[str, str]) -> bool:
@@ -201,7 +204,7 @@ def _dra_change(labels: dict[str, str], present: set[str], change_labels: dict[s
 
 def desired_change(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
                    driver: NodeDriver | None = None, node: str = "",
-                   gfd: Mapping[str, str] | None = None) -> NodeChange:
+                   gfd: Mapping[str, str] | None = None, runtime_group: str = "") -> NodeChange:
     """What must change on a node with these labels and annotations; empty when nothing. `gfd`:
     the labels GPU feature discovery publishes for the node (its NodeFeature), None if none.
 
@@ -209,6 +212,22 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str], policy: 
     it will be (GFD's mig.capable decides the MIG manager in the same patch); GFD's labels are kept
     only while the node's own GFD deploy label says GFD runs there.
     """
+    change = _desired_change(labels, annotations, policy, driver, node, gfd)
+    _runtime_group(labels, change.labels, runtime_group)
+    return change
+
+
+def _runtime_group(labels: dict[str, str], change_labels: dict[str, str | None], group: str) -> None:
+    """A GPU node's container-toolkit group (render/distributions.py) where it is not stock
+    containerd: the toolkit DaemonSets select on it (docs/distributions.md)."""
+    gpu = applied(labels, change_labels).get(GPU_PRESENT) == "true"
+    wanted = group if gpu and group and group != "containerd" else None
+    if labels.get(RUNTIME_GROUP) != wanted:
+        change_labels[RUNTIME_GROUP] = wanted
+
+
+def _desired_change(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
+                    driver: NodeDriver | None, node: str, gfd: Mapping[str, str] | None) -> NodeChange:
     if not policy.gfd_mirror:
         return _stack_change(labels, annotations, policy, driver, node)
     published = gfd if policy.gfd_enabled else None

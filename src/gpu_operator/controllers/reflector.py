@@ -31,6 +31,7 @@ def view_of(node: SlimNode) -> NodeView:
         meta.name, interned(meta.labels or {}), meta.annotations or {},
         runtime=sys.intern(info.containerRuntimeVersion) if info else "",
         kernel=sys.intern(info.kernelVersion) if info else "",
+        kubelet=sys.intern(info.kubeletVersion) if info else "",
         unschedulable=node.spec.unschedulable if node.spec else False,
         ready=any(c.type == "Ready" and c.status == "True" for c in conditions), seen=time.monotonic(),
         taints=kept_taints(node.spec.taints if node.spec else None), gpu_condition=gpu_condition(conditions),

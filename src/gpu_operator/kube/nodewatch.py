@@ -40,6 +40,7 @@ class _Meta(msgspec.Struct):
 class _NodeInfo(msgspec.Struct):
     kernelVersion: str = ""
     containerRuntimeVersion: str = ""
+    kubeletVersion: str = ""
 
 
 class _Condition(msgspec.Struct):

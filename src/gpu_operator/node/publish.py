@@ -45,10 +45,21 @@ def _product(name: str) -> str:
     return (match.group(1) if match else name).strip()
 
 
+def runtime_facts(report: HostReport) -> dict[str, str]:
+    """The host's container runtime as its files show it (node/runtime.py): the operator points the
+    container toolkit at it (render/distributions.py); empty fields are left out."""
+    rt = report.runtime
+    found = {"name": rt.name, "flavor": rt.flavor, "config": rt.config_path or "",
+             "template": rt.template_path or "", "socket": rt.socket or ""}
+    return {k: v for k, v in found.items() if v}
+
+
 def probe_facts(report: HostReport) -> dict[str, Any]:
-    """The facts the operator reads (KubeVirt sync, status): driver source and, per GPU, ID, name and driver."""
+    """The facts the operator reads (KubeVirt sync, status, the toolkit's runtime): driver source,
+    the container runtime and, per GPU, ID, name and driver."""
     return {
         "driverSource": report.driver.source.value,
+        "runtime": runtime_facts(report),
         "gpus": [
             {
                 "address": g.address,

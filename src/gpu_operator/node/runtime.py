@@ -55,6 +55,13 @@ _CANDIDATES = (
     ),
     _Candidate(
         "containerd",
+        "k0s",
+        ("/etc/k0s/containerd.toml",),
+        "/run/k0s/containerd.sock",
+        ("/etc/k0s/containerd.d/*.toml",),
+    ),
+    _Candidate(
+        "containerd",
         "talos",
         ("/etc/cri/containerd.toml",),
         "/run/containerd/containerd.sock",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_operator.render.distributions import detect, toolkit_group
 from gpu_operator.render.result import RenderError
 from gpu_operator.vocabulary import (
     CONTAINER,
@@ -17,6 +19,7 @@ from gpu_operator.vocabulary import (
     OS_ID,
     OS_VERSION_ID,
     PASSTHROUGH_DEVICES_ANNOTATION,
+    PROBE_FACTS_ANNOTATION,
     WORKLOAD_CONFIG,
     WORKLOAD_CONFIGS,
 )
@@ -32,6 +35,9 @@ class NodeFacts:
     labels: Mapping[str, str]
     runtime_version: str = ""
     kernel_version: str = ""
+    kubelet_version: str = ""
+    # the node probe's view of the host's runtime (`probe_runtime`): flavor, config, template, socket
+    probe_runtime: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gpu(self) -> bool:
@@ -49,6 +55,17 @@ class NodeFacts:
         return f"{os_id}{version}"
 
     @property
+    def distribution(self) -> str:
+        """Whose container runtime the node runs (render/distributions.py): the probe's host files
+        first, then nodeInfo's runtime and kubelet versions."""
+        return detect(self.runtime_version, self.kubelet_version, self.probe_runtime, self.labels)
+
+    @property
+    def toolkit_group(self) -> str:
+        """Which container-toolkit DaemonSet serves the node (render/distributions.py)."""
+        return toolkit_group(self.runtime_version, self.kubelet_version, self.probe_runtime, self.labels)
+
+    @property
     def kernel(self) -> str:
         return self.labels.get(KERNEL_FULL, "") or self.kernel_version
 
@@ -59,7 +76,22 @@ class NodeFacts:
         info = (node.get("status") or {}).get("nodeInfo") or {}
         return cls(name=str(meta.get("name", "")), labels=dict(meta.get("labels") or {}),
                    runtime_version=str(info.get("containerRuntimeVersion", "")),
-                   kernel_version=str(info.get("kernelVersion", "")))
+                   kernel_version=str(info.get("kernelVersion", "")),
+                   kubelet_version=str(info.get("kubeletVersion", "")),
+                   probe_runtime=probe_runtime(meta.get("annotations") or {}))
+
+
+def probe_runtime(annotations: Mapping[str, str]) -> dict[str, str]:
+    """The `runtime` the node probe publishes in its facts annotation (node/publish.py), as text
+    fields; empty where the probe has not run or found no runtime."""
+    try:
+        facts = json.loads(annotations.get(PROBE_FACTS_ANNOTATION) or "{}")
+    except ValueError:
+        return {}
+    runtime = facts.get("runtime") if isinstance(facts, dict) else None
+    if not isinstance(runtime, dict):
+        return {}
+    return {str(k): str(v) for k, v in runtime.items() if isinstance(v, str) and v}
 
 
 def runtime_of(nodes: list[NodeFacts], openshift: bool) -> str:

@@ -81,6 +81,7 @@ class Shape:
     kernel: str
     runtime: str
     capacity: dict[str, str]
+    kubelet: str = "fake"  # nodeInfo.kubeletVersion (a distribution's: v1.31.4+k3s1)
     machine: str = ""
     gpu_count: int = 0
     gpu_vendor_device: str = ""
@@ -154,7 +155,7 @@ class Shape:
                     "osImage": f"{self.os_id.capitalize()} {self.os_version_id}",
                     "kernelVersion": self.kernel,
                     "containerRuntimeVersion": self.runtime,
-                    "kubeletVersion": "fake",
+                    "kubeletVersion": self.kubelet,
                     "kubeProxyVersion": "fake",
                     "machineID": "",
                     "systemUUID": "",
@@ -247,6 +248,7 @@ def load(name: str) -> Shape:
         os_version_id=str(os_["version_id"]),
         kernel=str(raw["kernel"]),
         runtime=str(raw["runtime"]),
+        kubelet=str(raw.get("kubelet", "fake")),
         capacity={k: str(v) for k, v in raw["capacity"].items()},
         machine=str(raw.get("machine", "")),
         gpu_count=int(gpu.get("count", 0)),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
+from gpu_operator.render.distributions import STOCK, config_of, distribution_of, problem, user_names_paths
+from gpu_operator.render.facts import workload_config
 from gpu_operator.render.objects import (
     Ctx,
     configmap_volume,
@@ -13,7 +17,7 @@ from gpu_operator.render.objects import (
     hostpath,
     mount,
 )
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, build_daemonset, rule
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -25,7 +29,7 @@ from gpu_operator.render.states._common import (
     when_enabled,
 )
 from gpu_operator.render.transforms.runtime import toolkit_runtime
-from gpu_operator.vocabulary import VALIDATIONS_DIR
+from gpu_operator.vocabulary import CONTAINER, RUNTIME_GROUP, VALIDATIONS_DIR
 
 STATE = "state-container-toolkit"
 NAME = "nvidia-container-toolkit"
@@ -89,6 +93,74 @@ def _runtime(ds: dict[str, Any], ctx: Ctx) -> None:
     toolkit_runtime(ds["spec"]["template"]["spec"], ctx.spec, ctx.facts.runtime, ctx.facts.openshift)
 
 
+def _group_runtime(ds: dict[str, Any], ctx: Ctx, group: str, config: str) -> None:
+    toolkit_runtime(ds["spec"]["template"]["spec"], ctx.spec, ctx.facts.runtime, ctx.facts.openshift,
+                    distribution_of(group), config)
+
+
+def groups(ctx: Ctx) -> tuple[dict[str, list[str]], list[str]]:
+    """GPU nodes by toolkit group, the cluster's own runtime's under STOCK's key (today's DaemonSet),
+    and the nodes no DaemonSet may serve (an unrecognised runtime the user's toolkit.env does not name:
+    docs/distributions.md)."""
+    stock = STOCK if ctx.facts.runtime == "containerd" else ctx.facts.runtime
+    named = user_names_paths([(e.name, e.value or "") for e in ctx.spec.toolkit.env or []])
+    out: dict[str, list[str]] = {STOCK: []}
+    unserved: list[str] = []
+    for node in ctx.facts.gpu_nodes:
+        group = node.toolkit_group
+        if group == stock or (distribution_of(group) is None and named):
+            out[STOCK].append(node.name)
+        elif distribution_of(group) is None:
+            unserved.append(node.name)
+        else:
+            out.setdefault(group, []).append(node.name)
+    return out, unserved
+
+
+def unserved(ctx: Ctx) -> dict[str, str]:
+    """Container-workload GPU nodes no toolkit DaemonSet serves, each with the message that names
+    the node and the toolkit.env keys to set (the ClusterPolicy's status, a Warning Event on the node)."""
+    if not ctx.spec.toolkit.on():
+        return {}
+    _, names = groups(ctx)
+    nodes = {n.name: n for n in ctx.facts.gpu_nodes}
+    spec = ctx.spec
+    return {name: problem(name, nodes[name].distribution, nodes[name].runtime_version) for name in names
+            if workload_config(nodes[name].labels, spec.sandbox_on(), spec.default_workload()) == CONTAINER}
+
+
+def _affinity(ds: dict[str, Any], operator: str, values: list[str]) -> None:
+    term = {"matchExpressions": [{"key": RUNTIME_GROUP, "operator": operator, "values": values}]}
+    node = ds["spec"]["template"]["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    node["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [term]}
+
+
+def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
+    """Today's DaemonSet for the cluster's own runtime, and one per other distribution among the
+    GPU nodes (`nvidia-container-toolkit-daemonset-<group>`, on nodes labelled RUNTIME_GROUP=<group>),
+    each pointed at its distribution's paths; a stock cluster renders exactly one, unchanged."""
+    assert operand.daemonset is not None
+    members, unserved = groups(ctx)
+    stock = build_daemonset(operand.daemonset, operand, ctx)
+    others = sorted(set(members) - {STOCK})
+    nodes = {n.name: n for n in ctx.facts.gpu_nodes}
+    if others or unserved:
+        excluded = others + sorted({nodes[n].toolkit_group for n in unserved})
+        _affinity(stock, "NotIn", excluded)
+    out = [stock]
+    for group in others:
+        first = nodes[members[group][0]]
+        dist = distribution_of(group)
+        assert dist is not None
+        config = config_of(dist, first.runtime_version, first.probe_runtime)
+        defn = dataclasses.replace(operand.daemonset, name=f"{operand.daemonset.name}-{group}",
+                                   transforms=(functools.partial(_group_runtime, group=group, config=config),))
+        ds = build_daemonset(defn, operand, ctx)
+        _affinity(ds, "In", [group])
+        out.append(ds)
+    return out
+
+
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     return [configmap(ENTRYPOINT, state, ctx, {"entrypoint.sh": SCRIPT})]
 
@@ -107,4 +179,5 @@ OPERAND = Operand(
         pod=_pod,
         transforms=(_runtime,),
     ),
+    daemonsets=_daemonsets,
 )

@@ -6,6 +6,7 @@ import posixpath
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
+from gpu_operator.render.distributions import Distribution
 from gpu_operator.render.objects import add_mount, add_volume, get_env, hostpath, mount, upsert_env
 
 CONFIG_DIR = "/runtime/config-dir/"
@@ -50,9 +51,14 @@ def _mount_dir(pod: dict[str, Any], ctr: dict[str, Any], volume: str, host_file:
     return target + posixpath.basename(host_file)
 
 
-def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, openshift: bool) -> None:
-    """Point the toolkit at the host's runtime config, drop-in dir and socket through /runtime/*."""
+def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, openshift: bool,
+                    dist: Distribution | None = None, config: str = "") -> None:
+    """Point the toolkit at the host's runtime config, drop-in dir and socket through /runtime/*:
+    upstream's defaults for `runtime`, or a distribution's paths (`dist`, its config file `config`);
+    what spec.toolkit.env names wins over both."""
     ctr = pod["containers"][0]
+    if dist is not None:
+        runtime = dist.runtime
     upsert_env(ctr, "RUNTIME", runtime)
     if spec.cdi.on():
         for name, value in (("CDI_ENABLED", "true"), ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
@@ -74,11 +80,24 @@ def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, 
         socket = _pick(ctr, ("NRI_SOCKET",), DEFAULT_NRI_SOCKET)
         upsert_env(ctr, "NRI_SOCKET", _mount_dir(pod, ctr, "nri-socket", socket, NRI_SOCKET_DIR, "DirectoryOrCreate"))
         return
-    _runtime_paths(pod, ctr, runtime)
+    if dist is not None:
+        _distribution_defaults(ctr, dist)
+        _runtime_paths(pod, ctr, runtime, (RUNTIMES[runtime][0], config or dist.config, dist.drop_in, dist.socket))
+        return
+    _runtime_paths(pod, ctr, runtime, RUNTIMES[runtime])
 
 
-def _runtime_paths(pod: dict[str, Any], ctr: dict[str, Any], runtime: str) -> None:
-    prefix, default_config, default_drop_in, default_socket = RUNTIMES[runtime]
+def _distribution_defaults(ctr: dict[str, Any], dist: Distribution) -> None:
+    """The distribution's config source and its lack of a drop-in, unless spec.toolkit.env says."""
+    if dist.source and get_env(ctr, "RUNTIME_CONFIG_SOURCE") is None:
+        upsert_env(ctr, "RUNTIME_CONFIG_SOURCE", dist.source)
+    if not dist.drop_in and get_env(ctr, "RUNTIME_DROP_IN_CONFIG") is None:
+        upsert_env(ctr, "RUNTIME_DROP_IN_CONFIG", "")  # the toolkit edits the config itself
+
+
+def _runtime_paths(pod: dict[str, Any], ctr: dict[str, Any], runtime: str,
+                   defaults: tuple[str, str, str, str]) -> None:
+    prefix, default_config, default_drop_in, default_socket = defaults
     config = _pick(ctr, (f"{prefix}_CONFIG", "RUNTIME_CONFIG"), default_config)
     target = _mount_dir(pod, ctr, f"{runtime}-config", config, CONFIG_DIR, "DirectoryOrCreate")
     upsert_env(ctr, "RUNTIME_CONFIG", target)
