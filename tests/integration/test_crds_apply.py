@@ -1,4 +1,5 @@
-"""`gpu-operator crds apply` (the Helm hook's command) against the real apiserver: idempotent."""
+"""`gpu-operator crds apply` (the Helm hook's command) against the real apiserver: idempotent, and a
+CRD another Helm release owns is left to it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,19 @@ import urllib.error
 from typing import Any
 
 import pytest
+from lightkube import Client
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.types import PatchType
 
+from gpu_operator.kube.crdowners import (
+    HELM_MANAGED_BY_LABEL,
+    HELM_RELEASE_NAME,
+    HELM_RELEASE_NAMESPACE,
+    LeftCRD,
+    Release,
+)
 from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.statusview.collect import collect
 
 
 def test_crds_apply_twice(control_plane: ControlPlane) -> None:
@@ -103,3 +115,31 @@ def test_computedomain_crds_admit_a_domain_and_keep_its_spec(control_plane: Cont
         control_plane.request("DELETE", f"{base}/computedomaincliques/{clique_name}")
     finally:
         control_plane.request("DELETE", f"{base}/computedomains/imex")
+
+
+def test_a_crd_another_release_owns_is_left_and_reported(control_plane: ControlPlane, kube: Client) -> None:
+    """NVIDIA's DRA driver chart owns the ComputeDomain CRD (Helm's ownership marks name its
+    release): the hook applies the others, leaves that one exactly as it is and says so; the status
+    view reports it, compatible (it serves v1beta1 with status)."""
+    name = "computedomains.resource.nvidia.com"
+    marks = {"metadata": {"labels": {HELM_MANAGED_BY_LABEL: "Helm"},
+                          "annotations": {HELM_RELEASE_NAME: "nvidia-dra-driver-gpu",
+                                          HELM_RELEASE_NAMESPACE: "nvidia-dra-driver-gpu"}}}
+    theirs = kube.patch(CustomResourceDefinition, name, marks, patch_type=PatchType.MERGE)
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "crds", "apply", "--release",
+                               "gpu-operator/gpu-operator", f"--kubeconfig={control_plane.admin_kubeconfig}"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        after = kube.get(CustomResourceDefinition, name)
+        assert after.metadata.resourceVersion == theirs.metadata.resourceVersion  # not written at all
+        assert (after.metadata.labels or {})[HELM_MANAGED_BY_LABEL] == "Helm"
+        owner = LeftCRD(name, Release("nvidia-dra-driver-gpu", "nvidia-dra-driver-gpu"))
+        assert owner.sentence() in done.stdout.splitlines()
+        assert "applied computedomaincliques.resource.nvidia.com (Established)" in done.stdout.splitlines()
+        assert collect(kube).crds == [owner]
+    finally:
+        kube.patch(CustomResourceDefinition, name, {"metadata": {
+            "labels": {HELM_MANAGED_BY_LABEL: "gpu-operator"},
+            "annotations": {HELM_RELEASE_NAME: None, HELM_RELEASE_NAMESPACE: None}}}, patch_type=PatchType.MERGE)
+    assert collect(kube).crds == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from httpx2 import HTTPStatusError
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
@@ -63,8 +64,8 @@ def get_crd(client: Client, name: str) -> dict[str, Any] | None:
     """A CRD as the apiserver has it; None when there is none."""
     try:
         return dict(client.get(CustomResourceDefinition, name).to_dict())
-    except ApiError as err:
-        if err.status.code == 404:
+    except HTTPStatusError as err:  # lightkube's ApiError is one
+        if err.response.status_code == 404:
             return None
         raise
 

@@ -10,7 +10,11 @@ from lightkube.operators import in_
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 
+from gpu_operator.api.crdgen import load_packaged
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource
+from gpu_operator.kube.crdowners import LeftCRD, left_crd
+from gpu_operator.kube.crds import get_crd
+from gpu_operator.kube.platform import PlatformError, platform_name, read_openshift_version_sync
 from gpu_operator.statusview.operatorpods import COMPONENT_LABEL, ROLES
 from gpu_operator.statusview.table import StatusView, build_view, components_of
 
@@ -55,6 +59,33 @@ def operator_pods(client: Client, namespace: str | None) -> list[dict[str, Any]]
         raise
 
 
+def left_crds(client: Client) -> list[LeftCRD]:
+    """The CRDs we ship that another Helm release owns (the CRD hook leaves them; kube/crdowners.py),
+    each with what it lacks; [] for a user who may not read CRDs. Our chart never puts Helm's
+    ownership marks on its CRDs, so any release they name is another one."""
+    out = []
+    try:
+        for crd in load_packaged():
+            decision = left_crd(get_crd(client, crd["metadata"]["name"]), crd, None)
+            if decision is not None:
+                out.append(decision)
+    except HTTPStatusError as err:
+        if err.response.status_code == 403:
+            return []
+        raise
+    return out
+
+
+def platform(client: Client) -> str:
+    """"OpenShift 4.17" where the cluster is one (the operator's own signal, kube/platform.py); ""
+    elsewhere and for a user who may not read the ClusterVersion."""
+    try:
+        version = read_openshift_version_sync(client)
+    except PlatformError:
+        return "OpenShift (version unknown: no update has completed)"
+    return platform_name(version) if version else ""
+
+
 def collect(client: Client, namespace: str | None = None) -> StatusView:
     chart_pods = operator_pods(client, namespace)
     policies = list_policies(client)
@@ -67,4 +98,8 @@ def collect(client: Client, namespace: str | None = None) -> StatusView:
         daemonsets = [ds for ds in _dicts(client.list(DaemonSet, namespace=namespace)) if components_of(ds)]
         if daemonsets:
             pods = _dicts(client.list(Pod, namespace=namespace))
-    return build_view(nodes, daemonsets, pods, policies, namespace, clusters, chart_pods)
+    view = build_view(nodes, daemonsets, pods, policies, namespace, clusters, chart_pods)
+    view.crds = left_crds(client)
+    view.platform = platform(client)
+    view.problems += [crd.sentence() for crd in view.crds if not crd.compatible]
+    return view

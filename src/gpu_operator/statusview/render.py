@@ -54,6 +54,8 @@ def policy_text(view: StatusView) -> Text:
         text.append(f" ({policy.reason})")
     if view.namespace:
         text.append(f"   operands in namespace {view.namespace}", style="dim")
+    if view.platform:
+        text.append(f"   platform {view.platform}", style="dim")
     return text
 
 
@@ -134,6 +136,7 @@ def render_view(view: StatusView, max_nodes: int = 40, legend: bool = True) -> R
             parts.append(Text(f"  … {len(view.problems) - 12} more", style="dim"))
     elif view.ready:
         parts.append(Text("Everything is ready.", style="bold green"))
+    parts.extend(Text(crd.sentence(), style="dim") for crd in view.crds if crd.compatible)
     if legend:
         _, label_only = shown_components(view)
         if label_only:

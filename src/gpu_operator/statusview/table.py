@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpu_operator.kube.crdowners import LeftCRD
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.statusview.health import NodeHealth, node_health
 from gpu_operator.statusview.health import problems as health_problems
@@ -79,6 +80,8 @@ class StatusView:
     other_nodes: int = 0  # nodes without a GPU (not shown)
     problems: list[str] = field(default_factory=list)
     operator: list[str] = field(default_factory=list)  # the chart's own pods that cannot run (operatorpods.py)
+    crds: list[LeftCRD] = field(default_factory=list)  # CRDs we ship that another Helm release owns
+    platform: str = ""  # "OpenShift 4.17" where the cluster is one (kube/platform.py); "" elsewhere
 
     @property
     def policy_behind(self) -> bool:
