@@ -12,7 +12,7 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers import kubevirt
+from gpu_operator.controllers import kubevirt, runtimes
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
 from gpu_operator.controllers.cache import (
@@ -66,6 +66,7 @@ class ClusterPolicyReconciler:
         self.applier = Applier(kube)
         self.namespace_labeller = NamespaceLabeller(kube)
         self._warned: set[tuple[str, int, str]] = set()  # (uid, generation, warning) sent as an Event
+        self._runtime_events: set[tuple[str, ...]] = set()  # unrecognised runtimes told on their nodes
         self._written_at: dict[str, float] = {}  # policy uid -> when its status was last written
 
     async def reconcile(self, snap: Snapshot) -> ReconcileReport:
@@ -94,6 +95,7 @@ class ClusterPolicyReconciler:
                 servicemonitor_crd=snap.servicemonitor_crd,
                 configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))
             result = render(policy, facts)
+            problems = runtimes.unserved_nodes(policy, facts)
         except pydantic.ValidationError as err:
             return await self._finish(report, active, snap, st.Outcome.failed(validation_message(err)))
         except RenderError as err:
@@ -101,6 +103,7 @@ class ClusterPolicyReconciler:
 
         try:
             await self._warn(active, result.warnings)
+            await runtimes.node_events(self.kube, problems, self._runtime_events)
             await self.namespace_labeller.ensure(policy, snap.namespace)
             await self._apply(result, active, snap, report)
         except ApiError as err:
@@ -111,7 +114,8 @@ class ClusterPolicyReconciler:
         await self._kubevirt(policy, active, snap, report)
         report.not_ready = self._not_ready_states(result, snap, report)
         unlabelled = sum(1 for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present)
-        result_outcome = st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled)
+        result_outcome = runtimes.outcome(
+            st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled), problems)
         return await self._finish(report, active, snap, result_outcome)
 
     async def _warn(self, policy: ClusterPolicyView, warnings: list[str]) -> None:
