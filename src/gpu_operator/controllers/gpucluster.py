@@ -6,7 +6,10 @@ removes the rest, the DRA kubelet plugin last: pods whose claims the plugin must
 otherwise hang in Terminating); otherwise the finalizer is ensured, a ClusterPolicy beside it stops
 everything (both report the conflict), the operator namespace is allowed admin-access claims, the
 four states are rendered and applied with the ClusterPolicy's apply/delete contract (so objects of
-a switched-off feature are deleted), and status says which state is not ready.
+a switched-off feature are deleted), and status says which state is not ready. With compute domains
+on, the ComputeDomain CRDs may be another Helm release's (NVIDIA's DRA driver chart ships them too;
+the CRD hook leaves them, kube/crdowners.py): the stack works with that copy when it serves what the
+DRA driver needs, and status names what it lacks when it does not.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.queries import active_policy, validation_message
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
+from gpu_operator.kube.crdowners import LeftCRD, owned_elsewhere
 from gpu_operator.render import RenderError
 from gpu_operator.render.dra import RESOURCE_API_VERSIONS, DRAFacts, render_gpucluster
 from gpu_operator.render.result import RenderResult
@@ -45,6 +49,7 @@ FINALIZER = "gpucluster.nvidia.com/dra-resourceclaim"
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 DRAINING = "DrainingClaimConsumers"
 RESOURCE_GROUP = "resource.k8s.io"
+COMPUTE_DOMAIN_CRDS = ("computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com")
 
 
 def served_resource_api(versions: Iterable[str]) -> str | None:
@@ -82,6 +87,8 @@ class GPUClusterReconciler:
         self.resource_api: str | None = None  # found by discovery; looked up again while None
         self._namespace_labelled = False
         self._verified = 0.0  # when the unwatched objects (DeviceClasses, the policy...) were last read back
+        self._crds_read: float | None = None  # when the ComputeDomain CRDs' owners were last read
+        self._crds_left: list[LeftCRD] = []
 
     async def reconcile(self, snap: ClusterSnapshot) -> ClusterReport:
         report = ClusterReport()
@@ -117,7 +124,13 @@ class GPUClusterReconciler:
             return await self._finish(view, snap, report, st.Outcome.failed(
                 f"Failed to reconcile GPUCluster {view.name}: {err.status.message}"))
         report.not_ready = not_ready_states(result, snap.owned, report.applied)
-        if report.not_ready:
+        spec = parsed.valid().spec
+        compute_domains = spec is not None and spec.draDriver.compute_domains_on()
+        lacking = [crd for crd in await self._crds_of_others(compute_domains) if not crd.compatible]
+        if lacking:
+            outcome = st.Outcome(vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET,
+                                 "; ".join(crd.sentence() for crd in lacking))
+        elif report.not_ready:
             outcome = st.Outcome(vocab.NOT_READY, vocab.OPERAND_NOT_READY,
                                  f"Waiting for operand pods to be ready; states not ready: {st.listed(report.not_ready)}")
         else:
@@ -135,6 +148,21 @@ class GPUClusterReconciler:
         self._verified = now
         for what in await self.applier.verify_remembered(view.uid):
             log.info("GPUCluster %s: %s was deleted or changed by someone else; applying it again", view.name, what)
+
+    async def _crds_of_others(self, compute_domains: bool) -> list[LeftCRD]:
+        """The ComputeDomain CRDs another Helm release owns (none while compute domains are off):
+        read at the first pass, again every `gpucluster_resync` seconds, and every pass while one
+        lacks what the DRA driver needs (so a fixed one is seen at the next requeue)."""
+        if not compute_domains:
+            return []
+        now = time.monotonic()
+        if (self._crds_read is None or now - self._crds_read >= self.settings.gpucluster_resync
+                or any(not crd.compatible for crd in self._crds_left)):
+            left = await owned_elsewhere(self.kube, COMPUTE_DOMAIN_CRDS)
+            for crd in set(left) - set(self._crds_left):
+                (log.info if crd.compatible else log.warning)("DRA stack: %s", crd.sentence())
+            self._crds_left, self._crds_read = left, now
+        return self._crds_left
 
     async def _resource_api(self) -> str | None:
         if self.resource_api is None:

@@ -13,9 +13,12 @@ Helm's marks is another release's unless it names the release the hook was told 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gpu_operator.api.crdgen import load_packaged
+from gpu_operator.kube.client import Kube
 
 HELM_MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 HELM_MANAGED_BY = "Helm"
@@ -110,3 +113,16 @@ def left_crd(live: Mapping[str, Any] | None, packaged: Mapping[str, Any], ours: 
     if owner is None:
         return None
     return LeftCRD(str(packaged["metadata"]["name"]), owner, tuple(missing(live, packaged)))
+
+
+async def owned_elsewhere(kube: Kube, names: Iterable[str], ours: Release | None = None) -> list[LeftCRD]:
+    """The CRDs among `names` (ones we ship) that a Helm release other than `ours` owns, as the
+    apiserver has them now, each with what it lacks."""
+    packaged = {crd["metadata"]["name"]: crd for crd in load_packaged()}
+    out = []
+    for name in names:
+        live = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+        decision = left_crd(live, packaged[name], ours)
+        if decision is not None:
+            out.append(decision)
+    return out
