@@ -93,6 +93,11 @@ def module_names(fs: HostFS) -> set[str]:
     return {line.split()[0] for line in text.splitlines() if line.strip()}
 
 
+def under_root(root: str, path: str) -> str:
+    """`path` inside the driver root `root`, as a host path."""
+    return root.rstrip("/") + path if path != "/" else root
+
+
 def find_executable(fs: HostFS, name: str, dirs: tuple[str, ...] | list[str]) -> str | None:
     for directory in dirs:
         path = f"{directory.rstrip('/')}/{name}"
@@ -101,32 +106,21 @@ def find_executable(fs: HostFS, name: str, dirs: tuple[str, ...] | list[str]) ->
     return None
 
 
-def find_nvml(fs: HostFS, root: str = "/") -> str | None:
-    prefix = root.rstrip("/")
-    for directory in NVML_LIBRARY_DIRS:
-        for entry in fs.listdir(prefix + directory):
-            if entry.startswith("libnvidia-ml.so"):
-                return f"{prefix}{directory}/{entry}"
+def find_nvml(fs: HostFS, root: str = "/", dirs: tuple[str, ...] = NVML_LIBRARY_DIRS) -> str | None:
+    """The first libnvidia-ml in `dirs` under `root` (a host path), None where there is none."""
+    for directory in dirs:
+        where = under_root(root, directory)
+        names = sorted(e for e in fs.listdir(where) if e.startswith("libnvidia-ml.so"))
+        if names:
+            return f"{where.rstrip('/')}/{names[0]}"
     return None
-
-
-def under_root(root: str, path: str) -> str:
-    """`path` inside the driver root `root`, as a host path."""
-    return root.rstrip("/") + path if path != "/" else root
 
 
 def driver_files(fs: HostFS, root: str) -> tuple[str | None, str | None]:
     """nvidia-smi and libnvidia-ml as NVIDIA's components find them under the driver root `root`
     (host paths), None where they find none."""
     smi = find_executable(fs, "nvidia-smi", [under_root(root, d) for d in ROOT_BIN_DIRS])
-    nvml = None
-    for directory in ROOT_LIB_DIRS:
-        where = under_root(root, directory)
-        names = sorted(e for e in fs.listdir(where) if e.startswith("libnvidia-ml.so"))
-        if names:
-            nvml = f"{where.rstrip('/')}/{names[0]}"
-            break
-    return smi, nvml
+    return smi, find_nvml(fs, root, ROOT_LIB_DIRS)
 
 
 def host_driver_root(fs: HostFS) -> str:
