@@ -24,6 +24,7 @@ from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.controllers.units.mig import take_back as take_back_mig
 from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import Kube, ObjectKey
+from gpu_operator.kube.crdowners import other_owner
 from gpu_operator.vocabulary import UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION, UPGRADE_STATE
 
 log = logging.getLogger("gpu_operator.cleanup")
@@ -91,10 +92,15 @@ async def _objects_left(kube: Kube, crd: dict[str, Any]) -> int:
 
 async def delete_crds(kube: Kube) -> list[str]:
     """Delete the CRDs this package installs once their objects are gone. A CRD that still has
-    objects stays (deleting it would delete them: e.g. a user's ComputeDomains), with a warning."""
+    objects stays (deleting it would delete them: e.g. a user's ComputeDomains), with a warning;
+    one another Helm release owns (NVIDIA's DRA driver chart's ComputeDomain CRDs) is its to delete."""
     deleted = []
     for crd in load_packaged():
         name = crd["metadata"]["name"]
+        owner = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+        if owner is not None and (release := other_owner(owner, None)) is not None:
+            log.info("kept CRD %s: Helm release %s owns it (kube/crdowners.py)", name, release)
+            continue
         left = await _objects_left(kube, crd)
         if left:
             log.warning("kept CRD %s: %d object(s) of it still exist (deleting the CRD would delete them); "

@@ -80,3 +80,39 @@ def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
         assert [t["key"] for t in node["spec"]["taints"]] == [OTHER_TAINT["key"]]
     assert kube.nodes["ours"]["spec"]["unschedulable"] is False and kube.nodes["theirs"]["spec"]["unschedulable"]
     assert f"node ours: removed taint {HEALTH_TAINT}" in done and "node ours: uncordoned (cordoned by GPU remediation)" in done
+
+
+def test_cleanup_keeps_a_crd_another_helm_release_owns() -> None:
+    """NVIDIA's DRA driver chart owns the ComputeDomain CRD here: `cleanup --crds` leaves it to that
+    release and deletes ours (all empty)."""
+    import asyncio
+    import copy
+    from typing import cast
+
+    from gpu_operator.admin.cleanup import delete_crds
+    from gpu_operator.api.crdgen import load_packaged
+    from gpu_operator.kube.client import Kube, ObjectKey
+
+    crds = {c["metadata"]["name"]: copy.deepcopy(c) for c in load_packaged()}
+    crds["computedomains.resource.nvidia.com"]["metadata"].update(
+        labels={"app.kubernetes.io/managed-by": "Helm"},
+        annotations={"meta.helm.sh/release-name": "dra", "meta.helm.sh/release-namespace": "nvidia-dra"})
+
+    class CRDs:
+        def __init__(self) -> None:
+            self.deleted: list[str] = []
+
+        async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None,
+                           ) -> dict[str, Any] | None:
+            return crds.get(name)
+
+        async def count_items(self, *_: Any) -> int:
+            return 0
+
+        async def delete(self, key: ObjectKey, **_: Any) -> bool:
+            self.deleted.append(key.name)
+            return True
+
+    kube = CRDs()
+    deleted = asyncio.run(delete_crds(cast(Kube, kube)))
+    assert sorted(deleted) == sorted(kube.deleted) == sorted(set(crds) - {"computedomains.resource.nvidia.com"})
