@@ -61,6 +61,19 @@ def test_operator_driver_passes_and_points_at_the_driver_root(build_host) -> Non
     assert values["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver" and values["DRIVER_ROOT_CTR_PATH"] == "/driver-root"
 
 
+@pytest.mark.parametrize(("name", "root"), [("ubuntu-apt-driver", "/hosts/a"), ("talos", "/hosts/a/usr/local")])
+def test_a_custom_host_root_prefixes_a_host_drivers_root(build_host, name: str, root: str) -> None:  # type: ignore[no-untyped-def]
+    """hostPaths.rootFS reaches the validator as HOST_ROOT: the host paths it writes are under it
+    (as NVIDIA's getDriverInfo does); the containers still see that root at /host."""
+    host = build_host(name)
+    ctx, _ = context(host.fs, {"HOST_ROOT": "/hosts/a"})
+    assert validate(ctx, "driver").outcome == Outcome.PASSED
+    values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
+    assert (values["NVIDIA_DRIVER_ROOT"], values["NVIDIA_DEV_ROOT"], values["DEV_ROOT_CTR_PATH"]) == \
+        (root, "/hosts/a", "/host")
+    assert values["DRIVER_ROOT_CTR_PATH"] == "/host" + root.removeprefix("/hosts/a")
+
+
 def test_a_custom_driver_install_dir_is_the_driver_root_written(build_host) -> None:  # type: ignore[no-untyped-def]
     """hostPaths.driverInstallDir reaches the validator as DRIVER_INSTALL_DIR: the operator's driver
     found there is the root every component reads; they mount that dir at /driver-root."""

@@ -74,6 +74,24 @@ def test_every_consumer_of_driver_ready_sees_both_roots_it_may_name() -> None:
         assert not {"NVIDIA_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH"} & {e["name"] for e in ctr.get("env", [])}, name
 
 
+def test_a_custom_host_root_reaches_every_container_that_mounts_it() -> None:
+    """hostPaths.rootFS: the host-root volume moves and every container of its pod, init
+    containers too (the driver validation writes the driver root under it), gets HOST_ROOT."""
+    result = run({"hostPaths": {"rootFS": "/hosts/a"}})
+    checked = 0
+    for ds in (o for s in result.states for o in s.objects if o["kind"] == "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        roots = [v["hostPath"]["path"] for v in pod.get("volumes", []) if v["name"] == "host-root"]
+        if not roots:
+            continue
+        assert roots == ["/hosts/a"], ds["metadata"]["name"]
+        for ctr in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert {e["name"]: e.get("value") for e in ctr.get("env", [])}.get("HOST_ROOT") == "/hosts/a", \
+                (ds["metadata"]["name"], ctr["name"])
+            checked += 1
+    assert checked > 10
+
+
 def test_gpu_clients_take_the_driver_through_the_toolkits_runtime() -> None:
     """GFD, DCGM and the DCGM exporter reach the driver through the runtime the toolkit configured
     from driver-ready (its runtime class), not through a root of their own."""

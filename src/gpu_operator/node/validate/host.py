@@ -33,21 +33,21 @@ HOST_ROOT_CTR_PATH = "/host"
 DRIVER_INSTALL_DIR_CTR_PATH = "/driver-root"
 
 
-def driver_ready_values(info: DriverInfo, fs: HostFS) -> dict[str, str]:
+def driver_ready_values(info: DriverInfo, fs: HostFS, host_root: str = "/") -> dict[str, str]:
     """The driver-ready file's keys, sourced by every component that needs the driver's location
     (the toolkit, device plugin, MIG manager and DRA kubelet plugin entrypoints): the node's driver
     root on the host, and where those containers see it. A host driver's root is under the host
-    root they mount at /host (/host itself, or e.g. /host/usr/local on Talos); the operator's
-    driver is the install dir they mount at /driver-root."""
+    root (HOST_ROOT, hostPaths.rootFS) they mount at /host (/host itself, or e.g. /host/usr/local
+    on Talos); the operator's driver is the install dir they mount at /driver-root."""
     host = info.source == DriverSource.HOST
     root = info.driver_root or "/"
     # Device nodes live on the host once the host (or the driver container) created them there.
     dev_on_host = host or fs.exists("/dev/nvidiactl")
     return {
         "IS_HOST_DRIVER": str(host).lower(),
-        "NVIDIA_DRIVER_ROOT": root,
+        "NVIDIA_DRIVER_ROOT": under_root(host_root, root) if host else root,
         "DRIVER_ROOT_CTR_PATH": under_root(HOST_ROOT_CTR_PATH, root) if host else DRIVER_INSTALL_DIR_CTR_PATH,
-        "NVIDIA_DEV_ROOT": "/" if dev_on_host else root,
+        "NVIDIA_DEV_ROOT": host_root if dev_on_host else root,
         "DEV_ROOT_CTR_PATH": HOST_ROOT_CTR_PATH if dev_on_host else DRIVER_INSTALL_DIR_CTR_PATH,
     }
 
@@ -172,7 +172,7 @@ def validate_driver(ctx: Context) -> Result:
                 f"Likely fix: run the validator as root with the host's /dev/char mounted read-write at "
                 f"{DEV_CHAR_MOUNT} (as the operator renders it), or set DISABLE_DEV_CHAR_SYMLINK_CREATION=true"
             ) from None
-    path = status.write(STATUS_FILES["driver"], driver_ready_values(info, ctx.fs))
+    path = status.write(STATUS_FILES["driver"], driver_ready_values(info, ctx.fs, ctx.config.host_root))
     source = f"host ({info.flavor})" if info.source == DriverSource.HOST else "operator"
     return Result(
         "driver",

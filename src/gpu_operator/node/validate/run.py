@@ -35,7 +35,8 @@ def _skipped(ctx: Context, component: str) -> Result:
 
         values = {
             **host.driver_ready_values(
-                detect_driver(ctx.fs, extra_search_dirs=ctx.config.search_dirs), ctx.fs
+                detect_driver(ctx.fs, extra_search_dirs=ctx.config.search_dirs,
+                              operator_root=ctx.config.driver_install_dir), ctx.fs, ctx.config.host_root
             ),
             **values,
         }

@@ -66,8 +66,8 @@ def host_root(ds: dict[str, Any], root: str) -> None:
             found = True
         elif volume["name"] == "host-dev-char":
             volume["hostPath"]["path"] = root.rstrip("/") + "/dev/char"
-    if found:
-        for ctr in pod.get("containers", []):
+    if found:  # init containers too: the driver validation writes the driver root under it
+        for ctr in [*pod.get("initContainers", []), *pod.get("containers", [])]:
             upsert_env(ctr, "HOST_ROOT", root)
 
 
