@@ -82,3 +82,23 @@ def test_unless_stopped_returns_the_work_and_raises_its_error() -> None:
         return done, ""
 
     assert asyncio.run(scenario()) == (True, "broken stream")
+
+
+def test_the_units_are_cancelled_when_stop_is_set_while_they_wait_for_a_kick() -> None:
+    from gpu_operator.controllers.manager import cancel_at_stop
+
+    async def scenario() -> list[bool]:
+        stop, kick = asyncio.Event(), asyncio.Event()
+
+        async def unit() -> None:  # as UnitLoop.step waits: for a kick or its requeue
+            await asyncio.wait_for(kick.wait(), timeout=600)
+
+        units = [asyncio.create_task(unit()) for _ in range(3)]
+        watcher = asyncio.create_task(cancel_at_stop(stop, units))
+        await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*units, return_exceptions=True), 5)
+        await watcher
+        return [u.cancelled() for u in units]
+
+    assert asyncio.run(scenario()) == [True, True, True]
