@@ -24,7 +24,7 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from gpu_operator.api.health import HealthReport
@@ -38,6 +38,7 @@ from gpu_operator.sim.faultinject import inject
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.sim.state import SimState
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT
+from tests.support import workloads
 from tests.support.waiting import wait_for
 
 SHAPE = "a10"  # two GPUs
@@ -45,9 +46,6 @@ IMAGE = {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "vers
 WAIT = 120.0
 DeviceTaintRule = create_global_resource("resource.k8s.io", "v1beta2", "DeviceTaintRule", "devicetaintrules")
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
-ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
-ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
-                                                   "resourceclaimtemplates")  # (registered for from_dict)
 
 
 @dataclass
@@ -133,30 +131,13 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def claim_pod(kube: Client, namespace: str, name: str, count: int) -> None:
-    kube.create(from_dict({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}}))
-    kube.create(from_dict({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                                 "resources": {"claims": [{"name": "gpu"}]}}],
-                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                                 # the node's quarantine taint: what is refused here is the device
-                                 {"key": HEALTH_TAINT, "operator": "Exists"}]}}))
+    # the node's quarantine taint tolerated: what is refused here is the device
+    workloads.claim_pod(kube, namespace, name, count, tolerations=({"key": HEALTH_TAINT, "operator": "Exists"},))
 
 
 def allocated(kube: Client, namespace: str, pod: str) -> list[str]:
     """The devices of the pod's allocated claim ([] until it is allocated)."""
-    status = kube.get(Pod, pod, namespace=namespace).status
-    for entry in (status.resourceClaimStatuses if status else None) or []:
-        if entry.resourceClaimName:
-            claim = kube.get(ResourceClaim, entry.resourceClaimName, namespace=namespace)
-            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
-            return sorted(str(r["device"]) for r in results or [])
-    return []
+    return sorted(str(r["device"]) for r in workloads.claim_results(kube, namespace, pod))
 
 
 def unschedulable(kube: Client, namespace: str, pod: str) -> bool:

@@ -13,7 +13,7 @@ import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
 from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
@@ -23,14 +23,11 @@ from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, DRA_STATE_LABELS, deploy_label
 from tests.support.status import condition, policy_status
 from tests.support.waiting import wait_for
+from tests.support.workloads import claim_pod, claim_results
 
 Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
 DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
-ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
-# (registered for from_dict)
-ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
-                                                   "resourceclaimtemplates")
 IMAGE = {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0"}
 NAME = "gpu-cluster"
 
@@ -88,31 +85,10 @@ def deploy_labels(kube: Client, node: str) -> dict[str, str]:
     return {k: v for k, v in labels(kube, node).items() if k in ALL_DEPLOY_LABELS}
 
 
-def claim_pod(kube: Client, namespace: str, name: str, count: int) -> None:
-    """A user's pod asking, through a ResourceClaimTemplate, for `count` gpu.nvidia.com devices."""
-    kube.create(from_dict({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}}))  # noqa: E501
-    kube.create(from_dict({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                                 "resources": {"claims": [{"name": "gpu"}]}}],
-                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}))
-
-
 def allocated_node(kube: Client, namespace: str, pod: str) -> str | None:
     """The node (pool) of the pod's allocated claim, None until it is allocated."""
-    status = kube.get(Pod, pod, namespace=namespace).status
-    for entry in (status.resourceClaimStatuses if status else None) or []:
-        if entry.resourceClaimName:
-            claim = kube.get(ResourceClaim, entry.resourceClaimName, namespace=namespace)
-            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
-            if results:
-                return str(results[0]["pool"])
-    return None
+    results = claim_results(kube, namespace, pod)
+    return str(results[0]["pool"]) if results else None
 
 
 def bring_up(kube: Client, start_operator: Start, gpucluster: Callable[[dict[str, Any]], None],

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
@@ -30,6 +32,7 @@ from gpu_operator.vocabulary import (
     UPGRADE_STATE,
 )
 from tests.support import workloads
+from tests.support.cleanup import delete_if_present
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 
@@ -250,3 +253,65 @@ def test_each_nvidiadriver_upgrades_its_own_nodes_with_its_own_policy_and_pause(
     after = driver_pods(kube, operator_namespace)
     assert all(after[n] != before[n] for n in pool_a)
     assert {n: after[n] for n in pool_b} == {n: before[n] for n in pool_b}
+
+
+DeviceClass = create_global_resource("resource.k8s.io", "v1", "DeviceClass", "deviceclasses")
+
+
+@pytest.fixture
+def dra_driver(kube: Client, namespace: str) -> Iterator[Callable[[str], None]]:
+    """`dra_driver(node)`: NVIDIA's standalone DRA driver beside the operator (the setup of upstream
+    #2570): its gpu.nvidia.com DeviceClass and its kubelet plugin's DaemonSet on `node` (the
+    simulator's plugin stand-in then publishes the node's ResourceSlice). The DeviceClass goes after
+    the test (a GPUCluster's own would clash)."""
+    def install(node: str) -> None:
+        kube.create(from_dict({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                               "metadata": {"name": "gpu.nvidia.com"},
+                               "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}))
+        match = {"app": "nvidia-dra-driver-kubelet-plugin"}
+        kube.create(from_dict({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-dra-driver-gpu-kubelet-plugin", "namespace": namespace},
+            "spec": {"selector": {"matchLabels": match}, "template": {"metadata": {"labels": match}, "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "gpus", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0"}]}}}}))
+
+    yield install
+    delete_if_present(kube, DeviceClass, "gpu.nvidia.com")
+
+
+def test_gpu_pod_deletion_evicts_dra_claim_and_runtime_class_holders_and_spares_a_plain_pod(
+        kube: Client, upgrade_cluster: Callable[..., tuple[list[str], OperatorProcess]],
+        dra_driver: Callable[[str], None], namespace: str) -> None:
+    """The default path (no drain): GPU pod deletion finds a pod holding a gpu.nvidia.com claim
+    allocated on the node and a pod under the nvidia RuntimeClass with NVIDIA_VISIBLE_DEVICES=all
+    (neither requests nvidia.com/gpu), and leaves a pod that holds no GPU."""
+    (node,), operator = upgrade_cluster(1, {"autoUpgrade": True, "maxUnavailable": "100%",
+                                            "podDeletion": {"force": True, "timeoutSeconds": 60}})
+    dra_driver(node)
+    on_node = {"kubernetes.io/hostname": node}
+    workloads.claim_pod(kube, namespace, "dra", 1, node_selector=on_node)
+    for name, extra in (("runtime", {"runtimeClassName": "nvidia"}), ("plain", {})):
+        env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}] if extra else []
+        workloads.create(kube, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                                "spec": {"nodeSelector": on_node, "terminationGracePeriodSeconds": 0, **extra,
+                                         "containers": [{"name": "cuda", "image": "example.invalid/cuda:1", "env": env}]}})
+
+    def running() -> dict[str, str]:
+        return {str(p.metadata.name): str(p.metadata.uid) for p in kube.list(Pod, namespace=namespace)
+                if p.status and p.status.phase == "Running" and p.spec.nodeName == node and not p.metadata.deletionTimestamp}
+
+    pods = wait_for("the three pods running", running, until=lambda r: {"dra", "runtime", "plain"} <= set(r),
+                    timeout=90, context=lambda: str(kube.list(Pod, namespace=namespace)))
+    assert [(r["driver"], r["pool"]) for r in workloads.claim_results(kube, namespace, "dra")] == [
+        ("gpu.nvidia.com", node)]
+
+    with StateRecorder(kube, [node]) as recorder:
+        upgrade_driver(kube, "580.95.05")
+        wait_for("the node upgraded again", lambda: recorder.history[node][-2:] == [us.UNCORDON_REQUIRED, UPGRADE_DONE],
+                 timeout=120, context=lambda: f"{recorder.history}\n{operator.log_text()[-3000:]}")
+    assert us.POD_DELETION_REQUIRED in recorder.history[node] and us.DRAIN_REQUIRED not in recorder.history[node]
+    left = {str(p.metadata.name): str(p.metadata.uid) for p in kube.list(Pod, namespace=namespace)}
+    assert "dra" not in left and "runtime" not in left, left
+    assert left.get("plain") == pods["plain"]  # the same pod, never evicted
