@@ -8,7 +8,7 @@ app = typer.Typer(
     name="gpu-operator",
     help=(
         "A drop-in Python implementation of the NVIDIA GPU Operator.\n\n"
-        "Operator: `run`. Offline: `render`. Against a cluster: `status`, `upgrade`, `cleanup`, "
+        "Operator: `run`. Offline: `render`, `images` (what an install pulls; an air-gapped mirror's values). Against a cluster: `status`, `upgrade`, `cleanup`, "
         "`must-gather`, `crds`. Node agents (run inside pods, or "
         "against a host-root directory): `node`, `validate`, `vfio-manage`, "
         "`node-status-exporter`, `doctor`. Simulator (a real control plane with fake GPU "
@@ -25,13 +25,14 @@ def _register_all() -> None:
     # `gpu-operator --help` and the node agents start fast.
     from gpu_operator.admin import cli as admin_cli
     from gpu_operator.controllers import cli as controllers_cli
+    from gpu_operator.install import cli as install_cli
     from gpu_operator.kube import crds_cli
     from gpu_operator.node import cli as node_cli
     from gpu_operator.render import cli as render_cli
     from gpu_operator.sim import cli as sim_cli
     from gpu_operator.statusview import cli as statusview_cli
 
-    for module in (admin_cli, controllers_cli, render_cli, crds_cli, node_cli, sim_cli, statusview_cli):
+    for module in (admin_cli, controllers_cli, render_cli, install_cli, crds_cli, node_cli, sim_cli, statusview_cli):
         module.register(app)
 
 

@@ -8,6 +8,7 @@ pairs go on top, as `helm -f ... --set ...` would.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
 RELEASE = NAMESPACE = "gpu-operator"
 CHART_DIR = Path(__file__).resolve().parents[3] / "deployments" / "gpu-operator"
 VALUES_FILE = "real-node-values.yaml"
+# What the chart checks before it renders a GPUCluster (templates/validations.yaml)
+DRA_CAPABILITY = "resource.k8s.io/v1/DeviceClass"
 Progress = Callable[[str], None]
 
 
@@ -73,8 +76,15 @@ def user_layers(files: list[Path], sets: list[str]) -> list[dict[str, Any]]:
     for file in files:
         try:
             loaded = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as err:
-            raise HelmInstallError(f"--values {file}: {err}") from err
+        except OSError as err:
+            raise HelmInstallError(f"--values {file}: cannot read it ({err.strerror}): give the path of a "
+                                   "readable values file") from err
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            problem = getattr(err, "problem", None) or "not YAML"
+            raise HelmInstallError(f"--values {file}: not valid YAML ({problem}{line}): fix the file "
+                                   "(e.g. `driver: {enabled: false}`)") from err
         if not isinstance(loaded, dict):
             raise HelmInstallError(f"--values {file}: not a mapping of values (its top level is a "
                                    f"{type(loaded).__name__}); write KEY: VALUE lines, e.g. driver: {{enabled: false}}")
@@ -92,6 +102,42 @@ def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], se
     for layer in user_layers(files, sets):
         merged = merge(merged, layer)
     return merged, path
+
+
+def chart_values() -> dict[str, Any]:
+    """The chart's own defaults (values.yaml), under which Helm merges a user's layers."""
+    loaded: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    return loaded
+
+
+def template(values: dict[str, Any], namespace: str = NAMESPACE,
+             api_versions: tuple[str, ...] = (DRA_CAPABILITY,)) -> list[dict[str, Any]]:
+    """`helm template` of our chart with these values, as an install would render it, offline:
+    every object (hooks included, NOTES left out). `api_versions` are the capabilities the
+    chart may test (`--api-versions`): a cluster that serves DRA by default, so that
+    gpuCluster.deployCR renders. HelmInstallError carries the chart's own message (its `fail`s
+    name the key and the fix)."""
+    import helm_python
+    from helm_python import _native
+
+    if not (CHART_DIR / "Chart.yaml").exists():
+        raise HelmInstallError(f"the chart is not in this installation ({CHART_DIR}): run from the source tree")
+    # helm-python-sdk 0.2.2's Chart.render takes no api_versions; its C call does (`helm template --api-versions`)
+    options = {"name": RELEASE, "namespace": namespace, "is_install": True, "api_versions": list(api_versions)}
+    try:
+        with helm_python.Chart.load(CHART_DIR) as chart:
+            rendered: dict[str, str] = json.loads(_native.call_string(
+                "helm_render", chart._raw(), json.dumps(values), json.dumps(options)))
+    except helm_python.HelmError as err:
+        raise HelmInstallError(_chart_message(str(err))) from err
+    return [doc for path, text in sorted(rendered.items()) if not path.endswith("NOTES.txt")
+            for doc in yaml.safe_load_all(text) if isinstance(doc, dict)]
+
+
+def _chart_message(text: str) -> str:
+    """A template's `fail` message without Helm's "execution error at (template:line:col): " prefix."""
+    head, sep, message = text.partition("): ")
+    return message.strip() if sep and "execution error at (" in head else text.strip()
 
 
 def packaged_chart(target: Path) -> Path:
