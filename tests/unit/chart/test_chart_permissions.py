@@ -34,6 +34,7 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("", ["nodes/status"], ["patch"])  # GPU health: the NvidiaGPUReady condition
     | grant("", ["pods"], ["get", "list", "watch", "delete"])
     | grant("", ["pods/eviction"], ["create"])
+    | grant("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"])  # drains, node labelling
     | grant("", ["events"], ["create", "patch"])
     | grant("events.k8s.io", ["events"], ["create", "patch"])
     | grant("node.k8s.io", ["runtimeclasses"], MANAGE)
@@ -46,7 +47,6 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("apps", ["daemonsets"], ["get", "list", "watch"])
     | grant("nfd.k8s-sigs.io", ["nodefeatures"], ["get", "list", "watch", "create", "update"])
     | grant("config.openshift.io", ["clusterversions"], ["get", "list"])
-    | grant("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"])
     # ... to the DRA driver's roles (GPUCluster)
     | grant("resource.k8s.io", ["resourceslices", "resourceclaimtemplates"],
             ["get", "list", "watch", "create", "update", "delete"])
