@@ -5,32 +5,19 @@ names what it lacks when it does not (the rest of the stack is applied all the s
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 import pytest
 
 from gpu_operator import vocabulary as vocab
-from gpu_operator.api.crdgen import load_packaged
 from gpu_operator.controllers.cache import OWNED_KINDS, GPUClusterView
 from gpu_operator.controllers.gpucluster import COMPUTE_DOMAIN_CRDS, ClusterSnapshot, GPUClusterReconciler
-from gpu_operator.kube.crdowners import LeftCRD, Release
+from gpu_operator.kube.crdowners import LeftCRD
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from tests.unit.controllers.test_apply_contract import RecordingKube
+from tests.unit.kube.test_crdowners import DRA, theirs
 
-DRA = Release("nvidia-dra-driver-gpu", "nvidia-dra-driver-gpu")
 WATCHED = frozenset(k.kind for k in OWNED_KINDS)
-
-
-def theirs(name: str, *, status: bool = True) -> dict[str, Any]:
-    crd = copy.deepcopy(next(c for c in load_packaged() if c["metadata"]["name"] == name))
-    crd["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "Helm"}
-    crd["metadata"]["annotations"] = {"meta.helm.sh/release-name": DRA.name,
-                                      "meta.helm.sh/release-namespace": DRA.namespace}
-    if not status:
-        for version in crd["spec"]["versions"]:
-            version.pop("subresources", None)
-    return crd
 
 
 class CRDKube(RecordingKube):

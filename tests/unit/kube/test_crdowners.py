@@ -31,6 +31,16 @@ def marked(crd: dict[str, Any], release: Release | None, managed_by: str = "Helm
 COMPUTE_DOMAINS = "computedomains.resource.nvidia.com"
 
 
+def theirs(name: str, *, status: bool = True) -> dict[str, Any]:
+    """Our CRD `name` as NVIDIA's DRA driver release would own it; `status=False`: a copy without
+    the status subresource."""
+    crd = marked(packaged(name), DRA)
+    if not status:
+        for version in crd["spec"]["versions"]:
+            version.pop("subresources", None)
+    return crd
+
+
 @pytest.mark.parametrize(("live", "ours", "left_to"), [
     (None, OURS, None),  # absent: ours to create
     ("unmarked", OURS, None),  # ours from crds/ or an earlier hook run

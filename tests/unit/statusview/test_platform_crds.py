@@ -3,7 +3,6 @@ which of our CRDs another Helm release owns, an incompatible one among the probl
 
 from __future__ import annotations
 
-import copy
 from typing import Any, cast
 
 import httpx2
@@ -12,13 +11,12 @@ from lightkube import Client
 from rich.console import Console
 
 from gpu_operator.api.crdgen import load_packaged
-from gpu_operator.kube.crdowners import LeftCRD, Release
+from gpu_operator.kube.crdowners import LeftCRD
 from gpu_operator.statusview.collect import left_crds, platform
 from gpu_operator.statusview.render import render_view
 from gpu_operator.statusview.table import build_view
+from tests.unit.kube.test_crdowners import DRA, theirs
 from tests.unit.statusview.test_table import node, policy
-
-DRA = Release("nvidia-dra-driver-gpu", "nvidia-dra-driver-gpu")
 
 
 class Obj:
@@ -48,23 +46,12 @@ class FakeClient:
         return Obj(self.objects[name])
 
 
-def _theirs(name: str, *, status: bool = True) -> dict[str, Any]:
-    crd = copy.deepcopy(next(c for c in load_packaged() if c["metadata"]["name"] == name))
-    crd["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "Helm"}
-    crd["metadata"]["annotations"] = {"meta.helm.sh/release-name": DRA.name,
-                                      "meta.helm.sh/release-namespace": DRA.namespace}
-    if not status:
-        for version in crd["spec"]["versions"]:
-            version.pop("subresources", None)
-    return crd
-
-
 def test_crds_another_release_owns() -> None:
     ours = next(c for c in load_packaged() if c["metadata"]["name"] == "clusterpolicies.nvidia.com")
     client = FakeClient({"clusterpolicies.nvidia.com": ours,
-                         "computedomains.resource.nvidia.com": _theirs("computedomains.resource.nvidia.com",
+                         "computedomains.resource.nvidia.com": theirs("computedomains.resource.nvidia.com",
                                                                        status=False),
-                         "computedomaincliques.resource.nvidia.com": _theirs("computedomaincliques.resource.nvidia.com")})
+                         "computedomaincliques.resource.nvidia.com": theirs("computedomaincliques.resource.nvidia.com")})
     found = left_crds(cast(Client, client))
     assert found == [
         LeftCRD("computedomaincliques.resource.nvidia.com", DRA),
