@@ -50,8 +50,10 @@ class PodView:
     running: bool  # phase Running and not terminating: the component's process runs
     started: int  # status.startTime (else creation), Unix seconds
     daemonset: dict[str, str] | None = None  # its DaemonSet owner reference
-    env: dict[str, str] = field(default_factory=dict)  # literal env values, first container first
+    env: dict[str, str] = field(default_factory=dict)  # literal env values ("" set empty), first container first
     containers: tuple[str, ...] = ()  # the names of its (regular) containers
+    # its first container's hostPath mounts: (mountPath, the volume's host path)
+    host_mounts: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, pod: Any) -> PodView:
@@ -60,8 +62,12 @@ class PodView:
         env: dict[str, str] = {}
         for container in (spec.containers if spec else None) or []:
             for var in container.env or []:
-                if var.value is not None:
-                    env.setdefault(var.name, var.value)
+                if var.valueFrom is None:  # a value "" comes back without one: the variable is set, empty
+                    env.setdefault(var.name, var.value or "")
+        hosts = {v.name: v.hostPath.path for v in (spec.volumes if spec else None) or [] if v.hostPath}
+        first = ((spec.containers if spec else None) or [None])[0]
+        mounts = tuple((m.mountPath, hosts[m.name]) for m in (first.volumeMounts if first else None) or []
+                       if m.name in hosts)
         return cls(
             namespace=str(meta.namespace), name=str(meta.name), uid=str(meta.uid or ""),
             app=str((meta.labels or {}).get("app", "")), node=str((spec.nodeName if spec else None) or ""),
@@ -69,7 +75,8 @@ class PodView:
             started=_seconds((status.startTime if status else None) or meta.creationTimestamp),
             daemonset=None if owner is None else {"apiVersion": owner.apiVersion, "kind": owner.kind,
                                                   "name": owner.name, "uid": owner.uid},
-            env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []))
+            env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []),
+            host_mounts=mounts)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,25 @@ _NVIDIA_RUNTIME = """[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nv
     BinaryName = "/usr/bin/nvidia-container-runtime"
 """
 
+_CONTAINERD3_CONFIG = """version = 3
+[plugins."io.containerd.cri.v1.runtime".containerd]
+  default_runtime_name = "runc"
+"""
+# The container runtime's files on a host of each distribution (where node/runtime.py's probe looks:
+# docs/operands.md, "Runtimes by distribution"): its config (as the distribution writes it) and socket.
+_RANCHER = "/var/lib/rancher/{}/agent/etc/containerd/config.toml"
+RUNTIME_FILES: dict[str, dict[str, str]] = {
+    "containerd": {"/etc/containerd/config.toml": _CONTAINERD_CONFIG, "/run/containerd/containerd.sock": ""},
+    "k3s": {_RANCHER.format("k3s"): _CONTAINERD_CONFIG, "/run/k3s/containerd/containerd.sock": ""},
+    "rke2": {_RANCHER.format("rke2"): _CONTAINERD3_CONFIG, "/run/k3s/containerd/containerd.sock": ""},
+    "microk8s": {"/var/snap/microk8s/current/args/containerd-template.toml": _CONTAINERD_CONFIG,
+                 "/var/snap/microk8s/current/args/containerd.toml": _CONTAINERD_CONFIG,
+                 "/var/snap/microk8s/common/run/containerd.sock": ""},
+    "k0s": {"/etc/k0s/containerd.toml": "# k0s_managed=true\n" + _CONTAINERD_CONFIG, "/run/k0s/containerd.sock": ""},
+    "crio": {"/etc/crio/crio.conf": "[crio.runtime]\n", "/var/run/crio/crio.sock": ""},
+}
+
+
 def host_spec(shape: str) -> dict[str, Any]:
     """The host tree of a real node of `shape` (see `hosttree`): its GPUs on the PCI bus, and
     what its labels say about the driver: installed on the host (nvidia bound, nvidia-smi
@@ -96,8 +115,9 @@ def host_spec(shape: str) -> dict[str, Any]:
         "devices": [{"address": f"0000:{0x41 + i:02x}:00.0", "vendor": vendor, "device": device,
                      "class": "030200", "driver": driver} for i in range(found.gpu_count)],
         "modules": [], "pci_drivers": [driver] if driver else [],
-        # The node's runtime as the probe finds it on a host: containerd (CRI), runc by default.
-        "files": {"/etc/containerd/config.toml": _CONTAINERD_CONFIG, "/run/containerd/containerd.sock": ""},
+        # The node's runtime as the probe finds it on a host: its distribution's (stock containerd:
+        # CRI, runc by default).
+        "files": dict(RUNTIME_FILES.get(distribution(found), RUNTIME_FILES["containerd"])),
     }
     if host_driver:
         spec["modules"] = ["nvidia", "nvidia_uvm", "nvidia_modeset"]
@@ -108,7 +128,16 @@ def host_spec(shape: str) -> dict[str, Any]:
         spec["files"].update({f"/usr/lib/x86_64-linux-gnu/{lib}.{HOST_DRIVER_VERSION}": ""
                               for lib in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")})
         # and the nvidia runtime, as the distribution's toolkit package configures it
-        spec["files"]["/etc/containerd/config.toml"] += _NVIDIA_RUNTIME
+        if "/etc/containerd/config.toml" in spec["files"]:
+            spec["files"]["/etc/containerd/config.toml"] += _NVIDIA_RUNTIME
     elif passthrough:
         spec["modules"] = ["vfio_pci", "vfio", "vfio_iommu_type1"]
     return spec
+
+
+def distribution(shape: Any) -> str:
+    """The distribution whose runtime a host of `shape` runs (render/distributions.py's rule over
+    what its Node says)."""
+    from gpu_operator.render.distributions import detect
+
+    return detect(shape.runtime, shape.kubelet, {}, shape.labels(shape.name))

@@ -10,6 +10,9 @@ terminating), and only through the channel that component uses:
   GPUs, through the node's labels (state, paused clients) as NVIDIA's does;
 - our GPU health agent (`sim/health.py`, given the nodes' host trees: `sim up` does): its report
   annotation, from the agent's own code over the node's host tree, which `sim fault` changes;
+- NVIDIA's container toolkit (`sim/toolkitconfig.py`, given the nodes' host trees), on nodes of a
+  distribution's shape (k3s, RKE2, MicroK8s, k0s): the nvidia runtime in the containerd config its
+  DaemonSet's env and hostPath mounts point at, in the node's own host tree;
 - optionally NFD's master (`sim/nfdmaster.py`), for clusters whose user runs NFD: NodeFeature
   labels onto the Node. Never on by default (`sim up --nfd`).
 
@@ -40,19 +43,23 @@ from gpu_operator.sim.mighw import MigHardware
 from gpu_operator.sim.migmanager import MigManager
 from gpu_operator.sim.nfdmaster import NfdMaster
 from gpu_operator.sim.podwatch import NodeStandIns, Player
+from gpu_operator.sim.toolkitconfig import ToolkitStandIn, toolkit_apps
 
 log = logging.getLogger("gpu_operator.sim.standins")
 
 
 def default_players(grace_period: float | None = None, hosts: Path | None = None) -> list[Player]:
     """GFD, the device plugin through the kubelet (with `hosts`, the kwok nodes' host trees: its
-    per-GPU health too), the DRA kubelet plugin (with `hosts`: its device taints), the MIG manager;
-    the last changes the GPUs' MIG state (`sim/mighw.py`, beside the host trees or in memory),
-    which the first two read."""
+    per-GPU health too), the DRA kubelet plugin (with `hosts`: its device taints), the MIG manager,
+    which changes the GPUs' MIG state (`sim/mighw.py`, beside the host trees or in memory) the first
+    two read; with `hosts`, the container toolkit on the nodes of a distribution's shape."""
     extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
     mig = MigHardware(hosts)
-    return [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra), SlicePublisher(hosts=hosts),
-            MigManager(mig)]
+    players: list[Player] = [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra),
+                             SlicePublisher(hosts=hosts), MigManager(mig)]
+    if hosts is not None:  # the container toolkit's writes on the hosts of a distribution's nodes
+        players += [ToolkitStandIn(app, hosts) for app in toolkit_apps()]
+    return players
 
 
 async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
