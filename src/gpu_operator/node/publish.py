@@ -47,8 +47,11 @@ def _product(name: str) -> str:
 
 def runtime_facts(report: HostReport) -> dict[str, str]:
     """The host's container runtime as its files show it (node/runtime.py): the operator points the
-    container toolkit at it (render/distributions.py); empty fields are left out."""
+    container toolkit at it (render/distributions.py); empty fields are left out, and a host where
+    none of the runtimes we know was found says flavor `none` (the operator then names the node)."""
     rt = report.runtime
+    if not rt.name:
+        return {"flavor": "none"}
     found = {"name": rt.name, "flavor": rt.flavor, "config": rt.config_path or "",
              "template": rt.template_path or "", "socket": rt.socket or ""}
     return {k: v for k, v in found.items() if v}

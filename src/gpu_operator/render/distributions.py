@@ -141,10 +141,13 @@ def user_names_paths(env: Sequence[tuple[str, str]]) -> bool:
     return bool(keys & set(CONFIG_KEYS)) and bool(keys & set(SOCKET_KEYS))
 
 
-def problem(node: str, distribution: str, runtime_version: str) -> str:
+def problem(node: str, distribution: str, runtime_version: str, probe_flavour: str = "") -> str:
     """The message for a node whose runtime the toolkit cannot be pointed at by detection."""
     if distribution in NOT_CONFIGURABLE:
         why = NOT_CONFIGURABLE[distribution]
+    elif probe_flavour:
+        why = (f"the node probe found no container runtime it knows in the host's files (it reported "
+               f"{probe_flavour!r}; nodeInfo says {runtime_version or 'nothing'})")
     else:
         why = (f"its container runtime ({runtime_version or 'none reported'}) is not one the operator recognises "
                f"(containerd of stock, k3s, RKE2, MicroK8s or k0s; CRI-O; Docker)")

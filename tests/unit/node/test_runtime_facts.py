@@ -36,4 +36,4 @@ def test_published_for_a_host_without_a_runtime(build_host) -> None:  # type: ig
     host = build_host("cpu-only")
     host.fs.remove("/etc/containerd/config.toml")
     host.fs.remove("/run/containerd/containerd.sock")
-    assert probe_facts(probe(host.fs))["runtime"] == {}
+    assert probe_facts(probe(host.fs))["runtime"] == {"flavor": "none"}

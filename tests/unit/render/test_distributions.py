@@ -30,6 +30,7 @@ TOOLKIT = "nvidia-container-toolkit-daemonset"
     ("containerd://1.6.28", "v1.31.3", {"flavor": "microk8s"}, {}, "microk8s"),  # the host's files
     ("containerd://1.7.22-k3s1", "v1.31.1+k3s1", {"flavor": "containerd"}, {}, "containerd"),  # files win
     ("containerd://1.7.27", "", {"flavor": "talos"}, {}, "talos"),
+    ("containerd://1.7.27", "v1.31.3", {"flavor": "none"}, {}, UNRECOGNISED),  # the probe found none we know
     ("frakti://0.3", "v1.31.3", {}, {}, UNRECOGNISED),
     ("", "", {}, {}, UNRECOGNISED),
 ])

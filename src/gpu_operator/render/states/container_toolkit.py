@@ -125,7 +125,8 @@ def unserved(ctx: Ctx) -> dict[str, str]:
     _, names = groups(ctx)
     nodes = {n.name: n for n in ctx.facts.gpu_nodes}
     spec = ctx.spec
-    return {name: problem(name, nodes[name].distribution, nodes[name].runtime_version) for name in names
+    return {name: problem(name, nodes[name].distribution, nodes[name].runtime_version,
+                          nodes[name].probe_runtime.get("flavor", "")) for name in names
             if workload_config(nodes[name].labels, spec.sandbox_on(), spec.default_workload()) == CONTAINER}
 
 
