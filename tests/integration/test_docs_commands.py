@@ -37,7 +37,7 @@ from tests.support.waiting import wait_for
 # helm.md before the pages that start the operator: the chart brings its own (its ServiceAccount
 # gpu-operator/gpu-operator would collide with the simulator operator's); kubevirt.md reads the
 # ClusterPolicy upgrades.md leaves.
-ORDER = ["docs/api.md", "docs/helm.md", "docs/dra.md", "docs/upgrades.md", "docs/kubevirt.md"]
+ORDER = ["docs/install.md", "docs/api.md", "docs/helm.md", "docs/dra.md", "docs/upgrades.md", "docs/kubevirt.md"]
 READS = (["kubectl", "get"], ["gpu-operator", "status"], ["gpu-operator", "upgrade", "status"],
          ["gpu-operator", "sim", "status"])
 DEADLINE = 120.0
@@ -68,7 +68,9 @@ class Shell:
 
     def __init__(self, home: Path) -> None:
         # as after `./dev setup`: helm built (a first build would print its progress into the output)
-        subprocess.run([str(docblocks.ROOT / "tools" / "helm" / "build.sh")], stdout=subprocess.DEVNULL, check=True)
+        # and named in GPU_OPERATOR_HELM, as `./dev setup` and `./dev test` export it (`gpu-operator images`)
+        helm = subprocess.run([str(docblocks.ROOT / "tools" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True,
+                              check=True).stdout.splitlines()[-1]
         self.cache = home / "cache"
         self.cache.mkdir(parents=True)
         self.env_file = home / "env.sh"
@@ -76,7 +78,7 @@ class Shell:
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         venv_bin = str(Path(sys.executable).parent)
         env.update(PATH=f"{venv_bin}:{env.get('PATH', '')}", XDG_CACHE_HOME=str(self.cache),
-                   GPU_OPERATOR_CONTROLPLANE=str(binaries.locate(build=True).root))
+                   GPU_OPERATOR_CONTROLPLANE=str(binaries.locate(build=True).root), GPU_OPERATOR_HELM=helm)
         self.env = env
         self.failed: str | None = None  # the block that failed, if one did
 

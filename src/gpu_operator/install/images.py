@@ -13,9 +13,23 @@ import yaml
 
 from gpu_operator import shapes as node_shapes
 from gpu_operator.render.clitext import InputError, load_nodes
-from gpu_operator.render.images import ImageUse, PolicyError, image_uses, operand_objects, operator_container, operator_images
-from gpu_operator.render.mirror import MirrorError, check_mirror, check_targets, copy_commands, mirror_values, under
-from gpu_operator.sim.helm import HelmInstallError, chart_values, merge, template, user_layers
+from gpu_operator.render.images import (
+    ImageUse,
+    PolicyError,
+    image_uses,
+    operand_objects,
+    operator_container,
+    operator_images,
+)
+from gpu_operator.render.mirror import (
+    MirrorError,
+    check_mirror,
+    check_targets,
+    copy_commands,
+    mirror_values,
+    under,
+)
+from gpu_operator.sim.helm import ChartRejected, HelmInstallError, chart_values, merge, template, user_layers
 
 # The nodes an install is listed for when none are given: the driver's image is published per OS
 # (`<version>-ubuntu22.04`), so its tag depends on the nodes; every other image does not.
@@ -98,10 +112,11 @@ def run_images(*, values: list[Path], sets: list[str], nodes: Path | None, shape
         left = not_mirrored(render_install([*layers, yaml.safe_load(text)], cluster, namespace), target)
     except (InputError, MirrorError, node_shapes.ShapeError) as err:
         return _fail(str(err))
-    except HelmInstallError as err:
+    except ChartRejected as err:
         given = " ".join([*(f"--values {v}" for v in values), *(f"--set {s}" for s in sets)]) or "the defaults"
-        message = str(err)
-        return _fail(message if message.startswith("--") else f"the chart rejects these values ({given}): {message}")
+        return _fail(f"the chart rejects these values ({given}): {err}")
+    except HelmInstallError as err:
+        return _fail(str(err))
     except PolicyError as err:
         return _fail(f"values key {values_key(err)} ({err.kind} {err.path}): {err.message}: fix it in your "
                      "--values file or --set")

@@ -8,7 +8,10 @@ pairs go on top, as `helm -f ... --set ...` would.
 
 from __future__ import annotations
 
-import json
+import os
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,10 @@ Progress = Callable[[str], None]
 
 class HelmInstallError(RuntimeError):
     """The chart could not be installed; the message says why and what to do."""
+
+
+class ChartRejected(HelmInstallError):
+    """`helm template` refused the values: the chart's own message."""
 
 
 def real_node_values(node: str, host_root: str) -> dict[str, Any]:
@@ -110,28 +117,34 @@ def chart_values() -> dict[str, Any]:
     return loaded
 
 
+def helm_command() -> str:
+    """The helm a user installs with: $GPU_OPERATOR_HELM (`./dev setup` builds the version the
+    simulator's Helm SDK wraps), else `helm` on PATH."""
+    found = os.environ.get("GPU_OPERATOR_HELM") or shutil.which("helm")
+    if not found:
+        raise HelmInstallError("helm is not on PATH: install Helm (the command you install the chart with), "
+                               "or run ./dev setup in a checkout and set GPU_OPERATOR_HELM to the path it prints")
+    return found
+
+
 def template(values: dict[str, Any], namespace: str = NAMESPACE,
              api_versions: tuple[str, ...] = (DRA_CAPABILITY,)) -> list[dict[str, Any]]:
-    """`helm template` of our chart with these values, as an install would render it, offline:
-    every object (hooks included, NOTES left out). `api_versions` are the capabilities the
-    chart may test (`--api-versions`): a cluster that serves DRA by default, so that
-    gpuCluster.deployCR renders. HelmInstallError carries the chart's own message (its `fail`s
-    name the key and the fix)."""
-    import helm_python
-    from helm_python import _native
-
+    """`helm template` of our chart with these values, as an install renders it, offline: every
+    object, hooks included. `api_versions` are the capabilities the chart may test
+    (`--api-versions`): by default a cluster that serves DRA, so that gpuCluster.deployCR renders.
+    HelmInstallError carries the chart's own message (its `fail`s name the key and the fix)."""
     if not (CHART_DIR / "Chart.yaml").exists():
         raise HelmInstallError(f"the chart is not in this installation ({CHART_DIR}): run from the source tree")
-    # helm-python-sdk 0.2.2's Chart.render takes no api_versions; its C call does (`helm template --api-versions`)
-    options = {"name": RELEASE, "namespace": namespace, "is_install": True, "api_versions": list(api_versions)}
-    try:
-        with helm_python.Chart.load(CHART_DIR) as chart:
-            rendered: dict[str, str] = json.loads(_native.call_string(
-                "helm_render", chart._raw(), json.dumps(values), json.dumps(options)))
-    except helm_python.HelmError as err:
-        raise HelmInstallError(_chart_message(str(err))) from err
-    return [doc for path, text in sorted(rendered.items()) if not path.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if isinstance(doc, dict)]
+    with tempfile.TemporaryDirectory(prefix="gpu-operator-values-") as tmp:
+        file = Path(tmp) / "values.yaml"
+        file.write_text(yaml.safe_dump(values))
+        argv = [helm_command(), "template", RELEASE, str(CHART_DIR), "--namespace", namespace, "-f", str(file),
+                *(f"--api-versions={v}" for v in api_versions)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        errors = [line.removeprefix("Error: ") for line in done.stderr.splitlines() if line.startswith("Error: ")]
+        raise ChartRejected(_chart_message(errors[-1] if errors else done.stderr))
+    return [doc for doc in yaml.safe_load_all(done.stdout) if isinstance(doc, dict)]
 
 
 def _chart_message(text: str) -> str:

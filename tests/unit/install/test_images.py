@@ -5,7 +5,11 @@ line naming the file or key."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from gpu_operator.install.images import Install, mirror_text, render_install
 from gpu_operator.render.images import IMAGE_ENV, containers, operator_container, pod_specs
 from tests.support.chart import VGPU_IMAGE, preset
 
+ROOT = Path(__file__).resolve().parents[3]
 MIRROR = "registry.example.internal:5000/gpu"
 # A reference with a registry host and a tag or digest, wherever it sits in an object.
 REFERENCE = re.compile(r"^[a-z0-9-]+(\.[a-z0-9-]+)+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})$")
@@ -43,6 +48,17 @@ EXPECTED = {
              "nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.5.0"},
     "nvidiadriver-pinned": {f"nvcr.io/nvidia/k8s-device-plugin@{DIGEST}", "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"},
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def helm() -> Iterator[None]:
+    """The helm `./dev test` sets up (GPU_OPERATOR_HELM), or the one tools/helm/build.sh keeps cached."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not (os.environ.get("GPU_OPERATOR_HELM") or shutil.which("helm")):
+            built = subprocess.run([str(ROOT / "tools" / "helm" / "build.sh")], capture_output=True, text=True,
+                                   check=True)
+            patch.setenv("GPU_OPERATOR_HELM", built.stdout.splitlines()[-1])
+        yield
 
 
 def strings(node: Any, path: str = "") -> list[tuple[str, str]]:
@@ -121,3 +137,11 @@ def test_bad_input_is_one_line_naming_it(content: str | None, args: list[str], f
     assert code == 2
     assert len(err.splitlines()) == 1, err
     assert err.startswith(first.replace("{tmp}", str(tmp_path))), err
+
+
+def test_without_helm_it_says_where_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GPU_OPERATOR_HELM", "")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, err = run()
+    assert (code, len(err.splitlines())) == (2, 1)
+    assert err.startswith("error: helm is not on PATH: install Helm"), err
