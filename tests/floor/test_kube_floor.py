@@ -124,3 +124,14 @@ def test_a_gpucluster_on_the_floor_says_dra_is_not_served(
     finally:
         kube.patch(GPUClusterResource, "gpu-cluster", {"metadata": {"finalizers": []}}, patch_type=PatchType.MERGE)
         delete_if_present(kube, GPUClusterResource, "gpu-cluster")
+
+
+def test_resource_claims_read_as_not_served_on_the_floor(control_plane: ControlPlane) -> None:
+    """The drains' claim read (kube/reads.py) finds no ResourceClaim version here and says so with
+    None (a claim a pod names then counts), instead of failing the upgrade pass."""
+    from gpu_operator.kube.reach import run_kube
+
+    async def read(kube: Any) -> Any:
+        return await kube.list_resource_claims(), await kube.list_resource_claims("default")
+
+    assert run_kube(str(control_plane.admin_kubeconfig), "reading ResourceClaims", read) == (None, None)
