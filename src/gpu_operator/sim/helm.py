@@ -4,6 +4,9 @@ operator Deployment and the chart's hook Jobs on the real node running our image
 What differs from a plain install is one values file the simulator writes and shows
 (`real-node-values.yaml` in the simulator's directory); a user's `--values` files and `--set`
 pairs go on top, as `helm -f ... --set ...` would.
+
+`template` renders the chart offline with the helm command (`helm template`) for
+`gpu-operator images` (install/), which reads the same `--values`/`--set` layers.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ CASES: dict[str, list[dict[str, Any]]] = {
     "dra": [{"clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True}}],
     "passthrough": [preset("passthrough"), {"nodeStatusExporter": {"enabled": True}}],
     "vgpu": [preset("vgpu"), VGPU_IMAGE],
+    "kata-and-extras": [{"sandboxWorkloads": {"enabled": True, "mode": "kata", "defaultWorkload": "vm-passthrough"},
+                         "ccManager": {"enabled": True}, "gds": {"enabled": True}, "gdrcopy": {"enabled": True},
+                         "dcgm": {"enabled": True}}],
     "nvidiadriver-pinned": [{"driver": {"nvidiaDriverCRD": {"enabled": True}},
                              "devicePlugin": {"version": DIGEST}}],
 }
@@ -46,6 +49,11 @@ EXPECTED = {
     "passthrough": {"nvcr.io/nvidia/kubevirt-gpu-device-plugin:v1.6.0"},
     "vgpu": {"registry.example.com/nvidia/vgpu-manager:17.4-ubuntu22.04",
              "nvcr.io/nvidia/cloud-native/vgpu-device-manager:v0.5.0"},
+    "kata-and-extras": {"nvcr.io/nvidia/cloud-native/nvidia-sandbox-device-plugin:v0.0.5",
+                        "nvcr.io/nvidia/cloud-native/k8s-cc-manager:v0.4.3",
+                        "nvcr.io/nvidia/cloud-native/nvidia-fs:2.29.4-ubuntu22.04",
+                        "nvcr.io/nvidia/cloud-native/gdrdrv:v2.6-ubuntu22.04",
+                        "nvcr.io/nvidia/cloud-native/dcgm:4.6.0-1-ubuntu24.04"},
     "nvidiadriver-pinned": {f"nvcr.io/nvidia/k8s-device-plugin@{DIGEST}", "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"},
 }
 
@@ -145,3 +153,25 @@ def test_without_helm_it_says_where_to_get_it(monkeypatch: pytest.MonkeyPatch, t
     code, err = run()
     assert (code, len(err.splitlines())) == (2, 1)
     assert err.startswith("error: helm is not on PATH: install Helm"), err
+
+
+def test_the_driver_tag_follows_the_nodes_given(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": shapes.nodes(["rke2"])}))
+    result = CliRunner().invoke(app, ["images", "--nodes", str(nodes)])
+    assert result.exit_code == 0, result.stderr
+    drivers = [line for line in result.stdout.splitlines() if line.startswith("nvcr.io/nvidia/driver:")]
+    assert drivers == ["nvcr.io/nvidia/driver:595.91.07-rocky9"]
+
+
+def test_an_image_no_values_key_names_is_listed_and_said_not_to_be_mirrored(tmp_path: Path) -> None:
+    extra = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "site-tool"},
+             "spec": {"containers": [{"name": "tool", "image": "quay.io/site/tool:1"}]}}
+    values = tmp_path / "extra.yaml"
+    values.write_text(yaml.safe_dump({"extraObjects": [extra]}))
+    listed = CliRunner().invoke(app, ["images", "-f", str(values)])
+    assert listed.exit_code == 0 and "quay.io/site/tool:1" in listed.stdout.splitlines()
+    result = CliRunner().invoke(app, ["images", "-f", str(values), "--mirror", MIRROR])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"warning: quay.io/site/tool:1 (Pod/site-tool tool) does not come from {MIRROR}")
+    assert yaml.safe_load(result.stdout)["devicePlugin"] == {"repository": f"{MIRROR}/nvidia"}
