@@ -37,12 +37,13 @@ def images_command(
 ) -> None:
     """List every image an install of the chart (deployments/gpu-operator) with these values pulls.
 
-    The chart is rendered offline with Helm, as `helm template` would for a cluster that serves DRA;
-    the operator's operands are rendered from the ClusterPolicy, NVIDIADrivers and GPUCluster it
-    makes, with the operator's env as image fallbacks. Listed: every container and init container
-    image, and every image handed to a pod in an env variable (the validator's workload image),
-    digests where the values pin them. Needs the chart (a source checkout) and the `sim` extra
-    (Helm). Exit 2: a values file, --set or --mirror that cannot work, named with the fix.
+    The chart is rendered with `helm template` (helm on PATH, or GPU_OPERATOR_HELM; as for a cluster that serves DRA).
+
+    The operands are rendered from the ClusterPolicy, NVIDIADrivers and GPUCluster it makes, as the operator would.
+
+    Listed: every container and init container image, every image handed to a pod in an env variable.
+
+    Exit 2: a values file, --set or --mirror that cannot work, named with the fix. docs/install.md.
     """
     from gpu_operator.install.images import run_images
 
