@@ -63,7 +63,9 @@ class Reference:
 def check_mirror(mirror: str) -> str:
     """The mirror as given, without a trailing slash; MirrorError says what a valid one looks like."""
     value = mirror.strip().rstrip("/")
-    if not _MIRROR.match(value) or "/" not in value and "." not in value and ":" not in value and value != "localhost":
+    host = value.split("/")[0]
+    # a first part without a dot or port is a Docker Hub namespace to every runtime, not a registry
+    if not _MIRROR.match(value) or ("." not in host and ":" not in host and host != "localhost"):
         raise MirrorError(f"--mirror {mirror!r}: give a registry host with an optional path, no scheme and no tag, "
                           "e.g. --mirror registry.example.com:5000/gpu")
     return value

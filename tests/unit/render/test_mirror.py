@@ -51,10 +51,16 @@ def test_a_repository_moves_as_its_images_do(repository: str) -> None:
     assert f"{mirrored_repository(repository, M)}/img:1" == mirrored(f"{repository}/img:1", M)
 
 
-@pytest.mark.parametrize("bad", ["https://registry.example.com", "registry.example.com/gpu:v1", "", "justaname"])
+@pytest.mark.parametrize("bad", ["https://registry.example.com", "registry.example.com/gpu:v1", "", "justaname",
+                                 "myregistry/gpu"])
 def test_a_mirror_that_is_no_registry_is_refused(bad: str) -> None:
     with pytest.raises(MirrorError, match="--mirror"):
         check_mirror(bad)
+
+
+@pytest.mark.parametrize("good", ["registry:5000", "localhost/gpu", "registry.example.com/a/b"])
+def test_a_registry_with_a_path_is_a_mirror(good: str) -> None:
+    assert check_mirror(good + "/") == good
 
 
 def test_two_registries_with_one_path_are_refused() -> None:
