@@ -1,0 +1,51 @@
+"""Start-up discovery's platform reaches every render: the three reconciling units' snapshots carry
+it, and the GPUCluster's DRA stack gets its SCCs on OpenShift (none elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpu_operator.controllers.cache import OWNED_KINDS, GPUClusterView
+from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
+from gpu_operator.controllers.readmodel import (
+    DRIVERS,
+    GPUCLUSTERS,
+    POLICIES,
+    ClusterInfo,
+    ReadModel,
+    owned_index,
+)
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
+from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
+from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
+from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
+from tests.unit.controllers.test_gpucluster_crds import CRDKube
+
+
+@pytest.mark.parametrize("version", ["4.17", ""])
+def test_the_units_snapshots_carry_the_platform(version: str) -> None:
+    model = ReadModel("gpu-operator", info=ClusterInfo("1.36.3", openshift_version=version))
+    model.indices = {index: {} for index in (POLICIES, DRIVERS, GPUCLUSTERS, *map(owned_index, OWNED_KINDS))}
+    kube: Any = None
+    settings = OperatorSettings()
+    images = dict(CHART_DEFAULT_IMAGES)
+    assert ClusterPolicyUnit(kube, settings, model, images, lambda: False).snapshot().openshift_version == version
+    assert NVIDIADriverUnit(kube, settings, model, images).snapshot().openshift_version == version
+    assert GPUClusterUnit(kube, settings, model, images).snapshot().openshift is bool(version)
+
+
+@pytest.mark.parametrize("openshift", [True, False])
+def test_the_dra_stack_gets_sccs_only_on_openshift(openshift: bool) -> None:
+    kube = CRDKube({})
+    body = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+            "metadata": {"name": "gpu-cluster", "uid": "gc-uid", "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"]},
+            "spec": {"draDriver": {}}}
+    snap = ClusterSnapshot([GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body)], [], {}, "gpu-operator",
+                           openshift=openshift)
+    asyncio.run(GPUClusterReconciler(kube, images=CHART_DEFAULT_IMAGES).reconcile(snap))  # type: ignore[arg-type]
+    sccs = [o["metadata"]["name"] for o in kube.live.values() if o["kind"] == "SecurityContextConstraints"]
+    assert bool(sccs) is openshift
