@@ -54,15 +54,16 @@ class NodeFacts:
             version = version.split(".")[0]
         return f"{os_id}{version}"
 
-    @property
+    @functools.cached_property
     def distribution(self) -> str:
         """Whose container runtime the node runs (render/distributions.py): the probe's host files
         first, then nodeInfo's runtime and kubelet versions."""
         return detect(self.runtime_version, self.kubelet_version, self.probe_runtime, self.labels)
 
-    @property
+    @functools.cached_property
     def toolkit_group(self) -> str:
-        """Which container-toolkit DaemonSet serves the node (render/distributions.py)."""
+        """Which container-toolkit DaemonSet serves the node (render/distributions.py); cached, as
+        node facts never change once built and the labeller and renderer read it on every pass."""
         return toolkit_group(self.runtime_version, self.kubelet_version, self.probe_runtime, self.labels)
 
     @property
