@@ -196,9 +196,13 @@ def test_nothing_to_change_sends_nothing() -> None:
 def test_429_answers_shrink_the_gate() -> None:
     kube = FakeKube(refuse={f"n{i}" for i in range(0, 200, 2)})
     labeller = NodeLabeller(kube, concurrency=32)  # type: ignore[arg-type]
+    allowed: list[int] = []
+    labeller.gate.on_change = allowed.append  # every change of the limit, in order
     report = asyncio.run(labeller.label([gpu_node(f"n{i}", False) for i in range(200)], LabelPolicy()))
     assert len(report.failed) == 100 and {f.code for f in report.failed.values()} == {429}
-    assert labeller.gate.limit.allowed < 4  # halved on every 429: far below its start
+    # halved on every 429: far below its start (where it ends depends on the order the answers
+    # came back in, which the event loop decides: the run's lowest does not)
+    assert min(allowed) <= 2  # a latency rise alone stops at 16 (the floor)
 
 
 def test_gate_limit_follows_its_answers() -> None:
