@@ -49,6 +49,8 @@ class Distribution:
     config_v3: str = ""  # the file to edit under containerd 2.x (config version 3), where it differs
 
 
+# Stock containerd, CRI-O and Docker: upstream's defaults (controllers/object_controls.go), which a
+# cluster of that runtime gets unchanged; the others: the distributions' own (docs/operands.md).
 DISTRIBUTIONS: Mapping[str, Distribution] = {
     d.name: d for d in (
         Distribution(STOCK, "containerd", "/etc/containerd/config.toml", "/run/containerd/containerd.sock",

@@ -6,7 +6,7 @@ import posixpath
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.render.distributions import Distribution
+from gpu_operator.render.distributions import DISTRIBUTIONS, Distribution
 from gpu_operator.render.objects import add_mount, add_volume, get_env, hostpath, mount, upsert_env
 
 CONFIG_DIR = "/runtime/config-dir/"
@@ -16,17 +16,8 @@ NRI_SOCKET_DIR = "/runtime/nri-sock-dir/"
 DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_INSTALL_DIR = "/usr/local/nvidia"
 
-# runtime -> (env prefix, default config, default drop-in, default socket)
-RUNTIMES: dict[str, tuple[str, str, str, str]] = {
-    "containerd": (
-        "CONTAINERD",
-        "/etc/containerd/config.toml",
-        "/etc/containerd/conf.d/99-nvidia.toml",
-        "/run/containerd/containerd.sock",
-    ),
-    "crio": ("CRIO", "/etc/crio/config.toml", "/etc/crio/crio.conf.d/99-nvidia.conf", ""),
-    "docker": ("DOCKER", "/etc/docker/daemon.json", "", "/var/run/docker.sock"),
-}
+# the toolkit's env prefix of each runtime (CONTAINERD_CONFIG, CRIO_CONFIG, DOCKER_SOCKET, ...)
+PREFIXES = {"containerd": "CONTAINERD", "crio": "CRIO", "docker": "DOCKER"}
 
 
 def runtime_class_name(spec: ClusterPolicySpec, runtime: str) -> str | None:
@@ -82,9 +73,7 @@ def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, 
         return
     if dist is not None:
         _distribution_defaults(ctr, dist)
-        _runtime_paths(pod, ctr, runtime, (RUNTIMES[runtime][0], config or dist.config, dist.drop_in, dist.socket))
-        return
-    _runtime_paths(pod, ctr, runtime, RUNTIMES[runtime])
+    _runtime_paths(pod, ctr, dist or DISTRIBUTIONS[runtime], config)
 
 
 def _distribution_defaults(ctr: dict[str, Any], dist: Distribution) -> None:
@@ -95,9 +84,12 @@ def _distribution_defaults(ctr: dict[str, Any], dist: Distribution) -> None:
         upsert_env(ctr, "RUNTIME_DROP_IN_CONFIG", "")  # the toolkit edits the config itself
 
 
-def _runtime_paths(pod: dict[str, Any], ctr: dict[str, Any], runtime: str,
-                   defaults: tuple[str, str, str, str]) -> None:
-    prefix, default_config, default_drop_in, default_socket = defaults
+def _runtime_paths(pod: dict[str, Any], ctr: dict[str, Any], dist: Distribution, config_file: str = "") -> None:
+    """Upstream's rule: each host path (spec.toolkit.env's, else the distribution's) mounted by its
+    directory under /runtime/*, the env pointed at the container path."""
+    runtime = dist.runtime
+    prefix = PREFIXES[runtime]
+    default_config, default_drop_in, default_socket = config_file or dist.config, dist.drop_in, dist.socket
     config = _pick(ctr, (f"{prefix}_CONFIG", "RUNTIME_CONFIG"), default_config)
     target = _mount_dir(pod, ctr, f"{runtime}-config", config, CONFIG_DIR, "DirectoryOrCreate")
     upsert_env(ctr, "RUNTIME_CONFIG", target)
