@@ -9,12 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from lightkube import Client
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.render.distributions import HINT_KEYS
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import RUNTIME_GROUP, RUNTIME_NOT_RECOGNISED
+from tests.support.events import node_events
 from tests.support.status import condition, policy_status, reconciled
 from tests.support.waiting import wait_for
 
@@ -26,11 +27,6 @@ def toolkit_pods(kube: Client, namespace: str) -> dict[str, str]:
     return {str(p.spec.nodeName): str(p.metadata.labels["app"]) for p in kube.list(Pod, namespace=namespace)
             if p.spec and p.spec.nodeName and p.metadata and p.metadata.labels
             and str(p.metadata.labels.get("app", "")).startswith(TOOLKIT) and not p.metadata.deletionTimestamp}
-
-
-def node_events(kube: Client, node: str) -> list[Event]:
-    return [e for e in kube.list(Event, namespace="default")
-            if e.involvedObject and e.involvedObject.kind == "Node" and e.involvedObject.name == node]
 
 
 def test_each_distribution_gets_its_toolkit_and_an_unrecognised_runtime_is_named(

@@ -34,6 +34,7 @@ from gpu_operator.vocabulary import (
 )
 from tests.support.audit import serviceaccount_user
 from tests.support.chaos import writes_by
+from tests.support.events import node_events
 from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for
 
@@ -85,11 +86,6 @@ def can_get(client: Client, node: str) -> bool:
 def vfio_events(kube: Client, node: str) -> list[Event]:
     """The vfio manager's events about the Node (the node controller adds its own, RegisteredNode, whenever)."""
     return [e for e in node_events(kube, node) if e.reason in (VFIO_BOUND_REASON, VFIO_REFUSED_REASON)]
-
-
-def node_events(kube: Client, node: str) -> list[Event]:
-    return [e for e in kube.list(Event, namespace="default")
-            if e.involvedObject and e.involvedObject.kind == "Node" and e.involvedObject.name == node]
 
 
 def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
