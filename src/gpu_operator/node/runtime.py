@@ -24,7 +24,7 @@ class _Candidate:
     configs: tuple[str, ...]
     socket: str
     drop_in_globs: tuple[str, ...] = ()
-    template: str | None = None
+    templates: tuple[str, ...] = ()  # the first that exists is the one the distribution reads
 
 
 # Order matters when several are present: a distro's own containerd wins over a stray
@@ -35,14 +35,16 @@ _CANDIDATES = (
         "k3s",
         ("/var/lib/rancher/k3s/agent/etc/containerd/config.toml",),
         "/run/k3s/containerd/containerd.sock",
-        template="/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
+        templates=("/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.tmpl",
+                   "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"),
     ),
     _Candidate(
         "containerd",
         "rke2",
         ("/var/lib/rancher/rke2/agent/etc/containerd/config.toml",),
         "/run/k3s/containerd/containerd.sock",
-        template="/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
+        templates=("/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl",
+                   "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl"),
     ),
     _Candidate(
         "containerd",
@@ -88,7 +90,8 @@ class ContainerRuntime(BaseModel):
     flavor: str = ""
     config_path: str | None = None
     template_path: str | None = Field(
-        default=None, description="k3s/rke2 regenerate config_path from this at start"
+        default=None, description="k3s/rke2 regenerate config_path from this at start (config-v3.toml.tmpl "
+        "first, for containerd 2)"
     )
     config_files: list[str] = Field(
         default_factory=list, description="config plus every drop-in that was read"
@@ -190,7 +193,7 @@ def detect_runtime(fs: HostFS) -> ContainerRuntime:
         name=chosen.name,
         flavor=chosen.flavor,
         config_path=config or chosen.configs[0],
-        template_path=chosen.template if chosen.template and fs.is_file(chosen.template) else None,
+        template_path=next((t for t in chosen.templates if fs.is_file(t)), None),
         socket=chosen.socket if fs.exists(chosen.socket) else None,
     )
     docs: list[dict[str, Any]] = []

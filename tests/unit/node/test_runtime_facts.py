@@ -37,3 +37,12 @@ def test_published_for_a_host_without_a_runtime(build_host) -> None:  # type: ig
     host.fs.remove("/etc/containerd/config.toml")
     host.fs.remove("/run/containerd/containerd.sock")
     assert probe_facts(probe(host.fs))["runtime"] == {"flavor": "none"}
+
+
+def test_k3s_containerd2_template_is_read_first(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("cpu-only", files={
+        f"{K3S}/config.toml": "version = 3\n",
+        f"{K3S}/config.toml.tmpl": '{{ template "base" . }}\n',
+        f"{K3S}/config-v3.toml.tmpl": '{{ template "base" . }}\n',
+    })
+    assert detect_runtime(host.fs).template_path == f"{K3S}/config-v3.toml.tmpl"
