@@ -24,9 +24,10 @@ from gpu_operator.vocabulary import (
     VFIO_STATE,
 )
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
-from tests.integration.test_vfio_manager_api import node_events, vfio_manager_identity
+from tests.integration.test_vfio_manager_api import vfio_manager_identity
 from tests.support import audit
 from tests.support.audit import serviceaccount_user
+from tests.support.events import node_events
 from tests.support.waiting import wait_for
 
 # Lists pods in its namespace with the in-cluster credentials the kubelet mounted: prints the

@@ -20,8 +20,8 @@ from gpu_operator.sim.realnode import RealNode
 from gpu_operator.sim.realspec import host_spec, policy_spec
 from gpu_operator.vocabulary import VALIDATIONS_DIR, VFIO_STATE
 from tests.integration.realnode_fixtures import REAL_NODE, api_log
-from tests.integration.test_vfio_manager_api import node_events
 from tests.support.audit import forbidden_in_namespace
+from tests.support.events import node_events
 from tests.support.status import policy_status
 from tests.support.waiting import wait_for
 
