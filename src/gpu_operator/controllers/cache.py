@@ -16,7 +16,7 @@ from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import nodelabels
-from gpu_operator.render.facts import NodeFacts, probe_runtime
+from gpu_operator.render.facts import NodeFacts, passthrough_list, probe_runtime
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     GFD_LABELS_ANNOTATION,
@@ -191,7 +191,8 @@ class NodeView:
         """The renderer's facts of this node, built once per view: a view is replaced, not
         changed, when the node changes, and every reconcile reads the facts of every node."""
         return NodeFacts(self.name, self.labels, runtime_version=self.runtime, kernel_version=self.kernel,
-                         kubelet_version=self.kubelet, probe_runtime=probe_runtime(self.annotations))
+                         kubelet_version=self.kubelet, probe_runtime=probe_runtime(self.annotations),
+                         mixed=passthrough_list(self.annotations) is not None)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class NodeFacts:
     kubelet_version: str = ""
     # the node probe's view of the host's runtime (`probe_runtime`): flavor, config, template, socket
     probe_runtime: Mapping[str, str] = field(default_factory=dict)
+    mixed: bool = False  # a passthrough list (`passthrough_list`): some GPUs to VMs, the rest to containers
 
     @property
     def gpu(self) -> bool:
@@ -79,7 +80,8 @@ class NodeFacts:
                    runtime_version=str(info.get("containerRuntimeVersion", "")),
                    kernel_version=str(info.get("kernelVersion", "")),
                    kubelet_version=str(info.get("kubeletVersion", "")),
-                   probe_runtime=probe_runtime(meta.get("annotations") or {}))
+                   probe_runtime=probe_runtime(meta.get("annotations") or {}),
+                   mixed=passthrough_list(meta.get("annotations") or {}) is not None)
 
 
 def probe_runtime(annotations: Mapping[str, str]) -> dict[str, str]:

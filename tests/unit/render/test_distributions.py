@@ -150,6 +150,12 @@ def test_no_message_where_the_toolkit_does_not_run() -> None:
     assert unserved(odd_cluster(sandbox)[1]) == {}
 
 
+def test_a_mixed_node_runs_the_container_stack_and_is_named() -> None:
+    sandbox = policy({"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough"}})
+    mixed = NodeFacts("gpu-mixed", GPU, runtime_version="frakti://0.3", mixed=True)
+    assert list(unserved(Ctx(sandbox, ClusterFacts.of([mixed], operator_env=IMAGES)))) == ["gpu-mixed"]
+
+
 def test_probe_facts_reach_the_node_facts() -> None:
     node = {"metadata": {"name": "n", "labels": GPU, "annotations": {
         "nvidia.com/gpu.probe.facts": '{"driverSource":"none","gpus":[],"runtime":{"flavor":"microk8s",'

@@ -118,7 +118,7 @@ def groups(ctx: Ctx) -> tuple[dict[str, list[str]], list[str]]:
 
 
 def unserved(ctx: Ctx) -> dict[str, str]:
-    """Container-workload GPU nodes no toolkit DaemonSet serves, each with the message that names
+    """Container-workload (or mixed) GPU nodes no toolkit DaemonSet serves, each with the message that names
     the node and the toolkit.env keys to set (the ClusterPolicy's status, a Warning Event on the node)."""
     if not ctx.spec.toolkit.on():
         return {}
@@ -127,7 +127,8 @@ def unserved(ctx: Ctx) -> dict[str, str]:
     spec = ctx.spec
     return {name: problem(name, nodes[name].distribution, nodes[name].runtime_version,
                           nodes[name].probe_runtime.get("flavor", "")) for name in names
-            if workload_config(nodes[name].labels, spec.sandbox_on(), spec.default_workload()) == CONTAINER}
+            if workload_config(nodes[name].labels, spec.sandbox_on(), spec.default_workload()) == CONTAINER
+            or (spec.sandbox_on() and nodes[name].mixed)}  # a mixed node runs the container stack too
 
 
 def _affinity(ds: dict[str, Any], operator: str, values: list[str]) -> None:
