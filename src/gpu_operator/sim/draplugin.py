@@ -22,7 +22,12 @@ which the scheduler honours (Kubernetes 1.36: DRADeviceTaints, beta, on by defau
 stays in the slice and is no longer allocated to new claims; a new plugin pod or a new boot starts
 without taints (`sim/drahealth.py` has the rule and its sources). Without the gate: no taint.
 
-What it does not play: MIG devices, passthrough (vfio) devices, claim preparation
+MIG (static MIG devices, `sim/dramig.py` has the rules and sources): as the plugin reads NVML once
+when it starts, the GPUs' MIG state (`sim/mighw.py`, the same the device plugin's stand-in reads) is
+taken when the plugin's pod starts; a GPU with MIG mode on is published as its MIG devices (type
+mig), not itself. A layout changed while the plugin runs shows once its pod is restarted.
+
+What it does not play: partitionable devices (the DynamicMIG gate), passthrough (vfio) devices, claim preparation
 (there is no container to inject into; the real node's toolkit stand-in covers CDI injection).
 A node's GPUs come from its shape (label gpu-operator.sim/shape), as the plugin reads them from
 NVML; a node whose GPUs go to VMs (vfio-pci, or workload config vm-passthrough) publishes none, as
@@ -46,8 +51,11 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 
 from gpu_operator.shapes import CUDA_DRIVER_VERSION, DRIVER_VERSION, arch_family
+from gpu_operator.sim import dramig
 from gpu_operator.sim.drahealth import SliceHealth
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
+from gpu_operator.sim.mighw import MigHardware, shape_gpus
+from gpu_operator.sim.migparted import GpuMig
 from gpu_operator.sim.podwatch import NodeView, PodView
 
 log = logging.getLogger("gpu_operator.sim.draplugin")
@@ -77,17 +85,21 @@ def semver(version: str) -> str:
 
 
 def gpu_uuid(node: str, index: int) -> str:
-    """A stable GPU UUID per node and index (NVML's form: GPU-<uuid>)."""
+    """A stable GPU UUID per node and index (NVML's form: GPU-<uuid>), for a GPU its host has none for."""
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}.gpu-operator.sim')}"
 
 
-def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
+            gpus: list[GpuMig] | None = None) -> list[dict[str, Any]]:
     """The node's GPUs as the plugin describes them (attributes without a domain are qualified by
     the driver name: DeviceClass selectors read device.attributes['gpu.nvidia.com'].type);
-    `taints`: the plugin's taint per GPU address (domain:bus:device, as the Xid line has it)."""
+    `taints`: the plugin's taint per GPU address (domain:bus:device, as the Xid line has it);
+    `gpus`: their MIG state (default: as the host boots, MIG off): a GPU with MIG mode on is
+    published as its MIG devices instead (`dramig`)."""
     shape = view.shape
     if shape is None or not view.nvidia_gpus:
         return []
+    by_index = {g.index: g for g in (shape_gpus(shape) if gpus is None else gpus)}
     product = shape.gpu_name or "NVIDIA GPU"
     major, _, minor = shape.gpu_compute_capability.partition(".")
     architecture = ARCHITECTURES.get(arch_family(int(major or 0), int(minor or 0)), "unknown")
@@ -96,8 +108,9 @@ def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -> 
     addresses = gpu_addresses(shape.name)
     for index in range(view.nvidia_gpus):
         address = addresses[index] if index < len(addresses) else None
+        mig = by_index.get(index)
         attributes = {
-            "type": {"string": "gpu"}, "uuid": {"string": gpu_uuid(view.name, index)},
+            "type": {"string": "gpu"}, "uuid": {"string": mig.uuid if mig else gpu_uuid(view.name, index)},
             "productName": {"string": product}, "brand": {"string": "Nvidia"},
             "architecture": {"string": architecture}, "cudaComputeCapability": {"version": capability},
             "driverVersion": {"version": semver(DRIVER_VERSION)},
@@ -109,11 +122,15 @@ def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -> 
             taint = (taints or {}).get(address.rsplit(".", 1)[0])
             if taint is not None:
                 device["taints"] = [dict(taint)]
-        out.append(device)
+        if mig is not None and mig.enabled:
+            out.extend(dramig.mig_devices(mig, device))
+        else:
+            out.append(device)
     return out
 
 
-def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
+              gpus: list[GpuMig] | None = None) -> dict[str, Any]:
     name = view.name
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -122,7 +139,7 @@ def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None) -
                                           "controller": True}]},
         "spec": {"driver": DRIVER, "nodeName": name,
                  "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices(view, taints)},
+                 "devices": devices(view, taints, gpus)},
     }
 
 
@@ -132,8 +149,10 @@ class SlicePublisher:
     app = PLUGIN_APP
     field_manager = FIELD_MANAGER
 
-    def __init__(self, hosts: Path | None = None, interval: float = 2.0) -> None:
+    def __init__(self, hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None) -> None:
         self.published: dict[str, str] = {}  # node -> the devices last published (JSON)
+        self.mig = mig
+        self.enumerated: dict[str, tuple[str, list[GpuMig]]] = {}  # node -> (its plugin pod's uid, the GPUs then)
         self.served = True  # resource.k8s.io/v1 (Kubernetes >= 1.34); the floor (1.29) has none
         self.hosts = NodeHosts(hosts) if hosts is not None else None
         self.interval = interval
@@ -155,6 +174,15 @@ class SlicePublisher:
         if entry is None or entry[0] != pod.uid:  # the plugin (re)started: no taint, Xids from now on
             entry = self.health[node] = (pod.uid, SliceHealth(self.hosts.root(node), pod.env))
         return entry[1].poll()
+
+    def gpus(self, node: str, pod: PodView, view: NodeView) -> list[GpuMig] | None:
+        """The GPUs' MIG state as the plugin's pod found it when it started (None: MIG never played)."""
+        if self.mig is None or view.shape is None:
+            return None
+        entry = self.enumerated.get(node)
+        if entry is None or entry[0] != pod.uid:
+            entry = self.enumerated[node] = (pod.uid, self.mig.gpus(node, view.shape))
+        return entry[1]
 
     async def start(self, client: AsyncClient) -> None:
         """Slices this stand-in published before (a restart): looked at again once the pods are listed,
@@ -184,7 +212,7 @@ class SlicePublisher:
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
         if running and view is not None and view.shape is not None:
             taints = self.taints(node, running[-1])
-            body = slice_for(view, taints)
+            body = slice_for(view, taints, self.gpus(node, running[-1], view))
             content = json.dumps(body["spec"]["devices"], sort_keys=True)
             if self.published.get(node) != content:
                 await client.apply(from_dict(body), field_manager=FIELD_MANAGER, force=True)
@@ -199,5 +227,6 @@ class SlicePublisher:
                     raise
             self.published.pop(node, None)
             self.health.pop(node, None)
+            self.enumerated.pop(node, None)
             log.info("node %s: the DRA kubelet plugin is gone: its ResourceSlice withdrawn", node)
         return None

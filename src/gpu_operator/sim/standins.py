@@ -52,11 +52,11 @@ def default_players(grace_period: float | None = None, hosts: Path | None = None
     """GFD, the device plugin through the kubelet (with `hosts`, the kwok nodes' host trees: its
     per-GPU health too), the DRA kubelet plugin (with `hosts`: its device taints), the MIG manager,
     which changes the GPUs' MIG state (`sim/mighw.py`, beside the host trees or in memory) the first
-    two read; with `hosts`, the container toolkit on the nodes of a distribution's shape."""
+    three read; with `hosts`, the container toolkit on the nodes of a distribution's shape."""
     extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
     mig = MigHardware(hosts)
     players: list[Player] = [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra),
-                             SlicePublisher(hosts=hosts), MigManager(mig)]
+                             SlicePublisher(hosts=hosts, mig=mig), MigManager(mig)]
     if hosts is not None:  # the container toolkit's writes on the hosts of a distribution's nodes
         players += [ToolkitStandIn(app, hosts) for app in toolkit_apps()]
     return players
