@@ -27,11 +27,13 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
+from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
 from gpu_operator.controllers.health_dra import PCI_BUS_ID
 from gpu_operator.kube.client import GPUClusterResource
 from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim import binaries, standins
+from gpu_operator.render.states.mig_manager import default_mig_config
+from gpu_operator.sim import binaries, draplugin, mighw, migparted, standins
 from gpu_operator.sim import nodes as sim_nodes
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.faultinject import inject
@@ -216,3 +218,42 @@ def test_the_rules_go_with_the_gpucluster(stack: Stack) -> None:
     stack.kube.delete(GPUClusterResource, "gpu-cluster")
     wait_for("the rule collected with the GPUCluster", stack.rules, until=lambda r: r == {}, timeout=WAIT,
              context=stack.logs)
+
+
+@pytest.mark.parametrize("stack", ["plugin-health-check"], indirect=True)  # any plane with host trees
+def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack) -> None:
+    """The GPUCluster stack deploys no MIG manager (NVIDIA's drops its deploy label): the layout is
+    made on the node's GPUs by hand (the simulator's MIG state beside the host tree), and the
+    plugin, which reads NVML when it starts, is restarted to publish it."""
+    kube, ns = stack.kube, stack.namespace
+    shape = shapes.load("dgx-h100")
+    (node,) = sim_nodes.add_nodes(kube, ["dgx-h100:1"], start=95_100)
+    sim_nodes.wait_ready(kube, [node])
+
+    def devices() -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in kube.list(ResourceSlice) if s["spec"].get("nodeName") == node
+                for d in s["spec"].get("devices") or []}
+
+    wait_for("the node's 8 GPUs published", devices, until=lambda d: len(d) == 8, timeout=WAIT, context=stack.logs)
+    hardware = mighw.MigHardware(Path(stack.sim.dir) / "hosts")
+    entries = migparted.select(migparted.parse(default_mig_config()), "all-1g.10gb")
+    hardware.set(node, shape, migparted.apply(entries, hardware.gpus(node, shape)))
+    (plugin,) = [p for p in kube.list(Pod, namespace=ns, labels={"app": draplugin.PLUGIN_APP})
+                 if p.spec and p.spec.nodeName == node]
+    kube.delete(Pod, str(plugin.metadata.name if plugin.metadata else ""), namespace=ns, grace_period=0)
+    migs = wait_for("56 MIG devices published", devices, until=lambda d: len(d) == 56, timeout=WAIT,
+                    context=stack.logs)
+    assert {d["attributes"]["type"]["string"] for d in migs.values()} == {"mig"}
+    assert {d["attributes"]["profile"]["string"] for d in migs.values()} == {"1g.10gb"}
+
+    kube.create(from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one-mig", "namespace": ns},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}}))
+    kube.create(from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "one-mig", "namespace": ns}, "spec": {
+        "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                        "resources": {"claims": [{"name": "mig"}]}}],
+        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-mig"}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}))
+    results = wait_for("the MIG claim allocated", lambda: workloads.claim_results(kube, ns, "one-mig"), timeout=WAIT)
+    assert [(r["driver"], r["pool"]) for r in results] == [("gpu.nvidia.com", node)]
+    assert results[0]["device"] in migs
