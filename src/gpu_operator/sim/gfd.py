@@ -19,7 +19,9 @@ Facts (NVIDIA/k8s-device-plugin v0.20.0, read for facts only):
 Played: the labels of full GPUs (see `Shape.gfd_labels`) and, once the MIG manager's stand-in has
 changed the GPUs (`sim/mighw.py`), GFD's MIG labels per strategy (`sim/migresources.py`), the
 timestamp as the pod's start time, the MIG strategy from the pod's environment, the owner
-references. Not played: sharing (time-slicing/MPS) from the plugin config, the 60 s relabel loop
+references, and sharing (time-slicing/MPS: `sim/sharing.py`) from the plugin config its pod's
+config-manager holds (`sim/pluginconfig.py`; a label change is the sidecar's SIGHUP: GFD labels
+afresh; a config GFD refuses: it exits and writes nothing). Not played: the 60 s relabel loop
 (the GPUs change only while the MIG manager has paused GFD: its new pod labels them afresh), file
 output (features.d).
 """
@@ -27,6 +29,7 @@ output (features.d).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from lightkube import AsyncClient
@@ -34,8 +37,9 @@ from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 
-from gpu_operator.sim import migresources
+from gpu_operator.sim import migresources, sharing
 from gpu_operator.sim.mighw import MigHardware
+from gpu_operator.sim.pluginconfig import PluginConfigs
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import (
     GFD_NODE_FEATURE_PREFIX,
@@ -72,15 +76,21 @@ def owner_references(pod: PodView) -> list[dict[str, Any]]:
             {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}]
 
 
-def labels_for(view: NodeView, pod: PodView, hardware: MigHardware | None = None) -> dict[str, str]:
+def labels_for(view: NodeView, pod: PodView, hardware: MigHardware | None = None,
+               config: sharing.Sharing | None = None) -> dict[str, str]:
     """The labels GFD's process in `pod` derives on the node (none where NVML sees no GPU), with the
-    GPUs' MIG state as `hardware` has it (without: every GPU with MIG off)."""
+    GPUs' MIG state as `hardware` has it (without: every GPU with MIG off) and the sharing of the
+    plugin `config` it holds (without: none)."""
     if view.shape is None or not view.nvidia_gpus:
         return {}
+    config = config or sharing.Sharing()
     stamp = None if no_timestamp(pod.env) else pod.started
+    strategy = mig_strategy(pod.env) if mig_strategy(pod.env) != "none" else (config.mig_strategy or "none")
     if hardware is None:
-        return view.shape.gfd_labels(mig_strategy(pod.env), stamp)
-    return migresources.gfd_labels(view.shape, mig_strategy(pod.env), hardware.gpus(view.name, view.shape), stamp)
+        return sharing.gfd_labels(config, view.shape.gfd_labels(strategy, stamp), False)
+    gpus = hardware.gpus(view.name, view.shape)
+    labels = migresources.gfd_labels(view.shape, strategy, gpus, stamp)
+    return sharing.gfd_labels(config, labels, any(g.enabled for g in gpus))
 
 
 def node_feature(node: str, pod: PodView, labels: dict[str, str]) -> dict[str, Any]:
@@ -134,12 +144,19 @@ class FeatureDiscovery:
     app = APP
     field_manager = FIELD_MANAGER
 
-    def __init__(self, hardware: MigHardware | None = None) -> None:
+    def __init__(self, hardware: MigHardware | None = None, configs: PluginConfigs | None = None) -> None:
         self.written: dict[tuple[str, str], dict[str, Any]] = {}
         self.hardware = hardware
+        self.configs = configs or PluginConfigs()
+        self.on_nodes: set[str] = set()  # nodes where a GFD pod runs
+        self.wake: Callable[[str], None] = lambda _node: None
+
+    def attach(self, wake: Callable[[str], None]) -> None:
+        self.wake = wake
+        self.configs.subscribe(lambda node: self.wake(node) if node in self.on_nodes else None)
 
     async def start(self, client: AsyncClient) -> None:
-        return None
+        await self.configs.start(client)
 
     async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
                    pods: list[PodView]) -> float | None:
@@ -148,8 +165,16 @@ class FeatureDiscovery:
         newest: dict[str, PodView] = {}
         for pod in sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name)):
             newest[pod.namespace] = pod  # one GFD per node and namespace; the newest wins
+        (self.on_nodes.add if newest else self.on_nodes.discard)(node)
+        if not newest:
+            self.configs.forget(APP, node)
         for pod in newest.values():
-            labels = labels_for(view, pod, self.hardware)
+            try:
+                config = await self.configs.config(client, node, pod)
+            except sharing.ConfigError as err:
+                log.info("node %s: GFD's pod %s/%s does not start: %s", node, pod.namespace, pod.name, err)
+                continue
+            labels = labels_for(view, pod, self.hardware, config)
             if not labels:
                 continue  # NVML finds no GPU: GFD fails at start and writes nothing
             body = node_feature(node, pod, labels)

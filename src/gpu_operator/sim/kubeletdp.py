@@ -32,7 +32,14 @@ its MIG_STRATEGY and the GPUs' MIG state (`sim/migresources.py`: `nvidia.com/gpu
 the new plugin no longer registers is one whose endpoint stopped (the rule above, per resource);
 MIG devices of an Unhealthy GPU are Unhealthy.
 
-Not played: sharing replicas, a kubelet restart.
+Sharing (time-slicing, MPS): the plugin's config as its pod's config-manager has it
+(`sim/pluginconfig.py`: the policy's devicePlugin.config ConfigMap, the node's
+`nvidia.com/device-plugin.config` label, the default), its replicas and renamed resources
+(`sim/sharing.py`): `nvidia.com/gpu` = GPUs x replicas, or `nvidia.com/gpu.shared`; a label
+change is the sidecar's SIGHUP (the plugin registers anew, the old resource's endpoint stops); a
+config the plugin refuses registers nothing.
+
+Not played: a kubelet restart.
 """
 
 from __future__ import annotations
@@ -47,9 +54,10 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.sim import devnodes, migresources
+from gpu_operator.sim import devnodes, migresources, sharing
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.mighw import MigHardware, shape_gpus
+from gpu_operator.sim.pluginconfig import PluginConfigs
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
@@ -89,7 +97,8 @@ def merge_status(parts: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, 
 
 
 def is_plugin_resource(name: str) -> bool:
-    return name == GPU_RESOURCE or name.startswith(migresources.MIG_RESOURCE_PREFIX)
+    base = name.removesuffix(sharing.SHARED_SUFFIX)
+    return base == GPU_RESOURCE or base.startswith(migresources.MIG_RESOURCE_PREFIX)
 
 
 class DevicePluginCapacity:
@@ -99,7 +108,10 @@ class DevicePluginCapacity:
     field_manager = FIELD_MANAGER
 
     def __init__(self, grace_period: float = GRACE_PERIOD, clock: Callable[[], float] = time.monotonic,
-                 hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None) -> None:
+                 hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None,
+                 configs: PluginConfigs | None = None) -> None:
+        self.configs = configs or PluginConfigs()
+        self.on_nodes: set[str] = set()  # nodes where the plugin's pod runs
         self.grace_period, self.clock = grace_period, clock
         # (node, resource) -> when its endpoint stopped (None: it runs); absent: never registered here
         self.stopped_at: dict[tuple[str, str], float | None] = {}
@@ -113,8 +125,14 @@ class DevicePluginCapacity:
 
     def attach(self, wake: Callable[[str], None]) -> None:
         self.wake = wake
+        self.configs.subscribe(self._woken_by_label)
+
+    def _woken_by_label(self, node: str) -> None:
+        if node in self.on_nodes:
+            self.wake(node)
 
     async def start(self, client: AsyncClient) -> None:
+        await self.configs.start(client)
         if self.hosts is not None:
             self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
                                              name="device-plugin-health")
@@ -154,19 +172,23 @@ class DevicePluginCapacity:
         since = self.stopped_at[key]
         return 0.0 if since is None else now - since
 
-    def resources(self, node: str, view: NodeView, plugin: PodView | None) -> dict[str, tuple[int, int]]:
-        """Resource -> (devices, Unhealthy ones) the running `plugin` registers (none: it is not running
-        or refuses the MIG layout)."""
+    def resources(self, node: str, view: NodeView, plugin: PodView | None,
+                  config: sharing.Sharing | None = None) -> dict[str, tuple[int, int]]:
+        """Resource -> (devices, Unhealthy ones) the running `plugin` registers with its sharing
+        `config` (none: it is not running or refuses the MIG layout or the config)."""
         if plugin is None or view.shape is None:
             return {}
+        config = config or sharing.Sharing()
         sick = self.unhealthy_gpus(node, plugin)
         gpus = self.mig.gpus(node, view.shape) if self.mig is not None else shape_gpus(view.shape)
         if not gpus:  # the shape's GPUs are not NVML's here (e.g. vm-passthrough workload)
             return {}
+        strategy = plugin.env.get("MIG_STRATEGY") or config.mig_strategy or "none"
         try:
-            found = migresources.advertised(migresources.strategy_of(plugin.env), gpus)
-        except migresources.PluginError as err:
-            log.info("node %s: the device plugin refuses the MIG layout and exits: %s", node, err)
+            sharing.check(config, strategy)
+            found = sharing.replicate(config, migresources.advertised(strategy, gpus))
+        except (migresources.PluginError, sharing.ConfigError) as err:
+            log.info("node %s: the device plugin refuses its MIG layout or config and exits: %s", node, err)
             return {}
         return {name: (len(devs), sum(1 for _, parent in devs if parent in sick)) for name, devs in found.items()}
 
@@ -183,7 +205,17 @@ class DevicePluginCapacity:
         running = bool(plugins)
         if not running:
             self.health.pop(node, None)
-        now_registered = self.resources(node, view, plugins[-1] if running else None)
+        config = None
+        (self.on_nodes.add if running else self.on_nodes.discard)(node)
+        if running:
+            try:
+                config = await self.configs.config(client, node, plugins[-1])
+            except sharing.ConfigError as err:
+                log.info("node %s: the device plugin does not start: %s", node, err)
+                running, plugins = False, []
+        else:
+            self.configs.forget(APP, node)
+        now_registered = self.resources(node, view, plugins[-1] if running else None, config)
         known = {r for (n, r) in self.stopped_at if n == node}
         known |= {r for r, v in view.capacity.items() if is_plugin_resource(r) and float(v or 0) > 0}
         parts, again = [], []

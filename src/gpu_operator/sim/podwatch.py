@@ -54,6 +54,8 @@ class PodView:
     containers: tuple[str, ...] = ()  # the names of its (regular) containers
     # its first container's hostPath mounts: (mountPath, the volume's host path)
     host_mounts: tuple[tuple[str, str], ...] = ()
+    # every container's ConfigMap volume mounts: (container, mountPath, the ConfigMap's name)
+    configmaps: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     def of(cls, pod: Any) -> PodView:
@@ -65,6 +67,7 @@ class PodView:
                 if var.valueFrom is None:  # a value "" comes back without one: the variable is set, empty
                     env.setdefault(var.name, var.value or "")
         hosts = {v.name: v.hostPath.path for v in (spec.volumes if spec else None) or [] if v.hostPath}
+        maps = {v.name: v.configMap.name for v in (spec.volumes if spec else None) or [] if v.configMap}
         first = ((spec.containers if spec else None) or [None])[0]
         mounts = tuple((m.mountPath, hosts[m.name]) for m in (first.volumeMounts if first else None) or []
                        if m.name in hosts)
@@ -76,7 +79,10 @@ class PodView:
             daemonset=None if owner is None else {"apiVersion": owner.apiVersion, "kind": owner.kind,
                                                   "name": owner.name, "uid": owner.uid},
             env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []),
-            host_mounts=mounts)
+            host_mounts=mounts,
+            configmaps=tuple((str(c.name), m.mountPath, str(maps[m.name]))
+                             for c in (spec.containers if spec else None) or []
+                             for m in c.volumeMounts or [] if m.name in maps))
 
 
 @dataclass(frozen=True)
