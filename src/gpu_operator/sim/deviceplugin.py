@@ -23,6 +23,14 @@ internal/plugin/server.go; facts only):
   `nvidia-<resource name>.sock`); a MIG device's ID is its MIG UUID, its health its parent GPU's,
   Allocate hands out the MIG UUIDs (envvar) or their CDI names, whose spec entry has the parent
   GPU's node and the MIG device's cap nodes.
+- Sharing (`--config-file`, CONFIG_FILE: the file NVIDIA's config-manager links; `sim/sharing.py`):
+  each device of a time-sliced or MPS resource is `replicas` devices `<ID>::<i>` of the resource
+  (or `<resource>.shared` with renameByDefault), so the kubelet's capacity is GPUs x replicas;
+  Allocate strips `::<i>` and hands out each device once (server.go
+  `uniqueDeviceIDsFromAnnotatedDeviceIDs`), refuses more than one replica per request with
+  failRequestsGreaterThanOne (rm.go `ValidateRequest`); SIGHUP (config-manager's signal) stops
+  the servers and starts them again with the file read afresh (cmd/nvidia-device-plugin/main.go).
+  Not played: MPS's control daemon, the replica-spreading preferred allocation.
 
 The `nvidia` runtime handler (`nvruntime`) then does the rest, as the toolkit would.
 Run: `python -m gpu_operator.sim.deviceplugin --host-root TREE --plugin-dir DIR [--strategy S]`.
@@ -44,7 +52,7 @@ from typing import Any
 
 import grpc
 
-from gpu_operator.sim import devnodes, dpapi, migresources, migtree
+from gpu_operator.sim import devnodes, dpapi, migresources, migtree, sharing
 from gpu_operator.sim.toolkit import VISIBLE, Gpu, gpus
 from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
@@ -63,13 +71,14 @@ class GpuPlugin:
     """The DevicePlugin service over one host tree."""
 
     def __init__(self, host_root: Path, strategy: str = "envvar", env: dict[str, str] | None = None,
-                 resource: str = RESOURCE, mig_strategy: str = "none") -> None:
+                 resource: str = RESOURCE, mig_strategy: str = "none", config: sharing.Sharing | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
         if mig_strategy not in migresources.STRATEGIES:
             raise ValueError(f"--mig-strategy {mig_strategy!r}: use one of {', '.join(migresources.STRATEGIES)}")
         self.host_root, self.strategy = host_root, strategy
         self.resource, self.mig_strategy = resource, mig_strategy
+        self.config = config or sharing.Sharing()
         self.socket = f"nvidia-{resource.removeprefix('nvidia.com/')}.sock"
         self.stopping = threading.Event()
         self.xids = XidHealth(host_root, dict(os.environ) if env is None else env)
@@ -93,12 +102,8 @@ class GpuPlugin:
     def advertised(self) -> list[tuple[str, Gpu]]:
         """(device ID, its GPU) of this plugin's resource: the GPUs, or with MIG the MIG devices
         its strategy gives the resource (PluginError where the strategy refuses the layout)."""
-        found = self.gpus()
-        state = migtree.tree_state(self.host_root) if self.mig_strategy != "none" else None
-        if state is None:
-            return [(g.uuid, g) for g in found] if self.resource == RESOURCE else []
-        by_index = {g.index: g for g in found}
-        listed = migresources.advertised(self.mig_strategy, [m for m in state if m.index in by_index])
+        by_index = {g.index: g for g in self.gpus()}
+        listed = resources_of(self.host_root, self.mig_strategy, self.config, by_index)
         return [(i, by_index[parent]) for i, parent in listed.get(self.resource, [])]
 
     def devices(self) -> list[Any]:
@@ -147,6 +152,10 @@ class GpuPlugin:
             if unknown:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"invalid allocation request for {self.resource!r}: unknown device: {', '.join(unknown)}")
+            refused = sharing.too_many(self.config, ids)
+            if refused:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid allocation request for {self.resource!r}: {refused}")
+            ids = list(dict.fromkeys(sharing.device_id(i) for i in ids))
             out = response.container_responses.add()
             if self.strategy == "envvar":
                 out.envs[VISIBLE] = ",".join(ids)
@@ -163,7 +172,7 @@ class GpuPlugin:
         common = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
                   if devnodes.char_device(self.host_root / "dev" / n) is not None]
         devices = []
-        for device_id, g in self.advertised():
+        for device_id, g in dict((sharing.device_id(i), g) for i, g in self.advertised()).items():
             nodes = [f"/dev/nvidia{g.minor}"]
             mig = migtree.mig_device(self.host_root, device_id) if device_id.startswith("MIG-") else None
             if mig is not None:
@@ -245,40 +254,79 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
     (plugin_dir / plugin.socket).unlink(missing_ok=True)
 
 
+def load_config(path: str) -> sharing.Sharing:
+    """The plugin's config file (none given: the default config; an empty file, config-manager's
+    /dev/null link, too); ConfigError where NVIDIA's plugin would not start."""
+    if not path:
+        return sharing.Sharing()
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise sharing.ConfigError(f"--config-file {path}: unable to parse config file: {err}") from err
+    return sharing.parse(text, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gpu_operator.sim.deviceplugin", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host-root", type=Path, required=True, help="the node's host tree")
     parser.add_argument("--plugin-dir", type=Path, required=True, help="the kubelet's device-plugins directory")
     parser.add_argument("--strategy", default="envvar", choices=STRATEGIES, help="DEVICE_LIST_STRATEGY")
-    parser.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or "none",
-                        choices=migresources.STRATEGIES, help="MIG_STRATEGY")
+    parser.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or "",
+                        choices=("", *migresources.STRATEGIES), help="MIG_STRATEGY (default: the config's, else none)")
+    parser.add_argument("--config-file", default=os.environ.get("CONFIG_FILE") or "",
+                        help="CONFIG_FILE: the plugin config (sharing), read at start and on SIGHUP")
     args = parser.parse_args(argv)
-    try:
-        plugins = plugins_for(args.host_root, args.strategy, args.mig_strategy)
-    except migresources.PluginError as err:
-        raise SystemExit(f"device plugin: {err}") from err
-    stop = threading.Event()
+    stop, restart = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    threads = [threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))
-               for p in plugins]
-    for t in threads:
-        t.start()
-    stop.wait()
-    for p in plugins:
-        p.stopping.set()
-    for t in threads:
-        t.join()
+    signal.signal(signal.SIGHUP, lambda *_: restart.set())
+    while not stop.is_set():
+        try:
+            config = load_config(args.config_file)
+            mig_strategy = args.mig_strategy or config.mig_strategy or "none"
+            sharing.check(config, mig_strategy)
+            plugins = plugins_for(args.host_root, args.strategy, mig_strategy, config)
+        except (migresources.PluginError, sharing.ConfigError) as err:
+            raise SystemExit(f"device plugin: {err}") from err
+        threads = [threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))
+                   for p in plugins]
+        for t in threads:
+            t.start()
+        while not (stop.is_set() or restart.is_set()):
+            stop.wait(POLL_SECONDS / 4)
+        if restart.is_set():
+            print("device plugin: received SIGHUP, restarting", flush=True)
+        restart.clear()
+        for p in plugins:
+            p.stopping.set()
+        for t in threads:
+            t.join()
 
 
-def plugins_for(host_root: Path, strategy: str, mig_strategy: str) -> list[GpuPlugin]:
-    """One plugin per resource the GPUs give at start, as NVIDIA's plugin builds its servers (none
-    when the strategy refuses the MIG layout: NVIDIA's exits)."""
+def resources_of(host_root: Path, mig_strategy: str, config: sharing.Sharing,
+                 by_index: dict[int, Gpu] | None = None) -> dict[str, list[tuple[str, int]]]:
+    """Resource -> (device ID, parent GPU index) the plugin serves: its GPUs (`by_index`: those it
+    found), or their MIG devices by its strategy, with the config's replicas."""
+    if by_index is None:
+        by_index = {g.index: g for g in gpus(host_root)}
     state = migtree.tree_state(host_root) if mig_strategy != "none" else None
     if state is None:
-        return [GpuPlugin(host_root, strategy)]
-    names = migresources.advertised(mig_strategy, state)
-    return [GpuPlugin(host_root, strategy, resource=name, mig_strategy=mig_strategy) for name in sorted(names)]
+        listed = {RESOURCE: [(g.uuid, g.index) for g in by_index.values()]} if by_index else {}
+    else:
+        listed = migresources.advertised(mig_strategy, [m for m in state if m.index in by_index])
+    return sharing.replicate(config, listed)
+
+
+def plugins_for(host_root: Path, strategy: str, mig_strategy: str,
+                config: sharing.Sharing | None = None) -> list[GpuPlugin]:
+    """One plugin per resource the GPUs give at start, as NVIDIA's plugin builds its servers (none
+    when the strategy refuses the MIG layout: NVIDIA's exits)."""
+    config = config or sharing.Sharing()
+    names = resources_of(host_root, mig_strategy, config)
+    if not names:
+        return [GpuPlugin(host_root, strategy, config=config)]
+    return [GpuPlugin(host_root, strategy, resource=name, mig_strategy=mig_strategy, config=config)
+            for name in sorted(names)]
 
 
 if __name__ == "__main__":
