@@ -35,11 +35,11 @@ IGNORE_ENV = "ADDITIONAL_XIDS_TO_IGNORE"
 TAINT_XID = "gpu.nvidia.com/xid"
 
 
-def gate_on(env: Mapping[str, str]) -> bool:
-    """Whether FEATURE_GATES (K=true,...) turns NVMLDeviceHealthCheck on."""
+def gate_on(env: Mapping[str, str], gate: str = GATE) -> bool:
+    """Whether FEATURE_GATES (K=true,...) turns `gate` (default NVMLDeviceHealthCheck) on."""
     for item in env.get(GATES_ENV, "").split(","):
         key, _, value = item.partition("=")
-        if key.strip() == GATE:
+        if key.strip() == gate:
             return value.strip().lower() == "true"
     return False
 

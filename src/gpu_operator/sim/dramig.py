@@ -66,11 +66,16 @@ def device_name(parent_minor: int, inst: Instance) -> str:
             f"{gi_profile_id(inst.profile)}-{inst.start}")
 
 
+def capacity_values(profile: Profile) -> dict[str, int]:
+    """CommonCapacitiesMig: the profile's engines and memory (bytes)."""
+    return {"multiprocessors": profile.multiprocessors, "copyEngines": profile.copy, "decoders": profile.decoder,
+            "encoders": profile.encoder, "jpegEngines": profile.jpeg, "ofaEngines": profile.ofa,
+            "memory": profile.memory_mb * 1024 * 1024}
+
+
 def capacity(profile: Profile, start: int) -> dict[str, dict[str, str]]:
-    """The MIG device's capacity: the profile's engines and memory, and its memory slices."""
-    values = {"multiprocessors": profile.multiprocessors, "copyEngines": profile.copy, "decoders": profile.decoder,
-              "encoders": profile.encoder, "jpegEngines": profile.jpeg, "ofaEngines": profile.ofa,
-              "memory": profile.memory_mb * 1024 * 1024}
+    """The static MIG device's capacity: the profile's engines and memory, and its memory slices."""
+    values = capacity_values(profile)
     values.update({f"memorySlice{i}": 1 for i in range(start, start + profile.memory_slices)})
     return {k: {"value": quantity(v)} for k, v in values.items()}
 

@@ -51,7 +51,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 
 from gpu_operator.shapes import CUDA_DRIVER_VERSION, DRIVER_VERSION, arch_family
-from gpu_operator.sim import dramig
+from gpu_operator.sim import dramig, drapartitions
 from gpu_operator.sim.drahealth import SliceHealth
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.mighw import MigHardware, shape_gpus
@@ -129,18 +129,36 @@ def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
     return out
 
 
-def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
-              gpus: list[GpuMig] | None = None) -> dict[str, Any]:
-    name = view.name
-    return {
+def slices_for(view: NodeView, contents: list[dict[str, Any]], generation: int = 1) -> list[dict[str, Any]]:
+    """The node's pool as ResourceSlices, one per entry of `contents` (`devices` or `sharedCounters`):
+    `<node>-gpu.nvidia.com` for one slice, `<node>-gpu.nvidia.com-<i>` for several."""
+    name, count = view.name, len(contents)
+    return [{
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"{name}-{DRIVER}", "labels": {OWNER_LABEL: "true"},
+        "metadata": {"name": f"{name}-{DRIVER}" if count == 1 else f"{name}-{DRIVER}-{i}",
+                     "labels": {OWNER_LABEL: "true"},
                      "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": view.uid,
                                           "controller": True}]},
         "spec": {"driver": DRIVER, "nodeName": name,
-                 "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-                 "devices": devices(view, taints, gpus)},
-    }
+                 "pool": {"name": name, "generation": generation, "resourceSliceCount": count}, **content},
+    } for i, content in enumerate(contents)]
+
+
+def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
+              gpus: list[GpuMig] | None = None) -> dict[str, Any]:
+    return slices_for(view, [{"devices": devices(view, taints, gpus)}])[0]
+
+
+def pool(view: NodeView, env: dict[str, str], taints: dict[str, dict[str, str]],
+         gpus: list[GpuMig] | None) -> list[dict[str, Any]]:
+    """What the plugin publishes: the static form, or under DynamicMIG the partitionable devices
+    (`drapartitions`); PluginRefuses where its gates keep it from starting."""
+    if drapartitions.dynamic(env) and view.shape is not None:
+        off = drapartitions.destroyed(shape_gpus(view.shape) if gpus is None else gpus)
+        parts = drapartitions.split(off, devices(view, taints, off))
+        if parts is not None:
+            return parts
+    return [{"devices": devices(view, taints, gpus)}]
 
 
 class SlicePublisher:
@@ -153,6 +171,7 @@ class SlicePublisher:
         self.published: dict[str, str] = {}  # node -> the devices last published (JSON)
         self.mig = mig
         self.enumerated: dict[str, tuple[str, list[GpuMig]]] = {}  # node -> (its plugin pod's uid, the GPUs then)
+        self.names: dict[str, tuple[int, list[str]]] = {}  # node -> (pool generation, its slices' names)
         self.served = True  # resource.k8s.io/v1 (Kubernetes >= 1.34); the floor (1.29) has none
         self.hosts = NodeHosts(hosts) if hosts is not None else None
         self.interval = interval
@@ -176,12 +195,20 @@ class SlicePublisher:
         return entry[1].poll()
 
     def gpus(self, node: str, pod: PodView, view: NodeView) -> list[GpuMig] | None:
-        """The GPUs' MIG state as the plugin's pod found it when it started (None: MIG never played)."""
+        """The GPUs' MIG state as the plugin's pod found it when it started (None: MIG never played);
+        under DynamicMIG the plugin then destroys the MIG devices it did not make."""
         if self.mig is None or view.shape is None:
             return None
         entry = self.enumerated.get(node)
         if entry is None or entry[0] != pod.uid:
-            entry = self.enumerated[node] = (pod.uid, self.mig.gpus(node, view.shape))
+            found = self.mig.gpus(node, view.shape)
+            off = drapartitions.destroyed(found)
+            if drapartitions.dynamic(pod.env) and off != found \
+                    and drapartitions.split(off, devices(view, None, off)) is not None:
+                found = off
+                self.mig.set(node, view.shape, found)
+                log.info("node %s: the DRA kubelet plugin (DynamicMIG) destroyed the MIG devices it did not make", node)
+            entry = self.enumerated[node] = (pod.uid, found)
         return entry[1]
 
     async def start(self, client: AsyncClient) -> None:
@@ -193,8 +220,11 @@ class SlicePublisher:
         try:
             async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"}):
                 if found.spec and found.spec.get("nodeName"):
-                    self.published[str(found.spec["nodeName"])] = ""
-                    self.wake(str(found.spec["nodeName"]))
+                    node = str(found.spec["nodeName"])
+                    self.published[node] = ""
+                    generation, names = self.names.get(node, (int((found.spec.get("pool") or {}).get("generation", 1)), []))
+                    self.names[node] = (generation, [*names, str(found.metadata.name if found.metadata else "")])
+                    self.wake(node)
         except ApiError as err:
             if err.status.code != 404:
                 raise
@@ -205,28 +235,41 @@ class SlicePublisher:
             self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
                                              name="dra-plugin-health")
 
+    async def _delete(self, client: AsyncClient, names: list[str]) -> None:
+        for name in names:
+            try:
+                await client.delete(ResourceSlice, name)
+            except ApiError as err:
+                if err.status.code != 404:
+                    raise
+
     async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
                    pods: list[PodView]) -> float | None:
         if not self.served:
             return None
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
+        bodies: list[dict[str, Any]] = []
         if running and view is not None and view.shape is not None:
-            taints = self.taints(node, running[-1])
-            body = slice_for(view, taints, self.gpus(node, running[-1], view))
-            content = json.dumps(body["spec"]["devices"], sort_keys=True)
-            if self.published.get(node) != content:
-                await client.apply(from_dict(body), field_manager=FIELD_MANAGER, force=True)
-                log.info("node %s: the DRA kubelet plugin runs: ResourceSlice %s published%s", node,
-                         body["metadata"]["name"], f" (taints: {taints})" if taints else "")
-                self.published[node] = content
-        elif node in self.published:
+            pod = running[-1]
             try:
-                await client.delete(ResourceSlice, f"{node}-{DRIVER}")
-            except ApiError as err:
-                if err.status.code != 404:
-                    raise
-            self.published.pop(node, None)
-            self.health.pop(node, None)
-            self.enumerated.pop(node, None)
-            log.info("node %s: the DRA kubelet plugin is gone: its ResourceSlice withdrawn", node)
+                bodies = slices_for(view, pool(view, pod.env, self.taints(node, pod), self.gpus(node, pod, view)))
+            except drapartitions.PluginRefuses as err:
+                log.info("node %s: the DRA kubelet plugin does not start: %s", node, err)
+        if bodies and view is not None:
+            content = json.dumps([b["spec"] for b in bodies], sort_keys=True)
+            if self.published.get(node) != content:
+                generation, old = self.names.get(node, (0, []))
+                names = [b["metadata"]["name"] for b in bodies]
+                generation = generation + 1 if names != old or not generation else generation
+                for body in slices_for(view, [{k: v for k, v in b["spec"].items() if k in ("devices", "sharedCounters")}
+                                              for b in bodies], generation):
+                    await client.apply(from_dict(body), field_manager=FIELD_MANAGER, force=True)
+                await self._delete(client, [n for n in old if n not in names])
+                log.info("node %s: the DRA kubelet plugin runs: ResourceSlices %s published", node, ", ".join(names))
+                self.published[node], self.names[node] = content, (generation, names)
+        elif node in self.published:
+            await self._delete(client, self.names.get(node, (0, [f"{node}-{DRIVER}"]))[1])
+            for book in (self.published, self.health, self.enumerated, self.names):
+                book.pop(node, None)
+            log.info("node %s: the DRA kubelet plugin is gone: its ResourceSlices withdrawn", node)
         return None
