@@ -27,7 +27,12 @@ when it starts, the GPUs' MIG state (`sim/mighw.py`, the same the device plugin'
 taken when the plugin's pod starts; a GPU with MIG mode on is published as its MIG devices (type
 mig), not itself. A layout changed while the plugin runs shows once its pod is restarted.
 
-What it does not play: partitionable devices (the DynamicMIG gate), passthrough (vfio) devices, claim preparation
+With the plugin's DynamicMIG gate, partitionable devices instead (`sim/drapartitions.py`): the MIG
+devices it did not make destroyed when it starts, the pool split into a counters slice and one slice
+per GPU (the Kubernetes 1.35+ form, whatever the apiserver's version); with a gate it refuses beside
+DynamicMIG, nothing.
+
+What it does not play: passthrough (vfio) devices, claim preparation
 (there is no container to inject into; the real node's toolkit stand-in covers CDI injection).
 A node's GPUs come from its shape (label gpu-operator.sim/shape), as the plugin reads them from
 NVML; a node whose GPUs go to VMs (vfio-pci, or workload config vm-passthrough) publishes none, as
