@@ -17,7 +17,11 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     init, sidecar = config_manager_containers("/usr/bin/mps-control-daemon")
     main = container(
         "mps-control-daemon-ctr",
-        command=["mps-control-daemon"],
+        # the absolute path: config-manager signals the process whose argv[0] equals its
+        # PROCESS_TO_SIGNAL (/usr/bin/mps-control-daemon), exactly (cmd/config-manager/main.go
+        # findPidToSignal); started as `mps-control-daemon` no process matches and a label change
+        # never reaches the daemon
+        command=["/usr/bin/mps-control-daemon"],
         env_vars=[NODE_NAME, env("NVIDIA_VISIBLE_DEVICES", "all"),
                   env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")],
         mounts=[mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps")],
