@@ -159,3 +159,29 @@ def test_a_node_pass_runs_every_node_within_its_limit_and_queues_a_failed_one_ag
     assert report.failed == ["n2"]
     assert queue.take() == {"n2"}  # looked at again at the next pass
     assert most == 2
+
+
+def test_a_node_pass_that_writes_nothing_lets_the_event_loop_run_between_nodes() -> None:
+    """5,000 nodes that need nothing (an everything-pass of GPU health or MIG repair) must not hold
+    the event loop for the whole pass: another task runs after a few nodes, not after all."""
+    queue = NodeQueue(lambda view: view.labels)
+    order: list[str] = []
+    first = asyncio.Event()
+
+    async def work(name: str) -> None:  # decides, writes nothing: never suspends
+        order.append(name)
+        first.set()
+
+    async def other() -> None:  # e.g. the labelling unit serving a join
+        await first.wait()
+        order.append("other")
+
+    async def scenario() -> None:
+        task = asyncio.create_task(other())
+        await queue.each({f"n{i:03}" for i in range(500)}, 4, work, NodePass(), "write failed",
+                         logging.getLogger("test"))
+        await task
+
+    asyncio.run(scenario())
+    assert len(order) == 501
+    assert order.index("other") <= 3 * 4  # within a few turns of the 4 workers (it was 500)
