@@ -16,8 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gpu_operator.sim import deviceplugin, dpapi, faults, hosttree, nvruntime
-from gpu_operator.sim.realspec import host_spec
+from gpu_operator.sim import deviceplugin, dpapi, faults, nvruntime
 from gpu_operator.sim.toolkit import gpus
 from gpu_operator.sim.xidhealth import XidFilter
 
@@ -41,20 +40,6 @@ class FakeKubelet:
 
     def stop(self) -> None:
         self.server.stop(grace=None)
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    hosttree.build(host_spec("host-driver"), root)
-    return root
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "dp"
-    path.mkdir()
-    return path
 
 
 def run(plugin: deviceplugin.GpuPlugin, plugin_dir: Path) -> Iterator[FakeKubelet]:

@@ -16,28 +16,11 @@ from typing import Any
 import grpc
 import pytest
 
-from gpu_operator.sim import deviceplugin, dpapi, hosttree, nvruntime, sharing
-from gpu_operator.sim.realspec import host_spec
+from gpu_operator.sim import deviceplugin, dpapi, nvruntime, sharing
 from gpu_operator.sim.toolkit import gpus
 from tests.unit.sim.test_deviceplugin import FakeKubelet, run
-
-SLICE4 = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
-SHARED2 = ("version: v1\nsharing:\n  timeSlicing:\n    renameByDefault: true\n    failRequestsGreaterThanOne: true\n"
-           "    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    hosttree.build(host_spec("host-driver"), root)
-    return root
-
-
-@pytest.fixture
-def plugin_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "dp"
-    path.mkdir()
-    return path
+from tests.unit.sim.test_sharing import SLICE2_RENAMED as SHARED2
+from tests.unit.sim.test_sharing import SLICE4
 
 
 def allocate(plugin_dir: Path, ids: list[str], socket: str = deviceplugin.SOCKET) -> Any:
