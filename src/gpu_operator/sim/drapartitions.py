@@ -103,12 +103,12 @@ def split(gpus: list[GpuMig], full: list[dict[str, Any]]) -> list[dict[str, Any]
     where no GPU is MIG-capable (the plugin then publishes the static form). `full`: the GPUs'
     devices as published with MIG off, by index."""
     by_index = {g.index: g for g in gpus}
-    pairs = [(by_index[int(d["name"].removeprefix("gpu-"))], d) for d in full]
-    if not any(capable(g, d) for g, d in pairs):
+    pairs = [(by_index.get(int(d["name"].removeprefix("gpu-"))), d) for d in full]
+    if not any(g is not None and capable(g, d) for g, d in pairs):
         return None
     counter_sets, device_slices = [], []
     for gpu, device in pairs:
-        if capable(gpu, device):
+        if gpu is not None and capable(gpu, device):
             counter_set, devices = partitions(gpu, device)
             counter_sets.append(counter_set)
             device_slices.append({"devices": devices})
