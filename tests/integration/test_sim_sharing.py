@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lightkube import Client
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from gpu_operator.sim.operator_process import OperatorProcess
@@ -27,8 +28,7 @@ CONFIGS = {
 def test_time_slicing_replicas_and_a_label_change_reach_the_node_without_a_restart(
         kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
         cluster_policies: Callable[..., str], operator_namespace: str) -> None:
-    kube.create(ConfigMap.from_dict({"metadata": {"name": "time-slicing", "namespace": operator_namespace},
-                                     "data": CONFIGS}))
+    kube.create(ConfigMap(metadata=ObjectMeta(name="time-slicing", namespace=operator_namespace), data=CONFIGS))
     node = fake_nodes("dgx-h100:1")[0]
     operator = start_operator()
     cluster_policies({"devicePlugin": {"config": {"name": "time-slicing", "default": "slice-4"}}})
