@@ -26,6 +26,7 @@ from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.types import PatchType
 
 from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
@@ -220,11 +221,24 @@ def test_the_rules_go_with_the_gpucluster(stack: Stack) -> None:
              context=stack.logs)
 
 
+def mig_claim_pod(kube: Client, namespace: str, name: str) -> None:
+    """A user's pod asking, through a ResourceClaimTemplate, for one device of class mig.nvidia.com."""
+    kube.create(from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}}))
+    kube.create(from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {
+        "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
+                        "resources": {"claims": [{"name": "mig"}]}}],
+        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": name}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}))
+
+
 @pytest.mark.parametrize("stack", ["plugin-health-check"], indirect=True)  # any plane with host trees
 def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack) -> None:
     """The GPUCluster stack deploys no MIG manager (NVIDIA's drops its deploy label): the layout is
     made on the node's GPUs by hand (the simulator's MIG state beside the host tree), and the
-    plugin, which reads NVML when it starts, is restarted to publish it."""
+    plugin, which reads NVML when it starts, is restarted to publish it. Then the plugin's
+    DynamicMIG gate: partitionable devices, and a claim for a MIG device gets a placement."""
     kube, ns = stack.kube, stack.namespace
     shape = shapes.load("dgx-h100")
     (node,) = sim_nodes.add_nodes(kube, ["dgx-h100:1"], start=95_100)
@@ -246,14 +260,28 @@ def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack
     assert {d["attributes"]["type"]["string"] for d in migs.values()} == {"mig"}
     assert {d["attributes"]["profile"]["string"] for d in migs.values()} == {"1g.10gb"}
 
-    kube.create(from_dict({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one-mig", "namespace": ns},
-        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}}))
-    kube.create(from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "one-mig", "namespace": ns}, "spec": {
-        "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                        "resources": {"claims": [{"name": "mig"}]}}],
-        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-mig"}],
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}))
+    mig_claim_pod(kube, ns, "one-mig")
     results = wait_for("the MIG claim allocated", lambda: workloads.claim_results(kube, ns, "one-mig"), timeout=WAIT)
     assert [(r["driver"], r["pool"]) for r in results] == [("gpu.nvidia.com", node)]
     assert results[0]["device"] in migs
+
+    # the plugin's DynamicMIG gate (not with NVMLDeviceHealthCheck): partitionable devices, the static
+    # MIG devices destroyed by the new plugin pod; a claim for a MIG device gets a partition
+    delete_pod(kube, ns, "one-mig")
+    kube.patch(GPUClusterResource, "gpu-cluster", {"spec": {"draDriver": {"featureGates": {
+        "NVMLDeviceHealthCheck": None, "DynamicMIG": True}}}}, patch_type=PatchType.MERGE)
+
+    def specs() -> list[dict[str, Any]]:
+        return sorted((s["spec"] for s in kube.list(ResourceSlice) if s["spec"].get("nodeName") == node),
+                      key=lambda spec: "devices" in spec)
+
+    split = wait_for("the node's pool split into counters and 8 GPUs", specs, until=lambda s: len(s) == 9,
+                     timeout=WAIT, context=stack.logs)
+    assert [c["name"] for c in split[0]["sharedCounters"]] == [f"gpu-{i}-counter-set" for i in range(8)]
+    partitions = {d["name"]: d for spec in split[1:] for d in spec["devices"]}
+    assert len(partitions) == 8 * 29 and all(d.get("consumesCounters") for d in partitions.values())
+    assert not any(g.enabled for g in hardware.gpus(node, shape))
+    mig_claim_pod(kube, ns, "one-partition")
+    results = wait_for("the partition claim allocated", lambda: workloads.claim_results(kube, ns, "one-partition"),
+                       timeout=WAIT)
+    assert results[0]["pool"] == node and partitions[results[0]["device"]]["attributes"]["type"]["string"] == "mig"
