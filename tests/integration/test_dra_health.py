@@ -221,18 +221,6 @@ def test_the_rules_go_with_the_gpucluster(stack: Stack) -> None:
              context=stack.logs)
 
 
-def mig_claim_pod(kube: Client, namespace: str, name: str) -> None:
-    """A user's pod asking, through a ResourceClaimTemplate, for one device of class mig.nvidia.com."""
-    kube.create(from_dict({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}}}))
-    kube.create(from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": {
-        "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
-                        "resources": {"claims": [{"name": "mig"}]}}],
-        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": name}],
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}))
-
-
 @pytest.mark.parametrize("stack", ["plugin-health-check"], indirect=True)  # any plane with host trees
 def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack) -> None:
     """The GPUCluster stack deploys no MIG manager (NVIDIA's drops its deploy label): the layout is
@@ -260,7 +248,7 @@ def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack
     assert {d["attributes"]["type"]["string"] for d in migs.values()} == {"mig"}
     assert {d["attributes"]["profile"]["string"] for d in migs.values()} == {"1g.10gb"}
 
-    mig_claim_pod(kube, ns, "one-mig")
+    workloads.claim_pod(kube, ns, "one-mig", 1, device_class="mig.nvidia.com")
     results = wait_for("the MIG claim allocated", lambda: workloads.claim_results(kube, ns, "one-mig"), timeout=WAIT)
     assert [(r["driver"], r["pool"]) for r in results] == [("gpu.nvidia.com", node)]
     assert results[0]["device"] in migs
@@ -281,7 +269,7 @@ def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack
     partitions = {d["name"]: d for spec in split[1:] for d in spec["devices"]}
     assert len(partitions) == 8 * 29 and all(d.get("consumesCounters") for d in partitions.values())
     assert not any(g.enabled for g in hardware.gpus(node, shape))
-    mig_claim_pod(kube, ns, "one-partition")
+    workloads.claim_pod(kube, ns, "one-partition", 1, device_class="mig.nvidia.com")
     results = wait_for("the partition claim allocated", lambda: workloads.claim_results(kube, ns, "one-partition"),
                        timeout=WAIT)
     assert results[0]["pool"] == node and partitions[results[0]["device"]]["attributes"]["type"]["string"] == "mig"

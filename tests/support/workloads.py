@@ -51,13 +51,13 @@ def create(client: Client, *objects: dict[str, Any]) -> None:
 
 
 def claim_pod(kube: Client, namespace: str, name: str, count: int, *, tolerations: tuple[dict[str, Any], ...] = (),
-              node_selector: dict[str, str] | None = None) -> None:
-    """A user's pod asking, through a ResourceClaimTemplate, for `count` gpu.nvidia.com devices."""
+              node_selector: dict[str, str] | None = None, device_class: str = "gpu.nvidia.com") -> None:
+    """A user's pod asking, through a ResourceClaimTemplate, for `count` devices of `device_class`."""
     kube.create(from_dict({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}}))
+            "deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}}]}}}}))
     spec: dict[str, Any] = {
         "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda:12.4.0-base-ubuntu22.04",
                         "resources": {"claims": [{"name": "gpu"}]}}],
