@@ -5,6 +5,7 @@ the node does not have is refused with the toolkit's reason."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -173,3 +174,40 @@ def test_a_pod_asking_for_more_gpus_than_the_node_has_stays_pending_with_the_sch
         time.sleep(0.5)
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     assert "Insufficient nvidia.com/gpu" in scheduled["message"], scheduled
+
+
+def test_three_pods_on_two_gpus_time_sliced_two_ways_share_a_gpu(
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+    """The plugin given a time-slicing config (2 replicas) and its SIGHUP, as config-manager does:
+    4 allocatable; three pods running at once, each seeing one GPU, two of them the same one."""
+    real_node.configure_device_plugin(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
+    try:
+        real_node.wait_allocatable("nvidia.com/gpu", "4", 60)
+        names = ("share-a", "share-b", "share-c")
+        for name in names:  # each reports, then stays: all three hold their replica at once
+            control_plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"restartPolicy": "Never", "runtimeClassName": RUNTIME_CLASS,
+                         "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
+                         "terminationGracePeriodSeconds": 0,
+                         "containers": [{"name": "main", "image": IMAGE, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                                         "command": ["python3.11", "-c", LOOK + "import time\ntime.sleep(600)\n"],
+                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+        deadline = time.monotonic() + 120
+        while True:
+            pods = [control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{n}") for n in names]
+            if all(p["status"].get("phase") == "Running" for p in pods) and \
+                    all(any(line.startswith("SEEN ") for line in api_log(control_plane, namespace, n, "main")) for n in names):
+                break
+            assert time.monotonic() < deadline, [p["status"] for p in pods]
+            time.sleep(0.5)
+        seen = [gpu_nodes(_seen(control_plane, namespace, n, "main")) for n in names]
+        assert all(len(s) == 1 for s in seen), seen
+        assert len({next(iter(s)) for s in seen}) < 3, seen  # 3 pods, 2 GPUs: two share one
+    finally:
+        for name in ("share-a", "share-b", "share-c"):
+            with contextlib.suppress(Exception):
+                control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        real_node.configure_device_plugin("")
+        real_node.wait_allocatable("nvidia.com/gpu", "2", 60)

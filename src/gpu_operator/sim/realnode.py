@@ -329,10 +329,23 @@ class RealNode:
                         "application/merge-patch+json")
         count = len(toolkit.gpus(self.host_root)) if self.host_root is not None else 0
         if self.device_plugin and count:
+            self.device_plugin_config.write_text("")  # config-manager's empty link: the default config
             self._spawn("device-plugin", [*self.sandbox.enter(), sys.executable, "-m", "gpu_operator.sim.deviceplugin",
                                           f"--host-root={self.host_root}", f"--strategy={self.device_plugin}",
-                                          f"--plugin-dir={DEVICE_PLUGIN_DIR}"])
+                                          f"--plugin-dir={DEVICE_PLUGIN_DIR}",
+                                          f"--config-file={self.device_plugin_config}"])
             self.wait_allocatable(deviceplugin.RESOURCE, str(count), timeout)
+
+    @property
+    def device_plugin_config(self) -> Path:
+        """The device-plugin stand-in's CONFIG_FILE (what NVIDIA's config-manager links on a node)."""
+        return self.base_dir / "device-plugin-config.yaml"
+
+    def configure_device_plugin(self, text: str) -> None:
+        """A new plugin config and SIGHUP to the plugin, as NVIDIA's config-manager does when the
+        node's `nvidia.com/device-plugin.config` label chooses another one."""
+        self.device_plugin_config.write_text(text)
+        self.processes["device-plugin"].send_signal(signal.SIGHUP)
 
     def wait_allocatable(self, resource: str, value: str, timeout: float) -> None:
         """Until the kubelet reports `resource` allocatable as `value` (a registered device plugin)."""
