@@ -22,6 +22,7 @@ from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
     HOST_DEVICE_LISTED_BY_OTHERS,
@@ -244,23 +245,29 @@ def test_mixed_node_4_plus_4_both_stacks_and_only_the_bound_half_counted(
 
 
 def test_kwok_passthrough_nodes_need_no_hand_annotation_the_simulated_agents_publish_their_facts(
-        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
-        kubevirt_cr: Callable[..., str]) -> None:
-    """What `sim up --shape vfio-passthrough:2 --operator` does: the simulator plays the probe and
-    the vfio manager on the kwok nodes (sim/agents.py), and the KubeVirt CR lists their GPUs."""
+        kube: Client, control_plane: ControlPlane, fake_nodes: Nodes, start_operator: Start,
+        cluster_policies: Policies, kubevirt_cr: Callable[..., str], tmp_path: Path) -> None:
+    """What `sim up --shape vfio-passthrough:2 --operator` does: the operator's probe and vfio
+    manager DaemonSets run their pods on the kwok nodes, the simulator plays the two agents there
+    (sim/probestandin.py, only where their pods run), and the KubeVirt CR lists their GPUs."""
+    from lightkube import KubeConfig
+
     from gpu_operator import shapes
-    from gpu_operator.sim.agents import publish_probe_facts
-    from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, VFIO_STATE
+    from gpu_operator.sim import standins
+    from gpu_operator.vocabulary import VFIO_STATE
 
     spec = "vfio-passthrough:2"
     names = fake_nodes(spec)
-    agent = Client(config=kube.config, field_manager=NODE_AGENT_FIELD_MANAGER)
-    publish_probe_facts(agent, {spec: names}, "gpu-operator")
-    assert {(kube.get(Node, n).metadata.labels or {}).get(VFIO_STATE) for n in names} == {"bound"}
     ns = kubevirt_cr([])
-    operator = start_operator()
-    cluster_policies(PASSTHROUGH)
-    selector = shapes.parse_spec(spec)[0].gpu_vendor_device.upper()
-    listed = wait_for(f"KubeVirt lists {selector} from the published facts", lambda: devices(kube, ns),
-                      until=lambda d: [e["pciVendorSelector"] for e in d] == [selector], context=operator.log_text)
+    config = KubeConfig.from_file(control_plane.admin_kubeconfig)
+    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+        operator = start_operator()
+        cluster_policies(PASSTHROUGH)
+        wait_for("the vfio manager's outcome on both nodes (its pods ran there)",
+                 lambda: {(kube.get(Node, n).metadata.labels or {}).get(VFIO_STATE) for n in names},
+                 until=lambda states: states == {"bound"}, timeout=120, context=operator.log_text)
+        selector = shapes.parse_spec(spec)[0].gpu_vendor_device.upper()
+        listed = wait_for(f"KubeVirt lists {selector} from the published facts", lambda: devices(kube, ns),
+                          until=lambda d: [e["pciVendorSelector"] for e in d] == [selector], context=operator.log_text)
+    assert agents.error is None, agents.error
     assert listed[0]["externalResourceProvider"] is False and listed[0]["resourceName"].startswith("nvidia.com/")

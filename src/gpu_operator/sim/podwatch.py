@@ -56,6 +56,7 @@ class PodView:
     host_mounts: tuple[tuple[str, str], ...] = ()
     # every container's ConfigMap volume mounts: (container, mountPath, the ConfigMap's name)
     configmaps: tuple[tuple[str, str, str], ...] = ()
+    argv: tuple[str, ...] = ()  # its first container's command + args
 
     @classmethod
     def of(cls, pod: Any) -> PodView:
@@ -80,6 +81,7 @@ class PodView:
                                                   "name": owner.name, "uid": owner.uid},
             env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []),
             host_mounts=mounts,
+            argv=tuple(str(a) for a in [*((first.command or []) if first else []), *((first.args or []) if first else [])]),
             configmaps=tuple((str(c.name), m.mountPath, str(maps[m.name]))
                              for c in (spec.containers if spec else None) or []
                              for m in c.volumeMounts or [] if m.name in maps))

@@ -189,28 +189,19 @@ def admin_client(state: SimState, field_manager: str = "gpu-operator-sim"):  # t
 
 
 def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> list[str]:
-    from gpu_operator import shapes as shapes_mod
+    """The kwok nodes, Ready; what node agents publish comes later, from the stand-ins, where
+    their pods run."""
     from gpu_operator.sim import nodes
-    from gpu_operator.sim.agents import publish_probe_facts
-    from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 
     client = admin_client(state)
-    agent = admin_client(state, field_manager=NODE_AGENT_FIELD_MANAGER)  # writes as the probe pod would
     try:
         progress(f"adding fake nodes: {' '.join(shapes)}")
         names = nodes.add_nodes(client, shapes)
-        by_spec: dict[str, list[str]] = {}
-        left = list(names)  # in spec order, each spec's COUNT nodes
-        for spec in shapes:
-            count = shapes_mod.parse_spec(spec)[1]
-            by_spec[spec], left = left[:count], left[count:]
         nodes.wait_ready(client, names)
         progress(f"{len(names)} node(s) Ready")
-        publish_probe_facts(agent, by_spec, OPERATOR_NAMESPACE, progress)
         return names
     finally:
         client.close()
-        agent.close()
 
 
 def start_standins(state: SimState, progress: Progress, nfd: bool = False) -> None:

@@ -10,6 +10,8 @@ terminating), and only through the channel that component uses:
   GPUs, through the node's labels (state, paused clients) as NVIDIA's does;
 - our GPU health agent (`sim/health.py`, given the nodes' host trees: `sim up` does): its report
   annotation, from the agent's own code over the node's host tree, which `sim fault` changes;
+- our GPU probe and vfio manager (`sim/probestandin.py`): the probe's facts, labels and Events,
+  the vfio manager's outcome label, from their own code over the node's host tree;
 - NVIDIA's container toolkit (`sim/toolkitconfig.py`, given the nodes' host trees), on nodes of a
   distribution's shape (k3s, RKE2, MicroK8s, k0s): the nvidia runtime in the containerd config its
   DaemonSet's env and hostPath mounts point at, in the node's own host tree;
@@ -64,11 +66,16 @@ def default_players(grace_period: float | None = None, hosts: Path | None = None
 
 async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
                   grace_period: float | None = None, ready: Callable[[], None] = lambda: None,
-                  hosts: Path | None = None) -> None:
+                  hosts: Path | None = None, agents: bool | None = None) -> None:
     """Run the NVIDIA components' node stand-ins (`nodes`), our health agent over the kwok nodes'
-    host trees (`hosts`), and/or NFD's master (`nfd`) until `stop` is set."""
+    host trees (`hosts`), our GPU probe and vfio manager over them (`agents`; by default with `nodes`
+    wherever `hosts` is given), and/or NFD's master (`nfd`) until `stop` is set."""
     client = AsyncClient(config, field_manager="gpu-operator-sim")
     players = default_players(grace_period, hosts) if nodes else []
+    if (nodes and hosts is not None) if agents is None else agents:  # where their pods run (sandbox workloads)
+        from gpu_operator.sim.probestandin import node_agents
+
+        players += node_agents(config, hosts)
     if hosts is not None:
         from gpu_operator.sim.health import HealthStandIn
 
@@ -95,9 +102,9 @@ class StandIns:
     """The stand-ins on an asyncio loop in a background thread: `start()`, then `stop()`."""
 
     def __init__(self, config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None,
-                 hosts: Path | None = None) -> None:
+                 hosts: Path | None = None, agents: bool | None = None) -> None:
         self.config, self.nodes, self.nfd, self.grace_period = config, nodes, nfd, grace_period
-        self.hosts = hosts
+        self.hosts, self.agents = hosts, agents
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -108,7 +115,8 @@ class StandIns:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             await run_all(self.config, self._stop, nodes=self.nodes, nfd=self.nfd,
-                          grace_period=self.grace_period, ready=self._ready.set, hosts=self.hosts)
+                          grace_period=self.grace_period, ready=self._ready.set, hosts=self.hosts,
+                          agents=self.agents)
 
         try:
             asyncio.run(main())
@@ -131,10 +139,10 @@ class StandIns:
 
 
 @contextlib.contextmanager
-def running(config: Any, nodes: bool = True, nfd: bool = False,
-            grace_period: float | None = None, hosts: Path | None = None) -> Iterator[StandIns]:
+def running(config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None,
+            hosts: Path | None = None, agents: bool | None = None) -> Iterator[StandIns]:
     """The stand-ins in a background thread for the `with` block (tests, benches)."""
-    standins = StandIns(config, nodes=nodes, nfd=nfd, grace_period=grace_period, hosts=hosts).start()
+    standins = StandIns(config, nodes=nodes, nfd=nfd, grace_period=grace_period, hosts=hosts, agents=agents).start()
     try:
         yield standins
     finally:
