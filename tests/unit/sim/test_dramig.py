@@ -104,3 +104,20 @@ def test_the_layout_is_read_when_the_plugin_starts(tmp_path: Path) -> None:
     hw.set("dgx-h100-0", SHAPE, applied("all-1g.10gb"))
     assert len(sync("a")) == 8  # the running plugin enumerated the GPUs when it started
     assert len(sync("b")) == 56 and sync("b")[0] == "gpu-0-mig-1g10gb-19-0"  # a new plugin pod sees the MIG devices
+
+
+def test_an_xid_on_a_mig_enabled_gpu_taints_none_of_its_mig_devices() -> None:
+    """NVIDIA's plugin keys health events by (parent UUID, GI, CI); a whole-GPU event (GI = CI =
+    0xFFFFFFFF, what an Xid line naming only the PCI address stands for) finds no allocatable device
+    on a GPU with MIG on, since the full GPU is not published there, and is ignored. The GPU beside it
+    with MIG off is tainted."""
+    gpus = applied("all-1g.10gb")
+    gpus[1] = mighw.shape_gpus(SHAPE)[1]  # GPU 1 with MIG off
+    addresses = [d["attributes"][draplugin.PCI_BUS_ID]["string"] for d in draplugin.devices(view())]
+    taint = {"key": "gpu.nvidia.com/xid", "value": "48", "effect": "NoSchedule"}
+    taints = {addresses[i].rsplit(".", 1)[0]: taint for i in (0, 1)}
+    found = draplugin.devices(view(), taints, gpus=gpus)
+    mig_on = [d for d in found if d["attributes"]["type"] == {"string": "mig"}]
+    assert len(mig_on) == 49 and not any("taints" in d for d in mig_on)
+    (full,) = [d for d in found if d["attributes"]["type"] == {"string": "gpu"}]
+    assert full["name"] == "gpu-1" and full["taints"] == [taint]
