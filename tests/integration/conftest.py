@@ -111,3 +111,4 @@ from tests.integration.realnode_fixtures import (  # noqa: E402,F401
     real_node,
     real_passthrough_node,
 )
+from tests.integration.registry_fixtures import registry, registry_image  # noqa: E402,F401

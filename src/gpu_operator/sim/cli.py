@@ -77,7 +77,11 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
        kubernetes: KubernetesOption = "current",
        nfd: Annotated[bool, typer.Option(
            "--nfd", help="Also play NFD's master: NodeFeature labels (GPU feature discovery's) onto the "
-           "Nodes, as on a cluster whose user runs NFD (the chart's nfd.enabled=false).")] = False) -> None:
+           "Nodes, as on a cluster whose user runs NFD (the chart's nfd.enabled=false).")] = False,
+       registry: Annotated[bool, typer.Option(
+           "--registry", help="Also start an OCI registry (HTTPS with the simulator's CA, basic auth; "
+           "built from Go modules) that the real node pulls from; its address, user and password file "
+           "are printed.")] = False) -> None:
     """Start the control plane and fake nodes in the background and print `export KUBECONFIG=...`."""
     from gpu_operator.shapes import ShapeError
     from gpu_operator.sim import session
@@ -92,6 +96,7 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
     if (values or set_values) and not helm:
         raise typer.BadParameter("--values and --set are for --helm", param_hint="--values/--set")
     from gpu_operator.sim.helm import HelmInstallError, user_layers
+    from gpu_operator.sim.registry import RegistryError
     from gpu_operator.sim.reuse import refuse_unusable
 
     try:
@@ -99,12 +104,12 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
         refuse_unusable(_dir(directory), shape, real_node_shape if real_node else None, nfd)
         state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
                               real_node=real_node_shape if real_node else None, kubernetes=kubernetes,
-                              nfd=nfd)
+                              nfd=nfd, registry=registry)
         if operator:
             session.start_operator(state, _progress)
         if helm:
             session.install_chart(state, values or [], set_values or [], _progress)
-    except (session.SimError, ShapeError, RealNodeError, HelmInstallError) as err:
+    except (session.SimError, ShapeError, RealNodeError, HelmInstallError, RegistryError) as err:
         raise _fail(err) from err
     typer.echo(f"export KUBECONFIG={state.kubeconfig}")
 

@@ -172,6 +172,9 @@ def containerd_cri_config(base: Path, nvidia_binary: Path | None = None) -> str:
         '  container_annotations = ["cdi.k8s.io/*"]',
         *([f'{cri[:-1]}.containerd.runtimes.nvidia.options]', f'  BinaryName = "{nvidia_binary}"']
           if nvidia_binary else []),
+        # registries' host configuration (certs.d/<host>/hosts.toml: their CA; see trust_registry)
+        f"{cri[:-1]}.registry]",
+        f'  config_path = "{base / "certs.d"}"',
         f"{cri[:-1]}.cni]",
         '  bin_dir = "/usr/lib/cni"',
         f'  conf_dir = "{base / "cni" / "net.d"}"',
@@ -335,6 +338,17 @@ class RealNode:
                                           f"--plugin-dir={DEVICE_PLUGIN_DIR}",
                                           f"--config-file={self.device_plugin_config}"])
             self.wait_allocatable(deviceplugin.RESOURCE, str(count), timeout)
+
+    def trust_registry(self, host: str, ca_cert: Path) -> None:
+        """Pull from the registry at `host` (127.0.0.1:PORT on this machine): containerd's host
+        configuration for it with the CA, and a forwarder from the same address inside the node."""
+        from gpu_operator.sim.registry import hosts_toml
+
+        hosts = self.base_dir / "certs.d" / host
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "ca.crt").write_bytes(Path(ca_cert).read_bytes())
+        (hosts / "hosts.toml").write_text(hosts_toml(host, hosts / "ca.crt"))
+        self._spawn(f"registry-proxy-{host.rsplit(':', 1)[1]}", proxy_argv(self.sandbox.netns_path, host, host))
 
     @property
     def device_plugin_config(self) -> Path:

@@ -68,7 +68,8 @@ def _prepare_dir(directory: Path, progress: Progress) -> None:
 
 
 def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True,
-       real_node: str | None = None, kubernetes: str = "current", nfd: bool = False) -> tuple[SimState, bool]:
+       real_node: str | None = None, kubernetes: str = "current", nfd: bool = False,
+       registry: bool = False) -> tuple[SimState, bool]:
     """Start (or reuse) a detached simulator; returns its state and whether it was started now.
     `kubernetes` "floor" runs the oldest Kubernetes we support (binaries.KUBERNETES); `nfd` also
     plays NFD's master (NodeFeature labels onto Nodes) in the stand-ins process."""
@@ -113,6 +114,8 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
             state.nodes = add_fake_nodes(state, shapes, progress)
             state.save()
         start_standins(state, progress, nfd=nfd)
+        if registry:
+            start_registry(state, progress)
         if real_node:
             add_real_node(state, found, real_node, progress)
     except BaseException:
@@ -143,12 +146,31 @@ def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, pro
     state.add(Proc.of("real-node-sandbox", node.sandbox.holder, node.sandbox.log))
     state.save()
     node.start(sandbox_started=True)
+    if state.registry:
+        node.trust_registry(state.registry["host"], Path(state.registry["ca"]))
     for name, (pid, log) in node.pids().items():
         state.add(Proc.of(name, pid, log))
     state.save()
     progress(f"real node Ready in {time.monotonic() - t0:.1f}s; importing our image {archive.name}")
     node.import_images(archive)
     progress(f"real node {REAL_NODE_NAME} runs our image (logs {node.logs}, pod logs {node.pod_logs})")
+
+
+def start_registry(state: SimState, progress: Progress) -> None:
+    """The OCI registry (sim/registry.py) with TLS from the simulator's CA and basic auth; its
+    password is written to registry/password (0600), recorded in the state."""
+    from gpu_operator.sim.registry import Registry
+
+    reg = Registry(Path(state.dir) / "registry", Path(state.dir) / "pki")
+    progress("starting the OCI registry (tools/registry; a first build takes ~20 s)")
+    reg.start()
+    state.add(Proc.of("registry", reg.process.pid if reg.process else 0, reg.log))
+    secret = reg.base_dir / "password"
+    secret.write_text(reg.password)
+    secret.chmod(0o600)
+    state.registry = {"host": reg.host, "user": reg.user, "password_file": str(secret), "ca": str(reg.ca_cert)}
+    state.save()
+    progress(f"registry at https://{reg.host} (user {reg.user}, password in {secret}, CA {reg.ca_cert})")
 
 
 def stop_real_node(state: SimState) -> bool:

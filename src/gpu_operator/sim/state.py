@@ -84,6 +84,8 @@ class SimState:
     created: float = field(default_factory=time.time)
     kubernetes: str = "current"  # binaries.KUBERNETES: the current Kubernetes or the floor
     nfd: bool = False  # the stand-ins also play NFD's master (`sim up --nfd`)
+    # The OCI registry (`sim up --registry`): {"host", "user", "password_file", "ca"}.
+    registry: dict[str, Any] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:
