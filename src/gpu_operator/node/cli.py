@@ -245,17 +245,10 @@ def _mig_node(node: str | None, labels: dict[str, str] | None, annotations: dict
 
 def _troubleshoot(fs: Any, report: Any, cuda: list[tuple[int, int]], commands: bool) -> list[Any]:
     """doctor's checks beyond the probe: kernel log, kernel headers, CUDA versions, MIG."""
-    from gpu_operator.node import troubleshoot
-    from gpu_operator.node.kernellog import kernel_log_findings
+    from gpu_operator.node.doctor import host_checks
     from gpu_operator.node.runner import HostRunner
 
-    found = kernel_log_findings(fs) if report.gpus else []
-    found += troubleshoot.header_findings(fs, report.kernel, report.driver) if report.gpus else []
-    for wanted in cuda:
-        found += troubleshoot.cuda_findings(wanted, report.driver)
-    if commands and report.gpus:
-        found += troubleshoot.mig_findings(HostRunner(fs), report.driver)
-    return found
+    return host_checks(fs, report, cuda, HostRunner(fs) if commands else None)
 
 
 def register(app: typer.Typer) -> None:
@@ -268,6 +261,9 @@ def register(app: typer.Typer) -> None:
     from gpu_operator.node.health.command import health
 
     node_app.command("health")(health)
+    from gpu_operator.node.gpucheck.command import gpu_check
+
+    node_app.command("gpu-check")(gpu_check)
     from gpu_operator.node.vfio_cli import vfio_app
 
     # Also under `node` (hidden): the vfio-manager DaemonSet runs `gpu-operator node vfio-manage reconcile`.

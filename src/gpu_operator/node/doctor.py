@@ -9,12 +9,30 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpu_operator.node import troubleshoot
 from gpu_operator.node.findings import Finding, Severity, diagnose, has_errors, intended_workload
+from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.kernellog import kernel_log_findings
 from gpu_operator.node.probe import HostReport
+from gpu_operator.node.runner import CommandRunner
 from gpu_operator.node.vmchecks import Advertised, kubevirt_findings
 from gpu_operator.vocabulary import VM_PASSTHROUGH
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def host_checks(
+    fs: HostFS, report: HostReport, cuda: list[tuple[int, int]], runner: CommandRunner | None
+) -> list[Finding]:
+    """doctor's checks beyond the probe: kernel log, kernel headers, CUDA versions, and MIG through
+    read-only nvidia-smi queries (none when `runner` is None)."""
+    found = kernel_log_findings(fs) if report.gpus else []
+    found += troubleshoot.header_findings(fs, report.kernel, report.driver) if report.gpus else []
+    for wanted in cuda:
+        found += troubleshoot.cuda_findings(wanted, report.driver)
+    if runner is not None and report.gpus:
+        found += troubleshoot.mig_findings(runner, report.driver)
+    return found
 
 
 def report_json(report: HostReport, findings: list[Finding]) -> str:
