@@ -99,6 +99,17 @@ NFD_GPU_LABELS = (f"{NFD}/pci-10de.present", f"{NFD}/pci-0302_10de.present", f"{
 # NFD's per-model PCI label (deviceLabelFields [vendor, device]): `<prefix><device>.present`, e.g.
 # feature.node.kubernetes.io/pci-10de_2330.present; our node discovery writes it for each GPU model.
 NFD_DEVICE_LABEL_PREFIX = f"{NFD}/pci-10de_"
+# NFD's CPUID label for a VM guest (docs/usage/features.md: HYPERVISOR, "Running under hypervisor");
+# our node discovery writes it too, from /proc/cpuinfo's `hypervisor` flag.
+NFD_HYPERVISOR = f"{NFD}/cpu-cpuid.HYPERVISOR"
+# GPUs whose NVLink goes through NVSwitches on their baseboard (HGX/DGX A100 SXM4, H100 SXM5, H200
+# SXM), by PCI device ID: their driver waits for Fabric Manager to bring up the fabric. And the
+# NVSwitches (A100's, H100's), which our node discovery labels by device ID like the GPU models.
+NVLINK_FABRIC_GPUS = ("20b0", "20b2", "2330", "2335")
+NVSWITCH_DEVICES = ("1af1", "22a3")
+# The nvidia module parameter that stops the driver from training NVLink (open-gpu-kernel-modules
+# kernel-open/nvidia/nv-reg.h, NvLinkDisable: 0 default, 1 disable).
+NVLINK_DISABLE_PARAM = "NVreg_NvLinkDisable"
 
 
 def deploy_label(component: str) -> str:

@@ -9,6 +9,9 @@ configures its PCI labels by vendor, so a node with an NVIDIA display-class func
                              with deviceLabelFields [vendor, device], e.g. pci-10de_2330.present
                              for an H100 SXM5): the operator tells MIG-capable nodes by it where
                              GPU feature discovery's nvidia.com/mig.capable is not there (yet)
+- pci-10de_<device>.present  also for NVSwitches (PCI class 0680; H100's 22a3), so that a VM given
+                             NVLink GPUs without their NVSwitches can be told from one given both
+- cpu-cpuid.HYPERVISOR       a VM guest: the CPU's `hypervisor` flag (/proc/cpuinfo), NFD's CPUID label
 - kernel-version.full        the running kernel (/proc/sys/kernel/osrelease)
 - system-os_release.ID, .VERSION_ID, .VERSION_ID.major, .VERSION_ID.minor   from /etc/os-release
 
@@ -28,6 +31,7 @@ import typer
 
 from gpu_operator.node import pci
 from gpu_operator.node.driver import os_release
+from gpu_operator.node.guest import NVSWITCH_CLASS_PREFIX, read_guest
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.options import HostRoot, host_fs
 from gpu_operator.vocabulary import (
@@ -35,6 +39,7 @@ from gpu_operator.vocabulary import (
     LABEL_VALUE_PATTERN,
     NFD_DEVICE_LABEL_PREFIX,
     NFD_GPU_LABELS,
+    NFD_HYPERVISOR,
     NVIDIA,
     OS_ID,
     OS_VERSION_ID,
@@ -48,12 +53,15 @@ _VALUE = re.compile(LABEL_VALUE_PATTERN)
 
 def discovered(fs: HostFS) -> tuple[dict[str, str], list[str]]:
     """The NFD labels this host earns, and why any label was left out (a value Kubernetes refuses)."""
-    gpus = [f for f in pci.scan(fs, pci.NVIDIA_VENDOR) if f.pci_class[:4] in ("0300", "0302") and f.physfn is None]
+    nvidia = pci.scan(fs, pci.NVIDIA_VENDOR)
+    gpus = [f for f in nvidia if f.pci_class[:4] in ("0300", "0302") and f.physfn is None]
+    models = gpus + [f for f in nvidia if f.pci_class.startswith(NVSWITCH_CLASS_PREFIX)]
     release = os_release(fs)
     version = release.get("VERSION_ID", "")
     wanted = {
         NFD_GPU_LABELS[0]: "true" if gpus else "",
-        **{f"{NFD_DEVICE_LABEL_PREFIX}{g.device.lower()}.present": "true" for g in gpus},
+        **{f"{NFD_DEVICE_LABEL_PREFIX}{g.device.lower()}.present": "true" for g in models},
+        NFD_HYPERVISOR: "true" if read_guest(fs, []).hypervisor_flag else "",
         KERNEL_FULL: fs.read_value("/proc/sys/kernel/osrelease") or "",
         OS_ID: release.get("ID", ""),
         OS_VERSION_ID: version,

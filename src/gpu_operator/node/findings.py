@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpu_operator.node.driver import DriverSource
+from gpu_operator.node.guestchecks import guest_findings
 from gpu_operator.node.probe import HostReport
 from gpu_operator.node.verdict import Finding, Severity
 from gpu_operator.node.verdict import finding as _finding
@@ -321,6 +322,7 @@ def _diagnose(
             )
         ]
     out = [_finding("workload", Severity.INFO, f"GPU workload config: {workload}", [why])]
+    out += guest_findings(report)
     on_vm = workload in (VM_PASSTHROUGH, VM_VGPU)
     nouveau_gpus = [g.address for g in report.gpus if g.driver == "nouveau"]
     if report.nouveau_loaded or nouveau_gpus:

@@ -134,6 +134,21 @@ class HostFS:
             return default
         return data.decode(errors="replace")
 
+    def read_bytes(self, path: str, *, limit: int = MAX_VALUE_BYTES) -> bytes | None:
+        """A file's bytes (a PCI device's `config`), or None when absent, unreadable or longer than `limit`."""
+        real = self._readable(path)
+        if real is None:
+            return None
+        try:
+            with real.open("rb") as handle:
+                data = handle.read(limit + 1)
+        except OSError:
+            return None
+        if len(data) > limit:
+            self.refused[path] = f"longer than {limit} bytes: not read"
+            return None
+        return data
+
     def read_value(self, path: str) -> str | None:
         """A one-line sysfs/procfs attribute, stripped; None when absent (or absurdly long)."""
         text = self.read_text(path, limit=MAX_VALUE_BYTES)

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from gpu_operator.node import pci
 from gpu_operator.node.driver import DriverInfo, detect_driver, find_executable, module_names, os_release
+from gpu_operator.node.guest import GuestInfo, read_guest
 from gpu_operator.node.holders import GpuHolder, gpu_holders
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.persist import PersistInfo, inspect
@@ -61,6 +62,7 @@ class HostReport(BaseModel):
     # Non-NVIDIA, non-bridge devices that share an IOMMU group with an NVIDIA GPU: group -> addresses.
     shared_iommu_groups: dict[int, list[str]] = Field(default_factory=dict)
     mellanox_present: bool = False
+    guest: GuestInfo = Field(default_factory=GuestInfo, description="VM guest signs, GPU kinds, NVLink (node/guest.py)")
     unreadable_paths: dict[str, str] = Field(
         default_factory=dict,
         description="host paths not read: a link out of the host root or in a loop, a value far too long",
@@ -150,5 +152,6 @@ def probe(fs: HostFS, *, extra_search_dirs: tuple[str, ...] = ()) -> HostReport:
         passthrough_intent=_passthrough_intent(fs, functions, cmdline),
         shared_iommu_groups=_shared_groups(fs, functions),
         mellanox_present=bool(pci.scan(fs, "15b3")),
+        guest=read_guest(fs, functions),
         unreadable_paths=dict(fs.refused),  # last: every read above has happened
     )

@@ -4,8 +4,10 @@ them through `HostFS`. The node-agent tests build their fixtures with it (tests/
 the real node its host tree (see `realspec.host_spec`).
 
 A spec: os {id, version_id}, kernel, cmdline, modules, pci_drivers, driver_version, devices
-[{address(es), vendor, device, class, driver, functions, iommu_group, ...}], files, executables,
-symlinks, processes; `iommu: false` for a host without IOMMU groups.
+[{address(es), vendor, device, class, driver, functions, iommu_group, parent, config, ...}], files,
+executables, symlinks, processes; `iommu: false` for a host without IOMMU groups; `root_port:
+{vendor, device}` for the root ports the builder adds above devices (a QEMU q35 guest's are
+1b36:000c, see `guesttree`); a device's `config` is its PCI configuration space in hex.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class _Function:
     parent: str
     extra: dict[str, str] = field(default_factory=dict)
     physfn: str | None = None
+    config: bytes | None = None  # the `config` file: the PCI configuration space
 
 
 def _bus(address: str) -> str:
@@ -88,6 +91,7 @@ def _functions(spec: dict[str, Any]) -> list[_Function]:
                     parent,
                     {str(k): str(v) for k, v in (entry.get("attributes") or {}).items()},
                     entry.get("physfn"),
+                    _config(entry, where),
                 )
             )
             slot = address.rsplit(".", 1)[0]
@@ -108,7 +112,17 @@ def _functions(spec: dict[str, Any]) -> list[_Function]:
     return out
 
 
-def _bridges(functions: list[_Function], iommu: bool) -> list[_Function]:
+def _config(entry: dict[str, Any], where: str) -> bytes | None:
+    raw = entry.get("config")
+    if raw is None:
+        return None
+    try:
+        return bytes.fromhex(str(raw))
+    except ValueError:
+        raise HostSpecError(f"{where}: `config` is the PCI configuration space in hex (e.g. 'de103023...')") from None
+
+
+def _bridges(functions: list[_Function], iommu: bool, port: tuple[str, str] = (_BRIDGE_VENDOR, "1bbf")) -> list[_Function]:
     bridges: dict[str, _Function] = {}
     group = 0
     for func in functions:
@@ -117,8 +131,7 @@ def _bridges(functions: list[_Function], iommu: bool) -> list[_Function]:
             continue
         bridges[bridge_addr] = _Function(
             bridge_addr,
-            _BRIDGE_VENDOR,
-            "1bbf",
+            *port,
             _BRIDGE_CLASS,
             "pcieport",
             None,
@@ -143,6 +156,8 @@ def _write_function(fs: HostFS, func: _Function) -> None:
     }
     for name, value in attrs.items():
         fs.write_text(f"{dev_dir}/{name}", value)
+    if func.config is not None:
+        fs.resolve(f"{dev_dir}/config").write_bytes(func.config)
     rel_symlink(fs, f"/sys/bus/pci/devices/{func.address}", dev_dir)
     if func.physfn:
         rel_symlink(fs, f"{dev_dir}/physfn", fs.canonical(f"/sys/bus/pci/devices/{func.physfn}"))
@@ -177,7 +192,9 @@ def build(spec: dict[str, Any], root: str | os.PathLike[str]) -> HostFS:
     fs.mkdir("/sys/kernel/iommu_groups")
     iommu = bool(spec.get("iommu", True))
     functions = _functions(spec)
-    for func in _bridges(functions, iommu) + functions:
+    port = spec.get("root_port") or {}
+    ids = (str(port.get("vendor", _BRIDGE_VENDOR)).lower(), str(port.get("device", "1bbf")).lower())
+    for func in _bridges(functions, iommu, ids) + functions:
         _write_function(fs, func)
     drivers = set(spec.get("pci_drivers") or [])
     for name in sorted(drivers):

@@ -111,7 +111,7 @@ def test_command_expansion() -> None:
 
 def test_doctor_codes_table_matches_the_findings() -> None:
     from gpu_operator.node.kernellog import NVRM_LINES
-    names = ("findings.py", "vmchecks.py", "troubleshoot.py", "kernellog.py")
+    names = ("findings.py", "vmchecks.py", "guestchecks.py", "troubleshoot.py", "kernellog.py")
     source = "".join((SRC / "node" / name).read_text() for name in names)
     codes = set(re.findall(r'\b_?finding\(\s*"([a-z][a-z0-9-]*)"', source))
     codes |= {line[1] for line in NVRM_LINES} | {"xid-N"}  # one code per Xid number: xid-79, ...
