@@ -56,15 +56,16 @@ def doctor_step(state: State) -> tuple[str, dict[str, Any]]:
     if state.report is None:
         raise RuntimeError("no probe report for doctor (the probe step failed)")
     cuda = []
-    if state.smi and state.smi.cuda_version:
-        major, _, minor = state.smi.cuda_version.partition(".")
+    reference = state.smi or state.nvml
+    if reference and reference.cuda_version:
+        major, _, minor = reference.cuda_version.partition(".")
         cuda = [(int(major), int(minor or 0))]
     runner = state.deps.runner(state.fs)
     state.findings = findings = diagnose(state.report) + host_checks(state.fs, state.report, cuda, runner)
-    against = contradictions(findings, state.smi)
+    against = contradictions(findings, state.smi or state.nvml)
     details = {
         "findings": [
-            f.model_dump(mode="json") | {"contradicted_by_nvidia_smi": against.get(f.code)} for f in findings
+            f.model_dump(mode="json") | {"contradicted_by_nvidia": against.get(f.code)} for f in findings
         ],
         "cuda_checked": [f"{a}.{b}" for a, b in cuda],
     }
@@ -72,7 +73,8 @@ def doctor_step(state: State) -> tuple[str, dict[str, Any]]:
     summary = f"{len(findings)} finding(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     if against:
         raise Defect(
-            summary + f"; {len(against)} contradicted by nvidia-smi: {', '.join(sorted(against))}", details
+            summary + f"; {len(against)} contradicted by NVIDIA's tools: {', '.join(sorted(against))}",
+            details,
         )
     return summary, details
 

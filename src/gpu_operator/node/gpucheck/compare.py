@@ -195,24 +195,24 @@ def defects(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.verdict in DEFECTS]
 
 
-# doctor findings that say something a working nvidia-smi shows to be false
+# doctor findings that say something NVIDIA's tools, answering, show to be false
 _NO_GPU = ("host-root-incomplete", "no-nvidia-gpu")
 _NO_DRIVER = ("no-driver", "driver-module-not-loaded", "driver-userspace-missing")
 _CUDA_REFUSED = ("cuda-driver-too-old", "cuda-minor-compat", "cuda-version-unknown")
 
 
-def contradictions(findings: list[Finding], smi: RefReport | None) -> dict[str, str]:
-    """finding code -> why nvidia-smi contradicts it (empty without nvidia-smi's answer)."""
-    if smi is None:
+def contradictions(findings: list[Finding], ref: RefReport | None) -> dict[str, str]:
+    """finding code -> why NVIDIA's tool (nvidia-smi, else NVML) contradicts it; empty without an answer."""
+    if ref is None:
         return {}
     out: dict[str, str] = {}
     for f in findings:
-        if f.code in _NO_GPU and smi.gpus:
-            out[f.code] = f"nvidia-smi lists {len(smi.gpus)} GPU(s)"
+        if f.code in _NO_GPU and ref.gpus:
+            out[f.code] = f"{ref.source} lists {len(ref.gpus)} GPU(s)"
         elif f.code in _NO_DRIVER:
-            out[f.code] = f"nvidia-smi answers with driver {smi.driver_version}"
-        elif f.code == "gpu-unbound" and (bound := sorted(set(f.evidence) & set(smi.by_bus()))):
-            out[f.code] = f"nvidia-smi reaches {', '.join(bound)} through the driver"
+            out[f.code] = f"{ref.source} answers with driver {ref.driver_version}"
+        elif f.code == "gpu-unbound" and (bound := sorted(set(f.evidence) & set(ref.by_bus()))):
+            out[f.code] = f"{ref.source} reaches {', '.join(bound)} through the driver"
         elif f.code in _CUDA_REFUSED:
-            out[f.code] = f"driver {smi.driver_version} reports CUDA {smi.cuda_version} itself"
+            out[f.code] = f"driver {ref.driver_version} reports CUDA {ref.cuda_version} itself ({ref.source})"
     return out

@@ -75,7 +75,7 @@ def nvml_step(state: State) -> tuple[str, dict[str, Any]]:
     try:
         report = nvml_report(nvml)
     except nvml.NVMLError as err:
-        if "LibraryNotFound" in type(err).__name__:
+        if getattr(err, "value", None) == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None):
             raise Unavailable(f"libnvidia-ml.so.1 not found by the loader ({err})") from None
         raise
     state.nvml = report

@@ -54,13 +54,13 @@ def render(report: CheckReport, console: Console) -> None:
         console.print(table)
     findings = next((s.details.get("findings") for s in report.steps if s.name == "doctor"), None)
     if findings:
-        table = Table("severity", "code", "summary", "nvidia-smi says otherwise", title="doctor")
+        table = Table("severity", "code", "summary", "NVIDIA's tools say otherwise", title="doctor")
         for f in findings:
             table.add_row(
                 Text(f["severity"]),
                 Text(f["code"]),
                 Text(f["summary"]),
-                Text(f.get("contradicted_by_nvidia_smi") or "", style="bold red"),
+                Text(f.get("contradicted_by_nvidia") or "", style="bold red"),
             )
         console.print(table)
     console.print(
