@@ -57,11 +57,12 @@ def policy(chart: helm_python.Chart, variant: str, extra: dict[str, Any] | None 
     return spec
 
 
-def test_the_source_lists_the_three_variants_on_the_common_values() -> None:
+def test_the_source_lists_the_host_variants_and_the_guest_on_the_common_values() -> None:
     found = variants()
     assert found == {"default": ["values.yaml", "values-passthrough.yaml"],
                      "vgpu": ["values.yaml", "values-vgpu.yaml"],
-                     "container": ["values.yaml", "values-container.yaml"]}
+                     "container": ["values.yaml", "values-container.yaml"],
+                     "guest": ["values.yaml", "values-guest.yaml"]}
     for files in found.values():
         for name in files:
             assert set(yaml.safe_load((WRAPPER / name).read_text())) == {"gpu-operator"}, name
@@ -98,3 +99,14 @@ def test_sync_can_be_turned_off_from_the_package_values(wrapper: helm_python.Cha
     spec = policy(wrapper, "default", {"gpu-operator": {"sandboxWorkloads": {
         "kubevirt": {"syncPermittedHostDevices": False}}}})
     assert spec["sandboxWorkloads"]["kubevirt"] == {"syncPermittedHostDevices": False}
+
+
+def test_guest_runs_the_container_stack_with_the_operators_driver(wrapper: helm_python.Chart) -> None:
+    """Inside a VM with GPUs passed through: the driver container, toolkit and device plugin, as on
+    bare metal; nothing of the host's VM stack."""
+    spec = policy(wrapper, "guest")
+    assert spec["sandboxWorkloads"]["enabled"] is False
+    assert spec["driver"]["enabled"] is True and spec["toolkit"]["enabled"] is True
+    assert spec["devicePlugin"]["enabled"] is True
+    assert spec["vfioManager"]["enabled"] is False and spec["sandboxDevicePlugin"]["enabled"] is False
+    assert spec["ccManager"]["enabled"] is False and spec["vgpuDeviceManager"]["enabled"] is False
