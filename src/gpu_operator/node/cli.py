@@ -264,6 +264,9 @@ def register(app: typer.Typer) -> None:
     from gpu_operator.node.gpucheck.command import gpu_check
 
     node_app.command("gpu-check")(gpu_check)
+    from gpu_operator.node.vgpuhost.cli import vgpu_host_state
+
+    node_app.command("vgpu-host-state")(vgpu_host_state)
     from gpu_operator.node.vfio_cli import vfio_app
 
     # Also under `node` (hidden): the vfio-manager DaemonSet runs `gpu-operator node vfio-manage reconcile`.

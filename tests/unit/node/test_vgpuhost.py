@@ -200,3 +200,20 @@ def test_bad_configs_name_the_field(host) -> None:  # type: ignore[no-untyped-de
             source="config.yaml",
             chosen_by="test",
         )
+
+
+def test_on_a_gpu_that_keeps_mig_mode_it_takes_effect_at_the_reboot(build_host) -> None:  # type: ignore[no-untyped-def]
+    """Ampere's way (NVIDIA: A100 keeps MIG mode across reboots, a change waits for a reset): the pass
+    reports the pending mode as not done; after the reboot it is current and the vGPUs follow."""
+    spec = build_host("h100-vgpu").spec
+    fake = build_host("h100-vgpu", vgpu={**spec["vgpu"], "mig_persists_reboot": True})
+    fs, sim = fake.fs, VgpuHostSim(fake.fs, fake.spec)
+    first = restore(fs, desired(fs, "mixed"), sim, sim)
+    mig = next(s for s in first if s.gpu == "0000:c1:00.0" and s.step == "mig-mode")
+    assert mig.outcome == "failed" and "pending" in mig.detail
+    assert sim.mig_mode("0000:c1:00.0") == (False, True)
+    sim.reboot()
+    assert sim.mig_mode("0000:c1:00.0") == (True, True)
+    again = restore(fs, desired(fs, "mixed"), sim, sim)
+    assert state_of(again) == "restored"
+    assert [vf.current for vf in sysfs.read_pf(fs, "0000:c1:00.0").vfs][:3] == [1061] * 3
