@@ -55,12 +55,18 @@ py=${PYTHON:-python3}
 venv=${GPU_CHECK_VENV:-/tmp/gpu-check-venv}
 start=$(date +%s)
 rm -rf "$venv"
-"$py" -m venv --without-pip "$venv"
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if "$py" -m venv --without-pip "$venv"; then
+  run="$venv/bin/python"
+  site=$("$run" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+else  # a Python without the venv module: a plain directory first on PYTHONPATH
+  echo "gpu-check: no virtualenv; installing into $venv/site on PYTHONPATH instead" >&2
+  run=$py site="$venv/site"
+  mkdir -p "$site"; export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile --target "$site" \\
   "$here"/wheels/*.whl
 echo "gpu-check: installed $(ls "$here"/wheels | wc -l) wheels into $venv in $(( $(date +%s) - start )) s" >&2
-exec "$venv/bin/python" -m gpu_operator.cli node gpu-check "$@"
+exec "$run" -m gpu_operator.cli node gpu-check "$@"
 """
 
 

@@ -85,7 +85,14 @@ class FakeLibCuda:
     """libcuda's calls the check makes, with their ctypes arguments: the kernel's effect is played in Python
     (data[i] * 3 + 7) from the parameters it was given, so the marshalling is what is tested."""
 
-    def __init__(self, fail_at: str | None = None, wrong: bool = False, bus: str = "0000:00:06.0") -> None:
+    def __init__(
+        self,
+        fail_at: str | None = None,
+        wrong: bool = False,
+        bus: str = "0000:00:06.0",
+        lacks: tuple[str, ...] = (),
+    ) -> None:
+        self.lacks = lacks
         self.calls: list[str] = []
         self.fail_at, self.wrong, self.bus = fail_at, wrong, bus
         self.memory: dict[int, list[int]] = {}
@@ -93,8 +100,8 @@ class FakeLibCuda:
         self.launch: dict[str, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
-        if not name.startswith("cu"):
-            raise AttributeError(name)
+        if not name.startswith("cu") or name in self.lacks:
+            raise AttributeError(f"undefined symbol: {name}")
         impl = getattr(self, f"_{name}", None)
 
         def call(*args: Any) -> int:
@@ -131,6 +138,10 @@ class FakeLibCuda:
         return 0
 
     def _cuCtxCreate_v2(self, out: Any, flags: Any, dev: Any) -> int:
+        _out(out).value = 0x1000
+        return 0
+
+    def _cuDevicePrimaryCtxRetain(self, out: Any, dev: Any) -> int:
         _out(out).value = 0x1000
         return 0
 

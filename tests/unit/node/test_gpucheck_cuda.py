@@ -66,3 +66,16 @@ def test_a_failed_launch_frees_everything_it_made_in_reverse_order() -> None:
     result = run_cuda_check(lib)
     assert not result.ok and result.elements_checked == 0
     assert lib.calls[-3:] == ["cuMemFree_v2", "cuModuleUnload", "cuCtxDestroy_v2"]
+
+
+def test_a_driver_without_cuctxcreate_v2_uses_the_primary_context() -> None:
+    lib = FakeLibCuda(lacks=("cuCtxCreate_v2",))
+    result = run_cuda_check(lib)
+    assert result.ok
+    assert lib.calls[8:11] == ["cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuModuleLoadData"]
+    assert lib.calls[-1] == "cuDevicePrimaryCtxRelease_v2"
+
+
+def test_a_missing_entry_point_is_reported_not_raised() -> None:
+    result = run_cuda_check(FakeLibCuda(lacks=("cuLaunchKernel",)))
+    assert not result.ok and result.error.startswith("libcuda lacks a call")

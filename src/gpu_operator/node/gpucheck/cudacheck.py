@@ -110,6 +110,8 @@ class CudaDriver:
             self.result.ok = self.result.wrong == 0 and self.result.elements_checked == ELEMENTS
         except CudaError as err:
             self.result.error = str(err)
+        except AttributeError as err:  # an entry point this libcuda does not export
+            self.result.error = f"libcuda lacks a call: {err}"
         finally:
             self._cleanup()
         return self.result
@@ -146,8 +148,15 @@ class CudaDriver:
         res.compute_capability = f"{major.value}.{minor.value}"
 
         context = ctypes.c_void_p()
-        self._call("cuCtxCreate_v2", ctypes.byref(context), ctypes.c_uint(0), device)
-        self._undo.append(("cuCtxDestroy_v2", lambda: self._call("cuCtxDestroy_v2", context)))
+        if hasattr(self.lib, "cuCtxCreate_v2"):
+            self._call("cuCtxCreate_v2", ctypes.byref(context), ctypes.c_uint(0), device)
+            self._undo.append(("cuCtxDestroy_v2", lambda: self._call("cuCtxDestroy_v2", context)))
+        else:  # a driver without the old entry point: the device's primary context, as the runtime uses
+            self._call("cuDevicePrimaryCtxRetain", ctypes.byref(context), device)
+            self._undo.append(
+                ("cuDevicePrimaryCtxRelease_v2", lambda: self._call("cuDevicePrimaryCtxRelease_v2", device))
+            )
+            self._call("cuCtxSetCurrent", context)
         module = ctypes.c_void_p()
         self._call("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(PTX.encode()))
         self._undo.append(("cuModuleUnload", lambda: self._call("cuModuleUnload", module)))
