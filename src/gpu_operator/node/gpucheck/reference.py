@@ -112,7 +112,7 @@ def _cuda_version(number: int) -> str:
 def _numa(nvml: Any, handle: Any) -> int | None:
     """The one NUMA node NVML puts the GPU's memory affinity on (None: none, several, or unknown)."""
     try:
-        mask = nvml.nvmlDeviceGetMemoryAffinity(handle, 1, 0)  # NVML_AFFINITY_SCOPE_NODE
+        mask = nvml.nvmlDeviceGetMemoryAffinity(handle, 1, getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", 0))
     except (nvml.NVMLError, AttributeError):
         return None
     bits = [i for i in range(64) if int(mask[0]) >> i & 1]
