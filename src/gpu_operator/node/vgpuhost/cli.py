@@ -88,6 +88,12 @@ def vgpu_host_state(
             raise typer.BadParameter(
                 f"needs Kubernetes API access (in-cluster or KUBECONFIG): {err}"
             ) from None
+    from gpu_operator.vocabulary import VM_VGPU, WORKLOAD_CONFIG
+
+    workload = (view.node_metadata()[0] if view is not None else {}).get(WORKLOAD_CONFIG) or default_workload
+    if workload != VM_VGPU:  # before any wait: the sandbox validator runs this on passthrough nodes too
+        typer.echo(f"workload config is {workload}: no vGPU host state to keep")
+        return
     deadline = time.monotonic() + wait_driver
     while True:
         why, run_root, smi = _driver_ready(fs, driver_root)

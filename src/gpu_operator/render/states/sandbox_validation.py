@@ -6,6 +6,7 @@ from typing import Any
 
 from gpu_operator.render.objects import Ctx, container, env, find, mount, remove_containers
 from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
+from gpu_operator.render.states import _vgpu_host_state
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
     HOST_ROOT,
@@ -28,10 +29,15 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     inits = [validator_init(component, mounts=host) for component in ("cc-manager", *WORKLOAD_AWARE)]
     # the vGPU manager check runs nvidia-smi from the vGPU manager's driver root
     inits[2]["volumeMounts"] = [*host, mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer")]
+    restore = _vgpu_host_state.init_container(ctx, image)
+    volumes = [VALIDATIONS, HOST_ROOT, SYS, DRIVER_INSTALL_DIR]
+    if restore is not None:  # a vGPU host's VFs, types and MIG mode back before the vGPU manager check
+        inits.insert([c["name"] for c in inits].index("vgpu-manager-validation"), restore[0])
+        volumes.append(restore[1])
     main = container(NAME, command=["sh", "-c"], args=["echo all validations are successful; sleep infinity"],
                      mounts=[validations], privileged=True,
                      lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}})
-    return {"hostPID": True, "initContainers": inits, "containers": [main], "volumes": [VALIDATIONS, HOST_ROOT, SYS, DRIVER_INSTALL_DIR]}
+    return {"hostPID": True, "initContainers": inits, "containers": [main], "volumes": volumes}
 
 
 def _sandbox_validator(ds: dict[str, Any], ctx: Ctx) -> None:
@@ -55,7 +61,8 @@ OPERAND = Operand(
     gate=sandbox(),
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list"]),),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
+    # patch and events: the vGPU host-state init container records its result on its Node
+    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]), rule([""], ["events"], ["create"])),
     daemonset=DaemonSetDef(name=NAME, deploy="sandbox-validator", image=VALIDATOR, pod=_pod,
                            transforms=(_sandbox_validator,)),
 )
