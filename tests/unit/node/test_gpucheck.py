@@ -224,3 +224,23 @@ def test_writes_outside_the_status_directory_are_refused(tmp_path: Path) -> None
             write()
     assert fs.refused_writes == ["/etc/x", "/dev/char/1:2", "/run/gpu-check/other"]
     assert list((tmp_path / "root").iterdir()) == []
+
+
+def test_the_kernel_log_counts_xids_and_survives_what_it_cannot_parse(
+    build_host: BuildHost, tmp_path: Path
+) -> None:
+    kmsg = (
+        "6,100,5000,-;NVRM: Xid (PCI:0000:00:06): 79, pid=0, name=, GPU has fallen off the bus.\n"
+        " SUBSYSTEM=pci\n"
+        "no header at all; ;;, \x7f\n"
+        "4,101,5001,-;NVRM: Xid (PCI:0000:00:06): 13, pid=42, Graphics Exception\n"
+        "4,102,5002,-;NVRM: Xid (PCI:0000:00:06): 13, pid=42, Graphics Exception\n"
+        "9,x,y;NVRM: Xid (PCI:zzzz): notanumber\n"
+        "6,103,5003,-;an unfinished last record"
+    )
+    root = vm_host(build_host, files={"/dev/kmsg": kmsg})
+    step = run_check(str(root), tmp_path / "out").step("kernel log")
+    assert step.status == OK
+    assert step.details["source"] == "/dev/kmsg"
+    assert step.details["xids"] == {"13": 2, "79": 1} and step.details["xid_lines"] == 3
+    assert {f["code"] for f in step.details["findings"]} == {"xid-13", "xid-79"}
