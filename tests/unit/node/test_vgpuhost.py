@@ -4,6 +4,7 @@ the second time, never touches a VF a VM holds, and names the field of a type th
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import pytest
@@ -217,3 +218,16 @@ def test_on_a_gpu_that_keeps_mig_mode_it_takes_effect_at_the_reboot(build_host) 
     again = restore(fs, desired(fs, "mixed"), sim, sim)
     assert state_of(again) == "restored"
     assert [vf.current for vf in sysfs.read_pf(fs, "0000:c1:00.0").vfs][:3] == [1061] * 3
+
+
+def test_a_write_the_driver_refuses_fails_the_step_with_its_error(host) -> None:  # type: ignore[no-untyped-def]
+    fs, sim = host
+
+    class Refusing:
+        def write(self, path: str, value: str) -> None:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+
+    steps = restore(fs, desired(fs, "H100XM-20C"), Refusing(), sim)
+    types = [s for s in steps if s.step == "vgpu-types"]
+    assert [s.outcome for s in types] == ["failed", "failed"]
+    assert types[0].detail == "writing 1059 to 0000:41:00.4/nvidia/current_vgpu_type: Device or resource busy"

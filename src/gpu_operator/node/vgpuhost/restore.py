@@ -130,6 +130,15 @@ def _vfs(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> S
     )
 
 
+def _write(writer: SysfsWriter, vf: str, type_id: int) -> str | None:
+    """Write a VF's vGPU type (0 removes it); the driver's refusal, or None."""
+    try:
+        writer.write(f"{pci.PCI_DEVICES}/{vf}/nvidia/current_vgpu_type", str(type_id))
+    except OSError as err:
+        return f"writing {type_id} to {vf}/nvidia/current_vgpu_type: {err.strerror or err}"
+    return None
+
+
 def _types(
     gpu: GpuDesired, read: Callable[[], sysfs.PhysicalFunction], writer: SysfsWriter, known: dict[str, int]
 ) -> Step:
@@ -163,8 +172,9 @@ def _types(
         # Another layout is there: clear every vGPU of the GPU first, as the vGPU device manager does,
         # since what a VF may create depends on its siblings' types.
         for vf in pf.vfs:
-            if vf.current:
-                writer.write(f"{pci.PCI_DEVICES}/{vf.address}/nvidia/current_vgpu_type", "0")
+            error = _write(writer, vf.address, 0) if vf.current else None
+            if error:
+                return Step(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
         changed.append(f"cleared {sum(1 for vf in pf.vfs if vf.current)} vGPU(s) of another layout")
     for i, name in enumerate(gpu.vf_types):
         vf = read().vfs[i]  # a write changes what the other VFs may create: read afresh
@@ -192,9 +202,10 @@ def _types(
                 "known (no VF lists either id, no record has them): left as is"
             )
             continue
-        if vf.current != 0:
-            writer.write(f"{pci.PCI_DEVICES}/{vf.address}/nvidia/current_vgpu_type", "0")
-            vf = read().vfs[i]
+        error = _write(writer, vf.address, 0) if vf.current != 0 else None
+        if error:
+            return Step(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
+        vf = read().vfs[i]
         wanted = next((t for t in vf.creatable if t.short == name), None)
         if wanted is None:
             return Step(
@@ -206,7 +217,9 @@ def _types(
                 detail=f"{name} cannot be created on virtfn{i} {vf.address}; it can create: "
                 + (", ".join(t.short for t in vf.creatable) or "nothing"),
             )
-        writer.write(f"{pci.PCI_DEVICES}/{vf.address}/nvidia/current_vgpu_type", str(wanted.id))
+        error = _write(writer, vf.address, wanted.id)
+        if error:
+            return Step(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
         changed.append(f"virtfn{i}={name}")
     if skipped:
         return Step(gpu=gpu.address, step="vgpu-types", outcome="skipped", detail="; ".join(skipped))
