@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from gpu_operator.cli import app
 from gpu_operator.node.gpucheck.check import EXIT_DEFECTS, EXIT_NO_GPU, EXIT_OK, run_check
 from gpu_operator.node.gpucheck.compare import DEFECTS, MATCH, MISMATCH, MISSED
+from gpu_operator.node.gpucheck.compare import NA as NA_VERDICT
 from gpu_operator.node.gpucheck.overlay import CheckFS
 from gpu_operator.node.gpucheck.reference import ReferenceError, parse_smi_xml
 from gpu_operator.node.gpucheck.steps import DEFECT, FAILED, NA, OK
@@ -244,3 +245,15 @@ def test_the_kernel_log_counts_xids_and_survives_what_it_cannot_parse(
     assert step.details["source"] == "/dev/kmsg"
     assert step.details["xids"] == {"13": 2, "79": 1} and step.details["xid_lines"] == 3
     assert {f["code"] for f in step.details["findings"]} == {"xid-13", "xid-79"}
+
+
+def test_a_nvidia_smi_found_only_on_path_names_no_driver_root(build_host: BuildHost, tmp_path: Path) -> None:
+    root = vm_host(build_host, files={}, executables={})  # no driver files anywhere under the roots
+    deps = gpu_deps()
+    deps.which = lambda name: "/opt/driver/bin/nvidia-smi"
+    report = run_check(str(root), tmp_path / "out", deps=deps)
+    tools = report.step("nvidia tools").details
+    assert tools["nvidia_smi"] == {"path": "/opt/driver/bin/nvidia-smi", "root": "PATH"}
+    assert tools["driver_root"] is None
+    assert report.step("nvidia-smi -q -x").status == OK
+    assert rows(report)["driver root"]["verdict"] == NA_VERDICT

@@ -40,5 +40,5 @@ def gpu_check(
         raise typer.BadParameter(f"--host-root {host_root}: no such directory")
     report = run_check(host_root, out, search_dirs=tuple(search_path or ()))
     write_json(report)
-    render(report, Console(file=sys.stdout))
+    render(report, Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160))  # logs: wide rows
     raise typer.Exit(report.exit_code)

@@ -9,7 +9,7 @@ from typing import Any
 from gpu_operator.node.gpucheck.cudacheck import run_cuda_check
 from gpu_operator.node.gpucheck.reference import nvml_report, parse_smi_xml
 from gpu_operator.node.gpucheck.steps import Defect, State, Unavailable
-from gpu_operator.node.gpucheck.tools import Found, find_tools
+from gpu_operator.node.gpucheck.tools import ON_PATH, Found, find_tools
 from gpu_operator.node.pci import normalise_bus
 
 SMI_TIMEOUT = 120.0
@@ -30,7 +30,7 @@ def _real(state: State, found: Found) -> str | None:
 def tools_step(state: State) -> tuple[str, dict[str, Any]]:
     state.tools = tools = find_tools(state.fs)
     if state.live and tools.smi.path is None and (on_path := state.deps.which("nvidia-smi")):
-        tools.smi = Found(on_path, "PATH")
+        tools.smi = Found(on_path, ON_PATH)
     found = [
         f"{name} {f.path}"
         for name, f in (("nvidia-smi", tools.smi), ("libnvidia-ml", tools.nvml), ("libcuda", tools.cuda))

@@ -21,6 +21,7 @@ BIN_DIRS = (*ROOT_BIN_DIRS, "/usr/local/bin")
 LIB_DIRS = (*ROOT_LIB_DIRS, "/lib", "/usr/lib", "/usr/local/lib", "/usr/lib/wsl/lib")
 # the soname each library is asked for by (the loader's name); another file of it is a fallback
 SONAMES = {"nvml": "libnvidia-ml.so.1", "cuda": "libcuda.so.1"}
+ON_PATH = "PATH"  # the "root" of a nvidia-smi found only through $PATH
 
 
 @dataclass
@@ -43,8 +44,9 @@ class NvidiaTools:
 
     @property
     def driver_root(self) -> str | None:
-        """The root nvidia-smi was found under, else the one of the libraries."""
-        return self.smi.root or self.nvml.root or self.cuda.root
+        """The root nvidia-smi was found under, else the one of the libraries (a nvidia-smi found only
+        on PATH names no root)."""
+        return next((f.root for f in (self.smi, self.nvml, self.cuda) if f.root and f.root != ON_PATH), None)
 
     def as_dict(self) -> dict[str, object]:
         return {
