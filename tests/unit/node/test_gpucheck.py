@@ -39,8 +39,23 @@ USR_LOCAL_NVIDIA = {
 }
 
 
+# A KVM guest's CPU flags, and the GPU's configuration space read whole: no vendor capability, so our
+# guest probe calls it passed through (node/guest.py)
+GUEST_FILES = {
+    "/proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme de pse msr hypervisor\n",
+    f"/sys/bus/pci/devices/{VM_GPU['address']}/config": "\0" * 256,
+}
+
+
 def vm_host(build_host: BuildHost, **changes: Any) -> Path:
-    spec = {"devices": [VM_GPU], "pci_drivers": ["nvidia"], "driver_version": "580.159.04", **changes}
+    files = {**GUEST_FILES, **changes.pop("files", {})}
+    spec = {
+        "devices": [VM_GPU],
+        "pci_drivers": ["nvidia"],
+        "driver_version": "580.159.04",
+        "files": files,
+        **changes,
+    }
     return build_host("h100-nvidia-bound", **spec).fs.root
 
 
@@ -137,6 +152,8 @@ def test_a_vm_whose_agents_agree_with_nvidia(build_host: BuildHost, tmp_path: Pa
     assert facts["0000:00:06.0 PCI ids"]["verdict"] == MATCH
     assert facts["driver version"]["verdict"] == MATCH
     assert facts["0000:00:06.0 NUMA node"]["verdict"] == MATCH
+    assert facts["0000:00:06.0 virtualization"]["ours"] == "passthrough"
+    assert facts["0000:00:06.0 virtualization"]["verdict"] == MATCH
     assert report.step("CUDA driver API").details["elements_checked"] == 1024
 
 
@@ -257,3 +274,11 @@ def test_a_nvidia_smi_found_only_on_path_names_no_driver_root(build_host: BuildH
     assert tools["driver_root"] is None
     assert report.step("nvidia-smi -q -x").status == OK
     assert rows(report)["driver root"]["verdict"] == NA_VERDICT
+
+
+def test_a_guest_our_probe_takes_for_bare_metal_is_a_defect(build_host: BuildHost, tmp_path: Path) -> None:
+    root = vm_host(build_host, files={"/proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme\n"})
+    report = run_check(str(root), tmp_path / "out", deps=gpu_deps())
+    row = rows(report)["0000:00:06.0 virtualization"]
+    assert (row["ours"], row["nvidia_smi"], row["verdict"]) == ("bare metal", "Pass-Through", MISMATCH)
+    assert report.exit_code == EXIT_DEFECTS

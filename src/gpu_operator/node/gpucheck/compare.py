@@ -109,16 +109,7 @@ def compare(
                 f"{bus} MIG mode", "not probed", _mig(s), _mig(n), NOT_PROBED, "doctor asks nvidia-smi for it"
             )
         )
-        rows.append(
-            Row(
-                f"{bus} virtualization",
-                f"IOMMU {'on' if report.iommu.enabled else 'off'} ({report.iommu.groups} groups)",
-                _show(s.virtualization if s else None),
-                _show(n.virtualization if n else None),
-                INFO,
-                "our probe reports the IOMMU, not the mode",
-            )
-        )
+        rows.append(_virtualization(report, bus, s, n))
     driver = report.driver
     rows.append(
         _row(
@@ -177,6 +168,43 @@ def compare(
         )
     )
     return rows
+
+
+# nvidia-smi's and NVML's virtualization modes in our guest probe's words (node/guest.py); a vGPU
+# host's own GPUs are not a guest's
+_NVIDIA_MODE = {
+    "None": "bare metal",
+    "Pass-Through": "passthrough",
+    "VGPU": "vgpu",
+    "Host VGPU": "bare metal",
+    "Host VSGA": "bare metal",
+}
+
+
+def _virtualization(report: HostReport, bus: str, smi: Any, nvml: Any) -> Row:
+    """Our guest probe's kind of GPU (bare metal, passthrough, vgpu) against NVIDIA's virtualization mode."""
+    guest = report.guest
+    ours = (
+        next((g.kind for g in guest.gpus if g.address == bus), "unknown") if guest.is_guest else "bare metal"
+    )
+    theirs = [
+        _NVIDIA_MODE.get(g.virtualization, g.virtualization) for g in (smi, nvml) if g and g.virtualization
+    ]
+    row = Row(
+        f"{bus} virtualization",
+        ours,
+        _show(smi.virtualization if smi else None),
+        _show(nvml.virtualization if nvml else None),
+        verdict(ours, list(theirs)),
+        f"ours: node/guest.py ({'; '.join(guest.evidence()) or 'no hypervisor flag, no VM DMI'}); "
+        f"IOMMU {'on' if report.iommu.enabled else 'off'}",
+    )
+    if ours == "unknown" and theirs:
+        row.verdict, row.note = (
+            INFO,
+            "our probe could not read the GPU's whole PCI configuration space (unprivileged)",
+        )
+    return row
 
 
 def _yes(gpu: Any, report: RefReport | None) -> str | None:
