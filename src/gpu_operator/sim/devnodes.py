@@ -8,6 +8,10 @@ libnvidia-container and the device plugin address them):
 - /dev/nvidia-uvm, /dev/nvidia-uvm-tools  UVM_MAJOR:0 and :1 (module nvidia_uvm; its major is
   dynamic on a host, listed in /proc/devices; a tree uses UVM_MAJOR)
 
+And VFIO's, for devices bound to vfio-pci (the kernel's drivers/vfio/group.c): /dev/vfio/vfio
+(the container, misc 10:196) and one /dev/vfio/<IOMMU group> per group whose devices are on a VFIO
+driver (its major is dynamic on a host; a tree uses VFIO_MAJOR, minors in group order).
+
 They are real character devices (mknod) when this process may create them (root with CAP_MKNOD,
 as the tests and the real node run). Where mknod is refused, the stand-in is a regular file whose
 text is `char MAJOR:MINOR`; `char_device` reads either, so the `nvidia` runtime handler treats
@@ -25,6 +29,8 @@ NVIDIA_MAJOR = 195
 CTL_MINOR = 255
 MODESET_MINOR = 254
 UVM_MAJOR = 510
+VFIO_MAJOR = 509
+VFIO_CONTAINER = (10, 196)
 _STAND_IN = "char "
 
 
@@ -68,6 +74,15 @@ def driver_nodes(modules: set[str], gpu_minors: list[int]) -> dict[str, tuple[in
     if "nvidia_uvm" in modules:
         nodes["/dev/nvidia-uvm"] = (UVM_MAJOR, 0)
         nodes["/dev/nvidia-uvm-tools"] = (UVM_MAJOR, 1)
+    return nodes
+
+
+def vfio_nodes(groups: list[int]) -> dict[str, tuple[int, int]]:
+    """The device nodes VFIO creates for devices on vfio-pci in IOMMU groups `groups`."""
+    if not groups:
+        return {}
+    nodes = {"/dev/vfio/vfio": VFIO_CONTAINER}
+    nodes.update({f"/dev/vfio/{group}": (VFIO_MAJOR, minor) for minor, group in enumerate(sorted(set(groups)))})
     return nodes
 
 

@@ -215,6 +215,9 @@ def build(spec: dict[str, Any], root: str | os.PathLike[str]) -> HostFS:
         for path, (major, minor) in devnodes.driver_nodes(loaded, list(range(len(nvidia)))).items():
             devnodes.make_char(fs.resolve(path), major, minor)
         fs.write_text("/proc/devices", devnodes.proc_devices(loaded))
+    vfio_groups = [f.group for f in functions if f.driver == "vfio-pci" and f.group is not None]
+    for path, (major, minor) in devnodes.vfio_nodes(vfio_groups).items():  # VFIO's group devices
+        devnodes.make_char(fs.resolve(path), major, minor)
     for path, content in (spec.get("files") or {}).items():
         fs.write_text(path, str(content))
     for path, content in (spec.get("executables") or {}).items():

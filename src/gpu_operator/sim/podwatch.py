@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
@@ -38,6 +39,18 @@ def _seconds(value: Any) -> int:
     return int(value.timestamp())
 
 
+def _devices(spec: Any) -> tuple[tuple[str, str, int], ...]:
+    """(container, resource, count) of the extended resources the containers' limits ask for (the
+    kubelet allocates a device plugin's resource by its limit, which the request must equal)."""
+    found = []
+    for container in (spec.containers if spec else None) or []:
+        limits = (container.resources.limits if container.resources else None) or {}
+        for name, value in sorted(limits.items()):
+            if "/" in name and str(value).isdigit():
+                found.append((str(container.name), str(name), int(str(value))))
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class PodView:
     """What the stand-ins read of a component's pod."""
@@ -57,9 +70,13 @@ class PodView:
     # every container's ConfigMap volume mounts: (container, mountPath, the ConfigMap's name)
     configmaps: tuple[tuple[str, str, str], ...] = ()
     argv: tuple[str, ...] = ()  # its first container's command + args
+    # extended resources its containers ask for (a name with a "/"): (container, resource, count)
+    devices: tuple[tuple[str, str, int], ...] = ()
+    terminated: bool = False  # phase Succeeded or Failed, or being deleted: it holds no device
 
     @classmethod
-    def of(cls, pod: Any) -> PodView:
+    def of(cls, pod: Any, label: str = "app") -> PodView:
+        """The pod's view; `app` is the value of its `label` (the component's pod label)."""
         meta, spec, status = pod.metadata, pod.spec, pod.status
         owner = next((r for r in meta.ownerReferences or [] if r.kind == "DaemonSet"), None)
         env: dict[str, str] = {}
@@ -74,7 +91,7 @@ class PodView:
                        if m.name in hosts)
         return cls(
             namespace=str(meta.namespace), name=str(meta.name), uid=str(meta.uid or ""),
-            app=str((meta.labels or {}).get("app", "")), node=str((spec.nodeName if spec else None) or ""),
+            app=str((meta.labels or {}).get(label, "")), node=str((spec.nodeName if spec else None) or ""),
             running=status is not None and status.phase == "Running" and meta.deletionTimestamp is None,
             started=_seconds((status.startTime if status else None) or meta.creationTimestamp),
             daemonset=None if owner is None else {"apiVersion": owner.apiVersion, "kind": owner.kind,
@@ -82,6 +99,8 @@ class PodView:
             env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []),
             host_mounts=mounts,
             argv=tuple(str(a) for a in [*((first.command or []) if first else []), *((first.args or []) if first else [])]),
+            devices=_devices(spec),
+            terminated=meta.deletionTimestamp is not None or (status is not None and status.phase in ("Succeeded", "Failed")),
             configmaps=tuple((str(c.name), m.mountPath, str(maps[m.name]))
                              for c in (spec.containers if spec else None) or []
                              for m in c.volumeMounts or [] if m.name in maps))
@@ -120,9 +139,11 @@ class Player(Protocol):
     """One component's stand-in: `sync` is called with the component's pods on a node (any
     phase) whenever they change; it returns seconds after which to be called again, or None.
     A player with an `attach(wake)` method is given `wake(node)`, which has `sync` called for that
-    node soon (a change it learnt of elsewhere, e.g. the node's host tree)."""
+    node soon (a change it learnt of elsewhere, e.g. the node's host tree). A player whose
+    component's pods are not labelled app=<app> names its label key in `pod_label` (KubeVirt's:
+    kubevirt.io=virt-handler)."""
 
-    app: str  # the component's pod label app=<app>
+    app: str  # the component's pod label app=<app> (or <pod_label>=<app>)
     field_manager: str
 
     async def start(self, client: AsyncClient) -> None: ...
@@ -271,8 +292,12 @@ class NodeStandIns:
         self.by_node: dict[tuple[str, str], dict[tuple[str, str], PodView]] = {}
         self.nodes: dict[str, NodeView | None] = {}
         self.queue = WorkQueue(self.handle, concurrency, "stand-in")
-        self.pods = Reflector(client, Pod, {"app": in_(sorted(self.players))}, PodView.of, self.changed,
-                              "component pods")
+        keys: dict[str, list[str]] = {}  # pod label key -> the components' values
+        for player in players:
+            keys.setdefault(getattr(player, "pod_label", "app"), []).append(player.app)
+        self.watches = [Reflector(client, Pod, {key: in_(sorted(apps))}, functools.partial(PodView.of, label=key),
+                                  self.changed, "component pods" if key == "app" else f"{key} pods")
+                        for key, apps in sorted(keys.items())]
 
     def changed(self, old: PodView | None, new: PodView | None) -> None:
         for pod, present in ((old, False), (new, True)):
@@ -316,13 +341,14 @@ class NodeStandIns:
             if attach is not None:
                 attach(self.waker(player.app))
             await player.start(self.client)
-        pods = asyncio.create_task(self.pods.run(), name="pods")
-        await run_together([pods, asyncio.create_task(self._work(), name="stand-in-workers")])
+        pods = [asyncio.create_task(watch.run(), name=watch.what) for watch in self.watches]
+        await run_together([*pods, asyncio.create_task(self._work(), name="stand-in-workers")])
 
     async def _work(self) -> None:
         """The workers, once the pods are listed: a node a player asked for at its start (or a host
         change announced early) is looked at with its pods known, not as a node without them."""
-        await self.pods.synced.wait()
+        for watch in self.watches:
+            await watch.synced.wait()
         await run_together(self.queue.tasks())
 
 

@@ -15,6 +15,9 @@ terminating), and only through the channel that component uses:
 - NVIDIA's container toolkit (`sim/toolkitconfig.py`, given the nodes' host trees), on nodes of a
   distribution's shape (k3s, RKE2, MicroK8s, k0s): the nvidia runtime in the containerd config its
   DaemonSet's env and hostPath mounts point at, in the node's own host tree;
+- KubeVirt's virt-handler as a device plugin (`sim/virthandler.py`, given the nodes' host trees):
+  the PCI host devices its KubeVirt CR permits, on vfio-pci, in the Node's capacity and
+  allocatable; the kubelet's allocation of them to the VMs' pods (virt-launcher), in its checkpoint;
 - optionally NFD's master (`sim/nfdmaster.py`), for clusters whose user runs NFD: NodeFeature
   labels onto the Node. Never on by default (`sim up --nfd`).
 
@@ -38,6 +41,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 
+from gpu_operator.sim import virthandler
 from gpu_operator.sim.draplugin import SlicePublisher
 from gpu_operator.sim.gfd import FeatureDiscovery
 from gpu_operator.sim.kubeletdp import DevicePluginCapacity
@@ -61,6 +65,7 @@ def default_players(grace_period: float | None = None, hosts: Path | None = None
                              SlicePublisher(hosts=hosts, mig=mig), MigManager(mig)]
     if hosts is not None:  # the container toolkit's writes on the hosts of a distribution's nodes
         players += [ToolkitStandIn(app, hosts) for app in toolkit_apps()]
+        players += virthandler.players(hosts)  # KubeVirt's device plugin where virt-handler runs
     return players
 
 
