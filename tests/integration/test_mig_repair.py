@@ -4,7 +4,9 @@ a 20 s MIG change budget, retries after 5 s) deploys the MIG manager, whose stan
 clients paused); past the budget the operator restores the paused deploy labels, says why in the
 node's NvidiaMIGReady condition (the client that did not stop) and Events, and retries by restarting
 the MIG manager pod; once the pod goes the change completes. A mig.config the layouts ConfigMap does
-not have is reported with the valid names, and `doctor --node` reads the node's MIG state."""
+not have is reported with the valid names, and `doctor --node` reads the node's MIG state. A change
+while a user's GPU pod runs fails (the GPUs are in use), is reported naming the pod, is retried and
+completes once the pod is gone."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
+from gpu_operator.controllers import mig_rules
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from tests.integration.test_sim_mig import DEVICE_PLUGIN, MIG_CONFIG, STATE, History
@@ -154,3 +157,50 @@ def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_comple
     found = {f["code"]: f for f in json.loads(done.stdout)["findings"]}
     assert found["mig-node-state"]["summary"] == "MIG config all-9g.99gb: failed"
     assert found["mig-change-failed"]["severity"] == "warning"
+
+
+def test_a_mig_change_while_a_gpu_pod_runs_is_blocked_reported_and_completes_when_the_pod_goes(
+        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
+        cluster_policies: Callable[..., str], namespace: str, node_history: Callable[[str], History]) -> None:
+    node = fake_nodes("dgx-h100:1")[0]
+    seen = node_history(node)
+    operator = start_operator(extra_args=["--mig-change-budget=20", "--mig-retry-after=5"])
+    cluster_policies({"mig": {"strategy": "single"}, "migManager": {"config": {"default": "all-disabled"}}})
+
+    def facts() -> tuple[dict[str, str], dict[str, str], tuple[str, str, str] | None]:
+        return node_facts(kube, node)
+
+    def capacity() -> dict[str, str]:
+        status = kube.get(Node, node).status
+        return {k: str(v) for k, v in ((status.allocatable if status else None) or {}).items()}
+
+    wait_for("all-disabled applied", facts, timeout=180, context=operator.log_text,
+             until=lambda f: f[2] is not None and f[2][1] == "MIGConfigApplied")
+    wait_for("the 8 GPUs advertised", capacity, timeout=120, context=operator.log_text,
+             until=lambda c: c.get("nvidia.com/gpu") == "8")
+    create(kube, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": namespace},
+                  "spec": {"nodeName": node, "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda",
+                                                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    wait_for("the GPU pod running", lambda: kube.get(Pod, "train", namespace=namespace).status, timeout=60,
+             until=lambda st: st is not None and st.phase == "Running")
+
+    mark = len(seen.seen)
+    kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.10gb"}}})
+    why = mig_rules.failed_message(mig_rules.Facts(node, "all-1g.10gb", "failed", (), mig_rules.Manager.RUNNING,
+                                                   holders=(f"{namespace}/train",)))
+    labels, _, cond = wait_for("the change refused while the pod holds a GPU, reported naming it", facts, timeout=90,
+                               context=operator.log_text, until=lambda f: f[2] == ("False", "MIGConfigFailed", why))
+    steps = seen.since(mark)
+    assert ("pending", PAUSED) in steps and ("failed", "true") in steps, steps  # paused, then clients restored
+    assert capacity().get("nvidia.com/gpu") == "8"  # the old layout still serves
+    node_events = [e.message for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
+                   if e.reason == "MIGChange" and e.type == "Warning"]
+    assert f"MIGConfigFailed: {why}" in node_events
+
+    kube.delete(Pod, "train", namespace=namespace, grace_period=0)
+    labels, notes, cond = wait_for(
+        "the retried change applied once the pod went", facts, timeout=120, context=operator.log_text,
+        until=lambda f: f[0].get(STATE) == "success" and f[2] is not None and f[2][1] == "MIGConfigApplied")
+    assert cond == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied") and labels[DEVICE_PLUGIN] == "true"
+    wait_for("the MIG devices advertised", capacity, timeout=60, context=operator.log_text,
+             until=lambda c: c.get("nvidia.com/gpu") == "56")

@@ -80,6 +80,7 @@ class Facts:
     valid: tuple[str, ...] | None = None  # the layouts ConfigMap's config names; None: unknown
     layouts: str = ""  # that ConfigMap's name
     clients: tuple[str, ...] = ()  # GPU client pods still on the node (namespace/name)
+    holders: tuple[str, ...] = ()  # other pods on the node given GPUs (namespace/name): they hold the GPUs
 
     @property
     def in_change(self) -> bool:
@@ -163,6 +164,18 @@ def stuck_message(f: Facts, budget: float) -> tuple[str, str]:
                        "the paused GPU clients are restored and the change is retried")
 
 
+def failed_message(f: Facts) -> str:
+    """Why a change failed, as far as the operator can tell: pods holding the GPUs (the driver refuses
+    to reset a GPU, or destroy an instance, a process uses), else the MIG manager's log says."""
+    head = f"the MIG manager could not apply MIG config {f.config!r}"
+    tail = "the GPU clients run on the previous layout and the change is retried"
+    if f.holders:
+        return (f"{head}: pods on the node hold its GPUs: {', '.join(f.holders)} (the driver refuses a GPU reset "
+                f"or an instance's removal while a process uses it; the change completes once they are gone); {tail}")
+    return (f"{head}: a layout these GPUs refuse, or a MIG mode change that needs a GPU reset or reboot (reset or "
+            f"reboot required; its log says which); {tail}")
+
+
 def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
     """What the node's MIG change is, and what to write about it."""
     if f.config is None and f.state is None and not f.paused:
@@ -199,11 +212,7 @@ def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
     if f.state == FAILED:
         notes = {k: None for k in (MIG_PENDING_SINCE, MIG_RESTORE) if (
             f.pending_since if k == MIG_PENDING_SINCE else f.restore) is not None}
-        return _retry(Decision(
-            Kind.FAILED, "False", MIG_FAILED,
-            f"the MIG manager could not apply MIG config {f.config!r}: a layout these GPUs refuse, or a MIG "
-            "mode change that needs a GPU reset or reboot (reset or reboot required; its log says which); "
-            "the GPU clients run on the previous layout and the change is retried", notes), f, now, backoff)
+        return _retry(Decision(Kind.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff)
     return Decision(Kind.NOT_STARTED, "Unknown", MIG_NOT_STARTED,
                     f"MIG config {f.config!r} not yet acted on by the MIG manager (state {f.state or 'unset'})",
                     _clear(f))

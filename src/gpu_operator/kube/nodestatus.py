@@ -23,23 +23,30 @@ def _status_path(node: str) -> str:
     return collection_path("", "v1", "nodes", name=urllib.parse.quote(node)) + "/status"
 
 
-async def _patch_conditions(kube: Kube, node: str, item: dict[str, Any], *, missing_ok: bool) -> None:
+async def _patch_conditions(kube: Kube, node: str, item: dict[str, Any], *, missing_ok: bool,
+                            annotations: dict[str, str | None] | None = None) -> None:
     kube.write("patch", "Node/status")
-    body = json.dumps({"status": {"conditions": [item]}})
+    patch: dict[str, Any] = {"status": {"conditions": [item]}}
+    if annotations:
+        # the Node's status strategy keeps only the spec as it was: metadata merges through /status
+        # too, so a condition and the annotations that go with it are one write
+        patch["metadata"] = {"annotations": annotations}
+    body = json.dumps(patch)
     response = await kube.http.patch(_status_path(node), content=body, headers={"Content-Type": SMP})
     if not (missing_ok and response.status_code == 404):
         response.raise_for_status()
 
 
 async def set_condition(kube: Kube, node: str, kind: str, status: str, reason: str, message: str, *,
-                        moved: bool) -> None:
+                        moved: bool, annotations: dict[str, str | None] | None = None) -> None:
     """Set the condition of type `kind` of a Node (merged by type: the others are left as they
-    are): its heartbeat now, and its transition time too where `moved` (its status changed)."""
+    are): its heartbeat now, and its transition time too where `moved` (its status changed);
+    `annotations` (None: remove) in the same request."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     item = {"type": kind, "status": status, "reason": reason, "message": message, "lastHeartbeatTime": now}
     if moved:
         item["lastTransitionTime"] = now
-    await _patch_conditions(kube, node, item, missing_ok=False)
+    await _patch_conditions(kube, node, item, missing_ok=False, annotations=annotations)
 
 
 async def delete_condition(kube: Kube, node: str, kind: str) -> None:

@@ -23,8 +23,13 @@ Facts (NVIDIA/mig-parted v0.15.0, the version the operator deploys; read for fac
   restores the labels with the state.
 
 Played: all of the above with the rendered config file (CONFIG_FILE, else DEFAULT_CONFIG_FILE: the
-rendered default lists the same layouts for our H100 as the generated one would); the GPU reset
-always succeeds (a kwok node never reboots). Not played: the generated config and its ConfigMap,
+rendered default lists the same layouts for our H100 as the generated one would). A GPU in use
+refuses the change: `nvidia-mig-parted apply` (cmd/nvidia-mig-parted/apply/mode.go) resets all GPUs
+after a MIG mode change, and the driver refuses a reset, and the destruction of an instance, while a
+process holds the GPU; the manager then writes `failed` with its clients restored. On a kwok node
+the GPUs' processes are the containers of its running pods that were given GPUs (a request of
+nvidia.com/gpu* or nvidia.com/mig-*): which GPU each holds is not known here, so any such pod
+refuses any change of layout. Otherwise the reset succeeds (a kwok node never reboots). Not played: the generated config and its ConfigMap,
 host GPU clients (systemd), pods selected by gpu.deploy.client, CDI spec generation.
 """
 
@@ -61,6 +66,7 @@ CLIENT_APPS = ("nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidi
 VALIDATOR_APPS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
 OPERATOR_VALIDATOR = "nvidia-operator-validator"
 WAIT_TIMEOUT = 300.0
+GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
 def paused(value: str | None) -> str:
@@ -97,6 +103,16 @@ def config_source(pod: dict[str, Any]) -> tuple[str, str]:
         key = next((i["key"] for i in cm.get("items") or [] if i["path"] == rel), None)
         return cm["name"], key or rel
     raise migparted.ConfigError(f"the MIG manager's config {path} comes from no ConfigMap volume of its pod")
+
+
+def holds_gpus(pod: Pod) -> bool:
+    """A container requests or limits a GPU resource of the device plugin (nvidia.com/gpu*, nvidia.com/mig-*)."""
+    for container in (pod.spec.containers if pod.spec else None) or []:
+        res = container.resources
+        for section in ((res.requests, res.limits) if res else ()):
+            if any(name.startswith(GPU_RESOURCES) for name in section or {}):
+                return True
+    return False
 
 
 def _labels(node: Node) -> dict[str, str]:
@@ -205,7 +221,11 @@ class MigManager:
         await self._wait_clients_gone(client, node, pod.namespace)
         for app in VALIDATOR_APPS:
             await self._delete_pods(client, node, pod.namespace, app)
+        holders = await self._gpu_pods(client, node)
         try:
+            if holders:
+                raise LayoutError(f"the GPUs are in use by another client ({', '.join(holders)}): the driver refuses "
+                                  "the reset of a MIG mode change and the destruction of an instance in use")
             result = migparted.apply(entries, gpus)  # a MIG mode change: a GPU reset, which works here
         except LayoutError as err:
             await state("failed", str(err))
@@ -220,6 +240,14 @@ class MigManager:
     async def _pods(self, client: AsyncClient, node: str, namespace: str, app: str) -> list[Pod]:
         return [p async for p in client.list(Pod, namespace=namespace, labels={"app": app},
                                              fields={"spec.nodeName": node})]
+
+    async def _gpu_pods(self, client: AsyncClient, node: str) -> list[str]:
+        """The node's running pods given GPUs by the kubelet (their processes hold the GPUs), namespace/name;
+        not those being deleted (the validator pods it just deleted: finished, holding nothing)."""
+        found = [f"{meta.namespace}/{meta.name}" async for p in client.list(
+            Pod, namespace="*", fields={"spec.nodeName": node, "status.phase": "Running"})
+            if (meta := p.metadata) is not None and not meta.deletionTimestamp and holds_gpus(p)]
+        return sorted(found)
 
     async def _wait_clients_gone(self, client: AsyncClient, node: str, namespace: str) -> None:
         loop = asyncio.get_running_loop()

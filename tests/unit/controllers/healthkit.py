@@ -79,7 +79,15 @@ class FakeKube:
         if name not in self.nodes:
             return httpx2.Response(404, json={})
         conditions = self.nodes[name]["status"]["conditions"]
-        for cond in json.loads(request.content)["status"]["conditions"]:
+        body = json.loads(request.content)
+        # metadata merges through /status as the apiserver's Node status strategy lets it
+        notes = self.nodes[name]["metadata"].setdefault("annotations", {})
+        for key, value in ((body.get("metadata") or {}).get("annotations") or {}).items():
+            if value is None:
+                notes.pop(key, None)
+            else:
+                notes[key] = value
+        for cond in body["status"]["conditions"]:
             self.calls.append(("patch-status", name, cond["type"], cond.get("$patch", cond.get("status", ""))))
             conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + (
                 [] if cond.get("$patch") == "delete" else [cond])

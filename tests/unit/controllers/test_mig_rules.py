@@ -187,3 +187,12 @@ def test_paused_labels_and_the_restore_order() -> None:
                                                ("x y", (0, None)), ("3", (0, None))])
 def test_parse_retry(value: str | None, parsed: tuple[int, float | None]) -> None:
     assert mr.parse_retry(value) == parsed
+
+
+def test_failed_with_pods_holding_the_gpus_names_them() -> None:
+    d = decide(facts(state="failed", valid=("all-1g.10gb",), holders=("team-a/train-0", "team-b/infer-1")))
+    assert (d.kind, d.reason) == (mr.Kind.FAILED, MIG_FAILED)
+    assert d.message == (
+        "the MIG manager could not apply MIG config 'all-1g.10gb': pods on the node hold its GPUs: team-a/train-0, "
+        "team-b/infer-1 (the driver refuses a GPU reset or an instance's removal while a process uses it; the change "
+        "completes once they are gone); the GPU clients run on the previous layout and the change is retried")

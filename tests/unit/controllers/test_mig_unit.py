@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
@@ -152,9 +153,11 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     kube.add_pod("nvidia-dcgm-stuck", "n1", gpu=False, labels={"app": "nvidia-dcgm"}, namespace=NS)
     unit = make(kube, clock=clock)
 
-    # in progress: first seen now, one annotation, one condition, no Event (nothing to act on yet)
+    # in progress: first seen now, one annotation, one condition, in one request (nodes/status takes
+    # metadata too), no Event (nothing to act on yet)
     report = run_pass(unit, kube)
     assert ours(kube) == {MIG_PENDING_SINCE: f"{int(clock.now)} all-1g.10gb"}
+    assert [c[0] for c in kube.writes()] == ["patch-status"]
     assert condition(kube) is not None and condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
     assert kube.events == []
     assert report.requeue == SETTINGS.mig_poll  # looked at again within the poll (the budget is later)
@@ -200,9 +203,11 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
 
     # the client went, the change completed: applied, our memory gone
     kube.nodes["n1"]["metadata"]["labels"].update({MIG_CONFIG_STATE: "success", DP: "true", GFD: "true"})
+    writes = len(kube.writes())
     run_pass(unit, kube)
     assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
     assert ours(kube) == {}
+    assert [c[0] for c in kube.writes()[writes:]] == ["patch-status"]  # the condition and the clear: one request
     assert len([c for c in kube.writes() if c[0] == "delete"]) == 1
 
 
@@ -296,3 +301,19 @@ def test_a_restarted_operator_resumes_from_the_node_without_writing_again() -> N
     clock.now += 60
     run_pass(second, kube)
     assert [c for c in kube.writes()[writes:] if c[0] == "delete"] == [("delete", f"{NS}/mig-manager-n1")]
+
+
+def test_a_failed_change_names_the_running_pods_given_gpus_of_any_namespace() -> None:
+    kube = Kube()
+    mig_node(kube, **{MIG_CONFIG_STATE: "failed"})
+    kube.add_pod("train-0", "n1", namespace="team-a")  # given a GPU, running: holds it
+    kube.add_pod("web-0", "n1", gpu=False, namespace="team-a")  # no GPU: not named
+    kube.add_pod("nvidia-dcgm-x", "n1", gpu=False, labels={"app": "nvidia-dcgm"}, namespace="elsewhere")
+    kube.configmaps["default-mig-parted-config"] = {"data": {"config.yaml": default_mig_config()}}
+    run_pass(make(kube), kube)
+    status, reason, message = condition(kube) or ("", "", "")
+    assert (status, reason) == ("False", "MIGConfigFailed")
+    # the one running holder named (not the pod without a GPU, nor a client-like pod of another namespace)
+    expected = mr.failed_message(mr.Facts("n1", "all-1g.10gb", "failed", (), mr.Manager.RUNNING,
+                                          holders=("team-a/train-0",)))
+    assert message == expected

@@ -8,9 +8,9 @@ the deploy labels' one writer, carries out the restore order), and restarts the 
 pod to retry a stuck or failed change (the MIG manager's watch reacts only to a change of
 `nvidia.com/mig.config` or its own start). A node already as decided costs no write.
 
-Reads besides the read model, only for nodes in or after a change: the pods on the node in the
-operator's namespace (its MIG manager, the GPU clients that did not stop; not watched: kopf's pod
-watch is selected to driver pods), and the layouts ConfigMap where a config may be invalid. While a
+Reads besides the read model, only for nodes in or after a change: the pods on the node (its MIG
+manager and the GPU clients that did not stop, in the operator's namespace; after a failed change,
+the pods given GPUs that hold them; not watched: kopf's pod watch is selected to driver pods), and the layouts ConfigMap where a config may be invalid. While a
 node is in a change the unit looks again every `mig_poll` seconds, and at the budget's and the
 retry's deadlines.
 """
@@ -28,6 +28,7 @@ import yaml
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.gpuholders import requests_gpu
 from gpu_operator.controllers.loop import (
     Event,
     Kind,
@@ -174,16 +175,19 @@ class MIGUnit(UnitBase):
             view.name, config, state, mr.paused_labels(labels), self._manager(view, policy, pods),
             pending_since=since, pending_config=since_config, restore=notes.get(MIG_RESTORE),
             attempts=attempts, retry_from=retry_from, valid=valid, layouts=layout_name,
-            clients=self._clients(pods))
+            clients=self._clients(pods), holders=self._holders(pods) if state == mr.FAILED else ())
         decision = mr.decide(facts, now, self.settings.mig_change_budget, self.settings.mig_retry_backoff)
         if decision.kind in (mr.Kind.IN_PROGRESS, mr.Kind.STUCK, mr.Kind.FAILED):
             self._active.add(view.name)
         else:
             self._active.discard(view.name)
-        if decision.notes:
+        if decision.notes and (decision.condition is None or decision.condition == view.mig_condition):
             await self.kube.merge_patch("v1", "Node", view.name, {"metadata": {"annotations": decision.notes}})
             report.notes += 1
-        await self._condition(view, decision, report)
+            await self._condition(view, decision, report)
+        else:  # the annotations go with the condition's write: one request
+            await self._condition(view, decision, report, notes=decision.notes)
+            report.notes += bool(decision.notes)
         if decision.retry:
             await self._restart_manager(view.name, pods or [])
             report.retries += 1
@@ -192,11 +196,21 @@ class MIGUnit(UnitBase):
     # -- reads
 
     async def _pods(self, node: str) -> list[dict[str, Any]]:
-        return await self.kube.list_pods(self.model.namespace, fields=f"spec.nodeName={node}")
+        """The pods on the node, every namespace's: ours (the MIG manager, the GPU clients) and those
+        given GPUs, which hold them."""
+        return await self.kube.list_pods(None, fields=f"spec.nodeName={node}")
+
+    def _app(self, pod: dict[str, Any]) -> str:
+        """The app label of a pod in the operator's namespace ("" for any other pod)."""
+        meta = pod.get("metadata") or {}
+        return str((meta.get("labels") or {}).get("app", "")) if meta.get("namespace") == self.model.namespace else ""
 
     @staticmethod
-    def _app(pod: dict[str, Any]) -> str:
-        return str(((pod.get("metadata") or {}).get("labels") or {}).get("app", ""))
+    def _holders(pods: list[dict[str, Any]] | None) -> tuple[str, ...]:
+        """Running pods given GPUs (not being deleted), namespace/name: a MIG change waits for them."""
+        return tuple(sorted(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}" for p in pods or ()
+                            if requests_gpu(p) and (p.get("status") or {}).get("phase") == "Running"
+                            and not p["metadata"].get("deletionTimestamp")))
 
     def _manager(self, view: NodeView, policy: ClusterPolicy, pods: list[dict[str, Any]] | None) -> mr.Manager:
         if pods is not None and any(self._app(p) == MIG_MANAGER_APP and not p["metadata"].get("deletionTimestamp")
@@ -228,7 +242,8 @@ class MIGUnit(UnitBase):
 
     # -- writes
 
-    async def _condition(self, view: NodeView, d: mr.Decision, report: PassReport) -> None:
+    async def _condition(self, view: NodeView, d: mr.Decision, report: PassReport,
+                         notes: dict[str, str | None] | None = None) -> None:
         want = d.condition
         have = view.mig_condition
         if want == have:
@@ -239,7 +254,7 @@ class MIGUnit(UnitBase):
             return
         status, reason, message = want
         await nodestatus.set_condition(self.kube, view.name, MIG_CONDITION, status, reason, message,
-                                       moved=have is None or have[0] != status)
+                                       moved=have is None or have[0] != status, annotations=notes)
         report.conditions += 1
         if have is None or have[1] != reason:
             log.info("node %s: %s: %s", view.name, reason, message)
