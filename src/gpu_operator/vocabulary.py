@@ -191,6 +191,9 @@ MIG_STUCK = "MIGChangeStuck"
 MIG_MANAGER_GONE = "MIGManagerGone"
 MIG_FAILED = "MIGConfigFailed"
 MIG_INVALID_CONFIG = "InvalidMIGConfig"
+# On the device plugin's, GFD's and the MPS daemon's pod templates: a hash of the devicePlugin.config
+# ConfigMap's content, so an edit of it rolls their pods (config-manager reacts only to the node label)
+PLUGIN_CONFIG_HASH = f"{NVIDIA}/gpu-operator.plugin-config-hash"
 # The MIG unit's memory on the node: when it first saw the change pending ("<epoch> <mig.config>";
 # the MIG manager writes no time), its order to restore the paused deploy labels ("<reason> <why>";
 # node labelling carries it out), and its retries ("<attempts> <epoch the next backoff counts from>").

@@ -13,6 +13,7 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
+from gpu_operator.kube.resources import FIELD_MANAGER
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG
 from tests.support.waiting import wait_for
@@ -62,3 +63,30 @@ def test_time_slicing_replicas_and_a_label_change_reach_the_node_without_a_resta
     assert allocatable[SHARED] == "16" and allocatable[GPU] == "0"  # the old endpoint stopped
     assert labels[f"{GPU}.product"] == "NVIDIA-H100-80GB-HBM3"  # renamed: no -SHARED
     assert pods() == before  # nobody restarted a pod
+
+
+def test_an_edit_of_the_configmaps_key_in_use_reaches_the_node_without_a_manual_restart(
+        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
+        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    """NVIDIA/gpu-operator#1144: config-manager re-links the file only on a label change; the operator
+    watches the named ConfigMap and rolls the plugins' pods with the content's hash on their template."""
+    kube.create(ConfigMap(metadata=ObjectMeta(name="time-slicing", namespace=operator_namespace),
+                          data={"slice-4": CONFIGS["slice-4"]}))
+    node = fake_nodes("dgx-h100:1")[0]
+    operator = start_operator()
+    cluster_policies({"devicePlugin": {"config": {"name": "time-slicing", "default": "slice-4"}}})
+
+    def capacity() -> str | None:
+        status = kube.get(Node, node).status
+        return str(((status.capacity if status else None) or {}).get(GPU))
+
+    wait_for("8 GPUs x 4 replicas", capacity, timeout=180, context=operator.log_text, until=lambda c: c == "32")
+    kube.patch(ConfigMap, "time-slicing", {"data": {"slice-4": CONFIGS["slice-4"].replace("replicas: 4", "replicas: 3")}},
+               namespace=operator_namespace)
+    wait_for("8 GPUs x 3 replicas once the edit reached the plugin", capacity, timeout=120, context=operator.log_text,
+             until=lambda c: c == "24")
+    after = kube.get(ConfigMap, "time-slicing", namespace=operator_namespace)
+    # the operator only read the user's ConfigMap: no field of it is the operator's
+    managers = {m.manager for m in (after.metadata.managedFields if after.metadata else None) or []}
+    assert FIELD_MANAGER not in managers, managers
+    assert after.data == {"slice-4": CONFIGS["slice-4"].replace("replicas: 4", "replicas: 3")}

@@ -26,7 +26,7 @@ from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.queries import active_policy, validation_message
-from gpu_operator.controllers.readmodel import configmap_keys
+from gpu_operator.controllers.readmodel import configmap_keys, plugin_config_hash
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
@@ -39,7 +39,9 @@ log = logging.getLogger("gpu_operator.clusterpolicy")
 class Snapshot:
     """What one reconcile sees, from the watch caches. The one read a pass makes besides is
     `configmap_keys`: a GET of each user ConfigMap the policy names for the driver (repo, certs,
-    kernel modules), whose keys the driver mounts file by file (user ConfigMaps are not watched)."""
+    kernel modules), whose keys the driver mounts file by file (user ConfigMaps are not watched),
+    and `plugin_config_hash`: a GET of the devicePlugin.config ConfigMap (watched by name: an edit
+    is an event, kube/configwatch.py), whose content's hash the plugins' pod templates carry."""
 
     policies: list[ClusterPolicyView]
     nodes: list[NodeView]
@@ -93,7 +95,8 @@ class ClusterPolicyReconciler:
                 k8s_version=snap.k8s_version, operator_env=self.images,
                 openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version,
                 servicemonitor_crd=snap.servicemonitor_crd,
-                configmap_keys=await configmap_keys(self.kube, policy, snap.namespace))
+                configmap_keys=await configmap_keys(self.kube, policy, snap.namespace),
+                plugin_config_hash=await plugin_config_hash(self.kube, policy, snap.namespace))
             result = render(policy, facts)
             problems = runtimes.unserved_nodes(policy, facts)
         except pydantic.ValidationError as err:

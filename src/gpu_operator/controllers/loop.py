@@ -74,6 +74,7 @@ class Kind(enum.Enum):
     OWNED = "owned"  # an object of a kind the operator owns (DaemonSets, ConfigMaps ...)
     DRIVER_POD = "driver pod"
     GFD_FEATURES = "GFD NodeFeature"
+    PLUGIN_CONFIG = "devicePlugin.config ConfigMap"  # the user's ConfigMap the plugins read (kube/configwatch.py)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from gpu_operator.controllers.cache import SERVICE_MONITOR, NodeView
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.health_dra import DeviceTaints
-from gpu_operator.controllers.loop import Event, NodeEvent, UnitBase, UnitLoop
+from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, UnitBase, UnitLoop
 from gpu_operator.controllers.readmodel import ClusterInfo, ReadModel
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
@@ -32,6 +32,7 @@ from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
 from gpu_operator.controllers.units.upgrade import UpgradeUnit
 from gpu_operator.controllers.watches import Watches
 from gpu_operator.kube.client import Kube
+from gpu_operator.kube.configwatch import ConfigMapWatch
 from gpu_operator.vocabulary import NODE_FEATURE_GROUP, NODE_FEATURE_PLURAL
 
 log = logging.getLogger("gpu_operator.operator")
@@ -47,6 +48,10 @@ class Manager:
                                    connect_timeout=settings.watch_connect_timeout)
         self.model = model = ReadModel(environment.namespace, node_map=self.nodes.views)
         self.watches = Watches(model, settings, self.dispatch, kube.statuses_written.get, self.stop.set)
+        # the user's devicePlugin.config ConfigMap, by name (kopf's ConfigMap watch sees only ours)
+        self.plugin_config = ConfigMapWatch(kube.client, environment.namespace,
+                                            lambda _name: self.dispatch(ObjectEvent(Kind.PLUGIN_CONFIG)),
+                                            settings.watch_backoff.delay)
         images = environment.images
         self.labels = LabelUnit(kube, settings, model)
         labels_first = self._labels_first
@@ -73,6 +78,10 @@ class Manager:
         return self.labels.labelling(self.model.active_policy())
 
     def dispatch(self, event: Event) -> None:
+        if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
+            policy = self.model.active_model()
+            config = policy.spec.devicePlugin.config if policy is not None else None
+            self.plugin_config.follow(config.name if config is not None and config.name else None)
         for loop in self.loops:
             loop.offer(event)
 
@@ -141,6 +150,7 @@ class Manager:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.plugin_config.stop()
 
 
 async def cancel_at_stop(stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:

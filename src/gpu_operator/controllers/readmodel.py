@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -227,3 +229,19 @@ async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> d
         if found is not None:
             keys[name] = tuple(sorted({*(found.get("data") or {}), *(found.get("binaryData") or {})}))
     return keys
+
+
+def content_hash(configmap: Mapping[str, Any]) -> str:
+    """A hash of a ConfigMap's content (data and binaryData, not its metadata): equal content, equal hash."""
+    content = {"data": configmap.get("data") or {}, "binaryData": configmap.get("binaryData") or {}}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
+async def plugin_config_hash(kube: Kube, policy: ClusterPolicy, namespace: str) -> str:
+    """The hash of the devicePlugin.config ConfigMap's content ("" where none is named or it is
+    missing): read once per reconcile, a change of it is an event (kube/configwatch.py)."""
+    config = policy.spec.devicePlugin.config
+    if config is None or not config.name:
+        return ""
+    found = await kube.get_dict("v1", "ConfigMap", config.name, namespace=namespace)
+    return content_hash(found) if found is not None else ""

@@ -167,6 +167,8 @@ class ClusterFacts:
     servicemonitor_crd: bool = True
     # keys of ConfigMaps the policy references (repo/cert/kernel-module configs), read by the operator
     configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # a hash of the content of the devicePlugin.config ConfigMap ("": not read, or no such ConfigMap)
+    plugin_config_hash: str = ""
 
     @classmethod
     def from_nodes(cls, node_dicts: list[dict[str, Any]], **kwargs: Any) -> ClusterFacts:
@@ -185,6 +187,7 @@ class ClusterFacts:
         operator_env: Mapping[str, str] | None = None,
         servicemonitor_crd: bool = True,
         configmap_keys: Mapping[str, tuple[str, ...]] | None = None,
+        plugin_config_hash: str = "",
     ) -> ClusterFacts:
         if not _VERSION.match(k8s_version):
             raise RenderError("k8s_version", f"{k8s_version!r} is not a version: use e.g. 1.36.3")
@@ -199,6 +202,7 @@ class ClusterFacts:
             operator_env=dict(operator_env or {}),
             servicemonitor_crd=servicemonitor_crd,
             configmap_keys=dict(configmap_keys or {}),
+            plugin_config_hash=plugin_config_hash,
         )
 
     @functools.cached_property

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 
+from gpu_operator.vocabulary import PLUGIN_CONFIG_HASH
 from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
 
@@ -24,3 +25,23 @@ def test_each_sidecar_sees_and_names_its_process() -> None:
             text = scripts["nvidia-device-plugin-entrypoint"]["entrypoint.sh"]
             argv0 = next(shlex.split(line)[1] for line in text.splitlines() if line.startswith("exec "))
         assert env_of(ctr(ds, "config-manager"))["PROCESS_TO_SIGNAL"] == argv0, state
+
+
+PLUGINS = ("state-device-plugin", "gpu-feature-discovery", "state-mps-control-daemon")
+
+
+def test_the_configs_hash_is_on_each_plugins_pod_template_so_an_edit_rolls_them() -> None:
+    # config-manager re-links the file only on a label change: a new hash restarts the pods, which read it afresh
+    spec = {"devicePlugin": {"config": {"name": "time-slicing", "default": "any"}}}
+    first, edited = run(spec, plugin_config_hash="aaaa"), run(spec, plugin_config_hash="bbbb")
+    for state in PLUGINS:
+        assert daemonset(first, state)["spec"]["template"]["metadata"]["annotations"][PLUGIN_CONFIG_HASH] == "aaaa"
+        assert daemonset(edited, state)["spec"]["template"]["metadata"]["annotations"][PLUGIN_CONFIG_HASH] == "bbbb"
+
+
+def test_no_hash_without_a_named_config_or_before_it_was_read() -> None:
+    for spec, known in (({}, "aaaa"), ({"devicePlugin": {"config": {"name": "time-slicing"}}}, "")):
+        result = run(spec, plugin_config_hash=known)
+        for state in PLUGINS:
+            template = daemonset(result, state)["spec"]["template"]
+            assert PLUGIN_CONFIG_HASH not in (template.get("metadata") or {}).get("annotations", {}), state

@@ -1,6 +1,6 @@
 """The ClusterPolicy unit: the reconcile (controllers/clusterpolicy.py) of the active policy,
 kicked by every event but a driver pod's or a NodeFeature's (neither changes what it renders or
-its status), and held back while a new policy's labels are written (`labels_first`)."""
+its status), an edit of the devicePlugin.config ConfigMap included, and held back while a new policy's labels are written (`labels_first`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED})
+WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.PLUGIN_CONFIG})
 
 
 class ClusterPolicyUnit(UnitBase):

@@ -119,7 +119,7 @@ def _device_plugin(ds: dict[str, Any], ctx: Ctx) -> None:
     pod = ds["spec"]["template"]["spec"]
     device_plugin_cdi(pod["containers"][0], ctx.spec)
     rdma_storage_env(pod["containers"][0], ctx.spec)
-    plugin_config(pod, ctx.spec)
+    plugin_config(ds, ctx)
     mps_root(pod, ctx)
 
 

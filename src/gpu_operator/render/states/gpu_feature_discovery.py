@@ -36,7 +36,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
 
 
 def _gfd(ds: dict[str, Any], ctx: Ctx) -> None:
-    plugin_config(ds["spec"]["template"]["spec"], ctx.spec)
+    plugin_config(ds, ctx)
 
 
 OPERAND = Operand(

@@ -50,7 +50,7 @@ def _mps(ds: dict[str, Any], ctx: Ctx) -> None:
     if mounts is not None:
         mounts["image"] = pod["containers"][0]["image"]
         mounts["imagePullPolicy"] = pod["containers"][0]["imagePullPolicy"]
-    plugin_config(pod, ctx.spec)
+    plugin_config(ds, ctx)
 
 
 OPERAND = Operand(

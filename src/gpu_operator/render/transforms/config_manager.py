@@ -6,6 +6,7 @@ from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.render.objects import (
+    Ctx,
     add_mount,
     add_volume,
     configmap_volume,
@@ -15,7 +16,7 @@ from gpu_operator.render.objects import (
     upsert_env,
 )
 from gpu_operator.render.transforms.mig import mig_strategy_env
-from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG
+from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG, PLUGIN_CONFIG_HASH
 
 INIT = "config-manager-init"
 SIDECAR = "config-manager"
@@ -50,8 +51,17 @@ def config_manager(pod: dict[str, Any], spec: ClusterPolicySpec, image: str) -> 
         pod["shareProcessNamespace"] = True
 
 
-def plugin_config(pod: dict[str, Any], spec: ClusterPolicySpec) -> None:
-    """What the device plugin, GFD and the MPS daemon share: MIG strategy env and config-manager."""
+def plugin_config(ds: dict[str, Any], ctx: Ctx) -> None:
+    """What the device plugin, GFD and the MPS daemon share: MIG strategy env, config-manager, and
+    the config's hash on the pod template: config-manager re-links the file only when the node's
+    label changes, so an edit of the ConfigMap's content reaches the process when its pod starts
+    again, which a new hash makes the DaemonSet do (NVIDIA/gpu-operator#1144)."""
+    template = ds["spec"]["template"]
+    pod = template["spec"]
     main = pod["containers"][0]
-    mig_strategy_env(main, spec)
-    config_manager(pod, spec, main["image"])
+    mig_strategy_env(main, ctx.spec)
+    config_manager(pod, ctx.spec, main["image"])
+    config = ctx.spec.devicePlugin.config
+    if config is not None and config.name and ctx.facts.plugin_config_hash:
+        template.setdefault("metadata", {}).setdefault("annotations", {})[PLUGIN_CONFIG_HASH] = (
+            ctx.facts.plugin_config_hash)
