@@ -52,6 +52,7 @@ class VgpuHostSim:
         self.slices = int(vgpu.get("gpu_slices", 7))
         self.framebuffer = int(vgpu.get("framebuffer_gb", 80))
         self.mig_persists = bool(vgpu.get("mig_persists_reboot", False))
+        self.mdev = vgpu.get("framework") == "mdev"  # Ampere: mdev parents on the VFs instead
         self.gpus = {
             f.address: SimGpu(f.address)
             for f in pci.scan(fs, pci.NVIDIA_VENDOR)
@@ -99,6 +100,13 @@ class VgpuHostSim:
 
     def _write_vf_files(self, gpu: SimGpu) -> None:
         for index in range(self._attr(gpu.address, "sriov_numvfs")):
+            if self.mdev:
+                vf = self._base(self.vf_address(gpu.address, index))
+                for t in self.types:
+                    self.fs.write_text(
+                        f"{vf}/mdev_supported_types/nvidia-{t.id}/name", f"{t.name.split()[-1]}\n"
+                    )
+                continue
             nvidia = f"{self._base(self.vf_address(gpu.address, index))}/nvidia"
             self.fs.write_text(f"{nvidia}/current_vgpu_type", f"{gpu.vgpus.get(index, 0)}\n")
             lines = "".join(f"{t.id} : {t.name}\n" for t in self._creatable(gpu, index))

@@ -231,3 +231,29 @@ def test_a_write_the_driver_refuses_fails_the_step_with_its_error(host) -> None:
     types = [s for s in steps if s.step == "vgpu-types"]
     assert [s.outcome for s in types] == ["failed", "failed"]
     assert types[0].detail == "writing 1059 to 0000:41:00.4/nvidia/current_vgpu_type: Device or resource busy"
+
+
+def test_an_mdev_host_gets_its_vfs_and_leaves_the_vgpus_to_the_device_manager(build_host) -> None:  # type: ignore[no-untyped-def]
+    """Ampere's SR-IOV vGPU: the VFs are mdev parents. The agent enables them (the mdev devices live
+    on them) and creates no vGPU: that framework is NVIDIA's vGPU device manager's."""
+    spec = build_host("h100-vgpu").spec
+    fake = build_host("h100-vgpu", vgpu={**spec["vgpu"], "framework": "mdev"})
+    fs, sim = fake.fs, VgpuHostSim(fake.fs, fake.spec)
+    steps = restore(fs, desired(fs, "H100XM-20C"), sim, sim)
+    types = next(s for s in steps if s.gpu == PFS[0] and s.step == "vgpu-types")
+    assert (types.outcome, types.detail) == (
+        "ok",
+        "0000:41:00.4: the mdev framework: its vGPUs are the vGPU device manager's to create",
+    )
+    assert state_of(steps) == "restored" and sysfs.read_pf(fs, PFS[0]).numvfs == 16
+    assert not any("current_vgpu_type" in line for line in sim.log)
+
+
+def test_a_gpu_without_sr_iov_that_is_an_mdev_parent_is_left_alone(build_host) -> None:  # type: ignore[no-untyped-def]
+    spec = build_host("h100-vgpu").spec
+    gpu = {**spec["devices"][0], "attributes": {"mdev_supported_types/nvidia-222/name": "T4-16Q"}}
+    fake = build_host("h100-vgpu", devices=[gpu, *spec["devices"][1:]])
+    fs, sim = fake.fs, VgpuHostSim(fake.fs, fake.spec)
+    steps = restore(fs, desired(fs, "H100XM-20C", fabric_mode=None), sim, sim)
+    assert [(s.step, s.outcome) for s in steps if s.gpu == PFS[0]] == [("mig-mode", "ok"), ("vfs", "ok")]
+    assert state_of(steps) == "unchanged" and sim.log == []

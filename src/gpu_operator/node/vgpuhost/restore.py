@@ -95,7 +95,12 @@ def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> S
     )
 
 
+MDEV_NOTE = "the mdev framework: its vGPUs are the vGPU device manager's to create"
+
+
 def _vfs(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> Step:
+    if not pf.totalvfs and pf.mdev:
+        return Step(gpu=gpu.address, step="vfs", outcome="ok", detail=f"no SR-IOV; {MDEV_NOTE}")
     if not pf.totalvfs:
         return Step(
             gpu=gpu.address,
@@ -178,13 +183,15 @@ def _types(
         changed.append(f"cleared {sum(1 for vf in pf.vfs if vf.current)} vGPU(s) of another layout")
     for i, name in enumerate(gpu.vf_types):
         vf = read().vfs[i]  # a write changes what the other VFs may create: read afresh
+        if vf.current is None and vf.mdev:
+            return Step(gpu=gpu.address, step="vgpu-types", outcome="ok", detail=f"{vf.address}: {MDEV_NOTE}")
         if vf.current is None:
             return Step(
                 gpu=gpu.address,
                 step="vgpu-types",
                 outcome="failed",
-                detail=f"{vf.address} has no nvidia/current_vgpu_type: not the vendor-specific VFIO "
-                "framework (an mdev host is the vGPU device manager's to configure)",
+                detail=f"{vf.address} has neither nvidia/current_vgpu_type (the vendor-specific VFIO "
+                "framework) nor mdev_supported_types: is the vGPU manager's driver loaded?",
             )
         known.update({t.short: t.id for t in vf.creatable})
         if vf.current != 0 and vf.current == known.get(name):
@@ -231,6 +238,10 @@ def _types(
         outcome="ok",
         detail=f"{len(gpu.vf_types)} VF(s) have their types" if gpu.vf_types else "no vGPU asked for",
     )
+
+
+def vfs_pf_sriov(fs: HostFS, address: str) -> bool:
+    return bool(sysfs.read_pf(fs, address).totalvfs)
 
 
 def has_nvswitch(fs: HostFS) -> bool:
@@ -290,7 +301,7 @@ def restore(
             continue  # MIG-backed types cannot be created without MIG mode
         vfs = _vfs(gpu, sysfs.read_pf(fs, gpu.address), control)
         steps.append(vfs)
-        if vfs.outcome == "failed":
+        if vfs.outcome == "failed" or not vfs_pf_sriov(fs, gpu.address):
             continue
         steps.append(_types(gpu, functools.partial(sysfs.read_pf, fs, gpu.address), writer, known))
     fabric = _fabric(desired, fs)

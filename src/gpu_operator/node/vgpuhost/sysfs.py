@@ -49,6 +49,7 @@ class VirtualFunction:
     current: int | None  # None: no nvidia/current_vgpu_type (not the vendor-specific VFIO framework)
     creatable: list[VgpuType] = field(default_factory=list)
     holders: list[str] = field(default_factory=list)  # "qemu-kvm[4242] /dev/vfio/77"
+    mdev: bool = False  # the VF is an mdev parent (Ampere's SR-IOV vGPU): the mdev framework, not this one
 
 
 @dataclass
@@ -57,6 +58,7 @@ class PhysicalFunction:
     totalvfs: int | None
     numvfs: int | None
     vfs: list[VirtualFunction] = field(default_factory=list)
+    mdev: bool = False  # the PF itself is an mdev parent (a GPU without SR-IOV, e.g. Turing)
 
     @property
     def in_use(self) -> list[VirtualFunction]:
@@ -97,10 +99,15 @@ def read_pf(fs: HostFS, address: str) -> PhysicalFunction:
                 current=_int(fs, f"{vf_base}/current_vgpu_type"),
                 creatable=parse_creatable(fs.read_text(f"{vf_base}/creatable_vgpu_types") or ""),
                 holders=vf_holders(fs, vf),
+                mdev=fs.is_dir(f"{pci.PCI_DEVICES}/{vf}/mdev_supported_types"),
             )
         )
     return PhysicalFunction(
-        address, _int(fs, f"{base}/sriov_totalvfs"), _int(fs, f"{base}/sriov_numvfs"), vfs
+        address,
+        _int(fs, f"{base}/sriov_totalvfs"),
+        _int(fs, f"{base}/sriov_numvfs"),
+        vfs,
+        mdev=fs.is_dir(f"{base}/mdev_supported_types"),
     )
 
 
