@@ -107,6 +107,7 @@ def test_the_command_runs_the_hosts_tools_and_exits_1_when_a_step_fails(
     record = json.loads(host.fs.read_text("/var/lib/gpu-operator/vgpu-host-state.json") or "{}")
     assert record["desired"]["config"] == "H100XM-20C"
     assert [g["vf_types"] for g in record["desired"]["gpus"]] == [["H100XM-20C"] * 4] * 2
+    assert [g["vfs"] for g in record["desired"]["gpus"]] == [16, 16]
 
 
 def test_the_command_leaves_a_node_of_another_workload_at_once(build_host) -> None:  # type: ignore[no-untyped-def]

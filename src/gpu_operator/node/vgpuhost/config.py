@@ -35,6 +35,9 @@ class GpuDesired(BaseModel):
 
     address: str
     index: int
+    vfs: int | None = Field(
+        default=None, description="VFs to enable: all the PF offers, as `sriov-manage -e` does"
+    )
     vf_types: list[str] = Field(
         default_factory=list, description="vGPU type of virtfn0, virtfn1, ... in order"
     )
@@ -137,6 +140,7 @@ def desired_from_config(
             out[gpu.address] = GpuDesired(
                 address=gpu.address,
                 index=index,
+                vfs=gpu.sriov_totalvfs,
                 vf_types=vf_types,
                 mig=any(is_mig_backed(t) for t in vf_types),
                 field=f"{where}.vgpu-devices",
