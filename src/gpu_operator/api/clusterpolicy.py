@@ -163,6 +163,17 @@ class DriverSpec(Component):
     virtualTopology: VirtualTopologySpec | None = None
     kernelModuleConfig: NameSpec | None = None
     secretEnv: ObjectName | None = None
+    guestNVLink: Literal["disable", "leave"] | None = Field(
+        default=None,
+        description="On VM guest nodes given NVLink GPUs (HGX A100/H100/H200 SXM) without their NVSwitches (NFD's "
+        "cpu-cpuid.HYPERVISOR and pci-10de_<device> labels), the driver waits for a fabric no Fabric Manager brings "
+        "up and CUDA fails to start. disable (default): those nodes get a driver DaemonSet of their own whose "
+        "nvidia.conf is kernelModuleConfig's with NVreg_NvLinkDisable=1 added (a value the user's nvidia.conf sets "
+        "wins); leave: never (NVIDIA's behaviour; for a fabric managed for the VM). Other nodes are never affected.",
+    )
+
+    def guest_nvlink_disable(self) -> bool:
+        return self.guestNVLink != "leave"
 
     def precompiled(self) -> bool:
         return bool(self.usePrecompiled)

@@ -167,6 +167,8 @@ class ClusterFacts:
     servicemonitor_crd: bool = True
     # keys of ConfigMaps the policy references (repo/cert/kernel-module configs), read by the operator
     configmap_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the data of driver.kernelModuleConfig's ConfigMap, which VM guests' own ConfigMap merges (guestnvlink.py)
+    configmap_data: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     # a hash of the content of the devicePlugin.config ConfigMap ("": not read, or no such ConfigMap)
     plugin_config_hash: str = ""
 
@@ -187,6 +189,7 @@ class ClusterFacts:
         operator_env: Mapping[str, str] | None = None,
         servicemonitor_crd: bool = True,
         configmap_keys: Mapping[str, tuple[str, ...]] | None = None,
+        configmap_data: Mapping[str, Mapping[str, str]] | None = None,
         plugin_config_hash: str = "",
     ) -> ClusterFacts:
         if not _VERSION.match(k8s_version):
@@ -202,6 +205,7 @@ class ClusterFacts:
             operator_env=dict(operator_env or {}),
             servicemonitor_crd=servicemonitor_crd,
             configmap_keys=dict(configmap_keys or {}),
+            configmap_data=dict(configmap_data or {}),
             plugin_config_hash=plugin_config_hash,
         )
 

@@ -101,10 +101,18 @@ def host_spec(shape: str) -> dict[str, Any]:
     present), GPUs bound to vfio-pci (vm-passthrough), or none yet (the operator's driver, an
     NVIDIA image, would install it: the validator then waits for it)."""
     from gpu_operator import shapes
-    from gpu_operator.vocabulary import WORKLOAD_CONFIG
+    from gpu_operator.vocabulary import NFD_HYPERVISOR, WORKLOAD_CONFIG
 
     found, _ = shapes.parse_spec(shape)
     labels = found.labels(shape)
+    if labels.get(NFD_HYPERVISOR) == "true":  # a VM guest: its GPUs as KubeVirt passes them in
+        from gpu_operator.sim import guesttree
+
+        model = {v[0]: k for k, v in guesttree.MODELS.items()}.get(found.gpu_vendor_device.partition(":")[2])
+        if model is None:
+            raise ValueError(f"shape {shape}: no guest tree for GPU {found.gpu_vendor_device} "
+                             f"(sim/guesttree.py knows {', '.join(guesttree.MODELS)})")
+        return guesttree.guest_spec(found.gpu_count, model, driver=found.host_driver)
     vendor, _, device = found.gpu_vendor_device.partition(":")
     host_driver = found.host_driver
     passthrough = found.gpu_driver == "vfio-pci" or labels.get(WORKLOAD_CONFIG) == "vm-passthrough"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from gpu_operator.api.clusterpolicy import NameSpec
+from gpu_operator.render import guestnvlink
 from gpu_operator.render.objects import (
     NODE_NAME,
     Ctx,
@@ -142,15 +144,37 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     }
 
 
-def _variant(kernel: str | None) -> Any:
+def _variant(kernel: str | None, guests: list[str] | None = None, inside: bool = False) -> Any:
+    """The driver DaemonSet's transform; with `guests` (VM guest nodes that need NVLink off), kept
+    off those nodes, or (`inside`) on them only, reading our merged kernel-module ConfigMap."""
+
     def transform(ds: dict[str, Any], ctx: Ctx) -> None:
-        transform_driver(ds, ctx.spec, ctx.facts, kernel)
+        spec, facts = ctx.spec, ctx.facts
+        if inside:
+            spec = spec.model_copy(deep=True)
+            spec.driver.kernelModuleConfig = NameSpec(name=guestnvlink.CONFIGMAP)
+            keys = tuple(sorted(_guest_data(ctx)))
+            facts = dataclasses.replace(facts, configmap_keys={**facts.configmap_keys, guestnvlink.CONFIGMAP: keys})
+        transform_driver(ds, spec, facts, kernel)
         template = ds["spec"]["template"]
         template.setdefault("metadata", {}).setdefault("annotations", {})[
             "kubectl.kubernetes.io/default-container"] = "nvidia-driver-ctr"
+        if guests:
+            guestnvlink.restrict(template["spec"], guests, inside)
         digest.stamp(template["spec"])
 
     return transform
+
+
+def _guests(ctx: Ctx) -> list[str]:
+    return guestnvlink.guest_nodes(ctx.facts.gpu_nodes) if ctx.spec.driver.guest_nvlink_disable() else []
+
+
+def _guest_data(ctx: Ctx) -> dict[str, str]:
+    """The user's kernel-module ConfigMap (as the operator read it; none: empty) merged with the parameter."""
+    ref = ctx.spec.driver.kernelModuleConfig
+    user = ctx.facts.configmap_data.get(ref.name) if ref and ref.name else None
+    return guestnvlink.merged(user)
 
 
 BASE = DaemonSetDef(
@@ -166,18 +190,26 @@ BASE = DaemonSetDef(
 
 
 def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
-    if not ctx.spec.driver.precompiled():
-        return [build_daemonset(dataclasses.replace(BASE, transforms=(_variant(None),)), operand, ctx)]
-    return [
-        build_daemonset(dataclasses.replace(
-            BASE, name=precompiled_name(kernel, ctx.facts.os_tag), transforms=(_variant(kernel),),
-            node_selector={KERNEL_FULL: kernel}), operand, ctx)
-        for kernel in ctx.facts.kernels
-    ]
+    guests = _guests(ctx)
+    kernels: list[str | None] = list(ctx.facts.kernels) if ctx.spec.driver.precompiled() else [None]
+    out = []
+    for kernel in kernels:
+        base = BASE if kernel is None else dataclasses.replace(
+            BASE, name=precompiled_name(kernel, ctx.facts.os_tag), node_selector={KERNEL_FULL: kernel})
+        out.append(build_daemonset(dataclasses.replace(base, transforms=(_variant(kernel, guests),)), operand, ctx))
+        if guests:
+            # the VM guests whose NVLink GPUs have no NVSwitch: a DaemonSet of their own (docs/vm-passthrough.md)
+            guest = dataclasses.replace(base, name=base.name + guestnvlink.DAEMONSET_SUFFIX,
+                                        transforms=(_variant(kernel, guests, inside=True),))
+            out.append(build_daemonset(guest, operand, ctx))
+    return out
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
-    return [configmap(PROBE_CM, state, ctx, {"startup-probe.sh": PROBE_SCRIPT})]
+    out = [configmap(PROBE_CM, state, ctx, {"startup-probe.sh": PROBE_SCRIPT})]
+    if _guests(ctx):
+        out.append(configmap(guestnvlink.CONFIGMAP, state, ctx, _guest_data(ctx)))
+    return out
 
 
 OPERAND = Operand(
