@@ -23,6 +23,7 @@ from gpu_operator.controllers.cache import (
     object_key,
 )
 from gpu_operator.controllers.environment import operator_env_now
+from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.queries import active_policy, validation_message
@@ -96,6 +97,8 @@ class ClusterPolicyReconciler:
                 openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version,
                 servicemonitor_crd=snap.servicemonitor_crd,
                 configmap_keys=await configmap_keys(self.kube, policy, snap.namespace),
+                configmap_data=await kernel_module_data(self.kube, policy, snap.namespace,
+                                                        [n.facts for n in snap.nodes]),
                 plugin_config_hash=await plugin_config_hash(self.kube, policy, snap.namespace))
             result = render(policy, facts)
             problems = runtimes.unserved_nodes(policy, facts)

@@ -34,6 +34,7 @@ from gpu_operator.vocabulary import (
     MIG_PAUSED,
     NFD_DEVICE_LABEL_PREFIX,
     NFD_GPU_LABELS,
+    NFD_HYPERVISOR,
     NFD_PREFIX,
     NVIDIA,
     RUNTIME_GROUP,
@@ -132,7 +133,8 @@ def is_relevant_label(key: str) -> bool:
     """The label keys the operator keeps in memory per node (everything else is dropped)."""
     return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
         NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX) \
-        or key == MICROK8S_LABEL  # the distribution of the node's runtime (render/distributions.py)
+        or key == MICROK8S_LABEL \
+        or key == NFD_HYPERVISOR  # the runtime's distribution (render/distributions.py); a VM guest (guestnvlink.py)
 
 
 def mig_capable(labels: Mapping[str, str]) -> bool:
