@@ -37,7 +37,8 @@ from tests.support.waiting import wait_for
 # helm.md before the pages that start the operator: the chart brings its own (its ServiceAccount
 # gpu-operator/gpu-operator would collide with the simulator operator's); kubevirt.md reads the
 # ClusterPolicy upgrades.md leaves.
-ORDER = ["docs/distributions.md", "docs/install.md", "docs/api.md", "docs/helm.md", "docs/dra.md", "docs/upgrades.md", "docs/kubevirt.md"]
+ORDER = ["docs/distributions.md", "docs/install.md", "docs/api.md", "docs/helm.md", "docs/dra.md", "docs/upgrades.md", "docs/kubevirt.md",
+         "docs/vm-passthrough.md"]
 READS = (["kubectl", "get"], ["gpu-operator", "status"], ["gpu-operator", "upgrade", "status"],
          ["gpu-operator", "sim", "status"])
 DEADLINE = 120.0
