@@ -257,3 +257,13 @@ def test_a_gpu_without_sr_iov_that_is_an_mdev_parent_is_left_alone(build_host) -
     steps = restore(fs, desired(fs, "H100XM-20C", fabric_mode=None), sim, sim)
     assert [(s.step, s.outcome) for s in steps if s.gpu == PFS[0]] == [("mig-mode", "ok"), ("vfs", "ok")]
     assert state_of(steps) == "unchanged" and sim.log == []
+
+
+def test_without_fabric_managers_config_on_the_host_the_step_says_what_to_install(build_host) -> None:  # type: ignore[no-untyped-def]
+    fake = build_host("h100-vgpu", files={})
+    fs, sim = fake.fs, VgpuHostSim(fake.fs, fake.spec)
+    fm = next(s for s in restore(fs, desired(fs, "default"), sim, sim) if s.step == "fabric-manager")
+    assert fm.outcome == "failed" and fm.field == "FABRIC_MODE"
+    assert fm.detail.startswith(
+        f"FABRIC_MODE=2 wanted, but the host has no {FM_CONFIG}: install Fabric Manager"
+    )

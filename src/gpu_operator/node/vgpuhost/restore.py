@@ -259,8 +259,9 @@ def _fabric(desired: Desired, fs: HostFS) -> Step | None:
             step="fabric-manager",
             outcome="failed",
             field=desired.fabric_mode_source,
-            detail=f"FABRIC_MODE={mode} wanted, but the host has no {FM_CONFIG}: with the vGPU manager's "
-            f"container driver, set NVFM_CONFIG_FABRIC_MODE={mode} in spec.vgpuManager.env",
+            detail=f"FABRIC_MODE={mode} wanted, but the host has no {FM_CONFIG}: install Fabric Manager on "
+            f"the host, or use a vGPU manager image that runs it with NVFM_CONFIG_FABRIC_MODE={mode} "
+            "from spec.vgpuManager.env",
         )
     found = _FABRIC_MODE.search(text)
     if found and int(found.group(1)) == mode:
