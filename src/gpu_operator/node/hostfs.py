@@ -121,28 +121,19 @@ class HostFS:
     def read_text(self, path: str, default: str | None = None, *, limit: int = MAX_TEXT_BYTES) -> str | None:
         """The file's text, or `default` when it does not exist, cannot be read, or is longer
         than `limit` bytes (then it is named in `refused`). Undecodable bytes are replaced."""
-        real = self._readable(path)
-        if real is None:
-            return default
-        try:
-            with real.open("rb") as handle:
-                data = handle.read(limit + 1)
-        except OSError:  # absent, a directory, unreadable, gone since
-            return default
-        if len(data) > limit:
-            self.refused[path] = f"longer than {limit} bytes: not read"
-            return default
-        return data.decode(errors="replace")
+        data = self.read_bytes(path, limit=limit)
+        return default if data is None else data.decode(errors="replace")
 
     def read_bytes(self, path: str, *, limit: int = MAX_VALUE_BYTES) -> bytes | None:
-        """A file's bytes (a PCI device's `config`), or None when absent, unreadable or longer than `limit`."""
+        """A file's bytes (a PCI device's `config`), or None when absent, unreadable or longer than
+        `limit` (then it is named in `refused`)."""
         real = self._readable(path)
         if real is None:
             return None
         try:
             with real.open("rb") as handle:
                 data = handle.read(limit + 1)
-        except OSError:
+        except OSError:  # absent, a directory, unreadable, gone since
             return None
         if len(data) > limit:
             self.refused[path] = f"longer than {limit} bytes: not read"
