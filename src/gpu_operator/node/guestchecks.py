@@ -93,21 +93,29 @@ def guest_findings(report: HostReport) -> list[Finding]:
             )
         )
         return out
+    # NvLinkDisable: 0 as loaded; loaded but the parameter not readable; not loaded yet
     loaded = guest.nvlink_disable is not None
+    if loaded:
+        state, when = "/proc/driver/nvidia/params: NvLinkDisable: 0", ""
+    elif report.driver.kernel_module_loaded:
+        state = (
+            "the nvidia module is loaded, but /proc/driver/nvidia/params names no NvLinkDisable: not known"
+        )
+        when = " unless NVLink is disabled"
+    else:
+        state = "the nvidia module is not loaded yet: nothing gives it NvLinkDisable=1"
+        when = " once the nvidia module loads"
     out.append(
         finding(
             "nvlink-fabric-missing",
             Severity.ERROR if loaded else Severity.WARNING,
             f"{len(gpus)} GPU(s) whose NVLink runs through NVSwitches were passed into this VM without them: "
             "the driver waits for a fabric that no Fabric Manager brings up for this VM, and CUDA fails to "
-            f"initialise (cuInit returns {CUDA_NOT_READY})"
-            + ("" if loaded else " once the nvidia module loads"),
+            f"initialise (cuInit returns {CUDA_NOT_READY})" + when,
             [
                 f"GPUs: {', '.join(gpus)}",
                 "no NVSwitch (NVIDIA PCI function of class 0680) in this VM",
-                "/proc/driver/nvidia/params: NvLinkDisable: 0"
-                if loaded
-                else "the nvidia module is not loaded yet: nothing gives it NvLinkDisable=1",
+                state,
                 f"the fabric's state: `{FABRIC_QUERY}` (not Completed: waiting for Fabric Manager)",
             ],
             f"Load the nvidia module with {NVLINK_DISABLE_PARAM}=1: with this operator's driver, keep "

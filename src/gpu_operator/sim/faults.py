@@ -292,10 +292,11 @@ def node_host_spec(shape: str) -> dict[str, Any]:
     spec["files"].update({KMSG: "", BOOT_ID: f"{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim-boot:{shape}')}\n"})
     if not spec["pci_drivers"]:
         spec["pci_drivers"] = ["nvidia"]
-        spec["modules"] = ["nvidia", "nvidia_uvm", "nvidia_modeset"]
+        spec["modules"] = [*spec["modules"], "nvidia", "nvidia_uvm", "nvidia_modeset"]
         spec["driver_version"] = HOST_DRIVER_VERSION
         for device in spec["devices"]:
-            device["driver"] = "nvidia"
+            if device["vendor"] == "10de" and str(device["class"]).startswith("03"):  # a VM guest's other devices keep theirs
+                device["driver"] = "nvidia"
     return spec
 
 
