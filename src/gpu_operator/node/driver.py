@@ -10,6 +10,13 @@ from pydantic import BaseModel, Field
 from gpu_operator.node.hostfs import HostFS
 
 OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
+# A driver installed as one directory holding bin/ and lib64/: GKE's driver installer puts it in
+# /home/kubernetes/bin/nvidia on the host and mounts that at /usr/local/nvidia in containers
+# (GoogleCloudPlatform/container-engine-accelerators, nvidia-driver-installer: NVIDIA_INSTALL_DIR_HOST,
+# NVIDIA_INSTALL_DIR_CONTAINER); VMs and containers given a GPU with the driver mounted read-only at
+# /usr/local/nvidia look the same. NVIDIA's lookups find nvidia-smi and the libraries in such a root
+# (its /bin and /lib64 are in ROOT_BIN_DIRS and ROOT_LIB_DIRS), but the host's loader does not.
+BUNDLE_ROOTS = ("/home/kubernetes/bin/nvidia", "/usr/local/nvidia")
 # Upstream's validator list, plus /usr/local/bin where Talos' extension puts nvidia-smi and the
 # glibc tree of OS-extension drivers: hard-coding /usr/bin is a known pain.
 SMI_SEARCH_DIRS = (
@@ -22,6 +29,7 @@ SMI_SEARCH_DIRS = (
     "/usr/local/bin",
     "/usr/local/glibc/usr/bin",
     "/usr/local/glibc/bin",
+    *(f"{root}/bin" for root in BUNDLE_ROOTS),
 )
 NVML_LIBRARY_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
@@ -32,6 +40,7 @@ NVML_LIBRARY_DIRS = (
     "/usr/local/glibc/usr/lib",
     "/usr/local/glibc/lib",
     "/usr/lib/wsl/lib",
+    *(f"{root}/lib64" for root in BUNDLE_ROOTS),
 )
 # Where NVIDIA's components look inside a driver root (the host path they get as
 # NVIDIA_DRIVER_ROOT): nvidia-smi in the validator's and the DRA kubelet plugin's binary dirs
@@ -57,7 +66,7 @@ ROOT_LIB_DIRS = (
 )
 # A host driver's root: the host's own root, else the tree an OS extension installs it in (Talos:
 # nvidia-smi in /usr/local/bin, the libraries under /usr/local/glibc), the first that holds it.
-HOST_DRIVER_ROOTS = ("/", "/usr/local")
+HOST_DRIVER_ROOTS = ("/", "/usr/local", *BUNDLE_ROOTS)
 _KERNEL_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 
 
@@ -79,6 +88,9 @@ class DriverInfo(BaseModel):
     nvidia_smi: str | None = Field(default=None, description="host path of nvidia-smi")
     run_root: str = Field(default="/", description="host directory to chroot into to run nvidia-smi")
     smi_in_root: str | None = Field(default=None, description="nvidia-smi's path inside run_root")
+    smi_env: dict[str, str] = Field(
+        default_factory=dict, description="environment nvidia-smi needs (a bundle root's lib64 for its loader)"
+    )
     kernel_module_loaded: bool = False
     kernel_version: str | None = None
     nvml_library: str | None = None
@@ -195,13 +207,15 @@ def detect_driver(
     )
     if smi or nvml:
         flavor = "talos" if talos else "wsl" if wsl else "distribution"
+        root = host_driver_root(fs)
         return base.model_copy(
             update={
                 "source": DriverSource.HOST,
                 "flavor": flavor,
-                "driver_root": host_driver_root(fs),
+                "driver_root": root,
                 "nvidia_smi": smi,
                 "smi_in_root": smi,
+                "smi_env": {"LD_LIBRARY_PATH": f"{root}/lib64"} if root in BUNDLE_ROOTS else {},
             }
         )
     if operator_smi:

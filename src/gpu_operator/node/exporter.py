@@ -101,7 +101,7 @@ def driver_answers(fs: HostFS, runner: CommandRunner, search_dirs: tuple[str, ..
     info = detect_driver(fs, extra_search_dirs=search_dirs)
     if info.smi_in_root is None:
         return False
-    return runner.run([info.smi_in_root], root=info.run_root, timeout=60).ok
+    return runner.run([info.smi_in_root], root=info.run_root, timeout=60, env=info.smi_env).ok
 
 
 def registry_for(collector: NodeStatusCollector) -> CollectorRegistry:

@@ -103,7 +103,7 @@ def mig_findings(runner: CommandRunner, driver: DriverInfo) -> list[Finding]:
         return []
     smi = driver.smi_in_root
     modes = runner.run([smi, "--query-gpu=pci.bus_id,mig.mode.current,mig.mode.pending",
-                        "--format=csv,noheader"], root=driver.run_root, timeout=30)
+                        "--format=csv,noheader"], root=driver.run_root, timeout=30, env=driver.smi_env)
     if not modes.ok:
         return [finding("mig-query-failed", Severity.INFO, "MIG mode not checked: nvidia-smi failed", [modes.summary()])]
     pending = {}
@@ -113,7 +113,7 @@ def mig_findings(runner: CommandRunner, driver: DriverInfo) -> list[Finding]:
     if not pending:
         return []
     apps = runner.run([smi, "--query-compute-apps=gpu_bus_id,pid,process_name", "--format=csv,noheader"],
-                      root=driver.run_root, timeout=30)
+                      root=driver.run_root, timeout=30, env=driver.smi_env)
     holders: dict[str, list[str]] = {}
     for row in _csv(apps.stdout) if apps.ok else []:
         if len(row) == 3 and normalise_bus(row[0]) in pending:

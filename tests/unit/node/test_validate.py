@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
+from gpu_operator.node.driver import detect_driver
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.config import COMPONENTS, ConfigError, ValidatorConfig
@@ -348,3 +349,31 @@ def test_component_metrics_serves_the_node_status_exporter(build_host, monkeypat
     )
     assert result.exit_code == 0, result.output
     assert served == [(8123, "0.0.0.0")]
+
+
+BUNDLE_SMI = """#!/bin/sh
+# as NVIDIA's: it answers only when the loader finds libnvidia-ml, which is in no ld cache here
+case "$LD_LIBRARY_PATH" in
+  */usr/local/nvidia/lib64*) echo "NVIDIA-SMI 580.159.04    Driver Version: 580.159.04"; exit 0 ;;
+esac
+echo "NVIDIA-SMI couldn't find libnvidia-ml.so library in your system."
+exit 12
+"""
+
+
+def test_a_driver_mounted_at_usr_local_nvidia_is_the_root_and_its_nvidia_smi_answers(  # type: ignore[no-untyped-def]
+        build_host, monkeypatch, tmp_path) -> None:
+    """The layout of GKE's driver installer inside containers, and of a VM given a GPU with the driver
+    mounted read-only: bin/ and lib64/ under /usr/local/nvidia, nothing in the system's dirs."""
+    monkeypatch.setenv("GPU_OPERATOR_NO_CHROOT", "1")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    monkeypatch.setenv("TERMINATION_LOG", str(tmp_path / "termination-log"))
+    host = build_host("ubuntu-apt-driver", executables={"/usr/local/nvidia/bin/nvidia-smi": BUNDLE_SMI},
+                      files={"/usr/local/nvidia/lib64/libnvidia-ml.so.1": "", "/usr/local/nvidia/lib64/libcuda.so.1": ""})
+    info = detect_driver(host.fs)
+    assert (info.source, info.driver_root, info.nvidia_smi) == ("host", "/usr/local/nvidia",
+                                                               "/usr/local/nvidia/bin/nvidia-smi")
+    assert info.smi_env == {"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}
+    ok = CliRunner().invoke(app, ["validate", "-c", "driver", "--host-root", str(host.fs.root)])
+    assert ok.exit_code == 0 and "driver: passed" in ok.output, ok.output

@@ -58,7 +58,7 @@ def _smi_argv(ctx: Context, smi: str) -> list[str]:
 
 def _run_smi(ctx: Context, info: DriverInfo) -> str | None:
     assert info.smi_in_root is not None
-    result = ctx.runner.run(_smi_argv(ctx, info.smi_in_root), root=info.run_root, timeout=120)
+    result = ctx.runner.run(_smi_argv(ctx, info.smi_in_root), root=info.run_root, timeout=120, env=info.smi_env)
     return None if result.ok else result.summary()
 
 

@@ -115,7 +115,7 @@ def validate_vgpu_manager(ctx: Context) -> Result:
         info = host if on_host else detect_driver(ctx.fs, operator_root=root)
         if info.smi_in_root is None:
             return f"no nvidia-smi on the host or under {root}"
-        result = ctx.runner.run([info.smi_in_root], root=info.run_root, timeout=120)
+        result = ctx.runner.run([info.smi_in_root], root=info.run_root, timeout=120, env=info.smi_env)
         return None if result.ok else result.summary()
 
     ctx.wait(
