@@ -21,6 +21,8 @@ EXPECTED = {
     ("h100-vfio", "vm-passthrough"): (set(), set()),
     ("h100-nvidia-bound", "vm-passthrough"): ({"host-driver-on-passthrough", "gpu-not-on-vfio"}, set()),
     ("h100-nvidia-bound", None): (set(), {"nvidia-runtime-missing"}),
+    # a vGPU host (the vGPU manager bound, no VF yet): nothing wrong for VMs with vGPUs
+    ("h100-vgpu", "vm-vgpu"): (set(), set()),
     ("nouveau", None): ({"nouveau-loaded"}, {"no-driver"}),
     ("operator-driver", None): (set(), set()),
     ("talos", None): (set(), set()),

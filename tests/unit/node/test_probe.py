@@ -16,6 +16,7 @@ EXPECTED = {
     "cpu-only": ("none", "", 0, "containerd", False, False, False),
     "h100-nvidia-bound": ("host", "distribution", 8, "k3s", False, False, False),
     "h100-vfio": ("vfio", "", 8, "k3s", False, False, True),
+    "h100-vgpu": ("host", "distribution", 2, "", False, False, False),
     "nouveau": ("none", "", 1, "containerd", False, True, False),
     "operator-driver": ("operator", "operator", 2, "containerd", True, False, False),
     "talos": ("host", "talos", 1, "talos", True, False, False),
