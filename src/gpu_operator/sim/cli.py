@@ -167,13 +167,30 @@ def demo(shape: ShapeOption = None, directory: DirOption = None,
          gpucluster: Annotated[bool, typer.Option(
              "--gpucluster", help="Create the GPUCluster gpu-cluster (the DRA stack: NVIDIA's DRA driver, "
              "DRA validation) instead of the default ClusterPolicy; see docs/dra.md.")] = False,
-         kubernetes: KubernetesOption = "current") -> None:
+         kubernetes: KubernetesOption = "current",
+         nested: Annotated[bool, typer.Option(
+             "--nested", help="Seed 001's chain on two simulators: a host cluster (8x H100 on vfio-pci, KubeVirt "
+             "kept in step, virt-handler's device plugin), a VM's pod that takes --gpus of them, and the cluster "
+             "inside that VM (our chart with the platform package's guest values) up to nvidia.com/gpu on its "
+             "node; see docs/vm-passthrough.md.")] = False,
+         gpus: Annotated[int, typer.Option(help="With --nested: GPUs the VM takes.")] = 2,
+         tenant_resource: Annotated[str, typer.Option(
+             "--tenant-resource", help="With --nested: the resource name the tenant's VM asks for (seed 001's "
+             "Kubernetes gpus[].name); it must be the one the host publishes.")] = "nvidia.com/H100_SXM5_80GB",
+         ) -> None:
     """From nothing to a Ready ClusterPolicy (with --gpucluster: a Ready GPUCluster, the DRA stack):
     simulator + CRDs + default policy + operator, with a
     live nodes x components view, then a summary. Tears everything down unless --keep."""
     if helm and not real_node:
         raise typer.BadParameter("--helm needs --real-node: the chart's operator pod runs on the real node",
                                  param_hint="--helm")
+    if nested:
+        if shape or helm or real_node or gpucluster or kubernetes != "current":
+            raise typer.BadParameter("--nested brings its own two clusters: leave out --shape, --real-node, "
+                                     "--helm, --gpucluster and --kubernetes", param_hint="--nested")
+        from gpu_operator.sim.nested import demo as nested_demo
+
+        raise typer.Exit(nested_demo(_dir(directory), gpus, tenant_resource, keep, timeout))
     if gpucluster and (helm or real_node):
         raise typer.BadParameter("--gpucluster runs on the kwok GPU nodes only: leave out --real-node/--helm",
                                  param_hint="--gpucluster")
