@@ -4,6 +4,8 @@ outlive the command, record them in the state dir, report on them and tear them 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -147,7 +149,12 @@ def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, pro
     state.save()
     node.start(sandbox_started=True)
     if state.registry:
+        from gpu_operator.sim import helm
+
         node.trust_registry(state.registry["host"], Path(state.registry["ca"]))
+        # what a chart installed from the registry needs for the real node (as `--helm` writes it)
+        _, values = helm.values_for(Path(state.dir), REAL_NODE_NAME, str(host), [], [])
+        progress(f"the real node pulls from the registry; the values the real node needs: {values}")
     for name, (pid, log) in node.pids().items():
         state.add(Proc.of(name, pid, log))
     state.save()
@@ -171,6 +178,35 @@ def start_registry(state: SimState, progress: Progress) -> None:
     state.registry = {"host": reg.host, "user": reg.user, "password_file": str(secret), "ca": str(reg.ca_cert)}
     state.save()
     progress(f"registry at https://{reg.host} (user {reg.user}, password in {secret}, CA {reg.ca_cert})")
+    state.registry["chart_repo"] = start_chart_repo(state, reg.base_dir / "charts")
+    state.save()
+    progress(f"chart repository at {state.registry['chart_repo']} (our packaged chart and index.yaml)")
+
+
+def start_chart_repo(state: SimState, directory: Path, timeout: float = 30.0) -> str:
+    """A classic chart repository over HTTPS (sim/chartrepo.py, a process of its own) serving our
+    packaged chart and its index.yaml from `directory`; returns its URL."""
+    import helm_python
+
+    from gpu_operator.sim.helm import packaged_chart
+
+    packaged_chart(directory)
+    helm_python.repo_index_generate(directory)
+    log = Path(state.dir) / "logs" / "chart-repo.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.sim.chartrepo", str(directory),
+                                 str(Path(state.dir) / "pki")], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    state.add(Proc.of("chart-repo", proc.pid, log))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        served = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("serving https://")]
+        if served:
+            return served[-1].removeprefix("serving ")
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise SimError(f"the chart repository did not start; log {log}:\n{log.read_text(errors='replace')[-2000:]}")
 
 
 def stop_real_node(state: SimState) -> bool:

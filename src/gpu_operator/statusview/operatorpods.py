@@ -38,6 +38,21 @@ def _image_of(pod: dict[str, Any], container: str) -> str:
     return ""
 
 
+def _registry(image: str) -> str:
+    """The registry host of an image reference (Docker Hub when its first part is no host)."""
+    first, sep, _ = image.partition("/")
+    return first if sep and ("." in first or ":" in first or first == "localhost") else "docker.io"
+
+
+def _pull_secrets(pod: dict[str, Any], image: str) -> str:
+    """What to check when the pod pulls with Secrets: they come from operator.imagePullSecrets."""
+    names = [str(s.get("name", "")) for s in (pod.get("spec") or {}).get("imagePullSecrets") or []]
+    if not names:
+        return ""
+    return (f"; it pulls with the Secret {', '.join(names)} (operator.imagePullSecrets): check that it holds "
+            f"valid credentials for {_registry(image)}")
+
+
 def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
     """One line per pod of the chart's that waits on something it cannot get by itself."""
     out = []
@@ -49,7 +64,8 @@ def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
         where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         for container, reason, message in _waiting(pod):
             if reason in IMAGE_REASONS:
-                out.append(f"{role}: pod {where} cannot pull image {_image_of(pod, container)!r} ({reason}); "
+                image = _image_of(pod, container)
+                out.append(f"{role}: pod {where} cannot pull image {image!r} ({reason}){_pull_secrets(pod, image)}; "
                            f"the chart builds it from {IMAGE_KEYS}: fix them and `helm upgrade`, or "
                            "`helm uninstall --no-hooks` and `gpu-operator cleanup` if the release cannot "
                            "run its own hooks")

@@ -33,6 +33,21 @@ def test_an_operator_pod_that_cannot_pull_names_the_image_and_the_values_keys() 
     assert "helm uninstall --no-hooks" in line
 
 
+def test_a_pod_pulling_with_a_secret_names_it_the_values_key_and_the_registry() -> None:
+    pod = chart_pod("gpu-operator-crds-x1", "crds", waiting=("ErrImagePull", "401 Unauthorized"),
+                    image="127.0.0.1:5000/gpu-operator-py/gpu-operator:0.1.0")
+    pod["spec"]["imagePullSecrets"] = [{"name": "registry-creds"}]
+    [line] = operator_problems([pod])
+    assert line.startswith("the CRD hook Job (helm install/upgrade waits for it): pod gpu-operator/gpu-operator-crds-x1 "
+                           "cannot pull image '127.0.0.1:5000/gpu-operator-py/gpu-operator:0.1.0' (ErrImagePull); "
+                           "it pulls with the Secret registry-creds (operator.imagePullSecrets): check that it holds "
+                           "valid credentials for 127.0.0.1:5000; the chart builds it from")
+    # without a host in the reference the image comes from Docker Hub
+    pod["spec"]["containers"][0]["image"] = "nvidia/gpu-operator:v1"
+    [line] = operator_problems([pod])
+    assert "valid credentials for docker.io;" in line
+
+
 def test_each_hook_job_is_named_for_what_waits_on_it() -> None:
     pods = [chart_pod("gpu-operator-crds-x1", "crds", waiting=("ErrImagePull", "not found")),
             chart_pod("gpu-operator-cleanup-y2", "cleanup", waiting=("InvalidImageName", "bad reference"))]
