@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.sim.realspec import HOST_DRIVER_VERSION, RUNTIME_FILES
+from gpu_operator.shapes import DRIVER_VERSION as HOST_DRIVER_VERSION
 
 # model -> (PCI device ID, NVLink through NVSwitches): the SXM5 board's GPUs reach each other only
 # through the baseboard's NVSwitches (HGX H100); the PCIe card has no NVSwitch fabric.
@@ -46,6 +46,12 @@ _CHIPSET = (
     ("0000:00:1f.2", "8086", "2922", "010601", "ahci"),
     ("0000:00:1f.3", "8086", "2930", "0c0500", "i801_smbus"),
 )
+# The guest's container runtime: stock containerd, CRI on, runc by default (as realspec's hosts).
+_CONTAINERD = {
+    "/etc/containerd/config.toml": 'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+    '  default_runtime_name = "runc"\n',
+    "/run/containerd/containerd.sock": "",
+}
 KUBEVIRT_DMI = {"sys_vendor": "KubeVirt", "product_name": "None", "product_family": "KubeVirt"}
 _FLAGS = (
     "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse "
@@ -156,7 +162,7 @@ def guest_spec(
         f"flags\t\t: {_FLAGS}\n\n"
         for cpu in range(2)
     )
-    files.update(RUNTIME_FILES["containerd"])
+    files.update(_CONTAINERD)
     spec: dict[str, Any] = {
         "description": f"KubeVirt VM guest with {gpus} {model}" + (" vGPU(s)" if vgpu else " passed through"),
         "os": {"id": "ubuntu", "version_id": "22.04", "pretty": "Ubuntu 22.04.5 LTS"},

@@ -29,3 +29,10 @@ def test_the_driver_goes_to_the_gpus_only(tmp_path: Path) -> None:
     assert missing.evidence[2] == (
         "the nvidia module is loaded, but /proc/driver/nvidia/params names no NvLinkDisable: not known"
     )
+
+
+def test_the_guest_runs_the_same_stock_containerd_as_the_simulators_hosts() -> None:
+    from gpu_operator.sim.realspec import RUNTIME_FILES
+
+    files = guesttree.guest_spec(1)["files"]
+    assert {k: files[k] for k in RUNTIME_FILES["containerd"]} == RUNTIME_FILES["containerd"]
