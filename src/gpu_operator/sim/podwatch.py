@@ -172,6 +172,14 @@ def describe(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def _status(err: Exception) -> int | None:
+    """The HTTP status of an API failure (None when it is not one)."""
+    if isinstance(err, ApiError):
+        return int(err.status.code or 0)
+    response = getattr(err, "response", None)
+    return None if response is None else int(response.status_code)
+
+
 def _watch_errors(err: Exception, count: int) -> OnErrorResult:
     """Resume a broken watch from its last version; a version too old (410) ends it: relist."""
     if isinstance(err, ApiError) and err.status.code == 410:
@@ -182,11 +190,13 @@ def _watch_errors(err: Exception, count: int) -> OnErrorResult:
 class Reflector:
     """List + watch of one resource (label-selected, every namespace); `on_change(old, new)` for
     each object added, changed or removed (None on the missing side). A watch too old or a failed
-    one relists and reports only the difference."""
+    one relists and reports only the difference; `optional`: a kind not served (404, its CRD not
+    installed) is logged at info, not as a warning."""
 
     def __init__(self, client: AsyncClient, resource: Any, labels: dict[str, Any],
-                 view: Callable[[Any], Any], on_change: Callable[[Any, Any], None], what: str) -> None:
-        self.client, self.resource, self.labels = client, resource, labels
+                 view: Callable[[Any], Any], on_change: Callable[[Any, Any], None], what: str,
+                 optional: bool = False) -> None:
+        self.client, self.resource, self.labels, self.optional = client, resource, labels, optional
         self.view, self.on_change, self.what = view, on_change, what
         self.objects: dict[tuple[str, str], Any] = {}
         self.synced = asyncio.Event()
@@ -226,7 +236,9 @@ class Reflector:
                 failures += 1
                 message = describe(err)
                 if message != self.last_error:  # once per distinct failure
-                    log.warning("%s: %s; listing again", self.what, message)
+                    # a kind not served (its CRD not installed) is normal where `optional`
+                    level = logging.INFO if self.optional and _status(err) == 404 else logging.WARNING
+                    log.log(level, "%s: %s; listing again", self.what, message)
                 self.last_error = message
                 await asyncio.sleep(min(0.5 * failures, 5.0))
 

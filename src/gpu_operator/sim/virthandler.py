@@ -187,7 +187,8 @@ class VirtHandler:
         def view(obj: Any) -> dict[str, Any]:
             return {"namespace": obj.metadata.namespace, "object": {"spec": dict(obj).get("spec") or {}}}
 
-        watch = Reflector(client, KubeVirt, {}, view, self._kubevirt_changed, "KubeVirt CRs")
+        # KubeVirt's API is served only where KubeVirt is installed: until then nothing is permitted
+        watch = Reflector(client, KubeVirt, {}, view, self._kubevirt_changed, "KubeVirt CRs", optional=True)
         self._tasks.append(asyncio.create_task(watch.run(), name="kubevirt-crs"))
         hosts = self.trees.hosts
         if hosts is not None:
