@@ -9,6 +9,10 @@
   packaged chart as a real dependency in its charts/ (what `helm dependency build` leaves), so it
   installs with no repository at hand.
 - index.yaml: `helm repo index` of the directory, with each archive's digest.
+- with --sign KEY --keyring SECRING: <archive>.prov next to each archive, Helm's provenance (an
+  OpenPGP clear-signed file with the archive's sha256), what `helm install --verify --keyring
+  PUBRING` checks, from a chart repository (served next to the archive) and from an OCI registry
+  (`helm push` uploads it with the chart).
 Both charts are linted (strict); a finding stops the release. Same sources, same bytes.
 """
 
@@ -20,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +75,32 @@ def _settle(tree: Path, epoch: int) -> None:
         os.utime(path, (epoch, epoch), follow_symlinks=False)
 
 
-def release(out: Path, digest: str | None, log: Any = print) -> dict[str, Path]:
-    """Write both packages and the index into `out`; returns {name: archive}."""
+@dataclass(frozen=True)
+class Signer:
+    """The OpenPGP key that signs the packages: a name (a unique part of its user id), the secret
+    keyring holding it, and a file with its passphrase for a protected key."""
+
+    key: str
+    keyring: Path
+    passphrase_file: Path | None = None
+
+
+def _sign(archive: Path, signer: Signer) -> Path:
+    try:
+        prov = helm_python.sign(archive, key=signer.key, keyring=signer.keyring, passphrase_file=signer.passphrase_file)
+    except helm_python.HelmError as err:
+        raise ReleaseError(f"--sign {signer.key!r} --keyring {signer.keyring}: {err} (the keyring must be a secret "
+                           "keyring, e.g. `gpg --export-secret-keys KEY > secring.gpg`; a protected key needs "
+                           "--passphrase-file)") from err
+    return Path(prov)
+
+
+def release(out: Path, digest: str | None, log: Any = print, signer: Signer | None = None) -> dict[str, Path]:
+    """Write both packages (signed when `signer` is given) and the index into `out`; returns
+    {name: archive}."""
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.tgz"):
+    for old in [*out.glob("*.tgz"), *out.glob("*.tgz.prov")]:
         old.unlink()
     with tempfile.TemporaryDirectory(prefix="gpu-operator-chart-") as tmp:
         ours = Path(tmp) / "gpu-operator"
@@ -102,9 +128,11 @@ def release(out: Path, digest: str | None, log: Any = print) -> dict[str, Path]:
         platform = Path(helm_python.package(wrapper, destination=out))
     helm_python.repo_index_generate(out)
     archives = {"gpu-operator": packaged, "cozy-gpu-operator": platform}
-    for name, archive in archives.items():
+    for archive in archives.values():
         log(f"chart: {archive.relative_to(out.parent) if out.parent in archive.parents else archive} "
             f"{helm_python.digest(archive)}")
+        if signer is not None:
+            log(f"chart: signed by {signer.key!r}: {_sign(archive, signer).name}")
     return archives
 
 
@@ -112,7 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "dist" / "charts", help="output directory")
     parser.add_argument("--digest", help="pin our image to this digest (default: dist/<image>.digest if present)")
+    parser.add_argument("--sign", metavar="KEY", help="sign each package with this OpenPGP key (Helm provenance)")
+    parser.add_argument("--keyring", type=Path, help="with --sign: the secret keyring holding KEY")
+    parser.add_argument("--passphrase-file", type=Path, help="with --sign: a file with the key's passphrase")
     args = parser.parse_args(argv)
+    if bool(args.sign) != bool(args.keyring):
+        parser.error("--sign KEY and --keyring SECRING go together (e.g. --sign 'Release Team' "
+                     "--keyring secring.gpg from `gpg --export-secret-keys`)")
+    signer = Signer(args.sign, args.keyring, args.passphrase_file) if args.sign else None
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     digest = args.digest
     digest_file = REPO / "dist" / f"gpu-operator-{app_version}.digest"
@@ -121,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if digest is not None and not digest.startswith("sha256:"):
         parser.error(f"--digest {digest!r}: give the image's sha256:<hex> digest")
     try:
-        release(args.out, digest, log=lambda m: print(m, file=sys.stderr))
+        release(args.out, digest, log=lambda m: print(m, file=sys.stderr), signer=signer)
     except ReleaseError as err:
         print(f"chart: {err}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.support.chart import find, objects
+from tests.support.gpgkey import make_key
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -78,3 +79,32 @@ def test_a_wrapper_pinned_to_another_chart_version_stops_the_release(tmp_path: P
     monkeypatch.setattr(release, "WRAPPER", wrapper)
     with pytest.raises(release.ReleaseError, match="depends on gpu-operator 9.9.9, the chart is 0.1.0"):
         release.release(tmp_path / "out", None, log=lambda _m: None)
+
+
+def test_signed_packages_verify_and_a_tampered_or_foreign_one_does_not(tmp_path: Path) -> None:
+    """--sign: each package gets Helm's provenance; `helm verify` (the check `helm install --verify`
+    makes) accepts it with the signer's public keyring, refuses it with another one, and refuses
+    an archive changed after signing."""
+    ours, other = make_key(tmp_path / "ours", "gpu-operator release"), make_key(tmp_path / "other", "someone else")
+    out = tmp_path / "charts"
+    archives = release.release(out, None, log=lambda _m: None, signer=release.Signer(ours.name, ours.secring))
+    for archive in archives.values():
+        verified = helm_python.verify(archive, ours.pubring)
+        assert verified["signed_by"] == ["gpu-operator release <release@gpu-operator.invalid>"]
+        assert verified["file_hash"] == helm_python.digest(archive)
+        with pytest.raises(helm_python.HelmChartInvalidError):
+            helm_python.verify(archive, other.pubring)
+    tampered = tmp_path / "tampered" / archives["gpu-operator"].name
+    tampered.parent.mkdir()
+    tampered.write_bytes(archives["gpu-operator"].read_bytes() + b"\0")
+    shutil.copy(archives["gpu-operator"].with_name(tampered.name + ".prov"), tampered.with_name(tampered.name + ".prov"))
+    with pytest.raises(helm_python.HelmChartInvalidError):
+        helm_python.verify(tampered, ours.pubring)
+
+
+def test_a_public_keyring_for_signing_names_the_flags_and_the_fix(tmp_path: Path) -> None:
+    ours = make_key(tmp_path / "ours", "gpu-operator release")
+    with pytest.raises(release.ReleaseError) as err:
+        release.release(tmp_path / "charts", None, log=lambda _m: None,
+                        signer=release.Signer(ours.name, ours.pubring))
+    assert str(err.value).startswith(f"--sign 'gpu-operator release' --keyring {ours.pubring}: ")
