@@ -119,9 +119,44 @@ def components_of(daemonset: dict[str, Any]) -> list[str]:
 
 
 def selects(daemonset: dict[str, Any], node: dict[str, Any]) -> bool:
-    selector = daemonset["spec"]["template"]["spec"].get("nodeSelector") or {}
+    """Whether the DaemonSet's pods go to `node`: its nodeSelector and its required node affinity
+    (the operator splits one operand over DaemonSets by affinity: a toolkit per runtime, a driver
+    for VM guests whose NVLink fabric is missing)."""
+    spec = daemonset["spec"]["template"]["spec"]
     labels = _labels(node)
-    return all(labels.get(k) == v for k, v in selector.items())
+    if not all(labels.get(k) == v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms")
+    if not terms:
+        return True
+    fields = {"metadata.name": _name(node)}
+    # the terms are ORed, the requirements within a term ANDed (a term without any matches nothing)
+    return any((term.get("matchExpressions") or term.get("matchFields"))
+               and all(_requirement(r, labels) for r in term.get("matchExpressions") or [])
+               and all(_requirement(r, fields) for r in term.get("matchFields") or [])
+               for term in terms)
+
+
+def _requirement(req: dict[str, Any], values: dict[str, str]) -> bool:
+    """One node selector requirement (In, NotIn, Exists, DoesNotExist; Gt, Lt on integers)."""
+    key, op, wanted = req.get("key", ""), req.get("operator"), [str(v) for v in req.get("values") or []]
+    have = values.get(key)
+    if op == "In":
+        return have in wanted
+    if op == "NotIn":
+        return have not in wanted
+    if op == "Exists":
+        return have is not None
+    if op == "DoesNotExist":
+        return have is None
+    if op in ("Gt", "Lt") and have is not None and wanted:
+        try:
+            return int(have) > int(wanted[0]) if op == "Gt" else int(have) < int(wanted[0])
+        except ValueError:
+            return False
+    return False
 
 
 def pod_ready(pod: dict[str, Any]) -> bool:

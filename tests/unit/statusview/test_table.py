@@ -112,6 +112,37 @@ def test_a_daemonset_with_an_extra_selector_only_counts_where_it_selects() -> No
     assert "no pod of DaemonSet mps yet" in mps.detail
 
 
+def test_daemonsets_split_by_node_affinity_count_only_where_they_schedule() -> None:
+    """The driver split for VM guests (NVIDIA's DaemonSet NotIn the guest by name, ours In it) and the
+    toolkit split by runtime (NotIn/In on the runtime-group label): each node is counted against the
+    DaemonSet whose pod the scheduler would place there, not against both."""
+    def affine(ds: dict[str, Any], **term: Any) -> dict[str, Any]:
+        ds["spec"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+        return ds
+
+    guest, dgx = node("guest-0", driver="true"), node("dgx-0", driver="true")
+    k3s = node("k3s-0", container_toolkit="true")
+    k3s["metadata"]["labels"]["nvidia.com/gpu.container-runtime"] = "k3s"
+    stock_node = node("plain-0", container_toolkit="true")
+    dss = [affine(daemonset("nvidia-driver-daemonset", "driver"),
+                  matchFields=[{"key": "metadata.name", "operator": "NotIn", "values": ["guest-0"]}]),
+           affine(daemonset("nvidia-driver-daemonset-guest-nvlink-off", "driver"),
+                  matchFields=[{"key": "metadata.name", "operator": "In", "values": ["guest-0"]}]),
+           affine(daemonset("toolkit", "container-toolkit"),
+                  matchExpressions=[{"key": "nvidia.com/gpu.container-runtime", "operator": "NotIn", "values": ["k3s"]}]),
+           affine(daemonset("toolkit-k3s", "container-toolkit"),
+                  matchExpressions=[{"key": "nvidia.com/gpu.container-runtime", "operator": "In", "values": ["k3s"]}])]
+    pods = [pod("nvidia-driver-daemonset", "dgx-0"), pod("nvidia-driver-daemonset-guest-nvlink-off", "guest-0"),
+            pod("toolkit", "plain-0"), pod("toolkit-k3s", "k3s-0")]
+    view = build_view([guest, dgx, k3s, stock_node], dss, pods, [policy()])
+    cells = {r.name: r.cells for r in view.rows}
+    assert cells["guest-0"]["driver"].ready is True, cells["guest-0"]["driver"].detail
+    assert cells["dgx-0"]["driver"].ready is True
+    assert cells["k3s-0"]["container-toolkit"].ready is True, cells["k3s-0"]["container-toolkit"].detail
+    assert cells["plain-0"]["container-toolkit"].ready is True
+
+
 def test_validation_state_follows_the_validator_init_containers() -> None:
     steps = ["driver-validation", "toolkit-validation", "cuda-validation", "plugin-validation"]
     assert validation_state(None) == ""
