@@ -11,7 +11,9 @@ registry login under the test's directory."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,9 +39,11 @@ from tests.integration.realnode_fixtures import REAL_NODE, api_log
 from tests.integration.registry_fixtures import PushedImage
 from tests.integration.test_registry_pull import pull_secret
 from tests.support.cleanup import delete_if_present
+from tests.support.gpgkey import make_key
 from tests.support.status import policy_status
 from tests.support.waiting import wait_for
 
+REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpu-operator-registry"
 RELEASE = "gpu-operator"
 SECRET = "registry-creds"
@@ -68,6 +72,11 @@ class Site:
             "KUBECONFIG": str(self.plane.admin_kubeconfig),
             **{f"HELM_{k}_HOME": str(self.home / k.lower()) for k in ("CONFIG", "CACHE", "DATA")},
         }
+
+    def run_helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [helm_command(), *args], capture_output=True, text=True, env=self.env(), timeout=120, check=False
+        )
 
     def helm(self, *args: str, stdin: str | None = None, timeout: float = 360) -> str:
         done = subprocess.run(
@@ -279,3 +288,87 @@ def test_a_wrong_pull_secret_is_named_by_status(site: Site) -> None:
         helm.communicate(timeout=30)
     assert len(shown) == 1, shown
     assert any(r["user"] == registry.user and r["status"] == "401" for r in registry.requests())
+
+
+def test_a_signed_release_verifies_from_oci_and_the_chart_repository(site: Site, tmp_path: Path) -> None:
+    """`./dev chart --sign` and tools/chart/push.sh (what `./dev release` chains): `helm pull --verify`
+    (the check `helm install --verify` makes) accepts the signed chart from the registry and from a
+    chart repository serving the release directory; the unsigned chart and another signer's keyring
+    are refused with Helm's messages."""
+    ours, other = (
+        make_key(tmp_path / "ours", "gpu-operator release"),
+        make_key(tmp_path / "other", "someone else"),
+    )
+    charts, registry = tmp_path / "charts", site.image.registry
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "chart" / "release.py"),
+            "--out",
+            str(charts),
+            "--sign",
+            ours.name,
+            "--keyring",
+            str(ours.secring),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    creds = tmp_path / "creds"
+    creds.write_text(f"{registry.user}:{registry.password}")
+    pushed = subprocess.run(
+        [
+            str(REPO / "tools" / "chart" / "push.sh"),
+            f"{registry.host}/signed",
+            "--ca-file",
+            site.ca,
+            "--creds-file",
+            str(creds),
+            "--charts",
+            str(charts),
+        ],
+        env=site.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    assert pushed.stdout.splitlines() == [f"oci://{registry.host}/signed/charts/gpu-operator"]
+    digest = helm_python.digest(charts / f"gpu-operator-{__version__}.tgz")
+
+    def pull(chart: str, keyring: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        out = tmp_path / "pulled"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        return site.run_helm(
+            "pull",
+            chart,
+            "--version",
+            __version__,
+            "--verify",
+            "--keyring",
+            str(keyring),
+            "--destination",
+            str(out),
+            *extra,
+        )
+
+    signed = pull(f"oci://{registry.host}/signed/charts/gpu-operator", ours.pubring, "--ca-file", site.ca)
+    assert signed.returncode == 0, signed.stderr
+    assert f"Chart Hash Verified: {digest}" in signed.stdout.splitlines()
+    unsigned = pull(f"oci://{registry.host}/charts/gpu-operator", ours.pubring, "--ca-file", site.ca)
+    assert unsigned.returncode == 1
+    assert unsigned.stderr.splitlines()[-1] == (
+        f'Error: failed to fetch provenance "oci://{registry.host}/charts/gpu-operator:{__version__}.prov"'
+    )
+    foreign = pull(f"oci://{registry.host}/signed/charts/gpu-operator", other.pubring, "--ca-file", site.ca)
+    assert foreign.returncode == 1
+    assert foreign.stderr.splitlines()[-1] == "Error: openpgp: signature made by unknown entity"
+
+    with ChartRepo(charts, registry.pki_dir) as repo:
+        site.helm("repo", "add", "signed-release", repo.url, "--ca-file", site.ca)
+        from_repo = pull("signed-release/gpu-operator", ours.pubring)
+    assert from_repo.returncode == 0, from_repo.stderr
+    assert f"Chart Hash Verified: {digest}" in from_repo.stdout.splitlines()

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Pushes a release to an OCI registry: our image (dist/gpu-operator-<version>.index.oci.tar, the
+# multi-arch index of `./dev image --arch all`, else dist/gpu-operator-<version>.oci.tar) with
+# skopeo --all --preserve-digests, so the digest `./dev chart` pinned names the same image there,
+# and the chart package (dist/charts/gpu-operator-<version>.tgz) with `helm push`, which uploads its
+# provenance (.prov, `./dev chart --sign`) with it. `./dev release` runs it after image and chart.
+#
+#   tools/chart/push.sh REGISTRY [--ca-file CA] [--creds-file FILE] [--dist DIR] [--charts DIR]
+#     REGISTRY      host[:port][/path]: the image goes to REGISTRY/gpu-operator-py/gpu-operator:<version>,
+#                   the chart to oci://REGISTRY/charts/gpu-operator:<version>
+#     --ca-file     the registry's CA (PEM) when no public CA signed its certificate
+#     --creds-file  a file holding USER:PASSWORD for the registry (helm and skopeo log in with it)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+fail() { echo "push: $*" >&2; exit 2; }
+
+registry=${1:-}; [ -n "$registry" ] && [ "${registry#-}" = "$registry" ] \
+  || fail "usage: tools/chart/push.sh REGISTRY [--ca-file CA] [--creds-file FILE] [--dist DIR] [--charts DIR]"
+shift
+ca="" creds="" dist="$repo/dist" charts=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ca-file) ca=${2:?--ca-file needs a file}; shift 2 ;;
+    --creds-file) creds=${2:?--creds-file needs a file}; shift 2 ;;
+    --dist) dist=${2:?--dist needs a directory}; shift 2 ;;
+    --charts) charts=${2:?--charts needs a directory}; shift 2 ;;
+    *) fail "unknown option $1" ;;
+  esac
+done
+charts=${charts:-$dist/charts}
+[ -z "$ca" ] || [ -f "$ca" ] || fail "--ca-file $ca: no such file"
+[ -z "$creds" ] || [ -f "$creds" ] || fail "--creds-file $creds: no such file"
+version=$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2}' "$repo/deployments/gpu-operator/Chart.yaml")
+image=$dist/gpu-operator-$version.index.oci.tar
+[ -f "$image" ] || image=$dist/gpu-operator-$version.oci.tar
+[ -f "$image" ] || fail "$image is missing: run ./dev image first"
+chart=$charts/gpu-operator-$version.tgz
+[ -f "$chart" ] || fail "$chart is missing: run ./dev chart first"
+helm=${GPU_OPERATOR_HELM:-helm}
+
+skopeo_args=() helm_tls=()
+if [ -n "$ca" ]; then
+  certs=$(mktemp -d); trap 'rm -rf "$certs"' EXIT
+  cp "$ca" "$certs/ca.crt"  # skopeo reads a directory: *.crt are CAs
+  skopeo_args+=(--dest-cert-dir "$certs"); helm_tls+=(--ca-file "$ca")
+fi
+if [ -n "$creds" ]; then
+  skopeo_args+=(--dest-creds "$(cat "$creds")")
+  cut -d: -f2- "$creds" | "$helm" registry login "${registry%%/*}" --username "$(cut -d: -f1 "$creds")" \
+    --password-stdin "${helm_tls[@]}" >&2
+fi
+ref=$registry/gpu-operator-py/gpu-operator:$version
+skopeo copy --quiet --all --preserve-digests "${skopeo_args[@]}" "oci-archive:$image" "docker://$ref"
+echo "push: image $ref from $(basename "$image")" >&2
+"$helm" push "$chart" "oci://$registry/charts" "${helm_tls[@]}" >&2
+[ -f "$chart.prov" ] && echo "push: chart with its provenance $(basename "$chart").prov" >&2
+echo "oci://$registry/charts/gpu-operator"
