@@ -218,6 +218,19 @@ def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
                     _clear(f))
 
 
+def hold_stale_success(d: Decision, config: str | None, applied: str | None, held: tuple[str, float] | None,
+                       now: float, poll: float) -> tuple[str, float] | None:
+    """A node whose `mig.config` changed while its state still says `success` of the config applied
+    before (`applied`: the unit saw it so): the MIG manager writes `pending` once it acts, or
+    `success` again where the new config is already applied (the same value: no event). Until
+    `poll` seconds have passed the unit holds its condition as it is, rather than write "applied"
+    now and "in progress" a moment later. Returns (config, since) while holding, None to go on."""
+    if d.kind is not Kind.APPLIED or applied is None or applied == config or config is None:
+        return None
+    since = held[1] if held is not None and held[0] == config else now
+    return (config, since) if now < since + poll else None
+
+
 def _clear(f: Facts) -> dict[str, str | None]:
     present = {MIG_PENDING_SINCE: f.pending_since, MIG_RESTORE: f.restore, MIG_RETRY: f.retry_from}
     return {k: None for k, v in present.items() if v is not None}

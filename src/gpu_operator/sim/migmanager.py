@@ -38,9 +38,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import httpx2 as httpx
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.operators import exists
@@ -67,6 +68,8 @@ VALIDATOR_APPS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
 OPERATOR_VALIDATOR = "nvidia-operator-validator"
 WAIT_TIMEOUT = 300.0
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
+TRANSPORT_TRIES = 5
+T = TypeVar("T")
 
 
 def paused(value: str | None) -> str:
@@ -185,8 +188,10 @@ class MigManager:
         return None
 
     async def label(self, client: AsyncClient, node: str, labels: dict[str, str]) -> None:
-        await client.patch(Node, node, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE,
-                           field_manager=FIELD_MANAGER)
+        async def patched() -> Node:
+            return await client.patch(Node, node, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE,
+                                      field_manager=FIELD_MANAGER)
+        await self._unhurried(patched)
 
     async def reconfigure(self, client: AsyncClient, node: str, shape: Shape, pod: PodView, value: str) -> None:
         try:
@@ -194,7 +199,7 @@ class MigManager:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the real one logs and waits for the next change
-            log.warning("node %s: MIG manager: %s", node, err)
+            log.warning("node %s: MIG manager: %s", node, describe(err))
 
     async def _reconfigure(self, client: AsyncClient, node: str, shape: Shape, pod: PodView, value: str) -> None:
         labels = dict(_labels(await client.get(Node, node)))
@@ -238,16 +243,35 @@ class MigManager:
         log.info("node %s: MIG config %s applied to %d GPUs: %s", node, value, len(result), "; ".join(layouts))
 
     async def _pods(self, client: AsyncClient, node: str, namespace: str, app: str) -> list[Pod]:
-        return [p async for p in client.list(Pod, namespace=namespace, labels={"app": app},
-                                             fields={"spec.nodeName": node})]
+        async def listed() -> list[Pod]:
+            return [p async for p in client.list(Pod, namespace=namespace, labels={"app": app},
+                                                 fields={"spec.nodeName": node})]
+        return await self._unhurried(listed)
+
+    async def _unhurried(self, call: Callable[[], Awaitable[T]]) -> T:
+        """`call`, again after a request that never got an answer (a timeout, a connection): every
+        node's MIG manager here shares one client and its connections, which a real one, a process
+        per node, does not; an answer of the apiserver (ApiError) is not retried."""
+        for attempt in range(TRANSPORT_TRIES):
+            try:
+                return await call()
+            except ApiError:
+                raise
+            except (httpx.TransportError, OSError) as err:
+                if attempt == TRANSPORT_TRIES - 1:
+                    raise
+                log.debug("MIG manager: %s; trying again", describe(err))
+                await asyncio.sleep(self.poll)
+        raise AssertionError("unreachable")
 
     async def _gpu_pods(self, client: AsyncClient, node: str) -> list[str]:
         """The node's running pods given GPUs by the kubelet (their processes hold the GPUs), namespace/name;
         not those being deleted (the validator pods it just deleted: finished, holding nothing)."""
-        found = [f"{meta.namespace}/{meta.name}" async for p in client.list(
-            Pod, namespace="*", fields={"spec.nodeName": node, "status.phase": "Running"})
-            if (meta := p.metadata) is not None and not meta.deletionTimestamp and holds_gpus(p)]
-        return sorted(found)
+        async def listed() -> list[str]:
+            return [f"{meta.namespace}/{meta.name}" async for p in client.list(
+                Pod, namespace="*", fields={"spec.nodeName": node, "status.phase": "Running"})
+                if (meta := p.metadata) is not None and not meta.deletionTimestamp and holds_gpus(p)]
+        return sorted(await self._unhurried(listed))
 
     async def _wait_clients_gone(self, client: AsyncClient, node: str, namespace: str) -> None:
         loop = asyncio.get_running_loop()

@@ -18,7 +18,7 @@ from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
-from gpu_operator.controllers.units.mig import MIGUnit, PassReport
+from gpu_operator.controllers.units.mig import ECHO_WAIT, MIGUnit, PassReport
 from gpu_operator.render.states.mig_manager import default_mig_config
 from gpu_operator.vocabulary import (
     MIG_CONDITION,
@@ -317,3 +317,73 @@ def test_a_failed_change_names_the_running_pods_given_gpus_of_any_namespace() ->
     expected = mr.failed_message(mr.Facts("n1", "all-1g.10gb", "failed", (), mr.Manager.RUNNING,
                                           holders=("team-a/train-0",)))
     assert message == expected
+
+
+def test_a_new_config_over_a_stale_success_writes_nothing_until_the_mig_manager_acts() -> None:
+    kube, clock = Kube(), Clock()
+    mig_node(kube, **{MIG_CONFIG: "all-disabled", MIG_CONFIG_STATE: "success"})
+    unit = make(kube, clock=clock)
+    run_pass(unit, kube)
+    assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-disabled' applied")
+    writes = len(kube.writes())
+
+    # the label changed; the state still says success of all-disabled: no write, a look again within the poll
+    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG] = "all-1g.10gb"
+    report = run_pass(unit, kube)
+    assert len(kube.writes()) == writes and report.requeue == SETTINGS.mig_poll
+    # the MIG manager starts: in progress, one request
+    pause(kube)
+    run_pass(unit, kube)
+    assert condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
+    assert len(kube.writes()) == writes + 1
+
+
+def test_a_new_config_already_applied_is_reported_once_the_poll_passed() -> None:
+    kube, clock = Kube(), Clock()
+    mig_node(kube, **{MIG_CONFIG: "all-disabled", MIG_CONFIG_STATE: "success"})
+    unit = make(kube, clock=clock)
+    run_pass(unit, kube)
+    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG] = "all-balanced"  # its success written again: no change
+    run_pass(unit, kube)
+    assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-disabled' applied")
+    clock.now += SETTINGS.mig_poll
+    run_pass(unit, kube)
+    assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-balanced' applied")
+
+
+def test_a_decision_made_again_from_a_view_without_the_units_echo_is_not_written_twice() -> None:
+    import copy
+
+    kube, clock = Kube(), Clock()
+    mig_node(kube, **{MIG_CONFIG_STATE: "pending"})  # the MIG manager wrote pending; its pause comes next
+    stale = copy.deepcopy(kube.nodes["n1"])
+    unit = make(kube, clock=clock)
+    run_pass(unit, kube)
+    writes = len(kube.writes())
+    assert condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
+
+    # the MIG manager's pause reaches the unit before the echo of its own write: the view lacks both
+    stale["metadata"]["labels"].update({DP: MIG_PAUSED, GFD: MIG_PAUSED})
+    view = NodeView.of(stale)
+    unit.wants(NodeEvent("n1", view))
+    unit.model.node = lambda name: view  # type: ignore[method-assign]
+    asyncio.run(unit.reconcile())
+    assert len(kube.writes()) == writes  # not written again
+    # past the wait for the echo, a view still without it is written again
+    clock.now += ECHO_WAIT
+    unit.wants(NodeEvent("n1", view))
+    asyncio.run(unit.reconcile())
+    assert len(kube.writes()) == writes + 1
+
+
+def test_a_success_after_the_change_moved_is_reported_at_once() -> None:
+    kube, clock = Kube(), Clock()
+    mig_node(kube, **{MIG_CONFIG: "all-disabled", MIG_CONFIG_STATE: "success"})
+    unit = make(kube, clock=clock)
+    run_pass(unit, kube)
+    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG] = "all-1g.10gb"
+    pause(kube)
+    run_pass(unit, kube)  # in progress
+    kube.nodes["n1"]["metadata"]["labels"].update({MIG_CONFIG_STATE: "success", DP: "true", GFD: "true"})
+    run_pass(unit, kube)
+    assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")

@@ -88,6 +88,24 @@ def _watched(view: NodeView) -> tuple[object, ...]:
             ours, view.mig_condition)
 
 
+# How long a write of the unit waits for its echo in the Node view before it may be written again
+ECHO_WAIT = 15.0
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What the unit last wrote to a node (its decision's key, the condition, the annotations), and when."""
+
+    key: tuple[object, ...]
+    condition: tuple[str, str, str] | None
+    notes: dict[str, str | None]
+    at: float
+
+    def echoed(self, view: NodeView) -> bool:
+        """The node's view shows the write: its echo came."""
+        return view.mig_condition == self.condition and all(view.annotations.get(k) == v for k, v in self.notes.items())
+
+
 @dataclass
 class PassReport(NodePass):
     """What one pass wrote (for logs and tests)."""
@@ -105,6 +123,10 @@ class MIGUnit(UnitBase):
         self.kube, self.settings, self.model, self.clock = kube, settings, model, clock
         self.queue = NodeQueue(_watched)
         self._active: set[str] = set()  # nodes in or after a change: looked at on every pass
+        # node -> the mig.config the unit saw applied, the state not moved since (memory only)
+        self._applied: dict[str, str] = {}
+        self._held: dict[str, tuple[str, float]] = {}  # node -> (new mig.config, since) while its success is stale
+        self._sent: dict[str, Sent] = {}  # node -> the unit's last write, until its echo shows in the view
         self._everything = True
         if settings.mig_change_budget < MIG_MANAGER_WAIT:
             log.warning("mig_change_budget %g s is below the MIG manager's %d s wait for the GPU clients to stop: "
@@ -117,6 +139,9 @@ class MIGUnit(UnitBase):
         if isinstance(event, NodeEvent):
             if event.view is None:
                 self._active.discard(event.name)
+                self._applied.pop(event.name, None)
+                self._held.pop(event.name, None)
+                self._sent.pop(event.name, None)
             return self.queue.changed(event)
         if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
             self._everything = True
@@ -177,17 +202,39 @@ class MIGUnit(UnitBase):
             attempts=attempts, retry_from=retry_from, valid=valid, layouts=layout_name,
             clients=self._clients(pods), holders=self._holders(pods) if state == mr.FAILED else ())
         decision = mr.decide(facts, now, self.settings.mig_change_budget, self.settings.mig_retry_backoff)
+        held = mr.hold_stale_success(decision, config, self._applied.get(view.name), self._held.get(view.name),
+                                     now, self.settings.mig_poll)
+        if held is not None:  # the MIG manager has not acted on the new config yet: nothing to write
+            self._held[view.name] = held
+            self._active.add(view.name)
+            return held[1] + self.settings.mig_poll
+        self._held.pop(view.name, None)
+        if decision.kind is mr.Kind.APPLIED and config is not None:
+            self._applied[view.name] = config
+        else:  # the state moved since: a later success is the MIG manager's answer, not a stale one
+            self._applied.pop(view.name, None)
         if decision.kind in (mr.Kind.IN_PROGRESS, mr.Kind.STUCK, mr.Kind.FAILED):
             self._active.add(view.name)
         else:
             self._active.discard(view.name)
+        sent = self._sent.get(view.name)
+        key = (decision.condition, tuple(sorted(decision.notes)))
+        if sent is not None and (sent.echoed(view) or now >= sent.at + ECHO_WAIT):
+            del self._sent[view.name]
+        elif sent is not None and sent.key == key and not decision.retry:
+            # what this unit wrote a moment ago, decided again from a view its echo has not reached yet
+            # (another writer's change of the node came first): no second write
+            return min(w for w in (decision.wake, sent.at + ECHO_WAIT) if w is not None)
         if decision.notes and (decision.condition is None or decision.condition == view.mig_condition):
             await self.kube.merge_patch("v1", "Node", view.name, {"metadata": {"annotations": decision.notes}})
             report.notes += 1
             await self._condition(view, decision, report)
+            wrote = True
         else:  # the annotations go with the condition's write: one request
-            await self._condition(view, decision, report, notes=decision.notes)
+            wrote = await self._condition(view, decision, report, notes=decision.notes)
             report.notes += bool(decision.notes)
+        if wrote:
+            self._sent[view.name] = Sent(key, decision.condition, dict(decision.notes), now)
         if decision.retry:
             await self._restart_manager(view.name, pods or [])
             report.retries += 1
@@ -243,15 +290,16 @@ class MIGUnit(UnitBase):
     # -- writes
 
     async def _condition(self, view: NodeView, d: mr.Decision, report: PassReport,
-                         notes: dict[str, str | None] | None = None) -> None:
+                         notes: dict[str, str | None] | None = None) -> bool:
+        """Write the condition where it changed (with `notes` in the same request); True if written."""
         want = d.condition
         have = view.mig_condition
         if want == have:
-            return
+            return False
         if want is None:
             await nodestatus.delete_condition(self.kube, view.name, MIG_CONDITION)
             report.conditions += 1
-            return
+            return True
         status, reason, message = want
         await nodestatus.set_condition(self.kube, view.name, MIG_CONDITION, status, reason, message,
                                        moved=have is None or have[0] != status, annotations=notes)
@@ -270,6 +318,7 @@ class MIGUnit(UnitBase):
                 await self.kube.event({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": source.name,
                                        "uid": source.uid}, MIG_EVENT_REASON, f"node {view.name}: {reason}: {message}")
                 report.events += 1
+        return True
 
     async def _restart_manager(self, node: str, pods: list[dict[str, Any]]) -> None:
         """The retry: the node's MIG manager pod deleted; its DaemonSet starts a new one, whose
