@@ -57,10 +57,10 @@ class Binaries:
         return all(p.is_file() and os.access(p, os.X_OK) for p in binaries) and (self.root / "stages").is_dir()
 
 
-def build_script() -> Path | None:
-    """tools/controlplane/build.sh of the source checkout this package runs from, if any."""
+def build_script(tool: str = "controlplane") -> Path | None:
+    """tools/<tool>/build.sh of the source checkout this package runs from, if any."""
     for parent in Path(__file__).resolve().parents:
-        candidate = parent / "tools" / "controlplane" / "build.sh"
+        candidate = parent / "tools" / tool / "build.sh"
         if candidate.is_file():
             return candidate
     return None

@@ -425,11 +425,11 @@ class RealNode:
     def stop(self) -> None:
         kubelet = self.processes.pop("kubelet", None)
         if kubelet is not None:
-            _terminate(kubelet)
+            terminate(kubelet)
         with contextlib.suppress(Exception):
             self.containerd.stop()
         for proc in self.processes.values():
-            _terminate(proc)
+            terminate(proc)
         self.processes.clear()
         self.sandbox.stop()
         remove_cgroups(self.cgroup_name)
@@ -437,7 +437,7 @@ class RealNode:
             (self.egress_routes / f"{self.name}.json").unlink(missing_ok=True)
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     if proc.poll() is not None:
         return
     proc.terminate()

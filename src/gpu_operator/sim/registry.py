@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_operator.sim import pki as pki_mod
+from gpu_operator.sim.binaries import build_script
 
 ENV = "GPU_OPERATOR_REGISTRY"
 USER = "gpu-operator"
@@ -31,15 +32,6 @@ READY_LINE = "serving https://"
 
 class RegistryError(RuntimeError):
     """The registry could not be built or started; the message says why and what to do."""
-
-
-def build_script() -> Path | None:
-    """tools/registry/build.sh of the source checkout this package runs from, if any."""
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "tools" / "registry" / "build.sh"
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def locate() -> Path:
@@ -51,7 +43,7 @@ def locate() -> Path:
                 f"${ENV}={binary} is not an executable: unset it or run tools/registry/build.sh"
             )
         return binary
-    script = build_script()
+    script = build_script("registry")
     if script is None:
         raise RegistryError(
             f"the registry is not built: set ${ENV} to the binary tools/registry/build.sh "
@@ -149,15 +141,11 @@ class Registry:
         raise RegistryError(f"the registry did not start within {timeout:.0f}s; log {self.log}")
 
     def stop(self, timeout: float = 10.0) -> None:
+        from gpu_operator.sim.realnode import terminate
+
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        if proc is not None:
+            terminate(proc, timeout)
 
     def __enter__(self) -> Registry:
         return self.start()

@@ -89,6 +89,9 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
         if existing.kubernetes != kubernetes:
             raise SimError(f"the simulator running in {directory} runs Kubernetes {existing.kubernetes}, not "
                            f"{kubernetes}: stop it first (gpu-operator sim down) or choose another --dir")
+        if registry and not existing.registry:
+            raise SimError(f"the simulator running in {directory} has no registry: stop it first (gpu-operator "
+                           "sim down) and start it with --registry, or choose another --dir")
         progress(f"reusing the simulator already running in {directory}")
         return existing, False
     _prepare_dir(directory, progress)
