@@ -172,7 +172,7 @@ def start_registry(state: SimState, progress: Progress) -> None:
     from gpu_operator.sim.registry import Registry
 
     reg = Registry(Path(state.dir) / "registry", Path(state.dir) / "pki")
-    progress("starting the OCI registry (tools/registry; a first build takes ~20 s)")
+    progress("starting the OCI registry (tools/registry; a first build takes ~40 s)")
     reg.start()
     state.add(Proc.of("registry", reg.process.pid if reg.process else 0, reg.log))
     secret = reg.base_dir / "password"
