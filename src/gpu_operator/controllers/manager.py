@@ -49,7 +49,7 @@ class Manager:
         self.model = model = ReadModel(environment.namespace, node_map=self.nodes.views)
         self.watches = Watches(model, settings, self.dispatch, kube.statuses_written.get, self.stop.set)
         # the user's devicePlugin.config ConfigMap, by name (kopf's ConfigMap watch sees only ours)
-        self.plugin_config = ConfigMapWatch(kube.client, environment.namespace,
+        self.plugin_config = ConfigMapWatch(kube, environment.namespace,
                                             lambda _name: self.dispatch(ObjectEvent(Kind.PLUGIN_CONFIG)),
                                             settings.watch_backoff.delay)
         images = environment.images

@@ -17,8 +17,9 @@ import json
 import logging
 from collections.abc import Callable
 
-from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap
+
+from gpu_operator.kube.client import Kube
 
 log = logging.getLogger("gpu_operator.configwatch")
 
@@ -29,12 +30,12 @@ class ConfigMapWatch:
 
     def __init__(
         self,
-        client: AsyncClient,
+        kube: Kube,
         namespace: str,
         on_change: Callable[[str], None],
         backoff: Callable[[int], float],
     ) -> None:
-        self.client, self.namespace, self.on_change, self.backoff = client, namespace, on_change, backoff
+        self.kube, self.namespace, self.on_change, self.backoff = kube, namespace, on_change, backoff
         self.name: str | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -65,7 +66,7 @@ class ConfigMapWatch:
         failures = 0
         while True:
             try:
-                async for kind, obj in self.client.watch(
+                async for kind, obj in self.kube.client.watch(
                     ConfigMap, namespace=self.namespace, fields={"metadata.name": name}
                 ):
                     failures = 0
