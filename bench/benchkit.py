@@ -10,7 +10,7 @@ import ssl
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -160,6 +160,16 @@ def join_phases(events: Iterable[dict[str, Any]], latencies: dict[str, float], u
                            ("rest", latency - (p1 - c0))):
             phases[key].append(value)
     return phases
+
+
+async def watch_nodes(client: AsyncClient, see: Callable[[Node], None]) -> None:
+    """Every Node event to `see`, forever: a watch that ends or fails is started again."""
+    while True:
+        try:
+            async for _, node in client.watch(Node, server_timeout=60):
+                see(node)
+        except Exception:  # noqa: BLE001 - restart the watch
+            await asyncio.sleep(0.5)
 
 
 async def create_nodes(client: AsyncClient, manifests: Iterable[dict[str, Any]], concurrency: int) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import WRITE_VERBS, completed, create_nodes, proc_stats  # noqa: E402
+from benchkit import WRITE_VERBS, completed, create_nodes, proc_stats, watch_nodes  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
 from lightkube.types import PatchType  # noqa: E402
@@ -67,25 +67,23 @@ class StateWatch:
         self.armed = False
 
     async def run(self) -> None:
-        while True:
-            try:
-                async for _, node in self.client.watch(Node, server_timeout=60):
-                    meta = node.metadata
-                    assert meta is not None
-                    name, state = str(meta.name), (meta.labels or {}).get(MIG_CONFIG_STATE)
-                    self.state[name] = state
-                    conditions = (node.status.conditions if node.status else None) or []
-                    self.reason[name] = next(
-                        (f"{c.reason} {c.message}" for c in conditions if c.type == MIG_CONDITION), ""
-                    )
-                    if not self.armed:
-                        continue
-                    if state == "pending":
-                        self.pending.add(name)
-                    elif state == "success" and name in self.pending and name not in self.done_at:
-                        self.done_at[name] = time.monotonic()
-            except Exception:  # noqa: BLE001 - restart the watch
-                await asyncio.sleep(0.5)
+        await watch_nodes(self.client, self.see)
+
+    def see(self, node: Node) -> None:
+        meta = node.metadata
+        assert meta is not None
+        name, state = str(meta.name), (meta.labels or {}).get(MIG_CONFIG_STATE)
+        self.state[name] = state
+        conditions = (node.status.conditions if node.status else None) or []
+        self.reason[name] = next(
+            (f"{c.reason} {c.message}" for c in conditions if c.type == MIG_CONDITION), ""
+        )
+        if not self.armed:
+            return
+        if state == "pending":
+            self.pending.add(name)
+        elif state == "success" and name in self.pending and name not in self.done_at:
+            self.done_at[name] = time.monotonic()
 
     def count(self, state: str) -> int:
         return sum(1 for s in self.state.values() if s == state)

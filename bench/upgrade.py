@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import audit_writes, completed, create_nodes, proc_stats  # noqa: E402
+from benchkit import audit_writes, completed, create_nodes, proc_stats, watch_nodes  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node  # noqa: E402
 from lightkube.types import PatchType  # noqa: E402
@@ -51,17 +51,15 @@ class StateWatch:
         self.active = 0
 
     async def run(self) -> None:
-        while True:
-            try:
-                async for _, node in self.client.watch(Node, server_timeout=60):
-                    meta = node.metadata
-                    assert meta is not None
-                    state = (meta.labels or {}).get(UPGRADE_STATE, "")
-                    self.states[str(meta.name)] = state
-                    self.active = sum(1 for s in self.states.values() if s in ACTIVE)
-                    self.peak = max(self.peak, self.active)
-            except Exception:  # noqa: BLE001 - restart the watch
-                await asyncio.sleep(0.5)
+        await watch_nodes(self.client, self.see)
+
+    def see(self, node: Node) -> None:
+        meta = node.metadata
+        assert meta is not None
+        state = (meta.labels or {}).get(UPGRADE_STATE, "")
+        self.states[str(meta.name)] = state
+        self.active = sum(1 for s in self.states.values() if s in ACTIVE)
+        self.peak = max(self.peak, self.active)
 
     def count(self, state: str) -> int:
         return sum(1 for s in self.states.values() if s == state)
