@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 
+from gpu_operator.kube.client import Kube
 from gpu_operator.kube.configwatch import ConfigMapWatch
 
 
@@ -35,6 +36,11 @@ class FakeClient:
             yield item
 
 
+def over(client: FakeClient) -> Kube:
+    """A Kube whose client is the fake (all the watch uses of it)."""
+    return cast(Kube, SimpleNamespace(client=client))
+
+
 def configmap(name: str, **data: str) -> ConfigMap:
     return ConfigMap(metadata=ObjectMeta(name=name, labels={"any": "label"}), data=data)
 
@@ -43,12 +49,7 @@ def test_content_changes_are_reported_once_each_and_following_another_name_stops
     async def scenario() -> tuple[list[str], list[tuple[str | None, dict[str, str]]], int]:
         client = FakeClient()
         seen: list[str] = []
-        watch = ConfigMapWatch(
-            SimpleNamespace(client=client),
-            "gpu-operator",
-            seen.append,  # type: ignore[arg-type]
-            lambda _n: 0.0,
-        )
+        watch = ConfigMapWatch(over(client), "gpu-operator", seen.append, lambda _n: 0.0)
         watch.follow("time-slicing")
         q = client.queue("time-slicing")
         for item in (
@@ -88,12 +89,7 @@ def test_content_changes_are_reported_once_each_and_following_another_name_stops
 def test_no_name_no_watch() -> None:
     async def scenario() -> list[tuple[str | None, dict[str, str]]]:
         client = FakeClient()
-        watch = ConfigMapWatch(
-            SimpleNamespace(client=client),
-            "ns",
-            lambda _n: None,  # type: ignore[arg-type]
-            lambda _n: 0.0,
-        )
+        watch = ConfigMapWatch(over(client), "ns", lambda _n: None, lambda _n: 0.0)
         watch.follow(None)
         await asyncio.sleep(0)
         await watch.stop()
