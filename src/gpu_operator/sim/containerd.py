@@ -291,3 +291,18 @@ class PrivateContainerd:
                 f"containerd log {self.log}:\n{self.log_tail(15)}"
             )
         return RunResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+
+def hosts_toml(host: str, ca_cert: Path) -> str:
+    """containerd's registry host configuration (certs.d/<host>/hosts.toml) for ``host`` over
+    HTTPS, trusting ``ca_cert``."""
+    return "\n".join(
+        [
+            f'server = "https://{host}"',
+            "",
+            f'[host."https://{host}"]',
+            '  capabilities = ["pull", "resolve"]',
+            f'  ca = "{ca_cert}"',
+            "",
+        ]
+    )

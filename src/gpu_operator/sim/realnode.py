@@ -342,7 +342,7 @@ class RealNode:
     def trust_registry(self, host: str, ca_cert: Path) -> None:
         """Pull from the registry at `host` (127.0.0.1:PORT on this machine): containerd's host
         configuration for it with the CA, and a forwarder from the same address inside the node."""
-        from gpu_operator.sim.registry import hosts_toml
+        from gpu_operator.sim.containerd import hosts_toml
 
         hosts = self.base_dir / "certs.d" / host
         hosts.mkdir(parents=True, exist_ok=True)

@@ -196,18 +196,3 @@ class Registry:
         secret = password if password is not None else self.password
         auth = base64.b64encode(f"{self.user}:{secret}".encode()).decode()
         return {"auths": {self.host: {"username": self.user, "password": secret, "auth": auth}}}
-
-
-def hosts_toml(host: str, ca_cert: Path) -> str:
-    """containerd's registry host configuration (certs.d/<host>/hosts.toml) for ``host`` over
-    HTTPS, trusting ``ca_cert``."""
-    return "\n".join(
-        [
-            f'server = "https://{host}"',
-            "",
-            f'[host."https://{host}"]',
-            '  capabilities = ["pull", "resolve"]',
-            f'  ca = "{ca_cert}"',
-            "",
-        ]
-    )
