@@ -19,6 +19,8 @@ def intended_workload(report: HostReport, declared: str | None) -> tuple[str, st
         if declared not in WORKLOAD_CONFIGS:
             raise ValueError(f"workload config {declared!r} is not one of {', '.join(WORKLOAD_CONFIGS)}")
         return declared, "declared"
+    if report.vgpu_manager_loaded:  # the module NVIDIA's vGPU user guide has `lsmod` show on a vGPU host
+        return "vm-vgpu", "inferred from the vGPU manager's kernel module nvidia_vgpu_vfio (loaded)"
     if report.passthrough_intent.present:
         return "vm-passthrough", "inferred from " + "; ".join(report.passthrough_intent.evidence[:3])
     return "container", "default (nothing on the host asks for VMs)"

@@ -47,6 +47,9 @@ class HostReport(BaseModel):
     nouveau_loaded: bool = False
     vfio_pci_loaded: bool = False
     vfio_iommu_type1_loaded: bool = Field(default=False, description="the VFIO IOMMU backend VMs need")
+    vgpu_manager_loaded: bool = Field(
+        default=False, description="nvidia_vgpu_vfio loaded: NVIDIA's vGPU manager (host driver for vGPU) runs here"
+    )
     persistence: PersistInfo = Field(
         default_factory=PersistInfo, description="what the boot configuration puts on vfio-pci at the next boot"
     )
@@ -142,6 +145,7 @@ def probe(fs: HostFS, *, extra_search_dirs: tuple[str, ...] = ()) -> HostReport:
         nouveau_loaded="nouveau" in modules,
         vfio_pci_loaded="vfio-pci" in drivers or "vfio_pci" in modules,
         vfio_iommu_type1_loaded="vfio_iommu_type1" in modules,
+        vgpu_manager_loaded="nvidia_vgpu_vfio" in modules,
         persistence=inspect(fs, functions),
         loaded_pci_drivers=drivers,
         iommu=IommuInfo(enabled=groups > 0, groups=groups, cmdline_flags=_IOMMU_FLAGS.findall(cmdline)),

@@ -21,7 +21,9 @@ EXPECTED = {
     ("h100-vfio", "vm-passthrough"): (set(), set()),
     ("h100-nvidia-bound", "vm-passthrough"): ({"host-driver-on-passthrough", "gpu-not-on-vfio"}, set()),
     ("h100-nvidia-bound", None): (set(), {"nvidia-runtime-missing"}),
-    # a vGPU host (the vGPU manager bound, no VF yet): nothing wrong for VMs with vGPUs
+    # a vGPU host (the vGPU manager bound, no VF yet): nothing wrong for VMs with vGPUs; without a
+    # label doctor infers vm-vgpu from the vGPU manager's module
+    ("h100-vgpu", None): (set(), set()),
     ("h100-vgpu", "vm-vgpu"): (set(), set()),
     ("nouveau", None): ({"nouveau-loaded"}, {"no-driver"}),
     ("operator-driver", None): (set(), set()),
@@ -49,6 +51,7 @@ def test_findings_on_fixture(build_host, name: str, workload: str | None) -> Non
 def test_workload_is_inferred_from_host_signs(build_host) -> None:  # type: ignore[no-untyped-def]
     assert intended_workload(probe(build_host("h100-vfio").fs), None)[0] == "vm-passthrough"
     assert intended_workload(probe(build_host("talos").fs), None)[0] == "container"
+    assert intended_workload(probe(build_host("h100-vgpu").fs), None)[0] == "vm-vgpu"
     modprobe = {"/etc/modprobe.d/vfio.conf": "options vfio-pci ids=10de:2330\nsoftdep nvidia pre: vfio-pci\n"}
     workload, why = intended_workload(probe(build_host("h100-nvidia-bound", files=modprobe).fs), None)
     assert workload == "vm-passthrough" and "options vfio-pci ids=10de:2330" in why
