@@ -3,7 +3,8 @@
 # multi-arch index of `./dev image --arch all`, else dist/gpu-operator-<version>.oci.tar) with
 # skopeo --all --preserve-digests, so the digest `./dev chart` pinned names the same image there,
 # and the chart package (dist/charts/gpu-operator-<version>.tgz) with `helm push`, which uploads its
-# provenance (.prov, `./dev chart --sign`) with it. `./dev release` runs it after image and chart.
+# provenance (.prov, `./dev chart --sign`) with it; each image's SBOM (`./dev image`) is attached
+# as an OCI referrer of its manifest (attach_sbom.py). `./dev release` runs it after image and chart.
 #
 #   tools/chart/push.sh REGISTRY [--ca-file CA] [--creds-file FILE] [--dist DIR] [--charts DIR]
 #     REGISTRY      host[:port][/path]: the image goes to REGISTRY/gpu-operator-py/gpu-operator:<version>,
@@ -53,6 +54,12 @@ fi
 ref=$registry/gpu-operator-py/gpu-operator:$version
 skopeo copy --quiet --all --preserve-digests "${skopeo_args[@]}" "oci-archive:$image" "docker://$ref"
 echo "push: image $ref from $(basename "$image")" >&2
+# the SBOM of each platform's image as an OCI referrer of its manifest (tools/chart/attach_sbom.py)
+py=$repo/.venv/bin/python; [ -x "$py" ] || py=python3
+"$py" "$here/attach_sbom.py" "$registry" gpu-operator-py/gpu-operator "$image" ${ca:+--ca-file "$ca"} \
+  ${creds:+--creds-file "$creds"} | while read -r manifest sbom; do
+  echo "push: SBOM $sbom attached to $manifest" >&2
+done
 "$helm" push "$chart" "oci://$registry/charts" "${helm_tls[@]}" >&2
 [ -f "$chart.prov" ] && echo "push: chart with its provenance $(basename "$chart").prov" >&2
 echo "oci://$registry/charts/gpu-operator"
