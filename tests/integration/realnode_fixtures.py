@@ -3,6 +3,7 @@ session, next to the kwok nodes, started on first use. Fails (never skips) when 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.error
 import urllib.parse
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gpu_operator import __version__
-from gpu_operator.sim import binaries, hosttree
+from gpu_operator.sim import binaries, hosttree, nvruntime, toolkit
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
-from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
+from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive, terminate
 from gpu_operator.sim.realspec import host_spec, node_labels
 
 REAL_NODE = "real-node-0"
@@ -88,3 +89,26 @@ def api_log(plane: ControlPlane, namespace: str, pod: str, container: str, previ
             return str(resp.read().decode(errors="replace")).splitlines()
     except urllib.error.HTTPError as err:
         raise AssertionError(f"log of {namespace}/{pod}/{container}: HTTP {err.code} {err.read()[:500]!r}") from err
+
+
+@contextlib.contextmanager
+def gpus_of(node: RealNode, host_root: Path, mig_strategy: str) -> Iterator[None]:
+    """For one test, the real node's GPUs are those of another host tree (MIG-capable ones: the
+    session's node has L40S): its device plugin restarted on that tree with `mig_strategy` and the
+    `nvidia` runtime handler (read at each container's creation) given it; afterwards the node's
+    own tree, plugin and handler again, with its GPUs allocatable as before. Callers wait for the
+    allocatable they expect."""
+    own = node.host_root
+    assert own is not None, "the real node has no host tree"
+    tree = Path(host_root).absolute()
+    try:
+        terminate(node.processes.pop("device-plugin"))
+        node.runtime_wrapper.write_text(nvruntime.wrapper_script(tree))
+        node.start_device_plugin(tree, mig_strategy)
+        yield
+    finally:
+        with contextlib.suppress(KeyError):
+            terminate(node.processes.pop("device-plugin"))
+        node.runtime_wrapper.write_text(nvruntime.wrapper_script(own))
+        node.start_device_plugin(own)
+        node.wait_allocatable("nvidia.com/gpu", str(len(toolkit.gpus(own))), 60)

@@ -9,15 +9,17 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpu_operator.sim import hosttree
+from gpu_operator.sim import hosttree, migtree, toolkit
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.realnode import RealNode
 from gpu_operator.sim.realspec import host_spec
-from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, api_log
+from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, api_log, gpus_of
+from tests.unit.sim.test_deviceplugin_mig import MIG, two_on_gpu0
 
 RUNTIME_CLASS = "nvidia-toolkit-rules"
 # What a container sees: each /dev/nvidia* (a character device? what open() says), nvidia-smi's
@@ -78,6 +80,43 @@ def _pod(plane: ControlPlane, namespace: str, name: str, asks: dict[str, dict[st
         spec["nodeName"] = REAL_NODE
     plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+
+
+def _holding_pod(plane: ControlPlane, namespace: str, name: str, script: str, resource: str) -> None:
+    """A pod asking the scheduler for one `resource` on the real node: its container runs `script`
+    (which reports what it sees), then stays, holding the device."""
+    plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "runtimeClassName": RUNTIME_CLASS,
+                 "nodeSelector": {"kubernetes.io/hostname": REAL_NODE}, "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "main", "image": IMAGE, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                                 "command": ["python3.11", "-c", script + "import time\ntime.sleep(600)\n"],
+                                 "resources": {"limits": {resource: "1"}}}]}})
+
+
+def _wait_reported(plane: ControlPlane, namespace: str, names: tuple[str, ...], prefix: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        pods = [plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{n}") for n in names]
+        ended = [p["status"] for p in pods if p["status"].get("phase") in ("Succeeded", "Failed")]
+        assert not ended, ended  # e.g. its container refused by the runtime: it never reports
+        if all(p["status"].get("phase") == "Running" for p in pods) and \
+                all(any(line.startswith(prefix) for line in api_log(plane, namespace, n, "main")) for n in names):
+            return
+        assert time.monotonic() < deadline, [p["status"] for p in pods]
+        time.sleep(0.5)
+
+
+def _unschedulable(plane: ControlPlane, namespace: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod and its PodScheduled condition once the scheduler has found no node for it."""
+    deadline = time.monotonic() + 60
+    while True:
+        pod = plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        scheduled = next((c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
+        if scheduled and scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable":
+            return pod, scheduled
+        assert time.monotonic() < deadline, pod["status"]
+        time.sleep(0.5)
 
 
 def _statuses(plane: ControlPlane, namespace: str, name: str, timeout: float = 120) -> dict[str, dict[str, Any]]:
@@ -164,14 +203,7 @@ def test_the_kubelet_advertises_the_plugins_gpus_and_a_pod_asking_for_one_gets_e
 def test_a_pod_asking_for_more_gpus_than_the_node_has_stays_pending_with_the_schedulers_reason(
         control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
     _pod(control_plane, namespace, "three-gpus", {"main": None}, gpus=3)
-    deadline = time.monotonic() + 60
-    while True:
-        pod = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/three-gpus")
-        scheduled = next((c for c in pod["status"].get("conditions") or [] if c["type"] == "PodScheduled"), None)
-        if scheduled and scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable":
-            break
-        assert time.monotonic() < deadline, pod["status"]
-        time.sleep(0.5)
+    pod, scheduled = _unschedulable(control_plane, namespace, "three-gpus")
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     assert "Insufficient nvidia.com/gpu" in scheduled["message"], scheduled
 
@@ -186,22 +218,8 @@ def test_three_pods_on_two_gpus_time_sliced_two_ways_share_a_gpu(
         real_node.wait_allocatable("nvidia.com/gpu", "4", 60)
         names = ("share-a", "share-b", "share-c")
         for name in names:  # each reports, then stays: all three hold their replica at once
-            control_plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-                "spec": {"restartPolicy": "Never", "runtimeClassName": RUNTIME_CLASS,
-                         "nodeSelector": {"kubernetes.io/hostname": REAL_NODE},
-                         "terminationGracePeriodSeconds": 0,
-                         "containers": [{"name": "main", "image": IMAGE, "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-                                         "command": ["python3.11", "-c", LOOK + "import time\ntime.sleep(600)\n"],
-                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-        deadline = time.monotonic() + 120
-        while True:
-            pods = [control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{n}") for n in names]
-            if all(p["status"].get("phase") == "Running" for p in pods) and \
-                    all(any(line.startswith("SEEN ") for line in api_log(control_plane, namespace, n, "main")) for n in names):
-                break
-            assert time.monotonic() < deadline, [p["status"] for p in pods]
-            time.sleep(0.5)
+            _holding_pod(control_plane, namespace, name, LOOK, "nvidia.com/gpu")
+        _wait_reported(control_plane, namespace, names, "SEEN ")
         seen = [gpu_nodes(_seen(control_plane, namespace, n, "main")) for n in names]
         assert all(len(s) == 1 for s in seen), seen
         assert len({next(iter(s)) for s in seen}) < 3, seen  # 3 pods, 2 GPUs: two share one
@@ -211,3 +229,64 @@ def test_three_pods_on_two_gpus_time_sliced_two_ways_share_a_gpu(
                 control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
         real_node.configure_device_plugin("")
         real_node.wait_allocatable("nvidia.com/gpu", "2", 60)
+
+
+# What a container holding a MIG device sees: the GPU and MIG cap device nodes (their numbers) and
+# the device list the plugin's Allocate gave it.
+MIG_LOOK = """
+import glob, json, os
+nodes = sorted(p for p in glob.glob('/dev/nvidia*') + glob.glob('/dev/nvidia-caps/*') if not os.path.isdir(p))
+seen = {p: [os.major(os.stat(p).st_rdev), os.minor(os.stat(p).st_rdev)] for p in nodes}
+print('MIG ' + json.dumps({'devices': seen, 'visible': os.environ.get('NVIDIA_VISIBLE_DEVICES')}))
+"""
+
+
+def _mig_seen(plane: ControlPlane, namespace: str, pod: str) -> dict[str, Any]:
+    lines = [line for line in api_log(plane, namespace, pod, "main") if line.startswith("MIG ")]
+    assert lines, f"{pod}: no report in its log"
+    found: dict[str, Any] = json.loads(lines[-1][len("MIG "):])
+    return found
+
+
+def test_three_pods_asking_for_a_mig_device_two_get_one_each_the_third_stays_pending(
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str, tmp_path: Path) -> None:
+    """The node's GPUs for this test: a DGX H100 tree with two 1g.10gb MIG devices on GPU 0 (as the
+    MIG manager leaves it), its device plugin under the mixed strategy: `nvidia.com/mig-1g.10gb` 2
+    allocatable; two pods asking for one each get a different one (the parent GPU's node and exactly
+    that device's cap nodes, NVIDIA_VISIBLE_DEVICES its MIG UUID), a third stays Pending."""
+    tree = two_on_gpu0(tmp_path / "h100" / "root")
+    state = migtree.tree_state(tree)
+    assert state is not None
+    parent = state[0]
+    minor = {g.index: g.minor for g in toolkit.gpus(tree)}[parent.index]
+    caps = {parent.mig_uuid(inst): {p: [migtree.CAPS_MAJOR, m] for p, m in migtree.access_nodes(minor, inst)}
+            for inst in parent.instances}
+    names = ("mig-a", "mig-b", "mig-c")
+    with gpus_of(real_node, tree, "mixed"):
+        try:
+            real_node.wait_allocatable(MIG, "2", 60)
+            real_node.wait_allocatable("nvidia.com/gpu", "7", 60)  # the 7 GPUs with MIG off
+            for name in names[:2]:
+                _holding_pod(control_plane, namespace, name, MIG_LOOK, MIG)
+            _wait_reported(control_plane, namespace, names[:2], "MIG ")
+            _holding_pod(control_plane, namespace, names[2], MIG_LOOK, MIG)
+            pod, scheduled = _unschedulable(control_plane, namespace, names[2])
+            assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+            # "0/N nodes are available: 1 Insufficient <resource>, M node(s) didn't match ... preemption: ..."
+            reasons = {r.split(" ", 1)[1] for r in scheduled["message"].split(": ", 1)[1].split(". ")[0].split(", ")}
+            assert f"Insufficient {MIG}" in reasons, scheduled
+
+            seen = [_mig_seen(control_plane, namespace, n) for n in names[:2]]
+            assert {s["visible"] for s in seen} == set(caps), seen  # one MIG device each, not the same one
+            for one in seen:
+                devices = one["devices"]
+                assert gpu_nodes(one) == {f"/dev/nvidia{minor}"} and devices[f"/dev/nvidia{minor}"] == [195, minor], one
+                assert {p: v for p, v in devices.items() if p.startswith("/dev/nvidia-caps/")} == caps[one["visible"]], one
+                assert "/dev/nvidiactl" in devices, one
+        finally:
+            for name in names:
+                with contextlib.suppress(Exception):
+                    control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    # the node's own GPUs again (gpus_of waited for them): no MIG device left to allocate
+    real_node.wait_allocatable(MIG, "0", 60)
+    assert real_node.admin("GET", f"/api/v1/nodes/{REAL_NODE}")["status"]["allocatable"]["nvidia.com/gpu"] == "2"

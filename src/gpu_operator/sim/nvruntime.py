@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,10 @@ def _runc_error(args: list[str], message: str) -> None:
             log.write(json.dumps(line) + "\n")
 
 
-def wrapper_script(host_root: Path, runc: str) -> str:
-    """The executable containerd's shim is pointed at (runtime option BinaryName)."""
+def wrapper_script(host_root: Path, runc: str | None = None) -> str:
+    """The executable containerd's shim is pointed at (runtime option BinaryName): runc (this
+    machine's unless `runc` is given) with the toolkit's additions from the tree at `host_root`."""
+    runc = runc or shutil.which("runc") or "/usr/sbin/runc"
     return f'#!/bin/sh\nexec {sys.executable} -m gpu_operator.sim.nvruntime {host_root} {runc} "$@"\n'
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -242,13 +241,17 @@ class RealNode:
         if self.host_root is not None:
             self.host_root = Path(self.host_root).absolute()
             binds["/run/nvidia"] = self.host_root / "run" / "nvidia"
-            wrapper = self.base_dir / "nvidia-runc"
-            runc = shutil.which("runc") or "/usr/sbin/runc"
-            wrapper.write_text(nvruntime.wrapper_script(self.host_root, runc))
+            wrapper = self.runtime_wrapper
+            wrapper.write_text(nvruntime.wrapper_script(self.host_root))
             wrapper.chmod(0o755)
         self.sandbox = Sandbox(self.base_dir, binds=binds)
         self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE, cri=True,
                                             extra_config=containerd_cri_config(self.base_dir, wrapper))
+
+    @property
+    def runtime_wrapper(self) -> Path:
+        """The `nvidia` handler's binary (containerd's BinaryName), read at each container's creation."""
+        return self.base_dir / "nvidia-runc"
 
     @property
     def kubelet_root(self) -> str:
@@ -332,12 +335,16 @@ class RealNode:
                         "application/merge-patch+json")
         count = len(toolkit.gpus(self.host_root)) if self.host_root is not None else 0
         if self.device_plugin and count:
-            self.device_plugin_config.write_text("")  # config-manager's empty link: the default config
-            self._spawn("device-plugin", [*self.sandbox.enter(), sys.executable, "-m", "gpu_operator.sim.deviceplugin",
-                                          f"--host-root={self.host_root}", f"--strategy={self.device_plugin}",
-                                          f"--plugin-dir={DEVICE_PLUGIN_DIR}",
-                                          f"--config-file={self.device_plugin_config}"])
+            self.start_device_plugin(self.host_root)
             self.wait_allocatable(deviceplugin.RESOURCE, str(count), timeout)
+
+    def start_device_plugin(self, host_root: Path | None, mig_strategy: str = "") -> None:
+        """The device-plugin stand-in on `host_root` with the default config (config-manager's empty link)."""
+        self.device_plugin_config.write_text("")
+        self._spawn("device-plugin", [*self.sandbox.enter(), sys.executable, "-m", "gpu_operator.sim.deviceplugin",
+                                      f"--host-root={host_root}", f"--strategy={self.device_plugin}",
+                                      f"--plugin-dir={DEVICE_PLUGIN_DIR}", f"--config-file={self.device_plugin_config}",
+                                      *([f"--mig-strategy={mig_strategy}"] if mig_strategy else [])])
 
     def trust_registry(self, host: str, ca_cert: Path) -> None:
         """Pull from the registry at `host` (127.0.0.1:PORT on this machine): containerd's host

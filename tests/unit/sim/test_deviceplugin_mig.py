@@ -27,13 +27,17 @@ LAYOUT = yaml.safe_dump({"version": "v1", "mig-configs": {"two-on-gpu0": [
     {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}})
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> Path:
-    root = tmp_path / "node" / "root"
+def two_on_gpu0(root: Path) -> Path:
+    """A DGX H100 host tree at `root` (driver loaded) with LAYOUT applied, as the MIG manager leaves it."""
     hosttree.build(node_host_spec("dgx-h100"), root)
     entries = migparted.select(migparted.parse(LAYOUT), "two-on-gpu0")
     migtree.save_tree_state(root, migparted.apply(entries, mighw.shape_gpus(shapes.load("dgx-h100"))))
     return root
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    return two_on_gpu0(tmp_path / "node" / "root")
 
 
 def call(socket: Path, method: str, request: Any, response: str) -> Any:
