@@ -27,7 +27,7 @@ from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.queries import active_policy, validation_message
-from gpu_operator.controllers.readmodel import configmap_keys, plugin_config_hash
+from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys, plugin_config_hash
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
@@ -91,15 +91,16 @@ class ClusterPolicyReconciler:
                 st.conflict_message(snap.gpuclusters[0], active.name)))
         try:
             policy = active.parsed.valid()  # parsed once per version (controllers/cache.py)
+            reads = ReadOnce(self.kube)  # each user ConfigMap GET once in this pass
             facts = ClusterFacts.of(
                 [n.facts for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=self.images,
                 openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version,
                 servicemonitor_crd=snap.servicemonitor_crd,
-                configmap_keys=await configmap_keys(self.kube, policy, snap.namespace),
-                configmap_data=await kernel_module_data(self.kube, policy, snap.namespace,
+                configmap_keys=await configmap_keys(reads, policy, snap.namespace),
+                configmap_data=await kernel_module_data(reads, policy, snap.namespace,
                                                         [n.facts for n in snap.nodes]),
-                plugin_config_hash=await plugin_config_hash(self.kube, policy, snap.namespace))
+                plugin_config_hash=await plugin_config_hash(reads, policy, snap.namespace))
             result = render(policy, facts)
             problems = runtimes.unserved_nodes(policy, facts)
         except pydantic.ValidationError as err:

@@ -1,18 +1,19 @@
 """The user's kernel-module ConfigMap content, read only when VM guest nodes need it merged
-(render/guestnvlink.py): one GET per reconcile, on a cluster with such nodes."""
+(render/guestnvlink.py): on a cluster with such nodes, through the reconcile's reads (the same
+ConfigMap's keys are read there too: `readmodel.ReadOnce` GETs it once)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.kube.client import Kube
+from gpu_operator.controllers.readmodel import Reads
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.render.guestnvlink import guest_nodes
 
 
 async def kernel_module_data(
-    kube: Kube, policy: ClusterPolicy, namespace: str, nodes: Iterable[NodeFacts]
+    kube: Reads, policy: ClusterPolicy, namespace: str, nodes: Iterable[NodeFacts]
 ) -> dict[str, dict[str, str]]:
     """{name: data} of driver.kernelModuleConfig's ConfigMap when guest nodes get NVLink disabled
     (the policy's guestNVLink, the nodes' labels); empty otherwise or when it does not exist (the

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.gpucluster import GROUP as GPUCLUSTER_GROUP
@@ -39,6 +37,7 @@ from gpu_operator.controllers.nodelabels import NodeDriver
 from gpu_operator.controllers.queries import active_policy, node_drivers, parse_drivers
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
+from gpu_operator.kube.configwatch import content_hash
 from gpu_operator.kube.platform import platform_name, read_openshift_version
 from gpu_operator.vocabulary import NODE_FEATURE_GROUP, NODE_FEATURE_PLURAL
 
@@ -213,7 +212,30 @@ class ReadModel:
         return labels
 
 
-async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
+class Reads(Protocol):
+    """What reading an object takes: a Kube, or `ReadOnce` over one."""
+
+    async def get_dict(self, api_version: str, kind: str, name: str,
+                       namespace: str | None = None) -> dict[str, Any] | None: ...
+
+
+class ReadOnce:
+    """A Kube's get_dict for one reconcile, each object read at most once: the user's ConfigMaps it
+    needs for keys, content and a hash (one may be named by more than one field) are GET once."""
+
+    def __init__(self, kube: Reads) -> None:
+        self.kube = kube
+        self.seen: dict[tuple[str, str, str, str | None], dict[str, Any] | None] = {}
+
+    async def get_dict(self, api_version: str, kind: str, name: str,
+                       namespace: str | None = None) -> dict[str, Any] | None:
+        key = (api_version, kind, name, namespace)
+        if key not in self.seen:
+            self.seen[key] = await self.kube.get_dict(api_version, kind, name, namespace=namespace)
+        return self.seen[key]
+
+
+async def configmap_keys(kube: Reads, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
     """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules): the
     one read a reconcile makes besides the caches (user ConfigMaps are not watched). A missing
     ConfigMap is left out: rendering then names the field that refers to it."""
@@ -231,13 +253,7 @@ async def configmap_keys(kube: Kube, policy: ClusterPolicy, namespace: str) -> d
     return keys
 
 
-def content_hash(configmap: Mapping[str, Any]) -> str:
-    """A hash of a ConfigMap's content (data and binaryData, not its metadata): equal content, equal hash."""
-    content = {"data": configmap.get("data") or {}, "binaryData": configmap.get("binaryData") or {}}
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-
-
-async def plugin_config_hash(kube: Kube, policy: ClusterPolicy, namespace: str) -> str:
+async def plugin_config_hash(kube: Reads, policy: ClusterPolicy, namespace: str) -> str:
     """The hash of the devicePlugin.config ConfigMap's content ("" where none is named or it is
     missing): read once per reconcile, a change of it is an event (kube/configwatch.py)."""
     config = policy.spec.devicePlugin.config

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from lightkube.resources.core_v1 import ConfigMap
 
@@ -70,13 +72,8 @@ class ConfigMapWatch:
                     ConfigMap, namespace=self.namespace, fields={"metadata.name": name}
                 ):
                     failures = 0
-                    content = (
-                        ""
-                        if kind == "DELETED"
-                        else json.dumps(
-                            {"data": obj.data or {}, "binaryData": obj.binaryData or {}}, sort_keys=True
-                        )
-                    )
+                    content = "" if kind == "DELETED" else content_hash(
+                        {"data": obj.data, "binaryData": obj.binaryData})
                     if content != seen:
                         seen = content
                         self.on_change(name)
@@ -86,3 +83,10 @@ class ConfigMapWatch:
                 failures += 1
                 log.warning("watching ConfigMap %s/%s: %s", self.namespace, name, err)
                 await asyncio.sleep(self.backoff(failures))
+
+
+def content_hash(configmap: Mapping[str, Any]) -> str:
+    """A hash of a ConfigMap's content (data and binaryData, not its metadata): equal content, equal
+    hash (what the watch compares, and what the pod templates carry)."""
+    content = {"data": configmap.get("data") or {}, "binaryData": configmap.get("binaryData") or {}}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]

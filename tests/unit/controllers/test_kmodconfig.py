@@ -29,7 +29,7 @@ def read(
     kube = StubKube(configmaps if configmaps is not None else {"kmods": {"data": {"nvidia.conf": "a=1\n"}}})
     policy = ClusterPolicy.model_validate({"metadata": {"name": "p"}, "spec": spec})
     facts = [NodeFacts.of(n) for n in nodes(*shapes)]
-    got = asyncio.run(kernel_module_data(kube, policy, "gpu-operator", facts))  # type: ignore[arg-type]
+    got = asyncio.run(kernel_module_data(kube, policy, "gpu-operator", facts))
     return got, kube.reads
 
 
@@ -62,3 +62,20 @@ def test_the_operators_node_cache_keeps_what_the_rule_reads() -> None:
     meta = node["metadata"]
     view = NodeView.of_parts(meta["name"], meta["labels"], {})
     assert needs_nvlink_off(view.facts)
+
+
+def test_one_reconcile_reads_the_kernel_module_configmap_once_for_its_keys_and_its_content() -> None:
+    from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys
+
+    kube = StubKube({"kmods": {"data": {"nvidia.conf": "a=1\n"}}})
+    policy = ClusterPolicy.model_validate({"metadata": {"name": "p"}, "spec": KMODS})
+    facts = [NodeFacts.of(n) for n in nodes("kubevirt-guest-h100:1")]
+    reads = ReadOnce(kube)
+
+    async def both() -> tuple[Any, Any]:
+        return (await configmap_keys(reads, policy, "gpu-operator"),
+                await kernel_module_data(reads, policy, "gpu-operator", facts))
+
+    keys, data = asyncio.run(both())
+    assert keys == {"kmods": ("nvidia.conf",)} and data == {"kmods": {"nvidia.conf": "a=1\n"}}
+    assert kube.reads == [("ConfigMap", "kmods", "gpu-operator")]
