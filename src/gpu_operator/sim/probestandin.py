@@ -165,6 +165,8 @@ class VfioManagerStandIn(_OncePerPod):
 
 
 def node_agents(config: Any, hosts: Path | None) -> list[_OncePerPod]:
-    """The probe and the vfio manager, sharing the shapes' boot trees."""
-    trees = ShapeTrees(hosts)
-    return [ProbeStandIn(trees, config), VfioManagerStandIn(trees, config)]
+    """The probe and the vfio manager, sharing the shapes' boot trees and one node-agent client."""
+    from lightkube import Client
+
+    trees, client = ShapeTrees(hosts), Client(config, field_manager=NODE_AGENT_FIELD_MANAGER)
+    return [ProbeStandIn(trees, client=client), VfioManagerStandIn(trees, client=client)]
