@@ -179,6 +179,23 @@ def test_toolkit_runtime(runtime: str, data: dict[str, Any], user_env: dict[str,
         assert "RUNTIME_DROP_IN_CONFIG" not in got
 
 
+@pytest.mark.parametrize(("data", "openshift", "host"), [
+    ({"cdi": {"enabled": False}}, False, "/usr/share/containers/oci/hooks.d"),
+    ({"cdi": {"enabled": False}}, True, "/run/containers/oci/hooks.d"),
+    ({}, False, "/usr/share/containers/oci/hooks.d"),  # config mode: there for CRIO_CONFIG_MODE=hook in toolkit.env
+])
+def test_crio_hooks_land_where_crio_reads(data: dict[str, Any], openshift: bool, host: str) -> None:
+    """NVIDIA's toolkit writes its OCI hook under its default CRIO_HOOKS_DIR in the container,
+    /usr/share/containers/oci/hooks.d; the hostPath behind that path is the directory CRI-O reads
+    (NVIDIA's operator: the same container path, OpenShift's /run/containers/oci/hooks.d on the host)."""
+    pod = {"containers": [container("tk")]}
+    toolkit_runtime(pod, spec(data), "crio", openshift=openshift)
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["crio-hooks"] == "/usr/share/containers/oci/hooks.d"
+    assert volumes["crio-hooks"] == host
+
+
 @pytest.mark.parametrize(
     ("data", "expected", "absent"),
     [({}, {"CDI_ENABLED": "true", "DEVICE_LIST_STRATEGY": "cdi-annotations,cdi-cri",

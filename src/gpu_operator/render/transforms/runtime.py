@@ -15,6 +15,8 @@ SOCKET_DIR = "/runtime/sock-dir/"
 NRI_SOCKET_DIR = "/runtime/nri-sock-dir/"
 DEFAULT_NRI_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_INSTALL_DIR = "/usr/local/nvidia"
+# the toolkit's default CRIO_HOOKS_DIR (nvidia-ctk-installer's crio defaultHooksDir), CRI-O's default hooks_dir
+CRIO_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 
 # the toolkit's env prefix of each runtime (CONTAINERD_CONFIG, CRIO_CONFIG, DOCKER_SOCKET, ...)
 PREFIXES = {"containerd": "CONTAINERD", "crio": "CRIO", "docker": "DOCKER"}
@@ -59,9 +61,13 @@ def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, 
             upsert_env(ctr, "ENABLE_NRI_PLUGIN", "true")
     elif runtime == "crio":
         upsert_env(ctr, "CRIO_CONFIG_MODE", "hook")
-        hooks = "/run/containers/oci/hooks.d" if openshift else "/usr/share/containers/oci/hooks.d"
+    if runtime == "crio":
+        # The toolkit writes its OCI hook (hook mode, CDI off or CRIO_CONFIG_MODE=hook in toolkit.env)
+        # under its own default CRIO_HOOKS_DIR in the container; the host directory behind it is the
+        # one CRI-O reads: OpenShift's /run/containers/oci/hooks.d, else CRI-O's default hooks_dir.
+        hooks = "/run/containers/oci/hooks.d" if openshift else CRIO_HOOKS_DIR
         add_volume(pod, hostpath("crio-hooks", hooks, "DirectoryOrCreate"))
-        add_mount(ctr, mount("crio-hooks", hooks))
+        add_mount(ctr, mount("crio-hooks", CRIO_HOOKS_DIR))
     install_dir = spec.toolkit.installDir
     if install_dir != DEFAULT_INSTALL_DIR:
         upsert_env(ctr, "ROOT", install_dir)
