@@ -394,3 +394,15 @@ def test_a_partial_image_replaces_that_part_of_the_default(fields: dict[str, str
 def test_toolkit_version_alone_reaches_the_daemonset() -> None:
     ds = daemonset(run({"toolkit": {"version": "v1.17.8"}}), "state-container-toolkit")
     assert ctr(ds, "nvidia-container-toolkit-ctr")["image"] == "nvcr.io/nvidia/k8s/container-toolkit:v1.17.8"
+
+
+@pytest.mark.parametrize(("data", "name", "value"), [
+    ({"cdi": {"enabled": False}}, "CRIO_CONFIG_MODE", "config"),
+    ({}, "CRIO_CONFIG_MODE", "hook"),
+    ({}, "NVIDIA_RUNTIME_SET_AS_DEFAULT", "true"),
+])
+def test_the_users_toolkit_env_wins_over_the_crio_mode(data: dict[str, Any], name: str, value: str) -> None:
+    """NVIDIA's operator applies toolkit.env after it sets the CDI variables and CRIO_CONFIG_MODE;
+    the rendered crio DaemonSet keeps the user's value."""
+    result = run({**data, "toolkit": {"env": [{"name": name, "value": value}]}}, "crio:1")
+    assert env_of(ctr(daemonset(result, "state-container-toolkit"), "nvidia-container-toolkit-ctr"))[name] == value

@@ -44,6 +44,14 @@ def _mount_dir(pod: dict[str, Any], ctr: dict[str, Any], volume: str, host_file:
     return target + posixpath.basename(host_file)
 
 
+def _default_env(ctr: dict[str, Any], name: str, value: str) -> None:
+    """The operator's value for a toolkit variable unless spec.toolkit.env set it (already on the
+    container): NVIDIA's operator sets the CDI variables and CRIO_CONFIG_MODE before it applies
+    toolkit.env (controllers/object_controls.go, TransformToolkit), so the user's value wins."""
+    if get_env(ctr, name) is None:
+        upsert_env(ctr, name, value)
+
+
 def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, openshift: bool,
                     dist: Distribution | None = None, config: str = "") -> None:
     """Point the toolkit at the host's runtime config, drop-in dir and socket through /runtime/*:
@@ -56,11 +64,11 @@ def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, 
     if spec.cdi.on():
         for name, value in (("CDI_ENABLED", "true"), ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
                             ("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"), ("CRIO_CONFIG_MODE", "config")):
-            upsert_env(ctr, name, value)
+            _default_env(ctr, name, value)
         if spec.cdi.nri():
-            upsert_env(ctr, "ENABLE_NRI_PLUGIN", "true")
+            _default_env(ctr, "ENABLE_NRI_PLUGIN", "true")
     elif runtime == "crio":
-        upsert_env(ctr, "CRIO_CONFIG_MODE", "hook")
+        _default_env(ctr, "CRIO_CONFIG_MODE", "hook")
     if runtime == "crio":
         # The toolkit writes its OCI hook (hook mode, CDI off or CRIO_CONFIG_MODE=hook in toolkit.env)
         # under its own default CRIO_HOOKS_DIR in the container; the host directory behind it is the
