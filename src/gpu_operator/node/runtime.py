@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,11 @@ from gpu_operator.node.hostfs import HostFS
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi", "/run/cdi")
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
+CRIO_CONFIG = "/etc/crio/crio.conf"
+CRIO_DROP_IN_DIR = "/etc/crio/crio.conf.d"
+# CRI-O's hooks_dir default (containers/common pkg/hooks DefaultDir, vendored by cri-o v1.31.3)
+CRIO_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d",)
+NVIDIA_HOOK = "nvidia-container-runtime-hook"
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class _Candidate:
     socket: str
     drop_in_globs: tuple[str, ...] = ()
     templates: tuple[str, ...] = ()  # the first that exists is the one the distribution reads
+    drop_in_dir: str = ""  # every file below it, in lexical order, after the config (CRI-O's rule)
 
 
 # Order matters when several are present: a distro's own containerd wins over a stray
@@ -76,9 +83,10 @@ _CANDIDATES = (
         "/run/containerd/containerd.sock",
         ("/etc/containerd/conf.d/*.toml",),
     ),
-    _Candidate(
-        "crio", "crio", ("/etc/crio/crio.conf",), "/var/run/crio/crio.sock", ("/etc/crio/crio.conf.d/*",)
-    ),
+    # CRI-O reads /etc/crio/crio.conf (when it exists), then every file below /etc/crio/crio.conf.d,
+    # lexical order, each later one overriding (cri-o v1.31.3 internal/criocli/criocli.go mergeConfig,
+    # pkg/config/config.go UpdateFromPath: filepath.Walk); packages may ship drop-ins only.
+    _Candidate("crio", "crio", (CRIO_CONFIG,), "/var/run/crio/crio.sock", drop_in_dir=CRIO_DROP_IN_DIR),
     _Candidate("docker", "docker", ("/etc/docker/daemon.json",), "/var/run/docker.sock"),
 )
 
@@ -98,6 +106,10 @@ class ContainerRuntime(BaseModel):
     )
     socket: str | None = None
     nvidia_runtime: bool = False
+    nvidia_hook: str | None = Field(
+        default=None, description="CRI-O: the OCI hook file in its hooks_dir that runs NVIDIA's runtime hook "
+        "(the toolkit's hook mode), None when there is none"
+    )
     default_runtime: str | None = None
     cdi_enabled: bool | None = Field(default=None, description="None when the configuration does not say")
     errors: list[str] = Field(default_factory=list)
@@ -127,8 +139,43 @@ def _glob(fs: HostFS, pattern: str) -> list[str]:
     return [f"{directory}/{n}" for n in fs.listdir(directory) if fnmatch.fnmatch(n, mask)]
 
 
+def _walk_files(fs: HostFS, directory: str) -> list[str]:
+    """Every file below `directory`, depth first, entries in lexical order (Go's filepath.Walk)."""
+    out: list[str] = []
+    for name in fs.listdir(directory):
+        path = f"{directory}/{name}"
+        if fs.is_dir(path):
+            out.extend(_walk_files(fs, path))
+        elif fs.is_file(path):
+            out.append(path)
+    return out
+
+
 def _has_config(fs: HostFS, cand: _Candidate) -> bool:
-    return any(fs.is_file(c) for c in cand.configs)
+    return any(fs.is_file(c) for c in cand.configs) or bool(cand.drop_in_dir and _walk_files(fs, cand.drop_in_dir))
+
+
+def _nvidia_hook(fs: HostFS, docs: list[dict[str, Any]]) -> str | None:
+    """The hook file in CRI-O's hooks_dir (the last config that sets it wins) whose prestart hook is
+    NVIDIA's runtime hook."""
+    dirs: Any = CRIO_HOOKS_DIRS
+    for doc in docs:
+        runtime = (doc.get("crio") or {}).get("runtime") if isinstance(doc.get("crio"), dict) else None
+        if isinstance(runtime, dict) and isinstance(runtime.get("hooks_dir"), list):
+            dirs = runtime["hooks_dir"]
+    for directory in dirs:
+        for name in fs.listdir(str(directory)):
+            path = f"{directory}/{name}"
+            if not name.endswith(".json") or not fs.is_file(path):
+                continue
+            try:
+                hook = json.loads(fs.read_text(path) or "")
+            except ValueError:
+                continue
+            command = (hook.get("hook") or {}).get("path", "") if isinstance(hook, dict) else ""
+            if posixpath.basename(str(command)) == NVIDIA_HOOK and "prestart" in (hook.get("stages") or []):
+                return path
+    return None
 
 
 def _walk(node: Any) -> list[tuple[str, Any]]:
@@ -199,6 +246,8 @@ def detect_runtime(fs: HostFS) -> ContainerRuntime:
     docs: list[dict[str, Any]] = []
     version: int | None = None
     files = ([config] if config else []) + [f for g in chosen.drop_in_globs for f in _glob(fs, g)]
+    if chosen.drop_in_dir:
+        files += _walk_files(fs, chosen.drop_in_dir)
     for index, path in enumerate(files):
         try:
             doc = _parse(path, fs.read_text(path) or "", chosen.name)
@@ -216,6 +265,8 @@ def detect_runtime(fs: HostFS) -> ContainerRuntime:
                 if f not in files
             )
     _facts(runtime, docs, version)
+    if chosen.name == "crio":
+        runtime.nvidia_hook = _nvidia_hook(fs, docs)
     return runtime
 
 

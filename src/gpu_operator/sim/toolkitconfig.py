@@ -16,70 +16,28 @@ cmd/nvidia-ctk-installer and pkg/config/engine/containerd; see docs/distribution
   nvidia-container-runtime under its install dir (ROOT), in the CRI plugin's table of the config's
   version (2: io.containerd.grpc.v1.cri, 3: io.containerd.cri.v1.runtime).
 
-Not played: CRI-O and Docker configs, the NRI plugin, restarting containerd (`k3s_start` plays the
-one distribution step a test needs: k3s and RKE2 regenerate config.toml from their template).
+CRI-O (RUNTIME=crio) is played by `sim/toolkitcrio.py`. Not played: Docker's daemon.json, the NRI
+plugin, restarting containerd and the toolkit's cleanup on containerd (`k3s_start` plays the one
+distribution step a test needs: k3s and RKE2 regenerate config.toml from their template).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import posixpath
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.sim import toolkitcrio
 from gpu_operator.sim.edits import InjectionError
+from gpu_operator.sim.toolkitfiles import Mounts, channel, host_path, source, to_toml, write_toml
+
+__all__ = ["Mounts", "ToolkitStandIn", "channel", "configure", "distribution_start", "host_path", "k3s_start",
+           "to_toml", "toolkit_apps", "unconfigure"]
 
 log = logging.getLogger("gpu_operator.sim.standins")
-DEFAULT_SOURCE = "command,file"
 TABLES = {2: ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes"),
           3: ("plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes")}
-
-
-Mounts = tuple[tuple[str, str], ...]  # (path in the container, host path) of its hostPath mounts
-
-
-def channel(pod: dict[str, Any]) -> tuple[dict[str, str], Mounts]:
-    """The toolkit container's env and hostPath mounts in a rendered pod spec (`podwatch.PodView`
-    reads the same of a running pod)."""
-    ctr = pod["containers"][0]
-    volumes = {v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
-    return ({e["name"]: str(e["value"]) for e in ctr.get("env", []) if "value" in e},
-            tuple((m["mountPath"], volumes[m["name"]]) for m in ctr.get("volumeMounts", []) if m["name"] in volumes))
-
-
-def host_path(mounts: Mounts, path: str) -> str | None:
-    """Where a path of the container lands on the host: through the hostPath mount at the longest
-    prefix of it; None when no hostPath mount holds it (the write stays in the container)."""
-    best: tuple[str, str] | None = None
-    for mount_path, host in mounts:
-        target = mount_path.rstrip("/") or "/"
-        holds = path == target or path.startswith(target.rstrip("/") + "/")
-        if holds and (best is None or len(target) > len(best[0])):
-            best = (target, host)
-    if best is None:
-        return None
-    rest = path[len(best[0]):].lstrip("/")
-    return posixpath.join(best[1], rest) if rest else best[1]
-
-
-def _read(tree: Path, path: str | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    file = tree / path.lstrip("/")
-    return tomllib.loads(file.read_text()) if file.is_file() else None
-
-
-def _source(tree: Path, mounts: Mounts, env: dict[str, str], config_host: str | None) -> dict[str, Any]:
-    for entry in (env.get("RUNTIME_CONFIG_SOURCE") or DEFAULT_SOURCE).split(","):
-        kind, _, where = entry.strip().partition("=")
-        if kind != "file":
-            continue  # `command`: no containerd to ask in a tree
-        found = _read(tree, host_path(mounts, where) if where else config_host)
-        if found is not None:
-            return found
-    return {}
 
 
 def _runtime(env: dict[str, str]) -> dict[str, Any]:
@@ -98,11 +56,14 @@ def _put(doc: dict[str, Any], version: int, name: str, runtime: dict[str, Any]) 
 def configure(env: dict[str, str], mounts: Mounts, tree: Path) -> list[str]:
     """Register the nvidia runtime as a toolkit container with this env and these hostPath mounts
     would on the host whose root is `tree`; returns the host paths written."""
-    if env.get("RUNTIME", "containerd") != "containerd":
-        raise InjectionError(f"the toolkit stand-in plays containerd only, not RUNTIME={env['RUNTIME']}")
+    runtime = env.get("RUNTIME", "containerd")
+    if runtime == "crio":
+        return toolkitcrio.configure(env, mounts, tree)
+    if runtime != "containerd":
+        raise InjectionError(f"the toolkit stand-in plays containerd and crio, not RUNTIME={runtime}")
     config = env.get("RUNTIME_CONFIG") or env.get("CONTAINERD_CONFIG") or "/etc/containerd/config.toml"
     config_host = host_path(mounts, config)
-    doc = _source(tree, mounts, env, config_host)
+    doc = source(tree, mounts, env, config_host)
     version = int(doc.get("version", 2)) if isinstance(doc.get("version", 2), int) else 2
     doc.setdefault("version", version)
     name = env.get("CONTAINERD_RUNTIME_CLASS") or "nvidia"
@@ -113,49 +74,24 @@ def configure(env: dict[str, str], mounts: Mounts, tree: Path) -> list[str]:
         _put(extra, version, name, _runtime(env))
         landing = host_path(mounts, drop_in)
         if landing is not None:
-            _write(tree, landing, extra)
+            write_toml(tree, landing, extra)
             written.append(landing)
         imported = env.get("RUNTIME_DROP_IN_CONFIG_HOST_PATH") or drop_in
         doc["imports"] = [*[i for i in doc.get("imports", []) if i != imported], imported]
     else:
         _put(doc, version, name, _runtime(env))
     if config_host is not None:
-        _write(tree, config_host, doc)
+        write_toml(tree, config_host, doc)
         written.append(config_host)
     return written
 
 
-def _write(tree: Path, path: str, doc: dict[str, Any]) -> None:
-    file = tree / path.lstrip("/")
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(to_toml(doc))
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
-
-
-def _key(key: str) -> str:
-    return key if key.replace("_", "").replace("-", "").isalnum() else f'"{key}"'
-
-
-def to_toml(doc: dict[str, Any], prefix: tuple[str, ...] = ()) -> str:
-    """A TOML text of nested tables and plain values (what containerd's configs hold)."""
-    lines = [f"{_key(k)} = {_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    if prefix and lines:
-        lines.insert(0, "[" + ".".join(_key(p) for p in prefix) + "]")
-    out = "\n".join(lines) + ("\n" if lines else "")
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            out += to_toml(value, (*prefix, key))
-    return out
+def unconfigure(env: dict[str, str], mounts: Mounts, tree: Path) -> list[str]:
+    """What the toolkit's shutdown (SIGTERM: its pod stops) changes on the host: played for CRI-O
+    (`toolkitcrio.cleanup`); containerd's is not played. Returns the host paths changed."""
+    if env.get("RUNTIME", "containerd") == "crio":
+        return toolkitcrio.cleanup(env, mounts, tree)
+    return []
 
 
 def distribution_start(tree: Path, distribution: str) -> str:
@@ -189,8 +125,9 @@ def k3s_start(tree: Path, containerd_dir: str) -> str:
 class ToolkitStandIn:
     """The container toolkit on kwok nodes of a distribution's shape (a `podwatch.Player` per toolkit
     DaemonSet, `app` its name): where its pod runs, the runtime is registered in the node's own host
-    tree (`faults.NodeHosts`) through the pod's env and hostPath mounts, once per pod. Nodes of the
-    stock shapes keep their shape's tree as it is (the thousands of nodes of a bench build no tree)."""
+    tree (`faults.NodeHosts`) through the pod's env and hostPath mounts, once per pod; when no pod of
+    it runs there any more, the last one's shutdown is played (`unconfigure`). Nodes of the stock
+    shapes keep their shape's tree as it is (the thousands of nodes of a bench build no tree)."""
 
     field_manager = "nvidia-container-toolkit"
 
@@ -198,7 +135,7 @@ class ToolkitStandIn:
         from gpu_operator.sim.faults import NodeHosts
 
         self.app, self.hosts = app, NodeHosts(hosts)
-        self.done: dict[str, str] = {}  # node -> uid of the pod whose writes are made
+        self.done: dict[str, Any] = {}  # node -> the pod (PodView) whose writes are made
 
     async def start(self, client: Any) -> None:
         return None
@@ -208,31 +145,37 @@ class ToolkitStandIn:
         from gpu_operator.sim.realspec import distribution
 
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
-        if view is None or view.shape is None or not running or distribution(view.shape) == "containerd":
+        if view is None or view.shape is None or distribution(view.shape) == "containerd":
             self.done.pop(node, None)
             return None
-        pod = running[-1]
-        if self.done.get(node) == pod.uid:
-            return None
-        tree = self.hosts.faults(node, node_host_spec(view.shape.name)).root
-        try:
-            written = await asyncio.to_thread(configure, pod.env, pod.host_mounts, tree)
-        except (InjectionError, ValueError) as err:
-            log.warning("node %s: container toolkit: %s", node, err)
-        else:
-            log.info("node %s: container toolkit registered the nvidia runtime in %s", node, ", ".join(written))
-        self.done[node] = pod.uid
+        last = self.done.pop(node, None)
+        pod = running[-1] if running else None
+        if pod is None and last is not None:  # its pod stopped: the toolkit's shutdown
+            await self._play(node, "shutdown", unconfigure, last, node_host_spec(view.shape.name))
+        elif pod is not None and (last is None or last.uid != pod.uid):
+            await self._play(node, "setup", configure, pod, node_host_spec(view.shape.name))
+        if pod is not None:
+            self.done[node] = pod
         return None
+
+    async def _play(self, node: str, step: str, action: Any, pod: Any, spec: Any) -> None:
+        tree = self.hosts.faults(node, spec).root
+        try:
+            changed = await asyncio.to_thread(action, pod.env, pod.host_mounts, tree)
+        except (InjectionError, ValueError, OSError) as err:
+            log.warning("node %s: container toolkit %s: %s", node, step, err)
+        else:
+            log.info("node %s: container toolkit %s changed %s", node, step, ", ".join(changed) or "nothing")
 
 
 def toolkit_apps() -> list[str]:
     """The toolkit DaemonSets' names (their pods' `app`): the stock one and one per containerd
-    distribution (render/states/container_toolkit.py)."""
+    distribution and CRI-O (render/states/container_toolkit.py); Docker's is not played."""
     from gpu_operator.render.distributions import DISTRIBUTIONS, STOCK
     from gpu_operator.render.states.container_toolkit import OPERAND
 
     assert OPERAND.daemonset is not None
     base = OPERAND.daemonset.name
-    groups = [g for d in DISTRIBUTIONS.values() if d.runtime == "containerd" and d.name != STOCK
+    groups = [g for d in DISTRIBUTIONS.values() if d.runtime in ("containerd", "crio") and d.name != STOCK
               for g in ([d.name, f"{d.name}-v3"] if d.config_v3 else [d.name])]
     return [base, *(f"{base}-{g}" for g in groups)]

@@ -72,3 +72,42 @@ def test_cdi_specs_count_a_linked_directory_once(build_host) -> None:  # type: i
     assert specs["/var/run/cdi/nvidia.com-gpu.yaml"].devices == 2
     assert specs["/etc/cdi/bad.yaml"].error
     assert not any(p.startswith("/run/cdi/") for p in specs)
+
+
+def test_crio_reads_its_config_then_every_drop_in_in_lexical_order(build_host) -> None:  # type: ignore[no-untyped-def]
+    """CRI-O's precedence: /etc/crio/crio.conf, then each file below crio.conf.d in lexical order
+    (subdirectories walked in place), the later one winning; the reader's default runtime is the
+    last one set."""
+    host = build_host("cpu-only", files={
+        "/etc/crio/crio.conf": '[crio.runtime]\ndefault_runtime = "crun"\n',
+        "/etc/crio/crio.conf.d/99-nvidia.conf": '[crio.runtime]\ndefault_runtime = "nvidia"\n'
+                                                '[crio.runtime.runtimes.nvidia]\nruntime_path = "/x"\n',
+        "/etc/crio/crio.conf.d/10-crio.conf": '[crio.runtime]\ndefault_runtime = "runc"\n',
+        "/etc/crio/crio.conf.d/50-site/01.conf": '[crio.runtime]\ndefault_runtime = "kata"\n',
+        "/var/run/crio/crio.sock": "",
+    })
+    rt = detect_runtime(host.fs)
+    assert rt.config_files == ["/etc/crio/crio.conf", "/etc/crio/crio.conf.d/10-crio.conf",
+                               "/etc/crio/crio.conf.d/50-site/01.conf", "/etc/crio/crio.conf.d/99-nvidia.conf"]
+    assert (rt.name, rt.nvidia_runtime, rt.default_runtime) == ("crio", True, "nvidia")
+
+
+def test_crio_with_drop_ins_only(build_host) -> None:  # type: ignore[no-untyped-def]
+    """Packages may ship no crio.conf: the drop-ins alone say it is CRI-O (no socket needed)."""
+    host = build_host("cpu-only", files={"/etc/crio/crio.conf.d/10-crio.conf": '[crio.runtime]\ndefault_runtime = "crun"\n'})
+    rt = detect_runtime(host.fs)
+    assert (rt.name, rt.config_files, rt.default_runtime, rt.nvidia_runtime) == (
+        "crio", ["/etc/crio/crio.conf.d/10-crio.conf"], "crun", False)
+
+
+HOOK = '{"version": "1.0.0", "hook": {"path": "/usr/local/nvidia/toolkit/nvidia-container-runtime-hook"}, "stages": ["prestart"]}'
+
+
+def test_crio_hook_in_its_hooks_dir(build_host) -> None:  # type: ignore[no-untyped-def]
+    """The toolkit's hook mode: an OCI hook in CRI-O's hooks_dir (default /usr/share/containers/oci/hooks.d,
+    or what its config sets); a hook elsewhere is not CRI-O's."""
+    files = {"/etc/crio/crio.conf": "[crio.runtime]\n", "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json": HOOK}
+    rt = detect_runtime(build_host("cpu-only", files=files).fs)
+    assert (rt.nvidia_hook, rt.nvidia_runtime) == ("/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json", False)
+    files["/etc/crio/crio.conf.d/01-hooks.conf"] = '[crio.runtime]\nhooks_dir = ["/run/containers/oci/hooks.d"]\n'
+    assert detect_runtime(build_host("cpu-only", files=files).fs).nvidia_hook is None
