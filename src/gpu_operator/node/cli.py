@@ -264,6 +264,9 @@ def register(app: typer.Typer) -> None:
     from gpu_operator.node.gpucheck.command import gpu_check
 
     node_app.command("gpu-check")(gpu_check)
+    from gpu_operator.node.gpucheck.incontainer import cuda_check
+
+    node_app.command("cuda-check")(cuda_check)
     from gpu_operator.node.vgpuhost.cli import vgpu_host_state
 
     node_app.command("vgpu-host-state")(vgpu_host_state)

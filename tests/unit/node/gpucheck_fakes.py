@@ -91,10 +91,12 @@ class FakeLibCuda:
         wrong: bool = False,
         bus: str = "0000:00:06.0",
         lacks: tuple[str, ...] = (),
+        code: int = 218,
+        devices: int = 1,
     ) -> None:
         self.lacks = lacks
         self.calls: list[str] = []
-        self.fail_at, self.wrong, self.bus = fail_at, wrong, bus
+        self.fail_at, self.wrong, self.bus, self.code, self.devices = fail_at, wrong, bus, code, devices
         self.memory: dict[int, list[int]] = {}
         self.ptx = b""
         self.launch: dict[str, Any] = {}
@@ -108,13 +110,23 @@ class FakeLibCuda:
             if name != "cuGetErrorName":
                 self.calls.append(name)
             if name == self.fail_at:
-                return 218  # CUDA_ERROR_INVALID_PTX
+                return self.code  # default 218, CUDA_ERROR_INVALID_PTX
             return impl(*args) if impl else 0
 
         return call
 
+    # the names a real libcuda gives (cuda.h's cudaError_enum); others: as the driver, INVALID_VALUE
+    NAMES = {
+        100: b"CUDA_ERROR_NO_DEVICE",
+        218: b"CUDA_ERROR_INVALID_PTX",
+        803: b"CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+        999: b"CUDA_ERROR_UNKNOWN",
+    }
+
     def _cuGetErrorName(self, code: int, out: Any) -> int:
-        _out(out).value = b"CUDA_ERROR_INVALID_PTX" if code == 218 else b"CUDA_ERROR_UNKNOWN"
+        if code not in self.NAMES:
+            return 1  # CUDA_ERROR_INVALID_VALUE: a code this driver does not know
+        _out(out).value = self.NAMES[code]
         return 0
 
     def _cuDriverGetVersion(self, out: Any) -> int:
@@ -122,7 +134,7 @@ class FakeLibCuda:
         return 0
 
     def _cuDeviceGetCount(self, out: Any) -> int:
-        _out(out).value = 1
+        _out(out).value = self.devices
         return 0
 
     def _cuDeviceGetName(self, buf: Any, size: Any, dev: Any) -> int:

@@ -64,6 +64,32 @@ class CudaError(Exception):
         self.call, self.code, self.name = call, code, name
 
 
+# The codes whose name we give when the driver cannot (cuGetErrorName missing or failing), from
+# NVIDIA's cuda.h enum cudaError_enum (as in NVIDIA/cuda-python cuda_bindings cydriver.pxd.in).
+ERROR_NAMES = {
+    1: "CUDA_ERROR_INVALID_VALUE",
+    2: "CUDA_ERROR_OUT_OF_MEMORY",
+    3: "CUDA_ERROR_NOT_INITIALIZED",
+    34: "CUDA_ERROR_STUB_LIBRARY",
+    46: "CUDA_ERROR_DEVICE_UNAVAILABLE",
+    100: "CUDA_ERROR_NO_DEVICE",
+    101: "CUDA_ERROR_INVALID_DEVICE",
+    209: "CUDA_ERROR_NO_BINARY_FOR_GPU",
+    214: "CUDA_ERROR_ECC_UNCORRECTABLE",
+    218: "CUDA_ERROR_INVALID_PTX",
+    221: "CUDA_ERROR_JIT_COMPILER_NOT_FOUND",
+    222: "CUDA_ERROR_UNSUPPORTED_PTX_VERSION",
+    304: "CUDA_ERROR_OPERATING_SYSTEM",
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    719: "CUDA_ERROR_LAUNCH_FAILED",
+    802: "CUDA_ERROR_SYSTEM_NOT_READY",
+    803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+    804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+    999: "CUDA_ERROR_UNKNOWN",
+}
+NO_DEVICE = 100
+
+
 @dataclass
 class CudaResult:
     ok: bool = False
@@ -76,16 +102,22 @@ class CudaResult:
     wrong: int = 0
     calls: list[str] = field(default_factory=list)
     error: str = ""
+    # the failed call, its CUresult and that code's name (empty/0 when no call failed)
+    failed_call: str = ""
+    error_code: int = 0
+    error_name: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class CudaDriver:
-    """One run of the check over a loaded libcuda (a ctypes CDLL, or a stand-in with the same calls)."""
+    """One run of the check over a loaded libcuda (a ctypes CDLL, or a stand-in with the same calls).
+    `log` is told each call's outcome as it returns (the container command prints them)."""
 
-    def __init__(self, lib: Any) -> None:
+    def __init__(self, lib: Any, log: Callable[[str], None] | None = None) -> None:
         self.lib = lib
+        self.log = log or (lambda line: None)
         self.result = CudaResult()
         self._undo: list[tuple[str, Callable[[], Any]]] = []
 
@@ -93,7 +125,10 @@ class CudaDriver:
         self.result.calls.append(name)
         code = int(getattr(self.lib, name)(*args))
         if code != 0:
-            raise CudaError(name, code, self._error_name(code))
+            error = self._error_name(code)
+            self.log(f"{name}: {error} ({code})")
+            raise CudaError(name, code, error)
+        self.log(f"{name}: CUDA_SUCCESS")
 
     def _error_name(self, code: int) -> str:
         text = ctypes.c_char_p()
@@ -102,7 +137,7 @@ class CudaDriver:
                 return text.value.decode(errors="replace")
         except (AttributeError, TypeError, ValueError):
             pass
-        return "unknown error"
+        return ERROR_NAMES.get(code, "unknown error")
 
     def run(self) -> CudaResult:
         try:
@@ -110,6 +145,11 @@ class CudaDriver:
             self.result.ok = self.result.wrong == 0 and self.result.elements_checked == ELEMENTS
         except CudaError as err:
             self.result.error = str(err)
+            self.result.failed_call, self.result.error_code, self.result.error_name = (
+                err.call,
+                err.code,
+                err.name,
+            )
         except AttributeError as err:  # an entry point this libcuda does not export
             self.result.error = f"libcuda lacks a call: {err}"
         finally:
@@ -133,8 +173,9 @@ class CudaDriver:
         res.driver_version = f"{version.value // 1000}.{version.value % 1000 // 10}"
         self._call("cuDeviceGetCount", ctypes.byref(count))
         res.devices = count.value
-        if count.value < 1:
-            raise CudaError("cuDeviceGetCount", 100, "CUDA_ERROR_NO_DEVICE: no device counted")
+        self.log(f"driver supports CUDA {res.driver_version}; {count.value} device(s)")
+        if count.value < 1:  # the driver answered, but counts no device: CUDA's own code for that
+            raise CudaError("cuDeviceGetCount", NO_DEVICE, ERROR_NAMES[NO_DEVICE])
         device = ctypes.c_int(0)
         self._call("cuDeviceGet", ctypes.byref(device), ctypes.c_int(0))
         name, bus = ctypes.create_string_buffer(256), ctypes.create_string_buffer(64)
@@ -146,6 +187,7 @@ class CudaDriver:
         self._call("cuDeviceGetAttribute", ctypes.byref(major), ctypes.c_int(CC_MAJOR), device)
         self._call("cuDeviceGetAttribute", ctypes.byref(minor), ctypes.c_int(CC_MINOR), device)
         res.compute_capability = f"{major.value}.{minor.value}"
+        self.log(f"device 0: {res.name}, PCI {res.bus}, compute capability {res.compute_capability}")
 
         context = ctypes.c_void_p()
         if hasattr(self.lib, "cuCtxCreate_v2"):
@@ -196,6 +238,7 @@ class CudaDriver:
         want = expected(values)
         res.elements_checked = ELEMENTS
         res.wrong = sum(1 for got, w in zip(out, want, strict=True) if got != w)
+        self.log(f"kernel {KERNEL} over {ELEMENTS} values: {ELEMENTS - res.wrong} right, {res.wrong} wrong")
 
 
 def load_libcuda(path: str | None) -> Any:
@@ -203,5 +246,5 @@ def load_libcuda(path: str | None) -> Any:
     return ctypes.CDLL(path or "libcuda.so.1")
 
 
-def run_cuda_check(lib: Any) -> CudaResult:
-    return CudaDriver(lib).run()
+def run_cuda_check(lib: Any, log: Callable[[str], None] | None = None) -> CudaResult:
+    return CudaDriver(lib, log).run()

@@ -68,6 +68,15 @@ def _library(fs: HostFS, root: str, stem: str, soname: str) -> str | None:
     return None
 
 
+def find_libcuda(fs: HostFS, roots: tuple[str, ...] = DRIVER_ROOTS) -> Found:
+    """libcuda under the first of `roots` that holds it (also what a container's check searches
+    where the loader does not find it: node/gpucheck/incontainer.py)."""
+    for root in roots:
+        if lib := _library(fs, root, "libcuda", SONAMES["cuda"]):
+            return Found(lib, root)
+    return Found()
+
+
 def find_tools(fs: HostFS, roots: tuple[str, ...] = DRIVER_ROOTS) -> NvidiaTools:
     """nvidia-smi, libnvidia-ml and libcuda under the first of `roots` that holds each."""
     tools = NvidiaTools(searched=list(roots))
@@ -78,7 +87,7 @@ def find_tools(fs: HostFS, roots: tuple[str, ...] = DRIVER_ROOTS) -> NvidiaTools
                 if fs.is_executable(path):
                     tools.smi = Found(path, root)
                     break
-        for key, stem in (("nvml", "libnvidia-ml"), ("cuda", "libcuda")):
-            if getattr(tools, key).path is None and (lib := _library(fs, root, stem, SONAMES[key])):
-                setattr(tools, key, Found(lib, root))
+        if tools.nvml.path is None and (lib := _library(fs, root, "libnvidia-ml", SONAMES["nvml"])):
+            tools.nvml = Found(lib, root)
+    tools.cuda = find_libcuda(fs, roots)
     return tools
