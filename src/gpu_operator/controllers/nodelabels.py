@@ -13,7 +13,7 @@ from gpu_operator.controllers.gfdlabels import applied, gfd_change, gfd_runs
 from gpu_operator.controllers.mig_rules import restore_ordered
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
-from gpu_operator.render.distributions import MICROK8S_LABEL
+from gpu_operator.render.distributions import MICROK8S_LABEL, PENDING
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.facts import passthrough_list
 from gpu_operator.render.facts import workload_config as _workload_config
@@ -221,7 +221,10 @@ def desired_change(labels: dict[str, str], annotations: dict[str, str], policy: 
 
 def _runtime_group(labels: dict[str, str], change_labels: dict[str, str | None], group: str) -> None:
     """A GPU node's container-toolkit group (render/distributions.py) where it is not stock
-    containerd: the toolkit DaemonSets select on it (docs/distributions.md)."""
+    containerd: the toolkit DaemonSets select on it (docs/distributions.md). While the kubelet has not
+    reported the node's runtime (PENDING) the label is left as it is: decided when the runtime appears."""
+    if group == PENDING:
+        return
     gpu = applied(labels, change_labels).get(GPU_PRESENT) == "true"
     wanted = group if gpu and group and group != "containerd" else None
     if labels.get(RUNTIME_GROUP) != wanted:

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 
 STOCK = "containerd"  # containerd in its upstream locations: today's toolkit DaemonSet
 UNRECOGNISED = "unrecognised"
+# A node whose kubelet has not reported its runtime yet (status.nodeInfo.containerRuntimeVersion
+# empty, no probe answer): nothing is decided for it, and nothing blames its runtime; the decision
+# is made when the field appears (the node's update brings it).
+PENDING = "pending"
 # The toolkit.env keys that name the runtime's config and socket (NVIDIA's toolkit reads these,
 # cmd/nvidia-ctk-installer: RUNTIME_CONFIG or <RUNTIME>_CONFIG, RUNTIME_SOCKET or <RUNTIME>_SOCKET).
 CONFIG_KEYS = ("RUNTIME_CONFIG", "CONTAINERD_CONFIG", "CRIO_CONFIG", "DOCKER_CONFIG")
@@ -85,12 +89,15 @@ _MAJOR = re.compile(r"^(\d+)\.")
 
 def detect(runtime_version: str, kubelet_version: str, probe: Mapping[str, str],
            labels: Mapping[str, str] | None = None) -> str:
-    """A node's distribution (a DISTRIBUTIONS key, a NOT_CONFIGURABLE flavour, or UNRECOGNISED).
+    """A node's distribution (a DISTRIBUTIONS key, a NOT_CONFIGURABLE flavour, UNRECOGNISED, or
+    PENDING while nodeInfo names no runtime yet).
 
     The host's files win: the probe's flavour, when it found one, decides over what nodeInfo says."""
     flavour = str(probe.get("flavor") or "")
     if flavour:
         return flavour if flavour in DISTRIBUTIONS or flavour in NOT_CONFIGURABLE else UNRECOGNISED
+    if not runtime_version:
+        return PENDING
     scheme, _, version = runtime_version.partition("://")
     plain = _SCHEMES.get(scheme)
     if plain is None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change, is_relevant_label
+from gpu_operator.render.distributions import PENDING
 from gpu_operator.vocabulary import GPU_PRESENT, RUNTIME_GROUP
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
@@ -30,3 +31,10 @@ def test_no_label_without_a_gpu_and_none_rewritten() -> None:
 
 def test_microk8s_label_is_kept_in_memory() -> None:
     assert is_relevant_label("microk8s.io/cluster")
+
+
+def test_a_runtime_not_reported_yet_leaves_the_label_as_it_is() -> None:
+    """nodeInfo.containerRuntimeVersion still empty: nothing is decided (no label written, none removed)."""
+    assert RUNTIME_GROUP not in desired_change(dict(GPU), {}, LabelPolicy(), runtime_group=PENDING).labels
+    labelled = {**GPU, RUNTIME_GROUP: "k3s"}
+    assert RUNTIME_GROUP not in desired_change(labelled, {}, LabelPolicy(), runtime_group=PENDING).labels

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.render import render
-from gpu_operator.render.distributions import HINT_KEYS, UNRECOGNISED, detect, toolkit_group
+from gpu_operator.render.distributions import HINT_KEYS, PENDING, UNRECOGNISED, detect, toolkit_group
 from gpu_operator.render.facts import ClusterFacts, NodeFacts
 from gpu_operator.render.objects import Ctx
 from gpu_operator.render.states.container_toolkit import STATE, unserved
@@ -32,7 +32,9 @@ TOOLKIT = "nvidia-container-toolkit-daemonset"
     ("containerd://1.7.27", "", {"flavor": "talos"}, {}, "talos"),
     ("containerd://1.7.27", "v1.31.3", {"flavor": "none"}, {}, UNRECOGNISED),  # the probe found none we know
     ("frakti://0.3", "v1.31.3", {}, {}, UNRECOGNISED),
-    ("", "", {}, {}, UNRECOGNISED),
+    ("", "", {}, {}, PENDING),  # the kubelet has not reported its runtime yet
+    ("", "v1.31.3+k3s1", {}, {}, PENDING),
+    ("", "", {"flavor": "k3s"}, {}, "k3s"),  # the host's files answer before nodeInfo does
 ])
 def test_detect(runtime: str, kubelet: str, probe: dict[str, str], labels: dict[str, str], expected: str) -> None:
     assert detect(runtime, kubelet, probe, labels) == expected
@@ -163,3 +165,18 @@ def test_probe_facts_reach_the_node_facts() -> None:
             "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://1.6.28", "kubeletVersion": "v1.31.3"}}}
     assert NodeFacts.of(node).distribution == "microk8s"
     assert facts("a10:1").nodes[0].distribution == "containerd"
+
+
+def test_a_runtime_not_reported_yet_is_not_blamed_and_is_decided_when_it_appears() -> None:
+    """containerRuntimeVersion empty: no message, no NotIn for it; once reported, the usual rules."""
+    def cluster(runtime: str) -> tuple[Any, Ctx]:
+        nodes = [NodeFacts("gpu-a", GPU, runtime_version="containerd://1.7.27"),
+                 NodeFacts("gpu-new", GPU, runtime_version=runtime)]
+        facts_ = ClusterFacts.of(nodes, operator_env=IMAGES)
+        return render(policy({}), facts_), Ctx(policy({}), facts_)
+
+    result, ctx = cluster("")
+    assert unserved(ctx) == {}
+    assert list(toolkits(result)) == [TOOLKIT] and selected(toolkits(result)[TOOLKIT]) == []
+    assert list(unserved(cluster("frakti://0.3")[1])) == ["gpu-new"]
+    assert list(toolkits(cluster("containerd://1.7.22-k3s1")[0])) == [TOOLKIT, f"{TOOLKIT}-k3s"]

@@ -6,7 +6,14 @@ import dataclasses
 import functools
 from typing import Any
 
-from gpu_operator.render.distributions import STOCK, config_of, distribution_of, problem, user_names_paths
+from gpu_operator.render.distributions import (
+    PENDING,
+    STOCK,
+    config_of,
+    distribution_of,
+    problem,
+    user_names_paths,
+)
 from gpu_operator.render.facts import workload_config
 from gpu_operator.render.objects import (
     Ctx,
@@ -101,13 +108,15 @@ def _group_runtime(ds: dict[str, Any], ctx: Ctx, group: str, config: str) -> Non
 def groups(ctx: Ctx) -> tuple[dict[str, list[str]], list[str]]:
     """GPU nodes by toolkit group, the cluster's own runtime's under STOCK's key (today's DaemonSet),
     and the nodes no DaemonSet may serve (an unrecognised runtime the user's toolkit.env does not name:
-    docs/distributions.md)."""
+    docs/distributions.md). A node whose runtime is not reported yet (PENDING) is in neither."""
     stock = STOCK if ctx.facts.runtime == "containerd" else ctx.facts.runtime
     named = user_names_paths([(e.name, e.value or "") for e in ctx.spec.toolkit.env or []])
     out: dict[str, list[str]] = {STOCK: []}
     unserved: list[str] = []
     for node in ctx.facts.gpu_nodes:
         group = node.toolkit_group
+        if group == PENDING:
+            continue  # its runtime is not known yet: neither a group of its own nor unserved
         if group == stock or (distribution_of(group) is None and named):
             out[STOCK].append(node.name)
         elif distribution_of(group) is None:
