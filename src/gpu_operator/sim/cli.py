@@ -225,13 +225,19 @@ def fault(node: Annotated[str, typer.Argument(help="The node: a fake GPU node (k
           clear: Annotated[bool, typer.Option(
               "--clear", help="Clear every fault of the node as a reboot does: the GPUs back, an empty "
               "kernel log, a new boot_id.")] = False,
+          reboot: Annotated[bool, typer.Option(
+              "--reboot", help="Reboot a vGPU host node (shape vgpu-host-h100): what --clear does, and its "
+              "VFs, vGPUs and MIG mode (Hopper) are lost; its kubelet ends its pods at shutdown and their "
+              "DaemonSets make new ones.")] = False,
           directory: DirOption = None) -> None:
     """Inject a GPU fault into a node's host, as the kernel and NVIDIA's driver leave it.
 
     On a fake node our health agent (played where the operator-validator pod runs) reads it and
     publishes the node's GPU health report; on the real node the device-plugin stand-in reports
     the GPU Unhealthy to the kubelet (critical Xids, a lost GPU; not the application Xids 13, 31,
-    43, 45, 68, 109), so nvidia.com/gpu allocatable drops. --clear makes it Healthy again.
+    43, 45, 68, 109), so nvidia.com/gpu allocatable drops. --clear makes it Healthy again. On a
+    vGPU host, --reboot loses the vGPU host state, and the new sandbox validator pod's
+    vgpu-host-state pass puts it back.
     """
     from gpu_operator.sim import session
     from gpu_operator.sim.faultinject import check_action, inject
@@ -239,7 +245,7 @@ def fault(node: Annotated[str, typer.Argument(help="The node: a fake GPU node (k
 
     where = _dir(directory)
     try:
-        action, number = check_action(xid, gone, clear, gpu)
+        action, number = check_action(xid, gone, clear, gpu, reboot)
         state = session.running(where)
         if state is None:
             raise session.SimError(f"no simulator runs in {where}: start one (gpu-operator sim up) or give its --dir")

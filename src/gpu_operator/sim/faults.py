@@ -17,6 +17,9 @@ device-plugin stand-in) sees what it would see there.
   is back as it was, the kernel log starts empty, /run (kured's reboot sentinel) is emptied and the
   boot gets a new /proc/sys/kernel/random/boot_id. Whatever reads the host tells the new boot by that boot_id; the
   node's agents start afresh, as their pods do after a reboot.
+- `reboot` of a vGPU host (`reboot_vgpu_host`): `clear`, and the vGPU manager's state a reboot
+  loses (the VFs, their vGPUs, MIG mode on Hopper: `sim/vgpuhw.py`) and /run/nvidia/validations;
+  `sim/faultinject.py` then ends the node's pods as its kubelet's shutdown does.
 
 A GPU is named by its index as NVML numbers them (PCI address order) on the intact host: the fault
 book records the intact host's GPUs the first time the tree is touched, so an index keeps naming
@@ -251,6 +254,21 @@ class HostFaults:
         self.save(book)
         return book
 
+    def reboot_vgpu_host(self, spec: dict[str, Any]) -> Book:
+        """Reboot a vGPU host (`spec`: its host as built, with the vGPU host model): what `clear`
+        does, and what the vGPU manager's state loses (`vgpuhw.VgpuHostSim.reboot`: the VFs and their
+        vGPUs, VM processes, MIG mode unless the GPU keeps it), and /run/nvidia/validations emptied
+        (a tmpfs: the status files of the validators' checks, the vGPU host state's among them)."""
+        from gpu_operator.sim.vgpuhw import VGPU_STATE, VgpuHostSim, is_vgpu_host
+
+        if not is_vgpu_host(spec):
+            raise FaultError(f"{self.root}: not a vGPU host (no vGPU host model for its shape)")
+        book = self.clear()
+        VgpuHostSim(self.fs, spec, self.book_dir / VGPU_STATE).reboot()
+        for name in self.fs.listdir(VALIDATIONS_DIR):
+            self.fs.remove(f"{VALIDATIONS_DIR}/{name}")
+        return book
+
 
 def last_seq(kmsg: Path) -> int:
     """The sequence number of the last record in a kmsg-format file (-1 when empty or absent)."""
@@ -287,8 +305,8 @@ def node_host_spec(shape: str) -> dict[str, Any]:
     from gpu_operator.sim.realspec import HOST_DRIVER_VERSION, host_spec
 
     spec = host_spec(shape)
-    # the validator's init containers passed: their status files are on the host
-    spec["files"].update({f"{VALIDATIONS_DIR}/{name}-ready": "" for name in VALIDATED})
+    if not spec.get("vgpu"):  # the validator's init containers passed: their status files are on the host
+        spec["files"].update({f"{VALIDATIONS_DIR}/{name}-ready": "" for name in VALIDATED})
     spec["files"].update({KMSG: "", BOOT_ID: f"{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim-boot:{shape}')}\n"})
     if not spec["pci_drivers"]:
         spec["pci_drivers"] = ["nvidia"]

@@ -140,6 +140,10 @@ def host_spec(shape: str) -> dict[str, Any]:
             spec["files"]["/etc/containerd/config.toml"] += _NVIDIA_RUNTIME
     elif passthrough:
         spec["modules"] = ["vfio_pci", "vfio", "vfio_iommu_type1"]
+    if host_driver and labels.get(WORKLOAD_CONFIG) == "vm-vgpu":  # the vGPU manager on the host
+        from gpu_operator.sim.vgpuhw import as_vgpu_host
+
+        return as_vgpu_host(spec)
     return spec
 
 

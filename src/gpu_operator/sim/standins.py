@@ -12,6 +12,9 @@ terminating), and only through the channel that component uses:
   annotation, from the agent's own code over the node's host tree, which `sim fault` changes;
 - our GPU probe and vfio manager (`sim/probestandin.py`): the probe's facts, labels and Events,
   the vfio manager's outcome label, from their own code over the node's host tree;
+- our vGPU host-state agent (`sim/vgpustandin.py`, given the nodes' host trees), the sandbox
+  validator's init container on vGPU hosts: the VFs, vGPU types and MIG mode it restores in the
+  node's own tree, its label, annotation and Event;
 - NVIDIA's container toolkit (`sim/toolkitconfig.py`, given the nodes' host trees), on nodes of a
   distribution's shape (k3s, RKE2, MicroK8s, k0s): the nvidia runtime in the containerd config its
   DaemonSet's env and hostPath mounts point at, in the node's own host tree;
@@ -81,6 +84,10 @@ async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: boo
         from gpu_operator.sim.probestandin import node_agents
 
         players += node_agents(config, hosts)
+        if hosts is not None:  # our vGPU host-state agent, in the sandbox validator's pod: it changes the trees
+            from gpu_operator.sim import vgpustandin
+
+            players += vgpustandin.players(config, hosts)
     if hosts is not None:
         from gpu_operator.sim.health import HealthStandIn
 

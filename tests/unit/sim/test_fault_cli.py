@@ -19,8 +19,8 @@ from gpu_operator.sim.toolkit import gpus
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    ((None, False, False, None), "no fault given: give exactly one of --xid N, --gone or --clear"),
-    (("79", True, False, None), "--xid and --gone given: give exactly one of --xid N, --gone or --clear"),
+    ((None, False, False, None), "no fault given: give exactly one of --xid N, --gone, --clear or --reboot"),
+    (("79", True, False, None), "--xid and --gone given: give exactly one of --xid N, --gone, --clear or --reboot"),
     (("x", False, False, None), "--xid 'x': give the Xid as a whole number from 1 to 1023, e.g. --xid 79"),
     ((None, False, True, 1), "--gpu with --clear: --clear brings back every GPU of the node (a reboot): leave out --gpu"),
     ((None, True, False, -1), "--gpu -1: give a GPU index from 0"),

@@ -1,0 +1,201 @@
+"""Our vGPU host-state agent played on kwok vGPU hosts (sim/vgpustandin.py) and a reboot of one
+(`sim fault --reboot`): the operator (a real process) puts the sandbox validator's DaemonSet, with
+its vgpu-host-state init container, on vm-vgpu nodes; the real DaemonSet controller places its pod,
+kwok runs it, and the stand-in runs the agent's pass against that node's own host tree with the
+pod's env and the user's vGPU config. A reboot loses the VFs, vGPUs and MIG mode; the kubelet's
+shutdown ends the pod, the DaemonSet makes a new one, and its pass restores exactly what was there.
+A second vGPU host whose admin opted it out of the sandbox validator runs no pod and gets nothing.
+Real components: kube-apiserver, kube-controller-manager (DaemonSets), kwok, the operator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightkube import Client, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+
+from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.vgpuhost import sysfs
+from gpu_operator.node.vgpuhost.agent import (
+    VGPU_HOST_RESTORED_REASON,
+    VGPU_HOST_RESULT_ANNOTATION,
+    VGPU_HOST_STATE,
+)
+from gpu_operator.node.vgpuhost.config import vgpu_gpus
+from gpu_operator.sim import standins
+from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.faultinject import check_action, inject
+from gpu_operator.sim.faults import BOOT_ID, NodeHosts, boot_id, node_host_spec
+from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.state import SimState
+from gpu_operator.sim.vgpuhw import VGPU_STATE, VgpuHostSim
+from gpu_operator.sim.vgpustandin import APP
+from gpu_operator.vocabulary import deploy_label
+from tests.support.waiting import wait_for
+
+SHAPE = "vgpu-host-h100"
+# Two GPUs with MIG-backed vGPUs (MIG mode on, lost at a Hopper reboot), the other six time-sliced.
+CONFIG = """\
+version: v1
+vgpu-configs:
+  lab:
+    - devices: [0, 1]
+      vgpu-devices:
+        H100XM-1-10C: 3
+    - devices: all
+      vgpu-devices:
+        H100XM-20C: 4
+"""
+
+
+def labels(kube: Client, node: str) -> dict[str, str]:
+    meta = kube.get(Node, node).metadata
+    return dict((meta.labels if meta else None) or {})
+
+
+def result(kube: Client, node: str) -> dict[str, Any]:
+    meta = kube.get(Node, node).metadata
+    text = ((meta.annotations if meta else None) or {}).get(VGPU_HOST_RESULT_ANNOTATION)
+    return json.loads(text) if text else {}
+
+
+def validator_pod(kube: Client, namespace: str, node: str) -> tuple[str, str] | None:
+    """(name, uid) of the sandbox validator's Running pod on `node`, if any."""
+    for pod in kube.list(Pod, namespace=namespace, labels={"app": APP}, fields={"spec.nodeName": node}):
+        if (
+            pod.status
+            and pod.status.phase == "Running"
+            and pod.metadata
+            and not pod.metadata.deletionTimestamp
+        ):
+            return str(pod.metadata.name), str(pod.metadata.uid)
+    return None
+
+
+def restored_events(kube: Client, node: str) -> int:
+    return sum(
+        1
+        for e in kube.list(Event, namespace="*")
+        if e.reason == VGPU_HOST_RESTORED_REASON and e.involvedObject.name == node
+    )
+
+
+def snapshot(root: Path, state: Path) -> dict[str, Any]:
+    """Each GPU's VFs, each VF's vGPU type id, MIG mode (current, pending), read back from the tree
+    (and the GPUs' MIG mode beside it)."""
+    fs = HostFS(root)
+    spec = node_host_spec(SHAPE)
+    hardware = VgpuHostSim(fs, spec, state)
+    out: dict[str, Any] = {}
+    for gpu in vgpu_gpus(fs):
+        pf = sysfs.read_pf(fs, gpu.address)
+        out[gpu.address] = (pf.numvfs, [vf.current for vf in pf.vfs], hardware.mig_mode(gpu.address))
+    return out
+
+
+def test_vgpu_host_state_restored_after_a_reboot_only_where_the_pod_runs(
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+    tmp_path: Path,
+) -> None:
+    host, opted_out = fake_nodes(f"{SHAPE}:2")
+    kube.patch(Node, opted_out, {"metadata": {"labels": {deploy_label("sandbox-validator"): "false"}}})
+    kube.create(
+        ConfigMap(
+            metadata=ObjectMeta(name="vgpu-lab", namespace=operator_namespace), data={"config.yaml": CONFIG}
+        )
+    )
+    state = SimState(
+        dir=str(tmp_path),
+        server=control_plane.server,
+        kubeconfig=str(control_plane.admin_kubeconfig),
+        binaries="",
+    )
+    hosts = NodeHosts(tmp_path / "hosts")
+    config = KubeConfig.from_file(control_plane.admin_kubeconfig)
+    with standins.running(config, nodes=False, hosts=hosts.base, agents=True) as agents:
+        operator = start_operator()
+        cluster_policies(
+            {
+                "sandboxWorkloads": {"enabled": True},
+                "vgpuManager": {"enabled": False},  # the vGPU manager is installed on these hosts
+                "vgpuDeviceManager": {"enabled": True, "config": {"name": "vgpu-lab", "default": "lab"}},
+            }
+        )
+        wait_for(
+            f"the vGPU host state on {host}",
+            lambda: labels(kube, host).get(VGPU_HOST_STATE),
+            until=lambda s: s == "restored",
+            timeout=60,
+            context=operator.log_text,
+        )
+        first_pod = validator_pod(kube, operator_namespace, host)
+        assert first_pod is not None
+        root, mig = hosts.root(host), hosts.base / host / VGPU_STATE
+        before = snapshot(root, mig)
+        assert len(before) == 8
+        for i, (numvfs, types, mode) in enumerate(before.values()):
+            want = [1061] * 3 if i < 2 else [1059] * 4  # H100XM-1-10C, H100XM-20C (the model's type ids)
+            assert (numvfs, types[: len(want)], types[len(want) :]) == (16, want, [0] * (16 - len(want)))
+            assert mode == ((True, True) if i < 2 else (False, False))
+        first = result(kube, host)
+        assert first["config"] == "lab" and first["state"] == "restored"
+        assert {(s["step"], s["outcome"]) for s in first["steps"]} == {
+            ("mig-mode", "changed"),
+            ("mig-mode", "ok"),
+            ("vfs", "changed"),
+            ("vgpu-types", "changed"),
+            ("fabric-manager", "changed"),
+        }
+        boot = boot_id(HostFS(root))
+
+        assert check_action(None, False, False, None, True) == ("reboot", None)
+        said = inject(state, host, "reboot", None, None)
+        print(said)
+        assert said.startswith(f"node {host}: rebooted: 8 GPU(s) with no VF or vGPU, MIG mode off")
+
+        second_pod = wait_for(
+            "a new sandbox validator pod, restored again",
+            lambda: validator_pod(kube, operator_namespace, host),
+            until=lambda p: p is not None and p != first_pod and restored_events(kube, host) == 2,
+            timeout=60,
+            context=operator.log_text,
+        )
+        assert second_pod is not None and second_pod[1] != first_pod[1]
+        assert boot_id(HostFS(root)) != boot and HostFS(root).exists(BOOT_ID)
+        after = result(kube, host)
+        # what the new pod's pass found: the reboot took the VFs, the vGPUs and (Hopper) MIG mode
+        steps = {(s["gpu"], s["step"]): s for s in after["steps"]}
+        for i, gpu in enumerate(before):
+            assert steps[(gpu, "vfs")]["outcome"] == "changed"
+            assert steps[(gpu, "vfs")]["detail"] == "enabled 16 VFs (had 0)"
+            assert steps[(gpu, "vgpu-types")]["outcome"] == "changed"
+            assert steps[(gpu, "mig-mode")]["outcome"] == ("changed" if i < 2 else "ok")
+        assert steps[("node", "fabric-manager")]["outcome"] == "ok"  # a file on disk: kept
+        assert snapshot(root, mig) == before
+
+        # a rollout: one more pod, one more pass
+        kube.delete(Pod, second_pod[0], namespace=operator_namespace)
+        wait_for(
+            "the third pod's pass",
+            lambda: labels(kube, host).get(VGPU_HOST_STATE),
+            until=lambda s: s == "unchanged",
+            timeout=60,
+            context=operator.log_text,
+        )
+        assert {s["outcome"] for s in result(kube, host)["steps"]} == {"ok"}
+        assert snapshot(root, mig) == before
+        assert restored_events(kube, host) == 2
+    assert agents.error is None, agents.error
+    # the opted-out vGPU host ran no sandbox validator pod: no pass, no tree of its own, nothing on its Node
+    assert validator_pod(kube, operator_namespace, opted_out) is None
+    assert VGPU_HOST_STATE not in labels(kube, opted_out) and result(kube, opted_out) == {}
+    assert not hosts.has(opted_out)
