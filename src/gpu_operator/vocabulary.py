@@ -172,6 +172,11 @@ HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
 # value would read as unset).
 HEALTH_VALIDATIONS = ("driver", "toolkit", "cuda", "plugin")
 HEALTH_NO_VALIDATIONS = "none"
+# What the validator's workload pods run (its cuda and plugin containers' CUDA_WORKLOAD): NVIDIA's
+# CUDA sample vectorAdd from CUDA_VALIDATOR_IMAGE (the default, as NVIDIA's validator), or our CUDA
+# driver-API check `gpu-operator node cuda-check` in the validator's own image (no CUDA image).
+CUDA_WORKLOAD_ENV = "CUDA_WORKLOAD"
+CUDA_WORKLOADS = ("vectorAdd", "driver-api")
 
 # -- MIG changes (NVIDIA's MIG manager writes the state and pauses; self-repair is ours) ------------
 # The MIG manager (mig-parted v0.15.0, pkg/mig/reconfigure) writes MIG_CONFIG_STATE (pending,

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import kubernetes_validate
 import pytest
 
+from gpu_operator.node.kubeapi import pod_detail
 from gpu_operator.node.validate.base import Outcome, PodOutcome, ValidationFailed
+from gpu_operator.node.validate.config import ConfigError, ValidatorConfig
 from gpu_operator.node.validate.run import validate
 from gpu_operator.node.validate.workload import CUDA_APP, PLUGIN_APP, pick_gpu_resource, workload_pod
+from gpu_operator.vocabulary import CUDA_WORKLOADS
 from tests.unit.node.nodekit import FakeNodeView, context
 
 TEMPLATE = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -102,3 +107,70 @@ def test_plugin_waits_for_capacity_within_its_budget(build_host) -> None:  # typ
     ctx, _ = context(host.fs, ENV, kube=view)
     assert validate(ctx, "plugin").outcome == Outcome.PASSED
     assert view.pods[0]["spec"]["initContainers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+# CUDA_WORKLOAD=driver-api: the workload pod runs our `gpu-operator node cuda-check` in the validator's image
+DRIVER_API = {**ENV, "VALIDATOR_IMAGE": "example/gpu-operator:1", "CUDA_WORKLOAD": "driver-api"}
+
+
+def test_driver_api_runs_our_check_in_the_validator_image(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    view = FakeNodeView()
+    ctx, _ = context(host.fs, DRIVER_API, kube=view)
+    result = validate(ctx, "cuda")
+    assert result.outcome == Outcome.PASSED and result.message == "CUDA workload pod succeeded (CUDA_WORKLOAD=driver-api)"
+    (pod,) = view.pods
+    (init,) = pod["spec"]["initContainers"]
+    assert init["image"] == pod["spec"]["containers"][0]["image"] == "example/gpu-operator:1"  # not CUDA_VALIDATOR_IMAGE
+    assert init["command"] == ["gpu-operator", "node", "cuda-check"]
+    # as for vectorAdd: every GPU through the NVIDIA runtime (and CDI), the check's last line as the message
+    assert init["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    assert pod["metadata"]["annotations"] == {"nvidia.cdi.k8s.io/container.cuda-validation": "management.nvidia.com/gpu=all"}
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    meta = {k: v for k, v in pod["metadata"].items() if k != "ownerReferences"}  # the fake's are partial
+    kubernetes_validate.validate({**pod, "metadata": {**meta, "name": "x"}}, "1.33", strict=True)
+    # the default stays NVIDIA's sample, from CUDA_VALIDATOR_IMAGE
+    view = FakeNodeView()
+    ctx, _ = context(host.fs, {**DRIVER_API, "CUDA_WORKLOAD": ""}, kube=view)
+    assert validate(ctx, "cuda").message == "CUDA workload pod succeeded (CUDA_WORKLOAD=vectorAdd)"
+    assert view.pods[0]["spec"]["initContainers"][0]["command"] == ["vectorAdd"]
+    assert view.pods[0]["spec"]["initContainers"][0]["image"] == "example/cuda:1"
+
+
+def test_driver_api_failure_quotes_the_checks_last_line(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    last = ("cuda-check: FAILED: cuInit returned CUDA_ERROR_NO_DEVICE (100). Likely fix: the container was given no "
+            "GPU device node (missing /dev/nvidiaN)")
+    # the pod as the kubelet reports it: the init container's termination message is its log's tail
+    pod = {"status": {"phase": "Failed", "initContainerStatuses": [{"name": "cuda-validation", "state": {
+        "terminated": {"reason": "Error", "exitCode": 1, "message": f"cuda-check: device nodes: none\n{last}\n"}}}]}}
+    view = FakeNodeView(outcome=PodOutcome(False, "Failed", pod_detail(pod)))
+    ctx, _ = context(host.fs, DRIVER_API, kube=view)
+    result = validate(ctx, "cuda")
+    assert result.outcome == Outcome.FAILED
+    assert last in result.message and "nvidia-cuda-validator pod on node gpu-0 ended Failed" in result.message
+    assert result.message.endswith("an image pull error needs VALIDATOR_IMAGE/pull secrets, a CUDA error the pod's "
+                                   "last line names the CUDA error and a likely fix (`gpu-operator node cuda-check`)")
+
+
+def test_driver_api_needs_the_validator_image_and_a_known_workload(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    ctx, _ = context(host.fs, {**DRIVER_API, "VALIDATOR_IMAGE": "", "CUDA_VALIDATOR_IMAGE": "example/cuda:1"},
+                     kube=FakeNodeView())
+    result = validate(ctx, "cuda")
+    assert result.outcome == Outcome.FAILED
+    assert "no workload image: set VALIDATOR_IMAGE (an image with gpu-operator)" in result.message
+    with pytest.raises(ConfigError) as err:
+        ValidatorConfig.from_env({**DRIVER_API, "CUDA_WORKLOAD": "vectoradd"})
+    assert str(err.value) == "CUDA_WORKLOAD='vectoradd': use one of 'vectorAdd' or 'driver-api'"
+    assert get_args(ValidatorConfig.model_fields["cuda_workload"].annotation) == CUDA_WORKLOADS
+
+
+def test_a_plugin_workload_with_driver_api_asks_for_one_gpu(build_host) -> None:  # type: ignore[no-untyped-def]
+    host = build_host("ubuntu-apt-driver")
+    view = FakeNodeView(allocatable={"nvidia.com/gpu": "2"})
+    ctx, _ = context(host.fs, DRIVER_API, kube=view)
+    assert validate(ctx, "plugin").outcome == Outcome.PASSED
+    (init,) = view.pods[0]["spec"]["initContainers"]
+    assert init["command"] == ["gpu-operator", "node", "cuda-check"] and init["image"] == "example/gpu-operator:1"
+    assert init["resources"] == {"limits": {"nvidia.com/gpu": "1"}}

@@ -87,15 +87,20 @@ def test_our_image_runs_only_what_our_package_provides() -> None:
 
 
 def test_workload_pods_name_an_image_that_has_vectoradd() -> None:
+    """The cuda check's workload pod runs vectorAdd by default: NVIDIA's image, which has it. The
+    plugin check runs no workload pod (WITH_WORKLOAD=false), so its container names no CUDA image."""
     result = render_policy(POLICIES["clusterpolicy-default.yaml"])
     ds = next(o for o in result.state("state-operator-validation").objects if o["kind"] == "DaemonSet")
     names = [c["name"] for c in ds["spec"]["template"]["spec"]["initContainers"]]
     assert {"cuda-validation", "plugin-validation"} <= set(names), names
-    for ctr in ds["spec"]["template"]["spec"]["initContainers"]:
-        if ctr["name"] in ("cuda-validation", "plugin-validation"):
-            env = {e["name"]: e.get("value") for e in ctr["env"]}
-            assert env["CUDA_VALIDATOR_IMAGE"] == CUDA_WORKLOAD_IMAGE != OWN_IMAGE
-            assert env["VALIDATOR_IMAGE"] == OWN_IMAGE
+    envs = {ctr["name"]: {e["name"]: e.get("value") for e in ctr["env"]}
+            for ctr in ds["spec"]["template"]["spec"]["initContainers"]}
+    assert envs["cuda-validation"]["CUDA_VALIDATOR_IMAGE"] == CUDA_WORKLOAD_IMAGE != OWN_IMAGE
+    assert "CUDA_WORKLOAD" not in envs["cuda-validation"]  # the validator's default: vectorAdd
+    assert envs["plugin-validation"]["WITH_WORKLOAD"] == "false"
+    assert "CUDA_VALIDATOR_IMAGE" not in envs["plugin-validation"]
+    for name in ("cuda-validation", "plugin-validation"):
+        assert envs[name]["VALIDATOR_IMAGE"] == OWN_IMAGE
 
 
 def test_every_deliberate_deviation_is_documented() -> None:

@@ -126,6 +126,9 @@ class ValidatorConfig(BaseModel):
     budgets: dict[str, Seconds] = Field(default_factory=lambda: dict(DEFAULT_BUDGETS))
     validator_image: str = Field("", alias="VALIDATOR_IMAGE")
     cuda_image: str = Field("", alias="CUDA_VALIDATOR_IMAGE")
+    # vocabulary.CUDA_WORKLOADS: what the workload pods run (vectorAdd from cuda_image, or our
+    # driver-API check from validator_image)
+    cuda_workload: Literal["vectorAdd", "driver-api"] = Field("vectorAdd", alias="CUDA_WORKLOAD")
     runtime_class: str = Field("", alias="VALIDATOR_RUNTIME_CLASS")
     image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field("", alias="VALIDATOR_IMAGE_PULL_POLICY")
     image_pull_secrets: CsvList = Field((), alias="VALIDATOR_IMAGE_PULL_SECRETS")

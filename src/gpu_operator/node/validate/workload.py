@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
-from gpu_operator.node.validate.config import STATUS_FILES
+from gpu_operator.node.validate.config import STATUS_FILES, ValidatorConfig
+from gpu_operator.vocabulary import CUDA_WORKLOAD_ENV
 
 CUDA_APP = "nvidia-cuda-validator"
 PLUGIN_APP = "nvidia-device-plugin-validator"
 DEFAULT_WORKLOAD_COMMAND = ("vectorAdd",)
+# CUDA_WORKLOAD=driver-api: our CUDA driver-API check, in the validator's own image
+DRIVER_API_COMMAND = ("gpu-operator", "node", "cuda-check")
 # The workload's init container, named as NVIDIA's validator names it: the CUDA pod's CDI
 # annotation addresses it by this name.
 INIT_NAMES = {CUDA_APP: "cuda-validation", PLUGIN_APP: "plugin-validation"}
@@ -48,12 +51,12 @@ def workload_pod(
     pull_policy: str = "",
     gpu_resource: str | None = None,
     command: tuple[str, ...] = DEFAULT_WORKLOAD_COMMAND,
+    image_env: str = "CUDA_VALIDATOR_IMAGE",
 ) -> dict[str, Any]:
-    """A validation pod pinned to this node, owned like the validator pod, tolerating what it tolerates."""
+    """A validation pod pinned to this node, owned like the validator pod, tolerating what it tolerates.
+    `image_env` is the variable `image` came from (named when it is empty)."""
     if not image:
-        raise ValidationFailed(
-            f"{app}: no workload image: set CUDA_VALIDATOR_IMAGE (an image with {command[0]})"
-        )
+        raise ValidationFailed(f"{app}: no workload image: set {image_env} (an image with {command[0]})")
     if not node_name:
         raise ValidationFailed(f"{app}: NODE_NAME is not set; give it from the downward API (spec.nodeName)")
     init: dict[str, Any] = {
@@ -118,19 +121,39 @@ def _needs_kube(ctx: Context, component: str) -> Any:
     return ctx.kube
 
 
+def _workload(cfg: ValidatorConfig) -> tuple[str, tuple[str, ...], str, str]:
+    """CUDA_WORKLOAD's image, command, the variable naming the image, and what a CUDA error asks for."""
+    if cfg.cuda_workload == "driver-api":
+        return (
+            cfg.validator_image,
+            DRIVER_API_COMMAND,
+            "VALIDATOR_IMAGE",
+            "the pod's last line names the CUDA error and a likely fix (`gpu-operator node cuda-check`)",
+        )
+    return (
+        cfg.cuda_image,
+        DEFAULT_WORKLOAD_COMMAND,
+        "CUDA_VALIDATOR_IMAGE",
+        "a driver new enough for the workload image (or CUDA_WORKLOAD=driver-api: no CUDA image)",
+    )
+
+
 def _run_workload(ctx: Context, component: str, app: str, gpu_resource: str | None) -> None:
     kube = _needs_kube(ctx, component)
     cfg = ctx.config
+    image, command, image_env, cuda_fix = _workload(cfg)
     manifest = workload_pod(
         app,
         node_name=cfg.node_name,
         namespace=cfg.namespace or "gpu-operator",
-        image=cfg.cuda_image,
+        image=image,
         template=kube.validator_pod_template(),
         runtime_class=cfg.runtime_class,
         pull_secrets=cfg.image_pull_secrets,
         pull_policy=cfg.image_pull_policy,
         gpu_resource=gpu_resource,
+        command=command,
+        image_env=image_env,
     )
     budget = cfg.budgets[component]
     outcome = kube.run_pod(manifest, budget)
@@ -138,8 +161,7 @@ def _run_workload(ctx: Context, component: str, app: str, gpu_resource: str | No
         raise ValidationFailed(
             f"{component}: the {app} pod on node {cfg.node_name} ended {outcome.phase} within {budget:.0f}s: "
             f"{outcome.detail or 'no detail'}. Likely fix: `kubectl -n {manifest['metadata']['namespace']} describe pod "
-            f"-l app={app}`; an image pull error needs CUDA_VALIDATOR_IMAGE/pull secrets, a CUDA error a driver "
-            "new enough for the workload image"
+            f"-l app={app}`; an image pull error needs {image_env}/pull secrets, a CUDA error {cuda_fix}"
         )
 
 
@@ -147,7 +169,7 @@ def validate_cuda(ctx: Context) -> Result:
     ctx.status.remove(STATUS_FILES["cuda"])
     if ctx.config.with_workload:
         _run_workload(ctx, "cuda", CUDA_APP, None)
-        message = "CUDA workload pod succeeded"
+        message = f"CUDA workload pod succeeded ({CUDA_WORKLOAD_ENV}={ctx.config.cuda_workload})"
     else:
         message = "WITH_WORKLOAD=false: no workload pod run"
     return Result("cuda", Outcome.PASSED, message, [ctx.status.write(STATUS_FILES["cuda"])])

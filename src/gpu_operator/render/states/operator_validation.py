@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from gpu_operator.api.clusterpolicy import EnvOnly
 from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE
 from gpu_operator.render.objects import (
     NODE_NAME,
@@ -18,7 +19,7 @@ from gpu_operator.render.objects import (
     upsert_env,
 )
 from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
-from gpu_operator.render.result import Manifest
+from gpu_operator.render.result import Manifest, RenderError
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
     HOST_DEV_CHAR,
@@ -31,7 +32,7 @@ from gpu_operator.render.states._common import (
 )
 from gpu_operator.render.transforms.component import env_upsert
 from gpu_operator.render.transforms.runtime import runtime_class_name
-from gpu_operator.vocabulary import HEALTH_VALIDATIONS, VALIDATIONS_DIR
+from gpu_operator.vocabulary import CUDA_WORKLOAD_ENV, CUDA_WORKLOADS, HEALTH_VALIDATIONS, VALIDATIONS_DIR
 
 STATE = "state-operator-validation"
 NAME = "nvidia-operator-validator"
@@ -102,6 +103,20 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     }
 
 
+def _runs_vector_add(component: str, extra: EnvOnly | None) -> bool:
+    """Whether this validator container's workload pod runs NVIDIA's vectorAdd: its workload is on
+    (the cuda check's by default, the plugin check's only when the user's env turns it on) and the
+    user's CUDA_WORKLOAD is not driver-api. A CUDA_WORKLOAD the validator would refuse is refused here."""
+    user = {e.name: e.value for e in (extra.env if extra is not None and extra.env else [])}
+    workload = user.get(CUDA_WORKLOAD_ENV) or CUDA_WORKLOADS[0]
+    if workload not in CUDA_WORKLOADS:
+        raise RenderError(f"spec.validator.{component}.env",
+                          f"{CUDA_WORKLOAD_ENV}={workload!r}: use one of {', '.join(CUDA_WORKLOADS)} "
+                          f"(default {CUDA_WORKLOADS[0]})")
+    with_workload = user.get("WITH_WORKLOAD") or ("true" if component == "cuda" else "false")
+    return workload == "vectorAdd" and with_workload.strip().lower() not in ("0", "false", "no", "off")
+
+
 def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
     """Per-component env, workload-pod settings, and no plugin check without a device plugin."""
     pod = ds["spec"]["template"]["spec"]
@@ -126,9 +141,11 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
         if component in ("cuda", "plugin"):
             # the validator starts workload pods with these settings
             upsert_env(ctr, "VALIDATOR_IMAGE", image)
-            # the workload pods run vectorAdd: an image that has it (ours has not)
-            upsert_env(ctr, "CUDA_VALIDATOR_IMAGE", ctx.facts.operator_env.get("CUDA_VALIDATOR_IMAGE")
-                       or CUDA_WORKLOAD_IMAGE)
+            if _runs_vector_add(component, extra):
+                # vectorAdd: an image that has it (ours has not); only where a pod would pull it, so that
+                # an install's image list (render/images.py) names NVIDIA's image only when it is used
+                upsert_env(ctr, "CUDA_VALIDATOR_IMAGE", ctx.facts.operator_env.get("CUDA_VALIDATOR_IMAGE")
+                           or CUDA_WORKLOAD_IMAGE)
             upsert_env(ctr, "VALIDATOR_IMAGE_PULL_POLICY", ctr["imagePullPolicy"])
             if secrets:
                 upsert_env(ctr, "VALIDATOR_IMAGE_PULL_SECRETS", secrets)
