@@ -172,12 +172,11 @@ def cleanup(env: dict[str, str], mounts: Mounts, tree: Path) -> list[str]:
     if not set_as_default(env):
         return []  # the toolkit leaves its drop-in as it is
     landing = host_path(mounts, _paths(env)[1])
-    file = tree / landing.lstrip("/") if landing else None
-    if file is None or not file.is_file():
+    if landing is None or not (tree / landing.lstrip("/")).is_file():
         return []
-    doc = tomllib.loads(file.read_text())
+    doc = tomllib.loads((tree / landing.lstrip("/")).read_text())
     runtime = _table(doc, ("crio", "runtime"))
     if runtime is not None and runtime.get("default_runtime") == runtime_name(env):
         del runtime["default_runtime"]
-    write_toml(tree, landing or "", doc)
-    return [landing or ""]
+    write_toml(tree, landing, doc)  # then CRI-O's restart, as at setup
+    return [landing]
