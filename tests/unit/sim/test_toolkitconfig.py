@@ -19,7 +19,14 @@ from gpu_operator.shapes import load
 from gpu_operator.sim import hosttree, toolkitcrio
 from gpu_operator.sim.edits import InjectionError
 from gpu_operator.sim.realspec import distribution, host_spec
-from gpu_operator.sim.toolkitconfig import channel, configure, distribution_start, to_toml, unconfigure
+from gpu_operator.sim.toolkitconfig import (
+    channel,
+    configure,
+    distribution_start,
+    to_toml,
+    toolkit_apps,
+    unconfigure,
+)
 from tests.unit.render.renderkit import run
 
 TOOLKIT = "nvidia-container-toolkit-daemonset"
@@ -160,3 +167,13 @@ def test_a_bad_crio_mode_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(InjectionError) as err:
         configure({"RUNTIME": "crio", "CRIO_CONFIG_MODE": "drop-in"}, (), tmp_path)
     assert str(err.value) == "invalid cri-o config mode CRIO_CONFIG_MODE='drop-in': use one of config, hook"
+
+
+def test_on_a_containerd_cluster_the_crio_nodes_daemonset_is_played_and_reaches_crio(tmp_path: Path) -> None:
+    """A CRI-O node among containerd nodes gets the DaemonSet of its own group; the stand-in plays it."""
+    result = run({}, "a10:1", "crio:1")
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in result.state(STATE).objects
+            if o["kind"] == "DaemonSet"}
+    assert set(pods) == {TOOLKIT, f"{TOOLKIT}-crio"} and set(pods) <= set(toolkit_apps())
+    written, rt, _ = crio_runtime(tmp_path, pods[f"{TOOLKIT}-crio"])
+    assert written == [CRIO_DROP_IN] and rt.nvidia_runtime
