@@ -72,6 +72,17 @@ class ShapeTrees:
         return self.built[shape]
 
 
+def pod_to_play(done: dict[str, str], node: str, view: NodeView | None, pods: list[PodView]) -> PodView | None:
+    """The newest running pod on a kwok node whose pass has not run (`done`: node -> that pod's uid);
+    None when it ran, or when none runs (then the node is forgotten: a later pod runs again)."""
+    running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
+    if view is None or view.shape is None or not running:
+        done.pop(node, None)
+        return None
+    pod = running[-1]
+    return None if done.get(node) == pod.uid else pod
+
+
 class _OncePerPod:
     """A node agent played once per pod on each kwok node where its pod runs (a `podwatch.Player`)."""
 
@@ -92,12 +103,8 @@ class _OncePerPod:
     async def sync(
         self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
     ) -> float | None:
-        running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
-        if view is None or view.shape is None or not running:
-            self.done.pop(node, None)
-            return None
-        pod = running[-1]
-        if self.done.get(node) == pod.uid:
+        pod = pod_to_play(self.done, node, view, pods)
+        if pod is None or view is None or view.shape is None:
             return None
         fs = HostFS(self.trees.root(node, view.shape.name))
         await asyncio.to_thread(self.run, fs, node, pod)

@@ -41,6 +41,7 @@ from gpu_operator.node.vgpuhost.cli import _driver_ready
 from gpu_operator.render.states import _vgpu_host_state, sandbox_validation
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.sim.probestandin import pod_to_play
 from gpu_operator.sim.vgpuhw import VGPU_STATE, VgpuHostSim, is_vgpu_host
 from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, VM_VGPU, WORKLOAD_CONFIG
 
@@ -84,7 +85,9 @@ def init_container(pod: Any) -> InitContainer | None:
 
 
 class VgpuHostStandIn:
-    """The vgpu-host-state init container's pass where the sandbox validator's pod runs with it."""
+    """The vgpu-host-state init container's pass where the sandbox validator's pod runs with it.
+    Unlike the probe's stand-in (`probestandin._OncePerPod`), a pass may wait for the driver or
+    fail and be tried again: a pod is done only once its pass ran through."""
 
     app = APP
     field_manager = NODE_AGENT_FIELD_MANAGER
@@ -92,9 +95,9 @@ class VgpuHostStandIn:
     def __init__(self, config: Any, hosts: Path, client: Any = None) -> None:
         from lightkube import Client
 
-        self.hosts = NodeHosts(hosts)
+        self.hosts = NodeHosts(hosts)  # the pass changes the tree: always the node's own
         self.client = client if client is not None else Client(config, field_manager=NODE_AGENT_FIELD_MANAGER)
-        self.done: dict[str, str] = {}  # node -> uid of the pod whose pass succeeded (or that has none)
+        self.done: dict[str, str] = {}  # node -> uid of the pod whose pass ran through (or that has none)
         self.waiting: dict[str, str] = {}  # node -> why its pod waits for the driver (logged once)
 
     async def start(self, client: AsyncClient) -> None:
@@ -103,12 +106,8 @@ class VgpuHostStandIn:
     async def sync(
         self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
     ) -> float | None:
-        running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
-        if view is None or view.shape is None or not running:
-            self.done.pop(node, None)
-            return None
-        pod = running[-1]
-        if self.done.get(node) == pod.uid:
+        pod = pod_to_play(self.done, node, view, pods)
+        if pod is None or view is None or view.shape is None:
             return None
         try:
             found = await client.get(Pod, pod.name, namespace=pod.namespace)
