@@ -93,7 +93,7 @@ def test_an_unloadable_libcuda_is_named_with_the_loaders_reason(tmp_path: Path) 
     code, lines = check(container(tmp_path), Loader(by_name=short, by_path={LIB: short}))
     assert code == EXIT_FAILED
     assert lines[-1].startswith(
-        f"FAILED: libcuda.so.1 at {LIB} cannot be loaded (the loader's search: {short}; "
+        f"FAILED: libcuda.so.1 at {LIB} cannot be loaded (the loader's search: {short}; {short}). "
     )
     assert "Likely fix: the driver's library the toolkit mounted from the host is damaged" in lines[-1]
 

@@ -103,8 +103,8 @@ def load(fs: HostFS, loader: Callable[[str | None], Any]) -> Loaded:
     if found:
         try:
             return Loaded(loader(found), found, problems)
-        except OSError as err:
-            problems.append(f"{found}: {err}")
+        except OSError as err:  # the loader's message names the file already
+            problems.append(str(err) if str(err).startswith(found) else f"{found}: {err}")
     return Loaded(None, found or "", problems)
 
 
