@@ -219,7 +219,9 @@ def _runtime(report: HostReport) -> list[Finding]:
     where = f"{rt.flavor} config {rt.config_path}" + (
         f" (generated from {rt.template_path})" if rt.template_path else ""
     )
-    if not rt.nvidia_runtime and report.driver.source in (DriverSource.HOST, DriverSource.OPERATOR):
+    # CRI-O under the toolkit's hook mode (CRIO_CONFIG_MODE=hook) has no nvidia runtime: its OCI hook
+    # in CRI-O's hooks_dir gives containers their GPUs instead.
+    if not rt.nvidia_runtime and not rt.nvidia_hook and report.driver.source in (DriverSource.HOST, DriverSource.OPERATOR):
         out.append(
             _finding(
                 "nvidia-runtime-missing",

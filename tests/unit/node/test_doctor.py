@@ -132,3 +132,22 @@ def test_a_host_root_without_sysfs_is_an_error_not_a_cpu_only_host(tmp_path) -> 
     (tmp_path / "etc").mkdir()
     findings = diagnose(probe(HostFS(tmp_path)))
     assert [(f.code, f.severity) for f in findings] == [("host-root-incomplete", Severity.ERROR)]
+
+
+def test_crio_hook_mode_is_not_a_missing_runtime(build_host) -> None:  # type: ignore[no-untyped-def]
+    """CRI-O under the toolkit's hook mode has no nvidia runtime, only NVIDIA's OCI hook in its hooks_dir:
+    that gives containers their GPUs, so nothing is missing; without the hook the warning stays."""
+    host = build_host("h100-nvidia-bound")
+    host.fs.write_text("/etc/crio/crio.conf", "[crio.runtime]\n")
+    # the kubelet names CRI-O's socket: the fixture's containerd config is not this node's runtime
+    host.fs.write_text("/var/lib/kubelet/config.yaml", "containerRuntimeEndpoint: unix:///var/run/crio/crio.sock\n")
+    assert "nvidia-runtime-missing" in {f.code for f in diagnose(probe(host.fs))}
+    host.fs.write_text(
+        "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json",
+        '{"version": "1.0.0", "hook": {"path": "/usr/local/nvidia/toolkit/nvidia-container-runtime-hook"},'
+        ' "stages": ["prestart"]}',
+    )
+    report = probe(host.fs)
+    assert (report.runtime.name, report.runtime.nvidia_hook) == (
+        "crio", "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json")
+    assert "nvidia-runtime-missing" not in {f.code for f in diagnose(report)}
