@@ -16,8 +16,9 @@ terminating), and only through the channel that component uses:
   validator's init container on vGPU hosts: the VFs, vGPU types and MIG mode it restores in the
   node's own tree, its label, annotation and Event;
 - NVIDIA's container toolkit (`sim/toolkitconfig.py`, given the nodes' host trees), on nodes of a
-  distribution's shape (k3s, RKE2, MicroK8s, k0s): the nvidia runtime in the containerd config its
-  DaemonSet's env and hostPath mounts point at, in the node's own host tree;
+  distribution's shape (k3s, RKE2, MicroK8s, k0s; CRI-O through `sim/toolkitcrio.py`): the nvidia
+  runtime in the containerd config, or CRI-O's drop-in or OCI hook, its DaemonSet's env and
+  hostPath mounts point at, in the node's own host tree;
 - KubeVirt's virt-handler as a device plugin (`sim/virthandler.py`, given the nodes' host trees):
   the PCI host devices its KubeVirt CR permits, on vfio-pci, in the Node's capacity and
   allocatable; the kubelet's allocation of them to the VMs' pods (virt-launcher), in its checkpoint;
