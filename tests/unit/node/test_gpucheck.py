@@ -22,7 +22,7 @@ from gpu_operator.node.gpucheck.reference import ReferenceError, parse_smi_xml
 from gpu_operator.node.gpucheck.steps import DEFECT, FAILED, NA, OK
 from gpu_operator.node.gpucheck.tools import find_tools
 from tests.unit.node.conftest import BuildHost
-from tests.unit.node.gpucheck_fakes import SMI_XML, FakeSmi, fake_nvml, gpu_deps, no_gpu_deps
+from tests.unit.node.gpucheck_fakes import SMI_XML, FakeLibCuda, FakeSmi, fake_nvml, gpu_deps, no_gpu_deps
 
 REFERENCE_STEPS = ("nvidia-smi -q -x", "NVML", "CUDA driver API")
 # One H100 passed through to a VM, as the fixture XML describes it, the host driver 580.159.04.
@@ -213,6 +213,16 @@ def test_one_failing_step_leaves_the_others_running(build_host: BuildHost, tmp_p
     assert got["NVML"] == FAILED and report.step("NVML").details["traceback"]
     assert got["CUDA driver API"] == OK and got["kernel log"] in (OK, NA) and got["doctor"] == OK
     assert report.exit_code == EXIT_DEFECTS
+
+
+@pytest.mark.parametrize(("call", "code", "status"), [("cuInit", 100, NA), ("cuCtxCreate_v2", 100, FAILED)])
+def test_a_cuda_driver_without_a_device_is_not_available_only_at_init(
+    build_host: BuildHost, tmp_path: Path, call: str, code: int, status: str
+) -> None:
+    """cuInit's CUDA_ERROR_NO_DEVICE: the CUDA driver sees no GPU here (n/a); the same code later is a failure."""
+    deps = gpu_deps(cuda=FakeLibCuda(fail_at=call, code=code))
+    step = run_check(str(vm_host(build_host)), tmp_path / "out", deps=deps).step("CUDA driver API")
+    assert step.status == status, step
 
 
 def test_nvidia_smi_is_run_with_the_driver_libraries_it_needs(build_host: BuildHost, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpu_operator.node.gpucheck.cudacheck import run_cuda_check
+from gpu_operator.node.gpucheck.cudacheck import NO_DEVICE, run_cuda_check
 from gpu_operator.node.gpucheck.reference import nvml_report, parse_smi_xml
 from gpu_operator.node.gpucheck.steps import Defect, State, Unavailable
 from gpu_operator.node.gpucheck.tools import ON_PATH, Found, find_tools
@@ -93,7 +93,7 @@ def cuda_step(state: State) -> tuple[str, dict[str, Any]]:
     result = state.cuda = run_cuda_check(lib)
     details = result.as_dict() | {"library": path or "libcuda.so.1 (loader's search)"}
     if not result.ok:
-        if result.error.startswith("cuInit returned 100"):  # CUDA_ERROR_NO_DEVICE
+        if (result.failed_call, result.error_code) == ("cuInit", NO_DEVICE):
             raise Unavailable(f"the CUDA driver sees no device ({result.error})")
         raise RuntimeError(result.error or f"{result.wrong} of {result.elements_checked} elements wrong")
     known = state.smi.by_bus() if state.smi else {}
