@@ -37,7 +37,7 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.kubeapi import KubeNodeView
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
-from gpu_operator.node.vgpuhost.cli import _driver_ready
+from gpu_operator.node.vgpuhost.cli import driver_ready
 from gpu_operator.render.states import _vgpu_host_state, sandbox_validation
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.podwatch import NodeView, PodView
@@ -161,7 +161,7 @@ class VgpuHostStandIn:
         spec = node_host_spec(shape)
         faults = self.hosts.faults(node, spec)
         fs = HostFS(faults.root)
-        why, _, _ = _driver_ready(fs, DRIVER_ROOT)
+        why, _, _ = driver_ready(fs, DRIVER_ROOT)
         if why is None and not is_vgpu_host(spec):
             why = f"shape {shape} has no vGPU host model (sim/vgpuhw.py)"
         if why is not None:  # the container waits (up to --wait-driver) and the pod stays in its init

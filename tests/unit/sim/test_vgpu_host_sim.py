@@ -14,7 +14,7 @@ from lightkube.resources.core_v1 import Pod
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.vgpuhost import sysfs
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
-from gpu_operator.node.vgpuhost.cli import _driver_ready
+from gpu_operator.node.vgpuhost.cli import driver_ready
 from gpu_operator.node.vgpuhost.config import vgpu_gpus
 from gpu_operator.sim.faultinject import check_action
 from gpu_operator.sim.faults import FaultError, NodeHosts, boot_id, node_host_spec
@@ -80,7 +80,7 @@ def test_reboot_loses_the_vgpu_state_and_a_pass_in_another_process_puts_it_back(
     spec = node_host_spec(SHAPE)
     faults = NodeHosts(tmp_path).faults("n", spec)
     fs, state = HostFS(faults.root), faults.root.parent / VGPU_STATE
-    assert _driver_ready(fs, "/run/nvidia/driver")[0] is None  # what the init container waits for
+    assert driver_ready(fs, "/run/nvidia/driver")[0] is None  # what the init container waits for
     node = FakeNode({"nvidia.com/gpu.workload.config": "vm-vgpu"})
     settings = Settings(CONFIG, "/vgpu-config/config.yaml", "lab", "container", fabric_mode=2)
 

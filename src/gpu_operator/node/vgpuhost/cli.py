@@ -15,7 +15,7 @@ from gpu_operator.node.options import HostRoot, host_fs
 VGPU_MODULE = "nvidia_vgpu_vfio"
 
 
-def _driver_ready(fs: object, driver_root: str) -> tuple[str | None, str, str]:
+def driver_ready(fs: object, driver_root: str) -> tuple[str | None, str, str]:
     """(why not ready, run root, nvidia-smi path): the vGPU manager's module loaded and nvidia-smi found."""
     from gpu_operator.node.driver import detect_driver, module_names
     from gpu_operator.node.hostfs import HostFS
@@ -96,7 +96,7 @@ def vgpu_host_state(
         return
     deadline = time.monotonic() + wait_driver
     while True:
-        why, run_root, smi = _driver_ready(fs, driver_root)
+        why, run_root, smi = driver_ready(fs, driver_root)
         if why is None or time.monotonic() >= deadline:
             break
         typer.echo(f"waiting for the vGPU manager: {why}")
