@@ -25,10 +25,11 @@ from gpu_operator.controllers.cache import (
     object_key,
 )
 from gpu_operator.controllers.environment import operator_env_now
+from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.queries import active_policy, effective_owners, parse_drivers, routing_of
-from gpu_operator.controllers.readmodel import configmap_keys
+from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
@@ -130,9 +131,13 @@ class NVIDIADriverReconciler:
             return st.Outcome.failed(message)
 
         try:
-            keys = await configmap_keys(self.kube, driver_policy(nvd, base), snap.namespace)
-            result = render_nvidiadriver(nvd, dataclasses.replace(facts, configmap_keys=keys), base,
-                                         owned=owned_nodes)
+            policy, reads = driver_policy(nvd, base), ReadOnce(self.kube)  # each user ConfigMap GET once
+            keys = await configmap_keys(reads, policy, snap.namespace)
+            # its VM guests' merged kernel-module ConfigMap (render/guestnvlink.py): the CR's content
+            owned_facts = [n.facts for n in snap.nodes if owners.get(n.name) == name]
+            data = await kernel_module_data(reads, policy, snap.namespace, owned_facts)
+            result = render_nvidiadriver(nvd, dataclasses.replace(facts, configmap_keys=keys, configmap_data=data),
+                                         base, owned=owned_nodes)
         except RenderError as err:
             return failed(f"{err} (fix the field in NVIDIADriver {name})")
         try:

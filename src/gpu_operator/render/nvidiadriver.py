@@ -12,6 +12,7 @@ per OS + full kernel version when precompiled drivers are used.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverSpec
+from gpu_operator.render import guestnvlink
 from gpu_operator.render.facts import MAJOR_ONLY_OS, ClusterFacts, NodeFacts
 from gpu_operator.render.objects import Ctx
 from gpu_operator.render.operand import Operand, render_operand
@@ -116,15 +118,28 @@ def shared_name(nvd: NVIDIADriver) -> str:
     return truncate(f"nvidia-{nvd.spec.driverType}-driver-{nvd.metadata.name}")
 
 
-def daemonset_name(nvd: NVIDIADriver, pool: Pool) -> str:
-    """`nvidia-<driverType>-driver-<osTag>-<hash>`, hash of the CR's uid (+ `-<kernel>` if precompiled);
-    past 63 characters the prefix is cut, never the hash."""
+def _fit(prefix: str, digest: str, suffix: str = "") -> str:
+    """`<prefix>-<digest><suffix>` in 63 characters: the prefix is cut, never the digest or the suffix."""
+    return f"{prefix[:NAME_LIMIT - len(digest) - 1 - len(suffix)].rstrip('-.')}-{digest}{suffix}"
+
+
+def daemonset_name(nvd: NVIDIADriver, pool: Pool, suffix: str = "") -> str:
+    """`nvidia-<driverType>-driver-<osTag>-<hash>[<suffix>]`, hash of the CR's uid (+ `-<kernel>` if
+    precompiled); past 63 characters the prefix is cut, never the hash or the suffix (the pool's
+    VM guests that need NVLink off: `-guest-nvlink-off`, render/guestnvlink.py)."""
     key = nvd.metadata.uid or nvd.metadata.name
     if pool.kernel:
         key = f"{key}-{pool.kernel}"
-    digest = name_hash(key)
-    prefix = f"nvidia-{nvd.spec.driverType}-driver-{pool.os_tag}"
-    return f"{prefix[:NAME_LIMIT - len(digest) - 1]}-{digest}"
+    return _fit(f"nvidia-{nvd.spec.driverType}-driver-{pool.os_tag}", name_hash(key), suffix)
+
+
+def guest_configmap_name(nvd: NVIDIADriver) -> str:
+    """The kernel-module ConfigMap of this CR's VM guests that need NVLink off:
+    `nvidia-<driverType>-driver-<name>-guest-nvlink-off`; past 63 characters the name is cut and the
+    hash of the CR's name put before the suffix (CRs whose long names share a beginning stay apart)."""
+    name, suffix = f"nvidia-{nvd.spec.driverType}-driver-{nvd.metadata.name}", guestnvlink.DAEMONSET_SUFFIX
+    return name + suffix if len(name) + len(suffix) <= NAME_LIMIT else _fit(name, name_hash(nvd.metadata.name),
+                                                                             suffix)
 
 
 def image_reference(spec: NVIDIADriverSpec) -> str:
@@ -178,6 +193,8 @@ def driver_policy(nvd: NVIDIADriver, base: ClusterPolicy | None = None) -> Clust
     data = base.dump() if base else {"metadata": {"name": "nvidiadriver"}}
     cp = dict(data.get("spec") or {})
     cp["driver"] = _driver_fields(spec)
+    if base and base.spec.driver.guestNVLink:  # ours, not in NVIDIA's NVIDIADriver: the ClusterPolicy's
+        cp["driver"]["guestNVLink"] = base.spec.driver.guestNVLink
     for key in ("gds", "gdrcopy"):
         sidecar = getattr(spec, key)
         cp[key] = sidecar.dump() if sidecar else {"enabled": False}
@@ -229,8 +246,11 @@ def _rename_configmap(objects: list[Manifest], old: str, new: str) -> None:
                     volume["configMap"]["name"] = new
 
 
-def _pool_daemonset(ds: Manifest, nvd: NVIDIADriver, pool: Pool) -> Manifest:
-    name = daemonset_name(nvd, pool)
+def _pool_daemonset(ds: Manifest, nvd: NVIDIADriver, pool: Pool, guests: list[str] | None = None,
+                    inside: bool = False) -> Manifest:
+    """One pool's DaemonSet; with `guests`, the pool's VM guests that need NVLink off: the DaemonSet
+    that stays off them, or (`inside`) theirs, named with guestnvlink's suffix."""
+    name = daemonset_name(nvd, pool, guestnvlink.DAEMONSET_SUFFIX if inside else "")
     ds["metadata"]["name"] = name
     template = ds["spec"]["template"]
     for labels in (ds["metadata"]["labels"], template["metadata"]["labels"]):
@@ -240,8 +260,31 @@ def _pool_daemonset(ds: Manifest, nvd: NVIDIADriver, pool: Pool) -> Manifest:
     pod["nodeSelector"] = {**pod.get("nodeSelector", {}), **(nvd.spec.nodeSelector or {}),
                            GPU_PRESENT: "true", OWNER_LABEL: nvd.metadata.name, **pool.node_selector}
     if nvd.spec.nodeAffinity:
-        pod.setdefault("affinity", {})["nodeAffinity"] = dict(nvd.spec.nodeAffinity)
+        pod.setdefault("affinity", {})["nodeAffinity"] = copy.deepcopy(dict(nvd.spec.nodeAffinity))
+        if guests:  # the CR's affinity replaced the split's: ANDed into the CR's terms again
+            guestnvlink.restrict(pod, guests, inside)
     return ds
+
+
+def _pool_objects(built: list[Manifest], nvd: NVIDIADriver, pool: Pool, ctx: Ctx) -> list[Manifest]:
+    """The pool's DaemonSet, and when the driver state split the pool's VM guests off (the same rule
+    and nodes as a ClusterPolicy's, render/guestnvlink.py), theirs."""
+    split = [ds for ds in built if ds["metadata"]["name"].endswith(guestnvlink.DAEMONSET_SUFFIX)]
+    main = [ds for ds in built if not ds["metadata"]["name"].endswith(guestnvlink.DAEMONSET_SUFFIX)]
+    if len(main) != 1 or len(split) > 1:
+        raise RenderError("spec", f"pool {pool.key} rendered {len(built)} DaemonSets, expected one "
+                          "(and one for its VM guests that need NVLink off)")
+    guests = guestnvlink.guest_nodes(ctx.facts.gpu_nodes) if split else []
+    return [_pool_daemonset(main[0], nvd, pool, guests)] + \
+        [_pool_daemonset(ds, nvd, pool, guests, inside=True) for ds in split]
+
+
+def _guest_configmap(operand: Operand, ctx: Ctx, nvd: NVIDIADriver) -> list[Manifest]:
+    """The driver state's merged kernel-module ConfigMap of the VM guests, under this CR's name."""
+    extras = operand.extras(ctx, operand.state) if operand.extras else []
+    found = [o for o in extras if o["kind"] == "ConfigMap" and o["metadata"]["name"] == guestnvlink.CONFIGMAP]
+    _rename_configmap(found, guestnvlink.CONFIGMAP, guest_configmap_name(nvd))
+    return found
 
 
 def pool_facts(facts: ClusterFacts, names: Collection[str]) -> ClusterFacts:
@@ -267,18 +310,21 @@ def render_nvidiadriver(nvd: NVIDIADriver, facts: ClusterFacts, base: ClusterPol
     _rename_configmap(shared, driver_state.PROBE_CM, probe_cm)
     selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items())) or "every GPU node"
     reason = f"NVIDIADriver {nvd.metadata.name}: {len(gpu)} node(s) ({selector}), {len(pools)} pool(s)"
-    states = [StateResult(operand.state, True, reason, shared)]
+    states: list[StateResult] = []
+    guest_cm: list[Manifest] = []
     for pool in pools:
         ctx = Ctx(policy, pool_facts(facts, pool.nodes))
         built = operand.daemonsets(operand, ctx) if operand.daemonsets else []
         if not built and operand.daemonset:
             objects, _ = render_operand(operand, ctx)
             built = [o for o in objects if o["kind"] == "DaemonSet"]
-        if len(built) != 1:
-            raise RenderError("spec", f"pool {pool.key} rendered {len(built)} DaemonSets, expected one")
         _rename_configmap(built, driver_state.PROBE_CM, probe_cm)
-        ds = _pool_daemonset(built[0], nvd, pool)
-        states.append(StateResult(f"pool {pool.key}", True, f"nodes: {', '.join(pool.nodes)}", [ds]))
+        _rename_configmap(built, guestnvlink.CONFIGMAP, guest_configmap_name(nvd))
+        objects = _pool_objects(built, nvd, pool, ctx)
+        if len(objects) > 1 and not guest_cm:  # one per CR: its content is the CR's, not the pool's
+            guest_cm = _guest_configmap(operand, ctx, nvd)
+        states.append(StateResult(f"pool {pool.key}", True, f"nodes: {', '.join(pool.nodes)}", objects))
+    states.insert(0, StateResult(operand.state, True, reason, [*shared, *guest_cm]))
     warnings = nvd.warnings()
     if unpooled:
         warnings.append(f"NVIDIADriver {nvd.metadata.name}: node(s) {', '.join(unpooled)} lack the NFD labels "
