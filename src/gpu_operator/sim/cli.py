@@ -7,16 +7,19 @@ from typing import Annotated
 
 import typer
 
+from gpu_operator.shapes import names as shape_names
+
 sim_app = typer.Typer(
     name="sim", no_args_is_help=True,
     help="The simulator: a real control plane on 127.0.0.1 with fake GPU nodes (kwok). `up` and "
          "`demo --keep` leave it running in the background; `down` stops it.")
 
+# No "[default: ...]" in a help text: rich's markup takes it for a tag and drops it.
 DirOption = Annotated[Path | None, typer.Option(
-    "--dir", help="State and work directory [default: ~/.cache/gpu-operator/sim/current].")]
+    "--dir", help="State and work directory (default: ~/.cache/gpu-operator/sim/current).")]
 ShapeOption = Annotated[list[str] | None, typer.Option(
-    "--shape", help="Fake nodes as SHAPE[:COUNT] (repeatable); shapes: dgx-h100, a10, host-driver, "
-    "vfio-passthrough, cpu. [default: dgx-h100:4]")]
+    "--shape", help=f"Fake nodes as SHAPE[:COUNT] (repeatable); shapes: {', '.join(shape_names())}.",
+    show_default="dgx-h100:4")]
 
 
 SIM_EXTRA_HINT = ("the simulator needs the `sim` extra (cryptography, for its control plane's "
@@ -218,7 +221,7 @@ def fault(node: Annotated[str, typer.Argument(help="The node: a fake GPU node (k
               "(NVRM: Xid (PCI:...): N, ...), e.g. 79 (fallen off the bus), 48 (double-bit ECC), 13 "
               "(an application's fault).")] = None,
           gpu: Annotated[int | None, typer.Option(
-              "--gpu", metavar="I", help="The GPU, by index in NVML's order (PCI address). [default: 0]")] = None,
+              "--gpu", metavar="I", help="The GPU, by index in NVML's order (PCI address); 0 by default.")] = None,
           gone: Annotated[bool, typer.Option(
               "--gone", help="The GPU falls off the bus: Xid 79 logged, its PCI device leaves sysfs, "
               "/proc/driver/nvidia and its /dev/nvidiaN disappears.")] = False,
