@@ -98,12 +98,13 @@ def up(shape: ShapeOption = None, directory: DirOption = None,
                                  param_hint="--operator")
     if (values or set_values) and not helm:
         raise typer.BadParameter("--values and --set are for --helm", param_hint="--values/--set")
-    from gpu_operator.sim.helm import HelmInstallError, user_layers
+    from gpu_operator.sim.helm import HelmInstallError, real_node_values, user_layers
     from gpu_operator.sim.registry import RegistryError
     from gpu_operator.sim.reuse import refuse_unusable
 
     try:
-        user_layers(values or [], set_values or [])  # bad input stops here, before anything starts
+        # bad input stops here, before anything starts (a --set onto the simulator's own values too)
+        user_layers(values or [], set_values or [], real_node_values("node", "/"))
         refuse_unusable(_dir(directory), shape, real_node_shape if real_node else None, nfd)
         state, _ = session.up(_dir(directory), shape or session.DEFAULT_SHAPES, _progress,
                               real_node=real_node_shape if real_node else None, kubernetes=kubernetes,

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.sim import helmset
 from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
 
 RELEASE = NAMESPACE = "gpu-operator"
@@ -67,21 +68,22 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def parse_set(pair: str) -> dict[str, Any]:
-    """`a.b.c=value` as a nested mapping; the value read as YAML (true, 3, [a]) like helm --set."""
-    path, sep, raw = pair.partition("=")
-    if not sep or not path:
-        raise HelmInstallError(f"--set {pair!r}: use KEY=VALUE, e.g. --set driver.enabled=false")
-    value: Any = yaml.safe_load(raw) if raw else ""
-    for key in reversed(path.split(".")):
-        value = {key: value}
-    return dict(value)
+def parse_set(pair: str, beneath: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One `--set` argument (comma-separated KEY=VALUE pairs, `a[0].b`, `{x,y}`) applied as Helm
+    applies it onto the values beneath (sim/helmset.py); a new mapping, `beneath` unchanged."""
+    try:
+        return helmset.apply(pair, beneath or {})
+    except helmset.SetSyntaxError as err:
+        raise HelmInstallError(str(err)) from err
 
 
-def user_layers(files: list[Path], sets: list[str]) -> list[dict[str, Any]]:
-    """The `--values` files, then the `--set` pairs, as the layers Helm puts on top of the
-    simulator's values; HelmInstallError names a file that cannot be read or is not a mapping,
-    and a malformed pair. `sim up` calls it before anything starts, so bad input stops it at once."""
+def user_layers(files: list[Path], sets: list[str], beneath: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The `--values` files, then the `--set` pairs, as the layers Helm puts on top of `beneath`
+    (the simulator's values, or none); HelmInstallError names a file that cannot be read or is not
+    a mapping, and a malformed pair. The pairs make one last layer: the values beneath them (`beneath`
+    and the files) with the pairs applied, as Helm applies --set onto its -f files (a list index
+    changes one element of a list a file gave). `sim up` calls it before anything starts, so bad
+    input stops it at once."""
     layers: list[dict[str, Any]] = []
     for file in files:
         try:
@@ -99,7 +101,14 @@ def user_layers(files: list[Path], sets: list[str]) -> list[dict[str, Any]]:
             raise HelmInstallError(f"--values {file}: not a mapping of values (its top level is a "
                                    f"{type(loaded).__name__}); write KEY: VALUE lines, e.g. driver: {{enabled: false}}")
         layers.append(loaded)
-    return layers + [parse_set(pair) for pair in sets]
+    if not sets:
+        return layers
+    values = beneath or {}
+    for layer in layers:
+        values = merge(values, layer)
+    for pair in sets:
+        values = parse_set(pair, values)
+    return [*layers, values]
 
 
 def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], sets: list[str]) -> tuple[dict[str, Any], Path]:
@@ -109,7 +118,7 @@ def values_for(state_dir: Path, node: str, host_root: str, files: list[Path], se
     path.write_text("# What the simulator's real node needs on top of a plain install (gpu-operator sim).\n"
                     + yaml.safe_dump(ours, sort_keys=False))
     merged = ours
-    for layer in user_layers(files, sets):
+    for layer in user_layers(files, sets, ours):
         merged = merge(merged, layer)
     return merged, path
 

@@ -39,16 +39,16 @@ def test_user_files_then_set_override_the_simulator_values(tmp_path: Path) -> No
     assert values["operator"]["nodeSelector"] == {"kubernetes.io/hostname": "n"}
 
 
-def test_set_reads_values_as_yaml_like_helm() -> None:
+def test_set_types_values_like_helm() -> None:
     assert parse_set("a.b=3") == {"a": {"b": 3}}
     assert parse_set("a=true") == {"a": True}
     assert parse_set("a=") == {"a": ""}
     assert merge({"a": {"b": 1, "c": 2}, "l": [1]}, {"a": {"b": 5}, "l": [2]}) == {"a": {"b": 5, "c": 2}, "l": [2]}
 
 
-@pytest.mark.parametrize("pair", ["novalue", "=3"])
-def test_a_malformed_set_names_the_form(pair: str) -> None:
-    with pytest.raises(HelmInstallError, match="KEY=VALUE"):
+@pytest.mark.parametrize(("pair", "fix"), [("novalue", "write novalue=VALUE"), ("=3", "name every key, e.g. a.b=1")])
+def test_a_malformed_set_names_the_form(pair: str, fix: str) -> None:
+    with pytest.raises(HelmInstallError, match=fix):
         parse_set(pair)
 
 

@@ -72,7 +72,9 @@ def test_sim_up_and_demo_refuse_a_shape_before_starting_anything(
 
 
 @pytest.mark.parametrize(("content", "sets", "named"), [
-    (None, ["novalue"], "--set 'novalue': use KEY=VALUE"),
+    (None, ["novalue"], "--set 'novalue': novalue has no value: write novalue=VALUE"),
+    # onto the simulator's own values (real-node-values.yaml), as `helm -f` that file would
+    (None, ["operator.affinity.x=1"], "--set 'operator.affinity.x=1': operator.affinity is null in the values beneath"),
     ("- a\n- b\n", [], "not a mapping of values (its top level is a list)"),
 ])
 def test_sim_up_refuses_bad_helm_input_before_starting_anything(
