@@ -33,7 +33,7 @@ class SetSyntaxError(ValueError):
 
 def scalar(text: str) -> Any:
     """A value as Helm types it (strvals typedVal)."""
-    folded = text.lower()
+    folded = text.casefold()  # Go's EqualFold: "falſe" is false too
     if folded in ("true", "false"):
         return folded == "true"
     if folded == "null":
