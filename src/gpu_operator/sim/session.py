@@ -266,18 +266,15 @@ def add_fake_nodes(state: SimState, shapes: list[str], progress: Progress) -> li
 
 
 def start_standins(state: SimState, progress: Progress, nfd: bool = False) -> None:
-    """The stand-ins for what node components do on kwok nodes (sim/standins.py: GPU feature
-    discovery's NodeFeature, the device plugin's capacity, the DRA kubelet plugin's ResourceSlice,
-    the MIG manager, our health agent over the host trees in <dir>/hosts; with `nfd` NFD's master
-    too), one detached process, recorded."""
-    from gpu_operator.sim.standins import start_detached
+    """The stand-ins for what node components do on kwok nodes (sim/standins.py `PLAYED`, over the
+    host trees in <dir>/hosts; with `nfd` NFD's master too), one detached process, recorded."""
+    from gpu_operator.sim.standins import played, start_detached
 
     log = Path(state.dir) / "logs" / "stand-ins.log"
     pid = start_detached(state.kubeconfig, log, nfd=nfd, hosts=Path(state.dir) / "hosts")
     state.add(Proc.of("stand-ins", pid, log))
     state.save()
-    progress(f"node stand-ins started (pid {pid}): GPU feature discovery, device-plugin capacity, DRA "
-             f"ResourceSlices, the MIG manager and our health agent on kwok nodes where their pods run"
+    progress(f"node stand-ins started (pid {pid}): {played()} on kwok nodes where their pods run"
              f"{'; NFD master' if nfd else ''}")
 
 

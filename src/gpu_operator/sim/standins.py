@@ -57,6 +57,25 @@ from gpu_operator.sim.toolkitconfig import ToolkitStandIn, toolkit_apps
 
 log = logging.getLogger("gpu_operator.sim.standins")
 
+# What the stand-ins play (module: component), for the lines that say so (`sim up`'s progress, the log).
+PLAYED = {
+    "sim/gfd.py": "GPU feature discovery",
+    "sim/kubeletdp.py": "device-plugin capacity",
+    "sim/draplugin.py": "DRA ResourceSlices",
+    "sim/migmanager.py": "the MIG manager",
+    "sim/toolkitconfig.py": "the container toolkit",
+    "sim/virthandler.py": "KubeVirt's virt-handler",
+    "sim/health.py": "our health agent",
+    "sim/probestandin.py": "our GPU probe, our vfio manager",
+    "sim/vgpustandin.py": "our vGPU host-state agent",
+}
+
+
+def played() -> str:
+    """The components the stand-ins play, as one phrase."""
+    names = list(PLAYED.values())
+    return f"{', '.join(names[:-1])} and {names[-1]}"
+
 
 def default_players(grace_period: float | None = None, hosts: Path | None = None) -> list[Player]:
     """GFD, the device plugin through the kubelet (with `hosts`, the kwok nodes' host trees: its
@@ -177,8 +196,7 @@ def serve(kubeconfig: str, nfd: bool = False, hosts: Path | None = None) -> None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("stand-ins for kwok nodes: GPU feature discovery, the device plugin's capacity, the DRA kubelet "
-                 "plugin, the MIG manager%s%s", f"; our health agent over the host trees in {hosts}" if hosts else "",
+        log.info("stand-ins for kwok nodes: %s%s%s", played(), f" (host trees in {hosts})" if hosts else "",
                  "; NFD's master" if nfd else "")
         await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd, hosts=hosts)
 
