@@ -155,7 +155,7 @@ class Site:
         self.figures[f"uninstall ({way})"] = time.monotonic() - t0
 
 
-def _expected(site: Site) -> list[str]:
+def _expected(site: Site, secret: str = WRONG) -> list[str]:
     """The line status should show for the CRD hook's pod as it is now (its waiting reason read from
     the pod; nothing while it is not waiting on its image)."""
     pods = [
@@ -172,10 +172,12 @@ def _expected(site: Site) -> list[str]:
     host, image = site.image.registry.host, pod.spec.containers[0].image
     return [
         f"the CRD hook Job (helm install/upgrade waits for it): pod {NAMESPACE}/{pod.metadata.name} cannot pull "
-        f"image {image!r} ({waiting.reason}); it pulls with the Secret {WRONG} (operator.imagePullSecrets): check "
+        f"image {image!r} ({waiting.reason}); it pulls with the Secret {secret} (operator.imagePullSecrets): check "
         f"that it holds valid credentials for {host}; the chart builds it from operator.repository, operator.image "
-        "and operator.version (operator.imagePullSecrets for a private registry): fix them and `helm upgrade`, or "
-        "`helm uninstall --no-hooks` and `gpu-operator cleanup` if the release cannot run its own hooks"
+        "and operator.version (operator.imagePullSecrets for a private registry): a Secret fixed in place (same "
+        "name) is used at the kubelet's next pull, within 300 s, while helm still waits; once helm has failed, run "
+        f"`helm upgrade --install {RELEASE} CHART --namespace {NAMESPACE}` with the fixed values, or "
+        "`helm uninstall --no-hooks` and `gpu-operator cleanup` to give the release up"
     ]
 
 

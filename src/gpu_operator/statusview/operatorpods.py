@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 COMPONENT_LABEL = "app.kubernetes.io/component"
+RELEASE_LABEL = "app.kubernetes.io/instance"  # the chart's pods carry their Helm release's name
+MAX_PULL_BACKOFF_S = 300  # the kubelet's MaxImageBackOff (pkg/kubelet/kubelet.go)
 # What each pod is, by its component label (the chart's; NVIDIA's operator pod carries the same).
 ROLES = {
     "gpu-operator": "the operator",
@@ -53,6 +55,23 @@ def _pull_secrets(pod: dict[str, Any], image: str) -> str:
             f"valid credentials for {_registry(image)}")
 
 
+def _recovery(pod: dict[str, Any]) -> str:
+    """The commands that get the release past a pod that cannot pull. A Secret fixed in place is
+    used at the kubelet's next pull (its image back-off doubles from 10 s to at most 300 s), which
+    finishes an install only while helm still waits on it; a helm that gave up left the release
+    failed, and `helm upgrade --install` with the same release reruns the hooks (the CRD hook's
+    before-hook-creation policy replaces the Job helm gave up on)."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(COMPONENT_LABEL) == "cleanup":
+        return ("fix them and `helm uninstall` again, or `helm uninstall --no-hooks` and `gpu-operator cleanup` "
+                "if the release cannot run its own hooks")
+    release = (meta.get("labels") or {}).get(RELEASE_LABEL) or "RELEASE"
+    return (f"a Secret fixed in place (same name) is used at the kubelet's next pull, within {MAX_PULL_BACKOFF_S} s, "
+            f"while helm still waits; once helm has failed, run `helm upgrade --install {release} CHART "
+            f"--namespace {meta.get('namespace', '')}` with the fixed values, or `helm uninstall --no-hooks` and "
+            "`gpu-operator cleanup` to give the release up")
+
+
 def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
     """One line per pod of the chart's that waits on something it cannot get by itself."""
     out = []
@@ -66,9 +85,7 @@ def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
             if reason in IMAGE_REASONS:
                 image = _image_of(pod, container)
                 out.append(f"{role}: pod {where} cannot pull image {image!r} ({reason}){_pull_secrets(pod, image)}; "
-                           f"the chart builds it from {IMAGE_KEYS}: fix them and `helm upgrade`, or "
-                           "`helm uninstall --no-hooks` and `gpu-operator cleanup` if the release cannot "
-                           "run its own hooks")
+                           f"the chart builds it from {IMAGE_KEYS}: {_recovery(pod)}")
             else:
                 said = f": {message[:300]}" if message else ""
                 out.append(f"{role}: pod {where}, container {container}: {reason}{said}")

@@ -181,6 +181,17 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
                    for o in objects(render({"operator": {"upgradeCRD": False}})))
 
 
+def test_a_crd_hook_job_helm_gave_up_on_is_replaced_by_the_next_run(render: Callable[..., Rendered]) -> None:
+    """What `gpu-operator status` recommends after a pull failure works: the next install/upgrade
+    replaces the Job left behind, the same Job may still finish when a Secret is fixed in place,
+    and its pod names the release."""
+    job = find(render(), "Job", "gpu-operator-crds")
+    policy = job["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(",")
+    assert "before-hook-creation" in policy and "hook-failed" not in policy
+    assert "activeDeadlineSeconds" not in job["spec"]
+    assert job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"] == "gpu-operator"
+
+
 def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     rendered = render()
     job = find(rendered, "Job", "gpu-operator-cleanup")

@@ -58,6 +58,26 @@ def test_each_hook_job_is_named_for_what_waits_on_it() -> None:
                                "gpu-operator/gpu-operator-cleanup-y2 cannot pull image")
 
 
+def test_the_crd_hook_names_the_command_that_recovers_its_release() -> None:
+    """Fixed in place, the Secret serves the kubelet's next pull (at most 300 s away) while helm
+    waits; after helm failed, `helm upgrade --install` of the release named by the pod's label."""
+    pod = chart_pod("gpu-operator-crds-x1", "crds", waiting=("ImagePullBackOff", "401 Unauthorized"))
+    pod["metadata"]["labels"]["app.kubernetes.io/instance"] = "my-gpus"
+    [line] = operator_problems([pod])
+    assert line.endswith(
+        "operator.version (operator.imagePullSecrets for a private registry): a Secret fixed in place (same name) "
+        "is used at the kubelet's next pull, within 300 s, while helm still waits; once helm has failed, run "
+        "`helm upgrade --install my-gpus CHART --namespace gpu-operator` with the fixed values, or "
+        "`helm uninstall --no-hooks` and `gpu-operator cleanup` to give the release up")
+    del pod["metadata"]["labels"]["app.kubernetes.io/instance"]  # an older chart's pod: a placeholder
+    [line] = operator_problems([pod])
+    assert "`helm upgrade --install RELEASE CHART --namespace gpu-operator`" in line
+    cleanup = chart_pod("gpu-operator-cleanup-y2", "cleanup", waiting=("ErrImagePull", "401 Unauthorized"))
+    [line] = operator_problems([cleanup])
+    assert line.endswith(": fix them and `helm uninstall` again, or `helm uninstall --no-hooks` and "
+                         "`gpu-operator cleanup` if the release cannot run its own hooks")
+
+
 def test_running_finished_and_foreign_pods_are_no_problem() -> None:
     pods = [chart_pod("gpu-operator-7d9-abcde", "gpu-operator", phase="Running"),
             chart_pod("gpu-operator-crds-x1", "crds", phase="Succeeded"),
