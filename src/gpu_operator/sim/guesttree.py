@@ -17,7 +17,7 @@ it sees, laid out as a QEMU q35 machine under libvirt, the way KubeVirt's virt-l
   NVIDIA's vGPU manager exposes (signature "VF", then the host driver's version and branch), as GPU
   feature discovery reads it (k8s-device-plugin internal/vgpu); a passed-through GPU has none.
 
-`guest_spec(gpus=N)` is the one builder: 1, 2 or 8 H100 SXM5, or `model="h100-pcie"`.
+`guest_spec(gpus=N)` is the one builder: any number of H100 SXM5 (the tests use 1, 2 and 8), or `model="h100-pcie"`.
 """
 
 from __future__ import annotations
