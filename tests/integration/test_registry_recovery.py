@@ -35,13 +35,15 @@ site = test_registry_install.site  # the namespace, Secrets, nodes and packaged 
 
 @pytest.fixture
 def fixable(site: Site, kube: Client) -> Iterator[str]:
-    """The wrong Secret; the release is uninstalled afterwards (by then the Secret is right)."""
+    """The wrong Secret; afterwards the Secret is right (a test that failed early left it wrong)
+    so that the uninstall cleanup hook can pull, and the release is uninstalled."""
     kube.create(
         pull_secret(FIXABLE, site.image.registry.docker_config(password="wrong")), namespace=NAMESPACE
     )
     try:
         yield FIXABLE
     finally:
+        _fix_secret(site)
         if site.run_helm("status", RELEASE, "--namespace", NAMESPACE).returncode == 0:  # deployed or failed
             site.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
         delete_if_present(kube, Secret, FIXABLE, NAMESPACE)
