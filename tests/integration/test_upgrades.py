@@ -21,6 +21,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
+from gpu_operator.controllers import status as st
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
@@ -33,7 +34,7 @@ from gpu_operator.vocabulary import (
 )
 from tests.support import workloads
 from tests.support.cleanup import delete_if_present
-from tests.support.status import reconciled
+from tests.support.status import condition, policy_status, reconciled
 from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
@@ -228,6 +229,8 @@ def test_each_nvidiadriver_upgrades_its_own_nodes_with_its_own_policy_and_pause(
         and set(driver_pods(kube, operator_namespace)) >= {*pool_a, *pool_b}), timeout=120,
         context=lambda: f"{states(kube, pool_a + pool_b)}\n{operator.log_text()[-3000:]}")
     before = driver_pods(kube, operator_namespace)
+    reconciled(kube, timeout=60, context=operator.log_text)
+    upgrading = "; ".join(("ClusterPolicy is not ready", *st.UPGRADE_INCOMPLETE))
 
     with StateRecorder(kube, pool_a + pool_b) as recorder:
         paused = cli(control_plane, "upgrade", "pause", "--nvidiadriver", "pool-a")
@@ -237,6 +240,10 @@ def test_each_nvidiadriver_upgrades_its_own_nodes_with_its_own_policy_and_pause(
         wait_for("a pass with pool a's 3 nodes pending", lambda: upgrades_pending(operator), until=lambda v: v == 3,
                  timeout=60, context=lambda: f"{states(kube, pool_a)}\n{operator.log_text()[-3000:]}")
         assert set(states(kube, pool_a).values()) == {UPGRADE_REQUIRED}, recorder.history
+        # pool a's nodes mid-upgrade keep the ClusterPolicy not ready (upstream's rule)
+        wait_for("ClusterPolicy not ready while pool a upgrades", lambda: policy_status(kube), until=lambda s: (
+            s.get("state") == "notReady" and condition(s, "Error").get("reason") == "OperandNotReady"
+            and condition(s, "Error").get("message") == upgrading), timeout=30, context=operator.log_text)
         shown = cli(control_plane, "upgrade", "status")
         assert "NVIDIADriver pool-a: autoUpgrade=True maxParallelUpgrades=1" in shown.stdout, shown
         assert "PAUSED (gpu-operator upgrade resume --nvidiadriver pool-a)" in shown.stdout, shown
@@ -245,6 +252,7 @@ def test_each_nvidiadriver_upgrades_its_own_nodes_with_its_own_policy_and_pause(
         wait_for("pool a upgrade-done again", lambda: all(
             recorder.history[n][-2:] == [us.UNCORDON_REQUIRED, UPGRADE_DONE] for n in pool_a), timeout=120,
             context=lambda: f"{recorder.history}\n{operator.log_text()[-3000:]}")
+    reconciled(kube, timeout=30, context=operator.log_text)  # the last node's upgrade-done brings it back
     assert recorder.peak == 1, recorder.history  # maxParallelUpgrades 1, per NVIDIADriver
     for name in pool_a:
         assert recorder.history[name].count(us.POD_RESTART_REQUIRED) == 1, recorder.history

@@ -121,8 +121,9 @@ class ClusterPolicyReconciler:
         await self._kubevirt(policy, active, snap, report)
         report.not_ready = self._not_ready_states(result, snap, report)
         unlabelled = sum(1 for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present)
+        upgrading = st.upgrade_incomplete(policy.spec.driver.useNvidiaDriverCRD, (n.labels for n in snap.nodes))
         result_outcome = runtimes.outcome(
-            st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled), problems)
+            st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled, upgrading), problems)
         return await self._finish(report, active, snap, result_outcome)
 
     async def _warn(self, policy: ClusterPolicyView, warnings: list[str]) -> None:
@@ -194,10 +195,11 @@ class ClusterPolicyReconciler:
                          outcome.message)
                 await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
                 self._written_at[policy.uid] = monotonic()
-        if outcome.state == vocab.NOT_READY:
+        if outcome.state == vocab.NOT_READY and outcome.poll:
             # Operands still rolling out, or an error that may depend on objects we do not
             # watch (a ConfigMap the policy names): look again soon. Reads only; the status is
             # written only when it changes. (A GPUCluster beside it set its own, longer time.)
+            # Not for an NVIDIADriver upgrade alone: its nodes' label changes kick the reconcile.
             report.requeue = report.requeue or self.settings.requeue_not_ready
         elif outcome.reason == vocab.NFD_LABELS_MISSING:
             report.requeue = self.settings.requeue_no_nfd

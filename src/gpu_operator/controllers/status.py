@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.vocabulary import (
+    DRIVER_OWNER,
     NFD_LABELS_MISSING,
     NO_GPU_NODES,
     NOT_READY,
@@ -14,7 +16,16 @@ from gpu_operator.vocabulary import (
     READY,
     RECONCILE_FAILED,
     RECONCILED,
+    UNKNOWN,
+    UPGRADE_DONE,
+    UPGRADE_SKIP,
+    UPGRADE_STATE,
 )
+
+# Upstream's two reasons (controllers/clusterpolicy_controller.go, v26.7.0) appended to the not
+# ready message while an NVIDIADriver's upgrade has not completed.
+UPGRADE_INCOMPLETE = ("NVIDIADriver upgrade has not completed",
+                      "one or more NVIDIADriver-owned Nodes are marked pending, in-progress, or failed")
 
 
 def daemonset_ready(ds: dict[str, Any]) -> bool:
@@ -63,6 +74,9 @@ class Outcome:
     state: str  # ready | notReady | ignored
     reason: str
     message: str
+    # False: nothing here changes without an event the operator watches (a node's labels), so a
+    # not ready outcome is not looked at again on a timer (upstream does not requeue for it either).
+    poll: bool = True
 
     @classmethod
     def failed(cls, message: str) -> Outcome:
@@ -74,14 +88,32 @@ def listed(names: list[str]) -> str:
     return f"[{' '.join(names)}]"
 
 
+def upgrade_incomplete(use_nvidia_driver_crd: bool | None, node_labels: Iterable[Mapping[str, str]]) -> bool:
+    """Upstream's rule for a ClusterPolicy with `driver.useNvidiaDriverCRD` (without it, never): a node carrying an
+    NVIDIADriver owner label, not marked to skip upgrades (`nvidia.com/gpu-driver-upgrade.skip=true`),
+    whose upgrade state is anything but none or `upgrade-done` (pending, under way or
+    `upgrade-failed`) keeps the driver rollout incomplete. Nodes without the owner label (the
+    ClusterPolicy's own driver) never count."""
+    return bool(use_nvidia_driver_crd) and any(DRIVER_OWNER in labels and labels.get(UPGRADE_SKIP) != "true"
+               and labels.get(UPGRADE_STATE, UNKNOWN) not in (UNKNOWN, UPGRADE_DONE)
+               for labels in node_labels)
+
+
 def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
-            unlabelled_gpu_nodes: int = 0) -> Outcome:
-    if not_ready_states:
-        # Upstream's message, its list as Go prints a []string. The states come first: a node that
-        # has just joined is unlabelled for a moment, and reporting that instead would flip the
-        # message (and write the status) on every reconcile while nodes join during a rollout.
-        return Outcome(NOT_READY, OPERAND_NOT_READY,
-                       f"ClusterPolicy is not ready; states not ready: {listed(not_ready_states)}")
+            unlabelled_gpu_nodes: int = 0, upgrading: bool = False) -> Outcome:
+    """`upgrading`: `upgrade_incomplete` of the nodes, for a policy with `driver.useNvidiaDriverCRD`."""
+    if not_ready_states or upgrading:
+        # Upstream's message, its list as Go prints a []string, then the upgrade's reasons. The
+        # states come first: a node that has just joined is unlabelled for a moment, and reporting
+        # that instead would flip the message (and write the status) on every reconcile while
+        # nodes join during a rollout. Upgrade states change by node label events, which kick a
+        # reconcile: only not ready states are polled.
+        parts = ["ClusterPolicy is not ready"]
+        if not_ready_states:
+            parts.append(f"states not ready: {listed(not_ready_states)}")
+        if upgrading:
+            parts.extend(UPGRADE_INCOMPLETE)
+        return Outcome(NOT_READY, OPERAND_NOT_READY, "; ".join(parts), poll=bool(not_ready_states))
     if unlabelled_gpu_nodes:
         # NFD found GPUs the labeller has not marked yet: "ready, no GPU nodes" would be a lie
         # that lasts a moment and fools anyone waiting for ready.
