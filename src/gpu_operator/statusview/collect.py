@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from httpx2 import HTTPStatusError
@@ -23,15 +24,26 @@ def _dicts(objs: Any) -> list[dict[str, Any]]:
     return [o.to_dict() if hasattr(o, "to_dict") else dict(o) for o in objs]
 
 
-def list_policies(client: Client, resource: Any = ClusterPolicyResource) -> list[dict[str, Any]]:
+# A CRD just created (the chart's hook made it a moment ago) is Established before the apiserver
+# serves its objects: meanwhile a list answers 429 "storage is (re)initializing", for a second or so.
+STORAGE_INIT_WAIT = 15.0
+
+
+def list_policies(client: Client, resource: Any = ClusterPolicyResource,
+                  wait: float = STORAGE_INIT_WAIT) -> list[dict[str, Any]]:
     """ClusterPolicies (or GPUClusters); [] when their CRD is not installed (the apiserver then
-    answers 404 with a plain-text body, which lightkube leaves an HTTPStatusError)."""
-    try:
-        return _dicts(client.list(resource))
-    except HTTPStatusError as err:  # lightkube's ApiError is one too
-        if err.response.status_code == 404:
-            return []
-        raise
+    answers 404 with a plain-text body, which lightkube leaves an HTTPStatusError). While the CRD's
+    storage initialises (429) it asks again, for `wait` seconds at most."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return _dicts(client.list(resource))
+        except HTTPStatusError as err:  # lightkube's ApiError is one too
+            if err.response.status_code == 404:
+                return []
+            if err.response.status_code != 429 or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.5)
 
 
 def find_namespace(client: Client, policies: list[dict[str, Any]]) -> str | None:
