@@ -109,8 +109,10 @@ def test_operator_deployment(render: Callable[..., Rendered]) -> None:
     assert pod["metadata"]["labels"] == {
         "app": "gpu-operator",
         "app.kubernetes.io/component": "gpu-operator",
+        "app.kubernetes.io/instance": deployment["metadata"]["labels"]["app.kubernetes.io/instance"],  # the release
         "nvidia.com/gpu-driver-upgrade-drain.skip": "true",
     }
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/instance"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert pod["spec"]["serviceAccountName"] == "gpu-operator"
     (container,) = pod["spec"]["containers"]
