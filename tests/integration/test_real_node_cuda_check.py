@@ -58,7 +58,17 @@ def test_driver_api_runs_our_check_in_our_image_and_its_last_line_reaches_the_va
         interval=2,
         context=context,
     )
-    (pod,) = _pods(kube, ns, "nvidia-cuda-validator")
+    # The validator retries: its next attempt deletes the ended workload pod and makes a new one, so
+    # the pod whose check ended is waited for, not read once.
+    pod = wait_for(
+        "a CUDA workload pod whose check ended",
+        lambda: next((p for p in _pods(kube, ns, "nvidia-cuda-validator") if _check_ended([p])), None),
+        until=lambda found: found is not None,
+        timeout=180,
+        interval=0.5,
+        context=context,
+    )
+    assert pod is not None
     (init,) = pod["spec"]["initContainers"]
     assert init["image"] == IMAGE and init["command"] == ["gpu-operator", "node", "cuda-check"]
     ended = _check_ended([pod])

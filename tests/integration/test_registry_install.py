@@ -24,6 +24,7 @@ import helm_python
 import pytest
 import yaml
 from lightkube import Client
+from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
@@ -196,6 +197,16 @@ def _values(image: PushedImage, secret: str) -> dict[str, Any]:
     )
 
 
+def _namespace_gone(kube: Client) -> bool:
+    try:
+        kube.get(Namespace, NAMESPACE)
+    except ApiError as err:
+        if err.status.code == 404:
+            return True
+        raise
+    return False
+
+
 @pytest.fixture(scope="module")
 def site(
     control_plane: ControlPlane,
@@ -204,6 +215,9 @@ def site(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Site]:
     base = Path(tmp_path_factory.mktemp("registry-install"))
+    # another module's site (test_registry_recovery takes this fixture too) may still be deleting it
+    wait_for(f"namespace {NAMESPACE} of an earlier module to be gone", lambda: _namespace_gone(kube),
+             timeout=180, interval=1)
     kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE, labels=RESTRICTED)))
     registry = registry_image.registry
     kube.create(pull_secret(SECRET, registry.docker_config()), namespace=NAMESPACE)
