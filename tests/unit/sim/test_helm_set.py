@@ -180,7 +180,8 @@ def test_sets_go_onto_the_values_files(tmp_path: Path) -> None:
 def _helm() -> str:
     found = os.environ.get("GPU_OPERATOR_HELM") or shutil.which("helm")
     if not found or not Path(found).exists():
-        pytest.skip("no helm command ($GPU_OPERATOR_HELM or helm on PATH) to compare with")
+        pytest.fail("no helm command to compare with: ./dev test sets GPU_OPERATOR_HELM (tools/helm/build.sh "
+                    "prints the path); set it, or put helm on PATH")
     return found
 
 
