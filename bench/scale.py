@@ -41,6 +41,7 @@ from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace  # noqa: E402
 from restart import restart  # noqa: E402
+from spread import order, summarise, summary_table  # noqa: E402
 from subjects import Subject, apply_peer_crds, on_fresh_plane, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
@@ -420,6 +421,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
                     * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "python": platform.python_version(),
                     "loadavg_at_end": os.getloadavg()},
         "targets": TARGETS, "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows,
+        "summary": summarise(rows, COLUMNS),
     }
 
 
@@ -464,6 +466,8 @@ def main() -> int:
                         "window (bench/restart.py)")
     parser.add_argument("--restart-timeout", type=float, default=300.0, help="max wait for the restarted operator")
     add_health_arguments(parser)
+    parser.add_argument("--pairs", type=int, default=1, help="with --peer-cmd: run ours and the peer this many "
+                        "times each, interleaved (A B A B ...), and report each figure's median [min-max]")
     parser.add_argument("--profile", action="store_true", help="run our operator under cProfile")
     parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -474,16 +478,16 @@ def main() -> int:
     path = args.out / f"scale-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     who = ([] if args.only_peer else ["ours"]) + (["peer"] if args.peer_cmd else [])
     rows: list[dict[str, Any]] = []
-    for n in args.nodes:
-        for subject in who:
-            say(f"=== {n} nodes: {subject} ===")
-            row = run_one(n, args, found, args.out, subject)
-            row["targets_met"] = verdicts(row)
-            rows.append(row)
-            print(table(rows), flush=True)
-            # Written after every run, so that a long run interrupted later keeps what it measured.
-            path.write_text(json.dumps(report(rows, args), indent=2, default=str))
-    print(f"\n{table(rows)}\n\nresults: {path}")
+    for n, pair, subject in order(args.nodes, who, args.pairs):
+        say(f"=== {n} nodes: {subject} (run {pair + 1} of {args.pairs}) ===")
+        row = run_one(n, args, found, args.out, subject)
+        row["pair"], row["targets_met"] = pair, verdicts(row)
+        rows.append(row)
+        print(table(rows), flush=True)
+        # Written after every run, so that a long run interrupted later keeps what it measured.
+        path.write_text(json.dumps(report(rows, args), indent=2, default=str))
+    spreads = f"\n\n{summary_table(rows, COLUMNS)}" if args.pairs > 1 else ""
+    print(f"\n{table(rows)}{spreads}\n\nresults: {path}")
     return 0
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 app = typer.Typer(
     name="gpu-operator",
     help=(
         "A drop-in Python implementation of the NVIDIA GPU Operator.\n\n"
-        "Operator: `run`. Offline: `render`, `images` (what an install pulls; an air-gapped mirror's values). Against a cluster: `status`, `upgrade`, `cleanup`, "
+        "Operator: `run`. Offline: `render`, `images` (what an install pulls; an air-gapped mirror's values). Against a cluster: `status`, `diff`, `upgrade`, `cleanup`, "
         "`must-gather`, `crds`. Node agents (run inside pods, or "
         "against a host-root directory): `node`, `validate`, `vfio-manage`, "
         "`node-status-exporter`, `doctor`. Simulator (a real control plane with fake GPU "
@@ -34,6 +37,14 @@ def _register_all() -> None:
 
     for module in (admin_cli, controllers_cli, render_cli, install_cli, crds_cli, node_cli, sim_cli, statusview_cli):
         module.register(app)
+    # `diff --values`: the chart's ClusterPolicy (install/, which renders the chart) for admin/'s diff
+    from gpu_operator.admin import diff_cli
+
+    def policy_from_values(files: list[Path], sets: list[str], namespace: str) -> dict[str, Any]:
+        from gpu_operator.install.policyvalues import policy_from_values as from_values
+        return from_values(files, sets, namespace)
+
+    diff_cli.register(app, policy_from_values)
 
 
 _register_all()

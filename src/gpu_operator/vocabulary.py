@@ -67,6 +67,8 @@ HOST_DEVICES_SYNCED = "HostDevicesSynced"
 HOST_DEVICES_NOT_SYNCED = "HostDevicesNotSynced"  # sync off or KubeVirt not installed: nothing written
 HOST_DEVICE_LISTED_BY_OTHERS = "HostDeviceListedByOthers"
 PASSTHROUGH_DEVICE_UNKNOWN = "PassthroughDeviceUnknown"
+# a passthrough node whose GPUs the sync could not see: no probe facts from it
+PROBE_FACTS_MISSING = "ProbeFactsMissing"
 # The NVIDIADriver that owns a GPU node (written by node labelling when NVIDIADrivers are in use).
 DRIVER_OWNER = f"{NVIDIA}/gpu-operator.driver.owner"
 
@@ -160,11 +162,17 @@ HEALTH_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-health."
 HEALTH_REASON_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}reason"
 HEALTH_SINCE_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}since"
 HEALTH_ATTEMPTS_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}attempts"
-# Remediation's requests to the node's health agent, which acts on them and removes them: reset
-# these GPUs (bus ids, comma-separated, or "all"; only GPUs nothing holds), and reboot the node
-# (an epoch; the agent creates kured's reboot sentinel).
-HEALTH_RESET_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reset-requested"
-HEALTH_REBOOT_REQUESTED = f"{HEALTH_ANNOTATION_PREFIX}reboot-requested"
+# Remediation's requests to the node's health agent (reset these GPUs, reboot the node) live in
+# one Secret in the operator's namespace, one data key per node (the node's name), written by the
+# operator alone: no operand's Role grants writes to Secrets there, and the agent may only get and
+# watch this one by name (docs/health.md, "Who can trigger what"). Each value is compact JSON with
+# the keys below; the agent acts only on its own node's entry, with remediation on, for the
+# remediation attempt its Node is in (state validating, since and attempts as the request says),
+# and answers in its report (`answered`), never by writing the request. A Node annotation asks
+# nothing.
+HEALTH_REQUESTS_SECRET = "nvidia-gpu-health-requests"
+HEALTH_REQUEST_KEYS = ("v", "node", "action", "gpus", "remediation", "attempt", "since")
+HEALTH_REQUEST_ACTIONS = ("reset-gpu", "reboot")
 # The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
 HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
 # The validator components whose status files (<component>-ready) the health agent expects, in

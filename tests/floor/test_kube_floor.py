@@ -10,21 +10,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python
 import pytest
 import yaml
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.resources.apps_v1 import DaemonSet, Deployment
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource
 from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import packaged_chart, release_names
+from gpu_operator.sim.helm import packaged_chart
 from gpu_operator.sim.operator_process import OperatorProcess
-from tests.support.chart import helm_in
 from tests.support.cleanup import delete_if_present
+from tests.support.helm_cli import MAJORS, HelmCLI
 from tests.support.status import condition, reconciled
 from tests.support.waiting import wait_for
 
@@ -81,24 +80,30 @@ def test_the_default_policy_becomes_ready_on_the_floor(
     assert errors == [], errors[:5]
 
 
-@pytest.fixture
-def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
-         fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
-    with helm_in(control_plane, kube, fake_nodes, HELM_NAMESPACE, RELEASE) as config:
-        yield config
+@pytest.fixture(params=MAJORS, ids=[f"helm{m}" for m in MAJORS])
+def helm(request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Client, crds: list[str],
+         fake_nodes: Callable[..., list[str]], tmp_path: Path) -> Iterator[HelmCLI]:
+    """The helm command line, Helm 3 and Helm 4 (tests/support/helm_cli.py), with a kwok node
+    where kwok completes the chart's hook Job pods."""
+    fake_nodes("cpu:1")
+    cli = HelmCLI(request.param, control_plane.admin_kubeconfig, HELM_NAMESPACE, tmp_path / "helm")
+    yield cli
+    if RELEASE in cli.releases():
+        cli.uninstall(RELEASE)
+    delete_if_present(kube, Namespace, HELM_NAMESPACE)
+    wait_for("the namespace gone", lambda: [n for n in kube.list(Namespace) if n.metadata.name == HELM_NAMESPACE],
+             until=lambda left: not left, timeout=120)
 
 
 def test_the_packaged_chart_installs_and_uninstalls_on_the_floor(
-        helm: helm_python.Config, kube: Client, tmp_path: Path) -> None:
-    with helm_python.Chart.load(packaged_chart(tmp_path / "chart")) as chart:
-        release = helm.install(chart, RELEASE, {"nfd": {"enabled": False}}, namespace=HELM_NAMESPACE,
-                               create_namespace=True, timeout=120)
-    assert release.get("status") == "deployed", {k: v for k, v in release.items() if k != "manifest"}
+        helm: HelmCLI, kube: Client, tmp_path: Path) -> None:
+    helm.install(packaged_chart(tmp_path / "chart"), RELEASE, {"nfd": {"enabled": False}}, timeout=120)
+    assert [(h["revision"], h["status"]) for h in helm.history(RELEASE)] == [(1, "deployed")]
     deployments = [str(d.metadata.name) for d in kube.list(Deployment, namespace=HELM_NAMESPACE)]
     assert deployments == ["gpu-operator"], deployments
     assert kube.get(ClusterPolicyResource, "cluster-policy").metadata.name == "cluster-policy"
-    helm.uninstall(RELEASE, timeout=180)
-    assert RELEASE not in release_names(helm)
+    helm.uninstall(RELEASE)
+    assert RELEASE not in helm.releases()
     wait_for("the operator Deployment gone", lambda: list(kube.list(Deployment, namespace=HELM_NAMESPACE)),
              until=lambda left: left == [], timeout=60)
     delete_if_present(kube, ClusterPolicyResource, "cluster-policy")  # helm.sh/resource-policy: keep

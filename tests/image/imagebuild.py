@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# A cold build (Debian's packages fetched, arm64's configured under qemu) beside the suite's other
+# work took longer than pytest's default 600 s on 2 cores: the image tests' items (their module
+# fixtures build in the first item's setup) may take the build's own limit and a minute more.
+BUILD_TIMEOUT = 2400
+TIMEOUT = pytest.mark.timeout(BUILD_TIMEOUT + 60)
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Built:
 def build(out: Path, arch: str = "amd64") -> Built:
     env = {**os.environ, "IMAGE_OUT": str(out), "PYTHON": str(REPO / ".venv" / "bin" / "python")}
     done = subprocess.run([str(REPO / "tools" / "image" / "build.sh"), "--arch", arch], capture_output=True,
-                          text=True, env=env, cwd=REPO, check=False, timeout=2400)
+                          text=True, env=env, cwd=REPO, check=False, timeout=BUILD_TIMEOUT)
     if done.returncode != 0:
         pytest.fail(f"tools/image/build.sh --arch {arch} exited {done.returncode}:\n{done.stderr[-4000:]}")
     digest, size, archive, ref = done.stdout.strip().splitlines()[-1].split()

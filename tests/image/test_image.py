@@ -19,10 +19,10 @@ import yaml
 
 from gpu_operator.render.defaults import OWN_IMAGE
 from gpu_operator.sim.containerd import Mount, PrivateContainerd
-from tests.image.imagebuild import REPO, Built, build, oci_blob, oci_blob_index, sha256
+from tests.image.imagebuild import REPO, TIMEOUT, Built, build, oci_blob, oci_blob_index, sha256
 from tests.support.hostsim import fakehost
 
-pytestmark = pytest.mark.image
+pytestmark = [pytest.mark.image, TIMEOUT]
 
 HOSTS = REPO / "tests" / "fixtures" / "hosts"
 SIZE_LIMIT = 150_000_000

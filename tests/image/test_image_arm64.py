@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.image.imagebuild import REPO, Built, build, oci_blob, oci_blob_index, sha256
+from tests.image.imagebuild import REPO, TIMEOUT, Built, build, oci_blob, oci_blob_index, sha256
 
-pytestmark = pytest.mark.image
+pytestmark = [pytest.mark.image, TIMEOUT]
 
 AARCH64 = 0xB7  # ELF e_machine
 

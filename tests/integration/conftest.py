@@ -7,14 +7,17 @@ import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 from lightkube import Client, KubeConfig
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from gpu_operator.sim import nodes, standins
 from gpu_operator.sim.controlplane import ControlPlane
 from tests.support.cleanup import delete_if_present
+from tests.support.components import COMPONENT_ACCOUNT
 from tests.support.planes import admin_client, running_plane
 
 
@@ -59,9 +62,21 @@ def nfd_master(control_plane: ControlPlane) -> Iterator[standins.StandIns]:
 
 @pytest.fixture
 def namespace(kube: Client) -> Iterator[str]:
+    """A fresh namespace with the ServiceAccount a test's bare component pod runs as
+    (`test_sim_standins.component_pod`): the stand-ins call with their pod's identity
+    (sim/identity.py), and such a pod has no rendered RBAC, so this one is bound to cluster-admin.
+    The operator's own pods run as their rendered ServiceAccounts and Roles."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     kube.create(Namespace(metadata={"name": name}))  # type: ignore[arg-type]
+    kube.create(cast(ServiceAccount, ServiceAccount.from_dict(
+        {"metadata": {"name": COMPONENT_ACCOUNT, "namespace": name}})))
+    binding = f"{COMPONENT_ACCOUNT}-{name}"
+    kube.create(cast(ClusterRoleBinding, ClusterRoleBinding.from_dict({
+        "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": COMPONENT_ACCOUNT, "namespace": name}]})))
     yield name
+    delete_if_present(kube, ClusterRoleBinding, binding)
     delete_if_present(kube, Namespace, name)
 
 
@@ -107,6 +122,7 @@ from tests.integration.operator_fixtures import (  # noqa: E402,F401
     start_operator,
 )
 from tests.integration.realnode_fixtures import (  # noqa: E402,F401
+    device_plugin_pod,
     real_gpu_node,
     real_node,
     real_passthrough_node,

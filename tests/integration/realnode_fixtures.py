@@ -17,8 +17,10 @@ from gpu_operator import __version__
 from gpu_operator.sim import binaries, hosttree, nvruntime, toolkit
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
-from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive, terminate
+from gpu_operator.sim.pluginimage import DEVICE_PLUGIN_IMAGE
+from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
 from gpu_operator.sim.realspec import host_spec, node_labels
+from tests.support import realplugin
 
 REAL_NODE = "real-node-0"
 SHAPE = "host-driver"
@@ -45,7 +47,7 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     node.start()
     try:
         refs = node.import_images(archive)
-        assert IMAGE in refs and CUDA_SAMPLE_IMAGE in refs, f"{archive}: {refs}"
+        assert {IMAGE, CUDA_SAMPLE_IMAGE, DEVICE_PLUGIN_IMAGE} <= set(refs), f"{archive}: {refs}"
         print(f"\nreal node {REAL_NODE} Ready with our image in {time.monotonic() - t0:.1f}s")
         yield node
     finally:
@@ -63,6 +65,19 @@ def _labelled(node: RealNode, shape: str) -> Iterator[RealNode]:
     gpu = {k: None for k in meta.get("labels", {}) if k.startswith(GPU_LABEL_PREFIXES)}
     notes = {k: None for k in meta.get("annotations", {}) if k.startswith(GPU_LABEL_PREFIXES)}
     node.admin("PATCH", path, {"metadata": {"labels": gpu, "annotations": notes}}, MERGE)
+
+
+@pytest.fixture
+def device_plugin_pod(real_node: RealNode) -> Iterator[RealNode]:
+    """NVIDIA's device plugin deployed on the real node without the operator (`realplugin`), for
+    one test, its GPUs allocatable; afterwards the pod is deleted (and its socket gone)."""
+    assert real_node.host_root is not None
+    realplugin.start(real_node, real_node.host_root)
+    try:
+        real_node.wait_allocatable("nvidia.com/gpu", str(len(toolkit.gpus(real_node.host_root))), 120)
+        yield real_node
+    finally:
+        realplugin.stop(real_node)
 
 
 @pytest.fixture
@@ -94,21 +109,20 @@ def api_log(plane: ControlPlane, namespace: str, pod: str, container: str, previ
 @contextlib.contextmanager
 def gpus_of(node: RealNode, host_root: Path, mig_strategy: str) -> Iterator[None]:
     """For one test, the real node's GPUs are those of another host tree (MIG-capable ones: the
-    session's node has L40S): its device plugin restarted on that tree with `mig_strategy` and the
-    `nvidia` runtime handler (read at each container's creation) given it; afterwards the node's
-    own tree, plugin and handler again, with its GPUs allocatable as before. Callers wait for the
-    allocatable they expect."""
+    session's node has L40S): its device plugin's pod (`device_plugin_pod`) replaced by one over
+    that tree with `mig_strategy` and the `nvidia` runtime handler (read at each container's
+    creation) given it; afterwards the node's own tree, plugin pod and handler again, with its GPUs
+    allocatable as before. Callers wait for the allocatable they expect."""
     own = node.host_root
     assert own is not None, "the real node has no host tree"
     tree = Path(host_root).absolute()
     try:
-        terminate(node.processes.pop("device-plugin"))
+        realplugin.stop(node)
         node.runtime_wrapper.write_text(nvruntime.wrapper_script(tree))
-        node.start_device_plugin(tree, mig_strategy)
+        realplugin.start(node, tree, mig_strategy)
         yield
     finally:
-        with contextlib.suppress(KeyError):
-            terminate(node.processes.pop("device-plugin"))
+        realplugin.stop(node)
         node.runtime_wrapper.write_text(nvruntime.wrapper_script(own))
-        node.start_device_plugin(own)
+        realplugin.start(node, own)
         node.wait_allocatable("nvidia.com/gpu", str(len(toolkit.gpus(own))), 60)

@@ -110,6 +110,16 @@ def test_the_serviceaccount_may_do_what_the_chart_lists(installed: Installed) ->
     (("coordination.k8s.io", "leases", "update", "someone-elses-lease"), NAMESPACE),
     (("", "namespaces", "patch", "default"), None),
     (("apiextensions.k8s.io", "customresourcedefinitions", "create", None), None),
+    # cluster-wide objects it did not render: by name only (rbac.yaml; ClusterRoles by admission,
+    # test_rbac_admission.py)
+    (("admissionregistration.k8s.io", "validatingadmissionpolicies", "delete", "gpu-operator-node-agents"), None),
+    (("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "patch", "someone-elses"), None),
+    (("node.k8s.io", "runtimeclasses", "patch", "gvisor"), None),
+    (("resource.k8s.io", "deviceclasses", "delete", "someone-elses.example.com"), None),
+    # a pod's image is code execution as its ServiceAccount: no pods patch outside its namespace
+    (("", "pods", "patch", None), "default"),
+    (("", "secrets", "get", "some-secret"), NAMESPACE),
+    (("nfd.k8s-sigs.io", "nodefeatures", "create", None), "default"),
 ], ids=lambda v: "-".join(str(x) for x in v if x) if isinstance(v, tuple) else str(v))
 def test_the_serviceaccount_may_not_do_more(permission: Permission, namespace: str | None,
                                             installed: Installed) -> None:
@@ -122,8 +132,7 @@ def test_operand_roles_are_created_without_escalate(installed: Installed, kube: 
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "rbac-test-operand"},
         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"]},
-                  {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],
-                   "verbs": ["get", "list", "watch", "create", "update"]}],
+                  {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]}],
     }
     binding: dict[str, Any] = {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",

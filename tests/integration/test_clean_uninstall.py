@@ -1,4 +1,5 @@
-"""Clean uninstall on the real control plane: after `helm uninstall` (real Helm, helm-python-sdk) or
+"""Clean uninstall on the real control plane: after `helm uninstall` (the helm command line, Helm 3
+and Helm 4 with the same arguments: tests/support/helm_cli.py) or
 after deleting the ClusterPolicy, every node carries exactly the nvidia.com/ labels and annotations,
 and the taints, it had before the operator came, and no object we created is left, of any kind.
 
@@ -19,19 +20,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_python
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
-from lightkube.resources.core_v1 import Namespace, Node
+from lightkube.core.exceptions import ApiError
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Namespace, Node, Secret
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.helm import packaged_chart
 from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.vocabulary import GPU_PRESENT, MANAGED_SELECTOR, NVIDIA
+from gpu_operator.vocabulary import GPU_PRESENT, HEALTH_REQUESTS_SECRET, MANAGED_SELECTOR, NVIDIA
 from tests.support.chart import objects, render_chart
 from tests.support.cleanup import delete_if_present
+from tests.support.helm_cli import MAJORS, HelmCLI
 from tests.support.owned import owned_by
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
@@ -103,18 +106,21 @@ def _gpu_nodes_labelled(kube: Client, names: list[str]) -> bool:
 def release_namespace(kube: Client) -> Iterator[str]:
     yield NAMESPACE
     delete_if_present(kube, Namespace, NAMESPACE)
+    # gone before the next run (the other helm major) creates it again
+    wait_for("the namespace gone", lambda: [n for n in kube.list(Namespace) if n.metadata.name == NAMESPACE],
+             until=lambda left: not left, timeout=120)
 
 
+@pytest.mark.parametrize("major", MAJORS, ids=[f"helm{m}" for m in MAJORS])
 def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Client, crds: list[str],
                                         fake_nodes: Callable[..., list[str]], release_namespace: str,
-                                        tmp_path: Path) -> None:
+                                        tmp_path: Path, major: int) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2", "host-driver:1")
     fake_nodes("cpu:1")
     before = marks(kube)
     values = {"nfd": {"enabled": False}}
-    helm = helm_python.Config(kubeconfig_path=control_plane.admin_kubeconfig, namespace=NAMESPACE)
-    with helm_python.Chart.load(packaged_chart(tmp_path)) as chart:
-        helm.install(chart, "gpu-operator", values, namespace=NAMESPACE, create_namespace=True, timeout=180)
+    helm = HelmCLI(major, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm")
+    helm.install(packaged_chart(tmp_path / "chart"), "gpu-operator", values)
     operator = OperatorProcess(
         kubeconfig=control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False),
         namespace=NAMESPACE, log=tmp_path / "operator.log").start()
@@ -129,6 +135,9 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
         # hook's work alone. The pre-delete hook, as Helm creates it; its command runs with its
         # own identity.
         operator.stop()
+        # GPU health's requests Secret as a remediation leaves it (the operator makes it, not Helm)
+        kube.create(Secret(metadata=ObjectMeta(name=HEALTH_REQUESTS_SECRET, namespace=NAMESPACE),
+                           stringData={"n1": "{}"}))
         hook = [o for o in objects(render_chart(values, namespace=NAMESPACE))
                 if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"]
         job = next(o for o in hook if o["kind"] == "Job")
@@ -145,9 +154,12 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
                               capture_output=True, text=True, timeout=180, check=False, env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "deleted ClusterPolicy cluster-policy" in done.stdout, done.stdout
+        with pytest.raises(ApiError) as gone:
+            kube.get(Secret, HEALTH_REQUESTS_SECRET, namespace=NAMESPACE)
+        assert gone.value.status.code == 404, "the hook left GPU health's requests Secret"
         assert differences(before, marks(kube)) == [], "the hook left labels behind"
 
-        helm.uninstall("gpu-operator", timeout=180)
+        helm.uninstall("gpu-operator")
     finally:
         operator.stop()
         print(f"--- {operator.log} ---\n{operator.log_text()[-4000:]}")
@@ -157,7 +169,7 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
              timeout=120)
     wait_for("no object of any kind marked as ours", lambda: ours_left(control_plane),
              until=lambda o: not o, timeout=60)
-    assert "gpu-operator" not in [r["name"] for r in helm.list(all_states=True)]  # the release is gone
+    assert "gpu-operator" not in helm.releases()  # the release is gone
 
 
 def test_deleting_the_clusterpolicy_takes_back_our_node_labels(

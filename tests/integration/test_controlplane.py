@@ -19,8 +19,8 @@ from tests.support.waiting import wait_for
 
 def test_version_is_the_built_release(control_plane: ControlPlane) -> None:
     version = control_plane.request("GET", "/version")
-    assert version["gitVersion"] == "v1.36.3"
-    assert version["minor"] == "36"
+    assert version["gitVersion"] == "v1.37.2"
+    assert version["minor"] == "37"
 
 
 def test_crd_is_served(control_plane: ControlPlane, kube: Client) -> None:

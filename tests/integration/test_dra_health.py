@@ -4,16 +4,21 @@ host tree (the DRA kubelet plugin's ResourceSlice, our health agent in the DRA v
 faults by the simulator's injection. A fault on one GPU -> that device is no longer allocated to a
 new ResourceClaim; `--clear` (a reboot) -> allocatable again. Two ways, one control plane each:
 
-- device-taint-rules: the apiserver serves DeviceTaintRule (resource.k8s.io/v1beta2 enabled, the
-  DRADeviceTaintRules gate on the apiserver, controller-manager and scheduler): the operator keeps
-  one rule for the sick GPU (controllers/health_dra.py);
-- plugin-health-check: Kubernetes' defaults (no DeviceTaintRule), the DRA driver's gate
-  NVMLDeviceHealthCheck on: the plugin (its stand-in, sim/drahealth.py) taints the device in its
-  ResourceSlice, which the scheduler honours (DRADeviceTaints, on by default in 1.36).
+- device-taint-rules: Kubernetes' defaults, which serve DeviceTaintRule (GA in 1.37:
+  resource.k8s.io/v1, no feature gate or runtime config): the operator keeps one rule for the sick
+  GPU (controllers/health_dra.py);
+- plugin-health-check: a plane without DeviceTaintRule (resource.k8s.io/v1/devicetaintrules off,
+  the gate DRADeviceTaintRules off: as 1.36's defaults), the DRA driver's gate NVMLDeviceHealthCheck on: the plugin (its stand-in,
+  sim/drahealth.py) taints the device in its ResourceSlice, which the scheduler honours
+  (DRADeviceTaints, GA in 1.37).
+
+Which version of DeviceTaintRule the operator writes comes from discovery: v1 where served, else
+v1beta2 (Kubernetes 1.36 with resource.k8s.io/v1beta2 on); a plane serving only v1beta2 holds that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +35,10 @@ from lightkube.types import PatchType
 
 from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
+from gpu_operator.controllers import health_dra
 from gpu_operator.controllers.health_dra import PCI_BUS_ID
-from gpu_operator.kube.client import GPUClusterResource
+from gpu_operator.kube import devicetaints
+from gpu_operator.kube.client import GPUClusterResource, Kube
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.render.states.mig_manager import default_mig_config
 from gpu_operator.sim import binaries, draplugin, mighw, migparted, standins
@@ -40,14 +47,14 @@ from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.faultinject import inject
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.sim.state import SimState
-from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT
+from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT, MANAGED_SELECTOR
 from tests.support import workloads
 from tests.support.waiting import wait_for
 
 SHAPE = "a10"  # two GPUs
 IMAGE = {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0"}
 WAIT = 120.0
-DeviceTaintRule = create_global_resource("resource.k8s.io", "v1beta2", "DeviceTaintRule", "devicetaintrules")
+DeviceTaintRule = create_global_resource("resource.k8s.io", "v1", "DeviceTaintRule", "devicetaintrules")
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
 
 
@@ -76,9 +83,11 @@ class Stack:
         return (found[0].status, str(found[0].reason)) if found else None
 
     def slice_devices(self) -> dict[str, dict[str, Any]]:
+        """The node's GPU devices (driver gpu.nvidia.com; the compute-domain side's channel and
+        daemon devices are another driver's slice)."""
         out: dict[str, dict[str, Any]] = {}
         for found in self.kube.list(ResourceSlice):
-            if found["spec"].get("nodeName") == self.node:
+            if found["spec"].get("nodeName") == self.node and found["spec"].get("driver") == "gpu.nvidia.com":
                 out.update({d["name"]: d for d in found["spec"].get("devices") or []})
         return out
 
@@ -91,9 +100,10 @@ class Stack:
 def start_plane(way: str, base: Path) -> ControlPlane:
     found = binaries.locate(build=True).of("current")
     extra: dict[str, Any] = {}
-    if way == "device-taint-rules":
-        extra = {"feature_gates": {"DRADeviceTaintRules": True},
-                 "runtime_config": ("resource.k8s.io/v1beta2=true",)}
+    if way == "plugin-health-check":
+        # as 1.36's defaults: no DeviceTaintRule served, nor watched by the scheduler and controllers
+        extra = {"feature_gates": {"DRADeviceTaintRules": False},
+                 "runtime_config": ("resource.k8s.io/v1/devicetaintrules=false",)}
     return ControlPlane(base / "plane", found, **extra).start()
 
 
@@ -233,7 +243,8 @@ def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack
     sim_nodes.wait_ready(kube, [node])
 
     def devices() -> dict[str, dict[str, Any]]:
-        return {d["name"]: d for s in kube.list(ResourceSlice) if s["spec"].get("nodeName") == node
+        return {d["name"]: d for s in kube.list(ResourceSlice)
+                if s["spec"].get("nodeName") == node and s["spec"].get("driver") == "gpu.nvidia.com"
                 for d in s["spec"].get("devices") or []}
 
     wait_for("the node's 8 GPUs published", devices, until=lambda d: len(d) == 8, timeout=WAIT, context=stack.logs)
@@ -260,7 +271,8 @@ def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack
         "NVMLDeviceHealthCheck": None, "DynamicMIG": True}}}}, patch_type=PatchType.MERGE)
 
     def specs() -> list[dict[str, Any]]:
-        return sorted((s["spec"] for s in kube.list(ResourceSlice) if s["spec"].get("nodeName") == node),
+        return sorted((s["spec"] for s in kube.list(ResourceSlice)
+                       if s["spec"].get("nodeName") == node and s["spec"].get("driver") == "gpu.nvidia.com"),
                       key=lambda spec: "devices" in spec)
 
     split = wait_for("the node's pool split into counters and 8 GPUs", specs, until=lambda s: len(s) == 9,
@@ -273,3 +285,35 @@ def test_mig_devices_are_published_and_a_claim_for_one_is_allocated(stack: Stack
     results = wait_for("the partition claim allocated", lambda: workloads.claim_results(kube, ns, "one-partition"),
                        timeout=WAIT)
     assert results[0]["pool"] == node and partitions[results[0]["device"]]["attributes"]["type"]["string"] == "mig"
+
+
+async def _round_trip(kubeconfig: str) -> tuple[str | None, list[str], list[str]]:
+    """The version discovery picks, then a rule created, listed and deleted through it."""
+    api = Kube(kubeconfig)
+    try:
+        version = await devicetaints.rule_version(api)
+        assert version is not None
+        body = health_dra.rule("node-a", "gpu-0", "unhealthy", None, version)
+        assert await devicetaints.create_rule(api, version, body)
+        listed = [r["metadata"]["name"] for r in await devicetaints.list_rules(api, version, MANAGED_SELECTOR)]
+        deleted = await health_dra.delete_rules(api)
+        return version, listed, deleted
+    finally:
+        await api.close()
+
+
+def test_discovery_takes_the_ga_version_and_the_beta_one_where_only_that_is_served(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Kubernetes' defaults serve v1 (1.37); with v1 off and v1beta2 on (as 1.36 serves it when
+    enabled) the same calls take v1beta2; the rule round-trips either way."""
+    found = binaries.locate(build=True).of("current")
+    name = "gpu-health-node-a-gpu-0"
+    for runtime_config, expected in (((), "v1"), (("resource.k8s.io/v1/devicetaintrules=false",
+                                                    "resource.k8s.io/v1beta2=true"), "v1beta2")):
+        plane = ControlPlane(tmp_path_factory.mktemp(f"dtr-{expected}") / "plane", found,
+                             runtime_config=runtime_config).start()
+        try:
+            version, listed, deleted = asyncio.run(_round_trip(str(plane.admin_kubeconfig)))
+            assert (version, listed, deleted) == (expected, [name], [name])
+        finally:
+            plane.stop()

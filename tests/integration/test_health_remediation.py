@@ -29,6 +29,7 @@ from typing import Any, cast
 
 import pytest
 from lightkube import Client, KubeConfig
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
@@ -42,14 +43,14 @@ from gpu_operator.sim import standins
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.faultinject import inject
 from gpu_operator.sim.faults import BOOK, NodeHosts, node_host_spec
+from gpu_operator.sim.health import INTERVAL
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.sim.state import SimState
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_CONDITION,
-    HEALTH_REBOOT_REQUESTED,
     HEALTH_REPORT_ANNOTATION,
-    HEALTH_RESET_REQUESTED,
+    HEALTH_REQUESTS_SECRET,
     HEALTH_STATE,
     HEALTH_TAINT,
     UPGRADE_REQUESTED_ANNOTATION,
@@ -195,6 +196,22 @@ class Cluster:
         (proc / "fd" / "7").symlink_to(f"/dev/nvidia{minor}")
         return proc
 
+    def request(self, node: str) -> dict[str, Any] | None:
+        """The node's entry in the operator's requests Secret (None: none, or no Secret)."""
+        import base64
+
+        from lightkube.core.exceptions import ApiError
+        from lightkube.resources.core_v1 import Secret
+
+        try:
+            secret = self.kube.get(Secret, HEALTH_REQUESTS_SECRET, namespace=self.namespace)
+        except ApiError as err:
+            if err.status.code == 404:
+                return None
+            raise
+        raw = (secret.data or {}).get(node)
+        return cast(dict[str, Any], json.loads(base64.b64decode(raw))) if raw else None
+
     def xids(self, node: str) -> list[dict[str, int]]:
         """The Xids the node's host holds this boot (its fault book)."""
         return cast(list[dict[str, int]], json.loads((self.hosts.base / node / BOOK).read_text())["xids"])
@@ -205,7 +222,7 @@ def cluster(control_plane: ControlPlane, kube: Client, crds: list[str],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("health-remediation")
     namespace = f"gpu-operator-{uuid.uuid4().hex[:6]}"
-    kube.create(Namespace(metadata={"name": namespace}))  # type: ignore[arg-type]
+    kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
     names = sim_nodes.add_nodes(kube, [f"{SHAPE}:9"], start=90_000)
     sim = SimState(dir=str(base), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
                    binaries="")
@@ -251,11 +268,15 @@ def test_xid_79_quarantines_drains_reboots_and_brings_the_node_back(cluster: Clu
         bus = cluster.bus(node, 1)
         # the catalogue's action for 79 is reboot (RESTART_BM): the walk requests a reboot
         asked = cluster.wait("the agent's reboot sentinel for remediation's request", node,
-                             lambda s: s.report is not None and s.report.reboot is not None
+                             lambda s: s.report is not None and s.report.answered is not None
                              and s.condition == ("False", "Remediating"))
         assert (cluster.hosts.root(node) / "var/run/reboot-required").is_file()
-        assert HEALTH_REBOOT_REQUESTED not in asked.notes  # answered: the agent removed it
         assert asked.state == hm.VALIDATING and asked.notes.get(hm.ACTION) == "reboot"
+        assert asked.report is not None and asked.report.answered == f"reboot:0:{asked.notes[hm.SINCE]}"
+        # answered: the operator notes it and withdraws the request (the agent never writes it)
+        withdrawn = cluster.wait("the request withdrawn", node, lambda s: s.notes.get(hm.ANSWERED)
+                                 == s.notes.get(hm.SINCE) and cluster.request(node) is None)
+        assert withdrawn.state == hm.VALIDATING
         assert asked.condition == ("False", "Remediating") and HEALTH_TAINT in asked.taints and asked.cordoned
         (gpu,) = asked.report.unhealthy
         assert (gpu.bus, gpu.xid, gpu.action) == (bus, 79, "reboot")
@@ -275,8 +296,13 @@ def test_xid_13_is_a_warning_only(cluster: Cluster) -> None:
         cluster.fault(node, "xid", 13, 2)
         warned = cluster.wait("condition GPUWarning", node, lambda s: s.condition == ("False", "GPUWarning"))
         assert warned.report is not None and [g.state for g in warned.report.gpus] == ["warning"]
-        time.sleep(4)  # passes after the report's: still no quarantine
+        # whoever may patch a Node asks nothing of its agent: the old request annotations do nothing
+        cluster.kube.patch(Node, node, {"metadata": {"annotations": {
+            "nvidia.com/gpu-health.reboot-requested": "1", "nvidia.com/gpu-health.reset-requested": "all"}}})
+        time.sleep(4)  # passes after the report's (the live agent steps every 2 s): still no quarantine
         after = cluster.seen(node)
+    assert not (cluster.hosts.root(node) / "var/run/reboot-required").exists()
+    assert after.report is not None and after.report.reset == {} and after.report.answered is None
     assert after.condition == ("False", "GPUWarning") and HEALTH_TAINT not in after.taints
     assert after.state == "" and not after.cordoned and recorder.states(node) == [""]
 
@@ -288,10 +314,14 @@ def test_xid_48_on_two_nodes_with_max_unavailable_1_one_at_a_time(cluster: Clust
         for node in pair:
             cluster.fault(node, "xid", 48, 0)
         for node in pair:
-            bus = cluster.bus(node, 0)
-            back = cluster.wait("reset and released", node, lambda s, b=bus: s.released and s.report is not None
-                                and s.report.reset_outcome(b) == ("done", ""))  # type: ignore[misc]
-            assert HEALTH_RESET_REQUESTED not in back.notes
+            # reset on the host (only a reset clears its Xid there), then validated afresh by a new
+            # validator pod (whose agent starts without the old one's outcomes) and released
+            back = cluster.wait("reset and released", node, lambda s, n=node: s.released  # type: ignore[misc]
+                                and cluster.xids(n) == [])
+            assert cluster.request(node) is None  # withdrawn
+            assert back.report is not None and back.report.validatedAt is not None
+            clients = {k: v for k, v in cluster.kube.get(Node, node).metadata.labels.items() if k in hm.GPU_CLIENTS}
+            assert clients == dict.fromkeys(hm.GPU_CLIENTS, "true")  # paused for the reset, and back
     active = (hm.DRAINING, hm.ACTING, hm.VALIDATING)
     current: dict[str, str] = {}
     peak = 0
@@ -306,7 +336,10 @@ def test_xid_48_on_two_nodes_with_max_unavailable_1_one_at_a_time(cluster: Clust
 
 def test_remediation_failing_3_times_leaves_the_node_failed_with_its_reason(cluster: Cluster) -> None:
     (node,) = cluster.nodes(1)
-    cluster.remediation(maxUnavailable=1, actions=["reset-gpu"], maxAttempts=3, validationTimeoutSeconds=1)
+    # Each attempt's request must live long enough for the agent (a step every INTERVAL s) to see
+    # and refuse it: with 1 s an attempt could end before the agent looked (seen under load).
+    cluster.remediation(maxUnavailable=1, actions=["reset-gpu"], maxAttempts=3,
+                        validationTimeoutSeconds=int(3 * INTERVAL))
     cluster.hold(node, 1)  # a process on the host holds the GPU: the agent never resets it
     cluster.fault(node, "xid", 48, 1)
     failed = cluster.wait("failed after 3 attempts", node, lambda s: s.state == hm.FAILED
@@ -315,9 +348,9 @@ def test_remediation_failing_3_times_leaves_the_node_failed_with_its_reason(clus
     assert HEALTH_TAINT in failed.taints
     assert failed.report is not None
     kind, why = failed.report.reset_outcome(cluster.bus(node, 1)) or ("", "")
-    assert kind == "refused" and why  # held
+    assert (kind, why) == ("refused", "held by pid 4242 (python3)")  # not a paused client: it keeps the GPU
     assert [x["xid"] for x in cluster.xids(node)] == [48]  # never reset
-    assert HEALTH_RESET_REQUESTED not in failed.notes  # the failed machine withdrew its request
+    assert cluster.request(node) is None  # the failed machine withdrew its request
 
 
 def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: Cluster) -> None:
@@ -328,7 +361,9 @@ def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: C
     bus = cluster.bus(node, 3)
     waiting = cluster.wait("validating, the reset refused", node, lambda s: s.state == hm.VALIDATING and s.report
                            is not None and (s.report.reset_outcome(bus) or ("",))[0] == "refused")
-    assert HEALTH_RESET_REQUESTED in waiting.notes
+    asked = cluster.request(node)
+    assert asked is not None and asked["action"] == "reset-gpu" and asked["gpus"] == [bus]
+    assert asked["since"] == waiting.notes[hm.SINCE] and asked["remediation"] is True
     with Recorder(cluster.kube, [node]) as recorder:
         operator = cluster.operators[-1]
         operator.kill()  # SIGKILL mid-remediation
@@ -336,7 +371,7 @@ def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: C
             entry.unlink() if entry.is_symlink() or entry.is_file() else entry.rmdir()
         holder.rmdir()
         reset = cluster.wait("the agent's reset while no operator runs", node, lambda s: s.report is not None
-                             and s.report.reset_outcome(bus) == ("done", "") and HEALTH_RESET_REQUESTED not in s.notes)
+                             and s.report.reset_outcome(bus) == ("done", "") and s.report.answered is not None)
         assert reset.state == hm.VALIDATING  # nobody moved it
         cluster.start_operator()
         cluster.wait("released by the new operator", node, lambda s: s.released)

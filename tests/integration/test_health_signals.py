@@ -134,8 +134,10 @@ def test_remediation_restarts_the_device_plugin_and_releases(control_plane: Cont
                 seen.append(((body["metadata"].get("labels") or {}).get(HEALTH_STATE, ""),
                              bool(body["spec"].get("unschedulable"))))
                 if seen[-1][0] == hm.VALIDATING:
+                    # the validation of the validator pod the operator restarted with the plugin's
+                    after = float(body["metadata"]["annotations"][hm.REVALIDATED]) + 1
                     healthy = json.dumps({"v": 1, "validated": True, "state": "healthy", "action": "none",
-                                          "healthy": 8, "gpus": [], "sources": ["kmsg"]})
+                                          "healthy": 8, "gpus": [], "sources": ["kmsg"], "validatedAt": after})
                     kube.patch(Node, name, {"metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: healthy}}})
                 if seen[-1][0] == "" and len(seen) > 1:
                     break

@@ -40,7 +40,7 @@ def test_the_chart_deploys_the_gpucluster_its_values_describe(helm: helm_python.
               "daemonsets": {"priorityClassName": "system-node-critical"},
               "operator": {"cleanupOnUninstall": False}}
     with helm_python.Chart.load(packaged_chart(tmp_path / "chart")) as chart:
-        helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=90)
+        helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=180)
     cluster = GPUCluster.model_validate(dict(kube.get(GPUClusterResource, "gpu-cluster")))
     assert cluster.warnings() == []  # every field it carries is one the API knows
     assert cluster.spec is not None

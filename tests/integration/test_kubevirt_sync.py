@@ -31,6 +31,7 @@ from gpu_operator.vocabulary import (
     KUBEVIRT_FIELD_MANAGER,
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,
+    WORKLOAD_CONFIG,
 )
 from tests.support.status import condition, policy_status
 from tests.support.waiting import wait_for
@@ -122,6 +123,25 @@ def probe_facts(drivers: dict[str, str]) -> str:
     gpus = [{"address": f"0000:{b}:00.0", "vendorDevice": "10de:2330", "name": "GH100 [H100 SXM5 80GB]",
              "product": "H100 SXM5 80GB", "driver": d} for b, d in sorted(drivers.items())]
     return json.dumps({"driverSource": "none", "gpus": gpus})
+
+
+@pytest.fixture(autouse=True)
+def _other_nodes_are_container_nodes(kube: Client) -> Iterator[None]:
+    """The nodes already on the shared control plane before a test makes its own (the real kubelet
+    node, with its GPU) get the container workload for the test: with spec.sandboxWorkloads'
+    defaultWorkload vm-passthrough they would be passthrough nodes without probe facts, and keep
+    VMPassthrough False (ProbeFactsMissing), which is right on a cluster but not this test's subject."""
+    others = [n.metadata.name for n in kube.list(Node)
+              if n.metadata and n.metadata.name and WORKLOAD_CONFIG not in (n.metadata.labels or {})]
+    for name in others:
+        kube.patch(Node, name, {"metadata": {"labels": {WORKLOAD_CONFIG: "container"}}}, patch_type=PatchType.MERGE)
+    yield
+    for name in others:
+        try:
+            kube.patch(Node, name, {"metadata": {"labels": {WORKLOAD_CONFIG: None}}}, patch_type=PatchType.MERGE)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
 
 
 def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
@@ -271,3 +291,49 @@ def test_kwok_passthrough_nodes_need_no_hand_annotation_the_simulated_agents_pub
                           until=lambda d: [e["pciVendorSelector"] for e in d] == [selector], context=operator.log_text)
     assert agents.error is None, agents.error
     assert listed[0]["externalResourceProvider"] is False and listed[0]["resourceName"].startswith("nvidia.com/")
+
+
+def test_with_the_vfio_manager_off_the_probe_still_runs_and_unseen_gpus_are_not_synced(
+        kube: Client, control_plane: ControlPlane, fake_nodes: Nodes, start_operator: Start,
+        cluster_policies: Policies, kubevirt_cr: Callable[..., str], tmp_path: Path) -> None:
+    """GPUs bound to vfio-pci at boot, so no vfio manager (vfioManager off): the operator still runs
+    the GPU probe on the passthrough nodes, since the KubeVirt sync needs its facts. Until they come
+    the VMPassthrough condition is False (ProbeFactsMissing) and names the nodes, not True with an
+    empty list; once the probe's pods publish, KubeVirt lists the GPUs and the condition is True."""
+    from lightkube import KubeConfig
+
+    from gpu_operator import shapes
+    from gpu_operator.render.states.vfio_manager import NAME as VFIO_DS
+    from gpu_operator.render.states.vfio_manager import PROBE as PROBE_DS
+    from gpu_operator.sim import standins
+    from gpu_operator.vocabulary import PROBE_FACTS_MISSING
+
+    spec = "vfio-passthrough:2"
+    names = fake_nodes(spec)
+    ns = kubevirt_cr([])
+    operator = start_operator()
+    cluster_policies({**PASSTHROUGH, "vfioManager": {"enabled": False}})
+    # no stand-in plays the probe yet: its facts are missing, and the condition says whose
+    cond = wait_for("VMPassthrough says which nodes' GPUs it cannot see", lambda: vm_condition(kube),
+                    until=lambda c: c.get("reason") == PROBE_FACTS_MISSING, context=operator.log_text)
+    assert cond["status"] == "False"
+    assert all(name in cond["message"] for name in names), cond
+    assert "app=nvidia-gpu-probe" in cond["message"], cond  # the fix: where to look
+    daemonsets = wait_for("the probe's DaemonSet without the vfio manager's",
+                          lambda: {str(d.metadata.name) for d in kube.list(DaemonSet, namespace="*")
+                                   if d.metadata is not None and d.metadata.name in (VFIO_DS, PROBE_DS)},
+                          until=lambda found: PROBE_DS in found, context=operator.log_text)
+    assert daemonsets == {PROBE_DS}, daemonsets
+    assert devices(kube, ns) == []
+    config = KubeConfig.from_file(control_plane.admin_kubeconfig)
+    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+        selector = shapes.parse_spec(spec)[0].gpu_vendor_device.upper()
+        wait_for(f"KubeVirt lists {selector} from the probe's facts", lambda: devices(kube, ns),
+                 until=lambda d: [e["pciVendorSelector"] for e in d] == [selector], context=operator.log_text)
+        cond = wait_for("VMPassthrough synced", lambda: vm_condition(kube),
+                        until=lambda c: c.get("reason") == "HostDevicesSynced", context=operator.log_text)
+    assert agents.error is None, agents.error
+    assert cond["status"] == "True"
+    assert "on 2 node(s)" in cond["message"], cond
+    assert agents.identities is not None and not list(agents.identities.refusals.seen), \
+        list(agents.identities.refusals.seen)  # the rendered RBAC let the probe do its work

@@ -186,7 +186,7 @@ def test_a_mig_change_while_a_gpu_pod_runs_is_blocked_reported_and_completes_whe
 
     mark = len(seen.seen)
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.10gb"}}})
-    why = mig_rules.failed_message(mig_rules.Facts(node, "all-1g.10gb", "failed", (), mig_rules.Manager.RUNNING,
+    why = mig_rules.failed_message(mig_rules.MIGFacts(node, "all-1g.10gb", "failed", (), mig_rules.ManagerPresence.RUNNING,
                                                    holders=(f"{namespace}/train",)))
     labels, _, cond = wait_for("the change refused while the pod holds a GPU, reported naming it", facts, timeout=90,
                                context=operator.log_text, until=lambda f: f[2] == ("False", "MIGConfigFailed", why))

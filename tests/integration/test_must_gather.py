@@ -24,7 +24,8 @@ from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import PROBE_FACTS_ANNOTATION
 from tests.support.status import reconciled
 
-PLANTED = ("nvapi-PLANTED-secret-value", "planted-licence-token", "planted-env-password")
+PLANTED = ("nvapi-PLANTED-secret-value", "planted-licence-token", "planted-env-password", "planted-proxy-password",
+           "planted-annotation-token")
 
 
 def _members(path: Path) -> dict[str, str]:
@@ -48,10 +49,13 @@ def test_must_gather_collects_the_cluster_state_without_credentials(
     facts = {"driverSource": "none", "gpus": [{"address": "0000:3b:00.0", "vendorDevice": "10de:2330",
                                                "name": "GH100 [H100 SXM5 80GB]", "product": "H100 SXM5 80GB",
                                                "driver": ""}]}
-    kube.patch(Node, node, {"metadata": {"annotations": {PROBE_FACTS_ANNOTATION: json.dumps(facts)}}},
+    kube.patch(Node, node, {"metadata": {"annotations": {PROBE_FACTS_ANNOTATION: json.dumps(facts),
+                                                         "nvidia.com/example-registry-token": PLANTED[4]}}},
                patch_type=PatchType.MERGE)
     operator = start_operator()
-    name = cluster_policies({"driver": {"env": [{"name": "LICENSE_PASSWORD", "value": PLANTED[2]}]}})
+    proxy = f"http://proxyuser:{PLANTED[3]}@proxy.example.com:3128"
+    name = cluster_policies({"driver": {"env": [{"name": "LICENSE_PASSWORD", "value": PLANTED[2]},
+                                                {"name": "HTTPS_PROXY", "value": proxy}]}})
     reconciled(kube, name, context=operator.log_text)
 
     out = tmp_path / "bundle.tar.gz"
@@ -72,7 +76,14 @@ def test_must_gather_collects_the_cluster_state_without_credentials(
     (policy,) = [p for p in policies if p["metadata"]["name"] == name]
     assert policy["status"]["state"] == "ready"
     env = policy["spec"]["driver"]["env"]
-    assert env == [{"name": "LICENSE_PASSWORD", "value": "<redacted>"}]
+    assert env == [{"name": "LICENSE_PASSWORD", "value": "<redacted>"},
+                   {"name": "HTTPS_PROXY", "value": "http://proxyuser:<redacted>@proxy.example.com:3128"}]
+    # the driver DaemonSet the operator rendered from it carries the proxy, redacted the same way
+    (driver,) = [d for d in yaml.safe_load(files["owned/DaemonSet.yaml"])
+                 if d["metadata"]["name"] == "nvidia-driver-daemonset"]
+    driver_env = {e["name"]: e.get("value") for c in driver["spec"]["template"]["spec"]["containers"]
+                  for e in c.get("env", [])}
+    assert driver_env.get("HTTPS_PROXY") == "http://proxyuser:<redacted>@proxy.example.com:3128", driver_env
 
     owned = yaml.safe_load(files["owned/DaemonSet.yaml"])
     assert {d["metadata"]["name"] for d in owned} >= {"nvidia-operator-validator", "nvidia-device-plugin-daemonset"}
@@ -88,6 +99,7 @@ def test_must_gather_collects_the_cluster_state_without_credentials(
     nodes = {n["name"]: n for n in yaml.safe_load(files["nodes.yaml"])}
     assert nodes[node]["labels"].get("nvidia.com/gpu.present") == "true"
     assert PROBE_FACTS_ANNOTATION in nodes[node]["annotations"]
+    assert nodes[node]["annotations"]["nvidia.com/example-registry-token"] == "<redacted>"
     assert json.loads(files[f"nodes/{node}/probe-facts.json"]) == facts
     versions = json.loads(files["versions.json"])
     assert versions["kubernetes"].startswith("v1.") and "clusterpolicies.nvidia.com" in versions["crds"]

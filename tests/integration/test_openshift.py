@@ -97,8 +97,14 @@ def _driver_env(kube: Client, namespace: str) -> dict[str, str] | None:
 
 
 def _scc_rule(kube: Client, namespace: str) -> bool:
-    """Whether the driver's Role lets its ServiceAccount use an SCC."""
-    rules = kube.get(Role, DRIVER, namespace=namespace).rules or []
+    """Whether the driver's Role lets its ServiceAccount use an SCC (off OpenShift the driver has
+    no Role at all: it reads nothing through the API, as NVIDIA's driver Role grants only the SCC)."""
+    try:
+        rules = kube.get(Role, DRIVER, namespace=namespace).rules or []
+    except ApiError as err:
+        if err.status.code == 404:
+            return False
+        raise
     return any(SCC_GROUP in (r.apiGroups or []) for r in rules)
 
 

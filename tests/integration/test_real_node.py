@@ -82,7 +82,7 @@ def _run_pod(plane: ControlPlane, namespace: str, name: str, sa: str, timeout: f
 def test_real_node_registers_with_its_own_identity(control_plane: ControlPlane, real_node: RealNode) -> None:
     node = control_plane.request("GET", f"/api/v1/nodes/{REAL_NODE}")
     info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == "v1.36.3"
+    assert info["kubeletVersion"] == "v1.37.2"
     assert info["containerRuntimeVersion"].startswith("containerd://1.6")
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
     assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})

@@ -23,9 +23,9 @@ GPU = "nvidia.com/gpu"
 
 
 @pytest.fixture
-def real_state(real_node: RealNode, tmp_path: Path) -> Iterator[SimState]:
-    """The simulator state `sim fault` reads for the real node; the host is rebooted afterwards
-    (every GPU back), whatever the test left."""
+def real_state(real_node: RealNode, device_plugin_pod: RealNode, tmp_path: Path) -> Iterator[SimState]:
+    """The simulator state `sim fault` reads for the real node, NVIDIA's device plugin on it
+    (`device_plugin_pod`); the host is rebooted afterwards (every GPU back), whatever the test left."""
     assert real_node.host_root is not None
     state = SimState(dir=str(tmp_path), server="", kubeconfig="", binaries="",
                      real_node={"name": REAL_NODE, "host_root": str(real_node.host_root)})

@@ -19,6 +19,7 @@ from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.realnode import RealNode
 from gpu_operator.sim.realspec import host_spec
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, api_log, gpus_of
+from tests.support import realplugin
 from tests.unit.sim.test_deviceplugin_mig import MIG, two_on_gpu0
 
 RUNTIME_CLASS = "nvidia-toolkit-rules"
@@ -180,7 +181,7 @@ def test_a_container_asking_for_a_gpu_the_node_lacks_is_refused_with_the_reason(
 
 
 def test_the_kubelet_advertises_the_plugins_gpus_and_a_pod_asking_for_one_gets_exactly_one(
-        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str, device_plugin_pod: RealNode) -> None:
     node = control_plane.request("GET", f"/api/v1/nodes/{REAL_NODE}")
     assert node["status"]["capacity"]["nvidia.com/gpu"] == "2"
     assert node["status"]["allocatable"]["nvidia.com/gpu"] == "2"
@@ -201,7 +202,7 @@ def test_the_kubelet_advertises_the_plugins_gpus_and_a_pod_asking_for_one_gets_e
 
 
 def test_a_pod_asking_for_more_gpus_than_the_node_has_stays_pending_with_the_schedulers_reason(
-        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str, device_plugin_pod: RealNode) -> None:
     _pod(control_plane, namespace, "three-gpus", {"main": None}, gpus=3)
     pod, scheduled = _unschedulable(control_plane, namespace, "three-gpus")
     assert pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
@@ -209,10 +210,10 @@ def test_a_pod_asking_for_more_gpus_than_the_node_has_stays_pending_with_the_sch
 
 
 def test_three_pods_on_two_gpus_time_sliced_two_ways_share_a_gpu(
-        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str) -> None:
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str, device_plugin_pod: RealNode) -> None:
     """The plugin given a time-slicing config (2 replicas) and its SIGHUP, as config-manager does:
     4 allocatable; three pods running at once, each seeing one GPU, two of them the same one."""
-    real_node.configure_device_plugin(
+    realplugin.configure(real_node,
         "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 2\n")
     try:
         real_node.wait_allocatable("nvidia.com/gpu", "4", 60)
@@ -227,7 +228,7 @@ def test_three_pods_on_two_gpus_time_sliced_two_ways_share_a_gpu(
         for name in ("share-a", "share-b", "share-c"):
             with contextlib.suppress(Exception):
                 control_plane.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
-        real_node.configure_device_plugin("")
+        realplugin.configure(real_node, "")
         real_node.wait_allocatable("nvidia.com/gpu", "2", 60)
 
 
@@ -249,7 +250,7 @@ def _mig_seen(plane: ControlPlane, namespace: str, pod: str) -> dict[str, Any]:
 
 
 def test_three_pods_asking_for_a_mig_device_two_get_one_each_the_third_stays_pending(
-        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str, tmp_path: Path) -> None:
+        control_plane: ControlPlane, real_node: RealNode, namespace: str, runtime_class: str, device_plugin_pod: RealNode, tmp_path: Path) -> None:
     """The node's GPUs for this test: a DGX H100 tree with two 1g.10gb MIG devices on GPU 0 (as the
     MIG manager leaves it), its device plugin under the mixed strategy: `nvidia.com/mig-1g.10gb` 2
     allocatable; two pods asking for one each get a different one (the parent GPU's node and exactly

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
@@ -32,6 +36,15 @@ def processes_mentioning(path: Path) -> list[int]:
         if str(path) in cmdline and state != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory whose path is short: the real node's containerd keeps unix sockets in it, whose
+    paths may be 104 bytes at most (a test worker's tmp_path is longer: .../popen-gw0/test_.../)."""
+    path = Path(tempfile.mkdtemp(prefix="sim-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> None:
@@ -92,10 +105,10 @@ def test_demo_of_the_dra_stack_reaches_ready(tmp_path: Path) -> None:
     assert processes_mentioning(where) == []
 
 
-def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_container(tmp_path: Path) -> None:
+def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_container(short_dir: Path) -> None:
     from gpu_operator.sim.realnode import cgroup_dirs, cgroup_name
 
-    where = tmp_path / "sim"
+    where = short_dir / "sim"
     demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--real-node", "--keep", "--timeout", "240",
                timeout=480)
     state = SimState.load(where)
@@ -105,17 +118,22 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
         out = " ".join(demo.stdout.replace("│", " ").split())  # the summary table, unwrapped
         # The real node's row: our operands' cells, from pods that really ran there.
         assert "real-node-0 (host-driver): kubelet + containerd running our image" in out, out
-        assert "pods that really ran there: node-status-exporter, operator-validator; validation passed (4/4)" in out
+        # the device plugin's pod too (its stand-in's image under NVIDIA's name, sim/pluginimage.py)
+        assert ("pods that really ran there: device-plugin, node-status-exporter, operator-validator; "
+                "validation passed (4/4)") in out, out
         assert "status files they wrote: cuda-ready, driver-ready, plugin-ready, toolkit-ready" in out
         assert {"real-node-sandbox", "real-node-containerd", "real-node-kubelet", "real-node-nsproxy",
                 "operator"} <= {p.name for p in state.alive()}
         client = Client(KubeConfig.from_file(state.kubeconfig))
         node = client.get(Node, "real-node-0")
         assert node.status is not None and node.status.nodeInfo is not None
-        assert node.status.nodeInfo.kubeletVersion == "v1.36.3"
+        assert node.status.nodeInfo.kubeletVersion == "v1.37.2"
         labels = node.metadata.labels if node.metadata and node.metadata.labels else {}
         assert labels["nvidia.com/gpu.deploy.driver"] == "false"  # NVIDIA images stay off it
         assert labels["nvidia.com/gpu.deploy.operator-validator"] == "true"  # ours run there
+        assert labels["nvidia.com/gpu.deploy.device-plugin"] == "true"
+        # registered by the plugin in the operator's DaemonSet pod, the one plugin the node has
+        assert node.status.allocatable is not None and node.status.allocatable["nvidia.com/gpu"] == "2"
         client.close()
         cgroups = cgroup_name("real-node-0", Path(state.real_node["dir"]))
         # the validator's and exporter's containers run forever: `down` must remove them
@@ -130,8 +148,8 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
     assert str(where) not in Path("/proc/self/mountinfo").read_text()
 
 
-def test_demo_with_helm_installs_the_chart_and_runs_the_operator_pod_on_the_real_node(tmp_path: Path) -> None:
-    where = tmp_path / "sim"
+def test_demo_with_helm_installs_the_chart_and_runs_the_operator_pod_on_the_real_node(short_dir: Path) -> None:
+    where = short_dir / "sim"
     demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:1", "--real-node", "--helm", "--keep",
                "--timeout", "240", timeout=480)
     state = SimState.load(where)

@@ -1,6 +1,7 @@
 """`sim fault` on kwok nodes, end to end on the control plane: where the operator-validator pod runs
 with its gpu-health container, the health agent's stand-in (sim/health.py) publishes the node's
-report; an Xid 79 injected on one GPU turns it unhealthy with action reboot, --clear (a reboot)
+report; an Xid 79 injected on one GPU turns it unhealthy with action reboot (on a host whose driver
+keeps a recovery action, the report carries the driver's node-reboot), --clear (a reboot)
 healthy again; a node nobody faulted gets only its first report, a node without the pod nothing.
 The writes are counted in the apiserver's audit log. The command itself on a simulator `sim up`
 started (its stand-ins process plays the agent, and the device plugin, whose allocatable drops
@@ -24,10 +25,11 @@ from lightkube.resources.core_v1 import Node, Pod
 from gpu_operator.sim import kubeletdp, standins
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.faultinject import inject
-from gpu_operator.sim.faults import FaultError
+from gpu_operator.sim.faults import FaultError, NodeHosts, node_host_spec
 from gpu_operator.sim.health import APP, CONTAINER
 from gpu_operator.sim.state import SimState
 from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, NODE_AGENT_FIELD_MANAGER
+from tests.support.components import COMPONENT_ACCOUNT, component_account
 from tests.support.waiting import wait_for
 
 Nodes = Callable[..., list[str]]
@@ -39,7 +41,7 @@ def validator_pod(namespace: str, node: str) -> Pod:
     return cast(Pod, Pod.from_dict({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"validator-{node}", "namespace": namespace, "labels": {"app": APP}},
-        "spec": {"nodeName": node, "containers": [
+        "spec": {"nodeName": node, "serviceAccountName": COMPONENT_ACCOUNT, "containers": [
             {"name": APP, "image": "example.invalid/validator:1"},
             {"name": CONTAINER, "image": "example.invalid/validator:1",
              "env": [{"name": "HEALTH_VALIDATIONS", "value": "driver,toolkit,cuda,plugin"}]}]}}))
@@ -70,6 +72,11 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
     faulted, quiet, bare = fake_nodes("dgx-h100:3")
     state = SimState(dir=str(tmp_path), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
                      binaries="")
+    # the faulted node's host runs a driver from 565, which keeps a recovery action per GPU
+    # (every shape's is 550: sim/recovery.py, sim/nvmltree.py)
+    spec = node_host_spec("dgx-h100")
+    spec["driver_version"] = "570.133.20"
+    NodeHosts(tmp_path / "hosts").faults(faulted, spec)
     with pytest.raises(FaultError, match=r"NODE 'no-such-node': no such node in this simulator: give one of "):
         inject(state, "no-such-node", "xid", 79, None)
     with pytest.raises(FaultError, match=r"--gpu 8: this host has 8 GPU\(s\): give an index from 0 to 7"):
@@ -90,6 +97,8 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
         assert (bad["state"], bad["action"], bad["healthy"]) == ("unhealthy", "reboot", 7)
         (gpu,) = bad["gpus"]
         assert (gpu["xid"], gpu["state"], gpu["action"]) == (79, "unhealthy", "reboot")
+        # the agent read NVML as the host answers it: the driver asks for a node reboot (RESTART_BM)
+        assert "nvml" in bad["sources"] and gpu["recovery"] == "node-reboot"
 
         inject(state, faulted, "clear", None, None)
         good = wait_for("the report healthy again after --clear", lambda: report(kube, faulted),
@@ -106,7 +115,8 @@ def plugin_pod(namespace: str, node: str) -> Pod:
     return cast(Pod, Pod.from_dict({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": f"device-plugin-{node}", "namespace": namespace, "labels": {"app": kubeletdp.APP}},
-        "spec": {"nodeName": node, "containers": [{"name": "nvidia-device-plugin", "image": "example.invalid/dp:1"}]}}))
+        "spec": {"nodeName": node, "serviceAccountName": COMPONENT_ACCOUNT,
+                 "containers": [{"name": "nvidia-device-plugin", "image": "example.invalid/dp:1"}]}}))
 
 
 def gpus(kube: Client, node: str) -> tuple[str | None, str | None]:
@@ -128,6 +138,7 @@ def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
         state = SimState.load(Path(where))
         assert state is not None
         kube = Client(KubeConfig.from_file(state.kubeconfig))
+        component_account(kube, "default")  # the stand-ins call as the pods' ServiceAccount
         kube.create(validator_pod("default", "dgx-h100-0"))
         kube.create(plugin_pod("default", "dgx-h100-0"))
         first = wait_for("the first health report", lambda: report(kube, "dgx-h100-0"))

@@ -104,7 +104,9 @@ def test_a_mig_config_change_is_applied_and_advertised_per_strategy(
         until=lambda s: s[0].get(STATE) == "success" and s[1].get(GPU) == "56"
         and s[0].get("nvidia.com/gpu.product", "").endswith("-MIG-1g.10gb"))
     assert allocatable[GPU] == "56"
-    steps = seen.since(mark)
+    # the Node watch is a channel of its own: it may see the end after the GET above did
+    steps = wait_for("the watch to see success with the clients back", lambda: seen.since(mark), timeout=30,
+                     until=lambda st: ("success", "true") in st)
     assert ("pending", "paused-for-mig-change") in steps, steps
     assert steps.index(("pending", "paused-for-mig-change")) < steps.index(("success", "true")), steps
     assert labels[DEVICE_PLUGIN] == "true" and labels[GFD] == "true"
@@ -134,11 +136,15 @@ def test_a_mig_config_change_is_applied_and_advertised_per_strategy(
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.5gb"}}})
     labels, _, _ = wait_for("all-1g.5gb failed", state, timeout=180, context=operator.log_text,
                             until=lambda s: s[0].get(STATE) == "failed")
-    steps = seen.since(mark)
-    assert ("pending", "paused-for-mig-change") in steps and steps[-1] == ("failed", "true"), steps
+    steps = wait_for("the watch to see failed with the clients restored", lambda: seen.since(mark), timeout=30,
+                     until=lambda st: bool(st) and st[-1] == ("failed", "true"))
+    assert ("pending", "paused-for-mig-change") in steps, steps
     # a config the file does not have: failed at once, nothing paused
     mark = len(seen.seen)
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "no-such-layout", STATE: "x"}}})
     wait_for("an unknown config failed", state, timeout=60, context=operator.log_text,
              until=lambda s: s[0].get(STATE) == "failed")
+    # the watch's last view is failed (a new entry only where it differs from the one before)
+    wait_for("the watch to see it failed", lambda: seen.seen[-1:], timeout=30,
+             until=lambda last: last == [("failed", "true")])
     assert all(dp == "true" for _, dp in seen.since(mark)), seen.since(mark)

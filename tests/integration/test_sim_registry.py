@@ -5,6 +5,7 @@ CA, basic auth) and the chart repository run detached, recorded for `sim status`
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 import urllib.error
 import urllib.request
@@ -52,6 +53,11 @@ def test_up_with_a_registry_serves_it_and_the_chart_repository_and_down_stops_bo
         assert _get(f"https://{reg['host']}/v2/", reg["ca"])[0] == 401
         assert _get(f"https://{reg['host']}/v2/", reg["ca"], (reg["user"], "wrong"))[0] == 401
         assert _get(f"https://{reg['host']}/v2/", reg["ca"], (reg["user"], password))[0] == 200
+        # the same login as a containers auth file, owner-only (skopeo --authfile: no password on argv)
+        auth_file = Path(reg["auth_file"])
+        assert auth_file.stat().st_mode & 0o777 == 0o600
+        login = base64.b64decode(json.loads(auth_file.read_text())["auths"][reg["host"]]["auth"]).decode()
+        assert login == f"{reg['user']}:{password}"
         status, body = _get(f"{reg['chart_repo']}/index.yaml", reg["ca"])
         assert status == 200
         [entry] = yaml.safe_load(body)["entries"]["gpu-operator"]

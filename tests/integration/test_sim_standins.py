@@ -19,6 +19,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from gpu_operator import shapes
 from gpu_operator.sim.gfd import NodeFeature
 from gpu_operator.vocabulary import NFD_NODE_NAME_LABEL
+from tests.support.components import COMPONENT_ACCOUNT
 from tests.support.waiting import wait_for
 
 Nodes = Callable[..., list[str]]
@@ -59,7 +60,7 @@ def component_pod(name: str, namespace: str, node: str, app: str, env: dict[str,
     """A bare pod bound to a kwok node (kwok marks it Running), labelled like the component's."""
     return cast(Pod, Pod.from_dict({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
-        "spec": {"nodeName": node, "containers": [{"name": app, "image": f"example.invalid/{app}:1",
+        "spec": {"nodeName": node, "serviceAccountName": COMPONENT_ACCOUNT, "containers": [{"name": app, "image": f"example.invalid/{app}:1",
                                                    "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]}}))
 
 
@@ -101,7 +102,7 @@ def test_gfd_pod_publishes_gfds_node_feature(kube: Client, fake_nodes: Nodes, na
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu-feature-discovery", "namespace": namespace},
         "spec": {"selector": {"matchLabels": {"app": "gpu-feature-discovery"}},
                  "template": {"metadata": {"labels": {"app": "gpu-feature-discovery"}},
-                              "spec": {"nodeSelector": {"kubernetes.io/hostname": name},
+                              "spec": {"nodeSelector": {"kubernetes.io/hostname": name}, "serviceAccountName": COMPONENT_ACCOUNT,
                                        "containers": [{"name": "gpu-feature-discovery", "image": "example.invalid/gfd:1",
                                                        "env": [{"name": "MIG_STRATEGY", "value": "single"}]}]}}}})))
     found = wait_for("GFD's NodeFeature", lambda: node_feature(kube, namespace, name), timeout=60)

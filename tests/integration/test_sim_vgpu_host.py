@@ -199,3 +199,75 @@ def test_vgpu_host_state_restored_after_a_reboot_only_where_the_pod_runs(
     assert validator_pod(kube, operator_namespace, opted_out) is None
     assert VGPU_HOST_STATE not in labels(kube, opted_out) and result(kube, opted_out) == {}
     assert not hosts.has(opted_out)
+
+
+def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_daemonset_not_ready(
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A vGPU config name the file does not have: the init container's pass fails, and the kubelet
+    would restart it without end. The pod's status says so (phase Pending, Initialized False,
+    vgpu-host-state in CrashLoopBackOff with its restarts, the main container PodInitializing) and
+    the sandbox validator's DaemonSet counts it not ready; the node's label naming a config the file
+    has lets the next restart pass, and kwok marks the pod Running and Ready."""
+    from lightkube.resources.apps_v1 import DaemonSet
+
+    from gpu_operator.node.vgpuhost.agent import VGPU_CONFIG
+    from gpu_operator.render.states.sandbox_validation import NAME as VALIDATOR
+    from gpu_operator.sim.vgpustandin import INIT
+
+    (host,) = fake_nodes(f"{SHAPE}:1")
+    kube.create(ConfigMap(metadata=ObjectMeta(name="vgpu-lab", namespace=operator_namespace), data={"config.yaml": CONFIG}))
+    config = KubeConfig.from_file(control_plane.admin_kubeconfig)
+
+    def held() -> Pod | None:
+        for pod in kube.list(Pod, namespace=operator_namespace, labels={"app": APP}, fields={"spec.nodeName": host}):
+            status = pod.status
+            inits = {s.name: s for s in (status.initContainerStatuses if status else None) or []}
+            ours = inits.get(INIT)
+            if (status and status.phase == "Pending" and ours is not None and ours.state is not None
+                    and ours.state.waiting is not None and ours.state.waiting.reason == "CrashLoopBackOff"):
+                return pod
+        return None
+
+    def daemonset() -> DaemonSet:
+        return kube.get(DaemonSet, VALIDATOR, namespace=operator_namespace)
+
+    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+        operator = start_operator()
+        cluster_policies({
+            "sandboxWorkloads": {"enabled": True},
+            "vgpuManager": {"enabled": False},
+            "vgpuDeviceManager": {"enabled": True, "config": {"name": "vgpu-lab", "default": "no-such-config"}},
+        })
+        pod = wait_for("the validator pod held in vgpu-host-state (CrashLoopBackOff)", held, timeout=90,
+                       context=operator.log_text)
+        assert pod is not None and pod.status is not None
+        conditions = {c.type: (c.status, c.reason) for c in pod.status.conditions or []}
+        assert conditions["Initialized"] == ("False", "ContainersNotInitialized"), conditions
+        assert conditions["Ready"] == ("False", "ContainersNotReady"), conditions
+        ours = next(s for s in pod.status.initContainerStatuses or [] if s.name == INIT)
+        assert ours.restartCount >= 1 and ours.lastState is not None and ours.lastState.terminated is not None
+        assert ours.lastState.terminated.exitCode == 1
+        assert [s.state.waiting.reason for s in pod.status.containerStatuses or []
+                if s.state is not None and s.state.waiting is not None] == ["PodInitializing"]
+        assert labels(kube, host).get(VGPU_HOST_STATE) == "failed"
+        ds = daemonset()
+        assert ds.status is not None and ds.status.desiredNumberScheduled == 1 and not ds.status.numberReady, ds.status
+        # still held a restart later (kwok does not move it on)
+        wait_for("another failed restart", held, until=lambda p: p is not None and p.status is not None and next(
+            s for s in p.status.initContainerStatuses or [] if s.name == INIT).restartCount > ours.restartCount,
+            timeout=60, context=operator.log_text)
+        kube.patch(Node, host, {"metadata": {"labels": {VGPU_CONFIG: "lab"}}})
+        wait_for("the validator DaemonSet ready once the pass goes through", daemonset,
+                 until=lambda d: d.status is not None and d.status.numberReady == 1, timeout=90,
+                 context=operator.log_text)
+        assert labels(kube, host).get(VGPU_HOST_STATE) == "restored"
+    assert agents.error is None, agents.error
+    assert agents.identities is not None and not list(agents.identities.refusals.seen), \
+        list(agents.identities.refusals.seen)

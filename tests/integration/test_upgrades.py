@@ -19,6 +19,7 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 from lightkube.types import PatchType
 
 from gpu_operator.controllers import status as st
@@ -272,7 +273,26 @@ def dra_driver(kube: Client, namespace: str) -> Iterator[Callable[[str], None]]:
     #2570): its gpu.nvidia.com DeviceClass and its kubelet plugin's DaemonSet on `node` (the
     simulator's plugin stand-in then publishes the node's ResourceSlice). The DeviceClass goes after
     the test (a GPUCluster's own would clash)."""
+    account = "nvidia-dra-driver-gpu-kubelet-plugin"
+    role = f"{account}-{namespace}"
+
     def install(node: str) -> None:
+        # its chart's identity: a ServiceAccount bound to what the kubelet plugin does (publish the
+        # node's ResourceSlices, read claims, nodes and pods); the stand-in acts with that token
+        kube.create(from_dict({"apiVersion": "v1", "kind": "ServiceAccount",
+                               "metadata": {"name": account, "namespace": namespace}}))
+        kube.create(from_dict({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                               "metadata": {"name": role}, "rules": [
+                                   {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+                                    "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+                                   {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+                                    "verbs": ["get", "list", "watch"]},
+                                   {"apiGroups": [""], "resources": ["nodes", "pods"],
+                                    "verbs": ["get", "list", "watch"]}]}))
+        kube.create(from_dict({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                               "metadata": {"name": role},
+                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}))
         kube.create(from_dict({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                                "metadata": {"name": "gpu.nvidia.com"},
                                "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}))
@@ -281,12 +301,14 @@ def dra_driver(kube: Client, namespace: str) -> Iterator[Callable[[str], None]]:
             "apiVersion": "apps/v1", "kind": "DaemonSet",
             "metadata": {"name": "nvidia-dra-driver-gpu-kubelet-plugin", "namespace": namespace},
             "spec": {"selector": {"matchLabels": match}, "template": {"metadata": {"labels": match}, "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
+                "nodeSelector": {"kubernetes.io/hostname": node}, "serviceAccountName": account,
                 "tolerations": [{"operator": "Exists"}],
                 "containers": [{"name": "gpus", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0"}]}}}}))
 
     yield install
     delete_if_present(kube, DeviceClass, "gpu.nvidia.com")
+    delete_if_present(kube, ClusterRoleBinding, role)
+    delete_if_present(kube, ClusterRole, role)
 
 
 def test_gpu_pod_deletion_evicts_dra_claim_and_runtime_class_holders_and_spares_a_plain_pod(

@@ -20,20 +20,13 @@ def modules() -> dict[str, Path]:
 
 
 def references(name: str, path: Path, known: dict[str, Path], *, strings: bool = False) -> set[str]:
-    """Modules `name` imports; with `strings`, also module names in its string constants (a
+    """Modules `name` imports (the import statements `./dev test --changed` reads too:
+    tools/changed_tests.imported); with `strings`, also module names in its string constants (a
     `-m gpu_operator.x` argv it builds)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    refs: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            refs.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, *([node.module] if node.module else [])])
-            refs.add(base)
-            refs.update(f"{base}.{alias.name}" for alias in node.names)
-        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
-            refs.add(node.value)
+    from tools.changed_tests import imported
+
+    tree = ast.parse(path.read_text())
+    refs = imported(tree, name, path.as_posix())
+    if strings:
+        refs.update(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str))
     return refs & set(known)

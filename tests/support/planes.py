@@ -21,7 +21,7 @@ def running_plane(tmp_path_factory: pytest.TempPathFactory, name: str,
                   kubernetes: str = "current") -> Iterator[ControlPlane]:
     # In CI the binaries must be there (./dev builds them first); a missing build is a failure,
     # never a skip.
-    found = binaries.locate(build=True).of(kubernetes)
+    found = binaries.locate(build=True, kubernetes=kubernetes)
     plane = ControlPlane(Path(tmp_path_factory.mktemp(name)), found)
     plane.start()
     try:

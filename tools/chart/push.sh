@@ -10,7 +10,9 @@
 #     REGISTRY      host[:port][/path]: the image goes to REGISTRY/gpu-operator-py/gpu-operator:<version>,
 #                   the chart to oci://REGISTRY/charts/gpu-operator:<version>
 #     --ca-file     the registry's CA (PEM) when no public CA signed its certificate
-#     --creds-file  a file holding USER:PASSWORD for the registry (helm and skopeo log in with it)
+#     --creds-file  a file holding USER:PASSWORD for the registry: skopeo and helm read it as an
+#                   auth file of this run (--dest-authfile, --registry-config), never from a command
+#                   line, and nothing is stored in the user's own registry logins
 #     --sign-image KEY --keyring SECRING [--passphrase-file F]: sign the image (skopeo --sign-by:
 #                   containers' simple signing with that OpenPGP key, the one `./dev chart --sign`
 #                   uses); the signatures are written under --signatures DIR (default DIST/signatures),
@@ -50,22 +52,23 @@ chart=$charts/gpu-operator-$version.tgz
 [ -f "$chart" ] || fail "$chart is missing: run ./dev chart first"
 helm=${GPU_OPERATOR_HELM:-helm}
 
-skopeo_global=() skopeo_args=() helm_tls=()
+skopeo_global=() skopeo_args=() helm_tls=() helm_auth=()
+private=$(umask 077 && mktemp -d); trap 'rm -rf "$private"' EXIT  # the CA directory, the auth file
 if [ -n "$ca" ]; then
-  certs=$(mktemp -d); trap 'rm -rf "$certs"' EXIT
+  certs=$private/certs; mkdir "$certs"
   cp "$ca" "$certs/ca.crt"  # skopeo reads a directory: *.crt are CAs
   skopeo_args+=(--dest-cert-dir "$certs"); helm_tls+=(--ca-file "$ca")
 fi
-if [ -n "$creds" ]; then
-  skopeo_args+=(--dest-creds "$(cat "$creds")")
-  cut -d: -f2- "$creds" | "$helm" registry login "${registry%%/*}" --username "$(cut -d: -f1 "$creds")" \
-    --password-stdin "${helm_tls[@]}" >&2
+if [ -n "$creds" ]; then  # USER:PASSWORD as a containers/docker auth file (base64, as docker login writes it)
+  (umask 077 && printf '{"auths": {"%s": {"auth": "%s"}}}\n' "${registry%%/*}" \
+    "$(tr -d '\n' < "$creds" | base64 -w0)" > "$private/auth.json")
+  skopeo_args+=(--dest-authfile "$private/auth.json"); helm_auth+=(--registry-config "$private/auth.json")
 fi
 ref=$registry/gpu-operator-py/gpu-operator:$version
 if [ -n "$sign" ]; then
   # skopeo signs through GnuPG: the key imported into a GnuPG home of its own (never the user's),
   # and a registries.d whose lookaside-staging is where the signatures are written
-  work=$(mktemp -d); trap 'gpgconf --kill gpg-agent; rm -rf "$work" ${certs:+"$certs"}' EXIT
+  work=$(mktemp -d); trap 'gpgconf --kill gpg-agent; rm -rf "$work" "$private"' EXIT
   mkdir -m 700 "$work/gnupg" "$work/registries.d"; mkdir -p "$signatures"
   export GNUPGHOME=$work/gnupg
   gpg --batch --quiet --import "$keyring" 2>/dev/null || fail "--keyring $keyring: gpg cannot import it"
@@ -80,11 +83,11 @@ skopeo "${skopeo_global[@]}" copy --quiet --all --preserve-digests "${skopeo_arg
 echo "push: image $ref from $(basename "$image")" >&2
 [ -z "$sign" ] || echo "push: image signed by $sign ($fpr), signatures in $signatures" >&2
 # the SBOM of each platform's image as an OCI referrer of its manifest (tools/chart/attach_sbom.py)
-py=$repo/.venv/bin/python; [ -x "$py" ] || py=python3
+py=${PYTHON:-$repo/.venv/bin/python}; [ -x "$py" ] || py=python3
 "$py" "$here/attach_sbom.py" "$registry" gpu-operator-py/gpu-operator "$image" ${ca:+--ca-file "$ca"} \
   ${creds:+--creds-file "$creds"} | while read -r manifest sbom; do
   echo "push: SBOM $sbom attached to $manifest" >&2
 done
-"$helm" push "$chart" "oci://$registry/charts" "${helm_tls[@]}" >&2
+"$helm" push "$chart" "oci://$registry/charts" "${helm_tls[@]}" "${helm_auth[@]}" >&2
 [ -f "$chart.prov" ] && echo "push: chart with its provenance $(basename "$chart").prov" >&2
 echo "oci://$registry/charts/gpu-operator"

@@ -9,7 +9,11 @@
 #     --key         the publisher's public keyring (gpg --export KEY > PUBRING)
 #     --signatures  the lookaside where the signatures are kept: the release's signatures/
 #                   directory, or an https:// URL serving it
-#     --ca-file, --creds-file  the registry's CA and a file holding USER:PASSWORD
+#     --ca-file, --creds-file  the registry's CA and a file holding USER:PASSWORD (handed to
+#                   skopeo in an auth file of its own, never on a command line)
+# The tag is resolved to its manifest's digest once, and that digest is what is verified and
+# printed (skopeo copies REPOSITORY@DIGEST under the policy): a tag that moves meanwhile cannot
+# make the line name an image other than the one checked.
 # Exit 0 and one line when verified; 1 and a line naming what to fix when not.
 set -euo pipefail
 fail() { echo "verify: $*" >&2; exit 2; }
@@ -33,12 +37,21 @@ case "$signatures" in
   *) [ -d "$signatures" ] || fail "--signatures $signatures: no such directory"
      lookaside=file://$(cd "$signatures" && pwd) ;;
 esac
-repository=${ref%:*}; host=${ref%%/*}; path=${repository#*/}
+case "$ref" in *@sha256:*) repository=${ref%@*} ;; *) repository=${ref%:*} ;; esac
+host=${ref%%/*}; path=${repository#*/}
+[ -z "$creds" ] || [ -f "$creds" ] || fail "--creds-file $creds: no such file"
 
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-src=()
-if [ -n "$ca" ]; then mkdir "$work/certs"; cp "$ca" "$work/certs/ca.crt"; src+=(--src-cert-dir "$work/certs"); fi
-[ -z "$creds" ] || src+=(--src-creds "$(cat "$creds")")
+work=$(umask 077 && mktemp -d); trap 'rm -rf "$work"' EXIT
+read_args=() copy_args=()
+if [ -n "$ca" ]; then
+  mkdir "$work/certs"; cp "$ca" "$work/certs/ca.crt"
+  read_args+=(--cert-dir "$work/certs"); copy_args+=(--src-cert-dir "$work/certs")
+fi
+if [ -n "$creds" ]; then  # USER:PASSWORD as a containers auth file (base64, as docker login writes it)
+  (umask 077 && printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$host" "$(tr -d '\n' < "$creds" | base64 -w0)" \
+    > "$work/auth.json")
+  read_args+=(--authfile "$work/auth.json"); copy_args+=(--src-authfile "$work/auth.json")
+fi
 mkdir "$work/registries.d"
 printf 'docker:\n  "%s":\n    lookaside: %s\n' "$host" "$lookaside" > "$work/registries.d/verify.yaml"
 cat > "$work/policy.json" <<EOF
@@ -46,9 +59,14 @@ cat > "$work/policy.json" <<EOF
  "transports": {"docker": {"$repository": [{"type": "signedBy", "keyType": "GPGKeys", "keyPath": "$(realpath "$key")"}]}}}
 EOF
 
-digest=sha256:$(skopeo inspect --raw "${src[@]/--src-/--}" "docker://$ref" | sha256sum | cut -d' ' -f1)
-if skopeo --policy "$work/policy.json" --registries.d "$work/registries.d" copy --quiet "${src[@]}" \
-     "docker://$ref" "dir:$work/image" 2> "$work/err"; then
+if ! skopeo inspect --raw "${read_args[@]}" "docker://$ref" > "$work/manifest" 2> "$work/err"; then
+  sed 's/^/skopeo: /' "$work/err" >&2
+  echo "verify: $ref: the registry gave no manifest (above): check REF, --ca-file and --creds-file" >&2
+  exit 1
+fi
+digest=sha256:$(sha256sum < "$work/manifest" | cut -d' ' -f1)
+if skopeo --policy "$work/policy.json" --registries.d "$work/registries.d" copy --quiet "${copy_args[@]}" \
+     "docker://$repository@$digest" "dir:$work/image" 2> "$work/err"; then
   echo "verify: $ref ($digest) is signed by a key in $key"
   exit 0
 fi

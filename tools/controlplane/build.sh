@@ -6,6 +6,8 @@
 # directory of its own, linked from the first as bin/kube-floor, so a new floor rebuilds only itself.
 #
 #   tools/controlplane/build.sh            # build or reuse; prints the cache dir
+#   tools/controlplane/build.sh --without-floor   # only what the current Kubernetes needs (the demo,
+#                                          # everything but tests/floor); a later run adds the floor
 #   GPU_OPERATOR_CP_CACHE=/path build.sh   # another cache root (default ~/.cache/gpu-operator)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,6 +15,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/versions.env"
 # shellcheck source=kube-floor/version.env
 source "$here/kube-floor/version.env"
+with_floor=1
+case "${1:-}" in
+  --without-floor) with_floor=0 ;;
+  "") ;;
+  *) echo "controlplane build: unknown argument $1 (usage: build.sh [--without-floor])" >&2; exit 2 ;;
+esac
 
 fail() { echo "controlplane build: $*" >&2; exit 1; }
 command -v go >/dev/null || fail "Go is not installed: install Go >= 1.26 (the module needs it) and retry."
@@ -36,8 +44,9 @@ if ! flock -n 9; then
   flock 9
 fi
 
+floor_ready() { [ -x "$floor/kube" ] && [ "$(readlink "$out/bin/kube-floor")" = "$floor/kube" ]; }
 if [ -x "$out/bin/kube" ] && [ -x "$out/bin/pause" ] && [ -x "$out/bin/etcd" ] && [ -x "$out/bin/kwok" ] && [ -d "$out/stages" ] \
-   && [ -x "$floor/kube" ] && [ "$(readlink "$out/bin/kube-floor")" = "$floor/kube" ]; then
+   && { [ "$with_floor" = 0 ] || floor_ready; }; then
   echo "controlplane: reusing $out" >&2
   echo "$out"; exit 0
 fi
@@ -83,7 +92,7 @@ if [ ! -x "$out/bin/pause" ]; then
   # The real node's sandbox process (static, a few hundred KB): packed into a local image.
   (cd "$here/kube" && go build -trimpath -ldflags "-s -w" -o "$out/bin/pause.tmp" ./pause) && mv "$out/bin/pause.tmp" "$out/bin/pause"
 fi
-if [ ! -x "$floor/kube" ]; then
+if [ "$with_floor" = 1 ] && [ ! -x "$floor/kube" ]; then
   step "building the floor, kube-apiserver/controller-manager/scheduler $KUBE_FLOOR_VERSION (cold: ~4 min on 2 cores)"
   mkdir -p "$floor"
   minor=$(echo "$KUBE_FLOOR_VERSION" | cut -d. -f2)
@@ -91,6 +100,6 @@ if [ ! -x "$floor/kube" ]; then
   tmp=$(mktemp "$floor/kube.XXXXXX")
   (cd "$here/kube-floor" && go build -trimpath -ldflags "$ldflags" -o "$tmp" .) && mv "$tmp" "$floor/kube"
 fi
-ln -sfn "$floor/kube" "$out/bin/kube-floor"
+if [ -x "$floor/kube" ]; then ln -sfn "$floor/kube" "$out/bin/kube-floor"; fi
 step "done in $(( $(date +%s) - t0 )) s"
 echo "$out"

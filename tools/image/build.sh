@@ -103,8 +103,8 @@ mkdir -p "$rootfs" && tar -xpf "$base_tar" --numeric-owner -C "$rootfs"
 # --- 2. Python packages ---------------------------------------------------------------------
 wheels=$cache/wheels-$arch
 mkdir -p "$wheels" "$work/install"
-pip_version=26.3
-say "fetching pinned wheels (tools/image/requirements.lock) into $wheels"
+pip_version=$(awk -F'[= ]+' '$1 == "pip" {print $2}' tools/image/build-requirements.lock)
+say "fetching pinned wheels (tools/image/requirements.lock, build-requirements.lock) into $wheels"
 fetch() {  # from the cache directory alone when it has everything, else from PyPI
   # shellcheck disable=SC2086
   "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$wheels" \
@@ -113,12 +113,15 @@ fetch() {  # from the cache directory alone when it has everything, else from Py
     $platform_args "$@" >&2
 }
 fetch --require-hashes -r tools/image/requirements.lock
-fetch "pip==$pip_version"
+fetch --require-hashes -r tools/image/build-requirements.lock  # pip, setuptools, wheel
 say "building the gpu-operator wheel"
-# from a copy of the tracked files, so the build neither sees nor leaves untracked files
+# from a copy of the tracked files, so the build neither sees nor leaves untracked files; in a
+# build environment of setuptools and wheel installed by hash (no build isolation: pip would
+# fetch them unpinned)
 mkdir -p "$work/src" && git ls-files -z | xargs -0 tar -c | tar -x -C "$work/src"
-PIP_CONSTRAINT=$root_dir/tools/image/build-constraints.txt \
-  "$py" -m pip wheel -q --disable-pip-version-check --no-deps "$work/src" -w "$work/install" >&2
+bash tools/image/buildenv.sh "$wheels" "$work/buildenv" >&2
+"$work/buildenv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
+  "$work/src" -w "$work/install" >&2
 cp "$wheels"/*.whl tools/image/requirements.lock "$work/install/"
 mv "$work/install" "$rootfs/tmp/install"
 in_root() { chroot "$rootfs" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/tmp \

@@ -12,7 +12,7 @@ Output: YAML mapping.
     "toolkit" (list)
     "devicePlugin" $configDrop
     "dcgm" (list)
-    "dcgmExporter" $configDrop
+    "dcgmExporter" (append $configDrop "config.chartDefault")
     "gfd" (list)
     "migManager" $configDrop
     "gds" (list)
@@ -32,6 +32,11 @@ Output: YAML mapping.
 {{- $spec := dict }}
 {{- range $key, $drop := $oneToOne }}
 {{- $_ := set $spec $key (include "gpu-operator.specOf" (dict "values" (index $v $key) "drop" $drop) | fromYaml) }}
+{{- end }}
+
+{{- /* dcgmExporter.config naming no ConfigMap: the chart's metrics file (configmaps.yaml) */}}
+{{- if include "gpu-operator.dcgmChartMetrics" $root }}
+{{- $_ := set $spec.dcgmExporter "config" (dict "name" (include "gpu-operator.dcgmChartMetrics" $root)) }}
 {{- end }}
 
 {{- /* operator: only the keys that are ClusterPolicy fields; the rest runs the Deployment */}}

@@ -85,3 +85,25 @@ Input: dict "values" <map> "drop" <list of keys, "a" or "a.b">. Output: YAML map
 {{- end -}}
 {{- toYaml $spec -}}
 {{- end }}
+
+{{/*
+The pod securityContext of the operator and of the hook Jobs that run its image:
+operator.securityContext (NVIDIA's key, gpu-operator #2843), left out when the values make it empty.
+*/}}
+{{- define "gpu-operator.podSecurityContext" -}}
+{{- with .Values.operator.securityContext -}}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end }}
+
+{{/*
+The name of the chart's own DCGM exporter metrics ConfigMap (files/dcgm-metrics.csv) when the
+exporter uses it: dcgmExporter.config names no ConfigMap and config.chartDefault is on; else empty.
+*/}}
+{{- define "gpu-operator.dcgmChartMetrics" -}}
+{{- $config := .Values.dcgmExporter.config | default dict -}}
+{{- if and (not $config.name) (ne (toString $config.chartDefault) "false") -}}
+gpu-operator-dcgm-metrics
+{{- end -}}
+{{- end }}

@@ -41,7 +41,7 @@ gpu-operator-values-report, so nothing a user set is dropped without a word.
 {{- end -}}
 {{- end -}}
 {{- $known := list "global" "platform" "nfd" "psa" "cdi" "sandboxWorkloads" "hostPaths" "daemonsets" "validator" "operator" "mig" "driver" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "vgpuManager" "vgpuDeviceManager" "vfioManager" "kataManager" "sandboxDevicePlugin" "kataSandboxDevicePlugin" "ccManager" "clusterPolicy" "gpuCluster" "draDriver" "extraObjects" "psp" "node-feature-discovery" "monitoring" -}}
-{{- $operatorKeys := list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "env" "priorityClassName" "runtimeClass" "use_ocp_driver_toolkit" "cleanupCRD" "upgradeCRD" "cleanupOnUninstall" "nodeSelector" "tolerations" "affinity" "annotations" "labels" "logging" "resources" "replicas" "defaultGPUMode" "metrics" -}}
+{{- $operatorKeys := list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "env" "priorityClassName" "runtimeClass" "use_ocp_driver_toolkit" "cleanupCRD" "upgradeCRD" "cleanupOnUninstall" "nodeSelector" "tolerations" "affinity" "annotations" "labels" "logging" "resources" "replicas" "defaultGPUMode" "metrics" "securityContext" "dnsPolicy" "dnsConfig" -}}
 {{- range $key, $value := ($v.operator | default dict) -}}
 {{- if not (has $key $operatorKeys) -}}
 {{- $found = append $found (dict "key" (printf "operator.%s" $key) "value" $value "effect" "not a key of this chart's operator section; ignored") -}}

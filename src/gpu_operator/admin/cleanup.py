@@ -25,7 +25,11 @@ from gpu_operator.controllers.units.mig import take_back as take_back_mig
 from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.kube.crdowners import other_owner
-from gpu_operator.vocabulary import UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION, UPGRADE_STATE
+from gpu_operator.vocabulary import (
+    HEALTH_REQUESTS_SECRET,
+    UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
+    UPGRADE_STATE,
+)
 
 log = logging.getLogger("gpu_operator.cleanup")
 
@@ -189,6 +193,9 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
             await asyncio.sleep(0.5)
     if operator is not None:
         done += await stop_operator(kube, operator, timeout)
+        # GPU health's remediation requests: the operator made the Secret, so Helm does not delete it
+        if await kube.delete(ObjectKey("v1", "Secret", HEALTH_REQUESTS_SECRET, operator.namespace)):
+            done.append(f"deleted Secret {operator.namespace}/{HEALTH_REQUESTS_SECRET}")
     nodes = await kube.list_dicts("v1", "Node")
     done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
     done += await take_back_health(kube, nodes)

@@ -80,7 +80,8 @@ class Bundle:
         out = io.BytesIO()
         now = int(time.time())
         with tarfile.open(fileobj=out, mode="w:gz") as tar:
-            for path, content in sorted({**self.files, "errors.txt": "\n".join(self.errors) + "\n"}.items()):
+            errors = redact.text("\n".join(self.errors) + "\n")  # a URL or a message may quote a credential
+            for path, content in sorted({**self.files, "errors.txt": errors}.items()):
                 data = content.encode()
                 info = tarfile.TarInfo(f"{top}/{path}")
                 info.size, info.mtime, info.mode = len(data), now, 0o644
@@ -161,8 +162,9 @@ class Gatherer:
             meta, status = node["metadata"], node.get("status") or {}
             if (meta.get("annotations") or {}).get(KWOK_ANNOTATION) == KWOK_ANNOTATION_VALUE:
                 self.bundle.fake_nodes.add(meta["name"])
-            mine = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(NODE_PREFIXES)}
-            notes = {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("nvidia.com/")}
+            mine = redact.mapping({k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(NODE_PREFIXES)})
+            notes = redact.mapping({k: v for k, v in (meta.get("annotations") or {}).items()
+                                    if k.startswith("nvidia.com/")})
             info = status.get("nodeInfo") or {}
             out.append({
                 "name": meta["name"], "labels": mine, "annotations": notes,
@@ -189,8 +191,8 @@ class Gatherer:
             if node in names:
                 source = (event.get("source") or {}).get("component", "")
                 by_node.setdefault(node, []).append(
-                    f"{_when(event)} {event.get('type')} {event.get('reason')} ({source}) x{event.get('count', 1)}: "
-                    f"{redact.text(event.get('message', ''))}")
+                    redact.text(f"{_when(event)} {event.get('type')} {event.get('reason')} ({source}) "
+                                f"x{event.get('count', 1)}: {event.get('message', '')}"))
         for node, lines in by_node.items():
             self.bundle.files[f"nodes/{node}/events.txt"] = "\n".join(lines) + "\n"
 
@@ -300,6 +302,8 @@ nodes/NODE/                   probe facts the node published, and the Events abo
 logs/POD/CONTAINER.log        each container's last {lines} lines (.previous.log: before its restart)
 errors.txt                    everything that could not be read, and why
 
-Redacted: Secret values (never read into the bundle), environment variables and ConfigMap keys
-named like credentials, and tokens, passwords and private keys found in any text.
+Redacted: Secret values (never read into the bundle); environment variables, ConfigMap keys,
+annotations, labels and fields named like credentials; the value after a --token/--password
+argument; and in any text URL passwords, Authorization values, tokens, Docker config auth fields,
+netrc passwords, AWS access keys and private keys.
 """.replace("{lines}", str(LOG_TAIL_LINES))

@@ -49,6 +49,8 @@ class GpuHealth(_Strict):
     minor: int | None = Field(default=None, ge=0, description="the driver's device minor (/proc)")
     index: int | None = Field(default=None, ge=0, description="NVML's index")
     xid: int | None = Field(default=None, ge=0, description="the Xid that set the state, if any")
+    recovery: str | None = Field(default=None, max_length=40, pattern=r"^[a-z0-9-]+$",
+                                 description="the driver's recovery action as NVML offers it (drivers from 565)")
 
 
 class HealthReport(_Strict):
@@ -65,6 +67,13 @@ class HealthReport(_Strict):
                                            description="the last reset request's outcome per GPU")
     reboot: str | None = Field(default=None, max_length=40,
                                description="the reboot request the agent created the reboot sentinel for")
+    validatedAt: float | None = Field(default=None, ge=0,
+                                      description="when the node's validation passed (epoch seconds: the newest "
+                                      "expected validator status file's mtime); the operator releases a "
+                                      "remediated node only on a validation newer than its action")
+    answered: str | None = Field(default=None, max_length=80,
+                                 description="the operator's last request the agent carried out in full (its id: "
+                                 "action:attempt:since, node/health/requests.py)")
 
     @model_validator(mode="after")
     def _consistent(self) -> HealthReport:

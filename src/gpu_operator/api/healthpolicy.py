@@ -23,8 +23,14 @@ from gpu_operator.api.common import Model
 # removes it after its provisioning budget, --max-node-provision-time) instead of as capacity.
 CA_STARTUP_TAINT_PREFIX = "startup-taint.cluster-autoscaler.kubernetes.io/"
 DEFAULT_STARTUP_TAINT = f"{CA_STARTUP_TAINT_PREFIX}nvidia-gpu-not-validated"
+# The Node Readiness Controller (kubernetes-sigs/node-readiness-controller, API group
+# readiness.node.x-k8s.io/v1alpha1): a NodeReadinessRule's taint key must have this prefix (its
+# CRD's CEL rule), and cluster-autoscaler's --startup-taint-prefix (or --startup-taint KEY) makes
+# the autoscaler count such a node as starting, as NVIDIA's cluster-autoscaler example does
+# (NVIDIA/gpu-operator examples/cluster-autoscaler, pull request 2573).
+READINESS_TAINT_PREFIX = "readiness.k8s.io/"
 # The taint keys the operator may remove: those it reads from the Node view (controllers/cache.py).
-OUR_TAINT_PREFIXES = (CA_STARTUP_TAINT_PREFIX, "nvidia.com/")
+OUR_TAINT_PREFIXES = (CA_STARTUP_TAINT_PREFIX, READINESS_TAINT_PREFIX, "nvidia.com/")
 
 # The escalation, mildest first. `external` hands the node to another controller (handoff label).
 RemediationAction = Literal["restart-device-plugin", "reset-gpu", "reload-driver", "reboot", "external"]
@@ -42,8 +48,9 @@ def _startup_key(key: str) -> str:
     qualified_key(key)
     if not key.startswith(OUR_TAINT_PREFIXES):
         raise ValueError(f"startup taint key {key!r} must start with {CA_STARTUP_TAINT_PREFIX} (the "
-                         "cluster-autoscaler's startup-taint convention) or nvidia.com/, so that the operator "
-                         f"may remove it (e.g. {DEFAULT_STARTUP_TAINT})")
+                         f"cluster-autoscaler's startup-taint convention), {READINESS_TAINT_PREFIX} (the Node "
+                         "Readiness Controller's) or nvidia.com/, so that the operator only removes taints meant "
+                         f"for it (e.g. {DEFAULT_STARTUP_TAINT})")
     return key
 
 
@@ -66,12 +73,16 @@ def _selector(value: str | None) -> str | None:
 
 class StartupTaintSpec(Model):
     """A taint the node's provisioner puts on at registration (kubelet --register-with-taints, a
-    Karpenter NodePool's startupTaints); the operator removes it once the node's validation passed."""
+    Karpenter NodePool's startupTaints); the operator removes it once the node's validation passed
+    (enabled), and every operand tolerates it (enabled, or a `key` other than the default: a Node
+    Readiness Controller that removes it on NvidiaGPUReady=True needs the validation to run under
+    it)."""
 
     enabled: bool = Field(default=False, description="Remove the startup taint `key` once validation passes.")
     key: Annotated[str, AfterValidator(_startup_key)] = Field(
         default=DEFAULT_STARTUP_TAINT,
-        description=f"The startup taint's key; must start with {CA_STARTUP_TAINT_PREFIX} or nvidia.com/.")
+        description=f"The startup taint's key; must start with {CA_STARTUP_TAINT_PREFIX}, "
+                    f"{READINESS_TAINT_PREFIX} or nvidia.com/. The operands tolerate it when enabled or not the default.")
 
 
 class HandoffSpec(Model):
@@ -135,5 +146,5 @@ class HealthSpec(Model):
     remediation: RemediationSpec = Field(default_factory=RemediationSpec)
 
 
-__all__ = ["DEFAULT_ACTIONS", "FlappingSpec", "HandoffSpec", "HealthSpec", "RemediationAction", "RemediationSpec",
-           "StartupTaintSpec"]
+__all__ = ["DEFAULT_ACTIONS", "READINESS_TAINT_PREFIX", "FlappingSpec", "HandoffSpec", "HealthSpec",
+           "RemediationAction", "RemediationSpec", "StartupTaintSpec"]

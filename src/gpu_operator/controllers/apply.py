@@ -14,6 +14,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightkube.core.exceptions import ApiError
+
+from gpu_operator.controllers import adopt
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.cache import CRView, OwnedView, desired_hash, object_key
 from gpu_operator.controllers.loop import Result
@@ -22,6 +25,16 @@ from gpu_operator.render import RenderResult
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
 OwnedKey = tuple[str, str, str | None, str]
+SELECTOR_RETRY = 1.0  # seconds until the DaemonSet deleted for a new selector is created again
+
+
+def immutable_selector(err: ApiError, obj: dict[str, Any]) -> bool:
+    """The apiserver refused our apply of a DaemonSet because `spec.selector` differs from the
+    live one's (422 Invalid, the cause's field `spec.selector`)."""
+    status = err.status
+    if obj.get("kind") != "DaemonSet" or status.code != 422 or status.details is None:
+        return False
+    return any(cause.field == "spec.selector" for cause in status.details.causes or [])
 
 
 def owner_reference(policy: CRView[Any], api_version: str = "nvidia.com/v1",
@@ -68,6 +81,7 @@ class Applier:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self.remembered: dict[str, dict[OwnedKey, OwnedView]] = {}
+        self.swept: set[str] = set()  # owners whose previous operator's leftovers were swept
 
     async def apply(self, result: RenderResult, owner: CRView[Any], owner_ref: dict[str, Any],
                     owned: dict[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
@@ -85,7 +99,20 @@ class Applier:
             live = known.get(key)
             if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
                 continue
-            await self.kube.apply(applied)
+            try:
+                await self.kube.apply(applied)
+            except ApiError as err:
+                if not immutable_selector(err, applied):
+                    raise
+                # A DaemonSet of the same name with another selector (another operator's, or an
+                # earlier render's): the selector cannot change in place. Deleted leaving its pods
+                # (and ControllerRevisions), so the DaemonSet created next pass adopts the pods
+                # its selector matches and rolls only those whose template differs.
+                ref = ObjectKey.of(applied)
+                if await self.kube.delete(ref, orphan=True):
+                    done.deleted.append(f"{ref} (selector changed; orphaning its pods)")
+                done.requeue = min(done.requeue or SELECTOR_RETRY, SELECTOR_RETRY)
+                continue
             done.applied.append(str(ObjectKey.of(applied)))
         # Ownership is checked against the owner's uid, so objects someone else created (or another
         # owner CR owns) are never touched.
@@ -96,6 +123,11 @@ class Applier:
             ref = ObjectKey(live.api_version, live.kind, live.name, live.namespace)
             if await self.kube.delete(ref, orphan=orphan):
                 done.deleted.append(str(ref) + (" (orphaning its pods)" if orphan else ""))
+        # Once per owner and process: what a previous operator left owned by the same CR (docs/migrate.md).
+        if owner.uid not in self.swept:
+            namespaces = {k[2] for k in desired if k[2]}
+            done.deleted.extend(await adopt.sweep(self.kube, owner.uid, namespaces, desired, result.keep_kinds))
+            self.swept.add(owner.uid)
         # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
         self.remembered[owner.uid] = {k: v for k, v in desired.items() if v.kind not in watched_kinds}
 

@@ -31,6 +31,7 @@ from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys, plugin_
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
+from gpu_operator.render.facts import NodeFacts
 from gpu_operator.render.kubevirt import Finding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
@@ -56,6 +57,20 @@ class Snapshot:
     # GPUClusters (names): a ClusterPolicy does not run beside one
     gpuclusters: list[str] = field(default_factory=list)
     openshift_version: str = ""  # start-up discovery's (controllers/readmodel.py); "" where not OpenShift
+
+
+async def policy_facts(kube: Kube, policy: ClusterPolicy, nodes: list[NodeFacts], *, namespace: str,
+                       k8s_version: str, operator_env: Mapping[str, str], openshift: bool,
+                       openshift_version: str, servicemonitor_crd: bool) -> ClusterFacts:
+    """What the renderer needs beside the policy: the cluster's facts and, read once each, the user
+    ConfigMaps the policy names (the reconcile and `gpu-operator diff` render alike)."""
+    reads = ReadOnce(kube)  # each user ConfigMap GET once in this pass
+    return ClusterFacts.of(
+        nodes, namespace=namespace, k8s_version=k8s_version, operator_env=operator_env,
+        openshift=openshift, openshift_version=openshift_version, servicemonitor_crd=servicemonitor_crd,
+        configmap_keys=await configmap_keys(reads, policy, namespace),
+        configmap_data=await kernel_module_data(reads, policy, namespace, nodes),
+        plugin_config_hash=await plugin_config_hash(reads, policy, namespace))
 
 
 class ClusterPolicyReconciler:
@@ -91,16 +106,10 @@ class ClusterPolicyReconciler:
                 st.conflict_message(snap.gpuclusters[0], active.name)))
         try:
             policy = active.parsed.valid()  # parsed once per version (controllers/cache.py)
-            reads = ReadOnce(self.kube)  # each user ConfigMap GET once in this pass
-            facts = ClusterFacts.of(
-                [n.facts for n in snap.nodes], namespace=snap.namespace,
-                k8s_version=snap.k8s_version, operator_env=self.images,
-                openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version,
-                servicemonitor_crd=snap.servicemonitor_crd,
-                configmap_keys=await configmap_keys(reads, policy, snap.namespace),
-                configmap_data=await kernel_module_data(reads, policy, snap.namespace,
-                                                        [n.facts for n in snap.nodes]),
-                plugin_config_hash=await plugin_config_hash(reads, policy, snap.namespace))
+            facts = await policy_facts(
+                self.kube, policy, [n.facts for n in snap.nodes], namespace=snap.namespace,
+                k8s_version=snap.k8s_version, operator_env=self.images, openshift=bool(snap.openshift_version),
+                openshift_version=snap.openshift_version, servicemonitor_crd=snap.servicemonitor_crd)
             result = render(policy, facts)
             problems = runtimes.unserved_nodes(policy, facts)
         except pydantic.ValidationError as err:

@@ -6,7 +6,8 @@ resource.kubernetes.io/pciBusID) is the report's. The rule is deleted once the G
 again (or the node is gone); the GPUCluster owns every rule, so the garbage collector takes them
 when it goes, and `gpu-operator cleanup` deletes what is left (label managed-by gpu-operator).
 
-Only where the apiserver serves DeviceTaintRule (kube/devicetaints.py: looked up once); elsewhere
+Only where the apiserver serves DeviceTaintRule (kube/devicetaints.py: the newest version it
+serves, v1 from Kubernetes 1.37, v1beta2 before, looked up once); elsewhere
 the node's condition and quarantine taint are the signals. docs/health.md (DRA) has the sources.
 
 Pure rules first (`device_names`, `wanted`, `plan`); `DeviceTaints` carries them out.
@@ -84,24 +85,25 @@ def sick_buses(report_text: str | None) -> dict[str, str] | None:
     return {g.bus: g.state for g in report.unhealthy}
 
 
-def rule(node: str, device: str, state: str, owner: Mapping[str, Any] | None) -> dict[str, Any]:
+def rule(node: str, device: str, state: str, owner: Mapping[str, Any] | None,
+         version: str = dt.RULE_VERSIONS[0]) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": rule_name(node, device), "labels": {MANAGED_BY: MANAGED_BY_VALUE}}
     if owner is not None:
         meta["ownerReferences"] = [dict(owner)]
-    return {"apiVersion": f"{dt.GROUP}/{dt.RULE_VERSION}", "kind": dt.KIND, "metadata": meta,
+    return {"apiVersion": f"{dt.GROUP}/{version}", "kind": dt.KIND, "metadata": meta,
             "spec": {"deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
                      "taint": {"key": HEALTH_TAINT, "value": state, "effect": EFFECT}}}
 
 
 def wanted(node: str, sick: Mapping[str, str], names: Mapping[str, str],
-           owner: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+           owner: Mapping[str, Any] | None, version: str = dt.RULE_VERSIONS[0]) -> dict[str, dict[str, Any]]:
     """The rules `node` should have, by name: one per sick GPU its slices name (a GPU its driver
     does not publish cannot be allocated anyway)."""
     out = {}
     for bus, state in sorted(sick.items()):
         device = names.get(bus)
         if device is not None:
-            body = rule(node, device, state, owner)
+            body = rule(node, device, state, owner, version)
             out[body["metadata"]["name"]] = body
     return out
 
@@ -140,22 +142,27 @@ class DeviceTaints:
 
     def __init__(self, kube: Kube, owner: Callable[[], Mapping[str, Any] | None]) -> None:
         self.kube, self.owner = kube, owner
-        self.served: bool | None = None  # looked up once
+        self.version: str | None = None  # of DeviceTaintRule, None: not served
+        self.discovered = False  # looked up once
         self.rules: dict[str, dict[str, dict[str, Any]]] | None = None  # node (pool) -> name -> body
         self.written = 0
 
     async def ready(self) -> bool:
         """Whether rules are kept here: served, and what exists is known (listed once)."""
-        if self.served is None:
-            self.served = await dt.rules_served(self.kube)
-            log.info("DRA device taints: DeviceTaintRule %s is %s", f"{dt.GROUP}/{dt.RULE_VERSION}",
-                     "served: unhealthy GPUs are tainted" if self.served else
-                     "not served: the node's condition and taint are the signals")
-        if not self.served:
+        if not self.discovered:
+            self.version = await dt.rule_version(self.kube)
+            self.discovered = True
+            if self.version is None:
+                log.info("DRA device taints: DeviceTaintRule (%s) is not served: the node's condition and "
+                         "taint are the signals", " or ".join(f"{dt.GROUP}/{v}" for v in dt.RULE_VERSIONS))
+            else:
+                log.info("DRA device taints: DeviceTaintRule %s/%s is served: unhealthy GPUs are tainted",
+                         dt.GROUP, self.version)
+        if self.version is None:
             return False
         if self.rules is None:
             rules: dict[str, dict[str, dict[str, Any]]] = {}
-            for body in await dt.list_rules(self.kube, MANAGED_SELECTOR):
+            for body in await dt.list_rules(self.kube, self.version, MANAGED_SELECTOR):
                 name = str(body["metadata"]["name"])
                 if name.startswith(PREFIX):
                     rules.setdefault(pool_of(body), {})[name] = body
@@ -178,23 +185,23 @@ class DeviceTaints:
         owner = self.owner()
         if owner is None or not await self.ready():
             return False
-        assert self.rules is not None
+        assert self.rules is not None and self.version is not None
         have = self.rules.get(node, {})
         sick = {} if gone else sick_buses(report_text)
         if sick is None or (not sick and not have):
             return False
         names = device_names(await dt.node_slices(self.kube, node, DRIVER)) if sick else {}
         waiting = any(bus not in names for bus in sick)
-        steps = plan(wanted(node, sick, names, owner), have)
+        steps = plan(wanted(node, sick, names, owner, self.version), have)
         if steps.empty:
             return waiting
         try:
             for name in steps.delete:
-                await dt.delete_rule(self.kube, name)
+                await dt.delete_rule(self.kube, self.version, name)
                 have.pop(name, None)
                 self.written += 1
             for body in steps.create:
-                if not await dt.create_rule(self.kube, body):
+                if not await dt.create_rule(self.kube, self.version, body):
                     raise RuntimeError(f"DeviceTaintRule {body['metadata']['name']} exists already: listing again")
                 have[body["metadata"]["name"]] = body
                 self.written += 1
@@ -211,11 +218,12 @@ class DeviceTaints:
 async def delete_rules(kube: Kube) -> list[str]:
     """Uninstall: every DeviceTaintRule GPU health keeps (the garbage collector takes those of a
     deleted GPUCluster too, in its own time); their names. Nothing where the kind is not served."""
-    if not await dt.rules_served(kube):
+    version = await dt.rule_version(kube)
+    if version is None:
         return []
     deleted = []
-    for body in await dt.list_rules(kube, MANAGED_SELECTOR):
+    for body in await dt.list_rules(kube, version, MANAGED_SELECTOR):
         name = str(body["metadata"]["name"])
-        if name.startswith(PREFIX) and await dt.delete_rule(kube, name):
+        if name.startswith(PREFIX) and await dt.delete_rule(kube, version, name):
             deleted.append(name)
     return deleted

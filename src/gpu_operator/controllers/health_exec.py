@@ -2,18 +2,18 @@
 node transition (HEALTH_STATE label, our annotations, the handoff label, the cordon), evictions
 through the Eviction API (a PodDisruptionBudget's refusal is remembered and named when the drain
 times out), and the pod restarts: the device plugin's pod on the node (it registers the healthy
-devices again) or the driver pod (the driver reloads). GPU resets and reboots are requests in
-annotations the node agent acts on; they need no call here."""
+devices again) or the driver pod (the driver reloads). GPU resets and reboots are requests the node
+agent acts on: the node's entry in the requests Secret in the operator's namespace, which only the
+operator may write (kube/nodestatus.py put_request), withdrawn once the agent's report answers it."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.drain import claims_of, pod_facts
+from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers.gpuholders import RuntimeAccess
-from gpu_operator.controllers.health_machine import Step
+from gpu_operator.controllers.health_machine import GPU_CLIENT_APPS, VALIDATOR_RESTART, Step
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.resources import ObjectKey
@@ -23,7 +23,12 @@ log = logging.getLogger("gpu_operator.health")
 
 DEVICE_PLUGIN_SELECTOR = "app=nvidia-device-plugin-daemonset"  # render/states/device_plugin.py's DaemonSet
 DRIVER_SELECTOR = f"{COMPONENT}={DRIVER_COMPONENT_VALUE}"
-RESTARTS = {"restart-device-plugin": DEVICE_PLUGIN_SELECTOR, "reload-driver": DRIVER_SELECTOR}
+VALIDATOR_SELECTOR = "app=nvidia-operator-validator"  # render/states/operator_validation.py's DaemonSet
+# the pods each action deletes on the node, in order; the validator's last: its new pod validates
+# the node afresh (its status files newer than the action, health_machine.REVALIDATED)
+RESTARTS = {"restart-device-plugin": (DEVICE_PLUGIN_SELECTOR, VALIDATOR_SELECTOR),
+            "reload-driver": (DRIVER_SELECTOR, VALIDATOR_SELECTOR),
+            VALIDATOR_RESTART: (VALIDATOR_SELECTOR,)}
 
 
 def node_patch(step: Step) -> dict[str, Any]:
@@ -45,40 +50,38 @@ def node_patch(step: Step) -> dict[str, Any]:
 
 
 class Executor:
-    def __init__(self, kube: Kube) -> None:
-        self.kube = kube
-        self.blocked: dict[tuple[str, str], str] = {}  # pod -> the PodDisruptionBudget that refused it
+    def __init__(self, kube: Kube, namespace: str = "gpu-operator") -> None:
+        self.kube, self.namespace = kube, namespace
+        self.blocked: node_drain.Refusals = {}  # pod -> the PodDisruptionBudget that refused it
 
     async def pod_facts(self, node: str, selector: str | None,
-                        access: RuntimeAccess | None = None) -> tuple[us.PodFacts, ...]:
-        """The pods on a draining node; `selector`: only the pods it matches may be evicted;
-        `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime)."""
-        on_node = f"spec.nodeName={node}"
-        pods = await self.kube.list_pods(fields=on_node)
-        matching = None if not selector else {
-            (p["metadata"].get("namespace", ""), p["metadata"]["name"])
-            for p in await self.kube.list_pods(fields=on_node, labels=selector)}
-        claims = await claims_of(self.kube, pods)
-        facts = []
-        for pod in pods:
-            meta = pod.get("metadata") or {}
-            key = (meta.get("namespace", ""), meta.get("name", ""))
-            names = {key[1]} if matching is None or key in matching else set()
-            facts.append(pod_facts(pod, set(), names, self.blocked, access=access or RuntimeAccess(), claims=claims))
-        return tuple(facts)
+                        access: RuntimeAccess | None = None) -> tuple[node_drain.PodFacts, ...]:
+        """The pods on a draining node (controllers/drain.py); `selector`: only the pods it matches
+        may be evicted; `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime)."""
+        return await node_drain.pods_on(self.kube, node, self.blocked, access=access or RuntimeAccess(),
+                                        drain_selector=selector or "")
+
+    async def gpu_clients(self, node: str) -> tuple[str, ...]:
+        """The GPU client pods (device plugin, DCGM, its exporter, GFD, MIG manager) still on a node:
+        one list of the node's pods with any of their app labels."""
+        found = []
+        for body in await self.kube.list_pods(fields=f"spec.nodeName={node}",
+                                              labels=f"app in ({','.join(GPU_CLIENT_APPS)})"):
+            meta = body.get("metadata") or {}
+            found.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        return tuple(sorted(found))
 
     async def run(self, step: Step) -> None:
         patch = node_patch(step)
-        if patch:
+        if patch:  # the Node first: the agent admits a request only for the attempt its Node is in
             await self.kube.merge_patch("v1", "Node", step.node, patch)
-        for pod in step.evict:
-            answer = await self.kube.evict(pod.namespace, pod.name)
-            if answer.refused_by:
-                self.blocked[(pod.namespace, pod.name)] = answer.refused_by
-            else:
-                self.blocked.pop((pod.namespace, pod.name), None)
-        if step.action in RESTARTS:
-            for body in await self.kube.list_pods(fields=f"spec.nodeName={step.node}", labels=RESTARTS[step.action]):
+        if step.request:
+            await nodestatus.put_request(self.kube, self.namespace, step.node, step.request)
+        elif step.withdraw:
+            await nodestatus.put_request(self.kube, self.namespace, step.node, None)
+        await node_drain.evict(self.kube, step.evict, self.blocked)
+        for selector in RESTARTS.get(step.action, ()):
+            for body in await self.kube.list_pods(fields=f"spec.nodeName={step.node}", labels=selector):
                 meta = body.get("metadata") or {}
                 log.info("node %s: %s: deleting pod %s/%s", step.node, step.action, meta.get("namespace"),
                          meta.get("name"))

@@ -1,8 +1,8 @@
 """GPU remediation, a pure and resumable state machine: node facts + spec.health.remediation + now
 -> per node the next step. Everything it remembers lives on the Node (the HEALTH_STATE label and
 nvidia.com/gpu-health.* annotations), so an operator restarted mid-way resumes where the node is,
-as the driver upgrade machine does (controllers/upgrade_state.py, whose eviction step and pod facts
-it reuses). No I/O: controllers/health_exec.py carries the steps out.
+as the driver upgrade machine does (controllers/upgrade_state.py); its drain is the one both use
+(controllers/drain.py). No I/O: controllers/health_exec.py carries the steps out.
 
     (none) --unhealthy--> quarantined --slot--> draining --GPU pods gone--> acting --> validating
        ^                       |                    | (timeout: attempt failed)           |
@@ -14,24 +14,25 @@ it reuses). No I/O: controllers/health_exec.py carries the steps out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.api.health import HealthReport, ReportError
 from gpu_operator.api.healthpolicy import RemediationSpec
+from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import HEALTH_ANNOTATION_PREFIX, NodeView
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_REASON_ANNOTATION,
-    HEALTH_REBOOT_REQUESTED,
     HEALTH_REPORT_ANNOTATION,
-    HEALTH_RESET_REQUESTED,
+    HEALTH_REQUEST_ACTIONS,
     HEALTH_SINCE_ANNOTATION,
     HEALTH_STATE,
-    UPGRADE_DRAIN_START_ANNOTATION,
     UPGRADE_STATE,
+    deploy_label,
 )
 
 PREFIX = HEALTH_ANNOTATION_PREFIX
@@ -43,9 +44,28 @@ REASON = HEALTH_REASON_ANNOTATION  # why the node failed or is held
 UNHEALTHY_AT = f"{PREFIX}unhealthy-at"  # when it turned unhealthy, comma-separated (flapping window)
 INITIALLY_UNSCHEDULABLE = f"{PREFIX}initially-unschedulable"  # cordoned before we began: left cordoned
 DRAIN_START = f"{PREFIX}drain-start"
-# Requests to the node agent (node/health/requests.py acts, then removes the annotation).
-RESET_REQUESTED = HEALTH_RESET_REQUESTED
-REBOOT_REQUESTED = HEALTH_REBOOT_REQUESTED
+# The request of this attempt the agent answered (its `since`): then withdrawn, and the node may be
+# released. Requests themselves are entries in the operator's requests Secret (request_text), which
+# only the operator writes; the agent answers in its report (`answered`), node/health/requests.py.
+ANSWERED = f"{PREFIX}answered"
+# When the action was carried out and the node's validation restarted (epoch seconds, ms): only a
+# validation that passed after it (the report's validatedAt) releases the node.
+REVALIDATED = f"{PREFIX}revalidated"
+VALIDATOR_RESTART = "revalidate"  # Step.action: delete the validator pod on the node (its DaemonSet starts a new one)
+REQUESTED = HEALTH_REQUEST_ACTIONS  # the actions the node agent carries out on request
+
+# Before a GPU reset the operator pauses the node's GPU clients, DaemonSet pods that hold the
+# GPUs' device files all the time and that no drain evicts, as NVIDIA's driver upgrade and MIG
+# manager do: their deploy labels at a paused value (the label's owner, node labelling, never
+# overwrites a non-empty value), only those at `true` (a value another owner set is left alone),
+# remembered in PAUSED and put back to `true` when the reset is answered or the attempt ends.
+PAUSED_VALUE = "paused-for-gpu-reset"
+PAUSED = f"{PREFIX}paused"
+GPU_CLIENTS = tuple(deploy_label(c) for c in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery",
+                                              "mig-manager"))
+# their pods' app labels (the MIG manager's clients, vocabulary.MIG_CLIENT_APPS, and itself)
+GPU_CLIENT_APPS = ("nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter", "gpu-feature-discovery",
+                   "nvidia-mig-manager")
 
 QUARANTINED, DRAINING, ACTING, VALIDATING, FAILED, HELD = (
     "quarantined", "draining", "acting", "validating", "failed", "held")
@@ -54,11 +74,17 @@ ACTIVE = (DRAINING, ACTING, VALIDATING)  # what maxUnavailable bounds, and what 
 # How strong each remediation is, and the weakest one that can fix each catalogue action.
 STRENGTH = {"restart-device-plugin": 1, "reset-gpu": 2, "reload-driver": 3, "reboot": 4, "external": 5}
 NEEDED = {"none": 1, "restart-app": 1, "reset-gpu": 2, "reboot": 4}
-_CLEAR_REQUESTS: dict[str, str | None] = {RESET_REQUESTED: None, REBOOT_REQUESTED: None, DRAIN_START: None}
+_CLEAR_REQUESTS: dict[str, str | None] = {ANSWERED: None, REVALIDATED: None, DRAIN_START: None, PAUSED: None}
+
+
+def resumed(node: RemediationFacts) -> dict[str, str | None]:
+    """The GPU clients we paused back to `true` (a label someone changed since is left alone)."""
+    keys = [k for k in node.annotations.get(PAUSED, "").split(",") if k in GPU_CLIENTS]
+    return {k: "true" for k in keys if node.labels.get(k) == PAUSED_VALUE}
 
 
 @dataclass(frozen=True)
-class Facts:
+class RemediationFacts:
     """What the machine reads of one node."""
 
     name: str
@@ -67,7 +93,8 @@ class Facts:
     labels: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False
     report: HealthReport | None = None  # None: no report, or one that cannot be read
-    pods: Sequence[us.PodFacts] = ()  # read only while draining
+    pods: Sequence[node_drain.PodFacts] = ()  # read only while draining
+    clients: Sequence[str] = ()  # GPU client pods still on the node (read only while they are paused)
 
     @property
     def broken(self) -> bool:
@@ -76,10 +103,26 @@ class Facts:
 
     @property
     def recovered(self) -> bool:
-        """Validated, the agent running, no GPU unhealthy or gone, and no request pending."""
+        """Validated, the agent running, no GPU unhealthy or gone."""
         r = self.report
-        return (r is not None and r.validated and not r.stopped and not r.unhealthy
-                and RESET_REQUESTED not in self.annotations and REBOOT_REQUESTED not in self.annotations)
+        return r is not None and r.validated and not r.stopped and not r.unhealthy
+
+    @property
+    def fresh(self) -> bool:
+        """The report's validation passed after the action was carried out (REVALIDATED)."""
+        mark = self.annotations.get(REVALIDATED)
+        try:
+            after = float(mark) if mark is not None else None
+        except ValueError:
+            after = None
+        return (after is not None and self.report is not None and self.report.validatedAt is not None
+                and self.report.validatedAt > after)
+
+    @property
+    def pending(self) -> bool:
+        """In validating after an action the agent carries out, whose request it has not answered."""
+        return (self.annotations.get(ACTION) in REQUESTED
+                and self.annotations.get(ANSWERED) != self.annotations.get(SINCE))
 
     def number(self, key: str) -> int:
         try:
@@ -88,7 +131,7 @@ class Facts:
             return 0
 
 
-def node_facts(view: NodeView, pods: Sequence[us.PodFacts] = ()) -> Facts:
+def node_facts(view: NodeView, pods: Sequence[node_drain.PodFacts] = (), clients: Sequence[str] = ()) -> RemediationFacts:
     text = view.annotations.get(HEALTH_REPORT_ANNOTATION)
     report: HealthReport | None = None
     if text is not None:
@@ -98,8 +141,8 @@ def node_facts(view: NodeView, pods: Sequence[us.PodFacts] = ()) -> Facts:
             report = None
     # the machine's own memory: our prefix, but not the agent's report (which shares it)
     notes = {k: v for k, v in view.annotations.items() if k.startswith(PREFIX) and k != HEALTH_REPORT_ANNOTATION}
-    return Facts(view.name, view.labels.get(HEALTH_STATE, ""), notes, view.selectable,
-                 view.unschedulable, report, pods)
+    return RemediationFacts(view.name, view.labels.get(HEALTH_STATE, ""), notes, view.selectable,
+                 view.unschedulable, report, pods, clients)
 
 
 @dataclass(frozen=True)
@@ -112,15 +155,18 @@ class Step:
     notes: Mapping[str, str | None] = field(default_factory=dict)  # annotations (None: remove)
     labels: Mapping[str, str | None] = field(default_factory=dict)  # other labels (the handoff)
     cordon: bool | None = None
-    evict: tuple[us.PodFacts, ...] = ()
-    action: str = ""  # restart-device-plugin | reload-driver: pods to delete now
+    evict: tuple[node_drain.PodFacts, ...] = ()
+    action: str = ""  # restart-device-plugin | reload-driver | revalidate: pods to delete now
+    request: str = ""  # the node's entry to put in the requests Secret (request_text)
+    withdraw: bool = False  # the node's entry to remove from the requests Secret
     result: str = ""  # succeeded | failed: an attempt ended (the counter)
     message: str = ""
 
     @property
     def empty(self) -> bool:
         return (self.state is None and not self.remove_state and not self.notes and not self.labels
-                and self.cordon is None and not self.evict and not self.action and not self.result)
+                and self.cordon is None and not self.evict and not self.action and not self.result
+                and not self.request and not self.withdraw)
 
 
 @dataclass(frozen=True)
@@ -129,12 +175,12 @@ class Plan:
     busy: bool  # a node is on its way: poll for timeouts
 
 
-def _to(node: Facts, state: str, now: float, message: str, notes: Mapping[str, str | None] | None = None,
+def _to(node: RemediationFacts, state: str, now: float, message: str, notes: Mapping[str, str | None] | None = None,
         **kw: Any) -> Step:
     return Step(node.name, state=state, notes={SINCE: str(int(now)), **(notes or {})}, message=message, **kw)
 
 
-def _release(node: Facts, spec: RemediationSpec, result: str = "") -> Step:
+def _release(node: RemediationFacts, spec: RemediationSpec, result: str = "") -> Step:
     """Back to service: state and notes gone (the flapping record stays), uncordoned unless the node
     was cordoned before we began, the handoff label removed."""
     notes: dict[str, str | None] = {k: None for k in node.annotations if k != UNHEALTHY_AT}
@@ -143,28 +189,44 @@ def _release(node: Facts, spec: RemediationSpec, result: str = "") -> Step:
         labels[spec.externalHandoff.label] = None
     # we cordoned it (draining wrote "false": it was schedulable before) -> uncordon
     cordon = False if node.annotations.get(INITIALLY_UNSCHEDULABLE) == "false" else None
+    labels.update(resumed(node))
     return Step(node.name, remove_state=True, notes=notes, labels=labels, cordon=cordon, result=result,
+                withdraw=node.annotations.get(ACTION) in REQUESTED,
                 message="GPUs healthy and validated: node released")
 
 
-def _first_step(node: Facts, spec: RemediationSpec) -> int | None:
+def request_text(node: str, action: str, gpus: Sequence[str], attempt: int, since: str) -> str:
+    """A node's entry in the requests Secret (vocabulary.HEALTH_REQUEST_KEYS): `remediation` is the
+    policy's switch (the machine runs only while it is on), `attempt` and `since` the remediation
+    attempt it belongs to, as the Node's annotations say while it is validating."""
+    return json.dumps({"v": 1, "node": node, "action": action, "gpus": list(gpus), "remediation": True,
+                       "attempt": attempt, "since": since}, separators=(",", ":"), sort_keys=True)
+
+
+def request_id(node: RemediationFacts) -> str:
+    """What the agent's report names in `answered` once it carried out this attempt's request."""
+    return f"{node.annotations.get(ACTION, '')}:{node.number(ATTEMPTS)}:{node.annotations.get(SINCE, '')}"
+
+
+def _first_step(node: RemediationFacts, spec: RemediationSpec) -> int | None:
     """The first configured action strong enough for what the report asks (None: none is)."""
     needed = max((NEEDED.get(g.action, 1) for g in node.report.unhealthy), default=1) if node.report else 1
     return next((i for i, a in enumerate(spec.actions) if STRENGTH[a] >= needed), None)
 
 
-def _attempt_failed(node: Facts, spec: RemediationSpec, now: float, why: str) -> Step:
+def _attempt_failed(node: RemediationFacts, spec: RemediationSpec, now: float, why: str) -> Step:
     attempts = node.number(ATTEMPTS) + 1
     if attempts >= spec.maxAttempts:
         reason = f"{attempts} remediation attempts failed (maxAttempts {spec.maxAttempts}); last: {why}"
         return _to(node, FAILED, now, reason, {ATTEMPTS: str(attempts), REASON: reason, **_CLEAR_REQUESTS},
-                   result="failed")
+                   result="failed", withdraw=node.annotations.get(ACTION) in REQUESTED, labels=resumed(node))
     nxt = min(node.number(STEP) + 1, len(spec.actions) - 1)
     return _to(node, DRAINING, now, f"attempt {attempts} failed ({why}); escalating to {spec.actions[nxt]}",
-               {ATTEMPTS: str(attempts), STEP: str(nxt), REASON: None, **_CLEAR_REQUESTS}, result="failed")
+               {ATTEMPTS: str(attempts), STEP: str(nxt), REASON: None, **_CLEAR_REQUESTS}, result="failed",
+               withdraw=node.annotations.get(ACTION) in REQUESTED, labels=resumed(node))
 
 
-def _flapping(node: Facts, spec: RemediationSpec, now: float) -> tuple[list[str], bool]:
+def _flapping(node: RemediationFacts, spec: RemediationSpec, now: float) -> tuple[list[str], bool]:
     window = spec.flapping.windowSeconds
     times = [t for t in node.annotations.get(UNHEALTHY_AT, "").split(",") if t.strip().isdigit()
              and now - int(t) <= window]
@@ -172,7 +234,7 @@ def _flapping(node: Facts, spec: RemediationSpec, now: float) -> tuple[list[str]
     return times[-spec.flapping.transitions:], len(times) >= spec.flapping.transitions
 
 
-def decide(node: Facts, spec: RemediationSpec, now: float, may_start: bool) -> Step:
+def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start: bool) -> Step:
     state = node.state
     if state == "":
         if not node.broken:
@@ -201,8 +263,20 @@ def decide(node: Facts, spec: RemediationSpec, now: float, may_start: bool) -> S
     if state == ACTING:
         return _act(node, spec, now)
     if state == VALIDATING:
-        if node.recovered and not (spec.externalHandoff is not None and spec.externalHandoff.label in node.labels
-                                   and node.annotations.get(ACTION) == "external"):
+        action = node.annotations.get(ACTION, "")
+        if node.pending and node.report is not None and node.report.answered == request_id(node):
+            # carried out: the request withdrawn, the node's validation restarted (a reboot restarts it)
+            done: dict[str, str | None] = {ANSWERED: node.annotations.get(SINCE, ""), REVALIDATED: f"{now:.3f}",
+                                           PAUSED: None}
+            return Step(node.name, notes=done, withdraw=True, labels=resumed(node),
+                        action="" if action == "reboot" else VALIDATOR_RESTART,
+                        message=f"the node agent carried out {action}; request withdrawn, validation restarted")
+        handed = (spec.externalHandoff is not None and spec.externalHandoff.label in node.labels
+                  and action == "external")
+        if action == "external" and not handed and REVALIDATED not in node.annotations:
+            return Step(node.name, notes={REVALIDATED: f"{now:.3f}"}, action=VALIDATOR_RESTART,
+                        message="handed back by the external system: validation restarted")
+        if not node.pending and not handed and node.fresh and node.recovered:
             return _release(node, spec, result="succeeded")
         since = node.number(SINCE)
         if now - since > spec.validationTimeoutSeconds:
@@ -212,7 +286,7 @@ def decide(node: Facts, spec: RemediationSpec, now: float, may_start: bool) -> S
     return Step(node.name)  # failed, held: only `health retry` moves them
 
 
-def _drain(node: Facts, spec: RemediationSpec, now: float) -> Step:
+def _drain(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
     pods = [p for p in node.pods if p.gpu and not p.daemonset and not p.mirror and p.drain_match
             and p.phase in ("Running", "Pending")]
     loose = [p for p in pods if not p.controlled]
@@ -220,40 +294,45 @@ def _drain(node: Facts, spec: RemediationSpec, now: float) -> Step:
         names = ", ".join(f"{p.namespace}/{p.name}" for p in loose)
         return _attempt_failed(node, spec, now, f"GPU pod {names} has no controller: not evicted (it would not come "
                                "back); delete it, or exclude it with health.remediation.podSelector")
-    upgrade_node = us.NodeFacts(node.name, annotations={UPGRADE_DRAIN_START_ANNOTATION: node.annotations[DRAIN_START]}
-                                if DRAIN_START in node.annotations else {})
-    outcome, step = us._eviction(upgrade_node, pods, UPGRADE_DRAIN_START_ANNOTATION, spec.drainTimeoutSeconds, now,
-                                 True, True, "GPU pod drain")
-    if outcome == "done":
+    d = node_drain.decide(pods, node_drain.started_at(node.annotations.get(DRAIN_START)), spec.drainTimeoutSeconds,
+                          now, force=True, empty_dir=True, what="GPU pod drain")
+    if d.outcome == node_drain.DONE:
         return _to(node, ACTING, now, "GPU pods drained", {DRAIN_START: None})
-    if outcome.startswith("failed:"):
-        return _attempt_failed(node, spec, now, outcome[7:])
-    if step is None:
-        return Step(node.name)
-    notes = {DRAIN_START: step.annotations[UPGRADE_DRAIN_START_ANNOTATION]} \
-        if UPGRADE_DRAIN_START_ANNOTATION in step.annotations else {}
-    return Step(node.name, notes=notes, evict=step.evict, message=step.message)
+    if d.outcome == node_drain.FAILED:
+        return _attempt_failed(node, spec, now, d.reason)
+    notes = {DRAIN_START: d.start} if d.start is not None else {}
+    return Step(node.name, notes=notes, evict=d.evict, message=d.message)
 
 
-def _act(node: Facts, spec: RemediationSpec, now: float) -> Step:
+def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
     index = min(node.number(STEP), len(spec.actions) - 1)
     action = spec.actions[index]
-    notes: dict[str, str | None] = {ACTION: action}
+    notes: dict[str, str | None] = {ACTION: action, ANSWERED: None}
     labels: dict[str, str | None] = {}
-    pods = ""
+    pods = request = ""
     if action in ("restart-device-plugin", "reload-driver"):
-        pods = action
-    elif action == "reset-gpu":
+        pods = action  # and the validator's pod: a validation newer than the restart releases the node
+        notes[REVALIDATED] = f"{now:.3f}"
+    elif action == "reset-gpu" and PAUSED not in node.annotations:
+        # first the GPU clients leave the node (their pods hold the GPUs); the request comes after
+        pause = {k: PAUSED_VALUE for k in GPU_CLIENTS if node.labels.get(k) == "true"}
+        return Step(node.name, notes={PAUSED: ",".join(sorted(pause)), SINCE: str(int(now))}, labels=pause,
+                    message=f"pausing the GPU clients for the reset: {', '.join(sorted(pause)) or 'none'}")
+    elif action == "reset-gpu" and node.clients:
+        if now - node.number(SINCE) > spec.drainTimeoutSeconds:
+            return _attempt_failed(node, spec, now, f"GPU client pods still on the node after "
+                                   f"{spec.drainTimeoutSeconds}s: {', '.join(node.clients)}")
+        return Step(node.name)
+    if action in REQUESTED:
         buses = sorted(g.bus for g in node.report.unhealthy) if node.report else []
-        notes[RESET_REQUESTED] = ",".join(buses) or "all"
-    elif action == "reboot":
-        notes[REBOOT_REQUESTED] = str(int(now))
+        gpus = (buses or ["all"]) if action == "reset-gpu" else []
+        request = request_text(node.name, action, gpus, node.number(ATTEMPTS), str(int(now)))
     elif action == "external" and spec.externalHandoff is not None:
         labels[spec.externalHandoff.label] = spec.externalHandoff.value
-    return _to(node, VALIDATING, now, f"remediation: {action}", notes, labels=labels, action=pods)
+    return _to(node, VALIDATING, now, f"remediation: {action}", notes, labels=labels, action=pods, request=request)
 
 
-def plan(nodes: Sequence[Facts], spec: RemediationSpec, now: float) -> Plan:
+def plan(nodes: Sequence[RemediationFacts], spec: RemediationSpec, now: float) -> Plan:
     """Every node's step; at most maxUnavailable GPU nodes in an active state."""
     gpu_nodes = [n for n in nodes if n.report is not None or n.state]
     active = sum(1 for n in gpu_nodes if n.state in ACTIVE)
@@ -271,7 +350,7 @@ def plan(nodes: Sequence[Facts], spec: RemediationSpec, now: float) -> Plan:
     return Plan(tuple(steps), busy)
 
 
-def release_all(nodes: Sequence[Facts], spec: RemediationSpec) -> Plan:
+def release_all(nodes: Sequence[RemediationFacts], spec: RemediationSpec) -> Plan:
     """Remediation switched off: every node it holds goes back (uncordoned where we cordoned it),
     except one held by hand or for flapping (it waits for `health retry`)."""
     return Plan(tuple(_release(n, spec) for n in nodes if n.state and n.state != HELD), False)

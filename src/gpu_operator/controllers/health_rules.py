@@ -65,7 +65,7 @@ class Condition:
 
 
 @dataclass(frozen=True)
-class Facts:
+class SignalFacts:
     """What the signals read of one node."""
 
     name: str
@@ -85,7 +85,7 @@ class Desired:
 
 
 @dataclass(frozen=True)
-class Writes:
+class SignalWrites:
     """What to send for one node: each None/empty when nothing changes."""
 
     condition: Condition | None = None
@@ -119,7 +119,7 @@ def managed(policy: HealthSpec) -> frozenset[str]:
     return frozenset((HEALTH_TAINT, policy.startupTaint.key))
 
 
-def desire(facts: Facts, policy: HealthSpec) -> Desired:
+def desire(facts: SignalFacts, policy: HealthSpec) -> Desired:
     """The condition, managed taints (see `managed`) and metric state this node should have."""
     startup = tuple(t for t in facts.taints if t.key == policy.startupTaint.key)
     quarantine_taint = Taint(HEALTH_TAINT, policy.taintEffect)
@@ -162,7 +162,7 @@ def desire(facts: Facts, policy: HealthSpec) -> Desired:
     return Desired(Condition("True", HEALTHY, "validated; every GPU healthy"), startup_left, "healthy")
 
 
-def writes(facts: Facts, desired: Desired, policy: HealthSpec) -> Writes:
+def writes(facts: SignalFacts, desired: Desired, policy: HealthSpec) -> SignalWrites:
     """The writes from what the node carries to `desired` (empty when it carries it already)."""
     condition: Condition | None = None
     delete = False
@@ -176,7 +176,7 @@ def writes(facts: Facts, desired: Desired, policy: HealthSpec) -> Writes:
     keys = managed(policy)
     have = sorted({t for t in facts.taints if t.key in keys})
     want = sorted(set(desired.taints))
-    return Writes(condition, delete, None if have == want else tuple(want), event)
+    return SignalWrites(condition, delete, None if have == want else tuple(want), event)
 
 
 def merged_taints(current: Sequence[Mapping[str, Any]], keys: frozenset[str],

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers.readmodel import Reads
+from gpu_operator.controllers.readmodel import ObjectReader
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.render.guestnvlink import guest_nodes
 
 
 async def kernel_module_data(
-    kube: Reads, policy: ClusterPolicy, namespace: str, nodes: Iterable[NodeFacts]
+    kube: ObjectReader, policy: ClusterPolicy, namespace: str, nodes: Iterable[NodeFacts]
 ) -> dict[str, dict[str, str]]:
     """{name: data} of driver.kernelModuleConfig's ConfigMap when guest nodes get NVLink disabled
     (the policy's guestNVLink, the nodes' labels); empty otherwise or when it does not exist (the

@@ -88,7 +88,7 @@ async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView]) -> 
                         raise
                     result.retry = True  # edited since we read it: the next pass reads it again
     text = kv.summary(inventory, entries) + (f"; {note}" if note else "")
-    result.condition = kv.condition(findings, synced, text)
+    result.condition = kv.condition(findings, synced, text, inventory.no_facts)
     result.findings = findings
     return result
 

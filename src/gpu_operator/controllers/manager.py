@@ -63,7 +63,7 @@ class Manager:
             self.labels,
             HealthUnit(model.nodes, model.node, model.health_spec, kube, settings=settings,
                        device_taints=DeviceTaints(kube, model.gpucluster_owner),
-                       runtime=lambda: runtime_access(model.active_policy())),
+                       runtime=lambda: runtime_access(model.active_policy()), namespace=model.namespace),
             MIGUnit(kube, settings, model),
         ]
         self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]

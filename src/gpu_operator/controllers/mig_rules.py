@@ -47,7 +47,7 @@ PENDING, REBOOTING, SUCCESS, FAILED = "pending", "rebooting", "success", "failed
 OURS = (MIG_PENDING_SINCE, MIG_RESTORE, MIG_RETRY)
 
 
-class Manager(enum.Enum):
+class ManagerPresence(enum.Enum):
     """The node's MIG manager, as its pods and the node's deploy label say."""
 
     RUNNING = "running"  # a pod of it is on the node (not being deleted)
@@ -55,7 +55,7 @@ class Manager(enum.Enum):
     NOT_DEPLOYED = "not deployed"  # none, and none will come (deploy label not true, or disabled)
 
 
-class Kind(enum.Enum):
+class Verdict(enum.Enum):
     NONE = "none"  # no MIG config on the node: no condition
     APPLIED = "applied"
     NOT_STARTED = "not started"
@@ -66,12 +66,12 @@ class Kind(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Facts:
+class MIGFacts:
     node: str
     config: str | None  # nvidia.com/mig.config
     state: str | None  # nvidia.com/mig.config.state
     paused: tuple[str, ...]  # our deploy labels at paused-for-mig-change
-    manager: Manager
+    manager: ManagerPresence
     pending_since: float | None = None
     pending_config: str | None = None  # the mig.config that pending-since was recorded for
     restore: str | None = None  # our restore order: "<condition reason> <why the node was stuck>"
@@ -93,8 +93,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: Kind
-    status: str = ""  # the condition's status: True | False | Unknown ('' with Kind.NONE)
+    kind: Verdict
+    status: str = ""  # the condition's status: True | False | Unknown ('' with Verdict.NONE)
     reason: str = ""
     message: str = ""
     notes: dict[str, str | None] = field(default_factory=dict)  # our annotations to write (None: remove)
@@ -103,7 +103,7 @@ class Decision:
 
     @property
     def condition(self) -> tuple[str, str, str] | None:
-        return (self.status, self.reason, self.message) if self.kind is not Kind.NONE else None
+        return (self.status, self.reason, self.message) if self.kind is not Verdict.NONE else None
 
 
 def paused_labels(labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -148,13 +148,13 @@ def needs_pods(labels: Mapping[str, str], annotations: Mapping[str, str]) -> boo
             or any(k in annotations for k in OURS))
 
 
-def stuck_message(f: Facts, budget: float) -> tuple[str, str]:
+def stuck_message(f: MIGFacts, budget: float) -> tuple[str, str]:
     """(reason, message) of a node stuck in a change: the text of our restore order."""
     head = f"MIG config {f.config!r} {f.state or 'paused'} past the {int(budget)} s budget"
-    if f.manager is Manager.NOT_DEPLOYED:
+    if f.manager is ManagerPresence.NOT_DEPLOYED:
         return MIG_MANAGER_GONE, (f"{head}: no MIG manager will run on the node to finish it; "
                                   "its paused GPU clients are restored")
-    if f.manager is Manager.GONE:
+    if f.manager is ManagerPresence.GONE:
         return MIG_MANAGER_GONE, f"{head}: no MIG manager pod on the node; its paused GPU clients are restored"
     if f.clients:
         return MIG_STUCK, (f"{head}: GPU clients that did not stop: {', '.join(f.clients)}; "
@@ -164,7 +164,7 @@ def stuck_message(f: Facts, budget: float) -> tuple[str, str]:
                        "the paused GPU clients are restored and the change is retried")
 
 
-def failed_message(f: Facts) -> str:
+def failed_message(f: MIGFacts) -> str:
     """Why a change failed, as far as the operator can tell: pods holding the GPUs (the driver refuses
     to reset a GPU, or destroy an instance, a process uses), else the MIG manager's log says."""
     head = f"the MIG manager could not apply MIG config {f.config!r}"
@@ -176,10 +176,10 @@ def failed_message(f: Facts) -> str:
             f"reboot required; its log says which); {tail}")
 
 
-def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
+def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> Decision:
     """What the node's MIG change is, and what to write about it."""
     if f.config is None and f.state is None and not f.paused:
-        return Decision(Kind.NONE, notes=_clear(f))
+        return Decision(Verdict.NONE, notes=_clear(f))
     if f.in_change:
         if f.pending_since is not None and f.pending_config != (f.config or ""):
             # mig.config changed since: a new change (the MIG manager runs it), with its own budget; the
@@ -190,10 +190,10 @@ def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
         since = f.pending_since if f.pending_since is not None else now
         notes: dict[str, str | None] = {} if f.pending_since is not None else {MIG_PENDING_SINCE: _since(now, f.config)}
         age = now - since
-        if f.manager is not Manager.NOT_DEPLOYED and age < budget:
+        if f.manager is not ManagerPresence.NOT_DEPLOYED and age < budget:
             if f.restore is not None:
                 notes[MIG_RESTORE] = None
-            return Decision(Kind.IN_PROGRESS, "False", MIG_IN_PROGRESS,
+            return Decision(Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS,
                             f"applying MIG config {f.config!r}: state {f.state or 'unset'}, GPU clients paused",
                             notes, wake=since + budget)
         if f.restore is not None:
@@ -201,19 +201,19 @@ def decide(f: Facts, now: float, budget: float, backoff: Backoff) -> Decision:
         else:
             reason, message = stuck_message(f, budget)
             notes[MIG_RESTORE] = f"{reason} {message}"
-        return _retry(Decision(Kind.STUCK, "False", reason, message, notes), f, now, backoff)
+        return _retry(Decision(Verdict.STUCK, "False", reason, message, notes), f, now, backoff)
     if f.invalid:
         names = ", ".join(f.valid or ())
-        return Decision(Kind.INVALID, "False", MIG_INVALID_CONFIG,
+        return Decision(Verdict.INVALID, "False", MIG_INVALID_CONFIG,
                         f"nvidia.com/mig.config {f.config!r} is not a config of ConfigMap {f.layouts}; "
                         f"valid names: {names}", _clear(f))
     if f.state == SUCCESS:
-        return Decision(Kind.APPLIED, "True", MIG_APPLIED, f"MIG config {f.config!r} applied", _clear(f))
+        return Decision(Verdict.APPLIED, "True", MIG_APPLIED, f"MIG config {f.config!r} applied", _clear(f))
     if f.state == FAILED:
         notes = {k: None for k in (MIG_PENDING_SINCE, MIG_RESTORE) if (
             f.pending_since if k == MIG_PENDING_SINCE else f.restore) is not None}
-        return _retry(Decision(Kind.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff)
-    return Decision(Kind.NOT_STARTED, "Unknown", MIG_NOT_STARTED,
+        return _retry(Decision(Verdict.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff)
+    return Decision(Verdict.NOT_STARTED, "Unknown", MIG_NOT_STARTED,
                     f"MIG config {f.config!r} not yet acted on by the MIG manager (state {f.state or 'unset'})",
                     _clear(f))
 
@@ -225,18 +225,18 @@ def hold_stale_success(d: Decision, config: str | None, applied: str | None, hel
     `success` again where the new config is already applied (the same value: no event). Until
     `poll` seconds have passed the unit holds its condition as it is, rather than write "applied"
     now and "in progress" a moment later. Returns (config, since) while holding, None to go on."""
-    if d.kind is not Kind.APPLIED or applied is None or applied == config or config is None:
+    if d.kind is not Verdict.APPLIED or applied is None or applied == config or config is None:
         return None
     since = held[1] if held is not None and held[0] == config else now
     return (config, since) if now < since + poll else None
 
 
-def _clear(f: Facts) -> dict[str, str | None]:
+def _clear(f: MIGFacts) -> dict[str, str | None]:
     present = {MIG_PENDING_SINCE: f.pending_since, MIG_RESTORE: f.restore, MIG_RETRY: f.retry_from}
     return {k: None for k, v in present.items() if v is not None}
 
 
-def _retry(d: Decision, f: Facts, now: float, backoff: Backoff) -> Decision:
+def _retry(d: Decision, f: MIGFacts, now: float, backoff: Backoff) -> Decision:
     """A stuck or failed node: once its GPU clients are restored and the backoff has passed, its
     MIG manager pod is restarted (its start runs the change again); never while labels are paused."""
     notes = dict(d.notes)
@@ -245,7 +245,7 @@ def _retry(d: Decision, f: Facts, now: float, backoff: Backoff) -> Decision:
         start = now
         notes[MIG_RETRY] = f"{f.attempts} {_epoch(now)}"
     due = start + backoff.delay(f.attempts + 1)
-    if f.paused or f.manager is not Manager.RUNNING:
+    if f.paused or f.manager is not ManagerPresence.RUNNING:
         # node labelling restores the labels (an event follows); a MIG manager that comes back runs
         # the change at its start; one that will not come cannot be retried
         return Decision(d.kind, d.status, d.reason, d.message, notes, wake=None)
@@ -256,5 +256,5 @@ def _retry(d: Decision, f: Facts, now: float, backoff: Backoff) -> Decision:
     return Decision(d.kind, d.status, d.reason, d.message, notes, retry=True)
 
 
-def _present(f: Facts, key: str) -> bool:
+def _present(f: MIGFacts, key: str) -> bool:
     return (f.restore if key == MIG_RESTORE else f.pending_since) is not None

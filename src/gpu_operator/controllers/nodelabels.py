@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
-
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers.gfdlabels import applied, gfd_change, gfd_runs
 from gpu_operator.controllers.mig_rules import restore_ordered
@@ -89,15 +87,6 @@ class LabelPolicy:
             use_nvidia_driver_crd=bool(spec.driver.useNvidiaDriverCRD),
             gfd_enabled=spec.gfd.on(),
         )
-
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> LabelPolicy | None:
-        """From a ClusterPolicy spec as stored; None when the api model rejects it (the
-        ClusterPolicy's status then names the field)."""
-        try:
-            return cls.of(ClusterPolicySpec.model_validate(spec))
-        except pydantic.ValidationError:
-            return None
 
 
 @dataclass(frozen=True)

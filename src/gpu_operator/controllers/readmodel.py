@@ -212,7 +212,7 @@ class ReadModel:
         return labels
 
 
-class Reads(Protocol):
+class ObjectReader(Protocol):
     """What reading an object takes: a Kube, or `ReadOnce` over one."""
 
     async def get_dict(self, api_version: str, kind: str, name: str,
@@ -223,7 +223,7 @@ class ReadOnce:
     """A Kube's get_dict for one reconcile, each object read at most once: the user's ConfigMaps it
     needs for keys, content and a hash (one may be named by more than one field) are GET once."""
 
-    def __init__(self, kube: Reads) -> None:
+    def __init__(self, kube: ObjectReader) -> None:
         self.kube = kube
         self.seen: dict[tuple[str, str, str, str | None], dict[str, Any] | None] = {}
 
@@ -235,7 +235,7 @@ class ReadOnce:
         return self.seen[key]
 
 
-async def configmap_keys(kube: Reads, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
+async def configmap_keys(kube: ObjectReader, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
     """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules): the
     one read a reconcile makes besides the caches (user ConfigMaps are not watched). A missing
     ConfigMap is left out: rendering then names the field that refers to it."""
@@ -253,7 +253,7 @@ async def configmap_keys(kube: Reads, policy: ClusterPolicy, namespace: str) -> 
     return keys
 
 
-async def plugin_config_hash(kube: Reads, policy: ClusterPolicy, namespace: str) -> str:
+async def plugin_config_hash(kube: ObjectReader, policy: ClusterPolicy, namespace: str) -> str:
     """The hash of the devicePlugin.config ConfigMap's content ("" where none is named or it is
     missing): read once per reconcile, a change of it is an event (kube/configwatch.py)."""
     config = policy.spec.devicePlugin.config

@@ -10,7 +10,7 @@ import time
 import httpx2
 
 from gpu_operator.controllers.cache import NodeView, gpu_condition, kept_taints, mig_condition
-from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.settings import Backoff, OperatorSettings
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
 
@@ -42,6 +42,6 @@ class NodeReflector(NodeWatch[NodeView]):
     def __init__(self, http: httpx2.AsyncClient, streams: LineStreams, on_change: OnChange[NodeView], *,
                  backoff: Backoff | None = None, page_size: int = 500, server_timeout: float = 300,
                  connect_timeout: float = 30, path: str = NODES_PATH) -> None:
-        super().__init__(http, streams, on_change, view_of, delay=(backoff or Backoff(initial=0.5, cap=30.0)).delay,
+        super().__init__(http, streams, on_change, view_of, delay=(backoff or OperatorSettings().watch_backoff).delay,
                          page_size=page_size, server_timeout=server_timeout, connect_timeout=connect_timeout,
                          path=path)

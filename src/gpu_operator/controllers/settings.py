@@ -116,8 +116,8 @@ class OperatorSettings:
     manager's pod is not watched: a pod gone is seen within this)."""
 
     reconcile_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=60.0))
-    """Retries of a ClusterPolicy or NVIDIADriver reconcile that raised (API errors, network):
-    1 s, 2 s, 4 s ... up to 60 s; the first success resets it. Not-ready policies requeue on their
+    """Retries of a pass that raised (API errors, network), for every unit but node labelling
+    (label_backoff): 1 s, 2 s, 4 s ... up to 60 s; the first success resets it. Not-ready policies requeue on their
     own schedule (5 s; 45 s without NFD labels), which is not an error."""
 
     label_backoff: Backoff = field(default_factory=lambda: Backoff(initial=1.0, cap=300.0))

@@ -13,9 +13,9 @@ from typing import Any
 
 from prometheus_client import Gauge
 
+from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest, pod_ready
-from gpu_operator.controllers.drain import claims_of, pod_facts
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
@@ -181,7 +181,7 @@ class UpgradeController:
         self.driver_pods = driver_pods
         self.settings = settings or OperatorSettings()
         concurrency = self.settings.upgrade_concurrency
-        self.blocked: dict[tuple[str, str], str] = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
+        self.blocked: node_drain.Refusals = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
         self.gate = asyncio.Semaphore(concurrency)
         self.sent: dict[str, dict[str, Any]] = {}  # node -> its last patch the reflector has not shown yet
         self.deleted: set[tuple[str, str]] = set()  # driver pods we deleted that the watch still shows live
@@ -267,19 +267,9 @@ class UpgradeController:
         return result.counts, busy
 
     async def _pods_on(self, node: str, policy: us.Policy) -> tuple[us.PodFacts, ...]:
-        on_node = f"spec.nodeName={node}"
         async with self.gate:
-            pods = await self.kube.list_pods(fields=on_node)
-            wait: set[str] = set()
-            if policy.wait_selector:
-                wait = {p["metadata"]["name"] for p in
-                        await self.kube.list_pods(fields=on_node, labels=policy.wait_selector)}
-            drain: set[str] | None = None
-            if policy.drain_selector:
-                drain = {p["metadata"]["name"] for p in
-                         await self.kube.list_pods(fields=on_node, labels=policy.drain_selector)}
-            claims = await claims_of(self.kube, pods)
-        return tuple(pod_facts(p, wait, drain, self.blocked, access=self.access, claims=claims) for p in pods)
+            return await node_drain.pods_on(self.kube, node, self.blocked, access=self.access,
+                                            wait_selector=policy.wait_selector, drain_selector=policy.drain_selector)
 
     async def _execute(self, steps: Sequence[us.Step], facts: Mapping[str, us.NodeFacts]) -> None:
         await asyncio.gather(*(self._apply(step, facts.get(step.node)) for step in steps))
@@ -291,8 +281,7 @@ class UpgradeController:
                 if patch != {"metadata": {}}:
                     await self.kube.merge_patch("v1", "Node", step.node, patch)
                     self.sent[step.node] = patch
-                for pod in step.evict:
-                    await self._evict(pod)
+                await node_drain.evict(self.kube, step.evict, self.blocked)
                 if step.delete_driver_pod and node is not None and node.driver is not None:
                     await self._delete_pod(node.driver.namespace, node.driver.name)
                     self.deleted.add((node.driver.namespace, node.driver.name))
@@ -302,13 +291,6 @@ class UpgradeController:
                     await self.kube.node_event(step.node, UPGRADE_EVENT_REASON, step.message, warning=step.warning)
             except Exception as err:  # one node's failure must not stop the others; next pass retries
                 log.warning("node %s: upgrade step failed: %s", step.node, err)
-
-    async def _evict(self, pod: us.PodFacts) -> None:
-        answer = await self.kube.evict(pod.namespace, pod.name)
-        if answer.refused_by:
-            self.blocked[(pod.namespace, pod.name)] = answer.refused_by
-        else:
-            self.blocked.pop((pod.namespace, pod.name), None)
 
     async def _delete_pod(self, namespace: str, name: str) -> None:
         from gpu_operator.kube.client import ObjectKey

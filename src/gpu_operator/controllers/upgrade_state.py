@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpu_operator.api.common import DrainSpec, DriverUpgradePolicySpec, PodDeletionSpec, WaitForCompletionSpec
+from gpu_operator.controllers import drain as node_drain
+from gpu_operator.controllers.drain import PodFacts as PodFacts  # the pods' facts, the drain's
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     HEALTH_STATE,
@@ -130,25 +132,6 @@ class Policy:
                 return math.ceil(total * float(text[:-1]) / 100)
             return int(text)
         return int(value)
-
-
-@dataclass(frozen=True)
-class PodFacts:
-    """A pod on an upgrading node, as the decisions need it."""
-
-    name: str
-    namespace: str
-    phase: str = "Running"
-    gpu: bool = False  # holds GPUs of the node (controllers/gpuholders.py)
-    daemonset: bool = False  # owned by a DaemonSet (drain ignores these)
-    mirror: bool = False  # static pod
-    controlled: bool = True  # has a controller owner (else only removed with force)
-    empty_dir: bool = False  # uses emptyDir (else only removed with deleteEmptyDir)
-    drain_skip: bool = False  # nvidia.com/gpu-driver-upgrade-drain.skip=true
-    wait_match: bool = False  # matches waitForCompletion.podSelector
-    drain_match: bool = True  # matches drain.podSelector
-    terminating: bool = False
-    blocked_by: str = ""  # the PodDisruptionBudget that refused its last eviction
 
 
 @dataclass(frozen=True)
@@ -277,37 +260,17 @@ def _after_upgrade(node: NodeFacts, now: float) -> Step:
                if UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION in node.annotations else clear)
 
 
-def _blockers(pods: Sequence[PodFacts], force: bool, empty_dir: bool) -> str:
-    """Why these pods cannot be removed without force/deleteEmptyDir ('' when they can)."""
-    for pod in pods:
-        if not pod.controlled and not force:
-            return f"pod {pod.namespace}/{pod.name} has no controller (set force: true to delete it)"
-        if pod.empty_dir and not empty_dir:
-            return f"pod {pod.namespace}/{pod.name} uses emptyDir (set deleteEmptyDir: true to delete it)"
-    return ""
-
-
-def _eviction(node: NodeFacts, pods: Sequence[PodFacts], start_key: str, timeout: int, now: float,
+def _evicting(node: NodeFacts, pods: Sequence[PodFacts], start_key: str, timeout: int, now: float,
               force: bool, empty_dir: bool, what: str) -> tuple[str, Step | None]:
-    """Shared by pod deletion and drain: ('done'|'failed:<reason>'|'wait', step)."""
-    if not pods:
+    """Pod deletion and drain through the shared drain (controllers/drain.py), its start time in
+    the node's `start_key` annotation: ('done'|'failed:<reason>'|'wait', step)."""
+    d = node_drain.decide(pods, node.ts(start_key), timeout, now, force=force, empty_dir=empty_dir, what=what)
+    if d.outcome == node_drain.DONE:
         return "done", None
-    blocker = _blockers(pods, force, empty_dir)
-    if blocker:
-        return f"failed:{what} refused: {blocker}", None
-    started = node.ts(start_key)
-    if started is None:
-        return "wait", Step(node.name, annotations={start_key: str(int(now))}, evict=tuple(pods),
-                            message=f"Scheduling {what} of the node")
-    if timeout > 0 and now - started > timeout:
-        blocked = sorted({p.blocked_by for p in pods if p.blocked_by})
-        if blocked:
-            pdb = ", ".join(blocked)
-            names = ", ".join(f"{p.namespace}/{p.name}" for p in pods if p.blocked_by)
-            return f"failed:{what} blocked by PodDisruptionBudget {pdb} (pod {names}) for {timeout}s", None
-        names = ", ".join(f"{p.namespace}/{p.name}" for p in pods)
-        return f"failed:{what} timed out after {timeout}s with pods left: {names}", None
-    return "wait", Step(node.name, evict=tuple(p for p in pods if not p.terminating))
+    if d.outcome == node_drain.FAILED:
+        return f"failed:{d.reason}", None
+    notes: dict[str, str | None] = {start_key: d.start} if d.start is not None else {}
+    return "wait", Step(node.name, annotations=notes, evict=d.evict, message=d.message)
 
 
 def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step:
@@ -345,7 +308,7 @@ def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step
         # nvidia RuntimeClass, and their DaemonSet would put them back on the cordoned node
         gpu_pods = [p for p in node.pods if p.gpu and p.phase in ("Running", "Pending") and not p.mirror
                     and not p.daemonset]
-        outcome, step = _eviction(node, gpu_pods, UPGRADE_POD_DELETION_START_ANNOTATION, policy.deletion_timeout,
+        outcome, step = _evicting(node, gpu_pods, UPGRADE_POD_DELETION_START_ANNOTATION, policy.deletion_timeout,
                                   now, policy.deletion_force, policy.deletion_empty_dir, "GPU pod deletion")
         clear = {UPGRADE_POD_DELETION_START_ANNOTATION: None}
         if outcome == "done":
@@ -362,7 +325,7 @@ def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step
             return _to(node, POD_RESTART_REQUIRED, now)
         pods = [p for p in node.pods if not p.daemonset and not p.mirror and not p.drain_skip and p.drain_match
                 and p.phase in ("Running", "Pending")]
-        outcome, step = _eviction(node, pods, UPGRADE_DRAIN_START_ANNOTATION, policy.drain_timeout, now,
+        outcome, step = _evicting(node, pods, UPGRADE_DRAIN_START_ANNOTATION, policy.drain_timeout, now,
                                   policy.drain_force, policy.drain_empty_dir, "drain")
         if outcome == "done":
             return _to(node, POD_RESTART_REQUIRED, now, "Successfully drained the node",

@@ -85,3 +85,37 @@ async def update_taints(kube: Kube, node: str, change: Change, *, tries: int = 3
             if err.status.code != 409 or attempt == tries - 1:
                 raise
     return False
+
+
+async def put_request(kube: Kube, namespace: str, node: str, text: str | None) -> None:
+    """GPU remediation's request to one node's health agent: its entry (data key = the node's name)
+    in the requests Secret HEALTH_REQUESTS_SECRET, set to `text` or removed (None). A JSON merge
+    patch touches that key only, so concurrent writes for other nodes are never lost; the Secret is
+    created by the first request. Only the operator may write it (the chart's Role)."""
+    import base64
+
+    from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET, MANAGED_BY, MANAGED_BY_VALUE
+
+    value = None if text is None else base64.b64encode(text.encode()).decode()
+    for _ in range(3):
+        try:
+            await kube.merge_patch("v1", "Secret", HEALTH_REQUESTS_SECRET, {"data": {node: value}}, namespace=namespace)
+            return
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+        if value is None:
+            return  # no Secret: nothing to withdraw
+        from lightkube.resources.core_v1 import Secret
+
+        kube.write("create", "Secret")
+        try:
+            await kube.client.create(Secret.from_dict({  # type: ignore[call-overload]
+                "metadata": {"name": HEALTH_REQUESTS_SECRET, "namespace": namespace,
+                             "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
+                "type": "Opaque", "data": {node: value}}))
+            return
+        except ApiError as err:
+            if err.status.code != 409:  # created meanwhile for another node: patch it
+                raise
+    raise RuntimeError(f"could not write {namespace}/{HEALTH_REQUESTS_SECRET} for node {node}")

@@ -25,7 +25,7 @@ from gpu_operator.kube.linestream import LineStreams, StreamStatusError
 log = logging.getLogger("gpu_operator.reflector")
 
 EVENTS = Counter("gpu_operator_node_watch_events", "Node watch events received, by type", ["type"])
-LISTS = Counter("gpu_operator_node_lists", "Full Node lists, by reason (start, gone, error)", ["reason"])
+LISTS = Counter("gpu_operator_node_lists", "Full Node lists, by reason (start, gone)", ["reason"])
 
 NODES_PATH = "/api/v1/nodes"
 

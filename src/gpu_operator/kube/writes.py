@@ -60,6 +60,16 @@ class Writes:
             patch_type=PatchType.APPLY, field_manager=field_manager, force=True,
         )
 
+    async def apply_dry_run(self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER) -> dict[str, Any]:
+        """The object as the apiserver would store it after our server-side apply (dryRun=All: the
+        server merges, defaults and validates, and persists nothing). Not counted as a write."""
+        key = ObjectKey.of(obj)
+        merged = await self.client.patch(
+            resource_for(key.api_version, key.kind), key.name, obj, namespace=key.namespace,
+            patch_type=PatchType.APPLY, field_manager=field_manager, force=True, dry_run=True,
+        )
+        return dict(merged.to_dict())
+
     async def delete(self, key: ObjectKey, *, orphan: bool = False, foreground: bool = False) -> bool:
         """Delete; False when it was already gone. `orphan` leaves the dependents (pods) running;
         `foreground` keeps the object until the garbage collector has deleted its dependents."""

@@ -23,7 +23,7 @@ from gpu_operator.node.health.catalogue import (
     XID_LINE,
     classify,
 )
-from gpu_operator.node.health.kmsg import KMSG, read_messages
+from gpu_operator.node.health.kmsg import KERN, KMSG, read_records
 from gpu_operator.node.hostfs import HostFS, HostPathError
 from gpu_operator.node.verdict import Finding, Severity, finding
 
@@ -75,9 +75,9 @@ def read_kernel_log(fs: HostFS) -> tuple[str, str] | None:
     except HostPathError as err:
         fs.refused[KMSG] = str(err)
     else:
-        messages = read_messages(fs, KMSG, MAX_KMSG_BYTES) if real.exists() else None
-        if messages is not None:
-            return KMSG, "\n".join(messages)
+        records = read_records(fs, KMSG, MAX_KMSG_BYTES) if real.exists() else None
+        if records is not None:  # a record naming an Xid that is no kernel record is left out
+            return KMSG, "\n".join(r.message for r in records if r.facility == KERN or MENTION not in r.message)
     for path in LOG_FILES:
         text = fs.read_text(path, limit=MAX_KMSG_BYTES)
         if text is not None:
@@ -95,12 +95,26 @@ def kernel_log_findings(fs: HostFS) -> list[Finding]:
     return xid_findings(text, source)
 
 
+MENTION = "NVRM: Xid"
+SYSLOG_KERNEL = re.compile(r" kernel: (?:\[\s*\d+\.\d+\]\s*)?")
+
+
+def driver_xid(line: str) -> re.Match[str] | None:
+    """The driver's Xid line: a kmsg message that BEGINS with it, or a syslog line whose kernel
+    message (after `kernel: ` and the printk time) does; a line that only contains it (a crashing
+    process's file name, xidlines.py) is none."""
+    match = XID_LINE.match(line)
+    if match is None and (kernel := SYSLOG_KERNEL.search(line)):
+        match = XID_LINE.match(line, kernel.end())
+    return match
+
+
 def xid_findings(text: str, source: str) -> list[Finding]:
     counts: Counter[tuple[str, int]] = Counter()
     last: dict[tuple[str, int], str] = {}
     other: dict[str, tuple[str, str, str, list[str]]] = {}
     for line in text.splitlines():
-        match = XID_LINE.search(line)
+        match = driver_xid(line)
         if match:
             key = (match.group(1).lower(), int(match.group(2)))
             counts[key] += 1

@@ -34,37 +34,87 @@ def patch_node(client: Any, node_name: str, *, labels: dict[str, str | None] | N
     return client.patch(Node, node_name, {"metadata": meta}, patch_type=PatchType.MERGE)
 
 
-class NodeAnnotationWatch:
-    """A Node's annotations as a watch of that one Node keeps them (a daemon thread: the kubelet
-    watches its own Node the same way); `current()` is the latest seen, empty until the first."""
+class _Watch:
+    """One object kept as a watch of it by name sees it (a daemon thread; the kubelet watches its
+    own Node the same way), watched again after a failure."""
 
-    def __init__(self, node_name: str, client: Any = None, log: Any = None) -> None:
+    def __init__(self, what: str, watch: Any, keep: Any, log: Any) -> None:
         import threading
 
-        self.node_name = node_name
-        self.client = client if client is not None else new_client()
-        self.log = log or (lambda _m: None)
-        self.annotations: dict[str, str] = {}
-        self.thread = threading.Thread(target=self._run, name=f"watch-node-{node_name}", daemon=True)
+        from gpu_operator.node import kubetypes
+
+        kubetypes.prepare()  # lightkube's types built here, before a second thread decodes them
+        self.what, self.watch, self.keep, self.log = what, watch, keep, log
+        self.thread = threading.Thread(target=self._run, name=f"watch-{what}", daemon=True)
         self.thread.start()
 
-    def current(self) -> dict[str, str]:
-        return self.annotations
-
     def _run(self) -> None:
-        from lightkube.resources.core_v1 import Node
-
         failures = 0
         while True:
             try:
-                for _kind, node in self.client.watch(Node, fields={"metadata.name": self.node_name}):
-                    self.annotations = dict((node.metadata.annotations if node.metadata else None) or {})
+                for kind, obj in self.watch():
+                    self.keep(None if kind == "DELETED" else obj)
                     failures = 0
             except Exception as err:  # noqa: BLE001 - the apiserver may be away: watch again
                 failures += 1
                 if failures == 1:
-                    self.log(f"watching Node {self.node_name} failed ({err}); watching again")
+                    self.log(f"watching {self.what} failed ({err}); watching again")
             time.sleep(min(0.5 * 2 ** min(failures, 5), 15.0))
+
+
+class RequestWatch:
+    """What the health agent sees of the operator's requests (node/health/requests.py `Seen`): its
+    own Node's labels and annotations (one watch of that Node), and its node's entry in the
+    operator's requests Secret (one watch of that Secret by name, in the operator's namespace: the
+    agent's Role may get and watch only it). `current()` is the latest seen."""
+
+    def __init__(self, node_name: str, namespace: str, client: Any = None, log: Any = None) -> None:
+        from lightkube.resources.core_v1 import Node, Secret
+
+        from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
+
+        self.node_name, self.namespace = node_name, namespace
+        self.client = client if client is not None else new_client()
+        log = log or (lambda _m: None)
+        self.labels: dict[str, str] = {}
+        self.annotations: dict[str, str] = {}
+        self.request: str | None = None
+        self.watches = [
+            _Watch(f"Node {node_name}", lambda: self.client.watch(Node, fields={"metadata.name": node_name}),
+                   self._node, log),
+            _Watch(f"Secret {namespace}/{HEALTH_REQUESTS_SECRET}",
+                   lambda: self.client.watch(Secret, namespace=namespace,
+                                             fields={"metadata.name": HEALTH_REQUESTS_SECRET}),
+                   self._secret, log),
+        ]
+
+    def _node(self, node: Any) -> None:
+        meta = node.metadata if node is not None else None
+        self.labels = dict((meta.labels if meta else None) or {})
+        self.annotations = dict((meta.annotations if meta else None) or {})
+
+    def _secret(self, secret: Any) -> None:
+        self.request = request_entry(secret, self.node_name)
+
+    def current(self) -> Any:
+        from gpu_operator.node.health.requests import Seen
+
+        return Seen(self.labels, self.annotations, self.request)
+
+
+def request_entry(secret: Any, node_name: str) -> str | None:
+    """This node's entry (its JSON text) in the requests Secret (a lightkube Secret or None)."""
+    import base64
+    import binascii
+
+    data = (secret.data if secret is not None else None) or {}
+    raw = data.get(node_name)
+    if raw is None:
+        return None
+    try:
+        return base64.b64decode(raw, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return "(not base64 text)"
 
 
 class KubeNodeView:

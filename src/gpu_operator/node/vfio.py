@@ -76,11 +76,6 @@ def _group_functions(fs: HostFS, gpu: pci.PciFunction) -> tuple[list[pci.PciFunc
     return ours or [gpu], foreign
 
 
-def moving_functions(fs: HostFS, gpus: list[pci.PciFunction]) -> list[str]:
-    """Addresses of the GPUs and the NVIDIA functions of their IOMMU groups (what bind moves), sorted."""
-    return sorted({f.address for g in gpus for f in _group_functions(fs, g)[0]})
-
-
 def persistable(fs: HostFS, gpus: list[pci.PciFunction]) -> tuple[list[str], dict[str, str]]:
     """What `persist` may write for the next boot: (addresses of the functions that move, sorted;
     {GPU address: why it is left out}). The same IOMMU and group rules as bind, so a boot never

@@ -36,7 +36,7 @@ def render_command(
     shape: Annotated[list[str] | None, typer.Option("--shape", help="Fake nodes NAME[:COUNT] (repeatable).")] = None,
     namespace: Annotated[str, typer.Option("--namespace", help="Operator namespace.")] = "gpu-operator",
     output: Annotated[str, typer.Option("-o", "--output", help="yaml or json.")] = "yaml",
-    k8s_version: Annotated[str, typer.Option("--k8s-version", help="Kubernetes version.")] = "1.36.0",
+    k8s_version: Annotated[str, typer.Option("--k8s-version", help="Kubernetes version.")] = "1.37.0",
     openshift: Annotated[bool, typer.Option("--openshift", help="Render for OpenShift.")] = False,
     as_labelled: Annotated[
         bool,

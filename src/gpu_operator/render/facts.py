@@ -159,7 +159,7 @@ class ClusterFacts:
 
     nodes: tuple[NodeFacts, ...]
     namespace: str = "gpu-operator"
-    k8s_version: str = "1.36.0"
+    k8s_version: str = "1.37.0"
     openshift: bool = False
     openshift_version: str = ""
     runtime: str = "containerd"
@@ -183,7 +183,7 @@ class ClusterFacts:
         node_facts: Iterable[NodeFacts],
         *,
         namespace: str = "gpu-operator",
-        k8s_version: str = "1.36.0",
+        k8s_version: str = "1.37.0",
         openshift: bool = False,
         openshift_version: str = "",
         operator_env: Mapping[str, str] | None = None,
@@ -193,7 +193,7 @@ class ClusterFacts:
         plugin_config_hash: str = "",
     ) -> ClusterFacts:
         if not _VERSION.match(k8s_version):
-            raise RenderError("k8s_version", f"{k8s_version!r} is not a version: use e.g. 1.36.3")
+            raise RenderError("k8s_version", f"{k8s_version!r} is not a version: use e.g. 1.37.2")
         nodes = tuple(node_facts)
         return cls(
             nodes=nodes,

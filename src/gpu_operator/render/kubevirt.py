@@ -27,6 +27,7 @@ from gpu_operator.vocabulary import (
     KUBEVIRT_DEVICES_ANNOTATION,
     PASSTHROUGH_DEVICE_UNKNOWN,
     PROBE_FACTS_ANNOTATION,
+    PROBE_FACTS_MISSING,
     VM_PASSTHROUGH,
     VM_PASSTHROUGH_CONDITION,
 )
@@ -245,12 +246,20 @@ def _some(items: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def condition(findings: list[Finding], synced: bool, text: str) -> dict[str, str]:
-    """The VMPassthrough condition (without times): False with the first finding's reason when any."""
+def condition(findings: list[Finding], synced: bool, text: str, no_facts: list[str] | None = None) -> dict[str, str]:
+    """The VMPassthrough condition (without times): False with the first finding's reason when any;
+    False (ProbeFactsMissing) while a passthrough node's GPUs are not seen (no probe facts from it):
+    what was synced leaves them out, so it is not True."""
     if findings:
         shown = " | ".join(f.message for f in findings[:5])
         more = f" | and {len(findings) - 5} more finding(s): see the Warning Events" if len(findings) > 5 else ""
         return {"type": VM_PASSTHROUGH_CONDITION, "status": "False", "reason": findings[0].reason,
                 "message": shown + more}
+    if no_facts:
+        return {"type": VM_PASSTHROUGH_CONDITION, "status": "False", "reason": PROBE_FACTS_MISSING,
+                "message": (f"the GPUs of {len(no_facts)} passthrough node(s) are not seen: {_some(no_facts)} "
+                            f"(no {PROBE_FACTS_ANNOTATION} annotation from the GPU probe); the probe runs on passthrough "
+                            "nodes while spec.sandboxWorkloads.enabled=true: check that its pod runs there "
+                            "(kubectl get pods -A -l app=nvidia-gpu-probe -o wide) and read its log. " + text)}
     return {"type": VM_PASSTHROUGH_CONDITION, "status": "True",
             "reason": HOST_DEVICES_SYNCED if synced else HOST_DEVICES_NOT_SYNCED, "message": text}

@@ -19,6 +19,7 @@ from gpu_operator.render.result import Manifest
 from gpu_operator.render.transforms.cdi import gpu_access
 from gpu_operator.render.transforms.component import apply_component, apply_image, pull_secrets
 from gpu_operator.render.transforms.daemonset import common_config, driver_install_dir, host_root
+from gpu_operator.render.transforms.hardening import harden
 from gpu_operator.render.transforms.image import image_path, pull_policy
 from gpu_operator.vocabulary import deploy_label
 
@@ -178,6 +179,8 @@ def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
         gpu_access(ds, ctx.spec, ctx.facts.runtime)
     for transform in defn.transforms:
         transform(ds, ctx)
+    # last: fills only what the policy and the state left unset (no Role: no token)
+    harden(ds, api_access=bool(operand.role_rules or operand.cluster_rules))
     return ds
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import uuid
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -49,6 +50,10 @@ CUDA_DRIVER_VERSION = (12, 4)
 # Where a shape's GPUs get their driver: the operator's driver container, the host, or vfio-pci
 # (passed through to VMs: no NVML, so neither GFD nor the device plugin sees them).
 GPU_DRIVERS = ("operator", "host", "vfio-pci")
+# The CPU architectures a shape's node may have (the kubelet's `kubernetes.io/arch`, Go's GOARCH).
+ARCHES = ("amd64", "arm64")
+# GFD's label for GPUs attached to a multi-node NVLink fabric (k8s-device-plugin internal/lm/imex.go).
+GPU_CLIQUE = f"{NVIDIA}/gpu.clique"
 
 
 class ShapeError(ValueError):
@@ -91,6 +96,27 @@ class Shape:
     mig_capable: bool = False
     gpu_driver: str = "operator"
     extra_labels: dict[str, str] = field(default_factory=dict)
+    arch: str = "amd64"
+    cpu_vendor: str = "Intel"  # NFD's cpu-model.vendor_id
+    # Multi-node NVLink (GB200 NVL72): how many nodes (compute trays) share one NVLink domain, and
+    # how many of them one clique (a partition of it) holds; 0: no fabric (NVLink, if any, stays
+    # inside the node and NVML reports no fabric).
+    nvlink_domain_nodes: int = 0
+    nvlink_clique_nodes: int = 0
+
+    def fabric_ids(self, node_name: str) -> tuple[str, str] | None:
+        """The (cluster UUID, clique ID) NVML's fabric info reports for every GPU of the node
+        `<shape>-<index>` (nvmlDeviceGetGpuFabricInfo, as the NVLink fabric's manager set it): one
+        cluster UUID per NVLink domain of `nvlink_domain_nodes` nodes numbered in order, clique
+        IDs 1, 2, ... per `nvlink_clique_nodes` nodes within it. None: no fabric, or a node name
+        without an index."""
+        index = node_name.rpartition("-")[2]
+        if not self.nvlink_domain_nodes or not index.isdigit():
+            return None
+        domain, within = divmod(int(index), self.nvlink_domain_nodes)
+        clique = within // (self.nvlink_clique_nodes or self.nvlink_domain_nodes) + 1
+        cluster = uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-operator.sim/{self.name}/nvlink-domain/{domain}")
+        return str(cluster), str(clique)
 
     @property
     def gpu_product(self) -> str:
@@ -112,14 +138,14 @@ class Shape:
         labels = {
             "kubernetes.io/hostname": node_name,
             "kubernetes.io/os": "linux",
-            "kubernetes.io/arch": "amd64",
+            "kubernetes.io/arch": self.arch,
             "type": "kwok",
             SHAPE_LABEL: self.name,
             OS_ID: self.os_id,
             OS_VERSION_ID: self.os_version_id,
             OS_VERSION_MAJOR: self.os_version_id.split(".")[0],
             KERNEL_FULL: self.kernel,
-            f"{NFD}/cpu-model.vendor_id": "Intel",
+            f"{NFD}/cpu-model.vendor_id": self.cpu_vendor,
         }
         if "." in self.os_version_id:
             labels[f"{OS_VERSION_ID}.minor"] = self.os_version_id.split(".")[1]
@@ -150,7 +176,7 @@ class Shape:
                 "capacity": capacity,
                 "allocatable": dict(capacity),
                 "nodeInfo": {
-                    "architecture": "amd64",
+                    "architecture": self.arch,
                     "operatingSystem": "linux",
                     "osImage": f"{self.os_id.capitalize()} {self.os_version_id}",
                     "kernelVersion": self.kernel,
@@ -164,15 +190,17 @@ class Shape:
             },
         }
 
-    def gfd_labels(self, mig_strategy: str = "none", timestamp: int | None = None) -> dict[str, str]:
+    def gfd_labels(self, mig_strategy: str = "none", timestamp: int | None = None,
+                   node: str = "") -> dict[str, str]:
         """What GPU feature discovery v0.20.0 publishes for this host with full GPUs (no MIG
         device configured), its default (no) sharing and no vGPU: internal/lm/nvml.go (versions,
         mig.capable, mps.capable, gpu.mode), resource.go (product, count, replicas,
         sharing-strategy, memory, family, compute), mig-strategy.go and strategy.go
         (`mig.strategy` unless none), machine-type.go, vgpu.go, timestamp.go (`timestamp`: the
-        process start, Unix seconds; None leaves it out, as GFD_NO_TIMESTAMP does). Empty where
-        NVML sees no GPU (no GPU, or all on vfio-pci): GFD then writes nothing. Not covered:
-        fabric-attached GPUs (imex.go's gpu.clique; none of our shapes has an NVLink fabric)."""
+        process start, Unix seconds; None leaves it out, as GFD_NO_TIMESTAMP does), imex.go
+        (`gpu.clique`: `<cluster UUID>.<clique ID>` of the fabric-attached GPUs of `node`, all in
+        one clique; none without a fabric). Empty where NVML sees no GPU (no GPU, or all on
+        vfio-pci): GFD then writes nothing."""
         if not self.nvidia_gpus:
             return {}
         major, _, minor = self.gpu_compute_capability.partition(".")
@@ -208,6 +236,9 @@ class Shape:
             labels[f"{n}/mig.strategy"] = mig_strategy
         if timestamp is not None:
             labels[f"{n}/gfd.timestamp"] = str(timestamp)
+        fabric = self.fabric_ids(node)
+        if fabric:
+            labels[GPU_CLIQUE] = ".".join(fabric)
         return labels
 
     def device_plugin_resources(self) -> dict[str, str]:
@@ -218,7 +249,7 @@ class Shape:
         """The Node once GFD's labels are on it and the device plugin has registered its GPUs
         (GFD's timestamp left out): the steady state `render --shape` describes."""
         node = self.node(node_name)
-        node["metadata"]["labels"].update(self.gfd_labels(mig_strategy))
+        node["metadata"]["labels"].update(self.gfd_labels(mig_strategy, node=node_name))
         for key in ("capacity", "allocatable"):
             node["status"][key].update(self.device_plugin_resources())
         return node
@@ -241,6 +272,10 @@ def load(name: str) -> Shape:
     driver = str(gpu.get("driver", "operator"))
     if driver not in GPU_DRIVERS:
         raise ShapeError(f"shape {name}: gpu.driver {driver!r}: choose one of {', '.join(GPU_DRIVERS)}")
+    arch = str(raw.get("arch", "amd64"))
+    if arch not in ARCHES:
+        raise ShapeError(f"shape {name}: arch {arch!r}: choose one of {', '.join(ARCHES)}")
+    nvlink = raw.get("nvlink") or {}
     return Shape(
         name=name,
         description=raw.get("description", ""),
@@ -259,6 +294,10 @@ def load(name: str) -> Shape:
         mig_capable=bool(gpu.get("mig_capable", False)),
         gpu_driver=driver,
         extra_labels={k: str(v) for k, v in (raw.get("extra_labels") or {}).items()},
+        arch=arch,
+        cpu_vendor=str(raw.get("cpu_vendor", "Intel")),
+        nvlink_domain_nodes=int(nvlink.get("domain_nodes", 0)),
+        nvlink_clique_nodes=int(nvlink.get("clique_nodes", 0)),
     )
 
 

@@ -52,8 +52,10 @@ class Binaries:
         files = sorted((self.root / "stages").glob("*.yaml"))
         return "\n---\n".join(f.read_text().strip().removeprefix("---").strip() for f in files) + "\n"
 
-    def complete(self) -> bool:
-        binaries = (*(self.of(k).kube for k in KUBERNETES), self.etcd, self.kwok)
+    def complete(self, kubernetes: str | None = None) -> bool:
+        """Everything a control plane of `kubernetes` needs is built (None: both Kubernetes)."""
+        kubes = KUBERNETES if kubernetes is None else (self.of(kubernetes).kubernetes,)
+        binaries = (*(self.of(k).kube for k in kubes), self.etcd, self.kwok)
         return all(p.is_file() and os.access(p, os.X_OK) for p in binaries) and (self.root / "stages").is_dir()
 
 
@@ -66,14 +68,17 @@ def build_script(tool: str = "controlplane") -> Path | None:
     return None
 
 
-def locate(build: bool = True) -> Binaries:
-    """$GPU_OPERATOR_CONTROLPLANE if set, else run the build script (a no-op when cached)."""
+def locate(build: bool = True, kubernetes: str = "current") -> Binaries:
+    """The binaries of the `kubernetes` control plane: $GPU_OPERATOR_CONTROLPLANE if set, else run
+    the build script (a no-op when cached). The current Kubernetes never waits for the floor's
+    build, which only tests/floor needs."""
     if os.environ.get(ENV):
-        binaries = Binaries(Path(os.environ[ENV]))
-        if not binaries.complete():
+        binaries = Binaries(Path(os.environ[ENV])).of(kubernetes)
+        if not binaries.complete(kubernetes):
             raise BinariesMissing(
-                f"${ENV}={binaries.root} does not hold bin/kube, bin/kube-floor, bin/etcd, bin/kwok and stages/: "
-                "unset it or run tools/controlplane/build.sh"
+                f"${ENV}={binaries.root} does not hold {binaries.kube.relative_to(binaries.root)}, bin/etcd, "
+                "bin/kwok and stages/: unset it or run tools/controlplane/build.sh"
+                + (" --without-floor" if kubernetes == "current" else "")
             )
         return binaries
     script = build_script()
@@ -83,10 +88,11 @@ def locate(build: bool = True) -> Binaries:
             "tools/controlplane/build.sh (from a source checkout of gpu-operator)"
         )
     # The script prints progress on stderr (passed through) and the cache dir last on stdout.
-    result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
+    args = ["bash", str(script), *(["--without-floor"] if kubernetes == "current" else [])]
+    result = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False)
     if result.returncode != 0:
         raise BinariesMissing(f"building the control plane failed ({script}); see the messages above")
-    binaries = Binaries(Path(result.stdout.strip().splitlines()[-1]))
-    if not binaries.complete():
+    binaries = Binaries(Path(result.stdout.strip().splitlines()[-1])).of(kubernetes)
+    if not binaries.complete(kubernetes):
         raise BinariesMissing(f"{script} finished but {binaries.root} is incomplete")
     return binaries

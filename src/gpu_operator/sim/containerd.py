@@ -33,6 +33,9 @@ DEFAULT_NAMESPACE = "gpu-operator"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+MAX_SOCKET_PATH = 104  # bytes: containerd refuses a longer unix socket path (the BSD limit it applies)
+
+
 class ContainerdError(RuntimeError):
     """containerd or ctr failed; the message says what ran, why it failed and the log's tail."""
 
@@ -151,6 +154,13 @@ class PrivateContainerd:
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        longest = self.base_dir / "ttrpc.sock"
+        if len(str(longest).encode()) > MAX_SOCKET_PATH:
+            raise ContainerdError(
+                f"cannot start containerd in {self.base_dir}: its socket {longest} would be {len(str(longest).encode())} "
+                f"bytes long, and a unix socket path may be {MAX_SOCKET_PATH} at most: use a shorter directory "
+                "(e.g. `gpu-operator sim up --dir /tmp/sim`)"
+            )
         missing = missing_binaries()
         if missing:
             raise ContainerdError(

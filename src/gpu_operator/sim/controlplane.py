@@ -56,6 +56,19 @@ options:
 """
 
 
+def hold_initializing(stages: str) -> str:
+    """kwok's stages with its pod-ready stage leaving alone a pod whose Initialized condition is
+    False: the kubelet holds such a pod in its init containers (a stand-in of an init container
+    says so, `sim/vgpustandin.py`, which writes it Running once they ran through)."""
+    docs = [d for d in yaml.safe_load_all(stages) if d]
+    for doc in docs:
+        if doc.get("kind") == "Stage" and (doc.get("metadata") or {}).get("name") == "pod-ready":
+            doc["spec"]["selector"]["matchExpressions"].append({
+                "key": '.status.conditions.[] | select( .type == "Initialized" ) | .status',
+                "operator": "NotIn", "values": ["False"]})
+    return "---\n" + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to start or died; the message names it and points to its log."""
 
@@ -313,7 +326,7 @@ class ControlPlane:
         components = [kcm, scheduler]
         if self.kwok:
             stages = self.workdir / "kwok-stages.yaml"
-            stages.write_text(self.binaries.stages_yaml() + KWOK_CONFIGURATION)
+            stages.write_text(hold_initializing(self.binaries.stages_yaml()) + KWOK_CONFIGURATION)
             components.append(self._launch("kwok", [
                 str(self.binaries.kwok), f"--kubeconfig={self.kubeconfig_for('kwok')}",
                 "--manage-all-nodes=false",

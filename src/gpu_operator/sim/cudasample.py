@@ -14,10 +14,6 @@ failure the sample's error line and which of these is missing, and exits 1.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
-import tarfile
 from pathlib import Path
 
 from gpu_operator.sim import ociarchive
@@ -77,29 +73,5 @@ print("Done")
 def build(base: Path, out: Path, ref: str = CUDA_SAMPLE_IMAGE) -> Path:
     """A docker-archive at `out`: the image of docker-archive `base` plus a layer with
     /usr/bin/vectorAdd, tagged `ref` (deterministic: same base, same bytes)."""
-    layer = ociarchive.layer({"/usr/bin/vectorAdd": VECTOR_ADD.encode()})
-    layer_digest = hashlib.sha256(layer).hexdigest()
-    with tarfile.open(base) as src:
-        manifest = json.load(src.extractfile("manifest.json"))  # type: ignore[arg-type]
-        if len(manifest) != 1:
-            raise ValueError(f"{base}: expected one image in the archive, found {len(manifest)}")
-        entry = manifest[0]
-        config = json.load(src.extractfile(entry["Config"]))  # type: ignore[arg-type]
-        config["rootfs"]["diff_ids"].append(f"sha256:{layer_digest}")
-        config.setdefault("history", []).append({"created_by": "gpu-operator sim: vectorAdd stand-in"})
-        config_bytes = json.dumps(config, sort_keys=True).encode()
-        config_name = f"{hashlib.sha256(config_bytes).hexdigest()}.json"
-        new_manifest = [{"Config": config_name, "RepoTags": [ref],
-                         "Layers": [*entry["Layers"], f"{layer_digest}.tar"]}]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as dst:
-            for member in src.getmembers():
-                if member.name in ("manifest.json", "repositories", entry["Config"]):
-                    continue
-                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-            for name, data in ((f"{layer_digest}.tar", layer), (config_name, config_bytes),
-                               ("manifest.json", json.dumps(new_manifest).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                dst.addfile(info, io.BytesIO(data))
-    return out
+    return ociarchive.extend(base, out, ref, {"/usr/bin/vectorAdd": VECTOR_ADD.encode()},
+                             "gpu-operator sim: vectorAdd stand-in")

@@ -1,7 +1,8 @@
 """A stand-in for NVIDIA's device plugin on the real node (simulator code, not an operand: NVIDIA's
-image cannot be pulled here). It speaks the kubelet's device-plugin API (`dpapi`) for
-`nvidia.com/gpu` and answers as NVIDIA's plugin does (NVIDIA/k8s-device-plugin
-internal/plugin/server.go; facts only):
+image cannot be pulled here), run only inside a device plugin's pod: the image the simulator
+imports under NVIDIA's name runs it (`pluginimage`), so it lives and dies with its pod. It
+speaks the kubelet's device-plugin API (`dpapi`) for `nvidia.com/gpu` and answers as NVIDIA's
+plugin does (NVIDIA/k8s-device-plugin internal/plugin/server.go; facts only):
 
 - registers its socket `nvidia-gpu.sock` with the kubelet (version v1beta1, preferred allocation
   available), again whenever the kubelet's socket is re-created (a kubelet restart removes plugin
@@ -71,12 +72,16 @@ class GpuPlugin:
     """The DevicePlugin service over one host tree."""
 
     def __init__(self, host_root: Path, strategy: str = "envvar", env: dict[str, str] | None = None,
-                 resource: str = RESOURCE, mig_strategy: str = "none", config: sharing.Sharing | None = None) -> None:
+                 resource: str = RESOURCE, mig_strategy: str = "none", config: sharing.Sharing | None = None,
+                 cdi_root: Path | None = None) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
         if mig_strategy not in migresources.STRATEGIES:
             raise ValueError(f"--mig-strategy {mig_strategy!r}: use one of {', '.join(migresources.STRATEGIES)}")
         self.host_root, self.strategy = host_root, strategy
+        # where the CDI spec goes: the host tree's /var/run/cdi, or (in the plugin's pod, whose host
+        # tree is read-only) the pod's /var/run/cdi, the node's
+        self.cdi_root = host_root if cdi_root is None else cdi_root
         self.resource, self.mig_strategy = resource, mig_strategy
         self.config = config or sharing.Sharing()
         self.socket = f"nvidia-{resource.removeprefix('nvidia.com/')}.sock"
@@ -180,7 +185,7 @@ class GpuPlugin:
             devices.append({"name": device_id, "containerEdits": {"deviceNodes": [{"path": p} for p in nodes]}})
         spec = {"cdiVersion": "0.5.0", "kind": CDI_KIND, "devices": devices,
                 "containerEdits": {"deviceNodes": [{"path": p} for p in common]}}
-        target = self.host_root / CDI_SPEC.lstrip("/")
+        target = self.cdi_root / CDI_SPEC.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(spec, indent=2))
 
@@ -266,16 +271,36 @@ def load_config(path: str) -> sharing.Sharing:
     return sharing.parse(text, path)
 
 
+def env_strategy(value: str) -> str:
+    """DEVICE_LIST_STRATEGY (NVIDIA's: a comma-separated list, e.g. the operator's
+    `cdi-annotations,cdi-cri` with CDI on) as the stand-in plays it: the first strategy it knows
+    (`cdi-cri`, the CRI's CDI devices field, is not played: the annotations reach the runtime)."""
+    given = [s.strip() for s in value.split(",") if s.strip()]
+    for strategy in given:
+        if strategy in STRATEGIES:
+            return strategy
+    if not given:
+        return "envvar"
+    raise ValueError(f"DEVICE_LIST_STRATEGY={value!r}: the stand-in plays {', '.join(STRATEGIES)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gpu_operator.sim.deviceplugin", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host-root", type=Path, required=True, help="the node's host tree")
     parser.add_argument("--plugin-dir", type=Path, required=True, help="the kubelet's device-plugins directory")
-    parser.add_argument("--strategy", default="envvar", choices=STRATEGIES, help="DEVICE_LIST_STRATEGY")
+    parser.add_argument("--strategy", default=None, choices=STRATEGIES,
+                        help="default: DEVICE_LIST_STRATEGY's first known strategy, else envvar")
+    parser.add_argument("--cdi-root", type=Path, default=None,
+                        help="where /var/run/cdi is (default: the host tree's)")
     parser.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or "",
                         choices=("", *migresources.STRATEGIES), help="MIG_STRATEGY (default: the config's, else none)")
     parser.add_argument("--config-file", default=os.environ.get("CONFIG_FILE") or "",
                         help="CONFIG_FILE: the plugin config (sharing), read at start and on SIGHUP")
     args = parser.parse_args(argv)
+    try:
+        strategy = args.strategy or env_strategy(os.environ.get("DEVICE_LIST_STRATEGY", ""))
+    except ValueError as err:
+        raise SystemExit(f"device plugin: {err}") from err
     stop, restart = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -285,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
             config = load_config(args.config_file)
             mig_strategy = args.mig_strategy or config.mig_strategy or "none"
             sharing.check(config, mig_strategy)
-            plugins = plugins_for(args.host_root, args.strategy, mig_strategy, config)
+            plugins = plugins_for(args.host_root, strategy, mig_strategy, config, args.cdi_root)
         except (migresources.PluginError, sharing.ConfigError) as err:
             raise SystemExit(f"device plugin: {err}") from err
         threads = [threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))
@@ -318,14 +343,14 @@ def resources_of(host_root: Path, mig_strategy: str, config: sharing.Sharing,
 
 
 def plugins_for(host_root: Path, strategy: str, mig_strategy: str,
-                config: sharing.Sharing | None = None) -> list[GpuPlugin]:
+                config: sharing.Sharing | None = None, cdi_root: Path | None = None) -> list[GpuPlugin]:
     """One plugin per resource the GPUs give at start, as NVIDIA's plugin builds its servers (none
     when the strategy refuses the MIG layout: NVIDIA's exits)."""
     config = config or sharing.Sharing()
     names = resources_of(host_root, mig_strategy, config)
     if not names:
-        return [GpuPlugin(host_root, strategy, config=config)]
-    return [GpuPlugin(host_root, strategy, resource=name, mig_strategy=mig_strategy, config=config)
+        return [GpuPlugin(host_root, strategy, config=config, cdi_root=cdi_root)]
+    return [GpuPlugin(host_root, strategy, resource=name, mig_strategy=mig_strategy, config=config, cdi_root=cdi_root)
             for name in sorted(names)]
 
 

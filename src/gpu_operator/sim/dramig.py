@@ -20,7 +20,8 @@ Facts (NVIDIA/k8s-dra-driver-gpu, v0.4.0 and main at v0.5.0-dev, commit 22407113
 - The GPU instance profile IDs (NVML's `GpuInstanceProfileInfo.Id`, `nvidia-smi mig -lgip`) of the
   H100 80GB, NVIDIA's MIG user guide ("H100 MIG profiles"): 1g.10gb 19, 1g.10gb+me 20, 1g.20gb 15,
   2g.20gb 14, 3g.40gb 9, 4g.40gb 5, 7g.80gb 0 (the driver's own examples name gpu-2-mig-1g24gb-19-0
-  and gpu-1-mig-2g47gb-14-0, partitions.go and device_state.go). Its placements are in memory
+  and gpu-1-mig-2g47gb-14-0, partitions.go and device_state.go); by kind the same on the A100 40GB,
+  B200 and GB200 (1g.5gb/1g.23gb 19, their +me 20, 1g.45gb/1g.47gb 15, ...). Placements are in memory
   slices (8 on an H100): a 1g.10gb at slot s spans slice s, a 2g.20gb 2 slices, a 3g/4g 4, a 7g 8.
 """
 
@@ -33,8 +34,11 @@ from gpu_operator.sim.migparted import GpuMig, Instance
 from gpu_operator.sim.migprofiles import Profile
 
 MIG_TYPE = "mig"
-GI_PROFILE_IDS = {"1g.10gb": 19, "1g.10gb+me": 20, "1g.20gb": 15, "2g.20gb": 14, "3g.40gb": 9, "4g.40gb": 5,
-                  "7g.80gb": 0}
+# GPU instance profile IDs by kind (compute slices, memory slices, media extensions): the same on
+# every model of 7 compute slots (the guide's `-lgip` tables for the A100, H100, B200 and GB200):
+# 1g 19, 1g+me 20, 1g with two memory slices 15, 2g 14, 3g 9, 4g 5, 7g 0.
+GI_PROFILE_IDS = {(1, 1, False): 19, (1, 1, True): 20, (1, 2, False): 15, (2, 2, False): 14, (3, 4, False): 9,
+                  (4, 4, False): 5, (7, 8, False): 0}
 # the attributes a MIG device takes from its parent GPU (CommonAttributesMig)
 PARENT_ATTRIBUTES = ("productName", "brand", "architecture", "cudaComputeCapability", "driverVersion",
                      "cudaDriverVersion", "resource.kubernetes.io/pciBusID")
@@ -55,7 +59,7 @@ def rfc1123(name: str) -> str:
 
 
 def gi_profile_id(profile: Profile) -> int:
-    found = GI_PROFILE_IDS.get(profile.name)
+    found = GI_PROFILE_IDS.get((profile.slices, profile.memory_slices, "+me" in profile.name))
     if found is None:
         raise KeyError(f"no GPU instance profile ID known for MIG profile {profile.name!r}: add it to GI_PROFILE_IDS")
     return found

@@ -18,7 +18,7 @@ k8s.io/dynamic-resource-allocation's deviceattribute), the address the node's ho
 Health (given the kwok nodes' host trees, `sim up` does; `sim fault` changes them): with the
 plugin's feature gate NVMLDeviceHealthCheck, an Xid logged since the plugin's pod started taints
 the GPU's device in the slice (`gpu.nvidia.com/xid`, NoSchedule; None for the application Xids),
-which the scheduler honours (Kubernetes 1.36: DRADeviceTaints, beta, on by default): the device
+which the scheduler honours (DRADeviceTaints: beta and on by default in Kubernetes 1.36, GA in 1.37): the device
 stays in the slice and is no longer allocated to new claims; a new plugin pod or a new boot starts
 without taints (`sim/drahealth.py` has the rule and its sources). Without the gate: no taint.
 
@@ -31,6 +31,9 @@ With the plugin's DynamicMIG gate, partitionable devices instead (`sim/drapartit
 devices it did not make destroyed when it starts, the pool split into a counters slice and one slice
 per GPU (the Kubernetes 1.35+ form, whatever the apiserver's version); with a gate it refuses beside
 DynamicMIG, nothing.
+
+Its `compute-domains` container (a GPUCluster with compute domains on): `sim/computedomain.py`'s
+ChannelPlugin, called here with the same pod's client.
 
 What it does not play: passthrough (vfio) devices, claim preparation
 (there is no container to inject into; the real node's toolkit stand-in covers CDI injection).
@@ -57,6 +60,8 @@ from lightkube.generic_resource import create_global_resource
 
 from gpu_operator.shapes import CUDA_DRIVER_VERSION, DRIVER_VERSION, arch_family
 from gpu_operator.sim import dramig, drapartitions
+from gpu_operator.sim import identity as ident
+from gpu_operator.sim.computedomain import ChannelPlugin
 from gpu_operator.sim.drahealth import SliceHealth
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.mighw import MigHardware, shape_gpus
@@ -171,6 +176,7 @@ class SlicePublisher:
 
     app = PLUGIN_APP
     field_manager = FIELD_MANAGER
+    identity = ident.POD  # its pod's ServiceAccount; once the pod is gone the kubelet withdraws its slices
 
     def __init__(self, hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None) -> None:
         self.published: dict[str, str] = {}  # node -> the devices last published (JSON)
@@ -182,6 +188,7 @@ class SlicePublisher:
         self.interval = interval
         self.health: dict[str, tuple[str, SliceHealth]] = {}  # node -> (its plugin pod's uid, what it saw)
         self.wake: Callable[[str], None] = lambda _node: None
+        self.domains = ChannelPlugin()  # the pod's compute-domains container (sim/computedomain.py)
 
     def attach(self, wake: Callable[[str], None]) -> None:
         self.wake = wake
@@ -230,6 +237,8 @@ class SlicePublisher:
                     generation, names = self.names.get(node, (int((found.spec.get("pool") or {}).get("generation", 1)), []))
                     self.names[node] = (generation, [*names, str(found.metadata.name if found.metadata else "")])
                     self.wake(node)
+            for node in await self.domains.start(client):
+                self.wake(node)
         except ApiError as err:
             if err.status.code != 404:
                 raise
@@ -239,6 +248,20 @@ class SlicePublisher:
         if self.hosts is not None:
             self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
                                              name="dra-plugin-health")
+
+    async def _write(self, client: AsyncClient, body: dict[str, Any]) -> None:
+        """Create the slice, or update the one there: the verbs NVIDIA's plugin uses (its
+        ResourceSlice controller, k8s.io/dynamic-resource-allocation/resourceslice: create, update,
+        delete; no patch), which its rendered ClusterRole grants."""
+        obj = from_dict(body)
+        try:
+            await client.create(obj, field_manager=FIELD_MANAGER)
+        except ApiError as err:
+            if err.status.code != 409:
+                raise
+            found = await client.get(type(obj), body["metadata"]["name"])
+            body = {**body, "metadata": {**body["metadata"], "resourceVersion": found.metadata.resourceVersion if found.metadata else None}}
+            await client.replace(from_dict(body), field_manager=FIELD_MANAGER)
 
     async def _delete(self, client: AsyncClient, names: list[str]) -> None:
         for name in names:
@@ -268,7 +291,7 @@ class SlicePublisher:
                 generation = generation + 1 if names != old or not generation else generation
                 for body in slices_for(view, [{k: v for k, v in b["spec"].items() if k in ("devices", "sharedCounters")}
                                               for b in bodies], generation):
-                    await client.apply(from_dict(body), field_manager=FIELD_MANAGER, force=True)
+                    await self._write(client, body)
                 await self._delete(client, [n for n in old if n not in names])
                 log.info("node %s: the DRA kubelet plugin runs: ResourceSlices %s published", node, ", ".join(names))
                 self.published[node], self.names[node] = content, (generation, names)
@@ -277,4 +300,6 @@ class SlicePublisher:
             for book in (self.published, self.health, self.enumerated, self.names):
                 book.pop(node, None)
             log.info("node %s: the DRA kubelet plugin is gone: its ResourceSlices withdrawn", node)
-        return None
+        if view is None or view.shape is None:
+            return None
+        return await self.domains.sync(client, view, running[-1] if running else None)

@@ -6,6 +6,8 @@ device-plugin stand-in) sees what it would see there.
   kmsg's record format `PRIORITY,SEQ,MICROSECONDS,-;MESSAGE`). The message is the driver's:
   `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., GPU has fallen off the bus.` (NVIDIA's Xid
   catalogue, docs.nvidia.com/deploy/xid-errors; the address is domain:bus:device, no function).
+  On a driver from 565, an Xid that changes the GPU's recovery action is followed by the driver's
+  Xid 154 record (`sim/recovery.py`; NVML reads the action through `sim/nvmltree.py`).
 - `gone`: the GPU fell off the bus: the Xid 79 record and the driver's `NVRM: GPU 0000:3b:00.0: GPU
   has fallen off the bus.` line, then the card is gone as after a PCIe surprise removal: its
   functions leave sysfs (/sys/devices/..., /sys/bus/pci/devices, its driver's and IOMMU group's
@@ -39,18 +41,19 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.sim import devnodes, hosttree
+from gpu_operator.sim import devnodes, hosttree, recovery
 from gpu_operator.sim.toolkit import gpus as tree_gpus
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 KMSG = "/dev/kmsg"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
+PROC_STAT = "/proc/stat"
 BOOK = "faults.json"
 CHANGES = "changes"
 XID_OFF_BUS = 79
@@ -86,7 +89,8 @@ class Book:
     # address -> what `gone` took away: {"moved": {host path: stash dir}, "links": {host path: target},
     #                                    "nodes": {host path: [major, minor]}}
     gone: dict[str, dict[str, Any]] = field(default_factory=dict)
-    xids: list[dict[str, Any]] = field(default_factory=list)  # {"gpu", "xid"} injected this boot
+    # {"gpu", "xid", "seq": its kernel-log record's sequence number} injected this boot
+    xids: list[dict[str, Any]] = field(default_factory=list)
     boots: int = 0  # reboots played by `clear`
 
 
@@ -147,7 +151,8 @@ class HostFaults:
 
     # -- the kernel log --
 
-    def kmsg_append(self, book: Book, messages: list[str]) -> None:
+    def kmsg_append(self, book: Book, messages: list[str]) -> int:
+        """Append the driver's records; the sequence number of the first."""
         path = self.fs.resolve(KMSG)
         seq = last_seq(path) + 1
         usec = int((time.time() - book.boot_started) * 1e6)
@@ -155,14 +160,24 @@ class HostFaults:
         with path.open("a") as out:
             for i, message in enumerate(messages):
                 out.write(f"{PRIORITY},{seq + i},{usec},-;{message}\n")
+        return seq
+
+    def _recorded(self, book: Book, gpu: GpuRecord, xid: int, messages: list[str]) -> None:
+        """The Xid's records in the kernel log and the book (with the record's sequence number, for
+        NVML's events: `sim/nvmltree.py`); where the driver keeps a recovery action (565 and later)
+        and the Xid changes this GPU's, the driver's Xid 154 record after them (`sim/recovery.py`)."""
+        before = recovery.of_xids(x["xid"] for x in book.xids if x["gpu"] == gpu.index)
+        after = recovery.strongest((before, recovery.for_xid(xid)))
+        if after != before and recovery.supported(recovery.driver_version(self.fs)):
+            messages = [*messages, recovery.changed_line(gpu.xid_address, before, after)]
+        book.xids.append({"gpu": gpu.index, "xid": xid, "seq": self.kmsg_append(book, messages)})
 
     # -- the faults --
 
     def xid(self, xid: int, index: int | None = None) -> GpuRecord:
         book = self.book()
         gpu = self.gpu(book, index)
-        self.kmsg_append(book, [xid_message(gpu.xid_address, xid)])
-        book.xids.append({"gpu": gpu.index, "xid": xid})
+        self._recorded(book, gpu, xid, [xid_message(gpu.xid_address, xid)])
         self.save(book)
         return gpu
 
@@ -171,9 +186,8 @@ class HostFaults:
         gpu = self.gpu(book, index)
         if gpu.address in book.gone:
             raise FaultError(f"--gone: GPU {gpu.index} ({gpu.address}) is already off the bus: --clear brings it back")
-        self.kmsg_append(book, [xid_message(gpu.xid_address, XID_OFF_BUS),
-                                f"NVRM: GPU {gpu.address}: GPU has fallen off the bus."])
-        book.xids.append({"gpu": gpu.index, "xid": XID_OFF_BUS})
+        self._recorded(book, gpu, XID_OFF_BUS, [xid_message(gpu.xid_address, XID_OFF_BUS),
+                                                f"NVRM: GPU {gpu.address}: GPU has fallen off the bus."])
         book.gone[gpu.address] = self._remove(gpu)
         self.save(book)
         return gpu
@@ -248,6 +262,7 @@ class HostFaults:
         self.fs.resolve(KMSG).parent.mkdir(parents=True, exist_ok=True)
         self.fs.resolve(KMSG).write_text("")
         self.fs.write_text(BOOT_ID, f"{uuid.uuid4()}\n")
+        self.fs.write_text(PROC_STAT, f"btime {int(time.time())}\n")  # the kernel's boot time (its line of /proc/stat)
         for run_dir in ("/run", "/var/run"):  # a tmpfs: the reboot empties it (kured's sentinel too)
             self.fs.remove(f"{run_dir}/reboot-required")
         book.gone, book.xids, book.boots, book.boot_started = {}, [], book.boots + 1, time.time()
@@ -294,19 +309,20 @@ def boot_id(fs: HostFS) -> str:
 # -- the simulator's per-node trees --
 
 def node_host_spec(shape: str) -> dict[str, Any]:
-    """The host of a kwok node of `shape` whose operator-validator pod runs (`realspec.host_spec`),
-    with NVIDIA's driver loaded: the validator's driver check passed there, so where the operator's
-    driver container installs it (no host driver, no vfio-pci) its modules are loaded, the GPUs
-    bound and its device nodes made, as the driver container leaves the host; the status files of
-    the validator's checks (driver, toolkit, cuda, plugin: its init containers) are there (empty:
-    nothing reads their content but the validator). Like every host it
-    has a kernel log (/dev/kmsg, empty: nothing happened yet) and a boot_id (one per shape, so a
-    node's own tree, made at its first fault, reads as the same boot as the tree it shared)."""
+    """The host of a kwok node of `shape` (`realspec.host_spec`) with NVIDIA's driver loaded: where
+    the operator's driver container installs it (no host driver, no vfio-pci) its modules are
+    loaded, the GPUs bound and its device nodes made, as the driver container leaves the host.
+    Every component that reads these trees (our health agent in the validator pod, the toolkit,
+    the MIG manager, the vGPU host state) starts only after the driver's validation passed on the
+    node, so none of them can see a host without the driver. No validator status file is there:
+    /run/nvidia/validations holds only what a validator pod wrote on this node (`validator_wrote`),
+    and a tree made while none ran (a fault injected before the operator deployed) has none. Like
+    every host it has a kernel log (/dev/kmsg, empty: nothing happened yet) and a boot_id (one per
+    shape, so a node's own tree, made at its first fault, reads as the same boot as the tree it
+    shared)."""
     from gpu_operator.sim.realspec import HOST_DRIVER_VERSION, host_spec
 
     spec = host_spec(shape)
-    if not spec.get("vgpu"):  # the validator's init containers passed: their status files are on the host
-        spec["files"].update({f"{VALIDATIONS_DIR}/{name}-ready": "" for name in VALIDATED})
     spec["files"].update({KMSG: "", BOOT_ID: f"{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim-boot:{shape}')}\n"})
     if not spec["pci_drivers"]:
         spec["pci_drivers"] = ["nvidia"]
@@ -316,6 +332,22 @@ def node_host_spec(shape: str) -> dict[str, Any]:
             if device["vendor"] == "10de" and str(device["class"]).startswith("03"):  # a VM guest's other devices keep theirs
                 device["driver"] = "nvidia"
     return spec
+
+
+def validator_wrote(fs: HostFS, names: Iterable[str] = VALIDATED, when: float | None = None) -> None:
+    """The validator pod's init containers passed on this host: the status files of their checks
+    `names` (empty: nothing reads their content but the validator). `when` (epoch seconds): what a
+    pod that started then wrote, dated then; a file already there keeps its time. None: written
+    now, as a new pod's checks do (what the validation after a remediation action waits for)."""
+    from gpu_operator.node.validate.config import STATUS_FILES
+
+    for name in names:
+        path = f"{VALIDATIONS_DIR}/{STATUS_FILES[name]}"
+        if when is not None and fs.exists(path):
+            continue
+        fs.write_text(path, "")
+        if when is not None:
+            os.utime(fs.resolve(path), (when, when))
 
 
 class NodeHosts:

@@ -37,9 +37,10 @@ from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim import migresources, sharing
 from gpu_operator.sim.mighw import MigHardware
-from gpu_operator.sim.pluginconfig import PluginConfigs
+from gpu_operator.sim.pluginconfig import PluginConfigs, volume_reader
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import (
     GFD_NODE_FEATURE_PREFIX,
@@ -87,9 +88,9 @@ def labels_for(view: NodeView, pod: PodView, hardware: MigHardware | None = None
     stamp = None if no_timestamp(pod.env) else pod.started
     strategy = mig_strategy(pod.env) if mig_strategy(pod.env) != "none" else (config.mig_strategy or "none")
     if hardware is None:
-        return sharing.gfd_labels(config, view.shape.gfd_labels(strategy, stamp), False)
+        return sharing.gfd_labels(config, view.shape.gfd_labels(strategy, stamp, view.name), False)
     gpus = hardware.gpus(view.name, view.shape)
-    labels = migresources.gfd_labels(view.shape, strategy, gpus, stamp)
+    labels = migresources.gfd_labels(view.shape, strategy, gpus, stamp, view.name)
     return sharing.gfd_labels(config, labels, any(g.enabled for g in gpus))
 
 
@@ -143,6 +144,8 @@ class FeatureDiscovery:
 
     app = APP
     field_manager = FIELD_MANAGER
+    identity = ident.POD  # its pod's ServiceAccount: the NodeFeature, the config-manager's label read
+    identities: Any = None  # given by NodeStandIns: the kubelet reads the config ConfigMap's volume
 
     def __init__(self, hardware: MigHardware | None = None, configs: PluginConfigs | None = None) -> None:
         self.written: dict[tuple[str, str], dict[str, Any]] = {}
@@ -170,7 +173,7 @@ class FeatureDiscovery:
             self.configs.forget(APP, node)
         for pod in newest.values():
             try:
-                config = await self.configs.config(client, node, pod)
+                config = await self.configs.config(client, node, pod, volume_reader(self.identities, node))
             except sharing.ConfigError as err:
                 log.info("node %s: GFD's pod %s/%s does not start: %s", node, pod.namespace, pod.name, err)
                 continue

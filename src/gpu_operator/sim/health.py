@@ -1,7 +1,8 @@
 """Our GPU health agent on kwok nodes, which run no container: where the operator-validator pod
 (label app=nvidia-operator-validator) runs with its `gpu-health` container, the agent's own code
 (`node.health.HealthAgent`: kernel log, PCI bus, the driver's /proc entries, validator status
-files) runs against the node's host tree, and each changed report goes out through the agent's
+files; for a live agent NVML too, as the tree and its fault book answer: `sim/nvmltree.py`) runs
+against the node's host tree, and each changed report goes out through the agent's
 own publisher (`AnnotationPublisher`: one merge patch of the Node annotation
 nvidia.com/gpu-health.report, as the node agents' field manager) -- the same code path as in the
 pod, not a re-implementation. The validations it expects come from the container's
@@ -22,10 +23,10 @@ first fault on its shape's tree (what the host was when the pod started) and the
 node's own tree, so it sees the change as an agent that ran all along does: a GPU that left the
 bus is `gone`, the kernel log's new records are judged.
 
-Remediation's requests (the Node annotations nvidia.com/gpu-health.reset-requested and
-reboot-requested) are carried out by the agent's own code (`node.health.requests.RequestActor`)
+Remediation's requests (the node's entry in the operator's requests Secret, which only the
+operator writes; node/health/requests.py) are carried out by the agent's own code (`node.health.requests.RequestActor`)
 for a node with a live agent (remediation only asks of a node whose GPUs are unhealthy, and that
-node's tree holds the fault): its Node is read at each step, a reset is played on the tree by
+node's tree holds the fault): its Node and the requests Secret are read at each step, a reset is played on the tree by
 `HostFaults.reset` (that GPU's Xids forgotten, the boot kept; a GPU gone from the bus stays gone)
 instead of `nvidia-smi -r`, and a reboot request creates kured's sentinel in the tree
 (/var/run/reboot-required). There is no kured here: whoever plays the reboot runs
@@ -48,21 +49,26 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.node.health import AnnotationPublisher, HealthAgent, encode
+from gpu_operator.node.health import AnnotationPublisher, HealthAgent, encode, inventory
 from gpu_operator.node.health.command import NO_VALIDATIONS
-from gpu_operator.node.health.requests import RequestActor, Resetter
+from gpu_operator.node.health.requests import RequestActor, Resetter, Seen
 from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.validate.config import STATUS_FILES
 from gpu_operator.sim import hosttree
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim.faults import (
+    VALIDATED,
     ChangeFollower,
     FaultError,
     NodeHosts,
     boot_id,
     follow_changes,
     node_host_spec,
+    validator_wrote,
 )
+from gpu_operator.sim.nvmltree import TreeNvml
 from gpu_operator.sim.podwatch import NodeView, PodView
-from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
+from gpu_operator.vocabulary import HEALTH_VALIDATIONS, NODE_AGENT_FIELD_MANAGER, VALIDATIONS_DIR
 
 log = logging.getLogger("gpu_operator.sim.health")
 
@@ -95,6 +101,8 @@ class HealthStandIn:
 
     app = APP
     field_manager = NODE_AGENT_FIELD_MANAGER
+    identity = ident.POD  # the operator-validator pod's ServiceAccount (sim/identity.py)
+    identities: Any = None  # given by NodeStandIns (without: `client`, one for all pods)
 
     def __init__(self, config: Any, hosts: Path, interval: float = INTERVAL,
                  client: Any = None) -> None:
@@ -131,7 +139,12 @@ class HealthStandIn:
         if shape not in self.shared:
             root = self.hosts.base / ".shared" / shape
             shutil.rmtree(root, ignore_errors=True)
-            hosttree.build(node_host_spec(shape), root)
+            spec = node_host_spec(shape)
+            hosttree.build(spec, root)
+            # read only by agents of running validator pods, whose init containers passed (a vGPU
+            # host's validator checks the vGPU manager instead)
+            if not spec.get("vgpu"):
+                validator_wrote(HostFS(root))
             self.shared[shape] = root
         return self.shared[shape]
 
@@ -150,7 +163,10 @@ class HealthStandIn:
         say = lambda m: log.info("node %s: health agent: %s", node, m)  # noqa: E731
         # no process of a tree is this agent (own_pid -1): every holder there counts
         requests = RequestActor(fs, self._resetter(node), own_pid=-1, log=say) if acts else None
-        return HealthAgent(fs, node, nvml=False, log=say, requests=requests, **extra)
+        # a live agent reads NVML as the tree and its fault book answer (sim/nvmltree.py); the
+        # shared-tree look (one per shape) reads the host's files only, as it costs one look per shape
+        nvml = {"nvml": True, "nvml_module": TreeNvml(fs)} if acts else {"nvml": False}
+        return HealthAgent(fs, node, log=say, requests=requests, **nvml, **extra)
 
     def _resetter(self, node: str) -> Resetter:
         """`nvidia-smi -r -i BUS` played on the node's own tree."""
@@ -164,11 +180,20 @@ class HealthStandIn:
             return True, ""
         return reset
 
-    async def publish(self, node: str, text: str, withdraw: tuple[str, ...] = ()) -> None:
-        if self.published.get(node) == text and not withdraw:
+    async def own_client(self, node: str, pods: list[PodView]) -> Any:
+        """The agent's (sync) client: its pod's ServiceAccount; once its pod is gone, the kubelet's."""
+        if self.identities is None:
+            return self.client
+        return await self.identities.sync_for_pods(node, pods, self.field_manager)
+
+    async def publish(self, node: str, text: str, client: Any = None) -> None:
+        if self.published.get(node) == text:
             return
-        publisher = self.publishers.setdefault(node, AnnotationPublisher(node, client=self.client))
-        await publisher.publish(text, withdraw)
+        client = client if client is not None else self.client
+        publisher = self.publishers.get(node)
+        if publisher is None or publisher.client is not client:
+            publisher = self.publishers[node] = AnnotationPublisher(node, client=client)
+        await publisher.publish(text)
         self.published[node] = text
         self.patches += 1
         log.info("node %s: GPU health report published: %s", node, text)
@@ -207,28 +232,59 @@ class HealthStandIn:
             fresh = self.pods.get(node) != pod.uid
             if fresh and not self.hosts.has(node):  # the agent starts now, on its shape's host
                 self.pods[node] = pod.uid
-                await self.publish(node, self.first_look(node, shape, validations(pod))[0])
+                await self.publish(node, self.first_look(node, shape, validations(pod))[0],
+                                   client=await self.own_client(node, [pod]))
                 return None
             if fresh:  # the agent starts now, on the host as it is
                 fs = HostFS(own)
+                wanted = validations(pod)  # what its checks write now
+                validator_wrote(fs, HEALTH_VALIDATIONS if wanted is None else wanted)
             elif self.hosts.has_faults(node):  # a fault on a host that was as its shape's when the agent started
                 fs = HostFS(self.shared_root(shape))
             else:
                 return None  # nothing changed since its last report
             live = Live(self._agent(node, fs, validations(pod), acts=True), fs, boot_id(fs))
             if self.hosts.has(node) and fs.root != own.resolve():
+                # the node's own tree was made after its validator pod started (born with no
+                # status file): what that pod's init containers wrote at its start, and the GPUs
+                # its agent found then (node/health/inventory.py), are on the host
+                carried = [n for n in VALIDATED if fs.exists(f"{VALIDATIONS_DIR}/{STATUS_FILES[n]}")]
+                validator_wrote(HostFS(own), carried, when=float(pod.started))
+                inventory.write(HostFS(own), inventory.boot_id(HostFS(own)), live.agent.baseline.pci)
                 fs.root = own.resolve()  # the same agent, now reading the node's own host
                 live.boot = boot_id(fs)
             self.live[node], self.pods[node] = live, pod.uid
         found = await client.get(Node, node)
-        withdraw = tuple(live.agent.act((found.metadata.annotations if found.metadata else None) or {}))
+        meta = found.metadata
+        seen = Seen((meta.labels if meta else None) or {}, (meta.annotations if meta else None) or {},
+                    await self.request(client, node, pod.namespace))
+        live.agent.act(seen)
         await live.agent.step()
         if live.agent.last is not None:
-            await self.publish(node, live.agent.last, withdraw)
+            await self.publish(node, live.agent.last, client=await self.own_client(node, [pod]))
         if self.hosts.has_faults(node) or live.agent.marks:
             return self.interval
         self._close(node)  # quiet: put away until its host changes
         return None
+
+    async def request(self, client: AsyncClient, node: str, namespace: str) -> str | None:
+        """The node's entry in the operator's requests Secret (in the validator pod's namespace, the
+        operator's), as the agent's RequestWatch keeps it."""
+        from lightkube.core.exceptions import ApiError
+        from lightkube.resources.core_v1 import Secret
+
+        from gpu_operator.node.kubeapi import request_entry
+        from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
+
+        try:
+            return request_entry(await client.get(Secret, HEALTH_REQUESTS_SECRET, namespace=namespace), node)
+        except ApiError as err:
+            # 403: an identity whose Role does not name the Secret (the DRA validator's: remediation
+            # is off under a GPUCluster). The agent's RequestWatch logs the refusal and keeps
+            # reporting without requests; so does the stand-in (the refusal is on record).
+            if err.status.code in (403, 404):
+                return None
+            raise
 
     async def stopped(self, node: str, view: NodeView, pods: list[PodView]) -> None:
         """The pod went: the agent's last report, marked stopped."""
@@ -243,5 +299,5 @@ class HealthStandIn:
         else:
             assert view.shape is not None
             final = self.first_look(node, view.shape.name, wanted)[1]
-        await self.publish(node, final)
+        await self.publish(node, final, client=await self.own_client(node, pods))
         self.forget(node)

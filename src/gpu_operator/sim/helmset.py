@@ -13,7 +13,11 @@ the first element of a list a file gave and keeps its other keys and elements; t
 defaults are not beneath (a list set by index replaces the chart's default list, as in Helm).
 
 Stricter than Helm on purpose: an empty key (`=3`, `a.=1`) and a key or index without a value
-(`a.`, `a[0]`) are refused here, where Helm silently sets nothing (or an empty list).
+(`a.`, `a[0]`) are refused here, where Helm silently sets nothing (or an empty list); and a name
+with more than 30 list indices (`a[0][0]...`, counted over the whole name), which Helm takes
+(strvals limits each index to 65536 and the dots in a name to 30, not the indices), is refused
+here, as its nesting would exhaust the parser's recursion. Whatever is refused is one line that
+names the argument (cut to its first 60 characters and its length when longer than 100).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 MAX_INDEX = 65536  # strvals.MaxIndex
 MAX_NESTING = 30  # strvals.MaxNestedNameLevel: dots in one name
+MAX_LIST_NESTING = 30  # ours (Helm has none): list indices in one name
+SHOWN = 100  # an argument longer than this is cut in messages
 _INT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -118,7 +124,7 @@ def _put(items: list[Any], index: int, value: Any) -> None:
     items[index] = value
 
 
-def _key(reader: _Reader, data: dict[str, Any], where: str, nesting: int) -> None:
+def _key(reader: _Reader, data: dict[str, Any], where: str, nesting: int, lists: int = 0) -> None:
     key, stop = reader.until("=[,.")
     name = f"{where}.{key}" if where else key
     if not key:
@@ -136,9 +142,10 @@ def _key(reader: _Reader, data: dict[str, Any], where: str, nesting: int) -> Non
                 f"{name} is {_describe(inner)} in the values beneath, not a map, so Helm cannot "
                 f"set a key inside it: set {name} whole in a --values file"
             )
-        _key(reader, inner, name, nesting + 1)
+        _key(reader, inner, name, nesting + 1, lists)
         data[key] = inner
     else:  # "["
+        _count_list(name, lists + 1)
         index = _index(reader, name)
         items = data.get(key, [])
         if not isinstance(items, list):
@@ -146,10 +153,18 @@ def _key(reader: _Reader, data: dict[str, Any], where: str, nesting: int) -> Non
                 f"{name} is {_describe(items)} in the values beneath, not a list, so Helm cannot "
                 f"set {name}[{index}]: set {name} whole, e.g. {name}={{a,b}}"
             )
-        data[key] = _item(reader, items, index, name, nesting)
+        data[key] = _item(reader, items, index, name, nesting, lists + 1)
 
 
-def _item(reader: _Reader, items: list[Any], index: int, where: str, nesting: int) -> list[Any]:
+def _count_list(name: str, lists: int) -> None:
+    if lists > MAX_LIST_NESTING:
+        raise _Problem(
+            f"{name} has more than {MAX_LIST_NESTING} list indices (this parser's limit; Helm's strvals has "
+            "none for indices): set the value in a --values file"
+        )
+
+
+def _item(reader: _Reader, items: list[Any], index: int, where: str, nesting: int, lists: int) -> list[Any]:
     """What follows `where[index]`: `=value`, another `[N]`, or `.key...`."""
     name = f"{where}[{index}]"
     rest, stop = reader.until("[.=")
@@ -161,16 +176,17 @@ def _item(reader: _Reader, items: list[Any], index: int, where: str, nesting: in
     if stop == "=":
         _put(items, index, _value(reader))
     elif stop == "[":
+        _count_list(name, lists + 1)
         inner_index = _index(reader, name)
         if current is not None and not isinstance(current, list):
             raise _Problem(
                 f"{name} is {_describe(current)} in the values beneath, not a list, so Helm cannot "
                 f"set {name}[{inner_index}]: set {name} whole in a --values file"
             )
-        _put(items, index, _item(reader, current or [], inner_index, name, nesting))
+        _put(items, index, _item(reader, current or [], inner_index, name, nesting, lists + 1))
     else:  # "." (an element that is not a map is replaced by one, as Helm does)
         inner = current if isinstance(current, dict) else {}
-        _key(reader, inner, name, nesting)
+        _key(reader, inner, name, nesting, lists)
         _put(items, index, inner)
     return items
 
@@ -186,5 +202,14 @@ def apply(argument: str, beneath: dict[str, Any]) -> dict[str, Any]:
         while reader.more():
             _key(reader, values, "", 0)
     except _Problem as problem:
-        raise SetSyntaxError(f"--set {argument!r}: {problem}") from None
+        raise SetSyntaxError(f"--set {_shown(argument)}: {_cut(str(problem), 300)}") from None
     return values
+
+
+def _shown(argument: str) -> str:
+    """The argument, quoted, as a message names it: cut to its start and its length when long."""
+    return repr(argument) if len(argument) <= SHOWN else f"{_cut(argument, SHOWN)!r} ({len(argument)} characters)"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit * 3 // 5] + "..."

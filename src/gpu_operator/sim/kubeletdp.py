@@ -55,9 +55,10 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.sim import devnodes, migresources, sharing
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.mighw import MigHardware, shape_gpus
-from gpu_operator.sim.pluginconfig import PluginConfigs
+from gpu_operator.sim.pluginconfig import PluginConfigs, volume_reader
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.sim.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
@@ -106,6 +107,9 @@ class DevicePluginCapacity:
 
     app = APP
     field_manager = FIELD_MANAGER
+    # the Node's status is the kubelet's; the plugin's config-manager reads as its pod's ServiceAccount
+    identity = ident.KUBELET
+    identities: Any = None  # given by NodeStandIns: the kubelet's client
 
     def __init__(self, grace_period: float = GRACE_PERIOD, clock: Callable[[], float] = time.monotonic,
                  hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None,
@@ -209,7 +213,7 @@ class DevicePluginCapacity:
         (self.on_nodes.add if running else self.on_nodes.discard)(node)
         if running:
             try:
-                config = await self.configs.config(client, node, plugins[-1])
+                config = await self.configs.config(client, node, plugins[-1], volume_reader(self.identities, node))
             except sharing.ConfigError as err:
                 log.info("node %s: the device plugin does not start: %s", node, err)
                 running, plugins = False, []
@@ -237,7 +241,8 @@ class DevicePluginCapacity:
                 again.append(self.grace_period - stopped_for + 0.05)  # look again when the grace period ends
         wanted = merge_status(parts)
         if wanted is not None and self.written.get(node) != wanted:
-            await client.patch(Node.Status, node, status_patch(wanted), field_manager=FIELD_MANAGER)
+            writer = client if self.identities is None else await self.identities.kubelet(node, FIELD_MANAGER)
+            await writer.patch(Node.Status, node, status_patch(wanted), field_manager=FIELD_MANAGER)
             self.written[node] = wanted
             log.info("node %s: the device plugin %s: capacity %s, allocatable %s", node,
                      "runs" if running else "is gone", wanted["capacity"], wanted["allocatable"])

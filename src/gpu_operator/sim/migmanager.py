@@ -49,9 +49,11 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.shapes import Shape
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim import migparted
 from gpu_operator.sim.mighw import MigHardware
 from gpu_operator.sim.migprofiles import LayoutError
+from gpu_operator.sim.pluginconfig import volume_reader
 from gpu_operator.sim.podwatch import NodeView, PodView, describe
 from gpu_operator.vocabulary import DEPLOY_PREFIX, MIG_CONFIG, MIG_MANAGER_FIELD_MANAGER
 
@@ -127,6 +129,8 @@ class MigManager:
 
     app = APP
     field_manager = FIELD_MANAGER
+    identity = ident.POD  # its pod's ServiceAccount: the node's labels, the pods it waits for and deletes
+    identities: Any = None  # given by NodeStandIns: the kubelet reads its config's ConfigMap volume
 
     def __init__(self, hardware: MigHardware, poll: float = 0.5, wait_timeout: float = WAIT_TIMEOUT) -> None:
         self.hardware, self.poll, self.wait_timeout = hardware, poll, wait_timeout
@@ -211,7 +215,8 @@ class MigManager:
         try:
             found = await client.get(Pod, pod.name, namespace=pod.namespace)
             name, key = config_source(found.to_dict())
-            cm = await client.get(ConfigMap, name, namespace=pod.namespace)
+            volumes = volume_reader(self.identities, node) or client  # the file mig-parted reads: a volume
+            cm = await volumes.get(ConfigMap, name, namespace=pod.namespace)
             entries = migparted.select(migparted.parse((cm.data or {}).get(key, "")), value)
         except (migparted.ConfigError, ApiError) as err:
             await state("failed", str(err))

@@ -9,6 +9,16 @@ Facts (read for facts only):
 - NVIDIA's MIG user guide (docs.nvidia.com/datacenter/tesla/mig-user-guide, "H100 MIG profiles"):
   an H100 80GB has 8 memory slices; 1g.10gb takes 1, 1g.20gb and 2g.20gb 2, 3g.40gb and 4g.40gb 4,
   7g.80gb all 8. A layout fits when each instance has a free placement and the memory slices last.
+- The other models' profiles: NVIDIA/go-nvml pkg/nvml/mock/shared/gpus/a100.go (A100-SXM4-40GB,
+  PCI 0x20B0, and -80GB, 0x20B2: name, count, multiprocessors, engines, memory, placements) and
+  b200.go (B200: the same per-profile facts; its device ID there, 0x2B00, is the Jetson Thor's in
+  the PCI ID database, which gives the B200 0x2901 and the GB200 0x2941). NVIDIA's MIG user guide
+  ("A100 MIG profiles", "B200 MIG profiles", "GB200 MIG profiles") for the names and how many fit:
+  A100 40GB 1g.5gb, 1g.5gb+me, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb; A100 80GB the H100's
+  names; B200 1g.23gb, 1g.23gb+me, 1g.45gb, 2g.45gb, 3g.90gb, 4g.90gb, 7g.180gb; GB200 1g.23gb,
+  1g.23gb+me, 1g.47gb, 2g.47gb, 3g.93gb, 4g.93gb, 7g.186gb (no mock: its engines taken as the B200's,
+  the same GB100 die; its memory the profile name's GiB). Every one of them has 7 compute slots and
+  8 memory slices, with the H100's placements.
 - The GPU instance IDs NVML gives by placement (7g: 0; 3g/4g at slot 0: 1, 3g at slot 4: 2; 2g at
   slot 0/2/4: 3/4/5; 1g at slot s: 7+s), as `nvidia-smi mig -lgi` shows them on A100/H100; one
   compute instance (ID 0) spans each GPU instance, as mig-parted creates them.
@@ -61,8 +71,40 @@ _H100_80GB = Model("NVIDIA H100 80GB HBM3", 7, 8, (
     Profile("7g.80gb", 7, 8, 1, 81920, 112, 7, 5, 0, 0, 0, (0,)),
 ))
 
+
+def _seven_slot(name: str, sizes: tuple[str, ...], memory_mb: tuple[int, ...], sms: tuple[int, ...],
+                copy: tuple[int, ...], decoder: tuple[int, ...], encoder: tuple[int, ...],
+                jpeg: tuple[int, ...]) -> Model:
+    """A model with the A100/H100/B200 layout of 7 compute slots and 8 memory slices: the profiles
+    1g, 1g+me, 1g (2 memory slices), 2g, 3g, 4g, 7g, in that order, with their sizes in the names
+    (`sizes`) and per-profile facts in the same order (`jpeg` counts JPEG and OFA engines alike)."""
+    shape = ((1, 1, 7, (0, 1, 2, 3, 4, 5, 6)), (1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+             (1, 2, 4, (0, 1, 2, 3, 4, 5, 6)), (2, 2, 3, (0, 2, 4)), (3, 4, 2, (0, 4)),
+             (4, 4, 1, (0,)), (7, 8, 1, (0,)))
+    return Model(name, 7, 8, tuple(
+        Profile(f"{g}g.{size}", g, mem, count, memory_mb[i], sms[i], copy[i], decoder[i], encoder[i],
+                jpeg[i], jpeg[i], starts)
+        for i, ((g, mem, count, starts), size) in enumerate(zip(shape, sizes, strict=True))))
+
+
+_A100_40GB = _seven_slot(
+    "NVIDIA A100-SXM4-40GB", ("5gb", "5gb+me", "10gb", "10gb", "20gb", "20gb", "40gb"),
+    (4864, 4864, 9856, 9856, 19968, 19968, 40192), (14, 14, 14, 28, 42, 56, 98),
+    (1, 1, 1, 2, 3, 4, 7), (1, 1, 1, 1, 2, 2, 5), (0,) * 7, (0, 1, 0, 0, 0, 0, 1))
+_A100_80GB = _seven_slot(
+    "NVIDIA A100-SXM4-80GB", ("10gb", "10gb+me", "20gb", "20gb", "40gb", "40gb", "80gb"),
+    (9856, 9856, 19968, 19968, 40192, 40192, 80384), (14, 14, 14, 28, 42, 56, 98),
+    (1, 1, 1, 2, 3, 4, 7), (1, 1, 1, 1, 2, 2, 5), (0,) * 7, (0, 1, 0, 0, 0, 0, 1))
+_B200_ENGINES = dict(sms=(18, 18, 18, 36, 54, 72, 126), copy=(1, 1, 1, 2, 3, 4, 7),
+                     decoder=(1, 1, 1, 2, 3, 4, 7), encoder=(0, 1, 0, 1, 2, 2, 4), jpeg=(0, 1, 0, 1, 2, 2, 4))
+_B200 = _seven_slot("NVIDIA B200", ("23gb", "23gb+me", "45gb", "45gb", "90gb", "90gb", "180gb"),
+                    (23552, 23552, 46080, 46080, 92160, 92160, 184320), **_B200_ENGINES)
+_GB200 = _seven_slot("NVIDIA GB200", ("23gb", "23gb+me", "47gb", "47gb", "93gb", "93gb", "186gb"),
+                     (23552, 23552, 48128, 48128, 95232, 95232, 190464), **_B200_ENGINES)
+
 # PCI device ID (lower-case hex, vendor 10de) -> the model's MIG profiles
-MODELS: dict[str, Model] = {"2330": _H100_80GB}
+MODELS: dict[str, Model] = {"2330": _H100_80GB, "20b0": _A100_40GB, "20b2": _A100_80GB,
+                            "2901": _B200, "2941": _GB200}
 
 
 def model(device_id: str) -> Model | None:

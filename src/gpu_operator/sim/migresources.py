@@ -21,9 +21,17 @@ Facts (NVIDIA/k8s-device-plugin v0.20.0; read for facts only):
   `gpu.product` `<product>-MIG-INVALID`, `gpu.count`/`gpu.replicas`/`gpu.memory` 0,
   `gpu.sharing-strategy` empty; `mixed`: the same labels per profile under
   `nvidia.com/mig-<profile>.`; `nvidia.com/mig.strategy` for single and mixed.
+- internal/rm/rm.go (mixed) and go-nvlib's pkg/nvlib/device/mig_profile.go as v0.20.0 vendors it:
+  a resource per GPU-instance profile whose compute instance spans it (`<g>g.<n>gb`; a
+  `<c>c.<g>g.<n>gb` share gets none), named `mig-` + the profile with `+` written `.`. The profile
+  carries NVML's attribute suffix: `+me` (media extensions), `+me.all` (all media engines), `+gfx`
+  (graphics), or `-me` (none): nvidia.com/mig-1g.10gb.me, mig-1g.10gb.me.all, mig-1g.24gb.gfx,
+  mig-1g.24gb-me, each a resource of its own.
 """
 
 from __future__ import annotations
+
+import re
 
 from gpu_operator.shapes import Shape, sanitise
 from gpu_operator.sim.migparted import GpuMig, Instance
@@ -37,13 +45,25 @@ class PluginError(RuntimeError):
     """NVIDIA's device plugin refuses the node's MIG layout for its strategy (and exits)."""
 
 
-def strategy_of(env: dict[str, str]) -> str:
-    """The plugin's MIG_STRATEGY (default none)."""
-    return env.get("MIG_STRATEGY") or "none"
+# go-nvlib's MIG profile names: optional compute slices, GPU slices, memory, one attribute suffix
+PROFILE_NAME = re.compile(r"(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?:\+(?:me|me\.all|gfx)|-me)?")
+
+
+def resource_name(profile: str) -> str | None:
+    """The device plugin's (mixed strategy) resource for MIG devices of `profile`; None for a
+    compute-instance share (`1c.2g.20gb`), which it does not advertise. ValueError: not a profile name."""
+    found = PROFILE_NAME.fullmatch(profile)
+    if found is None:
+        raise ValueError(f"{profile!r} is not a MIG profile name (<g>g.<n>gb, optionally +me, +me.all, +gfx or -me)")
+    if found.group("c") is not None:
+        return None
+    return f"{MIG_RESOURCE_PREFIX}{profile.replace('+', '.')}"
 
 
 def mig_resource(inst: Instance) -> str:
-    return f"{MIG_RESOURCE_PREFIX}{inst.profile.resource_suffix}"
+    name = resource_name(inst.profile.name)
+    assert name is not None, f"{inst.profile.name}: the simulator's instances span their GPU instance"
+    return name
 
 
 def advertised(strategy: str, gpus: list[GpuMig]) -> dict[str, list[tuple[str, int]]]:
@@ -92,9 +112,10 @@ def _mig_labels(prefix: str, product: str, inst: Instance, count: int) -> dict[s
     return {f"{prefix}.{k}": str(v) for k, v in values.items()}
 
 
-def gfd_labels(shape: Shape, strategy: str, gpus: list[GpuMig], timestamp: int | None = None) -> dict[str, str]:
-    """GFD's labels for a host of `shape` whose GPUs are in the MIG state `gpus`."""
-    labels = shape.gfd_labels(strategy, timestamp)
+def gfd_labels(shape: Shape, strategy: str, gpus: list[GpuMig], timestamp: int | None = None,
+               node: str = "") -> dict[str, str]:
+    """GFD's labels for the host `node` of `shape` whose GPUs are in the MIG state `gpus`."""
+    labels = shape.gfd_labels(strategy, timestamp, node)
     if not labels or not any(g.enabled for g in gpus):
         return labels
     gpu = GPU_RESOURCE

@@ -23,7 +23,7 @@ from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.sim.virthandler import KubeVirt
 
@@ -166,11 +166,3 @@ def vm_pod(client: Client, namespace: str, name: str, resource: str, gpus: int) 
         "spec": {"containers": [{"name": "compute", "image": f"quay.io/kubevirt/virt-launcher:{KUBEVIRT_VERSION}",
                                  "resources": {"limits": limits, "requests": dict(limits)}}]}})
     return client.get(Pod, f"virt-launcher-{name}", namespace=namespace)
-
-
-def delete_namespace(client: Client, name: str) -> None:
-    try:
-        client.delete(Namespace, name)
-    except ApiError as err:
-        if err.status.code != 404:
-            raise

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
@@ -47,6 +48,12 @@ def wiring(pod: PodView) -> tuple[str, str, str, list[str]] | None:
     name = next((cm for container, path, cm in pod.configmaps if container == SIDECAR and path == srcdir), "")
     fallbacks = [f for f in pod.env.get("FALLBACK_STRATEGIES", "").split(",") if f]
     return name, pod.env.get("NODE_LABEL") or DEVICE_PLUGIN_CONFIG, pod.env.get("DEFAULT_CONFIG", ""), fallbacks
+
+
+def volume_reader(identities: Any, node: str) -> Any:
+    """Who reads a pod's ConfigMap volumes on `node`: its kubelet (sim/identity.py); None without
+    identities (unit tests: the caller's one client)."""
+    return None if identities is None else identities.kubelet_lazy(node, "kubelet")
 
 
 class PluginConfigs:
@@ -99,8 +106,12 @@ class PluginConfigs:
                                       "create it (the pod's volume cannot mount)") from err
         return dict(found.data or {})
 
-    async def config(self, client: AsyncClient, node: str, pod: PodView) -> sharing.Sharing:
-        """The config the process in `pod` on `node` holds now (ConfigError: it does not run)."""
+    async def config(self, client: AsyncClient, node: str, pod: PodView,
+                     volumes: AsyncClient | None = None) -> sharing.Sharing:
+        """The config the process in `pod` on `node` holds now (ConfigError: it does not run). The
+        config-manager reads the node's label with the pod's identity (`client`); the ConfigMap's
+        files reach the pod as a volume, which the node's kubelet reads (`volumes`, else `client`):
+        neither the plugin's nor GFD's Role may read ConfigMaps."""
         wired = wiring(pod)
         if wired is None:
             return sharing.Sharing()
@@ -111,7 +122,7 @@ class PluginConfigs:
             held = None  # a new pod: its init container chooses afresh
         found = await client.get(Node, node)
         value = ((found.metadata.labels if found.metadata else None) or {}).get(label)
-        files = await self._files(client, pod.namespace, name) if name else {}
+        files = await self._files(volumes or client, pod.namespace, name) if name else {}
         try:
             chosen = sharing.choose(value, list(files), default, fallbacks)
         except sharing.ConfigError as err:

@@ -73,6 +73,10 @@ class PodView:
     # extended resources its containers ask for (a name with a "/"): (container, resource, count)
     devices: tuple[tuple[str, str, int], ...] = ()
     terminated: bool = False  # phase Succeeded or Failed, or being deleted: it holds no device
+    service_account: str = "default"  # spec.serviceAccountName: whose token its process holds
+    # phase Pending with condition Initialized False, not terminating: the kubelet holds it in its
+    # init containers (a stand-in of an init container says so: sim/vgpustandin.py)
+    initializing: bool = False
 
     @classmethod
     def of(cls, pod: Any, label: str = "app") -> PodView:
@@ -101,6 +105,9 @@ class PodView:
             argv=tuple(str(a) for a in [*((first.command or []) if first else []), *((first.args or []) if first else [])]),
             devices=_devices(spec),
             terminated=meta.deletionTimestamp is not None or (status is not None and status.phase in ("Succeeded", "Failed")),
+            service_account=str((spec.serviceAccountName if spec else None) or "default"),
+            initializing=status is not None and status.phase == "Pending" and meta.deletionTimestamp is None
+            and any(c.type == "Initialized" and c.status == "False" for c in status.conditions or []),
             configmaps=tuple((str(c.name), m.mountPath, str(maps[m.name]))
                              for c in (spec.containers if spec else None) or []
                              for m in c.volumeMounts or [] if m.name in maps))
@@ -297,10 +304,16 @@ class WorkQueue:
 
 
 class NodeStandIns:
-    """The node components' stand-ins (`players`) driven by one watch of their pods."""
+    """The node components' stand-ins (`players`) driven by one watch of their pods. With
+    `identities` (`sim/identity.py`) each player's `sync` gets a client with its component's
+    identity (`Player.identity`): its pod's ServiceAccount token (the newest running pod, else the
+    newest one still there), the node's kubelet once no pod is left (the kubelet's cleanup), no
+    client at all for a player that makes no API call; without, the one `client` (unit tests)."""
 
-    def __init__(self, client: AsyncClient, players: list[Player], concurrency: int = 16) -> None:
+    def __init__(self, client: AsyncClient, players: list[Player], concurrency: int = 16,
+                 identities: Any = None) -> None:
         self.client, self.players = client, {p.app: p for p in players}
+        self.identities = identities
         self.by_node: dict[tuple[str, str], dict[tuple[str, str], PodView]] = {}
         self.nodes: dict[str, NodeView | None] = {}
         self.queue = WorkQueue(self.handle, concurrency, "stand-in")
@@ -322,6 +335,8 @@ class NodeStandIns:
             else:
                 on_node.pop((pod.namespace, pod.name), None)
             self.queue.add(key)
+        if old is not None and new is None and self.identities is not None:
+            self.identities.forget(old.uid)  # its token is bound to the pod: gone with it
 
     async def node(self, name: str) -> NodeView | None:
         if name not in self.nodes:
@@ -339,10 +354,32 @@ class NodeStandIns:
         if not pods:
             self.by_node.pop(key, None)
         view = await self.node(node)
-        delay = await self.players[app].sync(self.client, node, view, pods)
+        player = self.players[app]
+        delay = await player.sync(await self.client_for(player, node, pods), node, view, pods)
         if not any(self.by_node.get((a, node)) for a in self.players):
             self.nodes.pop(node, None)  # no component left there: a Node of that name may be new next time
         return delay
+
+    async def client_for(self, player: Player, node: str, pods: list[PodView]) -> Any:
+        """The client `player` calls with on `node` (see the class)."""
+        if self.identities is None:
+            return self.client
+        from gpu_operator.sim import identity
+
+        kind = getattr(player, "identity", None)
+        if kind not in (identity.POD, identity.KUBELET, identity.NO_API):
+            raise TypeError(f"the stand-in {type(player).__name__} (app={player.app}) declares no identity "
+                            f"(`identity` = {kind!r}): set it to sim/identity.py's POD, KUBELET or NO_API")
+        if kind == identity.NO_API:
+            return identity.NoCalls(player.app)
+        ordered = sorted(pods, key=lambda p: (p.running, p.started, p.name))
+        if ordered:
+            try:
+                return await self.identities.for_pod(ordered[-1], player.field_manager)
+            except ApiError as err:  # the pod went meanwhile (its token can no longer be had)
+                if err.status.code not in (403, 404):
+                    raise
+        return self.identities.kubelet_lazy(node, player.field_manager)
 
     def waker(self, app: str) -> Callable[[str], None]:
         return lambda node: self.queue.add((app, node))
@@ -352,6 +389,8 @@ class NodeStandIns:
             attach = getattr(player, "attach", None)
             if attach is not None:
                 attach(self.waker(player.app))
+            if hasattr(player, "identities"):  # it also calls as the kubelet, or makes its own clients
+                player.identities = self.identities
             await player.start(self.client)
         pods = [asyncio.create_task(watch.run(), name=watch.what) for watch in self.watches]
         await run_together([*pods, asyncio.create_task(self._work(), name="stand-in-workers")])

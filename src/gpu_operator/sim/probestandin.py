@@ -36,6 +36,7 @@ from gpu_operator.node.kubeapi import KubeNodeView
 from gpu_operator.node.publish import publish_once
 from gpu_operator.node.vfio_node import reconcile
 from gpu_operator.sim import hosttree
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim.faults import NodeHosts
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.sim.realspec import host_spec
@@ -88,6 +89,8 @@ class _OncePerPod:
 
     app = ""
     field_manager = NODE_AGENT_FIELD_MANAGER
+    identity = ident.POD  # its pod's ServiceAccount, for the agent's own (sync) client
+    identities: Any = None  # given by NodeStandIns (without: `client`, one for all pods)
 
     def __init__(self, trees: ShapeTrees, config: Any = None, client: Any = None) -> None:
         from lightkube import Client
@@ -107,11 +110,12 @@ class _OncePerPod:
         if pod is None or view is None or view.shape is None:
             return None
         fs = HostFS(self.trees.root(node, view.shape.name))
-        await asyncio.to_thread(self.run, fs, node, pod)
+        own = self.client if self.identities is None else await self.identities.sync_for_pod(pod, self.field_manager)
+        await asyncio.to_thread(self.run, fs, node, pod, own)
         self.done[node] = pod.uid
         return None
 
-    def run(self, fs: HostFS, node: str, pod: PodView) -> None:
+    def run(self, fs: HostFS, node: str, pod: PodView, client: Any) -> None:
         raise NotImplementedError
 
 
@@ -120,7 +124,7 @@ class ProbeStandIn(_OncePerPod):
 
     app = PROBE_APP
 
-    def run(self, fs: HostFS, node: str, pod: PodView) -> None:
+    def run(self, fs: HostFS, node: str, pod: PodView, client: Any) -> None:
         default = next(
             (a.removeprefix(DEFAULT_WORKLOAD_FLAG) for a in pod.argv if a.startswith(DEFAULT_WORKLOAD_FLAG)),
             None,
@@ -131,7 +135,7 @@ class ProbeStandIn(_OncePerPod):
                 node,
                 pod.namespace,
                 pod_name=pod.name,
-                client=self.client,
+                client=client,
                 component="gpu-operator-node-probe",
             ),
             default_workload=default,
@@ -149,7 +153,7 @@ class VfioManagerStandIn(_OncePerPod):
 
     app = VFIO_APP
 
-    def run(self, fs: HostFS, node: str, pod: PodView) -> None:
+    def run(self, fs: HostFS, node: str, pod: PodView, client: Any) -> None:
         writer = RecordingWriter()
         record, wrote = reconcile(
             fs,
@@ -158,7 +162,7 @@ class VfioManagerStandIn(_OncePerPod):
                 node,
                 pod.namespace,
                 pod_name=pod.name,
-                client=self.client,
+                client=client,
                 component="gpu-operator-vfio-manager",
             ),
         )

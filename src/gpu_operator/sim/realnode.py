@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.sim import cudasample, deviceplugin, egress, nvruntime, toolkit
+from gpu_operator.sim import cudasample, egress, nvruntime, pluginimage
 from gpu_operator.sim import pki as pki_mod
 from gpu_operator.sim.binaries import Binaries
 from gpu_operator.sim.containerd import PrivateContainerd
@@ -76,7 +76,7 @@ def make_cgroups(node: str) -> None:
                     (level / knob).write_text((level.parent / knob).read_text())
 
 
-def _cgroup_pids(leaf: Path) -> set[int]:
+def cgroup_pids(leaf: Path) -> set[int]:
     pids: set[int] = set()
     for procs in leaf.rglob("cgroup.procs"):
         with contextlib.suppress(OSError, ValueError):
@@ -90,7 +90,7 @@ def kill_cgroup_members(node: str, timeout: float = 15.0) -> set[int]:
     leaves = [leaf for leaf in cgroup_dirs(node) if leaf.exists()]
     seen: set[int] = set()
     deadline = time.monotonic() + timeout
-    while (pids := set().union(*(_cgroup_pids(leaf) for leaf in leaves))) and time.monotonic() < deadline:
+    while (pids := set().union(*(cgroup_pids(leaf) for leaf in leaves))) and time.monotonic() < deadline:
         seen |= pids
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -205,10 +205,6 @@ class RealNode:
     apiserver_port: int
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)
-    # The device-plugin stand-in's DEVICE_LIST_STRATEGY (see `deviceplugin`; None: no plugin): it
-    # registers `nvidia.com/gpu` for the host tree's GPUs with the kubelet, which puts them in
-    # the Node's capacity.
-    device_plugin: str | None = "envvar"
     # A fixture host tree: its run/nvidia is the node's /run/nvidia (validation status files, the
     # driver install dir); its driver (device nodes, nvidia-smi) is what the `nvidia` runtime
     # handler gives containers by the toolkit's rules; policies reach the rest through
@@ -241,6 +237,10 @@ class RealNode:
         if self.host_root is not None:
             self.host_root = Path(self.host_root).absolute()
             binds["/run/nvidia"] = self.host_root / "run" / "nvidia"
+            # the node's /var/run/cdi (/var/run is /run) is its tree's: the CDI specs a device
+            # plugin's pod writes there are those the `nvidia` handler reads
+            (self.host_root / "var" / "run" / "cdi").mkdir(parents=True, exist_ok=True)
+            binds["/run/cdi"] = self.host_root / "var" / "run" / "cdi"
             wrapper = self.runtime_wrapper
             wrapper.write_text(nvruntime.wrapper_script(self.host_root))
             wrapper.chmod(0o755)
@@ -333,18 +333,6 @@ class RealNode:
             # As an admin, after registration: the kubelet refuses NFD's *.kubernetes.io labels.
             self.admin("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}},
                         "application/merge-patch+json")
-        count = len(toolkit.gpus(self.host_root)) if self.host_root is not None else 0
-        if self.device_plugin and count:
-            self.start_device_plugin(self.host_root)
-            self.wait_allocatable(deviceplugin.RESOURCE, str(count), timeout)
-
-    def start_device_plugin(self, host_root: Path | None, mig_strategy: str = "") -> None:
-        """The device-plugin stand-in on `host_root` with the default config (config-manager's empty link)."""
-        self.device_plugin_config.write_text("")
-        self._spawn("device-plugin", [*self.sandbox.enter(), sys.executable, "-m", "gpu_operator.sim.deviceplugin",
-                                      f"--host-root={host_root}", f"--strategy={self.device_plugin}",
-                                      f"--plugin-dir={DEVICE_PLUGIN_DIR}", f"--config-file={self.device_plugin_config}",
-                                      *([f"--mig-strategy={mig_strategy}"] if mig_strategy else [])])
 
     def trust_registry(self, host: str, ca_cert: Path) -> None:
         """Pull from the registry at `host` (127.0.0.1:PORT on this machine): containerd's host
@@ -357,36 +345,28 @@ class RealNode:
         (hosts / "hosts.toml").write_text(hosts_toml(host, hosts / "ca.crt"))
         self._spawn(f"registry-proxy-{host.rsplit(':', 1)[1]}", proxy_argv(self.sandbox.netns_path, host, host))
 
-    @property
-    def device_plugin_config(self) -> Path:
-        """The device-plugin stand-in's CONFIG_FILE (what NVIDIA's config-manager links on a node)."""
-        return self.base_dir / "device-plugin-config.yaml"
-
-    def configure_device_plugin(self, text: str) -> None:
-        """A new plugin config and SIGHUP to the plugin, as NVIDIA's config-manager does when the
-        node's `nvidia.com/device-plugin.config` label chooses another one."""
-        self.device_plugin_config.write_text(text)
-        self.processes["device-plugin"].send_signal(signal.SIGHUP)
-
     def wait_allocatable(self, resource: str, value: str, timeout: float) -> None:
-        """Until the kubelet reports `resource` allocatable as `value` (a registered device plugin)."""
+        """Until the kubelet reports `resource` allocatable as `value` (a registered device plugin,
+        which runs only in a device-plugin pod: see `pluginimage`)."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.admin("GET", f"/api/v1/nodes/{self.name}").get("status", {})
             if status.get("allocatable", {}).get(resource) == value:
                 return
             if time.monotonic() > deadline:
-                log = self.logs / "device-plugin.log"
                 raise RealNodeError(f"real node {self.name}: {resource} allocatable is "
                                     f"{status.get('allocatable', {}).get(resource)!r}, not {value}, after {timeout:.0f}s; "
-                                    f"device plugin log {log}:\n{_tail(log)}")
+                                    f"see the device plugin pod's log (pod logs under {self.pod_logs})")
             time.sleep(0.5)
 
     def import_images(self, archive: Path) -> list[str]:
-        """Our image (docker-archive `archive`) and the CUDA sample stand-in built on it into the
-        node's containerd; returns the image names added."""
+        """Our image (docker-archive `archive`) and the stand-ins' images built on it (the CUDA
+        sample, the device plugin under NVIDIA's name: `pluginimage`) into the node's containerd;
+        returns the image names added."""
         sample = cudasample.build(archive, self.base_dir / "cuda-sample.docker.tar")
-        return self.containerd.import_image(archive) + self.containerd.import_image(sample)
+        plugin = pluginimage.build(archive, self.base_dir / "device-plugin.docker.tar")
+        return [*self.containerd.import_image(archive), *self.containerd.import_image(sample),
+                *self.containerd.import_image(plugin)]
 
     def admin(self, method: str, path: str, body: Any = None,
                content_type: str = "application/json") -> Any:

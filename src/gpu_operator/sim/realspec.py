@@ -1,12 +1,13 @@
 """What the real node is given by its shape (labels, a host tree) and the
 ClusterPolicy settings that point our operands at that host tree instead of this machine's /.
 
-Only our image runs on the real node: the operands of NVIDIA images (driver, toolkit, device
-plugin, GFD, DCGM, MIG manager, ...) cannot be pulled here, so their deploy labels are `false` on
-it and they run on kwok nodes only. What they would have left on a GPU host is given instead: the
-host tree's driver (a fixture with its device nodes), a device-plugin stand-in registering
-`nvidia.com/gpu` with the kubelet (see `deviceplugin`), and the `nvidia` runtime handler giving
-containers what the container toolkit would (see `nvruntime`).
+Only our image runs on the real node: the operands of NVIDIA images (driver, toolkit, GFD, DCGM,
+MIG manager, ...) cannot be pulled here, so their deploy labels are `false` on it and they run on
+kwok nodes only. The device plugin is the exception: the simulator imports its stand-in's image
+under NVIDIA's name (`pluginimage`), so the operator's DaemonSet runs it there, and the node's
+`nvidia.com/gpu` is registered only while that pod runs. What the others would have left on a GPU
+host is given instead: the host tree's driver (a fixture with its device nodes) and the `nvidia`
+runtime handler giving containers what the container toolkit would (see `nvruntime`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
 # and GPU probe): the only ones the real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
 OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter",
                       "vfio-manager")  # (and the GPU probe, gated by the same label)
+# Operands of an NVIDIA image whose stand-in's image the real node has under NVIDIA's name.
+STAND_IN_IMAGE_OPERANDS = ("device-plugin",)
 # The validator and the exporter run the host tree's nvidia-smi directly: a fixture tree has no
 # shell or libc to chroot into (the node-agent tests run them the same way).
 NO_CHROOT = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
@@ -29,15 +32,16 @@ NO_CHROOT = {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}
 def node_labels(shape: str) -> dict[str, str]:
     """The labels a real node of `shape` carries when it joins: the shape's kubelet and NFD labels
     (what our probe and GFD would add comes later, from the probe pod), and
-    `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image (the operator's
-    node labelling keeps an existing value, so those DaemonSets never select this node)."""
+    `nvidia.com/gpu.deploy.<operand>=false` for every operand of an NVIDIA image the node cannot
+    run (the operator's node labelling keeps an existing value, so those DaemonSets never select
+    this node)."""
     from gpu_operator import shapes
     from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, deploy_label
 
     manifest = shapes.nodes([shape])[0]
     labels = {k: v for k, v in manifest["metadata"].get("labels", {}).items()
               if not k.startswith("kubernetes.io/") and k != "type"}
-    own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS}
+    own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS + STAND_IN_IMAGE_OPERANDS}
     labels.update({key: "false" for key in ALL_DEPLOY_LABELS - own})
     return labels
 

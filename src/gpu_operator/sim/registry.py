@@ -179,7 +179,7 @@ class Registry:
             "--quiet",
             "--all",
             f"--dest-cert-dir={self.cert_dir}",
-            f"--dest-creds={self.user}:{self.password}",
+            f"--dest-authfile={self.auth_file()}",  # the password never on a command line
             f"{fmt}:{archive}",
             f"docker://{ref}",
         ]
@@ -187,6 +187,19 @@ class Registry:
         if done.returncode != 0:
             raise RegistryError(f"pushing {archive} to {ref} failed: {done.stderr.strip()}")
         return ref
+
+    def auth_file(self) -> Path:
+        """This registry's login as a containers auth file (owner-only), for skopeo's
+        --authfile: what a command line would otherwise carry."""
+        import base64
+        import json
+
+        path = self.base_dir / "auth.json"
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        auth = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+        path.write_text(json.dumps({"auths": {self.host: {"auth": auth}}}))
+        return path
 
     def docker_config(self, password: str | None = None) -> dict[str, object]:
         """A .dockerconfigjson for this registry (an imagePullSecret's content); ``password`` another

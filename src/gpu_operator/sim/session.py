@@ -97,7 +97,7 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
     _prepare_dir(directory, progress)
     progress("locating the control-plane binaries (a first build takes ~10 min; later runs reuse it)")
     try:
-        found = binaries_mod.locate(build=build).of(kubernetes)
+        found = binaries_mod.locate(build=build, kubernetes=kubernetes)
     except binaries_mod.BinariesMissing as err:
         raise SimError(str(err)) from err
     plane = ControlPlane(directory, found, progress=progress)
@@ -168,7 +168,8 @@ def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, pro
 
 def start_registry(state: SimState, progress: Progress) -> None:
     """The OCI registry (sim/registry.py) with TLS from the simulator's CA and basic auth; its
-    password is written to registry/password (0600), recorded in the state."""
+    password is written to registry/password and, as a containers auth file, registry/auth.json
+    (both 0600), recorded in the state."""
     from gpu_operator.sim.registry import Registry
 
     reg = Registry(Path(state.dir) / "registry", Path(state.dir) / "pki")
@@ -178,7 +179,8 @@ def start_registry(state: SimState, progress: Progress) -> None:
     secret = reg.base_dir / "password"
     secret.write_text(reg.password)
     secret.chmod(0o600)
-    state.registry = {"host": reg.host, "user": reg.user, "password_file": str(secret), "ca": str(reg.ca_cert)}
+    state.registry = {"host": reg.host, "user": reg.user, "password_file": str(secret), "ca": str(reg.ca_cert),
+                      "auth_file": str(reg.auth_file())}  # the login for skopeo --authfile (0600)
     state.save()
     progress(f"registry at https://{reg.host} (user {reg.user}, password in {secret}, CA {reg.ca_cert})")
     state.registry["chart_repo"] = start_chart_repo(state, reg.base_dir / "charts")

@@ -5,7 +5,10 @@ terminating), and only through the channel that component uses:
 - GPU feature discovery (`sim/gfd.py`): the NodeFeature object its pod publishes;
 - the device plugin, through the kubelet (`sim/kubeletdp.py`): `nvidia.com/gpu` in the Node's
   status capacity and allocatable;
-- NVIDIA's DRA kubelet plugin (`sim/draplugin.py`): the node's ResourceSlice;
+- NVIDIA's DRA kubelet plugin (`sim/draplugin.py`): the node's ResourceSlice; with its
+  compute-domains container, the node's compute-domain slice and label (`sim/computedomain.py`);
+- NVIDIA's compute-domain controller and the IMEX daemons it starts (`sim/computedomain.py`): a
+  ComputeDomain's DaemonSet, claim templates, cliques and status;
 - NVIDIA's MIG manager (`sim/migmanager.py`): the node's `nvidia.com/mig.config` applied to its
   GPUs, through the node's labels (state, paused clients) as NVIDIA's does;
 - our GPU health agent (`sim/health.py`, given the nodes' host trees: `sim up` does): its report
@@ -40,14 +43,19 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
 
+from gpu_operator.node import kubetypes
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim import virthandler
+from gpu_operator.sim.computedomain import ComputeDomainController
 from gpu_operator.sim.draplugin import SlicePublisher
 from gpu_operator.sim.gfd import FeatureDiscovery
+from gpu_operator.sim.identity import Identities
 from gpu_operator.sim.kubeletdp import DevicePluginCapacity
 from gpu_operator.sim.mighw import MigHardware
 from gpu_operator.sim.migmanager import MigManager
@@ -62,6 +70,7 @@ PLAYED = {
     "sim/gfd.py": "GPU feature discovery",
     "sim/kubeletdp.py": "device-plugin capacity",
     "sim/draplugin.py": "DRA ResourceSlices",
+    "sim/computedomain.py": "the compute-domain controller and IMEX daemons",
     "sim/migmanager.py": "the MIG manager",
     "sim/toolkitconfig.py": "the container toolkit",
     "sim/virthandler.py": "KubeVirt's virt-handler",
@@ -69,6 +78,84 @@ PLAYED = {
     "sim/probestandin.py": "our GPU probe, our vfio manager",
     "sim/vgpustandin.py": "our vGPU host-state agent",
 }
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stand-in: the player class, the component, who its API calls go out as (an identity kind
+    of `sim/identity.py`), and the pod that must be on the node for it to act (label key, values,
+    and the state it must be in). docs/simulator.md's stand-in table is this one
+    (tests/unit/sim/test_standins_identity.py keeps them equal)."""
+
+    player: str  # module.Class
+    component: str
+    identity: str  # identity.POD, identity.KUBELET or identity.NO_API
+    label: str  # the pod label key
+    apps: tuple[str, ...]  # its values (one per DaemonSet)
+    pod_state: str  # what the pod must be doing
+
+    @property
+    def acts_while(self) -> str:
+        pods = f"{self.label}={self.apps[0]}" if len(self.apps) == 1 else f"{self.label} in ({', '.join(self.apps)})"
+        return f"`{pods}` {self.pod_state}"
+
+    def markdown(self) -> str:
+        module, cls = self.player.split(".")
+        return f"| `sim/{module}.py` `{cls}` | {self.component} | {IDENTITY_TEXT[self.identity]} | {self.acts_while} |"
+
+
+RUNNING = "Running (not terminating) on the node"
+IDENTITY_TEXT = {
+    ident.POD: "its pod's ServiceAccount (TokenRequest bound to the pod); the kubelet's for its pod's ConfigMap "
+               "volumes and once the pod is gone",
+    ident.KUBELET: "the kubelet (system:node:<node>) for the Node's status and its pod's ConfigMap volumes; its "
+                   "pod's ServiceAccount for its own reads",
+    ident.NO_API: "none: no API call (the host's files only)",
+}
+
+
+def table() -> tuple[Row, ...]:
+    """Every node stand-in `all_players` may run, in docs order."""
+    from gpu_operator.sim import (
+        computedomain,
+        draplugin,
+        gfd,
+        health,
+        kubeletdp,
+        migmanager,
+        probestandin,
+        vgpustandin,
+    )
+
+    return (
+        Row("gfd.FeatureDiscovery", "GPU feature discovery", ident.POD, "app", (gfd.APP,), RUNNING),
+        Row("kubeletdp.DevicePluginCapacity", "NVIDIA's device plugin, through the kubelet", ident.KUBELET, "app",
+            (kubeletdp.APP,), RUNNING),
+        Row("draplugin.SlicePublisher", "NVIDIA's DRA kubelet plugin (its compute-domains container: "
+            "`sim/computedomain.py` `ChannelPlugin`)", ident.POD, "app", (draplugin.PLUGIN_APP,), RUNNING),
+        Row("computedomain.ComputeDomainController", "NVIDIA's compute-domain controller; the IMEX daemons it "
+            "starts (each with its daemon pod's ServiceAccount, while that pod runs)", ident.POD, "app",
+            (computedomain.CONTROLLER_APP,), RUNNING),
+        Row("migmanager.MigManager", "NVIDIA's MIG manager", ident.POD, "app", (migmanager.APP,), RUNNING),
+        Row("toolkitconfig.ToolkitStandIn", "NVIDIA's container toolkit", ident.NO_API, "app", tuple(toolkit_apps()),
+            RUNNING),
+        Row("virthandler.VirtHandler", "KubeVirt's virt-handler (its PCI device plugins)", ident.KUBELET,
+            virthandler.LABEL, (virthandler.APP,), RUNNING),
+        Row("virthandler.LauncherAllocations", "the kubelet's allocation to VMs' pods", ident.NO_API,
+            virthandler.LABEL, (virthandler.LAUNCHER,), "bound to the node, not ended"),
+        Row("probestandin.ProbeStandIn", "our GPU probe", ident.POD, "app", (probestandin.PROBE_APP,), RUNNING),
+        Row("probestandin.VfioManagerStandIn", "our vfio manager", ident.POD, "app", (probestandin.VFIO_APP,),
+            RUNNING),
+        Row("vgpustandin.VgpuHostStandIn", "our vGPU host-state agent (init container)", ident.POD, "app",
+            (vgpustandin.APP,), f"{RUNNING}, or held in its init containers, with the vgpu-host-state init container"),
+        Row("health.HealthStandIn", "our GPU health agent", ident.POD, "app", (health.APP,),
+            f"{RUNNING} with its {health.CONTAINER} container"),
+    )
+
+
+def markdown_table() -> list[str]:
+    """docs/simulator.md's stand-in table, line by line."""
+    return ["| stand-in | component | identity | acts while |", "|---|---|---|---|", *(r.markdown() for r in table())]
 
 
 def played() -> str:
@@ -85,20 +172,16 @@ def default_players(grace_period: float | None = None, hosts: Path | None = None
     extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
     mig = MigHardware(hosts)
     players: list[Player] = [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra),
-                             SlicePublisher(hosts=hosts, mig=mig), MigManager(mig)]
+                             SlicePublisher(hosts=hosts, mig=mig), MigManager(mig), ComputeDomainController()]
     if hosts is not None:  # the container toolkit's writes on the hosts of a distribution's nodes
         players += [ToolkitStandIn(app, hosts) for app in toolkit_apps()]
         players += virthandler.players(hosts)  # KubeVirt's device plugin where virt-handler runs
     return players
 
 
-async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
-                  grace_period: float | None = None, ready: Callable[[], None] = lambda: None,
-                  hosts: Path | None = None, agents: bool | None = None) -> None:
-    """Run the NVIDIA components' node stand-ins (`nodes`), our health agent over the kwok nodes'
-    host trees (`hosts`), our GPU probe and vfio manager over them (`agents`; by default with `nodes`
-    wherever `hosts` is given), and/or NFD's master (`nfd`) until `stop` is set."""
-    client = AsyncClient(config, field_manager="gpu-operator-sim")
+def all_players(config: Any, nodes: bool = True, grace_period: float | None = None, hosts: Path | None = None,
+                agents: bool | None = None) -> list[Player]:
+    """The node stand-ins `run_all` runs (see there)."""
     players = default_players(grace_period, hosts) if nodes else []
     if (nodes and hosts is not None) if agents is None else agents:  # where their pods run (sandbox workloads)
         from gpu_operator.sim.probestandin import node_agents
@@ -112,7 +195,23 @@ async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: boo
         from gpu_operator.sim.health import HealthStandIn
 
         players.append(HealthStandIn(config, hosts))
-    runners: list[Any] = [NodeStandIns(client, players)] if players else []
+    return players
+
+
+async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
+                  grace_period: float | None = None, ready: Callable[[], None] = lambda: None,
+                  hosts: Path | None = None, agents: bool | None = None,
+                  on_identities: Callable[[Identities], None] = lambda _i: None) -> None:
+    """Run the NVIDIA components' node stand-ins (`nodes`), our health agent over the kwok nodes'
+    host trees (`hosts`), our GPU probe and vfio manager over them (`agents`; by default with `nodes`
+    wherever `hosts` is given), and/or NFD's master (`nfd`) until `stop` is set."""
+    client = AsyncClient(config, field_manager="gpu-operator-sim")
+    players = all_players(config, nodes=nodes, grace_period=grace_period, hosts=hosts, agents=agents)
+    # each stand-in calls as its component: its pod's ServiceAccount, or the node's kubelet (sim/identity.py)
+    identities = Identities(client, config) if players else None
+    if identities is not None:
+        on_identities(identities)  # who the stand-ins are, and what was refused them (tests)
+    runners: list[Any] = [NodeStandIns(client, players, identities=identities)] if players else []
     if nfd:
         runners.append(NfdMaster(client))
     tasks = [asyncio.create_task(r.run()) for r in runners]
@@ -127,6 +226,8 @@ async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: boo
         for task in [*tasks]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if identities is not None:
+            await identities.close()
         await client.close()
 
 
@@ -142,13 +243,14 @@ class StandIns:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, name="sim-stand-ins", daemon=True)
         self.error: BaseException | None = None
+        self.identities: Identities | None = None  # once running: the stand-ins' identities and refusals
 
     def _main(self) -> None:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             await run_all(self.config, self._stop, nodes=self.nodes, nfd=self.nfd,
                           grace_period=self.grace_period, ready=self._ready.set, hosts=self.hosts,
-                          agents=self.agents)
+                          agents=self.agents, on_identities=self._identities)
 
         try:
             asyncio.run(main())
@@ -157,7 +259,11 @@ class StandIns:
         finally:
             self._ready.set()
 
+    def _identities(self, identities: Identities) -> None:
+        self.identities = identities
+
     def start(self) -> StandIns:
+        kubetypes.prepare()  # lightkube's types built here, before the stand-ins decode beside the caller
         self._thread.start()
         self._ready.wait(30)
         return self
@@ -200,6 +306,7 @@ def serve(kubeconfig: str, nfd: bool = False, hosts: Path | None = None) -> None
                  "; NFD's master" if nfd else "")
         await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd, hosts=hosts)
 
+    kubetypes.prepare()  # the stand-ins' worker threads (asyncio.to_thread) decode beside the loop
     asyncio.run(main())
 
 

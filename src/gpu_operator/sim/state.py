@@ -84,7 +84,7 @@ class SimState:
     created: float = field(default_factory=time.time)
     kubernetes: str = "current"  # binaries.KUBERNETES: the current Kubernetes or the floor
     nfd: bool = False  # the stand-ins also play NFD's master (`sim up --nfd`)
-    # The OCI registry (`sim up --registry`): {"host", "user", "password_file", "ca"}.
+    # The OCI registry (`sim up --registry`): {"host", "user", "password_file", "ca", "auth_file"}.
     registry: dict[str, Any] = field(default_factory=dict)
 
     @property

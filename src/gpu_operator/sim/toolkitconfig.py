@@ -28,6 +28,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim import toolkitcrio
 from gpu_operator.sim.edits import InjectionError
 from gpu_operator.sim.toolkitfiles import Mounts, channel, host_path, source, to_toml, write_toml
@@ -130,6 +131,7 @@ class ToolkitStandIn:
     shapes keep their shape's tree as it is (the thousands of nodes of a bench build no tree)."""
 
     field_manager = "nvidia-container-toolkit"
+    identity = ident.NO_API  # it writes the host's runtime config only
 
     def __init__(self, app: str, hosts: Path) -> None:
         from gpu_operator.sim.faults import NodeHosts

@@ -19,6 +19,15 @@ new ones) runs it again. Before the pass, the container's own wait: while the vG
 is not ready on the host it waits (here: tried again in 5 s). A failed pass exits 1, and the
 kubelet restarts the init container (here: tried again in 10 s); the pod's main container never
 starts until a pass succeeds, and the stand-in does not mark the pod done either.
+
+The pod's status says so, as the kubelet writes it (as the node's kubelet, `pods/status`): while
+the container waits for the driver it is running, not ready; after a failed pass it waits in
+CrashLoopBackOff with its last exit (1, Error) and a restart count; the init containers before it
+terminated (Completed), those after it and the main container waiting (PodInitializing); phase
+Pending, Initialized False (ContainersNotInitialized), Ready and ContainersReady False
+(ContainersNotReady). So the DaemonSet counts the pod not ready. kwok's pod-ready stage leaves a pod
+with Initialized False alone (`controlplane.hold_initializing`); once a pass succeeds, the stand-in
+writes the pod Running and Ready (the init containers Completed), as the kubelet would.
 """
 
 from __future__ import annotations
@@ -26,19 +35,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import ConfigMap, Pod
+from lightkube.types import PatchType
 
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.kubeapi import KubeNodeView
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
 from gpu_operator.node.vgpuhost.cli import driver_ready
 from gpu_operator.render.states import _vgpu_host_state, sandbox_validation
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.podwatch import NodeView, PodView
 from gpu_operator.sim.probestandin import pod_to_play
@@ -91,6 +103,9 @@ class VgpuHostStandIn:
 
     app = APP
     field_manager = NODE_AGENT_FIELD_MANAGER
+    # the pass's writes: its pod's ServiceAccount; the pod and its ConfigMap volume: the kubelet's reads
+    identity = ident.POD
+    identities: Any = None  # given by NodeStandIns (without: `client` and `self.client` for all)
 
     def __init__(self, config: Any, hosts: Path, client: Any = None) -> None:
         from lightkube import Client
@@ -99,6 +114,8 @@ class VgpuHostStandIn:
         self.client = client if client is not None else Client(config, field_manager=NODE_AGENT_FIELD_MANAGER)
         self.done: dict[str, str] = {}  # node -> uid of the pod whose pass ran through (or that has none)
         self.waiting: dict[str, str] = {}  # node -> why its pod waits for the driver (logged once)
+        self.restarts: dict[str, int] = {}  # pod uid -> the init container's restarts (failed passes)
+        self.shown: dict[str, tuple[bool, int]] = {}  # pod uid -> (failed, restarts) its status shows
 
     async def start(self, client: AsyncClient) -> None:
         return None
@@ -106,11 +123,13 @@ class VgpuHostStandIn:
     async def sync(
         self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
     ) -> float | None:
-        pod = pod_to_play(self.done, node, view, pods)
+        # a pod held in its init containers (by an earlier failed pass) is still this container's
+        pod = pod_to_play(self.done, node, view, [replace(p, running=p.running or p.initializing) for p in pods])
         if pod is None or view is None or view.shape is None:
             return None
+        kubelet = client if self.identities is None else await self.identities.kubelet(node, self.field_manager)
         try:
-            found = await client.get(Pod, pod.name, namespace=pod.namespace)
+            found = await kubelet.get(Pod, pod.name, namespace=pod.namespace)
         except ApiError as err:
             if err.status.code == 404:
                 return None  # gone: the watch brings its successor
@@ -119,10 +138,25 @@ class VgpuHostStandIn:
         if ctr is None:
             self.done[node] = pod.uid
             return None
-        text = await self._config_text(client, pod.namespace, ctr)
-        delay = await asyncio.to_thread(self.run, node, view.shape.name, pod, ctr, text)
+        text = await self._config_text(kubelet, pod.namespace, ctr)
+        own = self.client if self.identities is None else await self.identities.sync_for_pod(pod, self.field_manager)
+        delay = await asyncio.to_thread(self.run, node, view.shape.name, pod, ctr, text, own)
         if delay is None:
             self.done[node] = pod.uid
+            self.restarts.pop(pod.uid, None)
+            self.shown.pop(pod.uid, None)
+            if pod.initializing:  # its init containers ran through: the kubelet starts the pod
+                await kubelet.patch(Pod.Status, pod.name, {"status": released_status(found)},
+                                    namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+            return None
+        failed = delay == RETRY_FAILED
+        if failed:
+            self.restarts[pod.uid] = self.restarts.get(pod.uid, 0) + 1
+        shown = (failed, self.restarts.get(pod.uid, 0))
+        if self.shown.get(pod.uid) != shown:  # the kubelet writes a status when it changes
+            await kubelet.patch(Pod.Status, pod.name, {"status": held_status(found, *shown)},
+                                namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+            self.shown[pod.uid] = shown
         return delay
 
     async def _config_text(self, client: AsyncClient, namespace: str, ctr: InitContainer) -> str | None:
@@ -137,10 +171,12 @@ class VgpuHostStandIn:
             raise
         return (found.data or {}).get(ctr.config_key)
 
-    def run(self, node: str, shape: str, pod: PodView, ctr: InitContainer, text: str | None) -> float | None:
+    def run(self, node: str, shape: str, pod: PodView, ctr: InitContainer, text: str | None,
+            client: Any = None) -> float | None:
         """The container's command for one pod; seconds until it is tried again, or None when done."""
         env = ctr.env
-        view = KubeNodeView(node, pod.namespace, client=self.client, component="gpu-operator-vgpu-host-state")
+        view = KubeNodeView(node, pod.namespace, client=client if client is not None else self.client,
+                            component="gpu-operator-vgpu-host-state")
         settings = Settings(
             config_text=text,
             config_source=env.get("CONFIG_FILE", "/vgpu-config/config.yaml"),
@@ -176,6 +212,69 @@ class VgpuHostStandIn:
         result = run_pass(fs, hardware, hardware, view, settings)
         log.info("node %s: vGPU host state (pod %s): %s", node, pod.name, result.state)
         return RETRY_FAILED if result.state == "failed" else None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def held_status(pod: Any, failed: bool, restarts: int) -> dict[str, Any]:
+    """The pod's status as the kubelet shows it while `vgpu-host-state` has not run through:
+    running (waiting for the driver) or, after a failed pass, in CrashLoopBackOff."""
+    now = _now()
+    spec = pod.spec
+    inits = list(spec.initContainers or [])
+    at = [c.name for c in inits].index(INIT)
+    statuses: list[dict[str, Any]] = []
+    for i, ctr in enumerate(inits):
+        entry: dict[str, Any] = {"name": ctr.name, "image": ctr.image, "ready": i < at, "restartCount": 0}
+        if i < at:
+            entry["state"] = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+        elif i > at:
+            entry["state"] = {"waiting": {"reason": "PodInitializing"}}
+        elif failed:
+            entry["restartCount"] = restarts
+            entry["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": (
+                f"back-off {int(RETRY_FAILED)}s restarting failed container={INIT} pod={pod.metadata.name}_"
+                f"{pod.metadata.namespace}({pod.metadata.uid})")}}
+            entry["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}}
+        else:
+            entry["restartCount"] = restarts
+            entry["state"] = {"running": {"startedAt": now}}
+        statuses.append(entry)
+    incomplete = " ".join(c.name for c in inits[at:])
+    unready = " ".join(c.name for c in spec.containers)
+    return {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+             "message": f"containers with incomplete status: [{incomplete}]", "lastTransitionTime": now},
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+             "message": f"containers with unready status: [{unready}]", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
+             "message": f"containers with unready status: [{unready}]", "lastTransitionTime": now},
+        ],
+        "initContainerStatuses": statuses,
+        "containerStatuses": [{"name": c.name, "image": c.image, "ready": False, "restartCount": 0,
+                               "state": {"waiting": {"reason": "PodInitializing"}}} for c in spec.containers],
+    }
+
+
+def released_status(pod: Any) -> dict[str, Any]:
+    """The pod's status once its init containers ran through: Running and Ready, as kwok's pod-ready
+    stage would have made it (the kubelet writes it here: kwok has played that pod already)."""
+    now = _now()
+    spec = pod.spec
+    done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+    return {
+        "phase": "Running",
+        "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+                       for t in ("Initialized", "Ready", "ContainersReady")],
+        "initContainerStatuses": [{"name": c.name, "image": c.image, "ready": True, "restartCount": 0, "state": done}
+                                  for c in spec.initContainers or []],
+        "containerStatuses": [{"name": c.name, "image": c.image, "ready": True, "restartCount": 0, "started": True,
+                               "state": {"running": {"startedAt": now}}} for c in spec.containers],
+    }
 
 
 def players(config: Any, hosts: Path, client: Any = None) -> list[VgpuHostStandIn]:

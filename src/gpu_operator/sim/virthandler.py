@@ -57,6 +57,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.sim import devnodes
+from gpu_operator.sim import identity as ident
 from gpu_operator.sim.faults import ChangeFollower, NodeHosts, follow_changes, node_host_spec
 from gpu_operator.sim.kubeletdp import GRACE_PERIOD, desired_status, merge_status
 from gpu_operator.sim.podwatch import NodeView, PodView, Reflector
@@ -158,6 +159,8 @@ class VirtHandler:
 
     app = APP
     pod_label = LABEL
+    identity = ident.KUBELET  # the Node's status is the kubelet's, after virt-handler's plugins register
+    identities: Any = None  # given by NodeStandIns: the kubelet's client
     field_manager = FIELD_MANAGER
 
     def __init__(self, hosts: Path | None = None, grace_period: float = GRACE_PERIOD,
@@ -257,7 +260,8 @@ class VirtHandler:
                 again.append(self.grace_period - stopped + 0.05)
         wanted_status = merge_status(parts)
         if wanted_status is not None and state.written != wanted_status:
-            await client.patch(Node.Status, node, {"status": wanted_status}, field_manager=FIELD_MANAGER)
+            writer = client if self.identities is None else await self.identities.kubelet(node, FIELD_MANAGER)
+            await writer.patch(Node.Status, node, {"status": wanted_status}, field_manager=FIELD_MANAGER)
             state.written = wanted_status
             log.info("node %s: virt-handler's device plugins: capacity %s, allocatable %s", node,
                      wanted_status["capacity"], wanted_status["allocatable"])
@@ -273,6 +277,7 @@ class LauncherAllocations:
 
     app = LAUNCHER
     pod_label = LABEL
+    identity = ident.NO_API  # the kubelet's allocation: its checkpoint in the host's files only
     field_manager = FIELD_MANAGER
 
     def __init__(self, handler: VirtHandler, hosts: Path | None) -> None:

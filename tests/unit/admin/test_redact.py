@@ -57,3 +57,69 @@ def test_ordinary_evidence_is_left_alone() -> None:
     text = ("node gpu-1: driver 580.95.05 not loaded; Fix: set driver.enabled=true. "
             "nvidia.com/gpu.deploy.driver=true, tokenizer pod ok, 0000:3b:00.0 on vfio-pci")
     assert redact.text(text) == text
+
+
+FORMS = [  # (text, the credential in it, what stays)
+    ("HTTPS_PROXY=http://proxyuser:pr0xy-pass@proxy.example.com:3128", "pr0xy-pass",
+     "http://proxyuser:<redacted>@proxy.example.com:3128"),
+    ("baseurl=https://u:p%40ss@repo.example.com/el9/", "p%40ss", "@repo.example.com/el9/"),
+    ("proxy http://u:we@ird@proxy:8080/", "we@ird", "http://u:<redacted>@proxy:8080/"),
+    ("clone https://ghp0123456789abcdefXYZ@github.com/o/r.git", "ghp0123456789abcdefXYZ", "@github.com/o/r.git"),
+    ("Authorization: Basic Ym9iOmh1bnRlcjI=", "Ym9iOmh1bnRlcjI=", "Authorization: Basic <redacted>"),
+    ('{"Proxy-Authorization": "Basic Ym9iOmh1bnRlcjI="}', "Ym9iOmh1bnRlcjI=", "Proxy-Authorization"),
+    ("machine h.example.com login bob password n3trc", "n3trc", "login bob password <redacted>"),
+    ("machine h\n  login bob\n  password n3trc2\n", "n3trc2", "login bob"),
+    ('{"identitytoken": "idt0k3n"}', "idt0k3n", '"identitytoken": "<redacted>"'),
+    ("auths:\n  nvcr.io:\n    auth: YWJjOmRlZg==", "YWJjOmRlZg==", "auth: <redacted>"),
+    ("run --token t0k3n-value --v=2", "t0k3n-value", "--token <redacted> --v=2"),
+    ("run --password 'pa ss' --v=2", "pa ss", "--v=2"),
+    ("run --token=t0k3n-eq", "t0k3n-eq", "--token=<redacted>"),
+    ("login --registry-password hunter3", "hunter3", "--registry-password <redacted>"),
+    ("NGC_API_KEY=nvapi-xyz DRIVER_TYPE=passthrough", "nvapi-xyz", "DRIVER_TYPE=passthrough"),
+    ("MY_SIGNING_KEY=abcdef", "abcdef", "MY_SIGNING_KEY=<redacted>"),
+    ("aws_access_key_id = AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", "aws_access_key_id"),
+    ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG", "wJalrXUtnFEMI/K7MDENG", "aws_secret_access_key = <redacted>"),
+    ("keys ASIAY34FZKBOKMUTVV7A in use", "ASIAY34FZKBOKMUTVV7A", "keys <redacted> in use"),
+]
+
+
+def test_each_credential_form_in_text_is_replaced_and_its_context_kept() -> None:
+    for line, credential, kept in FORMS:
+        out = redact.text(line)
+        assert credential not in out, (line, out)
+        assert kept in out, (line, out)
+
+
+def test_structured_credentials_by_name_and_by_position() -> None:
+    ds = {"kind": "DaemonSet", "metadata": {"name": "d", "annotations": {
+              "example.com/api-token": "t0k", "nvidia.com/probe.facts": '{"proxy": "http://u:pw@p:3128"}',
+              "example.com/owner": "team-a"}},
+          "spec": {"template": {"spec": {"containers": [{
+              "args": ["--token", "t0k2", "--password", "pw2", "--token-file", "/run/tok", "--password-stdin", "-v"],
+              "env": [{"name": "S3_SECRET", "value": "s3"}, {"name": "UPLOAD_TOKEN_VALUE", "value": "utv"},
+                      {"name": "DB_PASSWD", "value": "dbp"}, {"name": "TLS_KEY", "value": "tk"},
+                      {"name": "TOKEN_FILE", "value": "/run/tok"}, {"name": "HTTP_PROXY", "value": "http://u:pw3@p"}],
+              }], "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}}}
+    out = redact.obj(ds)
+    notes = out["metadata"]["annotations"]
+    assert notes["example.com/api-token"] == redact.REDACTED and notes["example.com/owner"] == "team-a"
+    assert json.loads(notes["nvidia.com/probe.facts"]) == {"proxy": "http://u:<redacted>@p:3128"}
+    (container,) = out["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["--token", redact.REDACTED, "--password", redact.REDACTED, "--token-file",
+                                 "/run/tok", "--password-stdin", "-v"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"S3_SECRET": redact.REDACTED, "UPLOAD_TOKEN_VALUE": redact.REDACTED, "DB_PASSWD": redact.REDACTED,
+                   "TLS_KEY": redact.REDACTED, "TOKEN_FILE": "/run/tok", "HTTP_PROXY": "http://u:<redacted>@p"}
+    assert out["spec"]["template"]["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    custom = redact.obj({"kind": "GPUCluster", "spec": {"password": "pw4", "params": {"token": ["t5"]},
+                                                        "secretName": "ngc", "secretEnv": "driver-env"}})
+    assert custom["spec"] == {"password": redact.REDACTED, "params": {"token": [redact.REDACTED]},
+                              "secretName": "ngc", "secretEnv": "driver-env"}
+
+
+def test_what_only_looks_like_a_credential_stays() -> None:
+    for line in ("key: nvidia.com/gpu", "http://proxy.example.com:3128/", "ssh://git@github.com/o/r",
+                 "--token-file /var/run/secrets/tok --password-stdin", "secretName: ngc-secret",
+                 "max_tokens=1024 tokenizer=bpe", "basic checks passed", "user@example.com wrote",
+                 "automountServiceAccountToken: false", "bearerTokenFile: /var/run/secrets/tok"):
+        assert redact.text(line) == line

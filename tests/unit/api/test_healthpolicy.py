@@ -72,3 +72,26 @@ def test_crd_schema_refuses_what_the_model_refuses() -> None:
     assert remediation["maxUnavailable"]["x-kubernetes-int-or-string"] is True
     assert [r["rule"] for r in remediation["maxUnavailable"]["x-kubernetes-validations"]][0].startswith("type(self) == int")
     assert spec["health"]["properties"]["taintEffect"]["enum"] == ["NoSchedule", "NoExecute"]
+
+
+@pytest.mark.parametrize("key", [
+    "readiness.k8s.io/nvidia-gpu-ready",  # the Node Readiness Controller's prefix (its CRD's rule)
+    DEFAULT_STARTUP_TAINT,  # cluster-autoscaler's
+    "nvidia.com/gpu-not-validated",
+])
+def test_a_startup_taint_under_an_allowed_prefix_is_taken(key: str) -> None:
+    spec = _policy({"startupTaint": {"enabled": True, "key": key}}).spec.health
+    assert spec is not None and spec.startupTaint.key == key
+
+
+@pytest.mark.parametrize("key", [
+    "readiness.k8s.io.example.com/x",  # a look-alike domain, not the prefix
+    "example.com/readiness.k8s.io",
+    "node.kubernetes.io/not-ready",  # the kubelet's: never ours to remove
+    "readiness.k8s.io/",  # no name
+    "readiness.k8s.io/" + "n" * 64,  # a name part over 63 characters
+])
+def test_a_startup_taint_outside_the_prefixes_is_refused_naming_the_field(key: str) -> None:
+    with pytest.raises(pydantic.ValidationError) as info:
+        _policy({"startupTaint": {"key": key}})
+    assert _locs(info.value) == [("spec", "health", "startupTaint", "key")]

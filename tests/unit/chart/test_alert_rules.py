@@ -148,3 +148,30 @@ def test_the_tests_catch_a_changed_alert(promtool: str, spec: dict[str, Any], tm
                 if ok]
     assert len(changes) >= len(MUTATIONS) + 9 + len(LABEL_MUTATIONS)
     assert survived == [], "changes the alert tests do not notice"
+
+
+def _only_served(tests: dict[str, Any], served: set[str]) -> dict[str, Any]:
+    """The alert tests with the DCGM series of fields outside `served` taken out: what Prometheus
+    would scrape from an exporter that collects only those fields."""
+    kept = copy.deepcopy(tests)
+    for group in kept["tests"]:
+        group["input_series"] = [s for s in group["input_series"]
+                                 if not s["series"].startswith("DCGM_") or s["series"].split("{")[0] in served]
+    return kept
+
+
+def test_every_alert_fires_on_what_the_charts_metrics_file_collects(
+        promtool: str, spec: dict[str, Any], render: Callable[..., Rendered], tmp_path: Path) -> None:
+    """A default install's exporter collects the chart's metrics file (ConfigMap named by the
+    ClusterPolicy): with only the DCGM series its fields produce, every alert test still passes;
+    without one field an alert reads (the double-bit ECC counter), the tests fail."""
+    from tests.unit.chart.test_monitoring import chart_metrics
+
+    served = set(chart_metrics(render()))
+    tests = unit_tests(spec)
+    read = {s["series"].split("{")[0] for g in tests["tests"] for s in g["input_series"]}
+    assert {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_GPU_TEMP"} <= read
+    result = run_promtool(promtool, tmp_path / "served", spec, dump(_only_served(tests, served)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    without = served - {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
+    assert run_promtool(promtool, tmp_path / "without", spec, dump(_only_served(tests, without))).returncode != 0

@@ -19,25 +19,36 @@ from tests.support.permissions import Permission, covers, expand, grant
 # (e.g. gpu_operator.controllers.permissions) and this test should then read it from there.
 # Server-side apply (authorized as patch, and as create when it creates) and deletes; never update.
 MANAGE = ("get", "list", "watch", "create", "patch", "delete")
+# Cluster-wide kinds: create any (RBAC cannot name what a create makes), change or delete only what
+# the operator renders, by name (test_chart_owned_names.py holds the names to the renderer).
+MAKE = ("get", "list", "watch", "create")
+OWN = ("patch", "delete")
+RUNTIME_CLASSES = ("nvidia", "nvidia-cdi", "nvidia-legacy")
+DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "compute-domain-daemon.nvidia.com",
+                  "compute-domain-default-channel.nvidia.com")
+ADMISSION_POLICIES = ("resourceslices-policy-nvidia-dra-driver",)
 CLUSTER_WIDE: set[Permission] = (
     # the operator's own work
     grant("nvidia.com", ["clusterpolicies", "nvidiadrivers", "gpuclusters"], ["get", "list", "watch", "patch"])
     | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status", "gpuclusters/status"], ["patch"])
     | grant("nvidia.com", ["clusterpolicies/finalizers", "nvidiadrivers/finalizers", "gpuclusters/finalizers"],
             ["update"])
-    | grant("resource.k8s.io", ["deviceclasses"], MANAGE)
+    | grant("resource.k8s.io", ["deviceclasses"], MAKE) | grant("resource.k8s.io", ["deviceclasses"], OWN, DEVICE_CLASSES)
     # GPU health on the DRA stack: a DeviceTaintRule per unhealthy GPU
     | grant("resource.k8s.io", ["devicetaintrules"], ["list", "create", "delete"])
     | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
-            MANAGE)
+            MAKE)
+    | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+            OWN, ADMISSION_POLICIES)
     | grant("", ["nodes"], ["get", "list", "watch", "patch"])
     | grant("", ["nodes/status"], ["patch"])  # GPU health: the NvidiaGPUReady condition
     | grant("", ["pods"], ["get", "list", "watch", "delete"])
     | grant("", ["pods/eviction"], ["create"])
     | grant("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"])  # drains, node labelling
-    | grant("", ["events"], ["create", "patch"])
+    | grant("", ["events"], ["create"])
     | grant("events.k8s.io", ["events"], ["create", "patch"])
-    | grant("node.k8s.io", ["runtimeclasses"], MANAGE)
+    | grant("node.k8s.io", ["runtimeclasses"], MAKE) | grant("node.k8s.io", ["runtimeclasses"], OWN, RUNTIME_CLASSES)
+    # (changed or deleted only when labelled as ours: the gpu-operator-owned-rbac admission policy)
     | grant("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], MANAGE)
     | grant("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
     | grant("", ["namespaces"], ["get", "patch"], [NAMESPACE])
@@ -45,14 +56,12 @@ CLUSTER_WIDE: set[Permission] = (
     # held only to hand on to operand ClusterRoles
     | grant("", ["nodes"], ["update"])
     | grant("apps", ["daemonsets"], ["get", "list", "watch"])
-    | grant("nfd.k8s-sigs.io", ["nodefeatures"], ["get", "list", "watch", "create", "update"])
     | grant("config.openshift.io", ["clusterversions"], ["get", "list"])
     # ... to the DRA driver's roles (GPUCluster)
     | grant("resource.k8s.io", ["resourceslices", "resourceclaimtemplates"],
             ["get", "list", "watch", "create", "update", "delete"])
     | grant("resource.nvidia.com", ["computedomains", "computedomains/status"], ["get", "list", "watch", "update", "patch"])
     | grant("resource.nvidia.com", ["computedomaincliques"], ["get", "list", "watch", "create", "update", "patch"])
-    | grant("", ["pods"], ["patch"])
 )
 IN_NAMESPACE: set[Permission] = (
     grant("apps", ["daemonsets", "deployments"], MANAGE)
@@ -66,9 +75,13 @@ IN_NAMESPACE: set[Permission] = (
     | grant("coordination.k8s.io", ["leases"], ["get", "update", "delete"], ["53822513.nvidia.com"])
     | grant("coordination.k8s.io", ["leases"], ["get", "update"], ["nvidia-dra-driver-controller"])
     # held only to hand on to operand Roles
-    | grant("", ["pods"], ["create"])
+    | grant("", ["pods"], ["create", "patch"])  # the validator's workload pods; the IMEX daemon's own pod
     | grant("", ["configmaps"], ["update"])
-    | grant("", ["secrets"], ["get", "list", "watch"])
+    | grant("nfd.k8s-sigs.io", ["nodefeatures"], ["get", "list", "watch", "create", "update"])  # GFD's, here
+    # GPU health remediation's requests: one Secret, written by the operator alone
+    | grant("", ["secrets"], ["create"])
+    | grant("", ["secrets"], ["get", "list", "watch", "update", "patch", "delete"],
+            ["nvidia-gpu-health-requests"])
 )
 OPENSHIFT_CLUSTER_WIDE: set[Permission] = (
     grant("config.openshift.io", ["proxies"], ["get", "list", "watch"])

@@ -14,6 +14,7 @@ import yaml
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.common import unknown_fields
 from gpu_operator.controllers.leader import LEASE_NAME
+from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
 from tests.support.chart import (
     CHART,
     NAMESPACE,
@@ -214,13 +215,16 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["list", "delete"]},
     ]
-    # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease.
+    # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease
+    # and GPU health's requests Secret (the operator made it, so Helm would leave it).
     assert find(rendered, "Role", "gpu-operator-cleanup")["rules"] == [
         {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["gpu-operator"],
          "verbs": ["get", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
          "verbs": ["get", "delete"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [HEALTH_REQUESTS_SECRET],
+         "verbs": ["delete"]},
     ]
     assert not any(o["metadata"]["name"] == "gpu-operator-cleanup"
                    for o in objects(render({"operator": {"cleanupOnUninstall": False}})))

@@ -1,7 +1,7 @@
 """The chart's alerts (PrometheusRule) and Grafana dashboard: every query parses as PromQL (the
 promql-parser library, the grammar Prometheus itself uses), and every metric it reads is one our
-operator or node-status exporter really exposes, or one of DCGM exporter's default counters (or an
-opt-in counter docs/health.md names). Each alert's threshold, `for:` and severity are checked as
+operator or node-status exporter really exposes, or one of DCGM exporter's default counters (or one
+the chart's own metrics file adds, docs/health.md). Each alert's threshold, `for:` and severity are checked as
 data against the table below and docs/health.md's; test_alert_rules.py feeds them series."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ DATA = Path(__file__).parent / "data"
 HEALTH_DOC = Path(__file__).resolve().parents[3] / "docs" / "health.md"
 ON = {"monitoring": {"prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}}}
 SELECTOR_FIELDS = ("lhs", "rhs", "expr", "vector_selector", "param")
-# DCGM counters the alerts read that dcgm-exporter's counters files leave commented out: served
-# only when the user's metrics ConfigMap lists them (docs/health.md says how).
-OPT_IN = {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
+# DCGM counters the alerts read that dcgm-exporter's counters files leave commented out: the
+# chart's own metrics file (files/dcgm-metrics.csv, its default) adds them (docs/health.md).
+CHART_ADDED = {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
 # Every alert: severity, for (None: fires at once), the comparison that ends its expression, and
 # the metrics it reads. Seed 004's thresholds: temperature > 85 warning, > 90 critical; framebuffer
 # > 95 %; double-bit ECC; utilisation > 95 % for 30 min; Xid.
@@ -142,14 +142,45 @@ def test_the_alerts_seed_004_asks_for_are_there(render: Callable[..., Rendered])
         == "30m"
 
 
-def test_opt_in_counters_are_off_by_default_and_documented(render: Callable[..., Rendered]) -> None:
+def chart_metrics(rendered: Rendered) -> dict[str, str]:
+    """{DCGM field: Prometheus type} of the metrics file the rendered ClusterPolicy's exporter
+    collects (the ConfigMap its dcgmExporter.config.name names, key dcgm-metrics.csv), read as
+    dcgm-exporter reads it: comma-separated field, type, help; '#' lines and blank lines skipped."""
+    name = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"]["name"]
+    text = find(rendered, "ConfigMap", name)["data"]["dcgm-metrics.csv"]
+    rows = [[cell.strip() for cell in line.split(",", 2)] for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    assert all(len(row) == 3 and row[2] for row in rows), "every line: field, type, help"
+    assert len({row[0] for row in rows}) == len(rows), "a field listed twice"
+    return {row[0]: row[1] for row in rows}
+
+
+def test_the_charts_metrics_file_serves_every_dcgm_metric_read(render: Callable[..., Rendered]) -> None:
+    """By default the exporter collects the chart's file: dcgm-exporter's own defaults, each with
+    its type, plus exactly the counters the alerts read that those leave out (a documented deviation)."""
     on, off = dcgm_counters()
-    assert OPT_IN.issubset(off), "an opt-in counter must be one the counters files comment out"
+    served = chart_metrics(render())
+    assert set(served) - {"DCGM_FI_DRIVER_VERSION"} >= on  # nothing the exporter's default served is lost
+    assert served["DCGM_FI_DRIVER_VERSION"] == "label"
+    assert set(served) - on - {"DCGM_FI_DRIVER_VERSION"} == CHART_ADDED and off >= CHART_ADDED
+    assert {served[m] for m in CHART_ADDED} == {"counter"}
+    assert all(served[m] in ("gauge", "counter") for m in on)
     read = {m for expr in queries(render).values() for m in metric_names(promql_parser.parse(expr))}
-    assert {m for m in read if m.startswith("DCGM_")} - on == OPT_IN
+    assert {m for m in read if m.startswith("DCGM_")} - set(served) == set()
+    assert {m for m in read if m.startswith("DCGM_")} - on == CHART_ADDED
     rows = {row["Alert"]: row for row in doc_table()}
     for name, (_, _, _, _, metrics) in ALERTS.items():
-        assert rows[name]["Exporter default"] == ("no" if metrics & OPT_IN else "yes" if metrics <= on else "—"), name
+        expected = "added" if metrics & CHART_ADDED else "yes" if metrics <= on else "—"
+        assert rows[name]["Exporter default"] == expected, name
+
+
+def test_a_metrics_file_of_ones_own_replaces_the_charts(render: Callable[..., Rendered]) -> None:
+    mine = render({"dcgmExporter": {"config": {"name": "my-metrics"}}})
+    assert find(mine, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"] == {"name": "my-metrics"}
+    assert [o for o in objects(mine) if o["metadata"]["name"] == "gpu-operator-dcgm-metrics"] == []
+    image = render({"dcgmExporter": {"config": {"chartDefault": False}}})
+    assert find(image, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"] == {"name": ""}
+    assert [o for o in objects(image) if o["metadata"]["name"] == "gpu-operator-dcgm-metrics"] == []
 
 
 def doc_table() -> list[dict[str, str]]:
@@ -220,7 +251,7 @@ def test_the_health_alerts_match_the_operators_labels_and_states(render: Callabl
 def test_every_query_parses_and_reads_only_metrics_that_exist(render: Callable[..., Rendered]) -> None:
     found = queries(render)
     assert len(found) >= 20
-    known = exposed() | dcgm_defaults() | OPT_IN
+    known = exposed() | dcgm_defaults() | CHART_ADDED
     unknown: set[str] = set()
     for where, expr in found.items():
         try:

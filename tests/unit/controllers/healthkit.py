@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import httpx2
@@ -26,6 +27,29 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
+class _SecretCreator:
+    """The lightkube client's create, for the requests Secret."""
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+
+    async def create(self, obj: Any) -> None:
+        body = obj.to_dict()
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if key in self.kube.secrets:
+            raise ApiError(status=_status(409))
+        self.kube.calls.append(("create", "Secret", key[1]))
+        self.kube.secrets[key] = body
+
+    def request(self, node: str, namespace: str = "gpu-operator") -> dict[str, Any] | None:
+        import base64
+
+        from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
+
+        raw = ((self.kube.secrets.get((namespace, HEALTH_REQUESTS_SECRET)) or {}).get("data") or {}).get(node)
+        return json.loads(base64.b64decode(raw)) if raw else None
+
+
 class FakeKube:
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -33,6 +57,8 @@ class FakeKube:
         self.calls: list[tuple[str, ...]] = []
         self.events: list[tuple[str, str, str, bool]] = []
         self.pdb_blocks: dict[str, str] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> body
+        self.client = _SecretCreator(self)
         self._version = 0
         self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(self._answer), base_url="https://apiserver")
 
@@ -108,6 +134,12 @@ class FakeKube:
     async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
                           namespace: str | None = None) -> None:
         self.calls.append(("patch", name, json.dumps(patch, sort_keys=True)))
+        if kind == "Secret":
+            secret = self.secrets.get((namespace or "", name))
+            if secret is None:
+                raise ApiError(status=_status(404))
+            _merge(secret, patch)
+            return
         body = self.nodes[name]
         version = (patch.get("metadata") or {}).get("resourceVersion")
         if version is not None and version != body["metadata"]["resourceVersion"]:
@@ -139,9 +171,23 @@ class FakeKube:
         node = (fields or "").removeprefix("spec.nodeName=")
         out = [p for p in self.pods if p["spec"]["nodeName"] == node]
         if labels:
-            wanted = dict(term.split("=", 1) for term in labels.split(","))
-            out = [p for p in out if all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+            out = [p for p in out if _selects(labels, p["metadata"]["labels"])]
         return copy.deepcopy(out)
+
+
+def _selects(selector: str, labels: dict[str, str]) -> bool:
+    """A label selector's equality (`k=v`) and set (`k in (a,b)`) terms, as the apiserver reads them."""
+    terms = re.findall(r"[^,(]+\([^)]*\)|[^,]+", selector)
+    for term in (t.strip() for t in terms):
+        if " in (" in term:
+            key, values = term.split(" in (", 1)
+            if labels.get(key.strip()) not in {v.strip() for v in values.rstrip(")").split(",")}:
+                return False
+        else:
+            key, value = term.split("=", 1)
+            if labels.get(key) != value:
+                return False
+    return True
 
 
 def _status(code: int) -> Any:

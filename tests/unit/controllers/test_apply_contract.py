@@ -81,6 +81,9 @@ class RecordingKube:
     async def get_dict(self, *_: Any, **__: Any) -> dict[str, Any] | None:
         return None
 
+    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return [o for o in self.live.values() if o["kind"] == kind and o["metadata"].get("namespace") == namespace]
+
     def owned(self, kinds: frozenset[str]) -> dict[Any, OwnedView]:
         views = [OwnedView.of(o) for o in self.live.values() if o["kind"] in kinds]
         return {v.key: v for v in views}

@@ -59,6 +59,26 @@ def test_device_plugin_resources() -> None:
     assert not requests_gpu(pod({"resources": {"requests": {"cpu": "1"}}}))
 
 
+# MIG profiles with NVML's attribute suffixes, which NVIDIA's device plugin v0.20 advertises as
+# resources of their own (sim/migresources.py spells them as the plugin does)
+SUFFIXED_PROFILES = ("1g.10gb+me", "1g.10gb+me.all", "1g.24gb+gfx", "2g.48gb+gfx", "1g.24gb-me", "2g.48gb-me")
+
+
+@pytest.mark.parametrize("profile", SUFFIXED_PROFILES)
+@pytest.mark.parametrize("section", ["requests", "limits"])
+def test_mig_profiles_with_suffixes_hold_gpus(profile: str, section: str) -> None:
+    from gpu_operator.sim.migresources import resource_name
+
+    name = resource_name(profile)
+    assert name is not None and name != "nvidia.com/mig-" + profile.split("+")[0].split("-")[0]
+    for resource in (name, f"{name}.shared"):  # time-slicing's renamed resource too
+        held = pod({"name": "main", "resources": {section: {resource: "1"}}})
+        assert requests_gpu(held) and holds_gpu(held, DEFAULT, {}), resource
+    # not NVIDIA's device plugin: another vendor's resource of the same shape holds nothing here
+    other = pod({"name": "main", "resources": {section: {name.replace("nvidia.com/", "example.com/"): "1"}}})
+    assert not requests_gpu(other)
+
+
 def test_claim_names_come_from_the_spec_or_the_generated_claim() -> None:
     assert claim_keys(TEMPLATE_POD) == [("work", "p-gpu-x7")]
     assert claim_keys(pod(claims=[{"name": "gpu", "resourceClaimName": "shared"}])) == [("work", "shared")]
@@ -149,7 +169,7 @@ def test_remediation_drain_uses_the_same_rule() -> None:
     from gpu_operator.api.healthpolicy import RemediationSpec
     from gpu_operator.controllers import health_machine as hm
 
-    node = hm.Facts("n1", state=hm.DRAINING, pods=node_pods())
+    node = hm.RemediationFacts("n1", state=hm.DRAINING, pods=node_pods())
     step = hm.decide(node, RemediationSpec(enabled=True), 100.0, True)
     assert [p.name for p in step.evict] == ["dra", "runtime"]
 

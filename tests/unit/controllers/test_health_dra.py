@@ -57,12 +57,14 @@ def test_one_rule_per_unhealthy_or_gone_gpu_the_slice_names() -> None:
     want = hd.wanted("n1", buses, names, OWNER)
     assert sorted(want) == ["gpu-health-n1-gpu-0", "gpu-health-n1-gpu-1"]
     body = want["gpu-health-n1-gpu-0"]
-    assert body["apiVersion"] == "resource.k8s.io/v1beta2" and body["kind"] == "DeviceTaintRule"
+    assert body["apiVersion"] == "resource.k8s.io/v1" and body["kind"] == "DeviceTaintRule"  # GA from 1.37
     assert body["metadata"]["labels"] == {MANAGED_BY: MANAGED_BY_VALUE}
     assert body["metadata"]["ownerReferences"] == [OWNER]
     assert body["spec"] == {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"},
                             "taint": {"key": HEALTH_TAINT, "value": "unhealthy", "effect": "NoSchedule"}}
     assert want["gpu-health-n1-gpu-1"]["spec"]["taint"]["value"] == "gone"
+    beta = hd.wanted("n1", buses, names, OWNER, "v1beta2")["gpu-health-n1-gpu-0"]  # Kubernetes 1.36
+    assert beta["apiVersion"] == "resource.k8s.io/v1beta2" and beta["spec"] == body["spec"]
 
 
 def test_warnings_and_unknown_buses_get_no_rule() -> None:
@@ -91,29 +93,31 @@ def test_long_node_names_stay_object_names() -> None:
 class FakeDRA:
     """The kube/devicetaints calls, in memory."""
 
-    def __init__(self, served: bool, slices: list[dict[str, Any]]) -> None:
-        self.served, self.slices = served, slices
+    def __init__(self, version: str | None, slices: list[dict[str, Any]]) -> None:
+        self.version, self.slices = version, slices
         self.rules: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        async def rules_served(_kube: Any) -> bool:
+        async def rule_version(_kube: Any) -> str | None:
             self.calls.append("discover")
-            return self.served
+            return self.version
 
-        async def list_rules(_kube: Any, labels: str) -> list[dict[str, Any]]:
-            assert labels == f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+        async def list_rules(_kube: Any, version: str, labels: str) -> list[dict[str, Any]]:
+            assert labels == f"{MANAGED_BY}={MANAGED_BY_VALUE}" and version == self.version
             self.calls.append("list")
             return list(self.rules.values())
 
-        async def create_rule(_kube: Any, body: dict[str, Any]) -> bool:
+        async def create_rule(_kube: Any, version: str, body: dict[str, Any]) -> bool:
+            assert version == self.version and body["apiVersion"] == f"resource.k8s.io/{version}"
             self.calls.append("create")
             if body["metadata"]["name"] in self.rules:
                 return False
             self.rules[body["metadata"]["name"]] = body
             return True
 
-        async def delete_rule(_kube: Any, name: str) -> bool:
+        async def delete_rule(_kube: Any, version: str, name: str) -> bool:
+            assert version == self.version
             self.calls.append("delete")
             return self.rules.pop(name, None) is not None
 
@@ -121,13 +125,13 @@ class FakeDRA:
             self.calls.append("slices")
             return [s for s in self.slices if s["spec"]["nodeName"] == node and s["spec"]["driver"] == driver]
 
-        for name, fn in (("rules_served", rules_served), ("list_rules", list_rules), ("create_rule", create_rule),
+        for name, fn in (("rule_version", rule_version), ("list_rules", list_rules), ("create_rule", create_rule),
                          ("delete_rule", delete_rule), ("node_slices", node_slices)):
             monkeypatch.setattr(devicetaints, name, fn)
 
 
 def test_device_taints_follow_the_report_and_forget_a_gone_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeDRA(True, [slice_of("n1", ("gpu-0", BUS0), ("gpu-1", BUS1))])
+    fake = FakeDRA("v1", [slice_of("n1", ("gpu-0", BUS0), ("gpu-1", BUS1))])
     fake.install(monkeypatch)
     taints = hd.DeviceTaints(None, lambda: OWNER)  # type: ignore[arg-type]
 
@@ -151,26 +155,52 @@ def test_device_taints_follow_the_report_and_forget_a_gone_node(monkeypatch: pyt
 
 
 def test_a_sick_gpu_not_published_yet_asks_to_look_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeDRA(True, [])
+    fake = FakeDRA("v1beta2", [])  # Kubernetes 1.36 with the beta API on
     fake.install(monkeypatch)
     taints = hd.DeviceTaints(None, lambda: OWNER)  # type: ignore[arg-type]
     assert asyncio.run(taints.node("n1", report(sick(BUS0)))) is True
     fake.slices.append(slice_of("n1", ("gpu-0", BUS0)))
     assert asyncio.run(taints.node("n1", report(sick(BUS0)))) is False
     assert list(fake.rules) == ["gpu-health-n1-gpu-0"]
+    assert fake.rules["gpu-health-n1-gpu-0"]["apiVersion"] == "resource.k8s.io/v1beta2"
 
 
 def test_nothing_without_the_api_or_outside_the_dra_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = FakeDRA(False, [slice_of("n1", ("gpu-0", BUS0))])
+    fake = FakeDRA(None, [slice_of("n1", ("gpu-0", BUS0))])
     fake.install(monkeypatch)
     taints = hd.DeviceTaints(None, lambda: OWNER)  # type: ignore[arg-type]
     for _ in range(2):
         asyncio.run(taints.node("n1", report(sick(BUS0))))
     assert fake.calls == ["discover"] and fake.rules == {}  # looked up once
-    fake = FakeDRA(True, [slice_of("n1", ("gpu-0", BUS0))])
+    fake = FakeDRA("v1", [slice_of("n1", ("gpu-0", BUS0))])
     fake.install(monkeypatch)
     asyncio.run(hd.DeviceTaints(None, lambda: None).node("n1", report(sick(BUS0))))  # type: ignore[arg-type]
     assert fake.calls == []
+
+
+class Discovery:
+    """Kube.served_versions over a fixed discovery: group -> kind -> versions served."""
+
+    def __init__(self, served: dict[str, list[str]]) -> None:
+        self.served = served
+
+    async def served_versions(self, group: str, kind: str) -> list[str]:
+        assert group == "resource.k8s.io"
+        return self.served.get(kind, [])
+
+
+@pytest.mark.parametrize(("rules", "slices", "expected"), [
+    (["v1", "v1beta2"], ["v1", "v1beta2"], "v1"),  # 1.37 with the beta API also on: the GA one
+    (["v1"], ["v1"], "v1"),  # 1.37's defaults
+    (["v1beta2", "v1alpha3"], ["v1", "v1beta2"], "v1beta2"),  # 1.36 with resource.k8s.io/v1beta2 on
+    (["v1alpha3"], ["v1"], None),  # only the alpha: not ours
+    ([], ["v1"], None),  # 1.36's defaults
+    (["v1beta2"], ["v1beta1"], None),  # no v1 ResourceSlice to name the devices
+])
+def test_the_newest_served_version_of_device_taint_rule(rules: list[str], slices: list[str],
+                                                          expected: str | None) -> None:
+    kube = Discovery({"DeviceTaintRule": rules, "ResourceSlice": slices})
+    assert asyncio.run(devicetaints.rule_version(kube)) == expected  # type: ignore[arg-type]
 
 
 def test_the_health_settings_of_either_stack() -> None:

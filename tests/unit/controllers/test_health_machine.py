@@ -16,16 +16,18 @@ SPEC = RemediationSpec(enabled=True)
 BUS = "0000:3b:00.0"
 
 
-def rep(action: str | None = "reboot", validated: bool = True) -> HealthReport:
+def rep(action: str | None = "reboot", validated: bool = True, answered: str | None = None,
+        at: float | None = NOW + 1) -> HealthReport:
     gpus = [{"bus": BUS, "state": "unhealthy", "xid": 79, "action": action, "reason": "r"}] if action else []
     return HealthReport.parse(json.dumps({
         "v": 1, "validated": validated, "state": "unhealthy" if gpus else "healthy",
         "action": action or "none", "healthy": 7, "gpus": gpus, "sources": ["kmsg"],
-        "missing": [] if validated else ["cuda"]}))
+        "missing": [] if validated else ["cuda"], **({"answered": answered} if answered else {}),
+        **({"validatedAt": at} if validated and at is not None else {})}))
 
 
-def node(name: str = "n", state: str = "", notes: dict[str, str] | None = None, **kw: Any) -> hm.Facts:
-    return hm.Facts(name, state, notes or {}, report=kw.pop("report", rep()), **kw)
+def node(name: str = "n", state: str = "", notes: dict[str, str] | None = None, **kw: Any) -> hm.RemediationFacts:
+    return hm.RemediationFacts(name, state, notes or {}, report=kw.pop("report", rep()), **kw)
 
 
 def test_unhealthy_node_is_quarantined_and_flapping_is_held() -> None:
@@ -80,9 +82,14 @@ def test_actions_request_what_they_cannot_do_themselves() -> None:
     def act(action: str, spec: RemediationSpec) -> hm.Step:
         index = spec.actions.index(action)  # type: ignore[arg-type]
         return hm.decide(node(state=hm.ACTING, notes={hm.STEP: str(index)}), spec, NOW, True)
-    assert act("reboot", SPEC).notes[hm.REBOOT_REQUESTED] == str(int(NOW))
-    assert act("reset-gpu", SPEC).notes[hm.RESET_REQUESTED] == BUS
-    assert act("reload-driver", SPEC).action == "reload-driver"
+    reboot = act("reboot", SPEC)
+    reset = hm.decide(node(state=hm.ACTING, notes={hm.STEP: "1", hm.PAUSED: ""}), SPEC, NOW, True)
+    # the request is the node's entry in the requests Secret, never a Node annotation
+    assert not any(k.endswith("-requested") for k in {**reboot.notes, **reset.notes})
+    assert json.loads(reboot.request) == {"v": 1, "node": "n", "action": "reboot", "gpus": [], "remediation": True,
+                                          "attempt": 0, "since": str(int(NOW))}
+    assert json.loads(reset.request)["gpus"] == [BUS] and reset.notes[hm.SINCE] == str(int(NOW))
+    assert act("reload-driver", SPEC).action == "reload-driver" and not act("reload-driver", SPEC).request
     assert act("restart-device-plugin", SPEC).action == "restart-device-plugin"
     ext = RemediationSpec.model_validate({"enabled": True, "actions": ["external"],
                                           "externalHandoff": {"label": "example.com/repair"}})
@@ -101,15 +108,39 @@ def test_validation_timeout_escalates_then_fails_after_max_attempts() -> None:
 
 
 def test_validated_healthy_releases_and_uncordons_only_what_we_cordoned() -> None:
-    ours = hm.decide(node(state=hm.VALIDATING, notes={hm.INITIALLY_UNSCHEDULABLE: "false", hm.SINCE: str(int(NOW))},
+    acted = {hm.SINCE: str(int(NOW)), hm.ACTION: "restart-device-plugin", hm.REVALIDATED: f"{NOW:.3f}"}
+    ours = hm.decide(node(state=hm.VALIDATING, notes={hm.INITIALLY_UNSCHEDULABLE: "false", **acted},
                           report=rep(None)), SPEC, NOW, True)
     assert ours.remove_state and ours.cordon is False and ours.result == "succeeded"
-    theirs = hm.decide(node(state=hm.VALIDATING, notes={hm.INITIALLY_UNSCHEDULABLE: "true", hm.SINCE: str(int(NOW))},
+    theirs = hm.decide(node(state=hm.VALIDATING, notes={hm.INITIALLY_UNSCHEDULABLE: "true", **acted},
                             report=rep(None)), SPEC, NOW, True)
     assert theirs.remove_state and theirs.cordon is None
-    pending = hm.decide(node(state=hm.VALIDATING, notes={hm.REBOOT_REQUESTED: "1", hm.SINCE: str(int(NOW))},
-                             report=rep(None)), SPEC, NOW, True)
+    # the status files the validator wrote before the action do not release the node, nor does no time
+    for stale in (rep(None, at=NOW - 5), rep(None, at=NOW), rep(None, at=None)):
+        assert hm.decide(node(state=hm.VALIDATING, notes=acted, report=stale), SPEC, NOW, True).empty
+    # an action carried out by the operator restarts the validator with it
+    restart = hm.decide(node(state=hm.ACTING, notes={hm.STEP: "0"}), SPEC, NOW, True)
+    assert restart.action == "restart-device-plugin" and restart.notes[hm.REVALIDATED] == f"{NOW:.3f}"
+    since = str(int(NOW))
+    asked = {hm.ACTION: "reboot", hm.SINCE: since, hm.ATTEMPTS: "1"}
+    pending = hm.decide(node(state=hm.VALIDATING, notes=asked, report=rep(None)), SPEC, NOW, True)
     assert pending.empty  # the agent has not done the reboot yet
+    # an answer to another request (an earlier attempt's) is no answer
+    other = hm.decide(node(state=hm.VALIDATING, notes=asked, report=rep(None, answered=f"reboot:0:{since}")),
+                      SPEC, NOW, True)
+    assert other.empty
+    answered = hm.decide(node(state=hm.VALIDATING, notes=asked, report=rep(None, answered=f"reboot:1:{since}")),
+                         SPEC, NOW, True)
+    assert answered.withdraw and answered.notes == {hm.ANSWERED: since, hm.REVALIDATED: f"{NOW:.3f}", hm.PAUSED: None}
+    assert not answered.remove_state and answered.action == ""  # the reboot restarts the validation
+    reset = hm.decide(node(state=hm.VALIDATING, notes={**asked, hm.ACTION: "reset-gpu"},
+                           report=rep(None, answered=f"reset-gpu:1:{since}")), SPEC, NOW, True)
+    assert reset.action == hm.VALIDATOR_RESTART and reset.withdraw  # after a reset, the validator pod restarts
+    answered_notes = {**asked, hm.ANSWERED: since, hm.REVALIDATED: f"{NOW:.3f}"}
+    old = hm.decide(node(state=hm.VALIDATING, notes=answered_notes, report=rep(None, at=NOW - 60)), SPEC, NOW, True)
+    assert old.empty  # the validation from before the reboot
+    done = hm.decide(node(state=hm.VALIDATING, notes=answered_notes, report=rep(None)), SPEC, NOW, True)
+    assert done.remove_state and done.withdraw and done.result == "succeeded"
 
 
 def test_retry_and_hold_patches() -> None:
@@ -143,12 +174,45 @@ def test_release_never_removes_the_agents_report() -> None:
     from gpu_operator.controllers.cache import NodeView
     from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, HEALTH_STATE
 
-    healthy = rep(None).model_dump_json(exclude_defaults=True)
+    healthy = rep(None, at=NOW + 1).model_dump_json(exclude_defaults=True)
     view = NodeView.of({"metadata": {"name": "n", "labels": {HEALTH_STATE: hm.VALIDATING}, "annotations": {
         HEALTH_REPORT_ANNOTATION: healthy, hm.SINCE: str(int(NOW)), hm.ACTION: "reset-gpu",
-        hm.INITIALLY_UNSCHEDULABLE: "false"}}, "spec": {"unschedulable": True}})
+        hm.ANSWERED: str(int(NOW)), hm.REVALIDATED: f"{NOW:.3f}", hm.INITIALLY_UNSCHEDULABLE: "false"}},
+        "spec": {"unschedulable": True}})
     facts = hm.node_facts(view)
     assert HEALTH_REPORT_ANNOTATION not in facts.annotations and facts.recovered
     step = hm.decide(facts, SPEC, NOW, True)
     assert step.remove_state and step.cordon is False
-    assert set(step.notes) == {hm.SINCE, hm.ACTION, hm.INITIALLY_UNSCHEDULABLE}  # ours only, all removed
+    assert set(step.notes) == {hm.SINCE, hm.ACTION, hm.ANSWERED, hm.REVALIDATED,
+                               hm.INITIALLY_UNSCHEDULABLE}  # ours only, all removed
+
+
+def test_a_reset_first_pauses_the_gpu_clients_waits_for_their_pods_and_resumes_them() -> None:
+    """Only clients at `true` are paused (a value another owner set is left alone); the request is
+    written once their pods are gone; the answer puts back what we paused, if still ours."""
+    from gpu_operator.vocabulary import deploy_label
+
+    plugin, dcgm, gfd = deploy_label("device-plugin"), deploy_label("dcgm"), deploy_label("gpu-feature-discovery")
+    labels = {plugin: "true", dcgm: "paused-for-driver-upgrade", gfd: "false"}
+    acting = {hm.STEP: "1"}
+    pause = hm.decide(node(state=hm.ACTING, notes=acting, labels=labels), SPEC, NOW, True)
+    assert pause.labels == {plugin: hm.PAUSED_VALUE} and pause.notes[hm.PAUSED] == plugin and not pause.request
+    paused = {**labels, plugin: hm.PAUSED_VALUE}
+    notes = {**acting, hm.PAUSED: plugin, hm.SINCE: str(int(NOW))}
+    waiting = hm.decide(node(state=hm.ACTING, notes=notes, labels=paused, clients=("gpu-operator/dp-x",)),
+                        SPEC, NOW + 5, True)
+    assert waiting.empty  # the device plugin's pod still holds the GPUs
+    late = hm.decide(node(state=hm.ACTING, notes=notes, labels=paused, clients=("gpu-operator/dp-x",)),
+                     SPEC, NOW + 301, True)
+    assert late.result == "failed" and late.labels == {plugin: "true"} and "gpu-operator/dp-x" in late.message
+    asked = hm.decide(node(state=hm.ACTING, notes=notes, labels=paused), SPEC, NOW + 6, True)
+    assert asked.state == hm.VALIDATING and json.loads(asked.request)["action"] == "reset-gpu"
+    since = str(int(NOW + 6))
+    done = {hm.ACTION: "reset-gpu", hm.SINCE: since, hm.PAUSED: plugin}
+    answered = hm.decide(node(state=hm.VALIDATING, notes=done, labels={**paused, dcgm: "true"},
+                              report=rep(None, answered=f"reset-gpu:0:{since}")), SPEC, NOW + 7, True)
+    assert answered.labels == {plugin: "true"} and answered.notes[hm.PAUSED] is None
+    # a paused label someone else changed meanwhile is theirs now
+    taken = hm.decide(node(state=hm.VALIDATING, notes=done, labels={**paused, plugin: "false"},
+                           report=rep(None, answered=f"reset-gpu:0:{since}")), SPEC, NOW + 7, True)
+    assert taken.labels == {}

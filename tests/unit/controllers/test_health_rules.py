@@ -42,32 +42,32 @@ STARTUP_TAINT = hr.Taint(DEFAULT_STARTUP_TAINT, "NoSchedule")
 
 
 @pytest.mark.parametrize(("name", "facts", "policy", "status", "reason", "taints", "state"), [
-    ("xid79 quarantines", hr.Facts("n", XID79), POLICY, "False", hr.UNHEALTHY, {QUARANTINE}, "quarantined"),
-    ("NoExecute when asked", hr.Facts("n", XID79), NOEXEC, "False", hr.UNHEALTHY,
+    ("xid79 quarantines", hr.SignalFacts("n", XID79), POLICY, "False", hr.UNHEALTHY, {QUARANTINE}, "quarantined"),
+    ("NoExecute when asked", hr.SignalFacts("n", XID79), NOEXEC, "False", hr.UNHEALTHY,
      {hr.Taint(HEALTH_TAINT, "NoExecute")}, "quarantined"),
-    ("gone quarantines", hr.Facts("n", report(True, gpu("gone", 79, "reboot"))), POLICY, "False", hr.GONE,
+    ("gone quarantines", hr.SignalFacts("n", report(True, gpu("gone", 79, "reboot"))), POLICY, "False", hr.GONE,
      {QUARANTINE}, "quarantined"),
-    ("xid13 warns, no taint", hr.Facts("n", XID13), POLICY, "False", hr.WARNING, set(), "warning"),
-    ("pending validation", hr.Facts("n", report(False)), POLICY, "False", hr.VALIDATION_PENDING, set(), "warning"),
-    ("healthy", hr.Facts("n", report(True)), POLICY, "True", hr.HEALTHY, set(), "healthy"),
-    ("healthy drops our taint", hr.Facts("n", report(True), taints=(QUARANTINE,)), POLICY, "True", hr.HEALTHY,
+    ("xid13 warns, no taint", hr.SignalFacts("n", XID13), POLICY, "False", hr.WARNING, set(), "warning"),
+    ("pending validation", hr.SignalFacts("n", report(False)), POLICY, "False", hr.VALIDATION_PENDING, set(), "warning"),
+    ("healthy", hr.SignalFacts("n", report(True)), POLICY, "True", hr.HEALTHY, set(), "healthy"),
+    ("healthy drops our taint", hr.SignalFacts("n", report(True), taints=(QUARANTINE,)), POLICY, "True", hr.HEALTHY,
      set(), "healthy"),
-    ("startup taint stays while pending", hr.Facts("n", report(False), taints=(STARTUP_TAINT,)), STARTUP,
+    ("startup taint stays while pending", hr.SignalFacts("n", report(False), taints=(STARTUP_TAINT,)), STARTUP,
      "False", hr.VALIDATION_PENDING, {STARTUP_TAINT}, "warning"),
-    ("startup taint goes once validated", hr.Facts("n", report(True), taints=(STARTUP_TAINT,)), STARTUP,
+    ("startup taint goes once validated", hr.SignalFacts("n", report(True), taints=(STARTUP_TAINT,)), STARTUP,
      "True", hr.HEALTHY, set(), "healthy"),
-    ("startup taint left alone when not enabled", hr.Facts("n", report(True), taints=(STARTUP_TAINT,)), POLICY,
+    ("startup taint left alone when not enabled", hr.SignalFacts("n", report(True), taints=(STARTUP_TAINT,)), POLICY,
      "True", hr.HEALTHY, {STARTUP_TAINT}, "healthy"),
-    ("remediation holds", hr.Facts("n", report(True), remediation="held", remediation_reason="flapping"), POLICY,
+    ("remediation holds", hr.SignalFacts("n", report(True), remediation="held", remediation_reason="flapping"), POLICY,
      "False", hr.HELD, {QUARANTINE}, "held"),
-    ("remediating", hr.Facts("n", XID79, remediation="draining"), POLICY, "False", hr.REMEDIATING, {QUARANTINE},
+    ("remediating", hr.SignalFacts("n", XID79, remediation="draining"), POLICY, "False", hr.REMEDIATING, {QUARANTINE},
      "remediating"),
-    ("unreadable keeps taints", hr.Facts("n", "{nope", taints=(QUARANTINE,)), POLICY, "Unknown", hr.UNREADABLE,
+    ("unreadable keeps taints", hr.SignalFacts("n", "{nope", taints=(QUARANTINE,)), POLICY, "Unknown", hr.UNREADABLE,
      {QUARANTINE}, "warning"),
-    ("agent stopped keeps taints", hr.Facts("n", report(True, stopped=True), taints=(QUARANTINE,)), POLICY,
+    ("agent stopped keeps taints", hr.SignalFacts("n", report(True, stopped=True), taints=(QUARANTINE,)), POLICY,
      "Unknown", hr.STOPPED, {QUARANTINE}, "warning"),
 ])
-def test_desire(name: str, facts: hr.Facts, policy: HealthSpec, status: str, reason: str,
+def test_desire(name: str, facts: hr.SignalFacts, policy: HealthSpec, status: str, reason: str,
                 taints: set[hr.Taint], state: str) -> None:
     want = hr.desire(facts, policy)
     assert want.condition is not None
@@ -77,28 +77,28 @@ def test_desire(name: str, facts: hr.Facts, policy: HealthSpec, status: str, rea
 
 
 def test_message_names_bus_xid_and_action() -> None:
-    cond = hr.desire(hr.Facts("n", XID79), POLICY).condition
+    cond = hr.desire(hr.SignalFacts("n", XID79), POLICY).condition
     assert cond is not None
     assert cond.message == f"GPU {BUS} unhealthy: Xid 79, action reboot (GPU has fallen off the bus)"
 
 
 def test_no_report_no_signals_and_cleanup() -> None:
-    assert hr.desire(hr.Facts("n"), POLICY) == hr.Desired(None, (), None)
-    old = hr.Facts("n", None, hr.Condition("False", hr.UNHEALTHY, "x"), (QUARANTINE,))
+    assert hr.desire(hr.SignalFacts("n"), POLICY) == hr.Desired(None, (), None)
+    old = hr.SignalFacts("n", None, hr.Condition("False", hr.UNHEALTHY, "x"), (QUARANTINE,))
     w = hr.writes(old, hr.desire(old, POLICY), POLICY)
     assert w.delete_condition and w.taints == () and w.condition is None
 
 
 def test_no_writes_when_already_as_desired() -> None:
     for text, taints in ((XID79, (QUARANTINE,)), (XID13, ()), (report(True), ()), (report(False), ())):
-        first = hr.Facts("n", text, taints=taints)
+        first = hr.SignalFacts("n", text, taints=taints)
         cond = hr.desire(first, POLICY).condition
-        settled = hr.Facts("n", text, cond, taints)
+        settled = hr.SignalFacts("n", text, cond, taints)
         assert hr.writes(settled, hr.desire(settled, POLICY), POLICY).empty
 
 
 def test_first_sight_writes_condition_taint_and_one_warning_event() -> None:
-    facts = hr.Facts("n", XID79)
+    facts = hr.SignalFacts("n", XID79)
     w = hr.writes(facts, hr.desire(facts, POLICY), POLICY)
     assert w.condition is not None and w.condition.reason == hr.UNHEALTHY
     assert w.taints == (QUARANTINE,)
@@ -107,7 +107,7 @@ def test_first_sight_writes_condition_taint_and_one_warning_event() -> None:
 
 def test_others_taints_are_never_touched() -> None:
     other = hr.Taint("nvidia.com/gpu", "NoSchedule", "present")
-    facts = hr.Facts("n", report(True), taints=(other,))
+    facts = hr.SignalFacts("n", report(True), taints=(other,))
     assert hr.writes(facts, hr.desire(facts, POLICY), POLICY).taints is None
     current = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}, other.body(),
                {"key": HEALTH_TAINT, "effect": "NoSchedule"}]

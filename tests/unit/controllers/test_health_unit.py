@@ -129,12 +129,16 @@ def test_noexecute_when_the_policy_asks() -> None:
     assert kube.nodes["g1"]["spec"]["taints"] == [{"key": HEALTH_TAINT, "effect": "NoExecute"}]
 
 
+PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+
+
 def test_remediation_walks_to_release() -> None:
     kube = FakeKube()
-    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID48})
+    kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID48}, labels={PLUGIN_LABEL: "true"})
     kube.add_pod("train", "g1", labels={"team": "ml"})
     kube.add_pod("keep", "g1", labels={"team": "other"})
     kube.add_pod("dp", "g1", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
+    kube.add_pod("validator", "g1", gpu=False, labels={"app": "nvidia-operator-validator"}, owner="DaemonSet")
     clock = Clock()
     unit = make(kube, policy({"remediation": {"enabled": True, "podSelector": "team=ml",
                                               "actions": ["restart-device-plugin", "reset-gpu", "reboot"]}}), clock)
@@ -152,13 +156,33 @@ def test_remediation_walks_to_release() -> None:
     assert [c for c in kube.calls if c[0] == "evict"] == [("evict", "default/train")]
     run_pass(unit, kube)
     assert state() == hm.ACTING
+    run_pass(unit, kube)  # the GPU clients paused first: the device plugin's deploy label
+    assert kube.nodes["g1"]["metadata"]["labels"][PLUGIN_LABEL] == hm.PAUSED_VALUE and state() == hm.ACTING
+    run_pass(unit, kube)
+    assert state() == hm.ACTING and kube.client.request("g1") is None  # its pod still holds the GPUs
+    kube.pods = [p for p in kube.pods if p["metadata"]["name"] != "dp"]  # its DaemonSet took it away
     run_pass(unit, kube)
     notes = kube.nodes["g1"]["metadata"]["annotations"]
-    assert state() == hm.VALIDATING and notes[hm.RESET_REQUESTED] == BUS
-    assert [p["metadata"]["name"] for p in kube.pods] == ["keep", "dp"]  # never evicted: excluded by the selector
-    # the node agent resets the GPU, clears its request and reports healthy
-    del notes[hm.RESET_REQUESTED]
+    asked = kube.client.request("g1")  # the node's entry in the requests Secret, in the operator's namespace
+    assert state() == hm.VALIDATING and asked == {"v": 1, "node": "g1", "action": "reset-gpu", "gpus": [BUS],
+                                                  "remediation": True, "attempt": 0, "since": notes[hm.SINCE]}
+    assert [p["metadata"]["name"] for p in kube.pods] == ["keep", "validator"]  # excluded by the selector
+    # healthy and validated, but the request not answered: not released
     notes[HEALTH_REPORT_ANNOTATION] = HEALTHY
+    run_pass(unit, kube)
+    assert state() == hm.VALIDATING and kube.client.request("g1") is not None
+    # the node agent resets the GPU and answers the request in its report: withdrawn, then released
+    answered = {**json.loads(HEALTHY), "answered": f"reset-gpu:0:{notes[hm.SINCE]}", "validatedAt": clock.now - 30}
+    notes[HEALTH_REPORT_ANNOTATION] = json.dumps(answered)
+    run_pass(unit, kube)
+    assert state() == hm.VALIDATING and kube.client.request("g1") is None and notes[hm.ANSWERED] == notes[hm.SINCE]
+    # the validator's pod restarted: the validation from before the reset does not release the node
+    assert [p["metadata"]["name"] for p in kube.pods] == ["keep"]
+    assert kube.nodes["g1"]["metadata"]["labels"][PLUGIN_LABEL] == "true"  # resumed
+    run_pass(unit, kube)
+    assert state() == hm.VALIDATING
+    # the new validator pod's validation, newer than the reset
+    notes[HEALTH_REPORT_ANNOTATION] = json.dumps({**answered, "validatedAt": float(notes[hm.REVALIDATED]) + 5})
     before = REGISTRY.get_sample_value("gpu_operator_health_remediations_total",
                                        {"node": "g1", "result": "succeeded"}) or 0
     run_pass(unit, kube)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers.cache import ClusterPolicyView
-from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.nodelabels import desired_change
 from gpu_operator.controllers.upgrade_owners import clusterpolicy_owner
 from gpu_operator.vocabulary import (
     GPU_PRODUCT,
@@ -31,6 +31,7 @@ from gpu_operator.vocabulary import (
     UPGRADE_ENABLED_ANNOTATION,
     deploy_label,
 )
+from tests.unit.controllers.labelkit import policy_of
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))
@@ -70,10 +71,10 @@ def check(raw: dict[str, Any]) -> None:
     try:
         spec = ClusterPolicySpec.model_validate(raw)
     except pydantic.ValidationError:
-        assert LabelPolicy.from_spec(raw) is None
+        assert policy_of(raw) is None
         assert clusterpolicy_owner(ClusterPolicyView.of(body)) is None
         return
-    policy = LabelPolicy.from_spec(raw)
+    policy = policy_of(raw)
     owner = clusterpolicy_owner(ClusterPolicyView.of(body))
     assert policy is not None and owner is not None
     change = desired_change(dict(NODE), {}, policy)

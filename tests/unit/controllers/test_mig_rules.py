@@ -30,55 +30,55 @@ BACKOFF = Backoff(initial=60.0, cap=1800.0)
 NOW = 10_000.0
 DP = deploy_label("device-plugin")
 GFD = deploy_label("gpu-feature-discovery")
-R = mr.Manager.RUNNING
+R = mr.ManagerPresence.RUNNING
 
 
-def facts(**kw: object) -> mr.Facts:
+def facts(**kw: object) -> mr.MIGFacts:
     base: dict[str, object] = {"node": "n1", "config": "all-1g.10gb", "state": None, "paused": (), "manager": R}
     base.update(kw)
     if base.get("pending_since") is not None and "pending_config" not in kw:
         base["pending_config"] = base["config"] or ""  # recorded for the same config
-    return mr.Facts(**base)  # type: ignore[arg-type]
+    return mr.MIGFacts(**base)  # type: ignore[arg-type]
 
 
-def decide(f: mr.Facts, now: float = NOW) -> mr.Decision:
+def decide(f: mr.MIGFacts, now: float = NOW) -> mr.Decision:
     return mr.decide(f, now, BUDGET, BACKOFF)
 
 
 # (case, facts, kind, condition status, reason)
 VERDICTS = [
-    ("no MIG config", facts(config=None), mr.Kind.NONE, "", ""),
-    ("applied", facts(state="success"), mr.Kind.APPLIED, "True", MIG_APPLIED),
-    ("not yet acted on", facts(), mr.Kind.NOT_STARTED, "Unknown", MIG_NOT_STARTED),
-    ("pending, first seen now", facts(state="pending", paused=(DP,)), mr.Kind.IN_PROGRESS, "False", MIG_IN_PROGRESS),
+    ("no MIG config", facts(config=None), mr.Verdict.NONE, "", ""),
+    ("applied", facts(state="success"), mr.Verdict.APPLIED, "True", MIG_APPLIED),
+    ("not yet acted on", facts(), mr.Verdict.NOT_STARTED, "Unknown", MIG_NOT_STARTED),
+    ("pending, first seen now", facts(state="pending", paused=(DP,)), mr.Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS),
     ("pending within budget", facts(state="pending", paused=(DP,), pending_since=NOW - 599),
-     mr.Kind.IN_PROGRESS, "False", MIG_IN_PROGRESS),
+     mr.Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS),
     ("pending past budget", facts(state="pending", paused=(DP,), pending_since=NOW - 600),
-     mr.Kind.STUCK, "False", MIG_STUCK),
-    ("rebooting past budget", facts(state="rebooting", pending_since=NOW - 601), mr.Kind.STUCK, "False", MIG_STUCK),
-    ("paused, no state, past budget", facts(paused=(DP,), pending_since=NOW - 700), mr.Kind.STUCK, "False", MIG_STUCK),
+     mr.Verdict.STUCK, "False", MIG_STUCK),
+    ("rebooting past budget", facts(state="rebooting", pending_since=NOW - 601), mr.Verdict.STUCK, "False", MIG_STUCK),
+    ("paused, no state, past budget", facts(paused=(DP,), pending_since=NOW - 700), mr.Verdict.STUCK, "False", MIG_STUCK),
     ("manager pod gone within budget: wait for the DaemonSet's", facts(
-        state="pending", paused=(DP,), pending_since=NOW - 10, manager=mr.Manager.GONE),
-     mr.Kind.IN_PROGRESS, "False", MIG_IN_PROGRESS),
+        state="pending", paused=(DP,), pending_since=NOW - 10, manager=mr.ManagerPresence.GONE),
+     mr.Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS),
     ("manager pod gone past budget", facts(state="pending", paused=(DP,), pending_since=NOW - 700,
-                                           manager=mr.Manager.GONE), mr.Kind.STUCK, "False", MIG_MANAGER_GONE),
-    ("no MIG manager will come: at once", facts(state="pending", paused=(DP,), manager=mr.Manager.NOT_DEPLOYED),
-     mr.Kind.STUCK, "False", MIG_MANAGER_GONE),
-    ("failed", facts(state="failed", valid=("all-1g.10gb", "all-disabled")), mr.Kind.FAILED, "False", MIG_FAILED),
+                                           manager=mr.ManagerPresence.GONE), mr.Verdict.STUCK, "False", MIG_MANAGER_GONE),
+    ("no MIG manager will come: at once", facts(state="pending", paused=(DP,), manager=mr.ManagerPresence.NOT_DEPLOYED),
+     mr.Verdict.STUCK, "False", MIG_MANAGER_GONE),
+    ("failed", facts(state="failed", valid=("all-1g.10gb", "all-disabled")), mr.Verdict.FAILED, "False", MIG_FAILED),
     ("failed, config unknown to the ConfigMap", facts(state="failed", config="nope", valid=("b", "a")),
-     mr.Kind.INVALID, "False", MIG_INVALID_CONFIG),
-    ("invalid before the MIG manager acted", facts(config="nope", valid=("a",)), mr.Kind.INVALID, "False",
+     mr.Verdict.INVALID, "False", MIG_INVALID_CONFIG),
+    ("invalid before the MIG manager acted", facts(config="nope", valid=("a",)), mr.Verdict.INVALID, "False",
      MIG_INVALID_CONFIG),
-    ("names unknown: never called invalid", facts(state="failed", config="nope", valid=None), mr.Kind.FAILED,
+    ("names unknown: never called invalid", facts(state="failed", config="nope", valid=None), mr.Verdict.FAILED,
      "False", MIG_FAILED),
     ("an invalid config while a change is pending: the change rules", facts(
-        state="pending", config="nope", valid=("a",), pending_since=NOW - 5), mr.Kind.IN_PROGRESS, "False",
+        state="pending", config="nope", valid=("a",), pending_since=NOW - 5), mr.Verdict.IN_PROGRESS, "False",
      MIG_IN_PROGRESS),
 ]
 
 
 @pytest.mark.parametrize(("case", "f", "kind", "status", "reason"), VERDICTS, ids=[v[0] for v in VERDICTS])
-def test_verdicts(case: str, f: mr.Facts, kind: mr.Kind, status: str, reason: str) -> None:
+def test_verdicts(case: str, f: mr.MIGFacts, kind: mr.Verdict, status: str, reason: str) -> None:
     d = decide(f)
     assert (d.kind, d.status, d.reason) == (kind, status, reason)
 
@@ -135,14 +135,14 @@ def test_retry_once_labels_are_back_and_the_backoff_passed() -> None:
 def test_never_retried_while_labels_are_paused_or_no_manager_runs(blocker: str) -> None:
     f = facts(state="pending", pending_since=NOW - 7000, restore=f"{MIG_STUCK} why", retry_from=NOW - 7000,
               paused=(DP,) if blocker == "paused labels" else (),
-              manager={"manager gone": mr.Manager.GONE, "manager not deployed": mr.Manager.NOT_DEPLOYED}.get(blocker, R))
+              manager={"manager gone": mr.ManagerPresence.GONE, "manager not deployed": mr.ManagerPresence.NOT_DEPLOYED}.get(blocker, R))
     assert not decide(f).retry
 
 
 def test_never_retried_while_a_change_is_in_progress() -> None:
     f = facts(state="pending", paused=(DP,), pending_since=NOW - 10, retry_from=NOW - 7000, attempts=3)
     d = decide(f)
-    assert d.kind is mr.Kind.IN_PROGRESS and not d.retry
+    assert d.kind is mr.Verdict.IN_PROGRESS and not d.retry
     # a stale restore order goes once a new change runs (the retry's), so node labelling keeps the pause
     d = decide(dataclasses.replace(f, restore=f"{MIG_STUCK} old"))
     assert d.notes == {MIG_RESTORE: None}
@@ -152,7 +152,7 @@ def test_a_new_mig_config_while_stuck_is_a_new_change_with_its_own_budget() -> N
     f = facts(state="pending", paused=(DP,), config="all-3g.40gb", pending_since=NOW - 9000,
               pending_config="all-1g.10gb", restore=f"{MIG_STUCK} old", attempts=2, retry_from=NOW - 100)
     d = decide(f)
-    assert d.kind is mr.Kind.IN_PROGRESS and not d.retry
+    assert d.kind is mr.Verdict.IN_PROGRESS and not d.retry
     # the old order goes (node labelling keeps the new pause), the retries start over
     assert d.notes == {MIG_RESTORE: None, MIG_RETRY: None, MIG_PENDING_SINCE: f"{int(NOW)} all-3g.40gb"}
     assert mr.parse_since(f"{int(NOW)} all-3g.40gb") == (NOW, "all-3g.40gb")
@@ -191,7 +191,7 @@ def test_parse_retry(value: str | None, parsed: tuple[int, float | None]) -> Non
 
 def test_failed_with_pods_holding_the_gpus_names_them() -> None:
     d = decide(facts(state="failed", valid=("all-1g.10gb",), holders=("team-a/train-0", "team-b/infer-1")))
-    assert (d.kind, d.reason) == (mr.Kind.FAILED, MIG_FAILED)
+    assert (d.kind, d.reason) == (mr.Verdict.FAILED, MIG_FAILED)
     assert d.message == (
         "the MIG manager could not apply MIG config 'all-1g.10gb': pods on the node hold its GPUs: team-a/train-0, "
         "team-b/infer-1 (the driver refuses a GPU reset or an instance's removal while a process uses it; the change "

@@ -314,7 +314,7 @@ def test_a_failed_change_names_the_running_pods_given_gpus_of_any_namespace() ->
     status, reason, message = condition(kube) or ("", "", "")
     assert (status, reason) == ("False", "MIGConfigFailed")
     # the one running holder named (not the pod without a GPU, nor a client-like pod of another namespace)
-    expected = mr.failed_message(mr.Facts("n1", "all-1g.10gb", "failed", (), mr.Manager.RUNNING,
+    expected = mr.failed_message(mr.MIGFacts("n1", "all-1g.10gb", "failed", (), mr.ManagerPresence.RUNNING,
                                           holders=("team-a/train-0",)))
     assert message == expected
 

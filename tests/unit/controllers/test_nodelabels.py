@@ -11,7 +11,7 @@ from gpu_operator.controllers.nodelabels import (
     workload_config,
 )
 from gpu_operator.vocabulary import MIG_CONFIG, MIG_MANAGER, UPGRADE_ENABLED_ANNOTATION, deploy_label
-from tests.unit.controllers.labelkit import label_policy
+from tests.unit.controllers.labelkit import label_policy, policy_of
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
 CONTAINER = {deploy_label(c) for c in ("driver", "gpu-feature-discovery", "container-toolkit", "device-plugin",
@@ -142,13 +142,13 @@ def test_upgrade_annotation_follows_policy() -> None:
         UPGRADE_ENABLED_ANNOTATION: None}
 
 
-def test_label_policy_from_spec_defaults_and_values() -> None:
-    assert LabelPolicy.from_spec({}) == LabelPolicy(mig_config_default=None)
-    assert LabelPolicy.from_spec({"sandboxWorkloads": {"mode": "firecracker"}}) is None  # the model rejects it
+def test_label_policy_of_a_stored_spec_defaults_and_values() -> None:
+    assert policy_of({}) == LabelPolicy(mig_config_default=None)
+    assert policy_of({"sandboxWorkloads": {"mode": "firecracker"}}) is None  # the model rejects it
     spec = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu", "mode": "kata"},
             "migManager": {"enabled": False, "config": {"default": "all-disabled"}},
             "driver": {"upgradePolicy": {"autoUpgrade": True}}}
-    policy = LabelPolicy.from_spec(spec)
+    policy = policy_of(spec)
     assert policy == LabelPolicy(sandbox_enabled=True, default_workload="vm-vgpu", sandbox_mode="kata",
                                  mig_manager_enabled=False, mig_config_default="all-disabled",
                                  driver_auto_upgrade=False)  # sandbox turns auto-upgrade off

@@ -88,6 +88,9 @@ NODE = {"apiVersion": "v1", "kind": "Node", "name": "n1"}
 # Every public coroutine of Kube: a call with sample arguments, and whether it writes.
 CALLS: dict[str, tuple[Callable[[Kube], Awaitable[Any]], bool]] = {
     "apply": (lambda k: k.apply(CM), True),
+    # A dry-run apply persists nothing, but it is a PATCH on the wire: the fence holds it like one
+    # (`gpu-operator diff` runs without a fence).
+    "apply_dry_run": (lambda k: k.apply_dry_run(CM), True),
     "delete": (lambda k: k.delete(ObjectKey("v1", "ConfigMap", "cm", "ns")), True),
     "merge_patch": (lambda k: k.merge_patch("v1", "Node", "n1", {"metadata": {"labels": {"a": "b"}}}), True),
     "patch_status": (lambda k: k.patch_status("ClusterPolicy", "cluster-policy", {"state": "ready"}), True),

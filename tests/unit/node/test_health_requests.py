@@ -1,8 +1,9 @@
-"""The health agent's side of remediation on host trees (tests/fixtures/hosts): a reset request
-carried out only for GPUs nothing holds (and never for one gone from the bus), its outcome per GPU
-in the report (parsed by the operator's model), kured's sentinel created once per reboot request,
-the handled requests removed with the report's patch, and nvidia-smi found and run as the driver
-root says."""
+"""The health agent's side of remediation on host trees (tests/fixtures/hosts): only the operator's
+request (its node's entry in the requests Secret, admitted for the attempt the Node is in) is
+carried out, never a Node annotation; a reset only for GPUs nothing holds (the agent known by its
+host PID, NVML let go first) and never for one gone from the bus, its outcome per GPU in the report
+(parsed by the operator's model), kured's sentinel created once per reboot request, the request
+answered in the report, and nvidia-smi found and run as the driver root says."""
 
 from __future__ import annotations
 
@@ -13,15 +14,37 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.health import HealthReport
+from gpu_operator.controllers.health_machine import request_text
 from gpu_operator.node.health import HealthAgent, encode, run
-from gpu_operator.node.health.requests import SENTINEL, RequestActor, smi_resetter
+from gpu_operator.node.health.requests import (
+    SENTINEL,
+    Request,
+    RequestActor,
+    Seen,
+    own_host_pid,
+    smi_resetter,
+)
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.runner import CommandResult
-from gpu_operator.vocabulary import HEALTH_REBOOT_REQUESTED, HEALTH_RESET_REQUESTED
+from gpu_operator.vocabulary import HEALTH_ATTEMPTS_ANNOTATION, HEALTH_SINCE_ANNOTATION, HEALTH_STATE
 from tests.unit.node.test_health import append, record, validated, xid_line
 
 BUS = "0000:44:00.0"  # minor 3 on the fixture host
 OTHER = "0000:c1:00.0"  # minor 7
+AGENT_PID = 4242  # the agent's PID as the host numbers it (its container's PID namespace calls it 1)
+
+
+def asked(action: str = "reset-gpu", gpus: list[str] | None = None, *, attempt: int = 0, since: str = "100",
+          node: str = "node-a", state: str = "validating", remediation: bool = True,
+          notes: dict[str, str] | None = None) -> Seen:
+    """What the agent sees when the operator asks: its Node in the attempt, its entry in the Secret."""
+    text = request_text(node, action, gpus if gpus is not None else ([BUS] if action == "reset-gpu" else []),
+                        attempt, since)
+    if not remediation:
+        text = text.replace('"remediation":true', '"remediation":false')
+    annotations = {HEALTH_SINCE_ANNOTATION: since, **({HEALTH_ATTEMPTS_ANNOTATION: str(attempt)} if attempt else {}),
+                   **(notes or {})}
+    return Seen({HEALTH_STATE: state}, annotations, text)
 
 
 class Resets:
@@ -39,13 +62,15 @@ class Resets:
 def make_host(build_host: Any, processes: list[dict[str, Any]] | None = None) -> HostFS:
     fs: HostFS = build_host("h100-nvidia-bound", processes=processes or []).fs
     fs.write_text("/dev/kmsg", record("Linux version 6.8.0-generic"))
+    # the host's /proc/self as this agent reads it through the host root: the host's numbering first
+    fs.write_text("/proc/self/status", f"Name:\tgpu-operator\nPid:\t{AGENT_PID}\nNSpid:\t{AGENT_PID}\t1\n")
     validated(fs)
     return fs
 
 
 def agent_with(fs: HostFS, resets: Resets) -> HealthAgent:
     logs: list[str] = []
-    actor = RequestActor(fs, resets, own_pid=1, log=logs.append)
+    actor = RequestActor(fs, resets, log=logs.append)
     agent = HealthAgent(fs, "node-a", nvml=False, log=logs.append, requests=actor)
     agent.logs = logs  # type: ignore[attr-defined]
     return agent
@@ -55,43 +80,103 @@ def report_of(agent: HealthAgent) -> HealthReport:
     return HealthReport.parse(encode(agent.observe()))
 
 
-def test_a_reset_request_resets_a_free_gpu_clears_its_xid_and_is_withdrawn(build_host: Any) -> None:
+def test_a_reset_request_resets_a_free_gpu_clears_its_xid_and_is_answered(build_host: Any) -> None:
     fs = make_host(build_host)
     resets = Resets()
     agent = agent_with(fs, resets)
     append(fs, xid_line("0000:44:00", 48))
     assert report_of(agent).unhealthy[0].bus == BUS
-    withdraw = agent.act({HEALTH_RESET_REQUESTED: BUS})
-    assert resets.calls == [BUS] and withdraw == [HEALTH_RESET_REQUESTED]
+    assert agent.act(asked()) is True
+    assert resets.calls == [BUS]
     report = report_of(agent)
     assert report.ready and report.unhealthy == ()
-    assert report.reset_outcome(BUS) == ("done", "")
-    # the removal not seen yet: the same request is not carried out twice
-    assert agent.act({HEALTH_RESET_REQUESTED: BUS}) == [HEALTH_RESET_REQUESTED] and resets.calls == [BUS]
-    # gone from the annotations, then asked again (a later attempt): a new request
-    agent.act({})
-    agent.act({HEALTH_RESET_REQUESTED: BUS})
-    assert resets.calls == [BUS, BUS]
+    assert report.reset_outcome(BUS) == ("done", "") and report.answered == "reset-gpu:0:100"
+    # its withdrawal not seen yet: the same request is not carried out twice
+    assert agent.act(asked()) is False and resets.calls == [BUS]
+    agent.act(Seen())  # withdrawn
+    agent.act(asked(attempt=1, since="160"))  # a later attempt: a new request
+    assert resets.calls == [BUS, BUS] and report_of(agent).answered == "reset-gpu:1:160"
+
+
+@pytest.mark.parametrize(("seen", "why"), [
+    (Seen({HEALTH_STATE: "validating"}, {HEALTH_SINCE_ANNOTATION: "100",
+                                         "nvidia.com/gpu-health.reset-requested": BUS,
+                                         "nvidia.com/gpu-health.reboot-requested": "100"}), ""),
+    (asked(node="node-b"), "the request names node 'node-b', not this node (node-a)"),
+    (asked(remediation=False), "the request says remediation is off"),
+    (asked(state="quarantined"), "the request belongs to attempt 0 since 100; the Node is in state "
+                                 "'quarantined', attempts 0, since 100"),
+    (asked(notes={HEALTH_SINCE_ANNOTATION: "90"}), "the request belongs to attempt 0 since 100; the Node is "
+                                                   "in state 'validating', attempts 0, since 90"),
+    (asked(notes={HEALTH_ATTEMPTS_ANNOTATION: "2"}), "the request belongs to attempt 0 since 100; the Node is "
+                                                     "in state 'validating', attempts 2, since 100"),
+    (Seen({HEALTH_STATE: "validating"}, {HEALTH_SINCE_ANNOTATION: "100"}, '{"v":1,"node":"node-a"}'),
+     "the request for this node is unreadable: field action: None is none of reset-gpu, reboot"),
+], ids=["node-annotations", "another-node", "remediation-off", "not-validating", "another-since",
+        "another-attempt", "unreadable"])
+def test_nothing_but_the_operators_request_for_this_attempt_is_carried_out(build_host: Any, seen: Seen,
+                                                                            why: str) -> None:
+    fs = make_host(build_host)
+    resets = Resets()
+    agent = agent_with(fs, resets)
+    append(fs, xid_line("0000:44:00", 48))
+    assert agent.act(seen) is False
+    assert resets.calls == [] and not fs.exists(SENTINEL)
+    report = report_of(agent)
+    assert report.reset == {} and report.answered is None and report.reboot is None
+    ignored = [m for m in agent.logs if m.startswith("remediation request ignored: ")]  # type: ignore[attr-defined]
+    assert ignored == ([f"remediation request ignored: {why}"] if why else [])
 
 
 def test_a_held_gpu_is_not_reset_and_is_tried_again_once_free(build_host: Any) -> None:
+    # pid 1 is some host process (the agent is pid 1 only inside its container); AGENT_PID is the agent
     fs = make_host(build_host, [{"pid": 77, "comm": "python3", "fds": ["/dev/nvidia3"]},
-                                {"pid": 1, "comm": "gpu-operator", "fds": ["/dev/nvidia7"]}])
+                                {"pid": 1, "comm": "systemd", "fds": ["/dev/nvidia3"]},
+                                {"pid": AGENT_PID, "comm": "gpu-operator", "fds": ["/dev/nvidia7"]}])
     resets = Resets()
     agent = agent_with(fs, resets)
+    assert own_host_pid(fs) == AGENT_PID
     append(fs, xid_line("0000:44:00", 48) + xid_line("0000:c1:00", 48))
-    withdraw = agent.act({HEALTH_RESET_REQUESTED: f"{BUS},{OTHER}"})
-    # the agent's own open file (pid 1 here) does not count; python3's does
-    assert resets.calls == [OTHER] and withdraw == []
+    assert agent.act(asked(gpus=[BUS, OTHER])) is False
+    # the agent's own open file does not count; python3's and pid 1's do
+    assert resets.calls == [OTHER]
     report = report_of(agent)
     kind, why = report.reset_outcome(BUS) or ("", "")
-    assert kind == "refused" and why.startswith("held by pid 77")
-    assert report.reset_outcome(OTHER) == ("done", "")
+    assert kind == "refused" and why == "held by pid 1 (systemd), pid 77 (python3)"
+    assert report.reset_outcome(OTHER) == ("done", "") and report.answered is None
     assert [g.bus for g in report.unhealthy] == [BUS]
-    assert agent.act({HEALTH_RESET_REQUESTED: f"{BUS},{OTHER}"}) == [] and resets.calls == [OTHER]  # still held
-    shutil.rmtree(fs.resolve("/proc/77"))  # the process ended
-    assert agent.act({HEALTH_RESET_REQUESTED: f"{BUS},{OTHER}"}) == [HEALTH_RESET_REQUESTED]
+    assert agent.act(asked(gpus=[BUS, OTHER])) is False and resets.calls == [OTHER]  # still held
+    shutil.rmtree(fs.resolve("/proc/77"))
+    shutil.rmtree(fs.resolve("/proc/1"))  # the processes ended
+    assert agent.act(asked(gpus=[BUS, OTHER])) is True
     assert resets.calls == [OTHER, BUS] and report_of(agent).ready
+
+
+def test_without_its_host_pid_every_holder_counts(build_host: Any) -> None:
+    fs = make_host(build_host, [{"pid": AGENT_PID, "comm": "gpu-operator", "fds": ["/dev/nvidia3"]}])
+    fs.remove("/proc/self/status")
+    resets = Resets()
+    agent = agent_with(fs, resets)
+    agent.act(asked())
+    assert resets.calls == [] and report_of(agent).reset_outcome(BUS) == ("refused", f"held by pid {AGENT_PID} "
+                                                                          "(gpu-operator)")
+
+
+def test_nvml_is_let_go_before_the_holders_are_read(build_host: Any) -> None:
+    fs = make_host(build_host)
+    order: list[str] = []
+    def reset(_bus: str) -> tuple[bool, str]:
+        order.append("reset")
+        return True, ""
+
+    def holders(_fs: Any) -> list[Any]:
+        order.append("holders")
+        return []
+
+    actor = RequestActor(fs, reset, holders=holders, log=lambda _m: None)
+    actor.before_reset = lambda: order.append("nvml let go")
+    actor.act(Request.parse(asked().request or ""), {BUS}, set())
+    assert order == ["nvml let go", "holders", "reset"]
 
 
 def test_a_gone_gpu_is_refused_and_a_failed_reset_is_not_repeated(build_host: Any) -> None:
@@ -99,35 +184,20 @@ def test_a_gone_gpu_is_refused_and_a_failed_reset_is_not_repeated(build_host: An
     resets = Resets(fail="`nvidia-smi -r -i 0000:c1:00.0` exited 255: GPU in use")
     agent = agent_with(fs, resets)
     fs.remove(f"/sys/bus/pci/devices/{BUS}")
-    agent.act({HEALTH_RESET_REQUESTED: f"{BUS},{OTHER}"})
-    agent.act({HEALTH_RESET_REQUESTED: f"{BUS},{OTHER}"})
+    agent.act(asked(gpus=[BUS, OTHER]))
+    agent.act(asked(gpus=[BUS, OTHER]))
     assert resets.calls == [OTHER]  # once; never the gone GPU
     report = report_of(agent)
     assert report.reset_outcome(BUS) == ("refused", "gone from the bus (only a reboot brings it back)")
     kind, why = report.reset_outcome(OTHER) or ("", "")
-    assert kind == "failed" and why.endswith("GPU in use")
-
-
-def test_a_later_attempt_asking_for_the_same_gpus_is_a_new_request(build_host: Any) -> None:
-    from gpu_operator.vocabulary import HEALTH_SINCE_ANNOTATION
-
-    fs = make_host(build_host)
-    resets = Resets(fail="exited 255")
-    agent = agent_with(fs, resets)
-    agent.act({HEALTH_RESET_REQUESTED: BUS, HEALTH_SINCE_ANNOTATION: "100"})
-    agent.act({HEALTH_RESET_REQUESTED: BUS, HEALTH_SINCE_ANNOTATION: "100"})  # failed: not again
-    assert resets.calls == [BUS]
-    resets.fail = ""
-    # the machine's next attempt (a new state stamp), its removal in between never seen
-    assert agent.act({HEALTH_RESET_REQUESTED: BUS, HEALTH_SINCE_ANNOTATION: "160"}) == [HEALTH_RESET_REQUESTED]
-    assert resets.calls == [BUS, BUS] and report_of(agent).reset_outcome(BUS) == ("done", "")
+    assert kind == "failed" and why.endswith("GPU in use") and report.answered is None
 
 
 def test_all_means_every_gpu_of_the_node(build_host: Any) -> None:
     fs = make_host(build_host)
     resets = Resets()
     agent = agent_with(fs, resets)
-    assert agent.act({HEALTH_RESET_REQUESTED: "all"}) == [HEALTH_RESET_REQUESTED]
+    assert agent.act(asked(gpus=["all"])) is True
     assert len(resets.calls) == 8 and len(report_of(agent).reset) == 8
 
 
@@ -136,58 +206,65 @@ def test_a_reboot_request_creates_the_sentinel_once(build_host: Any) -> None:
     agent = agent_with(fs, Resets())
     actor = agent.requests
     assert actor is not None and not fs.exists(SENTINEL)
-    assert agent.act({HEALTH_REBOOT_REQUESTED: "1700000000"}) == [HEALTH_REBOOT_REQUESTED]
+    assert agent.act(asked("reboot")) is True
     assert fs.is_file("/var/run/reboot-required") and actor.sentinel_writes == 1
-    assert report_of(agent).reboot == "1700000000"
+    assert report_of(agent).reboot == "reboot:0:100" and report_of(agent).answered == "reboot:0:100"
     fs.remove(SENTINEL)  # (say kured rebooted and /run was emptied) the old request seen again: not again
-    assert agent.act({HEALTH_REBOOT_REQUESTED: "1700000000"}) == [HEALTH_REBOOT_REQUESTED]
+    assert agent.act(asked("reboot")) is False
     assert not fs.exists(SENTINEL) and actor.sentinel_writes == 1
     fs.write_text(SENTINEL, "packages\n")  # someone else's pending reboot: left as it is, the request taken
-    assert agent.act({HEALTH_REBOOT_REQUESTED: "1700000100"}) == [HEALTH_REBOOT_REQUESTED]
+    assert agent.act(asked("reboot", attempt=1, since="200")) is True
     assert fs.read_text(SENTINEL) == "packages\n" and actor.sentinel_writes == 1
-    assert report_of(agent).reboot == "1700000100"
+    assert report_of(agent).answered == "reboot:1:200"
 
 
 class Publisher:
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.calls: list[str] = []
 
-    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
-        self.calls.append((text, withdraw))
-
-
-class Annotations:
-    def __init__(self, notes: dict[str, str]) -> None:
-        self.notes = notes
-
-    def current(self) -> dict[str, str]:
-        return self.notes
+    async def publish(self, text: str) -> None:
+        self.calls.append(text)
 
 
-def test_the_loop_removes_handled_requests_with_the_report(build_host: Any) -> None:
+class Requests:
+    def __init__(self) -> None:
+        self.seen = Seen()
+
+    def current(self) -> Seen:
+        return self.seen
+
+
+def test_the_loop_answers_a_request_in_the_report(build_host: Any) -> None:
     fs = make_host(build_host)
-    agent = agent_with(fs, Resets())
-    publisher, source = Publisher(), Annotations({})
+    resets = Resets()
+    agent = agent_with(fs, resets)
+    publisher, source = Publisher(), Requests()
+
+    async def until(what: Any) -> None:
+        for _ in range(500):
+            if what():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("timed out")
 
     async def scenario() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(run(agent, publisher, 0.01, stop, source))
-        await asyncio.sleep(0.1)
+        await until(lambda: publisher.calls)
         append(fs, xid_line("0000:44:00", 48))
-        await asyncio.sleep(0.1)
-        source.notes = {HEALTH_RESET_REQUESTED: BUS}
-        await asyncio.sleep(0.1)
-        source.notes = {}  # the patch landed
-        await asyncio.sleep(0.1)
+        await until(lambda: HealthReport.parse(publisher.calls[-1]).state == "unhealthy")
+        source.seen = asked()
+        await until(lambda: HealthReport.parse(publisher.calls[-1]).answered == "reset-gpu:0:100")
+        source.seen = Seen()  # the operator withdrew it
+        await asyncio.sleep(0.05)
         stop.set()
         await task
 
     asyncio.run(scenario())
-    states = [(HealthReport.parse(t).state, w) for t, w in publisher.calls]
-    assert states[:3] == [("healthy", ()), ("unhealthy", ()), ("healthy", (HEALTH_RESET_REQUESTED,))]
-    # while the removal was not seen yet, the same removal may go out again; never a second reset
-    assert all(w in ((), (HEALTH_RESET_REQUESTED,)) for _, w in publisher.calls)
-    assert HealthReport.parse(publisher.calls[-1][0]).stopped
+    reports = [HealthReport.parse(t) for t in publisher.calls]
+    assert [r.state for r in reports[:3]] == ["healthy", "unhealthy", "healthy"]
+    assert reports[2].answered == "reset-gpu:0:100" and resets.calls == [BUS]
+    assert reports[-1].stopped
 
 
 def test_nvidia_smi_is_run_through_the_driver_root(build_host: Any) -> None:
@@ -203,9 +280,29 @@ def test_nvidia_smi_is_run_through_the_driver_root(build_host: Any) -> None:
             return CommandResult(tuple(argv), 0)
 
     runner = Runner()
-    assert smi_resetter(fs, runner)(BUS) == (True, f"`{runner.calls[0][0][0]} -r -i {BUS}` exited 0")
-    argv, root = runner.calls[0]
+    ok, why = smi_resetter(fs, runner)(BUS)
+    assert (ok, why) == (True, f"`{runner.calls[-1][0][0]} -r -i {BUS}` exited 0")  # persistence mode was off
+    argv, root = runner.calls[-1]
     assert argv[1:] == ["-r", "-i", BUS] and root == "/run/nvidia/driver" and argv[0].endswith("/nvidia-smi")
+
+
+def test_persistence_mode_is_turned_off_for_the_reset_and_back_on(build_host: Any) -> None:
+    fs: HostFS = build_host("operator-driver").fs
+
+    class Runner:
+        def __init__(self) -> None:
+            self.calls: list[list[str]] = []
+
+        def run(self, argv: list[str], *, root: str | None = "/", timeout: float = 60.0,
+                env: Any = None) -> CommandResult:
+            self.calls.append(list(argv[1:]))
+            out = "Enabled\n" if "--query-gpu=persistence_mode" in argv else ""
+            return CommandResult(tuple(argv), 0, stdout=out)
+
+    runner = Runner()
+    ok, _ = smi_resetter(fs, runner)(BUS)
+    assert ok and runner.calls == [["-i", BUS, "--query-gpu=persistence_mode", "--format=csv,noheader"],
+                                   ["-i", BUS, "-pm", "0"], ["-r", "-i", BUS], ["-i", BUS, "-pm", "1"]]
 
 
 def test_no_nvidia_smi_fails_the_reset_naming_it(build_host: Any) -> None:
@@ -221,34 +318,47 @@ def test_the_operator_reads_each_outcome(text: str) -> None:
     assert report.reset_outcome(BUS) == tuple(text.partition(":")[::2])
 
 
-def test_the_node_watch_keeps_the_latest_annotations_and_watches_again_after_a_failure() -> None:
+def test_the_request_watch_keeps_the_node_and_its_entry_and_watches_again_after_a_failure() -> None:
+    import base64
     import threading
 
     from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Node
+    from lightkube.resources.core_v1 import Node, Secret
 
-    from gpu_operator.node.kubeapi import NodeAnnotationWatch
+    from gpu_operator.node.kubeapi import RequestWatch
+    from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
 
     done = threading.Event()
+    entry = asked().request or ""
 
     class Client:
         def __init__(self) -> None:
-            self.calls: list[dict[str, str]] = []
+            self.calls: list[tuple[str, str | None, dict[str, str]]] = []
 
-        def watch(self, resource: Any, fields: dict[str, str]) -> Any:
-            self.calls.append(fields)
-            if len(self.calls) == 1:
-                yield "ADDED", Node(metadata=ObjectMeta(name="node-a", annotations={HEALTH_RESET_REQUESTED: BUS}))
-                raise ConnectionError("apiserver away")
-            yield "MODIFIED", Node(metadata=ObjectMeta(name="node-a", annotations={"other": "x"}))
+        def watch(self, resource: Any, fields: dict[str, str], namespace: str | None = None) -> Any:
+            self.calls.append((resource.__name__, namespace, fields))
+            if resource is Node:
+                if sum(c[0] == "Node" for c in self.calls) == 1:
+                    yield "ADDED", Node(metadata=ObjectMeta(name="node-a", labels={HEALTH_STATE: "validating"},
+                                                            annotations={HEALTH_SINCE_ANNOTATION: "1"}))
+                    raise ConnectionError("apiserver away")
+                yield "MODIFIED", Node(metadata=ObjectMeta(name="node-a", labels={HEALTH_STATE: "validating"},
+                                                           annotations={HEALTH_SINCE_ANNOTATION: "100"}))
+            else:
+                data = {"node-a": base64.b64encode(entry.encode()).decode(), "node-b": "e30="}
+                yield "ADDED", Secret(metadata=ObjectMeta(name=HEALTH_REQUESTS_SECRET), data=data)
             done.set()
             threading.Event().wait()  # the watch stays open
 
     client, logs = Client(), list[str]()
-    watch = NodeAnnotationWatch("node-a", client, logs.append)
-    assert done.wait(10)
-    assert client.calls == [{"metadata.name": "node-a"}] * 2
-    assert watch.current() == {"other": "x"}
+    watch = RequestWatch("node-a", "gpu-operator", client, logs.append)
+    for _ in range(200):
+        if watch.current().annotations.get(HEALTH_SINCE_ANNOTATION) == "100" and watch.current().request:
+            break
+        threading.Event().wait(0.05)
+    assert sorted(client.calls) == [("Node", None, {"metadata.name": "node-a"})] * 2 + [
+        ("Secret", "gpu-operator", {"metadata.name": HEALTH_REQUESTS_SECRET})]
+    assert watch.current() == asked()
     assert logs == ["watching Node node-a failed (apiserver away); watching again"]
 
 
@@ -263,7 +373,7 @@ def test_the_operator_refuses_an_outcome_it_does_not_know_naming_the_field() -> 
         HealthReport.parse(encode({**base, "reset": {"0000:44:00": "done"}}))  # not a bus id as sysfs names it
 
 
-def test_the_command_runs_the_agent_with_requests_and_the_node_watch(build_host: Any, monkeypatch: Any) -> None:
+def test_the_command_runs_the_agent_with_requests_and_the_request_watch(build_host: Any, monkeypatch: Any) -> None:
     from typer.testing import CliRunner
 
     from gpu_operator.cli import app
@@ -273,23 +383,24 @@ def test_the_command_runs_the_agent_with_requests_and_the_node_watch(build_host:
     seen: dict[str, Any] = {}
 
     class Watch:
-        def __init__(self, node: str, client: Any = None, log: Any = None) -> None:
-            seen["watched"] = node
+        def __init__(self, node: str, namespace: str, client: Any = None, log: Any = None) -> None:
+            seen["watched"] = (node, namespace)
 
-        def current(self) -> dict[str, str]:
-            return {}
+        def current(self) -> Seen:
+            return Seen()
 
     async def fake_run(agent: HealthAgent, publisher: Any, interval: float, stop: Any, requests: Any = None) -> None:
         seen.update(agent=agent, publisher=publisher, requests=requests)
 
     monkeypatch.setattr(kubeapi, "new_client", lambda: object())
-    monkeypatch.setattr(kubeapi, "NodeAnnotationWatch", Watch)
+    monkeypatch.setattr(kubeapi, "RequestWatch", Watch)
     monkeypatch.setattr(agent_module, "run", fake_run)
+    monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-operator")
     root = build_host("h100-nvidia-bound").fs.root
     result = CliRunner().invoke(app, ["node", "health", "--host-root", str(root), "--node-name", "node-a",
                                       "--metrics-port", "0", "--no-nvml"])
     assert result.exit_code == 0, result.output
-    assert seen["watched"] == "node-a" and isinstance(seen["requests"], Watch)
+    assert seen["watched"] == ("node-a", "gpu-operator") and isinstance(seen["requests"], Watch)
     actor = seen["agent"].requests
     assert isinstance(actor, RequestActor) and actor.sentinel == SENTINEL
 
@@ -307,8 +418,28 @@ def test_without_a_reset_request_acting_leaves_the_host_to_the_step(build_host: 
         return observe()
 
     agent.observe = counted  # type: ignore[method-assign]
-    assert agent.act({}) == [] and looks == []
-    assert agent.act({HEALTH_REBOOT_REQUESTED: "1"}) == [HEALTH_REBOOT_REQUESTED] and looks == []
+    assert agent.act(Seen()) is False and looks == []
+    assert agent.act(asked("reboot")) is True and looks == []
     assert fs.exists(SENTINEL)
-    agent.act({HEALTH_RESET_REQUESTED: BUS})
+    agent.act(asked(attempt=1, since="200"))
     assert looks == [1]
+
+
+def test_the_report_says_when_validation_passed_and_a_new_validation_moves_it(build_host: Any) -> None:
+    """validatedAt: the newest expected status file's mtime, which the operator compares with the
+    time of its action (only a validation newer than the action releases the node)."""
+    import os
+
+    from gpu_operator.node.validate.config import STATUS_FILES
+    from gpu_operator.vocabulary import HEALTH_VALIDATIONS, VALIDATIONS_DIR
+
+    fs = make_host(build_host)
+    for i, name in enumerate(HEALTH_VALIDATIONS):
+        os.utime(fs.resolve(f"{VALIDATIONS_DIR}/{STATUS_FILES[name]}"), (1000.0 + i, 1000.0 + i))
+    agent = agent_with(fs, Resets())
+    assert report_of(agent).validatedAt == 1000.0 + len(HEALTH_VALIDATIONS) - 1
+    os.utime(fs.resolve(f"{VALIDATIONS_DIR}/{STATUS_FILES['cuda']}"), (2000.5, 2000.5))  # the validator again
+    assert report_of(agent).validatedAt == 2000.5
+    fs.remove(f"{VALIDATIONS_DIR}/{STATUS_FILES['cuda']}")
+    report = report_of(agent)
+    assert not report.validated and report.validatedAt is None

@@ -275,7 +275,10 @@ def test_upstreams_golden_case_keeps_the_dra_contracts() -> None:
                                                      "container-extra", "ClusterRole/nvidia-dra-validator",
                                                      "ClusterRoleBinding/nvidia-dra-validator",
                                                      "core nodes get", "core nodes list", "core nodes patch",
-                                                     "core nodes watch"}
+                                                     "core nodes watch",
+                                                     # the IMEX daemon's pods patch, namespaced (docs/security.md)
+                                                     "core pods patch", "Role/compute-domain-daemon",
+                                                     "RoleBinding/compute-domain-daemon"}
 
 
 def test_the_dra_contract_catches_what_would_stop_the_plugin() -> None:

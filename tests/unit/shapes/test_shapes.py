@@ -23,6 +23,10 @@ EXPECTED = {
     "dgx-h100": ("NVIDIA-H100-80GB-HBM3", "8", "true", "81559", "hopper", "9", "0", "DGXH100"),
     "host-driver": ("NVIDIA-L40S", "2", "false", "46068", "ada-lovelace", "8", "9", "PowerEdge-R760xa"),
     "a10": ("NVIDIA-A10", "2", "false", "23028", "ampere", "8", "6", "ProLiant-DL380-Gen10-Plus"),
+    "dgx-a100": ("NVIDIA-A100-SXM4-40GB", "8", "true", "40960", "ampere", "8", "0", "DGXA100"),
+    "dgx-b200": ("NVIDIA-B200", "8", "true", "183359", "blackwell", "10", "0", "DGXB200"),
+    # no node name: no fabric position, so no gpu.clique (tests/unit/sim/test_new_systems.py)
+    "gb200-nvl72": ("NVIDIA-GB200", "4", "true", "189471", "blackwell", "10", "0", "unknown"),
 }
 
 

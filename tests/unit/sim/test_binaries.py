@@ -32,8 +32,37 @@ def test_the_floor_runs_its_own_binary_from_the_same_cache(tmp_path: Path) -> No
         current.of("1.28")
 
 
-def test_a_cache_without_the_floor_is_incomplete(tmp_path: Path) -> None:
-    assert not _cache(tmp_path, floor=False).complete()
+def test_a_cache_without_the_floor_serves_the_current_kubernetes_only(tmp_path: Path) -> None:
+    cache = _cache(tmp_path, floor=False)
+    assert not cache.complete() and not cache.complete("floor")
+    assert cache.complete("current")  # the demo and all but tests/floor never wait for the floor
+
+
+def test_locate_asks_the_floor_only_of_the_floor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_operator.sim import binaries
+
+    _cache(tmp_path, floor=False)
+    monkeypatch.setenv(binaries.ENV, str(tmp_path))
+    assert binaries.locate(build=False).kube == tmp_path / "bin" / "kube"
+    with pytest.raises(BinariesMissing, match="does not hold bin/kube-floor"):
+        binaries.locate(build=False, kubernetes="floor")
+
+
+def test_the_build_script_is_asked_for_the_floor_only_when_the_floor_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_operator.sim import binaries
+
+    script = tmp_path / "build.sh"
+    # A stand-in build script: builds a cache with the floor only when not told --without-floor.
+    script.write_text('root=$(dirname "$0")/cache; mkdir -p "$root/bin" "$root/stages"\n'
+                      'for b in kube etcd kwok; do printf "#!/bin/sh\\n" > "$root/bin/$b"; done\n'
+                      '[ "$1" = --without-floor ] || printf "#!/bin/sh\\n" > "$root/bin/kube-floor"\n'
+                      'chmod +x "$root"/bin/*; echo "$root"\n')
+    monkeypatch.delenv(binaries.ENV, raising=False)
+    monkeypatch.setattr(binaries, "build_script", lambda tool="controlplane": script)
+    current = binaries.locate(build=True)
+    assert current.complete("current") and not (current.root / "bin" / "kube-floor").exists()
+    assert binaries.locate(build=True, kubernetes="floor").complete("floor")
 
 
 def test_the_simulator_refuses_a_real_node_on_the_floor(tmp_path: Path) -> None:

@@ -41,3 +41,9 @@ def test_start_names_the_missing_binaries_and_the_packages(tmp_path: Path,
     monkeypatch.setattr(ctrd_mod, "missing_binaries", lambda: ["runc"])
     with pytest.raises(ContainerdError, match=r"runc not found on PATH.*containerd runc"):
         PrivateContainerd(tmp_path).start()
+
+
+def test_a_directory_too_long_for_its_sockets_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * (ctrd_mod.MAX_SOCKET_PATH - len(str(tmp_path))))
+    with pytest.raises(ContainerdError, match=r"104 at most: use a shorter directory"):
+        PrivateContainerd(deep).start()

@@ -86,6 +86,9 @@ class Applied:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
 
+    async def create(self, obj: Any, field_manager: str | None = None) -> None:
+        await self.apply(obj, field_manager)  # the plugin creates (a fake never says it exists)
+
     async def apply(self, obj: Any, field_manager: str | None = None, force: bool = False) -> None:
         self.bodies.append(obj.to_dict())
 

@@ -45,6 +45,18 @@ def test_an_operator_driver_node_has_the_driver_loaded_a_kernel_log_and_a_boot_i
     assert len(faults.boot_id(node.fs)) == 36
 
 
+def test_a_tree_made_while_no_validator_ran_carries_no_status_file(node: faults.HostFaults) -> None:
+    """Born as the host is before any validator pod: /run/nvidia/validations holds only what one wrote."""
+    from gpu_operator.vocabulary import VALIDATIONS_DIR
+
+    assert not node.fs.exists(VALIDATIONS_DIR) or node.fs.listdir(VALIDATIONS_DIR) == []
+    faults.validator_wrote(node.fs, when=1000.0)
+    for name in faults.VALIDATED:
+        assert node.fs.resolve(f"{VALIDATIONS_DIR}/{name}-ready").stat().st_mtime == 1000.0
+    faults.validator_wrote(node.fs, when=2000.0)  # a file already there keeps its time
+    assert node.fs.resolve(f"{VALIDATIONS_DIR}/driver-ready").stat().st_mtime == 1000.0
+
+
 def test_xid_is_the_drivers_record_and_our_reader_finds_it(node: faults.HostFaults) -> None:
     gpu = node.xid(48, 1)
     node.xid(79, 1)
@@ -83,8 +95,9 @@ def test_gone_removes_the_card_and_clear_restores_it_as_it_was(tmp_path: Path, s
     assert fs.read_text(faults.KMSG) == ""
     assert faults.boot_id(fs) != before_boot
     restored, original = tree_listing(node.root), tree_listing(pristine)
-    boot = "proc/sys/kernel/random/boot_id"
-    assert {k: v for k, v in restored.items() if k != boot} == {k: v for k, v in original.items() if k != boot}
+    boot = ("proc/sys/kernel/random/boot_id", "proc/stat")  # a new boot: its id and its time (btime)
+    assert {k: v for k, v in restored.items() if k not in boot} == {k: v for k, v in original.items() if k not in boot}
+    assert restored["proc/stat"].startswith("btime ")
     assert restored[f"dev/nvidia{gpu.minor}"] == f"char {(195, gpu.minor)}"
 
 

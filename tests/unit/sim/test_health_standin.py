@@ -8,6 +8,7 @@ The kwok device plugin's stand-in follows the same trees: Unhealthy GPUs leave a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,17 @@ import pytest
 
 from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
+from gpu_operator.controllers.health_machine import request_text
 from gpu_operator.sim import kubeletdp
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.health import APP, CONTAINER, HealthStandIn
 from gpu_operator.sim.podwatch import NodeView, PodView
-from gpu_operator.vocabulary import HEALTH_REBOOT_REQUESTED, HEALTH_REPORT_ANNOTATION, HEALTH_RESET_REQUESTED
+from gpu_operator.vocabulary import (
+    HEALTH_REPORT_ANNOTATION,
+    HEALTH_REQUESTS_SECRET,
+    HEALTH_SINCE_ANNOTATION,
+    HEALTH_STATE,
+)
 
 
 class RecordingClient:
@@ -29,6 +36,9 @@ class RecordingClient:
     def __init__(self) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.notes: dict[str, dict[str, str]] = {}  # node -> its annotations (merge patches applied)
+        self.labels: dict[str, dict[str, str]] = {}  # node -> its labels
+        self.requests: dict[str, str] = {}  # node -> its entry in the operator's requests Secret
+        self.secret_reads: list[tuple[str, str | None]] = []
 
     def patch(self, resource: Any, name: str, body: dict[str, Any], **_: Any) -> None:
         self.patches.append((name, body))
@@ -39,12 +49,25 @@ class RecordingClient:
             else:
                 notes[key] = value
 
-    async def get(self, resource: Any, name: str) -> Any:
-        """The async client's Node read (the stand-in reads remediation's requests)."""
-        from lightkube.models.meta_v1 import ObjectMeta
-        from lightkube.resources.core_v1 import Node
+    async def get(self, resource: Any, name: str, namespace: str | None = None) -> Any:
+        """The async client's reads of the Node and the requests Secret (remediation's requests)."""
+        import base64
 
-        return Node(metadata=ObjectMeta(name=name, annotations=dict(self.notes.get(name, {}))))
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Node, Secret
+
+        if resource is Secret:
+            self.secret_reads.append((name, namespace))
+            data = {n: base64.b64encode(t.encode()).decode() for n, t in self.requests.items()}
+            return Secret(metadata=ObjectMeta(name=name, namespace=namespace), data=data)
+        return Node(metadata=ObjectMeta(name=name, labels=dict(self.labels.get(name, {})),
+                                        annotations=dict(self.notes.get(name, {}))))
+
+    def ask(self, node: str, action: str, gpus: list[str], since: str) -> None:
+        """The operator's request: the Node in validating since `since`, its entry in the Secret."""
+        self.labels[node] = {HEALTH_STATE: "validating"}
+        self.notes.setdefault(node, {})[HEALTH_SINCE_ANNOTATION] = since
+        self.requests[node] = request_text(node, action, gpus, 0, since)
 
     def reports(self, node: str) -> list[dict[str, Any]]:
         return [json.loads(b["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION]) for n, b in self.patches if n == node]
@@ -147,26 +170,31 @@ def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_se
         assert {g["bus"]: g["state"] for g in client.reports("r")[-1]["gpus"]} == {
             bad.address: "unhealthy", gone.address: "gone"}
         # the operator asks for both GPUs to be reset: the one on the bus is, the gone one is refused
-        client.notes["r"][HEALTH_RESET_REQUESTED] = f"{bad.address},{gone.address}"
+        # a Node annotation asks nothing
+        client.notes["r"]["nvidia.com/gpu-health.reset-requested"] = bad.address
         await harness.sync("r", pod("r"))
+        assert "reset" not in client.reports("r")[-1]
+        client.ask("r", "reset-gpu", [bad.address, gone.address], "100")
+        await harness.sync("r", pod("r"))
+        assert client.secret_reads[-1] == (HEALTH_REQUESTS_SECRET, "gpu-operator")
         report = HealthReport.parse(json.dumps(client.reports("r")[-1]))
         assert report.reset_outcome(bad.address) == ("done", "")
         assert report.reset_outcome(gone.address) == ("refused", "gone from the bus (only a reboot brings it back)")
         assert [(g.bus, g.state) for g in report.gpus] == [(gone.address, "gone")]  # reset: healthy again
         assert [x["gpu"] for x in json.loads((faults.book_path).read_text())["xids"]] == [5]  # the gone GPU's stays
-        assert HEALTH_RESET_REQUESTED in client.notes["r"]  # not every GPU asked for is reset
-        # then a reboot: the sentinel in the tree, the request answered and removed, once
-        client.notes["r"][HEALTH_REBOOT_REQUESTED] = "1700000000"
+        assert report.answered is None  # not every GPU asked for is reset
+        # then a reboot: the sentinel in the tree, the request answered in the report
+        client.ask("r", "reboot", [], "200")
         await harness.sync("r", pod("r"))
         await harness.sync("r", pod("r"))
         assert faults.fs.is_file("/var/run/reboot-required")
-        assert HealthReport.parse(json.dumps(client.reports("r")[-1])).reboot == "1700000000"
-        assert HEALTH_REBOOT_REQUESTED not in client.notes["r"]
-        assert sum(HEALTH_REBOOT_REQUESTED in b["metadata"]["annotations"] for _, b in client.patches) == 1
+        assert HealthReport.parse(json.dumps(client.reports("r")[-1])).answered == "reboot:0:200"
+        assert all(set(b["metadata"]["annotations"]) == {HEALTH_REPORT_ANNOTATION} for _, b in client.patches)
         faults.clear()  # the reboot (kured's part, played by hand): the sentinel goes with /run
         await harness.sync("r", pod("r"))
+        # the new boot's agent sees the request not withdrawn yet: the reboot took place, no new sentinel
         assert not faults.fs.exists("/var/run/reboot-required")
-        assert client.reports("r")[-1]["gpus"] == []
+        assert client.reports("r")[-1]["gpus"] == [] and client.reports("r")[-1]["answered"] == "reboot:0:200"
     run(go())
 
 
@@ -177,6 +205,44 @@ def test_a_gpu_lost_on_a_quiet_node_is_gone_as_for_an_agent_that_ran_all_along(h
         gone = harness.fault("q").gone(0)  # the node's first fault: its own tree is made now
         await harness.sync("q", pod("q"))
         report = harness.client.reports("q")[-1]
+        assert report["state"] == "gone" and [g["bus"] for g in report["gpus"]] == [gone.address]
+    run(go())
+
+
+def test_a_tree_made_at_a_fault_carries_what_the_running_validator_wrote_at_its_start(harness: Harness) -> None:
+    """The node's own tree is born with no validator status file (none may have run); the agent of
+    the validator pod that ran all along finds the files its init containers wrote at the pod's
+    start, with that time, and stays validated; a tree made while no validator ran stays without."""
+    from gpu_operator.vocabulary import VALIDATIONS_DIR
+
+    async def go() -> None:
+        await harness.standin.start(None)  # type: ignore[arg-type]
+        started = dataclasses.replace(pod("v"), started=1_700_000_000)
+        await harness.sync("v", started)
+        faults = harness.fault("v")
+        assert not faults.fs.exists(f"{VALIDATIONS_DIR}/driver-ready")  # born without
+        faults.xid(79, 0)
+        await harness.sync("v", started)
+        report = harness.client.reports("v")[-1]
+        assert report["validated"] is True and report["state"] != "healthy"
+        assert faults.fs.resolve(f"{VALIDATIONS_DIR}/driver-ready").stat().st_mtime == 1_700_000_000
+        quiet = harness.fault("w")  # no validator pod on w: nothing wrote there
+        quiet.xid(79, 0)
+        await harness.sync("w")
+        assert not quiet.fs.exists(f"{VALIDATIONS_DIR}/driver-ready") and harness.client.reports("w") == []
+    run(go())
+
+
+def test_a_validator_pod_started_again_after_a_gpu_left_the_bus_still_reports_it_gone(harness: Harness) -> None:
+    """The GPUs the first agent of this boot found are on the node's own tree once it is made
+    (node/health/inventory.py): the next pod's agent, on the same boot, knows the one that went."""
+    async def go() -> None:
+        await harness.standin.start(None)  # type: ignore[arg-type]
+        await harness.sync("g", pod("g"))
+        gone = harness.fault("g").gone(0)  # the node's own tree is made now, the GPU taken out of it
+        await harness.sync("g", pod("g"))
+        await harness.sync("g", pod("g", uid="uid-2"))  # a new validator pod, the same boot
+        report = harness.client.reports("g")[-1]
         assert report["state"] == "gone" and [g["bus"] for g in report["gpus"]] == [gone.address]
     run(go())
 

@@ -226,3 +226,73 @@ def test_helm_takes_the_stricter_ones_silently(
     done = _helm_template(chart, [argument], {})
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load(done.stdout) == {**CHART_DEFAULTS, **helm_gives}
+
+
+ABSURD = [  # (argument, what the one line says after the argument)
+    ("a" + ".a" * 10_000 + "=1", ".".join("a" * 31) + " nests deeper than 30 keys (Helm's limit): use a --values file"),
+    ("a" + "[0]" * 10_000 + "=1", "a" + "[0]" * 30 + " has more than 30 list indices (this parser's limit; "
+     "Helm's strvals has none for indices): set the value in a --values file"),
+    ("a" + "[0].b" * 40 + "=1", "a" + "[0].b" * 30 + " has more than 30 list indices"),
+    ("a" + "[0]" * 31 + "=1", "a" + "[0]" * 30 + " has more than 30 list indices"),
+]
+
+
+@pytest.mark.parametrize(("argument", "message"), ABSURD)
+def test_absurd_nesting_is_one_line_naming_the_pair(argument: str, message: str) -> None:
+    """Nesting without end is refused with one line, not a traceback (the parser recurses per
+    level): the dots at Helm's own limit (strvals.MaxNestedNameLevel, 30), the list indices at
+    ours; a long argument is named by its start and its length."""
+    with pytest.raises(HelmInstallError) as err:
+        parse_set(argument)
+    line = str(err.value)
+    assert "\n" not in line and len(line) < 400, line
+    shown = repr(argument) if len(argument) <= 100 else f"{argument[:60]!r} ({len(argument)} characters)".replace(
+        "' (", "...' (", 1)
+    assert line.startswith(f"--set {shown}: {message}"), line
+
+
+def test_the_deepest_nesting_taken_is_taken() -> None:
+    deepest = "a" + "[0]" * 30 + "".join(f".k{i}" for i in range(30)) + "=1"
+    value: Any = parse_set(deepest)["a"]
+    for _ in range(30):
+        (value,) = value
+    for i in range(30):
+        value = value[f"k{i}"]
+    assert value == 1
+
+
+def test_absurd_nesting_on_the_command_line_is_one_line_and_exit_1() -> None:
+    from typer.testing import CliRunner
+
+    from gpu_operator.cli import app
+
+    argument = "driver" + ".x" * 10_000 + "=1"
+    result = CliRunner().invoke(app, ["images", "--set", argument])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert "nests deeper than 30 keys (Helm's limit)" in line and len(line) < 400, line
+
+
+@pytest.mark.parametrize("argument", [a for a, _ in ABSURD[:1]] + ["a" + ".a" * 31 + "=1"])
+def test_helm_refuses_the_dotted_nesting_too(chart: Path, argument: str) -> None:
+    done = _helm_template(chart, [argument], {})
+    assert done.returncode != 0
+    assert "value name nested level is greater than maximum supported nested level of 30" in done.stderr
+
+
+def test_helm_takes_31_list_indices_which_this_parser_refuses(chart: Path) -> None:
+    """The one divergence: Helm's strvals limits no index nesting (only each index, 65536)."""
+    done = _helm_template(chart, ["a" + "[0]" * 31 + "=1"], {})
+    assert done.returncode == 0, done.stderr
+    value: Any = yaml.safe_load(done.stdout)["a"]
+    for _ in range(31):
+        (value,) = value
+    assert value == 1
+
+
+def test_helm_gives_the_deepest_nesting_taken_the_same(chart: Path) -> None:
+    deepest = "a" + "[0]" * 30 + "".join(f".k{i}" for i in range(30)) + "=1"
+    done = _helm_template(chart, [deepest], {})
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout) == merge(CHART_DEFAULTS, parse_set(deepest))

@@ -43,7 +43,7 @@ def applied(name: str, config: str | None = None) -> list[migparted.GpuMig]:
 
 
 def test_h100_layouts_fit_or_are_refused_by_its_profiles() -> None:
-    assert H100 is not None and migprofiles.model("2330") is H100 and migprofiles.model("20b0") is None
+    assert H100 is not None and migprofiles.model("2330") is H100 and migprofiles.model("1eb8") is None
     assert len(migprofiles.place(H100, {"1g.10gb": 7})) == 7
     balanced = migprofiles.place(H100, {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1})
     # largest first, each at its first free placement: 3g at 0-2, 2g at 4-5, 1g at 3 and 6
@@ -120,6 +120,50 @@ def test_device_plugin_resources_per_strategy() -> None:
         migresources.counts("single", half)
     assert migresources.counts("mixed", half) == {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.10gb": 28}
     assert migresources.counts("mixed", applied("all-1g.10gb.me")) == {"nvidia.com/mig-1g.10gb.me": 8}
+
+
+@pytest.mark.parametrize(("profile", "resource"), [
+    ("1g.10gb", "nvidia.com/mig-1g.10gb"),
+    ("1g.10gb+me", "nvidia.com/mig-1g.10gb.me"),
+    ("1g.10gb+me.all", "nvidia.com/mig-1g.10gb.me.all"),
+    ("1g.24gb+gfx", "nvidia.com/mig-1g.24gb.gfx"),
+    ("4g.96gb+gfx", "nvidia.com/mig-4g.96gb.gfx"),
+    ("1g.24gb-me", "nvidia.com/mig-1g.24gb-me"),
+    ("1c.2g.20gb", None),  # a compute-instance share: no resource of its own
+])
+def test_the_plugins_resource_name_of_each_profile(profile: str, resource: str | None) -> None:
+    assert migresources.resource_name(profile) == resource
+    if resource is not None:
+        assert kubeletdp.is_plugin_resource(resource) and kubeletdp.is_plugin_resource(resource + ".shared")
+
+
+@pytest.mark.parametrize("bad", ["1g.10gb+foo", "1g.10gb-gfx", "mig-1g.10gb", "1g.10gb+me+gfx", ""])
+def test_a_name_that_is_no_profile_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a MIG profile name"):
+        migresources.resource_name(bad)
+
+
+def test_suffixed_profiles_are_resources_and_label_sets_of_their_own() -> None:
+    """A GPU whose instances carry v0.20's suffixed profiles (test data: profiles of the same shape
+    as the H100's 1g.10gb, under the names NVML gives suffixed ones): in mixed, one resource and one
+    GFD label set per profile, each named as the plugin and GFD name it."""
+    base = H100.profile("1g.10gb") if H100 else None
+    assert base is not None
+    names = ("1g.24gb+gfx", "1g.24gb-me", "1g.24gb+me.all", "1g.24gb")
+    profiles = [migprofiles.Profile(n, *[getattr(base, f) for f in (
+        "slices", "memory_slices", "max_count", "memory_mb", "multiprocessors", "copy", "decoder", "encoder",
+        "jpeg", "ofa", "starts")]) for n in names]
+    gpu = migparted.GpuMig(0, "2330", "GPU-test", True,
+                           tuple(migparted.Instance(p, i, 7 + i) for i, p in enumerate(profiles)))
+    assert migresources.counts("mixed", [gpu]) == {"nvidia.com/mig-1g.24gb.gfx": 1, "nvidia.com/mig-1g.24gb-me": 1,
+                                                   "nvidia.com/mig-1g.24gb.me.all": 1, "nvidia.com/mig-1g.24gb": 1}
+    labels = migresources.gfd_labels(shapes.load("dgx-h100"), "mixed", [gpu])
+    assert {k.removesuffix(".count") for k in labels if k.startswith("nvidia.com/mig-") and k.endswith(".count")} \
+        == {"nvidia.com/mig-1g.24gb.gfx", "nvidia.com/mig-1g.24gb-me", "nvidia.com/mig-1g.24gb.me.all",
+            "nvidia.com/mig-1g.24gb"}
+    assert labels["nvidia.com/mig-1g.24gb.gfx.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.24gb.gfx"
+    with pytest.raises(migresources.PluginError, match="more than one MIG device type"):
+        migresources.counts("single", [gpu])
 
 
 def test_gfd_labels_per_strategy() -> None:

@@ -313,6 +313,9 @@ class SlicesLeft(FakeClient):
         return Node(metadata=ObjectMeta(name=name, uid=f"uid-{name}", labels={shapes.SHAPE_LABEL: "dgx-h100"},
                                         annotations={KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}))
 
+    async def create(self, obj: Any, field_manager: str | None = None) -> None:
+        await self.apply(obj, field_manager)  # the plugin creates (a fake never says it exists)
+
     async def apply(self, obj: Any, field_manager: str | None = None, force: bool = False) -> None:
         self.calls.append(("apply", obj.to_dict()["spec"]["nodeName"]))
 

@@ -54,12 +54,12 @@ log = logging.getLogger("gpu_operator.health")
 
 
 
-def facts_of(view: NodeView, state: str | None = None, notes: Mapping[str, str | None] | None = None) -> hr.Facts:
+def facts_of(view: NodeView, state: str | None = None, notes: Mapping[str, str | None] | None = None) -> hr.SignalFacts:
     """The signals' facts of a node; `state` and `notes`: what a remediation step wrote just now."""
     cond = view.gpu_condition
     merged = {**view.annotations, **(notes or {})}
     reason = merged.get(hm.REASON) or (f"action {merged[hm.ACTION]}" if merged.get(hm.ACTION) else "")
-    return hr.Facts(view.name, view.annotations.get(HEALTH_REPORT_ANNOTATION),
+    return hr.SignalFacts(view.name, view.annotations.get(HEALTH_REPORT_ANNOTATION),
                     hr.Condition(*cond) if cond is not None else None,
                     tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
                     view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
@@ -89,13 +89,13 @@ class HealthUnit(UnitBase):
                  policy: Callable[[], HealthSpec | None], kube: Kube, *,
                  settings: OperatorSettings | None = None, clock: Callable[[], float] = time.time,
                  device_taints: DeviceTaints | None = None,
-                 runtime: Callable[[], RuntimeAccess] = RuntimeAccess) -> None:
+                 runtime: Callable[[], RuntimeAccess] = RuntimeAccess, namespace: str = "gpu-operator") -> None:
         self.nodes, self.node, self.policy, self.kube = nodes, node, policy, kube
         self.runtime = runtime  # how pods reach GPUs besides requests and claims (the drain's)
         self.device_taints = device_taints
         self.settings = settings or OperatorSettings()
         self.clock = clock
-        self.executor = Executor(kube)
+        self.executor = Executor(kube, namespace)  # the requests Secret lives in the operator's namespace
         self.queue = NodeQueue(_watched)
         self._everything = True  # the first pass looks at every node
         self._states: dict[str, str] = {}  # node -> metric state last exported
@@ -173,7 +173,11 @@ class HealthUnit(UnitBase):
         access = self.runtime() if draining else None
         pods = dict(zip(draining, await asyncio.gather(
             *(self.executor.pod_facts(n, spec.remediation.podSelector, access) for n in draining)), strict=True))
-        return hm.plan([hm.node_facts(v, pods.get(n, ())) for n, v in views.items()], spec.remediation, now)
+        # nodes whose GPU clients are paused for a reset: which of their pods are still there
+        pausing = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.ACTING and hm.PAUSED in v.annotations]
+        clients = dict(zip(pausing, await asyncio.gather(*(self.executor.gpu_clients(n) for n in pausing)), strict=True))
+        return hm.plan([hm.node_facts(v, pods.get(n, ()), clients.get(n, ())) for n, v in views.items()],
+                       spec.remediation, now)
 
     async def _node(self, view: NodeView, spec: HealthSpec, step: hm.Step | None, report: PassReport) -> None:
         facts = facts_of(view)

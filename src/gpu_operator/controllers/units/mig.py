@@ -196,7 +196,7 @@ class MIGUnit(UnitBase):
         if config is not None and not mr.paused_labels(labels) and (
                 state == mr.FAILED or (state is None and config != "all-disabled")):
             layout_name, valid = await self._layouts(view.name, policy, layouts)
-        facts = mr.Facts(
+        facts = mr.MIGFacts(
             view.name, config, state, mr.paused_labels(labels), self._manager(view, policy, pods),
             pending_since=since, pending_config=since_config, restore=notes.get(MIG_RESTORE),
             attempts=attempts, retry_from=retry_from, valid=valid, layouts=layout_name,
@@ -209,11 +209,11 @@ class MIGUnit(UnitBase):
             self._active.add(view.name)
             return held[1] + self.settings.mig_poll
         self._held.pop(view.name, None)
-        if decision.kind is mr.Kind.APPLIED and config is not None:
+        if decision.kind is mr.Verdict.APPLIED and config is not None:
             self._applied[view.name] = config
         else:  # the state moved since: a later success is the MIG manager's answer, not a stale one
             self._applied.pop(view.name, None)
-        if decision.kind in (mr.Kind.IN_PROGRESS, mr.Kind.STUCK, mr.Kind.FAILED):
+        if decision.kind in (mr.Verdict.IN_PROGRESS, mr.Verdict.STUCK, mr.Verdict.FAILED):
             self._active.add(view.name)
         else:
             self._active.discard(view.name)
@@ -259,13 +259,13 @@ class MIGUnit(UnitBase):
                             if requests_gpu(p) and (p.get("status") or {}).get("phase") == "Running"
                             and not p["metadata"].get("deletionTimestamp")))
 
-    def _manager(self, view: NodeView, policy: ClusterPolicy, pods: list[dict[str, Any]] | None) -> mr.Manager:
+    def _manager(self, view: NodeView, policy: ClusterPolicy, pods: list[dict[str, Any]] | None) -> mr.ManagerPresence:
         if pods is not None and any(self._app(p) == MIG_MANAGER_APP and not p["metadata"].get("deletionTimestamp")
                                     for p in pods):
-            return mr.Manager.RUNNING
+            return mr.ManagerPresence.RUNNING
         if policy.spec.migManager.on() and view.labels.get(MIG_MANAGER) == "true":
-            return mr.Manager.GONE
-        return mr.Manager.NOT_DEPLOYED
+            return mr.ManagerPresence.GONE
+        return mr.ManagerPresence.NOT_DEPLOYED
 
     def _clients(self, pods: list[dict[str, Any]] | None) -> tuple[str, ...]:
         return tuple(sorted(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"

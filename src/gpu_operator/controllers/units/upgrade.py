@@ -22,10 +22,10 @@ from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import UPGRADE_SKIP, UPGRADE_STATE
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.DRIVER_POD})
-Facts = tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]
+UpgradeFacts = tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]
 
 
-def upgrade_facts(view: NodeView) -> Facts:
+def upgrade_facts(view: NodeView) -> UpgradeFacts:
     """What the state machine reads of a node besides its driver pod."""
     return (view.labels.get(UPGRADE_STATE), view.labels.get(UPGRADE_SKIP), tuple(sorted(view.annotations.items())),
             view.unschedulable, view.ready)
@@ -41,7 +41,7 @@ class UpgradeUnit(UnitBase):
         self.labels_first = labels_first
         self.controller = UpgradeController(kube, model.namespace, model.nodes, settings,
                                             driver_pods=model.driver_pods)
-        self._facts: dict[str, Facts] = {}  # per node, what the last event showed
+        self._facts: dict[str, UpgradeFacts] = {}  # per node, what the last event showed
 
     def wants(self, event: Event) -> bool:
         if not isinstance(event, NodeEvent):

@@ -15,8 +15,7 @@ from gpu_operator.node.exporter import PREFIX, NodeStatusCollector, driver_answe
 from gpu_operator.node.findings import diagnose
 from gpu_operator.node.gpucheck.compare import compare, contradictions, defects
 from gpu_operator.node.gpucheck.steps import Defect, State, Unavailable
-from gpu_operator.node.health.catalogue import XID_LINE
-from gpu_operator.node.kernellog import read_kernel_log, xid_findings
+from gpu_operator.node.kernellog import driver_xid, read_kernel_log, xid_findings
 from gpu_operator.node.probe import probe
 from gpu_operator.node.validate.base import Context, Outcome, StatusDir
 from gpu_operator.node.validate.config import STATUS_FILES, ValidatorConfig
@@ -170,7 +169,7 @@ def kernel_log_step(state: State) -> tuple[str, dict[str, Any]]:
         )
     source, text = found
     lines = text.splitlines()
-    xids = Counter(int(m.group(2)) for line in lines if (m := XID_LINE.search(line)))
+    xids = Counter(int(m.group(2)) for line in lines if (m := driver_xid(line)))
     findings = xid_findings(text, source)
     details = {
         "source": source,

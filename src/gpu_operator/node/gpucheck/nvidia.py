@@ -80,7 +80,16 @@ def nvml_step(state: State) -> tuple[str, dict[str, Any]]:
         raise
     state.nvml = report
     details = report.as_dict() | {"library": preloaded or "libnvidia-ml.so.1 (loader's search)"}
-    return f"{len(report.gpus)} GPU(s), driver {report.driver_version}, CUDA {report.cuda_version}", details
+    summary = f"{len(report.gpus)} GPU(s), driver {report.driver_version}, CUDA {report.cuda_version}"
+    if report.unanswered:
+        # NVML cannot name a lost GPU's bus: the GPUs our probe sees that NVML does not list are the ones
+        listed = set(report.by_bus())
+        missing = sorted(g.address for g in state.report.gpus if g.address not in listed) if state.report else []
+        details["lost"] = missing
+        summary += (f"; {len(report.unanswered)} GPU(s) do not answer (NVML index "
+                    f"{', '.join(f'{i}: {e}' for i, e in sorted(report.unanswered.items()))})"
+                    + (f": {', '.join(missing)}" if missing else ""))
+    return summary, details
 
 
 def cuda_step(state: State) -> tuple[str, dict[str, Any]]:

@@ -46,6 +46,9 @@ class RefReport:
     driver_version: str = ""
     cuda_version: str = ""
     gpus: list[RefGpu] = field(default_factory=list)
+    # NVML's GPUs that did not answer (index -> NVML's error text): a GPU that fell off the bus answers
+    # every call, its PCI address too, with NVML_ERROR_GPU_IS_LOST; the others are still listed
+    unanswered: dict[int, str] = field(default_factory=dict)
 
     def by_bus(self) -> dict[str, RefGpu]:
         return {g.bus: g for g in self.gpus}
@@ -136,8 +139,13 @@ def nvml_report(nvml: Any) -> RefReport:
             cuda_version=_cuda_version(int(nvml.nvmlSystemGetCudaDriverVersion())),
         )
         for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            pci = nvml.nvmlDeviceGetPciInfo(handle)
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                pci = nvml.nvmlDeviceGetPciInfo(handle)
+                name, uuid = _str(nvml.nvmlDeviceGetName(handle)), _str(nvml.nvmlDeviceGetUUID(handle))
+            except nvml.NVMLError as err:
+                report.unanswered[index] = str(err)
+                continue
             mig = _optional(nvml, partial(nvml.nvmlDeviceGetMigMode, handle))
             virt = _optional(nvml, partial(nvml.nvmlDeviceGetVirtualizationMode, handle))
             combined = int(pci.pciDeviceId)
@@ -145,8 +153,8 @@ def nvml_report(nvml: Any) -> RefReport:
                 RefGpu(
                     bus=normalise_bus(_str(pci.busId)),
                     vendor_device=f"{combined & 0xFFFF:04x}:{combined >> 16 & 0xFFFF:04x}",
-                    product=_str(nvml.nvmlDeviceGetName(handle)),
-                    uuid=_str(nvml.nvmlDeviceGetUUID(handle)),
+                    product=name,
+                    uuid=uuid,
                     mig_current=NVML_MIG.get(mig[0], str(mig[0])) if mig else None,
                     mig_pending=NVML_MIG.get(mig[1], str(mig[1])) if mig else None,
                     virtualization=NVML_VIRTUALIZATION.get(virt, str(virt)) if virt is not None else None,

@@ -7,19 +7,20 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpu_operator.node.health import inventory
 from gpu_operator.node.health.assess import XidMark, encode, evaluate
 from gpu_operator.node.health.catalogue import HEALTHY, STATES, WARNING, classify
-from gpu_operator.node.health.kmsg import KmsgFollower, XidEvent, parse_xid
+from gpu_operator.node.health.kmsg import KmsgFollower, XidEvent
 from gpu_operator.node.health.nvml import NvmlSource
 from gpu_operator.node.health.observe import HostSnapshot, pci_gpus, snapshot
-from gpu_operator.node.health.requests import RequestActor
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.health.requests import RequestActor, Seen
+from gpu_operator.node.health.xidlines import KernelXids
+from gpu_operator.node.hostfs import HostFS, HostPathError
 from gpu_operator.vocabulary import (
     HEALTH_REPORT_ANNOTATION,
-    HEALTH_RESET_REQUESTED,
     HEALTH_VALIDATIONS,
     VALIDATIONS_DIR,
 )
@@ -45,12 +46,18 @@ class HealthMetrics:
                                "file of the node is present", registry=self.registry)
         self.xids = Counter("gpu_operator_gpu_xid", "Xid events seen since the agent started",
                             ["gpu", "xid", "action", "source"], registry=self.registry)
+        self.ignored = Counter("gpu_operator_gpu_xid_lines_ignored", "Kernel-log records naming an Xid that "
+                               "are not the NVIDIA driver's for a GPU of this node (xidlines.py), by reason",
+                               ["reason"], registry=self.registry)
 
     def update(self, states: dict[str, str], validated: bool) -> None:
         for bus, current in states.items():
             for state in STATES:
                 self.state.labels(gpu=bus, state=state).set(1 if state == current else 0)
         self.validated.set(1 if validated else 0)
+
+    def ignored_line(self, reason: str) -> None:
+        self.ignored.labels(reason=reason).inc()
 
     def xid(self, event: XidEvent, action: str) -> None:
         self.xids.labels(gpu=event.bus, xid=str(event.xid), action=action, source=event.source).inc()
@@ -91,9 +98,13 @@ class HealthAgent:
         self.nvml = NvmlSource(log, nvml_module) if nvml else None
         self.pci_kinds: dict[str, bool] = {}  # bus -> is an NVIDIA GPU (observe.pci_gpus)
         self.baseline: HostSnapshot = snapshot(fs, validations, validations_dir, self.pci_kinds)
+        # with the GPUs an earlier agent of this boot found: one lost since is gone, not absent
+        self.baseline.pci = inventory.remember(fs, self.baseline.pci, log)
         self.marks: dict[str, XidMark] = {}
         self.last: str | None = None
-        self.unparsed = 0  # NVRM Xid lines whose address or number did not parse
+        self.started = time.time()
+        # the kernel log's Xid lines that count, and those dropped per reason (xidlines.py)
+        self.kernel_xids = KernelXids(log, metrics.ignored_line if metrics else None)
 
     def _take(self, event: XidEvent) -> None:
         cls = classify(event.xid)
@@ -120,14 +131,14 @@ class HealthAgent:
 
     def observe(self) -> dict[str, Any]:
         """Read what is new and return the current report (always)."""
-        for message in self.kmsg.poll():
-            event = parse_xid(message)
-            if event is not None:
-                self._take(event)
-            elif "NVRM: Xid" in message:
-                self.unparsed += 1
-                self.log(f"kernel log: an Xid line that does not parse, skipped: {message[:200]!r}")
-        observation = self.nvml.poll() if self.nvml is not None else None
+        # This node's GPUs: on the bus at start or now, listed by the driver, known to NVML.
+        gpus = {*self.baseline.pci, *self.baseline.driver_gpus, *(b.lower() for b, g in self.pci_kinds.items() if g)}
+        nvml = self.nvml if self.nvml is not None and self.nvml.available else None
+        observation = nvml.poll(gpus) if nvml is not None else None
+        # NVML's Xid events first; the kernel log for the GPUs NVML does not watch (xidlines.py).
+        for event in self.kernel_xids.take(self.kmsg.poll_records(), gpus | set(observation.gpus if observation else ()),
+                                           nvml.xid_buses if nvml is not None else ()):
+            self._take(event)
         for event in observation.events if observation else []:
             self._take(event)
         self._expire()
@@ -135,19 +146,36 @@ class HealthAgent:
         report, states = evaluate(self.baseline, now, self.marks, observation, self.sources())
         if self.metrics:
             self.metrics.update(states, report["validated"])
+        if report["validated"]:
+            report["validatedAt"] = self.validated_at()
         if self.requests is not None:
             report.update(self.requests.report_fields())
         return report
 
-    def act(self, annotations: Mapping[str, str]) -> list[str]:
-        """Carry out the operator's reset and reboot requests among the Node's `annotations`
-        (requests.py); returns the request annotations to remove. A GPU reset clears its Xid state.
-        NVML's handles (open device files, which would hold the GPUs) are let go for the reset."""
+    def validated_at(self) -> float:
+        """When the node's validation passed: the newest of the expected status files' mtimes (the
+        validator writes each as its check passes); with none expected, when this agent started
+        (its pod's own checks ran first)."""
+        from gpu_operator.node.validate.config import STATUS_FILES
+
+        times = []
+        for name in self.validations:
+            try:
+                times.append(self.fs.resolve(f"{self.validations_dir}/{STATUS_FILES[name]}").stat().st_mtime)
+            except (OSError, HostPathError):
+                continue
+        return round(max(times, default=self.started), 3)
+
+    def act(self, seen: Seen) -> bool:
+        """Carry out the operator's request for this node, if `seen` admits one (requests.py);
+        True when one was carried out in full now. A GPU reset clears its Xid state. NVML's
+        handles (open device files, which would hold the GPUs) are let go before a reset."""
         if self.requests is None:
-            return []
+            return False
+        request = self.requests.admit(seen, self.node)
         known: set[str] = set()
         gone: set[str] = set()
-        if HEALTH_RESET_REQUESTED in annotations:  # else the host is looked at by the step alone
+        if request is not None and request.action == "reset-gpu" and request.id != self.requests.answered:
             self.observe()  # the Xids logged until now: those a reset clears
             now = pci_gpus(self.fs, self.pci_kinds)
             known = set(self.baseline.pci) | set(now)
@@ -162,14 +190,14 @@ class HealthAgent:
 
         self.requests.before_reset = release_nvml
         try:
-            handled = self.requests.act(annotations, known, gone)
+            handled = self.requests.act(request, known, gone)
         finally:
             self.requests.before_reset = None
             if released:
                 self.nvml = NvmlSource(self.log, self.nvml_module)
         for bus in handled.reset:
             self.marks.pop(bus, None)
-        return handled.withdraw
+        return handled.answered
 
     async def step(self) -> dict[str, Any] | None:
         """The report when it changed since the last step (the first step always returns one)."""
@@ -191,11 +219,11 @@ class HealthAgent:
 
 
 class Publisher(Protocol):
-    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None: ...
+    async def publish(self, text: str) -> None: ...
 
 
 class RequestSource(Protocol):
-    def current(self) -> Mapping[str, str]: ...
+    def current(self) -> Seen: ...
 
 
 class AnnotationPublisher:
@@ -208,40 +236,36 @@ class AnnotationPublisher:
         self.client = client if client is not None else new_client()
         self.patches = 0
 
-    def _patch(self, text: str, withdraw: tuple[str, ...]) -> None:
+    def _patch(self, text: str) -> None:
         from gpu_operator.node.kubeapi import patch_node
 
-        patch_node(self.client, self.node, annotations={HEALTH_REPORT_ANNOTATION: text, **dict.fromkeys(withdraw)})
+        patch_node(self.client, self.node, annotations={HEALTH_REPORT_ANNOTATION: text})
         self.patches += 1
 
-    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
-        """The report, and the removal of the requests it answers, in one patch."""
-        await asyncio.to_thread(self._patch, text, withdraw)
+    async def publish(self, text: str) -> None:
+        """The report (which also answers the operator's requests: its `answered`)."""
+        await asyncio.to_thread(self._patch, text)
 
 
 async def run(agent: HealthAgent, publisher: Publisher, interval: float, stop: asyncio.Event,
               requests: RequestSource | None = None) -> None:
     """Step every `interval` seconds and publish each changed report (a failed write is retried at
-    the next step, and only then); with `requests` (the Node's annotations as last seen), carry out
-    the operator's requests first and remove those handled with the report's patch; on `stop`,
-    publish the final report and close."""
+    the next step, and only then); with `requests` (what the agent sees of its Node and of its
+    request), carry out the operator's request first: the report that follows answers it; on
+    `stop`, publish the final report and close."""
     pending: str | None = None
-    withdraw: tuple[str, ...] = ()
     while not stop.is_set():
         if requests is not None:
-            done = await asyncio.to_thread(agent.act, requests.current())
-            withdraw = tuple(dict.fromkeys((*withdraw, *done)))
+            await asyncio.to_thread(agent.act, requests.current())
         report = await agent.step()
         if report is not None:
             pending = encode(report)
             agent.log(f"report changed: state={report['state']} action={report['action']} "
                       f"validated={str(report['validated']).lower()} gpus listed={len(report['gpus'])}")
-        if withdraw and pending is None:
-            pending = agent.last
         if pending is not None:
             try:
-                await (publisher.publish(pending, withdraw) if withdraw else publisher.publish(pending))
-                pending, withdraw = None, ()
+                await publisher.publish(pending)
+                pending = None
             except Exception as err:  # noqa: BLE001 - the apiserver may be away; retry next step
                 agent.log(f"publishing the report failed (retrying in {interval:g}s): {err}")
         with contextlib.suppress(TimeoutError):

@@ -9,12 +9,14 @@ The report (schema version 1; the operator parses it with gpu_operator.api.healt
      "action": "reboot",          the strongest action any GPU needs: none | restart-app | reset-gpu | reboot
      "healthy": 7,                how many GPUs are healthy (they are not listed)
      "gpus": [{"bus": "0000:41:00.0", "minor": 3, "index": 3, "state": "unhealthy", "xid": 79,
-               "action": "reboot", "reason": "Xid 79: GPU has fallen off the bus ..."}],
+               "action": "reboot", "reason": "Xid 79: GPU has fallen off the bus ...",
+               "recovery": "node-reboot"}],
      "sources": ["kmsg", "nvml", "pci", "proc"],   what the agent could read
      "stopped": true}             only in the last report an agent writes as it stops
 
 `minor` (the driver's device minor, /proc) and `index` (NVML's index) appear when known, `xid`
-when the GPU had one since the agent started. Keys are sorted and the JSON compact, so the same
+when the GPU had one since the agent started, `recovery` where NVML offers the driver's recovery
+action (drivers from 565; nvml.RECOVERY_ACTIONS). Keys are sorted and the JSON compact, so the same
 observations always give the same text.
 """
 
@@ -30,6 +32,7 @@ from gpu_operator.node.health.catalogue import (
     NONE,
     REBOOT,
     RESET_GPU,
+    RESTART_APP,
     STATES,
     UNHEALTHY,
     WARNING,
@@ -41,6 +44,12 @@ from gpu_operator.vocabulary import HEALTH_ACTIONS
 
 SCHEMA_VERSION = 1
 MAX_REASON = 160
+# NVML's recovery action (nvml.RECOVERY_ACTIONS) -> our action; it comes ahead of the Xid catalogue.
+# Drain P2P and drain-and-reset: the drain is the quarantine's, the GPU reset ours; a bus reset and a
+# system reboot: reboot (our reset is nvidia-smi -r, no bus reset); IMEX domain recovery spans nodes:
+# nothing automatic, a person looks (as for an action we do not know).
+RECOVERY_TO_ACTION = {"none": NONE, "gpu-reset": RESET_GPU, "node-reboot": REBOOT, "drain-p2p": RESET_GPU,
+                      "drain-and-reset": RESET_GPU, "bus-reset": REBOOT, "system-reboot": REBOOT}
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,10 @@ def _verdict(bus: str, baseline: HostSnapshot, now: HostSnapshot, mark: XidMark 
         found.append((GONE, REBOOT, f"gone from the PCI bus ({bus} left /sys/bus/pci/devices)"))
     gpu = nvml.gpus.get(bus) if nvml else None
     if gpu and gpu.lost:
-        found.append((GONE, REBOOT, "NVML: the GPU is lost"))
+        found.append((GONE, REBOOT, gpu.why or "NVML: the GPU is lost"))
+    recovery = gpu.recovery if gpu else None
+    if recovery not in (None, "none"):
+        found.append((UNHEALTHY, RECOVERY_TO_ACTION.get(recovery, NONE), f"NVML: the driver asks for {recovery}"))
     if gpu and gpu.reset_required:
         found.append((UNHEALTHY, RESET_GPU, "NVML: the GPU needs a reset"))
     if gpu and gpu.remap_failed:
@@ -73,7 +85,12 @@ def _verdict(bus: str, baseline: HostSnapshot, now: HostSnapshot, mark: XidMark 
         found.append((UNHEALTHY, RESET_GPU, "the driver no longer lists it (/proc/driver/nvidia/gpus)"))
     if mark is not None:
         cls = mark.cls
-        found.append((cls.state, cls.action, f"Xid {cls.xid}: {cls.meaning} ({mark.source})"))
+        state, action = cls.state, cls.action
+        if recovery == "none" and action != NONE:  # the driver says a new process can use the GPU
+            state, action = min(state, WARNING, key=STATES.index), RESTART_APP
+        elif recovery is not None:  # the driver's recovery action comes ahead of the catalogue's
+            action = RECOVERY_TO_ACTION.get(recovery, action)
+        found.append((state, action, f"Xid {cls.xid}: {cls.meaning} ({mark.source})"))
     state, action, reason = max(found, key=lambda f: (STATES.index(f[0]), HEALTH_ACTIONS.index(f[1])))
     return state, action, reason[:MAX_REASON]
 
@@ -115,8 +132,10 @@ def evaluate(
         if minor is not None:
             entry["minor"] = minor
         gpu = nvml.gpus.get(bus) if nvml else None
-        if gpu is not None:
+        if gpu is not None and gpu.index is not None:
             entry["index"] = gpu.index
+        if gpu is not None and gpu.recovery is not None:
+            entry["recovery"] = gpu.recovery
         if mark is not None:
             entry["xid"] = mark.cls.xid
         listed.append(entry)

@@ -71,9 +71,17 @@ MEANINGS: dict[int, str] = {
     120: "GSP firmware error",
 }
 
-# The driver's kernel-log line for an Xid: `NVRM: Xid (PCI:0000:41:00): 79, pid=..., ...`.
+# The driver's kernel-log line for an Xid, as NVIDIA's kernel module prints it (open-gpu-kernel-modules
+# src/nvidia/src/kernel/gpu/rc/kernel_rc.c, XID_PRINT_WITH_ATTR, at 595.45.04): `NVRM: Xid (PCI:%04x:%02x:%02x`,
+# then ` GPU-I:%02u` and ` GPU-CI:%02u` where a MIG instance is attributed, `): %d, ` and either
+# `pid=%s, name=%s, <message>` or the message alone. The address is domain:bus:device (no function).
+# The health agent takes it only at the START of a kernel record of facility kern naming one of the
+# node's GPUs (xidlines.py), doctor at the start of a kernel message (kernellog.driver_xid); the
+# simulator's device-plugin stand-ins `search` the records `sim fault` wrote.
+XID_PREFIX = "NVRM: Xid ("
 XID_LINE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): (\d+)\b(.*)"
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+    r"(?: GPU-I:\d+)?(?: GPU-CI:\d+)?\): (\d+),(.*)"
 )
 
 

@@ -30,6 +30,24 @@ def _validations(value: str) -> tuple[str, ...]:
     return names
 
 
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def operator_namespace() -> str:
+    """Where the operator's requests Secret is: OPERATOR_NAMESPACE, else the pod's own namespace
+    (the agent runs in the operator's namespace)."""
+    import os
+    from pathlib import Path
+
+    value = os.environ.get("OPERATOR_NAMESPACE", "").strip()
+    if value:
+        return value
+    try:
+        return Path(SA_NAMESPACE).read_text().strip()
+    except OSError:
+        return ""
+
+
 def health(
     host_root: HostRoot = None,
     node_name: Annotated[
@@ -84,8 +102,9 @@ def health(
         typer.echo(f"serving health metrics on :{metrics_port}/metrics", err=True)
     from gpu_operator.node.health.agent import _stderr
     from gpu_operator.node.health.requests import RequestActor, smi_resetter
-    from gpu_operator.node.kubeapi import NodeAnnotationWatch, new_client
+    from gpu_operator.node.kubeapi import RequestWatch, new_client
 
+    namespace = operator_namespace()
     client = new_client()
     actor = RequestActor(fs, smi_resetter(fs), log=_stderr)
     agent = HealthAgent(fs, node_name, validations=components, nvml=nvml, warning_hold=warning_hold,
@@ -94,7 +113,11 @@ def health(
     async def main() -> None:
         stop = asyncio.Event()
         install_stop(stop)
-        watch = NodeAnnotationWatch(node_name, log=_stderr)  # its own client: a watch holds one connection
+        # its own client: a watch holds one connection
+        watch = RequestWatch(node_name, namespace, log=_stderr) if namespace else None
+        if watch is None:
+            _stderr("no OPERATOR_NAMESPACE (and no ServiceAccount namespace file): the operator's remediation "
+                    "requests are not read; the agent only reports")
         await run(agent, AnnotationPublisher(node_name, client), interval, stop, watch)
 
     asyncio.run(main())

@@ -17,13 +17,27 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpu_operator.node.health.catalogue import XID_LINE
 from gpu_operator.node.hostfs import HostFS, HostPathError
-from gpu_operator.node.pci import normalise_bus
 
 KMSG = "/dev/kmsg"
 MAX_POLL_BYTES = 1 << 20  # per poll; the rest waits for the next one
 MAX_LINE = 4096  # a kmsg record is at most ~1 KiB; a longer "line" in a file is cut
+
+
+@dataclass(frozen=True)
+class KmsgRecord:
+    """One kernel-log record: its message and what its header (`prio,seq,usec,flags[,...];`) says.
+    `prio` is syslog's facility << 3 | level; the kernel's own printk records have facility 0 (kern),
+    while a process writing to /dev/kmsg gets facility user (1) or what it names, never kern.
+    A line without a kmsg header (a syslog file's) has no facility (None)."""
+
+    message: str
+    facility: int | None = None
+    level: int | None = None
+    seq: int | None = None
+
+
+KERN = 0  # syslog facility of the kernel's own records
 
 
 @dataclass(frozen=True)
@@ -32,17 +46,6 @@ class XidEvent:
     xid: int
     line: str  # the message, at most 300 characters
     source: str = "kmsg"
-
-
-def parse_xid(message: str, source: str = "kmsg") -> XidEvent | None:
-    """The Xid event in one kernel-log message, or None."""
-    match = XID_LINE.search(message)
-    if not match:
-        return None
-    try:
-        return XidEvent(normalise_bus(match.group(1)), int(match.group(2)), message.strip()[:300], source)
-    except ValueError:
-        return None
 
 
 class KmsgFollower:
@@ -104,6 +107,10 @@ class KmsgFollower:
 
     def poll(self) -> list[str]:
         """The messages added since the last poll (record headers stripped, continuation lines dropped)."""
+        return [r.message for r in self.poll_records()]
+
+    def poll_records(self) -> list[KmsgRecord]:
+        """The records added since the last poll, headers read (continuation lines dropped)."""
         self._reopen_if_replaced()
         if self.fd is None:
             return []
@@ -124,31 +131,36 @@ class KmsgFollower:
         text = self.pending + bytes(data)
         lines = text.split(b"\n")
         self.pending = lines.pop()[:MAX_LINE]  # an incomplete last line waits for its end
-        return [m for m in map(_message, lines) if m is not None]
+        return [r for r in map(_record, lines) if r is not None]
 
 
-def _message(raw: bytes) -> str | None:
-    """One record's message (its header stripped); None for an empty or continuation line."""
-    record = raw[:MAX_LINE].decode(errors="replace")
-    if not record or record.startswith(" "):
+def _record(raw: bytes) -> KmsgRecord | None:
+    """One record (its header read); None for an empty or continuation line. A line whose header
+    is not kmsg's (`prio,seq,usec,flags[,...]` with numbers) is all message, of no facility."""
+    text = raw[:MAX_LINE].decode(errors="replace")
+    if not text or text.startswith(" "):
         return None
-    header, sep, message = record.partition(";")
-    return message if sep and "," in header else record
+    header, sep, message = text.partition(";")
+    fields = header.split(",")
+    if sep and len(fields) >= 4 and fields[0].isdigit() and fields[1].isdigit():
+        prio = int(fields[0])
+        return KmsgRecord(message, prio >> 3, prio & 7, int(fields[1]))
+    return KmsgRecord(text)
 
 
-def read_messages(fs: HostFS, path: str = KMSG, limit: int = 4 * MAX_POLL_BYTES) -> list[str] | None:
-    """Every message the kernel log holds now, up to about `limit` bytes (a one-off look, as doctor
+def read_records(fs: HostFS, path: str = KMSG, limit: int = 4 * MAX_POLL_BYTES) -> list[KmsgRecord] | None:
+    """Every record the kernel log holds now, up to about `limit` bytes (a one-off look, as doctor
     takes; a last line without its newline counts); None where it cannot be opened."""
     follower = KmsgFollower(fs, path, from_start=True)
     try:
         if follower.fd is None:
             return None
-        out: list[str] = []
+        out: list[KmsgRecord] = []
         size = 0
-        while size < limit and (batch := follower.poll()):
+        while size < limit and (batch := follower.poll_records()):
             out += batch
-            size += sum(len(m) + 1 for m in batch)
-        last = _message(follower.pending)
+            size += sum(len(r.message) + 1 for r in batch)
+        last = _record(follower.pending)
         return [*out, last] if last is not None else out
     finally:
         follower.close()

@@ -109,8 +109,3 @@ def read_pf(fs: HostFS, address: str) -> PhysicalFunction:
         vfs,
         mdev=fs.is_dir(f"{base}/mdev_supported_types"),
     )
-
-
-def type_names(pf: PhysicalFunction) -> dict[int, str]:
-    """Type id -> short name, from every VF's creatable list (a VF with a type lists what it has)."""
-    return {t.id: t.short for vf in pf.vfs for t in vf.creatable}

@@ -14,6 +14,7 @@ from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.render.dra import driver, monitoring, validation
 from gpu_operator.render.dra.common import RESOURCE_API_VERSIONS, DRACtx, DRAFacts, DRANotServed
 from gpu_operator.render.result import Manifest, RenderError, RenderResult, StateResult
+from gpu_operator.render.transforms.hardening import harden
 
 __all__ = ["RESOURCE_API_VERSIONS", "STATES", "DRAFacts", "DRANotServed", "render_gpucluster"]
 
@@ -58,5 +59,9 @@ def render_gpucluster(cluster: GPUCluster, facts: DRAFacts) -> RenderResult:
     states = []
     for name, gate, build in STATES:
         enabled, reason = gate(ctx)
-        states.append(StateResult(name, enabled, reason, build(ctx) if enabled else []))
+        objects = build(ctx) if enabled else []
+        for o in objects:
+            if o["kind"] in ("DaemonSet", "Deployment"):
+                harden(o)  # every ServiceAccount of the stack calls the apiserver
+        states.append(StateResult(name, enabled, reason, objects))
     return RenderResult(states, warnings=cluster.warnings())

@@ -246,6 +246,11 @@ def controller_deployment(ctx: DRACtx) -> Manifest:
                   env("LEADER_ELECTION_RENEW_DEADLINE", "10s"), env("LEADER_ELECTION_RETRY_PERIOD", "2s"),
                   *_feature_gates(ctx)])
     main["imagePullPolicy"] = pull_policy(draft.imagePullPolicy)
+    # ours: the controller writes no file (cmd/compute-domain-controller at 22407113 logs to stderr and
+    # opens none for writing) and needs no root: it talks to the apiserver and serves metrics on :8080;
+    # the image (distroless) has its binaries world-executable and 65532 as its non-root user
+    main["securityContext"] = {"readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": 65532,
+                               "runAsGroup": 65532}
     env_upsert(main, settings.env if settings else None)
     limits = requirements(settings.resources if settings else None)
     if limits:

@@ -53,8 +53,12 @@ def driver_rbac(ctx: DRACtx, state: str, plugin: str, controller: str,
         out += grant("ClusterRole", CD_DAEMON, state, ctx.ns, [
             rule([NVIDIA_RESOURCE], ["computedomains", "computedomains/status"], [*READ, "update", "patch"]),
             rule([NVIDIA_RESOURCE], ["computedomaincliques"], [*READ, "create", "update", "patch"]),
-            rule([""], ["pods"], [*READ, "patch"]),
+            rule([""], ["pods"], READ),
         ], CD_DAEMON_ACCOUNT)
+        # it labels its own pod: in this namespace only (NVIDIA's chart grants pods patch cluster-wide,
+        # which the operator would have to hold too); the chart's gpu-operator-operand-pods admission
+        # policy holds it to its own pod's metadata
+        out += grant("Role", CD_DAEMON, state, ctx.ns, [rule([""], ["pods"], ["patch"])], CD_DAEMON_ACCOUNT)
         out += grant("Role", plugin, state, ctx.ns, [rule([NVIDIA_RESOURCE], ["computedomaincliques"], ["get"])],
                      plugin)
     if ctx.gate_on("MPSSupport"):  # the plugin starts an MPS control daemon Deployment per shared GPU

@@ -34,9 +34,12 @@ def render(ctx: DRACtx) -> list[Manifest]:
     account = obj("v1", "ServiceAccount", NAME, STATE, ctx.ns)
     account["metadata"]["labels"].update(labels)
     image = validator_image(ctx)
-    check = container("gpu-validation", command=["sh", "-c", "nvidia-smi -L"], image=image)
+    # neither writes a file: read-only root filesystems
+    check = container("gpu-validation", command=["sh", "-c", "nvidia-smi -L"], image=image,
+                      securityContext={"readOnlyRootFilesystem": True})
     main = container(NAME, command=["sh", "-c", "echo all validations are successful; "
-                                                "while true; do sleep 86400; done"], image=image)
+                                                "while true; do sleep 86400; done"], image=image,
+                     securityContext={"readOnlyRootFilesystem": True})
     health = health_container()
     health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
     upsert_env(health, "HEALTH_VALIDATIONS", HEALTH_NO_VALIDATIONS)  # no status files here: the init container checked

@@ -28,6 +28,9 @@ HOST_ROOT = hostpath("host-root", "/")
 HOST_DEV_CHAR = hostpath("host-dev-char", "/dev/char")
 DRIVER_INSTALL_DIR = hostpath("driver-install-dir", "/run/nvidia/driver", "DirectoryOrCreate")
 SYS = hostpath("host-sys", "/sys", "Directory")
+# The host root's sysfs, mounted read-write at /host/sys over a read-only host root: it moves with
+# a custom host root (hostPaths.rootFS), as host-root does (transforms/daemonset.host_root).
+HOST_ROOT_SYS = hostpath("host-root-sys", "/sys", "Directory")
 DEVICE_PLUGINS = hostpath("device-plugin", "/var/lib/kubelet/device-plugins")
 
 

@@ -217,7 +217,8 @@ OPERAND = Operand(
     gate=_gate,
     orphan_pods=lambda ctx: bool(ctx.spec.driver.useNvidiaDriverCRD),
     account=NAME,
-    role_rules=(rule([""], ["configmaps", "secrets"], ["get", "list", "watch"]),),
+    # no Role: the driver container and the driver manager read no ConfigMap or Secret through the
+    # API (the kubelet mounts them), as NVIDIA's driver Role, which grants only the OpenShift SCC
     cluster_rules=(
         rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
         rule([""], ["pods"], ["get", "list", "watch", "delete"]),

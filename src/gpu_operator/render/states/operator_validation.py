@@ -9,6 +9,7 @@ from gpu_operator.api.clusterpolicy import EnvOnly
 from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE
 from gpu_operator.render.objects import (
     NODE_NAME,
+    OPERATOR_NAMESPACE,
     Ctx,
     container,
     env,
@@ -32,7 +33,13 @@ from gpu_operator.render.states._common import (
 )
 from gpu_operator.render.transforms.component import env_upsert
 from gpu_operator.render.transforms.runtime import runtime_class_name
-from gpu_operator.vocabulary import CUDA_WORKLOAD_ENV, CUDA_WORKLOADS, HEALTH_VALIDATIONS, VALIDATIONS_DIR
+from gpu_operator.vocabulary import (
+    CUDA_WORKLOAD_ENV,
+    CUDA_WORKLOADS,
+    HEALTH_REQUESTS_SECRET,
+    HEALTH_VALIDATIONS,
+    VALIDATIONS_DIR,
+)
 
 STATE = "state-operator-validation"
 NAME = "nvidia-operator-validator"
@@ -58,7 +65,9 @@ def health_container() -> dict[str, Any]:
         command=["gpu-operator", "node", "health"],
         args=["--host-root", "/host"],
         env_vars=[copy.deepcopy(NODE_NAME), env("NVIDIA_VISIBLE_DEVICES", "all"), env("HEALTH_METRICS_PORT", str(HEALTH_PORT)),
-                  env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS))],
+                  env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS)),
+                  # where the operator's remediation requests are (docs/health.md, "Who can trigger what")
+                  copy.deepcopy(OPERATOR_NAMESPACE)],
         mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
                 mount("host-run", "/host/run")],
         securityContext={"privileged": True, **ROOT},  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
@@ -166,7 +175,10 @@ OPERAND = Operand(
     gate=always("always enabled"),
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "delete"]),
-                rule(["apps"], ["daemonsets"], ["get", "list"])),
+                rule(["apps"], ["daemonsets"], ["get", "list"]),
+                # the health agent reads the operator's remediation requests: that one Secret, by name;
+                # it never writes it (docs/health.md, "Who can trigger what")
+                rule([""], ["secrets"], ["get", "list", "watch"], [HEALTH_REQUESTS_SECRET])),
     # patch: the health agent's report annotation on its own Node
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
                    # the workload pods' owner is the ClusterPolicy, with blockOwnerDeletion

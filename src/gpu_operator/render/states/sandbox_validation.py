@@ -33,7 +33,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     volumes = [VALIDATIONS, HOST_ROOT, SYS, DRIVER_INSTALL_DIR]
     if restore is not None:  # a vGPU host's VFs, types and MIG mode back before the vGPU manager check
         inits.insert([c["name"] for c in inits].index("vgpu-manager-validation"), restore[0])
-        volumes.append(restore[1])
+        volumes += restore[1]
     main = container(NAME, command=["sh", "-c"], args=["echo all validations are successful; sleep infinity"],
                      mounts=[validations], privileged=True,
                      lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}})

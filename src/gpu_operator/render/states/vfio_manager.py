@@ -23,14 +23,16 @@ from gpu_operator.render.objects import (
     mount,
     obj,
 )
-from gpu_operator.render.operand import DaemonSetDef, Operand, OwnImage, build_daemonset, rule
+from gpu_operator.render.operand import DaemonSetDef, Operand, OwnImage, build_daemonset, rbac, rule
 from gpu_operator.render.result import Manifest
-from gpu_operator.render.states._common import HOST_ROOT, SYS, sandbox
+from gpu_operator.render.states._common import HOST_ROOT, HOST_ROOT_SYS, SYS, _because, _is_on, sandbox
 
 NAME = "nvidia-vfio-manager"
 # The probe (ours): publishes each node's driver source and per-GPU facts (address, vendor:device,
 # name, bound driver) as the annotation nvidia.com/gpu.probe.facts, which the KubeVirt sync reads,
-# and a Warning Event for a host driver on a passthrough GPU. It runs where the vfio manager runs.
+# and a Warning Event for a host driver on a passthrough GPU. It runs on the passthrough nodes (the
+# vfio-manager deploy label) wherever sandbox workloads are on, whatever vfioManager says: with the
+# vfio manager off (GPUs bound to vfio-pci at boot) the KubeVirt sync still needs its facts.
 PROBE = "nvidia-gpu-probe"
 PROBE_INTERVAL_SECONDS = 60
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -43,13 +45,14 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         NAME,
         command=["gpu-operator", "node", "vfio-manage", "reconcile"],
         env_vars=[env("GPU_OPERATOR_HOST_ROOT", "/host"), NODE_NAME, OPERATOR_NAMESPACE],
-        # sysfs writes (driver_override, bind/unbind) go through the host root; modprobe vfio-pci
-        # runs chrooted into it
-        mounts=[mount("host-sys", "/sys"), mount("host-root", "/host", propagation="HostToContainer"),
-                mount("lib-modules", "/lib/modules", readonly=True)],
-        privileged=True,
+        # sysfs writes (driver_override, bind/unbind) go through the host root, read-only but for its
+        # sysfs; modprobe vfio-pci runs chrooted into it (reads only). Writes nothing in its own image.
+        mounts=[mount("host-sys", "/sys"), mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+                mount("host-root-sys", "/host/sys"), mount("lib-modules", "/lib/modules", readonly=True)],
+        securityContext={"privileged": True, "readOnlyRootFilesystem": True},
     )
-    return {"hostPID": True, "containers": [main], "volumes": [HOST_ROOT, SYS, hostpath("lib-modules", "/lib/modules")]}
+    return {"hostPID": True, "containers": [main],
+            "volumes": [HOST_ROOT, SYS, HOST_ROOT_SYS, hostpath("lib-modules", "/lib/modules")]}
 
 
 def _probe_pod(ctx: Ctx, image: str) -> dict[str, Any]:
@@ -60,7 +63,8 @@ def _probe_pod(ctx: Ctx, image: str) -> dict[str, Any]:
                  f"--default-workload={ctx.spec.default_workload()}"],
         env_vars=[env("GPU_OPERATOR_HOST_ROOT", "/host"), NODE_NAME, OPERATOR_NAMESPACE],
         mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
-        securityContext={"privileged": True, "runAsUser": 0},  # reads every process's fds under /host/proc
+        # reads every process's fds under /host/proc; writes nothing in its own image
+        securityContext={"privileged": True, "runAsUser": 0, "readOnlyRootFilesystem": True},
     )
     return {"hostPID": True, "containers": [main], "volumes": [HOST_ROOT]}
 
@@ -79,15 +83,36 @@ PROBE_DS = DaemonSetDef(name=PROBE, deploy="vfio-manager", image=OwnImage("vfioM
 
 
 def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
-    return [build_daemonset(VFIO, operand, ctx), build_daemonset(PROBE_DS, dataclasses.replace(operand, account=PROBE), ctx)]
+    # each with the RBAC it is rendered with (the vfio manager's in _extras, the probe's in
+    # _probe_rbac: both NODE_RULES), so each pod keeps its ServiceAccount token
+    vfio = (dataclasses.replace(operand, account=NAME, cluster_rules=NODE_RULES),) if _is_on(ctx, "vfioManager") else ()
+    probe = dataclasses.replace(operand, account=PROBE, cluster_rules=NODE_RULES)
+    return [*(build_daemonset(VFIO, v, ctx) for v in vfio), build_daemonset(PROBE_DS, probe, ctx)]
+
+
+def _gate(ctx: Ctx) -> tuple[bool, str]:
+    """Sandbox workloads on; the vfio manager with vfioManager on, the probe either way."""
+    on, why = sandbox()(ctx)
+    if not on:
+        return False, why
+    if _is_on(ctx, "vfioManager"):
+        return True, f"{why}, {_because(ctx, 'vfioManager')}"
+    return True, f"{why}, {_because(ctx, 'vfioManager')}: the GPU probe only (the KubeVirt sync reads its facts)"
+
+
+# the vfio manager's own RBAC, rendered with its DaemonSet only: its own Node (read the passthrough
+# list, write the result) and the Event about it
+VFIO_RBAC = Operand(state="state-vfio-manager", gate=_gate, account=NAME, cluster_rules=NODE_RULES)
+
+
+def _extras(ctx: Ctx, state: str) -> list[Manifest]:
+    vfio = rbac(VFIO_RBAC, ctx) if _is_on(ctx, "vfioManager") else []
+    return [*vfio, *_probe_rbac(ctx, state)]
 
 
 OPERAND = Operand(
     state="state-vfio-manager",
-    gate=sandbox("vfioManager"),
-    account=NAME,
-    # its own Node: read the passthrough list, write the result; the Event about it
-    cluster_rules=NODE_RULES,
-    extras=_probe_rbac,
+    gate=_gate,
+    extras=_extras,
     daemonsets=_daemonsets,
 )

@@ -1,0 +1,92 @@
+"""The state NVIDIA's operator v26.7.0 left on a simulator (tests/fixtures/nvidia-v26.7.0, recorded
+by tools/takeover/record.py), put back onto the test control plane as that operator wrote it:
+the ClusterPolicy with its status, the objects it owns (created by a plain create, as NVIDIA's
+operator does, under its field manager), and its labels and annotations on the test's nodes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import Client
+from lightkube.codecs import from_dict
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Node
+from lightkube.types import PatchType
+
+from gpu_operator.kube.client import ClusterPolicyResource
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "nvidia-v26.7.0"
+NAMESPACE_TOKEN = "@NAMESPACE@"
+OWNER_UID_TOKEN = "@UID@"
+NVIDIA_FIELD_MANAGER = "gpu-operator"  # controller-runtime's default: the binary's name
+
+
+def _replace(value: Any, tokens: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        for token, real in tokens.items():
+            value = value.replace(token, real)
+        return value
+    if isinstance(value, list):
+        return [_replace(v, tokens) for v in value]
+    if isinstance(value, dict):
+        return {k: _replace(v, tokens) for k, v in value.items()}
+    return value
+
+
+def read(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((FIXTURE / name).read_text()) if d]
+
+
+@dataclass
+class Loaded:
+    policy_uid: str
+    objects: list[dict[str, Any]]  # as created (namespace and owner uid filled in)
+    nodes: dict[str, str] = field(default_factory=dict)  # recorded node name -> test node
+
+    def named(self, kind: str) -> dict[str, dict[str, Any]]:
+        return {o["metadata"]["name"]: o for o in self.objects if o["kind"] == kind}
+
+
+def _create(kube: Client, obj: dict[str, Any], timeout: float = 90.0) -> None:
+    """Create; an object of the same name still being garbage-collected after an earlier test is
+    waited for."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kube.create(from_dict(obj), field_manager=NVIDIA_FIELD_MANAGER)
+            return
+        except ApiError as err:
+            if err.status.code != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def load(kube: Client, namespace: str, nodes: list[str]) -> Loaded:
+    """NVIDIA's state into `namespace`, its node labels onto `nodes` (in the recorded order)."""
+    tokens = {NAMESPACE_TOKEN: namespace}
+    (policy,) = [d for d in read("policy.yaml") if d["kind"] == "ClusterPolicy"]
+    policy = _replace(policy, tokens)
+    status = policy.pop("status", None)
+    created = kube.create(ClusterPolicyResource(**policy), field_manager=NVIDIA_FIELD_MANAGER)
+    uid = created["metadata"]["uid"]
+    if status:
+        kube.patch(ClusterPolicyResource.Status, policy["metadata"]["name"], {"status": status},
+                   patch_type=PatchType.MERGE, field_manager=NVIDIA_FIELD_MANAGER)
+    tokens[f"{OWNER_UID_TOKEN}-ClusterPolicy-{policy['metadata']['name']}"] = uid
+    objects = [_replace(o, tokens) for o in read("objects.yaml")]
+    for obj in objects:
+        _create(kube, obj)
+    mapping = {}
+    for record, node in zip(recorded_nodes(), nodes, strict=False):
+        mapping[record["name"]] = node
+        kube.patch(Node, node, {"metadata": {"labels": record["labels"], "annotations": record["annotations"]}},
+                   patch_type=PatchType.MERGE, field_manager=NVIDIA_FIELD_MANAGER)
+    return Loaded(uid, objects, mapping)
+
+
+def recorded_nodes() -> list[dict[str, Any]]:
+    return sorted(read("nodes.yaml"), key=lambda r: r["name"])
