@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import kopf
 
@@ -54,6 +54,19 @@ CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, Kind], ...]
     ("v1alpha1", "gpuclusters", "GPUCluster", GPUClusterView, GPUCLUSTERS, Kind.GPU_CLUSTER),
 )
 DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
+# The Node reflector's kind (controllers/reflector.py watches it outside kopf)
+NODES = ("v1", "nodes")
+
+
+class Watched(NamedTuple):
+    """One kind kopf watches: its resource (kopf's (group, version, plural), or (version, plural)
+    for the core group) and the id of the index that fills the read model. Every registration
+    adds its row, and the indices the startup handler takes are read from these rows, so a new
+    watch cannot be forgotten there (tests/unit/controllers/test_watched_kinds.py also holds every
+    row to the chart's list and watch grants)."""
+
+    resource: tuple[str, ...]
+    index_id: str
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -78,7 +91,7 @@ class Watches:
         self.status_written = status_written
         self.indexed = asyncio.Event()
         self.registry = kopf.OperatorRegistry()
-        self._ids: list[str] = [POLICIES, DRIVERS, GPUCLUSTERS, DRIVER_PODS]
+        self.watched: list[Watched] = []
         self._owned: list[OwnedKind] = []
         kopf.on.login(registry=self.registry)(kopflogin.login)
         kopf.on.startup(registry=self.registry)(self._configure)
@@ -96,10 +109,11 @@ class Watches:
             self.watch_owned(owned)
 
     def _configure(self, settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-        missing = [index for index in self._ids if index not in kwargs]
+        ids = [w.index_id for w in self.watched]
+        missing = [index for index in ids if index not in kwargs]
         if missing:  # kopf stopped passing indices to startup handlers: fail loudly, at once
             raise kopf.PermanentError(f"kopf did not pass the indices {missing} to the startup handler")
-        self.model.indices.update({index: kwargs[index] for index in self._ids})
+        self.model.indices.update({index: kwargs[index] for index in ids})
         ours = self.settings
         settings.posting.enabled = False  # status and conditions speak; no kopf events
         settings.scanning.disabled = True  # no cluster-wide CRD/namespace discovery watches
@@ -137,6 +151,7 @@ class Watches:
 
         kopf.index("nvidia.com", version, plural, id=index, registry=self.registry)(indexed)
         kopf.on.event("nvidia.com", version, plural, id=f"{plural}_event", registry=self.registry)(changed)
+        self.watched.append(Watched(("nvidia.com", version, plural), index))
 
     def _watch_driver_pods(self) -> None:
         """Driver pods (any owner, or none: the migration rule looks for orphaned ones)."""
@@ -149,6 +164,7 @@ class Watches:
 
         kopf.index("pods", id=DRIVER_PODS, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
         kopf.on.event("pods", labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
+        self.watched.append(Watched(("v1", "pods"), DRIVER_PODS))
 
     def watch_owned(self, kind: OwnedKind) -> None:
         """Index and watch the objects of one owned kind that carry our managed-by label (the
@@ -166,7 +182,7 @@ class Watches:
         kopf.index(*kind.resource, id=index, labels=managed, registry=self.registry)(indexed)
         kopf.on.event(*kind.resource, id=f"owned_event_{kind.plural}", labels=managed,
                       registry=self.registry)(changed)
-        self._ids.append(index)
+        self.watched.append(Watched(kind.resource, index))
         self._owned.append(kind)
         if kind not in self.model.owned_kinds:
             self.model.owned_kinds.append(kind)
@@ -186,4 +202,4 @@ class Watches:
 
         kopf.index(*resource, id=GFD_FEATURES, registry=self.registry)(indexed)
         kopf.on.event(*resource, id=f"{GFD_FEATURES}_event", registry=self.registry)(changed)
-        self._ids.append(GFD_FEATURES)
+        self.watched.append(Watched(resource, GFD_FEATURES))
