@@ -1,8 +1,9 @@
 """The GPU systems sold now, on the real control plane with the operator (real process): a DGX A100
 takes an A100 MIG layout, a GB200 NVL72 tray refuses a B200 one; GB200 trays are arm64 nodes whose
 operands run there, whose GFD publishes their NVLink clique (the same on the trays of one domain)
-and whose Node gets it through the operator's mirroring (sim/gfd.py, sim/migmanager.py; the facts
-in docs/simulator.md "GPU systems and their sources")."""
+and whose Node gets it through the operator's mirroring; an RTX PRO 6000 server takes a +gfx layout
+and advertises it as a resource of its own (sim/gfd.py, sim/migmanager.py, sim/migresources.py;
+the facts in docs/simulator.md "GPU systems and their sources")."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.support.waiting import wait_for
 MIG_CONFIG = "nvidia.com/mig.config"
 STATE = "nvidia.com/mig.config.state"
 GPU = "nvidia.com/gpu"
+GFX = "nvidia.com/mig-1g.24gb.gfx"
 
 
 def node_of(kube: Client, name: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -26,6 +28,14 @@ def node_of(kube: Client, name: str) -> tuple[dict[str, str], dict[str, str]]:
     capacity = (node.status.capacity if node.status else None) or {}
     return dict((node.metadata.labels if node.metadata else None) or {}), {
         k: str(v) for k, v in capacity.items()
+    }
+
+
+def node_allocatable(kube: Client, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    node = kube.get(Node, name)
+    allocatable = (node.status.allocatable if node.status else None) or {}
+    return dict((node.metadata.labels if node.metadata else None) or {}), {
+        k: str(v) for k, v in allocatable.items()
     }
 
 
@@ -104,3 +114,36 @@ def test_new_systems_run_their_mig_layouts_cliques_and_arch(
     )
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-GB200-MIG-1g.23gb"
     assert labels[shapes.GPU_CLIQUE] in cliques  # the fabric stays with MIG on
+
+
+def test_rtx_pro_6000_advertises_its_gfx_profile_under_mixed(
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+) -> None:
+    """A profile with NVML's attribute suffix (+gfx) is a resource of its own under the device
+    plugin's mixed strategy: 4 x 1g.24gb+gfx on each of 8 GPUs, nvidia.com/mig-1g.24gb.gfx: 32."""
+    node = fake_nodes("rtx-pro-6000:1")[0]
+    operator = start_operator()
+    cluster_policies({"mig": {"strategy": "mixed"}, "migManager": {"config": {"default": "all-disabled"}}})
+    wait_for(
+        f"{node}: the MIG manager's all-disabled and 8 full GPUs",
+        lambda: node_allocatable(kube, node),
+        until=lambda s: s[0].get(STATE) == "success" and s[1].get(GPU) == "8",
+        timeout=240,
+        context=operator.log_text,
+    )
+    kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.24gb.gfx"}}})
+    labels, allocatable = wait_for(
+        "all-1g.24gb.gfx on the RTX PRO 6000",
+        lambda: node_allocatable(kube, node),
+        timeout=240,
+        context=operator.log_text,
+        # the device plugin's resource and GFD's labels (which the operator mirrors) arrive apart
+        until=lambda s: s[0].get(STATE) == "success" and s[1].get(GFX) == "32" and s[0].get(f"{GFX}.count") == "32",
+    )
+    assert allocatable.get(GPU, "0") == "0", allocatable  # every GPU has MIG on: no full GPU left
+    assert labels[f"{GFX}.product"] == "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition-MIG-1g.24gb.gfx"
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+

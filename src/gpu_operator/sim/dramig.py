@@ -21,7 +21,8 @@ Facts (NVIDIA/k8s-dra-driver-gpu, v0.4.0 and main at v0.5.0-dev, commit 22407113
   H100 80GB, NVIDIA's MIG user guide ("H100 MIG profiles"): 1g.10gb 19, 1g.10gb+me 20, 1g.20gb 15,
   2g.20gb 14, 3g.40gb 9, 4g.40gb 5, 7g.80gb 0 (the driver's own examples name gpu-2-mig-1g24gb-19-0
   and gpu-1-mig-2g47gb-14-0, partitions.go and device_state.go); by kind the same on the A100 40GB,
-  B200 and GB200 (1g.5gb/1g.23gb 19, their +me 20, 1g.45gb/1g.47gb 15, ...). Placements are in memory
+  B200 and GB200 (1g.5gb/1g.23gb 19, their +me 20, 1g.45gb/1g.47gb 15, ...); a 4-slot model's
+  profiles carry their own (the RTX PRO 6000's 1g.24gb 14, 1g.24gb+gfx 47, ..., sim/migprofiles.py). Placements are in memory
   slices (8 on an H100): a 1g.10gb at slot s spans slice s, a 2g.20gb 2 slices, a 3g/4g 4, a 7g 8.
 """
 
@@ -59,6 +60,8 @@ def rfc1123(name: str) -> str:
 
 
 def gi_profile_id(profile: Profile) -> int:
+    if profile.profile_id is not None:  # the model's own table (the RTX PRO 6000's, sim/migprofiles.py)
+        return profile.profile_id
     found = GI_PROFILE_IDS.get((profile.slices, profile.memory_slices, "+me" in profile.name))
     if found is None:
         raise KeyError(f"no GPU instance profile ID known for MIG profile {profile.name!r}: add it to GI_PROFILE_IDS")

@@ -170,7 +170,8 @@ def apply(entries: list[Entry], gpus: list[GpuMig]) -> list[GpuMig]:
             out.append(GpuMig(gpu.index, gpu.device_id, gpu.uuid, False, ()))
             continue
         placed = migprofiles.place(model, counts)
-        instances = sorted((Instance(p, s, migprofiles.gi_id(p, s)) for p, s in placed), key=lambda i: i.gi)
+        instances = sorted((Instance(p, s, migprofiles.gi_id(p, s, model.compute_slots)) for p, s in placed),
+                           key=lambda i: i.gi)
         out.append(GpuMig(gpu.index, gpu.device_id, gpu.uuid, True, tuple(instances)))
     return out
 
@@ -187,9 +188,10 @@ def from_json(raw: list[dict[str, Any]]) -> list[GpuMig]:
         instances = []
         for i in g.get("instances") or []:
             profile = model.profile(i["profile"]) if model else None
-            if profile is None:
+            if model is None or profile is None:
                 raise LayoutError(f"GPU {g['index']}: unknown MIG profile {i['profile']!r} in the saved state")
-            instances.append(Instance(profile, int(i["start"]), migprofiles.gi_id(profile, int(i["start"]))))
+            start = int(i["start"])
+            instances.append(Instance(profile, start, migprofiles.gi_id(profile, start, model.compute_slots)))
         out.append(GpuMig(int(g["index"]), str(g["device_id"]), str(g["uuid"]), bool(g["enabled"]),
                           tuple(sorted(instances, key=lambda x: x.gi))))
     return out

@@ -20,8 +20,35 @@ Facts (read for facts only):
   the same GB100 die; its memory the profile name's GiB). Every one of them has 7 compute slots and
   8 memory slices, with the H100's placements.
 - The GPU instance IDs NVML gives by placement (7g: 0; 3g/4g at slot 0: 1, 3g at slot 4: 2; 2g at
-  slot 0/2/4: 3/4/5; 1g at slot s: 7+s), as `nvidia-smi mig -lgi` shows them on A100/H100; one
-  compute instance (ID 0) spans each GPU instance, as mig-parted creates them.
+  slot 0/2/4: 3/4/5; 1g at slot s: 7+s), as `nvidia-smi mig -lgi` shows them on A100/H100; on a GPU
+  of 4 compute slots (A30, RTX PRO 6000) 4g: 0, 2g at slot 0/2: 1/2, 1g at slot s: 3+s, as
+  `nvidia-smi mig -lgi` shows them on an A30 (1g.6gb at 0..3: 3..6, 2g.12gb at 2: 2) and on an RTX
+  PRO 6000 (1g.24gb: 3..6, 2g.48gb at 0: 1); one compute instance (ID 0) spans each GPU instance,
+  as mig-parted creates them.
+- The RTX PRO 6000 Blackwell Server Edition (GB202, compute capability 12.0, 96GB, PCI device 0x2BB5;
+  all its editions have the same profiles), the first model whose profiles carry NVML's attribute
+  suffixes (`+gfx` graphics, `+me` / `+me.all` media extensions, `-me` none), which NVIDIA's device
+  plugin v0.20 advertises as resources of their own (`migresources`). NVIDIA/mig-parted's config
+  builder test (pkg/mig/builder/builder_test.go, `gpuProfiles["RTX-PRO-6000"]`, device 0x2BB510DE):
+  4 compute slots and the profiles with how many fit: 1g.24gb 4, 1g.24gb+me 1, 1g.24gb+gfx 4,
+  1g.24gb+me.all 1, 1g.24gb-me 4, 2g.48gb 2, 2g.48gb+gfx 2, 2g.48gb+me.all 1, 2g.48gb-me 2, 4g.96gb 1,
+  4g.96gb+gfx 1. NVIDIA's MIG user guide: "Supported GPUs" (the model, GB202, 12.0, 96GB, at most
+  4 instances), "Getting Started with MIG" (MIG needs driver R575, >= 575.51.03) and "Supported MIG
+  Profiles", the RTX PRO 6000 table: per profile the NVDEC, NVENC, JPEG and OFA engines (1g 1/1/1/0,
+  +me 1/1/1/1, +gfx as the plain profile, +me.all 4/4/4/1, -me none; 2g 2/2/2/0, 2g +me.all
+  4/4/4/1; 4g 4/4/4/1) and copy engines (1, 2, 4). Multiprocessors (46, 94, 188), the GPU instance
+  profile IDs (1g.24gb 14, +me 21, +gfx 47, +me.all 65, -me 67; 2g.48gb 5, +gfx 35, +me.all 64,
+  -me 66; 4g.96gb 0, +gfx 32) and memory (23.62, 47.38 and 95.12 GiB) as `nvidia-smi mig -lgip`
+  prints them on the Server Edition (published captures of its output, not an NVIDIA document; the
+  GPU instance IDs above from the same captures of `-lgi`); memory_mb is those GiB read as eighths
+  (24192 MiB = 23.625 GiB, what CUDA reports for a 1g.24gb device; 48512 = 47.375; 97408 = 95.125).
+  Assumptions (no NVIDIA source states them): 4 memory slices, one per compute slot (1g takes 1,
+  2g 2, 4g 4); placements on the compute slots (1g at 0..3, 2g at 0 and 2, 4g at 0), where NVML
+  counts placements in finer units (`nvidia-smi mig -lgipp` prints {0,3,6,9}:3, {0,6}:6, {0}:12), so
+  a MIG device's placement start here (and in the DRA driver's device names, `dramig`) is the
+  compute slot, not NVML's unit; the instances of one GPU share its media engines, the 4g
+  profile's 4 NVDEC, 4 NVENC, 4 JPEG and 1 OFA (+me.all takes them all), so at most one +me or
+  +me.all instance fits a GPU and +me.all leaves no engine to an instance that needs one.
 """
 
 from __future__ import annotations
@@ -43,6 +70,9 @@ class Profile:
     jpeg: int
     ofa: int
     starts: tuple[int, ...]  # placement start slots (each `slices` wide)
+    # NVML's GPU instance profile ID where the model's table gives it (None: the DRA driver's IDs
+    # by the profile's kind, `dramig.GI_PROFILE_IDS`)
+    profile_id: int | None = None
 
     @property
     def resource_suffix(self) -> str:
@@ -56,6 +86,8 @@ class Model:
     compute_slots: int
     memory_slices: int
     profiles: tuple[Profile, ...]
+    # the decoders, encoders, JPEG and OFA engines the GPU's instances share (None: not checked)
+    media: tuple[int, int, int, int] | None = None
 
     def profile(self, name: str) -> Profile | None:
         return next((p for p in self.profiles if p.name == name), None)
@@ -102,9 +134,36 @@ _B200 = _seven_slot("NVIDIA B200", ("23gb", "23gb+me", "45gb", "45gb", "90gb", "
 _GB200 = _seven_slot("NVIDIA GB200", ("23gb", "23gb+me", "47gb", "47gb", "93gb", "93gb", "186gb"),
                      (23552, 23552, 48128, 48128, 95232, 95232, 190464), **_B200_ENGINES)
 
+
+
+def _four_slot(name: str, size: int, memory_mb: tuple[int, int, int], sms: tuple[int, int, int],
+               media: tuple[int, int, int, int], profiles: tuple[tuple[str, int, int, int, int, int, int], ...]
+               ) -> Model:
+    """A model of 4 compute slots and 4 memory slices (1g at slots 0..3, 2g at 0 and 2, 4g at 0) whose
+    1g profile holds `size` GB. `profiles`: (g and the attribute suffix, how many fit, NVDEC,
+    NVENC, JPEG, OFA, NVML's profile ID); `media`: the engines the instances share."""
+    starts = {1: (0, 1, 2, 3), 2: (0, 2), 4: (0,)}
+    index = {1: 0, 2: 1, 4: 2}
+    out = []
+    for spec, count, decoder, encoder, jpeg, ofa, profile_id in profiles:
+        g = int(spec[0])
+        i = index[g]
+        out.append(Profile(f"{g}g.{g * size}gb{spec[1:]}", g, g, count, memory_mb[i], sms[i], g, decoder,
+                           encoder, jpeg, ofa, starts[g], profile_id))
+    return Model(name, 4, 4, tuple(out), media)
+
+
+_RTX_PRO_6000 = _four_slot(
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition", 24, (24192, 48512, 97408), (46, 94, 188), (4, 4, 4, 1), (
+        ("1", 4, 1, 1, 1, 0, 14), ("1+me", 1, 1, 1, 1, 1, 21), ("1+gfx", 4, 1, 1, 1, 0, 47),
+        ("1+me.all", 1, 4, 4, 4, 1, 65), ("1-me", 4, 0, 0, 0, 0, 67),
+        ("2", 2, 2, 2, 2, 0, 5), ("2+gfx", 2, 2, 2, 2, 0, 35), ("2+me.all", 1, 4, 4, 4, 1, 64),
+        ("2-me", 2, 0, 0, 0, 0, 66),
+        ("4", 1, 4, 4, 4, 1, 0), ("4+gfx", 1, 4, 4, 4, 1, 32)))
+
 # PCI device ID (lower-case hex, vendor 10de) -> the model's MIG profiles
 MODELS: dict[str, Model] = {"2330": _H100_80GB, "20b0": _A100_40GB, "20b2": _A100_80GB,
-                            "2901": _B200, "2941": _GB200}
+                            "2901": _B200, "2941": _GB200, "2bb5": _RTX_PRO_6000}
 
 
 def model(device_id: str) -> Model | None:
@@ -116,8 +175,13 @@ def model(device_id: str) -> Model | None:
     return MODELS.get(key)
 
 
-def gi_id(profile: Profile, start: int) -> int:
-    """The GPU instance ID NVML gives an instance of `profile` placed at `start`."""
+def gi_id(profile: Profile, start: int, compute_slots: int = 7) -> int:
+    """The GPU instance ID NVML gives an instance of `profile` placed at `start` on a GPU of
+    `compute_slots` (7: A100, H100, B200; 4: A30, RTX PRO 6000)."""
+    if compute_slots == 4:
+        return {4: 0, 2: 1 + start // 2}.get(profile.slices, 3 + start)
+    if compute_slots != 7:
+        raise ValueError(f"no GPU instance IDs known for a GPU of {compute_slots} compute slots")
     if profile.slices == 7:
         return 0
     if profile.slices in (3, 4):
@@ -147,6 +211,11 @@ def place(m: Model, wanted: dict[str, int]) -> list[tuple[Profile, int]]:
     memory = sum(p.memory_slices for p in items)
     if memory > m.memory_slices:
         raise LayoutError(f"{_describe(wanted)} needs {memory} memory slices; {m.name} has {m.memory_slices}")
+    if m.media is not None:
+        needs = tuple(sum(getattr(p, e) for p in items) for e in ("decoder", "encoder", "jpeg", "ofa"))
+        if any(n > has for n, has in zip(needs, m.media, strict=True)):
+            raise LayoutError(f"{_describe(wanted)} needs {_engines(needs)}; the instances of {m.name} "
+                              f"share {_engines(m.media)}")
     items.sort(key=lambda p: (-p.slices, -p.memory_slices, p.name))
     used = [False] * m.compute_slots
     out: list[tuple[Profile, int]] = []
@@ -176,3 +245,7 @@ def place(m: Model, wanted: dict[str, int]) -> list[tuple[Profile, int]]:
 
 def _describe(wanted: dict[str, int]) -> str:
     return ", ".join(f"{n} x {p}" for p, n in wanted.items())
+
+
+def _engines(counts: tuple[int, ...]) -> str:
+    return ", ".join(f"{n} {e}" for n, e in zip(counts, ("NVDEC", "NVENC", "JPEG", "OFA"), strict=True))

@@ -27,6 +27,8 @@ EXPECTED = {
     "dgx-b200": ("NVIDIA-B200", "8", "true", "183359", "blackwell", "10", "0", "DGXB200"),
     # no node name: no fabric position, so no gpu.clique (tests/unit/sim/test_new_systems.py)
     "gb200-nvl72": ("NVIDIA-GB200", "4", "true", "189471", "blackwell", "10", "0", "unknown"),
+    "rtx-pro-6000": ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition", "8", "true", "97887", "blackwell", "12", "0",
+                     "PowerEdge-XE7740"),
 }
 
 
@@ -70,7 +72,7 @@ def test_a_created_node_carries_no_gfd_label_nor_gpu_capacity(name: str) -> None
 
 
 @pytest.mark.parametrize(("name", "device"), [("dgx-h100", "2330"), ("a10", "2236"), ("host-driver", "26b9"),
-                                              ("vfio-passthrough", "2330")])
+                                              ("vfio-passthrough", "2330"), ("rtx-pro-6000", "2bb5")])
 def test_nfd_pci_labels(name: str, device: str) -> None:
     labels = shapes.load(name).labels("n")
     assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
