@@ -16,9 +16,9 @@ from lightkube.resources.core_v1 import Node
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.healthpolicy import HealthSpec
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.units.health import HealthUnit
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT

@@ -21,7 +21,7 @@ import yaml
 
 from gpu_operator import __version__
 from gpu_operator.admin import redact
-from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
+from gpu_operator.controllers.views import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.pages import Answer
 from gpu_operator.kube.reach import Unreachable

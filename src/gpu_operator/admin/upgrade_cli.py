@@ -32,8 +32,8 @@ CLUSTER_POLICY_API, NVIDIA_DRIVER_API = "nvidia.com/v1", "nvidia.com/v1alpha1"
 
 async def _active_policy(kube: Kube) -> dict[str, Any]:
     """The active ClusterPolicy's body, by the operator's own rule (controllers/queries.py)."""
-    from gpu_operator.controllers.cache import ClusterPolicyView
     from gpu_operator.controllers.queries import active_policy
+    from gpu_operator.controllers.views import ClusterPolicyView
     active = active_policy(ClusterPolicyView.of(p) for p in await kube.list_dicts(CLUSTER_POLICY_API, CLUSTER_POLICY))
     if active is None:
         typer.echo("no ClusterPolicy: driver upgrades follow ClusterPolicy spec.driver.upgradePolicy; create one",

@@ -29,7 +29,7 @@ DEFAULT_STARTUP_TAINT = f"{CA_STARTUP_TAINT_PREFIX}nvidia-gpu-not-validated"
 # the autoscaler count such a node as starting, as NVIDIA's cluster-autoscaler example does
 # (NVIDIA/gpu-operator examples/cluster-autoscaler, pull request 2573).
 READINESS_TAINT_PREFIX = "readiness.k8s.io/"
-# The taint keys the operator may remove: those it reads from the Node view (controllers/cache.py).
+# The taint keys the operator may remove: those it reads from the Node view (controllers/views.py).
 OUR_TAINT_PREFIXES = (CA_STARTUP_TAINT_PREFIX, READINESS_TAINT_PREFIX, "nvidia.com/")
 
 # The escalation, mildest first. `external` hands the node to another controller (handoff label).

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from gpu_operator.controllers.cache import OWNED_KINDS, object_key
+from gpu_operator.controllers.views import OWNED_KINDS, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 

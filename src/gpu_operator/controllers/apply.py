@@ -18,8 +18,8 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import adopt
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.cache import CRView, OwnedView, desired_hash, object_key
 from gpu_operator.controllers.loop import Result
+from gpu_operator.controllers.views import CRView, OwnedView, desired_hash, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderResult
 from gpu_operator.vocabulary import HASH_ANNOTATION

@@ -15,13 +15,6 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import kubevirt, runtimes
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
-from gpu_operator.controllers.cache import (
-    OWNED_KINDS,
-    ClusterPolicyView,
-    NodeView,
-    OwnedView,
-    object_key,
-)
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.nodelabels import has_gpu
@@ -29,6 +22,13 @@ from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.queries import active_policy, validation_message
 from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys, plugin_config_hash
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import (
+    OWNED_KINDS,
+    ClusterPolicyView,
+    NodeView,
+    OwnedView,
+    object_key,
+)
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.render.facts import NodeFacts
@@ -105,7 +105,7 @@ class ClusterPolicyReconciler:
             return await self._finish(report, active, snap, st.Outcome.failed(
                 st.conflict_message(snap.gpuclusters[0], active.name)))
         try:
-            policy = active.parsed.valid()  # parsed once per version (controllers/cache.py)
+            policy = active.parsed.valid()  # parsed once per version (controllers/views.py)
             facts = await policy_facts(
                 self.kube, policy, [n.facts for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.k8s_version, operator_env=self.images, openshift=bool(snap.openshift_version),

@@ -26,16 +26,16 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.api.gpucluster import KIND, SINGLETON, VERSION
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applied, Applier, OwnedKey, owner_reference
-from gpu_operator.controllers.cache import (
+from gpu_operator.controllers.environment import operator_env_now
+from gpu_operator.controllers.queries import active_policy, validation_message
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import (
     OWNED_KINDS,
     ClusterPolicyView,
     GPUClusterView,
     OwnedView,
     object_key,
 )
-from gpu_operator.controllers.environment import operator_env_now
-from gpu_operator.controllers.queries import active_policy, validation_message
-from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.kube.crdowners import LeftCRD, owned_elsewhere
 from gpu_operator.render import RenderError

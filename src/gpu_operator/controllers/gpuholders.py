@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.controllers.cache import ClusterPolicyView
+from gpu_operator.controllers.views import ClusterPolicyView
 from gpu_operator.render.states.prerequisites import CDI_CLASSES
 
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")

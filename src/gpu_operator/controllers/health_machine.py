@@ -23,7 +23,7 @@ from gpu_operator.api.health import HealthReport, ReportError
 from gpu_operator.api.healthpolicy import RemediationSpec
 from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import HEALTH_ANNOTATION_PREFIX, NodeView
+from gpu_operator.controllers.views import HEALTH_ANNOTATION_PREFIX, NodeView
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_REASON_ANNOTATION,

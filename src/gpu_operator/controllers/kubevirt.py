@@ -12,7 +12,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.render import kubevirt as kv
 from gpu_operator.vocabulary import KUBEVIRT_FIELD_MANAGER

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gfdlabels import mirrored
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeChange, NodeDriver, desired_change
 from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION
 

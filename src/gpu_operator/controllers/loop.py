@@ -35,7 +35,7 @@ from gpu_operator.controllers.leader import log_pass_failure
 from gpu_operator.controllers.settings import Backoff
 
 if TYPE_CHECKING:
-    from gpu_operator.controllers.cache import NodeView
+    from gpu_operator.controllers.views import NodeView
 
 log = logging.getLogger("gpu_operator.controllers")
 

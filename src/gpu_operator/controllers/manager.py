@@ -15,7 +15,6 @@ from collections.abc import Callable
 import kopf
 
 from gpu_operator.controllers import metrics
-from gpu_operator.controllers.cache import SERVICE_MONITOR, NodeView
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.health_dra import DeviceTaints
@@ -30,6 +29,7 @@ from gpu_operator.controllers.units.labels import LabelUnit
 from gpu_operator.controllers.units.mig import MIGUnit
 from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
 from gpu_operator.controllers.units.upgrade import UpgradeUnit
+from gpu_operator.controllers.views import SERVICE_MONITOR, NodeView
 from gpu_operator.controllers.watches import Watches
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.configwatch import ConfigMapWatch

@@ -16,14 +16,6 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
-from gpu_operator.controllers.cache import (
-    OWNED_KINDS,
-    ClusterPolicyView,
-    NodeView,
-    NVIDIADriverView,
-    OwnedView,
-    object_key,
-)
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.loop import Result
@@ -31,6 +23,14 @@ from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.queries import active_policy, effective_owners, parse_drivers, routing_of
 from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import (
+    OWNED_KINDS,
+    ClusterPolicyView,
+    NodeView,
+    NVIDIADriverView,
+    OwnedView,
+    object_key,
+)
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
 from gpu_operator.render.driverowners import Routing, conflict_message

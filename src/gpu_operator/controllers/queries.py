@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pydantic
 
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverUpgradePolicy
-from gpu_operator.controllers.cache import ClusterPolicyView, DriverPodView, NodeView, NVIDIADriverView
 from gpu_operator.controllers.nodelabels import NodeDriver
+from gpu_operator.controllers.views import ClusterPolicyView, DriverPodView, NodeView, NVIDIADriverView
 from gpu_operator.render.driverowners import Routing, route
 from gpu_operator.vocabulary import DRIVER_OWNER
 

@@ -22,7 +22,10 @@ from gpu_operator.api.gpucluster import SINGLETON
 from gpu_operator.api.gpucluster import VERSION as GPUCLUSTER_VERSION
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.api.nvidiadriver import NVIDIADriver
-from gpu_operator.controllers.cache import (
+from gpu_operator.controllers.nodelabels import NodeDriver
+from gpu_operator.controllers.queries import active_policy, node_drivers, parse_drivers
+from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.views import (
     OWNED_KINDS,
     ClusterPolicyView,
     DriverPodView,
@@ -33,9 +36,6 @@ from gpu_operator.controllers.cache import (
     OwnedView,
     first,
 )
-from gpu_operator.controllers.nodelabels import NodeDriver
-from gpu_operator.controllers.queries import active_policy, node_drivers, parse_drivers
-from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.configwatch import content_hash
 from gpu_operator.kube.platform import platform_name, read_openshift_version

@@ -9,8 +9,8 @@ import time
 
 import httpx2
 
-from gpu_operator.controllers.cache import NodeView, gpu_condition, kept_taints, mig_condition
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
+from gpu_operator.controllers.views import NodeView, gpu_condition, kept_taints, mig_condition
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
 

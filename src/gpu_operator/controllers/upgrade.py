@@ -15,11 +15,11 @@ from prometheus_client import Gauge
 
 from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import DriverPodView, NodeView, config_digest, pod_ready
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade_owners import Owner
+from gpu_operator.controllers.views import DriverPodView, NodeView, config_digest, pod_ready
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (
     UPGRADE_EVENT_REASON,

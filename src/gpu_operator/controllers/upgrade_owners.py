@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import ClusterPolicyView, NodeView, NVIDIADriverView
 from gpu_operator.controllers.queries import parse_drivers, upgrade_groups
+from gpu_operator.controllers.views import ClusterPolicyView, NodeView, NVIDIADriverView
 from gpu_operator.vocabulary import UPGRADE_PAUSED_ANNOTATION
 
 

@@ -12,16 +12,6 @@ from typing import Any, NamedTuple, cast
 import kopf
 
 from gpu_operator.controllers import kopflogin
-from gpu_operator.controllers.cache import (
-    OWNED_KINDS,
-    ClusterPolicyView,
-    CRView,
-    DriverPodView,
-    GPUClusterView,
-    NVIDIADriverView,
-    OwnedKind,
-    OwnedView,
-)
 from gpu_operator.controllers.echoes import StatusEchoes
 from gpu_operator.controllers.gfdlabels import gfd_node_of
 from gpu_operator.controllers.loop import Event, Kind, ObjectEvent
@@ -36,6 +26,16 @@ from gpu_operator.controllers.readmodel import (
 )
 from gpu_operator.controllers.reflector import interned
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import (
+    OWNED_KINDS,
+    ClusterPolicyView,
+    CRView,
+    DriverPodView,
+    GPUClusterView,
+    NVIDIADriverView,
+    OwnedKind,
+    OwnedView,
+)
 from gpu_operator.vocabulary import (
     COMPONENT,
     DRIVER_COMPONENT_VALUE,

@@ -18,7 +18,7 @@ from gpu_operator.admin.diff import (
     _policy_view,
     comparable,
 )
-from gpu_operator.controllers.cache import ClusterPolicyView
+from gpu_operator.controllers.views import ClusterPolicyView
 from gpu_operator.kube.client import ObjectKey
 
 LIVE: dict[str, Any] = {

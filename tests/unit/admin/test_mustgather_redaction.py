@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from gpu_operator.admin import mustgather, redact
 from gpu_operator.cli import app
-from gpu_operator.controllers.cache import OWNED_KINDS, SERVICE_MONITOR
+from gpu_operator.controllers.views import OWNED_KINDS, SERVICE_MONITOR
 from gpu_operator.vocabulary import PROBE_FACTS_ANNOTATION
 from tests.support.fakeapi import Answer, kubeconfig, serve
 

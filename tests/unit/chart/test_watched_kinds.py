@@ -16,9 +16,9 @@ import yaml
 from lightkube.core.resource import NamespacedResource
 from lightkube.core.resource import Resource as LightkubeResource
 
-from gpu_operator.controllers.cache import SERVICE_MONITOR
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import SERVICE_MONITOR
 from gpu_operator.controllers.watches import NODES, Watched, Watches
 from tests.support.chart import Rendered, find
 from tests.support.permissions import covers, expand

@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 from lightkube.core.exceptions import ApiError
 
-from gpu_operator.controllers.cache import NodeView
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.pages import Evicted
 from gpu_operator.kube.resources import ObjectKey
 

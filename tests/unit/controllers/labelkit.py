@@ -1,13 +1,13 @@
 """Label policies for node-labelling tests, built the way the operator builds them: the
-ClusterPolicy's view parsed by the api model (controllers/cache.py), then LabelPolicy.of its spec
+ClusterPolicy's view parsed by the api model (controllers/views.py), then LabelPolicy.of its spec
 (controllers/units/labels.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.controllers.cache import ClusterPolicyView
 from gpu_operator.controllers.nodelabels import LabelPolicy
+from gpu_operator.controllers.views import ClusterPolicyView
 
 
 def policy_of(spec: dict[str, Any]) -> LabelPolicy | None:

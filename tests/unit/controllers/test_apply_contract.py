@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
-from gpu_operator.controllers.cache import (
+from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.views import (
     OWNED_KINDS,
     SERVICE_MONITOR,
     ClusterPolicyView,
     NodeView,
     OwnedView,
 )
-from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.kube.client import ObjectKey
 from gpu_operator.render import RenderResult, StateResult, render
 from gpu_operator.vocabulary import STATE_LABEL
@@ -51,7 +51,7 @@ def test_every_kind_the_renderer_emits_is_watched_or_remembered(openshift: bool,
     for spec in ({}, EVERYTHING_ON, {"operator": {"use_ocp_driver_toolkit": False}, **EVERYTHING_ON}):
         result = render(policy(spec), facts(*shapes, openshift=openshift, servicemonitor_crd=True))
         emitted = {o["kind"] for o in result.objects()}
-        assert emitted <= watched | REMEMBERED_ONLY, f"add {emitted - watched} to OWNED_KINDS (controllers/cache.py)"
+        assert emitted <= watched | REMEMBERED_ONLY, f"add {emitted - watched} to OWNED_KINDS (controllers/views.py)"
 
 
 class RecordingKube:

@@ -51,7 +51,7 @@ def test_the_sweep_deletes_only_what_the_owner_controls_unlabelled_and_unrendere
     import asyncio
 
     from gpu_operator.controllers import adopt
-    from gpu_operator.controllers.cache import object_key
+    from gpu_operator.controllers.views import object_key
 
     kube = ListingKube([
         role("nvidia-driver", "policy-uid"),  # NVIDIA's, not rendered by us: deleted

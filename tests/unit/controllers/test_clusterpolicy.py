@@ -7,8 +7,8 @@ import pytest
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers.apply import with_ownership
-from gpu_operator.controllers.cache import ClusterPolicyView, NodeView, OwnedView
 from gpu_operator.controllers.queries import active_policy, validation_message
+from gpu_operator.controllers.views import ClusterPolicyView, NodeView, OwnedView
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
 

@@ -77,10 +77,10 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
     from dataclasses import replace as dc_replace
     from typing import Any
 
-    from gpu_operator.controllers.cache import NodeView
     from gpu_operator.controllers.readmodel import ReadModel
     from gpu_operator.controllers.settings import OperatorSettings
     from gpu_operator.controllers.units.labels import LabelUnit
+    from gpu_operator.controllers.views import NodeView
 
     held = {"status": {"allocation": {"devices": {"results": [
         {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0", "request": "gpu"}]}},

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gfdlabels import gfd_change, gfd_node_of, mirrored, written
 from gpu_operator.controllers.labeller import _describe
 from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.render.states.mig_manager import LAYOUTS, mig_capable_devices
 from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION, MIG_CONFIG, MIG_MANAGER, deploy_label
 

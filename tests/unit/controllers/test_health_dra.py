@@ -204,8 +204,8 @@ def test_the_newest_served_version_of_device_taint_rule(rules: list[str], slices
 
 
 def test_the_health_settings_of_either_stack() -> None:
-    from gpu_operator.controllers.cache import ClusterPolicyView, GPUClusterView
     from gpu_operator.controllers.readmodel import GPUCLUSTERS, POLICIES, ReadModel
+    from gpu_operator.controllers.views import ClusterPolicyView, GPUClusterView
 
     def cluster(deleting: bool = False) -> GPUClusterView:
         meta: dict[str, Any] = {"name": "gpu-cluster", "uid": "u-1"}

@@ -171,7 +171,7 @@ def test_release_never_removes_the_agents_report() -> None:
     """The report shares the machine's annotation prefix (nvidia.com/gpu-health.): it is the
     agent's, not the machine's memory, so a release must leave it (without it the node's condition
     would go and a quiet agent would not write it again)."""
-    from gpu_operator.controllers.cache import NodeView
+    from gpu_operator.controllers.views import NodeView
     from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, HEALTH_STATE
 
     healthy = rep(None, at=NOW + 1).model_dump_json(exclude_defaults=True)

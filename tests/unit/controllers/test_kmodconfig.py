@@ -55,7 +55,7 @@ def test_a_missing_configmap_reads_as_none() -> None:
 
 
 def test_the_operators_node_cache_keeps_what_the_rule_reads() -> None:
-    from gpu_operator.controllers.cache import NodeView
+    from gpu_operator.controllers.views import NodeView
     from gpu_operator.render.guestnvlink import needs_nvlink_off
 
     [node] = nodes("kubevirt-guest-h100:1")

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY
 
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.loop import (
     Event,
     Kind,
@@ -25,6 +24,7 @@ from gpu_operator.controllers.loop import (
     UnitLoop,
 )
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.views import NodeView
 
 BACKOFF = Backoff(initial=0.01, cap=0.05)
 

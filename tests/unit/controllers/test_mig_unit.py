@@ -15,10 +15,10 @@ import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import mig_rules as mr
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
 from gpu_operator.controllers.units.mig import ECHO_WAIT, MIGUnit, PassReport
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.render.states.mig_manager import default_mig_config
 from gpu_operator.vocabulary import (
     MIG_CONDITION,

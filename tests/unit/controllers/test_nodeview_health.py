@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.reflector import SlimNode, view_of
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
 
 STARTUP = "startup-taint.cluster-autoscaler.kubernetes.io/nvidia-gpu-not-validated"

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.api.nvidiadriver import NVIDIADriver
-from gpu_operator.controllers.cache import DriverPodView, NodeView
 from gpu_operator.controllers.nodelabels import NodeDriver, desired_change
 from gpu_operator.controllers.queries import effective_owners, node_drivers, routing_of, upgrade_groups
+from gpu_operator.controllers.views import DriverPodView, NodeView
 from tests.unit.controllers.labelkit import label_policy
 
 OWNER = "nvidia.com/gpu-operator.driver.owner"

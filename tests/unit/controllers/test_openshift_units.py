@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.controllers.cache import OWNED_KINDS, GPUClusterView
 from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
 from gpu_operator.controllers.readmodel import (
     DRIVERS,
@@ -22,6 +21,7 @@ from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
 from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
+from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from tests.unit.controllers.test_gpucluster_crds import CRDKube
 

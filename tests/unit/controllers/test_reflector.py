@@ -16,9 +16,9 @@ import httpx2
 import pytest
 from lightkube import KubeConfig
 
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.reflector import NodeReflector, view_of
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.linestream import LineStreams
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true", "kubernetes.io/hostname": "x"}

@@ -11,9 +11,9 @@ import pytest
 from gpu_operator.controllers import clusterpolicy
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import ReconcileReport
-from gpu_operator.controllers.cache import ClusterPolicyView
 from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import ClusterPolicyView
 
 
 class StatusKube:

@@ -10,10 +10,10 @@ import msgspec
 
 from gpu_operator.controllers import drain, upgrade, upgrade_owners
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import DriverPodView, NodeView
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
+from gpu_operator.controllers.views import DriverPodView, NodeView
 from gpu_operator.kube import pages
 from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_STATE
 

@@ -14,12 +14,6 @@ from prometheus_client import REGISTRY
 
 from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
 from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.cache import (
-    ClusterPolicyView,
-    DriverPodView,
-    NodeView,
-    NVIDIADriverView,
-)
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import (
     PassPod,
@@ -29,6 +23,12 @@ from gpu_operator.controllers.upgrade import (
     pass_pods,
 )
 from gpu_operator.controllers.upgrade_owners import Owner, clusterpolicy_owner, upgrade_owners
+from gpu_operator.controllers.views import (
+    ClusterPolicyView,
+    DriverPodView,
+    NodeView,
+    NVIDIADriverView,
+)
 from gpu_operator.kube.reads import Reads
 from gpu_operator.vocabulary import DRIVER_OWNER, UPGRADE_PAUSED_ANNOTATION, UPGRADE_STATE
 

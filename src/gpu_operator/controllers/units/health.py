@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
 from gpu_operator.controllers import health_rules as hr
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.health_exec import Executor
@@ -40,6 +39,7 @@ from gpu_operator.controllers.loop import (
     UnitBase,
 )
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (

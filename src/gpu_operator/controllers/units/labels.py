@@ -22,7 +22,6 @@ import time
 from dataclasses import replace
 from typing import Literal
 
-from gpu_operator.controllers.cache import ClusterPolicyView, NodeView
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.gpuholders import claim_holding_nodes
 from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
@@ -30,6 +29,7 @@ from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Pacing, Result
 from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import ClusterPolicyView, NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import DRA_DRIVER_LABEL
 
@@ -105,7 +105,7 @@ class LabelUnit(UnitBase):
         self._looking = (active.uid, active.generation)
         if self._source is not active:  # validated once per ClusterPolicy version
             self._source = active
-            model = active.parsed.model  # parsed once per version (controllers/cache.py)
+            model = active.parsed.model  # parsed once per version (controllers/views.py)
             self._spec_policy = (replace(LabelPolicy.of(model.spec), gfd_mirror=self.settings.gfd_node_labels)
                                  if model is not None else None)
         return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)

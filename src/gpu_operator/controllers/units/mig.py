@@ -27,7 +27,6 @@ import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import mig_rules as mr
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gpuholders import requests_gpu
 from gpu_operator.controllers.loop import (
     Event,
@@ -42,6 +41,7 @@ from gpu_operator.controllers.loop import (
 )
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.resources import ObjectKey

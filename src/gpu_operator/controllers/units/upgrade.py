@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpu_operator.controllers.cache import NodeView
 from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController
 from gpu_operator.controllers.upgrade_owners import upgrade_owners
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import UPGRADE_SKIP, UPGRADE_STATE
 

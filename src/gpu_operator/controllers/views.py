@@ -1,4 +1,5 @@
-"""What the operator keeps in memory per watched object: small views built by kopf index handlers."""
+"""The views of watched objects the read model holds (built by kopf index handlers and the Node
+reflector): only the few facts a unit reads of each, never a cache of whole bodies."""
 
 from __future__ import annotations
 
