@@ -18,9 +18,9 @@ from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, o
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.nodelabels import has_gpu
+from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys, plugin_config_hash
 from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.queries import active_policy, validation_message
-from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys, plugin_config_hash
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
@@ -56,7 +56,7 @@ class Snapshot:
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
     # GPUClusters (names): a ClusterPolicy does not run beside one
     gpuclusters: list[str] = field(default_factory=list)
-    openshift_version: str = ""  # start-up discovery's (controllers/readmodel.py); "" where not OpenShift
+    openshift_version: str = ""  # start-up discovery's (controllers/discovery.py); "" where not OpenShift
 
 
 async def policy_facts(kube: Kube, policy: ClusterPolicy, nodes: list[NodeFacts], *, namespace: str,

@@ -67,7 +67,7 @@ class ClusterSnapshot:
     owned: dict[OwnedKey, OwnedView]
     namespace: str
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
-    openshift: bool = False  # start-up discovery's (controllers/readmodel.py)
+    openshift: bool = False  # start-up discovery's (controllers/discovery.py)
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """The user's kernel-module ConfigMap content, read only when VM guest nodes need it merged
 (render/guestnvlink.py): on a cluster with such nodes, through the reconcile's reads (the same
-ConfigMap's keys are read there too: `readmodel.ReadOnce` GETs it once)."""
+ConfigMap's keys are read there too: `passinputs.ReadOnce` GETs it once)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers.readmodel import ObjectReader
+from gpu_operator.controllers.passinputs import ObjectReader
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.render.guestnvlink import guest_nodes
 

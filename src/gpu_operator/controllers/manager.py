@@ -15,11 +15,12 @@ from collections.abc import Callable
 import kopf
 
 from gpu_operator.controllers import metrics
+from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, UnitBase, UnitLoop
-from gpu_operator.controllers.readmodel import ClusterInfo, ReadModel
+from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit

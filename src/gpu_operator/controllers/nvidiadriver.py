@@ -20,8 +20,8 @@ from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.nodelabels import has_gpu
+from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys
 from gpu_operator.controllers.queries import active_policy, effective_owners, parse_drivers, routing_of
-from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.views import (
     OWNED_KINDS,

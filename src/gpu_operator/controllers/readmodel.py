@@ -2,18 +2,16 @@
 queries over them (controllers/queries.py) answered in one place.
 
 Filled by the Node reflector (nodes) and kopf's indices (our CRs, driver pods, owned objects,
-GPU feature discovery's NodeFeatures), and by start-up discovery (`ClusterInfo`: facts that cost
-one request at start). Units read it; only the manager's watches write it.
+GPU feature discovery's NodeFeatures), and by start-up discovery (controllers/discovery.py,
+`ClusterInfo`: facts that cost one request at start). Units read it; only the manager's watches
+write it. What a pass reads besides it (the user's ConfigMaps) is controllers/passinputs.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.gpucluster import GROUP as GPUCLUSTER_GROUP
@@ -22,9 +20,9 @@ from gpu_operator.api.gpucluster import SINGLETON
 from gpu_operator.api.gpucluster import VERSION as GPUCLUSTER_VERSION
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.api.nvidiadriver import NVIDIADriver
+from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.nodelabels import NodeDriver
 from gpu_operator.controllers.queries import active_policy, node_drivers, parse_drivers
-from gpu_operator.controllers.settings import Backoff
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     ClusterPolicyView,
@@ -36,12 +34,6 @@ from gpu_operator.controllers.views import (
     OwnedView,
     first,
 )
-from gpu_operator.kube.client import Kube
-from gpu_operator.kube.configwatch import content_hash
-from gpu_operator.kube.platform import platform_name, read_openshift_version
-from gpu_operator.vocabulary import NODE_FEATURE_GROUP, NODE_FEATURE_PLURAL
-
-log = logging.getLogger("gpu_operator.operator")
 
 # kopf's index ids, by what they hold
 POLICIES, DRIVERS, GPUCLUSTERS, DRIVER_PODS, GFD_FEATURES = (
@@ -50,61 +42,6 @@ POLICIES, DRIVERS, GPUCLUSTERS, DRIVER_PODS, GFD_FEATURES = (
 
 def owned_index(kind: OwnedKind) -> str:
     return f"owned_{kind.plural}"
-
-
-class DiscoveryError(RuntimeError):
-    """A start-up fact could not be read from the apiserver."""
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    """Cluster facts read once at start: the Kubernetes version (rendering depends on it), the
-    platform (OpenShift and its version: kube/platform.py, the signal NVIDIA's operator reads) and
-    which optional CRDs are served (a CRD installed later is seen at the next start)."""
-
-    k8s_version: str = ""
-    servicemonitor_crd: bool = False
-    node_feature_crd: bool = False
-    openshift_version: str = ""  # "" where the cluster is not OpenShift
-
-    @property
-    def openshift(self) -> bool:
-        return bool(self.openshift_version)
-
-    @classmethod
-    async def read(cls, kube: Kube) -> ClusterInfo:
-        version = await kube.server_version()
-        if not version:
-            raise DiscoveryError("GET /version answered without a gitVersion")
-        monitors = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
-                                       "servicemonitors.monitoring.coreos.com")
-        features = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
-                                       f"{NODE_FEATURE_PLURAL}.{NODE_FEATURE_GROUP}")
-        return cls(version, monitors is not None, features is not None, await read_openshift_version(kube))
-
-    @classmethod
-    async def discover(cls, kube: Kube, stop: asyncio.Event, backoff: Backoff) -> ClusterInfo | None:
-        """Read until it answers: failures are logged with their reason and retried with backoff
-        (there is no made-up fallback; the process stays not ready meanwhile). None when stop was
-        set first."""
-        failures = 0
-        while not stop.is_set():
-            try:
-                info = await cls.read(kube)
-            except Exception as err:
-                failures += 1
-                delay = backoff.delay(failures)
-                log.warning("start-up discovery failed (GET /version, the ServiceMonitor and NodeFeature CRDs, "
-                            "OpenShift's ClusterVersion): %s; not starting the loops, retrying in %.0f s", err, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-                continue
-            log.info("Kubernetes %s; platform %s; ServiceMonitor CRD %s; NodeFeature CRD %s", info.k8s_version,
-                     platform_name(info.openshift_version),
-                     "present" if info.servicemonitor_crd else "absent",
-                     "present" if info.node_feature_crd else "absent")
-            return info
-        return None
 
 
 @dataclass
@@ -210,54 +147,3 @@ class ReadModel:
             return None
         labels: Mapping[str, str] | None = first(store[node])
         return labels
-
-
-class ObjectReader(Protocol):
-    """What reading an object takes: a Kube, or `ReadOnce` over one."""
-
-    async def get_dict(self, api_version: str, kind: str, name: str,
-                       namespace: str | None = None) -> dict[str, Any] | None: ...
-
-
-class ReadOnce:
-    """A Kube's get_dict for one reconcile, each object read at most once: the user's ConfigMaps it
-    needs for keys, content and a hash (one may be named by more than one field) are GET once."""
-
-    def __init__(self, kube: ObjectReader) -> None:
-        self.kube = kube
-        self.seen: dict[tuple[str, str, str, str | None], dict[str, Any] | None] = {}
-
-    async def get_dict(self, api_version: str, kind: str, name: str,
-                       namespace: str | None = None) -> dict[str, Any] | None:
-        key = (api_version, kind, name, namespace)
-        if key not in self.seen:
-            self.seen[key] = await self.kube.get_dict(api_version, kind, name, namespace=namespace)
-        return self.seen[key]
-
-
-async def configmap_keys(kube: ObjectReader, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
-    """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules): the
-    one read a reconcile makes besides the caches (user ConfigMaps are not watched). A missing
-    ConfigMap is left out: rendering then names the field that refers to it."""
-    driver = policy.spec.driver
-    names = {ref for ref in (
-        driver.repoConfig.configMapName if driver.repoConfig else None,
-        driver.certConfig.name if driver.certConfig else None,
-        driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
-    ) if ref}
-    keys: dict[str, tuple[str, ...]] = {}
-    for name in sorted(names):
-        found = await kube.get_dict("v1", "ConfigMap", name, namespace=namespace)
-        if found is not None:
-            keys[name] = tuple(sorted({*(found.get("data") or {}), *(found.get("binaryData") or {})}))
-    return keys
-
-
-async def plugin_config_hash(kube: ObjectReader, policy: ClusterPolicy, namespace: str) -> str:
-    """The hash of the devicePlugin.config ConfigMap's content ("" where none is named or it is
-    missing): read once per reconcile, a change of it is an event (kube/configwatch.py)."""
-    config = policy.spec.devicePlugin.config
-    if config is None or not config.name:
-        return ""
-    found = await kube.get_dict("v1", "ConfigMap", config.name, namespace=namespace)
-    return content_hash(found) if found is not None else ""

@@ -41,7 +41,7 @@ def platform_name(version: str) -> str:
 
 
 async def read_openshift_version(kube: Kube) -> str:
-    """The operator's start-up read (controllers/readmodel.py ClusterInfo): "" where not OpenShift
+    """The operator's start-up read (controllers/discovery.py ClusterInfo): "" where not OpenShift
     (404: no such object, or the group is not served, which the apiserver answers in plain text).
     Raises PlatformError for any other answer (a 403: the chart grants get on clusterversions)."""
     answer = await kube.get_answer(collection_path(GROUP, VERSION, PLURAL, name=NAME))

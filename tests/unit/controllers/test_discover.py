@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpu_operator.controllers.readmodel import ClusterInfo
+from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.pages import Answer

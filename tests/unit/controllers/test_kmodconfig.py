@@ -65,7 +65,7 @@ def test_the_operators_node_cache_keeps_what_the_rule_reads() -> None:
 
 
 def test_one_reconcile_reads_the_kernel_module_configmap_once_for_its_keys_and_its_content() -> None:
-    from gpu_operator.controllers.readmodel import ReadOnce, configmap_keys
+    from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys
 
     kube = StubKube({"kmods": {"data": {"nvidia.conf": "a=1\n"}}})
     policy = ClusterPolicy.model_validate({"metadata": {"name": "p"}, "spec": KMODS})

@@ -8,15 +8,9 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
-from gpu_operator.controllers.readmodel import (
-    DRIVERS,
-    GPUCLUSTERS,
-    POLICIES,
-    ClusterInfo,
-    ReadModel,
-    owned_index,
-)
+from gpu_operator.controllers.readmodel import DRIVERS, GPUCLUSTERS, POLICIES, ReadModel, owned_index
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster import GPUClusterUnit

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpu_operator.controllers.readmodel import ClusterInfo
+from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.pages import Answer
 from gpu_operator.kube.platform import PlatformError, openshift_version, platform_name
