@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ from prometheus_client import Gauge
 
 from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.clock import REAL, Clock
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
@@ -174,8 +174,9 @@ class UpgradeController:
 
     def __init__(self, kube: Kube, namespace: str, nodes: Callable[[], Iterable[NodeView]],
                  settings: OperatorSettings | None = None, *,
-                 driver_pods: Callable[[], Iterable[DriverPodView]]) -> None:
+                 driver_pods: Callable[[], Iterable[DriverPodView]], clock: Clock = REAL) -> None:
         self.kube = kube
+        self.clock = clock
         self.namespace = namespace
         self.nodes = nodes
         self.driver_pods = driver_pods
@@ -199,7 +200,7 @@ class UpgradeController:
         if not self.sent and not self.deleted:
             self.waiting_since = None
             return True
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self.waiting_since = self.waiting_since or now
         if now - self.waiting_since < self.settings.upgrade_view_lag_limit:
             return False
@@ -252,7 +253,7 @@ class UpgradeController:
         """The state machine for one owner's nodes: (its counts, whether an upgrade is under way)."""
         if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
             result = us.plan([us.NodeFacts(v.name, labels=v.selectable)
-                              for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, time.time())
+                              for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, self.clock.wall())
             await self._execute(result.steps, {})
             return result.counts, False
         by_node = drivers_by_node(lists.pods, owner.owner_uid)
@@ -261,7 +262,7 @@ class UpgradeController:
         pods = dict(zip(reading, await asyncio.gather(*(self._pods_on(name, owner.policy) for name in reading)), strict=True))
         facts_list = [node_facts(v, by_node, lists.validators, pods.get(v.name, ())) for v in views.values()]
         managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
-        result = us.plan(managed, owner.policy, time.time(), paused=owner.paused)
+        result = us.plan(managed, owner.policy, self.clock.wall(), paused=owner.paused)
         await self._execute(result.steps, {f.name: f for f in managed})
         busy = any(f.state not in RESTING for f in managed) or any(s.state is not None for s in result.steps)
         return result.counts, busy

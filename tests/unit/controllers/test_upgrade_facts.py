@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import msgspec
 
 from gpu_operator.controllers import drain, upgrade, upgrade_owners
 from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.clock import Clock
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
@@ -87,8 +87,10 @@ def _view(name: str, state: str | None = None, *, cordoned: bool = False,
 def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     """Planning on views older than our own writes could start more nodes than maxParallelUpgrades
     or send a step twice: the controller waits for the views, and after the lag limit goes on."""
+    now = [100.0]
     controller = UpgradeController(None, "ns", lambda: [],  # type: ignore[arg-type]
-                                   OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [])
+                                   OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [],
+                                   clock=Clock(monotonic=lambda: now[0]))
     step = us.Step("a", state=us.CORDON_REQUIRED, annotations={"nvidia.com/gpu-driver-upgrade-state-since": "5"})
     controller.sent["a"] = node_patch(step)
     controller.sent["gone"] = node_patch(step)
@@ -103,15 +105,19 @@ def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     removal = node_patch(us.Step("a", remove_state=True))
     assert reflects(_view("a"), removal) and not reflects(_view("a", us.UPGRADE_DONE), removal)
     assert not controller.caught_up({"a": _view("a")})
-    time.sleep(0.25)
+    now[0] += 0.19
+    assert not controller.caught_up({"a": _view("a")})  # within the limit: still waiting
+    now[0] += 0.02
     assert controller.caught_up({"a": _view("a")})  # the watch lagged past the limit: plan anyway
 
 
 def test_a_pass_waits_until_the_pod_watch_shows_the_driver_pods_it_deleted() -> None:
     """The driver pods come from the watch: a pass right after our delete would see the old pod
     live and delete it again; it waits until the watch shows it terminating or gone."""
+    now = [100.0]
     controller = UpgradeController(None, "ops", lambda: [],  # type: ignore[arg-type]
-                                   OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [])
+                                   OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [],
+                                   clock=Clock(monotonic=lambda: now[0]))
     live = DriverPodView.of(driver_pod())
     terminating = DriverPodView.of({**driver_pod(), "metadata": {**driver_pod()["metadata"],
                                                                  "deletionTimestamp": "2026-11-23T00:00:00Z"}})
@@ -122,7 +128,7 @@ def test_a_pass_waits_until_the_pod_watch_shows_the_driver_pods_it_deleted() -> 
     assert controller.caught_up({}, {}) and not controller.deleted  # gone
     controller.deleted.add(("ops", "drv"))
     assert not controller.caught_up({}, {("ops", "drv"): live})
-    time.sleep(0.25)
+    now[0] += 0.21  # past the lag limit, on the controller's clock
     assert controller.caught_up({}, {("ops", "drv"): live}) and not controller.deleted  # lagged: plan anyway
 
 
