@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.support.ports import free_port
+
 # path (no query) -> (HTTP status, JSON body); None: close the connection without an answer
 Answer = tuple[int, Any] | None
 Route = Callable[[str], Answer]
@@ -30,9 +32,7 @@ def kubeconfig(path: Path, server: str) -> Path:
 
 def closed_port() -> int:
     """A local port nothing listens on (bound, then closed)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 def status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:

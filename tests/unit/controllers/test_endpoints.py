@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 
 from gpu_operator.controllers import metrics
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def test_metrics_health_and_readiness_endpoints() -> None:
     async def scenario() -> None:
         ready = asyncio.Event()
-        metrics_port, health_port = _free_port(), _free_port()
+        metrics_port, health_port = free_port(), free_port()
         runners = await metrics.serve(f"127.0.0.1:{metrics_port}", f"127.0.0.1:{health_port}", ready.is_set)
         try:
             async with aiohttp.ClientSession() as http:

@@ -4,7 +4,6 @@ None (not an error) where it serves none: our 1.29 floor has no DRA by default."
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import httpx2
 import pytest
@@ -13,14 +12,10 @@ from lightkube import KubeConfig
 from lightkube.config.models import Cluster, User
 
 from gpu_operator.kube.client import Kube
+from tests.support.ports import free_port
 
 CLAIM = {"metadata": {"name": "c", "namespace": "work"}}
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _claims(served: dict[str, int]) -> tuple[list[dict[str, object]] | None | BaseException, list[str]]:
@@ -41,7 +36,7 @@ def _claims(served: dict[str, int]) -> tuple[list[dict[str, object]] | None | Ba
         app.router.add_route("GET", "/{tail:.*}", handle)
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         kube = Kube(config=KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User()))
         try:

@@ -4,19 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from aiohttp import web
 from lightkube import KubeConfig
 from lightkube.config.models import Cluster, User
 
 from gpu_operator.kube.client import Kube
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def test_server_version_sends_the_credentials_and_strips_the_v() -> None:
@@ -31,7 +25,7 @@ def test_server_version_sends_the_credentials_and_strips_the_v() -> None:
         app.add_routes([web.get("/version", version)])
         runner = web.AppRunner(app)
         await runner.setup()
-        port = _free_port()
+        port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         config = KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User(token="s3cret"))
         kube = Kube(config=config)

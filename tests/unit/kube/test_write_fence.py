@@ -9,7 +9,6 @@ import ast
 import asyncio
 import inspect
 import json
-import socket
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,10 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap
 
 from gpu_operator.kube.client import Kube, NotLeading, ObjectKey
+from tests.support.ports import free_port
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "gpu_operator"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Recorder:
@@ -62,7 +57,7 @@ class Recorder:
 @pytest.fixture
 def server() -> Iterator[tuple[Recorder, int]]:
     recorder = Recorder()
-    port = _free_port()
+    port = free_port()
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", recorder.handle)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_operator.node.exporter import NodeStatusCollector, registry_for
+from tests.support.ports import free_port
 
 
 def _values(registry) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -53,9 +53,7 @@ def test_driver_check_and_plugin_devices(build_host) -> None:  # type: ignore[no
 def test_one_scrape_over_http(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("talos")
     host.fs.write_text("/run/nvidia/validations/driver-ready", "IS_HOST_DRIVER=true\n")
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        port = probe_socket.getsockname()[1]
+    port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry_for(NodeStatusCollector(host.fs)))
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
