@@ -23,20 +23,11 @@ GPU = "nvidia.com/gpu"
 GFX = "nvidia.com/mig-1g.24gb.gfx"
 
 
-def node_of(kube: Client, name: str) -> tuple[dict[str, str], dict[str, str]]:
+def node_of(kube: Client, name: str, resources: str = "capacity") -> tuple[dict[str, str], dict[str, str]]:
+    """The node's labels and its status `resources` (capacity or allocatable)."""
     node = kube.get(Node, name)
-    capacity = (node.status.capacity if node.status else None) or {}
-    return dict((node.metadata.labels if node.metadata else None) or {}), {
-        k: str(v) for k, v in capacity.items()
-    }
-
-
-def node_allocatable(kube: Client, name: str) -> tuple[dict[str, str], dict[str, str]]:
-    node = kube.get(Node, name)
-    allocatable = (node.status.allocatable if node.status else None) or {}
-    return dict((node.metadata.labels if node.metadata else None) or {}), {
-        k: str(v) for k, v in allocatable.items()
-    }
+    held = (getattr(node.status, resources) if node.status else None) or {}
+    return dict((node.metadata.labels if node.metadata else None) or {}), {k: str(v) for k, v in held.items()}
 
 
 def test_new_systems_run_their_mig_layouts_cliques_and_arch(
@@ -129,7 +120,7 @@ def test_rtx_pro_6000_advertises_its_gfx_profile_under_mixed(
     cluster_policies({"mig": {"strategy": "mixed"}, "migManager": {"config": {"default": "all-disabled"}}})
     wait_for(
         f"{node}: the MIG manager's all-disabled and 8 full GPUs",
-        lambda: node_allocatable(kube, node),
+        lambda: node_of(kube, node, "allocatable"),
         until=lambda s: s[0].get(STATE) == "success" and s[1].get(GPU) == "8",
         timeout=240,
         context=operator.log_text,
@@ -137,7 +128,7 @@ def test_rtx_pro_6000_advertises_its_gfx_profile_under_mixed(
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.24gb.gfx"}}})
     labels, allocatable = wait_for(
         "all-1g.24gb.gfx on the RTX PRO 6000",
-        lambda: node_allocatable(kube, node),
+        lambda: node_of(kube, node, "allocatable"),
         timeout=240,
         context=operator.log_text,
         # the device plugin's resource and GFD's labels (which the operator mirrors) arrive apart
