@@ -257,8 +257,11 @@ def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_dae
         assert [s.state.waiting.reason for s in pod.status.containerStatuses or []
                 if s.state is not None and s.state.waiting is not None] == ["PodInitializing"]
         assert labels(kube, host).get(VGPU_HOST_STATE) == "failed"
-        ds = daemonset()
-        assert ds.status is not None and ds.status.desiredNumberScheduled == 1 and not ds.status.numberReady, ds.status
+        # the DaemonSet controller recounts after the pod's status change reaches it: wait for that
+        ds = wait_for("the validator DaemonSet counting the held pod not ready", daemonset,
+                      until=lambda d: d.status is not None and d.status.desiredNumberScheduled == 1
+                      and not d.status.numberReady, timeout=60, context=operator.log_text)
+        assert ds.status is not None and ds.status.currentNumberScheduled == 1, ds.status
         # still held a restart later (kwok does not move it on)
         wait_for("another failed restart", held, until=lambda p: p is not None and p.status is not None and next(
             s for s in p.status.initContainerStatuses or [] if s.name == INIT).restartCount > ours.restartCount,
