@@ -5,6 +5,11 @@ HEALTH_REPORT_ANNOTATION (nvidia.com/gpu-health.report), schema version 1.
     report.ready          # validated, not stopped, and no GPU unhealthy or gone
     report.action         # the strongest action a GPU needs (one of HEALTH_ACTIONS)
 
+    NodeReport.of(text)   # the report, or why the text is none, or no report (text None): never raises
+
+The GPU health unit (controllers/units/health.py) reads each node's annotation once per pass into a
+NodeReport, which the signals, the remediation machine and the DRA device taints share.
+
 The agent (gpu_operator.node.health) writes it once per change and never while nothing changes.
 Unknown keys are refused: a newer agent bumps `v`, and an older operator then says which version
 it understands instead of guessing.
@@ -13,6 +18,7 @@ it understands instead of guessing.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
@@ -121,3 +127,21 @@ class HealthReport(_Strict):
             field = ".".join(str(p) for p in first["loc"]) or "(report)"
             raise ReportError(f"{where}: field {field}: {first['msg']} "
                               f"({err.error_count()} problem(s); the agent's report format is v{SCHEMA_VERSION})") from None
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """A node's report annotation as read once: `report` when the text is one, `error` (the
+    ReportError's message) when it is not; both None when the node carries no report."""
+
+    report: HealthReport | None = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, text: str | None) -> NodeReport:
+        if text is None:
+            return cls()
+        try:
+            return cls(HealthReport.parse(text))
+        except ReportError as err:
+            return cls(error=str(err))

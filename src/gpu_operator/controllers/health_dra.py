@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.api.health import HealthReport, ReportError
+from gpu_operator.api.health import HealthReport
 from gpu_operator.kube import devicetaints as dt
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import HEALTH_TAINT, MANAGED_BY, MANAGED_BY_VALUE, MANAGED_SELECTOR
@@ -73,14 +73,10 @@ def rule_name(node: str, device: str) -> str:
     return f"{name[:242]}-{digest}"
 
 
-def sick_buses(report_text: str | None) -> dict[str, str] | None:
+def sick_buses(report: HealthReport | None) -> dict[str, str] | None:
     """Bus id -> state (unhealthy, gone) of the report's GPUs that must not be handed out; None when
     there is no report or it cannot be read (then the rules stay as they are)."""
-    if report_text is None:
-        return None
-    try:
-        report = HealthReport.parse(report_text)
-    except ReportError:
+    if report is None:
         return None
     return {g.bus: g.state for g in report.unhealthy}
 
@@ -179,15 +175,16 @@ class DeviceTaints:
         """After a failed write: list again before the next one."""
         self.rules = None
 
-    async def node(self, node: str, report_text: str | None, *, gone: bool = False) -> bool:
-        """Bring `node`'s rules in line with its report. True while a sick GPU has no device in the
-        node's slices yet (the plugin has not published them): the caller looks again later."""
+    async def node(self, node: str, report: HealthReport | None, *, gone: bool = False) -> bool:
+        """Bring `node`'s rules in line with its report (as the unit parsed it this pass; None: none,
+        or unreadable). True while a sick GPU has no device in the node's slices yet (the plugin has
+        not published them): the caller looks again later."""
         owner = self.owner()
         if owner is None or not await self.ready():
             return False
         assert self.rules is not None and self.version is not None
         have = self.rules.get(node, {})
-        sick = {} if gone else sick_buses(report_text)
+        sick = {} if gone else sick_buses(report)
         if sick is None or (not sick and not have):
             return False
         names = device_names(await dt.node_slices(self.kube, node, DRIVER)) if sick else {}

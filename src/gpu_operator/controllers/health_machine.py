@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_operator.api.health import HealthReport, ReportError
+from gpu_operator.api.health import HealthReport
 from gpu_operator.api.healthpolicy import RemediationSpec
 from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers import upgrade_state as us
@@ -92,7 +92,7 @@ class RemediationFacts:
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False
-    report: HealthReport | None = None  # None: no report, or one that cannot be read
+    report: HealthReport | None = None  # None: no report, or one that cannot be read (api/health.py NodeReport)
     pods: Sequence[node_drain.PodFacts] = ()  # read only while draining
     clients: Sequence[str] = ()  # GPU client pods still on the node (read only while they are paused)
 
@@ -131,14 +131,9 @@ class RemediationFacts:
             return 0
 
 
-def node_facts(view: NodeView, pods: Sequence[node_drain.PodFacts] = (), clients: Sequence[str] = ()) -> RemediationFacts:
-    text = view.annotations.get(HEALTH_REPORT_ANNOTATION)
-    report: HealthReport | None = None
-    if text is not None:
-        try:
-            report = HealthReport.parse(text)
-        except ReportError:
-            report = None
+def node_facts(view: NodeView, report: HealthReport | None, pods: Sequence[node_drain.PodFacts] = (),
+               clients: Sequence[str] = ()) -> RemediationFacts:
+    """`report`: the node's report as the unit parsed it this pass (None: none, or unreadable)."""
     # the machine's own memory: our prefix, but not the agent's report (which shares it)
     notes = {k: v for k, v in view.annotations.items() if k.startswith(PREFIX) and k != HEALTH_REPORT_ANNOTATION}
     return RemediationFacts(view.name, view.labels.get(HEALTH_STATE, ""), notes, view.selectable,

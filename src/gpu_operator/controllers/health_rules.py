@@ -3,9 +3,10 @@ the NvidiaGPUReady condition, our taints, the metric state, and the writes that 
 from what it carries to that (none when it already carries it). No I/O: controllers/units/health.py
 reads the facts and sends the writes.
 
-The report is the health agent's annotation (vocabulary.HEALTH_REPORT_ANNOTATION), parsed by
-api/health.py: whether validation passed, whether the agent stopped, one entry per GPU that is not
-healthy (bus id, state, Xid, the catalogue's action, reason).
+The report is the health agent's annotation (vocabulary.HEALTH_REPORT_ANNOTATION), which the unit
+parses once per pass (api/health.py's NodeReport, shared with the remediation machine): whether
+validation passed, whether the agent stopped, one entry per GPU that is not healthy (bus id,
+state, Xid, the catalogue's action, reason).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_operator.api.health import GpuHealth, HealthReport, ReportError
+from gpu_operator.api.health import GpuHealth, HealthReport, NodeReport
 from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES, HealthSpec
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_TAINT
 
@@ -32,11 +33,6 @@ STOPPED = "HealthAgentStopped"
 REMEDIATING = "Remediating"
 REMEDIATION_FAILED = "RemediationFailed"
 HELD = "RemediationHeld"
-
-
-def parse_report(text: str) -> HealthReport:
-    """The agent's report (api/health.py); ReportError names the field that is wrong."""
-    return HealthReport.parse(text)
 
 
 @dataclass(frozen=True, order=True)
@@ -69,7 +65,7 @@ class SignalFacts:
     """What the signals read of one node."""
 
     name: str
-    report: str | None = None  # the agent's annotation, as is
+    report: NodeReport = NodeReport()  # the agent's annotation, parsed (or why not; or none)
     condition: Condition | None = None  # our condition as the node carries it
     taints: tuple[Taint, ...] = ()  # the node's taints with our keys (see `ours`)
     remediation: str = ""  # HEALTH_STATE label: where remediation is ('' none)
@@ -123,16 +119,15 @@ def desire(facts: SignalFacts, policy: HealthSpec) -> Desired:
     """The condition, managed taints (see `managed`) and metric state this node should have."""
     startup = tuple(t for t in facts.taints if t.key == policy.startupTaint.key)
     quarantine_taint = Taint(HEALTH_TAINT, policy.taintEffect)
-    if facts.report is None:
+    report, error = facts.report.report, facts.report.error
+    if report is None and error is None:
         held = facts.remediation in ("failed", "held")
         # no agent report: nothing of ours, unless remediation holds the node
         return Desired(None, startup + ((quarantine_taint,) if held else ()),
                        REMEDIATION_METRIC.get(facts.remediation), quarantine=held)
-    try:
-        report = parse_report(facts.report)
-    except ReportError as err:
+    if report is None:
         # keep the taints as they are: a report we cannot read proves nothing either way
-        return Desired(Condition("Unknown", UNREADABLE, str(err)),
+        return Desired(Condition("Unknown", UNREADABLE, str(error)),
                        tuple(t for t in facts.taints if t.key in managed(policy)),
                        REMEDIATION_METRIC.get(facts.remediation, "warning"))
     if report.stopped and facts.remediation not in REMEDIATION_METRIC:

@@ -1,6 +1,7 @@
 """A recorded fake Kube for the GPU health unit: Nodes and pods in memory, every call recorded;
 strategic merge of node conditions (by type), merge patches with the resourceVersion precondition,
-evictions (a pod named in `pdb_blocks` is refused by that budget)."""
+evictions (a pod named in `pdb_blocks` is refused by that budget). `FakeDRA`: the DRA stack's
+DeviceTaintRule and ResourceSlice calls (kube/devicetaints.py), in memory."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import re
 from typing import Any
 
 import httpx2
+import pytest
 from lightkube.core.exceptions import ApiError
 
+from gpu_operator.controllers import health_dra as hd
 from gpu_operator.controllers.views import NodeView
+from gpu_operator.kube import devicetaints
 from gpu_operator.kube.pages import Evicted
 from gpu_operator.kube.resources import ObjectKey
+from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -193,3 +198,53 @@ def _selects(selector: str, labels: dict[str, str]) -> bool:
 def _status(code: int) -> Any:
     from lightkube.models.meta_v1 import Status
     return Status(code=code, message="conflict", reason="Conflict")
+
+
+def slice_of(node: str, *devices: tuple[str, str | None], driver: str = hd.DRIVER) -> dict[str, Any]:
+    out = []
+    for name, bus in devices:
+        attributes: dict[str, Any] = {"type": {"string": "gpu"}}
+        if bus is not None:
+            attributes[hd.PCI_BUS_ID] = {"string": bus}
+        out.append({"name": name, "attributes": attributes})
+    return {"spec": {"driver": driver, "nodeName": node, "pool": {"name": node}, "devices": out}}
+
+
+class FakeDRA:
+    """The kube/devicetaints calls, in memory."""
+
+    def __init__(self, version: str | None, slices: list[dict[str, Any]]) -> None:
+        self.version, self.slices = version, slices
+        self.rules: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        async def rule_version(_kube: Any) -> str | None:
+            self.calls.append("discover")
+            return self.version
+
+        async def list_rules(_kube: Any, version: str, labels: str) -> list[dict[str, Any]]:
+            assert labels == f"{MANAGED_BY}={MANAGED_BY_VALUE}" and version == self.version
+            self.calls.append("list")
+            return list(self.rules.values())
+
+        async def create_rule(_kube: Any, version: str, body: dict[str, Any]) -> bool:
+            assert version == self.version and body["apiVersion"] == f"resource.k8s.io/{version}"
+            self.calls.append("create")
+            if body["metadata"]["name"] in self.rules:
+                return False
+            self.rules[body["metadata"]["name"]] = body
+            return True
+
+        async def delete_rule(_kube: Any, version: str, name: str) -> bool:
+            assert version == self.version
+            self.calls.append("delete")
+            return self.rules.pop(name, None) is not None
+
+        async def node_slices(_kube: Any, node: str, driver: str) -> list[dict[str, Any]]:
+            self.calls.append("slices")
+            return [s for s in self.slices if s["spec"]["nodeName"] == node and s["spec"]["driver"] == driver]
+
+        for name, fn in (("rule_version", rule_version), ("list_rules", list_rules), ("create_rule", create_rule),
+                         ("delete_rule", delete_rule), ("node_slices", node_slices)):
+            monkeypatch.setattr(devicetaints, name, fn)

@@ -8,32 +8,25 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.api.health import HealthReport, NodeReport
 from gpu_operator.controllers import health_dra as hd
 from gpu_operator.kube import devicetaints
 from gpu_operator.vocabulary import HEALTH_TAINT, MANAGED_BY, MANAGED_BY_VALUE
+from tests.unit.controllers.healthkit import FakeDRA, slice_of
 
 OWNER = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "name": "gpu-cluster", "uid": "u-1"}
 BUS0, BUS1 = "0000:3b:00.0", "0000:86:00.0"
 
 
-def report(*gpus: dict[str, Any]) -> str:
+def report(*gpus: dict[str, Any]) -> HealthReport:
+    """The report as the health unit parsed it this pass."""
     worst = max((g["state"] for g in gpus), key=("healthy", "warning", "unhealthy", "gone").index, default="healthy")
-    return json.dumps({"v": 1, "validated": True, "state": worst, "action": "none", "healthy": 2 - len(gpus),
-                       "gpus": list(gpus), "sources": ["kmsg"]})
+    return HealthReport.parse(json.dumps({"v": 1, "validated": True, "state": worst, "action": "none",
+                                          "healthy": 2 - len(gpus), "gpus": list(gpus), "sources": ["kmsg"]}))
 
 
 def sick(bus: str, state: str = "unhealthy") -> dict[str, Any]:
     return {"bus": bus, "state": state, "action": "reboot", "reason": "fell off the bus", "xid": 79}
-
-
-def slice_of(node: str, *devices: tuple[str, str | None], driver: str = hd.DRIVER) -> dict[str, Any]:
-    out = []
-    for name, bus in devices:
-        attributes: dict[str, Any] = {"type": {"string": "gpu"}}
-        if bus is not None:
-            attributes[hd.PCI_BUS_ID] = {"string": bus}
-        out.append({"name": name, "attributes": attributes})
-    return {"spec": {"driver": driver, "nodeName": node, "pool": {"name": node}, "devices": out}}
 
 
 def test_bus_ids_fold_nvml_form_and_refuse_garbage() -> None:
@@ -71,7 +64,7 @@ def test_warnings_and_unknown_buses_get_no_rule() -> None:
     warning = {"bus": BUS0, "state": "warning", "action": "restart-app", "reason": "Xid 13", "xid": 13}
     assert hd.sick_buses(report(warning)) == {}
     assert hd.wanted("n1", {BUS1: "unhealthy"}, {BUS0: "gpu-0"}, OWNER) == {}  # not published: not allocatable
-    assert hd.sick_buses(None) is None and hd.sick_buses("not json") is None  # unreadable: rules stay
+    assert hd.sick_buses(None) is None and hd.sick_buses(NodeReport.of("not json").report) is None  # unreadable: rules stay
 
 
 def test_plan_creates_missing_deletes_healed_and_replaces_changed() -> None:
@@ -88,46 +81,6 @@ def test_long_node_names_stay_object_names() -> None:
     name = hd.rule_name("n" * 250, "gpu-7")
     assert len(name) == 253 and name.startswith("gpu-health-nnn")
     assert name != hd.rule_name("n" * 251, "gpu-7")
-
-
-class FakeDRA:
-    """The kube/devicetaints calls, in memory."""
-
-    def __init__(self, version: str | None, slices: list[dict[str, Any]]) -> None:
-        self.version, self.slices = version, slices
-        self.rules: dict[str, dict[str, Any]] = {}
-        self.calls: list[str] = []
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        async def rule_version(_kube: Any) -> str | None:
-            self.calls.append("discover")
-            return self.version
-
-        async def list_rules(_kube: Any, version: str, labels: str) -> list[dict[str, Any]]:
-            assert labels == f"{MANAGED_BY}={MANAGED_BY_VALUE}" and version == self.version
-            self.calls.append("list")
-            return list(self.rules.values())
-
-        async def create_rule(_kube: Any, version: str, body: dict[str, Any]) -> bool:
-            assert version == self.version and body["apiVersion"] == f"resource.k8s.io/{version}"
-            self.calls.append("create")
-            if body["metadata"]["name"] in self.rules:
-                return False
-            self.rules[body["metadata"]["name"]] = body
-            return True
-
-        async def delete_rule(_kube: Any, version: str, name: str) -> bool:
-            assert version == self.version
-            self.calls.append("delete")
-            return self.rules.pop(name, None) is not None
-
-        async def node_slices(_kube: Any, node: str, driver: str) -> list[dict[str, Any]]:
-            self.calls.append("slices")
-            return [s for s in self.slices if s["spec"]["nodeName"] == node and s["spec"]["driver"] == driver]
-
-        for name, fn in (("rule_version", rule_version), ("list_rules", list_rules), ("create_rule", create_rule),
-                         ("delete_rule", delete_rule), ("node_slices", node_slices)):
-            monkeypatch.setattr(devicetaints, name, fn)
 
 
 def test_device_taints_follow_the_report_and_forget_a_gone_node(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,7 +179,7 @@ def test_release_never_removes_the_agents_report() -> None:
         HEALTH_REPORT_ANNOTATION: healthy, hm.SINCE: str(int(NOW)), hm.ACTION: "reset-gpu",
         hm.ANSWERED: str(int(NOW)), hm.REVALIDATED: f"{NOW:.3f}", hm.INITIALLY_UNSCHEDULABLE: "false"}},
         "spec": {"unschedulable": True}})
-    facts = hm.node_facts(view)
+    facts = hm.node_facts(view, HealthReport.parse(healthy))
     assert HEALTH_REPORT_ANNOTATION not in facts.annotations and facts.recovered
     step = hm.decide(facts, SPEC, NOW, True)
     assert step.remove_state and step.cordon is False

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.health import HealthReport
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
+from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.units.health import HealthUnit, PassReport
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
-from tests.unit.controllers.healthkit import FakeKube
+from tests.unit.controllers.healthkit import FakeDRA, FakeKube, slice_of
 
 BUS = "0000:3b:00.0"
 OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
@@ -49,9 +53,11 @@ class Clock:
         return self.now
 
 
-def make(kube: FakeKube, pol: ClusterPolicy | None, clock: Clock | None = None) -> HealthUnit:
+def make(kube: FakeKube, pol: ClusterPolicy | None, clock: Clock | None = None,
+         device_taints: DeviceTaints | None = None) -> HealthUnit:
     spec = (pol.spec.health or HealthSpec()) if pol is not None else None
-    return HealthUnit(kube.views, kube.view, lambda: spec, kube, clock=clock or Clock())  # type: ignore[arg-type]
+    return HealthUnit(kube.views, kube.view, lambda: spec, kube, clock=clock or Clock(),  # type: ignore[arg-type]
+                      device_taints=device_taints)
 
 
 def run_pass(unit: HealthUnit, kube: FakeKube) -> PassReport:
@@ -244,3 +250,29 @@ def test_take_back_undoes_condition_taint_and_our_cordon_only() -> None:
     assert condition(kube, "g1") is None and kube.nodes["g1"]["spec"]["taints"] == [OTHER_TAINT]
     assert kube.nodes["g1"]["spec"]["unschedulable"] is False
     assert asyncio.run(take_back(kube, kube.nodes["g1"])) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("remediation", [True, False])
+def test_a_pass_parses_each_nodes_report_once(monkeypatch: pytest.MonkeyPatch, remediation: bool) -> None:
+    """The unit parses a node's report once per pass; the signals, the remediation machine and the
+    DRA device taints share what it read (an unreadable report is refused once too)."""
+    FakeDRA("v1", [slice_of("g1", ("gpu-0", BUS))]).install(monkeypatch)
+    kube = FakeKube()
+    texts = {"g1": XID48, "g2": HEALTHY, "g3": "{nope"}
+    for name, text in texts.items():
+        kube.add_node(name, {HEALTH_REPORT_ANNOTATION: text})
+    owner = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "name": "gpu-cluster", "uid": "u-1"}
+    taints = DeviceTaints(kube, lambda: owner)  # type: ignore[arg-type]
+    unit = make(kube, policy({"remediation": {"enabled": remediation}}), device_taints=taints)
+    parsed: Counter[str] = Counter()
+    parse = HealthReport.parse.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[HealthReport], text: str) -> HealthReport:
+        parsed[text] += 1
+        return parse(cls, text)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(HealthReport, "parse", classmethod(counted))
+    run_pass(unit, kube)
+    assert parsed == Counter(texts.values())  # every node looked at, each report parsed once
+    assert list(taints.rules or {}) == ["g1"]  # the DRA path ran on what the unit read
+    assert kube.nodes["g1"]["metadata"]["labels"].get(HEALTH_STATE) == (hm.QUARANTINED if remediation else None)

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.health import NodeReport
 from gpu_operator.api.healthpolicy import READINESS_TAINT_PREFIX, StartupTaintSpec
 from gpu_operator.controllers import health_rules
 from gpu_operator.render import render
@@ -125,7 +126,7 @@ def test_the_rule_waits_for_our_condition_at_the_status_of_a_healthy_validated_n
             "stopped": False,
         }
     )  # as the agent writes it
-    healthy = health_rules.desire(health_rules.SignalFacts("gpu-0", report), _spec_health())
+    healthy = health_rules.desire(health_rules.SignalFacts("gpu-0", NodeReport.of(report)), _spec_health())
     assert healthy.condition is not None and healthy.condition.status == condition["requiredStatus"]
 
 

@@ -7,6 +7,9 @@ DeviceTaintRule per unhealthy GPU where the apiserver serves them (controllers/h
 `policy` yields the health settings of the active stack: a valid ClusterPolicy's spec.health, or
 their defaults under a GPUCluster (which has no spec.health); None: change nothing.
 
+A pass parses each node's report once (api/health.py's NodeReport): the signals, the remediation
+machine and the DRA device taints share it.
+
 It serves a node's change at once (IDLE_FIRST): `wants` records the nodes whose health facts
 changed; a pass looks at those only (every node after a ClusterPolicy change or a failed pass).
 A node already as desired costs no write, so our own writes' echoes end there.
@@ -20,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpu_operator.api.health import NodeReport
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers import health_machine as hm
 from gpu_operator.controllers import health_rules as hr
@@ -54,12 +58,19 @@ log = logging.getLogger("gpu_operator.health")
 
 
 
-def facts_of(view: NodeView, state: str | None = None, notes: Mapping[str, str | None] | None = None) -> hr.SignalFacts:
-    """The signals' facts of a node; `state` and `notes`: what a remediation step wrote just now."""
+def report_of(view: NodeView) -> NodeReport:
+    """The node's report, parsed: once per node per pass."""
+    return NodeReport.of(view.annotations.get(HEALTH_REPORT_ANNOTATION))
+
+
+def facts_of(view: NodeView, report: NodeReport, state: str | None = None,
+             notes: Mapping[str, str | None] | None = None) -> hr.SignalFacts:
+    """The signals' facts of a node (`report`: its report as this pass parsed it); `state` and
+    `notes`: what a remediation step wrote just now."""
     cond = view.gpu_condition
     merged = {**view.annotations, **(notes or {})}
     reason = merged.get(hm.REASON) or (f"action {merged[hm.ACTION]}" if merged.get(hm.ACTION) else "")
-    return hr.SignalFacts(view.name, view.annotations.get(HEALTH_REPORT_ANNOTATION),
+    return hr.SignalFacts(view.name, report,
                     hr.Condition(*cond) if cond is not None else None,
                     tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
                     view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
@@ -140,8 +151,9 @@ class HealthUnit(UnitBase):
             for name in sorted((look - set(views)) | (await self.device_taints.pools() - set(views)
                                                       if everything else set())):
                 await self.device_taints.node(name, None, gone=True)
+        reports = {n: report_of(v) for n, v in views.items()}  # the only parse of each report this pass
         now = self.clock()
-        plan = await self._plan(views, spec, now)
+        plan = await self._plan(views, reports, spec, now)
         steps = {s.node: s for s in plan.steps}
         look |= set(steps)
 
@@ -149,10 +161,9 @@ class HealthUnit(UnitBase):
             view = views.get(name)
             if view is None:
                 return
-            await self._node(view, spec, steps.get(name), report)
+            await self._node(view, reports[name], spec, steps.get(name), report)
             # DRA: after the node's own signals, so that a refused rule never holds them up
-            if self.device_taints is not None and await self.device_taints.node(
-                    name, view.annotations.get(HEALTH_REPORT_ANNOTATION)):
+            if self.device_taints is not None and await self.device_taints.node(name, reports[name].report):
                 report.waiting = True  # a sick GPU its DRA driver has not published yet
                 self.queue.dirty.add(name)
 
@@ -164,11 +175,12 @@ class HealthUnit(UnitBase):
             report.requeue = self.settings.health_poll
         return report
 
-    async def _plan(self, views: Mapping[str, NodeView], spec: HealthSpec, now: float) -> hm.Plan:
+    async def _plan(self, views: Mapping[str, NodeView], reports: Mapping[str, NodeReport], spec: HealthSpec,
+                    now: float) -> hm.Plan:
         """The remediation machine's steps (nodes it holds released when it is off)."""
         if not spec.remediation.enabled:
-            return hm.release_all([hm.node_facts(v) for v in views.values() if v.labels.get(HEALTH_STATE)],
-                                  spec.remediation)
+            return hm.release_all([hm.node_facts(v, reports[n].report) for n, v in views.items()
+                                   if v.labels.get(HEALTH_STATE)], spec.remediation)
         draining = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.DRAINING]
         access = self.runtime() if draining else None
         pods = dict(zip(draining, await asyncio.gather(
@@ -176,18 +188,19 @@ class HealthUnit(UnitBase):
         # nodes whose GPU clients are paused for a reset: which of their pods are still there
         pausing = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.ACTING and hm.PAUSED in v.annotations]
         clients = dict(zip(pausing, await asyncio.gather(*(self.executor.gpu_clients(n) for n in pausing)), strict=True))
-        return hm.plan([hm.node_facts(v, pods.get(n, ()), clients.get(n, ())) for n, v in views.items()],
-                       spec.remediation, now)
+        return hm.plan([hm.node_facts(v, reports[n].report, pods.get(n, ()), clients.get(n, ()))
+                        for n, v in views.items()], spec.remediation, now)
 
-    async def _node(self, view: NodeView, spec: HealthSpec, step: hm.Step | None, report: PassReport) -> None:
-        facts = facts_of(view)
+    async def _node(self, view: NodeView, node_report: NodeReport, spec: HealthSpec, step: hm.Step | None,
+                    report: PassReport) -> None:
+        facts = facts_of(view, node_report)
         if step is not None and not step.empty:
             await self.executor.run(step)
             report.steps += 1
             if step.result:
                 REMEDIATIONS.labels(view.name, step.result).inc()
             # the signals follow what the step wrote just now, not the view read before it
-            facts = facts_of(view, "" if step.remove_state else step.state, step.notes)
+            facts = facts_of(view, node_report, "" if step.remove_state else step.state, step.notes)
         desired = hr.desire(facts, spec)
         writes = hr.writes(facts, desired, spec)
         self._export(view.name, desired.state)
