@@ -32,14 +32,16 @@ from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.helm import packaged_chart
 from gpu_operator.sim.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GPU_PRESENT, HEALTH_REQUESTS_SECRET, MANAGED_SELECTOR, NVIDIA
-from tests.support.chart import objects, render_chart
+from tests.support.chart import objects, real_nodes_cordoned, render_chart
 from tests.support.cleanup import delete_if_present
+from tests.support.events import namespace_story
 from tests.support.helm_cli import MAJORS, HelmCLI
 from tests.support.owned import owned_by
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 
 NAMESPACE = "gpu-operator-uninstall"
+RELEASE = "gpu-operator"
 Marks = dict[str, Any]
 
 
@@ -102,25 +104,35 @@ def _gpu_nodes_labelled(kube: Client, names: list[str]) -> bool:
     return all((kube.get(Node, n).metadata.labels or {}).get(GPU_PRESENT) == "true" for n in names)
 
 
-@pytest.fixture
-def release_namespace(kube: Client) -> Iterator[str]:
-    yield NAMESPACE
-    delete_if_present(kube, Namespace, NAMESPACE)
-    # gone before the next run (the other helm major) creates it again
-    wait_for("the namespace gone", lambda: [n for n in kube.list(Namespace) if n.metadata.name == NAMESPACE],
-             until=lambda left: not left, timeout=120)
+@pytest.fixture(params=MAJORS, ids=[f"helm{m}" for m in MAJORS])
+def helm(request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Client,
+         tmp_path: Path) -> Iterator[HelmCLI]:
+    """The helm command line of one major for the release namespace, with any real node cordoned
+    (tests/support/chart.py's real_nodes_cordoned: the hook Job's pod must go to a kwok node).
+    Afterwards a release a failed test left is removed without its hooks, so that its cluster-wide
+    objects (ClusterRoles, ...) do not meet the next module, and the namespace is deleted."""
+    cli = HelmCLI(request.param, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm",
+                  story=lambda: namespace_story(kube, NAMESPACE))
+    with real_nodes_cordoned(kube):
+        try:
+            yield cli
+        finally:
+            if RELEASE in cli.releases():
+                cli.run("uninstall", RELEASE, "--no-hooks", "--timeout", "120s", timeout=180)
+            delete_if_present(kube, Namespace, NAMESPACE)
+            # gone before the next run (the other helm major) creates it again
+            wait_for("the namespace gone", lambda: [n for n in kube.list(Namespace) if n.metadata.name == NAMESPACE],
+                     until=lambda left: not left, timeout=120)
 
 
-@pytest.mark.parametrize("major", MAJORS, ids=[f"helm{m}" for m in MAJORS])
 def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Client, crds: list[str],
-                                        fake_nodes: Callable[..., list[str]], release_namespace: str,
-                                        tmp_path: Path, major: int) -> None:
+                                        fake_nodes: Callable[..., list[str]], helm: HelmCLI,
+                                        tmp_path: Path) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2", "host-driver:1")
     fake_nodes("cpu:1")
     before = marks(kube)
     values = {"nfd": {"enabled": False}}
-    helm = HelmCLI(major, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm")
-    helm.install(packaged_chart(tmp_path / "chart"), "gpu-operator", values)
+    helm.install(packaged_chart(tmp_path / "chart"), RELEASE, values)
     operator = OperatorProcess(
         kubeconfig=control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False),
         namespace=NAMESPACE, log=tmp_path / "operator.log").start()
@@ -159,7 +171,7 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
         assert gone.value.status.code == 404, "the hook left GPU health's requests Secret"
         assert differences(before, marks(kube)) == [], "the hook left labels behind"
 
-        helm.uninstall("gpu-operator")
+        helm.uninstall(RELEASE)
     finally:
         operator.stop()
         print(f"--- {operator.log} ---\n{operator.log_text()[-4000:]}")
@@ -169,7 +181,7 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
              timeout=120)
     wait_for("no object of any kind marked as ours", lambda: ours_left(control_plane),
              until=lambda o: not o, timeout=60)
-    assert "gpu-operator" not in helm.releases()  # the release is gone
+    assert RELEASE not in helm.releases()  # the release is gone
 
 
 def test_deleting_the_clusterpolicy_takes_back_our_node_labels(

@@ -21,7 +21,9 @@ from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.helm import packaged_chart
 from tests.support.audit import status_code
+from tests.support.chart import real_nodes_cordoned
 from tests.support.cleanup import delete_if_present
+from tests.support.events import namespace_story
 from tests.support.helm_cli import MAJORS, HelmCLI, HelmFailed
 from tests.support.waiting import wait_for
 
@@ -51,13 +53,17 @@ def helm(
     fake_nodes: Callable[..., list[str]],
     tmp_path: Path,
 ) -> Iterator[HelmCLI]:
-    fake_nodes("cpu:1")  # kwok completes the hook Jobs' pods there
-    cli = HelmCLI(request.param, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm")
+    fake_nodes("cpu:1")  # kwok completes the hook Jobs' pods there (any real node cordoned meanwhile)
+    cli = HelmCLI(request.param, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm",
+                  story=lambda: namespace_story(kube, NAMESPACE))
     assert cli.version().startswith(f"v{request.param}."), cli.version()
-    yield cli
-    if RELEASE in cli.releases():
-        cli.uninstall(RELEASE)
-    _leave_no_release_behind(kube)
+    with real_nodes_cordoned(kube):
+        try:
+            yield cli
+        finally:
+            if RELEASE in cli.releases():
+                cli.uninstall(RELEASE)
+            _leave_no_release_behind(kube)
 
 
 def hook_jobs_created(plane: ControlPlane) -> list[str]:
@@ -182,11 +188,15 @@ def helm3_then_4(
 ) -> Iterator[tuple[HelmCLI, HelmCLI]]:
     fake_nodes("cpu:1")
     kubeconfig = control_plane.admin_kubeconfig
-    helm3, helm4 = (HelmCLI(m, kubeconfig, NAMESPACE, tmp_path / f"helm{m}") for m in (3, 4))
-    yield helm3, helm4
-    if RELEASE in helm4.releases():
-        helm4.uninstall(RELEASE)
-    _leave_no_release_behind(kube)
+    helm3, helm4 = (HelmCLI(m, kubeconfig, NAMESPACE, tmp_path / f"helm{m}",
+                            story=lambda: namespace_story(kube, NAMESPACE)) for m in (3, 4))
+    with real_nodes_cordoned(kube):
+        try:
+            yield helm3, helm4
+        finally:
+            if RELEASE in helm4.releases():
+                helm4.uninstall(RELEASE)
+            _leave_no_release_behind(kube)
 
 
 def test_a_helm_3_release_taken_on_by_helm_4(

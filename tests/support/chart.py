@@ -82,29 +82,40 @@ def notes(rendered: Rendered) -> str:
 
 
 @contextlib.contextmanager
-def helm_in(plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], namespace: str,
-            release: str = "gpu-operator") -> Iterator[helm_python.Config]:
-    """Real Helm against `plane` for releases in `namespace`, with a kwok node (`fake_nodes`, the
-    integration fixture) where kwok completes the chart's hook Job pods; afterwards `release`, in
-    whatever state it was left (a failed install too), is uninstalled and the namespace deleted.
-    A real node on the plane (the real-node tests' session node, left there for the tests after
-    them) is cordoned meanwhile, so that the hook Jobs' pods go to the kwok node: on the real node
-    they would really run, and pull an image the chart names from a registry this machine lacks."""
+def real_nodes_cordoned(kube: Client) -> Iterator[list[str]]:
+    """Every Node not played by kwok (the real-node tests' session node, left on the plane for the
+    tests after them) cordoned meanwhile, so that a chart's hook Jobs' pods (and its operator pod)
+    go to kwok nodes: on the real node they would really run, with no route to this apiserver
+    (no kube-proxy) and images the chart names from a registry this machine lacks, and `helm`
+    would wait out its timeout on a hook Job that never completes. Uncordoned afterwards."""
     from lightkube.resources.core_v1 import Node
 
     from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 
-    fake_nodes("cpu:1")
     real = [str(n.metadata.name) for n in kube.list(Node) if n.metadata and not (n.spec and n.spec.unschedulable)
             and (n.metadata.annotations or {}).get(KWOK_ANNOTATION) != KWOK_ANNOTATION_VALUE]
     for name in real:
         kube.patch(Node, name, {"spec": {"unschedulable": True}})
-    config = helm_python.Config(kubeconfig_path=plane.admin_kubeconfig, namespace=namespace)
     try:
-        yield config
+        yield real
     finally:
-        if release in release_names(config):
-            config.uninstall(release, timeout=180)
-        delete_if_present(kube, Namespace, namespace)
         for name in real:
             kube.patch(Node, name, {"spec": {"unschedulable": None}})
+
+
+@contextlib.contextmanager
+def helm_in(plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], namespace: str,
+            release: str = "gpu-operator") -> Iterator[helm_python.Config]:
+    """Real Helm against `plane` for releases in `namespace`, with a kwok node (`fake_nodes`, the
+    integration fixture) where kwok completes the chart's hook Job pods, and any real node
+    cordoned meanwhile (`real_nodes_cordoned`); afterwards `release`, in whatever state it was
+    left (a failed install too), is uninstalled and the namespace deleted."""
+    fake_nodes("cpu:1")
+    with real_nodes_cordoned(kube):
+        config = helm_python.Config(kubeconfig_path=plane.admin_kubeconfig, namespace=namespace)
+        try:
+            yield config
+        finally:
+            if release in release_names(config):
+                config.uninstall(release, timeout=180)
+            delete_if_present(kube, Namespace, namespace)

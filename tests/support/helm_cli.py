@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,13 @@ class HelmFailed(AssertionError):
 class HelmCLI:
     """`helm ... -n NAMESPACE --kubeconfig ...` with its own config, cache and data directories."""
 
-    def __init__(self, major: int, kubeconfig: Path | str, namespace: str, home: Path) -> None:
+    def __init__(self, major: int, kubeconfig: Path | str, namespace: str, home: Path,
+                 story: Callable[[], str] | None = None) -> None:
+        """`story`: what a failed command's message adds, read at once (the namespace's Jobs,
+        pods and Events: tests/support/events.py's namespace_story), so that a hook that never
+        finished can be understood from the CI output alone."""
         self.binary, self.namespace, self.major = helm_binary(major), namespace, major
+        self.story = story
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.env = {
@@ -60,7 +66,13 @@ class HelmCLI:
             f"$ helm{self.major} {' '.join(argv[1:])}\n{done.stdout}{done.stderr}"
         )  # shown when a test fails
         if done.returncode != 0:
-            raise HelmFailed(f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+            told = ""
+            if self.story is not None:
+                try:
+                    told = "\n" + self.story()
+                except Exception as err:  # noqa: BLE001 (the story is help, never the failure)
+                    told = f"\n(the namespace's story could not be read: {err})"
+            raise HelmFailed(f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}{told}")
         return done.stdout
 
     def _values(self, values: dict[str, Any], step: str) -> str:
