@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpu_operator.sim.processes import stop_group, tail
 
 DEBIAN_PACKAGES = ("containerd", "runc")
 DEFAULT_NAMESPACE = "gpu-operator"
@@ -67,13 +68,6 @@ class RunResult:
     def describe(self) -> str:
         return (f"`{' '.join(self.argv)}` exited {self.returncode}\n--- stdout\n{self.stdout}"
                 f"\n--- stderr\n{self.stderr}")
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def missing_binaries() -> list[str]:
@@ -186,7 +180,7 @@ class PrivateContainerd:
             if self.process.poll() is not None:
                 raise ContainerdError(
                     f"containerd exited with code {self.process.returncode} at start; "
-                    f"log {self.log}:\n{_tail(self.log)}"
+                    f"log {self.log}:\n{tail(self.log, 30)}"
                 )
             if self.socket.exists() and self._ctr(["version"], check=False).returncode == 0:
                 return
@@ -194,7 +188,7 @@ class PrivateContainerd:
         self.stop()
         raise ContainerdError(
             f"containerd did not answer on {self.socket} within {self.start_timeout:.0f}s; "
-            f"log {self.log}:\n{_tail(self.log)}"
+            f"log {self.log}:\n{tail(self.log, 30)}"
         )
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -208,14 +202,7 @@ class PrivateContainerd:
                 self._ctr(["tasks", "rm", "-f", task], check=False)
             for ctn in self._ctr(["containers", "ls", "-q"], check=False).stdout.split():
                 self._ctr(["containers", "rm", ctn], check=False)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_group(proc, timeout)
         self.process = None
 
     def __enter__(self) -> PrivateContainerd:
@@ -226,7 +213,7 @@ class PrivateContainerd:
         self.stop()
 
     def log_tail(self, lines: int = 30) -> str:
-        return _tail(self.log, lines)
+        return tail(self.log, lines)
 
     # --- talking to it ----------------------------------------------------------------
     def _ctr(self, args: Sequence[str], *, check: bool = True,

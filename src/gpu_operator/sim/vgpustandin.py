@@ -26,7 +26,7 @@ CrashLoopBackOff with its last exit (1, Error) and a restart count; the init con
 terminated (Completed), those after it and the main container waiting (PodInitializing); phase
 Pending, Initialized False (ContainersNotInitialized), Ready and ContainersReady False
 (ContainersNotReady). So the DaemonSet counts the pod not ready. kwok's pod-ready stage leaves a pod
-with Initialized False alone (`controlplane.hold_initializing`); once a pass succeeds, the stand-in
+with Initialized False alone (`planeargs.hold_initializing`); once a pass succeeds, the stand-in
 writes the pod Running and Ready (the init containers Completed), as the kubelet would.
 """
 

@@ -17,7 +17,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.sim import identity, standins
-from gpu_operator.sim.controlplane import hold_initializing
+from gpu_operator.sim.planeargs import hold_initializing
 from gpu_operator.sim.podwatch import NodeStandIns, PodView
 from gpu_operator.sim.vgpustandin import INIT, held_status
 

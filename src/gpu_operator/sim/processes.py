@@ -1,0 +1,117 @@
+"""The processes the simulator starts and how it watches them: a control plane `Component` (a
+binary with its argv and log, started in a session of its own, stopped, SIGKILLed, started
+again), `stop_group` and `terminate` (a real node's daemons), the readiness probes they are
+waited on with, and the errors naming the one that failed with the tail of its log."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or died; the message names it and points to its log."""
+
+
+class RealNodeError(RuntimeError):
+    """The real node did not come up; the message names the component and its log's tail."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            # A session of its own: a Ctrl-C in the terminal goes to pytest, which then stops us
+            # in order, instead of killing etcd under a live apiserver.
+            self.process = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ControlPlaneError(
+                f"{self.name} exited with code {self.process.returncode}; log {self.log}:\n"
+                f"{tail(self.log)}"
+            )
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed machine would: no clean shutdown."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc = self.process
+        if proc is None or proc.poll() is not None:
+            return
+        stop_group(proc, timeout)
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM to the process group `proc` leads (started with a session of its own), SIGKILL
+    to it after `timeout` seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def unix_open(path: Path) -> bool:
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(path))
+    except OSError:
+        return False
+    return True
