@@ -24,7 +24,7 @@ from lightkube.types import PatchType  # noqa: E402
 from subjects import apply_peer_crds, on_fresh_plane, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
-from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE  # noqa: E402
+from gpu_operator.controllers.units.upgrade.state import ACTIVE, UPGRADE_DONE  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
 from gpu_operator.sim import binaries, nodes, session  # noqa: E402

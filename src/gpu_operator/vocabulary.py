@@ -156,7 +156,7 @@ HEALTH_CONDITION = "NvidiaGPUReady"  # Node condition: True only when validated 
 HEALTH_TAINT = f"{NVIDIA}/gpu-unhealthy"  # NoSchedule (NoExecute if the policy asks) while quarantined
 HEALTH_STATE = f"{NVIDIA}/gpu-health.state"  # label: where a node is in remediation
 HEALTH_EVENT_REASON = "GPUHealth"
-# Remediation (controllers/health_machine.py) keeps its memory on the node under this prefix;
+# Remediation (controllers/units/health/machine.py) keeps its memory on the node under this prefix;
 # `gpu-operator status` and `health status` read the reason, the time in state and the attempts.
 HEALTH_ANNOTATION_PREFIX = f"{NVIDIA}/gpu-health."
 HEALTH_REASON_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}reason"
@@ -196,7 +196,7 @@ MIG_MANAGER_APP = "nvidia-mig-manager"  # its pods' app label (render/states/mig
 MIG_CLIENT_APPS = ("nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-dcgm")
 MIG_CONDITION = "NvidiaMIGReady"  # Node condition: True once the selected MIG config is applied
 MIG_EVENT_REASON = "MIGChange"
-# Reasons of MIG_CONDITION (controllers/mig_rules.py decides them).
+# Reasons of MIG_CONDITION (controllers/units/mig/rules.py decides them).
 MIG_APPLIED = "MIGConfigApplied"
 MIG_NOT_STARTED = "MIGChangeNotStarted"
 MIG_IN_PROGRESS = "MIGChangeInProgress"
@@ -291,3 +291,7 @@ UPGRADE_FAILED = "upgrade-failed"
 STATES = (UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED,
           DRAIN_REQUIRED, POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED, UPGRADE_DONE,
           UPGRADE_FAILED)
+# Between cordon-required and uncordon-required: what maxParallelUpgrades bounds, and what GPU
+# health's remediation waits for before it cordons a node itself.
+UPGRADE_ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,
+                  POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED)

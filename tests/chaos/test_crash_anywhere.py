@@ -24,7 +24,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
-from gpu_operator.controllers.upgrade_state import UPGRADE_DONE
+from gpu_operator.controllers.units.upgrade.state import UPGRADE_DONE
 from gpu_operator.controllers.views import OWNED_KINDS
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.controlplane import ControlPlane

@@ -6,7 +6,7 @@ new ResourceClaim; `--clear` (a reboot) -> allocatable again. Two ways, one cont
 
 - device-taint-rules: Kubernetes' defaults, which serve DeviceTaintRule (GA in 1.37:
   resource.k8s.io/v1, no feature gate or runtime config): the operator keeps one rule for the sick
-  GPU (controllers/health_dra.py);
+  GPU (controllers/units/health/dra.py);
 - plugin-health-check: a plane without DeviceTaintRule (resource.k8s.io/v1/devicetaintrules off,
   the gate DRADeviceTaintRules off: as 1.36's defaults), the DRA driver's gate NVMLDeviceHealthCheck on: the plugin (its stand-in,
   sim/drahealth.py) taints the device in its ResourceSlice, which the scheduler honours
@@ -35,8 +35,8 @@ from lightkube.types import PatchType
 
 from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
-from gpu_operator.controllers import health_dra
-from gpu_operator.controllers.health_dra import PCI_BUS_ID
+from gpu_operator.controllers.units.health import dra as health_dra
+from gpu_operator.controllers.units.health.dra import PCI_BUS_ID
 from gpu_operator.kube import devicetaints
 from gpu_operator.kube.client import GPUClusterResource, Kube
 from gpu_operator.kube.crds import apply_crds

@@ -1,6 +1,6 @@
 """GPU feature discovery's labels on a default install without NFD, end to end on the real control
 plane: the operator (real process) deploys GFD, the GFD stand-in publishes its NodeFeature where
-GFD's pod runs (sim/gfd.py), the operator mirrors the labels onto the Node (controllers/gfdlabels.py)
+GFD's pod runs (sim/gfd.py), the operator mirrors the labels onto the Node (controllers/units/labels/gfdlabels.py)
 and the MIG manager follows mig.capable; GFD off -> the real garbage collector deletes the objects
 with GFD's DaemonSet and the labels go. With NFD (the chart's nfd.enabled=false: the operator runs
 with --no-gfd-node-labels) NFD's master stand-in writes them and the operator writes none."""

@@ -34,9 +34,9 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.api.health import HealthReport
-from gpu_operator.controllers import health_machine as hm
-from gpu_operator.controllers.upgrade_state import ACTIVE as UPGRADE_ACTIVE
-from gpu_operator.controllers.upgrade_state import UPGRADE_DONE, WAIT_FOR_JOBS_REQUIRED
+from gpu_operator.controllers.units.health import machine as hm
+from gpu_operator.controllers.units.upgrade.state import ACTIVE as UPGRADE_ACTIVE
+from gpu_operator.controllers.units.upgrade.state import UPGRADE_DONE, WAIT_FOR_JOBS_REQUIRED
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim import nodes as sim_nodes
 from gpu_operator.sim import standins

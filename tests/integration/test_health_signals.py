@@ -17,7 +17,7 @@ from lightkube.resources.core_v1 import Node
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers.loop import NodeEvent
-from gpu_operator.controllers.units.health import HealthUnit
+from gpu_operator.controllers.units.health.unit import HealthUnit
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.sim.controlplane import ControlPlane
@@ -107,7 +107,7 @@ def test_remediation_restarts_the_device_plugin_and_releases(control_plane: Cont
     -> validating -> the agent reports healthy -> released (uncordoned, untainted, condition True)."""
     from lightkube.resources.core_v1 import Pod
 
-    from gpu_operator.controllers import health_machine as hm
+    from gpu_operator.controllers.units.health import machine as hm
     from gpu_operator.vocabulary import HEALTH_STATE
 
     name = fake_nodes("a10:1")[0]

@@ -23,7 +23,7 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
-from gpu_operator.controllers import mig_rules
+from gpu_operator.controllers.units.mig import rules as mig_rules
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess
 from tests.integration.test_sim_mig import DEVICE_PLUGIN, MIG_CONFIG, STATE, History

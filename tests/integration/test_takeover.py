@@ -21,7 +21,7 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import CascadeType
 
-from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_REQUIRED
+from gpu_operator.controllers.units.upgrade.state import ACTIVE, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import FIELD_MANAGER, ClusterPolicyResource
 from gpu_operator.kube.resources import resource_for
 from gpu_operator.sim.operator_process import OperatorProcess

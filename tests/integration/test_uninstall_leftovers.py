@@ -25,7 +25,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.controllers.upgrade_state import (
+from gpu_operator.controllers.units.upgrade.state import (
     POD_DELETION_REQUIRED,
     UPGRADE_REQUIRED,
     WAIT_FOR_JOBS_REQUIRED,

@@ -23,8 +23,13 @@ from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBi
 from lightkube.types import PatchType
 
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers import upgrade_state as us
-from gpu_operator.controllers.upgrade_state import ACTIVE, UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIRED
+from gpu_operator.controllers.units.upgrade import state as us
+from gpu_operator.controllers.units.upgrade.state import (
+    ACTIVE,
+    UPGRADE_DONE,
+    UPGRADE_FAILED,
+    UPGRADE_REQUIRED,
+)
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.controlplane import ControlPlane
 from gpu_operator.sim.operator_process import OperatorProcess

@@ -117,7 +117,7 @@ def test_only_kube_speaks_http() -> None:
     the eviction), and no wire decoder lives there."""
     root = Path(__file__).resolve().parents[2] / "src" / "gpu_operator" / "controllers"
     sending = re.compile(r"\.http\.(get|post|put|patch|delete|stream|request)\(")
-    found = [f"{path.name}:{n}" for path in sorted(root.glob("*.py"))
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1)
              if sending.search(line) or re.match(r"\s*(import msgspec|from msgspec)", line)]
     assert found == [], f"HTTP or wire decoding in controllers/: {found}; move it to kube/"

@@ -1,8 +1,8 @@
 """`gpu-operator cleanup`, before an uninstall (the chart's pre-delete hook): delete our CRs and
 wait for them to go, stop the operator, uncordon the nodes a driver upgrade in progress had
 cordoned, take back what GPU health wrote on the nodes (its condition, its quarantine taint, the
-cordon remediation set: controllers/health_exec.py; on the DRA stack its DeviceTaintRules:
-controllers/health_dra.py), take our node labels and annotations back
+cordon remediation set: controllers/units/health/executor.py; on the DRA stack its DeviceTaintRules:
+controllers/units/health/dra.py), take our node labels and annotations back
 (controllers/cleanup.py, which the operator uses too when the last ClusterPolicy goes), and with
 --crds delete our CRDs."""
 
@@ -18,11 +18,16 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator.api.crdgen import load_packaged
 from gpu_operator.controllers.cleanup import OWNER_KINDS, strip_nodes
-from gpu_operator.controllers.health_dra import delete_rules
-from gpu_operator.controllers.health_exec import take_back
 from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.controllers.units.mig import take_back as take_back_mig
-from gpu_operator.controllers.upgrade_state import CORDON_REQUIRED, UNKNOWN, UPGRADE_DONE, UPGRADE_REQUIRED
+from gpu_operator.controllers.units.health.dra import delete_rules
+from gpu_operator.controllers.units.health.executor import take_back
+from gpu_operator.controllers.units.mig.unit import take_back as take_back_mig
+from gpu_operator.controllers.units.upgrade.state import (
+    CORDON_REQUIRED,
+    UNKNOWN,
+    UPGRADE_DONE,
+    UPGRADE_REQUIRED,
+)
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.kube.crdowners import other_owner
 from gpu_operator.vocabulary import (

@@ -1,7 +1,7 @@
 """`gpu-operator health status|retry NODE|hold NODE`: GPU health and remediation from the command
 line. Reads the Nodes (the condition, state label and annotations the operator writes); retry and
 hold write the node's state label as the operator's remediation machine reads it
-(controllers/health_machine.py), so the operator resumes from there."""
+(controllers/units/health/machine.py), so the operator resumes from there."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ async def _nodes(kube: Kube) -> list[dict[str, Any]]:
 
 
 async def _retry(kube: Kube, node: str) -> None:
-    from gpu_operator.controllers.health_machine import retry_patch
+    from gpu_operator.controllers.units.health.machine import retry_patch
     from gpu_operator.kube.reach import node_or_exit
     body = await node_or_exit(kube, node)
     await kube.merge_patch("v1", "Node", node, retry_patch(body["metadata"].get("annotations") or {}))
 
 
 async def _hold(kube: Kube, node: str, reason: str) -> None:
-    from gpu_operator.controllers.health_machine import hold_patch
+    from gpu_operator.controllers.units.health.machine import hold_patch
     from gpu_operator.kube.reach import node_or_exit
     await node_or_exit(kube, node)
     await kube.merge_patch("v1", "Node", node, hold_patch(reason, time.time()))

@@ -121,7 +121,7 @@ async def _read(kube: Kube) -> _Reading:
 
 
 async def _retry(kube: Kube, node: str) -> None:
-    from gpu_operator.controllers.upgrade_state import retry_patch
+    from gpu_operator.controllers.units.upgrade.state import retry_patch
     from gpu_operator.kube.reach import node_or_exit
     current = await node_or_exit(kube, node)
     await kube.merge_patch("v1", "Node", node, retry_patch(dict(current["metadata"].get("annotations") or {})))

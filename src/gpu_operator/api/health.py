@@ -7,7 +7,7 @@ HEALTH_REPORT_ANNOTATION (nvidia.com/gpu-health.report), schema version 1.
 
     NodeReport.of(text)   # the report, or why the text is none, or no report (text None): never raises
 
-The GPU health unit (controllers/units/health.py) reads each node's annotation once per pass into a
+The GPU health unit (controllers/units/health/unit.py) reads each node's annotation once per pass into a
 NodeReport, which the signals, the remediation machine and the DRA device taints share.
 
 The agent (gpu_operator.node.health) writes it once per change and never while nothing changes.

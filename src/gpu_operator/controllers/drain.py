@@ -1,6 +1,6 @@
-"""The one drain both controllers that empty a node use: driver upgrades (controllers/upgrade.py and
-its state machine, controllers/upgrade_state.py: GPU pod deletion and the drain) and GPU health
-remediation (controllers/health_exec.py and controllers/health_machine.py). Three steps, the same
+"""The one drain both controllers that empty a node use: driver upgrades (controllers/units/upgrade/controller.py and
+its state machine, controllers/units/upgrade/state.py: GPU pod deletion and the drain) and GPU health
+remediation (controllers/units/health/executor.py and controllers/units/health/machine.py). Three steps, the same
 for both:
 
 - which pods are on the node and what a drain knows of them (`pods_on`, `pod_facts`: GPU holders

@@ -18,7 +18,6 @@ from gpu_operator.controllers import metrics
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.gpuholders import runtime_access
-from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, UnitBase, UnitLoop
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.reflector import NodeReflector
@@ -26,6 +25,7 @@ from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
 from gpu_operator.controllers.units.health import HealthUnit
+from gpu_operator.controllers.units.health.dra import DeviceTaints
 from gpu_operator.controllers.units.labels import LabelUnit
 from gpu_operator.controllers.units.mig import MIGUnit
 from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit

@@ -10,10 +10,19 @@ from dataclasses import dataclass
 import pydantic
 
 from gpu_operator.api.nvidiadriver import NVIDIADriver, NVIDIADriverUpgradePolicy
-from gpu_operator.controllers.nodelabels import NodeDriver
 from gpu_operator.controllers.views import ClusterPolicyView, DriverPodView, NodeView, NVIDIADriverView
 from gpu_operator.render.driverowners import Routing, route
 from gpu_operator.vocabulary import DRIVER_OWNER
+
+
+@dataclass(frozen=True)
+class NodeDriver:
+    """What the NVIDIADrivers say about one GPU node (see gpu_operator.render.driverowners)."""
+
+    owner: str | None = None  # the owning NVIDIADriver; None: no NVIDIADriver claims the node
+    conflict: bool = False  # two NVIDIADrivers claim it: owner label and annotation stay as they are
+    auto_upgrade: bool = True  # the owner's spec.upgradePolicy.autoUpgrade (default true)
+    orphaned_driver_pod: bool = False  # a running driver pod no DaemonSet owns (left by a switch)
 
 
 def active_policy(policies: Iterable[ClusterPolicyView]) -> ClusterPolicyView | None:

@@ -21,8 +21,7 @@ from gpu_operator.api.gpucluster import VERSION as GPUCLUSTER_VERSION
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers.discovery import ClusterInfo
-from gpu_operator.controllers.nodelabels import NodeDriver
-from gpu_operator.controllers.queries import active_policy, node_drivers, parse_drivers
+from gpu_operator.controllers.queries import NodeDriver, active_policy, node_drivers, parse_drivers
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     ClusterPolicyView,

@@ -16,7 +16,7 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES
 from gpu_operator.api.nvidiadriver import NVIDIADriver
-from gpu_operator.controllers import nodelabels
+from gpu_operator.render.distributions import MICROK8S_LABEL
 from gpu_operator.render.facts import NodeFacts, passthrough_list, probe_runtime
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
@@ -25,9 +25,14 @@ from gpu_operator.vocabulary import (
     HASH_ANNOTATION,
     HEALTH_CONDITION,
     HEALTH_TAINT,
+    KERNEL_FULL,
     MIG_ANNOTATION_PREFIX,
     MIG_CONDITION,
+    NFD_DEVICE_LABEL_PREFIX,
+    NFD_GPU_LABELS,
+    NFD_HYPERVISOR,
     NFD_PREFIX,
+    NVIDIA,
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,
     STATE_LABEL,
@@ -37,12 +42,12 @@ from gpu_operator.vocabulary import (
 
 UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 # What the node labeller and the KubeVirt sync read: the upgrade switch, a mixed node's passthrough
-# list, the probe's published GPU facts, the GFD labels the labeller wrote (controllers/gfdlabels.py).
+# list, the probe's published GPU facts, the GFD labels the labeller wrote (controllers/units/labels/gfdlabels.py).
 KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION,
                     GFD_LABELS_ANNOTATION)
 M = TypeVar("M", bound=pydantic.BaseModel)
 # GPU health: the agent's report (nvidia.com/gpu-health.report) and the remediation state
-# machine's annotations (controllers/health_machine.py) share this prefix.
+# machine's annotations (controllers/units/health/machine.py) share this prefix.
 HEALTH_ANNOTATION_PREFIX = "nvidia.com/gpu-health."
 
 
@@ -51,6 +56,14 @@ def kept_annotation(key: str) -> bool:
     unit reads and writes."""
     return key in KEPT_ANNOTATIONS or key.startswith(
         (UPGRADE_ANNOTATION_PREFIX, HEALTH_ANNOTATION_PREFIX, MIG_ANNOTATION_PREFIX))
+
+
+def is_relevant_label(key: str) -> bool:
+    """The label keys the operator keeps in memory per node (everything else is dropped)."""
+    return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
+        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX) \
+        or key == MICROK8S_LABEL \
+        or key == NFD_HYPERVISOR  # the runtime's distribution (render/distributions.py); a VM guest (guestnvlink.py)
 
 
 def kept_taint(key: str) -> bool:
@@ -173,7 +186,7 @@ class NodeView:
         annotations the operator reads are kept in `labels`/`annotations`."""
         return cls(
             name=name,
-            labels={k: v for k, v in labels.items() if nodelabels.is_relevant_label(k)},
+            labels={k: v for k, v in labels.items() if is_relevant_label(k)},
             annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
             runtime=runtime, kernel=kernel, kubelet=kubelet, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
             seen=seen, taints=taints, gpu_condition=gpu_condition, mig_condition=mig_condition,

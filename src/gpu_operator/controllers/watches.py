@@ -6,14 +6,13 @@ Nodes are not watched here: the Node reflector (controllers/reflector.py) does t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, cast
 
 import kopf
 
 from gpu_operator.controllers import kopflogin
 from gpu_operator.controllers.echoes import StatusEchoes
-from gpu_operator.controllers.gfdlabels import gfd_node_of
 from gpu_operator.controllers.loop import Event, Kind, ObjectEvent
 from gpu_operator.controllers.readmodel import (
     DRIVER_PODS,
@@ -39,9 +38,11 @@ from gpu_operator.controllers.views import (
 from gpu_operator.vocabulary import (
     COMPONENT,
     DRIVER_COMPONENT_VALUE,
+    GFD_NODE_FEATURE_PREFIX,
     MANAGED_BY,
     MANAGED_BY_VALUE,
     MANAGED_SELECTOR,
+    NFD_NODE_NAME_LABEL,
     NODE_FEATURE_GROUP,
     NODE_FEATURE_PLURAL,
     NODE_FEATURE_VERSION,
@@ -189,7 +190,7 @@ class Watches:
 
     def watch_gfd_features(self) -> None:
         """GPU feature discovery's NodeFeature objects in our namespace, indexed by node: node
-        labelling mirrors their labels onto the Nodes (controllers/gfdlabels.py)."""
+        labelling mirrors their labels onto the Nodes (controllers/units/labels/gfdlabels.py)."""
         resource = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, NODE_FEATURE_PLURAL)
 
         async def indexed(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, str]]:
@@ -203,3 +204,10 @@ class Watches:
         kopf.index(*resource, id=GFD_FEATURES, registry=self.registry)(indexed)
         kopf.on.event(*resource, id=f"{GFD_FEATURES}_event", registry=self.registry)(changed)
         self.watched.append(Watched(resource, GFD_FEATURES))
+
+
+def gfd_node_of(name: str, labels: Mapping[str, str]) -> str | None:
+    """The node a NodeFeature of GFD's speaks for: GFD names it `nvidia-features-for-<node>` and
+    labels it with NFD's node-name label; any other NodeFeature is not GFD's and is ignored."""
+    node = labels.get(NFD_NODE_NAME_LABEL) or ""
+    return node if node and name == GFD_NODE_FEATURE_PREFIX + node else None

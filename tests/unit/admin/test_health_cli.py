@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from gpu_operator.admin import health_cli
-from gpu_operator.controllers import health_machine as hm
+from gpu_operator.controllers.units.health import machine as hm
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_STATE
 from tests.unit.controllers.healthkit import FakeKube
 

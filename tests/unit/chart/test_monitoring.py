@@ -226,8 +226,8 @@ def selectors(node: Any) -> Iterator[Any]:
 def test_the_health_alerts_match_the_operators_labels_and_states(render: Callable[..., Rendered]) -> None:
     """The GPU health alerts select the operator's health metrics by labels they have and by values
     those labels take (the states the operator sets, the results it counts)."""
-    from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
-    from gpu_operator.controllers.health_rules import METRIC_STATES
+    from gpu_operator.controllers.units.health.metrics import NODE_HEALTH, REMEDIATIONS
+    from gpu_operator.controllers.units.health.rules import METRIC_STATES
 
     metrics = {"gpu_operator_node_gpu_health": (NODE_HEALTH, {"state": set(METRIC_STATES)}),
                "gpu_operator_health_remediations_total": (REMEDIATIONS, {"result": {"succeeded", "failed"}})}

@@ -14,7 +14,7 @@ import httpx2
 import pytest
 from lightkube.core.exceptions import ApiError
 
-from gpu_operator.controllers import health_dra as hd
+from gpu_operator.controllers.units.health import dra as hd
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube import devicetaints
 from gpu_operator.kube.pages import Evicted

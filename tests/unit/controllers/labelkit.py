@@ -1,12 +1,12 @@
 """Label policies for node-labelling tests, built the way the operator builds them: the
 ClusterPolicy's view parsed by the api model (controllers/views.py), then LabelPolicy.of its spec
-(controllers/units/labels.py)."""
+(controllers/units/labels/unit.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.controllers.nodelabels import LabelPolicy
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy
 from gpu_operator.controllers.views import ClusterPolicyView
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
-from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     SERVICE_MONITOR,

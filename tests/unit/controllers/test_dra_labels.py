@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_operator.controllers.gpuholders import claim_holding_nodes
-from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy, desired_change
 from gpu_operator.vocabulary import (
     DRA_DRIVER_LABEL,
     DRA_STATE_LABELS,
@@ -62,7 +62,7 @@ def test_claim_holders_are_nodes_of_reserved_gpu_claims() -> None:
 
 
 def test_with_nvidiadrivers_the_dra_stack_gets_owner_labels_and_their_upgrade_switch() -> None:
-    from gpu_operator.controllers.nodelabels import NodeDriver
+    from gpu_operator.controllers.queries import NodeDriver
     from gpu_operator.vocabulary import DRIVER_OWNER
 
     labels = {**GPU, **{k: "true" for k in DRA_STATE_LABELS}}
@@ -79,7 +79,7 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
 
     from gpu_operator.controllers.readmodel import ReadModel
     from gpu_operator.controllers.settings import OperatorSettings
-    from gpu_operator.controllers.units.labels import LabelUnit
+    from gpu_operator.controllers.units.labels.unit import LabelUnit
     from gpu_operator.controllers.views import NodeView
 
     held = {"status": {"allocation": {"devices": {"results": [

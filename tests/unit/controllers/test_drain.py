@@ -131,13 +131,13 @@ def test_no_controllers_module_uses_another_modules_private_names() -> None:
 
 
 def test_the_boundary_check_sees_a_private_drain_call() -> None:
-    known = {f"{C}.upgrade_state", f"{C}.drain"}
-    posing = "from gpu_operator.controllers import upgrade_state as us\nus._eviction(1)\n"
-    direct = "from gpu_operator.controllers.upgrade_state import _eviction\n"
-    assert _private_uses(f"{C}.health_machine", ast.parse(posing), known) == [
-        f"{C}.health_machine uses {C}.upgrade_state._eviction"
+    known = {f"{C}.units.upgrade.state", f"{C}.drain"}
+    posing = "from gpu_operator.controllers.units.upgrade import state as us\nus._eviction(1)\n"
+    direct = "from gpu_operator.controllers.units.upgrade.state import _eviction\n"
+    assert _private_uses(f"{C}.units.health.machine", ast.parse(posing), known) == [
+        f"{C}.units.health.machine uses {C}.units.upgrade.state._eviction"
     ]
-    assert _private_uses(f"{C}.health_machine", ast.parse(direct), known) == [
-        f"{C}.health_machine imports {C}.upgrade_state._eviction"
+    assert _private_uses(f"{C}.units.health.machine", ast.parse(direct), known) == [
+        f"{C}.units.health.machine imports {C}.units.upgrade.state._eviction"
     ]
-    assert _private_uses(f"{C}.upgrade_state", ast.parse(posing), known) == []
+    assert _private_uses(f"{C}.units.upgrade.state", ast.parse(posing), known) == []

@@ -1,4 +1,4 @@
-"""GPU feature discovery's labels mirrored onto the Node (controllers/gfdlabels.py), through the
+"""GPU feature discovery's labels mirrored onto the Node (controllers/units/labels/gfdlabels.py), through the
 node-labelling decision that carries them (nodelabels.desired_change)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from gpu_operator.controllers.gfdlabels import gfd_change, gfd_node_of, mirrored, written
-from gpu_operator.controllers.labeller import _describe
-from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.units.labels.gfdlabels import gfd_change, mirrored, written
+from gpu_operator.controllers.units.labels.labeller import _describe
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy, desired_change
 from gpu_operator.controllers.views import NodeView
+from gpu_operator.controllers.watches import gfd_node_of
 from gpu_operator.render.states.mig_manager import LAYOUTS, mig_capable_devices
 from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION, MIG_CONFIG, MIG_MANAGER, deploy_label
 

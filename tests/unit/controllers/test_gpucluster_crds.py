@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 
 from gpu_operator import vocabulary as vocab
-from gpu_operator.controllers.gpucluster import COMPUTE_DOMAIN_CRDS, ClusterSnapshot, GPUClusterReconciler
+from gpu_operator.controllers.units.gpucluster.reconcile import (
+    COMPUTE_DOMAIN_CRDS,
+    ClusterSnapshot,
+    GPUClusterReconciler,
+)
 from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
 from gpu_operator.kube.crdowners import LeftCRD
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES

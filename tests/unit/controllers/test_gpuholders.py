@@ -10,7 +10,6 @@ import pytest
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
 from gpu_operator.controllers import drain
-from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.gpuholders import (
     RuntimeAccess,
     claim_keys,
@@ -19,6 +18,7 @@ from gpu_operator.controllers.gpuholders import (
     reaches_gpu_by_runtime,
     requests_gpu,
 )
+from gpu_operator.controllers.units.upgrade import state as us
 from gpu_operator.vocabulary import UPGRADE_STATE
 
 DEFAULT = RuntimeAccess.of(ClusterPolicySpec())
@@ -167,8 +167,7 @@ def test_gpu_pod_deletion_evicts_every_holder_but_never_a_daemonset_pod() -> Non
 
 def test_remediation_drain_uses_the_same_rule() -> None:
     from gpu_operator.api.healthpolicy import RemediationSpec
-    from gpu_operator.controllers import health_machine as hm
-
+    from gpu_operator.controllers.units.health import machine as hm
     node = hm.RemediationFacts("n1", state=hm.DRAINING, pods=node_pods())
     step = hm.decide(node, RemediationSpec(enabled=True), 100.0, True)
     assert [p.name for p in step.evict] == ["dra", "runtime"]

@@ -1,4 +1,4 @@
-"""GPU health on the DRA stack: which DeviceTaintRules for which report (controllers/health_dra.py)."""
+"""GPU health on the DRA stack: which DeviceTaintRules for which report (controllers/units/health/dra.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.health import HealthReport, NodeReport
-from gpu_operator.controllers import health_dra as hd
+from gpu_operator.controllers.units.health import dra as hd
 from gpu_operator.kube import devicetaints
 from gpu_operator.vocabulary import HEALTH_TAINT, MANAGED_BY, MANAGED_BY_VALUE
 from tests.unit.controllers.healthkit import FakeDRA, slice_of

@@ -7,8 +7,8 @@ from typing import Any
 
 from gpu_operator.api.health import HealthReport
 from gpu_operator.api.healthpolicy import FlappingSpec, RemediationSpec
-from gpu_operator.controllers import health_machine as hm
-from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.units.health import machine as hm
+from gpu_operator.controllers.units.upgrade import state as us
 from gpu_operator.vocabulary import UPGRADE_STATE
 
 NOW = 1_000_000.0

@@ -9,7 +9,7 @@ import pytest
 
 from gpu_operator.api.health import HealthReport, NodeReport, ReportError
 from gpu_operator.api.healthpolicy import DEFAULT_STARTUP_TAINT, HealthSpec, StartupTaintSpec
-from gpu_operator.controllers import health_rules as hr
+from gpu_operator.controllers.units.health import rules as hr
 from gpu_operator.vocabulary import HEALTH_TAINT
 
 POLICY = HealthSpec()

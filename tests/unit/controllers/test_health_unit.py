@@ -14,10 +14,10 @@ from prometheus_client import REGISTRY
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.health import HealthReport
 from gpu_operator.api.healthpolicy import HealthSpec
-from gpu_operator.controllers import health_machine as hm
-from gpu_operator.controllers.health_dra import DeviceTaints
 from gpu_operator.controllers.loop import NodeEvent
-from gpu_operator.controllers.units.health import HealthUnit, PassReport
+from gpu_operator.controllers.units.health import machine as hm
+from gpu_operator.controllers.units.health.dra import DeviceTaints
+from gpu_operator.controllers.units.health.unit import HealthUnit, PassReport
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
 from tests.unit.controllers.healthkit import FakeDRA, FakeKube, slice_of
 
@@ -236,7 +236,7 @@ def test_runs_in_a_unit_loop_served_at_once() -> None:
 
 
 def test_take_back_undoes_condition_taint_and_our_cordon_only() -> None:
-    from gpu_operator.controllers.health_exec import take_back
+    from gpu_operator.controllers.units.health.executor import take_back
 
     kube = FakeKube()
     kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: XID48})

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.controllers.nodelabels import desired_change
-from gpu_operator.controllers.upgrade_owners import clusterpolicy_owner
+from gpu_operator.controllers.units.labels.nodelabels import desired_change
+from gpu_operator.controllers.units.upgrade.owners import clusterpolicy_owner
 from gpu_operator.controllers.views import ClusterPolicyView
 from gpu_operator.vocabulary import (
     GPU_PRODUCT,

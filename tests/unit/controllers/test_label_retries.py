@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from gpu_operator.controllers import metrics
-from gpu_operator.controllers.labeller import LabelFailure, LabelReport, LabelRetries
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.units.labels.labeller import LabelFailure, LabelReport, LabelRetries
 
 FORBIDDEN = LabelFailure(403, 'nodes "gpu-1" is forbidden: denied by policy')
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.loop import UnitLoop
-from gpu_operator.controllers.nodelabels import LabelPolicy
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.labels import LabelUnit
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy
+from gpu_operator.controllers.units.labels.unit import LabelUnit
 from gpu_operator.controllers.views import ClusterPolicyView, NodeView
 from gpu_operator.vocabulary import GPU_PRESENT
 

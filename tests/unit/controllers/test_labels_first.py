@@ -11,7 +11,7 @@ from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.manager import Manager
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.upgrade import UpgradeUnit
+from gpu_operator.controllers.units.upgrade.unit import UpgradeUnit
 from gpu_operator.controllers.views import ClusterPolicyView
 from gpu_operator.kube.client import Kube
 

@@ -1,4 +1,4 @@
-"""controllers/mig_rules.py: the verdict on a node's MIG change, table by table (in progress, stuck
+"""controllers/units/mig/rules.py: the verdict on a node's MIG change, table by table (in progress, stuck
 past the budget, MIG manager gone, failed, invalid config, applied), the restore order and the
 retries with their backoff, never while a change is in progress or labels are paused."""
 
@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.units.mig import rules as mr
 from gpu_operator.vocabulary import (
     MIG_APPLIED,
     MIG_FAILED,
@@ -177,10 +177,9 @@ def test_invalid_config_names_the_valid_ones_and_is_never_retried() -> None:
     assert not d.retry and d.notes == {MIG_RETRY: None}
 
 
-def test_paused_labels_and_the_restore_order() -> None:
+def test_paused_labels() -> None:
     labels = {DP: MIG_PAUSED, GFD: "true", deploy_label("dcgm"): MIG_PAUSED, "other": MIG_PAUSED}
     assert mr.paused_labels(labels) == (deploy_label("dcgm"), DP)
-    assert mr.restore_ordered({MIG_RESTORE: "x"}) and not mr.restore_ordered({})
 
 
 @pytest.mark.parametrize(("value", "parsed"), [("2 1700", (2, 1700.0)), ("", (0, None)), (None, (0, None)),

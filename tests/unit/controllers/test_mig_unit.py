@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
-from gpu_operator.controllers.units.mig import ECHO_WAIT, MIGUnit, PassReport
+from gpu_operator.controllers.units.mig import rules as mr
+from gpu_operator.controllers.units.mig.unit import ECHO_WAIT, MIGUnit, PassReport
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.render.states.mig_manager import default_mig_config
 from gpu_operator.vocabulary import (
@@ -262,7 +262,7 @@ def test_no_policy_writes_nothing() -> None:
 
 
 def test_take_back_removes_our_condition_only_where_it_is() -> None:
-    from gpu_operator.controllers.units.mig import take_back
+    from gpu_operator.controllers.units.mig.unit import take_back
 
     kube = Kube()
     mig_node(kube, **{MIG_CONFIG_STATE: "success"})

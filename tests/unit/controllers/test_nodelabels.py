@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_operator.controllers.nodelabels import (
+from gpu_operator.controllers.units.labels.nodelabels import (
     LabelPolicy,
     desired_change,
     mig_capable,

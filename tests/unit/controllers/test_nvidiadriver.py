@@ -6,8 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.api.nvidiadriver import NVIDIADriver
-from gpu_operator.controllers.nodelabels import NodeDriver, desired_change
-from gpu_operator.controllers.queries import effective_owners, node_drivers, routing_of, upgrade_groups
+from gpu_operator.controllers.queries import (
+    NodeDriver,
+    effective_owners,
+    node_drivers,
+    routing_of,
+    upgrade_groups,
+)
+from gpu_operator.controllers.units.labels.nodelabels import desired_change
 from gpu_operator.controllers.views import DriverPodView, NodeView
 from tests.unit.controllers.labelkit import label_policy
 

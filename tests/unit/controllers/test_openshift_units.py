@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.discovery import ClusterInfo
-from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
 from gpu_operator.controllers.readmodel import DRIVERS, GPUCLUSTERS, POLICIES, ReadModel, owned_index
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
-from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
-from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
+from gpu_operator.controllers.units.clusterpolicy.unit import ClusterPolicyUnit
+from gpu_operator.controllers.units.gpucluster.reconcile import ClusterSnapshot, GPUClusterReconciler
+from gpu_operator.controllers.units.gpucluster.unit import GPUClusterUnit
+from gpu_operator.controllers.units.nvidiadriver.unit import NVIDIADriverUnit
 from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from tests.unit.controllers.test_gpucluster_crds import CRDKube

@@ -10,10 +10,10 @@ import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import Status
 
-from gpu_operator.controllers import labeller as labeller_module
-from gpu_operator.controllers.labeller import NodeLabeller
-from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change
 from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
+from gpu_operator.controllers.units.labels import labeller as labeller_module
+from gpu_operator.controllers.units.labels.labeller import NodeLabeller
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy, desired_change
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.vocabulary import GPU_PRESENT
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any, cast
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers.podsecurity import NamespaceLabeller, namespace_labels
+from gpu_operator.controllers.units.clusterpolicy.podsecurity import NamespaceLabeller, namespace_labels
 from gpu_operator.kube.client import Kube
 
 

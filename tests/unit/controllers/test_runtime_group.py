@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from gpu_operator.controllers.nodelabels import LabelPolicy, desired_change, is_relevant_label
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy, desired_change
+from gpu_operator.controllers.views import is_relevant_label
 from gpu_operator.render.distributions import PENDING
 from gpu_operator.vocabulary import GPU_PRESENT, RUNTIME_GROUP
 

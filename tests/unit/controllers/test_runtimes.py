@@ -1,5 +1,5 @@
 """A GPU node whose runtime is not recognised: the ClusterPolicy's status names it, and the node
-gets one Warning Event per message (controllers/runtimes.py)."""
+gets one Warning Event per message (controllers/units/clusterpolicy/runtimes.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers import runtimes
 from gpu_operator.controllers import status as st
+from gpu_operator.controllers.units.clusterpolicy import runtimes
 from gpu_operator.render.facts import ClusterFacts, NodeFacts
 from gpu_operator.vocabulary import GPU_PRESENT, NOT_READY, RUNTIME_NOT_RECOGNISED
 

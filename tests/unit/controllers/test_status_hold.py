@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.controllers import clusterpolicy
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import ReconcileReport
-from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy import reconcile as clusterpolicy
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.views import ClusterPolicyView
 
 

@@ -12,8 +12,8 @@ import pytest
 from gpu_operator import vocabulary as vocab
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import ReconcileReport
-from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.views import ClusterPolicyView
 
 UPGRADE_MESSAGE = (

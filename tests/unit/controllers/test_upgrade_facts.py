@@ -1,4 +1,4 @@
-"""The upgrade controller's fact-gathering and patch-building helpers (pure parts of upgrade.py)."""
+"""The upgrade controller's fact-gathering and patch-building helpers (pure parts of units/upgrade/controller.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from typing import Any
 
 import msgspec
 
-from gpu_operator.controllers import drain, upgrade, upgrade_owners
-from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers import drain
 from gpu_operator.controllers.clock import Clock
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.upgrade import UpgradeController, node_patch, reflects
+from gpu_operator.controllers.units.upgrade import controller as upgrade
+from gpu_operator.controllers.units.upgrade import owners as upgrade_owners
+from gpu_operator.controllers.units.upgrade import state as us
+from gpu_operator.controllers.units.upgrade.controller import UpgradeController, node_patch, reflects
 from gpu_operator.controllers.views import DriverPodView, NodeView
 from gpu_operator.kube import pages
 from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL, UPGRADE_STATE

@@ -1,4 +1,4 @@
-"""Driver upgrades per owner: which owners a pass runs for (pure, controllers/upgrade_owners.py),
+"""Driver upgrades per owner: which owners a pass runs for (pure, controllers/units/upgrade/owners.py),
 which driver pod each owner looks at, and one pass over two NVIDIADrivers against a fake
 apiserver (lists read once, every step on the owner's own nodes)."""
 
@@ -13,16 +13,16 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gpu_operator.api.nvidiadriver import NVIDIADriverUpgradePolicy
-from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.upgrade import (
+from gpu_operator.controllers.units.upgrade import state as us
+from gpu_operator.controllers.units.upgrade.controller import (
     PassPod,
     UpgradeController,
     drivers_by_node,
     latest_revisions,
     pass_pods,
 )
-from gpu_operator.controllers.upgrade_owners import Owner, clusterpolicy_owner, upgrade_owners
+from gpu_operator.controllers.units.upgrade.owners import Owner, clusterpolicy_owner, upgrade_owners
 from gpu_operator.controllers.views import (
     ClusterPolicyView,
     DriverPodView,

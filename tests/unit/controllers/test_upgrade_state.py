@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.common import DriverUpgradePolicySpec
-from gpu_operator.controllers import upgrade_state as us
+from gpu_operator.controllers.units.upgrade import state as us
 from gpu_operator.vocabulary import (
     UPGRADE_DRAIN_START_ANNOTATION,
     UPGRADE_FAILURE_REASON_ANNOTATION,

@@ -103,13 +103,13 @@ def test_the_passes_metric_lists_every_unit_the_manager_builds() -> None:
 
 
 def test_the_readme_and_the_architecture_name_every_unit() -> None:
-    modules = sorted(p.stem for p in (SRC / "controllers" / "units").glob("*.py") if p.stem != "__init__")
-    assert len(modules) == len(built_units()), "one module per unit under controllers/units/"
+    folders = sorted(p.name for p in (SRC / "controllers" / "units").iterdir() if (p / "__init__.py").is_file())
+    assert len(folders) == len(built_units()), "one folder per unit under controllers/units/"
     diagram = ARCHITECTURE_MD.read_text()
-    assert [m for m in modules if f"(units/{m}.py" not in diagram] == []
+    assert [m for m in folders if f"(units/{m}/" not in diagram] == []
     line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.strip().startswith("units/"))
     listed = re.search(r"\(([^)]*)\)", line)
-    assert listed and len(listed.group(1).split(", ")) == len(modules), line
+    assert listed and len(listed.group(1).split(", ")) == len(folders), line
 
 
 # -- settings ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import yaml
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.health import NodeReport
 from gpu_operator.api.healthpolicy import READINESS_TAINT_PREFIX, StartupTaintSpec
-from gpu_operator.controllers import health_rules
+from gpu_operator.controllers.units.health import rules as health_rules
 from gpu_operator.render import render
 from gpu_operator.vocabulary import HEALTH_CONDITION
 from tests.support.docblocks import blocks

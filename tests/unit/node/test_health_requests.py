@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.health import HealthReport
-from gpu_operator.controllers.health_machine import request_text
+from gpu_operator.controllers.units.health.machine import request_text
 from gpu_operator.node.health import HealthAgent, encode, run
 from gpu_operator.node.health.requests import (
     SENTINEL,

@@ -17,7 +17,7 @@ import pytest
 
 from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
-from gpu_operator.controllers.health_machine import request_text
+from gpu_operator.controllers.units.health.machine import request_text
 from gpu_operator.sim import kubeletdp
 from gpu_operator.sim.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.health import APP, CONTAINER, HealthStandIn

@@ -2,8 +2,8 @@
 answered in the agent's report.
 
 Where a request comes from: one Secret in the operator's namespace (HEALTH_REQUESTS_SECRET), one
-data key per node, written by the operator alone (controllers/health_machine.py decides,
-controllers/health_exec.py writes); the agent may only get and watch that one Secret by name
+data key per node, written by the operator alone (controllers/units/health/machine.py decides,
+controllers/units/health/executor.py writes); the agent may only get and watch that one Secret by name
 (node/kubeapi.py's RequestWatch). Node annotations ask nothing: whoever may patch a Node (many
 identities may) cannot make this agent reset or reboot anything. The agent acts on an entry only
 when it is its own node's (`node`), remediation is on (`remediation`), and the remediation attempt
@@ -56,7 +56,7 @@ NO_SUCH = "no such GPU on this node"
 GONE = "gone from the bus (only a reboot brings it back)"
 # outcomes that stay for the request (a GPU refused because something holds it is tried again)
 FINAL = (DONE, FAILED, f"{REFUSED}:{NO_SUCH}", f"{REFUSED}:{GONE}")
-VALIDATING = "validating"  # the machine's state while it waits for the agent (health_machine.VALIDATING)
+VALIDATING = "validating"  # the machine's state while it waits for the agent (controllers/units/health/machine.py's VALIDATING)
 _NSPID = re.compile(r"^NSpid:\s*(\d+)", re.MULTILINE)
 _PID = re.compile(r"^Pid:\s*(\d+)", re.MULTILINE)
 

@@ -19,7 +19,6 @@ from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, o
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.loop import Result
-from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys
 from gpu_operator.controllers.queries import active_policy, effective_owners, parse_drivers, routing_of
 from gpu_operator.controllers.settings import OperatorSettings
@@ -34,6 +33,7 @@ from gpu_operator.controllers.views import (
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
 from gpu_operator.render.driverowners import Routing, conflict_message
+from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.nvidiadriver import driver_policy, pools_of, render_nvidiadriver
 from gpu_operator.vocabulary import DRIVER_OWNER
 

@@ -1,8 +1,8 @@
 """GPU remediation, a pure and resumable state machine: node facts + spec.health.remediation + now
 -> per node the next step. Everything it remembers lives on the Node (the HEALTH_STATE label and
 nvidia.com/gpu-health.* annotations), so an operator restarted mid-way resumes where the node is,
-as the driver upgrade machine does (controllers/upgrade_state.py); its drain is the one both use
-(controllers/drain.py). No I/O: controllers/health_exec.py carries the steps out.
+as the driver upgrade machine does (controllers/units/upgrade/state.py); its drain is the one both use
+(controllers/drain.py). No I/O: controllers/units/health/executor.py carries the steps out.
 
     (none) --unhealthy--> quarantined --slot--> draining --GPU pods gone--> acting --> validating
        ^                       |                    | (timeout: attempt failed)           |
@@ -22,7 +22,6 @@ from typing import Any
 from gpu_operator.api.health import HealthReport
 from gpu_operator.api.healthpolicy import RemediationSpec
 from gpu_operator.controllers import drain as node_drain
-from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.views import HEALTH_ANNOTATION_PREFIX, NodeView
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
@@ -31,6 +30,7 @@ from gpu_operator.vocabulary import (
     HEALTH_REQUEST_ACTIONS,
     HEALTH_SINCE_ANNOTATION,
     HEALTH_STATE,
+    UPGRADE_ACTIVE,
     UPGRADE_STATE,
     deploy_label,
 )
@@ -243,7 +243,7 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
     if state == QUARANTINED:
         if node.recovered and not node.broken:
             return _release(node, spec)
-        if node.labels.get(UPGRADE_STATE) in us.ACTIVE or not may_start:
+        if node.labels.get(UPGRADE_STATE) in UPGRADE_ACTIVE or not may_start:
             return Step(node.name)
         first = _first_step(node, spec) if STEP not in node.annotations else node.number(STEP)
         if first is None:

@@ -23,11 +23,12 @@ from typing import Literal
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clock import REAL, Clock
 from gpu_operator.controllers.gpuholders import claim_holding_nodes
-from gpu_operator.controllers.labeller import LabelRetries, NodeLabeller
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Pacing, Result, UnitBase
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeDriver
+from gpu_operator.controllers.queries import NodeDriver
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.labels.labeller import LabelRetries, NodeLabeller
+from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy
 from gpu_operator.controllers.views import ClusterPolicyView, NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import DRA_DRIVER_LABEL

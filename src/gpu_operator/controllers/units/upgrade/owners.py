@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.queries import parse_drivers, upgrade_groups
+from gpu_operator.controllers.units.upgrade import state as us
 from gpu_operator.controllers.views import ClusterPolicyView, NodeView, NVIDIADriverView
 from gpu_operator.vocabulary import UPGRADE_PAUSED_ANNOTATION
 

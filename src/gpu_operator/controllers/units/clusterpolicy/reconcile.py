@@ -12,16 +12,15 @@ from lightkube.core.exceptions import ApiError
 
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers import kubevirt, runtimes
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
-from gpu_operator.controllers.nodelabels import has_gpu
 from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys, plugin_config_hash
-from gpu_operator.controllers.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.queries import active_policy, validation_message
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy import kubevirt, runtimes
+from gpu_operator.controllers.units.clusterpolicy.podsecurity import NamespaceLabeller
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     ClusterPolicyView,
@@ -32,6 +31,7 @@ from gpu_operator.controllers.views import (
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.render.facts import NodeFacts
+from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.kubevirt import Finding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.controllers.gfdlabels import applied, gfd_change, gfd_runs
-from gpu_operator.controllers.mig_rules import restore_ordered
+from gpu_operator.controllers.queries import NodeDriver
+from gpu_operator.controllers.units.labels.gfdlabels import applied, gfd_change, gfd_runs
 
 # One rule for "NFD found an NVIDIA GPU", shared with the renderer's cluster facts.
-from gpu_operator.render.distributions import MICROK8S_LABEL, PENDING
+from gpu_operator.render.distributions import PENDING
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.facts import passthrough_list
 from gpu_operator.render.facts import workload_config as _workload_config
@@ -25,16 +25,12 @@ from gpu_operator.vocabulary import (
     DRIVER_OWNER,
     GPU_PRESENT,
     KATA_SANDBOX_DEVICE_PLUGIN,
-    KERNEL_FULL,
     MIG_CAPABLE,
     MIG_CONFIG,
     MIG_MANAGER,
     MIG_PAUSED,
+    MIG_RESTORE,
     NFD_DEVICE_LABEL_PREFIX,
-    NFD_GPU_LABELS,
-    NFD_HYPERVISOR,
-    NFD_PREFIX,
-    NVIDIA,
     RUNTIME_GROUP,
     STATE_LABELS,
     UNKNOWN,
@@ -47,9 +43,6 @@ from gpu_operator.vocabulary import (
     VM_PASSTHROUGH,
     deploy_label,
 )
-
-__all__ = ["has_gpu"]  # re-exported for callers of this module
-
 
 
 @dataclass(frozen=True)
@@ -68,7 +61,7 @@ class LabelPolicy:
     # Nodes where a pod still holds a gpu.nvidia.com ResourceClaim: the DRA driver label stays.
     claim_holders: frozenset[str] = frozenset()
     # The operator puts GFD's NodeFeature labels on nodes (OperatorSettings.gfd_node_labels: no NFD
-    # in the cluster); False: it neither writes nor removes any of them (controllers/gfdlabels.py).
+    # in the cluster); False: it neither writes nor removes any of them (controllers/units/labels/gfdlabels.py).
     gfd_mirror: bool = False
     gfd_enabled: bool = True  # the ClusterPolicy deploys GFD (spec.gfd.enabled)
 
@@ -90,16 +83,6 @@ class LabelPolicy:
 
 
 @dataclass(frozen=True)
-class NodeDriver:
-    """What the NVIDIADrivers say about one GPU node (see gpu_operator.render.driverowners)."""
-
-    owner: str | None = None  # the owning NVIDIADriver; None: no NVIDIADriver claims the node
-    conflict: bool = False  # two NVIDIADrivers claim it: owner label and annotation stay as they are
-    auto_upgrade: bool = True  # the owner's spec.upgradePolicy.autoUpgrade (default true)
-    orphaned_driver_pod: bool = False  # a running driver pod no DaemonSet owns (left by a switch)
-
-
-@dataclass(frozen=True)
 class NodeChange:
     """Label and annotation changes for one node; None removes the key."""
 
@@ -116,14 +99,6 @@ class NodeChange:
         if self.annotations:
             metadata["annotations"] = dict(self.annotations)
         return {"metadata": metadata}
-
-
-def is_relevant_label(key: str) -> bool:
-    """The label keys the operator keeps in memory per node (everything else is dropped)."""
-    return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
-        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX) \
-        or key == MICROK8S_LABEL \
-        or key == NFD_HYPERVISOR  # the runtime's distribution (render/distributions.py); a VM guest (guestnvlink.py)
 
 
 def mig_capable(labels: Mapping[str, str]) -> bool:
@@ -240,7 +215,7 @@ def _stack_change(labels: dict[str, str], annotations: dict[str, str],
     Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
     `false`, `pre-installed` or `paused-for-driver-upgrade` that must survive, and the MIG manager
     pauses GPU clients with `paused-for-mig-change` while it changes the layout. The one exception:
-    a node the MIG unit found stuck in a MIG change (its restore order, controllers/mig_rules.py)
+    a node the MIG unit found stuck in a MIG change (its restore order, controllers/units/mig/rules.py)
     gets its `paused-for-mig-change` labels back to `true`, so its GPU clients come back.
     """
     change_labels: dict[str, str | None] = {}
@@ -277,7 +252,7 @@ def _stack_change(labels: dict[str, str], annotations: dict[str, str],
     capable = mig_capable(labels)
     if config == "container" and not mixed and (capable or MIG_MANAGER in labels):
         wanted.add(MIG_MANAGER)  # never removed from a container node once set
-    restore = restore_ordered(annotations)
+    restore = MIG_RESTORE in annotations  # the MIG unit's restore order (units/mig/rules.py)
     for key in wanted:
         value = labels.get(key)
         if not value or (restore and value == MIG_PAUSED):

@@ -1,5 +1,5 @@
-"""Is a node's MIG change going, done, or stuck: pure decisions of the MIG unit (units/mig.py), and
-the one rule node labelling reads (`restore_ordered`).
+"""Is a node's MIG change going, done, or stuck: pure decisions of the MIG unit (units/mig/unit.py).
+Its restore order is one annotation (vocabulary.MIG_RESTORE), which node labelling reads.
 
 NVIDIA's MIG manager (mig-parted v0.15.0) writes `nvidia.com/mig.config.state` and pauses the GPU
 clients by setting their deploy labels to `paused-for-mig-change`; when the clients' pods do not
@@ -109,11 +109,6 @@ class Decision:
 def paused_labels(labels: Mapping[str, str]) -> tuple[str, ...]:
     """Our deploy labels the MIG manager holds at paused-for-mig-change."""
     return tuple(sorted(k for k in ALL_DEPLOY_LABELS if labels.get(k) == MIG_PAUSED))
-
-
-def restore_ordered(annotations: Mapping[str, str]) -> bool:
-    """The MIG unit found the node stuck: node labelling writes its paused deploy labels back to `true`."""
-    return MIG_RESTORE in annotations
 
 
 def parse_retry(value: str | None) -> tuple[int, float | None]:

@@ -1,8 +1,8 @@
 """The GPU health unit: turns each node's health report (the agent's annotation) into the
 NvidiaGPUReady condition, our taints, one Event per change and the node's health metric
-(controllers/health_rules.py decides; this unit reads and writes), and, where the policy opts in,
-drives remediation (controllers/health_machine.py). On the DRA stack (GPUCluster) it also keeps one
-DeviceTaintRule per unhealthy GPU where the apiserver serves them (controllers/health_dra.py).
+(controllers/units/health/rules.py decides; this unit reads and writes), and, where the policy opts in,
+drives remediation (controllers/units/health/machine.py). On the DRA stack (GPUCluster) it also keeps one
+DeviceTaintRule per unhealthy GPU where the apiserver serves them (controllers/units/health/dra.py).
 
 `policy` yields the health settings of the active stack: a valid ClusterPolicy's spec.health, or
 their defaults under a GPUCluster (which has no spec.health); None: change nothing.
@@ -25,12 +25,7 @@ from dataclasses import dataclass
 
 from gpu_operator.api.health import NodeReport
 from gpu_operator.api.healthpolicy import HealthSpec
-from gpu_operator.controllers import health_machine as hm
-from gpu_operator.controllers import health_rules as hr
 from gpu_operator.controllers.gpuholders import RuntimeAccess
-from gpu_operator.controllers.health_dra import DeviceTaints
-from gpu_operator.controllers.health_exec import Executor
-from gpu_operator.controllers.health_metrics import NODE_HEALTH, REMEDIATIONS
 from gpu_operator.controllers.loop import (
     Event,
     Kind,
@@ -43,6 +38,11 @@ from gpu_operator.controllers.loop import (
     UnitBase,
 )
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.health import machine as hm
+from gpu_operator.controllers.units.health import rules as hr
+from gpu_operator.controllers.units.health.dra import DeviceTaints
+from gpu_operator.controllers.units.health.executor import Executor
+from gpu_operator.controllers.units.health.metrics import NODE_HEALTH, REMEDIATIONS
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube

@@ -1,4 +1,4 @@
-"""The ClusterPolicy unit: the reconcile (controllers/clusterpolicy.py) of the active policy,
+"""The ClusterPolicy unit: the reconcile (controllers/units/clusterpolicy/reconcile.py) of the active policy,
 kicked by every event but a driver pod's or a NodeFeature's (neither changes what it renders or
 its status), an edit of the devicePlugin.config ConfigMap included, and held back while a new policy's labels are written (`labels_first`)."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from gpu_operator.controllers import metrics
-from gpu_operator.controllers.clusterpolicy import ClusterPolicyReconciler, Snapshot
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
 from gpu_operator.kube.client import Kube
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.PLUGIN_CONFIG})

@@ -1,5 +1,5 @@
 """The driver upgrade controller: gathers node facts (driver pod revision, workload pods,
-validators), asks the pure state machine (upgrade_state.plan) for steps and carries them out
+validators), asks the pure state machine (state.plan) for steps and carries them out
 (one merge patch per node transition, Eviction API, driver pod deletion, Node events)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any
 from prometheus_client import Gauge
 
 from gpu_operator.controllers import drain as node_drain
-from gpu_operator.controllers import upgrade_state as us
 from gpu_operator.controllers.clock import REAL, Clock
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.upgrade_owners import Owner
+from gpu_operator.controllers.units.upgrade import state as us
+from gpu_operator.controllers.units.upgrade.owners import Owner
 from gpu_operator.controllers.views import DriverPodView, NodeView, config_digest, pod_ready
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import (

@@ -1,5 +1,5 @@
-"""The driver upgrade unit: the state machine (controllers/upgrade.py) for the ClusterPolicy, or
-for each NVIDIADriver on its own nodes (controllers/upgrade_owners.py).
+"""The driver upgrade unit: the state machine (controllers/units/upgrade/controller.py) for the ClusterPolicy, or
+for each NVIDIADriver on its own nodes (controllers/units/upgrade/owners.py).
 
 A pass lists every node and driver pod, so not every node event kicks it: label-only changes
 (thousands while a policy labels its nodes) do not; a new or deleted node, its upgrade state or
@@ -15,8 +15,8 @@ from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.upgrade import UpgradeController
-from gpu_operator.controllers.upgrade_owners import upgrade_owners
+from gpu_operator.controllers.units.upgrade.controller import UpgradeController
+from gpu_operator.controllers.units.upgrade.owners import upgrade_owners
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import UPGRADE_SKIP, UPGRADE_STATE

@@ -1,4 +1,4 @@
-"""The GPUCluster unit: the DRA stack's reconcile (controllers/gpucluster.py), kicked by our CRs
+"""The GPUCluster unit: the DRA stack's reconcile (controllers/units/gpucluster/reconcile.py), kicked by our CRs
 and owned objects (node changes reach it through the DaemonSets' status), idle while there is no
 GPUCluster."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpu_operator.controllers.gpucluster import ClusterSnapshot, GPUClusterReconciler
 from gpu_operator.controllers.loop import Event, Kind, ObjectEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.gpucluster.reconcile import ClusterSnapshot, GPUClusterReconciler
 from gpu_operator.kube.client import Kube
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED})

@@ -1,5 +1,5 @@
 """The driver upgrade state machine, pure: node facts + policy + now -> per node the next state
-and the actions to take. No I/O; controllers/upgrade.py gathers the facts and carries out the steps.
+and the actions to take. No I/O; controllers/units/upgrade/controller.py gathers the facts and carries out the steps.
 
 Called once per owner of driver pods (the ClusterPolicy, or each NVIDIADriver with its own
 upgradePolicy): `plan(nodes, policy, now, paused)` where `nodes` are the nodes that owner's
@@ -19,6 +19,7 @@ from gpu_operator.controllers.drain import PodFacts as PodFacts  # the pods' fac
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     HEALTH_STATE,
+    UPGRADE_ACTIVE,
     UPGRADE_DRAIN_START_ANNOTATION,
     UPGRADE_FAILURE_REASON_ANNOTATION,
     UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
@@ -68,10 +69,8 @@ from gpu_operator.vocabulary import (
     WAIT_FOR_JOBS_REQUIRED as WAIT_FOR_JOBS_REQUIRED,
 )
 
-# Between cordon-required and uncordon-required: what maxParallelUpgrades bounds.
-ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,
-          POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED)
-# The GPU health remediation states that hold a node's cordon (controllers/health_machine.py's ACTIVE).
+ACTIVE = UPGRADE_ACTIVE  # between cordon-required and uncordon-required: what maxParallelUpgrades bounds
+# The GPU health remediation states that hold a node's cordon (controllers/units/health/machine.py's ACTIVE).
 HEALTH_REMEDIATING = ("draining", "acting", "validating")
 VALIDATION_TIMEOUT_SECONDS = 600  # upstream's fixed validation timeout
 CRASH_LOOP_RESTARTS = 10  # upstream: any driver container restarted more than this -> failed

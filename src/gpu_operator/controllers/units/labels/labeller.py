@@ -12,10 +12,15 @@ from dataclasses import dataclass, field
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
-from gpu_operator.controllers.gfdlabels import mirrored
-from gpu_operator.controllers.nodelabels import LabelPolicy, NodeChange, NodeDriver, desired_change
 from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
+from gpu_operator.controllers.queries import NodeDriver
 from gpu_operator.controllers.settings import Backoff
+from gpu_operator.controllers.units.labels.gfdlabels import mirrored
+from gpu_operator.controllers.units.labels.nodelabels import (
+    LabelPolicy,
+    NodeChange,
+    desired_change,
+)
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION
@@ -111,7 +116,7 @@ class NodeLabeller:
         the node's owner) wants; nodes that already match cost nothing (no request). Waits for
         all of them. `events`: these nodes are here for their own watch events, so how long each
         waited since its view arrived is measured (not for a new policy). `gfd`: the labels GPU
-        feature discovery publishes for a node (controllers/gfdlabels.py), None if none.
+        feature discovery publishes for a node (controllers/units/labels/gfdlabels.py), None if none.
 
         As many workers as the gate's bound take the nodes one by one: the first patch leaves as
         soon as its own node's change is known, not after the whole fleet's (a new policy's pass

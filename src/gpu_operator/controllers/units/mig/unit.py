@@ -1,5 +1,5 @@
 """The MIG unit: watches each node's MIG change (what NVIDIA's MIG manager writes on the Node) and
-repairs a node stuck in one (controllers/mig_rules.py decides; this unit reads and writes).
+repairs a node stuck in one (controllers/units/mig/rules.py decides; this unit reads and writes).
 
 Per node it writes the NvidiaMIGReady condition, one Event when it turns stuck, failed or invalid
 (also on the ClusterPolicy, whose status keeps upstream's shape) and one when that ends, its memory in our
@@ -26,7 +26,6 @@ from typing import Any
 import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.controllers import mig_rules as mr
 from gpu_operator.controllers.gpuholders import requests_gpu
 from gpu_operator.controllers.loop import (
     Event,
@@ -41,6 +40,7 @@ from gpu_operator.controllers.loop import (
 )
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.mig import rules as mr
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube

@@ -23,11 +23,9 @@ from gpu_operator.vocabulary import (
     DEPLOY_PREFIX,
     DRIVER_OWNER,
     GFD_LABELS_ANNOTATION,
-    GFD_NODE_FEATURE_PREFIX,
     GPU_PRESENT,
     LABEL_VALUE_PATTERN,
     MIG_CONFIG,
-    NFD_NODE_NAME_LABEL,
     NVIDIA,
     UPGRADE_STATE,
     WORKLOAD_CONFIG,
@@ -94,10 +92,3 @@ def applied(labels: dict[str, str], change: Mapping[str, str | None]) -> dict[st
         else:
             out[key] = value
     return out
-
-
-def gfd_node_of(name: str, labels: Mapping[str, str]) -> str | None:
-    """The node a NodeFeature of GFD's speaks for: GFD names it `nvidia-features-for-<node>` and
-    labels it with NFD's node-name label; any other NodeFeature is not GFD's and is ignored."""
-    node = labels.get(NFD_NODE_NAME_LABEL) or ""
-    return node if node and name == GFD_NODE_FEATURE_PREFIX + node else None

@@ -1,6 +1,6 @@
 """GPU health signals, pure: a node's health report + what the node carries now + the policy ->
 the NvidiaGPUReady condition, our taints, the metric state, and the writes that take the node
-from what it carries to that (none when it already carries it). No I/O: controllers/units/health.py
+from what it carries to that (none when it already carries it). No I/O: controllers/units/health/unit.py
 reads the facts and sends the writes.
 
 The report is the health agent's annotation (vocabulary.HEALTH_REPORT_ANNOTATION), which the unit

@@ -1,4 +1,4 @@
-"""Carries out the remediation machine's steps (controllers/health_machine.py): one merge patch per
+"""Carries out the remediation machine's steps (controllers/units/health/machine.py): one merge patch per
 node transition (HEALTH_STATE label, our annotations, the handoff label, the cordon), evictions
 through the Eviction API (a PodDisruptionBudget's refusal is remembered and named when the drain
 times out), and the pod restarts: the device plugin's pod on the node (it registers the healthy
@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers.gpuholders import RuntimeAccess
-from gpu_operator.controllers.health_machine import GPU_CLIENT_APPS, VALIDATOR_RESTART, Step
+from gpu_operator.controllers.units.health.machine import GPU_CLIENT_APPS, VALIDATOR_RESTART, Step
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.resources import ObjectKey
@@ -25,7 +25,7 @@ DEVICE_PLUGIN_SELECTOR = "app=nvidia-device-plugin-daemonset"  # render/states/d
 DRIVER_SELECTOR = f"{COMPONENT}={DRIVER_COMPONENT_VALUE}"
 VALIDATOR_SELECTOR = "app=nvidia-operator-validator"  # render/states/operator_validation.py's DaemonSet
 # the pods each action deletes on the node, in order; the validator's last: its new pod validates
-# the node afresh (its status files newer than the action, health_machine.REVALIDATED)
+# the node afresh (its status files newer than the action, machine.REVALIDATED)
 RESTARTS = {"restart-device-plugin": (DEVICE_PLUGIN_SELECTOR, VALIDATOR_SELECTOR),
             "reload-driver": (DRIVER_SELECTOR, VALIDATOR_SELECTOR),
             VALIDATOR_RESTART: (VALIDATOR_SELECTOR,)}
@@ -94,7 +94,7 @@ async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
     """What uninstall cleanup must undo of GPU health on one node (its labels and annotations go
     with the operator's other keys): our condition, the quarantine taint, and the cordon where
     remediation set it. Returns what it did, for cleanup's report."""
-    from gpu_operator.controllers.health_machine import INITIALLY_UNSCHEDULABLE
+    from gpu_operator.controllers.units.health.machine import INITIALLY_UNSCHEDULABLE
     from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_TAINT
 
     name = node["metadata"]["name"]

@@ -1,5 +1,5 @@
 """The NVIDIADriver unit: one level-based reconcile of every NVIDIADriver (routing needs them
-all; controllers/nvidiadriver.py), kicked by nodes, driver pods, our CRs and owned objects, and
+all; controllers/units/nvidiadriver/reconcile.py), kicked by nodes, driver pods, our CRs and owned objects, and
 idle while there is no NVIDIADriver (node bursts then cost nothing here)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
-from gpu_operator.controllers.nvidiadriver import DriverSnapshot, NVIDIADriverReconciler
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.nvidiadriver.reconcile import DriverSnapshot, NVIDIADriverReconciler
 from gpu_operator.kube.client import Kube
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.DRIVER_POD})

@@ -1,0 +1,7 @@
+"""The ClusterPolicy unit: the unit (unit.py), its reconcile (reconcile.py) and what only it does: the
+KubeVirt sync (kubevirt.py), the namespace's pod security labels (podsecurity.py), the GPU nodes
+whose container runtime no toolkit serves (runtimes.py)."""
+
+from gpu_operator.controllers.units.clusterpolicy.unit import ClusterPolicyUnit
+
+__all__ = ["ClusterPolicyUnit"]

@@ -1,0 +1,6 @@
+"""The node labelling unit: the unit (unit.py), its pure decisions (nodelabels.py, and GFD's labels
+without NFD: gfdlabels.py) and the patches (labeller.py)."""
+
+from gpu_operator.controllers.units.labels.unit import LabelUnit
+
+__all__ = ["LabelUnit"]
