@@ -57,7 +57,6 @@ from gpu_operator.vocabulary import (
 log = logging.getLogger("gpu_operator.health")
 
 
-
 def report_of(view: NodeView) -> NodeReport:
     """The node's report, parsed: once per node per pass."""
     return NodeReport.of(view.annotations.get(HEALTH_REPORT_ANNOTATION))
@@ -71,9 +70,9 @@ def facts_of(view: NodeView, report: NodeReport, state: str | None = None,
     merged = {**view.annotations, **(notes or {})}
     reason = merged.get(hm.REASON) or (f"action {merged[hm.ACTION]}" if merged.get(hm.ACTION) else "")
     return hr.SignalFacts(view.name, report,
-                    hr.Condition(*cond) if cond is not None else None,
-                    tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
-                    view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
+                          hr.Condition(*cond) if cond is not None else None,
+                          tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
+                          view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
 
 
 def _watched(view: NodeView) -> tuple[object, ...]:
