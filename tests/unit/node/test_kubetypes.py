@@ -1,13 +1,16 @@
 """Decoding from several threads (src/gpu_operator/node/kubetypes.py): once `prepare()` has built
 lightkube's types in one thread, threads that decode lists for the first time at once, then large
-lists for seconds (beside the operator's own decoders, new decoders and garbage collection) leave
-the process alive and every decode right; the node agents' watches and the simulator's stand-ins
-prepare before they start their threads. Each run is its own process: a crash is a signal exit."""
+kwok-shaped lists for seconds (beside the operator's own decoders and its event loop's reads, new
+decoders, garbage collection that gives up the GIL, and a buffer written while it is decoded)
+leave the process alive and every decode right; the node agents' watches and the simulator's
+stand-ins prepare before they start their threads. Each run is its own process: a crash is a
+signal exit, and a signal exit fails the test (the child that aborts)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -27,18 +30,34 @@ def run_python(args: list[str], timeout: float = 120) -> subprocess.CompletedPro
 
 
 def survived(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode} (-11: SIGSEGV)\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    how = f"killed by signal {-done.returncode}, -11: SIGSEGV" if done.returncode < 0 else "no signal"
+    return f"exit {done.returncode} ({how})\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+
+
+def stress_counts(done: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    """The stress's counts; fails on any exit but 0 (a signal exit is negative) and on a wrong decode."""
+    assert done.returncode == 0, survived(done)
+    counts: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["wrong"] == 0, survived(done)
+    return counts
+
+
+STRESS = ["-m", "tests.support.decode_stress", "--threads", "4", "--items", "1000", "--seconds", "4"]
 
 
 def test_threads_decode_first_and_large_lists_without_a_crash() -> None:
-    done = run_python(
-        ["-m", "tests.support.decode_stress", "--threads", "4", "--items", "1000", "--seconds", "4"]
-    )
-    assert done.returncode == 0, survived(done)
-    counts = json.loads(done.stdout.strip().splitlines()[-1])
-    assert counts["wrong"] == 0
+    counts = stress_counts(run_python([*STRESS, "--yield-in-gc"]))
     # the first decodes (4 threads, 7 lists each) and at least one large list per thread after them
     assert counts["decodes"] >= 4 * 7 + 4, counts
+    assert counts["gc_yields"] > 0, counts  # collections started inside the decodes
+
+
+def test_a_child_that_dies_of_a_signal_fails_the_stress_test() -> None:
+    done = run_python([*STRESS, "--abort"])
+    assert done.returncode == -signal.SIGABRT
+    assert "Fatal Python error: Aborted" in done.stderr  # the fault handler's stacks come back
+    with pytest.raises(AssertionError, match="killed by signal 6"):
+        stress_counts(done)
 
 
 # The health agent's request watch, as node/kubeapi.py starts it: its thread's first decode of a
@@ -48,7 +67,7 @@ WATCH_BESIDE_THE_CALLER = textwrap.dedent("""
     from lightkube.core import decoders
     from lightkube.resources.core_v1 import Pod
     from gpu_operator.node.kubeapi import _Watch
-    from tests.support.decode_stress import body, pod
+    from tests.support.decode_shapes import body, pod
 
     data = body("PodList", [pod(i) for i in range(300)])
     seen = threading.Event()
