@@ -1,10 +1,10 @@
 """`gpu-operator cleanup`, before an uninstall (the chart's pre-delete hook): delete our CRs and
-wait for them to go, stop the operator, uncordon the nodes a driver upgrade in progress had
-cordoned, take back what GPU health wrote on the nodes (its condition, its quarantine taint, the
-cordon remediation set: controllers/units/health/executor.py; on the DRA stack its DeviceTaintRules:
-controllers/units/health/dra.py), take our node labels and annotations back
-(controllers/cleanup.py, which the operator uses too when the last ClusterPolicy goes), and with
---crds delete our CRDs."""
+wait for them to go, stop the operator, then run each unit's take-back step in the registry's order
+(controllers/units/__init__.py, `take_backs`: the cordons a driver upgrade in progress set, what GPU
+health and MIG changes wrote on the nodes, GPU health's DeviceTaintRules, and last our node labels
+and annotations, controllers/cleanup.py, which the operator uses too when the last ClusterPolicy
+goes), and with --crds delete our CRDs. It imports no unit's module but through that registry
+(tests/unit/controllers/test_units_apart.py)."""
 
 from __future__ import annotations
 
@@ -17,78 +17,13 @@ from typing import Any
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.api.crdgen import load_packaged
-from gpu_operator.controllers.cleanup import OWNER_KINDS, strip_nodes
+from gpu_operator.controllers.cleanup import OWNER_KINDS, Uninstall
 from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.controllers.units.health.dra import delete_rules
-from gpu_operator.controllers.units.health.executor import take_back
-from gpu_operator.controllers.units.mig.unit import take_back as take_back_mig
-from gpu_operator.controllers.units.upgrade.state import (
-    CORDON_REQUIRED,
-    UNKNOWN,
-    UPGRADE_DONE,
-    UPGRADE_REQUIRED,
-)
+from gpu_operator.controllers.units import take_backs
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.kube.crdowners import other_owner
-from gpu_operator.vocabulary import (
-    HEALTH_REQUESTS_SECRET,
-    UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION,
-    UPGRADE_STATE,
-)
 
 log = logging.getLogger("gpu_operator.cleanup")
-
-
-# Upgrade states in which the node is not (yet, or no longer) cordoned by the upgrade controller.
-_NOT_CORDONED_BY_US = frozenset({UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, UPGRADE_DONE})
-
-
-def cordoned_by_us(node: dict[str, Any]) -> bool:
-    """The driver upgrade controller cordoned this node and has not uncordoned it yet: it is
-    unschedulable in a state past cordon-required, and was not unschedulable before the upgrade
-    began (the initial-state annotation is not "true"). A node a user cordoned stays cordoned."""
-    meta = node.get("metadata") or {}
-    state = (meta.get("labels") or {}).get(UPGRADE_STATE, UNKNOWN)
-    initially = (meta.get("annotations") or {}).get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION)
-    return bool((node.get("spec") or {}).get("unschedulable")) and state not in _NOT_CORDONED_BY_US \
-        and initially != "true"
-
-
-async def uncordon_ours(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
-    """Uncordon the nodes a driver upgrade left cordoned (an uninstall in the middle of one)."""
-    done = []
-    for node in nodes:
-        if not cordoned_by_us(node):
-            continue
-        name = node["metadata"]["name"]
-        try:
-            await kube.merge_patch("v1", "Node", name, {"spec": {"unschedulable": False}})
-        except ApiError as err:
-            if err.status.code == 404:
-                continue
-            raise
-        log.info("node %s: uncordoned (cordoned by a driver upgrade in progress)", name)
-        done.append(name)
-    return done
-
-
-async def take_back_health(kube: Kube, nodes: list[dict[str, Any]]) -> list[str]:
-    """On every node, what GPU health wrote: the NvidiaGPUReady condition, the quarantine taint,
-    and the cordon where remediation set it (before our annotations go: they say whose cordon it
-    is); and the MIG unit's NvidiaMIGReady condition. Lines for the log."""
-    done = []
-    for node in nodes:
-        name = node["metadata"]["name"]
-        try:
-            undone = await take_back(kube, node) + await take_back_mig(kube, node)
-        except ApiError as err:
-            if err.status.code == 404:
-                continue  # the node left meanwhile
-            raise
-        for what in undone:
-            log.info("node %s: %s", name, what)
-            done.append(f"node {name}: {what}")
-    return done
 
 
 async def _objects_left(kube: Kube, crd: dict[str, Any]) -> int:
@@ -165,9 +100,8 @@ async def stop_operator(kube: Kube, where: OperatorDeployment, timeout: float) -
 async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
                   operator: OperatorDeployment | None = None) -> list[str]:
     """Delete every GPUCluster, NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
-    wait until they are gone; with `operator`, stop the operator (stop_operator); then uncordon the
-    nodes a driver upgrade had cordoned, take back GPU health's condition, taint and cordon, and
-    remove our node labels and annotations; with `crds`,
+    wait until they are gone; with `operator`, stop the operator (stop_operator); then each unit's
+    take-back step, in the registry's order (the nodes listed once for them all); with `crds`,
     delete our CRDs last. Lines for the log."""
     done: list[str] = []
     for api_version, kind in OWNER_KINDS:
@@ -198,14 +132,9 @@ async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
             await asyncio.sleep(0.5)
     if operator is not None:
         done += await stop_operator(kube, operator, timeout)
-        # GPU health's remediation requests: the operator made the Secret, so Helm does not delete it
-        if await kube.delete(ObjectKey("v1", "Secret", HEALTH_REQUESTS_SECRET, operator.namespace)):
-            done.append(f"deleted Secret {operator.namespace}/{HEALTH_REQUESTS_SECRET}")
-    nodes = await kube.list_dicts("v1", "Node")
-    done += [f"node {name}: uncordoned (a driver upgrade had cordoned it)" for name in await uncordon_ours(kube, nodes)]
-    done += await take_back_health(kube, nodes)
-    done += [f"deleted DeviceTaintRule {name}" for name in await delete_rules(kube)]
-    done += [f"node {name}: our labels and annotations removed" for name in await strip_nodes(kube)]
+    uninstall = Uninstall(kube, await kube.list_dicts("v1", "Node"), operator.namespace if operator else None)
+    for take_back in take_backs():
+        done += await take_back(uninstall)
     if crds:
         done += [f"deleted CRD {name}" for name in await delete_crds(kube)]
     return done

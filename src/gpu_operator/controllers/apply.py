@@ -10,7 +10,7 @@ applied once and deleted when no longer rendered.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +19,11 @@ from lightkube.core.exceptions import ApiError
 from gpu_operator.controllers import adopt
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.loop import Result
-from gpu_operator.controllers.views import CRView, OwnedView, desired_hash, object_key
+from gpu_operator.controllers.views import CRView, OwnedKey, OwnedView, desired_hash, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderResult
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
-OwnedKey = tuple[str, str, str | None, str]
 SELECTOR_RETRY = 1.0  # seconds until the DaemonSet deleted for a new selector is created again
 
 
@@ -84,7 +83,7 @@ class Applier:
         self.swept: set[str] = set()  # owners whose previous operator's leftovers were swept
 
     async def apply(self, result: RenderResult, owner: CRView[Any], owner_ref: dict[str, Any],
-                    owned: dict[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
+                    owned: Mapping[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
         """Apply what changed (by hash), then delete what this owner owns and no longer renders;
         each write is added to `done` as it happens."""
         known = {**{k: v for k, v in self.remembered.get(owner.uid, {}).items() if v.kind not in watched_kinds},

@@ -6,11 +6,18 @@ A key someone else wrote last (a user's `nvidia.com/gpu.deploy.driver=false`, th
 label, the passthrough device list) is owned by that writer and stays. Used when the last
 ClusterPolicy is deleted (the operator's label loop) and by `gpu-operator cleanup` (the chart's
 pre-delete hook; admin/cleanup.py).
+
+What a unit wrote besides those keys (a condition, a taint, a cordon, objects of its own) its folder
+takes back: `controllers/units/<name>/takeback.py`, one `TakeBack` step each, which the cleanup
+command runs in the order of the registry (controllers/units/__init__.py, `take_backs`), handed an
+`Uninstall`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from lightkube.core.exceptions import ApiError
@@ -86,3 +93,38 @@ async def strip_nodes(kube: Kube, keep: dict[str, frozenset[str]] | None = None,
 # ResourceClaims are gone (the hook stops the operator only after every owner CR is gone).
 OWNER_KINDS = (("nvidia.com/v1alpha1", "GPUCluster"), ("nvidia.com/v1alpha1", "NVIDIADriver"),
                ("nvidia.com/v1", "ClusterPolicy"))
+
+
+@dataclass(frozen=True)
+class Uninstall:
+    """What `gpu-operator cleanup` hands each unit's take-back step, once our CRs are gone and the
+    operator stopped: the client, every node as listed once before the first step (a step reads the
+    record a unit kept there, e.g. whose cordon it is, before the last step takes our annotations),
+    and the stopped operator's namespace (None when the command did not stop it: what the operator
+    made in its namespace stays then, as the running operator would make it again)."""
+    kube: Kube
+    nodes: list[dict[str, Any]]
+    namespace: str | None = None
+
+
+TakeBack = Callable[[Uninstall], Awaitable[list[str]]]
+"""One unit's take-back step (its folder's takeback.py, `take_back`): lines for the log."""
+
+
+async def each_node(nodes: list[dict[str, Any]],
+                    step: Callable[[dict[str, Any]], Awaitable[list[str]]]) -> list[str]:
+    """Run a per-node take-back on every node; each thing it did, logged and returned as
+    `node NAME: what`. A node that left meanwhile (404) is passed over."""
+    done = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        try:
+            undone = await step(node)
+        except ApiError as err:
+            if err.status.code == 404:
+                continue
+            raise
+        for what in undone:
+            log.info("node %s: %s", name, what)
+            done.append(f"node {name}: {what}")
+    return done

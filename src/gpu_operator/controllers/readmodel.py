@@ -4,7 +4,9 @@ queries over them (controllers/queries.py) answered in one place.
 Filled by the Node reflector (nodes) and kopf's indices (our CRs, driver pods, owned objects,
 GPU feature discovery's NodeFeatures), and by start-up discovery (controllers/discovery.py,
 `ClusterInfo`: facts that cost one request at start). Units read it; only the manager's watches
-write it. What a pass reads besides it (the user's ConfigMaps) is controllers/passinputs.py's.
+write it. The reconciling units (ClusterPolicy, NVIDIADriver, GPUCluster) take it once per pass as
+one frozen `ReadSnapshot` (`ReadModel.snapshot()`), the same for all three. What a pass reads
+besides it (the user's ConfigMaps) is controllers/passinputs.py's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gpu_operator.controllers.views import (
     GPUClusterView,
     NodeView,
     NVIDIADriverView,
+    OwnedKey,
     OwnedKind,
     OwnedView,
     first,
@@ -43,6 +46,25 @@ def owned_index(kind: OwnedKind) -> str:
     return f"owned_{kind.plural}"
 
 
+@dataclass(frozen=True)
+class ReadSnapshot:
+    """What one reconcile pass sees: the read model taken once, at the pass's start, and handed
+    whole to the ClusterPolicy, NVIDIADriver and GPUCluster reconciles (each reads what it needs).
+    Frozen, and its sequences are tuples: a pass cannot change what another pass or unit sees.
+    The one read a pass makes besides is its user ConfigMaps (controllers/passinputs.py)."""
+
+    namespace: str
+    info: ClusterInfo = ClusterInfo()  # start-up discovery's (controllers/discovery.py)
+    policies: tuple[ClusterPolicyView, ...] = ()
+    drivers: tuple[NVIDIADriverView, ...] = ()
+    gpuclusters: tuple[GPUClusterView, ...] = ()  # a ClusterPolicy does not run beside one
+    nodes: tuple[NodeView, ...] = ()
+    owned: Mapping[OwnedKey, OwnedView] = field(default_factory=dict)
+    # Kinds whose objects `owned` holds (the watched ones); objects of any other kind the
+    # renderer emits are remembered by the applier instead (controllers/apply.py).
+    watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
+
+
 @dataclass
 class ReadModel:
     namespace: str
@@ -52,6 +74,12 @@ class ReadModel:
     # kopf's live indices by id, taken from its startup handler's kwargs (kopf's public way).
     indices: dict[str, Any] = field(default_factory=dict)
     owned_kinds: list[OwnedKind] = field(default_factory=lambda: list(OWNED_KINDS))
+
+    def snapshot(self) -> ReadSnapshot:
+        """One pass's frozen view of everything the reconciling units read (`ReadSnapshot`)."""
+        return ReadSnapshot(self.namespace, self.info, tuple(self.policies()), tuple(self.drivers()),
+                            tuple(self.gpuclusters()), tuple(self.node_map.values()), self.owned(),
+                            self.watched_kinds)
 
     # -- nodes -------------------------------------------------------------------------------------
 

@@ -385,7 +385,10 @@ class DriverPodView:
                    digest=sys.intern(config_digest(spec)), deleting=bool(meta.get("deletionTimestamp")))
 
 
-def object_key(api_version: str, kind: str, namespace: str | None, name: str) -> tuple[str, str, str | None, str]:
+OwnedKey = tuple[str, str, str | None, str]  # an owned object's (API group, kind, namespace, name)
+
+
+def object_key(api_version: str, kind: str, namespace: str | None, name: str) -> OwnedKey:
     return (api_version.split("/")[0] if "/" in api_version else "", kind, namespace, name)
 
 

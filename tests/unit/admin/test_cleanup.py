@@ -1,5 +1,5 @@
-"""`gpu-operator cleanup` (admin/cleanup.py): only the nodes a driver upgrade cordoned are
-uncordoned, and its help names every kind it deletes."""
+"""`gpu-operator cleanup` (admin/cleanup.py, running the units' takeback.py): only the nodes a
+driver upgrade cordoned are uncordoned, and its help names every kind it deletes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gpu_operator.admin.cleanup import cordoned_by_us
 from gpu_operator.cli import app
 from gpu_operator.controllers.cleanup import OWNER_KINDS
+from gpu_operator.controllers.units.upgrade.takeback import cordoned_by_us
 
 
 def _upgrading(state: str, unschedulable: bool, initially: str | None = None) -> dict[str, Any]:

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
-from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.discovery import ClusterInfo
+from gpu_operator.controllers.readmodel import ReadSnapshot
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     SERVICE_MONITOR,
@@ -89,12 +91,13 @@ class RecordingKube:
         return {v.key: v for v in views}
 
 
-def snapshot(kube: RecordingKube, spec: dict[str, Any], watched: frozenset[str]) -> Snapshot:
+def snapshot(kube: RecordingKube, spec: dict[str, Any], watched: frozenset[str]) -> ReadSnapshot:
     body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
             "metadata": {"name": "cluster-policy", "uid": "policy-uid"}, "spec": spec}
-    views = [NodeView.of(n) for n in nodes("dgx-h100:1")]
-    return Snapshot([ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body)], views, kube.owned(watched),
-                    "gpu-operator", "1.36.0", servicemonitor_crd=True, watched_kinds=watched)
+    views = tuple(NodeView.of(n) for n in nodes("dgx-h100:1"))
+    return ReadSnapshot("gpu-operator", ClusterInfo("1.36.0", servicemonitor_crd=True),
+                        policies=(ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body),), nodes=views,
+                        owned=kube.owned(watched), watched_kinds=watched)
 
 
 def test_unwatched_kind_is_applied_once_and_deleted_when_its_state_is_disabled(

@@ -10,11 +10,8 @@ from typing import Any
 import pytest
 
 from gpu_operator import vocabulary as vocab
-from gpu_operator.controllers.units.gpucluster.reconcile import (
-    COMPUTE_DOMAIN_CRDS,
-    ClusterSnapshot,
-    GPUClusterReconciler,
-)
+from gpu_operator.controllers.readmodel import ReadSnapshot
+from gpu_operator.controllers.units.gpucluster.reconcile import COMPUTE_DOMAIN_CRDS, GPUClusterReconciler
 from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
 from gpu_operator.kube.crdowners import LeftCRD
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
@@ -51,7 +48,7 @@ def one_pass(reconciler: GPUClusterReconciler, kube: CRDKube, spec: dict[str, An
             "metadata": {"name": "gpu-cluster", "uid": "gc-uid", "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"]},
             "spec": spec}
     view = GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body)
-    return asyncio.run(reconciler.reconcile(ClusterSnapshot([view], [], kube.owned(WATCHED), "gpu-operator")))
+    return asyncio.run(reconciler.reconcile(ReadSnapshot("gpu-operator", gpuclusters=(view,), owned=kube.owned(WATCHED))))
 
 
 @pytest.mark.parametrize("owned", [False, True])

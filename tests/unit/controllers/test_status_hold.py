@@ -10,9 +10,11 @@ import pytest
 
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import ReconcileReport
+from gpu_operator.controllers.discovery import ClusterInfo
+from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import reconcile as clusterpolicy
-from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.controllers.views import ClusterPolicyView
 
 
@@ -39,7 +41,7 @@ def test_a_new_not_ready_message_waits_out_the_hold_and_a_new_reason_does_not(
     monkeypatch.setattr(clusterpolicy, "monotonic", lambda: clock[0])
     kube = StatusKube()
     reconciler = ClusterPolicyReconciler(kube, OperatorSettings(status_message_hold=5.0))  # type: ignore[arg-type]
-    snap = Snapshot([], [], {}, "gpu-operator", "1.36.0")
+    snap = ReadSnapshot("gpu-operator", ClusterInfo("1.36.0"))
     shown: dict[str, Any] = {}  # what the policy's watch shows: our last write
 
     def finish(outcome: st.Outcome) -> ReconcileReport:

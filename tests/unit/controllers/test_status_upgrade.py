@@ -12,8 +12,10 @@ import pytest
 from gpu_operator import vocabulary as vocab
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import ReconcileReport
+from gpu_operator.controllers.discovery import ClusterInfo
+from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.controllers.views import ClusterPolicyView
 
 UPGRADE_MESSAGE = (
@@ -82,7 +84,7 @@ def finish(outcome: st.Outcome) -> tuple[ReconcileReport, list[dict[str, Any]]]:
     body = {"metadata": {"name": "cluster-policy", "uid": "u1"}, "spec": {}, "status": {}}
     view = ClusterPolicyView("cluster-policy", "u1", 1, "t", body)
     report = asyncio.run(
-        reconciler._finish(ReconcileReport(), view, Snapshot([], [], {}, "gpu-operator", "1.36.0"), outcome)
+        reconciler._finish(ReconcileReport(), view, ReadSnapshot("gpu-operator", ClusterInfo("1.36.0")), outcome)
     )
     return report, kube.written
 

@@ -1,10 +1,14 @@
-"""The ClusterPolicy reconcile: read the cache, render, apply the difference, write status."""
+"""The ClusterPolicy reconcile: read the pass's `ReadSnapshot` (controllers/readmodel.py), render,
+apply the difference, write status. The one read a pass makes besides is `configmap_keys`: a GET
+of each user ConfigMap the policy names for the driver (repo, certs, kernel modules), whose keys the
+driver mounts file by file (user ConfigMaps are not watched), and `plugin_config_hash`: a GET of
+the devicePlugin.config ConfigMap (watched by name: an edit is an event, kube/configwatch.py),
+whose content's hash the plugins' pod templates carry."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from time import monotonic
 
 import pydantic
@@ -13,21 +17,16 @@ from lightkube.core.exceptions import ApiError
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
+from gpu_operator.controllers.apply import Applier, ReconcileReport, owner_reference
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys, plugin_config_hash
 from gpu_operator.controllers.queries import active_policy, validation_message
+from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy import kubevirt, runtimes
 from gpu_operator.controllers.units.clusterpolicy.podsecurity import NamespaceLabeller
-from gpu_operator.controllers.views import (
-    OWNED_KINDS,
-    ClusterPolicyView,
-    NodeView,
-    OwnedView,
-    object_key,
-)
+from gpu_operator.controllers.views import ClusterPolicyView, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.render.facts import NodeFacts
@@ -35,28 +34,6 @@ from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.kubevirt import Finding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
-
-
-@dataclass
-class Snapshot:
-    """What one reconcile sees, from the watch caches. The one read a pass makes besides is
-    `configmap_keys`: a GET of each user ConfigMap the policy names for the driver (repo, certs,
-    kernel modules), whose keys the driver mounts file by file (user ConfigMaps are not watched),
-    and `plugin_config_hash`: a GET of the devicePlugin.config ConfigMap (watched by name: an edit
-    is an event, kube/configwatch.py), whose content's hash the plugins' pod templates carry."""
-
-    policies: list[ClusterPolicyView]
-    nodes: list[NodeView]
-    owned: dict[OwnedKey, OwnedView]
-    namespace: str
-    k8s_version: str
-    servicemonitor_crd: bool = False
-    # Kinds whose objects `owned` holds (the watched ones); objects of any other kind the
-    # renderer emits are remembered by the applier instead (controllers/apply.py).
-    watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
-    # GPUClusters (names): a ClusterPolicy does not run beside one
-    gpuclusters: list[str] = field(default_factory=list)
-    openshift_version: str = ""  # start-up discovery's (controllers/discovery.py); "" where not OpenShift
 
 
 async def policy_facts(kube: Kube, policy: ClusterPolicy, nodes: list[NodeFacts], *, namespace: str,
@@ -87,7 +64,7 @@ class ClusterPolicyReconciler:
         self._runtime_events: set[tuple[str, ...]] = set()  # unrecognised runtimes told on their nodes
         self._written_at: dict[str, float] = {}  # policy uid -> when its status was last written
 
-    async def reconcile(self, snap: Snapshot) -> ReconcileReport:
+    async def reconcile(self, snap: ReadSnapshot) -> ReconcileReport:
         report = ReconcileReport()
         report.has_nfd = any(n.has_nfd for n in snap.nodes)
         report.gpu_nodes = sum(1 for n in snap.nodes if n.gpu_present)
@@ -103,13 +80,13 @@ class ClusterPolicyReconciler:
         if snap.gpuclusters:
             report.requeue = self.settings.requeue_conflict
             return await self._finish(report, active, snap, st.Outcome.failed(
-                st.conflict_message(snap.gpuclusters[0], active.name)))
+                st.conflict_message(snap.gpuclusters[0].name, active.name)))
         try:
             policy = active.parsed.valid()  # parsed once per version (controllers/views.py)
             facts = await policy_facts(
                 self.kube, policy, [n.facts for n in snap.nodes], namespace=snap.namespace,
-                k8s_version=snap.k8s_version, operator_env=self.images, openshift=bool(snap.openshift_version),
-                openshift_version=snap.openshift_version, servicemonitor_crd=snap.servicemonitor_crd)
+                k8s_version=snap.info.k8s_version, operator_env=self.images, openshift=snap.info.openshift,
+                openshift_version=snap.info.openshift_version, servicemonitor_crd=snap.info.servicemonitor_crd)
             result = render(policy, facts)
             problems = runtimes.unserved_nodes(policy, facts)
         except pydantic.ValidationError as err:
@@ -146,11 +123,11 @@ class ClusterPolicyReconciler:
                                    "uid": policy.uid}, vocab.POLICY_WARNING_REASON, warning)
             self._warned.add(key)
 
-    async def _apply(self, result: RenderResult, policy: ClusterPolicyView, snap: Snapshot,
+    async def _apply(self, result: RenderResult, policy: ClusterPolicyView, snap: ReadSnapshot,
                      report: ReconcileReport) -> None:
         await self.applier.apply(result, policy, owner_reference(policy), snap.owned, snap.watched_kinds, report)
 
-    async def _kubevirt(self, policy: ClusterPolicy, active: ClusterPolicyView, snap: Snapshot,
+    async def _kubevirt(self, policy: ClusterPolicy, active: ClusterPolicyView, snap: ReadSnapshot,
                         report: ReconcileReport) -> None:
         """VM passthrough: KubeVirt's permitted host devices and the VMPassthrough condition."""
         try:
@@ -170,7 +147,7 @@ class ClusterPolicyReconciler:
         await kubevirt.emit(self.kube, [f for f in synced.findings if f not in self._vm_findings], active.name)
         self._vm_findings = current
 
-    def _not_ready_states(self, result: RenderResult, snap: Snapshot, report: ReconcileReport) -> list[str]:
+    def _not_ready_states(self, result: RenderResult, snap: ReadSnapshot, report: ReconcileReport) -> list[str]:
         not_ready = []
         for state in result.states:
             if not state.enabled:
@@ -188,7 +165,7 @@ class ClusterPolicyReconciler:
                     break
         return not_ready
 
-    async def _finish(self, report: ReconcileReport, policy: ClusterPolicyView, snap: Snapshot,
+    async def _finish(self, report: ReconcileReport, policy: ClusterPolicyView, snap: ReadSnapshot,
                       outcome: st.Outcome) -> ReconcileReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,

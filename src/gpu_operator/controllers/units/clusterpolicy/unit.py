@@ -10,7 +10,7 @@ from gpu_operator.controllers import metrics
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler, Snapshot
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.kube.client import Kube
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.PLUGIN_CONFIG})
@@ -29,17 +29,10 @@ class ClusterPolicyUnit(UnitBase):
     def wants(self, event: Event) -> bool:
         return isinstance(event, NodeEvent) or event.kind in WANTED
 
-    def snapshot(self) -> Snapshot:
-        model = self.model
-        return Snapshot(model.policies(), model.nodes(), model.owned(), model.namespace, model.info.k8s_version,
-                        model.info.servicemonitor_crd, watched_kinds=model.watched_kinds,
-                        gpuclusters=[v.name for v in model.gpuclusters()],
-                        openshift_version=model.info.openshift_version)
-
     async def reconcile(self) -> Result:
         if self.labels_first():
             return Result(self.settings.coalesce)  # looks again after the coalescing window
-        report = await self.reconciler.reconcile(self.snapshot())
+        report = await self.reconciler.reconcile(self.model.snapshot())
         metrics.record_reconcile(report)
         return report
 

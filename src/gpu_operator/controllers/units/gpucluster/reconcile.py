@@ -25,17 +25,12 @@ from lightkube.core.exceptions import ApiError
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.gpucluster import KIND, SINGLETON, VERSION
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.apply import Applied, Applier, OwnedKey, owner_reference
+from gpu_operator.controllers.apply import Applied, Applier, owner_reference
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.queries import active_policy, validation_message
+from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.views import (
-    OWNED_KINDS,
-    ClusterPolicyView,
-    GPUClusterView,
-    OwnedView,
-    object_key,
-)
+from gpu_operator.controllers.views import GPUClusterView, OwnedKey, OwnedView, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.kube.crdowners import LeftCRD, owned_elsewhere
 from gpu_operator.render import RenderError
@@ -59,18 +54,6 @@ def served_resource_api(versions: Iterable[str]) -> str | None:
 
 
 @dataclass
-class ClusterSnapshot:
-    """What one GPUCluster reconcile sees, from the watch caches."""
-
-    clusters: list[GPUClusterView]
-    policies: list[ClusterPolicyView]
-    owned: dict[OwnedKey, OwnedView]
-    namespace: str
-    watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
-    openshift: bool = False  # start-up discovery's (controllers/discovery.py)
-
-
-@dataclass
 class ClusterReport(Applied):
     outcome: st.Outcome | None = None
     not_ready: list[str] = field(default_factory=list)
@@ -90,10 +73,10 @@ class GPUClusterReconciler:
         self._crds_read: float | None = None  # when the ComputeDomain CRDs' owners were last read
         self._crds_left: list[LeftCRD] = []
 
-    async def reconcile(self, snap: ClusterSnapshot) -> ClusterReport:
+    async def reconcile(self, snap: ReadSnapshot) -> ClusterReport:
         report = ClusterReport()
-        self.applier.forget_others({v.uid for v in snap.clusters})
-        view = next((v for v in snap.clusters if v.name == SINGLETON), None)
+        self.applier.forget_others({v.uid for v in snap.gpuclusters})
+        view = next((v for v in snap.gpuclusters if v.name == SINGLETON), None)
         if view is None:
             return report  # the CRD's CEL rule admits no other name
         if view.body.get("metadata", {}).get("deletionTimestamp"):
@@ -110,7 +93,7 @@ class GPUClusterReconciler:
                 validation_message(parsed.error, f"GPUCluster {view.name}")))
         try:
             facts = DRAFacts(namespace=snap.namespace, resource_api=await self._resource_api(),
-                             openshift=snap.openshift, operator_env=self.images)
+                             openshift=snap.info.openshift, operator_env=self.images)
             result = render_gpucluster(parsed.valid(), facts)
         except RenderError as err:
             return await self._finish(view, snap, report, st.Outcome.failed(
@@ -189,7 +172,7 @@ class GPUClusterReconciler:
             log.info("namespace %s labelled %s=true (admin-access ResourceClaims)", namespace, ADMIN_ACCESS_LABEL)
         self._namespace_labelled = True
 
-    async def _teardown(self, view: GPUClusterView, snap: ClusterSnapshot, report: ClusterReport) -> ClusterReport:
+    async def _teardown(self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport) -> ClusterReport:
         """Claim-holding DaemonSets first (foreground: until their pods are gone), then the finalizer."""
         holders = sorted((v for v in snap.owned.values()
                           if v.kind == "DaemonSet" and v.claims and view.uid in v.owner_uids),
@@ -220,7 +203,7 @@ class GPUClusterReconciler:
                     raise
         return report
 
-    async def _finish(self, view: GPUClusterView, snap: ClusterSnapshot, report: ClusterReport,
+    async def _finish(self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport,
                       outcome: st.Outcome) -> ClusterReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, view.status, view.generation)
@@ -237,7 +220,7 @@ class GPUClusterReconciler:
         return report
 
 
-def not_ready_states(result: RenderResult, owned: dict[OwnedKey, OwnedView], applied: list[str]) -> list[str]:
+def not_ready_states(result: RenderResult, owned: Mapping[OwnedKey, OwnedView], applied: list[str]) -> list[str]:
     """States whose DaemonSets or Deployment are not ready yet (or were changed in this pass)."""
     out = []
     for state in result.states:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from gpu_operator.controllers.loop import Event, Kind, ObjectEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.gpucluster.reconcile import ClusterSnapshot, GPUClusterReconciler
+from gpu_operator.controllers.units.gpucluster.reconcile import GPUClusterReconciler
 from gpu_operator.kube.client import Kube
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED})
@@ -28,10 +28,5 @@ class GPUClusterUnit(UnitBase):
     def idle(self) -> bool:
         return not self.model.gpuclusters()
 
-    def snapshot(self) -> ClusterSnapshot:
-        model = self.model
-        return ClusterSnapshot(model.gpuclusters(), model.policies(), model.owned(), model.namespace,
-                               watched_kinds=model.watched_kinds, openshift=model.info.openshift)
-
     async def reconcile(self) -> Result:
-        return await self.reconciler.reconcile(self.snapshot())
+        return await self.reconciler.reconcile(self.model.snapshot())

@@ -15,21 +15,15 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.controllers import status as st
-from gpu_operator.controllers.apply import Applier, OwnedKey, ReconcileReport, owner_reference
+from gpu_operator.controllers.apply import Applier, ReconcileReport, owner_reference
 from gpu_operator.controllers.environment import operator_env_now
 from gpu_operator.controllers.kmodconfig import kernel_module_data
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.passinputs import ReadOnce, configmap_keys
 from gpu_operator.controllers.queries import active_policy, effective_owners, parse_drivers, routing_of
+from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.views import (
-    OWNED_KINDS,
-    ClusterPolicyView,
-    NodeView,
-    NVIDIADriverView,
-    OwnedView,
-    object_key,
-)
+from gpu_operator.controllers.views import ClusterPolicyView, NVIDIADriverView, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError
 from gpu_operator.render.driverowners import Routing, conflict_message
@@ -49,22 +43,6 @@ PREREQUISITE_NOT_MET = vocab.PREREQUISITE_NOT_MET
 
 
 @dataclass
-class DriverSnapshot:
-    """What one reconcile of every NVIDIADriver sees (from the watch caches)."""
-
-    drivers: list[NVIDIADriverView]
-    policies: list[ClusterPolicyView]
-    nodes: list[NodeView]
-    owned: dict[OwnedKey, OwnedView]
-    namespace: str
-    k8s_version: str
-    watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)  # as Snapshot's
-    # GPUClusters (names): with one and no ClusterPolicy, NVIDIADrivers manage the DRA stack's driver
-    gpuclusters: list[str] = field(default_factory=list)
-    openshift_version: str = ""  # as Snapshot's
-
-
-@dataclass
 class DriverReport(Result):
     reports: dict[str, ReconcileReport] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
@@ -79,7 +57,7 @@ class NVIDIADriverReconciler:
         self.applier = Applier(kube)
         self.reported: set[tuple[str, tuple[str, ...]]] = set()  # conflicts already sent as events
 
-    async def reconcile(self, snap: DriverSnapshot) -> DriverReport:
+    async def reconcile(self, snap: ReadSnapshot) -> DriverReport:
         out = DriverReport()
         if not snap.drivers:
             return out
@@ -104,8 +82,8 @@ class NVIDIADriverReconciler:
         owners = effective_owners(routing, snap.nodes)
         base = policy
         facts = ClusterFacts.of([n.facts for n in snap.nodes], namespace=snap.namespace,
-                                k8s_version=snap.k8s_version, operator_env=self.images,
-                                openshift=bool(snap.openshift_version), openshift_version=snap.openshift_version)
+                                k8s_version=snap.info.k8s_version, operator_env=self.images,
+                                openshift=snap.info.openshift, openshift_version=snap.info.openshift_version)
         for name, nvd in sorted(drivers.items()):
             report = ReconcileReport()
             out.reports[name] = report
@@ -117,7 +95,7 @@ class NVIDIADriverReconciler:
         return out
 
     async def _one(self, nvd: NVIDIADriver, view: NVIDIADriverView, base: ClusterPolicy | None, facts: ClusterFacts,
-                   owners: dict[str, str], routing: Routing, snap: DriverSnapshot,
+                   owners: dict[str, str], routing: Routing, snap: ReadSnapshot,
                    report: ReconcileReport) -> st.Outcome:
         name = nvd.metadata.name
         owned_nodes = sorted(node for node, owner in owners.items() if owner == name)
@@ -191,7 +169,7 @@ class NVIDIADriverReconciler:
             self.reported.add((node, names))
         self.reported &= current
 
-    async def _disabled(self, view: NVIDIADriverView, snap: DriverSnapshot, active: ClusterPolicyView | None) -> None:
+    async def _disabled(self, view: NVIDIADriverView, snap: ReadSnapshot, active: ClusterPolicyView | None) -> None:
         if active is None:
             outcome = st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
                                  "no ClusterPolicy and no GPUCluster: create a ClusterPolicy with "
@@ -205,7 +183,7 @@ class NVIDIADriverReconciler:
         wanted["state"] = DISABLED
         await self._write(view, wanted)
 
-    async def _status(self, view: NVIDIADriverView, snap: DriverSnapshot, outcome: st.Outcome) -> None:
+    async def _status(self, view: NVIDIADriverView, snap: ReadSnapshot, outcome: st.Outcome) -> None:
         await self._write(view, st.status_body(outcome, snap.namespace, view.status, view.generation))
 
     async def _write(self, view: NVIDIADriverView, wanted: dict[str, Any]) -> None:

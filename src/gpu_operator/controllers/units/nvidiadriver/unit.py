@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.nvidiadriver.reconcile import DriverSnapshot, NVIDIADriverReconciler
+from gpu_operator.controllers.units.nvidiadriver.reconcile import NVIDIADriverReconciler
 from gpu_operator.kube.client import Kube
 
 WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.DRIVER_POD})
@@ -28,12 +28,5 @@ class NVIDIADriverUnit(UnitBase):
     def idle(self) -> bool:
         return not self.model.drivers()
 
-    def snapshot(self) -> DriverSnapshot:
-        model = self.model
-        return DriverSnapshot(model.drivers(), model.policies(), model.nodes(), model.owned(), model.namespace,
-                              model.info.k8s_version, watched_kinds=model.watched_kinds,
-                              gpuclusters=[v.name for v in model.gpuclusters()],
-                              openshift_version=model.info.openshift_version)
-
     async def reconcile(self) -> Result:
-        return await self.reconciler.reconcile(self.snapshot())
+        return await self.reconciler.reconcile(self.model.snapshot())
