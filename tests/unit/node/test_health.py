@@ -15,35 +15,27 @@ from typer.testing import CliRunner
 
 from gpu_operator.api.health import HealthReport, ReportError
 from gpu_operator.cli import app
-from gpu_operator.node.health import HealthAgent, HealthMetrics, encode, run
+from gpu_operator.node.health import HealthMetrics, encode, run
 from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS, classify
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.vocabulary import HEALTH_ACTIONS, VALIDATIONS_DIR
+from tests.unit.node.healthkit import (
+    GPUS,
+    SEQ,
+    FakeNvml,
+    FakePublisher,
+    agent_for,
+    append,
+    gpu,
+    record,
+    step,
+    validated,
+    xid_line,
+)
 from tests.unit.node.nodekit import FakeClock
 
-GPUS = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0",
-        "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
-SEQ = iter(range(10_000, 1_000_000))
-
-
-def record(message: str) -> str:
-    """One /dev/kmsg record (`prio,seq,usec,flags;message`) and a continuation line, as the kernel writes them."""
-    seq = next(SEQ)
-    return f"3,{seq},{seq * 1000},-;{message}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:0a:00.0\n"
-
-
-def xid_line(bus: str, xid: int) -> str:
-    return record(f"NVRM: Xid (PCI:{bus}): {xid}, pid=4242, name=python, something happened")
-
-
-def append(fs: HostFS, text: str) -> None:
-    with fs.resolve("/dev/kmsg").open("a") as handle:
-        handle.write(text)
-
-
-def validated(fs: HostFS, components: tuple[str, ...] = ("driver", "toolkit", "cuda", "plugin")) -> None:
-    for component in components:
-        fs.write_text(f"{VALIDATIONS_DIR}/{component}-ready", "")
+# test_health_nvml and test_health_xid_lines import these from here (now in healthkit)
+__all__ = ["GPUS", "SEQ", "validated"]
 
 
 @pytest.fixture
@@ -53,24 +45,6 @@ def host(build_host: Any) -> HostFS:
     fs.write_text("/dev/kmsg", record("Linux version 6.8.0-generic"))
     validated(fs)
     return fs
-
-
-def agent_for(fs: HostFS, **kwargs: Any) -> HealthAgent:
-    logs: list[str] = []
-    kwargs.setdefault("nvml", False)
-    agent = HealthAgent(fs, "node-a", log=logs.append, **kwargs)
-    agent.logs = logs  # type: ignore[attr-defined]
-    return agent
-
-
-def step(agent: HealthAgent) -> dict[str, Any] | None:
-    return asyncio.run(agent.step())
-
-
-def gpu(report: dict[str, Any], bus: str) -> dict[str, Any]:
-    listed: dict[str, dict[str, Any]] = {g["bus"]: g for g in report["gpus"]}
-    assert bus in listed, f"{bus} not listed: {report}"
-    return listed[bus]
 
 
 def test_a_clean_node_is_healthy_and_validated(host: HostFS) -> None:
@@ -167,14 +141,6 @@ def test_missing_status_files_mean_not_validated(host: HostFS) -> None:
     assert only_driver["validated"] is True
 
 
-class FakePublisher:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    async def publish(self, text: str, withdraw: tuple[str, ...] = ()) -> None:
-        self.texts.append(text)
-
-
 def test_one_write_per_change_and_none_while_nothing_changes(host: HostFS) -> None:
     agent = agent_for(host)
     publisher = FakePublisher()
@@ -255,65 +221,6 @@ def test_without_nvml_the_kernel_log_and_sysfs_still_work(host: HostFS) -> None:
     report = agent.observe()
     assert "nvml" not in report["sources"]
     assert gpu(report, "0000:0a:00.0")["state"] == "unhealthy" and gpu(report, "0000:18:00.0")["state"] == "gone"
-
-
-class FakeNvml:
-    """The part of pynvml the agent calls, with events and errors a test queues."""
-
-    nvmlEventTypeXidCriticalError = 0x8
-    nvmlEventTypeDoubleBitEccError = 0x2
-    NVML_ERROR_TIMEOUT, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED = 10, 15, 16
-    NVML_TEMPERATURE_GPU = 0
-
-    class NVMLError(Exception):
-        def __init__(self, value: int) -> None:
-            super().__init__(f"NVML error {value}")
-            self.value = value
-
-    def __init__(self, buses: list[str]) -> None:
-        self.buses = buses
-        self.queue: list[tuple[int, int, int]] = []  # (index, type, data)
-        self.lost: set[int] = set()
-        self.lost_at_start: set[int] = set()
-        self.registered: dict[int, int] = {}
-
-    def nvmlInit(self) -> None: ...  # noqa: N802
-    def nvmlShutdown(self) -> None: ...  # noqa: N802
-    def nvmlEventSetCreate(self) -> str: return "set"  # noqa: N802
-    def nvmlEventSetFree(self, _: str) -> None: ...  # noqa: N802
-    def nvmlDeviceGetCount(self) -> int: return len(self.buses)  # noqa: N802
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
-        if i in self.lost_at_start:
-            raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
-        return i
-
-    def nvmlDeviceGetIndex(self, h: int) -> int: return h  # noqa: N802
-    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int: return 0xFF  # noqa: N802
-
-    def nvmlDeviceRegisterEvents(self, h: int, mask: int, _: str) -> None:  # noqa: N802
-        self.registered[h] = mask
-
-    def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
-        class Info:
-            busId = f"0000{self.buses[h]}".upper().encode()  # NVML's 8-digit domain, bytes  # noqa: N815
-        return Info()
-
-    def nvmlEventSetWait_v2(self, _: str, timeout: int) -> Any:  # noqa: N802
-        if not self.queue:
-            raise self.NVMLError(self.NVML_ERROR_TIMEOUT)
-        index, kind, data = self.queue.pop(0)
-
-        class Event:
-            device, eventType, eventData = index, kind, data  # noqa: N815
-        return Event()
-
-    def nvmlDeviceGetTemperature(self, h: int, _: int) -> int:  # noqa: N802
-        if h in self.lost:
-            raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
-        return 40
-
-    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:  # noqa: N802
-        return (0, 0, 1 if h == 5 else 0, 0)
 
 
 def test_nvml_events_and_state_join_the_report(host: HostFS) -> None:
@@ -494,3 +401,4 @@ def test_a_kmsg_device_that_opens_late_is_read_from_its_end(tmp_path: Path) -> N
     late = follower.poll()
     follower.close()
     assert follower.regular is False and len(late) < len(held) // 2  # only what the kernel wrote meanwhile
+

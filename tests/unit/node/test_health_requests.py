@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.api.health import HealthReport
-from gpu_operator.controllers.units.health.machine import request_text
-from gpu_operator.node.health import HealthAgent, encode, run
+from gpu_operator.node.health import run
 from gpu_operator.node.health.requests import (
     SENTINEL,
     Request,
@@ -27,57 +26,18 @@ from gpu_operator.node.health.requests import (
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.runner import CommandResult
 from gpu_operator.vocabulary import HEALTH_ATTEMPTS_ANNOTATION, HEALTH_SINCE_ANNOTATION, HEALTH_STATE
-from tests.unit.node.test_health import append, record, validated, xid_line
-
-BUS = "0000:44:00.0"  # minor 3 on the fixture host
-OTHER = "0000:c1:00.0"  # minor 7
-AGENT_PID = 4242  # the agent's PID as the host numbers it (its container's PID namespace calls it 1)
-
-
-def asked(action: str = "reset-gpu", gpus: list[str] | None = None, *, attempt: int = 0, since: str = "100",
-          node: str = "node-a", state: str = "validating", remediation: bool = True,
-          notes: dict[str, str] | None = None) -> Seen:
-    """What the agent sees when the operator asks: its Node in the attempt, its entry in the Secret."""
-    text = request_text(node, action, gpus if gpus is not None else ([BUS] if action == "reset-gpu" else []),
-                        attempt, since)
-    if not remediation:
-        text = text.replace('"remediation":true', '"remediation":false')
-    annotations = {HEALTH_SINCE_ANNOTATION: since, **({HEALTH_ATTEMPTS_ANNOTATION: str(attempt)} if attempt else {}),
-                   **(notes or {})}
-    return Seen({HEALTH_STATE: state}, annotations, text)
-
-
-class Resets:
-    """A resetter that records what it was asked; `fail` makes it fail."""
-
-    def __init__(self, fail: str = "") -> None:
-        self.calls: list[str] = []
-        self.fail = fail
-
-    def __call__(self, bus: str) -> tuple[bool, str]:
-        self.calls.append(bus)
-        return (False, self.fail) if self.fail else (True, "")
-
-
-def make_host(build_host: Any, processes: list[dict[str, Any]] | None = None) -> HostFS:
-    fs: HostFS = build_host("h100-nvidia-bound", processes=processes or []).fs
-    fs.write_text("/dev/kmsg", record("Linux version 6.8.0-generic"))
-    # the host's /proc/self as this agent reads it through the host root: the host's numbering first
-    fs.write_text("/proc/self/status", f"Name:\tgpu-operator\nPid:\t{AGENT_PID}\nNSpid:\t{AGENT_PID}\t1\n")
-    validated(fs)
-    return fs
-
-
-def agent_with(fs: HostFS, resets: Resets) -> HealthAgent:
-    logs: list[str] = []
-    actor = RequestActor(fs, resets, log=logs.append)
-    agent = HealthAgent(fs, "node-a", nvml=False, log=logs.append, requests=actor)
-    agent.logs = logs  # type: ignore[attr-defined]
-    return agent
-
-
-def report_of(agent: HealthAgent) -> HealthReport:
-    return HealthReport.parse(encode(agent.observe()))
+from tests.unit.node.healthkit import (
+    AGENT_PID,
+    BUS,
+    OTHER,
+    Resets,
+    agent_with,
+    append,
+    asked,
+    make_host,
+    report_of,
+    xid_line,
+)
 
 
 def test_a_reset_request_resets_a_free_gpu_clears_its_xid_and_is_answered(build_host: Any) -> None:
@@ -309,100 +269,6 @@ def test_no_nvidia_smi_fails_the_reset_naming_it(build_host: Any) -> None:
     fs: HostFS = build_host("cpu-only").fs
     ok, why = smi_resetter(fs, object())(BUS)
     assert not ok and why == "nvidia-smi not found on the host or in the driver root"
-
-
-@pytest.mark.parametrize("text", ["done", "refused:held by pid 7 (x)", "failed:exit 1"])
-def test_the_operator_reads_each_outcome(text: str) -> None:
-    report = HealthReport.parse(encode({"v": 1, "validated": True, "state": "healthy", "action": "none",
-                                        "healthy": 8, "gpus": [], "sources": ["pci"], "reset": {BUS: text}}))
-    assert report.reset_outcome(BUS) == tuple(text.partition(":")[::2])
-
-
-def test_the_request_watch_keeps_the_node_and_its_entry_and_watches_again_after_a_failure() -> None:
-    import base64
-    import threading
-
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Node, Secret
-
-    from gpu_operator.node.kubeapi import RequestWatch
-    from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
-
-    done = threading.Event()
-    entry = asked().request or ""
-
-    class Client:
-        def __init__(self) -> None:
-            self.calls: list[tuple[str, str | None, dict[str, str]]] = []
-
-        def watch(self, resource: Any, fields: dict[str, str], namespace: str | None = None) -> Any:
-            self.calls.append((resource.__name__, namespace, fields))
-            if resource is Node:
-                if sum(c[0] == "Node" for c in self.calls) == 1:
-                    yield "ADDED", Node(metadata=ObjectMeta(name="node-a", labels={HEALTH_STATE: "validating"},
-                                                            annotations={HEALTH_SINCE_ANNOTATION: "1"}))
-                    raise ConnectionError("apiserver away")
-                yield "MODIFIED", Node(metadata=ObjectMeta(name="node-a", labels={HEALTH_STATE: "validating"},
-                                                           annotations={HEALTH_SINCE_ANNOTATION: "100"}))
-            else:
-                data = {"node-a": base64.b64encode(entry.encode()).decode(), "node-b": "e30="}
-                yield "ADDED", Secret(metadata=ObjectMeta(name=HEALTH_REQUESTS_SECRET), data=data)
-            done.set()
-            threading.Event().wait()  # the watch stays open
-
-    client, logs = Client(), list[str]()
-    watch = RequestWatch("node-a", "gpu-operator", client, logs.append)
-    for _ in range(200):
-        if watch.current().annotations.get(HEALTH_SINCE_ANNOTATION) == "100" and watch.current().request:
-            break
-        threading.Event().wait(0.05)
-    assert sorted(client.calls) == [("Node", None, {"metadata.name": "node-a"})] * 2 + [
-        ("Secret", "gpu-operator", {"metadata.name": HEALTH_REQUESTS_SECRET})]
-    assert watch.current() == asked()
-    assert logs == ["watching Node node-a failed (apiserver away); watching again"]
-
-
-def test_the_operator_refuses_an_outcome_it_does_not_know_naming_the_field() -> None:
-    from gpu_operator.api.health import ReportError
-
-    base = {"v": 1, "validated": True, "state": "healthy", "action": "none", "healthy": 8, "gpus": [],
-            "sources": ["pci"]}
-    with pytest.raises(ReportError, match=rf"field reset\.{BUS}: String should match pattern"):
-        HealthReport.parse(encode({**base, "reset": {BUS: "ok"}}))
-    with pytest.raises(ReportError, match=r"field reset\.0000:44:00\.\[key\]: String should match pattern"):
-        HealthReport.parse(encode({**base, "reset": {"0000:44:00": "done"}}))  # not a bus id as sysfs names it
-
-
-def test_the_command_runs_the_agent_with_requests_and_the_request_watch(build_host: Any, monkeypatch: Any) -> None:
-    from typer.testing import CliRunner
-
-    from gpu_operator.cli import app
-    from gpu_operator.node import kubeapi
-    from gpu_operator.node.health import agent as agent_module
-
-    seen: dict[str, Any] = {}
-
-    class Watch:
-        def __init__(self, node: str, namespace: str, client: Any = None, log: Any = None) -> None:
-            seen["watched"] = (node, namespace)
-
-        def current(self) -> Seen:
-            return Seen()
-
-    async def fake_run(agent: HealthAgent, publisher: Any, interval: float, stop: Any, requests: Any = None) -> None:
-        seen.update(agent=agent, publisher=publisher, requests=requests)
-
-    monkeypatch.setattr(kubeapi, "new_client", lambda: object())
-    monkeypatch.setattr(kubeapi, "RequestWatch", Watch)
-    monkeypatch.setattr(agent_module, "run", fake_run)
-    monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-operator")
-    root = build_host("h100-nvidia-bound").fs.root
-    result = CliRunner().invoke(app, ["node", "health", "--host-root", str(root), "--node-name", "node-a",
-                                      "--metrics-port", "0", "--no-nvml"])
-    assert result.exit_code == 0, result.output
-    assert seen["watched"] == ("node-a", "gpu-operator") and isinstance(seen["requests"], Watch)
-    actor = seen["agent"].requests
-    assert isinstance(actor, RequestActor) and actor.sentinel == SENTINEL
 
 
 def test_without_a_reset_request_acting_leaves_the_host_to_the_step(build_host: Any) -> None:
