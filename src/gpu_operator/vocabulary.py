@@ -45,7 +45,6 @@ PROBE_FACTS_ANNOTATION = f"{NVIDIA}/gpu.probe.facts"
 # annotation (JSON: per GPU, its driver after the run and the refusal or result text).
 VFIO_STATE = f"{NVIDIA}/gpu.vfio.state"
 VFIO_RESULT_ANNOTATION = f"{NVIDIA}/gpu.vfio.result"
-VFIO_STATES = ("bound", "partial", "refused", "failed", "none")
 # Event reasons of the node agents that the operator also matches on.
 VFIO_BOUND_REASON = "VFIOBound"
 VFIO_REFUSED_REASON = "VFIORefused"
@@ -166,12 +165,11 @@ HEALTH_ATTEMPTS_ANNOTATION = f"{HEALTH_ANNOTATION_PREFIX}attempts"
 # one Secret in the operator's namespace, one data key per node (the node's name), written by the
 # operator alone: no operand's Role grants writes to Secrets there, and the agent may only get and
 # watch this one by name (docs/health.md, "Who can trigger what"). Each value is compact JSON with
-# the keys below; the agent acts only on its own node's entry, with remediation on, for the
-# remediation attempt its Node is in (state validating, since and attempts as the request says),
-# and answers in its report (`answered`), never by writing the request. A Node annotation asks
-# nothing.
+# the keys v, node, action, gpus, remediation, attempt and since; the agent acts only on its own
+# node's entry, with remediation on, for the remediation attempt its Node is in (state validating,
+# since and attempts as the request says), and answers in its report (`answered`), never by
+# writing the request. A Node annotation asks nothing.
 HEALTH_REQUESTS_SECRET = "nvidia-gpu-health-requests"
-HEALTH_REQUEST_KEYS = ("v", "node", "action", "gpus", "remediation", "attempt", "since")
 HEALTH_REQUEST_ACTIONS = ("reset-gpu", "reboot")
 # The Xid catalogue's resolutions (NVIDIA's "immediate action" buckets), mildest first.
 HEALTH_ACTIONS = ("none", "restart-app", "reset-gpu", "reboot")
@@ -288,9 +286,6 @@ VALIDATION_REQUIRED = "validation-required"
 UNCORDON_REQUIRED = "uncordon-required"
 UPGRADE_DONE = "upgrade-done"
 UPGRADE_FAILED = "upgrade-failed"
-STATES = (UNKNOWN, UPGRADE_REQUIRED, CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED,
-          DRAIN_REQUIRED, POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED, UPGRADE_DONE,
-          UPGRADE_FAILED)
 # Between cordon-required and uncordon-required: what maxParallelUpgrades bounds, and what GPU
 # health's remediation waits for before it cordons a node itself.
 UPGRADE_ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,

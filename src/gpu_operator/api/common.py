@@ -60,7 +60,6 @@ def misplaced_module_type(value: object) -> object:
     if isinstance(value, str) and value in MISPLACED_MODULE_TYPES:
         raise ValueError(MISPLACED_MODULE_TYPES[value])
     return value
-IntOrString = int | str
 
 
 class Model(BaseModel):

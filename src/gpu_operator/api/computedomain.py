@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 from pydantic.config import JsonDict
 
-from gpu_operator.api.common import Model, ObjectMeta
+from gpu_operator.api.common import Model
 
 GROUP = "resource.nvidia.com"
 VERSION = "v1beta1"
@@ -65,14 +65,6 @@ class ComputeDomainNode(_IMEXDaemon):
 class ComputeDomainStatus(Model):
     status: Readiness = "NotReady"
     nodes: list[ComputeDomainNode] | None = Field(None, json_schema_extra=_list_map("name"))
-
-
-class ComputeDomain(Model):
-    apiVersion: Literal["resource.nvidia.com/v1beta1"] = "resource.nvidia.com/v1beta1"
-    kind: Literal["ComputeDomain"] = "ComputeDomain"
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
-    spec: ComputeDomainSpec
-    status: ComputeDomainStatus | None = None
 
 
 class CliqueDaemon(_IMEXDaemon):

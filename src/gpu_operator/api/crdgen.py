@@ -16,8 +16,6 @@ from pydantic import BaseModel
 from gpu_operator.api import clusterpolicy, computedomain, gpucluster, nodefeature, nvidiadriver
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 
-_DROP = {"title", "additionalProperties", "default"}
-
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
     """Resolve every $ref (CRD schemas must be self-contained)."""

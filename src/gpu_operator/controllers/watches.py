@@ -55,8 +55,6 @@ CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, Kind], ...]
     ("v1alpha1", "gpuclusters", "GPUCluster", GPUClusterView, GPUCLUSTERS, Kind.GPU_CLUSTER),
 )
 DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
-# The Node reflector's kind (controllers/reflector.py watches it outside kopf)
-NODES = ("v1", "nodes")
 
 
 class Watched(NamedTuple):

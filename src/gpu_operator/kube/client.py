@@ -6,7 +6,6 @@ are in kube/resources.py (and importable from here)."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,6 @@ __all__ = ["FIELD_MANAGER", "STATUS_RESOURCES", "WRITES", "ClusterPolicyResource
            "NotLeading", "ObjectKey", "PrometheusRuleResource", "ServiceMonitorResource", "load_config",
            "resource_for"]
 
-log = logging.getLogger(__name__)
 
 
 def load_config(kubeconfig: str | None) -> KubeConfig:

@@ -19,12 +19,14 @@ from lightkube.core.resource import Resource as LightkubeResource
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.views import SERVICE_MONITOR
-from gpu_operator.controllers.watches import NODES, Watched, Watches
+from gpu_operator.controllers.watches import Watched, Watches
 from tests.support.chart import Rendered, find
 from tests.support.permissions import covers, expand
 
 CRDS = Path(__file__).resolve().parents[3] / "deployments" / "gpu-operator" / "crds"
 # Kinds of other projects whose CRDs the chart does not carry: (group, plural) -> namespaced
+# The Node reflector's kind: controllers/reflector.py watches it outside kopf (kube/nodewatch.py)
+NODES = ("v1", "nodes")
 FOREIGN_SCOPES = {("nfd.k8s-sigs.io", "nodefeatures"): True, ("monitoring.coreos.com", "servicemonitors"): True}
 
 

@@ -6,13 +6,17 @@ from typing import Any
 
 from gpu_operator import shapes
 from gpu_operator.api.clusterpolicy import ClusterPolicy
-from gpu_operator.render import RenderResult, render
+from gpu_operator.render import RenderResult, dra, render
 from gpu_operator.render.clitext import label_gpu_nodes
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.facts import ClusterFacts
+from gpu_operator.render.states import ORDER
 
 IMAGES = {**CHART_DEFAULT_IMAGES, "VGPU_MANAGER_IMAGE": "registry.example.com/nvidia/vgpu-manager:595.91.07"}
 K8S = "1.36.3"
+# The ClusterPolicy's states and the GPUCluster's, in render order
+STATE_NAMES: tuple[str, ...] = tuple(operand.state for operand in ORDER)
+DRA_STATE_NAMES: tuple[str, ...] = tuple(name for name, _, _ in dra.STATES)
 
 
 def nodes(*specs: str, labelled: bool = True) -> list[dict[str, Any]]:

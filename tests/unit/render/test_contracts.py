@@ -17,7 +17,7 @@ from tools.operand_facts.compare import policies, render_policy
 from tools.operand_facts.contract import Deviation, compare_state, contracts, undocumented
 
 from gpu_operator.render.defaults import CUDA_WORKLOAD_IMAGE, OWN_IMAGE
-from gpu_operator.render.states import STATE_NAMES
+from tests.unit.render.renderkit import STATE_NAMES
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICIES = policies()

@@ -14,9 +14,10 @@ import pytest
 from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.render.clitext import format_yaml
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
-from gpu_operator.render.dra import STATE_NAMES, DRAFacts, DRANotServed, render_gpucluster
+from gpu_operator.render.dra import DRAFacts, DRANotServed, render_gpucluster
 from gpu_operator.render.result import Manifest, RenderError, RenderResult
 from gpu_operator.vocabulary import MANAGED_BY, STATE_LABEL
+from tests.unit.render.renderkit import DRA_STATE_NAMES
 from tests.unit.render.test_render import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -77,14 +78,14 @@ def env_of(ctr: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_object_is_valid_for_the_apiserver_and_labelled_as_ours(case: str) -> None:
     result = run(CASES[case])
-    assert [s.name for s in result.states] == list(STATE_NAMES) == [
+    assert [s.name for s in result.states] == list(DRA_STATE_NAMES) == [
         "state-dra-driver", "state-dcgm", "state-dcgm-exporter", "state-dra-validation"]
     assert result.objects()
     for obj in result.objects():
         if obj["kind"] != "SecurityContextConstraints":
             kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
         labels = obj["metadata"]["labels"]
-        assert labels[MANAGED_BY] == "gpu-operator" and labels[STATE_LABEL] in STATE_NAMES, obj["metadata"]
+        assert labels[MANAGED_BY] == "gpu-operator" and labels[STATE_LABEL] in DRA_STATE_NAMES, obj["metadata"]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -265,7 +266,7 @@ def test_upstreams_golden_case_keeps_the_dra_contracts() -> None:
 
     found = gpucluster_deviations()
     assert undocumented(found) == [], "\n".join(map(str, undocumented(found)))
-    assert {k for k in contracts() if k.startswith("gpucluster/")} == {f"gpucluster/{s}" for s in STATE_NAMES}
+    assert {k for k in contracts() if k.startswith("gpucluster/")} == {f"gpucluster/{s}" for s in DRA_STATE_NAMES}
     assert {d.id.split(":")[-1] for d in found} == {"coordination.k8s.io leases create",
                                                      "coordination.k8s.io leases get",
                                                      "coordination.k8s.io leases update",

@@ -12,9 +12,8 @@ import pytest
 from gpu_operator.render import RenderError, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.facts import operator_env
-from gpu_operator.render.states import STATE_NAMES
 from gpu_operator.vocabulary import MANAGED_BY, STATE_LABEL
-from tests.unit.render.renderkit import IMAGES, daemonset, facts, policy, run
+from tests.unit.render.renderkit import IMAGES, STATE_NAMES, daemonset, facts, policy, run
 
 UPSTREAM_ORDER = [
     "pre-requisites", "state-operator-metrics", "state-driver", "state-container-toolkit",

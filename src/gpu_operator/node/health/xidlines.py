@@ -13,7 +13,7 @@ kern). So a record counts as an Xid only when all of these hold:
 4. NVML does not already watch that GPU's Xid events: where NVML loads and took the GPU's Xid
    registration, its events are the channel and the kernel log the fallback.
 
-Every other record that mentions `NVRM: Xid` is dropped, counted by reason (`IGNORED_REASONS`;
+Every other record that mentions `NVRM: Xid` is dropped, counted by reason (the five below;
 the agent's metric gpu_operator_gpu_xid_lines_ignored_total{reason}) and logged (the first of each
 reason, then every LOG_EVERY-th), never a fault.
 """
@@ -33,7 +33,6 @@ NOT_AT_START = "not-at-start"  # the text is inside another message (a segfault 
 UNPARSED = "unparsed"  # begins with the prefix but is not the driver's format
 NOT_A_GPU = "not-a-gpu"  # names an address that is none of this node's GPUs
 NVML_WATCHES = "nvml-watches"  # a true driver line for a GPU whose Xid events NVML delivers
-IGNORED_REASONS = (NOT_KERNEL, NOT_AT_START, UNPARSED, NOT_A_GPU, NVML_WATCHES)
 LOG_EVERY = 100
 
 

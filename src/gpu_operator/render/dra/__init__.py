@@ -45,7 +45,6 @@ STATES: tuple[tuple[str, Gate, Callable[[DRACtx], list[Manifest]]], ...] = (
     ("state-dcgm-exporter", _exporter, monitoring.exporter),
     (validation.STATE, _always("always"), validation.render),
 )
-STATE_NAMES = tuple(name for name, _, _ in STATES)
 
 
 def render_gpucluster(cluster: GPUCluster, facts: DRAFacts) -> RenderResult:

@@ -48,5 +48,3 @@ ORDER: tuple[Operand, ...] = (
     kata_manager.OPERAND,
     cc_manager.OPERAND,
 )
-
-STATE_NAMES: tuple[str, ...] = tuple(operand.state for operand in ORDER)

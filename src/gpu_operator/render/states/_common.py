@@ -23,7 +23,6 @@ from gpu_operator.render.result import Manifest
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 VALIDATIONS = hostpath("run-nvidia-validations", VALIDATIONS_DIR, "DirectoryOrCreate")
-RUN_NVIDIA = hostpath("run-nvidia", "/run/nvidia", "Directory")
 HOST_ROOT = hostpath("host-root", "/")
 HOST_DEV_CHAR = hostpath("host-dev-char", "/dev/char")
 DRIVER_INSTALL_DIR = hostpath("driver-install-dir", "/run/nvidia/driver", "DirectoryOrCreate")

@@ -125,7 +125,7 @@ def node_facts(view: NodeView, report: HealthReport | None, pods: Sequence[node_
 
 
 def request_text(node: str, action: str, gpus: Sequence[str], attempt: int, since: str) -> str:
-    """A node's entry in the requests Secret (vocabulary.HEALTH_REQUEST_KEYS): `remediation` is the
+    """A node's entry in the requests Secret (the keys vocabulary.py lists): `remediation` is the
     policy's switch (the machine runs only while it is on), `attempt` and `since` the remediation
     attempt it belongs to, as the Node's annotations say while it is validating."""
     return json.dumps({"v": 1, "node": node, "action": action, "gpus": list(gpus), "remediation": True,

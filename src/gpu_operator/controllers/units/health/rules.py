@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.api.health import GpuHealth, HealthReport, NodeReport
-from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES, HealthSpec
+from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_TAINT
 
 # The metric's states (gpu_operator_node_gpu_health{node, state}): one is 1 per node.
@@ -46,11 +46,6 @@ class Taint:
         if self.value:
             out["value"] = self.value
         return out
-
-
-def ours(key: str) -> bool:
-    """A taint key the operator reads and may write (its own and startup taints)."""
-    return key == HEALTH_TAINT or key.startswith(OUR_TAINT_PREFIXES)
 
 
 @dataclass(frozen=True)

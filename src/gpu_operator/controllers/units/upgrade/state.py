@@ -48,9 +48,6 @@ from gpu_operator.vocabulary import (
     POD_RESTART_REQUIRED as POD_RESTART_REQUIRED,
 )
 from gpu_operator.vocabulary import (
-    STATES as STATES,
-)
-from gpu_operator.vocabulary import (
     UNCORDON_REQUIRED as UNCORDON_REQUIRED,
 )
 from gpu_operator.vocabulary import (  # the state names, shared with statusview and nodelabels
