@@ -1,7 +1,7 @@
 """state-dra-driver: NVIDIA's DRA driver (kubelet plugin DaemonSet with its `gpus` and
 `compute-domains` containers, the compute-domain controller), its RBAC, the DeviceClasses its
 devices are claimed through, and the admission policy that keeps each plugin to its own node's
-ResourceSlices."""
+ResourceSlices (those two in render/dra/claims.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ from gpu_operator.api.gpucluster import (
     GPUS_HEALTHCHECK_PORT,
     KubeletPluginSpec,
 )
+from gpu_operator.render.dra.claims import device_classes, slice_policy
 from gpu_operator.render.dra.common import (
-    COMPUTE_DOMAIN_DRIVER,
-    GPU_DRIVER,
     DRACtx,
     daemonset,
-    device_class,
 )
 from gpu_operator.render.dra.rbac import driver_rbac
 from gpu_operator.render.objects import (
@@ -44,9 +42,7 @@ STATE = "state-dra-driver"
 PLUGIN = "nvidia-dra-driver-kubelet-plugin"
 PLUGIN_ACCOUNT = "nvidia-dra-driver-kubeletplugin"
 CONTROLLER = "nvidia-dra-driver-controller"
-POLICY = "resourceslices-policy-nvidia-dra-driver"
 APP_NAME = "nvidia-dra-driver"
-NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 # The kubelet plugin's containers take their driver location from the validator's driver-ready
 # file, may hide the driver's ModifyDeviceFiles switch from themselves, then start the plugin.
@@ -281,56 +277,11 @@ def controller_deployment(ctx: DRACtx) -> Manifest:
     return deployment
 
 
-def slice_policy(ctx: DRACtx) -> list[Manifest]:
-    """The kubelet plugin's ServiceAccount may write only ResourceSlices of the node its pod runs on
-    (the node name the apiserver puts in a node-bound token), or slices for all/selected nodes."""
-    this = "(request.operation == \"DELETE\" ? oldObject : object).spec"
-    policy = obj("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", POLICY, STATE, None, spec={
-        "failurePolicy": "Fail",
-        "matchConstraints": {"resourceRules": [{
-            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1", "v1beta1", "v1beta2"],
-            "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}]},
-        "matchConditions": [{"name": "isRestrictedUser", "expression":
-                             f'request.userInfo.username == "system:serviceaccount:{ctx.ns}:{PLUGIN_ACCOUNT}"'}],
-        "variables": [
-            {"name": "userNodeName",
-             "expression": f"request.userInfo.extra[?'{NODE_NAME_EXTRA}'][0].orValue('')"},
-            {"name": "objectNodeName", "expression": f'{this}.?nodeName.orValue("")'},
-            {"name": "nodeSelectorValue", "expression": f"{this}.?nodeSelector.orValue(null)"},
-            {"name": "allNodesValue", "expression": f"{this}.?allNodes.orValue(false)"},
-        ],
-        "validations": [
-            {"expression": 'variables.userNodeName != ""',
-             "message": "the DRA kubelet plugin's ServiceAccount has no node in its token: it must run in a pod "
-                        "on a node, with ServiceAccountTokenPodNodeInfo enabled"},
-            {"expression": "variables.userNodeName == variables.objectNodeName || variables.allNodesValue == true "
-                           "|| variables.nodeSelectorValue != null",
-             "messageExpression": "\"the DRA kubelet plugin on node '\" + variables.userNodeName + "
-                                  "\"' may not write ResourceSlices of other nodes\""},
-        ],
-    })
-    binding = obj("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding", POLICY, STATE, None,
-                  spec={"policyName": POLICY, "validationActions": ["Deny"]})
-    return [policy, binding]
-
-
-def device_classes(ctx: DRACtx) -> list[Manifest]:
-    out = [device_class(ctx, STATE, GPU_DRIVER, GPU_DRIVER, "gpu"),
-           device_class(ctx, STATE, "mig.nvidia.com", GPU_DRIVER, "mig")]
-    if ctx.spec.draDriver.compute_domains_on():
-        out += [device_class(ctx, STATE, "compute-domain-daemon.nvidia.com", COMPUTE_DOMAIN_DRIVER, "daemon"),
-                device_class(ctx, STATE, "compute-domain-default-channel.nvidia.com", COMPUTE_DOMAIN_DRIVER,
-                             "channel", "id == 0")]
-    # passthrough GPUs (vfio-pci) are a device type of their own, published with PassthroughSupport
-    out.append(device_class(ctx, STATE, "vfio.gpu.nvidia.com", GPU_DRIVER, "vfio"))
-    return out
-
-
 def render(ctx: DRACtx) -> list[Manifest]:
     out = driver_rbac(ctx, STATE, PLUGIN_ACCOUNT, CONTROLLER, _labels)
-    out += device_classes(ctx)
+    out += device_classes(ctx, STATE)
     out.append(plugin_daemonset(ctx))
     if ctx.spec.draDriver.compute_domains_on():
         out.append(controller_deployment(ctx))
-    out += slice_policy(ctx)
+    out += slice_policy(ctx, STATE, PLUGIN_ACCOUNT)
     return out
