@@ -23,7 +23,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_operator.sim.auditlog import AuditReader
+from gpu_operator.sim.plane.auditlog import AuditReader
 from gpu_operator.vocabulary import DRA_STATE_LABELS, GPU_PRESENT, STATE_LABELS
 
 # A node counts as labelled once it carries every deploy label of the container workload (with a

@@ -1,12 +1,12 @@
 """The scale benchmark's GPU health phase (`--health-faults PERCENT`): after the idle window, the
 driver's Xid 79 record is written into the kernel log of PERCENT % of the nodes (their host trees,
-as `gpu-operator sim fault NODE --xid 79` does: `sim/faultinject.py`), then every fault is
+as `gpu-operator sim fault NODE --xid 79` does: `sim/commands/faultinject.py`), then every fault is
 cleared (`--clear`, a reboot of the tree). One Node watch of the bench's own records, per faulted
 node:
 
 - `agent`: the Xid written (after the kernel-log append returned) -> the report annotation
   nvidia.com/gpu-health.report naming a GPU unhealthy. The simulator plays our agent on kwok
-  nodes (`sim/health.py`): it looks at the trees' change journal every 2 s, so this includes up
+  nodes (`sim/standins/health.py`): it looks at the trees' change journal every 2 s, so this includes up
   to 2 s of that poll; a real agent's /dev/kmsg read is not measured here;
 - `signals`: that report seen -> both the condition NvidiaGPUReady=False and the taint
   nvidia.com/gpu-unhealthy seen on the Node (the operator's part);
@@ -40,8 +40,8 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.api.health import HealthReport, ReportError
-from gpu_operator.sim.auditlog import AuditReader
-from gpu_operator.sim.faults import XID_OFF_BUS, NodeHosts, node_host_spec
+from gpu_operator.sim.hardware.faults import XID_OFF_BUS, NodeHosts, node_host_spec
+from gpu_operator.sim.plane.auditlog import AuditReader
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT
 
 # issue 43 item 7

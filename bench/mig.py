@@ -3,7 +3,7 @@ all-1g.10gb at once, and U more (default 20) keep their label; reports the time 
 changed node's `nvidia.com/mig.config.state` is `success` again (seen by a Node watch after its
 `pending`) and until the operator reports it (`NvidiaMIGReady` `MIGConfigApplied`), and the API
 writes per node from the apiserver's audit log: the operator's (its
-ServiceAccount) and the MIG manager stand-in's (sim/migmanager.py, which runs with the other node
+ServiceAccount) and the MIG manager stand-in's (sim/standins/migmanager.py, which runs with the other node
 stand-ins under the admin user: its requests are told by their field manager). Results go to
 bench/results/mig-<time>.json. Run: .venv/bin/python bench/mig.py --nodes 100 --unchanged 20"""
 
@@ -32,10 +32,11 @@ from subjects import on_fresh_plane, start_ours  # noqa: E402
 from gpu_operator import shapes  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
-from gpu_operator.sim import binaries, nodes, session  # noqa: E402
-from gpu_operator.sim.auditlog import AuditReader  # noqa: E402
-from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
-from gpu_operator.sim.standins import StandIns  # noqa: E402
+from gpu_operator.sim.commands import session  # noqa: E402
+from gpu_operator.sim.plane import binaries, nodes  # noqa: E402
+from gpu_operator.sim.plane.auditlog import AuditReader  # noqa: E402
+from gpu_operator.sim.plane.controlplane import ControlPlane  # noqa: E402
+from gpu_operator.sim.standins.roster import StandIns  # noqa: E402
 from gpu_operator.vocabulary import (  # noqa: E402
     MIG_APPLIED,
     MIG_CONDITION,

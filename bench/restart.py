@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from subjects import Subject
 
 from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.sim.auditlog import AuditReader
+from gpu_operator.sim.plane.auditlog import AuditReader
 
 PASSES = "gpu_operator_controller_passes"
 

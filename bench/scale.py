@@ -47,10 +47,11 @@ from subjects import Subject, apply_peer_crds, on_fresh_plane, start_ours, start
 from gpu_operator import shapes  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
-from gpu_operator.sim import binaries, nodes, session  # noqa: E402
-from gpu_operator.sim.auditlog import AuditReader  # noqa: E402
-from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
-from gpu_operator.sim.standins import StandIns  # noqa: E402
+from gpu_operator.sim.commands import session  # noqa: E402
+from gpu_operator.sim.plane import binaries, nodes  # noqa: E402
+from gpu_operator.sim.plane.auditlog import AuditReader  # noqa: E402
+from gpu_operator.sim.plane.controlplane import ControlPlane  # noqa: E402
+from gpu_operator.sim.standins.roster import StandIns  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SHAPE = "dgx-h100"
@@ -180,7 +181,7 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
             apply_crds(sync)
         sync.create(Namespace(metadata={"name": session.OPERATOR_NAMESPACE}))  # type: ignore[arg-type]
         # What GFD, the device plugin (through the kubelet) and the DRA kubelet plugin do on a node once
-        # their pods run there (sim/standins.py, as `sim up` runs them): the operator sees the honest flow.
+        # their pods run there (sim/standins/roster.py, as `sim up` runs them): the operator sees the honest flow.
         hosts = plane.workdir / "hosts" if args.health_faults else None  # our health agent over host trees
         node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig), hosts=hosts).start()
         def launch() -> Subject:

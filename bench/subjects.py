@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 from lightkube import Client
 from lightkube.codecs import load_all_yaml
 
-from gpu_operator.sim import session
-from gpu_operator.sim.binaries import Binaries
-from gpu_operator.sim.controlplane import ControlPlane, free_port
-from gpu_operator.sim.images import DEFAULT_IMAGES
-from gpu_operator.sim.operator_process import PROFILE_ENV, OperatorProcess
-from gpu_operator.sim.state import Proc
+from gpu_operator.sim.commands import session
+from gpu_operator.sim.commands.state import Proc
+from gpu_operator.sim.plane.binaries import Binaries
+from gpu_operator.sim.plane.controlplane import ControlPlane, free_port
+from gpu_operator.sim.plane.images import DEFAULT_IMAGES
+from gpu_operator.sim.plane.operator_process import PROFILE_ENV, OperatorProcess
 
 
 @dataclass

@@ -27,9 +27,10 @@ from gpu_operator import shapes  # noqa: E402
 from gpu_operator.controllers.units.upgrade.state import ACTIVE, UPGRADE_DONE  # noqa: E402
 from gpu_operator.kube.client import ClusterPolicyResource  # noqa: E402
 from gpu_operator.kube.crds import apply_crds  # noqa: E402
-from gpu_operator.sim import binaries, nodes, session  # noqa: E402
-from gpu_operator.sim.auditlog import AuditReader  # noqa: E402
-from gpu_operator.sim.controlplane import ControlPlane  # noqa: E402
+from gpu_operator.sim.commands import session  # noqa: E402
+from gpu_operator.sim.plane import binaries, nodes  # noqa: E402
+from gpu_operator.sim.plane.auditlog import AuditReader  # noqa: E402
+from gpu_operator.sim.plane.controlplane import ControlPlane  # noqa: E402
 from gpu_operator.vocabulary import UPGRADE_STATE  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -28,8 +28,8 @@ from lightkube import KubeConfig
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.shapes import nodes as shape_nodes
-from gpu_operator.sim import pki as simpki
-from gpu_operator.sim.kubeconfig import write_kubeconfig
+from gpu_operator.sim.plane import pki as simpki
+from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 
 
 def heartbeat_node() -> dict[str, Any]:

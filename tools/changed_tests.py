@@ -13,7 +13,7 @@ A test file (tests/**/test_*.py) is selected when:
 - it, or a module it imports as above, names a changed file's path in its code (a path built with
   `/`, `joinpath`, `glob` from the repository root or from its own `Path(__file__)`, or a
   "dir/file" string constant), or a folder above that path. This is how a change to the chart
-  (deployments/: tests/support/chart.py's CHART, src/gpu_operator/sim/helm.py's CHART_DIR), the
+  (deployments/: tests/support/chart.py's CHART, src/gpu_operator/sim/plane/helm.py's CHART_DIR), the
   docs (docs/*.md, README.md), golden files and fixtures select the tests that read them;
 - a changed data file under src/gpu_operator (CRDs, shapes, tables) counts as a change to the
   modules of the nearest folder above it that holds Python files (they read it as package data).

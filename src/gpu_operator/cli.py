@@ -32,7 +32,7 @@ def _register_all() -> None:
     from gpu_operator.kube import crds_cli
     from gpu_operator.node import cli as node_cli
     from gpu_operator.render import cli as render_cli
-    from gpu_operator.sim import cli as sim_cli
+    from gpu_operator.sim.commands import cli as sim_cli
     from gpu_operator.statusview import cli as statusview_cli
 
     for module in (admin_cli, controllers_cli, render_cli, install_cli, crds_cli, node_cli, sim_cli, statusview_cli):

@@ -12,8 +12,8 @@ import pytest
 from lightkube import Client
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.chaos import HEAVY, readyz, rollout
 from tests.support.faultproxy import FaultProxy
 from tests.support.status import reconciled

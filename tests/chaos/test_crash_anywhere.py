@@ -27,8 +27,8 @@ from lightkube.types import PatchType
 from gpu_operator.controllers.units.upgrade.state import UPGRADE_DONE
 from gpu_operator.controllers.views import OWNED_KINDS
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import HASH_ANNOTATION, MANAGED_SELECTOR, UPGRADE_STATE
 from tests.support.chaos import HEAVY, AuditTail, category
 from tests.support.status import is_reconciled, policy_status

@@ -20,8 +20,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
 from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.audit import status_code
 from tests.support.chaos import epoch, readyz, writes_by
 from tests.support.faultproxy import FaultProxy

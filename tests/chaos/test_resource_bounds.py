@@ -14,7 +14,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.chaos import HEAVY, rss_bytes
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for

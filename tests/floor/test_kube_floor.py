@@ -19,9 +19,9 @@ from lightkube.resources.core_v1 import Namespace, Node
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import packaged_chart
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import packaged_chart
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.cleanup import delete_if_present
 from tests.support.helm_cli import MAJORS, HelmCLI
 from tests.support.status import condition, reconciled

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpu_operator.render.defaults import OWN_IMAGE
-from gpu_operator.sim.containerd import Mount, PrivateContainerd
+from gpu_operator.sim.realnode.containerd import Mount, PrivateContainerd
 from tests.image.imagebuild import REPO, TIMEOUT, Built, build, oci_blob, oci_blob_index, sha256
 from tests.support.hostsim import fakehost
 

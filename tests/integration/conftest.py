@@ -14,8 +14,9 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
-from gpu_operator.sim import nodes, standins
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane import nodes
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.standins import roster
 from tests.support.cleanup import delete_if_present
 from tests.support.components import COMPONENT_ACCOUNT
 from tests.support.planes import admin_client, running_plane
@@ -35,11 +36,11 @@ def kube(control_plane: ControlPlane) -> Iterator[Client]:
 
 
 @pytest.fixture(scope="session")
-def node_standins(control_plane: ControlPlane) -> Iterator[standins.StandIns]:
+def node_standins(control_plane: ControlPlane) -> Iterator[roster.StandIns]:
     """What node components do on kwok nodes once their pods run there, for the whole session
-    (sim/standins.py, as `sim up` runs them): GPU feature discovery's NodeFeature, the device
+    (sim/standins/roster.py, as `sim up` runs them): GPU feature discovery's NodeFeature, the device
     plugin's `nvidia.com/gpu` capacity, the DRA kubelet plugin's ResourceSlice."""
-    with standins.running(KubeConfig.from_file(control_plane.admin_kubeconfig)) as running:
+    with roster.running(KubeConfig.from_file(control_plane.admin_kubeconfig)) as running:
         yield running
     assert running.error is None, f"the stand-ins failed: {running.error!r}"
 
@@ -52,10 +53,10 @@ def _node_standins_with_the_plane(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def nfd_master(control_plane: ControlPlane) -> Iterator[standins.StandIns]:
-    """NFD's master (sim/nfdmaster.py) for one test: NodeFeature labels onto the Nodes, as on a
+def nfd_master(control_plane: ControlPlane) -> Iterator[roster.StandIns]:
+    """NFD's master (sim/standins/nfdmaster.py) for one test: NodeFeature labels onto the Nodes, as on a
     cluster whose user runs NFD. Opt-in: by default nothing plays it."""
-    with standins.running(KubeConfig.from_file(control_plane.admin_kubeconfig), nodes=False, nfd=True) as running:
+    with roster.running(KubeConfig.from_file(control_plane.admin_kubeconfig), nodes=False, nfd=True) as running:
         yield running
     assert running.error is None, f"the NFD master stand-in failed: {running.error!r}"
 
@@ -64,7 +65,7 @@ def nfd_master(control_plane: ControlPlane) -> Iterator[standins.StandIns]:
 def namespace(kube: Client) -> Iterator[str]:
     """A fresh namespace with the ServiceAccount a test's bare component pod runs as
     (`test_sim_standins.component_pod`): the stand-ins call with their pod's identity
-    (sim/identity.py), and such a pod has no rendered RBAC, so this one is bound to cluster-admin.
+    (sim/standins/identity.py), and such a pod has no rendered RBAC, so this one is bound to cluster-admin.
     The operator's own pods run as their rendered ServiceAccounts and Roles."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     kube.create(Namespace(metadata={"name": name}))  # type: ignore[arg-type]

@@ -12,8 +12,8 @@ from lightkube.resources.core_v1 import Namespace
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.cleanup import delete_if_present
 
 

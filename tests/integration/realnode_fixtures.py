@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from gpu_operator import __version__
-from gpu_operator.sim import binaries, hosttree, nvruntime, toolkit
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
-from gpu_operator.sim.pluginimage import DEVICE_PLUGIN_IMAGE
-from gpu_operator.sim.realnode import RealNode, cgroup_dirs, image_archive
-from gpu_operator.sim.realspec import host_spec, node_labels
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.plane import binaries
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode import nvruntime, toolkit
+from gpu_operator.sim.realnode.cudasample import CUDA_SAMPLE_IMAGE
+from gpu_operator.sim.realnode.pluginimage import DEVICE_PLUGIN_IMAGE
+from gpu_operator.sim.realnode.realnode import RealNode, cgroup_dirs, image_archive
+from gpu_operator.sim.realnode.realspec import host_spec, node_labels
 from tests.support import realplugin
 
 REAL_NODE = "real-node-0"

@@ -1,4 +1,4 @@
-"""The simulator's OCI registry (sim/registry.py) for integration tests: one per test session,
+"""The simulator's OCI registry (sim/plane/registry.py) for integration tests: one per test session,
 started on first use, with our image pushed and the real node trusting it. Fails (never skips)
 when it cannot start."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpu_operator import __version__
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.realnode import RealNode, image_archive
-from gpu_operator.sim.registry import Registry
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.registry import Registry
+from gpu_operator.sim.realnode.realnode import RealNode, image_archive
 
 REPOSITORY = "gpu-operator-py"  # our image's repository path in the registry, as on ghcr.io
 IMAGE_NAME = "gpu-operator"

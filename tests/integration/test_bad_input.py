@@ -22,7 +22,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.integration.bad_input_cases import CASES, CP, REJECTED, REPORTED, Case
 from tests.support.owned import owned_by
 from tests.support.status import condition, driver_status, policy_status, reconciled

@@ -30,7 +30,7 @@ from lightkube.resources.core_v1 import Namespace
 from yarl import URL
 
 from gpu_operator.kube.client import GPUClusterResource
-from gpu_operator.sim.controlplane import ControlPlane, free_port
+from gpu_operator.sim.plane.controlplane import ControlPlane, free_port
 from tests.support.chart import CHART, find, objects, render_chart
 from tests.support.permissions import Permission, expand
 from tests.support.status import condition, driver_status, policy_status

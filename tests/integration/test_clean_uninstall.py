@@ -28,9 +28,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Secret
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import packaged_chart
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import packaged_chart
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GPU_PRESENT, HEALTH_REQUESTS_SECRET, MANAGED_SELECTOR, NVIDIA
 from tests.support.chart import objects, real_nodes_cordoned, render_chart
 from tests.support.cleanup import delete_if_present

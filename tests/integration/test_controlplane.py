@@ -13,7 +13,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from tests.support.waiting import wait_for
 
 

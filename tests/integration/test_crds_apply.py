@@ -21,7 +21,7 @@ from gpu_operator.kube.crdowners import (
     LeftCRD,
     Release,
 )
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.statusview.collect import collect
 
 

@@ -21,9 +21,9 @@ from lightkube import Client
 from lightkube.resources.apps_v1 import DaemonSet
 
 from gpu_operator.install.policyvalues import policy_from_values
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.images import DEFAULT_IMAGES
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.images import DEFAULT_IMAGES
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.status import reconciled
 
 PLUGIN = "nvidia-device-plugin-daemonset"

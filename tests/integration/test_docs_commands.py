@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.sim import binaries
+from gpu_operator.sim.plane import binaries
 from tests.support import docblocks
 from tests.support.docblocks import Block, Command, quote_problem, simple_commands
 from tests.support.waiting import wait_for

@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpu_operator.node import vfio
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION
 from tests.integration.test_kubevirt_sync import kubevirt_cr, kubevirt_crd  # noqa: F401  (fixtures)
 from tests.support.hostsim import fakehost

@@ -9,7 +9,7 @@ new ResourceClaim; `--clear` (a reboot) -> allocatable again. Two ways, one cont
   GPU (controllers/units/health/dra.py);
 - plugin-health-check: a plane without DeviceTaintRule (resource.k8s.io/v1/devicetaintrules off,
   the gate DRADeviceTaintRules off: as 1.36's defaults), the DRA driver's gate NVMLDeviceHealthCheck on: the plugin (its stand-in,
-  sim/drahealth.py) taints the device in its ResourceSlice, which the scheduler honours
+  sim/standins/drahealth.py) taints the device in its ResourceSlice, which the scheduler honours
   (DRADeviceTaints, GA in 1.37).
 
 Which version of DeviceTaintRule the operator writes comes from discovery: v1 where served, else
@@ -41,12 +41,14 @@ from gpu_operator.kube import devicetaints
 from gpu_operator.kube.client import GPUClusterResource, Kube
 from gpu_operator.kube.crds import apply_crds
 from gpu_operator.render.states.mig_manager import default_mig_config
-from gpu_operator.sim import binaries, draplugin, mighw, migparted, standins
-from gpu_operator.sim import nodes as sim_nodes
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.faultinject import inject
-from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands.faultinject import inject
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.hardware import mighw, migparted
+from gpu_operator.sim.plane import binaries
+from gpu_operator.sim.plane import nodes as sim_nodes
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.standins import draplugin, roster
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT, MANAGED_SELECTOR
 from tests.support import workloads
 from tests.support.waiting import wait_for
@@ -121,7 +123,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         (node,) = sim_nodes.add_nodes(kube, [f"{SHAPE}:1"], start=95_000)
         sim_nodes.wait_ready(kube, [node])
         sim = SimState(dir=str(base), server=plane.server, kubeconfig=str(plane.admin_kubeconfig), binaries="")
-        with standins.running(KubeConfig.from_file(plane.admin_kubeconfig), hosts=base / "hosts") as running:
+        with roster.running(KubeConfig.from_file(plane.admin_kubeconfig), hosts=base / "hosts") as running:
             operator = OperatorProcess(kubeconfig=plane.kubeconfig_for("operator"), namespace=namespace,
                                        log=base / "operator.log").start()
             driver: dict[str, Any] = dict(IMAGE)

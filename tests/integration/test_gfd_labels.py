@@ -1,6 +1,6 @@
 """GPU feature discovery's labels on a default install without NFD, end to end on the real control
 plane: the operator (real process) deploys GFD, the GFD stand-in publishes its NodeFeature where
-GFD's pod runs (sim/gfd.py), the operator mirrors the labels onto the Node (controllers/units/labels/gfdlabels.py)
+GFD's pod runs (sim/standins/gfd.py), the operator mirrors the labels onto the Node (controllers/units/labels/gfdlabels.py)
 and the MIG manager follows mig.capable; GFD off -> the real garbage collector deletes the objects
 with GFD's DaemonSet and the labels go. With NFD (the chart's nfd.enabled=false: the operator runs
 with --no-gfd-node-labels) NFD's master stand-in writes them and the operator writes none."""
@@ -17,7 +17,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION, MIG_CAPABLE, MIG_MANAGER
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for

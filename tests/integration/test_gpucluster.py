@@ -1,6 +1,6 @@
 """GPUCluster on the real control plane: the DRA stack applied, GPU nodes labelled for it, the real
 scheduler allocating ResourceClaims against the slices the simulator's kubelet-plugin stand-in
-publishes (sim/draplugin.py, run for the session by conftest's node stand-ins), the ClusterPolicy
+publishes (sim/standins/draplugin.py, run for the session by conftest's node stand-ins), the ClusterPolicy
 exclusion, switched-off features deleted, and the ordered teardown (claim holders first, then the
 finalizer, then the garbage collector)."""
 
@@ -19,7 +19,7 @@ from lightkube.resources.core_v1 import Event, Namespace, Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import GPUClusterResource
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, DRA_STATE_LABELS, deploy_label
 from tests.support.status import condition, policy_status
 from tests.support.waiting import wait_for

@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import ConfigMap, Pod
 
 from gpu_operator.kube.client import NVIDIADriverResource
 from gpu_operator.render.guestnvlink import CONFIGMAP, DAEMONSET_SUFFIX
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.status import condition, driver_status, reconciled
 from tests.support.waiting import wait_for
 

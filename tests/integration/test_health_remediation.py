@@ -1,7 +1,7 @@
 """GPU health remediation end to end: the operator process, a ClusterPolicy with
 `spec.health.remediation.enabled`, kwok GPU nodes whose operator-validator pods (the operator's own
 DaemonSet) run the health agent's stand-in over the nodes' host trees, and faults injected with
-the simulator's fault injection (`sim/faultinject.py`, what `gpu-operator sim fault` runs).
+the simulator's fault injection (`sim/commands/faultinject.py`, what `gpu-operator sim fault` runs).
 
 The issue's list: Xid 79 on one GPU -> condition, taint, drain, reboot (the catalogue's action for
 79, RESTART_BM), back; Xid 13 -> warning only, no taint; Xid 48 on two nodes with maxUnavailable
@@ -38,14 +38,14 @@ from gpu_operator.controllers.units.health import machine as hm
 from gpu_operator.controllers.units.upgrade.state import ACTIVE as UPGRADE_ACTIVE
 from gpu_operator.controllers.units.upgrade.state import UPGRADE_DONE, WAIT_FOR_JOBS_REQUIRED
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim import nodes as sim_nodes
-from gpu_operator.sim import standins
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.faultinject import inject
-from gpu_operator.sim.faults import BOOK, NodeHosts, node_host_spec
-from gpu_operator.sim.health import INTERVAL
-from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands.faultinject import inject
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.hardware.faults import BOOK, NodeHosts, node_host_spec
+from gpu_operator.sim.plane import nodes as sim_nodes
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.standins import roster
+from gpu_operator.sim.standins.health import INTERVAL
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_CONDITION,
@@ -230,7 +230,7 @@ def cluster(control_plane: ControlPlane, kube: Client, crds: list[str],
     try:
         sim_nodes.wait_ready(kube, names)
         config = KubeConfig.from_file(control_plane.admin_kubeconfig)
-        with standins.running(config, nodes=False, hosts=base / "hosts") as agents:
+        with roster.running(config, nodes=False, hosts=base / "hosts") as agents:
             found.start_operator()
             kube.create(ClusterPolicyResource(  # type: ignore[call-overload]
                 apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": POLICY},

@@ -20,7 +20,7 @@ from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.units.health.unit import HealthUnit
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT
 
 XID79 = json.dumps({"v": 1, "validated": True, "state": "unhealthy", "action": "reboot", "healthy": 0,

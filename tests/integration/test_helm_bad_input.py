@@ -13,8 +13,8 @@ from lightkube import Client
 from lightkube.resources.apps_v1 import Deployment
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import packaged_chart, release_names
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import packaged_chart, release_names
 from tests.support.chart import helm_in
 from tests.support.waiting import wait_for
 

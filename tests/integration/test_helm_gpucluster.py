@@ -13,8 +13,8 @@ from lightkube import Client
 
 from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.kube.client import ClusterPolicyResource, GPUClusterResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import packaged_chart
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import packaged_chart
 from tests.support.chart import helm_in
 
 NAMESPACE = "gpu-operator-dra-values"

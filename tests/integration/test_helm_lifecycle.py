@@ -18,8 +18,8 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import packaged_chart
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import packaged_chart
 from tests.support.audit import status_code
 from tests.support.chart import real_nodes_cordoned
 from tests.support.cleanup import delete_if_present

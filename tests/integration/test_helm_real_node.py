@@ -32,10 +32,10 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 from gpu_operator import __version__
 from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim import nodes
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import merge, packaged_chart, real_node_values, release_names
-from gpu_operator.sim.realnode import RealNode
+from gpu_operator.sim.plane import nodes
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import merge, packaged_chart, real_node_values, release_names
+from gpu_operator.sim.realnode.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 from tests.integration.test_clean_uninstall import differences, marks
 from tests.support.audit import forbidden_in_namespace, serviceaccount_user, status_code
@@ -52,7 +52,7 @@ READ_VERBS = {"get", "list", "watch"}
 
 
 def _values() -> dict[str, Any]:
-    """What `gpu-operator sim up --real-node --helm` installs with (sim/helm.py): NFD off, psa
+    """What `gpu-operator sim up --real-node --helm` installs with (sim/plane/helm.py): NFD off, psa
     on, the operator and its hook Jobs on the real node, our operands there reading its host tree."""
     return real_node_values(REAL_NODE, "/run/gpu-operator-sim-no-host")
 

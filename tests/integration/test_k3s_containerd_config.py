@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_operator.render.states.container_toolkit import STATE
-from gpu_operator.sim.realspec import RUNTIME_FILES
-from gpu_operator.sim.toolkitconfig import channel, configure, k3s_start
+from gpu_operator.sim.realnode.realspec import RUNTIME_FILES
+from gpu_operator.sim.standins.toolkitconfig import channel, configure, k3s_start
 from tests.unit.render.renderkit import run
 
 K3S = "/var/lib/rancher/k3s/agent/etc/containerd"

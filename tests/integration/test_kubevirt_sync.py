@@ -22,8 +22,8 @@ from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
     HOST_DEVICE_LISTED_BY_OTHERS,
     HOST_DRIVER_ON_PASSTHROUGH_REASON,
@@ -269,18 +269,18 @@ def test_kwok_passthrough_nodes_need_no_hand_annotation_the_simulated_agents_pub
         cluster_policies: Policies, kubevirt_cr: Callable[..., str], tmp_path: Path) -> None:
     """What `sim up --shape vfio-passthrough:2 --operator` does: the operator's probe and vfio
     manager DaemonSets run their pods on the kwok nodes, the simulator plays the two agents there
-    (sim/probestandin.py, only where their pods run), and the KubeVirt CR lists their GPUs."""
+    (sim/standins/probestandin.py, only where their pods run), and the KubeVirt CR lists their GPUs."""
     from lightkube import KubeConfig
 
     from gpu_operator import shapes
-    from gpu_operator.sim import standins
+    from gpu_operator.sim.standins import roster
     from gpu_operator.vocabulary import VFIO_STATE
 
     spec = "vfio-passthrough:2"
     names = fake_nodes(spec)
     ns = kubevirt_cr([])
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
-    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+    with roster.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
         operator = start_operator()
         cluster_policies(PASSTHROUGH)
         wait_for("the vfio manager's outcome on both nodes (its pods ran there)",
@@ -305,7 +305,7 @@ def test_with_the_vfio_manager_off_the_probe_still_runs_and_unseen_gpus_are_not_
     from gpu_operator import shapes
     from gpu_operator.render.states.vfio_manager import NAME as VFIO_DS
     from gpu_operator.render.states.vfio_manager import PROBE as PROBE_DS
-    from gpu_operator.sim import standins
+    from gpu_operator.sim.standins import roster
     from gpu_operator.vocabulary import PROBE_FACTS_MISSING
 
     spec = "vfio-passthrough:2"
@@ -326,7 +326,7 @@ def test_with_the_vfio_manager_off_the_probe_still_runs_and_unseen_gpus_are_not_
     assert daemonsets == {PROBE_DS}, daemonsets
     assert devices(kube, ns) == []
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
-    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+    with roster.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
         selector = shapes.parse_spec(spec)[0].gpu_vendor_device.upper()
         wait_for(f"KubeVirt lists {selector} from the probe's facts", lambda: devices(kube, ns),
                  until=lambda d: [e["pciVendorSelector"] for e in d] == [selector], context=operator.log_text)

@@ -1,6 +1,6 @@
 """MIG self-repair end to end on a kwok node, on the real control plane: the operator (real process,
 a 20 s MIG change budget, retries after 5 s) deploys the MIG manager, whose stand-in
-(sim/migmanager.py) plays NVIDIA's. A GPU client pod that never stops wedges a MIG change (pending,
+(sim/standins/migmanager.py) plays NVIDIA's. A GPU client pod that never stops wedges a MIG change (pending,
 clients paused); past the budget the operator restores the paused deploy labels, says why in the
 node's NvidiaMIGReady condition (the client that did not stop) and Events, and retries by restarting
 the MIG manager pod; once the pod goes the change completes. A mig.config the layouts ConfigMap does
@@ -24,8 +24,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
 from gpu_operator.controllers.units.mig import rules as mig_rules
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.integration.test_sim_mig import DEVICE_PLUGIN, MIG_CONFIG, STATE, History
 from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for

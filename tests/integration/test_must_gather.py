@@ -19,8 +19,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Secret
 from lightkube.types import PatchType
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import PROBE_FACTS_ANNOTATION
 from tests.support.status import reconciled
 

@@ -13,7 +13,7 @@ from typing import cast
 from lightkube import Client
 from lightkube.resources.core_v1 import Event, Node, Pod
 
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for
 
@@ -57,7 +57,7 @@ def test_probe_reports_a_host_driver_on_a_passthrough_node_as_a_warning_event(
 def test_plugin_validation_sees_allocatable_gpus(control_plane: ControlPlane, kube: Client, namespace: str,
                                                  fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
     node = fake_nodes("dgx-h100:1")[0]
-    # nothing allocatable until the device plugin runs there (the stand-in plays it, sim/kubeletdp.py)
+    # nothing allocatable until the device plugin runs there (the stand-in plays it, sim/standins/kubeletdp.py)
     assert "nvidia.com/gpu" not in (kube.get(Node, node).status.allocatable or {})
     kube.create(cast(Pod, Pod.from_dict({
         "apiVersion": "v1", "kind": "Pod",

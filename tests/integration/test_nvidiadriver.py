@@ -14,7 +14,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.status import condition, driver_status, policy_status
 from tests.support.waiting import wait_for
 

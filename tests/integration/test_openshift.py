@@ -25,7 +25,7 @@ from gpu_operator.kube.resources import ClusterVersionResource, SecurityContextC
 from gpu_operator.render import ClusterFacts, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.facts import operator_env
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.waiting import wait_for
 
 SCC_GROUP = "security.openshift.io"

@@ -18,8 +18,8 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource, ServiceMonitorResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for

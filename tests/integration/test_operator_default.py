@@ -8,7 +8,7 @@ from lightkube import Client
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 

@@ -13,8 +13,8 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.controllers.leader import LEASE_NAME
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 

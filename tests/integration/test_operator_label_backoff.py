@@ -18,7 +18,7 @@ from lightkube.resources.admissionregistration_v1 import (
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.waiting import wait_for
 
 POLICY = "gpu-operator-test-deny-node-labels"

@@ -17,7 +17,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, ServiceAccount
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.status import policy_status, reconciled
 from tests.support.waiting import wait_for
 

@@ -25,7 +25,7 @@ from lightkube.models.authorization_v1 import SelfSubjectRulesReviewSpec
 from lightkube.resources.authorization_v1 import SelfSubjectRulesReview
 from lightkube.resources.core_v1 import Namespace
 
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from tests.support.chart import find, objects, render_chart
 from tests.support.cleanup import delete_if_present
 from tests.unit.chart.test_chart_owned_names import GPUCLUSTER, rendered

@@ -9,7 +9,7 @@ from lightkube import Client
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event
 
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import POLICY_WARNING_REASON
 from tests.support.status import reconciled
 

@@ -25,8 +25,8 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole
 from lightkube.types import PatchType
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.kubeconfig import write_kubeconfig
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION as REPORT
 from tests.support.chart import CHART
 from tests.support.cleanup import delete_if_present

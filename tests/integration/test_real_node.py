@@ -12,10 +12,10 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpu_operator.sim import hosttree
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.realspec import HOST_DRIVER_VERSION, host_spec
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode.realnode import RealNode
+from gpu_operator.sim.realnode.realspec import HOST_DRIVER_VERSION, host_spec
 from gpu_operator.vocabulary import (
     DRIVER_SOURCE,
     DRIVER_VERSION,

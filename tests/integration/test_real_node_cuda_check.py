@@ -11,10 +11,10 @@ from typing import Any
 
 from lightkube import Client
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.realspec import policy_spec
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.realnode.realnode import RealNode
+from gpu_operator.sim.realnode.realspec import policy_spec
 from tests.integration.realnode_fixtures import IMAGE
 from tests.integration.test_real_node_operator import _context, _failed_init, _pods
 from tests.support.status import policy_status

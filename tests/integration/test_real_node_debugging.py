@@ -1,6 +1,6 @@
 """Debugging a pod on the real node as on any cluster: its log, exec and the pods proxy through the
 apiserver, which reaches the kubelet by the Node's InternalIP through its `cluster` egress proxy
-(sim/egress.py) and verifies the kubelet's serving certificate; the kubelet admits only clients
+(sim/plane/egress.py) and verifies the kubelet's serving certificate; the kubelet admits only clients
 with a certificate of the cluster's CA."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 import yaml
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.nodens import NODE_IP
-from gpu_operator.sim.realnode import RealNode
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode.nodens import NODE_IP
+from gpu_operator.sim.realnode.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 from tests.support.waiting import wait_for
 

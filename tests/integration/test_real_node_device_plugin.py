@@ -1,5 +1,5 @@
 """The device plugin on the real node lives and dies with the operator's pod: its stand-in's image
-under NVIDIA's name (sim/pluginimage.py) is run by the operator's DaemonSet, so the node's
+under NVIDIA's name (sim/realnode/pluginimage.py) is run by the operator's DaemonSet, so the node's
 `nvidia.com/gpu` is registered while that pod runs and only then, and the validator's plugin check
 passes against the plugin the operator deployed, not one the simulator started on its own."""
 
@@ -12,9 +12,9 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Pod
 
-from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.realspec import policy_spec
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.realnode.realnode import RealNode
+from gpu_operator.sim.realnode.realspec import policy_spec
 from gpu_operator.vocabulary import VALIDATIONS_DIR, deploy_label
 from tests.integration.realnode_fixtures import MERGE, REAL_NODE
 from tests.integration.test_real_node_operator import VALIDATOR_APP, _context, _pods

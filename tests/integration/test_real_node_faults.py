@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.faultinject import inject
-from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands.faultinject import inject
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE
 from tests.support.waiting import wait_for
 

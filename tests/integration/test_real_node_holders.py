@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.realnode import RealNode
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode.realnode import RealNode
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 
 # The holder: a process of another container with /dev/nvidia7 open until the test ends.

@@ -13,11 +13,11 @@ from typing import Any
 from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpu_operator.sim import hosttree
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.realspec import host_spec, policy_spec
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.realnode.realnode import RealNode
+from gpu_operator.sim.realnode.realspec import host_spec, policy_spec
 from gpu_operator.vocabulary import VALIDATIONS_DIR, VFIO_STATE
 from tests.integration.realnode_fixtures import REAL_NODE, api_log
 from tests.support.audit import forbidden_in_namespace

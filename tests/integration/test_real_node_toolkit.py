@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.sim import hosttree, migtree, toolkit
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.realnode import RealNode
-from gpu_operator.sim.realspec import host_spec
+from gpu_operator.sim.hardware import hosttree, migtree
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode import toolkit
+from gpu_operator.sim.realnode.realnode import RealNode
+from gpu_operator.sim.realnode.realspec import host_spec
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, api_log, gpus_of
 from tests.support import realplugin
 from tests.unit.sim.test_deviceplugin_mig import MIG, two_on_gpu0

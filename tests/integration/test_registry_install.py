@@ -30,10 +30,10 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from gpu_operator import __version__
-from gpu_operator.sim import nodes
-from gpu_operator.sim.chartrepo import ChartRepo
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import helm_command, merge, packaged_chart, real_node_values
+from gpu_operator.sim.plane import nodes
+from gpu_operator.sim.plane.chartrepo import ChartRepo
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import helm_command, merge, packaged_chart, real_node_values
 from gpu_operator.statusview.collect import collect
 from gpu_operator.statusview.operatorpods import IMAGE_REASONS
 from tests.integration.realnode_fixtures import REAL_NODE, api_log

@@ -15,7 +15,7 @@ from lightkube import Client
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Secret
 
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.statusview.operatorpods import IMAGE_REASONS
 from tests.integration.realnode_fixtures import REAL_NODE, api_log
 from tests.integration.registry_fixtures import PushedImage

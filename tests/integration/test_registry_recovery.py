@@ -20,7 +20,7 @@ from lightkube import ApiError, Client
 from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Secret, ServiceAccount
 
-from gpu_operator.sim.helm import helm_command
+from gpu_operator.sim.plane.helm import helm_command
 from gpu_operator.statusview.collect import operator_pods
 from gpu_operator.statusview.operatorpods import operator_problems
 from tests.integration import test_registry_install

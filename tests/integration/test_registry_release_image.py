@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_operator import __version__
-from gpu_operator.sim.realnode import image_archive
-from gpu_operator.sim.registry import Registry
+from gpu_operator.sim.plane.registry import Registry
+from gpu_operator.sim.realnode.realnode import image_archive
 from tests.support.gpgkey import make_key
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The simulator plays our GPU probe and vfio manager on kwok nodes (sim/probestandin.py) only where
+"""The simulator plays our GPU probe and vfio manager on kwok nodes (sim/standins/probestandin.py) only where
 their pods run: a node with the probe's pod gets what the probe publishes for its shape's host
 tree, with the node agents' field manager; a node without it gets nothing of the probe."""
 
@@ -15,10 +15,10 @@ from lightkube.resources.core_v1 import Node, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding
 
 from gpu_operator.render.states import vfio_manager
-from gpu_operator.sim import standins
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.probestandin import PROBE_APP, VFIO_APP
-from gpu_operator.sim.realspec import HOST_DRIVER_VERSION
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.realnode.realspec import HOST_DRIVER_VERSION
+from gpu_operator.sim.standins import roster
+from gpu_operator.sim.standins.probestandin import PROBE_APP, VFIO_APP
 from gpu_operator.vocabulary import (
     DRIVER_SOURCE,
     DRIVER_VERSION,
@@ -52,7 +52,7 @@ def test_the_probe_and_vfio_manager_publish_only_where_their_pods_run(
     first, second = fake_nodes("vfio-passthrough:2")
     (host,) = fake_nodes("host-driver:1")
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
-    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+    with roster.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
         for name, node, app, argv in (
             ("probe-a", first, PROBE_APP, ["--default-workload=vm-passthrough"]),
             ("vfio-a", first, VFIO_APP, []),
@@ -147,7 +147,7 @@ def test_the_probe_writes_with_its_pods_identity_and_a_verb_its_role_lacks_is_re
     user = f"system:serviceaccount:{namespace}:{PROBE_APP}"
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
     try:
-        with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+        with roster.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
             pod = component_pod("probe", namespace, node, PROBE_APP)
             assert pod.spec is not None
             pod.spec.serviceAccountName = PROBE_APP

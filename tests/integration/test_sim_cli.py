@@ -14,7 +14,7 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands.state import SimState
 
 
 def sim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -106,7 +106,7 @@ def test_demo_of_the_dra_stack_reaches_ready(tmp_path: Path) -> None:
 
 
 def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_container(short_dir: Path) -> None:
-    from gpu_operator.sim.realnode import cgroup_dirs, cgroup_name
+    from gpu_operator.sim.realnode.realnode import cgroup_dirs, cgroup_name
 
     where = short_dir / "sim"
     demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--real-node", "--keep", "--timeout", "240",
@@ -118,7 +118,7 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
         out = " ".join(demo.stdout.replace("│", " ").split())  # the summary table, unwrapped
         # The real node's row: our operands' cells, from pods that really ran there.
         assert "real-node-0 (host-driver): kubelet + containerd running our image" in out, out
-        # the device plugin's pod too (its stand-in's image under NVIDIA's name, sim/pluginimage.py)
+        # the device plugin's pod too (its stand-in's image under NVIDIA's name, sim/realnode/pluginimage.py)
         assert ("pods that really ran there: device-plugin, node-status-exporter, operator-validator; "
                 "validation passed (4/4)") in out, out
         assert "status files they wrote: cuda-ready, driver-ready, plugin-ready, toolkit-ready" in out

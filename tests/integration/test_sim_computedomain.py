@@ -22,9 +22,9 @@ from lightkube.resources.core_v1 import Node, Pod
 from gpu_operator import shapes
 from gpu_operator.kube.resources import ComputeDomainCliqueResource, ComputeDomainResource
 from gpu_operator.sim import computedomain as cd_sim
-from gpu_operator.sim import nodes as sim_nodes
-from gpu_operator.sim import standins
-from gpu_operator.sim.identity import service_account_user
+from gpu_operator.sim.plane import nodes as sim_nodes
+from gpu_operator.sim.standins import roster
+from gpu_operator.sim.standins.identity import service_account_user
 from tests.integration.test_gpucluster import IMAGE, Start, bring_up, exists, gpucluster  # noqa: F401
 from tests.support.waiting import wait_for
 from tests.support.workloads import claim_results
@@ -84,7 +84,7 @@ def daemon_nodes(kube: Client, namespace: str, uid: str) -> dict[str, str]:
 def test_a_compute_domain_gets_its_imex_daemons_on_its_workloads_nodes(
         kube: Client, trays: list[str], start_operator: Start, operator_namespace: str,
         gpucluster: Callable[[dict[str, Any]], None], namespace: str,  # noqa: F811
-        node_standins: standins.StandIns) -> None:
+        node_standins: roster.StandIns) -> None:
     context = bring_up(kube, start_operator, gpucluster, {"draDriver": IMAGE})
     uid = create_domain(kube, namespace, "imex", CHANNEL)
     wait_for("the channel claim template", lambda: exists(kube, cd_sim.ResourceClaimTemplate, CHANNEL, namespace),

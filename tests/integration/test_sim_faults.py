@@ -1,5 +1,5 @@
 """`sim fault` on kwok nodes, end to end on the control plane: where the operator-validator pod runs
-with its gpu-health container, the health agent's stand-in (sim/health.py) publishes the node's
+with its gpu-health container, the health agent's stand-in (sim/standins/health.py) publishes the node's
 report; an Xid 79 injected on one GPU turns it unhealthy with action reboot (on a host whose driver
 keeps a recovery action, the report carries the driver's node-reboot), --clear (a reboot)
 healthy again; a node nobody faulted gets only its first report, a node without the pod nothing.
@@ -22,12 +22,12 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpu_operator.sim import kubeletdp, standins
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.faultinject import inject
-from gpu_operator.sim.faults import FaultError, NodeHosts, node_host_spec
-from gpu_operator.sim.health import APP, CONTAINER
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands.faultinject import inject
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.hardware.faults import FaultError, NodeHosts, node_host_spec
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.standins import kubeletdp, roster
+from gpu_operator.sim.standins.health import APP, CONTAINER
 from gpu_operator.vocabulary import HEALTH_REPORT_ANNOTATION, NODE_AGENT_FIELD_MANAGER
 from tests.support.components import COMPONENT_ACCOUNT, component_account
 from tests.support.waiting import wait_for
@@ -73,7 +73,7 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
     state = SimState(dir=str(tmp_path), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
                      binaries="")
     # the faulted node's host runs a driver from 565, which keeps a recovery action per GPU
-    # (every shape's is 550: sim/recovery.py, sim/nvmltree.py)
+    # (every shape's is 550: sim/hardware/recovery.py, sim/hardware/nvmltree.py)
     spec = node_host_spec("dgx-h100")
     spec["driver_version"] = "570.133.20"
     NodeHosts(tmp_path / "hosts").faults(faulted, spec)
@@ -83,7 +83,7 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
         inject(state, faulted, "xid", 79, 8)
 
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
-    with standins.running(config, nodes=False, hosts=tmp_path / "hosts") as health:
+    with roster.running(config, nodes=False, hosts=tmp_path / "hosts") as health:
         for node in (faulted, quiet):
             kube.create(validator_pod(namespace, node))
         for node in (faulted, quiet):

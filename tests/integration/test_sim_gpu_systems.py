@@ -2,7 +2,7 @@
 takes an A100 MIG layout, a GB200 NVL72 tray refuses a B200 one; GB200 trays are arm64 nodes whose
 operands run there, whose GFD publishes their NVLink clique (the same on the trays of one domain)
 and whose Node gets it through the operator's mirroring; an RTX PRO 6000 server takes a +gfx layout
-and advertises it as a resource of its own (sim/gfd.py, sim/migmanager.py, sim/migresources.py;
+and advertises it as a resource of its own (sim/standins/gfd.py, sim/standins/migmanager.py, sim/standins/migresources.py;
 the facts in docs/simulator.md "GPU systems and their sources")."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator import shapes
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.waiting import wait_for
 
 MIG_CONFIG = "nvidia.com/mig.config"

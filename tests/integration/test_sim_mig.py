@@ -1,6 +1,6 @@
 """MIG end to end on kwok nodes, on the real control plane: the operator (real process) deploys the
-MIG manager, GFD and the device plugin; the simulator's stand-ins play them (sim/migmanager.py,
-sim/gfd.py, sim/kubeletdp.py). A change of `nvidia.com/mig.config` goes pending -> GPU clients
+MIG manager, GFD and the device plugin; the simulator's stand-ins play them (sim/standins/migmanager.py,
+sim/standins/gfd.py, sim/standins/kubeletdp.py). A change of `nvidia.com/mig.config` goes pending -> GPU clients
 paused -> layout applied -> success with the clients back; GFD's MIG labels reach the Node
 through its NodeFeature (the operator mirrors them) and the kubelet's capacity follows the device
 plugin's MIG strategy; a layout the GPU cannot take ends `failed`, with the clients back too."""
@@ -16,8 +16,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from tests.support.waiting import wait_for
 
 MIG_CONFIG = "nvidia.com/mig.config"

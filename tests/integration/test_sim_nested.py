@@ -1,4 +1,4 @@
-"""Seed 001 end to end on two simulators (`sim demo --nested`, sim/nested.py): the host cluster's
+"""Seed 001 end to end on two simulators (`sim demo --nested`, sim/commands/nested.py): the host cluster's
 seed-001 node publishes `nvidia.com/H100_SXM5_80GB: 8` through virt-handler's device plugin once
 our operator has listed the GPUs in KubeVirt's CR; a VM's pod gets 2 of them; the cluster inside
 that VM, whose node's host tree holds exactly those 2 GPUs at the guest's addresses, runs our chart
@@ -17,10 +17,11 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.kube.client import ClusterPolicyResource
-from gpu_operator.sim import guesttree, nested, session
-from gpu_operator.sim.faults import NodeHosts
-from gpu_operator.sim.state import SimState
-from gpu_operator.sim.virthandler import read_checkpoint
+from gpu_operator.sim.commands import nested, session
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.hardware import guesttree
+from gpu_operator.sim.hardware.faults import NodeHosts
+from gpu_operator.sim.standins.virthandler import read_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands.state import SimState
 from tests.integration.test_sim_cli import processes_mentioning, sim
 
 

@@ -1,6 +1,6 @@
 """GPU sharing end to end on a kwok node, on the real control plane: the operator (real process)
 deploys the device plugin and GFD with the policy's devicePlugin.config ConfigMap; the stand-ins
-(sim/kubeletdp.py, sim/gfd.py through sim/pluginconfig.py) read it as NVIDIA's config-manager and
+(sim/standins/kubeletdp.py, sim/standins/gfd.py through sim/standins/pluginconfig.py) read it as NVIDIA's config-manager and
 plugin do. Time-slicing with 4 replicas gives 4 x the GPUs and GFD's sharing labels; the node's
 `nvidia.com/device-plugin.config` label pointed at another key changes the advertised resources
 with no pod deleted (the config-manager sidecar's SIGHUP)."""
@@ -14,7 +14,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from gpu_operator.kube.resources import FIELD_MANAGER
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG
 from tests.support.waiting import wait_for
 

@@ -1,4 +1,4 @@
-"""The simulator's node stand-ins on the real control plane (sim/standins.py, run for the session by
+"""The simulator's node stand-ins on the real control plane (sim/standins/roster.py, run for the session by
 conftest): a kwok node carries nothing of GPU feature discovery or the device plugin when it is
 created; GFD's NodeFeature appears once a pod labelled like GFD's runs there, the `nvidia.com/gpu`
 capacity once a device-plugin pod does; NFD's master (opt-in) puts the NodeFeature's labels on the
@@ -17,7 +17,7 @@ from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator import shapes
-from gpu_operator.sim.gfd import NodeFeature
+from gpu_operator.sim.standins.gfd import NodeFeature
 from gpu_operator.vocabulary import NFD_NODE_NAME_LABEL
 from tests.support.components import COMPONENT_ACCOUNT
 from tests.support.waiting import wait_for

@@ -17,8 +17,8 @@ from lightkube.resources.core_v1 import Pod
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.runtime import ContainerRuntime, detect_runtime
 from gpu_operator.render.states.container_toolkit import STATE
-from gpu_operator.sim import standins
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.standins import roster
 from tests.support.waiting import wait_for
 from tests.unit.render.renderkit import run
 
@@ -52,7 +52,7 @@ def test_the_k3s_toolkit_writes_where_k3s_reads(control_plane: ControlPlane, kub
                                                  tmp_path: Path) -> None:
     k3s, stock = fake_nodes("k3s:2")
     hosts = tmp_path / "hosts"
-    with standins.running(KubeConfig.from_file(control_plane.admin_kubeconfig), hosts=hosts):
+    with roster.running(KubeConfig.from_file(control_plane.admin_kubeconfig), hosts=hosts):
         kube.create(toolkit_pod(namespace, k3s, "nvidia-container-toolkit-daemonset-k3s"))
         kube.create(toolkit_pod(namespace, stock, "nvidia-container-toolkit-daemonset"))
         found: dict[str, Any] = wait_for("the nvidia runtime in k3s' template",
@@ -77,7 +77,7 @@ def test_the_crio_toolkit_writes_where_crio_reads(control_plane: ControlPlane, k
     """CDI on: the drop-in's runtimes; CDI off: the OCI hook, removed again when its pod goes."""
     drop_in, hooked = fake_nodes("crio:2")
     hosts = tmp_path / "hosts"
-    with standins.running(KubeConfig.from_file(control_plane.admin_kubeconfig), hosts=hosts):
+    with roster.running(KubeConfig.from_file(control_plane.admin_kubeconfig), hosts=hosts):
         kube.create(toolkit_pod(namespace, drop_in, "nvidia-container-toolkit-daemonset", "crio:1"))
         hook_pod = toolkit_pod(namespace, hooked, "nvidia-container-toolkit-daemonset", "crio:1",
                                {"cdi": {"enabled": False}})

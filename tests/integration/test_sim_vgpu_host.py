@@ -1,4 +1,4 @@
-"""Our vGPU host-state agent played on kwok vGPU hosts (sim/vgpustandin.py) and a reboot of one
+"""Our vGPU host-state agent played on kwok vGPU hosts (sim/standins/vgpustandin.py) and a reboot of one
 (`sim fault --reboot`): the operator (a real process) puts the sandbox validator's DaemonSet, with
 its vgpu-host-state init container, on vm-vgpu nodes; the real DaemonSet controller places its pod,
 kwok runs it, and the stand-in runs the agent's pass against that node's own host tree with the
@@ -26,14 +26,14 @@ from gpu_operator.node.vgpuhost.agent import (
     VGPU_HOST_STATE,
 )
 from gpu_operator.node.vgpuhost.config import vgpu_gpus
-from gpu_operator.sim import standins
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.faultinject import check_action, inject
-from gpu_operator.sim.faults import BOOT_ID, NodeHosts, boot_id, node_host_spec
-from gpu_operator.sim.operator_process import OperatorProcess
-from gpu_operator.sim.state import SimState
-from gpu_operator.sim.vgpuhw import VGPU_STATE, VgpuHostSim
-from gpu_operator.sim.vgpustandin import APP
+from gpu_operator.sim.commands.faultinject import check_action, inject
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.hardware.faults import BOOT_ID, NodeHosts, boot_id, node_host_spec
+from gpu_operator.sim.hardware.vgpuhw import VGPU_STATE, VgpuHostSim
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.standins import roster
+from gpu_operator.sim.standins.vgpustandin import APP
 from gpu_operator.vocabulary import deploy_label
 from tests.support.waiting import wait_for
 
@@ -121,7 +121,7 @@ def test_vgpu_host_state_restored_after_a_reboot_only_where_the_pod_runs(
     )
     hosts = NodeHosts(tmp_path / "hosts")
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
-    with standins.running(config, nodes=False, hosts=hosts.base, agents=True) as agents:
+    with roster.running(config, nodes=False, hosts=hosts.base, agents=True) as agents:
         operator = start_operator()
         cluster_policies(
             {
@@ -219,7 +219,7 @@ def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_dae
 
     from gpu_operator.node.vgpuhost.agent import VGPU_CONFIG
     from gpu_operator.render.states.sandbox_validation import NAME as VALIDATOR
-    from gpu_operator.sim.vgpustandin import INIT
+    from gpu_operator.sim.standins.vgpustandin import INIT
 
     (host,) = fake_nodes(f"{SHAPE}:1")
     kube.create(ConfigMap(metadata=ObjectMeta(name="vgpu-lab", namespace=operator_namespace), data={"config.yaml": CONFIG}))
@@ -238,7 +238,7 @@ def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_dae
     def daemonset() -> DaemonSet:
         return kube.get(DaemonSet, VALIDATOR, namespace=operator_namespace)
 
-    with standins.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
+    with roster.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
         operator = start_operator()
         cluster_policies({
             "sandboxWorkloads": {"enabled": True},

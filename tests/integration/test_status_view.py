@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from lightkube import Client
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.statusview.collect import collect
 from tests.support.waiting import wait_for
 

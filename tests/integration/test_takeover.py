@@ -24,7 +24,7 @@ from lightkube.types import CascadeType
 from gpu_operator.controllers.units.upgrade.state import ACTIVE, UPGRADE_DONE, UPGRADE_REQUIRED
 from gpu_operator.kube.client import FIELD_MANAGER, ClusterPolicyResource
 from gpu_operator.kube.resources import resource_for
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import COMPONENT, UPGRADE_STATE
 from tests.support import takeover
 from tests.support.cleanup import delete_if_present

@@ -13,7 +13,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.render.distributions import HINT_KEYS
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import RUNTIME_GROUP, RUNTIME_NOT_RECOGNISED
 from tests.support.events import node_events
 from tests.support.status import condition, policy_status, reconciled

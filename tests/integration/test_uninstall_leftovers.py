@@ -37,8 +37,8 @@ from gpu_operator.kube.client import (
     NVIDIADriverResource,
 )
 from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
     NODE_FEATURE_GROUP,
     NODE_FEATURE_PLURAL,

@@ -31,8 +31,8 @@ from gpu_operator.controllers.units.upgrade.state import (
     UPGRADE_REQUIRED,
 )
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
     UPGRADE_FAILURE_REASON_ANNOTATION,
     UPGRADE_SKIP,

@@ -23,7 +23,7 @@ from lightkube.types import PatchType
 
 from gpu_operator.node.kubeapi import KubeNodeView
 from gpu_operator.node.vfio_node import reconcile
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.vocabulary import (
     PASSTHROUGH_DEVICES_ANNOTATION,
     PROBE_FACTS_ANNOTATION,

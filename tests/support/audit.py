@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 
 FORBIDDEN = 403
 

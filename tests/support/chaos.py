@@ -11,9 +11,9 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-from gpu_operator.sim.auditlog import AuditReader
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane.auditlog import AuditReader
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.operator_process import OperatorProcess
 
 HEAVY_ENV = "GPU_OPERATOR_CHAOS_HEAVY"
 HEAVY = os.environ.get(HEAVY_ENV, "") not in ("", "0")

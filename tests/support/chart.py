@@ -13,8 +13,8 @@ import yaml
 from lightkube import Client
 from lightkube.resources.core_v1 import Namespace
 
-from gpu_operator.sim.controlplane import ControlPlane
-from gpu_operator.sim.helm import release_names
+from gpu_operator.sim.plane.controlplane import ControlPlane
+from gpu_operator.sim.plane.helm import release_names
 from tests.support.cleanup import delete_if_present
 
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "gpu-operator"

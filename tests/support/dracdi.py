@@ -30,7 +30,7 @@ import yaml
 
 from gpu_operator.node.driver import driver_files, under_root
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.sim import toolkit
+from gpu_operator.sim.realnode import toolkit
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 VENDOR, CLASS = "k8s.gpu.nvidia.com", "claim"

@@ -12,8 +12,8 @@ import pytest
 from lightkube import Client, KubeConfig
 
 from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim import binaries
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane import binaries
+from gpu_operator.sim.plane.controlplane import ControlPlane
 
 
 @contextlib.contextmanager

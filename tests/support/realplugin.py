@@ -21,15 +21,21 @@ import urllib.error
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.sim import migtree
-from gpu_operator.sim.pluginimage import DEVICE_PLUGIN_IMAGE
-from gpu_operator.sim.realnode import DEVICE_PLUGIN_DIR, RealNode, RealNodeError, cgroup_dirs, cgroup_pids
+from gpu_operator.sim.hardware import migtree
+from gpu_operator.sim.realnode.pluginimage import DEVICE_PLUGIN_IMAGE
+from gpu_operator.sim.realnode.realnode import (
+    DEVICE_PLUGIN_DIR,
+    RealNode,
+    RealNodeError,
+    cgroup_dirs,
+    cgroup_pids,
+)
 
 NAMESPACE = "kube-system"
 POD = "nvidia-device-plugin"
 CONFIG = "/config/config.yaml"
 HOSTS = "/sim-hosts"
-STAND_IN = b"gpu_operator.sim.deviceplugin"
+STAND_IN = b"gpu_operator.sim.standins.deviceplugin"
 
 
 def config_dir(node: RealNode) -> Path:

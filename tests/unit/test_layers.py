@@ -23,7 +23,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "controllers": {"vocabulary", "api", "shapes", "render", "kube", "statusview"},  # what `run` runs
     "admin": {"vocabulary", "api", "shapes", "render", "kube", "statusview", "controllers"},  # a person's commands
     "sim": {"vocabulary", "api", "shapes", "render", "kube", "node", "statusview"},  # runs the operator, never imports it
-    # `images`: the chart rendered by Helm (sim/helm.py), the operands and the mirror rule by render
+    # `images`: the chart rendered by Helm (sim/plane/helm.py), the operands and the mirror rule by render
     "install": {"vocabulary", "api", "shapes", "render", "sim"},
     "cli": {"vocabulary", "api", "shapes", "render", "kube", "node", "statusview", "controllers", "admin", "sim",
             "install"},

@@ -28,9 +28,10 @@ from typing import Any
 from lightkube import Client, KubeConfig
 
 from gpu_operator.kube.crds import apply_crds
-from gpu_operator.sim import binaries, nodes, standins
-from gpu_operator.sim.controlplane import ControlPlane, free_port
-from gpu_operator.sim.operator_process import OperatorProcess
+from gpu_operator.sim.plane import binaries, nodes
+from gpu_operator.sim.plane.controlplane import ControlPlane, free_port
+from gpu_operator.sim.plane.operator_process import OperatorProcess
+from gpu_operator.sim.standins import roster
 from tests.support import takeover
 
 NAMESPACE = "gpu-operator"
@@ -85,7 +86,7 @@ def main() -> int:
             "metadata": {"name": "takeover-handback"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
             "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}]})
-        with standins.running(config):
+        with roster.running(config):
             loaded = takeover.load(client, NAMESPACE, names)
             wait("NVIDIA's driver pods running", lambda: len(driver_pods(plane)) == 3, 120)
             nvidia_pods = driver_pods(plane)

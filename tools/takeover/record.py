@@ -40,8 +40,9 @@ import yaml
 from lightkube import Client, KubeConfig
 from lightkube.codecs import load_all_yaml
 
-from gpu_operator.sim import binaries, nodes, standins
-from gpu_operator.sim.controlplane import ControlPlane, free_port
+from gpu_operator.sim.plane import binaries, nodes
+from gpu_operator.sim.plane.controlplane import ControlPlane, free_port
+from gpu_operator.sim.standins import roster
 
 NAMESPACE = "gpu-operator-recorded"  # distinctive: replaced as a token, anywhere in a string
 NAMESPACE_TOKEN = "@NAMESPACE@"
@@ -214,7 +215,7 @@ def main() -> int:
                         raise
                     say(f"create {obj['kind']}: {err}; again")
                     time.sleep(1)
-        with standins.running(config):
+        with roster.running(config):
             env = {**os.environ, "OPERATOR_NAMESPACE": NAMESPACE, "WATCH_NAMESPACE": "",
                    **dict(e.split("=", 1) for e in args.env)}
             log = (args.out / "operator.log").open("wb")

@@ -5,7 +5,7 @@ GPU is reset, and node labelling uses to find the nodes where a DRA claim still 
 A pod holds GPUs when (docs/upgrades.md#which-pods-hold-gpus):
 - a container requests or limits nvidia.com/gpu* or nvidia.com/mig-* (the device plugin's; from
   v0.20 a MIG profile with an attribute suffix is a resource of its own, nvidia.com/mig-1g.10gb.me,
-  mig-1g.10gb.me.all, mig-1g.24gb.gfx, mig-1g.24gb-me: all under nvidia.com/mig-, sim/migresources.py);
+  mig-1g.10gb.me.all, mig-1g.24gb.gfx, mig-1g.24gb-me: all under nvidia.com/mig-, sim/standins/migresources.py);
 - one of its ResourceClaims is allocated a device of gpu.nvidia.com (NVIDIA's DRA driver) without
   admin access (the monitoring operands' management view consumes nothing), as NVIDIA's operator
   decides; a claim the pod names that cannot be read counts, as there;

@@ -1,4 +1,4 @@
-"""`gpu-operator images`: the chart rendered with a user's values (sim/helm.py), every operand our
+"""`gpu-operator images`: the chart rendered with a user's values (sim/plane/helm.py), every operand our
 renderer makes of it (render/images.py), then the image list, the mirror values or the copy
 commands (render/mirror.py)."""
 
@@ -29,7 +29,14 @@ from gpu_operator.render.mirror import (
     mirror_values,
     under,
 )
-from gpu_operator.sim.helm import ChartRejected, HelmInstallError, chart_values, merge, template, user_layers
+from gpu_operator.sim.plane.helm import (
+    ChartRejected,
+    HelmInstallError,
+    chart_values,
+    merge,
+    template,
+    user_layers,
+)
 
 # The nodes an install is listed for when none are given: the driver's image is published per OS
 # (`<version>-ubuntu22.04`), so its tag depends on the nodes; every other image does not.

@@ -1,4 +1,4 @@
-"""The ClusterPolicy a set of chart values makes: the chart rendered with them (sim/helm.py, as
+"""The ClusterPolicy a set of chart values makes: the chart rendered with them (sim/plane/helm.py, as
 `gpu-operator images --values` renders it), its ClusterPolicy picked out. `gpu-operator diff
 --values` compares that policy's objects with the cluster's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.sim.helm import ChartRejected, HelmInstallError, merge, template, user_layers
+from gpu_operator.sim.plane.helm import ChartRejected, HelmInstallError, merge, template, user_layers
 
 
 def policy_from_values(files: list[Path], sets: list[str], namespace: str) -> dict[str, Any]:

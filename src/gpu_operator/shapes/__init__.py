@@ -38,11 +38,11 @@ from gpu_operator.vocabulary import (
     OS_VERSION_MAJOR,
 )
 
-# kwok manages only nodes carrying this annotation (see gpu_operator.sim.controlplane).
+# kwok manages only nodes carrying this annotation (see gpu_operator.sim.plane.controlplane).
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_ANNOTATION_VALUE = "fake"
 SHAPE_LABEL = "gpu-operator.sim/shape"
-# The driver every simulated GPU node runs (the host driver of sim/realspec.py's trees; the
+# The driver every simulated GPU node runs (the host driver of sim/realnode/realspec.py's trees; the
 # operator's driver container is played by kwok, so one version stands for both) and the CUDA
 # version that driver reports (cuDriverGetVersion).
 DRIVER_VERSION = "550.127.05"

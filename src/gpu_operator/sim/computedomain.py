@@ -60,8 +60,8 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.kube.resources import ComputeDomainCliqueResource, ComputeDomainResource
-from gpu_operator.sim import identity as ident
-from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.sim.standins import identity as ident
+from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
 log = logging.getLogger("gpu_operator.sim.computedomain")
 

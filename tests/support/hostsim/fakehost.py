@@ -1,5 +1,5 @@
 """Host-root fixtures built from YAML data (tests/fixtures/hosts) with the simulator's host-tree
-builder (gpu_operator.sim.hosttree), plus the kernel simulator bound to each."""
+builder (gpu_operator.sim.hardware.hosttree), plus the kernel simulator bound to each."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.sim import hosttree
-from gpu_operator.sim.hosttree import HostSpecError as FixtureError
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.hardware.hosttree import HostSpecError as FixtureError
 from tests.support.hostsim.kernelsim import KernelSimulator
 
 __all__ = ["FakeHost", "FixtureError", "build", "build_file", "load_spec"]

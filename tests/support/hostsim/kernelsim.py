@@ -9,7 +9,7 @@ import os
 from gpu_operator.node import pci
 from gpu_operator.node.holders import gpu_holders
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.sim import hosttree as sysfs
+from gpu_operator.sim.hardware import hosttree as sysfs
 
 # What each driver's id table matches, as vendor:device:class globs. vfio-pci has no table of
 # its own: it only takes devices through driver_override or new_id, as in the kernel.

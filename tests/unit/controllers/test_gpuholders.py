@@ -60,14 +60,14 @@ def test_device_plugin_resources() -> None:
 
 
 # MIG profiles with NVML's attribute suffixes, which NVIDIA's device plugin v0.20 advertises as
-# resources of their own (sim/migresources.py spells them as the plugin does)
+# resources of their own (sim/standins/migresources.py spells them as the plugin does)
 SUFFIXED_PROFILES = ("1g.10gb+me", "1g.10gb+me.all", "1g.24gb+gfx", "2g.48gb+gfx", "1g.24gb-me", "2g.48gb-me")
 
 
 @pytest.mark.parametrize("profile", SUFFIXED_PROFILES)
 @pytest.mark.parametrize("section", ["requests", "limits"])
 def test_mig_profiles_with_suffixes_hold_gpus(profile: str, section: str) -> None:
-    from gpu_operator.sim.migresources import resource_name
+    from gpu_operator.sim.standins.migresources import resource_name
 
     name = resource_name(profile)
     assert name is not None and name != "nvidia.com/mig-" + profile.split("+")[0].split("-")[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_operator.sim import pki as simpki
+from gpu_operator.sim.plane import pki as simpki
 
 
 @pytest.fixture(scope="module")

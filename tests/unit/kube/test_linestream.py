@@ -14,8 +14,8 @@ import pytest
 from lightkube import KubeConfig
 
 from gpu_operator.kube.linestream import LineStreams, StreamStatusError
-from gpu_operator.sim import pki as simpki
-from gpu_operator.sim.kubeconfig import write_kubeconfig
+from gpu_operator.sim.plane import pki as simpki
+from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 
 Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
 

@@ -14,8 +14,8 @@ from lightkube import KubeConfig
 
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import _transport
-from gpu_operator.sim import pki as simpki
-from gpu_operator.sim.kubeconfig import write_kubeconfig
+from gpu_operator.sim.plane import pki as simpki
+from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 
 IN_FLIGHT = OperatorSettings().label_concurrency
 

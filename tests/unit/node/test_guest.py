@@ -1,4 +1,4 @@
-"""A KubeVirt VM guest's host tree (sim/guesttree.py) as the probe, discovery and doctor read it:
+"""A KubeVirt VM guest's host tree (sim/hardware/guesttree.py) as the probe, discovery and doctor read it:
 1, 2 and 8 H100 SXM5 passed through, a PCIe H100, a vGPU guest, NVSwitches given, NVLink disabled."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gpu_operator.node.findings import Finding, Severity, diagnose
 from gpu_operator.node.guest import vgpu_capability
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.probe import probe
-from gpu_operator.sim import guesttree, hosttree
+from gpu_operator.sim.hardware import guesttree, hosttree
 from gpu_operator.vocabulary import NFD_DEVICE_LABEL_PREFIX, NFD_HYPERVISOR
 
 
@@ -47,7 +47,7 @@ def test_sxm_guest_layout(tmp_path: Path, gpus: int) -> None:
 
 
 def test_bare_metal_hosts_are_not_guests(tmp_path: Path) -> None:
-    from gpu_operator.sim.realspec import host_spec
+    from gpu_operator.sim.realnode.realspec import host_spec
 
     report = probe(hosttree.build(host_spec("dgx-h100"), tmp_path / "root"))
     assert not report.guest.is_guest and report.guest.gpus == []

@@ -14,7 +14,7 @@ from gpu_operator.node.health.catalogue import classify
 from gpu_operator.node.health.kmsg import KmsgRecord, _record
 from gpu_operator.node.health.xidlines import judge
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.sim import faults
+from gpu_operator.sim.hardware import faults
 from tests.unit.node.nvml_standin import XID_EVENT, NvmlStandin
 from tests.unit.node.test_health import GPUS, SEQ, validated
 
@@ -39,7 +39,7 @@ REAL = [
     (4, "NVRM: Xid (PCI:0000:c1:00 GPU-I:02 GPU-CI:01): 43, pid=99, name=train, Ch 00000008",
      "0000:c1:00.0", 43, "kernel_rc.c, GPU-I and GPU-CI attribution"),
     (3, faults.xid_message("0000:87:00", 48), "0000:87:00.0", 48,
-     "the simulator's `sim fault --xid` record (sim/faults.py, facility kern level err)"),
+     "the simulator's `sim fault --xid` record (sim/hardware/faults.py, facility kern level err)"),
 ]
 
 SEGV = "segfault at 0 ip 00007f3a2b1c0000 sp 00007ffd5e1f0000 error 4"
@@ -168,7 +168,7 @@ def test_doctor_finds_the_driver_lines_and_no_forged_one(host: HostFS) -> None:
 
 
 def test_sim_fault_writes_the_record_the_kernel_would(host: HostFS, tmp_path: Any) -> None:
-    """`gpu-operator sim fault --xid` (sim/faults.py) appends a kern record the agent counts."""
+    """`gpu-operator sim fault --xid` (sim/hardware/faults.py) appends a kern record the agent counts."""
     from gpu_operator.node.health.kmsg import read_records
 
     agent = HealthAgent(host, "node-a", nvml=False, log=lambda _: None)

@@ -97,12 +97,12 @@ def test_the_node_agents_watch_decodes_beside_its_caller(attempt: int) -> None:
 
 def test_the_stand_ins_prepare_before_their_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_operator.node import kubetypes
-    from gpu_operator.sim import standins
+    from gpu_operator.sim.standins import roster
 
     calls: list[bool] = []
     monkeypatch.setattr(kubetypes, "prepare", lambda: calls.append(made[0]._thread.ident is None))
-    monkeypatch.setattr(standins.StandIns, "_main", lambda self: self._ready.set())
-    made: list[Any] = [standins.StandIns(config=None)]
+    monkeypatch.setattr(roster.StandIns, "_main", lambda self: self._ready.set())
+    made: list[Any] = [roster.StandIns(config=None)]
     made[0].start()
     made[0]._thread.join(5)
     assert calls == [True]  # called once, before the stand-ins' thread was started

@@ -261,7 +261,7 @@ def test_dev_char_symlinks_for_nvidia_character_devices(build_host) -> None:  # 
     from types import SimpleNamespace
 
     from gpu_operator.node.validate.host import create_dev_char_symlinks
-    from gpu_operator.sim import devnodes
+    from gpu_operator.sim.hardware import devnodes
 
     host = build_host("ubuntu-apt-driver")  # its loaded driver made /dev/nvidia0, nvidiactl, nvidia-uvm...
     host.fs.write_text("/dev/null", "")  # not NVIDIA's: never linked

@@ -15,7 +15,7 @@ from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.run import validate
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.dra import DRAFacts, render_gpucluster
-from gpu_operator.sim import cdi
+from gpu_operator.sim.realnode import cdi
 from tests.support import dracdi
 from tests.support.hostsim import fakehost
 from tests.unit.node.nodekit import HOSTS_DIR, context

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.sim import hosttree
-from gpu_operator.sim.realspec import host_spec
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.realnode.realspec import host_spec
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_operator.sim.auditlog import AuditReader, audit_files
+from gpu_operator.sim.plane.auditlog import AuditReader, audit_files
 
 
 class Apiserver:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.sim import session
-from gpu_operator.sim.binaries import Binaries, BinariesMissing
+from gpu_operator.sim.commands import session
+from gpu_operator.sim.plane.binaries import Binaries, BinariesMissing
 
 
 def _cache(root: Path, *, floor: bool = True) -> Binaries:
@@ -39,7 +39,7 @@ def test_a_cache_without_the_floor_serves_the_current_kubernetes_only(tmp_path: 
 
 
 def test_locate_asks_the_floor_only_of_the_floor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_operator.sim import binaries
+    from gpu_operator.sim.plane import binaries
 
     _cache(tmp_path, floor=False)
     monkeypatch.setenv(binaries.ENV, str(tmp_path))
@@ -50,7 +50,7 @@ def test_locate_asks_the_floor_only_of_the_floor(tmp_path: Path, monkeypatch: py
 
 def test_the_build_script_is_asked_for_the_floor_only_when_the_floor_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_operator.sim import binaries
+    from gpu_operator.sim.plane import binaries
 
     script = tmp_path / "build.sh"
     # A stand-in build script: builds a cache with the floor only when not told --without-floor.
@@ -76,7 +76,7 @@ def test_the_simulator_refuses_a_real_node_on_the_floor(tmp_path: Path) -> None:
 
 def test_up_does_not_reuse_a_simulator_of_another_kubernetes(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_operator.sim.state import SimState
+    from gpu_operator.sim.commands.state import SimState
 
     live = SimState(dir=str(tmp_path), server="https://127.0.0.1:1", kubeconfig="k", binaries="b")
     monkeypatch.setattr(session, "running", lambda _directory: live)

@@ -14,7 +14,7 @@ from lightkube.resources.core_v1 import Node
 
 from gpu_operator import shapes
 from gpu_operator.sim import computedomain as cd
-from gpu_operator.sim.podwatch import NodeView
+from gpu_operator.sim.standins.podwatch import NodeView
 
 UID = "0b5c7e0a-1111-2222-3333-444455556666"
 DOMAIN = {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.sim import containerd as ctrd_mod
-from gpu_operator.sim.containerd import ContainerdError, Mount, PrivateContainerd
+from gpu_operator.sim.realnode import containerd as ctrd_mod
+from gpu_operator.sim.realnode.containerd import ContainerdError, Mount, PrivateContainerd
 
 
 def test_config_keeps_root_state_and_sockets_under_base_dir(tmp_path: Path) -> None:

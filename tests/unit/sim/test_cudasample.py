@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from gpu_operator.sim import cudasample
+from gpu_operator.sim.realnode import cudasample
 
 
 def _base(path: Path) -> Path:

@@ -16,9 +16,11 @@ from typing import Any
 import grpc
 import pytest
 
-from gpu_operator.sim import deviceplugin, dpapi, faults, nvruntime
-from gpu_operator.sim.toolkit import gpus
-from gpu_operator.sim.xidhealth import XidFilter
+from gpu_operator.sim.hardware import faults
+from gpu_operator.sim.realnode import nvruntime
+from gpu_operator.sim.realnode.toolkit import gpus
+from gpu_operator.sim.standins import deviceplugin, dpapi
+from gpu_operator.sim.standins.xidhealth import XidFilter
 
 
 class FakeKubelet:

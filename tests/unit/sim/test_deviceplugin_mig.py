@@ -16,9 +16,11 @@ import pytest
 import yaml
 
 from gpu_operator import shapes
-from gpu_operator.sim import deviceplugin, dpapi, hosttree, mighw, migparted, migresources, migtree, nvruntime
-from gpu_operator.sim.faults import node_host_spec
-from gpu_operator.sim.toolkit import gpus
+from gpu_operator.sim.hardware import hosttree, mighw, migparted, migtree
+from gpu_operator.sim.hardware.faults import node_host_spec
+from gpu_operator.sim.realnode import nvruntime
+from gpu_operator.sim.realnode.toolkit import gpus
+from gpu_operator.sim.standins import deviceplugin, dpapi, migresources
 from tests.unit.sim.test_deviceplugin import run
 
 MIG = "nvidia.com/mig-1g.10gb"

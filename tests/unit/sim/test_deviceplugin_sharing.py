@@ -16,8 +16,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gpu_operator.sim import deviceplugin, dpapi, nvruntime, sharing
-from gpu_operator.sim.toolkit import gpus
+from gpu_operator.sim.realnode import nvruntime
+from gpu_operator.sim.realnode.toolkit import gpus
+from gpu_operator.sim.standins import deviceplugin, dpapi, sharing
 from tests.unit.sim.test_deviceplugin import FakeKubelet, run
 from tests.unit.sim.test_sharing import SLICE2_RENAMED as SHARED2
 from tests.unit.sim.test_sharing import SLICE4
@@ -81,7 +82,7 @@ def test_sighup_restarts_with_the_file_read_again(host: Path, plugin_dir: Path, 
     config_file = tmp_path / "config.yaml"
     config_file.write_text(SLICE4)
     kubelet = FakeKubelet(plugin_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.sim.deviceplugin", f"--host-root={host}",
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.sim.standins.deviceplugin", f"--host-root={host}",
                              f"--plugin-dir={plugin_dir}", f"--config-file={config_file}"],
                             env={**os.environ, "MIG_STRATEGY": ""}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

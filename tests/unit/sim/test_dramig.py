@@ -1,5 +1,5 @@
 """The DRA kubelet plugin's stand-in publishes static MIG devices as NVIDIA's GPU kubelet plugin does
-(sim/dramig.py, sim/draplugin.py): all-1g.10gb on a DGX H100 (8 GPUs x 7 MIG devices, no full GPU),
+(sim/standins/dramig.py, sim/standins/draplugin.py): all-1g.10gb on a DGX H100 (8 GPUs x 7 MIG devices, no full GPU),
 MIG off (the 8 GPUs), and a layout taken when the plugin's pod starts, not while it runs."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any
 
 from gpu_operator import shapes
 from gpu_operator.render.states.mig_manager import default_mig_config
-from gpu_operator.sim import dramig, draplugin, mighw, migparted
-from gpu_operator.sim.podwatch import PodView
+from gpu_operator.sim.hardware import mighw, migparted
+from gpu_operator.sim.standins import dramig, draplugin
+from gpu_operator.sim.standins.podwatch import PodView
 from tests.unit.sim.test_standins import view
 
 SHAPE = shapes.load("dgx-h100")
@@ -68,7 +69,7 @@ def test_a_larger_profile_and_mig_on_without_instances() -> None:
 
 
 def dramig_profile(name: str) -> Any:
-    from gpu_operator.sim import migprofiles
+    from gpu_operator.sim.hardware import migprofiles
 
     model = migprofiles.model("2330")
     assert model is not None

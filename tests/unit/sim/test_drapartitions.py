@@ -1,5 +1,5 @@
 """Partitionable devices (KEP-4815) as NVIDIA's GPU kubelet plugin publishes them under its DynamicMIG
-gate (sim/drapartitions.py, sim/draplugin.py): the counters' slice first, one slice per GPU with the
+gate (sim/standins/drapartitions.py, sim/standins/draplugin.py): the counters' slice first, one slice per GPU with the
 full GPU and every MIG placement, each consuming from the GPU's counter set; static MIG devices
 destroyed when the plugin starts; the forbidden gate pairs; no MIG-capable GPU: the static form."""
 
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from gpu_operator import shapes
-from gpu_operator.sim import drapartitions, draplugin, mighw
-from gpu_operator.sim.podwatch import PodView
+from gpu_operator.sim.hardware import mighw
+from gpu_operator.sim.standins import drapartitions, draplugin
+from gpu_operator.sim.standins.podwatch import PodView
 from tests.unit.sim.test_dramig import Applied, applied
 from tests.unit.sim.test_standins import view
 

@@ -1,4 +1,4 @@
-"""The DRA kubelet-plugin stand-in's device taints (sim/drahealth.py, sim/draplugin.py): an Xid in the
+"""The DRA kubelet-plugin stand-in's device taints (sim/standins/drahealth.py, sim/standins/draplugin.py): an Xid in the
 node's host tree taints that GPU's device in the ResourceSlice only with NVMLDeviceHealthCheck, as
 NVIDIA's plugin does; the device stays; a new boot or plugin pod starts clean."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from gpu_operator import shapes
-from gpu_operator.sim import drahealth, draplugin
-from gpu_operator.sim.faults import NodeHosts, node_host_spec
-from gpu_operator.sim.podwatch import NodeView
+from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
+from gpu_operator.sim.standins import drahealth, draplugin
+from gpu_operator.sim.standins.podwatch import NodeView
 from tests.unit.sim.test_standins import pod
 
 NODE = "dgx-h100-0"

@@ -1,4 +1,4 @@
-"""The apiserver's egress proxy (sim/egress.py): CONNECT relays bytes both ways, anything else is
+"""The apiserver's egress proxy (sim/plane/egress.py): CONNECT relays bytes both ways, anything else is
 refused with a status, a dead target is a 502, and routes pick the real node's namespace by
 address. Crossing into another network namespace needs root and a real node:
 tests/integration/test_real_node_debugging.py."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.sim.egress import egress_config, handler, netns_for, register
+from gpu_operator.sim.plane.egress import egress_config, handler, netns_for, register
 
 
 def test_routes_pick_the_namespace_holding_the_address(tmp_path: Path) -> None:

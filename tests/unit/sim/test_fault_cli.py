@@ -10,12 +10,12 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.sim import hosttree
-from gpu_operator.sim.faultinject import check_action, inject
-from gpu_operator.sim.faults import FaultError
-from gpu_operator.sim.realspec import host_spec
-from gpu_operator.sim.state import SimState
-from gpu_operator.sim.toolkit import gpus
+from gpu_operator.sim.commands.faultinject import check_action, inject
+from gpu_operator.sim.commands.state import SimState
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.hardware.faults import FaultError
+from gpu_operator.sim.realnode.realspec import host_spec
+from gpu_operator.sim.realnode.toolkit import gpus
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -1,4 +1,4 @@
-"""GPU faults on a host tree (`sim/faults.py`): the driver's Xid record in the kernel log as our
+"""GPU faults on a host tree (`sim/hardware/faults.py`): the driver's Xid record in the kernel log as our
 kernel-log reader parses it, a GPU off the bus gone from sysfs, procfs and /dev and back (byte for
 byte) after --clear, which starts a new boot; the changes journal; bad input named."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.kernellog import kernel_log_findings
-from gpu_operator.sim import devnodes, faults, hosttree
-from gpu_operator.sim.toolkit import gpus
+from gpu_operator.sim.hardware import devnodes, faults, hosttree
+from gpu_operator.sim.realnode.toolkit import gpus
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from gpu_operator.node.findings import Severity, diagnose
 from gpu_operator.node.probe import probe
-from gpu_operator.sim import guesttree, hosttree
-from gpu_operator.sim.faults import node_host_spec
-from gpu_operator.sim.realspec import host_spec
+from gpu_operator.sim.hardware import guesttree, hosttree
+from gpu_operator.sim.hardware.faults import node_host_spec
+from gpu_operator.sim.realnode.realspec import host_spec
 
 
 def test_the_guest_shapes_tree(tmp_path: Path) -> None:
@@ -32,7 +32,7 @@ def test_the_driver_goes_to_the_gpus_only(tmp_path: Path) -> None:
 
 
 def test_the_guest_runs_the_same_stock_containerd_as_the_simulators_hosts() -> None:
-    from gpu_operator.sim.realspec import RUNTIME_FILES
+    from gpu_operator.sim.realnode.realspec import RUNTIME_FILES
 
     files = guesttree.guest_spec(1)["files"]
     assert {k: files[k] for k in RUNTIME_FILES["containerd"]} == RUNTIME_FILES["containerd"]

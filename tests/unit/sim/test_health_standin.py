@@ -1,4 +1,4 @@
-"""The health agent's stand-in on kwok nodes (`sim/health.py`), in-process with a recording client:
+"""The health agent's stand-in on kwok nodes (`sim/standins/health.py`), in-process with a recording client:
 it acts only where the validator pod runs with its gpu-health container, publishes the agent's
 report once per change through the agent's publisher, follows `sim fault` (an Xid, a GPU off the
 bus, a reboot), carries out remediation's reset and reboot requests on the node's tree, and
@@ -18,10 +18,10 @@ import pytest
 from gpu_operator import shapes
 from gpu_operator.api.health import HealthReport
 from gpu_operator.controllers.units.health.machine import request_text
-from gpu_operator.sim import kubeletdp
-from gpu_operator.sim.faults import NodeHosts, node_host_spec
-from gpu_operator.sim.health import APP, CONTAINER, HealthStandIn
-from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
+from gpu_operator.sim.standins import kubeletdp
+from gpu_operator.sim.standins.health import APP, CONTAINER, HealthStandIn
+from gpu_operator.sim.standins.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import (
     HEALTH_REPORT_ANNOTATION,
     HEALTH_REQUESTS_SECRET,

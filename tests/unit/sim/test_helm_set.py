@@ -1,4 +1,4 @@
-"""`--set` read as Helm reads it (sim/helmset.py): each case's expected values are checked
+"""`--set` read as Helm reads it (sim/plane/helmset.py): each case's expected values are checked
 against our parser and, where a helm command is found ($GPU_OPERATOR_HELM or `helm` on PATH),
 against what `helm template --set` renders for a chart that prints its .Values."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_operator.sim.helm import HelmInstallError, merge, parse_set, user_layers, values_for
-from gpu_operator.sim.helmset import scalar
+from gpu_operator.sim.plane.helm import HelmInstallError, merge, parse_set, user_layers, values_for
+from gpu_operator.sim.plane.helmset import scalar
 
 # The tiny chart's defaults: a --set list replaces a default list whole (Helm coalesces lists
 # as a whole; the chart's defaults are not beneath --set), while maps merge.

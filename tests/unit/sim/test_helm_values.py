@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.sim.helm import VALUES_FILE, HelmInstallError, merge, parse_set, values_for
+from gpu_operator.sim.plane.helm import VALUES_FILE, HelmInstallError, merge, parse_set, values_for
 from tests.support.chart import objects, render_chart
 
 

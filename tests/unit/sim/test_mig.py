@@ -13,20 +13,11 @@ import yaml
 
 from gpu_operator import shapes
 from gpu_operator.render.states.mig_manager import default_mig_config
-from gpu_operator.sim import (
-    devnodes,
-    hosttree,
-    kubeletdp,
-    mighw,
-    migmanager,
-    migparted,
-    migprofiles,
-    migresources,
-    migtree,
-)
-from gpu_operator.sim.faults import node_host_spec
-from gpu_operator.sim.podwatch import PodView
-from gpu_operator.sim.toolkit import gpus as tree_gpus
+from gpu_operator.sim.hardware import devnodes, hosttree, mighw, migparted, migprofiles, migtree
+from gpu_operator.sim.hardware.faults import node_host_spec
+from gpu_operator.sim.realnode.toolkit import gpus as tree_gpus
+from gpu_operator.sim.standins import kubeletdp, migmanager, migresources
+from gpu_operator.sim.standins.podwatch import PodView
 from tests.unit.sim.test_standins import FakeClient, view
 
 H100 = migprofiles.model("0x233010DE")

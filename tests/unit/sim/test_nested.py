@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.sim import nested, nestedhost
+from gpu_operator.sim.commands import nested, nestedhost
 
 
 def test_a_tenant_asking_for_another_name_fails_naming_both() -> None:

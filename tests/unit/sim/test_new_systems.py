@@ -10,7 +10,8 @@ import pytest
 
 from gpu_operator import shapes
 from gpu_operator.render.states.mig_manager import default_mig_config, mig_capable_devices
-from gpu_operator.sim import mighw, migparted, migprofiles, migresources
+from gpu_operator.sim.hardware import mighw, migparted, migprofiles
+from gpu_operator.sim.standins import migresources
 
 # NVIDIA's MIG user guide, "Supported MIG Profiles": profile -> instances that fit one GPU
 GUIDE = {
@@ -203,7 +204,7 @@ def test_dra_mig_device_names_carry_the_profile_id_of_its_kind() -> None:
     """NVIDIA's DRA driver names a static MIG device gpu-<minor>-mig-<profile>-<GI profile ID>-<start>;
     the ID goes with the profile's kind, so the A100 40GB's 1g.10gb (two memory slices) is 15
     where the H100's 1g.10gb (one) is 19."""
-    from gpu_operator.sim import dramig
+    from gpu_operator.sim.standins import dramig
 
     a100 = applied("dgx-a100", "all-1g.10gb")[0].instances[0]
     h100 = applied("dgx-h100", "all-1g.10gb")[0].instances[0]

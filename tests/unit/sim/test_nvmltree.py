@@ -1,5 +1,5 @@
-"""The simulator's NVML (`sim/nvmltree.py`) under the health agent's own NVML code: the recovery
-action NVIDIA's driver keeps per GPU from driver 565 (`sim/recovery.py`), the driver's Xid 154
+"""The simulator's NVML (`sim/hardware/nvmltree.py`) under the health agent's own NVML code: the recovery
+action NVIDIA's driver keeps per GPU from driver 565 (`sim/hardware/recovery.py`), the driver's Xid 154
 record when it changes, a reset and a reboot returning it to none, a GPU off the bus answering
 GPU_IS_LOST, each Xid delivered once as an NVML event, and no field below 565."""
 
@@ -17,8 +17,8 @@ from gpu_operator.node.health import HealthAgent
 from gpu_operator.node.health.catalogue import XID_LINE
 from gpu_operator.node.health.kmsg import read_records
 from gpu_operator.node.health.nvml import RECOVERY_FIELD
-from gpu_operator.sim import faults, recovery
-from gpu_operator.sim.nvmltree import GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, XID_EVENT, TreeNvml
+from gpu_operator.sim.hardware import faults, recovery
+from gpu_operator.sim.hardware.nvmltree import GPU_IS_LOST, NOT_SUPPORTED, TIMEOUT, XID_EVENT, TreeNvml
 
 NEW_DRIVER = "570.133.20"  # from 565 the driver keeps a recovery action
 OLD_DRIVER = faults.node_host_spec("dgx-h100")["driver_version"]  # the simulator's (550.127.05)

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
-from gpu_operator.sim import deviceplugin, pluginimage
-from gpu_operator.sim.deviceplugin import env_strategy
+from gpu_operator.sim.realnode import pluginimage
+from gpu_operator.sim.standins import deviceplugin
+from gpu_operator.sim.standins.deviceplugin import env_strategy
 from tests.unit.sim.test_cudasample import _base
 
 
@@ -53,7 +54,7 @@ def test_the_executable_starts_the_stand_in_over_the_pods_mounts(tmp_path: Path)
     subprocess.run([str(script), "--mig-strategy=mixed"], check=True,
                    env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert json.loads(record.read_text()) == [
-        "-m", "gpu_operator.sim.deviceplugin", "--host-root=/host",
+        "-m", "gpu_operator.sim.standins.deviceplugin", "--host-root=/host",
         "--plugin-dir=/var/lib/kubelet/device-plugins", "--cdi-root=/", "--mig-strategy=mixed"]
 
 
@@ -71,8 +72,8 @@ def test_a_device_list_strategy_the_stand_in_does_not_play_is_refused_naming_it(
 
 
 def test_the_cdi_spec_goes_to_the_cdi_root_not_the_read_only_host_tree(tmp_path: Path) -> None:
-    from gpu_operator.sim import hosttree
-    from gpu_operator.sim.realspec import host_spec
+    from gpu_operator.sim.hardware import hosttree
+    from gpu_operator.sim.realnode.realspec import host_spec
 
     tree = tmp_path / "tree"
     hosttree.build(host_spec("host-driver"), tree)
@@ -83,7 +84,7 @@ def test_the_cdi_spec_goes_to_the_cdi_root_not_the_read_only_host_tree(tmp_path:
 
 
 def test_the_standalone_plugin_pod_sees_its_tree_and_the_mig_state_beside_it(tmp_path: Path) -> None:
-    from gpu_operator.sim import migtree
+    from gpu_operator.sim.hardware import migtree
     from tests.support import realplugin
 
     tree = tmp_path / "h100" / "root"

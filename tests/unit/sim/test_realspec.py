@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec
-from gpu_operator.sim.cudasample import CUDA_SAMPLE_IMAGE
-from gpu_operator.sim.realspec import node_labels, policy_spec
+from gpu_operator.sim.realnode.cudasample import CUDA_SAMPLE_IMAGE
+from gpu_operator.sim.realnode.realspec import node_labels, policy_spec
 
 
 def test_only_operands_whose_image_the_real_node_has_may_select_it() -> None:
     labels = node_labels("host-driver")
     deploy = {k.rsplit(".", 1)[-1]: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")}
     assert "operator-validator" not in deploy and "node-status-exporter" not in deploy
-    # the device plugin's stand-in image is imported under NVIDIA's name (sim/pluginimage.py)
+    # the device plugin's stand-in image is imported under NVIDIA's name (sim/realnode/pluginimage.py)
     assert "device-plugin" not in deploy
     assert deploy["driver"] == deploy["gpu-feature-discovery"] == deploy["container-toolkit"] == "false"
     assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"

@@ -1,6 +1,6 @@
 """`sim up` / `sim demo` on a simulator that runs already: options it cannot give (other nodes, a
 real node) are refused with what runs, bad `--set`/`--values` input stops `sim up` before anything
-starts, and the demo says only what it does (sim/reuse.py, sim/demo.py). No control plane: the
+starts, and the demo says only what it does (sim/commands/reuse.py, sim/commands/demo.py). No control plane: the
 running simulator is a recorded state handed to the code."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.sim import session
-from gpu_operator.sim.demo import teardown_text
-from gpu_operator.sim.reuse import conflicts, refuse_unusable
-from gpu_operator.sim.state import SimState
+from gpu_operator.sim.commands import session
+from gpu_operator.sim.commands.demo import teardown_text
+from gpu_operator.sim.commands.reuse import conflicts, refuse_unusable
+from gpu_operator.sim.commands.state import SimState
 
 
 def running(tmp_path: Path, shapes: list[str], real_node: dict[str, Any] | None = None) -> SimState:

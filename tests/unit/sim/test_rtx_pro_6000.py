@@ -9,7 +9,8 @@ import pytest
 
 from gpu_operator import shapes
 from gpu_operator.render.states.mig_manager import default_mig_config, mig_capable_devices
-from gpu_operator.sim import dramig, mighw, migparted, migprofiles, migresources
+from gpu_operator.sim.hardware import mighw, migparted, migprofiles
+from gpu_operator.sim.standins import dramig, migresources
 
 SHAPE = "rtx-pro-6000"
 # NVIDIA/mig-parted pkg/mig/builder/builder_test.go, gpuProfiles["RTX-PRO-6000"]: profile -> how many fit

@@ -1,5 +1,5 @@
 """GPU sharing as NVIDIA's device plugin, GFD and config-manager read the plugin config
-(`sim/sharing.py`), and the kwok stand-ins' config-manager (`sim/pluginconfig.py`) over the pod the
+(`sim/standins/sharing.py`), and the kwok stand-ins' config-manager (`sim/standins/pluginconfig.py`) over the pod the
 operator renders."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 
 from gpu_operator import shapes
-from gpu_operator.sim import gfd, kubeletdp, sharing
-from gpu_operator.sim.pluginconfig import PluginConfigs, wiring
-from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.sim.standins import gfd, kubeletdp, sharing
+from gpu_operator.sim.standins.pluginconfig import PluginConfigs, wiring
+from gpu_operator.sim.standins.podwatch import NodeView, PodView
 from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG
 
 SLICE4 = """version: v1

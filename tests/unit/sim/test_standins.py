@@ -14,8 +14,8 @@ from lightkube.resources.core_v1 import Pod
 
 from gpu_operator import shapes
 from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
-from gpu_operator.sim import draplugin, gfd, kubeletdp, nfdmaster
-from gpu_operator.sim.podwatch import NodeStandIns, NodeView, PodView, WorkQueue
+from gpu_operator.sim.standins import draplugin, gfd, kubeletdp, nfdmaster
+from gpu_operator.sim.standins.podwatch import NodeStandIns, NodeView, PodView, WorkQueue
 
 
 def pod(name: str = "gfd-abc", running: bool = True, env: dict[str, str] | None = None, uid: str = "pod-uid",

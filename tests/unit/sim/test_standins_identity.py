@@ -1,4 +1,4 @@
-"""Each stand-in calls as its component (sim/identity.py): the table in sim/standins.py names, for
+"""Each stand-in calls as its component (sim/standins/identity.py): the table in sim/standins/roster.py names, for
 every player `sim up` runs, who its calls go out as and which pod must be on the node; the players
 say the same, docs/simulator.md shows the same table, and a player that declares no identity is
 refused. The client a player is handed follows its identity; a refused call is recorded by field."""
@@ -16,10 +16,10 @@ from lightkube import KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
-from gpu_operator.sim import identity, standins
-from gpu_operator.sim.planeargs import hold_initializing
-from gpu_operator.sim.podwatch import NodeStandIns, PodView
-from gpu_operator.sim.vgpustandin import INIT, held_status
+from gpu_operator.sim.plane.planeargs import hold_initializing
+from gpu_operator.sim.standins import identity, roster
+from gpu_operator.sim.standins.podwatch import NodeStandIns, PodView
+from gpu_operator.sim.standins.vgpustandin import INIT, held_status
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "simulator.md"
 
@@ -33,7 +33,7 @@ def kubeconfig() -> KubeConfig:
 
 
 def every_player(tmp_path: Path) -> list[Any]:
-    return standins.all_players(kubeconfig(), nodes=True, hosts=tmp_path / "hosts", agents=True)
+    return roster.all_players(kubeconfig(), nodes=True, hosts=tmp_path / "hosts", agents=True)
 
 
 def qualified(player: Any) -> str:
@@ -41,11 +41,11 @@ def qualified(player: Any) -> str:
 
 
 def test_every_player_is_in_the_table_with_its_identity_and_pod(tmp_path: Path) -> None:
-    rows = {row.player: row for row in standins.table()}
+    rows = {row.player: row for row in roster.table()}
     seen: dict[str, set[str]] = {}
     for player in every_player(tmp_path):
         row = rows.get(qualified(player))
-        assert row is not None, f"{qualified(player)} (app={player.app}) is not in sim/standins.py's table()"
+        assert row is not None, f"{qualified(player)} (app={player.app}) is not in sim/standins/roster.py's table()"
         # declared by the player itself, not inherited by accident from nothing
         assert getattr(player, "identity", None) in (identity.POD, identity.KUBELET, identity.NO_API), qualified(player)
         assert player.identity == row.identity, (qualified(player), player.identity, row.identity)
@@ -58,11 +58,11 @@ def test_every_player_is_in_the_table_with_its_identity_and_pod(tmp_path: Path) 
 
 def test_the_docs_table_is_the_modules() -> None:
     lines = DOCS.read_text().splitlines()
-    start = lines.index(standins.markdown_table()[0])
+    start = lines.index(roster.markdown_table()[0])
     end = start
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    assert lines[start:end] == standins.markdown_table()
+    assert lines[start:end] == roster.markdown_table()
 
 
 class NoIdentity:
@@ -106,8 +106,8 @@ def pod(name: str, running: bool = True, started: int = 1, uid: str = "", accoun
 
 
 def test_the_client_follows_the_players_identity() -> None:
-    from gpu_operator.sim.gfd import FeatureDiscovery
-    from gpu_operator.sim.toolkitconfig import ToolkitStandIn
+    from gpu_operator.sim.standins.gfd import FeatureDiscovery
+    from gpu_operator.sim.standins.toolkitconfig import ToolkitStandIn
 
     async def main() -> None:
         gfd, toolkit = FeatureDiscovery(), ToolkitStandIn("nvidia-container-toolkit-daemonset", Path("/nonexistent"))

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import re
 
-from gpu_operator.sim import standins
+from gpu_operator.sim.standins import roster
 
 # listed in the module's docstring but not a stand-in of its own: NFD's master has its own flag and
 # phrase, CRI-O's writes are the container toolkit's
-NOT_THEIR_OWN = {"sim/nfdmaster.py", "sim/toolkitcrio.py"}
+NOT_THEIR_OWN = {"sim/standins/nfdmaster.py", "sim/standins/toolkitcrio.py"}
 
 
 def test_the_line_names_every_node_stand_in_the_module_lists() -> None:
-    listed = set(re.findall(r"`(sim/[a-z_]+\.py)`", standins.__doc__ or "")) - NOT_THEIR_OWN
-    assert listed == set(standins.PLAYED)
-    line = standins.played()
-    assert [name for name in standins.PLAYED.values() if name not in line] == []
+    listed = set(re.findall(r"`(sim/[a-z_/]+\.py)`", roster.__doc__ or "")) - NOT_THEIR_OWN
+    assert listed == set(roster.PLAYED)
+    line = roster.played()
+    assert [name for name in roster.PLAYED.values() if name not in line] == []

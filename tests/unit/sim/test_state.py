@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_operator.shapes import ShapeError
-from gpu_operator.sim import session
-from gpu_operator.sim.state import Proc, SimState, start_time
+from gpu_operator.sim.commands import session
+from gpu_operator.sim.commands.state import Proc, SimState, start_time
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_up_checks_shapes_and_refuses_a_foreign_directory(tmp_path: Path) -> Non
 
 
 def test_default_dir_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from gpu_operator.sim.state import default_dir
+    from gpu_operator.sim.commands.state import default_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_dir() == tmp_path / "gpu-operator" / "sim" / "current"

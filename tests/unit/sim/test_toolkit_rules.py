@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.sim import devnodes, hosttree, nvruntime
-from gpu_operator.sim.edits import InjectionError
-from gpu_operator.sim.realspec import HOST_DRIVER_VERSION, host_spec
-from gpu_operator.sim.toolkit import gpus
+from gpu_operator.sim.hardware import devnodes, hosttree
+from gpu_operator.sim.realnode import nvruntime
+from gpu_operator.sim.realnode.edits import InjectionError
+from gpu_operator.sim.realnode.realspec import HOST_DRIVER_VERSION, host_spec
+from gpu_operator.sim.realnode.toolkit import gpus
 
 
 @pytest.fixture(scope="module")
@@ -170,14 +171,14 @@ def test_the_wrapper_reports_a_refusal_as_runc_does_and_never_execs(host: Path, 
     fake_runc = tmp_path / "runc"
     fake_runc.write_text(f"#!/bin/sh\ntouch {marker}\n")
     fake_runc.chmod(0o755)
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.sim.nvruntime", str(host), str(fake_runc),
+    done = subprocess.run([sys.executable, "-m", "gpu_operator.sim.realnode.nvruntime", str(host), str(fake_runc),
                            "--log", str(log), "--log-format", "json", "create", "--bundle", str(bundle), "cid"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 1 and not marker.exists()
     entry = json.loads(log.read_text().splitlines()[-1])
     assert entry["level"] == "error" and "unknown device '9'" in entry["msg"]
     (bundle / "config.json").write_text(json.dumps(container({"NVIDIA_VISIBLE_DEVICES": "0"})))
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.sim.nvruntime", str(host), str(fake_runc),
+    done = subprocess.run([sys.executable, "-m", "gpu_operator.sim.realnode.nvruntime", str(host), str(fake_runc),
                            "create", "--bundle", str(bundle), "cid"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and marker.exists()
     written = json.loads((bundle / "config.json").read_text())

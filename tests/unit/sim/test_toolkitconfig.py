@@ -16,10 +16,11 @@ from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.runtime import ContainerRuntime, detect_runtime
 from gpu_operator.render.states.container_toolkit import STATE
 from gpu_operator.shapes import load
-from gpu_operator.sim import hosttree, toolkitcrio
-from gpu_operator.sim.edits import InjectionError
-from gpu_operator.sim.realspec import distribution, host_spec
-from gpu_operator.sim.toolkitconfig import (
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.realnode.edits import InjectionError
+from gpu_operator.sim.realnode.realspec import distribution, host_spec
+from gpu_operator.sim.standins import toolkitcrio
+from gpu_operator.sim.standins.toolkitconfig import (
     channel,
     configure,
     distribution_start,

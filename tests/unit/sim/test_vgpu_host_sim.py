@@ -16,11 +16,11 @@ from gpu_operator.node.vgpuhost import sysfs
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
 from gpu_operator.node.vgpuhost.cli import driver_ready
 from gpu_operator.node.vgpuhost.config import vgpu_gpus
-from gpu_operator.sim.faultinject import check_action
-from gpu_operator.sim.faults import FaultError, NodeHosts, boot_id, node_host_spec
-from gpu_operator.sim.realspec import host_spec
-from gpu_operator.sim.vgpuhw import FM_CONFIG, VGPU_STATE, VgpuHostSim, is_vgpu_host
-from gpu_operator.sim.vgpustandin import init_container
+from gpu_operator.sim.commands.faultinject import check_action
+from gpu_operator.sim.hardware.faults import FaultError, NodeHosts, boot_id, node_host_spec
+from gpu_operator.sim.hardware.vgpuhw import FM_CONFIG, VGPU_STATE, VgpuHostSim, is_vgpu_host
+from gpu_operator.sim.realnode.realspec import host_spec
+from gpu_operator.sim.standins.vgpustandin import init_container
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 from tests.unit.node.test_vgpuhost_agent import FakeNode
 from tests.unit.render.renderkit import daemonset, run

@@ -14,9 +14,10 @@ import pytest
 from lightkube.resources.core_v1 import Pod
 
 from gpu_operator import shapes
-from gpu_operator.sim import hosttree, virthandler
-from gpu_operator.sim.faults import NodeHosts, node_host_spec
-from gpu_operator.sim.podwatch import NodeView, PodView
+from gpu_operator.sim.hardware import hosttree
+from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
+from gpu_operator.sim.standins import virthandler
+from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
 NODE = "vfio-passthrough-0"
 RESOURCE = "nvidia.com/H100_SXM5_80GB"
@@ -137,8 +138,8 @@ def test_a_tree_built_with_vfio_devices_has_their_group_files(tmp_path: Path) ->
 
 
 def test_the_stand_ins_watch_kubevirts_pods_by_their_own_label(tmp_path: Path) -> None:
-    from gpu_operator.sim.podwatch import NodeStandIns
-    from gpu_operator.sim.standins import default_players
+    from gpu_operator.sim.standins.podwatch import NodeStandIns
+    from gpu_operator.sim.standins.roster import default_players
 
     standins = NodeStandIns(Client(), default_players(hosts=tmp_path))  # type: ignore[arg-type]
     assert [sorted(w.labels) for w in standins.watches] == [["app"], ["kubevirt.io"]]

@@ -22,7 +22,7 @@ def test_a_policy_message_with_brackets_is_shown_whole() -> None:
 
 
 def test_the_demos_not_ready_line_keeps_the_brackets() -> None:
-    from gpu_operator.sim.demo import not_ready_text
+    from gpu_operator.sim.commands.demo import not_ready_text
 
     view = build_view([node("gpu-a")], [], [], [policy(state="notReady", reason="OperandNotReady", message=MESSAGE)],
                       "gpu-operator")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from gpu_operator.sim.controlplane import ControlPlane
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from tests.support.audit import forbidden_in_namespace, refused, serviceaccount_user
 
 
