@@ -8,8 +8,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
-import pstats
 import sys
 import time
 from pathlib import Path
@@ -34,14 +32,15 @@ from benchkit import (  # noqa: E402
     proc_stats,
     simulator_load,
 )
-from health import add_arguments as add_health_arguments  # noqa: E402
 from health import health_phase  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace  # noqa: E402
 from restart import restart  # noqa: E402
-from spread import order, summarise, summary_table  # noqa: E402
+from scaleargs import parse_args  # noqa: E402
+from scalereport import COLUMNS, report, table, top_functions, verdicts  # noqa: E402
+from spread import order, summary_table  # noqa: E402
 from subjects import Subject, apply_peer_crds, on_fresh_plane, start_ours, start_peer  # noqa: E402
 
 from gpu_operator import shapes  # noqa: E402
@@ -61,9 +60,6 @@ LIMIT_METRIC = "gpu_operator_node_label_concurrency_limit"
 DELAY_METRIC = "gpu_operator_node_label_delay_seconds"
 LAG_METRIC = "gpu_operator_event_loop_lag_seconds"
 PASSES_METRIC = "gpu_operator_controller_passes"
-# issue 25 item 6
-TARGETS = {"labelled_fraction_of_ceiling": 0.9, "join_p99_s": {1000: 0.5, 5000: 1.0}, "idle_writes": 0,
-           "rss_mb": 150.0, "quiet_after_ready_s": 10.0, "busy_fraction": 0.1, "idle_cpu_fraction": 0.01}
 
 
 def say(msg: str) -> None:
@@ -345,16 +341,6 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
     return out
 
 
-def top_functions(path: Path, limit: int = 25) -> list[str]:
-    """The operator's most expensive functions by own time (cProfile), as text lines."""
-    if not path.exists():
-        return [f"no profile at {path}"]
-    stats = pstats.Stats(str(path))
-    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:limit]  # type: ignore[attr-defined]
-    return [f"{tt:8.2f}s own {ct:8.2f}s cum {nc:>9} calls  {func[0].split('site-packages/')[-1]}:{func[1]}"
-            f"({func[2]})" for func, (_cc, nc, tt, ct, _callers) in rows]
-
-
 def run_one(n: int, args: argparse.Namespace, found: binaries.Binaries, results_dir: Path,
             who: str) -> dict[str, Any]:
     async def run(plane: ControlPlane) -> dict[str, Any]:
@@ -365,114 +351,8 @@ def run_one(n: int, args: argparse.Namespace, found: binaries.Binaries, results_
     return row
 
 
-def verdicts(row: dict[str, Any]) -> dict[str, bool | None]:
-    fraction = row.get("labelling_fraction_of_ceiling")
-    join_target = TARGETS["join_p99_s"].get(row["nodes"])  # type: ignore[attr-defined]
-    return {
-        "quiet_after_ready": row.get("startup_digest_s", float("inf")) <= TARGETS["quiet_after_ready_s"],
-        "quiet_under_churn": row.get("churn_cpu_fraction", 1.0) < TARGETS["busy_fraction"],
-        "labelled_of_ceiling": None if fraction is None else fraction >= TARGETS["labelled_fraction_of_ceiling"],
-        "join_p99": None if join_target is None else row.get("join_p99_s", float("inf")) <= join_target,
-        "idle_writes": row.get("idle_writes_audit") == TARGETS["idle_writes"],
-        "idle_cpu": row.get("idle_cpu_fraction", 1.0) <= TARGETS["idle_cpu_fraction"],
-        "rss": row.get("rss_peak_mb", float("inf")) <= TARGETS["rss_mb"],
-    }
-
-
-COLUMNS = [  # (heading, key, format)
-    ("quiet after ready s", "startup_digest_s", ".1f"), ("churn CPU", "churn_cpu_fraction", ".1%"),
-    ("labelled s", "labelled_s", ".2f"), ("rate/s", "labelling_rate_per_s", ".0f"),
-    ("ceiling/s", "ceiling_patches_per_s", ".0f"), ("of ceiling", "labelling_fraction_of_ceiling", ".0%"),
-    ("join p50 s", "join_p50_s", ".3f"), ("join p99 s", "join_p99_s", ".3f"),
-    ("policy -> ready s", "policy_to_ready_s", ".0f"), ("sim pods ready/s avg", "simulator_pods_ready_per_s", ".0f"),
-    ("peak", "simulator_pods_ready_peak_per_s", ".0f"),
-    ("idle writes", "idle_writes_audit", "d"), ("idle CPU", "idle_cpu_fraction", ".2%"),
-    ("peak RSS MB", "rss_peak_mb", ".0f"), ("CPU s", "cpu_total_s", ".1f"),
-    ("restart: leads s", "restart_leads_s", ".1f"), ("caught up s", "restart_caught_up_s", ".1f"),
-    ("writes after", "restart_writes", "d"),
-]
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    def fmt(value: Any, spec: str) -> str:
-        return "-" if value is None else format(value, spec) if isinstance(value, int | float) else str(value)
-
-    head = ["nodes", "operator", *(h for h, _, _ in COLUMNS), "idle window", "load (policy/idle)"]
-    lines = [" | ".join(head), " | ".join("-" * len(h) for h in head)]
-    for r in rows:
-        lines.append(" | ".join([str(r["nodes"]), r["operator"], *(fmt(r.get(k), f) for _, k, f in COLUMNS),
-                                 f"{r.get('idle_seconds', 0):.0f}s", f"{r.get('load_at_policy')} / {r.get('load_at_idle')}"]))
-    for n in sorted({r["nodes"] for r in rows}):
-        ours = next((r for r in rows if r["nodes"] == n and r["operator"] == "ours"), None)
-        peer = next((r for r in rows if r["nodes"] == n and r["operator"] == "peer"), None)
-        if ours and peer:
-            cells = []
-            for _, key, _spec in COLUMNS:
-                a, b = ours.get(key), peer.get(key)
-                cells.append(f"{b / a:.1f}x" if isinstance(a, int | float) and isinstance(b, int | float) and a
-                             else "-")
-            lines.append(" | ".join([str(n), "peer/ours", *cells, "", ""]))
-    return "\n".join(lines)
-
-
-def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE")
-                    * os.sysconf("SC_PHYS_PAGES") / 2**30, 1), "python": platform.python_version(),
-                    "loadavg_at_end": os.getloadavg()},
-        "targets": TARGETS, "args": {k: str(v) for k, v in vars(args).items()}, "runs": rows,
-        "summary": summarise(rows, COLUMNS),
-    }
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--idle-seconds", type=float, default=300.0)
-    parser.add_argument("--churn-seconds", type=float, default=30.0,
-                        help="window after the operator is quiet, before any policy: CPU under kwok's churn")
-    parser.add_argument("--sim-window", type=float, default=20.0,
-                        help="window with no operator: the simulator's own apiserver load (0: skip)")
-    parser.add_argument("--node-lease-seconds", type=int, default=40,
-                        help="kwok's node Lease duration (the simulator's heartbeat load)")
-    parser.add_argument("--joins", type=int, default=100)
-    parser.add_argument("--join-gap", type=float, default=0.2, help="seconds between two joins")
-    parser.add_argument("--join-timeout", type=float, default=30.0)
-    parser.add_argument("--joins-after", type=float, default=0.0,
-                        help="start the joins no earlier than this many seconds after the policy's creation "
-                        "(0: as soon as the fleet is labelled), so that two operators that label at different "
-                        "speeds meet the same phase of the operand rollout")
-    parser.add_argument("--label-timeout", type=float, default=600.0)
-    parser.add_argument("--ready-timeout", type=float, default=120.0, help="max wait for /readyz")
-    parser.add_argument("--settle-timeout", type=float, default=900.0,
-                        help="max wait for the ClusterPolicy to be ready before the idle window")
-    parser.add_argument("--concurrency", type=int, default=32, help="patches in flight (operator and ceiling)")
-    parser.add_argument("--ceiling-patches", type=int, default=2000)
-    parser.add_argument("--policy", type=Path, help="ClusterPolicy file for both operators (default: spec {})")
-    parser.add_argument("--gpucluster", action="store_true",
-                        help="create the GPUCluster of examples/gpucluster.yaml (the DRA stack) instead of a "
-                        "ClusterPolicy; the simulator's DRA plugin stand-in publishes the ResourceSlices")
-    parser.add_argument("--peer-cmd", help="also run this operator (placeholders {kubeconfig} {namespace} "
-                        "{metrics_port} {health_port}) through the same procedure; see bench/README.md")
-    parser.add_argument("--peer-crds", type=Path, help="directory of CRD files to apply for the peer "
-                        "(default: ours)")
-    parser.add_argument("--only-peer", action="store_true", help="with --peer-cmd: skip our operator")
-    parser.add_argument("--peer-metrics", action="store_true", help="the peer serves our metrics on "
-                        "{metrics_port} (an earlier revision of ours): read them as for ours")
-    parser.add_argument("--leader-elect", action="store_true", help="run ours with --leader-elect, as the chart "
-                        "does (give the peer's command its own flag)")
-    parser.add_argument("--restart", action="store_true", help="after the idle window: SIGTERM, start the same "
-                        "command again, measure until it leads and has caught up, then its writes over an idle "
-                        "window (bench/restart.py)")
-    parser.add_argument("--restart-timeout", type=float, default=300.0, help="max wait for the restarted operator")
-    add_health_arguments(parser)
-    parser.add_argument("--pairs", type=int, default=1, help="with --peer-cmd: run ours and the peer this many "
-                        "times each, interleaved (A B A B ...), and report each figure's median [min-max]")
-    parser.add_argument("--profile", action="store_true", help="run our operator under cProfile")
-    parser.add_argument("--keep-workdir", action="store_true")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    args = parser.parse_args()
+    args = parse_args(__doc__)
 
     args.out.mkdir(parents=True, exist_ok=True)
     found = binaries.locate(build=True)
@@ -494,3 +374,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
