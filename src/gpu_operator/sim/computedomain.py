@@ -14,13 +14,7 @@ that pod runs.
   ComputeDomainCliques of its daemons (entries of nodes without a daemon pod dropped first), Ready
   once no node is NotReady and at least numNodes are there. A domain that is gone: its DaemonSet
   and templates deleted.
-- The kubelet plugin (`ChannelPlugin`, run by `sim/draplugin.py`'s stand-in while the plugin's pod
-  runs with its `compute-domains` container): a ResourceSlice of driver compute-domain.nvidia.com,
-  pool = the node, with `channel-0` and `daemon-0` (attributes type and id); when a channel claim
-  allocated on its node is prepared (the claim's pod bound there), the node labelled
-  `resource.nvidia.com/computeDomain=<uid>` (refused when it carries another domain's label, as
-  NVIDIA's plugin refuses), so the DaemonSet's pod lands there; the label taken back once no channel
-  claim of that domain is left on the node.
+- The kubelet plugin (`ChannelPlugin`, its `compute-domains` container): sim/computedomainplugin.py.
 - The IMEX daemon (`Daemons`, driven by the controller stand-in's loop, each call with the daemon
   pod's own token): once its pod runs, it records itself (node, pod IP, clique ID, index, Ready) in
   the ComputeDomainClique `<uid>.<clique ID>` of the driver's namespace (labelled with the domain
@@ -47,7 +41,6 @@ the daemons' DNS names and IMEX config, numNodes gating with IMEXDaemonsWithDNSN
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from lightkube import AsyncClient
@@ -67,7 +60,6 @@ log = logging.getLogger("gpu_operator.sim.computedomain")
 
 DRIVER = "compute-domain.nvidia.com"
 CONTROLLER_APP = "nvidia-dra-driver-controller"
-CONTAINER = "compute-domains"  # the kubelet plugin pod's container
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 CLIQUE_LABEL = "resource.nvidia.com/computeDomain.cliqueID"
 TARGET_LABEL = "resource.nvidia.com/computeDomainTarget"
@@ -76,7 +68,6 @@ DAEMON_CLASS = "compute-domain-daemon.nvidia.com"
 DAEMON_ACCOUNT = "compute-domain-daemon-service-account"
 CONFIG_API = "resource.nvidia.com/v1beta1"
 FIELD_MANAGER = "gpu-operator-sim-computedomain"
-OWNER_LABEL = "gpu-operator.sim/compute-domain-plugin"  # the slices this stand-in published (its restarts)
 POLL = 1.0  # seconds between the controller's (and the plugin's) looks while their pod runs
 ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
 ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
@@ -160,11 +151,11 @@ def nodes_from_cliques(cliques: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    for c in cliques for d in c.get("daemons") or []), key=lambda n: n["name"])
 
 
-def _dict(obj: Any) -> dict[str, Any]:
+def as_dict(obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
 
-async def _create(client: Any, body: dict[str, Any]) -> bool:
+async def create_if_absent(client: Any, body: dict[str, Any]) -> bool:
     """Create unless there (True: created)."""
     try:
         await client.create(from_dict(body))
@@ -223,7 +214,7 @@ class Daemons:
         if clique:  # a daemon without fabric is reported from its pod by the controller (not played)
             name = f"{uid}.{clique}"
             try:
-                found = _dict(await daemon.get(ComputeDomainCliqueResource, name, namespace=pod.namespace))
+                found = as_dict(await daemon.get(ComputeDomainCliqueResource, name, namespace=pod.namespace))
             except ApiError as err:
                 if err.status.code != 404:
                     raise
@@ -274,7 +265,7 @@ class ComputeDomainController:
         self.daemons.identities = self.identities
         try:
             try:  # one list of the domains a poll, for their objects and their status
-                domains = [_dict(cd) async for cd in client.list(ComputeDomainResource, namespace="*")]
+                domains = [as_dict(cd) async for cd in client.list(ComputeDomainResource, namespace="*")]
             except ApiError as err:
                 if err.status.code == 404:
                     return None  # the ComputeDomain CRD is not served: nothing to do, as NVIDIA's would wait
@@ -295,7 +286,7 @@ class ComputeDomainController:
                 continue
             for body in (workload_template(cd), daemon_template(uid, namespace),
                          daemonset(uid, namespace, image, verbosity)):
-                if await _create(client, body):
+                if await create_if_absent(client, body):
                     log.info("ComputeDomain %s/%s: %s %s created", cd["metadata"]["namespace"], cd["metadata"]["name"],
                              body["kind"], body["metadata"]["name"])
         async for ds in client.list(DaemonSet, namespace=namespace, labels={DOMAIN_LABEL: exists()}):
@@ -309,7 +300,7 @@ class ComputeDomainController:
     async def statuses(self, client: Any, namespace: str, domains: list[dict[str, Any]], daemon_nodes: set[str]) -> None:
         """Each domain's status from its cliques, once the cliques' entries of nodes without a daemon
         pod are dropped (NVIDIA's clique cleanup)."""
-        cliques = [_dict(c) async for c in client.list(ComputeDomainCliqueResource, namespace=namespace)]
+        cliques = [as_dict(c) async for c in client.list(ComputeDomainCliqueResource, namespace=namespace)]
         for clique in cliques:
             kept = [d for d in clique.get("daemons") or [] if d.get("nodeName") in daemon_nodes]
             if len(kept) != len(clique.get("daemons") or []):
@@ -327,115 +318,3 @@ class ComputeDomainController:
                 log.info("ComputeDomain %s/%s: %s, nodes %s", cd["metadata"]["namespace"], cd["metadata"]["name"],
                          status["status"], ", ".join(f"{n['name']} (clique {n['cliqueID']})" for n in nodes) or "none")
 
-
-def devices() -> list[dict[str, Any]]:
-    """What the plugin publishes: channel 0 (the others are not advertised) and daemon 0."""
-    return [{"name": f"{kind}-0", "attributes": {"type": {"string": kind}, "id": {"int": 0}}}
-            for kind in ("channel", "daemon")]
-
-
-class ChannelPlugin:
-    """The kubelet plugin's `compute-domains` container on one node (called by `sim/draplugin.py`'s
-    stand-in with its pod's client)."""
-
-    def __init__(self) -> None:
-        self.published: set[str] = set()
-        self.labelled: set[str] = set()  # nodes it labelled with a domain
-        # the cluster's ResourceClaims, listed at most once a POLL for all nodes (the same read every
-        # plugin pod's ServiceAccount may make): 5,000 nodes do not list them 5,000 times a second
-        self.claims: tuple[float, list[dict[str, Any]]] = (-POLL, [])
-
-    async def start(self, client: Any) -> list[str]:
-        """The nodes of the slices it published before (a restart of the stand-ins): looked at again
-        (withdrawn where the plugin's pod is gone)."""
-        nodes = [str(found.spec["nodeName"]) async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"})
-                 if found.spec and found.spec.get("nodeName") and found.spec.get("driver") == DRIVER]
-        self.published.update(nodes)
-        return nodes
-
-    @staticmethod
-    def slice_name(node: str) -> str:
-        return f"{node}-{DRIVER}"
-
-    def body(self, view: NodeView) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": self.slice_name(view.name), "labels": {OWNER_LABEL: "true"},
-                             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": view.name,
-                                                  "uid": view.uid, "controller": True}]},
-                "spec": {"driver": DRIVER, "nodeName": view.name,
-                         "pool": {"name": view.name, "generation": 1, "resourceSliceCount": 1},
-                         "devices": devices()}}
-
-    async def sync(self, client: Any, view: NodeView, pod: PodView | None) -> float | None:
-        """`pod`: the plugin's running pod (None: gone, withdraw)."""
-        node = view.name
-        if pod is None or CONTAINER not in pod.containers:
-            if node in self.published:
-                try:
-                    await client.delete(ResourceSlice, self.slice_name(node))
-                except ApiError as err:
-                    if err.status.code != 404:
-                        raise
-                self.published.discard(node)
-                log.info("node %s: the compute-domain kubelet plugin is gone: its ResourceSlice withdrawn", node)
-            return None
-        if node not in self.published:
-            await _create(client, self.body(view))
-            self.published.add(node)
-            log.info("node %s: the compute-domain kubelet plugin runs: ResourceSlice %s published", node,
-                     self.slice_name(node))
-        await self.prepare(client, node)
-        return POLL
-
-    async def prepare(self, client: Any, node: str) -> None:
-        """The channel claims allocated on this node whose pods are bound here: the node labelled
-        with their domain; the label taken back once none is left."""
-        wanted: set[str] = set()
-        listed, claims = self.claims
-        if time.monotonic() - listed >= POLL:
-            claims = [_dict(found) async for found in client.list(ResourceClaim, namespace="*")]
-            self.claims = (time.monotonic(), claims)
-        for claim in claims:
-            allocation = (claim.get("status") or {}).get("allocation") or {}
-            results = (allocation.get("devices") or {}).get("results") or []
-            if not any(r.get("driver") == DRIVER and r.get("pool") == node and str(r.get("device", "")).startswith(
-                    "channel-") for r in results):
-                continue
-            if not (claim.get("status") or {}).get("reservedFor"):
-                continue
-            for config in (allocation.get("devices") or {}).get("config") or []:
-                params = (config.get("opaque") or {}).get("parameters") or {}
-                if (config.get("opaque") or {}).get("driver") == DRIVER and params.get("kind") == \
-                        "ComputeDomainChannelConfig" and await self._same_namespace(client, claim, params):
-                    wanted.add(str(params.get("domainID")))
-        if not wanted and node not in self.labelled:
-            return
-        current = await client.get(Node, node)
-        labels = dict(current.metadata.labels or {})
-        have = labels.get(DOMAIN_LABEL)
-        if have and have not in wanted:
-            labels.pop(DOMAIN_LABEL)
-        elif not have and wanted:
-            if len(wanted) > 1:
-                log.info("node %s: channel claims of %d ComputeDomains: label already exists for a different "
-                         "ComputeDomain", node, len(wanted))
-            labels[DOMAIN_LABEL] = sorted(wanted)[0]
-        elif have and len(wanted) > 1:
-            log.info("node %s: label already exists for a different ComputeDomain (%s)", node, have)
-            return
-        else:
-            return
-        current.metadata.labels = labels
-        await client.replace(current)  # an update, as NVIDIA's plugin makes it
-        (self.labelled.add if DOMAIN_LABEL in labels else self.labelled.discard)(node)
-        log.info("node %s: label %s=%s", node, DOMAIN_LABEL, labels.get(DOMAIN_LABEL, "(removed)"))
-
-    async def _same_namespace(self, client: Any, claim: dict[str, Any], params: dict[str, Any]) -> bool:
-        """NVIDIA's plugin refuses a channel claim outside its ComputeDomain's namespace."""
-        namespace = claim["metadata"]["namespace"]
-        async for cd in client.list(ComputeDomainResource, namespace=namespace):
-            if _dict(cd)["metadata"]["uid"] == params.get("domainID"):
-                return True
-        log.info("ResourceClaim %s/%s: the ResourceClaim's namespace is different than the ComputeDomain's "
-                 "namespace", namespace, claim["metadata"]["name"])
-        return False

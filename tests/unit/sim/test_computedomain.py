@@ -1,6 +1,7 @@
-"""The compute-domain stand-ins' rules (sim/computedomain.py): the objects the controller makes for a
-ComputeDomain, its global status, the node's clique, the kubelet plugin's devices and its node label
-for the channel claims prepared there (only for a claim in its domain's namespace)."""
+"""The compute-domain stand-ins' rules (sim/computedomain.py, sim/computedomainplugin.py): the
+objects the controller makes for a ComputeDomain, its global status, the node's clique, the kubelet
+plugin's devices and its node label for the channel claims prepared there (only for a claim in its
+domain's namespace)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lightkube.resources.core_v1 import Node
 
 from gpu_operator import shapes
 from gpu_operator.sim import computedomain as cd
+from gpu_operator.sim import computedomainplugin as cdp
 from gpu_operator.sim.standins.podwatch import NodeView
 
 UID = "0b5c7e0a-1111-2222-3333-444455556666"
@@ -95,7 +97,7 @@ def test_a_trays_clique_is_its_nvlink_domain() -> None:
 
 
 def test_the_plugin_publishes_channel_0_and_daemon_0() -> None:
-    body = cd.ChannelPlugin().body(view("gb200-nvl72-3"))
+    body = cdp.ChannelPlugin().body(view("gb200-nvl72-3"))
     assert (
         body["spec"]["driver"] == "compute-domain.nvidia.com"
         and body["spec"]["pool"]["name"] == "gb200-nvl72-3"
@@ -152,8 +154,8 @@ def claim(namespace: str, node: str = "n1", reserved: bool = True, domain: str =
     }
 
 
-def prepare(client: FakeClient, plugin: cd.ChannelPlugin | None = None) -> list[dict[str, str]]:
-    plugin = plugin or cd.ChannelPlugin()
+def prepare(client: FakeClient, plugin: cdp.ChannelPlugin | None = None) -> list[dict[str, str]]:
+    plugin = plugin or cdp.ChannelPlugin()
     plugin.claims = (-cd.POLL, [])  # listed afresh
     asyncio.run(plugin.prepare(client, "n1"))
     return client.updates
@@ -168,7 +170,7 @@ def test_the_plugin_labels_its_node_for_a_prepared_channel_claim_of_its_domains_
     assert prepare(FakeClient([claim("team", reserved=False)], domains, {})) == []
     assert prepare(FakeClient([claim("other")], domains, {})) == []
     # no claim of its domain left: the label it set taken back
-    plugin = cd.ChannelPlugin()
+    plugin = cdp.ChannelPlugin()
     client = FakeClient([claim("team")], domains, {"keep": "me"})
     assert prepare(client, plugin) == [{cd.DOMAIN_LABEL: UID, "keep": "me"}]
     client.claims, client.node = [], Node(metadata=ObjectMeta(name="n1", labels=client.updates[-1]))
@@ -197,7 +199,7 @@ def test_a_slice_left_from_before_a_restart_is_withdrawn_when_the_plugin_pod_is_
             self.deleted.append(name)
 
     async def go() -> tuple[list[str], list[str]]:
-        plugin, client = cd.ChannelPlugin(), Slices()
+        plugin, client = cdp.ChannelPlugin(), Slices()
         found = await plugin.start(client)
         for node in found:
             assert await plugin.sync(client, view(node), None) is None  # no plugin pod there any more

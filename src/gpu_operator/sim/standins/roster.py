@@ -6,7 +6,7 @@ terminating), and only through the channel that component uses:
 - the device plugin, through the kubelet (`sim/standins/kubeletdp.py`): `nvidia.com/gpu` in the Node's
   status capacity and allocatable;
 - NVIDIA's DRA kubelet plugin (`sim/standins/draplugin.py`): the node's ResourceSlice; with its
-  compute-domains container, the node's compute-domain slice and label (`sim/computedomain.py`);
+  compute-domains container, the node's compute-domain slice and label (`sim/computedomainplugin.py`);
 - NVIDIA's compute-domain controller and the IMEX daemons it starts (`sim/computedomain.py`): a
   ComputeDomain's DaemonSet, claim templates, cliques and status;
 - NVIDIA's MIG manager (`sim/standins/migmanager.py`): the node's `nvidia.com/mig.config` applied to its
@@ -140,7 +140,7 @@ def table() -> tuple[Row, ...]:
         Row("kubeletdp.DevicePluginCapacity", "NVIDIA's device plugin, through the kubelet", ident.KUBELET, "app",
             (kubeletdp.APP,), RUNNING),
         Row("draplugin.SlicePublisher", "NVIDIA's DRA kubelet plugin (its compute-domains container: "
-            "`sim/computedomain.py` `ChannelPlugin`)", ident.POD, "app", (draplugin.PLUGIN_APP,), RUNNING),
+            "`sim/computedomainplugin.py` `ChannelPlugin`)", ident.POD, "app", (draplugin.PLUGIN_APP,), RUNNING),
         Row("computedomain.ComputeDomainController", "NVIDIA's compute-domain controller; the IMEX daemons it "
             "starts (each with its daemon pod's ServiceAccount, while that pod runs)", ident.POD, "app",
             (computedomain.CONTROLLER_APP,), RUNNING),
