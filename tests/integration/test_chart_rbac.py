@@ -4,34 +4,37 @@ escalate/bind, and runs the default policy without a single forbidden response."
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import os
-import ssl
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
-from aiohttp import web
 from lightkube import Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
-from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
-from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Namespace
-from yarl import URL
 
 from gpu_operator.kube.client import GPUClusterResource
-from gpu_operator.sim.plane.controlplane import ControlPlane, free_port
+from gpu_operator.sim.plane.controlplane import ControlPlane
 from tests.support.chart import CHART, find, objects, render_chart
+from tests.support.chartrbac import (
+    Installed,
+    OperatorRun,
+    RecordingProxy,
+    Response,
+    apply_all,
+    lease_renewals,
+    refusals,
+    running,
+    start_operator,
+    stop_operators,
+)
 from tests.support.permissions import Permission, expand
 from tests.support.status import condition, driver_status, policy_status
 from tests.support.waiting import wait_for
@@ -46,26 +49,6 @@ ClusterPolicy = create_global_resource("nvidia.com", "v1", "ClusterPolicy", "clu
 
 def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return objects(render_chart(values, namespace=NAMESPACE))
-
-
-@dataclass
-class Installed:
-    objects: list[dict[str, Any]]
-    kubeconfig: Path
-    client: Client
-
-    def can(self, permission: Permission, namespace: str | None) -> bool:
-        group, resource, verb, name = permission
-        main, _, sub = resource.partition("/")
-        review = SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(resourceAttributes=ResourceAttributes(
-            group=group, resource=main, subresource=sub or None, verb=verb, name=name, namespace=namespace)))
-        answer = self.client.create(review)
-        return bool(answer.status and answer.status.allowed)
-
-
-def apply_all(kube: Client, objs: list[dict[str, Any]]) -> None:
-    for obj in objs:
-        kube.apply(from_dict(obj), force=True)
 
 
 @pytest.fixture(scope="module")
@@ -176,97 +159,6 @@ def test_removing_a_needed_rule_is_caught(installed: Installed, kube: Client) ->
 
 # -- the operator itself, as the chart's ServiceAccount -------------------------------------------
 
-# The apiserver counts neither authorization denials in its metrics nor reads in this audit
-# policy, so the operator talks to it through this proxy, which records every response it gets.
-HOP_HEADERS = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-               "transfer-encoding", "upgrade", "host", "content-length"}
-
-
-@dataclass
-class Response:
-    method: str
-    path: str
-    status: int
-
-
-class RecordingProxy:
-    """A plain-HTTP reverse proxy in front of the apiserver that streams responses (watches
-    included) and records the status of each."""
-
-    def __init__(self, upstream: str, ca: Path) -> None:
-        self.upstream, self.ca, self.port = upstream, ca, free_port()
-        self.responses: list[Response] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="recording-proxy", daemon=True)
-
-    def __enter__(self) -> RecordingProxy:
-        self._thread.start()
-        assert self._ready.wait(30), "the recording proxy did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(90)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
-
-    def forbidden(self) -> list[Response]:
-        return [r for r in list(self.responses) if r.status == 403]
-
-    def kubeconfig(self, path: Path, token: str) -> Path:
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
-            "clusters": [{"name": "proxy", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
-            "users": [{"name": "proxy", "user": {"token": token}}],
-            "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy"}}],
-        }
-        path.write_text(yaml.safe_dump(config))
-        return path
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
-        context = ssl.create_default_context(cafile=str(self.ca))
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
-                                              timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, shutdown_timeout=2.0)  # open watches: do not wait 60 s for them
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def _stop(self) -> None:
-        await self._session.close()  # ends the upstream watches, so their handlers return
-        await self._runner.cleanup()
-
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_HEADERS and (body or k.lower() != "content-type")}
-        url = URL(self.upstream + str(request.rel_url), encoded=True)
-        async with self._session.request(request.method, url, headers=headers, data=body or None) as up:
-            self.responses.append(Response(request.method, request.rel_url.path, up.status))
-            response = web.StreamResponse(status=up.status, headers={
-                k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
-            await response.prepare(request)
-            try:
-                async for chunk in up.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-            except (ConnectionError, aiohttp.ClientError):
-                pass  # the operator hung up (a watch it stopped, or its exit)
-            return response
-
-
-@dataclass
-class OperatorRun:
-    proxy: RecordingProxy
-    start: Callable[[], subprocess.Popen[bytes]]
-
 
 @pytest.fixture
 def operator_run(control_plane: ControlPlane, installed: Installed, kube: Client,
@@ -278,44 +170,18 @@ def operator_run(control_plane: ControlPlane, installed: Installed, kube: Client
         kubeconfig = proxy.kubeconfig(tmp_path / "operator.kubeconfig", token)
 
         def start() -> subprocess.Popen[bytes]:
-            log = (tmp_path / f"operator-{len(started)}.log").open("wb")
-            env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OPERATOR_NAMESPACE": NAMESPACE}
-            argv = [sys.executable, "-m", "gpu_operator.cli", "run", "--namespace", NAMESPACE, "--leader-elect",
-                    "--metrics-bind-address", f"127.0.0.1:{free_port()}",
-                    "--health-probe-bind-address", f"127.0.0.1:{free_port()}"]
-            started.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+            started.append(start_operator(kubeconfig, NAMESPACE, tmp_path / f"operator-{len(started)}.log"))
             return started[-1]
 
         try:
             yield OperatorRun(proxy, start)
         finally:
-            for process in started:
-                process.terminate()
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_operators(started)
             try:
                 kube.delete(ClusterPolicy, "cluster-policy")
             except ApiError as err:
                 if err.status.code != 404:
                     raise
-
-
-def refusals(proxy: RecordingProxy) -> str:
-    refused = sorted({f"{r.method} {r.path}" for r in proxy.forbidden()})
-    return (f"the API server refused the operator {len(proxy.forbidden())} time(s): {refused}. Namespaced "
-            "kinds are meant to be read in the operator's namespace only; grant more in "
-            "deployments/gpu-operator/templates/rbac.yaml only for what the operator truly needs")
-
-
-def running(process: subprocess.Popen[bytes], proxy: RecordingProxy) -> None:
-    assert process.poll() is None, f"the operator exited with {process.returncode}; " + refusals(proxy)
-
-
-def lease_renewals(proxy: RecordingProxy) -> int:
-    return sum(1 for r in list(proxy.responses) if r.method == "PUT" and "/leases/" in r.path)
 
 
 def test_operator_runs_the_default_policy_without_forbidden_responses(
@@ -483,3 +349,4 @@ def test_operator_runs_nvidiadrivers_without_forbidden_responses(
             except ApiError as err:
                 if err.status.code != 404:
                     raise
+
