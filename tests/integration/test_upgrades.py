@@ -4,11 +4,7 @@ upgrade controller walks every node through the states."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,11 +32,19 @@ from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import (
     UPGRADE_FAILURE_REASON_ANNOTATION,
     UPGRADE_SKIP,
-    UPGRADE_STATE,
 )
 from tests.support import workloads
 from tests.support.cleanup import delete_if_present
 from tests.support.status import condition, policy_status, reconciled
+from tests.support.upgrades import (
+    StateRecorder,
+    cli,
+    driver_pods,
+    standalone_dra_driver,
+    states,
+    upgrade_driver,
+    upgrades_pending,
+)
 from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
@@ -50,66 +54,6 @@ Policies = Callable[..., str]
 POLICY = {"autoUpgrade": True, "maxParallelUpgrades": 5, "maxUnavailable": "100%",
           "gpuPodDeletion": {"timeoutSeconds": 4}, "podDeletion": {"timeoutSeconds": 4},
           "drain": {"enable": True, "timeoutSeconds": 8}}
-
-
-class StateRecorder:
-    """Watches Nodes and records every state label change (the test's independent witness)."""
-
-    def __init__(self, kube: Client, names: list[str]) -> None:
-        self.kube, self.names = kube, set(names)
-        self.states: dict[str, str] = {}
-        self.history: dict[str, list[str]] = {n: [] for n in names}
-        self.peak = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                for _, node in self.kube.watch(Node, server_timeout=5):
-                    self._see(node)
-                    if self.stop.is_set():
-                        return
-            except Exception:  # the watch is restarted; the next list catches up
-                time.sleep(0.2)
-
-    def _see(self, node: Node) -> None:
-        name = str(node.metadata.name)
-        if name not in self.names:
-            return
-        state = (node.metadata.labels or {}).get(UPGRADE_STATE, "")
-        if self.states.get(name) != state:
-            self.states[name] = state
-            self.history[name].append(state)
-        self.peak = max(self.peak, sum(1 for s in self.states.values() if s in ACTIVE))
-
-    def __enter__(self) -> StateRecorder:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop.set()
-
-
-def states(kube: Client, names: list[str]) -> dict[str, str]:
-    return {n: (kube.get(Node, n).metadata.labels or {}).get(UPGRADE_STATE, "") for n in names}
-
-
-def driver_pods(kube: Client, namespace: str) -> dict[str, str]:
-    """node -> driver pod name."""
-    return {str(p.spec.nodeName): str(p.metadata.name) for p in kube.list(
-        Pod, namespace=namespace, labels={"app.kubernetes.io/component": "nvidia-driver"}) if p.spec.nodeName}
-
-
-def cli(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", *args, f"--kubeconfig={plane.admin_kubeconfig}"],
-                          capture_output=True, text=True, timeout=60, check=False)
-
-
-def upgrade_driver(kube: Client, version: str) -> None:
-    driver = {"repository": "nvcr.io/nvidia", "image": "driver", "version": version}
-    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": driver}},
-               patch_type=PatchType.MERGE)
 
 
 @pytest.fixture
@@ -212,13 +156,6 @@ def test_pause_then_sigkill_mid_upgrade_continues_without_double_upgrade_then_au
     wait_for("state labels removed", lambda: set(states(kube, names).values()) == {""}, timeout=60)
 
 
-def upgrades_pending(operator: OperatorProcess) -> float:
-    """The operator's gpu_operator_nodes_upgrades_pending gauge (the sum over owners)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
-    return next((float(line.split()[-1]) for line in text.splitlines()
-                 if line.startswith("gpu_operator_nodes_upgrades_pending ")), -1.0)
-
-
 def test_each_nvidiadriver_upgrades_its_own_nodes_with_its_own_policy_and_pause(
         kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
         nvidia_drivers: Callable[..., str], operator_namespace: str, control_plane: ControlPlane) -> None:
@@ -282,33 +219,8 @@ def dra_driver(kube: Client, namespace: str) -> Iterator[Callable[[str], None]]:
     role = f"{account}-{namespace}"
 
     def install(node: str) -> None:
-        # its chart's identity: a ServiceAccount bound to what the kubelet plugin does (publish the
-        # node's ResourceSlices, read claims, nodes and pods); the stand-in acts with that token
-        kube.create(from_dict({"apiVersion": "v1", "kind": "ServiceAccount",
-                               "metadata": {"name": account, "namespace": namespace}}))
-        kube.create(from_dict({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                               "metadata": {"name": role}, "rules": [
-                                   {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-                                    "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-                                   {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
-                                    "verbs": ["get", "list", "watch"]},
-                                   {"apiGroups": [""], "resources": ["nodes", "pods"],
-                                    "verbs": ["get", "list", "watch"]}]}))
-        kube.create(from_dict({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                               "metadata": {"name": role},
-                               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-                               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}))
-        kube.create(from_dict({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                               "metadata": {"name": "gpu.nvidia.com"},
-                               "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}))
-        match = {"app": "nvidia-dra-driver-kubelet-plugin"}
-        kube.create(from_dict({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "nvidia-dra-driver-gpu-kubelet-plugin", "namespace": namespace},
-            "spec": {"selector": {"matchLabels": match}, "template": {"metadata": {"labels": match}, "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node}, "serviceAccountName": account,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [{"name": "gpus", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0"}]}}}}))
+        for body in standalone_dra_driver(node, namespace, account, role):
+            kube.create(from_dict(body))
 
     yield install
     delete_if_present(kube, DeviceClass, "gpu.nvidia.com")
@@ -350,3 +262,4 @@ def test_gpu_pod_deletion_evicts_dra_claim_and_runtime_class_holders_and_spares_
     left = {str(p.metadata.name): str(p.metadata.uid) for p in kube.list(Pod, namespace=namespace)}
     assert "dra" not in left and "runtime" not in left, left
     assert left.get("plain") == pods["plain"]  # the same pod, never evicted
+
