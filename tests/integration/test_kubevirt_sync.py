@@ -5,18 +5,13 @@ carrying the probe's published facts, the ClusterPolicy's VMPassthrough conditio
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from lightkube import Client
-from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node
 from lightkube.types import PatchType
@@ -33,64 +28,34 @@ from gpu_operator.vocabulary import (
     PROBE_FACTS_ANNOTATION,
     WORKLOAD_CONFIG,
 )
-from tests.support.status import condition, policy_status
+from tests.support.kubevirt import (
+    OURS_KUBEVIRT,
+    OURS_SANDBOX,
+    PASSTHROUGH,
+    SEED_001,
+    USER_ENTRY,
+    KubeVirt,
+    annotate,
+    apply_crd,
+    delete_crd,
+    devices,
+    kubevirt_body,
+    kubevirt_dict,
+    probe_facts,
+    vm_condition,
+)
 from tests.support.waiting import wait_for
 
-CRD = Path(__file__).resolve().parents[1] / "fixtures" / "kubevirt" / "kubevirt.io_kubevirts.yaml"
-KubeVirt = create_namespaced_resource("kubevirt.io", "v1", "KubeVirt", "kubevirts")
 Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
 Policies = Callable[..., str]
 
-SEED_001 = ["0a", "18", "3b", "44", "87", "90", "b8", "c1"]
-OURS_KUBEVIRT = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB",
-                 "externalResourceProvider": False}
-OURS_SANDBOX = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/GH100_H100_SXM5_80GB",
-                "externalResourceProvider": True}
-USER_ENTRY = {"pciVendorSelector": "8086:107C", "resourceName": "kubevirt.io/internet-card"}
-PASSTHROUGH = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"},
-               "vfioManager": {"enabled": True}, "sandboxDevicePlugin": {"enabled": False}}
-
 
 @pytest.fixture(scope="module")
 def kubevirt_crd(kube: Client) -> Iterator[None]:
-    wait_for("no KubeVirt CRD left terminating", lambda: not _terminating(kube))
-    kube.apply(from_dict(yaml.safe_load(CRD.read_text())), field_manager="tests", force=True)
-    wait_for("KubeVirt CRD established", lambda: any(
-        c.type == "Established" and c.status == "True"
-        for c in (kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").status.conditions or [])))
-    wait_for("kubevirt.io/v1 served", lambda: _served(kube))
+    apply_crd(kube)
     yield
-    kube.delete(CustomResourceDefinition, "kubevirts.kubevirt.io")
-    # the next module applies it again: an apply onto a CRD still terminating lands and then vanishes
-    wait_for("KubeVirt CRD deleted", lambda: not _exists(kube))
-
-
-def _exists(kube: Client) -> bool:
-    try:
-        kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io")
-    except ApiError as e:
-        if e.status.code == 404:
-            return False
-        raise
-    return True
-
-
-def _terminating(kube: Client) -> bool:
-    try:
-        return kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").metadata.deletionTimestamp is not None
-    except ApiError as e:
-        if e.status.code == 404:
-            return False
-        raise
-
-
-def _served(kube: Client) -> bool:
-    try:
-        list(kube.list(KubeVirt, namespace="*"))
-    except ApiError:
-        return False
-    return True
+    delete_crd(kube)
 
 
 @pytest.fixture
@@ -101,28 +66,9 @@ def kubevirt_cr(kube: Client, kubevirt_crd: None, namespace: str) -> Callable[..
     wait_for("no KubeVirt CR left", lambda: list(kube.list(KubeVirt, namespace="*")), until=lambda crs: not crs)
 
     def create(entries: list[dict[str, Any]]) -> str:
-        body = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt",
-                "namespace": namespace}, "spec": {"configuration": {
-                    "developerConfiguration": {"featureGates": ["HostDevices"]},
-                    "permittedHostDevices": {"pciHostDevices": entries}}}}
-        kube.apply(KubeVirt.from_dict(body), field_manager="platform-admin")
+        kube.apply(KubeVirt.from_dict(kubevirt_body(namespace, entries)), field_manager="platform-admin")
         return namespace
     return create
-
-
-def kubevirt_dict(kube: Client, namespace: str) -> dict[str, Any]:
-    return dict(kube.get(KubeVirt, "kubevirt", namespace=namespace).to_dict())  # type: ignore[no-untyped-call]
-
-
-def devices(kube: Client, namespace: str) -> list[dict[str, Any]]:
-    cr = kubevirt_dict(kube, namespace)
-    return list(cr["spec"]["configuration"].get("permittedHostDevices", {}).get("pciHostDevices") or [])
-
-
-def probe_facts(drivers: dict[str, str]) -> str:
-    gpus = [{"address": f"0000:{b}:00.0", "vendorDevice": "10de:2330", "name": "GH100 [H100 SXM5 80GB]",
-             "product": "H100 SXM5 80GB", "driver": d} for b, d in sorted(drivers.items())]
-    return json.dumps({"driverSource": "none", "gpus": gpus})
 
 
 @pytest.fixture(autouse=True)
@@ -142,14 +88,6 @@ def _other_nodes_are_container_nodes(kube: Client) -> Iterator[None]:
         except ApiError as err:
             if err.status.code != 404:
                 raise
-
-
-def annotate(kube: Client, node: str, annotations: dict[str, str | None]) -> None:
-    kube.patch(Node, node, {"metadata": {"annotations": annotations}}, patch_type=PatchType.MERGE)
-
-
-def vm_condition(kube: Client) -> dict[str, Any]:
-    return condition(policy_status(kube), "VMPassthrough")
 
 
 def test_two_passthrough_nodes_list_the_h100_once_and_the_users_entry_survives(
@@ -337,3 +275,4 @@ def test_with_the_vfio_manager_off_the_probe_still_runs_and_unseen_gpus_are_not_
     assert "on 2 node(s)" in cond["message"], cond
     assert agents.identities is not None and not list(agents.identities.refusals.seen), \
         list(agents.identities.refusals.seen)  # the rendered RBAC let the probe do its work
+
