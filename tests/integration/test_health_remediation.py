@@ -19,7 +19,6 @@ scenario has nodes of its own and sets the remediation it needs.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +32,6 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 from lightkube.types import PatchType
 
-from gpu_operator.api.health import HealthReport
 from gpu_operator.controllers.units.health import machine as hm
 from gpu_operator.controllers.units.upgrade.state import ACTIVE as UPGRADE_ACTIVE
 from gpu_operator.controllers.units.upgrade.state import UPGRADE_DONE, WAIT_FOR_JOBS_REQUIRED
@@ -48,16 +46,13 @@ from gpu_operator.sim.standins import roster
 from gpu_operator.sim.standins.health import INTERVAL
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
-    HEALTH_CONDITION,
-    HEALTH_REPORT_ANNOTATION,
     HEALTH_REQUESTS_SECRET,
-    HEALTH_STATE,
     HEALTH_TAINT,
     UPGRADE_REQUESTED_ANNOTATION,
-    UPGRADE_STATE,
 )
 from tests.support import workloads
 from tests.support.cleanup import delete_if_present
+from tests.support.remediation import Recorder, Seen
 from tests.support.status import reconciled
 from tests.support.waiting import wait_for
 
@@ -65,82 +60,6 @@ POLICY = "cluster-policy"
 SHAPE = "dgx-h100"
 JOB = "long-job"  # the driver upgrade waits for pods with this app label (waitForCompletion)
 SCENARIO = 75.0  # seconds any one wait may take on a busy 2-core machine
-
-
-# -- reading the cluster ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Seen:
-    """One Node as the tests read it."""
-
-    state: str  # HEALTH_STATE label ('' none)
-    upgrade: str  # the driver upgrade's state label
-    condition: tuple[str, str] | None  # NvidiaGPUReady (status, reason)
-    taints: tuple[str, ...]
-    cordoned: bool
-    notes: dict[str, str]
-    report: HealthReport | None
-
-    @classmethod
-    def of(cls, node: Node) -> Seen:
-        meta, spec, status = node.metadata, node.spec, node.status
-        labels = (meta.labels if meta else None) or {}
-        notes = dict((meta.annotations if meta else None) or {})
-        cond = next(((c.status, c.reason or "") for c in (status.conditions if status else None) or []
-                     if c.type == HEALTH_CONDITION), None)
-        text = notes.get(HEALTH_REPORT_ANNOTATION)
-        return cls(labels.get(HEALTH_STATE, ""), labels.get(UPGRADE_STATE, ""), cond,
-                   tuple(t.key for t in (spec.taints if spec else None) or []),
-                   bool(spec and spec.unschedulable), notes,
-                   HealthReport.parse(text) if text is not None else None)
-
-    @property
-    def released(self) -> bool:
-        return (self.state == "" and self.condition == ("True", "GPUsHealthy") and HEALTH_TAINT not in self.taints
-                and not self.cordoned)
-
-
-class Recorder:
-    """Watches Nodes and records each change of (health state, upgrade state) per node, in order:
-    the tests' own witness of what the operator did between two looks."""
-
-    def __init__(self, kube: Client, names: list[str]) -> None:
-        self.kube, self.names = kube, set(names)
-        self.now: dict[str, tuple[str, str]] = {}
-        self.timeline: list[tuple[str, str, str]] = []  # (node, health state, upgrade state)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                for _, node in self.kube.watch(Node, server_timeout=5):
-                    name = str(node.metadata.name) if node.metadata else ""
-                    if name in self.names:
-                        labels = (node.metadata.labels if node.metadata else None) or {}
-                        pair = (labels.get(HEALTH_STATE, ""), labels.get(UPGRADE_STATE, ""))
-                        if self.now.get(name) != pair:
-                            self.now[name] = pair
-                            self.timeline.append((name, *pair))
-                    if self.stop.is_set():
-                        return
-            except Exception:  # noqa: BLE001 - the watch restarts; the next list catches up
-                time.sleep(0.2)
-
-    def states(self, node: str) -> list[str]:
-        """The node's health states in order, repeats folded."""
-        out: list[str] = []
-        for name, state, _ in self.timeline:
-            if name == node and (not out or out[-1] != state):
-                out.append(state)
-        return out
-
-    def __enter__(self) -> Recorder:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.stop.set()
 
 
 @dataclass
@@ -400,3 +319,4 @@ def test_a_node_mid_driver_upgrade_waits_for_it_before_remediation(cluster: Clus
     # one owner of the cordon at a time: never remediating while the upgrade was between states
     assert not [t for t in recorder.timeline if t[0] == node and t[1] in (hm.DRAINING, hm.ACTING, hm.VALIDATING)
                 and t[2] in UPGRADE_ACTIVE]
+
