@@ -6,7 +6,7 @@ from the plugin's compute-domain.nvidia.com slices (one channel per node: two no
 labels those nodes with the domain, the DaemonSet's daemons land on exactly those nodes, record
 themselves in their clique, and the domain turns Ready. Then a domain whose two workloads are on
 trays of two NVLink domains: one ComputeDomainClique per clique, the nodes of both in its status,
-Ready, as NVIDIA's driver reports it (sim/computedomain.py; docs/simulator.md)."""
+Ready, as NVIDIA's driver reports it (sim/standins/computedomain.py; docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator import shapes
 from gpu_operator.kube.resources import ComputeDomainCliqueResource, ComputeDomainResource
-from gpu_operator.sim import computedomain as cd_sim
 from gpu_operator.sim.plane import nodes as sim_nodes
+from gpu_operator.sim.standins import computedomain as cd_sim
 from gpu_operator.sim.standins import roster
 from gpu_operator.sim.standins.identity import service_account_user
 from tests.integration.test_gpucluster import IMAGE, Start, bring_up, exists, gpucluster  # noqa: F401

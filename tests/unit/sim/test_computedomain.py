@@ -1,4 +1,4 @@
-"""The compute-domain stand-ins' rules (sim/computedomain.py, sim/computedomainplugin.py): the
+"""The compute-domain stand-ins' rules (sim/standins/computedomain.py, sim/standins/computedomainplugin.py): the
 objects the controller makes for a ComputeDomain, its global status, the node's clique, the kubelet
 plugin's devices and its node label for the channel claims prepared there (only for a claim in its
 domain's namespace)."""
@@ -14,8 +14,8 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator import shapes
-from gpu_operator.sim import computedomain as cd
-from gpu_operator.sim import computedomainplugin as cdp
+from gpu_operator.sim.standins import computedomain as cd
+from gpu_operator.sim.standins import computedomainplugin as cdp
 from gpu_operator.sim.standins.podwatch import NodeView
 
 UID = "0b5c7e0a-1111-2222-3333-444455556666"

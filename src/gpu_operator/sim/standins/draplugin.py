@@ -32,7 +32,7 @@ devices it did not make destroyed when it starts, the pool split into a counters
 per GPU (the Kubernetes 1.35+ form, whatever the apiserver's version); with a gate it refuses beside
 DynamicMIG, nothing.
 
-Its `compute-domains` container (a GPUCluster with compute domains on): `sim/computedomainplugin.py`'s
+Its `compute-domains` container (a GPUCluster with compute domains on): `sim/standins/computedomainplugin.py`'s
 ChannelPlugin, called here with the same pod's client.
 
 What it does not play: passthrough (vfio) devices, claim preparation
@@ -59,12 +59,12 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_global_resource
 
 from gpu_operator.shapes import CUDA_DRIVER_VERSION, DRIVER_VERSION, arch_family
-from gpu_operator.sim.computedomainplugin import ChannelPlugin
 from gpu_operator.sim.hardware.faults import ChangeFollower, NodeHosts, follow_changes
 from gpu_operator.sim.hardware.mighw import MigHardware, shape_gpus
 from gpu_operator.sim.hardware.migparted import GpuMig
 from gpu_operator.sim.standins import dramig, drapartitions
 from gpu_operator.sim.standins import identity as ident
+from gpu_operator.sim.standins.computedomainplugin import ChannelPlugin
 from gpu_operator.sim.standins.drahealth import SliceHealth
 from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
@@ -188,7 +188,7 @@ class SlicePublisher:
         self.interval = interval
         self.health: dict[str, tuple[str, SliceHealth]] = {}  # node -> (its plugin pod's uid, what it saw)
         self.wake: Callable[[str], None] = lambda _node: None
-        self.domains = ChannelPlugin()  # the pod's compute-domains container (sim/computedomainplugin.py)
+        self.domains = ChannelPlugin()  # the pod's compute-domains container (sim/standins/computedomainplugin.py)
 
     def attach(self, wake: Callable[[str], None]) -> None:
         self.wake = wake

@@ -6,8 +6,8 @@ terminating), and only through the channel that component uses:
 - the device plugin, through the kubelet (`sim/standins/kubeletdp.py`): `nvidia.com/gpu` in the Node's
   status capacity and allocatable;
 - NVIDIA's DRA kubelet plugin (`sim/standins/draplugin.py`): the node's ResourceSlice; with its
-  compute-domains container, the node's compute-domain slice and label (`sim/computedomainplugin.py`);
-- NVIDIA's compute-domain controller and the IMEX daemons it starts (`sim/computedomain.py`): a
+  compute-domains container, the node's compute-domain slice and label (`sim/standins/computedomainplugin.py`);
+- NVIDIA's compute-domain controller and the IMEX daemons it starts (`sim/standins/computedomain.py`): a
   ComputeDomain's DaemonSet, claim templates, cliques and status;
 - NVIDIA's MIG manager (`sim/standins/migmanager.py`): the node's `nvidia.com/mig.config` applied to its
   GPUs, through the node's labels (state, paused clients) as NVIDIA's does;
@@ -50,10 +50,10 @@ from typing import Any
 from lightkube import AsyncClient
 
 from gpu_operator.node import kubetypes
-from gpu_operator.sim.computedomain import ComputeDomainController
 from gpu_operator.sim.hardware.mighw import MigHardware
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins import virthandler
+from gpu_operator.sim.standins.computedomain import ComputeDomainController
 from gpu_operator.sim.standins.draplugin import SlicePublisher
 from gpu_operator.sim.standins.gfd import FeatureDiscovery
 from gpu_operator.sim.standins.identity import Identities
@@ -70,7 +70,7 @@ PLAYED = {
     "sim/standins/gfd.py": "GPU feature discovery",
     "sim/standins/kubeletdp.py": "device-plugin capacity",
     "sim/standins/draplugin.py": "DRA ResourceSlices",
-    "sim/computedomain.py": "the compute-domain controller and IMEX daemons",
+    "sim/standins/computedomain.py": "the compute-domain controller and IMEX daemons",
     "sim/standins/migmanager.py": "the MIG manager",
     "sim/standins/toolkitconfig.py": "the container toolkit",
     "sim/standins/virthandler.py": "KubeVirt's virt-handler",
@@ -101,15 +101,7 @@ class Row:
 
     def markdown(self) -> str:
         module, cls = self.player.split(".")
-        return f"| `{source(module)}` `{cls}` | {self.component} | {IDENTITY_TEXT[self.identity]} | {self.acts_while} |"
-
-
-def source(module: str) -> str:
-    """Where a stand-in's module is, as the docs name it: this room (sim/standins/), or sim/'s root
-    for one not moved into it yet."""
-    import importlib.util
-
-    return f"sim/standins/{module}.py" if importlib.util.find_spec(f"{__package__}.{module}") else f"sim/{module}.py"
+        return f"| `sim/standins/{module}.py` `{cls}` | {self.component} | {IDENTITY_TEXT[self.identity]} | {self.acts_while} |"
 
 
 RUNNING = "Running (not terminating) on the node"
@@ -124,8 +116,8 @@ IDENTITY_TEXT = {
 
 def table() -> tuple[Row, ...]:
     """Every node stand-in `all_players` may run, in docs order."""
-    from gpu_operator.sim import computedomain
     from gpu_operator.sim.standins import (
+        computedomain,
         draplugin,
         gfd,
         health,
@@ -140,7 +132,7 @@ def table() -> tuple[Row, ...]:
         Row("kubeletdp.DevicePluginCapacity", "NVIDIA's device plugin, through the kubelet", ident.KUBELET, "app",
             (kubeletdp.APP,), RUNNING),
         Row("draplugin.SlicePublisher", "NVIDIA's DRA kubelet plugin (its compute-domains container: "
-            "`sim/computedomainplugin.py` `ChannelPlugin`)", ident.POD, "app", (draplugin.PLUGIN_APP,), RUNNING),
+            "`sim/standins/computedomainplugin.py` `ChannelPlugin`)", ident.POD, "app", (draplugin.PLUGIN_APP,), RUNNING),
         Row("computedomain.ComputeDomainController", "NVIDIA's compute-domain controller; the IMEX daemons it "
             "starts (each with its daemon pod's ServiceAccount, while that pod runs)", ident.POD, "app",
             (computedomain.CONTROLLER_APP,), RUNNING),

@@ -6,7 +6,7 @@ claim's pod bound there), the node labelled `resource.nvidia.com/computeDomain=<
 it carries another domain's label, as NVIDIA's plugin refuses), so the DaemonSet's pod lands there;
 the label taken back once no channel claim of that domain is left on the node.
 
-The controller and the IMEX daemons, the driver's names and the sources: sim/computedomain.py.
+The controller and the IMEX daemons, the driver's names and the sources: sim/standins/computedomain.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 
 from gpu_operator.kube.resources import ComputeDomainResource
-from gpu_operator.sim.computedomain import (
+from gpu_operator.sim.standins.computedomain import (
     DOMAIN_LABEL,
     DRIVER,
     POLL,
@@ -30,7 +30,7 @@ from gpu_operator.sim.computedomain import (
 )
 from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
-log = logging.getLogger("gpu_operator.sim.computedomain")  # the stand-in's one logger, as before the split
+log = logging.getLogger("gpu_operator.sim.standins.computedomain")  # the stand-in's one logger, as before the split
 
 CONTAINER = "compute-domains"  # the kubelet plugin pod's container
 OWNER_LABEL = "gpu-operator.sim/compute-domain-plugin"  # the slices this stand-in published (its restarts)

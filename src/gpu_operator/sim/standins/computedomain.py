@@ -14,7 +14,7 @@ that pod runs.
   ComputeDomainCliques of its daemons (entries of nodes without a daemon pod dropped first), Ready
   once no node is NotReady and at least numNodes are there. A domain that is gone: its DaemonSet
   and templates deleted.
-- The kubelet plugin (`ChannelPlugin`, its `compute-domains` container): sim/computedomainplugin.py.
+- The kubelet plugin (`ChannelPlugin`, its `compute-domains` container): sim/standins/computedomainplugin.py.
 - The IMEX daemon (`Daemons`, driven by the controller stand-in's loop, each call with the daemon
   pod's own token): once its pod runs, it records itself (node, pod IP, clique ID, index, Ready) in
   the ComputeDomainClique `<uid>.<clique ID>` of the driver's namespace (labelled with the domain
@@ -56,7 +56,7 @@ from gpu_operator.kube.resources import ComputeDomainCliqueResource, ComputeDoma
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
-log = logging.getLogger("gpu_operator.sim.computedomain")
+log = logging.getLogger("gpu_operator.sim.standins.computedomain")
 
 DRIVER = "compute-domain.nvidia.com"
 CONTROLLER_APP = "nvidia-dra-driver-controller"
