@@ -65,7 +65,7 @@ class Applied(Result):
 class ReconcileReport(Applied):
     """What an owner CR's reconcile did (for logs, metrics and tests): its writes, and more."""
 
-    outcome: st.Outcome | None = None
+    outcome: st.ReconcileOutcome | None = None
     not_ready: list[str] = field(default_factory=list)
     has_nfd: bool = False
     gpu_nodes: int = 0

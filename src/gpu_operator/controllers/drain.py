@@ -125,7 +125,7 @@ def started_at(text: str | None) -> float | None:
 
 
 @dataclass(frozen=True)
-class Decision:
+class DrainDecision:
     """The next drain step: `outcome` done | wait | failed (`reason` says why); `start` the start
     time to record (the first pass), `evict` the pods to evict now, `message` for the log/event."""
 
@@ -147,25 +147,25 @@ def blockers(pods: Sequence[PodFacts], force: bool, empty_dir: bool) -> str:
 
 
 def decide(pods: Sequence[PodFacts], started: float | None, timeout: int, now: float, *,
-           force: bool, empty_dir: bool, what: str) -> Decision:
+           force: bool, empty_dir: bool, what: str) -> DrainDecision:
     """The drain of the chosen `pods` begun at `started` (None: not yet), `timeout` seconds (0: no
     limit); `what` names it in the messages ("drain", "GPU pod deletion", "GPU pod drain")."""
     if not pods:
-        return Decision(DONE)
+        return DrainDecision(DONE)
     blocker = blockers(pods, force, empty_dir)
     if blocker:
-        return Decision(FAILED, f"{what} refused: {blocker}")
+        return DrainDecision(FAILED, f"{what} refused: {blocker}")
     if started is None:
-        return Decision(WAIT, start=str(int(now)), evict=tuple(pods), message=f"Scheduling {what} of the node")
+        return DrainDecision(WAIT, start=str(int(now)), evict=tuple(pods), message=f"Scheduling {what} of the node")
     if timeout > 0 and now - started > timeout:
         blocked = sorted({p.blocked_by for p in pods if p.blocked_by})
         if blocked:
             pdb = ", ".join(blocked)
             names = ", ".join(f"{p.namespace}/{p.name}" for p in pods if p.blocked_by)
-            return Decision(FAILED, f"{what} blocked by PodDisruptionBudget {pdb} (pod {names}) for {timeout}s")
+            return DrainDecision(FAILED, f"{what} blocked by PodDisruptionBudget {pdb} (pod {names}) for {timeout}s")
         names = ", ".join(f"{p.namespace}/{p.name}" for p in pods)
-        return Decision(FAILED, f"{what} timed out after {timeout}s with pods left: {names}")
-    return Decision(WAIT, evict=tuple(p for p in pods if not p.terminating))
+        return DrainDecision(FAILED, f"{what} timed out after {timeout}s with pods left: {names}")
+    return DrainDecision(WAIT, evict=tuple(p for p in pods if not p.terminating))
 
 
 async def evict(kube: Kube, pods: Iterable[PodFacts], blocked: Refusals) -> None:

@@ -67,7 +67,7 @@ class NodeEvent:
     view: NodeView | None
 
 
-class Kind(enum.Enum):
+class EventKind(enum.Enum):
     CLUSTER_POLICY = "ClusterPolicy"
     NVIDIA_DRIVER = "NVIDIADriver"
     GPU_CLUSTER = "GPUCluster"
@@ -82,7 +82,7 @@ class ObjectEvent:
     """An object of `kind` changed (our own status echoes are not events). `node`: the node it
     concerns (a driver pod's, a NodeFeature's), where there is one."""
 
-    kind: Kind
+    kind: EventKind
     node: str | None = None
 
 

@@ -18,7 +18,7 @@ from gpu_operator.controllers import metrics
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.gpuholders import runtime_access
-from gpu_operator.controllers.loop import Event, Kind, NodeEvent, ObjectEvent, UnitBase, UnitLoop
+from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, ObjectEvent, UnitBase, UnitLoop
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
@@ -51,7 +51,7 @@ class Manager:
         self.watches = Watches(model, settings, self.dispatch, kube.statuses_written.get, self.stop.set)
         # the user's devicePlugin.config ConfigMap, by name (kopf's ConfigMap watch sees only ours)
         self.plugin_config = ConfigMapWatch(kube, environment.namespace,
-                                            lambda _name: self.dispatch(ObjectEvent(Kind.PLUGIN_CONFIG)),
+                                            lambda _name: self.dispatch(ObjectEvent(EventKind.PLUGIN_CONFIG)),
                                             settings.watch_backoff.delay)
         images = environment.images
         self.labels = LabelUnit(kube, settings, model)
@@ -79,7 +79,7 @@ class Manager:
         return self.labels.labelling(self.model.active_policy())
 
     def dispatch(self, event: Event) -> None:
-        if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
+        if isinstance(event, ObjectEvent) and event.kind is EventKind.CLUSTER_POLICY:
             policy = self.model.active_model()
             config = policy.spec.devicePlugin.config if policy is not None else None
             self.plugin_config.follow(config.name if config is not None and config.name else None)

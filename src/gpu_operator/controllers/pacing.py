@@ -5,7 +5,7 @@ stays near the lowest latency of the recent answers (slow start: +1 per completi
 doubling per round trip; then +1 per round trip), and shrinks on overload (429 or 5xx: halved,
 down to `minimum`) or on a latency rise (x0.9, at most once per round trip, never below
 `floor`, by default `initial`: a latency rise alone may be our own event loop or a neighbour
-on the machine, not the apiserver refusing work). `Gate` applies it to coroutines."""
+on the machine, not the apiserver refusing work). `AdaptiveGate` applies it to coroutines."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class AdaptiveLimit:
         self.limit = max(min(lowest, self.limit), self.limit * factor)
 
 
-class Gate:
+class AdaptiveGate:
     """At most `limit.allowed` bodies inside `slot()` at once; each slot's latency and outcome feed
     the limit. `slot()` yields a one-item list: set `[code]` to the answer's HTTP status when not 200."""
 

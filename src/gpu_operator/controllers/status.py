@@ -68,7 +68,7 @@ def conflict_message(cluster: str, policy: str) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ReconcileOutcome:
     """The result of one reconcile, before it is written as status."""
 
     state: str  # ready | notReady | ignored
@@ -79,7 +79,7 @@ class Outcome:
     poll: bool = True
 
     @classmethod
-    def failed(cls, message: str) -> Outcome:
+    def failed(cls, message: str) -> ReconcileOutcome:
         return cls(NOT_READY, RECONCILE_FAILED, message)
 
 
@@ -100,7 +100,7 @@ def upgrade_incomplete(use_nvidia_driver_crd: bool | None, node_labels: Iterable
 
 
 def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
-            unlabelled_gpu_nodes: int = 0, upgrading: bool = False) -> Outcome:
+            unlabelled_gpu_nodes: int = 0, upgrading: bool = False) -> ReconcileOutcome:
     """`upgrading`: `upgrade_incomplete` of the nodes, for a policy with `driver.useNvidiaDriverCRD`."""
     if not_ready_states or upgrading:
         # Upstream's message, its list as Go prints a []string, then the upgrade's reasons. The
@@ -113,28 +113,28 @@ def outcome(not_ready_states: list[str], has_nfd: bool, has_gpu_nodes: bool,
             parts.append(f"states not ready: {listed(not_ready_states)}")
         if upgrading:
             parts.extend(UPGRADE_INCOMPLETE)
-        return Outcome(NOT_READY, OPERAND_NOT_READY, "; ".join(parts), poll=bool(not_ready_states))
+        return ReconcileOutcome(NOT_READY, OPERAND_NOT_READY, "; ".join(parts), poll=bool(not_ready_states))
     if unlabelled_gpu_nodes:
         # NFD found GPUs the labeller has not marked yet: "ready, no GPU nodes" would be a lie
         # that lasts a moment and fools anyone waiting for ready.
-        return Outcome(NOT_READY, OPERAND_NOT_READY,
+        return ReconcileOutcome(NOT_READY, OPERAND_NOT_READY,
                        f"ClusterPolicy is not ready; {unlabelled_gpu_nodes} GPU node(s) not labelled "
                        "nvidia.com/gpu.present yet")
     if not has_nfd:
-        return Outcome(READY, NFD_LABELS_MISSING,
+        return ReconcileOutcome(READY, NFD_LABELS_MISSING,
                        "No NFD labels found: install the chart with nfd.enabled=true (its node-discovery "
                        "DaemonSet writes them), deploy node-feature-discovery, or label GPU nodes with "
                        "feature.node.kubernetes.io/pci-10de.present=true")
     if not has_gpu_nodes:
-        return Outcome(READY, NO_GPU_NODES, "No GPU node found, watching for new nodes to join the cluster")
-    return Outcome(READY, RECONCILED, "ClusterPolicy is ready as all resources have been successfully reconciled")
+        return ReconcileOutcome(READY, NO_GPU_NODES, "No GPU node found, watching for new nodes to join the cluster")
+    return ReconcileOutcome(READY, RECONCILED, "ClusterPolicy is ready as all resources have been successfully reconciled")
 
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int,
+def conditions(result: ReconcileOutcome, previous: list[dict[str, Any]], generation: int,
                extra: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
     """The Ready/Error pair for `result` (then `extra` conditions, e.g. VMPassthrough); a condition
     that did not change keeps its lastTransitionTime, so an unchanged outcome yields identical
@@ -161,7 +161,7 @@ def conditions(result: Outcome, previous: list[dict[str, Any]], generation: int,
     return out
 
 
-def status_body(result: Outcome, namespace: str, previous: dict[str, Any] | None,
+def status_body(result: ReconcileOutcome, namespace: str, previous: dict[str, Any] | None,
                 generation: int, extra: list[dict[str, str]] | None = None) -> dict[str, Any]:
     prev = previous or {}
     return {

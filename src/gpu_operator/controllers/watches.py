@@ -13,7 +13,7 @@ import kopf
 
 from gpu_operator.controllers import kopflogin
 from gpu_operator.controllers.echoes import StatusEchoes
-from gpu_operator.controllers.loop import Event, Kind, ObjectEvent
+from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent
 from gpu_operator.controllers.readmodel import (
     DRIVER_PODS,
     DRIVERS,
@@ -49,10 +49,10 @@ from gpu_operator.vocabulary import (
 )
 
 # Our CRs: (version, plural, kind, its typed view, its index id, its event kind)
-CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, Kind], ...] = (
-    ("v1", "clusterpolicies", "ClusterPolicy", ClusterPolicyView, POLICIES, Kind.CLUSTER_POLICY),
-    ("v1alpha1", "nvidiadrivers", "NVIDIADriver", NVIDIADriverView, DRIVERS, Kind.NVIDIA_DRIVER),
-    ("v1alpha1", "gpuclusters", "GPUCluster", GPUClusterView, GPUCLUSTERS, Kind.GPU_CLUSTER),
+CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, EventKind], ...] = (
+    ("v1", "clusterpolicies", "ClusterPolicy", ClusterPolicyView, POLICIES, EventKind.CLUSTER_POLICY),
+    ("v1alpha1", "nvidiadrivers", "NVIDIADriver", NVIDIADriverView, DRIVERS, EventKind.NVIDIA_DRIVER),
+    ("v1alpha1", "gpuclusters", "GPUCluster", GPUClusterView, GPUCLUSTERS, EventKind.GPU_CLUSTER),
 )
 DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
 
@@ -135,7 +135,7 @@ class Watches:
         self.dispatch(event)
 
     def _watch_cr(self, version: str, plural: str, kind: str, view: type[CRView[Any]], index: str,
-                  event_kind: Kind) -> None:
+                  event_kind: EventKind) -> None:
         """Any event of one of our CRs is an event, except the echo of our own status write
         (controllers/echoes.py)."""
         echoes = StatusEchoes(lambda name: self.status_written((kind, name)))
@@ -159,7 +159,7 @@ class Watches:
             return {(namespace, name): DriverPodView.of(body)}
 
         async def changed(body: kopf.Body, **_: Any) -> None:
-            self._event(ObjectEvent(Kind.DRIVER_POD, (body.get("spec") or {}).get("nodeName") or None))
+            self._event(ObjectEvent(EventKind.DRIVER_POD, (body.get("spec") or {}).get("nodeName") or None))
 
         kopf.index("pods", id=DRIVER_PODS, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
         kopf.on.event("pods", labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
@@ -175,7 +175,7 @@ class Watches:
             return {view.key: view}
 
         async def changed(**_: Any) -> None:
-            self._event(ObjectEvent(Kind.OWNED))
+            self._event(ObjectEvent(EventKind.OWNED))
 
         index = owned_index(kind)
         kopf.index(*kind.resource, id=index, labels=managed, registry=self.registry)(indexed)
@@ -197,7 +197,7 @@ class Watches:
             return {node: interned({str(k): str(v) for k, v in labels.items()})} if node else {}
 
         async def changed(body: kopf.Body, name: str, **_: Any) -> None:
-            self._event(ObjectEvent(Kind.GFD_FEATURES, gfd_node_of(name, body.get("metadata", {}).get("labels") or {})))
+            self._event(ObjectEvent(EventKind.GFD_FEATURES, gfd_node_of(name, body.get("metadata", {}).get("labels") or {})))
 
         kopf.index(*resource, id=GFD_FEATURES, registry=self.registry)(indexed)
         kopf.on.event(*resource, id=f"{GFD_FEATURES}_event", registry=self.registry)(changed)

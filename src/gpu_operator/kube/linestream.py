@@ -40,7 +40,7 @@ class StreamStatusError(Exception):
 OnLine = Callable[[bytes], None]
 
 
-class _Reader(asyncio.Protocol):
+class _LineReader(asyncio.Protocol):
     """One request's response: status and headers, then each complete body line to `on_line`.
     `done` resolves when the response ends, the connection drops or `on_line` raises."""
 
@@ -162,7 +162,7 @@ class LineStreams:
         headers = list(request.headers.items())  # Host included, as the request set it
         wire = (conn.send(h11.Request(method="GET", target=request.url.raw_path, headers=headers)) or b"")
         wire += conn.send(h11.EndOfMessage()) or b""
-        reader = _Reader(conn, wire, on_line)
+        reader = _LineReader(conn, wire, on_line)
         loop = asyncio.get_running_loop()
         port = self.url.port or (443 if self.tls is not None else 80)
         extra: dict[str, Any] = {"ssl": self.tls, "server_hostname": self.url.host} if self.tls else {}

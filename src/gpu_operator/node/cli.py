@@ -86,12 +86,12 @@ def run_component(component: str, host_root: str | None, environ: dict[str, str]
     """One validator component (or COMPONENT=metrics: the node-status exporter), upstream's env contract."""
     from gpu_operator.node.runner import HostRunner
     from gpu_operator.node.validate.base import Context, Outcome
-    from gpu_operator.node.validate.config import METRICS, ConfigError, ValidatorConfig
+    from gpu_operator.node.validate.config import METRICS, ValidatorConfig, ValidatorConfigError
     from gpu_operator.node.validate.run import validate as run_validation
 
     try:
         config = ValidatorConfig.from_env(environ)
-    except ConfigError as err:
+    except ValidatorConfigError as err:
         raise typer.BadParameter(str(err)) from None
     if component == METRICS:
         serve_metrics(host_root, config, config.metrics_port, "0.0.0.0")
@@ -102,7 +102,7 @@ def run_component(component: str, host_root: str | None, environ: dict[str, str]
     )
     try:
         result = run_validation(ctx, component)
-    except ConfigError as err:
+    except ValidatorConfigError as err:
         raise typer.BadParameter(str(err)) from None
     typer.echo(f"{component}: {result.outcome}: {result.message}")
     if result.outcome == Outcome.FAILED:
@@ -163,11 +163,11 @@ def node_status_exporter(
     address: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
 ) -> None:
     """Serve the node's validation state as Prometheus metrics (status files are read at each scrape)."""
-    from gpu_operator.node.validate.config import ConfigError, ValidatorConfig
+    from gpu_operator.node.validate.config import ValidatorConfig, ValidatorConfigError
 
     try:
         config = ValidatorConfig.from_env(os.environ)
-    except ConfigError as err:
+    except ValidatorConfigError as err:
         raise typer.BadParameter(str(err)) from None
     serve_metrics(host_root, config, port, address)
 

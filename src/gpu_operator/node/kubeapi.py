@@ -118,7 +118,7 @@ def request_entry(secret: Any, node_name: str) -> str | None:
 
 
 class KubeNodeView:
-    """NodeView over the API for one node; the agent's own pod (POD_NAME) gives owner and tolerations."""
+    """ValidatorNodeView (node/validate/base.py) over the API for one node; the agent's own pod (POD_NAME) gives owner and tolerations."""
 
     def __init__(
         self,

@@ -58,7 +58,7 @@ class VmGpu:
 
 
 @dataclass(frozen=True)
-class Finding:
+class KubeVirtFinding:
     reason: str
     message: str
     node: str | None = None  # a Node the finding is about (for its Event), else the KubeVirt CR
@@ -71,7 +71,7 @@ class Inventory:
     bound: list[VmGpu] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)  # "node address": for VMs but on no driver yet
     no_facts: list[str] = field(default_factory=list)  # passthrough nodes whose probe published nothing
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[KubeVirtFinding] = field(default_factory=list)
 
 
 def _resource_part(text: str) -> str:
@@ -125,7 +125,7 @@ def inventory(nodes: list[NodeInput], spec: ClusterPolicySpec) -> Inventory:
         for address in chosen:
             gpu = gpus.get(address)
             if gpu is None:
-                out.findings.append(Finding(
+                out.findings.append(KubeVirtFinding(
                     PASSTHROUGH_DEVICE_UNKNOWN,
                     f"Node {node.name}: {address} is listed in nvidia.com/gpu.passthrough.devices but the probe "
                     f"found no NVIDIA GPU there (GPUs: {', '.join(sorted(gpus)) or 'none'}); fix the annotation",
@@ -136,7 +136,7 @@ def inventory(nodes: list[NodeInput], spec: ClusterPolicySpec) -> Inventory:
                 out.bound.append(VmGpu(node.name, address, str(gpu.get("vendorDevice", "")).upper(),
                                        str(gpu.get("product") or ""), str(gpu.get("name") or "")))
             elif driver:
-                out.findings.append(Finding(
+                out.findings.append(KubeVirtFinding(
                     HOST_DRIVER_ON_PASSTHROUGH_REASON,
                     f"Node {node.name}: GPU {address} is for VMs but bound to the host driver {driver!r}; "
                     "VMs cannot use it and KubeVirt does not list it. Fix: `gpu-operator node vfio-manage "
@@ -176,7 +176,7 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 class Merge:
     entries: list[dict[str, Any]]  # the whole list to apply
     ours: list[str]  # selectors we added (the annotation's value)
-    findings: list[Finding]
+    findings: list[KubeVirtFinding]
     changed: bool
 
 
@@ -189,13 +189,13 @@ def merge(cr: Mapping[str, Any], desired: list[dict[str, Any]]) -> Merge:
     others = [e for e in live if str(e.get("pciVendorSelector", "")).upper() not in recorded]
     by_selector = {str(e.get("pciVendorSelector", "")).upper(): e for e in others}
     ours: list[dict[str, Any]] = []
-    findings: list[Finding] = []
+    findings: list[KubeVirtFinding] = []
     for entry in desired:
         theirs = by_selector.get(entry["pciVendorSelector"])
         if theirs is None:
             ours.append(entry)
         elif not _same(theirs, entry):
-            findings.append(Finding(
+            findings.append(KubeVirtFinding(
                 HOST_DEVICE_LISTED_BY_OTHERS,
                 f"{name} already lists {entry['pciVendorSelector']} as {theirs.get('resourceName')!r} "
                 f"(externalResourceProvider {bool(theirs.get('externalResourceProvider'))}); the operator would "
@@ -246,7 +246,7 @@ def _some(items: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def condition(findings: list[Finding], synced: bool, text: str, no_facts: list[str] | None = None) -> dict[str, str]:
+def condition(findings: list[KubeVirtFinding], synced: bool, text: str, no_facts: list[str] | None = None) -> dict[str, str]:
     """The VMPassthrough condition (without times): False with the first finding's reason when any;
     False (ProbeFactsMissing) while a passthrough node's GPUs are not seen (no probe facts from it):
     what was synced leaves them out, so it is not True."""

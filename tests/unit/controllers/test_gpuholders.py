@@ -160,7 +160,7 @@ def node_pods() -> tuple[us.PodFacts, ...]:
 
 
 def test_gpu_pod_deletion_evicts_every_holder_but_never_a_daemonset_pod() -> None:
-    node = us.NodeFacts("n1", labels={UPGRADE_STATE: us.POD_DELETION_REQUIRED}, pods=node_pods())
+    node = us.UpgradeNodeFacts("n1", labels={UPGRADE_STATE: us.POD_DELETION_REQUIRED}, pods=node_pods())
     step = us.decide(node, us.Policy(auto_upgrade=True), 100.0, True)
     assert [p.name for p in step.evict] == ["dra", "runtime"]
 

@@ -79,7 +79,7 @@ def test_drain_evicts_gpu_pods_then_fails_on_pdb_after_timeout() -> None:
 
 
 def test_actions_request_what_they_cannot_do_themselves() -> None:
-    def act(action: str, spec: RemediationSpec) -> hm.Step:
+    def act(action: str, spec: RemediationSpec) -> hm.RemediationStep:
         index = spec.actions.index(action)  # type: ignore[arg-type]
         return hm.decide(node(state=hm.ACTING, notes={hm.STEP: str(index)}), spec, NOW, True)
     reboot = act("reboot", SPEC)
@@ -159,9 +159,9 @@ def test_switched_off_releases_every_node() -> None:
 def test_a_driver_upgrade_waits_for_remediation() -> None:
     policy = us.Policy(auto_upgrade=True, max_unavailable=10)
     driver = us.DriverPod("d", "ns", in_sync=False)
-    busy = us.NodeFacts("n1", labels={UPGRADE_STATE: us.UPGRADE_REQUIRED, "nvidia.com/gpu-health.state": hm.DRAINING},
+    busy = us.UpgradeNodeFacts("n1", labels={UPGRADE_STATE: us.UPGRADE_REQUIRED, "nvidia.com/gpu-health.state": hm.DRAINING},
                         driver=driver)
-    idle = us.NodeFacts("n2", labels={UPGRADE_STATE: us.UPGRADE_REQUIRED}, driver=driver)
+    idle = us.UpgradeNodeFacts("n2", labels={UPGRADE_STATE: us.UPGRADE_REQUIRED}, driver=driver)
     steps = {s.node: s.state for s in us.plan([busy, idle], policy, NOW).steps}
     assert steps == {"n2": us.CORDON_REQUIRED}
     assert us.HEALTH_REMEDIATING == hm.ACTIVE

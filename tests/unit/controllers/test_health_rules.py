@@ -88,8 +88,8 @@ def test_message_names_bus_xid_and_action() -> None:
 
 
 def test_no_report_no_signals_and_cleanup() -> None:
-    assert hr.desire(signal(None), POLICY) == hr.Desired(None, (), None)
-    old = signal(None, condition=hr.Condition("False", hr.UNHEALTHY, "x"), taints=(QUARANTINE,))
+    assert hr.desire(signal(None), POLICY) == hr.DesiredHealth(None, (), None)
+    old = signal(None, condition=hr.HealthCondition("False", hr.UNHEALTHY, "x"), taints=(QUARANTINE,))
     w = hr.writes(old, hr.desire(old, POLICY), POLICY)
     assert w.delete_condition and w.taints == () and w.condition is None
 

@@ -17,7 +17,7 @@ from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.units.health import machine as hm
 from gpu_operator.controllers.units.health.dra import DeviceTaints
-from gpu_operator.controllers.units.health.unit import HealthUnit, PassReport
+from gpu_operator.controllers.units.health.unit import HealthPassReport, HealthUnit
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
 from tests.unit.controllers.healthkit import FakeDRA, FakeKube, slice_of
 
@@ -60,12 +60,12 @@ def make(kube: FakeKube, pol: ClusterPolicy | None, clock: Clock | None = None,
                       device_taints=device_taints)
 
 
-def run_pass(unit: HealthUnit, kube: FakeKube) -> PassReport:
+def run_pass(unit: HealthUnit, kube: FakeKube) -> HealthPassReport:
     """Hand the unit every node as the watch would, then one pass (if it asks for one)."""
     for name in list(kube.nodes):
         unit.wants(NodeEvent(name, kube.view(name)))
     result = asyncio.run(unit.reconcile())
-    assert isinstance(result, PassReport)
+    assert isinstance(result, HealthPassReport)
     return result
 
 

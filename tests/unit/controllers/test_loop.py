@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from gpu_operator.controllers.loop import (
     Event,
-    Kind,
+    EventKind,
     NodeEvent,
     NodePass,
     NodeQueue,
@@ -108,14 +108,14 @@ def test_an_idle_unit_runs_no_pass() -> None:
 
 
 def test_a_unit_is_kicked_only_by_the_events_it_wants() -> None:
-    unit = Scripted("unit choosy", [None], wants=lambda e: isinstance(e, ObjectEvent) and e.kind is Kind.OWNED)
+    unit = Scripted("unit choosy", [None], wants=lambda e: isinstance(e, ObjectEvent) and e.kind is EventKind.OWNED)
 
     async def main() -> None:
         loop = UnitLoop(unit, 0.0, BACKOFF)
         loop.offer(NodeEvent("n1", NodeView("n1", {}, {}, "", "")))
-        loop.offer(ObjectEvent(Kind.DRIVER_POD, "n1"))
+        loop.offer(ObjectEvent(EventKind.DRIVER_POD, "n1"))
         assert not loop.kick.is_set()
-        loop.offer(ObjectEvent(Kind.OWNED))
+        loop.offer(ObjectEvent(EventKind.OWNED))
         assert loop.kick.is_set()
 
     asyncio.run(main())

@@ -41,7 +41,7 @@ def facts(**kw: object) -> mr.MIGFacts:
     return mr.MIGFacts(**base)  # type: ignore[arg-type]
 
 
-def decide(f: mr.MIGFacts, now: float = NOW) -> mr.Decision:
+def decide(f: mr.MIGFacts, now: float = NOW) -> mr.MIGDecision:
     return mr.decide(f, now, BUDGET, BACKOFF)
 
 

@@ -17,7 +17,7 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers.loop import NodeEvent
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
 from gpu_operator.controllers.units.mig import rules as mr
-from gpu_operator.controllers.units.mig.unit import ECHO_WAIT, MIGUnit, PassReport
+from gpu_operator.controllers.units.mig.unit import ECHO_WAIT, MIGPassReport, MIGUnit
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.render.states.mig_manager import default_mig_config
 from gpu_operator.vocabulary import (
@@ -98,11 +98,11 @@ def make(kube: Kube, pol: ClusterPolicy | None = None, clock: Clock | None = Non
     return MIGUnit(kube, SETTINGS, Model(kube, pol or policy()), clock=clock or Clock())  # type: ignore[arg-type]
 
 
-def run_pass(unit: MIGUnit, kube: Kube) -> PassReport:
+def run_pass(unit: MIGUnit, kube: Kube) -> MIGPassReport:
     for name in list(kube.nodes):
         unit.wants(NodeEvent(name, kube.view(name)))
     result = asyncio.run(unit.reconcile())
-    assert isinstance(result, PassReport)
+    assert isinstance(result, MIGPassReport)
     return result
 
 

@@ -10,7 +10,7 @@ import pytest
 from lightkube.core.exceptions import ApiError
 from lightkube.models.meta_v1 import Status
 
-from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
+from gpu_operator.controllers.pacing import AdaptiveGate, AdaptiveLimit
 from gpu_operator.controllers.units.labels import labeller as labeller_module
 from gpu_operator.controllers.units.labels.labeller import NodeLabeller
 from gpu_operator.controllers.units.labels.nodelabels import LabelPolicy, desired_change
@@ -206,8 +206,8 @@ def test_429_answers_shrink_the_gate() -> None:
 
 
 def test_gate_limit_follows_its_answers() -> None:
-    async def run() -> Gate:
-        gate = Gate(AdaptiveLimit(initial=2, maximum=16))
+    async def run() -> AdaptiveGate:
+        gate = AdaptiveGate(AdaptiveLimit(initial=2, maximum=16))
 
         async def one() -> None:
             async with gate.slot():

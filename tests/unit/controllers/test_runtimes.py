@@ -34,7 +34,7 @@ def test_status_names_the_node() -> None:
 
 
 def test_a_failure_keeps_its_own_message_and_none_changes_nothing() -> None:
-    failed = st.Outcome.failed("boom")
+    failed = st.ReconcileOutcome.failed("boom")
     assert runtimes.outcome(failed, {"gpu-odd": "x"}) is failed
     assert runtimes.outcome(READY, {}) is READY
 

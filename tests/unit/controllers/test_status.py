@@ -64,7 +64,7 @@ def test_conditions_pair_and_stable_transition_time() -> None:
     again = st.status_body(st.outcome([], True, True), "gpu-operator", ok, 3)
     assert not st.status_differs(ok, again)  # same outcome: nothing to write
 
-    failed = st.status_body(st.Outcome.failed("spec.driver: no image"), "gpu-operator", ok, 4)
+    failed = st.status_body(st.ReconcileOutcome.failed("spec.driver: no image"), "gpu-operator", ok, 4)
     by_type = {c["type"]: c for c in failed["conditions"]}
     assert failed["state"] == vocabulary.NOT_READY
     assert by_type["Ready"]["reason"] == "Error"

@@ -44,7 +44,7 @@ def test_a_new_not_ready_message_waits_out_the_hold_and_a_new_reason_does_not(
     snap = ReadSnapshot("gpu-operator", ClusterInfo("1.36.0"))
     shown: dict[str, Any] = {}  # what the policy's watch shows: our last write
 
-    def finish(outcome: st.Outcome) -> ReconcileReport:
+    def finish(outcome: st.ReconcileOutcome) -> ReconcileReport:
         report = asyncio.run(reconciler._finish(ReconcileReport(), view(shown), snap, outcome))
         if kube.written:
             shown.update(kube.written[-1])
@@ -63,10 +63,10 @@ def test_a_new_not_ready_message_waits_out_the_hold_and_a_new_reason_does_not(
     assert len(kube.written) == 2 and message(kube.written[-1]).endswith("[state-dcgm]")
 
     clock[0] += 0.5
-    finish(st.Outcome.failed("spec.driver.version: empty (fix the field in the ClusterPolicy)"))
+    finish(st.ReconcileOutcome.failed("spec.driver.version: empty (fix the field in the ClusterPolicy)"))
     assert len(kube.written) == 3  # a new reason: at once
     clock[0] += 0.5
-    finish(st.Outcome.failed("spec.dcgm.version: empty (fix the field in the ClusterPolicy)"))
+    finish(st.ReconcileOutcome.failed("spec.dcgm.version: empty (fix the field in the ClusterPolicy)"))
     assert len(kube.written) == 4  # an error's new message is never held
     clock[0] += 0.5
     finish(st.outcome([], True, True))

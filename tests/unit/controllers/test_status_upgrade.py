@@ -83,7 +83,7 @@ class StatusKube:
         self.written.append(status)
 
 
-def finish(outcome: st.Outcome) -> tuple[ReconcileReport, list[dict[str, Any]]]:
+def finish(outcome: st.ReconcileOutcome) -> tuple[ReconcileReport, list[dict[str, Any]]]:
     kube = StatusKube()
     reconciler = ClusterPolicyReconciler(kube, OperatorSettings(requeue_not_ready=5.0))  # type: ignore[arg-type]
     body = {"metadata": {"name": "cluster-policy", "uid": "u1"}, "spec": {}, "status": {}}

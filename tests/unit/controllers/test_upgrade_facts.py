@@ -65,11 +65,11 @@ def test_pod_facts() -> None:
 
 
 def test_node_patch_is_one_merge_patch() -> None:
-    step = us.Step("n", state=us.CORDON_REQUIRED, annotations={"a": "1", "b": None}, cordon=True)
+    step = us.UpgradeStep("n", state=us.CORDON_REQUIRED, annotations={"a": "1", "b": None}, cordon=True)
     assert upgrade.node_patch(step) == {"metadata": {"labels": {UPGRADE_STATE: us.CORDON_REQUIRED},
                                                      "annotations": {"a": "1", "b": None}},
                                         "spec": {"unschedulable": True}}
-    assert upgrade.node_patch(us.Step("n", remove_state=True)) == {"metadata": {"labels": {UPGRADE_STATE: None}}}
+    assert upgrade.node_patch(us.UpgradeStep("n", remove_state=True)) == {"metadata": {"labels": {UPGRADE_STATE: None}}}
 
 
 def test_pdb_name_from_refused_eviction() -> None:
@@ -93,7 +93,7 @@ def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     controller = UpgradeController(None, "ns", lambda: [],  # type: ignore[arg-type]
                                    OperatorSettings(upgrade_view_lag_limit=0.2), driver_pods=lambda: [],
                                    clock=Clock(monotonic=lambda: now[0]))
-    step = us.Step("a", state=us.CORDON_REQUIRED, annotations={"nvidia.com/gpu-driver-upgrade-state-since": "5"})
+    step = us.UpgradeStep("a", state=us.CORDON_REQUIRED, annotations={"nvidia.com/gpu-driver-upgrade-state-since": "5"})
     controller.sent["a"] = node_patch(step)
     controller.sent["gone"] = node_patch(step)
     assert not controller.caught_up({"a": _view("a", us.UPGRADE_REQUIRED)})
@@ -102,9 +102,9 @@ def test_a_pass_waits_until_the_node_watch_shows_its_own_patches() -> None:
     assert controller.caught_up({"a": _view("a", us.CORDON_REQUIRED, notes={"nvidia.com/gpu-driver-upgrade-state-since": "5"})})
     assert controller.sent == {}
 
-    controller.sent["a"] = node_patch(us.Step("a", cordon=True))
+    controller.sent["a"] = node_patch(us.UpgradeStep("a", cordon=True))
     assert not reflects(_view("a"), controller.sent["a"]) and reflects(_view("a", cordoned=True), controller.sent["a"])
-    removal = node_patch(us.Step("a", remove_state=True))
+    removal = node_patch(us.UpgradeStep("a", remove_state=True))
     assert reflects(_view("a"), removal) and not reflects(_view("a", us.UPGRADE_DONE), removal)
     assert not controller.caught_up({"a": _view("a")})
     now[0] += 0.19

@@ -28,11 +28,11 @@ ON = us.Policy(auto_upgrade=True, max_parallel=0, max_unavailable="100%")
 
 
 def node(state: str = "", driver: us.DriverPod | None = NEW, *, name: str = "n1", skip: bool = False,
-         annotations: dict[str, str] | None = None, **kw: Any) -> us.NodeFacts:
+         annotations: dict[str, str] | None = None, **kw: Any) -> us.UpgradeNodeFacts:
     labels = {UPGRADE_STATE: state} if state else {}
     if skip:
         labels[UPGRADE_SKIP] = "true"
-    return us.NodeFacts(name, labels=labels, annotations=annotations or {}, driver=driver, **kw)
+    return us.UpgradeNodeFacts(name, labels=labels, annotations=annotations or {}, driver=driver, **kw)
 
 
 def gpu_pod(name: str = "w", **kw: Any) -> us.PodFacts:
@@ -99,7 +99,7 @@ def gpu_pod(name: str = "w", **kw: Any) -> us.PodFacts:
     (node(us.UPGRADE_FAILED, OLD), ON, False, None),
     (node(us.UPGRADE_FAILED, us.DriverPod("d", "ns", in_sync=True, ready=False)), ON, False, None),
 ])
-def test_transition(facts: us.NodeFacts, policy: us.Policy, may_start: bool, want: str | None) -> None:
+def test_transition(facts: us.UpgradeNodeFacts, policy: us.Policy, may_start: bool, want: str | None) -> None:
     step = us.decide(facts, policy, NOW, may_start)
     assert step.state == want
 
@@ -187,11 +187,11 @@ def test_max_unavailable(value: int | str, total: int, want: int) -> None:
     assert us.Policy(max_unavailable=value).unavailable_limit(total) == want
 
 
-def cluster(n: int, state: str = us.UPGRADE_REQUIRED, **kw: Any) -> list[us.NodeFacts]:
+def cluster(n: int, state: str = us.UPGRADE_REQUIRED, **kw: Any) -> list[us.UpgradeNodeFacts]:
     return [node(state, OLD, name=f"n{i:02}", **kw) for i in range(n)]
 
 
-def started(p: us.Plan) -> list[str]:
+def started(p: us.UpgradePlan) -> list[str]:
     return [s.node for s in p.steps if s.state in (us.CORDON_REQUIRED, us.POD_RESTART_REQUIRED)]
 
 

@@ -9,7 +9,7 @@ from gpu_operator.cli import app
 from gpu_operator.node.driver import detect_driver
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.validate.base import Outcome
-from gpu_operator.node.validate.config import COMPONENTS, ConfigError, ValidatorConfig
+from gpu_operator.node.validate.config import COMPONENTS, ValidatorConfig, ValidatorConfigError
 from gpu_operator.node.validate.run import validate
 from tests.support.hostsim import fakehost
 from tests.unit.node.nodekit import HOST_NAMES, HOSTS_DIR, FakeNodeView, context
@@ -228,11 +228,11 @@ def test_status_file_is_deleted_before_a_failing_check(build_host) -> None:  # t
 
 
 def test_config_errors_name_the_variable() -> None:
-    with pytest.raises(ConfigError, match="VALIDATOR_SKIP.*bogus"):
+    with pytest.raises(ValidatorConfigError, match="VALIDATOR_SKIP.*bogus"):
         ValidatorConfig.from_env({"VALIDATOR_SKIP": "bogus"})
-    with pytest.raises(ConfigError, match="WITH_WAIT"):
+    with pytest.raises(ValidatorConfigError, match="WITH_WAIT"):
         ValidatorConfig.from_env({"WITH_WAIT": "maybe"})
-    with pytest.raises(ConfigError, match="GPU_WORKLOAD_CONFIG"):
+    with pytest.raises(ValidatorConfigError, match="GPU_WORKLOAD_CONFIG"):
         ValidatorConfig.from_env({"GPU_WORKLOAD_CONFIG": "vm"})
     config = ValidatorConfig.from_env({"VALIDATION_TIMEOUT_SECONDS": "7", "CUDA_TIMEOUT_SECONDS": "9"})
     assert config.budgets["driver"] == 7 and config.budgets["cuda"] == 9

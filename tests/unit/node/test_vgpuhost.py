@@ -11,7 +11,7 @@ import pytest
 
 from gpu_operator.node.hostfs import HostFS
 from gpu_operator.node.vgpuhost import sysfs
-from gpu_operator.node.vgpuhost.config import ConfigError, Desired, desired_from_config
+from gpu_operator.node.vgpuhost.config import DesiredVGPUConfig, VGPUConfigError, desired_from_config
 from gpu_operator.node.vgpuhost.restore import FM_CONFIG, restore, state_of
 from tests.support.hostsim.vgpusim import VgpuHostSim
 
@@ -54,7 +54,7 @@ def host(build_host):  # type: ignore[no-untyped-def]
     return fake.fs, VgpuHostSim(fake.fs, fake.spec)
 
 
-def desired(fs: HostFS, name: str, fabric_mode: int | None = 2) -> Desired:
+def desired(fs: HostFS, name: str, fabric_mode: int | None = 2) -> DesiredVGPUConfig:
     return desired_from_config(
         fs,
         CONFIG,
@@ -183,9 +183,9 @@ def test_fabric_manager_mode_is_written_to_the_hosts_config_once(host) -> None: 
 
 def test_bad_configs_name_the_field(host) -> None:  # type: ignore[no-untyped-def]
     fs, _sim = host
-    with pytest.raises(ConfigError, match=r"no config 'nope'.*H100XM-20C"):
+    with pytest.raises(VGPUConfigError, match=r"no config 'nope'.*H100XM-20C"):
         desired(fs, "nope")
-    with pytest.raises(ConfigError, match=r"vgpu-configs.x\[0\].vgpu-devices: 'H100 20C' is not a vGPU type"):
+    with pytest.raises(VGPUConfigError, match=r"vgpu-configs.x\[0\].vgpu-devices: 'H100 20C' is not a vGPU type"):
         desired_from_config(
             fs,
             "version: v1\nvgpu-configs:\n  x:\n  - devices: all\n    vgpu-devices: {H100 20C: 1}\n",
@@ -193,7 +193,7 @@ def test_bad_configs_name_the_field(host) -> None:  # type: ignore[no-untyped-de
             source="config.yaml",
             chosen_by="test",
         )
-    with pytest.raises(ConfigError, match=r"vgpu-configs.x\[0\].devices: write `all`"):
+    with pytest.raises(VGPUConfigError, match=r"vgpu-configs.x\[0\].devices: write `all`"):
         desired_from_config(
             fs,
             "version: v1\nvgpu-configs:\n  x:\n  - devices: first\n    vgpu-devices: {}\n",

@@ -9,7 +9,7 @@ import pytest
 
 from gpu_operator.node.kubeapi import pod_detail
 from gpu_operator.node.validate.base import Outcome, PodOutcome, ValidationFailed
-from gpu_operator.node.validate.config import ConfigError, ValidatorConfig
+from gpu_operator.node.validate.config import ValidatorConfig, ValidatorConfigError
 from gpu_operator.node.validate.run import validate
 from gpu_operator.node.validate.workload import CUDA_APP, PLUGIN_APP, pick_gpu_resource, workload_pod
 from gpu_operator.vocabulary import CUDA_WORKLOADS
@@ -160,7 +160,7 @@ def test_driver_api_needs_the_validator_image_and_a_known_workload(build_host) -
     result = validate(ctx, "cuda")
     assert result.outcome == Outcome.FAILED
     assert "no workload image: set VALIDATOR_IMAGE (an image with gpu-operator)" in result.message
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ValidatorConfigError) as err:
         ValidatorConfig.from_env({**DRIVER_API, "CUDA_WORKLOAD": "vectoradd"})
     assert str(err.value) == "CUDA_WORKLOAD='vectoradd': use one of 'vectorAdd' or 'driver-api'"
     assert get_args(ValidatorConfig.model_fields["cuda_workload"].annotation) == CUDA_WORKLOADS

@@ -158,7 +158,7 @@ def test_condition() -> None:
     ok = kv.condition([], True, kv.summary(inv, entries))
     assert ok["status"] == "True" and ok["reason"] == "HostDevicesSynced"
     assert "10DE:2330 nvidia.com/H100_SXM5_80GB: 16 GPU(s) on vfio-pci on 2 node(s)" in ok["message"]
-    bad = kv.condition([kv.Finding(HOST_DRIVER_ON_PASSTHROUGH_REASON, "x", "a")], True, "")
+    bad = kv.condition([kv.KubeVirtFinding(HOST_DRIVER_ON_PASSTHROUGH_REASON, "x", "a")], True, "")
     assert bad["status"] == "False" and bad["reason"] == HOST_DRIVER_ON_PASSTHROUGH_REASON
 
 
@@ -167,5 +167,5 @@ def test_messages_stay_short_on_many_nodes() -> None:
     inv = kv.inventory(nodes, spec())
     text = kv.summary(inv, [])
     assert "and 312 more" in text and "and 32 more" in text and len(text) < 1000
-    findings = [kv.Finding(HOST_DRIVER_ON_PASSTHROUGH_REASON, f"m{i}", "a") for i in range(9)]
+    findings = [kv.KubeVirtFinding(HOST_DRIVER_ON_PASSTHROUGH_REASON, f"m{i}", "a") for i in range(9)]
     assert kv.condition(findings, True, "")["message"].endswith("and 4 more finding(s): see the Warning Events")

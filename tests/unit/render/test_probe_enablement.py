@@ -65,6 +65,6 @@ def test_every_node_seen_is_synced() -> None:
 
 
 def test_a_finding_still_comes_first() -> None:
-    finding = kv.Finding("HostDeviceListedByOthers", "someone else lists it")
+    finding = kv.KubeVirtFinding("HostDeviceListedByOthers", "someone else lists it")
     cond = kv.condition([finding], True, "text", ["blind"])
     assert (cond["status"], cond["reason"]) == ("False", "HostDeviceListedByOthers")

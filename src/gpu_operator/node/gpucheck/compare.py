@@ -22,7 +22,7 @@ DEFECTS = (MISMATCH, MISSED)
 
 
 @dataclass
-class Row:
+class ComparisonRow:
     fact: str
     ours: str
     nvidia_smi: str
@@ -51,13 +51,13 @@ def _refs(smi: RefReport | None, nvml: RefReport | None) -> list[RefReport]:
     return [r for r in (smi, nvml) if r is not None]
 
 
-def _row(fact: str, ours: object, smi: object, nvml: object, note: str = "") -> Row:
-    return Row(fact, _show(ours), _show(smi), _show(nvml), verdict(ours, [smi, nvml]), note)
+def _row(fact: str, ours: object, smi: object, nvml: object, note: str = "") -> ComparisonRow:
+    return ComparisonRow(fact, _show(ours), _show(smi), _show(nvml), verdict(ours, [smi, nvml]), note)
 
 
 def compare(
     report: HostReport, tools: NvidiaTools, smi: RefReport | None, nvml: RefReport | None
-) -> list[Row]:
+) -> list[ComparisonRow]:
     ours = {g.address: g for g in report.gpus}
     refs = _refs(smi, nvml)
     smi_gpus = smi.by_bus() if smi else {}
@@ -85,7 +85,7 @@ def compare(
                 n.vendor_device if n else None,
             )
         )
-        name = Row(
+        name = ComparisonRow(
             f"{bus} product",
             _show(mine.name if mine else None),
             _show(s.product if s else None),
@@ -105,7 +105,7 @@ def compare(
             numa.verdict, numa.note = INFO, "sysfs numa_node is -1 (none); NVML names a node"
         rows.append(numa)
         rows.append(
-            Row(
+            ComparisonRow(
                 f"{bus} MIG mode", "not probed", _mig(s), _mig(n), NOT_PROBED, "doctor asks nvidia-smi for it"
             )
         )
@@ -120,7 +120,7 @@ def compare(
             "ours: /proc/driver/nvidia/version",
         )
     )
-    cuda = Row(
+    cuda = ComparisonRow(
         "CUDA version",
         "not probed",
         _show(smi.cuda_version if smi else None),
@@ -131,7 +131,7 @@ def compare(
     rows.append(cuda)
     found = tools.driver_root if refs else None
     rows.append(
-        Row(
+        ComparisonRow(
             "driver root",
             _show(driver.driver_root),
             _show(found),
@@ -141,7 +141,7 @@ def compare(
         )
     )
     rows.append(
-        Row(
+        ComparisonRow(
             "driver source",
             str(driver.source),
             "answers" if smi else "-",
@@ -150,7 +150,7 @@ def compare(
         )
     )
     rows.append(
-        Row(
+        ComparisonRow(
             "nvidia-smi path",
             _show(driver.nvidia_smi),
             _show(tools.smi.path if smi else None),
@@ -159,7 +159,7 @@ def compare(
         )
     )
     rows.append(
-        Row(
+        ComparisonRow(
             "libnvidia-ml path",
             _show(driver.nvml_library),
             "-",
@@ -181,7 +181,7 @@ _NVIDIA_MODE = {
 }
 
 
-def _virtualization(report: HostReport, bus: str, smi: Any, nvml: Any) -> Row:
+def _virtualization(report: HostReport, bus: str, smi: Any, nvml: Any) -> ComparisonRow:
     """Our guest probe's kind of GPU (bare metal, passthrough, vgpu) against NVIDIA's virtualization mode."""
     guest = report.guest
     ours = (
@@ -190,7 +190,7 @@ def _virtualization(report: HostReport, bus: str, smi: Any, nvml: Any) -> Row:
     theirs = [
         _NVIDIA_MODE.get(g.virtualization, g.virtualization) for g in (smi, nvml) if g and g.virtualization
     ]
-    row = Row(
+    row = ComparisonRow(
         f"{bus} virtualization",
         ours,
         _show(smi.virtualization if smi else None),
@@ -219,7 +219,7 @@ def _mig(gpu: Any) -> str:
     )
 
 
-def defects(rows: list[Row]) -> list[Row]:
+def defects(rows: list[ComparisonRow]) -> list[ComparisonRow]:
     return [r for r in rows if r.verdict in DEFECTS]
 
 

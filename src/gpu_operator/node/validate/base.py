@@ -25,7 +25,7 @@ class Outcome(StrEnum):
 
 
 @dataclass
-class Result:
+class ValidationResult:
     component: str
     outcome: Outcome
     message: str = ""
@@ -41,7 +41,7 @@ class PodOutcome:
     detail: str = ""
 
 
-class NodeView(Protocol):
+class ValidatorNodeView(Protocol):
     """What validations need from the Kubernetes API about their own node (see node/kubeapi.py)."""
 
     def node_labels(self) -> dict[str, str]: ...
@@ -92,7 +92,7 @@ class Context:
     fs: HostFS
     runner: CommandRunner
     config: ValidatorConfig
-    kube: NodeView | None = None
+    kube: ValidatorNodeView | None = None
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     log: Callable[[str], None] = lambda _msg: None

@@ -68,7 +68,7 @@ DEFAULT_BUDGETS = {
 }
 
 
-class ConfigError(ValueError):
+class ValidatorConfigError(ValueError):
     """An environment variable has a value we cannot use; the message names it and the accepted values."""
 
 
@@ -168,7 +168,7 @@ class ValidatorConfig(BaseModel):
         try:
             return cls.model_validate(dict(env))
         except ValidationError as err:
-            raise ConfigError("; ".join(_describe(e, env) for e in err.errors())) from None
+            raise ValidatorConfigError("; ".join(_describe(e, env) for e in err.errors())) from None
 
 
 def _strict_bool(name: str, raw: Any) -> bool:

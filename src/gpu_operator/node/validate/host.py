@@ -16,7 +16,7 @@ from gpu_operator.node.driver import (
     under_root,
 )
 from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
+from gpu_operator.node.validate.base import Context, Outcome, ValidationFailed, ValidationResult
 from gpu_operator.node.validate.config import DRIVER_CTR_READY, STATUS_FILES
 
 # Flags in .driver-ctr-ready -> the extra module validation each one asks for.
@@ -130,7 +130,7 @@ def _operator_driver(ctx: Context) -> DriverInfo:
     return detect_driver(ctx.fs, operator_root=root, extra_search_dirs=ctx.config.search_dirs)
 
 
-def validate_driver(ctx: Context) -> Result:
+def validate_driver(ctx: Context) -> ValidationResult:
     status = ctx.status
     status.remove(STATUS_FILES["driver"])
     gpus = [f for f in pci.scan(ctx.fs, pci.NVIDIA_VENDOR) if f.is_gpu]
@@ -174,7 +174,7 @@ def validate_driver(ctx: Context) -> Result:
             ) from None
     path = status.write(STATUS_FILES["driver"], driver_ready_values(info, ctx.fs, ctx.config.host_root))
     source = f"host ({info.flavor})" if info.source == DriverSource.HOST else "operator"
-    return Result(
+    return ValidationResult(
         "driver",
         Outcome.PASSED,
         f"{source} driver {info.kernel_version or ''} answers nvidia-smi".strip(),
@@ -193,10 +193,10 @@ def _wait_module(ctx: Context, component: str, budget_of: str) -> None:
     )
 
 
-def validate_module(ctx: Context, component: str) -> Result:
+def validate_module(ctx: Context, component: str) -> ValidationResult:
     ctx.status.remove(STATUS_FILES[component])
     _wait_module(ctx, component, component)
-    return Result(
+    return ValidationResult(
         component,
         Outcome.PASSED,
         f"{MODULE_OF[component]} is loaded",
@@ -204,7 +204,7 @@ def validate_module(ctx: Context, component: str) -> Result:
     )
 
 
-def validate_toolkit(ctx: Context) -> Result:
+def validate_toolkit(ctx: Context) -> ValidationResult:
     ctx.status.remove(STATUS_FILES["toolkit"])
 
     def smi_in_container() -> str | None:
@@ -221,7 +221,7 @@ def validate_toolkit(ctx: Context) -> Result:
         fix="check the container-toolkit pod logs and that the runtime config has the nvidia runtime "
         "(run `gpu-operator doctor` on the node)",
     )
-    return Result(
+    return ValidationResult(
         "toolkit",
         Outcome.PASSED,
         "nvidia-smi runs inside a GPU container",
@@ -229,7 +229,7 @@ def validate_toolkit(ctx: Context) -> Result:
     )
 
 
-def validate_mofed(ctx: Context) -> Result:
+def validate_mofed(ctx: Context) -> ValidationResult:
     status = ctx.status
     status.remove(STATUS_FILES["mofed"])
     mellanox = bool(pci.scan(ctx.fs, "15b3"))
@@ -239,7 +239,7 @@ def validate_mofed(ctx: Context) -> Result:
             if not ctx.config.gpu_direct_rdma
             else "no Mellanox (15b3) device"
         )
-        return Result("mofed", Outcome.NOT_APPLICABLE, why)
+        return ValidationResult("mofed", Outcome.NOT_APPLICABLE, why)
 
     def loaded() -> str | None:
         if "mlx5_core" in module_names(ctx.fs) or ctx.fs.exists("/run/mellanox/drivers/.driver-ready"):
@@ -253,4 +253,4 @@ def validate_mofed(ctx: Context) -> Result:
         where="/proc/modules and /run/mellanox/drivers/.driver-ready",
         fix="install MOFED on the host or deploy the Network Operator's OFED driver",
     )
-    return Result("mofed", Outcome.PASSED, "MOFED driver ready", [status.write(STATUS_FILES["mofed"])])
+    return ValidationResult("mofed", Outcome.PASSED, "MOFED driver ready", [status.write(STATUS_FILES["mofed"])])

@@ -7,10 +7,10 @@ from functools import partial
 
 from gpu_operator.node.hostfs import HostPathError
 from gpu_operator.node.validate import host, sandbox, workload
-from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
-from gpu_operator.node.validate.config import COMPONENTS, STATUS_FILES, ConfigError
+from gpu_operator.node.validate.base import Context, Outcome, ValidationFailed, ValidationResult
+from gpu_operator.node.validate.config import COMPONENTS, STATUS_FILES, ValidatorConfigError
 
-VALIDATIONS: dict[str, Callable[[Context], Result]] = {
+VALIDATIONS: dict[str, Callable[[Context], ValidationResult]] = {
     "driver": host.validate_driver,
     "toolkit": host.validate_toolkit,
     "cuda": workload.validate_cuda,
@@ -27,7 +27,7 @@ VALIDATIONS: dict[str, Callable[[Context], Result]] = {
 assert set(VALIDATIONS) == set(COMPONENTS)
 
 
-def _skipped(ctx: Context, component: str) -> Result:
+def _skipped(ctx: Context, component: str) -> ValidationResult:
     """A switched-off check still writes its status file, so the components waiting on it proceed."""
     values = {"VALIDATION_SKIPPED": "true"}
     if component == "driver":
@@ -41,20 +41,20 @@ def _skipped(ctx: Context, component: str) -> Result:
             **values,
         }
     path = ctx.status.write(STATUS_FILES[component], values)
-    return Result(component, Outcome.SKIPPED, "switched off by VALIDATOR_SKIP / DISABLE_*_VALIDATION", [path])
+    return ValidationResult(component, Outcome.SKIPPED, "switched off by VALIDATOR_SKIP / DISABLE_*_VALIDATION", [path])
 
 
-def validate(ctx: Context, component: str) -> Result:
+def validate(ctx: Context, component: str) -> ValidationResult:
     if component not in VALIDATIONS:
-        raise ConfigError(f"--component {component!r}: use one of {', '.join(COMPONENTS)}")
+        raise ValidatorConfigError(f"--component {component!r}: use one of {', '.join(COMPONENTS)}")
     try:
         if component in ctx.config.skipped:
             return _skipped(ctx, component)
         return VALIDATIONS[component](ctx)
     except ValidationFailed as err:
-        return Result(component, Outcome.FAILED, str(err))
+        return ValidationResult(component, Outcome.FAILED, str(err))
     except HostPathError as err:
         # A status path on the host leads outside the host root (or loops): nothing is written there.
-        return Result(component, Outcome.FAILED, f"{err}; fix the link on the host")
+        return ValidationResult(component, Outcome.FAILED, f"{err}; fix the link on the host")
     except OSError as err:  # a status file's directory is a file, a read-only mount, ...
-        return Result(component, Outcome.FAILED, f"{err.strerror}: {err.filename}; fix that path on the host")
+        return ValidationResult(component, Outcome.FAILED, f"{err.strerror}: {err.filename}; fix that path on the host")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpu_operator.node import pci
 from gpu_operator.node.driver import DriverSource, detect_driver
-from gpu_operator.node.validate.base import Context, Outcome, Result
+from gpu_operator.node.validate.base import Context, Outcome, ValidationResult
 from gpu_operator.node.validate.config import (
     CC_MANAGER_CTR_READY,
     HOST_VGPU_MANAGER_FILE,
@@ -46,14 +46,14 @@ def passthrough_devices(ctx: Context) -> list[str] | None:
         return None  # vfio-manage reports the bad list on the Node; here every GPU must be on vfio-pci
 
 
-def validate_vfio_pci(ctx: Context) -> Result:
+def validate_vfio_pci(ctx: Context) -> ValidationResult:
     status = ctx.status
     status.remove(STATUS_FILES["vfio-pci"])
     workload, origin = workload_config(ctx)
     written = [status.write(WORKLOAD_TYPE_FILE, workload)]
     listed = passthrough_devices(ctx)
     if workload != "vm-passthrough" and not listed:
-        return Result(
+        return ValidationResult(
             "vfio-pci", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})", written
         )
 
@@ -84,7 +84,7 @@ def validate_vfio_pci(ctx: Context) -> Result:
     written.append(status.write(STATUS_FILES["vfio-pci"]))
     count = len(listed) if listed else len(_gpus(ctx))
     where = f" (listed in {PASSTHROUGH_DEVICES_ANNOTATION})" if listed else ""
-    return Result("vfio-pci", Outcome.PASSED, f"{count} GPU(s) on vfio-pci{where}", written)
+    return ValidationResult("vfio-pci", Outcome.PASSED, f"{count} GPU(s) on vfio-pci{where}", written)
 
 
 def _vgpu_parents_ready(ctx: Context) -> str | None:
@@ -100,13 +100,13 @@ def _vgpu_parents_ready(ctx: Context) -> str | None:
     return "no mdev parent under /sys/class/mdev_bus and no SR-IOV capable GPU"
 
 
-def validate_vgpu_manager(ctx: Context) -> Result:
+def validate_vgpu_manager(ctx: Context) -> ValidationResult:
     status = ctx.status
     status.remove(STATUS_FILES["vgpu-manager"])
     status.remove(HOST_VGPU_MANAGER_FILE)
     workload, origin = workload_config(ctx)
     if workload != "vm-vgpu":
-        return Result("vgpu-manager", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})")
+        return ValidationResult("vgpu-manager", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})")
     root = ctx.config.driver_install_dir
     host = detect_driver(ctx.fs, extra_search_dirs=ctx.config.search_dirs)
     on_host = host.source == DriverSource.HOST and host.nvidia_smi is not None
@@ -135,15 +135,15 @@ def validate_vgpu_manager(ctx: Context) -> Result:
         always=True,
     )
     name = HOST_VGPU_MANAGER_FILE if on_host else STATUS_FILES["vgpu-manager"]
-    return Result("vgpu-manager", Outcome.PASSED, "vGPU manager ready", [status.write(name)])
+    return ValidationResult("vgpu-manager", Outcome.PASSED, "vGPU manager ready", [status.write(name)])
 
 
-def validate_vgpu_devices(ctx: Context) -> Result:
+def validate_vgpu_devices(ctx: Context) -> ValidationResult:
     status = ctx.status
     status.remove(STATUS_FILES["vgpu-devices"])
     workload, origin = workload_config(ctx)
     if workload != "vm-vgpu":
-        return Result("vgpu-devices", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})")
+        return ValidationResult("vgpu-devices", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})")
 
     def devices() -> str | None:
         if ctx.fs.listdir("/sys/bus/mdev/devices"):
@@ -162,12 +162,12 @@ def validate_vgpu_devices(ctx: Context) -> Result:
         where="/sys/bus/mdev/devices and /sys/bus/pci/devices/*/nvidia/current_vgpu_type",
         fix="check the vgpu-device-manager pod and the node's nvidia.com/vgpu.config label",
     )
-    return Result(
+    return ValidationResult(
         "vgpu-devices", Outcome.PASSED, "vGPU devices exist", [status.write(STATUS_FILES["vgpu-devices"])]
     )
 
 
-def validate_cc_manager(ctx: Context) -> Result:
+def validate_cc_manager(ctx: Context) -> ValidationResult:
     status = ctx.status
     status.remove(STATUS_FILES["cc-manager"])
     capable = ctx.config.cc_capable
@@ -176,7 +176,7 @@ def validate_cc_manager(ctx: Context) -> Result:
         capable = ctx.kube is not None and ctx.kube.node_labels().get(CC_CAPABLE) == "true"
         origin = f"node label {CC_CAPABLE}"
     if not capable:
-        return Result("cc-manager", Outcome.NOT_APPLICABLE, f"node is not CC-capable ({origin})")
+        return ValidationResult("cc-manager", Outcome.NOT_APPLICABLE, f"node is not CC-capable ({origin})")
     ctx.wait(
         lambda: (
             None if status.exists(CC_MANAGER_CTR_READY) else f"{status.path(CC_MANAGER_CTR_READY)} missing"
@@ -186,4 +186,4 @@ def validate_cc_manager(ctx: Context) -> Result:
         where=status.path(CC_MANAGER_CTR_READY),
         fix="check the nvidia-cc-manager pod logs on this node",
     )
-    return Result("cc-manager", Outcome.PASSED, "CC mode applied", [status.write(STATUS_FILES["cc-manager"])])
+    return ValidationResult("cc-manager", Outcome.PASSED, "CC mode applied", [status.write(STATUS_FILES["cc-manager"])])

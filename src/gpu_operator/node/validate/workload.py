@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.node.validate.base import Context, Outcome, Result, ValidationFailed
+from gpu_operator.node.validate.base import Context, Outcome, ValidationFailed, ValidationResult
 from gpu_operator.node.validate.config import STATUS_FILES, ValidatorConfig
 from gpu_operator.vocabulary import CUDA_WORKLOAD_ENV
 
@@ -165,17 +165,17 @@ def _run_workload(ctx: Context, component: str, app: str, gpu_resource: str | No
         )
 
 
-def validate_cuda(ctx: Context) -> Result:
+def validate_cuda(ctx: Context) -> ValidationResult:
     ctx.status.remove(STATUS_FILES["cuda"])
     if ctx.config.with_workload:
         _run_workload(ctx, "cuda", CUDA_APP, None)
         message = f"CUDA workload pod succeeded ({CUDA_WORKLOAD_ENV}={ctx.config.cuda_workload})"
     else:
         message = "WITH_WORKLOAD=false: no workload pod run"
-    return Result("cuda", Outcome.PASSED, message, [ctx.status.write(STATUS_FILES["cuda"])])
+    return ValidationResult("cuda", Outcome.PASSED, message, [ctx.status.write(STATUS_FILES["cuda"])])
 
 
-def validate_plugin(ctx: Context) -> Result:
+def validate_plugin(ctx: Context) -> ValidationResult:
     ctx.status.remove(STATUS_FILES["plugin"])
     kube = _needs_kube(ctx, "plugin")
     found: list[str] = []
@@ -197,6 +197,6 @@ def validate_plugin(ctx: Context) -> Result:
     )
     if ctx.config.with_workload:
         _run_workload(ctx, "plugin", PLUGIN_APP, found[-1])
-    return Result(
+    return ValidationResult(
         "plugin", Outcome.PASSED, f"{found[-1]} is allocatable", [ctx.status.write(STATUS_FILES["plugin"])]
     )

@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from gpu_operator.node.hostfs import HostFS, SysfsWriter
 from gpu_operator.node.vfio_node import NodeRecorder
-from gpu_operator.node.vgpuhost.config import ConfigError, Desired, desired_from_config
-from gpu_operator.node.vgpuhost.restore import Step, VgpuControl, restore, state_of
+from gpu_operator.node.vgpuhost.config import DesiredVGPUConfig, VGPUConfigError, desired_from_config
+from gpu_operator.node.vgpuhost.restore import RestoreStep, VgpuControl, restore, state_of
 from gpu_operator.vocabulary import NVIDIA, VALIDATIONS_DIR, VM_VGPU, WORKLOAD_CONFIG
 
 # NVIDIA's vgpu-device-manager picks its config by this node label; the agent follows the same one.
@@ -34,7 +34,7 @@ STATUS_FILE = "vgpu-host-state-ready"
 class Record(BaseModel):
     """What the agent keeps on the host's disk between boots."""
 
-    desired: Desired
+    desired: DesiredVGPUConfig
     type_ids: dict[str, int] = Field(default_factory=dict)
 
 
@@ -52,7 +52,7 @@ class Settings:
 @dataclass
 class PassResult:
     state: str  # restored | unchanged | partial | failed | not-applicable
-    steps: list[Step] = field(default_factory=list)
+    steps: list[RestoreStep] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     written: bool = False
 
@@ -72,12 +72,12 @@ def load_record(fs: HostFS) -> Record | None:
 
 def _desired(
     fs: HostFS, settings: Settings, labels: dict[str, str], record: Record | None, notes: list[str]
-) -> Desired:
+) -> DesiredVGPUConfig:
     name = labels.get(VGPU_CONFIG) or settings.default_config
     chosen = f"node label {VGPU_CONFIG}" if labels.get(VGPU_CONFIG) else "DEFAULT_VGPU_CONFIG"
     if settings.config_text is None:
         if record is None:
-            raise ConfigError(
+            raise VGPUConfigError(
                 f"{settings.config_source}: cannot be read, and no earlier record at {RECORD}; "
                 "check the vGPU device manager's ConfigMap (spec.vgpuDeviceManager.config.name)"
             )
@@ -97,7 +97,7 @@ def _desired(
     )
 
 
-def result_record(result: PassResult, desired: Desired | None, error: str = "") -> dict[str, Any]:
+def result_record(result: PassResult, desired: DesiredVGPUConfig | None, error: str = "") -> dict[str, Any]:
     """The Node annotation: deterministic, so a pass that finds everything in place patches nothing."""
     out: dict[str, Any] = {
         "state": result.state,
@@ -133,11 +133,11 @@ def run_pass(
     fs.remove(status)
     record = load_record(fs)
     result = PassResult("failed")
-    desired: Desired | None = None
+    desired: DesiredVGPUConfig | None = None
     error = ""
     try:
         desired = _desired(fs, settings, labels, record, result.notes)
-    except ConfigError as err:
+    except VGPUConfigError as err:
         error = str(err)
         result.notes.append(error)
     if desired is not None:

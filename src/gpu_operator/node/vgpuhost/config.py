@@ -26,7 +26,7 @@ TIME_SLICED = re.compile(r"^[A-Z0-9]+(-[a-zA-Z]+)*-(0|[1-9][0-9]*)[ABCQ]$")
 MIG_BACKED = re.compile(r"^[A-Z0-9]+-[1-9]-(0|[1-9][0-9]*)[ABCQ](ME|NOME|MEALL|GFX)?$")
 
 
-class ConfigError(ValueError):
+class VGPUConfigError(ValueError):
     """The vGPU config (or the policy's part of the desired state) is unusable; names the field and the fix."""
 
 
@@ -45,7 +45,7 @@ class GpuDesired(BaseModel):
     field: str = Field(default="", description="the config entry this GPU's state came from")
 
 
-class Desired(BaseModel):
+class DesiredVGPUConfig(BaseModel):
     """What this node should have after every boot, and where each part came from."""
 
     config: str
@@ -61,7 +61,7 @@ def is_mig_backed(vgpu_type: str) -> bool:
 
 def check_type_name(vgpu_type: str, where: str) -> None:
     if not (TIME_SLICED.match(vgpu_type) or MIG_BACKED.match(vgpu_type)):
-        raise ConfigError(
+        raise VGPUConfigError(
             f"{where}: {vgpu_type!r} is not a vGPU type name; write it as the driver names it without "
             "the product prefix, time-sliced like H100XM-20C or MIG-backed like H100XM-1-10C"
         )
@@ -74,25 +74,25 @@ def vgpu_gpus(fs: HostFS) -> list[pci.PciFunction]:
 
 def _entries(spec: Any, name: str, source: str) -> list[dict[str, Any]]:
     if not isinstance(spec, dict) or spec.get("version") != "v1":
-        raise ConfigError(f"{source}: `version: v1` is required (NVIDIA's vgpu-device-manager format)")
+        raise VGPUConfigError(f"{source}: `version: v1` is required (NVIDIA's vgpu-device-manager format)")
     configs = spec.get("vgpu-configs")
     if not isinstance(configs, dict) or not configs:
-        raise ConfigError(f"{source}: `vgpu-configs` must map config names to lists of entries")
+        raise VGPUConfigError(f"{source}: `vgpu-configs` must map config names to lists of entries")
     if name not in configs:
-        raise ConfigError(
+        raise VGPUConfigError(
             f"{source}: no config {name!r} under vgpu-configs (it has: {', '.join(sorted(configs))}); "
             "set the node label nvidia.com/vgpu.config to one of them"
         )
     entries = configs[name]
     if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{source}: vgpu-configs.{name} must be a non-empty list of entries")
+        raise VGPUConfigError(f"{source}: vgpu-configs.{name} must be a non-empty list of entries")
     return entries
 
 
 def _selects(entry: dict[str, Any], gpu: pci.PciFunction, index: int, where: str) -> bool:
     devices = entry.get("devices")
     if devices != "all" and not (isinstance(devices, list) and all(isinstance(d, int) for d in devices)):
-        raise ConfigError(f"{where}.devices: write `all` or a list of GPU indices like [0, 1]")
+        raise VGPUConfigError(f"{where}.devices: write `all` or a list of GPU indices like [0, 1]")
     if devices != "all" and index not in devices:
         return False
     wanted = entry.get("device-filter")
@@ -112,27 +112,27 @@ def desired_from_config(
     chosen_by: str,
     fabric_mode: int | None = None,
     fabric_mode_source: str = "",
-) -> Desired:
+) -> DesiredVGPUConfig:
     """The desired state for this host's GPUs under config `name` of the file `text`."""
     try:
         spec = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: not YAML: {err}") from None
+        raise VGPUConfigError(f"{source}: not YAML: {err}") from None
     entries = _entries(spec, name, source)
     gpus = vgpu_gpus(fs)
     out: dict[str, GpuDesired] = {}
     for i, entry in enumerate(entries):
         where = f"{source}: vgpu-configs.{name}[{i}]"
         if not isinstance(entry, dict) or "vgpu-devices" not in entry or "devices" not in entry:
-            raise ConfigError(f"{where}: each entry needs `devices` and `vgpu-devices`")
+            raise VGPUConfigError(f"{where}: each entry needs `devices` and `vgpu-devices`")
         devices = entry["vgpu-devices"] or {}
         if not isinstance(devices, dict):
-            raise ConfigError(f"{where}.vgpu-devices: map vGPU type names to counts, like {{H100XM-20C: 4}}")
+            raise VGPUConfigError(f"{where}.vgpu-devices: map vGPU type names to counts, like {{H100XM-20C: 4}}")
         vf_types: list[str] = []
         for vgpu_type, count in devices.items():
             check_type_name(str(vgpu_type), f"{where}.vgpu-devices")
             if not isinstance(count, int) or count < 0:
-                raise ConfigError(f"{where}.vgpu-devices.{vgpu_type}: the count must be a whole number >= 0")
+                raise VGPUConfigError(f"{where}.vgpu-devices.{vgpu_type}: the count must be a whole number >= 0")
             vf_types += [str(vgpu_type)] * count
         for index, gpu in enumerate(gpus):
             if gpu.address in out or not _selects(entry, gpu, index, where):
@@ -145,7 +145,7 @@ def desired_from_config(
                 mig=any(is_mig_backed(t) for t in vf_types),
                 field=f"{where}.vgpu-devices",
             )
-    return Desired(
+    return DesiredVGPUConfig(
         config=name,
         source=f"{source} ({chosen_by})",
         gpus=sorted(out.values(), key=lambda g: g.index),

@@ -19,9 +19,9 @@ from pydantic import BaseModel, Field
 from gpu_operator.node import pci
 from gpu_operator.node.hostfs import HostFS, SysfsWriter
 from gpu_operator.node.vgpuhost import sysfs
-from gpu_operator.node.vgpuhost.config import Desired, GpuDesired
+from gpu_operator.node.vgpuhost.config import DesiredVGPUConfig, GpuDesired
 
-Outcome = Literal["ok", "changed", "skipped", "failed"]
+RestoreOutcome = Literal["ok", "changed", "skipped", "failed"]
 FM_CONFIG = "/usr/share/nvidia/nvswitch/fabricmanager.cfg"
 NVSWITCH_CLASS = "0680"
 _FABRIC_MODE = re.compile(r"^FABRIC_MODE=(\d+)\s*$", re.MULTILINE)
@@ -39,10 +39,10 @@ class VgpuControl(Protocol):
     def disable_vfs(self, address: str) -> str | None: ...
 
 
-class Step(BaseModel):
+class RestoreStep(BaseModel):
     gpu: str  # a PCI address, or "node" for Fabric Manager
     step: Literal["mig-mode", "vfs", "vgpu-types", "fabric-manager"]
-    outcome: Outcome
+    outcome: RestoreOutcome
     detail: str
     field: str = ""
     creatable: list[str] = Field(default_factory=list)
@@ -51,15 +51,15 @@ class Step(BaseModel):
         return f"{self.gpu} {self.step}: {self.outcome}: {self.detail}"
 
 
-def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> Step:
+def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> RestoreStep:
     want = "on" if gpu.mig else "off"
     mode = control.mig_mode(gpu.address)
     if mode is None:
         if not gpu.mig:
-            return Step(
+            return RestoreStep(
                 gpu=gpu.address, step="mig-mode", outcome="ok", detail="not MIG-capable; MIG off wanted"
             )
-        return Step(
+        return RestoreStep(
             gpu=gpu.address,
             step="mig-mode",
             outcome="failed",
@@ -68,9 +68,9 @@ def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> S
         )
     current, pending = mode
     if current == gpu.mig:
-        return Step(gpu=gpu.address, step="mig-mode", outcome="ok", detail=f"MIG {want}")
+        return RestoreStep(gpu=gpu.address, step="mig-mode", outcome="ok", detail=f"MIG {want}")
     if pf.in_use:
-        return Step(
+        return RestoreStep(
             gpu=gpu.address,
             step="mig-mode",
             outcome="skipped",
@@ -78,16 +78,16 @@ def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> S
         )
     error = control.set_mig_mode(gpu.address, gpu.mig)
     if error:
-        return Step(gpu=gpu.address, step="mig-mode", outcome="failed", detail=f"setting MIG {want}: {error}")
+        return RestoreStep(gpu=gpu.address, step="mig-mode", outcome="failed", detail=f"setting MIG {want}: {error}")
     after = control.mig_mode(gpu.address)
     if after is not None and after[0] != gpu.mig:
-        return Step(
+        return RestoreStep(
             gpu=gpu.address,
             step="mig-mode",
             outcome="failed",
             detail=f"MIG {want} is pending, not current: the GPU needs a reset (Ampere) before vGPUs can use it",
         )
-    return Step(
+    return RestoreStep(
         gpu=gpu.address,
         step="mig-mode",
         outcome="changed",
@@ -98,23 +98,23 @@ def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> S
 MDEV_NOTE = "the mdev framework: its vGPUs are the vGPU device manager's to create"
 
 
-def _vfs(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> Step:
+def _vfs(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> RestoreStep:
     if not pf.totalvfs and pf.mdev:
-        return Step(gpu=gpu.address, step="vfs", outcome="ok", detail=f"no SR-IOV; {MDEV_NOTE}")
+        return RestoreStep(gpu=gpu.address, step="vfs", outcome="ok", detail=f"no SR-IOV; {MDEV_NOTE}")
     if not pf.totalvfs:
-        return Step(
+        return RestoreStep(
             gpu=gpu.address,
             step="vfs",
             outcome="failed",
             detail="no sriov_totalvfs: this GPU has no SR-IOV VFs (an mdev-framework or non-SR-IOV GPU)",
         )
     if pf.numvfs == pf.totalvfs:
-        return Step(
+        return RestoreStep(
             gpu=gpu.address, step="vfs", outcome="ok", detail=f"{pf.numvfs}/{pf.totalvfs} VFs enabled"
         )
     if pf.numvfs:
         if pf.in_use:
-            return Step(
+            return RestoreStep(
                 gpu=gpu.address,
                 step="vfs",
                 outcome="skipped",
@@ -123,11 +123,11 @@ def _vfs(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> S
             )
         error = control.disable_vfs(gpu.address)
         if error:
-            return Step(gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -d: {error}")
+            return RestoreStep(gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -d: {error}")
     error = control.enable_vfs(gpu.address)
     if error:
-        return Step(gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -e: {error}")
-    return Step(
+        return RestoreStep(gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -e: {error}")
+    return RestoreStep(
         gpu=gpu.address,
         step="vfs",
         outcome="changed",
@@ -146,10 +146,10 @@ def _write(writer: SysfsWriter, vf: str, type_id: int) -> str | None:
 
 def _types(
     gpu: GpuDesired, read: Callable[[], sysfs.PhysicalFunction], writer: SysfsWriter, known: dict[str, int]
-) -> Step:
+) -> RestoreStep:
     pf = read()
     if len(gpu.vf_types) > len(pf.vfs):
-        return Step(
+        return RestoreStep(
             gpu=gpu.address,
             step="vgpu-types",
             outcome="failed",
@@ -165,7 +165,7 @@ def _types(
         if vf.current and vf.current in known.values() and plan.get(vf.index) != vf.current
     ]
     if stale and pf.in_use:
-        return Step(
+        return RestoreStep(
             gpu=gpu.address,
             step="vgpu-types",
             outcome="skipped",
@@ -179,14 +179,14 @@ def _types(
         for vf in pf.vfs:
             error = _write(writer, vf.address, 0) if vf.current else None
             if error:
-                return Step(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
+                return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
         changed.append(f"cleared {sum(1 for vf in pf.vfs if vf.current)} vGPU(s) of another layout")
     for i, name in enumerate(gpu.vf_types):
         vf = read().vfs[i]  # a write changes what the other VFs may create: read afresh
         if vf.current is None and vf.mdev:
-            return Step(gpu=gpu.address, step="vgpu-types", outcome="ok", detail=f"{vf.address}: {MDEV_NOTE}")
+            return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="ok", detail=f"{vf.address}: {MDEV_NOTE}")
         if vf.current is None:
-            return Step(
+            return RestoreStep(
                 gpu=gpu.address,
                 step="vgpu-types",
                 outcome="failed",
@@ -211,11 +211,11 @@ def _types(
             continue
         error = _write(writer, vf.address, 0) if vf.current != 0 else None
         if error:
-            return Step(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
+            return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
         vf = read().vfs[i]
         wanted = next((t for t in vf.creatable if t.short == name), None)
         if wanted is None:
-            return Step(
+            return RestoreStep(
                 gpu=gpu.address,
                 step="vgpu-types",
                 outcome="failed",
@@ -226,13 +226,13 @@ def _types(
             )
         error = _write(writer, vf.address, wanted.id)
         if error:
-            return Step(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
+            return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="failed", detail=error)
         changed.append(f"virtfn{i}={name}")
     if skipped:
-        return Step(gpu=gpu.address, step="vgpu-types", outcome="skipped", detail="; ".join(skipped))
+        return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="skipped", detail="; ".join(skipped))
     if changed:
-        return Step(gpu=gpu.address, step="vgpu-types", outcome="changed", detail="set " + ", ".join(changed))
-    return Step(
+        return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="changed", detail="set " + ", ".join(changed))
+    return RestoreStep(
         gpu=gpu.address,
         step="vgpu-types",
         outcome="ok",
@@ -248,13 +248,13 @@ def has_nvswitch(fs: HostFS) -> bool:
     return any(f.pci_class.startswith(NVSWITCH_CLASS) for f in pci.scan(fs, pci.NVIDIA_VENDOR))
 
 
-def _fabric(desired: Desired, fs: HostFS) -> Step | None:
+def _fabric(desired: DesiredVGPUConfig, fs: HostFS) -> RestoreStep | None:
     if desired.fabric_mode is None or not has_nvswitch(fs):
         return None
     text = fs.read_text(FM_CONFIG)
     mode = desired.fabric_mode
     if text is None:
-        return Step(
+        return RestoreStep(
             gpu="node",
             step="fabric-manager",
             outcome="failed",
@@ -265,7 +265,7 @@ def _fabric(desired: Desired, fs: HostFS) -> Step | None:
         )
     found = _FABRIC_MODE.search(text)
     if found and int(found.group(1)) == mode:
-        return Step(
+        return RestoreStep(
             gpu="node", step="fabric-manager", outcome="ok", detail=f"FABRIC_MODE={mode} in {FM_CONFIG}"
         )
     new = (
@@ -275,7 +275,7 @@ def _fabric(desired: Desired, fs: HostFS) -> Step | None:
     )
     fs.write_atomic(FM_CONFIG, new)
     was = found.group(1) if found else "unset"
-    return Step(
+    return RestoreStep(
         gpu="node",
         step="fabric-manager",
         outcome="changed",
@@ -285,15 +285,15 @@ def _fabric(desired: Desired, fs: HostFS) -> Step | None:
 
 def restore(
     fs: HostFS,
-    desired: Desired,
+    desired: DesiredVGPUConfig,
     writer: SysfsWriter,
     control: VgpuControl,
     known: dict[str, int] | None = None,
-) -> list[Step]:
+) -> list[RestoreStep]:
     """One pass over every GPU the config names, then Fabric Manager. `known` maps type names to ids
     seen before (a fully used GPU's VFs list none), and is updated."""
     known = {} if known is None else known
-    steps: list[Step] = []
+    steps: list[RestoreStep] = []
     for gpu in desired.gpus:
         pf = sysfs.read_pf(fs, gpu.address)
         mig = _mig(gpu, pf, control)
@@ -311,7 +311,7 @@ def restore(
     return steps
 
 
-def state_of(steps: list[Step]) -> str:
+def state_of(steps: list[RestoreStep]) -> str:
     outcomes = {s.outcome for s in steps}
     if "failed" in outcomes:
         return "failed"

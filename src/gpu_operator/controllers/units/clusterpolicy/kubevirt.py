@@ -29,7 +29,7 @@ class SyncResult:
     condition: dict[str, str] | None = None  # None: sandbox workloads off, no condition
     applied: bool = False
     retry: bool = False  # the CR changed under us (409): look again soon
-    findings: list[kv.Finding] = field(default_factory=list)
+    findings: list[kv.KubeVirtFinding] = field(default_factory=list)
 
 
 async def _kubevirt_cr(kube: Kube) -> dict[str, Any] | None | bool:
@@ -93,7 +93,7 @@ async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView]) -> 
     return result
 
 
-async def emit(kube: Kube, findings: list[kv.Finding], policy_name: str) -> None:
+async def emit(kube: Kube, findings: list[kv.KubeVirtFinding], policy_name: str) -> None:
     """A Warning Event per finding: about its Node, else about the ClusterPolicy."""
     for finding in findings:
         try:

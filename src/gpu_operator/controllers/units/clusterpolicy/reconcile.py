@@ -31,7 +31,7 @@ from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.render.facts import NodeFacts
 from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
-from gpu_operator.render.kubevirt import Finding
+from gpu_operator.render.kubevirt import KubeVirtFinding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
@@ -57,7 +57,7 @@ class ClusterPolicyReconciler:
         self.settings = settings or OperatorSettings()
         # the operand images of the operator's environment (controllers/environment.py), read once
         self.images = dict(images) if images is not None else operator_env_now()
-        self._vm_findings: set[Finding] = set()  # VM passthrough findings already sent as Events
+        self._vm_findings: set[KubeVirtFinding] = set()  # VM passthrough findings already sent as Events
         self.applier = Applier(kube)
         self.namespace_labeller = NamespaceLabeller(kube)
         self._warned: set[tuple[str, int, str]] = set()  # (uid, generation, warning) sent as an Event
@@ -79,7 +79,7 @@ class ClusterPolicyReconciler:
 
         if snap.gpuclusters:
             report.requeue = self.settings.requeue_conflict
-            return await self._finish(report, active, snap, st.Outcome.failed(
+            return await self._finish(report, active, snap, st.ReconcileOutcome.failed(
                 st.conflict_message(snap.gpuclusters[0].name, active.name)))
         try:
             policy = active.parsed.valid()  # parsed once per version (controllers/views.py)
@@ -90,9 +90,9 @@ class ClusterPolicyReconciler:
             result = render(policy, facts)
             problems = runtimes.unserved_nodes(policy, facts)
         except pydantic.ValidationError as err:
-            return await self._finish(report, active, snap, st.Outcome.failed(validation_message(err)))
+            return await self._finish(report, active, snap, st.ReconcileOutcome.failed(validation_message(err)))
         except RenderError as err:
-            return await self._finish(report, active, snap, st.Outcome.failed(str(err)))
+            return await self._finish(report, active, snap, st.ReconcileOutcome.failed(str(err)))
 
         try:
             await self._warn(active, result.warnings)
@@ -102,7 +102,7 @@ class ClusterPolicyReconciler:
         except ApiError as err:
             message = f"Failed to reconcile: {err.status.message}"
             log.error("ClusterPolicy %s: %s", active.name, message)
-            return await self._finish(report, active, snap, st.Outcome.failed(message))
+            return await self._finish(report, active, snap, st.ReconcileOutcome.failed(message))
 
         await self._kubevirt(policy, active, snap, report)
         report.not_ready = self._not_ready_states(result, snap, report)
@@ -166,7 +166,7 @@ class ClusterPolicyReconciler:
         return not_ready
 
     async def _finish(self, report: ReconcileReport, policy: ClusterPolicyView, snap: ReadSnapshot,
-                      outcome: st.Outcome) -> ReconcileReport:
+                      outcome: st.ReconcileOutcome) -> ReconcileReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,
                                 report.extra_conditions)

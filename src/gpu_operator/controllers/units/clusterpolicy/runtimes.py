@@ -20,12 +20,12 @@ def unserved_nodes(policy: ClusterPolicy, facts: ClusterFacts) -> dict[str, str]
     return unserved(Ctx(policy, facts))
 
 
-def outcome(result: st.Outcome, problems: Mapping[str, str]) -> st.Outcome:
+def outcome(result: st.ReconcileOutcome, problems: Mapping[str, str]) -> st.ReconcileOutcome:
     """Not ready while a node's runtime is unrecognised: the message names each node and the fix
     (a reconcile failure or an operand not ready keeps its own message)."""
     if not problems or result.state != READY:
         return result
-    return st.Outcome(NOT_READY, RUNTIME_NOT_RECOGNISED, "; ".join(problems[n] for n in sorted(problems)))
+    return st.ReconcileOutcome(NOT_READY, RUNTIME_NOT_RECOGNISED, "; ".join(problems[n] for n in sorted(problems)))
 
 
 async def node_events(kube: Kube, problems: Mapping[str, str], sent: set[tuple[str, ...]]) -> None:

@@ -55,7 +55,7 @@ def served_resource_api(versions: Iterable[str]) -> str | None:
 
 @dataclass
 class ClusterReport(Applied):
-    outcome: st.Outcome | None = None
+    outcome: st.ReconcileOutcome | None = None
     not_ready: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)
 
@@ -85,18 +85,18 @@ class GPUClusterReconciler:
         policy = active_policy(snap.policies)
         if policy is not None:
             report.requeue = self.settings.requeue_conflict
-            return await self._finish(view, snap, report, st.Outcome(
+            return await self._finish(view, snap, report, st.ReconcileOutcome(
                 vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET, st.conflict_message(view.name, policy.name)))
         parsed = view.parsed
         if parsed.error is not None:
-            return await self._finish(view, snap, report, st.Outcome.failed(
+            return await self._finish(view, snap, report, st.ReconcileOutcome.failed(
                 validation_message(parsed.error, f"GPUCluster {view.name}")))
         try:
             facts = DRAFacts(namespace=snap.namespace, resource_api=await self._resource_api(),
                              openshift=snap.info.openshift, operator_env=self.images)
             result = render_gpucluster(parsed.valid(), facts)
         except RenderError as err:
-            return await self._finish(view, snap, report, st.Outcome.failed(
+            return await self._finish(view, snap, report, st.ReconcileOutcome.failed(
                 f"{err} (fix the field in GPUCluster {view.name})" if err.field_path.startswith("spec") else str(err)))
         try:
             await self._allow_admin_access(snap.namespace)
@@ -104,20 +104,20 @@ class GPUClusterReconciler:
             await self.applier.apply(result, view, owner_reference(view, API_VERSION, KIND), snap.owned,
                                      snap.watched_kinds, report)
         except ApiError as err:
-            return await self._finish(view, snap, report, st.Outcome.failed(
+            return await self._finish(view, snap, report, st.ReconcileOutcome.failed(
                 f"Failed to reconcile GPUCluster {view.name}: {err.status.message}"))
         report.not_ready = not_ready_states(result, snap.owned, report.applied)
         spec = parsed.valid().spec
         compute_domains = spec is not None and spec.draDriver.compute_domains_on()
         lacking = [crd for crd in await self._crds_of_others(compute_domains) if not crd.compatible]
         if lacking:
-            outcome = st.Outcome(vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET,
+            outcome = st.ReconcileOutcome(vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET,
                                  "; ".join(crd.sentence() for crd in lacking))
         elif report.not_ready:
-            outcome = st.Outcome(vocab.NOT_READY, vocab.OPERAND_NOT_READY,
+            outcome = st.ReconcileOutcome(vocab.NOT_READY, vocab.OPERAND_NOT_READY,
                                  f"Waiting for operand pods to be ready; states not ready: {st.listed(report.not_ready)}")
         else:
-            outcome = st.Outcome(vocab.READY, vocab.RECONCILED,
+            outcome = st.ReconcileOutcome(vocab.READY, vocab.RECONCILED,
                                  "GPUCluster is ready: every DRA operand is reconciled and its pods are ready")
             report.requeue = self.settings.gpucluster_resync  # unwatched objects are read back then
         return await self._finish(view, snap, report, outcome)
@@ -204,7 +204,7 @@ class GPUClusterReconciler:
         return report
 
     async def _finish(self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport,
-                      outcome: st.Outcome) -> ClusterReport:
+                      outcome: st.ReconcileOutcome) -> ClusterReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, view.status, view.generation)
         current = {k: view.status.get(k) for k in ("state", "namespace", "conditions")}

@@ -105,7 +105,7 @@ def wanted(node: str, sick: Mapping[str, str], names: Mapping[str, str],
 
 
 @dataclass
-class Plan:
+class DeviceTaintPlan:
     create: list[dict[str, Any]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
 
@@ -114,10 +114,10 @@ class Plan:
         return not self.create and not self.delete
 
 
-def plan(want: Mapping[str, Mapping[str, Any]], have: Mapping[str, Mapping[str, Any]]) -> Plan:
+def plan(want: Mapping[str, Mapping[str, Any]], have: Mapping[str, Mapping[str, Any]]) -> DeviceTaintPlan:
     """Create what is wanted and missing (or whose taint or selector changed: deleted first);
     delete what is not wanted."""
-    out = Plan()
+    out = DeviceTaintPlan()
     for name, body in have.items():
         if name not in want or dict(body.get("spec") or {}) != dict(want[name]["spec"]):
             out.delete.append(name)

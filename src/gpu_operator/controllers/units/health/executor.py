@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers.gpuholders import RuntimeAccess
-from gpu_operator.controllers.units.health.machine import GPU_CLIENT_APPS, VALIDATOR_RESTART, Step
+from gpu_operator.controllers.units.health.machine import GPU_CLIENT_APPS, VALIDATOR_RESTART, RemediationStep
 from gpu_operator.kube import nodestatus
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.resources import ObjectKey
@@ -31,7 +31,7 @@ RESTARTS = {"restart-device-plugin": (DEVICE_PLUGIN_SELECTOR, VALIDATOR_SELECTOR
             VALIDATOR_RESTART: (VALIDATOR_SELECTOR,)}
 
 
-def node_patch(step: Step) -> dict[str, Any]:
+def node_patch(step: RemediationStep) -> dict[str, Any]:
     """One merge patch for a node's transition."""
     meta: dict[str, Any] = {}
     labels: dict[str, str | None] = dict(step.labels)
@@ -71,7 +71,7 @@ class Executor:
             found.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
         return tuple(sorted(found))
 
-    async def run(self, step: Step) -> None:
+    async def run(self, step: RemediationStep) -> None:
         patch = node_patch(step)
         if patch:  # the Node first: the agent admits a request only for the attempt its Node is in
             await self.kube.merge_patch("v1", "Node", step.node, patch)

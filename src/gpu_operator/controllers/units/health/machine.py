@@ -75,7 +75,7 @@ __all__ = [
     "PAUSED",
     "PAUSED_VALUE",
     "PREFIX",
-    "Plan",
+    "RemediationPlan",
     "QUARANTINED",
     "REASON",
     "REQUESTED",
@@ -85,7 +85,7 @@ __all__ = [
     "STATES",
     "STEP",
     "STRENGTH",
-    "Step",
+    "RemediationStep",
     "UNHEALTHY_AT",
     "VALIDATING",
     "VALIDATOR_RESTART",
@@ -106,7 +106,7 @@ NEEDED = {"none": 1, "restart-app": 1, "reset-gpu": 2, "reboot": 4}
 
 
 @dataclass(frozen=True)
-class Step:
+class RemediationStep:
     """What to do for one node this pass (empty: nothing)."""
 
     node: str
@@ -130,17 +130,17 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Plan:
-    steps: tuple[Step, ...]
+class RemediationPlan:
+    steps: tuple[RemediationStep, ...]
     busy: bool  # a node is on its way: poll for timeouts
 
 
 def _to(node: RemediationFacts, state: str, now: float, message: str, notes: Mapping[str, str | None] | None = None,
-        **kw: Any) -> Step:
-    return Step(node.name, state=state, notes={SINCE: str(int(now)), **(notes or {})}, message=message, **kw)
+        **kw: Any) -> RemediationStep:
+    return RemediationStep(node.name, state=state, notes={SINCE: str(int(now)), **(notes or {})}, message=message, **kw)
 
 
-def _release(node: RemediationFacts, spec: RemediationSpec, result: str = "") -> Step:
+def _release(node: RemediationFacts, spec: RemediationSpec, result: str = "") -> RemediationStep:
     """Back to service: state and notes gone (the flapping record stays), uncordoned unless the node
     was cordoned before we began, the handoff label removed."""
     notes: dict[str, str | None] = {k: None for k in node.annotations if k != UNHEALTHY_AT}
@@ -150,7 +150,7 @@ def _release(node: RemediationFacts, spec: RemediationSpec, result: str = "") ->
     # we cordoned it (draining wrote "false": it was schedulable before) -> uncordon
     cordon = False if node.annotations.get(INITIALLY_UNSCHEDULABLE) == "false" else None
     labels.update(resumed(node))
-    return Step(node.name, remove_state=True, notes=notes, labels=labels, cordon=cordon, result=result,
+    return RemediationStep(node.name, remove_state=True, notes=notes, labels=labels, cordon=cordon, result=result,
                 withdraw=node.annotations.get(ACTION) in REQUESTED,
                 message="GPUs healthy and validated: node released")
 
@@ -161,7 +161,7 @@ def _first_step(node: RemediationFacts, spec: RemediationSpec) -> int | None:
     return next((i for i, a in enumerate(spec.actions) if STRENGTH[a] >= needed), None)
 
 
-def _attempt_failed(node: RemediationFacts, spec: RemediationSpec, now: float, why: str) -> Step:
+def _attempt_failed(node: RemediationFacts, spec: RemediationSpec, now: float, why: str) -> RemediationStep:
     attempts = node.number(ATTEMPTS) + 1
     if attempts >= spec.maxAttempts:
         reason = f"{attempts} remediation attempts failed (maxAttempts {spec.maxAttempts}); last: {why}"
@@ -181,11 +181,11 @@ def _flapping(node: RemediationFacts, spec: RemediationSpec, now: float) -> tupl
     return times[-spec.flapping.transitions:], len(times) >= spec.flapping.transitions
 
 
-def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start: bool) -> Step:
+def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start: bool) -> RemediationStep:
     state = node.state
     if state == "":
         if not node.broken:
-            return Step(node.name)
+            return RemediationStep(node.name)
         times, flapping = _flapping(node, spec, now)
         if flapping:
             reason = (f"flapping: unhealthy {len(times)} times within {spec.flapping.windowSeconds}s; "
@@ -196,7 +196,7 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
         if node.recovered and not node.broken:
             return _release(node, spec)
         if node.labels.get(UPGRADE_STATE) in UPGRADE_ACTIVE or not may_start:
-            return Step(node.name)
+            return RemediationStep(node.name)
         first = _first_step(node, spec) if STEP not in node.annotations else node.number(STEP)
         if first is None:
             reason = (f"no configured action is strong enough (the catalogue asks for "
@@ -215,13 +215,13 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
             # carried out: the request withdrawn, the node's validation restarted (a reboot restarts it)
             done: dict[str, str | None] = {ANSWERED: node.annotations.get(SINCE, ""), REVALIDATED: f"{now:.3f}",
                                            PAUSED: None}
-            return Step(node.name, notes=done, withdraw=True, labels=resumed(node),
+            return RemediationStep(node.name, notes=done, withdraw=True, labels=resumed(node),
                         action="" if action == "reboot" else VALIDATOR_RESTART,
                         message=f"the node agent carried out {action}; request withdrawn, validation restarted")
         handed = (spec.externalHandoff is not None and spec.externalHandoff.label in node.labels
                   and action == "external")
         if action == "external" and not handed and REVALIDATED not in node.annotations:
-            return Step(node.name, notes={REVALIDATED: f"{now:.3f}"}, action=VALIDATOR_RESTART,
+            return RemediationStep(node.name, notes={REVALIDATED: f"{now:.3f}"}, action=VALIDATOR_RESTART,
                         message="handed back by the external system: validation restarted")
         if not node.pending and not handed and node.fresh and node.recovered:
             return _release(node, spec, result="succeeded")
@@ -229,11 +229,11 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
         if now - since > spec.validationTimeoutSeconds:
             return _attempt_failed(node, spec, now, f"not validated healthy within {spec.validationTimeoutSeconds}s "
                                    f"after {node.annotations.get(ACTION, '?')}")
-        return Step(node.name)
-    return Step(node.name)  # failed, held: only `health retry` moves them
+        return RemediationStep(node.name)
+    return RemediationStep(node.name)  # failed, held: only `health retry` moves them
 
 
-def _drain(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
+def _drain(node: RemediationFacts, spec: RemediationSpec, now: float) -> RemediationStep:
     pods = [p for p in node.pods if p.gpu and not p.daemonset and not p.mirror and p.drain_match
             and p.phase in ("Running", "Pending")]
     loose = [p for p in pods if not p.controlled]
@@ -248,10 +248,10 @@ def _drain(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
     if d.outcome == node_drain.FAILED:
         return _attempt_failed(node, spec, now, d.reason)
     notes = {DRAIN_START: d.start} if d.start is not None else {}
-    return Step(node.name, notes=notes, evict=d.evict, message=d.message)
+    return RemediationStep(node.name, notes=notes, evict=d.evict, message=d.message)
 
 
-def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
+def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> RemediationStep:
     index = min(node.number(STEP), len(spec.actions) - 1)
     action = spec.actions[index]
     notes: dict[str, str | None] = {ACTION: action, ANSWERED: None}
@@ -263,13 +263,13 @@ def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
     elif action == "reset-gpu" and PAUSED not in node.annotations:
         # first the GPU clients leave the node (their pods hold the GPUs); the request comes after
         pause = {k: PAUSED_VALUE for k in GPU_CLIENTS if node.labels.get(k) == "true"}
-        return Step(node.name, notes={PAUSED: ",".join(sorted(pause)), SINCE: str(int(now))}, labels=pause,
+        return RemediationStep(node.name, notes={PAUSED: ",".join(sorted(pause)), SINCE: str(int(now))}, labels=pause,
                     message=f"pausing the GPU clients for the reset: {', '.join(sorted(pause)) or 'none'}")
     elif action == "reset-gpu" and node.clients:
         if now - node.number(SINCE) > spec.drainTimeoutSeconds:
             return _attempt_failed(node, spec, now, f"GPU client pods still on the node after "
                                    f"{spec.drainTimeoutSeconds}s: {', '.join(node.clients)}")
-        return Step(node.name)
+        return RemediationStep(node.name)
     if action in REQUESTED:
         buses = sorted(g.bus for g in node.report.unhealthy) if node.report else []
         gpus = (buses or ["all"]) if action == "reset-gpu" else []
@@ -279,12 +279,12 @@ def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> Step:
     return _to(node, VALIDATING, now, f"remediation: {action}", notes, labels=labels, action=pods, request=request)
 
 
-def plan(nodes: Sequence[RemediationFacts], spec: RemediationSpec, now: float) -> Plan:
+def plan(nodes: Sequence[RemediationFacts], spec: RemediationSpec, now: float) -> RemediationPlan:
     """Every node's step; at most maxUnavailable GPU nodes in an active state."""
     gpu_nodes = [n for n in nodes if n.report is not None or n.state]
     active = sum(1 for n in gpu_nodes if n.state in ACTIVE)
     room = max(0, spec.unavailable_limit(len(gpu_nodes)) - active)
-    steps: list[Step] = []
+    steps: list[RemediationStep] = []
     for node in sorted(gpu_nodes, key=lambda n: (n.state != QUARANTINED, n.number(SINCE), n.name)):
         may_start = room > 0
         step = decide(node, spec, now, may_start)
@@ -294,13 +294,13 @@ def plan(nodes: Sequence[RemediationFacts], spec: RemediationSpec, now: float) -
             steps.append(step)
     busy = any(n.state in (QUARANTINED, *ACTIVE) for n in gpu_nodes) or any(
         s.state in (QUARANTINED, *ACTIVE) for s in steps)
-    return Plan(tuple(steps), busy)
+    return RemediationPlan(tuple(steps), busy)
 
 
-def release_all(nodes: Sequence[RemediationFacts], spec: RemediationSpec) -> Plan:
+def release_all(nodes: Sequence[RemediationFacts], spec: RemediationSpec) -> RemediationPlan:
     """Remediation switched off: every node it holds goes back (uncordoned where we cordoned it),
     except one held by hand or for flapping (it waits for `health retry`)."""
-    return Plan(tuple(_release(n, spec) for n in nodes if n.state and n.state != HELD), False)
+    return RemediationPlan(tuple(_release(n, spec) for n in nodes if n.state and n.state != HELD), False)
 
 
 def retry_patch(annotations: Mapping[str, str]) -> dict[str, Any]:

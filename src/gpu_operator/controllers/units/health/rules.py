@@ -49,7 +49,7 @@ class Taint:
 
 
 @dataclass(frozen=True)
-class Condition:
+class HealthCondition:
     status: str  # "True" | "False" | "Unknown"
     reason: str
     message: str
@@ -61,15 +61,15 @@ class SignalFacts:
 
     name: str
     report: NodeReport = NodeReport()  # the agent's annotation, parsed (or why not; or none)
-    condition: Condition | None = None  # our condition as the node carries it
+    condition: HealthCondition | None = None  # our condition as the node carries it
     taints: tuple[Taint, ...] = ()  # the node's taints with our keys (see `ours`)
     remediation: str = ""  # HEALTH_STATE label: where remediation is ('' none)
     remediation_reason: str = ""  # why it failed or is held
 
 
 @dataclass(frozen=True)
-class Desired:
-    condition: Condition | None  # None: the node carries none of ours
+class DesiredHealth:
+    condition: HealthCondition | None  # None: the node carries none of ours
     taints: tuple[Taint, ...]  # every taint with our keys the node should carry
     state: str | None  # metric state; None: no series for the node
     quarantine: bool = False
@@ -79,7 +79,7 @@ class Desired:
 class SignalWrites:
     """What to send for one node: each None/empty when nothing changes."""
 
-    condition: Condition | None = None
+    condition: HealthCondition | None = None
     delete_condition: bool = False
     taints: tuple[Taint, ...] | None = None  # the node's new set of our taints
     event: tuple[bool, str] | None = None  # (warning, message)
@@ -110,7 +110,7 @@ def managed(policy: HealthSpec) -> frozenset[str]:
     return frozenset((HEALTH_TAINT, policy.startupTaint.key))
 
 
-def desire(facts: SignalFacts, policy: HealthSpec) -> Desired:
+def desire(facts: SignalFacts, policy: HealthSpec) -> DesiredHealth:
     """The condition, managed taints (see `managed`) and metric state this node should have."""
     startup = tuple(t for t in facts.taints if t.key == policy.startupTaint.key)
     quarantine_taint = Taint(HEALTH_TAINT, policy.taintEffect)
@@ -118,15 +118,15 @@ def desire(facts: SignalFacts, policy: HealthSpec) -> Desired:
     if report is None and error is None:
         held = facts.remediation in ("failed", "held")
         # no agent report: nothing of ours, unless remediation holds the node
-        return Desired(None, startup + ((quarantine_taint,) if held else ()),
+        return DesiredHealth(None, startup + ((quarantine_taint,) if held else ()),
                        REMEDIATION_METRIC.get(facts.remediation), quarantine=held)
     if report is None:
         # keep the taints as they are: a report we cannot read proves nothing either way
-        return Desired(Condition("Unknown", UNREADABLE, str(error)),
+        return DesiredHealth(HealthCondition("Unknown", UNREADABLE, str(error)),
                        tuple(t for t in facts.taints if t.key in managed(policy)),
                        REMEDIATION_METRIC.get(facts.remediation, "warning"))
     if report.stopped and facts.remediation not in REMEDIATION_METRIC:
-        return Desired(Condition("Unknown", STOPPED, "the GPU health agent stopped; its last report may be stale"),
+        return DesiredHealth(HealthCondition("Unknown", STOPPED, "the GPU health agent stopped; its last report may be stale"),
                        tuple(t for t in facts.taints if t.key in managed(policy)), "warning")
     worst = report.state
     if facts.remediation in REMEDIATION_METRIC:
@@ -135,26 +135,26 @@ def desire(facts: SignalFacts, policy: HealthSpec) -> Desired:
         detail = _gpus_message(report) or "GPUs report healthy, waiting for validation"
         if facts.remediation_reason:
             detail = f"{detail}; {facts.remediation_reason}"
-        return Desired(Condition("False", reason, f"{facts.remediation}: {detail}"), startup + (quarantine_taint,),
+        return DesiredHealth(HealthCondition("False", reason, f"{facts.remediation}: {detail}"), startup + (quarantine_taint,),
                        state, quarantine=True)
     if worst in ("unhealthy", "gone"):
         reason = GONE if worst == "gone" else UNHEALTHY
-        return Desired(Condition("False", reason, _gpus_message(report)), startup + (quarantine_taint,),
+        return DesiredHealth(HealthCondition("False", reason, _gpus_message(report)), startup + (quarantine_taint,),
                        "quarantined", quarantine=True)
     startup_left = () if report.validated and policy.startupTaint.enabled else startup
     if not report.validated:
         message = "GPU validation has not passed yet"
         if worst == "warning":
             message = f"{message}; {_gpus_message(report)}"
-        return Desired(Condition("False", VALIDATION_PENDING, message), startup_left, "warning")
+        return DesiredHealth(HealthCondition("False", VALIDATION_PENDING, message), startup_left, "warning")
     if worst == "warning":
-        return Desired(Condition("False", WARNING, _gpus_message(report)), startup_left, "warning")
-    return Desired(Condition("True", HEALTHY, "validated; every GPU healthy"), startup_left, "healthy")
+        return DesiredHealth(HealthCondition("False", WARNING, _gpus_message(report)), startup_left, "warning")
+    return DesiredHealth(HealthCondition("True", HEALTHY, "validated; every GPU healthy"), startup_left, "healthy")
 
 
-def writes(facts: SignalFacts, desired: Desired, policy: HealthSpec) -> SignalWrites:
+def writes(facts: SignalFacts, desired: DesiredHealth, policy: HealthSpec) -> SignalWrites:
     """The writes from what the node carries to `desired` (empty when it carries it already)."""
-    condition: Condition | None = None
+    condition: HealthCondition | None = None
     delete = False
     event: tuple[bool, str] | None = None
     if desired.condition is None:

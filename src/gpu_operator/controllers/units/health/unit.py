@@ -28,7 +28,7 @@ from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import (
     Event,
-    Kind,
+    EventKind,
     NodeEvent,
     NodePass,
     NodeQueue,
@@ -70,7 +70,7 @@ def facts_of(view: NodeView, report: NodeReport, state: str | None = None,
     merged = {**view.annotations, **(notes or {})}
     reason = merged.get(hm.REASON) or (f"action {merged[hm.ACTION]}" if merged.get(hm.ACTION) else "")
     return hr.SignalFacts(view.name, report,
-                          hr.Condition(*cond) if cond is not None else None,
+                          hr.HealthCondition(*cond) if cond is not None else None,
                           tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
                           view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
 
@@ -83,7 +83,7 @@ def _watched(view: NodeView) -> tuple[object, ...]:
 
 
 @dataclass
-class PassReport(NodePass):
+class HealthPassReport(NodePass):
     """What one pass wrote (for logs and tests)."""
 
     taints: int = 0
@@ -120,10 +120,10 @@ class HealthUnit(UnitBase):
                 self.queue.dirty.add(event.name)
                 return True
             return False
-        if isinstance(event, ObjectEvent) and event.kind in (Kind.CLUSTER_POLICY, Kind.GPU_CLUSTER):
+        if isinstance(event, ObjectEvent) and event.kind in (EventKind.CLUSTER_POLICY, EventKind.GPU_CLUSTER):
             self._everything = True
             return True
-        if isinstance(event, ObjectEvent) and event.kind is Kind.DRIVER_POD and event.node:
+        if isinstance(event, ObjectEvent) and event.kind is EventKind.DRIVER_POD and event.node:
             self.queue.dirty.add(event.node)  # remediation waits for a driver pod to come back
             return True
         return False
@@ -137,7 +137,7 @@ class HealthUnit(UnitBase):
         spec = self.policy()
         everything, names = self._everything, self.queue.take()
         self._everything = False
-        report = PassReport()
+        report = HealthPassReport()
         if spec is None:
             self._forget_all()
             return report
@@ -175,7 +175,7 @@ class HealthUnit(UnitBase):
         return report
 
     async def _plan(self, views: Mapping[str, NodeView], reports: Mapping[str, NodeReport], spec: HealthSpec,
-                    now: float) -> hm.Plan:
+                    now: float) -> hm.RemediationPlan:
         """The remediation machine's steps (nodes it holds released when it is off)."""
         if not spec.remediation.enabled:
             return hm.release_all([hm.node_facts(v, reports[n].report) for n, v in views.items()
@@ -190,8 +190,8 @@ class HealthUnit(UnitBase):
         return hm.plan([hm.node_facts(v, reports[n].report, pods.get(n, ()), clients.get(n, ()))
                         for n, v in views.items()], spec.remediation, now)
 
-    async def _node(self, view: NodeView, node_report: NodeReport, spec: HealthSpec, step: hm.Step | None,
-                    report: PassReport) -> None:
+    async def _node(self, view: NodeView, node_report: NodeReport, spec: HealthSpec, step: hm.RemediationStep | None,
+                    report: HealthPassReport) -> None:
         facts = facts_of(view, node_report)
         if step is not None and not step.empty:
             await self.executor.run(step)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator.controllers import metrics
-from gpu_operator.controllers.pacing import AdaptiveLimit, Gate
+from gpu_operator.controllers.pacing import AdaptiveGate, AdaptiveLimit
 from gpu_operator.controllers.queries import NodeDriver
 from gpu_operator.controllers.settings import Backoff
 from gpu_operator.controllers.units.labels.gfdlabels import mirrored
@@ -105,7 +105,7 @@ class NodeLabeller:
         self.concurrency = concurrency
         # The whole bound to start (the apiserver is measured at it); a latency rise alone never
         # goes below half of it, overload (429, 5xx) may (see pacing).
-        self.gate = Gate(AdaptiveLimit(initial=concurrency, maximum=concurrency, floor=max(1, concurrency // 2)),
+        self.gate = AdaptiveGate(AdaptiveLimit(initial=concurrency, maximum=concurrency, floor=max(1, concurrency // 2)),
                          on_change=metrics.LABEL_CONCURRENCY.set)
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 

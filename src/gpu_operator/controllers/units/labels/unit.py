@@ -23,7 +23,7 @@ from typing import Literal
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clock import REAL, Clock
 from gpu_operator.controllers.gpuholders import claim_holding_nodes
-from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Pacing, Result, UnitBase
+from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Pacing, Result, UnitBase
 from gpu_operator.controllers.queries import NodeDriver
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
@@ -73,11 +73,11 @@ class LabelUnit(UnitBase):
                 return False
             self.dirty.add(event.name)
             return True
-        if event.kind in (Kind.DRIVER_POD, Kind.GFD_FEATURES):
+        if event.kind in (EventKind.DRIVER_POD, EventKind.GFD_FEATURES):
             if event.node:
                 self.dirty.add(event.node)
-            return event.kind is Kind.DRIVER_POD or bool(event.node)
-        return event.kind in (Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER)
+            return event.kind is EventKind.DRIVER_POD or bool(event.node)
+        return event.kind in (EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER)
 
     def failed(self, err: BaseException) -> None:
         """Not one node's patch (those are in the report): every node is looked at again."""

@@ -92,7 +92,7 @@ class MIGFacts:
 
 
 @dataclass(frozen=True)
-class Decision:
+class MIGDecision:
     kind: Verdict
     status: str = ""  # the condition's status: True | False | Unknown ('' with Verdict.NONE)
     reason: str = ""
@@ -171,10 +171,10 @@ def failed_message(f: MIGFacts) -> str:
             f"reboot required; its log says which); {tail}")
 
 
-def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> Decision:
+def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> MIGDecision:
     """What the node's MIG change is, and what to write about it."""
     if f.config is None and f.state is None and not f.paused:
-        return Decision(Verdict.NONE, notes=_clear(f))
+        return MIGDecision(Verdict.NONE, notes=_clear(f))
     if f.in_change:
         if f.pending_since is not None and f.pending_config != (f.config or ""):
             # mig.config changed since: a new change (the MIG manager runs it), with its own budget; the
@@ -188,7 +188,7 @@ def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> Decision
         if f.manager is not ManagerPresence.NOT_DEPLOYED and age < budget:
             if f.restore is not None:
                 notes[MIG_RESTORE] = None
-            return Decision(Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS,
+            return MIGDecision(Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS,
                             f"applying MIG config {f.config!r}: state {f.state or 'unset'}, GPU clients paused",
                             notes, wake=since + budget)
         if f.restore is not None:
@@ -196,24 +196,24 @@ def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> Decision
         else:
             reason, message = stuck_message(f, budget)
             notes[MIG_RESTORE] = f"{reason} {message}"
-        return _retry(Decision(Verdict.STUCK, "False", reason, message, notes), f, now, backoff)
+        return _retry(MIGDecision(Verdict.STUCK, "False", reason, message, notes), f, now, backoff)
     if f.invalid:
         names = ", ".join(f.valid or ())
-        return Decision(Verdict.INVALID, "False", MIG_INVALID_CONFIG,
+        return MIGDecision(Verdict.INVALID, "False", MIG_INVALID_CONFIG,
                         f"nvidia.com/mig.config {f.config!r} is not a config of ConfigMap {f.layouts}; "
                         f"valid names: {names}", _clear(f))
     if f.state == SUCCESS:
-        return Decision(Verdict.APPLIED, "True", MIG_APPLIED, f"MIG config {f.config!r} applied", _clear(f))
+        return MIGDecision(Verdict.APPLIED, "True", MIG_APPLIED, f"MIG config {f.config!r} applied", _clear(f))
     if f.state == FAILED:
         notes = {k: None for k in (MIG_PENDING_SINCE, MIG_RESTORE) if (
             f.pending_since if k == MIG_PENDING_SINCE else f.restore) is not None}
-        return _retry(Decision(Verdict.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff)
-    return Decision(Verdict.NOT_STARTED, "Unknown", MIG_NOT_STARTED,
+        return _retry(MIGDecision(Verdict.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff)
+    return MIGDecision(Verdict.NOT_STARTED, "Unknown", MIG_NOT_STARTED,
                     f"MIG config {f.config!r} not yet acted on by the MIG manager (state {f.state or 'unset'})",
                     _clear(f))
 
 
-def hold_stale_success(d: Decision, config: str | None, applied: str | None, held: tuple[str, float] | None,
+def hold_stale_success(d: MIGDecision, config: str | None, applied: str | None, held: tuple[str, float] | None,
                        now: float, poll: float) -> tuple[str, float] | None:
     """A node whose `mig.config` changed while its state still says `success` of the config applied
     before (`applied`: the unit saw it so): the MIG manager writes `pending` once it acts, or
@@ -231,7 +231,7 @@ def _clear(f: MIGFacts) -> dict[str, str | None]:
     return {k: None for k, v in present.items() if v is not None}
 
 
-def _retry(d: Decision, f: MIGFacts, now: float, backoff: Backoff) -> Decision:
+def _retry(d: MIGDecision, f: MIGFacts, now: float, backoff: Backoff) -> MIGDecision:
     """A stuck or failed node: once its GPU clients are restored and the backoff has passed, its
     MIG manager pod is restarted (its start runs the change again); never while labels are paused."""
     notes = dict(d.notes)
@@ -243,12 +243,12 @@ def _retry(d: Decision, f: MIGFacts, now: float, backoff: Backoff) -> Decision:
     if f.paused or f.manager is not ManagerPresence.RUNNING:
         # node labelling restores the labels (an event follows); a MIG manager that comes back runs
         # the change at its start; one that will not come cannot be retried
-        return Decision(d.kind, d.status, d.reason, d.message, notes, wake=None)
+        return MIGDecision(d.kind, d.status, d.reason, d.message, notes, wake=None)
     if now < due:
-        return Decision(d.kind, d.status, d.reason, d.message, notes, wake=due)
+        return MIGDecision(d.kind, d.status, d.reason, d.message, notes, wake=due)
     notes.update({MIG_RETRY: f"{f.attempts + 1} {_epoch(now)}", MIG_RESTORE: None, MIG_PENDING_SINCE: None})
     notes = {k: v for k, v in notes.items() if v is not None or k == MIG_RETRY or _present(f, k)}
-    return Decision(d.kind, d.status, d.reason, d.message, notes, retry=True)
+    return MIGDecision(d.kind, d.status, d.reason, d.message, notes, retry=True)
 
 
 def _present(f: MIGFacts, key: str) -> bool:

@@ -29,7 +29,7 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.controllers.gpuholders import requests_gpu
 from gpu_operator.controllers.loop import (
     Event,
-    Kind,
+    EventKind,
     NodeEvent,
     NodePass,
     NodeQueue,
@@ -107,7 +107,7 @@ class Sent:
 
 
 @dataclass
-class PassReport(NodePass):
+class MIGPassReport(NodePass):
     """What one pass wrote (for logs and tests)."""
 
     notes: int = 0
@@ -143,7 +143,7 @@ class MIGUnit(UnitBase):
                 self._held.pop(event.name, None)
                 self._sent.pop(event.name, None)
             return self.queue.changed(event)
-        if isinstance(event, ObjectEvent) and event.kind is Kind.CLUSTER_POLICY:
+        if isinstance(event, ObjectEvent) and event.kind is EventKind.CLUSTER_POLICY:
             self._everything = True
             return True
         return False
@@ -156,7 +156,7 @@ class MIGUnit(UnitBase):
     async def reconcile(self) -> Result:
         everything, names = self._everything, self.queue.take()
         self._everything = False
-        report = PassReport()
+        report = MIGPassReport()
         policy = self.model.active_model()
         if policy is None:
             return report  # no policy deploys a MIG manager: nothing to decide by
@@ -182,7 +182,7 @@ class MIGUnit(UnitBase):
         return report
 
     async def _node(self, view: NodeView, policy: ClusterPolicy, now: float,
-                    layouts: dict[str, tuple[str, tuple[str, ...] | None]], report: PassReport) -> float | None:
+                    layouts: dict[str, tuple[str, tuple[str, ...] | None]], report: MIGPassReport) -> float | None:
         labels, notes = view.labels, view.annotations
         state = labels.get(MIG_CONFIG_STATE)
         pods = await self._pods(view.name) if mr.needs_pods(labels, notes) else None
@@ -289,7 +289,7 @@ class MIGUnit(UnitBase):
 
     # -- writes
 
-    async def _condition(self, view: NodeView, d: mr.Decision, report: PassReport,
+    async def _condition(self, view: NodeView, d: mr.MIGDecision, report: MIGPassReport,
                          notes: dict[str, str | None] | None = None) -> bool:
         """Write the condition where it changed (with `notes` in the same request); True if written."""
         want = d.condition

@@ -65,7 +65,7 @@ class NVIDIADriverReconciler:
         self.applier.forget_others({v.uid for v in snap.drivers})
         drivers, invalid = parse_drivers(snap.drivers)
         for name, message in invalid.items():
-            await self._status(views[name], snap, st.Outcome.failed(message))
+            await self._status(views[name], snap, st.ReconcileOutcome.failed(message))
         active = active_policy(snap.policies)
         policy = active.parsed.model if active is not None else None
         if active is not None and policy is None:
@@ -96,17 +96,17 @@ class NVIDIADriverReconciler:
 
     async def _one(self, nvd: NVIDIADriver, view: NVIDIADriverView, base: ClusterPolicy | None, facts: ClusterFacts,
                    owners: dict[str, str], routing: Routing, snap: ReadSnapshot,
-                   report: ReconcileReport) -> st.Outcome:
+                   report: ReconcileReport) -> st.ReconcileOutcome:
         name = nvd.metadata.name
         owned_nodes = sorted(node for node, owner in owners.items() if owner == name)
         conflict = "; ".join(conflict_message(node, names) for node, names in routing.conflicts_of(name).items())
 
-        def failed(message: str) -> st.Outcome:
+        def failed(message: str) -> st.ReconcileOutcome:
             # As upstream, a conflicting nodeSelector is what the status names first, whatever
             # else fails: which one a user sees must not depend on which CR the watch saw first.
             if conflict:
-                return st.Outcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, f"{conflict}; also: {message}")
-            return st.Outcome.failed(message)
+                return st.ReconcileOutcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, f"{conflict}; also: {message}")
+            return st.ReconcileOutcome.failed(message)
 
         try:
             policy, reads = driver_policy(nvd, base), ReadOnce(self.kube)  # each user ConfigMap GET once
@@ -124,7 +124,7 @@ class NVIDIADriverReconciler:
         except ApiError as err:
             return failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
         if conflict:
-            return st.Outcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, conflict)
+            return st.ReconcileOutcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, conflict)
         not_ready = []
         for pool in pools_of(result):
             for ds in pool.objects:
@@ -139,18 +139,18 @@ class NVIDIADriverReconciler:
         waiting = [n.name for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present]
         if unlabelled or waiting:
             # "ready" now would only mean the DaemonSets have no node to run on yet
-            return st.Outcome(vocab.NOT_READY, DRIVER_NOT_READY,
+            return st.ReconcileOutcome(vocab.NOT_READY, DRIVER_NOT_READY,
                               f"NVIDIADriver {name} is not ready; nodes not labelled yet: {unlabelled or waiting}")
         if not_ready:
-            return st.Outcome(vocab.NOT_READY, DRIVER_NOT_READY,
+            return st.ReconcileOutcome(vocab.NOT_READY, DRIVER_NOT_READY,
                               f"NVIDIADriver {name} is not ready; driver DaemonSets not ready: {not_ready}")
         if not owned_nodes:
             selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items()))
             what = f"nodeSelector ({selector})" if selector else "this default NVIDIADriver"
-            return st.Outcome(vocab.READY, vocab.NO_GPU_NODES,
+            return st.ReconcileOutcome(vocab.READY, vocab.NO_GPU_NODES,
                               f"NVIDIADriver {name}: {what} matches no GPU node (that no other NVIDIADriver "
                               "selects); no driver DaemonSet is deployed")
-        return st.Outcome(vocab.READY, vocab.RECONCILED,
+        return st.ReconcileOutcome(vocab.READY, vocab.RECONCILED,
                           f"NVIDIADriver {name} is ready: {len(owned_nodes)} node(s) in "
                           f"{len(pools_of(result))} pool(s)")
 
@@ -171,19 +171,19 @@ class NVIDIADriverReconciler:
 
     async def _disabled(self, view: NVIDIADriverView, snap: ReadSnapshot, active: ClusterPolicyView | None) -> None:
         if active is None:
-            outcome = st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
+            outcome = st.ReconcileOutcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
                                  "no ClusterPolicy and no GPUCluster: create a ClusterPolicy with "
                                  "spec.driver.useNvidiaDriverCRD=true, or a GPUCluster (the DRA stack)")
             await self._status(view, snap, outcome)
             return
         message = (f"ClusterPolicy {active.name} has spec.driver.useNvidiaDriverCRD=false: set it to true to let "
                    "NVIDIADrivers manage the driver")
-        wanted = st.status_body(st.Outcome(vocab.NOT_READY, PREREQUISITE_NOT_MET, message), snap.namespace,
+        wanted = st.status_body(st.ReconcileOutcome(vocab.NOT_READY, PREREQUISITE_NOT_MET, message), snap.namespace,
                                 view.status, view.generation)
         wanted["state"] = DISABLED
         await self._write(view, wanted)
 
-    async def _status(self, view: NVIDIADriverView, snap: ReadSnapshot, outcome: st.Outcome) -> None:
+    async def _status(self, view: NVIDIADriverView, snap: ReadSnapshot, outcome: st.ReconcileOutcome) -> None:
         await self._write(view, st.status_body(outcome, snap.namespace, view.status, view.generation))
 
     async def _write(self, view: NVIDIADriverView, wanted: dict[str, Any]) -> None:

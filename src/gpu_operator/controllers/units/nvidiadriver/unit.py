@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
+from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.nvidiadriver.reconcile import NVIDIADriverReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.DRIVER_POD})
+WANTED = frozenset({EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED, EventKind.DRIVER_POD})
 
 
 class NVIDIADriverUnit(UnitBase):

@@ -120,7 +120,7 @@ class PassLists:
     validators: Mapping[str, bool] = field(default_factory=dict)
 
 
-def node_patch(step: us.Step) -> dict[str, Any]:
+def node_patch(step: us.UpgradeStep) -> dict[str, Any]:
     """One merge patch for a node's transition: state label, annotations, cordon."""
     patch: dict[str, Any] = {"metadata": {}}
     if step.state is not None:
@@ -138,10 +138,10 @@ POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQU
 
 
 def node_facts(node: NodeView, drivers: Mapping[str, us.DriverPod], validators: Mapping[str, bool],
-               pods: tuple[us.PodFacts, ...]) -> us.NodeFacts:
+               pods: tuple[us.PodFacts, ...]) -> us.UpgradeNodeFacts:
     """What the state machine reads of one node: its view, its driver pod, whether its validator is
     ready, and (in a pod-reading state) its pods."""
-    return us.NodeFacts(node.name, labels=node.selectable, annotations=node.annotations,
+    return us.UpgradeNodeFacts(node.name, labels=node.selectable, annotations=node.annotations,
                         unschedulable=node.unschedulable, ready=node.ready,
                         driver=drivers.get(node.name), pods=pods, validators_ready=validators.get(node.name))
 
@@ -252,7 +252,7 @@ class UpgradeController:
     async def _owner_pass(self, owner: Owner, views: Mapping[str, NodeView], lists: PassLists) -> tuple[us.Counts, bool]:
         """The state machine for one owner's nodes: (its counts, whether an upgrade is under way)."""
         if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
-            result = us.plan([us.NodeFacts(v.name, labels=v.selectable)
+            result = us.plan([us.UpgradeNodeFacts(v.name, labels=v.selectable)
                               for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, self.clock.wall())
             await self._execute(result.steps, {})
             return result.counts, False
@@ -272,10 +272,10 @@ class UpgradeController:
             return await node_drain.pods_on(self.kube, node, self.blocked, access=self.access,
                                             wait_selector=policy.wait_selector, drain_selector=policy.drain_selector)
 
-    async def _execute(self, steps: Sequence[us.Step], facts: Mapping[str, us.NodeFacts]) -> None:
+    async def _execute(self, steps: Sequence[us.UpgradeStep], facts: Mapping[str, us.UpgradeNodeFacts]) -> None:
         await asyncio.gather(*(self._apply(step, facts.get(step.node)) for step in steps))
 
-    async def _apply(self, step: us.Step, node: us.NodeFacts | None) -> None:
+    async def _apply(self, step: us.UpgradeStep, node: us.UpgradeNodeFacts | None) -> None:
         async with self.gate:
             try:
                 patch = node_patch(step)

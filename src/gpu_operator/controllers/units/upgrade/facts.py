@@ -1,5 +1,5 @@
 """What the driver upgrade state machine (state.py) reads: the owner's upgradePolicy flattened
-(Policy, every default the api model's), one node's facts (NodeFacts) and its driver pod's
+(Policy, every default the api model's), one node's facts (UpgradeNodeFacts) and its driver pod's
 (DriverPod), and the driver DaemonSet's newest ControllerRevision's hash. Pure; state.py re-exports
 every name."""
 
@@ -86,7 +86,7 @@ class DriverPod:
 
 
 @dataclass(frozen=True)
-class NodeFacts:
+class UpgradeNodeFacts:
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)  # state and skip labels are read
     annotations: Mapping[str, str] = field(default_factory=dict)

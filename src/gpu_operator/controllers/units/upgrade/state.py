@@ -18,8 +18,8 @@ from gpu_operator.controllers.units.upgrade.facts import (  # what the machine r
     VALIDATION_TIMEOUT_SECONDS as VALIDATION_TIMEOUT_SECONDS,
 )
 from gpu_operator.controllers.units.upgrade.facts import DriverPod as DriverPod
-from gpu_operator.controllers.units.upgrade.facts import NodeFacts as NodeFacts
 from gpu_operator.controllers.units.upgrade.facts import Policy as Policy
+from gpu_operator.controllers.units.upgrade.facts import UpgradeNodeFacts as UpgradeNodeFacts
 from gpu_operator.controllers.units.upgrade.facts import latest_revision_hash as latest_revision_hash
 from gpu_operator.vocabulary import (
     CORDON_REQUIRED as CORDON_REQUIRED,
@@ -76,7 +76,7 @@ CRASH_LOOP_RESTARTS = 10  # upstream: any driver container restarted more than t
 
 
 @dataclass(frozen=True)
-class Step:
+class UpgradeStep:
     """What to do for one node this pass. `state` None: label unchanged."""
 
     node: str
@@ -112,29 +112,29 @@ def total(counts: Iterable[Counts]) -> Counts:
 
 
 @dataclass(frozen=True)
-class Plan:
-    steps: tuple[Step, ...]
+class UpgradePlan:
+    steps: tuple[UpgradeStep, ...]
     counts: Counts
 
 
 
-def _needs_upgrade(node: NodeFacts) -> bool:
+def _needs_upgrade(node: UpgradeNodeFacts) -> bool:
     d = node.driver
     return ((d is not None and (not d.in_sync or d.orphaned))
             or node.annotations.get(UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION) == "true"
             or node.annotations.get(UPGRADE_REQUESTED_ANNOTATION) == "true")
 
 
-def _to(node: NodeFacts, state: str, now: float, message: str = "", *, warning: bool = False,
-        annotations: Mapping[str, str | None] | None = None, **kw: Any) -> Step:
+def _to(node: UpgradeNodeFacts, state: str, now: float, message: str = "", *, warning: bool = False,
+        annotations: Mapping[str, str | None] | None = None, **kw: Any) -> UpgradeStep:
     notes: dict[str, str | None] = {UPGRADE_STATE_SINCE_ANNOTATION: str(int(now))}
     if annotations:
         notes.update(annotations)
-    return Step(node.name, state=state, annotations=notes,
+    return UpgradeStep(node.name, state=state, annotations=notes,
                 message=message or f"Successfully updated node state label to {state}", warning=warning, **kw)
 
 
-def _fail(node: NodeFacts, now: float, reason: str) -> Step:
+def _fail(node: UpgradeNodeFacts, now: float, reason: str) -> UpgradeStep:
     return _to(node, UPGRADE_FAILED, now, f"upgrade failed: {reason}", warning=True,
                annotations={UPGRADE_FAILURE_REASON_ANNOTATION: reason,
                             UPGRADE_POD_DELETION_START_ANNOTATION: None, UPGRADE_DRAIN_START_ANNOTATION: None,
@@ -142,7 +142,7 @@ def _fail(node: NodeFacts, now: float, reason: str) -> Step:
                             UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None})
 
 
-def _after_upgrade(node: NodeFacts, now: float) -> Step:
+def _after_upgrade(node: UpgradeNodeFacts, now: float) -> UpgradeStep:
     """Validated (or recovered): uncordon, unless the node was cordoned before the upgrade."""
     clear = {UPGRADE_VALIDATION_START_ANNOTATION: None, UPGRADE_FAILURE_REASON_ANNOTATION: None}
     if node.annotations.get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION) == "true":
@@ -152,8 +152,8 @@ def _after_upgrade(node: NodeFacts, now: float) -> Step:
                if UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION in node.annotations else clear)
 
 
-def _evicting(node: NodeFacts, pods: Sequence[PodFacts], start_key: str, timeout: int, now: float,
-              force: bool, empty_dir: bool, what: str) -> tuple[str, Step | None]:
+def _evicting(node: UpgradeNodeFacts, pods: Sequence[PodFacts], start_key: str, timeout: int, now: float,
+              force: bool, empty_dir: bool, what: str) -> tuple[str, UpgradeStep | None]:
     """Pod deletion and drain through the shared drain (controllers/drain.py), its start time in
     the node's `start_key` annotation: ('done'|'failed:<reason>'|'wait', step)."""
     d = node_drain.decide(pods, node.ts(start_key), timeout, now, force=force, empty_dir=empty_dir, what=what)
@@ -162,23 +162,23 @@ def _evicting(node: NodeFacts, pods: Sequence[PodFacts], start_key: str, timeout
     if d.outcome == node_drain.FAILED:
         return f"failed:{d.reason}", None
     notes: dict[str, str | None] = {start_key: d.start} if d.start is not None else {}
-    return "wait", Step(node.name, annotations=notes, evict=d.evict, message=d.message)
+    return "wait", UpgradeStep(node.name, annotations=notes, evict=d.evict, message=d.message)
 
 
-def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step:
+def decide(node: UpgradeNodeFacts, policy: Policy, now: float, may_start: bool) -> UpgradeStep:
     """One node's next step. `may_start`: a slot is free for this node to leave upgrade-required."""
     state, d = node.state, node.driver
     if state in (UNKNOWN, UPGRADE_DONE):
         if d is None and state == UNKNOWN:
-            return Step(node.name)
+            return UpgradeStep(node.name)
         if _needs_upgrade(node):
             return _to(node, UPGRADE_REQUIRED, now)
         if state == UNKNOWN:
             return _to(node, UPGRADE_DONE, now)
-        return Step(node.name)
+        return UpgradeStep(node.name)
     if state == UPGRADE_REQUIRED:
         if node.skip or not may_start:
-            return Step(node.name)
+            return UpgradeStep(node.name)
         requested = UPGRADE_REQUESTED_ANNOTATION in node.annotations
         safe_load = node.annotations.get(UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION) == "true"
         notes: dict[str, str | None] = {}
@@ -211,7 +211,7 @@ def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step
                 return _to(node, DRAIN_REQUIRED, now, "Pod deletion failed but drain is enabled in spec. "
                            f"Will attempt a node drain ({outcome[7:]})", warning=True, annotations=clear)
             return _fail(node, now, outcome[7:])
-        return step or Step(node.name)
+        return step or UpgradeStep(node.name)
     if state == DRAIN_REQUIRED:
         if not policy.drain_enable:
             return _to(node, POD_RESTART_REQUIRED, now)
@@ -224,7 +224,7 @@ def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step
                        annotations={UPGRADE_DRAIN_START_ANNOTATION: None})
         if outcome.startswith("failed:"):
             return _fail(node, now, outcome[7:])
-        return step or Step(node.name)
+        return step or UpgradeStep(node.name)
     if state == POD_RESTART_REQUIRED:
         return _pod_restart(node, now)
     if state == VALIDATION_REQUIRED:
@@ -232,22 +232,22 @@ def decide(node: NodeFacts, policy: Policy, now: float, may_start: bool) -> Step
             return _after_upgrade(node, now)
         started = node.ts(UPGRADE_VALIDATION_START_ANNOTATION)
         if started is None:
-            return Step(node.name, annotations={UPGRADE_VALIDATION_START_ANNOTATION: str(int(now))})
+            return UpgradeStep(node.name, annotations={UPGRADE_VALIDATION_START_ANNOTATION: str(int(now))})
         if now - started > policy.validation_timeout:
             what = "no validator pod on the node" if node.validators_ready is None else "validator pods not ready"
             return _fail(node, now, f"validation timed out after {policy.validation_timeout}s ({what})")
-        return Step(node.name)
+        return UpgradeStep(node.name)
     if state == UNCORDON_REQUIRED:
         return _to(node, UPGRADE_DONE, now, cordon=False)
     if state == UPGRADE_FAILED:
         if d is not None and d.in_sync and not d.orphaned and d.ready and not _needs_upgrade(node):
             return _after_upgrade(node, now)
-        return Step(node.name)
-    return Step(node.name, message=f"could not determine next upgrade state from {state!r}, will retry",
+        return UpgradeStep(node.name)
+    return UpgradeStep(node.name, message=f"could not determine next upgrade state from {state!r}, will retry",
                 warning=True)
 
 
-def _wait_for_jobs(node: NodeFacts, policy: Policy, now: float) -> Step:
+def _wait_for_jobs(node: UpgradeNodeFacts, policy: Policy, now: float) -> UpgradeStep:
     clear = {UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None}
     if not policy.wait_selector:
         return _to(node, POD_DELETION_REQUIRED, now, annotations=clear)
@@ -257,18 +257,18 @@ def _wait_for_jobs(node: NodeFacts, policy: Policy, now: float) -> Step:
     if policy.wait_timeout > 0:
         started = node.ts(UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION)
         if started is None:
-            return Step(node.name, annotations={UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: str(int(now))})
+            return UpgradeStep(node.name, annotations={UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: str(int(now))})
         if now - started > policy.wait_timeout:
             return _to(node, POD_DELETION_REQUIRED, now, "waitForCompletion timed out", annotations=clear)
-    return Step(node.name)
+    return UpgradeStep(node.name)
 
 
-def _pod_restart(node: NodeFacts, now: float) -> Step:
+def _pod_restart(node: UpgradeNodeFacts, now: float) -> UpgradeStep:
     d = node.driver
     if d is None or d.terminating:
-        return Step(node.name)  # the DaemonSet controller is replacing it
+        return UpgradeStep(node.name)  # the DaemonSet controller is replacing it
     if not d.in_sync or d.orphaned:
-        return Step(node.name, delete_driver_pod=True, message=f"Restarting driver pod {d.namespace}/{d.name}")
+        return UpgradeStep(node.name, delete_driver_pod=True, message=f"Restarting driver pod {d.namespace}/{d.name}")
     notes: dict[str, str | None] = {}
     if UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION in node.annotations:
         notes[UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION] = None  # unblock the driver's safe load
@@ -276,13 +276,13 @@ def _pod_restart(node: NodeFacts, now: float) -> Step:
         return _to(node, VALIDATION_REQUIRED, now, annotations=notes)
     if d.restarts > CRASH_LOOP_RESTARTS:
         return _fail(node, now, f"driver pod {d.namespace}/{d.name} crash-looping ({d.restarts} restarts)")
-    return Step(node.name, annotations=notes)
+    return UpgradeStep(node.name, annotations=notes)
 
 
-def plan(nodes: Sequence[NodeFacts], policy: Policy, now: float, paused: bool = False) -> Plan:
+def plan(nodes: Sequence[UpgradeNodeFacts], policy: Policy, now: float, paused: bool = False) -> UpgradePlan:
     """Every node's step this pass; slots and maxUnavailable bound who leaves upgrade-required."""
     if not policy.auto_upgrade:
-        return Plan(tuple(Step(n.name, remove_state=True, message="driver auto-upgrade disabled")
+        return UpgradePlan(tuple(UpgradeStep(n.name, remove_state=True, message="driver auto-upgrade disabled")
                           for n in nodes if n.state != UNKNOWN), Counts())
     managed = [n for n in nodes if n.driver is not None or n.state != UNKNOWN]
     total = len(managed)
@@ -298,7 +298,7 @@ def plan(nodes: Sequence[NodeFacts], policy: Policy, now: float, paused: bool = 
     room = max(0, limit - unavailable)
     if paused:
         parallel = 0
-    steps: list[Step] = []
+    steps: list[UpgradeStep] = []
     # one owner of a node's cordon at a time: a node in GPU health remediation waits for it to end
     waiting = sorted((n for n in managed if n.state == UPGRADE_REQUIRED and not n.skip
                       and n.labels.get(HEALTH_STATE) not in HEALTH_REMEDIATING),
@@ -322,7 +322,7 @@ def plan(nodes: Sequence[NodeFacts], policy: Policy, now: float, paused: bool = 
     counts = Counts(total=total, in_progress=in_progress, done=by_state.get(UPGRADE_DONE, 0),
                     failed=by_state.get(UPGRADE_FAILED, 0), pending=by_state.get(UPGRADE_REQUIRED, 0),
                     available=max(0, slots))
-    return Plan(tuple(steps), counts)
+    return UpgradePlan(tuple(steps), counts)
 
 
 def retry_patch(annotations: Mapping[str, str]) -> dict[str, Any]:

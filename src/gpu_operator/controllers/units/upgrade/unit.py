@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpu_operator.controllers.gpuholders import runtime_access
-from gpu_operator.controllers.loop import Event, Kind, NodeEvent, Result, UnitBase
+from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.upgrade.controller import UpgradeController
@@ -21,7 +21,7 @@ from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import UPGRADE_SKIP, UPGRADE_STATE
 
-WANTED = frozenset({Kind.CLUSTER_POLICY, Kind.NVIDIA_DRIVER, Kind.GPU_CLUSTER, Kind.OWNED, Kind.DRIVER_POD})
+WANTED = frozenset({EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED, EventKind.DRIVER_POD})
 UpgradeFacts = tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]
 
 
