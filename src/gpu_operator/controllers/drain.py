@@ -11,7 +11,7 @@ for both:
   past the timeout -> failed, naming the PodDisruptionBudgets that refused or the pods left;
   else evict again those not terminating;
 - the evictions (`evict`): the Eviction API, which honours PodDisruptionBudgets; a refusal is
-  remembered per pod (`Refusals`) and read back into the next pass's facts.
+  remembered per pod (`EvictionRefusals`) and read back into the next pass's facts.
 
 The callers choose the pods (each has its own rules) and keep the start time where their machine
 keeps its memory (an annotation on the Node)."""
@@ -30,7 +30,7 @@ from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL
 log = logging.getLogger("gpu_operator.drain")
 
 Claims = Mapping[ClaimKey, Mapping[str, Any]]
-Refusals = dict[tuple[str, str], str]  # (namespace, pod) -> "namespace/pdb" that refused its last eviction
+EvictionRefusals = dict[tuple[str, str], str]  # (namespace, pod) -> "namespace/pdb" that refused its last eviction
 
 DONE, WAIT, FAILED = "done", "wait", "failed"
 
@@ -168,7 +168,7 @@ def decide(pods: Sequence[PodFacts], started: float | None, timeout: int, now: f
     return DrainDecision(WAIT, evict=tuple(p for p in pods if not p.terminating))
 
 
-async def evict(kube: Kube, pods: Iterable[PodFacts], blocked: Refusals) -> None:
+async def evict(kube: Kube, pods: Iterable[PodFacts], blocked: EvictionRefusals) -> None:
     """Evict each pod in turn through the Eviction API (PodDisruptionBudgets honoured); a refusal
     is remembered in `blocked` under the budget's name, an eviction accepted forgets it."""
     for pod in pods:

@@ -15,7 +15,7 @@ VFIO_DRIVER = "vfio-pci"
 _ADDRESS = re.compile(
     r"^(?:(?P<domain>[0-9a-f]{4}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0-1][0-9a-f])\.(?P<fn>[0-7])$"
 )
-Action = Literal["bind", "unbind"]
+VFIOAction = Literal["bind", "unbind"]
 
 
 class VfioUsageError(ValueError):
@@ -180,7 +180,7 @@ def _unbind_plan(fs: HostFS, gpu: pci.PciFunction) -> GpuPlan:
     return plan
 
 
-def plan(fs: HostFS, action: Action, devices: list[str], all_gpus: bool) -> list[GpuPlan]:
+def plan(fs: HostFS, action: VFIOAction, devices: list[str], all_gpus: bool) -> list[GpuPlan]:
     gpus = select_gpus(fs, devices, all_gpus)
     selected = {g.address for g in gpus}
     plans = [_bind_plan(fs, g, selected) if action == "bind" else _unbind_plan(fs, g) for g in gpus]
@@ -201,7 +201,7 @@ def _write_target(path: str, value: str) -> str:
     return value.strip()
 
 
-def _verify(fs: HostFS, p: GpuPlan, action: Action) -> None:
+def _verify(fs: HostFS, p: GpuPlan, action: VFIOAction) -> None:
     now = {f.address: pci.read_function(fs, f.address).driver for f in p.functions}
     if action == "bind":
         wrong = {a: d for a, d in now.items() if d not in pci.VFIO_DRIVERS}
@@ -226,7 +226,7 @@ def _verify(fs: HostFS, p: GpuPlan, action: Action) -> None:
 def execute(
     fs: HostFS,
     writer: SysfsWriter,
-    action: Action,
+    action: VFIOAction,
     devices: list[str],
     all_gpus: bool,
     *,

@@ -57,7 +57,7 @@ def test_evict_remembers_a_budgets_refusal_and_forgets_it_once_accepted() -> Non
     kube: Any = FakeKube()
     kube.pods = [pod("w", "ml"), pod("x", "ml")]
     kube.pdb_blocks = {"w": "budget"}
-    blocked: drain.Refusals = {("ml", "x"): "ml/old"}
+    blocked: drain.EvictionRefusals = {("ml", "x"): "ml/old"}
     asyncio.run(drain.evict(kube, [drain.PodFacts("w", "ml"), drain.PodFacts("x", "ml")], blocked))
     assert [c for c in kube.calls if c[0] == "evict"] == [("evict", "ml/w"), ("evict", "ml/x")]
     assert blocked == {("ml", "w"): "ml/budget"}

@@ -52,7 +52,7 @@ def node_patch(step: RemediationStep) -> dict[str, Any]:
 class Executor:
     def __init__(self, kube: Kube, namespace: str = "gpu-operator") -> None:
         self.kube, self.namespace = kube, namespace
-        self.blocked: node_drain.Refusals = {}  # pod -> the PodDisruptionBudget that refused it
+        self.blocked: node_drain.EvictionRefusals = {}  # pod -> the PodDisruptionBudget that refused it
 
     async def pod_facts(self, node: str, selector: str | None,
                         access: RuntimeAccess | None = None) -> tuple[node_drain.PodFacts, ...]:

@@ -182,7 +182,7 @@ class UpgradeController:
         self.driver_pods = driver_pods
         self.settings = settings or OperatorSettings()
         concurrency = self.settings.upgrade_concurrency
-        self.blocked: node_drain.Refusals = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
+        self.blocked: node_drain.EvictionRefusals = {}  # (ns, pod) -> "ns/pdb" of its last refused eviction
         self.gate = asyncio.Semaphore(concurrency)
         self.sent: dict[str, dict[str, Any]] = {}  # node -> its last patch the reflector has not shown yet
         self.deleted: set[tuple[str, str]] = set()  # driver pods we deleted that the watch still shows live
