@@ -24,6 +24,7 @@ from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderResult
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
+Stamped = tuple[OwnedKey, dict[str, Any], OwnedView]  # a rendered object as applied: key, body, view
 SELECTOR_RETRY = 1.0  # seconds until the DaemonSet deleted for a new selector is created again
 
 
@@ -81,6 +82,8 @@ class Applier:
         self.kube = kube
         self.remembered: dict[str, dict[OwnedKey, OwnedView]] = {}
         self.swept: set[str] = set()  # owners whose previous operator's leftovers were swept
+        # owner uid -> (the render result, the owner reference, what _stamp made of them)
+        self._stamped: dict[str, tuple[RenderResult, dict[str, Any], list[Stamped]]] = {}
 
     async def apply(self, result: RenderResult, owner: CRView[Any], owner_ref: dict[str, Any],
                     owned: Mapping[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
@@ -90,13 +93,10 @@ class Applier:
                  **owned}
         orphaning = {s.name for s in result.states if s.orphan_pods}
         desired: dict[OwnedKey, OwnedView] = {}
-        for obj in result.objects():
-            applied = with_ownership(obj, owner, owner_ref)
-            meta = applied["metadata"]
-            key = object_key(applied["apiVersion"], applied["kind"], meta.get("namespace"), meta["name"])
-            desired[key] = OwnedView.of(applied)
+        for key, applied, view in self._stamp(result, owner, owner_ref):
+            desired[key] = view
             live = known.get(key)
-            if live and live.applied_hash == meta["annotations"][HASH_ANNOTATION]:
+            if live and live.applied_hash == view.applied_hash:
                 continue
             try:
                 await self.kube.apply(applied)
@@ -130,6 +130,22 @@ class Applier:
         # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
         self.remembered[owner.uid] = {k: v for k, v in desired.items() if v.kind not in watched_kinds}
 
+    def _stamp(self, result: RenderResult, owner: CRView[Any], owner_ref: dict[str, Any]) -> list[Stamped]:
+        """Each rendered object as applied (`with_ownership`), its key and view; the same list again
+        for the same render result and owner reference (a reconcile reuses an unchanged render:
+        hashing ~50 objects each pass is the cost this saves)."""
+        last = self._stamped.get(owner.uid)
+        if last is not None and last[0] is result and last[1] == owner_ref:
+            return last[2]
+        stamped = []
+        for obj in result.objects():
+            applied = with_ownership(obj, owner, owner_ref)
+            meta = applied["metadata"]
+            key = object_key(applied["apiVersion"], applied["kind"], meta.get("namespace"), meta["name"])
+            stamped.append((key, applied, OwnedView.of(applied)))
+        self._stamped[owner.uid] = (result, owner_ref, stamped)
+        return stamped
+
     async def verify_remembered(self, owner_uid: str) -> list[str]:
         """Read back what is remembered for an owner (reads only): an object someone deleted or
         changed is forgotten, so the next apply writes it again. Returns what was forgotten."""
@@ -148,3 +164,5 @@ class Applier:
         their objects)."""
         for uid in [u for u in self.remembered if u not in uids]:
             del self.remembered[uid]
+        for uid in [u for u in self._stamped if u not in uids]:
+            del self._stamped[uid]

@@ -17,7 +17,7 @@ from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.api.healthpolicy import OUR_TAINT_PREFIXES
 from gpu_operator.api.nvidiadriver import NVIDIADriver
 from gpu_operator.render.distributions import MICROK8S_LABEL
-from gpu_operator.render.facts import NodeFacts, passthrough_list, probe_runtime
+from gpu_operator.render.facts import NodeFacts, has_nfd_gpu_labels, passthrough_list, probe_runtime
 from gpu_operator.vocabulary import (
     CONTROLLER_REVISION_HASH,
     GFD_LABELS_ANNOTATION,
@@ -192,13 +192,19 @@ class NodeView:
             seen=seen, taints=taints, gpu_condition=gpu_condition, mig_condition=mig_condition,
         )
 
-    @property
+    # Cached (a view is replaced, not changed): each ClusterPolicy pass asks them of every node.
+    @functools.cached_property
     def has_nfd(self) -> bool:
         return any(k.startswith(NFD_PREFIX) for k in self.labels)
 
-    @property
+    @functools.cached_property
     def gpu_present(self) -> bool:
         return self.labels.get(GPU_PRESENT) == "true"
+
+    @functools.cached_property
+    def nfd_gpu(self) -> bool:
+        """NFD labelled a GPU on the node (its PCI vendor labels), whether or not ours say gpu.present."""
+        return has_nfd_gpu_labels(self.labels)
 
     @functools.cached_property
     def facts(self) -> NodeFacts:

@@ -40,8 +40,9 @@ class NodeFacts:
     probe_runtime: Mapping[str, str] = field(default_factory=dict)
     mixed: bool = False  # a passthrough list (`passthrough_list`): some GPUs to VMs, the rest to containers
 
-    @property
+    @functools.cached_property
     def gpu(self) -> bool:
+        # Cached: every render asks it of every node several times (facts never change once built).
         return self.labels.get(GPU_PRESENT) == "true"
 
     @property

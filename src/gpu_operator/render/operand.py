@@ -8,7 +8,7 @@ validation init containers, GPU access and ownership labels.
 
 from __future__ import annotations
 
-import copy
+import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,13 +150,22 @@ def _wire_validation_inits(pod: dict[str, Any], ctx: Ctx) -> None:
     pull_secrets(pod, fields.imagePullSecrets)
 
 
+def fresh_copy(tree: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a tree of plain data (dicts, lists, strings, numbers) sharing nothing with it, as
+    copy.deepcopy makes (shared parts stay shared within the copy), by a pickle round trip in memory:
+    ~6x faster than copy.deepcopy, which was a quarter of a render's time at 1,000 nodes
+    (bench/README.md). Only our own data goes through it, never input from outside."""
+    copied: dict[str, Any] = pickle.loads(pickle.dumps(tree, pickle.HIGHEST_PROTOCOL))
+    return copied
+
+
 def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
     """The DaemonSet of one definition with every common transform applied."""
     image = defn.image.resolve(ctx)
     # A copy: state modules build pods from shared constants (volumes, mounts), and the
     # transforms below change the pod in place; without it one policy's hostPaths leaked into
     # every later render in the same process.
-    pod = copy.deepcopy(defn.pod(ctx, image))
+    pod = fresh_copy(defn.pod(ctx, image))
     labels = {"app": defn.name, **defn.labels, **ownership(operand.state)}
     pod["nodeSelector"] = {deploy_label(defn.deploy): "true", **defn.node_selector}
     if operand.account:

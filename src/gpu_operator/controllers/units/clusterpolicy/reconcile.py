@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from time import monotonic
 
 import pydantic
 from lightkube.core.exceptions import ApiError
 
 from gpu_operator import vocabulary as vocab
-from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec
 from gpu_operator.controllers import status as st
 from gpu_operator.controllers.apply import Applier, ReconcileReport, owner_reference
 from gpu_operator.controllers.environment import operator_env_now
@@ -30,7 +31,6 @@ from gpu_operator.controllers.views import ClusterPolicyView, object_key
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import ClusterFacts, RenderError, RenderResult, render
 from gpu_operator.render.facts import NodeFacts
-from gpu_operator.render.facts import has_nfd_gpu_labels as has_gpu
 from gpu_operator.render.kubevirt import KubeVirtFinding
 
 log = logging.getLogger("gpu_operator.clusterpolicy")
@@ -50,6 +50,24 @@ async def policy_facts(kube: Kube, policy: ClusterPolicy, nodes: list[NodeFacts]
         plugin_config_hash=await plugin_config_hash(reads, policy, namespace))
 
 
+@dataclass(frozen=True)
+class LastRender:
+    """The last render and what it was rendered from. The renderer is pure: the same policy
+    (name and spec) and the same facts give the same objects, so a pass whose inputs are equal
+    reuses them. During a rollout most passes are such (a DaemonSet's status, a node's label the
+    renderer does not read), and a render costs 15-30 ms at 1,000 nodes against ~2 ms to compare."""
+
+    name: str
+    spec: ClusterPolicySpec
+    facts: ClusterFacts
+    result: RenderResult
+    problems: Mapping[str, str]  # runtimes.unserved_nodes of the same inputs
+
+    def answers(self, policy: ClusterPolicy, facts: ClusterFacts) -> bool:
+        return self.name == policy.metadata.name and (self.spec is policy.spec or self.spec == policy.spec) \
+            and self.facts == facts
+
+
 class ClusterPolicyReconciler:
     def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
                  images: Mapping[str, str] | None = None) -> None:
@@ -63,6 +81,8 @@ class ClusterPolicyReconciler:
         self._warned: set[tuple[str, int, str]] = set()  # (uid, generation, warning) sent as an Event
         self._runtime_events: set[tuple[str, ...]] = set()  # unrecognised runtimes told on their nodes
         self._written_at: dict[str, float] = {}  # policy uid -> when its status was last written
+        self.last_render: LastRender | None = None
+        self.renders = 0  # renders made (the others reused `last_render`)
 
     async def reconcile(self, snap: ReadSnapshot) -> ReconcileReport:
         report = ReconcileReport()
@@ -87,8 +107,7 @@ class ClusterPolicyReconciler:
                 self.kube, policy, [n.facts for n in snap.nodes], namespace=snap.namespace,
                 k8s_version=snap.info.k8s_version, operator_env=self.images, openshift=snap.info.openshift,
                 openshift_version=snap.info.openshift_version, servicemonitor_crd=snap.info.servicemonitor_crd)
-            result = render(policy, facts)
-            problems = runtimes.unserved_nodes(policy, facts)
+            result, problems = self._render(policy, facts)
         except pydantic.ValidationError as err:
             return await self._finish(report, active, snap, st.ReconcileOutcome.failed(validation_message(err)))
         except RenderError as err:
@@ -106,11 +125,22 @@ class ClusterPolicyReconciler:
 
         await self._kubevirt(policy, active, snap, report)
         report.not_ready = self._not_ready_states(result, snap, report)
-        unlabelled = sum(1 for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present)
+        unlabelled = sum(1 for n in snap.nodes if n.nfd_gpu and not n.gpu_present)
         upgrading = st.upgrade_incomplete(policy.spec.driver.useNvidiaDriverCRD, (n.labels for n in snap.nodes))
         result_outcome = runtimes.outcome(
             st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled, upgrading), problems)
         return await self._finish(report, active, snap, result_outcome)
+
+    def _render(self, policy: ClusterPolicy, facts: ClusterFacts) -> tuple[RenderResult, Mapping[str, str]]:
+        """render() and the unserved nodes, or the last ones where the inputs are equal (`LastRender`)."""
+        last = self.last_render
+        if last is not None and last.answers(policy, facts):
+            return last.result, last.problems
+        result = render(policy, facts)
+        problems = runtimes.unserved_nodes(policy, facts)
+        self.last_render = LastRender(policy.metadata.name, policy.spec, facts, result, problems)
+        self.renders += 1
+        return result, problems
 
     async def _warn(self, policy: ClusterPolicyView, warnings: list[str]) -> None:
         """Each render warning once per policy generation: logged and a Warning Event on the policy."""

@@ -1,0 +1,86 @@
+"""A ClusterPolicy pass whose inputs equal the last one's reuses its render (controllers/units/
+clusterpolicy/reconcile.py, `LastRender`), and the applier reuses what it stamped of the same result
+(controllers/apply.py, `Applier._stamp`): the renderer is pure, so equal inputs give equal objects.
+Each input the renderer reads (the policy's name and spec, every node's facts, the cluster's facts)
+renders again when it changes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from gpu_operator.controllers.apply import Applier, owner_reference
+from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
+from gpu_operator.controllers.views import ClusterPolicyView
+from gpu_operator.render import render
+from gpu_operator.render.facts import ClusterFacts, NodeFacts
+from gpu_operator.vocabulary import HASH_ANNOTATION
+from tests.unit.render.renderkit import IMAGES, facts, policy
+
+
+def reconciler() -> ClusterPolicyReconciler:
+    return ClusterPolicyReconciler(object(), OperatorSettings(), IMAGES)  # type: ignore[arg-type]
+
+
+def test_equal_inputs_render_once_and_give_the_same_result() -> None:
+    r = reconciler()
+    first, problems = r._render(policy(), facts("dgx-h100:3"))
+    again, problems_again = r._render(policy(), facts("dgx-h100:3"))  # equal, not the same objects
+    assert r.renders == 1
+    assert again is first and problems_again is problems
+    assert [o for s in again.states for o in s.objects] == \
+        [o for s in render(policy(), facts("dgx-h100:3")).states for o in s.objects]
+
+
+@pytest.mark.parametrize("change", ["spec", "name", "node label", "node added", "runtime", "cluster"])
+def test_a_change_of_any_input_renders_again(change: str) -> None:
+    r = reconciler()
+    base_facts = facts("dgx-h100:3")
+    r._render(policy(), base_facts)
+    p, f = policy(), base_facts
+    if change == "spec":
+        p = policy({"dcgmExporter": {"enabled": False}})
+    elif change == "name":
+        p = policy()
+        p.metadata.name = "other"
+    elif change == "node label":
+        first = f.nodes[0]
+        moved = NodeFacts(first.name, {**first.labels, "nvidia.com/gpu.deploy.dcgm-exporter": "false"},
+                          runtime_version=first.runtime_version, kernel_version=first.kernel_version)
+        f = dataclasses.replace(f, nodes=(moved, *f.nodes[1:]))
+    elif change == "node added":
+        f = facts("dgx-h100:4")
+    elif change == "runtime":
+        first = f.nodes[0]
+        f = dataclasses.replace(f, nodes=(dataclasses.replace(first, runtime_version="cri-o://1.30.0"), *f.nodes[1:]))
+    else:
+        f = ClusterFacts.of(f.nodes, namespace="elsewhere", k8s_version="1.36.3", operator_env=IMAGES)
+    result, _ = r._render(p, f)
+    assert r.renders == 2
+    expected = render(p, f)
+    assert [o for s in result.states for o in s.objects] == [o for s in expected.states for o in s.objects]
+
+
+def owner(uid: str = "u1") -> ClusterPolicyView:
+    body: dict[str, Any] = {"metadata": {"name": "cluster-policy", "uid": uid}, "spec": {}}
+    return ClusterPolicyView("cluster-policy", uid, 1, "t", body)
+
+
+def test_the_applier_stamps_a_result_once_per_owner_reference() -> None:
+    applier = Applier(object())  # type: ignore[arg-type]
+    result = render(policy(), facts("dgx-h100:2"))
+    view = owner()
+    ref = owner_reference(view)
+    stamped = applier._stamp(result, view, ref)
+    assert applier._stamp(result, view, dict(ref)) is stamped  # an equal reference: reused
+    assert all(v.applied_hash == body["metadata"]["annotations"][HASH_ANNOTATION]
+               for _, body, v in stamped)
+    other = render(policy(), facts("dgx-h100:2"))  # an equal result, but not the one reused
+    assert applier._stamp(other, view, ref) is not stamped
+    moved = owner("u2")
+    assert applier._stamp(other, moved, owner_reference(moved))[0][1]["metadata"]["ownerReferences"][0]["uid"] == "u2"
+    applier.forget_others({"u2"})
+    assert set(applier._stamped) == {"u2"}
