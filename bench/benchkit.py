@@ -46,12 +46,15 @@ class ProcStats:
 
 def proc_stats(pid: int) -> ProcStats:
     """Peak and current RSS (VmHWM, VmRSS) and user+system CPU seconds of a live process."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                  if ":" in line)
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return ProcStats(rss_peak_mb=int(status["VmHWM"].split()[0]) / 1024,
-                     rss_mb=int(status["VmRSS"].split()[0]) / 1024,
-                     cpu_seconds=(int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return ProcStats(
+        rss_peak_mb=int(status["VmHWM"].split()[0]) / 1024,
+        rss_mb=int(status["VmRSS"].split()[0]) / 1024,
+        cpu_seconds=(int(fields[11]) + int(fields[12])) / CLK_TCK,
+    )
 
 
 def _metrics_text(port: int) -> str:
@@ -62,8 +65,11 @@ def _metrics_text(port: int) -> str:
 def metric_sum(port: int, name: str) -> float:
     """The sum of every sample of a Prometheus counter on the operator's /metrics."""
     text = _metrics_text(port)
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def histogram(port: int, name: str) -> dict[float, float]:
@@ -131,7 +137,9 @@ def _stamp(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def join_phases(events: Iterable[dict[str, Any]], latencies: dict[str, float], user: str) -> dict[str, list[float]]:
+def join_phases(
+    events: Iterable[dict[str, Any]], latencies: dict[str, float], user: str
+) -> dict[str, list[float]]:
     """Where each join's time went, from the apiserver's audit events (`completed`; their
     timestamps, microseconds):
     `create` the node's create request (received -> answered), `to_patch` from that answer to
@@ -156,8 +164,12 @@ def join_phases(events: Iterable[dict[str, Any]], latencies: dict[str, float], u
         if name not in created or name not in patched or latency == float("inf"):
             continue
         (c0, c1), (p0, p1) = created[name], patched[name]
-        for key, value in (("create", c1 - c0), ("to_patch", p0 - c1), ("patch", p1 - p0),
-                           ("rest", latency - (p1 - c0))):
+        for key, value in (
+            ("create", c1 - c0),
+            ("to_patch", p0 - c1),
+            ("patch", p1 - p0),
+            ("rest", latency - (p1 - c0)),
+        ):
             phases[key].append(value)
     return phases
 
@@ -193,9 +205,12 @@ async def patch_ceiling(client: AsyncClient, names: list[str], total: int, concu
 
     async def one(i: int) -> None:
         async with limit:
-            await client.patch(Node, names[i % len(names)],
-                               {"metadata": {"labels": {"bench.gpu-operator/ceiling": str(i)}}},
-                               patch_type=PatchType.MERGE)
+            await client.patch(
+                Node,
+                names[i % len(names)],
+                {"metadata": {"labels": {"bench.gpu-operator/ceiling": str(i)}}},
+                patch_type=PatchType.MERGE,
+            )
 
     start = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(total)))
@@ -260,7 +275,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[int(rank) - 1]
 
 
-_REQUEST_LINE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+_REQUEST_LINE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 
 def apiserver_requests(server: str, context: ssl.SSLContext) -> Counter[str]:
@@ -286,18 +301,28 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-async def simulator_load(server: str, context: ssl.SSLContext, pids: dict[str, int],
-                         seconds: float) -> dict[str, Any]:
+async def simulator_load(
+    server: str, context: ssl.SSLContext, pids: dict[str, int], seconds: float
+) -> dict[str, Any]:
     """What the simulated cluster costs by itself over a window with no operator: apiserver
     requests/s by verb and resource (kwok's Lease renewals and node status, the controllers'
     reads) and each component's CPU as a fraction of one core."""
-    before, cpu0, t0 = apiserver_requests(server, context), {n: cpu_seconds(p) for n, p in pids.items()}, \
-        time.monotonic()
+    before, cpu0, t0 = (
+        apiserver_requests(server, context),
+        {n: cpu_seconds(p) for n, p in pids.items()},
+        time.monotonic(),
+    )
     await asyncio.sleep(seconds)
     after, cpu1 = apiserver_requests(server, context), {n: cpu_seconds(p) for n, p in pids.items()}
     elapsed = time.monotonic() - t0
-    rates = {k: round((after[k] - before.get(k, 0)) / elapsed, 2) for k in after if after[k] > before.get(k, 0)}
+    rates = {
+        k: round((after[k] - before.get(k, 0)) / elapsed, 2) for k in after if after[k] > before.get(k, 0)
+    }
     writes = sum(v for k, v in rates.items() if k.split()[0] in ("PUT", "PATCH", "POST", "DELETE", "APPLY"))
-    return {"window_s": round(elapsed, 1), "requests_per_s": dict(sorted(rates.items(), key=lambda kv: -kv[1])),
-            "writes_per_s": round(writes, 1), "reads_per_s": round(sum(rates.values()) - writes, 1),
-            "cpu_cores": {n: round((cpu1[n] - cpu0[n]) / elapsed, 3) for n in pids}}
+    return {
+        "window_s": round(elapsed, 1),
+        "requests_per_s": dict(sorted(rates.items(), key=lambda kv: -kv[1])),
+        "writes_per_s": round(writes, 1),
+        "reads_per_s": round(sum(rates.values()) - writes, 1),
+        "cpu_cores": {n: round((cpu1[n] - cpu0[n]) / elapsed, 3) for n in pids},
+    }

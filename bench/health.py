@@ -50,14 +50,27 @@ SHAPE_OF = "dgx-h100"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--health-faults", type=float, default=0.0, metavar="PERCENT",
-                        help="after the idle window: an Xid 79 on PERCENT %% of the nodes, then --clear "
-                        "(bench/health.py); 0: skip")
-    parser.add_argument("--health-wait", type=float, default=300.0,
-                        help="max wait for every node to be healthy (report, condition True) before the faults; then at "
-                        "least PERCENT %% must be")
-    parser.add_argument("--health-timeout", type=float, default=120.0,
-                        help="max wait for the faulted nodes' condition and taint (and again after --clear)")
+    parser.add_argument(
+        "--health-faults",
+        type=float,
+        default=0.0,
+        metavar="PERCENT",
+        help="after the idle window: an Xid 79 on PERCENT %% of the nodes, then --clear "
+        "(bench/health.py); 0: skip",
+    )
+    parser.add_argument(
+        "--health-wait",
+        type=float,
+        default=300.0,
+        help="max wait for every node to be healthy (report, condition True) before the faults; then at "
+        "least PERCENT %% must be",
+    )
+    parser.add_argument(
+        "--health-timeout",
+        type=float,
+        default=120.0,
+        help="max wait for the faulted nodes' condition and taint (and again after --clear)",
+    )
 
 
 @dataclass
@@ -131,8 +144,11 @@ class HealthWatch:
         return future
 
     def candidates(self, names: list[str]) -> list[str]:
-        return [n for n in names if (s := self.nodes.get(n)) is not None and s.healthy and s.condition == "True"
-                and not s.tainted]
+        return [
+            n
+            for n in names
+            if (s := self.nodes.get(n)) is not None and s.healthy and s.condition == "True" and not s.tainted
+        ]
 
 
 WISHES: dict[str, Callable[[Seen], bool]] = {
@@ -164,9 +180,17 @@ def figures(out: dict[str, Any], key: str, values: list[float | None]) -> None:
     out[f"health_{key}_max_s"] = max(done) if done else None
 
 
-async def health_phase(client: AsyncClient, names: list[str], percent: float, hosts: Path, pid: int,
-                       audit_log: Path, user: str, args: argparse.Namespace,
-                       say: Any) -> dict[str, Any]:
+async def health_phase(
+    client: AsyncClient,
+    names: list[str],
+    percent: float,
+    hosts: Path,
+    pid: int,
+    audit_log: Path,
+    user: str,
+    args: argparse.Namespace,
+    say: Any,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"health_percent": percent}
     k = max(1, math.ceil(len(names) * percent / 100))
     watch = HealthWatch(client, existing=len(names))
@@ -183,8 +207,10 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
         out["health_wait_s"] = time.monotonic() - t
         out["health_nodes_with_report"] = sum(1 for n in names if (s := watch.nodes.get(n)) and s.report)
         out["health_nodes_ready"] = len(ready)
-        say(f"health: {len(ready)} of {len(names)} nodes healthy (report, condition True, no taint), "
-            f"{out['health_nodes_with_report']} with a report, after {out['health_wait_s']:.0f}s")
+        say(
+            f"health: {len(ready)} of {len(names)} nodes healthy (report, condition True, no taint), "
+            f"{out['health_nodes_with_report']} with a report, after {out['health_wait_s']:.0f}s"
+        )
         if len(ready) < k:
             out["health_error"] = f"only {len(ready)} healthy nodes to fault, {k} wanted"
             return out
@@ -196,7 +222,9 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
         out["health_rss_at_start_mb"] = proc_stats(pid).rss_mb
 
         def inject(name: str) -> float:
-            node_hosts.faults(name, node_host_spec(SHAPE_OF)).xid(XID_OFF_BUS, 0)  # as `sim fault NAME --xid 79`
+            node_hosts.faults(name, node_host_spec(SHAPE_OF)).xid(
+                XID_OFF_BUS, 0
+            )  # as `sim fault NAME --xid 79`
             at = time.monotonic()
             node_hosts.announce(name)
             return at
@@ -205,18 +233,38 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
         signals = {n: watch.wish(n, "signals") for n in faulted}
         written = {n: await asyncio.to_thread(inject, n) for n in faulted}
         out["health_inject_s"] = time.monotonic() - t0
-        seen_report = {n: await timed(reports[n], max(1.0, args.health_timeout - (time.monotonic() - t0)))
-                       for n in faulted}
-        seen_signals = {n: await timed(signals[n], max(1.0, args.health_timeout - (time.monotonic() - t0)))
-                        for n in faulted}
-        figures(out, "agent", [None if seen_report[n] is None else seen_report[n] - written[n]  # type: ignore[operator]
-                               for n in faulted])
-        figures(out, "signals", [None if seen_report[n] is None or seen_signals[n] is None
-                                 else max(0.0, seen_signals[n] - seen_report[n]) for n in faulted])  # type: ignore[operator]
+        seen_report = {
+            n: await timed(reports[n], max(1.0, args.health_timeout - (time.monotonic() - t0)))
+            for n in faulted
+        }
+        seen_signals = {
+            n: await timed(signals[n], max(1.0, args.health_timeout - (time.monotonic() - t0)))
+            for n in faulted
+        }
+        figures(
+            out,
+            "agent",
+            [
+                None if seen_report[n] is None else seen_report[n] - written[n]  # type: ignore[operator]
+                for n in faulted
+            ],
+        )
+        figures(
+            out,
+            "signals",
+            [
+                None
+                if seen_report[n] is None or seen_signals[n] is None
+                else max(0.0, seen_signals[n] - seen_report[n])
+                for n in faulted
+            ],
+        )  # type: ignore[operator]
         out["health_fault_cpu_s"] = proc_stats(pid).cpu_seconds - cpu0
-        say(f"health: Xid 79 on {k} nodes; agent p50/p99 {out['health_agent_p50_s']}/{out['health_agent_p99_s']} s; "
+        say(
+            f"health: Xid 79 on {k} nodes; agent p50/p99 {out['health_agent_p50_s']}/{out['health_agent_p99_s']} s; "
             f"report -> condition+taint p50/p99 {out['health_signals_p50_s']}/{out['health_signals_p99_s']} s "
-            f"(missing {out['health_signals_missing']})")
+            f"(missing {out['health_signals_missing']})"
+        )
 
         await asyncio.sleep(2)  # let the last writes land
         cpu1, t1 = proc_stats(pid).cpu_seconds, time.monotonic()
@@ -230,29 +278,50 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
             return at
 
         rebooted = {n: await asyncio.to_thread(reboot, n) for n in faulted}
-        seen_ok = {n: await timed(healthy_again[n], max(1.0, args.health_timeout - (time.monotonic() - t1)))
-                   for n in faulted}
-        seen_cleared = {n: await timed(cleared[n], max(1.0, args.health_timeout - (time.monotonic() - t1)))
-                        for n in faulted}
-        figures(out, "clear_report", [None if seen_ok[n] is None else seen_ok[n] - rebooted[n]  # type: ignore[operator]
-                                      for n in faulted])
-        figures(out, "clear", [None if seen_cleared[n] is None else seen_cleared[n] - rebooted[n]  # type: ignore[operator]
-                               for n in faulted])
+        seen_ok = {
+            n: await timed(healthy_again[n], max(1.0, args.health_timeout - (time.monotonic() - t1)))
+            for n in faulted
+        }
+        seen_cleared = {
+            n: await timed(cleared[n], max(1.0, args.health_timeout - (time.monotonic() - t1)))
+            for n in faulted
+        }
+        figures(
+            out,
+            "clear_report",
+            [
+                None if seen_ok[n] is None else seen_ok[n] - rebooted[n]  # type: ignore[operator]
+                for n in faulted
+            ],
+        )
+        figures(
+            out,
+            "clear",
+            [
+                None if seen_cleared[n] is None else seen_cleared[n] - rebooted[n]  # type: ignore[operator]
+                for n in faulted
+            ],
+        )
         await asyncio.sleep(2)
         stats = proc_stats(pid)
         out["health_clear_cpu_s"] = stats.cpu_seconds - cpu1
         out["health_cpu_s"] = stats.cpu_seconds - cpu0
         out["health_phase_s"] = time.monotonic() - t0
         out["health_rss_peak_mb"], out["health_rss_end_mb"] = stats.rss_peak_mb, stats.rss_mb
-        say(f"health: --clear: report healthy p50/p99 {out['health_clear_report_p50_s']}/"
+        say(
+            f"health: --clear: report healthy p50/p99 {out['health_clear_report_p50_s']}/"
             f"{out['health_clear_report_p99_s']} s; condition True, taint gone p50/p99 {out['health_clear_p50_s']}/"
-            f"{out['health_clear_p99_s']} s (missing {out['health_clear_missing']})")
+            f"{out['health_clear_p99_s']} s (missing {out['health_clear_missing']})"
+        )
 
         events = list(completed(audit))
         out["health_writes"], out["health_writes_by_kind"] = audit_writes(events, user)
         hit = set(faulted)
-        rollout = {n for n, s in watch.nodes.items()  # report changed during the phase, not before it
-                   if n not in hit and s.changed_report_at is not None and s.changed_report_at >= t0}
+        rollout = {
+            n
+            for n, s in watch.nodes.items()  # report changed during the phase, not before it
+            if n not in hit and s.changed_report_at is not None and s.changed_report_at >= t0
+        }
         quiet: list[dict[str, Any]] = []
         busy: list[dict[str, Any]] = []
         for event in events:
@@ -262,13 +331,17 @@ async def health_phase(client: AsyncClient, names: list[str], percent: float, ho
         out["health_healthy_writes"], out["health_healthy_writes_by_kind"] = audit_writes(quiet, user)
         out["health_rollout_writes"], out["health_rollout_writes_by_kind"] = audit_writes(busy, user)
         out["health_rollout_nodes"] = len(rollout)
-        say(f"health: {out['health_cpu_s']:.1f} s CPU over {out['health_phase_s']:.0f} s; peak RSS "
+        say(
+            f"health: {out['health_cpu_s']:.1f} s CPU over {out['health_phase_s']:.0f} s; peak RSS "
             f"{stats.rss_peak_mb:.0f} MB; writes to healthy unchanged nodes {out['health_healthy_writes']} "
             f"{out['health_healthy_writes_by_kind']}; to {len(rollout)} nodes whose report changed (rollout) "
-            f"{out['health_rollout_writes']}; all {out['health_writes']} {out['health_writes_by_kind']}")
+            f"{out['health_rollout_writes']}; all {out['health_writes']} {out['health_writes_by_kind']}"
+        )
         out["health_targets_met"] = {
-            "signals_p99": out["health_signals_missing"] == 0 and out["health_signals_p99_s"] <= TARGETS["signals_p99_s"],
-            "agent_p99": out["health_agent_missing"] == 0 and out["health_agent_p99_s"] <= TARGETS["agent_p99_s"],
+            "signals_p99": out["health_signals_missing"] == 0
+            and out["health_signals_p99_s"] <= TARGETS["signals_p99_s"],
+            "agent_p99": out["health_agent_missing"] == 0
+            and out["health_agent_p99_s"] <= TARGETS["agent_p99_s"],
             "healthy_writes": out["health_healthy_writes"] == TARGETS["healthy_writes"],
             "rss": stats.rss_peak_mb <= TARGETS["rss_mb"],
         }

@@ -62,8 +62,12 @@ def nodes_patched(events: list[dict[str, Any]], user: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for event in events:
         ref = event.get("objectRef") or {}
-        if (event.get("user", {}).get("username") == user and event.get("verb") == "patch"
-                and ref.get("resource") == "nodes" and not ref.get("subresource")):
+        if (
+            event.get("user", {}).get("username") == user
+            and event.get("verb") == "patch"
+            and ref.get("resource") == "nodes"
+            and not ref.get("subresource")
+        ):
             counts[ref.get("name", "?")] = counts.get(ref.get("name", "?"), 0) + 1
     return counts
 
@@ -87,8 +91,17 @@ def answers_ready(port: int) -> bool:
         return False
 
 
-def restart(old: Subject, relaunch: Callable[[], Subject], running: list[Subject], sync: Client,
-            namespace: str, audit_log: Path, user: str, idle_seconds: float, timeout: float) -> dict[str, Any]:
+def restart(
+    old: Subject,
+    relaunch: Callable[[], Subject],
+    running: list[Subject],
+    sync: Client,
+    namespace: str,
+    audit_log: Path,
+    user: str,
+    idle_seconds: float,
+    timeout: float,
+) -> dict[str, Any]:
     """Stop `old`, start `relaunch()` (appended to `running`, so the caller's cleanup stops it)
     and measure as the module says. Blocking: run it in a thread."""
     out: dict[str, Any] = {}

@@ -68,13 +68,16 @@ def say(msg: str) -> None:
 
 def policy_ready(client: Client, gpucluster: bool = False) -> bool:
     """The ClusterPolicy (or with --gpucluster the GPUCluster) is ready (Reconciled)."""
-    resource, name = (GPUClusterResource, "gpu-cluster") if gpucluster else (ClusterPolicyResource, "cluster-policy")
+    resource, name = (
+        (GPUClusterResource, "gpu-cluster") if gpucluster else (ClusterPolicyResource, "cluster-policy")
+    )
     try:
         status = client.get(resource, name).get("status") or {}
     except Exception:  # noqa: BLE001 - not there yet
         return False
     return status.get("state") == "ready" and any(
-        c.get("type") == "Ready" and c.get("reason") == "Reconciled" for c in status.get("conditions") or [])
+        c.get("type") == "Ready" and c.get("reason") == "Reconciled" for c in status.get("conditions") or []
+    )
 
 
 async def until_quiet(pid: int, timeout: float, window: float = 2.0, busy: float = 0.1) -> float:
@@ -96,8 +99,9 @@ def operand_counts(client: Client) -> tuple[int, int]:
     return ready, desired
 
 
-async def sample_operands(sync: Client, t0: float, samples: list[tuple[float, int, int]],
-                          every: float = 5.0) -> None:
+async def sample_operands(
+    sync: Client, t0: float, samples: list[tuple[float, int, int]], every: float = 5.0
+) -> None:
     """Until cancelled: (seconds since the policy, operand pods ready, desired) every `every` s."""
     while True:
         counts = await asyncio.to_thread(operand_counts, sync)
@@ -105,14 +109,16 @@ async def sample_operands(sync: Client, t0: float, samples: list[tuple[float, in
         await asyncio.sleep(every)
 
 
-def settle_rates(samples: list[tuple[float, int, int]], window: float = 15.0) -> tuple[float | None, float | None]:
+def settle_rates(
+    samples: list[tuple[float, int, int]], window: float = 15.0
+) -> tuple[float | None, float | None]:
     """The simulator's own pace, operand pods made Ready per second: on average from the policy
     to the last sample, and at best over any `window` seconds."""
     if not samples or samples[-1][0] <= 0:
         return None, None
     peak = None
     for i, (t, ready, _) in enumerate(samples):
-        later = next((s for s in samples[i + 1:] if s[0] - t >= window), None)
+        later = next((s for s in samples[i + 1 :] if s[0] - t >= window), None)
         if later is not None:
             rate = (later[1] - ready) / (later[0] - t)
             peak = rate if peak is None else max(peak, rate)
@@ -130,9 +136,14 @@ def cpu_fraction(pid: int, seconds_before: float, since: float) -> float:
 def read_policy(path: Path | None) -> dict[str, Any]:
     """The ClusterPolicy both operators get: `spec: {}` by default, or the file's (YAML or JSON)."""
     if path is None:
-        return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
-                "spec": {}}
+        return {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "cluster-policy"},
+            "spec": {},
+        }
     import yaml
+
     body = yaml.safe_load(path.read_text())
     body["metadata"] = {"name": "cluster-policy"}
     return dict(body)
@@ -141,12 +152,14 @@ def read_policy(path: Path | None) -> dict[str, Any]:
 def read_gpucluster() -> dict[str, Any]:
     """The GPUCluster of --gpucluster: examples/gpucluster.yaml."""
     import yaml
+
     body: dict[str, Any] = yaml.safe_load((HERE.parent / "examples" / "gpucluster.yaml").read_text())
     return body
 
 
-async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results_dir: Path,
-                  who: str) -> dict[str, Any]:
+async def measure(
+    n: int, args: argparse.Namespace, plane: ControlPlane, results_dir: Path, who: str
+) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": n, "operator": who, "load_at_start": load()}
     sync = Client(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
     client = AsyncClient(KubeConfig.from_file(plane.admin_kubeconfig), field_manager="bench")
@@ -161,15 +174,20 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
 
         if args.sim_window > 0:
             pids = {c.name: c.process.pid for c in plane.components if c.process is not None}
-            out["simulator_load"] = await simulator_load(plane.server, plane.ssl_context("admin"), pids,
-                                                         args.sim_window)
-            say(f"simulator alone: {out['simulator_load']['writes_per_s']} writes/s, "
-                f"{out['simulator_load']['reads_per_s']} reads/s; CPU {out['simulator_load']['cpu_cores']}")
+            out["simulator_load"] = await simulator_load(
+                plane.server, plane.ssl_context("admin"), pids, args.sim_window
+            )
+            say(
+                f"simulator alone: {out['simulator_load']['writes_per_s']} writes/s, "
+                f"{out['simulator_load']['reads_per_s']} reads/s; CPU {out['simulator_load']['cpu_cores']}"
+            )
 
         total = max(n, args.ceiling_patches)
         out["ceiling_patches_per_s"] = await patch_ceiling(client, names, total, args.concurrency)
-        say(f"ceiling: {out['ceiling_patches_per_s']:.0f} node-label patches/s ({total} patches, "
-            f"{args.concurrency} in flight)")
+        say(
+            f"ceiling: {out['ceiling_patches_per_s']:.0f} node-label patches/s ({total} patches, "
+            f"{args.concurrency} in flight)"
+        )
 
         if who == "peer" and args.peer_crds:
             apply_peer_crds(sync, args.peer_crds)
@@ -180,10 +198,19 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         # their pods run there (sim/standins/roster.py, as `sim up` runs them): the operator sees the honest flow.
         hosts = plane.workdir / "hosts" if args.health_faults else None  # our health agent over host trees
         node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig), hosts=hosts).start()
+
         def launch() -> Subject:
-            return (start_peer(plane, args.peer_cmd, args.peer_metrics) if who == "peer" else
-                    start_ours(plane, args.concurrency, results_dir / f"operator-{n}.prof" if args.profile else None,
-                               args.leader_elect))
+            return (
+                start_peer(plane, args.peer_cmd, args.peer_metrics)
+                if who == "peer"
+                else start_ours(
+                    plane,
+                    args.concurrency,
+                    results_dir / f"operator-{n}.prof" if args.profile else None,
+                    args.leader_elect,
+                )
+            )
+
         subject = launch()
         running.append(subject)
         pid = subject.pid
@@ -231,8 +258,11 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         joined: dict[str, float] = {}
         join_audit = AuditReader.from_now(plane.audit_log)
         cpu1 = proc_stats(pid).cpu_seconds
-        hists0 = {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)} \
-            if subject.metrics_port else {}
+        hists0 = (
+            {m: histogram(subject.metrics_port, m) for m in (DELAY_METRIC, LAG_METRIC)}
+            if subject.metrics_port
+            else {}
+        )
         passes0 = counter_by(subject.metrics_port, PASSES_METRIC, "loop") if subject.metrics_port else {}
         for i in range(args.joins):
             manifest = shapes.nodes([SHAPE], start=n + i)[0]
@@ -261,8 +291,12 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
             for q in (50, 99):
                 out[f"join_{key}_p{q}_s"] = percentile(values, q) if values else None
         if phases["create"]:
-            say(f"joins by phase (apiserver audit, {len(phases['create'])} joins), p50/p99 s: " + "; ".join(
-                f"{key} {out[f'join_{key}_p50_s']:.3f}/{out[f'join_{key}_p99_s']:.3f}" for key in phases))
+            say(
+                f"joins by phase (apiserver audit, {len(phases['create'])} joins), p50/p99 s: "
+                + "; ".join(
+                    f"{key} {out[f'join_{key}_p50_s']:.3f}/{out[f'join_{key}_p99_s']:.3f}" for key in phases
+                )
+            )
         if hists0:  # ours: what the joins waited for inside the operator (bucket upper bounds)
             for key, metric in (("join_label_delay", DELAY_METRIC), ("join_loop_lag", LAG_METRIC)):
                 after = histogram(subject.metrics_port, metric)
@@ -271,9 +305,11 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
             passes = counter_by(subject.metrics_port, PASSES_METRIC, "loop")
             out["join_passes"] = {loop: int(n - passes0.get(loop, 0.0)) for loop, n in sorted(passes.items())}
             say(f"passes of our loops during the joins: {out['join_passes']}")
-            say(f"inside ours during the joins: event -> patch sent p50/p99 <= {out['join_label_delay_p50_le_s']}/"
+            say(
+                f"inside ours during the joins: event -> patch sent p50/p99 <= {out['join_label_delay_p50_le_s']}/"
                 f"{out['join_label_delay_p99_le_s']} s; event-loop lag p50/p99 <= {out['join_loop_lag_p50_le_s']}/"
-                f"{out['join_loop_lag_p99_le_s']} s")
+                f"{out['join_loop_lag_p99_le_s']} s"
+            )
         watcher.cancel()
 
         t = time.monotonic()
@@ -282,8 +318,10 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         while not policy_ready(sync, args.gpucluster) and time.monotonic() < deadline:
             if samples and time.monotonic() - said >= 15:
                 said = time.monotonic()
-                say(f"settling: {samples[-1][1]}/{samples[-1][2]} operand pods ready, {samples[-1][0]:.0f}s "
-                    "after the policy")
+                say(
+                    f"settling: {samples[-1][1]}/{samples[-1][2]} operand pods ready, {samples[-1][0]:.0f}s "
+                    "after the policy"
+                )
             await asyncio.sleep(2)
         out["settled"] = policy_ready(sync, args.gpucluster)
         out["settle_s"] = time.monotonic() - t
@@ -293,9 +331,11 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         out["policy_to_ready_s"] = samples[-1][0] if out["settled"] else None
         out["simulator_pods_ready_per_s"], out["simulator_pods_ready_peak_per_s"] = settle_rates(samples)
         out["operand_pods_ready_at_idle"] = f"{samples[-1][1]}/{samples[-1][2]}"
-        say(f"{'GPUCluster' if args.gpucluster else 'ClusterPolicy'} {'ready' if out['settled'] else 'NOT ready'} "
+        say(
+            f"{'GPUCluster' if args.gpucluster else 'ClusterPolicy'} {'ready' if out['settled'] else 'NOT ready'} "
             f"after {out['settle_s']:.0f}s more; "
-            f"idle window {args.idle_seconds:.0f}s")
+            f"idle window {args.idle_seconds:.0f}s"
+        )
         await asyncio.sleep(5)  # let the last status write land before the window opens
         audit = AuditReader.from_now(plane.audit_log)
         writes0 = metric_sum(subject.metrics_port, WRITES_METRIC) if subject.metrics_port else None
@@ -304,28 +344,56 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
         await asyncio.sleep(args.idle_seconds)
         out["idle_seconds"] = args.idle_seconds
         out["idle_writes_audit"], out["idle_writes_by_kind"] = audit_writes(completed(audit), OPERATOR_USER)
-        out["idle_writes_metric"] = (metric_sum(subject.metrics_port, WRITES_METRIC) - writes0
-                                     if subject.metrics_port and writes0 is not None else None)
+        out["idle_writes_metric"] = (
+            metric_sum(subject.metrics_port, WRITES_METRIC) - writes0
+            if subject.metrics_port and writes0 is not None
+            else None
+        )
         out["idle_cpu_s"] = proc_stats(pid).cpu_seconds - cpu2
         out["idle_cpu_fraction"] = cpu_fraction(pid, cpu2, t2)
         stats = proc_stats(pid)
-        out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = stats.rss_peak_mb, stats.rss_mb, stats.cpu_seconds
+        out["rss_peak_mb"], out["rss_end_mb"], out["cpu_total_s"] = (
+            stats.rss_peak_mb,
+            stats.rss_mb,
+            stats.cpu_seconds,
+        )
         whole_run = completed(AuditReader(plane.audit_log))
         out["writes_total_audit"], out["writes_by_kind"] = audit_writes(whole_run, OPERATOR_USER)
-        say(f"idle writes: audit {out['idle_writes_audit']}, metric {out['idle_writes_metric']}; "
-            f"peak RSS {stats.rss_peak_mb:.0f} MB; CPU {stats.cpu_seconds:.1f}s; load {load()}")
+        say(
+            f"idle writes: audit {out['idle_writes_audit']}, metric {out['idle_writes_metric']}; "
+            f"peak RSS {stats.rss_peak_mb:.0f} MB; CPU {stats.cpu_seconds:.1f}s; load {load()}"
+        )
         if hosts is not None:  # bench/health.py: an Xid 79 on --health-faults % of the nodes, then --clear
-            out.update(await health_phase(client, names, args.health_faults, hosts, pid, plane.audit_log,
-                                          OPERATOR_USER, args, say))
-        if args.restart:  # bench/restart.py: SIGTERM, the same command again, until it leads and has caught up
+            out.update(
+                await health_phase(
+                    client, names, args.health_faults, hosts, pid, plane.audit_log, OPERATOR_USER, args, say
+                )
+            )
+        if (
+            args.restart
+        ):  # bench/restart.py: SIGTERM, the same command again, until it leads and has caught up
             out["load_at_restart"] = load()
-            out.update(await asyncio.to_thread(restart, subject, launch, running, sync, session.OPERATOR_NAMESPACE,
-                                               plane.audit_log, OPERATOR_USER, args.idle_seconds, args.restart_timeout))
-            say(f"restart: stopped {out['restart_stopped_s']:.1f}s, ready {out['restart_ready_s']}, leads "
+            out.update(
+                await asyncio.to_thread(
+                    restart,
+                    subject,
+                    launch,
+                    running,
+                    sync,
+                    session.OPERATOR_NAMESPACE,
+                    plane.audit_log,
+                    OPERATOR_USER,
+                    args.idle_seconds,
+                    args.restart_timeout,
+                )
+            )
+            say(
+                f"restart: stopped {out['restart_stopped_s']:.1f}s, ready {out['restart_ready_s']}, leads "
                 f"{out['restart_leads_s']}, caught up {out['restart_caught_up_s']} s (loops {out['restart_loops']}); "
                 f"writes {out['restart_catchup_writes']} + {out.get('restart_idle_writes')} in {args.idle_seconds:.0f}s "
                 f"{out['restart_catchup_writes_by_kind']} {out.get('restart_idle_writes_by_kind')}; "
-                f"exits {out['restart_exits']}")
+                f"exits {out['restart_exits']}"
+            )
         else:
             out["operator_exit"] = subject.stop(60)
         out["load_at_end"] = load()
@@ -341,13 +409,20 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, results
     return out
 
 
-def run_one(n: int, args: argparse.Namespace, found: binaries.Binaries, results_dir: Path,
-            who: str) -> dict[str, Any]:
+def run_one(
+    n: int, args: argparse.Namespace, found: binaries.Binaries, results_dir: Path, who: str
+) -> dict[str, Any]:
     async def run(plane: ControlPlane) -> dict[str, Any]:
         return await measure(n, args, plane, results_dir, who)
 
-    row: dict[str, Any] = on_fresh_plane(f"bench-scale-{n}-", found, run, say, keep=args.keep_workdir,
-                                         node_lease_seconds=args.node_lease_seconds)
+    row: dict[str, Any] = on_fresh_plane(
+        f"bench-scale-{n}-",
+        found,
+        run,
+        say,
+        keep=args.keep_workdir,
+        node_lease_seconds=args.node_lease_seconds,
+    )
     return row
 
 
@@ -374,4 +449,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

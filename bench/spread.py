@@ -36,7 +36,11 @@ def summarise(rows: list[dict[str, Any]], columns: list[Column]) -> list[dict[st
         mine = [r for r in rows if r["nodes"] == n and r["operator"] == who]
         figures: dict[str, dict[str, float | int]] = {}
         for _, key, _ in columns:
-            values = [r[key] for r in mine if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+            values = [
+                r[key]
+                for r in mine
+                if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)
+            ]
             if values:
                 figures[key] = spread(values)
         out.append({"nodes": n, "operator": who, "runs": len(mine), "figures": figures})
@@ -52,7 +56,9 @@ def _number(value: float | int, spec: str) -> str:
 def _cell(figure: dict[str, float | int] | None, spec: str, runs: int) -> str:
     if figure is None:
         return "-"
-    text = f"{_number(figure['median'], spec)} [{_number(figure['min'], spec)}-{_number(figure['max'], spec)}]"
+    text = (
+        f"{_number(figure['median'], spec)} [{_number(figure['min'], spec)}-{_number(figure['max'], spec)}]"
+    )
     return text if figure["runs"] == runs else f"{text} ({figure['runs']} of {runs})"
 
 

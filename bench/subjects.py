@@ -53,11 +53,18 @@ class Subject:
             return self.process.wait(10)
 
 
-def start_ours(plane: ControlPlane, concurrency: int, profile: Path | None, leader_elect: bool = False) -> Subject:
+def start_ours(
+    plane: ControlPlane, concurrency: int, profile: Path | None, leader_elect: bool = False
+) -> Subject:
     env = {PROFILE_ENV: str(profile)} if profile else {}
-    operator = OperatorProcess(kubeconfig=session.operator_kubeconfig(plane), namespace=session.OPERATOR_NAMESPACE,
-                               log=plane.workdir / "logs" / "operator.log", leader_elect=leader_elect,
-                               extra_args=[f"--label-concurrency={concurrency}"], env=env).start()
+    operator = OperatorProcess(
+        kubeconfig=session.operator_kubeconfig(plane),
+        namespace=session.OPERATOR_NAMESPACE,
+        log=plane.workdir / "logs" / "operator.log",
+        leader_elect=leader_elect,
+        extra_args=[f"--label-concurrency={concurrency}"],
+        env=env,
+    ).start()
     assert operator.process is not None
     return Subject("ours", operator.process, operator.health_port, operator.metrics_port, operator.log)
 
@@ -68,15 +75,25 @@ def start_peer(plane: ControlPlane, command: str, our_metrics: bool = False) -> 
     `our_metrics`: the peer serves our metrics on {metrics_port} (an earlier revision of ours), so
     they are read as for ours."""
     metrics_port, health_port = free_port(), free_port()
-    values = {"kubeconfig": str(session.operator_kubeconfig(plane)), "namespace": session.OPERATOR_NAMESPACE,
-              "metrics_port": str(metrics_port), "health_port": str(health_port)}
+    values = {
+        "kubeconfig": str(session.operator_kubeconfig(plane)),
+        "namespace": session.OPERATOR_NAMESPACE,
+        "metrics_port": str(metrics_port),
+        "health_port": str(health_port),
+    }
     argv = [part.format(**values) for part in shlex.split(command)]
     log = plane.workdir / "logs" / "peer.log"
     # The operand images from the environment, as the chart passes them to either operator.
     env = {**os.environ, **DEFAULT_IMAGES, "OPERATOR_NAMESPACE": session.OPERATOR_NAMESPACE}
     with log.open("ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=env, start_new_session=True)
+        process = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     return Subject("peer", process, health_port, metrics_port if our_metrics else None, log)
 
 
@@ -90,8 +107,15 @@ def apply_peer_crds(sync: Client, directory: Path) -> None:
 T = TypeVar("T")
 
 
-def on_fresh_plane(prefix: str, found: Binaries, run: Callable[[ControlPlane], Coroutine[Any, Any, T]],
-                   say: Callable[[str], None], *, keep: bool = False, **options: Any) -> T:
+def on_fresh_plane(
+    prefix: str,
+    found: Binaries,
+    run: Callable[[ControlPlane], Coroutine[Any, Any, T]],
+    say: Callable[[str], None],
+    *,
+    keep: bool = False,
+    **options: Any,
+) -> T:
     """`run` on a control plane of its own (`options` for ControlPlane), stopped afterwards; its
     working directory removed unless `keep` (or the run failed: its logs say why)."""
     workdir = Path(tempfile.mkdtemp(prefix=prefix))

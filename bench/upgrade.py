@@ -102,13 +102,25 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         spec: dict[str, Any] = {"operator": {}, "daemonsets": {}, **{k: {"enabled": False} for k in OFF}}
         # podDeletion and waitForCompletion as NVIDIA's sample policy sets them: the peer refuses an
         # upgrade without podDeletion ("pod deletion spec should not be empty"); ours defaults it
-        spec["driver"] = {"upgradePolicy": {
-            "autoUpgrade": True, "maxParallelUpgrades": args.max_parallel, "maxUnavailable": "100%",
-            "drain": {"enable": False}, "waitForCompletion": {"timeoutSeconds": 0},
-            "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False}}}
+        spec["driver"] = {
+            "upgradePolicy": {
+                "autoUpgrade": True,
+                "maxParallelUpgrades": args.max_parallel,
+                "maxUnavailable": "100%",
+                "drain": {"enable": False},
+                "waitForCompletion": {"timeoutSeconds": 0},
+                "podDeletion": {"force": False, "timeoutSeconds": 300, "deleteEmptyDir": False},
+            }
+        }
         t = time.monotonic()
-        await client.create(ClusterPolicyResource(  # type: ignore[call-overload]
-            apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": "cluster-policy"}, spec=spec))
+        await client.create(
+            ClusterPolicyResource(  # type: ignore[call-overload]
+                apiVersion="nvidia.com/v1",
+                kind="ClusterPolicy",
+                metadata={"name": "cluster-policy"},
+                spec=spec,
+            )
+        )
         if not await wait_done(watch, n, args.timeout, "initial"):
             out["error"] = "nodes never reached upgrade-done before the upgrade"
             return out
@@ -120,9 +132,12 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         cpu0 = proc_stats(pid).cpu_seconds
         watch.peak = 0
         t0 = time.monotonic()
-        sync.patch(ClusterPolicyResource, "cluster-policy",
-                   {"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "580.95.05"}}},
-                   patch_type=PatchType.MERGE)
+        sync.patch(
+            ClusterPolicyResource,
+            "cluster-policy",
+            {"spec": {"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": "580.95.05"}}},
+            patch_type=PatchType.MERGE,
+        )
         while watch.count(UPGRADE_DONE) >= n and time.monotonic() - t0 < 60:
             await asyncio.sleep(0.2)  # until the new revision shows
         done = await wait_done(watch, n, args.timeout, "upgrade")
@@ -134,8 +149,10 @@ async def measure(n: int, args: argparse.Namespace, plane: ControlPlane, who: st
         out["writes"], out["writes_by_kind"] = writes, by_kind
         out["writes_per_node"] = writes / n
         out["rss_peak_mb"] = proc_stats(pid).rss_peak_mb
-        say(f"{who} upgrade: {out['upgrade_s']} s, peak {watch.peak} in flight, {writes / n:.1f} writes/node, "
-            f"operator CPU {out['operator_cpu_s']:.1f}s")
+        say(
+            f"{who} upgrade: {out['upgrade_s']} s, peak {watch.peak} in flight, {writes / n:.1f} writes/node, "
+            f"operator CPU {out['operator_cpu_s']:.1f}s"
+        )
         watcher.cancel()
     finally:
         if subject is not None:  # a failed run must not leave the operator running
@@ -160,11 +177,21 @@ def main() -> int:
     rows = []
     for who in ([] if args.only_peer else ["ours"]) + (["peer"] if args.peer_cmd else []):
         say(f"=== {args.nodes} nodes: {who} ===")
-        rows.append(on_fresh_plane(f"bench-upgrade-{args.nodes}-", found,
-                                   lambda plane, who=who: measure(args.nodes, args, plane, who), say,
-                                   keep=args.keep_workdir))
-    report = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-              "loadavg_at_end": os.getloadavg(), "runs": rows}
+        rows.append(
+            on_fresh_plane(
+                f"bench-upgrade-{args.nodes}-",
+                found,
+                lambda plane, who=who: measure(args.nodes, args, plane, who),
+                say,
+                keep=args.keep_workdir,
+            )
+        )
+    report = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "loadavg_at_end": os.getloadavg(),
+        "runs": rows,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

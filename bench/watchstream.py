@@ -37,22 +37,45 @@ def heartbeat_node() -> dict[str, Any]:
     node = shape_nodes(["dgx-h100"])[0]
     node["metadata"]["labels"].update({f"nvidia.com/gpu.deploy.operand-{i}": "true" for i in range(12)})
     node["metadata"]["managedFields"] = [
-        {"manager": m, "operation": "Update", "apiVersion": "v1", "time": "2026-11-26T10:00:00Z", "fieldsType": "FieldsV1",
-         "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in node["metadata"]["labels"]}}}}
-        for m in ("kwok", "gpu-operator")]
+        {
+            "manager": m,
+            "operation": "Update",
+            "apiVersion": "v1",
+            "time": "2026-11-26T10:00:00Z",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in node["metadata"]["labels"]}}},
+        }
+        for m in ("kwok", "gpu-operator")
+    ]
     node["status"] = {
-        "conditions": [{"type": t, "status": "False" if t != "Ready" else "True", "reason": "KubeletReady",
-                        "message": "kwok", "lastHeartbeatTime": "2026-11-26T10:00:00Z",
-                        "lastTransitionTime": "2026-11-26T09:00:00Z"}
-                       for t in ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")],
+        "conditions": [
+            {
+                "type": t,
+                "status": "False" if t != "Ready" else "True",
+                "reason": "KubeletReady",
+                "message": "kwok",
+                "lastHeartbeatTime": "2026-11-26T10:00:00Z",
+                "lastTransitionTime": "2026-11-26T09:00:00Z",
+            }
+            for t in ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
+        ],
         "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": "n"}],
         "capacity": {"cpu": "224", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": "8"},
         "allocatable": {"cpu": "224", "memory": "2Ti", "pods": "110", "nvidia.com/gpu": "8"},
         "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        "nodeInfo": {"kernelVersion": "6.8.0-45-generic", "containerRuntimeVersion": "containerd://2.1.4",
-                     "kubeletVersion": "v1.36.3", "osImage": "Ubuntu 24.04.1 LTS", "architecture": "amd64",
-                     "operatingSystem": "linux", "machineID": "", "systemUUID": "", "bootID": ""},
-        "phase": "Running"}
+        "nodeInfo": {
+            "kernelVersion": "6.8.0-45-generic",
+            "containerRuntimeVersion": "containerd://2.1.4",
+            "kubeletVersion": "v1.36.3",
+            "osImage": "Ubuntu 24.04.1 LTS",
+            "architecture": "amd64",
+            "operatingSystem": "linux",
+            "machineID": "",
+            "systemUUID": "",
+            "bootID": "",
+        },
+        "phase": "Running",
+    }
     return node
 
 
@@ -62,10 +85,14 @@ def serve(directory: str, port_out: Any, events: int, gap: float) -> None:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         for i in range(events):
             node["metadata"]["resourceVersion"] = str(1000 + i)
-            node["status"]["conditions"][0]["lastHeartbeatTime"] = f"2026-11-26T10:{i // 60 % 60:02d}:{i % 60:02d}Z"
+            node["status"]["conditions"][0]["lastHeartbeatTime"] = (
+                f"2026-11-26T10:{i // 60 % 60:02d}:{i % 60:02d}Z"
+            )
             body = json.dumps({"type": "MODIFIED", "object": node}, separators=(",", ":")).encode() + b"\n"
             writer.write(b"%x\r\n%s\r\n" % (len(body), body))
             await writer.drain()
@@ -86,8 +113,9 @@ def serve(directory: str, port_out: Any, events: int, gap: float) -> None:
 
 
 async def measure(path: str, url: str, ca: Path) -> tuple[float, int]:
-    config = KubeConfig.from_file(write_kubeconfig(ca.parent / "kubeconfig", server=url, ca=ca, user="bench",
-                                                   token="bench")).get()
+    config = KubeConfig.from_file(
+        write_kubeconfig(ca.parent / "kubeconfig", server=url, ca=ca, user="bench", token="bench")
+    ).get()
     assert config is not None
     streams = LineStreams(config)
     http = httpx2.AsyncClient(base_url=url, verify=ssl.create_default_context(cafile=str(ca)))
@@ -113,7 +141,9 @@ async def measure(path: str, url: str, ca: Path) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=3000)
     parser.add_argument("--gap", type=float, default=0.002, help="seconds between two events")
     parser.add_argument("--rounds", type=int, default=3)
@@ -121,11 +151,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         pki = simpki.generate(Path(directory))
         ports: Any = multiprocessing.Queue()
-        server = multiprocessing.Process(target=serve, args=(directory, ports, args.events, args.gap), daemon=True)
+        server = multiprocessing.Process(
+            target=serve, args=(directory, ports, args.events, args.gap), daemon=True
+        )
         server.start()
         url = f"https://127.0.0.1:{ports.get(timeout=30)}"
         size = len(json.dumps({"type": "MODIFIED", "object": heartbeat_node()}, separators=(",", ":")))
-        print(f"{args.events} heartbeat events of {size} bytes, {args.gap * 1000:.0f} ms apart, {args.rounds} rounds")
+        print(
+            f"{args.events} heartbeat events of {size} bytes, {args.gap * 1000:.0f} ms apart, {args.rounds} rounds"
+        )
         figures: dict[str, list[float]] = {"http client stream": [], "linestream": []}
         for _ in range(args.rounds):
             for path in figures:
@@ -135,8 +169,10 @@ def main() -> None:
                 figures[path].append(cpu / count * 1e6)
         server.terminate()
     for path, values in figures.items():
-        print(f"{path:>20}: CPU per event median {statistics.median(values):.0f} us "
-              f"(rounds: {', '.join(f'{v:.0f}' for v in values)})")
+        print(
+            f"{path:>20}: CPU per event median {statistics.median(values):.0f} us "
+            f"(rounds: {', '.join(f'{v:.0f}' for v in values)})"
+        )
 
 
 if __name__ == "__main__":

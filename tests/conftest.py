@@ -46,8 +46,11 @@ def work_unit(root: Path, module: str, cache: dict[str, str]) -> str:
         cache[module] = module  # (a module importing itself, or a loop, ends here)
         # a module whose fixtures it borrows (`from tests.integration.test_x import ...`) counts too
         borrowed = {f"{m.replace('.', '/')}.py" for m in re.findall(r"\b(tests\.\w+\.test_\w+)\b", source)}
-        on_host = (module.startswith(HOST_MODULES) or any(name in names for name in HOST_FIXTURES)
-                   or any(work_unit(root, other, cache) == HOST_GROUP for other in borrowed - {module}))
+        on_host = (
+            module.startswith(HOST_MODULES)
+            or any(name in names for name in HOST_FIXTURES)
+            or any(work_unit(root, other, cache) == HOST_GROUP for other in borrowed - {module})
+        )
         cache[module] = HOST_GROUP if on_host else module
     return cache[module]
 

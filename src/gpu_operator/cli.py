@@ -35,13 +35,23 @@ def _register_all() -> None:
     from gpu_operator.sim.commands import cli as sim_cli
     from gpu_operator.statusview import cli as statusview_cli
 
-    for module in (admin_cli, controllers_cli, render_cli, install_cli, crds_cli, node_cli, sim_cli, statusview_cli):
+    for module in (
+        admin_cli,
+        controllers_cli,
+        render_cli,
+        install_cli,
+        crds_cli,
+        node_cli,
+        sim_cli,
+        statusview_cli,
+    ):
         module.register(app)
     # `diff --values`: the chart's ClusterPolicy (install/, which renders the chart) for admin/'s diff
     from gpu_operator.admin import diff_cli
 
     def policy_from_values(files: list[Path], sets: list[str], namespace: str) -> dict[str, Any]:
         from gpu_operator.install.policyvalues import policy_from_values as from_values
+
         return from_values(files, sets, namespace)
 
     diff_cli.register(app, policy_from_values)

@@ -130,7 +130,9 @@ UPGRADE_ENABLED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-enabled"
 UPGRADE_REQUESTED_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-requested"
 UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade.driver-wait-for-safe-load"
 UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade.node-initial-state.unschedulable"
-UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-wait-for-pod-completion-start-time"
+UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION = (
+    f"{NVIDIA}/gpu-driver-upgrade-wait-for-pod-completion-start-time"
+)
 UPGRADE_VALIDATION_START_ANNOTATION = f"{NVIDIA}/gpu-driver-upgrade-validation-start-time"
 UPGRADE_DRAIN_SKIP_POD_LABEL = f"{NVIDIA}/gpu-driver-upgrade-drain.skip"
 # Ours (beyond upstream): why a node failed, since when it is in its state, when pod deletion or
@@ -191,7 +193,12 @@ MIG_CONFIG_STATE = f"{MIG_CONFIG}.state"
 MIG_PAUSED = "paused-for-mig-change"
 MIG_MANAGER_APP = "nvidia-mig-manager"  # its pods' app label (render/states/mig_manager.py)
 # The pods it waits for to leave the node before it changes the layout (their app labels).
-MIG_CLIENT_APPS = ("nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-dcgm")
+MIG_CLIENT_APPS = (
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-dcgm",
+)
 MIG_CONDITION = "NvidiaMIGReady"  # Node condition: True once the selected MIG config is applied
 MIG_EVENT_REASON = "MIGChange"
 # Reasons of MIG_CONDITION (controllers/units/mig/rules.py decides them).
@@ -248,18 +255,42 @@ POLICY_WARNING_REASON = "PolicyWarning"
 MIG_MANAGER = deploy_label("mig-manager")
 VGPU_MANAGER = deploy_label("vgpu-manager")
 STATE_LABELS: dict[str, tuple[str, ...]] = {
-    "container": tuple(deploy_label(c) for c in (
-        "driver", "gpu-feature-discovery", "container-toolkit", "device-plugin", "dcgm",
-        "dcgm-exporter", "node-status-exporter", "operator-validator", "client",
-    )),
-    "vm-passthrough": tuple(deploy_label(c) for c in (
-        "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager",
-        "client",
-    )),
-    "vm-vgpu": tuple(deploy_label(c) for c in (
-        "sandbox-device-plugin", "vgpu-manager", "vgpu-device-manager", "sandbox-validator",
-        "cc-manager", "client",
-    )),
+    "container": tuple(
+        deploy_label(c)
+        for c in (
+            "driver",
+            "gpu-feature-discovery",
+            "container-toolkit",
+            "device-plugin",
+            "dcgm",
+            "dcgm-exporter",
+            "node-status-exporter",
+            "operator-validator",
+            "client",
+        )
+    ),
+    "vm-passthrough": tuple(
+        deploy_label(c)
+        for c in (
+            "sandbox-device-plugin",
+            "sandbox-validator",
+            "vfio-manager",
+            "kata-manager",
+            "cc-manager",
+            "client",
+        )
+    ),
+    "vm-vgpu": tuple(
+        deploy_label(c)
+        for c in (
+            "sandbox-device-plugin",
+            "vgpu-manager",
+            "vgpu-device-manager",
+            "sandbox-validator",
+            "cc-manager",
+            "client",
+        )
+    ),
 }
 KATA_SANDBOX_DEVICE_PLUGIN = deploy_label("kata-sandbox-device-plugin")
 # Labels of the DRA stack (GPUCluster) are swept too: a node must not keep a stack it left.
@@ -288,5 +319,12 @@ UPGRADE_DONE = "upgrade-done"
 UPGRADE_FAILED = "upgrade-failed"
 # Between cordon-required and uncordon-required: what maxParallelUpgrades bounds, and what GPU
 # health's remediation waits for before it cordons a node itself.
-UPGRADE_ACTIVE = (CORDON_REQUIRED, WAIT_FOR_JOBS_REQUIRED, POD_DELETION_REQUIRED, DRAIN_REQUIRED,
-                  POD_RESTART_REQUIRED, VALIDATION_REQUIRED, UNCORDON_REQUIRED)
+UPGRADE_ACTIVE = (
+    CORDON_REQUIRED,
+    WAIT_FOR_JOBS_REQUIRED,
+    POD_DELETION_REQUIRED,
+    DRAIN_REQUIRED,
+    POD_RESTART_REQUIRED,
+    VALIDATION_REQUIRED,
+    UNCORDON_REQUIRED,
+)

@@ -43,8 +43,17 @@ NODES = 200 if HEAVY else 24
 # are labelled in several batches at the default.
 ARGS = [] if HEAVY else ["--label-concurrency=4"]
 # upgrades in one wave, short timeouts: kwok pods have no workloads to wait for
-SPEC = {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 0, "maxUnavailable": "100%",
-                                     "podDeletion": {"timeoutSeconds": 4}, "drain": {"enable": False}}}}
+SPEC = {
+    "driver": {
+        "upgradePolicy": {
+            "autoUpgrade": True,
+            "maxParallelUpgrades": 0,
+            "maxUnavailable": "100%",
+            "podDeletion": {"timeoutSeconds": 4},
+            "drain": {"enable": False},
+        }
+    }
+}
 NEXT_DRIVER = {"repository": "nvcr.io/nvidia", "image": "driver", "version": "580.95.05"}
 DRIVER_PODS: dict[str, Any] = {"app.kubernetes.io/component": "nvidia-driver"}
 
@@ -56,10 +65,24 @@ class Point:
 
 
 def points(n: int) -> list[Point]:
-    install = [Point("start", 0), Point("apply", 1), Point("label", 1), Point("apply", 4), Point("status", 1),
-               Point("label", n // 4), Point("apply", 10), Point("label", n // 2), Point("status", 1),
-               Point("apply", 2), Point("label", 3 * n // 4), Point("start", 0), Point("status", 1),
-               Point("label", 2), Point("apply", 6), Point("label", n - 2)]
+    install = [
+        Point("start", 0),
+        Point("apply", 1),
+        Point("label", 1),
+        Point("apply", 4),
+        Point("status", 1),
+        Point("label", n // 4),
+        Point("apply", 10),
+        Point("label", n // 2),
+        Point("status", 1),
+        Point("apply", 2),
+        Point("label", 3 * n // 4),
+        Point("start", 0),
+        Point("status", 1),
+        Point("label", 2),
+        Point("apply", 6),
+        Point("label", n - 2),
+    ]
     upgrade = [Point("label", 3), Point("label", n), Point("pod", 1), Point("label", 2 * n)]
     return install + upgrade
 
@@ -74,19 +97,27 @@ def managed(kube: Client, control_plane: ControlPlane) -> dict[tuple[str, str, s
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for owned in OWNED_KINDS:
         plural = owned.plural
-        body = control_plane.request("GET", f"{_prefix(owned.group, owned.version)}/{plural}?labelSelector={MANAGED_SELECTOR}")
+        body = control_plane.request(
+            "GET", f"{_prefix(owned.group, owned.version)}/{plural}?labelSelector={MANAGED_SELECTOR}"
+        )
         for item in body["items"]:
             meta = item["metadata"]
             key = (plural, meta.get("namespace", ""), meta["name"])
             assert key not in out, f"duplicate {key}"
             clean = {k: v for k, v in item.items() if k not in ("metadata", "status")}
             if plural == "services":  # allocated by the apiserver on create, different every install
-                clean["spec"] = {k: v for k, v in clean["spec"].items() if k not in ("clusterIP", "clusterIPs")}
+                clean["spec"] = {
+                    k: v for k, v in clean["spec"].items() if k not in ("clusterIP", "clusterIPs")
+                }
             clean["labels"] = meta.get("labels", {})
-            clean["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items()
-                                    if k not in (HASH_ANNOTATION, "deprecated.daemonset.template.generation")}
-            clean["owners"] = sorted((r["kind"], r["name"], r.get("controller", False))
-                                     for r in meta.get("ownerReferences", []))
+            clean["annotations"] = {
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k not in (HASH_ANNOTATION, "deprecated.daemonset.template.generation")
+            }
+            clean["owners"] = sorted(
+                (r["kind"], r["name"], r.get("controller", False)) for r in meta.get("ownerReferences", [])
+            )
             out[key] = clean
     return out
 
@@ -97,32 +128,51 @@ def node_state(kube: Client, names: list[str], original: dict[str, dict[str, str
         node = kube.get(Node, name)
         labels = {k: v for k, v in (node.metadata.labels or {}).items() if original[name].get(k) != v}
         # "...-since" annotations are times (when a node entered its upgrade state): present, not equal
-        annotations = {k: "<time>" if k.endswith("-since") else v
-                       for k, v in (node.metadata.annotations or {}).items() if "nvidia.com" in k}
+        annotations = {
+            k: "<time>" if k.endswith("-since") else v
+            for k, v in (node.metadata.annotations or {}).items()
+            if "nvidia.com" in k
+        }
         taints = sorted(str(t.key) for t in (node.spec.taints or []))
-        state[name] = {"labels": labels, "annotations": annotations, "unschedulable": bool(node.spec.unschedulable),
-                       "taints": taints}
+        state[name] = {
+            "labels": labels,
+            "annotations": annotations,
+            "unschedulable": bool(node.spec.unschedulable),
+            "taints": taints,
+        }
     return state
 
 
 def policy_state(kube: Client) -> dict[str, Any]:
     status = policy_status(kube)
-    conditions = sorted((c["type"], c["status"], c.get("reason", ""), c.get("message", ""))
-                        for c in status.get("conditions", []))
+    conditions = sorted(
+        (c["type"], c["status"], c.get("reason", ""), c.get("message", ""))
+        for c in status.get("conditions", [])
+    )
     return {"state": status.get("state"), "namespace": status.get("namespace"), "conditions": conditions}
 
 
-def snapshot(kube: Client, control_plane: ControlPlane, names: list[str], namespace: str,
-             original: dict[str, dict[str, str]]) -> dict[str, Any]:
+def snapshot(
+    kube: Client,
+    control_plane: ControlPlane,
+    names: list[str],
+    namespace: str,
+    original: dict[str, dict[str, str]],
+) -> dict[str, Any]:
     pods: dict[str, int] = {}
     for pod in kube.list(Pod, namespace=namespace, labels=DRIVER_PODS):
         pods[str(pod.spec.nodeName)] = pods.get(str(pod.spec.nodeName), 0) + 1
-    return {"objects": managed(kube, control_plane), "nodes": node_state(kube, names, original),
-            "policy": policy_state(kube), "driver_pods_per_node": pods}
+    return {
+        "objects": managed(kube, control_plane),
+        "nodes": node_state(kube, names, original),
+        "policy": policy_state(kube),
+        "driver_pods_per_node": pods,
+    }
 
 
-def converged(kube: Client, names: list[str], gpu: list[str], driver_version: str | None,
-              namespace: str) -> bool:
+def converged(
+    kube: Client, names: list[str], gpu: list[str], driver_version: str | None, namespace: str
+) -> bool:
     if not is_reconciled(policy_status(kube)):
         return False
     states = {n: (kube.get(Node, n).metadata.labels or {}).get(UPGRADE_STATE) for n in gpu}
@@ -144,17 +194,31 @@ def quiet(control_plane: ControlPlane, seconds: float = 3.0) -> None:
         if tail.new():
             last = time.monotonic()
         return time.monotonic() - last >= seconds
+
     wait_for("the operator to stop writing", still, timeout=120, interval=0.5)
 
 
-def reset(kube: Client, control_plane: ControlPlane, names: list[str], original: dict[str, dict[str, str]],
-          namespace: str) -> None:
+def reset(
+    kube: Client,
+    control_plane: ControlPlane,
+    names: list[str],
+    original: dict[str, dict[str, str]],
+    namespace: str,
+) -> None:
     """Back to before the install: the policy deleted, what it owned collected, nodes as created."""
     kube.delete(ClusterPolicyResource, "cluster-policy")
-    wait_for("every managed object garbage-collected", lambda: managed(kube, control_plane), until=lambda m: not m,
-             timeout=120)
-    wait_for("driver pods gone", lambda: list(kube.list(Pod, namespace=namespace, labels=DRIVER_PODS)),
-             until=lambda p: not p, timeout=120)
+    wait_for(
+        "every managed object garbage-collected",
+        lambda: managed(kube, control_plane),
+        until=lambda m: not m,
+        timeout=120,
+    )
+    wait_for(
+        "driver pods gone",
+        lambda: list(kube.list(Pod, namespace=namespace, labels=DRIVER_PODS)),
+        until=lambda p: not p,
+        timeout=120,
+    )
     strip_labels(kube, names, original)
 
 
@@ -165,11 +229,18 @@ def strip_labels(kube: Client, names: list[str], original: dict[str, dict[str, s
         drop = {k: None for k in (node.metadata.labels or {}) if k not in original[name]}
         notes = {k: None for k in (node.metadata.annotations or {}) if "nvidia.com" in k}
         if drop or notes:
-            kube.patch(Node, name, {"metadata": {"labels": drop, "annotations": notes}}, patch_type=PatchType.MERGE)
+            kube.patch(
+                Node, name, {"metadata": {"labels": drop, "annotations": notes}}, patch_type=PatchType.MERGE
+            )
 
 
-def give_work(kube: Client, control_plane: ControlPlane, point: Point, names: list[str],
-              original: dict[str, dict[str, str]]) -> None:
+def give_work(
+    kube: Client,
+    control_plane: ControlPlane,
+    point: Point,
+    names: list[str],
+    original: dict[str, dict[str, str]],
+) -> None:
     """Pending work of the point's kind for the next incarnation."""
     if point.kind == "label":
         strip_labels(kube, names, original)
@@ -177,12 +248,26 @@ def give_work(kube: Client, control_plane: ControlPlane, point: Point, names: li
         for plural, namespace, name in sorted(managed(kube, control_plane))[: point.nth + 4]:
             owned = next(k for k in OWNED_KINDS if k.plural == plural)
             prefix = _prefix(owned.group, owned.version)
-            path = f"{prefix}/namespaces/{namespace}/{plural}/{name}" if namespace else f"{prefix}/{plural}/{name}"
-            control_plane.request("PATCH", path, {"metadata": {"annotations": {HASH_ANNOTATION: "edited"}}},
-                                  content_type="application/merge-patch+json")
+            path = (
+                f"{prefix}/namespaces/{namespace}/{plural}/{name}"
+                if namespace
+                else f"{prefix}/{plural}/{name}"
+            )
+            control_plane.request(
+                "PATCH",
+                path,
+                {"metadata": {"annotations": {HASH_ANNOTATION: "edited"}}},
+                content_type="application/merge-patch+json",
+            )
     elif point.kind == "status":
-        with_retry(lambda: kube.patch(ClusterPolicyResource.Status, "cluster-policy",
-                                      {"status": {"state": "notReady"}}, patch_type=PatchType.MERGE))
+        with_retry(
+            lambda: kube.patch(
+                ClusterPolicyResource.Status,
+                "cluster-policy",
+                {"status": {"state": "notReady"}},
+                patch_type=PatchType.MERGE,
+            )
+        )
 
 
 def with_retry(call: Callable[[], object]) -> None:
@@ -208,21 +293,31 @@ def crash_at(point: Point, start_operator: Start, control_plane: ControlPlane, t
             kind = category(event)
             counts[kind] = counts.get(kind, 0) + 1
             ref = event["objectRef"]
-            seen.append(f"{event['verb']} {ref.get('resource')}/{ref.get('name')}{'/' + ref['subresource'] if ref.get('subresource') else ''}")
+            seen.append(
+                f"{event['verb']} {ref.get('resource')}/{ref.get('name')}{'/' + ref['subresource'] if ref.get('subresource') else ''}"
+            )
         if point.kind == "start":
             return "ServiceMonitor CRD" in operator.log_text()  # discovery done, loops about to start
         return counts.get(point.kind, 0) >= point.nth
+
     wait_for(f"crash point {point}", reached, timeout=timeout, interval=0.02, context=operator.log_text)
     operator.kill()
     counts = {k: v for k, v in counts.items() if v}
     for event in tail.new():  # what landed between the observation and the SIGKILL
         counts[category(event)] = counts.get(category(event), 0) + 1
-    return f"{point.kind}#{point.nth}: killed after {counts or 'no writes'}; last: {seen[-1] if seen else '-'}"
+    return (
+        f"{point.kind}#{point.nth}: killed after {counts or 'no writes'}; last: {seen[-1] if seen else '-'}"
+    )
 
 
 def test_sigkill_at_20_points_ends_where_an_uninterrupted_run_ends(
-        kube: Client, control_plane: ControlPlane, fake_nodes: Nodes, start_operator: Start,
-        cluster_policies: Policies, operator_namespace: str) -> None:
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_nodes: Nodes,
+    start_operator: Start,
+    cluster_policies: Policies,
+    operator_namespace: str,
+) -> None:
     gpu = fake_nodes(f"dgx-h100:{NODES - 2}")
     names = gpu + fake_nodes("cpu:2")
     original = {n: dict(kube.get(Node, n).metadata.labels or {}) for n in names}
@@ -232,12 +327,23 @@ def test_sigkill_at_20_points_ends_where_an_uninterrupted_run_ends(
     began = time.monotonic()
     operator = start_operator(extra_args=ARGS)
     cluster_policies(SPEC)
-    wait_for("reference install converged", lambda: converged(kube, names, gpu, None, operator_namespace),
-             timeout=settle, interval=1, context=operator.log_text)
-    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": NEXT_DRIVER}}, patch_type=PatchType.MERGE)
-    wait_for("reference upgrade converged", lambda: converged(kube, names, gpu, NEXT_DRIVER["version"],
-                                                                operator_namespace),
-             timeout=settle, interval=1, context=operator.log_text)
+    wait_for(
+        "reference install converged",
+        lambda: converged(kube, names, gpu, None, operator_namespace),
+        timeout=settle,
+        interval=1,
+        context=operator.log_text,
+    )
+    kube.patch(
+        ClusterPolicyResource, "cluster-policy", {"spec": {"driver": NEXT_DRIVER}}, patch_type=PatchType.MERGE
+    )
+    wait_for(
+        "reference upgrade converged",
+        lambda: converged(kube, names, gpu, NEXT_DRIVER["version"], operator_namespace),
+        timeout=settle,
+        interval=1,
+        context=operator.log_text,
+    )
     quiet(control_plane)
     reference = snapshot(kube, control_plane, names, operator_namespace, original)
     operator.stop()
@@ -245,7 +351,9 @@ def test_sigkill_at_20_points_ends_where_an_uninterrupted_run_ends(
     reset(kube, control_plane, names, original, operator_namespace)
 
     # Someone's own object in the operator namespace: nothing may delete it.
-    kube.create(ConfigMap(metadata=ObjectMeta(name="users-own", namespace=operator_namespace), data={"k": "v"}))
+    kube.create(
+        ConfigMap(metadata=ObjectMeta(name="users-own", namespace=operator_namespace), data={"k": "v"})
+    )
 
     # The same again, SIGKILLed at every point.
     cluster_policies(SPEC)
@@ -258,19 +366,33 @@ def test_sigkill_at_20_points_ends_where_an_uninterrupted_run_ends(
         log.append(crash_at(point, start_operator, control_plane))
     # Converge the install, then start the upgrade and crash through it.
     operator = start_operator(extra_args=ARGS)
-    wait_for("install converged after the crashes", lambda: converged(kube, names, gpu, None, operator_namespace),
-             timeout=settle, interval=1, context=operator.log_text)
+    wait_for(
+        "install converged after the crashes",
+        lambda: converged(kube, names, gpu, None, operator_namespace),
+        timeout=settle,
+        interval=1,
+        context=operator.log_text,
+    )
     operator.kill()
-    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": NEXT_DRIVER}}, patch_type=PatchType.MERGE)
+    kube.patch(
+        ClusterPolicyResource, "cluster-policy", {"spec": {"driver": NEXT_DRIVER}}, patch_type=PatchType.MERGE
+    )
     for point in upgrade:
         log.append("upgrade " + crash_at(point, start_operator, control_plane))
     operator = start_operator(extra_args=ARGS)
-    wait_for("upgrade converged after the crashes", lambda: converged(kube, names, gpu, NEXT_DRIVER["version"],
-                                                                        operator_namespace),
-             timeout=settle, interval=1, context=lambda: "\n".join(log) + "\n" + operator.log_text()[-3000:])
+    wait_for(
+        "upgrade converged after the crashes",
+        lambda: converged(kube, names, gpu, NEXT_DRIVER["version"], operator_namespace),
+        timeout=settle,
+        interval=1,
+        context=lambda: "\n".join(log) + "\n" + operator.log_text()[-3000:],
+    )
     quiet(control_plane)
     after = snapshot(kube, control_plane, names, operator_namespace, original)
-    print(f"reference run {reference_seconds:.0f} s on {len(names)} nodes; {len(log)} SIGKILLs:\n  " + "\n  ".join(log))
+    print(
+        f"reference run {reference_seconds:.0f} s on {len(names)} nodes; {len(log)} SIGKILLs:\n  "
+        + "\n  ".join(log)
+    )
 
     assert len(log) == 20
     assert kube.get(ConfigMap, "users-own", namespace=operator_namespace).data == {"k": "v"}

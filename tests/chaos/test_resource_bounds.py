@@ -29,16 +29,37 @@ DEPLOY_DRIVER = "nvidia.com/gpu.deploy.driver"
 def churn(kube: Client, names: list[str], rounds: int, tag: str) -> int:
     """`rounds` label changes and `rounds` status (condition heartbeat) changes per node; returns
     how many Node writes were sent (each one a watch event at the operator)."""
+
     def one(name: str) -> int:
         for i in range(rounds):
-            kube.patch(Node, name, {"metadata": {"labels": {"chaos.example.com/churn": f"{tag}-{i}"}}},
-                       patch_type=PatchType.MERGE)
+            kube.patch(
+                Node,
+                name,
+                {"metadata": {"labels": {"chaos.example.com/churn": f"{tag}-{i}"}}},
+                patch_type=PatchType.MERGE,
+            )
             now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            kube.patch(Node.Status, name, {"status": {"conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": f"{tag}-{i}",
-                 "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
-                       patch_type=PatchType.STRATEGIC)
+            kube.patch(
+                Node.Status,
+                name,
+                {
+                    "status": {
+                        "conditions": [
+                            {
+                                "type": "Ready",
+                                "status": "True",
+                                "reason": "KubeletReady",
+                                "message": f"{tag}-{i}",
+                                "lastHeartbeatTime": now,
+                                "lastTransitionTime": now,
+                            }
+                        ]
+                    }
+                },
+                patch_type=PatchType.STRATEGIC,
+            )
         return 2 * rounds
+
     with ThreadPoolExecutor(8) as pool:
         return sum(pool.map(one, names))
 
@@ -50,13 +71,18 @@ def settled_rss(operator: OperatorProcess, pid: int) -> int:
     def steady() -> bool:
         looks.append(rss_bytes(pid))
         return abs(looks[-1] - looks[-2]) < 1 * MB
+
     wait_for("the operator's RSS to settle", steady, interval=2, timeout=120, context=operator.log_text)
     return looks[-1]
 
 
 def test_memory_stays_bounded_under_a_10x_burst_of_node_events(
-        kube: Client, fake_nodes: Nodes, start_operator: Start, cluster_policies: Policies,
-        record_property: Callable[[str, object], None]) -> None:
+    kube: Client,
+    fake_nodes: Nodes,
+    start_operator: Start,
+    cluster_policies: Policies,
+    record_property: Callable[[str, object], None],
+) -> None:
     count, rounds = (200, 10) if HEAVY else (20, 3)
     names = fake_nodes(f"dgx-h100:{count}")
     operator = start_operator()
@@ -77,12 +103,18 @@ def test_memory_stays_bounded_under_a_10x_burst_of_node_events(
 
     growth = after - warm
     per_event = growth / burst_events
-    for key, value in (("rss_idle_mb", idle / MB), ("rss_after_warmup_mb", warm / MB),
-                       ("rss_after_10x_burst_mb", after / MB), ("rss_peak_mb", peak / MB)):
+    for key, value in (
+        ("rss_idle_mb", idle / MB),
+        ("rss_after_warmup_mb", warm / MB),
+        ("rss_after_10x_burst_mb", after / MB),
+        ("rss_peak_mb", peak / MB),
+    ):
         record_property(key, round(value, 1))
-    print(f"memory: {count} nodes; idle {idle / MB:.1f} MB, after {warm_events} events {warm / MB:.1f} MB, "
-          f"after {burst_events} more {after / MB:.1f} MB (peak {peak / MB:.1f} MB; "
-          f"{per_event:.0f} B per event; bursts took {burst_seconds:.0f} s)")
+    print(
+        f"memory: {count} nodes; idle {idle / MB:.1f} MB, after {warm_events} events {warm / MB:.1f} MB, "
+        f"after {burst_events} more {after / MB:.1f} MB (peak {peak / MB:.1f} MB; "
+        f"{per_event:.0f} B per event; bursts took {burst_seconds:.0f} s)"
+    )
     # Everything the operator keeps is per node, so ten times the events add (almost) nothing;
     # the allowance covers the allocator's arenas, not anything per event.
     assert growth < 12 * MB, f"RSS grew {growth / MB:.1f} MB over {burst_events} node events"

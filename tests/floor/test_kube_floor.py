@@ -31,8 +31,13 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOOR_ENV = ROOT / "tools" / "controlplane" / "kube-floor" / "version.env"
 CHART_YAML = ROOT / "deployments" / "gpu-operator" / "Chart.yaml"
 DEFAULT_DAEMONSETS = {
-    "nvidia-driver-daemonset", "nvidia-container-toolkit-daemonset", "nvidia-operator-validator",
-    "nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter", "gpu-feature-discovery",
+    "nvidia-driver-daemonset",
+    "nvidia-container-toolkit-daemonset",
+    "nvidia-operator-validator",
+    "nvidia-device-plugin-daemonset",
+    "nvidia-dcgm",
+    "nvidia-dcgm-exporter",
+    "gpu-feature-discovery",
     "nvidia-mig-manager",
 }
 RELEASE, HELM_NAMESPACE = "gpu-operator", "gpu-operator-floor"
@@ -54,8 +59,12 @@ def test_the_floor_runs_and_is_the_charts_kube_version(control_plane: ControlPla
 
 
 def test_the_default_policy_becomes_ready_on_the_floor(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2", "host-driver:1")
     cpu = fake_nodes("cpu:1")[0]
     operator = start_operator()
@@ -71,8 +80,10 @@ def test_the_default_policy_becomes_ready_on_the_floor(
     daemonsets = {str(ds.metadata.name): ds for ds in kube.list(DaemonSet, namespace=operator_namespace)}
     assert set(daemonsets) >= DEFAULT_DAEMONSETS, sorted(daemonsets)
     for name in DEFAULT_DAEMONSETS - {"nvidia-mig-manager"}:
-        assert (daemonsets[name].status.desiredNumberScheduled, daemonsets[name].status.numberReady) \
-            == (3, 3), name
+        assert (daemonsets[name].status.desiredNumberScheduled, daemonsets[name].status.numberReady) == (
+            3,
+            3,
+        ), name
     assert daemonsets["nvidia-mig-manager"].status.numberReady == 2  # the MIG-capable dgx-h100 nodes
     # Every write was accepted (an apply with a field the floor's schemas lack is refused): the
     # level field of each log line ("<date> <time> LEVEL logger: message").
@@ -81,8 +92,14 @@ def test_the_default_policy_becomes_ready_on_the_floor(
 
 
 @pytest.fixture(params=MAJORS, ids=[f"helm{m}" for m in MAJORS])
-def helm(request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Client, crds: list[str],
-         fake_nodes: Callable[..., list[str]], tmp_path: Path) -> Iterator[HelmCLI]:
+def helm(
+    request: pytest.FixtureRequest,
+    control_plane: ControlPlane,
+    kube: Client,
+    crds: list[str],
+    fake_nodes: Callable[..., list[str]],
+    tmp_path: Path,
+) -> Iterator[HelmCLI]:
     """The helm command line, Helm 3 and Helm 4 (tests/support/helm_cli.py), with a kwok node
     where kwok completes the chart's hook Job pods."""
     fake_nodes("cpu:1")
@@ -91,12 +108,17 @@ def helm(request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Clie
     if RELEASE in cli.releases():
         cli.uninstall(RELEASE)
     delete_if_present(kube, Namespace, HELM_NAMESPACE)
-    wait_for("the namespace gone", lambda: [n for n in kube.list(Namespace) if n.metadata.name == HELM_NAMESPACE],
-             until=lambda left: not left, timeout=120)
+    wait_for(
+        "the namespace gone",
+        lambda: [n for n in kube.list(Namespace) if n.metadata.name == HELM_NAMESPACE],
+        until=lambda left: not left,
+        timeout=120,
+    )
 
 
 def test_the_packaged_chart_installs_and_uninstalls_on_the_floor(
-        helm: HelmCLI, kube: Client, tmp_path: Path) -> None:
+    helm: HelmCLI, kube: Client, tmp_path: Path
+) -> None:
     helm.install(packaged_chart(tmp_path / "chart"), RELEASE, {"nfd": {"enabled": False}}, timeout=120)
     assert [(h["revision"], h["status"]) for h in helm.history(RELEASE)] == [(1, "deployed")]
     deployments = [str(d.metadata.name) for d in kube.list(Deployment, namespace=HELM_NAMESPACE)]
@@ -104,30 +126,55 @@ def test_the_packaged_chart_installs_and_uninstalls_on_the_floor(
     assert kube.get(ClusterPolicyResource, "cluster-policy").metadata.name == "cluster-policy"
     helm.uninstall(RELEASE)
     assert RELEASE not in helm.releases()
-    wait_for("the operator Deployment gone", lambda: list(kube.list(Deployment, namespace=HELM_NAMESPACE)),
-             until=lambda left: left == [], timeout=60)
+    wait_for(
+        "the operator Deployment gone",
+        lambda: list(kube.list(Deployment, namespace=HELM_NAMESPACE)),
+        until=lambda left: left == [],
+        timeout=60,
+    )
     delete_if_present(kube, ClusterPolicyResource, "cluster-policy")  # helm.sh/resource-policy: keep
 
 
 def test_a_gpucluster_on_the_floor_says_dra_is_not_served(
-        kube: Client, start_operator: Callable[..., OperatorProcess]) -> None:
+    kube: Client, start_operator: Callable[..., OperatorProcess]
+) -> None:
     operator = start_operator()
-    kube.create(from_dict({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-                           "metadata": {"name": "gpu-cluster"},
-                           "spec": {"draDriver": {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu",
-                                                  "version": "v0.5.0"}}}))
+    kube.create(
+        from_dict(
+            {
+                "apiVersion": "nvidia.com/v1alpha1",
+                "kind": "GPUCluster",
+                "metadata": {"name": "gpu-cluster"},
+                "spec": {
+                    "draDriver": {
+                        "repository": "nvcr.io/nvidia",
+                        "image": "dra-driver-nvidia-gpu",
+                        "version": "v0.5.0",
+                    }
+                },
+            }
+        )
+    )
     try:
+
         def status() -> dict[str, Any]:
             return dict(kube.get(GPUClusterResource, "gpu-cluster").get("status") or {})
 
-        failed = wait_for("the GPUCluster's Error condition", status,
-                          until=lambda s: bool(condition(s, "Error")), timeout=60, context=operator.log_text)
+        failed = wait_for(
+            "the GPUCluster's Error condition",
+            status,
+            until=lambda s: bool(condition(s, "Error")),
+            timeout=60,
+            context=operator.log_text,
+        )
         assert condition(failed, "Ready")["status"] == "False", failed
         error = condition(failed, "Error")
         assert error["status"] == "True", failed
         assert "enable Dynamic Resource Allocation" in error["message"], error
     finally:
-        kube.patch(GPUClusterResource, "gpu-cluster", {"metadata": {"finalizers": []}}, patch_type=PatchType.MERGE)
+        kube.patch(
+            GPUClusterResource, "gpu-cluster", {"metadata": {"finalizers": []}}, patch_type=PatchType.MERGE
+        )
         delete_if_present(kube, GPUClusterResource, "gpu-cluster")
 
 

@@ -32,8 +32,15 @@ class Built:
 
 def build(out: Path, arch: str = "amd64") -> Built:
     env = {**os.environ, "IMAGE_OUT": str(out), "PYTHON": str(REPO / ".venv" / "bin" / "python")}
-    done = subprocess.run([str(REPO / "tools" / "image" / "build.sh"), "--arch", arch], capture_output=True,
-                          text=True, env=env, cwd=REPO, check=False, timeout=BUILD_TIMEOUT)
+    done = subprocess.run(
+        [str(REPO / "tools" / "image" / "build.sh"), "--arch", arch],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+        timeout=BUILD_TIMEOUT,
+    )
     if done.returncode != 0:
         pytest.fail(f"tools/image/build.sh --arch {arch} exited {done.returncode}:\n{done.stderr[-4000:]}")
     digest, size, archive, ref = done.stdout.strip().splitlines()[-1].split()

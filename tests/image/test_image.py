@@ -55,13 +55,20 @@ def test_config_runs_as_non_root_and_layer_is_clean(built: Built) -> None:
     config = json.loads(oci_blob(built.oci_archive, manifest["config"]["digest"]))
     assert config["config"]["User"] == IMAGE_USER
     assert "PYTHONDONTWRITEBYTECODE=1" in config["config"]["Env"]
-    assert config["config"]["Labels"]["org.opencontainers.image.revision"] == subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()
+    assert (
+        config["config"]["Labels"]["org.opencontainers.image.revision"]
+        == subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True
+        ).stdout.strip()
+    )
     assert config["config"]["Labels"]["org.opencontainers.image.licenses"] == "Apache-2.0"
     (layer,) = manifest["layers"]
     import gzip
     import io
-    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(oci_blob(built.oci_archive, layer["digest"])))) as tar:
+
+    with tarfile.open(
+        fileobj=io.BytesIO(gzip.decompress(oci_blob(built.oci_archive, layer["digest"])))
+    ) as tar:
         members = tar.getmembers()
     names = [m.name.removeprefix("./") for m in members]
     assert names == sorted(names, key=lambda n: n.split("/")), "layer entries are not sorted"
@@ -80,13 +87,17 @@ def test_sbom_lists_debian_and_python_packages(built: Built) -> None:
     assert any(p.startswith("pkg:deb/debian/python3.11-minimal@3.11") for p in purls)
     assert any(p.startswith("pkg:deb/debian/ca-certificates@") for p in purls)
     assert "pkg:pypi/kopf@1.45.2" in purls and "pkg:pypi/gpu-operator@0.1.0" in purls
-    locked = [line.split()[0].split("==") for line in
-              (REPO / "tools/image/requirements.lock").read_text().splitlines() if "==" in line]
+    locked = [
+        line.split()[0].split("==")
+        for line in (REPO / "tools/image/requirements.lock").read_text().splitlines()
+        if "==" in line
+    ]
     for name, version in locked:
         assert f"pkg:pypi/{name.lower().replace('_', '-')}@{version}" in purls, name
 
 
 # --- in a real container ---------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def containerd(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateContainerd]:
@@ -133,9 +144,14 @@ def test_help_runs_in_a_container(containerd: PrivateContainerd, built: Built) -
     assert shell.ok and shell.stdout.strip() == "all validations are successful", shell.describe()
 
 
-def test_node_probe_reads_the_mounted_host(containerd: PrivateContainerd, built: Built, host_root: Path) -> None:
-    result = containerd.run(built.ref, ["gpu-operator", "node", "probe", "--host-root", "/host"],
-                            mounts=[Mount(host_root, "/host")])
+def test_node_probe_reads_the_mounted_host(
+    containerd: PrivateContainerd, built: Built, host_root: Path
+) -> None:
+    result = containerd.run(
+        built.ref,
+        ["gpu-operator", "node", "probe", "--host-root", "/host"],
+        mounts=[Mount(host_root, "/host")],
+    )
     assert result.ok, result.describe()
     facts = json.loads(result.stdout)
     assert facts["host_root"] == "/host"
@@ -144,21 +160,30 @@ def test_node_probe_reads_the_mounted_host(containerd: PrivateContainerd, built:
     assert len(gpus) == 8 and {g["driver"] for g in gpus} == {"nvidia"}
 
 
-def test_validator_entry_validates_the_driver(containerd: PrivateContainerd, built: Built,
-                                              host_root: Path) -> None:
+def test_validator_entry_validates_the_driver(
+    containerd: PrivateContainerd, built: Built, host_root: Path
+) -> None:
     # No chroot as a non-root user: nvidia-smi is run from under /host directly. The host's
     # /dev/char is mounted read-write at /host-dev-char, as the rendered pod mounts it.
     env = {"COMPONENT": "driver", "NODE_NAME": "gpu-node-1", "GPU_OPERATOR_NO_CHROOT": "1"}
     dev_char = host_root.parent / "dev-char"
     dev_char.mkdir()
     os.chown(dev_char, 65532, 65532)
-    result = containerd.run(built.ref, ["nvidia-validator"], env=env,
-                            mounts=[Mount(host_root, "/host", readonly=False), Mount(dev_char, "/host-dev-char", readonly=False)])
+    result = containerd.run(
+        built.ref,
+        ["nvidia-validator"],
+        env=env,
+        mounts=[Mount(host_root, "/host", readonly=False), Mount(dev_char, "/host-dev-char", readonly=False)],
+    )
     assert result.ok, result.describe()
     assert "driver: passed" in result.stdout and "550.127.05" in result.stdout
     assert (host_root / "run/nvidia/validations/driver-ready").is_file()
     # the links of the tree's device nodes (the fixture's loaded driver made them) went to the mount
     assert os.readlink(dev_char / "195:255") == "../nvidiactl", sorted(p.name for p in dev_char.iterdir())
-    failing = containerd.run(built.ref, ["nvidia-validator"], env={**env, "COMPONENT": "driver"},
-                             mounts=[Mount(REPO / "tests" / "fixtures", "/host")])
+    failing = containerd.run(
+        built.ref,
+        ["nvidia-validator"],
+        env={**env, "COMPONENT": "driver"},
+        mounts=[Mount(REPO / "tests" / "fixtures", "/host")],
+    )
     assert not failing.ok, failing.describe()

@@ -50,7 +50,9 @@ def test_a_second_arm64_build_gives_the_same_digest(arm64: Built, tmp_path: Path
     again = build(tmp_path, "arm64")
     assert again.digest == arm64.digest
     assert sha256(again.oci_archive) == sha256(arm64.oci_archive), "the arm64 OCI archives differ byte-wise"
-    assert arm64.oci_archive.name.endswith("-arm64.oci.tar") and arm64.ref.endswith(":" + arm64.ref.rsplit(":")[-1])
+    assert arm64.oci_archive.name.endswith("-arm64.oci.tar") and arm64.ref.endswith(
+        ":" + arm64.ref.rsplit(":")[-1]
+    )
 
 
 def test_the_arm64_image_holds_arm64_programs(arm64_root: Path) -> None:
@@ -58,7 +60,9 @@ def test_the_arm64_image_holds_arm64_programs(arm64_root: Path) -> None:
     header = python.read_bytes()[:20]
     assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == AARCH64, python
     # the native extensions pip installed are the arm64 wheels'
-    core = next((arm64_root / "usr/local/lib/python3.11/dist-packages").glob("pydantic_core/_pydantic_core*.so"))
+    core = next(
+        (arm64_root / "usr/local/lib/python3.11/dist-packages").glob("pydantic_core/_pydantic_core*.so")
+    )
     assert "aarch64" in core.name, core.name
 
 
@@ -66,21 +70,51 @@ def test_the_arm64_image_runs_under_qemu_user(arm64_root: Path) -> None:
     if os.geteuid() != 0:
         pytest.fail("running the arm64 root needs root (chroot): run the tests as root")
     binfmt = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
-    assert binfmt.exists() and binfmt.read_text().startswith("enabled"), \
+    assert binfmt.exists() and binfmt.read_text().startswith("enabled"), (
         "qemu-user-static is not registered for aarch64: ./dev image --arch arm64 sets it up"
-    done = subprocess.run(["chroot", "--userspec=65532:65532", str(arm64_root), "/usr/bin/env", "-i",
-                           "PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "gpu-operator", "--help"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    )
+    done = subprocess.run(
+        [
+            "chroot",
+            "--userspec=65532:65532",
+            str(arm64_root),
+            "/usr/bin/env",
+            "-i",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "HOME=/tmp",
+            "gpu-operator",
+            "--help",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Usage: gpu-operator" in done.stdout
 
 
 def test_the_multi_arch_index_names_both_images(built: Built, arm64: Built, tmp_path: Path) -> None:
     def index(out: Path) -> str:
-        done = subprocess.run([sys.executable, str(REPO / "tools/image/index.py"), "--tag", "t", "--mtime", "0",
-                               "--out", str(out), str(built.oci_archive), str(arm64.oci_archive)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "tools/image/index.py"),
+                "--tag",
+                "t",
+                "--mtime",
+                "0",
+                "--out",
+                str(out),
+                str(built.oci_archive),
+                str(arm64.oci_archive),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return done.stdout.strip()
+
     digest = index(tmp_path / "a.oci.tar")
     assert index(tmp_path / "b.oci.tar") == digest
     assert sha256(tmp_path / "a.oci.tar") == sha256(tmp_path / "b.oci.tar")
@@ -88,10 +122,15 @@ def test_the_multi_arch_index_names_both_images(built: Built, arm64: Built, tmp_
     assert [m["digest"] for m in layout["manifests"]] == [digest]
     images = json.loads(oci_blob(tmp_path / "a.oci.tar", digest))["manifests"]
     assert {(m["platform"]["architecture"], m["digest"]) for m in images} == {
-        ("amd64", built.digest), ("arm64", arm64.digest)}
+        ("amd64", built.digest),
+        ("arm64", arm64.digest),
+    }
     # skopeo reads it as a multi-arch image and finds the arm64 one by platform
-    inspected = subprocess.run(["skopeo", "inspect", "--override-arch", "arm64",
-                                f"oci-archive:{tmp_path / 'a.oci.tar'}:t"], capture_output=True, text=True,
-                               check=False)
+    inspected = subprocess.run(
+        ["skopeo", "inspect", "--override-arch", "arm64", f"oci-archive:{tmp_path / 'a.oci.tar'}:t"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert inspected.returncode == 0, inspected.stderr
     assert json.loads(inspected.stdout)["Architecture"] == "arm64"

@@ -56,7 +56,9 @@ def _node_standins_with_the_plane(request: pytest.FixtureRequest) -> None:
 def nfd_master(control_plane: ControlPlane) -> Iterator[roster.StandIns]:
     """NFD's master (sim/standins/nfdmaster.py) for one test: NodeFeature labels onto the Nodes, as on a
     cluster whose user runs NFD. Opt-in: by default nothing plays it."""
-    with roster.running(KubeConfig.from_file(control_plane.admin_kubeconfig), nodes=False, nfd=True) as running:
+    with roster.running(
+        KubeConfig.from_file(control_plane.admin_kubeconfig), nodes=False, nfd=True
+    ) as running:
         yield running
     assert running.error is None, f"the NFD master stand-in failed: {running.error!r}"
 
@@ -69,13 +71,29 @@ def namespace(kube: Client) -> Iterator[str]:
     The operator's own pods run as their rendered ServiceAccounts and Roles."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     kube.create(Namespace(metadata={"name": name}))  # type: ignore[arg-type]
-    kube.create(cast(ServiceAccount, ServiceAccount.from_dict(
-        {"metadata": {"name": COMPONENT_ACCOUNT, "namespace": name}})))
+    kube.create(
+        cast(
+            ServiceAccount,
+            ServiceAccount.from_dict({"metadata": {"name": COMPONENT_ACCOUNT, "namespace": name}}),
+        )
+    )
     binding = f"{COMPONENT_ACCOUNT}-{name}"
-    kube.create(cast(ClusterRoleBinding, ClusterRoleBinding.from_dict({
-        "metadata": {"name": binding},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": COMPONENT_ACCOUNT, "namespace": name}]})))
+    kube.create(
+        cast(
+            ClusterRoleBinding,
+            ClusterRoleBinding.from_dict(
+                {
+                    "metadata": {"name": binding},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": "cluster-admin",
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": COMPONENT_ACCOUNT, "namespace": name}],
+                }
+            ),
+        )
+    )
     yield name
     delete_if_present(kube, ClusterRoleBinding, binding)
     delete_if_present(kube, Namespace, name)

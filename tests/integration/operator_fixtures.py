@@ -31,14 +31,18 @@ def operator_namespace(kube: Client) -> Iterator[str]:
 
 
 @pytest.fixture
-def start_operator(control_plane: ControlPlane, operator_namespace: str, crds: list[str],
-                   tmp_path: Any) -> Iterator[Callable[..., OperatorProcess]]:
+def start_operator(
+    control_plane: ControlPlane, operator_namespace: str, crds: list[str], tmp_path: Any
+) -> Iterator[Callable[..., OperatorProcess]]:
     started: list[OperatorProcess] = []
 
     def start(**kwargs: Any) -> OperatorProcess:
-        proc = OperatorProcess(kubeconfig=kwargs.pop("kubeconfig", control_plane.kubeconfig_for("operator")),
-                               namespace=operator_namespace,
-                               log=tmp_path / f"operator-{len(started)}.log", **kwargs).start()
+        proc = OperatorProcess(
+            kubeconfig=kwargs.pop("kubeconfig", control_plane.kubeconfig_for("operator")),
+            namespace=operator_namespace,
+            log=tmp_path / f"operator-{len(started)}.log",
+            **kwargs,
+        ).start()
         started.append(proc)
         return proc
 
@@ -58,7 +62,9 @@ class CustomObjects:
 
     def create(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> str:
         metadata: dict[str, Any] = {"name": name, **({"annotations": annotations} if annotations else {})}
-        self.kube.create(self.resource(apiVersion=self.api_version, kind=self.kind, metadata=metadata, spec=spec))
+        self.kube.create(
+            self.resource(apiVersion=self.api_version, kind=self.kind, metadata=metadata, spec=spec)
+        )
         self.created.append(name)
         return name
 

@@ -42,9 +42,16 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
     hosttree.build(host_spec(NO_DRIVER_SHAPE), broken)
     # No GPU labels until a test asks for them (`real_gpu_node`): other tests' policies (rootFS /)
     # must not run our operands on this machine's own root.
-    node = RealNode(base / "node", REAL_NODE, binaries.locate(), control_plane.pki.dir,
-                    control_plane.apiserver_port,
-                    host_root=host, other_host_roots=(broken,), egress_routes=control_plane.egress_routes)
+    node = RealNode(
+        base / "node",
+        REAL_NODE,
+        binaries.locate(),
+        control_plane.pki.dir,
+        control_plane.apiserver_port,
+        host_root=host,
+        other_host_roots=(broken,),
+        egress_routes=control_plane.egress_routes,
+    )
     t0 = time.monotonic()
     node.start()
     try:
@@ -96,7 +103,9 @@ def real_passthrough_node(real_node: RealNode) -> Iterator[RealNode]:
     yield from _labelled(real_node, "vfio-passthrough")
 
 
-def api_log(plane: ControlPlane, namespace: str, pod: str, container: str, previous: bool = False) -> list[str]:
+def api_log(
+    plane: ControlPlane, namespace: str, pod: str, container: str, previous: bool = False
+) -> list[str]:
     """A container's log lines as `kubectl logs` reads them: through the apiserver, which fetches
     them from the real node's kubelet (through the control plane's egress proxy)."""
     query = urllib.parse.urlencode({"container": container, **({"previous": "true"} if previous else {})})
@@ -105,7 +114,9 @@ def api_log(plane: ControlPlane, namespace: str, pod: str, container: str, previ
         with urllib.request.urlopen(req, context=plane.ssl_context("admin"), timeout=30) as resp:
             return str(resp.read().decode(errors="replace")).splitlines()
     except urllib.error.HTTPError as err:
-        raise AssertionError(f"log of {namespace}/{pod}/{container}: HTTP {err.code} {err.read()[:500]!r}") from err
+        raise AssertionError(
+            f"log of {namespace}/{pod}/{container}: HTTP {err.code} {err.read()[:500]!r}"
+        ) from err
 
 
 @contextlib.contextmanager

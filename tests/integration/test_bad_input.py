@@ -57,17 +57,25 @@ def _reported(kube: Client, case: Case, name: str, operator: OperatorProcess) ->
     def error() -> str:
         status = policy_status(kube, name) if case.kind == CP else driver_status(kube, name)
         found = condition(status, "Error")
-        return str(found.get("message", "")) if found.get("status") == "True" and \
-            found.get("reason") == "ReconcileFailed" else ""
-    return wait_for(f"{case.kind} {name} ({case.case}) reported in status", error, timeout=60,
-                    context=operator.log_text)
+        return (
+            str(found.get("message", ""))
+            if found.get("status") == "True" and found.get("reason") == "ReconcileFailed"
+            else ""
+        )
+
+    return wait_for(
+        f"{case.kind} {name} ({case.case}) reported in status", error, timeout=60, context=operator.log_text
+    )
 
 
 def run_case(kube: Client, case: Case, name: str, operator: OperatorProcess) -> Result:
     api_version = "nvidia.com/v1" if case.kind == CP else "nvidia.com/v1alpha1"
     try:
-        created = kube.create(_resource(case.kind)(
-            apiVersion=api_version, kind=case.kind, metadata={"name": name}, spec=case.spec))
+        created = kube.create(
+            _resource(case.kind)(
+                apiVersion=api_version, kind=case.kind, metadata={"name": name}, spec=case.spec
+            )
+        )
     except ApiError as err:
         assert err.status.code == 422, (case, err.status)
         message = str(err.status.message)
@@ -92,7 +100,7 @@ def _apiserver_message(text: str) -> str:
 
 def _cell(text: str, limit: int = 150) -> str:
     text = re.sub(r"x{200,}", lambda m: f"x…({len(m.group(0))} characters)", text)
-    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -109,8 +117,10 @@ def table(results: list[Result]) -> str:
         spec = json.dumps(r.case.spec, separators=(",", ":"))
         if r.case.name:
             spec = f"metadata.name {r.case.name!r}"
-        lines.append(f"| {index} | {_cell(r.case.case)} | {r.case.kind} | `{_cell(spec, 90)}` | {r.outcome} | "
-                     f"{_cell(r.message)} |")
+        lines.append(
+            f"| {index} | {_cell(r.case.case)} | {r.case.kind} | `{_cell(spec, 90)}` | {r.outcome} | "
+            f"{_cell(r.message)} |"
+        )
     return "\n".join(lines)
 
 
@@ -131,8 +141,11 @@ def _write_table(generated: str) -> None:
 
 
 def test_invalid_objects_are_rejected_or_reported(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str]) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+) -> None:
     fake_nodes("dgx-h100:1")
     operator = start_operator()
     pid = operator.process.pid if operator.process else None
@@ -143,7 +156,9 @@ def test_invalid_objects_are_rejected_or_reported(
         result = run_case(kube, case, name, operator)
         results.append(result)
         if result.outcome != case.outcome:
-            wrong.append(f"{case.case}: expected {case.outcome}, got {result.outcome}: {result.message[:200]}")
+            wrong.append(
+                f"{case.case}: expected {case.outcome}, got {result.outcome}: {result.message[:200]}"
+            )
         elif case.where not in result.message:
             wrong.append(f"{case.case}: message does not name {case.where}: {result.message[:300]}")
         assert operator.alive, f"operator died at case {case.case!r}\n{operator.log_text()[-3000:]}"
@@ -160,8 +175,11 @@ def test_invalid_objects_are_rejected_or_reported(
     if os.environ.get("UPDATE_GOLDEN") == "1":
         if _doc_table(DOC.read_text() if DOC.exists() else "") != generated:
             _write_table(generated)
-            pytest.fail(f"rewrote the bad-input table in {DOC}: review the diff, then run again without UPDATE_GOLDEN")
+            pytest.fail(
+                f"rewrote the bad-input table in {DOC}: review the diff, then run again without UPDATE_GOLDEN"
+            )
         return
     assert _doc_table(DOC.read_text() if DOC.exists() else "") == generated, (
-        f"the bad-input table in {DOC} is stale: run UPDATE_GOLDEN=1 pytest {__file__}")
+        f"the bad-input table in {DOC} is stale: run UPDATE_GOLDEN=1 pytest {__file__}"
+    )
     assert sum(r.outcome == REJECTED for r in results) + sum(r.outcome == REPORTED for r in results) >= 50

@@ -56,8 +56,11 @@ def installed(control_plane: ControlPlane, kube: Client) -> Iterator[Installed]:
     """The chart's CRDs (from crds/) and the operator's RBAC objects, applied as Helm would (admin)."""
     apply_all(kube, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
     crds = [yaml.safe_load(p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))]
-    objs = [o for o in chart_objects() if o["kind"] in RBAC_KINDS and "helm.sh/hook" not in
-            o["metadata"].get("annotations", {})]
+    objs = [
+        o
+        for o in chart_objects()
+        if o["kind"] in RBAC_KINDS and "helm.sh/hook" not in o["metadata"].get("annotations", {})
+    ]
     apply_all(kube, crds + objs)
     kubeconfig = control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False)
     client = Client(KubeConfig.from_file(kubeconfig), field_manager="gpu-operator")
@@ -83,44 +86,68 @@ def test_the_serviceaccount_may_do_what_the_chart_lists(installed: Installed) ->
     assert denied == []
 
 
-@pytest.mark.parametrize(("permission", "namespace"), [
-    (("", "secrets", "get", None), "default"),
-    (("", "nodes", "delete", None), None),
-    (("rbac.authorization.k8s.io", "clusterroles", "escalate", None), None),
-    (("rbac.authorization.k8s.io", "clusterroles", "bind", None), None),
-    (("", "pods", "create", None), "default"),
-    (("apps", "daemonsets", "create", None), "default"),
-    (("coordination.k8s.io", "leases", "update", "someone-elses-lease"), NAMESPACE),
-    (("", "namespaces", "patch", "default"), None),
-    (("apiextensions.k8s.io", "customresourcedefinitions", "create", None), None),
-    # cluster-wide objects it did not render: by name only (rbac.yaml; ClusterRoles by admission,
-    # test_rbac_admission.py)
-    (("admissionregistration.k8s.io", "validatingadmissionpolicies", "delete", "gpu-operator-node-agents"), None),
-    (("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "patch", "someone-elses"), None),
-    (("node.k8s.io", "runtimeclasses", "patch", "gvisor"), None),
-    (("resource.k8s.io", "deviceclasses", "delete", "someone-elses.example.com"), None),
-    # a pod's image is code execution as its ServiceAccount: no pods patch outside its namespace
-    (("", "pods", "patch", None), "default"),
-    (("", "secrets", "get", "some-secret"), NAMESPACE),
-    (("nfd.k8s-sigs.io", "nodefeatures", "create", None), "default"),
-], ids=lambda v: "-".join(str(x) for x in v if x) if isinstance(v, tuple) else str(v))
-def test_the_serviceaccount_may_not_do_more(permission: Permission, namespace: str | None,
-                                            installed: Installed) -> None:
+@pytest.mark.parametrize(
+    ("permission", "namespace"),
+    [
+        (("", "secrets", "get", None), "default"),
+        (("", "nodes", "delete", None), None),
+        (("rbac.authorization.k8s.io", "clusterroles", "escalate", None), None),
+        (("rbac.authorization.k8s.io", "clusterroles", "bind", None), None),
+        (("", "pods", "create", None), "default"),
+        (("apps", "daemonsets", "create", None), "default"),
+        (("coordination.k8s.io", "leases", "update", "someone-elses-lease"), NAMESPACE),
+        (("", "namespaces", "patch", "default"), None),
+        (("apiextensions.k8s.io", "customresourcedefinitions", "create", None), None),
+        # cluster-wide objects it did not render: by name only (rbac.yaml; ClusterRoles by admission,
+        # test_rbac_admission.py)
+        (
+            (
+                "admissionregistration.k8s.io",
+                "validatingadmissionpolicies",
+                "delete",
+                "gpu-operator-node-agents",
+            ),
+            None,
+        ),
+        (
+            ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "patch", "someone-elses"),
+            None,
+        ),
+        (("node.k8s.io", "runtimeclasses", "patch", "gvisor"), None),
+        (("resource.k8s.io", "deviceclasses", "delete", "someone-elses.example.com"), None),
+        # a pod's image is code execution as its ServiceAccount: no pods patch outside its namespace
+        (("", "pods", "patch", None), "default"),
+        (("", "secrets", "get", "some-secret"), NAMESPACE),
+        (("nfd.k8s-sigs.io", "nodefeatures", "create", None), "default"),
+    ],
+    ids=lambda v: "-".join(str(x) for x in v if x) if isinstance(v, tuple) else str(v),
+)
+def test_the_serviceaccount_may_not_do_more(
+    permission: Permission, namespace: str | None, installed: Installed
+) -> None:
     assert not installed.can(permission, namespace)
 
 
 def test_operand_roles_are_created_without_escalate(installed: Installed, kube: Client) -> None:
     """What the operator holds it can hand on (RBAC's no-escalation rule); more it cannot."""
     held: dict[str, Any] = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
         "metadata": {"name": "rbac-test-operand"},
-        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"]},
-                  {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]}],
+        "rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get", "list", "watch"]},
+        ],
     }
     binding: dict[str, Any] = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
         "metadata": {"name": "rbac-test-operand"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "rbac-test-operand"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "rbac-test-operand",
+        },
         "subjects": [{"kind": "ServiceAccount", "name": "some-operand", "namespace": NAMESPACE}],
     }
     more = copy.deepcopy(held)
@@ -151,8 +178,13 @@ def test_removing_a_needed_rule_is_caught(installed: Installed, kube: Client) ->
     try:
         kube.apply(from_dict(trimmed), force=True)
         # the authorizer's informer catches up
-        wait_for("the authorizer to refuse pods/eviction", lambda: installed.can(eviction, "default"),
-                 until=lambda allowed: not allowed, timeout=10, interval=0.2)
+        wait_for(
+            "the authorizer to refuse pods/eviction",
+            lambda: installed.can(eviction, "default"),
+            until=lambda allowed: not allowed,
+            timeout=10,
+            interval=0.2,
+        )
     finally:
         kube.apply(from_dict(role), force=True)
 
@@ -161,8 +193,9 @@ def test_removing_a_needed_rule_is_caught(installed: Installed, kube: Client) ->
 
 
 @pytest.fixture
-def operator_run(control_plane: ControlPlane, installed: Installed, kube: Client,
-                 tmp_path: Path) -> Iterator[OperatorRun]:
+def operator_run(
+    control_plane: ControlPlane, installed: Installed, kube: Client, tmp_path: Path
+) -> Iterator[OperatorRun]:
     """Starts `gpu-operator run` as the chart's ServiceAccount, through a RecordingProxy."""
     token = yaml.safe_load(installed.kubeconfig.read_text())["users"][0]["user"]["token"]
     started: list[subprocess.Popen[bytes]] = []
@@ -185,7 +218,9 @@ def operator_run(control_plane: ControlPlane, installed: Installed, kube: Client
 
 
 def test_operator_runs_the_default_policy_without_forbidden_responses(
-    kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    operator_run: OperatorRun,
 ) -> None:
     fake_nodes("dgx-h100:2")
     policy = find(chart_objects(), "ClusterPolicy", "cluster-policy")
@@ -202,23 +237,39 @@ def test_operator_runs_the_default_policy_without_forbidden_responses(
         running(process, proxy)
         return lease_renewals(proxy)
 
-    wait_for("ClusterPolicy ready", state, until=lambda s: s == "ready", timeout=180, interval=1,
-             context=lambda: refusals(proxy))
+    wait_for(
+        "ClusterPolicy ready",
+        state,
+        until=lambda s: s == "ready",
+        timeout=180,
+        interval=1,
+        context=lambda: refusals(proxy),
+    )
     # a few more reconciles and watches, until two more lease renewals went through the proxy
     renewed = lease_renewals(proxy)
-    wait_for("two more lease renewals", renewals,
-             until=lambda n: n >= renewed + 2, timeout=60, context=lambda: refusals(proxy))
+    wait_for(
+        "two more lease renewals",
+        renewals,
+        until=lambda n: n >= renewed + 2,
+        timeout=60,
+        context=lambda: refusals(proxy),
+    )
     responses = operator_run.proxy.responses
     assert len(responses) > 20 and {r.method for r in responses} >= {"GET", "PATCH"}
     assert operator_run.proxy.forbidden() == [], refusals(operator_run.proxy)
     labels = kube.get(Namespace, NAMESPACE).metadata.labels or {}
     assert {k: v for k, v in labels.items() if k.startswith("pod-security.kubernetes.io/")} == {
-        "pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/audit": "privileged",
-        "pod-security.kubernetes.io/warn": "privileged"}, labels
+        "pod-security.kubernetes.io/enforce": "privileged",
+        "pod-security.kubernetes.io/audit": "privileged",
+        "pod-security.kubernetes.io/warn": "privileged",
+    }, labels
 
 
 def test_operator_runs_a_gpucluster_without_forbidden_responses(
-    kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun, monkeypatch: pytest.MonkeyPatch,
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    operator_run: OperatorRun,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The DRA stack as the chart's ServiceAccount: every object the GPUCluster renders (DeviceClasses,
     the admission policy, the DRA driver's roles, claim templates) is applied without a refusal,
@@ -229,33 +280,62 @@ def test_operator_runs_a_gpucluster_without_forbidden_responses(
     for key, value in CHART_DEFAULT_IMAGES.items():  # the image env the chart's Deployment sets
         monkeypatch.setenv(key, value)
     fake_nodes("dgx-h100:1")
-    spec = {"draDriver": {**IMAGE, "featureGates": {"MPSSupport": True}}, "dcgm": {"enabled": True},
-            "dcgmExporter": {}}
-    apply_all(kube, [{"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": NAME},
-                      "spec": spec}])
+    spec = {
+        "draDriver": {**IMAGE, "featureGates": {"MPSSupport": True}},
+        "dcgm": {"enabled": True},
+        "dcgmExporter": {},
+    }
+    apply_all(
+        kube,
+        [
+            {
+                "apiVersion": "nvidia.com/v1alpha1",
+                "kind": "GPUCluster",
+                "metadata": {"name": NAME},
+                "spec": spec,
+            }
+        ],
+    )
     process = operator_run.start()
     proxy = operator_run.proxy
     try:
+
         def state() -> object:
             running(process, proxy)
             return condition(gpucluster_status(kube), "Error").get("reason")
 
         # the validator's claims need ResourceSlices (the simulator's plugin stand-in, not here):
         # operands applied and waiting for pods is what this test needs
-        wait_for("GPUCluster applied, waiting for operand pods", state, until=lambda r: r == "OperandNotReady",
-                 timeout=120, interval=1, context=lambda: refusals(proxy))
+        wait_for(
+            "GPUCluster applied, waiting for operand pods",
+            state,
+            until=lambda r: r == "OperandNotReady",
+            timeout=120,
+            interval=1,
+            context=lambda: refusals(proxy),
+        )
         assert exists(kube, GPUClusterResource, NAME)
-        assert kube.get(Namespace, NAMESPACE).metadata.labels.get("resource.kubernetes.io/admin-access") == "true"
+        assert (
+            kube.get(Namespace, NAMESPACE).metadata.labels.get("resource.kubernetes.io/admin-access")
+            == "true"
+        )
         assert proxy.forbidden() == [], refusals(proxy)
     finally:
         kube.delete(GPUClusterResource, NAME)
-    wait_for("the GPUCluster gone (finalizer removed as the chart's ServiceAccount)",
-             lambda: not exists(kube, GPUClusterResource, NAME), timeout=90, context=lambda: refusals(proxy))
+    wait_for(
+        "the GPUCluster gone (finalizer removed as the chart's ServiceAccount)",
+        lambda: not exists(kube, GPUClusterResource, NAME),
+        timeout=90,
+        context=lambda: refusals(proxy),
+    )
     assert proxy.forbidden() == [], refusals(proxy)
 
 
 def test_operator_without_a_needed_rule_is_refused(
-    kube: Client, installed: Installed, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
+    kube: Client,
+    installed: Installed,
+    fake_nodes: Callable[..., list[str]],
+    operator_run: OperatorRun,
 ) -> None:
     role = find(installed.objects, "ClusterRole")
     trimmed = copy.deepcopy(role)
@@ -273,18 +353,31 @@ def test_operator_without_a_needed_rule_is_refused(
             running(process, proxy)
             return [r for r in proxy.forbidden() if r.method == "PATCH" and "/nodes/" in r.path]
 
-        wait_for("a refused PATCH of a node", refused_node_patches, timeout=90, interval=1,
-                 context=lambda: refusals(proxy))
+        wait_for(
+            "a refused PATCH of a node",
+            refused_node_patches,
+            timeout=90,
+            interval=1,
+            context=lambda: refusals(proxy),
+        )
     finally:
         kube.apply(from_dict(role), force=True)
 
 
-def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: ControlPlane, kube: Client,
-                                                                installed: Installed, tmp_path: Path) -> None:
-    hook = [o for o in chart_objects() if o["metadata"].get("annotations", {}).get("helm.sh/hook")
-            and o["kind"] in RBAC_KINDS and o["metadata"]["name"] == "gpu-operator-crds"]
+def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(
+    control_plane: ControlPlane, kube: Client, installed: Installed, tmp_path: Path
+) -> None:
+    hook = [
+        o
+        for o in chart_objects()
+        if o["metadata"].get("annotations", {}).get("helm.sh/hook")
+        and o["kind"] in RBAC_KINDS
+        and o["metadata"]["name"] == "gpu-operator-crds"
+    ]
     assert sorted(o["kind"] for o in hook) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
-    job = next(o for o in chart_objects() if o["kind"] == "Job" and o["metadata"]["name"] == "gpu-operator-crds")
+    job = next(
+        o for o in chart_objects() if o["kind"] == "Job" and o["metadata"]["name"] == "gpu-operator-crds"
+    )
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[0] == "gpu-operator"
     apply_all(kube, hook)
@@ -293,8 +386,13 @@ def test_crd_hook_applies_the_crds_with_its_own_narrow_identity(control_plane: C
         token = yaml.safe_load(sa_kubeconfig.read_text())["users"][0]["user"]["token"]
         with RecordingProxy(control_plane.server, control_plane.pki.ca_cert) as proxy:
             env = {**os.environ, "KUBECONFIG": str(proxy.kubeconfig(tmp_path / "hook.kubeconfig", token))}
-            done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", *command[1:]], env=env,
-                                  capture_output=True, text=True, timeout=180)
+            done = subprocess.run(
+                [sys.executable, "-m", "gpu_operator.cli", *command[1:]],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
         assert done.returncode == 0, done.stdout + done.stderr
         assert proxy.forbidden() == [], refusals(proxy)
         assert {r.method for r in proxy.responses} >= {"PATCH"}
@@ -312,16 +410,24 @@ def nvidiadriver_reason(kube: Client, name: str) -> str | None:
 
 
 def test_operator_runs_nvidiadrivers_without_forbidden_responses(
-    kube: Client, fake_nodes: Callable[..., list[str]], operator_run: OperatorRun,
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    operator_run: OperatorRun,
 ) -> None:
     """The chart's default NVIDIADriver, then two overlapping ones (status writes, Node events)."""
     from gpu_operator.kube.client import NVIDIADriverResource
 
     (node,) = fake_nodes("dgx-h100:1")
     chart = chart_objects({"driver": {"nvidiaDriverCRD": {"enabled": True}}})
-    overlapping = [{"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": name},
-                    "spec": {"version": "580.82.07", "nodeSelector": {"nvidia.com/gpu.present": "true"}}}
-                   for name in ("rbac-x", "rbac-y")]
+    overlapping = [
+        {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "NVIDIADriver",
+            "metadata": {"name": name},
+            "spec": {"version": "580.82.07", "nodeSelector": {"nvidia.com/gpu.present": "true"}},
+        }
+        for name in ("rbac-x", "rbac-y")
+    ]
     apply_all(kube, [find(chart, "ClusterPolicy", "cluster-policy"), find(chart, "NVIDIADriver", "default")])
     process = operator_run.start()
     try:
@@ -349,4 +455,3 @@ def test_operator_runs_nvidiadrivers_without_forbidden_responses(
             except ApiError as err:
                 if err.status.code != 404:
                     raise
-

@@ -53,14 +53,21 @@ def marks(kube: Client) -> dict[str, Marks]:
     except the node lifecycle controller's condition taints (not-ready, unreachable: they follow
     the node's Ready condition, and a kwok node just made Ready still carries not-ready for a
     moment); other keys come and go with the control plane's own controllers too."""
+
     def ours(found: dict[str, str] | None) -> dict[str, str]:
         return {k: v for k, v in (found or {}).items() if k.startswith(f"{NVIDIA}/")}
-    return {str(n.metadata.name): {
-        "labels": ours(n.metadata.labels),
-        "annotations": ours(n.metadata.annotations),
-        "unschedulable": bool(n.spec.unschedulable),
-        "taints": sorted((t.key, t.value, t.effect) for t in (n.spec.taints or []) if t.key not in CONDITION_TAINTS),
-    } for n in kube.list(Node)}
+
+    return {
+        str(n.metadata.name): {
+            "labels": ours(n.metadata.labels),
+            "annotations": ours(n.metadata.annotations),
+            "unschedulable": bool(n.spec.unschedulable),
+            "taints": sorted(
+                (t.key, t.value, t.effect) for t in (n.spec.taints or []) if t.key not in CONDITION_TAINTS
+            ),
+        }
+        for n in kube.list(Node)
+    }
 
 
 def differences(before: dict[str, Marks], now: dict[str, Marks]) -> list[str]:
@@ -85,18 +92,28 @@ def ours_left(control_plane: ControlPlane) -> list[str]:
     what crds/ installed), plus any ClusterPolicy or NVIDIADriver."""
     found = []
     selector = urllib.parse.quote(MANAGED_SELECTOR)
-    groups = [("", "v1")] + [(g["name"], g["preferredVersion"]["groupVersion"])
-                             for g in control_plane.request("GET", "/apis")["groups"]]
+    groups = [("", "v1")] + [
+        (g["name"], g["preferredVersion"]["groupVersion"])
+        for g in control_plane.request("GET", "/apis")["groups"]
+    ]
     for group, version in groups:
         base = "/api/v1" if not group else f"/apis/{version}"
         for res in control_plane.request("GET", base)["resources"]:
-            if "/" in res["name"] or "list" not in res.get("verbs", []) or res["kind"] == "CustomResourceDefinition":
+            if (
+                "/" in res["name"]
+                or "list" not in res.get("verbs", [])
+                or res["kind"] == "CustomResourceDefinition"
+            ):
                 continue
             if group == "nvidia.com":
                 items = control_plane.request("GET", f"{base}/{res['name']}")["items"]
             else:
-                items = control_plane.request("GET", f"{base}/{res['name']}?labelSelector={selector}")["items"]
-            found += [f"{res['kind']} {i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items]
+                items = control_plane.request("GET", f"{base}/{res['name']}?labelSelector={selector}")[
+                    "items"
+                ]
+            found += [
+                f"{res['kind']} {i['metadata'].get('namespace', '')}/{i['metadata']['name']}" for i in items
+            ]
     return sorted(found)
 
 
@@ -105,14 +122,20 @@ def _gpu_nodes_labelled(kube: Client, names: list[str]) -> bool:
 
 
 @pytest.fixture(params=MAJORS, ids=[f"helm{m}" for m in MAJORS])
-def helm(request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Client,
-         tmp_path: Path) -> Iterator[HelmCLI]:
+def helm(
+    request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Client, tmp_path: Path
+) -> Iterator[HelmCLI]:
     """The helm command line of one major for the release namespace, with any real node cordoned
     (tests/support/chart.py's real_nodes_cordoned: the hook Job's pod must go to a kwok node).
     Afterwards a release a failed test left is removed without its hooks, so that its cluster-wide
     objects (ClusterRoles, ...) do not meet the next module, and the namespace is deleted."""
-    cli = HelmCLI(request.param, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm",
-                  story=lambda: namespace_story(kube, NAMESPACE))
+    cli = HelmCLI(
+        request.param,
+        control_plane.admin_kubeconfig,
+        NAMESPACE,
+        tmp_path / "helm",
+        story=lambda: namespace_story(kube, NAMESPACE),
+    )
     with real_nodes_cordoned(kube):
         try:
             yield cli
@@ -121,13 +144,22 @@ def helm(request: pytest.FixtureRequest, control_plane: ControlPlane, kube: Clie
                 cli.run("uninstall", RELEASE, "--no-hooks", "--timeout", "120s", timeout=180)
             delete_if_present(kube, Namespace, NAMESPACE)
             # gone before the next run (the other helm major) creates it again
-            wait_for("the namespace gone", lambda: [n for n in kube.list(Namespace) if n.metadata.name == NAMESPACE],
-                     until=lambda left: not left, timeout=120)
+            wait_for(
+                "the namespace gone",
+                lambda: [n for n in kube.list(Namespace) if n.metadata.name == NAMESPACE],
+                until=lambda left: not left,
+                timeout=120,
+            )
 
 
-def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Client, crds: list[str],
-                                        fake_nodes: Callable[..., list[str]], helm: HelmCLI,
-                                        tmp_path: Path) -> None:
+def test_helm_uninstall_leaves_no_trace(
+    control_plane: ControlPlane,
+    kube: Client,
+    crds: list[str],
+    fake_nodes: Callable[..., list[str]],
+    helm: HelmCLI,
+    tmp_path: Path,
+) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2", "host-driver:1")
     fake_nodes("cpu:1")
     before = marks(kube)
@@ -135,11 +167,15 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
     helm.install(packaged_chart(tmp_path / "chart"), RELEASE, values)
     operator = OperatorProcess(
         kubeconfig=control_plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator", create=False),
-        namespace=NAMESPACE, log=tmp_path / "operator.log").start()
+        namespace=NAMESPACE,
+        log=tmp_path / "operator.log",
+    ).start()
     try:
         reconciled(kube, "cluster-policy", context=operator.log_text)
         uid = kube.get(ClusterPolicyResource, "cluster-policy").metadata.uid
-        wait_for("GPU nodes labelled", lambda: _gpu_nodes_labelled(kube, gpu_nodes), context=operator.log_text)
+        wait_for(
+            "GPU nodes labelled", lambda: _gpu_nodes_labelled(kube, gpu_nodes), context=operator.log_text
+        )
         assert differences(before, marks(kube)), "the operator wrote nothing on the nodes: nothing to clean"
         assert owned_by(kube, uid), "the operator created nothing: nothing to clean"
 
@@ -148,22 +184,35 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
         # own identity.
         operator.stop()
         # GPU health's requests Secret as a remediation leaves it (the operator makes it, not Helm)
-        kube.create(Secret(metadata=ObjectMeta(name=HEALTH_REQUESTS_SECRET, namespace=NAMESPACE),
-                           stringData={"n1": "{}"}))
-        hook = [o for o in objects(render_chart(values, namespace=NAMESPACE))
-                if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"]
+        kube.create(
+            Secret(
+                metadata=ObjectMeta(name=HEALTH_REQUESTS_SECRET, namespace=NAMESPACE), stringData={"n1": "{}"}
+            )
+        )
+        hook = [
+            o
+            for o in objects(render_chart(values, namespace=NAMESPACE))
+            if o["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"
+        ]
         job = next(o for o in hook if o["kind"] == "Job")
         for obj in hook:
             if obj["kind"] != "Job":
                 kube.apply(from_dict(obj), force=True)
         hook_config = control_plane.serviceaccount_kubeconfig(
-            NAMESPACE, job["spec"]["template"]["spec"]["serviceAccountName"], create=False)
+            NAMESPACE, job["spec"]["template"]["spec"]["serviceAccountName"], create=False
+        )
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         assert command[0] == "gpu-operator"
         cli = str(Path(sys.executable).parent / "gpu-operator")
         env = {**os.environ, "OPERATOR_NAMESPACE": NAMESPACE}  # the Job's fieldRef to its namespace
-        done = subprocess.run([cli, *command[1:], "--kubeconfig", str(hook_config)],
-                              capture_output=True, text=True, timeout=180, check=False, env=env)
+        done = subprocess.run(
+            [cli, *command[1:], "--kubeconfig", str(hook_config)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+            env=env,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         assert "deleted ClusterPolicy cluster-policy" in done.stdout, done.stdout
         with pytest.raises(ApiError) as gone:
@@ -175,23 +224,41 @@ def test_helm_uninstall_leaves_no_trace(control_plane: ControlPlane, kube: Clien
     finally:
         operator.stop()
         print(f"--- {operator.log} ---\n{operator.log_text()[-4000:]}")
-    wait_for("every node as it was before the install", lambda: differences(before, marks(kube)),
-             until=lambda diff: not diff, timeout=60)
-    wait_for("no object owned by the ClusterPolicy", lambda: owned_by(kube, uid), until=lambda o: not o,
-             timeout=120)
-    wait_for("no object of any kind marked as ours", lambda: ours_left(control_plane),
-             until=lambda o: not o, timeout=60)
+    wait_for(
+        "every node as it was before the install",
+        lambda: differences(before, marks(kube)),
+        until=lambda diff: not diff,
+        timeout=60,
+    )
+    wait_for(
+        "no object owned by the ClusterPolicy",
+        lambda: owned_by(kube, uid),
+        until=lambda o: not o,
+        timeout=120,
+    )
+    wait_for(
+        "no object of any kind marked as ours",
+        lambda: ours_left(control_plane),
+        until=lambda o: not o,
+        timeout=60,
+    )
     assert RELEASE not in helm.releases()  # the release is gone
 
 
 def test_deleting_the_clusterpolicy_takes_back_our_node_labels(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str]) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+) -> None:
     gpu_nodes = fake_nodes("dgx-h100:2", "vfio-passthrough:1")
     names = set(gpu_nodes)
     # A user's own label and a user's choice to keep the driver off one node must survive.
-    kube.patch(Node, gpu_nodes[0], {"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "false",
-                                                            "nvidia.com/team": "ml"}}})
+    kube.patch(
+        Node,
+        gpu_nodes[0],
+        {"metadata": {"labels": {"nvidia.com/gpu.deploy.driver": "false", "nvidia.com/team": "ml"}}},
+    )
     before = {n: m for n, m in marks(kube).items() if n in names}
     operator = start_operator()
     name = cluster_policies({})
@@ -201,10 +268,19 @@ def test_deleting_the_clusterpolicy_takes_back_our_node_labels(
     assert differences(before, marks(kube))
 
     kube.delete(ClusterPolicyResource, name)
-    wait_for("every node as it was before the ClusterPolicy", lambda: differences(before, marks(kube)),
-             until=lambda diff: not diff, timeout=60, context=operator.log_text)
-    wait_for("no object owned by the ClusterPolicy", lambda: owned_by(kube, uid), until=lambda o: not o,
-             timeout=120)
+    wait_for(
+        "every node as it was before the ClusterPolicy",
+        lambda: differences(before, marks(kube)),
+        until=lambda diff: not diff,
+        timeout=60,
+        context=operator.log_text,
+    )
+    wait_for(
+        "no object owned by the ClusterPolicy",
+        lambda: owned_by(kube, uid),
+        until=lambda o: not o,
+        timeout=120,
+    )
     labels = kube.get(Node, gpu_nodes[0]).metadata.labels or {}
     assert labels.get("nvidia.com/gpu.deploy.driver") == "false" and labels.get("nvidia.com/team") == "ml"
     assert operator.alive

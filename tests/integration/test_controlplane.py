@@ -32,36 +32,64 @@ def test_crd_is_served(control_plane: ControlPlane, kube: Client) -> None:
             "group": "smoke.example.com",
             "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
             "scope": "Cluster",
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {"size": {"type": "integer", "minimum": 1}}},
-                }}},
-            }],
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {"size": {"type": "integer", "minimum": 1}},
+                                },
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
     kube.apply(from_dict(crd), force=True)
 
     def established() -> bool:
         got = control_plane.request(
-            "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.smoke.example.com")
+            "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.smoke.example.com"
+        )
         conditions = got.get("status", {}).get("conditions", [])
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     wait_for("CRD Established", established, timeout=60)
-    control_plane.request("POST", "/apis/smoke.example.com/v1/widgets",
-                          {"apiVersion": "smoke.example.com/v1", "kind": "Widget",
-                           "metadata": {"name": "w"}, "spec": {"size": 2}})
+    control_plane.request(
+        "POST",
+        "/apis/smoke.example.com/v1/widgets",
+        {
+            "apiVersion": "smoke.example.com/v1",
+            "kind": "Widget",
+            "metadata": {"name": "w"},
+            "spec": {"size": 2},
+        },
+    )
     # The schema is enforced by the real apiserver.
     with pytest.raises(urllib.error.HTTPError) as bad:
-        control_plane.request("POST", "/apis/smoke.example.com/v1/widgets",
-                              {"apiVersion": "smoke.example.com/v1", "kind": "Widget",
-                               "metadata": {"name": "bad"}, "spec": {"size": 0}})
+        control_plane.request(
+            "POST",
+            "/apis/smoke.example.com/v1/widgets",
+            {
+                "apiVersion": "smoke.example.com/v1",
+                "kind": "Widget",
+                "metadata": {"name": "bad"},
+                "spec": {"size": 0},
+            },
+        )
     assert bad.value.code == 422
 
 
-def test_daemonset_follows_fake_gpu_nodes(kube: Client, namespace: str,
-                                          fake_nodes: Callable[..., list[str]]) -> None:
+def test_daemonset_follows_fake_gpu_nodes(
+    kube: Client, namespace: str, fake_nodes: Callable[..., list[str]]
+) -> None:
     gpu_nodes = fake_nodes("dgx-h100:3")
     fake_nodes("cpu:1")
     ds = {
@@ -75,8 +103,13 @@ def test_daemonset_follows_fake_gpu_nodes(kube: Client, namespace: str,
                 "spec": {
                     "nodeSelector": {"feature.node.kubernetes.io/pci-10de.present": "true"},
                     "tolerations": [{"operator": "Exists"}],
-                    "containers": [{"name": "c", "image": "example.invalid/smoke:1",
-                                    "securityContext": {"privileged": True}}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "example.invalid/smoke:1",
+                            "securityContext": {"privileged": True},
+                        }
+                    ],
                 },
             },
         },

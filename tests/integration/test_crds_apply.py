@@ -26,8 +26,14 @@ from gpu_operator.statusview.collect import collect
 
 
 def test_crds_apply_twice(control_plane: ControlPlane) -> None:
-    argv = [sys.executable, "-m", "gpu_operator.cli", "crds", "apply",
-            f"--kubeconfig={control_plane.admin_kubeconfig}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpu_operator.cli",
+        "crds",
+        "apply",
+        f"--kubeconfig={control_plane.admin_kubeconfig}",
+    ]
     for run in range(2):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
@@ -38,7 +44,11 @@ def test_crds_apply_twice(control_plane: ControlPlane) -> None:
         # changed, and said so
         lines = done.stdout.splitlines()
         left = "left nodefeatures.nfd.k8s-sigs.io as it was (it exists; Established)"
-        assert left in lines if run else (left in lines or "applied nodefeatures.nfd.k8s-sigs.io (Established)" in lines)
+        assert (
+            left in lines
+            if run
+            else (left in lines or "applied nodefeatures.nfd.k8s-sigs.io (Established)" in lines)
+        )
     served = control_plane.request("GET", "/apis/nvidia.com/v1")
     assert any(r["name"] == "clusterpolicies" for r in served["resources"])
 
@@ -54,17 +64,34 @@ def _create(plane: ControlPlane, body: dict[str, Any]) -> tuple[int, dict[str, A
 def test_the_apiserver_holds_the_gpucluster_schema(control_plane: ControlPlane) -> None:
     """Upstream's v26.7.0 rules, enforced at admission: a singleton named gpu-cluster, draDriver
     required, the image pattern, the healthcheck port range; defaults filled in."""
-    subprocess.run([sys.executable, "-m", "gpu_operator.cli", "crds", "apply",
-                    f"--kubeconfig={control_plane.admin_kubeconfig}"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "crds",
+            "apply",
+            f"--kubeconfig={control_plane.admin_kubeconfig}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
 
     def gc(name: str, spec: dict[str, Any] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": name}}
+        body: dict[str, Any] = {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "GPUCluster",
+            "metadata": {"name": name},
+        }
         if spec is not None:
             body["spec"] = spec
         return body
 
     def causes(status: dict[str, Any]) -> list[tuple[str, str]]:
-        return [(c.get("field", ""), c.get("message", "")) for c in status.get("details", {}).get("causes", [])]
+        return [
+            (c.get("field", ""), c.get("message", "")) for c in status.get("details", {}).get("causes", [])
+        ]
 
     code, status = _create(control_plane, gc("other", {"draDriver": {}}))
     assert code == 422 and any("singleton" in message for _, message in causes(status)), status
@@ -72,11 +99,17 @@ def test_the_apiserver_holds_the_gpucluster_schema(control_plane: ControlPlane) 
     assert code == 422 and ("spec.draDriver", "Required value") in causes(status), status
     code, status = _create(control_plane, gc("gpu-cluster", {"draDriver": {"image": "dra/driver"}}))
     assert code == 422 and [f for f, _ in causes(status)] == ["spec.draDriver.image"], status
-    code, status = _create(control_plane, gc("gpu-cluster", {"draDriver": {"gpus": {"kubeletPlugin": {
-        "healthcheck": {"port": 70000}}}}}))
-    assert code == 422 and [f for f, _ in causes(status)] == ["spec.draDriver.gpus.kubeletPlugin.healthcheck.port"], status
+    code, status = _create(
+        control_plane,
+        gc("gpu-cluster", {"draDriver": {"gpus": {"kubeletPlugin": {"healthcheck": {"port": 70000}}}}}),
+    )
+    assert code == 422 and [f for f, _ in causes(status)] == [
+        "spec.draDriver.gpus.kubeletPlugin.healthcheck.port"
+    ], status
 
-    code, stored = _create(control_plane, gc("gpu-cluster", {"draDriver": {"computeDomains": {}}, "hostPaths": {}}))
+    code, stored = _create(
+        control_plane, gc("gpu-cluster", {"draDriver": {"computeDomains": {}}, "hostPaths": {}})
+    )
     try:
         assert code == 201, stored
         assert stored["spec"]["draDriver"]["computeDomains"]["enabled"] is True
@@ -88,15 +121,32 @@ def test_the_apiserver_holds_the_gpucluster_schema(control_plane: ControlPlane) 
 def test_computedomain_crds_admit_a_domain_and_keep_its_spec(control_plane: ControlPlane) -> None:
     """The IMEX kinds NVIDIA's DRA driver expects (shipped with our CRDs): a ComputeDomain with its
     defaults, an immutable spec, a clique with its daemons."""
-    subprocess.run([sys.executable, "-m", "gpu_operator.cli", "crds", "apply",
-                    f"--kubeconfig={control_plane.admin_kubeconfig}"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "crds",
+            "apply",
+            f"--kubeconfig={control_plane.admin_kubeconfig}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     base = "/apis/resource.nvidia.com/v1beta1/namespaces/default"
-    body: dict[str, Any] = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain", "metadata": {"name": "imex"},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": "imex-channel"}}}}
+    body: dict[str, Any] = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": "imex"},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "imex-channel"}}},
+    }
     created = control_plane.request("POST", f"{base}/computedomains", body)
     try:
-        assert created["spec"] == {"numNodes": 0, "channel": {"allocationMode": "Single",
-                                                              "resourceClaimTemplate": {"name": "imex-channel"}}}
+        assert created["spec"] == {
+            "numNodes": 0,
+            "channel": {"allocationMode": "Single", "resourceClaimTemplate": {"name": "imex-channel"}},
+        }
         changed = {**created, "spec": {**created["spec"], "numNodes": 4}}
         with pytest.raises(urllib.error.HTTPError) as refused:
             control_plane.request("PUT", f"{base}/computedomains/imex", changed)
@@ -107,9 +157,12 @@ def test_computedomain_crds_admit_a_domain_and_keep_its_spec(control_plane: Cont
             control_plane.request("POST", f"{base}/computedomains", bad)
         assert invalid.value.code == 422
         clique_name = f"{created['metadata']['uid']}.clique-1"
-        clique = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
-                  "metadata": {"name": clique_name},
-                  "daemons": [{"nodeName": "n1", "ipAddress": "10.0.0.1", "cliqueID": "clique-1", "index": 0}]}
+        clique = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainClique",
+            "metadata": {"name": clique_name},
+            "daemons": [{"nodeName": "n1", "ipAddress": "10.0.0.1", "cliqueID": "clique-1", "index": 0}],
+        }
         made = control_plane.request("POST", f"{base}/computedomaincliques", clique)
         assert made["daemons"][0]["status"] == "NotReady"
         control_plane.request("DELETE", f"{base}/computedomaincliques/{clique_name}")
@@ -122,14 +175,33 @@ def test_a_crd_another_release_owns_is_left_and_reported(control_plane: ControlP
     release): the hook applies the others, leaves that one exactly as it is and says so; the status
     view reports it, compatible (it serves v1beta1 with status)."""
     name = "computedomains.resource.nvidia.com"
-    marks = {"metadata": {"labels": {HELM_MANAGED_BY_LABEL: "Helm"},
-                          "annotations": {HELM_RELEASE_NAME: "nvidia-dra-driver-gpu",
-                                          HELM_RELEASE_NAMESPACE: "nvidia-dra-driver-gpu"}}}
+    marks = {
+        "metadata": {
+            "labels": {HELM_MANAGED_BY_LABEL: "Helm"},
+            "annotations": {
+                HELM_RELEASE_NAME: "nvidia-dra-driver-gpu",
+                HELM_RELEASE_NAMESPACE: "nvidia-dra-driver-gpu",
+            },
+        }
+    }
     theirs = kube.patch(CustomResourceDefinition, name, marks, patch_type=PatchType.MERGE)
     try:
-        done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "crds", "apply", "--release",
-                               "gpu-operator/gpu-operator", f"--kubeconfig={control_plane.admin_kubeconfig}"],
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpu_operator.cli",
+                "crds",
+                "apply",
+                "--release",
+                "gpu-operator/gpu-operator",
+                f"--kubeconfig={control_plane.admin_kubeconfig}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         after = kube.get(CustomResourceDefinition, name)
         assert after.metadata.resourceVersion == theirs.metadata.resourceVersion  # not written at all
@@ -139,7 +211,15 @@ def test_a_crd_another_release_owns_is_left_and_reported(control_plane: ControlP
         assert "applied computedomaincliques.resource.nvidia.com (Established)" in done.stdout.splitlines()
         assert collect(kube).crds == [owner]
     finally:
-        kube.patch(CustomResourceDefinition, name, {"metadata": {
-            "labels": {HELM_MANAGED_BY_LABEL: "gpu-operator"},
-            "annotations": {HELM_RELEASE_NAME: None, HELM_RELEASE_NAMESPACE: None}}}, patch_type=PatchType.MERGE)
+        kube.patch(
+            CustomResourceDefinition,
+            name,
+            {
+                "metadata": {
+                    "labels": {HELM_MANAGED_BY_LABEL: "gpu-operator"},
+                    "annotations": {HELM_RELEASE_NAME: None, HELM_RELEASE_NAMESPACE: None},
+                }
+            },
+            patch_type=PatchType.MERGE,
+        )
     assert collect(kube).crds == []

@@ -72,11 +72,27 @@ def _yaml(lines: list[str]) -> list[Any]:
 
 
 def _diff(control_plane: ControlPlane, namespace: str, *args: str) -> Diff:
-    env = {**os.environ, **DEFAULT_IMAGES}  # the operator process's images (a Deployment's env in a real install)
+    env = {
+        **os.environ,
+        **DEFAULT_IMAGES,
+    }  # the operator process's images (a Deployment's env in a real install)
     done = subprocess.run(
-        [sys.executable, "-m", "gpu_operator.cli", "diff", "--namespace", namespace,
-         "--kubeconfig", str(control_plane.admin_kubeconfig), *args],
-        capture_output=True, text=True, timeout=120, env=env)
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "diff",
+            "--namespace",
+            namespace,
+            "--kubeconfig",
+            str(control_plane.admin_kubeconfig),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     return Diff(done.returncode, done.stdout, done.stderr)
 
 
@@ -86,15 +102,28 @@ def _file(namespace: str, kind: str, name: str) -> str:
 
 def _policy_file(tmp_path: Path, spec: dict[str, Any], name: str = "proposed.yaml") -> Path:
     path = tmp_path / name
-    path.write_text(yaml.safe_dump({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                    "metadata": {"name": "cluster-policy"}, "spec": spec}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "nvidia.com/v1",
+                "kind": "ClusterPolicy",
+                "metadata": {"name": "cluster-policy"},
+                "spec": spec,
+            }
+        )
+    )
     return path
 
 
 def test_diff_shows_what_the_operator_would_change(
-        kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]],
-        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
-        operator_namespace: str, tmp_path: Path) -> None:
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+    tmp_path: Path,
+) -> None:
     fake_nodes("dgx-h100:1")
     # the chart's own ClusterPolicy, so that chart values can be compared with it below
     chart_policy = policy_from_values([], [], operator_namespace)
@@ -116,15 +145,19 @@ def test_diff_shows_what_the_operator_would_change(
     assert changed.code == 1, changed.err
     print(f"--- diff --policy (devicePlugin env)\n{changed.out}")
     blocks = changed.blocks()
-    assert set(blocks) == {_file(operator_namespace, "DaemonSet", PLUGIN),
-                           _file(operator_namespace, "DaemonSet", MPS)}, changed.out
+    assert set(blocks) == {
+        _file(operator_namespace, "DaemonSet", PLUGIN),
+        _file(operator_namespace, "DaemonSet", MPS),
+    }, changed.out
     added = _yaml(blocks[_file(operator_namespace, "DaemonSet", PLUGIN)].added)
     assert [{"name": "DIFF_PROBE"}] in added or [{"name": "DIFF_PROBE", "value": "on"}] in added, added
     assert {"value": "on"} in added or [{"name": "DIFF_PROBE", "value": "on"}] in added, added
 
     # a component turned off: its DaemonSet is listed as deleted (every line removed, none added)
     off = {**spec, "dcgmExporter": {**spec["dcgmExporter"], "enabled": False}}
-    deleted = _diff(control_plane, operator_namespace, "--policy", str(_policy_file(tmp_path, off, "off.yaml")))
+    deleted = _diff(
+        control_plane, operator_namespace, "--policy", str(_policy_file(tmp_path, off, "off.yaml"))
+    )
     assert deleted.code == 1, deleted.err
     print(f"--- diff --policy (dcgmExporter off)\n{deleted.out}")
     exporter = deleted.blocks()[_file(operator_namespace, "DaemonSet", EXPORTER)]
@@ -138,14 +171,20 @@ def test_diff_shows_what_the_operator_would_change(
     print(f"--- diff --values\n{from_values.out}")
     plugin = from_values.blocks()[_file(operator_namespace, "DaemonSet", PLUGIN)]
     images = [line["image"] for line in _yaml(plugin.added) if isinstance(line, dict) and "image" in line]
-    assert images == [f"{spec['devicePlugin']['repository']}/{spec['devicePlugin']['image']}:v0.99.0"], from_values.out
+    assert images == [f"{spec['devicePlugin']['repository']}/{spec['devicePlugin']['image']}:v0.99.0"], (
+        from_values.out
+    )
 
     # nothing was written: the DaemonSet is as the operator left it
-    assert kube.get(DaemonSet, PLUGIN, namespace=operator_namespace).metadata.resourceVersion == plugin_version
+    assert (
+        kube.get(DaemonSet, PLUGIN, namespace=operator_namespace).metadata.resourceVersion == plugin_version
+    )
 
     # a policy the API models refuse: exit 2 naming the field
     bad = {**spec, "devicePlugin": {**spec["devicePlugin"], "enabled": "sometimes"}}
-    refused = _diff(control_plane, operator_namespace, "--policy", str(_policy_file(tmp_path, bad, "bad.yaml")))
+    refused = _diff(
+        control_plane, operator_namespace, "--policy", str(_policy_file(tmp_path, bad, "bad.yaml"))
+    )
     assert (refused.code, refused.out) == (2, ""), refused.err
     print(f"--- diff --policy (bad)\n{refused.err}")
     assert refused.err.startswith("error: spec.devicePlugin.enabled"), refused.err

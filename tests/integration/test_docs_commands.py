@@ -37,10 +37,22 @@ from tests.support.waiting import wait_for
 # helm.md before the pages that start the operator: the chart brings its own (its ServiceAccount
 # gpu-operator/gpu-operator would collide with the simulator operator's); kubevirt.md reads the
 # ClusterPolicy upgrades.md leaves.
-ORDER = ["docs/distributions.md", "docs/install.md", "docs/api.md", "docs/helm.md", "docs/dra.md", "docs/upgrades.md", "docs/kubevirt.md",
-         "docs/vm-passthrough.md"]
-READS = (["kubectl", "get"], ["gpu-operator", "status"], ["gpu-operator", "upgrade", "status"],
-         ["gpu-operator", "sim", "status"])
+ORDER = [
+    "docs/distributions.md",
+    "docs/install.md",
+    "docs/api.md",
+    "docs/helm.md",
+    "docs/dra.md",
+    "docs/upgrades.md",
+    "docs/kubevirt.md",
+    "docs/vm-passthrough.md",
+]
+READS = (
+    ["kubectl", "get"],
+    ["gpu-operator", "status"],
+    ["gpu-operator", "upgrade", "status"],
+    ["gpu-operator", "sim", "status"],
+)
 DEADLINE = 120.0
 COMMAND_TIMEOUT = 300
 
@@ -70,30 +82,53 @@ class Shell:
     def __init__(self, home: Path) -> None:
         # as after `./dev setup`: helm built (a first build would print its progress into the output)
         # and named in GPU_OPERATOR_HELM, as `./dev setup` and `./dev test` export it (`gpu-operator images`)
-        helm = subprocess.run([str(docblocks.ROOT / "tools" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True,
-                              check=True).stdout.splitlines()[-1]
+        helm = subprocess.run(
+            [str(docblocks.ROOT / "tools" / "helm" / "build.sh")],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        ).stdout.splitlines()[-1]
         self.cache = home / "cache"
         self.cache.mkdir(parents=True)
         self.env_file = home / "env.sh"
         self.env_file.write_text("")
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         venv_bin = str(Path(sys.executable).parent)
-        env.update(PATH=f"{venv_bin}:{env.get('PATH', '')}", XDG_CACHE_HOME=str(self.cache),
-                   GPU_OPERATOR_CONTROLPLANE=str(binaries.locate(build=True).root), GPU_OPERATOR_HELM=helm)
+        env.update(
+            PATH=f"{venv_bin}:{env.get('PATH', '')}",
+            XDG_CACHE_HOME=str(self.cache),
+            GPU_OPERATOR_CONTROLPLANE=str(binaries.locate(build=True).root),
+            GPU_OPERATOR_HELM=helm,
+        )
         self.env = env
         self.failed: str | None = None  # the block that failed, if one did
 
     def run(self, command: Command) -> Ran:
-        script = (f'source "{self.env_file}"\ncd "{docblocks.ROOT}"\n{command.text}\n'
-                  f'__rc=$?\nexport -p > "{self.env_file}"\nexit $__rc\n')
-        done = subprocess.run(["bash", "-c", script], env=self.env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=COMMAND_TIMEOUT, check=False)
+        script = (
+            f'source "{self.env_file}"\ncd "{docblocks.ROOT}"\n{command.text}\n'
+            f'__rc=$?\nexport -p > "{self.env_file}"\nexit $__rc\n'
+        )
+        done = subprocess.run(
+            ["bash", "-c", script],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
+        )
         output = done.stdout.replace(str(self.cache), "~/.cache")
         return Ran(command.text, done.returncode, output, quote_problem(command.output, output))
 
     def stop_simulator(self) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["gpu-operator", "sim", "down"], env=self.env, capture_output=True, text=True,
-                              timeout=120, check=False)
+        return subprocess.run(
+            ["gpu-operator", "sim", "down"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
 
 
 KUBECTL_VALUED = {"-n", "--namespace", "--context", "--kubeconfig", "-l", "--selector"}
@@ -111,7 +146,7 @@ def verb_words(ws: list[str]) -> list[str]:
 
 def reads_only(command: Command) -> bool:
     found = [verb_words(ws) for ws in simple_commands(command.text)]
-    return bool(found) and all(any(ws[:len(r)] == r for r in READS) for ws in found)
+    return bool(found) and all(any(ws[: len(r)] == r for r in READS) for ws in found)
 
 
 @pytest.fixture(scope="module")
@@ -136,14 +171,23 @@ def test_the_block_runs_as_written_and_prints_what_the_page_quotes(shell: Shell,
 def run_block(shell: Shell, block: Block) -> None:
     for command in block.commands():
         if reads_only(command):
+
             def again(c: Command = command) -> Ran:
                 return shell.run(c)
-            ran = wait_for(f"`{command.text}` to print what {block.id} quotes", again,
-                           until=lambda r: r.ok, timeout=DEADLINE, interval=1.0)
+
+            ran = wait_for(
+                f"`{command.text}` to print what {block.id} quotes",
+                again,
+                until=lambda r: r.ok,
+                timeout=DEADLINE,
+                interval=1.0,
+            )
         else:
             ran = shell.run(command)
         assert ran.rc == 0, f"{block.id}: `{command.text}` exited {ran.rc}:\n{ran.output[-4000:]}"
-        assert ran.problem is None, f"{block.id}: `{command.text}`: {ran.problem}\n--- real output ---\n{ran.output}"
+        assert ran.problem is None, (
+            f"{block.id}: `{command.text}`: {ran.problem}\n--- real output ---\n{ran.output}"
+        )
 
 
 def test_some_blocks_run_here() -> None:

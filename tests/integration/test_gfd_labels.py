@@ -44,15 +44,22 @@ def managers_of(kube: Client, name: str, key: str) -> set[str]:
 def creator_of(kube: Client, name: str) -> str:
     """The field manager that created the Node (its Update/Apply entry with the node's own fields)."""
     entries = kube.get(Node, name).metadata.managedFields or []
-    creators = [e for e in entries if "f:kubernetes.io/hostname" in
-                (e.fieldsV1 or {}).get("f:metadata", {}).get("f:labels", {})]
+    creators = [
+        e
+        for e in entries
+        if "f:kubernetes.io/hostname" in (e.fieldsV1 or {}).get("f:metadata", {}).get("f:labels", {})
+    ]
     assert creators, entries
     return str(creators[0].manager)
 
 
 def test_default_install_puts_gfds_labels_on_gpu_nodes_and_takes_them_back(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     h100 = fake_nodes("dgx-h100:1")[0]
     l40s = fake_nodes("host-driver:1")[0]
     a10 = fake_nodes("a10:1")[0]
@@ -65,8 +72,12 @@ def test_default_install_puts_gfds_labels_on_gpu_nodes_and_takes_them_back(
     def settled() -> dict[str, dict[str, str]]:
         return {n: labels(kube, n) for n in (h100, l40s, a10)}
 
-    got = wait_for("GFD's labels on every GPU node", settled, context=operator.log_text,
-                   until=lambda by: all(PRODUCT in v for v in by.values()) and by[h100].get(MIG_MANAGER) == "true")
+    got = wait_for(
+        "GFD's labels on every GPU node",
+        settled,
+        context=operator.log_text,
+        until=lambda by: all(PRODUCT in v for v in by.values()) and by[h100].get(MIG_MANAGER) == "true",
+    )
     assert got[h100][PRODUCT] == "NVIDIA-H100-80GB-HBM3" and got[h100][MIG_CAPABLE] == "true"
     assert got[h100]["nvidia.com/gpu.count"] == "8"
     assert got[l40s][PRODUCT] == "NVIDIA-L40S" and got[l40s][MIG_CAPABLE] == "false"
@@ -78,56 +89,96 @@ def test_default_install_puts_gfds_labels_on_gpu_nodes_and_takes_them_back(
         feature = kube.get(NodeFeature, f"nvidia-features-for-{node}", namespace=operator_namespace)
         published = {k: v for k, v in (feature.spec or {})["labels"].items() if k.startswith("nvidia.com/")}
         assert {k: got[node][k] for k in published} == published
-        listed = {f"nvidia.com/{k}" for k in
-                  (kube.get(Node, node).metadata.annotations or {})[GFD_LABELS_ANNOTATION].split(",")}
+        listed = {
+            f"nvidia.com/{k}"
+            for k in (kube.get(Node, node).metadata.annotations or {})[GFD_LABELS_ANNOTATION].split(",")
+        }
         assert listed == set(published)
     # the MIG manager's DaemonSet runs on the H100 node only; the device plugin's capacity is there
-    mig = wait_for("the MIG manager scheduled", lambda: kube.get(DaemonSet, "nvidia-mig-manager",
-                                                                 namespace=operator_namespace).status,
-                   until=lambda s: s is not None and s.desiredNumberScheduled == 1)
+    mig = wait_for(
+        "the MIG manager scheduled",
+        lambda: kube.get(DaemonSet, "nvidia-mig-manager", namespace=operator_namespace).status,
+        until=lambda s: s is not None and s.desiredNumberScheduled == 1,
+    )
     assert mig.desiredNumberScheduled == 1
-    wait_for("nvidia.com/gpu capacity from the device plugin",
-             lambda: (kube.get(Node, h100).status.capacity or {}).get("nvidia.com/gpu"), until=lambda c: c == "8")
+    wait_for(
+        "nvidia.com/gpu capacity from the device plugin",
+        lambda: (kube.get(Node, h100).status.capacity or {}).get("nvidia.com/gpu"),
+        until=lambda c: c == "8",
+    )
     reconciled(kube, context=operator.log_text)
 
     # GFD off: its DaemonSet goes, the garbage collector deletes its NodeFeatures, the labels go
-    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"gfd": {"enabled": False}}},
-               patch_type=PatchType.MERGE)
-    gone = wait_for("GFD's labels removed", settled, context=operator.log_text,
-                    until=lambda by: not any(PRODUCT in v or MIG_CAPABLE in v for v in by.values()))
+    kube.patch(
+        ClusterPolicyResource,
+        "cluster-policy",
+        {"spec": {"gfd": {"enabled": False}}},
+        patch_type=PatchType.MERGE,
+    )
+    gone = wait_for(
+        "GFD's labels removed",
+        settled,
+        context=operator.log_text,
+        until=lambda by: not any(PRODUCT in v or MIG_CAPABLE in v for v in by.values()),
+    )
     for node in (h100, l40s, a10):
         assert GFD_LABELS_ANNOTATION not in (kube.get(Node, node).metadata.annotations or {})
     # The H100 keeps its MIG manager: its model (PCI device 2330, from our discovery's NFD label)
     # is MIG-capable by our layouts, and a container node never loses the MIG manager once set.
     assert gone[h100].get(MIG_MANAGER) == "true" and MIG_MANAGER not in gone[a10]
-    wait_for("GFD's NodeFeatures collected", lambda: list(kube.list(NodeFeature, namespace=operator_namespace)),
-             until=lambda items: not items)
+    wait_for(
+        "GFD's NodeFeatures collected",
+        lambda: list(kube.list(NodeFeature, namespace=operator_namespace)),
+        until=lambda items: not items,
+    )
 
 
 def test_a_node_gfd_no_longer_runs_on_loses_its_labels(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     first, second = fake_nodes("host-driver:2")
     operator = start_operator()
     cluster_policies({})
-    wait_for("GFD's labels", lambda: [labels(kube, n).get(PRODUCT) for n in (first, second)],
-             until=lambda got: all(got), context=operator.log_text)
+    wait_for(
+        "GFD's labels",
+        lambda: [labels(kube, n).get(PRODUCT) for n in (first, second)],
+        until=lambda got: all(got),
+        context=operator.log_text,
+    )
     # the user takes one node out of GFD (the DaemonSet's pod goes; its NodeFeature stays, owned
     # by the DaemonSet, and must not keep the labels alive)
-    kube.patch(Node, first, {"metadata": {"labels": {"nvidia.com/gpu.deploy.gpu-feature-discovery": "false"}}})
-    wait_for("the labels removed from that node only", lambda: (labels(kube, first), labels(kube, second)),
-             until=lambda got: PRODUCT not in got[0] and PRODUCT in got[1], context=operator.log_text)
+    kube.patch(
+        Node, first, {"metadata": {"labels": {"nvidia.com/gpu.deploy.gpu-feature-discovery": "false"}}}
+    )
+    wait_for(
+        "the labels removed from that node only",
+        lambda: (labels(kube, first), labels(kube, second)),
+        until=lambda got: PRODUCT not in got[0] and PRODUCT in got[1],
+        context=operator.log_text,
+    )
     assert kube.get(NodeFeature, f"nvidia-features-for-{first}", namespace=operator_namespace) is not None
 
 
 def test_with_nfd_its_master_writes_gfds_labels_and_the_operator_none(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], nfd_master: Any) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    nfd_master: Any,
+) -> None:
     node = fake_nodes("dgx-h100:1")[0]
     operator = start_operator(extra_args=["--no-gfd-node-labels"])
     cluster_policies({})
-    got = wait_for("GFD's labels from NFD's master", lambda: labels(kube, node),
-                   until=lambda got: got.get(PRODUCT) and got.get(MIG_MANAGER) == "true", context=operator.log_text)
+    got = wait_for(
+        "GFD's labels from NFD's master",
+        lambda: labels(kube, node),
+        until=lambda got: got.get(PRODUCT) and got.get(MIG_MANAGER) == "true",
+        context=operator.log_text,
+    )
     assert got[MIG_CAPABLE] == "true"
     owners = managers_of(kube, node, PRODUCT)
     assert owners and OPERATOR_MANAGER not in owners, owners

@@ -82,19 +82,29 @@ class Cluster:
         return Seen.of(self.kube.get(Node, node))
 
     def wait(self, what: str, node: str, until: Callable[[Seen], Any], timeout: float = SCENARIO) -> Seen:
-        return wait_for(f"{node}: {what}", lambda: self.seen(node), until=until, timeout=timeout,
-                        context=self.logs)
+        return wait_for(
+            f"{node}: {what}", lambda: self.seen(node), until=until, timeout=timeout, context=self.logs
+        )
 
     def logs(self) -> str:
-        return "\n".join(f"--- operator {i} ---\n{op.log_text()[-3000:]}" for i, op in enumerate(self.operators))
+        return "\n".join(
+            f"--- operator {i} ---\n{op.log_text()[-3000:]}" for i, op in enumerate(self.operators)
+        )
 
     def remediation(self, **spec: Any) -> None:
-        self.kube.patch(ClusterPolicyResource, POLICY, {"spec": {"health": {"remediation": {"enabled": True, **spec}}}},
-                        patch_type=PatchType.MERGE)
+        self.kube.patch(
+            ClusterPolicyResource,
+            POLICY,
+            {"spec": {"health": {"remediation": {"enabled": True, **spec}}}},
+            patch_type=PatchType.MERGE,
+        )
 
     def start_operator(self) -> OperatorProcess:
-        proc = OperatorProcess(kubeconfig=self.plane.kubeconfig_for("operator"), namespace=self.namespace,
-                               log=self.base / f"operator-{len(self.operators)}.log").start()
+        proc = OperatorProcess(
+            kubeconfig=self.plane.kubeconfig_for("operator"),
+            namespace=self.namespace,
+            log=self.base / f"operator-{len(self.operators)}.log",
+        ).start()
         self.operators.append(proc)
         return proc
 
@@ -137,29 +147,52 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(control_plane: ControlPlane, kube: Client, crds: list[str],
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    control_plane: ControlPlane, kube: Client, crds: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("health-remediation")
     namespace = f"gpu-operator-{uuid.uuid4().hex[:6]}"
     kube.create(Namespace(metadata=ObjectMeta(name=namespace)))
     names = sim_nodes.add_nodes(kube, [f"{SHAPE}:9"], start=90_000)
-    sim = SimState(dir=str(base), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
-                   binaries="")
+    sim = SimState(
+        dir=str(base),
+        server=control_plane.server,
+        kubeconfig=str(control_plane.admin_kubeconfig),
+        binaries="",
+    )
     found = Cluster(kube, control_plane, namespace, sim, NodeHosts(base / "hosts"), list(names), base)
     try:
         sim_nodes.wait_ready(kube, names)
         config = KubeConfig.from_file(control_plane.admin_kubeconfig)
         with roster.running(config, nodes=False, hosts=base / "hosts") as agents:
             found.start_operator()
-            kube.create(ClusterPolicyResource(  # type: ignore[call-overload]
-                apiVersion="nvidia.com/v1", kind="ClusterPolicy", metadata={"name": POLICY},
-                spec={"driver": {"upgradePolicy": {"autoUpgrade": True, "maxUnavailable": "100%",
-                                                   "waitForCompletion": {"podSelector": f"app={JOB}"}}},
-                      "health": {"remediation": {"enabled": True}}}))
+            kube.create(
+                ClusterPolicyResource(  # type: ignore[call-overload]
+                    apiVersion="nvidia.com/v1",
+                    kind="ClusterPolicy",
+                    metadata={"name": POLICY},
+                    spec={
+                        "driver": {
+                            "upgradePolicy": {
+                                "autoUpgrade": True,
+                                "maxUnavailable": "100%",
+                                "waitForCompletion": {"podSelector": f"app={JOB}"},
+                            }
+                        },
+                        "health": {"remediation": {"enabled": True}},
+                    },
+                )
+            )
             reconciled(kube, timeout=180, context=found.logs)
             for name in names:  # the agents' first reports: every GPU healthy, validated
-                found.wait("first health report", name, lambda s: s.report is not None and s.report.ready
-                           and s.condition == ("True", "GPUsHealthy"), timeout=90)
+                found.wait(
+                    "first health report",
+                    name,
+                    lambda s: (
+                        s.report is not None and s.report.ready and s.condition == ("True", "GPUsHealthy")
+                    ),
+                    timeout=90,
+                )
             yield found
         assert agents.error is None, f"the health agent's stand-in failed: {agents.error!r}"
     finally:
@@ -173,33 +206,57 @@ def cluster(control_plane: ControlPlane, kube: Client, crds: list[str],
 
 # -- the scenarios ------------------------------------------------------------------------------
 
+
 def test_xid_79_quarantines_drains_reboots_and_brings_the_node_back(cluster: Cluster, namespace: str) -> None:
     (node,) = cluster.nodes(1)
-    cluster.remediation(maxUnavailable=1, actions=["restart-device-plugin", "reset-gpu", "reboot"],
-                        validationTimeoutSeconds=600, maxAttempts=3)
-    workloads.create(cluster.kube, workloads.gpu_deployment("train", namespace, 1,
-                                                            node_selector={"kubernetes.io/hostname": node}))
-    pod = wait_for("the GPU pod running on the node", lambda: [
-        p for p in cluster.kube.list(Pod, namespace=namespace)
-        if p.status and p.status.phase == "Running" and p.spec and p.spec.nodeName == node], timeout=SCENARIO)[0]
+    cluster.remediation(
+        maxUnavailable=1,
+        actions=["restart-device-plugin", "reset-gpu", "reboot"],
+        validationTimeoutSeconds=600,
+        maxAttempts=3,
+    )
+    workloads.create(
+        cluster.kube,
+        workloads.gpu_deployment("train", namespace, 1, node_selector={"kubernetes.io/hostname": node}),
+    )
+    pod = wait_for(
+        "the GPU pod running on the node",
+        lambda: [
+            p
+            for p in cluster.kube.list(Pod, namespace=namespace)
+            if p.status and p.status.phase == "Running" and p.spec and p.spec.nodeName == node
+        ],
+        timeout=SCENARIO,
+    )[0]
     with Recorder(cluster.kube, [node]) as recorder:
         cluster.fault(node, "xid", 79, 1)
         bus = cluster.bus(node, 1)
         # the catalogue's action for 79 is reboot (RESTART_BM): the walk requests a reboot
-        asked = cluster.wait("the agent's reboot sentinel for remediation's request", node,
-                             lambda s: s.report is not None and s.report.answered is not None
-                             and s.condition == ("False", "Remediating"))
+        asked = cluster.wait(
+            "the agent's reboot sentinel for remediation's request",
+            node,
+            lambda s: (
+                s.report is not None
+                and s.report.answered is not None
+                and s.condition == ("False", "Remediating")
+            ),
+        )
         assert (cluster.hosts.root(node) / "var/run/reboot-required").is_file()
         assert asked.state == hm.VALIDATING and asked.notes.get(hm.ACTION) == "reboot"
         assert asked.report is not None and asked.report.answered == f"reboot:0:{asked.notes[hm.SINCE]}"
         # answered: the operator notes it and withdraws the request (the agent never writes it)
-        withdrawn = cluster.wait("the request withdrawn", node, lambda s: s.notes.get(hm.ANSWERED)
-                                 == s.notes.get(hm.SINCE) and cluster.request(node) is None)
+        withdrawn = cluster.wait(
+            "the request withdrawn",
+            node,
+            lambda s: s.notes.get(hm.ANSWERED) == s.notes.get(hm.SINCE) and cluster.request(node) is None,
+        )
         assert withdrawn.state == hm.VALIDATING
         assert asked.condition == ("False", "Remediating") and HEALTH_TAINT in asked.taints and asked.cordoned
         (gpu,) = asked.report.unhealthy
         assert (gpu.bus, gpu.xid, gpu.action) == (bus, 79, "reboot")
-        evicted = cluster.kube.list(Pod, namespace=namespace, fields={"metadata.name": str(pod.metadata.name)})
+        evicted = cluster.kube.list(
+            Pod, namespace=namespace, fields={"metadata.name": str(pod.metadata.name)}
+        )
         assert [p for p in evicted if p.metadata and p.metadata.deletionTimestamp is None] == []  # drained
         cluster.fault(node, "clear")  # kured's part: the reboot
         back = cluster.wait("released after the reboot", node, lambda s: s.released)
@@ -216,8 +273,18 @@ def test_xid_13_is_a_warning_only(cluster: Cluster) -> None:
         warned = cluster.wait("condition GPUWarning", node, lambda s: s.condition == ("False", "GPUWarning"))
         assert warned.report is not None and [g.state for g in warned.report.gpus] == ["warning"]
         # whoever may patch a Node asks nothing of its agent: the old request annotations do nothing
-        cluster.kube.patch(Node, node, {"metadata": {"annotations": {
-            "nvidia.com/gpu-health.reboot-requested": "1", "nvidia.com/gpu-health.reset-requested": "all"}}})
+        cluster.kube.patch(
+            Node,
+            node,
+            {
+                "metadata": {
+                    "annotations": {
+                        "nvidia.com/gpu-health.reboot-requested": "1",
+                        "nvidia.com/gpu-health.reset-requested": "all",
+                    }
+                }
+            },
+        )
         time.sleep(4)  # passes after the report's (the live agent steps every 2 s): still no quarantine
         after = cluster.seen(node)
     assert not (cluster.hosts.root(node) / "var/run/reboot-required").exists()
@@ -235,11 +302,19 @@ def test_xid_48_on_two_nodes_with_max_unavailable_1_one_at_a_time(cluster: Clust
         for node in pair:
             # reset on the host (only a reset clears its Xid there), then validated afresh by a new
             # validator pod (whose agent starts without the old one's outcomes) and released
-            back = cluster.wait("reset and released", node, lambda s, n=node: s.released  # type: ignore[misc]
-                                and cluster.xids(n) == [])
+            back = cluster.wait(
+                "reset and released",
+                node,
+                lambda s, n=node: (
+                    s.released  # type: ignore[misc]
+                    and cluster.xids(n) == []
+                ),
+            )
             assert cluster.request(node) is None  # withdrawn
             assert back.report is not None and back.report.validatedAt is not None
-            clients = {k: v for k, v in cluster.kube.get(Node, node).metadata.labels.items() if k in hm.GPU_CLIENTS}
+            clients = {
+                k: v for k, v in cluster.kube.get(Node, node).metadata.labels.items() if k in hm.GPU_CLIENTS
+            }
             assert clients == dict.fromkeys(hm.GPU_CLIENTS, "true")  # paused for the reset, and back
     active = (hm.DRAINING, hm.ACTING, hm.VALIDATING)
     current: dict[str, str] = {}
@@ -257,12 +332,17 @@ def test_remediation_failing_3_times_leaves_the_node_failed_with_its_reason(clus
     (node,) = cluster.nodes(1)
     # Each attempt's request must live long enough for the agent (a step every INTERVAL s) to see
     # and refuse it: with 1 s an attempt could end before the agent looked (seen under load).
-    cluster.remediation(maxUnavailable=1, actions=["reset-gpu"], maxAttempts=3,
-                        validationTimeoutSeconds=int(3 * INTERVAL))
+    cluster.remediation(
+        maxUnavailable=1, actions=["reset-gpu"], maxAttempts=3, validationTimeoutSeconds=int(3 * INTERVAL)
+    )
     cluster.hold(node, 1)  # a process on the host holds the GPU: the agent never resets it
     cluster.fault(node, "xid", 48, 1)
-    failed = cluster.wait("failed after 3 attempts", node, lambda s: s.state == hm.FAILED
-                          and s.condition == ("False", "RemediationFailed"), timeout=2 * SCENARIO)
+    failed = cluster.wait(
+        "failed after 3 attempts",
+        node,
+        lambda s: s.state == hm.FAILED and s.condition == ("False", "RemediationFailed"),
+        timeout=2 * SCENARIO,
+    )
     assert failed.notes.get(HEALTH_ATTEMPTS_ANNOTATION) == "3" and failed.notes.get(hm.REASON)
     assert HEALTH_TAINT in failed.taints
     assert failed.report is not None
@@ -278,8 +358,15 @@ def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: C
     holder = cluster.hold(node, 3)
     cluster.fault(node, "xid", 48, 3)
     bus = cluster.bus(node, 3)
-    waiting = cluster.wait("validating, the reset refused", node, lambda s: s.state == hm.VALIDATING and s.report
-                           is not None and (s.report.reset_outcome(bus) or ("",))[0] == "refused")
+    waiting = cluster.wait(
+        "validating, the reset refused",
+        node,
+        lambda s: (
+            s.state == hm.VALIDATING
+            and s.report is not None
+            and (s.report.reset_outcome(bus) or ("",))[0] == "refused"
+        ),
+    )
     asked = cluster.request(node)
     assert asked is not None and asked["action"] == "reset-gpu" and asked["gpus"] == [bus]
     assert asked["since"] == waiting.notes[hm.SINCE] and asked["remediation"] is True
@@ -289,8 +376,15 @@ def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: C
         for entry in sorted(holder.rglob("*"), reverse=True):  # the holder exits: the agent resets the GPU
             entry.unlink() if entry.is_symlink() or entry.is_file() else entry.rmdir()
         holder.rmdir()
-        reset = cluster.wait("the agent's reset while no operator runs", node, lambda s: s.report is not None
-                             and s.report.reset_outcome(bus) == ("done", "") and s.report.answered is not None)
+        reset = cluster.wait(
+            "the agent's reset while no operator runs",
+            node,
+            lambda s: (
+                s.report is not None
+                and s.report.reset_outcome(bus) == ("done", "")
+                and s.report.answered is not None
+            ),
+        )
         assert reset.state == hm.VALIDATING  # nobody moved it
         cluster.start_operator()
         cluster.wait("released by the new operator", node, lambda s: s.released)
@@ -301,15 +395,26 @@ def test_an_operator_killed_mid_remediation_resumes_where_the_node_is(cluster: C
 def test_a_node_mid_driver_upgrade_waits_for_it_before_remediation(cluster: Cluster, namespace: str) -> None:
     (node,) = cluster.nodes(1)
     cluster.remediation(maxUnavailable=1, actions=["reset-gpu"], validationTimeoutSeconds=600)
-    job = Pod.from_dict({"metadata": {"name": "job", "namespace": namespace, "labels": {"app": JOB}},
-                         "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0,
-                                  "containers": [{"name": "c", "image": "example.invalid/job:1"}]}})
+    job = Pod.from_dict(
+        {
+            "metadata": {"name": "job", "namespace": namespace, "labels": {"app": JOB}},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "c", "image": "example.invalid/job:1"}],
+            },
+        }
+    )
     cluster.kube.create(job)  # type: ignore[call-overload]
     with Recorder(cluster.kube, [node]) as recorder:
         cluster.kube.patch(Node, node, {"metadata": {"annotations": {UPGRADE_REQUESTED_ANNOTATION: "true"}}})
-        cluster.wait("the driver upgrade waiting for the job", node, lambda s: s.upgrade == WAIT_FOR_JOBS_REQUIRED)
+        cluster.wait(
+            "the driver upgrade waiting for the job", node, lambda s: s.upgrade == WAIT_FOR_JOBS_REQUIRED
+        )
         cluster.fault(node, "xid", 48, 0)
-        held = cluster.wait("quarantined", node, lambda s: s.state == hm.QUARANTINED and HEALTH_TAINT in s.taints)
+        held = cluster.wait(
+            "quarantined", node, lambda s: s.state == hm.QUARANTINED and HEALTH_TAINT in s.taints
+        )
         assert held.condition == ("False", "GPUUnhealthy")
         time.sleep(4)  # the passes that follow: remediation still waits for the upgrade
         assert cluster.seen(node).state == hm.QUARANTINED
@@ -317,6 +422,8 @@ def test_a_node_mid_driver_upgrade_waits_for_it_before_remediation(cluster: Clus
         cluster.wait("released after the upgrade", node, lambda s: s.released and s.upgrade == UPGRADE_DONE)
     assert recorder.states(node) == ["", hm.QUARANTINED, hm.DRAINING, hm.ACTING, hm.VALIDATING, ""]
     # one owner of the cordon at a time: never remediating while the upgrade was between states
-    assert not [t for t in recorder.timeline if t[0] == node and t[1] in (hm.DRAINING, hm.ACTING, hm.VALIDATING)
-                and t[2] in UPGRADE_ACTIVE]
-
+    assert not [
+        t
+        for t in recorder.timeline
+        if t[0] == node and t[1] in (hm.DRAINING, hm.ACTING, hm.VALIDATING) and t[2] in UPGRADE_ACTIVE
+    ]

@@ -43,10 +43,18 @@ def rbac_objects() -> list[dict[str, Any]]:
     default = find(chart, "ClusterPolicy", "cluster-policy")
     # and with VM workloads on: the sandbox operands' accounts too (vfio manager, vGPU managers, ...)
     sandbox = {**default, "spec": {**default["spec"], "sandboxWorkloads": {"enabled": True}}}
-    facts = ClusterFacts.from_nodes(nodes("dgx-h100:2", "a10:1", "vgpu-host-h100:1", "vfio-passthrough:1"),
-                                    namespace=NAMESPACE, k8s_version=K8S, operator_env=IMAGES)
-    rendered = [m for body in (default, sandbox)
-                for state in render(ClusterPolicy.model_validate(body), facts).states for m in state.objects]
+    facts = ClusterFacts.from_nodes(
+        nodes("dgx-h100:2", "a10:1", "vgpu-host-h100:1", "vfio-passthrough:1"),
+        namespace=NAMESPACE,
+        k8s_version=K8S,
+        operator_env=IMAGES,
+    )
+    rendered = [
+        m
+        for body in (default, sandbox)
+        for state in render(ClusterPolicy.model_validate(body), facts).states
+        for m in state.objects
+    ]
     out = [o for o in [*chart, *rendered] if o.get("kind") in RBAC_KINDS]
     for obj in out:
         if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
@@ -58,7 +66,9 @@ def rbac_objects() -> list[dict[str, Any]]:
 def accounts(kube: Client) -> Iterator[list[str]]:
     """Every ServiceAccount, its roles bound as rendered (applied by an admin, as Helm and the
     operator would)."""
-    kube.apply(from_dict({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}), force=True)
+    kube.apply(
+        from_dict({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}), force=True
+    )
     objs = rbac_objects()
     for obj in objs:
         kube.apply(from_dict(obj), force=True)
@@ -72,18 +82,24 @@ def accounts(kube: Client) -> Iterator[list[str]]:
 
 
 def may(kube: Client, account: str, verb: str, name: str | None = HEALTH_REQUESTS_SECRET) -> bool:
-    review = SubjectAccessReview(spec=SubjectAccessReviewSpec(
-        user=f"system:serviceaccount:{NAMESPACE}:{account}",
-        groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
-        resourceAttributes=ResourceAttributes(group="", resource="secrets", verb=verb, name=name,
-                                              namespace=NAMESPACE)))
+    review = SubjectAccessReview(
+        spec=SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{NAMESPACE}:{account}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
+            resourceAttributes=ResourceAttributes(
+                group="", resource="secrets", verb=verb, name=name, namespace=NAMESPACE
+            ),
+        )
+    )
     answer = kube.create(review)
     return bool(answer.status and answer.status.allowed)
 
 
 def test_only_the_operator_may_write_the_requests(kube: Client, accounts: list[str]) -> None:
     # the chart's own accounts and the operands' (the validator, the device plugin, the MIG manager, ...)
-    assert {OPERATOR, VALIDATOR, "nvidia-device-plugin", "nvidia-mig-manager", "nvidia-driver"} <= set(accounts)
+    assert {OPERATOR, VALIDATOR, "nvidia-device-plugin", "nvidia-mig-manager", "nvidia-driver"} <= set(
+        accounts
+    )
     writers = {(account, verb) for account in accounts for verb in WRITES if may(kube, account, verb)}
     # The uninstall hook's account (it lives only while `helm uninstall` runs) may delete the Secret
     # the operator made, which withdraws every request and can ask for none; nobody else may.

@@ -23,9 +23,25 @@ from gpu_operator.kube.client import Kube
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_TAINT
 
-XID79 = json.dumps({"v": 1, "validated": True, "state": "unhealthy", "action": "reboot", "healthy": 0,
-                    "gpus": [{"bus": "0000:3b:00.0", "state": "unhealthy", "action": "reboot", "xid": 79,
-                              "reason": "GPU has fallen off the bus"}], "sources": ["kmsg"]})
+XID79 = json.dumps(
+    {
+        "v": 1,
+        "validated": True,
+        "state": "unhealthy",
+        "action": "reboot",
+        "healthy": 0,
+        "gpus": [
+            {
+                "bus": "0000:3b:00.0",
+                "state": "unhealthy",
+                "action": "reboot",
+                "xid": 79,
+                "reason": "GPU has fallen off the bus",
+            }
+        ],
+        "sources": ["kmsg"],
+    }
+)
 
 
 def _body(kube: Client, name: str) -> dict[str, Any]:
@@ -33,7 +49,9 @@ def _body(kube: Client, name: str) -> dict[str, Any]:
 
 
 def _condition(body: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == HEALTH_CONDITION), None)
+    return next(
+        (c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == HEALTH_CONDITION), None
+    )
 
 
 def _taints(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -42,10 +60,15 @@ def _taints(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _passes(plane: ControlPlane, kube: Client, name: str, times: int) -> list[int]:
     """`times` passes of the unit, each fed the node as the watch would; the writes of each."""
+
     async def run() -> list[int]:
         api = Kube(str(plane.admin_kubeconfig))
-        unit = HealthUnit(lambda: [NodeView.of(_body(kube, name))], lambda n: NodeView.of(_body(kube, n)),
-                          lambda: HealthSpec(), api)
+        unit = HealthUnit(
+            lambda: [NodeView.of(_body(kube, name))],
+            lambda n: NodeView.of(_body(kube, n)),
+            lambda: HealthSpec(),
+            api,
+        )
         counts = []
         try:
             for _ in range(times):
@@ -55,14 +78,22 @@ def _passes(plane: ControlPlane, kube: Client, name: str, times: int) -> list[in
         finally:
             await api.close()
         return counts
+
     return asyncio.run(run())
 
 
-def test_report_to_condition_and_taint_and_back(control_plane: ControlPlane, kube: Client,
-                                                  fake_nodes: Callable[..., list[str]]) -> None:
+def test_report_to_condition_and_taint_and_back(
+    control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]]
+) -> None:
     name = fake_nodes("a10:1")[0]
-    kube.patch(Node, name, {"spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
-                            "metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: XID79}}})
+    kube.patch(
+        Node,
+        name,
+        {
+            "spec": {"taints": [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
+            "metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: XID79}},
+        },
+    )
     assert _passes(control_plane, kube, name, 2) == [3, 0]  # condition, taint, Event; then nothing
     body = _body(kube, name)
     cond = _condition(body)
@@ -81,28 +112,38 @@ def test_report_to_condition_and_taint_and_back(control_plane: ControlPlane, kub
 
 def test_the_crd_refuses_bad_health_values(control_plane: ControlPlane, crds: list[str]) -> None:
     def create(health: dict[str, Any]) -> list[str]:
-        body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "health-bad-input"},
-                "spec": {"health": health}}
+        body = {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "health-bad-input"},
+            "spec": {"health": health},
+        }
         try:
             control_plane.request("POST", "/apis/nvidia.com/v1/clusterpolicies?dryRun=All", body)
         except urllib.error.HTTPError as err:
             status = json.loads(err.read() or b"{}")
             # ('<nil>': the apiserver's note that CEL rules were skipped on an invalid object)
-            return [c.get("field", "") for c in status.get("details", {}).get("causes", [])
-                    if c.get("field", "") != "<nil>"]
+            return [
+                c.get("field", "")
+                for c in status.get("details", {}).get("causes", [])
+                if c.get("field", "") != "<nil>"
+            ]
         return []
+
     assert create({"remediation": {"maxUnavailable": "lots"}}) == ["spec.health.remediation.maxUnavailable"]
     assert create({"remediation": {"maxUnavailable": "150%"}}) == ["spec.health.remediation.maxUnavailable"]
-    assert create({"remediation": {"actions": ["reboot", "format-disk"]}}) == ["spec.health.remediation.actions[1]"]
+    assert create({"remediation": {"actions": ["reboot", "format-disk"]}}) == [
+        "spec.health.remediation.actions[1]"
+    ]
     assert create({"taintEffect": "PreferNoSchedule"}) == ["spec.health.taintEffect"]
     assert create({"remediation": {"maxUnavailable": "10%", "actions": ["reset-gpu", "reboot"]}}) == []
     assert create({"remediation": {"maxUnavailable": 2}}) == []
     assert create({"remediation": {"maxUnavailable": "2"}}) == []  # as the model reads it
 
 
-def test_remediation_restarts_the_device_plugin_and_releases(control_plane: ControlPlane, kube: Client,
-                                                             fake_nodes: Callable[..., list[str]],
-                                                             namespace: str) -> None:
+def test_remediation_restarts_the_device_plugin_and_releases(
+    control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], namespace: str
+) -> None:
     """quarantined -> draining (cordoned) -> acting (the device plugin's pod on the node deleted)
     -> validating -> the agent reports healthy -> released (uncordoned, untainted, condition True)."""
     from lightkube.resources.core_v1 import Pod
@@ -111,33 +152,74 @@ def test_remediation_restarts_the_device_plugin_and_releases(control_plane: Cont
     from gpu_operator.vocabulary import HEALTH_STATE
 
     name = fake_nodes("a10:1")[0]
-    dp = Pod.from_dict({"metadata": {"name": "dp", "namespace": namespace,
-                                     "labels": {"app": "nvidia-device-plugin-daemonset"}},
-                        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "registry.example/dp:1"}]}})
+    dp = Pod.from_dict(
+        {
+            "metadata": {
+                "name": "dp",
+                "namespace": namespace,
+                "labels": {"app": "nvidia-device-plugin-daemonset"},
+            },
+            "spec": {"nodeName": name, "containers": [{"name": "c", "image": "registry.example/dp:1"}]},
+        }
+    )
     kube.create(dp)  # type: ignore[call-overload]
-    sick = json.dumps({"v": 1, "validated": True, "state": "unhealthy", "action": "restart-app", "healthy": 7,
-                       "gpus": [{"bus": "0000:3b:00.0", "state": "unhealthy", "action": "restart-app", "xid": 31,
-                                 "reason": "MMU fault"}], "sources": ["kmsg"]})
+    sick = json.dumps(
+        {
+            "v": 1,
+            "validated": True,
+            "state": "unhealthy",
+            "action": "restart-app",
+            "healthy": 7,
+            "gpus": [
+                {
+                    "bus": "0000:3b:00.0",
+                    "state": "unhealthy",
+                    "action": "restart-app",
+                    "xid": 31,
+                    "reason": "MMU fault",
+                }
+            ],
+            "sources": ["kmsg"],
+        }
+    )
     kube.patch(Node, name, {"metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: sick}}})
     policy = ClusterPolicy.model_validate({"spec": {"health": {"remediation": {"enabled": True}}}})
 
     async def run() -> list[tuple[str, bool]]:
         api = Kube(str(control_plane.admin_kubeconfig))
-        unit = HealthUnit(lambda: [NodeView.of(_body(kube, name))], lambda n: NodeView.of(_body(kube, n)),
-                          lambda: policy.spec.health, api)
+        unit = HealthUnit(
+            lambda: [NodeView.of(_body(kube, name))],
+            lambda n: NodeView.of(_body(kube, n)),
+            lambda: policy.spec.health,
+            api,
+        )
         seen = []
         try:
             for _ in range(6):
                 unit.wants(NodeEvent(name, NodeView.of(_body(kube, name))))
                 await unit.reconcile()
                 body = _body(kube, name)
-                seen.append(((body["metadata"].get("labels") or {}).get(HEALTH_STATE, ""),
-                             bool(body["spec"].get("unschedulable"))))
+                seen.append(
+                    (
+                        (body["metadata"].get("labels") or {}).get(HEALTH_STATE, ""),
+                        bool(body["spec"].get("unschedulable")),
+                    )
+                )
                 if seen[-1][0] == hm.VALIDATING:
                     # the validation of the validator pod the operator restarted with the plugin's
                     after = float(body["metadata"]["annotations"][hm.REVALIDATED]) + 1
-                    healthy = json.dumps({"v": 1, "validated": True, "state": "healthy", "action": "none",
-                                          "healthy": 8, "gpus": [], "sources": ["kmsg"], "validatedAt": after})
+                    healthy = json.dumps(
+                        {
+                            "v": 1,
+                            "validated": True,
+                            "state": "healthy",
+                            "action": "none",
+                            "healthy": 8,
+                            "gpus": [],
+                            "sources": ["kmsg"],
+                            "validatedAt": after,
+                        }
+                    )
                     kube.patch(Node, name, {"metadata": {"annotations": {HEALTH_REPORT_ANNOTATION: healthy}}})
                 if seen[-1][0] == "" and len(seen) > 1:
                     break
@@ -146,9 +228,18 @@ def test_remediation_restarts_the_device_plugin_and_releases(control_plane: Cont
         return seen
 
     seen = asyncio.run(run())
-    assert seen == [(hm.QUARANTINED, False), (hm.DRAINING, True), (hm.ACTING, True), (hm.VALIDATING, True),
-                    ("", False)]
-    left = {p.metadata.name: p.metadata.deletionTimestamp for p in kube.list(Pod, namespace=namespace) if p.metadata}
+    assert seen == [
+        (hm.QUARANTINED, False),
+        (hm.DRAINING, True),
+        (hm.ACTING, True),
+        (hm.VALIDATING, True),
+        ("", False),
+    ]
+    left = {
+        p.metadata.name: p.metadata.deletionTimestamp
+        for p in kube.list(Pod, namespace=namespace)
+        if p.metadata
+    }
     assert "dp" not in left or left["dp"] is not None  # deleted (kwok may still be finishing it)
     body = _body(kube, name)
     cond = _condition(body)

@@ -22,8 +22,9 @@ RELEASE = "gpu-operator"
 
 
 @pytest.fixture
-def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
-         fake_nodes: Callable[..., list[str]]) -> Iterator[helm_python.Config]:
+def helm(
+    control_plane: ControlPlane, kube: Client, crds: list[str], fake_nodes: Callable[..., list[str]]
+) -> Iterator[helm_python.Config]:
     with helm_in(control_plane, kube, fake_nodes, NAMESPACE, RELEASE) as config:
         yield config
     # Helm keeps the GPUCluster on uninstall (helm.sh/resource-policy: keep): not for the next test
@@ -31,14 +32,19 @@ def helm(control_plane: ControlPlane, kube: Client, crds: list[str],
         kube.delete(GPUClusterResource, "gpu-cluster")
 
 
-def test_the_chart_deploys_the_gpucluster_its_values_describe(helm: helm_python.Config, kube: Client,
-                                                              tmp_path: Path) -> None:
-    values = {"nfd": {"enabled": False}, "clusterPolicy": {"deployCR": False}, "gpuCluster": {"deployCR": True},
-              "driver": {"nvidiaDriverCRD": {"enabled": True}},
-              "draDriver": {"version": "v25.12.0", "computeDomains": {"enabled": False}},
-              "dcgmExporter": {"enabled": False},
-              "daemonsets": {"priorityClassName": "system-node-critical"},
-              "operator": {"cleanupOnUninstall": False}}
+def test_the_chart_deploys_the_gpucluster_its_values_describe(
+    helm: helm_python.Config, kube: Client, tmp_path: Path
+) -> None:
+    values = {
+        "nfd": {"enabled": False},
+        "clusterPolicy": {"deployCR": False},
+        "gpuCluster": {"deployCR": True},
+        "driver": {"nvidiaDriverCRD": {"enabled": True}},
+        "draDriver": {"version": "v25.12.0", "computeDomains": {"enabled": False}},
+        "dcgmExporter": {"enabled": False},
+        "daemonsets": {"priorityClassName": "system-node-critical"},
+        "operator": {"cleanupOnUninstall": False},
+    }
     with helm_python.Chart.load(packaged_chart(tmp_path / "chart")) as chart:
         helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=180)
     cluster = GPUCluster.model_validate(dict(kube.get(GPUClusterResource, "gpu-cluster")))
@@ -48,6 +54,11 @@ def test_the_chart_deploys_the_gpucluster_its_values_describe(helm: helm_python.
     assert (dra.repository, dra.image, dra.version) == ("nvcr.io/nvidia", "dra-driver-nvidia-gpu", "v25.12.0")
     assert dra.computeDomains is not None and dra.computeDomains.enabled is False
     assert not cluster.spec.dcgm_exporter_on()
-    assert cluster.spec.daemonsets is not None and cluster.spec.daemonsets.priorityClassName == "system-node-critical"
+    assert (
+        cluster.spec.daemonsets is not None
+        and cluster.spec.daemonsets.priorityClassName == "system-node-critical"
+    )
     # one stack at a time: no ClusterPolicy beside it
-    assert [p for p in kube.list(ClusterPolicyResource) if p.metadata and p.metadata.name == "cluster-policy"] == []
+    assert [
+        p for p in kube.list(ClusterPolicyResource) if p.metadata and p.metadata.name == "cluster-policy"
+    ] == []

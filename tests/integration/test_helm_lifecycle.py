@@ -54,8 +54,13 @@ def helm(
     tmp_path: Path,
 ) -> Iterator[HelmCLI]:
     fake_nodes("cpu:1")  # kwok completes the hook Jobs' pods there (any real node cordoned meanwhile)
-    cli = HelmCLI(request.param, control_plane.admin_kubeconfig, NAMESPACE, tmp_path / "helm",
-                  story=lambda: namespace_story(kube, NAMESPACE))
+    cli = HelmCLI(
+        request.param,
+        control_plane.admin_kubeconfig,
+        NAMESPACE,
+        tmp_path / "helm",
+        story=lambda: namespace_story(kube, NAMESPACE),
+    )
     assert cli.version().startswith(f"v{request.param}."), cli.version()
     with real_nodes_cordoned(kube):
         try:
@@ -188,8 +193,12 @@ def helm3_then_4(
 ) -> Iterator[tuple[HelmCLI, HelmCLI]]:
     fake_nodes("cpu:1")
     kubeconfig = control_plane.admin_kubeconfig
-    helm3, helm4 = (HelmCLI(m, kubeconfig, NAMESPACE, tmp_path / f"helm{m}",
-                            story=lambda: namespace_story(kube, NAMESPACE)) for m in (3, 4))
+    helm3, helm4 = (
+        HelmCLI(
+            m, kubeconfig, NAMESPACE, tmp_path / f"helm{m}", story=lambda: namespace_story(kube, NAMESPACE)
+        )
+        for m in (3, 4)
+    )
     with real_nodes_cordoned(kube):
         try:
             yield helm3, helm4

@@ -46,7 +46,10 @@ from tests.support.waiting import wait_for
 
 NAMESPACE = "gpu-operator-helm"
 RELEASE = "gpu-operator"
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
 RETAGGED = f"{__version__}-rebuilt"
 READ_VERBS = {"get", "list", "watch"}
 
@@ -85,19 +88,34 @@ class Release:
 
     def leading_pod(self, not_named: str = "") -> dict[str, Any]:
         """The one Ready operator pod (another than `not_named`) once it holds the Lease."""
+
         def found() -> dict[str, Any] | None:
-            pods = [p for p in self.operator_pods() if _ready(p) and p["metadata"]["name"] != not_named
-                    and not p["metadata"].get("deletionTimestamp")]
+            pods = [
+                p
+                for p in self.operator_pods()
+                if _ready(p)
+                and p["metadata"]["name"] != not_named
+                and not p["metadata"].get("deletionTimestamp")
+            ]
             if len(pods) != 1 or not self.holder().startswith(pods[0]["metadata"]["name"] + "_"):
                 return None
             return pods[0]
-        pod = wait_for("the operator pod Ready on the real node and holding the Lease", found, timeout=180,
-                       context=lambda: f"holder {self.holder()!r}; pods {str(self.operator_pods())[-2500:]}")
+
+        pod = wait_for(
+            "the operator pod Ready on the real node and holding the Lease",
+            found,
+            timeout=180,
+            context=lambda: f"holder {self.holder()!r}; pods {str(self.operator_pods())[-2500:]}",
+        )
         assert pod is not None
         return pod
 
     def holder(self) -> str:
-        leases = [ls for ls in self.kube.list(Lease, namespace=NAMESPACE) if ls.metadata and ls.metadata.name == LEASE_NAME]
+        leases = [
+            ls
+            for ls in self.kube.list(Lease, namespace=NAMESPACE)
+            if ls.metadata and ls.metadata.name == LEASE_NAME
+        ]
         return (leases[0].spec.holderIdentity or "") if leases and leases[0].spec else ""
 
     def log(self, pod: str) -> list[str]:
@@ -117,7 +135,9 @@ class Release:
         found = []
         for e in self.plane.audit_events():
             extra = (e.get("user") or {}).get("extra") or {}
-            if e.get("stage") != "ResponseComplete" or pod not in extra.get("authentication.kubernetes.io/pod-name", []):
+            if e.get("stage") != "ResponseComplete" or pod not in extra.get(
+                "authentication.kubernetes.io/pod-name", []
+            ):
                 continue
             if e.get("verb") in READ_VERBS or _time(e["requestReceivedTimestamp"]) <= after:
                 continue
@@ -126,14 +146,20 @@ class Release:
         return found
 
     def wait_policy_ready(self, pod: str) -> None:
-        wait_for("the chart's ClusterPolicy ready", lambda: policy_status(self.kube, "cluster-policy"),
-                 until=lambda s: s.get("state") == "ready", timeout=300,
-                 context=lambda: "\n".join(self.log(pod)[-60:]))
+        wait_for(
+            "the chart's ClusterPolicy ready",
+            lambda: policy_status(self.kube, "cluster-policy"),
+            until=lambda s: s.get("state") == "ready",
+            timeout=300,
+            context=lambda: "\n".join(self.log(pod)[-60:]),
+        )
 
 
 def _ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
 
 
 def _time(stamp: str) -> dt.datetime:
@@ -148,17 +174,24 @@ def _lease_acquired(kube: Client) -> dt.datetime:
 
 def _hook_accounts() -> dict[str, str]:
     """The ServiceAccount of each hook Job, as the chart renders it: {job name: account}."""
-    return {o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]
-            for o in objects(render_chart(_values(), namespace=NAMESPACE)) if o["kind"] == "Job"}
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["serviceAccountName"]
+        for o in objects(render_chart(_values(), namespace=NAMESPACE))
+        if o["kind"] == "Job"
+    }
 
 
 def _writes_by(plane: ControlPlane, account: str, resource: str) -> list[str]:
     """2xx writes of one of our ServiceAccounts to `resource`, from the audit log's fields."""
     user = serviceaccount_user(NAMESPACE, account)
-    return [f"{e.get('verb')} {e['objectRef'].get('name')}" for e in plane.audit_events()
-            if e.get("stage") == "ResponseComplete" and e.get("user", {}).get("username") == user
-            and (e.get("objectRef") or {}).get("resource") == resource
-            and 200 <= (status_code(e) or 0) < 300]
+    return [
+        f"{e.get('verb')} {e['objectRef'].get('name')}"
+        for e in plane.audit_events()
+        if e.get("stage") == "ResponseComplete"
+        and e.get("user", {}).get("username") == user
+        and (e.get("objectRef") or {}).get("resource") == resource
+        and 200 <= (status_code(e) or 0) < 300
+    ]
 
 
 def _labelled(kube: Client, node: str) -> bool:
@@ -167,8 +200,9 @@ def _labelled(kube: Client, node: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def release(control_plane: ControlPlane, kube: Client, real_node: RealNode,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(
+    control_plane: ControlPlane, kube: Client, real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
     kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE, labels=RESTRICTED)))
     gpu_nodes = nodes.add_nodes(kube, ["dgx-h100:2"], start=9100)
     nodes.wait_ready(kube, gpu_nodes)
@@ -183,12 +217,18 @@ def release(control_plane: ControlPlane, kube: Client, real_node: RealNode,
         if RELEASE in release_names(helm):
             helm.uninstall(RELEASE, timeout=300)
         # Later tests of the session create their own ClusterPolicy of the same name.
-        wait_for("the chart's ClusterPolicy gone", lambda: [p.metadata.name for p in kube.list(ClusterPolicyResource)
-                                                            if p.metadata],
-                 until=lambda names: "cluster-policy" not in names, timeout=120)
+        wait_for(
+            "the chart's ClusterPolicy gone",
+            lambda: [p.metadata.name for p in kube.list(ClusterPolicyResource) if p.metadata],
+            until=lambda names: "cluster-policy" not in names,
+            timeout=120,
+        )
         delete_if_present(kube, Namespace, NAMESPACE)
         nodes.remove_nodes(kube, gpu_nodes)
-        print("\nhelm lifecycle on the real node: " + ", ".join(f"{k} {v:.1f} s" for k, v in state.figures.items()))
+        print(
+            "\nhelm lifecycle on the real node: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in state.figures.items())
+        )
 
 
 def test_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(release: Release) -> None:
@@ -197,21 +237,31 @@ def test_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(release:
     release.figures["install"] = release.install(_values())
     t0 = time.monotonic()
     assert _writes_by(plane, _hook_accounts()["gpu-operator-crds"], "customresourcedefinitions")
-    pod = release.leading_pod()  # in-cluster config and the ServiceAccount token: the Lease under its pod name
+    pod = (
+        release.leading_pod()
+    )  # in-cluster config and the ServiceAccount token: the Lease under its pod name
     spec = pod["spec"]
     assert spec["nodeName"] == REAL_NODE
     # admitted under `restricted` (the namespace enforced it when the pod was created)
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
     # psa.enabled: the operator labels its namespace for its privileged operands
-    wait_for("the namespace labelled privileged by the operator",
-             lambda: (kube.get(Namespace, NAMESPACE).metadata.labels or {}).get("pod-security.kubernetes.io/enforce"),
-             until=lambda v: v == "privileged", timeout=60)
+    wait_for(
+        "the namespace labelled privileged by the operator",
+        lambda: (kube.get(Namespace, NAMESPACE).metadata.labels or {}).get(
+            "pod-security.kubernetes.io/enforce"
+        ),
+        until=lambda v: v == "privileged",
+        timeout=60,
+    )
     release.wait_policy_ready(pod["metadata"]["name"])
     release.figures["install -> ClusterPolicy ready"] = release.figures["install"] + time.monotonic() - t0
     for node in release.gpu_nodes:
-        wait_for(f"{node} labelled by the operator pod", lambda n=node: _labelled(kube, n),  # type: ignore[misc]
-                 timeout=60)
+        wait_for(
+            f"{node} labelled by the operator pod",
+            lambda n=node: _labelled(kube, n),  # type: ignore[misc]
+            timeout=60,
+        )
     assert any("became the leader" in m for m in release.log(pod["metadata"]["name"]))
     release.assert_clean(pod)
 
@@ -219,16 +269,33 @@ def test_install_runs_our_operator_as_a_restricted_pod_on_the_real_node(release:
 def test_another_pod_scrapes_the_operators_metrics(release: Release) -> None:
     """/metrics on the pod network (the chart's port 8080), from another pod on the real node."""
     ip = release.leading_pod()["status"]["podIP"]
-    scrape = (f"import urllib.request; body = urllib.request.urlopen('http://{ip}:8080/metrics', timeout=10)"
-              ".read().decode(); print([line for line in body.splitlines() if line.startswith('gpu_operator_leader ')])")
-    release.plane.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "scraper"},
-        "spec": {"nodeName": REAL_NODE, "restartPolicy": "Never",
-                 "containers": [{"name": "main", "image": IMAGE, "command": ["python3.11", "-c", scrape]}]}})
+    scrape = (
+        f"import urllib.request; body = urllib.request.urlopen('http://{ip}:8080/metrics', timeout=10)"
+        ".read().decode(); print([line for line in body.splitlines() if line.startswith('gpu_operator_leader ')])"
+    )
+    release.plane.request(
+        "POST",
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "scraper"},
+            "spec": {
+                "nodeName": REAL_NODE,
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": IMAGE, "command": ["python3.11", "-c", scrape]}],
+            },
+        },
+    )
     try:
-        phase = wait_for("the scraper pod finished", lambda: release.plane.request(
-            "GET", f"/api/v1/namespaces/{NAMESPACE}/pods/scraper")["status"].get("phase"),
-            until=lambda p: p in ("Succeeded", "Failed"), timeout=120)
+        phase = wait_for(
+            "the scraper pod finished",
+            lambda: release.plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/scraper")[
+                "status"
+            ].get("phase"),
+            until=lambda p: p in ("Succeeded", "Failed"),
+            timeout=120,
+        )
         lines = api_log(release.plane, NAMESPACE, "scraper", "main")
         assert phase == "Succeeded", lines
         assert lines == ["['gpu_operator_leader 1.0']"], lines
@@ -241,8 +308,23 @@ def test_must_gather_holds_the_real_node_pods_logs(release: Release, tmp_path: P
     pod = release.leading_pod()["metadata"]["name"]
     out = tmp_path / "bundle.tar.gz"
     done = subprocess.run(
-        [sys.executable, "-m", "gpu_operator.cli", "must-gather", "--out", str(out), "--namespace", NAMESPACE,
-         "--kubeconfig", str(release.plane.admin_kubeconfig)], capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "must-gather",
+            "--out",
+            str(out),
+            "--namespace",
+            NAMESPACE,
+            "--kubeconfig",
+            str(release.plane.admin_kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     with tarfile.open(out) as tar:
         names = tar.getnames()
@@ -259,7 +341,9 @@ def test_upgrade_with_new_values_is_applied_by_the_new_operator_pod(release: Rel
     kube = release.kube
     old = release.leading_pod()["metadata"]["name"]
     assert kube.get(DaemonSet, "nvidia-dcgm-exporter", namespace=NAMESPACE)
-    values = merge(_values(), {"operator": {"logging": {"level": "debug"}}, "dcgmExporter": {"enabled": False}})
+    values = merge(
+        _values(), {"operator": {"logging": {"level": "debug"}}, "dcgmExporter": {"enabled": False}}
+    )
     t0 = time.monotonic()
     release.upgrade(values)
     # The pod template changed (--log-level debug): the Deployment rolls; the new pod, Ready as a
@@ -270,9 +354,17 @@ def test_upgrade_with_new_values_is_applied_by_the_new_operator_pod(release: Rel
     assert "--log-level" in pod["spec"]["containers"][0]["args"]
     assert pod["spec"]["containers"][0]["args"][-1] == "debug"
     # The new operator applied the toggled operand: the DCGM exporter DaemonSet is gone.
-    wait_for("the DCGM exporter DaemonSet removed by the new operator", lambda: [
-        d for d in kube.list(DaemonSet, namespace=NAMESPACE) if d.metadata and d.metadata.name == "nvidia-dcgm-exporter"],
-        until=lambda left: left == [], timeout=120, context=lambda: "\n".join(release.log(pod["metadata"]["name"])[-40:]))
+    wait_for(
+        "the DCGM exporter DaemonSet removed by the new operator",
+        lambda: [
+            d
+            for d in kube.list(DaemonSet, namespace=NAMESPACE)
+            if d.metadata and d.metadata.name == "nvidia-dcgm-exporter"
+        ],
+        until=lambda left: left == [],
+        timeout=120,
+        context=lambda: "\n".join(release.log(pod["metadata"]["name"])[-40:]),
+    )
     assert any("log level debug" in m for m in release.log(pod["metadata"]["name"]))
     assert release.writes_by_pod(old, after=acquired) == []
     release.assert_clean(pod)
@@ -288,8 +380,12 @@ def test_upgrade_to_another_image_tag_rolls_the_operator(release: Release) -> No
     release.figures["image upgrade -> new pod leading"] = time.monotonic() - t0
     acquired = _lease_acquired(kube)
     assert pod["spec"]["containers"][0]["image"].endswith(":" + RETAGGED)
-    wait_for("the old operator pod gone", lambda: [p for p in release.operator_pods() if p["metadata"]["name"] == old],
-             until=lambda left: left == [], timeout=120)
+    wait_for(
+        "the old operator pod gone",
+        lambda: [p for p in release.operator_pods() if p["metadata"]["name"] == old],
+        until=lambda left: left == [],
+        timeout=120,
+    )
     # After the new pod took the Lease, the old one wrote nothing (its release came before).
     assert release.writes_by_pod(old, after=acquired) == []
     release.wait_policy_ready(pod["metadata"]["name"])
@@ -305,13 +401,22 @@ def test_uninstall_runs_the_cleanup_job_and_leaves_the_nodes_as_they_were(releas
     assert _writes_by(plane, cleanup, "clusterpolicies") == ["delete cluster-policy"]
     # it stopped the operator before Helm deleted the operator's RBAC
     assert _writes_by(plane, cleanup, "deployments") == ["patch gpu-operator"]
-    wait_for("every node as it was before the install", lambda: differences(release.before, marks(kube)),
-             until=lambda d: d == [], timeout=120)
+    wait_for(
+        "every node as it was before the install",
+        lambda: differences(release.before, marks(kube)),
+        until=lambda d: d == [],
+        timeout=120,
+    )
     release.figures["uninstall -> nodes clean"] = time.monotonic() - t0
-    wait_for("the operator Deployment gone", lambda: list(kube.list(Deployment, namespace=NAMESPACE)),
-             until=lambda d: d == [], timeout=60)
+    wait_for(
+        "the operator Deployment gone",
+        lambda: list(kube.list(Deployment, namespace=NAMESPACE)),
+        until=lambda d: d == [],
+        timeout=60,
+    )
     assert release.holder() == "" and not [
-        ls for ls in kube.list(Lease, namespace=NAMESPACE) if ls.metadata and ls.metadata.name == LEASE_NAME]
+        ls for ls in kube.list(Lease, namespace=NAMESPACE) if ls.metadata and ls.metadata.name == LEASE_NAME
+    ]
     assert forbidden_in_namespace(plane, NAMESPACE) == []
 
 

@@ -25,16 +25,26 @@ def containerd_runtimes(tree: Path, daemonset: str) -> dict[str, Any]:
     for path, text in RUNTIME_FILES["k3s"].items():  # the k3s host: its generated config and socket
         (tree / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
         (tree / path.lstrip("/")).write_text(text)
-    ds = next(o for o in run({}, "k3s:1").state(STATE).objects
-              if o["kind"] == "DaemonSet" and o["metadata"]["name"] == daemonset)
+    ds = next(
+        o
+        for o in run({}, "k3s:1").state(STATE).objects
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"] == daemonset
+    )
     configure(*channel(ds["spec"]["template"]["spec"]), tree)
     k3s_start(tree, K3S)
     binary = shutil.which("containerd")
     assert binary, "containerd is not on PATH: ./dev setup installs Debian's containerd"
-    done = subprocess.run([binary, "--config", str(tree / K3S.lstrip("/") / "config.toml"), "config", "dump"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [binary, "--config", str(tree / K3S.lstrip("/") / "config.toml"), "config", "dump"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
-    found: dict[str, Any] = tomllib.loads(done.stdout)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+    found: dict[str, Any] = tomllib.loads(done.stdout)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+        "runtimes"
+    ]
     return found
 
 

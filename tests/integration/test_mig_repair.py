@@ -58,15 +58,25 @@ def node_facts(kube: Client, name: str) -> tuple[dict[str, str], dict[str, str],
     meta = node.metadata
     labels = dict((meta.labels if meta else None) or {})
     notes = {k: v for k, v in ((meta.annotations if meta else None) or {}).items() if k.startswith(OURS)}
-    cond = next(((c.status, c.reason or "", c.message or "") for c in (node.status.conditions if node.status else None)
-                 or [] if c.type == CONDITION), None)
+    cond = next(
+        (
+            (c.status, c.reason or "", c.message or "")
+            for c in (node.status.conditions if node.status else None) or []
+            if c.type == CONDITION
+        ),
+        None,
+    )
     return labels, notes, cond
 
 
 def mig_manager_uids(kube: Client, namespace: str, node: str) -> set[str]:
-    return {str(p.metadata.uid) for p in kube.list(Pod, namespace=namespace, labels={"app": "nvidia-mig-manager"},
-                                                  fields={"spec.nodeName": node})
-            if p.metadata and not p.metadata.deletionTimestamp}
+    return {
+        str(p.metadata.uid)
+        for p in kube.list(
+            Pod, namespace=namespace, labels={"app": "nvidia-mig-manager"}, fields={"spec.nodeName": node}
+        )
+        if p.metadata and not p.metadata.deletionTimestamp
+    }
 
 
 def stuck_client(kube: Client, namespace: str, node: str) -> None:
@@ -74,17 +84,43 @@ def stuck_client(kube: Client, namespace: str, node: str) -> None:
     a ConfigMap, so the nvidia-dcgm DaemonSet (same app label) neither adopts nor deletes it."""
     owner = kube.create(ConfigMap(metadata=ObjectMeta(name="dcgm-stuck-owner", namespace=namespace)))
     uid = str(owner.metadata.uid if owner.metadata else "")
-    create(kube, {"apiVersion": "v1", "kind": "Pod",
-                  "metadata": {"name": "nvidia-dcgm-stuck", "namespace": namespace, "labels": {"app": "nvidia-dcgm"},
-                               "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "dcgm-stuck-owner",
-                                                    "uid": uid, "controller": True}]},
-                  "spec": {"nodeName": node, "containers": [{"name": "dcgm", "image": "nvcr.io/nvidia/cloud-native/dcgm"}]}})
+    create(
+        kube,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "nvidia-dcgm-stuck",
+                "namespace": namespace,
+                "labels": {"app": "nvidia-dcgm"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "name": "dcgm-stuck-owner",
+                        "uid": uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "dcgm", "image": "nvcr.io/nvidia/cloud-native/dcgm"}],
+            },
+        },
+    )
 
 
 def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_completes(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str, node_history: Callable[[str], History],
-        control_plane: ControlPlane, tmp_path: Path) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+    node_history: Callable[[str], History],
+    control_plane: ControlPlane,
+    tmp_path: Path,
+) -> None:
     node = fake_nodes("dgx-h100:1")[0]
     seen = node_history(node)
     operator = start_operator(extra_args=["--mig-change-budget=20", "--mig-retry-after=5"])
@@ -93,8 +129,13 @@ def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_comple
     def facts() -> tuple[dict[str, str], dict[str, str], tuple[str, str, str] | None]:
         return node_facts(kube, node)
 
-    labels, notes, cond = wait_for("all-disabled applied and reported", facts, timeout=180, context=operator.log_text,
-                                   until=lambda f: f[2] is not None and f[2][1] == "MIGConfigApplied")
+    labels, notes, cond = wait_for(
+        "all-disabled applied and reported",
+        facts,
+        timeout=180,
+        context=operator.log_text,
+        until=lambda f: f[2] is not None and f[2][1] == "MIGConfigApplied",
+    )
     assert cond == ("True", "MIGConfigApplied", "MIG config 'all-disabled' applied") and notes == {}
     first_manager = mig_manager_uids(kube, operator_namespace, node)
     assert len(first_manager) == 1
@@ -104,36 +145,70 @@ def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_comple
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.10gb"}}})
 
     # past the 20 s budget: stuck, the client named, the paused labels restored while still pending
-    labels, notes, cond = wait_for("the change found stuck", facts, timeout=120, context=operator.log_text,
-                                   until=lambda f: f[2] is not None and f[2][1] == "MIGChangeStuck")
-    why = ("MIG config 'all-1g.10gb' pending past the 20 s budget: GPU clients that did not stop: "
-           f"{operator_namespace}/nvidia-dcgm-stuck; they are restored on the current layout and the change is retried")
+    labels, notes, cond = wait_for(
+        "the change found stuck",
+        facts,
+        timeout=120,
+        context=operator.log_text,
+        until=lambda f: f[2] is not None and f[2][1] == "MIGChangeStuck",
+    )
+    why = (
+        "MIG config 'all-1g.10gb' pending past the 20 s budget: GPU clients that did not stop: "
+        f"{operator_namespace}/nvidia-dcgm-stuck; they are restored on the current layout and the change is retried"
+    )
     assert cond == ("False", "MIGChangeStuck", why)
     steps = seen.since(mark)
     assert ("pending", PAUSED) in steps, steps
-    wait_for("the paused deploy labels restored while the change is stuck", lambda: seen.since(mark), timeout=60,
-             context=operator.log_text, until=lambda s: ("pending", "true") in s[s.index(("pending", PAUSED)):])
+    wait_for(
+        "the paused deploy labels restored while the change is stuck",
+        lambda: seen.since(mark),
+        timeout=60,
+        context=operator.log_text,
+        until=lambda s: ("pending", "true") in s[s.index(("pending", PAUSED)) :],
+    )
 
     # the retry: the MIG manager pod restarted, its start runs the change again (paused again)
-    wait_for("the MIG manager pod restarted", lambda: mig_manager_uids(kube, operator_namespace, node), timeout=90,
-             context=operator.log_text, until=lambda uids: bool(uids) and not uids & first_manager)
+    wait_for(
+        "the MIG manager pod restarted",
+        lambda: mig_manager_uids(kube, operator_namespace, node),
+        timeout=90,
+        context=operator.log_text,
+        until=lambda uids: bool(uids) and not uids & first_manager,
+    )
     restored_at = seen.since(mark).index(("pending", "true")) + mark
-    wait_for("the retried change pauses the clients again", lambda: seen.since(restored_at), timeout=60,
-             context=operator.log_text, until=lambda s: ("pending", PAUSED) in s)
-    node_events = [e for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
-                   if e.reason == "MIGChange"]
+    wait_for(
+        "the retried change pauses the clients again",
+        lambda: seen.since(restored_at),
+        timeout=60,
+        context=operator.log_text,
+        until=lambda s: ("pending", PAUSED) in s,
+    )
+    node_events = [
+        e
+        for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
+        if e.reason == "MIGChange"
+    ]
     assert [(e.type, e.message) for e in node_events if e.type == "Warning"][:1] == [
-        ("Warning", f"MIGChangeStuck: {why}")]
-    policy_events = [e for e in kube.list(Event, namespace="default", fields={"involvedObject.kind": "ClusterPolicy"})
-                     if e.reason == "MIGChange"]
+        ("Warning", f"MIGChangeStuck: {why}")
+    ]
+    policy_events = [
+        e
+        for e in kube.list(Event, namespace="default", fields={"involvedObject.kind": "ClusterPolicy"})
+        if e.reason == "MIGChange"
+    ]
     assert f"node {node}: MIGChangeStuck: {why}" in [e.message for e in policy_events]
 
     # the client goes: the (re)tried change completes, the operator forgets its memory of it
     kube.delete(Pod, "nvidia-dcgm-stuck", namespace=operator_namespace, grace_period=0)
     labels, notes, cond = wait_for(
-        "all-1g.10gb applied once the client went", facts, timeout=180, context=operator.log_text,
-        until=lambda f: f[0].get(STATE) == "success" and f[2] is not None and f[2][1] == "MIGConfigApplied"
-        and f[1] == {})
+        "all-1g.10gb applied once the client went",
+        facts,
+        timeout=180,
+        context=operator.log_text,
+        until=lambda f: (
+            f[0].get(STATE) == "success" and f[2] is not None and f[2][1] == "MIGConfigApplied" and f[1] == {}
+        ),
+    )
     assert cond == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
     assert labels[DEVICE_PLUGIN] == "true"
 
@@ -142,26 +217,54 @@ def test_a_mig_change_wedged_by_a_client_is_restored_reported_retried_and_comple
     names = sorted(yaml.safe_load((layouts.data or {})["config.yaml"])["mig-configs"])
     manager = mig_manager_uids(kube, operator_namespace, node)
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-9g.99gb"}}})
-    labels, notes, cond = wait_for("the invalid config reported", facts, timeout=60, context=operator.log_text,
-                                   until=lambda f: f[2] is not None and f[2][1] == "InvalidMIGConfig")
+    labels, notes, cond = wait_for(
+        "the invalid config reported",
+        facts,
+        timeout=60,
+        context=operator.log_text,
+        until=lambda f: f[2] is not None and f[2][1] == "InvalidMIGConfig",
+    )
     assert labels[STATE] == "failed"
-    assert cond == ("False", "InvalidMIGConfig", "nvidia.com/mig.config 'all-9g.99gb' is not a config of ConfigMap "
-                    f"default-mig-parted-config; valid names: {', '.join(names)}")
+    assert cond == (
+        "False",
+        "InvalidMIGConfig",
+        "nvidia.com/mig.config 'all-9g.99gb' is not a config of ConfigMap "
+        f"default-mig-parted-config; valid names: {', '.join(names)}",
+    )
     assert mig_manager_uids(kube, operator_namespace, node) == manager
 
     # doctor --node reads the same from the Node
     host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
     env = {**os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "doctor", f"--host-root={host.fs.root}", "--json",
-                           "--no-commands"], env=env, text=True, capture_output=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "doctor",
+            f"--host-root={host.fs.root}",
+            "--json",
+            "--no-commands",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     found = {f["code"]: f for f in json.loads(done.stdout)["findings"]}
     assert found["mig-node-state"]["summary"] == "MIG config all-9g.99gb: failed"
     assert found["mig-change-failed"]["severity"] == "warning"
 
 
 def test_a_mig_change_while_a_gpu_pod_runs_is_blocked_reported_and_completes_when_the_pod_goes(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], namespace: str, node_history: Callable[[str], History]) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    namespace: str,
+    node_history: Callable[[str], History],
+) -> None:
     node = fake_nodes("dgx-h100:1")[0]
     seen = node_history(node)
     operator = start_operator(extra_args=["--mig-change-budget=20", "--mig-retry-after=5"])
@@ -174,33 +277,92 @@ def test_a_mig_change_while_a_gpu_pod_runs_is_blocked_reported_and_completes_whe
         status = kube.get(Node, node).status
         return {k: str(v) for k, v in ((status.allocatable if status else None) or {}).items()}
 
-    wait_for("all-disabled applied", facts, timeout=180, context=operator.log_text,
-             until=lambda f: f[2] is not None and f[2][1] == "MIGConfigApplied")
-    wait_for("the 8 GPUs advertised", capacity, timeout=120, context=operator.log_text,
-             until=lambda c: c.get("nvidia.com/gpu") == "8")
-    create(kube, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": namespace},
-                  "spec": {"nodeName": node, "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/cuda",
-                                                              "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-    wait_for("the GPU pod running", lambda: kube.get(Pod, "train", namespace=namespace).status, timeout=60,
-             until=lambda st: st is not None and st.phase == "Running")
+    wait_for(
+        "all-disabled applied",
+        facts,
+        timeout=180,
+        context=operator.log_text,
+        until=lambda f: f[2] is not None and f[2][1] == "MIGConfigApplied",
+    )
+    wait_for(
+        "the 8 GPUs advertised",
+        capacity,
+        timeout=120,
+        context=operator.log_text,
+        until=lambda c: c.get("nvidia.com/gpu") == "8",
+    )
+    create(
+        kube,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "train", "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "containers": [
+                    {
+                        "name": "cuda",
+                        "image": "nvcr.io/nvidia/cuda",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    }
+                ],
+            },
+        },
+    )
+    wait_for(
+        "the GPU pod running",
+        lambda: kube.get(Pod, "train", namespace=namespace).status,
+        timeout=60,
+        until=lambda st: st is not None and st.phase == "Running",
+    )
 
     mark = len(seen.seen)
     kube.patch(Node, node, {"metadata": {"labels": {MIG_CONFIG: "all-1g.10gb"}}})
-    why = mig_rules.failed_message(mig_rules.MIGFacts(node, "all-1g.10gb", "failed", (), mig_rules.ManagerPresence.RUNNING,
-                                                   holders=(f"{namespace}/train",)))
-    labels, _, cond = wait_for("the change refused while the pod holds a GPU, reported naming it", facts, timeout=90,
-                               context=operator.log_text, until=lambda f: f[2] == ("False", "MIGConfigFailed", why))
+    why = mig_rules.failed_message(
+        mig_rules.MIGFacts(
+            node,
+            "all-1g.10gb",
+            "failed",
+            (),
+            mig_rules.ManagerPresence.RUNNING,
+            holders=(f"{namespace}/train",),
+        )
+    )
+    labels, _, cond = wait_for(
+        "the change refused while the pod holds a GPU, reported naming it",
+        facts,
+        timeout=90,
+        context=operator.log_text,
+        until=lambda f: f[2] == ("False", "MIGConfigFailed", why),
+    )
     steps = seen.since(mark)
-    assert ("pending", PAUSED) in steps and ("failed", "true") in steps, steps  # paused, then clients restored
+    assert ("pending", PAUSED) in steps and ("failed", "true") in steps, (
+        steps
+    )  # paused, then clients restored
     assert capacity().get("nvidia.com/gpu") == "8"  # the old layout still serves
-    node_events = [e.message for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
-                   if e.reason == "MIGChange" and e.type == "Warning"]
+    node_events = [
+        e.message
+        for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
+        if e.reason == "MIGChange" and e.type == "Warning"
+    ]
     assert f"MIGConfigFailed: {why}" in node_events
 
     kube.delete(Pod, "train", namespace=namespace, grace_period=0)
     labels, notes, cond = wait_for(
-        "the retried change applied once the pod went", facts, timeout=120, context=operator.log_text,
-        until=lambda f: f[0].get(STATE) == "success" and f[2] is not None and f[2][1] == "MIGConfigApplied")
-    assert cond == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied") and labels[DEVICE_PLUGIN] == "true"
-    wait_for("the MIG devices advertised", capacity, timeout=60, context=operator.log_text,
-             until=lambda c: c.get("nvidia.com/gpu") == "56")
+        "the retried change applied once the pod went",
+        facts,
+        timeout=120,
+        context=operator.log_text,
+        until=lambda f: f[0].get(STATE) == "success" and f[2] is not None and f[2][1] == "MIGConfigApplied",
+    )
+    assert (
+        cond == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
+        and labels[DEVICE_PLUGIN] == "true"
+    )
+    wait_for(
+        "the MIG devices advertised",
+        capacity,
+        timeout=60,
+        context=operator.log_text,
+        until=lambda c: c.get("nvidia.com/gpu") == "56",
+    )

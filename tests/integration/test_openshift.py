@@ -34,17 +34,31 @@ DRIVER = "nvidia-driver"
 
 def _crd(group: str, kind: str, plural: str) -> dict[str, Any]:
     return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
         "metadata": {"name": f"{plural}.{group}"},
-        "spec": {"group": group, "scope": "Cluster",
-                 "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
-                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                     "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+        "spec": {
+            "group": group,
+            "scope": "Cluster",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
     }
 
 
-OPENSHIFT_CRDS = [_crd("config.openshift.io", "ClusterVersion", "clusterversions"),
-                  _crd(SCC_GROUP, "SecurityContextConstraints", "securitycontextconstraints")]
+OPENSHIFT_CRDS = [
+    _crd("config.openshift.io", "ClusterVersion", "clusterversions"),
+    _crd(SCC_GROUP, "SecurityContextConstraints", "securitycontextconstraints"),
+]
 
 
 def _crd_gone(kube: Client, name: str) -> bool:
@@ -62,19 +76,34 @@ def openshift_apis(kube: Client) -> Iterator[None]:
     for crd in OPENSHIFT_CRDS:
         kube.apply(CustomResourceDefinition.from_dict(crd), field_manager="test")  # type: ignore[call-overload]
     try:
+
         def served() -> bool:
             try:
                 list(kube.list(SecurityContextConstraintsResource))
-                kube.create(ClusterVersionResource.from_dict({
-                    "apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion", "metadata": {"name": "version"},
-                    "status": {"history": [{"state": "Partial", "version": "4.18.0"},
-                                           {"state": "Completed", "version": "4.17.3"}]}}))
-            except HTTPStatusError as err:  # lightkube's ApiError is one; an unserved group answers plain text
+                kube.create(
+                    ClusterVersionResource.from_dict(
+                        {
+                            "apiVersion": "config.openshift.io/v1",
+                            "kind": "ClusterVersion",
+                            "metadata": {"name": "version"},
+                            "status": {
+                                "history": [
+                                    {"state": "Partial", "version": "4.18.0"},
+                                    {"state": "Completed", "version": "4.17.3"},
+                                ]
+                            },
+                        }
+                    )
+                )
+            except (
+                HTTPStatusError
+            ) as err:  # lightkube's ApiError is one; an unserved group answers plain text
                 if err.response.status_code in (404, 429):  # until the new kinds are served
                     return False
                 if err.response.status_code != 409:
                     raise
             return True
+
         wait_for("OpenShift's kinds served and the ClusterVersion `version` created", served, timeout=60)
         yield
     finally:
@@ -115,34 +144,59 @@ def _sccs(kube: Client) -> dict[str, list[str]]:
 
 def _rendered_sccs(kube: Client, namespace: str, policy: dict[str, Any]) -> dict[str, list[str]]:
     """What `render --openshift` gives for the cluster's Nodes as they are now."""
-    facts = ClusterFacts.from_nodes([n.to_dict() for n in kube.list(Node)], namespace=namespace, openshift=True,
-                                    operator_env=operator_env({}, CHART_DEFAULT_IMAGES))
+    facts = ClusterFacts.from_nodes(
+        [n.to_dict() for n in kube.list(Node)],
+        namespace=namespace,
+        openshift=True,
+        operator_env=operator_env({}, CHART_DEFAULT_IMAGES),
+    )
     result = render(ClusterPolicy.model_validate(policy), facts)
-    return {o["metadata"]["name"]: o["users"] for s in result.states for o in s.objects
-            if o["kind"] == "SecurityContextConstraints"}
+    return {
+        o["metadata"]["name"]: o["users"]
+        for s in result.states
+        for o in s.objects
+        if o["kind"] == "SecurityContextConstraints"
+    }
 
 
 def test_the_operator_detects_openshift_and_renders_for_it(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     fake_nodes("dgx-h100:1")
     cluster_policies({})
     plain = start_operator()
     # Plain Kubernetes: the driver DaemonSet comes (after its Role: RBAC is applied first), no SCC
     # rule, no OpenShift version.
-    env = wait_for("the driver DaemonSet", lambda: _driver_env(kube, operator_namespace), context=plain.log_text)
+    env = wait_for(
+        "the driver DaemonSet", lambda: _driver_env(kube, operator_namespace), context=plain.log_text
+    )
     assert env is not None and "OPENSHIFT_VERSION" not in env
     assert not _scc_rule(kube, operator_namespace)
     plain.stop()
 
     with openshift_apis(kube):
         operator = start_operator()  # the same command line: nothing tells it the platform
-        policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
-                  "spec": {}}
-        wait_for("the SCCs `render --openshift` gives", lambda: _sccs(kube),
-                 until=lambda got: got and got == _rendered_sccs(kube, operator_namespace, policy),
-                 context=lambda: (operator.log_text()[-3000:], _rendered_sccs(kube, operator_namespace, policy)))
+        policy = {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "cluster-policy"},
+            "spec": {},
+        }
+        wait_for(
+            "the SCCs `render --openshift` gives",
+            lambda: _sccs(kube),
+            until=lambda got: got and got == _rendered_sccs(kube, operator_namespace, policy),
+            context=lambda: (operator.log_text()[-3000:], _rendered_sccs(kube, operator_namespace, policy)),
+        )
         assert _sccs(kube)[DRIVER] == [f"system:serviceaccount:{operator_namespace}:{DRIVER}"]
         assert _scc_rule(kube, operator_namespace)
-        wait_for("the driver's OPENSHIFT_VERSION", lambda: (_driver_env(kube, operator_namespace) or {}).get(
-            "OPENSHIFT_VERSION"), until=lambda v: v == "4.17", context=operator.log_text)
+        wait_for(
+            "the driver's OPENSHIFT_VERSION",
+            lambda: (_driver_env(kube, operator_namespace) or {}).get("OPENSHIFT_VERSION"),
+            until=lambda v: v == "4.17",
+            context=operator.log_text,
+        )

@@ -36,13 +36,27 @@ SERVICEMONITOR_CRD: dict[str, Any] = {
     "spec": {
         "group": "monitoring.coreos.com",
         "scope": "Namespaced",
-        "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
-                  "listKind": "ServiceMonitorList"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
-        }],
+        "names": {
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+            "kind": "ServiceMonitor",
+            "listKind": "ServiceMonitorList",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -54,6 +68,7 @@ def _gone(kube: Client, name: str) -> Callable[[], bool]:
         except ApiError as err:
             return err.status.code == 404
         return False
+
     return check
 
 
@@ -65,7 +80,10 @@ def servicemonitor_crd(kube: Client) -> Iterator[str]:
 
     def established() -> bool:
         status = kube.get(CustomResourceDefinition, CRD_NAME).status
-        return any(c.type == "Established" and c.status == "True" for c in (status.conditions or []) if status)
+        return any(
+            c.type == "Established" and c.status == "True" for c in (status.conditions or []) if status
+        )
+
     wait_for("the ServiceMonitor CRD to be established", established, timeout=30)
     yield CRD_NAME
     kube.delete(CustomResourceDefinition, CRD_NAME)
@@ -83,11 +101,14 @@ def _monitor(kube: Client, namespace: str, name: str) -> Any:
 
 def _writes(control_plane: ControlPlane, resource: str, name: str) -> list[tuple[str, str]]:
     """The operator's write requests on one object, from the apiserver's audit log."""
-    return [(e.get("verb", ""), e.get("stage", "")) for e in control_plane.audit_events()
-            if e.get("user", {}).get("username") == OPERATOR_USER
-            and e.get("objectRef", {}).get("resource") == resource
-            and e.get("objectRef", {}).get("name") == name
-            and e.get("stage") == "ResponseComplete"]
+    return [
+        (e.get("verb", ""), e.get("stage", ""))
+        for e in control_plane.audit_events()
+        if e.get("user", {}).get("username") == OPERATOR_USER
+        and e.get("objectRef", {}).get("resource") == resource
+        and e.get("objectRef", {}).get("name") == name
+        and e.get("stage") == "ResponseComplete"
+    ]
 
 
 def _monitor_writes(control_plane: ControlPlane, name: str) -> list[tuple[str, str]]:
@@ -110,22 +131,39 @@ def _plugin_env(kube: Client, namespace: str) -> dict[str, str]:
 
 
 def test_servicemonitor_is_applied_once_and_deleted_when_disabled(
-        kube: Client, control_plane: ControlPlane, servicemonitor_crd: str, operator_namespace: str,
-        fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str]) -> None:
+    kube: Client,
+    control_plane: ControlPlane,
+    servicemonitor_crd: str,
+    operator_namespace: str,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+) -> None:
     fake_nodes("dgx-h100:1")
     # Not ours: carries our managed-by label (so the operator watches it) but no ownerReference.
-    kube.create(ServiceMonitorResource.from_dict({
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-        "metadata": {"name": "users-monitor", "namespace": operator_namespace,
-                     "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
-        "spec": {"endpoints": [{"port": "metrics"}], "selector": {}}}))
+    kube.create(
+        ServiceMonitorResource.from_dict(
+            {
+                "apiVersion": "monitoring.coreos.com/v1",
+                "kind": "ServiceMonitor",
+                "metadata": {
+                    "name": "users-monitor",
+                    "namespace": operator_namespace,
+                    "labels": {MANAGED_BY: MANAGED_BY_VALUE},
+                },
+                "spec": {"endpoints": [{"port": "metrics"}], "selector": {}},
+            }
+        )
+    )
     operator = start_operator()
     cluster_policies({"dcgmExporter": {"serviceMonitor": {"enabled": True}}})
     reconciled(kube, context=operator.log_text)
     assert "ServiceMonitor CRD present" in operator.log_text()  # discovered at start-up
-    created = wait_for("the dcgm-exporter ServiceMonitor", lambda: _monitor(kube, operator_namespace, DCGM_MONITOR),
-                       context=operator.log_text)
+    created = wait_for(
+        "the dcgm-exporter ServiceMonitor",
+        lambda: _monitor(kube, operator_namespace, DCGM_MONITOR),
+        context=operator.log_text,
+    )
     version = created.metadata.resourceVersion
     assert created.metadata.ownerReferences[0].kind == "ClusterPolicy"
     writes_after_create = _monitor_writes(control_plane, DCGM_MONITOR)
@@ -138,24 +176,42 @@ def test_servicemonitor_is_applied_once_and_deleted_when_disabled(
     # write of the passes before it.
     plugin_writes = _plugin_writes(control_plane)
     for value in ("one", "two", "fence"):
-        kube.patch(ClusterPolicyResource, "cluster-policy",
-                   {"spec": {"devicePlugin": {"env": [{"name": "APPLY_ONCE_PROBE", "value": value}]}}},
-                   patch_type=PatchType.MERGE)
-        wait_for(f"the device plugin to carry APPLY_ONCE_PROBE={value}",
-                 lambda: _plugin_env(kube, operator_namespace).get("APPLY_ONCE_PROBE"),
-                 until=functools.partial(eq, value), context=operator.log_text)
-    wait_for("the audit log to show the operator's three device plugin writes",
-             lambda: _plugin_writes(control_plane), until=lambda n: n >= plugin_writes + 3,
-             context=lambda: [(e.get("verb"), e.get("stage"), e.get("user", {}).get("username"), e.get("objectRef"))
-                              for e in control_plane.audit_events()
-                              if e.get("objectRef", {}).get("resource") == "daemonsets"])
+        kube.patch(
+            ClusterPolicyResource,
+            "cluster-policy",
+            {"spec": {"devicePlugin": {"env": [{"name": "APPLY_ONCE_PROBE", "value": value}]}}},
+            patch_type=PatchType.MERGE,
+        )
+        wait_for(
+            f"the device plugin to carry APPLY_ONCE_PROBE={value}",
+            lambda: _plugin_env(kube, operator_namespace).get("APPLY_ONCE_PROBE"),
+            until=functools.partial(eq, value),
+            context=operator.log_text,
+        )
+    wait_for(
+        "the audit log to show the operator's three device plugin writes",
+        lambda: _plugin_writes(control_plane),
+        until=lambda n: n >= plugin_writes + 3,
+        context=lambda: [
+            (e.get("verb"), e.get("stage"), e.get("user", {}).get("username"), e.get("objectRef"))
+            for e in control_plane.audit_events()
+            if e.get("objectRef", {}).get("resource") == "daemonsets"
+        ],
+    )
     assert _monitor(kube, operator_namespace, DCGM_MONITOR).metadata.resourceVersion == version
     assert _monitor_writes(control_plane, DCGM_MONITOR) == writes_after_create
 
     # Disabled: deleted. The ServiceMonitor the operator did not create stays.
-    kube.patch(ClusterPolicyResource, "cluster-policy",
-               {"spec": {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}}, patch_type=PatchType.MERGE)
-    wait_for("the dcgm-exporter ServiceMonitor to be deleted",
-             lambda: _monitor(kube, operator_namespace, DCGM_MONITOR) is None, context=operator.log_text)
+    kube.patch(
+        ClusterPolicyResource,
+        "cluster-policy",
+        {"spec": {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}},
+        patch_type=PatchType.MERGE,
+    )
+    wait_for(
+        "the dcgm-exporter ServiceMonitor to be deleted",
+        lambda: _monitor(kube, operator_namespace, DCGM_MONITOR) is None,
+        context=operator.log_text,
+    )
     assert ("delete", "ResponseComplete") in _monitor_writes(control_plane, DCGM_MONITOR)
     assert _monitor(kube, operator_namespace, "users-monitor") is not None

@@ -35,17 +35,24 @@ def writes_by_kind(operator: OperatorProcess) -> dict[str, float]:
 
 
 def test_only_the_leader_writes_and_a_follower_takes_over(
-        kube: Client, fake_nodes: Callable[..., list[str]],
-        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
-        operator_namespace: str) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     fake_nodes("dgx-h100:1")
     cluster_policies({})
     args = ["--leader-lease-renew-deadline=3"]  # lease of 8 s keeps the test short
     first = start_operator(leader_elect=True, extra_args=args)
     reconciled(kube, context=first.log_text)  # the first replica leads and reconciles
     second = start_operator(leader_elect=True, extra_args=args)
-    wait_for("the second replica's metrics endpoint", lambda: _metrics_up(second), timeout=30,
-             context=second.log_text)
+    wait_for(
+        "the second replica's metrics endpoint",
+        lambda: _metrics_up(second),
+        timeout=30,
+        context=second.log_text,
+    )
     # the follower retries every 2 s; two renewals by the leader give it time to try and be refused
     renewals: set[object] = set()
 
@@ -53,17 +60,25 @@ def test_only_the_leader_writes_and_a_follower_takes_over(
         renewals.add(kube.get(Lease, LEASE_NAME, namespace=operator_namespace).spec.renewTime)
         return len(renewals)
 
-    wait_for("two lease renewals by the leader while the follower runs", renewals_seen, until=lambda n: n >= 3,
-             timeout=30, context=second.log_text)
+    wait_for(
+        "two lease renewals by the leader while the follower runs",
+        renewals_seen,
+        until=lambda n: n >= 3,
+        timeout=30,
+        context=second.log_text,
+    )
     lease = kube.get(Lease, LEASE_NAME, namespace=operator_namespace)
     assert lease.spec.holderIdentity and "became the leader" in first.log_text()
     assert writes_by_kind(second) == {}, "a follower must not write (not even to its Lease)"
 
     first.kill()  # no clean release: the follower must wait for the lease to expire
     late = fake_nodes("dgx-h100:1")[0]
-    wait_for("the follower to take over and label the new node",
-             lambda: kube.get(Node, late).metadata.labels.get("nvidia.com/gpu.deploy.driver") == "true",
-             timeout=60, context=second.log_text)
+    wait_for(
+        "the follower to take over and label the new node",
+        lambda: kube.get(Node, late).metadata.labels.get("nvidia.com/gpu.deploy.driver") == "true",
+        timeout=60,
+        context=second.log_text,
+    )
     assert "became the leader" in second.log_text()
     new_holder = kube.get(Lease, LEASE_NAME, namespace=operator_namespace).spec.holderIdentity
     assert new_holder != lease.spec.holderIdentity
@@ -92,12 +107,17 @@ def _operator_writes(control_plane: ControlPlane, since: float) -> list[dict[str
 
 def _epoch(stamp: str) -> float:
     import datetime as dt
+
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_50_nodes_reach_ready_then_no_writes_while_nothing_changes(
-        kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]],
-        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str]) -> None:
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+) -> None:
     fake_nodes("dgx-h100:50", "cpu:2")
     operator = start_operator()
     cluster_policies({})

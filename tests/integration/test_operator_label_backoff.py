@@ -25,7 +25,9 @@ POLICY = "gpu-operator-test-deny-node-labels"
 
 
 def _metric(operator: OperatorProcess, name: str, labels: str = "") -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+    )
     for line in text.splitlines():
         if line.startswith(f"{name}{labels} ") or (not labels and line.startswith(f"{name} ")):
             return float(line.rsplit(" ", 1)[1])
@@ -37,30 +39,58 @@ def deny_label_changes(kube: Client) -> Iterator[Callable[[str], None]]:
     """Make the apiserver refuse (403) every change of one node's labels."""
 
     def deny(node: str) -> None:
-        kube.create(cast(ValidatingAdmissionPolicy, ValidatingAdmissionPolicy.from_dict({
-            "metadata": {"name": POLICY},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                    "resources": ["nodes"]}]},
-                "validations": [{
-                    "expression": f"object.metadata.name != '{node}' || "
-                                  "object.metadata.labels == oldObject.metadata.labels",
-                    "reason": "Forbidden",  # 403 (a policy's default is 422 Invalid)
-                    "message": "labels of this node are frozen by a test policy"}],
-            },
-        })))
-        kube.create(cast(ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBinding.from_dict({
-            "metadata": {"name": POLICY},
-            "spec": {"policyName": POLICY, "validationActions": ["Deny"]},
-        })))
+        kube.create(
+            cast(
+                ValidatingAdmissionPolicy,
+                ValidatingAdmissionPolicy.from_dict(
+                    {
+                        "metadata": {"name": POLICY},
+                        "spec": {
+                            "failurePolicy": "Fail",
+                            "matchConstraints": {
+                                "resourceRules": [
+                                    {
+                                        "apiGroups": [""],
+                                        "apiVersions": ["v1"],
+                                        "operations": ["UPDATE"],
+                                        "resources": ["nodes"],
+                                    }
+                                ]
+                            },
+                            "validations": [
+                                {
+                                    "expression": f"object.metadata.name != '{node}' || "
+                                    "object.metadata.labels == oldObject.metadata.labels",
+                                    "reason": "Forbidden",  # 403 (a policy's default is 422 Invalid)
+                                    "message": "labels of this node are frozen by a test policy",
+                                }
+                            ],
+                        },
+                    }
+                ),
+            )
+        )
+        kube.create(
+            cast(
+                ValidatingAdmissionPolicyBinding,
+                ValidatingAdmissionPolicyBinding.from_dict(
+                    {
+                        "metadata": {"name": POLICY},
+                        "spec": {"policyName": POLICY, "validationActions": ["Deny"]},
+                    }
+                ),
+            )
+        )
 
         def refused() -> bool:  # the policy takes effect once the apiserver has loaded it
             for value in ("x", None):  # set a probe label, take it off again
                 try:
-                    kube.patch(Node, node, {"metadata": {"labels": {"probe.test/frozen": value}}},
-                               patch_type=PatchType.MERGE)
+                    kube.patch(
+                        Node,
+                        node,
+                        {"metadata": {"labels": {"probe.test/frozen": value}}},
+                        patch_type=PatchType.MERGE,
+                    )
                 except ApiError as err:
                     # refused: the policy is in force (it may load between the two patches, and
                     # the probe label then stays on the node: the test reads no label of it)
@@ -69,8 +99,12 @@ def deny_label_changes(kube: Client) -> Iterator[Callable[[str], None]]:
                     raise
             return False
 
-        wait_for("the admission policy to refuse label changes", refused, timeout=60,
-                 context=lambda: repr(kube.get(ValidatingAdmissionPolicy, POLICY).status))
+        wait_for(
+            "the admission policy to refuse label changes",
+            refused,
+            timeout=60,
+            context=lambda: repr(kube.get(ValidatingAdmissionPolicy, POLICY).status),
+        )
 
     yield deny
     for kind in (ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicy):
@@ -82,21 +116,34 @@ def deny_label_changes(kube: Client) -> Iterator[Callable[[str], None]]:
 
 
 def test_a_refused_label_patch_backs_off_without_driving_reconciles(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], deny_label_changes: Callable[[str], None]) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    deny_label_changes: Callable[[str], None],
+) -> None:
     good, frozen = fake_nodes("dgx-h100:2")
     deny_label_changes(frozen)
     operator = start_operator()
     cluster_policies({})
-    wait_for("the other node to be labelled",
-             lambda: kube.get(Node, good).metadata.labels.get("nvidia.com/gpu.present") == "true",
-             context=operator.log_text)
+    wait_for(
+        "the other node to be labelled",
+        lambda: kube.get(Node, good).metadata.labels.get("nvidia.com/gpu.present") == "true",
+        context=operator.log_text,
+    )
     failures = 'gpu_operator_node_label_patch_failures_total{code="403"}'
-    wait_for("a refused patch to be counted", lambda: _metric(operator, failures) >= 2, timeout=30,
-             context=operator.log_text)
+    wait_for(
+        "a refused patch to be counted",
+        lambda: _metric(operator, failures) >= 2,
+        timeout=30,
+        context=operator.log_text,
+    )
 
     window = 16.0
-    reconciles0, failures0 = _metric(operator, "gpu_operator_reconciliation_total"), _metric(operator, failures)
+    reconciles0, failures0 = (
+        _metric(operator, "gpu_operator_reconciliation_total"),
+        _metric(operator, failures),
+    )
     time.sleep(window)  # a measurement window: what happens in it is the subject of the test
     reconciles = _metric(operator, "gpu_operator_reconciliation_total") - reconciles0
     refused = _metric(operator, failures) - failures0

@@ -62,7 +62,9 @@ def rendered_rbac() -> list[dict[str, Any]]:
             shape = ["--shape", "dgx-h100:1"] if flag == "--policy" else []
             out += [o for o in rendered([*shape, flag], Path(tmp), doc, NAMESPACE) if o["kind"] in RBAC_KINDS]
         policy = Path(tmp) / "policy.yaml"
-        policy.write_text(yaml.safe_dump(find(render_chart({}, namespace=NAMESPACE), "ClusterPolicy", "cluster-policy")))
+        policy.write_text(
+            yaml.safe_dump(find(render_chart({}, namespace=NAMESPACE), "ClusterPolicy", "cluster-policy"))
+        )
         for driver_type in DRIVER_TYPES:
             driver = {
                 "apiVersion": "nvidia.com/v1alpha1",

@@ -15,15 +15,24 @@ from tests.support.status import reconciled
 
 
 def policy_warnings(kube: Client, name: str) -> list[str]:
-    return [e.message or "" for e in kube.list(Event, namespace="default",
-                                               fields={"involvedObject.kind": "ClusterPolicy",
-                                                       "involvedObject.name": name})
-            if e.reason == POLICY_WARNING_REASON]
+    return [
+        e.message or ""
+        for e in kube.list(
+            Event,
+            namespace="default",
+            fields={"involvedObject.kind": "ClusterPolicy", "involvedObject.name": name},
+        )
+        if e.reason == POLICY_WARNING_REASON
+    ]
 
 
 def test_a_driver_version_alone_retags_the_driver_image_and_warns_nothing(
-        kube: Client, fake_nodes: Callable[..., list[str]], start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     """NVIDIA's operator ignores driver.version without repository and image; ours retags the image
     it would otherwise use (DRIVER_IMAGE), so the field does what docs/upgrades.md says."""
     fake_nodes("dgx-h100:1")

@@ -100,7 +100,9 @@ ROLES = (
         VALIDATOR, "ClusterRole", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     )
     + grant(
-        DRIVER, "ClusterRole", [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "update"]}]
+        DRIVER,
+        "ClusterRole",
+        [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch", "update"]}],
     )
 )
 
@@ -358,8 +360,12 @@ def test_only_the_health_agent_writes_the_health_report(site: Site, fake_nodes: 
     (node,) = fake_nodes("dgx-h100:1")
     driver = site.client(DRIVER, site.pod_on(DRIVER, node))
     upgrade = {"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"}}}
-    wait_for("the driver's patch of a key of its own", lambda: _patched(driver, node, upgrade),
-             timeout=30, interval=0.5)
+    wait_for(
+        "the driver's patch of a key of its own",
+        lambda: _patched(driver, node, upgrade),
+        timeout=30,
+        interval=0.5,
+    )
     forged = {"metadata": {"annotations": {REPORT: '{"state": "unhealthy"}'}}}
     err = refusal(lambda: driver.patch(Node, node, forged, patch_type=PatchType.MERGE))
     assert (err.status.code, err.status.reason) == (403, "Forbidden")

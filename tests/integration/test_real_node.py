@@ -56,20 +56,40 @@ def _get_or_none(plane: ControlPlane, path: str) -> dict[str, Any] | None:
         raise
 
 
-def _run_pod(plane: ControlPlane, namespace: str, name: str, sa: str, timeout: float = 120,
-             command: list[str] | None = None, host_root: Path | None = None) -> dict[str, Any]:
+def _run_pod(
+    plane: ControlPlane,
+    namespace: str,
+    name: str,
+    sa: str,
+    timeout: float = 120,
+    command: list[str] | None = None,
+    host_root: Path | None = None,
+) -> dict[str, Any]:
     """A pod of our image on the real node, run to its end; `host_root` is mounted at /host."""
-    main: dict[str, Any] = {"name": "main", "image": IMAGE, "command": command or ["python3.11", "-c", LIST_PODS]}
-    spec: dict[str, Any] = {"nodeName": REAL_NODE, "restartPolicy": "Never", "serviceAccountName": sa,
-                            "containers": [main]}
+    main: dict[str, Any] = {
+        "name": "main",
+        "image": IMAGE,
+        "command": command or ["python3.11", "-c", LIST_PODS],
+    }
+    spec: dict[str, Any] = {
+        "nodeName": REAL_NODE,
+        "restartPolicy": "Never",
+        "serviceAccountName": sa,
+        "containers": [main],
+    }
     if host_root is not None:
-        main["env"] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                       {"name": "OPERATOR_NAMESPACE", "value": namespace},
-                       {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"}]  # a host tree has no shell
+        main["env"] = [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "OPERATOR_NAMESPACE", "value": namespace},
+            {"name": "GPU_OPERATOR_NO_CHROOT", "value": "1"},
+        ]  # a host tree has no shell
         main["volumeMounts"] = [{"name": "host-root", "mountPath": "/host"}]
         spec["volumes"] = [{"name": "host-root", "hostPath": {"path": str(host_root), "type": "Directory"}}]
-    plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+    plane.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec},
+    )
     deadline = time.monotonic() + timeout
     while True:
         pod: dict[str, Any] = plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
@@ -94,16 +114,26 @@ def test_real_node_registers_with_its_own_identity(control_plane: ControlPlane, 
 
 
 def test_pods_of_our_image_run_and_reach_the_apiserver_as_their_serviceaccount(
-        control_plane: ControlPlane, real_node: RealNode, namespace: str) -> None:
+    control_plane: ControlPlane, real_node: RealNode, namespace: str
+) -> None:
     plane = control_plane
     for path, body in (
         (f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "reader"}}),
-        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
-         {"metadata": {"name": "reader"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]}),
-        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
-         {"metadata": {"name": "reader"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                                     "name": "reader"},
-          "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}]}),
+        (
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+            {
+                "metadata": {"name": "reader"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+            },
+        ),
+        (
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+            {
+                "metadata": {"name": "reader"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+            },
+        ),
     ):
         plane.request("POST", path, body)
     allowed = _run_pod(plane, namespace, "allowed", "reader")
@@ -116,8 +146,9 @@ def test_pods_of_our_image_run_and_reach_the_apiserver_as_their_serviceaccount(
     # The same program without the binding: the 403 a real operand would hit shows in its log,
     # and the apiserver's audit log records the refusal for that ServiceAccount only.
     assert "status 403" in api_log(plane, namespace, "denied", "main")
-    assert [line.split()[0] for line in audit.refused(plane, serviceaccount_user(namespace))] == \
-        [serviceaccount_user(namespace, "default")]
+    assert [line.split()[0] for line in audit.refused(plane, serviceaccount_user(namespace))] == [
+        serviceaccount_user(namespace, "default")
+    ]
 
 
 def _passthrough_host(root: Path, shared_group: bool) -> Path:
@@ -129,20 +160,35 @@ def _passthrough_host(root: Path, shared_group: bool) -> Path:
         device["driver"] = "nvidia"
     spec["devices"][0]["iommu_group"] = 10
     if shared_group:
-        spec["devices"].append({"address": "0000:40:00.0", "vendor": "8086", "device": "1572", "class": "020000",
-                                "driver": "i40e", "iommu_group": 10})
+        spec["devices"].append(
+            {
+                "address": "0000:40:00.0",
+                "vendor": "8086",
+                "device": "1572",
+                "class": "020000",
+                "driver": "i40e",
+                "iommu_group": 10,
+            }
+        )
     hosttree.build(spec, root)
     return root
 
 
 def test_vfio_manage_runs_in_pods_on_the_real_node(
-        control_plane: ControlPlane, kube: Client, real_node: RealNode, namespace: str, tmp_path: Path) -> None:
+    control_plane: ControlPlane, kube: Client, real_node: RealNode, namespace: str, tmp_path: Path
+) -> None:
     """Our image's vfio-manage in pods on the real node (the vfio-manager DaemonSet itself runs an
     NVIDIA image, which cannot run here): a dry run prints the plan; a shared IOMMU group is
     refused, in the pod's log and as a Warning Event on the Node, written with the pod's own token."""
     plane = control_plane
-    dry = _run_pod(plane, namespace, "vfio-dry-run", "default", host_root=_passthrough_host(tmp_path / "a", False),
-                   command=["gpu-operator", "vfio-manage", "bind", "--all", "--dry-run", "--no-load-module"])
+    dry = _run_pod(
+        plane,
+        namespace,
+        "vfio-dry-run",
+        "default",
+        host_root=_passthrough_host(tmp_path / "a", False),
+        command=["gpu-operator", "vfio-manage", "bind", "--all", "--dry-run", "--no-load-module"],
+    )
     log = "\n".join(api_log(plane, namespace, "vfio-dry-run", "main"))
     assert dry["status"]["phase"] == "Succeeded", (dry["status"], log)
     assert "driver_override" in log and "vfio-pci" in log and "REFUSED" not in log, log
@@ -150,29 +196,47 @@ def test_vfio_manage_runs_in_pods_on_the_real_node(
     vfio_manager_identity(plane, kube, namespace)
     reconcile = ["gpu-operator", "vfio-manage", "reconcile", "--once", "--no-load-module"]
     try:
-        refused = _run_pod(plane, namespace, "vfio-refused", "vfio-manager-test", command=reconcile,
-                           host_root=_passthrough_host(tmp_path / "b", True))
+        refused = _run_pod(
+            plane,
+            namespace,
+            "vfio-refused",
+            "vfio-manager-test",
+            command=reconcile,
+            host_root=_passthrough_host(tmp_path / "b", True),
+        )
         log = "\n".join(api_log(plane, namespace, "vfio-refused", "main"))
         assert refused["status"]["phase"] == "Failed", (refused["status"], log)
         assert "vfio state refused" in log and "also holds non-NVIDIA devices: 0000:40:00.0" in log, log
         events = [e for e in node_events(kube, REAL_NODE) if e.reason == "VFIORefused"]
-        assert events and events[-1].type == "Warning" and "0000:40:00.0" in (events[-1].message or ""), events
+        assert events and events[-1].type == "Warning" and "0000:40:00.0" in (events[-1].message or ""), (
+            events
+        )
         assert audit.refused(plane, serviceaccount_user(namespace, "vfio-manager-test")) == []
     finally:
-        kube.patch(Node, REAL_NODE, {"metadata": {"labels": {VFIO_STATE: None},
-                                                  "annotations": {VFIO_RESULT_ANNOTATION: None}}},
-                   patch_type=PatchType.MERGE)
+        kube.patch(
+            Node,
+            REAL_NODE,
+            {"metadata": {"labels": {VFIO_STATE: None}, "annotations": {VFIO_RESULT_ANNOTATION: None}}},
+            patch_type=PatchType.MERGE,
+        )
 
 
 def test_the_probe_publishes_the_host_trees_facts_from_a_pod_on_the_real_node(
-        control_plane: ControlPlane, kube: Client, real_node: RealNode, namespace: str) -> None:
+    control_plane: ControlPlane, kube: Client, real_node: RealNode, namespace: str
+) -> None:
     """`gpu-operator node probe --publish` (the probe DaemonSet's command) in a pod of our image on the
     real node, as a ServiceAccount that may only get/patch Nodes and create Events."""
     assert real_node.host_root is not None
     vfio_manager_identity(control_plane, kube, namespace)  # the same rights the probe needs
     try:
-        done = _run_pod(control_plane, namespace, "probe", "vfio-manager-test", host_root=real_node.host_root,
-                        command=["gpu-operator", "node", "probe", "--publish", "--once"])
+        done = _run_pod(
+            control_plane,
+            namespace,
+            "probe",
+            "vfio-manager-test",
+            host_root=real_node.host_root,
+            command=["gpu-operator", "node", "probe", "--publish", "--once"],
+        )
         log = "\n".join(api_log(control_plane, namespace, "probe", "main"))
         assert done["status"]["phase"] == "Succeeded", log[-3000:]
         meta = kube.get(Node, REAL_NODE).metadata
@@ -181,5 +245,9 @@ def test_the_probe_publishes_the_host_trees_facts_from_a_pod_on_the_real_node(
         assert labels[PROBE_STATUS] == "ok", (labels, log)
         assert audit.refused(control_plane, serviceaccount_user(namespace, "vfio-manager-test")) == [], log
     finally:
-        kube.patch(Node, REAL_NODE, {"metadata": {"labels": dict.fromkeys((DRIVER_SOURCE, DRIVER_VERSION, PROBE_STATUS))}},
-                   patch_type=PatchType.MERGE)
+        kube.patch(
+            Node,
+            REAL_NODE,
+            {"metadata": {"labels": dict.fromkeys((DRIVER_SOURCE, DRIVER_VERSION, PROBE_STATUS))}},
+            patch_type=PatchType.MERGE,
+        )

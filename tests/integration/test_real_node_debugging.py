@@ -25,20 +25,32 @@ from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, api_log
 from tests.support.waiting import wait_for
 
 # Prints a line, then serves HTTP on 8080 (read-only root: it serves /etc).
-SERVE = "import http.server, os, sys; print('hello from', os.uname().nodename, flush=True); " \
-        "os.chdir('/etc'); http.server.test(http.server.SimpleHTTPRequestHandler, port=8080, bind='0.0.0.0')"
+SERVE = (
+    "import http.server, os, sys; print('hello from', os.uname().nodename, flush=True); "
+    "os.chdir('/etc'); http.server.test(http.server.SimpleHTTPRequestHandler, port=8080, bind='0.0.0.0')"
+)
 
 
 @pytest.fixture
 def serving_pod(control_plane: ControlPlane, real_node: RealNode, namespace: str) -> str:
-    control_plane.request("POST", f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
-        "spec": {"nodeName": REAL_NODE, "containers": [{"name": "main", "image": IMAGE,
-                                                        "command": ["python3.11", "-c", SERVE]}]}})
+    control_plane.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web"},
+            "spec": {
+                "nodeName": REAL_NODE,
+                "containers": [{"name": "main", "image": IMAGE, "command": ["python3.11", "-c", SERVE]}],
+            },
+        },
+    )
 
     def running() -> bool:
         pod = control_plane.request("GET", f"/api/v1/namespaces/{namespace}/pods/web")
         return any(c.get("ready") for c in pod["status"].get("containerStatuses") or [])
+
     wait_for("the pod on the real node running", running, timeout=120)
     return "web"
 
@@ -53,7 +65,8 @@ def _raw(plane: ControlPlane, path: str) -> tuple[int, bytes]:
 
 
 def test_the_node_is_reached_by_its_internal_ip_with_a_verified_certificate(
-        control_plane: ControlPlane, real_node: RealNode) -> None:
+    control_plane: ControlPlane, real_node: RealNode
+) -> None:
     status = control_plane.request("GET", f"/api/v1/nodes/{REAL_NODE}")["status"]
     assert {"type": "InternalIP", "address": NODE_IP} in status["addresses"]
     assert status["daemonEndpoints"]["kubeletEndpoint"]["Port"] == 10250
@@ -75,15 +88,24 @@ def test_the_node_is_reached_by_its_internal_ip_with_a_verified_certificate(
 
 
 def test_logs_exec_and_the_pods_proxy_work_for_a_real_node_pod(
-        control_plane: ControlPlane, namespace: str, serving_pod: str) -> None:
+    control_plane: ControlPlane, namespace: str, serving_pod: str
+) -> None:
     base = f"/api/v1/namespaces/{namespace}/pods/{serving_pod}"
     # `kubectl logs`
-    lines = wait_for("the pod's log through the API", lambda: api_log(control_plane, namespace, serving_pod, "main"),
-                     until=lambda got: any(line.startswith("hello from") for line in got), timeout=30)
+    lines = wait_for(
+        "the pod's log through the API",
+        lambda: api_log(control_plane, namespace, serving_pod, "main"),
+        until=lambda got: any(line.startswith("hello from") for line in got),
+        timeout=30,
+    )
     assert f"hello from {serving_pod}" in lines
     # `kubectl exec` (the websocket protocol kubectl speaks): stdout on channel 1, status on 3
-    out, status = asyncio.run(_exec(control_plane, f"{base}/exec?container=main&stdout=true&stderr=true"
-                                                   "&command=cat&command=/etc/hostname"))
+    out, status = asyncio.run(
+        _exec(
+            control_plane,
+            f"{base}/exec?container=main&stdout=true&stderr=true&command=cat&command=/etc/hostname",
+        )
+    )
     assert out.strip() == serving_pod
     assert status["status"] == "Success", status
     # the pods proxy (`kubectl port-forward`'s sibling): the apiserver dials the pod IP through the egress proxy
@@ -94,9 +116,15 @@ def test_logs_exec_and_the_pods_proxy_work_for_a_real_node_pod(
 async def _exec(plane: ControlPlane, path: str) -> tuple[str, dict[str, Any]]:
     stdout, status = b"", {}
     url = plane.server.replace("https://", "wss://") + path
-    async with aiohttp.ClientSession() as session, session.ws_connect(
-            url, ssl=plane.ssl_context("admin"), protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"),
-            timeout=aiohttp.ClientWSTimeout(ws_close=30)) as ws:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            url,
+            ssl=plane.ssl_context("admin"),
+            protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"),
+            timeout=aiohttp.ClientWSTimeout(ws_close=30),
+        ) as ws,
+    ):
         deadline = time.monotonic() + 30
         async for message in ws:
             if message.type != aiohttp.WSMsgType.BINARY or not message.data:

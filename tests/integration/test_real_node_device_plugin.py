@@ -31,7 +31,9 @@ def _label(node: RealNode, value: str) -> None:
 
 
 def _allocatable(node: RealNode) -> str | None:
-    value: str | None = node.admin("GET", f"/api/v1/nodes/{REAL_NODE}")["status"].get("allocatable", {}).get(GPU)
+    value: str | None = (
+        node.admin("GET", f"/api/v1/nodes/{REAL_NODE}")["status"].get("allocatable", {}).get(GPU)
+    )
     return value
 
 
@@ -61,12 +63,18 @@ def _plugin_pods(kube: Client, ns: str) -> list[dict[str, Any]]:
 def _served_by(node: RealNode, uid: str) -> bool:
     """The stand-in's one process runs in pod `uid`'s cgroup (the kubelet names it pod<uid>)."""
     pids = realplugin.plugin_pids(node)
-    return len(pids) == 1 and uid.replace("-", "_") in Path(f"/proc/{pids[0]}/cgroup").read_text().replace("-", "_")
+    return len(pids) == 1 and uid.replace("-", "_") in Path(f"/proc/{pids[0]}/cgroup").read_text().replace(
+        "-", "_"
+    )
 
 
 def test_the_plugin_serves_the_nodes_gpus_only_while_the_operators_pod_runs(
-        kube: Client, real_gpu_node: RealNode, start_operator: Callable[..., OperatorProcess],
-        cluster_policies: Callable[..., str], operator_namespace: str) -> None:
+    kube: Client,
+    real_gpu_node: RealNode,
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     node = real_gpu_node
     assert node.host_root is not None
     validations = node.host_root / VALIDATIONS_DIR.lstrip("/")
@@ -80,10 +88,21 @@ def test_the_plugin_serves_the_nodes_gpus_only_while_the_operators_pod_runs(
     context = _context(kube, ns, operator)
 
     # The validator gets to its plugin check, which finds nothing to pass on.
-    started = wait_for("the validator's plugin check to run", lambda: _init_state(_validator(kube, ns), "plugin-validation"),
-                       until=lambda s: "running" in s, timeout=240, interval=1, context=context)["running"]["startedAt"]
-    wait_for("a node status report after the plugin check started", lambda: _heartbeat(node),
-             until=lambda beat: beat > started, timeout=60, interval=1)
+    started = wait_for(
+        "the validator's plugin check to run",
+        lambda: _init_state(_validator(kube, ns), "plugin-validation"),
+        until=lambda s: "running" in s,
+        timeout=240,
+        interval=1,
+        context=context,
+    )["running"]["startedAt"]
+    wait_for(
+        "a node status report after the plugin check started",
+        lambda: _heartbeat(node),
+        until=lambda beat: beat > started,
+        timeout=60,
+        interval=1,
+    )
     assert _plugin_pods(kube, ns) == [] and realplugin.plugin_pids(node) == []
     assert _allocatable(node) in (None, "0")
     assert "running" in _init_state(_validator(kube, ns), "plugin-validation")
@@ -91,26 +110,71 @@ def test_the_plugin_serves_the_nodes_gpus_only_while_the_operators_pod_runs(
 
     # The pod runs: the plugin registers through the pod's socket directory, the check passes.
     _label(node, "true")
-    (pod,) = wait_for("the device plugin's pod running on the real node", lambda: _plugin_pods(kube, ns),
-                      until=lambda pods: len(pods) == 1 and pods[0]["status"].get("phase") == "Running",
-                      timeout=120, interval=1, context=context)
-    wait_for("2 GPUs allocatable", lambda: _allocatable(node), until=lambda v: v == "2", timeout=60, interval=0.5)
+    (pod,) = wait_for(
+        "the device plugin's pod running on the real node",
+        lambda: _plugin_pods(kube, ns),
+        until=lambda pods: len(pods) == 1 and pods[0]["status"].get("phase") == "Running",
+        timeout=120,
+        interval=1,
+        context=context,
+    )
+    wait_for(
+        "2 GPUs allocatable", lambda: _allocatable(node), until=lambda v: v == "2", timeout=60, interval=0.5
+    )
     assert _served_by(node, pod["metadata"]["uid"])
-    wait_for("the validator's plugin check to pass", lambda: _init_state(_validator(kube, ns), "plugin-validation"),
-             until=lambda s: s.get("terminated", {}).get("exitCode") == 0, timeout=90, interval=1, context=context)
+    wait_for(
+        "the validator's plugin check to pass",
+        lambda: _init_state(_validator(kube, ns), "plugin-validation"),
+        until=lambda s: s.get("terminated", {}).get("exitCode") == 0,
+        timeout=90,
+        interval=1,
+        context=context,
+    )
     assert (validations / "plugin-ready").exists()
 
     # The pod deleted: the DaemonSet's new pod serves the GPUs, from its own process.
     kube.delete(Pod, pod["metadata"]["name"], namespace=ns)
-    (new,) = wait_for("the DaemonSet's new device plugin pod", lambda: _plugin_pods(kube, ns),
-                      until=lambda pods: len(pods) == 1 and pods[0]["metadata"]["uid"] != pod["metadata"]["uid"]
-                      and pods[0]["status"].get("phase") == "Running", timeout=120, interval=1, context=context)
-    wait_for("the new pod's plugin serving", lambda: _served_by(node, new["metadata"]["uid"]), timeout=60, interval=0.5)
-    wait_for("2 GPUs allocatable again", lambda: _allocatable(node), until=lambda v: v == "2", timeout=60, interval=0.5)
+    (new,) = wait_for(
+        "the DaemonSet's new device plugin pod",
+        lambda: _plugin_pods(kube, ns),
+        until=lambda pods: (
+            len(pods) == 1
+            and pods[0]["metadata"]["uid"] != pod["metadata"]["uid"]
+            and pods[0]["status"].get("phase") == "Running"
+        ),
+        timeout=120,
+        interval=1,
+        context=context,
+    )
+    wait_for(
+        "the new pod's plugin serving",
+        lambda: _served_by(node, new["metadata"]["uid"]),
+        timeout=60,
+        interval=0.5,
+    )
+    wait_for(
+        "2 GPUs allocatable again",
+        lambda: _allocatable(node),
+        until=lambda v: v == "2",
+        timeout=60,
+        interval=0.5,
+    )
 
     # The pod gone for good (its deploy label false, as an upgrade or a reset pauses it): so are the GPUs.
     _label(node, "false")
-    wait_for("the device plugin's pod gone", lambda: _pods(kube, ns, PLUGIN_APP), until=lambda pods: pods == [],
-             timeout=90, interval=1, context=context)
+    wait_for(
+        "the device plugin's pod gone",
+        lambda: _pods(kube, ns, PLUGIN_APP),
+        until=lambda pods: pods == [],
+        timeout=90,
+        interval=1,
+        context=context,
+    )
     assert realplugin.plugin_pids(node) == []
-    wait_for("no GPU allocatable", lambda: _allocatable(node), until=lambda v: v in (None, "0"), timeout=60, interval=0.5)
+    wait_for(
+        "no GPU allocatable",
+        lambda: _allocatable(node),
+        until=lambda v: v in (None, "0"),
+        timeout=60,
+        interval=0.5,
+    )

@@ -216,8 +216,12 @@ def site(
 ) -> Iterator[Site]:
     base = Path(tmp_path_factory.mktemp("registry-install"))
     # another module's site (test_registry_recovery takes this fixture too) may still be deleting it
-    wait_for(f"namespace {NAMESPACE} of an earlier module to be gone", lambda: _namespace_gone(kube),
-             timeout=180, interval=1)
+    wait_for(
+        f"namespace {NAMESPACE} of an earlier module to be gone",
+        lambda: _namespace_gone(kube),
+        timeout=180,
+        interval=1,
+    )
     kube.create(Namespace(metadata=ObjectMeta(name=NAMESPACE, labels=RESTRICTED)))
     registry = registry_image.registry
     kube.create(pull_secret(SECRET, registry.docker_config()), namespace=NAMESPACE)

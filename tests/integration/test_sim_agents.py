@@ -114,21 +114,40 @@ def probe_rbac(kube: Client, namespace: str, rules: list[dict[str, Any]]) -> str
     ClusterRole named for the namespace (the operator's own is cluster-wide)."""
     role = f"{PROBE_APP}-{namespace}"
     kube.apply(ServiceAccount(metadata=ObjectMeta(name=PROBE_APP, namespace=namespace)), field_manager="test")
-    kube.apply(cast(ClusterRole, ClusterRole.from_dict({"metadata": {"name": role}, "rules": rules})),
-               field_manager="test", force=True)
-    kube.apply(cast(ClusterRoleBinding, ClusterRoleBinding.from_dict({
-        "metadata": {"name": role},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"kind": "ServiceAccount", "name": PROBE_APP, "namespace": namespace}]})), field_manager="test")
+    kube.apply(
+        cast(ClusterRole, ClusterRole.from_dict({"metadata": {"name": role}, "rules": rules})),
+        field_manager="test",
+        force=True,
+    )
+    kube.apply(
+        cast(
+            ClusterRoleBinding,
+            ClusterRoleBinding.from_dict(
+                {
+                    "metadata": {"name": role},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": [{"kind": "ServiceAccount", "name": PROBE_APP, "namespace": namespace}],
+                }
+            ),
+        ),
+        field_manager="test",
+    )
     return role
 
 
 def refusals_in_audit(plane: ControlPlane, user: str) -> set[tuple[str, str, str]]:
     """(verb, resource, name) of each call by `user` the apiserver refused, from the audit log's fields."""
-    return {(str(e.get("verb")), str((e.get("objectRef") or {}).get("resource")), str((e.get("objectRef") or {}).get("name")))
-            for e in plane.audit_all()
-            if e.get("stage") == "ResponseComplete" and (e.get("user") or {}).get("username") == user
-            and status_code(e) == FORBIDDEN}
+    return {
+        (
+            str(e.get("verb")),
+            str((e.get("objectRef") or {}).get("resource")),
+            str((e.get("objectRef") or {}).get("name")),
+        )
+        for e in plane.audit_all()
+        if e.get("stage") == "ResponseComplete"
+        and (e.get("user") or {}).get("username") == user
+        and status_code(e) == FORBIDDEN
+    }
 
 
 def test_the_probe_writes_with_its_pods_identity_and_a_verb_its_role_lacks_is_refused(
@@ -140,8 +159,10 @@ def test_the_probe_writes_with_its_pods_identity_and_a_verb_its_role_lacks_is_re
     the verb back its retry (backoff) publishes."""
     (node,) = fake_nodes("vfio-passthrough:1")
     rendered = [dict(r) for r in vfio_manager.NODE_RULES]
-    mutated = [{**r, "verbs": [v for v in r["verbs"] if v != "patch"]} if "nodes" in r["resources"] else r
-               for r in rendered]
+    mutated = [
+        {**r, "verbs": [v for v in r["verbs"] if v != "patch"]} if "nodes" in r["resources"] else r
+        for r in rendered
+    ]
     assert mutated != rendered  # the verb really was in the rendered Role
     role = probe_rbac(kube, namespace, mutated)
     user = f"system:serviceaccount:{namespace}:{PROBE_APP}"
@@ -153,8 +174,12 @@ def test_the_probe_writes_with_its_pods_identity_and_a_verb_its_role_lacks_is_re
             pod.spec.serviceAccountName = PROBE_APP
             pod.spec.containers[0].args = ["--default-workload=vm-passthrough"]
             kube.create(pod)
-            refused = wait_for("the probe's Node patch refused (audit log)", lambda: refusals_in_audit(control_plane, user),
-                               until=lambda r: ("patch", "nodes", node) in r, timeout=60)
+            refused = wait_for(
+                "the probe's Node patch refused (audit log)",
+                lambda: refusals_in_audit(control_plane, user),
+                until=lambda r: ("patch", "nodes", node) in r,
+                timeout=60,
+            )
             assert {verb for verb, _, _ in refused} == {"patch"}, refused  # its reads were its Role's
             assert agents.identities is not None
             records = [r for r in agents.identities.refusals.seen if r.identity == user]
@@ -162,17 +187,28 @@ def test_the_probe_writes_with_its_pods_identity_and_a_verb_its_role_lacks_is_re
             assert PROBE_FACTS_ANNOTATION not in node_annotations(kube, node)  # never widened
             # the verb back: the stand-in's retry publishes, as the probe's loop would
             probe_rbac(kube, namespace, rendered)
-            wait_for("the probe's facts once its Role allows the patch",
-                     lambda: node_annotations(kube, node).get(PROBE_FACTS_ANNOTATION, ""), timeout=60)
+            wait_for(
+                "the probe's facts once its Role allows the patch",
+                lambda: node_annotations(kube, node).get(PROBE_FACTS_ANNOTATION, ""),
+                timeout=60,
+            )
             got = kube.get(Node, node)
             assert got.metadata is not None
-            owners = {m.manager for m in got.metadata.managedFields or []
-                      if f"f:{PROBE_FACTS_ANNOTATION}" in json.dumps(m.fieldsV1)}
+            owners = {
+                m.manager
+                for m in got.metadata.managedFields or []
+                if f"f:{PROBE_FACTS_ANNOTATION}" in json.dumps(m.fieldsV1)
+            }
             assert owners == {NODE_AGENT_FIELD_MANAGER}, owners
         assert agents.error is None, agents.error
-        writers = {str((e.get("user") or {}).get("username")) for e in control_plane.audit_all()
-                   if e.get("verb") == "patch" and (e.get("objectRef") or {}).get("resource") == "nodes"
-                   and (e.get("objectRef") or {}).get("name") == node and status_code(e) == 200}
+        writers = {
+            str((e.get("user") or {}).get("username"))
+            for e in control_plane.audit_all()
+            if e.get("verb") == "patch"
+            and (e.get("objectRef") or {}).get("resource") == "nodes"
+            and (e.get("objectRef") or {}).get("name") == node
+            and status_code(e) == 200
+        }
         assert writers == {user}, writers  # the probe's own identity, not the simulator's admin
     finally:
         delete_if_present(kube, ClusterRoleBinding, role)

@@ -18,8 +18,13 @@ from gpu_operator.sim.commands.state import SimState
 
 
 def sim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", "sim", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def processes_mentioning(path: Path) -> list[int]:
@@ -56,10 +61,21 @@ def test_up_leaves_it_running_status_reports_down_stops_it(tmp_path: Path) -> No
     try:
         state = SimState.load(where)
         assert state is not None
-        assert [p.name for p in state.alive()] == ["etcd", "egress-proxy", "kube-apiserver", "kube-controller-manager",
-                                                   "kube-scheduler", "kwok", "stand-ins"]
+        assert [p.name for p in state.alive()] == [
+            "etcd",
+            "egress-proxy",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+            "stand-ins",
+        ]
         client = Client(KubeConfig.from_file(state.kubeconfig))
-        assert sorted(str(n.metadata.name) for n in client.list(Node)) == ["cpu-0", "dgx-h100-0", "dgx-h100-1"]
+        assert sorted(str(n.metadata.name) for n in client.list(Node)) == [
+            "cpu-0",
+            "dgx-h100-0",
+            "dgx-h100-1",
+        ]
         client.close()
 
         status = sim("status", "--dir", str(where))
@@ -95,8 +111,9 @@ def test_demo_reaches_ready_and_leaves_nothing_behind(tmp_path: Path) -> None:
 
 def test_demo_of_the_dra_stack_reaches_ready(tmp_path: Path) -> None:
     where = tmp_path / "dra"
-    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--gpucluster", "--timeout", "180",
-               timeout=420)
+    demo = sim(
+        "demo", "--dir", str(where), "--shape", "dgx-h100:2", "--gpucluster", "--timeout", "180", timeout=420
+    )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     out = demo.stdout
     assert "GPUCluster gpu-cluster: ready (Reconciled)" in out and "Everything is ready." in out
@@ -109,8 +126,18 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
     from gpu_operator.sim.realnode.realnode import cgroup_dirs, cgroup_name
 
     where = short_dir / "sim"
-    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:2", "--real-node", "--keep", "--timeout", "240",
-               timeout=480)
+    demo = sim(
+        "demo",
+        "--dir",
+        str(where),
+        "--shape",
+        "dgx-h100:2",
+        "--real-node",
+        "--keep",
+        "--timeout",
+        "240",
+        timeout=480,
+    )
     state = SimState.load(where)
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
@@ -119,11 +146,18 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
         # The real node's row: our operands' cells, from pods that really ran there.
         assert "real-node-0 (host-driver): kubelet + containerd running our image" in out, out
         # the device plugin's pod too (its stand-in's image under NVIDIA's name, sim/realnode/pluginimage.py)
-        assert ("pods that really ran there: device-plugin, node-status-exporter, operator-validator; "
-                "validation passed (4/4)") in out, out
+        assert (
+            "pods that really ran there: device-plugin, node-status-exporter, operator-validator; "
+            "validation passed (4/4)"
+        ) in out, out
         assert "status files they wrote: cuda-ready, driver-ready, plugin-ready, toolkit-ready" in out
-        assert {"real-node-sandbox", "real-node-containerd", "real-node-kubelet", "real-node-nsproxy",
-                "operator"} <= {p.name for p in state.alive()}
+        assert {
+            "real-node-sandbox",
+            "real-node-containerd",
+            "real-node-kubelet",
+            "real-node-nsproxy",
+            "operator",
+        } <= {p.name for p in state.alive()}
         client = Client(KubeConfig.from_file(state.kubeconfig))
         node = client.get(Node, "real-node-0")
         assert node.status is not None and node.status.nodeInfo is not None
@@ -148,10 +182,23 @@ def test_demo_with_a_real_node_runs_our_pods_there_and_down_removes_every_contai
     assert str(where) not in Path("/proc/self/mountinfo").read_text()
 
 
-def test_demo_with_helm_installs_the_chart_and_runs_the_operator_pod_on_the_real_node(short_dir: Path) -> None:
+def test_demo_with_helm_installs_the_chart_and_runs_the_operator_pod_on_the_real_node(
+    short_dir: Path,
+) -> None:
     where = short_dir / "sim"
-    demo = sim("demo", "--dir", str(where), "--shape", "dgx-h100:1", "--real-node", "--helm", "--keep",
-               "--timeout", "240", timeout=480)
+    demo = sim(
+        "demo",
+        "--dir",
+        str(where),
+        "--shape",
+        "dgx-h100:1",
+        "--real-node",
+        "--helm",
+        "--keep",
+        "--timeout",
+        "240",
+        timeout=480,
+    )
     state = SimState.load(where)
     try:
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]

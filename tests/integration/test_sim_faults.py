@@ -38,13 +38,28 @@ Nodes = Callable[..., list[str]]
 def validator_pod(namespace: str, node: str) -> Pod:
     """A pod bound to a kwok node (kwok marks it Running) shaped like the operator-validator's:
     its label, its main container and the gpu-health container with the validations it expects."""
-    return cast(Pod, Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"validator-{node}", "namespace": namespace, "labels": {"app": APP}},
-        "spec": {"nodeName": node, "serviceAccountName": COMPONENT_ACCOUNT, "containers": [
-            {"name": APP, "image": "example.invalid/validator:1"},
-            {"name": CONTAINER, "image": "example.invalid/validator:1",
-             "env": [{"name": "HEALTH_VALIDATIONS", "value": "driver,toolkit,cuda,plugin"}]}]}}))
+    return cast(
+        Pod,
+        Pod.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"validator-{node}", "namespace": namespace, "labels": {"app": APP}},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": COMPONENT_ACCOUNT,
+                    "containers": [
+                        {"name": APP, "image": "example.invalid/validator:1"},
+                        {
+                            "name": CONTAINER,
+                            "image": "example.invalid/validator:1",
+                            "env": [{"name": "HEALTH_VALIDATIONS", "value": "driver,toolkit,cuda,plugin"}],
+                        },
+                    ],
+                },
+            }
+        ),
+    )
 
 
 def report(kube: Client, node: str) -> dict[str, Any]:
@@ -60,24 +75,36 @@ def agent_patches(plane: ControlPlane, node: str) -> int:
     for event in plane.audit_events():
         ref = event.get("objectRef", {})
         query = urllib.parse.parse_qs(urllib.parse.urlsplit(event.get("requestURI", "")).query)
-        if (event.get("verb") == "patch" and event.get("stage") == "ResponseComplete"
-                and ref.get("resource") == "nodes" and ref.get("name") == node and not ref.get("subresource")
-                and query.get("fieldManager") == [NODE_AGENT_FIELD_MANAGER]):
+        if (
+            event.get("verb") == "patch"
+            and event.get("stage") == "ResponseComplete"
+            and ref.get("resource") == "nodes"
+            and ref.get("name") == node
+            and not ref.get("subresource")
+            and query.get("fieldManager") == [NODE_AGENT_FIELD_MANAGER]
+        ):
             count += 1
     return count
 
 
 def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
-        control_plane: ControlPlane, kube: Client, fake_nodes: Nodes, namespace: str, tmp_path: Path) -> None:
+    control_plane: ControlPlane, kube: Client, fake_nodes: Nodes, namespace: str, tmp_path: Path
+) -> None:
     faulted, quiet, bare = fake_nodes("dgx-h100:3")
-    state = SimState(dir=str(tmp_path), server=control_plane.server, kubeconfig=str(control_plane.admin_kubeconfig),
-                     binaries="")
+    state = SimState(
+        dir=str(tmp_path),
+        server=control_plane.server,
+        kubeconfig=str(control_plane.admin_kubeconfig),
+        binaries="",
+    )
     # the faulted node's host runs a driver from 565, which keeps a recovery action per GPU
     # (every shape's is 550: sim/hardware/recovery.py, sim/hardware/nvmltree.py)
     spec = node_host_spec("dgx-h100")
     spec["driver_version"] = "570.133.20"
     NodeHosts(tmp_path / "hosts").faults(faulted, spec)
-    with pytest.raises(FaultError, match=r"NODE 'no-such-node': no such node in this simulator: give one of "):
+    with pytest.raises(
+        FaultError, match=r"NODE 'no-such-node': no such node in this simulator: give one of "
+    ):
         inject(state, "no-such-node", "xid", 79, None)
     with pytest.raises(FaultError, match=r"--gpu 8: this host has 8 GPU\(s\): give an index from 0 to 7"):
         inject(state, faulted, "xid", 79, 8)
@@ -88,12 +115,20 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
             kube.create(validator_pod(namespace, node))
         for node in (faulted, quiet):
             first = wait_for(f"{node}'s first health report", lambda n=node: report(kube, n))  # type: ignore[misc]
-            assert (first["state"], first["action"], first["healthy"], first["validated"]) == ("healthy", "none", 8, True)
+            assert (first["state"], first["action"], first["healthy"], first["validated"]) == (
+                "healthy",
+                "none",
+                8,
+                True,
+            )
 
         said = inject(state, faulted, "xid", 79, 1)
         assert said.startswith(f"node {faulted}: GPU 1 (")
-        bad = wait_for("the Xid 79 in the report", lambda: report(kube, faulted),
-                       until=lambda r: r.get("state") not in (None, "healthy"))
+        bad = wait_for(
+            "the Xid 79 in the report",
+            lambda: report(kube, faulted),
+            until=lambda r: r.get("state") not in (None, "healthy"),
+        )
         assert (bad["state"], bad["action"], bad["healthy"]) == ("unhealthy", "reboot", 7)
         (gpu,) = bad["gpus"]
         assert (gpu["xid"], gpu["state"], gpu["action"]) == (79, "unhealthy", "reboot")
@@ -101,8 +136,11 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
         assert "nvml" in bad["sources"] and gpu["recovery"] == "node-reboot"
 
         inject(state, faulted, "clear", None, None)
-        good = wait_for("the report healthy again after --clear", lambda: report(kube, faulted),
-                        until=lambda r: r.get("state") == "healthy")
+        good = wait_for(
+            "the report healthy again after --clear",
+            lambda: report(kube, faulted),
+            until=lambda r: r.get("state") == "healthy",
+        )
         assert (good["action"], good["healthy"], good["gpus"]) == ("none", 8, [])
     assert health.error is None
     assert report(kube, bare) == {}
@@ -112,11 +150,25 @@ def test_an_xid_79_reaches_the_nodes_health_report_and_clear_brings_it_back(
 
 def plugin_pod(namespace: str, node: str) -> Pod:
     """A pod labelled like NVIDIA's device plugin's, bound to a kwok node."""
-    return cast(Pod, Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"device-plugin-{node}", "namespace": namespace, "labels": {"app": kubeletdp.APP}},
-        "spec": {"nodeName": node, "serviceAccountName": COMPONENT_ACCOUNT,
-                 "containers": [{"name": "nvidia-device-plugin", "image": "example.invalid/dp:1"}]}}))
+    return cast(
+        Pod,
+        Pod.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"device-plugin-{node}",
+                    "namespace": namespace,
+                    "labels": {"app": kubeletdp.APP},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": COMPONENT_ACCOUNT,
+                    "containers": [{"name": "nvidia-device-plugin", "image": "example.invalid/dp:1"}],
+                },
+            }
+        ),
+    )
 
 
 def gpus(kube: Client, node: str) -> tuple[str | None, str | None]:
@@ -126,8 +178,13 @@ def gpus(kube: Client, node: str) -> tuple[str | None, str | None]:
 
 
 def sim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", "sim", *args],
-                          capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", "sim", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
@@ -143,29 +200,45 @@ def test_the_command_on_a_simulator_sim_up_started(tmp_path: Path) -> None:
         kube.create(plugin_pod("default", "dgx-h100-0"))
         first = wait_for("the first health report", lambda: report(kube, "dgx-h100-0"))
         assert (first["state"], first["action"]) == ("healthy", "none")
-        wait_for("the device plugin's 8 GPUs", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "8"))
+        wait_for(
+            "the device plugin's 8 GPUs", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "8")
+        )
 
         xid = sim("fault", "dgx-h100-0", "--xid", "79", "--gpu", "1", "--dir", where)
         assert xid.returncode == 0, xid.stderr
-        assert xid.stdout.startswith("node dgx-h100-0: GPU 1 (0000:42:00.0): Xid 79 written to the kernel log")
-        bad = wait_for("the Xid in the report", lambda: report(kube, "dgx-h100-0"),
-                       until=lambda r: r.get("state") not in (None, "healthy"))
-        assert (bad["state"], bad["action"], [g["bus"] for g in bad["gpus"]]) == ("unhealthy", "reboot", ["0000:42:00.0"])
+        assert xid.stdout.startswith(
+            "node dgx-h100-0: GPU 1 (0000:42:00.0): Xid 79 written to the kernel log"
+        )
+        bad = wait_for(
+            "the Xid in the report",
+            lambda: report(kube, "dgx-h100-0"),
+            until=lambda r: r.get("state") not in (None, "healthy"),
+        )
+        assert (bad["state"], bad["action"], [g["bus"] for g in bad["gpus"]]) == (
+            "unhealthy",
+            "reboot",
+            ["0000:42:00.0"],
+        )
         # the device plugin reports that GPU Unhealthy: counted in capacity, not in allocatable
         wait_for("allocatable 7", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "7"))
 
         unknown = sim("fault", "dgx-h100-9", "--gone", "--dir", where)
         assert unknown.returncode == 1
-        assert ("error: NODE 'dgx-h100-9': no such node in this simulator: give one of dgx-h100-0, dgx-h100-1"
-                in unknown.stderr)
+        assert (
+            "error: NODE 'dgx-h100-9': no such node in this simulator: give one of dgx-h100-0, dgx-h100-1"
+            in unknown.stderr
+        )
         out_of_range = sim("fault", "dgx-h100-1", "--gone", "--gpu", "8", "--dir", where)
         assert out_of_range.returncode == 1
         assert "error: --gpu 8: this host has 8 GPU(s): give an index from 0 to 7" in out_of_range.stderr
 
         clear = sim("fault", "dgx-h100-0", "--clear", "--dir", where)
         assert clear.returncode == 0, clear.stderr
-        good = wait_for("the report healthy again", lambda: report(kube, "dgx-h100-0"),
-                        until=lambda r: r.get("state") == "healthy")
+        good = wait_for(
+            "the report healthy again",
+            lambda: report(kube, "dgx-h100-0"),
+            until=lambda r: r.get("state") == "healthy",
+        )
         assert good["gpus"] == []
         wait_for("allocatable 8 again", lambda: gpus(kube, "dgx-h100-0"), until=lambda g: g == ("8", "8"))
         assert report(kube, "dgx-h100-1") == {}  # no validator pod there: no agent

@@ -132,9 +132,10 @@ def test_rtx_pro_6000_advertises_its_gfx_profile_under_mixed(
         timeout=240,
         context=operator.log_text,
         # the device plugin's resource and GFD's labels (which the operator mirrors) arrive apart
-        until=lambda s: s[0].get(STATE) == "success" and s[1].get(GFX) == "32" and s[0].get(f"{GFX}.count") == "32",
+        until=lambda s: (
+            s[0].get(STATE) == "success" and s[1].get(GFX) == "32" and s[0].get(f"{GFX}.count") == "32"
+        ),
     )
     assert allocatable.get(GPU, "0") == "0", allocatable  # every GPU has MIG on: no full GPU left
     assert labels[f"{GFX}.product"] == "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition-MIG-1g.24gb.gfx"
     assert labels["nvidia.com/mig.strategy"] == "mixed"
-

@@ -66,12 +66,14 @@ def test_the_vm_gets_two_of_seed_001s_gpus(chain: nested.Chain) -> None:
 def test_the_guest_node_has_exactly_those_gpus_and_the_policy_is_ready(chain: nested.Chain) -> None:
     assert chain.guest is not None
     root = NodeHosts(Path(chain.guest.dir) / "hosts").root(nested.VM_NAME)
-    gpus = sorted(p.name for p in (root / "sys/bus/pci/devices").iterdir()
-                  if (p / "vendor").read_text().strip() == "0x10de")
+    gpus = sorted(
+        p.name
+        for p in (root / "sys/bus/pci/devices").iterdir()
+        if (p / "vendor").read_text().strip() == "0x10de"
+    )
     assert gpus == guesttree.gpu_addresses(2) == chain.guest_addresses
     kube = client(chain.guest)
     node = kube.get(Node, nested.VM_NAME)
     assert node.status is not None and (node.status.allocatable or {})["nvidia.com/gpu"] == "2"
     policy = json.loads(json.dumps(dict(kube.get(ClusterPolicyResource, "cluster-policy"))))
     assert policy["status"]["state"] == "ready"
-

@@ -58,10 +58,27 @@ def node_feature(kube: Client, namespace: str, node: str) -> dict[str, Any] | No
 
 def component_pod(name: str, namespace: str, node: str, app: str, env: dict[str, str] | None = None) -> Pod:
     """A bare pod bound to a kwok node (kwok marks it Running), labelled like the component's."""
-    return cast(Pod, Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
-        "spec": {"nodeName": node, "serviceAccountName": COMPONENT_ACCOUNT, "containers": [{"name": app, "image": f"example.invalid/{app}:1",
-                                                   "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]}}))
+    return cast(
+        Pod,
+        Pod.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": COMPONENT_ACCOUNT,
+                    "containers": [
+                        {
+                            "name": app,
+                            "image": f"example.invalid/{app}:1",
+                            "env": [{"name": k, "value": v} for k, v in (env or {}).items()],
+                        }
+                    ],
+                },
+            }
+        ),
+    )
 
 
 def running_pod(kube: Client, namespace: str, name: str) -> Pod | None:
@@ -80,11 +97,15 @@ def label_owners(node: Node) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for entry in (node.metadata.managedFields if node.metadata else None) or []:
         labels = ((entry.fieldsV1 or {}).get("f:metadata") or {}).get("f:labels") or {}
-        out.setdefault(str(entry.manager), set()).update(k.removeprefix("f:") for k in labels if k.startswith("f:"))
+        out.setdefault(str(entry.manager), set()).update(
+            k.removeprefix("f:") for k in labels if k.startswith("f:")
+        )
     return out
 
 
-def test_a_kwok_node_carries_nothing_of_gfd_or_the_device_plugin_when_created(kube: Client, fake_nodes: Nodes) -> None:
+def test_a_kwok_node_carries_nothing_of_gfd_or_the_device_plugin_when_created(
+    kube: Client, fake_nodes: Nodes
+) -> None:
     (name,) = fake_nodes("dgx-h100:1")
     node = kube.get(Node, name)
     assert node.metadata is not None and node.status is not None
@@ -95,16 +116,39 @@ def test_a_kwok_node_carries_nothing_of_gfd_or_the_device_plugin_when_created(ku
     assert GPU not in (node.status.capacity or {}) and GPU not in (node.status.allocatable or {})
 
 
-def test_gfd_pod_publishes_gfds_node_feature(kube: Client, fake_nodes: Nodes, namespace: str,
-                                             node_feature_crd: str) -> None:
+def test_gfd_pod_publishes_gfds_node_feature(
+    kube: Client, fake_nodes: Nodes, namespace: str, node_feature_crd: str
+) -> None:
     (name,) = fake_nodes("dgx-h100:1")
-    kube.create(cast(DaemonSet, DaemonSet.from_dict({
-        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu-feature-discovery", "namespace": namespace},
-        "spec": {"selector": {"matchLabels": {"app": "gpu-feature-discovery"}},
-                 "template": {"metadata": {"labels": {"app": "gpu-feature-discovery"}},
-                              "spec": {"nodeSelector": {"kubernetes.io/hostname": name}, "serviceAccountName": COMPONENT_ACCOUNT,
-                                       "containers": [{"name": "gpu-feature-discovery", "image": "example.invalid/gfd:1",
-                                                       "env": [{"name": "MIG_STRATEGY", "value": "single"}]}]}}}})))
+    kube.create(
+        cast(
+            DaemonSet,
+            DaemonSet.from_dict(
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "metadata": {"name": "gpu-feature-discovery", "namespace": namespace},
+                    "spec": {
+                        "selector": {"matchLabels": {"app": "gpu-feature-discovery"}},
+                        "template": {
+                            "metadata": {"labels": {"app": "gpu-feature-discovery"}},
+                            "spec": {
+                                "nodeSelector": {"kubernetes.io/hostname": name},
+                                "serviceAccountName": COMPONENT_ACCOUNT,
+                                "containers": [
+                                    {
+                                        "name": "gpu-feature-discovery",
+                                        "image": "example.invalid/gfd:1",
+                                        "env": [{"name": "MIG_STRATEGY", "value": "single"}],
+                                    }
+                                ],
+                            },
+                        },
+                    },
+                }
+            ),
+        )
+    )
     found = wait_for("GFD's NodeFeature", lambda: node_feature(kube, namespace, name), timeout=60)
     assert found is not None
     ds = kube.get(DaemonSet, "gpu-feature-discovery", namespace=namespace)
@@ -112,36 +156,58 @@ def test_gfd_pod_publishes_gfds_node_feature(kube: Client, fake_nodes: Nodes, na
     assert ds.metadata is not None and pod.metadata is not None and pod.status is not None
     assert found["metadata"]["labels"] == {NFD_NODE_NAME_LABEL: name}
     assert found["metadata"]["ownerReferences"] == [
-        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery", "uid": ds.metadata.uid,
-         "controller": True},
-        {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}]
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "gpu-feature-discovery",
+            "uid": ds.metadata.uid,
+            "controller": True,
+        },
+        {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid},
+    ]
     assert pod.status.startTime is not None
     stamp = int(pod.status.startTime.timestamp())
     assert found["spec"]["labels"] == shapes.load("dgx-h100").gfd_labels("single", timestamp=stamp)
     assert {m["manager"] for m in found["metadata"]["managedFields"]} == {"gpu-feature-discovery"}
     labels = kube.get(Node, name).metadata.labels or {}
-    assert not GFD_KEYS & set(labels)  # GFD writes the NodeFeature only; nothing here plays NFD or the operator
+    assert not GFD_KEYS & set(
+        labels
+    )  # GFD writes the NodeFeature only; nothing here plays NFD or the operator
 
     kube.delete(DaemonSet, "gpu-feature-discovery", namespace=namespace)
     # the garbage collector's; it watches a kind added during the session after its next
     # discovery resync (30 s)
-    wait_for("the NodeFeature collected once its DaemonSet and pod are gone",
-             lambda: node_feature(kube, namespace, name) is None, timeout=120)
+    wait_for(
+        "the NodeFeature collected once its DaemonSet and pod are gone",
+        lambda: node_feature(kube, namespace, name) is None,
+        timeout=120,
+    )
 
 
 def test_device_plugin_pod_brings_the_gpu_capacity(kube: Client, fake_nodes: Nodes, namespace: str) -> None:
     (name,) = fake_nodes("a10:1")
     assert node_resources(kube, name) == (None, None)
     kube.create(component_pod("device-plugin", namespace, name, "nvidia-device-plugin-daemonset"))
-    wait_for("capacity and allocatable nvidia.com/gpu 2", lambda: node_resources(kube, name),
-             until=lambda r: r == ("2", "2"), timeout=60)
-    owners = {m.manager for m in kube.get(Node, name).metadata.managedFields or []
-              if f"f:{GPU}" in (((m.fieldsV1 or {}).get("f:status") or {}).get("f:capacity") or {})}
+    wait_for(
+        "capacity and allocatable nvidia.com/gpu 2",
+        lambda: node_resources(kube, name),
+        until=lambda r: r == ("2", "2"),
+        timeout=60,
+    )
+    owners = {
+        m.manager
+        for m in kube.get(Node, name).metadata.managedFields or []
+        if f"f:{GPU}" in (((m.fieldsV1 or {}).get("f:status") or {}).get("f:capacity") or {})
+    }
     assert owners == {"kubelet"}, owners
     kube.delete(Pod, "device-plugin", namespace=namespace, grace_period=0)
     # the kubelet's device manager: allocatable 0 at once, capacity kept for the endpoint's grace period
-    wait_for("allocatable 0, capacity kept", lambda: node_resources(kube, name), until=lambda r: r == ("2", "0"),
-             timeout=60)
+    wait_for(
+        "allocatable 0, capacity kept",
+        lambda: node_resources(kube, name),
+        until=lambda r: r == ("2", "0"),
+        timeout=60,
+    )
 
 
 @contextlib.contextmanager
@@ -156,15 +222,20 @@ def bare_gfd_pod(kube: Client, namespace: str, node: str) -> Iterator[str]:
 
 
 def test_nfd_master_puts_the_labels_on_the_node_as_nfd_master(
-        kube: Client, fake_nodes: Nodes, namespace: str, node_feature_crd: str, nfd_master: object) -> None:
+    kube: Client, fake_nodes: Nodes, namespace: str, node_feature_crd: str, nfd_master: object
+) -> None:
     (name,) = fake_nodes("host-driver:1")
     wanted = shapes.load("host-driver").gfd_labels()
     with bare_gfd_pod(kube, namespace, name):
         found = wait_for("GFD's NodeFeature", lambda: node_feature(kube, namespace, name), timeout=60)
         assert found is not None
         assert "ownerReferences" not in found["metadata"]  # a pod no DaemonSet owns: GFD sets none
-        node = wait_for("GFD's labels on the Node", lambda: kube.get(Node, name),
-                        until=lambda n: set(wanted) <= set(n.metadata.labels or {}), timeout=60)
+        node = wait_for(
+            "GFD's labels on the Node",
+            lambda: kube.get(Node, name),
+            until=lambda n: set(wanted) <= set(n.metadata.labels or {}),
+            timeout=60,
+        )
     assert node.metadata is not None
     labels = node.metadata.labels or {}
     assert {k: labels[k] for k in wanted} == wanted
@@ -176,6 +247,10 @@ def test_nfd_master_puts_the_labels_on_the_node_as_nfd_master(
     assert not set(found["spec"]["labels"]) & owners.get("tests", set()), owners  # the Node's creator
 
     kube.delete(NodeFeature, f"nvidia-features-for-{name}", namespace=namespace)
-    node = wait_for("GFD's labels gone with their NodeFeature", lambda: kube.get(Node, name),
-                    until=lambda n: not set(found["spec"]["labels"]) & set(n.metadata.labels or {}), timeout=60)
+    node = wait_for(
+        "GFD's labels gone with their NodeFeature",
+        lambda: kube.get(Node, name),
+        until=lambda n: not set(found["spec"]["labels"]) & set(n.metadata.labels or {}),
+        timeout=60,
+    )
     assert "nfd.node.kubernetes.io/feature-labels" not in (node.metadata.annotations or {})

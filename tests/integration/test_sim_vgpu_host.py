@@ -222,16 +222,28 @@ def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_dae
     from gpu_operator.sim.standins.vgpustandin import INIT
 
     (host,) = fake_nodes(f"{SHAPE}:1")
-    kube.create(ConfigMap(metadata=ObjectMeta(name="vgpu-lab", namespace=operator_namespace), data={"config.yaml": CONFIG}))
+    kube.create(
+        ConfigMap(
+            metadata=ObjectMeta(name="vgpu-lab", namespace=operator_namespace), data={"config.yaml": CONFIG}
+        )
+    )
     config = KubeConfig.from_file(control_plane.admin_kubeconfig)
 
     def held() -> Pod | None:
-        for pod in kube.list(Pod, namespace=operator_namespace, labels={"app": APP}, fields={"spec.nodeName": host}):
+        for pod in kube.list(
+            Pod, namespace=operator_namespace, labels={"app": APP}, fields={"spec.nodeName": host}
+        ):
             status = pod.status
             inits = {s.name: s for s in (status.initContainerStatuses if status else None) or []}
             ours = inits.get(INIT)
-            if (status and status.phase == "Pending" and ours is not None and ours.state is not None
-                    and ours.state.waiting is not None and ours.state.waiting.reason == "CrashLoopBackOff"):
+            if (
+                status
+                and status.phase == "Pending"
+                and ours is not None
+                and ours.state is not None
+                and ours.state.waiting is not None
+                and ours.state.waiting.reason == "CrashLoopBackOff"
+            ):
                 return pod
         return None
 
@@ -240,13 +252,22 @@ def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_dae
 
     with roster.running(config, nodes=False, hosts=tmp_path / "hosts", agents=True) as agents:
         operator = start_operator()
-        cluster_policies({
-            "sandboxWorkloads": {"enabled": True},
-            "vgpuManager": {"enabled": False},
-            "vgpuDeviceManager": {"enabled": True, "config": {"name": "vgpu-lab", "default": "no-such-config"}},
-        })
-        pod = wait_for("the validator pod held in vgpu-host-state (CrashLoopBackOff)", held, timeout=90,
-                       context=operator.log_text)
+        cluster_policies(
+            {
+                "sandboxWorkloads": {"enabled": True},
+                "vgpuManager": {"enabled": False},
+                "vgpuDeviceManager": {
+                    "enabled": True,
+                    "config": {"name": "vgpu-lab", "default": "no-such-config"},
+                },
+            }
+        )
+        pod = wait_for(
+            "the validator pod held in vgpu-host-state (CrashLoopBackOff)",
+            held,
+            timeout=90,
+            context=operator.log_text,
+        )
         assert pod is not None and pod.status is not None
         conditions = {c.type: (c.status, c.reason) for c in pod.status.conditions or []}
         assert conditions["Initialized"] == ("False", "ContainersNotInitialized"), conditions
@@ -254,23 +275,46 @@ def test_while_the_pass_fails_the_pod_is_held_in_its_init_containers_and_the_dae
         ours = next(s for s in pod.status.initContainerStatuses or [] if s.name == INIT)
         assert ours.restartCount >= 1 and ours.lastState is not None and ours.lastState.terminated is not None
         assert ours.lastState.terminated.exitCode == 1
-        assert [s.state.waiting.reason for s in pod.status.containerStatuses or []
-                if s.state is not None and s.state.waiting is not None] == ["PodInitializing"]
+        assert [
+            s.state.waiting.reason
+            for s in pod.status.containerStatuses or []
+            if s.state is not None and s.state.waiting is not None
+        ] == ["PodInitializing"]
         assert labels(kube, host).get(VGPU_HOST_STATE) == "failed"
         # the DaemonSet controller recounts after the pod's status change reaches it: wait for that
-        ds = wait_for("the validator DaemonSet counting the held pod not ready", daemonset,
-                      until=lambda d: d.status is not None and d.status.desiredNumberScheduled == 1
-                      and not d.status.numberReady, timeout=60, context=operator.log_text)
+        ds = wait_for(
+            "the validator DaemonSet counting the held pod not ready",
+            daemonset,
+            until=lambda d: (
+                d.status is not None and d.status.desiredNumberScheduled == 1 and not d.status.numberReady
+            ),
+            timeout=60,
+            context=operator.log_text,
+        )
         assert ds.status is not None and ds.status.currentNumberScheduled == 1, ds.status
         # still held a restart later (kwok does not move it on)
-        wait_for("another failed restart", held, until=lambda p: p is not None and p.status is not None and next(
-            s for s in p.status.initContainerStatuses or [] if s.name == INIT).restartCount > ours.restartCount,
-            timeout=60, context=operator.log_text)
+        wait_for(
+            "another failed restart",
+            held,
+            until=lambda p: (
+                p is not None
+                and p.status is not None
+                and next(s for s in p.status.initContainerStatuses or [] if s.name == INIT).restartCount
+                > ours.restartCount
+            ),
+            timeout=60,
+            context=operator.log_text,
+        )
         kube.patch(Node, host, {"metadata": {"labels": {VGPU_CONFIG: "lab"}}})
-        wait_for("the validator DaemonSet ready once the pass goes through", daemonset,
-                 until=lambda d: d.status is not None and d.status.numberReady == 1, timeout=90,
-                 context=operator.log_text)
+        wait_for(
+            "the validator DaemonSet ready once the pass goes through",
+            daemonset,
+            until=lambda d: d.status is not None and d.status.numberReady == 1,
+            timeout=90,
+            context=operator.log_text,
+        )
         assert labels(kube, host).get(VGPU_HOST_STATE) == "restored"
     assert agents.error is None, agents.error
-    assert agents.identities is not None and not list(agents.identities.refusals.seen), \
-        list(agents.identities.refusals.seen)
+    assert agents.identities is not None and not list(agents.identities.refusals.seen), list(
+        agents.identities.refusals.seen
+    )

@@ -14,21 +14,44 @@ from gpu_operator.statusview.collect import collect
 from tests.support.waiting import wait_for
 
 # The default policy's operands on a dgx-h100 node (MPS and the disabled exporter select none).
-RUNNING = ["driver", "container-toolkit", "operator-validator", "device-plugin", "gpu-feature-discovery",
-           "dcgm", "dcgm-exporter", "mig-manager"]
+RUNNING = [
+    "driver",
+    "container-toolkit",
+    "operator-validator",
+    "device-plugin",
+    "gpu-feature-discovery",
+    "dcgm",
+    "dcgm-exporter",
+    "mig-manager",
+]
 
 
 def status_cli(plane: ControlPlane, namespace: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpu_operator.cli", "status", f"--kubeconfig={plane.admin_kubeconfig}",
-         f"--namespace={namespace}", "--max-nodes=100"],
-        capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "status",
+            f"--kubeconfig={plane.admin_kubeconfig}",
+            f"--namespace={namespace}",
+            "--max-nodes=100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_status_view_before_and_after_the_operator(
-        kube: Client, control_plane: ControlPlane, fake_nodes: Callable[..., list[str]],
-        start_operator: Callable[..., OperatorProcess], cluster_policies: Callable[..., str],
-        operator_namespace: str) -> None:
+    kube: Client,
+    control_plane: ControlPlane,
+    fake_nodes: Callable[..., list[str]],
+    start_operator: Callable[..., OperatorProcess],
+    cluster_policies: Callable[..., str],
+    operator_namespace: str,
+) -> None:
     names = fake_nodes("dgx-h100:2")
     cpu = fake_nodes("cpu:1")[0]
     cluster_policies({})
@@ -41,8 +64,12 @@ def test_status_view_before_and_after_the_operator(
     assert "not reconciled yet" in result.stdout
 
     operator = start_operator()
-    view = wait_for("the status view to be ready", lambda: (v := collect(kube, operator_namespace)).ready and v,
-                    timeout=150, context=operator.log_text)
+    view = wait_for(
+        "the status view to be ready",
+        lambda: (v := collect(kube, operator_namespace)).ready and v,
+        timeout=150,
+        context=operator.log_text,
+    )
     rows = {row.name: row for row in view.rows}
     assert set(names) <= set(rows) and cpu not in rows
     for name in names:
@@ -63,7 +90,8 @@ def test_status_view_before_and_after_the_operator(
 
 
 def test_an_operator_pod_that_cannot_pull_its_image_is_reported_with_the_values_keys(
-        kube: Client, operator_namespace: str) -> None:
+    kube: Client, operator_namespace: str
+) -> None:
     """Without --namespace (an operator that never started wrote no status to say where it is):
     the view finds the chart's pods in every namespace and says which values build the image it
     cannot pull."""
@@ -72,23 +100,55 @@ def test_an_operator_pod_that_cannot_pull_its_image_is_reported_with_the_values_
 
     name = "gpu-operator-5c8d9-pull"
     image = "registry.invalid/gpu-operator:nosuch"
-    kube.create(from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": operator_namespace,
-                     "labels": {"app": "gpu-operator", "app.kubernetes.io/component": "gpu-operator"}},
-        # held out of scheduling: no kwok node plays it, so its status is what the kubelet would report
-        "spec": {"schedulingGates": [{"name": "example.com/held"}],
-                 "containers": [{"name": "gpu-operator", "image": image}]}}))
+    kube.create(
+        from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": operator_namespace,
+                    "labels": {"app": "gpu-operator", "app.kubernetes.io/component": "gpu-operator"},
+                },
+                # held out of scheduling: no kwok node plays it, so its status is what the kubelet would report
+                "spec": {
+                    "schedulingGates": [{"name": "example.com/held"}],
+                    "containers": [{"name": "gpu-operator", "image": image}],
+                },
+            }
+        )
+    )
     try:
-        kube.patch(Pod.Status, name, {"status": {"phase": "Pending", "containerStatuses": [{
-            "name": "gpu-operator", "image": image, "imageID": "", "ready": False, "restartCount": 0,
-            "state": {"waiting": {"reason": "ImagePullBackOff",
-                                  "message": f'Back-off pulling image "{image}"'}}}]}},
-                   namespace=operator_namespace)
+        kube.patch(
+            Pod.Status,
+            name,
+            {
+                "status": {
+                    "phase": "Pending",
+                    "containerStatuses": [
+                        {
+                            "name": "gpu-operator",
+                            "image": image,
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {
+                                "waiting": {
+                                    "reason": "ImagePullBackOff",
+                                    "message": f'Back-off pulling image "{image}"',
+                                }
+                            },
+                        }
+                    ],
+                }
+            },
+            namespace=operator_namespace,
+        )
         view = collect(kube)
         line = next(p for p in view.problems if name in p)
-        assert line.startswith(f"the operator: pod {operator_namespace}/{name} cannot pull image '{image}' "
-                               "(ImagePullBackOff)"), line
+        assert line.startswith(
+            f"the operator: pod {operator_namespace}/{name} cannot pull image '{image}' (ImagePullBackOff)"
+        ), line
         assert "operator.repository, operator.image and operator.version" in line
         assert not view.ready
     finally:

@@ -48,7 +48,9 @@ def pods_by_owner(kube: Client, namespace: str) -> dict[str, dict[str, str]]:
 
 
 def applied_by_us(obj: Any) -> bool:
-    return any(f.manager == FIELD_MANAGER and f.operation == "Apply" for f in obj.metadata.managedFields or [])
+    return any(
+        f.manager == FIELD_MANAGER and f.operation == "Apply" for f in obj.metadata.managedFields or []
+    )
 
 
 def daemonsets(kube: Client, namespace: str) -> dict[str, DaemonSet]:
@@ -86,7 +88,9 @@ def leftovers(kube: Client, loaded: takeover.Loaded) -> list[str]:
     for obj in loaded.objects:
         meta = obj["metadata"]
         try:
-            live = kube.get(resource_for(obj["apiVersion"], obj["kind"]), meta["name"], namespace=meta.get("namespace"))
+            live = kube.get(
+                resource_for(obj["apiVersion"], obj["kind"]), meta["name"], namespace=meta.get("namespace")
+            )
         except ApiError as err:
             if err.status.code == 404:
                 continue
@@ -107,14 +111,20 @@ class DriverWitness:
         self.active_peak = 0
         self.history: dict[str, list[str]] = {n: [] for n in nodes}
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._pods, daemon=True),
-                        threading.Thread(target=self._states, daemon=True)]
+        self.threads = [
+            threading.Thread(target=self._pods, daemon=True),
+            threading.Thread(target=self._states, daemon=True),
+        ]
 
     def _pods(self) -> None:
         while not self.stop.is_set():
             pods = self.kube.list(Pod, namespace=self.namespace, labels={COMPONENT: "nvidia-driver"})
-            ready = {p.spec.nodeName for p in pods if not p.metadata.deletionTimestamp and any(
-                c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
+            ready = {
+                p.spec.nodeName
+                for p in pods
+                if not p.metadata.deletionTimestamp
+                and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+            }
             self.without_driver_peak = max(self.without_driver_peak, len(self.nodes - ready))
             time.sleep(0.05)
 
@@ -141,14 +151,19 @@ class DriverWitness:
 
 
 def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
-        kube: Client, fake_nodes: Nodes, start_operator: Start, operator_namespace: str) -> None:
+    kube: Client, fake_nodes: Nodes, start_operator: Start, operator_namespace: str
+) -> None:
     recorded = takeover.recorded_nodes()
     nodes = fake_nodes(*[f"{r['shape']}:1" for r in recorded])
     loaded = takeover.load(kube, operator_namespace, nodes)
     try:
         recorded_sets = loaded.named("DaemonSet")
-        wait_for("NVIDIA's operand pods running on every node they select",
-                 lambda: all_scheduled(kube, operator_namespace), until=lambda short: not short, timeout=120)
+        wait_for(
+            "NVIDIA's operand pods running on every node they select",
+            lambda: all_scheduled(kube, operator_namespace),
+            until=lambda short: not short,
+            timeout=120,
+        )
         before_sets = daemonsets(kube, operator_namespace)
         before_pods = pods_by_owner(kube, operator_namespace)
         assert set(before_sets) == set(recorded_sets)
@@ -158,13 +173,24 @@ def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
 
         with DriverWitness(kube, operator_namespace, nodes) as witness:
             operator = start_operator()
-            wait_for("every NVIDIA DaemonSet applied by our operator",
-                     lambda: [n for n, ds in daemonsets(kube, operator_namespace).items() if not applied_by_us(ds)],
-                     until=lambda left: not left, timeout=120, context=operator.log_text)
-            wait_for("every node's driver replaced through the upgrade controller (upgrade-done)",
-                     lambda: {n: s[-1] for n, s in witness.history.items()},
-                     until=lambda last: set(last.values()) == {UPGRADE_DONE} and all(
-                         len(witness.history[n]) > 1 for n in nodes), timeout=180, context=operator.log_text)
+            wait_for(
+                "every NVIDIA DaemonSet applied by our operator",
+                lambda: [
+                    n for n, ds in daemonsets(kube, operator_namespace).items() if not applied_by_us(ds)
+                ],
+                until=lambda left: not left,
+                timeout=120,
+                context=operator.log_text,
+            )
+            wait_for(
+                "every node's driver replaced through the upgrade controller (upgrade-done)",
+                lambda: {n: s[-1] for n, s in witness.history.items()},
+                until=lambda last: (
+                    set(last.values()) == {UPGRADE_DONE} and all(len(witness.history[n]) > 1 for n in nodes)
+                ),
+                timeout=180,
+                context=operator.log_text,
+            )
             policy = reconciled(kube, timeout=240, context=operator.log_text)
         # Kept and reconciled, not recreated.
         assert kube.get(ClusterPolicyResource, "cluster-policy")["metadata"]["uid"] == loaded.policy_uid
@@ -175,7 +201,9 @@ def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
             assert [r.uid for r in ds.metadata.ownerReferences or []] == [loaded.policy_uid], name
         # NVIDIA's selectors of GFD and the validator carry app.kubernetes.io/part-of, ours does
         # not: those two were deleted leaving their pods and created again (a new uid).
-        changed_selector = {n for n in before_sets if before_sets[n].spec.selector != after_sets[n].spec.selector}
+        changed_selector = {
+            n for n in before_sets if before_sets[n].spec.selector != after_sets[n].spec.selector
+        }
         assert changed_selector == {"gpu-feature-discovery", "nvidia-operator-validator"}
         for name in changed_selector:
             assert after_sets[name].metadata.uid != before_sets[name].metadata.uid
@@ -183,7 +211,9 @@ def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
         # this fixture: every template differs; see docs/migrate.md).
         for name in before_sets:
             if before_sets[name].spec.template == after_sets[name].spec.template:
-                assert after_pods.get(name) == before_pods.get(name), f"{name}: restarted with the same template"
+                assert after_pods.get(name) == before_pods.get(name), (
+                    f"{name}: restarted with the same template"
+                )
         # The driver's template differs: its pods were replaced, by the upgrade controller, at
         # most maxParallelUpgrades nodes at a time, never all at once.
         assert not set(after_pods["nvidia-driver-daemonset"]) & set(before_pods["nvidia-driver-daemonset"])
@@ -206,15 +236,22 @@ def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
         pods_then = pods_by_owner(kube, operator_namespace)
         for name in changed_selector:
             kube.delete(DaemonSet, name, namespace=operator_namespace, cascade=CascadeType.ORPHAN)
-        wait_for("the two DaemonSets gone", lambda: set(daemonsets(kube, operator_namespace)) & changed_selector,
-                 until=lambda left: not left, timeout=60)
+        wait_for(
+            "the two DaemonSets gone",
+            lambda: set(daemonsets(kube, operator_namespace)) & changed_selector,
+            until=lambda left: not left,
+            timeout=60,
+        )
         for name, ds in daemonsets(kube, operator_namespace).items():
             assert ds.spec.selector.to_dict() == recorded_sets[name]["spec"]["selector"], name
         assert kube.get(ClusterPolicyResource, "cluster-policy")["metadata"]["uid"] == loaded.policy_uid
         kube.get(CustomResourceDefinition, "clusterpolicies.nvidia.com")
         live = {uid for uids in pods_by_owner(kube, operator_namespace).values() for uid in uids}
-        orphans = {str(p.metadata.uid) for p in kube.list(Pod, namespace=operator_namespace)
-                   if not p.metadata.ownerReferences and not p.metadata.deletionTimestamp}
+        orphans = {
+            str(p.metadata.uid)
+            for p in kube.list(Pod, namespace=operator_namespace)
+            if not p.metadata.ownerReferences and not p.metadata.deletionTimestamp
+        }
         for name in changed_selector:
             assert set(pods_then[name]) <= orphans, f"{name}: its pods did not survive the orphaning delete"
         assert live

@@ -39,7 +39,16 @@ from tests.support.hostsim import fakehost
 from tests.support.waiting import wait_for
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+H100 = [
+    "0000:0a:00.0",
+    "0000:18:00.0",
+    "0000:3b:00.0",
+    "0000:44:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b8:00.0",
+    "0000:c1:00.0",
+]
 
 
 def vfio_manager_identity(control_plane: ControlPlane, kube: Client, namespace: str) -> Path:
@@ -49,26 +58,51 @@ def vfio_manager_identity(control_plane: ControlPlane, kube: Client, namespace: 
     subject = [Subject(kind="ServiceAccount", name=sa, namespace=namespace)]
     cluster_role = f"{namespace}-vfio-manager"
     ref = {"apiGroup": "rbac.authorization.k8s.io", "name": cluster_role}
-    kube.apply(ClusterRole(metadata=ObjectMeta(name=cluster_role),
-                           rules=[PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "patch"])]))
-    kube.apply(ClusterRoleBinding(metadata=ObjectMeta(name=cluster_role), subjects=subject,
-                                  roleRef=RoleRef(kind="ClusterRole", **ref)))
+    kube.apply(
+        ClusterRole(
+            metadata=ObjectMeta(name=cluster_role),
+            rules=[PolicyRule(apiGroups=[""], resources=["nodes"], verbs=["get", "patch"])],
+        )
+    )
+    kube.apply(
+        ClusterRoleBinding(
+            metadata=ObjectMeta(name=cluster_role),
+            subjects=subject,
+            roleRef=RoleRef(kind="ClusterRole", **ref),
+        )
+    )
     # Events about a Node live in `default`, whatever namespace the agent runs in.
-    kube.apply(Role(metadata=ObjectMeta(name=cluster_role, namespace="default"),
-                    rules=[PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"])]))
-    kube.apply(RoleBinding(metadata=ObjectMeta(name=cluster_role, namespace="default"), subjects=subject,
-                           roleRef=RoleRef(kind="Role", **ref)))
+    kube.apply(
+        Role(
+            metadata=ObjectMeta(name=cluster_role, namespace="default"),
+            rules=[PolicyRule(apiGroups=[""], resources=["events"], verbs=["create"])],
+        )
+    )
+    kube.apply(
+        RoleBinding(
+            metadata=ObjectMeta(name=cluster_role, namespace="default"),
+            subjects=subject,
+            roleRef=RoleRef(kind="Role", **ref),
+        )
+    )
     # The authorizer learns new bindings from its own watch: wait until it grants all three.
     client = Client(KubeConfig.from_file(kubeconfig))
     wanted = (("nodes", "get", None), ("nodes", "patch", None), ("events", "create", "default"))
-    wait_for("the ServiceAccount's rights (nodes get/patch, events create in default)",
-             lambda: [w for w in wanted if not allowed(client, *w)], until=lambda missing: not missing, timeout=60)
+    wait_for(
+        "the ServiceAccount's rights (nodes get/patch, events create in default)",
+        lambda: [w for w in wanted if not allowed(client, *w)],
+        until=lambda missing: not missing,
+        timeout=60,
+    )
     return kubeconfig
 
 
 def allowed(client: Client, resource: str, verb: str, namespace: str | None) -> bool:
-    review = SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(resourceAttributes=ResourceAttributes(
-        resource=resource, verb=verb, namespace=namespace)))
+    review = SelfSubjectAccessReview(
+        spec=SelfSubjectAccessReviewSpec(
+            resourceAttributes=ResourceAttributes(resource=resource, verb=verb, namespace=namespace)
+        )
+    )
     answer = client.create(review)
     return bool(answer.status and answer.status.allowed)
 
@@ -89,11 +123,19 @@ def vfio_events(kube: Client, node: str) -> list[Event]:
 
 
 def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
-        control_plane: ControlPlane, kube: Client, namespace: str,
-        fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    control_plane: ControlPlane,
+    kube: Client,
+    namespace: str,
+    fake_nodes: Callable[..., list[str]],
+    tmp_path: Path,
+) -> None:
     node = fake_nodes("vfio-passthrough:1")[0]
-    kube.patch(Node, node, {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
-               patch_type=PatchType.MERGE)
+    kube.patch(
+        Node,
+        node,
+        {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
+        patch_type=PatchType.MERGE,
+    )
     host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
     kubeconfig = vfio_manager_identity(control_plane, kube, namespace)
     client = Client(KubeConfig.from_file(kubeconfig), field_manager="gpu-operator-node")
@@ -105,7 +147,10 @@ def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
     stored = kube.get(Node, node).metadata
     assert stored is not None and (stored.labels or {})[VFIO_STATE] == "bound"
     gpus = json.loads((stored.annotations or {})[VFIO_RESULT_ANNOTATION])["gpus"]
-    assert {a: g["driver"] for a, g in gpus.items()} == {**dict.fromkeys(H100[:4], "vfio-pci"), **dict.fromkeys(H100[4:], "nvidia")}
+    assert {a: g["driver"] for a, g in gpus.items()} == {
+        **dict.fromkeys(H100[:4], "vfio-pci"),
+        **dict.fromkeys(H100[4:], "nvidia"),
+    }
     (event,) = vfio_events(kube, node)
     assert event.reason == "VFIOBound" and event.type == "Normal"
     assert event.source is not None and event.source.component == "gpu-operator-vfio-manager"
@@ -116,8 +161,14 @@ def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
     user = serviceaccount_user(namespace, "vfio-manager-test")
 
     def agent_writes() -> list[tuple[str, str, str]]:
-        return [(e.get("verb", ""), (e.get("objectRef") or {}).get("resource", ""),
-                 (e.get("objectRef") or {}).get("name", "")) for e in writes_by(control_plane, user)]
+        return [
+            (
+                e.get("verb", ""),
+                (e.get("objectRef") or {}).get("resource", ""),
+                (e.get("objectRef") or {}).get("name", ""),
+            )
+            for e in writes_by(control_plane, user)
+        ]
 
     writes, api_writes = len(kernel.log), agent_writes()
     assert ("patch", "nodes", node) in api_writes, api_writes  # the first pass's patch is seen
@@ -128,57 +179,117 @@ def test_mixed_node_binds_four_and_records_the_result_as_the_service_account(
 
 
 def test_the_command_reports_a_refusal_on_the_node(
-        control_plane: ControlPlane, kube: Client, namespace: str,
-        fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    control_plane: ControlPlane,
+    kube: Client,
+    namespace: str,
+    fake_nodes: Callable[..., list[str]],
+    tmp_path: Path,
+) -> None:
     node = fake_nodes("vfio-passthrough:1")[0]
     root = tmp_path / "root"
-    fakehost.build(
-        {**fakehost.load_spec(HOSTS / "h100-nvidia-bound.yaml"), "iommu": False}, root)
+    fakehost.build({**fakehost.load_spec(HOSTS / "h100-nvidia-bound.yaml"), "iommu": False}, root)
     kubeconfig = vfio_manager_identity(control_plane, kube, namespace)
     sa_client = Client(KubeConfig.from_file(kubeconfig))
-    wait_for("the ServiceAccount's RBAC to let it read its Node", lambda: can_get(sa_client, node), timeout=60)
+    wait_for(
+        "the ServiceAccount's RBAC to let it read its Node", lambda: can_get(sa_client, node), timeout=60
+    )
     env = {**os.environ, "NODE_NAME": node, "OPERATOR_NAMESPACE": namespace, "KUBECONFIG": str(kubeconfig)}
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "vfio-manage", "reconcile", "--once",
-                           f"--host-root={root}", "--no-load-module"],
-                          env=env, text=True, capture_output=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "vfio-manage",
+            "reconcile",
+            "--once",
+            f"--host-root={root}",
+            "--no-load-module",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "vfio state refused" in done.stdout
     meta = kube.get(Node, node).metadata
     assert meta is not None and (meta.labels or {})[VFIO_STATE] == "refused"
     (event,) = vfio_events(kube, node)
-    assert event.type == "Warning" and event.reason == "VFIORefused" and "IOMMU is off" in (event.message or "")
+    assert (
+        event.type == "Warning" and event.reason == "VFIORefused" and "IOMMU is off" in (event.message or "")
+    )
 
 
 def test_doctor_reads_the_mixed_list_and_the_advertised_count_from_the_node(
-        control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], tmp_path: Path
+) -> None:
     node = fake_nodes("vfio-passthrough:1")[0]
-    kube.patch(Node, node, {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
-               patch_type=PatchType.MERGE)
+    kube.patch(
+        Node,
+        node,
+        {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
+        patch_type=PatchType.MERGE,
+    )
     host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
     from gpu_operator.node import vfio
+
     assert all(p.ok for p in vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False))
     env = {**os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "doctor", f"--host-root={host.fs.root}", "--json"],
-                          env=env, text=True, capture_output=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", "doctor", f"--host-root={host.fs.root}", "--json"],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     findings = {f["code"]: f for f in json.loads(done.stdout)["findings"]}
     # The Node's annotation made it a mixed node: four for VMs, the host driver is right for the other four.
     assert "mixed" in findings["workload"]["summary"] and "host-driver-on-passthrough" not in findings
     # No KubeVirt in this cluster: doctor says so instead of guessing.
-    assert "kubevirt.io/v1 KubeVirt" in findings["kubevirt-count-unchecked"]["evidence"][0], done.stdout + done.stderr
+    assert "kubevirt.io/v1 KubeVirt" in findings["kubevirt-count-unchecked"]["evidence"][0], (
+        done.stdout + done.stderr
+    )
 
 
 def test_probe_publishes_the_gpu_facts_and_judges_the_mixed_node_by_its_annotation(
-        control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], tmp_path: Path) -> None:
+    control_plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], tmp_path: Path
+) -> None:
     node = fake_nodes("vfio-passthrough:1")[0]
-    kube.patch(Node, node, {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
-               patch_type=PatchType.MERGE)
+    kube.patch(
+        Node,
+        node,
+        {"metadata": {"annotations": {PASSTHROUGH_DEVICES_ANNOTATION: ",".join(H100[:4])}}},
+        patch_type=PatchType.MERGE,
+    )
     host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
     from gpu_operator.node import vfio
+
     assert all(p.ok for p in vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False))
-    env = {**os.environ, "NODE_NAME": node, "OPERATOR_NAMESPACE": "gpu-operator",
-           "KUBECONFIG": str(control_plane.admin_kubeconfig)}
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.cli", "node", "probe", f"--host-root={host.fs.root}",
-                           "--publish", "--once"], env=env, text=True, capture_output=True, timeout=120, check=False)
+    env = {
+        **os.environ,
+        "NODE_NAME": node,
+        "OPERATOR_NAMESPACE": "gpu-operator",
+        "KUBECONFIG": str(control_plane.admin_kubeconfig),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.cli",
+            "node",
+            "probe",
+            f"--host-root={host.fs.root}",
+            "--publish",
+            "--once",
+        ],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     meta = kube.get(Node, node).metadata
     assert meta is not None

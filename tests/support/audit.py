@@ -20,10 +20,13 @@ def serviceaccount_user(namespace: str, name: str = "") -> str:
 def refused(plane: ControlPlane, user_prefix: str, code: int = FORBIDDEN) -> list[str]:
     """Every request (read or write) by a user whose name starts with `user_prefix` that the
     apiserver answered with `code`, one line each: user, verb, request URI."""
-    return [f"{e['user']['username']} {e.get('verb')} {e.get('requestURI')}" for e in plane.audit_all()
-            if e.get("stage") == "ResponseComplete"
-            and str(e.get("user", {}).get("username", "")).startswith(user_prefix)
-            and status_code(e) == code]
+    return [
+        f"{e['user']['username']} {e.get('verb')} {e.get('requestURI')}"
+        for e in plane.audit_all()
+        if e.get("stage") == "ResponseComplete"
+        and str(e.get("user", {}).get("username", "")).startswith(user_prefix)
+        and status_code(e) == code
+    ]
 
 
 def forbidden_in_namespace(plane: ControlPlane, namespace: str) -> list[str]:

@@ -47,8 +47,9 @@ def epoch(stamp: str) -> float:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def writes_by(control_plane: ControlPlane, user: str = OPERATOR_USER, *,
-              since: float = 0.0) -> Iterator[dict[str, Any]]:
+def writes_by(
+    control_plane: ControlPlane, user: str = OPERATOR_USER, *, since: float = 0.0
+) -> Iterator[dict[str, Any]]:
     """Audit events (ResponseComplete) of `user`'s write requests received at or after `since`."""
     for event in control_plane.audit_events():
         if event.get("user", {}).get("username") != user or event.get("stage") != "ResponseComplete":
@@ -69,8 +70,11 @@ class AuditTail:
         events = []
         for line in self.reader.read():
             event = json.loads(line)
-            if (event.get("user", {}).get("username") == self.user and event.get("stage") == "ResponseComplete"
-                    and event.get("verb") not in READ_VERBS):
+            if (
+                event.get("user", {}).get("username") == self.user
+                and event.get("stage") == "ResponseComplete"
+                and event.get("verb") not in READ_VERBS
+            ):
                 events.append(event)
         return events
 
@@ -100,12 +104,16 @@ def rollout(kube: Any, namespace: str) -> str:
     lines = []
     for ds in kube.list(DaemonSet, namespace=namespace):
         s = ds.status
-        lines.append(f"DaemonSet {ds.metadata.name}: desired {s.desiredNumberScheduled if s else '?'} "
-                     f"ready {s.numberReady if s else '?'} updated {s.updatedNumberScheduled if s else '?'} "
-                     f"observedGeneration {s.observedGeneration if s else '?'}/{ds.metadata.generation}")
+        lines.append(
+            f"DaemonSet {ds.metadata.name}: desired {s.desiredNumberScheduled if s else '?'} "
+            f"ready {s.numberReady if s else '?'} updated {s.updatedNumberScheduled if s else '?'} "
+            f"observedGeneration {s.observedGeneration if s else '?'}/{ds.metadata.generation}"
+        )
     for pod in kube.list(Pod, namespace=namespace):
         conditions = {c.type: c.status for c in (pod.status.conditions or [])} if pod.status else {}
         if conditions.get("Ready") != "True":
-            lines.append(f"Pod {pod.metadata.name} on {pod.spec.nodeName if pod.spec else '?'}: "
-                         f"{pod.status.phase if pod.status else '?'} {conditions}")
+            lines.append(
+                f"Pod {pod.metadata.name} on {pod.spec.nodeName if pod.spec else '?'}: "
+                f"{pod.status.phase if pod.status else '?'} {conditions}"
+            )
     return "\n".join(lines)

@@ -38,8 +38,9 @@ def deep_merge(base: Values, override: Values) -> Values:
     return merged
 
 
-def render_chart(values: Values | None = None, *, namespace: str = NAMESPACE,
-                 chart: helm_python.Chart | None = None) -> Rendered:
+def render_chart(
+    values: Values | None = None, *, namespace: str = NAMESPACE, chart: helm_python.Chart | None = None
+) -> Rendered:
     """{template path: manifest}, as `helm template` with nfd disabled unless `values` say otherwise.
 
     nfd.enabled adds the node-discovery DaemonSet (tests/unit/chart/test_node_discovery.py tests
@@ -92,8 +93,13 @@ def real_nodes_cordoned(kube: Client) -> Iterator[list[str]]:
 
     from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 
-    real = [str(n.metadata.name) for n in kube.list(Node) if n.metadata and not (n.spec and n.spec.unschedulable)
-            and (n.metadata.annotations or {}).get(KWOK_ANNOTATION) != KWOK_ANNOTATION_VALUE]
+    real = [
+        str(n.metadata.name)
+        for n in kube.list(Node)
+        if n.metadata
+        and not (n.spec and n.spec.unschedulable)
+        and (n.metadata.annotations or {}).get(KWOK_ANNOTATION) != KWOK_ANNOTATION_VALUE
+    ]
     for name in real:
         kube.patch(Node, name, {"spec": {"unschedulable": True}})
     try:
@@ -104,8 +110,13 @@ def real_nodes_cordoned(kube: Client) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def helm_in(plane: ControlPlane, kube: Client, fake_nodes: Callable[..., list[str]], namespace: str,
-            release: str = "gpu-operator") -> Iterator[helm_python.Config]:
+def helm_in(
+    plane: ControlPlane,
+    kube: Client,
+    fake_nodes: Callable[..., list[str]],
+    namespace: str,
+    release: str = "gpu-operator",
+) -> Iterator[helm_python.Config]:
     """Real Helm against `plane` for releases in `namespace`, with a kwok node (`fake_nodes`, the
     integration fixture) where kwok completes the chart's hook Job pods, and any real node
     cordoned meanwhile (`real_nodes_cordoned`); afterwards `release`, in whatever state it was

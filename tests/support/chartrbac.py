@@ -39,8 +39,18 @@ class Installed:
     def can(self, permission: Permission, namespace: str | None) -> bool:
         group, resource, verb, name = permission
         main, _, sub = resource.partition("/")
-        review = SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(resourceAttributes=ResourceAttributes(
-            group=group, resource=main, subresource=sub or None, verb=verb, name=name, namespace=namespace)))
+        review = SelfSubjectAccessReview(
+            spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(
+                    group=group,
+                    resource=main,
+                    subresource=sub or None,
+                    verb=verb,
+                    name=name,
+                    namespace=namespace,
+                )
+            )
+        )
         answer = self.client.create(review)
         return bool(answer.status and answer.status.allowed)
 
@@ -52,8 +62,18 @@ def apply_all(kube: Client, objs: list[dict[str, Any]]) -> None:
 
 # The apiserver counts neither authorization denials in its metrics nor reads in this audit
 # policy, so the operator talks to it through this proxy, which records every response it gets.
-HOP_HEADERS = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-               "transfer-encoding", "upgrade", "host", "content-length"}
+HOP_HEADERS = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+}
 
 
 @dataclass
@@ -89,7 +109,9 @@ class RecordingProxy:
 
     def kubeconfig(self, path: Path, token: str) -> Path:
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "proxy",
             "clusters": [{"name": "proxy", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}],
             "users": [{"name": "proxy", "user": {"token": token}}],
             "contexts": [{"name": "proxy", "context": {"cluster": "proxy", "user": "proxy"}}],
@@ -105,8 +127,11 @@ class RecordingProxy:
 
     async def _start(self) -> None:
         context = ssl.create_default_context(cafile=str(self.ca))
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context),
-                                              timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context),
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+        )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, shutdown_timeout=2.0)  # open watches: do not wait 60 s for them
@@ -119,13 +144,18 @@ class RecordingProxy:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_HEADERS and (body or k.lower() != "content-type")}
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in HOP_HEADERS and (body or k.lower() != "content-type")
+        }
         url = URL(self.upstream + str(request.rel_url), encoded=True)
         async with self._session.request(request.method, url, headers=headers, data=body or None) as up:
             self.responses.append(Response(request.method, request.rel_url.path, up.status))
-            response = web.StreamResponse(status=up.status, headers={
-                k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
+            response = web.StreamResponse(
+                status=up.status,
+                headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS},
+            )
             await response.prepare(request)
             try:
                 async for chunk in up.content.iter_any():
@@ -144,9 +174,11 @@ class OperatorRun:
 
 def refusals(proxy: RecordingProxy) -> str:
     refused = sorted({f"{r.method} {r.path}" for r in proxy.forbidden()})
-    return (f"the API server refused the operator {len(proxy.forbidden())} time(s): {refused}. Namespaced "
-            "kinds are meant to be read in the operator's namespace only; grant more in "
-            "deployments/gpu-operator/templates/rbac.yaml only for what the operator truly needs")
+    return (
+        f"the API server refused the operator {len(proxy.forbidden())} time(s): {refused}. Namespaced "
+        "kinds are meant to be read in the operator's namespace only; grant more in "
+        "deployments/gpu-operator/templates/rbac.yaml only for what the operator truly needs"
+    )
 
 
 def running(process: subprocess.Popen[bytes], proxy: RecordingProxy) -> None:
@@ -160,9 +192,19 @@ def lease_renewals(proxy: RecordingProxy) -> int:
 def start_operator(kubeconfig: Path, namespace: str, log: Path) -> subprocess.Popen[bytes]:
     """`gpu-operator run` with leader election through `kubeconfig`, its output in `log`."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "OPERATOR_NAMESPACE": namespace}
-    argv = [sys.executable, "-m", "gpu_operator.cli", "run", "--namespace", namespace, "--leader-elect",
-            "--metrics-bind-address", f"127.0.0.1:{free_port()}",
-            "--health-probe-bind-address", f"127.0.0.1:{free_port()}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpu_operator.cli",
+        "run",
+        "--namespace",
+        namespace,
+        "--leader-elect",
+        "--metrics-bind-address",
+        f"127.0.0.1:{free_port()}",
+        "--health-probe-bind-address",
+        f"127.0.0.1:{free_port()}",
+    ]
     return subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 

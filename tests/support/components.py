@@ -16,11 +16,22 @@ def component_account(kube: Any, namespace: str) -> str:
     from lightkube.resources.rbac_authorization_v1 import ClusterRoleBinding
 
     binding = f"{COMPONENT_ACCOUNT}-{namespace}"
-    kube.apply(ServiceAccount.from_dict({"metadata": {"name": COMPONENT_ACCOUNT, "namespace": namespace}}),
-               field_manager="tests")
-    kube.apply(ClusterRoleBinding.from_dict({
-        "metadata": {"name": binding},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": COMPONENT_ACCOUNT, "namespace": namespace}]}),
-        field_manager="tests")
+    kube.apply(
+        ServiceAccount.from_dict({"metadata": {"name": COMPONENT_ACCOUNT, "namespace": namespace}}),
+        field_manager="tests",
+    )
+    kube.apply(
+        ClusterRoleBinding.from_dict(
+            {
+                "metadata": {"name": binding},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": COMPONENT_ACCOUNT, "namespace": namespace}],
+            }
+        ),
+        field_manager="tests",
+    )
     return binding

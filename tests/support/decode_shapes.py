@@ -24,38 +24,80 @@ def fields(*paths: str) -> dict[str, Any]:
 
 
 def managed(manager: str, operation: str, tree: dict[str, Any], subresource: str = "") -> dict[str, Any]:
-    entry = {"manager": manager, "operation": operation, "apiVersion": "v1", "time": TIME,
-             "fieldsType": "FieldsV1", "fieldsV1": tree}
+    entry = {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": "v1",
+        "time": TIME,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": tree,
+    }
     if subresource:
         entry["subresource"] = subresource
     return entry
 
 
-CONDITION_KEYS = ('k:{"type":"%s"}', "f:lastHeartbeatTime", "f:lastTransitionTime", "f:message",
-                  "f:reason", "f:status", "f:type")
+CONDITION_KEYS = (
+    'k:{"type":"%s"}',
+    "f:lastHeartbeatTime",
+    "f:lastTransitionTime",
+    "f:message",
+    "f:reason",
+    "f:status",
+    "f:type",
+)
 
 
 def condition_paths(types: list[str]) -> list[str]:
-    return [f"f:status.f:conditions.{CONDITION_KEYS[0] % t}.{key}" for t in types for key in CONDITION_KEYS[1:]]
+    return [
+        f"f:status.f:conditions.{CONDITION_KEYS[0] % t}.{key}" for t in types for key in CONDITION_KEYS[1:]
+    ]
 
 
 NODE_CONDITIONS = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"]
 NODE_MANAGED = [
-    managed("kwokctl", "Update", fields(
-        "f:metadata.f:annotations.f:node.alpha.kubernetes.io/ttl", "f:metadata.f:annotations.f:kwok.x-k8s.io/node",
-        "f:metadata.f:labels.f:beta.kubernetes.io/arch", "f:metadata.f:labels.f:beta.kubernetes.io/os",
-        "f:metadata.f:labels.f:kubernetes.io/arch", "f:metadata.f:labels.f:kubernetes.io/hostname",
-        "f:metadata.f:labels.f:kubernetes.io/os", "f:metadata.f:labels.f:kubernetes.io/role",
-        "f:metadata.f:labels.f:node-role.kubernetes.io/agent", "f:metadata.f:labels.f:type",
-        "f:spec.f:taints")),
-    managed("gpu-operator", "Apply", fields(*[f"f:metadata.f:labels.f:nvidia.com/gpu.label-{j}" for j in range(40)])),
-    managed("kwok", "Update", fields(
-        "f:status.f:addresses", "f:status.f:allocatable.f:cpu", "f:status.f:allocatable.f:memory",
-        "f:status.f:allocatable.f:pods", "f:status.f:capacity.f:cpu", "f:status.f:capacity.f:memory",
-        "f:status.f:capacity.f:pods", "f:status.f:daemonEndpoints.f:kubeletEndpoint.f:Port",
-        "f:status.f:nodeInfo.f:architecture", "f:status.f:nodeInfo.f:kubeletVersion",
-        "f:status.f:nodeInfo.f:operatingSystem", "f:status.f:phase",
-        *condition_paths(NODE_CONDITIONS)), "status"),
+    managed(
+        "kwokctl",
+        "Update",
+        fields(
+            "f:metadata.f:annotations.f:node.alpha.kubernetes.io/ttl",
+            "f:metadata.f:annotations.f:kwok.x-k8s.io/node",
+            "f:metadata.f:labels.f:beta.kubernetes.io/arch",
+            "f:metadata.f:labels.f:beta.kubernetes.io/os",
+            "f:metadata.f:labels.f:kubernetes.io/arch",
+            "f:metadata.f:labels.f:kubernetes.io/hostname",
+            "f:metadata.f:labels.f:kubernetes.io/os",
+            "f:metadata.f:labels.f:kubernetes.io/role",
+            "f:metadata.f:labels.f:node-role.kubernetes.io/agent",
+            "f:metadata.f:labels.f:type",
+            "f:spec.f:taints",
+        ),
+    ),
+    managed(
+        "gpu-operator",
+        "Apply",
+        fields(*[f"f:metadata.f:labels.f:nvidia.com/gpu.label-{j}" for j in range(40)]),
+    ),
+    managed(
+        "kwok",
+        "Update",
+        fields(
+            "f:status.f:addresses",
+            "f:status.f:allocatable.f:cpu",
+            "f:status.f:allocatable.f:memory",
+            "f:status.f:allocatable.f:pods",
+            "f:status.f:capacity.f:cpu",
+            "f:status.f:capacity.f:memory",
+            "f:status.f:capacity.f:pods",
+            "f:status.f:daemonEndpoints.f:kubeletEndpoint.f:Port",
+            "f:status.f:nodeInfo.f:architecture",
+            "f:status.f:nodeInfo.f:kubeletVersion",
+            "f:status.f:nodeInfo.f:operatingSystem",
+            "f:status.f:phase",
+            *condition_paths(NODE_CONDITIONS),
+        ),
+        "status",
+    ),
     managed("kube-controller-manager", "Update", fields("f:spec.f:podCIDR", "f:spec.f:podCIDRs")),
 ]
 
@@ -68,33 +110,58 @@ def node(i: int) -> dict[str, Any]:
             "resourceVersion": str(5000 + i),
             "creationTimestamp": TIME,
             "labels": {
-                "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": f"node-{i}",
-                "kubernetes.io/os": "linux", "kubernetes.io/role": "agent",
-                "node-role.kubernetes.io/agent": "", "type": "kwok",
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": f"node-{i}",
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/role": "agent",
+                "node-role.kubernetes.io/agent": "",
+                "type": "kwok",
                 **{f"nvidia.com/gpu.label-{j}": f"value-{j}" for j in range(40)},
             },
-            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "kwok.x-k8s.io/node": "fake",
-                            "example.com/note": "x" * 64},
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "kwok.x-k8s.io/node": "fake",
+                "example.com/note": "x" * 64,
+            },
             "managedFields": NODE_MANAGED,
         },
-        "spec": {"podCIDR": f"10.{i // 250}.{i % 250}.0/24", "podCIDRs": [f"10.{i // 250}.{i % 250}.0/24"],
-                 "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
+        "spec": {
+            "podCIDR": f"10.{i // 250}.{i % 250}.0/24",
+            "podCIDRs": [f"10.{i // 250}.{i % 250}.0/24"],
+            "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+        },
         "status": {
-            "addresses": [{"type": "InternalIP", "address": f"10.1.{i // 250}.{i % 250}"},
-                          {"type": "Hostname", "address": f"node-{i}"}],
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.1.{i // 250}.{i % 250}"},
+                {"type": "Hostname", "address": f"node-{i}"},
+            ],
             "capacity": {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "8"},
             "allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "8"},
             "conditions": [
-                {"type": t, "status": "True" if t == "Ready" else "False", "reason": f"Kubelet{t}",
-                 "message": f"kubelet reports {t}", "lastHeartbeatTime": TIME, "lastTransitionTime": TIME}
+                {
+                    "type": t,
+                    "status": "True" if t == "Ready" else "False",
+                    "reason": f"Kubelet{t}",
+                    "message": f"kubelet reports {t}",
+                    "lastHeartbeatTime": TIME,
+                    "lastTransitionTime": TIME,
+                }
                 for t in NODE_CONDITIONS
             ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
-                "kubeletVersion": "v1.37.2", "architecture": "amd64", "bootID": "b",
-                "containerRuntimeVersion": "containerd://2.1", "kernelVersion": "6.8", "kubeProxyVersion": "",
-                "machineID": "m", "operatingSystem": "linux", "osImage": "Ubuntu 24.04", "systemUUID": "s",
+                "kubeletVersion": "v1.37.2",
+                "architecture": "amd64",
+                "bootID": "b",
+                "containerRuntimeVersion": "containerd://2.1",
+                "kernelVersion": "6.8",
+                "kubeProxyVersion": "",
+                "machineID": "m",
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 24.04",
+                "systemUUID": "s",
             },
             "phase": "Running",
         },
@@ -102,16 +169,35 @@ def node(i: int) -> dict[str, Any]:
 
 
 POD_MANAGED = [
-    managed("kube-controller-manager", "Update", fields(
-        "f:metadata.f:generateName", "f:metadata.f:labels.f:app",
-        'f:metadata.f:ownerReferences.k:{"uid":"ds-uid"}', "f:spec.f:affinity.f:nodeAffinity",
-        'f:spec.f:containers.k:{"name":"driver"}.f:env', 'f:spec.f:containers.k:{"name":"driver"}.f:image',
-        'f:spec.f:containers.k:{"name":"driver"}.f:resources.f:limits', "f:spec.f:tolerations",
-        'f:spec.f:volumes.k:{"name":"host"}.f:hostPath.f:path')),
-    managed("kwok", "Update", fields(
-        *condition_paths(["Ready", "Initialized", "ContainersReady", "PodScheduled"]),
-        "f:status.f:containerStatuses", "f:status.f:hostIP", "f:status.f:phase", "f:status.f:podIP",
-        "f:status.f:podIPs", "f:status.f:startTime"), "status"),
+    managed(
+        "kube-controller-manager",
+        "Update",
+        fields(
+            "f:metadata.f:generateName",
+            "f:metadata.f:labels.f:app",
+            'f:metadata.f:ownerReferences.k:{"uid":"ds-uid"}',
+            "f:spec.f:affinity.f:nodeAffinity",
+            'f:spec.f:containers.k:{"name":"driver"}.f:env',
+            'f:spec.f:containers.k:{"name":"driver"}.f:image',
+            'f:spec.f:containers.k:{"name":"driver"}.f:resources.f:limits',
+            "f:spec.f:tolerations",
+            'f:spec.f:volumes.k:{"name":"host"}.f:hostPath.f:path',
+        ),
+    ),
+    managed(
+        "kwok",
+        "Update",
+        fields(
+            *condition_paths(["Ready", "Initialized", "ContainersReady", "PodScheduled"]),
+            "f:status.f:containerStatuses",
+            "f:status.f:hostIP",
+            "f:status.f:phase",
+            "f:status.f:podIP",
+            "f:status.f:podIPs",
+            "f:status.f:startTime",
+        ),
+        "status",
+    ),
 ]
 
 
@@ -125,25 +211,45 @@ def pod(i: int) -> dict[str, Any]:
             "resourceVersion": str(1000 + i),
             "creationTimestamp": TIME,
             "labels": {**{f"example.com/label-{j}": f"value-{j}" for j in range(10)}, "app": "driver"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "nvidia-driver",
-                                 "uid": "ds-uid", "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": "nvidia-driver",
+                    "uid": "ds-uid",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
             "managedFields": POD_MANAGED,
         },
         "spec": {
             "nodeName": f"node-{i}",
             "serviceAccountName": "driver",
-            "containers": [{
-                "name": "driver",
-                "image": "nvcr.io/nvidia/driver:595.45.04",
-                "env": [{"name": f"E{j}", "value": str(j)} for j in range(5)],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                "volumeMounts": [{"name": "host", "mountPath": "/host"}],
-            }],
+            "containers": [
+                {
+                    "name": "driver",
+                    "image": "nvcr.io/nvidia/driver:595.45.04",
+                    "env": [{"name": f"E{j}", "value": str(j)} for j in range(5)],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+                }
+            ],
             "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
             "tolerations": [{"operator": "Exists"}],
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}
-            ]}}},
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
         },
         "status": {
             "phase": "Running",
@@ -151,12 +257,21 @@ def pod(i: int) -> dict[str, Any]:
             "podIP": "10.0.0.1",
             "podIPs": [{"ip": "10.0.0.1"}],
             "startTime": TIME,
-            "conditions": [{"type": t, "status": "True", "lastTransitionTime": TIME}
-                           for t in ("Ready", "Initialized", "ContainersReady", "PodScheduled")],
-            "containerStatuses": [{
-                "name": "driver", "ready": True, "restartCount": 0, "image": "driver", "imageID": "sha256:0",
-                "started": True, "state": {"running": {"startedAt": TIME}},
-            }],
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": TIME}
+                for t in ("Ready", "Initialized", "ContainersReady", "PodScheduled")
+            ],
+            "containerStatuses": [
+                {
+                    "name": "driver",
+                    "ready": True,
+                    "restartCount": 0,
+                    "image": "driver",
+                    "imageID": "sha256:0",
+                    "started": True,
+                    "state": {"running": {"startedAt": TIME}},
+                }
+            ],
         },
     }
 

@@ -172,7 +172,9 @@ class Stress:
                     del source
                 labels = [p.metadata.labels for p in full]
             values = {(lb or {}).get("example.com/label-3") for lb in labels}
-            self.check("Pod list from a buffer", len(labels) == self.items and values <= {"value-3", "Value-3"})
+            self.check(
+                "Pod list from a buffer", len(labels) == self.items and values <= {"value-3", "Value-3"}
+            )
             if len(values) > 1:  # the mutator wrote while this decode read
                 self.counts["torn"] += 1
 
@@ -222,20 +224,31 @@ class Stress:
             key = (request.url.path, request.url.params.get("continue", ""))
             return httpx2.Response(200, content=served[key])
 
-        events = [json.dumps({"type": "MODIFIED", "object": node(i)}).encode() for i in range(0, self.items, 37)]
+        events = [
+            json.dumps({"type": "MODIFIED", "object": node(i)}).encode() for i in range(0, self.items, 37)
+        ]
         changed: list[str] = []
-        async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://apiserver") as http:
+        async with httpx2.AsyncClient(
+            transport=httpx2.MockTransport(answer), base_url="https://apiserver"
+        ) as http:
             # no line streams: list() and handle_line() only
             watch: nodewatch.NodeWatch[int] = nodewatch.NodeWatch(
-                http, None, lambda name, view: changed.append(name),  # type: ignore[arg-type]
-                lambda n: len(n.metadata.labels or {}), delay=lambda n: 1.0,
+                http,
+                None,  # type: ignore[arg-type]
+                lambda name, view: changed.append(name),
+                lambda n: len(n.metadata.labels or {}),
+                delay=lambda n: 1.0,
             )
             while time.monotonic() < deadline:
                 listed = await pages.list_all(http, "/api/v1/pods", slim_pods=True)
-                self.check("operator paged Pod list", len(listed) == self.items and listed[-1]["spec"]["nodeName"]
-                           == f"node-{self.items - 1}")
+                self.check(
+                    "operator paged Pod list",
+                    len(listed) == self.items and listed[-1]["spec"]["nodeName"] == f"node-{self.items - 1}",
+                )
                 await watch.list()
-                self.check("operator paged Node list", len(watch.views) == self.items and watch.views["node-0"] == 48)
+                self.check(
+                    "operator paged Node list", len(watch.views) == self.items and watch.views["node-0"] == 48
+                )
                 for line in events:
                     watch.handle_line(line)
                 self.check("operator watch events", len(watch.views) == self.items)
@@ -259,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--switch-interval", type=float, help="sys.setswitchinterval: pass the GIL more often"
     )
-    parser.add_argument("--yield-in-gc", action="store_true", help="give up the GIL at each collection's start")
+    parser.add_argument(
+        "--yield-in-gc", action="store_true", help="give up the GIL at each collection's start"
+    )
     parser.add_argument("--abort", action="store_true", help="os.abort() after the first decodes")
     args = parser.parse_args(argv)
     if args.switch_interval:

@@ -31,18 +31,20 @@ GAP = "..."
 
 @dataclass(frozen=True)
 class Command:
-    text: str                 # as the shell gets it: continuation lines kept, comments left to the shell
-    output: tuple[str, ...]   # the lines the page quotes after it (console blocks), GAP where some are left out
+    text: str  # as the shell gets it: continuation lines kept, comments left to the shell
+    output: tuple[
+        str, ...
+    ]  # the lines the page quotes after it (console blocks), GAP where some are left out
 
 
 @dataclass(frozen=True)
 class Block:
     page: Path
-    line: int                 # 1-based line of the opening fence
+    line: int  # 1-based line of the opening fence
     lang: str
     body: tuple[str, ...]
-    marker: str | None        # the HTML comment right before the fence, if it is a not-run marker
-    reason: str | None        # the marker's reason, stripped
+    marker: str | None  # the HTML comment right before the fence, if it is a not-run marker
+    reason: str | None  # the marker's reason, stripped
 
     @property
     def id(self) -> str:
@@ -77,7 +79,7 @@ def blocks(page: Path) -> list[Block]:
             continue
         indent = len(opening["indent"])
         end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-        body = tuple(ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1:end])
+        body = tuple(ln[indent:] if ln[:indent].strip() == "" else ln for ln in lines[i + 1 : end])
         before = lines[i - 1].strip() if i > 0 else ""
         marker = before if before.startswith("<!--") and "not run" in before else None
         matched = MARKER.fullmatch(marker) if marker else None
@@ -151,7 +153,7 @@ def _split_commands(text: str) -> list[str]:
     quote, depth, i = "", 0, 0
     while i < len(text):
         ch = text[i]
-        if not quote and ch == "#" and text[i - 1:i] in (" ", "\t", "\n", ""):
+        if not quote and ch == "#" and text[i - 1 : i] in (" ", "\t", "\n", ""):
             i = text.find("\n", i) if "\n" in text[i:] else len(text)
             continue
         if quote:
@@ -166,7 +168,9 @@ def _split_commands(text: str) -> list[str]:
             parts.append("".join(current))
             current, i = [], i + 2
             continue
-        elif depth == 0 and (ch in ";\n" or (ch == "|" and text[i - 1:i] in (" ", "") and text[i + 1:i + 2] in (" ", ""))):
+        elif depth == 0 and (
+            ch in ";\n" or (ch == "|" and text[i - 1 : i] in (" ", "") and text[i + 1 : i + 2] in (" ", ""))
+        ):
             parts.append("".join(current))
             current, i = [], i + 1
             continue
@@ -221,7 +225,10 @@ VOLATILE = [
     (re.compile(r"\bpid \d+"), "pid <n>"),
     (re.compile(r"\b127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
     (re.compile(r"\b10\.\d+\.\d+\.\d+\b"), "<ip>"),
-    (re.compile(r"(?<=\w)-(?:[bcdfghjklmnpqrstvwxz2456789]{8,10}-)?[bcdfghjklmnpqrstvwxz2456789]{5}\b"), "-<id>"),
+    (
+        re.compile(r"(?<=\w)-(?:[bcdfghjklmnpqrstvwxz2456789]{8,10}-)?[bcdfghjklmnpqrstvwxz2456789]{5}\b"),
+        "-<id>",
+    ),
 ]
 
 
@@ -259,7 +266,7 @@ def quote_problem(quoted: tuple[str, ...] | list[str], real: str) -> str | None:
             continue
         first = n == 0 and anchored_start
         starts = [pos] if first else range(pos, len(have) - len(segment) + 1)
-        at = next((s for s in starts if have[s:s + len(segment)] == segment), None)
+        at = next((s for s in starts if have[s : s + len(segment)] == segment), None)
         if at is None:
             return f"not in the output{' at its start' if first else ''} (after line {pos}): {segment[0]!r}"
         pos = at + len(segment)

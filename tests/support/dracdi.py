@@ -34,8 +34,13 @@ from gpu_operator.sim.realnode import toolkit
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 VENDOR, CLASS = "k8s.gpu.nvidia.com", "claim"
-UTILITIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
-             "nvidia-cuda-mps-server")
+UTILITIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
 DRIVER_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
@@ -52,7 +57,9 @@ def plugin_env(container: dict[str, Any], host_root: Path) -> dict[str, str]:
     env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
     ready = host_root / VALIDATIONS_DIR.lstrip("/") / "driver-ready"
     if not ready.is_file():
-        raise PluginError(f"{VALIDATIONS_DIR}/driver-ready is missing: the container's start script cannot source it")
+        raise PluginError(
+            f"{VALIDATIONS_DIR}/driver-ready is missing: the container's start script cannot source it"
+        )
     for line in ready.read_text().splitlines():
         key, sep, value = line.partition("=")
         if sep and key.strip():
@@ -63,8 +70,11 @@ def plugin_env(container: dict[str, Any], host_root: Path) -> dict[str, str]:
 def mounts_of(container: dict[str, Any], volumes: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(container path, host path) of the container's hostPath mounts, longest container path first."""
     host = {v["name"]: v["hostPath"]["path"] for v in volumes if "hostPath" in v}
-    found = [(m["mountPath"].rstrip("/") or "/", host[m["name"]]) for m in container.get("volumeMounts", [])
-             if m["name"] in host]
+    found = [
+        (m["mountPath"].rstrip("/") or "/", host[m["name"]])
+        for m in container.get("volumeMounts", [])
+        if m["name"] in host
+    ]
     return sorted(found, key=lambda pair: len(pair[0]), reverse=True)
 
 
@@ -76,8 +86,13 @@ def on_host(path: str, mounts: list[tuple[str, str]]) -> str | None:
     return None
 
 
-def claim_spec(host_root: Path, container: dict[str, Any], volumes: list[dict[str, Any]], claim_uid: str,
-               gpu_indices: list[int]) -> tuple[dict[str, Any], Path, list[str]]:
+def claim_spec(
+    host_root: Path,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    claim_uid: str,
+    gpu_indices: list[int],
+) -> tuple[dict[str, Any], Path, list[str]]:
     """The claim's spec, the file it is written to in the tree and the qualified device names."""
     env = plugin_env(container, host_root)
     target = env.get("NVIDIA_DRIVER_ROOT", "/")
@@ -85,7 +100,9 @@ def claim_spec(host_root: Path, container: dict[str, Any], volumes: list[dict[st
     mounts = mounts_of(container, volumes)
     seen_root = on_host(ctr_root, mounts)
     if seen_root is None:
-        raise PluginError(f"DRIVER_ROOT_CTR_PATH {ctr_root} is not a host mount of container {container['name']}")
+        raise PluginError(
+            f"DRIVER_ROOT_CTR_PATH {ctr_root} is not a host mount of container {container['name']}"
+        )
     fs = HostFS(host_root)
     smi, nvml = driver_files(fs, seen_root)
     if smi is None or nvml is None:
@@ -99,30 +116,53 @@ def claim_spec(host_root: Path, container: dict[str, Any], volumes: list[dict[st
     for name in UTILITIES:
         binary = f"{smi.rsplit('/', 1)[0]}/{name}"
         if fs.exists(binary):
-            mounts_out.append({"hostPath": host_path(binary), "containerPath": _strip(seen_root, binary),
-                               "options": ["ro", "nosuid", "nodev", "bind"]})
+            mounts_out.append(
+                {
+                    "hostPath": host_path(binary),
+                    "containerPath": _strip(seen_root, binary),
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                }
+            )
     lib_dir, _, nvml_name = nvml.rpartition("/")
     version = nvml_name.removeprefix("libnvidia-ml.so.")
     for lib in sorted(e for e in fs.listdir(lib_dir) if e.endswith(f".so.{version}")):
         path = f"{lib_dir}/{lib}"
-        mounts_out.append({"hostPath": host_path(path), "containerPath": _strip(seen_root, path),
-                           "options": ["ro", "nosuid", "nodev", "bind"]})
+        mounts_out.append(
+            {
+                "hostPath": host_path(path),
+                "containerPath": _strip(seen_root, path),
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            }
+        )
     dev_root = seen_root if fs.is_dir(under_root(seen_root, "/dev")) else "/"
-    common_nodes = [{"path": d, "hostPath": under_root(dev_root, d)} for d in DRIVER_DEVICES
-                    if fs.exists(under_root(dev_root, d))]
+    common_nodes = [
+        {"path": d, "hostPath": under_root(dev_root, d)}
+        for d in DRIVER_DEVICES
+        if fs.exists(under_root(dev_root, d))
+    ]
     by_index = {g.index: g for g in toolkit.gpus(host_root)}
     devices = []
     for index in gpu_indices:
         if index not in by_index:
             raise PluginError(f"GPU {index} is not on this node (the driver lists {sorted(by_index)})")
         node = f"/dev/nvidia{by_index[index].minor}"
-        devices.append({"name": f"{claim_uid}-gpu-{index}",
-                        "containerEdits": {"deviceNodes": [{"path": node, "hostPath": under_root(dev_root, node)}]}})
-    spec = {"cdiVersion": "0.5.0", "kind": f"{VENDOR}/{CLASS}", "devices": devices,
-            "containerEdits": {"deviceNodes": common_nodes, "mounts": mounts_out}}
+        devices.append(
+            {
+                "name": f"{claim_uid}-gpu-{index}",
+                "containerEdits": {"deviceNodes": [{"path": node, "hostPath": under_root(dev_root, node)}]},
+            }
+        )
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": f"{VENDOR}/{CLASS}",
+        "devices": devices,
+        "containerEdits": {"deviceNodes": common_nodes, "mounts": mounts_out},
+    }
     cdi_root = on_host(env.get("CDI_ROOT", "/var/run/cdi"), mounts)
     if cdi_root is None:
-        raise PluginError(f"CDI_ROOT {env.get('CDI_ROOT')} is not a host mount of container {container['name']}")
+        raise PluginError(
+            f"CDI_ROOT {env.get('CDI_ROOT')} is not a host mount of container {container['name']}"
+        )
     written = host_root / cdi_root.lstrip("/") / f"{VENDOR}-{CLASS}_{claim_uid}.yaml"
     written.parent.mkdir(parents=True, exist_ok=True)
     written.write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -8,8 +8,11 @@ from lightkube.resources.core_v1 import Event
 
 def node_events(kube: Client, node: str) -> list[Event]:
     """The Events about a Node (they live in the default namespace)."""
-    return [e for e in kube.list(Event, namespace="default")
-            if e.involvedObject and e.involvedObject.kind == "Node" and e.involvedObject.name == node]
+    return [
+        e
+        for e in kube.list(Event, namespace="default")
+        if e.involvedObject and e.involvedObject.kind == "Node" and e.involvedObject.name == node
+    ]
 
 
 def namespace_story(kube: Client, namespace: str) -> str:
@@ -23,16 +26,26 @@ def namespace_story(kube: Client, namespace: str) -> str:
     for job in kube.list(Job, namespace=namespace):
         st = job.status
         conditions = [(c.type, c.status, c.reason) for c in (st.conditions if st else None) or []]
-        lines.append(f"Job {job.metadata.name if job.metadata else None}: active={st.active if st else None} "
-                     f"succeeded={st.succeeded if st else None} failed={st.failed if st else None} {conditions}")
+        lines.append(
+            f"Job {job.metadata.name if job.metadata else None}: active={st.active if st else None} "
+            f"succeeded={st.succeeded if st else None} failed={st.failed if st else None} {conditions}"
+        )
     for pod in kube.list(Pod, namespace=namespace):
         ps = pod.status
         conditions = [(c.type, c.status, c.reason) for c in (ps.conditions if ps else None) or []]
-        states = [(c.name, c.state.to_dict() if c.state else None, c.restartCount)
-                  for c in (ps.containerStatuses if ps else None) or []]
-        lines.append(f"Pod {pod.metadata.name if pod.metadata else None} on {pod.spec.nodeName if pod.spec else None}: "
-                     f"{ps.phase if ps else None} {conditions} {states}")
-    events = sorted(kube.list(Event, namespace=namespace),
-                    key=lambda e: str(e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp))
-    lines += [f"Event {e.involvedObject.kind}/{e.involvedObject.name}: {e.reason}: {e.message}" for e in events]
+        states = [
+            (c.name, c.state.to_dict() if c.state else None, c.restartCount)
+            for c in (ps.containerStatuses if ps else None) or []
+        ]
+        lines.append(
+            f"Pod {pod.metadata.name if pod.metadata else None} on {pod.spec.nodeName if pod.spec else None}: "
+            f"{ps.phase if ps else None} {conditions} {states}"
+        )
+    events = sorted(
+        kube.list(Event, namespace=namespace),
+        key=lambda e: str(e.lastTimestamp or e.eventTime or e.metadata.creationTimestamp),
+    )
+    lines += [
+        f"Event {e.involvedObject.kind}/{e.involvedObject.name}: {e.reason}: {e.message}" for e in events
+    ]
     return "\n".join(lines)

@@ -21,12 +21,18 @@ Route = Callable[[str], Answer]
 
 def kubeconfig(path: Path, server: str) -> Path:
     """A kubeconfig for `server` (context `c`, a token user; TLS not verified)."""
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+            }
+        )
+    )
     return path
 
 
@@ -36,13 +42,20 @@ def closed_port() -> int:
 
 
 def status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
-    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
-                  "message": message}
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
 
 
 @contextmanager
 def serve(route: Route) -> Iterator[str]:
     """Serve `route` on 127.0.0.1 until the block ends; yields the server URL."""
+
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -56,7 +69,9 @@ def serve(route: Route) -> Iterator[str]:
             code, body = answer
             data = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json" if not isinstance(body, str) else "text/plain")
+            self.send_header(
+                "Content-Type", "application/json" if not isinstance(body, str) else "text/plain"
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -45,7 +45,8 @@ class FaultProxy:
         def run() -> None:
             asyncio.set_event_loop(self._loop)
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._serve, "127.0.0.1", self.port))
+                asyncio.start_server(self._serve, "127.0.0.1", self.port)
+            )
             self.port = self._server.sockets[0].getsockname()[1]
             started.set()
             self._loop.run_forever()
@@ -62,6 +63,7 @@ class FaultProxy:
                 self._server.close()
             for writer in list(self._live):
                 writer.close()
+
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
@@ -72,11 +74,13 @@ class FaultProxy:
 
     def partition(self, on: bool) -> None:
         """Cut every open connection and refuse new ones (on), or let them through again (off)."""
+
         def apply() -> None:
             self._partitioned = on
             if on:
                 for writer in list(self._live):
                     writer.transport.abort()
+
         self._loop.call_soon_threadsafe(apply)
 
     def kubeconfig(self, original: Path, target: Path) -> Path:

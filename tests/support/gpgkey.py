@@ -22,13 +22,25 @@ def make_key(directory: Path, name: str) -> KeyPair:
     home = directory / "gnupg"
     home.mkdir(parents=True, mode=0o700)
     env = {**os.environ, "GNUPGHOME": str(home)}
-    params = (f"%no-protection\nKey-Type: RSA\nKey-Length: 3072\nKey-Usage: sign\nName-Real: {name}\n"
-              "Name-Email: release@gpu-operator.invalid\nExpire-Date: 1d\n%commit\n")
-    subprocess.run(["gpg", "--batch", "--quiet", "--gen-key"], input=params, text=True, env=env, check=True,
-                   capture_output=True, timeout=120)
+    params = (
+        f"%no-protection\nKey-Type: RSA\nKey-Length: 3072\nKey-Usage: sign\nName-Real: {name}\n"
+        "Name-Email: release@gpu-operator.invalid\nExpire-Date: 1d\n%commit\n"
+    )
+    subprocess.run(
+        ["gpg", "--batch", "--quiet", "--gen-key"],
+        input=params,
+        text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     pair = KeyPair(name, directory / "secring.gpg", directory / "pubring.gpg")
     for args, path in ((["--export-secret-keys"], pair.secring), (["--export"], pair.pubring)):
-        path.write_bytes(subprocess.run(["gpg", "--batch", *args], env=env, check=True, capture_output=True,
-                                        timeout=60).stdout)
+        path.write_bytes(
+            subprocess.run(
+                ["gpg", "--batch", *args], env=env, check=True, capture_output=True, timeout=60
+            ).stdout
+        )
     subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False, capture_output=True, timeout=30)
     return pair

@@ -40,8 +40,14 @@ class HelmFailed(AssertionError):
 class HelmCLI:
     """`helm ... -n NAMESPACE --kubeconfig ...` with its own config, cache and data directories."""
 
-    def __init__(self, major: int, kubeconfig: Path | str, namespace: str, home: Path,
-                 story: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        major: int,
+        kubeconfig: Path | str,
+        namespace: str,
+        home: Path,
+        story: Callable[[], str] | None = None,
+    ) -> None:
         """`story`: what a failed command's message adds, read at once (the namespace's Jobs,
         pods and Events: tests/support/events.py's namespace_story), so that a hook that never
         finished can be understood from the CI output alone."""

@@ -28,5 +28,9 @@ def references(name: str, path: Path, known: dict[str, Path], *, strings: bool =
     tree = ast.parse(path.read_text())
     refs = imported(tree, name, path.as_posix())
     if strings:
-        refs.update(node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str))
+        refs.update(
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        )
     return refs & set(known)

@@ -28,13 +28,22 @@ CRD = Path(__file__).resolve().parents[1] / "fixtures" / "kubevirt" / "kubevirt.
 KubeVirt = create_namespaced_resource("kubevirt.io", "v1", "KubeVirt", "kubevirts")
 
 SEED_001 = ["0a", "18", "3b", "44", "87", "90", "b8", "c1"]
-OURS_KUBEVIRT = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB",
-                 "externalResourceProvider": False}
-OURS_SANDBOX = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/GH100_H100_SXM5_80GB",
-                "externalResourceProvider": True}
+OURS_KUBEVIRT = {
+    "pciVendorSelector": "10DE:2330",
+    "resourceName": "nvidia.com/H100_SXM5_80GB",
+    "externalResourceProvider": False,
+}
+OURS_SANDBOX = {
+    "pciVendorSelector": "10DE:2330",
+    "resourceName": "nvidia.com/GH100_H100_SXM5_80GB",
+    "externalResourceProvider": True,
+}
 USER_ENTRY = {"pciVendorSelector": "8086:107C", "resourceName": "kubevirt.io/internet-card"}
-PASSTHROUGH = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"},
-               "vfioManager": {"enabled": True}, "sandboxDevicePlugin": {"enabled": False}}
+PASSTHROUGH = {
+    "sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"},
+    "vfioManager": {"enabled": True},
+    "sandboxDevicePlugin": {"enabled": False},
+}
 
 
 def crd_exists(kube: Client) -> bool:
@@ -49,7 +58,9 @@ def crd_exists(kube: Client) -> bool:
 
 def crd_terminating(kube: Client) -> bool:
     try:
-        return kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").metadata.deletionTimestamp is not None
+        return (
+            kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").metadata.deletionTimestamp is not None
+        )
     except ApiError as e:
         if e.status.code == 404:
             return False
@@ -74,8 +85,16 @@ def devices(kube: Client, namespace: str) -> list[dict[str, Any]]:
 
 
 def probe_facts(drivers: dict[str, str]) -> str:
-    gpus = [{"address": f"0000:{b}:00.0", "vendorDevice": "10de:2330", "name": "GH100 [H100 SXM5 80GB]",
-             "product": "H100 SXM5 80GB", "driver": d} for b, d in sorted(drivers.items())]
+    gpus = [
+        {
+            "address": f"0000:{b}:00.0",
+            "vendorDevice": "10de:2330",
+            "name": "GH100 [H100 SXM5 80GB]",
+            "product": "H100 SXM5 80GB",
+            "driver": d,
+        }
+        for b, d in sorted(drivers.items())
+    ]
     return json.dumps({"driverSource": "none", "gpus": gpus})
 
 
@@ -91,9 +110,13 @@ def apply_crd(kube: Client) -> None:
     """KubeVirt's CRD applied once no earlier one is terminating, and waited for until served."""
     wait_for("no KubeVirt CRD left terminating", lambda: not crd_terminating(kube))
     kube.apply(from_dict(yaml.safe_load(CRD.read_text())), field_manager="tests", force=True)
-    wait_for("KubeVirt CRD established", lambda: any(
-        c.type == "Established" and c.status == "True"
-        for c in (kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").status.conditions or [])))
+    wait_for(
+        "KubeVirt CRD established",
+        lambda: any(
+            c.type == "Established" and c.status == "True"
+            for c in (kube.get(CustomResourceDefinition, "kubevirts.kubevirt.io").status.conditions or [])
+        ),
+    )
     wait_for("kubevirt.io/v1 served", lambda: served(kube))
 
 
@@ -105,7 +128,14 @@ def delete_crd(kube: Client) -> None:
 
 def kubevirt_body(namespace: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The cluster's KubeVirt CR as its user writes it: HostDevices on, their own pciHostDevices."""
-    return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt",
-            "namespace": namespace}, "spec": {"configuration": {
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": namespace},
+        "spec": {
+            "configuration": {
                 "developerConfiguration": {"featureGates": ["HostDevices"]},
-                "permittedHostDevices": {"pciHostDevices": entries}}}}
+                "permittedHostDevices": {"pciHostDevices": entries},
+            }
+        },
+    }

@@ -15,8 +15,9 @@ from gpu_operator.controllers.views import OWNED_KINDS
 
 NAMESPACED = (DaemonSet, Deployment, ServiceAccount, ConfigMap, Service, Role, RoleBinding)
 CLUSTER = (ClusterRole, ClusterRoleBinding, RuntimeClass)
-assert {k.__name__ for k in (*NAMESPACED, *CLUSTER)} == {k.kind for k in OWNED_KINDS}, \
+assert {k.__name__ for k in (*NAMESPACED, *CLUSTER)} == {k.kind for k in OWNED_KINDS}, (
     "the kinds checked here differ from those the operator applies (controllers/views.py OWNED_KINDS)"
+)
 
 
 def owned_by(kube: Client, uid: str | None) -> list[str]:

@@ -9,7 +9,9 @@ from typing import Any
 Permission = tuple[str, str, str, str | None]
 
 
-def grant(group: str, resources: Iterable[str], verbs: Iterable[str], names: Iterable[str] = ()) -> set[Permission]:
+def grant(
+    group: str, resources: Iterable[str], verbs: Iterable[str], names: Iterable[str] = ()
+) -> set[Permission]:
     """Every permission a rule with these groups, resources, verbs and resourceNames grants."""
     return {(group, r, v, n) for r in resources for v in verbs for n in (tuple(names) or (None,))}
 

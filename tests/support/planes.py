@@ -17,8 +17,9 @@ from gpu_operator.sim.plane.controlplane import ControlPlane
 
 
 @contextlib.contextmanager
-def running_plane(tmp_path_factory: pytest.TempPathFactory, name: str,
-                  kubernetes: str = "current") -> Iterator[ControlPlane]:
+def running_plane(
+    tmp_path_factory: pytest.TempPathFactory, name: str, kubernetes: str = "current"
+) -> Iterator[ControlPlane]:
     # In CI the binaries must be there (./dev builds them first); a missing build is a failure,
     # never a skip.
     found = binaries.locate(build=True, kubernetes=kubernetes)

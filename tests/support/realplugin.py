@@ -56,26 +56,56 @@ def pod_manifest(node: str, host_root: Path, mig_strategy: str = "") -> dict[str
         return {"name": name, "hostPath": {"path": path, "type": "Directory"}}
 
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": POD, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": "nvidia-device-plugin"}},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": POD,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/name": "nvidia-device-plugin"},
+        },
         "spec": {
-            "nodeName": node, "priorityClassName": "system-node-critical",
-            "tolerations": [{"operator": "Exists"}], "automountServiceAccountToken": False,
+            "nodeName": node,
+            "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}],
+            "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 5,
-            "containers": [{
-                "name": "nvidia-device-plugin-ctr", "image": DEVICE_PLUGIN_IMAGE, "imagePullPolicy": "Never",
-                "command": ["nvidia-device-plugin"], "args": [f"--host-root={HOSTS}/{host_root.name}"], "env": env,
-                "securityContext": {"privileged": True},
-                "volumeMounts": [{"name": "device-plugin", "mountPath": DEVICE_PLUGIN_DIR},
-                                 {"name": "host-root", "mountPath": f"{HOSTS}/{host_root.name}", "readOnly": True},
-                                 *([{"name": "mig-state", "mountPath": f"{HOSTS}/{migtree.STATE_FILE}", "readOnly": True}]
-                                   if mig_state.is_file() else []),
-                                 {"name": "config", "mountPath": "/config", "readOnly": True}],
-            }],
-            "volumes": [host("device-plugin", DEVICE_PLUGIN_DIR), host("host-root", str(host_root)),
-                        *([{"name": "mig-state", "hostPath": {"path": str(mig_state), "type": "File"}}]
-                          if mig_state.is_file() else []),
-                        host("config", "")],
+            "containers": [
+                {
+                    "name": "nvidia-device-plugin-ctr",
+                    "image": DEVICE_PLUGIN_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["nvidia-device-plugin"],
+                    "args": [f"--host-root={HOSTS}/{host_root.name}"],
+                    "env": env,
+                    "securityContext": {"privileged": True},
+                    "volumeMounts": [
+                        {"name": "device-plugin", "mountPath": DEVICE_PLUGIN_DIR},
+                        {"name": "host-root", "mountPath": f"{HOSTS}/{host_root.name}", "readOnly": True},
+                        *(
+                            [
+                                {
+                                    "name": "mig-state",
+                                    "mountPath": f"{HOSTS}/{migtree.STATE_FILE}",
+                                    "readOnly": True,
+                                }
+                            ]
+                            if mig_state.is_file()
+                            else []
+                        ),
+                        {"name": "config", "mountPath": "/config", "readOnly": True},
+                    ],
+                }
+            ],
+            "volumes": [
+                host("device-plugin", DEVICE_PLUGIN_DIR),
+                host("host-root", str(host_root)),
+                *(
+                    [{"name": "mig-state", "hostPath": {"path": str(mig_state), "type": "File"}}]
+                    if mig_state.is_file()
+                    else []
+                ),
+                host("config", ""),
+            ],
         },
     }
 
@@ -96,8 +126,10 @@ def start(node: RealNode, host_root: Path, mig_strategy: str = "", timeout: floa
         if status.get("phase") == "Running" and plugin_pids(node):
             return
         if time.monotonic() > deadline:
-            raise RealNodeError(f"real node {node.name}: the device plugin pod {NAMESPACE}/{POD} is not running "
-                                f"its plugin after {timeout:.0f}s; its status: {status}")
+            raise RealNodeError(
+                f"real node {node.name}: the device plugin pod {NAMESPACE}/{POD} is not running "
+                f"its plugin after {timeout:.0f}s; its status: {status}"
+            )
         time.sleep(0.5)
 
 
@@ -116,15 +148,19 @@ def stop(node: RealNode, timeout: float = 60.0) -> None:
             if not plugin_pids(node):
                 return
         if time.monotonic() > deadline:
-            raise RealNodeError(f"real node {node.name}: the device plugin pod {NAMESPACE}/{POD} "
-                                f"is still there {timeout:.0f}s after its deletion")
+            raise RealNodeError(
+                f"real node {node.name}: the device plugin pod {NAMESPACE}/{POD} "
+                f"is still there {timeout:.0f}s after its deletion"
+            )
         time.sleep(0.5)
 
 
 def plugin_pids(node: RealNode) -> list[int]:
     """The host PIDs of the device-plugin stand-in's processes in the node's containers."""
     found = []
-    for pid in sorted(set().union(*(cgroup_pids(leaf) for leaf in cgroup_dirs(node.cgroup_name) if leaf.exists()))):
+    for pid in sorted(
+        set().union(*(cgroup_pids(leaf) for leaf in cgroup_dirs(node.cgroup_name) if leaf.exists()))
+    ):
         with contextlib.suppress(OSError):
             if STAND_IN in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
                 found.append(pid)

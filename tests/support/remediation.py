@@ -40,18 +40,33 @@ class Seen:
         meta, spec, status = node.metadata, node.spec, node.status
         labels = (meta.labels if meta else None) or {}
         notes = dict((meta.annotations if meta else None) or {})
-        cond = next(((c.status, c.reason or "") for c in (status.conditions if status else None) or []
-                     if c.type == HEALTH_CONDITION), None)
+        cond = next(
+            (
+                (c.status, c.reason or "")
+                for c in (status.conditions if status else None) or []
+                if c.type == HEALTH_CONDITION
+            ),
+            None,
+        )
         text = notes.get(HEALTH_REPORT_ANNOTATION)
-        return cls(labels.get(HEALTH_STATE, ""), labels.get(UPGRADE_STATE, ""), cond,
-                   tuple(t.key for t in (spec.taints if spec else None) or []),
-                   bool(spec and spec.unschedulable), notes,
-                   HealthReport.parse(text) if text is not None else None)
+        return cls(
+            labels.get(HEALTH_STATE, ""),
+            labels.get(UPGRADE_STATE, ""),
+            cond,
+            tuple(t.key for t in (spec.taints if spec else None) or []),
+            bool(spec and spec.unschedulable),
+            notes,
+            HealthReport.parse(text) if text is not None else None,
+        )
 
     @property
     def released(self) -> bool:
-        return (self.state == "" and self.condition == ("True", "GPUsHealthy") and HEALTH_TAINT not in self.taints
-                and not self.cordoned)
+        return (
+            self.state == ""
+            and self.condition == ("True", "GPUsHealthy")
+            and HEALTH_TAINT not in self.taints
+            and not self.cordoned
+        )
 
 
 class Recorder:

@@ -46,8 +46,18 @@ def is_reconciled(status: dict[str, Any]) -> bool:
     return status.get("state") == "ready" and condition(status, "Ready").get("reason") == "Reconciled"
 
 
-def reconciled(kube: Client, name: str = "cluster-policy", *, timeout: float = 120.0,
-               context: Callable[[], object] | None = None) -> dict[str, Any]:
+def reconciled(
+    kube: Client,
+    name: str = "cluster-policy",
+    *,
+    timeout: float = 120.0,
+    context: Callable[[], object] | None = None,
+) -> dict[str, Any]:
     """Waits until the ClusterPolicy is ready with reason Reconciled; returns its status."""
-    return wait_for(f"ClusterPolicy {name} ready (Reconciled)", lambda: policy_status(kube, name),
-                    until=is_reconciled, timeout=timeout, context=context)
+    return wait_for(
+        f"ClusterPolicy {name} ready (Reconciled)",
+        lambda: policy_status(kube, name),
+        until=is_reconciled,
+        timeout=timeout,
+        context=context,
+    )

@@ -74,8 +74,13 @@ def load(kube: Client, namespace: str, nodes: list[str]) -> Loaded:
     created = kube.create(ClusterPolicyResource(**policy), field_manager=NVIDIA_FIELD_MANAGER)
     uid = created["metadata"]["uid"]
     if status:
-        kube.patch(ClusterPolicyResource.Status, policy["metadata"]["name"], {"status": status},
-                   patch_type=PatchType.MERGE, field_manager=NVIDIA_FIELD_MANAGER)
+        kube.patch(
+            ClusterPolicyResource.Status,
+            policy["metadata"]["name"],
+            {"status": status},
+            patch_type=PatchType.MERGE,
+            field_manager=NVIDIA_FIELD_MANAGER,
+        )
     tokens[f"{OWNER_UID_TOKEN}-ClusterPolicy-{policy['metadata']['name']}"] = uid
     objects = [_replace(o, tokens) for o in read("objects.yaml")]
     for obj in objects:
@@ -83,8 +88,13 @@ def load(kube: Client, namespace: str, nodes: list[str]) -> Loaded:
     mapping = {}
     for record, node in zip(recorded_nodes(), nodes, strict=False):
         mapping[record["name"]] = node
-        kube.patch(Node, node, {"metadata": {"labels": record["labels"], "annotations": record["annotations"]}},
-                   patch_type=PatchType.MERGE, field_manager=NVIDIA_FIELD_MANAGER)
+        kube.patch(
+            Node,
+            node,
+            {"metadata": {"labels": record["labels"], "annotations": record["annotations"]}},
+            patch_type=PatchType.MERGE,
+            field_manager=NVIDIA_FIELD_MANAGER,
+        )
     return Loaded(uid, objects, mapping)
 
 

@@ -71,26 +71,43 @@ def states(kube: Client, names: list[str]) -> dict[str, str]:
 
 def driver_pods(kube: Client, namespace: str) -> dict[str, str]:
     """node -> driver pod name."""
-    return {str(p.spec.nodeName): str(p.metadata.name) for p in kube.list(
-        Pod, namespace=namespace, labels={"app.kubernetes.io/component": "nvidia-driver"}) if p.spec.nodeName}
+    return {
+        str(p.spec.nodeName): str(p.metadata.name)
+        for p in kube.list(Pod, namespace=namespace, labels={"app.kubernetes.io/component": "nvidia-driver"})
+        if p.spec.nodeName
+    }
 
 
 def cli(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpu_operator.cli", *args, f"--kubeconfig={plane.admin_kubeconfig}"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", *args, f"--kubeconfig={plane.admin_kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def upgrade_driver(kube: Client, version: str) -> None:
     driver = {"repository": "nvcr.io/nvidia", "image": "driver", "version": version}
-    kube.patch(ClusterPolicyResource, "cluster-policy", {"spec": {"driver": driver}},
-               patch_type=PatchType.MERGE)
+    kube.patch(
+        ClusterPolicyResource, "cluster-policy", {"spec": {"driver": driver}}, patch_type=PatchType.MERGE
+    )
 
 
 def upgrades_pending(operator: OperatorProcess) -> float:
     """The operator's gpu_operator_nodes_upgrades_pending gauge (the sum over owners)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
-    return next((float(line.split()[-1]) for line in text.splitlines()
-                 if line.startswith("gpu_operator_nodes_upgrades_pending ")), -1.0)
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+    )
+    return next(
+        (
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("gpu_operator_nodes_upgrades_pending ")
+        ),
+        -1.0,
+    )
 
 
 def standalone_dra_driver(node: str, namespace: str, account: str, role: str) -> list[dict[str, Any]]:
@@ -101,20 +118,54 @@ def standalone_dra_driver(node: str, namespace: str, account: str, role: str) ->
     match = {"app": "nvidia-dra-driver-kubelet-plugin"}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role}, "rules": [
-            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-             "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
-         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}},
-        {"apiVersion": "apps/v1", "kind": "DaemonSet",
-         "metadata": {"name": "nvidia-dra-driver-gpu-kubelet-plugin", "namespace": namespace},
-         "spec": {"selector": {"matchLabels": match}, "template": {"metadata": {"labels": match}, "spec": {
-             "nodeSelector": {"kubernetes.io/hostname": node}, "serviceAccountName": account,
-             "tolerations": [{"operator": "Exists"}],
-             "containers": [{"name": "gpus", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0"}]}}}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": role},
+            "rules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceslices"],
+                    "verbs": ["get", "list", "watch", "create", "update", "delete"],
+                },
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceclaims"],
+                    "verbs": ["get", "list", "watch"],
+                },
+                {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-dra-driver-gpu-kubelet-plugin", "namespace": namespace},
+            "spec": {
+                "selector": {"matchLabels": match},
+                "template": {
+                    "metadata": {"labels": match},
+                    "spec": {
+                        "nodeSelector": {"kubernetes.io/hostname": node},
+                        "serviceAccountName": account,
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [
+                            {"name": "gpus", "image": "nvcr.io/nvidia/k8s-dra-driver-gpu:v25.8.0"}
+                        ],
+                    },
+                },
+            },
+        },
     ]

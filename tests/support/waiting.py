@@ -15,8 +15,15 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def wait_for(what: str, observe: Callable[[], T], *, until: Callable[[T], Any] = bool, timeout: float = 90.0,
-             interval: float = 0.3, context: Callable[[], object] | None = None) -> T:
+def wait_for(
+    what: str,
+    observe: Callable[[], T],
+    *,
+    until: Callable[[T], Any] = bool,
+    timeout: float = 90.0,
+    interval: float = 0.3,
+    context: Callable[[], object] | None = None,
+) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = observe()

@@ -21,8 +21,9 @@ def test_lock_pins_every_dependency_at_pyprojects_version_with_a_hash() -> None:
             continue
         spec, _, hashes = line.partition(" ")
         # one hash per distinct wheel: amd64 and arm64 share pure-Python wheels
-        assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}( --hash=sha256:[0-9a-f]{64})?", hashes), \
+        assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}( --hash=sha256:[0-9a-f]{64})?", hashes), (
             f"lock line without a hash per architecture's wheel: {line}"
+        )
         name, version = spec.split("==")
         lock[norm(name)] = version
     assert lock and pyproject["project"]["dependencies"], "an empty lock or dependency list checks nothing"
@@ -45,7 +46,9 @@ def test_chart_and_renderer_default_to_the_image_the_build_names() -> None:
     assert built == OWN_IMAGE
     for component in ("validator", "nodeStatusExporter"):
         assert (values[component]["repository"], values[component]["image"]) == (
-            values["operator"]["repository"], values["operator"]["image"]), component
+            values["operator"]["repository"],
+            values["operator"]["image"],
+        ), component
 
 
 BUILD_LOCK = REPO / "tools/image/build-requirements.lock"
@@ -57,7 +60,9 @@ def _build_lock() -> dict[str, tuple[str, str]]:
         if line.startswith("#") or not line.strip():
             continue
         spec, _, hashes = line.partition(" ")
-        assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", hashes), f"build lock line without one hash: {line}"
+        assert re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", hashes), (
+            f"build lock line without one hash: {line}"
+        )
         name, version = spec.split("==")
         pins[norm(name)] = (version, hashes.removeprefix("--hash=sha256:"))
     return pins
@@ -81,9 +86,15 @@ def test_build_sh_fetches_installs_and_builds_nothing_unhashed() -> None:
     --require-hashes (or our own wheel, a local file, with --no-deps), the wheel build in the
     hashed build environment without build isolation (which would fetch setuptools unpinned)."""
     script = (REPO / "tools/image/build.sh").read_text().replace("\\\n", " ")
-    calls = [line.strip() for line in script.splitlines()
-             if re.search(r"\bpip(_in_root\[@\]\}\")?\s.*\b(download|install|wheel)\b|^\s*fetch ", line) and not line.strip().startswith("#")]
-    assert len(calls) == 6, calls  # fetch (its two tries on one line) and its 2 calls, the build, 2 in the root
+    calls = [
+        line.strip()
+        for line in script.splitlines()
+        if re.search(r"\bpip(_in_root\[@\]\}\")?\s.*\b(download|install|wheel)\b|^\s*fetch ", line)
+        and not line.strip().startswith("#")
+    ]
+    assert len(calls) == 6, (
+        calls
+    )  # fetch (its two tries on one line) and its 2 calls, the build, 2 in the root
     for call in calls:
         if re.search(r"^fetch\b|(\bpip|\}\")\s+install\b", call) and "/tmp/install/$wheel" not in call:
             assert "--require-hashes" in call, call
@@ -106,8 +117,13 @@ def test_the_build_environment_refuses_a_wheel_that_is_not_the_pinned_one(tmp_pa
     for name, (version, _) in _build_lock().items():
         with zipfile.ZipFile(wheels / f"{name}-{version}-py3-none-any.whl", "w") as whl:
             whl.writestr(f"{name}/__init__.py", "raise SystemExit('tampered')\n")
-    done = subprocess.run(["bash", str(REPO / "tools/image/buildenv.sh"), str(wheels), str(tmp_path / "env")],
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        ["bash", str(REPO / "tools/image/buildenv.sh"), str(wheels), str(tmp_path / "env")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode != 0
     assert "THESE PACKAGES DO NOT MATCH THE HASHES" in done.stderr, done.stderr
     assert not list((tmp_path / "env").glob("lib/python*/site-packages/setuptools"))

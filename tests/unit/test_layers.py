@@ -21,12 +21,39 @@ MAY_IMPORT: dict[str, set[str]] = {
     "node": {"vocabulary"},  # node agents: never controllers or render
     "statusview": {"vocabulary", "api", "shapes", "render", "kube"},
     "controllers": {"vocabulary", "api", "shapes", "render", "kube", "statusview"},  # what `run` runs
-    "admin": {"vocabulary", "api", "shapes", "render", "kube", "statusview", "controllers"},  # a person's commands
-    "sim": {"vocabulary", "api", "shapes", "render", "kube", "node", "statusview"},  # runs the operator, never imports it
+    "admin": {
+        "vocabulary",
+        "api",
+        "shapes",
+        "render",
+        "kube",
+        "statusview",
+        "controllers",
+    },  # a person's commands
+    "sim": {
+        "vocabulary",
+        "api",
+        "shapes",
+        "render",
+        "kube",
+        "node",
+        "statusview",
+    },  # runs the operator, never imports it
     # `images`: the chart rendered by Helm (sim/plane/helm.py), the operands and the mirror rule by render
     "install": {"vocabulary", "api", "shapes", "render", "sim"},
-    "cli": {"vocabulary", "api", "shapes", "render", "kube", "node", "statusview", "controllers", "admin", "sim",
-            "install"},
+    "cli": {
+        "vocabulary",
+        "api",
+        "shapes",
+        "render",
+        "kube",
+        "node",
+        "statusview",
+        "controllers",
+        "admin",
+        "sim",
+        "install",
+    },
 }
 
 
@@ -46,8 +73,12 @@ def test_every_room_is_in_the_rules() -> None:
 
 
 def test_an_import_only_points_down() -> None:
-    upward = sorted(f"{m} -> {t}" for m, targets in _graph().items() for t in targets
-                    if room(t) not in ({room(m), ""} | MAY_IMPORT[room(m)]))
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in _graph().items()
+        for t in targets
+        if room(t) not in ({room(m), ""} | MAY_IMPORT[room(m)])
+    )
     assert upward == [], "imports against docs/architecture.md's layers:\n" + "\n".join(upward)
 
 
@@ -107,7 +138,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_architecture_page_lists_every_room() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text()
-    block = text[text.index("## Layers"):text.index("## From a ClusterPolicy")]
+    block = text[text.index("## Layers") : text.index("## From a ClusterPolicy")]
     listed = set(re.findall(r"^(\w+)(?:/|\.py)", block, flags=re.M))
     assert set(MAY_IMPORT) - {"cli"} <= listed, set(MAY_IMPORT) - listed
 
@@ -117,9 +148,12 @@ def test_only_kube_speaks_http() -> None:
     the eviction), and no wire decoder lives there."""
     root = Path(__file__).resolve().parents[2] / "src" / "gpu_operator" / "controllers"
     sending = re.compile(r"\.http\.(get|post|put|patch|delete|stream|request)\(")
-    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py"))
-             for n, line in enumerate(path.read_text().splitlines(), 1)
-             if sending.search(line) or re.match(r"\s*(import msgspec|from msgspec)", line)]
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted(root.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if sending.search(line) or re.match(r"\s*(import msgspec|from msgspec)", line)
+    ]
     assert found == [], f"HTTP or wire decoding in controllers/: {found}; move it to kube/"
 
 
@@ -154,17 +188,29 @@ def apiserver_paths(source: str) -> list[int]:
     `/api/...`, `/apis/...`, or `/version`."""
     tree = ast.parse(source)
     docs = _docstrings(tree)
-    return sorted({node.lineno for node in ast.walk(tree)
-                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
-                   and (APISERVER_PATH.search(node.value) or node.value == "/version")})
+    return sorted(
+        {
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs
+            and (APISERVER_PATH.search(node.value) or node.value == "/version")
+        }
+    )
 
 
 def client_constructions(source: str) -> list[int]:
     """Lines that build an HTTP or Kubernetes client (lightkube Client/AsyncClient, an httpx client
     or transport, `client_adapter.AsyncClient`), also under an alias (`import Client as C`)."""
     tree = ast.parse(source)
-    names = set(CLIENT_CONSTRUCTORS) | {alias.asname for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                                        for alias in node.names if alias.name in CLIENT_CONSTRUCTORS and alias.asname}
+    names = set(CLIENT_CONSTRUCTORS) | {
+        alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name in CLIENT_CONSTRUCTORS and alias.asname
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):

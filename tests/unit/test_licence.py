@@ -19,12 +19,18 @@ def test_apache_2_in_the_licence_file_pyproject_and_charts() -> None:
     charts = [REPO / "deployments/gpu-operator/Chart.yaml", *REPO.glob("deployments/cozystack/**/Chart.yaml")]
     assert len(charts) >= 2
     for chart in charts:
-        assert yaml.safe_load(chart.read_text())["annotations"]["artifacthub.io/license"] == "Apache-2.0", chart
+        assert yaml.safe_load(chart.read_text())["annotations"]["artifacthub.io/license"] == "Apache-2.0", (
+            chart
+        )
     # the image's OCI label: tests/image/test_image.py reads it from the built image's config
 
 
 def test_notice_names_where_the_upstream_facts_come_from() -> None:
     notice = (REPO / "NOTICE").read_text()
-    for source in ("https://github.com/NVIDIA/gpu-operator", "https://github.com/kubernetes/kubernetes",
-                   "https://github.com/kubevirt/kubevirt", "53822513.nvidia.com"):
+    for source in (
+        "https://github.com/NVIDIA/gpu-operator",
+        "https://github.com/kubernetes/kubernetes",
+        "https://github.com/kubevirt/kubevirt",
+        "53822513.nvidia.com",
+    ):
         assert source in notice, source

@@ -7,7 +7,17 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpu_operator"
-LIBRARIES = {"kopf", "lightkube", "prometheus_client", "aiohttp", "pydantic", "typer", "rich", "httpx2", "yaml"}
+LIBRARIES = {
+    "kopf",
+    "lightkube",
+    "prometheus_client",
+    "aiohttp",
+    "pydantic",
+    "typer",
+    "rich",
+    "httpx2",
+    "yaml",
+}
 # Private attributes our own objects use on themselves (self._x) are fine; these are the
 # private names of library objects the operator once reached into.
 LIBRARY_PRIVATE_ATTRIBUTES = {"_client", "_core", "_cogs", "_kits", "_value"}

@@ -21,13 +21,20 @@ def conftest() -> Any:
 def test_the_real_node_the_images_and_what_borrows_them_share_one_worker() -> None:
     c = conftest()
     units: dict[str, str] = {}
-    unit = {f.relative_to(ROOT).as_posix(): c.work_unit(ROOT, f.relative_to(ROOT).as_posix(), units)
-            for f in sorted((ROOT / "tests").glob("*/test_*.py"))}
+    unit = {
+        f.relative_to(ROOT).as_posix(): c.work_unit(ROOT, f.relative_to(ROOT).as_posix(), units)
+        for f in sorted((ROOT / "tests").glob("*/test_*.py"))
+    }
     machine = {m for m, u in unit.items() if u == c.HOST_GROUP}
-    assert {"tests/integration/test_real_node.py", "tests/integration/test_real_node_operator.py",
-            "tests/integration/test_helm_real_node.py", "tests/integration/test_sim_cli.py",
-            "tests/image/test_image.py", "tests/integration/test_registry_install.py",
-            "tests/integration/test_registry_recovery.py"} <= machine  # the last borrows the install's fixtures
+    assert {
+        "tests/integration/test_real_node.py",
+        "tests/integration/test_real_node_operator.py",
+        "tests/integration/test_helm_real_node.py",
+        "tests/integration/test_sim_cli.py",
+        "tests/image/test_image.py",
+        "tests/integration/test_registry_install.py",
+        "tests/integration/test_registry_recovery.py",
+    } <= machine  # the last borrows the install's fixtures
     for module, owner in unit.items():
         assert owner in (module, c.HOST_GROUP), module
     assert unit["tests/integration/test_sim_faults.py"] == "tests/integration/test_sim_faults.py"
@@ -38,7 +45,12 @@ def test_a_module_naming_a_machine_fixture_joins_the_machine(tmp_path: Path) -> 
     (tmp_path / "tests" / "integration").mkdir(parents=True)
     (tmp_path / "tests/integration/test_a.py").write_text("def test_x(real_gpu_node): ...\n")
     (tmp_path / "tests/integration/test_b.py").write_text("from tests.integration.test_a import helper\n")
-    (tmp_path / "tests/integration/test_c.py").write_text("def test_y(kube): ...  # a real_nodes word is not one\n")
+    (tmp_path / "tests/integration/test_c.py").write_text(
+        "def test_y(kube): ...  # a real_nodes word is not one\n"
+    )
     units: dict[str, str] = {}
     assert [c.work_unit(tmp_path, f"tests/integration/test_{n}.py", units) for n in "abc"] == [
-        c.HOST_GROUP, c.HOST_GROUP, "tests/integration/test_c.py"]
+        c.HOST_GROUP,
+        c.HOST_GROUP,
+        "tests/integration/test_c.py",
+    ]

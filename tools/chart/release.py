@@ -65,7 +65,9 @@ def _epoch() -> int:
     """SOURCE_DATE_EPOCH, else the last commit's time: the one timestamp the archives carry."""
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return int(os.environ["SOURCE_DATE_EPOCH"])
-    done = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%ct"], capture_output=True, text=True, check=False
+    )
     return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else 0
 
 
@@ -87,11 +89,15 @@ class Signer:
 
 def _sign(archive: Path, signer: Signer) -> Path:
     try:
-        prov = helm_python.sign(archive, key=signer.key, keyring=signer.keyring, passphrase_file=signer.passphrase_file)
+        prov = helm_python.sign(
+            archive, key=signer.key, keyring=signer.keyring, passphrase_file=signer.passphrase_file
+        )
     except helm_python.HelmError as err:
-        raise ReleaseError(f"--sign {signer.key!r} --keyring {signer.keyring}: {err} (the keyring must be a secret "
-                           "keyring, e.g. `gpg --export-secret-keys KEY > secring.gpg`; a protected key needs "
-                           "--passphrase-file)") from err
+        raise ReleaseError(
+            f"--sign {signer.key!r} --keyring {signer.keyring}: {err} (the keyring must be a secret "
+            "keyring, e.g. `gpg --export-secret-keys KEY > secring.gpg`; a protected key needs "
+            "--passphrase-file)"
+        ) from err
     return Path(prov)
 
 
@@ -109,7 +115,9 @@ def release(out: Path, digest: str | None, log: Any = print, signer: Signer | No
             _pin(ours, digest)
             log(f"chart: our image pinned to {digest}")
         else:
-            log(f"chart: no dist/gpu-operator-{meta['appVersion']}.digest (run ./dev image): the image is named by tag")
+            log(
+                f"chart: no dist/gpu-operator-{meta['appVersion']}.digest (run ./dev image): the image is named by tag"
+            )
         _lint(ours)
         epoch = _epoch()
         _settle(ours, epoch)
@@ -121,16 +129,20 @@ def release(out: Path, digest: str | None, log: Any = print, signer: Signer | No
         wrapper_meta = yaml.safe_load((wrapper / "Chart.yaml").read_text())
         (dep,) = wrapper_meta["dependencies"]
         if dep["version"] != meta["version"]:
-            raise ReleaseError(f"{WRAPPER / 'Chart.yaml'}: depends on gpu-operator {dep['version']}, "
-                               f"the chart is {meta['version']}: make them equal")
+            raise ReleaseError(
+                f"{WRAPPER / 'Chart.yaml'}: depends on gpu-operator {dep['version']}, "
+                f"the chart is {meta['version']}: make them equal"
+            )
         _lint(wrapper)
         _settle(wrapper, epoch)
         platform = Path(helm_python.package(wrapper, destination=out))
     helm_python.repo_index_generate(out)
     archives = {"gpu-operator": packaged, "cozy-gpu-operator": platform}
     for archive in archives.values():
-        log(f"chart: {archive.relative_to(out.parent) if out.parent in archive.parents else archive} "
-            f"{helm_python.digest(archive)}")
+        log(
+            f"chart: {archive.relative_to(out.parent) if out.parent in archive.parents else archive} "
+            f"{helm_python.digest(archive)}"
+        )
         if signer is not None:
             log(f"chart: signed by {signer.key!r}: {_sign(archive, signer).name}")
     return archives
@@ -139,14 +151,20 @@ def release(out: Path, digest: str | None, log: Any = print, signer: Signer | No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "dist" / "charts", help="output directory")
-    parser.add_argument("--digest", help="pin our image to this digest (default: dist/<image>.digest if present)")
-    parser.add_argument("--sign", metavar="KEY", help="sign each package with this OpenPGP key (Helm provenance)")
+    parser.add_argument(
+        "--digest", help="pin our image to this digest (default: dist/<image>.digest if present)"
+    )
+    parser.add_argument(
+        "--sign", metavar="KEY", help="sign each package with this OpenPGP key (Helm provenance)"
+    )
     parser.add_argument("--keyring", type=Path, help="with --sign: the secret keyring holding KEY")
     parser.add_argument("--passphrase-file", type=Path, help="with --sign: a file with the key's passphrase")
     args = parser.parse_args(argv)
     if bool(args.sign) != bool(args.keyring):
-        parser.error("--sign KEY and --keyring SECRING go together (e.g. --sign 'Release Team' "
-                     "--keyring secring.gpg from `gpg --export-secret-keys`)")
+        parser.error(
+            "--sign KEY and --keyring SECRING go together (e.g. --sign 'Release Team' "
+            "--keyring secring.gpg from `gpg --export-secret-keys`)"
+        )
     signer = Signer(args.sign, args.keyring, args.passphrase_file) if args.sign else None
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     digest = args.digest

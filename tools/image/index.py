@@ -46,15 +46,28 @@ def join(archives: list[Path], tag: str) -> tuple[dict[str, bytes], bytes]:
                     blobs["sha256:" + member.name.rsplit("/", 1)[1]] = _read(tar, member.name)
             layout = json.loads(_read(tar, "index.json"))
         for descriptor in layout["manifests"]:
-            manifests.append({"mediaType": MANIFEST, "digest": descriptor["digest"], "size": descriptor["size"],
-                              "platform": _platform(blobs, descriptor["digest"])})
+            manifests.append(
+                {
+                    "mediaType": MANIFEST,
+                    "digest": descriptor["digest"],
+                    "size": descriptor["size"],
+                    "platform": _platform(blobs, descriptor["digest"]),
+                }
+            )
     arches = [m["platform"]["architecture"] for m in manifests]
     if len(set(arches)) != len(arches):
         raise SystemExit(f"two images for one architecture: {arches}")
     manifests.sort(key=lambda m: m["platform"]["architecture"])
-    index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests,
-                        "annotations": {"org.opencontainers.image.ref.name": tag}},
-                       sort_keys=True, separators=(",", ":")).encode()
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": manifests,
+            "annotations": {"org.opencontainers.image.ref.name": tag},
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     return blobs, index
 
 
@@ -63,10 +76,22 @@ def write(out: Path, blobs: dict[str, bytes], index: bytes, tag: str, mtime: int
     files = {f"blobs/sha256/{d.removeprefix('sha256:')}": b for d, b in blobs.items()}
     files[f"blobs/sha256/{digest.removeprefix('sha256:')}"] = index
     files["oci-layout"] = b'{"imageLayoutVersion":"1.0.0"}'
-    files["index.json"] = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
-        {"mediaType": INDEX, "digest": digest, "size": len(index),
-         "annotations": {"org.opencontainers.image.ref.name": tag}}]},
-        sort_keys=True, separators=(",", ":")).encode()
+    files["index.json"] = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": [
+                {
+                    "mediaType": INDEX,
+                    "digest": digest,
+                    "size": len(index),
+                    "annotations": {"org.opencontainers.image.ref.name": tag},
+                }
+            ],
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(files):
             info = tarfile.TarInfo(name)

@@ -42,10 +42,21 @@ def dpkg_packages(rootfs: Path) -> Iterator[dict[str, str]]:
 
 def debian_component(fields: dict[str, str], distro: str) -> Component:
     name, version, arch = fields["Package"], fields["Version"], fields.get("Architecture", "all")
-    purl = PackageURL(type="deb", namespace="debian", name=name, version=version,
-                      qualifiers={"arch": arch, "distro": distro})
-    return Component(name=name, version=version, type=ComponentType.LIBRARY, purl=purl,
-                     bom_ref=purl.to_string(), group="debian")
+    purl = PackageURL(
+        type="deb",
+        namespace="debian",
+        name=name,
+        version=version,
+        qualifiers={"arch": arch, "distro": distro},
+    )
+    return Component(
+        name=name,
+        version=version,
+        type=ComponentType.LIBRARY,
+        purl=purl,
+        bom_ref=purl.to_string(),
+        group="debian",
+    )
 
 
 def python_components(rootfs: Path) -> Iterator[Component]:
@@ -57,24 +68,38 @@ def python_components(rootfs: Path) -> Iterator[Component]:
             purl = PackageURL(type="pypi", name=name.lower().replace("_", "-"), version=version)
             expression = meta.get("License-Expression")
             licenses = [factory.make_from_string(expression)] if expression else []
-            yield Component(name=name, version=version, type=ComponentType.LIBRARY, purl=purl,
-                            bom_ref=purl.to_string(), licenses=licenses)
+            yield Component(
+                name=name,
+                version=version,
+                type=ComponentType.LIBRARY,
+                purl=purl,
+                bom_ref=purl.to_string(),
+                licenses=licenses,
+            )
 
 
 def build_bom(rootfs: Path, name: str, version: str, digest: str, created: str) -> Bom:
     os_release = dict(
         line.split("=", 1) for line in (rootfs / "etc/os-release").read_text().splitlines() if "=" in line
     )
-    distro = f'{os_release.get("ID", "debian")}-{os_release.get("VERSION_ID", "").strip(chr(34))}'
+    distro = f"{os_release.get('ID', 'debian')}-{os_release.get('VERSION_ID', '').strip(chr(34))}"
     image = Component(
-        name=name, version=version, type=ComponentType.CONTAINER, bom_ref=f"{name}@{digest}",
-        purl=PackageURL(type="oci", name=name.rsplit("/", 1)[-1], version=digest,
-                        qualifiers={"repository_url": name, "tag": version}),
+        name=name,
+        version=version,
+        type=ComponentType.CONTAINER,
+        bom_ref=f"{name}@{digest}",
+        purl=PackageURL(
+            type="oci",
+            name=name.rsplit("/", 1)[-1],
+            version=digest,
+            qualifiers={"repository_url": name, "tag": version},
+        ),
     )
     bom = Bom(
         serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"{name}@{digest}"),
-        metadata=BomMetaData(component=image,
-                             timestamp=datetime.fromisoformat(created.replace("Z", "+00:00"))),
+        metadata=BomMetaData(
+            component=image, timestamp=datetime.fromisoformat(created.replace("Z", "+00:00"))
+        ),
     )
     for fields in dpkg_packages(rootfs):
         bom.components.add(debian_component(fields, distro))

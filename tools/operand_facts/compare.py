@@ -47,7 +47,10 @@ EVERYTHING: dict[str, Any] = {
 
 
 def policies() -> dict[str, dict[str, Any]]:
-    out = {p.name: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))}
+    out = {
+        p.name: yaml.safe_load(p.read_text())
+        for p in sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))
+    }
     out["everything-on"] = {"metadata": {"name": "cluster-policy"}, "spec": EVERYTHING}
     return out
 
@@ -56,8 +59,9 @@ def render_policy(manifest: dict[str, Any]) -> RenderResult:
     """One policy rendered for two labelled DGX H100 nodes with the chart's default images."""
     nodes = shapes.nodes(["dgx-h100:2"])
     label_gpu_nodes(nodes)
-    facts = ClusterFacts.from_nodes(nodes, namespace="gpu-operator", k8s_version="1.36.3", operator_env=IMAGES,
-                                    servicemonitor_crd=True)
+    facts = ClusterFacts.from_nodes(
+        nodes, namespace="gpu-operator", k8s_version="1.36.3", operator_env=IMAGES, servicemonitor_crd=True
+    )
     return render(ClusterPolicy.model_validate(manifest), facts)
 
 
@@ -68,10 +72,17 @@ def deviations(name: str, manifest: dict[str, Any]) -> list[Deviation]:
 # The GPUCluster upstream's golden files render (its sample with compute domains, the gpus
 # health-check port 52000, DCGM and the exporter): our render of it against the contracts.
 GPUCLUSTER_FIXTURE: dict[str, Any] = {
-    "draDriver": {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0",
-                  "featureGates": {"MPSSupport": True, "AdminAccess": False},
-                  "gpus": {"kubeletPlugin": {"healthcheck": {"port": 52000}}}, "computeDomains": {"enabled": True}},
-    "dcgm": {"enabled": True}, "dcgmExporter": {}}
+    "draDriver": {
+        "repository": "nvcr.io/nvidia",
+        "image": "dra-driver-nvidia-gpu",
+        "version": "v0.5.0",
+        "featureGates": {"MPSSupport": True, "AdminAccess": False},
+        "gpus": {"kubeletPlugin": {"healthcheck": {"port": 52000}}},
+        "computeDomains": {"enabled": True},
+    },
+    "dcgm": {"enabled": True},
+    "dcgmExporter": {},
+}
 
 
 def gpucluster_deviations() -> list[Deviation]:
@@ -81,16 +92,24 @@ def gpucluster_deviations() -> list[Deviation]:
 
     cluster = GPUCluster.model_validate({"metadata": {"name": "gpu-cluster"}, "spec": GPUCLUSTER_FIXTURE})
     result = render_gpucluster(cluster, DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)))
-    return [d for s in result.states if s.enabled and s.objects
-            for d in compare_state(f"gpucluster/{s.name}", s.objects)]
+    return [
+        d
+        for s in result.states
+        if s.enabled and s.objects
+        for d in compare_state(f"gpucluster/{s.name}", s.objects)
+    ]
 
 
 def markdown() -> str:
     """The deliberate-deviation tables of docs/operands.md, from the contracts."""
-    lines = ["## Deliberate deviations", "",
-             "Each entry is a pattern over the deviation ids `tools/operand_facts/compare.py` prints",
-             "(`<DaemonSet>/<container>:<kind>:<name>` or `<state>:<Role|ClusterRole>:rule-...`), with its reason.",
-             "Regenerate this section with `.venv/bin/python -m tools.operand_facts.compare --markdown`.", ""]
+    lines = [
+        "## Deliberate deviations",
+        "",
+        "Each entry is a pattern over the deviation ids `tools/operand_facts/compare.py` prints",
+        "(`<DaemonSet>/<container>:<kind>:<name>` or `<state>:<Role|ClusterRole>:rule-...`), with its reason.",
+        "Regenerate this section with `.venv/bin/python -m tools.operand_facts.compare --markdown`.",
+        "",
+    ]
     sections = [("Every state", shared_deliberate())]
     sections += [(state, c.deliberate) for state, c in sorted(contracts().items()) if c.deliberate]
     for title, entries in sections:
@@ -124,13 +143,19 @@ def main() -> int:
                 seen.setdefault(dev.state, set()).add(dev.id)
                 if args.all:
                     print(f"deliberate   [{name}] {dev.state} {dev} -- {reason}")
-    matched = {pattern for state, ids in seen.items() for pattern in
-               [*table[state].deliberate, *shared_deliberate()] if any(fnmatch.fnmatchcase(i, pattern) for i in ids)}
+    matched = {
+        pattern
+        for state, ids in seen.items()
+        for pattern in [*table[state].deliberate, *shared_deliberate()]
+        if any(fnmatch.fnmatchcase(i, pattern) for i in ids)
+    }
     for pattern in sorted({p for c in table.values() for p in c.deliberate} | set(shared_deliberate())):
         # the validator's workload pods are made at run time: tests/unit/render/test_contracts.py checks them
         if pattern not in matched and not pattern.startswith("workload:"):
             failed = True
-            print(f"STALE        deliberate `{pattern}` matches no deviation any more: remove it (and from the docs)")
+            print(
+                f"STALE        deliberate `{pattern}` matches no deviation any more: remove it (and from the docs)"
+            )
     docs = Path(args.docs).read_text() if Path(args.docs).exists() else ""
     for state, contract in sorted(table.items()):
         for pattern in contract.deliberate:
@@ -138,8 +163,10 @@ def main() -> int:
                 failed = True
                 print(f"NOT IN DOCS  {state} deliberate `{pattern}` is missing from {args.docs}")
     total = sum(len(v) for v in seen.values())
-    print(f"{total} deliberate deviation(s) over {len(policies())} policies; "
-          + ("undocumented ones above" if failed else "none undocumented"))
+    print(
+        f"{total} deliberate deviation(s) over {len(policies())} policies; "
+        + ("undocumented ones above" if failed else "none undocumented")
+    )
     return 1 if failed else 0
 
 

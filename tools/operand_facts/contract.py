@@ -130,9 +130,11 @@ def container_facts(ds: Manifest) -> dict[str, dict[str, Any]]:
                 "command": [*(ctr.get("command") or []), *(ctr.get("args") or [])],
                 "runs": runs(ctr),
                 "env": _env(ctr),
-                "mounts": {m["mountPath"]: volumes.get(m["name"], m["name"]) + (
-                    f" ({m['mountPropagation']})" if m.get("mountPropagation") else "")
-                    for m in ctr.get("volumeMounts") or []},
+                "mounts": {
+                    m["mountPath"]: volumes.get(m["name"], m["name"])
+                    + (f" ({m['mountPropagation']})" if m.get("mountPropagation") else "")
+                    for m in ctr.get("volumeMounts") or []
+                },
                 "privileged": bool(sc.get("privileged")),
                 "runAsUser": sc.get("runAsUser"),
                 "probes": sorted(k for k in ("startupProbe", "livenessProbe", "readinessProbe") if k in ctr),
@@ -155,10 +157,13 @@ def rule_strings(role: Manifest) -> set[str]:
 
 
 def _diff(state: str, prefix: str, ours: set[str], theirs: set[str], what: str) -> list[Deviation]:
-    return ([Deviation(state, f"{prefix}:{what}-missing:{x}", f"upstream has {what} {x}; we do not")
-             for x in sorted(theirs - ours)]
-            + [Deviation(state, f"{prefix}:{what}-extra:{x}", f"we add {what} {x}; upstream does not")
-               for x in sorted(ours - theirs)])
+    return [
+        Deviation(state, f"{prefix}:{what}-missing:{x}", f"upstream has {what} {x}; we do not")
+        for x in sorted(theirs - ours)
+    ] + [
+        Deviation(state, f"{prefix}:{what}-extra:{x}", f"we add {what} {x}; upstream does not")
+        for x in sorted(ours - theirs)
+    ]
 
 
 def _check_container(state: str, prefix: str, ours: dict[str, Any], fact: dict[str, Any]) -> list[Deviation]:
@@ -171,12 +176,22 @@ def _check_container(state: str, prefix: str, ours: dict[str, Any], fact: dict[s
         mine, theirs = ours["env"].get(name), theirs_env.get(name)
         if theirs is None:
             if name not in transform:
-                out.append(Deviation(state, f"{prefix}:env-extra:{name}", f"we set {name}={mine!r}; upstream does not"))
+                out.append(
+                    Deviation(
+                        state, f"{prefix}:env-extra:{name}", f"we set {name}={mine!r}; upstream does not"
+                    )
+                )
         elif mine is None:
             if name not in transform:
-                out.append(Deviation(state, f"{prefix}:env-missing:{name}", f"upstream sets {name}={theirs!r}; we do not"))
+                out.append(
+                    Deviation(
+                        state, f"{prefix}:env-missing:{name}", f"upstream sets {name}={theirs!r}; we do not"
+                    )
+                )
         elif mine != theirs and theirs != RUN_TIME and name not in transform:
-            out.append(Deviation(state, f"{prefix}:env-value:{name}", f"{name}={mine!r}; upstream {theirs!r}"))
+            out.append(
+                Deviation(state, f"{prefix}:env-value:{name}", f"{name}={mine!r}; upstream {theirs!r}")
+            )
     theirs_mounts: dict[str, str] = fact.get("mounts") or {}
     transform_mounts = set(fact.get("transform_mounts") or [])
     for path in sorted(set(theirs_mounts) | set(ours["mounts"])):
@@ -184,21 +199,45 @@ def _check_container(state: str, prefix: str, ours: dict[str, Any], fact: dict[s
         if path in transform_mounts:
             continue
         if theirs is None:
-            out.append(Deviation(state, f"{prefix}:mount-extra:{path}", f"we mount {mine} at {path}; upstream does not"))
+            out.append(
+                Deviation(
+                    state, f"{prefix}:mount-extra:{path}", f"we mount {mine} at {path}; upstream does not"
+                )
+            )
         elif mine is None:
-            out.append(Deviation(state, f"{prefix}:mount-missing:{path}", f"upstream mounts {theirs} at {path}; we do not"))
+            out.append(
+                Deviation(
+                    state, f"{prefix}:mount-missing:{path}", f"upstream mounts {theirs} at {path}; we do not"
+                )
+            )
         elif mine != theirs and RUN_TIME not in theirs:
-            out.append(Deviation(state, f"{prefix}:mount-source:{path}", f"{path} is {mine}; upstream {theirs}"))
+            out.append(
+                Deviation(state, f"{prefix}:mount-source:{path}", f"{path} is {mine}; upstream {theirs}")
+            )
     if bool(fact.get("privileged")) != ours["privileged"]:
-        out.append(Deviation(state, f"{prefix}:privileged",
-                             f"privileged={ours['privileged']}; upstream {bool(fact.get('privileged'))}"))
+        out.append(
+            Deviation(
+                state,
+                f"{prefix}:privileged",
+                f"privileged={ours['privileged']}; upstream {bool(fact.get('privileged'))}",
+            )
+        )
     if fact.get("runAsUser") is not None and ours["runAsUser"] != fact["runAsUser"]:
-        out.append(Deviation(state, f"{prefix}:runAsUser", f"runAsUser={ours['runAsUser']}; upstream {fact['runAsUser']}"))
+        out.append(
+            Deviation(
+                state, f"{prefix}:runAsUser", f"runAsUser={ours['runAsUser']}; upstream {fact['runAsUser']}"
+            )
+        )
     out += _diff(state, prefix, set(ours["probes"]), set(fact.get("probes") or []), "probe")
     status = [*(fact.get("reads") or []), *(fact.get("writes") or [])]
     if status and not any(p in (VALIDATIONS_DIR, "/run/nvidia") for p in ours["mounts"]):
-        out.append(Deviation(state, f"{prefix}:status-files",
-                             f"reads/writes {', '.join(status)} but does not mount {VALIDATIONS_DIR}"))
+        out.append(
+            Deviation(
+                state,
+                f"{prefix}:status-files",
+                f"reads/writes {', '.join(status)} but does not mount {VALIDATIONS_DIR}",
+            )
+        )
     return out
 
 
@@ -214,10 +253,14 @@ def _check_daemonset(state: str, ds: Manifest, fact: dict[str, Any]) -> list[Dev
     for ctr in sorted(set(ours) | set(theirs)):
         prefix = f"{name}/{ctr}"
         if ctr not in theirs:
-            out.append(Deviation(state, f"{prefix}:container-extra", "we add this container; upstream does not"))
+            out.append(
+                Deviation(state, f"{prefix}:container-extra", "we add this container; upstream does not")
+            )
         elif ctr not in ours:
             if not theirs[ctr].get("optional"):
-                out.append(Deviation(state, f"{prefix}:container-missing", "upstream runs this container; we do not"))
+                out.append(
+                    Deviation(state, f"{prefix}:container-missing", "upstream runs this container; we do not")
+                )
         else:
             out += _check_container(state, prefix, ours[ctr], theirs[ctr])
     return out
@@ -236,17 +279,23 @@ def compare_state(state: str, objects: list[Manifest]) -> list[Deviation]:
     for name, ds in ours_ds.items():
         base = next((b for pattern, b in variants.items() if fnmatch.fnmatchcase(name, pattern)), name)
         if base not in facts:
-            out.append(Deviation(state, f"{name}:daemonset-extra", "we render this DaemonSet; upstream does not"))
+            out.append(
+                Deviation(state, f"{name}:daemonset-extra", "we render this DaemonSet; upstream does not")
+            )
             continue
         out += _check_daemonset(state, ds, facts[base])
     theirs_objects = {o for o in data.get("upstream_objects") or []}
     if theirs_objects:
         ours_objects = {f"{o['kind']}/{o['metadata']['name']}" for o in objects}
         for ref in sorted(ours_objects - theirs_objects):
-            out.append(Deviation(state, f"{state}:object-extra:{ref}", "we render this object; upstream does not"))
+            out.append(
+                Deviation(state, f"{state}:object-extra:{ref}", "we render this object; upstream does not")
+            )
     for kind in ("Role", "ClusterRole"):
         # the SCC rule is OpenShift's (we add it there only)
-        theirs = {r for r in (data.get("rbac") or {}).get(kind) or [] if not r.startswith("security.openshift.io")}
+        theirs = {
+            r for r in (data.get("rbac") or {}).get(kind) or [] if not r.startswith("security.openshift.io")
+        }
         account = data.get("account")
         ours: set[str] = set()
         for o in objects:
@@ -256,15 +305,21 @@ def compare_state(state: str, objects: list[Manifest]) -> list[Deviation]:
     for name, svc in (data.get("services") or {}).items():
         found = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name]
         if not found:
-            out.append(Deviation(state, f"{name}:service-missing", "upstream renders this Service; we do not"))
+            out.append(
+                Deviation(state, f"{name}:service-missing", "upstream renders this Service; we do not")
+            )
             continue
         annotations = found[0]["metadata"].get("annotations") or {}
         for key, value in (svc.get("annotations") or {}).items():
             if annotations.get(key) != value:
-                out.append(Deviation(state, f"{name}:service-annotation:{key}", f"upstream sets {key}={value!r}"))
+                out.append(
+                    Deviation(state, f"{name}:service-annotation:{key}", f"upstream sets {key}={value!r}")
+                )
         ports = sorted(p["port"] for p in found[0]["spec"].get("ports") or [])
         if ports != sorted(svc.get("ports") or []):
-            out.append(Deviation(state, f"{name}:service-ports", f"ports {ports}; upstream {svc.get('ports')}"))
+            out.append(
+                Deviation(state, f"{name}:service-ports", f"ports {ports}; upstream {svc.get('ports')}")
+            )
     return out
 
 

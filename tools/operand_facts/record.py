@@ -21,7 +21,9 @@ from tools.operand_facts.contract import container_facts, rule_strings, run_time
 
 
 def _git(git_dir: str, *args: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", f"--git-dir={git_dir}", *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _daemonset(doc: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +40,11 @@ def _daemonset(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def record(git_dir: str, commit: str) -> dict[str, Any]:
-    files = [f for f in _git(git_dir, "ls-tree", "-r", "--name-only", commit, "assets/").split() if f.endswith((".yaml", ".yml"))]
+    files = [
+        f
+        for f in _git(git_dir, "ls-tree", "-r", "--name-only", commit, "assets/").split()
+        if f.endswith((".yaml", ".yml"))
+    ]
     states: dict[str, Any] = {}
     for path in files:
         state = path.split("/")[1]
@@ -47,7 +53,9 @@ def record(git_dir: str, commit: str) -> dict[str, Any]:
             if not doc:
                 continue
             kind, name = doc["kind"], doc["metadata"]["name"]
-            entry["objects"].append(f"{kind}/{run_time(name)}" + (" (openshift)" if "openshift" in path else ""))
+            entry["objects"].append(
+                f"{kind}/{run_time(name)}" + (" (openshift)" if "openshift" in path else "")
+            )
             if kind == "DaemonSet":
                 entry["daemonsets"][name] = _daemonset(doc)
             elif kind in ("Role", "ClusterRole") and "openshift" not in path:
@@ -74,7 +82,9 @@ def record_gpucluster(git_dir: str, commit: str) -> dict[str, Any]:
     """The same facts for the four GPUCluster states, keyed `gpucluster/<state>`."""
     states: dict[str, Any] = {}
     for state, name in GPUCLUSTER_GOLDEN.items():
-        entry = states.setdefault(f"gpucluster/{state}", {"objects": [], "daemonsets": {}, "rbac": {}, "services": {}})
+        entry = states.setdefault(
+            f"gpucluster/{state}", {"objects": [], "daemonsets": {}, "rbac": {}, "services": {}}
+        )
         text = _git(git_dir, "show", f"{commit}:internal/state/testdata/golden/{name}")
         for doc in yaml.safe_load_all(text):
             if not doc:

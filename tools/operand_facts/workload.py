@@ -22,15 +22,20 @@ def facts_of(pod: Manifest, validator_tolerations: list[Any]) -> dict[str, Any]:
     """The contract's view of one workload pod."""
     spec = pod["spec"]
     (init,), (main,) = spec["initContainers"], spec["containers"]
-    limits = sorted(((init.get("resources") or {}).get("limits") or {}))
+    limits = sorted((init.get("resources") or {}).get("limits") or {})
     return {
         "annotations": dict(pod["metadata"].get("annotations") or {}),
         "serviceAccount": spec.get("serviceAccountName", "default"),
         "restartPolicy": spec.get("restartPolicy", "Always"),
         "owner": ",".join(r["kind"] for r in pod["metadata"].get("ownerReferences") or []) or "none",
         "tolerations": "validator" if spec.get("tolerations") == validator_tolerations else "own",
-        "init": {"name": init["name"], "runs": runs(init), "env": _env(init),
-                 **_security(init), **({"limits": [GPU_RESOURCE] * len(limits)} if limits else {})},
+        "init": {
+            "name": init["name"],
+            "runs": runs(init),
+            "env": _env(init),
+            **_security(init),
+            **({"limits": [GPU_RESOURCE] * len(limits)} if limits else {}),
+        },
         "main": {"name": main["name"], **_security(main)},
     }
 
@@ -44,8 +49,9 @@ def _diff(prefix: str, ours: Any, theirs: Any) -> list[tuple[str, str]]:
     return [] if ours == theirs else [(prefix, f"ours {ours!r}, upstream {theirs!r}")]
 
 
-def check(state: str, app: str, pod: Manifest, fact: dict[str, Any], validator_tolerations: list[Any]) -> list[Deviation]:
+def check(
+    state: str, app: str, pod: Manifest, fact: dict[str, Any], validator_tolerations: list[Any]
+) -> list[Deviation]:
     """Every difference between one workload pod and its recorded facts."""
     ours = facts_of(pod, validator_tolerations)
-    return [Deviation(state, f"workload:{app}:{where}", detail)
-            for where, detail in _diff("", ours, fact)]
+    return [Deviation(state, f"workload:{app}:{where}", detail) for where, detail in _diff("", ours, fact)]

@@ -43,9 +43,14 @@ def say(msg: str) -> None:
 
 
 def driver_pods(plane: ControlPlane) -> dict[str, str]:
-    pods = plane.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app%3Dnvidia-driver-daemonset")
-    return {p["metadata"]["uid"]: p["spec"].get("nodeName", "") for p in pods["items"]
-            if not p["metadata"].get("deletionTimestamp")}
+    pods = plane.request(
+        "GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app%3Dnvidia-driver-daemonset"
+    )
+    return {
+        p["metadata"]["uid"]: p["spec"].get("nodeName", "")
+        for p in pods["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    }
 
 
 def policy(plane: ControlPlane) -> dict[str, Any]:
@@ -65,7 +70,9 @@ def wait(what: str, check: Any, timeout: float) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--operator", type=Path, required=True, help="NVIDIA's gpu-operator binary")
     parser.add_argument("--orphan-selectors", action="store_true")
     parser.add_argument("--timeout", type=float, default=120)
@@ -81,44 +88,86 @@ def main() -> int:
         names = nodes.add_nodes(client, ["dgx-h100:3"])
         nodes.wait_ready(client, names)
         kubeconfig = plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator")
-        plane.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "takeover-handback"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}]})
+        plane.request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "takeover-handback"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}],
+            },
+        )
         with roster.running(config):
             loaded = takeover.load(client, NAMESPACE, names)
             wait("NVIDIA's driver pods running", lambda: len(driver_pods(plane)) == 3, 120)
             nvidia_pods = driver_pods(plane)
-            ours = OperatorProcess(kubeconfig=kubeconfig, namespace=NAMESPACE, log=workdir / "ours.log").start()
-            wait("ours: every driver pod replaced and the policy ready", lambda: len(driver_pods(plane)) == 3
-                 and not set(driver_pods(plane)) & set(nvidia_pods)
-                 and (policy(plane).get("status") or {}).get("state") == "ready", 180)
+            ours = OperatorProcess(
+                kubeconfig=kubeconfig, namespace=NAMESPACE, log=workdir / "ours.log"
+            ).start()
+            wait(
+                "ours: every driver pod replaced and the policy ready",
+                lambda: (
+                    len(driver_pods(plane)) == 3
+                    and not set(driver_pods(plane)) & set(nvidia_pods)
+                    and (policy(plane).get("status") or {}).get("state") == "ready"
+                ),
+                180,
+            )
             ours.stop()
             our_pods = driver_pods(plane)
             say(f"ours stopped; policy uid kept: {policy(plane)['metadata']['uid'] == loaded.policy_uid}")
             if args.orphan_selectors:
                 for name in SELECTOR_DIFFERS:
-                    plane.request("DELETE", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{name}",
-                                  {"propagationPolicy": "Orphan"})
+                    plane.request(
+                        "DELETE",
+                        f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{name}",
+                        {"propagationPolicy": "Orphan"},
+                    )
                 say(f"deleted {', '.join(SELECTOR_DIFFERS)} leaving their pods")
             # NVIDIA's operator writes its own status; clear ours so its 'ready' is its own.
-            plane.request("PATCH", "/apis/nvidia.com/v1/clusterpolicies/cluster-policy/status",
-                          {"status": {"state": "notReady", "conditions": []}}, "application/merge-patch+json")
-            env = {**os.environ, "OPERATOR_NAMESPACE": NAMESPACE, "WATCH_NAMESPACE": "",
-                   "DRIVER_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0",
-                   "VALIDATOR_IMAGE": "nvcr.io/nvidia/gpu-operator:v26.7.0"}
+            plane.request(
+                "PATCH",
+                "/apis/nvidia.com/v1/clusterpolicies/cluster-policy/status",
+                {"status": {"state": "notReady", "conditions": []}},
+                "application/merge-patch+json",
+            )
+            env = {
+                **os.environ,
+                "OPERATOR_NAMESPACE": NAMESPACE,
+                "WATCH_NAMESPACE": "",
+                "DRIVER_MANAGER_IMAGE": "nvcr.io/nvidia/cloud-native/k8s-driver-manager:v0.12.0",
+                "VALIDATOR_IMAGE": "nvcr.io/nvidia/gpu-operator:v26.7.0",
+            }
             log = workdir / "nvidia.log"
             with log.open("wb") as out:
-                peer = subprocess.Popen([str(args.operator), f"--kubeconfig={kubeconfig}",
-                                         f"--metrics-bind-address=127.0.0.1:{free_port()}",
-                                         f"--health-probe-bind-address=127.0.0.1:{free_port()}"],
-                                        stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            ready = wait("NVIDIA's operator: ClusterPolicy ready",
-                         lambda: (policy(plane).get("status") or {}).get("state") == "ready", args.timeout)
+                peer = subprocess.Popen(
+                    [
+                        str(args.operator),
+                        f"--kubeconfig={kubeconfig}",
+                        f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                        f"--health-probe-bind-address=127.0.0.1:{free_port()}",
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            ready = wait(
+                "NVIDIA's operator: ClusterPolicy ready",
+                lambda: (policy(plane).get("status") or {}).get("state") == "ready",
+                args.timeout,
+            )
             time.sleep(10)
             after = driver_pods(plane)
-            say(f"driver pods kept through the hand-back: {len(set(after) & set(our_pods))} of {len(our_pods)}")
+            say(
+                f"driver pods kept through the hand-back: {len(set(after) & set(our_pods))} of {len(our_pods)}"
+            )
             errors: dict[str, int] = {}
             for line in log.read_text().splitlines():
                 try:

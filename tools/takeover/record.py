@@ -110,17 +110,29 @@ def kinded(item: dict[str, Any], api: str, plural: str, kind_of: dict[str, str])
     return item
 
 
-KIND_OF = {"daemonsets": "DaemonSet", "deployments": "Deployment", "serviceaccounts": "ServiceAccount",
-           "configmaps": "ConfigMap", "services": "Service", "secrets": "Secret", "roles": "Role",
-           "rolebindings": "RoleBinding", "clusterroles": "ClusterRole",
-           "clusterrolebindings": "ClusterRoleBinding", "runtimeclasses": "RuntimeClass",
-           "priorityclasses": "PriorityClass", "poddisruptionbudgets": "PodDisruptionBudget"}
+KIND_OF = {
+    "daemonsets": "DaemonSet",
+    "deployments": "Deployment",
+    "serviceaccounts": "ServiceAccount",
+    "configmaps": "ConfigMap",
+    "services": "Service",
+    "secrets": "Secret",
+    "roles": "Role",
+    "rolebindings": "RoleBinding",
+    "clusterroles": "ClusterRole",
+    "clusterrolebindings": "ClusterRoleBinding",
+    "runtimeclasses": "RuntimeClass",
+    "priorityclasses": "PriorityClass",
+    "poddisruptionbudgets": "PodDisruptionBudget",
+}
 
 
 def dump(plane: ControlPlane, out: Path, shapes_of: dict[str, str]) -> dict[str, int]:
     crs: list[dict[str, Any]] = []
-    for version, plural, kind in (("v1", "clusterpolicies", "ClusterPolicy"),
-                                  ("v1alpha1", "nvidiadrivers", "NVIDIADriver")):
+    for version, plural, kind in (
+        ("v1", "clusterpolicies", "ClusterPolicy"),
+        ("v1alpha1", "nvidiadrivers", "NVIDIADriver"),
+    ):
         for item in plane.request("GET", f"/apis/nvidia.com/{version}/{plural}")["items"]:
             crs.append({"apiVersion": f"nvidia.com/{version}", "kind": kind, **item})
     owners = {cr["metadata"]["uid"]: f"{OWNER_UID_TOKEN}-{cr['kind']}-{cr['metadata']['name']}" for cr in crs}
@@ -138,11 +150,17 @@ def dump(plane: ControlPlane, out: Path, shapes_of: dict[str, str]) -> dict[str,
     node_records = []
     for node in plane.request("GET", "/api/v1/nodes")["items"]:
         meta = node["metadata"]
-        node_records.append({
-            "name": meta["name"], "shape": shapes_of.get(meta["name"], ""),
-            "labels": {k: v for k, v in sorted((meta.get("labels") or {}).items()) if "nvidia.com/" in k},
-            "annotations": {k: v for k, v in sorted((meta.get("annotations") or {}).items()) if "nvidia.com/" in k},
-        })
+        node_records.append(
+            {
+                "name": meta["name"],
+                "shape": shapes_of.get(meta["name"], ""),
+                "labels": {k: v for k, v in sorted((meta.get("labels") or {}).items()) if "nvidia.com/" in k},
+                "annotations": {
+                    k: v for k, v in sorted((meta.get("annotations") or {}).items()) if "nvidia.com/" in k
+                },
+            }
+        )
+
     def write(name: str, docs: list[dict[str, Any]]) -> None:
         (out / name).write_text(yaml.safe_dump_all(docs, sort_keys=True, default_flow_style=False))
 
@@ -156,22 +174,37 @@ def settled(plane: ControlPlane) -> tuple[bool, str]:
     policies = plane.request("GET", "/apis/nvidia.com/v1/clusterpolicies")["items"]
     state = ((policies[0].get("status") or {}).get("state")) if policies else None
     sets = plane.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets")["items"]
-    short = [d["metadata"]["name"] for d in sets
-             if (d.get("status") or {}).get("numberReady", 0) < (d.get("status") or {}).get("desiredNumberScheduled", 0)]
-    upgrade = [n["metadata"]["name"] for n in plane.request("GET", "/api/v1/nodes")["items"]
-               if "nvidia.com/gpu-driver-upgrade-state" not in (n["metadata"].get("labels") or {})]
+    short = [
+        d["metadata"]["name"]
+        for d in sets
+        if (d.get("status") or {}).get("numberReady", 0)
+        < (d.get("status") or {}).get("desiredNumberScheduled", 0)
+    ]
+    upgrade = [
+        n["metadata"]["name"]
+        for n in plane.request("GET", "/api/v1/nodes")["items"]
+        if "nvidia.com/gpu-driver-upgrade-state" not in (n["metadata"].get("labels") or {})
+    ]
     what = f"policy state {state}, {len(sets)} DaemonSets ({len(short)} not ready), no upgrade state on {upgrade}"
     return state == "ready" and sets != [] and not short and not upgrade, what
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--operator", type=Path, required=True, help="NVIDIA's gpu-operator binary")
     parser.add_argument("--crds", type=Path, required=True, help="its chart's crds/ directory")
-    parser.add_argument("--policy", type=Path, required=True,
-                        help="YAML with the ClusterPolicy (and NVIDIADriver) to create")
-    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the operator's environment "
-                        "(as its chart's Deployment sets: DRIVER_MANAGER_IMAGE, VALIDATOR_IMAGE)")
+    parser.add_argument(
+        "--policy", type=Path, required=True, help="YAML with the ClusterPolicy (and NVIDIADriver) to create"
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        help="NAME=VALUE for the operator's environment "
+        "(as its chart's Deployment sets: DRIVER_MANAGER_IMAGE, VALIDATOR_IMAGE)",
+    )
     parser.add_argument("--shape", action="append", default=[], help="node shapes (default dgx-h100:3)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=420)
@@ -197,11 +230,21 @@ def main() -> int:
                 client.apply(obj, force=True)
         time.sleep(2)  # the CRDs' Established condition; the create below retries anyway
         kubeconfig = plane.serviceaccount_kubeconfig(NAMESPACE, "gpu-operator")
-        plane.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "takeover-record-operator"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}]})
+        plane.request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "takeover-record-operator"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "gpu-operator", "namespace": NAMESPACE}],
+            },
+        )
         plurals = {"ClusterPolicy": "v1/clusterpolicies", "NVIDIADriver": "v1alpha1/nvidiadrivers"}
         for obj in yaml.safe_load_all(args.policy.read_text()):
             if not obj:
@@ -216,13 +259,25 @@ def main() -> int:
                     say(f"create {obj['kind']}: {err}; again")
                     time.sleep(1)
         with roster.running(config):
-            env = {**os.environ, "OPERATOR_NAMESPACE": NAMESPACE, "WATCH_NAMESPACE": "",
-                   **dict(e.split("=", 1) for e in args.env)}
+            env = {
+                **os.environ,
+                "OPERATOR_NAMESPACE": NAMESPACE,
+                "WATCH_NAMESPACE": "",
+                **dict(e.split("=", 1) for e in args.env),
+            }
             log = (args.out / "operator.log").open("wb")
-            peer = subprocess.Popen([str(args.operator), f"--kubeconfig={kubeconfig}",
-                                     f"--metrics-bind-address=127.0.0.1:{free_port()}",
-                                     f"--health-probe-bind-address=127.0.0.1:{free_port()}"],
-                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            peer = subprocess.Popen(
+                [
+                    str(args.operator),
+                    f"--kubeconfig={kubeconfig}",
+                    f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                    f"--health-probe-bind-address=127.0.0.1:{free_port()}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
             say(f"NVIDIA's operator started (pid {peer.pid}), log {args.out / 'operator.log'}")
             deadline = time.monotonic() + args.timeout
             ok, what = False, ""

@@ -47,8 +47,12 @@ async def delete_crds(kube: Kube) -> list[str]:
             continue
         left = await _objects_left(kube, crd)
         if left:
-            log.warning("kept CRD %s: %d object(s) of it still exist (deleting the CRD would delete them); "
-                        "delete them first, then the CRD", name, left)
+            log.warning(
+                "kept CRD %s: %d object(s) of it still exist (deleting the CRD would delete them); "
+                "delete them first, then the CRD",
+                name,
+                left,
+            )
             continue
         if await kube.delete(ObjectKey("apiextensions.k8s.io/v1", "CustomResourceDefinition", name, None)):
             log.info("deleted CRD %s", name)
@@ -59,12 +63,15 @@ async def delete_crds(kube: Kube) -> list[str]:
 @dataclass(frozen=True)
 class OperatorDeployment:
     """The operator Deployment a pre-delete hook stops before Helm deletes the chart's RBAC."""
+
     namespace: str
     name: str
 
 
 async def _operator_pods(kube: Kube, where: OperatorDeployment, selector: dict[str, str]) -> list[str]:
-    return [p["metadata"]["name"] for p in await kube.list_dicts("v1", "Pod", where.namespace, labels=selector)]
+    return [
+        p["metadata"]["name"] for p in await kube.list_dicts("v1", "Pod", where.namespace, labels=selector)
+    ]
 
 
 async def stop_operator(kube: Kube, where: OperatorDeployment, timeout: float) -> list[str]:
@@ -77,28 +84,35 @@ async def stop_operator(kube: Kube, where: OperatorDeployment, timeout: float) -
     if deployment is not None:
         selector = deployment["spec"]["selector"].get("matchLabels") or {}
         if deployment["spec"].get("replicas", 1):
-            await kube.merge_patch("apps/v1", "Deployment", where.name, {"spec": {"replicas": 0}}, where.namespace)
+            await kube.merge_patch(
+                "apps/v1", "Deployment", where.name, {"spec": {"replicas": 0}}, where.namespace
+            )
             done.append(f"scaled Deployment {where.namespace}/{where.name} to 0")
         deadline = time.monotonic() + timeout
         while left := await _operator_pods(kube, where, selector):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"operator pod(s) {', '.join(left)} still running {timeout:.0f} s after the "
-                                   f"scale-down (terminationGracePeriodSeconds?)")
+                raise TimeoutError(
+                    f"operator pod(s) {', '.join(left)} still running {timeout:.0f} s after the "
+                    f"scale-down (terminationGracePeriodSeconds?)"
+                )
             await asyncio.sleep(0.5)
         done.append("the operator stopped")
     lease = await kube.get_dict("coordination.k8s.io/v1", "Lease", LEASE_NAME, where.namespace)
     if lease is not None:
         spec = lease.get("spec") or {}
         if spec.get("holderIdentity") and deployment is None:
-            done.append(f"kept Lease {where.namespace}/{LEASE_NAME}: held by {spec['holderIdentity']} and no "
-                        f"Deployment {where.name} to stop")
+            done.append(
+                f"kept Lease {where.namespace}/{LEASE_NAME}: held by {spec['holderIdentity']} and no "
+                f"Deployment {where.name} to stop"
+            )
         elif await kube.delete(ObjectKey("coordination.k8s.io/v1", "Lease", LEASE_NAME, where.namespace)):
             done.append(f"deleted Lease {where.namespace}/{LEASE_NAME}")
     return done
 
 
-async def cleanup(kube: Kube, *, timeout: float = 120.0, crds: bool = False,
-                  operator: OperatorDeployment | None = None) -> list[str]:
+async def cleanup(
+    kube: Kube, *, timeout: float = 120.0, crds: bool = False, operator: OperatorDeployment | None = None
+) -> list[str]:
     """Delete every GPUCluster, NVIDIADriver and ClusterPolicy (their operands go with them: ownerReferences),
     wait until they are gone; with `operator`, stop the operator (stop_operator); then each unit's
     take-back step, in the registry's order (the nodes listed once for them all); with `crds`,

@@ -14,22 +14,34 @@ from gpu_operator.kube.options import Kubeconfig
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the top-level app."""
     from gpu_operator.admin import health_cli, upgrade_cli
+
     upgrade_cli.register(app)
     health_cli.register(app)
 
     @app.command("cleanup")
     def cleanup(
         kubeconfig: Kubeconfig = None,
-        timeout: Annotated[float, typer.Option(
-            help="Seconds to wait for the GPUClusters, NVIDIADrivers and ClusterPolicies to be gone.")] = 120.0,
-        crds: Annotated[bool, typer.Option(
-            "--crds", help="Also delete our CRDs, last (the chart's operator.cleanupCRD).")] = False,
-        operator_deployment: Annotated[str | None, typer.Option(
-            "--operator-deployment", help="The operator's Deployment in --namespace: scaled to 0 after the "
-            "CRs are gone and waited for, so the operator stops (deleting its Lease) while its RBAC still "
-            "exists; a Lease left unrenewed is deleted. The chart's hook passes it.")] = None,
-        namespace: Annotated[str, typer.Option(
-            "--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")] = "gpu-operator",
+        timeout: Annotated[
+            float,
+            typer.Option(
+                help="Seconds to wait for the GPUClusters, NVIDIADrivers and ClusterPolicies to be gone."
+            ),
+        ] = 120.0,
+        crds: Annotated[
+            bool, typer.Option("--crds", help="Also delete our CRDs, last (the chart's operator.cleanupCRD).")
+        ] = False,
+        operator_deployment: Annotated[
+            str | None,
+            typer.Option(
+                "--operator-deployment",
+                help="The operator's Deployment in --namespace: scaled to 0 after the "
+                "CRs are gone and waited for, so the operator stops (deleting its Lease) while its RBAC still "
+                "exists; a Lease left unrenewed is deleted. The chart's hook passes it.",
+            ),
+        ] = None,
+        namespace: Annotated[
+            str, typer.Option("--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")
+        ] = "gpu-operator",
     ) -> None:
         """Before an uninstall: delete every GPUCluster, NVIDIADriver and ClusterPolicy (their
         operands go with them), uncordon the nodes a driver upgrade in progress had cordoned (only
@@ -42,8 +54,11 @@ def register(app: typer.Typer) -> None:
 
         where = OperatorDeployment(namespace, operator_deployment) if operator_deployment else None
         try:
-            done = run_kube(kubeconfig, "clean up before an uninstall",
-                            lambda kube: run_cleanup(kube, timeout=timeout, crds=crds, operator=where))
+            done = run_kube(
+                kubeconfig,
+                "clean up before an uninstall",
+                lambda kube: run_cleanup(kube, timeout=timeout, crds=crds, operator=where),
+            )
         except TimeoutError as err:  # the message names what is still there
             typer.secho(f"error: {err}", fg="red", err=True)
             raise typer.Exit(1) from err
@@ -52,10 +67,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("must-gather")
     def must_gather(
-        out: Annotated[str | None, typer.Option(
-            "--out", help="Tarball to write (default: gpu-operator-must-gather-UTCSTAMP.tar.gz here).")] = None,
-        namespace: Annotated[str, typer.Option(
-            "--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")] = "gpu-operator",
+        out: Annotated[
+            str | None,
+            typer.Option(
+                "--out", help="Tarball to write (default: gpu-operator-must-gather-UTCSTAMP.tar.gz here)."
+            ),
+        ] = None,
+        namespace: Annotated[
+            str, typer.Option("--namespace", envvar="OPERATOR_NAMESPACE", help="The operator's namespace.")
+        ] = "gpu-operator",
         kubeconfig: Kubeconfig = None,
     ) -> None:
         """Collect what a bug report needs into one tarball: ClusterPolicy/NVIDIADriver/GPUCluster
@@ -79,7 +99,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(bundle.summary(), err=True)
         typer.echo(str(path))
         if bundle.unanswered:  # it stopped answering half-way: what was read is in the bundle
-            typer.secho(unreachable_line(target, "collect the rest of the bundle", bundle.unanswered[0])
-                        + f" ({len(bundle.unanswered)} request(s) got no answer; {path} holds what was read)",
-                        fg="red", err=True)
+            typer.secho(
+                unreachable_line(target, "collect the rest of the bundle", bundle.unanswered[0])
+                + f" ({len(bundle.unanswered)} request(s) got no answer; {path} holds what was read)",
+                fg="red",
+                err=True,
+            )
             raise typer.Exit(1)

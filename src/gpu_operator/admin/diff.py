@@ -149,9 +149,16 @@ async def plan(
     nodes = [NodeView.of(n) for n in await kube.list_items("", "v1", "nodes")]
     info = await ClusterInfo.read(kube)
     facts = await policy_facts(
-        kube, policy, [n.facts for n in nodes], namespace=namespace, k8s_version=info.k8s_version,
-        operator_env=await operator_images(kube, namespace, deployment, environ), openshift=info.openshift,
-        openshift_version=info.openshift_version, servicemonitor_crd=info.servicemonitor_crd)
+        kube,
+        policy,
+        [n.facts for n in nodes],
+        namespace=namespace,
+        k8s_version=info.k8s_version,
+        operator_env=await operator_images(kube, namespace, deployment, environ),
+        openshift=info.openshift,
+        openshift_version=info.openshift_version,
+        servicemonitor_crd=info.servicemonitor_crd,
+    )
     try:
         result = render(policy, facts)
     except RenderError as err:

@@ -28,16 +28,24 @@ from gpu_operator.kube.reach import Unreachable
 from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.vocabulary import MANAGED_SELECTOR, PROBE_FACTS_ANNOTATION
 
-OWNERS = (OwnedKind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy"),
-          OwnedKind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver"),
-          OwnedKind("nvidia.com", "v1alpha1", "gpuclusters", "GPUCluster"))
-IN_NAMESPACE = (OwnedKind("apps", "v1", "deployments", "Deployment"),
-                OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
-                OwnedKind("batch", "v1", "jobs", "Job"),
-                OwnedKind("", "v1", "pods", "Pod"),
-                OwnedKind("", "v1", "configmaps", "ConfigMap"),
-                OwnedKind("coordination.k8s.io", "v1", "leases", "Lease"))
-NODE_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de", "feature.node.kubernetes.io/kernel-version")
+OWNERS = (
+    OwnedKind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy"),
+    OwnedKind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver"),
+    OwnedKind("nvidia.com", "v1alpha1", "gpuclusters", "GPUCluster"),
+)
+IN_NAMESPACE = (
+    OwnedKind("apps", "v1", "deployments", "Deployment"),
+    OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
+    OwnedKind("batch", "v1", "jobs", "Job"),
+    OwnedKind("", "v1", "pods", "Pod"),
+    OwnedKind("", "v1", "configmaps", "ConfigMap"),
+    OwnedKind("coordination.k8s.io", "v1", "leases", "Lease"),
+)
+NODE_PREFIXES = (
+    "nvidia.com/",
+    "feature.node.kubernetes.io/pci-10de",
+    "feature.node.kubernetes.io/kernel-version",
+)
 LOG_TAIL_LINES = 5000
 LOG_TIMEOUT = 20.0  # seconds for one log: the apiserver dials the node's kubelet
 LOG_NODES_AT_ONCE = 8
@@ -64,8 +72,10 @@ class Bundle:
             return f"{head}; everything could be read"
         lines = [f"{head}; {len(self.errors)} item(s) could not be read (each in errors.txt):"]
         if self.fake_logs:
-            lines.append(f"  {len(self.fake_logs)} container log(s) of pods on {len(self.fake_log_nodes)} fake (kwok) "
-                         "node(s), which serve no logs (expected on the simulator)")
+            lines.append(
+                f"  {len(self.fake_logs)} container log(s) of pods on {len(self.fake_log_nodes)} fake (kwok) "
+                "node(s), which serve no logs (expected on the simulator)"
+            )
         fake = set(self.fake_logs)
         rest = [e for e in self.errors if e not in fake]
         lines += [f"  {e}" for e in rest[:SUMMARY_ITEMS]]
@@ -116,8 +126,9 @@ class Gatherer:
                 return {**body, "items": items}
             query["continue"] = cont
 
-    def listing(self, group: str, version: str, plural: str, namespace: str | None = None,
-                **selectors: str) -> Callable[[dict[str, str]], Awaitable[Answer]]:
+    def listing(
+        self, group: str, version: str, plural: str, namespace: str | None = None, **selectors: str
+    ) -> Callable[[dict[str, str]], Awaitable[Answer]]:
         """The read of a kind's list for `get` (`selectors`: labelSelector, fieldSelector)."""
         return lambda query: self.kube.read_list(group, version, plural, namespace, {**selectors, **query})
 
@@ -130,13 +141,17 @@ class Gatherer:
             return None, answer.status, f"HTTP {answer.status} {answer.reason}"
         return answer.text, 200, ""
 
-    async def objects(self, kind: OwnedKind, dest: str, *, namespace: str | None = None,
-                      selector: str | None = None) -> list[dict[str, Any]]:
+    async def objects(
+        self, kind: OwnedKind, dest: str, *, namespace: str | None = None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
         selectors = {"labelSelector": selector} if selector else {}
-        body = await self.get(self.listing(kind.group, kind.version, kind.plural, namespace, **selectors),
-                              what=kind.kind)
-        items = [{"apiVersion": f"{kind.group}/{kind.version}".lstrip("/"), "kind": kind.kind, **i}
-                 for i in (body or {}).get("items", [])]
+        body = await self.get(
+            self.listing(kind.group, kind.version, kind.plural, namespace, **selectors), what=kind.kind
+        )
+        items = [
+            {"apiVersion": f"{kind.group}/{kind.version}".lstrip("/"), "kind": kind.kind, **i}
+            for i in (body or {}).get("items", [])
+        ]
         if body is not None:
             self.bundle.yaml(dest, [redact.obj(i) for i in items])
         return items
@@ -146,12 +161,23 @@ class Gatherer:
         if server is None and self.bundle.unanswered:  # the first read: an apiserver that does not answer
             raise Unreachable(self.bundle.unanswered[0])
         server = server or {}
-        crds = await self.get(self.listing("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
-                              what="CRDs") or {}
-        ours = {c["metadata"]["name"]: [v["name"] for v in c["spec"]["versions"] if v.get("served")]
-                for c in crds.get("items", []) if c["spec"]["group"] == "nvidia.com"}
-        self.bundle.files["versions.json"] = json.dumps(
-            {"mustGather": __version__, "kubernetes": server.get("gitVersion"), "crds": ours}, indent=2) + "\n"
+        crds = (
+            await self.get(
+                self.listing("apiextensions.k8s.io", "v1", "customresourcedefinitions"), what="CRDs"
+            )
+            or {}
+        )
+        ours = {
+            c["metadata"]["name"]: [v["name"] for v in c["spec"]["versions"] if v.get("served")]
+            for c in crds.get("items", [])
+            if c["spec"]["group"] == "nvidia.com"
+        }
+        self.bundle.files["versions.json"] = (
+            json.dumps(
+                {"mustGather": __version__, "kubernetes": server.get("gitVersion"), "crds": ours}, indent=2
+            )
+            + "\n"
+        )
 
     async def nodes(self) -> None:
         body = await self.get(self.listing("", "v1", "nodes"), what="nodes")
@@ -162,19 +188,34 @@ class Gatherer:
             meta, status = node["metadata"], node.get("status") or {}
             if (meta.get("annotations") or {}).get(KWOK_ANNOTATION) == KWOK_ANNOTATION_VALUE:
                 self.bundle.fake_nodes.add(meta["name"])
-            mine = redact.mapping({k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(NODE_PREFIXES)})
-            notes = redact.mapping({k: v for k, v in (meta.get("annotations") or {}).items()
-                                    if k.startswith("nvidia.com/")})
+            mine = redact.mapping(
+                {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(NODE_PREFIXES)}
+            )
+            notes = redact.mapping(
+                {k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("nvidia.com/")}
+            )
             info = status.get("nodeInfo") or {}
-            out.append({
-                "name": meta["name"], "labels": mine, "annotations": notes,
-                "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
-                "conditions": {c["type"]: c["status"] for c in status.get("conditions") or []},
-                "capacity": {k: v for k, v in (status.get("capacity") or {}).items() if "/" in k},
-                "allocatable": {k: v for k, v in (status.get("allocatable") or {}).items() if "/" in k},
-                "nodeInfo": {k: info.get(k) for k in ("kernelVersion", "osImage", "containerRuntimeVersion",
-                                                      "kubeletVersion", "architecture")},
-            })
+            out.append(
+                {
+                    "name": meta["name"],
+                    "labels": mine,
+                    "annotations": notes,
+                    "unschedulable": bool((node.get("spec") or {}).get("unschedulable")),
+                    "conditions": {c["type"]: c["status"] for c in status.get("conditions") or []},
+                    "capacity": {k: v for k, v in (status.get("capacity") or {}).items() if "/" in k},
+                    "allocatable": {k: v for k, v in (status.get("allocatable") or {}).items() if "/" in k},
+                    "nodeInfo": {
+                        k: info.get(k)
+                        for k in (
+                            "kernelVersion",
+                            "osImage",
+                            "containerRuntimeVersion",
+                            "kubeletVersion",
+                            "architecture",
+                        )
+                    },
+                }
+            )
             if facts := notes.get(PROBE_FACTS_ANNOTATION):
                 self.bundle.files[f"nodes/{meta['name']}/probe-facts.json"] = _pretty(facts)
         self.bundle.yaml("nodes.yaml", out)
@@ -183,16 +224,20 @@ class Gatherer:
     async def node_findings(self, names: set[str]) -> None:
         """What each GPU node's probe reported (its Events: the findings `doctor` prints on that
         host, with evidence and fix), newest last."""
-        body = await self.get(self.listing("", "v1", "events", fieldSelector="involvedObject.kind=Node"),
-                              what="node events")
+        body = await self.get(
+            self.listing("", "v1", "events", fieldSelector="involvedObject.kind=Node"), what="node events"
+        )
         by_node: dict[str, list[str]] = {}
         for event in sorted((body or {}).get("items", []), key=_when):
             node = (event.get("involvedObject") or {}).get("name")
             if node in names:
                 source = (event.get("source") or {}).get("component", "")
                 by_node.setdefault(node, []).append(
-                    redact.text(f"{_when(event)} {event.get('type')} {event.get('reason')} ({source}) "
-                                f"x{event.get('count', 1)}: {event.get('message', '')}"))
+                    redact.text(
+                        f"{_when(event)} {event.get('type')} {event.get('reason')} ({source}) "
+                        f"x{event.get('count', 1)}: {event.get('message', '')}"
+                    )
+                )
         for node, lines in by_node.items():
             self.bundle.files[f"nodes/{node}/events.txt"] = "\n".join(lines) + "\n"
 
@@ -205,7 +250,9 @@ class Gatherer:
     async def secrets(self) -> None:
         body = await self.get(self.listing("", "v1", "secrets", self.namespace), what="secrets")
         if body is not None:
-            self.bundle.yaml(f"namespaces/{self.namespace}/secrets.yaml", [redact.secret(s) for s in body["items"]])
+            self.bundle.yaml(
+                f"namespaces/{self.namespace}/secrets.yaml", [redact.secret(s) for s in body["items"]]
+            )
 
     async def logs(self, pods: Iterable[dict[str, Any]]) -> None:
         """Every container's log (init containers too), and the previous one of any that
@@ -230,12 +277,25 @@ class Gatherer:
                     meta = pod["metadata"]
                     where = f"logs of {meta['name']}/{container}{' (previous)' if previous else ''}"
                     if unreachable or not node:
-                        failed(f"{where}: not tried: " + (
-                            f"node {node} unreachable for logs ({unreachable})" if node else "pod not scheduled"))
+                        failed(
+                            f"{where}: not tried: "
+                            + (
+                                f"node {node} unreachable for logs ({unreachable})"
+                                if node
+                                else "pod not scheduled"
+                            )
+                        )
                         continue
-                    log, failure, why = await self.text(self.kube.read_pod_log(
-                        meta["namespace"], meta["name"], container, tail_lines=LOG_TAIL_LINES, previous=previous,
-                        timeout=LOG_TIMEOUT))
+                    log, failure, why = await self.text(
+                        self.kube.read_pod_log(
+                            meta["namespace"],
+                            meta["name"],
+                            container,
+                            tail_lines=LOG_TAIL_LINES,
+                            previous=previous,
+                            timeout=LOG_TIMEOUT,
+                        )
+                    )
                     if log is not None:
                         suffix = ".previous.log" if previous else ".log"
                         self.bundle.files[f"logs/{meta['name']}/{container}{suffix}"] = redact.text(log)
@@ -243,6 +303,7 @@ class Gatherer:
                     failed(f"{where}: {why}")
                     if failure is not None and failure >= 500:
                         unreachable = f"HTTP {failure} on {meta['name']}/{container}"
+
         await asyncio.gather(*(one_node(node, group) for node, group in sorted(by_node.items())))
 
     async def run(self) -> None:
@@ -253,7 +314,9 @@ class Gatherer:
             await self.objects(kind, f"owned/{kind.kind}.yaml", selector=MANAGED_SELECTOR)
         pods: list[dict[str, Any]] = []
         for kind in IN_NAMESPACE:
-            found = await self.objects(kind, f"namespaces/{self.namespace}/{kind.kind}.yaml", namespace=self.namespace)
+            found = await self.objects(
+                kind, f"namespaces/{self.namespace}/{kind.kind}.yaml", namespace=self.namespace
+            )
             pods = found if kind.kind == "Pod" else pods
         await self.secrets()
         await self.events()

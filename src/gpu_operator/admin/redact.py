@@ -32,13 +32,17 @@ SENSITIVE_NAME = re.compile(rf"({_WORDS}|[_.-]key(?:$|[_.-]id$)|\.tok$)", re.I) 
 # ... unless the name says the value only points at one (a Secret's name, a file, a path, a flag).
 _REFERENCE = re.compile(
     r"(name|names|ref|refs|file|files|path|dir|secrets|env|mode|type|method|enabled|_?configmap|seconds|ttl|"
-    r"expiration|audiences?|stdin)$|^(automount|use|enable|disable|tokenizer)", re.I)
+    r"expiration|audiences?|stdin)$|^(automount|use|enable|disable|tokenizer)",
+    re.I,
+)
 
 # A flag whose next argument is a credential (`--token X`); `--token-file`, `--password-stdin`
 # end in another word, so they are not.
 SENSITIVE_FLAG = re.compile(
     r"^--?(?:[\w-]*[_-])?(?:passw(?:or)?d|token|secret|api-?key|access-key|secret-key|private-key|creds|"
-    r"credentials|identity-token|registry-token)$", re.I)
+    r"credentials|identity-token|registry-token)$",
+    re.I,
+)
 _VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|[^\s"',;&}]+)"""  # a quoted or bare value
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # PEM private keys, whole block
@@ -48,33 +52,54 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/?#@:\"'<>]*:)[^\s/?#\"'<>]+(@)"), rf"\g<1>{REDACTED}\g<2>"),
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[A-Za-z0-9._~%+-]{16,}(@)"), rf"\g<1>{REDACTED}\g<2>"),
     # Authorization / Proxy-Authorization header values, whatever the scheme
-    (re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?"
-                r"(?:(?:basic|bearer|digest|negotiate|token|aws4-hmac-sha256)\s+)?)[^\s\"',;]+"),
-     rf"\g<1>{REDACTED}"),
+    (
+        re.compile(
+            r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?"
+            r"(?:(?:basic|bearer|digest|negotiate|token|aws4-hmac-sha256)\s+)?)[^\s\"',;]+"
+        ),
+        rf"\g<1>{REDACTED}",
+    ),
     (re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"), rf"\g<1>{REDACTED}"),
     (re.compile(r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"), REDACTED),  # a JWT
     # AWS access key ids
     (re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"), REDACTED),
     # netrc: `machine H login U password P` (one line or several), `password P` opening a line
-    (re.compile(r"(?i)(\b(?:machine|login|default)\s+\S+\s+(?:(?:login|account)\s+\S+\s+)*password\s+)"
-                r"[^\s\"'\\]+"), rf"\g<1>{REDACTED}"),
+    (
+        re.compile(
+            r"(?i)(\b(?:machine|login|default)\s+\S+\s+(?:(?:login|account)\s+\S+\s+)*password\s+)"
+            r"[^\s\"'\\]+"
+        ),
+        rf"\g<1>{REDACTED}",
+    ),
     (re.compile(r"(?im)^(\s*(?:password|passwd|account)\s+)(?![:=])[^\s\"'\\]+"), rf"\g<1>{REDACTED}"),
     # arguments: --token=X, --token X, --registry-password X (not --token-file, --password-stdin)
-    (re.compile(r"(?i)(--(?:[\w-]*[_-])?(?:passw(?:or)?d|token|secret|api-?key|access-key|secret-key|private-key|"
-                rf"creds|credentials|identity-token|registry-token)(?:=|\s+))(?!-)({_VALUE})"),
-     rf"\g<1>{REDACTED}"),
+    (
+        re.compile(
+            r"(?i)(--(?:[\w-]*[_-])?(?:passw(?:or)?d|token|secret|api-?key|access-key|secret-key|private-key|"
+            rf"creds|credentials|identity-token|registry-token)(?:=|\s+))(?!-)({_VALUE})"
+        ),
+        rf"\g<1>{REDACTED}",
+    ),
     # assignments: NAME=value, name: value, "name": "value" where the name is a credential's
     # (Docker config's auth/identitytoken, aws_secret_access_key, *_KEY, *TOKEN*, ...)
-    (re.compile(r"(?i)((?<![\w.-])[\"']?[\w.-]*?(?:" + _WORDS + r"|identitytoken|registrytoken|[_.-]key)"
-                r"(?:[_.-][A-Za-z0-9]+)*[\"']?\s*[:=]\s*)(?![\s\"']*<redacted>)(" + _VALUE + ")"),
-     "<assign>"),
+    (
+        re.compile(
+            r"(?i)((?<![\w.-])[\"']?[\w.-]*?(?:" + _WORDS + r"|identitytoken|registrytoken|[_.-]key)"
+            r"(?:[_.-][A-Za-z0-9]+)*[\"']?\s*[:=]\s*)(?![\s\"']*<redacted>)(" + _VALUE + ")"
+        ),
+        "<assign>",
+    ),
 )
 
 
 def _assignment(match: re.Match[str]) -> str:
     head, value = match.group(1), match.group(2)
     name = head.strip().rstrip(":=").strip().strip("\"'")
-    if _REFERENCE.search(name) or not value or value in ("true", "false", "null", "[]", "{}", "|", ">", "[", "{"):
+    if (
+        _REFERENCE.search(name)
+        or not value
+        or value in ("true", "false", "null", "[]", "{}", "|", ">", "[", "{")
+    ):
         return match.group(0)
     if value[0] in "\"'":
         return f"{head}{value[0]}{REDACTED}{value[0]}"
@@ -100,7 +125,12 @@ def secret(obj: dict[str, Any]) -> dict[str, Any]:
     """A Secret as a bundle may show it: no value, not even encoded."""
     meta = obj.get("metadata") or {}
     keys = sorted({*(obj.get("data") or {}), *(obj.get("stringData") or {})})
-    return {"name": meta.get("name"), "namespace": meta.get("namespace"), "type": obj.get("type"), "keys": keys}
+    return {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "type": obj.get("type"),
+        "keys": keys,
+    }
 
 
 def _env(items: list[Any]) -> list[Any]:
@@ -131,7 +161,12 @@ def _walk(value: Any, key: str = "") -> Any:
                 continue
             if isinstance(k, str) and sensitive(k) and v and isinstance(v, str):
                 out[k] = REDACTED
-            elif isinstance(k, str) and sensitive(k) and isinstance(v, list) and all(isinstance(i, str) for i in v):
+            elif (
+                isinstance(k, str)
+                and sensitive(k)
+                and isinstance(v, list)
+                and all(isinstance(i, str) for i in v)
+            ):
                 out[k] = [REDACTED for _ in v]
             else:
                 out[k] = _walk(v, k)
@@ -157,7 +192,9 @@ def obj(value: dict[str, Any]) -> dict[str, Any]:
         for field in ("data", "binaryData"):
             data = out.get(field) or {}
             for name in data:
-                if SENSITIVE_NAME.search(name):  # a file named like a credential: even `*.tok`, `*-secret.yaml`
+                if SENSITIVE_NAME.search(
+                    name
+                ):  # a file named like a credential: even `*.tok`, `*-secret.yaml`
                     data[name] = REDACTED
     return out
 

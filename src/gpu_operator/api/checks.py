@@ -30,8 +30,10 @@ _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 def dns_subdomain(value: str) -> str:
     """An object name (ConfigMap, Secret, PriorityClass, RuntimeClass); empty means unset."""
     if value and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
-        raise ValueError(f"{_short(value)} is not a valid object name: use at most 253 lowercase letters, "
-                         "digits, '-' and '.', starting and ending with a letter or digit")
+        raise ValueError(
+            f"{_short(value)} is not a valid object name: use at most 253 lowercase letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit"
+        )
     return value
 
 
@@ -39,10 +41,14 @@ def qualified_key(key: str) -> str:
     """A label or annotation key: optional DNS-subdomain prefix and '/', then a name of <= 63."""
     prefix, slash, name = key.rpartition("/")
     if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        raise ValueError(f"key {_short(key)}: the prefix before '/' must be a DNS subdomain (e.g. example.com)")
+        raise ValueError(
+            f"key {_short(key)}: the prefix before '/' must be a DNS subdomain (e.g. example.com)"
+        )
     if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
-        raise ValueError(f"key {_short(key)} is not a valid label/annotation key: the name part needs 1-63 "
-                         "letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+        raise ValueError(
+            f"key {_short(key)} is not a valid label/annotation key: the name part needs 1-63 "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        )
     return key
 
 
@@ -64,7 +70,9 @@ Annotations = Annotated[dict[str, str], AfterValidator(_keys)]
 
 # -- container images (the distribution reference grammar) --------------------------------------
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_HOST = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+)
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 _NAME = rf"(?:{_HOST}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
@@ -76,22 +84,28 @@ _VERSION = re.compile(rf"^(?:{_TAG}|{_DIGEST})$")
 # Empty image fields mean "unset" (upstream's Helm chart renders them as "").
 def _repository(value: str) -> str:
     if value and not _REPOSITORY.match(value):
-        raise ValueError(f"{_short(value)} is not an image repository: lowercase registry host and path, "
-                         "no scheme, tag or spaces (e.g. nvcr.io/nvidia)")
+        raise ValueError(
+            f"{_short(value)} is not an image repository: lowercase registry host and path, "
+            "no scheme, tag or spaces (e.g. nvcr.io/nvidia)"
+        )
     return value
 
 
 def _image(value: str) -> str:
     if value and not _IMAGE.match(value):
-        raise ValueError(f"{_short(value)} is not an image name: lowercase path components, optionally a full "
-                         "reference with :tag or @sha256:digest (e.g. driver or nvcr.io/nvidia/driver:595.91.07)")
+        raise ValueError(
+            f"{_short(value)} is not an image name: lowercase path components, optionally a full "
+            "reference with :tag or @sha256:digest (e.g. driver or nvcr.io/nvidia/driver:595.91.07)"
+        )
     return value
 
 
 def _version(value: str) -> str:
     if value and not _VERSION.match(value):
-        raise ValueError(f"{_short(value)} is not an image tag or digest: letters, digits, '_', '.', '-' "
-                         "(<= 128, not starting with '.' or '-'), or sha256:<hex>")
+        raise ValueError(
+            f"{_short(value)} is not an image tag or digest: letters, digits, '_', '.', '-' "
+            "(<= 128, not starting with '.' or '-'), or sha256:<hex>"
+        )
     return value
 
 

@@ -115,7 +115,8 @@ class DriverSpec(Component):
     usePrecompiled: bool | None = None
     useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
     kernelModuleType: Annotated[KernelModuleType, BeforeValidator(misplaced_module_type)] = Field(
-        default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES)
+        default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES
+    )
     startupProbe: ContainerProbeSpec | None = None
     livenessProbe: ContainerProbeSpec | None = None
     readinessProbe: ContainerProbeSpec | None = None
@@ -270,7 +271,9 @@ class SandboxWorkloadsSpec(Toggle):
 
     def kubevirt_sync(self) -> bool:
         """Whether the KubeVirt sync runs: sandbox on, mode kubevirt, not switched off."""
-        return self.is_enabled(False) and self.mode == "kubevirt" and (self.kubevirt or KubeVirtSpec()).sync_on()
+        return (
+            self.is_enabled(False) and self.mode == "kubevirt" and (self.kubevirt or KubeVirtSpec()).sync_on()
+        )
 
 
 class VFIOManagerSpec(OffByDefault):

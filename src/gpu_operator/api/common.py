@@ -36,8 +36,10 @@ RUNCOMPILED_IS_NOT_A_MODULE_TYPE = (
     "usePrecompiled: false (the default) gives; kernelModuleType picks the modules, auto, open or proprietary"
 )
 # Values users write for kernelModuleType that belong to another field: the message that names it.
-MISPLACED_MODULE_TYPES = {"precompiled": PRECOMPILED_IS_NOT_A_MODULE_TYPE,
-                          "runcompiled": RUNCOMPILED_IS_NOT_A_MODULE_TYPE}
+MISPLACED_MODULE_TYPES = {
+    "precompiled": PRECOMPILED_IS_NOT_A_MODULE_TYPE,
+    "runcompiled": RUNCOMPILED_IS_NOT_A_MODULE_TYPE,
+}
 
 
 def KERNEL_MODULE_TYPE_RULES(schema: JsonDict) -> None:  # noqa: N802 (a schema hook, named as data)
@@ -47,12 +49,15 @@ def KERNEL_MODULE_TYPE_RULES(schema: JsonDict) -> None:  # noqa: N802 (a schema 
     enum = schema.pop("enum", [])
     allowed = [str(v) for v in enum] if isinstance(enum, list) else []
     listed = ", ".join(f"'{v}'" for v in allowed)
-    schema["x-kubernetes-validations"] = [{
-        "rule": f"self in [{listed}]",
-        "messageExpression": "".join(f"self == '{value}' ? '{hint}' : "
-                                     for value, hint in MISPLACED_MODULE_TYPES.items())
-        + f"'unsupported value ' + self + ': use one of {', '.join(allowed)}'",
-    }]
+    schema["x-kubernetes-validations"] = [
+        {
+            "rule": f"self in [{listed}]",
+            "messageExpression": "".join(
+                f"self == '{value}' ? '{hint}' : " for value, hint in MISPLACED_MODULE_TYPES.items()
+            )
+            + f"'unsupported value ' + self + ': use one of {', '.join(allowed)}'",
+        }
+    ]
 
 
 def misplaced_module_type(value: object) -> object:
@@ -118,7 +123,9 @@ class Toleration(Model):
     key: str | None = None
     operator: str | None = Field(default=None, description="Exists or Equal (default Equal).")
     value: str | None = None
-    effect: str | None = Field(default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty: all.")
+    effect: str | None = Field(
+        default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty: all."
+    )
     tolerationSeconds: int | None = None
 
 

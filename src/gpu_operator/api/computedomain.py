@@ -41,8 +41,13 @@ class ComputeDomainChannel(Model):
 class ComputeDomainSpec(Model):
     """Immutable once created."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        {"rule": "self == oldSelf", "message": "A computeDomain.spec is immutable"}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "A computeDomain.spec is immutable"}
+            ]
+        }
+    )
 
     # how many IMEX daemons (nodes) make the domain ready; deprecated upstream, 0 with DNS names
     numNodes: int = Field(0, ge=0)

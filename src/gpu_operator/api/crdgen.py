@@ -83,9 +83,21 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         out["type"] = kind
     else:
         out["x-kubernetes-preserve-unknown-fields"] = True
-    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern", "minLength",
-                "maxLength", "minItems", "maxItems", "maxProperties", "x-kubernetes-validations",
-                "x-kubernetes-list-type", "x-kubernetes-list-map-keys"):
+    for key in (
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "maxProperties",
+        "x-kubernetes-validations",
+        "x-kubernetes-list-type",
+        "x-kubernetes-list-map-keys",
+    ):
         if key in node:
             out[key] = node[key]
     return out
@@ -133,7 +145,12 @@ def _crd(
         root["required"] = ["spec"]
     if rules:
         root["x-kubernetes-validations"] = rules
-    names: dict[str, Any] = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
+    names: dict[str, Any] = {
+        "kind": kind,
+        "listKind": f"{kind}List",
+        "plural": plural,
+        "singular": kind.lower(),
+    }
     if short_names:
         names["shortNames"] = short_names
     return {
@@ -166,24 +183,69 @@ def crds() -> dict[str, dict[str, Any]]:
     age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     status = {"name": "Status", "type": "string", "jsonPath": ".status.state"}
     default = {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"}
-    table: list[tuple[Any, type[BaseModel], type[BaseModel], list[dict[str, str]], list[dict[str, str]] | None]] = [
-        (clusterpolicy, clusterpolicy.ClusterPolicySpec, clusterpolicy.ClusterPolicyStatus, [status, age], None),
-        (nvidiadriver, nvidiadriver.NVIDIADriverSpec, nvidiadriver.NVIDIADriverStatus, [status, default, age], None),
-        (gpucluster, gpucluster.GPUClusterSpec, gpucluster.GPUClusterStatus, [status, age], [gpucluster.SINGLETON_RULE]),
+    table: list[
+        tuple[Any, type[BaseModel], type[BaseModel], list[dict[str, str]], list[dict[str, str]] | None]
+    ] = [
+        (
+            clusterpolicy,
+            clusterpolicy.ClusterPolicySpec,
+            clusterpolicy.ClusterPolicyStatus,
+            [status, age],
+            None,
+        ),
+        (
+            nvidiadriver,
+            nvidiadriver.NVIDIADriverSpec,
+            nvidiadriver.NVIDIADriverStatus,
+            [status, default, age],
+            None,
+        ),
+        (
+            gpucluster,
+            gpucluster.GPUClusterSpec,
+            gpucluster.GPUClusterStatus,
+            [status, age],
+            [gpucluster.SINGLETON_RULE],
+        ),
     ]
-    out = {f"{api.GROUP}_{api.PLURAL}.yaml": _crd(
-        group=api.GROUP, version=api.VERSION, kind=api.KIND, plural=api.PLURAL, spec_model=spec, status_model=state,
-        short_names=getattr(api, "SHORT_NAMES", None), columns=columns, rules=rules)
-        for api, spec, state, columns, rules in table}
+    out = {
+        f"{api.GROUP}_{api.PLURAL}.yaml": _crd(
+            group=api.GROUP,
+            version=api.VERSION,
+            kind=api.KIND,
+            plural=api.PLURAL,
+            spec_model=spec,
+            status_model=state,
+            short_names=getattr(api, "SHORT_NAMES", None),
+            columns=columns,
+            rules=rules,
+        )
+        for api, spec, state, columns, rules in table
+    }
     # NVIDIA's DRA driver's IMEX kinds (the operator ships them, as NVIDIA's chart does)
     cd = computedomain
     out[f"{cd.GROUP}_computedomains.yaml"] = _crd(
-        group=cd.GROUP, version=cd.VERSION, kind="ComputeDomain", plural="computedomains",
-        spec_model=cd.ComputeDomainSpec, status_model=cd.ComputeDomainStatus, columns=[], scope=cd.SCOPE,
-        spec_required=True)
+        group=cd.GROUP,
+        version=cd.VERSION,
+        kind="ComputeDomain",
+        plural="computedomains",
+        spec_model=cd.ComputeDomainSpec,
+        status_model=cd.ComputeDomainStatus,
+        columns=[],
+        scope=cd.SCOPE,
+        spec_required=True,
+    )
     out[f"{cd.GROUP}_computedomaincliques.yaml"] = _crd(
-        group=cd.GROUP, version=cd.VERSION, kind="ComputeDomainClique", plural="computedomaincliques",
-        spec_model=None, status_model=None, columns=[], scope=cd.SCOPE, body=cd.CliqueBody)
+        group=cd.GROUP,
+        version=cd.VERSION,
+        kind="ComputeDomainClique",
+        plural="computedomaincliques",
+        spec_model=None,
+        status_model=None,
+        columns=[],
+        scope=cd.SCOPE,
+        body=cd.CliqueBody,
+    )
     return out
 
 
@@ -192,8 +254,17 @@ def node_feature_crd() -> dict[str, Any]:
     chart does not ship it in crds/ (NFD's chart does, and Helm would then keep whichever came
     first); `gpu-operator crds apply` creates it only where no one has."""
     nf = nodefeature
-    crd = _crd(group=nf.GROUP, version=nf.VERSION, kind=nf.KIND, plural=nf.PLURAL,
-               spec_model=nf.NodeFeatureSpec, status_model=None, columns=[], scope=nf.SCOPE, spec_required=True)
+    crd = _crd(
+        group=nf.GROUP,
+        version=nf.VERSION,
+        kind=nf.KIND,
+        plural=nf.PLURAL,
+        spec_model=nf.NodeFeatureSpec,
+        status_model=None,
+        columns=[],
+        scope=nf.SCOPE,
+        spec_required=True,
+    )
     del crd["metadata"]["labels"]  # not ours to manage: whoever installs NFD later may own it
     return crd
 

@@ -31,8 +31,10 @@ KIND = "GPUCluster"
 PLURAL = "gpuclusters"
 SHORT_NAMES = ["gc"]
 SINGLETON = "gpu-cluster"
-SINGLETON_RULE = {"rule": f"self.metadata.name == '{SINGLETON}'",
-                  "message": f"GPUCluster is a singleton, metadata.name must be '{SINGLETON}'"}
+SINGLETON_RULE = {
+    "rule": f"self.metadata.name == '{SINGLETON}'",
+    "message": f"GPUCluster is a singleton, metadata.name must be '{SINGLETON}'",
+}
 # Healthcheck ports of the kubelet plugin's containers when none is given.
 GPUS_HEALTHCHECK_PORT = 51516
 COMPUTE_DOMAINS_HEALTHCHECK_PORT = 51515

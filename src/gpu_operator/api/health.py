@@ -55,8 +55,12 @@ class GpuHealth(_Strict):
     minor: int | None = Field(default=None, ge=0, description="the driver's device minor (/proc)")
     index: int | None = Field(default=None, ge=0, description="NVML's index")
     xid: int | None = Field(default=None, ge=0, description="the Xid that set the state, if any")
-    recovery: str | None = Field(default=None, max_length=40, pattern=r"^[a-z0-9-]+$",
-                                 description="the driver's recovery action as NVML offers it (drivers from 565)")
+    recovery: str | None = Field(
+        default=None,
+        max_length=40,
+        pattern=r"^[a-z0-9-]+$",
+        description="the driver's recovery action as NVML offers it (drivers from 565)",
+    )
 
 
 class HealthReport(_Strict):
@@ -69,17 +73,27 @@ class HealthReport(_Strict):
     sources: tuple[Literal["kmsg", "nvml", "pci", "proc"], ...]
     missing: tuple[str, ...] = ()
     stopped: bool = False
-    reset: dict[Bus, ResetOutcome] = Field(default_factory=dict, max_length=64,
-                                           description="the last reset request's outcome per GPU")
-    reboot: str | None = Field(default=None, max_length=40,
-                               description="the reboot request the agent created the reboot sentinel for")
-    validatedAt: float | None = Field(default=None, ge=0,
-                                      description="when the node's validation passed (epoch seconds: the newest "
-                                      "expected validator status file's mtime); the operator releases a "
-                                      "remediated node only on a validation newer than its action")
-    answered: str | None = Field(default=None, max_length=80,
-                                 description="the operator's last request the agent carried out in full (its id: "
-                                 "action:attempt:since, node/health/requests.py)")
+    reset: dict[Bus, ResetOutcome] = Field(
+        default_factory=dict, max_length=64, description="the last reset request's outcome per GPU"
+    )
+    reboot: str | None = Field(
+        default=None,
+        max_length=40,
+        description="the reboot request the agent created the reboot sentinel for",
+    )
+    validatedAt: float | None = Field(
+        default=None,
+        ge=0,
+        description="when the node's validation passed (epoch seconds: the newest "
+        "expected validator status file's mtime); the operator releases a "
+        "remediated node only on a validation newer than its action",
+    )
+    answered: str | None = Field(
+        default=None,
+        max_length=80,
+        description="the operator's last request the agent carried out in full (its id: "
+        "action:attempt:since, node/health/requests.py)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> HealthReport:
@@ -118,15 +132,19 @@ class HealthReport(_Strict):
         if not isinstance(data, dict):
             raise ReportError(f"{where}: a JSON {type(data).__name__}, not an object")
         if data.get("v") != SCHEMA_VERSION:
-            raise ReportError(f"{where}: schema version v={data.get('v')!r}; this operator reads v={SCHEMA_VERSION} "
-                              "(upgrade the operator or run the matching agent image)")
+            raise ReportError(
+                f"{where}: schema version v={data.get('v')!r}; this operator reads v={SCHEMA_VERSION} "
+                "(upgrade the operator or run the matching agent image)"
+            )
         try:
             return cls.model_validate_json(text)
         except ValidationError as err:
             first = err.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "(report)"
-            raise ReportError(f"{where}: field {field}: {first['msg']} "
-                              f"({err.error_count()} problem(s); the agent's report format is v{SCHEMA_VERSION})") from None
+            raise ReportError(
+                f"{where}: field {field}: {first['msg']} "
+                f"({err.error_count()} problem(s); the agent's report format is v{SCHEMA_VERSION})"
+            ) from None
 
 
 @dataclass(frozen=True)

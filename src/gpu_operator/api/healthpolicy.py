@@ -34,12 +34,17 @@ OUR_TAINT_PREFIXES = (CA_STARTUP_TAINT_PREFIX, READINESS_TAINT_PREFIX, "nvidia.c
 
 # The escalation, mildest first. `external` hands the node to another controller (handoff label).
 RemediationAction = Literal["restart-device-plugin", "reset-gpu", "reload-driver", "reboot", "external"]
-DEFAULT_ACTIONS: tuple[RemediationAction, ...] = ("restart-device-plugin", "reset-gpu", "reload-driver", "reboot")
+DEFAULT_ACTIONS: tuple[RemediationAction, ...] = (
+    "restart-device-plugin",
+    "reset-gpu",
+    "reload-driver",
+    "reboot",
+)
 
 # CEL on an int-or-string: an int >= 0 or 'N%' with N in 0..100 (the apiserver names the field).
 _MAX_UNAVAILABLE_RULE: JsonDict = {
     "rule": "type(self) == int ? self >= 0 : (self.matches('^[0-9]+$') || "
-            "(self.matches('^[0-9]+%$') && int(self.replace('%', '')) <= 100))",
+    "(self.matches('^[0-9]+%$') && int(self.replace('%', '')) <= 100))",
     "message": "maxUnavailable must be a non-negative integer (nodes) or a percentage from 0% to 100% (e.g. 1, 10%)",
 }
 
@@ -47,10 +52,12 @@ _MAX_UNAVAILABLE_RULE: JsonDict = {
 def _startup_key(key: str) -> str:
     qualified_key(key)
     if not key.startswith(OUR_TAINT_PREFIXES):
-        raise ValueError(f"startup taint key {key!r} must start with {CA_STARTUP_TAINT_PREFIX} (the "
-                         f"cluster-autoscaler's startup-taint convention), {READINESS_TAINT_PREFIX} (the Node "
-                         "Readiness Controller's) or nvidia.com/, so that the operator only removes taints meant "
-                         f"for it (e.g. {DEFAULT_STARTUP_TAINT})")
+        raise ValueError(
+            f"startup taint key {key!r} must start with {CA_STARTUP_TAINT_PREFIX} (the "
+            f"cluster-autoscaler's startup-taint convention), {READINESS_TAINT_PREFIX} (the Node "
+            "Readiness Controller's) or nvidia.com/, so that the operator only removes taints meant "
+            f"for it (e.g. {DEFAULT_STARTUP_TAINT})"
+        )
     return key
 
 
@@ -82,14 +89,16 @@ class StartupTaintSpec(Model):
     key: Annotated[str, AfterValidator(_startup_key)] = Field(
         default=DEFAULT_STARTUP_TAINT,
         description=f"The startup taint's key; must start with {CA_STARTUP_TAINT_PREFIX}, "
-                    f"{READINESS_TAINT_PREFIX} or nvidia.com/. The operands tolerate it when enabled or not the default.")
+        f"{READINESS_TAINT_PREFIX} or nvidia.com/. The operands tolerate it when enabled or not the default.",
+    )
 
 
 class HandoffSpec(Model):
     """The `external` action: the label the operator puts on the node for another system to act on."""
 
     label: Annotated[str, AfterValidator(qualified_key)] = Field(
-        description="Label key set on the node when it is handed over (e.g. example.com/repair).")
+        description="Label key set on the node when it is handed over (e.g. example.com/repair)."
+    )
     value: LabelValue = Field(default="requested", description="The label's value.")
 
 
@@ -105,17 +114,26 @@ class RemediationSpec(Model):
 
     enabled: bool = Field(default=False, description="Remediate unhealthy nodes (off: signals only).")
     maxUnavailable: IntOrPercent = Field(
-        default=1, json_schema_extra={"x-kubernetes-validations": [_MAX_UNAVAILABLE_RULE]},
-        description="At most this many GPU nodes (or percent of them) in remediation at a time.")
+        default=1,
+        json_schema_extra={"x-kubernetes-validations": [_MAX_UNAVAILABLE_RULE]},
+        description="At most this many GPU nodes (or percent of them) in remediation at a time.",
+    )
     maxAttempts: int = Field(default=3, ge=1, le=20, description="Failed attempts before a node is held.")
     podSelector: Annotated[str | None, AfterValidator(_selector)] = Field(
-        default=None, description="Label selector of the GPU pods drain may evict; pods it excludes are never "
-                                  "evicted (unset: every pod requesting a GPU).")
+        default=None,
+        description="Label selector of the GPU pods drain may evict; pods it excludes are never "
+        "evicted (unset: every pod requesting a GPU).",
+    )
     drainTimeoutSeconds: Seconds = Field(default=300, description="How long a drain may take (0: no limit).")
-    validationTimeoutSeconds: int = Field(default=600, ge=1, description="How long validation may take after an action.")
+    validationTimeoutSeconds: int = Field(
+        default=600, ge=1, description="How long validation may take after an action."
+    )
     actions: list[RemediationAction] = Field(
-        default_factory=lambda: list(DEFAULT_ACTIONS), min_length=1, json_schema_extra={"x-kubernetes-list-type": "set"},
-        description="The escalation, in order: restart-device-plugin, reset-gpu, reload-driver, reboot, external.")
+        default_factory=lambda: list(DEFAULT_ACTIONS),
+        min_length=1,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="The escalation, in order: restart-device-plugin, reset-gpu, reload-driver, reboot, external.",
+    )
     externalHandoff: HandoffSpec | None = None
     flapping: FlappingSpec = Field(default_factory=FlappingSpec)
 
@@ -124,8 +142,10 @@ class RemediationSpec(Model):
         if len(set(self.actions)) != len(self.actions):
             raise ValueError("health.remediation.actions: each action may appear once")
         if "external" in self.actions and self.externalHandoff is None:
-            raise ValueError("health.remediation.actions names external: set health.remediation.externalHandoff.label "
-                             "(the label another controller acts on)")
+            raise ValueError(
+                "health.remediation.actions names external: set health.remediation.externalHandoff.label "
+                "(the label another controller acts on)"
+            )
         return self
 
     def unavailable_limit(self, total: int) -> int:
@@ -141,10 +161,19 @@ class HealthSpec(Model):
     """GPU health (ours): signals from the health agent's report, and opt-in remediation."""
 
     taintEffect: Literal["NoSchedule", "NoExecute"] = Field(
-        default="NoSchedule", description="Effect of the nvidia.com/gpu-unhealthy taint on quarantined nodes.")
+        default="NoSchedule", description="Effect of the nvidia.com/gpu-unhealthy taint on quarantined nodes."
+    )
     startupTaint: StartupTaintSpec = Field(default_factory=StartupTaintSpec)
     remediation: RemediationSpec = Field(default_factory=RemediationSpec)
 
 
-__all__ = ["DEFAULT_ACTIONS", "READINESS_TAINT_PREFIX", "FlappingSpec", "HandoffSpec", "HealthSpec",
-           "RemediationAction", "RemediationSpec", "StartupTaintSpec"]
+__all__ = [
+    "DEFAULT_ACTIONS",
+    "READINESS_TAINT_PREFIX",
+    "FlappingSpec",
+    "HandoffSpec",
+    "HealthSpec",
+    "RemediationAction",
+    "RemediationSpec",
+    "StartupTaintSpec",
+]

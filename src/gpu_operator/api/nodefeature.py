@@ -26,6 +26,10 @@ SCOPE = "Namespaced"
 
 
 class NodeFeatureSpec(Model):
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels to put on the node the object names.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels to put on the node the object names."
+    )
     features: dict[str, Any] = Field(
-        default_factory=dict, description="Raw features (flags, attributes, instances) for NFD's rules; GFD leaves them empty.")
+        default_factory=dict,
+        description="Raw features (flags, attributes, instances) for NFD's rules; GFD leaves them empty.",
+    )

@@ -99,7 +99,8 @@ class NVIDIADriverSpec(ComponentFields):
     usePrecompiled: bool | None = None
     useOpenKernelModules: bool | None = Field(default=None, description="Deprecated: use kernelModuleType.")
     kernelModuleType: Annotated[KernelModuleType, BeforeValidator(misplaced_module_type)] = Field(
-        default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES)
+        default="auto", json_schema_extra=KERNEL_MODULE_TYPE_RULES
+    )
     startupProbe: ContainerProbeSpec | None = None
     livenessProbe: ContainerProbeSpec | None = None
     readinessProbe: ContainerProbeSpec | None = None

@@ -35,8 +35,13 @@ def left_behind(obj: dict[str, Any], owner_uid: str) -> bool:
     return controllers == [owner_uid]
 
 
-async def sweep(kube: Kube, owner_uid: str, namespaces: Collection[str], desired: Collection[Any],
-                keep_kinds: Collection[str]) -> list[str]:
+async def sweep(
+    kube: Kube,
+    owner_uid: str,
+    namespaces: Collection[str],
+    desired: Collection[Any],
+    keep_kinds: Collection[str],
+) -> list[str]:
     """Delete what the owner controls, we did not label and do not render; returns what went."""
     deleted: list[str] = []
     for kind in OWNED_KINDS:
@@ -52,6 +57,10 @@ async def sweep(kube: Kube, owner_uid: str, namespaces: Collection[str], desired
                     continue
                 ref = ObjectKey(api_version, kind.kind, meta["name"], meta.get("namespace"))
                 if await kube.delete(ref):
-                    log.info("deleted %s: controlled by the same owner (%s), not ours, not rendered", ref, owner_uid)
+                    log.info(
+                        "deleted %s: controlled by the same owner (%s), not ours, not rendered",
+                        ref,
+                        owner_uid,
+                    )
                     deleted.append(f"{ref} (left by the previous operator)")
     return deleted

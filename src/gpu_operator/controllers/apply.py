@@ -37,14 +37,24 @@ def immutable_selector(err: ApiError, obj: dict[str, Any]) -> bool:
     return any(cause.field == "spec.selector" for cause in status.details.causes or [])
 
 
-def owner_reference(policy: CRView[Any], api_version: str = "nvidia.com/v1",
-                    kind: str = "ClusterPolicy") -> dict[str, Any]:
-    return {"apiVersion": api_version, "kind": kind, "name": policy.name,
-            "uid": policy.uid, "controller": True, "blockOwnerDeletion": True}
+def owner_reference(
+    policy: CRView[Any], api_version: str = "nvidia.com/v1", kind: str = "ClusterPolicy"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": policy.name,
+        "uid": policy.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
-def with_ownership(obj: dict[str, Any], policy: CRView[Any], owner: dict[str, Any] | None = None,
-                   ) -> dict[str, Any]:
+def with_ownership(
+    obj: dict[str, Any],
+    policy: CRView[Any],
+    owner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The object as we apply it: owned by the policy (or `owner`, a ready ownerReference) and
     stamped with the hash of itself."""
     meta = dict(obj["metadata"])
@@ -85,12 +95,21 @@ class Applier:
         # owner uid -> (the render result, the owner reference, what _stamp made of them)
         self._stamped: dict[str, tuple[RenderResult, dict[str, Any], list[Stamped]]] = {}
 
-    async def apply(self, result: RenderResult, owner: CRView[Any], owner_ref: dict[str, Any],
-                    owned: Mapping[OwnedKey, OwnedView], watched_kinds: Collection[str], done: Applied) -> None:
+    async def apply(
+        self,
+        result: RenderResult,
+        owner: CRView[Any],
+        owner_ref: dict[str, Any],
+        owned: Mapping[OwnedKey, OwnedView],
+        watched_kinds: Collection[str],
+        done: Applied,
+    ) -> None:
         """Apply what changed (by hash), then delete what this owner owns and no longer renders;
         each write is added to `done` as it happens."""
-        known = {**{k: v for k, v in self.remembered.get(owner.uid, {}).items() if v.kind not in watched_kinds},
-                 **owned}
+        known = {
+            **{k: v for k, v in self.remembered.get(owner.uid, {}).items() if v.kind not in watched_kinds},
+            **owned,
+        }
         orphaning = {s.name for s in result.states if s.orphan_pods}
         desired: dict[OwnedKey, OwnedView] = {}
         for key, applied, view in self._stamp(result, owner, owner_ref):
@@ -125,7 +144,9 @@ class Applier:
         # Once per owner and process: what a previous operator left owned by the same CR (docs/migrate.md).
         if owner.uid not in self.swept:
             namespaces = {k[2] for k in desired if k[2]}
-            done.deleted.extend(await adopt.sweep(self.kube, owner.uid, namespaces, desired, result.keep_kinds))
+            done.deleted.extend(
+                await adopt.sweep(self.kube, owner.uid, namespaces, desired, result.keep_kinds)
+            )
             self.swept.add(owner.uid)
         # Everything desired of an unwatched kind now exists as applied; nothing else of those does.
         self.remembered[owner.uid] = {k: v for k, v in desired.items() if v.kind not in watched_kinds}

@@ -33,7 +33,9 @@ def _keys(fields: dict[str, Any]) -> set[str]:
     return {key[2:] for key in fields if key.startswith("f:")}
 
 
-def owned_keys(metadata: dict[str, Any], managers: frozenset[str] = OUR_MANAGERS) -> tuple[set[str], set[str]]:
+def owned_keys(
+    metadata: dict[str, Any], managers: frozenset[str] = OUR_MANAGERS
+) -> tuple[set[str], set[str]]:
     """(labels, annotations) under nvidia.com/ that `managers` own on this object, and only those."""
     present_labels = set(metadata.get("labels") or {})
     present_annotations = set(metadata.get("annotations") or {})
@@ -46,8 +48,10 @@ def owned_keys(metadata: dict[str, Any], managers: frozenset[str] = OUR_MANAGERS
         labels |= _keys(meta.get("f:labels") or {})
         annotations |= _keys(meta.get("f:annotations") or {})
     ours = f"{NVIDIA}/"
-    return ({k for k in labels & present_labels if k.startswith(ours)},
-            {k for k in annotations & present_annotations if k.startswith(ours)})
+    return (
+        {k for k in labels & present_labels if k.startswith(ours)},
+        {k for k in annotations & present_annotations if k.startswith(ours)},
+    )
 
 
 def cleanup_patch(node: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any] | None:
@@ -65,8 +69,9 @@ def cleanup_patch(node: dict[str, Any], keep: frozenset[str] = frozenset()) -> d
     return {"metadata": metadata}
 
 
-async def strip_nodes(kube: Kube, keep: dict[str, frozenset[str]] | None = None,
-                      only: set[str] | None = None) -> list[str]:
+async def strip_nodes(
+    kube: Kube, keep: dict[str, frozenset[str]] | None = None, only: set[str] | None = None
+) -> list[str]:
     """Remove our labels and annotations from every node (or the nodes in `only`), but the labels
     `keep` names per node; returns the nodes patched."""
     patched = []
@@ -91,8 +96,11 @@ async def strip_nodes(kube: Kube, keep: dict[str, frozenset[str]] | None = None,
 
 # The GPUCluster first: its finalizer is removed by the running operator once the pods holding
 # ResourceClaims are gone (the hook stops the operator only after every owner CR is gone).
-OWNER_KINDS = (("nvidia.com/v1alpha1", "GPUCluster"), ("nvidia.com/v1alpha1", "NVIDIADriver"),
-               ("nvidia.com/v1", "ClusterPolicy"))
+OWNER_KINDS = (
+    ("nvidia.com/v1alpha1", "GPUCluster"),
+    ("nvidia.com/v1alpha1", "NVIDIADriver"),
+    ("nvidia.com/v1", "ClusterPolicy"),
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,7 @@ class Uninstall:
     record a unit kept there, e.g. whose cordon it is, before the last step takes our annotations),
     and the stopped operator's namespace (None when the command did not stop it: what the operator
     made in its namespace stays then, as the running operator would make it again)."""
+
     kube: Kube
     nodes: list[dict[str, Any]]
     namespace: str | None = None
@@ -111,8 +120,9 @@ TakeBack = Callable[[Uninstall], Awaitable[list[str]]]
 """One unit's take-back step (its folder's takeback.py, `take_back`): lines for the log."""
 
 
-async def each_node(nodes: list[dict[str, Any]],
-                    step: Callable[[dict[str, Any]], Awaitable[list[str]]]) -> list[str]:
+async def each_node(
+    nodes: list[dict[str, Any]], step: Callable[[dict[str, Any]], Awaitable[list[str]]]
+) -> list[str]:
     """Run a per-node take-back on every node; each thing it did, logged and returned as
     `node NAME: what`. A node that left meanwhile (404) is passed over."""
     done = []

@@ -40,10 +40,14 @@ class ClusterInfo:
         version = await kube.server_version()
         if not version:
             raise DiscoveryError("GET /version answered without a gitVersion")
-        monitors = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
-                                       "servicemonitors.monitoring.coreos.com")
-        features = await kube.get_dict("apiextensions.k8s.io/v1", "CustomResourceDefinition",
-                                       f"{NODE_FEATURE_PLURAL}.{NODE_FEATURE_GROUP}")
+        monitors = await kube.get_dict(
+            "apiextensions.k8s.io/v1", "CustomResourceDefinition", "servicemonitors.monitoring.coreos.com"
+        )
+        features = await kube.get_dict(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            f"{NODE_FEATURE_PLURAL}.{NODE_FEATURE_GROUP}",
+        )
         return cls(version, monitors is not None, features is not None, await read_openshift_version(kube))
 
     @classmethod
@@ -58,14 +62,21 @@ class ClusterInfo:
             except Exception as err:
                 failures += 1
                 delay = backoff.delay(failures)
-                log.warning("start-up discovery failed (GET /version, the ServiceMonitor and NodeFeature CRDs, "
-                            "OpenShift's ClusterVersion): %s; not starting the loops, retrying in %.0f s", err, delay)
+                log.warning(
+                    "start-up discovery failed (GET /version, the ServiceMonitor and NodeFeature CRDs, "
+                    "OpenShift's ClusterVersion): %s; not starting the loops, retrying in %.0f s",
+                    err,
+                    delay,
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                 continue
-            log.info("Kubernetes %s; platform %s; ServiceMonitor CRD %s; NodeFeature CRD %s", info.k8s_version,
-                     platform_name(info.openshift_version),
-                     "present" if info.servicemonitor_crd else "absent",
-                     "present" if info.node_feature_crd else "absent")
+            log.info(
+                "Kubernetes %s; platform %s; ServiceMonitor CRD %s; NodeFeature CRD %s",
+                info.k8s_version,
+                platform_name(info.openshift_version),
+                "present" if info.servicemonitor_crd else "absent",
+                "present" if info.node_feature_crd else "absent",
+            )
             return info
         return None

@@ -30,7 +30,9 @@ from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL
 log = logging.getLogger("gpu_operator.drain")
 
 Claims = Mapping[ClaimKey, Mapping[str, Any]]
-EvictionRefusals = dict[tuple[str, str], str]  # (namespace, pod) -> "namespace/pdb" that refused its last eviction
+EvictionRefusals = dict[
+    tuple[str, str], str
+]  # (namespace, pod) -> "namespace/pdb" that refused its last eviction
 
 DONE, WAIT, FAILED = "done", "wait", "failed"
 
@@ -64,8 +66,11 @@ async def claims_of(kube: Kube, pods: Iterable[Mapping[str, Any]]) -> Claims | N
         try:
             items = await kube.list_resource_claims(namespace)
         except Exception as err:  # counted as GPU claims; the next pass reads again
-            log.warning("ResourceClaims in %s not readable (%s): the pods naming one count as GPU pods",
-                        namespace, err)
+            log.warning(
+                "ResourceClaims in %s not readable (%s): the pods naming one count as GPU pods",
+                namespace,
+                err,
+            )
             return None
         if items is None:
             return None
@@ -73,8 +78,15 @@ async def claims_of(kube: Kube, pods: Iterable[Mapping[str, Any]]) -> Claims | N
     return found
 
 
-def pod_facts(pod: Mapping[str, Any], wait_names: set[str], drain_names: set[str] | None,
-              blocked: Mapping[tuple[str, str], str], *, access: RuntimeAccess, claims: Claims | None) -> PodFacts:
+def pod_facts(
+    pod: Mapping[str, Any],
+    wait_names: set[str],
+    drain_names: set[str] | None,
+    blocked: Mapping[tuple[str, str], str],
+    *,
+    access: RuntimeAccess,
+    claims: Claims | None,
+) -> PodFacts:
     """One pod's facts; `wait_names`/`drain_names`: the names its node's pods matching the
     waitForCompletion/drain selector have (`drain_names` None: no drain selector, every pod matches)."""
     meta = pod.get("metadata") or {}
@@ -83,17 +95,31 @@ def pod_facts(pod: Mapping[str, Any], wait_names: set[str], drain_names: set[str
     name, ns = meta.get("name", ""), meta.get("namespace", "")
     volumes = (pod.get("spec") or {}).get("volumes") or []
     return PodFacts(
-        name, ns, phase=(pod.get("status") or {}).get("phase", ""), gpu=holds_gpu(pod, access, claims),
+        name,
+        ns,
+        phase=(pod.get("status") or {}).get("phase", ""),
+        gpu=holds_gpu(pod, access, claims),
         daemonset=bool(controller and controller.get("kind") == "DaemonSet"),
         mirror="kubernetes.io/config.mirror" in (meta.get("annotations") or {}),
-        controlled=controller is not None, empty_dir=any("emptyDir" in v for v in volumes),
+        controlled=controller is not None,
+        empty_dir=any("emptyDir" in v for v in volumes),
         drain_skip=(meta.get("labels") or {}).get(UPGRADE_DRAIN_SKIP_POD_LABEL) == "true",
-        wait_match=name in wait_names, drain_match=drain_names is None or name in drain_names,
-        terminating=bool(meta.get("deletionTimestamp")), blocked_by=blocked.get((ns, name), ""))
+        wait_match=name in wait_names,
+        drain_match=drain_names is None or name in drain_names,
+        terminating=bool(meta.get("deletionTimestamp")),
+        blocked_by=blocked.get((ns, name), ""),
+    )
 
 
-async def pods_on(kube: Kube, node: str, blocked: Mapping[tuple[str, str], str], *, access: RuntimeAccess,
-                  wait_selector: str = "", drain_selector: str = "") -> tuple[PodFacts, ...]:
+async def pods_on(
+    kube: Kube,
+    node: str,
+    blocked: Mapping[tuple[str, str], str],
+    *,
+    access: RuntimeAccess,
+    wait_selector: str = "",
+    drain_selector: str = "",
+) -> tuple[PodFacts, ...]:
     """The facts of every pod on `node`: one list of the node's pods, one more per selector given
     (the pods matching it, by namespace and name), and the ResourceClaims they name (claims_of)."""
     on_node = f"spec.nodeName={node}"
@@ -105,15 +131,24 @@ async def pods_on(kube: Kube, node: str, blocked: Mapping[tuple[str, str], str],
     for pod in pods:
         meta = pod.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
-        facts.append(pod_facts(pod, {key[1]} if key in wait else set(),
-                               None if drain is None else {key[1]} if key in drain else set(),
-                               blocked, access=access, claims=claims))
+        facts.append(
+            pod_facts(
+                pod,
+                {key[1]} if key in wait else set(),
+                None if drain is None else {key[1]} if key in drain else set(),
+                blocked,
+                access=access,
+                claims=claims,
+            )
+        )
     return tuple(facts)
 
 
 async def _matching(kube: Kube, on_node: str, selector: str) -> set[tuple[str, str]]:
-    return {((p.get("metadata") or {}).get("namespace", ""), p["metadata"]["name"])
-            for p in await kube.list_pods(fields=on_node, labels=selector)}
+    return {
+        ((p.get("metadata") or {}).get("namespace", ""), p["metadata"]["name"])
+        for p in await kube.list_pods(fields=on_node, labels=selector)
+    }
 
 
 def started_at(text: str | None) -> float | None:
@@ -146,8 +181,16 @@ def blockers(pods: Sequence[PodFacts], force: bool, empty_dir: bool) -> str:
     return ""
 
 
-def decide(pods: Sequence[PodFacts], started: float | None, timeout: int, now: float, *,
-           force: bool, empty_dir: bool, what: str) -> DrainDecision:
+def decide(
+    pods: Sequence[PodFacts],
+    started: float | None,
+    timeout: int,
+    now: float,
+    *,
+    force: bool,
+    empty_dir: bool,
+    what: str,
+) -> DrainDecision:
     """The drain of the chosen `pods` begun at `started` (None: not yet), `timeout` seconds (0: no
     limit); `what` names it in the messages ("drain", "GPU pod deletion", "GPU pod drain")."""
     if not pods:
@@ -156,13 +199,17 @@ def decide(pods: Sequence[PodFacts], started: float | None, timeout: int, now: f
     if blocker:
         return DrainDecision(FAILED, f"{what} refused: {blocker}")
     if started is None:
-        return DrainDecision(WAIT, start=str(int(now)), evict=tuple(pods), message=f"Scheduling {what} of the node")
+        return DrainDecision(
+            WAIT, start=str(int(now)), evict=tuple(pods), message=f"Scheduling {what} of the node"
+        )
     if timeout > 0 and now - started > timeout:
         blocked = sorted({p.blocked_by for p in pods if p.blocked_by})
         if blocked:
             pdb = ", ".join(blocked)
             names = ", ".join(f"{p.namespace}/{p.name}" for p in pods if p.blocked_by)
-            return DrainDecision(FAILED, f"{what} blocked by PodDisruptionBudget {pdb} (pod {names}) for {timeout}s")
+            return DrainDecision(
+                FAILED, f"{what} blocked by PodDisruptionBudget {pdb} (pod {names}) for {timeout}s"
+            )
         names = ", ".join(f"{p.namespace}/{p.name}" for p in pods)
         return DrainDecision(FAILED, f"{what} timed out after {timeout}s with pods left: {names}")
     return DrainDecision(WAIT, evict=tuple(p for p in pods if not p.terminating))

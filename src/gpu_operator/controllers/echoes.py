@@ -22,8 +22,11 @@ DROPPED = ("resourceVersion", "managedFields")
 
 def _without_status(body: Mapping[str, Any]) -> str:
     meta = {k: v for k, v in (body.get("metadata") or {}).items() if k not in DROPPED}
-    return json.dumps({**{k: v for k, v in body.items() if k not in ("status", "metadata")}, "metadata": meta},
-                      sort_keys=True, default=str)
+    return json.dumps(
+        {**{k: v for k, v in body.items() if k not in ("status", "metadata")}, "metadata": meta},
+        sort_keys=True,
+        default=str,
+    )
 
 
 class StatusEchoes:

@@ -62,8 +62,10 @@ def claim_keys(pod: Mapping[str, Any]) -> list[ClaimKey]:
     """The ResourceClaims a pod's claims resolve to: a named claim, or the one generated from a
     template (its name in status.resourceClaimStatuses); none yet for a claim not created."""
     namespace = (pod.get("metadata") or {}).get("namespace", "")
-    generated = {s.get("name"): s.get("resourceClaimName")
-                 for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    generated = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
     keys = []
     for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
         name = entry.get("resourceClaimName") or generated.get(entry.get("name"))
@@ -104,10 +106,14 @@ class RuntimeAccess:
 
     @classmethod
     def of(cls, spec: ClusterPolicySpec) -> RuntimeAccess:
-        explicit = next((e.value for name in SET_AS_DEFAULT for e in spec.toolkit.env or [] if e.name == name), None)
+        explicit = next(
+            (e.value for name in SET_AS_DEFAULT for e in spec.toolkit.env or [] if e.name == name), None
+        )
         default = explicit.strip().lower() == "true" if explicit is not None else not spec.cdi.on()
-        return cls(classes=frozenset((spec.operator.runtimeClass, *CDI_CLASSES)),
-                   env_alone=not spec.toolkit.on() or default)
+        return cls(
+            classes=frozenset((spec.operator.runtimeClass, *CDI_CLASSES)),
+            env_alone=not spec.toolkit.on() or default,
+        )
 
 
 def runtime_access(policy: ClusterPolicyView | None) -> RuntimeAccess:
@@ -140,11 +146,14 @@ def reaches_gpu_by_runtime(pod: Mapping[str, Any], access: RuntimeAccess) -> boo
 
 def _is_off(container: Mapping[str, Any]) -> bool:
     """NVIDIA_VISIBLE_DEVICES set to void, none or empty: the runtime gives this container no GPU."""
-    return any(e.get("name") == VISIBLE_DEVICES for e in container.get("env") or []) \
+    return (
+        any(e.get("name") == VISIBLE_DEVICES for e in container.get("env") or [])
         and _devices(container) in NO_DEVICES
+    )
 
 
-def holds_gpu(pod: Mapping[str, Any], access: RuntimeAccess,
-              claims: Mapping[ClaimKey, Mapping[str, Any]] | None) -> bool:
+def holds_gpu(
+    pod: Mapping[str, Any], access: RuntimeAccess, claims: Mapping[ClaimKey, Mapping[str, Any]] | None
+) -> bool:
     """Whether the pod holds GPUs of its node, by any of the ways above."""
     return requests_gpu(pod) or holds_gpu_claim(pod, claims) or reaches_gpu_by_runtime(pod, access)

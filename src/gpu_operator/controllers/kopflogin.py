@@ -42,7 +42,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             namespace = handle.read().strip() or None
     ca = f"{SERVICE_ACCOUNT}/ca.crt"
     settings = kwargs.get("settings")
-    return kopf.ConnectionInfo(server=server, ca_path=ca if os.path.exists(ca) else None, token=token or None,
-                               default_namespace=namespace,
-                               trust_env=bool(settings.networking.trust_env) if settings else True,
-                               priority=20)  # kopf's rank for service-account logins
+    return kopf.ConnectionInfo(
+        server=server,
+        ca_path=ca if os.path.exists(ca) else None,
+        token=token or None,
+        default_namespace=namespace,
+        trust_env=bool(settings.networking.trust_env) if settings else True,
+        priority=20,
+    )  # kopf's rank for service-account logins

@@ -67,9 +67,12 @@ class LeaderElector:
             if err.status.code != 404:
                 raise
             WRITES.labels("create", "Lease").inc()
-            await self.client.create(Lease(
-                metadata=ObjectMeta(name=self.name, namespace=self.namespace),
-                spec=self._spec(now, transitions=0, acquired=now)))
+            await self.client.create(
+                Lease(
+                    metadata=ObjectMeta(name=self.name, namespace=self.namespace),
+                    spec=self._spec(now, transitions=0, acquired=now),
+                )
+            )
             return True
         took = asyncio.get_running_loop().time() - read_from
         if took > self.retry_period:
@@ -95,8 +98,13 @@ class LeaderElector:
         return True
 
     def _spec(self, now: dt.datetime, transitions: int, acquired: dt.datetime) -> LeaseSpec:
-        return LeaseSpec(holderIdentity=self.identity, leaseDurationSeconds=int(self.lease_duration),
-                         acquireTime=acquired, renewTime=now, leaseTransitions=transitions)
+        return LeaseSpec(
+            holderIdentity=self.identity,
+            leaseDurationSeconds=int(self.lease_duration),
+            acquireTime=acquired,
+            renewTime=now,
+            leaseTransitions=transitions,
+        )
 
     def leading(self) -> bool:
         """The write fence: True only while the lease we last renewed cannot have run out. A
@@ -166,7 +174,9 @@ class LeaderElector:
             if delete and lease.spec and lease.spec.holderIdentity == self.identity:
                 WRITES.labels("delete", "Lease").inc()
                 await self.client.delete(Lease, self.name, namespace=self.namespace)
-                log.info("leader election: deleted lease %s (no ClusterPolicy or NVIDIADriver left)", self.name)
+                log.info(
+                    "leader election: deleted lease %s (no ClusterPolicy or NVIDIADriver left)", self.name
+                )
             elif lease.spec and lease.spec.holderIdentity == self.identity:
                 lease.spec.holderIdentity = ""
                 lease.spec.renewTime = _now() - dt.timedelta(seconds=self.lease_duration + 1)

@@ -39,9 +39,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpu_operator.controllers")
 
-PASSES = Counter("gpu_operator_controller_passes", "Passes of each controller loop, by result (ok, error)",
-                 ["loop", "result"])
-PASS_SECONDS = Gauge("gpu_operator_controller_pass_duration_seconds", "How long each loop's last pass took", ["loop"])
+PASSES = Counter(
+    "gpu_operator_controller_passes",
+    "Passes of each controller loop, by result (ok, error)",
+    ["loop", "result"],
+)
+PASS_SECONDS = Gauge(
+    "gpu_operator_controller_pass_duration_seconds", "How long each loop's last pass took", ["loop"]
+)
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Result:
 
 
 # -- the events a unit may want -------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class NodeEvent:
@@ -74,7 +80,9 @@ class EventKind(enum.Enum):
     OWNED = "owned"  # an object of a kind the operator owns (DaemonSets, ConfigMaps ...)
     DRIVER_POD = "driver pod"
     GFD_FEATURES = "GFD NodeFeature"
-    PLUGIN_CONFIG = "devicePlugin.config ConfigMap"  # the user's ConfigMap the plugins read (kube/configwatch.py)
+    PLUGIN_CONFIG = (
+        "devicePlugin.config ConfigMap"  # the user's ConfigMap the plugins read (kube/configwatch.py)
+    )
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,15 @@ class NodeQueue:
         dirty, self.dirty = self.dirty, set()
         return dirty
 
-    async def each(self, names: Iterable[str], limit: int, work: Callable[[str], Awaitable[None]],
-                   report: NodePass, what: str, logger: logging.Logger) -> None:
+    async def each(
+        self,
+        names: Iterable[str],
+        limit: int,
+        work: Callable[[str], Awaitable[None]],
+        report: NodePass,
+        what: str,
+        logger: logging.Logger,
+    ) -> None:
         """Run `work` for each node, at most `limit` at once; a node whose work raises is logged,
         named in `report.failed` and queued again: one node's failure never stops the others.
         `limit` workers take the nodes in turn, each letting the event loop run between two nodes:

@@ -30,29 +30,39 @@ from gpu_operator.controllers.units.labels import LabelUnit
 from gpu_operator.controllers.units.mig import MIGUnit
 from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
 from gpu_operator.controllers.units.upgrade import UpgradeUnit
-from gpu_operator.controllers.views import SERVICE_MONITOR, NodeView
+from gpu_operator.controllers.views import NodeView
 from gpu_operator.controllers.watches import Watches
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.configwatch import ConfigMapWatch
-from gpu_operator.vocabulary import NODE_FEATURE_GROUP, NODE_FEATURE_PLURAL
 
 log = logging.getLogger("gpu_operator.operator")
 
 
 class Manager:
-    def __init__(self, kube: Kube, environment: Environment, settings: OperatorSettings | None = None) -> None:
+    def __init__(
+        self, kube: Kube, environment: Environment, settings: OperatorSettings | None = None
+    ) -> None:
         self.kube = kube
         self.settings = settings = settings or OperatorSettings()
         self.stop = asyncio.Event()
-        self.nodes = NodeReflector(kube.http, kube.streams, self._node_changed, backoff=settings.watch_backoff,
-                                   page_size=settings.watch_chunk_size, server_timeout=settings.watch_server_timeout,
-                                   connect_timeout=settings.watch_connect_timeout)
+        self.nodes = NodeReflector(
+            kube.http,
+            kube.streams,
+            self._node_changed,
+            backoff=settings.watch_backoff,
+            page_size=settings.watch_chunk_size,
+            server_timeout=settings.watch_server_timeout,
+            connect_timeout=settings.watch_connect_timeout,
+        )
         self.model = model = ReadModel(environment.namespace, node_map=self.nodes.views)
         self.watches = Watches(model, settings, self.dispatch, kube.statuses_written.get, self.stop.set)
         # the user's devicePlugin.config ConfigMap, by name (kopf's ConfigMap watch sees only ours)
-        self.plugin_config = ConfigMapWatch(kube, environment.namespace,
-                                            lambda _name: self.dispatch(ObjectEvent(EventKind.PLUGIN_CONFIG)),
-                                            settings.watch_backoff.delay)
+        self.plugin_config = ConfigMapWatch(
+            kube,
+            environment.namespace,
+            lambda _name: self.dispatch(ObjectEvent(EventKind.PLUGIN_CONFIG)),
+            settings.watch_backoff.delay,
+        )
         images = environment.images
         self.labels = LabelUnit(kube, settings, model)
         labels_first = self._labels_first
@@ -62,13 +72,22 @@ class Manager:
             UpgradeUnit(kube, settings, model, labels_first),
             GPUClusterUnit(kube, settings, model, images),
             self.labels,
-            HealthUnit(model.nodes, model.node, model.health_spec, kube, settings=settings,
-                       device_taints=DeviceTaints(kube, model.gpucluster_owner),
-                       runtime=lambda: runtime_access(model.active_policy()), namespace=model.namespace),
+            HealthUnit(
+                model.nodes,
+                model.node,
+                model.health_spec,
+                kube,
+                settings=settings,
+                device_taints=DeviceTaints(kube, model.gpucluster_owner),
+                runtime=lambda: runtime_access(model.active_policy()),
+                namespace=model.namespace,
+            ),
             MIGUnit(kube, settings, model),
         ]
-        self.loops = [UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]
-                      for unit in units]
+        self.loops = [
+            UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]
+            for unit in units
+        ]
         self.nodes_synced = asyncio.Event()
 
     def _labels_first(self) -> bool:
@@ -102,8 +121,12 @@ class Manager:
         self.nodes_synced.set()
         await task
 
-    async def _ready_when(self, kopf_ready: asyncio.Event, ready: asyncio.Event | None,
-                          on_kopf_started: Callable[[], None] | None) -> None:
+    async def _ready_when(
+        self,
+        kopf_ready: asyncio.Event,
+        ready: asyncio.Event | None,
+        on_kopf_started: Callable[[], None] | None,
+    ) -> None:
         """Ready once kopf has started and the Node reflector has its first list."""
         await kopf_ready.wait()
         if on_kopf_started is not None:
@@ -112,41 +135,38 @@ class Manager:
         if ready is not None:
             ready.set()
 
-    def _watch_optional(self, info: ClusterInfo) -> None:
-        if info.servicemonitor_crd:
-            # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
-            # when its state is disabled. A CRD installed later is seen at the next start.
-            self.watches.watch_owned(SERVICE_MONITOR)
-        if not self.settings.gfd_node_labels:
-            return
-        if info.node_feature_crd:
-            self.watches.watch_gfd_features()
-        else:
-            log.warning("GPU feature discovery's labels will not reach the Nodes: the NodeFeature CRD "
-                        "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
-                        "does) or NFD, then restart the operator", NODE_FEATURE_PLURAL, NODE_FEATURE_GROUP)
-
-    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None,
-                  on_kopf_started: Callable[[], None] | None = None) -> None:
+    async def run(
+        self,
+        stop: asyncio.Event,
+        ready: asyncio.Event | None = None,
+        on_kopf_started: Callable[[], None] | None = None,
+    ) -> None:
         self.stop = stop
         info = await ClusterInfo.discover(self.kube, stop, self.settings.discovery_backoff)
         if info is None:
             return
         self.model.info = info
-        self._watch_optional(info)
+        self.watches.watch_discovered(info, gfd_node_labels=self.settings.gfd_node_labels)
         kopf_ready = asyncio.Event()
-        tasks = [asyncio.create_task(self._reflect_nodes(stop), name="node-reflector"),
-                 asyncio.create_task(self._ready_when(kopf_ready, ready, on_kopf_started), name="readiness"),
-                 asyncio.create_task(metrics.sample_loop_lag(), name="event-loop-lag"),
-                 *(asyncio.create_task(loop.run(self.ready), name=loop.name) for loop in self.loops)]
+        tasks = [
+            asyncio.create_task(self._reflect_nodes(stop), name="node-reflector"),
+            asyncio.create_task(self._ready_when(kopf_ready, ready, on_kopf_started), name="readiness"),
+            asyncio.create_task(metrics.sample_loop_lag(), name="event-loop-lag"),
+            *(asyncio.create_task(loop.run(self.ready), name=loop.name) for loop in self.loops),
+        ]
         tasks.append(asyncio.create_task(cancel_at_stop(stop, list(tasks)), name="cancel-at-stop"))
         try:
             # Namespaced kinds are watched in the operator's namespace only (least privilege: the
             # chart grants no cluster-wide reads of ConfigMaps or Secrets); cluster-scoped kinds
             # (nodes, ClusterPolicies, ClusterRoles, RuntimeClasses) are watched whole.
-            await kopf.operator(registry=self.watches.registry, clusterwide=False,
-                                namespaces=[self.model.namespace], standalone=True, stop_flag=stop,
-                                ready_flag=kopf_ready)
+            await kopf.operator(
+                registry=self.watches.registry,
+                clusterwide=False,
+                namespaces=[self.model.namespace],
+                standalone=True,
+                stop_flag=stop,
+                ready_flag=kopf_ready,
+            )
         finally:
             for task in tasks:
                 task.cancel()

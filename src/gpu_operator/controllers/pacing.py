@@ -59,8 +59,9 @@ class AdaptiveLimit:
         self.recent.append(latency)
         if len(self.recent) > self.window:
             self.recent.popleft()
-        self.smoothed = latency if self.smoothed is None else (
-            self.smoothed + (latency - self.smoothed) * self.smoothing)
+        self.smoothed = (
+            latency if self.smoothed is None else (self.smoothed + (latency - self.smoothed) * self.smoothing)
+        )
         if self.smoothed > self.tolerance * self.baseline:
             self._decrease(0.9, floor=self.initial if self.floor is None else self.floor)
         elif code < 400:  # refusals (403, 409) say nothing about capacity: no growth on them
@@ -83,8 +84,12 @@ class AdaptiveGate:
     """At most `limit.allowed` bodies inside `slot()` at once; each slot's latency and outcome feed
     the limit. `slot()` yields a one-item list: set `[code]` to the answer's HTTP status when not 200."""
 
-    def __init__(self, limit: AdaptiveLimit, clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        limit: AdaptiveLimit,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[int], None] | None = None,
+    ) -> None:
         self.limit = limit
         self.clock = clock
         self.in_flight = 0

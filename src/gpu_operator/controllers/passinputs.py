@@ -13,8 +13,9 @@ from gpu_operator.kube.configwatch import content_hash
 class ObjectReader(Protocol):
     """What reading an object takes: a Kube, or `ReadOnce` over one."""
 
-    async def get_dict(self, api_version: str, kind: str, name: str,
-                       namespace: str | None = None) -> dict[str, Any] | None: ...
+    async def get_dict(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None: ...
 
 
 class ReadOnce:
@@ -25,24 +26,31 @@ class ReadOnce:
         self.kube = kube
         self.seen: dict[tuple[str, str, str, str | None], dict[str, Any] | None] = {}
 
-    async def get_dict(self, api_version: str, kind: str, name: str,
-                       namespace: str | None = None) -> dict[str, Any] | None:
+    async def get_dict(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         key = (api_version, kind, name, namespace)
         if key not in self.seen:
             self.seen[key] = await self.kube.get_dict(api_version, kind, name, namespace=namespace)
         return self.seen[key]
 
 
-async def configmap_keys(kube: ObjectReader, policy: ClusterPolicy, namespace: str) -> dict[str, tuple[str, ...]]:
+async def configmap_keys(
+    kube: ObjectReader, policy: ClusterPolicy, namespace: str
+) -> dict[str, tuple[str, ...]]:
     """Keys of the user's ConfigMaps the driver mounts file by file (repo, certs, modules): the
     one read a reconcile makes besides the caches (user ConfigMaps are not watched). A missing
     ConfigMap is left out: rendering then names the field that refers to it."""
     driver = policy.spec.driver
-    names = {ref for ref in (
-        driver.repoConfig.configMapName if driver.repoConfig else None,
-        driver.certConfig.name if driver.certConfig else None,
-        driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
-    ) if ref}
+    names = {
+        ref
+        for ref in (
+            driver.repoConfig.configMapName if driver.repoConfig else None,
+            driver.certConfig.name if driver.certConfig else None,
+            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
+        )
+        if ref
+    }
     keys: dict[str, tuple[str, ...]] = {}
     for name in sorted(names):
         found = await kube.get_dict("v1", "ConfigMap", name, namespace=namespace)

@@ -70,8 +70,9 @@ def effective_owners(routing: Routing, nodes: Iterable[NodeView]) -> dict[str, s
     return owners
 
 
-def node_drivers(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView],
-                 pods: Iterable[DriverPodView]) -> dict[str, NodeDriver]:
+def node_drivers(
+    drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView], pods: Iterable[DriverPodView]
+) -> dict[str, NodeDriver]:
     """Per GPU node, what node labelling needs: owner, conflict, owner's auto-upgrade, orphaned pod."""
     by_name = {d.metadata.name: d for d in drivers}
     nodes = list(nodes)
@@ -83,9 +84,12 @@ def node_drivers(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView],
             continue
         owner = routing.owners.get(node.name)
         policy = by_name[owner].spec.upgradePolicy if owner else None
-        out[node.name] = NodeDriver(owner=owner, conflict=node.name in routing.conflicts,
-                                    auto_upgrade=policy.autoUpgrade if policy else True,
-                                    orphaned_driver_pod=node.name in orphaned)
+        out[node.name] = NodeDriver(
+            owner=owner,
+            conflict=node.name in routing.conflicts,
+            auto_upgrade=policy.autoUpgrade if policy else True,
+            orphaned_driver_pod=node.name in orphaned,
+        )
     return out
 
 
@@ -108,6 +112,11 @@ def upgrade_groups(drivers: Iterable[NVIDIADriver], nodes: Iterable[NodeView]) -
         owner = node.labels.get(DRIVER_OWNER)
         if owner:
             owned.setdefault(owner, []).append(node.name)
-    return [UpgradeGroup(d.metadata.name, d.spec.upgradePolicy or NVIDIADriverUpgradePolicy(),
-                         tuple(sorted(owned.get(d.metadata.name, []))))
-            for d in sorted(drivers, key=lambda d: d.metadata.name)]
+    return [
+        UpgradeGroup(
+            d.metadata.name,
+            d.spec.upgradePolicy or NVIDIADriverUpgradePolicy(),
+            tuple(sorted(owned.get(d.metadata.name, []))),
+        )
+        for d in sorted(drivers, key=lambda d: d.metadata.name)
+    ]

@@ -39,7 +39,12 @@ from gpu_operator.controllers.views import (
 
 # kopf's index ids, by what they hold
 POLICIES, DRIVERS, GPUCLUSTERS, DRIVER_PODS, GFD_FEATURES = (
-    "policies", "drivers", "gpuclusters", "driver_pods", "gfd_features")
+    "policies",
+    "drivers",
+    "gpuclusters",
+    "driver_pods",
+    "gfd_features",
+)
 
 
 def owned_index(kind: OwnedKind) -> str:
@@ -77,9 +82,16 @@ class ReadModel:
 
     def snapshot(self) -> ReadSnapshot:
         """One pass's frozen view of everything the reconciling units read (`ReadSnapshot`)."""
-        return ReadSnapshot(self.namespace, self.info, tuple(self.policies()), tuple(self.drivers()),
-                            tuple(self.gpuclusters()), tuple(self.node_map.values()), self.owned(),
-                            self.watched_kinds)
+        return ReadSnapshot(
+            self.namespace,
+            self.info,
+            tuple(self.policies()),
+            tuple(self.drivers()),
+            tuple(self.gpuclusters()),
+            tuple(self.node_map.values()),
+            self.owned(),
+            self.watched_kinds,
+        )
 
     # -- nodes -------------------------------------------------------------------------------------
 
@@ -118,7 +130,11 @@ class ReadModel:
         if self.policies():
             return None
         view = next((v for v in self.gpuclusters() if v.name == SINGLETON), None)
-        if view is None or view.parsed.model is None or view.body.get("metadata", {}).get("deletionTimestamp"):
+        if (
+            view is None
+            or view.parsed.model is None
+            or view.body.get("metadata", {}).get("deletionTimestamp")
+        ):
             return None
         return view
 
@@ -137,8 +153,12 @@ class ReadModel:
         view = self.active_gpucluster()
         if view is None:
             return None
-        return {"apiVersion": f"{GPUCLUSTER_GROUP}/{GPUCLUSTER_VERSION}", "kind": GPUCLUSTER_KIND,
-                "name": view.name, "uid": view.uid}
+        return {
+            "apiVersion": f"{GPUCLUSTER_GROUP}/{GPUCLUSTER_VERSION}",
+            "kind": GPUCLUSTER_KIND,
+            "name": view.name,
+            "uid": view.uid,
+        }
 
     def valid_drivers(self) -> tuple[dict[str, NVIDIADriver], dict[str, str]]:
         """Valid NVIDIADrivers by name, and the invalid ones' errors naming the field."""

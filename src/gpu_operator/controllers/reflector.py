@@ -28,20 +28,42 @@ def view_of(node: SlimNode) -> NodeView:
     info = node.status.nodeInfo if node.status is not None else None
     conditions = (node.status.conditions if node.status is not None else None) or []
     return NodeView.of_parts(
-        meta.name, interned(meta.labels or {}), meta.annotations or {},
+        meta.name,
+        interned(meta.labels or {}),
+        meta.annotations or {},
         runtime=sys.intern(info.containerRuntimeVersion) if info else "",
         kernel=sys.intern(info.kernelVersion) if info else "",
         kubelet=sys.intern(info.kubeletVersion) if info else "",
         unschedulable=node.spec.unschedulable if node.spec else False,
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions), seen=time.monotonic(),
-        taints=kept_taints(node.spec.taints if node.spec else None), gpu_condition=gpu_condition(conditions),
-        mig_condition=mig_condition(conditions))
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        seen=time.monotonic(),
+        taints=kept_taints(node.spec.taints if node.spec else None),
+        gpu_condition=gpu_condition(conditions),
+        mig_condition=mig_condition(conditions),
+    )
 
 
 class NodeReflector(NodeWatch[NodeView]):
-    def __init__(self, http: httpx2.AsyncClient, streams: LineStreams, on_change: OnChange[NodeView], *,
-                 backoff: Backoff | None = None, page_size: int = 500, server_timeout: float = 300,
-                 connect_timeout: float = 30, path: str = NODES_PATH) -> None:
-        super().__init__(http, streams, on_change, view_of, delay=(backoff or OperatorSettings().watch_backoff).delay,
-                         page_size=page_size, server_timeout=server_timeout, connect_timeout=connect_timeout,
-                         path=path)
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        streams: LineStreams,
+        on_change: OnChange[NodeView],
+        *,
+        backoff: Backoff | None = None,
+        page_size: int = 500,
+        server_timeout: float = 300,
+        connect_timeout: float = 30,
+        path: str = NODES_PATH,
+    ) -> None:
+        super().__init__(
+            http,
+            streams,
+            on_change,
+            view_of,
+            delay=(backoff or OperatorSettings().watch_backoff).delay,
+            page_size=page_size,
+            server_timeout=server_timeout,
+            connect_timeout=connect_timeout,
+            path=path,
+        )

@@ -20,8 +20,14 @@ from gpu_operator.kube.client import Kube
 log = logging.getLogger("gpu_operator")
 
 
-async def run(environment: Environment, kubeconfig: str | None, leader_elect: bool, metrics_address: str,
-              health_address: str, settings: OperatorSettings | None = None) -> int:
+async def run(
+    environment: Environment,
+    kubeconfig: str | None,
+    leader_elect: bool,
+    metrics_address: str,
+    health_address: str,
+    settings: OperatorSettings | None = None,
+) -> int:
     settings = settings or OperatorSettings()
     namespace = environment.namespace
     if kubeconfig:
@@ -37,12 +43,15 @@ async def run(environment: Environment, kubeconfig: str | None, leader_elect: bo
     standby = asyncio.Event()
     health = ApiHealth(kube, period=settings.apiserver_probe_period)
     prober = asyncio.create_task(health.watch(stop), name="apiserver-probe")
-    runners = await metrics.serve(metrics_address, health_address,
-                                  lambda: (ready.is_set() or standby.is_set()) and health.ok)
+    runners = await metrics.serve(
+        metrics_address, health_address, lambda: (ready.is_set() or standby.is_set()) and health.ok
+    )
     elector = None
     try:
         if leader_elect:
-            elector = LeaderElector(kube.lease_client(namespace, LEASE_NAME), namespace, identity(), settings=settings)
+            elector = LeaderElector(
+                kube.lease_client(namespace, LEASE_NAME), namespace, identity(), settings=settings
+            )
             kube.fence = elector.leading
             standby.set()
             acquired = await elector.acquire(stop)
@@ -81,6 +90,7 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals):  # type: ignore[no-untyp
     def handler() -> None:
         log.info("received %s: shutting down", sig.name)
         stop.set()
+
     return handler
 
 

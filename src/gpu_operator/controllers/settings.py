@@ -21,7 +21,7 @@ class Backoff:
         exponent = max(0, failures - 1)
         if exponent >= 64:  # 2**64 seconds is past any cap
             return self.cap
-        return float(min(self.cap, self.initial * 2.0 ** exponent))
+        return float(min(self.cap, self.initial * 2.0**exponent))
 
 
 @dataclass(frozen=True)
@@ -184,5 +184,6 @@ class OperatorSettings:
     @classmethod
     def with_renew_deadline(cls, renew_deadline: float, **changes: Any) -> OperatorSettings:
         """The CLI's `--leader-lease-renew-deadline`: the Lease lasts 5 s longer than the deadline."""
-        return replace(cls(leader_renew_deadline=renew_deadline, leader_lease_duration=renew_deadline + 5),
-                       **changes)
+        return replace(
+            cls(leader_renew_deadline=renew_deadline, leader_lease_duration=renew_deadline + 5), **changes
+        )

@@ -43,8 +43,12 @@ from gpu_operator.vocabulary import (
 UPGRADE_ANNOTATIONS = (UPGRADE_ENABLED_ANNOTATION,)
 # What the node labeller and the KubeVirt sync read: the upgrade switch, a mixed node's passthrough
 # list, the probe's published GPU facts, the GFD labels the labeller wrote (controllers/units/labels/gfdlabels.py).
-KEPT_ANNOTATIONS = (*UPGRADE_ANNOTATIONS, PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION,
-                    GFD_LABELS_ANNOTATION)
+KEPT_ANNOTATIONS = (
+    *UPGRADE_ANNOTATIONS,
+    PASSTHROUGH_DEVICES_ANNOTATION,
+    PROBE_FACTS_ANNOTATION,
+    GFD_LABELS_ANNOTATION,
+)
 M = TypeVar("M", bound=pydantic.BaseModel)
 # GPU health: the agent's report (nvidia.com/gpu-health.report) and the remediation state
 # machine's annotations (controllers/units/health/machine.py) share this prefix.
@@ -55,15 +59,20 @@ def kept_annotation(key: str) -> bool:
     """One of KEPT_ANNOTATIONS, or one the driver upgrade, the GPU health state machine or the MIG
     unit reads and writes."""
     return key in KEPT_ANNOTATIONS or key.startswith(
-        (UPGRADE_ANNOTATION_PREFIX, HEALTH_ANNOTATION_PREFIX, MIG_ANNOTATION_PREFIX))
+        (UPGRADE_ANNOTATION_PREFIX, HEALTH_ANNOTATION_PREFIX, MIG_ANNOTATION_PREFIX)
+    )
 
 
 def is_relevant_label(key: str) -> bool:
     """The label keys the operator keeps in memory per node (everything else is dropped)."""
-    return key.startswith(f"{NVIDIA}/") or key in NFD_GPU_LABELS or key.startswith(
-        NFD_PREFIX + "system-os_release.") or key == KERNEL_FULL or key.startswith(NFD_DEVICE_LABEL_PREFIX) \
-        or key == MICROK8S_LABEL \
-        or key == NFD_HYPERVISOR  # the runtime's distribution (render/distributions.py); a VM guest (guestnvlink.py)
+    return (
+        key.startswith(f"{NVIDIA}/")
+        or key in NFD_GPU_LABELS
+        or key.startswith(NFD_PREFIX + "system-os_release.")
+        or key.startswith(NFD_DEVICE_LABEL_PREFIX)
+        # the kernel; the runtime's distribution (render/distributions.py); a VM guest (guestnvlink.py)
+        or key in (KERNEL_FULL, MICROK8S_LABEL, NFD_HYPERVISOR)
+    )
 
 
 def kept_taint(key: str) -> bool:
@@ -79,8 +88,11 @@ def kept_taints(taints: Any) -> Taints:
     """The kept taints of a Node's spec.taints (dicts, or objects with key/effect/value)."""
     out = []
     for t in taints or ():
-        key, effect, value = (t.get("key"), t.get("effect"), t.get("value")) if isinstance(t, dict) else (
-            t.key, t.effect, t.value)
+        key, effect, value = (
+            (t.get("key"), t.get("effect"), t.get("value"))
+            if isinstance(t, dict)
+            else (t.key, t.effect, t.value)
+        )
         if key and kept_taint(key):
             out.append((sys.intern(key), sys.intern(effect or ""), value or ""))
     return tuple(sorted(out))
@@ -90,8 +102,11 @@ def gpu_condition(conditions: Any, kind: str = HEALTH_CONDITION) -> GPUCondition
     """NvidiaGPUReady's (or the condition `kind`'s) (status, reason, message) among a Node's
     conditions (dicts or objects)."""
     for c in conditions or ():
-        fields = (c.get("type"), c.get("status"), c.get("reason"), c.get("message")) if isinstance(c, dict) else (
-            c.type, c.status, c.reason, c.message)
+        fields = (
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+            if isinstance(c, dict)
+            else (c.type, c.status, c.reason, c.message)
+        )
         if fields[0] == kind:
             return (fields[1] or "", fields[2] or "", fields[3] or "")
     return None
@@ -167,29 +182,55 @@ class NodeView:
         meta = body.get("metadata", {})
         info = (body.get("status") or {}).get("nodeInfo") or {}
         return cls.of_parts(
-            meta["name"], meta.get("labels") or {}, meta.get("annotations") or {},
-            runtime=info.get("containerRuntimeVersion", ""), kernel=info.get("kernelVersion", ""),
+            meta["name"],
+            meta.get("labels") or {},
+            meta.get("annotations") or {},
+            runtime=info.get("containerRuntimeVersion", ""),
+            kernel=info.get("kernelVersion", ""),
             kubelet=info.get("kubeletVersion", ""),
             unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
-            ready=any(c.get("type") == "Ready" and c.get("status") == "True"
-                      for c in (body.get("status") or {}).get("conditions") or []),
+            ready=any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (body.get("status") or {}).get("conditions") or []
+            ),
             taints=kept_taints((body.get("spec") or {}).get("taints")),
             gpu_condition=gpu_condition((body.get("status") or {}).get("conditions")),
-            mig_condition=mig_condition((body.get("status") or {}).get("conditions")))
+            mig_condition=mig_condition((body.get("status") or {}).get("conditions")),
+        )
 
     @classmethod
-    def of_parts(cls, name: str, labels: dict[str, str], annotations: dict[str, str], *, runtime: str = "",
-                 kernel: str = "", kubelet: str = "", unschedulable: bool = False, ready: bool = False, seen: float = 0.0,
-                 taints: Taints = (), gpu_condition: GPUCondition | None = None,
-                 mig_condition: GPUCondition | None = None) -> NodeView:
+    def of_parts(
+        cls,
+        name: str,
+        labels: dict[str, str],
+        annotations: dict[str, str],
+        *,
+        runtime: str = "",
+        kernel: str = "",
+        kubelet: str = "",
+        unschedulable: bool = False,
+        ready: bool = False,
+        seen: float = 0.0,
+        taints: Taints = (),
+        gpu_condition: GPUCondition | None = None,
+        mig_condition: GPUCondition | None = None,
+    ) -> NodeView:
         """From a Node's fields (a body, or the Node watch's decoded node): only the labels and
         annotations the operator reads are kept in `labels`/`annotations`."""
         return cls(
             name=name,
             labels={k: v for k, v in labels.items() if is_relevant_label(k)},
             annotations={k: v for k, v in annotations.items() if kept_annotation(k)},
-            runtime=runtime, kernel=kernel, kubelet=kubelet, selectable=dict(labels), unschedulable=unschedulable, ready=ready,
-            seen=seen, taints=taints, gpu_condition=gpu_condition, mig_condition=mig_condition,
+            runtime=runtime,
+            kernel=kernel,
+            kubelet=kubelet,
+            selectable=dict(labels),
+            unschedulable=unschedulable,
+            ready=ready,
+            seen=seen,
+            taints=taints,
+            gpu_condition=gpu_condition,
+            mig_condition=mig_condition,
         )
 
     # Cached (a view is replaced, not changed): each ClusterPolicy pass asks them of every node.
@@ -210,9 +251,15 @@ class NodeView:
     def facts(self) -> NodeFacts:
         """The renderer's facts of this node, built once per view: a view is replaced, not
         changed, when the node changes, and every reconcile reads the facts of every node."""
-        return NodeFacts(self.name, self.labels, runtime_version=self.runtime, kernel_version=self.kernel,
-                         kubelet_version=self.kubelet, probe_runtime=probe_runtime(self.annotations),
-                         mixed=passthrough_list(self.annotations) is not None)
+        return NodeFacts(
+            self.name,
+            self.labels,
+            runtime_version=self.runtime,
+            kernel_version=self.kernel,
+            kubelet_version=self.kubelet,
+            probe_runtime=probe_runtime(self.annotations),
+            mixed=passthrough_list(self.annotations) is not None,
+        )
 
 
 @dataclass(frozen=True)
@@ -233,8 +280,13 @@ class CRView(Generic[M]):
     def of(cls, body: Any) -> Self:
         meta = body.get("metadata", {})
         plain = json.loads(json.dumps(dict(body)))
-        return cls(meta["name"], meta["uid"], int(meta.get("generation", 0)),
-                   meta.get("creationTimestamp", ""), plain)
+        return cls(
+            meta["name"],
+            meta["uid"],
+            int(meta.get("generation", 0)),
+            meta.get("creationTimestamp", ""),
+            plain,
+        )
 
     @property
     def status(self) -> dict[str, Any]:
@@ -312,14 +364,24 @@ class OwnedView:
         readiness = None
         if kind in ("DaemonSet", "Deployment"):
             # Exactly what status.daemonset_ready and status.deployment_ready read.
-            readiness = {"metadata": {"generation": meta.get("generation", 0)},
-                         "status": dict(body.get("status") or {})}
-        pod = (((body.get("spec") or {}).get("template") or {}).get("spec") or {}) if kind == "DaemonSet" else {}
+            readiness = {
+                "metadata": {"generation": meta.get("generation", 0)},
+                "status": dict(body.get("status") or {}),
+            }
+        pod = (
+            (((body.get("spec") or {}).get("template") or {}).get("spec") or {})
+            if kind == "DaemonSet"
+            else {}
+        )
         return cls(
-            api_version=body.get("apiVersion", ""), kind=kind, name=meta["name"],
-            namespace=meta.get("namespace"), uid=meta.get("uid", ""),
-            owner_uids=tuple(ref.get("uid", "") for ref in meta.get("ownerReferences") or []
-                             if ref.get("controller")),
+            api_version=body.get("apiVersion", ""),
+            kind=kind,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            uid=meta.get("uid", ""),
+            owner_uids=tuple(
+                ref.get("uid", "") for ref in meta.get("ownerReferences") or [] if ref.get("controller")
+            ),
             applied_hash=(meta.get("annotations") or {}).get(HASH_ANNOTATION, ""),
             state=(meta.get("labels") or {}).get(STATE_LABEL, ""),
             readiness=readiness,
@@ -330,7 +392,6 @@ class OwnedView:
     @property
     def key(self) -> tuple[str, str, str | None, str]:
         return object_key(self.api_version, self.kind, self.namespace, self.name)
-
 
 
 DIGEST_ENV = "DRIVER_CONFIG_DIGEST"
@@ -381,14 +442,21 @@ class DriverPodView:
         statuses = status.get("containerStatuses") or []
         revision = (meta.get("labels") or {}).get(CONTROLLER_REVISION_HASH)
         # namespace, DaemonSet uid, revision and digest repeat on every node's pod: one string each
-        return cls(name=meta["name"], node=spec.get("nodeName") or "", running=status.get("phase") == "Running",
-                   orphaned=not owners,
-                   namespace=sys.intern(meta.get("namespace") or ""),
-                   daemonset=sys.intern(next((r.get("uid", "") for r in owners if r.get("kind") == "DaemonSet"), "")),
-                   revision=sys.intern(revision) if revision is not None else None,
-                   ready=pod_ready(body),
-                   restarts=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
-                   digest=sys.intern(config_digest(spec)), deleting=bool(meta.get("deletionTimestamp")))
+        return cls(
+            name=meta["name"],
+            node=spec.get("nodeName") or "",
+            running=status.get("phase") == "Running",
+            orphaned=not owners,
+            namespace=sys.intern(meta.get("namespace") or ""),
+            daemonset=sys.intern(
+                next((r.get("uid", "") for r in owners if r.get("kind") == "DaemonSet"), "")
+            ),
+            revision=sys.intern(revision) if revision is not None else None,
+            ready=pod_ready(body),
+            restarts=max((int(s.get("restartCount", 0)) for s in statuses), default=0),
+            digest=sys.intern(config_digest(spec)),
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
 
 
 OwnedKey = tuple[str, str, str | None, str]  # an owned object's (API group, kind, namespace, name)

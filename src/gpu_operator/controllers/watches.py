@@ -6,12 +6,14 @@ Nodes are not watched here: the Node reflector (controllers/reflector.py) does t
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, cast
 
 import kopf
 
 from gpu_operator.controllers import kopflogin
+from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.echoes import StatusEchoes
 from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent
 from gpu_operator.controllers.readmodel import (
@@ -27,6 +29,7 @@ from gpu_operator.controllers.reflector import interned
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
+    SERVICE_MONITOR,
     ClusterPolicyView,
     CRView,
     DriverPodView,
@@ -56,6 +59,8 @@ CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, EventKind],
 )
 DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
 
+log = logging.getLogger("gpu_operator.operator")  # the process's logger (controllers/manager.py)
+
 
 class Watched(NamedTuple):
     """One kind kopf watches: its resource (kopf's (group, version, plural), or (version, plural)
@@ -82,8 +87,14 @@ class Watches:
     """The kopf registry. `dispatch` receives every event; `indexed` is set at kopf's first event
     (its indices are in by then); `stop` is set when kopf caught a signal itself."""
 
-    def __init__(self, model: ReadModel, settings: OperatorSettings, dispatch: Callable[[Event], None],
-                 status_written: Callable[[tuple[str, str]], Any], stop: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        model: ReadModel,
+        settings: OperatorSettings,
+        dispatch: Callable[[Event], None],
+        status_written: Callable[[tuple[str, str]], Any],
+        stop: Callable[[], None],
+    ) -> None:
         self.model = model
         self.settings = settings
         self.dispatch = dispatch
@@ -134,8 +145,9 @@ class Watches:
         self.indexed.set()
         self.dispatch(event)
 
-    def _watch_cr(self, version: str, plural: str, kind: str, view: type[CRView[Any]], index: str,
-                  event_kind: EventKind) -> None:
+    def _watch_cr(
+        self, version: str, plural: str, kind: str, view: type[CRView[Any]], index: str, event_kind: EventKind
+    ) -> None:
         """Any event of one of our CRs is an event, except the echo of our own status write
         (controllers/echoes.py)."""
         echoes = StatusEchoes(lambda name: self.status_written((kind, name)))
@@ -154,8 +166,10 @@ class Watches:
 
     def _watch_driver_pods(self) -> None:
         """Driver pods (any owner, or none: the migration rule looks for orphaned ones)."""
-        async def indexed(body: kopf.Body, name: str, namespace: str | None,
-                          **_: Any) -> dict[tuple[str | None, str], DriverPodView]:
+
+        async def indexed(
+            body: kopf.Body, name: str, namespace: str | None, **_: Any
+        ) -> dict[tuple[str | None, str], DriverPodView]:
             return {(namespace, name): DriverPodView.of(body)}
 
         async def changed(body: kopf.Body, **_: Any) -> None:
@@ -164,6 +178,26 @@ class Watches:
         kopf.index("pods", id=DRIVER_PODS, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
         kopf.on.event("pods", labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
         self.watched.append(Watched(("v1", "pods"), DRIVER_PODS))
+
+    def watch_discovered(self, info: ClusterInfo, *, gfd_node_labels: bool) -> None:
+        """The watches that depend on what start-up discovery found: ServiceMonitors where their
+        CRD is served, GFD's NodeFeatures where theirs is and the operator mirrors GFD's labels."""
+        if info.servicemonitor_crd:
+            # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
+            # when its state is disabled. A CRD installed later is seen at the next start.
+            self.watch_owned(SERVICE_MONITOR)
+        if not gfd_node_labels:
+            return
+        if info.node_feature_crd:
+            self.watch_gfd_features()
+        else:
+            log.warning(
+                "GPU feature discovery's labels will not reach the Nodes: the NodeFeature CRD "
+                "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
+                "does) or NFD, then restart the operator",
+                NODE_FEATURE_PLURAL,
+                NODE_FEATURE_GROUP,
+            )
 
     def watch_owned(self, kind: OwnedKind) -> None:
         """Index and watch the objects of one owned kind that carry our managed-by label (the
@@ -179,8 +213,9 @@ class Watches:
 
         index = owned_index(kind)
         kopf.index(*kind.resource, id=index, labels=managed, registry=self.registry)(indexed)
-        kopf.on.event(*kind.resource, id=f"owned_event_{kind.plural}", labels=managed,
-                      registry=self.registry)(changed)
+        kopf.on.event(
+            *kind.resource, id=f"owned_event_{kind.plural}", labels=managed, registry=self.registry
+        )(changed)
         self.watched.append(Watched(kind.resource, index))
         self._owned.append(kind)
         if kind not in self.model.owned_kinds:
@@ -197,7 +232,11 @@ class Watches:
             return {node: interned({str(k): str(v) for k, v in labels.items()})} if node else {}
 
         async def changed(body: kopf.Body, name: str, **_: Any) -> None:
-            self._event(ObjectEvent(EventKind.GFD_FEATURES, gfd_node_of(name, body.get("metadata", {}).get("labels") or {})))
+            self._event(
+                ObjectEvent(
+                    EventKind.GFD_FEATURES, gfd_node_of(name, body.get("metadata", {}).get("labels") or {})
+                )
+            )
 
         kopf.index(*resource, id=GFD_FEATURES, registry=self.registry)(indexed)
         kopf.on.event(*resource, id=f"{GFD_FEATURES}_event", registry=self.registry)(changed)

@@ -77,9 +77,13 @@ def values_key(err: PolicyError) -> str:
 
 def mirror_text(install: Install, mirror: str, argv: list[str]) -> str:
     operator = operator_container(install.chart) or {}
-    values = mirror_values(install.values, mirror, str(operator.get("image", "")), operator_images(install.chart))
-    header = (f"# Every image of this install from {mirror} (`gpu-operator images {' '.join(argv)}`).\n"
-              "# Pass it after your own values: helm install ... -f your-values.yaml -f this-file.yaml\n")
+    values = mirror_values(
+        install.values, mirror, str(operator.get("image", "")), operator_images(install.chart)
+    )
+    header = (
+        f"# Every image of this install from {mirror} (`gpu-operator images {' '.join(argv)}`).\n"
+        "# Pass it after your own values: helm install ... -f your-values.yaml -f this-file.yaml\n"
+    )
     return header + yaml.safe_dump(values, sort_keys=True, width=120)
 
 
@@ -97,8 +101,18 @@ def listing(install: Install, wide: bool) -> str:
     return "".join(lines)
 
 
-def run_images(*, values: list[Path], sets: list[str], nodes: Path | None, shapes: list[str], namespace: str,
-               mirror: str | None, copy: bool, wide: bool, argv: list[str]) -> int:
+def run_images(
+    *,
+    values: list[Path],
+    sets: list[str],
+    nodes: Path | None,
+    shapes: list[str],
+    namespace: str,
+    mirror: str | None,
+    copy: bool,
+    wide: bool,
+    argv: list[str],
+) -> int:
     try:
         if copy and not mirror:
             raise InputError("--copy-commands needs --mirror REGISTRY (where the images are copied to)")
@@ -120,17 +134,24 @@ def run_images(*, values: list[Path], sets: list[str], nodes: Path | None, shape
     except (InputError, MirrorError, node_shapes.ShapeError) as err:
         return _fail(str(err))
     except ChartRejected as err:
-        given = " ".join([*(f"--values {v}" for v in values), *(f"--set {s}" for s in sets)]) or "the defaults"
+        given = (
+            " ".join([*(f"--values {v}" for v in values), *(f"--set {s}" for s in sets)]) or "the defaults"
+        )
         return _fail(f"the chart rejects these values ({given}): {err}")
     except HelmInstallError as err:
         return _fail(str(err))
     except PolicyError as err:
-        return _fail(f"values key {values_key(err)} ({err.kind} {err.path}): {err.message}: fix it in your "
-                     "--values file or --set")
+        return _fail(
+            f"values key {values_key(err)} ({err.kind} {err.path}): {err.message}: fix it in your "
+            "--values file or --set"
+        )
     sys.stdout.write(text)
     for use in left:
-        print(f"warning: {use.image} ({use.where()}) does not come from {target}: no values key names it "
-              "(extraObjects?); point it at the mirror yourself", file=sys.stderr)
+        print(
+            f"warning: {use.image} ({use.where()}) does not come from {target}: no values key names it "
+            "(extraObjects?); point it at the mirror yourself",
+            file=sys.stderr,
+        )
     return 1 if left else 0
 
 

@@ -31,11 +31,24 @@ from gpu_operator.kube.resources import (
 )
 from gpu_operator.kube.writes import WRITES, Fence, NotLeading, Writes, refusal
 
-__all__ = ["FIELD_MANAGER", "STATUS_RESOURCES", "WRITES", "ClusterPolicyResource", "ComputeDomainCliqueResource",
-           "ComputeDomainResource", "FencedTransport", "GPUClusterResource", "Kube", "NVIDIADriverResource",
-           "NotLeading", "ObjectKey", "PrometheusRuleResource", "ServiceMonitorResource", "load_config",
-           "resource_for"]
-
+__all__ = [
+    "FIELD_MANAGER",
+    "STATUS_RESOURCES",
+    "WRITES",
+    "ClusterPolicyResource",
+    "ComputeDomainCliqueResource",
+    "ComputeDomainResource",
+    "FencedTransport",
+    "GPUClusterResource",
+    "Kube",
+    "NVIDIADriverResource",
+    "NotLeading",
+    "ObjectKey",
+    "PrometheusRuleResource",
+    "ServiceMonitorResource",
+    "load_config",
+    "resource_for",
+]
 
 
 def load_config(kubeconfig: str | None) -> KubeConfig:
@@ -55,8 +68,12 @@ class FencedTransport(httpx2.AsyncBaseTransport):
     connection, or sat in a process paused past its lease, is refused when it would go out.
     `exempt` names the writes the fence does not apply to (the Lease renewal itself)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, fence: Callable[[], Fence | None],
-                 exempt: Callable[[httpx2.Request], bool] = lambda _: False) -> None:
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport,
+        fence: Callable[[], Fence | None],
+        exempt: Callable[[httpx2.Request], bool] = lambda _: False,
+    ) -> None:
         self.inner, self.fence, self.exempt = inner, fence, exempt
 
     def _check(self, request: httpx2.Request) -> None:
@@ -74,6 +91,7 @@ class FencedTransport(httpx2.AsyncBaseTransport):
                     self._check(request)
                 if outer is not None:
                     await outer(event, info)
+
             request.extensions = {**request.extensions, "trace": last_moment}
         response = await self.inner.handle_async_request(request)
         if response.status_code == 404 and "json" not in response.headers.get("content-type", ""):
@@ -91,11 +109,19 @@ async def _not_served(request: httpx2.Request, response: httpx2.Response) -> htt
     caller handles "not there" in one way (`err.status.code == 404`)."""
     await response.aread()
     await response.aclose()
-    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound",
-              "code": 404, "message": f"the server does not serve {request.url.path} "
-                                      f"({response.text.strip() or 'no body'}): is the CRD or API group installed?"}
-    return httpx2.Response(404, headers={"content-type": "application/json"}, json=status,
-                           extensions=response.extensions)
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "reason": "NotFound",
+        "code": 404,
+        "message": f"the server does not serve {request.url.path} "
+        f"({response.text.strip() or 'no body'}): is the CRD or API group installed?",
+    }
+    return httpx2.Response(
+        404, headers={"content-type": "application/json"}, json=status, extensions=response.extensions
+    )
 
 
 def _body_name(request: httpx2.Request) -> str | None:
@@ -114,8 +140,11 @@ def _body_name(request: httpx2.Request) -> str | None:
 POOL = httpx2.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=60.0)
 
 
-def _transport(config: SingleConfig, fence: Callable[[], Fence | None],
-               exempt: Callable[[httpx2.Request], bool] = lambda _: False) -> FencedTransport:
+def _transport(
+    config: SingleConfig,
+    fence: Callable[[], Fence | None],
+    exempt: Callable[[httpx2.Request], bool] = lambda _: False,
+) -> FencedTransport:
     """A fenced transport with the TLS settings lightkube derives from the config (CA, client
     certificate). Proxies from the environment are not used: the operator talks to the apiserver
     directly, as in-cluster clients do."""
@@ -131,16 +160,21 @@ class Kube(Reads, Writes):
     this process, whatever sends it (lightkube or the plain `http` client), unless the fence
     says this replica leads. `lease_client` is the exception, for the Lease alone."""
 
-    def __init__(self, kubeconfig: str | None = None, *, config: KubeConfig | SingleConfig | None = None) -> None:
+    def __init__(
+        self, kubeconfig: str | None = None, *, config: KubeConfig | SingleConfig | None = None
+    ) -> None:
         loaded = config if config is not None else load_config(kubeconfig)
         single = loaded.get() if isinstance(loaded, KubeConfig) else loaded
         if single is None:
-            raise ValueError("the kubeconfig has no current context: set one (kubectl config use-context NAME)")
+            raise ValueError(
+                "the kubeconfig has no current context: set one (kubectl config use-context NAME)"
+            )
         self.config: SingleConfig = single
         self.fence: Fence | None = None
         """With leader election: True while this replica may write (LeaderElector.leading)."""
-        self.client = AsyncClient(self.config, field_manager=FIELD_MANAGER,
-                                  transport=_transport(self.config, lambda: self.fence))
+        self.client = AsyncClient(
+            self.config, field_manager=FIELD_MANAGER, transport=_transport(self.config, lambda: self.fence)
+        )
         self._http: httpx2.AsyncClient | None = None
         self._streams: LineStreams | None = None
         self._lease_client: AsyncClient | None = None
@@ -158,9 +192,13 @@ class Kube(Reads, Writes):
                 if request.method == "POST":  # a create names the object in its body
                     return path == collection and _body_name(request) == name
                 return path == f"{collection}/{name}"
+
             closed: Fence = lambda: False  # noqa: E731
-            self._lease_client = AsyncClient(self.config, field_manager=FIELD_MANAGER,
-                                             transport=_transport(self.config, lambda: closed, the_lease))
+            self._lease_client = AsyncClient(
+                self.config,
+                field_manager=FIELD_MANAGER,
+                transport=_transport(self.config, lambda: closed, the_lease),
+            )
         return self._lease_client
 
     @property

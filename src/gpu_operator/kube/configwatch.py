@@ -72,8 +72,11 @@ class ConfigMapWatch:
                     ConfigMap, namespace=self.namespace, fields={"metadata.name": name}
                 ):
                     failures = 0
-                    content = "" if kind == "DELETED" else content_hash(
-                        {"data": obj.data, "binaryData": obj.binaryData})
+                    content = (
+                        ""
+                        if kind == "DELETED"
+                        else content_hash({"data": obj.data, "binaryData": obj.binaryData})
+                    )
                     if content != seen:
                         seen = content
                         self.on_change(name)

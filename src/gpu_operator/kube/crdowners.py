@@ -41,8 +41,10 @@ class Release:
         """`NAMESPACE/NAME` (what the chart's hook passes as --release)."""
         namespace, _, name = text.partition("/")
         if not namespace or not name or "/" in name:
-            raise ValueError(f"--release {text!r}: give the release as NAMESPACE/NAME (the chart passes "
-                             "{{ .Release.Namespace }}/{{ .Release.Name }})")
+            raise ValueError(
+                f"--release {text!r}: give the release as NAMESPACE/NAME (the chart passes "
+                "{{ .Release.Namespace }}/{{ .Release.Name }})"
+            )
         return cls(namespace, name)
 
 
@@ -76,7 +78,9 @@ def missing(live: Mapping[str, Any], packaged: Mapping[str, Any]) -> list[str]:
         found = theirs.get(name)
         if found is None or not found.get("served"):
             out.append(f"version {group}/{name} served")
-        elif "status" in (version.get("subresources") or {}) and "status" not in (found.get("subresources") or {}):
+        elif "status" in (version.get("subresources") or {}) and "status" not in (
+            found.get("subresources") or {}
+        ):
             out.append(f"the status subresource in {group}/{name}")
     return out
 
@@ -94,17 +98,23 @@ class LeftCRD:
         return not self.missing
 
     def sentence(self) -> str:
-        said = (f"CRD {self.name} belongs to Helm release {self.owner}: left as it is (not taken over by "
-                "this chart's CRD hook)")
+        said = (
+            f"CRD {self.name} belongs to Helm release {self.owner}: left as it is (not taken over by "
+            "this chart's CRD hook)"
+        )
         if self.compatible:
             return f"{said}; compatible: it serves what this operator needs"
-        return (f"{said}; not compatible: it lacks {', '.join(self.missing)}; upgrade release {self.owner} to a "
-                "version whose CRD has them, or remove its ownership marks (the label "
-                f"{HELM_MANAGED_BY_LABEL}=Helm and the {HELM_RELEASE_NAME}/{HELM_RELEASE_NAMESPACE} "
-                "annotations) to let this chart's CRD hook manage it")
+        return (
+            f"{said}; not compatible: it lacks {', '.join(self.missing)}; upgrade release {self.owner} to a "
+            "version whose CRD has them, or remove its ownership marks (the label "
+            f"{HELM_MANAGED_BY_LABEL}=Helm and the {HELM_RELEASE_NAME}/{HELM_RELEASE_NAMESPACE} "
+            "annotations) to let this chart's CRD hook manage it"
+        )
 
 
-def left_crd(live: Mapping[str, Any] | None, packaged: Mapping[str, Any], ours: Release | None) -> LeftCRD | None:
+def left_crd(
+    live: Mapping[str, Any] | None, packaged: Mapping[str, Any], ours: Release | None
+) -> LeftCRD | None:
     """The decision for one CRD we ship: None when it is ours to apply (absent, unmarked, or our
     release's), else who owns it and what it lacks."""
     if live is None:

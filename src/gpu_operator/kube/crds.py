@@ -19,9 +19,14 @@ from gpu_operator.kube.client import FIELD_MANAGER
 from gpu_operator.kube.crdowners import LeftCRD, Release, left_crd
 
 
-def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True,
-               kept: list[str] | None = None, release: Release | None = None,
-               left: list[LeftCRD] | None = None) -> list[str]:
+def apply_crds(
+    client: Client,
+    timeout: float = 60.0,
+    node_feature: bool = True,
+    kept: list[str] | None = None,
+    release: Release | None = None,
+    left: list[LeftCRD] | None = None,
+) -> list[str]:
     """Apply every CRD shipped with the package; returns their names once all are Established.
     `node_feature`: also create NFD's NodeFeature CRD where it is absent (GFD publishes its labels
     there); one that exists (NFD's, or ours from an earlier run) is left exactly as it is, and its
@@ -53,7 +58,9 @@ def apply_crds(client: Client, timeout: float = 60.0, node_feature: bool = True,
             if any(c.type == "Established" and c.status == "True" for c in conditions):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {name} not Established after {timeout:.0f}s: check the apiserver log")
+                raise TimeoutError(
+                    f"CRD {name} not Established after {timeout:.0f}s: check the apiserver log"
+                )
             time.sleep(0.2)
     for crd in crds:
         _wait_served(client, crd, deadline, timeout)
@@ -98,6 +105,8 @@ def _wait_served(client: Client, crd: dict[str, Any], deadline: float, timeout: 
                 if err.status.code != 429:
                     raise
             if time.monotonic() > deadline:
-                raise TimeoutError(f"CRD {crd['metadata']['name']} {version} not served after {timeout:.0f}s "
-                                   "(the apiserver answers 429): check the apiserver log")
+                raise TimeoutError(
+                    f"CRD {crd['metadata']['name']} {version} not served after {timeout:.0f}s "
+                    "(the apiserver answers 429): check the apiserver log"
+                )
             time.sleep(0.2)

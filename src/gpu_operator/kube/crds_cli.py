@@ -11,7 +11,9 @@ import typer
 
 from gpu_operator.kube.options import Kubeconfig
 
-crds_app = typer.Typer(help="The CustomResourceDefinitions generated from the API models.", no_args_is_help=True)
+crds_app = typer.Typer(
+    help="The CustomResourceDefinitions generated from the API models.", no_args_is_help=True
+)
 
 
 def _repo_root() -> Path:
@@ -43,16 +45,25 @@ def crds_generate(
 def crds_apply(
     kubeconfig: Kubeconfig = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait until every CRD is Established.")] = 60.0,
-    node_feature: Annotated[bool, typer.Option(
-        "--node-feature/--no-node-feature",
-        help="Also create NFD's NodeFeature CRD (nodefeatures.nfd.k8s-sigs.io) where it is absent: GPU "
-             "feature discovery publishes its labels there. One that exists is left as it is. "
-             "The chart turns this off when NFD runs in the cluster (nfd.enabled=false).")] = True,
-    release: Annotated[str | None, typer.Option(
-        "--release", metavar="NAMESPACE/NAME",
-        help="The Helm release running this (the chart's hook passes its own). A CRD whose Helm "
-             "ownership marks name another release is left as it is and reported; without this "
-             "option every CRD with Helm's marks counts as another release's.")] = None,
+    node_feature: Annotated[
+        bool,
+        typer.Option(
+            "--node-feature/--no-node-feature",
+            help="Also create NFD's NodeFeature CRD (nodefeatures.nfd.k8s-sigs.io) where it is absent: GPU "
+            "feature discovery publishes its labels there. One that exists is left as it is. "
+            "The chart turns this off when NFD runs in the cluster (nfd.enabled=false).",
+        ),
+    ] = True,
+    release: Annotated[
+        str | None,
+        typer.Option(
+            "--release",
+            metavar="NAMESPACE/NAME",
+            help="The Helm release running this (the chart's hook passes its own). A CRD whose Helm "
+            "ownership marks name another release is left as it is and reported; without this "
+            "option every CRD with Helm's marks counts as another release's.",
+        ),
+    ] = None,
 ) -> None:
     """Apply the packaged CRDs (server-side apply, idempotent) and wait until they are served.
     The Helm chart's pre-install/pre-upgrade hook runs this."""
@@ -64,18 +75,24 @@ def crds_apply(
         ours = Release.parse(release) if release is not None else None
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--release") from None
-    with sync_client(kubeconfig, "apply the CRDs", needs="it needs get/create/patch on "
-                     "customresourcedefinitions") as client:
+    with sync_client(
+        kubeconfig, "apply the CRDs", needs="it needs get/create/patch on customresourcedefinitions"
+    ) as client:
         kept: list[str] = []
         left: list[LeftCRD] = []
-        names = apply_crds(client, timeout=timeout, node_feature=node_feature, kept=kept, release=ours, left=left)
+        names = apply_crds(
+            client, timeout=timeout, node_feature=node_feature, kept=kept, release=ours, left=left
+        )
         owned = {crd.name: crd for crd in left}
         for name in names:
             if name in owned:
                 typer.echo(owned[name].sentence())
             else:
-                typer.echo(f"left {name} as it was (it exists; Established)" if name in kept
-                           else f"applied {name} (Established)")
+                typer.echo(
+                    f"left {name} as it was (it exists; Established)"
+                    if name in kept
+                    else f"applied {name} (Established)"
+                )
 
 
 @crds_app.command("print")

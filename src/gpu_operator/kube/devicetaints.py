@@ -45,8 +45,11 @@ async def create_rule(kube: Kube, version: str, body: dict[str, Any]) -> bool:
     if body.get("apiVersion") != f"{GROUP}/{version}":
         raise ValueError(f"DeviceTaintRule body is {body.get('apiVersion')!r}, not {GROUP}/{version}")
     kube.write("create", KIND)
-    response = await kube.http.post(collection_path(GROUP, version, RULES), content=json.dumps(body),
-                                    headers={"Content-Type": "application/json"})
+    response = await kube.http.post(
+        collection_path(GROUP, version, RULES),
+        content=json.dumps(body),
+        headers={"Content-Type": "application/json"},
+    )
     if response.status_code == 409:
         return False
     response.raise_for_status()
@@ -60,4 +63,6 @@ async def delete_rule(kube: Kube, version: str, name: str) -> bool:
 
 async def node_slices(kube: Kube, node: str, driver: str) -> list[dict[str, Any]]:
     """The ResourceSlices `driver` publishes for `node`."""
-    return await kube.list_items(GROUP, SLICE_VERSION, SLICES, fields=f"spec.nodeName={node},spec.driver={driver}")
+    return await kube.list_items(
+        GROUP, SLICE_VERSION, SLICES, fields=f"spec.nodeName={node},spec.driver={driver}"
+    )

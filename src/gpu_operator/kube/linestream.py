@@ -129,13 +129,16 @@ class LineStreams:
         self.tls: ssl.SSLContext | None = None
         if self.url.scheme == "https":
             if config.user is None:
-                raise ValueError("the kubeconfig's context names no user: add one with credentials for the apiserver")
+                raise ValueError(
+                    "the kubeconfig's context names no user: add one with credentials for the apiserver"
+                )
             self.tls = client_adapter.verify_cluster(config.cluster, config.user, config.abs_file)
             self.tls.set_alpn_protocols(["http/1.1"])
         self.auth = client_adapter.user_auth(config.user)
 
-    async def stream(self, path: str, params: Mapping[str, str], on_line: OnLine, *,
-                     connect_timeout: float, timeout: float) -> None:
+    async def stream(
+        self, path: str, params: Mapping[str, str], on_line: OnLine, *, connect_timeout: float, timeout: float
+    ) -> None:
         """GET `path` and hand each line of the body to `on_line` until the server ends the
         response (returns), `timeout` seconds pass or the connection fails (raises), or the
         status is not 2xx (raises StreamStatusError). A 401 is retried once through the auth
@@ -157,17 +160,20 @@ class LineStreams:
                 raise err from None
             await self._send(request, on_line, connect_timeout, timeout)
 
-    async def _send(self, request: httpx2.Request, on_line: OnLine, connect_timeout: float, timeout: float) -> None:
+    async def _send(
+        self, request: httpx2.Request, on_line: OnLine, connect_timeout: float, timeout: float
+    ) -> None:
         conn = h11.Connection(h11.CLIENT)
         headers = list(request.headers.items())  # Host included, as the request set it
-        wire = (conn.send(h11.Request(method="GET", target=request.url.raw_path, headers=headers)) or b"")
+        wire = conn.send(h11.Request(method="GET", target=request.url.raw_path, headers=headers)) or b""
         wire += conn.send(h11.EndOfMessage()) or b""
         reader = _LineReader(conn, wire, on_line)
         loop = asyncio.get_running_loop()
         port = self.url.port or (443 if self.tls is not None else 80)
         extra: dict[str, Any] = {"ssl": self.tls, "server_hostname": self.url.host} if self.tls else {}
         transport, _ = await asyncio.wait_for(
-            loop.create_connection(lambda: reader, self.url.host, port, **extra), timeout=connect_timeout)
+            loop.create_connection(lambda: reader, self.url.host, port, **extra), timeout=connect_timeout
+        )
         try:
             await asyncio.wait_for(reader.done, timeout=timeout)
         finally:

@@ -23,8 +23,14 @@ def _status_path(node: str) -> str:
     return collection_path("", "v1", "nodes", name=urllib.parse.quote(node)) + "/status"
 
 
-async def _patch_conditions(kube: Kube, node: str, item: dict[str, Any], *, missing_ok: bool,
-                            annotations: dict[str, str | None] | None = None) -> None:
+async def _patch_conditions(
+    kube: Kube,
+    node: str,
+    item: dict[str, Any],
+    *,
+    missing_ok: bool,
+    annotations: dict[str, str | None] | None = None,
+) -> None:
     kube.write("patch", "Node/status")
     patch: dict[str, Any] = {"status": {"conditions": [item]}}
     if annotations:
@@ -37,8 +43,17 @@ async def _patch_conditions(kube: Kube, node: str, item: dict[str, Any], *, miss
         response.raise_for_status()
 
 
-async def set_condition(kube: Kube, node: str, kind: str, status: str, reason: str, message: str, *,
-                        moved: bool, annotations: dict[str, str | None] | None = None) -> None:
+async def set_condition(
+    kube: Kube,
+    node: str,
+    kind: str,
+    status: str,
+    reason: str,
+    message: str,
+    *,
+    moved: bool,
+    annotations: dict[str, str | None] | None = None,
+) -> None:
     """Set the condition of type `kind` of a Node (merged by type: the others are left as they
     are): its heartbeat now, and its transition time too where `moved` (its status changed);
     `annotations` (None: remove) in the same request."""
@@ -78,8 +93,12 @@ async def update_taints(kube: Kube, node: str, change: Change, *, tries: int = 3
             return False
         version = (body.get("metadata") or {}).get("resourceVersion")
         try:
-            await kube.merge_patch("v1", "Node", node, {"metadata": {"resourceVersion": version},
-                                                        "spec": {"taints": wanted or None}})
+            await kube.merge_patch(
+                "v1",
+                "Node",
+                node,
+                {"metadata": {"resourceVersion": version}, "spec": {"taints": wanted or None}},
+            )
             return True
         except ApiError as err:
             if err.status.code != 409 or attempt == tries - 1:
@@ -99,7 +118,9 @@ async def put_request(kube: Kube, namespace: str, node: str, text: str | None) -
     value = None if text is None else base64.b64encode(text.encode()).decode()
     for _ in range(3):
         try:
-            await kube.merge_patch("v1", "Secret", HEALTH_REQUESTS_SECRET, {"data": {node: value}}, namespace=namespace)
+            await kube.merge_patch(
+                "v1", "Secret", HEALTH_REQUESTS_SECRET, {"data": {node: value}}, namespace=namespace
+            )
             return
         except ApiError as err:
             if err.status.code != 404:
@@ -110,10 +131,19 @@ async def put_request(kube: Kube, namespace: str, node: str, text: str | None) -
 
         kube.write("create", "Secret")
         try:
-            await kube.client.create(Secret.from_dict({  # type: ignore[call-overload]
-                "metadata": {"name": HEALTH_REQUESTS_SECRET, "namespace": namespace,
-                             "labels": {MANAGED_BY: MANAGED_BY_VALUE}},
-                "type": "Opaque", "data": {node: value}}))
+            await kube.client.create(
+                Secret.from_dict(
+                    {  # type: ignore[call-overload]
+                        "metadata": {
+                            "name": HEALTH_REQUESTS_SECRET,
+                            "namespace": namespace,
+                            "labels": {MANAGED_BY: MANAGED_BY_VALUE},
+                        },
+                        "type": "Opaque",
+                        "data": {node: value},
+                    }
+                )
+            )
             return
         except ApiError as err:
             if err.status.code != 409:  # created meanwhile for another node: patch it

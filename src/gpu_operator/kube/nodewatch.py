@@ -116,9 +116,19 @@ class NodeWatch(Generic[V]):
     `on_change(name, None)` for a node that is gone. `synced` is set once the first list is in.
     `delay(n)` is the wait after the n-th failure in a row."""
 
-    def __init__(self, http: httpx2.AsyncClient, streams: LineStreams, on_change: OnChange[V],
-                 to_view: Callable[[SlimNode], V], *, delay: Callable[[int], float], page_size: int = 500,
-                 server_timeout: float = 300, connect_timeout: float = 30, path: str = NODES_PATH) -> None:
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        streams: LineStreams,
+        on_change: OnChange[V],
+        to_view: Callable[[SlimNode], V],
+        *,
+        delay: Callable[[int], float],
+        page_size: int = 500,
+        server_timeout: float = 300,
+        connect_timeout: float = 30,
+        path: str = NODES_PATH,
+    ) -> None:
         self.http = http
         self.streams = streams
         self.on_change = on_change
@@ -190,11 +200,20 @@ class NodeWatch(Generic[V]):
         it fails (raises), or the version is too old (raises Gone)."""
         # Spread the restarts of many watches, as client-go does (between 1x and 2x the minimum).
         timeout = int(self.server_timeout * (1 + random.random()))
-        params = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
-                  "timeoutSeconds": str(timeout)}
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": self.resource_version,
+            "timeoutSeconds": str(timeout),
+        }
         try:
-            await self.streams.stream(self.path, params, self.handle_line,
-                                      connect_timeout=self.connect_timeout, timeout=timeout + 30)
+            await self.streams.stream(
+                self.path,
+                params,
+                self.handle_line,
+                connect_timeout=self.connect_timeout,
+                timeout=timeout + 30,
+            )
         except StreamStatusError as err:
             if err.status == 410:
                 raise Gone(f"HTTP 410 for resourceVersion {self.resource_version}") from None
@@ -207,7 +226,9 @@ class NodeWatch(Generic[V]):
             status = _decode_error(event.object)
             if status.code == 410:
                 raise Gone(status.message or "too old resource version")
-            raise RuntimeError(f"Node watch error event: HTTP {status.code} {status.reason}: {status.message}")
+            raise RuntimeError(
+                f"Node watch error event: HTTP {status.code} {status.reason}: {status.message}"
+            )
         node = _decode_node(event.object)
         if node.metadata.resourceVersion:
             self.resource_version = node.metadata.resourceVersion
@@ -245,8 +266,13 @@ class NodeWatch(Generic[V]):
                     reason = "start"
                 elif isinstance(err, httpx2.HTTPStatusError) and err.response.status_code == 410:
                     reason = "gone"
-                log.warning("Node %s failed (%d in a row): %s; retrying in %.1f s",
-                            "list" if reason else "watch", failures, err or type(err).__name__, delay)
+                log.warning(
+                    "Node %s failed (%d in a row): %s; retrying in %.1f s",
+                    "list" if reason else "watch",
+                    failures,
+                    err or type(err).__name__,
+                    delay,
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=delay)
 

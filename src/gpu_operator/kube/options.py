@@ -7,5 +7,6 @@ from typing import Annotated
 
 import typer
 
-Kubeconfig = Annotated[str | None, typer.Option(
-    envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")]
+Kubeconfig = Annotated[
+    str | None, typer.Option(envvar="KUBECONFIG", help="Kubeconfig file; in-cluster credentials when unset.")
+]

@@ -71,8 +71,14 @@ class _PodList(msgspec.Struct):
 _decode_pods = msgspec.json.Decoder(_PodList).decode
 
 
-async def list_all(http: httpx2.AsyncClient, path: str, params: Mapping[str, str] | None = None, *,
-                   slim_pods: bool = False, page_size: int = 500) -> list[dict[str, Any]]:
+async def list_all(
+    http: httpx2.AsyncClient,
+    path: str,
+    params: Mapping[str, str] | None = None,
+    *,
+    slim_pods: bool = False,
+    page_size: int = 500,
+) -> list[dict[str, Any]]:
     """Every item of a list, page by page. `slim_pods`: pods decoded as `SlimPod`. Label and field
     selectors are passed to the apiserver as they are, so it does the matching."""
     items: list[dict[str, Any]] = []
@@ -126,7 +132,7 @@ async def evict(http: httpx2.AsyncClient, namespace: str, name: str) -> Evicted:
 def pdb_name(status: Mapping[str, Any]) -> str:
     """The PodDisruptionBudget named in a refused eviction's Status (cause DisruptionBudget:
     'The disruption budget NAME needs ...'); '?' when the apiserver did not say."""
-    for cause in ((status.get("details") or {}).get("causes") or []):
+    for cause in (status.get("details") or {}).get("causes") or []:
         message = cause.get("message", "")
         if cause.get("reason") == "DisruptionBudget" and message.startswith("The disruption budget "):
             return str(message).removeprefix("The disruption budget ").split(" ", 1)[0]
@@ -156,8 +162,9 @@ class Answer:
         return str(body.get("message") or body.get("reason") or "") if isinstance(body, dict) else ""
 
 
-async def get(http: httpx2.AsyncClient, path: str, params: Mapping[str, str] | None = None,
-              timeout: float | None = None) -> Answer:
+async def get(
+    http: httpx2.AsyncClient, path: str, params: Mapping[str, str] | None = None, timeout: float | None = None
+) -> Answer:
     kwargs: dict[str, Any] = {"params": dict(params or {})}
     if timeout is not None:
         kwargs["timeout"] = timeout

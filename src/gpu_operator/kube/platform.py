@@ -23,7 +23,7 @@ class PlatformError(RuntimeError):
 
 
 def openshift_version(cluster_version: Mapping[str, Any] | None) -> str:
-    """"" without a ClusterVersion (not OpenShift), else its version as major.minor ("4.17")."""
+    """ "" without a ClusterVersion (not OpenShift), else its version as major.minor ("4.17")."""
     if cluster_version is None:
         return ""
     for entry in (cluster_version.get("status") or {}).get("history") or []:
@@ -31,9 +31,11 @@ def openshift_version(cluster_version: Mapping[str, Any] | None) -> str:
             continue
         parts = str(entry.get("version", "")).split(".")
         return ".".join(parts[:2])
-    raise PlatformError(f"ClusterVersion {NAME} ({GROUP}/{VERSION}) lists no Completed update in "
-                        "status.history: the OpenShift version is unknown until the cluster's first update "
-                        "completes (`oc get clusterversion version`)")
+    raise PlatformError(
+        f"ClusterVersion {NAME} ({GROUP}/{VERSION}) lists no Completed update in "
+        "status.history: the OpenShift version is unknown until the cluster's first update "
+        "completes (`oc get clusterversion version`)"
+    )
 
 
 def platform_name(version: str) -> str:

@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 EXIT_CODE = 2
-CHECK = ("check that the apiserver is up and reachable from here, and that this is the cluster you mean "
-         "(--kubeconfig or KUBECONFIG)")
+CHECK = (
+    "check that the apiserver is up and reachable from here, and that this is the cluster you mean "
+    "(--kubeconfig or KUBECONFIG)"
+)
 
 
 class Unreachable(RuntimeError):
@@ -60,11 +62,17 @@ def load_target(kubeconfig: str | None) -> Target:
     try:
         single = load_config(kubeconfig).get()
     except (ConfigError, OSError, yaml.YAMLError) as err:
-        raise typer.BadParameter(f"cannot load a kubeconfig ({source}): {' '.join(str(err).split())}; "
-                                 "pass --kubeconfig or set KUBECONFIG", param_hint="--kubeconfig") from err
+        raise typer.BadParameter(
+            f"cannot load a kubeconfig ({source}): {' '.join(str(err).split())}; "
+            "pass --kubeconfig or set KUBECONFIG",
+            param_hint="--kubeconfig",
+        ) from err
     if single is None or single.user is None:
-        raise typer.BadParameter(f"the kubeconfig ({source}) has no current context with a user: set one "
-                                 "(kubectl config use-context NAME)", param_hint="--kubeconfig")
+        raise typer.BadParameter(
+            f"the kubeconfig ({source}) has no current context with a user: set one "
+            "(kubectl config use-context NAME)",
+            param_hint="--kubeconfig",
+        )
     return Target(single)
 
 
@@ -95,8 +103,10 @@ def refused_line(target: Target, doing: str, err: ApiError, needs: str = "") -> 
     request = f"{err.request.method} {err.request.url.path}" if _has_request(err) else "a request"
     status = " ".join(str(part) for part in (err.status.code, err.status.reason) if part)
     hint = f"; {needs}" if needs else ""
-    return (f"error: the Kubernetes API at {target.server} refused {request} (to {doing}): "
-            f"{status}: {err.status.message or 'no message'}{hint}")
+    return (
+        f"error: the Kubernetes API at {target.server} refused {request} (to {doing}): "
+        f"{status}: {err.status.message or 'no message'}{hint}"
+    )
 
 
 def _has_request(err: httpx2.HTTPStatusError) -> bool:
@@ -121,7 +131,11 @@ def api_errors(target: Target, doing: str, needs: str = "") -> Iterator[None]:
     except Exception as err:
         transport = _find(err, httpx2.TransportError) or _find(err, Unreachable)
         if transport is not None:
-            why = str(transport) if isinstance(transport, Unreachable) else f"{type(transport).__name__}: {transport}"
+            why = (
+                str(transport)
+                if isinstance(transport, Unreachable)
+                else f"{type(transport).__name__}: {transport}"
+            )
             _say(unreachable_line(target, doing, why))
             raise typer.Exit(EXIT_CODE) from err
         refused = _find(err, ApiError)
@@ -145,7 +159,9 @@ def sync_client(kubeconfig: str | None, doing: str, needs: str = "") -> Iterator
             client.close()
 
 
-def run_kube(target: Target | str | None, doing: str, work: Callable[[Kube], Awaitable[T]], needs: str = "") -> T:
+def run_kube(
+    target: Target | str | None, doing: str, work: Callable[[Kube], Awaitable[T]], needs: str = ""
+) -> T:
     """Run `work` with a `Kube` for `target` (a Target, or a kubeconfig path: None for
     KUBECONFIG, in-cluster, ~/.kube/config) to its end, and close the Kube; its failures are
     reported as `api_errors` does. What `work` raises besides passes through."""

@@ -41,16 +41,18 @@ class Reads:
 
     # -- objects through lightkube, by apiVersion and kind
 
-    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
-                         labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async def list_dicts(
+        self, api_version: str, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         res = resource_for(api_version, kind)
         kwargs: dict[str, Any] = {"labels": labels} if labels else {}
         if namespace:
             kwargs["namespace"] = namespace
         return [obj.to_dict() async for obj in self.client.list(res, **kwargs)]
 
-    async def get_dict(self, api_version: str, kind: str, name: str,
-                       namespace: str | None = None) -> dict[str, Any] | None:
+    async def get_dict(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         try:
             obj = await self.client.get(resource_for(api_version, kind), name, namespace=namespace)
         except ApiError as err:
@@ -61,19 +63,38 @@ class Reads:
 
     # -- lists as HTTP, by group, version and plural (raw selector strings, slim pods)
 
-    async def list_items(self, group: str, version: str, plural: str, namespace: str | None = None, *,
-                         labels: str | None = None, fields: str | None = None,
-                         slim_pods: bool = False) -> list[dict[str, Any]]:
+    async def list_items(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+        fields: str | None = None,
+        slim_pods: bool = False,
+    ) -> list[dict[str, Any]]:
         """Every item of a kind (in `namespace`, else in all), page by page; `labels` and `fields`
         are selector strings the apiserver matches. Raises for an HTTP error."""
-        return await self.list_all(collection_path(group, version, plural, namespace),
-                                   _selectors(labels, fields), slim_pods=slim_pods)
+        return await self.list_all(
+            collection_path(group, version, plural, namespace),
+            _selectors(labels, fields),
+            slim_pods=slim_pods,
+        )
 
-    async def list_pods(self, namespace: str | None = None, *, labels: str | None = None,
-                        fields: str | None = None, slim: bool = False) -> list[dict[str, Any]]:
+    async def list_pods(
+        self,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+        fields: str | None = None,
+        slim: bool = False,
+    ) -> list[dict[str, Any]]:
         """Pods (in `namespace`, else in all) matching the selector strings; `slim`: decoded as
         kube/pages.py's SlimPod (owners, labels, node, env, readiness only)."""
-        return await self.list_items("", "v1", "pods", namespace, labels=labels, fields=fields, slim_pods=slim)
+        return await self.list_items(
+            "", "v1", "pods", namespace, labels=labels, fields=fields, slim_pods=slim
+        )
 
     async def list_resource_claims(self, namespace: str | None = None) -> list[dict[str, Any]] | None:
         """ResourceClaims (in `namespace`, else in all) at the newest version of RESOURCE_CLAIM_VERSIONS
@@ -93,8 +114,14 @@ class Reads:
 
     # -- answers that never raise
 
-    async def read_list(self, group: str, version: str, plural: str, namespace: str | None = None,
-                        params: Mapping[str, str] | None = None) -> pages.Answer:
+    async def read_list(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        namespace: str | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> pages.Answer:
         """One page of a kind's list as the apiserver answered it (`params`: selectors, limit,
         continue); the answer names its path."""
         return await self.get_answer(collection_path(group, version, plural, namespace), params)
@@ -107,19 +134,30 @@ class Reads:
         """The apiserver's own /readyz (readable by everyone), as answered."""
         return await self.get_answer(READYZ_PATH, timeout=timeout)
 
-    async def read_pod_log(self, namespace: str, pod: str, container: str, *, tail_lines: int,
-                           previous: bool = False, timeout: float | None = None) -> pages.Answer:
+    async def read_pod_log(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        tail_lines: int,
+        previous: bool = False,
+        timeout: float | None = None,
+    ) -> pages.Answer:
         """A container's log (its last `tail_lines` lines; `previous`: the run before its restart),
         as answered: the apiserver fetches it from the node's kubelet."""
         params = {"container": container, "tailLines": str(tail_lines)}
         if previous:
             params["previous"] = "true"
-        return await self.get_answer(collection_path("", "v1", "pods", namespace, f"{pod}/log"), params, timeout)
+        return await self.get_answer(
+            collection_path("", "v1", "pods", namespace, f"{pod}/log"), params, timeout
+        )
 
     # -- by path: the calls above, and kube/ itself
 
-    async def list_all(self, path: str, params: Mapping[str, str] | None = None, *,
-                       slim_pods: bool = False) -> list[dict[str, Any]]:
+    async def list_all(
+        self, path: str, params: Mapping[str, str] | None = None, *, slim_pods: bool = False
+    ) -> list[dict[str, Any]]:
         """Every item of the list at `path`, page by page (kube/pages.py)."""
         return await pages.list_all(self.http, path, params, slim_pods=slim_pods)
 
@@ -127,8 +165,9 @@ class Reads:
         """How many objects the list at `path` holds (one item fetched); None when not served."""
         return await pages.count(self.http, path)
 
-    async def get_answer(self, path: str, params: Mapping[str, str] | None = None,
-                         timeout: float | None = None) -> pages.Answer:
+    async def get_answer(
+        self, path: str, params: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> pages.Answer:
         """A GET of any path: its status and text, or why there was no answer (never raises for
         an HTTP status or a transport error)."""
         return await pages.get(self.http, path, params, timeout)

@@ -15,20 +15,31 @@ ClusterPolicyResource = create_global_resource("nvidia.com", "v1", "ClusterPolic
 NVIDIADriverResource = create_global_resource("nvidia.com", "v1alpha1", "NVIDIADriver", "nvidiadrivers")
 GPUClusterResource = create_global_resource("nvidia.com", "v1alpha1", "GPUCluster", "gpuclusters")
 # NVIDIA's DRA driver's IMEX kinds, whose CRDs we ship (registered for lists by kind).
-ComputeDomainResource = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains")
-ComputeDomainCliqueResource = create_namespaced_resource("resource.nvidia.com", "v1beta1", "ComputeDomainClique",
-                                                         "computedomaincliques")
+ComputeDomainResource = create_namespaced_resource(
+    "resource.nvidia.com", "v1beta1", "ComputeDomain", "computedomains"
+)
+ComputeDomainCliqueResource = create_namespaced_resource(
+    "resource.nvidia.com", "v1beta1", "ComputeDomainClique", "computedomaincliques"
+)
 # OpenShift's kinds: the ClusterVersion tells the platform (kube/platform.py); operands get SCCs there.
-ClusterVersionResource = create_global_resource("config.openshift.io", "v1", "ClusterVersion", "clusterversions")
-SecurityContextConstraintsResource = create_global_resource("security.openshift.io", "v1",
-                                                            "SecurityContextConstraints", "securitycontextconstraints")
+ClusterVersionResource = create_global_resource(
+    "config.openshift.io", "v1", "ClusterVersion", "clusterversions"
+)
+SecurityContextConstraintsResource = create_global_resource(
+    "security.openshift.io", "v1", "SecurityContextConstraints", "securitycontextconstraints"
+)
 # Our CRs with a status subresource, by kind.
-STATUS_RESOURCES: dict[str, Any] = {"ClusterPolicy": ClusterPolicyResource, "NVIDIADriver": NVIDIADriverResource,
-                                    "GPUCluster": GPUClusterResource}
+STATUS_RESOURCES: dict[str, Any] = {
+    "ClusterPolicy": ClusterPolicyResource,
+    "NVIDIADriver": NVIDIADriverResource,
+    "GPUCluster": GPUClusterResource,
+}
 ServiceMonitorResource = create_namespaced_resource(
-    "monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors")
+    "monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"
+)
 PrometheusRuleResource = create_namespaced_resource(
-    "monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules")
+    "monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"
+)
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,9 @@ def resource_for(api_version: str, kind: str) -> Any:
     return resource_registry.load(api_version, kind)
 
 
-def collection_path(group: str, version: str, plural: str, namespace: str | None = None, name: str = "") -> str:
+def collection_path(
+    group: str, version: str, plural: str, namespace: str | None = None, name: str = ""
+) -> str:
     """The REST path of a collection (or, with `name`, of one object in it): `/api/v1/...` for the
     core group, `/apis/GROUP/VERSION/...` for the others."""
     base = f"/apis/{group}/{version}" if group else f"/api/{version}"

@@ -41,9 +41,11 @@ def probe(
     workload_config: Workload = None,
     default_workload: Annotated[
         str | None,
-        typer.Option(help="With --publish: the cluster's default workload (ClusterPolicy "
-                     "sandboxWorkloads.defaultWorkload) for a node without the workload label; "
-                     "the operator's probe DaemonSet sets it."),
+        typer.Option(
+            help="With --publish: the cluster's default workload (ClusterPolicy "
+            "sandboxWorkloads.defaultWorkload) for a node without the workload label; "
+            "the operator's probe DaemonSet sets it."
+        ),
     ] = None,
     search_path: Annotated[
         list[str] | None, typer.Option(help="Extra directory to look for nvidia-smi in (repeatable).")
@@ -72,8 +74,12 @@ def probe(
     last_codes: set[str] | None = None
     while True:
         last_codes, events = publish_once(
-            fs, view, workload=workload_config, default_workload=default_workload, last_codes=last_codes,
-            search_dirs=dirs
+            fs,
+            view,
+            workload=workload_config,
+            default_workload=default_workload,
+            last_codes=last_codes,
+            search_dirs=dirs,
         )
         for event in events:
             typer.echo(f"{event['reason']}: {event['message']}", err=True)
@@ -117,7 +123,9 @@ def validate(
     component: Annotated[
         str,
         typer.Option(
-            "--component", "-c", envvar="COMPONENT",
+            "--component",
+            "-c",
+            envvar="COMPONENT",
             help="What to validate (driver, toolkit, cuda, plugin, ...), or metrics to serve the status files.",
         ),
     ],
@@ -184,7 +192,7 @@ def doctor(
         typer.Option(
             envvar="NODE_NAME",
             help="This host's Node: read its workload label, passthrough device list, MIG config and state, and "
-                 "what KubeVirt advertises.",
+            "what KubeVirt advertises.",
         ),
     ] = None,
     passthrough_devices: Annotated[
@@ -192,16 +200,25 @@ def doctor(
     ] = None,
     advertised: Annotated[
         list[str] | None,
-        typer.Option(help="Offline: what KubeVirt advertises on this node, as VENDOR:DEVICE=COUNT (repeatable)."),
+        typer.Option(
+            help="Offline: what KubeVirt advertises on this node, as VENDOR:DEVICE=COUNT (repeatable)."
+        ),
     ] = None,
     cuda: Annotated[
         list[str] | None,
-        typer.Option("--cuda", help="A workload's CUDA version to check against the driver (repeatable): 12.4, "
-                     "CUDA_VERSION=12.4.1 or NVIDIA_REQUIRE_CUDA=cuda>=12.4 from its image."),
+        typer.Option(
+            "--cuda",
+            help="A workload's CUDA version to check against the driver (repeatable): 12.4, "
+            "CUDA_VERSION=12.4.1 or NVIDIA_REQUIRE_CUDA=cuda>=12.4 from its image.",
+        ),
     ] = None,
     commands: Annotated[
-        bool, typer.Option("--commands/--no-commands", help="Run read-only nvidia-smi queries (MIG mode, "
-                           "processes on the GPUs) when the host has a driver.")
+        bool,
+        typer.Option(
+            "--commands/--no-commands",
+            help="Run read-only nvidia-smi queries (MIG mode, "
+            "processes on the GPUs) when the host has a driver.",
+        ),
     ] = True,
 ) -> None:
     """Check one host for what breaks GPU nodes; each finding has severity, evidence and fix. Exit 1 on errors."""
@@ -213,7 +230,9 @@ def doctor(
     from gpu_operator.vocabulary import WORKLOAD_CONFIGS
 
     if workload_config and workload_config not in WORKLOAD_CONFIGS:
-        raise typer.BadParameter(f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}")
+        raise typer.BadParameter(
+            f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}"
+        )
     from gpu_operator.node.troubleshoot import parse_cuda
 
     fs = host_fs(host_root)
@@ -231,12 +250,15 @@ def doctor(
         passthrough_devices=inputs.passthrough_devices,
         advertised=inputs.advertised,
         unchecked=inputs.unchecked,
-        extra=_troubleshoot(fs, report, wanted, commands) + _mig_node(node, inputs.labels, inputs.annotations),
+        extra=_troubleshoot(fs, report, wanted, commands)
+        + _mig_node(node, inputs.labels, inputs.annotations),
     )
     raise typer.Exit(code)
 
 
-def _mig_node(node: str | None, labels: dict[str, str] | None, annotations: dict[str, str] | None) -> list[Any]:
+def _mig_node(
+    node: str | None, labels: dict[str, str] | None, annotations: dict[str, str] | None
+) -> list[Any]:
     """The Node's MIG config and state, where doctor read the Node (--node)."""
     from gpu_operator.node import troubleshoot
 

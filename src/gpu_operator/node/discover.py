@@ -74,13 +74,17 @@ def discovered(fs: HostFS) -> tuple[dict[str, str], list[str]]:
         if not value:
             continue
         if len(value) > 63 or not _VALUE.match(value):
-            skipped.append(f"{key}={value!r}: not a valid label value (63 characters, alphanumerics, '-', '_', '.')")
+            skipped.append(
+                f"{key}={value!r}: not a valid label value (63 characters, alphanumerics, '-', '_', '.')"
+            )
             continue
         labels[key] = value
     return labels, skipped
 
 
-def changes(labels: dict[str, str], current: dict[str, str], owned: list[str]) -> tuple[dict[str, str | None], list[str]]:
+def changes(
+    labels: dict[str, str], current: dict[str, str], owned: list[str]
+) -> tuple[dict[str, str | None], list[str]]:
     """The label patch (set what changed, remove what we wrote and no longer earn) and what we then own."""
     patch: dict[str, str | None] = {k: v for k, v in labels.items() if current.get(k) != v}
     patch.update({k: None for k in owned if k not in labels and k in current})
@@ -127,7 +131,9 @@ def discover(
     try:
         view = KubeNodeView(node_name, os.environ.get("OPERATOR_NAMESPACE", ""), component=COMPONENT)
     except ConfigError as err:
-        raise typer.BadParameter(f"--publish needs Kubernetes API access (in-cluster or KUBECONFIG): {err}") from None
+        raise typer.BadParameter(
+            f"--publish needs Kubernetes API access (in-cluster or KUBECONFIG): {err}"
+        ) from None
     while True:
         patch, skipped = publish_once(fs, view)
         for problem in skipped:

@@ -49,17 +49,23 @@ def render(report: HostReport, findings: list[Finding], console: Console) -> Non
     gpus = report.gpus
     console.print(Text(f"GPU host report for {report.host_root}", style="bold"))
     # what the host says is printed as text, never read as rich markup (a name like "GA100 [a100]")
-    console.print(Text(
-        f"OS {report.os_id} {report.os_version_id}, kernel {report.kernel or '?'}; "
-        f"{len(gpus)} NVIDIA GPU(s); driver source: {report.driver.source}"
-        + (f" ({report.driver.flavor})" if report.driver.flavor else "")
-        + f"; runtime: {report.runtime.flavor or 'none'}; IOMMU: {'on' if report.iommu.enabled else 'off'}"
-    ))
+    console.print(
+        Text(
+            f"OS {report.os_id} {report.os_version_id}, kernel {report.kernel or '?'}; "
+            f"{len(gpus)} NVIDIA GPU(s); driver source: {report.driver.source}"
+            + (f" ({report.driver.flavor})" if report.driver.flavor else "")
+            + f"; runtime: {report.runtime.flavor or 'none'}; IOMMU: {'on' if report.iommu.enabled else 'off'}"
+        )
+    )
     if gpus:
         table = Table("address", "device", "name", "driver", "NUMA", "IOMMU group")
         for g in gpus:
-            table.add_row(*(Text(str(v)) for v in (
-                g.address, g.vendor_device, g.name, g.driver or "-", g.numa_node, g.iommu_group)))
+            table.add_row(
+                *(
+                    Text(str(v))
+                    for v in (g.address, g.vendor_device, g.name, g.driver or "-", g.numa_node, g.iommu_group)
+                )
+            )
         console.print(table)
     for f in findings:
         console.print(

@@ -10,7 +10,9 @@ from gpu_operator.node.vfio_node import parse_passthrough_devices
 from gpu_operator.node.vmchecks import Advertised
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, WORKLOAD_CONFIG
 
-OFFLINE_HINT = "pass --advertised 10de:2330=N (what the Node shows for KubeVirt's resource) to compare offline"
+OFFLINE_HINT = (
+    "pass --advertised 10de:2330=N (what the Node shows for KubeVirt's resource) to compare offline"
+)
 
 
 @dataclass

@@ -89,7 +89,8 @@ class DriverInfo(BaseModel):
     run_root: str = Field(default="/", description="host directory to chroot into to run nvidia-smi")
     smi_in_root: str | None = Field(default=None, description="nvidia-smi's path inside run_root")
     smi_env: dict[str, str] = Field(
-        default_factory=dict, description="environment nvidia-smi needs (a bundle root's lib64 for its loader)"
+        default_factory=dict,
+        description="environment nvidia-smi needs (a bundle root's lib64 for its loader)",
     )
     kernel_module_loaded: bool = False
     kernel_version: str | None = None

@@ -221,7 +221,11 @@ def _runtime(report: HostReport) -> list[Finding]:
     )
     # CRI-O under the toolkit's hook mode (CRIO_CONFIG_MODE=hook) has no nvidia runtime: its OCI hook
     # in CRI-O's hooks_dir gives containers their GPUs instead.
-    if not rt.nvidia_runtime and not rt.nvidia_hook and report.driver.source in (DriverSource.HOST, DriverSource.OPERATOR):
+    if (
+        not rt.nvidia_runtime
+        and not rt.nvidia_hook
+        and report.driver.source in (DriverSource.HOST, DriverSource.OPERATOR)
+    ):
         out.append(
             _finding(
                 "nvidia-runtime-missing",
@@ -289,13 +293,16 @@ def diagnose(
     for VMs) splits the checks: passthrough for those, containers for the rest."""
     out = _diagnose(report, declared_workload, passthrough_devices)
     if report.unreadable_paths:
-        out.append(_finding(
-            "host-path-unreadable", Severity.WARNING,
-            f"{len(report.unreadable_paths)} host path(s) were not read; what they hold is unknown",
-            [f"{path}: {why}" for path, why in sorted(report.unreadable_paths.items())],
-            "Look at these paths on the host: a symlink that leads outside the host root or in a loop, or "
-            "a file far longer than a kernel value, is never followed or read (check --host-root too)",
-        ))
+        out.append(
+            _finding(
+                "host-path-unreadable",
+                Severity.WARNING,
+                f"{len(report.unreadable_paths)} host path(s) were not read; what they hold is unknown",
+                [f"{path}: {why}" for path, why in sorted(report.unreadable_paths.items())],
+                "Look at these paths on the host: a symlink that leads outside the host root or in a loop, or "
+                "a file far longer than a kernel value, is never followed or read (check --host-root too)",
+            )
+        )
     order = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
     return sorted(out, key=lambda f: order[f.severity])
 
@@ -305,7 +312,10 @@ def _diagnose(
 ) -> list[Finding]:
     workload, why = intended_workload(report, declared_workload)
     if passthrough_devices:
-        workload, why = "mixed", f"{len(passthrough_devices)} GPU(s) listed for VMs: {', '.join(passthrough_devices)}"
+        workload, why = (
+            "mixed",
+            f"{len(passthrough_devices)} GPU(s) listed for VMs: {', '.join(passthrough_devices)}",
+        )
     if not report.sysfs_visible:
         return [
             _finding(

@@ -34,10 +34,10 @@ RESET = "drain the node's GPU pods, then reset the GPU (nvidia-smi -r -i ADDR) o
 # doctor's fix per action of the Xid catalogue (node/health/catalogue.py): words ours.
 FIXES = {
     RESTART_APP: "check the application that ran on this GPU (its logs, CUDA error) and restart it; "
-                 "recurring on every workload points at the hardware",
+    "recurring on every workload points at the hardware",
     RESET_GPU: RESET,
     REBOOT: "the GPU is lost until the node is power-cycled: drain it, reboot, and check power, "
-            "cooling and the PCIe seating if it happens again",
+    "cooling and the PCIe seating if it happens again",
 }
 _SEVERITY = {HEALTHY: Severity.INFO, WARNING: Severity.WARNING, UNHEALTHY: Severity.ERROR}
 UNKNOWN_FIX = "look the number up in NVIDIA's Xid catalogue (" + CATALOGUE_URL + ")"
@@ -56,15 +56,20 @@ def xid_kind(xid: int) -> tuple[Severity, str, str]:
 
 # NVRM lines that are no Xid but mean the driver cannot work: (pattern, code, summary, fix)
 NVRM_LINES = (
-    (re.compile(r"NVRM: API mismatch"), "driver-api-mismatch",
-     "the NVIDIA kernel module and the user-space driver are different versions",
-     "load the kernel module that matches the installed libraries (reboot after a driver update, or "
-     "restart the driver pod); two drivers (host and operator) must not both be installed"),
-    (re.compile(r"NVRM: RmInitAdapter failed"), "gpu-init-failed",
-     "the driver could not initialise a GPU",
-     "check the lines around it in the kernel log; reset or reboot, and check the GPU is supported by this driver"),
-    (re.compile(r"NVRM: .*fallen off the bus"), "gpu-off-bus",
-     "a GPU has fallen off the bus", FIXES[REBOOT]),
+    (
+        re.compile(r"NVRM: API mismatch"),
+        "driver-api-mismatch",
+        "the NVIDIA kernel module and the user-space driver are different versions",
+        "load the kernel module that matches the installed libraries (reboot after a driver update, or "
+        "restart the driver pod); two drivers (host and operator) must not both be installed",
+    ),
+    (
+        re.compile(r"NVRM: RmInitAdapter failed"),
+        "gpu-init-failed",
+        "the driver could not initialise a GPU",
+        "check the lines around it in the kernel log; reset or reboot, and check the GPU is supported by this driver",
+    ),
+    (re.compile(r"NVRM: .*fallen off the bus"), "gpu-off-bus", "a GPU has fallen off the bus", FIXES[REBOOT]),
 )
 
 
@@ -77,7 +82,9 @@ def read_kernel_log(fs: HostFS) -> tuple[str, str] | None:
     else:
         records = read_records(fs, KMSG, MAX_KMSG_BYTES) if real.exists() else None
         if records is not None:  # a record naming an Xid that is no kernel record is left out
-            return KMSG, "\n".join(r.message for r in records if r.facility == KERN or MENTION not in r.message)
+            return KMSG, "\n".join(
+                r.message for r in records if r.facility == KERN or MENTION not in r.message
+            )
     for path in LOG_FILES:
         text = fs.read_text(path, limit=MAX_KMSG_BYTES)
         if text is not None:
@@ -88,9 +95,15 @@ def read_kernel_log(fs: HostFS) -> tuple[str, str] | None:
 def kernel_log_findings(fs: HostFS) -> list[Finding]:
     found = read_kernel_log(fs)
     if found is None:
-        return [finding("kernel-log-unreadable", Severity.INFO, "the kernel log could not be read",
-                        [f"tried {KMSG} and {', '.join(LOG_FILES)} under the host root"],
-                        "run doctor with access to /dev/kmsg (privileged, or as root on the host)")]
+        return [
+            finding(
+                "kernel-log-unreadable",
+                Severity.INFO,
+                "the kernel log could not be read",
+                [f"tried {KMSG} and {', '.join(LOG_FILES)} under the host root"],
+                "run doctor with access to /dev/kmsg (privileged, or as root on the host)",
+            )
+        ]
     source, text = found
     return xid_findings(text, source)
 
@@ -118,7 +131,7 @@ def xid_findings(text: str, source: str) -> list[Finding]:
         if match:
             key = (match.group(1).lower(), int(match.group(2)))
             counts[key] += 1
-            last[key] = line.strip()[match.start():][:300]
+            last[key] = line.strip()[match.start() :][:300]
             continue
         for pattern, code, summary, fix in NVRM_LINES:
             if pattern.search(line):
@@ -126,10 +139,23 @@ def xid_findings(text: str, source: str) -> list[Finding]:
     out = []
     for (address, xid), count in sorted(counts.items()):
         severity, meaning, fix = xid_kind(xid)
-        out.append(finding(
-            f"xid-{xid}", severity, f"GPU {address}: Xid {xid}, {meaning} ({count} time(s))",
-            [f"{source}: {last[(address, xid)]}"], fix.replace("ADDR", address)))
+        out.append(
+            finding(
+                f"xid-{xid}",
+                severity,
+                f"GPU {address}: Xid {xid}, {meaning} ({count} time(s))",
+                [f"{source}: {last[(address, xid)]}"],
+                fix.replace("ADDR", address),
+            )
+        )
     for code, (summary, fix, src, lines) in other.items():
-        out.append(finding(code, Severity.ERROR, f"{summary} ({len(lines)} line(s))",
-                           [f"{src}: {line}" for line in lines[-3:]], fix))
+        out.append(
+            finding(
+                code,
+                Severity.ERROR,
+                f"{summary} ({len(lines)} line(s))",
+                [f"{src}: {line}" for line in lines[-3:]],
+                fix,
+            )
+        )
     return out

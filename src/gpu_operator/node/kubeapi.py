@@ -20,8 +20,13 @@ def new_client() -> Any:
     return Client(field_manager=FIELD_MANAGER)
 
 
-def patch_node(client: Any, node_name: str, *, labels: dict[str, str | None] | None = None,
-               annotations: dict[str, str | None] | None = None) -> Any:
+def patch_node(
+    client: Any,
+    node_name: str,
+    *,
+    labels: dict[str, str | None] | None = None,
+    annotations: dict[str, str | None] | None = None,
+) -> Any:
     """One merge patch of a Node's labels and annotations (None removes one); the patched Node."""
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
@@ -80,12 +85,20 @@ class RequestWatch:
         self.annotations: dict[str, str] = {}
         self.request: str | None = None
         self.watches = [
-            _Watch(f"Node {node_name}", lambda: self.client.watch(Node, fields={"metadata.name": node_name}),
-                   self._node, log),
-            _Watch(f"Secret {namespace}/{HEALTH_REQUESTS_SECRET}",
-                   lambda: self.client.watch(Secret, namespace=namespace,
-                                             fields={"metadata.name": HEALTH_REQUESTS_SECRET}),
-                   self._secret, log),
+            _Watch(
+                f"Node {node_name}",
+                lambda: self.client.watch(Node, fields={"metadata.name": node_name}),
+                self._node,
+                log,
+            ),
+            _Watch(
+                f"Secret {namespace}/{HEALTH_REQUESTS_SECRET}",
+                lambda: self.client.watch(
+                    Secret, namespace=namespace, fields={"metadata.name": HEALTH_REQUESTS_SECRET}
+                ),
+                self._secret,
+                log,
+            ),
         ]
 
     def _node(self, node: Any) -> None:
@@ -196,12 +209,24 @@ class KubeNodeView:
             if ref.get("kind") != "DaemonSet":
                 continue
             ds = self.client.get(DaemonSet, ref["name"], namespace=self.namespace).to_dict()
-            owners += [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["name"], "uid": o["uid"],
-                        "controller": True, "blockOwnerDeletion": True}
-                       for o in ds.get("metadata", {}).get("ownerReferences") or [] if o.get("kind") == "ClusterPolicy"]
+            owners += [
+                {
+                    "apiVersion": o["apiVersion"],
+                    "kind": o["kind"],
+                    "name": o["name"],
+                    "uid": o["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+                for o in ds.get("metadata", {}).get("ownerReferences") or []
+                if o.get("kind") == "ClusterPolicy"
+            ]
         spec = pod.get("spec", {})
-        return {"ownerReferences": owners[:1], "tolerations": spec.get("tolerations") or [],
-                "serviceAccountName": spec.get("serviceAccountName") or ""}
+        return {
+            "ownerReferences": owners[:1],
+            "tolerations": spec.get("tolerations") or [],
+            "serviceAccountName": spec.get("serviceAccountName") or "",
+        }
 
     def run_pod(self, manifest: dict[str, Any], timeout: float) -> PodOutcome:
         """Delete earlier pods of the same app on this node, create this one, wait for it to end."""

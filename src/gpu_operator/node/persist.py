@@ -91,7 +91,9 @@ def flavor_of(fs: HostFS) -> Flavor:
 
 def regenerate_command(flavor: str) -> str:
     """The command that rebuilds the initramfs for a generator ("" when unknown)."""
-    return {"initramfs-tools": "update-initramfs -u -k all", "dracut": "dracut -f --regenerate-all"}.get(flavor, "")
+    return {"initramfs-tools": "update-initramfs -u -k all", "dracut": "dracut -f --regenerate-all"}.get(
+        flavor, ""
+    )
 
 
 def rollback_text(flavor: Flavor) -> list[str]:
@@ -155,9 +157,7 @@ def dracut_setup() -> str:
 
 def dracut_conf() -> str:
     return (
-        f"# {MARKER}\n"
-        'add_dracutmodules+=" gpu-operator-vfio "\n'
-        f'force_drivers+=" {" ".join(VFIO_MODULES)} "\n'
+        f'# {MARKER}\nadd_dracutmodules+=" gpu-operator-vfio "\nforce_drivers+=" {" ".join(VFIO_MODULES)} "\n'
     )
 
 
@@ -209,7 +209,9 @@ def _drop(fs: HostFS, path: str, result: PersistResult) -> None:
 def _write_modules(fs: HostFS, result: PersistResult) -> None:
     current = fs.read_text(INITRAMFS_TOOLS_MODULES)
     rest, found, created = _strip_block(current or "")
-    wanted = rest + ("" if not rest or rest.endswith("\n") else "\n") + _module_block(created or current is None)
+    wanted = (
+        rest + ("" if not rest or rest.endswith("\n") else "\n") + _module_block(created or current is None)
+    )
     if found and current == wanted:
         result.unchanged.append(INITRAMFS_TOOLS_MODULES)
         return
@@ -245,7 +247,9 @@ def persist(fs: HostFS, addresses: list[str]) -> PersistResult:
         _put(fs, DRACUT_HOOK, dracut_hook(wanted), 0o755, result)
         _put(fs, DRACUT_SETUP, dracut_setup(), 0o755, result)
         _put(fs, DRACUT_CONF, dracut_conf(), 0o644, result)
-    others = {a: how for a, how in inspect(fs).persisted.items() if a in wanted and "vfio-manage persist" not in how}
+    others = {
+        a: how for a, how in inspect(fs).persisted.items() if a in wanted and "vfio-manage persist" not in how
+    }
     for address, how in sorted(others.items()):
         result.notes.append(f"{address} is also put on vfio-pci by {how} (not ours; left alone)")
     return result
@@ -280,9 +284,7 @@ def _early_scripts(fs: HostFS) -> list[str]:
 
 def _boot_modules(fs: HostFS) -> list[str]:
     found: set[str] = set()
-    files = [INITRAMFS_TOOLS_MODULES] + [
-        f"/etc/dracut.conf.d/{n}" for n in fs.listdir("/etc/dracut.conf.d")
-    ]
+    files = [INITRAMFS_TOOLS_MODULES] + [f"/etc/dracut.conf.d/{n}" for n in fs.listdir("/etc/dracut.conf.d")]
     for path in files:
         for line in (fs.read_text(path) or "").splitlines():
             words = line.split("#", 1)[0].replace('"', " ").replace("+=", " ").replace("=", " ").split()
@@ -322,4 +324,6 @@ def inspect(fs: HostFS, functions: list[pci.PciFunction] | None = None) -> Persi
     for func in functions:
         if func.vendor_device in ids:
             persisted.setdefault(func.address, f"vfio-pci ids={func.vendor_device}")
-    return PersistInfo(flavor=flavor, persisted=persisted, ours=sorted(set(ours)), boot_modules=_boot_modules(fs))
+    return PersistInfo(
+        flavor=flavor, persisted=persisted, ours=sorted(set(ours)), boot_modules=_boot_modules(fs)
+    )

@@ -48,10 +48,12 @@ class HostReport(BaseModel):
     vfio_pci_loaded: bool = False
     vfio_iommu_type1_loaded: bool = Field(default=False, description="the VFIO IOMMU backend VMs need")
     vgpu_manager_loaded: bool = Field(
-        default=False, description="nvidia_vgpu_vfio loaded: NVIDIA's vGPU manager (host driver for vGPU) runs here"
+        default=False,
+        description="nvidia_vgpu_vfio loaded: NVIDIA's vGPU manager (host driver for vGPU) runs here",
     )
     persistence: PersistInfo = Field(
-        default_factory=PersistInfo, description="what the boot configuration puts on vfio-pci at the next boot"
+        default_factory=PersistInfo,
+        description="what the boot configuration puts on vfio-pci at the next boot",
     )
     loaded_pci_drivers: list[str] = Field(default_factory=list)
     iommu: IommuInfo
@@ -65,7 +67,9 @@ class HostReport(BaseModel):
     # Non-NVIDIA, non-bridge devices that share an IOMMU group with an NVIDIA GPU: group -> addresses.
     shared_iommu_groups: dict[int, list[str]] = Field(default_factory=dict)
     mellanox_present: bool = False
-    guest: GuestInfo = Field(default_factory=GuestInfo, description="VM guest signs, GPU kinds, NVLink (node/guest.py)")
+    guest: GuestInfo = Field(
+        default_factory=GuestInfo, description="VM guest signs, GPU kinds, NVLink (node/guest.py)"
+    )
     unreadable_paths: dict[str, str] = Field(
         default_factory=dict,
         description="host paths not read: a link out of the host root or in a loop, a value far too long",

@@ -52,8 +52,13 @@ def runtime_facts(report: HostReport) -> dict[str, str]:
     rt = report.runtime
     if not rt.name:
         return {"flavor": "none"}
-    found = {"name": rt.name, "flavor": rt.flavor, "config": rt.config_path or "",
-             "template": rt.template_path or "", "socket": rt.socket or ""}
+    found = {
+        "name": rt.name,
+        "flavor": rt.flavor,
+        "config": rt.config_path or "",
+        "template": rt.template_path or "",
+        "socket": rt.socket or "",
+    }
     return {k: v for k, v in found.items() if v}
 
 
@@ -134,10 +139,17 @@ def publish_once(
         devices = parse_passthrough_devices(annotations.get(PASSTHROUGH_DEVICES_ANNOTATION, "")) or None
     except VfioUsageError as err:
         bad_list = [
-            finding("passthrough-device-unknown", Severity.ERROR, "the passthrough device list does not parse", [str(err)])
+            finding(
+                "passthrough-device-unknown",
+                Severity.ERROR,
+                "the passthrough device list does not parse",
+                [str(err)],
+            )
         ]
     findings = bad_list + diagnose(report, declared, devices)
     codes = {f.code for f in findings}
     events = node_events(findings)
-    node.publish(node_labels(report, findings), events if codes != last_codes else [], node_annotations(report))
+    node.publish(
+        node_labels(report, findings), events if codes != last_codes else [], node_annotations(report)
+    )
     return codes, events

@@ -42,16 +42,20 @@ _CANDIDATES = (
         "k3s",
         ("/var/lib/rancher/k3s/agent/etc/containerd/config.toml",),
         "/run/k3s/containerd/containerd.sock",
-        templates=("/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.tmpl",
-                   "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"),
+        templates=(
+            "/var/lib/rancher/k3s/agent/etc/containerd/config-v3.toml.tmpl",
+            "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
+        ),
     ),
     _Candidate(
         "containerd",
         "rke2",
         ("/var/lib/rancher/rke2/agent/etc/containerd/config.toml",),
         "/run/k3s/containerd/containerd.sock",
-        templates=("/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl",
-                   "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl"),
+        templates=(
+            "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl",
+            "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
+        ),
     ),
     _Candidate(
         "containerd",
@@ -98,8 +102,9 @@ class ContainerRuntime(BaseModel):
     flavor: str = ""
     config_path: str | None = None
     template_path: str | None = Field(
-        default=None, description="k3s/rke2 regenerate config_path from this at start (config-v3.toml.tmpl "
-        "first, for containerd 2)"
+        default=None,
+        description="k3s/rke2 regenerate config_path from this at start (config-v3.toml.tmpl "
+        "first, for containerd 2)",
     )
     config_files: list[str] = Field(
         default_factory=list, description="config plus every drop-in that was read"
@@ -107,8 +112,9 @@ class ContainerRuntime(BaseModel):
     socket: str | None = None
     nvidia_runtime: bool = False
     nvidia_hook: str | None = Field(
-        default=None, description="CRI-O: the OCI hook file in its hooks_dir that runs NVIDIA's runtime hook "
-        "(the toolkit's hook mode), None when there is none"
+        default=None,
+        description="CRI-O: the OCI hook file in its hooks_dir that runs NVIDIA's runtime hook "
+        "(the toolkit's hook mode), None when there is none",
     )
     default_runtime: str | None = None
     cdi_enabled: bool | None = Field(default=None, description="None when the configuration does not say")
@@ -152,7 +158,9 @@ def _walk_files(fs: HostFS, directory: str) -> list[str]:
 
 
 def _has_config(fs: HostFS, cand: _Candidate) -> bool:
-    return any(fs.is_file(c) for c in cand.configs) or bool(cand.drop_in_dir and _walk_files(fs, cand.drop_in_dir))
+    return any(fs.is_file(c) for c in cand.configs) or bool(
+        cand.drop_in_dir and _walk_files(fs, cand.drop_in_dir)
+    )
 
 
 def _nvidia_hook(fs: HostFS, docs: list[dict[str, Any]]) -> str | None:

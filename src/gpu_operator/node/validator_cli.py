@@ -31,8 +31,12 @@ app = typer.Typer(add_completion=False, help=__doc__)
 
 @app.command()
 def nvidia_validator(
-    component: Annotated[str, typer.Option("--component", "-c", envvar="COMPONENT",
-                                           help="driver, toolkit, cuda, plugin, ... or metrics.")],
+    component: Annotated[
+        str,
+        typer.Option(
+            "--component", "-c", envvar="COMPONENT", help="driver, toolkit, cuda, plugin, ... or metrics."
+        ),
+    ],
     node_name: Annotated[str | None, typer.Option("--node-name", "-n")] = None,
     namespace: Annotated[str | None, typer.Option("--namespace", "--ns")] = None,
     with_wait: Annotated[bool | None, typer.Option("--with-wait/--no-with-wait", "-w")] = None,
@@ -42,10 +46,17 @@ def nvidia_validator(
     sleep_interval_seconds: Annotated[int | None, typer.Option("--sleep-interval-seconds", "-s")] = None,
     mig_strategy: Annotated[str | None, typer.Option("--mig-strategy", "-m")] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", "-p")] = None,
-    default_gpu_workload_config: Annotated[str | None, typer.Option("--default-gpu-workload-config", "-g")] = None,
-    host_root: Annotated[str | None, typer.Option(
-        "--host-root-mount", envvar="GPU_OPERATOR_HOST_ROOT",
-        help="Where the host's / is mounted in this container (default: /host when it exists).")] = None,
+    default_gpu_workload_config: Annotated[
+        str | None, typer.Option("--default-gpu-workload-config", "-g")
+    ] = None,
+    host_root: Annotated[
+        str | None,
+        typer.Option(
+            "--host-root-mount",
+            envvar="GPU_OPERATOR_HOST_ROOT",
+            help="Where the host's / is mounted in this container (default: /host when it exists).",
+        ),
+    ] = None,
 ) -> None:
     """Validate one component and write its status file (upstream's nvidia-validator contract)."""
     from gpu_operator.node.cli import run_component

@@ -45,7 +45,12 @@ def _vfio(
             plans = vfio.plan(fs, action, device or [], all_gpus)
         else:
             plans = vfio.execute(
-                fs, KernelWriter(fs), action, device or [], all_gpus, load_vfio=_loader(fs) if load_module else None
+                fs,
+                KernelWriter(fs),
+                action,
+                device or [],
+                all_gpus,
+                load_vfio=_loader(fs) if load_module else None,
             )
     except vfio.VfioUsageError as err:
         raise typer.BadParameter(str(err)) from None
@@ -115,7 +120,9 @@ def vfio_persist(
     try:
         if remove:
             if all_gpus or device:
-                raise typer.BadParameter("--remove takes no --all/--device: it removes everything persist wrote")
+                raise typer.BadParameter(
+                    "--remove takes no --all/--device: it removes everything persist wrote"
+                )
             result = persist.remove(fs)
         else:
             gpus = vfio.select_gpus(fs, device or [], all_gpus)
@@ -141,7 +148,9 @@ def vfio_persist(
     if not result.changed:
         typer.echo("nothing changed" + ("" if remove else "; the initramfs needs no rebuild for this"))
         raise typer.Exit(1 if partial else 0)
-    typer.echo(f"next: regenerate the initramfs on the host ({result.flavor}): {persist.regenerate_command(result.flavor)}")
+    typer.echo(
+        f"next: regenerate the initramfs on the host ({result.flavor}): {persist.regenerate_command(result.flavor)}"
+    )
     if not remove:
         typer.echo("then reboot; `gpu-operator doctor` afterwards shows every GPU on vfio-pci and persisted")
         for line in persist.rollback_text(result.flavor):
@@ -172,22 +181,31 @@ def vfio_reconcile(
         raise typer.BadParameter("reconcile needs NODE_NAME (the downward API's spec.nodeName)")
     fs = host_fs(host_root)
     try:
-        view = KubeNodeView(node, os.environ.get("OPERATOR_NAMESPACE", ""), component="gpu-operator-vfio-manager")
+        view = KubeNodeView(
+            node, os.environ.get("OPERATOR_NAMESPACE", ""), component="gpu-operator-vfio-manager"
+        )
     except ConfigError as err:
-        raise typer.BadParameter(f"reconcile needs Kubernetes API access (in-cluster or KUBECONFIG): {err}") from None
+        raise typer.BadParameter(
+            f"reconcile needs Kubernetes API access (in-cluster or KUBECONFIG): {err}"
+        ) from None
     from httpx2 import HTTPError
     from lightkube.core.exceptions import ApiError
 
     while True:
         try:
-            record, written = reconcile(fs, KernelWriter(fs), view, load_vfio=_loader(fs) if load_module else None)
+            record, written = reconcile(
+                fs, KernelWriter(fs), view, load_vfio=_loader(fs) if load_module else None
+            )
         except (ApiError, HTTPError) as err:
             if once:
                 raise typer.BadParameter(f"Node {node}: the API refused or failed: {err}") from None
             typer.echo(f"Node {node}: API error, retrying in {interval:.0f}s: {err}", err=True)
             time.sleep(interval)
             continue
-        typer.echo(f"{node}: vfio state {record['state']}" + (" (recorded on the Node)" if written else " (unchanged)"))
+        typer.echo(
+            f"{node}: vfio state {record['state']}"
+            + (" (recorded on the Node)" if written else " (unchanged)")
+        )
         for address, gpu in sorted(record["gpus"].items()):
             typer.echo(f"  {address}: {gpu['driver']}: {gpu['result']}")
         if record.get("error"):

@@ -45,7 +45,9 @@ class Selection:
     error: str = ""
 
 
-def parse_passthrough_devices(value: str, source: str = f"annotation {PASSTHROUGH_DEVICES_ANNOTATION}") -> list[str]:
+def parse_passthrough_devices(
+    value: str, source: str = f"annotation {PASSTHROUGH_DEVICES_ANNOTATION}"
+) -> list[str]:
     """A comma (or space) separated list of PCI addresses, normalized; VfioUsageError names `source` and the bad one."""
     words = [w for w in value.replace(",", " ").split() if w]
     out = []
@@ -102,7 +104,10 @@ def result_record(fs: HostFS, plans: list[vfio.GpuPlan], selection: Selection) -
         gpus[p.gpu] = {"driver": now, "result": result}
     for func in pci.scan(fs, pci.NVIDIA_VENDOR):
         if func.is_gpu and func.address not in chosen:
-            gpus[func.address] = {"driver": func.driver or "none", "result": "not for VMs on this node; left as is"}
+            gpus[func.address] = {
+                "driver": func.driver or "none",
+                "result": "not for VMs on this node; left as is",
+            }
     record: dict[str, Any] = {"state": state_of(plans, selection), "selection": selection.why, "gpus": gpus}
     if selection.error:
         record["error"] = selection.error
@@ -122,7 +127,9 @@ def event_for(record: dict[str, Any]) -> dict[str, str] | None:
             message += f"; {len(left)} left for containers: {', '.join(left)}"
         return {"reason": VFIO_BOUND_REASON, "type": "Normal", "message": message}
     problems = record.get("error") or "; ".join(
-        f"{a}: {g['result']}" for a, g in sorted(gpus.items()) if g["result"].startswith("REFUSED")
+        f"{a}: {g['result']}"
+        for a, g in sorted(gpus.items())
+        if g["result"].startswith("REFUSED")
         or (g["driver"] not in pci.VFIO_DRIVERS and not g["result"].startswith("not for VMs"))
     )
     return {"reason": VFIO_REFUSED_REASON, "type": "Warning", "message": f"vfio-manage {state}: {problems}"}
@@ -141,7 +148,9 @@ def reconcile(
     plans: list[vfio.GpuPlan] = []
     if not selection.error and (selection.all_gpus or selection.devices):
         try:
-            plans = vfio.execute(fs, writer, "bind", selection.devices, selection.all_gpus, load_vfio=load_vfio)
+            plans = vfio.execute(
+                fs, writer, "bind", selection.devices, selection.all_gpus, load_vfio=load_vfio
+            )
         except vfio.VfioUsageError as err:
             selection.error = f"annotation {PASSTHROUGH_DEVICES_ANNOTATION}: {err}"
     record = result_record(fs, plans, selection)

@@ -30,7 +30,9 @@ def split_report(report: HostReport, devices: list[str]) -> tuple[HostReport, Ho
         report.model_copy(
             update={
                 "nvidia_functions": vm,
-                "shared_iommu_groups": {g: m for g, m in report.shared_iommu_groups.items() if g in vm_groups},
+                "shared_iommu_groups": {
+                    g: m for g, m in report.shared_iommu_groups.items() if g in vm_groups
+                },
             }
         ),
         report.model_copy(update={"nvidia_functions": rest}),
@@ -72,7 +74,10 @@ def persistence_findings(report: HostReport, host_gpus: list[str] | None = None)
                 Severity.WARNING,
                 f"{len(fleeting)} GPU(s) are bound to vfio-pci now but nothing in the boot configuration puts "
                 "them there: they fall back to the host driver at the next boot",
-                [f"{a}: no early driver_override script, vfio-pci.ids or modprobe ids covers it" for a in fleeting],
+                [
+                    f"{a}: no early driver_override script, vfio-pci.ids or modprobe ids covers it"
+                    for a in fleeting
+                ],
                 f"gpu-operator vfio-manage persist {devices}"
                 + (f", then {regenerate}" if regenerate else "")
                 + " (it prints how to roll back)",
@@ -102,11 +107,20 @@ def persistence_findings(report: HostReport, host_gpus: list[str] | None = None)
     return out
 
 
-def kubevirt_findings(report: HostReport, advertised: list[Advertised] | None, unchecked: str = "") -> list[Finding]:
+def kubevirt_findings(
+    report: HostReport, advertised: list[Advertised] | None, unchecked: str = ""
+) -> list[Finding]:
     """KubeVirt's device plugin lists a permitted PCI ID's devices when it starts; one that is (or later
     is no longer) on vfio-pci stays advertised, and a VM scheduled onto it fails to start."""
     if advertised is None:
-        return [finding("kubevirt-count-unchecked", Severity.INFO, "KubeVirt's advertised GPUs were not checked", [unchecked])]
+        return [
+            finding(
+                "kubevirt-count-unchecked",
+                Severity.INFO,
+                "KubeVirt's advertised GPUs were not checked",
+                [unchecked],
+            )
+        ]
     out: list[Finding] = []
     for adv in advertised:
         ids = adv.vendor_device.lower()

@@ -25,14 +25,20 @@ def check_policy(policy: ClusterPolicy) -> None:
     """Cross-field rules the CRD also enforces (CEL), for objects that bypassed it."""
     spec = policy.spec
     if spec.cdi.nri() and not spec.cdi.on():
-        raise RenderError("spec.cdi.nriPluginEnabled",
-                          "the NRI plugin injects CDI devices: set spec.cdi.enabled=true or turn NRI off")
+        raise RenderError(
+            "spec.cdi.nriPluginEnabled",
+            "the NRI plugin injects CDI devices: set spec.cdi.enabled=true or turn NRI off",
+        )
     if spec.cdi.nri() and not spec.toolkit.on():
-        raise RenderError("spec.cdi.nriPluginEnabled",
-                          "the NRI plugin is installed by the toolkit: set spec.toolkit.enabled=true or turn NRI off")
+        raise RenderError(
+            "spec.cdi.nriPluginEnabled",
+            "the NRI plugin is installed by the toolkit: set spec.toolkit.enabled=true or turn NRI off",
+        )
     if spec.devicePlugin.config and spec.devicePlugin.config.default and not spec.devicePlugin.config.name:
-        raise RenderError("spec.devicePlugin.config.default",
-                          "a default config needs spec.devicePlugin.config.name (the ConfigMap holding the configs)")
+        raise RenderError(
+            "spec.devicePlugin.config.default",
+            "a default config needs spec.devicePlugin.config.name (the ConfigMap holding the configs)",
+        )
 
 
 def render(policy: ClusterPolicy, facts: ClusterFacts) -> RenderResult:
@@ -50,4 +56,3 @@ def render(policy: ClusterPolicy, facts: ClusterFacts) -> RenderResult:
         states.append(StateResult(operand.state, True, reason + note, objects))
     keep = frozenset() if facts.has_gpu_nodes else frozenset({"DaemonSet"})
     return RenderResult(states=states, warnings=policy.warnings(), keep_kinds=keep)
-

@@ -14,26 +14,40 @@ def render_command(
     ] = None,
     nvidiadriver: Annotated[
         Path | None,
-        typer.Option("--nvidiadriver", exists=True, dir_okay=False,
-                     help="NVIDIADriver YAML file (one or more documents): render their driver DaemonSets, "
-                     "one per node pool, instead of the ClusterPolicy's states (--policy then only supplies "
-                     "host paths and the validator image)."),
+        typer.Option(
+            "--nvidiadriver",
+            exists=True,
+            dir_okay=False,
+            help="NVIDIADriver YAML file (one or more documents): render their driver DaemonSets, "
+            "one per node pool, instead of the ClusterPolicy's states (--policy then only supplies "
+            "host paths and the validator image).",
+        ),
     ] = None,
     gpucluster: Annotated[
         Path | None,
-        typer.Option("--gpucluster", exists=True, dir_okay=False,
-                     help="GPUCluster YAML file: render the DRA stack's four states (DRA driver, DCGM, DCGM "
-                     "exporter, DRA validation) instead of a ClusterPolicy's."),
+        typer.Option(
+            "--gpucluster",
+            exists=True,
+            dir_okay=False,
+            help="GPUCluster YAML file: render the DRA stack's four states (DRA driver, DCGM, DCGM "
+            "exporter, DRA validation) instead of a ClusterPolicy's.",
+        ),
     ] = None,
     resource_api: Annotated[
-        str, typer.Option("--resource-api", help="With --gpucluster: the resource.k8s.io version the apiserver "
-                          "serves (v1, v1beta2, v1beta1; none = DRA not served).")
+        str,
+        typer.Option(
+            "--resource-api",
+            help="With --gpucluster: the resource.k8s.io version the apiserver "
+            "serves (v1, v1beta2, v1beta1; none = DRA not served).",
+        ),
     ] = "v1",
     nodes: Annotated[
         Path | None,
         typer.Option("--nodes", exists=True, dir_okay=False, help="Node manifests (YAML list or stream)."),
     ] = None,
-    shape: Annotated[list[str] | None, typer.Option("--shape", help="Fake nodes NAME[:COUNT] (repeatable).")] = None,
+    shape: Annotated[
+        list[str] | None, typer.Option("--shape", help="Fake nodes NAME[:COUNT] (repeatable).")
+    ] = None,
     namespace: Annotated[str, typer.Option("--namespace", help="Operator namespace.")] = "gpu-operator",
     output: Annotated[str, typer.Option("-o", "--output", help="yaml or json.")] = "yaml",
     k8s_version: Annotated[str, typer.Option("--k8s-version", help="Kubernetes version.")] = "1.37.0",

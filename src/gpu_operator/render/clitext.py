@@ -39,8 +39,10 @@ def load_gpucluster(path: Path) -> GPUCluster:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "GPUCluster"]
     if len(found) != 1:
-        raise InputError(f"{path}: expected exactly one GPUCluster document (kind: GPUCluster, apiVersion: "
-                         f"nvidia.com/v1alpha1), found {len(found)}")
+        raise InputError(
+            f"{path}: expected exactly one GPUCluster document (kind: GPUCluster, apiVersion: "
+            f"nvidia.com/v1alpha1), found {len(found)}"
+        )
     return GPUCluster.model_validate(found[0])
 
 
@@ -94,7 +96,9 @@ def load_nvidiadrivers(path: Path) -> list[NVIDIADriver]:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     found = [d for d in docs if isinstance(d, dict) and d.get("kind") == "NVIDIADriver"]
     if not found:
-        raise InputError(f"{path}: no NVIDIADriver document found (kind: NVIDIADriver, apiVersion: nvidia.com/v1alpha1)")
+        raise InputError(
+            f"{path}: no NVIDIADriver document found (kind: NVIDIADriver, apiVersion: nvidia.com/v1alpha1)"
+        )
     drivers = []
     for doc in found:
         try:
@@ -108,7 +112,9 @@ def load_nvidiadrivers(path: Path) -> list[NVIDIADriver]:
     return drivers
 
 
-def render_drivers(drivers: list[NVIDIADriver], facts: ClusterFacts, base: ClusterPolicy | None) -> RenderResult:
+def render_drivers(
+    drivers: list[NVIDIADriver], facts: ClusterFacts, base: ClusterPolicy | None
+) -> RenderResult:
     """Every NVIDIADriver's objects, with GPU nodes routed to their owners as the operator does."""
     routing = route(drivers, {n.name: n.labels for n in facts.gpu_nodes})
     result = RenderResult(states=[])
@@ -121,9 +127,20 @@ def render_drivers(drivers: list[NVIDIADriver], facts: ClusterFacts, base: Clust
     return result
 
 
-def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | None, shapes: list[str],
-               namespace: str, output: str, k8s_version: str, openshift: bool, as_labelled: bool,
-               gpucluster: Path | None = None, resource_api_version: str = "v1") -> int:
+def run_render(
+    *,
+    policy: Path | None,
+    nvidiadriver: Path | None,
+    nodes: Path | None,
+    shapes: list[str],
+    namespace: str,
+    output: str,
+    k8s_version: str,
+    openshift: bool,
+    as_labelled: bool,
+    gpucluster: Path | None = None,
+    resource_api_version: str = "v1",
+) -> int:
     from gpu_operator import shapes as node_shapes
 
     source = gpucluster or nvidiadriver or policy
@@ -132,23 +149,35 @@ def run_render(*, policy: Path | None, nvidiadriver: Path | None, nodes: Path | 
             raise InputError(f"-o {output}: choose yaml or json")
         if gpucluster is not None:
             if policy is not None or nvidiadriver is not None:
-                raise InputError("--gpucluster renders the DRA stack alone: a GPUCluster and a ClusterPolicy cannot "
-                                 "be active together (drop --policy/--nvidiadriver)")
-            facts_dra = DRAFacts(namespace=namespace, resource_api=resource_api(resource_api_version),
-                                 openshift=openshift, operator_env=operator_env(os.environ, CHART_DEFAULT_IMAGES))
+                raise InputError(
+                    "--gpucluster renders the DRA stack alone: a GPUCluster and a ClusterPolicy cannot "
+                    "be active together (drop --policy/--nvidiadriver)"
+                )
+            facts_dra = DRAFacts(
+                namespace=namespace,
+                resource_api=resource_api(resource_api_version),
+                openshift=openshift,
+                operator_env=operator_env(os.environ, CHART_DEFAULT_IMAGES),
+            )
             result = render_gpucluster(load_gpucluster(gpucluster), facts_dra)
             sys.stdout.write(format_yaml(result) if output == "yaml" else format_json(result))
             return 0
         if policy is None and nvidiadriver is None:
-            raise InputError("give --policy FILE (a ClusterPolicy), --nvidiadriver FILE (NVIDIADrivers), both, "
-                             "or --gpucluster FILE (a GPUCluster)")
+            raise InputError(
+                "give --policy FILE (a ClusterPolicy), --nvidiadriver FILE (NVIDIADrivers), both, "
+                "or --gpucluster FILE (a GPUCluster)"
+            )
         cluster = load_nodes(nodes) if nodes else []
         cluster += node_shapes.nodes(shapes, settled=True)  # the steady state: GFD and the device plugin ran
         if as_labelled:
             label_gpu_nodes(cluster)
-        facts = ClusterFacts.from_nodes(cluster, namespace=namespace, k8s_version=k8s_version,
-                                        openshift=openshift,
-                                        operator_env=operator_env(os.environ, CHART_DEFAULT_IMAGES))
+        facts = ClusterFacts.from_nodes(
+            cluster,
+            namespace=namespace,
+            k8s_version=k8s_version,
+            openshift=openshift,
+            operator_env=operator_env(os.environ, CHART_DEFAULT_IMAGES),
+        )
         base = load_policy(policy) if policy else None
         if nvidiadriver is not None:
             result = render_drivers(load_nvidiadrivers(nvidiadriver), facts, base)

@@ -31,7 +31,13 @@ PENDING = "pending"
 # cmd/nvidia-ctk-installer: RUNTIME_CONFIG or <RUNTIME>_CONFIG, RUNTIME_SOCKET or <RUNTIME>_SOCKET).
 CONFIG_KEYS = ("RUNTIME_CONFIG", "CONTAINERD_CONFIG", "CRIO_CONFIG", "DOCKER_CONFIG")
 SOCKET_KEYS = ("RUNTIME_SOCKET", "CONTAINERD_SOCKET", "CRIO_SOCKET", "DOCKER_SOCKET")
-HINT_KEYS = ("RUNTIME", "CONTAINERD_CONFIG", "CONTAINERD_SOCKET", "RUNTIME_CONFIG_SOURCE", "RUNTIME_DROP_IN_CONFIG")
+HINT_KEYS = (
+    "RUNTIME",
+    "CONTAINERD_CONFIG",
+    "CONTAINERD_SOCKET",
+    "RUNTIME_CONFIG_SOURCE",
+    "RUNTIME_DROP_IN_CONFIG",
+)
 
 _K3S = "/var/lib/rancher/k3s/agent/etc/containerd"
 _RKE2 = "/var/lib/rancher/rke2/agent/etc/containerd"
@@ -56,23 +62,54 @@ class Distribution:
 # Stock containerd, CRI-O and Docker: upstream's defaults (controllers/object_controls.go), which a
 # cluster of that runtime gets unchanged; the others: the distributions' own (docs/operands.md).
 DISTRIBUTIONS: Mapping[str, Distribution] = {
-    d.name: d for d in (
-        Distribution(STOCK, "containerd", "/etc/containerd/config.toml", "/run/containerd/containerd.sock",
-                     "/etc/containerd/conf.d/99-nvidia.toml"),
+    d.name: d
+    for d in (
+        Distribution(
+            STOCK,
+            "containerd",
+            "/etc/containerd/config.toml",
+            "/run/containerd/containerd.sock",
+            "/etc/containerd/conf.d/99-nvidia.toml",
+        ),
         # k3s/RKE2 regenerate config.toml at every start from config.toml.tmpl (config-v3.toml.tmpl
         # with containerd 2): the toolkit edits the template, starting from the generated config.
-        Distribution("k3s", "containerd", f"{_K3S}/config.toml.tmpl", _K3S_SOCKET, "",
-                     source=f"file={_K3S}/config.toml", config_v3=f"{_K3S}/config-v3.toml.tmpl"),
-        Distribution("rke2", "containerd", f"{_RKE2}/config.toml.tmpl", _K3S_SOCKET, "",
-                     source=f"file={_RKE2}/config.toml", config_v3=f"{_RKE2}/config-v3.toml.tmpl"),
+        Distribution(
+            "k3s",
+            "containerd",
+            f"{_K3S}/config.toml.tmpl",
+            _K3S_SOCKET,
+            "",
+            source=f"file={_K3S}/config.toml",
+            config_v3=f"{_K3S}/config-v3.toml.tmpl",
+        ),
+        Distribution(
+            "rke2",
+            "containerd",
+            f"{_RKE2}/config.toml.tmpl",
+            _K3S_SOCKET,
+            "",
+            source=f"file={_RKE2}/config.toml",
+            config_v3=f"{_RKE2}/config-v3.toml.tmpl",
+        ),
         # MicroK8s renders args/containerd.toml from args/containerd-template.toml (NVIDIA's docs).
-        Distribution("microk8s", "containerd", f"{_MICROK8S}/current/args/containerd-template.toml",
-                     f"{_MICROK8S}/common/run/containerd.sock", "/etc/containerd/conf.d/99-nvidia.toml",
-                     source=f"file={_MICROK8S}/current/args/containerd.toml"),
+        Distribution(
+            "microk8s",
+            "containerd",
+            f"{_MICROK8S}/current/args/containerd-template.toml",
+            f"{_MICROK8S}/common/run/containerd.sock",
+            "/etc/containerd/conf.d/99-nvidia.toml",
+            source=f"file={_MICROK8S}/current/args/containerd.toml",
+        ),
         # k0s merges every /etc/k0s/containerd.d/*.toml into its own config but follows no further
         # imports: the toolkit writes its runtime there, with no drop-in of its own.
-        Distribution("k0s", "containerd", "/etc/k0s/containerd.d/nvidia.toml", "/run/k0s/containerd.sock", "",
-                     source="file"),
+        Distribution(
+            "k0s",
+            "containerd",
+            "/etc/k0s/containerd.d/nvidia.toml",
+            "/run/k0s/containerd.sock",
+            "",
+            source="file",
+        ),
         Distribution("crio", "crio", "/etc/crio/config.toml", "", "/etc/crio/crio.conf.d/99-nvidia.conf"),
         Distribution("docker", "docker", "/etc/docker/daemon.json", "/var/run/docker.sock", ""),
     )
@@ -80,15 +117,19 @@ DISTRIBUTIONS: Mapping[str, Distribution] = {
 # The probe's flavours the toolkit cannot configure, and why (the message names the fix).
 NOT_CONFIGURABLE = {
     "talos": "Talos' containerd config is read-only: use Talos' nvidia-container-toolkit system extension "
-             "and set spec.toolkit.enabled=false",
+    "and set spec.toolkit.enabled=false",
 }
 _SCHEMES = {"containerd": STOCK, "cri-o": "crio", "docker": "docker"}
 _KUBELET_SUFFIX = (("+rke2", "rke2"), ("+k3s", "k3s"), ("+k0s", "k0s"))
 _MAJOR = re.compile(r"^(\d+)\.")
 
 
-def detect(runtime_version: str, kubelet_version: str, probe: Mapping[str, str],
-           labels: Mapping[str, str] | None = None) -> str:
+def detect(
+    runtime_version: str,
+    kubelet_version: str,
+    probe: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+) -> str:
     """A node's distribution (a DISTRIBUTIONS key, a NOT_CONFIGURABLE flavour, UNRECOGNISED, or
     PENDING while nodeInfo names no runtime yet).
 
@@ -129,8 +170,12 @@ def config_of(dist: Distribution, runtime_version: str, probe: Mapping[str, str]
     return dist.config_v3 if dist.config_v3 and major is not None and major >= 2 else dist.config
 
 
-def toolkit_group(runtime_version: str, kubelet_version: str, probe: Mapping[str, str],
-                  labels: Mapping[str, str] | None = None) -> str:
+def toolkit_group(
+    runtime_version: str,
+    kubelet_version: str,
+    probe: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+) -> str:
     """The toolkit DaemonSet a node belongs to: its distribution, `-v3` added where the toolkit edits
     the distribution's containerd 2 config (the node label RUNTIME_GROUP carries it)."""
     name = detect(runtime_version, kubelet_version, probe, labels)
@@ -155,11 +200,17 @@ def problem(node: str, distribution: str, runtime_version: str, probe_flavour: s
     if distribution in NOT_CONFIGURABLE:
         why = NOT_CONFIGURABLE[distribution]
     elif probe_flavour:
-        why = (f"the node probe found no container runtime it knows in the host's files (it reported "
-               f"{probe_flavour!r}; nodeInfo says {runtime_version or 'nothing'})")
+        why = (
+            f"the node probe found no container runtime it knows in the host's files (it reported "
+            f"{probe_flavour!r}; nodeInfo says {runtime_version or 'nothing'})"
+        )
     else:
-        why = (f"its container runtime ({runtime_version or 'none reported'}) is not one the operator recognises "
-               f"(containerd of stock, k3s, RKE2, MicroK8s or k0s; CRI-O; Docker)")
-    return (f"node {node}: no container toolkit runs there: {why}; name its runtime in spec.toolkit.env "
-            f"({', '.join(HINT_KEYS)}) or label it nvidia.com/gpu.deploy.container-toolkit=false "
-            f"(docs/distributions.md)")
+        why = (
+            f"its container runtime ({runtime_version or 'none reported'}) is not one the operator recognises "
+            f"(containerd of stock, k3s, RKE2, MicroK8s or k0s; CRI-O; Docker)"
+        )
+    return (
+        f"node {node}: no container toolkit runs there: {why}; name its runtime in spec.toolkit.env "
+        f"({', '.join(HINT_KEYS)}) or label it nvidia.com/gpu.deploy.container-toolkit=false "
+        f"(docs/distributions.md)"
+    )

@@ -48,5 +48,7 @@ def route(drivers: Iterable[NVIDIADriver], gpu_nodes: Mapping[str, Mapping[str, 
 
 
 def conflict_message(node: str, names: tuple[str, ...]) -> str:
-    return (f"node {node} is selected by NVIDIADrivers {', '.join(names)}: make their spec.nodeSelector "
-            "disjoint (or keep a single default); the node keeps its current driver until then")
+    return (
+        f"node {node} is selected by NVIDIADrivers {', '.join(names)}: make their spec.nodeSelector "
+        "disjoint (or keep a single default); the node keeps its current driver until then"
+    )

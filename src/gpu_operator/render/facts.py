@@ -77,12 +77,15 @@ class NodeFacts:
         """From a Node object (a dict as the API returns it)."""
         meta = node.get("metadata") or {}
         info = (node.get("status") or {}).get("nodeInfo") or {}
-        return cls(name=str(meta.get("name", "")), labels=dict(meta.get("labels") or {}),
-                   runtime_version=str(info.get("containerRuntimeVersion", "")),
-                   kernel_version=str(info.get("kernelVersion", "")),
-                   kubelet_version=str(info.get("kubeletVersion", "")),
-                   probe_runtime=probe_runtime(meta.get("annotations") or {}),
-                   mixed=passthrough_list(meta.get("annotations") or {}) is not None)
+        return cls(
+            name=str(meta.get("name", "")),
+            labels=dict(meta.get("labels") or {}),
+            runtime_version=str(info.get("containerRuntimeVersion", "")),
+            kernel_version=str(info.get("kernelVersion", "")),
+            kubelet_version=str(info.get("kubeletVersion", "")),
+            probe_runtime=probe_runtime(meta.get("annotations") or {}),
+            mixed=passthrough_list(meta.get("annotations") or {}) is not None,
+        )
 
 
 def probe_runtime(annotations: Mapping[str, str]) -> dict[str, str]:
@@ -144,7 +147,10 @@ def workload_config(labels: Mapping[str, str], sandbox_enabled: bool, default_wo
 def passthrough_list(annotations: Mapping[str, str]) -> list[str] | None:
     """A mixed node's passthrough GPUs (annotation `nvidia.com/gpu.passthrough.devices`), as written and
     lowercased, a missing domain read as 0000; None when the node has no such list (not mixed)."""
-    words = [w.strip().lower() for w in annotations.get(PASSTHROUGH_DEVICES_ANNOTATION, "").replace(",", " ").split()]
+    words = [
+        w.strip().lower()
+        for w in annotations.get(PASSTHROUGH_DEVICES_ANNOTATION, "").replace(",", " ").split()
+    ]
     if not words:
         return None
     return sorted({w if w.count(":") == 2 else f"0000:{w}" for w in words})

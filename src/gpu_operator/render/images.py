@@ -99,7 +99,11 @@ def image_uses(objects: list[Manifest]) -> list[ImageUse]:
     uses: set[ImageUse] = set()
     for obj in objects:
         kind, meta = str(obj.get("kind", "")), obj.get("metadata") or {}
-        name = f"{meta['namespace']}/{meta.get('name', '')}" if meta.get("namespace") else str(meta.get("name", ""))
+        name = (
+            f"{meta['namespace']}/{meta.get('name', '')}"
+            if meta.get("namespace")
+            else str(meta.get("name", ""))
+        )
         for pod in pod_specs(obj.get("spec")):
             for ctr in containers(pod):
                 if ctr.get("image"):
@@ -107,8 +111,16 @@ def image_uses(objects: list[Manifest]) -> list[ImageUse]:
                 if ctr is fallbacks:
                     continue
                 for var in ctr.get("env") or []:
-                    if isinstance(var, dict) and IMAGE_ENV.search(str(var.get("name", ""))) and var.get("value"):
-                        uses.add(ImageUse(str(var["value"]), kind, name, str(ctr.get("name", "")), str(var["name"])))
+                    if (
+                        isinstance(var, dict)
+                        and IMAGE_ENV.search(str(var.get("name", "")))
+                        and var.get("value")
+                    ):
+                        uses.add(
+                            ImageUse(
+                                str(var["value"]), kind, name, str(ctr.get("name", "")), str(var["name"])
+                            )
+                        )
     return sorted(uses)
 
 

@@ -125,24 +125,37 @@ def inventory(nodes: list[NodeInput], spec: ClusterPolicySpec) -> Inventory:
         for address in chosen:
             gpu = gpus.get(address)
             if gpu is None:
-                out.findings.append(KubeVirtFinding(
-                    PASSTHROUGH_DEVICE_UNKNOWN,
-                    f"Node {node.name}: {address} is listed in nvidia.com/gpu.passthrough.devices but the probe "
-                    f"found no NVIDIA GPU there (GPUs: {', '.join(sorted(gpus)) or 'none'}); fix the annotation",
-                    node.name))
+                out.findings.append(
+                    KubeVirtFinding(
+                        PASSTHROUGH_DEVICE_UNKNOWN,
+                        f"Node {node.name}: {address} is listed in nvidia.com/gpu.passthrough.devices but the probe "
+                        f"found no NVIDIA GPU there (GPUs: {', '.join(sorted(gpus)) or 'none'}); fix the annotation",
+                        node.name,
+                    )
+                )
                 continue
             driver = str(gpu.get("driver") or "")
             if driver in VFIO_DRIVERS:
-                out.bound.append(VmGpu(node.name, address, str(gpu.get("vendorDevice", "")).upper(),
-                                       str(gpu.get("product") or ""), str(gpu.get("name") or "")))
+                out.bound.append(
+                    VmGpu(
+                        node.name,
+                        address,
+                        str(gpu.get("vendorDevice", "")).upper(),
+                        str(gpu.get("product") or ""),
+                        str(gpu.get("name") or ""),
+                    )
+                )
             elif driver:
-                out.findings.append(KubeVirtFinding(
-                    HOST_DRIVER_ON_PASSTHROUGH_REASON,
-                    f"Node {node.name}: GPU {address} is for VMs but bound to the host driver {driver!r}; "
-                    "VMs cannot use it and KubeVirt does not list it. Fix: `gpu-operator node vfio-manage "
-                    f"bind --device {address}` on the node (or remove the host driver), or give the GPU to "
-                    "containers (leave it out of nvidia.com/gpu.passthrough.devices)",
-                    node.name))
+                out.findings.append(
+                    KubeVirtFinding(
+                        HOST_DRIVER_ON_PASSTHROUGH_REASON,
+                        f"Node {node.name}: GPU {address} is for VMs but bound to the host driver {driver!r}; "
+                        "VMs cannot use it and KubeVirt does not list it. Fix: `gpu-operator node vfio-manage "
+                        f"bind --device {address}` on the node (or remove the host driver), or give the GPU to "
+                        "containers (leave it out of nvidia.com/gpu.passthrough.devices)",
+                        node.name,
+                    )
+                )
             else:
                 out.pending.append(f"{node.name} {address}")
     return out
@@ -153,8 +166,14 @@ def desired_entries(gpus: list[VmGpu], external: bool) -> list[dict[str, Any]]:
     first: dict[str, VmGpu] = {}
     for gpu in gpus:
         first.setdefault(gpu.selector, gpu)
-    return [{"pciVendorSelector": sel, "resourceName": resource_name(gpu, external),
-             "externalResourceProvider": external} for sel, gpu in sorted(first.items())]
+    return [
+        {
+            "pciVendorSelector": sel,
+            "resourceName": resource_name(gpu, external),
+            "externalResourceProvider": external,
+        }
+        for sel, gpu in sorted(first.items())
+    ]
 
 
 def _live_list(cr: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -168,8 +187,9 @@ def ours_recorded(cr: Mapping[str, Any]) -> set[str]:
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return (a.get("resourceName") == b.get("resourceName")
-            and bool(a.get("externalResourceProvider")) == bool(b.get("externalResourceProvider")))
+    return a.get("resourceName") == b.get("resourceName") and bool(a.get("externalResourceProvider")) == bool(
+        b.get("externalResourceProvider")
+    )
 
 
 @dataclass
@@ -195,15 +215,18 @@ def merge(cr: Mapping[str, Any], desired: list[dict[str, Any]]) -> Merge:
         if theirs is None:
             ours.append(entry)
         elif not _same(theirs, entry):
-            findings.append(KubeVirtFinding(
-                HOST_DEVICE_LISTED_BY_OTHERS,
-                f"{name} already lists {entry['pciVendorSelector']} as {theirs.get('resourceName')!r} "
-                f"(externalResourceProvider {bool(theirs.get('externalResourceProvider'))}); the operator would "
-                f"list it as {entry['resourceName']!r} (externalResourceProvider "
-                f"{entry['externalResourceProvider']}), so two device plugins could advertise the same GPUs. "
-                "Left as it is: remove that entry from spec.configuration.permittedHostDevices.pciHostDevices "
-                "to let the operator manage it, or set spec.sandboxWorkloads.kubevirt.syncPermittedHostDevices="
-                "false in the ClusterPolicy"))
+            findings.append(
+                KubeVirtFinding(
+                    HOST_DEVICE_LISTED_BY_OTHERS,
+                    f"{name} already lists {entry['pciVendorSelector']} as {theirs.get('resourceName')!r} "
+                    f"(externalResourceProvider {bool(theirs.get('externalResourceProvider'))}); the operator would "
+                    f"list it as {entry['resourceName']!r} (externalResourceProvider "
+                    f"{entry['externalResourceProvider']}), so two device plugins could advertise the same GPUs. "
+                    "Left as it is: remove that entry from spec.configuration.permittedHostDevices.pciHostDevices "
+                    "to let the operator manage it, or set spec.sandboxWorkloads.kubevirt.syncPermittedHostDevices="
+                    "false in the ClusterPolicy",
+                )
+            )
     entries = others + ours
     selectors = [e["pciVendorSelector"] for e in ours]
     changed = entries != live or sorted(recorded) != sorted(selectors)
@@ -215,10 +238,14 @@ def apply_body(cr: Mapping[str, Any], result: Merge) -> dict[str, Any]:
     concurrent edit makes the apply fail with 409 instead of being lost)."""
     meta = cr.get("metadata") or {}
     return {
-        "apiVersion": API_VERSION, "kind": KIND,
-        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                     "resourceVersion": meta.get("resourceVersion"),
-                     "annotations": {KUBEVIRT_DEVICES_ANNOTATION: ",".join(result.ours)}},
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "annotations": {KUBEVIRT_DEVICES_ANNOTATION: ",".join(result.ours)},
+        },
         "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": result.entries}}},
     }
 
@@ -230,8 +257,10 @@ def summary(inv: Inventory, entries: list[dict[str, Any]]) -> str:
         counts.setdefault(gpu.selector, set()).add(gpu.node)
         per_id[gpu.selector] = per_id.get(gpu.selector, 0) + 1
     names = {e["pciVendorSelector"]: e["resourceName"] for e in entries}
-    parts = [f"{sel} {names.get(sel, '?')}: {per_id[sel]} GPU(s) on vfio-pci on {len(nodes)} node(s)"
-             for sel, nodes in sorted(counts.items())]
+    parts = [
+        f"{sel} {names.get(sel, '?')}: {per_id[sel]} GPU(s) on vfio-pci on {len(nodes)} node(s)"
+        for sel, nodes in sorted(counts.items())
+    ]
     text = "; ".join(parts) or "no GPU bound to vfio-pci on a passthrough node"
     if inv.pending:
         text += f"; not bound yet: {_some(inv.pending)}"
@@ -246,20 +275,38 @@ def _some(items: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def condition(findings: list[KubeVirtFinding], synced: bool, text: str, no_facts: list[str] | None = None) -> dict[str, str]:
+def condition(
+    findings: list[KubeVirtFinding], synced: bool, text: str, no_facts: list[str] | None = None
+) -> dict[str, str]:
     """The VMPassthrough condition (without times): False with the first finding's reason when any;
     False (ProbeFactsMissing) while a passthrough node's GPUs are not seen (no probe facts from it):
     what was synced leaves them out, so it is not True."""
     if findings:
         shown = " | ".join(f.message for f in findings[:5])
-        more = f" | and {len(findings) - 5} more finding(s): see the Warning Events" if len(findings) > 5 else ""
-        return {"type": VM_PASSTHROUGH_CONDITION, "status": "False", "reason": findings[0].reason,
-                "message": shown + more}
+        more = (
+            f" | and {len(findings) - 5} more finding(s): see the Warning Events" if len(findings) > 5 else ""
+        )
+        return {
+            "type": VM_PASSTHROUGH_CONDITION,
+            "status": "False",
+            "reason": findings[0].reason,
+            "message": shown + more,
+        }
     if no_facts:
-        return {"type": VM_PASSTHROUGH_CONDITION, "status": "False", "reason": PROBE_FACTS_MISSING,
-                "message": (f"the GPUs of {len(no_facts)} passthrough node(s) are not seen: {_some(no_facts)} "
-                            f"(no {PROBE_FACTS_ANNOTATION} annotation from the GPU probe); the probe runs on passthrough "
-                            "nodes while spec.sandboxWorkloads.enabled=true: check that its pod runs there "
-                            "(kubectl get pods -A -l app=nvidia-gpu-probe -o wide) and read its log. " + text)}
-    return {"type": VM_PASSTHROUGH_CONDITION, "status": "True",
-            "reason": HOST_DEVICES_SYNCED if synced else HOST_DEVICES_NOT_SYNCED, "message": text}
+        return {
+            "type": VM_PASSTHROUGH_CONDITION,
+            "status": "False",
+            "reason": PROBE_FACTS_MISSING,
+            "message": (
+                f"the GPUs of {len(no_facts)} passthrough node(s) are not seen: {_some(no_facts)} "
+                f"(no {PROBE_FACTS_ANNOTATION} annotation from the GPU probe); the probe runs on passthrough "
+                "nodes while spec.sandboxWorkloads.enabled=true: check that its pod runs there "
+                "(kubectl get pods -A -l app=nvidia-gpu-probe -o wide) and read its log. " + text
+            ),
+        }
+    return {
+        "type": VM_PASSTHROUGH_CONDITION,
+        "status": "True",
+        "reason": HOST_DEVICES_SYNCED if synced else HOST_DEVICES_NOT_SYNCED,
+        "message": text,
+    }

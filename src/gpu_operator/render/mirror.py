@@ -66,8 +66,10 @@ def check_mirror(mirror: str) -> str:
     host = value.split("/")[0]
     # a first part without a dot or port is a Docker Hub namespace to every runtime, not a registry
     if not _MIRROR.match(value) or ("." not in host and ":" not in host and host != "localhost"):
-        raise MirrorError(f"--mirror {mirror!r}: give a registry host with an optional path, no scheme and no tag, "
-                          "e.g. --mirror registry.example.com:5000/gpu")
+        raise MirrorError(
+            f"--mirror {mirror!r}: give a registry host with an optional path, no scheme and no tag, "
+            "e.g. --mirror registry.example.com:5000/gpu"
+        )
     return value
 
 
@@ -103,8 +105,10 @@ def check_targets(images: Iterable[str], mirror: str) -> dict[str, str]:
         target = mirrored(image, mirror)
         other = sources.setdefault(target, image)
         if other != image and Reference.parse(other).full() != Reference.parse(image).full():
-            raise MirrorError(f"{other} and {image} would both be {target} in the mirror (same path in two "
-                              "registries): point one of them at another repository in your values")
+            raise MirrorError(
+                f"{other} and {image} would both be {target} in the mirror (same path in two "
+                "registries): point one of them at another repository in your values"
+            )
         targets[image] = target
     return targets
 
@@ -113,12 +117,16 @@ def copy_commands(images: Iterable[str], mirror: str) -> list[str]:
     """One `skopeo copy` per image not yet in the mirror: every architecture of a multi-arch index
     (`--all`) with its digest unchanged (`--preserve-digests`), so a digest pinned in the values
     names the same image in the mirror."""
-    return [f"skopeo copy --all --preserve-digests docker://{Reference.parse(src).full()} docker://{dst}"
-            for src, dst in sorted(check_targets(images, mirror).items()) if src != dst]
+    return [
+        f"skopeo copy --all --preserve-digests docker://{Reference.parse(src).full()} docker://{dst}"
+        for src, dst in sorted(check_targets(images, mirror).items())
+        if src != dst
+    ]
 
 
-def mirror_values(values: Mapping[str, Any], mirror: str, operator_image: str,
-                  operator_env: Mapping[str, str]) -> dict[str, Any]:
+def mirror_values(
+    values: Mapping[str, Any], mirror: str, operator_image: str, operator_env: Mapping[str, str]
+) -> dict[str, Any]:
     """The values to layer last (`-f`) so that every image of the install comes from the mirror.
 
     `values` are the chart's defaults with the user's layers merged in (what the chart renders
@@ -132,7 +140,9 @@ def mirror_values(values: Mapping[str, Any], mirror: str, operator_image: str,
     missing = {name: default for name, default in RENDERER_FALLBACKS.items() if name not in operator_env}
     if missing:
         env = list(_get(out, ("operator", "env")) or (values.get("operator") or {}).get("env") or [])
-        env += [{"name": name, "value": mirrored(default, mirror)} for name, default in sorted(missing.items())]
+        env += [
+            {"name": name, "value": mirrored(default, mirror)} for name, default in sorted(missing.items())
+        ]
         _put(out, ("operator", "env"), env)
     return out
 
@@ -149,18 +159,27 @@ def _walk(node: Any, path: tuple[str, ...], mirror: str, ours: Reference, out: d
             _put(out, (*path, "version"), ours.digest or ours.tag)
         elif repository:
             _put(out, (*path, "repository"), mirrored_repository(repository, mirror))
-        elif "/" in image and not node.get("version"):  # a full reference alone (a bare name pulls nothing usable)
+        elif "/" in image and not node.get(
+            "version"
+        ):  # a full reference alone (a bare name pulls nothing usable)
             _put(out, (*path, "image"), mirrored(image, mirror))
     for key, value in node.items():
         if key == "env" and isinstance(value, list) and any(_is_image_var(v) for v in value):
-            _put(out, (*path, "env"), [{**v, "value": mirrored(str(v["value"]), mirror)} if _is_image_var(v) else v
-                                       for v in value])
+            _put(
+                out,
+                (*path, "env"),
+                [{**v, "value": mirrored(str(v["value"]), mirror)} if _is_image_var(v) else v for v in value],
+            )
         elif isinstance(value, Mapping):
             _walk(value, (*path, str(key)), mirror, ours, out)
 
 
 def _is_image_var(var: Any) -> bool:
-    return isinstance(var, Mapping) and bool(IMAGE_ENV.search(str(var.get("name", "")))) and bool(var.get("value"))
+    return (
+        isinstance(var, Mapping)
+        and bool(IMAGE_ENV.search(str(var.get("name", ""))))
+        and bool(var.get("value"))
+    )
 
 
 def _get(out: Mapping[str, Any], path: tuple[str, ...]) -> Any:

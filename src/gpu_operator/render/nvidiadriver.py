@@ -85,8 +85,9 @@ def _pool_selector(node: NodeFacts, kernel: str | None) -> dict[str, str]:
     os_id = node.labels.get(OS_ID, "")
     selector = {OS_ID: os_id}
     if os_id in MAJOR_ONLY_OS:
-        selector[OS_VERSION_MAJOR] = node.labels.get(OS_VERSION_MAJOR) or \
-            node.labels.get(OS_VERSION_ID, "").split(".")[0]
+        selector[OS_VERSION_MAJOR] = (
+            node.labels.get(OS_VERSION_MAJOR) or node.labels.get(OS_VERSION_ID, "").split(".")[0]
+        )
     else:
         selector[OS_VERSION_ID] = node.labels.get(OS_VERSION_ID, "")
     if kernel:
@@ -106,8 +107,12 @@ def node_pools(nvd: NVIDIADriver, nodes: Collection[NodeFacts]) -> tuple[list[Po
             continue
         grouped.setdefault((node.os_tag, kernel), []).append(node)
     pools = [
-        Pool(os_tag=os_tag, kernel=kernel or None, node_selector=_pool_selector(members[0], kernel or None),
-             nodes=tuple(n.name for n in members))
+        Pool(
+            os_tag=os_tag,
+            kernel=kernel or None,
+            node_selector=_pool_selector(members[0], kernel or None),
+            nodes=tuple(n.name for n in members),
+        )
         for (os_tag, kernel), members in sorted(grouped.items())
     ]
     return pools, unpooled
@@ -120,7 +125,7 @@ def shared_name(nvd: NVIDIADriver) -> str:
 
 def _fit(prefix: str, digest: str, suffix: str = "") -> str:
     """`<prefix>-<digest><suffix>` in 63 characters: the prefix is cut, never the digest or the suffix."""
-    return f"{prefix[:NAME_LIMIT - len(digest) - 1 - len(suffix)].rstrip('-.')}-{digest}{suffix}"
+    return f"{prefix[: NAME_LIMIT - len(digest) - 1 - len(suffix)].rstrip('-.')}-{digest}{suffix}"
 
 
 def daemonset_name(nvd: NVIDIADriver, pool: Pool, suffix: str = "") -> str:
@@ -138,8 +143,11 @@ def guest_configmap_name(nvd: NVIDIADriver) -> str:
     `nvidia-<driverType>-driver-<name>-guest-nvlink-off`; past 63 characters the name is cut and the
     hash of the CR's name put before the suffix (CRs whose long names share a beginning stay apart)."""
     name, suffix = f"nvidia-{nvd.spec.driverType}-driver-{nvd.metadata.name}", guestnvlink.DAEMONSET_SUFFIX
-    return name + suffix if len(name) + len(suffix) <= NAME_LIMIT else _fit(name, name_hash(nvd.metadata.name),
-                                                                             suffix)
+    return (
+        name + suffix
+        if len(name) + len(suffix) <= NAME_LIMIT
+        else _fit(name, name_hash(nvd.metadata.name), suffix)
+    )
 
 
 def image_reference(spec: NVIDIADriverSpec) -> str:
@@ -163,24 +171,49 @@ def _driver_fields(spec: NVIDIADriverSpec) -> dict[str, Any]:
     """The NVIDIADriver's fields under the names ClusterPolicy's spec.driver gives them."""
     data = spec.dump()
     out: dict[str, Any] = {"enabled": True, **_image_fields(spec)}
-    for key in ("usePrecompiled", "useOpenKernelModules", "kernelModuleType", "startupProbe", "livenessProbe",
-                "readinessProbe", "rdma", "manager", "resources", "args", "env", "hostNetwork", "secretEnv",
-                "kernelModuleConfig", "certConfig"):
+    for key in (
+        "usePrecompiled",
+        "useOpenKernelModules",
+        "kernelModuleType",
+        "startupProbe",
+        "livenessProbe",
+        "readinessProbe",
+        "rdma",
+        "manager",
+        "resources",
+        "args",
+        "env",
+        "hostNetwork",
+        "secretEnv",
+        "kernelModuleConfig",
+        "certConfig",
+    ):
         if key in data:
             out[key] = data[key]
     if spec.upgradePolicy:  # with its defaults: auto-upgrade is on unless the CR says otherwise
         out["upgradePolicy"] = spec.upgradePolicy.model_dump(mode="json", exclude_none=True)
     out["kernelModuleType"] = spec.kernelModuleType
     if spec.startupProbe is None:  # upstream's NVIDIADriver default: precompiled modules load fast
-        out["startupProbe"] = {"initialDelaySeconds": 5 if spec.usePrecompiled else 60, "timeoutSeconds": 60,
-                               "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 120}
+        out["startupProbe"] = {
+            "initialDelaySeconds": 5 if spec.usePrecompiled else 60,
+            "timeoutSeconds": 60,
+            "periodSeconds": 10,
+            "successThreshold": 1,
+            "failureThreshold": 120,
+        }
     if spec.repoConfig and spec.repoConfig.name:
         out["repoConfig"] = {"configMapName": spec.repoConfig.name}
     if spec.licensingConfig:
         licensing = spec.licensingConfig
-        out["licensingConfig"] = {k: v for k, v in (("secretName", licensing.secretName),
-                                                    ("configMapName", licensing.name),
-                                                    ("nlsEnabled", licensing.nlsEnabled)) if v is not None}
+        out["licensingConfig"] = {
+            k: v
+            for k, v in (
+                ("secretName", licensing.secretName),
+                ("configMapName", licensing.name),
+                ("nlsEnabled", licensing.nlsEnabled),
+            )
+            if v is not None
+        }
     if spec.virtualTopologyConfig and spec.virtualTopologyConfig.name:
         out["virtualTopology"] = {"config": spec.virtualTopologyConfig.name}
     return out
@@ -204,14 +237,17 @@ def driver_policy(nvd: NVIDIADriver, base: ClusterPolicy | None = None) -> Clust
         if value:
             daemonsets[key] = value
     if spec.labels:  # the pods stay selectable: `app` and `app.kubernetes.io/*` are ours
-        daemonsets["labels"] = {k: v for k, v in spec.labels.items()
-                                if k != "app" and not k.startswith("app.kubernetes.io/")}
+        daemonsets["labels"] = {
+            k: v for k, v in spec.labels.items() if k != "app" and not k.startswith("app.kubernetes.io/")
+        }
     cp["daemonsets"] = daemonsets
     if spec.driverType == "vgpu-host-manager":
-        cp["vgpuManager"] = {"enabled": True, **_image_fields(spec),
-                             **({"driverManager": spec.manager.dump()} if spec.manager else {}),
-                             **({"kernelModuleConfig": spec.kernelModuleConfig.dump()}
-                                if spec.kernelModuleConfig else {})}
+        cp["vgpuManager"] = {
+            "enabled": True,
+            **_image_fields(spec),
+            **({"driverManager": spec.manager.dump()} if spec.manager else {}),
+            **({"kernelModuleConfig": spec.kernelModuleConfig.dump()} if spec.kernelModuleConfig else {}),
+        }
     return ClusterPolicy.model_validate({**data, "spec": cp})
 
 
@@ -219,16 +255,22 @@ def check_nvidiadriver(nvd: NVIDIADriver) -> None:
     """The CRD's CEL rules and upstream's routing rule, for objects that bypassed the API server."""
     spec = nvd.spec
     if spec.default and spec.nodeSelector:
-        raise RenderError("spec.nodeSelector", "the default NVIDIADriver must not set nodeSelector: "
-                          "remove it, or set spec.default=false")
+        raise RenderError(
+            "spec.nodeSelector",
+            "the default NVIDIADriver must not set nodeSelector: remove it, or set spec.default=false",
+        )
     if OWNER_LABEL in (spec.nodeSelector or {}):
-        raise RenderError(f"spec.nodeSelector.{OWNER_LABEL}",
-                          "the operator writes this label itself from the nodeSelector: select on other labels")
+        raise RenderError(
+            f"spec.nodeSelector.{OWNER_LABEL}",
+            "the operator writes this label itself from the nodeSelector: select on other labels",
+        )
     if not spec.image:
         raise RenderError("spec.image", "set the driver image (e.g. nvcr.io/nvidia/driver)")
     if spec.usePrecompiled and ((spec.gds and spec.gds.enabled) or (spec.gdrcopy and spec.gdrcopy.enabled)):
-        raise RenderError("spec.usePrecompiled", "precompiled drivers cannot be combined with gds.enabled "
-                          "or gdrcopy.enabled: turn one off")
+        raise RenderError(
+            "spec.usePrecompiled",
+            "precompiled drivers cannot be combined with gds.enabled or gdrcopy.enabled: turn one off",
+        )
 
 
 def _operand(nvd: NVIDIADriver) -> Operand:
@@ -246,8 +288,9 @@ def _rename_configmap(objects: list[Manifest], old: str, new: str) -> None:
                     volume["configMap"]["name"] = new
 
 
-def _pool_daemonset(ds: Manifest, nvd: NVIDIADriver, pool: Pool, guests: list[str] | None = None,
-                    inside: bool = False) -> Manifest:
+def _pool_daemonset(
+    ds: Manifest, nvd: NVIDIADriver, pool: Pool, guests: list[str] | None = None, inside: bool = False
+) -> Manifest:
     """One pool's DaemonSet; with `guests`, the pool's VM guests that need NVLink off: the DaemonSet
     that stays off them, or (`inside`) theirs, named with guestnvlink's suffix."""
     name = daemonset_name(nvd, pool, guestnvlink.DAEMONSET_SUFFIX if inside else "")
@@ -257,8 +300,13 @@ def _pool_daemonset(ds: Manifest, nvd: NVIDIADriver, pool: Pool, guests: list[st
         labels["app"] = name
     ds["spec"]["selector"] = {"matchLabels": {"app": name}}
     pod = template["spec"]
-    pod["nodeSelector"] = {**pod.get("nodeSelector", {}), **(nvd.spec.nodeSelector or {}),
-                           GPU_PRESENT: "true", OWNER_LABEL: nvd.metadata.name, **pool.node_selector}
+    pod["nodeSelector"] = {
+        **pod.get("nodeSelector", {}),
+        **(nvd.spec.nodeSelector or {}),
+        GPU_PRESENT: "true",
+        OWNER_LABEL: nvd.metadata.name,
+        **pool.node_selector,
+    }
     if nvd.spec.nodeAffinity:
         pod.setdefault("affinity", {})["nodeAffinity"] = copy.deepcopy(dict(nvd.spec.nodeAffinity))
         if guests:  # the CR's affinity replaced the split's: ANDed into the CR's terms again
@@ -272,11 +320,15 @@ def _pool_objects(built: list[Manifest], nvd: NVIDIADriver, pool: Pool, ctx: Ctx
     split = [ds for ds in built if ds["metadata"]["name"].endswith(guestnvlink.DAEMONSET_SUFFIX)]
     main = [ds for ds in built if not ds["metadata"]["name"].endswith(guestnvlink.DAEMONSET_SUFFIX)]
     if len(main) != 1 or len(split) > 1:
-        raise RenderError("spec", f"pool {pool.key} rendered {len(built)} DaemonSets, expected one "
-                          "(and one for its VM guests that need NVLink off)")
+        raise RenderError(
+            "spec",
+            f"pool {pool.key} rendered {len(built)} DaemonSets, expected one "
+            "(and one for its VM guests that need NVLink off)",
+        )
     guests = guestnvlink.guest_nodes(ctx.facts.gpu_nodes) if split else []
-    return [_pool_daemonset(main[0], nvd, pool, guests)] + \
-        [_pool_daemonset(ds, nvd, pool, guests, inside=True) for ds in split]
+    return [_pool_daemonset(main[0], nvd, pool, guests)] + [
+        _pool_daemonset(ds, nvd, pool, guests, inside=True) for ds in split
+    ]
 
 
 def _guest_configmap(operand: Operand, ctx: Ctx, nvd: NVIDIADriver) -> list[Manifest]:
@@ -292,8 +344,12 @@ def pool_facts(facts: ClusterFacts, names: Collection[str]) -> ClusterFacts:
     return dataclasses.replace(facts, nodes=tuple(n for n in facts.nodes if n.name in wanted))
 
 
-def render_nvidiadriver(nvd: NVIDIADriver, facts: ClusterFacts, base: ClusterPolicy | None = None,
-                        owned: Collection[str] | None = None) -> RenderResult:
+def render_nvidiadriver(
+    nvd: NVIDIADriver,
+    facts: ClusterFacts,
+    base: ClusterPolicy | None = None,
+    owned: Collection[str] | None = None,
+) -> RenderResult:
     """The NVIDIADriver's objects: its shared objects, then one driver DaemonSet per pool.
 
     `owned` names the nodes the CR owns (the operator's routing); without it (offline rendering)
@@ -303,12 +359,16 @@ def render_nvidiadriver(nvd: NVIDIADriver, facts: ClusterFacts, base: ClusterPol
     check_nvidiadriver(nvd)
     policy = driver_policy(nvd, base)
     operand = _operand(nvd)
-    gpu = [n for n in facts.gpu_nodes if (n.name in owned if owned is not None else selects(nvd.spec, n.labels))]
+    gpu = [
+        n for n in facts.gpu_nodes if (n.name in owned if owned is not None else selects(nvd.spec, n.labels))
+    ]
     pools, unpooled = node_pools(nvd, gpu)
     probe_cm = truncate(f"{shared_name(nvd)}-startup-probe")
     shared, _ = render_operand(operand, Ctx(policy, pool_facts(facts, [])))
     _rename_configmap(shared, driver_state.PROBE_CM, probe_cm)
-    selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items())) or "every GPU node"
+    selector = (
+        ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items())) or "every GPU node"
+    )
     reason = f"NVIDIADriver {nvd.metadata.name}: {len(gpu)} node(s) ({selector}), {len(pools)} pool(s)"
     states: list[StateResult] = []
     guest_cm: list[Manifest] = []
@@ -327,9 +387,12 @@ def render_nvidiadriver(nvd: NVIDIADriver, facts: ClusterFacts, base: ClusterPol
     states.insert(0, StateResult(operand.state, True, reason, [*shared, *guest_cm]))
     warnings = nvd.warnings()
     if unpooled:
-        warnings.append(f"NVIDIADriver {nvd.metadata.name}: node(s) {', '.join(unpooled)} lack the NFD labels "
-                        f"{OS_ID} and {OS_VERSION_ID}" + (f" or {KERNEL_FULL}" if nvd.spec.usePrecompiled else "")
-                        + ": no driver pool for them until NFD labels them")
+        warnings.append(
+            f"NVIDIADriver {nvd.metadata.name}: node(s) {', '.join(unpooled)} lack the NFD labels "
+            f"{OS_ID} and {OS_VERSION_ID}"
+            + (f" or {KERNEL_FULL}" if nvd.spec.usePrecompiled else "")
+            + ": no driver pool for them until NFD labels them"
+        )
     if not gpu:
         warnings.append(f"NVIDIADriver {nvd.metadata.name}: nodeSelector ({selector}) matches no GPU node")
     return RenderResult(states=states, warnings=warnings)

@@ -45,8 +45,12 @@ def hostpath(name: str, path: str, type_: str | None = None) -> dict[str, Any]:
     return {"name": name, "hostPath": source}
 
 
-def configmap_volume(name: str, configmap: str, mode: int | None = None, items: list[dict[str, str]] | None = None,
-                     ) -> dict[str, Any]:
+def configmap_volume(
+    name: str,
+    configmap: str,
+    mode: int | None = None,
+    items: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
     source: dict[str, Any] = {"name": configmap}
     if mode is not None:
         source["defaultMode"] = mode
@@ -55,8 +59,14 @@ def configmap_volume(name: str, configmap: str, mode: int | None = None, items: 
     return {"name": name, "configMap": source}
 
 
-def mount(name: str, path: str, *, readonly: bool = False, propagation: str | None = None,
-          sub_path: str | None = None) -> dict[str, Any]:
+def mount(
+    name: str,
+    path: str,
+    *,
+    readonly: bool = False,
+    propagation: str | None = None,
+    sub_path: str | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": name, "mountPath": path}
     if readonly:
         out["readOnly"] = True

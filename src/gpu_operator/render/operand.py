@@ -30,8 +30,12 @@ Extras = Callable[[Ctx, str], list[Manifest]]
 RBAC = "rbac.authorization.k8s.io/v1"
 
 
-def rule(groups: list[str], resources: list[str], verbs: list[str], names: list[str] | None = None,
-         ) -> dict[str, Any]:
+def rule(
+    groups: list[str],
+    resources: list[str],
+    verbs: list[str],
+    names: list[str] | None = None,
+) -> dict[str, Any]:
     out: dict[str, Any] = {"apiGroups": groups, "resources": resources, "verbs": verbs}
     if names:
         out["resourceNames"] = names
@@ -52,8 +56,9 @@ class Image:
 
     def resolve(self, ctx: Ctx) -> str:
         # a version, repository or image given alone replaces that part of the env var's image
-        return image_path(self.fields(ctx), self.env, dict(ctx.facts.operator_env), f"spec.{self.field}",
-                          partial=True)
+        return image_path(
+            self.fields(ctx), self.env, dict(ctx.facts.operator_env), f"spec.{self.field}", partial=True
+        )
 
 
 VALIDATOR = Image("validator", "VALIDATOR_IMAGE")
@@ -97,23 +102,45 @@ class Operand:
     orphan_pods: Callable[[Ctx], bool] | None = None
 
 
-def grant(kind: str, name: str, state: str, ns: str, rules: list[dict[str, Any]], account: str) -> list[Manifest]:
+def grant(
+    kind: str, name: str, state: str, ns: str, rules: list[dict[str, Any]], account: str
+) -> list[Manifest]:
     """A Role (kind "Role", in `ns`) or ClusterRole with `rules`, bound to ServiceAccount `account`."""
     scope = ns if kind == "Role" else None
     subject = [{"kind": "ServiceAccount", "name": account, "namespace": ns}]
-    return [obj(RBAC, kind, name, state, scope, rules=rules),
-            obj(RBAC, f"{kind}Binding", name, state, scope, subjects=subject,
-                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name})]
+    return [
+        obj(RBAC, kind, name, state, scope, rules=rules),
+        obj(
+            RBAC,
+            f"{kind}Binding",
+            name,
+            state,
+            scope,
+            subjects=subject,
+            roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+        ),
+    ]
 
 
 def scc(name: str, state: str, users: list[str], *, host_network: bool = True) -> Manifest:
     """An OpenShift SecurityContextConstraints letting `users` run privileged pods with host paths."""
     return obj(
-        "security.openshift.io/v1", "SecurityContextConstraints", name, state, None,
-        allowPrivilegedContainer=True, allowHostDirVolumePlugin=True, allowHostIPC=False,
-        allowHostNetwork=host_network, allowHostPID=True, allowHostPorts=host_network, readOnlyRootFilesystem=False,
-        runAsUser={"type": "RunAsAny"}, seLinuxContext={"type": "RunAsAny"},
-        fsGroup={"type": "RunAsAny"}, supplementalGroups={"type": "RunAsAny"},
+        "security.openshift.io/v1",
+        "SecurityContextConstraints",
+        name,
+        state,
+        None,
+        allowPrivilegedContainer=True,
+        allowHostDirVolumePlugin=True,
+        allowHostIPC=False,
+        allowHostNetwork=host_network,
+        allowHostPID=True,
+        allowHostPorts=host_network,
+        readOnlyRootFilesystem=False,
+        runAsUser={"type": "RunAsAny"},
+        seLinuxContext={"type": "RunAsAny"},
+        fsGroup={"type": "RunAsAny"},
+        supplementalGroups={"type": "RunAsAny"},
         volumes=["configMap", "emptyDir", "hostPath", "projected", "secret", "downwardAPI"],
         users=users,
     )

@@ -68,8 +68,17 @@ def sanitise(value: str) -> str:
 
 def arch_family(major: int, minor: int) -> str:
     """GFD's `nvidia.com/gpu.family` for a CUDA compute capability (internal/lm/resource.go)."""
-    families = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper",
-                10: "blackwell", 12: "blackwell", 13: "rubin"}
+    families = {
+        1: "tesla",
+        2: "fermi",
+        3: "kepler",
+        5: "maxwell",
+        6: "pascal",
+        9: "hopper",
+        10: "blackwell",
+        12: "blackwell",
+        13: "rubin",
+    }
     if major == 7:
         return "volta" if minor < 5 else "turing"
     if major == 8:
@@ -190,8 +199,9 @@ class Shape:
             },
         }
 
-    def gfd_labels(self, mig_strategy: str = "none", timestamp: int | None = None,
-                   node: str = "") -> dict[str, str]:
+    def gfd_labels(
+        self, mig_strategy: str = "none", timestamp: int | None = None, node: str = ""
+    ) -> dict[str, str]:
         """What GPU feature discovery v0.20.0 publishes for this host with full GPUs (no MIG
         device configured), its default (no) sharing and no vGPU: internal/lm/nvml.go (versions,
         mig.capable, mps.capable, gpu.mode), resource.go (product, count, replicas,
@@ -209,10 +219,13 @@ class Shape:
         n = NVIDIA
         labels = {
             f"{n}/gpu.machine": sanitise(self.machine or "unknown"),
-            f"{n}/cuda.driver.major": driver[0], f"{n}/cuda.driver.minor": driver[1],
+            f"{n}/cuda.driver.major": driver[0],
+            f"{n}/cuda.driver.minor": driver[1],
             f"{n}/cuda.driver.rev": driver[2] if len(driver) > 2 else "",
-            f"{n}/cuda.runtime.major": str(cuda_major), f"{n}/cuda.runtime.minor": str(cuda_minor),
-            f"{n}/cuda.driver-version.major": driver[0], f"{n}/cuda.driver-version.minor": driver[1],
+            f"{n}/cuda.runtime.major": str(cuda_major),
+            f"{n}/cuda.runtime.minor": str(cuda_minor),
+            f"{n}/cuda.driver-version.major": driver[0],
+            f"{n}/cuda.driver-version.minor": driver[1],
             f"{n}/cuda.driver-version.revision": driver[2] if len(driver) > 2 else "",
             f"{n}/cuda.driver-version.full": DRIVER_VERSION,
             f"{n}/cuda.runtime-version.major": str(cuda_major),
@@ -230,8 +243,13 @@ class Shape:
         if self.gpu_memory_mib:
             labels[f"{n}/gpu.memory"] = str(self.gpu_memory_mib)
         if major and int(major):
-            labels.update({f"{n}/gpu.family": arch_family(int(major), int(minor or 0)),
-                           f"{n}/gpu.compute.major": major, f"{n}/gpu.compute.minor": minor or "0"})
+            labels.update(
+                {
+                    f"{n}/gpu.family": arch_family(int(major), int(minor or 0)),
+                    f"{n}/gpu.compute.major": major,
+                    f"{n}/gpu.compute.minor": minor or "0",
+                }
+            )
         if mig_strategy in ("single", "mixed"):
             labels[f"{n}/mig.strategy"] = mig_strategy
         if timestamp is not None:

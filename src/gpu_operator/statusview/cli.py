@@ -15,9 +15,12 @@ def register(app: typer.Typer) -> None:
     @app.command("status")
     def status(
         kubeconfig: Kubeconfig = None,
-        namespace: Annotated[str | None, typer.Option(
-            "--namespace", "-n",
-            help="Operand namespace; default: the ClusterPolicy's status.namespace.")] = None,
+        namespace: Annotated[
+            str | None,
+            typer.Option(
+                "--namespace", "-n", help="Operand namespace; default: the ClusterPolicy's status.namespace."
+            ),
+        ] = None,
         max_nodes: Annotated[int, typer.Option(help="Rows to show (not-ready nodes first).")] = 40,
     ) -> None:
         """GPU nodes x components (deploy label, operand pod phase, validation), the ClusterPolicy
@@ -26,8 +29,11 @@ def register(app: typer.Typer) -> None:
         from gpu_operator.statusview.collect import collect
         from gpu_operator.statusview.render import make_console, render_view
 
-        with sync_client(kubeconfig, "read the GPU nodes and the ClusterPolicy",
-                         needs="the status view needs get/list on nodes, daemonsets, pods, clusterpolicies") as client:
+        with sync_client(
+            kubeconfig,
+            "read the GPU nodes and the ClusterPolicy",
+            needs="the status view needs get/list on nodes, daemonsets, pods, clusterpolicies",
+        ) as client:
             view = collect(client, namespace)
         make_console().print(render_view(view, max_nodes=max_nodes))
         raise typer.Exit(0 if view.ready else 1)

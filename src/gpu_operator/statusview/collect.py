@@ -29,8 +29,9 @@ def _dicts(objs: Any) -> list[dict[str, Any]]:
 STORAGE_INIT_WAIT = 15.0
 
 
-def list_policies(client: Client, resource: Any = ClusterPolicyResource,
-                  wait: float = STORAGE_INIT_WAIT) -> list[dict[str, Any]]:
+def list_policies(
+    client: Client, resource: Any = ClusterPolicyResource, wait: float = STORAGE_INIT_WAIT
+) -> list[dict[str, Any]]:
     """ClusterPolicies (or GPUClusters); [] when their CRD is not installed (the apiserver then
     answers 404 with a plain-text body, which lightkube leaves an HTTPStatusError). While the CRD's
     storage initialises (429) it asks again, for `wait` seconds at most."""
@@ -63,8 +64,9 @@ def operator_pods(client: Client, namespace: str | None) -> list[dict[str, Any]]
     else in every namespace (one found from a policy's status or a DaemonSet need not be where
     a stuck operator is: an operator that never started wrote no status)."""
     try:
-        return _dicts(client.list(Pod, namespace=namespace or "*",
-                                  labels={COMPONENT_LABEL: in_(list(ROLES))}))
+        return _dicts(
+            client.list(Pod, namespace=namespace or "*", labels={COMPONENT_LABEL: in_(list(ROLES))})
+        )
     except HTTPStatusError as err:
         if err.response.status_code == 403:  # a user who may read only the operand namespace
             return []
@@ -89,7 +91,7 @@ def left_crds(client: Client) -> list[LeftCRD]:
 
 
 def platform(client: Client) -> str:
-    """"OpenShift 4.17" where the cluster is one (the operator's own signal, kube/platform.py); ""
+    """ "OpenShift 4.17" where the cluster is one (the operator's own signal, kube/platform.py); ""
     elsewhere and for a user who may not read the ClusterVersion."""
     try:
         version = read_openshift_version_sync(client)

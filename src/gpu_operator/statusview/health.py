@@ -49,18 +49,27 @@ class NodeHealth:
 def node_health(node: dict[str, Any], now: float | None = None) -> NodeHealth:
     meta = node.get("metadata") or {}
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
-    cond: dict[str, Any] = next((c for c in (node.get("status") or {}).get("conditions") or []
-                                 if c.get("type") == HEALTH_CONDITION), {})
+    cond: dict[str, Any] = next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == HEALTH_CONDITION),
+        {},
+    )
     since = None
     with contextlib.suppress(KeyError, ValueError):
         since = (now or time.time()) - float(notes[HEALTH_SINCE_ANNOTATION])
     attempts = 0
     with contextlib.suppress(KeyError, ValueError):
         attempts = int(notes[HEALTH_ATTEMPTS_ANNOTATION])
-    return NodeHealth(meta.get("name", ""), cond.get("status", ""), cond.get("reason", ""), cond.get("message", ""),
-                      labels.get(HEALTH_STATE, ""), since if labels.get(HEALTH_STATE) else None, attempts,
-                      notes.get(HEALTH_REASON_ANNOTATION, ""),
-                      any(t.get("key") == HEALTH_TAINT for t in (node.get("spec") or {}).get("taints") or []))
+    return NodeHealth(
+        meta.get("name", ""),
+        cond.get("status", ""),
+        cond.get("reason", ""),
+        cond.get("message", ""),
+        labels.get(HEALTH_STATE, ""),
+        since if labels.get(HEALTH_STATE) else None,
+        attempts,
+        notes.get(HEALTH_REASON_ANNOTATION, ""),
+        any(t.get("key") == HEALTH_TAINT for t in (node.get("spec") or {}).get("taints") or []),
+    )
 
 
 def problems(rows: Iterable[NodeHealth]) -> list[str]:
@@ -68,8 +77,10 @@ def problems(rows: Iterable[NodeHealth]) -> list[str]:
     out = []
     for row in rows:
         if row.remediation in HELD_STATES:
-            out.append(f"GPU health: node {row.node} {row.remediation}: {row.why or row.message} "
-                       f"(gpu-operator health retry {row.node})")
+            out.append(
+                f"GPU health: node {row.node} {row.remediation}: {row.why or row.message} "
+                f"(gpu-operator health retry {row.node})"
+            )
         elif row.tainted and not row.remediation:
             out.append(f"GPU health: node {row.node} quarantined ({row.reason}): {row.message}")
     return out

@@ -43,10 +43,16 @@ class NodeMIG:
 def node_mig(node: dict[str, Any]) -> NodeMIG:
     meta = node.get("metadata") or {}
     labels = meta.get("labels") or {}
-    cond: dict[str, Any] = next((c for c in (node.get("status") or {}).get("conditions") or []
-                                 if c.get("type") == MIG_CONDITION), {})
-    return NodeMIG(meta.get("name", ""), labels.get(MIG_CONFIG, ""), labels.get(MIG_CONFIG_STATE, ""),
-                   cond.get("reason", ""), cond.get("message", ""))
+    cond: dict[str, Any] = next(
+        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == MIG_CONDITION), {}
+    )
+    return NodeMIG(
+        meta.get("name", ""),
+        labels.get(MIG_CONFIG, ""),
+        labels.get(MIG_CONFIG_STATE, ""),
+        cond.get("reason", ""),
+        cond.get("message", ""),
+    )
 
 
 def problems(rows: Iterable[NodeMIG]) -> list[str]:

@@ -16,8 +16,10 @@ ROLES = {
     "cleanup": "the uninstall cleanup Job (helm uninstall waits for it)",
 }
 IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
-IMAGE_KEYS = ("operator.repository, operator.image and operator.version (operator.imagePullSecrets for a "
-              "private registry)")
+IMAGE_KEYS = (
+    "operator.repository, operator.image and operator.version (operator.imagePullSecrets for a "
+    "private registry)"
+)
 
 
 def _waiting(pod: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -51,8 +53,10 @@ def _pull_secrets(pod: dict[str, Any], image: str) -> str:
     names = [str(s.get("name", "")) for s in (pod.get("spec") or {}).get("imagePullSecrets") or []]
     if not names:
         return ""
-    return (f"; it pulls with the Secret {', '.join(names)} (operator.imagePullSecrets): check that it holds "
-            f"valid credentials for {_registry(image)}")
+    return (
+        f"; it pulls with the Secret {', '.join(names)} (operator.imagePullSecrets): check that it holds "
+        f"valid credentials for {_registry(image)}"
+    )
 
 
 def _recovery(pod: dict[str, Any]) -> str:
@@ -63,13 +67,17 @@ def _recovery(pod: dict[str, Any]) -> str:
     before-hook-creation policy replaces the Job helm gave up on)."""
     meta = pod.get("metadata") or {}
     if (meta.get("labels") or {}).get(COMPONENT_LABEL) == "cleanup":
-        return ("fix them and `helm uninstall` again, or `helm uninstall --no-hooks` and `gpu-operator cleanup` "
-                "if the release cannot run its own hooks")
+        return (
+            "fix them and `helm uninstall` again, or `helm uninstall --no-hooks` and `gpu-operator cleanup` "
+            "if the release cannot run its own hooks"
+        )
     release = (meta.get("labels") or {}).get(RELEASE_LABEL) or "RELEASE"
-    return (f"a Secret fixed in place (same name) is used at the kubelet's next pull, within {MAX_PULL_BACKOFF_S} s, "
-            f"while helm still waits; once helm has failed, run `helm upgrade --install {release} CHART "
-            f"--namespace {meta.get('namespace', '')}` with the fixed values, or `helm uninstall --no-hooks` and "
-            "`gpu-operator cleanup` to give the release up")
+    return (
+        f"a Secret fixed in place (same name) is used at the kubelet's next pull, within {MAX_PULL_BACKOFF_S} s, "
+        f"while helm still waits; once helm has failed, run `helm upgrade --install {release} CHART "
+        f"--namespace {meta.get('namespace', '')}` with the fixed values, or `helm uninstall --no-hooks` and "
+        "`gpu-operator cleanup` to give the release up"
+    )
 
 
 def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
@@ -84,8 +92,10 @@ def operator_problems(pods: list[dict[str, Any]]) -> list[str]:
         for container, reason, message in _waiting(pod):
             if reason in IMAGE_REASONS:
                 image = _image_of(pod, container)
-                out.append(f"{role}: pod {where} cannot pull image {image!r} ({reason}){_pull_secrets(pod, image)}; "
-                           f"the chart builds it from {IMAGE_KEYS}: {_recovery(pod)}")
+                out.append(
+                    f"{role}: pod {where} cannot pull image {image!r} ({reason}){_pull_secrets(pod, image)}; "
+                    f"the chart builds it from {IMAGE_KEYS}: {_recovery(pod)}"
+                )
             else:
                 said = f": {message[:300]}" if message else ""
                 out.append(f"{role}: pod {where}, container {container}: {reason}{said}")

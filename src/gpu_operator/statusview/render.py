@@ -14,12 +14,22 @@ from gpu_operator.vocabulary import UPGRADE_DONE, UPGRADE_FAILED, UPGRADE_REQUIR
 
 # Short column headers: the full component names would make a 12-column table unreadable.
 SHORT = {
-    "driver": "driver", "gpu-feature-discovery": "gfd", "container-toolkit": "toolkit",
-    "device-plugin": "plugin", "dcgm": "dcgm", "dcgm-exporter": "dcgm-exp",
-    "mig-manager": "mig-mgr", "node-status-exporter": "status-exp",
-    "operator-validator": "validator", "sandbox-device-plugin": "sbx-plugin",
-    "sandbox-validator": "sbx-valid", "vfio-manager": "vfio", "kata-manager": "kata",
-    "cc-manager": "cc", "vgpu-manager": "vgpu-mgr", "vgpu-device-manager": "vgpu-dev",
+    "driver": "driver",
+    "gpu-feature-discovery": "gfd",
+    "container-toolkit": "toolkit",
+    "device-plugin": "plugin",
+    "dcgm": "dcgm",
+    "dcgm-exporter": "dcgm-exp",
+    "mig-manager": "mig-mgr",
+    "node-status-exporter": "status-exp",
+    "operator-validator": "validator",
+    "sandbox-device-plugin": "sbx-plugin",
+    "sandbox-validator": "sbx-valid",
+    "vfio-manager": "vfio",
+    "kata-manager": "kata",
+    "cc-manager": "cc",
+    "vgpu-manager": "vgpu-mgr",
+    "vgpu-device-manager": "vgpu-dev",
 }
 
 
@@ -66,7 +76,9 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
         title += f"   (+{view.other_nodes} node(s) without GPU)"
     table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
     table.add_column("node", no_wrap=True)
-    stacks = any(r.stack == "dra" for r in view.rows) or (view.policy is not None and view.policy.kind == "GPUCluster")
+    stacks = any(r.stack == "dra" for r in view.rows) or (
+        view.policy is not None and view.policy.kind == "GPUCluster"
+    )
     if stacks:
         table.add_column("stack", no_wrap=True)
     columns, _ = shown_components(view)
@@ -85,8 +97,14 @@ def node_table(view: StatusView, max_nodes: int = 40) -> Table:
     # Not-ready nodes first: on a big cluster those are the rows worth the screen.
     rows = sorted(view.rows, key=lambda r: (r.ready, r.name))
     for row in rows[:max_nodes]:
-        validation = Text(row.validation or "·", style="green" if row.validation.startswith("passed")
-                          else "dim" if not row.validation else "yellow")
+        validation = Text(
+            row.validation or "·",
+            style="green"
+            if row.validation.startswith("passed")
+            else "dim"
+            if not row.validation
+            else "yellow",
+        )
         extra = [upgrade_text(row.upgrade)] if upgrades else []
         extra += [health_text(row.health)] if healths else []
         extra += [mig_text(row.mig)] if migs else []
@@ -109,22 +127,29 @@ def health_text(health: NodeHealth | None) -> Text:
 def mig_text(mig: NodeMIG | None) -> Text:
     if mig is None or not mig.text:
         return Text("·", style="dim")
-    style = "green" if mig.state == "success" and mig.reason not in TROUBLE else (
-        "red" if mig.reason in TROUBLE else "yellow")
+    style = (
+        "green"
+        if mig.state == "success" and mig.reason not in TROUBLE
+        else ("red" if mig.reason in TROUBLE else "yellow")
+    )
     return Text(mig.text, style=style)
 
 
 def upgrade_text(upgrade: NodeUpgrade | None) -> Text:
     if upgrade is None or not upgrade.state:
         return Text("·", style="dim")
-    style = {UPGRADE_DONE: "green", UPGRADE_FAILED: "red", UPGRADE_REQUIRED: "dim"}.get(upgrade.state, "yellow")
+    style = {UPGRADE_DONE: "green", UPGRADE_FAILED: "red", UPGRADE_REQUIRED: "dim"}.get(
+        upgrade.state, "yellow"
+    )
     return Text(upgrade.text, style=style)
 
 
-LEGEND = ("cells: the component's DaemonSet pod on the node where its deploy label "
-          "(nvidia.com/gpu.deploy.<component>) is true: ✓ Running and Ready, … its phase while not "
-          "ready, ✗ failed; otherwise the label's value (on = set, but no operand selects the node; "
-          "· = no label)")
+LEGEND = (
+    "cells: the component's DaemonSet pod on the node where its deploy label "
+    "(nvidia.com/gpu.deploy.<component>) is true: ✓ Running and Ready, … its phase while not "
+    "ready, ✗ failed; otherwise the label's value (on = set, but no operand selects the node; "
+    "· = no label)"
+)
 
 
 def render_view(view: StatusView, max_nodes: int = 40, legend: bool = True) -> RenderableType:
@@ -140,8 +165,13 @@ def render_view(view: StatusView, max_nodes: int = 40, legend: bool = True) -> R
     if legend:
         _, label_only = shown_components(view)
         if label_only:
-            parts.append(Text(f"deploy labels without an operand here (disabled or another stack): "
-                              f"{', '.join(label_only)}", style="dim"))
+            parts.append(
+                Text(
+                    f"deploy labels without an operand here (disabled or another stack): "
+                    f"{', '.join(label_only)}",
+                    style="dim",
+                )
+            )
         parts.append(Text(LEGEND, style="dim"))
     return Group(*parts)
 

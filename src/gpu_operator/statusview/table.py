@@ -79,7 +79,9 @@ class StatusView:
     policy: PolicySummary | None
     other_nodes: int = 0  # nodes without a GPU (not shown)
     problems: list[str] = field(default_factory=list)
-    operator: list[str] = field(default_factory=list)  # the chart's own pods that cannot run (operatorpods.py)
+    operator: list[str] = field(
+        default_factory=list
+    )  # the chart's own pods that cannot run (operatorpods.py)
     crds: list[LeftCRD] = field(default_factory=list)  # CRDs we ship that another Helm release owns
     platform: str = ""  # "OpenShift 4.17" where the cluster is one (kube/platform.py); "" elsewhere
 
@@ -90,8 +92,13 @@ class StatusView:
 
     @property
     def ready(self) -> bool:
-        return (self.policy is not None and self.policy.state == "ready" and not self.policy_behind
-                and not self.operator and all(row.ready for row in self.rows))
+        return (
+            self.policy is not None
+            and self.policy.state == "ready"
+            and not self.policy_behind
+            and not self.operator
+            and all(row.ready for row in self.rows)
+        )
 
     def counts(self) -> tuple[int, int]:
         """(operand pods ready, operand pods expected) over every shown cell."""
@@ -126,17 +133,20 @@ def selects(daemonset: dict[str, Any], node: dict[str, Any]) -> bool:
     labels = _labels(node)
     if not all(labels.get(k) == v for k, v in (spec.get("nodeSelector") or {}).items()):
         return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms")
     if not terms:
         return True
     fields = {"metadata.name": _name(node)}
     # the terms are ORed, the requirements within a term ANDed (a term without any matches nothing)
-    return any((term.get("matchExpressions") or term.get("matchFields"))
-               and all(_requirement(r, labels) for r in term.get("matchExpressions") or [])
-               and all(_requirement(r, fields) for r in term.get("matchFields") or [])
-               for term in terms)
+    return any(
+        (term.get("matchExpressions") or term.get("matchFields"))
+        and all(_requirement(r, labels) for r in term.get("matchExpressions") or [])
+        and all(_requirement(r, fields) for r in term.get("matchFields") or [])
+        for term in terms
+    )
 
 
 def _requirement(req: dict[str, Any], values: dict[str, str]) -> bool:
@@ -162,7 +172,8 @@ def _requirement(req: dict[str, Any], values: dict[str, str]) -> bool:
 def pod_ready(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
 
 
 def pod_problem(pod: dict[str, Any]) -> str:
@@ -176,11 +187,17 @@ def pod_problem(pod: dict[str, Any]) -> str:
         statuses = status.get(key) or []
         for index, cs in enumerate(statuses):
             state = cs.get("state") or {}
-            last = (state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {})
-            said = f": {last['message'].strip()[:300]}" if last.get("exitCode", 0) != 0 and last.get("message") else ""
+            last = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+            said = (
+                f": {last['message'].strip()[:300]}"
+                if last.get("exitCode", 0) != 0 and last.get("message")
+                else ""
+            )
             waiting = state.get("waiting") or {}
             if "waiting" in state and waiting.get("reason") not in (None, "PodInitializing"):
-                told = said or (f": {' '.join(str(waiting['message']).split())[:300]}" if waiting.get("message") else "")
+                told = said or (
+                    f": {' '.join(str(waiting['message']).split())[:300]}" if waiting.get("message") else ""
+                )
                 return f"{cs['name']}: {waiting['reason']}{told}"
             terminated = state.get("terminated")
             if terminated and terminated.get("exitCode", 0) != 0:
@@ -188,8 +205,10 @@ def pod_problem(pod: dict[str, Any]) -> str:
             if said and "running" in state:  # restarted: its last run's failure is still the reason
                 return f"{cs['name']}: running again after exit {last['exitCode']}{said}"
             if key == "initContainerStatuses" and "running" in state and not running_init:
-                running_init = (f"{cs['name']}: init container {index + 1} of {len(statuses)} still running, "
-                                f"not passed yet (its log says what it waits for: kubectl logs <pod> -c {cs['name']})")
+                running_init = (
+                    f"{cs['name']}: init container {index + 1} of {len(statuses)} still running, "
+                    f"not passed yet (its log says what it waits for: kubectl logs <pod> -c {cs['name']})"
+                )
     if running_init:
         return running_init
     for cond in status.get("conditions") or []:
@@ -218,7 +237,10 @@ def node_stack(labels: dict[str, str]) -> str:
     """Which stack's labels a node carries: the DRA stack's or the device plugin's."""
     if labels.get(DEPLOY_PREFIX + "dra-driver"):
         return "dra"
-    if any(labels.get(DEPLOY_PREFIX + c) for c in ("device-plugin", "sandbox-device-plugin", "kata-sandbox-device-plugin")):
+    if any(
+        labels.get(DEPLOY_PREFIX + c)
+        for c in ("device-plugin", "sandbox-device-plugin", "kata-sandbox-device-plugin")
+    ):
         return "device-plugin"
     return ""
 
@@ -238,11 +260,18 @@ def _summary_of(policies: list[dict[str, Any]]) -> PolicySummary:
     ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     error: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Error"), {})
     failing = error if error.get("status") == "True" else ready
-    vm: dict[str, Any] = next((c for c in status.get("conditions") or []
-                               if c.get("type") == VM_PASSTHROUGH_CONDITION), {})
+    vm: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == VM_PASSTHROUGH_CONDITION), {}
+    )
     vm_problem = f"{vm.get('reason', '')}: {vm.get('message', '')}" if vm.get("status") == "False" else ""
-    return PolicySummary(_name(active), str(status.get("state", "")), str(failing.get("reason", "")),
-                         str(failing.get("message", "")), tuple(_name(p) for p in ordered[1:]), vm_problem)
+    return PolicySummary(
+        _name(active),
+        str(status.get("state", "")),
+        str(failing.get("reason", "")),
+        str(failing.get("message", "")),
+        tuple(_name(p) for p in ordered[1:]),
+        vm_problem,
+    )
 
 
 def _order(components: Iterable[str]) -> list[str]:
@@ -250,10 +279,15 @@ def _order(components: Iterable[str]) -> list[str]:
     return known + sorted(set(components) - set(known))
 
 
-def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
-               pods: list[dict[str, Any]], policies: list[dict[str, Any]],
-               namespace: str | None = None, clusters: list[dict[str, Any]] | None = None,
-               operator_pods: list[dict[str, Any]] | None = None) -> StatusView:
+def build_view(
+    nodes: list[dict[str, Any]],
+    daemonsets: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    policies: list[dict[str, Any]],
+    namespace: str | None = None,
+    clusters: list[dict[str, Any]] | None = None,
+    operator_pods: list[dict[str, Any]] | None = None,
+) -> StatusView:
     """The GPU nodes x components view and the reasons for anything not ready; `operator_pods`:
     the chart's own pods (by their component label, operatorpods.ROLES), whose failures to start
     come first."""
@@ -269,25 +303,56 @@ def build_view(nodes: list[dict[str, Any]], daemonsets: list[dict[str, Any]],
         for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
             if ref.get("uid") in owner_uid and node_name:
                 pods_by[(_name(owner_uid[ref["uid"]]), node_name)] = pod
-    labelled = {key.removeprefix(DEPLOY_PREFIX) for n in gpu_nodes for key in _labels(n)
-                if key.startswith(DEPLOY_PREFIX)}
+    labelled = {
+        key.removeprefix(DEPLOY_PREFIX)
+        for n in gpu_nodes
+        for key in _labels(n)
+        if key.startswith(DEPLOY_PREFIX)
+    }
     components = _order(labelled | set(by_component))
 
     rows = []
     for node in gpu_nodes:
         cells = {c: _cell(node, c, by_component.get(c, []), pods_by) for c in components}
-        validator = next((pods_by.get((_name(ds), _name(node))) for c in components if c.endswith("validator")
-                          for ds in by_component.get(c, []) if (_name(ds), _name(node)) in pods_by), None)
-        rows.append(NodeRow(_name(node), cells, validation_state(validator), node_upgrade(node),
-                            node_stack(_labels(node)), node_health(node), node_mig(node)))
-    view = StatusView(namespace, components, rows, _policy_summary(policies, clusters or []),
-                      other_nodes=len(nodes) - len(gpu_nodes), operator=operator_problems(operator_pods or []))
+        validator = next(
+            (
+                pods_by.get((_name(ds), _name(node)))
+                for c in components
+                if c.endswith("validator")
+                for ds in by_component.get(c, [])
+                if (_name(ds), _name(node)) in pods_by
+            ),
+            None,
+        )
+        rows.append(
+            NodeRow(
+                _name(node),
+                cells,
+                validation_state(validator),
+                node_upgrade(node),
+                node_stack(_labels(node)),
+                node_health(node),
+                node_mig(node),
+            )
+        )
+    view = StatusView(
+        namespace,
+        components,
+        rows,
+        _policy_summary(policies, clusters or []),
+        other_nodes=len(nodes) - len(gpu_nodes),
+        operator=operator_problems(operator_pods or []),
+    )
     view.problems = view.operator + problems(view)
     return view
 
 
-def _cell(node: dict[str, Any], component: str, daemonsets: list[dict[str, Any]],
-          pods_by: dict[tuple[str, str], dict[str, Any]]) -> Cell:
+def _cell(
+    node: dict[str, Any],
+    component: str,
+    daemonsets: list[dict[str, Any]],
+    pods_by: dict[tuple[str, str], dict[str, Any]],
+) -> Cell:
     label = _labels(node).get(DEPLOY_PREFIX + component)
     targeting = [ds for ds in daemonsets if selects(ds, node)]
     if label != "true" or not targeting:
@@ -310,21 +375,29 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
     out: list[str] = []
     policy = view.policy
     if policy is None:
-        out.append("no ClusterPolicy or GPUCluster: create one (e.g. examples/clusterpolicy-default.yaml, or "
-                   "examples/gpucluster.yaml for the DRA stack)")
+        out.append(
+            "no ClusterPolicy or GPUCluster: create one (e.g. examples/clusterpolicy-default.yaml, or "
+            "examples/gpucluster.yaml for the DRA stack)"
+        )
     elif policy.state != "ready":
         state = policy.state or "not reconciled yet"
         why = f" ({policy.reason}: {policy.message})" if policy.reason or policy.message else ""
         out.append(f"{policy.kind} {policy.name}: {state}{why}")
     if policy is not None and policy.conflict:
-        out.append(f"GPUCluster {policy.conflict} exists beside ClusterPolicy {policy.name}: they cannot run "
-                   "together; delete one of them")
+        out.append(
+            f"GPUCluster {policy.conflict} exists beside ClusterPolicy {policy.name}: they cannot run "
+            "together; delete one of them"
+        )
     if view.policy_behind:
-        out.append(f"{policy.kind if policy else 'ClusterPolicy'} {policy.name if policy else ''}: {NO_GPU_NODES} while {len(view.rows)} "
-                   "GPU node(s) exist: the operator has not reconciled since they appeared")
+        out.append(
+            f"{policy.kind if policy else 'ClusterPolicy'} {policy.name if policy else ''}: {NO_GPU_NODES} while {len(view.rows)} "
+            "GPU node(s) exist: the operator has not reconciled since they appeared"
+        )
     if policy is not None and policy.ignored:
-        out.append(f"ClusterPolicy {', '.join(policy.ignored)} ignored: only the oldest one "
-                   f"({policy.name}) is active")
+        out.append(
+            f"ClusterPolicy {', '.join(policy.ignored)} ignored: only the oldest one "
+            f"({policy.name}) is active"
+        )
     if policy is not None and policy.vm_problem:
         out.append(f"VM passthrough: {policy.vm_problem}")
     if not view.rows:
@@ -340,6 +413,7 @@ def problems(view: StatusView, examples: int = 3) -> list[str]:
                 grouped[(component, reason)].append(row.name)
     for (component, reason), names in sorted(grouped.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         more = f" and {len(names) - examples} more" if len(names) > examples else ""
-        out.append(f"{component} not ready on {len(names)} node(s) ({', '.join(names[:examples])}{more}): "
-                   f"{reason}")
+        out.append(
+            f"{component} not ready on {len(names)} node(s) ({', '.join(names[:examples])}{more}): {reason}"
+        )
     return out

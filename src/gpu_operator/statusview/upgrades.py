@@ -55,9 +55,13 @@ def node_upgrade(node: dict[str, Any], now: float | None = None) -> NodeUpgrade:
     since = None
     with contextlib.suppress(KeyError, ValueError):
         since = (now or time.time()) - float(notes[UPGRADE_STATE_SINCE_ANNOTATION])
-    return NodeUpgrade(meta.get("name", ""), labels.get(UPGRADE_STATE, ""), since,
-                       notes.get(UPGRADE_FAILURE_REASON_ANNOTATION, "") if labels.get(UPGRADE_STATE) == FAILED
-                       else "", labels.get(UPGRADE_SKIP) == "true")
+    return NodeUpgrade(
+        meta.get("name", ""),
+        labels.get(UPGRADE_STATE, ""),
+        since,
+        notes.get(UPGRADE_FAILURE_REASON_ANNOTATION, "") if labels.get(UPGRADE_STATE) == FAILED else "",
+        labels.get(UPGRADE_SKIP) == "true",
+    )
 
 
 def paused(policy: dict[str, Any] | None) -> bool:
@@ -71,5 +75,9 @@ def summary(upgrades: list[NodeUpgrade]) -> str:
 
 
 def problems(upgrades: list[NodeUpgrade]) -> list[str]:
-    return [f"driver upgrade failed on {u.node}: {u.reason or 'no reason recorded'} "
-            f"(after fixing: gpu-operator upgrade retry {u.node})" for u in upgrades if u.state == FAILED]
+    return [
+        f"driver upgrade failed on {u.node}: {u.reason or 'no reason recorded'} "
+        f"(after fixing: gpu-operator upgrade retry {u.node})"
+        for u in upgrades
+        if u.state == FAILED
+    ]

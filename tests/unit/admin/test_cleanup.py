@@ -14,23 +14,35 @@ from gpu_operator.controllers.units.upgrade.takeback import cordoned_by_us
 
 
 def _upgrading(state: str, unschedulable: bool, initially: str | None = None) -> dict[str, Any]:
-    annotations = {} if initially is None else {"nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable": initially}
-    return {"metadata": {"name": "n", "labels": {"nvidia.com/gpu-driver-upgrade-state": state} if state else {},
-                         "annotations": annotations},
-            "spec": {"unschedulable": unschedulable}}
+    annotations = (
+        {}
+        if initially is None
+        else {"nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable": initially}
+    )
+    return {
+        "metadata": {
+            "name": "n",
+            "labels": {"nvidia.com/gpu-driver-upgrade-state": state} if state else {},
+            "annotations": annotations,
+        },
+        "spec": {"unschedulable": unschedulable},
+    }
 
 
-@pytest.mark.parametrize(("node", "ours"), [
-    (_upgrading("wait-for-jobs-required", True), True),
-    (_upgrading("drain-required", True, "false"), True),  # `upgrade retry` of a node we cordoned
-    (_upgrading("upgrade-failed", True), True),
-    (_upgrading("validation-required", True, "true"), False),  # cordoned before the upgrade began
-    (_upgrading("upgrade-required", True), False),  # not cordoned by us yet: a user's cordon
-    (_upgrading("cordon-required", True), False),
-    (_upgrading("upgrade-done", True), False),
-    (_upgrading("", True), False),
-    (_upgrading("wait-for-jobs-required", False), False),
-])
+@pytest.mark.parametrize(
+    ("node", "ours"),
+    [
+        (_upgrading("wait-for-jobs-required", True), True),
+        (_upgrading("drain-required", True, "false"), True),  # `upgrade retry` of a node we cordoned
+        (_upgrading("upgrade-failed", True), True),
+        (_upgrading("validation-required", True, "true"), False),  # cordoned before the upgrade began
+        (_upgrading("upgrade-required", True), False),  # not cordoned by us yet: a user's cordon
+        (_upgrading("cordon-required", True), False),
+        (_upgrading("upgrade-done", True), False),
+        (_upgrading("", True), False),
+        (_upgrading("wait-for-jobs-required", False), False),
+    ],
+)
 def test_only_nodes_the_upgrade_cordoned_are_uncordoned(node: dict[str, Any], ours: bool) -> None:
     assert cordoned_by_us(node) is ours
 
@@ -55,9 +67,16 @@ def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
     from tests.unit.controllers.test_health_unit import OTHER_TAINT, XID48, make, policy, run_pass
 
     class Cluster(FakeKube):
-        async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
-                             labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
-            return [] if (api_version, kind) != ("v1", "Node") else await super().list_dicts(api_version, kind)
+        async def list_dicts(
+            self,
+            api_version: str,
+            kind: str,
+            namespace: str | None = None,
+            labels: dict[str, str] | None = None,
+        ) -> list[dict[str, Any]]:
+            return (
+                [] if (api_version, kind) != ("v1", "Node") else await super().list_dicts(api_version, kind)
+            )
 
         async def served_versions(self, group: str, kind: str) -> list[str]:
             return []  # no DeviceTaintRule here (the DRA stack's rules: tests/unit/controllers/test_health_dra.py)
@@ -78,8 +97,13 @@ def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
         node = kube.nodes[name]
         assert [c["type"] for c in node["status"].get("conditions") or []].count(HEALTH_CONDITION) == 0
         assert [t["key"] for t in node["spec"]["taints"]] == [OTHER_TAINT["key"]]
-    assert kube.nodes["ours"]["spec"]["unschedulable"] is False and kube.nodes["theirs"]["spec"]["unschedulable"]
-    assert f"node ours: removed taint {HEALTH_TAINT}" in done and "node ours: uncordoned (cordoned by GPU remediation)" in done
+    assert (
+        kube.nodes["ours"]["spec"]["unschedulable"] is False and kube.nodes["theirs"]["spec"]["unschedulable"]
+    )
+    assert (
+        f"node ours: removed taint {HEALTH_TAINT}" in done
+        and "node ours: uncordoned (cordoned by GPU remediation)" in done
+    )
 
 
 def test_cleanup_keeps_a_crd_another_helm_release_owns() -> None:
@@ -96,14 +120,20 @@ def test_cleanup_keeps_a_crd_another_helm_release_owns() -> None:
     crds = {c["metadata"]["name"]: copy.deepcopy(c) for c in load_packaged()}
     crds["computedomains.resource.nvidia.com"]["metadata"].update(
         labels={"app.kubernetes.io/managed-by": "Helm"},
-        annotations={"meta.helm.sh/release-name": "dra", "meta.helm.sh/release-namespace": "nvidia-dra"})
+        annotations={"meta.helm.sh/release-name": "dra", "meta.helm.sh/release-namespace": "nvidia-dra"},
+    )
 
     class CRDs:
         def __init__(self) -> None:
             self.deleted: list[str] = []
 
-        async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-                           ) -> dict[str, Any] | None:
+        async def get_dict(
+            self,
+            api_version: str,
+            kind: str,
+            name: str,
+            namespace: str | None = None,
+        ) -> dict[str, Any] | None:
             return crds.get(name)
 
         async def count_items(self, *_: Any) -> int:
@@ -115,4 +145,6 @@ def test_cleanup_keeps_a_crd_another_helm_release_owns() -> None:
 
     kube = CRDs()
     deleted = asyncio.run(delete_crds(cast(Kube, kube)))
-    assert sorted(deleted) == sorted(kube.deleted) == sorted(set(crds) - {"computedomains.resource.nvidia.com"})
+    assert (
+        sorted(deleted) == sorted(kube.deleted) == sorted(set(crds) - {"computedomains.resource.nvidia.com"})
+    )

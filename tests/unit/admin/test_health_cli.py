@@ -19,14 +19,22 @@ from tests.unit.controllers.healthkit import FakeKube
 @pytest.fixture
 def kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
     fake = FakeKube()
-    fake.add_node("g1", {hm.ATTEMPTS: "3", hm.REASON: "3 remediation attempts failed"},
-                  labels={HEALTH_STATE: hm.FAILED})
-    fake.nodes["g1"]["status"]["conditions"] = [{"type": HEALTH_CONDITION, "status": "False",
-                                                 "reason": "RemediationFailed", "message": "failed: GPU x"}]
+    fake.add_node(
+        "g1", {hm.ATTEMPTS: "3", hm.REASON: "3 remediation attempts failed"}, labels={HEALTH_STATE: hm.FAILED}
+    )
+    fake.nodes["g1"]["status"]["conditions"] = [
+        {
+            "type": HEALTH_CONDITION,
+            "status": "False",
+            "reason": "RemediationFailed",
+            "message": "failed: GPU x",
+        }
+    ]
     fake.add_node("g2")
 
     def run_kube(kubeconfig: str | None, what: str, fn: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
         return asyncio.run(fn(fake))
+
     monkeypatch.setattr("gpu_operator.kube.reach.run_kube", run_kube)
     return fake
 

@@ -18,11 +18,21 @@ from gpu_operator.shapes import KWOK_ANNOTATION
 from tests.support.fakeapi import Answer, kubeconfig, serve, status
 
 NS = "gpu-operator"
-NODE = {"metadata": {"name": "gpu-0", "annotations": {KWOK_ANNOTATION: "fake"},
-                     "labels": {"nvidia.com/gpu.present": "true"}}}
-IDLE = {"metadata": {"name": "cpu-0", "annotations": {KWOK_ANNOTATION: "fake"}}}  # a fake node with no pod of ours
-POD = {"metadata": {"name": "nvidia-device-plugin-x", "namespace": NS}, "spec": {"nodeName": "gpu-0"},
-       "status": {"phase": "Running", "containerStatuses": [{"name": "plugin", "restartCount": 0}]}}
+NODE = {
+    "metadata": {
+        "name": "gpu-0",
+        "annotations": {KWOK_ANNOTATION: "fake"},
+        "labels": {"nvidia.com/gpu.present": "true"},
+    }
+}
+IDLE = {
+    "metadata": {"name": "cpu-0", "annotations": {KWOK_ANNOTATION: "fake"}}
+}  # a fake node with no pod of ours
+POD = {
+    "metadata": {"name": "nvidia-device-plugin-x", "namespace": NS},
+    "spec": {"nodeName": "gpu-0"},
+    "status": {"phase": "Running", "containerStatuses": [{"name": "plugin", "restartCount": 0}]},
+}
 
 
 def healthy(path: str) -> Answer:
@@ -42,13 +52,26 @@ def healthy(path: str) -> Answer:
 def gather(route: Any, tmp_path: Path) -> tuple[int, list[str], dict[str, str], str]:
     out = tmp_path / "bundle.tar.gz"
     with serve(route) as server:
-        result = CliRunner().invoke(app, ["must-gather", "--out", str(out), "--namespace", NS, "--kubeconfig",
-                                          str(kubeconfig(tmp_path / "kubeconfig", server))])
+        result = CliRunner().invoke(
+            app,
+            [
+                "must-gather",
+                "--out",
+                str(out),
+                "--namespace",
+                NS,
+                "--kubeconfig",
+                str(kubeconfig(tmp_path / "kubeconfig", server)),
+            ],
+        )
     files: dict[str, str] = {}
     if out.exists():
         with tarfile.open(fileobj=io.BytesIO(out.read_bytes())) as tar:
-            files = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()  # type: ignore[union-attr]
-                     for m in tar.getmembers() if m.isfile()}
+            files = {
+                m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()  # type: ignore[union-attr]
+                for m in tar.getmembers()
+                if m.isfile()
+            }
     return result.exit_code, result.stderr.splitlines(), files, result.output
 
 
@@ -58,11 +81,17 @@ def test_the_summary_says_which_items_could_not_be_read_and_why(tmp_path: Path) 
     errors = files["errors.txt"].splitlines()
     assert len(errors) == 2, errors
     (log_error,) = [e for e in errors if e.startswith("logs of nvidia-device-plugin-x/plugin: HTTP 502")]
-    assert log_error.endswith("(node gpu-0 is a fake (kwok) node: no kubelet behind it serves container logs)")
+    assert log_error.endswith(
+        "(node gpu-0 is a fake (kwok) node: no kubelet behind it serves container logs)"
+    )
     assert stderr[0].endswith("; 2 item(s) could not be read (each in errors.txt):"), stderr
-    assert stderr[1] == ("  1 container log(s) of pods on 1 fake (kwok) node(s), which serve no logs "
-                         "(expected on the simulator)")
-    assert stderr[2].startswith("  ServiceMonitor: /apis/monitoring.coreos.com/v1/servicemonitors: HTTP 404"), stderr
+    assert stderr[1] == (
+        "  1 container log(s) of pods on 1 fake (kwok) node(s), which serve no logs "
+        "(expected on the simulator)"
+    )
+    assert stderr[2].startswith(
+        "  ServiceMonitor: /apis/monitoring.coreos.com/v1/servicemonitors: HTTP 404"
+    ), stderr
     assert len(stderr) == 3
 
 

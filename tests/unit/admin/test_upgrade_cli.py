@@ -37,11 +37,18 @@ def test_pause_goes_where_the_controller_reads_it() -> None:
 
 def test_policy_line_uses_each_kinds_defaults_and_shows_pause() -> None:
     assert policy_line("ClusterPolicy", CP) == (
-        "ClusterPolicy cluster-policy: autoUpgrade=False maxParallelUpgrades=1 maxUnavailable=25%")
-    assert policy_line("NVIDIADriver", obj("pool-a", {"upgradePolicy": {"maxParallelUpgrades": 3}}, paused=True)) == (
+        "ClusterPolicy cluster-policy: autoUpgrade=False maxParallelUpgrades=1 maxUnavailable=25%"
+    )
+    assert policy_line(
+        "NVIDIADriver", obj("pool-a", {"upgradePolicy": {"maxParallelUpgrades": 3}}, paused=True)
+    ) == (
         "NVIDIADriver pool-a: autoUpgrade=True maxParallelUpgrades=3 maxUnavailable=25%"
-        "  PAUSED (gpu-operator upgrade resume --nvidiadriver pool-a)")
+        "  PAUSED (gpu-operator upgrade resume --nvidiadriver pool-a)"
+    )
     cp = obj("cp", {"driver": {"upgradePolicy": {"autoUpgrade": True, "maxUnavailable": 2}}}, paused=True)
     assert policy_line("ClusterPolicy", cp) == (
-        "ClusterPolicy cp: autoUpgrade=True maxParallelUpgrades=1 maxUnavailable=2  PAUSED (gpu-operator upgrade resume)")
-    assert "not valid" in policy_line("NVIDIADriver", obj("x", {"upgradePolicy": {"maxParallelUpgrades": -1}}))
+        "ClusterPolicy cp: autoUpgrade=True maxParallelUpgrades=1 maxUnavailable=2  PAUSED (gpu-operator upgrade resume)"
+    )
+    assert "not valid" in policy_line(
+        "NVIDIADriver", obj("x", {"upgradePolicy": {"maxParallelUpgrades": -1}})
+    )

@@ -15,7 +15,11 @@ UPSTREAM = {
     "kind": "ClusterPolicy",
     "metadata": {"name": "cluster-policy", "uid": "u-1", "managedFields": [{"manager": "helm"}]},
     "spec": {
-        "operator": {"defaultRuntime": "containerd", "runtimeClass": "nvidia", "use_ocp_driver_toolkit": False},
+        "operator": {
+            "defaultRuntime": "containerd",
+            "runtimeClass": "nvidia",
+            "use_ocp_driver_toolkit": False,
+        },
         "daemonsets": {
             "priorityClassName": "system-node-critical",
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -27,10 +31,17 @@ UPSTREAM = {
             "repository": "nvcr.io/nvidia",
             "image": "driver",
             "version": "595.91.07",
-            "startupProbe": {"initialDelaySeconds": 60, "periodSeconds": 10, "timeoutSeconds": 60,
-                             "failureThreshold": 120},
-            "upgradePolicy": {"autoUpgrade": True, "maxUnavailable": "25%",
-                              "podDeletion": {"force": False, "timeoutSeconds": 300}},
+            "startupProbe": {
+                "initialDelaySeconds": 60,
+                "periodSeconds": 10,
+                "timeoutSeconds": 60,
+                "failureThreshold": 120,
+            },
+            "upgradePolicy": {
+                "autoUpgrade": True,
+                "maxUnavailable": "25%",
+                "podDeletion": {"force": False, "timeoutSeconds": 300},
+            },
             "licensingConfig": {"secretName": "", "nlsEnabled": True},
             "futureKnob": {"x": 1},
         },
@@ -47,8 +58,11 @@ UPSTREAM = {
         "hostPaths": {"rootFS": "/", "driverInstallDir": "/run/nvidia/driver"},
         "gpuClusterThing": {"enabled": True},
     },
-    "status": {"state": "ready", "namespace": "gpu-operator",
-               "conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled"}]},
+    "status": {
+        "state": "ready",
+        "namespace": "gpu-operator",
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled"}],
+    },
 }
 
 
@@ -117,7 +131,9 @@ def test_enum_violation_names_the_field() -> None:
 
 
 def test_nvidiadriver_defaults_and_unknown_fields() -> None:
-    driver = NVIDIADriver.model_validate({"metadata": {"name": "default"}, "spec": {"default": True, "zzz": 1}})
+    driver = NVIDIADriver.model_validate(
+        {"metadata": {"name": "default"}, "spec": {"default": True, "zzz": 1}}
+    )
     assert driver.spec.driverType == "gpu"
     assert driver.spec.image == "nvcr.io/nvidia/driver"
     assert driver.warnings() == ["unknown field 'spec.zzz' in NVIDIADriver 'default': kept, but ignored"]

@@ -19,15 +19,19 @@ def _walk(node: Any, path: str, problems: list[str]) -> None:
     if isinstance(node, dict):
         if "$ref" in node or "anyOf" in node or "$defs" in node:
             problems.append(f"{path}: not structural")
-        is_schema = "type" in node or "x-kubernetes-int-or-string" in node or \
-            "x-kubernetes-preserve-unknown-fields" in node
+        is_schema = (
+            "type" in node
+            or "x-kubernetes-int-or-string" in node
+            or "x-kubernetes-preserve-unknown-fields" in node
+        )
         if "properties" in node and not is_schema:
             problems.append(f"{path}: object without type")
         for key, value in node.items():
             if key == "properties":
                 for name, sub in value.items():
                     if not isinstance(sub, dict) or not (
-                        "type" in sub or "x-kubernetes-int-or-string" in sub
+                        "type" in sub
+                        or "x-kubernetes-int-or-string" in sub
                         or "x-kubernetes-preserve-unknown-fields" in sub
                     ):
                         problems.append(f"{path}.{name}: no type")
@@ -71,7 +75,9 @@ def test_clusterpolicy_schema_details() -> None:
     # Kubernetes types typed as upstream's CRD has them (core/v1 Toleration, PodSecurityContext,
     # the monitoring API's RelabelConfig), so a wrong type is refused by the apiserver
     toleration = props["daemonsets"]["properties"]["tolerations"]["items"]
-    assert toleration["type"] == "object" and toleration["properties"]["tolerationSeconds"]["type"] == "integer"
+    assert (
+        toleration["type"] == "object" and toleration["properties"]["tolerationSeconds"]["type"] == "integer"
+    )
     context = props["daemonsets"]["properties"]["podSecurityContext"]["properties"]
     assert context["runAsUser"]["type"] == "integer" and context["seccompProfile"]["required"] == ["type"]
     monitor = props["dcgmExporter"]["properties"]["serviceMonitor"]["properties"]
@@ -94,8 +100,12 @@ def test_nvidiadriver_schema_details() -> None:
 
 def test_packaged_crds_load() -> None:
     assert [c["metadata"]["name"] for c in crdgen.load_packaged()] == [
-        "clusterpolicies.nvidia.com", "gpuclusters.nvidia.com", "nvidiadrivers.nvidia.com",
-        "computedomaincliques.resource.nvidia.com", "computedomains.resource.nvidia.com"]  # file order
+        "clusterpolicies.nvidia.com",
+        "gpuclusters.nvidia.com",
+        "nvidiadrivers.nvidia.com",
+        "computedomaincliques.resource.nvidia.com",
+        "computedomains.resource.nvidia.com",
+    ]  # file order
 
 
 def test_gpucluster_schema_details() -> None:
@@ -107,8 +117,12 @@ def test_gpucluster_schema_details() -> None:
     assert (version["name"], version["subresources"]) == ("v1alpha1", {"status": {}})
     assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Status", "Age"]
     root = version["schema"]["openAPIV3Schema"]
-    assert root["x-kubernetes-validations"] == [{"rule": "self.metadata.name == 'gpu-cluster'",
-                                                 "message": "GPUCluster is a singleton, metadata.name must be 'gpu-cluster'"}]
+    assert root["x-kubernetes-validations"] == [
+        {
+            "rule": "self.metadata.name == 'gpu-cluster'",
+            "message": "GPUCluster is a singleton, metadata.name must be 'gpu-cluster'",
+        }
+    ]
     spec, status = root["properties"]["spec"], root["properties"]["status"]
     assert spec["required"] == ["draDriver"] and status["required"] == ["state"]
     assert status["properties"]["state"]["enum"] == ["ready", "notReady", "disabled"]
@@ -118,6 +132,9 @@ def test_gpucluster_schema_details() -> None:
     cd = dra["computeDomains"]["properties"]
     assert cd["enabled"]["default"] is True
     check = cd["kubeletPlugin"]["properties"]["healthcheck"]["properties"]
-    assert check["enabled"]["default"] is True and (check["port"]["minimum"], check["port"]["maximum"]) == (1, 65535)
+    assert check["enabled"]["default"] is True and (check["port"]["minimum"], check["port"]["maximum"]) == (
+        1,
+        65535,
+    )
     assert spec["properties"]["hostPaths"]["properties"]["kubeletRootDir"]["default"] == "/var/lib/kubelet"
     assert "rootFS" not in spec["properties"]["hostPaths"]["properties"]

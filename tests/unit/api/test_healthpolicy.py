@@ -34,16 +34,22 @@ def test_defaults_and_unset() -> None:
     assert r.actions == ["restart-device-plugin", "reset-gpu", "reload-driver", "reboot"]
 
 
-@pytest.mark.parametrize(("health", "loc"), [
-    ({"remediation": {"actions": ["reboot", "format-disk"]}}, ("spec", "health", "remediation", "actions", 1)),
-    ({"remediation": {"maxUnavailable": "lots"}}, ("spec", "health", "remediation", "maxUnavailable")),
-    ({"remediation": {"maxUnavailable": "150%"}}, ("spec", "health", "remediation", "maxUnavailable")),
-    ({"taintEffect": "PreferNoSchedule"}, ("spec", "health", "taintEffect")),
-    ({"startupTaint": {"key": "example.com/not-ready"}}, ("spec", "health", "startupTaint", "key")),
-    ({"remediation": {"actions": ["external"]}}, ("spec", "health", "remediation")),
-    ({"remediation": {"actions": ["reboot", "reboot"]}}, ("spec", "health", "remediation")),
-    ({"remediation": {"podSelector": "bad key!=x"}}, ("spec", "health", "remediation", "podSelector")),
-])
+@pytest.mark.parametrize(
+    ("health", "loc"),
+    [
+        (
+            {"remediation": {"actions": ["reboot", "format-disk"]}},
+            ("spec", "health", "remediation", "actions", 1),
+        ),
+        ({"remediation": {"maxUnavailable": "lots"}}, ("spec", "health", "remediation", "maxUnavailable")),
+        ({"remediation": {"maxUnavailable": "150%"}}, ("spec", "health", "remediation", "maxUnavailable")),
+        ({"taintEffect": "PreferNoSchedule"}, ("spec", "health", "taintEffect")),
+        ({"startupTaint": {"key": "example.com/not-ready"}}, ("spec", "health", "startupTaint", "key")),
+        ({"remediation": {"actions": ["external"]}}, ("spec", "health", "remediation")),
+        ({"remediation": {"actions": ["reboot", "reboot"]}}, ("spec", "health", "remediation")),
+        ({"remediation": {"podSelector": "bad key!=x"}}, ("spec", "health", "remediation", "podSelector")),
+    ],
+)
 def test_bad_input_names_the_field(health: dict[str, Any], loc: tuple[str | int, ...]) -> None:
     with pytest.raises(pydantic.ValidationError) as info:
         _policy(health)
@@ -51,11 +57,22 @@ def test_bad_input_names_the_field(health: dict[str, Any], loc: tuple[str | int,
 
 
 def test_good_values() -> None:
-    spec = _policy({"taintEffect": "NoExecute", "remediation": {
-        "enabled": True, "maxUnavailable": "10%", "actions": ["reset-gpu", "external"],
-        "externalHandoff": {"label": "example.com/repair"}, "podSelector": "team=ml,tier!=critical"}}).spec.health
+    spec = _policy(
+        {
+            "taintEffect": "NoExecute",
+            "remediation": {
+                "enabled": True,
+                "maxUnavailable": "10%",
+                "actions": ["reset-gpu", "external"],
+                "externalHandoff": {"label": "example.com/repair"},
+                "podSelector": "team=ml,tier!=critical",
+            },
+        }
+    ).spec.health
     assert spec is not None
-    assert spec.remediation.externalHandoff is not None and spec.remediation.externalHandoff.value == "requested"
+    assert (
+        spec.remediation.externalHandoff is not None and spec.remediation.externalHandoff.value == "requested"
+    )
     assert spec.remediation.unavailable_limit(25) == 3  # 10% of 25 rounded up
     assert RemediationSpec(maxUnavailable="0%").unavailable_limit(25) == 0
     assert RemediationSpec(maxUnavailable=2).unavailable_limit(25) == 2
@@ -67,30 +84,43 @@ def test_crd_schema_refuses_what_the_model_refuses() -> None:
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     remediation = spec["health"]["properties"]["remediation"]["properties"]
     assert remediation["actions"]["items"]["enum"] == [
-        "restart-device-plugin", "reset-gpu", "reload-driver", "reboot", "external"]
+        "restart-device-plugin",
+        "reset-gpu",
+        "reload-driver",
+        "reboot",
+        "external",
+    ]
     assert remediation["actions"]["x-kubernetes-list-type"] == "set"
     assert remediation["maxUnavailable"]["x-kubernetes-int-or-string"] is True
-    assert [r["rule"] for r in remediation["maxUnavailable"]["x-kubernetes-validations"]][0].startswith("type(self) == int")
+    assert [r["rule"] for r in remediation["maxUnavailable"]["x-kubernetes-validations"]][0].startswith(
+        "type(self) == int"
+    )
     assert spec["health"]["properties"]["taintEffect"]["enum"] == ["NoSchedule", "NoExecute"]
 
 
-@pytest.mark.parametrize("key", [
-    "readiness.k8s.io/nvidia-gpu-ready",  # the Node Readiness Controller's prefix (its CRD's rule)
-    DEFAULT_STARTUP_TAINT,  # cluster-autoscaler's
-    "nvidia.com/gpu-not-validated",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "readiness.k8s.io/nvidia-gpu-ready",  # the Node Readiness Controller's prefix (its CRD's rule)
+        DEFAULT_STARTUP_TAINT,  # cluster-autoscaler's
+        "nvidia.com/gpu-not-validated",
+    ],
+)
 def test_a_startup_taint_under_an_allowed_prefix_is_taken(key: str) -> None:
     spec = _policy({"startupTaint": {"enabled": True, "key": key}}).spec.health
     assert spec is not None and spec.startupTaint.key == key
 
 
-@pytest.mark.parametrize("key", [
-    "readiness.k8s.io.example.com/x",  # a look-alike domain, not the prefix
-    "example.com/readiness.k8s.io",
-    "node.kubernetes.io/not-ready",  # the kubelet's: never ours to remove
-    "readiness.k8s.io/",  # no name
-    "readiness.k8s.io/" + "n" * 64,  # a name part over 63 characters
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "readiness.k8s.io.example.com/x",  # a look-alike domain, not the prefix
+        "example.com/readiness.k8s.io",
+        "node.kubernetes.io/not-ready",  # the kubelet's: never ours to remove
+        "readiness.k8s.io/",  # no name
+        "readiness.k8s.io/" + "n" * 64,  # a name part over 63 characters
+    ],
+)
 def test_a_startup_taint_outside_the_prefixes_is_refused_naming_the_field(key: str) -> None:
     with pytest.raises(pydantic.ValidationError) as info:
         _policy({"startupTaint": {"key": key}})

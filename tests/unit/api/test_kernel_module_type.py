@@ -34,8 +34,10 @@ def test_the_crds_cel_rule_gives_each_misplaced_value_its_hint(crd: str) -> None
     rule = found[0]
     for value, hint in MISPLACED_MODULE_TYPES.items():
         assert _cel_message(rule["messageExpression"], value) == hint
-    assert _cel_message(rule["messageExpression"], "closed") == \
-        "unsupported value closed: use one of auto, open, proprietary"
+    assert (
+        _cel_message(rule["messageExpression"], "closed")
+        == "unsupported value closed: use one of auto, open, proprietary"
+    )
     assert rule["rule"] == "self in ['auto', 'open', 'proprietary']"
 
 

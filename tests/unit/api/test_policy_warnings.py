@@ -10,8 +10,14 @@ from gpu_operator.api.clusterpolicy import ClusterPolicy
 
 
 def _policy(driver: dict[str, Any]) -> ClusterPolicy:
-    return ClusterPolicy.model_validate({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                         "metadata": {"name": "p"}, "spec": {"driver": driver}})
+    return ClusterPolicy.model_validate(
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "p"},
+            "spec": {"driver": driver},
+        }
+    )
 
 
 def test_a_driver_version_alone_takes_effect_so_it_is_no_warning() -> None:

@@ -20,13 +20,23 @@ def _spread() -> ModuleType:
 
 
 spread = _spread()
-COLUMNS = [("labelled s", "labelled_s", ".2f"), ("join p99 s", "join_p99_s", ".3f"), ("idle writes", "idle_writes", "d")]
+COLUMNS = [
+    ("labelled s", "labelled_s", ".2f"),
+    ("join p99 s", "join_p99_s", ".3f"),
+    ("idle writes", "idle_writes", "d"),
+]
 
 
 def test_runs_alternate_ours_and_the_peer_pair_after_pair_for_each_node_count() -> None:
     assert spread.order([100, 1000], ["ours", "peer"], 2) == [
-        (100, 0, "ours"), (100, 0, "peer"), (100, 1, "ours"), (100, 1, "peer"),
-        (1000, 0, "ours"), (1000, 0, "peer"), (1000, 1, "ours"), (1000, 1, "peer"),
+        (100, 0, "ours"),
+        (100, 0, "peer"),
+        (100, 1, "ours"),
+        (100, 1, "peer"),
+        (1000, 0, "ours"),
+        (1000, 0, "peer"),
+        (1000, 1, "ours"),
+        (1000, 1, "peer"),
     ]
     assert spread.order([5], ["ours"], 1) == [(5, 0, "ours")]
 
@@ -51,5 +61,8 @@ def test_each_figure_is_its_median_with_the_smallest_and_largest() -> None:
 
 
 def test_a_count_whose_median_falls_between_two_runs_keeps_its_half() -> None:
-    rows = [{"nodes": 1, "operator": "ours", "idle_writes": 0}, {"nodes": 1, "operator": "ours", "idle_writes": 1}]
+    rows = [
+        {"nodes": 1, "operator": "ours", "idle_writes": 0},
+        {"nodes": 1, "operator": "ours", "idle_writes": 1},
+    ]
     assert spread.summary_table(rows, COLUMNS).splitlines()[2].split(" | ")[-1] == "0.5 [0-1]"

@@ -43,7 +43,10 @@ MUTATIONS = [
 ]
 # The node label read from both names dcgm-exporter has given it (changed in every alert at once).
 ALL = "every alert"
-LABEL_MUTATIONS = [('"Hostname", "(.+)"', '"Hostname_", "(.+)"'), ('"hostname", "(.+)"', '"hostname_", "(.+)"')]
+LABEL_MUTATIONS = [
+    ('"Hostname", "(.+)"', '"Hostname_", "(.+)"'),
+    ('"hostname", "(.+)"', '"hostname_", "(.+)"'),
+]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +79,9 @@ def unit_tests(spec: dict[str, Any]) -> dict[str, Any]:
                 written = expected.setdefault("exp_annotations", {})
                 for key, text in rules[case["alertname"]]["annotations"].items():
                     if key not in written:
-                        assert "{{" not in text, f"{case['alertname']}: write its expanded {key} in {TESTS.name}"
+                        assert "{{" not in text, (
+                            f"{case['alertname']}: write its expanded {key} in {TESTS.name}"
+                        )
                         written[key] = text
     return tests
 
@@ -85,19 +90,27 @@ def dump(data: dict[str, Any]) -> str:
     return yaml.dump(data, Dumper=yaml.CSafeDumper, allow_unicode=True, width=1000)
 
 
-def run_promtool(promtool: str, where: Path, spec: dict[str, Any], tests: str) -> subprocess.CompletedProcess[str]:
+def run_promtool(
+    promtool: str, where: Path, spec: dict[str, Any], tests: str
+) -> subprocess.CompletedProcess[str]:
     """`promtool test rules` on `tests` (YAML text) against `spec` (the PrometheusRule's)."""
     where.mkdir(parents=True, exist_ok=True)
     (where / "rules.yaml").write_text(dump(spec))
     (where / "alerts.test.yaml").write_text(tests)
-    return subprocess.run([promtool, "test", "rules", "alerts.test.yaml"], cwd=where, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [promtool, "test", "rules", "alerts.test.yaml"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_rules_load_in_prometheus(promtool: str, spec: dict[str, Any], tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(dump(spec))
-    checked = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=60)
+    checked = subprocess.run(
+        [promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
@@ -107,10 +120,14 @@ def test_every_alert_is_tested_firing_and_quiet(spec: dict[str, Any]) -> None:
     quiet = {case["alertname"] for case in cases if not case["exp_alerts"]}
     assert set(alerts(spec)) - fired == set(), "alerts no test sees firing"
     assert set(alerts(spec)) - quiet == set(), "alerts no test sees quiet"
-    assert {case["alertname"] for case in cases} - set(alerts(spec)) == set(), "tests of alerts the chart lacks"
+    assert {case["alertname"] for case in cases} - set(alerts(spec)) == set(), (
+        "tests of alerts the chart lacks"
+    )
 
 
-def test_the_alerts_fire_when_and_as_the_tests_say(promtool: str, spec: dict[str, Any], tmp_path: Path) -> None:
+def test_the_alerts_fire_when_and_as_the_tests_say(
+    promtool: str, spec: dict[str, Any], tmp_path: Path
+) -> None:
     result = run_promtool(promtool, tmp_path, spec, dump(unit_tests(spec)))
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -123,7 +140,9 @@ def test_the_tests_catch_a_changed_alert(promtool: str, spec: dict[str, Any], tm
     # (alert or ALL, field, old text, new text): a field's `old` becomes `new`
     changes: list[tuple[str, str, str, str]] = []
     for alert, old, new in MUTATIONS:
-        assert rules[alert]["expr"].count(old) == 1, f"{alert}: {old!r} is not once in {rules[alert]['expr']!r}"
+        assert rules[alert]["expr"].count(old) == 1, (
+            f"{alert}: {old!r} is not once in {rules[alert]['expr']!r}"
+        )
         changes.append((alert, "expr", old, new))
     for alert, rule in rules.items():
         if "for" in rule:
@@ -144,8 +163,11 @@ def test_the_tests_catch_a_changed_alert(promtool: str, spec: dict[str, Any], tm
     # promtool mostly waits (about 1 s a run for 0.4 s of CPU): several at once
     with ThreadPoolExecutor(max_workers=6) as pool:
         results = list(pool.map(passes, range(len(changes))))
-    survived = [f"{alert}: {field} {old!r} -> {new!r}" for (alert, field, old, new), ok in zip(changes, results, strict=True)
-                if ok]
+    survived = [
+        f"{alert}: {field} {old!r} -> {new!r}"
+        for (alert, field, old, new), ok in zip(changes, results, strict=True)
+        if ok
+    ]
     assert len(changes) >= len(MUTATIONS) + 9 + len(LABEL_MUTATIONS)
     assert survived == [], "changes the alert tests do not notice"
 
@@ -155,13 +177,17 @@ def _only_served(tests: dict[str, Any], served: set[str]) -> dict[str, Any]:
     would scrape from an exporter that collects only those fields."""
     kept = copy.deepcopy(tests)
     for group in kept["tests"]:
-        group["input_series"] = [s for s in group["input_series"]
-                                 if not s["series"].startswith("DCGM_") or s["series"].split("{")[0] in served]
+        group["input_series"] = [
+            s
+            for s in group["input_series"]
+            if not s["series"].startswith("DCGM_") or s["series"].split("{")[0] in served
+        ]
     return kept
 
 
 def test_every_alert_fires_on_what_the_charts_metrics_file_collects(
-        promtool: str, spec: dict[str, Any], render: Callable[..., Rendered], tmp_path: Path) -> None:
+    promtool: str, spec: dict[str, Any], render: Callable[..., Rendered], tmp_path: Path
+) -> None:
     """A default install's exporter collects the chart's metrics file (ConfigMap named by the
     ClusterPolicy): with only the DCGM series its fields produce, every alert test still passes;
     without one field an alert reads (the double-bit ECC counter), the tests fail."""
@@ -174,4 +200,6 @@ def test_every_alert_fires_on_what_the_charts_metrics_file_collects(
     result = run_promtool(promtool, tmp_path / "served", spec, dump(_only_served(tests, served)))
     assert result.returncode == 0, result.stdout + result.stderr
     without = served - {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
-    assert run_promtool(promtool, tmp_path / "without", spec, dump(_only_served(tests, without))).returncode != 0
+    assert (
+        run_promtool(promtool, tmp_path / "without", spec, dump(_only_served(tests, without))).returncode != 0
+    )

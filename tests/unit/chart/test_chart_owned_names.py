@@ -41,8 +41,9 @@ GPUCLUSTER = {
 }
 
 
-def rendered(argv: list[str], tmp_path: Path, doc: dict[str, Any],
-             namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+def rendered(
+    argv: list[str], tmp_path: Path, doc: dict[str, Any], namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
     """Every object `gpu-operator render ARGV <doc>` prints for the namespace (its JSON)."""
     path = tmp_path / "input.yaml"
     path.write_text(yaml.safe_dump(doc))

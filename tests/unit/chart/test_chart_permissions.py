@@ -24,22 +24,40 @@ MANAGE = ("get", "list", "watch", "create", "patch", "delete")
 MAKE = ("get", "list", "watch", "create")
 OWN = ("patch", "delete")
 RUNTIME_CLASSES = ("nvidia", "nvidia-cdi", "nvidia-legacy")
-DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "compute-domain-daemon.nvidia.com",
-                  "compute-domain-default-channel.nvidia.com")
+DEVICE_CLASSES = (
+    "gpu.nvidia.com",
+    "mig.nvidia.com",
+    "vfio.gpu.nvidia.com",
+    "compute-domain-daemon.nvidia.com",
+    "compute-domain-default-channel.nvidia.com",
+)
 ADMISSION_POLICIES = ("resourceslices-policy-nvidia-dra-driver",)
 CLUSTER_WIDE: set[Permission] = (
     # the operator's own work
-    grant("nvidia.com", ["clusterpolicies", "nvidiadrivers", "gpuclusters"], ["get", "list", "watch", "patch"])
+    grant(
+        "nvidia.com", ["clusterpolicies", "nvidiadrivers", "gpuclusters"], ["get", "list", "watch", "patch"]
+    )
     | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status", "gpuclusters/status"], ["patch"])
-    | grant("nvidia.com", ["clusterpolicies/finalizers", "nvidiadrivers/finalizers", "gpuclusters/finalizers"],
-            ["update"])
-    | grant("resource.k8s.io", ["deviceclasses"], MAKE) | grant("resource.k8s.io", ["deviceclasses"], OWN, DEVICE_CLASSES)
+    | grant(
+        "nvidia.com",
+        ["clusterpolicies/finalizers", "nvidiadrivers/finalizers", "gpuclusters/finalizers"],
+        ["update"],
+    )
+    | grant("resource.k8s.io", ["deviceclasses"], MAKE)
+    | grant("resource.k8s.io", ["deviceclasses"], OWN, DEVICE_CLASSES)
     # GPU health on the DRA stack: a DeviceTaintRule per unhealthy GPU
     | grant("resource.k8s.io", ["devicetaintrules"], ["list", "create", "delete"])
-    | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
-            MAKE)
-    | grant("admissionregistration.k8s.io", ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
-            OWN, ADMISSION_POLICIES)
+    | grant(
+        "admissionregistration.k8s.io",
+        ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+        MAKE,
+    )
+    | grant(
+        "admissionregistration.k8s.io",
+        ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+        OWN,
+        ADMISSION_POLICIES,
+    )
     | grant("", ["nodes"], ["get", "list", "watch", "patch"])
     | grant("", ["nodes/status"], ["patch"])  # GPU health: the NvidiaGPUReady condition
     | grant("", ["pods"], ["get", "list", "watch", "delete"])
@@ -47,7 +65,8 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"])  # drains, node labelling
     | grant("", ["events"], ["create"])
     | grant("events.k8s.io", ["events"], ["create", "patch"])
-    | grant("node.k8s.io", ["runtimeclasses"], MAKE) | grant("node.k8s.io", ["runtimeclasses"], OWN, RUNTIME_CLASSES)
+    | grant("node.k8s.io", ["runtimeclasses"], MAKE)
+    | grant("node.k8s.io", ["runtimeclasses"], OWN, RUNTIME_CLASSES)
     # (changed or deleted only when labelled as ours: the gpu-operator-owned-rbac admission policy)
     | grant("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], MANAGE)
     | grant("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
@@ -58,10 +77,19 @@ CLUSTER_WIDE: set[Permission] = (
     | grant("apps", ["daemonsets"], ["get", "list", "watch"])
     | grant("config.openshift.io", ["clusterversions"], ["get", "list"])
     # ... to the DRA driver's roles (GPUCluster)
-    | grant("resource.k8s.io", ["resourceslices", "resourceclaimtemplates"],
-            ["get", "list", "watch", "create", "update", "delete"])
-    | grant("resource.nvidia.com", ["computedomains", "computedomains/status"], ["get", "list", "watch", "update", "patch"])
-    | grant("resource.nvidia.com", ["computedomaincliques"], ["get", "list", "watch", "create", "update", "patch"])
+    | grant(
+        "resource.k8s.io",
+        ["resourceslices", "resourceclaimtemplates"],
+        ["get", "list", "watch", "create", "update", "delete"],
+    )
+    | grant(
+        "resource.nvidia.com",
+        ["computedomains", "computedomains/status"],
+        ["get", "list", "watch", "update", "patch"],
+    )
+    | grant(
+        "resource.nvidia.com", ["computedomaincliques"], ["get", "list", "watch", "create", "update", "patch"]
+    )
 )
 IN_NAMESPACE: set[Permission] = (
     grant("apps", ["daemonsets", "deployments"], MANAGE)
@@ -80,23 +108,25 @@ IN_NAMESPACE: set[Permission] = (
     | grant("nfd.k8s-sigs.io", ["nodefeatures"], ["get", "list", "watch", "create", "update"])  # GFD's, here
     # GPU health remediation's requests: one Secret, written by the operator alone
     | grant("", ["secrets"], ["create"])
-    | grant("", ["secrets"], ["get", "list", "watch", "update", "patch", "delete"],
-            ["nvidia-gpu-health-requests"])
+    | grant(
+        "", ["secrets"], ["get", "list", "watch", "update", "patch", "delete"], ["nvidia-gpu-health-requests"]
+    )
 )
 OPENSHIFT_CLUSTER_WIDE: set[Permission] = (
     grant("config.openshift.io", ["proxies"], ["get", "list", "watch"])
     | grant("image.openshift.io", ["imagestreams"], ["get", "list", "watch"])
     | grant("security.openshift.io", ["securitycontextconstraints"], (*MANAGE, "use"))
 )
-OPENSHIFT_IN_NAMESPACE: set[Permission] = (
-    grant("monitoring.coreos.com", ["prometheusrules"], MANAGE)
-    | grant("", ["endpoints"], ["get", "list", "watch"])
+OPENSHIFT_IN_NAMESPACE: set[Permission] = grant("monitoring.coreos.com", ["prometheusrules"], MANAGE) | grant(
+    "", ["endpoints"], ["get", "list", "watch"]
 )
 
 
 def operator_rules(rendered: Rendered) -> tuple[set[Permission], set[Permission]]:
-    return (expand(find(rendered, "ClusterRole", "gpu-operator")["rules"]),
-            expand(find(rendered, "Role", "gpu-operator")["rules"]))
+    return (
+        expand(find(rendered, "ClusterRole", "gpu-operator")["rules"]),
+        expand(find(rendered, "Role", "gpu-operator")["rules"]),
+    )
 
 
 def test_chart_grants_exactly_the_listed_permissions(render: Callable[..., Rendered]) -> None:
@@ -137,11 +167,17 @@ def test_a_missing_rule_is_caught(render: Callable[..., Rendered]) -> None:
 # Policies that between them enable every operand state and its RBAC.
 POLICIES: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "everything": {"dcgm": {"enabled": True}, "nodeStatusExporter": {"enabled": True},
-                   "gds": {"enabled": True}, "gdrcopy": {"enabled": True},
-                   "dcgmExporter": {"enablePodLabels": True}},
-    "kubevirt": {"sandboxWorkloads": {"enabled": True},
-                 "vgpuManager": {"enabled": True, "repository": "r.example", "version": "1"}},
+    "everything": {
+        "dcgm": {"enabled": True},
+        "nodeStatusExporter": {"enabled": True},
+        "gds": {"enabled": True},
+        "gdrcopy": {"enabled": True},
+        "dcgmExporter": {"enablePodLabels": True},
+    },
+    "kubevirt": {
+        "sandboxWorkloads": {"enabled": True},
+        "vgpuManager": {"enabled": True, "repository": "r.example", "version": "1"},
+    },
     "kata": {"sandboxWorkloads": {"enabled": True, "mode": "kata"}},
 }
 
@@ -149,8 +185,20 @@ POLICIES: dict[str, dict[str, Any]] = {
 def operand_rbac(policy: dict[str, Any], tmp_path: Path, openshift: bool) -> list[dict[str, Any]]:
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(policy))
-    argv = [sys.executable, "-m", "gpu_operator.cli", "render", "--policy", str(path), "--shape", "dgx-h100:1",
-            "--namespace", NAMESPACE, "-o", "json"] + (["--openshift"] if openshift else [])
+    argv = [
+        sys.executable,
+        "-m",
+        "gpu_operator.cli",
+        "render",
+        "--policy",
+        str(path),
+        "--shape",
+        "dgx-h100:1",
+        "--namespace",
+        NAMESPACE,
+        "-o",
+        "json",
+    ] + (["--openshift"] if openshift else [])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"gpu-operator render failed ({' '.join(argv[3:])}):\n{done.stderr}"
     parsed = json.loads(done.stdout)
@@ -170,27 +218,53 @@ def test_operator_holds_every_permission_it_hands_to_operands(
         policy = find(render({**values, **spec}), "ClusterPolicy", "cluster-policy")
         for role in operand_rbac(policy, tmp_path, openshift):
             held = cluster if role["kind"] == "ClusterRole" else cluster | namespaced
-            missing += [f"{name}: {role['kind']} {role['metadata']['name']} needs {p}"
-                        for p in sorted(expand(role["rules"]), key=str) if not covers(held, p)]
+            missing += [
+                f"{name}: {role['kind']} {role['metadata']['name']} needs {p}"
+                for p in sorted(expand(role["rules"]), key=str)
+                if not covers(held, p)
+            ]
     # (the chart renders its GPUCluster only where the apiserver serves DeviceClass: built here)
-    cluster_cr = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": "gpu-cluster"},
-                  "spec": {"draDriver": {"featureGates": {"MPSSupport": True}}, "dcgm": {"enabled": True},
-                           "dcgmExporter": {}}}
+    cluster_cr = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster"},
+        "spec": {
+            "draDriver": {"featureGates": {"MPSSupport": True}},
+            "dcgm": {"enabled": True},
+            "dcgmExporter": {},
+        },
+    }
     for role in gpucluster_rbac(cluster_cr, tmp_path, openshift):
         held = cluster if role["kind"] == "ClusterRole" else cluster | namespaced
-        missing += [f"GPUCluster: {role['kind']} {role['metadata']['name']} needs {p}"
-                    for p in sorted(expand(role["rules"]), key=str) if not covers(held, p)]
+        missing += [
+            f"GPUCluster: {role['kind']} {role['metadata']['name']} needs {p}"
+            for p in sorted(expand(role["rules"]), key=str)
+            if not covers(held, p)
+        ]
     assert missing == [], "\n".join(missing)
 
 
 def gpucluster_rbac(cluster: dict[str, Any], tmp_path: Path, openshift: bool) -> list[dict[str, Any]]:
     path = tmp_path / "gpucluster.yaml"
     path.write_text(yaml.safe_dump(cluster))
-    argv = [sys.executable, "-m", "gpu_operator.cli", "render", "--gpucluster", str(path),
-            "--namespace", NAMESPACE, "-o", "json"] + (["--openshift"] if openshift else [])
+    argv = [
+        sys.executable,
+        "-m",
+        "gpu_operator.cli",
+        "render",
+        "--gpucluster",
+        str(path),
+        "--namespace",
+        NAMESPACE,
+        "-o",
+        "json",
+    ] + (["--openshift"] if openshift else [])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"gpu-operator render failed ({' '.join(argv[3:])}):\n{done.stderr}"
     items: list[dict[str, Any]] = json.loads(done.stdout)["items"]
     roles = [o for o in items if o["kind"] in ("Role", "ClusterRole")]
-    assert {r["metadata"]["name"] for r in roles} >= {"nvidia-dra-driver-kubeletplugin", "compute-domain-daemon"}
+    assert {r["metadata"]["name"] for r in roles} >= {
+        "nvidia-dra-driver-kubeletplugin",
+        "compute-domain-daemon",
+    }
     return roles

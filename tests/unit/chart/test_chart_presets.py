@@ -21,11 +21,15 @@ STATE_ENABLED: dict[str, Callable[[dict[str, Any]], bool]] = {
     "state-vgpu-device-manager": lambda s: _sandbox(s) and s["vgpuDeviceManager"]["enabled"],
     "state-sandbox-validation": lambda s: _sandbox(s),
     "state-vfio-manager": lambda s: _sandbox(s) and s["vfioManager"]["enabled"],
-    "state-sandbox-device-plugin": lambda s: _sandbox(s) and s["sandboxDevicePlugin"]["enabled"]
-    and s["sandboxWorkloads"]["mode"] == "kubevirt",
-    "state-kata-device-plugin": lambda s: _sandbox(s) and s["kataSandboxDevicePlugin"]["enabled"]
-    and s["sandboxWorkloads"]["mode"] == "kata",
-    "state-cc-manager": lambda s: _sandbox(s) and s["ccManager"]["enabled"] and s["sandboxWorkloads"]["mode"] == "kata",
+    "state-sandbox-device-plugin": lambda s: (
+        _sandbox(s) and s["sandboxDevicePlugin"]["enabled"] and s["sandboxWorkloads"]["mode"] == "kubevirt"
+    ),
+    "state-kata-device-plugin": lambda s: (
+        _sandbox(s) and s["kataSandboxDevicePlugin"]["enabled"] and s["sandboxWorkloads"]["mode"] == "kata"
+    ),
+    "state-cc-manager": lambda s: (
+        _sandbox(s) and s["ccManager"]["enabled"] and s["sandboxWorkloads"]["mode"] == "kata"
+    ),
 }
 
 
@@ -56,8 +60,12 @@ def policy(render: Callable[..., Rendered], values: Values) -> dict[str, Any]:
 def test_defaults_run_the_container_stack_with_a_driver(render: Callable[..., Rendered]) -> None:
     spec = policy(render, {})
     assert enabled_states(spec) == {
-        "state-driver", "state-container-toolkit", "state-device-plugin", "state-dcgm-exporter",
-        "gpu-feature-discovery", "state-mig-manager",
+        "state-driver",
+        "state-container-toolkit",
+        "state-device-plugin",
+        "state-dcgm-exporter",
+        "gpu-feature-discovery",
+        "state-mig-manager",
     }
     assert spec["sandboxWorkloads"] == {"enabled": False, "defaultWorkload": "container", "mode": "kubevirt"}
     assert spec["driver"]["upgradePolicy"]["autoUpgrade"] is True
@@ -69,7 +77,10 @@ def test_container_preset_uses_the_host_driver(render: Callable[..., Rendered]) 
     default, spec = policy(render, {}), policy(render, preset("container"))
     assert changed(default, spec) == {"driver.enabled": False, "vfioManager.enabled": False}
     assert enabled_states(spec) == {
-        "state-container-toolkit", "state-device-plugin", "state-dcgm-exporter", "gpu-feature-discovery",
+        "state-container-toolkit",
+        "state-device-plugin",
+        "state-dcgm-exporter",
+        "gpu-feature-discovery",
         "state-mig-manager",
     }
     assert spec["devicePlugin"]["enabled"] is True
@@ -87,9 +98,19 @@ def test_passthrough_preset_binds_gpus_to_vfio_for_kubevirt(render: Callable[...
         "vgpuDeviceManager.enabled": False,
     }
     # The container operands stay enabled, but deploy labels keep them off vm-passthrough nodes.
-    assert {"state-vfio-manager", "state-sandbox-device-plugin", "state-sandbox-validation"} <= enabled_states(spec)
-    assert not {"state-driver", "state-device-plugin", "state-vgpu-manager", "state-vgpu-device-manager",
-                "state-cc-manager", "state-kata-device-plugin"} & enabled_states(spec)
+    assert {
+        "state-vfio-manager",
+        "state-sandbox-device-plugin",
+        "state-sandbox-validation",
+    } <= enabled_states(spec)
+    assert not {
+        "state-driver",
+        "state-device-plugin",
+        "state-vgpu-manager",
+        "state-vgpu-device-manager",
+        "state-cc-manager",
+        "state-kata-device-plugin",
+    } & enabled_states(spec)
     assert spec["vfioManager"]["enabled"] is True
     assert spec["sandboxDevicePlugin"]["enabled"] is True
 
@@ -106,8 +127,12 @@ def test_vgpu_preset_runs_the_vgpu_manager(render: Callable[..., Rendered]) -> N
         "vgpuManager.version": "17.4",
         "ccManager.enabled": False,
     }
-    assert {"state-vgpu-manager", "state-vgpu-device-manager", "state-sandbox-device-plugin",
-            "state-sandbox-validation"} <= enabled_states(spec)
+    assert {
+        "state-vgpu-manager",
+        "state-vgpu-device-manager",
+        "state-sandbox-device-plugin",
+        "state-sandbox-validation",
+    } <= enabled_states(spec)
     assert not {"state-driver", "state-device-plugin", "state-cc-manager"} & enabled_states(spec)
 
 

@@ -74,7 +74,9 @@ def pruned(value: Any, schema: dict[str, Any], path: str) -> list[str]:
 @pytest.mark.parametrize(("name", "values"), SHAPES, ids=IDS)
 def test_lint_is_clean(name: str, values: Values) -> None:
     # NFD is not a dependency (nfd.enabled runs our discovery DaemonSet): nothing to fetch, nothing to warn
-    report = helm_python.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    report = helm_python.lint(
+        CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}"
+    )
     assert [m["error"] for m in report["messages"]] == [], report
 
 
@@ -82,8 +84,17 @@ def test_lint_is_clean(name: str, values: Values) -> None:
 def test_every_object_is_valid(name: str, values: Values, render: Callable[..., Rendered]) -> None:
     rendered = objects(render(values))
     kinds = sorted({o["kind"] for o in rendered})
-    assert kinds == ["ClusterPolicy", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Job",
-                     "Role", "RoleBinding", "ServiceAccount"]
+    assert kinds == [
+        "ClusterPolicy",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Job",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+    ]
     schema = crd_schema()
     for obj in rendered:
         if obj["kind"] == "ClusterPolicy":
@@ -110,7 +121,9 @@ def test_operator_deployment(render: Callable[..., Rendered]) -> None:
     assert pod["metadata"]["labels"] == {
         "app": "gpu-operator",
         "app.kubernetes.io/component": "gpu-operator",
-        "app.kubernetes.io/instance": deployment["metadata"]["labels"]["app.kubernetes.io/instance"],  # the release
+        "app.kubernetes.io/instance": deployment["metadata"]["labels"][
+            "app.kubernetes.io/instance"
+        ],  # the release
         "nvidia.com/gpu-driver-upgrade-drain.skip": "true",
     }
     assert deployment["metadata"]["labels"]["app.kubernetes.io/instance"]
@@ -120,9 +133,18 @@ def test_operator_deployment(render: Callable[..., Rendered]) -> None:
     assert container["image"] == "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
     assert container["command"] == ["gpu-operator", "run"]
     # (rendered with nfd.enabled=false: NFD's master, not the operator, puts GFD's labels on Nodes)
-    assert container["args"] == ["--namespace", NAMESPACE, "--leader-elect", "--metrics-bind-address", ":8080",
-                                 "--health-probe-bind-address", ":8081", "--no-gfd-node-labels",
-                                 "--log-level", "info"]
+    assert container["args"] == [
+        "--namespace",
+        NAMESPACE,
+        "--leader-elect",
+        "--metrics-bind-address",
+        ":8080",
+        "--health-probe-bind-address",
+        ":8081",
+        "--no-gfd-node-labels",
+        "--log-level",
+        "info",
+    ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -144,8 +166,9 @@ def test_a_hand_run_operator_falls_back_to_the_images_the_chart_sets(render: Cal
     env = {e["name"]: e.get("value") for e in container["env"]}
     # the chart's Deployment sets each fallback to the same image (CUDA_VALIDATOR_IMAGE: it leaves it
     # unset and the renderer uses the same default, CUDA_WORKLOAD_IMAGE)
-    assert {k: v for k, v in env.items() if k in CHART_DEFAULT_IMAGES} == \
-        {k: v for k, v in CHART_DEFAULT_IMAGES.items() if k != "CUDA_VALIDATOR_IMAGE"}
+    assert {k: v for k, v in env.items() if k in CHART_DEFAULT_IMAGES} == {
+        k: v for k, v in CHART_DEFAULT_IMAGES.items() if k != "CUDA_VALIDATOR_IMAGE"
+    }
     # `gpu-operator run` fills in only what its environment does not set; "" means no fallback
     assert missing_images({}) == CHART_DEFAULT_IMAGES
     assert missing_images(env) == {"CUDA_VALIDATOR_IMAGE": CHART_DEFAULT_IMAGES["CUDA_VALIDATOR_IMAGE"]}
@@ -154,8 +177,13 @@ def test_a_hand_run_operator_falls_back_to_the_images_the_chart_sets(render: Cal
 
 
 def test_image_fallbacks_follow_the_image_rules(render: Callable[..., Rendered]) -> None:
-    rendered = render({"driver": {"version": "sha256:abc"}, "vgpuManager": {"repository": "r.example", "version": "1"},
-                       "operator": {"version": "v9"}})
+    rendered = render(
+        {
+            "driver": {"version": "sha256:abc"},
+            "vgpuManager": {"repository": "r.example", "version": "1"},
+            "operator": {"version": "v9"},
+        }
+    )
     (container,) = find(rendered, "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["DRIVER_IMAGE"] == "nvcr.io/nvidia/driver@sha256:abc"
@@ -170,8 +198,14 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator-crds"
     # (nfd off); --release: a CRD another Helm release owns is left to it (kube/crdowners.py)
-    assert pod["containers"][0]["command"] == ["gpu-operator", "crds", "apply", "--release",
-                                               f"{NAMESPACE}/gpu-operator", "--no-node-feature"]
+    assert pod["containers"][0]["command"] == [
+        "gpu-operator",
+        "crds",
+        "apply",
+        "--release",
+        f"{NAMESPACE}/gpu-operator",
+        "--no-node-feature",
+    ]
     # The hook's identity exists before the Job runs (lower weight) and only touches our CRDs.
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
         hooked = find(rendered, kind, "gpu-operator-crds")["metadata"]["annotations"]
@@ -180,8 +214,10 @@ def test_crd_hook_job(render: Callable[..., Rendered]) -> None:
     named = [r for r in rules if "resourceNames" in r]
     crd_files = sorted(p.name.split("_", 1)[1].removesuffix(".yaml") for p in (CHART / "crds").glob("*.yaml"))
     assert sorted(n.split(".")[0] for n in named[0]["resourceNames"]) == crd_files
-    assert not any(o["kind"] == "Job" and o["metadata"]["name"] == "gpu-operator-crds"
-                   for o in objects(render({"operator": {"upgradeCRD": False}})))
+    assert not any(
+        o["kind"] == "Job" and o["metadata"]["name"] == "gpu-operator-crds"
+        for o in objects(render({"operator": {"upgradeCRD": False}}))
+    )
 
 
 def test_a_crd_hook_job_helm_gave_up_on_is_replaced_by_the_next_run(render: Callable[..., Rendered]) -> None:
@@ -201,7 +237,11 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpu-operator-cleanup"
-    assert pod["containers"][0]["command"] == ["gpu-operator", "cleanup", "--operator-deployment=gpu-operator"]
+    assert pod["containers"][0]["command"] == [
+        "gpu-operator",
+        "cleanup",
+        "--operator-deployment=gpu-operator",
+    ]
     assert find(rendered, "Deployment", "gpu-operator")  # the one it stops
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         hooked = find(rendered, kind, "gpu-operator-cleanup")["metadata"]["annotations"]
@@ -209,8 +249,11 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     # Only what the cleanup does: delete our CRs, patch node labels, taints and GPU health's
     # condition; nothing else.
     assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
-        {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies", "nvidiadrivers", "gpuclusters"],
-         "verbs": ["list", "delete"]},
+        {
+            "apiGroups": ["nvidia.com"],
+            "resources": ["clusterpolicies", "nvidiadrivers", "gpuclusters"],
+            "verbs": ["list", "delete"],
+        },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "get", "patch"]},
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["list", "delete"]},
@@ -218,30 +261,58 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     # In its namespace: stop the operator Deployment, see its pods go, delete an unrenewed Lease
     # and GPU health's requests Secret (the operator made it, so Helm would leave it).
     assert find(rendered, "Role", "gpu-operator-cleanup")["rules"] == [
-        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["gpu-operator"],
-         "verbs": ["get", "patch"]},
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "resourceNames": ["gpu-operator"],
+            "verbs": ["get", "patch"],
+        },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [LEASE_NAME],
-         "verbs": ["get", "delete"]},
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [HEALTH_REQUESTS_SECRET],
-         "verbs": ["delete"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [LEASE_NAME],
+            "verbs": ["get", "delete"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [HEALTH_REQUESTS_SECRET],
+            "verbs": ["delete"],
+        },
     ]
-    assert not any(o["metadata"]["name"] == "gpu-operator-cleanup"
-                   for o in objects(render({"operator": {"cleanupOnUninstall": False}})))
+    assert not any(
+        o["metadata"]["name"] == "gpu-operator-cleanup"
+        for o in objects(render({"operator": {"cleanupOnUninstall": False}}))
+    )
 
 
 def test_clusterpolicy_can_be_left_out(render: Callable[..., Rendered]) -> None:
-    assert not any(o["kind"] == "ClusterPolicy" for o in objects(render({"clusterPolicy": {"deployCR": False}})))
+    assert not any(
+        o["kind"] == "ClusterPolicy" for o in objects(render({"clusterPolicy": {"deployCR": False}}))
+    )
 
 
 def test_config_maps_rendered_on_request(render: Callable[..., Rendered]) -> None:
-    rendered = render({
-        "devicePlugin": {"config": {"create": True, "name": "dp-config", "default": "a",
-                                    "data": {"a": "version: v1\n", "b": {"version": "v1"}}}},
-        "dcgmExporter": {"config": {"create": True, "name": "metrics", "data": "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"}},
-    })
+    rendered = render(
+        {
+            "devicePlugin": {
+                "config": {
+                    "create": True,
+                    "name": "dp-config",
+                    "default": "a",
+                    "data": {"a": "version: v1\n", "b": {"version": "v1"}},
+                }
+            },
+            "dcgmExporter": {
+                "config": {"create": True, "name": "metrics", "data": "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"}
+            },
+        }
+    )
     assert find(rendered, "ConfigMap", "dp-config")["data"] == {"a": "version: v1\n", "b": "version: v1"}
-    assert find(rendered, "ConfigMap", "metrics")["data"] == {"dcgm-metrics.csv": "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"}
+    assert find(rendered, "ConfigMap", "metrics")["data"] == {
+        "dcgm-metrics.csv": "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"
+    }
     spec = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]
     assert spec["devicePlugin"]["config"] == {"name": "dp-config", "default": "a"}
     assert spec["dcgmExporter"]["config"] == {"name": "metrics"}

@@ -41,8 +41,11 @@ def variants() -> dict[str, list[str]]:
     for variant in source["spec"]["variants"]:
         (component,) = variant["components"]
         assert component["path"] == "system/gpu-operator"
-        assert component["install"] == {"privileged": True, "namespace": "cozy-gpu-operator",
-                                        "releaseName": "gpu-operator"}
+        assert component["install"] == {
+            "privileged": True,
+            "namespace": "cozy-gpu-operator",
+            "releaseName": "gpu-operator",
+        }
         out[variant["name"]] = component["valuesFiles"]
     return out
 
@@ -59,10 +62,12 @@ def policy(chart: helm_python.Chart, variant: str, extra: dict[str, Any] | None 
 
 def test_the_source_lists_the_host_variants_and_the_guest_on_the_common_values() -> None:
     found = variants()
-    assert found == {"default": ["values.yaml", "values-passthrough.yaml"],
-                     "vgpu": ["values.yaml", "values-vgpu.yaml"],
-                     "container": ["values.yaml", "values-container.yaml"],
-                     "guest": ["values.yaml", "values-guest.yaml"]}
+    assert found == {
+        "default": ["values.yaml", "values-passthrough.yaml"],
+        "vgpu": ["values.yaml", "values-vgpu.yaml"],
+        "container": ["values.yaml", "values-container.yaml"],
+        "guest": ["values.yaml", "values-guest.yaml"],
+    }
     for files in found.values():
         for name in files:
             assert set(yaml.safe_load((WRAPPER / name).read_text())) == {"gpu-operator"}, name
@@ -70,7 +75,11 @@ def test_the_source_lists_the_host_variants_and_the_guest_on_the_common_values()
 
 def test_default_is_vfio_passthrough_for_kubevirt(wrapper: helm_python.Chart) -> None:
     spec = policy(wrapper, "default")
-    assert spec["sandboxWorkloads"] == {"enabled": True, "defaultWorkload": "vm-passthrough", "mode": "kubevirt"}
+    assert spec["sandboxWorkloads"] == {
+        "enabled": True,
+        "defaultWorkload": "vm-passthrough",
+        "mode": "kubevirt",
+    }
     assert spec["driver"]["enabled"] is False and spec["devicePlugin"]["enabled"] is False
     assert spec["vfioManager"]["enabled"] is True
     # KubeVirt's own plugin advertises the GPUs (seed 001's names); the operator keeps the list
@@ -81,8 +90,14 @@ def test_default_is_vfio_passthrough_for_kubevirt(wrapper: helm_python.Chart) ->
 
 def test_vgpu(wrapper: helm_python.Chart) -> None:
     spec = policy(wrapper, "vgpu", {"gpu-operator": VGPU_IMAGE})
-    assert spec["sandboxWorkloads"]["defaultWorkload"] == "vm-vgpu" and spec["sandboxWorkloads"]["enabled"] is True
-    assert spec["vgpuManager"]["enabled"] is True and spec["vgpuManager"]["repository"] == "registry.example.com/nvidia"
+    assert (
+        spec["sandboxWorkloads"]["defaultWorkload"] == "vm-vgpu"
+        and spec["sandboxWorkloads"]["enabled"] is True
+    )
+    assert (
+        spec["vgpuManager"]["enabled"] is True
+        and spec["vgpuManager"]["repository"] == "registry.example.com/nvidia"
+    )
     assert spec["vgpuDeviceManager"]["enabled"] is True and spec["sandboxDevicePlugin"]["enabled"] is True
     assert spec["driver"]["enabled"] is False and spec["ccManager"]["enabled"] is False
 
@@ -96,8 +111,11 @@ def test_container_is_seed_000s_settings(wrapper: helm_python.Chart) -> None:
 
 
 def test_sync_can_be_turned_off_from_the_package_values(wrapper: helm_python.Chart) -> None:
-    spec = policy(wrapper, "default", {"gpu-operator": {"sandboxWorkloads": {
-        "kubevirt": {"syncPermittedHostDevices": False}}}})
+    spec = policy(
+        wrapper,
+        "default",
+        {"gpu-operator": {"sandboxWorkloads": {"kubevirt": {"syncPermittedHostDevices": False}}}},
+    )
     assert spec["sandboxWorkloads"]["kubevirt"] == {"syncPermittedHostDevices": False}
 
 

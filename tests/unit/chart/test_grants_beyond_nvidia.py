@@ -63,19 +63,26 @@ def table_rows(text: str) -> dict[str, set[Grant]]:
 
         kinds, groups, resources, verbs = (items(c) for c in cells[:4])
         rows[line] = {
-            (k, "" if g == "core" else g, r, v) for k in kinds for g in groups for r in resources for v in verbs
+            (k, "" if g == "core" else g, r, v)
+            for k in kinds
+            for g in groups
+            for r in resources
+            for v in verbs
         }
     return rows
 
 
 def test_every_grant_beyond_nvidias_has_a_row_and_every_row_is_one(render: Callable[..., Rendered]) -> None:
-    ours = beyond(operator_roles(render())) | beyond(operator_roles(render({"platform": {"openshift": True}})))
+    ours = beyond(operator_roles(render())) | beyond(
+        operator_roles(render({"platform": {"openshift": True}}))
+    )
     rows = table_rows(DOC.read_text())
     assert rows, f"no table under {HEADING!r} in {DOC}"
     listed = set().union(*rows.values())
     missing = sorted(ours - listed)
-    assert missing == [], f"beyond NVIDIA's v26.7.0 but not in {DOC.name}'s table (a row and its reason):\n" + "\n".join(
-        map(str, missing)
+    assert missing == [], (
+        f"beyond NVIDIA's v26.7.0 but not in {DOC.name}'s table (a row and its reason):\n"
+        + "\n".join(map(str, missing))
     )
     stale = {line: sorted(grants - ours) for line, grants in rows.items() if grants - ours}
     assert stale == {}, "rows naming grants we do not hold or NVIDIA's v26.7.0 holds too:\n" + "\n".join(

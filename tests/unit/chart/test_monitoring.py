@@ -36,8 +36,13 @@ ALERTS: dict[str, tuple[str, str | None, str, float | None, set[str]]] = {
     "GPUNodeValidationFailing": ("warning", "10m", "==", 0, {"gpu_operator_node_driver_validation"}),
     "GPUDriverUpgradeFailed": ("warning", "5m", ">", 0, {"gpu_operator_nodes_upgrades_failed"}),
     "GPUNodeQuarantined": ("warning", "5m", "==", 1, {"gpu_operator_node_gpu_health"}),
-    "GPURemediationFailed": ("critical", None, "or", None,
-                             {"gpu_operator_node_gpu_health", "gpu_operator_health_remediations_total"}),
+    "GPURemediationFailed": (
+        "critical",
+        None,
+        "or",
+        None,
+        {"gpu_operator_node_gpu_health", "gpu_operator_health_remediations_total"},
+    ),
     "GPUTemperatureHigh": ("warning", "5m", ">", 85, {"DCGM_FI_DEV_GPU_TEMP"}),
     "GPUTemperatureCritical": ("critical", "2m", ">", 90, {"DCGM_FI_DEV_GPU_TEMP"}),
     "GPUFramebufferNearlyFull": ("warning", "5m", ">", 95, {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}),
@@ -80,10 +85,13 @@ def exposed() -> set[str]:
     for package in (gpu_operator.controllers, gpu_operator.kube):
         for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
             importlib.import_module(module.name)
-    names = {f"{family.name}_total" if family.type == "counter" else family.name for family in REGISTRY.collect()}
+    names = {
+        f"{family.name}_total" if family.type == "counter" else family.name for family in REGISTRY.collect()
+    }
     root = Path(__file__).parent  # any directory will do: the families are named the same
-    collector = NodeStatusCollector(HostFS(str(root)), driver_check=lambda: True, plugin_devices=lambda: 1,
-                                    clock=time.time)
+    collector = NodeStatusCollector(
+        HostFS(str(root)), driver_check=lambda: True, plugin_devices=lambda: 1, clock=time.time
+    )
     collector.plugin_last_success = collector.driver_last_success = 1.0
     names |= {family.name for family in collector.collect()}
     return names
@@ -118,7 +126,10 @@ def queries(render: Callable[..., Rendered]) -> dict[str, str]:
 
 def test_off_by_default(render: Callable[..., Rendered]) -> None:
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects(render())}
-    assert ("PrometheusRule", "gpu-operator") not in kinds and ("ConfigMap", "gpu-operator-dashboard") not in kinds
+    assert ("PrometheusRule", "gpu-operator") not in kinds and (
+        "ConfigMap",
+        "gpu-operator-dashboard",
+    ) not in kinds
 
 
 def test_the_alerts_seed_004_asks_for_are_there(render: Callable[..., Rendered]) -> None:
@@ -136,10 +147,14 @@ def test_the_alerts_seed_004_asks_for_are_there(render: Callable[..., Rendered])
         if all(m.startswith("DCGM_") for m in metrics):  # one alert per GPU, named by node and GPU
             assert isinstance(parsed.lhs, promql_parser.AggregateExpr) and parsed.lhs.modifier is not None
             assert parsed.lhs.modifier.labels == GPU_LABELS, name
-    longer = find(render({"monitoring": {"prometheusRule": {"enabled": True, "notReadyFor": "30m"}}}),
-                  "PrometheusRule", "gpu-operator")
-    assert {r["alert"]: r for g in longer["spec"]["groups"] for r in g["rules"]}["GPUClusterPolicyNotReady"]["for"] \
-        == "30m"
+    longer = find(
+        render({"monitoring": {"prometheusRule": {"enabled": True, "notReadyFor": "30m"}}}),
+        "PrometheusRule",
+        "gpu-operator",
+    )
+    assert {r["alert"]: r for g in longer["spec"]["groups"] for r in g["rules"]}["GPUClusterPolicyNotReady"][
+        "for"
+    ] == "30m"
 
 
 def chart_metrics(rendered: Rendered) -> dict[str, str]:
@@ -148,8 +163,11 @@ def chart_metrics(rendered: Rendered) -> dict[str, str]:
     dcgm-exporter reads it: comma-separated field, type, help; '#' lines and blank lines skipped."""
     name = find(rendered, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"]["name"]
     text = find(rendered, "ConfigMap", name)["data"]["dcgm-metrics.csv"]
-    rows = [[cell.strip() for cell in line.split(",", 2)] for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    rows = [
+        [cell.strip() for cell in line.split(",", 2)]
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     assert all(len(row) == 3 and row[2] for row in rows), "every line: field, type, help"
     assert len({row[0] for row in rows}) == len(rows), "a field listed twice"
     return {row[0]: row[1] for row in rows}
@@ -176,7 +194,9 @@ def test_the_charts_metrics_file_serves_every_dcgm_metric_read(render: Callable[
 
 def test_a_metrics_file_of_ones_own_replaces_the_charts(render: Callable[..., Rendered]) -> None:
     mine = render({"dcgmExporter": {"config": {"name": "my-metrics"}}})
-    assert find(mine, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"] == {"name": "my-metrics"}
+    assert find(mine, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"] == {
+        "name": "my-metrics"
+    }
     assert [o for o in objects(mine) if o["metadata"]["name"] == "gpu-operator-dcgm-metrics"] == []
     image = render({"dcgmExporter": {"config": {"chartDefault": False}}})
     assert find(image, "ClusterPolicy", "cluster-policy")["spec"]["dcgmExporter"]["config"] == {"name": ""}
@@ -189,7 +209,7 @@ def doc_table() -> list[dict[str, str]]:
     start = next(i for i, line in enumerate(lines) if line.split("|")[1].strip() == "Alert")
     header = [cell.strip() for cell in lines[start].strip("|").split("|")]
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         cells = [re.sub(r"`([^`]*)`", r"\1", cell.strip()) for cell in line.strip("|").split("|")]
         if len(cells) != len(header):
             break
@@ -229,8 +249,10 @@ def test_the_health_alerts_match_the_operators_labels_and_states(render: Callabl
     from gpu_operator.controllers.units.health.metrics import NODE_HEALTH, REMEDIATIONS
     from gpu_operator.controllers.units.health.rules import METRIC_STATES
 
-    metrics = {"gpu_operator_node_gpu_health": (NODE_HEALTH, {"state": set(METRIC_STATES)}),
-               "gpu_operator_health_remediations_total": (REMEDIATIONS, {"result": {"succeeded", "failed"}})}
+    metrics = {
+        "gpu_operator_node_gpu_health": (NODE_HEALTH, {"state": set(METRIC_STATES)}),
+        "gpu_operator_health_remediations_total": (REMEDIATIONS, {"result": {"succeeded", "failed"}}),
+    }
     alerts = rules(render)
     seen = set()
     for name in ("GPUNodeQuarantined", "GPURemediationFailed"):
@@ -245,7 +267,10 @@ def test_the_health_alerts_match_the_operators_labels_and_states(render: Callabl
                     metric.labels(**labels)
                     metric.remove(*(labels[key] for key in ("node", matcher.name)))
                 seen.add((selector.name, matcher.name))
-    assert seen == {("gpu_operator_node_gpu_health", "state"), ("gpu_operator_health_remediations_total", "result")}
+    assert seen == {
+        ("gpu_operator_node_gpu_health", "state"),
+        ("gpu_operator_health_remediations_total", "result"),
+    }
 
 
 def test_every_query_parses_and_reads_only_metrics_that_exist(render: Callable[..., Rendered]) -> None:
@@ -266,7 +291,8 @@ def test_every_query_parses_and_reads_only_metrics_that_exist(render: Callable[.
 
 def test_a_misspelt_metric_or_bad_query_is_caught() -> None:
     assert list(metric_names(promql_parser.parse("sum(rate(gpu_operator_reconcilation_total[5m]))"))) == [
-        "gpu_operator_reconcilation_total"]
+        "gpu_operator_reconcilation_total"
+    ]
     assert "gpu_operator_reconcilation_total" not in exposed()
     with pytest.raises(Exception):  # noqa: B017 (the parser raises its own, unexported error type)
         promql_parser.parse("sum(rate(gpu_operator_reconciliation_total[5m])")

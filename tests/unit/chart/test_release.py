@@ -35,14 +35,19 @@ release = _tool()
 
 def _render(archive: Path, values: dict[str, object] | None = None) -> list[dict[str, object]]:
     with helm_python.Chart.load(archive) as chart:
-        return objects(chart.render(values or {}, name="gpu-operator", namespace="gpu-operator", is_install=True))
+        return objects(
+            chart.render(values or {}, name="gpu-operator", namespace="gpu-operator", is_install=True)
+        )
 
 
 def test_packages_index_and_pinned_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     archives = release.release(tmp_path / "a", DIGEST, log=lambda _m: None)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
-        "cozy-gpu-operator-0.1.0.tgz", "gpu-operator-0.1.0.tgz", "index.yaml"]
+        "cozy-gpu-operator-0.1.0.tgz",
+        "gpu-operator-0.1.0.tgz",
+        "index.yaml",
+    ]
     index = yaml.safe_load((tmp_path / "a" / "index.yaml").read_text())
     for name, archive in archives.items():
         (entry,) = index["entries"][name]
@@ -65,12 +70,16 @@ def test_packages_index_and_pinned_image(tmp_path: Path, monkeypatch: pytest.Mon
 def test_without_an_image_digest_the_package_names_the_tag(tmp_path: Path) -> None:
     said: list[str] = []
     archives = release.release(tmp_path, None, log=said.append)
-    image = find(_render(archives["gpu-operator"]), "Deployment", "gpu-operator")["spec"]["template"]["spec"]["containers"][0]["image"]
+    image = find(_render(archives["gpu-operator"]), "Deployment", "gpu-operator")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["image"]
     assert image == "ghcr.io/gpu-operator-py/gpu-operator:0.1.0"
     assert any("named by tag" in line for line in said)
 
 
-def test_a_wrapper_pinned_to_another_chart_version_stops_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrapper_pinned_to_another_chart_version_stops_the_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     wrapper = tmp_path / "wrapper"
     shutil.copytree(release.WRAPPER, wrapper)
     meta = yaml.safe_load((wrapper / "Chart.yaml").read_text())
@@ -85,7 +94,10 @@ def test_signed_packages_verify_and_a_tampered_or_foreign_one_does_not(tmp_path:
     """--sign: each package gets Helm's provenance; `helm verify` (the check `helm install --verify`
     makes) accepts it with the signer's public keyring, refuses it with another one, and refuses
     an archive changed after signing."""
-    ours, other = make_key(tmp_path / "ours", "gpu-operator release"), make_key(tmp_path / "other", "someone else")
+    ours, other = (
+        make_key(tmp_path / "ours", "gpu-operator release"),
+        make_key(tmp_path / "other", "someone else"),
+    )
     out = tmp_path / "charts"
     archives = release.release(out, None, log=lambda _m: None, signer=release.Signer(ours.name, ours.secring))
     for archive in archives.values():
@@ -97,7 +109,10 @@ def test_signed_packages_verify_and_a_tampered_or_foreign_one_does_not(tmp_path:
     tampered = tmp_path / "tampered" / archives["gpu-operator"].name
     tampered.parent.mkdir()
     tampered.write_bytes(archives["gpu-operator"].read_bytes() + b"\0")
-    shutil.copy(archives["gpu-operator"].with_name(tampered.name + ".prov"), tampered.with_name(tampered.name + ".prov"))
+    shutil.copy(
+        archives["gpu-operator"].with_name(tampered.name + ".prov"),
+        tampered.with_name(tampered.name + ".prov"),
+    )
     with pytest.raises(helm_python.HelmChartInvalidError):
         helm_python.verify(tampered, ours.pubring)
 
@@ -105,6 +120,7 @@ def test_signed_packages_verify_and_a_tampered_or_foreign_one_does_not(tmp_path:
 def test_a_public_keyring_for_signing_names_the_flags_and_the_fix(tmp_path: Path) -> None:
     ours = make_key(tmp_path / "ours", "gpu-operator release")
     with pytest.raises(release.ReleaseError) as err:
-        release.release(tmp_path / "charts", None, log=lambda _m: None,
-                        signer=release.Signer(ours.name, ours.pubring))
+        release.release(
+            tmp_path / "charts", None, log=lambda _m: None, signer=release.Signer(ours.name, ours.pubring)
+        )
     assert str(err.value).startswith(f"--sign 'gpu-operator release' --keyring {ours.pubring}: ")

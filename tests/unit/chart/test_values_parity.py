@@ -29,8 +29,15 @@ OPERANDS = {  # values key -> (state, DaemonSet) the flag reaches
     "validator": ("state-operator-validation", "nvidia-operator-validator"),
     "nodeStatusExporter": ("state-node-status-exporter", "nvidia-node-status-exporter"),
 }
-SANDBOX = ("vfioManager", "sandboxDevicePlugin", "vgpuManager", "vgpuDeviceManager", "ccManager",
-           "kataSandboxDevicePlugin", "kataManager")
+SANDBOX = (
+    "vfioManager",
+    "sandboxDevicePlugin",
+    "vgpuManager",
+    "vgpuDeviceManager",
+    "ccManager",
+    "kataSandboxDevicePlugin",
+    "kataManager",
+)
 
 
 def _paths(values: Any, prefix: str = "") -> set[str]:
@@ -66,16 +73,23 @@ def test_host_network_is_left_out_by_default_and_passed_when_set(render: Callabl
 
 @pytest.mark.parametrize("key", sorted(OPERANDS))
 def test_host_network_reaches_the_operands_pod(render: Callable[..., Rendered], key: str) -> None:
-    spec = find(render({key: {"hostNetwork": True, "enabled": True}}), "ClusterPolicy", "cluster-policy")["spec"]
+    spec = find(render({key: {"hostNetwork": True, "enabled": True}}), "ClusterPolicy", "cluster-policy")[
+        "spec"
+    ]
     state, name = OPERANDS[key]
     pod = renderkit.daemonset(renderkit.run(spec), state, name)["spec"]["template"]["spec"]
     assert (pod.get("hostNetwork"), pod.get("dnsPolicy")) == (True, "ClusterFirstWithHostNet")
-    plain = renderkit.daemonset(renderkit.run({key: {"enabled": True}} if key != "validator" else {}), state, name)
+    plain = renderkit.daemonset(
+        renderkit.run({key: {"enabled": True}} if key != "validator" else {}), state, name
+    )
     assert "hostNetwork" not in plain["spec"]["template"]["spec"]
 
 
 def test_operator_env_is_added_to_the_operator_container(render: Callable[..., Rendered]) -> None:
-    extra = [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}, {"name": "NO_PROXY", "value": ".svc,10.0.0.1"}]
+    extra = [
+        {"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+        {"name": "NO_PROXY", "value": ".svc,10.0.0.1"},
+    ]
     deployment = find(render({"operator": {"env": extra}}), "Deployment", "gpu-operator")
     env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
     assert env[-2:] == extra and env[0]["name"] == "OPERATOR_NAMESPACE"
@@ -95,13 +109,18 @@ def _operator_pod(rendered: Rendered) -> dict[str, Any]:
 
 
 RESTRICTED_POD = {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}
-RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                        "capabilities": {"drop": ["ALL"]}}
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 def unsupported_keys(rendered: Rendered) -> list[str]:
     """The keys the chart's values report (ConfigMap gpu-operator-values-report) calls ignored."""
-    report = yaml.safe_load(find(rendered, "ConfigMap", "gpu-operator-values-report")["data"]["unsupported.yaml"])
+    report = yaml.safe_load(
+        find(rendered, "ConfigMap", "gpu-operator-values-report")["data"]["unsupported.yaml"]
+    )
     return [entry["key"] for entry in report or []]
 
 
@@ -117,13 +136,25 @@ def test_operator_security_context_defaults_to_restricted(render: Callable[..., 
     pod = _operator_pod(rendered)
     assert pod["securityContext"] == RESTRICTED_POD
     assert pod["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
-    assert [p["securityContext"] for p in _hook_pods(rendered)] == [RESTRICTED_POD] * len(_hook_pods(rendered))
+    assert [p["securityContext"] for p in _hook_pods(rendered)] == [RESTRICTED_POD] * len(
+        _hook_pods(rendered)
+    )
 
 
 def test_operator_security_context_is_merged_key_by_key(render: Callable[..., Rendered]) -> None:
     # a values file's map merges into the default (Helm's values merge); null removes a key
-    rendered = render({"operator": {"securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000,
-                                                        "seccompProfile": None}}})
+    rendered = render(
+        {
+            "operator": {
+                "securityContext": {
+                    "runAsUser": 1000,
+                    "runAsGroup": 1000,
+                    "fsGroup": 2000,
+                    "seccompProfile": None,
+                }
+            }
+        }
+    )
     want = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000}
     assert _operator_pod(rendered)["securityContext"] == want
     assert [p["securityContext"] for p in _hook_pods(rendered)] == [want] * len(_hook_pods(rendered))
@@ -147,8 +178,11 @@ def test_operator_dns_policy_reaches_the_pod_only_when_set(render: Callable[...,
 
 def test_operator_dns_config_reaches_the_pod_only_when_set(render: Callable[..., Rendered]) -> None:
     assert "dnsConfig" not in _operator_pod(render())
-    dns = {"nameservers": ["10.0.0.53"], "searches": ["corp.example.com"],
-           "options": [{"name": "ndots", "value": "2"}]}
+    dns = {
+        "nameservers": ["10.0.0.53"],
+        "searches": ["corp.example.com"],
+        "options": [{"name": "ndots", "value": "2"}],
+    }
     rendered = render({"operator": {"dnsConfig": dns}})
     assert _operator_pod(rendered)["dnsConfig"] == dns
     assert "operator.dnsConfig" not in unsupported_keys(rendered)

@@ -27,13 +27,18 @@ CRDS = Path(__file__).resolve().parents[3] / "deployments" / "gpu-operator" / "c
 # Kinds of other projects whose CRDs the chart does not carry: (group, plural) -> namespaced
 # The Node reflector's kind: controllers/reflector.py watches it outside kopf (kube/nodewatch.py)
 NODES = ("v1", "nodes")
-FOREIGN_SCOPES = {("nfd.k8s-sigs.io", "nodefeatures"): True, ("monitoring.coreos.com", "servicemonitors"): True}
+FOREIGN_SCOPES = {
+    ("nfd.k8s-sigs.io", "nodefeatures"): True,
+    ("monitoring.coreos.com", "servicemonitors"): True,
+}
 
 
 def every_watch() -> Watches:
     """The registrations of a start on a cluster with every optional kind (ServiceMonitor's CRD,
     NFD's NodeFeatures), as the manager makes them."""
-    watches = Watches(ReadModel("gpu-operator"), OperatorSettings(), lambda _: None, lambda _: None, lambda: None)
+    watches = Watches(
+        ReadModel("gpu-operator"), OperatorSettings(), lambda _: None, lambda _: None, lambda: None
+    )
     watches.watch_owned(SERVICE_MONITOR)
     watches.watch_gfd_features()
     return watches
@@ -82,7 +87,9 @@ def ungranted(cluster_rules: list[dict[str, Any]], role_rules: list[dict[str, An
     missing = []
     for row in [*every_watch().watched, Watched(NODES, "the Node reflector")]:
         group, plural = group_plural(row.resource)
-        assert (group, plural) in known, f"{group}/{plural}: scope unknown; add its CRD or a FOREIGN_SCOPES row"
+        assert (group, plural) in known, (
+            f"{group}/{plural}: scope unknown; add its CRD or a FOREIGN_SCOPES row"
+        )
         held = cluster | namespaced if known[(group, plural)] else cluster
         if not covers(held, (group, plural, verb, None)):
             missing.append(f"{group or 'core'}/{plural} ({row.index_id})")
@@ -91,7 +98,8 @@ def ungranted(cluster_rules: list[dict[str, Any]], role_rules: list[dict[str, An
 
 @pytest.mark.parametrize("verb", ["list", "watch"])
 def test_the_chart_grants_every_watched_kind_where_it_is_watched(
-        render: Callable[..., Rendered], verb: str) -> None:
+    render: Callable[..., Rendered], verb: str
+) -> None:
     rendered = render()
     cluster, role = find(rendered, "ClusterRole")["rules"], find(rendered, "Role")["rules"]
     assert ungranted(cluster, role, verb) == [], f"watched but the chart grants no {verb}"

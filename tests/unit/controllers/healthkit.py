@@ -65,24 +65,49 @@ class FakeKube:
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> body
         self.client = _SecretCreator(self)
         self._version = 0
-        self.http = httpx2.AsyncClient(transport=httpx2.MockTransport(self._answer), base_url="https://apiserver")
+        self.http = httpx2.AsyncClient(
+            transport=httpx2.MockTransport(self._answer), base_url="https://apiserver"
+        )
 
     # -- the cluster
 
-    def add_node(self, name: str, annotations: dict[str, str] | None = None,
-                 labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None) -> None:
-        self.nodes[name] = {"metadata": {"name": name, "labels": dict(labels or {}),
-                                         "annotations": dict(annotations or {})},
-                            "spec": {"taints": list(taints or [])}, "status": {"conditions": []}}
+    def add_node(
+        self,
+        name: str,
+        annotations: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+    ) -> None:
+        self.nodes[name] = {
+            "metadata": {"name": name, "labels": dict(labels or {}), "annotations": dict(annotations or {})},
+            "spec": {"taints": list(taints or [])},
+            "status": {"conditions": []},
+        }
         self._bump(name)
 
-    def add_pod(self, name: str, node: str, *, gpu: bool = True, labels: dict[str, str] | None = None,
-                namespace: str = "default", owner: str = "ReplicaSet") -> None:
+    def add_pod(
+        self,
+        name: str,
+        node: str,
+        *,
+        gpu: bool = True,
+        labels: dict[str, str] | None = None,
+        namespace: str = "default",
+        owner: str = "ReplicaSet",
+    ) -> None:
         res = {"limits": {"nvidia.com/gpu": "1"}} if gpu else {}
-        self.pods.append({"metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {}),
-                                       "ownerReferences": [{"kind": owner, "name": "o", "uid": "u", "controller": True}]},
-                          "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]},
-                          "status": {"phase": "Running"}})
+        self.pods.append(
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": dict(labels or {}),
+                    "ownerReferences": [{"kind": owner, "name": "o", "uid": "u", "controller": True}],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": res}]},
+                "status": {"phase": "Running"},
+            }
+        )
 
     def view(self, name: str) -> NodeView | None:
         body = self.nodes.get(name)
@@ -119,25 +144,31 @@ class FakeKube:
             else:
                 notes[key] = value
         for cond in body["status"]["conditions"]:
-            self.calls.append(("patch-status", name, cond["type"], cond.get("$patch", cond.get("status", ""))))
+            self.calls.append(
+                ("patch-status", name, cond["type"], cond.get("$patch", cond.get("status", "")))
+            )
             conditions[:] = [c for c in conditions if c["type"] != cond["type"]] + (
-                [] if cond.get("$patch") == "delete" else [cond])
+                [] if cond.get("$patch") == "delete" else [cond]
+            )
         self._bump(name)
         return httpx2.Response(200, json=self.nodes[name])
 
-    async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None
-                       ) -> dict[str, Any] | None:
+    async def get_dict(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         self.calls.append(("get", name))
         body = self.nodes.get(name)
         return copy.deepcopy(body) if body is not None else None
 
-    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None,
-                         labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    async def list_dicts(
+        self, api_version: str, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         assert (api_version, kind) == ("v1", "Node")
         return [copy.deepcopy(b) for b in self.nodes.values()]
 
-    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
-                          namespace: str | None = None) -> None:
+    async def merge_patch(
+        self, api_version: str, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None
+    ) -> None:
         self.calls.append(("patch", name, json.dumps(patch, sort_keys=True)))
         if kind == "Secret":
             secret = self.secrets.get((namespace or "", name))
@@ -154,8 +185,9 @@ class FakeKube:
         _merge(body, patch)
         self._bump(name)
 
-    async def node_event(self, node: str, reason: str, message: str, *, warning: bool = True,
-                         namespace: str = "default") -> None:
+    async def node_event(
+        self, node: str, reason: str, message: str, *, warning: bool = True, namespace: str = "default"
+    ) -> None:
         self.calls.append(("event", node, reason))
         self.events.append((node, reason, message, warning))
 
@@ -171,8 +203,14 @@ class FakeKube:
         self.pods = [p for p in self.pods if p["metadata"]["name"] != key.name]
         return True
 
-    async def list_pods(self, namespace: str | None = None, *, labels: str | None = None,
-                        fields: str | None = None, slim: bool = False) -> list[dict[str, Any]]:
+    async def list_pods(
+        self,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+        fields: str | None = None,
+        slim: bool = False,
+    ) -> list[dict[str, Any]]:
         node = (fields or "").removeprefix("spec.nodeName=")
         out = [p for p in self.pods if p["spec"]["nodeName"] == node]
         if labels:
@@ -197,6 +235,7 @@ def _selects(selector: str, labels: dict[str, str]) -> bool:
 
 def _status(code: int) -> Any:
     from lightkube.models.meta_v1 import Status
+
     return Status(code=code, message="conflict", reason="Conflict")
 
 
@@ -245,6 +284,11 @@ class FakeDRA:
             self.calls.append("slices")
             return [s for s in self.slices if s["spec"]["nodeName"] == node and s["spec"]["driver"] == driver]
 
-        for name, fn in (("rule_version", rule_version), ("list_rules", list_rules), ("create_rule", create_rule),
-                         ("delete_rule", delete_rule), ("node_slices", node_slices)):
+        for name, fn in (
+            ("rule_version", rule_version),
+            ("list_rules", list_rules),
+            ("create_rule", create_rule),
+            ("delete_rule", delete_rule),
+            ("node_slices", node_slices),
+        ):
             monkeypatch.setattr(devicetaints, name, fn)

@@ -13,8 +13,12 @@ from gpu_operator.controllers.views import ClusterPolicyView
 def policy_of(spec: dict[str, Any]) -> LabelPolicy | None:
     """The policy of a ClusterPolicy with this spec; None when the api model rejects it (the
     labeller then labels by nothing new)."""
-    body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "cluster-policy", "uid": "u"}, "spec": spec}
+    body = {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy", "uid": "u"},
+        "spec": spec,
+    }
     model = ClusterPolicyView.of(body).parsed.model
     return LabelPolicy.of(model.spec) if model is not None else None
 

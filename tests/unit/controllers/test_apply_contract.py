@@ -48,12 +48,16 @@ EVERYTHING_ON = {
 
 @pytest.mark.parametrize("openshift", [False, True])
 @pytest.mark.parametrize("shapes", [("dgx-h100:2",), ("vfio-passthrough:1", "dgx-h100:1"), ("cpu:1",)])
-def test_every_kind_the_renderer_emits_is_watched_or_remembered(openshift: bool, shapes: tuple[str, ...]) -> None:
+def test_every_kind_the_renderer_emits_is_watched_or_remembered(
+    openshift: bool, shapes: tuple[str, ...]
+) -> None:
     watched = {k.kind for k in OWNED_KINDS} | {SERVICE_MONITOR.kind}
     for spec in ({}, EVERYTHING_ON, {"operator": {"use_ocp_driver_toolkit": False}, **EVERYTHING_ON}):
         result = render(policy(spec), facts(*shapes, openshift=openshift, servicemonitor_crd=True))
         emitted = {o["kind"] for o in result.objects()}
-        assert emitted <= watched | REMEMBERED_ONLY, f"add {emitted - watched} to OWNED_KINDS (controllers/views.py)"
+        assert emitted <= watched | REMEMBERED_ONLY, (
+            f"add {emitted - watched} to OWNED_KINDS (controllers/views.py)"
+        )
 
 
 class RecordingKube:
@@ -83,8 +87,12 @@ class RecordingKube:
     async def get_dict(self, *_: Any, **__: Any) -> dict[str, Any] | None:
         return None
 
-    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [o for o in self.live.values() if o["kind"] == kind and o["metadata"].get("namespace") == namespace]
+    async def list_dicts(
+        self, api_version: str, kind: str, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            o for o in self.live.values() if o["kind"] == kind and o["metadata"].get("namespace") == namespace
+        ]
 
     def owned(self, kinds: frozenset[str]) -> dict[Any, OwnedView]:
         views = [OwnedView.of(o) for o in self.live.values() if o["kind"] in kinds]
@@ -92,16 +100,26 @@ class RecordingKube:
 
 
 def snapshot(kube: RecordingKube, spec: dict[str, Any], watched: frozenset[str]) -> ReadSnapshot:
-    body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "cluster-policy", "uid": "policy-uid"}, "spec": spec}
+    body = {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy", "uid": "policy-uid"},
+        "spec": spec,
+    }
     views = tuple(NodeView.of(n) for n in nodes("dgx-h100:1"))
-    return ReadSnapshot("gpu-operator", ClusterInfo("1.36.0", servicemonitor_crd=True),
-                        policies=(ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body),), nodes=views,
-                        owned=kube.owned(watched), watched_kinds=watched)
+    return ReadSnapshot(
+        "gpu-operator",
+        ClusterInfo("1.36.0", servicemonitor_crd=True),
+        policies=(ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body),),
+        nodes=views,
+        owned=kube.owned(watched),
+        watched_kinds=watched,
+    )
 
 
 def test_unwatched_kind_is_applied_once_and_deleted_when_its_state_is_disabled(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for key, value in IMAGES.items():
         monkeypatch.setenv(key, value)
     kube = RecordingKube()
@@ -118,8 +136,10 @@ def test_unwatched_kind_is_applied_once_and_deleted_when_its_state_is_disabled(
 
     asyncio.run(reconciler.reconcile(snapshot(kube, {}, watched)))
     assert ("ServiceMonitor gpu-operator/nvidia-dcgm-exporter", False) in kube.deletes
-    assert not any(o["metadata"]["name"] == "nvidia-dcgm-exporter" and o["kind"] == "ServiceMonitor"
-                   for o in kube.live.values())
+    assert not any(
+        o["metadata"]["name"] == "nvidia-dcgm-exporter" and o["kind"] == "ServiceMonitor"
+        for o in kube.live.values()
+    )
     assert len(kube.deletes) == 1  # nothing else went: the remembered objects still rendered stay
 
 
@@ -130,8 +150,15 @@ def test_kept_kinds_and_foreign_objects_are_not_deleted(monkeypatch: pytest.Monk
     reconciler = ClusterPolicyReconciler(kube)  # type: ignore[arg-type]
     watched = frozenset(k.kind for k in OWNED_KINDS)
     asyncio.run(reconciler.reconcile(snapshot(kube, {}, watched)))
-    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "users", "namespace": "gpu-operator", "ownerReferences": [{"uid": "someone-else", "controller": True}]}}
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "users",
+            "namespace": "gpu-operator",
+            "ownerReferences": [{"uid": "someone-else", "controller": True}],
+        },
+    }
     kube.live[OwnedView.of(foreign).key] = foreign
     # The device plugin disabled: its objects go, the user's ConfigMap stays.
     kube.deletes.clear()
@@ -142,13 +169,19 @@ def test_kept_kinds_and_foreign_objects_are_not_deleted(monkeypatch: pytest.Monk
 
 
 def _ds(name: str, state: str) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": name, "namespace": "gpu-operator", "labels": {STATE_LABEL: state}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": "gpu-operator", "labels": {STATE_LABEL: state}},
+    }
 
 
 def _scc(name: str) -> dict[str, Any]:
-    return {"apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints",
-            "metadata": {"name": name, "labels": {STATE_LABEL: "state-driver"}}}
+    return {
+        "apiVersion": "security.openshift.io/v1",
+        "kind": "SecurityContextConstraints",
+        "metadata": {"name": name, "labels": {STATE_LABEL: "state-driver"}},
+    }
 
 
 def test_applier_keeps_kinds_orphans_marked_states_and_remembers_per_owner() -> None:
@@ -161,10 +194,20 @@ def test_applier_keeps_kinds_orphans_marked_states_and_remembers_per_owner() -> 
     one = ClusterPolicyView("one", "uid-one", 1, "t", {})
     two = ClusterPolicyView("two", "uid-two", 1, "t", {})
 
-    def run(owner: ClusterPolicyView, states: list[StateResult], keep: frozenset[str] = frozenset()) -> Applied:
+    def run(
+        owner: ClusterPolicyView, states: list[StateResult], keep: frozenset[str] = frozenset()
+    ) -> Applied:
         done = Applied()
-        asyncio.run(applier.apply(RenderResult(states, keep_kinds=keep), owner, owner_reference(owner),
-                                  kube.owned(watched), watched, done))
+        asyncio.run(
+            applier.apply(
+                RenderResult(states, keep_kinds=keep),
+                owner,
+                owner_reference(owner),
+                kube.owned(watched),
+                watched,
+                done,
+            )
+        )
         return done
 
     driver = StateResult("state-driver", True, "", [_ds("driver", "state-driver"), _scc("driver-scc")])
@@ -179,7 +222,10 @@ def test_applier_keeps_kinds_orphans_marked_states_and_remembers_per_owner() -> 
     # plugin DaemonSet deleted normally; the other owner's SCC untouched.
     handed_over = StateResult("state-driver", False, "", [], orphan_pods=True)
     done = run(one, [handed_over])
-    assert sorted(done.deleted) == ["DaemonSet gpu-operator/driver (orphaning its pods)",
-                                    "DaemonSet gpu-operator/plugin", "SecurityContextConstraints driver-scc"]
+    assert sorted(done.deleted) == [
+        "DaemonSet gpu-operator/driver (orphaning its pods)",
+        "DaemonSet gpu-operator/plugin",
+        "SecurityContextConstraints driver-scc",
+    ]
     assert ("SecurityContextConstraints other-scc", False) not in kube.deletes
     assert run(one, [handed_over]).deleted == []  # nothing left to delete

@@ -16,8 +16,14 @@ DS = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "gpu-fe
 
 
 def refusal(code: int, field: str | None, kind: str = "DaemonSet") -> ApiError:
-    causes = [StatusCause(field=field, reason="FieldValueInvalid", message="field is immutable")] if field else None
-    return ApiError(status=Status(code=code, reason="Invalid", details=StatusDetails(kind=kind, causes=causes)))
+    causes = (
+        [StatusCause(field=field, reason="FieldValueInvalid", message="field is immutable")]
+        if field
+        else None
+    )
+    return ApiError(
+        status=Status(code=code, reason="Invalid", details=StatusDetails(kind=kind, causes=causes))
+    )
 
 
 def test_only_a_daemonsets_selector_refusal_counts() -> None:
@@ -33,7 +39,9 @@ class ListingKube:
     def __init__(self, objects: list[dict[str, Any]]) -> None:
         self.objects, self.deleted = objects, []  # type: list[dict[str, Any]], list[str]
 
-    async def list_dicts(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    async def list_dicts(
+        self, api_version: str, kind: str, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
         return [o for o in self.objects if o["kind"] == kind and o["metadata"].get("namespace") == namespace]
 
     async def delete(self, key: Any, **_: Any) -> bool:
@@ -41,10 +49,19 @@ class ListingKube:
         return True
 
 
-def role(name: str, uid: str | None, labels: dict[str, str] | None = None, controller: bool = True) -> dict[str, Any]:
-    refs = [{"uid": uid, "controller": controller, "kind": "ClusterPolicy", "name": "cluster-policy"}] if uid else []
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs, "labels": labels or {}}}
+def role(
+    name: str, uid: str | None, labels: dict[str, str] | None = None, controller: bool = True
+) -> dict[str, Any]:
+    refs = (
+        [{"uid": uid, "controller": controller, "kind": "ClusterPolicy", "name": "cluster-policy"}]
+        if uid
+        else []
+    )
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": "ns", "ownerReferences": refs, "labels": labels or {}},
+    }
 
 
 def test_the_sweep_deletes_only_what_the_owner_controls_unlabelled_and_unrendered() -> None:
@@ -53,14 +70,18 @@ def test_the_sweep_deletes_only_what_the_owner_controls_unlabelled_and_unrendere
     from gpu_operator.controllers import adopt
     from gpu_operator.controllers.views import object_key
 
-    kube = ListingKube([
-        role("nvidia-driver", "policy-uid"),  # NVIDIA's, not rendered by us: deleted
-        role("rendered", "policy-uid"),  # rendered by us: ours now
-        role("ours", "policy-uid", {"app.kubernetes.io/managed-by": "gpu-operator"}),  # the apply contract's
-        role("another-owner", "other-uid"),
-        role("not-controller", "policy-uid", controller=False),
-        role("users", None),
-    ])
+    kube = ListingKube(
+        [
+            role("nvidia-driver", "policy-uid"),  # NVIDIA's, not rendered by us: deleted
+            role("rendered", "policy-uid"),  # rendered by us: ours now
+            role(
+                "ours", "policy-uid", {"app.kubernetes.io/managed-by": "gpu-operator"}
+            ),  # the apply contract's
+            role("another-owner", "other-uid"),
+            role("not-controller", "policy-uid", controller=False),
+            role("users", None),
+        ]
+    )
     desired = {object_key("rbac.authorization.k8s.io/v1", "Role", "ns", "rendered")}
     gone = asyncio.run(adopt.sweep(kube, "policy-uid", {"ns"}, desired, keep_kinds=()))  # type: ignore[arg-type]
     assert kube.deleted == ["Role/nvidia-driver"]

@@ -32,26 +32,49 @@ def test_ownership_and_hash_are_deterministic() -> None:
     assert ref["uid"] == "123" and ref["controller"] is True and ref["kind"] == "ClusterPolicy"
     assert owned == with_ownership(obj, policy("p", "t", uid="123"))
     changed = with_ownership({**obj, "automountServiceAccountToken": False}, policy("p", "t", uid="123"))
-    assert changed["metadata"]["annotations"][HASH_ANNOTATION] != owned["metadata"]["annotations"][HASH_ANNOTATION]
+    assert (
+        changed["metadata"]["annotations"][HASH_ANNOTATION]
+        != owned["metadata"]["annotations"][HASH_ANNOTATION]
+    )
     assert "ownerReferences" not in obj["metadata"]  # the rendered object is not mutated
 
 
 def test_owned_view_reads_hash_and_controller_owner() -> None:
-    view = OwnedView.of({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {
-        "name": "d", "namespace": "ns", "uid": "1", "generation": 2,
-        "annotations": {HASH_ANNOTATION: "abc"},
-        "ownerReferences": [{"uid": "p1", "controller": True}, {"uid": "other"}]},
-        "status": {"desiredNumberScheduled": 1}})
+    view = OwnedView.of(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {
+                "name": "d",
+                "namespace": "ns",
+                "uid": "1",
+                "generation": 2,
+                "annotations": {HASH_ANNOTATION: "abc"},
+                "ownerReferences": [{"uid": "p1", "controller": True}, {"uid": "other"}],
+            },
+            "status": {"desiredNumberScheduled": 1},
+        }
+    )
     assert view.owner_uids == ("p1",) and view.applied_hash == "abc"
     assert view.key == ("apps", "DaemonSet", "ns", "d")
     assert view.readiness is not None and view.readiness["status"]["desiredNumberScheduled"] == 1
 
 
 def test_node_view_keeps_only_relevant_labels() -> None:
-    view = NodeView.of({"metadata": {"name": "n", "labels": {
-        "feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/gpu.present": "true",
-        "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel", "team": "ml"}},
-        "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://1.7", "kernelVersion": "6.8"}}})
+    view = NodeView.of(
+        {
+            "metadata": {
+                "name": "n",
+                "labels": {
+                    "feature.node.kubernetes.io/pci-10de.present": "true",
+                    "nvidia.com/gpu.present": "true",
+                    "feature.node.kubernetes.io/cpu-model.vendor_id": "Intel",
+                    "team": "ml",
+                },
+            },
+            "status": {"nodeInfo": {"containerRuntimeVersion": "containerd://1.7", "kernelVersion": "6.8"}},
+        }
+    )
     assert set(view.labels) == {"feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present"}
     assert view.gpu_present and view.has_nfd
     assert view.facts.runtime_version == "containerd://1.7" and view.facts.kernel == "6.8"

@@ -13,8 +13,17 @@ from gpu_operator.vocabulary import (
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/gpu.present": "true"}
 DRA = LabelPolicy(dra=True)
-DEVICE_PLUGIN_STACK = {deploy_label(c): "true" for c in ("driver", "container-toolkit", "device-plugin",
-                                                          "gpu-feature-discovery", "operator-validator", "mig-manager")}
+DEVICE_PLUGIN_STACK = {
+    deploy_label(c): "true"
+    for c in (
+        "driver",
+        "container-toolkit",
+        "device-plugin",
+        "gpu-feature-discovery",
+        "operator-validator",
+        "mig-manager",
+    )
+}
 
 
 def test_a_gpu_node_gets_the_dra_set_and_loses_the_device_plugin_set() -> None:
@@ -28,8 +37,12 @@ def test_a_gpu_node_gets_the_dra_set_and_loses_the_device_plugin_set() -> None:
 
 
 def test_dra_values_set_by_others_are_kept_and_the_operands_switch_does_not_apply() -> None:
-    labels = {**GPU, **{k: "true" for k in DRA_STATE_LABELS}, deploy_label("dra-validator"): "paused-for-driver-upgrade",
-              "nvidia.com/gpu.deploy.operands": "false"}
+    labels = {
+        **GPU,
+        **{k: "true" for k in DRA_STATE_LABELS},
+        deploy_label("dra-validator"): "paused-for-driver-upgrade",
+        "nvidia.com/gpu.deploy.operands": "false",
+    }
     assert not desired_change(labels, {}, DRA)
 
 
@@ -44,15 +57,23 @@ def test_leaving_dra_waits_for_the_node_claims_before_the_driver_label_goes() ->
     labels = {**GPU, **{k: "true" for k in DRA_STATE_LABELS}}
     held = desired_change(labels, {}, LabelPolicy(claim_holders=frozenset({"n1"})), node="n1")
     assert DRA_DRIVER_LABEL not in held.labels  # stays while a pod holds a claim
-    assert held.labels[deploy_label("dra-validator")] is None and held.labels[deploy_label("device-plugin")] == "true"
+    assert (
+        held.labels[deploy_label("dra-validator")] is None
+        and held.labels[deploy_label("device-plugin")] == "true"
+    )
     free = desired_change(labels, {}, LabelPolicy(claim_holders=frozenset({"n1"})), node="n2")
     assert free.labels[DRA_DRIVER_LABEL] is None
 
 
 def test_claim_holders_are_nodes_of_reserved_gpu_claims() -> None:
     def claim(pool: str, driver: str = "gpu.nvidia.com", reserved: bool = True) -> dict[str, object]:
-        status: dict[str, object] = {"allocation": {"devices": {"results": [
-            {"driver": driver, "pool": pool, "device": "gpu-0", "request": "gpu"}]}}}
+        status: dict[str, object] = {
+            "allocation": {
+                "devices": {
+                    "results": [{"driver": driver, "pool": pool, "device": "gpu-0", "request": "gpu"}]
+                }
+            }
+        }
         if reserved:
             status["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}]
         return {"status": status}
@@ -66,8 +87,12 @@ def test_with_nvidiadrivers_the_dra_stack_gets_owner_labels_and_their_upgrade_sw
     from gpu_operator.vocabulary import DRIVER_OWNER
 
     labels = {**GPU, **{k: "true" for k in DRA_STATE_LABELS}}
-    change = desired_change(labels, {}, LabelPolicy(dra=True, use_nvidia_driver_crd=True),
-                            NodeDriver(owner="default", auto_upgrade=True))
+    change = desired_change(
+        labels,
+        {},
+        LabelPolicy(dra=True, use_nvidia_driver_crd=True),
+        NodeDriver(owner="default", auto_upgrade=True),
+    )
     assert change.labels == {DRIVER_OWNER: "default"}
     assert change.annotations == {UPGRADE_ENABLED_ANNOTATION: "true"}
 
@@ -82,9 +107,18 @@ def test_leaving_dra_lists_the_claims_once_per_recheck_not_per_pass() -> None:
     from gpu_operator.controllers.units.labels.unit import LabelUnit
     from gpu_operator.controllers.views import NodeView
 
-    held = {"status": {"allocation": {"devices": {"results": [
-        {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0", "request": "gpu"}]}},
-        "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}
+    held = {
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0", "request": "gpu"}
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}],
+        }
+    }
 
     class Claims:
         lists = 0

@@ -8,12 +8,25 @@ from typing import Any
 from gpu_operator.controllers.echoes import StatusEchoes
 
 
-def policy(rv: str = "1", generation: int = 1, status: dict[str, Any] | None = None,
-           annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-            "metadata": {"name": "cluster-policy", "uid": "u1", "resourceVersion": rv, "generation": generation,
-                         "annotations": annotations or {}},
-            "spec": {"driver": {"enabled": True}}, "status": status or {}}
+def policy(
+    rv: str = "1",
+    generation: int = 1,
+    status: dict[str, Any] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {
+            "name": "cluster-policy",
+            "uid": "u1",
+            "resourceVersion": rv,
+            "generation": generation,
+            "annotations": annotations or {},
+        },
+        "spec": {"driver": {"enabled": True}},
+        "status": status or {},
+    }
 
 
 def echoes(written: dict[tuple[str, str], dict[str, Any]]) -> StatusEchoes:
@@ -36,10 +49,18 @@ def test_everything_else_kicks() -> None:
     assert not filt.is_echo(policy(status=ours), "ADDED")
     # a spec change (generation), an annotation (the upgrade pause), a status someone else wrote
     assert not filt.is_echo(policy(rv="2", generation=2, status=ours), "MODIFIED")
-    assert not filt.is_echo(policy(rv="3", generation=2, status=ours,
-                                   annotations={"nvidia.com/gpu-driver-upgrade-paused": "true"}), "MODIFIED")
-    other = policy(rv="4", generation=2, status={"state": "ready"},
-                   annotations={"nvidia.com/gpu-driver-upgrade-paused": "true"})
+    assert not filt.is_echo(
+        policy(
+            rv="3", generation=2, status=ours, annotations={"nvidia.com/gpu-driver-upgrade-paused": "true"}
+        ),
+        "MODIFIED",
+    )
+    other = policy(
+        rv="4",
+        generation=2,
+        status={"state": "ready"},
+        annotations={"nvidia.com/gpu-driver-upgrade-paused": "true"},
+    )
     assert not filt.is_echo(other, "MODIFIED")
     assert not filt.is_echo(copy.deepcopy(other), "DELETED")
     # before any write of ours, a status-only change is not ours

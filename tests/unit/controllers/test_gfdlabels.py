@@ -18,14 +18,23 @@ from gpu_operator.vocabulary import GFD_LABELS_ANNOTATION, MIG_CONFIG, MIG_MANAG
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
 GFD = deploy_label("gpu-feature-discovery")
 MIRROR = LabelPolicy(gfd_mirror=True)
-H100_GFD = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
-            "nvidia.com/mig.capable": "true", "nvidia.com/gfd.timestamp": "1764230000",
-            "nvidia.com/cuda.driver-version.full": "580.95.05"}
-A10_GFD = {"nvidia.com/gpu.product": "NVIDIA-A10", "nvidia.com/gpu.count": "1", "nvidia.com/mig.capable": "false"}
+H100_GFD = {
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/gfd.timestamp": "1764230000",
+    "nvidia.com/cuda.driver-version.full": "580.95.05",
+}
+A10_GFD = {
+    "nvidia.com/gpu.product": "NVIDIA-A10",
+    "nvidia.com/gpu.count": "1",
+    "nvidia.com/mig.capable": "false",
+}
 
 
-def settled(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
-            gfd: dict[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
+def settled(
+    labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy, gfd: dict[str, str] | None
+) -> tuple[dict[str, str], dict[str, str]]:
     """Apply desired_change until nothing changes (as the label loop's echoes do)."""
     for _ in range(5):
         change = desired_change(labels, annotations, policy, gfd=gfd)
@@ -49,8 +58,12 @@ def test_a_default_install_h100_node_gets_gfd_labels_and_the_mig_manager_in_one_
 
 
 def test_an_a10_node_gets_gfd_labels_and_no_mig_manager() -> None:
-    labels, _ = settled({**GPU, "feature.node.kubernetes.io/pci-10de_2236.present": "true"}, {}, MIRROR, A10_GFD)
-    assert labels["nvidia.com/mig.capable"] == "false" and MIG_MANAGER not in labels and MIG_CONFIG not in labels
+    labels, _ = settled(
+        {**GPU, "feature.node.kubernetes.io/pci-10de_2236.present": "true"}, {}, MIRROR, A10_GFD
+    )
+    assert (
+        labels["nvidia.com/mig.capable"] == "false" and MIG_MANAGER not in labels and MIG_CONFIG not in labels
+    )
 
 
 def test_nothing_changes_when_gfd_publishes_the_same_labels_again() -> None:
@@ -60,7 +73,9 @@ def test_nothing_changes_when_gfd_publishes_the_same_labels_again() -> None:
 
 def test_a_changed_value_is_one_patch_of_that_label() -> None:
     labels, annotations = settled(dict(GPU), {}, MIRROR, H100_GFD)
-    change = desired_change(labels, annotations, MIRROR, gfd={**H100_GFD, "nvidia.com/gfd.timestamp": "1764239999"})
+    change = desired_change(
+        labels, annotations, MIRROR, gfd={**H100_GFD, "nvidia.com/gfd.timestamp": "1764239999"}
+    )
     assert change.labels == {"nvidia.com/gfd.timestamp": "1764239999"} and not change.annotations
 
 
@@ -111,25 +126,31 @@ def test_a_label_someone_else_set_to_the_same_value_stays_theirs() -> None:
     assert not gfd_change({"nvidia.com/gpu.product": "NVIDIA-A10"}, notes, None).labels
 
 
-@pytest.mark.parametrize(("key", "value", "ok"), [
-    ("nvidia.com/gpu.product", "NVIDIA-H100", True),
-    ("feature.node.kubernetes.io/pci-10de.present", "true", False),  # not GFD's prefix
-    ("nvidia.com/gpu.deploy.driver", "false", False),  # the operator's
-    ("nvidia.com/gpu.present", "true", False),
-    ("nvidia.com/mig.config", "all-1g.10gb", False),  # the user's / MIG manager's
-    ("nvidia.com/gpu.product", "x" * 64, False),  # a value Kubernetes refuses
-    ("nvidia.com/gpu.product", "bad value", False),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "ok"),
+    [
+        ("nvidia.com/gpu.product", "NVIDIA-H100", True),
+        ("feature.node.kubernetes.io/pci-10de.present", "true", False),  # not GFD's prefix
+        ("nvidia.com/gpu.deploy.driver", "false", False),  # the operator's
+        ("nvidia.com/gpu.present", "true", False),
+        ("nvidia.com/mig.config", "all-1g.10gb", False),  # the user's / MIG manager's
+        ("nvidia.com/gpu.product", "x" * 64, False),  # a value Kubernetes refuses
+        ("nvidia.com/gpu.product", "bad value", False),
+    ],
+)
 def test_what_may_be_mirrored(key: str, value: str, ok: bool) -> None:
     assert mirrored(key, value) is ok
 
 
-@pytest.mark.parametrize(("name", "labels", "node"), [
-    ("nvidia-features-for-n1", {"nfd.node.kubernetes.io/node-name": "n1"}, "n1"),
-    ("nvidia-features-for-n1", {}, None),
-    ("other-vendor-features-for-n1", {"nfd.node.kubernetes.io/node-name": "n1"}, None),
-    ("nvidia-features-for-n2", {"nfd.node.kubernetes.io/node-name": "n1"}, None),
-])
+@pytest.mark.parametrize(
+    ("name", "labels", "node"),
+    [
+        ("nvidia-features-for-n1", {"nfd.node.kubernetes.io/node-name": "n1"}, "n1"),
+        ("nvidia-features-for-n1", {}, None),
+        ("other-vendor-features-for-n1", {"nfd.node.kubernetes.io/node-name": "n1"}, None),
+        ("nvidia-features-for-n2", {"nfd.node.kubernetes.io/node-name": "n1"}, None),
+    ],
+)
 def test_only_gfds_own_objects_count(name: str, labels: dict[str, str], node: str | None) -> None:
     assert gfd_node_of(name, labels) == node
 
@@ -145,11 +166,16 @@ def test_mig_layout_device_filters_are_pci_ids() -> None:
 
 def test_the_node_view_keeps_what_the_mirror_reads() -> None:
     """The operator's node views drop annotations nobody reads; the mirror reads its own list."""
-    view = NodeView.of_parts("n1", {**GPU, "nvidia.com/gpu.product": "NVIDIA-A10"},
-                             {GFD_LABELS_ANNOTATION: "gpu.product", "other.example/x": "y"})
+    view = NodeView.of_parts(
+        "n1",
+        {**GPU, "nvidia.com/gpu.product": "NVIDIA-A10"},
+        {GFD_LABELS_ANNOTATION: "gpu.product", "other.example/x": "y"},
+    )
     assert view.annotations == {GFD_LABELS_ANNOTATION: "gpu.product"}
     assert desired_change(view.labels, view.annotations, MIRROR, gfd=None).labels == {
-        "nvidia.com/gpu.product": None, **desired_change(view.labels, {}, MIRROR, gfd=None).labels}
+        "nvidia.com/gpu.product": None,
+        **desired_change(view.labels, {}, MIRROR, gfd=None).labels,
+    }
 
 
 def test_the_log_line_counts_gfds_labels_and_names_the_few_that_say_what_the_node_is() -> None:
@@ -157,8 +183,11 @@ def test_the_log_line_counts_gfds_labels_and_names_the_few_that_say_what_the_nod
     change = desired_change(labels, {}, MIRROR, gfd=H100_GFD)
     line = _describe(change.labels, change.annotations)
     assert line.split(", GPU feature discovery's labels: ")[1] == (
-        "5 set (nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count=8, nvidia.com/mig.capable=true)")
+        "5 set (nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3, nvidia.com/gpu.count=8, nvidia.com/mig.capable=true)"
+    )
     assert "nvidia.com/gpu.deploy.mig-manager=true" in line.split(", ")
     settled_labels, notes = settled(dict(labels), {}, MIRROR, H100_GFD)
     gone = desired_change(settled_labels, notes, MIRROR, gfd=None)
-    assert _describe(gone.labels, gone.annotations).endswith("GPU feature discovery's labels: 0 set, 5 removed")
+    assert _describe(gone.labels, gone.annotations).endswith(
+        "GPU feature discovery's labels: 0 set, 5 removed"
+    )

@@ -29,8 +29,13 @@ class CRDKube(RecordingKube):
         self.crds = crds
         self.crd_reads = 0
 
-    async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-                       ) -> dict[str, Any] | None:
+    async def get_dict(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+    ) -> dict[str, Any] | None:
         if kind != "CustomResourceDefinition":
             return None
         self.crd_reads += 1
@@ -44,11 +49,20 @@ class CRDKube(RecordingKube):
 
 
 def one_pass(reconciler: GPUClusterReconciler, kube: CRDKube, spec: dict[str, Any]) -> Any:
-    body = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-            "metadata": {"name": "gpu-cluster", "uid": "gc-uid", "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"]},
-            "spec": spec}
+    body = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {
+            "name": "gpu-cluster",
+            "uid": "gc-uid",
+            "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"],
+        },
+        "spec": spec,
+    }
     view = GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body)
-    return asyncio.run(reconciler.reconcile(ReadSnapshot("gpu-operator", gpuclusters=(view,), owned=kube.owned(WATCHED))))
+    return asyncio.run(
+        reconciler.reconcile(ReadSnapshot("gpu-operator", gpuclusters=(view,), owned=kube.owned(WATCHED)))
+    )
 
 
 @pytest.mark.parametrize("owned", [False, True])
@@ -60,12 +74,17 @@ def test_a_compatible_crd_of_another_release_is_used_as_it_is(owned: bool) -> No
 
 
 def test_an_incompatible_crd_is_named_in_status_until_it_is_fixed() -> None:
-    kube = CRDKube({"computedomains.resource.nvidia.com": theirs("computedomains.resource.nvidia.com", status=False),
-                    "computedomaincliques.resource.nvidia.com": theirs("computedomaincliques.resource.nvidia.com")})
+    kube = CRDKube(
+        {
+            "computedomains.resource.nvidia.com": theirs("computedomains.resource.nvidia.com", status=False),
+            "computedomaincliques.resource.nvidia.com": theirs("computedomaincliques.resource.nvidia.com"),
+        }
+    )
     reconciler = GPUClusterReconciler(kube, images=CHART_DEFAULT_IMAGES)  # type: ignore[arg-type]
     report = one_pass(reconciler, kube, {"draDriver": {}})
-    lacking = LeftCRD("computedomains.resource.nvidia.com", DRA,
-                      ("the status subresource in resource.nvidia.com/v1beta1",))
+    lacking = LeftCRD(
+        "computedomains.resource.nvidia.com", DRA, ("the status subresource in resource.nvidia.com/v1beta1",)
+    )
     assert (report.outcome.state, report.outcome.reason) == (vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET)
     assert report.outcome.message == lacking.sentence()
     assert "DaemonSet gpu-operator/nvidia-dra-driver-kubelet-plugin" in report.applied  # the rest still runs
@@ -76,7 +95,10 @@ def test_an_incompatible_crd_is_named_in_status_until_it_is_fixed() -> None:
 
 def test_compute_domains_off_reads_no_crd() -> None:
     kube = CRDKube({name: theirs(name, status=False) for name in COMPUTE_DOMAIN_CRDS})
-    report = one_pass(GPUClusterReconciler(kube, images=CHART_DEFAULT_IMAGES), kube,  # type: ignore[arg-type]
-                      {"draDriver": {"computeDomains": {"enabled": False}}})
+    report = one_pass(
+        GPUClusterReconciler(kube, images=CHART_DEFAULT_IMAGES),  # type: ignore[arg-type]
+        kube,
+        {"draDriver": {"computeDomains": {"enabled": False}}},
+    )
     assert report.outcome.reason == vocab.OPERAND_NOT_READY
     assert kube.crd_reads == 0

@@ -16,17 +16,28 @@ from tests.unit.controllers.test_apply_contract import RecordingKube
 
 
 class ReadingKube(RecordingKube):
-    async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-                       ) -> dict[str, Any] | None:
+    async def get_dict(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+    ) -> dict[str, Any] | None:
         wanted = ObjectKey(api_version, kind, name, namespace)
         return next((o for o in self.live.values() if ObjectKey.of(o) == wanted), None)
 
 
 def test_a_deleted_deviceclass_is_applied_again_after_the_read_back() -> None:
-    body = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-            "metadata": {"name": "gpu-cluster", "uid": "gc-uid"}, "spec": {"draDriver": {}}}
+    body = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {"name": "gpu-cluster", "uid": "gc-uid"},
+        "spec": {"draDriver": {}},
+    }
     view = GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body)
-    result = render_gpucluster(GPUCluster.model_validate(body), DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)))
+    result = render_gpucluster(
+        GPUCluster.model_validate(body), DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES))
+    )
     kube = ReadingKube()
     applier = Applier(kube)  # type: ignore[arg-type]
     watched = frozenset(k.kind for k in OWNED_KINDS)
@@ -41,7 +52,11 @@ def test_a_deleted_deviceclass_is_applied_again_after_the_read_back() -> None:
     assert apply() == []  # nothing changed: nothing written, the unwatched kinds included
     assert asyncio.run(applier.verify_remembered("gc-uid")) == []  # read back, all there: still nothing
     assert apply() == []
-    gone = next(k for k, o in kube.live.items() if o["kind"] == "DeviceClass" and o["metadata"]["name"] == "gpu.nvidia.com")
+    gone = next(
+        k
+        for k, o in kube.live.items()
+        if o["kind"] == "DeviceClass" and o["metadata"]["name"] == "gpu.nvidia.com"
+    )
     del kube.live[gone]
     assert asyncio.run(applier.verify_remembered("gc-uid")) == ["DeviceClass gpu.nvidia.com"]
     assert apply() == ["DeviceClass gpu.nvidia.com"]

@@ -24,8 +24,13 @@ from gpu_operator.vocabulary import UPGRADE_STATE
 DEFAULT = RuntimeAccess.of(ClusterPolicySpec())
 
 
-def pod(*containers: dict[str, Any], runtime: str | None = None, claims: list[dict[str, Any]] | None = None,
-        statuses: list[dict[str, Any]] | None = None, init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def pod(
+    *containers: dict[str, Any],
+    runtime: str | None = None,
+    claims: list[dict[str, Any]] | None = None,
+    statuses: list[dict[str, Any]] | None = None,
+    init: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": list(containers) or [{"name": "main"}]}
     if runtime:
         spec["runtimeClassName"] = runtime
@@ -33,15 +38,20 @@ def pod(*containers: dict[str, Any], runtime: str | None = None, claims: list[di
         spec["resourceClaims"] = claims
     if init:
         spec["initContainers"] = init
-    return {"metadata": {"name": "p", "namespace": "work"}, "spec": spec,
-            "status": {"phase": "Running", "resourceClaimStatuses": statuses or []}}
+    return {
+        "metadata": {"name": "p", "namespace": "work"},
+        "spec": spec,
+        "status": {"phase": "Running", "resourceClaimStatuses": statuses or []},
+    }
 
 
 def env(value: str) -> dict[str, Any]:
     return {"name": "main", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]}
 
 
-def claim(name: str, driver: str = "gpu.nvidia.com", *, admin: bool = False, allocated: bool = True) -> dict[str, Any]:
+def claim(
+    name: str, driver: str = "gpu.nvidia.com", *, admin: bool = False, allocated: bool = True
+) -> dict[str, Any]:
     result: dict[str, Any] = {"driver": driver, "pool": "n1", "device": "gpu-0", "request": "gpu"}
     if admin:
         result["adminAccess"] = True
@@ -49,8 +59,10 @@ def claim(name: str, driver: str = "gpu.nvidia.com", *, admin: bool = False, all
     return {"metadata": {"name": name, "namespace": "work"}, "status": status}
 
 
-TEMPLATE_POD = pod(claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-                   statuses=[{"name": "gpu", "resourceClaimName": "p-gpu-x7"}])
+TEMPLATE_POD = pod(
+    claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+    statuses=[{"name": "gpu", "resourceClaimName": "p-gpu-x7"}],
+)
 
 
 def test_device_plugin_resources() -> None:
@@ -86,14 +98,17 @@ def test_claim_names_come_from_the_spec_or_the_generated_claim() -> None:
     assert claim_keys(pod(claims=[{"name": "gpu", "resourceClaimTemplateName": "t"}])) == []
 
 
-@pytest.mark.parametrize(("claims", "holds"), [
-    ({("work", "p-gpu-x7"): claim("p-gpu-x7")}, True),
-    ({("work", "p-gpu-x7"): claim("p-gpu-x7", admin=True)}, False),  # a management view consumes nothing
-    ({("work", "p-gpu-x7"): claim("p-gpu-x7", "compute-domain.nvidia.com")}, False),
-    ({("work", "p-gpu-x7"): claim("p-gpu-x7", allocated=False)}, False),
-    ({}, True),  # named but not found: counted, as NVIDIA's operator counts an unreadable claim
-    (None, True),  # claims could not be read at all
-])
+@pytest.mark.parametrize(
+    ("claims", "holds"),
+    [
+        ({("work", "p-gpu-x7"): claim("p-gpu-x7")}, True),
+        ({("work", "p-gpu-x7"): claim("p-gpu-x7", admin=True)}, False),  # a management view consumes nothing
+        ({("work", "p-gpu-x7"): claim("p-gpu-x7", "compute-domain.nvidia.com")}, False),
+        ({("work", "p-gpu-x7"): claim("p-gpu-x7", allocated=False)}, False),
+        ({}, True),  # named but not found: counted, as NVIDIA's operator counts an unreadable claim
+        (None, True),  # claims could not be read at all
+    ],
+)
 def test_a_gpu_claim_holds_gpus(claims: dict[tuple[str, str], Any] | None, holds: bool) -> None:
     assert holds_gpu_claim(TEMPLATE_POD, claims) is holds
     assert holds_gpu(TEMPLATE_POD, DEFAULT, claims) is holds
@@ -103,36 +118,66 @@ def test_a_pod_without_claims_needs_no_claim_read() -> None:
     assert not holds_gpu_claim(pod(), None)
 
 
-@pytest.mark.parametrize(("subject", "holds"), [
-    (pod(env("all"), runtime="nvidia"), True),
-    (pod(runtime="nvidia"), True),  # the image's env (CUDA images: all) is not visible here
-    (pod(runtime="nvidia-cdi"), True),
-    (pod(env("none"), runtime="nvidia"), False),
-    (pod(env("void"), {"name": "side"}, runtime="nvidia"), True),  # the sidecar may see them
-    (pod(env("void"), runtime="nvidia", init=[{"name": "setup"}]), True),
-    (pod(env("all")), False),  # under runc (CDI on: the nvidia runtime is not the default)
-    (pod(runtime="kata"), False),
-    (pod(), False),
-])
-def test_runtime_class_and_visible_devices_under_the_default_policy(subject: dict[str, Any], holds: bool) -> None:
+@pytest.mark.parametrize(
+    ("subject", "holds"),
+    [
+        (pod(env("all"), runtime="nvidia"), True),
+        (pod(runtime="nvidia"), True),  # the image's env (CUDA images: all) is not visible here
+        (pod(runtime="nvidia-cdi"), True),
+        (pod(env("none"), runtime="nvidia"), False),
+        (pod(env("void"), {"name": "side"}, runtime="nvidia"), True),  # the sidecar may see them
+        (pod(env("void"), runtime="nvidia", init=[{"name": "setup"}]), True),
+        (pod(env("all")), False),  # under runc (CDI on: the nvidia runtime is not the default)
+        (pod(runtime="kata"), False),
+        (pod(), False),
+    ],
+)
+def test_runtime_class_and_visible_devices_under_the_default_policy(
+    subject: dict[str, Any], holds: bool
+) -> None:
     assert reaches_gpu_by_runtime(subject, DEFAULT) is holds
     assert holds_gpu(subject, DEFAULT, {}) is holds
 
 
-@pytest.mark.parametrize(("spec", "env_alone"), [
-    ({}, False),
-    ({"cdi": {"enabled": False}}, True),  # the toolkit sets the nvidia runtime as default
-    ({"cdi": {"enabled": False}, "toolkit": {"env": [{"name": "CONTAINERD_SET_AS_DEFAULT", "value": "false"}]}},
-     False),
-    ({"toolkit": {"env": [{"name": "NVIDIA_RUNTIME_SET_AS_DEFAULT", "value": "true"}]}}, True),
-    ({"toolkit": {"enabled": False}}, True),  # the host's runtime: not ours to know
-])
-def test_visible_devices_alone_where_the_nvidia_runtime_is_the_default(spec: dict[str, Any], env_alone: bool) -> None:
+@pytest.mark.parametrize(
+    ("spec", "env_alone"),
+    [
+        ({}, False),
+        ({"cdi": {"enabled": False}}, True),  # the toolkit sets the nvidia runtime as default
+        (
+            {
+                "cdi": {"enabled": False},
+                "toolkit": {"env": [{"name": "CONTAINERD_SET_AS_DEFAULT", "value": "false"}]},
+            },
+            False,
+        ),
+        ({"toolkit": {"env": [{"name": "NVIDIA_RUNTIME_SET_AS_DEFAULT", "value": "true"}]}}, True),
+        ({"toolkit": {"enabled": False}}, True),  # the host's runtime: not ours to know
+    ],
+)
+def test_visible_devices_alone_where_the_nvidia_runtime_is_the_default(
+    spec: dict[str, Any], env_alone: bool
+) -> None:
     access = RuntimeAccess.of(ClusterPolicySpec.model_validate(spec))
     assert access.env_alone is env_alone
     assert reaches_gpu_by_runtime(pod(env("all")), access) is env_alone
-    assert reaches_gpu_by_runtime(pod({"name": "m", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {
-        "configMapKeyRef": {"name": "c", "key": "k"}}}]}), access) is env_alone
+    assert (
+        reaches_gpu_by_runtime(
+            pod(
+                {
+                    "name": "m",
+                    "env": [
+                        {
+                            "name": "NVIDIA_VISIBLE_DEVICES",
+                            "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+                        }
+                    ],
+                }
+            ),
+            access,
+        )
+        is env_alone
+    )
     assert not reaches_gpu_by_runtime(pod(env("void")), access)
     assert not reaches_gpu_by_runtime(pod(), access)
 
@@ -143,20 +188,32 @@ def test_the_policys_runtime_class_counts() -> None:
     assert reaches_gpu_by_runtime(pod(runtime="nvidia-legacy"), access)
 
 
-def facts(name: str, body: dict[str, Any], *, owner: str = "ReplicaSet",
-          claims: dict[tuple[str, str], Any] | None = None) -> us.PodFacts:
-    body["metadata"] = {"name": name, "namespace": body["metadata"]["namespace"],
-                        "ownerReferences": [{"kind": owner, "controller": True}]}
+def facts(
+    name: str,
+    body: dict[str, Any],
+    *,
+    owner: str = "ReplicaSet",
+    claims: dict[tuple[str, str], Any] | None = None,
+) -> us.PodFacts:
+    body["metadata"] = {
+        "name": name,
+        "namespace": body["metadata"]["namespace"],
+        "ownerReferences": [{"kind": owner, "controller": True}],
+    }
     return drain.pod_facts(body, set(), None, {}, access=DEFAULT, claims=claims)
 
 
 def node_pods() -> tuple[us.PodFacts, ...]:
-    dra = pod(claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-              statuses=[{"name": "gpu", "resourceClaimName": "dra-gpu-x7"}])
-    return (facts("dra", dra, claims={("work", "dra-gpu-x7"): claim("dra-gpu-x7")}),
-            facts("runtime", pod(env("all"), runtime="nvidia")),
-            facts("plain", pod()),
-            facts("plugin", pod(runtime="nvidia"), owner="DaemonSet"))  # an operand: never ours to evict
+    dra = pod(
+        claims=[{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        statuses=[{"name": "gpu", "resourceClaimName": "dra-gpu-x7"}],
+    )
+    return (
+        facts("dra", dra, claims={("work", "dra-gpu-x7"): claim("dra-gpu-x7")}),
+        facts("runtime", pod(env("all"), runtime="nvidia")),
+        facts("plain", pod()),
+        facts("plugin", pod(runtime="nvidia"), owner="DaemonSet"),
+    )  # an operand: never ours to evict
 
 
 def test_gpu_pod_deletion_evicts_every_holder_but_never_a_daemonset_pod() -> None:
@@ -168,6 +225,7 @@ def test_gpu_pod_deletion_evicts_every_holder_but_never_a_daemonset_pod() -> Non
 def test_remediation_drain_uses_the_same_rule() -> None:
     from gpu_operator.api.healthpolicy import RemediationSpec
     from gpu_operator.controllers.units.health import machine as hm
+
     node = hm.RemediationFacts("n1", state=hm.DRAINING, pods=node_pods())
     step = hm.decide(node, RemediationSpec(enabled=True), 100.0, True)
     assert [p.name for p in step.evict] == ["dra", "runtime"]

@@ -20,9 +20,22 @@ BUS0, BUS1 = "0000:3b:00.0", "0000:86:00.0"
 
 def report(*gpus: dict[str, Any]) -> HealthReport:
     """The report as the health unit parsed it this pass."""
-    worst = max((g["state"] for g in gpus), key=("healthy", "warning", "unhealthy", "gone").index, default="healthy")
-    return HealthReport.parse(json.dumps({"v": 1, "validated": True, "state": worst, "action": "none",
-                                          "healthy": 2 - len(gpus), "gpus": list(gpus), "sources": ["kmsg"]}))
+    worst = max(
+        (g["state"] for g in gpus), key=("healthy", "warning", "unhealthy", "gone").index, default="healthy"
+    )
+    return HealthReport.parse(
+        json.dumps(
+            {
+                "v": 1,
+                "validated": True,
+                "state": worst,
+                "action": "none",
+                "healthy": 2 - len(gpus),
+                "gpus": list(gpus),
+                "sources": ["kmsg"],
+            }
+        )
+    )
 
 
 def sick(bus: str, state: str = "unhealthy") -> dict[str, Any]:
@@ -38,8 +51,10 @@ def test_bus_ids_fold_nvml_form_and_refuse_garbage() -> None:
 
 
 def test_device_names_come_from_the_pci_bus_id_attribute_of_our_driver_only() -> None:
-    slices = [slice_of("n1", ("gpu-0", "00000000:3B:00.0"), ("gpu-1", BUS1), ("gpu-0-mig-1g", None)),
-              slice_of("n1", ("other-0", "0000:99:00.0"), driver="example.com")]
+    slices = [
+        slice_of("n1", ("gpu-0", "00000000:3B:00.0"), ("gpu-1", BUS1), ("gpu-0-mig-1g", None)),
+        slice_of("n1", ("other-0", "0000:99:00.0"), driver="example.com"),
+    ]
     assert hd.device_names(slices) == {BUS0: "gpu-0", BUS1: "gpu-1"}
 
 
@@ -53,8 +68,10 @@ def test_one_rule_per_unhealthy_or_gone_gpu_the_slice_names() -> None:
     assert body["apiVersion"] == "resource.k8s.io/v1" and body["kind"] == "DeviceTaintRule"  # GA from 1.37
     assert body["metadata"]["labels"] == {MANAGED_BY: MANAGED_BY_VALUE}
     assert body["metadata"]["ownerReferences"] == [OWNER]
-    assert body["spec"] == {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"},
-                            "taint": {"key": HEALTH_TAINT, "value": "unhealthy", "effect": "NoSchedule"}}
+    assert body["spec"] == {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"},
+        "taint": {"key": HEALTH_TAINT, "value": "unhealthy", "effect": "NoSchedule"},
+    }
     assert want["gpu-health-n1-gpu-1"]["spec"]["taint"]["value"] == "gone"
     beta = hd.wanted("n1", buses, names, OWNER, "v1beta2")["gpu-health-n1-gpu-0"]  # Kubernetes 1.36
     assert beta["apiVersion"] == "resource.k8s.io/v1beta2" and beta["spec"] == body["spec"]
@@ -63,8 +80,12 @@ def test_one_rule_per_unhealthy_or_gone_gpu_the_slice_names() -> None:
 def test_warnings_and_unknown_buses_get_no_rule() -> None:
     warning = {"bus": BUS0, "state": "warning", "action": "restart-app", "reason": "Xid 13", "xid": 13}
     assert hd.sick_buses(report(warning)) == {}
-    assert hd.wanted("n1", {BUS1: "unhealthy"}, {BUS0: "gpu-0"}, OWNER) == {}  # not published: not allocatable
-    assert hd.sick_buses(None) is None and hd.sick_buses(NodeReport.of("not json").report) is None  # unreadable: rules stay
+    assert (
+        hd.wanted("n1", {BUS1: "unhealthy"}, {BUS0: "gpu-0"}, OWNER) == {}
+    )  # not published: not allocatable
+    assert (
+        hd.sick_buses(None) is None and hd.sick_buses(NodeReport.of("not json").report) is None
+    )  # unreadable: rules stay
 
 
 def test_plan_creates_missing_deletes_healed_and_replaces_changed() -> None:
@@ -142,16 +163,20 @@ class Discovery:
         return self.served.get(kind, [])
 
 
-@pytest.mark.parametrize(("rules", "slices", "expected"), [
-    (["v1", "v1beta2"], ["v1", "v1beta2"], "v1"),  # 1.37 with the beta API also on: the GA one
-    (["v1"], ["v1"], "v1"),  # 1.37's defaults
-    (["v1beta2", "v1alpha3"], ["v1", "v1beta2"], "v1beta2"),  # 1.36 with resource.k8s.io/v1beta2 on
-    (["v1alpha3"], ["v1"], None),  # only the alpha: not ours
-    ([], ["v1"], None),  # 1.36's defaults
-    (["v1beta2"], ["v1beta1"], None),  # no v1 ResourceSlice to name the devices
-])
-def test_the_newest_served_version_of_device_taint_rule(rules: list[str], slices: list[str],
-                                                          expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("rules", "slices", "expected"),
+    [
+        (["v1", "v1beta2"], ["v1", "v1beta2"], "v1"),  # 1.37 with the beta API also on: the GA one
+        (["v1"], ["v1"], "v1"),  # 1.37's defaults
+        (["v1beta2", "v1alpha3"], ["v1", "v1beta2"], "v1beta2"),  # 1.36 with resource.k8s.io/v1beta2 on
+        (["v1alpha3"], ["v1"], None),  # only the alpha: not ours
+        ([], ["v1"], None),  # 1.36's defaults
+        (["v1beta2"], ["v1beta1"], None),  # no v1 ResourceSlice to name the devices
+    ],
+)
+def test_the_newest_served_version_of_device_taint_rule(
+    rules: list[str], slices: list[str], expected: str | None
+) -> None:
     kube = Discovery({"DeviceTaintRule": rules, "ResourceSlice": slices})
     assert asyncio.run(devicetaints.rule_version(kube)) == expected  # type: ignore[arg-type]
 
@@ -164,12 +189,24 @@ def test_the_health_settings_of_either_stack() -> None:
         meta: dict[str, Any] = {"name": "gpu-cluster", "uid": "u-1"}
         if deleting:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        return GPUClusterView.of({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": meta,
-                                  "spec": {"draDriver": {}}})
+        return GPUClusterView.of(
+            {
+                "apiVersion": "nvidia.com/v1alpha1",
+                "kind": "GPUCluster",
+                "metadata": meta,
+                "spec": {"draDriver": {}},
+            }
+        )
 
     def policy(spec: dict[str, Any]) -> ClusterPolicyView:
-        return ClusterPolicyView.of({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                     "metadata": {"name": "p", "uid": "p-1", "creationTimestamp": "t"}, "spec": spec})
+        return ClusterPolicyView.of(
+            {
+                "apiVersion": "nvidia.com/v1",
+                "kind": "ClusterPolicy",
+                "metadata": {"name": "p", "uid": "p-1", "creationTimestamp": "t"},
+                "spec": spec,
+            }
+        )
 
     def model(policies: list[Any], clusters: list[Any]) -> ReadModel:
         m = ReadModel("gpu-operator")
@@ -178,7 +215,9 @@ def test_the_health_settings_of_either_stack() -> None:
 
     under_dra = model([], [cluster()])
     spec = under_dra.health_spec()
-    assert spec is not None and spec.taintEffect == "NoSchedule" and not spec.remediation.enabled  # the defaults
+    assert (
+        spec is not None and spec.taintEffect == "NoSchedule" and not spec.remediation.enabled
+    )  # the defaults
     assert under_dra.gpucluster_owner() == OWNER
     assert model([], [cluster(deleting=True)]).health_spec() is None
     assert model([], []).health_spec() is None

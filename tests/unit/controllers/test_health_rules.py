@@ -26,9 +26,19 @@ def report(validated: bool = True, *gpus: dict[str, Any], stopped: bool = False)
     """A report as the agent writes it (api/health.py's schema, version 1)."""
     worst = max((g["state"] for g in gpus), key=ORDER.index, default="healthy")
     action = max((g["action"] for g in gpus), key=ACTIONS.index, default="none")
-    return json.dumps({"v": 1, "validated": validated, "state": worst, "action": action, "healthy": 8 - len(gpus),
-                       "gpus": list(gpus), "sources": ["kmsg", "pci"], "missing": [] if validated else ["cuda"],
-                       "stopped": stopped})
+    return json.dumps(
+        {
+            "v": 1,
+            "validated": validated,
+            "state": worst,
+            "action": action,
+            "healthy": 8 - len(gpus),
+            "gpus": list(gpus),
+            "sources": ["kmsg", "pci"],
+            "missing": [] if validated else ["cuda"],
+            "stopped": stopped,
+        }
+    )
 
 
 def gpu(state: str, xid: int | None, action: str, reason: str = "") -> dict[str, Any]:
@@ -46,34 +56,122 @@ QUARANTINE = hr.Taint(HEALTH_TAINT, "NoSchedule")
 STARTUP_TAINT = hr.Taint(DEFAULT_STARTUP_TAINT, "NoSchedule")
 
 
-@pytest.mark.parametrize(("name", "facts", "policy", "status", "reason", "taints", "state"), [
-    ("xid79 quarantines", signal(XID79), POLICY, "False", hr.UNHEALTHY, {QUARANTINE}, "quarantined"),
-    ("NoExecute when asked", signal(XID79), NOEXEC, "False", hr.UNHEALTHY,
-     {hr.Taint(HEALTH_TAINT, "NoExecute")}, "quarantined"),
-    ("gone quarantines", signal(report(True, gpu("gone", 79, "reboot"))), POLICY, "False", hr.GONE,
-     {QUARANTINE}, "quarantined"),
-    ("xid13 warns, no taint", signal(XID13), POLICY, "False", hr.WARNING, set(), "warning"),
-    ("pending validation", signal(report(False)), POLICY, "False", hr.VALIDATION_PENDING, set(), "warning"),
-    ("healthy", signal(report(True)), POLICY, "True", hr.HEALTHY, set(), "healthy"),
-    ("healthy drops our taint", signal(report(True), taints=(QUARANTINE,)), POLICY, "True", hr.HEALTHY,
-     set(), "healthy"),
-    ("startup taint stays while pending", signal(report(False), taints=(STARTUP_TAINT,)), STARTUP,
-     "False", hr.VALIDATION_PENDING, {STARTUP_TAINT}, "warning"),
-    ("startup taint goes once validated", signal(report(True), taints=(STARTUP_TAINT,)), STARTUP,
-     "True", hr.HEALTHY, set(), "healthy"),
-    ("startup taint left alone when not enabled", signal(report(True), taints=(STARTUP_TAINT,)), POLICY,
-     "True", hr.HEALTHY, {STARTUP_TAINT}, "healthy"),
-    ("remediation holds", signal(report(True), remediation="held", remediation_reason="flapping"), POLICY,
-     "False", hr.HELD, {QUARANTINE}, "held"),
-    ("remediating", signal(XID79, remediation="draining"), POLICY, "False", hr.REMEDIATING, {QUARANTINE},
-     "remediating"),
-    ("unreadable keeps taints", signal("{nope", taints=(QUARANTINE,)), POLICY, "Unknown", hr.UNREADABLE,
-     {QUARANTINE}, "warning"),
-    ("agent stopped keeps taints", signal(report(True, stopped=True), taints=(QUARANTINE,)), POLICY,
-     "Unknown", hr.STOPPED, {QUARANTINE}, "warning"),
-])
-def test_desire(name: str, facts: hr.SignalFacts, policy: HealthSpec, status: str, reason: str,
-                taints: set[hr.Taint], state: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "facts", "policy", "status", "reason", "taints", "state"),
+    [
+        ("xid79 quarantines", signal(XID79), POLICY, "False", hr.UNHEALTHY, {QUARANTINE}, "quarantined"),
+        (
+            "NoExecute when asked",
+            signal(XID79),
+            NOEXEC,
+            "False",
+            hr.UNHEALTHY,
+            {hr.Taint(HEALTH_TAINT, "NoExecute")},
+            "quarantined",
+        ),
+        (
+            "gone quarantines",
+            signal(report(True, gpu("gone", 79, "reboot"))),
+            POLICY,
+            "False",
+            hr.GONE,
+            {QUARANTINE},
+            "quarantined",
+        ),
+        ("xid13 warns, no taint", signal(XID13), POLICY, "False", hr.WARNING, set(), "warning"),
+        (
+            "pending validation",
+            signal(report(False)),
+            POLICY,
+            "False",
+            hr.VALIDATION_PENDING,
+            set(),
+            "warning",
+        ),
+        ("healthy", signal(report(True)), POLICY, "True", hr.HEALTHY, set(), "healthy"),
+        (
+            "healthy drops our taint",
+            signal(report(True), taints=(QUARANTINE,)),
+            POLICY,
+            "True",
+            hr.HEALTHY,
+            set(),
+            "healthy",
+        ),
+        (
+            "startup taint stays while pending",
+            signal(report(False), taints=(STARTUP_TAINT,)),
+            STARTUP,
+            "False",
+            hr.VALIDATION_PENDING,
+            {STARTUP_TAINT},
+            "warning",
+        ),
+        (
+            "startup taint goes once validated",
+            signal(report(True), taints=(STARTUP_TAINT,)),
+            STARTUP,
+            "True",
+            hr.HEALTHY,
+            set(),
+            "healthy",
+        ),
+        (
+            "startup taint left alone when not enabled",
+            signal(report(True), taints=(STARTUP_TAINT,)),
+            POLICY,
+            "True",
+            hr.HEALTHY,
+            {STARTUP_TAINT},
+            "healthy",
+        ),
+        (
+            "remediation holds",
+            signal(report(True), remediation="held", remediation_reason="flapping"),
+            POLICY,
+            "False",
+            hr.HELD,
+            {QUARANTINE},
+            "held",
+        ),
+        (
+            "remediating",
+            signal(XID79, remediation="draining"),
+            POLICY,
+            "False",
+            hr.REMEDIATING,
+            {QUARANTINE},
+            "remediating",
+        ),
+        (
+            "unreadable keeps taints",
+            signal("{nope", taints=(QUARANTINE,)),
+            POLICY,
+            "Unknown",
+            hr.UNREADABLE,
+            {QUARANTINE},
+            "warning",
+        ),
+        (
+            "agent stopped keeps taints",
+            signal(report(True, stopped=True), taints=(QUARANTINE,)),
+            POLICY,
+            "Unknown",
+            hr.STOPPED,
+            {QUARANTINE},
+            "warning",
+        ),
+    ],
+)
+def test_desire(
+    name: str,
+    facts: hr.SignalFacts,
+    policy: HealthSpec,
+    status: str,
+    reason: str,
+    taints: set[hr.Taint],
+    state: str,
+) -> None:
     want = hr.desire(facts, policy)
     assert want.condition is not None
     assert (want.condition.status, want.condition.reason) == (status, reason), name
@@ -114,19 +212,28 @@ def test_others_taints_are_never_touched() -> None:
     other = hr.Taint("nvidia.com/gpu", "NoSchedule", "present")
     facts = signal(report(True), taints=(other,))
     assert hr.writes(facts, hr.desire(facts, POLICY), POLICY).taints is None
-    current = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}, other.body(),
-               {"key": HEALTH_TAINT, "effect": "NoSchedule"}]
+    current = [
+        {"key": "dedicated", "value": "ml", "effect": "NoSchedule"},
+        other.body(),
+        {"key": HEALTH_TAINT, "effect": "NoSchedule"},
+    ]
     assert hr.merged_taints(current, hr.managed(POLICY), ()) == current[:2]
-    assert hr.merged_taints(current[:2], hr.managed(POLICY), (QUARANTINE,)) == [*current[:2], QUARANTINE.body()]
+    assert hr.merged_taints(current[:2], hr.managed(POLICY), (QUARANTINE,)) == [
+        *current[:2],
+        QUARANTINE.body(),
+    ]
 
 
-@pytest.mark.parametrize("text", [
-    "[]",
-    "{nope",
-    '{"v": 1, "validated": true}',
-    report(True, gpu("unhealthy", 79, "reboot")).replace('"unhealthy"', '"sick"'),
-    report(True, gpu("unhealthy", 79, "reboot")).replace('"reboot"', '"pray"'),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "{nope",
+        '{"v": 1, "validated": true}',
+        report(True, gpu("unhealthy", 79, "reboot")).replace('"unhealthy"', '"sick"'),
+        report(True, gpu("unhealthy", 79, "reboot")).replace('"reboot"', '"pray"'),
+    ],
+)
 def test_bad_reports_are_refused(text: str) -> None:
     with pytest.raises(ReportError):
         HealthReport.parse(text)

@@ -28,14 +28,23 @@ OTHER_TAINT = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
 def report(validated: bool = True, *gpus: dict[str, Any]) -> str:
     order = ("healthy", "warning", "unhealthy", "gone")
     actions = ("none", "restart-app", "reset-gpu", "reboot")
-    return json.dumps({"v": 1, "validated": validated,
-                       "state": max((g["state"] for g in gpus), key=order.index, default="healthy"),
-                       "action": max((g["action"] for g in gpus), key=actions.index, default="none"),
-                       "healthy": 8 - len(gpus), "gpus": list(gpus), "sources": ["kmsg"],
-                       "missing": [] if validated else ["cuda"]})
+    return json.dumps(
+        {
+            "v": 1,
+            "validated": validated,
+            "state": max((g["state"] for g in gpus), key=order.index, default="healthy"),
+            "action": max((g["action"] for g in gpus), key=actions.index, default="none"),
+            "healthy": 8 - len(gpus),
+            "gpus": list(gpus),
+            "sources": ["kmsg"],
+            "missing": [] if validated else ["cuda"],
+        }
+    )
 
 
-XID79 = report(True, {"bus": BUS, "state": "unhealthy", "xid": 79, "action": "reboot", "reason": "fell off the bus"})
+XID79 = report(
+    True, {"bus": BUS, "state": "unhealthy", "xid": 79, "action": "reboot", "reason": "fell off the bus"}
+)
 XID48 = report(True, {"bus": BUS, "state": "unhealthy", "xid": 48, "action": "reset-gpu", "reason": "DBE"})
 HEALTHY = report(True)
 
@@ -53,11 +62,21 @@ class Clock:
         return self.now
 
 
-def make(kube: FakeKube, pol: ClusterPolicy | None, clock: Clock | None = None,
-         device_taints: DeviceTaints | None = None) -> HealthUnit:
+def make(
+    kube: FakeKube,
+    pol: ClusterPolicy | None,
+    clock: Clock | None = None,
+    device_taints: DeviceTaints | None = None,
+) -> HealthUnit:
     spec = (pol.spec.health or HealthSpec()) if pol is not None else None
-    return HealthUnit(kube.views, kube.view, lambda: spec, kube, clock=clock or Clock(),  # type: ignore[arg-type]
-                      device_taints=device_taints)
+    return HealthUnit(
+        kube.views,
+        kube.view,
+        lambda: spec,
+        kube,  # type: ignore[arg-type]
+        clock=clock or Clock(),
+        device_taints=device_taints,
+    )
 
 
 def run_pass(unit: HealthUnit, kube: FakeKube) -> HealthPassReport:
@@ -83,8 +102,11 @@ def test_xid79_quarantines_with_one_write_each_then_nothing() -> None:
     kube.add_node("cpu1")
     unit = make(kube, policy())
     run_pass(unit, kube)
-    assert [c[:3] for c in kube.writes()] == [("patch-status", "g1", HEALTH_CONDITION), ("patch", "g1", kube.writes()[1][2]),
-                                              ("event", "g1", "GPUHealth")]
+    assert [c[:3] for c in kube.writes()] == [
+        ("patch-status", "g1", HEALTH_CONDITION),
+        ("patch", "g1", kube.writes()[1][2]),
+        ("event", "g1", "GPUHealth"),
+    ]
     cond = condition(kube, "g1")
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "GPUUnhealthy")
     assert kube.nodes["g1"]["spec"]["taints"] == [OTHER_TAINT, {"key": HEALTH_TAINT, "effect": "NoSchedule"}]
@@ -146,8 +168,19 @@ def test_remediation_walks_to_release() -> None:
     kube.add_pod("dp", "g1", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
     kube.add_pod("validator", "g1", gpu=False, labels={"app": "nvidia-operator-validator"}, owner="DaemonSet")
     clock = Clock()
-    unit = make(kube, policy({"remediation": {"enabled": True, "podSelector": "team=ml",
-                                              "actions": ["restart-device-plugin", "reset-gpu", "reboot"]}}), clock)
+    unit = make(
+        kube,
+        policy(
+            {
+                "remediation": {
+                    "enabled": True,
+                    "podSelector": "team=ml",
+                    "actions": ["restart-device-plugin", "reset-gpu", "reboot"],
+                }
+            }
+        ),
+        clock,
+    )
 
     def state() -> str:
         return str(kube.nodes["g1"]["metadata"]["labels"].get(HEALTH_STATE, ""))
@@ -170,34 +203,59 @@ def test_remediation_walks_to_release() -> None:
     run_pass(unit, kube)
     notes = kube.nodes["g1"]["metadata"]["annotations"]
     asked = kube.client.request("g1")  # the node's entry in the requests Secret, in the operator's namespace
-    assert state() == hm.VALIDATING and asked == {"v": 1, "node": "g1", "action": "reset-gpu", "gpus": [BUS],
-                                                  "remediation": True, "attempt": 0, "since": notes[hm.SINCE]}
+    assert state() == hm.VALIDATING and asked == {
+        "v": 1,
+        "node": "g1",
+        "action": "reset-gpu",
+        "gpus": [BUS],
+        "remediation": True,
+        "attempt": 0,
+        "since": notes[hm.SINCE],
+    }
     assert [p["metadata"]["name"] for p in kube.pods] == ["keep", "validator"]  # excluded by the selector
     # healthy and validated, but the request not answered: not released
     notes[HEALTH_REPORT_ANNOTATION] = HEALTHY
     run_pass(unit, kube)
     assert state() == hm.VALIDATING and kube.client.request("g1") is not None
     # the node agent resets the GPU and answers the request in its report: withdrawn, then released
-    answered = {**json.loads(HEALTHY), "answered": f"reset-gpu:0:{notes[hm.SINCE]}", "validatedAt": clock.now - 30}
+    answered = {
+        **json.loads(HEALTHY),
+        "answered": f"reset-gpu:0:{notes[hm.SINCE]}",
+        "validatedAt": clock.now - 30,
+    }
     notes[HEALTH_REPORT_ANNOTATION] = json.dumps(answered)
     run_pass(unit, kube)
-    assert state() == hm.VALIDATING and kube.client.request("g1") is None and notes[hm.ANSWERED] == notes[hm.SINCE]
+    assert (
+        state() == hm.VALIDATING
+        and kube.client.request("g1") is None
+        and notes[hm.ANSWERED] == notes[hm.SINCE]
+    )
     # the validator's pod restarted: the validation from before the reset does not release the node
     assert [p["metadata"]["name"] for p in kube.pods] == ["keep"]
     assert kube.nodes["g1"]["metadata"]["labels"][PLUGIN_LABEL] == "true"  # resumed
     run_pass(unit, kube)
     assert state() == hm.VALIDATING
     # the new validator pod's validation, newer than the reset
-    notes[HEALTH_REPORT_ANNOTATION] = json.dumps({**answered, "validatedAt": float(notes[hm.REVALIDATED]) + 5})
-    before = REGISTRY.get_sample_value("gpu_operator_health_remediations_total",
-                                       {"node": "g1", "result": "succeeded"}) or 0
+    notes[HEALTH_REPORT_ANNOTATION] = json.dumps(
+        {**answered, "validatedAt": float(notes[hm.REVALIDATED]) + 5}
+    )
+    before = (
+        REGISTRY.get_sample_value(
+            "gpu_operator_health_remediations_total", {"node": "g1", "result": "succeeded"}
+        )
+        or 0
+    )
     run_pass(unit, kube)
     assert state() == "" and kube.nodes["g1"]["spec"]["unschedulable"] is False
     assert kube.nodes["g1"]["spec"].get("taints") in (None, [])
     cond = condition(kube, "g1")
     assert cond is not None and cond["status"] == "True"
-    assert REGISTRY.get_sample_value("gpu_operator_health_remediations_total",
-                                     {"node": "g1", "result": "succeeded"}) == before + 1
+    assert (
+        REGISTRY.get_sample_value(
+            "gpu_operator_health_remediations_total", {"node": "g1", "result": "succeeded"}
+        )
+        == before + 1
+    )
 
 
 def test_device_plugin_restart_deletes_its_pod_on_the_node() -> None:
@@ -205,7 +263,9 @@ def test_device_plugin_restart_deletes_its_pod_on_the_node() -> None:
     text = report(True, {"bus": BUS, "state": "unhealthy", "xid": 31, "action": "restart-app", "reason": "x"})
     kube.add_node("g1", {HEALTH_REPORT_ANNOTATION: text})
     kube.add_pod("dp", "g1", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
-    kube.add_pod("dp-other", "g2", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet")
+    kube.add_pod(
+        "dp-other", "g2", gpu=False, labels={"app": "nvidia-device-plugin-daemonset"}, owner="DaemonSet"
+    )
     unit = make(kube, policy({"remediation": {"enabled": True}}))
     for _ in range(5):
         run_pass(unit, kube)
@@ -231,6 +291,7 @@ def test_runs_in_a_unit_loop_served_at_once() -> None:
         await asyncio.wait_for(loop.step(None, 0.0), timeout=7.0)
         loop.offer(NodeEvent("g1", kube.view("g1")))  # ... and then nothing changes: no kick
         assert not loop.kick.is_set()
+
     asyncio.run(go())
     assert [c[0] for c in kube.writes()] == ["patch-status", "patch", "event"]
 
@@ -275,4 +336,6 @@ def test_a_pass_parses_each_nodes_report_once(monkeypatch: pytest.MonkeyPatch, r
     run_pass(unit, kube)
     assert parsed == Counter(texts.values())  # every node looked at, each report parsed once
     assert list(taints.rules or {}) == ["g1"]  # the DRA path ran on what the unit read
-    assert kube.nodes["g1"]["metadata"]["labels"].get(HEALTH_STATE) == (hm.QUARANTINED if remediation else None)
+    assert kube.nodes["g1"]["metadata"]["labels"].get(HEALTH_STATE) == (
+        hm.QUARANTINED if remediation else None
+    )

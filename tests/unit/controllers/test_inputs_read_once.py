@@ -18,17 +18,25 @@ def reads_environment(path: Path) -> list[int]:
         if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb"):
             if isinstance(node.value, ast.Name) and node.value.id == "os":
                 lines.append(node.lineno)
-        elif (isinstance(node, ast.ImportFrom) and node.module == "os"
-              and any(alias.name in ("environ", "getenv") for alias in node.names)):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "os"
+            and any(alias.name in ("environ", "getenv") for alias in node.names)
+        ):
             lines.append(node.lineno)
     return lines
 
 
 def test_no_unit_or_reconciler_reads_the_process_environment() -> None:
-    found = {str(p.relative_to(CONTROLLERS)): lines for p in sorted(CONTROLLERS.rglob("*.py"))
-             if p.name not in START or p.parent != CONTROLLERS
-             if (lines := reads_environment(p))}
-    assert found == {}, f"environment read outside the start-up modules (use controllers/environment.py): {found}"
+    found = {
+        str(p.relative_to(CONTROLLERS)): lines
+        for p in sorted(CONTROLLERS.rglob("*.py"))
+        if p.name not in START or p.parent != CONTROLLERS
+        if (lines := reads_environment(p))
+    }
+    assert found == {}, (
+        f"environment read outside the start-up modules (use controllers/environment.py): {found}"
+    )
 
 
 def test_the_scan_finds_a_read(tmp_path: Path) -> None:

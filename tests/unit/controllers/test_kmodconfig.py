@@ -73,8 +73,10 @@ def test_one_reconcile_reads_the_kernel_module_configmap_once_for_its_keys_and_i
     reads = ReadOnce(kube)
 
     async def both() -> tuple[Any, Any]:
-        return (await configmap_keys(reads, policy, "gpu-operator"),
-                await kernel_module_data(reads, policy, "gpu-operator", facts))
+        return (
+            await configmap_keys(reads, policy, "gpu-operator"),
+            await kernel_module_data(reads, policy, "gpu-operator", facts),
+        )
 
     keys, data = asyncio.run(both())
     assert keys == {"kmods": ("nvidia.conf",)} and data == {"kmods": {"nvidia.conf": "a=1\n"}}

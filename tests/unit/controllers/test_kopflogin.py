@@ -12,14 +12,20 @@ from gpu_operator.controllers import kopflogin
 
 
 def test_the_apiserver_address_comes_from_the_service_environment() -> None:
-    assert kopflogin.in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}) \
+    assert (
+        kopflogin.in_cluster_server({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"})
         == "https://10.0.0.1:443"
-    assert kopflogin.in_cluster_server({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}) \
+    )
+    assert (
+        kopflogin.in_cluster_server({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"})
         == "https://[fd00::1]:443"
+    )
     assert kopflogin.in_cluster_server({}) is None
 
 
-def test_a_pod_logs_in_with_its_token_at_the_service_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pod_logs_in_with_its_token_at_the_service_address(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     account = tmp_path / "serviceaccount"
     account.mkdir()
     (account / "token").write_text("first\n")
@@ -34,7 +40,11 @@ def test_a_pod_logs_in_with_its_token_at_the_service_address(tmp_path: Path, mon
     info = kopflogin.login(settings=settings, logger=None)
     assert info is not None
     assert (info.server, info.token, info.default_namespace, info.ca_path) == (
-        "https://10.0.0.1:443", "first", "gpu-operator", str(account / "ca.crt"))
+        "https://10.0.0.1:443",
+        "first",
+        "gpu-operator",
+        str(account / "ca.crt"),
+    )
     (account / "token").write_text("rotated\n")  # the kubelet refreshed the projected token
     again = kopflogin.login(settings=settings, logger=None)
     assert again is not None and again.token == "rotated"

@@ -36,8 +36,11 @@ from tests.unit.controllers.labelkit import policy_of
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("clusterpolicy-*.yaml"))
 # A MIG-capable GPU node without a workload label: every policy decision shows on it.
-NODE = {"feature.node.kubernetes.io/pci-10de.present": "true", GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
-        MIG_CAPABLE: "true"}  # as GFD publishes for an H100
+NODE = {
+    "feature.node.kubernetes.io/pci-10de.present": "true",
+    GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
+    MIG_CAPABLE: "true",
+}  # as GFD publishes for an H100
 
 flag = st.none() | st.booleans()
 
@@ -54,16 +57,31 @@ def optional(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, An
     return st.integers(0, 3).flatmap(lambda i: st.none() if i == 0 else present)
 
 
-specs = st.fixed_dictionaries({}, optional={
-    "sandboxWorkloads": optional(
-        enabled=flag, defaultWorkload=mostly("container", "vm-passthrough", "vm-vgpu", bad="bogus"),
-        mode=mostly("kubevirt", "kata", bad="bogus")),
-    "migManager": optional(enabled=flag, config=optional(
-        default=mostly("all-disabled", "", bad="bogus"), name=st.sampled_from(["custom", None]))),
-    "driver": optional(enabled=flag, useNvidiaDriverCRD=flag, upgradePolicy=optional(
-        autoUpgrade=mostly(True, False, bad=None), maxParallelUpgrades=mostly(0, 1, 4, bad=-1),
-        maxUnavailable=st.sampled_from(["25%", 2]))),
-})
+specs = st.fixed_dictionaries(
+    {},
+    optional={
+        "sandboxWorkloads": optional(
+            enabled=flag,
+            defaultWorkload=mostly("container", "vm-passthrough", "vm-vgpu", bad="bogus"),
+            mode=mostly("kubevirt", "kata", bad="bogus"),
+        ),
+        "migManager": optional(
+            enabled=flag,
+            config=optional(
+                default=mostly("all-disabled", "", bad="bogus"), name=st.sampled_from(["custom", None])
+            ),
+        ),
+        "driver": optional(
+            enabled=flag,
+            useNvidiaDriverCRD=flag,
+            upgradePolicy=optional(
+                autoUpgrade=mostly(True, False, bad=None),
+                maxParallelUpgrades=mostly(0, 1, 4, bad=-1),
+                maxUnavailable=st.sampled_from(["25%", 2]),
+            ),
+        ),
+    },
+)
 
 
 def check(raw: dict[str, Any]) -> None:
@@ -99,11 +117,18 @@ def check(raw: dict[str, Any]) -> None:
     upgrade = spec.driver_upgrade_policy()
     if upgrade is not None:
         assert (owner.policy.max_parallel, owner.policy.max_unavailable) == (
-            upgrade.maxParallelUpgrades, upgrade.maxUnavailable)
+            upgrade.maxParallelUpgrades,
+            upgrade.maxUnavailable,
+        )
 
 
-@settings(max_examples=400, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=400,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(specs)
 def test_generated_specs(raw: dict[str, Any]) -> None:
     check(raw)

@@ -42,7 +42,9 @@ def test_a_failing_node_backs_off_logs_once_and_is_counted(caplog: pytest.LogCap
     assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     assert _failures("403") - before == 6
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "gpu-1" in warnings[0].getMessage() and "HTTP 403" in warnings[0].getMessage()
+    assert (
+        len(warnings) == 1 and "gpu-1" in warnings[0].getMessage() and "HTTP 403" in warnings[0].getMessage()
+    )
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="gpu_operator.nodelabels"):

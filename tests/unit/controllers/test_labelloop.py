@@ -53,8 +53,9 @@ class Cluster:
         self.dirty.add(name)
         self.kick.set()
 
-    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
-                          namespace: str | None = None) -> None:
+    async def merge_patch(
+        self, api_version: str, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None
+    ) -> None:
         self.patches.append((time.monotonic(), name, patch))
         if name in self.hold:
             await self.hold[name].wait()
@@ -79,8 +80,11 @@ class Cluster:
         return release
 
     def loop(self, **settings: Any) -> LabelUnit:
-        model = ReadModel("gpu-operator", node_map=self.views,
-                          indices={"policies": {}, "drivers": {}, "gpuclusters": {}, "driver_pods": {}})
+        model = ReadModel(
+            "gpu-operator",
+            node_map=self.views,
+            indices={"policies": {}, "drivers": {}, "gpuclusters": {}, "driver_pods": {}},
+        )
         unit = self.unit = LabelUnit(self, OperatorSettings(**settings), model)  # type: ignore[arg-type]
         unit._wanted = lambda: LabelPolicy()  # type: ignore[method-assign]  # a ClusterPolicy with defaults
         return unit
@@ -110,7 +114,9 @@ async def started(cluster: Cluster, **settings: Any) -> tuple[LabelUnit, asyncio
     task = asyncio.create_task(cluster.runner(loop).run(ready))
     cluster.kick.set()  # the first watch events
     # the first pass labels every node (a new policy): it waits the coalescing window first
-    await until(lambda: all(labelled(cluster, n) for n in cluster.views), timeout=2.0 + loop.settings.coalesce)
+    await until(
+        lambda: all(labelled(cluster, n) for n in cluster.views), timeout=2.0 + loop.settings.coalesce
+    )
     await asyncio.sleep(0.05)  # the echoes of the first pass are served
     return loop, task
 
@@ -198,6 +204,7 @@ def policy_view(generation: int = 1) -> ClusterPolicyView:
 def test_a_new_policys_reconcile_waits_for_its_fleet_wide_labelling_pass() -> None:
     """Labels first: `labelling()` holds the reconcile (and the DaemonSets it would create) until
     the loop has looked at this policy version and its fleet-wide pass has ended."""
+
     async def run() -> None:
         cluster = Cluster(["n0", "n1"])
         loop = cluster.loop()
@@ -230,12 +237,15 @@ def test_a_new_policys_reconcile_waits_for_its_fleet_wide_labelling_pass() -> No
 
 
 def test_a_labelling_loop_that_never_gets_there_holds_the_reconcile_only_up_to_the_limit(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     loop = Cluster(["n0"]).loop(labels_first_limit=0.05)
     active = policy_view()
     assert loop.labelling(active)
     time.sleep(0.06)
     assert not loop.labelling(active) and not loop.labelling(active)
     warnings = [r.getMessage() for r in caplog.records if "still being labelled" in r.getMessage()]
-    assert warnings == ["ClusterPolicy cluster-policy: its nodes are still being labelled after 0 s; reconciling anyway"]
+    assert warnings == [
+        "ClusterPolicy cluster-policy: its nodes are still being labelled after 0 s; reconciling anyway"
+    ]
     assert not loop.labelling(None)

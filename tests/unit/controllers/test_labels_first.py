@@ -26,12 +26,22 @@ class NoKube:
 
 def _manager(busy: list[bool], asked: list[Any]) -> tuple[Manager, list[Any]]:
     manager = Manager(cast(Kube, NoKube()), Environment("gpu-operator"), OperatorSettings(coalesce=0.1))
-    policy = ClusterPolicyView.of({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                   "metadata": {"name": "cluster-policy", "uid": "u1", "generation": 1,
-                                                "creationTimestamp": "2026-11-26T00:00:00Z"},
-                                   "spec": {}})
-    manager.model.indices.update({"policies": {"cluster-policy": [policy]}, "drivers": {}, "gpuclusters": {},
-                                  "driver_pods": {}})
+    policy = ClusterPolicyView.of(
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {
+                "name": "cluster-policy",
+                "uid": "u1",
+                "generation": 1,
+                "creationTimestamp": "2026-11-26T00:00:00Z",
+            },
+            "spec": {},
+        }
+    )
+    manager.model.indices.update(
+        {"policies": {"cluster-policy": [policy]}, "drivers": {}, "gpuclusters": {}, "driver_pods": {}}
+    )
 
     def labelling(active: ClusterPolicyView | None) -> bool:
         asked.append(active.name if active is not None else None)

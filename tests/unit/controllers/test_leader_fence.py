@@ -31,6 +31,7 @@ class LeaseStore:
     async def get(self, *_: Any, **__: Any) -> Lease:
         if self.lease is None:
             from lightkube.core.exceptions import ApiError
+
             raise ApiError(response=_NotFound())  # type: ignore[arg-type]
         return self.lease
 
@@ -49,7 +50,10 @@ class _NotFound:
 
 
 def written() -> float:
-    return REGISTRY.get_sample_value("gpu_operator_api_write_requests_total", {"verb": "patch", "kind": "Node"}) or 0.0
+    return (
+        REGISTRY.get_sample_value("gpu_operator_api_write_requests_total", {"verb": "patch", "kind": "Node"})
+        or 0.0
+    )
 
 
 def _elector(store: LeaseStore) -> LeaderElector:
@@ -59,7 +63,9 @@ def _elector(store: LeaseStore) -> LeaderElector:
 def test_writes_pass_while_the_lease_is_fresh_and_are_refused_once_it_may_have_run_out() -> None:
     async def run() -> None:
         elector = _elector(LeaseStore())
-        kube = Kube(config=KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t")))
+        kube = Kube(
+            config=KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t"))
+        )
         kube.fence = elector.leading
         with pytest.raises(NotLeading):
             kube.write("patch", "Node")  # before any renewal: not the leader
@@ -68,23 +74,29 @@ def test_writes_pass_while_the_lease_is_fresh_and_are_refused_once_it_may_have_r
         kube.write("patch", "Node")
         assert written() == before + 1
         assert elector.renewed_at is not None
-        elector.renewed_at -= SETTINGS.leader_lease_duration - SETTINGS.leader_retry_period  # paused that long
+        elector.renewed_at -= (
+            SETTINGS.leader_lease_duration - SETTINGS.leader_retry_period
+        )  # paused that long
         with pytest.raises(NotLeading, match="Lease may have run out"):
             kube.write("patch", "Node")
         assert written() == before + 1  # refused writes are not counted
+
     asyncio.run(run())
 
 
 def test_a_refused_follower_knows_when_the_holders_lease_ends() -> None:
     renewed = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
-    held = Lease(metadata=ObjectMeta(name="l", namespace="ns"),
-                 spec=LeaseSpec(holderIdentity="other", leaseDurationSeconds=8, renewTime=renewed))
+    held = Lease(
+        metadata=ObjectMeta(name="l", namespace="ns"),
+        spec=LeaseSpec(holderIdentity="other", leaseDurationSeconds=8, renewTime=renewed),
+    )
 
     async def run() -> None:
         elector = _elector(LeaseStore(held))
         assert not await elector._attempt()
         assert elector.expires_in is not None and 2.5 < elector.expires_in <= 3.0
         assert not elector.leading()
+
     asyncio.run(run())
 
 
@@ -106,8 +118,10 @@ class SlowRead(LeaseStore):
 
 
 def test_a_renewal_is_not_sent_from_a_lease_read_older_than_the_retry_period() -> None:
-    ours = Lease(metadata=ObjectMeta(name="l", namespace="ns"),
-                 spec=LeaseSpec(holderIdentity="me", leaseDurationSeconds=8, renewTime=dt.datetime.now(dt.UTC)))
+    ours = Lease(
+        metadata=ObjectMeta(name="l", namespace="ns"),
+        spec=LeaseSpec(holderIdentity="me", leaseDurationSeconds=8, renewTime=dt.datetime.now(dt.UTC)),
+    )
     fast = OperatorSettings(leader_retry_period=0.2)
 
     async def run(delay: float) -> int:
@@ -115,6 +129,7 @@ def test_a_renewal_is_not_sent_from_a_lease_read_older_than_the_retry_period() -
         elector = LeaderElector(cast(AsyncClient, store), "ns", "me", settings=fast)
         await elector._attempt()
         return store.replaced
+
     assert asyncio.run(run(0.0)) == 1  # a prompt read renews
     assert asyncio.run(run(0.5)) == 0  # a read older than the retry period is read again, not renewed
 
@@ -123,6 +138,7 @@ def test_a_fenced_write_is_logged_as_a_warning_without_a_traceback(caplog: pytes
     import logging
 
     from gpu_operator.controllers.leader import log_pass_failure
+
     logger = logging.getLogger("test.fence")
     for err in (NotLeading("not sending PATCH /api/v1/nodes/n"), RuntimeError("boom")):
         try:

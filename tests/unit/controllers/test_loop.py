@@ -30,14 +30,24 @@ BACKOFF = Backoff(initial=0.01, cap=0.05)
 
 
 def passes(loop: str, result: str) -> float:
-    return REGISTRY.get_sample_value("gpu_operator_controller_passes_total", {"loop": loop, "result": result}) or 0.0
+    return (
+        REGISTRY.get_sample_value("gpu_operator_controller_passes_total", {"loop": loop, "result": result})
+        or 0.0
+    )
 
 
 class Scripted(UnitBase):
     """A unit whose passes return (or raise) what it is given, in turn."""
 
-    def __init__(self, name: str, outcomes: list[float | None | Exception], *, idle: bool = False,
-                 pacing: Pacing = Pacing.LOAD, wants: Callable[[Event], bool] = lambda _e: True) -> None:
+    def __init__(
+        self,
+        name: str,
+        outcomes: list[float | None | Exception],
+        *,
+        idle: bool = False,
+        pacing: Pacing = Pacing.LOAD,
+        wants: Callable[[Event], bool] = lambda _e: True,
+    ) -> None:
         self.name = name
         self.outcomes = outcomes
         self._idle = idle
@@ -108,7 +118,9 @@ def test_an_idle_unit_runs_no_pass() -> None:
 
 
 def test_a_unit_is_kicked_only_by_the_events_it_wants() -> None:
-    unit = Scripted("unit choosy", [None], wants=lambda e: isinstance(e, ObjectEvent) and e.kind is EventKind.OWNED)
+    unit = Scripted(
+        "unit choosy", [None], wants=lambda e: isinstance(e, ObjectEvent) and e.kind is EventKind.OWNED
+    )
 
     async def main() -> None:
         loop = UnitLoop(unit, 0.0, BACKOFF)
@@ -153,8 +165,9 @@ def test_a_node_pass_runs_every_node_within_its_limit_and_queues_a_failed_one_ag
             raise RuntimeError("the apiserver said no")
         done.append(name)
 
-    asyncio.run(queue.each({"n1", "n2", "n3", "n4"}, 2, work, report, "write failed",
-                           logging.getLogger("test")))
+    asyncio.run(
+        queue.each({"n1", "n2", "n3", "n4"}, 2, work, report, "write failed", logging.getLogger("test"))
+    )
     assert sorted(done) == ["n1", "n3", "n4"]  # one node's failure stops none of the others
     assert report.failed == ["n2"]
     assert queue.take() == {"n2"}  # looked at again at the next pass
@@ -178,8 +191,9 @@ def test_a_node_pass_that_writes_nothing_lets_the_event_loop_run_between_nodes()
 
     async def scenario() -> None:
         task = asyncio.create_task(other())
-        await queue.each({f"n{i:03}" for i in range(500)}, 4, work, NodePass(), "write failed",
-                         logging.getLogger("test"))
+        await queue.each(
+            {f"n{i:03}" for i in range(500)}, 4, work, NodePass(), "write failed", logging.getLogger("test")
+        )
         await task
 
     asyncio.run(scenario())

@@ -76,13 +76,21 @@ class Kube(FakeKube):
         self.configmaps: dict[str, dict[str, Any]] = {}
         self.object_events: list[tuple[str, str, str, str]] = []
 
-    async def event(self, involved: dict[str, str], reason: str, message: str, *, warning: bool = True,
-                    namespace: str = "default") -> None:
+    async def event(
+        self,
+        involved: dict[str, str],
+        reason: str,
+        message: str,
+        *,
+        warning: bool = True,
+        namespace: str = "default",
+    ) -> None:
         self.calls.append(("event", involved["name"], reason))
         self.object_events.append((involved["kind"], involved["name"], reason, message))
 
-    async def get_dict(self, api_version: str, kind: str, name: str, namespace: str | None = None
-                       ) -> dict[str, Any] | None:
+    async def get_dict(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         if kind == "ConfigMap":
             self.calls.append(("get-configmap", name))
             return self.configmaps.get(name)
@@ -107,9 +115,17 @@ def run_pass(unit: MIGUnit, kube: Kube) -> MIGPassReport:
 
 
 def mig_node(kube: Kube, name: str = "n1", **labels: str) -> None:
-    kube.add_node(name, labels={MIG_MANAGER: "true", MIG_CONFIG: "all-1g.10gb", DP: "true", GFD: "true", **labels})
-    kube.add_pod(f"mig-manager-{name}", name, gpu=False, labels={"app": "nvidia-mig-manager"}, namespace=NS,
-                 owner="DaemonSet")
+    kube.add_node(
+        name, labels={MIG_MANAGER: "true", MIG_CONFIG: "all-1g.10gb", DP: "true", GFD: "true", **labels}
+    )
+    kube.add_pod(
+        f"mig-manager-{name}",
+        name,
+        gpu=False,
+        labels={"app": "nvidia-mig-manager"},
+        namespace=NS,
+        owner="DaemonSet",
+    )
 
 
 def condition(kube: Kube, name: str = "n1") -> tuple[str, str, str] | None:
@@ -120,11 +136,17 @@ def condition(kube: Kube, name: str = "n1") -> tuple[str, str, str] | None:
 
 
 def ours(kube: Kube, name: str = "n1") -> dict[str, str]:
-    return {k: v for k, v in kube.nodes[name]["metadata"]["annotations"].items() if k.startswith("nvidia.com/gpu-op")}
+    return {
+        k: v
+        for k, v in kube.nodes[name]["metadata"]["annotations"].items()
+        if k.startswith("nvidia.com/gpu-op")
+    }
 
 
 def pause(kube: Kube, name: str = "n1") -> None:
-    kube.nodes[name]["metadata"]["labels"].update({MIG_CONFIG_STATE: "pending", DP: MIG_PAUSED, GFD: MIG_PAUSED})
+    kube.nodes[name]["metadata"]["labels"].update(
+        {MIG_CONFIG_STATE: "pending", DP: MIG_PAUSED, GFD: MIG_PAUSED}
+    )
 
 
 def test_a_node_without_mig_costs_nothing() -> None:
@@ -168,14 +190,18 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     # past the budget: stuck; the order, the condition naming the client, one Warning event
     clock.now += 600
     run_pass(unit, kube)
-    message = ("MIG config 'all-1g.10gb' pending past the 600 s budget: GPU clients that did not stop: "
-               "gpu-operator/nvidia-dcgm-stuck; they are restored on the current layout and the change is retried")
+    message = (
+        "MIG config 'all-1g.10gb' pending past the 600 s budget: GPU clients that did not stop: "
+        "gpu-operator/nvidia-dcgm-stuck; they are restored on the current layout and the change is retried"
+    )
     assert condition(kube) == ("False", "MIGChangeStuck", message)
     assert ours(kube)[MIG_RESTORE] == f"MIGChangeStuck {message}"
     assert ours(kube)[MIG_RETRY] == f"0 {int(clock.now)}"
     assert kube.events[-1][1:] == ("MIGChange", f"MIGChangeStuck: {message}", True)
     # and on the ClusterPolicy (its status keeps upstream's shape)
-    assert kube.object_events == [("ClusterPolicy", "cluster-policy", "MIGChange", f"node n1: MIGChangeStuck: {message}")]
+    assert kube.object_events == [
+        ("ClusterPolicy", "cluster-policy", "MIGChange", f"node n1: MIGChangeStuck: {message}")
+    ]
     assert not any(c[0] == "delete" for c in kube.writes())  # labels still paused: no retry
 
     # node labelling restores the labels (it reads the order); still within the backoff: nothing
@@ -197,8 +223,11 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     run_pass(unit, kube)
     assert condition(kube)[1] == "MIGChangeInProgress"  # type: ignore[index]
     assert ours(kube)[MIG_PENDING_SINCE] == f"{int(clock.now)} all-1g.10gb"
-    assert kube.events[-1][1:] == ("MIGChange", "MIGChangeInProgress: applying MIG config 'all-1g.10gb': state "
-                                   "pending, GPU clients paused", False)  # the stuck state ended: a Normal Event
+    assert kube.events[-1][1:] == (
+        "MIGChange",
+        "MIGChangeInProgress: applying MIG config 'all-1g.10gb': state pending, GPU clients paused",
+        False,
+    )  # the stuck state ended: a Normal Event
     assert len(kube.events) == 2  # stuck, then its end
 
     # the client went, the change completed: applied, our memory gone
@@ -207,7 +236,9 @@ def test_stuck_change_is_restored_reported_and_retried_after_the_backoff() -> No
     run_pass(unit, kube)
     assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-1g.10gb' applied")
     assert ours(kube) == {}
-    assert [c[0] for c in kube.writes()[writes:]] == ["patch-status"]  # the condition and the clear: one request
+    assert [c[0] for c in kube.writes()[writes:]] == [
+        "patch-status"
+    ]  # the condition and the clear: one request
     assert len([c for c in kube.writes() if c[0] == "delete"]) == 1
 
 
@@ -227,12 +258,17 @@ def test_invalid_config_names_the_valid_ones_from_our_configmap() -> None:
     mig_node(kube, **{MIG_CONFIG: "all-9g.99gb", MIG_CONFIG_STATE: "failed"})
     run_pass(make(kube), kube)
     names = sorted(yaml.safe_load(default_mig_config())["mig-configs"])
-    assert condition(kube) == ("False", "InvalidMIGConfig",
-                               "nvidia.com/mig.config 'all-9g.99gb' is not a config of ConfigMap "
-                               f"default-mig-parted-config; valid names: {', '.join(names)}")
+    assert condition(kube) == (
+        "False",
+        "InvalidMIGConfig",
+        "nvidia.com/mig.config 'all-9g.99gb' is not a config of ConfigMap "
+        f"default-mig-parted-config; valid names: {', '.join(names)}",
+    )
     assert not any(c[0] == "delete" for c in kube.writes())
     # the MIG manager's generated config (published per node) is the one it selects from
-    kube.configmaps["n1-mig-config"] = {"data": {"config.yaml": "version: v1\nmig-configs:\n  all-9g.99gb: []\n"}}
+    kube.configmaps["n1-mig-config"] = {
+        "data": {"config.yaml": "version: v1\nmig-configs:\n  all-9g.99gb: []\n"}
+    }
     kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG_STATE] = "pending"
     unit = make(kube)
     run_pass(unit, kube)
@@ -243,12 +279,19 @@ def test_invalid_config_names_the_valid_ones_from_our_configmap() -> None:
 
 def test_the_policys_configmap_is_read_for_the_names() -> None:
     kube = Kube()
-    kube.configmaps["my-layouts"] = {"data": {"config.yaml": json.dumps(
-        {"version": "v1", "mig-configs": {"b-layout": [], "a-layout": []}})}}
+    kube.configmaps["my-layouts"] = {
+        "data": {
+            "config.yaml": json.dumps({"version": "v1", "mig-configs": {"b-layout": [], "a-layout": []}})
+        }
+    }
     mig_node(kube, **{MIG_CONFIG: "all-1g.10gb"})
     run_pass(make(kube, policy({"config": {"name": "my-layouts"}})), kube)
-    assert condition(kube) == ("False", "InvalidMIGConfig", "nvidia.com/mig.config 'all-1g.10gb' is not a config "
-                               "of ConfigMap my-layouts; valid names: a-layout, b-layout")
+    assert condition(kube) == (
+        "False",
+        "InvalidMIGConfig",
+        "nvidia.com/mig.config 'all-1g.10gb' is not a config "
+        "of ConfigMap my-layouts; valid names: a-layout, b-layout",
+    )
     assert ("get-configmap", "my-layouts") in kube.calls
 
 
@@ -314,8 +357,11 @@ def test_a_failed_change_names_the_running_pods_given_gpus_of_any_namespace() ->
     status, reason, message = condition(kube) or ("", "", "")
     assert (status, reason) == ("False", "MIGConfigFailed")
     # the one running holder named (not the pod without a GPU, nor a client-like pod of another namespace)
-    expected = mr.failed_message(mr.MIGFacts("n1", "all-1g.10gb", "failed", (), mr.ManagerPresence.RUNNING,
-                                          holders=("team-a/train-0",)))
+    expected = mr.failed_message(
+        mr.MIGFacts(
+            "n1", "all-1g.10gb", "failed", (), mr.ManagerPresence.RUNNING, holders=("team-a/train-0",)
+        )
+    )
     assert message == expected
 
 
@@ -343,7 +389,9 @@ def test_a_new_config_already_applied_is_reported_once_the_poll_passed() -> None
     mig_node(kube, **{MIG_CONFIG: "all-disabled", MIG_CONFIG_STATE: "success"})
     unit = make(kube, clock=clock)
     run_pass(unit, kube)
-    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG] = "all-balanced"  # its success written again: no change
+    kube.nodes["n1"]["metadata"]["labels"][MIG_CONFIG] = (
+        "all-balanced"  # its success written again: no change
+    )
     run_pass(unit, kube)
     assert condition(kube) == ("True", "MIGConfigApplied", "MIG config 'all-disabled' applied")
     clock.now += SETTINGS.mig_poll

@@ -18,9 +18,13 @@ def test_no_changing_handlers_are_registered() -> None:
     used = set()
     for path in SRC.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                    and node.value.attr == "on" and isinstance(node.value.value, ast.Name)
-                    and node.value.value.id == "kopf"):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "on"
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "kopf"
+            ):
                 used.add(node.attr)
     assert used, "the scan found no kopf.on.* use at all: it no longer reads the code"
     assert used & CHANGING == set()

@@ -14,9 +14,20 @@ from gpu_operator.vocabulary import MIG_CONFIG, MIG_MANAGER, UPGRADE_ENABLED_ANN
 from tests.unit.controllers.labelkit import label_policy, policy_of
 
 GPU = {"feature.node.kubernetes.io/pci-10de.present": "true"}
-CONTAINER = {deploy_label(c) for c in ("driver", "gpu-feature-discovery", "container-toolkit", "device-plugin",
-                                 "dcgm", "dcgm-exporter", "node-status-exporter", "operator-validator",
-                                 "client")}
+CONTAINER = {
+    deploy_label(c)
+    for c in (
+        "driver",
+        "gpu-feature-discovery",
+        "container-toolkit",
+        "device-plugin",
+        "dcgm",
+        "dcgm-exporter",
+        "node-status-exporter",
+        "operator-validator",
+        "client",
+    )
+}
 SANDBOX = LabelPolicy(sandbox_enabled=True, default_workload="vm-passthrough")
 
 
@@ -35,8 +46,10 @@ def test_node_already_labelled_needs_no_change() -> None:
     assert not desired_change(labels, {}, LabelPolicy())
 
 
-@pytest.mark.parametrize("value", ["false", "pre-installed", "paused-for-driver-upgrade",
-                                   "pre-installed_paused-for-driver-upgrade"])
+@pytest.mark.parametrize(
+    "value",
+    ["false", "pre-installed", "paused-for-driver-upgrade", "pre-installed_paused-for-driver-upgrade"],
+)
 def test_non_empty_values_survive(value: str) -> None:
     labels = {**GPU, deploy_label("driver"): value}
     change = desired_change(labels, {}, LabelPolicy())
@@ -49,10 +62,20 @@ def test_empty_value_counts_as_absent() -> None:
 
 
 def test_operands_opt_out_strips_every_deploy_label() -> None:
-    labels = {**GPU, "nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.operands": "false",
-              deploy_label("driver"): "true", MIG_MANAGER: "true", deploy_label("vfio-manager"): "true"}
+    labels = {
+        **GPU,
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.deploy.operands": "false",
+        deploy_label("driver"): "true",
+        MIG_MANAGER: "true",
+        deploy_label("vfio-manager"): "true",
+    }
     change = desired_change(labels, {}, LabelPolicy())
-    assert change.labels == {deploy_label("driver"): None, MIG_MANAGER: None, deploy_label("vfio-manager"): None}
+    assert change.labels == {
+        deploy_label("driver"): None,
+        MIG_MANAGER: None,
+        deploy_label("vfio-manager"): None,
+    }
 
 
 def test_gpu_gone_flips_present_and_strips_labels() -> None:
@@ -65,14 +88,17 @@ def test_cpu_node_is_left_alone() -> None:
     assert not desired_change({"kubernetes.io/os": "linux"}, {}, LabelPolicy())
 
 
-@pytest.mark.parametrize(("labels", "policy", "expected"), [
-    ({}, LabelPolicy(), "container"),
-    ({"nvidia.com/gpu.workload.config": "vm-vgpu"}, LabelPolicy(), "container"),  # sandbox off
-    ({}, SANDBOX, "vm-passthrough"),
-    ({"nvidia.com/gpu.workload.config": "vm-vgpu"}, SANDBOX, "vm-vgpu"),
-    ({"nvidia.com/gpu.workload.config": "bogus"}, SANDBOX, "vm-passthrough"),
-    ({}, LabelPolicy(sandbox_enabled=True, default_workload="bogus"), "container"),
-])
+@pytest.mark.parametrize(
+    ("labels", "policy", "expected"),
+    [
+        ({}, LabelPolicy(), "container"),
+        ({"nvidia.com/gpu.workload.config": "vm-vgpu"}, LabelPolicy(), "container"),  # sandbox off
+        ({}, SANDBOX, "vm-passthrough"),
+        ({"nvidia.com/gpu.workload.config": "vm-vgpu"}, SANDBOX, "vm-vgpu"),
+        ({"nvidia.com/gpu.workload.config": "bogus"}, SANDBOX, "vm-passthrough"),
+        ({}, LabelPolicy(sandbox_enabled=True, default_workload="bogus"), "container"),
+    ],
+)
 def test_workload_config(labels: dict[str, str], policy: LabelPolicy, expected: str) -> None:
     assert workload_config(labels, policy) == expected
 
@@ -80,15 +106,20 @@ def test_workload_config(labels: dict[str, str], policy: LabelPolicy, expected: 
 def test_switching_to_passthrough_swaps_stacks() -> None:
     labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER}}
     change = desired_change(labels, {}, SANDBOX)
-    assert set_to_true(change.labels) == {deploy_label(c) for c in (
-        "sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager")}
+    assert set_to_true(change.labels) == {
+        deploy_label(c)
+        for c in ("sandbox-device-plugin", "sandbox-validator", "vfio-manager", "kata-manager", "cc-manager")
+    }
     assert {k for k, v in change.labels.items() if v is None} == CONTAINER - {deploy_label("client")}
 
 
 def test_kata_mode_uses_kata_sandbox_device_plugin() -> None:
     policy = LabelPolicy(sandbox_enabled=True, default_workload="vm-passthrough", sandbox_mode="kata")
     labels = set_to_true(desired_change(dict(GPU), {}, policy).labels)
-    assert deploy_label("kata-sandbox-device-plugin") in labels and deploy_label("sandbox-device-plugin") not in labels
+    assert (
+        deploy_label("kata-sandbox-device-plugin") in labels
+        and deploy_label("sandbox-device-plugin") not in labels
+    )
 
 
 def dev(device: str) -> dict[str, str]:
@@ -96,27 +127,41 @@ def dev(device: str) -> dict[str, str]:
     return {f"feature.node.kubernetes.io/pci-10de_{device}.present": "true"}
 
 
-@pytest.mark.parametrize(("labels", "capable"), [
-    ({"nvidia.com/mig.capable": "true"}, True),
-    ({"nvidia.com/mig.capable": "false", **dev("2330")}, False),  # GFD's word wins
-    ({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, False),  # no product-name guess
-    ({"nvidia.com/gpu.product": "NVIDIA-L40S"}, False),
-    ({**dev("2330"), "nvidia.com/vgpu.host-driver-version": "550"}, False),
-    (dev("2236"), False),  # A10
-    (dev("26b9"), False),  # L40S
-    ({**dev("26b9"), **dev("2330")}, True),  # one MIG-capable model is enough
-    ({"feature.node.kubernetes.io/pci-10de_2330.present": "false"}, False),
-])
+@pytest.mark.parametrize(
+    ("labels", "capable"),
+    [
+        ({"nvidia.com/mig.capable": "true"}, True),
+        ({"nvidia.com/mig.capable": "false", **dev("2330")}, False),  # GFD's word wins
+        ({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, False),  # no product-name guess
+        ({"nvidia.com/gpu.product": "NVIDIA-L40S"}, False),
+        ({**dev("2330"), "nvidia.com/vgpu.host-driver-version": "550"}, False),
+        (dev("2236"), False),  # A10
+        (dev("26b9"), False),  # L40S
+        ({**dev("26b9"), **dev("2330")}, True),  # one MIG-capable model is enough
+        ({"feature.node.kubernetes.io/pci-10de_2330.present": "false"}, False),
+    ],
+)
 def test_mig_capable(labels: dict[str, str], capable: bool) -> None:
     assert mig_capable(labels) is capable
 
 
 # Device IDs of every MIG-capable model our MIG layouts list (mig-layouts.txt), by name.
-@pytest.mark.parametrize(("model", "device"), [
-    ("A30", "20b7"), ("A100 SXM4 40GB", "20b0"), ("A100 SXM4 80GB", "20b2"), ("A100 PCIe 80GB", "20b5"),
-    ("H100 SXM5", "2330"), ("H100 PCIe", "2331"), ("H100 NVL", "2321"), ("H200 SXM", "2335"),
-    ("GH200", "2342"), ("B200", "2901"), ("GB200", "2941"),
-])
+@pytest.mark.parametrize(
+    ("model", "device"),
+    [
+        ("A30", "20b7"),
+        ("A100 SXM4 40GB", "20b0"),
+        ("A100 SXM4 80GB", "20b2"),
+        ("A100 PCIe 80GB", "20b5"),
+        ("H100 SXM5", "2330"),
+        ("H100 PCIe", "2331"),
+        ("H100 NVL", "2321"),
+        ("H200 SXM", "2335"),
+        ("GH200", "2342"),
+        ("B200", "2901"),
+        ("GB200", "2941"),
+    ],
+)
 def test_every_mig_capable_model_is_known_by_its_device_id(model: str, device: str) -> None:
     assert mig_capable({**GPU, **dev(device)}), model
 
@@ -139,19 +184,27 @@ def test_upgrade_annotation_follows_policy() -> None:
     on = LabelPolicy(driver_auto_upgrade=True)
     assert desired_change(dict(GPU), {}, on).annotations == {UPGRADE_ENABLED_ANNOTATION: "true"}
     assert desired_change(dict(GPU), {UPGRADE_ENABLED_ANNOTATION: "true"}, LabelPolicy()).annotations == {
-        UPGRADE_ENABLED_ANNOTATION: None}
+        UPGRADE_ENABLED_ANNOTATION: None
+    }
 
 
 def test_label_policy_of_a_stored_spec_defaults_and_values() -> None:
     assert policy_of({}) == LabelPolicy(mig_config_default=None)
     assert policy_of({"sandboxWorkloads": {"mode": "firecracker"}}) is None  # the model rejects it
-    spec = {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu", "mode": "kata"},
-            "migManager": {"enabled": False, "config": {"default": "all-disabled"}},
-            "driver": {"upgradePolicy": {"autoUpgrade": True}}}
+    spec = {
+        "sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-vgpu", "mode": "kata"},
+        "migManager": {"enabled": False, "config": {"default": "all-disabled"}},
+        "driver": {"upgradePolicy": {"autoUpgrade": True}},
+    }
     policy = policy_of(spec)
-    assert policy == LabelPolicy(sandbox_enabled=True, default_workload="vm-vgpu", sandbox_mode="kata",
-                                 mig_manager_enabled=False, mig_config_default="all-disabled",
-                                 driver_auto_upgrade=False)  # sandbox turns auto-upgrade off
+    assert policy == LabelPolicy(
+        sandbox_enabled=True,
+        default_workload="vm-vgpu",
+        sandbox_mode="kata",
+        mig_manager_enabled=False,
+        mig_config_default="all-disabled",
+        driver_auto_upgrade=False,
+    )  # sandbox turns auto-upgrade off
     assert label_policy({"driver": {"upgradePolicy": {"autoUpgrade": True}}}).driver_auto_upgrade
 
 
@@ -163,8 +216,17 @@ def test_merge_patch_shape() -> None:
 
 
 # -- mixed nodes (ours): the passthrough list annotation puts both stacks on the node ------------------
-PASSTHROUGH_STACK = {deploy_label(c) for c in ("sandbox-device-plugin", "sandbox-validator", "vfio-manager",
-                                               "kata-manager", "cc-manager", "client")}
+PASSTHROUGH_STACK = {
+    deploy_label(c)
+    for c in (
+        "sandbox-device-plugin",
+        "sandbox-validator",
+        "vfio-manager",
+        "kata-manager",
+        "cc-manager",
+        "client",
+    )
+}
 MIXED = {"nvidia.com/gpu.passthrough.devices": "0000:0a:00.0,18:00.0"}
 H100 = {**GPU, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
@@ -193,8 +255,14 @@ PAUSABLE = [deploy_label(c) for c in ("device-plugin", "gpu-feature-discovery", 
 
 
 def _paused_node() -> dict[str, str]:
-    labels = {**GPU, "nvidia.com/gpu.present": "true", **{k: "true" for k in CONTAINER},
-              MIG_MANAGER: "true", MIG_CONFIG: "all-1g.10gb", "nvidia.com/mig.config.state": "pending"}
+    labels = {
+        **GPU,
+        "nvidia.com/gpu.present": "true",
+        **{k: "true" for k in CONTAINER},
+        MIG_MANAGER: "true",
+        MIG_CONFIG: "all-1g.10gb",
+        "nvidia.com/mig.config.state": "pending",
+    }
     labels.update({k: "paused-for-mig-change" for k in PAUSABLE})
     labels[deploy_label("dcgm")] = "false"  # a client the user turned off: the MIG manager keeps it false
     return labels

@@ -14,18 +14,33 @@ from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, 
 STARTUP = "startup-taint.cluster-autoscaler.kubernetes.io/nvidia-gpu-not-validated"
 
 
-def body(taints: list[dict[str, str]], conditions: list[dict[str, str]], notes: dict[str, str] | None = None
-         ) -> dict[str, Any]:
-    return {"metadata": {"name": "n1", "labels": {HEALTH_STATE: "draining", "kubernetes.io/os": "linux"},
-                         "annotations": {HEALTH_REPORT_ANNOTATION: '{"validated": true}',
-                                         "nvidia.com/gpu-health.attempts": "1", **(notes or {})}},
-            "spec": {"taints": taints}, "status": {"conditions": conditions}}
+def body(
+    taints: list[dict[str, str]], conditions: list[dict[str, str]], notes: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "n1",
+            "labels": {HEALTH_STATE: "draining", "kubernetes.io/os": "linux"},
+            "annotations": {
+                HEALTH_REPORT_ANNOTATION: '{"validated": true}',
+                "nvidia.com/gpu-health.attempts": "1",
+                **(notes or {}),
+            },
+        },
+        "spec": {"taints": taints},
+        "status": {"conditions": conditions},
+    }
 
 
 OURS = [{"key": HEALTH_TAINT, "effect": "NoSchedule"}, {"key": STARTUP, "effect": "NoSchedule"}]
 OTHER = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
 COND = {"type": HEALTH_CONDITION, "status": "False", "reason": "GPUUnhealthy", "message": "GPU x"}
-READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}
+READY = {
+    "type": "Ready",
+    "status": "True",
+    "reason": "KubeletReady",
+    "message": "kubelet is posting ready status",
+}
 
 
 def test_view_keeps_our_taints_condition_and_annotations() -> None:

@@ -35,7 +35,9 @@ def view(name: str, **labels: str) -> NodeView:
 def test_owner_label_and_annotation_follow_the_owner() -> None:
     change = desired_change(dict(GPU), {}, CRD, NodeDriver(owner="pool-a"))
     assert change.labels[OWNER] == "pool-a" and change.annotations[ENABLED] == "true"
-    off = desired_change({**GPU, OWNER: "pool-a"}, {ENABLED: "true"}, CRD, NodeDriver("pool-a", auto_upgrade=False))
+    off = desired_change(
+        {**GPU, OWNER: "pool-a"}, {ENABLED: "true"}, CRD, NodeDriver("pool-a", auto_upgrade=False)
+    )
     assert OWNER not in off.labels and off.annotations == {ENABLED: None}
     gone = desired_change({**GPU, OWNER: "pool-a"}, {ENABLED: "true"}, CRD, NodeDriver(owner=None))
     assert gone.labels[OWNER] is None and gone.annotations[ENABLED] is None
@@ -64,7 +66,10 @@ def test_without_the_crd_the_owner_label_goes_and_the_policy_decides_the_annotat
 
 
 def test_node_drivers_route_on_every_label_and_see_orphans() -> None:
-    drivers = [nvd("a", nodeSelector={"pool": "a"}, upgradePolicy={"autoUpgrade": False}), nvd("d", default=True)]
+    drivers = [
+        nvd("a", nodeSelector={"pool": "a"}, upgradePolicy={"autoUpgrade": False}),
+        nvd("d", default=True),
+    ]
     nodes = [view("n1", pool="a"), view("n2"), NodeView.of({"metadata": {"name": "cpu", "labels": {}}})]
     pods = [DriverPodView("p", "n2", running=True, orphaned=True), DriverPodView("q", "n1", True, False)]
     got = node_drivers(drivers, nodes, pods)
@@ -72,7 +77,10 @@ def test_node_drivers_route_on_every_label_and_see_orphans() -> None:
 
 
 def test_a_conflicting_node_stays_with_its_current_owner() -> None:
-    drivers = [nvd("a", nodeSelector={"pool": "a"}), nvd("wide", nodeSelector={"nvidia.com/gpu.present": "true"})]
+    drivers = [
+        nvd("a", nodeSelector={"pool": "a"}),
+        nvd("wide", nodeSelector={"nvidia.com/gpu.present": "true"}),
+    ]
     nodes = [view("n1", pool="a", **{OWNER: "a"}), view("n2", pool="a")]
     routing = routing_of(drivers, nodes)
     assert routing.conflicts == {"n1": ("a", "wide"), "n2": ("a", "wide")}
@@ -80,16 +88,21 @@ def test_a_conflicting_node_stays_with_its_current_owner() -> None:
 
 
 def test_driver_pod_view() -> None:
-    body: dict[str, Any] = {"metadata": {"name": "p", "ownerReferences": [{"controller": True, "uid": "u"}]},
-            "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}
+    body: dict[str, Any] = {
+        "metadata": {"name": "p", "ownerReferences": [{"controller": True, "uid": "u"}]},
+        "spec": {"nodeName": "n"},
+        "status": {"phase": "Running"},
+    }
     assert DriverPodView.of(body) == DriverPodView("p", "n", running=True, orphaned=False)
     body["metadata"]["ownerReferences"] = []
     assert DriverPodView.of(body).orphaned
 
 
 def test_upgrade_groups_one_per_owner_with_its_own_policy() -> None:
-    drivers = [nvd("b", nodeSelector={"pool": "b"}, upgradePolicy={"autoUpgrade": False, "maxParallelUpgrades": 3}),
-               nvd("a", nodeSelector={"pool": "a"})]
+    drivers = [
+        nvd("b", nodeSelector={"pool": "b"}, upgradePolicy={"autoUpgrade": False, "maxParallelUpgrades": 3}),
+        nvd("a", nodeSelector={"pool": "a"}),
+    ]
     nodes = [view("n2", **{OWNER: "a"}), view("n1", **{OWNER: "a"}), view("n3", **{OWNER: "b"}), view("n4")]
     groups = upgrade_groups(drivers, nodes)
     assert [(g.owner, g.nodes) for g in groups] == [("a", ("n1", "n2")), ("b", ("n3",))]

@@ -36,8 +36,11 @@ def test_the_units_reconcile_the_read_models_snapshot(version: str) -> None:
     kube: Any = None
     settings = OperatorSettings()
     images = dict(CHART_DEFAULT_IMAGES)
-    units: list[Any] = [ClusterPolicyUnit(kube, settings, model, images, lambda: False),
-                        NVIDIADriverUnit(kube, settings, model, images), GPUClusterUnit(kube, settings, model, images)]
+    units: list[Any] = [
+        ClusterPolicyUnit(kube, settings, model, images, lambda: False),
+        NVIDIADriverUnit(kube, settings, model, images),
+        GPUClusterUnit(kube, settings, model, images),
+    ]
     seen: list[ReadSnapshot] = []
 
     async def reconcile(snap: ReadSnapshot) -> Any:
@@ -55,11 +58,21 @@ def test_the_units_reconcile_the_read_models_snapshot(version: str) -> None:
 @pytest.mark.parametrize("openshift", [True, False])
 def test_the_dra_stack_gets_sccs_only_on_openshift(openshift: bool) -> None:
     kube = CRDKube({})
-    body = {"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
-            "metadata": {"name": "gpu-cluster", "uid": "gc-uid", "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"]},
-            "spec": {"draDriver": {}}}
-    snap = ReadSnapshot("gpu-operator", ClusterInfo(openshift_version="4.17" if openshift else ""),
-                        gpuclusters=(GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body),))
+    body = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {
+            "name": "gpu-cluster",
+            "uid": "gc-uid",
+            "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"],
+        },
+        "spec": {"draDriver": {}},
+    }
+    snap = ReadSnapshot(
+        "gpu-operator",
+        ClusterInfo(openshift_version="4.17" if openshift else ""),
+        gpuclusters=(GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body),),
+    )
     asyncio.run(GPUClusterReconciler(kube, images=CHART_DEFAULT_IMAGES).reconcile(snap))  # type: ignore[arg-type]
     sccs = [o["metadata"]["name"] for o in kube.live.values() if o["kind"] == "SecurityContextConstraints"]
     assert bool(sccs) is openshift

@@ -109,8 +109,9 @@ class FakeKube:
         self.peak = 0
         self.refuse = refuse or set()
 
-    async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
-                          namespace: str | None = None) -> None:
+    async def merge_patch(
+        self, api_version: str, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None
+    ) -> None:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         await asyncio.sleep(0.001)
@@ -142,7 +143,9 @@ def test_one_patch_per_changed_node_and_the_gate_bounds_them() -> None:
     assert sorted(report.patched) == sorted(wanted)
 
 
-def test_the_first_patch_leaves_before_the_fleets_changes_are_all_known(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_first_patch_leaves_before_the_fleets_changes_are_all_known(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     computed: list[str] = []
 
     def counting(*args: Any, **kwargs: Any) -> Any:
@@ -152,8 +155,9 @@ def test_the_first_patch_leaves_before_the_fleets_changes_are_all_known(monkeypa
     class Recording(FakeKube):
         computed_at_first_patch: int | None = None
 
-        async def merge_patch(self, api_version: str, kind: str, name: str, patch: dict[str, Any],
-                              namespace: str | None = None) -> None:
+        async def merge_patch(
+            self, api_version: str, kind: str, name: str, patch: dict[str, Any], namespace: str | None = None
+        ) -> None:
             if self.computed_at_first_patch is None:
                 self.computed_at_first_patch = len(computed)
             await super().merge_patch(api_version, kind, name, patch, namespace)

@@ -12,8 +12,14 @@ from gpu_operator.kube.client import Kube
 
 def _policy(psa: dict[str, Any] | None) -> ClusterPolicy:
     spec: dict[str, Any] = {} if psa is None else {"psa": psa}
-    return ClusterPolicy.model_validate({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                         "metadata": {"name": "cluster-policy"}, "spec": spec})
+    return ClusterPolicy.model_validate(
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "cluster-policy"},
+            "spec": spec,
+        }
+    )
 
 
 class Patches:
@@ -30,7 +36,8 @@ def test_only_an_enabled_psa_asks_for_labels() -> None:
     assert namespace_labels(_policy({"enabled": True})) == {
         "pod-security.kubernetes.io/enforce": "privileged",
         "pod-security.kubernetes.io/audit": "privileged",
-        "pod-security.kubernetes.io/warn": "privileged"}
+        "pod-security.kubernetes.io/warn": "privileged",
+    }
 
 
 def test_the_namespace_is_patched_once_and_only_when_asked() -> None:
@@ -43,7 +50,10 @@ def test_the_namespace_is_patched_once_and_only_when_asked() -> None:
         for _ in range(3):
             await labeller.ensure(_policy({"enabled": True}), "gpu-operator")
         await labeller.ensure(_policy({"enabled": True}), "other")
+
     asyncio.run(run())
-    assert [(kind, name) for _, kind, name, _ in patches.sent] == [("Namespace", "gpu-operator"),
-                                                                 ("Namespace", "other")]
+    assert [(kind, name) for _, kind, name, _ in patches.sent] == [
+        ("Namespace", "gpu-operator"),
+        ("Namespace", "other"),
+    ]
     assert patches.sent[0][3]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"

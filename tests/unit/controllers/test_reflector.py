@@ -25,12 +25,21 @@ GPU = {"feature.node.kubernetes.io/pci-10de.present": "true", "kubernetes.io/hos
 
 
 def node(name: str, rv: str, labels: dict[str, str] | None = None, heartbeat: str = "t0") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "resourceVersion": rv, "labels": labels or dict(GPU),
-                         "annotations": {"nvidia.com/gpu-driver-upgrade-enabled": "true", "other": "x"},
-                         "managedFields": [{"manager": "kwok"}]},
-            "status": {"nodeInfo": {"kernelVersion": "6.8", "containerRuntimeVersion": "containerd://2.1"},
-                       "conditions": [{"type": "Ready", "lastHeartbeatTime": heartbeat}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "resourceVersion": rv,
+            "labels": labels or dict(GPU),
+            "annotations": {"nvidia.com/gpu-driver-upgrade-enabled": "true", "other": "x"},
+            "managedFields": [{"manager": "kwok"}],
+        },
+        "status": {
+            "nodeInfo": {"kernelVersion": "6.8", "containerRuntimeVersion": "containerd://2.1"},
+            "conditions": [{"type": "Ready", "lastHeartbeatTime": heartbeat}],
+        },
+    }
 
 
 def node_list(items: list[dict[str, Any]], rv: str, cont: str | None = None) -> httpx2.Response:
@@ -46,7 +55,10 @@ def stream(*events: tuple[str, dict[str, Any]]) -> httpx2.Response:
 
 
 def gone_event() -> tuple[str, dict[str, Any]]:
-    return ("ERROR", {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"})
+    return (
+        "ERROR",
+        {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"},
+    )
 
 
 class Script:
@@ -78,7 +90,7 @@ async def serve(script: Script, reader: asyncio.StreamReader, writer: asyncio.St
     if request.url.params.get("watch") == "true":
         writer.write(f"{status}Transfer-Encoding: chunked\r\n\r\n".encode())
         for at in range(0, len(body), 7):
-            piece = body[at:at + 7]
+            piece = body[at : at + 7]
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
         writer.write(b"0\r\n\r\n")
@@ -88,7 +100,9 @@ async def serve(script: Script, reader: asyncio.StreamReader, writer: asyncio.St
     writer.close()
 
 
-async def run(script: Script, made: list[str] | None = None) -> tuple[NodeReflector, list[tuple[str, NodeView | None]]]:
+async def run(
+    script: Script, made: list[str] | None = None
+) -> tuple[NodeReflector, list[tuple[str, NodeView | None]]]:
     """Run the reflector through the script; `made` gets the name of each node a view is made of."""
     changes: list[tuple[str, NodeView | None]] = []
     server = await asyncio.start_server(lambda r, w: serve(script, r, w), "127.0.0.1", 0)
@@ -97,8 +111,13 @@ async def run(script: Script, made: list[str] | None = None) -> tuple[NodeReflec
     config = KubeConfig.from_server(url).get()
     assert config is not None
     streams = LineStreams(config)
-    reflector = NodeReflector(http, streams, lambda name, view: changes.append((name, view)),
-                              backoff=Backoff(initial=0.0, cap=0.0), page_size=2)
+    reflector = NodeReflector(
+        http,
+        streams,
+        lambda name, view: changes.append((name, view)),
+        backoff=Backoff(initial=0.0, cap=0.0),
+        page_size=2,
+    )
     if made is not None:
         reflector.to_view = lambda node: made.append(node.metadata.name) or view_of(node)  # type: ignore[func-returns-value]
     async with server:
@@ -108,11 +127,13 @@ async def run(script: Script, made: list[str] | None = None) -> tuple[NodeReflec
 
 
 def test_paged_list_then_watch_from_the_list_version() -> None:
-    script = Script([
-        lambda: node_list([node("a", "1"), node("b", "2")], "10", cont="page2"),
-        lambda: node_list([node("c", "3")], "10"),
-        lambda: stream(("MODIFIED", node("a", "11", heartbeat="t1"))),
-    ])
+    script = Script(
+        [
+            lambda: node_list([node("a", "1"), node("b", "2")], "10", cont="page2"),
+            lambda: node_list([node("c", "3")], "10"),
+            lambda: stream(("MODIFIED", node("a", "11", heartbeat="t1"))),
+        ]
+    )
     reflector, changes = asyncio.run(run(script))
     assert script.requests[0] == {"limit": "2"}
     assert script.requests[1] == {"limit": "2", "continue": "page2"}
@@ -126,13 +147,17 @@ def test_paged_list_then_watch_from_the_list_version() -> None:
 
 def test_resume_from_the_last_event_and_bookmark() -> None:
     labelled = {**GPU, "nvidia.com/gpu.present": "true"}
-    script = Script([
-        lambda: node_list([node("a", "1")], "10"),
-        lambda: stream(("MODIFIED", node("a", "12", labels=labelled)), ("BOOKMARK", {"kind": "Node",
-                       "metadata": {"resourceVersion": "20"}})),
-        lambda: httpx2.Response(500, json={"kind": "Status", "code": 500}),
-        lambda: stream(("DELETED", node("a", "21"))),
-    ])
+    script = Script(
+        [
+            lambda: node_list([node("a", "1")], "10"),
+            lambda: stream(
+                ("MODIFIED", node("a", "12", labels=labelled)),
+                ("BOOKMARK", {"kind": "Node", "metadata": {"resourceVersion": "20"}}),
+            ),
+            lambda: httpx2.Response(500, json={"kind": "Status", "code": 500}),
+            lambda: stream(("DELETED", node("a", "21"))),
+        ]
+    )
     reflector, changes = asyncio.run(run(script))
     # The stream ended: resumed from the bookmark's version; after a 500, from the same version.
     assert [r.get("resourceVersion") for r in script.requests[1:4]] == ["10", "20", "20"]
@@ -152,17 +177,23 @@ def test_gone_lists_again_and_reports_what_changed_meanwhile(gone: str) -> None:
             return httpx2.Response(410, json={"kind": "Status", "code": 410, "reason": "Expired"})
         return stream(gone_event())
 
-    script = Script([
-        lambda: node_list([node("a", "1"), node("b", "2")], "10"),
-        answer_gone,
-        # Meanwhile b was deleted, a relabelled and c added: the relist reports exactly that.
-        lambda: node_list([node("a", "30", labels=labelled), node("c", "31")], "40"),
-        lambda: stream(("BOOKMARK", {"kind": "Node", "metadata": {"resourceVersion": "41"}})),
-    ])
+    script = Script(
+        [
+            lambda: node_list([node("a", "1"), node("b", "2")], "10"),
+            answer_gone,
+            # Meanwhile b was deleted, a relabelled and c added: the relist reports exactly that.
+            lambda: node_list([node("a", "30", labels=labelled), node("c", "31")], "40"),
+            lambda: stream(("BOOKMARK", {"kind": "Node", "metadata": {"resourceVersion": "41"}})),
+        ]
+    )
     reflector, changes = asyncio.run(run(script))
     assert "limit" in script.requests[2] and "resourceVersion" not in script.requests[2]
     assert script.requests[3]["resourceVersion"] == "40"
-    assert [(name, view is not None) for name, view in changes[2:]] == [("a", True), ("c", True), ("b", False)]
+    assert [(name, view is not None) for name, view in changes[2:]] == [
+        ("a", True),
+        ("c", True),
+        ("b", False),
+    ]
     assert sorted(reflector.views) == ["a", "c"]
 
 
@@ -170,26 +201,39 @@ def test_a_heartbeat_makes_no_view() -> None:
     """What was decoded of a node is fingerprinted: a heartbeat (only its resourceVersion and the
     heartbeat time differ) costs no view; a label change, a node deleted and added back do."""
     labelled = {**GPU, "nvidia.com/gpu.present": "true"}
-    script = Script([
-        lambda: node_list([node("a", "1"), node("b", "2")], "10"),
-        lambda: stream(("MODIFIED", node("a", "11", heartbeat="t1")), ("MODIFIED", node("b", "12", labels=labelled)),
-                       ("MODIFIED", node("a", "13", heartbeat="t2")), ("DELETED", node("a", "14", heartbeat="t2")),
-                       ("ADDED", node("a", "15", heartbeat="t2"))),
-    ])
+    script = Script(
+        [
+            lambda: node_list([node("a", "1"), node("b", "2")], "10"),
+            lambda: stream(
+                ("MODIFIED", node("a", "11", heartbeat="t1")),
+                ("MODIFIED", node("b", "12", labels=labelled)),
+                ("MODIFIED", node("a", "13", heartbeat="t2")),
+                ("DELETED", node("a", "14", heartbeat="t2")),
+                ("ADDED", node("a", "15", heartbeat="t2")),
+            ),
+        ]
+    )
     made: list[str] = []
     reflector, changes = asyncio.run(run(script, made))
     assert made == ["a", "b", "b", "a"]
-    assert [(name, view is not None) for name, view in changes] == [("a", True), ("b", True), ("b", True),
-                                                                   ("a", False), ("a", True)]
+    assert [(name, view is not None) for name, view in changes] == [
+        ("a", True),
+        ("b", True),
+        ("b", True),
+        ("a", False),
+        ("a", True),
+    ]
     assert reflector.resource_version == "15"
 
 
 def test_a_failed_first_list_is_retried_before_any_watch() -> None:
-    script = Script([
-        lambda: httpx2.Response(503, json={"kind": "Status", "code": 503}),
-        lambda: node_list([node("a", "1")], "10"),
-        lambda: stream(),
-    ])
+    script = Script(
+        [
+            lambda: httpx2.Response(503, json={"kind": "Status", "code": 503}),
+            lambda: node_list([node("a", "1")], "10"),
+            lambda: stream(),
+        ]
+    )
     reflector, _ = asyncio.run(run(script))
     assert "limit" in script.requests[0] and "limit" in script.requests[1]
     assert script.requests[2]["resourceVersion"] == "10"

@@ -31,8 +31,9 @@ def test_equal_inputs_render_once_and_give_the_same_result() -> None:
     again, problems_again = r._render(policy(), facts("dgx-h100:3"))  # equal, not the same objects
     assert r.renders == 1
     assert again is first and problems_again is problems
-    assert [o for s in again.states for o in s.objects] == \
-        [o for s in render(policy(), facts("dgx-h100:3")).states for o in s.objects]
+    assert [o for s in again.states for o in s.objects] == [
+        o for s in render(policy(), facts("dgx-h100:3")).states for o in s.objects
+    ]
 
 
 @pytest.mark.parametrize("change", ["spec", "name", "node label", "node added", "runtime", "cluster"])
@@ -48,14 +49,20 @@ def test_a_change_of_any_input_renders_again(change: str) -> None:
         p.metadata.name = "other"
     elif change == "node label":
         first = f.nodes[0]
-        moved = NodeFacts(first.name, {**first.labels, "nvidia.com/gpu.deploy.dcgm-exporter": "false"},
-                          runtime_version=first.runtime_version, kernel_version=first.kernel_version)
+        moved = NodeFacts(
+            first.name,
+            {**first.labels, "nvidia.com/gpu.deploy.dcgm-exporter": "false"},
+            runtime_version=first.runtime_version,
+            kernel_version=first.kernel_version,
+        )
         f = dataclasses.replace(f, nodes=(moved, *f.nodes[1:]))
     elif change == "node added":
         f = facts("dgx-h100:4")
     elif change == "runtime":
         first = f.nodes[0]
-        f = dataclasses.replace(f, nodes=(dataclasses.replace(first, runtime_version="cri-o://1.30.0"), *f.nodes[1:]))
+        f = dataclasses.replace(
+            f, nodes=(dataclasses.replace(first, runtime_version="cri-o://1.30.0"), *f.nodes[1:])
+        )
     else:
         f = ClusterFacts.of(f.nodes, namespace="elsewhere", k8s_version="1.36.3", operator_env=IMAGES)
     result, _ = r._render(p, f)
@@ -76,11 +83,13 @@ def test_the_applier_stamps_a_result_once_per_owner_reference() -> None:
     ref = owner_reference(view)
     stamped = applier._stamp(result, view, ref)
     assert applier._stamp(result, view, dict(ref)) is stamped  # an equal reference: reused
-    assert all(v.applied_hash == body["metadata"]["annotations"][HASH_ANNOTATION]
-               for _, body, v in stamped)
+    assert all(v.applied_hash == body["metadata"]["annotations"][HASH_ANNOTATION] for _, body, v in stamped)
     other = render(policy(), facts("dgx-h100:2"))  # an equal result, but not the one reused
     assert applier._stamp(other, view, ref) is not stamped
     moved = owner("u2")
-    assert applier._stamp(other, moved, owner_reference(moved))[0][1]["metadata"]["ownerReferences"][0]["uid"] == "u2"
+    assert (
+        applier._stamp(other, moved, owner_reference(moved))[0][1]["metadata"]["ownerReferences"][0]["uid"]
+        == "u2"
+    )
     applier.forget_others({"u2"})
     assert set(applier._stamped) == {"u2"}

@@ -29,17 +29,29 @@ def operator_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         seen.update(environment.images)
         seen["namespace"] = environment.namespace
         return 0
+
     monkeypatch.setattr(run_module, "run", loop)
     return seen
 
 
 def test_without_image_variables_the_charts_defaults_apply_in_one_line(
-        operator_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    operator_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("DRIVER_IMAGE", "registry.example.com/nvidia/driver:580.95.05")
     monkeypatch.setenv("GDS_IMAGE", "")  # set empty on purpose: no fallback
     caplog.set_level(logging.INFO, logger="gpu_operator")
-    result = CliRunner().invoke(app, ["run", "--namespace", "gpu-operator", "--metrics-bind-address", "0",
-                                      "--health-probe-bind-address", "0"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--namespace",
+            "gpu-operator",
+            "--metrics-bind-address",
+            "0",
+            "--health-probe-bind-address",
+            "0",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert operator_env["DRIVER_IMAGE"] == "registry.example.com/nvidia/driver:580.95.05"
     assert "GDS_IMAGE" not in operator_env  # no fallback: the renderer's own default rule applies

@@ -18,9 +18,13 @@ def test_a_k3s_gpu_node_is_labelled_with_the_patch_that_places_the_toolkit() -> 
 
 
 def test_stock_containerd_carries_no_label_and_a_stale_one_goes() -> None:
-    assert RUNTIME_GROUP not in desired_change(dict(GPU), {}, LabelPolicy(), runtime_group="containerd").labels
+    assert (
+        RUNTIME_GROUP not in desired_change(dict(GPU), {}, LabelPolicy(), runtime_group="containerd").labels
+    )
     labelled = {**GPU, RUNTIME_GROUP: "k3s"}
-    assert desired_change(labelled, {}, LabelPolicy(), runtime_group="containerd").labels[RUNTIME_GROUP] is None
+    assert (
+        desired_change(labelled, {}, LabelPolicy(), runtime_group="containerd").labels[RUNTIME_GROUP] is None
+    )
 
 
 def test_no_label_without_a_gpu_and_none_rewritten() -> None:

@@ -13,8 +13,12 @@ from gpu_operator.render.facts import ClusterFacts, NodeFacts
 from gpu_operator.vocabulary import GPU_PRESENT, NOT_READY, RUNTIME_NOT_RECOGNISED
 
 POLICY = ClusterPolicy.model_validate({"metadata": {"name": "cluster-policy"}, "spec": {}})
-FACTS = ClusterFacts.of([NodeFacts("gpu-a", {GPU_PRESENT: "true"}, runtime_version="containerd://1.7.27"),
-                         NodeFacts("gpu-odd", {GPU_PRESENT: "true"}, runtime_version="frakti://0.3")])
+FACTS = ClusterFacts.of(
+    [
+        NodeFacts("gpu-a", {GPU_PRESENT: "true"}, runtime_version="containerd://1.7.27"),
+        NodeFacts("gpu-odd", {GPU_PRESENT: "true"}, runtime_version="frakti://0.3"),
+    ]
+)
 READY = st.outcome([], True, True)
 
 
@@ -30,7 +34,11 @@ def test_status_names_the_node() -> None:
     problems = runtimes.unserved_nodes(POLICY, FACTS)
     assert list(problems) == ["gpu-odd"]
     result = runtimes.outcome(READY, problems)
-    assert (result.state, result.reason, result.message) == (NOT_READY, RUNTIME_NOT_RECOGNISED, problems["gpu-odd"])
+    assert (result.state, result.reason, result.message) == (
+        NOT_READY,
+        RUNTIME_NOT_RECOGNISED,
+        problems["gpu-odd"],
+    )
 
 
 def test_a_failure_keeps_its_own_message_and_none_changes_nothing() -> None:
@@ -44,5 +52,6 @@ def test_one_event_per_node_and_message() -> None:
     problems = runtimes.unserved_nodes(POLICY, FACTS)
     for _ in range(2):
         asyncio.run(runtimes.node_events(kube, problems, sent))  # type: ignore[arg-type]
-    assert kube.sent == [({"apiVersion": "v1", "kind": "Node", "name": "gpu-odd"}, RUNTIME_NOT_RECOGNISED,
-                          problems["gpu-odd"])]
+    assert kube.sent == [
+        ({"apiVersion": "v1", "kind": "Node", "name": "gpu-odd"}, RUNTIME_NOT_RECOGNISED, problems["gpu-odd"])
+    ]

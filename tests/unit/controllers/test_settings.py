@@ -24,8 +24,12 @@ def _field_docstrings(cls: type) -> dict[str, str]:
     assert isinstance(body, ast.ClassDef)
     docs: dict[str, str] = {}
     for node, after in zip(body.body, body.body[1:], strict=False):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        ):
             docs[node.target.id] = str(after.value.value)
     return docs
 

@@ -14,26 +14,46 @@ def ds(generation: int = 1, **status: int) -> dict[str, Any]:
     return {"metadata": {"generation": generation}, "status": status}
 
 
-@pytest.mark.parametrize(("obj", "ready"), [
-    (ds(0), True),  # desired 0
-    (ds(), False),  # a new DaemonSet not yet seen by its controller
-    (ds(observedGeneration=1), True),
-    (ds(desiredNumberScheduled=2, numberUnavailable=1), False),
-    (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2), True),
-    (ds(2, desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2), False),
-    (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=1, numberAvailable=2), False),
-    (ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=1), False),
-])
+@pytest.mark.parametrize(
+    ("obj", "ready"),
+    [
+        (ds(0), True),  # desired 0
+        (ds(), False),  # a new DaemonSet not yet seen by its controller
+        (ds(observedGeneration=1), True),
+        (ds(desiredNumberScheduled=2, numberUnavailable=1), False),
+        (
+            ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2),
+            True,
+        ),
+        (
+            ds(
+                2, desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=2
+            ),
+            False,
+        ),
+        (
+            ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=1, numberAvailable=2),
+            False,
+        ),
+        (
+            ds(desiredNumberScheduled=2, observedGeneration=1, updatedNumberScheduled=2, numberAvailable=1),
+            False,
+        ),
+    ],
+)
 def test_daemonset_ready(obj: dict[str, Any], ready: bool) -> None:
     assert st.daemonset_ready(obj) is ready
 
 
-@pytest.mark.parametrize(("not_ready", "nfd", "gpus", "state", "reason"), [
-    (["state-driver"], True, True, vocabulary.NOT_READY, vocabulary.OPERAND_NOT_READY),
-    ([], False, False, vocabulary.READY, vocabulary.NFD_LABELS_MISSING),
-    ([], True, False, vocabulary.READY, vocabulary.NO_GPU_NODES),
-    ([], True, True, vocabulary.READY, vocabulary.RECONCILED),
-])
+@pytest.mark.parametrize(
+    ("not_ready", "nfd", "gpus", "state", "reason"),
+    [
+        (["state-driver"], True, True, vocabulary.NOT_READY, vocabulary.OPERAND_NOT_READY),
+        ([], False, False, vocabulary.READY, vocabulary.NFD_LABELS_MISSING),
+        ([], True, False, vocabulary.READY, vocabulary.NO_GPU_NODES),
+        ([], True, True, vocabulary.READY, vocabulary.RECONCILED),
+    ],
+)
 def test_outcome(not_ready: list[str], nfd: bool, gpus: bool, state: str, reason: str) -> None:
     result = st.outcome(not_ready, nfd, gpus)
     assert (result.state, result.reason) == (state, reason)
@@ -51,7 +71,10 @@ def test_a_joining_unlabelled_node_does_not_change_a_not_ready_message() -> None
     states = ["state-driver", "state-container-toolkit"]
     alone, joining = st.outcome(states, True, True), st.outcome(states, True, True, unlabelled_gpu_nodes=1)
     assert joining == alone
-    assert alone.message == "ClusterPolicy is not ready; states not ready: [state-driver state-container-toolkit]"
+    assert (
+        alone.message
+        == "ClusterPolicy is not ready; states not ready: [state-driver state-container-toolkit]"
+    )
     body = st.status_body(alone, "gpu-operator", None, 1)
     assert not st.status_differs(body, st.status_body(joining, "gpu-operator", body, 1))
 

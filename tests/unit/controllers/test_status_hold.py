@@ -36,7 +36,8 @@ def message(status: dict[str, Any]) -> str:
 
 
 def test_a_new_not_ready_message_waits_out_the_hold_and_a_new_reason_does_not(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     clock = [100.0]
     monkeypatch.setattr(clusterpolicy, "monotonic", lambda: clock[0])
     kube = StatusKube()

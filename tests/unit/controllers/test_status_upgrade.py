@@ -31,9 +31,19 @@ def owned(state: str | None, owner: str = "pool-a", **extra: str) -> dict[str, s
     return labels
 
 
-UPGRADE_STATES = (vocab.UNKNOWN, vocab.UPGRADE_REQUIRED, vocab.CORDON_REQUIRED, vocab.WAIT_FOR_JOBS_REQUIRED,
-                  vocab.POD_DELETION_REQUIRED, vocab.DRAIN_REQUIRED, vocab.POD_RESTART_REQUIRED,
-                  vocab.VALIDATION_REQUIRED, vocab.UNCORDON_REQUIRED, vocab.UPGRADE_DONE, vocab.UPGRADE_FAILED)
+UPGRADE_STATES = (
+    vocab.UNKNOWN,
+    vocab.UPGRADE_REQUIRED,
+    vocab.CORDON_REQUIRED,
+    vocab.WAIT_FOR_JOBS_REQUIRED,
+    vocab.POD_DELETION_REQUIRED,
+    vocab.DRAIN_REQUIRED,
+    vocab.POD_RESTART_REQUIRED,
+    vocab.VALIDATION_REQUIRED,
+    vocab.UNCORDON_REQUIRED,
+    vocab.UPGRADE_DONE,
+    vocab.UPGRADE_FAILED,
+)
 
 
 @pytest.mark.parametrize("state", UPGRADE_STATES)
@@ -89,7 +99,9 @@ def finish(outcome: st.ReconcileOutcome) -> tuple[ReconcileReport, list[dict[str
     body = {"metadata": {"name": "cluster-policy", "uid": "u1"}, "spec": {}, "status": {}}
     view = ClusterPolicyView("cluster-policy", "u1", 1, "t", body)
     report = asyncio.run(
-        reconciler._finish(ReconcileReport(), view, ReadSnapshot("gpu-operator", ClusterInfo("1.36.0")), outcome)
+        reconciler._finish(
+            ReconcileReport(), view, ReadSnapshot("gpu-operator", ClusterInfo("1.36.0")), outcome
+        )
     )
     return report, kube.written
 

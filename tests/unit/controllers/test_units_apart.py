@@ -67,8 +67,10 @@ def test_the_root_reaches_into_no_unit_but_the_manager() -> None:
     inside = set().union(*unit_table(known).values())
     root = {m for m in known if m.startswith(C + ".") and m not in inside} - {f"{C}.manager", U}
     found = reaching(root, inside, graph)
-    assert found == [], "the read side or shared machinery imports a unit (move what it needs to the root):\n" \
+    assert found == [], (
+        "the read side or shared machinery imports a unit (move what it needs to the root):\n"
         + "\n".join(found)
+    )
 
 
 def _take_back_modules(table: Mapping[str, set[str]]) -> dict[str, str]:
@@ -87,8 +89,9 @@ def test_each_take_back_step_is_a_unit_folders_and_each_folders_is_registered() 
     folders = _take_back_modules(table)
     steps = take_backs()
     registered = [f"{step.__module__}.{step.__name__}" for step in steps]
-    assert sorted(registered) == sorted(f"{m}.take_back" for m in folders), \
+    assert sorted(registered) == sorted(f"{m}.take_back" for m in folders), (
         "take_backs() lists each unit folder's takeback.take_back, once, and nothing else"
+    )
     assert registered[-1] == f"{U}.labels.takeback.take_back"
     imported = set(reaching({U}, set().union(*table.values()), _graph(known)))
     assert imported == {f"{U} -> {m}" for m in folders} | {f"{U} -> {unit}" for unit in folders.values()}
@@ -114,7 +117,9 @@ ADMIN_INTO_UNITS = {
 def admin_crossings(graph: Mapping[str, set[str]], admin: set[str], inside: set[str]) -> list[str]:
     """`module -> target` for each import of a unit's module by an admin command beyond
     ADMIN_INTO_UNITS (the registry, controllers/units/__init__.py, is no unit's module)."""
-    return [line for m in sorted(admin) for line in reaching({m}, inside - ADMIN_INTO_UNITS.get(m, set()), graph)]
+    return [
+        line for m in sorted(admin) for line in reaching({m}, inside - ADMIN_INTO_UNITS.get(m, set()), graph)
+    ]
 
 
 def test_admin_reaches_the_units_only_through_the_take_back_registry() -> None:
@@ -124,8 +129,10 @@ def test_admin_reaches_the_units_only_through_the_take_back_registry() -> None:
     inside = set().union(*table.values())
     admin = {m for m in known if m.startswith("gpu_operator.admin.")}
     found = admin_crossings(graph, admin, inside)
-    assert found == [], "an admin command imports a unit's module (a take-back step: the unit's takeback.py, " \
+    assert found == [], (
+        "an admin command imports a unit's module (a take-back step: the unit's takeback.py, "
         "registered in controllers/units/__init__.py):\n" + "\n".join(found)
+    )
     assert f"{U}" in graph["gpu_operator.admin.cleanup"], "cleanup runs the registry"
     stale = {m: t - graph.get(m, set()) for m, t in ADMIN_INTO_UNITS.items() if t - graph.get(m, set())}
     assert stale == {}, "ADMIN_INTO_UNITS names imports that are gone"
@@ -133,20 +140,31 @@ def test_admin_reaches_the_units_only_through_the_take_back_registry() -> None:
 
 def test_the_admin_check_sees_a_direct_import_of_a_units_module() -> None:
     inside = {f"{U}.mig.unit", f"{U}.health.dra", f"{U}.health.machine"}
-    graph = {"gpu_operator.admin.cleanup": {U, f"{C}.cleanup"}, "gpu_operator.admin.health_cli": {f"{U}.health.machine"}}
+    graph = {
+        "gpu_operator.admin.cleanup": {U, f"{C}.cleanup"},
+        "gpu_operator.admin.health_cli": {f"{U}.health.machine"},
+    }
     assert admin_crossings(graph, set(graph), inside) == []
     graph["gpu_operator.admin.cleanup"].add(f"{U}.mig.unit")  # planted: cleanup takes MIG's step back itself
     graph["gpu_operator.admin.health_cli"].add(f"{U}.health.dra")
     assert admin_crossings(graph, set(graph), inside) == [
-        f"gpu_operator.admin.cleanup -> {U}.mig.unit", f"gpu_operator.admin.health_cli -> {U}.health.dra"]
+        f"gpu_operator.admin.cleanup -> {U}.mig.unit",
+        f"gpu_operator.admin.health_cli -> {U}.health.dra",
+    ]
 
 
 def test_the_check_sees_a_crossing_import() -> None:
-    table = {f"{U}.mig": {f"{U}.mig", f"{U}.mig.rules"}, f"{U}.labels": {f"{U}.labels", f"{U}.labels.nodelabels"}}
+    table = {
+        f"{U}.mig": {f"{U}.mig", f"{U}.mig.rules"},
+        f"{U}.labels": {f"{U}.labels", f"{U}.labels.nodelabels"},
+    }
     graph = {f"{U}.labels.nodelabels": {f"{U}.mig.rules", f"{C}.queries"}, f"{U}.mig.rules": {f"{U}.mig"}}
     assert crossings(table, graph) == [f"{U}.labels.nodelabels -> {U}.mig.rules"]
     graph[f"{U}.mig.rules"].add(f"{U}.labels")  # a unit's package counts too
-    assert crossings(table, graph) == [f"{U}.labels.nodelabels -> {U}.mig.rules", f"{U}.mig.rules -> {U}.labels"]
+    assert crossings(table, graph) == [
+        f"{U}.labels.nodelabels -> {U}.mig.rules",
+        f"{U}.mig.rules -> {U}.labels",
+    ]
 
 
 def test_the_manager_is_a_registration_list() -> None:

@@ -51,10 +51,14 @@ def test_every_command_block_is_run_or_says_why_not() -> None:
         elif block.marker is not None and not block.is_command_block:
             problems.append(f"{block.id}: a not-run marker on a ```{block.lang} block, which is never run")
         elif block.marker is not None and (block.reason is None or len(block.reason.split()) < 3):
-            problems.append(f"{block.id}: the marker must read <!-- not run here: REASON --> with a reason, "
-                            f"not {block.marker!r}")
+            problems.append(
+                f"{block.id}: the marker must read <!-- not run here: REASON --> with a reason, "
+                f"not {block.marker!r}"
+            )
         elif block.runnable and (problem := runnable_problem(block)):
-            problems.append(f"{block.id}: {problem}: mark it <!-- not run here: REASON --> or make it runnable")
+            problems.append(
+                f"{block.id}: {problem}: mark it <!-- not run here: REASON --> or make it runnable"
+            )
     assert problems == []
 
 
@@ -66,6 +70,7 @@ def test_the_docs_have_blocks_of_both_kinds() -> None:
 
 
 # -- gpu-operator commands and options ------------------------------------------------------------
+
 
 @functools.cache
 def cli() -> Any:
@@ -138,8 +143,9 @@ def named_invocations() -> list[tuple[str, list[str]]]:
                 text = span.replace("\\|", "|").removeprefix("sudo ")
                 if text.startswith("gpu-operator "):
                     where = f"{page.relative_to(docblocks.ROOT)}:{n}"
-                    found.append((where, docblocks.words(text.replace("|", " | ")
-                                                         if " | " in text else text)[1:]))
+                    found.append(
+                        (where, docblocks.words(text.replace("|", " | ") if " | " in text else text)[1:])
+                    )
     return found
 
 
@@ -153,12 +159,19 @@ def test_every_gpu_operator_command_and_option_the_docs_name_exists() -> None:
 def test_the_command_check_finds_what_does_not_exist() -> None:
     assert invocation_problem(["sim", "up", "--shape", "dgx-h100:4", "[--operator]"]) is None
     assert invocation_problem(["status", "[--kubeconfig", "FILE]", "[--max-nodes", "40]"]) is None
-    assert invocation_problem(["render", "--policy", "FILE", "[--nodes", "FILE", "|", "--shape", "...]",
-                               "-o", "yaml|json"]) is None
+    assert (
+        invocation_problem(
+            ["render", "--policy", "FILE", "[--nodes", "FILE", "|", "--shape", "...]", "-o", "yaml|json"]
+        )
+        is None
+    )
     assert invocation_problem(["upgrade", "status|retry", "NODE|pause|resume"]) is None
     assert invocation_problem(["vfio-manage", "persist", "--remove", "--host-root=/"]) is None
     assert invocation_problem(["sim", "demo", "--no-keep"]) is None
-    assert invocation_problem(["sim", "up", "--no-such-flag"]) == "`gpu-operator sim up` has no option --no-such-flag"
+    assert (
+        invocation_problem(["sim", "up", "--no-such-flag"])
+        == "`gpu-operator sim up` has no option --no-such-flag"
+    )
     assert invocation_problem(["sim", "start"]) == "no command `gpu-operator sim start`"
     assert invocation_problem(["upgrade", "status|restart"]) == "no command `gpu-operator upgrade restart`"
     assert invocation_problem(["nvidia-validator"]) == "no command `gpu-operator nvidia-validator`"
@@ -167,17 +180,23 @@ def test_the_command_check_finds_what_does_not_exist() -> None:
 
 
 def test_commands_are_found_in_shell_text() -> None:
-    assert gpu_operator_invocations('eval "$(gpu-operator sim up --shape cpu:1)"') == [["sim", "up", "--shape", "cpu:1"]]
+    assert gpu_operator_invocations('eval "$(gpu-operator sim up --shape cpu:1)"') == [
+        ["sim", "up", "--shape", "cpu:1"]
+    ]
     assert gpu_operator_invocations("for n in a b; do NODE_NAME=$n gpu-operator node probe --once; done") == [
-        ["node", "probe", "--once"]]
+        ["node", "probe", "--once"]
+    ]
     assert gpu_operator_invocations("sudo gpu-operator sim down && ./dev gpu-operator status | head") == [
-        ["sim", "down"], ["status"]]
+        ["sim", "down"],
+        ["status"],
+    ]
     # a namespace or a release called gpu-operator is not the command
     assert gpu_operator_invocations("./dev helm install gpu-operator x.tgz -n gpu-operator") == []
     assert gpu_operator_invocations("gpu-operator status   # exit 1 while not ready") == [["status"]]
 
 
 # -- the marker and the runnable check ------------------------------------------------------------
+
 
 def _page(tmp_path: Path, text: str) -> list[Block]:
     page = tmp_path / "page.md"
@@ -186,32 +205,44 @@ def _page(tmp_path: Path, text: str) -> list[Block]:
 
 
 def test_a_marker_needs_its_reason_and_a_runnable_block_runs_only_what_the_test_can(tmp_path: Path) -> None:
-    (marked, bare, sudo, synopsis, console) = _page(tmp_path, (
-        "<!-- not run here: needs root and a real GPU -->\n```bash\nsudo reboot\n```\n"
-        "<!-- not run here: -->\n```bash\nls\n```\n"
-        "```bash\nsudo gpu-operator sim up --real-node\n```\n"
-        "```bash\ngpu-operator status [--kubeconfig FILE]\n```\n"
-        "```console\n$ gpu-operator sim status\nsimulator in x\n...\n$ kubectl get nodes\n```\n"))
+    (marked, bare, sudo, synopsis, console) = _page(
+        tmp_path,
+        (
+            "<!-- not run here: needs root and a real GPU -->\n```bash\nsudo reboot\n```\n"
+            "<!-- not run here: -->\n```bash\nls\n```\n"
+            "```bash\nsudo gpu-operator sim up --real-node\n```\n"
+            "```bash\ngpu-operator status [--kubeconfig FILE]\n```\n"
+            "```console\n$ gpu-operator sim status\nsimulator in x\n...\n$ kubectl get nodes\n```\n"
+        ),
+    )
     assert (marked.reason, marked.runnable) == ("needs root and a real GPU", False)
     assert bare.reason == "" and not bare.runnable  # and the test above calls it a problem
     assert runnable_problem(sudo) == "needs root (sudo)"
-    assert runnable_problem(synopsis) == "`gpu-operator status [--kubeconfig FILE]` has a placeholder or an [optional] part"
+    assert (
+        runnable_problem(synopsis)
+        == "`gpu-operator status [--kubeconfig FILE]` has a placeholder or an [optional] part"
+    )
     assert runnable_problem(console) is None
     assert [c.output for c in console.commands()] == [("simulator in x", "..."), ()]
 
 
 def test_quoted_output_matches_only_the_real_output() -> None:
-    real = ("NAME          STATUS   AGE\ngpu-cluster   ready    2m3s\n\n"
-            "pod gpu-operator-5c8d9f7b4-x7kqz on 10.244.0.7 (pid 4242)\nlast line\n")
+    real = (
+        "NAME          STATUS   AGE\ngpu-cluster   ready    2m3s\n\n"
+        "pod gpu-operator-5c8d9f7b4-x7kqz on 10.244.0.7 (pid 4242)\nlast line\n"
+    )
     quote = ["NAME STATUS AGE", "gpu-cluster   ready    20s", "..."]
     assert quote_problem(quote, real) is None
-    assert quote_problem(["...", "pod gpu-operator-74cc94f88f-fx6hz on 10.244.0.3 (pid 1)", "last line"], real) is None
+    assert (
+        quote_problem(["...", "pod gpu-operator-74cc94f88f-fx6hz on 10.244.0.3 (pid 1)", "last line"], real)
+        is None
+    )
     assert quote_problem(["...", "last line"], real) is None
     assert quote_problem([], real) is None
-    assert quote_problem(["gpu-cluster ready 20s", "..."], real) is not None        # not where the output starts
+    assert quote_problem(["gpu-cluster ready 20s", "..."], real) is not None  # not where the output starts
     assert quote_problem(["NAME STATUS AGE", "gpu-cluster ready 20s"], real) is not None  # the output goes on
-    assert quote_problem(["...", "gpu-cluster notReady 20s", "..."], real) is not None    # a value differs
-    assert quote_problem(["...", "last line", "NAME STATUS AGE"], real) is not None      # order counts
+    assert quote_problem(["...", "gpu-cluster notReady 20s", "..."], real) is not None  # a value differs
+    assert quote_problem(["...", "last line", "NAME STATUS AGE"], real) is not None  # order counts
 
 
 def test_a_yaml_block_that_names_its_example_file_is_that_file() -> None:
@@ -220,7 +251,11 @@ def test_a_yaml_block_that_names_its_example_file_is_that_file() -> None:
     for page in docblocks.PAGES:
         lines = page.read_text().splitlines()
         for block in docblocks.blocks(page):
-            named = re.search(r"\(`(examples/[\w.-]+\.yaml)`\):$", lines[block.line - 3]) if block.line > 2 else None
+            named = (
+                re.search(r"\(`(examples/[\w.-]+\.yaml)`\):$", lines[block.line - 3])
+                if block.line > 2
+                else None
+            )
             if block.lang == "yaml" and named:
                 shown += 1
                 assert "\n".join(block.body) + "\n" == (docblocks.ROOT / named[1]).read_text(), f"{block.id}"

@@ -103,7 +103,9 @@ def test_the_passes_metric_lists_every_unit_the_manager_builds() -> None:
 
 
 def test_the_readme_and_the_architecture_name_every_unit() -> None:
-    folders = sorted(p.name for p in (SRC / "controllers" / "units").iterdir() if (p / "__init__.py").is_file())
+    folders = sorted(
+        p.name for p in (SRC / "controllers" / "units").iterdir() if (p / "__init__.py").is_file()
+    )
     assert len(folders) == len(built_units()), "one folder per unit under controllers/units/"
     diagram = ARCHITECTURE_MD.read_text()
     assert [m for m in folders if f"(units/{m}/" not in diagram] == []

@@ -38,6 +38,9 @@ def test_docs_name_the_helm_3_that_tools_helm_v3_builds() -> None:
     """docs/helm.md's table of tested Helm versions names the v3 that tools/helm/v3/go.mod pins."""
     pinned = required_version((ROOT / "tools" / "helm" / "v3" / "go.mod").read_text(), "helm.sh/helm/v3")
     assert pinned is not None, "tools/helm/v3/go.mod requires no helm.sh/helm/v3"
-    rows = [line.split("|") for line in (ROOT / "docs" / "helm.md").read_text().splitlines()
-            if line.startswith("| Helm 3 |")]
+    rows = [
+        line.split("|")
+        for line in (ROOT / "docs" / "helm.md").read_text().splitlines()
+        if line.startswith("| Helm 3 |")
+    ]
     assert [row[2].strip() for row in rows] == [pinned]

@@ -31,7 +31,7 @@ def listed() -> tuple[set[str], set[str], list[str]]:  # rooms, other folders, t
             parents = []
             continue
         name = words[0]
-        parents = parents[:depth - 1] + [name.rstrip("/")]
+        parents = parents[: depth - 1] + [name.rstrip("/")]
         rooms.add("/".join(parents))
     return rooms, set(others), layout_block()
 
@@ -39,8 +39,11 @@ def listed() -> tuple[set[str], set[str], list[str]]:  # rooms, other folders, t
 def tree_rooms() -> set[str]:
     found = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     found |= {p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
-    found |= {f"controllers/{p.name}" for p in (PACKAGE / "controllers").iterdir()
-              if p.is_dir() and (p / "__init__.py").exists()}
+    found |= {
+        f"controllers/{p.name}"
+        for p in (PACKAGE / "controllers").iterdir()
+        if p.is_dir() and (p / "__init__.py").exists()
+    }
     return found
 
 

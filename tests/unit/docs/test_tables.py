@@ -51,13 +51,16 @@ def first_column_spans(path: Path, first_header: str) -> list[str]:
 
 # -- commands -------------------------------------------------------------------------------------
 
+
 def code_commands() -> set[str]:
     """Every `gpu-operator` command path, e.g. "crds apply", "run"."""
+
     def walk(cmd: object, path: tuple[str, ...]) -> list[str]:
         subs = getattr(cmd, "commands", None)
         if not subs:
             return [" ".join(path)]
         return [leaf for name, sub in subs.items() if not sub.hidden for leaf in walk(sub, (*path, name))]
+
     return set(walk(typer.main.get_command(app), ()))
 
 
@@ -88,7 +91,8 @@ def documented_commands(span: str) -> set[str]:
 
 def test_every_command_is_in_a_commands_table_and_every_row_exists() -> None:
     spans = first_column_spans(ROOT / "README.md", "command") + first_column_spans(
-        ROOT / "docs" / "node-agents.md", "command")
+        ROOT / "docs" / "node-agents.md", "command"
+    )
     documented: set[str] = set()
     for span in spans:
         documented |= {span} if span in scripts() else documented_commands(span)
@@ -96,21 +100,31 @@ def test_every_command_is_in_a_commands_table_and_every_row_exists() -> None:
     groups = {" ".join(c.split()[:i]) for c in commands for i in range(1, len(c.split()))}
     assert sorted(documented - commands - groups - scripts()) == [], "documented but not a command"
     assert sorted(commands - documented) == [], "commands without a row in README.md or docs/node-agents.md"
-    assert sorted(scripts() - documented - {"gpu-operator"}) == [], "console scripts without a row in README.md"
+    assert sorted(scripts() - documented - {"gpu-operator"}) == [], (
+        "console scripts without a row in README.md"
+    )
 
 
 def test_command_expansion() -> None:
     assert documented_commands("gpu-operator crds generate\\|apply\\|print") == {
-        "crds generate", "crds apply", "crds print"}
+        "crds generate",
+        "crds apply",
+        "crds print",
+    }
     assert documented_commands("gpu-operator render --policy FILE --shape dgx-h100:2") == {"render"}
     assert documented_commands("gpu-operator upgrade status\\|retry NODE\\|pause") == {
-        "upgrade status", "upgrade retry", "upgrade pause"}
+        "upgrade status",
+        "upgrade retry",
+        "upgrade pause",
+    }
 
 
 # -- doctor codes ---------------------------------------------------------------------------------
 
+
 def test_doctor_codes_table_matches_the_findings() -> None:
     from gpu_operator.node.kernellog import NVRM_LINES
+
     names = ("findings.py", "vmchecks.py", "guestchecks.py", "troubleshoot.py", "kernellog.py")
     source = "".join((SRC / "node" / name).read_text() for name in names)
     codes = set(re.findall(r'\b_?finding\(\s*"([a-z][a-z0-9-]*)"', source))
@@ -122,6 +136,7 @@ def test_doctor_codes_table_matches_the_findings() -> None:
 
 
 # -- metrics --------------------------------------------------------------------------------------
+
 
 def operator_metrics() -> set[str]:
     """The operator's metric names as scraped (counters with their _total suffix); every module of
@@ -147,7 +162,9 @@ def test_operator_metrics_table_matches_the_registry() -> None:
 
 def test_node_status_exporter_table_matches_the_collector(tmp_path: Path) -> None:
     # every optional check wired, so every gauge the exporter can serve is collected
-    collector = NodeStatusCollector(HostFS(str(tmp_path)), driver_check=lambda: True, plugin_devices=lambda: 1)
+    collector = NodeStatusCollector(
+        HostFS(str(tmp_path)), driver_check=lambda: True, plugin_devices=lambda: 1
+    )
     metrics = {family.name for family in collector.collect()}
     documented = set(first_column_spans(ROOT / "docs" / "node-agents.md", "metric"))
     assert len(metrics) == 10
@@ -157,6 +174,7 @@ def test_node_status_exporter_table_matches_the_collector(tmp_path: Path) -> Non
 
 # -- source files named in tables ------------------------------------------------------------------
 
+
 def test_source_files_named_in_tables_exist() -> None:
     missing = []
     for doc in DOCS:
@@ -165,6 +183,7 @@ def test_source_files_named_in_tables_exist() -> None:
                 continue
             for span in SPAN.findall(line.split("|")[1]):
                 if re.fullmatch(r"[a-z_/]+\.py", span) and not any(
-                        (base / span).exists() for base in (SRC, ROOT)):
+                    (base / span).exists() for base in (SRC, ROOT)
+                ):
                     missing.append(f"{doc.name}: {span}")
     assert missing == []

@@ -23,8 +23,10 @@ def marked(crd: dict[str, Any], release: Release | None, managed_by: str = "Helm
     meta = live["metadata"]
     meta["labels"] = {"app.kubernetes.io/managed-by": managed_by}
     if release is not None:
-        meta["annotations"] = {"meta.helm.sh/release-name": release.name,
-                               "meta.helm.sh/release-namespace": release.namespace}
+        meta["annotations"] = {
+            "meta.helm.sh/release-name": release.name,
+            "meta.helm.sh/release-namespace": release.namespace,
+        }
     return live
 
 
@@ -41,19 +43,28 @@ def theirs(name: str, *, status: bool = True) -> dict[str, Any]:
     return crd
 
 
-@pytest.mark.parametrize(("live", "ours", "left_to"), [
-    (None, OURS, None),  # absent: ours to create
-    ("unmarked", OURS, None),  # ours from crds/ or an earlier hook run
-    ("dra", OURS, DRA),  # another release's
-    ("dra", None, DRA),  # run by hand: every Helm-marked CRD is another release's
-    ("ours", OURS, None),  # our own release's (a chart that templates them)
-    ("no-annotation", OURS, None),  # Helm's label alone names no release
-    ("other-manager", OURS, None),  # the annotations without managed-by=Helm are not Helm's
-])
+@pytest.mark.parametrize(
+    ("live", "ours", "left_to"),
+    [
+        (None, OURS, None),  # absent: ours to create
+        ("unmarked", OURS, None),  # ours from crds/ or an earlier hook run
+        ("dra", OURS, DRA),  # another release's
+        ("dra", None, DRA),  # run by hand: every Helm-marked CRD is another release's
+        ("ours", OURS, None),  # our own release's (a chart that templates them)
+        ("no-annotation", OURS, None),  # Helm's label alone names no release
+        ("other-manager", OURS, None),  # the annotations without managed-by=Helm are not Helm's
+    ],
+)
 def test_left_to_another_release(live: str | None, ours: Release | None, left_to: Release | None) -> None:
     crd = packaged(COMPUTE_DOMAINS)
-    objects = {None: None, "unmarked": crd, "dra": marked(crd, DRA), "ours": marked(crd, OURS),
-               "no-annotation": marked(crd, None), "other-manager": marked(crd, DRA, managed_by="argocd")}
+    objects = {
+        None: None,
+        "unmarked": crd,
+        "dra": marked(crd, DRA),
+        "ours": marked(crd, OURS),
+        "no-annotation": marked(crd, None),
+        "other-manager": marked(crd, DRA, managed_by="argocd"),
+    }
     decision = left_crd(objects[live], crd, ours)
     assert (decision.owner if decision else None) == left_to
 
@@ -72,8 +83,10 @@ def test_compatible_when_it_serves_our_versions_and_status() -> None:
 def test_incompatible_names_what_is_missing() -> None:
     crd = packaged(COMPUTE_DOMAINS)
     theirs = marked(crd, DRA)
-    theirs["spec"]["versions"] = [{"name": "v1beta1", "served": False, "storage": True},
-                                  {"name": "v1alpha1", "served": True, "storage": False}]
+    theirs["spec"]["versions"] = [
+        {"name": "v1beta1", "served": False, "storage": True},
+        {"name": "v1alpha1", "served": True, "storage": False},
+    ]
     assert missing(theirs, crd) == ["version resource.nvidia.com/v1beta1 served"]
     theirs["spec"]["versions"] = [{"name": "v1beta1", "served": True, "storage": True}]
     assert missing(theirs, crd) == ["the status subresource in resource.nvidia.com/v1beta1"]

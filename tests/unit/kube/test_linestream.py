@@ -21,12 +21,21 @@ Handler = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
 
 
 def chunked(status: str, pieces: list[bytes], headers: str = "") -> bytes:
-    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n{headers}\r\n"
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n{headers}\r\n"
+    )
     return head.encode() + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
 
 
-async def streamed(pki: simpki.Pki, tmp_path: Path, handler: Handler, *, token: str | None = None,
-                   timeout: float = 5.0, on_line: Callable[[bytes], None] | None = None) -> list[bytes]:
+async def streamed(
+    pki: simpki.Pki,
+    tmp_path: Path,
+    handler: Handler,
+    *,
+    token: str | None = None,
+    timeout: float = 5.0,
+    on_line: Callable[[bytes], None] | None = None,
+) -> list[bytes]:
     """Serve `handler` over TLS (client certificates requested and checked), stream
     /api/v1/nodes?watch=true through a kubeconfig for it, return the lines received."""
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca_cert))
@@ -44,16 +53,22 @@ async def streamed(pki: simpki.Pki, tmp_path: Path, handler: Handler, *, token: 
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
     port = server.sockets[0].getsockname()[1]
-    path = write_kubeconfig(tmp_path / "kubeconfig", server=f"https://127.0.0.1:{port}", ca=pki.ca_cert, user="u",
-                            client_cert=None if token else pki.client_cert("admin"),
-                            client_key=None if token else pki.client_key("admin"),
-                            token_file=Path(token) if token else None)
+    path = write_kubeconfig(
+        tmp_path / "kubeconfig",
+        server=f"https://127.0.0.1:{port}",
+        ca=pki.ca_cert,
+        user="u",
+        client_cert=None if token else pki.client_cert("admin"),
+        client_key=None if token else pki.client_key("admin"),
+        token_file=Path(token) if token else None,
+    )
     config = KubeConfig.from_file(path).get()
     assert config is not None
     lines: list[bytes] = []
     async with server:
-        await LineStreams(config).stream("/api/v1/nodes", {"watch": "true"}, on_line or lines.append,
-                                         connect_timeout=5, timeout=timeout)
+        await LineStreams(config).stream(
+            "/api/v1/nodes", {"watch": "true"}, on_line or lines.append, connect_timeout=5, timeout=timeout
+        )
     return lines
 
 
@@ -65,7 +80,7 @@ def test_lines_split_across_reads_arrive_whole(pki: simpki.Pki, tmp_path: Path) 
         body = b'{"type":"ADDED","n":1}\n{"type":"MODIFIED","n":2}\n\n{"type":"DELETED","n":3}'
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
         for at in range(0, len(body), 5):  # every piece on its own read
-            piece = body[at:at + 5]
+            piece = body[at : at + 5]
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await writer.drain()
             await asyncio.sleep(0.001)

@@ -18,15 +18,22 @@ PATH = "/apis/config.openshift.io/v1/clusterversions/version"
 
 
 def cluster_version(*history: tuple[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "config.openshift.io/v1", "kind": "ClusterVersion", "metadata": {"name": "version"},
-            "status": {"history": [{"state": state, "version": version} for state, version in history]}}
+    return {
+        "apiVersion": "config.openshift.io/v1",
+        "kind": "ClusterVersion",
+        "metadata": {"name": "version"},
+        "status": {"history": [{"state": state, "version": version} for state, version in history]},
+    }
 
 
-@pytest.mark.parametrize(("history", "version"), [
-    ((("Completed", "4.17.3"),), "4.17"),
-    ((("Partial", "4.18.0"), ("Completed", "4.17.3"), ("Completed", "4.16.9")), "4.17"),  # newest first
-    ((("Completed", "5"),), "5"),
-])
+@pytest.mark.parametrize(
+    ("history", "version"),
+    [
+        ((("Completed", "4.17.3"),), "4.17"),
+        ((("Partial", "4.18.0"), ("Completed", "4.17.3"), ("Completed", "4.16.9")), "4.17"),  # newest first
+        ((("Completed", "5"),), "5"),
+    ],
+)
 def test_version_is_the_newest_completed_update(history: tuple[tuple[str, str], ...], version: str) -> None:
     assert openshift_version(cluster_version(*history)) == version
     assert platform_name(version) == f"OpenShift {version}"
@@ -58,10 +65,13 @@ class FakeKube:
         return Answer(self.answer.status, self.answer.text, self.answer.error, path)
 
 
-@pytest.mark.parametrize(("answer", "version"), [
-    (Answer(200, json.dumps(cluster_version(("Completed", "4.17.3")))), "4.17"),
-    (Answer(404, "404 page not found"), ""),  # the group is not served: plain Kubernetes
-])
+@pytest.mark.parametrize(
+    ("answer", "version"),
+    [
+        (Answer(200, json.dumps(cluster_version(("Completed", "4.17.3")))), "4.17"),
+        (Answer(404, "404 page not found"), ""),  # the group is not served: plain Kubernetes
+    ],
+)
 def test_discovery_reads_the_platform(answer: Answer, version: str) -> None:
     kube = FakeKube(answer)
     info = asyncio.run(ClusterInfo.read(cast(Kube, kube)))
@@ -69,7 +79,9 @@ def test_discovery_reads_the_platform(answer: Answer, version: str) -> None:
     assert kube.paths == [PATH]
 
 
-@pytest.mark.parametrize("answer", [Answer(403, json.dumps({"message": "forbidden"})), Answer(None, error="refused")])
+@pytest.mark.parametrize(
+    "answer", [Answer(403, json.dumps({"message": "forbidden"})), Answer(None, error="refused")]
+)
 def test_any_other_answer_fails_discovery(answer: Answer) -> None:
     with pytest.raises(PlatformError, match=PATH):
         asyncio.run(ClusterInfo.read(cast(Kube, FakeKube(answer))))

@@ -20,8 +20,9 @@ from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 IN_FLIGHT = OperatorSettings().label_concurrency
 
 
-async def _connections_for_two_bursts(pki: simpki.Pki, tmp_path: Path,
-                                      transport: Callable[[str], httpx2.AsyncBaseTransport]) -> int:
+async def _connections_for_two_bursts(
+    pki: simpki.Pki, tmp_path: Path, transport: Callable[[str], httpx2.AsyncBaseTransport]
+) -> int:
     """Two bursts of IN_FLIGHT concurrent requests through `transport(kubeconfig path)` against a
     local TLS server that holds each answer until the whole burst has arrived; returns how many
     connections it accepted."""
@@ -53,8 +54,14 @@ async def _connections_for_two_bursts(pki: simpki.Pki, tmp_path: Path,
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
     url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    path = write_kubeconfig(tmp_path / "kubeconfig", server=url, ca=pki.ca_cert, user="u",
-                            client_cert=pki.client_cert("admin"), client_key=pki.client_key("admin"))
+    path = write_kubeconfig(
+        tmp_path / "kubeconfig",
+        server=url,
+        ca=pki.ca_cert,
+        user="u",
+        client_cert=pki.client_cert("admin"),
+        client_key=pki.client_key("admin"),
+    )
     async with server:
         async with httpx2.AsyncClient(transport=transport(str(path)), base_url=url) as client:
             for _ in range(2):
@@ -78,6 +85,8 @@ def test_the_label_gates_connections_stay_open_between_bursts(pki: simpki.Pki, t
 def test_the_http_clients_default_pool_would_reopen_them(pki: simpki.Pki, tmp_path: Path) -> None:
     """The check above can fail: with the HTTP client's default pool (100 connections, 20 kept
     idle) the second burst opens 12 connections again."""
+
     def default(_: str) -> httpx2.AsyncBaseTransport:
         return httpx2.AsyncHTTPTransport(verify=ssl.create_default_context(cafile=str(pki.ca_cert)))
+
     assert asyncio.run(_connections_for_two_bursts(pki, tmp_path, default)) == IN_FLIGHT + (IN_FLIGHT - 20)

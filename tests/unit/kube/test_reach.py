@@ -37,20 +37,27 @@ def test_an_unreachable_apiserver_is_one_line_and_exit_2(args: list[str], tmp_pa
     code, stderr, output = run(args, config, tmp_path)
     assert code == 2, output
     assert len(stderr) == 1, output
-    assert stderr[0].startswith(f"error: cannot reach the Kubernetes API at https://127.0.0.1:{port} "
-                                f"(kubeconfig {config}, context c) to "), stderr
+    assert stderr[0].startswith(
+        f"error: cannot reach the Kubernetes API at https://127.0.0.1:{port} "
+        f"(kubeconfig {config}, context c) to "
+    ), stderr
     assert "ConnectError" in stderr[0] and "check that the apiserver is up" in stderr[0]
     assert "Traceback" not in output
     assert not (tmp_path / "bundle.tar.gz").exists()  # must-gather: nothing read, no bundle
 
 
-@pytest.mark.parametrize(("args", "request_line"), [
-    (["status"], "GET /apis/nvidia.com/v1/clusterpolicies"),
-    (["upgrade", "pause"], "GET /apis/nvidia.com/v1/clusterpolicies"),
-    (["upgrade", "status"], "GET /apis/nvidia.com/v1/clusterpolicies"),
-], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
-def test_a_refusal_names_the_request_and_the_apiservers_message(args: list[str], request_line: str,
-                                                                   tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "request_line"),
+    [
+        (["status"], "GET /apis/nvidia.com/v1/clusterpolicies"),
+        (["upgrade", "pause"], "GET /apis/nvidia.com/v1/clusterpolicies"),
+        (["upgrade", "status"], "GET /apis/nvidia.com/v1/clusterpolicies"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else "",
+)
+def test_a_refusal_names_the_request_and_the_apiservers_message(
+    args: list[str], request_line: str, tmp_path: Path
+) -> None:
     def route(path: str) -> tuple[int, object]:
         if path == "/api/v1/pods":  # status reads the chart's pods first; a 403 there is allowed
             return status(403, "Forbidden", "pods is forbidden")

@@ -17,7 +17,6 @@ from tests.support.ports import free_port
 CLAIM = {"metadata": {"name": "c", "namespace": "work"}}
 
 
-
 def _claims(served: dict[str, int]) -> tuple[list[dict[str, object]] | None | BaseException, list[str]]:
     """What list_resource_claims("work") answers from an apiserver whose resourceclaims list at each
     version answers the status in `served` (200: one claim; a version not named: 404)."""
@@ -38,7 +37,9 @@ def _claims(served: dict[str, int]) -> tuple[list[dict[str, object]] | None | Ba
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        kube = Kube(config=KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User()))
+        kube = Kube(
+            config=KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User())
+        )
         try:
             return await kube.list_resource_claims("work")
         except httpx2.HTTPStatusError as err:

@@ -27,7 +27,9 @@ def test_server_version_sends_the_credentials_and_strips_the_v() -> None:
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        config = KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User(token="s3cret"))
+        config = KubeConfig.from_one(
+            cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User(token="s3cret")
+        )
         kube = Kube(config=config)
         try:
             return await kube.server_version()

@@ -27,7 +27,6 @@ from tests.support.ports import free_port
 SRC = Path(__file__).resolve().parents[3] / "src" / "gpu_operator"
 
 
-
 class Recorder:
     """An apiserver stand-in that answers anything and records (method, path) of what arrived."""
 
@@ -74,7 +73,9 @@ def server() -> Iterator[tuple[Recorder, int]]:
 
 
 def _kube(port: int) -> Kube:
-    return Kube(config=KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User(token="t")))
+    return Kube(
+        config=KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{port}"), user=User(token="t"))
+    )
 
 
 CM = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "ns"}, "data": {}}
@@ -111,18 +112,25 @@ CALLS: dict[str, tuple[Callable[[Kube], Awaitable[Any]], bool]] = {
 RAW: dict[str, Callable[[Kube], Awaitable[Any]]] = {
     "lightkube create": lambda k: k.client.create(ConfigMap(metadata=ObjectMeta(name="cm", namespace="ns"))),
     "lightkube delete": lambda k: k.client.delete(ConfigMap, "cm", namespace="ns"),
-    "http eviction": lambda k: k.http.post("/api/v1/namespaces/ns/pods/p/eviction", json={"kind": "Eviction"}),
+    "http eviction": lambda k: k.http.post(
+        "/api/v1/namespaces/ns/pods/p/eviction", json={"kind": "Eviction"}
+    ),
     "http put": lambda k: k.http.request("PUT", "/api/v1/namespaces/ns/configmaps/cm", json=CM),
 }
 
 
 def test_every_public_coroutine_of_kube_is_listed() -> None:
-    coroutines = {name for name, fn in inspect.getmembers(Kube, inspect.iscoroutinefunction)
-                  if not name.startswith("_") and name != "close"}
+    coroutines = {
+        name
+        for name, fn in inspect.getmembers(Kube, inspect.iscoroutinefunction)
+        if not name.startswith("_") and name != "close"
+    }
     assert coroutines == set(CALLS), "a new Kube method: add it to CALLS, saying whether it writes"
 
 
-def _run(port: int, fence: Callable[[], bool] | None, call: Callable[[Kube], Awaitable[Any]]) -> BaseException | None:
+def _run(
+    port: int, fence: Callable[[], bool] | None, call: Callable[[Kube], Awaitable[Any]]
+) -> BaseException | None:
     async def go() -> BaseException | None:
         kube = _kube(port)
         kube.fence = fence
@@ -133,6 +141,7 @@ def _run(port: int, fence: Callable[[], bool] | None, call: Callable[[Kube], Awa
         finally:
             await kube.close()
         return None
+
     return asyncio.get_event_loop().run_until_complete(go())
 
 
@@ -154,7 +163,8 @@ def test_a_closed_fence_keeps_every_write_in_the_process(server: tuple[Recorder,
 
 
 def test_a_fence_that_closes_after_the_request_entered_stops_it_before_its_first_byte(
-        server: tuple[Recorder, int]) -> None:
+    server: tuple[Recorder, int],
+) -> None:
     """The paused-leader window: a write passed the first check, then waited (for a connection,
     or in a paused process) until the lease had run out. The check at send time refuses it."""
     recorder, port = server
@@ -176,9 +186,11 @@ def test_the_lease_client_writes_its_lease_and_nothing_else(server: tuple[Record
             await client.create(lease)
             await client.replace(lease)
             await client.delete(Lease, "53822513.nvidia.com", namespace="ops")
-            for other in (client.create(Lease(metadata=ObjectMeta(name="other", namespace="ops"))),
-                          client.delete(Lease, "53822513.nvidia.com", namespace="elsewhere"),
-                          client.create(ConfigMap(metadata=ObjectMeta(name="cm", namespace="ops")))):
+            for other in (
+                client.create(Lease(metadata=ObjectMeta(name="other", namespace="ops"))),
+                client.delete(Lease, "53822513.nvidia.com", namespace="elsewhere"),
+                client.create(ConfigMap(metadata=ObjectMeta(name="cm", namespace="ops"))),
+            ):
                 try:
                     await other
                 except NotLeading as err:
@@ -186,10 +198,14 @@ def test_the_lease_client_writes_its_lease_and_nothing_else(server: tuple[Record
         finally:
             await kube.close()
         return refused
+
     refused = asyncio.get_event_loop().run_until_complete(go())
     base = "/apis/coordination.k8s.io/v1/namespaces/ops/leases"
-    assert recorder.writes() == [("POST", base), ("PUT", f"{base}/53822513.nvidia.com"),
-                                 ("DELETE", f"{base}/53822513.nvidia.com")]
+    assert recorder.writes() == [
+        ("POST", base),
+        ("PUT", f"{base}/53822513.nvidia.com"),
+        ("DELETE", f"{base}/53822513.nvidia.com"),
+    ]
     assert len(refused) == 3, refused  # another Lease, the Lease elsewhere, another kind
     assert any("/namespaces/elsewhere/" in r for r in refused) and any("/configmaps" in r for r in refused)
 
@@ -217,7 +233,8 @@ def test_the_operator_process_builds_no_client_but_kubes() -> None:
 
 
 def test_a_path_the_server_does_not_serve_is_a_404_status_like_a_missing_object(
-        server: tuple[Recorder, int]) -> None:
+    server: tuple[Recorder, int],
+) -> None:
     """A CRD not installed: the apiserver's plain-text 404 reaches callers as ApiError 404 (what
     they handle), not as a bare HTTP error that crashed `cleanup` before."""
     from lightkube.core.exceptions import ApiError

@@ -19,8 +19,16 @@ from gpu_operator.vocabulary import (
     VALIDATIONS_DIR,
 )
 
-GPUS = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0",
-        "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+GPUS = [
+    "0000:0a:00.0",
+    "0000:18:00.0",
+    "0000:3b:00.0",
+    "0000:44:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b8:00.0",
+    "0000:c1:00.0",
+]
 SEQ = iter(range(10_000, 1_000_000))
 
 
@@ -43,6 +51,7 @@ def validated(fs: HostFS, components: tuple[str, ...] = ("driver", "toolkit", "c
     for component in components:
         fs.write_text(f"{VALIDATIONS_DIR}/{component}-ready", "")
 
+
 def agent_for(fs: HostFS, **kwargs: Any) -> HealthAgent:
     logs: list[str] = []
     kwargs.setdefault("nvml", False)
@@ -59,6 +68,7 @@ def gpu(report: dict[str, Any], bus: str) -> dict[str, Any]:
     listed: dict[str, dict[str, Any]] = {g["bus"]: g for g in report["gpus"]}
     assert bus in listed, f"{bus} not listed: {report}"
     return listed[bus]
+
 
 class FakePublisher:
     def __init__(self) -> None:
@@ -90,16 +100,23 @@ class FakeNvml:
 
     def nvmlInit(self) -> None: ...  # noqa: N802
     def nvmlShutdown(self) -> None: ...  # noqa: N802
-    def nvmlEventSetCreate(self) -> str: return "set"  # noqa: N802
+    def nvmlEventSetCreate(self) -> str:
+        return "set"  # noqa: N802
+
     def nvmlEventSetFree(self, _: str) -> None: ...  # noqa: N802
-    def nvmlDeviceGetCount(self) -> int: return len(self.buses)  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.buses)  # noqa: N802
+
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
         if i in self.lost_at_start:
             raise self.NVMLError(self.NVML_ERROR_GPU_IS_LOST)
         return i
 
-    def nvmlDeviceGetIndex(self, h: int) -> int: return h  # noqa: N802
-    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int: return 0xFF  # noqa: N802
+    def nvmlDeviceGetIndex(self, h: int) -> int:
+        return h  # noqa: N802
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
+        return 0xFF  # noqa: N802
 
     def nvmlDeviceRegisterEvents(self, h: int, mask: int, _: str) -> None:  # noqa: N802
         self.registered[h] = mask
@@ -107,6 +124,7 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:  # noqa: N802
         class Info:
             busId = f"0000{self.buses[h]}".upper().encode()  # NVML's 8-digit domain, bytes  # noqa: N815
+
         return Info()
 
     def nvmlEventSetWait_v2(self, _: str, timeout: int) -> Any:  # noqa: N802
@@ -116,6 +134,7 @@ class FakeNvml:
 
         class Event:
             device, eventType, eventData = index, kind, data  # noqa: N815
+
         return Event()
 
     def nvmlDeviceGetTemperature(self, h: int, _: int) -> int:  # noqa: N802
@@ -132,16 +151,28 @@ OTHER = "0000:c1:00.0"  # minor 7
 AGENT_PID = 4242  # the agent's PID as the host numbers it (its container's PID namespace calls it 1)
 
 
-def asked(action: str = "reset-gpu", gpus: list[str] | None = None, *, attempt: int = 0, since: str = "100",
-          node: str = "node-a", state: str = "validating", remediation: bool = True,
-          notes: dict[str, str] | None = None) -> Seen:
+def asked(
+    action: str = "reset-gpu",
+    gpus: list[str] | None = None,
+    *,
+    attempt: int = 0,
+    since: str = "100",
+    node: str = "node-a",
+    state: str = "validating",
+    remediation: bool = True,
+    notes: dict[str, str] | None = None,
+) -> Seen:
     """What the agent sees when the operator asks: its Node in the attempt, its entry in the Secret."""
-    text = request_text(node, action, gpus if gpus is not None else ([BUS] if action == "reset-gpu" else []),
-                        attempt, since)
+    text = request_text(
+        node, action, gpus if gpus is not None else ([BUS] if action == "reset-gpu" else []), attempt, since
+    )
     if not remediation:
         text = text.replace('"remediation":true', '"remediation":false')
-    annotations = {HEALTH_SINCE_ANNOTATION: since, **({HEALTH_ATTEMPTS_ANNOTATION: str(attempt)} if attempt else {}),
-                   **(notes or {})}
+    annotations = {
+        HEALTH_SINCE_ANNOTATION: since,
+        **({HEALTH_ATTEMPTS_ANNOTATION: str(attempt)} if attempt else {}),
+        **(notes or {}),
+    }
     return Seen({HEALTH_STATE: state}, annotations, text)
 
 

@@ -32,8 +32,13 @@ class FakeClock:
 class FakeNodeView:
     """A NodeView with canned answers; records the pods it was asked to run."""
 
-    def __init__(self, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None,
-                 outcome: PodOutcome | None = None, annotations: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        labels: dict[str, str] | None = None,
+        allocatable: dict[str, str] | None = None,
+        outcome: PodOutcome | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> None:
         self.labels = labels or {}
         self.annotations = annotations or {}
         self.allocatable = allocatable or {}
@@ -54,7 +59,10 @@ class FakeNodeView:
         return self.outcome
 
     def validator_pod_template(self) -> dict[str, Any]:
-        return {"tolerations": [{"operator": "Exists"}], "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-operator-validator"}]}
+        return {
+            "tolerations": [{"operator": "Exists"}],
+            "ownerReferences": [{"kind": "DaemonSet", "name": "nvidia-operator-validator"}],
+        }
 
 
 def context(fs: HostFS, env: dict[str, str] | None = None, kube: Any = None) -> tuple[Context, FakeClock]:
@@ -66,7 +74,9 @@ def context(fs: HostFS, env: dict[str, str] | None = None, kube: Any = None) -> 
 class RecordedNode:
     """The Node as the agent sees it: a merge patch changes labels/annotations (None deletes), events pile up."""
 
-    def __init__(self, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+    ) -> None:
         self.labels = dict(labels or {})
         self.annotations = dict(annotations or {})
         self.events: list[dict[str, str]] = []
@@ -75,8 +85,12 @@ class RecordedNode:
     def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
         return dict(self.labels), dict(self.annotations)
 
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
-                annotations: dict[str, str | None] | None = None) -> None:
+    def publish(
+        self,
+        labels: dict[str, str | None],
+        events: list[dict[str, str]],
+        annotations: dict[str, str | None] | None = None,
+    ) -> None:
         self.patches += 1
         for target, changes in ((self.labels, labels), (self.annotations, annotations or {})):
             for key, value in changes.items():

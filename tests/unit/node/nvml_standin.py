@@ -58,11 +58,18 @@ class NvmlStandin:
         self.inits += 1
 
     def nvmlShutdown(self) -> None: ...  # noqa: N802
-    def nvmlEventSetCreate(self) -> str: return "set"  # noqa: N802
+    def nvmlEventSetCreate(self) -> str:
+        return "set"  # noqa: N802
+
     def nvmlEventSetFree(self, _: str) -> None: ...  # noqa: N802
-    def nvmlDeviceGetCount(self) -> int: return len(self.buses)  # noqa: N802
-    def nvmlSystemGetDriverVersion(self) -> str: return "570.133.20"  # noqa: N802
-    def nvmlSystemGetCudaDriverVersion(self) -> int: return 12080  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.buses)  # noqa: N802
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "570.133.20"  # noqa: N802
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12080  # noqa: N802
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
         if index in self.lost:
@@ -121,6 +128,11 @@ class NvmlStandin:
         out = []
         for field in fields:
             value = self.recovery.get(index) if field == RECOVERY_FIELD else None
-            out.append(SimpleNamespace(fieldId=field, nvmlReturn=NOT_SUPPORTED if value is None else 0,
-                                       value=SimpleNamespace(uiVal=value or 0)))
+            out.append(
+                SimpleNamespace(
+                    fieldId=field,
+                    nvmlReturn=NOT_SUPPORTED if value is None else 0,
+                    value=SimpleNamespace(uiVal=value or 0),
+                )
+            )
         return out

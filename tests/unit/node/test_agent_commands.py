@@ -50,7 +50,9 @@ def test_rendered_gpu_operator_commands_exist(example: Path) -> None:
             command, rest = resolve(argv)
             assert not is_group(command), f"`gpu-operator {' '.join(argv)}`: no such command"
             known = {o for p in command.params for o in [*p.opts, *p.secondary_opts]}
-            unknown = [a.split("=", 1)[0] for a in rest if a.startswith("-") and a.split("=", 1)[0] not in known]
+            unknown = [
+                a.split("=", 1)[0] for a in rest if a.startswith("-") and a.split("=", 1)[0] not in known
+            ]
             assert unknown == [], f"`gpu-operator {' '.join(argv)}`: {command.name} takes no {unknown}"
 
 
@@ -62,6 +64,10 @@ def test_resolve_tells_a_missing_subcommand() -> None:
 
 def test_the_examples_render_commands_of_ours_to_check() -> None:
     """The check above loops over what the examples render; it must have something to check."""
-    rendered = [argv for example in EXAMPLES for shape in ("vfio-passthrough:1", "dgx-h100:1")
-                for argv in our_commands(yaml.safe_load(example.read_text())["spec"], shape)]
+    rendered = [
+        argv
+        for example in EXAMPLES
+        for shape in ("vfio-passthrough:1", "dgx-h100:1")
+        for argv in our_commands(yaml.safe_load(example.read_text())["spec"], shape)
+    ]
     assert len(rendered) >= 3, rendered

@@ -14,10 +14,16 @@ PCI = "feature.node.kubernetes.io/pci-10de.present"
 
 def test_a_gpu_host_gets_nfds_pci_kernel_and_os_labels(build_host) -> None:  # type: ignore[no-untyped-def]
     labels, skipped = discovered(build_host("ubuntu-apt-driver").fs)
-    assert labels == {PCI: "true", KERNEL_FULL: "6.8.0-48-generic", OS_ID: "ubuntu", OS_VERSION_ID: "24.04",
-                      OS_VERSION_MAJOR: "24", f"{OS_VERSION_ID}.minor": "04",
-                      # NFD's per-model label (deviceLabelFields [vendor, device]): an L40S, 10de:26b9
-                      "feature.node.kubernetes.io/pci-10de_26b9.present": "true"}
+    assert labels == {
+        PCI: "true",
+        KERNEL_FULL: "6.8.0-48-generic",
+        OS_ID: "ubuntu",
+        OS_VERSION_ID: "24.04",
+        OS_VERSION_MAJOR: "24",
+        f"{OS_VERSION_ID}.minor": "04",
+        # NFD's per-model label (deviceLabelFields [vendor, device]): an L40S, 10de:26b9
+        "feature.node.kubernetes.io/pci-10de_26b9.present": "true",
+    }
     assert skipped == []
 
 
@@ -51,5 +57,7 @@ def test_publish_writes_once_records_ownership_and_then_stays_quiet(build_host) 
     node = RecordedNode(labels={"kubernetes.io/hostname": "gpu-1"})
     patch, _ = publish_once(host.fs, node)
     assert patch[PCI] == "true" and node.labels[PCI] == "true"
-    assert set(json.loads(node.annotations[OWNED_ANNOTATION])) == {k for k in node.labels if k.startswith("feature.")}
+    assert set(json.loads(node.annotations[OWNED_ANNOTATION])) == {
+        k for k in node.labels if k.startswith("feature.")
+    }
     assert publish_once(host.fs, node)[0] == {} and node.patches == 1  # nothing changed: no write

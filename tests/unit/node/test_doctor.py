@@ -29,7 +29,10 @@ EXPECTED = {
     ("operator-driver", None): (set(), set()),
     ("talos", None): (set(), set()),
     ("ubuntu-apt-driver", None): (set(), set()),
-    ("ubuntu-apt-driver", "vm-passthrough"): ({"host-driver-on-passthrough", "gpu-not-on-vfio"}, {"vfio-pci-not-loaded"}),
+    ("ubuntu-apt-driver", "vm-passthrough"): (
+        {"host-driver-on-passthrough", "gpu-not-on-vfio"},
+        {"vfio-pci-not-loaded"},
+    ),
 }
 
 
@@ -67,8 +70,13 @@ def test_userspace_only_host_driver_on_passthrough_is_a_warning(build_host) -> N
 
 
 def test_passthrough_blockers(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("h100-nvidia-bound", iommu=False, pci_drivers=["nvme", "nvidia"], modules=["nvidia"],
-                      processes=[{"pid": 5, "comm": "nvidia-persistenced", "fds": ["/dev/nvidia0"]}])
+    host = build_host(
+        "h100-nvidia-bound",
+        iommu=False,
+        pci_drivers=["nvme", "nvidia"],
+        modules=["nvidia"],
+        processes=[{"pid": 5, "comm": "nvidia-persistenced", "fds": ["/dev/nvidia0"]}],
+    )
     codes = {f.code: f.severity for f in diagnose(probe(host.fs), "vm-passthrough")}
     assert codes["iommu-off"] == Severity.ERROR
     assert codes["vfio-pci-not-loaded"] == Severity.WARNING
@@ -80,15 +88,24 @@ def test_cdi_enabled_without_specs_and_runtime_missing(build_host) -> None:  # t
     host = build_host("ubuntu-apt-driver")
     host.fs.write_text("/etc/containerd/config.toml", config)
     found = {f.code: f for f in diagnose(probe(host.fs))}
-    assert found["cdi-enabled-no-specs"].severity == Severity.ERROR  # a host toolkit is there: nobody else will
+    assert (
+        found["cdi-enabled-no-specs"].severity == Severity.ERROR
+    )  # a host toolkit is there: nobody else will
     assert found["nvidia-runtime-missing"].severity == Severity.ERROR
-    assert "nvidia-ctk runtime configure --runtime=containerd --config=/etc/containerd/config.toml" in found["nvidia-runtime-missing"].fix
+    assert (
+        "nvidia-ctk runtime configure --runtime=containerd --config=/etc/containerd/config.toml"
+        in found["nvidia-runtime-missing"].fix
+    )
     assert "nvidia-ctk cdi generate" in found["cdi-enabled-no-specs"].fix
 
 
 def test_driver_problems(build_host) -> None:  # type: ignore[no-untyped-def]
-    no_module = build_host("ubuntu-apt-driver", modules=[], pci_drivers=["snd_hda_intel"],
-                           devices=[{"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200"}])
+    no_module = build_host(
+        "ubuntu-apt-driver",
+        modules=[],
+        pci_drivers=["snd_hda_intel"],
+        devices=[{"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200"}],
+    )
     assert "driver-module-not-loaded" in {f.code for f in diagnose(probe(no_module.fs))}
     no_smi = build_host("ubuntu-apt-driver", executables={}, files={})
     assert "driver-userspace-missing" in {f.code for f in diagnose(probe(no_smi.fs))}
@@ -140,7 +157,9 @@ def test_crio_hook_mode_is_not_a_missing_runtime(build_host) -> None:  # type: i
     host = build_host("h100-nvidia-bound")
     host.fs.write_text("/etc/crio/crio.conf", "[crio.runtime]\n")
     # the kubelet names CRI-O's socket: the fixture's containerd config is not this node's runtime
-    host.fs.write_text("/var/lib/kubelet/config.yaml", "containerRuntimeEndpoint: unix:///var/run/crio/crio.sock\n")
+    host.fs.write_text(
+        "/var/lib/kubelet/config.yaml", "containerRuntimeEndpoint: unix:///var/run/crio/crio.sock\n"
+    )
     assert "nvidia-runtime-missing" in {f.code for f in diagnose(probe(host.fs))}
     host.fs.write_text(
         "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json",
@@ -149,5 +168,7 @@ def test_crio_hook_mode_is_not_a_missing_runtime(build_host) -> None:  # type: i
     )
     report = probe(host.fs)
     assert (report.runtime.name, report.runtime.nvidia_hook) == (
-        "crio", "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json")
+        "crio",
+        "/usr/share/containers/oci/hooks.d/oci-nvidia-hook.json",
+    )
     assert "nvidia-runtime-missing" not in {f.code for f in diagnose(report)}

@@ -29,7 +29,12 @@ def test_ready_gauges_follow_the_status_files(build_host) -> None:  # type: igno
     for name in ("driver-ready", "toolkit-ready", "plugin-ready"):
         host.fs.write_text(f"/run/nvidia/validations/{name}", "")
     values = _values(registry)
-    assert [values[f"gpu_operator_node_{c}_ready"] for c in ("driver", "toolkit", "plugin", "cuda")] == [1, 1, 1, 0]
+    assert [values[f"gpu_operator_node_{c}_ready"] for c in ("driver", "toolkit", "plugin", "cuda")] == [
+        1,
+        1,
+        1,
+        0,
+    ]
 
 
 def test_driver_check_and_plugin_devices(build_host) -> None:  # type: ignore[no-untyped-def]
@@ -37,7 +42,11 @@ def test_driver_check_and_plugin_devices(build_host) -> None:  # type: ignore[no
     results = iter([True, False])
     now = iter([10.0, 20.0, 30.0, 40.0, 50.0])
     collector = NodeStatusCollector(
-        host.fs, driver_check=lambda: next(results), plugin_devices=lambda: 8, clock=lambda: next(now), check_interval=5
+        host.fs,
+        driver_check=lambda: next(results),
+        plugin_devices=lambda: 8,
+        clock=lambda: next(now),
+        check_interval=5,
     )
     registry = registry_for(collector)
     first = _values(registry)
@@ -54,7 +63,9 @@ def test_one_scrape_over_http(build_host) -> None:  # type: ignore[no-untyped-de
     host = build_host("talos")
     host.fs.write_text("/run/nvidia/validations/driver-ready", "IS_HOST_DRIVER=true\n")
     port = free_port()
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry_for(NodeStatusCollector(host.fs)))
+    server, thread = start_http_server(
+        port, addr="127.0.0.1", registry=registry_for(NodeStatusCollector(host.fs))
+    )
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:

@@ -35,9 +35,11 @@ VM_GPU = {
 }
 USR_LOCAL_NVIDIA = {
     # like the real one, it answers only when the loader finds libnvidia-ml (not in the host's ld cache)
-    "executables": {"/usr/local/nvidia/bin/nvidia-smi": "#!/bin/sh\ncase \"$LD_LIBRARY_PATH\" in\n"
-                    "*/usr/local/nvidia/lib64*) exit 0 ;;\nesac\n"
-                    "echo \"NVIDIA-SMI couldn't find libnvidia-ml.so library in your system.\"\nexit 12\n"},
+    "executables": {
+        "/usr/local/nvidia/bin/nvidia-smi": '#!/bin/sh\ncase "$LD_LIBRARY_PATH" in\n'
+        "*/usr/local/nvidia/lib64*) exit 0 ;;\nesac\n"
+        'echo "NVIDIA-SMI couldn\'t find libnvidia-ml.so library in your system."\nexit 12\n'
+    },
     "files": {"/usr/local/nvidia/lib64/libnvidia-ml.so.1": "", "/usr/local/nvidia/lib64/libcuda.so.1": ""},
 }
 
@@ -190,7 +192,9 @@ def test_gpus_nvidia_smi_lists_but_sysfs_hides_contradict_doctor(
     assert report.step("validator: driver").status == DEFECT
 
 
-def test_a_driver_under_usr_local_nvidia_is_found_by_nvidia_and_by_us(build_host: BuildHost, tmp_path: Path) -> None:
+def test_a_driver_under_usr_local_nvidia_is_found_by_nvidia_and_by_us(
+    build_host: BuildHost, tmp_path: Path
+) -> None:
     """The driver mounted read-only at /usr/local/nvidia (bin/, lib64/: GKE's layout, and a VM's or
     container's given a GPU so): our probe finds it there too, its root is that directory, and the
     validator runs its nvidia-smi with the root's lib64 for the loader."""

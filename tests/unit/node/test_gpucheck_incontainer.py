@@ -201,7 +201,9 @@ def test_the_command_on_a_machine_without_the_driver_exits_1_without_a_traceback
     """The real command, as the workload pod runs it. Where this machine has no NVIDIA driver (the
     project's CI), it must say so in its last line; where one is installed, it must still end
     with its own verdict line and no traceback."""
-    driver = any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"))
+    driver = any(
+        Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+    )
     command = Path(sys.executable).with_name("gpu-operator")  # the console script, as in our image
     done = subprocess.run([str(command), "node", "cuda-check"], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stdout + done.stderr

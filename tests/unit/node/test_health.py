@@ -91,10 +91,16 @@ def test_lines_present_before_start_are_not_replayed(host: HostFS) -> None:
 
 def test_an_unparseable_line_does_not_crash_and_later_lines_count(host: HostFS) -> None:
     agent = agent_for(host)
-    garbage = (record("NVRM: Xid (PCI:zzzz:0a:00): 79, broken address")
-               + "no header at all\n" + "\x00\xff" * 3000 + "\n"
-               + record("NVRM: Xid (PCI:0000:0a:00): notanumber")
-               + "3,1,2,-;" + "x" * 10_000 + "\n")
+    garbage = (
+        record("NVRM: Xid (PCI:zzzz:0a:00): 79, broken address")
+        + "no header at all\n"
+        + "\x00\xff" * 3000
+        + "\n"
+        + record("NVRM: Xid (PCI:0000:0a:00): notanumber")
+        + "3,1,2,-;"
+        + "x" * 10_000
+        + "\n"
+    )
     append(host, garbage)
     report = agent.observe()
     assert report["gpus"] == [] and report["healthy"] == 8
@@ -214,20 +220,26 @@ def test_without_nvml_the_kernel_log_and_sysfs_still_work(host: HostFS) -> None:
             raise self.NVMLError("NVML Shared Library Not Found")
 
     agent = agent_for(host, nvml=True, nvml_module=NoLibrary())
-    assert any(line.startswith("NVML unavailable") and "kernel log and sysfs only" in line
-               for line in agent.logs)  # type: ignore[attr-defined]
+    assert any(
+        line.startswith("NVML unavailable") and "kernel log and sysfs only" in line
+        for line in agent.logs  # type: ignore[attr-defined]
+    )
     append(host, xid_line("0000:0a:00", 79))
     host.remove("/sys/bus/pci/devices/0000:18:00.0")
     report = agent.observe()
     assert "nvml" not in report["sources"]
-    assert gpu(report, "0000:0a:00.0")["state"] == "unhealthy" and gpu(report, "0000:18:00.0")["state"] == "gone"
+    assert (
+        gpu(report, "0000:0a:00.0")["state"] == "unhealthy" and gpu(report, "0000:18:00.0")["state"] == "gone"
+    )
 
 
 def test_nvml_events_and_state_join_the_report(host: HostFS) -> None:
     fake = FakeNvml(GPUS)
     metrics = HealthMetrics()
     agent = agent_for(host, nvml=True, nvml_module=fake, metrics=metrics)
-    assert set(fake.registered.values()) == {0x8 | 0x2}  # Xid critical and double-bit ECC, as the device plugin
+    assert set(fake.registered.values()) == {
+        0x8 | 0x2
+    }  # Xid critical and double-bit ECC, as the device plugin
     fake.queue += [(2, 0x8, 79), (3, 0x2, 0)]
     fake.lost.add(4)
     report = agent.observe()
@@ -235,11 +247,19 @@ def test_nvml_events_and_state_join_the_report(host: HostFS) -> None:
     assert (gpu(report, "0000:3b:00.0")["xid"], gpu(report, "0000:3b:00.0")["index"]) == (79, 2)
     assert (gpu(report, "0000:44:00.0")["xid"], gpu(report, "0000:44:00.0")["action"]) == (48, "reset-gpu")
     assert gpu(report, "0000:87:00.0")["state"] == "gone"
-    assert (gpu(report, "0000:90:00.0")["state"], gpu(report, "0000:90:00.0")["action"]) == ("warning", "reset-gpu")
+    assert (gpu(report, "0000:90:00.0")["state"], gpu(report, "0000:90:00.0")["action"]) == (
+        "warning",
+        "reset-gpu",
+    )
     assert report["healthy"] == 4
     value = metrics.registry.get_sample_value
-    assert value("gpu_operator_gpu_xid_total", {"gpu": "0000:3b:00.0", "xid": "79", "action": "reboot",
-                                                "source": "nvml"}) == 1
+    assert (
+        value(
+            "gpu_operator_gpu_xid_total",
+            {"gpu": "0000:3b:00.0", "xid": "79", "action": "reboot", "source": "nvml"},
+        )
+        == 1
+    )
     assert value("gpu_operator_gpu_health_state", {"gpu": "0000:87:00.0", "state": "gone"}) == 1
     assert value("gpu_operator_gpu_health_state", {"gpu": "0000:0a:00.0", "state": "healthy"}) == 1
     assert value("gpu_operator_gpu_health_state", {"gpu": "0000:0a:00.0", "state": "gone"}) == 0
@@ -278,7 +298,11 @@ def test_kmsg_created_or_replaced_after_start_is_read_from_its_beginning(host: H
 
 
 def test_catalogue_classes() -> None:
-    assert (classify(79).action, classify(79).state, classify(79).bucket) == ("reboot", "unhealthy", "RESTART_BM")
+    assert (classify(79).action, classify(79).state, classify(79).bucket) == (
+        "reboot",
+        "unhealthy",
+        "RESTART_BM",
+    )
     assert (classify(13).action, classify(13).state) == ("restart-app", "warning")
     assert (classify(48).action, classify(48).state) == ("reset-gpu", "unhealthy")
     assert (classify(109).bucket, classify(109).state) == ("RESET_GPU", "warning")  # the device plugin's rule
@@ -289,8 +313,15 @@ def test_catalogue_classes() -> None:
 
 
 def test_the_parser_refuses_garbage_naming_the_field() -> None:
-    good = {"v": 1, "validated": True, "state": "healthy", "action": "none", "healthy": 1, "gpus": [],
-            "sources": ["pci"]}
+    good = {
+        "v": 1,
+        "validated": True,
+        "state": "healthy",
+        "action": "none",
+        "healthy": 1,
+        "gpus": [],
+        "sources": ["pci"],
+    }
     assert HealthReport.parse(json.dumps(good)).ready
     cases = {
         "not json{": "not JSON",
@@ -298,10 +329,20 @@ def test_the_parser_refuses_garbage_naming_the_field() -> None:
         json.dumps({**good, "v": 2}): "schema version",
         json.dumps({**good, "healthy": -1}): "field healthy",
         json.dumps({**good, "extra": 1}): "field extra",
-        json.dumps({**good, "gpus": [{"bus": "41:00", "state": "gone", "action": "reboot", "reason": ""}],
-                    "state": "gone"}): "field gpus.0.bus",
-        json.dumps({**good, "gpus": [{"bus": "0000:41:00.0", "state": "gone", "action": "wipe", "reason": ""}],
-                    "state": "gone"}): "field gpus.0.action",
+        json.dumps(
+            {
+                **good,
+                "gpus": [{"bus": "41:00", "state": "gone", "action": "reboot", "reason": ""}],
+                "state": "gone",
+            }
+        ): "field gpus.0.bus",
+        json.dumps(
+            {
+                **good,
+                "gpus": [{"bus": "0000:41:00.0", "state": "gone", "action": "wipe", "reason": ""}],
+                "state": "gone",
+            }
+        ): "field gpus.0.action",
         json.dumps({**good, "state": "unhealthy"}): "not the worst GPU state",
         json.dumps({**good, "missing": ["cuda"]}): "validated is true but missing",
         json.dumps({**good, "validated": "yes"}): "field validated",
@@ -322,10 +363,13 @@ def test_once_prints_a_report_that_includes_the_log_present_now(host: HostFS) ->
 
 def test_the_command_refuses_bad_options(tmp_path: Path) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, ["node", "health", "--once", "--host-root", str(tmp_path), "--validations", "drvier"])
+    result = runner.invoke(
+        app, ["node", "health", "--once", "--host-root", str(tmp_path), "--validations", "drvier"]
+    )
     assert result.exit_code == 2 and "--validations" in result.output
-    result = runner.invoke(app, ["node", "health", "--host-root", str(tmp_path), "--metrics-port", "0"],
-                           env={"NODE_NAME": ""})
+    result = runner.invoke(
+        app, ["node", "health", "--host-root", str(tmp_path), "--metrics-port", "0"], env={"NODE_NAME": ""}
+    )
     assert result.exit_code == 2 and "--node-name" in result.output
 
 
@@ -361,8 +405,14 @@ def test_the_annotation_publisher_merge_patches_the_report_only() -> None:
     client = Client()
     publisher = AnnotationPublisher("node-a", client=client)
     asyncio.run(publisher.publish('{"v":1}'))
-    assert client.calls == [("Node", "node-a", {"metadata": {"annotations": {
-        "nvidia.com/gpu-health.report": '{"v":1}'}}}, "PatchType.MERGE")]
+    assert client.calls == [
+        (
+            "Node",
+            "node-a",
+            {"metadata": {"annotations": {"nvidia.com/gpu-health.report": '{"v":1}'}}},
+            "PatchType.MERGE",
+        )
+    ]
     assert publisher.patches == 1
 
 
@@ -393,7 +443,9 @@ def test_a_kmsg_device_that_opens_late_is_read_from_its_end(tmp_path: Path) -> N
         os.mknod(fs.resolve("/dev/kmsg"), stat.S_IFCHR | 0o600, os.makedev(1, 11))
         whole = KmsgFollower(fs, from_start=True)
     except PermissionError:
-        pytest.fail("this test makes /dev/kmsg's device node in a host tree: run the suite as root (CAP_MKNOD)")
+        pytest.fail(
+            "this test makes /dev/kmsg's device node in a host tree: run the suite as root (CAP_MKNOD)"
+        )
     held = whole.poll()
     whole.close()
     assert not whole.error, f"the kernel log cannot be read here: {whole.error}"
@@ -401,4 +453,3 @@ def test_a_kmsg_device_that_opens_late_is_read_from_its_end(tmp_path: Path) -> N
     late = follower.poll()
     follower.close()
     assert follower.regular is False and len(late) < len(held) // 2  # only what the kernel wrote meanwhile
-

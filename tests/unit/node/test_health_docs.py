@@ -22,7 +22,7 @@ PAGE = Path(__file__).resolve().parents[3] / "docs" / "node-agents.md"
 def section() -> str:
     text = PAGE.read_text()
     start = text.index("## The health agent")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def test_the_example_report_is_the_agents_output(build_host: Any) -> None:
@@ -34,8 +34,12 @@ def test_the_example_report_is_the_agents_output(build_host: Any) -> None:
         fs.write_text(f"{VALIDATIONS_DIR}/{component}-ready", "")
     agent = HealthAgent(fs, "node-a", nvml=False, log=lambda _: None)
     with fs.resolve("/dev/kmsg").open("a") as kmsg:
-        kmsg.write("3,2,5000,-;NVRM: Xid (PCI:0000:0a:00): 79, pid=0, name=kworker, GPU has fallen off the bus.\n")
-        kmsg.write("3,3,6000,-;NVRM: Xid (PCI:0000:c1:00): 13, pid=4242, name=python, Graphics SM Warp Exception\n")
+        kmsg.write(
+            "3,2,5000,-;NVRM: Xid (PCI:0000:0a:00): 79, pid=0, name=kworker, GPU has fallen off the bus.\n"
+        )
+        kmsg.write(
+            "3,3,6000,-;NVRM: Xid (PCI:0000:c1:00): 13, pid=4242, name=python, Graphics SM Warp Exception\n"
+        )
     fs.remove("/sys/bus/pci/devices/0000:18:00.0")
     report = agent.observe()
     assert report == documented
@@ -45,7 +49,9 @@ def test_the_example_report_is_the_agents_output(build_host: Any) -> None:
 def test_the_metrics_table_is_what_the_agent_registers() -> None:
     rows = tables(PAGE, "health metric")
     documented = {re.sub(r"\{.*\}$", "", re.findall(r"`([^`]+)`", row[0])[0]) for row in rows}
-    registered = {f.name + ("_total" if f.type == "counter" else "") for f in HealthMetrics().registry.collect()}
+    registered = {
+        f.name + ("_total" if f.type == "counter" else "") for f in HealthMetrics().registry.collect()
+    }
     assert documented == registered
 
 
@@ -71,9 +77,11 @@ def test_doctors_xid_row_matches_its_severities() -> None:
     from gpu_operator.node.kernellog import xid_kind
 
     row = next(r for r in tables(PAGE, "code") if r[0] == "`xid-N`")[1]
-    parts = {"error": row.split("is an error (", 1)[1].split(")", 1)[0],
-             "warning": row.split("a warning (", 1)[1].split("any number", 1)[0],
-             "info": row.split("`healthy` information (", 1)[1].split(")", 1)[0]}
+    parts = {
+        "error": row.split("is an error (", 1)[1].split(")", 1)[0],
+        "warning": row.split("a warning (", 1)[1].split("any number", 1)[0],
+        "info": row.split("`healthy` information (", 1)[1].split(")", 1)[0],
+    }
     for severity, text in parts.items():
         codes = [int(n) for n in re.findall(r"\d+", text)]
         assert codes, severity

@@ -59,7 +59,11 @@ def test_a_new_boot_finds_its_gpus_anew(host: HostFS) -> None:
 
 def test_forged_entries_count_for_nothing(host: HostFS) -> None:
     boot = (host.read_text(BOOT_ID) or "").strip()
-    forged = {"not-a-bus": "nvidia", "0000:ZZ:00.0": None, **{f"0000:{i:02x}:1f.7": None for i in range(MAX_GPUS + 5)}}
+    forged = {
+        "not-a-bus": "nvidia",
+        "0000:ZZ:00.0": None,
+        **{f"0000:{i:02x}:1f.7": None for i in range(MAX_GPUS + 5)},
+    }
     host.write_text(INVENTORY, json.dumps({"bootId": boot, "gpus": forged}))
     report = agent(host)[0].observe()
     assert "not-a-bus" not in states(report) and "0000:ZZ:00.0" not in states(report)

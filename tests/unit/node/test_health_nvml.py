@@ -48,8 +48,13 @@ def test_the_standin_answers_gpu_is_lost_to_every_call_on_a_lost_gpu() -> None:
     nvml = NvmlStandin(GPUS)
     handle = nvml.nvmlDeviceGetHandleByIndex(2)
     nvml.lost.add(2)
-    for call in (nvml.nvmlDeviceGetPciInfo, nvml.nvmlDeviceGetIndex, nvml.nvmlDeviceGetUUID,
-                 lambda h: nvml.nvmlDeviceGetTemperature(h, 0), lambda h: nvml.nvmlDeviceGetFieldValues(h, [230])):
+    for call in (
+        nvml.nvmlDeviceGetPciInfo,
+        nvml.nvmlDeviceGetIndex,
+        nvml.nvmlDeviceGetUUID,
+        lambda h: nvml.nvmlDeviceGetTemperature(h, 0),
+        lambda h: nvml.nvmlDeviceGetFieldValues(h, [230]),
+    ):
         with pytest.raises(NvmlStandin.NVMLError) as err:
             call(handle)
         assert err.value.value == nvml.NVML_ERROR_GPU_IS_LOST
@@ -63,8 +68,11 @@ def test_a_gpu_lost_before_the_agent_starts_is_gone_from_the_first_poll(host: Ho
     agent = agent_for(host, nvml)
     gpus = listed(agent.observe())
     assert list(gpus) == ["0000:3b:00.0"]  # the one GPU of the node NVML could not name
-    assert (gpus["0000:3b:00.0"]["state"], gpus["0000:3b:00.0"]["action"], gpus["0000:3b:00.0"]["index"]) == \
-        ("gone", "reboot", 2)
+    assert (gpus["0000:3b:00.0"]["state"], gpus["0000:3b:00.0"]["action"], gpus["0000:3b:00.0"]["index"]) == (
+        "gone",
+        "reboot",
+        2,
+    )
     assert any("GPU 2 does not answer" in line for line in agent.logs)  # type: ignore[attr-defined]
 
 
@@ -97,8 +105,10 @@ def test_a_gpu_lost_after_start_is_gone_whatever_it_answers(host: HostFS) -> Non
     nvml.lost.add(4)
     nvml.queue.append((4, XID_EVENT, 79))  # identified by its handle: no call answers for it any more
     gpus = listed(agent.observe())
-    assert list(gpus) == ["0000:87:00.0"] and (gpus["0000:87:00.0"]["state"], gpus["0000:87:00.0"]["xid"]) == \
-        ("gone", 79)
+    assert list(gpus) == ["0000:87:00.0"] and (
+        gpus["0000:87:00.0"]["state"],
+        gpus["0000:87:00.0"]["xid"],
+    ) == ("gone", 79)
 
 
 def test_an_xid_79_event_of_a_device_nvml_cannot_name_marks_every_gpu_it_could_be(host: HostFS) -> None:
@@ -123,21 +133,32 @@ def test_gpu_check_lists_the_answering_gpus_and_names_the_lost_bus(build_host: A
     assert "0000:3b:00.0" in step.summary
 
 
-@pytest.mark.parametrize(("value", "word", "action"), [
-    (GPU_RESET, "gpu-reset", "reset-gpu"), (NODE_REBOOT, "node-reboot", "reboot"),
-    (DRAIN_P2P, "drain-p2p", "reset-gpu"), (DRAIN_AND_RESET, "drain-and-reset", "reset-gpu"),
-    (5, "recover-imex-domain", "none"), (6, "bus-reset", "reboot"), (7, "system-reboot", "reboot"),
-])
-def test_the_recovery_action_alone_makes_a_gpu_unhealthy_with_its_action(host: HostFS, value: int, word: str,
-                                                                         action: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "word", "action"),
+    [
+        (GPU_RESET, "gpu-reset", "reset-gpu"),
+        (NODE_REBOOT, "node-reboot", "reboot"),
+        (DRAIN_P2P, "drain-p2p", "reset-gpu"),
+        (DRAIN_AND_RESET, "drain-and-reset", "reset-gpu"),
+        (5, "recover-imex-domain", "none"),
+        (6, "bus-reset", "reboot"),
+        (7, "system-reboot", "reboot"),
+    ],
+)
+def test_the_recovery_action_alone_makes_a_gpu_unhealthy_with_its_action(
+    host: HostFS, value: int, word: str, action: str
+) -> None:
     nvml = NvmlStandin(GPUS)
     nvml.recovery[3] = value
     gpus = listed(agent_for(host, nvml).observe())
-    assert {b: (g["state"], g["action"], g["recovery"]) for b, g in gpus.items()} == \
-        {"0000:44:00.0": ("unhealthy", action, word)}
+    assert {b: (g["state"], g["action"], g["recovery"]) for b, g in gpus.items()} == {
+        "0000:44:00.0": ("unhealthy", action, word)
+    }
 
 
-def test_the_recovery_action_comes_ahead_of_the_catalogue_and_its_return_to_none_releases(host: HostFS) -> None:
+def test_the_recovery_action_comes_ahead_of_the_catalogue_and_its_return_to_none_releases(
+    host: HostFS,
+) -> None:
     nvml = NvmlStandin(GPUS)
     agent = agent_for(host, nvml)
     nvml.recovery[3] = GPU_RESET
@@ -149,8 +170,11 @@ def test_the_recovery_action_comes_ahead_of_the_catalogue_and_its_return_to_none
     assert (gpus["0000:18:00.0"]["state"], gpus["0000:18:00.0"]["action"]) == ("unhealthy", "reboot")
     nvml.recovery[3] = nvml.recovery[1] = NONE  # the driver no longer asks for anything
     gpus = listed(agent.observe())
-    assert (gpus["0000:44:00.0"]["state"], gpus["0000:44:00.0"]["action"], gpus["0000:44:00.0"]["recovery"]) == \
-        ("warning", "restart-app", "none")
+    assert (
+        gpus["0000:44:00.0"]["state"],
+        gpus["0000:44:00.0"]["action"],
+        gpus["0000:44:00.0"]["recovery"],
+    ) == ("warning", "restart-app", "none")
     assert gpus["0000:18:00.0"]["state"] == "warning"
 
 
@@ -162,7 +186,12 @@ def test_a_milder_recovery_action_replaces_the_catalogues(host: HostFS) -> None:
     nvml.recovery[3] = GPU_RESET
     nvml.queue.append((3, XID_EVENT, 160))
     gpu = listed(agent.observe())["0000:44:00.0"]
-    assert (gpu["state"], gpu["action"], gpu["xid"], gpu["recovery"]) == ("unhealthy", "reset-gpu", 160, "gpu-reset")
+    assert (gpu["state"], gpu["action"], gpu["xid"], gpu["recovery"]) == (
+        "unhealthy",
+        "reset-gpu",
+        160,
+        "gpu-reset",
+    )
 
 
 def test_without_the_field_the_catalogue_decides_and_the_report_has_no_recovery(host: HostFS) -> None:
@@ -175,9 +204,11 @@ def test_without_the_field_the_catalogue_decides_and_the_report_has_no_recovery(
 
 
 def test_a_report_without_recovery_still_parses() -> None:
-    old = ('{"action":"reset-gpu","gpus":[{"action":"reset-gpu","bus":"0000:44:00.0","reason":"Xid 48","state":'
-           '"unhealthy","xid":48}],"healthy":7,"sources":["kmsg","pci","proc"],"state":"unhealthy","v":1,'
-           '"validated":true}')
+    old = (
+        '{"action":"reset-gpu","gpus":[{"action":"reset-gpu","bus":"0000:44:00.0","reason":"Xid 48","state":'
+        '"unhealthy","xid":48}],"healthy":7,"sources":["kmsg","pci","proc"],"state":"unhealthy","v":1,'
+        '"validated":true}'
+    )
     assert HealthReport.parse(old).gpus[0].recovery is None
 
 
@@ -185,11 +216,16 @@ def test_the_numbers_are_the_pinned_bindings() -> None:
     import pynvml
 
     assert RECOVERY_FIELD == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-    named = {getattr(pynvml, n): n.removeprefix("NVML_GPU_RECOVERY_ACTION_").lower().replace("_", "-")
-             for n in dir(pynvml) if n.startswith("NVML_GPU_RECOVERY_ACTION_")}
+    named = {
+        getattr(pynvml, n): n.removeprefix("NVML_GPU_RECOVERY_ACTION_").lower().replace("_", "-")
+        for n in dir(pynvml)
+        if n.startswith("NVML_GPU_RECOVERY_ACTION_")
+    }
     assert named == RECOVERY_ACTIONS
-    assert (NvmlStandin.NVML_ERROR_GPU_IS_LOST, NvmlStandin.NVML_ERROR_NOT_SUPPORTED) == \
-        (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert (NvmlStandin.NVML_ERROR_GPU_IS_LOST, NvmlStandin.NVML_ERROR_NOT_SUPPORTED) == (
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+    )
 
 
 def test_the_real_bindings_read_the_recovery_field_where_the_driver_loads() -> None:

@@ -39,8 +39,10 @@ def test_vendor_and_class_are_read_once_per_listing_and_the_driver_every_step(bu
     link.unlink()
     assert BUS not in pci_gpus(fs, kinds) and BUS not in kinds  # gone: forgotten
     os.symlink(target, link)  # back (a rescan): read again
-    assert BUS in pci_gpus(fs, kinds) and fs.reads == [f"/sys/bus/pci/devices/{BUS}/vendor",
-                                                       f"/sys/bus/pci/devices/{BUS}/class"]
+    assert BUS in pci_gpus(fs, kinds) and fs.reads == [
+        f"/sys/bus/pci/devices/{BUS}/vendor",
+        f"/sys/bus/pci/devices/{BUS}/class",
+    ]
 
 
 def test_without_a_kept_table_every_call_reads_afresh(build_host: Any) -> None:

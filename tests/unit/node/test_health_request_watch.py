@@ -17,8 +17,20 @@ from tests.unit.node.healthkit import BUS, asked
 
 @pytest.mark.parametrize("text", ["done", "refused:held by pid 7 (x)", "failed:exit 1"])
 def test_the_operator_reads_each_outcome(text: str) -> None:
-    report = HealthReport.parse(encode({"v": 1, "validated": True, "state": "healthy", "action": "none",
-                                        "healthy": 8, "gpus": [], "sources": ["pci"], "reset": {BUS: text}}))
+    report = HealthReport.parse(
+        encode(
+            {
+                "v": 1,
+                "validated": True,
+                "state": "healthy",
+                "action": "none",
+                "healthy": 8,
+                "gpus": [],
+                "sources": ["pci"],
+                "reset": {BUS: text},
+            }
+        )
+    )
     assert report.reset_outcome(BUS) == tuple(text.partition(":")[::2])
 
 
@@ -43,11 +55,27 @@ def test_the_request_watch_keeps_the_node_and_its_entry_and_watches_again_after_
             self.calls.append((resource.__name__, namespace, fields))
             if resource is Node:
                 if sum(c[0] == "Node" for c in self.calls) == 1:
-                    yield "ADDED", Node(metadata=ObjectMeta(name="node-a", labels={HEALTH_STATE: "validating"},
-                                                            annotations={HEALTH_SINCE_ANNOTATION: "1"}))
+                    yield (
+                        "ADDED",
+                        Node(
+                            metadata=ObjectMeta(
+                                name="node-a",
+                                labels={HEALTH_STATE: "validating"},
+                                annotations={HEALTH_SINCE_ANNOTATION: "1"},
+                            )
+                        ),
+                    )
                     raise ConnectionError("apiserver away")
-                yield "MODIFIED", Node(metadata=ObjectMeta(name="node-a", labels={HEALTH_STATE: "validating"},
-                                                           annotations={HEALTH_SINCE_ANNOTATION: "100"}))
+                yield (
+                    "MODIFIED",
+                    Node(
+                        metadata=ObjectMeta(
+                            name="node-a",
+                            labels={HEALTH_STATE: "validating"},
+                            annotations={HEALTH_SINCE_ANNOTATION: "100"},
+                        )
+                    ),
+                )
             else:
                 data = {"node-a": base64.b64encode(entry.encode()).decode(), "node-b": "e30="}
                 yield "ADDED", Secret(metadata=ObjectMeta(name=HEALTH_REQUESTS_SECRET), data=data)
@@ -61,7 +89,8 @@ def test_the_request_watch_keeps_the_node_and_its_entry_and_watches_again_after_
             break
         threading.Event().wait(0.05)
     assert sorted(client.calls) == [("Node", None, {"metadata.name": "node-a"})] * 2 + [
-        ("Secret", "gpu-operator", {"metadata.name": HEALTH_REQUESTS_SECRET})]
+        ("Secret", "gpu-operator", {"metadata.name": HEALTH_REQUESTS_SECRET})
+    ]
     assert watch.current() == asked()
     assert logs == ["watching Node node-a failed (apiserver away); watching again"]
 
@@ -69,15 +98,26 @@ def test_the_request_watch_keeps_the_node_and_its_entry_and_watches_again_after_
 def test_the_operator_refuses_an_outcome_it_does_not_know_naming_the_field() -> None:
     from gpu_operator.api.health import ReportError
 
-    base = {"v": 1, "validated": True, "state": "healthy", "action": "none", "healthy": 8, "gpus": [],
-            "sources": ["pci"]}
+    base = {
+        "v": 1,
+        "validated": True,
+        "state": "healthy",
+        "action": "none",
+        "healthy": 8,
+        "gpus": [],
+        "sources": ["pci"],
+    }
     with pytest.raises(ReportError, match=rf"field reset\.{BUS}: String should match pattern"):
         HealthReport.parse(encode({**base, "reset": {BUS: "ok"}}))
     with pytest.raises(ReportError, match=r"field reset\.0000:44:00\.\[key\]: String should match pattern"):
-        HealthReport.parse(encode({**base, "reset": {"0000:44:00": "done"}}))  # not a bus id as sysfs names it
+        HealthReport.parse(
+            encode({**base, "reset": {"0000:44:00": "done"}})
+        )  # not a bus id as sysfs names it
 
 
-def test_the_command_runs_the_agent_with_requests_and_the_request_watch(build_host: Any, monkeypatch: Any) -> None:
+def test_the_command_runs_the_agent_with_requests_and_the_request_watch(
+    build_host: Any, monkeypatch: Any
+) -> None:
     from typer.testing import CliRunner
 
     from gpu_operator.cli import app
@@ -93,7 +133,9 @@ def test_the_command_runs_the_agent_with_requests_and_the_request_watch(build_ho
         def current(self) -> Seen:
             return Seen()
 
-    async def fake_run(agent: HealthAgent, publisher: Any, interval: float, stop: Any, requests: Any = None) -> None:
+    async def fake_run(
+        agent: HealthAgent, publisher: Any, interval: float, stop: Any, requests: Any = None
+    ) -> None:
         seen.update(agent=agent, publisher=publisher, requests=requests)
 
     monkeypatch.setattr(kubeapi, "new_client", lambda: object())
@@ -101,8 +143,20 @@ def test_the_command_runs_the_agent_with_requests_and_the_request_watch(build_ho
     monkeypatch.setattr(agent_module, "run", fake_run)
     monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-operator")
     root = build_host("h100-nvidia-bound").fs.root
-    result = CliRunner().invoke(app, ["node", "health", "--host-root", str(root), "--node-name", "node-a",
-                                      "--metrics-port", "0", "--no-nvml"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "node",
+            "health",
+            "--host-root",
+            str(root),
+            "--node-name",
+            "node-a",
+            "--metrics-port",
+            "0",
+            "--no-nvml",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert seen["watched"] == ("node-a", "gpu-operator") and isinstance(seen["requests"], Watch)
     actor = seen["agent"].requests

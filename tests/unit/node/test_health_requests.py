@@ -58,24 +58,55 @@ def test_a_reset_request_resets_a_free_gpu_clears_its_xid_and_is_answered(build_
     assert resets.calls == [BUS, BUS] and report_of(agent).answered == "reset-gpu:1:160"
 
 
-@pytest.mark.parametrize(("seen", "why"), [
-    (Seen({HEALTH_STATE: "validating"}, {HEALTH_SINCE_ANNOTATION: "100",
-                                         "nvidia.com/gpu-health.reset-requested": BUS,
-                                         "nvidia.com/gpu-health.reboot-requested": "100"}), ""),
-    (asked(node="node-b"), "the request names node 'node-b', not this node (node-a)"),
-    (asked(remediation=False), "the request says remediation is off"),
-    (asked(state="quarantined"), "the request belongs to attempt 0 since 100; the Node is in state "
-                                 "'quarantined', attempts 0, since 100"),
-    (asked(notes={HEALTH_SINCE_ANNOTATION: "90"}), "the request belongs to attempt 0 since 100; the Node is "
-                                                   "in state 'validating', attempts 0, since 90"),
-    (asked(notes={HEALTH_ATTEMPTS_ANNOTATION: "2"}), "the request belongs to attempt 0 since 100; the Node is "
-                                                     "in state 'validating', attempts 2, since 100"),
-    (Seen({HEALTH_STATE: "validating"}, {HEALTH_SINCE_ANNOTATION: "100"}, '{"v":1,"node":"node-a"}'),
-     "the request for this node is unreadable: field action: None is none of reset-gpu, reboot"),
-], ids=["node-annotations", "another-node", "remediation-off", "not-validating", "another-since",
-        "another-attempt", "unreadable"])
-def test_nothing_but_the_operators_request_for_this_attempt_is_carried_out(build_host: Any, seen: Seen,
-                                                                            why: str) -> None:
+@pytest.mark.parametrize(
+    ("seen", "why"),
+    [
+        (
+            Seen(
+                {HEALTH_STATE: "validating"},
+                {
+                    HEALTH_SINCE_ANNOTATION: "100",
+                    "nvidia.com/gpu-health.reset-requested": BUS,
+                    "nvidia.com/gpu-health.reboot-requested": "100",
+                },
+            ),
+            "",
+        ),
+        (asked(node="node-b"), "the request names node 'node-b', not this node (node-a)"),
+        (asked(remediation=False), "the request says remediation is off"),
+        (
+            asked(state="quarantined"),
+            "the request belongs to attempt 0 since 100; the Node is in state "
+            "'quarantined', attempts 0, since 100",
+        ),
+        (
+            asked(notes={HEALTH_SINCE_ANNOTATION: "90"}),
+            "the request belongs to attempt 0 since 100; the Node is "
+            "in state 'validating', attempts 0, since 90",
+        ),
+        (
+            asked(notes={HEALTH_ATTEMPTS_ANNOTATION: "2"}),
+            "the request belongs to attempt 0 since 100; the Node is "
+            "in state 'validating', attempts 2, since 100",
+        ),
+        (
+            Seen({HEALTH_STATE: "validating"}, {HEALTH_SINCE_ANNOTATION: "100"}, '{"v":1,"node":"node-a"}'),
+            "the request for this node is unreadable: field action: None is none of reset-gpu, reboot",
+        ),
+    ],
+    ids=[
+        "node-annotations",
+        "another-node",
+        "remediation-off",
+        "not-validating",
+        "another-since",
+        "another-attempt",
+        "unreadable",
+    ],
+)
+def test_nothing_but_the_operators_request_for_this_attempt_is_carried_out(
+    build_host: Any, seen: Seen, why: str
+) -> None:
     fs = make_host(build_host)
     resets = Resets()
     agent = agent_with(fs, resets)
@@ -90,9 +121,14 @@ def test_nothing_but_the_operators_request_for_this_attempt_is_carried_out(build
 
 def test_a_held_gpu_is_not_reset_and_is_tried_again_once_free(build_host: Any) -> None:
     # pid 1 is some host process (the agent is pid 1 only inside its container); AGENT_PID is the agent
-    fs = make_host(build_host, [{"pid": 77, "comm": "python3", "fds": ["/dev/nvidia3"]},
-                                {"pid": 1, "comm": "systemd", "fds": ["/dev/nvidia3"]},
-                                {"pid": AGENT_PID, "comm": "gpu-operator", "fds": ["/dev/nvidia7"]}])
+    fs = make_host(
+        build_host,
+        [
+            {"pid": 77, "comm": "python3", "fds": ["/dev/nvidia3"]},
+            {"pid": 1, "comm": "systemd", "fds": ["/dev/nvidia3"]},
+            {"pid": AGENT_PID, "comm": "gpu-operator", "fds": ["/dev/nvidia7"]},
+        ],
+    )
     resets = Resets()
     agent = agent_with(fs, resets)
     assert own_host_pid(fs) == AGENT_PID
@@ -118,13 +154,16 @@ def test_without_its_host_pid_every_holder_counts(build_host: Any) -> None:
     resets = Resets()
     agent = agent_with(fs, resets)
     agent.act(asked())
-    assert resets.calls == [] and report_of(agent).reset_outcome(BUS) == ("refused", f"held by pid {AGENT_PID} "
-                                                                          "(gpu-operator)")
+    assert resets.calls == [] and report_of(agent).reset_outcome(BUS) == (
+        "refused",
+        f"held by pid {AGENT_PID} (gpu-operator)",
+    )
 
 
 def test_nvml_is_let_go_before_the_holders_are_read(build_host: Any) -> None:
     fs = make_host(build_host)
     order: list[str] = []
+
     def reset(_bus: str) -> tuple[bool, str]:
         order.append("reset")
         return True, ""
@@ -234,8 +273,9 @@ def test_nvidia_smi_is_run_through_the_driver_root(build_host: Any) -> None:
         def __init__(self) -> None:
             self.calls: list[tuple[list[str], str | None]] = []
 
-        def run(self, argv: list[str], *, root: str | None = "/", timeout: float = 60.0,
-                env: Any = None) -> CommandResult:
+        def run(
+            self, argv: list[str], *, root: str | None = "/", timeout: float = 60.0, env: Any = None
+        ) -> CommandResult:
             self.calls.append((list(argv), root))
             return CommandResult(tuple(argv), 0)
 
@@ -253,16 +293,21 @@ def test_persistence_mode_is_turned_off_for_the_reset_and_back_on(build_host: An
         def __init__(self) -> None:
             self.calls: list[list[str]] = []
 
-        def run(self, argv: list[str], *, root: str | None = "/", timeout: float = 60.0,
-                env: Any = None) -> CommandResult:
+        def run(
+            self, argv: list[str], *, root: str | None = "/", timeout: float = 60.0, env: Any = None
+        ) -> CommandResult:
             self.calls.append(list(argv[1:]))
             out = "Enabled\n" if "--query-gpu=persistence_mode" in argv else ""
             return CommandResult(tuple(argv), 0, stdout=out)
 
     runner = Runner()
     ok, _ = smi_resetter(fs, runner)(BUS)
-    assert ok and runner.calls == [["-i", BUS, "--query-gpu=persistence_mode", "--format=csv,noheader"],
-                                   ["-i", BUS, "-pm", "0"], ["-r", "-i", BUS], ["-i", BUS, "-pm", "1"]]
+    assert ok and runner.calls == [
+        ["-i", BUS, "--query-gpu=persistence_mode", "--format=csv,noheader"],
+        ["-i", BUS, "-pm", "0"],
+        ["-r", "-i", BUS],
+        ["-i", BUS, "-pm", "1"],
+    ]
 
 
 def test_no_nvidia_smi_fails_the_reset_naming_it(build_host: Any) -> None:

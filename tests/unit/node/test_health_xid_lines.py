@@ -25,38 +25,84 @@ NODE_GPUS = set(GPUS)
 # no level (kernel-open/nvidia/os-interface.c nv_printf), so the record takes the default level,
 # warning, facility kern. Addresses changed to GPUs of the fixture host.
 REAL = [
-    (4, "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
-     "0000:3b:00.0", 79, "open-gpu-kernel-modules kernel_rc.c XID_PRINT_WITH_ATTR with a process; "
-     "NVIDIA's Xid catalogue's example"),
-    (4, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "0000:3b:00.0", 79,
-     "kernel_rc.c XID_PRINT_WITH_ATTR, no process (procName NULL)"),
-    (4, "NVRM: Xid (PCI:0000:0a:00): 13, pid=1234, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, "
-        "SM 0): Out Of Range Address", "0000:0a:00.0", 13, "kernel_rc.c, the catalogue's Xid 13 text"),
-    (4, "NVRM: Xid (PCI:0000:44:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
-     "0000:44:00.0", 94, "src/nvidia/src/kernel/gpu/arch/ampere/kern_gpu_error_cont_ga100.c (comment)"),
-    (4, "NVRM: Xid (PCI:0000:44:00): 95, pid=7062, Uncontained: LTC TAG (0x2, 0x1). RST: Yes, D-RST: No",
-     "0000:44:00.0", 95, "kern_gpu_error_cont_ga100.c (comment)"),
-    (4, "NVRM: Xid (PCI:0000:c1:00 GPU-I:02 GPU-CI:01): 43, pid=99, name=train, Ch 00000008",
-     "0000:c1:00.0", 43, "kernel_rc.c, GPU-I and GPU-CI attribution"),
-    (3, faults.xid_message("0000:87:00", 48), "0000:87:00.0", 48,
-     "the simulator's `sim fault --xid` record (sim/hardware/faults.py, facility kern level err)"),
+    (
+        4,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "0000:3b:00.0",
+        79,
+        "open-gpu-kernel-modules kernel_rc.c XID_PRINT_WITH_ATTR with a process; "
+        "NVIDIA's Xid catalogue's example",
+    ),
+    (
+        4,
+        "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+        "0000:3b:00.0",
+        79,
+        "kernel_rc.c XID_PRINT_WITH_ATTR, no process (procName NULL)",
+    ),
+    (
+        4,
+        "NVRM: Xid (PCI:0000:0a:00): 13, pid=1234, name=python3, Graphics SM Warp Exception on (GPC 0, TPC 1, "
+        "SM 0): Out Of Range Address",
+        "0000:0a:00.0",
+        13,
+        "kernel_rc.c, the catalogue's Xid 13 text",
+    ),
+    (
+        4,
+        "NVRM: Xid (PCI:0000:44:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). RST: No, D-RST: No",
+        "0000:44:00.0",
+        94,
+        "src/nvidia/src/kernel/gpu/arch/ampere/kern_gpu_error_cont_ga100.c (comment)",
+    ),
+    (
+        4,
+        "NVRM: Xid (PCI:0000:44:00): 95, pid=7062, Uncontained: LTC TAG (0x2, 0x1). RST: Yes, D-RST: No",
+        "0000:44:00.0",
+        95,
+        "kern_gpu_error_cont_ga100.c (comment)",
+    ),
+    (
+        4,
+        "NVRM: Xid (PCI:0000:c1:00 GPU-I:02 GPU-CI:01): 43, pid=99, name=train, Ch 00000008",
+        "0000:c1:00.0",
+        43,
+        "kernel_rc.c, GPU-I and GPU-CI attribution",
+    ),
+    (
+        3,
+        faults.xid_message("0000:87:00", 48),
+        "0000:87:00.0",
+        48,
+        "the simulator's `sim fault --xid` record (sim/hardware/faults.py, facility kern level err)",
+    ),
 ]
 
 SEGV = "segfault at 0 ip 00007f3a2b1c0000 sp 00007ffd5e1f0000 error 4"
 # Forged or foreign: (prio or None for no header, message, reason)
 FORGED = [
     (6, f"evil[4242]: {SEGV} in NVRM: Xid (PCI:0000:3b:00): 79, x[7f3a2b1c0000+1000]", "not-at-start"),
-    (6, f"python3[77]: {SEGV} in NVRM: Xid (PCI:0000:0a:00): 48, pid=1, name=x, y.so[7f00+2000] likely on CPU 3",
-     "not-at-start"),
+    (
+        6,
+        f"python3[77]: {SEGV} in NVRM: Xid (PCI:0000:0a:00): 48, pid=1, name=x, y.so[7f00+2000] likely on CPU 3",
+        "not-at-start",
+    ),
     # a process named to start with the prefix: comm holds 15 characters, so the address never follows
     (6, f"NVRM: Xid (PCI:[4242]: {SEGV} in libc.so.6[7f00+1000]", "unparsed"),
     (4, " NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "not-at-start"),
-    (12, "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
-     "not-kernel"),  # user.warning: what `echo ... > /dev/kmsg` writes
+    (
+        12,
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "not-kernel",
+    ),  # user.warning: what `echo ... > /dev/kmsg` writes
     (27, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "not-kernel"),  # daemon.err
     (None, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "not-kernel"),  # no kmsg header
     (4, "NVRM: Xid (PCI:0000:3c:00): 79, GPU has fallen off the bus.", "not-a-gpu"),  # no GPU there
-    (4, "NVRM: Xid (PCI:0000:3b:00.1): 79, GPU has fallen off the bus.", "not-a-gpu"),  # the GPU's audio function
+    (
+        4,
+        "NVRM: Xid (PCI:0000:3b:00.1): 79, GPU has fallen off the bus.",
+        "not-a-gpu",
+    ),  # the GPU's audio function
     (4, "NVRM: Xid (PCI:0001:3b:00): 79, GPU has fallen off the bus.", "not-a-gpu"),  # another domain
     (4, "NVRM: Xid (PCI:0000:3b:00): 79 GPU has fallen off the bus.", "unparsed"),  # not the driver's format
 ]
@@ -85,15 +131,18 @@ def parsed(prio: int | None, message: str) -> KmsgRecord:
     return record
 
 
-@pytest.mark.parametrize(("prio", "message", "bus", "xid", "source"), REAL, ids=[f"xid{r[3]}-{i}" for i, r in
-                                                                                   enumerate(REAL)])
+@pytest.mark.parametrize(
+    ("prio", "message", "bus", "xid", "source"), REAL, ids=[f"xid{r[3]}-{i}" for i, r in enumerate(REAL)]
+)
 def test_real_driver_lines_count(prio: int, message: str, bus: str, xid: int, source: str) -> None:
     event, reason = judge(parsed(prio, message), NODE_GPUS)
     assert reason == "" and event is not None, source
     assert (event.bus, event.xid, event.source) == (bus, xid, "kmsg")
 
 
-@pytest.mark.parametrize(("prio", "message", "reason"), FORGED, ids=[f"{r[2]}-{i}" for i, r in enumerate(FORGED)])
+@pytest.mark.parametrize(
+    ("prio", "message", "reason"), FORGED, ids=[f"{r[2]}-{i}" for i, r in enumerate(FORGED)]
+)
 def test_forged_lines_are_dropped_with_their_reason(prio: int | None, message: str, reason: str) -> None:
     assert judge(parsed(prio, message), NODE_GPUS) == (None, reason)
 
@@ -116,9 +165,13 @@ def test_no_forged_line_marks_the_node_and_each_is_counted(host: HostFS) -> None
         expected[reason] = expected.get(reason, 0) + 1
     assert dict(agent.kernel_xids.ignored) == expected
     for reason, count in expected.items():
-        assert metrics.registry.get_sample_value("gpu_operator_gpu_xid_lines_ignored_total",
-                                                 {"reason": reason}) == count
-    assert len([line for line in logs if line.startswith("kernel log: a record naming an Xid")]) == len(expected)
+        assert (
+            metrics.registry.get_sample_value("gpu_operator_gpu_xid_lines_ignored_total", {"reason": reason})
+            == count
+        )
+    assert len([line for line in logs if line.startswith("kernel log: a record naming an Xid")]) == len(
+        expected
+    )
     # the real lines, after them, still count
     append(host, "".join(raw(prio, message) for prio, message, *_ in REAL))
     listed = {g["bus"]: g for g in agent.observe()["gpus"]}
@@ -162,8 +215,12 @@ def test_doctor_finds_the_driver_lines_and_no_forged_one(host: HostFS) -> None:
     assert [f.code for f in kernel_log_findings(host) if f.code.startswith("xid-")] == ["xid-79"]
     host.remove("/dev/kmsg")
     # a syslog file shows no facility: the kernel's message must begin with the driver's line
-    inside = [m for _, m, reason in FORGED if reason in ("not-at-start", "unparsed") and not m.startswith(" ")]
-    host.write_text("/var/log/kern.log", "".join(f"Dec  2 00:41:12 gpu-1 kernel: [ 12.5] {m}\n" for m in inside))
+    inside = [
+        m for _, m, reason in FORGED if reason in ("not-at-start", "unparsed") and not m.startswith(" ")
+    ]
+    host.write_text(
+        "/var/log/kern.log", "".join(f"Dec  2 00:41:12 gpu-1 kernel: [ 12.5] {m}\n" for m in inside)
+    )
     assert [f.code for f in kernel_log_findings(host) if f.code.startswith("xid-")] == []
 
 

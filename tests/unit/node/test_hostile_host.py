@@ -28,14 +28,34 @@ from tests.support.hostsim import fakehost
 from tests.unit.node.nodekit import HOSTS_DIR, FakeNodeView, context
 
 HOSTS = ("ubuntu-apt-driver", "h100-vfio", "h100-nvidia-bound", "operator-driver", "nouveau")
-DEVICE = {"ubuntu-apt-driver": "0000:41:00.0", "h100-vfio": "0000:0a:00.0", "h100-nvidia-bound": "0000:0a:00.0",
-          "operator-driver": "", "nouveau": ""}
+DEVICE = {
+    "ubuntu-apt-driver": "0000:41:00.0",
+    "h100-vfio": "0000:0a:00.0",
+    "h100-nvidia-bound": "0000:0a:00.0",
+    "operator-driver": "",
+    "nouveau": "",
+}
 # Paths every probe reads, and paths it reads on some hosts; "{dev}" is a GPU's sysfs directory.
 ALWAYS_READ = ("/proc/cmdline", "/etc/os-release", "/proc/sys/kernel/osrelease", "/proc/modules")
-TARGETS = (*ALWAYS_READ, "/sys/bus/pci/devices", "/sys/kernel/iommu_groups", "/usr/bin/nvidia-smi",
-           "/run/nvidia", "/run/nvidia/validations", "/etc/containerd/config.toml", "/sys/module",
-           "{dev}/vendor", "{dev}/device", "{dev}/class", "{dev}/driver", "{dev}/iommu_group",
-           "{dev}/numa_node", "{dev}/driver_override", "{dev}/sriov_totalvfs", "{dev}")
+TARGETS = (
+    *ALWAYS_READ,
+    "/sys/bus/pci/devices",
+    "/sys/kernel/iommu_groups",
+    "/usr/bin/nvidia-smi",
+    "/run/nvidia",
+    "/run/nvidia/validations",
+    "/etc/containerd/config.toml",
+    "/sys/module",
+    "{dev}/vendor",
+    "{dev}/device",
+    "{dev}/class",
+    "{dev}/driver",
+    "{dev}/iommu_group",
+    "{dev}/numa_node",
+    "{dev}/driver_override",
+    "{dev}/sriov_totalvfs",
+    "{dev}",
+)
 COMPONENTS = ("driver", "toolkit", "plugin", "vfio-pci", "nvidia-fs")
 
 
@@ -110,10 +130,13 @@ def _snapshot(directory: Path) -> dict[str, tuple[int, bytes]]:
     return out
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
-@given(host=st.sampled_from(HOSTS), changes=st.lists(mutations, min_size=1, max_size=4),
-       vanish=st.booleans())
+@settings(
+    max_examples=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+)
+@given(host=st.sampled_from(HOSTS), changes=st.lists(mutations, min_size=1, max_size=4), vanish=st.booleans())
 def test_agents_survive_hostile_host_roots(host: str, changes: list[Mutation], vanish: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -123,7 +146,9 @@ def test_agents_survive_hostile_host_roots(host: str, changes: list[Mutation], v
         (outside / "validations").mkdir()
         root = base / "root"
         fakehost.build(fakehost.load_spec(HOSTS_DIR / f"{host}.yaml"), root)
-        refused_by_target = {m.target: _apply(root, outside, m, DEVICE[host]) for m in changes}  # last one wins
+        refused_by_target = {
+            m.target: _apply(root, outside, m, DEVICE[host]) for m in changes
+        }  # last one wins
         unreadable = {p for p in refused_by_target.values() if p}
         before = _snapshot(outside)
 

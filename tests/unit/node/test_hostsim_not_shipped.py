@@ -14,7 +14,12 @@ def test_shipped_package_has_no_simulator_and_never_imports_tests() -> None:
     offenders = []
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{path.relative_to(SRC)}: {n}" for n in names if n.split(".")[0] == "tests"]
     assert offenders == []

@@ -97,7 +97,9 @@ def test_new_id_lets_vfio_claim_matching_unbound_devices(build_host) -> None:  #
 
 
 def test_unbinding_a_held_gpu_from_nvidia_is_a_simulated_hang(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("h100-nvidia-bound", processes=[{"pid": 4242, "comm": "python", "fds": ["/dev/nvidia0"]}])
+    host = build_host(
+        "h100-nvidia-bound", processes=[{"pid": 4242, "comm": "python", "fds": ["/dev/nvidia0"]}]
+    )
     with pytest.raises(SimulatedHang, match="python\\[4242\\]"):
         host.kernel().write("/sys/bus/pci/drivers/nvidia/unbind", GPU)
 

@@ -18,7 +18,7 @@ def test_every_record_is_read_whole_and_the_last_without_newline_counts(tmp_path
     fs.write_text("/dev/kmsg", f"6,1,100,-;{long}\n SUBSYSTEM=usb\n3,2,200,-;{XID}\n4,3,300,-;last words")
     records = read_records(fs)
     assert records is not None
-    assert [r.message for r in records] == [long[:4096 - len("6,1,100,-;")], XID, "last words"]
+    assert [r.message for r in records] == [long[: 4096 - len("6,1,100,-;")], XID, "last words"]
 
 
 def test_a_log_that_cannot_be_opened_gives_none(tmp_path: Path) -> None:

@@ -32,7 +32,10 @@ def test_bundled_table_names_when_the_host_has_none(build_host) -> None:  # type
 
 
 def test_unknown_device_has_an_empty_name(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("cpu-only", devices=[{"address": "0000:05:00.0", "vendor": "10de", "device": "ffff", "class": "030200"}])
+    host = build_host(
+        "cpu-only",
+        devices=[{"address": "0000:05:00.0", "vendor": "10de", "device": "ffff", "class": "030200"}],
+    )
     (func,) = pci.scan(host.fs, "10de")
     assert func.name == "" and func.driver is None and func.is_gpu
 
@@ -41,13 +44,29 @@ def test_function_attributes(build_host) -> None:  # type: ignore[no-untyped-def
     host = build_host("ubuntu-apt-driver")
     funcs = {f.address: f for f in pci.scan(host.fs, "10de")}
     gpu, audio = funcs["0000:c1:00.0"], funcs["0000:c1:00.1"]
-    assert (gpu.vendor_device, gpu.pci_class, gpu.driver, gpu.numa_node) == ("10de:26b9", "030200", "nvidia", 1)
+    assert (gpu.vendor_device, gpu.pci_class, gpu.driver, gpu.numa_node) == (
+        "10de:26b9",
+        "030200",
+        "nvidia",
+        1,
+    )
     assert gpu.driver_override is None  # "(null)" in sysfs
     assert audio.iommu_group == gpu.iommu_group and not audio.is_gpu and audio.driver == "snd_hda_intel"
 
 
 def test_no_numa_affinity_reads_as_none(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("cpu-only", devices=[{"address": "0000:05:00.0", "vendor": "10de", "device": "2330", "class": "030200", "numa_node": -1}])
+    host = build_host(
+        "cpu-only",
+        devices=[
+            {
+                "address": "0000:05:00.0",
+                "vendor": "10de",
+                "device": "2330",
+                "class": "030200",
+                "numa_node": -1,
+            }
+        ],
+    )
     assert pci.scan(host.fs, "10de")[0].numa_node is None
 
 
@@ -59,9 +78,21 @@ def test_bridges_are_real_functions_in_their_own_groups(build_host) -> None:  # 
 
 def test_sriov_virtual_functions_are_not_counted_as_gpus(build_host) -> None:  # type: ignore[no-untyped-def]
     devices = [
-        {"address": "0000:41:00.0", "vendor": "10de", "device": "26b9", "class": "030200", "driver": "nvidia",
-         "attributes": {"sriov_totalvfs": 32, "sriov_numvfs": 1}},
-        {"address": "0000:41:00.4", "vendor": "10de", "device": "26b9", "class": "030200", "physfn": "0000:41:00.0"},
+        {
+            "address": "0000:41:00.0",
+            "vendor": "10de",
+            "device": "26b9",
+            "class": "030200",
+            "driver": "nvidia",
+            "attributes": {"sriov_totalvfs": 32, "sriov_numvfs": 1},
+        },
+        {
+            "address": "0000:41:00.4",
+            "vendor": "10de",
+            "device": "26b9",
+            "class": "030200",
+            "physfn": "0000:41:00.0",
+        },
     ]
     host = build_host("ubuntu-apt-driver", devices=devices)
     funcs = {f.address: f for f in pci.scan(host.fs, "10de")}

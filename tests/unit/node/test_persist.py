@@ -11,13 +11,27 @@ from gpu_operator.cli import app
 from gpu_operator.node import persist
 from gpu_operator.node.hostfs import HostFS
 
-H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+H100 = [
+    "0000:0a:00.0",
+    "0000:18:00.0",
+    "0000:3b:00.0",
+    "0000:44:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b8:00.0",
+    "0000:c1:00.0",
+]
 
 
 def files(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink() and "sys" not in p.relative_to(root).parts[:1]
-            and "proc" not in p.relative_to(root).parts[:1]}
+    return {
+        str(p.relative_to(root)): p.read_text()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and not p.is_symlink()
+        and "sys" not in p.relative_to(root).parts[:1]
+        and "proc" not in p.relative_to(root).parts[:1]
+    }
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -81,7 +95,11 @@ def test_rhel_like_hosts_get_a_dracut_module_and_the_dracut_command(build_host) 
     assert "vfio_iommu_type1" in (host.fs.read_text(persist.DRACUT_CONF) or "")
     assert persist.inspect(host.fs).boot_modules == ["vfio", "vfio_iommu_type1", "vfio_pci"]
     code, out = cli("persist", "--remove", f"--host-root={host.fs.root}")
-    assert code == 0 and not host.fs.exists(persist.DRACUT_MODULE_DIR) and not host.fs.exists(persist.DRACUT_CONF)
+    assert (
+        code == 0
+        and not host.fs.exists(persist.DRACUT_MODULE_DIR)
+        and not host.fs.exists(persist.DRACUT_CONF)
+    )
 
 
 def test_hosts_without_an_initramfs_generator_are_refused_with_the_alternative(build_host) -> None:  # type: ignore[no-untyped-def]
@@ -113,11 +131,14 @@ def _run_early_script(host, text: str, cmdline: str, tmp_path: Path, source: boo
     host.fs.write_text("/proc/cmdline", cmdline + "\n")
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "early.sh"
-    script.write_text(text.replace("/sys/bus/pci/devices/", f"{root}/sys/bus/pci/devices/")
-                      .replace("/proc/cmdline", f"{root}/proc/cmdline"))
+    script.write_text(
+        text.replace("/sys/bus/pci/devices/", f"{root}/sys/bus/pci/devices/").replace(
+            "/proc/cmdline", f"{root}/proc/cmdline"
+        )
+    )
     stubs = tmp_path / "bin"
     stubs.mkdir(exist_ok=True)
-    (stubs / "modprobe").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/modprobe.log\n")
+    (stubs / "modprobe").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/modprobe.log\n')
     (stubs / "modprobe").chmod(0o755)
     env = {"PATH": f"{stubs}:/usr/bin:/bin"}
     argv = ["sh", "-c", f". {script}"] if source else ["sh", str(script)]
@@ -125,13 +146,18 @@ def _run_early_script(host, text: str, cmdline: str, tmp_path: Path, source: boo
 
 
 @pytest.mark.parametrize("flavor", ["initramfs-tools", "dracut"])
-def test_the_boot_script_sets_driver_override_and_honours_the_skip_word(build_host, tmp_path: Path, flavor: str) -> None:  # type: ignore[no-untyped-def]
+def test_the_boot_script_sets_driver_override_and_honours_the_skip_word(  # type: ignore[no-untyped-def]
+    build_host, tmp_path: Path, flavor: str
+) -> None:
     from gpu_operator.node import pci
 
     text = (persist.initramfs_tools_script if flavor == "initramfs-tools" else persist.dracut_hook)(
-        [*H100[:4], "0000:ff:00.0"])  # an address that is gone at boot is skipped, not an error
+        [*H100[:4], "0000:ff:00.0"]
+    )  # an address that is gone at boot is skipped, not an error
     skipped = build_host("h100-nvidia-bound")
-    done = _run_early_script(skipped, text, f"ro quiet {persist.SKIP_PARAM}", tmp_path / "a", source=flavor == "dracut")
+    done = _run_early_script(
+        skipped, text, f"ro quiet {persist.SKIP_PARAM}", tmp_path / "a", source=flavor == "dracut"
+    )
     assert done.returncode == 0, done.stderr
     assert all(pci.read_function(skipped.fs, a).driver_override is None for a in H100)
     host = build_host("h100-nvidia-bound")
@@ -145,7 +171,9 @@ def test_the_boot_script_sets_driver_override_and_honours_the_skip_word(build_ho
 def test_the_dracut_module_setup_parses() -> None:
     import subprocess
 
-    done = subprocess.run(["bash", "-n"], input=persist.dracut_setup(), capture_output=True, text=True, timeout=30, check=False)
+    done = subprocess.run(
+        ["bash", "-n"], input=persist.dracut_setup(), capture_output=True, text=True, timeout=30, check=False
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -155,10 +183,22 @@ def test_persist_all_leaves_out_a_gpu_whose_group_holds_a_nic(build_host) -> Non
     others = [a for a in H100 if a != "0000:3b:00.0"]
     devices = [
         {"addresses": others, "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia"},
-        {"address": "0000:3b:00.0", "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia",
-         "iommu_group": 77},
-        {"address": "0000:3c:00.0", "vendor": "8086", "device": "1572", "class": "020000", "driver": "i40e",
-         "iommu_group": 77},
+        {
+            "address": "0000:3b:00.0",
+            "vendor": "10de",
+            "device": "2330",
+            "class": "030200",
+            "driver": "nvidia",
+            "iommu_group": 77,
+        },
+        {
+            "address": "0000:3c:00.0",
+            "vendor": "8086",
+            "device": "1572",
+            "class": "020000",
+            "driver": "i40e",
+            "iommu_group": 77,
+        },
     ]
     host = build_host("h100-nvidia-bound", devices=devices, pci_drivers=["vfio-pci", "nvidia", "i40e"])
     root = str(host.fs.root)
@@ -170,6 +210,7 @@ def test_persist_all_leaves_out_a_gpu_whose_group_holds_a_nic(build_host) -> Non
     assert "persisted all but 1 GPU(s): 0000:3b:00.0" in out
     # the same refusal as bind's, for the same GPU
     from gpu_operator.node import vfio
+
     plans = {p.gpu: p for p in vfio.plan(host.fs, "bind", [], True)}
     assert plans["0000:3b:00.0"].refused and not any(plans[a].refused for a in others)
     # run again: nothing changes, still says which GPU stays out

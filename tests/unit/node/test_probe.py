@@ -45,7 +45,14 @@ def test_probe_on_fixture(build_host, name: str) -> None:  # type: ignore[no-unt
 def test_seed_001_host_facts(build_host) -> None:  # type: ignore[no-untyped-def]
     report = probe(build_host("h100-vfio").fs)
     assert [g.address for g in report.gpus] == [
-        "0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"
+        "0000:0a:00.0",
+        "0000:18:00.0",
+        "0000:3b:00.0",
+        "0000:44:00.0",
+        "0000:87:00.0",
+        "0000:90:00.0",
+        "0000:b8:00.0",
+        "0000:c1:00.0",
     ]
     assert {g.vendor_device for g in report.gpus} == {"10de:2330"}
     assert len({g.iommu_group for g in report.gpus}) == 8
@@ -66,7 +73,12 @@ def test_talos_driver_found_outside_usr_bin(build_host) -> None:  # type: ignore
 def test_glibc_tree_alone_is_enough_to_find_a_talos_driver(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("talos", executables={}, os={"id": "talos", "version_id": "v1.9.5"})
     driver = probe(host.fs).driver
-    assert (driver.source, driver.flavor, driver.nvidia_smi, driver.driver_root) == ("host", "talos", None, "/usr/local")
+    assert (driver.source, driver.flavor, driver.nvidia_smi, driver.driver_root) == (
+        "host",
+        "talos",
+        None,
+        "/usr/local",
+    )
 
 
 def test_extra_search_path_finds_a_driver_in_an_odd_place(build_host) -> None:  # type: ignore[no-untyped-def]
@@ -83,12 +95,18 @@ def test_module_without_user_space_is_still_a_host_driver(build_host) -> None:  
 
 
 def test_iommu_off_and_holders(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("h100-nvidia-bound", iommu=False, cmdline="ro quiet",
-                      processes=[{"pid": 77, "comm": "python3", "fds": ["/dev/nvidia7", "/dev/null"]}])
+    host = build_host(
+        "h100-nvidia-bound",
+        iommu=False,
+        cmdline="ro quiet",
+        processes=[{"pid": 77, "comm": "python3", "fds": ["/dev/nvidia7", "/dev/null"]}],
+    )
     report = probe(host.fs)
     assert not report.iommu.enabled and report.iommu.groups == 0 and report.iommu.cmdline_flags == []
     assert all(g.iommu_group is None for g in report.gpus)
-    assert [(h.pid, h.comm, h.device, h.address) for h in report.holders] == [(77, "python3", "/dev/nvidia7", "0000:c1:00.0")]
+    assert [(h.pid, h.comm, h.device, h.address) for h in report.holders] == [
+        (77, "python3", "/dev/nvidia7", "0000:c1:00.0")
+    ]
 
 
 def test_shared_iommu_group_is_reported(build_host) -> None:  # type: ignore[no-untyped-def]

@@ -47,8 +47,17 @@ def test_node_event_body() -> None:
 
 
 def test_pod_detail_picks_the_telling_reason() -> None:
-    pod = {"status": {"phase": "Pending", "initContainerStatuses": [
-        {"name": "cuda-validation", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}}]}}
+    pod = {
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {
+                    "name": "cuda-validation",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}},
+                }
+            ],
+        }
+    }
     assert pod_detail(pod) == "cuda-validation: ImagePullBackOff not found"
 
 
@@ -62,8 +71,12 @@ class FakeNode:
     def node_metadata(self) -> tuple[dict[str, str], dict[str, str]]:
         return self.labels, self.annotations
 
-    def publish(self, labels: dict[str, str | None], events: list[dict[str, str]],
-                annotations: dict[str, str | None] | None = None) -> None:
+    def publish(
+        self,
+        labels: dict[str, str | None],
+        events: list[dict[str, str]],
+        annotations: dict[str, str | None] | None = None,
+    ) -> None:
         self.published.append((labels, events))
         self.published_annotations.append(annotations or {})
 
@@ -110,15 +123,33 @@ def test_the_probe_daemonset_passes_the_policys_default_workload() -> None:
     from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
     from gpu_operator.render.facts import ClusterFacts
 
-    policy = ClusterPolicy.model_validate({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
-                                           "metadata": {"name": "p"}, "spec": {"sandboxWorkloads": {
-                                               "enabled": True, "defaultWorkload": "vm-passthrough"}, "vfioManager": {"enabled": True}}})
+    policy = ClusterPolicy.model_validate(
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "p"},
+            "spec": {
+                "sandboxWorkloads": {"enabled": True, "defaultWorkload": "vm-passthrough"},
+                "vfioManager": {"enabled": True},
+            },
+        }
+    )
     nodes = shapes.nodes(["vfio-passthrough:1"])
     label_gpu_nodes(nodes)
-    result = render(policy, ClusterFacts.from_nodes(nodes, namespace="gpu-operator", k8s_version="1.33.0",
-                                                    operator_env=dict(CHART_DEFAULT_IMAGES)))
-    probes = [c for s in result.states for o in s.objects if o["kind"] == "DaemonSet"
-              for c in o["spec"]["template"]["spec"]["containers"] if c["name"] == "nvidia-gpu-probe"]
+    result = render(
+        policy,
+        ClusterFacts.from_nodes(
+            nodes, namespace="gpu-operator", k8s_version="1.33.0", operator_env=dict(CHART_DEFAULT_IMAGES)
+        ),
+    )
+    probes = [
+        c
+        for s in result.states
+        for o in s.objects
+        if o["kind"] == "DaemonSet"
+        for c in o["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "nvidia-gpu-probe"
+    ]
     assert len(probes) == 1
     command = probes[0]["command"]
     assert "--default-workload=vm-passthrough" in command

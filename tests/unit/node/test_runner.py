@@ -11,13 +11,17 @@ def test_chroot_mode_builds_a_chroot_command(tmp_path) -> None:  # type: ignore[
     (tmp_path / "run" / "nvidia" / "driver").mkdir(parents=True)
     runner = HostRunner(fs, chroot=True)
     assert runner._argv(["nvidia-smi"], "/") == ["chroot", str(tmp_path), "nvidia-smi"]
-    assert runner._argv(["nvidia-smi"], "/run/nvidia/driver") == ["chroot", str(tmp_path / "run/nvidia/driver"), "nvidia-smi"]
+    assert runner._argv(["nvidia-smi"], "/run/nvidia/driver") == [
+        "chroot",
+        str(tmp_path / "run/nvidia/driver"),
+        "nvidia-smi",
+    ]
     assert runner._argv(["nvidia-smi", "-L"], None) == ["nvidia-smi", "-L"]
 
 
 def test_direct_mode_runs_the_host_roots_binary(tmp_path) -> None:  # type: ignore[no-untyped-def]
     fs = HostFS(tmp_path)
-    fs.write_text("/usr/bin/nvidia-smi", "#!/bin/sh\necho \"args: $*\"\n")
+    fs.write_text("/usr/bin/nvidia-smi", '#!/bin/sh\necho "args: $*"\n')
     fs.resolve("/usr/bin/nvidia-smi").chmod(0o755)
     result = HostRunner(fs, chroot=False).run(["nvidia-smi", "-L"], root="/")
     assert result.ok and result.stdout == "args: -L\n"

@@ -67,7 +67,9 @@ def test_xid_and_nvrm_lines_from_kmsg_become_findings(build_host) -> None:  # ty
 
 def test_a_syslog_file_is_read_when_kmsg_is_not_there_and_silence_is_said(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("ubuntu-apt-driver")
-    host.fs.write_text("/var/log/kern.log", "\n".join(f"Nov 24 10:00:00 gpu-1 kernel: [ 5.1] {line}" for line in LOG[:1]))
+    host.fs.write_text(
+        "/var/log/kern.log", "\n".join(f"Nov 24 10:00:00 gpu-1 kernel: [ 5.1] {line}" for line in LOG[:1])
+    )
     source, _ = read_kernel_log(host.fs) or ("", "")
     assert source == "/var/log/kern.log"
     assert [f.code for f in kernel_log_findings(host.fs)] == ["xid-79"]
@@ -101,10 +103,16 @@ def test_kernel_headers_for_a_driver_the_operator_would_build(build_host) -> Non
     assert troubleshoot.header_findings(host.fs, driver_on_host.kernel, driver_on_host.driver) == []
 
 
-@pytest.mark.parametrize(("given", "parsed"), [
-    ("12.4", (12, 4)), ("12.4.1", (12, 4)), ("CUDA_VERSION=12.8.0", (12, 8)),
-    ("NVIDIA_REQUIRE_CUDA=cuda>=13.0 brand=tesla,driver>=535,driver<536", (13, 0)), ("cuda>=11.8", (11, 8)),
-])
+@pytest.mark.parametrize(
+    ("given", "parsed"),
+    [
+        ("12.4", (12, 4)),
+        ("12.4.1", (12, 4)),
+        ("CUDA_VERSION=12.8.0", (12, 8)),
+        ("NVIDIA_REQUIRE_CUDA=cuda>=13.0 brand=tesla,driver>=535,driver<536", (13, 0)),
+        ("cuda>=11.8", (11, 8)),
+    ],
+)
 def test_cuda_versions_are_read_from_what_images_carry(given: str, parsed: tuple[int, int]) -> None:
     assert troubleshoot.parse_cuda(given) == parsed
 
@@ -114,17 +122,21 @@ def test_a_text_without_a_cuda_version_is_refused_with_the_forms() -> None:
         troubleshoot.parse_cuda("latest")
 
 
-@pytest.mark.parametrize(("cuda", "driver", "code", "severity"), [
-    ((12, 4), "550.127.05", "cuda-compatible", Severity.INFO),
-    ((12, 8), "550.127.05", "cuda-minor-compat", Severity.WARNING),
-    ((13, 0), "550.127.05", "cuda-driver-too-old", Severity.ERROR),
-    ((13, 0), "580.65.06", "cuda-compatible", Severity.INFO),
-    ((12, 2), "535.54.02", "cuda-minor-compat", Severity.WARNING),  # one patch below 12.2's minimum
-    ((12, 0), "520.61.05", "cuda-driver-too-old", Severity.ERROR),
-    ((14, 0), "580.65.06", "cuda-version-unknown", Severity.WARNING),
-])
-def test_a_workloads_cuda_against_the_driver(cuda: tuple[int, int], driver: str, code: str,
-                                             severity: Severity) -> None:
+@pytest.mark.parametrize(
+    ("cuda", "driver", "code", "severity"),
+    [
+        ((12, 4), "550.127.05", "cuda-compatible", Severity.INFO),
+        ((12, 8), "550.127.05", "cuda-minor-compat", Severity.WARNING),
+        ((13, 0), "550.127.05", "cuda-driver-too-old", Severity.ERROR),
+        ((13, 0), "580.65.06", "cuda-compatible", Severity.INFO),
+        ((12, 2), "535.54.02", "cuda-minor-compat", Severity.WARNING),  # one patch below 12.2's minimum
+        ((12, 0), "520.61.05", "cuda-driver-too-old", Severity.ERROR),
+        ((14, 0), "580.65.06", "cuda-version-unknown", Severity.WARNING),
+    ],
+)
+def test_a_workloads_cuda_against_the_driver(
+    cuda: tuple[int, int], driver: str, code: str, severity: Severity
+) -> None:
     info = DriverInfo(source=DriverSource.HOST, kernel_version=driver)
     (found,) = troubleshoot.cuda_findings(cuda, info)
     assert (found.code, found.severity) == (code, severity)
@@ -159,7 +171,10 @@ def test_mig_changes_pending_a_reset_and_the_processes_holding_them(build_host) 
 
 
 def test_a_failing_nvidia_smi_is_said_not_guessed(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("ubuntu-apt-driver", executables={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVML: driver not loaded' >&2\nexit 9\n"})
+    host = build_host(
+        "ubuntu-apt-driver",
+        executables={"/usr/bin/nvidia-smi": "#!/bin/sh\necho 'NVML: driver not loaded' >&2\nexit 9\n"},
+    )
     (found,) = troubleshoot.mig_findings(HostRunner(host.fs, chroot=False), probe(host.fs).driver)
     assert found.code == "mig-query-failed" and "exited 9" in found.evidence[0]
 
@@ -169,7 +184,9 @@ def test_doctor_runs_the_checks(build_host, monkeypatch: pytest.MonkeyPatch) -> 
     host = build_host("ubuntu-apt-driver", executables={"/usr/bin/nvidia-smi": SMI})
     host.fs.write_text("/dev/kmsg", _kmsg(LOG[4]))
     root = str(Path(host.fs.root))
-    result = CliRunner().invoke(app, ["doctor", "--host-root", root, "--json", "--cuda", "CUDA_VERSION=13.0.1"])
+    result = CliRunner().invoke(
+        app, ["doctor", "--host-root", root, "--json", "--cuda", "CUDA_VERSION=13.0.1"]
+    )
     assert result.exit_code == 1, result.output
     codes = {f["code"]: f["severity"] for f in json.loads(result.output)["findings"]}
     assert codes["xid-48"] == codes["cuda-driver-too-old"] == codes["mig-change-blocked"] == "error"
@@ -181,26 +198,46 @@ def test_doctor_runs_the_checks(build_host, monkeypatch: pytest.MonkeyPatch) -> 
 
 # -- the Node's MIG config and state (doctor --node) -------------------------------------------------
 
+
 def test_mig_node_findings_from_the_nodes_labels_and_the_operators_order() -> None:
     from gpu_operator.node.troubleshoot import mig_node_findings
 
     assert mig_node_findings("n1", {"nvidia.com/gpu.present": "true"}, {}) == []
-    applied = mig_node_findings("n1", {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"},
-                                {})
+    applied = mig_node_findings(
+        "n1", {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "success"}, {}
+    )
     assert [(f.code, f.severity, f.summary) for f in applied] == [
-        ("mig-node-state", Severity.INFO, "MIG config all-1g.10gb: success")]
-    labels = {"nvidia.com/mig.config": "all-1g.10gb", "nvidia.com/mig.config.state": "pending",
-              "nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change"}
-    stuck = mig_node_findings("n1", labels, {"nvidia.com/gpu-operator.mig.restore": "MIGChangeStuck clients: a/b",
-                                             "nvidia.com/gpu-operator.mig.retry": "2 1700000000"})
+        ("mig-node-state", Severity.INFO, "MIG config all-1g.10gb: success")
+    ]
+    labels = {
+        "nvidia.com/mig.config": "all-1g.10gb",
+        "nvidia.com/mig.config.state": "pending",
+        "nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change",
+    }
+    stuck = mig_node_findings(
+        "n1",
+        labels,
+        {
+            "nvidia.com/gpu-operator.mig.restore": "MIGChangeStuck clients: a/b",
+            "nvidia.com/gpu-operator.mig.retry": "2 1700000000",
+        },
+    )
     assert [f.code for f in stuck] == ["mig-node-state", "mig-change-stuck"]
-    assert stuck[0].evidence == ["Node n1: nvidia.com/mig.config=all-1g.10gb, nvidia.com/mig.config.state=pending",
-                                 "paused for the MIG change: nvidia.com/gpu.deploy.device-plugin"]
+    assert stuck[0].evidence == [
+        "Node n1: nvidia.com/mig.config=all-1g.10gb, nvidia.com/mig.config.state=pending",
+        "paused for the MIG change: nvidia.com/gpu.deploy.device-plugin",
+    ]
     assert stuck[1].summary == "the operator found this node's MIG change stuck (MIGChangeStuck)"
     assert stuck[1].evidence[-1] == "clients: a/b"
-    assert stuck[1].fix == ("remove what kept the GPU clients from stopping (the pods named above), or reset the GPUs "
-                            "or reboot where none is named; the operator restored the paused clients and retries; "
-                            "2 retries so far")
-    failed = mig_node_findings("n1", {"nvidia.com/mig.config": "x", "nvidia.com/mig.config.state": "failed"}, {})
-    assert [(f.code, f.severity) for f in failed] == [("mig-node-state", Severity.INFO),
-                                                      ("mig-change-failed", Severity.WARNING)]
+    assert stuck[1].fix == (
+        "remove what kept the GPU clients from stopping (the pods named above), or reset the GPUs "
+        "or reboot where none is named; the operator restored the paused clients and retries; "
+        "2 retries so far"
+    )
+    failed = mig_node_findings(
+        "n1", {"nvidia.com/mig.config": "x", "nvidia.com/mig.config.state": "failed"}, {}
+    )
+    assert [(f.code, f.severity) for f in failed] == [
+        ("mig-node-state", Severity.INFO),
+        ("mig-change-failed", Severity.WARNING),
+    ]

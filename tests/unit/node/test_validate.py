@@ -22,12 +22,15 @@ def _read(fs: HostFS, name: str) -> str | None:
     return fs.read_text(f"{VALIDATIONS}/{name}")
 
 
-@pytest.mark.parametrize(("name", "root", "ctr_path"), [
-    ("ubuntu-apt-driver", "/", "/host"),
-    # Talos' extension: nvidia-smi in /usr/local/bin, the libraries under /usr/local/glibc; the
-    # components mount the host root at /host, so they see that tree at /host/usr/local
-    ("talos", "/usr/local", "/host/usr/local"),
-])
+@pytest.mark.parametrize(
+    ("name", "root", "ctr_path"),
+    [
+        ("ubuntu-apt-driver", "/", "/host"),
+        # Talos' extension: nvidia-smi in /usr/local/bin, the libraries under /usr/local/glibc; the
+        # components mount the host root at /host, so they see that tree at /host/usr/local
+        ("talos", "/usr/local", "/host/usr/local"),
+    ],
+)
 def test_host_driver_passes_and_writes_driver_ready(build_host, name: str, root: str, ctr_path: str) -> None:  # type: ignore[no-untyped-def]
     host = build_host(name)
     ctx, _ = context(host.fs)
@@ -40,7 +43,8 @@ def test_host_driver_passes_and_writes_driver_ready(build_host, name: str, root:
 
 
 def test_driver_validation_that_cannot_make_the_dev_char_links_fails_with_the_fix(  # type: ignore[no-untyped-def]
-        build_host, tmp_path, monkeypatch) -> None:
+    build_host, tmp_path, monkeypatch
+) -> None:
     """A /host-dev-char the validator cannot write (here: a directory where a link must go)."""
     from gpu_operator.node.validate import host as host_mod
 
@@ -50,7 +54,10 @@ def test_driver_validation_that_cannot_make_the_dev_char_links_fails_with_the_fi
     ctx, _ = context(build_host("ubuntu-apt-driver").fs)
     result = validate(ctx, "driver")
     assert result.outcome == Outcome.FAILED
-    assert "cannot create the /dev/char links" in result.message and "DISABLE_DEV_CHAR_SYMLINK_CREATION=true" in result.message
+    assert (
+        "cannot create the /dev/char links" in result.message
+        and "DISABLE_DEV_CHAR_SYMLINK_CREATION=true" in result.message
+    )
 
 
 def test_operator_driver_passes_and_points_at_the_driver_root(build_host) -> None:  # type: ignore[no-untyped-def]
@@ -59,10 +66,15 @@ def test_operator_driver_passes_and_points_at_the_driver_root(build_host) -> Non
     assert validate(ctx, "driver").outcome == Outcome.PASSED
     values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
     assert values["IS_HOST_DRIVER"] == "false"
-    assert values["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver" and values["DRIVER_ROOT_CTR_PATH"] == "/driver-root"
+    assert (
+        values["NVIDIA_DRIVER_ROOT"] == "/run/nvidia/driver"
+        and values["DRIVER_ROOT_CTR_PATH"] == "/driver-root"
+    )
 
 
-@pytest.mark.parametrize(("name", "root"), [("ubuntu-apt-driver", "/hosts/a"), ("talos", "/hosts/a/usr/local")])
+@pytest.mark.parametrize(
+    ("name", "root"), [("ubuntu-apt-driver", "/hosts/a"), ("talos", "/hosts/a/usr/local")]
+)
 def test_a_custom_host_root_prefixes_a_host_drivers_root(build_host, name: str, root: str) -> None:  # type: ignore[no-untyped-def]
     """hostPaths.rootFS reaches the validator as HOST_ROOT: the host paths it writes are under it
     (as NVIDIA's getDriverInfo does); the containers still see that root at /host."""
@@ -70,8 +82,11 @@ def test_a_custom_host_root_prefixes_a_host_drivers_root(build_host, name: str, 
     ctx, _ = context(host.fs, {"HOST_ROOT": "/hosts/a"})
     assert validate(ctx, "driver").outcome == Outcome.PASSED
     values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
-    assert (values["NVIDIA_DRIVER_ROOT"], values["NVIDIA_DEV_ROOT"], values["DEV_ROOT_CTR_PATH"]) == \
-        (root, "/hosts/a", "/host")
+    assert (values["NVIDIA_DRIVER_ROOT"], values["NVIDIA_DEV_ROOT"], values["DEV_ROOT_CTR_PATH"]) == (
+        root,
+        "/hosts/a",
+        "/host",
+    )
     assert values["DRIVER_ROOT_CTR_PATH"] == "/host" + root.removeprefix("/hosts/a")
 
 
@@ -79,19 +94,29 @@ def test_a_custom_driver_install_dir_is_the_driver_root_written(build_host) -> N
     """hostPaths.driverInstallDir reaches the validator as DRIVER_INSTALL_DIR: the operator's driver
     found there is the root every component reads; they mount that dir at /driver-root."""
     spec = fakehost.load_spec(HOSTS_DIR / "operator-driver.yaml")
-    moved = {key: {path.replace("/run/nvidia/driver/", "/opt/nvidia/driver/"): text for path, text in spec[key].items()}
-             for key in ("files", "executables")}
+    moved = {
+        key: {
+            path.replace("/run/nvidia/driver/", "/opt/nvidia/driver/"): text
+            for path, text in spec[key].items()
+        }
+        for key in ("files", "executables")
+    }
     host = build_host("operator-driver", **moved)
     ctx, _ = context(host.fs, {"DRIVER_INSTALL_DIR": "/opt/nvidia/driver"})
     assert validate(ctx, "driver").outcome == Outcome.PASSED
     values = dict(line.split("=", 1) for line in (_read(host.fs, "driver-ready") or "").splitlines())
-    assert (values["IS_HOST_DRIVER"], values["NVIDIA_DRIVER_ROOT"], values["DRIVER_ROOT_CTR_PATH"]) == \
-        ("false", "/opt/nvidia/driver", "/driver-root")
+    assert (values["IS_HOST_DRIVER"], values["NVIDIA_DRIVER_ROOT"], values["DRIVER_ROOT_CTR_PATH"]) == (
+        "false",
+        "/opt/nvidia/driver",
+        "/driver-root",
+    )
 
 
 def test_operator_driver_wait_is_bounded_and_names_what_it_waited_for(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("nouveau")
-    ctx, clock = context(host.fs, {"WITH_WAIT": "true", "DRIVER_TIMEOUT_SECONDS": "60", "SLEEP_INTERVAL_SECONDS": "5"})
+    ctx, clock = context(
+        host.fs, {"WITH_WAIT": "true", "DRIVER_TIMEOUT_SECONDS": "60", "SLEEP_INTERVAL_SECONDS": "5"}
+    )
     result = validate(ctx, "driver")
     assert result.outcome == Outcome.FAILED
     assert "waited 60s of 60s" in result.message and ".driver-ctr-ready" in result.message
@@ -130,11 +155,16 @@ def test_operator_driver_extra_modules_from_driver_ctr_ready(build_host) -> None
     ctx, _ = context(host.fs)
     result = validate(ctx, "driver")
     assert result.outcome == Outcome.FAILED and "nvidia_fs" in result.message
-    host.fs.write_text("/proc/modules", (host.fs.read_text("/proc/modules") or "") + "nvidia_fs 1 0 - Live 0x0\n")
+    host.fs.write_text(
+        "/proc/modules", (host.fs.read_text("/proc/modules") or "") + "nvidia_fs 1 0 - Live 0x0\n"
+    )
     assert validate(ctx, "driver").outcome == Outcome.PASSED
 
 
-@pytest.mark.parametrize(("component", "module"), [("nvidia-fs", "nvidia_fs"), ("gdrcopy", "gdrdrv"), ("nvidia-peermem", "nvidia_peermem")])
+@pytest.mark.parametrize(
+    ("component", "module"),
+    [("nvidia-fs", "nvidia_fs"), ("gdrcopy", "gdrdrv"), ("nvidia-peermem", "nvidia_peermem")],
+)
 def test_module_components(build_host, component: str, module: str) -> None:  # type: ignore[no-untyped-def]
     host = build_host("operator-driver")
     ctx, _ = context(host.fs)
@@ -191,7 +221,13 @@ def test_mofed_only_with_rdma_and_a_mellanox_device(build_host) -> None:  # type
     host = build_host("operator-driver")
     ctx, _ = context(host.fs, {"GPU_DIRECT_RDMA_ENABLED": "true"})
     assert validate(ctx, "mofed").outcome == Outcome.NOT_APPLICABLE
-    nic = {"address": "0000:31:00.0", "vendor": "15b3", "device": "101b", "class": "020700", "driver": "mlx5_core"}
+    nic = {
+        "address": "0000:31:00.0",
+        "vendor": "15b3",
+        "device": "101b",
+        "class": "020700",
+        "driver": "mlx5_core",
+    }
     rdma = build_host("operator-driver", devices=[nic])
     ctx, _ = context(rdma.fs, {"GPU_DIRECT_RDMA_ENABLED": "true"})
     assert validate(ctx, "mofed").outcome == Outcome.PASSED and _read(rdma.fs, "mofed-ready") == ""
@@ -204,7 +240,11 @@ def test_toolkit_runs_nvidia_smi_in_this_container(build_host, tmp_path, monkeyp
     monkeypatch.setenv("PATH", str(bin_dir))
     ctx, _ = context(host.fs)
     result = validate(ctx, "toolkit")
-    assert result.outcome == Outcome.FAILED and "nvidia-smi" in result.message and "container-toolkit" in result.message
+    assert (
+        result.outcome == Outcome.FAILED
+        and "nvidia-smi" in result.message
+        and "container-toolkit" in result.message
+    )
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     assert validate(ctx, "toolkit").outcome == Outcome.PASSED and _read(host.fs, "toolkit-ready") == ""
@@ -274,15 +314,20 @@ def test_dev_char_symlinks_for_nvidia_character_devices(build_host) -> None:  # 
         return SimpleNamespace(st_mode=stat_mod.S_IFCHR, st_rdev=os.makedev(*ids))
 
     made = create_dev_char_symlinks(host.fs, stat_fn)
-    expected = {f"/dev/char/{major}:{minor}": f"../{path.rsplit('/', 1)[1]}"
-                for path, (major, minor) in devnodes.driver_nodes({"nvidia", "nvidia_uvm", "nvidia_modeset"}, [0, 1]).items()}  # two GPUs
+    expected = {
+        f"/dev/char/{major}:{minor}": f"../{path.rsplit('/', 1)[1]}"
+        for path, (major, minor) in devnodes.driver_nodes(
+            {"nvidia", "nvidia_uvm", "nvidia_modeset"}, [0, 1]
+        ).items()
+    }  # two GPUs
     assert sorted(made) == sorted(expected) and "/dev/char/195:255" in expected
     assert all(host.fs.readlink(link) == target for link, target in expected.items())
     assert create_dev_char_symlinks(host.fs, stat_fn) == []  # idempotent
 
 
 def test_dev_char_symlinks_go_into_the_pods_dev_char_mount_not_the_read_only_host_root(  # type: ignore[no-untyped-def]
-        build_host, tmp_path) -> None:
+    build_host, tmp_path
+) -> None:
     """In the validator pod /host is read-only; the host's /dev/char is mounted at /host-dev-char."""
     import os
 
@@ -344,10 +389,14 @@ def test_component_metrics_serves_the_node_status_exporter(build_host, monkeypat
     from gpu_operator.node import cli as node_cli
 
     served: list[tuple[int, str]] = []
-    monkeypatch.setattr(node_cli, "serve_metrics", lambda root, config, port, address: served.append((port, address)))
+    monkeypatch.setattr(
+        node_cli, "serve_metrics", lambda root, config, port, address: served.append((port, address))
+    )
     host = build_host("talos")
     result = CliRunner().invoke(
-        app, ["validate", "--host-root", str(host.fs.root)], env={"COMPONENT": "metrics", "METRICS_PORT": "8123"}
+        app,
+        ["validate", "--host-root", str(host.fs.root)],
+        env={"COMPONENT": "metrics", "METRICS_PORT": "8123"},
     )
     assert result.exit_code == 0, result.output
     assert served == [(8123, "0.0.0.0")]
@@ -364,18 +413,25 @@ exit 12
 
 
 def test_a_driver_mounted_at_usr_local_nvidia_is_the_root_and_its_nvidia_smi_answers(  # type: ignore[no-untyped-def]
-        build_host, monkeypatch, tmp_path) -> None:
+    build_host, monkeypatch, tmp_path
+) -> None:
     """The layout of GKE's driver installer inside containers, and of a VM given a GPU with the driver
     mounted read-only: bin/ and lib64/ under /usr/local/nvidia, nothing in the system's dirs."""
     monkeypatch.setenv("GPU_OPERATOR_NO_CHROOT", "1")
     monkeypatch.delenv("NODE_NAME", raising=False)
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     monkeypatch.setenv("TERMINATION_LOG", str(tmp_path / "termination-log"))
-    host = build_host("ubuntu-apt-driver", executables={"/usr/local/nvidia/bin/nvidia-smi": BUNDLE_SMI},
-                      files={"/usr/local/nvidia/lib64/libnvidia-ml.so.1": "", "/usr/local/nvidia/lib64/libcuda.so.1": ""})
+    host = build_host(
+        "ubuntu-apt-driver",
+        executables={"/usr/local/nvidia/bin/nvidia-smi": BUNDLE_SMI},
+        files={"/usr/local/nvidia/lib64/libnvidia-ml.so.1": "", "/usr/local/nvidia/lib64/libcuda.so.1": ""},
+    )
     info = detect_driver(host.fs)
-    assert (info.source, info.driver_root, info.nvidia_smi) == ("host", "/usr/local/nvidia",
-                                                               "/usr/local/nvidia/bin/nvidia-smi")
+    assert (info.source, info.driver_root, info.nvidia_smi) == (
+        "host",
+        "/usr/local/nvidia",
+        "/usr/local/nvidia/bin/nvidia-smi",
+    )
     assert info.smi_env == {"LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}
     ok = CliRunner().invoke(app, ["validate", "-c", "driver", "--host-root", str(host.fs.root)])
     assert ok.exit_code == 0 and "driver: passed" in ok.output, ok.output

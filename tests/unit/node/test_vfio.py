@@ -10,7 +10,16 @@ from gpu_operator.node import pci, vfio
 from gpu_operator.node.hostfs import RecordingWriter
 from tests.unit.node.nodekit import HOST_NAMES
 
-H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+H100 = [
+    "0000:0a:00.0",
+    "0000:18:00.0",
+    "0000:3b:00.0",
+    "0000:44:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b8:00.0",
+    "0000:c1:00.0",
+]
 
 
 def _drivers(fs) -> dict[str, str | None]:  # type: ignore[no-untyped-def]
@@ -43,7 +52,10 @@ def test_audio_function_moves_with_its_gpu_and_the_other_gpu_stays(build_host) -
     (plan,) = vfio.execute(host.fs, host.kernel(), "bind", ["41:00.0"], False)
     assert plan.ok
     assert _drivers(host.fs) == {
-        "0000:41:00.0": "vfio-pci", "0000:41:00.1": "vfio-pci", "0000:c1:00.0": "nvidia", "0000:c1:00.1": "snd_hda_intel"
+        "0000:41:00.0": "vfio-pci",
+        "0000:41:00.1": "vfio-pci",
+        "0000:c1:00.0": "nvidia",
+        "0000:c1:00.1": "snd_hda_intel",
     }
 
 
@@ -54,7 +66,10 @@ def test_unbind_gives_gpus_back_to_the_host_driver(build_host) -> None:  # type:
     plans = vfio.execute(host.fs, kernel, "unbind", [], True)
     assert all(p.ok for p in plans)
     assert _drivers(host.fs) == {
-        "0000:41:00.0": "nvidia", "0000:41:00.1": "snd_hda_intel", "0000:c1:00.0": "nvidia", "0000:c1:00.1": "snd_hda_intel"
+        "0000:41:00.0": "nvidia",
+        "0000:41:00.1": "snd_hda_intel",
+        "0000:c1:00.0": "nvidia",
+        "0000:c1:00.1": "snd_hda_intel",
     }
     assert all(f.driver_override is None for f in pci.scan(host.fs, "10de"))
     assert all(p.unchanged for p in vfio.execute(host.fs, kernel, "unbind", [], True))
@@ -77,9 +92,29 @@ def test_refuses_when_iommu_is_off(build_host) -> None:  # type: ignore[no-untyp
 
 def test_refuses_a_group_shared_with_a_foreign_device(build_host) -> None:  # type: ignore[no-untyped-def]
     devices = [
-        {"address": "0000:0a:00.0", "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia", "iommu_group": 30},
-        {"address": "0000:0a:00.2", "vendor": "8086", "device": "1572", "class": "020000", "driver": "i40e", "iommu_group": 30},
-        {"address": "0000:18:00.0", "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia"},
+        {
+            "address": "0000:0a:00.0",
+            "vendor": "10de",
+            "device": "2330",
+            "class": "030200",
+            "driver": "nvidia",
+            "iommu_group": 30,
+        },
+        {
+            "address": "0000:0a:00.2",
+            "vendor": "8086",
+            "device": "1572",
+            "class": "020000",
+            "driver": "i40e",
+            "iommu_group": 30,
+        },
+        {
+            "address": "0000:18:00.0",
+            "vendor": "10de",
+            "device": "2330",
+            "class": "030200",
+            "driver": "nvidia",
+        },
     ]
     host = build_host("h100-nvidia-bound", devices=devices)
     refused, moved = vfio.execute(host.fs, host.kernel(), "bind", [], True)
@@ -89,8 +124,15 @@ def test_refuses_a_group_shared_with_a_foreign_device(build_host) -> None:  # ty
 
 def test_gpus_sharing_a_group_must_move_together(build_host) -> None:  # type: ignore[no-untyped-def]
     devices = [
-        {"addresses": ["0000:0a:00.0", "0000:0b:00.0"], "vendor": "10de", "device": "2330", "class": "030200",
-         "driver": "nvidia", "iommu_group": 40, "parent": "pci0000:00/0000:00:02.0"},
+        {
+            "addresses": ["0000:0a:00.0", "0000:0b:00.0"],
+            "vendor": "10de",
+            "device": "2330",
+            "class": "030200",
+            "driver": "nvidia",
+            "iommu_group": 40,
+            "parent": "pci0000:00/0000:00:02.0",
+        },
     ]
     host = build_host("h100-nvidia-bound", devices=devices)
     (alone,) = vfio.execute(host.fs, host.kernel(), "bind", ["0000:0a:00.0"], False)
@@ -100,7 +142,10 @@ def test_gpus_sharing_a_group_must_move_together(build_host) -> None:  # type: i
 
 
 def test_refuses_a_gpu_in_use_and_binds_the_rest(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("h100-nvidia-bound", processes=[{"pid": 1777, "comm": "nvidia-persistenced", "fds": ["/dev/nvidiactl", "/dev/nvidia3"]}])
+    host = build_host(
+        "h100-nvidia-bound",
+        processes=[{"pid": 1777, "comm": "nvidia-persistenced", "fds": ["/dev/nvidiactl", "/dev/nvidia3"]}],
+    )
     plans = {p.gpu: p for p in vfio.execute(host.fs, host.kernel(), "bind", [], True)}
     busy = plans["0000:44:00.0"]  # minor 3 in /proc/driver/nvidia/gpus
     assert busy.refused and "nvidia-persistenced (pid 1777) holds /dev/nvidia3" in busy.refused
@@ -149,14 +194,18 @@ def test_bad_device_arguments_name_the_problem(build_host, bad: str) -> None:  #
 
 def test_cli_dry_run_prints_writes_and_cpu_only_host_has_nothing(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("h100-nvidia-bound")
-    result = CliRunner().invoke(app, ["vfio-manage", "bind", "--all", "--dry-run", "--host-root", str(host.fs.root)])
+    result = CliRunner().invoke(
+        app, ["vfio-manage", "bind", "--all", "--dry-run", "--host-root", str(host.fs.root)]
+    )
     assert result.exit_code == 0, result.output
     assert "echo 'vfio-pci' > /sys/bus/pci/devices/0000:c1:00.0/driver_override" in result.output
     assert _drivers(host.fs)["0000:c1:00.0"] == "nvidia"
     cpu = build_host("cpu-only")
     result = CliRunner().invoke(app, ["vfio-manage", "bind", "--all", "--host-root", str(cpu.fs.root)])
     assert result.exit_code == 0 and "no NVIDIA GPU" in result.output
-    result = CliRunner().invoke(app, ["vfio-manage", "bind", "--device", "0a:00.0", "--host-root", str(cpu.fs.root)])
+    result = CliRunner().invoke(
+        app, ["vfio-manage", "bind", "--device", "0a:00.0", "--host-root", str(cpu.fs.root)]
+    )
     assert result.exit_code == 2 and "not an NVIDIA GPU" in result.output
 
 
@@ -170,7 +219,10 @@ def test_bind_all_then_unbind_all_on_every_fixture(build_host, name: str) -> Non
     assert [p.gpu for p in plans] == gpus and all(p.ok for p in plans), [p.refused or p.result for p in plans]
     assert all(_drivers(host.fs)[a] == "vfio-pci" for a in gpus)
     writes = len(kernel.log)
-    assert all(p.unchanged for p in vfio.execute(host.fs, kernel, "bind", [], True)) and len(kernel.log) == writes
+    assert (
+        all(p.unchanged for p in vfio.execute(host.fs, kernel, "bind", [], True))
+        and len(kernel.log) == writes
+    )
     vfio.execute(host.fs, kernel, "unbind", [], True)
     after = _drivers(host.fs)
     for address, driver in before.items():

@@ -16,9 +16,17 @@ from gpu_operator.vocabulary import (
 )
 from tests.unit.node.nodekit import RecordedNode
 
-H100 = ["0000:0a:00.0", "0000:18:00.0", "0000:3b:00.0", "0000:44:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b8:00.0", "0000:c1:00.0"]
+H100 = [
+    "0000:0a:00.0",
+    "0000:18:00.0",
+    "0000:3b:00.0",
+    "0000:44:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b8:00.0",
+    "0000:c1:00.0",
+]
 VMS, CONTAINERS = H100[:4], H100[4:]
-
 
 
 def drivers(fs: Any) -> dict[str, str | None]:
@@ -27,8 +35,10 @@ def drivers(fs: Any) -> dict[str, str | None]:
 
 def test_mixed_node_binds_the_four_listed_gpus_and_leaves_four_on_nvidia(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("h100-nvidia-bound")
-    node = RecordedNode({WORKLOAD_CONFIG: "vm-passthrough"},
-                        {PASSTHROUGH_DEVICES_ANNOTATION: "0a:00.0, 0000:18:00.0,3B:00.0 44:00.0"})
+    node = RecordedNode(
+        {WORKLOAD_CONFIG: "vm-passthrough"},
+        {PASSTHROUGH_DEVICES_ANNOTATION: "0a:00.0, 0000:18:00.0,3B:00.0 44:00.0"},
+    )
     record, written = reconcile(host.fs, host.kernel(), node)
     assert written and record["state"] == "bound"
     assert drivers(host.fs) == {**dict.fromkeys(VMS, "vfio-pci"), **dict.fromkeys(CONTAINERS, "nvidia")}
@@ -55,7 +65,9 @@ def test_a_second_pass_changes_nothing_and_writes_nothing(build_host) -> None:  
 
 
 def test_a_process_holding_a_gpu_is_refused_and_reported_as_a_warning(build_host) -> None:  # type: ignore[no-untyped-def]
-    host = build_host("h100-nvidia-bound", processes=[{"pid": 4242, "comm": "nvidia-persistenced", "fds": ["/dev/nvidia0"]}])
+    host = build_host(
+        "h100-nvidia-bound", processes=[{"pid": 4242, "comm": "nvidia-persistenced", "fds": ["/dev/nvidia0"]}]
+    )
     node = RecordedNode(annotations={PASSTHROUGH_DEVICES_ANNOTATION: "0a:00.0,18:00.0"})
     record, _ = reconcile(host.fs, host.kernel(), node)
     assert record["state"] == "partial"
@@ -75,10 +87,26 @@ def test_iommu_off_refuses_every_gpu(build_host) -> None:  # type: ignore[no-unt
 
 def test_a_foreign_device_in_the_group_is_refused(build_host) -> None:  # type: ignore[no-untyped-def]
     spec_devices = [
-        {"address": "0000:0a:00.0", "vendor": "10de", "device": "2330", "class": "030200", "driver": "nvidia", "iommu_group": 40},
-        {"address": "0000:0b:00.0", "vendor": "15b3", "device": "1021", "class": "020000", "driver": "mlx5_core", "iommu_group": 40},
+        {
+            "address": "0000:0a:00.0",
+            "vendor": "10de",
+            "device": "2330",
+            "class": "030200",
+            "driver": "nvidia",
+            "iommu_group": 40,
+        },
+        {
+            "address": "0000:0b:00.0",
+            "vendor": "15b3",
+            "device": "1021",
+            "class": "020000",
+            "driver": "mlx5_core",
+            "iommu_group": 40,
+        },
     ]
-    host = build_host("h100-nvidia-bound", devices=spec_devices, pci_drivers=["vfio-pci", "nvidia", "mlx5_core"])
+    host = build_host(
+        "h100-nvidia-bound", devices=spec_devices, pci_drivers=["vfio-pci", "nvidia", "mlx5_core"]
+    )
     node = RecordedNode()
     record, _ = reconcile(host.fs, host.kernel(), node)
     assert record["state"] == "refused" and drivers(host.fs) == {"0000:0a:00.0": "nvidia"}
@@ -97,15 +125,25 @@ def test_a_container_node_without_a_list_binds_nothing(build_host) -> None:  # t
 def test_a_bad_annotation_names_itself_and_binds_nothing(build_host) -> None:  # type: ignore[no-untyped-def]
     host = build_host("h100-nvidia-bound")
     kernel = host.kernel()
-    for value, words in (("0a:00.0,gpu7", "'gpu7' is not a PCI address"), ("0a:00.0,01:00.0", "not an NVIDIA GPU")):
+    for value, words in (
+        ("0a:00.0,gpu7", "'gpu7' is not a PCI address"),
+        ("0a:00.0,01:00.0", "not an NVIDIA GPU"),
+    ):
         node = RecordedNode(annotations={PASSTHROUGH_DEVICES_ANNOTATION: value})
         record, _ = reconcile(host.fs, kernel, node)
         assert record["state"] == "failed" and kernel.log == []
-        assert PASSTHROUGH_DEVICES_ANNOTATION in node.events[0]["message"] and words in node.events[0]["message"]
+        assert (
+            PASSTHROUGH_DEVICES_ANNOTATION in node.events[0]["message"] and words in node.events[0]["message"]
+        )
 
 
 def test_selection_rules() -> None:
     assert select({}, {}).all_gpus
-    assert select({WORKLOAD_CONFIG: "vm-vgpu"}, {}).devices == [] and not select({WORKLOAD_CONFIG: "vm-vgpu"}, {}).all_gpus
-    assert select({WORKLOAD_CONFIG: "container"}, {PASSTHROUGH_DEVICES_ANNOTATION: "c1:00.0"}).devices == ["0000:c1:00.0"]
+    assert (
+        select({WORKLOAD_CONFIG: "vm-vgpu"}, {}).devices == []
+        and not select({WORKLOAD_CONFIG: "vm-vgpu"}, {}).all_gpus
+    )
+    assert select({WORKLOAD_CONFIG: "container"}, {PASSTHROUGH_DEVICES_ANNOTATION: "c1:00.0"}).devices == [
+        "0000:c1:00.0"
+    ]
     assert parse_passthrough_devices("0A:00.0 0000:0a:00.0,18:00.0") == ["0000:0a:00.0", "0000:18:00.0"]

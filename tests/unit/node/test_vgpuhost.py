@@ -185,7 +185,9 @@ def test_bad_configs_name_the_field(host) -> None:  # type: ignore[no-untyped-de
     fs, _sim = host
     with pytest.raises(VGPUConfigError, match=r"no config 'nope'.*H100XM-20C"):
         desired(fs, "nope")
-    with pytest.raises(VGPUConfigError, match=r"vgpu-configs.x\[0\].vgpu-devices: 'H100 20C' is not a vGPU type"):
+    with pytest.raises(
+        VGPUConfigError, match=r"vgpu-configs.x\[0\].vgpu-devices: 'H100 20C' is not a vGPU type"
+    ):
         desired_from_config(
             fs,
             "version: v1\nvgpu-configs:\n  x:\n  - devices: all\n    vgpu-devices: {H100 20C: 1}\n",

@@ -28,8 +28,9 @@ def nodes(*specs: str, labelled: bool = True) -> list[dict[str, Any]]:
 
 def facts(*specs: str, labelled: bool = True, **kwargs: Any) -> ClusterFacts:
     kwargs.setdefault("operator_env", IMAGES)
-    return ClusterFacts.from_nodes(nodes(*specs, labelled=labelled), namespace="gpu-operator", k8s_version=K8S,
-                                   **kwargs)
+    return ClusterFacts.from_nodes(
+        nodes(*specs, labelled=labelled), namespace="gpu-operator", k8s_version=K8S, **kwargs
+    )
 
 
 def policy(spec: dict[str, Any] | None = None) -> ClusterPolicy:
@@ -41,8 +42,11 @@ def run(spec: dict[str, Any] | None = None, *node_specs: str, **kwargs: Any) -> 
 
 
 def daemonset(result: RenderResult, state: str, name: str | None = None) -> dict[str, Any]:
-    found = [o for o in result.state(state).objects if o["kind"] == "DaemonSet"
-             and (name is None or o["metadata"]["name"] == name)]
+    found = [
+        o
+        for o in result.state(state).objects
+        if o["kind"] == "DaemonSet" and (name is None or o["metadata"]["name"] == name)
+    ]
     assert len(found) == 1, [o["metadata"]["name"] for o in found]
     return found[0]
 

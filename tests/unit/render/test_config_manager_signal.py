@@ -13,10 +13,14 @@ from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
 def test_each_sidecar_sees_and_names_its_process() -> None:
     result = run({"devicePlugin": {"config": {"name": "time-slicing", "default": "any"}}})
-    scripts = {o["metadata"]["name"]: o["data"] for s in result.states for o in s.objects if o["kind"] == "ConfigMap"}
-    for state, main in (("state-device-plugin", "nvidia-device-plugin"),
-                        ("gpu-feature-discovery", "gpu-feature-discovery"),
-                        ("state-mps-control-daemon", "mps-control-daemon-ctr")):
+    scripts = {
+        o["metadata"]["name"]: o["data"] for s in result.states for o in s.objects if o["kind"] == "ConfigMap"
+    }
+    for state, main in (
+        ("state-device-plugin", "nvidia-device-plugin"),
+        ("gpu-feature-discovery", "gpu-feature-discovery"),
+        ("state-mps-control-daemon", "mps-control-daemon-ctr"),
+    ):
         ds = daemonset(result, state)
         pod = ds["spec"]["template"]["spec"]
         assert pod.get("shareProcessNamespace") or pod.get("hostPID"), state
@@ -35,8 +39,14 @@ def test_the_configs_hash_is_on_each_plugins_pod_template_so_an_edit_rolls_them(
     spec = {"devicePlugin": {"config": {"name": "time-slicing", "default": "any"}}}
     first, edited = run(spec, plugin_config_hash="aaaa"), run(spec, plugin_config_hash="bbbb")
     for state in PLUGINS:
-        assert daemonset(first, state)["spec"]["template"]["metadata"]["annotations"][PLUGIN_CONFIG_HASH] == "aaaa"
-        assert daemonset(edited, state)["spec"]["template"]["metadata"]["annotations"][PLUGIN_CONFIG_HASH] == "bbbb"
+        assert (
+            daemonset(first, state)["spec"]["template"]["metadata"]["annotations"][PLUGIN_CONFIG_HASH]
+            == "aaaa"
+        )
+        assert (
+            daemonset(edited, state)["spec"]["template"]["metadata"]["annotations"][PLUGIN_CONFIG_HASH]
+            == "bbbb"
+        )
 
 
 def test_no_hash_without_a_named_config_or_before_it_was_read() -> None:

@@ -47,7 +47,9 @@ def test_the_check_catches_the_node_stopping_deviations() -> None:
     broken = copy.deepcopy(state.objects)
     ds = next(o for o in broken if o["kind"] == "DaemonSet")
     for ctr in ds["spec"]["template"]["spec"]["initContainers"]:
-        ctr["env"] = [e for e in ctr.get("env", []) if e["name"] not in ("OPERATOR_NAMESPACE", "NVIDIA_VISIBLE_DEVICES")]
+        ctr["env"] = [
+            e for e in ctr.get("env", []) if e["name"] not in ("OPERATOR_NAMESPACE", "NVIDIA_VISIBLE_DEVICES")
+        ]
     ids = {d.id for d in undocumented(compare_state(state.name, broken))}
     assert "nvidia-operator-validator/toolkit-validation:env-missing:NVIDIA_VISIBLE_DEVICES" in ids
     assert "nvidia-operator-validator/cuda-validation:env-missing:OPERATOR_NAMESPACE" in ids
@@ -93,8 +95,10 @@ def test_workload_pods_name_an_image_that_has_vectoradd() -> None:
     ds = next(o for o in result.state("state-operator-validation").objects if o["kind"] == "DaemonSet")
     names = [c["name"] for c in ds["spec"]["template"]["spec"]["initContainers"]]
     assert {"cuda-validation", "plugin-validation"} <= set(names), names
-    envs = {ctr["name"]: {e["name"]: e.get("value") for e in ctr["env"]}
-            for ctr in ds["spec"]["template"]["spec"]["initContainers"]}
+    envs = {
+        ctr["name"]: {e["name"]: e.get("value") for e in ctr["env"]}
+        for ctr in ds["spec"]["template"]["spec"]["initContainers"]
+    }
     assert envs["cuda-validation"]["CUDA_VALIDATOR_IMAGE"] == CUDA_WORKLOAD_IMAGE != OWN_IMAGE
     assert "CUDA_WORKLOAD" not in envs["cuda-validation"]  # the validator's default: vectorAdd
     assert envs["plugin-validation"]["WITH_WORKLOAD"] == "false"
@@ -111,19 +115,36 @@ def test_every_deliberate_deviation_is_documented() -> None:
     assert [p for p in patterns if f"`{p}`" not in docs] == []
 
 
-VALIDATOR_TEMPLATE: dict[str, Any] = {"ownerReferences": [{"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": "cluster-policy",
-                                           "uid": "u", "controller": True, "blockOwnerDeletion": True}],
-                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                      "serviceAccountName": "nvidia-operator-validator"}
+VALIDATOR_TEMPLATE: dict[str, Any] = {
+    "ownerReferences": [
+        {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "name": "cluster-policy",
+            "uid": "u",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ],
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "serviceAccountName": "nvidia-operator-validator",
+}
 
 
 def _workload_pods(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
     from gpu_operator.node.validate.workload import CUDA_APP, PLUGIN_APP, workload_pod
 
-    common: dict[str, Any] = {"node_name": "gpu-0", "namespace": "gpu-operator", "image": CUDA_WORKLOAD_IMAGE, "template": template,
-              "runtime_class": "nvidia"}
-    return {CUDA_APP: workload_pod(CUDA_APP, **common),
-            PLUGIN_APP: workload_pod(PLUGIN_APP, gpu_resource="nvidia.com/gpu", **common)}
+    common: dict[str, Any] = {
+        "node_name": "gpu-0",
+        "namespace": "gpu-operator",
+        "image": CUDA_WORKLOAD_IMAGE,
+        "template": template,
+        "runtime_class": "nvidia",
+    }
+    return {
+        CUDA_APP: workload_pod(CUDA_APP, **common),
+        PLUGIN_APP: workload_pod(PLUGIN_APP, gpu_resource="nvidia.com/gpu", **common),
+    }
 
 
 def test_the_validators_workload_pods_keep_their_contract() -> None:
@@ -134,11 +155,16 @@ def test_the_validators_workload_pods_keep_their_contract() -> None:
     facts = contract.data["workload_pods"]
     pods = _workload_pods(VALIDATOR_TEMPLATE)
     assert set(pods) == set(facts)
-    found = [d for app, pod in pods.items()
-             for d in check(contract.state, app, pod, facts[app], VALIDATOR_TEMPLATE["tolerations"])]
+    found = [
+        d
+        for app, pod in pods.items()
+        for d in check(contract.state, app, pod, facts[app], VALIDATOR_TEMPLATE["tolerations"])
+    ]
     assert [str(d) for d in found if not contract.explains(d)] == []
-    assert {d.id for d in found} == {"workload:nvidia-cuda-validator:restartPolicy",
-                                     "workload:nvidia-device-plugin-validator:restartPolicy"}  # the deliberate ones
+    assert {d.id for d in found} == {
+        "workload:nvidia-cuda-validator:restartPolicy",
+        "workload:nvidia-device-plugin-validator:restartPolicy",
+    }  # the deliberate ones
 
 
 def test_the_workload_check_catches_what_would_break_a_real_node() -> None:
@@ -149,7 +175,18 @@ def test_the_workload_check_catches_what_would_break_a_real_node() -> None:
     cuda = pods["nvidia-cuda-validator"]
     cuda["spec"]["initContainers"][0]["name"] = "cuda-workload"  # the CDI annotation would miss it
     cuda["spec"]["initContainers"][0]["env"] = []  # NVIDIA_VISIBLE_DEVICES=void from the image: no GPU
-    ids = {d.id for d in check(contract.state, "nvidia-cuda-validator", cuda,
-                               contract.data["workload_pods"]["nvidia-cuda-validator"], VALIDATOR_TEMPLATE["tolerations"])}
-    assert {"workload:nvidia-cuda-validator:serviceAccount", "workload:nvidia-cuda-validator:init.name",
-            "workload:nvidia-cuda-validator:init.env.NVIDIA_VISIBLE_DEVICES"} <= ids, ids
+    ids = {
+        d.id
+        for d in check(
+            contract.state,
+            "nvidia-cuda-validator",
+            cuda,
+            contract.data["workload_pods"]["nvidia-cuda-validator"],
+            VALIDATOR_TEMPLATE["tolerations"],
+        )
+    }
+    assert {
+        "workload:nvidia-cuda-validator:serviceAccount",
+        "workload:nvidia-cuda-validator:init.name",
+        "workload:nvidia-cuda-validator:init.env.NVIDIA_VISIBLE_DEVICES",
+    } <= ids, ids

@@ -35,8 +35,10 @@ def test_reproduces_upstream_driver_minimal_golden_value() -> None:
         ("x", "(string)x"),
         (True, "(bool)true"),
         (["init", "--a"], "([]string)[init --a]"),
-        ([EnvVar("A", "1"), EnvVar("B", "")], "([]config.EnvVar)[{Name:(string)A Value:(string)1} "
-                                                 "{Name:(string)B Value:(string)}]"),
+        (
+            [EnvVar("A", "1"), EnvVar("B", "")],
+            "([]config.EnvVar)[{Name:(string)A Value:(string)1} {Name:(string)B Value:(string)}]",
+        ),
     ],
 )
 def test_spew_rendering(value: object, expected: str) -> None:
@@ -46,9 +48,11 @@ def test_spew_rendering(value: object, expected: str) -> None:
 def test_go_type_names_of_structs() -> None:
     # upstream's types are config.EnvVar, config.VolumeConfig, config.VolumeMountConfig
     assert _spew([VolumeConfig("v", HostPath="/x")]) == (
-        "([]config.VolumeConfig)[{Name:(string)v ConfigMapName:(string) SecretName:(string) HostPath:(string)/x}]")
+        "([]config.VolumeConfig)[{Name:(string)v ConfigMapName:(string) SecretName:(string) HostPath:(string)/x}]"
+    )
     assert _spew([VolumeMountConfig("v", "/m", ReadOnly=True)]) == (
-        "([]config.VolumeMountConfig)[{Name:(string)v MountPath:(string)/m SubPath:(string) ReadOnly:(bool)true}]")
+        "([]config.VolumeMountConfig)[{Name:(string)v MountPath:(string)/m SubPath:(string) ReadOnly:(bool)true}]"
+    )
 
 
 def test_fnv32a_known_vectors() -> None:

@@ -19,8 +19,14 @@ from gpu_operator.render.states.driver import PROBE_SCRIPT
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 
-def probe(tmp: Path, *, module: bool = True, daemons: str | None = None, smi_ok: bool = True,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def probe(
+    tmp: Path,
+    *,
+    module: bool = True,
+    daemons: str | None = None,
+    smi_ok: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     root = tmp / "root"
     if module:
         (root / "sys/module/nvidia").mkdir(parents=True, exist_ok=True)
@@ -35,10 +41,19 @@ def probe(tmp: Path, *, module: bool = True, daemons: str | None = None, smi_ok:
     smi.write_text(f"#!/bin/sh\nexit {0 if smi_ok else 9}\n")
     smi.chmod(0o755)
     script = PROBE_SCRIPT.replace("/sys/module/nvidia", f"{root}/sys/module/nvidia").replace(
-        VALIDATIONS_DIR, f"{root}{VALIDATIONS_DIR}")
-    assert script.count(f"{root}{VALIDATIONS_DIR}") == PROBE_SCRIPT.count(VALIDATIONS_DIR) > 0  # every path moved
-    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False, timeout=30,
-                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", **(env or {})})
+        VALIDATIONS_DIR, f"{root}{VALIDATIONS_DIR}"
+    )
+    assert (
+        script.count(f"{root}{VALIDATIONS_DIR}") == PROBE_SCRIPT.count(VALIDATIONS_DIR) > 0
+    )  # every path moved
+    return subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", **(env or {})},
+    )
 
 
 def ready_flags(tmp: Path) -> dict[str, str] | None:
@@ -46,15 +61,19 @@ def ready_flags(tmp: Path) -> dict[str, str] | None:
     return status.read_flags(DRIVER_CTR_READY) if status.exists(DRIVER_CTR_READY) else None
 
 
-@pytest.mark.parametrize(("daemons", "ready"), [
-    (None, True),  # a driver image that reports no daemons
-    ("Ready\n", True),
-    ("NotReady\n", False),  # contains "Ready": must not pass
-    ("", False),
-    ("Readyish\n", False),
-])
+@pytest.mark.parametrize(
+    ("daemons", "ready"),
+    [
+        (None, True),  # a driver image that reports no daemons
+        ("Ready\n", True),
+        ("NotReady\n", False),  # contains "Ready": must not pass
+        ("", False),
+        ("Readyish\n", False),
+    ],
+)
 def test_the_probe_passes_only_when_the_driver_daemons_say_exactly_ready(
-        tmp_path: Path, daemons: str | None, ready: bool) -> None:
+    tmp_path: Path, daemons: str | None, ready: bool
+) -> None:
     done = probe(tmp_path, daemons=daemons)
     assert (done.returncode == 0) is ready, done.stdout + done.stderr
     assert (ready_flags(tmp_path) is not None) is ready

@@ -21,15 +21,26 @@ from tests.support.hostsim import fakehost
 from tests.unit.node.nodekit import HOSTS_DIR, context
 from tests.unit.render.renderkit import run
 
-SOURCES_DRIVER_READY = re.compile(r"^\s*(?:set -a;?\s*)?(?:\.|source) /run/nvidia/validations/driver-ready",
-                                  re.MULTILINE)
+SOURCES_DRIVER_READY = re.compile(
+    r"^\s*(?:set -a;?\s*)?(?:\.|source) /run/nvidia/validations/driver-ready", re.MULTILINE
+)
 INSTALL_DIR = "/opt/nvidia/driver"
-DRA = {"draDriver": {"repository": "nvcr.io/nvidia", "image": "dra-driver-nvidia-gpu", "version": "v0.5.0",
-                     "computeDomains": {"enabled": True}}}
+DRA = {
+    "draDriver": {
+        "repository": "nvcr.io/nvidia",
+        "image": "dra-driver-nvidia-gpu",
+        "version": "v0.5.0",
+        "computeDomains": {"enabled": True},
+    }
+}
 
 
 def _scripts(objects: list[dict[str, Any]]) -> dict[str, str]:
-    return {o["metadata"]["name"]: "\n".join(o.get("data", {}).values()) for o in objects if o["kind"] == "ConfigMap"}
+    return {
+        o["metadata"]["name"]: "\n".join(o.get("data", {}).values())
+        for o in objects
+        if o["kind"] == "ConfigMap"
+    }
 
 
 def _consumers(objects: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
@@ -42,12 +53,19 @@ def _consumers(objects: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any],
         configmaps = {v["name"]: v["configMap"]["name"] for v in pod.get("volumes", []) if "configMap" in v}
         hostpaths = {v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
         for ctr in [*pod.get("initContainers", []), *pod["containers"]]:
-            text = "\n".join([*ctr.get("command", []), *ctr.get("args", [])] +
-                             [scripts.get(configmaps.get(m["name"], ""), "") for m in ctr.get("volumeMounts", [])])
+            text = "\n".join(
+                [*ctr.get("command", []), *ctr.get("args", [])]
+                + [scripts.get(configmaps.get(m["name"], ""), "") for m in ctr.get("volumeMounts", [])]
+            )
             if SOURCES_DRIVER_READY.search(text):
                 found[f"{ds['metadata']['name']}/{ctr['name']}"] = (
-                    ctr, {m["mountPath"]: hostpaths[m["name"]] for m in ctr.get("volumeMounts", [])
-                          if m["name"] in hostpaths})
+                    ctr,
+                    {
+                        m["mountPath"]: hostpaths[m["name"]]
+                        for m in ctr.get("volumeMounts", [])
+                        if m["name"] in hostpaths
+                    },
+                )
     return found
 
 
@@ -57,9 +75,15 @@ def test_every_consumer_of_driver_ready_sees_both_roots_it_may_name() -> None:
     that sources it mounts both, and none sets the driver root itself."""
     policy = run({"hostPaths": {"driverInstallDir": INSTALL_DIR}})
     objects = [o for s in policy.states for o in s.objects]
-    dra = render_gpucluster(GPUCluster.model_validate({"metadata": {"name": "gpu-cluster"},
-                                                       "spec": {**DRA, "hostPaths": {"driverInstallDir": INSTALL_DIR}}}),
-                            DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)))
+    dra = render_gpucluster(
+        GPUCluster.model_validate(
+            {
+                "metadata": {"name": "gpu-cluster"},
+                "spec": {**DRA, "hostPaths": {"driverInstallDir": INSTALL_DIR}},
+            }
+        ),
+        DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)),
+    )
     objects += [o for s in dra.states for o in s.objects]
     consumers = _consumers(objects)
     assert set(consumers) == {
@@ -71,7 +95,9 @@ def test_every_consumer_of_driver_ready_sees_both_roots_it_may_name() -> None:
     }
     for name, (ctr, mounts) in consumers.items():
         assert (mounts.get("/host"), mounts.get("/driver-root")) == ("/", INSTALL_DIR), name
-        assert not {"NVIDIA_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH"} & {e["name"] for e in ctr.get("env", [])}, name
+        assert not {"NVIDIA_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH"} & {e["name"] for e in ctr.get("env", [])}, (
+            name
+        )
 
 
 def test_a_custom_host_root_reaches_every_container_that_mounts_it() -> None:
@@ -86,8 +112,10 @@ def test_a_custom_host_root_reaches_every_container_that_mounts_it() -> None:
             continue
         assert roots == ["/hosts/a"], ds["metadata"]["name"]
         for ctr in [*pod.get("initContainers", []), *pod["containers"]]:
-            assert {e["name"]: e.get("value") for e in ctr.get("env", [])}.get("HOST_ROOT") == "/hosts/a", \
-                (ds["metadata"]["name"], ctr["name"])
+            assert {e["name"]: e.get("value") for e in ctr.get("env", [])}.get("HOST_ROOT") == "/hosts/a", (
+                ds["metadata"]["name"],
+                ctr["name"],
+            )
             checked += 1
     assert checked > 10
 
@@ -106,10 +134,16 @@ def test_gpu_clients_take_the_driver_through_the_toolkits_runtime() -> None:
 
 def _plugin(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """The kubelet plugin DaemonSet's driver-validation init container, gpus container and volumes."""
-    result = render_gpucluster(GPUCluster.model_validate({"metadata": {"name": "gpu-cluster"}, "spec": spec}),
-                               DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)))
-    ds = next(o for s in result.states for o in s.objects
-              if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "nvidia-dra-driver-kubelet-plugin")
+    result = render_gpucluster(
+        GPUCluster.model_validate({"metadata": {"name": "gpu-cluster"}, "spec": spec}),
+        DRAFacts(operator_env=dict(CHART_DEFAULT_IMAGES)),
+    )
+    ds = next(
+        o
+        for s in result.states
+        for o in s.objects
+        if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "nvidia-dra-driver-kubelet-plugin"
+    )
     pod = ds["spec"]["template"]["spec"]
     init = next(c for c in pod["initContainers"] if c["name"] == "driver-validation")
     gpus = next(c for c in pod["containers"] if c["name"] == "gpus")
@@ -139,8 +173,9 @@ def test_the_dra_plugins_cdi_spec_names_only_paths_the_host_has(tmp_path: Path, 
     # and the runtime resolves the claim's device from the file the plugin wrote (each source checked)
     assert written.parent == root / "var/run/cdi"
     edits = cdi.edits(root, names)
-    assert {str(host.relative_to(root)) for host, _ in edits.mounts} == {p.lstrip("/") for p in paths
-                                                                        if not p.startswith("/dev/")}
+    assert {str(host.relative_to(root)) for host, _ in edits.mounts} == {
+        p.lstrip("/") for p in paths if not p.startswith("/dev/")
+    }
 
 
 def test_a_talos_host_with_the_root_at_slash_gives_the_plugin_no_driver(tmp_path: Path) -> None:
@@ -149,7 +184,8 @@ def test_a_talos_host_with_the_root_at_slash_gives_the_plugin_no_driver(tmp_path
     init, gpus, volumes = _plugin(DRA)
     root = _validated(tmp_path, "talos", init)
     (root / "run/nvidia/validations/driver-ready").write_text(
-        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n")
+        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host\nNVIDIA_DEV_ROOT=/\nDEV_ROOT_CTR_PATH=/host\n"
+    )
     with pytest.raises(dracdi.PluginError) as err:
         dracdi.claim_spec(root, gpus, volumes, "0b6e1a4c-claim", [0])
     assert str(err.value) == "/host (/ on host): nvidia-smi, libnvidia-ml.so not found"
@@ -161,7 +197,8 @@ def test_driver_roots_naming_two_trees_give_a_spec_with_paths_the_host_lacks(tmp
     init, gpus, volumes = _plugin(DRA)
     root = _validated(tmp_path, "talos", init)
     (root / "run/nvidia/validations/driver-ready").write_text(
-        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host/usr/local\n")
+        "IS_HOST_DRIVER=true\nNVIDIA_DRIVER_ROOT=/\nDRIVER_ROOT_CTR_PATH=/host/usr/local\n"
+    )
     spec, _, _ = dracdi.claim_spec(root, gpus, volumes, "0b6e1a4c-claim", [0])
     missing = [p for p in dracdi.host_paths(spec) if not (root / p.lstrip("/")).exists()]
     assert "/bin/nvidia-smi" in missing

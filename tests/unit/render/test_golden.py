@@ -54,8 +54,9 @@ def rendered_states(example: Path, shape: str) -> dict[str, str]:
     """{state name: file text} for one example policy on one node of one shape."""
     nodes = shapes.nodes([f"{shape}:1"], settled=True)  # as `render --shape` sees them
     label_gpu_nodes(nodes)
-    facts = ClusterFacts.from_nodes(nodes, namespace=NAMESPACE, k8s_version=K8S_VERSION,
-                                    operator_env=dict(CHART_DEFAULT_IMAGES))
+    facts = ClusterFacts.from_nodes(
+        nodes, namespace=NAMESPACE, k8s_version=K8S_VERSION, operator_env=dict(CHART_DEFAULT_IMAGES)
+    )
     result = render(load_policy(example), facts)
     texts = {state.name: format_yaml(RenderResult([state])) for state in result.states}
     if result.warnings:
@@ -65,7 +66,10 @@ def rendered_states(example: Path, shape: str) -> dict[str, str]:
 
 def stored(table: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """{case: {state: golden file name}} -> {case: {state: text}} (files read once each)."""
-    texts = {name: (GOLDEN / name).read_text() for name in {f for states in table.values() for f in states.values()}}
+    texts = {
+        name: (GOLDEN / name).read_text()
+        for name in {f for states in table.values() for f in states.values()}
+    }
     return {case: {state: texts[f] for state, f in states.items()} for case, states in table.items()}
 
 
@@ -99,7 +103,9 @@ def test_the_table_covers_every_case_and_every_file_is_used() -> None:
         rendered = {case_name(e, s): rendered_states(e, s) for e in EXAMPLES for s in SHAPES}
         table, files = layout(rendered)
         old = {str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml") if p != TABLE}
-        changed = sorted(n for n, text in files.items() if not (GOLDEN / n).exists() or (GOLDEN / n).read_text() != text)
+        changed = sorted(
+            n for n, text in files.items() if not (GOLDEN / n).exists() or (GOLDEN / n).read_text() != text
+        )
         removed = sorted(old - set(files))
         table_text = yaml.safe_dump(table, sort_keys=True)
         if not changed and not removed and TABLE.exists() and TABLE.read_text() == table_text:
@@ -113,11 +119,14 @@ def test_the_table_covers_every_case_and_every_file_is_used() -> None:
             if not any(folder.iterdir()):
                 folder.rmdir()
         TABLE.write_text(table_text)
-        pytest.fail(f"rewrote the golden files: {len(changed)} written, {len(removed)} removed "
-                    f"({', '.join((changed + removed)[:10])}...); review the diff, then run again without UPDATE_GOLDEN")
+        pytest.fail(
+            f"rewrote the golden files: {len(changed)} written, {len(removed)} removed "
+            f"({', '.join((changed + removed)[:10])}...); review the diff, then run again without UPDATE_GOLDEN"
+        )
     table = _table()
-    assert set(table) == wanted, f"cases missing or stale in {TABLE.name}: {sorted(set(table) ^ wanted)}; " \
-        "run UPDATE_GOLDEN=1"
+    assert set(table) == wanted, (
+        f"cases missing or stale in {TABLE.name}: {sorted(set(table) ^ wanted)}; run UPDATE_GOLDEN=1"
+    )
     used = {f for states in table.values() for f in states.values()}
     on_disk = {str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("*.yaml") if p != TABLE}
     assert used == on_disk, f"golden files unused or missing: {sorted(used ^ on_disk)}; run UPDATE_GOLDEN=1"
@@ -127,19 +136,28 @@ def test_the_table_covers_every_case_and_every_file_is_used() -> None:
 @pytest.mark.parametrize("example", EXAMPLES, ids=policy_name)
 def test_render_matches_golden(example: Path, shape: str) -> None:
     if UPDATE:  # never a silent pass: the rewrite run fails as a whole and must be run again without it
-        pytest.fail("UPDATE_GOLDEN is set: test_the_table_covers_every_case_and_every_file_is_used rewrites the "
-                    "files; nothing is compared in this run. Run again without UPDATE_GOLDEN")
+        pytest.fail(
+            "UPDATE_GOLDEN is set: test_the_table_covers_every_case_and_every_file_is_used rewrites the "
+            "files; nothing is compared in this run. Run again without UPDATE_GOLDEN"
+        )
     case = case_name(example, shape)
     actual = rendered_states(example, shape)
     files = _table().get(case, {})
     expected = stored({case: files})[case]
-    changed = sorted(name for name in actual.keys() | expected.keys() if actual.get(name) != expected.get(name))
+    changed = sorted(
+        name for name in actual.keys() | expected.keys() if actual.get(name) != expected.get(name)
+    )
     report = []
     for name in changed:
         where = f"tests/unit/render/golden/{files.get(name, f'{name}/(none)')}"
-        diff = difflib.unified_diff(expected.get(name, "").splitlines(keepends=True),
-                                    actual.get(name, "").splitlines(keepends=True),
-                                    fromfile=f"{where} (golden)", tofile=f"{where} (rendered)")
+        diff = difflib.unified_diff(
+            expected.get(name, "").splitlines(keepends=True),
+            actual.get(name, "").splitlines(keepends=True),
+            fromfile=f"{where} (golden)",
+            tofile=f"{where} (rendered)",
+        )
         report.append(f"state {name} of {case} differs:\n{''.join(diff)}")
-    assert not report, ("\n".join(report) + "\nIf the change is intended: UPDATE_GOLDEN=1 .venv/bin/pytest "
-                        "tests/unit/render/test_golden.py, then review git diff tests/unit/render/golden")
+    assert not report, (
+        "\n".join(report) + "\nIf the change is intended: UPDATE_GOLDEN=1 .venv/bin/pytest "
+        "tests/unit/render/test_golden.py, then review git diff tests/unit/render/golden"
+    )

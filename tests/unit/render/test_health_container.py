@@ -32,7 +32,9 @@ def test_the_health_container_runs_our_image_with_what_it_reads() -> None:
     assert values["HEALTH_VALIDATIONS"] == "driver,toolkit,cuda,plugin"
     assert values["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert [(m["name"], m["mountPath"], m.get("readOnly")) for m in ctr["volumeMounts"]] == [
-        ("host-root", "/host", True), ("host-run", "/host/run", None)]  # /run writable: kured's sentinel
+        ("host-root", "/host", True),
+        ("host-run", "/host/run", None),
+    ]  # /run writable: kured's sentinel
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert volumes["host-run"]["hostPath"] == {"path": "/run", "type": "Directory"}
     assert ctr["securityContext"]["privileged"] is True

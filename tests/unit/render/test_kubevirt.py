@@ -24,8 +24,16 @@ H100_NAME = "GH100 [H100 SXM5 80GB]"
 
 def facts(driver: str | dict[str, str], buses: list[str] = SEED_001) -> dict[str, str]:
     drivers = driver if isinstance(driver, dict) else {b: driver for b in buses}
-    gpus = [{"address": f"0000:{b}:00.0", "vendorDevice": "10de:2330", "name": H100_NAME,
-             "product": "H100 SXM5 80GB", "driver": drivers.get(b, "")} for b in buses]
+    gpus = [
+        {
+            "address": f"0000:{b}:00.0",
+            "vendorDevice": "10de:2330",
+            "name": H100_NAME,
+            "product": "H100 SXM5 80GB",
+            "driver": drivers.get(b, ""),
+        }
+        for b in buses
+    ]
     return {PROBE_FACTS_ANNOTATION: json.dumps({"driverSource": "none", "gpus": gpus})}
 
 
@@ -35,49 +43,63 @@ def node(name: str, annotations: dict[str, str], workload: str | None = "vm-pass
 
 
 def spec(**extra: Any) -> ClusterPolicySpec:
-    return ClusterPolicySpec.model_validate({"sandboxWorkloads": {"enabled": True, "defaultWorkload": "container"},
-                                             **extra})
+    return ClusterPolicySpec.model_validate(
+        {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "container"}, **extra}
+    )
 
 
 def test_two_passthrough_nodes_give_one_entry_named_as_seed_001() -> None:
     inv = kv.inventory([node("a", facts("vfio-pci")), node("b", facts("vfio-pci"))], spec())
     assert len(inv.bound) == 16 and not inv.findings
     assert kv.desired_entries(inv.bound, external=False) == [
-        {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB",
-         "externalResourceProvider": False}]
+        {
+            "pciVendorSelector": "10DE:2330",
+            "resourceName": "nvidia.com/H100_SXM5_80GB",
+            "externalResourceProvider": False,
+        }
+    ]
 
 
 def test_sandbox_plugin_naming_is_the_whole_pci_ids_name() -> None:
     inv = kv.inventory([node("a", facts("vfio-pci"))], spec())
-    assert kv.desired_entries(inv.bound, external=True)[0]["resourceName"] == "nvidia.com/GH100_H100_SXM5_80GB"
+    assert (
+        kv.desired_entries(inv.bound, external=True)[0]["resourceName"] == "nvidia.com/GH100_H100_SXM5_80GB"
+    )
 
 
-@pytest.mark.parametrize(("name", "external", "want"), [
-    ("GH100 [H100 SXM5 80GB]", False, "H100_SXM5_80GB"),
-    ("GH100 [H200 SXM 141GB]", True, "GH100_H200_SXM_141GB"),
-    ("GA100 [A100 PCIe 40GB]", False, "A100_PCIE_40GB"),
-    ("TU104GL [Tesla T4]", True, "TU104GL_TESLA_T4"),
-    ("GV100GL [Tesla V100S PCIe 32GB]", False, "TESLA_V100S_PCIE_32GB"),
-    ("AD102GL [L40S]", True, "AD102GL_L40S"),
-])
+@pytest.mark.parametrize(
+    ("name", "external", "want"),
+    [
+        ("GH100 [H100 SXM5 80GB]", False, "H100_SXM5_80GB"),
+        ("GH100 [H200 SXM 141GB]", True, "GH100_H200_SXM_141GB"),
+        ("GA100 [A100 PCIe 40GB]", False, "A100_PCIE_40GB"),
+        ("TU104GL [Tesla T4]", True, "TU104GL_TESLA_T4"),
+        ("GV100GL [Tesla V100S PCIe 32GB]", False, "TESLA_V100S_PCIE_32GB"),
+        ("AD102GL [L40S]", True, "AD102GL_L40S"),
+    ],
+)
 def test_resource_names(name: str, external: bool, want: str) -> None:
-    product = name[name.index("[") + 1:name.index("]")]
+    product = name[name.index("[") + 1 : name.index("]")]
     gpu = kv.VmGpu("n", "0000:0a:00.0", "10DE:1234", product, name)
     assert kv.resource_name(gpu, external) == f"nvidia.com/{want}"
 
 
 def test_nodes_not_for_vms_and_unbound_gpus_do_not_count() -> None:
-    nodes = [node("container", facts("nvidia"), workload="container"),
-             node("fresh", facts("")),
-             node("nofacts", {})]
+    nodes = [
+        node("container", facts("nvidia"), workload="container"),
+        node("fresh", facts("")),
+        node("nofacts", {}),
+    ]
     inv = kv.inventory(nodes, spec())
     assert not inv.bound and not inv.findings
     assert inv.no_facts == ["nofacts"] and len(inv.pending) == 8
 
 
 def test_default_workload_applies_to_unlabelled_nodes() -> None:
-    inv = kv.inventory([node("a", facts("vfio-pci"), workload=None)], spec(
-        sandboxWorkloads={"enabled": True, "defaultWorkload": "vm-passthrough"}))
+    inv = kv.inventory(
+        [node("a", facts("vfio-pci"), workload=None)],
+        spec(sandboxWorkloads={"enabled": True, "defaultWorkload": "vm-passthrough"}),
+    )
     assert len(inv.bound) == 8
 
 
@@ -95,7 +117,10 @@ def test_host_driver_on_passthrough_is_a_finding_per_gpu() -> None:
 
 def test_mixed_node_counts_only_its_listed_gpus() -> None:
     drivers = {b: ("vfio-pci" if b in SEED_001[:4] else "nvidia") for b in SEED_001}
-    annotations = {**facts(drivers), "nvidia.com/gpu.passthrough.devices": "0a:00.0, 18:00.0,3B:00.0 0000:44:00.0"}
+    annotations = {
+        **facts(drivers),
+        "nvidia.com/gpu.passthrough.devices": "0a:00.0, 18:00.0,3B:00.0 0000:44:00.0",
+    }
     inv = kv.inventory([node("mixed", annotations, workload="container")], spec())
     assert sorted(g.address for g in inv.bound) == [f"0000:{b}:00.0" for b in SEED_001[:4]]
     assert not inv.findings  # the nvidia ones are the containers' half
@@ -111,11 +136,17 @@ def cr(entries: list[dict[str, Any]], ours: str | None = None) -> dict[str, Any]
     meta: dict[str, Any] = {"name": "kubevirt", "namespace": "cozy-kubevirt", "resourceVersion": "7"}
     if ours is not None:
         meta["annotations"] = {KUBEVIRT_DEVICES_ANNOTATION: ours}
-    return {"metadata": meta, "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": entries}}}}
+    return {
+        "metadata": meta,
+        "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": entries}}},
+    }
 
 
-H100 = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB",
-        "externalResourceProvider": False}
+H100 = {
+    "pciVendorSelector": "10DE:2330",
+    "resourceName": "nvidia.com/H100_SXM5_80GB",
+    "externalResourceProvider": False,
+}
 USER = {"pciVendorSelector": "8086:107C", "resourceName": "kubevirt.io/internet-card"}
 
 
@@ -144,7 +175,10 @@ def test_a_selector_someone_else_lists_differently_is_reported_not_overwritten()
     merged = kv.merge(cr([theirs]), [H100])
     assert merged.entries == [theirs] and merged.ours == [] and not merged.changed
     assert [f.reason for f in merged.findings] == [HOST_DEVICE_LISTED_BY_OTHERS]
-    assert "10DE:2330" in merged.findings[0].message and "KubeVirt cozy-kubevirt/kubevirt" in merged.findings[0].message
+    assert (
+        "10DE:2330" in merged.findings[0].message
+        and "KubeVirt cozy-kubevirt/kubevirt" in merged.findings[0].message
+    )
 
 
 def test_a_selector_listed_exactly_as_we_would_is_left_to_its_owner() -> None:
@@ -168,4 +202,6 @@ def test_messages_stay_short_on_many_nodes() -> None:
     text = kv.summary(inv, [])
     assert "and 312 more" in text and "and 32 more" in text and len(text) < 1000
     findings = [kv.KubeVirtFinding(HOST_DRIVER_ON_PASSTHROUGH_REASON, f"m{i}", "a") for i in range(9)]
-    assert kv.condition(findings, True, "")["message"].endswith("and 4 more finding(s): see the Warning Events")
+    assert kv.condition(findings, True, "")["message"].endswith(
+        "and 4 more finding(s): see the Warning Events"
+    )

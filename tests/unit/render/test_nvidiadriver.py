@@ -57,14 +57,18 @@ def test_one_daemonset_per_os_pool_with_the_pool_selector() -> None:
     assert len(by_name) == 2
     selectors = {n: d["spec"]["template"]["spec"]["nodeSelector"] for n, d in by_name.items()}
     images = {ctr(d, "nvidia-driver-ctr")["image"] for d in by_name.values()}
-    assert images == {"nvcr.io/nvidia/driver:570.172.08-ubuntu22.04", "nvcr.io/nvidia/driver:570.172.08-ubuntu24.04"}
+    assert images == {
+        "nvcr.io/nvidia/driver:570.172.08-ubuntu22.04",
+        "nvcr.io/nvidia/driver:570.172.08-ubuntu24.04",
+    }
     for selector in selectors.values():
         assert selector[OWNER_LABEL] == "pool-a"
         assert selector["nvidia.com/gpu.present"] == "true"
         assert selector["nvidia.com/gpu.deploy.driver"] == "true"
         assert selector["feature.node.kubernetes.io/system-os_release.ID"] == "ubuntu"
-    assert sorted(s["feature.node.kubernetes.io/system-os_release.VERSION_ID"] for s in selectors.values()) \
-        == ["22.04", "24.04"]
+    assert sorted(
+        s["feature.node.kubernetes.io/system-os_release.VERSION_ID"] for s in selectors.values()
+    ) == ["22.04", "24.04"]
     for ds in by_name.values():  # the same driver state renders it: OnDelete, anti-affinity, digest
         assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
         assert ds["spec"]["selector"]["matchLabels"]["app"] == ds["metadata"]["name"]
@@ -72,22 +76,31 @@ def test_one_daemonset_per_os_pool_with_the_pool_selector() -> None:
         assert "DRIVER_CONFIG_DIGEST" in env_of(ctr(ds, "nvidia-driver-ctr"))
         assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "nvidia-gpu-driver-pool-a"
         volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-        assert volumes["driver-startup-probe-script"]["configMap"]["name"] == "nvidia-gpu-driver-pool-a-startup-probe"
+        assert (
+            volumes["driver-startup-probe-script"]["configMap"]["name"]
+            == "nvidia-gpu-driver-pool-a-startup-probe"
+        )
     shared = {(o["kind"], o["metadata"]["name"]) for o in result.state("state-driver").objects}
     assert ("ConfigMap", "nvidia-gpu-driver-pool-a-startup-probe") in shared
     assert ("ServiceAccount", "nvidia-gpu-driver-pool-a") in shared
 
 
 def test_precompiled_splits_per_kernel() -> None:
-    result = render_nvidiadriver(nvd(usePrecompiled=True, version="570"), facts("dgx-h100:2", "host-driver:1"))
+    result = render_nvidiadriver(
+        nvd(usePrecompiled=True, version="570"), facts("dgx-h100:2", "host-driver:1")
+    )
     by_name = daemonsets(result)
     assert len(by_name) == 2
-    kernels = {d["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"]
-               for d in by_name.values()}
+    kernels = {
+        d["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"]
+        for d in by_name.values()
+    }
     assert kernels == {"5.15.0-119-generic", "6.8.0-48-generic"}
     images = sorted(ctr(d, "nvidia-driver-ctr")["image"] for d in by_name.values())
-    assert images == ["nvcr.io/nvidia/driver:570-5.15.0-119-generic-ubuntu22.04",
-                      "nvcr.io/nvidia/driver:570-6.8.0-48-generic-ubuntu24.04"]
+    assert images == [
+        "nvcr.io/nvidia/driver:570-5.15.0-119-generic-ubuntu22.04",
+        "nvcr.io/nvidia/driver:570-6.8.0-48-generic-ubuntu24.04",
+    ]
     assert all(d["metadata"]["labels"]["nvidia.com/precompiled"] == "true" for d in by_name.values())
 
 
@@ -105,12 +118,22 @@ def test_node_selector_and_owned_nodes_choose_the_pool_members() -> None:
 
 
 def test_fields_reach_the_driver_pod() -> None:
-    spec: dict[str, Any] = {"repository": "registry.example.com/nv", "image": "driver", "version": DIGEST,
-            "kernelModuleType": "open", "rdma": {"enabled": True}, "imagePullSecrets": ["regcred"],
-            "licensingConfig": {"name": "licensing", "nlsEnabled": True}, "secretEnv": "drv-env",
-            "tolerations": [{"key": "pool", "operator": "Exists"}], "priorityClassName": "pc",
-            "labels": {"team": "ml"}, "annotations": {"note": "x"}, "env": [{"name": "FOO", "value": "1"}],
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    spec: dict[str, Any] = {
+        "repository": "registry.example.com/nv",
+        "image": "driver",
+        "version": DIGEST,
+        "kernelModuleType": "open",
+        "rdma": {"enabled": True},
+        "imagePullSecrets": ["regcred"],
+        "licensingConfig": {"name": "licensing", "nlsEnabled": True},
+        "secretEnv": "drv-env",
+        "tolerations": [{"key": "pool", "operator": "Exists"}],
+        "priorityClassName": "pc",
+        "labels": {"team": "ml"},
+        "annotations": {"note": "x"},
+        "env": [{"name": "FOO", "value": "1"}],
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}},
+    }
     ds = next(iter(daemonsets(render_nvidiadriver(nvd(**spec), facts("dgx-h100:1"))).values()))
     pod = ds["spec"]["template"]["spec"]
     main = ctr(ds, "nvidia-driver-ctr")
@@ -120,13 +143,17 @@ def test_fields_reach_the_driver_pod() -> None:
     assert {c["name"] for c in pod["containers"]} == {"nvidia-driver-ctr", "nvidia-peermem-ctr"}
     assert main["envFrom"] == [{"secretRef": {"name": "drv-env"}}]
     assert {"name": "regcred"} in pod["imagePullSecrets"]
-    assert pod["tolerations"] == [{"key": "pool", "operator": "Exists"},
-                                  {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists"}]  # + the health quarantine's
+    assert pod["tolerations"] == [
+        {"key": "pool", "operator": "Exists"},
+        {"key": "nvidia.com/gpu-unhealthy", "operator": "Exists"},
+    ]  # + the health quarantine's
     assert pod["priorityClassName"] == "pc"
     assert ds["spec"]["template"]["metadata"]["labels"]["team"] == "ml"
     assert ds["spec"]["template"]["metadata"]["annotations"]["note"] == "x"
     assert "nodeAffinity" in pod["affinity"] and "podAntiAffinity" in pod["affinity"]
-    assert any(v["name"] == "licensing-config" and v["configMap"]["name"] == "licensing" for v in pod["volumes"])
+    assert any(
+        v["name"] == "licensing-config" and v["configMap"]["name"] == "licensing" for v in pod["volumes"]
+    )
 
 
 def test_image_reference_rules() -> None:
@@ -136,8 +163,12 @@ def test_image_reference_rules() -> None:
 
 
 def test_base_policy_supplies_cluster_settings() -> None:
-    base = policy({"validator": {"repository": "v.io", "image": "validator", "version": "9"},
-                   "hostPaths": {"rootFS": "/host-root"}})
+    base = policy(
+        {
+            "validator": {"repository": "v.io", "image": "validator", "version": "9"},
+            "hostPaths": {"rootFS": "/host-root"},
+        }
+    )
     ds = next(iter(daemonsets(render_nvidiadriver(nvd(version="1"), facts("dgx-h100:1"), base)).values()))
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert volumes["host-root"]["hostPath"]["path"] == "/host-root"
@@ -151,11 +182,14 @@ def test_vgpu_host_manager_uses_the_vgpu_manager_state() -> None:
     assert ds["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.deploy.vgpu-manager"] == "true"
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"default": True, "nodeSelector": {"pool": "a"}}, "spec.nodeSelector"),
-    ({"nodeSelector": {OWNER_LABEL: "x"}}, f"spec.nodeSelector.{OWNER_LABEL}"),
-    ({"usePrecompiled": True, "gds": {"enabled": True}}, "spec.usePrecompiled"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"default": True, "nodeSelector": {"pool": "a"}}, "spec.nodeSelector"),
+        ({"nodeSelector": {OWNER_LABEL: "x"}}, f"spec.nodeSelector.{OWNER_LABEL}"),
+        ({"usePrecompiled": True, "gds": {"enabled": True}}, "spec.usePrecompiled"),
+    ],
+)
 def test_bad_specs_name_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(RenderError) as err:
         render_nvidiadriver(nvd(**spec), facts("dgx-h100:1"))
@@ -163,8 +197,12 @@ def test_bad_specs_name_the_field(spec: dict[str, Any], field: str) -> None:
 
 
 def test_routing_unique_selector_then_default_and_conflicts() -> None:
-    drivers = [nvd("a", nodeSelector={"pool": "a"}), nvd("b", nodeSelector={"pool": "b"}),
-               nvd("wide", nodeSelector={"gpu": "yes"}), nvd("fallback", default=True)]
+    drivers = [
+        nvd("a", nodeSelector={"pool": "a"}),
+        nvd("b", nodeSelector={"pool": "b"}),
+        nvd("wide", nodeSelector={"gpu": "yes"}),
+        nvd("fallback", default=True),
+    ]
     nodes = {"n1": {"pool": "a"}, "n2": {"pool": "b"}, "n3": {"pool": "a", "gpu": "yes"}, "n4": {}}
     routing = route(drivers, nodes)
     assert routing.owners == {"n1": "a", "n2": "b", "n4": "fallback"}
@@ -176,27 +214,56 @@ def test_routing_unique_selector_then_default_and_conflicts() -> None:
 
 def test_cli_renders_nvidiadrivers_per_pool(tmp_path: Path) -> None:
     path = tmp_path / "drivers.yaml"
-    path.write_text(yaml.safe_dump_all([
-        {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "a"},
-         "spec": {"version": "570.172.08", "nodeSelector": {"pool": "a"}}},
-        {"apiVersion": "nvidia.com/v1alpha1", "kind": "NVIDIADriver", "metadata": {"name": "b"},
-         "spec": {"version": "580.82.07", "nodeSelector": {"pool": "b"}}},
-    ]))
-    out = CliRunner().invoke(app, ["render", "--nvidiadriver", str(path), "--shape", "dgx-h100:2,pool=a",
-                                   "--shape", "dgx-h100:1,pool=b"])
+    path.write_text(
+        yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "nvidia.com/v1alpha1",
+                    "kind": "NVIDIADriver",
+                    "metadata": {"name": "a"},
+                    "spec": {"version": "570.172.08", "nodeSelector": {"pool": "a"}},
+                },
+                {
+                    "apiVersion": "nvidia.com/v1alpha1",
+                    "kind": "NVIDIADriver",
+                    "metadata": {"name": "b"},
+                    "spec": {"version": "580.82.07", "nodeSelector": {"pool": "b"}},
+                },
+            ]
+        )
+    )
+    out = CliRunner().invoke(
+        app,
+        [
+            "render",
+            "--nvidiadriver",
+            str(path),
+            "--shape",
+            "dgx-h100:2,pool=a",
+            "--shape",
+            "dgx-h100:1,pool=b",
+        ],
+    )
     assert out.exit_code == 0, out.output
     docs = [d for d in yaml.safe_load_all(out.output) if d]
-    found = {ctr(d, "nvidia-driver-ctr")["image"]: d["spec"]["template"]["spec"]["nodeSelector"][OWNER_LABEL]
-             for d in docs if d["kind"] == "DaemonSet"}
-    assert found == {"nvcr.io/nvidia/driver:570.172.08-ubuntu22.04": "a",
-                     "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04": "b"}
+    found = {
+        ctr(d, "nvidia-driver-ctr")["image"]: d["spec"]["template"]["spec"]["nodeSelector"][OWNER_LABEL]
+        for d in docs
+        if d["kind"] == "DaemonSet"
+    }
+    assert found == {
+        "nvcr.io/nvidia/driver:570.172.08-ubuntu22.04": "a",
+        "nvcr.io/nvidia/driver:580.82.07-ubuntu22.04": "b",
+    }
     assert "# state pool ubuntu22.04: enabled (nodes: dgx-h100-0, dgx-h100-1)" in out.output
     assert "# state pool ubuntu22.04: enabled (nodes: dgx-h100-2)" in out.output
     missing = CliRunner().invoke(app, ["render", "--shape", "dgx-h100"])
     assert missing.exit_code == 2 and "--nvidiadriver" in missing.output
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata: {name: d}\n"
-                   "spec: {default: true, nodeSelector: {pool: a}}\n")
+    bad.write_text(
+        "apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata: {name: d}\n"
+        "spec: {default: true, nodeSelector: {pool: a}}\n"
+    )
     out = CliRunner().invoke(app, ["render", "--nvidiadriver", str(bad), "--shape", "dgx-h100"])
     assert out.exit_code == 2 and "spec.nodeSelector" in out.output
 
@@ -219,24 +286,38 @@ def test_long_names_keep_the_hash_and_upstream_defaults_apply() -> None:
     pool = type(pool)(os_tag="x" * 80, node_selector={}, nodes=())
     name = daemonset_name(long, pool)
     assert len(name) == 63 and name.endswith("-" + safe_encode(str(fnv32a(UID))))
-    pre = next(iter(daemonsets(render_nvidiadriver(nvd(usePrecompiled=True, version="1"),
-                                                   facts("dgx-h100:1"))).values()))
+    pre = next(
+        iter(
+            daemonsets(
+                render_nvidiadriver(nvd(usePrecompiled=True, version="1"), facts("dgx-h100:1"))
+            ).values()
+        )
+    )
     assert ctr(pre, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"] == 5
     labelled = nvd(version="1", labels={"app": "x", "app.kubernetes.io/name": "y", "team": "ml"})
     ds = next(iter(daemonsets(render_nvidiadriver(labelled, facts("dgx-h100:1"))).values()))
     labels = ds["spec"]["template"]["metadata"]["labels"]
-    assert labels["team"] == "ml" and labels["app"] == ds["metadata"]["name"] and "app.kubernetes.io/name" not in labels
+    assert (
+        labels["team"] == "ml"
+        and labels["app"] == ds["metadata"]["name"]
+        and "app.kubernetes.io/name" not in labels
+    )
     assert ctr(ds, "nvidia-driver-ctr")["startupProbe"]["initialDelaySeconds"] == 60
 
 
 @pytest.mark.parametrize(("precompiled", "mounted"), [(True, True), (False, False)])
 def test_precompiled_suse_pool_reads_the_hosts_lib_modules(precompiled: bool, mounted: bool) -> None:
-    suse = ("dgx-h100:1,feature.node.kubernetes.io/system-os_release.ID=sl-micro,"
-            "feature.node.kubernetes.io/system-os_release.VERSION_ID=6.1")
-    by_name = daemonsets(render_nvidiadriver(nvd(usePrecompiled=precompiled, version="570"),
-                                             facts(suse, "host-driver:1")))
-    os_ids = sorted(d["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/system-os_release.ID"]
-                    for d in by_name.values())
+    suse = (
+        "dgx-h100:1,feature.node.kubernetes.io/system-os_release.ID=sl-micro,"
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID=6.1"
+    )
+    by_name = daemonsets(
+        render_nvidiadriver(nvd(usePrecompiled=precompiled, version="570"), facts(suse, "host-driver:1"))
+    )
+    os_ids = sorted(
+        d["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/system-os_release.ID"]
+        for d in by_name.values()
+    )
     assert os_ids == ["sl-micro", "ubuntu"]
     for ds in by_name.values():
         pod = ds["spec"]["template"]["spec"]
@@ -244,7 +325,9 @@ def test_precompiled_suse_pool_reads_the_hosts_lib_modules(precompiled: bool, mo
         mounts = [m for m in ctr(ds, "nvidia-driver-ctr")["volumeMounts"] if m["name"] == "lib-modules"]
         on_suse = pod["nodeSelector"]["feature.node.kubernetes.io/system-os_release.ID"] == "sl-micro"
         if mounted and on_suse:  # only the SUSE pool: the ubuntu pool's DaemonSet has none
-            assert volume == [{"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}}]
+            assert volume == [
+                {"name": "lib-modules", "hostPath": {"path": "/lib/modules", "type": "Directory"}}
+            ]
             assert mounts == [{"name": "lib-modules", "mountPath": "/run/host/lib/modules", "readOnly": True}]
         else:
             assert (volume, mounts) == ([], [])

@@ -25,16 +25,30 @@ def vfio_state(spec: dict[str, Any]) -> tuple[bool, set[tuple[str, str]]]:
     state = render(policy(spec), facts("vfio-passthrough:2")).state("state-vfio-manager")
     for obj in state.objects:  # both agents write their Node: each pod keeps its ServiceAccount token
         if obj["kind"] == "DaemonSet":
-            assert obj["spec"]["template"]["spec"].get("automountServiceAccountToken", True), obj["metadata"]["name"]
+            assert obj["spec"]["template"]["spec"].get("automountServiceAccountToken", True), obj["metadata"][
+                "name"
+            ]
     return state.enabled, {(o["kind"], o["metadata"]["name"]) for o in state.objects}
 
 
 @pytest.mark.parametrize("vfio_on", [True, False])
 def test_the_probe_runs_with_sandbox_workloads_whatever_vfio_manager_says(vfio_on: bool) -> None:
-    enabled, objects = vfio_state({"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": vfio_on}})
+    enabled, objects = vfio_state(
+        {"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": vfio_on}}
+    )
     assert enabled
-    probe = {("ServiceAccount", PROBE), ("ClusterRole", PROBE), ("ClusterRoleBinding", PROBE), ("DaemonSet", PROBE)}
-    vfio = {("ServiceAccount", VFIO), ("ClusterRole", VFIO), ("ClusterRoleBinding", VFIO), ("DaemonSet", VFIO)}
+    probe = {
+        ("ServiceAccount", PROBE),
+        ("ClusterRole", PROBE),
+        ("ClusterRoleBinding", PROBE),
+        ("DaemonSet", PROBE),
+    }
+    vfio = {
+        ("ServiceAccount", VFIO),
+        ("ClusterRole", VFIO),
+        ("ClusterRoleBinding", VFIO),
+        ("DaemonSet", VFIO),
+    }
     assert probe <= objects
     assert (vfio <= objects) if vfio_on else not (vfio & objects), objects
 
@@ -45,11 +59,15 @@ def test_without_sandbox_workloads_neither_runs() -> None:
 
 
 def spec() -> ClusterPolicySpec:
-    return ClusterPolicySpec.model_validate({"sandboxWorkloads": {"enabled": True, "defaultWorkload": "container"}})
+    return ClusterPolicySpec.model_validate(
+        {"sandboxWorkloads": {"enabled": True, "defaultWorkload": "container"}}
+    )
 
 
 def test_a_node_whose_gpus_are_not_seen_keeps_the_condition_from_true() -> None:
-    inv = kv.inventory([node("seen", probe_facts("vfio-pci")), node("blind-a", {}), node("blind-b", {})], spec())
+    inv = kv.inventory(
+        [node("seen", probe_facts("vfio-pci")), node("blind-a", {}), node("blind-b", {})], spec()
+    )
     assert inv.no_facts == ["blind-a", "blind-b"]
     text = kv.summary(inv, kv.desired_entries(inv.bound, external=False))
     cond = kv.condition(list(inv.findings), True, text, inv.no_facts)

@@ -16,11 +16,26 @@ from gpu_operator.vocabulary import MANAGED_BY, STATE_LABEL
 from tests.unit.render.renderkit import IMAGES, STATE_NAMES, daemonset, facts, policy, run
 
 UPSTREAM_ORDER = [
-    "pre-requisites", "state-operator-metrics", "state-driver", "state-container-toolkit",
-    "state-operator-validation", "state-device-plugin", "state-mps-control-daemon", "state-dcgm",
-    "state-dcgm-exporter", "gpu-feature-discovery", "state-mig-manager", "state-node-status-exporter",
-    "state-vgpu-manager", "state-vgpu-device-manager", "state-sandbox-validation", "state-vfio-manager",
-    "state-sandbox-device-plugin", "state-kata-device-plugin", "state-kata-manager", "state-cc-manager",
+    "pre-requisites",
+    "state-operator-metrics",
+    "state-driver",
+    "state-container-toolkit",
+    "state-operator-validation",
+    "state-device-plugin",
+    "state-mps-control-daemon",
+    "state-dcgm",
+    "state-dcgm-exporter",
+    "gpu-feature-discovery",
+    "state-mig-manager",
+    "state-node-status-exporter",
+    "state-vgpu-manager",
+    "state-vgpu-device-manager",
+    "state-sandbox-validation",
+    "state-vfio-manager",
+    "state-sandbox-device-plugin",
+    "state-kata-device-plugin",
+    "state-kata-manager",
+    "state-cc-manager",
 ]
 # kubernetes-validate ships the built-in API schemas only. These kinds come from CRDs that are
 # not part of Kubernetes (Prometheus operator, OpenShift), so they cannot be schema-checked here;
@@ -31,30 +46,54 @@ SCHEMA_VERSION = "1.36.0"
 
 EVERYTHING = {
     "operator": {"runtimeClass": "nvidia-custom"},
-    "daemonsets": {"labels": {"team": "gpu"}, "annotations": {"a": "b"}, "priorityClassName": "high",
-                   "tolerations": [{"key": "x", "operator": "Exists"}], "rollingUpdate": {"maxUnavailable": "20%"},
-                   "podSecurityContext": {"runAsNonRoot": False}},
-    "driver": {"rdma": {"enabled": True, "useHostMofed": True}, "kernelModuleType": "open",
-               "licensingConfig": {"secretName": "lic", "nlsEnabled": True}, "secretEnv": "driver-env",
-               "virtualTopology": {"config": "topo"}, "kernelModuleConfig": {"name": "kmods"},
-               "repoConfig": {"configMapName": "repos"}, "certConfig": {"name": "certs"},
-               "manager": {"env": [{"name": "DRAIN_USE_FORCE", "value": "true"}]},
-               "upgradePolicy": {"autoUpgrade": True, "drain": {"enable": True, "timeoutSeconds": 60}},
-               "startupProbe": {"failureThreshold": 10},
-               "resources": {"limits": {"cpu": "2", "memory": "4Gi"}}, "args": ["--x"],
-               "env": [{"name": "A", "value": "1"}]},
-    "toolkit": {"installDir": "/opt/nvidia", "env": [{"name": "CONTAINERD_CONFIG",
-                                                      "value": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"}]},
-    "devicePlugin": {"config": {"name": "dp-config", "default": "a100"}, "mps": {"root": "/run/mps"},
-                     "hostNetwork": True},
-    "dcgmExporter": {"serviceMonitor": {"enabled": True, "interval": "30s"}, "enablePodLabels": True,
-                     "hpcJobMapping": {"enabled": True}, "config": {"name": "metrics"},
-                     "service": {"type": "NodePort", "internalTrafficPolicy": "Local"}},
+    "daemonsets": {
+        "labels": {"team": "gpu"},
+        "annotations": {"a": "b"},
+        "priorityClassName": "high",
+        "tolerations": [{"key": "x", "operator": "Exists"}],
+        "rollingUpdate": {"maxUnavailable": "20%"},
+        "podSecurityContext": {"runAsNonRoot": False},
+    },
+    "driver": {
+        "rdma": {"enabled": True, "useHostMofed": True},
+        "kernelModuleType": "open",
+        "licensingConfig": {"secretName": "lic", "nlsEnabled": True},
+        "secretEnv": "driver-env",
+        "virtualTopology": {"config": "topo"},
+        "kernelModuleConfig": {"name": "kmods"},
+        "repoConfig": {"configMapName": "repos"},
+        "certConfig": {"name": "certs"},
+        "manager": {"env": [{"name": "DRAIN_USE_FORCE", "value": "true"}]},
+        "upgradePolicy": {"autoUpgrade": True, "drain": {"enable": True, "timeoutSeconds": 60}},
+        "startupProbe": {"failureThreshold": 10},
+        "resources": {"limits": {"cpu": "2", "memory": "4Gi"}},
+        "args": ["--x"],
+        "env": [{"name": "A", "value": "1"}],
+    },
+    "toolkit": {
+        "installDir": "/opt/nvidia",
+        "env": [
+            {"name": "CONTAINERD_CONFIG", "value": "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"}
+        ],
+    },
+    "devicePlugin": {
+        "config": {"name": "dp-config", "default": "a100"},
+        "mps": {"root": "/run/mps"},
+        "hostNetwork": True,
+    },
+    "dcgmExporter": {
+        "serviceMonitor": {"enabled": True, "interval": "30s"},
+        "enablePodLabels": True,
+        "hpcJobMapping": {"enabled": True},
+        "config": {"name": "metrics"},
+        "service": {"type": "NodePort", "internalTrafficPolicy": "Local"},
+    },
     "dcgm": {"hostPort": 5555},
     "nodeStatusExporter": {"enabled": True},
     "mig": {"strategy": "mixed"},
     "migManager": {"config": {"name": "mig-cfg"}, "gpuClientsConfig": {"name": "clients"}},
-    "gds": {"enabled": True}, "gdrcopy": {"enabled": True},
+    "gds": {"enabled": True},
+    "gdrcopy": {"enabled": True},
     "hostPaths": {"rootFS": "/host-root", "driverInstallDir": "/opt/driver"},
     "validator": {"plugin": {"env": [{"name": "WITH_WORKLOAD", "value": "true"}]}},
 }
@@ -64,7 +103,8 @@ CONFIGMAP_KEYS = {"repos": ("cuda.list",), "certs": ("corp.crt",)}
 # kubernetes-validate re-reads its multi-megabyte definitions file for every object; the schema
 # files never change during a run, so read each once.
 kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(
-    kubernetes_validate.utils.schema_contents)
+    kubernetes_validate.utils.schema_contents
+)
 
 
 def _validate(objects: list[dict[str, Any]]) -> None:
@@ -84,11 +124,24 @@ def test_twenty_states_in_upstream_order() -> None:
     [
         ({}, {}),
         (EVERYTHING, {"configmap_keys": CONFIGMAP_KEYS}),
-        ({"sandboxWorkloads": {"enabled": True}, "vfioManager": {"enabled": True},
-          "sandboxDevicePlugin": {"enabled": True}, "vgpuManager": {"enabled": True},
-          "vgpuDeviceManager": {"enabled": True}}, {}),
-        ({"sandboxWorkloads": {"enabled": True, "mode": "kata"}, "kataSandboxDevicePlugin": {"enabled": True},
-          "ccManager": {"enabled": True, "defaultMode": "devtools"}}, {}),
+        (
+            {
+                "sandboxWorkloads": {"enabled": True},
+                "vfioManager": {"enabled": True},
+                "sandboxDevicePlugin": {"enabled": True},
+                "vgpuManager": {"enabled": True},
+                "vgpuDeviceManager": {"enabled": True},
+            },
+            {},
+        ),
+        (
+            {
+                "sandboxWorkloads": {"enabled": True, "mode": "kata"},
+                "kataSandboxDevicePlugin": {"enabled": True},
+                "ccManager": {"enabled": True, "defaultMode": "devtools"},
+            },
+            {},
+        ),
         ({"cdi": {"nriPluginEnabled": True}}, {}),
         ({"driver": {"usePrecompiled": True}}, {}),
         ({}, {"openshift": True, "openshift_version": "4.19"}),
@@ -118,8 +171,17 @@ def test_apply_order_puts_rbac_first_and_daemonsets_last() -> None:
     kinds = [o["kind"] for o in run().state("state-device-plugin").objects]
     assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"]
     kinds = [o["kind"] for o in run().state("state-mig-manager").objects]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
-                     "ConfigMap", "ConfigMap", "DaemonSet"]
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "ConfigMap",
+        "ConfigMap",
+        "DaemonSet",
+    ]
 
 
 def test_default_policy_enables_the_container_stack_only() -> None:
@@ -164,8 +226,13 @@ def test_servicemonitors_skipped_without_their_crd() -> None:
 
 
 def test_servicemonitor_shape() -> None:
-    monitor = next(o for o in run({"dcgmExporter": {"serviceMonitor": {"enabled": True, "interval": "30s"}}})
-                   .state("state-dcgm-exporter").objects if o["kind"] == "ServiceMonitor")
+    monitor = next(
+        o
+        for o in run({"dcgmExporter": {"serviceMonitor": {"enabled": True, "interval": "30s"}}})
+        .state("state-dcgm-exporter")
+        .objects
+        if o["kind"] == "ServiceMonitor"
+    )
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["selector"] == {"matchLabels": {"app": "nvidia-dcgm-exporter"}}
     assert monitor["spec"]["endpoints"][0] == {"port": "gpu-metrics", "path": "/metrics", "interval": "30s"}
@@ -187,8 +254,12 @@ def test_missing_image_names_the_field_and_env() -> None:
 
 
 def test_operator_env_one_rule_for_the_operator_and_offline_rendering() -> None:
-    environ = {"DRIVER_IMAGE": "r.example/driver:1", "GDS_IMAGE": "", "OPERATOR_NAMESPACE": "gpu-operator",
-               "PATH": "/bin"}
+    environ = {
+        "DRIVER_IMAGE": "r.example/driver:1",
+        "GDS_IMAGE": "",
+        "OPERATOR_NAMESPACE": "gpu-operator",
+        "PATH": "/bin",
+    }
     # The operator: its non-empty *_IMAGE variables, nothing else.
     assert operator_env(environ) == {"DRIVER_IMAGE": "r.example/driver:1"}
     # `gpu-operator render`: the same variables over the chart's images; an empty one does not
@@ -218,23 +289,33 @@ def test_unrenderable_policies_name_the_field(spec: dict[str, Any], field: str) 
 
 def test_unknown_fields_become_warnings() -> None:
     result = run({"newThing": {"enabled": True}})
-    assert result.warnings == ["unknown field 'spec.newThing' in ClusterPolicy 'cluster-policy': kept, but ignored"]
+    assert result.warnings == [
+        "unknown field 'spec.newThing' in ClusterPolicy 'cluster-policy': kept, but ignored"
+    ]
 
 
 def test_precompiled_driver_fans_out_per_kernel_and_deletes_the_other_variant() -> None:
     result = run({"driver": {"usePrecompiled": True, "version": "595"}}, "dgx-h100:1", "host-driver:1")
     state = result.state("state-driver")
     names = sorted(o["metadata"]["name"] for o in state.objects if o["kind"] == "DaemonSet")
-    assert names == ["nvidia-driver-daemonset-5.15.0-119-generic-ubuntu22.04",
-                     "nvidia-driver-daemonset-6.8.0-48-generic-ubuntu22.04"]
-    assert "nvidia-driver-daemonset" not in names  # the other variant is not rendered: the operator deletes it
+    assert names == [
+        "nvidia-driver-daemonset-5.15.0-119-generic-ubuntu22.04",
+        "nvidia-driver-daemonset-6.8.0-48-generic-ubuntu22.04",
+    ]
+    assert (
+        "nvidia-driver-daemonset" not in names
+    )  # the other variant is not rendered: the operator deletes it
     ds = daemonset(result, "state-driver", names[0])
-    assert ds["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"] == \
-        "5.15.0-119-generic"
+    assert (
+        ds["spec"]["template"]["spec"]["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"]
+        == "5.15.0-119-generic"
+    )
     assert ds["metadata"]["labels"]["nvidia.com/precompiled"] == "true"
     # the version is the branch: NVIDIA's precompiled images are tagged <branch>-<kernel>-<os>
-    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == \
-        "nvcr.io/nvidia/driver:595-5.15.0-119-generic-ubuntu22.04"
+    assert (
+        ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "nvcr.io/nvidia/driver:595-5.15.0-119-generic-ubuntu22.04"
+    )
 
 
 def test_use_nvidia_driver_crd_disables_the_driver_state() -> None:
@@ -246,9 +327,14 @@ def test_use_nvidia_driver_crd_disables_the_driver_state() -> None:
 def test_bidirectional_mounts_only_in_privileged_containers() -> None:
     # the apiserver rejects pods whose unprivileged containers ask for Bidirectional propagation
     result = run(EVERYTHING, configmap_keys=CONFIGMAP_KEYS)
-    bidirectional = [m for o in result.objects() if o["kind"] == "DaemonSet"
-                     for c in o["spec"]["template"]["spec"]["containers"] for m in c.get("volumeMounts", [])
-                     if m.get("mountPropagation") == "Bidirectional"]
+    bidirectional = [
+        m
+        for o in result.objects()
+        if o["kind"] == "DaemonSet"
+        for c in o["spec"]["template"]["spec"]["containers"]
+        for m in c.get("volumeMounts", [])
+        if m.get("mountPropagation") == "Bidirectional"
+    ]
     assert bidirectional, "no Bidirectional mount rendered: the check below would check nothing"
     for obj in result.objects():
         if obj["kind"] != "DaemonSet":
@@ -257,7 +343,10 @@ def test_bidirectional_mounts_only_in_privileged_containers() -> None:
         for c in [*pod.get("initContainers", []), *pod["containers"]]:
             privileged = c.get("securityContext", {}).get("privileged", False)
             for m in c.get("volumeMounts", []):
-                assert privileged or m.get("mountPropagation") != "Bidirectional", (obj["metadata"]["name"], c["name"])
+                assert privileged or m.get("mountPropagation") != "Bidirectional", (
+                    obj["metadata"]["name"],
+                    c["name"],
+                )
 
 
 def test_the_schema_check_catches_a_broken_object() -> None:

@@ -24,10 +24,52 @@ from tools.operand_facts.contract import runs
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 # Directories scripts reach on the node, moved under the test's root.
-MOVED = ("/run/nvidia", "/host", "/sys/module", "/usr/local/nvidia", "/var/run/cdi", "/etc/cdi", "/driver-root")
-BUILTINS = {"echo", "exit", "exec", "until", "do", "done", "while", "if", "then", "fi", "test", "[", "true", "false",
-            "cd", "set", "export", "trap", "wait", "read", "shift", ":", "break", "continue", "return", "for", "in",
-            "else", "elif", "case", "esac", "printf", "kill", "command", "type"}
+MOVED = (
+    "/run/nvidia",
+    "/host",
+    "/sys/module",
+    "/usr/local/nvidia",
+    "/var/run/cdi",
+    "/etc/cdi",
+    "/driver-root",
+)
+BUILTINS = {
+    "echo",
+    "exit",
+    "exec",
+    "until",
+    "do",
+    "done",
+    "while",
+    "if",
+    "then",
+    "fi",
+    "test",
+    "[",
+    "true",
+    "false",
+    "cd",
+    "set",
+    "export",
+    "trap",
+    "wait",
+    "read",
+    "shift",
+    ":",
+    "break",
+    "continue",
+    "return",
+    "for",
+    "in",
+    "else",
+    "elif",
+    "case",
+    "esac",
+    "printf",
+    "kill",
+    "command",
+    "type",
+}
 
 
 def _scripts() -> dict[str, tuple[str, str]]:
@@ -49,7 +91,9 @@ def _scripts() -> dict[str, tuple[str, str]]:
                         cmd = ((ctr.get(probe) or {}).get("exec") or {}).get("command") or []
                         if cmd[:2] == ["sh", "-c"]:
                             found[f"{where}:{probe}"] = (cmd[2], "")
-                    hook = (((ctr.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command") or []
+                    hook = (((ctr.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(
+                        "command"
+                    ) or []
                     if hook[:2] == ["sh", "-c"]:
                         found[f"{where}:preStop"] = (hook[2], "")
     return found
@@ -81,8 +125,13 @@ def _run(script: str, tmp: Path, *, ready: bool, timeout: float = 3.0) -> tuple[
         stub.write_text(f'#!/bin/sh\necho "{word} $*" >> {calls}\n{pause}exit 0\n')
         stub.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp)}
-    proc = subprocess.Popen(["sh", "-c", _moved(script, root)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", _moved(script, root)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         code: int | None = proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -120,7 +169,12 @@ def test_a_status_file_wait_waits_then_goes_on(where: str, tmp_path: Path) -> No
     assert not [c for c in calls if c[0] == program], f"{where}: started {program} before its file was there"
     code, calls = _run(script, tmp_path / "present", ready=True)
     assert code == 0, f"{where}: exit {code} with the status file present"
-    if program and program not in BUILTINS and program != "<image entrypoint>" and not program.startswith("/"):
+    if (
+        program
+        and program not in BUILTINS
+        and program != "<image entrypoint>"
+        and not program.startswith("/")
+    ):
         assert [c for c in calls if c[0] == program], f"{where}: never ran {program}; calls {calls}"
 
 
@@ -136,8 +190,13 @@ def test_a_prestop_hook_removes_the_status_files(where: str, tmp_path: Path) -> 
     targets = named | ({"driver-ready", "toolkit-ready"} if "*-ready" in script else set())
     for name in [*targets, "keep-me"]:
         (validations / name).write_text("")
-    done = subprocess.run(["sh", "-c", _moved(script, tmp_path / "root")], capture_output=True, text=True, check=False,
-                          env={"PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        ["sh", "-c", _moved(script, tmp_path / "root")],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     left = {p.name for p in validations.iterdir()}
     assert targets and not targets & left and "keep-me" in left, (where, sorted(left))

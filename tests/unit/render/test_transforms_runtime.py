@@ -18,9 +18,15 @@ from tests.unit.render.test_transforms import ds_with, spec
 
 @pytest.mark.parametrize(
     ("runtimes", "openshift", "expected"),
-    [([], False, "containerd"), (["docker://24"], False, "docker"), (["cri-o://1.30"], False, "crio"),
-     (["cri-o://1.30", "containerd://1.7"], False, "containerd"), (["docker://1", "cri-o://1"], False, "crio"),
-     (["containerd://1.7"], True, "crio"), (["unknown://1"], False, "containerd")],
+    [
+        ([], False, "containerd"),
+        (["docker://24"], False, "docker"),
+        (["cri-o://1.30"], False, "crio"),
+        (["cri-o://1.30", "containerd://1.7"], False, "containerd"),
+        (["docker://1", "cri-o://1"], False, "crio"),
+        (["containerd://1.7"], True, "crio"),
+        (["unknown://1"], False, "containerd"),
+    ],
 )
 def test_runtime_detection(runtimes: list[str], openshift: bool, expected: str) -> None:
     nodes = [NodeFacts(f"n{i}", {"nvidia.com/gpu.present": "true"}, rt) for i, rt in enumerate(runtimes)]
@@ -30,9 +36,13 @@ def test_runtime_detection(runtimes: list[str], openshift: bool, expected: str) 
 
 @pytest.mark.parametrize(
     ("data", "runtime", "expected"),
-    [({}, "containerd", "nvidia"), ({"operator": {"runtimeClass": "gpu"}}, "containerd", "gpu"),
-     ({"cdi": {"enabled": False}}, "crio", None), ({"cdi": {"enabled": False}}, "containerd", "nvidia"),
-     ({"cdi": {"nriPluginEnabled": True}}, "containerd", None)],
+    [
+        ({}, "containerd", "nvidia"),
+        ({"operator": {"runtimeClass": "gpu"}}, "containerd", "gpu"),
+        ({"cdi": {"enabled": False}}, "crio", None),
+        ({"cdi": {"enabled": False}}, "containerd", "nvidia"),
+        ({"cdi": {"nriPluginEnabled": True}}, "containerd", None),
+    ],
 )
 def test_runtime_class_rule(data: dict[str, Any], runtime: str, expected: str | None) -> None:
     assert runtime_class_name(spec(data), runtime) == expected
@@ -45,7 +55,8 @@ def test_gpu_access_with_nri_annotates_every_container() -> None:
     assert "runtimeClassName" not in template["spec"]
     assert template["metadata"]["annotations"] == {
         "nvidia.cdi.k8s.io/container.a": "management.nvidia.com/gpu=all",
-        "nvidia.cdi.k8s.io/container.b": "management.nvidia.com/gpu=all"}
+        "nvidia.cdi.k8s.io/container.b": "management.nvidia.com/gpu=all",
+    }
 
 
 K3S_CONFIG = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
@@ -54,35 +65,95 @@ K3S_CONFIG = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
 @pytest.mark.parametrize(
     ("runtime", "data", "user_env", "env_expect", "volumes"),
     [
-        ("containerd", {}, {}, {
-            "RUNTIME": "containerd", "CDI_ENABLED": "true", "NVIDIA_CONTAINER_RUNTIME_MODE": "cdi",
-            "RUNTIME_CONFIG": "/runtime/config-dir/config.toml", "CONTAINERD_CONFIG": "/runtime/config-dir/config.toml",
-            "RUNTIME_DROP_IN_CONFIG": "/runtime/config-dir.d/99-nvidia.toml",
-            "RUNTIME_DROP_IN_CONFIG_HOST_PATH": "/etc/containerd/conf.d/99-nvidia.toml",
-            "RUNTIME_SOCKET": "/runtime/sock-dir/containerd.sock", "CONTAINERD_RUNTIME_CLASS": "nvidia"},
-         {"containerd-config": "/etc/containerd", "containerd-drop-in-config": "/etc/containerd/conf.d",
-          "containerd-socket": "/run/containerd"}),
-        ("containerd", {}, {"CONTAINERD_CONFIG": K3S_CONFIG,
-                            "CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock",
-                            "RUNTIME_CONFIG_SOURCE": "file=/etc/x.toml,command"},
-         {"CONTAINERD_CONFIG": "/runtime/config-dir/config.toml", "RUNTIME_CONFIG_SOURCE": "file=/host/etc/x.toml,command"},
-         {"containerd-config": "/var/lib/rancher/k3s/agent/etc/containerd", "containerd-socket": "/run/k3s/containerd"}),
-        ("crio", {}, {}, {"RUNTIME": "crio", "CRIO_CONFIG": "/runtime/config-dir/config.toml",
-                          "RUNTIME_DROP_IN_CONFIG": "/runtime/config-dir.d/99-nvidia.conf"},
-         {"crio-config": "/etc/crio", "crio-drop-in-config": "/etc/crio/crio.conf.d"}),
-        ("crio", {"cdi": {"enabled": False}}, {}, {"CRIO_CONFIG_MODE": "hook"},
-         {"crio-hooks": "/usr/share/containers/oci/hooks.d"}),
-        ("docker", {}, {}, {"DOCKER_CONFIG": "/runtime/config-dir/daemon.json",
-                            "DOCKER_SOCKET": "/runtime/sock-dir/docker.sock"},
-         {"docker-config": "/etc/docker", "docker-socket": "/var/run"}),
-        ("containerd", {"cdi": {"nriPluginEnabled": True}}, {}, {"ENABLE_NRI_PLUGIN": "true",
-                                                                  "NRI_SOCKET": "/runtime/nri-sock-dir/nri.sock"},
-         {"nri-socket": "/var/run/nri"}),
-        ("containerd", {"toolkit": {"installDir": "/opt/nv"}}, {}, {"ROOT": "/opt/nv"}, {"toolkit-install-dir": "/opt/nv"}),
+        (
+            "containerd",
+            {},
+            {},
+            {
+                "RUNTIME": "containerd",
+                "CDI_ENABLED": "true",
+                "NVIDIA_CONTAINER_RUNTIME_MODE": "cdi",
+                "RUNTIME_CONFIG": "/runtime/config-dir/config.toml",
+                "CONTAINERD_CONFIG": "/runtime/config-dir/config.toml",
+                "RUNTIME_DROP_IN_CONFIG": "/runtime/config-dir.d/99-nvidia.toml",
+                "RUNTIME_DROP_IN_CONFIG_HOST_PATH": "/etc/containerd/conf.d/99-nvidia.toml",
+                "RUNTIME_SOCKET": "/runtime/sock-dir/containerd.sock",
+                "CONTAINERD_RUNTIME_CLASS": "nvidia",
+            },
+            {
+                "containerd-config": "/etc/containerd",
+                "containerd-drop-in-config": "/etc/containerd/conf.d",
+                "containerd-socket": "/run/containerd",
+            },
+        ),
+        (
+            "containerd",
+            {},
+            {
+                "CONTAINERD_CONFIG": K3S_CONFIG,
+                "CONTAINERD_SOCKET": "/run/k3s/containerd/containerd.sock",
+                "RUNTIME_CONFIG_SOURCE": "file=/etc/x.toml,command",
+            },
+            {
+                "CONTAINERD_CONFIG": "/runtime/config-dir/config.toml",
+                "RUNTIME_CONFIG_SOURCE": "file=/host/etc/x.toml,command",
+            },
+            {
+                "containerd-config": "/var/lib/rancher/k3s/agent/etc/containerd",
+                "containerd-socket": "/run/k3s/containerd",
+            },
+        ),
+        (
+            "crio",
+            {},
+            {},
+            {
+                "RUNTIME": "crio",
+                "CRIO_CONFIG": "/runtime/config-dir/config.toml",
+                "RUNTIME_DROP_IN_CONFIG": "/runtime/config-dir.d/99-nvidia.conf",
+            },
+            {"crio-config": "/etc/crio", "crio-drop-in-config": "/etc/crio/crio.conf.d"},
+        ),
+        (
+            "crio",
+            {"cdi": {"enabled": False}},
+            {},
+            {"CRIO_CONFIG_MODE": "hook"},
+            {"crio-hooks": "/usr/share/containers/oci/hooks.d"},
+        ),
+        (
+            "docker",
+            {},
+            {},
+            {
+                "DOCKER_CONFIG": "/runtime/config-dir/daemon.json",
+                "DOCKER_SOCKET": "/runtime/sock-dir/docker.sock",
+            },
+            {"docker-config": "/etc/docker", "docker-socket": "/var/run"},
+        ),
+        (
+            "containerd",
+            {"cdi": {"nriPluginEnabled": True}},
+            {},
+            {"ENABLE_NRI_PLUGIN": "true", "NRI_SOCKET": "/runtime/nri-sock-dir/nri.sock"},
+            {"nri-socket": "/var/run/nri"},
+        ),
+        (
+            "containerd",
+            {"toolkit": {"installDir": "/opt/nv"}},
+            {},
+            {"ROOT": "/opt/nv"},
+            {"toolkit-install-dir": "/opt/nv"},
+        ),
     ],
 )
-def test_toolkit_runtime(runtime: str, data: dict[str, Any], user_env: dict[str, str], env_expect: dict[str, str],
-                         volumes: dict[str, str]) -> None:
+def test_toolkit_runtime(
+    runtime: str,
+    data: dict[str, Any],
+    user_env: dict[str, str],
+    env_expect: dict[str, str],
+    volumes: dict[str, str],
+) -> None:
     pod = {"containers": [container("tk", env_vars=[env(k, v) for k, v in user_env.items()])]}
     toolkit_runtime(pod, spec(data), runtime, openshift=False)
     got = env_of(pod["containers"][0])
@@ -95,11 +166,18 @@ def test_toolkit_runtime(runtime: str, data: dict[str, Any], user_env: dict[str,
         assert "RUNTIME_DROP_IN_CONFIG" not in got
 
 
-@pytest.mark.parametrize(("data", "openshift", "host"), [
-    ({"cdi": {"enabled": False}}, False, "/usr/share/containers/oci/hooks.d"),
-    ({"cdi": {"enabled": False}}, True, "/run/containers/oci/hooks.d"),
-    ({}, False, "/usr/share/containers/oci/hooks.d"),  # config mode: there for CRIO_CONFIG_MODE=hook in toolkit.env
-])
+@pytest.mark.parametrize(
+    ("data", "openshift", "host"),
+    [
+        ({"cdi": {"enabled": False}}, False, "/usr/share/containers/oci/hooks.d"),
+        ({"cdi": {"enabled": False}}, True, "/run/containers/oci/hooks.d"),
+        (
+            {},
+            False,
+            "/usr/share/containers/oci/hooks.d",
+        ),  # config mode: there for CRIO_CONFIG_MODE=hook in toolkit.env
+    ],
+)
 def test_crio_hooks_land_where_crio_reads(data: dict[str, Any], openshift: bool, host: str) -> None:
     """NVIDIA's toolkit writes its OCI hook under its default CRIO_HOOKS_DIR in the container,
     /usr/share/containers/oci/hooks.d; the hostPath behind that path is the directory CRI-O reads
@@ -114,15 +192,29 @@ def test_crio_hooks_land_where_crio_reads(data: dict[str, Any], openshift: bool,
 
 @pytest.mark.parametrize(
     ("data", "expected", "absent"),
-    [({}, {"CDI_ENABLED": "true", "DEVICE_LIST_STRATEGY": "cdi-annotations,cdi-cri",
-           "CDI_ANNOTATION_PREFIX": "cdi.k8s.io/", "NVIDIA_CDI_HOOK_PATH": "/usr/local/nvidia/toolkit/nvidia-cdi-hook"},
-      []),
-     ({"toolkit": {"enabled": False}}, {"CDI_ENABLED": "true"}, ["NVIDIA_CDI_HOOK_PATH"]),
-     ({"cdi": {"enabled": False}}, {}, ["CDI_ENABLED"]),
-     ({"gds": {"enabled": True}, "gdrcopy": {"enabled": True}},
-      {"GDS_ENABLED": "true", "MOFED_ENABLED": "true", "GDRCOPY_ENABLED": "true"}, [])],
+    [
+        (
+            {},
+            {
+                "CDI_ENABLED": "true",
+                "DEVICE_LIST_STRATEGY": "cdi-annotations,cdi-cri",
+                "CDI_ANNOTATION_PREFIX": "cdi.k8s.io/",
+                "NVIDIA_CDI_HOOK_PATH": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+            },
+            [],
+        ),
+        ({"toolkit": {"enabled": False}}, {"CDI_ENABLED": "true"}, ["NVIDIA_CDI_HOOK_PATH"]),
+        ({"cdi": {"enabled": False}}, {}, ["CDI_ENABLED"]),
+        (
+            {"gds": {"enabled": True}, "gdrcopy": {"enabled": True}},
+            {"GDS_ENABLED": "true", "MOFED_ENABLED": "true", "GDRCOPY_ENABLED": "true"},
+            [],
+        ),
+    ],
 )
-def test_device_plugin_cdi_and_rdma_env(data: dict[str, Any], expected: dict[str, str], absent: list[str]) -> None:
+def test_device_plugin_cdi_and_rdma_env(
+    data: dict[str, Any], expected: dict[str, str], absent: list[str]
+) -> None:
     main = container("dp")
     device_plugin_cdi(main, spec(data))
     rdma_storage_env(main, spec(data))
@@ -133,22 +225,32 @@ def test_device_plugin_cdi_and_rdma_env(data: dict[str, Any], expected: dict[str
 
 @pytest.mark.parametrize(
     ("strategy", "expected"),
-    [(None, {"NVIDIA_MIG_MONITOR_DEVICES": "all"}), ("none", {"MIG_STRATEGY": "none"}),
-     ("single", {"MIG_STRATEGY": "single", "NVIDIA_MIG_MONITOR_DEVICES": "all"}),
-     ("mixed", {"MIG_STRATEGY": "mixed", "NVIDIA_MIG_MONITOR_DEVICES": "all"})],
+    [
+        (None, {"NVIDIA_MIG_MONITOR_DEVICES": "all"}),
+        ("none", {"MIG_STRATEGY": "none"}),
+        ("single", {"MIG_STRATEGY": "single", "NVIDIA_MIG_MONITOR_DEVICES": "all"}),
+        ("mixed", {"MIG_STRATEGY": "mixed", "NVIDIA_MIG_MONITOR_DEVICES": "all"}),
+    ],
 )
 def test_mig_strategy_env(strategy: str | None, expected: dict[str, str]) -> None:
     main = container("dp")
     mig_strategy_env(main, spec({"mig": {"strategy": strategy}} if strategy else {}))
     assert env_of(main) == expected
 
-@pytest.mark.parametrize(("data", "name", "value"), [
-    ({"cdi": {"enabled": False}}, "CRIO_CONFIG_MODE", "config"),
-    ({}, "CRIO_CONFIG_MODE", "hook"),
-    ({}, "NVIDIA_RUNTIME_SET_AS_DEFAULT", "true"),
-])
+
+@pytest.mark.parametrize(
+    ("data", "name", "value"),
+    [
+        ({"cdi": {"enabled": False}}, "CRIO_CONFIG_MODE", "config"),
+        ({}, "CRIO_CONFIG_MODE", "hook"),
+        ({}, "NVIDIA_RUNTIME_SET_AS_DEFAULT", "true"),
+    ],
+)
 def test_the_users_toolkit_env_wins_over_the_crio_mode(data: dict[str, Any], name: str, value: str) -> None:
     """NVIDIA's operator applies toolkit.env after it sets the CDI variables and CRIO_CONFIG_MODE;
     the rendered crio DaemonSet keeps the user's value."""
     result = run({**data, "toolkit": {"env": [{"name": name, "value": value}]}}, "crio:1")
-    assert env_of(ctr(daemonset(result, "state-container-toolkit"), "nvidia-container-toolkit-ctr"))[name] == value
+    assert (
+        env_of(ctr(daemonset(result, "state-container-toolkit"), "nvidia-container-toolkit-ctr"))[name]
+        == value
+    )

@@ -24,13 +24,22 @@ def test_default_example_is_minimal() -> None:
 
 def test_container_workload_default() -> None:
     states = enabled("clusterpolicy-default.yaml", "dgx-h100:2")
-    assert {"state-driver", "state-container-toolkit", "state-device-plugin", "gpu-feature-discovery",
-            "state-dcgm-exporter", "state-mig-manager", "state-operator-validation"} <= states
+    assert {
+        "state-driver",
+        "state-container-toolkit",
+        "state-device-plugin",
+        "gpu-feature-discovery",
+        "state-dcgm-exporter",
+        "state-mig-manager",
+        "state-operator-validation",
+    } <= states
     assert not {s for s in states if "vfio" in s or "sandbox" in s or "vgpu" in s}
 
 
 def test_seed_000_host_driver_container_variant() -> None:
-    result = render(load_policy(EXAMPLES / "clusterpolicy-container-host-driver.yaml"), facts("host-driver:2"))
+    result = render(
+        load_policy(EXAMPLES / "clusterpolicy-container-host-driver.yaml"), facts("host-driver:2")
+    )
     by_name = {s.name: s for s in result.states}
     assert not by_name["state-driver"].enabled  # the host driver stays in charge
     assert by_name["state-driver"].objects == []
@@ -52,22 +61,31 @@ def test_vm_passthrough() -> None:
 
 def test_vm_vgpu() -> None:
     states = enabled("clusterpolicy-vm-vgpu.yaml", "dgx-h100:1")
-    assert {"state-vgpu-manager", "state-vgpu-device-manager", "state-sandbox-device-plugin",
-            "state-sandbox-validation"} <= states
+    assert {
+        "state-vgpu-manager",
+        "state-vgpu-device-manager",
+        "state-sandbox-device-plugin",
+        "state-sandbox-validation",
+    } <= states
     result = render(load_policy(EXAMPLES / "clusterpolicy-vm-vgpu.yaml"), facts("dgx-h100:1"))
     manager = daemonset(result, "state-vgpu-manager")
     image = manager["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "registry.example.com/nvidia/vgpu-manager:595.91.07-ubuntu22.04"
 
 
-@pytest.mark.parametrize(("workload", "label"), [("vm-passthrough", "vfio-manager"),
-                                                 ("vm-vgpu", "vgpu-device-manager")])
+@pytest.mark.parametrize(
+    ("workload", "label"), [("vm-passthrough", "vfio-manager"), ("vm-vgpu", "vgpu-device-manager")]
+)
 def test_sandbox_daemonsets_are_gated_by_deploy_labels(workload: str, label: str) -> None:
     example = f"clusterpolicy-{workload}.yaml"
     result = render(load_policy(EXAMPLES / example), facts("dgx-h100:1"))
     states = [s for s in result.states if s.enabled and any(o["kind"] == "DaemonSet" for o in s.objects)]
-    selectors = [o["spec"]["template"]["spec"]["nodeSelector"] for s in states for o in s.objects
-                 if o["kind"] == "DaemonSet"]
+    selectors = [
+        o["spec"]["template"]["spec"]["nodeSelector"]
+        for s in states
+        for o in s.objects
+        if o["kind"] == "DaemonSet"
+    ]
     assert {f"nvidia.com/gpu.deploy.{label}": "true"} in selectors
 
 
@@ -103,8 +121,11 @@ def test_mig_manager_sources_driver_ready_and_mounts_the_driver_root() -> None:
     main = ctr(ds, "nvidia-mig-manager")
     assert "WITH_SHUTDOWN_HOST_GPU_CLIENTS" not in env_of(main)
     assert any(m["mountPath"] == "/driver-root" for m in main["volumeMounts"])
-    script = next(o for o in result.state("state-mig-manager").objects
-                  if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nvidia-mig-manager-entrypoint")
+    script = next(
+        o
+        for o in result.state("state-mig-manager").objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nvidia-mig-manager-entrypoint"
+    )
     text = script["data"]["entrypoint.sh"]
     assert "driver-ready" in text and 'WITH_SHUTDOWN_HOST_GPU_CLIENTS="$IS_HOST_DRIVER"' in text
 
@@ -113,8 +134,11 @@ def test_config_manager_init_sends_no_signal_and_knows_its_node() -> None:
     from tests.unit.render.renderkit import ctr, daemonset, env_of, run
 
     result = run({"devicePlugin": {"config": {"name": "time-slicing", "default": "any"}}})
-    for state, process in (("state-device-plugin", "nvidia-device-plugin"), ("gpu-feature-discovery", "gpu-feature-discovery"),
-                           ("state-mps-control-daemon", "/usr/bin/mps-control-daemon")):
+    for state, process in (
+        ("state-device-plugin", "nvidia-device-plugin"),
+        ("gpu-feature-discovery", "gpu-feature-discovery"),
+        ("state-mps-control-daemon", "/usr/bin/mps-control-daemon"),
+    ):
         ds = daemonset(result, state)
         init, sidecar = ctr(ds, "config-manager-init"), ctr(ds, "config-manager")
         assert env_of(init)["SEND_SIGNAL"] == "false" and "NODE_NAME" in env_of(init)

@@ -49,15 +49,18 @@ def test_locate_asks_the_floor_only_of_the_floor(tmp_path: Path, monkeypatch: py
 
 
 def test_the_build_script_is_asked_for_the_floor_only_when_the_floor_runs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gpu_operator.sim.plane import binaries
 
     script = tmp_path / "build.sh"
     # A stand-in build script: builds a cache with the floor only when not told --without-floor.
-    script.write_text('root=$(dirname "$0")/cache; mkdir -p "$root/bin" "$root/stages"\n'
-                      'for b in kube etcd kwok; do printf "#!/bin/sh\\n" > "$root/bin/$b"; done\n'
-                      '[ "$1" = --without-floor ] || printf "#!/bin/sh\\n" > "$root/bin/kube-floor"\n'
-                      'chmod +x "$root"/bin/*; echo "$root"\n')
+    script.write_text(
+        'root=$(dirname "$0")/cache; mkdir -p "$root/bin" "$root/stages"\n'
+        'for b in kube etcd kwok; do printf "#!/bin/sh\\n" > "$root/bin/$b"; done\n'
+        '[ "$1" = --without-floor ] || printf "#!/bin/sh\\n" > "$root/bin/kube-floor"\n'
+        'chmod +x "$root"/bin/*; echo "$root"\n'
+    )
     monkeypatch.delenv(binaries.ENV, raising=False)
     monkeypatch.setattr(binaries, "build_script", lambda tool="controlplane": script)
     current = binaries.locate(build=True)
@@ -67,15 +70,17 @@ def test_the_build_script_is_asked_for_the_floor_only_when_the_floor_runs(
 
 def test_the_simulator_refuses_a_real_node_on_the_floor(tmp_path: Path) -> None:
     with pytest.raises(session.SimError, match="--real-node runs the current Kubernetes"):
-        session.up(tmp_path / "sim", [], lambda _msg: None, build=False, real_node="host-driver",
-                   kubernetes="floor")
+        session.up(
+            tmp_path / "sim", [], lambda _msg: None, build=False, real_node="host-driver", kubernetes="floor"
+        )
     with pytest.raises(session.SimError, match="--kubernetes oldest: choose one of current, floor"):
         session.up(tmp_path / "sim", [], lambda _msg: None, build=False, kubernetes="oldest")
     assert not (tmp_path / "sim").exists()  # refused before anything started
 
 
-def test_up_does_not_reuse_a_simulator_of_another_kubernetes(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_up_does_not_reuse_a_simulator_of_another_kubernetes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from gpu_operator.sim.commands.state import SimState
 
     live = SimState(dir=str(tmp_path), server="https://127.0.0.1:1", kubeconfig="k", binaries="b")

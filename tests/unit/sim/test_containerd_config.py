@@ -36,8 +36,9 @@ def test_mount_arguments() -> None:
     assert Mount("/srv/h", "/host", readonly=False).ctr_arg().endswith("options=rbind:rw")
 
 
-def test_start_names_the_missing_binaries_and_the_packages(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_names_the_missing_binaries_and_the_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ctrd_mod, "missing_binaries", lambda: ["runc"])
     with pytest.raises(ContainerdError, match=r"runc not found on PATH.*containerd runc"):
         PrivateContainerd(tmp_path).start()

@@ -22,12 +22,25 @@ def _base(path: Path) -> Path:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     digest = hashlib.sha256(layer.getvalue()).hexdigest()
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Entrypoint": ["gpu-operator"]},
-                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]}}).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": ["gpu-operator"]},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]},
+        }
+    ).encode()
     with tarfile.open(path, "w") as tar:
-        for name, blob in ((f"{digest}.tar", layer.getvalue()), ("base.json", config),
-                           ("manifest.json", json.dumps([{"Config": "base.json", "RepoTags": ["ours:1"],
-                                                          "Layers": [f"{digest}.tar"]}]).encode())):
+        for name, blob in (
+            (f"{digest}.tar", layer.getvalue()),
+            ("base.json", config),
+            (
+                "manifest.json",
+                json.dumps(
+                    [{"Config": "base.json", "RepoTags": ["ours:1"], "Layers": [f"{digest}.tar"]}]
+                ).encode(),
+            ),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
@@ -57,8 +70,12 @@ def test_the_stand_in_adds_one_layer_with_vectoradd_and_its_own_tag(tmp_path: Pa
 
 def test_the_stand_in_fails_where_no_gpu_was_given_and_says_what_is_missing() -> None:
     """Here (no NVIDIA driver, no /dev/nvidia*): exit 1, the sample's error, each missing part."""
-    assert not Path("/dev/nvidiactl").exists(), "this test runs the stand-in on a machine without NVIDIA's driver"
-    done = subprocess.run([sys.executable, "-c", cudasample.VECTOR_ADD], capture_output=True, text=True, check=False)
+    assert not Path("/dev/nvidiactl").exists(), (
+        "this test runs the stand-in on a machine without NVIDIA's driver"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", cudasample.VECTOR_ADD], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 1
     assert "no CUDA-capable device is detected" in done.stdout
     assert "libcuda.so.1" in done.stdout and "/dev/nvidiactl is missing" in done.stdout

@@ -33,10 +33,21 @@ class FakeKubelet:
         def register(request: Any, context: Any) -> Any:
             self.requests.put(request)
             return deviceplugin.Empty()
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(f"{dpapi.VERSION}.Registration", {
-            "Register": grpc.unary_unary_rpc_method_handler(
-                register, request_deserializer=dpapi.message("RegisterRequest").FromString,
-                response_serializer=lambda m: m.SerializeToString())}),))
+
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    f"{dpapi.VERSION}.Registration",
+                    {
+                        "Register": grpc.unary_unary_rpc_method_handler(
+                            register,
+                            request_deserializer=dpapi.message("RegisterRequest").FromString,
+                            response_serializer=lambda m: m.SerializeToString(),
+                        )
+                    },
+                ),
+            )
+        )
         self.server.add_insecure_port(f"unix://{plugin_dir / dpapi.KUBELET_SOCKET}")
         self.server.start()
 
@@ -46,7 +57,9 @@ class FakeKubelet:
 
 def run(plugin: deviceplugin.GpuPlugin, plugin_dir: Path) -> Iterator[FakeKubelet]:
     kubelet = FakeKubelet(plugin_dir)
-    thread = threading.Thread(target=deviceplugin.serve, args=(plugin, plugin_dir, lambda _m: None), daemon=True)
+    thread = threading.Thread(
+        target=deviceplugin.serve, args=(plugin, plugin_dir, lambda _m: None), daemon=True
+    )
     thread.start()
     try:
         yield kubelet
@@ -59,8 +72,11 @@ def run(plugin: deviceplugin.GpuPlugin, plugin_dir: Path) -> Iterator[FakeKubele
 
 def call(plugin_dir: Path, method: str, request: Any, response: str) -> Any:
     with grpc.insecure_channel(f"unix://{plugin_dir / deviceplugin.SOCKET}") as channel:
-        fn = channel.unary_unary(f"/{dpapi.PLUGIN_SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=dpapi.message(response).FromString)
+        fn = channel.unary_unary(
+            f"/{dpapi.PLUGIN_SERVICE}/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=dpapi.message(response).FromString,
+        )
         return fn(request, timeout=5)
 
 
@@ -68,20 +84,29 @@ def test_registers_lists_watches_health_and_allocates(host: Path, plugin_dir: Pa
     plugin = deviceplugin.GpuPlugin(host)
     for kubelet in run(plugin, plugin_dir):
         request = kubelet.requests.get(timeout=10)
-        assert (request.version, request.endpoint, request.resource_name) == ("v1beta1", "nvidia-gpu.sock", "nvidia.com/gpu")
+        assert (request.version, request.endpoint, request.resource_name) == (
+            "v1beta1",
+            "nvidia-gpu.sock",
+            "nvidia.com/gpu",
+        )
         assert request.options.get_preferred_allocation_available
         uuids = [g.uuid for g in gpus(host)]
 
         with grpc.insecure_channel(f"unix://{plugin_dir / deviceplugin.SOCKET}") as channel:
-            watch = channel.unary_stream(f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
-                                         request_serializer=lambda m: m.SerializeToString(),
-                                         response_deserializer=dpapi.message("ListAndWatchResponse").FromString)
+            watch = channel.unary_stream(
+                f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=dpapi.message("ListAndWatchResponse").FromString,
+            )
             stream = watch(deviceplugin.Empty(), timeout=30)
             first = next(stream)
             assert [(d.ID, d.health) for d in first.devices] == [(u, "Healthy") for u in uuids]
             (host / "dev/nvidia1").unlink()  # the GPU's device node is gone: unhealthy
             second = next(stream)
-            assert [(d.ID, d.health) for d in second.devices] == [(uuids[0], "Healthy"), (uuids[1], "Unhealthy")]
+            assert [(d.ID, d.health) for d in second.devices] == [
+                (uuids[0], "Healthy"),
+                (uuids[1], "Unhealthy"),
+            ]
             stream.cancel()
 
         req = dpapi.message("AllocateRequest")()
@@ -92,11 +117,14 @@ def test_registers_lists_watches_health_and_allocates(host: Path, plugin_dir: Pa
         bad.container_requests.add(devices_ids=["GPU-nope"])
         with pytest.raises(grpc.RpcError) as refused:
             call(plugin_dir, "Allocate", bad, "AllocateResponse")
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "GPU-nope" in (refused.value.details() or "")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "GPU-nope" in (
+            refused.value.details() or ""
+        )
 
         pref = dpapi.message("PreferredAllocationRequest")()
-        pref.container_requests.add(available_deviceIDs=list(reversed(uuids)), must_include_deviceIDs=[uuids[1]],
-                                    allocation_size=2)
+        pref.container_requests.add(
+            available_deviceIDs=list(reversed(uuids)), must_include_deviceIDs=[uuids[1]], allocation_size=2
+        )
         chosen = call(plugin_dir, "GetPreferredAllocation", pref, "PreferredAllocationResponse")
         assert list(chosen.container_responses[0].deviceIDs) == [uuids[1], uuids[0]]
 
@@ -126,8 +154,10 @@ def test_cdi_annotations_strategy_is_resolved_by_the_nvidia_runtime(host: Path, 
         req.container_requests.add(devices_ids=[uuid1])
         answer = call(plugin_dir, "Allocate", req, "AllocateResponse").container_responses[0]
         assert not answer.envs
-        (key, value), = answer.annotations.items()
-        assert key.startswith("cdi.k8s.io/nvidia-device-plugin_") and value == f"{deviceplugin.CDI_KIND}={uuid1}"
+        ((key, value),) = answer.annotations.items()
+        assert (
+            key.startswith("cdi.k8s.io/nvidia-device-plugin_") and value == f"{deviceplugin.CDI_KIND}={uuid1}"
+        )
         # the kubelet puts the annotation on the container; containerd passes it to the runtime
         config: dict[str, Any] = {"process": {"env": []}, "mounts": [], "annotations": {key: value}}
         nvruntime.inject(config, host)
@@ -152,8 +182,9 @@ def test_xid_filter_follows_nvidia_rules() -> None:
     assert all(every.counts(x) for x in (13, 31, 109, 79))
 
 
-def test_listandwatch_reports_xids_and_a_lost_gpu_unhealthy_until_a_new_boot(host: Path, plugin_dir: Path,
-                                                                               tmp_path: Path) -> None:
+def test_listandwatch_reports_xids_and_a_lost_gpu_unhealthy_until_a_new_boot(
+    host: Path, plugin_dir: Path, tmp_path: Path
+) -> None:
     node = faults.HostFaults(host, tmp_path / "book")
     node.xid(79, 0)  # before the plugin started: not its event
     plugin = deviceplugin.GpuPlugin(host, env={})
@@ -161,9 +192,11 @@ def test_listandwatch_reports_xids_and_a_lost_gpu_unhealthy_until_a_new_boot(hos
         kubelet.requests.get(timeout=10)
         uuids = [g.uuid for g in gpus(host)]
         with grpc.insecure_channel(f"unix://{plugin_dir / deviceplugin.SOCKET}") as channel:
-            watch = channel.unary_stream(f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
-                                         request_serializer=lambda m: m.SerializeToString(),
-                                         response_deserializer=dpapi.message("ListAndWatchResponse").FromString)
+            watch = channel.unary_stream(
+                f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=dpapi.message("ListAndWatchResponse").FromString,
+            )
             stream = watch(deviceplugin.Empty(), timeout=60)
 
             def health(stream: Any = stream) -> list[tuple[str, str]]:

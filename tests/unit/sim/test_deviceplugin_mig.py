@@ -24,9 +24,17 @@ from gpu_operator.sim.standins import deviceplugin, dpapi, migresources
 from tests.unit.sim.test_deviceplugin import run
 
 MIG = "nvidia.com/mig-1g.10gb"
-LAYOUT = yaml.safe_dump({"version": "v1", "mig-configs": {"two-on-gpu0": [
-    {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 2}},
-    {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False}]}})
+LAYOUT = yaml.safe_dump(
+    {
+        "version": "v1",
+        "mig-configs": {
+            "two-on-gpu0": [
+                {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 2}},
+                {"devices": [1, 2, 3, 4, 5, 6, 7], "mig-enabled": False},
+            ]
+        },
+    }
+)
 
 
 def two_on_gpu0(root: Path) -> Path:
@@ -44,8 +52,11 @@ def host(tmp_path: Path) -> Path:
 
 def call(socket: Path, method: str, request: Any, response: str) -> Any:
     with grpc.insecure_channel(f"unix://{socket}") as channel:
-        fn = channel.unary_unary(f"/{dpapi.PLUGIN_SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=dpapi.message(response).FromString)
+        fn = channel.unary_unary(
+            f"/{dpapi.PLUGIN_SERVICE}/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=dpapi.message(response).FromString,
+        )
         return fn(request, timeout=5)
 
 
@@ -63,10 +74,14 @@ def injected(host: Path, answer: Any) -> set[str]:
     return {m["destination"] for m in config["mounts"] if m["destination"].startswith("/dev/")}
 
 
-def test_mixed_strategy_serves_each_resource_and_hands_out_one_mig_device_each(host: Path, tmp_path: Path) -> None:
+def test_mixed_strategy_serves_each_resource_and_hands_out_one_mig_device_each(
+    host: Path, tmp_path: Path
+) -> None:
     plugins = deviceplugin.plugins_for(host, "envvar", "mixed")
     assert [(p.resource, p.socket, len(p.advertised())) for p in plugins] == [
-        ("nvidia.com/gpu", "nvidia-gpu.sock", 7), (MIG, "nvidia-mig-1g.10gb.sock", 2)]
+        ("nvidia.com/gpu", "nvidia-gpu.sock", 7),
+        (MIG, "nvidia-mig-1g.10gb.sock", 2),
+    ]
     mig_plugin = plugins[1]
     plugin_dir = tmp_path / "dp"
     plugin_dir.mkdir()
@@ -78,9 +93,11 @@ def test_mixed_strategy_serves_each_resource_and_hands_out_one_mig_device_each(h
         assert (request.endpoint, request.resource_name) == ("nvidia-mig-1g.10gb.sock", MIG)
         socket = plugin_dir / mig_plugin.socket
         with grpc.insecure_channel(f"unix://{socket}") as channel:
-            watch = channel.unary_stream(f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
-                                         request_serializer=lambda m: m.SerializeToString(),
-                                         response_deserializer=dpapi.message("ListAndWatchResponse").FromString)
+            watch = channel.unary_stream(
+                f"/{dpapi.PLUGIN_SERVICE}/ListAndWatch",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=dpapi.message("ListAndWatchResponse").FromString,
+            )
             stream = watch(deviceplugin.Empty(), timeout=30)
             assert [(d.ID, d.health) for d in next(stream).devices] == [(u, "Healthy") for u in expected]
             stream.cancel()
@@ -104,8 +121,11 @@ def test_cdi_names_of_mig_devices_resolve_to_the_parent_and_its_caps(host: Path)
     mig_plugin = deviceplugin.GpuPlugin(host, "cdi-annotations", resource=MIG, mig_strategy="mixed")
     device_id = mig_plugin.advertised()[1][0]
     mig_plugin.write_cdi_spec()
-    config: dict[str, Any] = {"process": {"env": []}, "mounts": [],
-                              "annotations": {"cdi.k8s.io/nvidia-device-plugin_x": f"{deviceplugin.CDI_KIND}={device_id}"}}
+    config: dict[str, Any] = {
+        "process": {"env": []},
+        "mounts": [],
+        "annotations": {"cdi.k8s.io/nvidia-device-plugin_x": f"{deviceplugin.CDI_KIND}={device_id}"},
+    }
     nvruntime.inject(config, host)
     found = migtree.mig_device(host, device_id)
     assert found is not None

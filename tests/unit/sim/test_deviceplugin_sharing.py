@@ -28,18 +28,26 @@ def allocate(plugin_dir: Path, ids: list[str], socket: str = deviceplugin.SOCKET
     req = dpapi.message("AllocateRequest")()
     req.container_requests.add(devices_ids=ids)
     with grpc.insecure_channel(f"unix://{plugin_dir / socket}") as channel:
-        fn = channel.unary_unary(f"/{dpapi.PLUGIN_SERVICE}/Allocate",
-                                 request_serializer=lambda m: m.SerializeToString(),
-                                 response_deserializer=dpapi.message("AllocateResponse").FromString)
+        fn = channel.unary_unary(
+            f"/{dpapi.PLUGIN_SERVICE}/Allocate",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=dpapi.message("AllocateResponse").FromString,
+        )
         return fn(req, timeout=5).container_responses[0]
 
 
 def device_nodes(host: Path, answer: Any) -> set[str]:
-    config: dict[str, Any] = {"process": {"env": [f"{k}={v}" for k, v in answer.envs.items()]}, "mounts": [],
-                              "annotations": dict(answer.annotations)}
+    config: dict[str, Any] = {
+        "process": {"env": [f"{k}={v}" for k, v in answer.envs.items()]},
+        "mounts": [],
+        "annotations": dict(answer.annotations),
+    }
     nvruntime.inject(config, host)
-    return {m["destination"] for m in config["mounts"] if m["destination"].startswith("/dev/nvidia")
-            and m["destination"][len("/dev/nvidia"):].isdigit()}
+    return {
+        m["destination"]
+        for m in config["mounts"]
+        if m["destination"].startswith("/dev/nvidia") and m["destination"][len("/dev/nvidia") :].isdigit()
+    }
 
 
 def test_time_slicing_replicas_share_one_gpu(host: Path, plugin_dir: Path, tmp_path: Path) -> None:
@@ -82,9 +90,19 @@ def test_sighup_restarts_with_the_file_read_again(host: Path, plugin_dir: Path, 
     config_file = tmp_path / "config.yaml"
     config_file.write_text(SLICE4)
     kubelet = FakeKubelet(plugin_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.sim.standins.deviceplugin", f"--host-root={host}",
-                             f"--plugin-dir={plugin_dir}", f"--config-file={config_file}"],
-                            env={**os.environ, "MIG_STRATEGY": ""}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.sim.standins.deviceplugin",
+            f"--host-root={host}",
+            f"--plugin-dir={plugin_dir}",
+            f"--config-file={config_file}",
+        ],
+        env={**os.environ, "MIG_STRATEGY": ""},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         assert kubelet.requests.get(timeout=30).resource_name == "nvidia.com/gpu"
         config_file.write_text(SHARED2)  # what config-manager's relink shows the process

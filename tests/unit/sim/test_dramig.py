@@ -19,7 +19,9 @@ SHAPE = shapes.load("dgx-h100")
 
 
 def applied(name: str) -> list[migparted.GpuMig]:
-    return migparted.apply(migparted.select(migparted.parse(default_mig_config()), name), mighw.shape_gpus(SHAPE))
+    return migparted.apply(
+        migparted.select(migparted.parse(default_mig_config()), name), mighw.shape_gpus(SHAPE)
+    )
 
 
 def test_all_1g_10gb_publishes_seven_mig_devices_per_gpu_and_no_full_gpu() -> None:
@@ -37,16 +39,29 @@ def test_all_1g_10gb_publishes_seven_mig_devices_per_gpu_and_no_full_gpu() -> No
         assert attrs["parentUUID"] == parent["uuid"] == {"string": gpus[gpu].uuid}
         assert attrs["profile"] == {"string": "1g.10gb"}
         assert attrs["uuid"]["string"].startswith("MIG-")
-        for key in ("productName", "brand", "architecture", "cudaComputeCapability", "driverVersion",
-                    "cudaDriverVersion", draplugin.PCI_BUS_ID):
+        for key in (
+            "productName",
+            "brand",
+            "architecture",
+            "cudaComputeCapability",
+            "driverVersion",
+            "cudaDriverVersion",
+            draplugin.PCI_BUS_ID,
+        ):
             assert attrs[key] == parent[key], key
         assert "index" not in attrs
     assert len({d["attributes"]["uuid"]["string"] for d in found}) == 56
     first = next(d for d in found if d["name"] == "gpu-0-mig-1g10gb-19-3")
     assert first["capacity"] == {
-        "multiprocessors": {"value": "16"}, "copyEngines": {"value": "1"}, "decoders": {"value": "1"},
-        "encoders": {"value": "0"}, "jpegEngines": {"value": "0"}, "ofaEngines": {"value": "0"},
-        "memory": {"value": "10Gi"}, "memorySlice3": {"value": "1"}}
+        "multiprocessors": {"value": "16"},
+        "copyEngines": {"value": "1"},
+        "decoders": {"value": "1"},
+        "encoders": {"value": "0"},
+        "jpegEngines": {"value": "0"},
+        "ofaEngines": {"value": "0"},
+        "memory": {"value": "10Gi"},
+        "memorySlice3": {"value": "1"},
+    }
 
 
 def test_mig_off_publishes_the_gpus_with_their_nvml_uuids() -> None:
@@ -59,13 +74,26 @@ def test_mig_off_publishes_the_gpus_with_their_nvml_uuids() -> None:
 
 def test_a_larger_profile_and_mig_on_without_instances() -> None:
     found = draplugin.devices(view(), gpus=applied("all-3g.40gb"))
-    assert [d["name"] for d in found if d["name"].startswith("gpu-0-")] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-3g40gb-9-4"]
+    assert [d["name"] for d in found if d["name"].startswith("gpu-0-")] == [
+        "gpu-0-mig-3g40gb-9-0",
+        "gpu-0-mig-3g40gb-9-4",
+    ]
     second = next(d for d in found if d["name"] == "gpu-0-mig-3g40gb-9-4")
-    assert second["capacity"]["memory"] == {"value": "40Gi"} and second["capacity"]["multiprocessors"] == {"value": "48"}
-    assert sorted(k for k in second["capacity"] if k.startswith("memorySlice")) == [f"memorySlice{i}" for i in range(4, 8)]
-    empty = [migparted.GpuMig(g.index, g.device_id, g.uuid, enabled=(g.index == 0)) for g in mighw.shape_gpus(SHAPE)]
+    assert second["capacity"]["memory"] == {"value": "40Gi"} and second["capacity"]["multiprocessors"] == {
+        "value": "48"
+    }
+    assert sorted(k for k in second["capacity"] if k.startswith("memorySlice")) == [
+        f"memorySlice{i}" for i in range(4, 8)
+    ]
+    empty = [
+        migparted.GpuMig(g.index, g.device_id, g.uuid, enabled=(g.index == 0))
+        for g in mighw.shape_gpus(SHAPE)
+    ]
     assert [d["name"] for d in draplugin.devices(view(), gpus=empty)] == [f"gpu-{i}" for i in range(1, 8)]
-    assert dramig.device_name(0, migparted.Instance(dramig_profile("1g.10gb+me"), 5, 12)) == "gpu-0-mig-1g10gb-me-20-5"
+    assert (
+        dramig.device_name(0, migparted.Instance(dramig_profile("1g.10gb+me"), 5, 12))
+        == "gpu-0-mig-1g10gb-me-20-5"
+    )
 
 
 def dramig_profile(name: str) -> Any:
@@ -80,7 +108,14 @@ def dramig_profile(name: str) -> Any:
 
 def test_quantities_as_kubernetes_writes_them() -> None:
     assert [dramig.quantity(v) for v in (0, 1, 16, 1024, 10 << 30, 80 << 30, 1536)] == [
-        "0", "1", "16", "1Ki", "10Gi", "80Gi", "1536"]
+        "0",
+        "1",
+        "16",
+        "1Ki",
+        "10Gi",
+        "80Gi",
+        "1536",
+    ]
 
 
 class Applied:
@@ -99,15 +134,24 @@ def test_the_layout_is_read_when_the_plugin_starts(tmp_path: Path) -> None:
     player, client = draplugin.SlicePublisher(mig=hw), Applied()
 
     def sync(uid: str) -> list[str]:
-        pod = PodView(namespace="gpu-operator", name="plugin", uid=uid, app=draplugin.PLUGIN_APP, node="dgx-h100-0",
-                      running=True, started=1)
+        pod = PodView(
+            namespace="gpu-operator",
+            name="plugin",
+            uid=uid,
+            app=draplugin.PLUGIN_APP,
+            node="dgx-h100-0",
+            running=True,
+            started=1,
+        )
         asyncio.run(player.sync(client, "dgx-h100-0", view(), [pod]))  # type: ignore[arg-type]
         return [d["name"] for d in client.bodies[-1]["spec"]["devices"]]
 
     assert len(sync("a")) == 8
     hw.set("dgx-h100-0", SHAPE, applied("all-1g.10gb"))
     assert len(sync("a")) == 8  # the running plugin enumerated the GPUs when it started
-    assert len(sync("b")) == 56 and sync("b")[0] == "gpu-0-mig-1g10gb-19-0"  # a new plugin pod sees the MIG devices
+    assert (
+        len(sync("b")) == 56 and sync("b")[0] == "gpu-0-mig-1g10gb-19-0"
+    )  # a new plugin pod sees the MIG devices
 
 
 def test_an_xid_on_a_mig_enabled_gpu_taints_none_of_its_mig_devices() -> None:

@@ -26,7 +26,10 @@ def test_the_gate_and_the_pairs_the_plugin_refuses() -> None:
     for other in ("NVMLDeviceHealthCheck", "MPSSupport", "PassthroughSupport"):
         with pytest.raises(drapartitions.PluginRefuses, match=other):
             drapartitions.dynamic({"FEATURE_GATES": f"DynamicMIG=true,{other}=true"})
-    assert drapartitions.dns_name("copyEngines") == "copy-engines" and drapartitions.dns_name("memory") == "memory"
+    assert (
+        drapartitions.dns_name("copyEngines") == "copy-engines"
+        and drapartitions.dns_name("memory") == "memory"
+    )
 
 
 def test_a_dgx_h100_pool_split_into_counters_and_one_slice_per_gpu() -> None:
@@ -36,7 +39,9 @@ def test_a_dgx_h100_pool_split_into_counters_and_one_slice_per_gpu() -> None:
     assert [s["name"] for s in sets] == [f"gpu-{i}-counter-set" for i in range(8)]
     counters = sets[0]["counters"]
     assert counters["memory"] == {"value": "80Gi"} and counters["multiprocessors"] == {"value": "112"}
-    assert sorted(k for k in counters if k.startswith("memory-slice-")) == [f"memory-slice-{i}" for i in range(8)]
+    assert sorted(k for k in counters if k.startswith("memory-slice-")) == [
+        f"memory-slice-{i}" for i in range(8)
+    ]
     gpu0 = parts[1]["devices"]
     names = [d["name"] for d in gpu0]
     assert names == sorted(names) and "gpu-0" in names and len(names) == 1 + 7 + 7 + 7 + 3 + 2 + 1 + 1
@@ -49,8 +54,13 @@ def test_a_dgx_h100_pool_split_into_counters_and_one_slice_per_gpu() -> None:
     assert not any(k.startswith("memorySlice") for k in one["capacity"])
     consumed = one["consumesCounters"][0]
     assert consumed["counterSet"] == "gpu-0-counter-set"
-    assert consumed["counters"]["memory-slice-2"] == {"value": "1"} and "memory-slice-3" not in consumed["counters"]
-    assert consumed["counters"]["copy-engines"] == {"value": "1"} and consumed["counters"]["memory"] == {"value": "10Gi"}
+    assert (
+        consumed["counters"]["memory-slice-2"] == {"value": "1"}
+        and "memory-slice-3" not in consumed["counters"]
+    )
+    assert consumed["counters"]["copy-engines"] == {"value": "1"} and consumed["counters"]["memory"] == {
+        "value": "10Gi"
+    }
     assert "gpu-0-mig-7g80gb-0-0" in names and "gpu-0-mig-3g40gb-9-4" in names
 
 
@@ -63,8 +73,16 @@ def test_the_plugin_destroys_static_mig_devices_when_it_starts() -> None:
     hw, shape = mighw.MigHardware(None), shapes.load("dgx-h100")
     hw.set("dgx-h100-0", shape, applied("all-1g.10gb"))
     player, client = draplugin.SlicePublisher(mig=hw), Applied()
-    pod = PodView(namespace="gpu-operator", name="plugin", uid="a", app=draplugin.PLUGIN_APP, node="dgx-h100-0",
-                  running=True, started=1, env=dict(GATES))
+    pod = PodView(
+        namespace="gpu-operator",
+        name="plugin",
+        uid="a",
+        app=draplugin.PLUGIN_APP,
+        node="dgx-h100-0",
+        running=True,
+        started=1,
+        env=dict(GATES),
+    )
     asyncio.run(player.sync(client, "dgx-h100-0", view(), [pod]))  # type: ignore[arg-type]
     assert not any(g.enabled or g.instances for g in hw.gpus("dgx-h100-0", shape))
     bodies: list[dict[str, Any]] = client.bodies
@@ -75,7 +93,15 @@ def test_the_plugin_destroys_static_mig_devices_when_it_starts() -> None:
 
 def test_a_refusing_plugin_publishes_nothing() -> None:
     player, client = draplugin.SlicePublisher(), Applied()
-    pod = PodView(namespace="gpu-operator", name="plugin", uid="a", app=draplugin.PLUGIN_APP, node="dgx-h100-0",
-                  running=True, started=1, env={"FEATURE_GATES": "DynamicMIG=true,MPSSupport=true"})
+    pod = PodView(
+        namespace="gpu-operator",
+        name="plugin",
+        uid="a",
+        app=draplugin.PLUGIN_APP,
+        node="dgx-h100-0",
+        running=True,
+        started=1,
+        env={"FEATURE_GATES": "DynamicMIG=true,MPSSupport=true"},
+    )
     asyncio.run(player.sync(client, "dgx-h100-0", view(), [pod]))  # type: ignore[arg-type]
     assert client.bodies == []

@@ -19,8 +19,13 @@ GATE = {"FEATURE_GATES": "NVMLDeviceHealthCheck=true"}
 
 
 def view() -> NodeView:
-    return NodeView(name=NODE, uid="node-uid", labels={shapes.SHAPE_LABEL: "dgx-h100"}, capacity={},
-                    shape=shapes.load("dgx-h100"))
+    return NodeView(
+        name=NODE,
+        uid="node-uid",
+        labels={shapes.SHAPE_LABEL: "dgx-h100"},
+        capacity={},
+        shape=shapes.load("dgx-h100"),
+    )
 
 
 class Applied:
@@ -39,7 +44,9 @@ class Applied:
 
 def test_the_gate_and_the_skipped_xids_are_read_as_the_plugin_reads_them() -> None:
     assert drahealth.gate_on({"FEATURE_GATES": "MPSSupport=true,NVMLDeviceHealthCheck=true"})
-    assert not drahealth.gate_on({"FEATURE_GATES": "NVMLDeviceHealthCheck=false"}) and not drahealth.gate_on({})
+    assert not drahealth.gate_on({"FEATURE_GATES": "NVMLDeviceHealthCheck=false"}) and not drahealth.gate_on(
+        {}
+    )
     assert drahealth.skipped({"ADDITIONAL_XIDS_TO_IGNORE": "48, x,94"}) == {13, 31, 43, 45, 68, 109, 48, 94}
 
 
@@ -50,7 +57,9 @@ def test_devices_carry_their_pci_bus_id() -> None:
     assert all("taints" not in d for d in found)
 
 
-def run_sync(player: draplugin.SlicePublisher, client: Applied, env: dict[str, str], uid: str = "pod-uid") -> None:
+def run_sync(
+    player: draplugin.SlicePublisher, client: Applied, env: dict[str, str], uid: str = "pod-uid"
+) -> None:
     asyncio.run(player.sync(client, NODE, view(), [pod(env=env, uid=uid)]))  # type: ignore[arg-type]
 
 
@@ -64,13 +73,17 @@ def test_an_xid_taints_the_device_which_stays_in_the_slice(tmp_path: Path) -> No
     run_sync(player, client, GATE)
     devices = client.devices()
     assert len(devices) == 8  # tainted, not dropped
-    assert devices["gpu-1"]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
+    assert devices["gpu-1"]["taints"] == [
+        {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    ]
     assert [n for n, d in devices.items() if "taints" in d] == ["gpu-1"]
     run_sync(player, client, GATE)
     assert len(client.bodies) == 2  # nothing new: no write
     faults.xid(13, 1)  # an application Xid replaces the taint of that key: effect None, as the plugin does
     run_sync(player, client, GATE)
-    assert client.devices()["gpu-1"]["taints"] == [{"key": "gpu.nvidia.com/xid", "value": "13", "effect": "None"}]
+    assert client.devices()["gpu-1"]["taints"] == [
+        {"key": "gpu.nvidia.com/xid", "value": "13", "effect": "None"}
+    ]
     faults.xid(48, 2)
     run_sync(player, client, GATE, uid="new-pod")  # a new plugin pod: no taint, Xids from its start
     assert all("taints" not in d for d in client.devices().values())

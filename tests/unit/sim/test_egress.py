@@ -31,8 +31,10 @@ def test_the_apiserver_config_sends_only_cluster_traffic_to_the_proxy() -> None:
     config: dict[str, Any] = egress_config(Path("/run/sim/egress.sock"))
     (selection,) = config["egressSelections"]
     assert selection["name"] == "cluster"
-    assert selection["connection"] == {"proxyProtocol": "HTTPConnect",
-                                       "transport": {"uds": {"udsName": "/run/sim/egress.sock"}}}
+    assert selection["connection"] == {
+        "proxyProtocol": "HTTPConnect",
+        "transport": {"uds": {"udsName": "/run/sim/egress.sock"}},
+    }
 
 
 @contextlib.asynccontextmanager
@@ -41,6 +43,7 @@ async def _servers(tmp_path: Path) -> AsyncIterator[tuple[int, int]]:
         writer.write(b"echo:" + await reader.readline())
         await writer.drain()
         writer.close()
+
     target = await asyncio.start_server(echo, "127.0.0.1", 0)
     proxy = await asyncio.start_server(handler(tmp_path), "127.0.0.1", 0)
     try:
@@ -67,12 +70,15 @@ def test_connect_relays_both_ways(tmp_path: Path) -> None:
     async def go() -> bytes:
         async with _servers(tmp_path) as (proxy, target):
             return await _ask(proxy, f"CONNECT 127.0.0.1:{target} HTTP/1.1\r\nHost: x\r\n\r\nping\n".encode())
+
     response = asyncio.run(go())
     assert _status(response) == 200
     assert response.endswith(b"\r\n\r\necho:ping\n")
 
 
-@pytest.mark.parametrize(("request_line", "status"), [("GET / HTTP/1.1", 405), ("CONNECT {dead} HTTP/1.1", 502)])
+@pytest.mark.parametrize(
+    ("request_line", "status"), [("GET / HTTP/1.1", 405), ("CONNECT {dead} HTTP/1.1", 502)]
+)
 def test_what_cannot_be_relayed_gets_a_status(tmp_path: Path, request_line: str, status: int) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -81,5 +87,6 @@ def test_what_cannot_be_relayed_gets_a_status(tmp_path: Path, request_line: str,
     async def go() -> bytes:
         async with _servers(tmp_path) as (proxy, _):
             return await _ask(proxy, request_line.format(dead=dead).encode() + b"\r\n\r\n")
+
     response = asyncio.run(go())
     assert _status(response) == status, response

@@ -18,13 +18,28 @@ from gpu_operator.sim.realnode.realspec import host_spec
 from gpu_operator.sim.realnode.toolkit import gpus
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ((None, False, False, None), "no fault given: give exactly one of --xid N, --gone, --clear or --reboot"),
-    (("79", True, False, None), "--xid and --gone given: give exactly one of --xid N, --gone, --clear or --reboot"),
-    (("x", False, False, None), "--xid 'x': give the Xid as a whole number from 1 to 1023, e.g. --xid 79"),
-    ((None, False, True, 1), "--gpu with --clear: --clear brings back every GPU of the node (a reboot): leave out --gpu"),
-    ((None, True, False, -1), "--gpu -1: give a GPU index from 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            (None, False, False, None),
+            "no fault given: give exactly one of --xid N, --gone, --clear or --reboot",
+        ),
+        (
+            ("79", True, False, None),
+            "--xid and --gone given: give exactly one of --xid N, --gone, --clear or --reboot",
+        ),
+        (
+            ("x", False, False, None),
+            "--xid 'x': give the Xid as a whole number from 1 to 1023, e.g. --xid 79",
+        ),
+        (
+            (None, False, True, 1),
+            "--gpu with --clear: --clear brings back every GPU of the node (a reboot): leave out --gpu",
+        ),
+        ((None, True, False, -1), "--gpu -1: give a GPU index from 0"),
+    ],
+)
 def test_bad_combinations_are_named_with_the_fix(args: tuple, message: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(FaultError) as err:
         check_action(*args)
@@ -44,7 +59,9 @@ def test_the_command_refuses_bad_input_first_and_a_missing_simulator(tmp_path: P
     assert "--xid 'seventy-nine': give the Xid as a whole number" in bad.output
     none = runner.invoke(app, ["sim", "fault", "gpu-node-0", "--gone", "--dir", str(tmp_path)])
     assert none.exit_code == 1
-    assert f"no simulator runs in {tmp_path}: start one (gpu-operator sim up) or give its --dir" in none.output
+    assert (
+        f"no simulator runs in {tmp_path}: start one (gpu-operator sim up) or give its --dir" in none.output
+    )
     helped = runner.invoke(app, ["sim", "fault", "--help"])
     assert helped.exit_code == 0 and "--clear" in helped.output and "--gone" in helped.output
 
@@ -52,8 +69,13 @@ def test_the_command_refuses_bad_input_first_and_a_missing_simulator(tmp_path: P
 def test_on_the_real_node_the_fault_goes_to_its_own_host_tree(tmp_path: Path) -> None:
     root = tmp_path / "real-node-host"
     hosttree.build(host_spec("host-driver"), root)
-    state = SimState(dir=str(tmp_path), server="", kubeconfig="", binaries="",
-                     real_node={"name": "real-node-0", "host_root": str(root)})
+    state = SimState(
+        dir=str(tmp_path),
+        server="",
+        kubeconfig="",
+        binaries="",
+        real_node={"name": "real-node-0", "host_root": str(root)},
+    )
     first = gpus(root)[1]
     said = inject(state, "real-node-0", "gone", None, 1)
     assert said.startswith(f"node real-node-0: GPU 1 ({first.address}) fell off the bus")

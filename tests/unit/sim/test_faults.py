@@ -33,12 +33,21 @@ def tree_listing(root: Path) -> dict[str, str]:
             path = Path(base) / name
             rel = str(path.relative_to(root))
             node = devnodes.char_device(path) if not path.is_symlink() else None
-            out[rel] = (f"-> {os.readlink(path)}" if path.is_symlink() else f"char {node}" if node
-                        else "dir" if path.is_dir() else path.read_bytes().decode(errors="replace"))
+            out[rel] = (
+                f"-> {os.readlink(path)}"
+                if path.is_symlink()
+                else f"char {node}"
+                if node
+                else "dir"
+                if path.is_dir()
+                else path.read_bytes().decode(errors="replace")
+            )
     return out
 
 
-def test_an_operator_driver_node_has_the_driver_loaded_a_kernel_log_and_a_boot_id(node: faults.HostFaults) -> None:
+def test_an_operator_driver_node_has_the_driver_loaded_a_kernel_log_and_a_boot_id(
+    node: faults.HostFaults,
+) -> None:
     found = gpus(node.root)
     assert len(found) == 8 and [g.minor for g in found] == list(range(8))
     assert node.fs.read_text(faults.KMSG) == ""
@@ -63,15 +72,20 @@ def test_xid_is_the_drivers_record_and_our_reader_finds_it(node: faults.HostFaul
     assert gpu.address == gpus(node.root)[1].address
     lines = node.fs.read_text(faults.KMSG).splitlines()  # type: ignore[union-attr]
     assert [line.split(",")[:2] for line in lines] == [["3", "0"], ["3", "1"]]
-    assert lines[1].split(";", 1)[1] == (f"NVRM: Xid (PCI:{gpu.address[:-2]}): 79, pid='<unknown>', "
-                                         "name=<unknown>, GPU has fallen off the bus.")
+    assert lines[1].split(";", 1)[1] == (
+        f"NVRM: Xid (PCI:{gpu.address[:-2]}): 79, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus."
+    )
     codes = {f.code: f for f in kernel_log_findings(HostFS(node.root))}
     assert {"xid-48", "xid-79"} <= set(codes)
     assert codes["xid-79"].severity.name == "ERROR"
 
 
-def test_gone_removes_the_card_and_clear_restores_it_as_it_was(tmp_path: Path, spec: dict,  # type: ignore[type-arg]
-                                                                node: faults.HostFaults) -> None:
+def test_gone_removes_the_card_and_clear_restores_it_as_it_was(
+    tmp_path: Path,
+    spec: dict,  # type: ignore[type-arg]
+    node: faults.HostFaults,
+) -> None:
     pristine = tmp_path / "pristine"
     hosttree.build(spec, pristine)
     before_boot = faults.boot_id(node.fs)
@@ -96,13 +110,17 @@ def test_gone_removes_the_card_and_clear_restores_it_as_it_was(tmp_path: Path, s
     assert faults.boot_id(fs) != before_boot
     restored, original = tree_listing(node.root), tree_listing(pristine)
     boot = ("proc/sys/kernel/random/boot_id", "proc/stat")  # a new boot: its id and its time (btime)
-    assert {k: v for k, v in restored.items() if k not in boot} == {k: v for k, v in original.items() if k not in boot}
+    assert {k: v for k, v in restored.items() if k not in boot} == {
+        k: v for k, v in original.items() if k not in boot
+    }
     assert restored["proc/stat"].startswith("btime ")
     assert restored[f"dev/nvidia{gpu.minor}"] == f"char {(195, gpu.minor)}"
 
 
 def test_bad_gpu_and_xid_are_named_with_the_fix(node: faults.HostFaults, tmp_path: Path) -> None:
-    with pytest.raises(faults.FaultError, match=r"--gpu 8: this host has 8 GPU\(s\): give an index from 0 to 7"):
+    with pytest.raises(
+        faults.FaultError, match=r"--gpu 8: this host has 8 GPU\(s\): give an index from 0 to 7"
+    ):
         node.xid(79, 8)
     for raw in ("abc", "0", "-3", "79.5", "4096"):
         with pytest.raises(faults.FaultError, match=r"--xid .*whole number from 1 to 1023, e.g. --xid 79"):
@@ -132,7 +150,9 @@ def test_the_journal_reports_each_announced_node_once_per_poll(tmp_path: Path) -
     assert follower.poll() == ["half-written"]
 
 
-def test_a_reset_forgets_one_gpus_xids_keeps_the_boot_and_cannot_reach_a_gone_gpu(node: faults.HostFaults) -> None:
+def test_a_reset_forgets_one_gpus_xids_keeps_the_boot_and_cannot_reach_a_gone_gpu(
+    node: faults.HostFaults,
+) -> None:
     boot = faults.boot_id(node.fs)
     first, second = node.xid(48, 1), node.xid(48, 2)
     gone = node.gone(3)

@@ -60,8 +60,11 @@ class RecordingClient:
             self.secret_reads.append((name, namespace))
             data = {n: base64.b64encode(t.encode()).decode() for n, t in self.requests.items()}
             return Secret(metadata=ObjectMeta(name=name, namespace=namespace), data=data)
-        return Node(metadata=ObjectMeta(name=name, labels=dict(self.labels.get(name, {})),
-                                        annotations=dict(self.notes.get(name, {}))))
+        return Node(
+            metadata=ObjectMeta(
+                name=name, labels=dict(self.labels.get(name, {})), annotations=dict(self.notes.get(name, {}))
+            )
+        )
 
     def ask(self, node: str, action: str, gpus: list[str], since: str) -> None:
         """The operator's request: the Node in validating since `since`, its entry in the Secret."""
@@ -70,13 +73,32 @@ class RecordingClient:
         self.requests[node] = request_text(node, action, gpus, 0, since)
 
     def reports(self, node: str) -> list[dict[str, Any]]:
-        return [json.loads(b["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION]) for n, b in self.patches if n == node]
+        return [
+            json.loads(b["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION])
+            for n, b in self.patches
+            if n == node
+        ]
 
 
-def pod(node: str, uid: str = "uid-1", running: bool = True, containers: tuple[str, ...] = ("nvidia-operator-validator", CONTAINER),
-        env: dict[str, str] | None = None) -> PodView:
-    return PodView("gpu-operator", f"nvidia-operator-validator-{node}", uid, APP, node, running, 0, None,
-                   env or {}, containers)
+def pod(
+    node: str,
+    uid: str = "uid-1",
+    running: bool = True,
+    containers: tuple[str, ...] = ("nvidia-operator-validator", CONTAINER),
+    env: dict[str, str] | None = None,
+) -> PodView:
+    return PodView(
+        "gpu-operator",
+        f"nvidia-operator-validator-{node}",
+        uid,
+        APP,
+        node,
+        running,
+        0,
+        None,
+        env or {},
+        containers,
+    )
 
 
 def view(node: str, shape: str = "dgx-h100") -> NodeView:
@@ -112,16 +134,24 @@ def test_only_where_the_validator_pod_runs_its_health_container(harness: Harness
     async def go() -> None:
         await harness.standin.start(None)  # type: ignore[arg-type]
         await harness.sync("a", pod("a", running=False))
-        await harness.sync("b", pod("b", containers=("nvidia-operator-validator",)))  # no gpu-health container
+        await harness.sync(
+            "b", pod("b", containers=("nvidia-operator-validator",))
+        )  # no gpu-health container
         assert harness.client.patches == []
         assert await harness.sync("c", pod("c")) is None  # a quiet node: no further step asked for
         (report,) = harness.client.reports("c")
-        assert (report["state"], report["action"], report["healthy"], report["validated"]) == ("healthy", "none", 8, True)
+        assert (report["state"], report["action"], report["healthy"], report["validated"]) == (
+            "healthy",
+            "none",
+            8,
+            True,
+        )
         assert await harness.sync("c", pod("c")) is None  # the same pod again: no patch
         assert len(harness.client.patches) == 1
         # the container's HEALTH_VALIDATIONS is the agent's: a node without the plugin check
         await harness.sync("d", pod("d", env={"HEALTH_VALIDATIONS": "driver,toolkit"}))
         assert harness.client.reports("d")[0]["validated"] is True
+
     run(go())
 
 
@@ -139,7 +169,12 @@ def test_an_xid_then_a_lost_gpu_then_a_reboot(harness: Harness) -> None:
         report = harness.client.reports("n")[-1]
         assert (report["state"], report["action"], report["healthy"]) == ("unhealthy", "reboot", 7)
         (gpu,) = report["gpus"]
-        assert (gpu["bus"], gpu["xid"], gpu["state"], gpu["action"]) == (lost.address, 79, "unhealthy", "reboot")
+        assert (gpu["bus"], gpu["xid"], gpu["state"], gpu["action"]) == (
+            lost.address,
+            79,
+            "unhealthy",
+            "reboot",
+        )
         assert await harness.sync("n", pod("n")) == standin.interval
         assert len(harness.client.reports("n")) == 2  # unchanged: no patch
 
@@ -147,18 +182,29 @@ def test_an_xid_then_a_lost_gpu_then_a_reboot(harness: Harness) -> None:
         await harness.sync("n", pod("n"))
         report = harness.client.reports("n")[-1]
         assert report["state"] == "gone"
-        assert {g["bus"]: g["state"] for g in report["gpus"]} == {lost.address: "unhealthy", gone.address: "gone"}
+        assert {g["bus"]: g["state"] for g in report["gpus"]} == {
+            lost.address: "unhealthy",
+            gone.address: "gone",
+        }
 
         faults.clear()  # a reboot: the pod restarts with the node, a new agent
         assert await harness.sync("n", pod("n")) is None  # healthy again and quiet
         report = harness.client.reports("n")[-1]
-        assert (report["state"], report["action"], report["healthy"], report["gpus"]) == ("healthy", "none", 8, [])
+        assert (report["state"], report["action"], report["healthy"], report["gpus"]) == (
+            "healthy",
+            "none",
+            8,
+            [],
+        )
         assert standin.live == {}
         assert len(harness.client.reports("n")) == 4  # first look, Xid, gone, rebooted
+
     run(go())
 
 
-def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_sentinel(harness: Harness) -> None:
+def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_sentinel(
+    harness: Harness,
+) -> None:
     async def go() -> None:
         standin, client = harness.standin, harness.client
         await standin.start(None)  # type: ignore[arg-type]
@@ -168,7 +214,9 @@ def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_se
         gone = faults.gone(5)
         await harness.sync("r", pod("r"))
         assert {g["bus"]: g["state"] for g in client.reports("r")[-1]["gpus"]} == {
-            bad.address: "unhealthy", gone.address: "gone"}
+            bad.address: "unhealthy",
+            gone.address: "gone",
+        }
         # the operator asks for both GPUs to be reset: the one on the bus is, the gone one is refused
         # a Node annotation asks nothing
         client.notes["r"]["nvidia.com/gpu-health.reset-requested"] = bad.address
@@ -179,9 +227,14 @@ def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_se
         assert client.secret_reads[-1] == (HEALTH_REQUESTS_SECRET, "gpu-operator")
         report = HealthReport.parse(json.dumps(client.reports("r")[-1]))
         assert report.reset_outcome(bad.address) == ("done", "")
-        assert report.reset_outcome(gone.address) == ("refused", "gone from the bus (only a reboot brings it back)")
+        assert report.reset_outcome(gone.address) == (
+            "refused",
+            "gone from the bus (only a reboot brings it back)",
+        )
         assert [(g.bus, g.state) for g in report.gpus] == [(gone.address, "gone")]  # reset: healthy again
-        assert [x["gpu"] for x in json.loads((faults.book_path).read_text())["xids"]] == [5]  # the gone GPU's stays
+        assert [x["gpu"] for x in json.loads((faults.book_path).read_text())["xids"]] == [
+            5
+        ]  # the gone GPU's stays
         assert report.answered is None  # not every GPU asked for is reset
         # then a reboot: the sentinel in the tree, the request answered in the report
         client.ask("r", "reboot", [], "200")
@@ -195,6 +248,7 @@ def test_remediation_requests_reset_a_gpu_on_the_tree_and_a_reboot_leaves_the_se
         # the new boot's agent sees the request not withdrawn yet: the reboot took place, no new sentinel
         assert not faults.fs.exists("/var/run/reboot-required")
         assert client.reports("r")[-1]["gpus"] == [] and client.reports("r")[-1]["answered"] == "reboot:0:200"
+
     run(go())
 
 
@@ -206,10 +260,13 @@ def test_a_gpu_lost_on_a_quiet_node_is_gone_as_for_an_agent_that_ran_all_along(h
         await harness.sync("q", pod("q"))
         report = harness.client.reports("q")[-1]
         assert report["state"] == "gone" and [g["bus"] for g in report["gpus"]] == [gone.address]
+
     run(go())
 
 
-def test_a_tree_made_at_a_fault_carries_what_the_running_validator_wrote_at_its_start(harness: Harness) -> None:
+def test_a_tree_made_at_a_fault_carries_what_the_running_validator_wrote_at_its_start(
+    harness: Harness,
+) -> None:
     """The node's own tree is born with no validator status file (none may have run); the agent of
     the validator pod that ran all along finds the files its init containers wrote at the pod's
     start, with that time, and stays validated; a tree made while no validator ran stays without."""
@@ -230,12 +287,16 @@ def test_a_tree_made_at_a_fault_carries_what_the_running_validator_wrote_at_its_
         quiet.xid(79, 0)
         await harness.sync("w")
         assert not quiet.fs.exists(f"{VALIDATIONS_DIR}/driver-ready") and harness.client.reports("w") == []
+
     run(go())
 
 
-def test_a_validator_pod_started_again_after_a_gpu_left_the_bus_still_reports_it_gone(harness: Harness) -> None:
+def test_a_validator_pod_started_again_after_a_gpu_left_the_bus_still_reports_it_gone(
+    harness: Harness,
+) -> None:
     """The GPUs the first agent of this boot found are on the node's own tree once it is made
     (node/health/inventory.py): the next pod's agent, on the same boot, knows the one that went."""
+
     async def go() -> None:
         await harness.standin.start(None)  # type: ignore[arg-type]
         await harness.sync("g", pod("g"))
@@ -244,6 +305,7 @@ def test_a_validator_pod_started_again_after_a_gpu_left_the_bus_still_reports_it
         await harness.sync("g", pod("g", uid="uid-2"))  # a new validator pod, the same boot
         report = harness.client.reports("g")[-1]
         assert report["state"] == "gone" and [g["bus"] for g in report["gpus"]] == [gone.address]
+
     run(go())
 
 
@@ -254,10 +316,13 @@ def test_the_pod_going_publishes_the_agents_last_report(harness: Harness) -> Non
         await harness.sync("s", pod("s", running=False))
         last = harness.client.reports("s")[-1]
         assert last["stopped"] is True and last["state"] == "healthy"
+
     run(go())
 
 
-def test_a_new_validator_pod_runs_a_new_agent_even_when_the_old_pods_end_was_not_seen(harness: Harness) -> None:
+def test_a_new_validator_pod_runs_a_new_agent_even_when_the_old_pods_end_was_not_seen(
+    harness: Harness,
+) -> None:
     async def go() -> None:
         standin = harness.standin
         await standin.start(None)  # type: ignore[arg-type]
@@ -271,6 +336,7 @@ def test_a_new_validator_pod_runs_a_new_agent_even_when_the_old_pods_end_was_not
         # as the pod's agent (no replay): the new one reads the kernel log from its end, the old one's
         # Xid 48 is not its
         assert [r["state"] for r in harness.client.reports("p")] == ["healthy", "unhealthy", "healthy"]
+
     run(go())
 
 
@@ -290,6 +356,7 @@ def test_a_thousand_quiet_nodes_cost_one_patch_each_and_nothing_after(harness: H
         assert list(standin.live) == ["gpu-7"]
         assert [n for n, _ in harness.client.patches[1000:]] == ["gpu-7"]
         assert harness.client.reports("gpu-7")[-1]["action"] == "reset-gpu"
+
     run(go())
 
 
@@ -311,8 +378,18 @@ def test_on_kwok_nodes_the_device_plugin_counts_unhealthy_gpus_out_of_allocatabl
     player.attach(woken.append)
 
     def plugin(uid: str = "dp-1", env: dict[str, str] | None = None) -> PodView:
-        return PodView("gpu-operator", "nvidia-device-plugin-daemonset-x", uid, kubeletdp.APP, "n", True, 0, None,
-                       env or {}, ("nvidia-device-plugin",))
+        return PodView(
+            "gpu-operator",
+            "nvidia-device-plugin-daemonset-x",
+            uid,
+            kubeletdp.APP,
+            "n",
+            True,
+            0,
+            None,
+            env or {},
+            ("nvidia-device-plugin",),
+        )
 
     def allocatable() -> tuple[str, str]:
         last = client.statuses[-1]
@@ -334,7 +411,9 @@ def test_on_kwok_nodes_the_device_plugin_counts_unhealthy_gpus_out_of_allocatabl
         faults.gone(5)
         await sync(client, "n", view("n"), [plugin()])
         assert allocatable() == ("8", "6")
-        await sync(client, "n", view("n"), [plugin(uid="dp-2")])  # a new plugin pod: Xids before it are not its
+        await sync(
+            client, "n", view("n"), [plugin(uid="dp-2")]
+        )  # a new plugin pod: Xids before it are not its
         assert allocatable() == ("8", "7")  # the lost GPU stays Unhealthy
         faults.clear()  # a reboot
         await sync(client, "n", view("n"), [plugin(uid="dp-2")])
@@ -342,4 +421,5 @@ def test_on_kwok_nodes_the_device_plugin_counts_unhealthy_gpus_out_of_allocatabl
         faults.xid(48, 0)
         await sync(client, "n", view("n"), [plugin(uid="dp-2", env={"DP_DISABLE_HEALTHCHECKS": "all"})])
         assert allocatable() == ("8", "7")  # the same process: its environment is the one it started with
+
     run(go())

@@ -180,8 +180,10 @@ def test_sets_go_onto_the_values_files(tmp_path: Path) -> None:
 def _helm() -> str:
     found = os.environ.get("GPU_OPERATOR_HELM") or shutil.which("helm")
     if not found or not Path(found).exists():
-        pytest.fail("no helm command to compare with: ./dev test sets GPU_OPERATOR_HELM (tools/helm/build.sh "
-                    "prints the path); set it, or put helm on PATH")
+        pytest.fail(
+            "no helm command to compare with: ./dev test sets GPU_OPERATOR_HELM (tools/helm/build.sh "
+            "prints the path); set it, or put helm on PATH"
+        )
     return found
 
 
@@ -229,9 +231,15 @@ def test_helm_takes_the_stricter_ones_silently(
 
 
 ABSURD = [  # (argument, what the one line says after the argument)
-    ("a" + ".a" * 10_000 + "=1", ".".join("a" * 31) + " nests deeper than 30 keys (Helm's limit): use a --values file"),
-    ("a" + "[0]" * 10_000 + "=1", "a" + "[0]" * 30 + " has more than 30 list indices (this parser's limit; "
-     "Helm's strvals has none for indices): set the value in a --values file"),
+    (
+        "a" + ".a" * 10_000 + "=1",
+        ".".join("a" * 31) + " nests deeper than 30 keys (Helm's limit): use a --values file",
+    ),
+    (
+        "a" + "[0]" * 10_000 + "=1",
+        "a" + "[0]" * 30 + " has more than 30 list indices (this parser's limit; "
+        "Helm's strvals has none for indices): set the value in a --values file",
+    ),
     ("a" + "[0].b" * 40 + "=1", "a" + "[0].b" * 30 + " has more than 30 list indices"),
     ("a" + "[0]" * 31 + "=1", "a" + "[0]" * 30 + " has more than 30 list indices"),
 ]
@@ -246,8 +254,11 @@ def test_absurd_nesting_is_one_line_naming_the_pair(argument: str, message: str)
         parse_set(argument)
     line = str(err.value)
     assert "\n" not in line and len(line) < 400, line
-    shown = repr(argument) if len(argument) <= 100 else f"{argument[:60]!r} ({len(argument)} characters)".replace(
-        "' (", "...' (", 1)
+    shown = (
+        repr(argument)
+        if len(argument) <= 100
+        else f"{argument[:60]!r} ({len(argument)} characters)".replace("' (", "...' (", 1)
+    )
     assert line.startswith(f"--set {shown}: {message}"), line
 
 
@@ -269,7 +280,11 @@ def test_absurd_nesting_on_the_command_line_is_one_line_and_exit_1() -> None:
     argument = "driver" + ".x" * 10_000 + "=1"
     result = CliRunner().invoke(app, ["images", "--set", argument])
     assert result.exit_code != 0
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    assert (
+        "Traceback" not in result.output
+        and result.exception is None
+        or isinstance(result.exception, SystemExit)
+    )
     (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
     assert "nests deeper than 30 keys (Helm's limit)" in line and len(line) < 400, line
 

@@ -43,10 +43,15 @@ def test_set_types_values_like_helm() -> None:
     assert parse_set("a.b=3") == {"a": {"b": 3}}
     assert parse_set("a=true") == {"a": True}
     assert parse_set("a=") == {"a": ""}
-    assert merge({"a": {"b": 1, "c": 2}, "l": [1]}, {"a": {"b": 5}, "l": [2]}) == {"a": {"b": 5, "c": 2}, "l": [2]}
+    assert merge({"a": {"b": 1, "c": 2}, "l": [1]}, {"a": {"b": 5}, "l": [2]}) == {
+        "a": {"b": 5, "c": 2},
+        "l": [2],
+    }
 
 
-@pytest.mark.parametrize(("pair", "fix"), [("novalue", "write novalue=VALUE"), ("=3", "name every key, e.g. a.b=1")])
+@pytest.mark.parametrize(
+    ("pair", "fix"), [("novalue", "write novalue=VALUE"), ("=3", "name every key, e.g. a.b=1")]
+)
 def test_a_malformed_set_names_the_form(pair: str, fix: str) -> None:
     with pytest.raises(HelmInstallError, match=fix):
         parse_set(pair)
@@ -61,11 +66,14 @@ def test_a_values_file_that_is_not_a_mapping_is_named(tmp_path: Path) -> None:
         values_for(tmp_path, "n", "/h", [tmp_path / "absent.yaml"], [])
 
 
-@pytest.mark.parametrize(("args", "hint"), [
-    (["--helm"], "--helm needs --real-node"),
-    (["--helm", "--real-node", "--operator"], "leave out --operator"),
-    (["--set", "a=b"], "--values and --set are for --helm"),
-])
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["--helm"], "--helm needs --real-node"),
+        (["--helm", "--real-node", "--operator"], "leave out --operator"),
+        (["--set", "a=b"], "--values and --set are for --helm"),
+    ],
+)
 def test_sim_up_option_errors_say_what_to_change(args: list[str], hint: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["sim", "up", "--dir", str(tmp_path), *args])
     assert result.exit_code == 2

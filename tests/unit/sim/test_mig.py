@@ -38,7 +38,12 @@ def test_h100_layouts_fit_or_are_refused_by_its_profiles() -> None:
     assert len(migprofiles.place(H100, {"1g.10gb": 7})) == 7
     balanced = migprofiles.place(H100, {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1})
     # largest first, each at its first free placement: 3g at 0-2, 2g at 4-5, 1g at 3 and 6
-    assert sorted((p.name, s) for p, s in balanced) == [("1g.10gb", 3), ("1g.10gb", 6), ("2g.20gb", 4), ("3g.40gb", 0)]
+    assert sorted((p.name, s) for p, s in balanced) == [
+        ("1g.10gb", 3),
+        ("1g.10gb", 6),
+        ("2g.20gb", 4),
+        ("3g.40gb", 0),
+    ]
     with pytest.raises(migprofiles.LayoutError, match="at most 7 fit"):
         migprofiles.place(H100, {"1g.10gb": 8})
     with pytest.raises(migprofiles.LayoutError, match="'1g.5gb' does not exist"):
@@ -67,24 +72,44 @@ def test_the_rendered_config_selects_per_gpu_and_applies() -> None:
 
 
 def test_device_filters_and_indices_pick_the_gpus() -> None:
-    config = yaml.safe_dump({"version": "v1", "mig-configs": {"split": [
-        {"device-filter": ["0x20B010DE"], "devices": "all", "mig-enabled": True, "mig-devices": {"1g.5gb": 7}},
-        {"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
-        {"device-filter": "0x233010DE", "devices": [1], "mig-enabled": False}]}})
+    config = yaml.safe_dump(
+        {
+            "version": "v1",
+            "mig-configs": {
+                "split": [
+                    {
+                        "device-filter": ["0x20B010DE"],
+                        "devices": "all",
+                        "mig-enabled": True,
+                        "mig-devices": {"1g.5gb": 7},
+                    },
+                    {"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
+                    {"device-filter": "0x233010DE", "devices": [1], "mig-enabled": False},
+                ]
+            },
+        }
+    )
     got = applied("split", config)
     assert [g.layout() for g in got[:3]] == [(True, {"3g.40gb": 2}), (False, {}), (False, {})]
     assert migresources.counts("mixed", got) == {"nvidia.com/gpu": 7, "nvidia.com/mig-3g.40gb": 2}
 
 
-@pytest.mark.parametrize(("raw", "field"), [
-    ("version: v2\nmig-configs: {}", "version: v1"),
-    ("version: v1\nmig-configs: {a: [{devices: some, mig-enabled: true}]}", "mig-configs.a[0].devices"),
-    ("version: v1\nmig-configs: {a: [{devices: all}]}", "mig-configs.a[0].mig-enabled"),
-    ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, device-filter: H100}]}",
-     "mig-configs.a[0].device-filter"),
-    ("version: v1\nmig-configs: {a: [{devices: all, mig-enabled: false, mig-devices: {1g.10gb: 1}}]}",
-     "set mig-enabled: true"),
-])
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ("version: v2\nmig-configs: {}", "version: v1"),
+        ("version: v1\nmig-configs: {a: [{devices: some, mig-enabled: true}]}", "mig-configs.a[0].devices"),
+        ("version: v1\nmig-configs: {a: [{devices: all}]}", "mig-configs.a[0].mig-enabled"),
+        (
+            "version: v1\nmig-configs: {a: [{devices: all, mig-enabled: true, device-filter: H100}]}",
+            "mig-configs.a[0].device-filter",
+        ),
+        (
+            "version: v1\nmig-configs: {a: [{devices: all, mig-enabled: false, mig-devices: {1g.10gb: 1}}]}",
+            "set mig-enabled: true",
+        ),
+    ],
+)
 def test_a_bad_config_names_the_field(raw: str, field: str) -> None:
     with pytest.raises(migparted.ConfigError) as err:
         migparted.parse(raw)
@@ -98,8 +123,11 @@ def test_device_plugin_resources_per_strategy() -> None:
     assert migresources.counts("single", full) == {"nvidia.com/gpu": 8}
     assert migresources.counts("single", ones) == {"nvidia.com/gpu": 56}
     assert migresources.counts("mixed", ones) == {"nvidia.com/mig-1g.10gb": 56}
-    assert migresources.counts("mixed", balanced) == {"nvidia.com/mig-1g.10gb": 16, "nvidia.com/mig-2g.20gb": 8,
-                                                      "nvidia.com/mig-3g.40gb": 8}
+    assert migresources.counts("mixed", balanced) == {
+        "nvidia.com/mig-1g.10gb": 16,
+        "nvidia.com/mig-2g.20gb": 8,
+        "nvidia.com/mig-3g.40gb": 8,
+    }
     ids = migresources.devices("single", ones)["nvidia.com/gpu"]
     assert len(set(ids)) == 56 and all(i.startswith("MIG-") for i in ids)
     with pytest.raises(migresources.PluginError, match="more than one MIG device type"):
@@ -113,15 +141,18 @@ def test_device_plugin_resources_per_strategy() -> None:
     assert migresources.counts("mixed", applied("all-1g.10gb.me")) == {"nvidia.com/mig-1g.10gb.me": 8}
 
 
-@pytest.mark.parametrize(("profile", "resource"), [
-    ("1g.10gb", "nvidia.com/mig-1g.10gb"),
-    ("1g.10gb+me", "nvidia.com/mig-1g.10gb.me"),
-    ("1g.10gb+me.all", "nvidia.com/mig-1g.10gb.me.all"),
-    ("1g.24gb+gfx", "nvidia.com/mig-1g.24gb.gfx"),
-    ("4g.96gb+gfx", "nvidia.com/mig-4g.96gb.gfx"),
-    ("1g.24gb-me", "nvidia.com/mig-1g.24gb-me"),
-    ("1c.2g.20gb", None),  # a compute-instance share: no resource of its own
-])
+@pytest.mark.parametrize(
+    ("profile", "resource"),
+    [
+        ("1g.10gb", "nvidia.com/mig-1g.10gb"),
+        ("1g.10gb+me", "nvidia.com/mig-1g.10gb.me"),
+        ("1g.10gb+me.all", "nvidia.com/mig-1g.10gb.me.all"),
+        ("1g.24gb+gfx", "nvidia.com/mig-1g.24gb.gfx"),
+        ("4g.96gb+gfx", "nvidia.com/mig-4g.96gb.gfx"),
+        ("1g.24gb-me", "nvidia.com/mig-1g.24gb-me"),
+        ("1c.2g.20gb", None),  # a compute-instance share: no resource of its own
+    ],
+)
 def test_the_plugins_resource_name_of_each_profile(profile: str, resource: str | None) -> None:
     assert migresources.resource_name(profile) == resource
     if resource is not None:
@@ -141,17 +172,46 @@ def test_suffixed_profiles_are_resources_and_label_sets_of_their_own() -> None:
     base = H100.profile("1g.10gb") if H100 else None
     assert base is not None
     names = ("1g.24gb+gfx", "1g.24gb-me", "1g.24gb+me.all", "1g.24gb")
-    profiles = [migprofiles.Profile(n, *[getattr(base, f) for f in (
-        "slices", "memory_slices", "max_count", "memory_mb", "multiprocessors", "copy", "decoder", "encoder",
-        "jpeg", "ofa", "starts")]) for n in names]
-    gpu = migparted.GpuMig(0, "2330", "GPU-test", True,
-                           tuple(migparted.Instance(p, i, 7 + i) for i, p in enumerate(profiles)))
-    assert migresources.counts("mixed", [gpu]) == {"nvidia.com/mig-1g.24gb.gfx": 1, "nvidia.com/mig-1g.24gb-me": 1,
-                                                   "nvidia.com/mig-1g.24gb.me.all": 1, "nvidia.com/mig-1g.24gb": 1}
+    profiles = [
+        migprofiles.Profile(
+            n,
+            *[
+                getattr(base, f)
+                for f in (
+                    "slices",
+                    "memory_slices",
+                    "max_count",
+                    "memory_mb",
+                    "multiprocessors",
+                    "copy",
+                    "decoder",
+                    "encoder",
+                    "jpeg",
+                    "ofa",
+                    "starts",
+                )
+            ],
+        )
+        for n in names
+    ]
+    gpu = migparted.GpuMig(
+        0, "2330", "GPU-test", True, tuple(migparted.Instance(p, i, 7 + i) for i, p in enumerate(profiles))
+    )
+    assert migresources.counts("mixed", [gpu]) == {
+        "nvidia.com/mig-1g.24gb.gfx": 1,
+        "nvidia.com/mig-1g.24gb-me": 1,
+        "nvidia.com/mig-1g.24gb.me.all": 1,
+        "nvidia.com/mig-1g.24gb": 1,
+    }
     labels = migresources.gfd_labels(shapes.load("dgx-h100"), "mixed", [gpu])
-    assert {k.removesuffix(".count") for k in labels if k.startswith("nvidia.com/mig-") and k.endswith(".count")} \
-        == {"nvidia.com/mig-1g.24gb.gfx", "nvidia.com/mig-1g.24gb-me", "nvidia.com/mig-1g.24gb.me.all",
-            "nvidia.com/mig-1g.24gb"}
+    assert {
+        k.removesuffix(".count") for k in labels if k.startswith("nvidia.com/mig-") and k.endswith(".count")
+    } == {
+        "nvidia.com/mig-1g.24gb.gfx",
+        "nvidia.com/mig-1g.24gb-me",
+        "nvidia.com/mig-1g.24gb.me.all",
+        "nvidia.com/mig-1g.24gb",
+    }
     assert labels["nvidia.com/mig-1g.24gb.gfx.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.24gb.gfx"
     with pytest.raises(migresources.PluginError, match="more than one MIG device type"):
         migresources.counts("single", [gpu])
@@ -163,15 +223,26 @@ def test_gfd_labels_per_strategy() -> None:
     assert migresources.gfd_labels(shape, "single", gpus()) == shape.gfd_labels("single")
     single = migresources.gfd_labels(shape, "single", ones)
     assert single["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
-    assert (single["nvidia.com/gpu.count"], single["nvidia.com/gpu.replicas"], single["nvidia.com/gpu.memory"]) == \
-        ("56", "1", "10240")
-    assert (single["nvidia.com/gpu.multiprocessors"], single["nvidia.com/gpu.slices.gi"],
-            single["nvidia.com/gpu.engines.copy"]) == ("16", "1", "1")
+    assert (
+        single["nvidia.com/gpu.count"],
+        single["nvidia.com/gpu.replicas"],
+        single["nvidia.com/gpu.memory"],
+    ) == ("56", "1", "10240")
+    assert (
+        single["nvidia.com/gpu.multiprocessors"],
+        single["nvidia.com/gpu.slices.gi"],
+        single["nvidia.com/gpu.engines.copy"],
+    ) == ("16", "1", "1")
     assert single["nvidia.com/mig.strategy"] == "single" and single["nvidia.com/gpu.family"] == "hopper"
     mixed = migresources.gfd_labels(shape, "mixed", applied("all-balanced"))
-    assert mixed["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3" and mixed["nvidia.com/gpu.replicas"] == "0"
-    assert (mixed["nvidia.com/mig-1g.10gb.count"], mixed["nvidia.com/mig-2g.20gb.count"],
-            mixed["nvidia.com/mig-3g.40gb.memory"]) == ("16", "8", "40960")
+    assert (
+        mixed["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3" and mixed["nvidia.com/gpu.replicas"] == "0"
+    )
+    assert (
+        mixed["nvidia.com/mig-1g.10gb.count"],
+        mixed["nvidia.com/mig-2g.20gb.count"],
+        mixed["nvidia.com/mig-3g.40gb.memory"],
+    ) == ("16", "8", "40960")
     assert mixed["nvidia.com/mig-3g.40gb.product"] == "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb"
     invalid = migresources.gfd_labels(shape, "single", applied("all-balanced"))
     assert invalid["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-INVALID"
@@ -186,9 +257,15 @@ def test_the_driver_files_of_a_layout_in_the_host_tree(tmp_path: Path) -> None:
     hosttree.build(node_host_spec("dgx-h100"), root)
     minors = {g.index: g.minor for g in tree_gpus(root)}
     migtree.write_tree(root, applied("all-balanced"), minors)
-    table = dict(line.rsplit(" ", 1) for line in (root / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines())
-    assert (table["config"], table["monitor"], table["gpu0/gi1/access"], table["gpu0/gi1/ci0/access"]) == \
-        ("1", "2", "12", "13")
+    table = dict(
+        line.rsplit(" ", 1) for line in (root / "proc/driver/nvidia-caps/mig-minors").read_text().splitlines()
+    )
+    assert (table["config"], table["monitor"], table["gpu0/gi1/access"], table["gpu0/gi1/ci0/access"]) == (
+        "1",
+        "2",
+        "12",
+        "13",
+    )
     assert table["gpu1/gi0/access"] == str(3 + 135)
     caps = root / "proc/driver/nvidia/capabilities"
     assert sorted(p.name for p in (caps / "gpu0/mig").iterdir()) == ["gi1", "gi10", "gi13", "gi5"]
@@ -197,8 +274,10 @@ def test_the_driver_files_of_a_layout_in_the_host_tree(tmp_path: Path) -> None:
     assert devnodes.char_device(root / "dev/nvidia-caps/nvidia-cap1") == (migtree.CAPS_MAJOR, 1)
     assert f"{migtree.CAPS_MAJOR} nvidia-caps" in (root / "proc/devices").read_text().splitlines()
     migtree.write_tree(root, applied("all-disabled"), minors)  # the layout's instances go with it
-    assert not list(caps.glob("gpu*")) and sorted(p.name for p in (root / "dev/nvidia-caps").iterdir()) == \
-        ["nvidia-cap1", "nvidia-cap2"]
+    assert not list(caps.glob("gpu*")) and sorted(p.name for p in (root / "dev/nvidia-caps").iterdir()) == [
+        "nvidia-cap1",
+        "nvidia-cap2",
+    ]
 
 
 def test_the_state_beside_the_host_tree(tmp_path: Path) -> None:
@@ -218,9 +297,13 @@ def test_the_mig_manager_pauses_and_restores_as_nvidias() -> None:
     assert paused["nvidia.com/gpu.deploy.dcgm"] == "false"
     assert paused["nvidia.com/gpu.deploy.nvsm"] == "paused-for-mig-change"  # absent: paused too, as upstream
     assert "nvidia.com/gpu.deploy.client" not in paused
-    restored = migmanager.deploy_changes({**labels, **paused, "nvidia.com/gpu.deploy.client": "true"},
-                                         migmanager.restored)
-    assert restored["nvidia.com/gpu.deploy.device-plugin"] == "true" and restored["nvidia.com/gpu.deploy.dcgm"] == "false"
+    restored = migmanager.deploy_changes(
+        {**labels, **paused, "nvidia.com/gpu.deploy.client": "true"}, migmanager.restored
+    )
+    assert (
+        restored["nvidia.com/gpu.deploy.device-plugin"] == "true"
+        and restored["nvidia.com/gpu.deploy.dcgm"] == "false"
+    )
     assert restored["nvidia.com/gpu.deploy.client"] == "true"
 
 
@@ -230,12 +313,22 @@ def test_the_mig_manager_reads_the_config_the_operator_renders() -> None:
     name, key = migmanager.config_source({"spec": ds["spec"]["template"]["spec"]})
     cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
     assert "all-1g.10gb" in migparted.parse(cm["data"][key])
-    custom = {"spec": {"containers": [{"env": [{"name": "CONFIG_FILE", "value": "/cfg/config.yaml"}],
-                                       "volumeMounts": [{"name": "c", "mountPath": "/cfg"}]}],
-                       "volumes": [{"name": "c", "configMap": {"name": "mine"}}]}}
+    custom = {
+        "spec": {
+            "containers": [
+                {
+                    "env": [{"name": "CONFIG_FILE", "value": "/cfg/config.yaml"}],
+                    "volumeMounts": [{"name": "c", "mountPath": "/cfg"}],
+                }
+            ],
+            "volumes": [{"name": "c", "configMap": {"name": "mine"}}],
+        }
+    }
     assert migmanager.config_source(custom) == ("mine", "config.yaml")
     with pytest.raises(migparted.ConfigError, match="no ConfigMap volume"):
-        migmanager.config_source({"spec": {"containers": [{"env": [{"name": "CONFIG_FILE", "value": "/x/c.yaml"}]}]}})
+        migmanager.config_source(
+            {"spec": {"containers": [{"env": [{"name": "CONFIG_FILE", "value": "/x/c.yaml"}]}]}}
+        )
 
 
 def test_the_kubelet_follows_the_plugins_mig_resources() -> None:
@@ -246,8 +339,17 @@ def test_the_kubelet_follows_the_plugins_mig_resources() -> None:
     client = FakeClient()
 
     def plugin(strategy: str, uid: str) -> PodView:
-        return PodView("gpu-operator", f"dp-{uid}", uid, kubeletdp.APP, "dgx-h100-0", True, 0, None,
-                       {"MIG_STRATEGY": strategy})
+        return PodView(
+            "gpu-operator",
+            f"dp-{uid}",
+            uid,
+            kubeletdp.APP,
+            "dgx-h100-0",
+            True,
+            0,
+            None,
+            {"MIG_STRATEGY": strategy},
+        )
 
     def last() -> dict[str, dict[str, str]]:
         status: dict[str, dict[str, str]] = client.calls[-1][1][1]["status"]
@@ -258,8 +360,10 @@ def test_the_kubelet_follows_the_plugins_mig_resources() -> None:
         assert last() == {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}}
         hw.set("dgx-h100-0", shape, applied("all-1g.10gb"))
         await player.sync(client, "dgx-h100-0", view(), [plugin("mixed", "b")])  # type: ignore[arg-type]
-        assert last() == {"capacity": {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "56"},
-                          "allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}}
+        assert last() == {
+            "capacity": {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "56"},
+            "allocatable": {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"},
+        }
         now[0] = 31.0
         await player.sync(client, "dgx-h100-0", view(), [plugin("mixed", "b")])  # type: ignore[arg-type]
         assert last()["capacity"] == {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"}
@@ -293,7 +397,9 @@ def test_the_mig_manager_stops_with_its_pod_when_its_successor_already_runs() ->
             return Node(metadata=ObjectMeta(name=name, labels={"nvidia.com/mig.config": "all-1g.10gb"}))
 
     def pod(uid: str, started_at: int) -> PodView:
-        return PodView("gpu-operator", f"mig-manager-{uid}", uid, migmanager.APP, "dgx-h100-0", True, started_at)
+        return PodView(
+            "gpu-operator", f"mig-manager-{uid}", uid, migmanager.APP, "dgx-h100-0", True, started_at
+        )
 
     async def go() -> None:
         await player.sync(Nodes(), "dgx-h100-0", view(), [pod("a", 1)])  # type: ignore[arg-type]

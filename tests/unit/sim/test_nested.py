@@ -12,9 +12,13 @@ from gpu_operator.sim.commands import nested, nestedhost
 
 def test_a_tenant_asking_for_another_name_fails_naming_both() -> None:
     with pytest.raises(nestedhost.NameMismatch) as err:
-        nested.check_names("nvidia.com/GH100_H100_SXM5_80GB", nested.SEED_001_RESOURCE,
-                           {nested.SEED_001_RESOURCE: "8"})
-    assert (err.value.tenant, err.value.published) == ("nvidia.com/GH100_H100_SXM5_80GB", nested.SEED_001_RESOURCE)
+        nested.check_names(
+            "nvidia.com/GH100_H100_SXM5_80GB", nested.SEED_001_RESOURCE, {nested.SEED_001_RESOURCE: "8"}
+        )
+    assert (err.value.tenant, err.value.published) == (
+        "nvidia.com/GH100_H100_SXM5_80GB",
+        nested.SEED_001_RESOURCE,
+    )
     nested.check_names(nested.SEED_001_RESOURCE, nested.SEED_001_RESOURCE, {nested.SEED_001_RESOURCE: "8"})
 
 

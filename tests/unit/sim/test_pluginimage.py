@@ -46,22 +46,37 @@ def test_the_executable_starts_the_stand_in_over_the_pods_mounts(tmp_path: Path)
     bin_dir.mkdir()
     record = tmp_path / "argv.json"
     fake = bin_dir / "python3.11"
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
+    )
     fake.chmod(0o755)
     script = tmp_path / "nvidia-device-plugin"
     script.write_text(pluginimage.ENTRY)
     script.chmod(0o755)
-    subprocess.run([str(script), "--mig-strategy=mixed"], check=True,
-                   env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    subprocess.run(
+        [str(script), "--mig-strategy=mixed"],
+        check=True,
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+    )
     assert json.loads(record.read_text()) == [
-        "-m", "gpu_operator.sim.standins.deviceplugin", "--host-root=/host",
-        "--plugin-dir=/var/lib/kubelet/device-plugins", "--cdi-root=/", "--mig-strategy=mixed"]
+        "-m",
+        "gpu_operator.sim.standins.deviceplugin",
+        "--host-root=/host",
+        "--plugin-dir=/var/lib/kubelet/device-plugins",
+        "--cdi-root=/",
+        "--mig-strategy=mixed",
+    ]
 
 
-@pytest.mark.parametrize(("value", "played"), [
-    ("", "envvar"), ("envvar", "envvar"), ("cdi-annotations,cdi-cri", "cdi-annotations"),
-    ("cdi-cri,envvar", "envvar"),
-])
+@pytest.mark.parametrize(
+    ("value", "played"),
+    [
+        ("", "envvar"),
+        ("envvar", "envvar"),
+        ("cdi-annotations,cdi-cri", "cdi-annotations"),
+        ("cdi-cri,envvar", "envvar"),
+    ],
+)
 def test_device_list_strategy_from_the_environment(value: str, played: str) -> None:
     assert env_strategy(value) == played
 

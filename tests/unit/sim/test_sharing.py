@@ -48,23 +48,31 @@ def test_time_slicing_config_is_read_as_the_plugin_does() -> None:
     assert got.strategy == "time-slicing" and got.fail_requests_greater_than_one is False
     assert got.resources == (sharing.Replicated("nvidia.com/gpu", 4, ""),)
     renamed = sharing.parse(SLICE2_RENAMED)
-    assert renamed.resources[0].advertised == "nvidia.com/gpu.shared" and renamed.fail_requests_greater_than_one
+    assert (
+        renamed.resources[0].advertised == "nvidia.com/gpu.shared" and renamed.fail_requests_greater_than_one
+    )
     # a rename other than the default one is ignored (DisableResourceNamingInConfig)
     custom = sharing.parse(SLICE4.replace("replicas: 4", "replicas: 4\n      rename: gpu-x"))
     assert custom.resources[0].advertised == "nvidia.com/gpu"
     mps = sharing.parse(MPS3)
     assert mps.strategy == "mps" and mps.fail_requests_greater_than_one is True
-    assert sharing.parse("") == sharing.Sharing() and sharing.parse("version: v1\nflags:\n  migStrategy: single\n") \
-        == sharing.Sharing(mig_strategy="single")
+    assert sharing.parse("") == sharing.Sharing() and sharing.parse(
+        "version: v1\nflags:\n  migStrategy: single\n"
+    ) == sharing.Sharing(mig_strategy="single")
 
 
-@pytest.mark.parametrize(("text", "field"), [
-    (SLICE4.replace("replicas: 4", "replicas: 1"), "cfg.sharing.timeSlicing.resources[0].replicas"),
-    (SLICE4.replace("resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n", "resources: []\n"),
-     "cfg.sharing.timeSlicing.resources"),
-    (SLICE4.replace("      replicas: 4\n", ""), "cfg.sharing.timeSlicing.resources[0].replicas"),
-    (SLICE4.replace("version: v1", "version: v2"), "cfg.version"),
-])
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (SLICE4.replace("replicas: 4", "replicas: 1"), "cfg.sharing.timeSlicing.resources[0].replicas"),
+        (
+            SLICE4.replace("resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n", "resources: []\n"),
+            "cfg.sharing.timeSlicing.resources",
+        ),
+        (SLICE4.replace("      replicas: 4\n", ""), "cfg.sharing.timeSlicing.resources[0].replicas"),
+        (SLICE4.replace("version: v1", "version: v2"), "cfg.version"),
+    ],
+)
 def test_configs_the_plugin_refuses_name_the_field(text: str, field: str) -> None:
     with pytest.raises(sharing.ConfigError) as err:
         sharing.parse(text, "cfg")
@@ -89,8 +97,16 @@ def test_config_manager_chooses_label_then_default_then_fallbacks() -> None:
 def test_replicas_multiply_devices_with_annotated_ids() -> None:
     devices = {"nvidia.com/gpu": [("GPU-a", 0), ("GPU-b", 1)], "nvidia.com/mig-1g.10gb": [("MIG-c", 2)]}
     got = sharing.replicate(sharing.parse(SLICE4), devices)
-    assert got["nvidia.com/gpu"] == [("GPU-a::0", 0), ("GPU-a::1", 0), ("GPU-a::2", 0), ("GPU-a::3", 0),
-                                     ("GPU-b::0", 1), ("GPU-b::1", 1), ("GPU-b::2", 1), ("GPU-b::3", 1)]
+    assert got["nvidia.com/gpu"] == [
+        ("GPU-a::0", 0),
+        ("GPU-a::1", 0),
+        ("GPU-a::2", 0),
+        ("GPU-a::3", 0),
+        ("GPU-b::0", 1),
+        ("GPU-b::1", 1),
+        ("GPU-b::2", 1),
+        ("GPU-b::3", 1),
+    ]
     assert got["nvidia.com/mig-1g.10gb"] == [("MIG-c", 2)]  # not named in the config: as it was
     renamed = sharing.replicate(sharing.parse(SLICE2_RENAMED), devices)
     assert "nvidia.com/gpu" not in renamed and len(renamed["nvidia.com/gpu.shared"]) == 4
@@ -105,8 +121,14 @@ def test_gfd_labels_gain_the_sharing_labels() -> None:
     base = shapes.load("dgx-h100").gfd_labels()
     sliced = sharing.gfd_labels(sharing.parse(SLICE4), base, mig_enabled=False)
     assert sliced["nvidia.com/gpu.product"] == f"{base['nvidia.com/gpu.product']}-SHARED"
-    assert sliced["nvidia.com/gpu.replicas"] == "4" and sliced["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
-    assert sliced["nvidia.com/mps.capable"] == "false" and sliced["nvidia.com/gpu.count"] == base["nvidia.com/gpu.count"]
+    assert (
+        sliced["nvidia.com/gpu.replicas"] == "4"
+        and sliced["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    )
+    assert (
+        sliced["nvidia.com/mps.capable"] == "false"
+        and sliced["nvidia.com/gpu.count"] == base["nvidia.com/gpu.count"]
+    )
     renamed = sharing.gfd_labels(sharing.parse(SLICE2_RENAMED), base, mig_enabled=False)
     assert renamed["nvidia.com/gpu.product"] == base["nvidia.com/gpu.product"]  # renamed: no -SHARED
     mps = sharing.gfd_labels(sharing.parse(MPS3), base, mig_enabled=False)
@@ -124,10 +146,12 @@ def rendered_pod(config: dict[str, Any] | None, uid: str = "uid-1") -> PodView:
     ds = daemonset(run(spec), "state-device-plugin")
     template = copy.deepcopy(ds["spec"]["template"])
     template["spec"]["nodeName"] = "dgx-h100-0"
-    template["metadata"].update(name="dp-1", namespace="gpu-operator", uid=uid,
-                                creationTimestamp="2026-01-01T00:00:00Z")
-    return PodView.of(Pod.from_dict({"apiVersion": "v1", "kind": "Pod", **template,
-                                     "status": {"phase": "Running"}}))
+    template["metadata"].update(
+        name="dp-1", namespace="gpu-operator", uid=uid, creationTimestamp="2026-01-01T00:00:00Z"
+    )
+    return PodView.of(
+        Pod.from_dict({"apiVersion": "v1", "kind": "Pod", **template, "status": {"phase": "Running"}})
+    )
 
 
 class ConfigClient:
@@ -172,12 +196,19 @@ def test_a_label_change_is_read_an_edit_of_the_same_key_is_not() -> None:
 
 
 def test_kwok_capacity_and_gfd_labels_follow_the_held_config() -> None:
-    view = NodeView(name="dgx-h100-0", uid="n", labels={shapes.SHAPE_LABEL: "dgx-h100"}, capacity={},
-                    shape=shapes.load("dgx-h100"))
+    view = NodeView(
+        name="dgx-h100-0",
+        uid="n",
+        labels={shapes.SHAPE_LABEL: "dgx-h100"},
+        capacity={},
+        shape=shapes.load("dgx-h100"),
+    )
     pod = rendered_pod({"name": "time-slicing", "default": "any"})
     player = kubeletdp.DevicePluginCapacity()
     assert player.resources("dgx-h100-0", view, pod, sharing.parse(SLICE4)) == {"nvidia.com/gpu": (32, 0)}
-    assert player.resources("dgx-h100-0", view, pod, sharing.parse(SLICE2_RENAMED)) == {"nvidia.com/gpu.shared": (16, 0)}
+    assert player.resources("dgx-h100-0", view, pod, sharing.parse(SLICE2_RENAMED)) == {
+        "nvidia.com/gpu.shared": (16, 0)
+    }
     assert player.resources("dgx-h100-0", view, pod) == {"nvidia.com/gpu": (8, 0)}
     assert kubeletdp.is_plugin_resource("nvidia.com/gpu.shared")
     labels = gfd.labels_for(view, pod, None, sharing.parse(SLICE4))

@@ -18,27 +18,64 @@ from gpu_operator.sim.standins import draplugin, gfd, kubeletdp, nfdmaster
 from gpu_operator.sim.standins.podwatch import NodeStandIns, NodeView, PodView, WorkQueue
 
 
-def pod(name: str = "gfd-abc", running: bool = True, env: dict[str, str] | None = None, uid: str = "pod-uid",
-        owned: bool = True, terminating: bool = False) -> PodView:
-    meta: dict[str, Any] = {"name": name, "namespace": "gpu-operator", "uid": uid, "labels": {"app": gfd.APP},
-                            "creationTimestamp": "2026-01-01T00:00:00Z"}
+def pod(
+    name: str = "gfd-abc",
+    running: bool = True,
+    env: dict[str, str] | None = None,
+    uid: str = "pod-uid",
+    owned: bool = True,
+    terminating: bool = False,
+) -> PodView:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "gpu-operator",
+        "uid": uid,
+        "labels": {"app": gfd.APP},
+        "creationTimestamp": "2026-01-01T00:00:00Z",
+    }
     if owned:
-        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery",
-                                    "uid": "ds-uid", "controller": True, "blockOwnerDeletion": True}]
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "name": "gpu-feature-discovery",
+                "uid": "ds-uid",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     if terminating:
         meta["deletionTimestamp"] = "2026-01-01T00:01:00Z"
     env_list = [{"name": k, "value": v} for k, v in (env or {}).items()]
-    return PodView.of(Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
-        "spec": {"nodeName": "dgx-h100-0", "containers": [{"name": "gpu-feature-discovery", "image": "gfd",
-                                                           "env": env_list}]},
-        "status": {"phase": "Running" if running else "Pending", "startTime": "2026-01-01T00:00:10Z"}}))
+    return PodView.of(
+        Pod.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": meta,
+                "spec": {
+                    "nodeName": "dgx-h100-0",
+                    "containers": [{"name": "gpu-feature-discovery", "image": "gfd", "env": env_list}],
+                },
+                "status": {"phase": "Running" if running else "Pending", "startTime": "2026-01-01T00:00:10Z"},
+            }
+        )
+    )
 
 
-def view(shape: str = "dgx-h100", labels: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
-         name: str = "dgx-h100-0") -> NodeView:
-    return NodeView(name=name, uid="node-uid", labels={shapes.SHAPE_LABEL: shape, **(labels or {})},
-                    capacity=capacity or {}, shape=shapes.load(shape))
+def view(
+    shape: str = "dgx-h100",
+    labels: dict[str, str] | None = None,
+    capacity: dict[str, str] | None = None,
+    name: str = "dgx-h100-0",
+) -> NodeView:
+    return NodeView(
+        name=name,
+        uid="node-uid",
+        labels={shapes.SHAPE_LABEL: shape, **(labels or {})},
+        capacity=capacity or {},
+        shape=shapes.load(shape),
+    )
 
 
 class FakeClient:
@@ -74,8 +111,12 @@ class FakeClient:
 def test_pod_view_reads_phase_owner_env_and_start() -> None:
     seen = pod(env={"MIG_STRATEGY": "single"})
     assert seen.running and seen.node == "dgx-h100-0" and seen.app == gfd.APP
-    assert seen.daemonset == {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery",
-                              "uid": "ds-uid"}
+    assert seen.daemonset == {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "name": "gpu-feature-discovery",
+        "uid": "ds-uid",
+    }
     assert seen.env == {"MIG_STRATEGY": "single"} and seen.started == 1767225610
     assert not pod(terminating=True).running and not pod(running=False).running
 
@@ -88,17 +129,31 @@ def test_node_feature_body_is_gfds() -> None:
     assert body["metadata"]["namespace"] == "gpu-operator"
     assert body["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": "dgx-h100-0"}
     assert body["metadata"]["ownerReferences"] == [
-        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-feature-discovery", "uid": "ds-uid",
-         "controller": True},
-        {"apiVersion": "v1", "kind": "Pod", "name": "gfd-abc", "uid": "pod-uid"}]
-    assert body["spec"] == {"features": {"flags": {}, "attributes": {}, "instances": {}},
-                            "labels": shapes.load("dgx-h100").gfd_labels(timestamp=1767225610)}
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "name": "gpu-feature-discovery",
+            "uid": "ds-uid",
+            "controller": True,
+        },
+        {"apiVersion": "v1", "kind": "Pod", "name": "gfd-abc", "uid": "pod-uid"},
+    ]
+    assert body["spec"] == {
+        "features": {"flags": {}, "attributes": {}, "instances": {}},
+        "labels": shapes.load("dgx-h100").gfd_labels(timestamp=1767225610),
+    }
     assert "ownerReferences" not in gfd.node_feature("n", pod(owned=False), labels)["metadata"]
 
 
-@pytest.mark.parametrize(("env", "strategy", "stamped"), [
-    ({}, None, True), ({"MIG_STRATEGY": "single"}, "single", True),
-    ({"GFD_MIG_STRATEGY": "mixed", "MIG_STRATEGY": "single"}, "mixed", True), ({"GFD_NO_TIMESTAMP": "true"}, None, False)])
+@pytest.mark.parametrize(
+    ("env", "strategy", "stamped"),
+    [
+        ({}, None, True),
+        ({"MIG_STRATEGY": "single"}, "single", True),
+        ({"GFD_MIG_STRATEGY": "mixed", "MIG_STRATEGY": "single"}, "mixed", True),
+        ({"GFD_NO_TIMESTAMP": "true"}, None, False),
+    ],
+)
 def test_gfd_reads_its_environment(env: dict[str, str], strategy: str | None, stamped: bool) -> None:
     labels = gfd.labels_for(view(), pod(env=env))
     assert labels.get("nvidia.com/mig.strategy") == strategy
@@ -136,11 +191,16 @@ def test_gfd_writes_nothing_on_a_cpu_node() -> None:
     assert client.calls == []
 
 
-@pytest.mark.parametrize(("running", "stopped_for", "capacity", "allocatable"), [
-    (True, 0.0, "8", "8"), (False, 10.0, "8", "0"), (False, 300.0, "8", "0"), (False, 301.0, "0", "0")])
+@pytest.mark.parametrize(
+    ("running", "stopped_for", "capacity", "allocatable"),
+    [(True, 0.0, "8", "8"), (False, 10.0, "8", "0"), (False, 300.0, "8", "0"), (False, 301.0, "0", "0")],
+)
 def test_desired_status(running: bool, stopped_for: float, capacity: str, allocatable: str) -> None:
     status = kubeletdp.desired_status(8, running, stopped_for)
-    assert status == {"capacity": {"nvidia.com/gpu": capacity}, "allocatable": {"nvidia.com/gpu": allocatable}}
+    assert status == {
+        "capacity": {"nvidia.com/gpu": capacity},
+        "allocatable": {"nvidia.com/gpu": allocatable},
+    }
     assert kubeletdp.desired_status(8, False, None) is None
 
 
@@ -176,8 +236,9 @@ def test_capacity_left_by_an_earlier_run_starts_the_grace_period() -> None:
     client = FakeClient()
     player = kubeletdp.DevicePluginCapacity(grace_period=30.0, clock=lambda: 0.0)
     asyncio.run(player.sync(client, "a10-0", view("a10", capacity={"nvidia.com/gpu": "2"}, name="a10-0"), []))  # type: ignore[arg-type]
-    assert client.calls[-1][1][1] == {"status": {"capacity": {"nvidia.com/gpu": "2"},
-                                                 "allocatable": {"nvidia.com/gpu": "0"}}}
+    assert client.calls[-1][1][1] == {
+        "status": {"capacity": {"nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "0"}}
+    }
 
 
 def test_dra_devices_come_from_the_shape() -> None:
@@ -185,13 +246,20 @@ def test_dra_devices_come_from_the_shape() -> None:
     assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(8)]
     attrs = devices[0]["attributes"]
     assert attrs["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
-    assert attrs["architecture"] == {"string": "Hopper"} and attrs["cudaComputeCapability"] == {"version": "9.0.0"}
-    assert attrs["driverVersion"] == {"version": "550.127.5"} and attrs["cudaDriverVersion"] == {"version": "12.4.0"}
+    assert attrs["architecture"] == {"string": "Hopper"} and attrs["cudaComputeCapability"] == {
+        "version": "9.0.0"
+    }
+    assert attrs["driverVersion"] == {"version": "550.127.5"} and attrs["cudaDriverVersion"] == {
+        "version": "12.4.0"
+    }
     a10 = draplugin.devices(view("a10", name="a10-0"))
     assert len(a10) == 2 and a10[0]["attributes"]["architecture"] == {"string": "Ampere"}
     assert draplugin.devices(view("vfio-passthrough")) == []
     body = draplugin.slice_for(view())
-    assert body["metadata"]["ownerReferences"][0]["uid"] == "node-uid" and body["spec"]["nodeName"] == "dgx-h100-0"
+    assert (
+        body["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
+        and body["spec"]["nodeName"] == "dgx-h100-0"
+    )
 
 
 def feature(ns: str, name: str, labels: dict[str, str], node: str = "n1") -> nfdmaster.FeatureView:
@@ -199,11 +267,17 @@ def feature(ns: str, name: str, labels: dict[str, str], node: str = "n1") -> nfd
 
 
 def test_nfd_master_merges_in_its_order_and_filters() -> None:
-    merged = nfdmaster.merged_labels([
-        feature("gpu-operator", "nvidia-features-for-n1", {"nvidia.com/gpu.count": "8", "x": "gfd"}),
-        feature("node-feature-discovery", "n1", {"x": "worker", "pci-10de.present": "true"})])
-    assert merged == {"nvidia.com/gpu.count": "8", "feature.node.kubernetes.io/x": "gfd",
-                      "feature.node.kubernetes.io/pci-10de.present": "true"}
+    merged = nfdmaster.merged_labels(
+        [
+            feature("gpu-operator", "nvidia-features-for-n1", {"nvidia.com/gpu.count": "8", "x": "gfd"}),
+            feature("node-feature-discovery", "n1", {"x": "worker", "pci-10de.present": "true"}),
+        ]
+    )
+    assert merged == {
+        "nvidia.com/gpu.count": "8",
+        "feature.node.kubernetes.io/x": "gfd",
+        "feature.node.kubernetes.io/pci-10de.present": "true",
+    }
     assert nfdmaster.allowed("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")
     assert nfdmaster.allowed("feature.node.kubernetes.io/x", "1")
     assert nfdmaster.allowed("sub.feature.node.kubernetes.io/x", "1")
@@ -213,18 +287,28 @@ def test_nfd_master_merges_in_its_order_and_filters() -> None:
 
 
 def test_nfd_master_patch_adds_replaces_removes_and_records_its_keys() -> None:
-    wanted = {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "H100", "feature.node.kubernetes.io/y": "1"}
+    wanted = {
+        "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.product": "H100",
+        "feature.node.kubernetes.io/y": "1",
+    }
     ops = nfdmaster.node_patch({"nvidia.com/gpu.count": "4", "other": "x"}, {"a": "b"}, wanted, False)
     assert {"op": "replace", "path": "/metadata/labels/nvidia.com~1gpu.count", "value": "8"} in ops
     assert {"op": "add", "path": "/metadata/labels/nvidia.com~1gpu.product", "value": "H100"} in ops
-    assert {"op": "add", "path": "/metadata/annotations/nfd.node.kubernetes.io~1feature-labels",
-            "value": "nvidia.com/gpu.count,nvidia.com/gpu.product,y"} in ops
+    assert {
+        "op": "add",
+        "path": "/metadata/annotations/nfd.node.kubernetes.io~1feature-labels",
+        "value": "nvidia.com/gpu.count,nvidia.com/gpu.product,y",
+    } in ops
     recorded = {"nfd.node.kubernetes.io/feature-labels": "nvidia.com/gpu.count,y"}
-    gone = nfdmaster.node_patch({"nvidia.com/gpu.count": "8", "feature.node.kubernetes.io/y": "1", "other": "x"},
-                                recorded, {}, False)
-    assert gone == [{"op": "remove", "path": "/metadata/labels/feature.node.kubernetes.io~1y"},
-                    {"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu.count"},
-                    {"op": "remove", "path": "/metadata/annotations/nfd.node.kubernetes.io~1feature-labels"}]
+    gone = nfdmaster.node_patch(
+        {"nvidia.com/gpu.count": "8", "feature.node.kubernetes.io/y": "1", "other": "x"}, recorded, {}, False
+    )
+    assert gone == [
+        {"op": "remove", "path": "/metadata/labels/feature.node.kubernetes.io~1y"},
+        {"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu.count"},
+        {"op": "remove", "path": "/metadata/annotations/nfd.node.kubernetes.io~1feature-labels"},
+    ]
     assert nfdmaster.node_patch({"nvidia.com/gpu.count": "8"}, recorded, {}, True) == []
 
 
@@ -261,8 +345,11 @@ class NoDraApi(FakeClient):
 
     def list(self, resource: Any, **_: Any) -> Any:
         async def gen() -> Any:
-            raise ApiError(status=type("S", (), {"code": 404, "message": "the server could not find the resource"})())
+            raise ApiError(
+                status=type("S", (), {"code": 404, "message": "the server could not find the resource"})()
+            )
             yield  # an async generator
+
         return gen()
 
 
@@ -297,8 +384,13 @@ class SlicesLeft(FakeClient):
 
     def list(self, resource: Any, **_: Any) -> Any:
         if resource is draplugin.ResourceSlice:
-            return Listed([draplugin.ResourceSlice.from_dict(
-                {"metadata": {"name": f"gone-{draplugin.DRIVER}"}, "spec": {"nodeName": "gone"}})])
+            return Listed(
+                [
+                    draplugin.ResourceSlice.from_dict(
+                        {"metadata": {"name": f"gone-{draplugin.DRIVER}"}, "spec": {"nodeName": "gone"}}
+                    )
+                ]
+            )
         return Listed(self.pods, delay=0.1)
 
     async def watch(self, *_: Any, **__: Any) -> Any:
@@ -310,8 +402,14 @@ class SlicesLeft(FakeClient):
         from lightkube.resources.core_v1 import Node
 
         self.calls.append(("get", name))
-        return Node(metadata=ObjectMeta(name=name, uid=f"uid-{name}", labels={shapes.SHAPE_LABEL: "dgx-h100"},
-                                        annotations={KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}))
+        return Node(
+            metadata=ObjectMeta(
+                name=name,
+                uid=f"uid-{name}",
+                labels={shapes.SHAPE_LABEL: "dgx-h100"},
+                annotations={KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
+            )
+        )
 
     async def create(self, obj: Any, field_manager: str | None = None) -> None:
         await self.apply(obj, field_manager)  # the plugin creates (a fake never says it exists)
@@ -328,9 +426,16 @@ def test_a_slice_left_from_before_a_restart_is_withdrawn_once_the_pods_are_liste
     from lightkube.models.meta_v1 import ObjectMeta
 
     def plugin_pod(node: str) -> Pod:
-        return Pod(metadata=ObjectMeta(name=f"plugin-{node}", namespace="gpu-operator", uid=f"pod-{node}",
-                                       labels={"app": draplugin.PLUGIN_APP}),
-                   spec=PodSpec(nodeName=node, containers=[Container(name="gpus")]), status=PodStatus(phase="Running"))
+        return Pod(
+            metadata=ObjectMeta(
+                name=f"plugin-{node}",
+                namespace="gpu-operator",
+                uid=f"pod-{node}",
+                labels={"app": draplugin.PLUGIN_APP},
+            ),
+            spec=PodSpec(nodeName=node, containers=[Container(name="gpus")]),
+            status=PodStatus(phase="Running"),
+        )
 
     async def go(slice_node_has_pod: bool) -> list[tuple[str, Any]]:
         client = SlicesLeft([plugin_pod("gone" if slice_node_has_pod else "other")])

@@ -25,11 +25,16 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "simulator.md"
 
 
 def kubeconfig() -> KubeConfig:
-    return KubeConfig.from_dict({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "x"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}], "current-context": "c"})
+    return KubeConfig.from_dict(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+            "users": [{"name": "u", "user": {"token": "x"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c",
+        }
+    )
 
 
 def every_player(tmp_path: Path) -> list[Any]:
@@ -45,9 +50,13 @@ def test_every_player_is_in_the_table_with_its_identity_and_pod(tmp_path: Path) 
     seen: dict[str, set[str]] = {}
     for player in every_player(tmp_path):
         row = rows.get(qualified(player))
-        assert row is not None, f"{qualified(player)} (app={player.app}) is not in sim/standins/roster.py's table()"
+        assert row is not None, (
+            f"{qualified(player)} (app={player.app}) is not in sim/standins/roster.py's table()"
+        )
         # declared by the player itself, not inherited by accident from nothing
-        assert getattr(player, "identity", None) in (identity.POD, identity.KUBELET, identity.NO_API), qualified(player)
+        assert getattr(player, "identity", None) in (identity.POD, identity.KUBELET, identity.NO_API), (
+            qualified(player)
+        )
         assert player.identity == row.identity, (qualified(player), player.identity, row.identity)
         assert getattr(player, "pod_label", "app") == row.label, qualified(player)
         assert player.app in row.apps, (qualified(player), player.app, row.apps)
@@ -101,8 +110,16 @@ def _status(code: int) -> Any:
 
 
 def pod(name: str, running: bool = True, started: int = 1, uid: str = "", account: str = "sa") -> PodView:
-    return PodView(namespace="ns", name=name, uid=uid or name, app="gpu-feature-discovery", node="n1",
-                   running=running, started=started, service_account=account)
+    return PodView(
+        namespace="ns",
+        name=name,
+        uid=uid or name,
+        app="gpu-feature-discovery",
+        node="n1",
+        running=running,
+        started=started,
+        service_account=account,
+    )
 
 
 def test_the_client_follows_the_players_identity() -> None:
@@ -110,11 +127,17 @@ def test_the_client_follows_the_players_identity() -> None:
     from gpu_operator.sim.standins.toolkitconfig import ToolkitStandIn
 
     async def main() -> None:
-        gfd, toolkit = FeatureDiscovery(), ToolkitStandIn("nvidia-container-toolkit-daemonset", Path("/nonexistent"))
+        gfd, toolkit = (
+            FeatureDiscovery(),
+            ToolkitStandIn("nvidia-container-toolkit-daemonset", Path("/nonexistent")),
+        )
         standins_ = NodeStandIns(None, [gfd, toolkit], identities=FakeIdentities({"gone"}))  # type: ignore[arg-type]
         # the newest running pod's ServiceAccount, not an older or a stopped one
-        got = await standins_.client_for(gfd, "n1", [pod("old", started=1), pod("new", started=5),
-                                                     pod("stopped", running=False, started=9)])
+        got = await standins_.client_for(
+            gfd,
+            "n1",
+            [pod("old", started=1), pod("new", started=5), pod("stopped", running=False, started=9)],
+        )
         assert got == "sa:ns:sa:new"
         # none running: the newest still there (a terminating pod's token is still good)
         assert await standins_.client_for(gfd, "n1", [pod("stopping", running=False)]) == "sa:ns:sa:stopping"
@@ -155,24 +178,38 @@ def test_a_refused_call_is_recorded_with_identity_verb_and_resource(caplog: pyte
     with caplog.at_level(logging.WARNING, logger="gpu_operator.sim.standins"):
         asyncio.run(main())
     assert [(r.identity, r.verb, r.resource, r.name) for r in refusals.seen] == [
-        ("system:serviceaccount:ns:gfd", "patch", "nodes/status", "n1")] * 2
+        ("system:serviceaccount:ns:gfd", "patch", "nodes/status", "n1")
+    ] * 2
     records = [json.loads(r.getMessage()) for r in caplog.records if r.getMessage().startswith("{")]
     assert [(r["event"], r["identity"], r["verb"], r["resource"]) for r in records] == [
-        ("refused", "system:serviceaccount:ns:gfd", "patch", "nodes/status")]
+        ("refused", "system:serviceaccount:ns:gfd", "patch", "nodes/status")
+    ]
 
 
 def test_the_held_pod_status_is_the_kubelets() -> None:
     from lightkube.resources.core_v1 import Pod
 
-    spec = Pod.from_dict({"metadata": {"name": "v", "namespace": "ns", "uid": "u1"}, "spec": {
-        "initContainers": [{"name": "cc-manager-validation", "image": "i"}, {"name": INIT, "image": "i"},
-                           {"name": "vgpu-manager-validation", "image": "i"}],
-        "containers": [{"name": "nvidia-sandbox-validator", "image": "i"}]}})
+    spec = Pod.from_dict(
+        {
+            "metadata": {"name": "v", "namespace": "ns", "uid": "u1"},
+            "spec": {
+                "initContainers": [
+                    {"name": "cc-manager-validation", "image": "i"},
+                    {"name": INIT, "image": "i"},
+                    {"name": "vgpu-manager-validation", "image": "i"},
+                ],
+                "containers": [{"name": "nvidia-sandbox-validator", "image": "i"}],
+            },
+        }
+    )
     failed = held_status(spec, True, 2)
     assert failed["phase"] == "Pending"
     conditions = {c["type"]: (c["status"], c["reason"]) for c in failed["conditions"]}
-    assert conditions == {"Initialized": ("False", "ContainersNotInitialized"),
-                          "Ready": ("False", "ContainersNotReady"), "ContainersReady": ("False", "ContainersNotReady")}
+    assert conditions == {
+        "Initialized": ("False", "ContainersNotInitialized"),
+        "Ready": ("False", "ContainersNotReady"),
+        "ContainersReady": ("False", "ContainersNotReady"),
+    }
     states = {s["name"]: s for s in failed["initContainerStatuses"]}
     assert states["cc-manager-validation"]["state"]["terminated"]["reason"] == "Completed"
     assert states[INIT]["state"]["waiting"]["reason"] == "CrashLoopBackOff"
@@ -186,12 +223,22 @@ def test_the_held_pod_status_is_the_kubelets() -> None:
 def test_kwok_leaves_a_pod_held_in_its_init_containers_alone() -> None:
     import yaml
 
-    stages = yaml.safe_dump({"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": "pod-ready"},
-                             "spec": {"selector": {"matchExpressions": []}, "next": {}}})
+    stages = yaml.safe_dump(
+        {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Stage",
+            "metadata": {"name": "pod-ready"},
+            "spec": {"selector": {"matchExpressions": []}, "next": {}},
+        }
+    )
     other = yaml.safe_dump({"kind": "Stage", "metadata": {"name": "pod-delete"}, "spec": {"selector": {}}})
     docs = list(yaml.safe_load_all(hold_initializing(stages + "---\n" + other)))
     ready = next(d for d in docs if d["metadata"]["name"] == "pod-ready")
     assert ready["spec"]["selector"]["matchExpressions"] == [
-        {"key": '.status.conditions.[] | select( .type == "Initialized" ) | .status', "operator": "NotIn",
-         "values": ["False"]}]
+        {
+            "key": '.status.conditions.[] | select( .type == "Initialized" ) | .status',
+            "operator": "NotIn",
+            "values": ["False"],
+        }
+    ]
     assert next(d for d in docs if d["metadata"]["name"] == "pod-delete")["spec"] == {"selector": {}}

@@ -10,7 +10,11 @@ from gpu_operator.sim.standins import roster
 
 # listed in the module's docstring but not a stand-in of its own: NFD's master has its own flag and
 # phrase, CRI-O's writes are the container toolkit's, the compute-domains container is the DRA plugin's
-NOT_THEIR_OWN = {"sim/standins/nfdmaster.py", "sim/standins/toolkitcrio.py", "sim/standins/computedomainplugin.py"}
+NOT_THEIR_OWN = {
+    "sim/standins/nfdmaster.py",
+    "sim/standins/toolkitcrio.py",
+    "sim/standins/computedomainplugin.py",
+}
 
 
 def test_the_line_names_every_node_stand_in_the_module_lists() -> None:

@@ -29,8 +29,10 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 def stubborn(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A process that ignores SIGTERM: only SIGKILL ends it."""
     ready = tmp_path / "ready"
-    code = (f"import signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+    code = (
+        f"import signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     while not ready.exists():
         assert proc.poll() is None
@@ -62,8 +64,13 @@ def test_stop_kills_what_ignores_sigterm(stubborn: subprocess.Popen[bytes]) -> N
 
 
 def test_state_round_trip_and_stop_order(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
-    state = SimState(dir=str(tmp_path), server="https://127.0.0.1:1", kubeconfig="k", binaries="b",
-                     processes=[Proc("etcd", 2**22 + 7, 1), Proc.of("operator", sleeper.pid)])
+    state = SimState(
+        dir=str(tmp_path),
+        server="https://127.0.0.1:1",
+        kubeconfig="k",
+        binaries="b",
+        processes=[Proc("etcd", 2**22 + 7, 1), Proc.of("operator", sleeper.pid)],
+    )
     state.save()
     loaded = SimState.load(tmp_path)
     assert loaded == state
@@ -79,8 +86,13 @@ def test_a_corrupt_state_file_names_itself(tmp_path: Path) -> None:
 
 
 def test_down_is_idempotent_and_removes_the_state(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
-    SimState(dir=str(tmp_path), server="https://127.0.0.1:1", kubeconfig="k", binaries="b",
-             processes=[Proc.of("operator", sleeper.pid)]).save()
+    SimState(
+        dir=str(tmp_path),
+        server="https://127.0.0.1:1",
+        kubeconfig="k",
+        binaries="b",
+        processes=[Proc.of("operator", sleeper.pid)],
+    ).save()
     messages: list[str] = []
     assert session.down(tmp_path, messages.append) == ["operator"]
     assert not (tmp_path / "state.json").exists() and "stopped operator" in messages[0]

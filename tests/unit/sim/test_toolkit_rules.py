@@ -28,16 +28,23 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("host")
     spec = host_spec("host-driver")
     lib = "/usr/lib/x86_64-linux-gnu"
-    spec["files"].update({f"{lib}/libcuda.so.{HOST_DRIVER_VERSION}": "", f"{lib}/libnvidia-ml.so.{HOST_DRIVER_VERSION}": "",
-                          f"{lib}/libcuda.so.470.1": ""})  # another driver's library: never chosen
+    spec["files"].update(
+        {
+            f"{lib}/libcuda.so.{HOST_DRIVER_VERSION}": "",
+            f"{lib}/libnvidia-ml.so.{HOST_DRIVER_VERSION}": "",
+            f"{lib}/libcuda.so.470.1": "",
+        }
+    )  # another driver's library: never chosen
     hosttree.build(spec, root)
     return root
 
 
 def container(env: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"process": {"env": ["PATH=/usr/bin", *(f"{k}={v}" for k, v in (env or {}).items())]},
-            "mounts": [{"destination": "/proc", "type": "proc"}],
-            "annotations": {"io.kubernetes.cri.container-type": "container", **(annotations or {})}}
+    return {
+        "process": {"env": ["PATH=/usr/bin", *(f"{k}={v}" for k, v in (env or {}).items())]},
+        "mounts": [{"destination": "/proc", "type": "proc"}],
+        "annotations": {"io.kubernetes.cri.container-type": "container", **(annotations or {})},
+    }
 
 
 def given(config: dict[str, Any], host: Path) -> set[str]:
@@ -53,8 +60,13 @@ GPU0, GPU1, CTL, UVM = "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/n
 
 
 def test_the_tree_has_the_devices_a_loaded_driver_creates(host: Path) -> None:
-    for path, ids in {GPU0: (195, 0), GPU1: (195, 1), CTL: (195, 255), UVM: (devnodes.UVM_MAJOR, 0),
-                      "/dev/nvidia-modeset": (195, 254)}.items():
+    for path, ids in {
+        GPU0: (195, 0),
+        GPU1: (195, 1),
+        CTL: (195, 255),
+        UVM: (devnodes.UVM_MAJOR, 0),
+        "/dev/nvidia-modeset": (195, 254),
+    }.items():
         assert devnodes.char_device(host / path.lstrip("/")) == ids, path
     if os.geteuid() == 0:  # root may mknod: real character devices, not the stand-in
         mode = (host / "dev/nvidia0").stat().st_mode
@@ -76,14 +88,24 @@ def test_all_gives_every_gpu_the_control_devices_and_utility_and_compute(host: P
     assert {GPU0, GPU1, CTL, UVM, "/dev/nvidia-uvm-tools", "/usr/bin/nvidia-smi"} <= paths
     assert "/dev/nvidia-modeset" not in paths  # display only
     assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{HOST_DRIVER_VERSION}" in paths
-    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in paths and "/usr/lib/x86_64-linux-gnu/libcuda.so.470.1" not in paths
+    assert (
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in paths
+        and "/usr/lib/x86_64-linux-gnu/libcuda.so.470.1" not in paths
+    )
     assert {(195, 0), (195, 1), (195, 255), (devnodes.UVM_MAJOR, 0)} <= allowed(config)
     source = next(m for m in config["mounts"] if m["destination"] == GPU0)
     assert source["source"] == str(host / "dev/nvidia0") and "rw" in source["options"]
 
 
-@pytest.mark.parametrize("env", [{}, {"NVIDIA_VISIBLE_DEVICES": "void"}, {"NVIDIA_VISIBLE_DEVICES": ""},
-                                 {"NVIDIA_VISIBLE_DEVICES": "0,void"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"NVIDIA_VISIBLE_DEVICES": "void"},
+        {"NVIDIA_VISIBLE_DEVICES": ""},
+        {"NVIDIA_VISIBLE_DEVICES": "0,void"},
+    ],
+)
 def test_unset_empty_or_void_leaves_the_container_as_it_is(host: Path, env: dict[str, str]) -> None:
     config = container(env)
     before = json.dumps(config, sort_keys=True)
@@ -98,7 +120,7 @@ def test_none_gives_the_driver_without_any_gpu(host: Path) -> None:
 
 
 def gpu_nodes(paths: set[str]) -> set[str]:
-    return {p for p in paths if p.startswith("/dev/nvidia") and p[len("/dev/nvidia"):].isdigit()}
+    return {p for p in paths if p.startswith("/dev/nvidia") and p[len("/dev/nvidia") :].isdigit()}
 
 
 def test_indices_and_uuids_pick_those_gpus(host: Path) -> None:
@@ -113,15 +135,21 @@ def test_an_unknown_device_fails_the_container_with_what_the_node_has(host: Path
 
 
 def test_capabilities_choose_binaries_libraries_and_uvm(host: Path) -> None:
-    utility = given(container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}), host)
+    utility = given(
+        container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}), host
+    )
     assert "/usr/bin/nvidia-smi" in utility and UVM not in utility
     assert not any("libcuda" in p for p in utility)
-    compute = given(container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute"}), host)
+    compute = given(
+        container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute"}), host
+    )
     assert "/usr/bin/nvidia-smi" not in compute and UVM in compute
     display = given(container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}), host)
     assert "/dev/nvidia-modeset" in display
     with pytest.raises(InjectionError, match="unsupported capabilities warp"):
-        nvruntime.inject(container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility,warp"}), host)
+        nvruntime.inject(
+            container({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility,warp"}), host
+        )
 
 
 def test_a_legacy_cuda_image_gets_every_gpu_and_capability_unless_it_says_otherwise(host: Path) -> None:
@@ -137,15 +165,19 @@ def test_cdi_annotations_win_and_resolve_from_the_trees_specs(host: Path) -> Non
         "cdiVersion: 0.6.0\nkind: nvidia.com/gpu\n"
         "devices:\n- name: '1'\n  containerEdits:\n    deviceNodes: [{path: /dev/nvidia1}]\n"
         "containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n  deviceNodes: [{path: /dev/nvidiactl}]\n"
-        "  hooks: [{hookName: createContainer, path: /usr/bin/nvidia-cdi-hook}]\n")
-    config = container({"NVIDIA_VISIBLE_DEVICES": "all"},
-                       {"cdi.k8s.io/nvidia-device-plugin_abc": "nvidia.com/gpu=1"})
+        "  hooks: [{hookName: createContainer, path: /usr/bin/nvidia-cdi-hook}]\n"
+    )
+    config = container(
+        {"NVIDIA_VISIBLE_DEVICES": "all"}, {"cdi.k8s.io/nvidia-device-plugin_abc": "nvidia.com/gpu=1"}
+    )
     paths = given(config, host)
     assert {GPU1, CTL} == {p for p in paths if p.startswith("/dev/")}  # not `all`: the annotation wins
     assert "NVIDIA_VISIBLE_DEVICES=void" in config["process"]["env"]
     by_env = given(container({"NVIDIA_VISIBLE_DEVICES": "nvidia.com/gpu=1"}), host)
     assert GPU1 in by_env and GPU0 not in by_env
-    with pytest.raises(InjectionError, match=r"unresolvable CDI devices nvidia.com/gpu=3 \(known: nvidia.com/gpu=1\)"):
+    with pytest.raises(
+        InjectionError, match=r"unresolvable CDI devices nvidia.com/gpu=3 \(known: nvidia.com/gpu=1\)"
+    ):
         nvruntime.inject(container(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=3"}), host)
 
 
@@ -171,15 +203,46 @@ def test_the_wrapper_reports_a_refusal_as_runc_does_and_never_execs(host: Path, 
     fake_runc = tmp_path / "runc"
     fake_runc.write_text(f"#!/bin/sh\ntouch {marker}\n")
     fake_runc.chmod(0o755)
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.sim.realnode.nvruntime", str(host), str(fake_runc),
-                           "--log", str(log), "--log-format", "json", "create", "--bundle", str(bundle), "cid"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.sim.realnode.nvruntime",
+            str(host),
+            str(fake_runc),
+            "--log",
+            str(log),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle),
+            "cid",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 1 and not marker.exists()
     entry = json.loads(log.read_text().splitlines()[-1])
     assert entry["level"] == "error" and "unknown device '9'" in entry["msg"]
     (bundle / "config.json").write_text(json.dumps(container({"NVIDIA_VISIBLE_DEVICES": "0"})))
-    done = subprocess.run([sys.executable, "-m", "gpu_operator.sim.realnode.nvruntime", str(host), str(fake_runc),
-                           "create", "--bundle", str(bundle), "cid"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpu_operator.sim.realnode.nvruntime",
+            str(host),
+            str(fake_runc),
+            "create",
+            "--bundle",
+            str(bundle),
+            "cid",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0 and marker.exists()
     written = json.loads((bundle / "config.json").read_text())
     assert GPU0 in {m["destination"] for m in written["mounts"]}

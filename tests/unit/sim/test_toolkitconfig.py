@@ -35,8 +35,11 @@ TOOLKIT = "nvidia-container-toolkit-daemonset"
 
 def toolkit_pods(shape: str) -> dict[str, dict[str, Any]]:
     result = run({}, f"{shape}:1")
-    return {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in result.state(STATE).objects
-            if o["kind"] == "DaemonSet"}
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]
+        for o in result.state(STATE).objects
+        if o["kind"] == "DaemonSet"
+    }
 
 
 def restarted_runtime(tmp_path: Path, shape: str, pod: dict[str, Any]) -> tuple[list[str], bool]:
@@ -47,16 +50,26 @@ def restarted_runtime(tmp_path: Path, shape: str, pod: dict[str, Any]) -> tuple[
     return written, detect_runtime(HostFS(tree)).nvidia_runtime
 
 
-@pytest.mark.parametrize(("shape", "daemonset", "where"), [
-    ("a10", TOOLKIT, ["/etc/containerd/conf.d/99-nvidia.toml", "/etc/containerd/config.toml"]),
-    ("k3s", f"{TOOLKIT}-k3s", ["/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"]),
-    ("rke2", f"{TOOLKIT}-rke2-v3", ["/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl"]),
-    ("microk8s", f"{TOOLKIT}-microk8s", ["/etc/containerd/conf.d/99-nvidia.toml",
-                                         "/var/snap/microk8s/current/args/containerd-template.toml"]),
-    ("k0s", f"{TOOLKIT}-k0s", ["/etc/k0s/containerd.d/nvidia.toml"]),
-])
-def test_the_distributions_containerd_gets_the_runtime(tmp_path: Path, shape: str, daemonset: str,
-                                                        where: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("shape", "daemonset", "where"),
+    [
+        ("a10", TOOLKIT, ["/etc/containerd/conf.d/99-nvidia.toml", "/etc/containerd/config.toml"]),
+        ("k3s", f"{TOOLKIT}-k3s", ["/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl"]),
+        ("rke2", f"{TOOLKIT}-rke2-v3", ["/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl"]),
+        (
+            "microk8s",
+            f"{TOOLKIT}-microk8s",
+            [
+                "/etc/containerd/conf.d/99-nvidia.toml",
+                "/var/snap/microk8s/current/args/containerd-template.toml",
+            ],
+        ),
+        ("k0s", f"{TOOLKIT}-k0s", ["/etc/k0s/containerd.d/nvidia.toml"]),
+    ],
+)
+def test_the_distributions_containerd_gets_the_runtime(
+    tmp_path: Path, shape: str, daemonset: str, where: list[str]
+) -> None:
     written, nvidia = restarted_runtime(tmp_path, shape, toolkit_pods(shape)[daemonset])
     assert written == where
     assert nvidia
@@ -71,8 +84,19 @@ def test_stock_paths_on_a_distribution_leave_its_runtime_without_nvidia(tmp_path
 
 
 def test_toml_round_trip() -> None:
-    doc = {"version": 2, "imports": ["/a.toml"], "plugins": {"io.containerd.grpc.v1.cri": {"containerd": {
-        "runtimes": {"nvidia": {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": "/x"}}}}}}}
+    doc = {
+        "version": 2,
+        "imports": ["/a.toml"],
+        "plugins": {
+            "io.containerd.grpc.v1.cri": {
+                "containerd": {
+                    "runtimes": {
+                        "nvidia": {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": "/x"}}
+                    }
+                }
+            }
+        },
+    }
     assert tomllib.loads(to_toml(doc)) == doc
 
 
@@ -86,7 +110,9 @@ def crio_runtime(tmp_path: Path, pod: dict[str, Any]) -> tuple[list[str], Contai
     hosttree.build(host_spec("crio"), tree)
     # the kubelet names CRI-O's socket (a stray /etc/containerd must not pass for the node's runtime)
     (tree / "var/lib/kubelet").mkdir(parents=True)
-    (tree / "var/lib/kubelet/config.yaml").write_text("containerRuntimeEndpoint: unix:///var/run/crio/crio.sock\n")
+    (tree / "var/lib/kubelet/config.yaml").write_text(
+        "containerRuntimeEndpoint: unix:///var/run/crio/crio.sock\n"
+    )
     written = configure(*channel(pod), tree)
     return written, detect_runtime(HostFS(tree)), tree
 
@@ -94,7 +120,9 @@ def crio_runtime(tmp_path: Path, pod: dict[str, Any]) -> tuple[list[str], Contai
 def crio_pod(policy: dict[str, Any]) -> dict[str, Any]:
     """The toolkit pod NVIDIA's operator gives a CRI-O cluster (our render of the crio shape)."""
     result = run(policy, "crio:1")
-    return next(o["spec"]["template"]["spec"] for o in result.state(STATE).objects if o["kind"] == "DaemonSet")
+    return next(
+        o["spec"]["template"]["spec"] for o in result.state(STATE).objects if o["kind"] == "DaemonSet"
+    )
 
 
 def test_crio_gets_the_runtimes_in_its_drop_in(tmp_path: Path) -> None:
@@ -107,7 +135,8 @@ def test_crio_gets_the_runtimes_in_its_drop_in(tmp_path: Path) -> None:
     assert {n: (r["runtime_path"], r["runtime_type"]) for n, r in runtimes.items()} == {
         "nvidia": ("/usr/local/nvidia/toolkit/nvidia-container-runtime", "oci"),
         "nvidia-cdi": ("/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi", "oci"),
-        "nvidia-legacy": ("/usr/local/nvidia/toolkit/nvidia-container-runtime.legacy", "oci")}
+        "nvidia-legacy": ("/usr/local/nvidia/toolkit/nvidia-container-runtime.legacy", "oci"),
+    }
     assert (tree / "etc/crio/crio.conf").read_text() == "[crio.runtime]\n"
 
 
@@ -125,12 +154,20 @@ def _volume(pod: dict[str, Any], name: str, path: str) -> dict[str, Any]:
     return pod
 
 
-@pytest.mark.parametrize(("policy", "volume", "elsewhere"), [
-    ({}, "crio-drop-in-config", "/etc/crio/conf.d"),
-    ({"cdi": {"enabled": False}}, "crio-hooks", "/run/containers/oci/hooks.d"),  # OpenShift's, not CRI-O's default
-])
+@pytest.mark.parametrize(
+    ("policy", "volume", "elsewhere"),
+    [
+        ({}, "crio-drop-in-config", "/etc/crio/conf.d"),
+        (
+            {"cdi": {"enabled": False}},
+            "crio-hooks",
+            "/run/containers/oci/hooks.d",
+        ),  # OpenShift's, not CRI-O's default
+    ],
+)
 def test_a_daemonset_pointed_where_crio_does_not_read_leaves_it_without_nvidia(
-        tmp_path: Path, policy: dict[str, Any], volume: str, elsewhere: str) -> None:
+    tmp_path: Path, policy: dict[str, Any], volume: str, elsewhere: str
+) -> None:
     written, rt, _ = crio_runtime(tmp_path, _volume(crio_pod(policy), volume, elsewhere))
     assert written and all(w.startswith(elsewhere) for w in written)
     assert not rt.nvidia_runtime and rt.nvidia_hook is None
@@ -158,9 +195,21 @@ def test_crio_shutdown(tmp_path: Path) -> None:
 
 
 def test_crio_runtimes_start_from_the_default_runtimes_options() -> None:
-    found = {"crio": {"runtime": {"default_runtime": "crun", "runtimes": {
-        "crun": {"runtime_root": "/run/crun", "monitor_path": "/usr/libexec/crio/conmon"}, "runc": {"x": 1}}}}}
-    assert toolkitcrio.default_options(found) == {"runtime_root": "/run/crun", "monitor_path": "/usr/libexec/crio/conmon"}
+    found = {
+        "crio": {
+            "runtime": {
+                "default_runtime": "crun",
+                "runtimes": {
+                    "crun": {"runtime_root": "/run/crun", "monitor_path": "/usr/libexec/crio/conmon"},
+                    "runc": {"x": 1},
+                },
+            }
+        }
+    }
+    assert toolkitcrio.default_options(found) == {
+        "runtime_root": "/run/crun",
+        "monitor_path": "/usr/libexec/crio/conmon",
+    }
     assert toolkitcrio.default_options({}) == {}
 
 
@@ -173,8 +222,11 @@ def test_a_bad_crio_mode_is_refused_by_name(tmp_path: Path) -> None:
 def test_on_a_containerd_cluster_the_crio_nodes_daemonset_is_played_and_reaches_crio(tmp_path: Path) -> None:
     """A CRI-O node among containerd nodes gets the DaemonSet of its own group; the stand-in plays it."""
     result = run({}, "a10:1", "crio:1")
-    pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in result.state(STATE).objects
-            if o["kind"] == "DaemonSet"}
+    pods = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]
+        for o in result.state(STATE).objects
+        if o["kind"] == "DaemonSet"
+    }
     assert set(pods) == {TOOLKIT, f"{TOOLKIT}-crio"} and set(pods) <= set(toolkit_apps())
     written, rt, _ = crio_runtime(tmp_path, pods[f"{TOOLKIT}-crio"])
     assert written == [CRIO_DROP_IN] and rt.nvidia_runtime

@@ -21,8 +21,11 @@ from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
 NODE = "vfio-passthrough-0"
 RESOURCE = "nvidia.com/H100_SXM5_80GB"
-SEED: dict[str, Any] = {"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/H100_SXM5_80GB",
-        "externalResourceProvider": False}
+SEED: dict[str, Any] = {
+    "pciVendorSelector": "10DE:2330",
+    "resourceName": "nvidia.com/H100_SXM5_80GB",
+    "externalResourceProvider": False,
+}
 
 
 def kubevirt(*entries: dict[str, Any]) -> dict[str, Any]:
@@ -33,17 +36,34 @@ def pod(app: str, uid: str = "h-1", running: bool = True, limits: dict[str, str]
     container: dict[str, Any] = {"name": "compute" if limits else app, "image": app}
     if limits:
         container["resources"] = {"limits": limits, "requests": limits}
-    return PodView.of(Pod.from_dict({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{app}-x", "namespace": "cozy-kubevirt", "uid": uid, "labels": {"kubevirt.io": app},
-                     "creationTimestamp": "2026-01-01T00:00:00Z"},
-        "spec": {"nodeName": NODE, "containers": [container]},
-        "status": {"phase": "Running" if running else "Pending"}}), label="kubevirt.io")
+    return PodView.of(
+        Pod.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{app}-x",
+                    "namespace": "cozy-kubevirt",
+                    "uid": uid,
+                    "labels": {"kubevirt.io": app},
+                    "creationTimestamp": "2026-01-01T00:00:00Z",
+                },
+                "spec": {"nodeName": NODE, "containers": [container]},
+                "status": {"phase": "Running" if running else "Pending"},
+            }
+        ),
+        label="kubevirt.io",
+    )
 
 
 def view() -> NodeView:
-    return NodeView(name=NODE, uid="n", labels={shapes.SHAPE_LABEL: "vfio-passthrough"}, capacity={},
-                    shape=shapes.load("vfio-passthrough"))
+    return NodeView(
+        name=NODE,
+        uid="n",
+        labels={shapes.SHAPE_LABEL: "vfio-passthrough"},
+        capacity={},
+        shape=shapes.load("vfio-passthrough"),
+    )
 
 
 class Client:
@@ -69,7 +89,11 @@ def test_the_pod_label_and_the_limits_are_read() -> None:
 
 
 def test_permitted_skips_external_providers() -> None:
-    other = {"pciVendorSelector": "10DE:2331", "resourceName": "nvidia.com/H100_PCIE", "externalResourceProvider": True}
+    other = {
+        "pciVendorSelector": "10DE:2331",
+        "resourceName": "nvidia.com/H100_PCIE",
+        "externalResourceProvider": True,
+    }
     assert virthandler.permitted(kubevirt(SEED, other)) == {"10de:2330": "nvidia.com/H100_SXM5_80GB"}
     assert virthandler.permitted(None) == {}
 
@@ -118,8 +142,10 @@ def test_the_vms_pod_gets_free_devices_recorded_in_the_checkpoint(hosts: Path) -
     handler.kubevirts["cozy-kubevirt"] = kubevirt(SEED)
     kubelet = virthandler.LauncherAllocations(handler, hosts)
     asyncio.run(handler.sync(Client(), NODE, view(), [pod("virt-handler")]))  # type: ignore[arg-type]
-    vms = [pod("virt-launcher", uid="vm-1", limits={RESOURCE: "2"}),
-           pod("virt-launcher", uid="vm-2", limits={RESOURCE: "3"})]
+    vms = [
+        pod("virt-launcher", uid="vm-1", limits={RESOURCE: "2"}),
+        pod("virt-launcher", uid="vm-2", limits={RESOURCE: "3"}),
+    ]
     asyncio.run(kubelet.sync(Client(), NODE, view(), vms))  # type: ignore[arg-type]
     root = NodeHosts(hosts).root(NODE)
     entries = {e["PodUID"]: e for e in virthandler.read_checkpoint(root)}

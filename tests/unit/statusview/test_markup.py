@@ -13,8 +13,13 @@ MESSAGE = "ClusterPolicy is not ready, states not ready: [state-driver state-con
 
 
 def test_a_policy_message_with_brackets_is_shown_whole() -> None:
-    view = build_view([node("gpu-a")], [], [], [policy(state="notReady", reason="OperandNotReady", message=MESSAGE)],
-                      "gpu-operator")
+    view = build_view(
+        [node("gpu-a")],
+        [],
+        [],
+        [policy(state="notReady", reason="OperandNotReady", message=MESSAGE)],
+        "gpu-operator",
+    )
     console = Console(record=True, width=200)
     console.print(render_view(view))
     text = console.export_text()
@@ -24,8 +29,13 @@ def test_a_policy_message_with_brackets_is_shown_whole() -> None:
 def test_the_demos_not_ready_line_keeps_the_brackets() -> None:
     from gpu_operator.sim.commands.demo import not_ready_text
 
-    view = build_view([node("gpu-a")], [], [], [policy(state="notReady", reason="OperandNotReady", message=MESSAGE)],
-                      "gpu-operator")
+    view = build_view(
+        [node("gpu-a")],
+        [],
+        [],
+        [policy(state="notReady", reason="OperandNotReady", message=MESSAGE)],
+        "gpu-operator",
+    )
     console = Console(record=True, width=300)
     console.print(not_ready_text(view, 240))
     text = console.export_text()

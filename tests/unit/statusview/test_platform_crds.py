@@ -48,31 +48,54 @@ class FakeClient:
 
 def test_crds_another_release_owns() -> None:
     ours = next(c for c in load_packaged() if c["metadata"]["name"] == "clusterpolicies.nvidia.com")
-    client = FakeClient({"clusterpolicies.nvidia.com": ours,
-                         "computedomains.resource.nvidia.com": theirs("computedomains.resource.nvidia.com",
-                                                                       status=False),
-                         "computedomaincliques.resource.nvidia.com": theirs("computedomaincliques.resource.nvidia.com")})
+    client = FakeClient(
+        {
+            "clusterpolicies.nvidia.com": ours,
+            "computedomains.resource.nvidia.com": theirs("computedomains.resource.nvidia.com", status=False),
+            "computedomaincliques.resource.nvidia.com": theirs("computedomaincliques.resource.nvidia.com"),
+        }
+    )
     found = left_crds(cast(Client, client))
     assert found == [
         LeftCRD("computedomaincliques.resource.nvidia.com", DRA),
-        LeftCRD("computedomains.resource.nvidia.com", DRA, ("the status subresource in resource.nvidia.com/v1beta1",)),
+        LeftCRD(
+            "computedomains.resource.nvidia.com",
+            DRA,
+            ("the status subresource in resource.nvidia.com/v1beta1",),
+        ),
     ]
     assert left_crds(cast(Client, FakeClient({}, refuse=403))) == []  # may not read CRDs: nothing said
 
 
-@pytest.mark.parametrize(("objects", "refuse", "said"), [
-    ({"version": {"status": {"history": [{"state": "Completed", "version": "4.17.3"}]}}}, None, "OpenShift 4.17"),
-    ({}, None, ""),  # no ClusterVersion: plain Kubernetes, nothing said
-    ({}, 403, ""),  # may not read it: nothing said
-    ({"version": {"status": {"history": []}}}, None, "OpenShift (version unknown: no update has completed)"),
-])
+@pytest.mark.parametrize(
+    ("objects", "refuse", "said"),
+    [
+        (
+            {"version": {"status": {"history": [{"state": "Completed", "version": "4.17.3"}]}}},
+            None,
+            "OpenShift 4.17",
+        ),
+        ({}, None, ""),  # no ClusterVersion: plain Kubernetes, nothing said
+        ({}, 403, ""),  # may not read it: nothing said
+        (
+            {"version": {"status": {"history": []}}},
+            None,
+            "OpenShift (version unknown: no update has completed)",
+        ),
+    ],
+)
 def test_platform(objects: dict[str, dict[str, Any]], refuse: int | None, said: str) -> None:
     assert platform(cast(Client, FakeClient(objects, refuse))) == said
 
 
 def test_the_view_shows_the_platform_and_a_compatible_crd_as_a_note() -> None:
-    view = build_view([node("gpu-a")], [], [], [policy(state="notReady", reason="OperandNotReady", message="m")],
-                      "gpu-operator")
+    view = build_view(
+        [node("gpu-a")],
+        [],
+        [],
+        [policy(state="notReady", reason="OperandNotReady", message="m")],
+        "gpu-operator",
+    )
     view.platform = "OpenShift 4.17"
     left = LeftCRD("computedomains.resource.nvidia.com", DRA)
     view.crds = [left]

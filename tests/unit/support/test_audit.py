@@ -19,15 +19,30 @@ class _Plane:
 
 
 def _event(user: str, code: int, verb: str = "get", stage: str = "ResponseComplete") -> dict[str, Any]:
-    return {"user": {"username": user}, "verb": verb, "stage": stage, "requestURI": "/api/v1/nodes/n",
-            "responseStatus": {"code": code}, "requestReceivedTimestamp": "2026-11-24T11:45:16.403403Z"}
+    return {
+        "user": {"username": user},
+        "verb": verb,
+        "stage": stage,
+        "requestURI": "/api/v1/nodes/n",
+        "responseStatus": {"code": code},
+        "requestReceivedTimestamp": "2026-11-24T11:45:16.403403Z",
+    }
 
 
 def test_refusals_are_read_from_the_status_code_and_user_fields() -> None:
     ours, other = serviceaccount_user("ns", "probe"), serviceaccount_user("ns-2", "probe")
-    plane = cast(ControlPlane, _Plane([
-        _event(ours, 200), _event(ours, 403, "patch"), _event(ours, 403, stage="ResponseStarted"),
-        _event(other, 403), _event(ours, 404)]))
+    plane = cast(
+        ControlPlane,
+        _Plane(
+            [
+                _event(ours, 200),
+                _event(ours, 403, "patch"),
+                _event(ours, 403, stage="ResponseStarted"),
+                _event(other, 403),
+                _event(ours, 404),
+            ]
+        ),
+    )
     assert forbidden_in_namespace(plane, "ns") == [f"{ours} patch /api/v1/nodes/n"]
     assert refused(plane, ours, 404) == [f"{ours} get /api/v1/nodes/n"]
     assert forbidden_in_namespace(plane, "ns-3") == []

@@ -84,11 +84,15 @@ def nvml_step(state: State) -> tuple[str, dict[str, Any]]:
     if report.unanswered:
         # NVML cannot name a lost GPU's bus: the GPUs our probe sees that NVML does not list are the ones
         listed = set(report.by_bus())
-        missing = sorted(g.address for g in state.report.gpus if g.address not in listed) if state.report else []
+        missing = (
+            sorted(g.address for g in state.report.gpus if g.address not in listed) if state.report else []
+        )
         details["lost"] = missing
-        summary += (f"; {len(report.unanswered)} GPU(s) do not answer (NVML index "
-                    f"{', '.join(f'{i}: {e}' for i, e in sorted(report.unanswered.items()))})"
-                    + (f": {', '.join(missing)}" if missing else ""))
+        summary += (
+            f"; {len(report.unanswered)} GPU(s) do not answer (NVML index "
+            f"{', '.join(f'{i}: {e}' for i, e in sorted(report.unanswered.items()))})"
+            + (f": {', '.join(missing)}" if missing else "")
+        )
     return summary, details
 
 

@@ -40,15 +40,30 @@ class HealthMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.state = Gauge("gpu_operator_gpu_health_state", "GPU health state as the node's health "
-                           "agent sees it (1 for the current state)", ["gpu", "state"], registry=self.registry)
-        self.validated = Gauge("gpu_operator_gpu_health_validated", "1 when every validator status "
-                               "file of the node is present", registry=self.registry)
-        self.xids = Counter("gpu_operator_gpu_xid", "Xid events seen since the agent started",
-                            ["gpu", "xid", "action", "source"], registry=self.registry)
-        self.ignored = Counter("gpu_operator_gpu_xid_lines_ignored", "Kernel-log records naming an Xid that "
-                               "are not the NVIDIA driver's for a GPU of this node (xidlines.py), by reason",
-                               ["reason"], registry=self.registry)
+        self.state = Gauge(
+            "gpu_operator_gpu_health_state",
+            "GPU health state as the node's health agent sees it (1 for the current state)",
+            ["gpu", "state"],
+            registry=self.registry,
+        )
+        self.validated = Gauge(
+            "gpu_operator_gpu_health_validated",
+            "1 when every validator status file of the node is present",
+            registry=self.registry,
+        )
+        self.xids = Counter(
+            "gpu_operator_gpu_xid",
+            "Xid events seen since the agent started",
+            ["gpu", "xid", "action", "source"],
+            registry=self.registry,
+        )
+        self.ignored = Counter(
+            "gpu_operator_gpu_xid_lines_ignored",
+            "Kernel-log records naming an Xid that "
+            "are not the NVIDIA driver's for a GPU of this node (xidlines.py), by reason",
+            ["reason"],
+            registry=self.registry,
+        )
 
     def update(self, states: dict[str, str], validated: bool) -> None:
         for bus, current in states.items():
@@ -132,12 +147,19 @@ class HealthAgent:
     def observe(self) -> dict[str, Any]:
         """Read what is new and return the current report (always)."""
         # This node's GPUs: on the bus at start or now, listed by the driver, known to NVML.
-        gpus = {*self.baseline.pci, *self.baseline.driver_gpus, *(b.lower() for b, g in self.pci_kinds.items() if g)}
+        gpus = {
+            *self.baseline.pci,
+            *self.baseline.driver_gpus,
+            *(b.lower() for b, g in self.pci_kinds.items() if g),
+        }
         nvml = self.nvml if self.nvml is not None and self.nvml.available else None
         observation = nvml.poll(gpus) if nvml is not None else None
         # NVML's Xid events first; the kernel log for the GPUs NVML does not watch (xidlines.py).
-        for event in self.kernel_xids.take(self.kmsg.poll_records(), gpus | set(observation.gpus if observation else ()),
-                                           nvml.xid_buses if nvml is not None else ()):
+        for event in self.kernel_xids.take(
+            self.kmsg.poll_records(),
+            gpus | set(observation.gpus if observation else ()),
+            nvml.xid_buses if nvml is not None else (),
+        ):
             self._take(event)
         for event in observation.events if observation else []:
             self._take(event)
@@ -247,8 +269,13 @@ class AnnotationPublisher:
         await asyncio.to_thread(self._patch, text)
 
 
-async def run(agent: HealthAgent, publisher: Publisher, interval: float, stop: asyncio.Event,
-              requests: RequestSource | None = None) -> None:
+async def run(
+    agent: HealthAgent,
+    publisher: Publisher,
+    interval: float,
+    stop: asyncio.Event,
+    requests: RequestSource | None = None,
+) -> None:
     """Step every `interval` seconds and publish each changed report (a failed write is retried at
     the next step, and only then); with `requests` (what the agent sees of its Node and of its
     request), carry out the operator's request first: the report that follows answers it; on
@@ -260,8 +287,10 @@ async def run(agent: HealthAgent, publisher: Publisher, interval: float, stop: a
         report = await agent.step()
         if report is not None:
             pending = encode(report)
-            agent.log(f"report changed: state={report['state']} action={report['action']} "
-                      f"validated={str(report['validated']).lower()} gpus listed={len(report['gpus'])}")
+            agent.log(
+                f"report changed: state={report['state']} action={report['action']} "
+                f"validated={str(report['validated']).lower()} gpus listed={len(report['gpus'])}"
+            )
         if pending is not None:
             try:
                 await publisher.publish(pending)

@@ -48,8 +48,15 @@ MAX_REASON = 160
 # Drain P2P and drain-and-reset: the drain is the quarantine's, the GPU reset ours; a bus reset and a
 # system reboot: reboot (our reset is nvidia-smi -r, no bus reset); IMEX domain recovery spans nodes:
 # nothing automatic, a person looks (as for an action we do not know).
-RECOVERY_TO_ACTION = {"none": NONE, "gpu-reset": RESET_GPU, "node-reboot": REBOOT, "drain-p2p": RESET_GPU,
-                      "drain-and-reset": RESET_GPU, "bus-reset": REBOOT, "system-reboot": REBOOT}
+RECOVERY_TO_ACTION = {
+    "none": NONE,
+    "gpu-reset": RESET_GPU,
+    "node-reboot": REBOOT,
+    "drain-p2p": RESET_GPU,
+    "drain-and-reset": RESET_GPU,
+    "bus-reset": REBOOT,
+    "system-reboot": REBOOT,
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,9 @@ class XidMark:
     source: str
 
 
-def _verdict(bus: str, baseline: HostSnapshot, now: HostSnapshot, mark: XidMark | None,
-             nvml: NvmlObservation | None) -> tuple[str, str, str]:
+def _verdict(
+    bus: str, baseline: HostSnapshot, now: HostSnapshot, mark: XidMark | None, nvml: NvmlObservation | None
+) -> tuple[str, str, str]:
     """(state, action, reason) of one GPU: the worst of what each source says."""
     found: list[tuple[str, str, str]] = [(HEALTHY, NONE, "")]
     if bus in baseline.pci and bus not in now.pci:
@@ -72,7 +80,9 @@ def _verdict(bus: str, baseline: HostSnapshot, now: HostSnapshot, mark: XidMark 
         found.append((GONE, REBOOT, gpu.why or "NVML: the GPU is lost"))
     recovery = gpu.recovery if gpu else None
     if recovery not in (None, "none"):
-        found.append((UNHEALTHY, RECOVERY_TO_ACTION.get(recovery, NONE), f"NVML: the driver asks for {recovery}"))
+        found.append(
+            (UNHEALTHY, RECOVERY_TO_ACTION.get(recovery, NONE), f"NVML: the driver asks for {recovery}")
+        )
     if gpu and gpu.reset_required:
         found.append((UNHEALTHY, RESET_GPU, "NVML: the GPU needs a reset"))
     if gpu and gpu.remap_failed:
@@ -80,8 +90,13 @@ def _verdict(bus: str, baseline: HostSnapshot, now: HostSnapshot, mark: XidMark 
     elif gpu and gpu.remap_pending:
         found.append((WARNING, RESET_GPU, "NVML: a memory row remapping waits for the next GPU reset"))
     on_pci = now.pci.get(bus)
-    if (bus in baseline.driver_gpus and bus not in now.driver_gpus and now.driver_loaded
-            and on_pci is not None and on_pci.driver == "nvidia"):
+    if (
+        bus in baseline.driver_gpus
+        and bus not in now.driver_gpus
+        and now.driver_loaded
+        and on_pci is not None
+        and on_pci.driver == "nvidia"
+    ):
         found.append((UNHEALTHY, RESET_GPU, "the driver no longer lists it (/proc/driver/nvidia/gpus)"))
     if mark is not None:
         cls = mark.cls

@@ -51,19 +51,28 @@ def operator_namespace() -> str:
 def health(
     host_root: HostRoot = None,
     node_name: Annotated[
-        str, typer.Option(envvar="NODE_NAME", help="The Node to publish the report on (the downward API's spec.nodeName).")
+        str,
+        typer.Option(
+            envvar="NODE_NAME", help="The Node to publish the report on (the downward API's spec.nodeName)."
+        ),
     ] = "",
     interval: Annotated[float, typer.Option(help="Seconds between two looks at the host.")] = 10.0,
     once: Annotated[
-        bool, typer.Option(help="Print one report as JSON and exit; nothing is written. It judges the "
-                           "kernel log's present records too (the agent itself starts at the log's end).")
+        bool,
+        typer.Option(
+            help="Print one report as JSON and exit; nothing is written. It judges the "
+            "kernel log's present records too (the agent itself starts at the log's end)."
+        ),
     ] = False,
     metrics_port: Annotated[
         int, typer.Option(envvar="HEALTH_METRICS_PORT", help="Port to serve /metrics on (0: none).")
     ] = DEFAULT_METRICS_PORT,
     validations: Annotated[
-        str, typer.Option(envvar="HEALTH_VALIDATIONS",
-                          help="The validator components whose status files must all be present (`none`: no file).")
+        str,
+        typer.Option(
+            envvar="HEALTH_VALIDATIONS",
+            help="The validator components whose status files must all be present (`none`: no file).",
+        ),
     ] = ",".join(HEALTH_VALIDATIONS),
     nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Use NVML where its library loads.")] = True,
     warning_hold: Annotated[
@@ -85,15 +94,18 @@ def health(
     components = _validations(validations)
     fs = host_fs(host_root)
     if once:
-        agent = HealthAgent(fs, node_name, validations=components, nvml=nvml, replay=True,
-                            warning_hold=warning_hold)
+        agent = HealthAgent(
+            fs, node_name, validations=components, nvml=nvml, replay=True, warning_hold=warning_hold
+        )
         try:
             typer.echo(json.dumps(agent.observe(), indent=2, sort_keys=True))
         finally:
             agent.close()
         return
     if not node_name:
-        raise typer.BadParameter("--node-name (or NODE_NAME) is required to publish; use --once to only print")
+        raise typer.BadParameter(
+            "--node-name (or NODE_NAME) is required to publish; use --once to only print"
+        )
     metrics = HealthMetrics()
     if metrics_port:
         from prometheus_client import start_http_server
@@ -107,8 +119,15 @@ def health(
     namespace = operator_namespace()
     client = new_client()
     actor = RequestActor(fs, smi_resetter(fs), log=_stderr)
-    agent = HealthAgent(fs, node_name, validations=components, nvml=nvml, warning_hold=warning_hold,
-                        metrics=metrics, requests=actor)
+    agent = HealthAgent(
+        fs,
+        node_name,
+        validations=components,
+        nvml=nvml,
+        warning_hold=warning_hold,
+        metrics=metrics,
+        requests=actor,
+    )
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -116,8 +135,10 @@ def health(
         # its own client: a watch holds one connection
         watch = RequestWatch(node_name, namespace, log=_stderr) if namespace else None
         if watch is None:
-            _stderr("no OPERATOR_NAMESPACE (and no ServiceAccount namespace file): the operator's remediation "
-                    "requests are not read; the agent only reports")
+            _stderr(
+                "no OPERATOR_NAMESPACE (and no ServiceAccount namespace file): the operator's remediation "
+                "requests are not read; the agent only reports"
+            )
         await run(agent, AnnotationPublisher(node_name, client), interval, stop, watch)
 
     asyncio.run(main())

@@ -55,7 +55,9 @@ def write(fs: HostFS, boot: str, gpus: dict[str, PciGpu]) -> str | None:
     """Keep `gpus` as this boot's; the error when the host's /run cannot take it (None: written)."""
     if not boot:
         return "the host has no boot_id"
-    text = json.dumps({"bootId": boot, "gpus": {b: g.driver for b, g in sorted(gpus.items())}}, sort_keys=True)
+    text = json.dumps(
+        {"bootId": boot, "gpus": {b: g.driver for b, g in sorted(gpus.items())}}, sort_keys=True
+    )
     try:
         if fs.read_text(INVENTORY) != text:
             fs.write_atomic(INVENTORY, text)
@@ -74,5 +76,7 @@ def remember(fs: HostFS, found: dict[str, PciGpu], log: Callable[[str], None]) -
         log(f"GPUs of this boot no longer on the bus when the agent started: {', '.join(missing)}")
     error = write(fs, boot, merged)
     if error:
-        log(f"this boot's GPUs not kept at {INVENTORY}: {error} (an agent started again will not know a GPU lost now)")
+        log(
+            f"this boot's GPUs not kept at {INVENTORY}: {error} (an agent started again will not know a GPU lost now)"
+        )
     return merged

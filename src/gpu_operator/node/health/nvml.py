@@ -30,8 +30,16 @@ from gpu_operator.node.pci import normalise_bus
 DBE_XID = 48  # a double-bit ECC event is what Xid 48 reports in the kernel log
 RECOVERY_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvidia-ml-py 13.615.71)
 # nvmlDeviceGpuRecoveryAction_t (nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_*), in our words
-RECOVERY_ACTIONS = {0: "none", 1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
-                    5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot"}
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu-reset",
+    2: "node-reboot",
+    3: "drain-p2p",
+    4: "drain-and-reset",
+    5: "recover-imex-domain",
+    6: "bus-reset",
+    7: "system-reboot",
+}
 
 
 @dataclass(frozen=True)
@@ -113,8 +121,10 @@ class NvmlSource:
             except module.NVMLError as err:
                 self.unidentified[index] = getattr(err, "value", -1)
                 lost = self.unidentified[index] == getattr(module, "NVML_ERROR_GPU_IS_LOST", None)
-                self.log(f"NVML: GPU {index} does not answer ({err})"
-                         + ("; lost: every GPU of the node NVML cannot name is marked" if lost else ""))
+                self.log(
+                    f"NVML: GPU {index} does not answer ({err})"
+                    + ("; lost: every GPU of the node NVML cannot name is marked" if lost else "")
+                )
                 continue
             self.handles[index], self.buses[index] = handle, bus
             self.keys[handle_key(handle)] = index
@@ -160,10 +170,14 @@ class NvmlSource:
                 continue
             silent = {b for b, g in states.items() if g.lost} | (gpus - set(self.buses.values()))
             marked = sorted(silent or gpus)
-            self.log(f"NVML: {line} on a device NVML can no longer name; marking every GPU it could be: "
-                     f"{', '.join(marked) or 'none known'}")
-            out += [XidEvent(b, xid, f"{line} (device not identified; one of {len(marked)})", "nvml")
-                    for b in marked]
+            self.log(
+                f"NVML: {line} on a device NVML can no longer name; marking every GPU it could be: "
+                f"{', '.join(marked) or 'none known'}"
+            )
+            out += [
+                XidEvent(b, xid, f"{line} (device not identified; one of {len(marked)})", "nvml")
+                for b in marked
+            ]
         return out
 
     def _recovery(self, index: int, handle: Any) -> str | None:
@@ -201,10 +215,14 @@ class NvmlSource:
         if not lost:
             return {}
         candidates = sorted(gpus - set(states))
-        why = (f"NVML: GPU {', '.join(map(str, lost))} is lost and cannot name its bus; marked on every GPU "
-               f"NVML cannot name ({len(candidates)})")
-        return {b: NvmlGpu(b, lost[0] if len(lost) == len(candidates) == 1 else None, lost=True, why=why)
-                for b in candidates}
+        why = (
+            f"NVML: GPU {', '.join(map(str, lost))} is lost and cannot name its bus; marked on every GPU "
+            f"NVML cannot name ({len(candidates)})"
+        )
+        return {
+            b: NvmlGpu(b, lost[0] if len(lost) == len(candidates) == 1 else None, lost=True, why=why)
+            for b in candidates
+        }
 
     def poll(self, gpus: set[str] | frozenset[str] = frozenset()) -> NvmlObservation | None:
         """This step's NVML view; None without NVML. `gpus`: the node's GPUs as the host shows them

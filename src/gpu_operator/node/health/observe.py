@@ -63,17 +63,25 @@ def pci_gpus(fs: HostFS, kinds: dict[str, bool] | None = None) -> dict[str, PciG
 
 def driver_gpus(fs: HostFS) -> dict[str, int | None]:
     """The driver's per-GPU directories in /proc (bus -> device minor when its information says)."""
-    return {bus: int(minor) if (minor := fields.get("Device Minor", "")).isdigit() else None
-            for bus, fields in driver_listed(fs).items()}
+    return {
+        bus: int(minor) if (minor := fields.get("Device Minor", "")).isdigit() else None
+        for bus, fields in driver_listed(fs).items()
+    }
 
 
-def missing_validations(fs: HostFS, components: tuple[str, ...], directory: str = VALIDATIONS_DIR) -> tuple[str, ...]:
+def missing_validations(
+    fs: HostFS, components: tuple[str, ...], directory: str = VALIDATIONS_DIR
+) -> tuple[str, ...]:
     """The components whose status file (<component>-ready) is absent."""
     return tuple(c for c in components if not fs.is_file(f"{directory}/{STATUS_FILES[c]}"))
 
 
-def snapshot(fs: HostFS, validations: tuple[str, ...], directory: str = VALIDATIONS_DIR,
-             kinds: dict[str, bool] | None = None) -> HostSnapshot:
+def snapshot(
+    fs: HostFS,
+    validations: tuple[str, ...],
+    directory: str = VALIDATIONS_DIR,
+    kinds: dict[str, bool] | None = None,
+) -> HostSnapshot:
     """`kinds`: as for `pci_gpus`."""
     return HostSnapshot(
         pci=pci_gpus(fs, kinds),

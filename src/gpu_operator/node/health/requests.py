@@ -96,8 +96,11 @@ def smi_resetter(fs: HostFS, runner: object | None = None) -> Resetter:
         if smi is None:
             return False, "nvidia-smi not found on the host or in the driver root"
         # persistence mode keeps the GPU open in the driver: off for the reset, back on after
-        asked = run.run([smi, "-i", bus, "--query-gpu=persistence_mode", "--format=csv,noheader"], root=root,
-                        timeout=QUERY_TIMEOUT)
+        asked = run.run(
+            [smi, "-i", bus, "--query-gpu=persistence_mode", "--format=csv,noheader"],
+            root=root,
+            timeout=QUERY_TIMEOUT,
+        )
         persistent = asked.ok and asked.stdout.strip().lower() == "enabled"
         if persistent:
             off = run.run([smi, "-i", bus, "-pm", "0"], root=root, timeout=QUERY_TIMEOUT)
@@ -141,7 +144,9 @@ class Request:
         except ValueError as err:
             raise ValueError(f"not JSON ({err})") from None
         if not isinstance(data, dict) or data.get("v") != 1:
-            raise ValueError(f"field v: {data.get('v') if isinstance(data, dict) else data!r} (this agent reads v=1)")
+            raise ValueError(
+                f"field v: {data.get('v') if isinstance(data, dict) else data!r} (this agent reads v=1)"
+            )
         node, action, gpus = data.get("node"), data.get("action"), data.get("gpus", [])
         if not isinstance(node, str) or not node:
             raise ValueError("field node: missing")
@@ -185,8 +190,10 @@ def admit(seen: Seen, node: str) -> tuple[Request | None, str]:
     since = seen.annotations.get(HEALTH_SINCE_ANNOTATION, "")
     attempts = seen.annotations.get(HEALTH_ATTEMPTS_ANNOTATION, "0")
     if (state, since, attempts) != (VALIDATING, request.since, str(request.attempt)):
-        return None, (f"the request belongs to attempt {request.attempt} since {request.since}; the Node is in "
-                      f"state {state or '(none)'!r}, attempts {attempts}, since {since or '(none)'}")
+        return None, (
+            f"the request belongs to attempt {request.attempt} since {request.since}; the Node is in "
+            f"state {state or '(none)'!r}, attempts {attempts}, since {since or '(none)'}"
+        )
     return request, ""
 
 
@@ -201,14 +208,23 @@ class Handled:
 class RequestActor:
     """Carries out reset and reboot requests on one host (`fs`), remembering what it did."""
 
-    def __init__(self, fs: HostFS, resetter: Resetter, *, sentinel: str = SENTINEL,
-                 holders: Callable[[HostFS], list[GpuHolder]] = gpu_holders, own_pid: int | None = None,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        fs: HostFS,
+        resetter: Resetter,
+        *,
+        sentinel: str = SENTINEL,
+        holders: Callable[[HostFS], list[GpuHolder]] = gpu_holders,
+        own_pid: int | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.fs, self.resetter, self.sentinel, self.holders, self.log = fs, resetter, sentinel, holders, log
         self.own_pid = own_host_pid(fs) if own_pid is None else own_pid
         if self.own_pid is None:
-            log("this agent's host PID is unknown (no NSpid in the host's /proc/self/status): every process "
-                "with a GPU open counts as a holder")
+            log(
+                "this agent's host PID is unknown (no NSpid in the host's /proc/self/status): every process "
+                "with a GPU open counts as a holder"
+            )
         self.reset_request: str | None = None  # the request the outcomes are for
         self.outcomes: dict[str, str] = {}  # bus -> done | refused:.. | failed:.. (the report's `reset`)
         self.reboot: str | None = None  # the reboot request the sentinel was created for
@@ -261,16 +277,24 @@ class RequestActor:
             return True
         booted = host_boot_time(self.fs)
         if booted is not None and booted > since:
-            self.log(f"reboot requested ({request}): the host booted after the request (btime {booted}): done")
+            self.log(
+                f"reboot requested ({request}): the host booted after the request (btime {booted}): done"
+            )
             self.reboot = request
             return True
         try:
             if self.fs.exists(self.sentinel):
-                self.log(f"reboot requested ({request}): {self.sentinel} is there already; a reboot is pending")
+                self.log(
+                    f"reboot requested ({request}): {self.sentinel} is there already; a reboot is pending"
+                )
             else:
-                self.fs.write_text(self.sentinel, f"GPU health remediation requested a reboot (request {request})\n")
+                self.fs.write_text(
+                    self.sentinel, f"GPU health remediation requested a reboot (request {request})\n"
+                )
                 self.sentinel_writes += 1
-                self.log(f"reboot requested ({request}): created {self.sentinel} for the reboot daemon (kured)")
+                self.log(
+                    f"reboot requested ({request}): created {self.sentinel} for the reboot daemon (kured)"
+                )
         except (HostPathError, OSError) as err:
             self.log(f"reboot requested ({request}): cannot create {self.sentinel}: {err} (trying again)")
             return False
@@ -290,7 +314,9 @@ class RequestActor:
                 self.log(f"reset requested: {item!r} is no PCI bus id; skipped")
         return sorted(set(out))
 
-    def _reset(self, request: str, gpus: tuple[str, ...], known: set[str], gone: set[str], handled: Handled) -> bool:
+    def _reset(
+        self, request: str, gpus: tuple[str, ...], known: set[str], gone: set[str], handled: Handled
+    ) -> bool:
         """Reset what may be reset; True when every GPU asked for is reset."""
         if request != self.reset_request:
             self.reset_request, self.outcomes = request, {}
@@ -322,5 +348,7 @@ class RequestActor:
         for holder in self.holders(self.fs):
             if holder.address in buses and holder.pid != self.own_pid:
                 out.setdefault(holder.address, []).append(f"pid {holder.pid} ({holder.comm})")
-        return {bus: ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-                for bus, names in out.items()}
+        return {
+            bus: ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            for bus, names in out.items()
+        }

@@ -41,7 +41,9 @@ def slot(bus: str) -> str:
     return normalise_bus(bus).rsplit(".", 1)[0]
 
 
-def judge(record: KmsgRecord, gpus: Iterable[str], nvml_watched: Iterable[str] = ()) -> tuple[XidEvent | None, str]:
+def judge(
+    record: KmsgRecord, gpus: Iterable[str], nvml_watched: Iterable[str] = ()
+) -> tuple[XidEvent | None, str]:
     """(event, "") for the driver's own Xid line naming one of `gpus` (normalised bus ids);
     (None, reason) for a record that mentions an Xid but does not count; (None, "") otherwise."""
     message = record.message
@@ -75,8 +77,9 @@ class KernelXids:
         self.on_ignored = on_ignored
         self.ignored: Counter[str] = Counter()
 
-    def take(self, records: Iterable[KmsgRecord], gpus: Iterable[str],
-             nvml_watched: Iterable[str] = ()) -> list[XidEvent]:
+    def take(
+        self, records: Iterable[KmsgRecord], gpus: Iterable[str], nvml_watched: Iterable[str] = ()
+    ) -> list[XidEvent]:
         known, watched = set(gpus), set(nvml_watched)
         out = []
         for record in records:
@@ -89,6 +92,8 @@ class KernelXids:
                     self.on_ignored(reason)
                 count = self.ignored[reason]
                 if count == 1 or count % LOG_EVERY == 0:
-                    self.log(f"kernel log: a record naming an Xid that is not the driver's for a GPU of this "
-                             f"node ({reason}, {count} so far), not counted: {record.message[:200]!r}")
+                    self.log(
+                        f"kernel log: a record naming an Xid that is not the driver's for a GPU of this "
+                        f"node ({reason}, {count} so far), not counted: {record.message[:200]!r}"
+                    )
         return out

@@ -121,7 +121,9 @@ class ValidatorConfig(BaseModel):
     disable_dev_char_symlinks: bool = Field(False, alias="DISABLE_DEV_CHAR_SYMLINK_CREATION")
     gpu_direct_rdma: bool = Field(False, alias="GPU_DIRECT_RDMA_ENABLED")
     cc_capable: bool | None = Field(None, alias="CC_CAPABLE")
-    search_dirs: Annotated[tuple[str, ...], BeforeValidator(_path_list)] = Field((), alias="DRIVER_SEARCH_PATHS")
+    search_dirs: Annotated[tuple[str, ...], BeforeValidator(_path_list)] = Field(
+        (), alias="DRIVER_SEARCH_PATHS"
+    )
     skipped: frozenset[str] = Field(frozenset(), alias="VALIDATOR_SKIP")
     budgets: dict[str, Seconds] = Field(default_factory=lambda: dict(DEFAULT_BUDGETS))
     validator_image: str = Field("", alias="VALIDATOR_IMAGE")
@@ -130,7 +132,9 @@ class ValidatorConfig(BaseModel):
     # driver-API check from validator_image)
     cuda_workload: Literal["vectorAdd", "driver-api"] = Field("vectorAdd", alias="CUDA_WORKLOAD")
     runtime_class: str = Field("", alias="VALIDATOR_RUNTIME_CLASS")
-    image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field("", alias="VALIDATOR_IMAGE_PULL_POLICY")
+    image_pull_policy: Literal["", "Always", "IfNotPresent", "Never"] = Field(
+        "", alias="VALIDATOR_IMAGE_PULL_POLICY"
+    )
     image_pull_secrets: CsvList = Field((), alias="VALIDATOR_IMAGE_PULL_SECRETS")
     resource_name: str = Field("", alias="PLUGIN_RESOURCE_NAME")
 
@@ -155,10 +159,13 @@ class ValidatorConfig(BaseModel):
                     skipped.add(component)
         env["VALIDATOR_SKIP"] = frozenset(skipped)
         overall = env.get("VALIDATION_TIMEOUT_SECONDS")
-        env.setdefault("budgets", {
-            c: env.get(f"{_env_key(c)}_TIMEOUT_SECONDS", overall if overall is not None else b)
-            for c, b in DEFAULT_BUDGETS.items()
-        })
+        env.setdefault(
+            "budgets",
+            {
+                c: env.get(f"{_env_key(c)}_TIMEOUT_SECONDS", overall if overall is not None else b)
+                for c, b in DEFAULT_BUDGETS.items()
+            },
+        )
         # CUDA workload pods run the validator image unless a CUDA image is named
         env.setdefault("CUDA_VALIDATOR_IMAGE", env.get("VALIDATOR_IMAGE", ""))
         return env

@@ -58,7 +58,9 @@ def _smi_argv(ctx: Context, smi: str) -> list[str]:
 
 def _run_smi(ctx: Context, info: DriverInfo) -> str | None:
     assert info.smi_in_root is not None
-    result = ctx.runner.run(_smi_argv(ctx, info.smi_in_root), root=info.run_root, timeout=120, env=info.smi_env)
+    result = ctx.runner.run(
+        _smi_argv(ctx, info.smi_in_root), root=info.run_root, timeout=120, env=info.smi_env
+    )
     return None if result.ok else result.summary()
 
 
@@ -253,4 +255,6 @@ def validate_mofed(ctx: Context) -> ValidationResult:
         where="/proc/modules and /run/mellanox/drivers/.driver-ready",
         fix="install MOFED on the host or deploy the Network Operator's OFED driver",
     )
-    return ValidationResult("mofed", Outcome.PASSED, "MOFED driver ready", [status.write(STATUS_FILES["mofed"])])
+    return ValidationResult(
+        "mofed", Outcome.PASSED, "MOFED driver ready", [status.write(STATUS_FILES["mofed"])]
+    )

@@ -35,13 +35,20 @@ def _skipped(ctx: Context, component: str) -> ValidationResult:
 
         values = {
             **host.driver_ready_values(
-                detect_driver(ctx.fs, extra_search_dirs=ctx.config.search_dirs,
-                              operator_root=ctx.config.driver_install_dir), ctx.fs, ctx.config.host_root
+                detect_driver(
+                    ctx.fs,
+                    extra_search_dirs=ctx.config.search_dirs,
+                    operator_root=ctx.config.driver_install_dir,
+                ),
+                ctx.fs,
+                ctx.config.host_root,
             ),
             **values,
         }
     path = ctx.status.write(STATUS_FILES[component], values)
-    return ValidationResult(component, Outcome.SKIPPED, "switched off by VALIDATOR_SKIP / DISABLE_*_VALIDATION", [path])
+    return ValidationResult(
+        component, Outcome.SKIPPED, "switched off by VALIDATOR_SKIP / DISABLE_*_VALIDATION", [path]
+    )
 
 
 def validate(ctx: Context, component: str) -> ValidationResult:
@@ -57,4 +64,6 @@ def validate(ctx: Context, component: str) -> ValidationResult:
         # A status path on the host leads outside the host root (or loops): nothing is written there.
         return ValidationResult(component, Outcome.FAILED, f"{err}; fix the link on the host")
     except OSError as err:  # a status file's directory is a file, a read-only mount, ...
-        return ValidationResult(component, Outcome.FAILED, f"{err.strerror}: {err.filename}; fix that path on the host")
+        return ValidationResult(
+            component, Outcome.FAILED, f"{err.strerror}: {err.filename}; fix that path on the host"
+        )

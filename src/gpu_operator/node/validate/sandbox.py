@@ -41,7 +41,10 @@ def passthrough_devices(ctx: Context) -> list[str] | None:
     if ctx.kube is None:
         return None
     try:
-        return parse_passthrough_devices(ctx.kube.node_annotations().get(PASSTHROUGH_DEVICES_ANNOTATION, "")) or None
+        return (
+            parse_passthrough_devices(ctx.kube.node_annotations().get(PASSTHROUGH_DEVICES_ANNOTATION, ""))
+            or None
+        )
     except VfioUsageError:
         return None  # vfio-manage reports the bad list on the Node; here every GPU must be on vfio-pci
 
@@ -61,7 +64,9 @@ def validate_vfio_pci(ctx: Context) -> ValidationResult:
         gpus = [g for g in _gpus(ctx) if listed is None or g.address in listed]
         if not gpus:
             return "no NVIDIA GPU found under /sys/bus/pci/devices" + (
-                f" at the addresses of {PASSTHROUGH_DEVICES_ANNOTATION}: {', '.join(listed)}" if listed else ""
+                f" at the addresses of {PASSTHROUGH_DEVICES_ANNOTATION}: {', '.join(listed)}"
+                if listed
+                else ""
             )
         wrong = [g for g in gpus if not g.on_vfio]
         if not wrong:
@@ -106,7 +111,9 @@ def validate_vgpu_manager(ctx: Context) -> ValidationResult:
     status.remove(HOST_VGPU_MANAGER_FILE)
     workload, origin = workload_config(ctx)
     if workload != "vm-vgpu":
-        return ValidationResult("vgpu-manager", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})")
+        return ValidationResult(
+            "vgpu-manager", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})"
+        )
     root = ctx.config.driver_install_dir
     host = detect_driver(ctx.fs, extra_search_dirs=ctx.config.search_dirs)
     on_host = host.source == DriverSource.HOST and host.nvidia_smi is not None
@@ -143,7 +150,9 @@ def validate_vgpu_devices(ctx: Context) -> ValidationResult:
     status.remove(STATUS_FILES["vgpu-devices"])
     workload, origin = workload_config(ctx)
     if workload != "vm-vgpu":
-        return ValidationResult("vgpu-devices", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})")
+        return ValidationResult(
+            "vgpu-devices", Outcome.NOT_APPLICABLE, f"workload config is {workload} ({origin})"
+        )
 
     def devices() -> str | None:
         if ctx.fs.listdir("/sys/bus/mdev/devices"):
@@ -186,4 +195,6 @@ def validate_cc_manager(ctx: Context) -> ValidationResult:
         where=status.path(CC_MANAGER_CTR_READY),
         fix="check the nvidia-cc-manager pod logs on this node",
     )
-    return ValidationResult("cc-manager", Outcome.PASSED, "CC mode applied", [status.write(STATUS_FILES["cc-manager"])])
+    return ValidationResult(
+        "cc-manager", Outcome.PASSED, "CC mode applied", [status.write(STATUS_FILES["cc-manager"])]
+    )

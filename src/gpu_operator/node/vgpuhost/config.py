@@ -127,12 +127,16 @@ def desired_from_config(
             raise VGPUConfigError(f"{where}: each entry needs `devices` and `vgpu-devices`")
         devices = entry["vgpu-devices"] or {}
         if not isinstance(devices, dict):
-            raise VGPUConfigError(f"{where}.vgpu-devices: map vGPU type names to counts, like {{H100XM-20C: 4}}")
+            raise VGPUConfigError(
+                f"{where}.vgpu-devices: map vGPU type names to counts, like {{H100XM-20C: 4}}"
+            )
         vf_types: list[str] = []
         for vgpu_type, count in devices.items():
             check_type_name(str(vgpu_type), f"{where}.vgpu-devices")
             if not isinstance(count, int) or count < 0:
-                raise VGPUConfigError(f"{where}.vgpu-devices.{vgpu_type}: the count must be a whole number >= 0")
+                raise VGPUConfigError(
+                    f"{where}.vgpu-devices.{vgpu_type}: the count must be a whole number >= 0"
+                )
             vf_types += [str(vgpu_type)] * count
         for index, gpu in enumerate(gpus):
             if gpu.address in out or not _selects(entry, gpu, index, where):

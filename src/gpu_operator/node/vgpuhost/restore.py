@@ -78,7 +78,9 @@ def _mig(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> R
         )
     error = control.set_mig_mode(gpu.address, gpu.mig)
     if error:
-        return RestoreStep(gpu=gpu.address, step="mig-mode", outcome="failed", detail=f"setting MIG {want}: {error}")
+        return RestoreStep(
+            gpu=gpu.address, step="mig-mode", outcome="failed", detail=f"setting MIG {want}: {error}"
+        )
     after = control.mig_mode(gpu.address)
     if after is not None and after[0] != gpu.mig:
         return RestoreStep(
@@ -123,7 +125,9 @@ def _vfs(gpu: GpuDesired, pf: sysfs.PhysicalFunction, control: VgpuControl) -> R
             )
         error = control.disable_vfs(gpu.address)
         if error:
-            return RestoreStep(gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -d: {error}")
+            return RestoreStep(
+                gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -d: {error}"
+            )
     error = control.enable_vfs(gpu.address)
     if error:
         return RestoreStep(gpu=gpu.address, step="vfs", outcome="failed", detail=f"sriov-manage -e: {error}")
@@ -184,7 +188,9 @@ def _types(
     for i, name in enumerate(gpu.vf_types):
         vf = read().vfs[i]  # a write changes what the other VFs may create: read afresh
         if vf.current is None and vf.mdev:
-            return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="ok", detail=f"{vf.address}: {MDEV_NOTE}")
+            return RestoreStep(
+                gpu=gpu.address, step="vgpu-types", outcome="ok", detail=f"{vf.address}: {MDEV_NOTE}"
+            )
         if vf.current is None:
             return RestoreStep(
                 gpu=gpu.address,
@@ -231,7 +237,9 @@ def _types(
     if skipped:
         return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="skipped", detail="; ".join(skipped))
     if changed:
-        return RestoreStep(gpu=gpu.address, step="vgpu-types", outcome="changed", detail="set " + ", ".join(changed))
+        return RestoreStep(
+            gpu=gpu.address, step="vgpu-types", outcome="changed", detail="set " + ", ".join(changed)
+        )
     return RestoreStep(
         gpu=gpu.address,
         step="vgpu-types",

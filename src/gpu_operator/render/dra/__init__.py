@@ -31,7 +31,9 @@ def _exporter(ctx: DRACtx) -> tuple[bool, str]:
     if ctx.spec.dcgmExporter is None:
         return False, "no spec.dcgmExporter"
     if ctx.spec.dcgm_exporter_on():
-        return True, "spec.dcgmExporter present" + ("" if ctx.spec.dcgmExporter.enabled else " (enabled by default)")
+        return True, "spec.dcgmExporter present" + (
+            "" if ctx.spec.dcgmExporter.enabled else " (enabled by default)"
+        )
     return False, "spec.dcgmExporter.enabled=false"
 
 
@@ -51,8 +53,11 @@ def render_gpucluster(cluster: GPUCluster, facts: DRAFacts) -> RenderResult:
     """Every state in order with its objects; raises RenderError (naming the field and the fix) for
     a GPUCluster that cannot be rendered, DRANotServed when the apiserver serves no DRA API."""
     if cluster.spec is None:
-        raise RenderError("spec.draDriver", "a GPUCluster needs spec.draDriver (e.g. `spec: {draDriver: {}}` for "
-                          "the chart's DRA driver image)")
+        raise RenderError(
+            "spec.draDriver",
+            "a GPUCluster needs spec.draDriver (e.g. `spec: {draDriver: {}}` for "
+            "the chart's DRA driver image)",
+        )
     ctx = DRACtx(cluster, facts)
     ctx.resource_api  # noqa: B018 - raises DRANotServed first, before any state
     states = []

@@ -26,10 +26,13 @@ class DRANotServed(RenderError):
     applied."""
 
     def __init__(self) -> None:
-        super().__init__("resource.k8s.io", "the apiserver serves no resource.k8s.io version with DeviceClass "
-                         f"(looked for {', '.join(v.split('/')[1] for v in RESOURCE_API_VERSIONS)}): enable "
-                         "Dynamic Resource Allocation on the API server and the kubelets (Kubernetes 1.34 or "
-                         "newer serves resource.k8s.io/v1 by default)")
+        super().__init__(
+            "resource.k8s.io",
+            "the apiserver serves no resource.k8s.io version with DeviceClass "
+            f"(looked for {', '.join(v.split('/')[1] for v in RESOURCE_API_VERSIONS)}): enable "
+            "Dynamic Resource Allocation on the API server and the kubelets (Kubernetes 1.34 or "
+            "newer serves resource.k8s.io/v1 by default)",
+        )
 
 
 @dataclass(frozen=True)
@@ -83,14 +86,22 @@ class DRACtx:
         return (paths.kubeletRootDir if paths else None) or "/var/lib/kubelet"
 
 
-def device_class(ctx: DRACtx, state: str, name: str, driver: str, device_type: str, extra: str = "") -> Manifest:
+def device_class(
+    ctx: DRACtx, state: str, name: str, driver: str, device_type: str, extra: str = ""
+) -> Manifest:
     """A DeviceClass selecting one type of device a DRA driver publishes (a CEL selector)."""
     attribute = f"device.attributes['{driver}']"
     expression = f"device.driver == '{driver}' && {attribute}.type == '{device_type}'"
     if extra:
         expression += f" && {attribute}.{extra}"
-    return obj(ctx.resource_api, "DeviceClass", name, state, None,
-               spec={"selectors": [{"cel": {"expression": expression}}]})
+    return obj(
+        ctx.resource_api,
+        "DeviceClass",
+        name,
+        state,
+        None,
+        spec={"selectors": [{"cel": {"expression": expression}}]},
+    )
 
 
 def claim_template(ctx: DRACtx, state: str, name: str, request: str, *, all_devices: bool) -> Manifest:
@@ -99,15 +110,32 @@ def claim_template(ctx: DRACtx, state: str, name: str, request: str, *, all_devi
     versions nest them under `exactly`."""
     wanted: dict[str, Any] = {"deviceClassName": GPU_DRIVER, "adminAccess": True}
     wanted.update({"allocationMode": "All"} if all_devices else {"allocationMode": "ExactCount", "count": 1})
-    entry = {"name": request, **wanted} if ctx.resource_api.endswith("/v1beta1") else \
-        {"name": request, "exactly": wanted}
-    return obj(ctx.resource_api, "ResourceClaimTemplate", name, state, ctx.ns,
-               spec={"spec": {"devices": {"requests": [entry]}}})
+    entry = (
+        {"name": request, **wanted}
+        if ctx.resource_api.endswith("/v1beta1")
+        else {"name": request, "exactly": wanted}
+    )
+    return obj(
+        ctx.resource_api,
+        "ResourceClaimTemplate",
+        name,
+        state,
+        ctx.ns,
+        spec={"spec": {"devices": {"requests": [entry]}}},
+    )
 
 
-def daemonset(ctx: DRACtx, state: str, name: str, pod: dict[str, Any], *, labels: dict[str, str],
-              selector: dict[str, str], template_labels: dict[str, str] | None = None,
-              strategy: dict[str, Any] | None = None) -> Manifest:
+def daemonset(
+    ctx: DRACtx,
+    state: str,
+    name: str,
+    pod: dict[str, Any],
+    *,
+    labels: dict[str, str],
+    selector: dict[str, str],
+    template_labels: dict[str, str] | None = None,
+    strategy: dict[str, Any] | None = None,
+) -> Manifest:
     """A DaemonSet of the DRA stack: `spec.daemonsets` labels, annotations, priority class and
     tolerations (its update strategy does not apply: the stack's DaemonSets roll all at once)."""
     ds = obj("apps/v1", "DaemonSet", name, state, ctx.ns)

@@ -59,7 +59,9 @@ exec {program} -v "$LOG_VERBOSITY"
 
 
 def driver_image(ctx: DRACtx) -> str:
-    return image_path(ctx.spec.draDriver, DRA_DRIVER_IMAGE_ENV, dict(ctx.facts.operator_env), "spec.draDriver")
+    return image_path(
+        ctx.spec.draDriver, DRA_DRIVER_IMAGE_ENV, dict(ctx.facts.operator_env), "spec.draDriver"
+    )
 
 
 def validator_image(ctx: DRACtx) -> str:
@@ -67,9 +69,12 @@ def validator_image(ctx: DRACtx) -> str:
     has no validator field; the chart sets the variable)."""
     image = ctx.facts.operator_env.get(VALIDATOR.env, "")
     if not image:
-        raise RenderError(VALIDATOR.env, f"the operator has no env var {VALIDATOR.env} (the image of the driver "
-                          "validation and DRA validation containers): set it in the operator's Deployment (the "
-                          "chart sets it from validator.*)")
+        raise RenderError(
+            VALIDATOR.env,
+            f"the operator has no env var {VALIDATOR.env} (the image of the driver "
+            "validation and DRA validation containers): set it in the operator's Deployment (the "
+            "chart sets it from validator.*)",
+        )
     return image
 
 
@@ -96,8 +101,12 @@ def _probes(ctr: dict[str, Any], port: int | None, liveness_period: int) -> None
         return
     grpc = {"port": port, "service": "liveness"}
     ctr["startupProbe"] = {"grpc": grpc, "periodSeconds": 1, "failureThreshold": 600, "timeoutSeconds": 10}
-    ctr["livenessProbe"] = {"grpc": dict(grpc), "periodSeconds": liveness_period, "failureThreshold": 3,
-                            "timeoutSeconds": 10}
+    ctr["livenessProbe"] = {
+        "grpc": dict(grpc),
+        "periodSeconds": liveness_period,
+        "failureThreshold": 3,
+        "timeoutSeconds": 10,
+    }
 
 
 def plugin_mounts(kubelet: str) -> list[dict[str, Any]]:
@@ -113,19 +122,35 @@ def plugin_mounts(kubelet: str) -> list[dict[str, Any]]:
     ]
 
 
-def _plugin_container(ctx: DRACtx, name: str, program: str, spec: KubeletPluginSpec | None, port: int | None,
-                      *, http: str, gpus: bool, image: str) -> dict[str, Any]:
+def _plugin_container(
+    ctx: DRACtx,
+    name: str,
+    program: str,
+    spec: KubeletPluginSpec | None,
+    port: int | None,
+    *,
+    http: str,
+    gpus: bool,
+    image: str,
+) -> dict[str, Any]:
     kubelet = ctx.kubelet_root()
-    env_vars = [env("HTTP_ENDPOINT", http), env("METRICS_PATH", "/metrics"), env("LOG_VERBOSITY", "4"),
-                env("MASK_NVIDIA_DRIVER_PARAMS", ""), env("NVIDIA_VISIBLE_DEVICES", "void"),
-                env("CDI_ROOT", "/var/run/cdi")]
+    env_vars = [
+        env("HTTP_ENDPOINT", http),
+        env("METRICS_PATH", "/metrics"),
+        env("LOG_VERBOSITY", "4"),
+        env("MASK_NVIDIA_DRIVER_PARAMS", ""),
+        env("NVIDIA_VISIBLE_DEVICES", "void"),
+        env("CDI_ROOT", "/var/run/cdi"),
+    ]
     if gpus:
         env_vars.append(env("HOST_ROOT", "/host"))
     env_vars += [env("NVIDIA_MIG_CONFIG_DEVICES", "all"), NODE_NAME, NAMESPACE]
     if gpus:
         env_vars.append(env("IMAGE_NAME", image))
-    env_vars += [env("KUBELET_REGISTRAR_DIRECTORY_PATH", f"{kubelet}/plugins_registry"),
-                 env("KUBELET_PLUGINS_DIRECTORY_PATH", f"{kubelet}/plugins")]
+    env_vars += [
+        env("KUBELET_REGISTRAR_DIRECTORY_PATH", f"{kubelet}/plugins_registry"),
+        env("KUBELET_PLUGINS_DIRECTORY_PATH", f"{kubelet}/plugins"),
+    ]
     if port is not None:
         env_vars.append(env("HEALTHCHECK_PORT", str(port)))
     if not gpus:
@@ -133,12 +158,20 @@ def _plugin_container(ctx: DRACtx, name: str, program: str, spec: KubeletPluginS
     env_vars += _feature_gates(ctx)
     mounts = plugin_mounts(kubelet)
     if gpus and ctx.gate_on("PassthroughSupport"):
-        mounts += [mount("host-lib-modules", "/lib/modules", readonly=True, propagation="HostToContainer"),
-                   mount("host-sys", "/sys", propagation="Bidirectional"),
-                   mount("host-proc", "/proc", propagation="Bidirectional")]
-    ctr = container(name, command=["bash", "-c"], args=[_PLUGIN_START.format(validations=VALIDATIONS_DIR,
-                                                                              program=program)],
-                    env_vars=env_vars, mounts=mounts, privileged=True, image=image)
+        mounts += [
+            mount("host-lib-modules", "/lib/modules", readonly=True, propagation="HostToContainer"),
+            mount("host-sys", "/sys", propagation="Bidirectional"),
+            mount("host-proc", "/proc", propagation="Bidirectional"),
+        ]
+    ctr = container(
+        name,
+        command=["bash", "-c"],
+        args=[_PLUGIN_START.format(validations=VALIDATIONS_DIR, program=program)],
+        env_vars=env_vars,
+        mounts=mounts,
+        privileged=True,
+        image=image,
+    )
     ctr["imagePullPolicy"] = pull_policy(ctx.spec.draDriver.imagePullPolicy)
     env_upsert(ctr, spec.env if spec else None)
     limits = requirements(spec.resources if spec else None)
@@ -166,17 +199,27 @@ def _max_resources(*containers: dict[str, Any]) -> dict[str, Any] | None:
 
 def _driver_validation(ctx: DRACtx, *mains: dict[str, Any]) -> dict[str, Any]:
     ctr = container(
-        "driver-validation", command=["nvidia-validator"], image=validator_image(ctx),
-        env_vars=[env("COMPONENT", "driver"), env("WITH_WAIT", "true"),
-                  # the GPUs may sit on vfio-pci (passthrough): check the driver without using them
-                  env("DRIVER_VALIDATION_SKIP_GPU_INIT", "true"), env("DISABLE_DEV_CHAR_SYMLINK_CREATION", "true"),
-                  OPERATOR_NAMESPACE,
-                  env("HOST_ROOT", "/"), env("DRIVER_INSTALL_DIR", ctx.driver_root()),
-                  env("DRIVER_INSTALL_DIR_CTR_PATH", "/driver-root")],
-        mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-                mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
-                mount("validations", VALIDATIONS_DIR)],
-        privileged=True)
+        "driver-validation",
+        command=["nvidia-validator"],
+        image=validator_image(ctx),
+        env_vars=[
+            env("COMPONENT", "driver"),
+            env("WITH_WAIT", "true"),
+            # the GPUs may sit on vfio-pci (passthrough): check the driver without using them
+            env("DRIVER_VALIDATION_SKIP_GPU_INIT", "true"),
+            env("DISABLE_DEV_CHAR_SYMLINK_CREATION", "true"),
+            OPERATOR_NAMESPACE,
+            env("HOST_ROOT", "/"),
+            env("DRIVER_INSTALL_DIR", ctx.driver_root()),
+            env("DRIVER_INSTALL_DIR_CTR_PATH", "/driver-root"),
+        ],
+        mounts=[
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+            mount("validations", VALIDATIONS_DIR),
+        ],
+        privileged=True,
+    )
     ctr["imagePullPolicy"] = pull_policy(ctx.spec.draDriver.imagePullPolicy)
     ctr["securityContext"]["runAsUser"] = 0
     limits = _max_resources(*mains)
@@ -187,35 +230,69 @@ def _driver_validation(ctx: DRACtx, *mains: dict[str, Any]) -> dict[str, Any]:
 
 def _node_affinity() -> dict[str, Any]:
     """A node with an NVIDIA PCI device (NFD's label), an NVIDIA CPU (Grace) or a GPU we found."""
-    terms = [(NFD_GPU_LABELS[0], "true"), ("feature.node.kubernetes.io/cpu-model.vendor_id", "NVIDIA"),
-             (GPU_PRESENT, "true")]
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]} for key, value in terms]}}}
+    terms = [
+        (NFD_GPU_LABELS[0], "true"),
+        ("feature.node.kubernetes.io/cpu-model.vendor_id", "NVIDIA"),
+        (GPU_PRESENT, "true"),
+    ]
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+                    for key, value in terms
+                ]
+            }
+        }
+    }
 
 
 def plugin_daemonset(ctx: DRACtx) -> Manifest:
     draft = ctx.spec.draDriver
     image = driver_image(ctx)
     gpus_spec = draft.gpus.kubeletPlugin if draft.gpus else None
-    gpus_health = (gpus_spec.healthcheck if gpus_spec else None)
+    gpus_health = gpus_spec.healthcheck if gpus_spec else None
     gpus_port = gpus_health.resolved_port(GPUS_HEALTHCHECK_PORT) if gpus_health else GPUS_HEALTHCHECK_PORT
-    mains = [_plugin_container(ctx, "gpus", "gpu-kubelet-plugin", gpus_spec, gpus_port, http=":8080", gpus=True,
-                               image=image)]
+    mains = [
+        _plugin_container(
+            ctx, "gpus", "gpu-kubelet-plugin", gpus_spec, gpus_port, http=":8080", gpus=True, image=image
+        )
+    ]
     if draft.compute_domains_on():
         cd_spec = draft.computeDomains.kubeletPlugin if draft.computeDomains else None
         cd_health = cd_spec.healthcheck if cd_spec else None
-        cd_port = cd_health.resolved_port(COMPUTE_DOMAINS_HEALTHCHECK_PORT) if cd_health else \
-            COMPUTE_DOMAINS_HEALTHCHECK_PORT
-        mains.append(_plugin_container(ctx, "compute-domains", "compute-domain-kubelet-plugin", cd_spec, cd_port,
-                                       http=":8081", gpus=False, image=image))
+        cd_port = (
+            cd_health.resolved_port(COMPUTE_DOMAINS_HEALTHCHECK_PORT)
+            if cd_health
+            else COMPUTE_DOMAINS_HEALTHCHECK_PORT
+        )
+        mains.append(
+            _plugin_container(
+                ctx,
+                "compute-domains",
+                "compute-domain-kubelet-plugin",
+                cd_spec,
+                cd_port,
+                http=":8081",
+                gpus=False,
+                image=image,
+            )
+        )
     kubelet = ctx.kubelet_root()
-    volumes = [hostpath("plugins-registry", f"{kubelet}/plugins_registry"), hostpath("plugins", f"{kubelet}/plugins"),
-               hostpath("cdi", "/var/run/cdi"), hostpath("host-root", "/"),
-               hostpath("driver-install-dir", ctx.driver_root(), "DirectoryOrCreate"),
-               hostpath("validations", VALIDATIONS_DIR, "DirectoryOrCreate")]
+    volumes = [
+        hostpath("plugins-registry", f"{kubelet}/plugins_registry"),
+        hostpath("plugins", f"{kubelet}/plugins"),
+        hostpath("cdi", "/var/run/cdi"),
+        hostpath("host-root", "/"),
+        hostpath("driver-install-dir", ctx.driver_root(), "DirectoryOrCreate"),
+        hostpath("validations", VALIDATIONS_DIR, "DirectoryOrCreate"),
+    ]
     if ctx.gate_on("PassthroughSupport"):
-        volumes += [hostpath("host-lib-modules", "/lib/modules/", "Directory"),
-                    hostpath("host-sys", "/sys/", "Directory"), hostpath("host-proc", "/proc/", "Directory")]
+        volumes += [
+            hostpath("host-lib-modules", "/lib/modules/", "Directory"),
+            hostpath("host-sys", "/sys/", "Directory"),
+            hostpath("host-proc", "/proc/", "Directory"),
+        ]
     pod: dict[str, Any] = {
         "serviceAccountName": PLUGIN_ACCOUNT,
         "nodeSelector": {deploy_label("dra-driver"): "true"},
@@ -233,38 +310,77 @@ def controller_deployment(ctx: DRACtx) -> Manifest:
     image = driver_image(ctx)
     settings = draft.computeDomains.controller if draft.computeDomains else None
     main = container(
-        "compute-domain", command=["compute-domain-controller", "-v", "$(LOG_VERBOSITY)"], image=image,
-        env_vars=[env("HTTP_ENDPOINT", ":8080"), env("METRICS_PATH", "/metrics"), env("PPROF_PATH", ""),
-                  env("LOG_VERBOSITY", "4"), env("LOG_VERBOSITY_CD_DAEMON", "4"), POD_NAME, NAMESPACE,
-                  env("IMAGE_NAME", image), env("NVIDIA_VISIBLE_DEVICES", "void"),
-                  env("LEADER_ELECTION_ENABLED", "false"), env("LEADER_ELECTION_LEASE_LOCK_NAME", CONTROLLER),
-                  env("LEADER_ELECTION_LEASE_LOCK_NAMESPACE", ctx.ns), env("LEADER_ELECTION_LEASE_DURATION", "15s"),
-                  env("LEADER_ELECTION_RENEW_DEADLINE", "10s"), env("LEADER_ELECTION_RETRY_PERIOD", "2s"),
-                  *_feature_gates(ctx)])
+        "compute-domain",
+        command=["compute-domain-controller", "-v", "$(LOG_VERBOSITY)"],
+        image=image,
+        env_vars=[
+            env("HTTP_ENDPOINT", ":8080"),
+            env("METRICS_PATH", "/metrics"),
+            env("PPROF_PATH", ""),
+            env("LOG_VERBOSITY", "4"),
+            env("LOG_VERBOSITY_CD_DAEMON", "4"),
+            POD_NAME,
+            NAMESPACE,
+            env("IMAGE_NAME", image),
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            env("LEADER_ELECTION_ENABLED", "false"),
+            env("LEADER_ELECTION_LEASE_LOCK_NAME", CONTROLLER),
+            env("LEADER_ELECTION_LEASE_LOCK_NAMESPACE", ctx.ns),
+            env("LEADER_ELECTION_LEASE_DURATION", "15s"),
+            env("LEADER_ELECTION_RENEW_DEADLINE", "10s"),
+            env("LEADER_ELECTION_RETRY_PERIOD", "2s"),
+            *_feature_gates(ctx),
+        ],
+    )
     main["imagePullPolicy"] = pull_policy(draft.imagePullPolicy)
     # ours: the controller writes no file (cmd/compute-domain-controller at 22407113 logs to stderr and
     # opens none for writing) and needs no root: it talks to the apiserver and serves metrics on :8080;
     # the image (distroless) has its binaries world-executable and 65532 as its non-root user
-    main["securityContext"] = {"readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": 65532,
-                               "runAsGroup": 65532}
+    main["securityContext"] = {
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+    }
     env_upsert(main, settings.env if settings else None)
     limits = requirements(settings.resources if settings else None)
     if limits:
         main["resources"] = limits
     daemonsets = ctx.daemonsets
-    tolerations = [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
-                   {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
-                   {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                   *(t.dump() for t in daemonsets.tolerations or [])]
+    tolerations = [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/master", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+        *(t.dump() for t in daemonsets.tolerations or []),
+    ]
     labels = _labels(CONTROLLER)
     pod: dict[str, Any] = {
         "serviceAccountName": CONTROLLER,
         "priorityClassName": daemonsets.priorityClassName or "system-node-critical",
         "affinity": {
-            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
-                "matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}}]},
-            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
-                "labelSelector": {"matchLabels": {"app": CONTROLLER}}, "topologyKey": "kubernetes.io/hostname"}}]},
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}
+                            ]
+                        },
+                    }
+                ]
+            },
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {"app": CONTROLLER}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            },
         },
         "tolerations": tolerations,
         "containers": [main],
@@ -272,8 +388,11 @@ def controller_deployment(ctx: DRACtx) -> Manifest:
     pull_secrets(pod, draft.imagePullSecrets)
     deployment = obj("apps/v1", "Deployment", CONTROLLER, STATE, ctx.ns)
     deployment["metadata"]["labels"].update(labels)
-    deployment["spec"] = {"replicas": 1, "selector": {"matchLabels": {"app": CONTROLLER}},
-                          "template": {"metadata": {"labels": dict(deployment["metadata"]["labels"])}, "spec": pod}}
+    deployment["spec"] = {
+        "replicas": 1,
+        "selector": {"matchLabels": {"app": CONTROLLER}},
+        "template": {"metadata": {"labels": dict(deployment["metadata"]["labels"])}, "spec": pod},
+    }
     return deployment
 
 

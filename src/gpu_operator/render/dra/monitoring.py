@@ -30,21 +30,42 @@ READ = ["get", "list", "watch"]
 
 
 def _account(ctx: DRACtx, state: str, name: str, rules: list[dict[str, Any]]) -> list[Manifest]:
-    return [obj("v1", "ServiceAccount", name, state, ctx.ns), *grant("Role", name, state, ctx.ns, rules, name)]
+    return [
+        obj("v1", "ServiceAccount", name, state, ctx.ns),
+        *grant("Role", name, state, ctx.ns, rules, name),
+    ]
 
 
-def _pod(ctx: DRACtx, state: str, name: str, main: dict[str, Any], fields: ComponentFields, image: tuple[str, str],
-         template: str, volumes: list[dict[str, Any]] | None = None) -> Manifest:
+def _pod(
+    ctx: DRACtx,
+    state: str,
+    name: str,
+    main: dict[str, Any],
+    fields: ComponentFields,
+    image: tuple[str, str],
+    template: str,
+    volumes: list[dict[str, Any]] | None = None,
+) -> Manifest:
     """The DaemonSet on nodes labelled nvidia.com/gpu.deploy.<name without nvidia-> = true; `image` is
     the spec field's path and the operator's env fallback."""
-    pod: dict[str, Any] = {"serviceAccountName": name,
-                           "nodeSelector": {deploy_label(name.removeprefix("nvidia-")): "true"},
-                           "containers": [main], **({"volumes": volumes} if volumes else {})}
+    pod: dict[str, Any] = {
+        "serviceAccountName": name,
+        "nodeSelector": {deploy_label(name.removeprefix("nvidia-")): "true"},
+        "containers": [main],
+        **({"volumes": volumes} if volumes else {}),
+    }
     apply_image(main, pod, image_path(fields, image[1], dict(ctx.facts.operator_env), image[0]), fields)
     apply_component(pod, main, fields)
     claim_on(pod, main, CLAIM, template)
-    return daemonset(ctx, state, name, pod, labels={"app": name}, selector={"app": name},
-                     strategy={"type": "RollingUpdate"})
+    return daemonset(
+        ctx,
+        state,
+        name,
+        pod,
+        labels={"app": name},
+        selector={"app": name},
+        strategy={"type": "RollingUpdate"},
+    )
 
 
 def dcgm(ctx: DRACtx) -> list[Manifest]:
@@ -54,13 +75,17 @@ def dcgm(ctx: DRACtx) -> list[Manifest]:
     if fields.hostPort:
         port["hostPort"] = fields.hostPort
     probe = {"tcpSocket": {"port": DCGM_PORT}, "initialDelaySeconds": 15}
-    main = container("nvidia-dcgm-ctr", ports=[port], privileged=True, livenessProbe=probe,
-                     readinessProbe=dict(probe))
+    main = container(
+        "nvidia-dcgm-ctr", ports=[port], privileged=True, livenessProbe=probe, readinessProbe=dict(probe)
+    )
     template = "nvidia-dcgm-admin"
     svc = service(DCGM, state, ctx.ns, DCGM_PORT, "dcgm", DCGM, internalTrafficPolicy="Local")
-    return [*_account(ctx, state, DCGM, [rule(["resource.k8s.io"], ["resourceclaims"], READ)]),
-            claim_template(ctx, state, template, CLAIM, all_devices=True),
-            _pod(ctx, state, DCGM, main, fields, ("spec.dcgm", "DCGM_IMAGE"), template), svc]
+    return [
+        *_account(ctx, state, DCGM, [rule(["resource.k8s.io"], ["resourceclaims"], READ)]),
+        claim_template(ctx, state, template, CLAIM, all_devices=True),
+        _pod(ctx, state, DCGM, main, fields, ("spec.dcgm", "DCGM_IMAGE"), template),
+        svc,
+    ]
 
 
 def exporter(ctx: DRACtx) -> list[Manifest]:
@@ -74,8 +99,9 @@ def exporter(ctx: DRACtx) -> list[Manifest]:
     kubelet = ctx.kubelet_root().rstrip("/")
     volumes = [hostpath("pod-gpu-resources", f"{kubelet}/pod-resources")]
     template = "nvidia-dcgm-exporter-admin"
-    ds = _pod(ctx, state, EXPORTER, main, fields, ("spec.dcgmExporter", "DCGM_EXPORTER_IMAGE"), template,
-              volumes)
+    ds = _pod(
+        ctx, state, EXPORTER, main, fields, ("spec.dcgmExporter", "DCGM_EXPORTER_IMAGE"), template, volumes
+    )
     pod = ds["spec"]["template"]["spec"]
     pod["automountServiceAccountToken"] = True
     metrics_config(pod, main, fields)
@@ -83,10 +109,25 @@ def exporter(ctx: DRACtx) -> list[Manifest]:
     if fields.service and fields.service.type:
         svc_spec["type"] = fields.service.type
     read_pods = f"{EXPORTER}-read-pods"
-    return [*_account(ctx, state, EXPORTER, [rule(["resource.k8s.io"], ["resourceclaims"], READ),
-                                              rule([""], ["configmaps"], ["get", "list"])]),
-            *grant("ClusterRole", read_pods, state, ctx.ns, [rule([""], ["pods"], READ),
-                                                             rule(["resource.k8s.io"], ["resourceslices"], READ)],
-                   EXPORTER),
-            claim_template(ctx, state, template, CLAIM, all_devices=True),
-            service(EXPORTER, state, ctx.ns, PORT, PORT_NAME, EXPORTER, scrape=True, **svc_spec), ds]
+    return [
+        *_account(
+            ctx,
+            state,
+            EXPORTER,
+            [
+                rule(["resource.k8s.io"], ["resourceclaims"], READ),
+                rule([""], ["configmaps"], ["get", "list"]),
+            ],
+        ),
+        *grant(
+            "ClusterRole",
+            read_pods,
+            state,
+            ctx.ns,
+            [rule([""], ["pods"], READ), rule(["resource.k8s.io"], ["resourceslices"], READ)],
+            EXPORTER,
+        ),
+        claim_template(ctx, state, template, CLAIM, all_devices=True),
+        service(EXPORTER, state, ctx.ns, PORT, PORT_NAME, EXPORTER, scrape=True, **svc_spec),
+        ds,
+    ]

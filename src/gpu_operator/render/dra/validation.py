@@ -35,31 +35,54 @@ def render(ctx: DRACtx) -> list[Manifest]:
     account["metadata"]["labels"].update(labels)
     image = validator_image(ctx)
     # neither writes a file: read-only root filesystems
-    check = container("gpu-validation", command=["sh", "-c", "nvidia-smi -L"], image=image,
-                      securityContext={"readOnlyRootFilesystem": True})
-    main = container(NAME, command=["sh", "-c", "echo all validations are successful; "
-                                                "while true; do sleep 86400; done"], image=image,
-                     securityContext={"readOnlyRootFilesystem": True})
+    check = container(
+        "gpu-validation",
+        command=["sh", "-c", "nvidia-smi -L"],
+        image=image,
+        securityContext={"readOnlyRootFilesystem": True},
+    )
+    main = container(
+        NAME,
+        command=["sh", "-c", "echo all validations are successful; while true; do sleep 86400; done"],
+        image=image,
+        securityContext={"readOnlyRootFilesystem": True},
+    )
     health = health_container()
     health["image"], health["imagePullPolicy"] = main["image"], main["imagePullPolicy"]
-    upsert_env(health, "HEALTH_VALIDATIONS", HEALTH_NO_VALIDATIONS)  # no status files here: the init container checked
+    upsert_env(
+        health, "HEALTH_VALIDATIONS", HEALTH_NO_VALIDATIONS
+    )  # no status files here: the init container checked
     pod: dict[str, Any] = {
         "serviceAccountName": NAME,
         "nodeSelector": {deploy_label("dra-validator"): "true"},
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": GPU_PRESENT, "operator": "In", "values": ["true"]}]}]}}},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": GPU_PRESENT, "operator": "In", "values": ["true"]}]}
+                    ]
+                }
+            }
+        },
         "initContainers": [check],
         "containers": [main, health],
         "volumes": [copy.deepcopy(HOST_ROOT), copy.deepcopy(HOST_RUN)],
     }
     claim_on(pod, check, CLAIM, TEMPLATE)
-    ds = daemonset(ctx, STATE, NAME, pod, labels={"app": NAME, **labels},
-                   selector={"app.kubernetes.io/name": NAME},
-                   template_labels={"app": "nvidia-operator-validator"})
+    ds = daemonset(
+        ctx,
+        STATE,
+        NAME,
+        pod,
+        labels={"app": NAME, **labels},
+        selector={"app.kubernetes.io/name": NAME},
+        template_labels={"app": "nvidia-operator-validator"},
+    )
     ds["spec"]["template"]["spec"]["priorityClassName"] = "system-node-critical"  # fixed for this pod
     # the health agent patches its own Node's report annotation and watches its Node (requests)
-    nodes = grant("ClusterRole", NAME, STATE, ctx.ns, [rule([""], ["nodes"], ["get", "list", "watch", "patch"])],
-                  NAME)
+    nodes = grant(
+        "ClusterRole", NAME, STATE, ctx.ns, [rule([""], ["nodes"], ["get", "list", "watch", "patch"])], NAME
+    )
     out = [account, *nodes, claim_template(ctx, STATE, TEMPLATE, CLAIM, all_devices=False)]
     if ctx.facts.openshift:
         out.append(scc(NAME, STATE, [f"system:serviceaccount:{ctx.ns}:{NAME}"], host_network=False))

@@ -94,8 +94,9 @@ def wait_for(component: str, ready_file: str) -> dict[str, Any]:
     )
 
 
-def validator_init(component: str, *extra_env: dict[str, Any], wait: bool = True,
-                   mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def validator_init(
+    component: str, *extra_env: dict[str, Any], wait: bool = True, mounts: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """An init container running one validator component (COMPONENT=<name>, waiting until it passes).
 
     It runs as root (the validator image's user is 1000; chroot and the status files need uid 0)
@@ -107,8 +108,14 @@ def validator_init(component: str, *extra_env: dict[str, Any], wait: bool = True
         f"{component}-validation",
         command=["sh", "-c"],
         args=["nvidia-validator"],
-        env_vars=[env("WITH_WAIT", str(wait).lower()), env("COMPONENT", component), NODE_NAME,
-                  OPERATOR_NAMESPACE, POD_NAME, *extra_env],
+        env_vars=[
+            env("WITH_WAIT", str(wait).lower()),
+            env("COMPONENT", component),
+            NODE_NAME,
+            OPERATOR_NAMESPACE,
+            POD_NAME,
+            *extra_env,
+        ],
         mounts=mounts or [mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
         privileged=True,
     )
@@ -120,38 +127,66 @@ def configmap(name: str, state: str, ctx: Ctx, data: dict[str, str]) -> Manifest
     return obj("v1", "ConfigMap", name, state, ctx.ns, data=data)
 
 
-def service(name: str, state: str, ns: str, port: int, port_name: str, app: str,
-            scrape: bool = False, **spec: Any) -> Manifest:
+def service(
+    name: str, state: str, ns: str, port: int, port_name: str, app: str, scrape: bool = False, **spec: Any
+) -> Manifest:
     """A Service for one operand's port; `scrape` adds Prometheus' annotation-based discovery."""
-    svc = obj("v1", "Service", name, state, ns, spec={
-        "selector": {"app": app},
-        "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
-        **spec,
-    })
+    svc = obj(
+        "v1",
+        "Service",
+        name,
+        state,
+        ns,
+        spec={
+            "selector": {"app": app},
+            "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
+            **spec,
+        },
+    )
     svc["metadata"]["labels"]["app"] = app
     if scrape:
         svc["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
     return svc
 
 
-def service_monitor(name: str, state: str, ctx: Ctx, port_name: str, app: str, *, interval: str | None = None,
-                    scrape_timeout: str | None = None, honor_labels: bool | None = None,
-                    labels: dict[str, str] | None = None,
-                    relabelings: Sequence[Model] | None = None) -> list[Manifest]:
+def service_monitor(
+    name: str,
+    state: str,
+    ctx: Ctx,
+    port_name: str,
+    app: str,
+    *,
+    interval: str | None = None,
+    scrape_timeout: str | None = None,
+    honor_labels: bool | None = None,
+    labels: dict[str, str] | None = None,
+    relabelings: Sequence[Model] | None = None,
+) -> list[Manifest]:
     """A ServiceMonitor, only when the monitoring.coreos.com CRD exists (like upstream)."""
     if not ctx.facts.servicemonitor_crd:
         return []
     endpoint: dict[str, Any] = {"port": port_name, "path": "/metrics"}
     rules = [r.dump() for r in relabelings] if relabelings is not None else None
-    for key, value in (("interval", interval), ("scrapeTimeout", scrape_timeout), ("honorLabels", honor_labels),
-                       ("relabelings", rules)):
+    for key, value in (
+        ("interval", interval),
+        ("scrapeTimeout", scrape_timeout),
+        ("honorLabels", honor_labels),
+        ("relabelings", rules),
+    ):
         if value is not None:
             endpoint[key] = value
-    monitor = obj("monitoring.coreos.com/v1", "ServiceMonitor", name, state, ctx.ns, spec={
-        "jobLabel": "app",
-        "namespaceSelector": {"matchNames": [ctx.ns]},
-        "selector": {"matchLabels": {"app": app}},
-        "endpoints": [endpoint],
-    })
+    monitor = obj(
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+        name,
+        state,
+        ctx.ns,
+        spec={
+            "jobLabel": "app",
+            "namespaceSelector": {"matchNames": [ctx.ns]},
+            "selector": {"matchLabels": {"app": app}},
+            "endpoints": [endpoint],
+        },
+    )
     monitor["metadata"]["labels"].update(labels or {})
     return [monitor]

@@ -13,9 +13,21 @@ def driver_manager_init(*extra_env: dict[str, Any], evict: bool = True) -> dict[
     The driver's evicts GPU pods first (with the drain settings); the vGPU and VFIO managers'
     do not, as upstream's (their nodes run VMs, not GPU pods).
     """
-    drain = [env("DRAIN_USE_FORCE", "false"), env("DRAIN_POD_SELECTOR_LABEL", ""),
-             env("DRAIN_TIMEOUT_SECONDS", "0s"), env("DRAIN_DELETE_EMPTYDIR_DATA", "false")] if evict else []
-    mellanox = [mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer")] if evict else []
+    drain = (
+        [
+            env("DRAIN_USE_FORCE", "false"),
+            env("DRAIN_POD_SELECTOR_LABEL", ""),
+            env("DRAIN_TIMEOUT_SECONDS", "0s"),
+            env("DRAIN_DELETE_EMPTYDIR_DATA", "false"),
+        ]
+        if evict
+        else []
+    )
+    mellanox = (
+        [mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer")]
+        if evict
+        else []
+    )
     return container(
         "k8s-driver-manager",
         command=["driver-manager"],

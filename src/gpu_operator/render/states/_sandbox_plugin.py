@@ -38,17 +38,38 @@ def sandbox_plugin_pod(main_name: str, extra_env: tuple[dict[str, Any], ...] = (
     main = container(
         main_name,
         env_vars=[NODE_NAME, env_field("POD_NAMESPACE", "metadata.namespace"), *extra_env],
-        mounts=[mount("device-plugin", "/var/lib/kubelet/device-plugins"), mount("vfio", "/dev/vfio"),
-                mount("host-sys", "/sys"), mount("cdi-root", "/var/run/cdi")],
+        mounts=[
+            mount("device-plugin", "/var/lib/kubelet/device-plugins"),
+            mount("vfio", "/dev/vfio"),
+            mount("host-sys", "/sys"),
+            mount("cdi-root", "/var/run/cdi"),
+        ],
         privileged=True,
     )
-    return {"initContainers": [wait], "containers": [main],
-            "volumes": [VALIDATIONS, DEVICE_PLUGINS, hostpath("vfio", "/dev/vfio"), SYS,
-                        hostpath("cdi-root", "/var/run/cdi", "DirectoryOrCreate")]}
+    return {
+        "initContainers": [wait],
+        "containers": [main],
+        "volumes": [
+            VALIDATIONS,
+            DEVICE_PLUGINS,
+            hostpath("vfio", "/dev/vfio"),
+            SYS,
+            hostpath("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
+        ],
+    }
 
 
-def sandbox_plugin_operand(*, state: str, account: str, daemonset: str, deploy: str, image: Image, mode: str,
-                           main: str, extra_env: tuple[dict[str, Any], ...] = ()) -> Operand:
+def sandbox_plugin_operand(
+    *,
+    state: str,
+    account: str,
+    daemonset: str,
+    deploy: str,
+    image: Image,
+    mode: str,
+    main: str,
+    extra_env: tuple[dict[str, Any], ...] = (),
+) -> Operand:
     """The KubeVirt and Kata sandbox device plugins differ only in names, image and sandbox mode."""
 
     def pod(ctx: Ctx, image_ref: str) -> dict[str, Any]:
@@ -59,8 +80,10 @@ def sandbox_plugin_operand(*, state: str, account: str, daemonset: str, deploy: 
         gate=sandbox(image.field, mode=mode),
         account=account,
         # it publishes its devices as NodeFeature objects and looks up pods on its node
-        role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),
-                    rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"])),
+        role_rules=(
+            rule([""], ["pods"], ["get", "list", "watch"]),
+            rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"]),
+        ),
         cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]), rule([""], ["pods"], ["get"])),
         daemonset=DaemonSetDef(name=daemonset, deploy=deploy, image=image, pod=pod),
     )

@@ -15,13 +15,19 @@ NAME = "nvidia-cc-manager"
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         "nvidia-cc-manager",
-        env_vars=[NODE_NAME, env("NVIDIA_VISIBLE_DEVICES", "void"),
-                  env("DEFAULT_CC_MODE", ctx.spec.ccManager.defaultMode or "on")],
-        mounts=[mount("host-sys", "/sys"),
-                mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")],
+        env_vars=[
+            NODE_NAME,
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            env("DEFAULT_CC_MODE", ctx.spec.ccManager.defaultMode or "on"),
+        ],
+        mounts=[
+            mount("host-sys", "/sys"),
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+        ],
         privileged=True,
-        lifecycle={"preStop": {"exec": {"command": ["sh", "-c",
-                                                    f"rm -f {VALIDATIONS_DIR}/.cc-manager-ctr-ready"]}}},
+        lifecycle={
+            "preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/.cc-manager-ctr-ready"]}}
+        },
     )
     return {"hostPID": True, "containers": [main], "volumes": [SYS, VALIDATIONS]}
 
@@ -32,5 +38,7 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),),
-    daemonset=DaemonSetDef(name=NAME, deploy="cc-manager", image=Image("ccManager", "CC_MANAGER_IMAGE"), pod=_pod),
+    daemonset=DaemonSetDef(
+        name=NAME, deploy="cc-manager", image=Image("ccManager", "CC_MANAGER_IMAGE"), pod=_pod
+    ),
 )

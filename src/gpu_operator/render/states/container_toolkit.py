@@ -63,7 +63,12 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             env_field("NRI_NAMESPACE", "metadata.namespace"),
         ],
         mounts=[
-            mount("nvidia-container-toolkit-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"),
+            mount(
+                "nvidia-container-toolkit-entrypoint",
+                "/bin/entrypoint.sh",
+                readonly=True,
+                sub_path="entrypoint.sh",
+            ),
             mount("toolkit-root", "/run/nvidia/toolkit"),
             mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer"),
             mount("toolkit-install-dir", "/usr/local/nvidia"),
@@ -73,12 +78,15 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         ],
         privileged=True,
     )
-    driver = validator_init("driver", mounts=[
-        mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"),
-        mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-        mount("host-dev-char", "/host-dev-char"),
-        mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
-    ])
+    driver = validator_init(
+        "driver",
+        mounts=[
+            mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"),
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("host-dev-char", "/host-dev-char"),
+            mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional"),
+        ],
+    )
     return {
         "hostPID": True,
         "initContainers": [driver],
@@ -101,8 +109,14 @@ def _runtime(ds: dict[str, Any], ctx: Ctx) -> None:
 
 
 def _group_runtime(ds: dict[str, Any], ctx: Ctx, group: str, config: str) -> None:
-    toolkit_runtime(ds["spec"]["template"]["spec"], ctx.spec, ctx.facts.runtime, ctx.facts.openshift,
-                    distribution_of(group), config)
+    toolkit_runtime(
+        ds["spec"]["template"]["spec"],
+        ctx.spec,
+        ctx.facts.runtime,
+        ctx.facts.openshift,
+        distribution_of(group),
+        config,
+    )
 
 
 def groups(ctx: Ctx) -> tuple[dict[str, list[str]], list[str]]:
@@ -134,10 +148,17 @@ def unserved(ctx: Ctx) -> dict[str, str]:
     _, names = groups(ctx)
     nodes = {n.name: n for n in ctx.facts.gpu_nodes}
     spec = ctx.spec
-    return {name: problem(name, nodes[name].distribution, nodes[name].runtime_version,
-                          nodes[name].probe_runtime.get("flavor", "")) for name in names
-            if workload_config(nodes[name].labels, spec.sandbox_on(), spec.default_workload()) == CONTAINER
-            or (spec.sandbox_on() and nodes[name].mixed)}  # a mixed node runs the container stack too
+    return {
+        name: problem(
+            name,
+            nodes[name].distribution,
+            nodes[name].runtime_version,
+            nodes[name].probe_runtime.get("flavor", ""),
+        )
+        for name in names
+        if workload_config(nodes[name].labels, spec.sandbox_on(), spec.default_workload()) == CONTAINER
+        or (spec.sandbox_on() and nodes[name].mixed)
+    }  # a mixed node runs the container stack too
 
 
 def _affinity(ds: dict[str, Any], operator: str, values: list[str]) -> None:
@@ -164,8 +185,11 @@ def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
         dist = distribution_of(group)
         assert dist is not None
         config = config_of(dist, first.runtime_version, first.probe_runtime)
-        defn = dataclasses.replace(operand.daemonset, name=f"{operand.daemonset.name}-{group}",
-                                   transforms=(functools.partial(_group_runtime, group=group, config=config),))
+        defn = dataclasses.replace(
+            operand.daemonset,
+            name=f"{operand.daemonset.name}-{group}",
+            transforms=(functools.partial(_group_runtime, group=group, config=config),),
+        )
         ds = build_daemonset(defn, operand, ctx)
         _affinity(ds, "In", [group])
         out.append(ds)

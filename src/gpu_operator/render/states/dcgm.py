@@ -19,9 +19,14 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         port["hostPort"] = ctx.spec.dcgm.hostPort
     probe = {"tcpSocket": {"port": PORT}, "initialDelaySeconds": 15}
     # the image's entrypoint starts nv-hostengine listening on all interfaces
-    main = container("nvidia-dcgm-ctr", ports=[port],
-                     privileged=True, livenessProbe=probe, readinessProbe=dict(probe))
-    return {"initContainers": [wait_for("toolkit", "toolkit-ready")], "containers": [main], "volumes": [VALIDATIONS]}
+    main = container(
+        "nvidia-dcgm-ctr", ports=[port], privileged=True, livenessProbe=probe, readinessProbe=dict(probe)
+    )
+    return {
+        "initContainers": [wait_for("toolkit", "toolkit-ready")],
+        "containers": [main],
+        "volumes": [VALIDATIONS],
+    }
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
@@ -33,5 +38,7 @@ OPERAND = Operand(
     gate=when_enabled("dcgm"),
     account=NAME,
     extras=_extras,
-    daemonset=DaemonSetDef(name=NAME, deploy="dcgm", image=Image("dcgm", "DCGM_IMAGE"), pod=_pod, gpu_access=True),
+    daemonset=DaemonSetDef(
+        name=NAME, deploy="dcgm", image=Image("dcgm", "DCGM_IMAGE"), pod=_pod, gpu_access=True
+    ),
 )

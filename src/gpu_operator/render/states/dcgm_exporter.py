@@ -46,10 +46,18 @@ def exporter_container(name: str, security: dict[str, Any]) -> dict[str, Any]:
     pod-resources socket (which pod holds which GPU); shared with the DRA stack's exporter."""
     return container(
         name,
-        env_vars=[env("DCGM_EXPORTER_LISTEN", f":{PORT}"), env("DCGM_EXPORTER_KUBERNETES", "true"),
-                  env("DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcp-metrics-included.csv"), NODE_NAME],
+        env_vars=[
+            env("DCGM_EXPORTER_LISTEN", f":{PORT}"),
+            env("DCGM_EXPORTER_KUBERNETES", "true"),
+            env("DCGM_EXPORTER_COLLECTORS", "/etc/dcgm-exporter/dcp-metrics-included.csv"),
+            NODE_NAME,
+        ],
         ports=[{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}],
-        livenessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45, "periodSeconds": 5},
+        livenessProbe={
+            "httpGet": {"port": PORT, "path": "/health"},
+            "initialDelaySeconds": 45,
+            "periodSeconds": 5,
+        },
         readinessProbe={"httpGet": {"port": PORT, "path": "/health"}, "initialDelaySeconds": 45},
         mounts=[mount("pod-gpu-resources", "/var/lib/kubelet/pod-resources", readonly=True)],
         securityContext=security,
@@ -60,14 +68,22 @@ def metrics_config(pod: dict[str, Any], main: dict[str, Any], spec: DCGMExporter
     """`config.name`: the metrics to collect come from that ConfigMap's dcgm-metrics.csv."""
     if spec.config and spec.config.name:
         upsert_env(main, "DCGM_EXPORTER_COLLECTORS", METRICS_FILE)
-        add_volume(pod, configmap_volume("metrics-config", spec.config.name,
-                                         items=[{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}]))
+        add_volume(
+            pod,
+            configmap_volume(
+                "metrics-config",
+                spec.config.name,
+                items=[{"key": "dcgm-metrics.csv", "path": "dcgm-metrics.csv"}],
+            ),
+        )
         add_mount(main, mount("metrics-config", METRICS_FILE, readonly=True, sub_path="dcgm-metrics.csv"))
 
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     kubelet = ctx.spec.hostPaths.kubeletRootDir.rstrip("/")
-    main = exporter_container("nvidia-dcgm-exporter", {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}})
+    main = exporter_container(
+        "nvidia-dcgm-exporter", {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}
+    )
     return {
         "initContainers": [wait_for("toolkit", "toolkit-ready")],
         "containers": [main],
@@ -96,7 +112,9 @@ def _exporter(ds: dict[str, Any], ctx: Ctx) -> None:
     if spec.enablePodUID:
         upsert_env(main, "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID", "true")
     if spec.podLabelAllowlistRegex:
-        upsert_env(main, "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX", ",".join(spec.podLabelAllowlistRegex))
+        upsert_env(
+            main, "DCGM_EXPORTER_KUBERNETES_POD_LABEL_ALLOWLIST_REGEX", ",".join(spec.podLabelAllowlistRegex)
+        )
     if pod_metadata_enrichment(ctx):
         pod["automountServiceAccountToken"] = True
     metrics_config(pod, main, spec)
@@ -109,19 +127,46 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     svc_spec: dict[str, Any] = {}
     if spec.service and spec.service.type:
         svc_spec["type"] = spec.service.type
-    svc_spec["internalTrafficPolicy"] = (spec.service.internalTrafficPolicy if spec.service else None) or "Cluster"
+    svc_spec["internalTrafficPolicy"] = (
+        spec.service.internalTrafficPolicy if spec.service else None
+    ) or "Cluster"
     out = [service(NAME, state, ctx.ns, PORT, PORT_NAME, NAME, scrape=True, **svc_spec)]
     monitor = spec.serviceMonitor
     if monitor and monitor.enabled:
-        out += service_monitor(NAME, state, ctx, PORT_NAME, NAME, interval=monitor.interval or "15s",
-                               scrape_timeout=monitor.scrapeTimeout, honor_labels=monitor.honorLabels,
-                               labels=monitor.additionalLabels, relabelings=monitor.relabelings)
+        out += service_monitor(
+            NAME,
+            state,
+            ctx,
+            PORT_NAME,
+            NAME,
+            interval=monitor.interval or "15s",
+            scrape_timeout=monitor.scrapeTimeout,
+            honor_labels=monitor.honorLabels,
+            labels=monitor.additionalLabels,
+            relabelings=monitor.relabelings,
+        )
     if pod_metadata_enrichment(ctx):
-        out.append(obj(RBAC, "ClusterRole", READ_PODS, state, None,
-                       rules=[rule([""], ["pods"], ["get", "list", "watch"])]))
-        out.append(obj(RBAC, "ClusterRoleBinding", READ_PODS, state, None,
-                       subjects=[{"kind": "ServiceAccount", "name": NAME, "namespace": ctx.ns}],
-                       roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": READ_PODS}))
+        out.append(
+            obj(
+                RBAC,
+                "ClusterRole",
+                READ_PODS,
+                state,
+                None,
+                rules=[rule([""], ["pods"], ["get", "list", "watch"])],
+            )
+        )
+        out.append(
+            obj(
+                RBAC,
+                "ClusterRoleBinding",
+                READ_PODS,
+                state,
+                None,
+                subjects=[{"kind": "ServiceAccount", "name": NAME, "namespace": ctx.ns}],
+                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": READ_PODS},
+            )
+        )
     return out
 
 

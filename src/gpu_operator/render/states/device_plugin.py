@@ -54,13 +54,29 @@ def config_manager_containers(process: str) -> list[dict[str, Any]]:
     """
     common = [NODE_NAME, env("KUBECONFIG", "")]
     return [
-        container("config-manager-init", command=["config-manager"],
-                  env_vars=[env("ONESHOT", "true"), *common, env("SEND_SIGNAL", "false"), env("SIGNAL", ""),
-                            env("PROCESS_TO_SIGNAL", "")]),
-        container("config-manager", command=["config-manager"],
-                  env_vars=[env("ONESHOT", "false"), *common, env("SEND_SIGNAL", "true"), env("SIGNAL", "1"),
-                            env("PROCESS_TO_SIGNAL", process)],
-                  privileged=True),
+        container(
+            "config-manager-init",
+            command=["config-manager"],
+            env_vars=[
+                env("ONESHOT", "true"),
+                *common,
+                env("SEND_SIGNAL", "false"),
+                env("SIGNAL", ""),
+                env("PROCESS_TO_SIGNAL", ""),
+            ],
+        ),
+        container(
+            "config-manager",
+            command=["config-manager"],
+            env_vars=[
+                env("ONESHOT", "false"),
+                *common,
+                env("SEND_SIGNAL", "true"),
+                env("SIGNAL", "1"),
+                env("PROCESS_TO_SIGNAL", process),
+            ],
+            privileged=True,
+        ),
     ]
 
 
@@ -69,11 +85,21 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         "nvidia-device-plugin",
         command=["/bin/entrypoint.sh"],
-        env_vars=[env("PASS_DEVICE_SPECS", "true"), env("FAIL_ON_INIT_ERROR", "true"),
-                  env("DEVICE_ID_STRATEGY", "uuid"), env("NVIDIA_VISIBLE_DEVICES", "all"),
-                  env("NVIDIA_DRIVER_CAPABILITIES", "all"), env("MPS_ROOT", DEFAULT_MPS_ROOT)],
+        env_vars=[
+            env("PASS_DEVICE_SPECS", "true"),
+            env("FAIL_ON_INIT_ERROR", "true"),
+            env("DEVICE_ID_STRATEGY", "uuid"),
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("NVIDIA_DRIVER_CAPABILITIES", "all"),
+            env("MPS_ROOT", DEFAULT_MPS_ROOT),
+        ],
         mounts=[
-            mount("nvidia-device-plugin-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"),
+            mount(
+                "nvidia-device-plugin-entrypoint",
+                "/bin/entrypoint.sh",
+                readonly=True,
+                sub_path="entrypoint.sh",
+            ),
             mount("device-plugin", "/var/lib/kubelet/device-plugins"),
             mount("run-nvidia-validations", VALIDATIONS_DIR),
             mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),

@@ -50,11 +50,14 @@ nvidia-smi > /dev/null || {{ echo "nvidia-smi failed"; exit 1; }}
 mv {READY}.tmp {READY}
 """
 
+
 def _gate(ctx: Ctx) -> tuple[bool, str]:
     driver = ctx.spec.driver
     if driver.useNvidiaDriverCRD:
-        return False, ("spec.driver.useNvidiaDriverCRD=true: NVIDIADriver objects manage the driver "
-                       "(delete the ClusterPolicy's driver DaemonSets with propagationPolicy=Orphan)")
+        return False, (
+            "spec.driver.useNvidiaDriverCRD=true: NVIDIADriver objects manage the driver "
+            "(delete the ClusterPolicy's driver DaemonSets with propagationPolicy=Orphan)"
+        )
     source = "" if driver.enabled is not None else " (default)"
     return driver.on(), f"spec.driver.enabled={str(driver.on()).lower()}{source}"
 
@@ -77,41 +80,67 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
             mount("host-sys-devices-system", "/sys/devices/system"),
             mount("nv-firmware", "/lib/firmware"),
-            mount("driver-startup-probe-script", "/usr/local/bin/startup-probe.sh", sub_path="startup-probe.sh"),
+            mount(
+                "driver-startup-probe-script", "/usr/local/bin/startup-probe.sh", sub_path="startup-probe.sh"
+            ),
         ],
         securityContext={"privileged": True, "seLinuxOptions": {"level": "s0"}},
-        startupProbe={"exec": {"command": ["sh", "/usr/local/bin/startup-probe.sh"]}, "initialDelaySeconds": 60,
-                      "timeoutSeconds": 60, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 120},
+        startupProbe={
+            "exec": {"command": ["sh", "/usr/local/bin/startup-probe.sh"]},
+            "initialDelaySeconds": 60,
+            "timeoutSeconds": 60,
+            "periodSeconds": 10,
+            "successThreshold": 1,
+            "failureThreshold": 120,
+        },
         lifecycle={"preStop": {"exec": {"command": ["/bin/sh", "-c", f"rm -f {READY}"]}}},
     )
     logs = [mount("var-log", "/var/log"), mount("dev-log", "/dev/log")]
     selinux = {"privileged": True, "seLinuxOptions": {"level": "s0"}}
 
     def module_probe(check: str, **timing: int) -> dict[str, Any]:
-        return {"exec": {"command": ["sh", "-c", check]}, "successThreshold": 1, "timeoutSeconds": 10, **timing}
+        return {
+            "exec": {"command": ["sh", "-c", check]},
+            "successThreshold": 1,
+            "timeoutSeconds": 10,
+            **timing,
+        }
 
     def gpudirect(name: str, program: str, module: str) -> dict[str, Any]:
         """GDS/GDRCopy: wait for the driver container's sources and module, then build and load."""
         return container(
-            name, command=["bash", "-xc"],
-            args=["until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep -q nvidia; do "
-                  f"echo waiting for the NVIDIA driver; sleep 10; done; exec {program} install"],
+            name,
+            command=["bash", "-xc"],
+            args=[
+                "until [ -d /run/nvidia/driver/usr/src ] && lsmod | grep -q nvidia; do "
+                f"echo waiting for the NVIDIA driver; sleep 10; done; exec {program} install"
+            ],
             mounts=[mount("run-nvidia", "/run/nvidia", propagation="HostToContainer"), *logs],
             securityContext=dict(selinux),
-            startupProbe=module_probe(f"lsmod | grep {module}", initialDelaySeconds=10, failureThreshold=120,
-                                      periodSeconds=10),
+            startupProbe=module_probe(
+                f"lsmod | grep {module}", initialDelaySeconds=10, failureThreshold=120, periodSeconds=10
+            ),
         )
 
     peermem_check = "nvidia-driver probe_nvidia_peermem"
     sidecars = [
-        container("nvidia-peermem-ctr", command=["nvidia-driver"], args=["reload_nvidia_peermem"],
-                  mounts=[mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"), *logs,
-                          mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer")],
-                  securityContext=dict(selinux),
-                  startupProbe=module_probe(peermem_check, initialDelaySeconds=10, failureThreshold=120,
-                                            periodSeconds=10),
-                  livenessProbe=module_probe(peermem_check, initialDelaySeconds=30, failureThreshold=1,
-                                             periodSeconds=30)),
+        container(
+            "nvidia-peermem-ctr",
+            command=["nvidia-driver"],
+            args=["reload_nvidia_peermem"],
+            mounts=[
+                mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+                *logs,
+                mount("run-mellanox-drivers", "/run/mellanox/drivers", propagation="HostToContainer"),
+            ],
+            securityContext=dict(selinux),
+            startupProbe=module_probe(
+                peermem_check, initialDelaySeconds=10, failureThreshold=120, periodSeconds=10
+            ),
+            livenessProbe=module_probe(
+                peermem_check, initialDelaySeconds=30, failureThreshold=1, periodSeconds=30
+            ),
+        ),
         gpudirect("nvidia-fs-ctr", "nvidia-gds-driver", "nvidia_fs"),
         gpudirect("nvidia-gdrcopy-ctr", "nvidia-gdrcopy-driver", "gdrdrv"),
     ]
@@ -119,11 +148,24 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "hostPID": True,
         "initContainers": [driver_manager_init()],
         "containers": [main, *sidecars],
-        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-            "labelSelector": {"matchExpressions": [{"key": COMPONENT, "operator": "In",
-                                                    "values": [DRIVER_COMPONENT_VALUE, "nvidia-vgpu-manager"]}]},
-            "topologyKey": "kubernetes.io/hostname",
-        }]}},
+        "affinity": {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {
+                            "matchExpressions": [
+                                {
+                                    "key": COMPONENT,
+                                    "operator": "In",
+                                    "values": [DRIVER_COMPONENT_VALUE, "nvidia-vgpu-manager"],
+                                }
+                            ]
+                        },
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            }
+        },
         "volumes": [
             hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
             hostpath("var-log", "/var/log"),
@@ -154,11 +196,14 @@ def _variant(kernel: str | None, guests: list[str] | None = None, inside: bool =
             spec = spec.model_copy(deep=True)
             spec.driver.kernelModuleConfig = NameSpec(name=guestnvlink.CONFIGMAP)
             keys = tuple(sorted(_guest_data(ctx)))
-            facts = dataclasses.replace(facts, configmap_keys={**facts.configmap_keys, guestnvlink.CONFIGMAP: keys})
+            facts = dataclasses.replace(
+                facts, configmap_keys={**facts.configmap_keys, guestnvlink.CONFIGMAP: keys}
+            )
         transform_driver(ds, spec, facts, kernel)
         template = ds["spec"]["template"]
         template.setdefault("metadata", {}).setdefault("annotations", {})[
-            "kubectl.kubernetes.io/default-container"] = "nvidia-driver-ctr"
+            "kubectl.kubernetes.io/default-container"
+        ] = "nvidia-driver-ctr"
         if guests:
             guestnvlink.restrict(template["spec"], guests, inside)
         digest.stamp(template["spec"])
@@ -194,13 +239,23 @@ def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
     kernels: list[str | None] = list(ctx.facts.kernels) if ctx.spec.driver.precompiled() else [None]
     out = []
     for kernel in kernels:
-        base = BASE if kernel is None else dataclasses.replace(
-            BASE, name=precompiled_name(kernel, ctx.facts.os_tag), node_selector={KERNEL_FULL: kernel})
-        out.append(build_daemonset(dataclasses.replace(base, transforms=(_variant(kernel, guests),)), operand, ctx))
+        base = (
+            BASE
+            if kernel is None
+            else dataclasses.replace(
+                BASE, name=precompiled_name(kernel, ctx.facts.os_tag), node_selector={KERNEL_FULL: kernel}
+            )
+        )
+        out.append(
+            build_daemonset(dataclasses.replace(base, transforms=(_variant(kernel, guests),)), operand, ctx)
+        )
         if guests:
             # the VM guests whose NVLink GPUs have no NVSwitch: a DaemonSet of their own (docs/vm-passthrough.md)
-            guest = dataclasses.replace(base, name=base.name + guestnvlink.DAEMONSET_SUFFIX,
-                                        transforms=(_variant(kernel, guests, inside=True),))
+            guest = dataclasses.replace(
+                base,
+                name=base.name + guestnvlink.DAEMONSET_SUFFIX,
+                transforms=(_variant(kernel, guests, inside=True),),
+            )
             out.append(build_daemonset(guest, operand, ctx))
     return out
 

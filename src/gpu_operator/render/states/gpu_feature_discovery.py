@@ -19,19 +19,31 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         "gpu-feature-discovery",
         command=["gpu-feature-discovery"],
-        env_vars=[env("GFD_SLEEP_INTERVAL", "60s"), env("GFD_FAIL_ON_INIT_ERROR", "true"),
-                  env("NVIDIA_VISIBLE_DEVICES", "all"),
-                  # the NodeFeature object it publishes is named after the node, in the pod's namespace
-                  NAMESPACE, NODE_NAME, POD_NAME],
-        mounts=[mount("output-dir", FEATURES_DIR), mount("host-sys", "/sys"),
-                mount("driver-install-dir", "/driver-root", readonly=True, propagation="HostToContainer")],
+        env_vars=[
+            env("GFD_SLEEP_INTERVAL", "60s"),
+            env("GFD_FAIL_ON_INIT_ERROR", "true"),
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            # the NodeFeature object it publishes is named after the node, in the pod's namespace
+            NAMESPACE,
+            NODE_NAME,
+            POD_NAME,
+        ],
+        mounts=[
+            mount("output-dir", FEATURES_DIR),
+            mount("host-sys", "/sys"),
+            mount("driver-install-dir", "/driver-root", readonly=True, propagation="HostToContainer"),
+        ],
         privileged=True,
     )
     return {
         "initContainers": [wait_for("toolkit", "toolkit-ready"), init],
         "containers": [main, sidecar],
-        "volumes": [VALIDATIONS, hostpath("output-dir", FEATURES_DIR), hostpath("host-sys", "/sys"),
-                    DRIVER_INSTALL_DIR],
+        "volumes": [
+            VALIDATIONS,
+            hostpath("output-dir", FEATURES_DIR),
+            hostpath("host-sys", "/sys"),
+            DRIVER_INSTALL_DIR,
+        ],
     }
 
 
@@ -44,8 +56,10 @@ OPERAND = Operand(
     gate=when_enabled("gfd"),
     account=NAME,
     # its NodeFeature object lives in the operator's namespace
-    role_rules=(rule([""], ["pods"], ["get"]),
-                rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"])),
+    role_rules=(
+        rule([""], ["pods"], ["get"]),
+        rule(["nfd.k8s-sigs.io"], ["nodefeatures"], ["get", "list", "watch", "create", "update"]),
+    ),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch"]),),
     daemonset=DaemonSetDef(
         name="gpu-feature-discovery",

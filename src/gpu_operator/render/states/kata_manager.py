@@ -13,8 +13,10 @@ NAME = "nvidia-kata-manager"
 
 
 def _gate(ctx: Ctx) -> tuple[bool, str]:
-    return False, (f"deprecated: always disabled (spec.kataManager is ignored); objects the operator created "
-                   f"for it, RuntimeClasses labelled {KATA_RUNTIME_CLASS}=true included, are removed")
+    return False, (
+        f"deprecated: always disabled (spec.kataManager is ignored); objects the operator created "
+        f"for it, RuntimeClasses labelled {KATA_RUNTIME_CLASS}=true included, are removed"
+    )
 
 
 OPERAND = Operand(

@@ -39,8 +39,14 @@ ENTRYPOINT = "nvidia-mig-manager-entrypoint"
 LAYOUTS = Path(__file__).parent / "data" / "mig-layouts.txt"
 # Host services that hold the GPUs and are stopped while MIG is reconfigured (host driver only).
 GPU_CLIENT_SERVICES = (
-    "nvsm.service", "nvsm-mqtt.service", "nvsm-core.service", "nvsm-api-gateway.service",
-    "nvsm-notifier.service", "nv_peer_mem.service", "nvidia-dcgm.service", "dcgm.service",
+    "nvsm.service",
+    "nvsm-mqtt.service",
+    "nvsm-core.service",
+    "nvsm-api-gateway.service",
+    "nvsm-notifier.service",
+    "nv_peer_mem.service",
+    "nvidia-dcgm.service",
+    "dcgm.service",
     "dcgm-exporter.service",
 )
 # Waits for the driver, takes its location from driver-ready; host GPU clients are shut down
@@ -83,8 +89,13 @@ def default_mig_config() -> str:
         entry: dict[str, Any] = {}
         if devices != "*":
             entry["device-filter"] = devices.split(",")
-        entry.update({"devices": "all", "mig-enabled": True,
-                      "mig-devices": {p: int(n) for p, n in (x.split("=") for x in profiles)}})
+        entry.update(
+            {
+                "devices": "all",
+                "mig-enabled": True,
+                "mig-devices": {p: int(n) for p, n in (x.split("=") for x in profiles)},
+            }
+        )
         configs.setdefault(name, []).append(entry)
     return yaml.safe_dump({"version": "v1", "mig-configs": configs}, sort_keys=False)
 
@@ -102,7 +113,8 @@ def _clients_name(ctx: Ctx) -> str | None:
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     custom = _mig_config_name(ctx)
     config_env = (
-        env("CONFIG_FILE", "/mig-parted-config/config.yaml") if custom
+        env("CONFIG_FILE", "/mig-parted-config/config.yaml")
+        if custom
         else env("DEFAULT_CONFIG_FILE", "/mig-parted-config/config-default.yaml")
     )
     key, path = ("config.yaml", "config.yaml") if custom else ("config.yaml", "config-default.yaml")
@@ -110,14 +122,19 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         NAME,
         command=["/bin/entrypoint.sh"],
         env_vars=[
-            NODE_NAME, POD_NAME, env_field("POD_NAMESPACE", "metadata.namespace"), config_env,
+            NODE_NAME,
+            POD_NAME,
+            env_field("POD_NAMESPACE", "metadata.namespace"),
+            config_env,
             env("GPU_CLIENTS_FILE", "/gpu-clients/clients.yaml"),
             # host paths, kubelet service and reboot policy: the image's defaults, as upstream
             env_field("DEFAULT_GPU_CLIENTS_NAMESPACE", "metadata.namespace"),
             env("NVIDIA_VISIBLE_DEVICES", "all"),
         ],
         mounts=[
-            mount("nvidia-mig-manager-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"),
+            mount(
+                "nvidia-mig-manager-entrypoint", "/bin/entrypoint.sh", readonly=True, sub_path="entrypoint.sh"
+            ),
             mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer"),
             mount("host-root", "/host", propagation="HostToContainer"),
             mount("host-sys", "/sys"),
@@ -138,8 +155,7 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
             VALIDATIONS,
             HOST_ROOT,
             hostpath("host-sys", "/sys", "Directory"),
-            configmap_volume("mig-parted-config", custom or MIG_CONFIG,
-                             items=[{"key": key, "path": path}]),
+            configmap_volume("mig-parted-config", custom or MIG_CONFIG, items=[{"key": key, "path": path}]),
             configmap_volume("gpu-clients", _clients_name(ctx) or GPU_CLIENTS),
             DRIVER_INSTALL_DIR,
             hostpath("cdi-root", "/var/run/cdi", "DirectoryOrCreate"),
@@ -166,11 +182,15 @@ OPERAND = Operand(
     gate=when_enabled("migManager"),
     account=NAME,
     # it evicts GPU pods on its node, keeps its state in ConfigMaps, labels its node
-    role_rules=(rule([""], ["pods"], ["get", "list", "watch", "delete"]),
-                rule([""], ["configmaps"], ["create", "get", "list", "update", "patch"]),
-                rule(["apps"], ["daemonsets"], ["get", "list", "watch"])),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
-                   rule([""], ["pods"], ["list"])),
+    role_rules=(
+        rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+        rule([""], ["configmaps"], ["create", "get", "list", "update", "patch"]),
+        rule(["apps"], ["daemonsets"], ["get", "list", "watch"]),
+    ),
+    cluster_rules=(
+        rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
+        rule([""], ["pods"], ["list"]),
+    ),
     extras=_extras,
     daemonset=DaemonSetDef(
         name=NAME,

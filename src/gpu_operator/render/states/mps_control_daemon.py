@@ -22,8 +22,11 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         # findPidToSignal); started as `mps-control-daemon` no process matches and a label change
         # never reaches the daemon
         command=["/usr/bin/mps-control-daemon"],
-        env_vars=[NODE_NAME, env("NVIDIA_VISIBLE_DEVICES", "all"),
-                  env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")],
+        env_vars=[
+            NODE_NAME,
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        ],
         mounts=[mount("mps-shm", "/dev/shm"), mount("mps-root", "/mps")],
         privileged=True,
     )

@@ -26,20 +26,29 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         NAME,
         command=["nvidia-validator"],
-        env_vars=[env("NVIDIA_VISIBLE_DEVICES", "void"), env("COMPONENT", "metrics"), env("METRICS_PORT", str(PORT)),
-                  NODE_NAME, OPERATOR_NAMESPACE],
+        env_vars=[
+            env("NVIDIA_VISIBLE_DEVICES", "void"),
+            env("COMPONENT", "metrics"),
+            env("METRICS_PORT", str(PORT)),
+            NODE_NAME,
+            OPERATOR_NAMESPACE,
+        ],
         ports=[{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
         # status files, and the host's / for the driver check (nvidia-smi under /host)
-        mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, readonly=True, propagation="HostToContainer"),
-                mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
+        mounts=[
+            mount("run-nvidia-validations", VALIDATIONS_DIR, readonly=True, propagation="HostToContainer"),
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+        ],
         securityContext={"privileged": True, "runAsUser": 0},
     )
     return {"containers": [main], "volumes": [VALIDATIONS, HOST_ROOT]}
 
 
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
-    return [service(NAME, state, ctx.ns, PORT, PORT_NAME, NAME, scrape=True),
-            *service_monitor(NAME, state, ctx, PORT_NAME, NAME)]
+    return [
+        service(NAME, state, ctx.ns, PORT, PORT_NAME, NAME, scrape=True),
+        *service_monitor(NAME, state, ctx, PORT_NAME, NAME),
+    ]
 
 
 OPERAND = Operand(

@@ -17,7 +17,11 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     out = [service(NAME, state, ctx.ns, 8080, PORT_NAME, NAME, scrape=True)]
     monitor = ctx.spec.operator.metrics.serviceMonitor if ctx.spec.operator.metrics else None
     out += service_monitor(
-        NAME, state, ctx, PORT_NAME, NAME,
+        NAME,
+        state,
+        ctx,
+        PORT_NAME,
+        NAME,
         interval=monitor.interval if monitor else None,
         scrape_timeout=monitor.scrapeTimeout if monitor else None,
         honor_labels=monitor.honorLabels if monitor else None,
@@ -26,11 +30,29 @@ def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     )
     if ctx.facts.openshift:
         # OpenShift's cluster Prometheus scrapes only namespaces that grant it read access
-        out.append(obj(RBAC, "Role", PROMETHEUS, state, ctx.ns, rules=[
-            rule([""], ["services", "endpoints", "pods"], ["get", "list", "watch"])]))
-        out.append(obj(RBAC, "RoleBinding", PROMETHEUS, state, ctx.ns,
-                       subjects=[{"kind": "ServiceAccount", "name": PROMETHEUS, "namespace": "openshift-monitoring"}],
-                       roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROMETHEUS}))
+        out.append(
+            obj(
+                RBAC,
+                "Role",
+                PROMETHEUS,
+                state,
+                ctx.ns,
+                rules=[rule([""], ["services", "endpoints", "pods"], ["get", "list", "watch"])],
+            )
+        )
+        out.append(
+            obj(
+                RBAC,
+                "RoleBinding",
+                PROMETHEUS,
+                state,
+                ctx.ns,
+                subjects=[
+                    {"kind": "ServiceAccount", "name": PROMETHEUS, "namespace": "openshift-monitoring"}
+                ],
+                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": PROMETHEUS},
+            )
+        )
     return out
 
 

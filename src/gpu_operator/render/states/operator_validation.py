@@ -64,13 +64,22 @@ def health_container() -> dict[str, Any]:
         HEALTH,
         command=["gpu-operator", "node", "health"],
         args=["--host-root", "/host"],
-        env_vars=[copy.deepcopy(NODE_NAME), env("NVIDIA_VISIBLE_DEVICES", "all"), env("HEALTH_METRICS_PORT", str(HEALTH_PORT)),
-                  env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS)),
-                  # where the operator's remediation requests are (docs/health.md, "Who can trigger what")
-                  copy.deepcopy(OPERATOR_NAMESPACE)],
-        mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-                mount("host-run", "/host/run")],
-        securityContext={"privileged": True, **ROOT},  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
+        env_vars=[
+            copy.deepcopy(NODE_NAME),
+            env("NVIDIA_VISIBLE_DEVICES", "all"),
+            env("HEALTH_METRICS_PORT", str(HEALTH_PORT)),
+            env("HEALTH_VALIDATIONS", ",".join(HEALTH_VALIDATIONS)),
+            # where the operator's remediation requests are (docs/health.md, "Who can trigger what")
+            copy.deepcopy(OPERATOR_NAMESPACE),
+        ],
+        mounts=[
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("host-run", "/host/run"),
+        ],
+        securityContext={
+            "privileged": True,
+            **ROOT,
+        },  # /dev/kmsg needs CAP_SYSLOG where dmesg_restrict is set
         ports=[{"name": HEALTH_PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
     )
 
@@ -78,18 +87,23 @@ def health_container() -> dict[str, Any]:
 def _extras(ctx: Ctx, state: str) -> list[Manifest]:
     """The health agent's metrics: a Service Prometheus finds by annotation, and a ServiceMonitor
     where the CRD exists (as the node-status exporter's)."""
-    return [service(HEALTH_SERVICE, state, ctx.ns, HEALTH_PORT, HEALTH_PORT_NAME, NAME, scrape=True),
-            *service_monitor(HEALTH_SERVICE, state, ctx, HEALTH_PORT_NAME, NAME)]
+    return [
+        service(HEALTH_SERVICE, state, ctx.ns, HEALTH_PORT, HEALTH_PORT_NAME, NAME, scrape=True),
+        *service_monitor(HEALTH_SERVICE, state, ctx, HEALTH_PORT_NAME, NAME),
+    ]
 
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     validations = mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")
-    driver = validator_init("driver", mounts=[
-        mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"),
-        mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-        mount("host-dev-char", "/host-dev-char"),
-        validations,
-    ])
+    driver = validator_init(
+        "driver",
+        mounts=[
+            mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"),
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("host-dev-char", "/host-dev-char"),
+            validations,
+        ],
+    )
     inits = [
         driver,
         # the validator image sets NVIDIA_VISIBLE_DEVICES=void; the toolkit check needs the driver injected
@@ -119,9 +133,11 @@ def _runs_vector_add(component: str, extra: EnvOnly | None) -> bool:
     user = {e.name: e.value for e in (extra.env if extra is not None and extra.env else [])}
     workload = user.get(CUDA_WORKLOAD_ENV) or CUDA_WORKLOADS[0]
     if workload not in CUDA_WORKLOADS:
-        raise RenderError(f"spec.validator.{component}.env",
-                          f"{CUDA_WORKLOAD_ENV}={workload!r}: use one of {', '.join(CUDA_WORKLOADS)} "
-                          f"(default {CUDA_WORKLOADS[0]})")
+        raise RenderError(
+            f"spec.validator.{component}.env",
+            f"{CUDA_WORKLOAD_ENV}={workload!r}: use one of {', '.join(CUDA_WORKLOADS)} "
+            f"(default {CUDA_WORKLOADS[0]})",
+        )
     with_workload = user.get("WITH_WORKLOAD") or ("true" if component == "cuda" else "false")
     return workload == "vectorAdd" and with_workload.strip().lower() not in ("0", "false", "no", "off")
 
@@ -138,8 +154,12 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
         remove_containers(pod, "plugin-validation")
         if health is not None:  # no plugin-ready file will come
             upsert_env(health, "HEALTH_VALIDATIONS", ",".join(c for c in HEALTH_VALIDATIONS if c != "plugin"))
-    per_component = {"driver": spec.validator.driver, "toolkit": spec.validator.toolkit,
-                     "cuda": spec.validator.cuda, "plugin": spec.validator.plugin}
+    per_component = {
+        "driver": spec.validator.driver,
+        "toolkit": spec.validator.toolkit,
+        "cuda": spec.validator.cuda,
+        "plugin": spec.validator.plugin,
+    }
     image = VALIDATOR.resolve(ctx)
     secrets = ",".join(spec.validator.imagePullSecrets or [])
     for component, extra in per_component.items():
@@ -153,8 +173,11 @@ def _validator(ds: dict[str, Any], ctx: Ctx) -> None:
             if _runs_vector_add(component, extra):
                 # vectorAdd: an image that has it (ours has not); only where a pod would pull it, so that
                 # an install's image list (render/images.py) names NVIDIA's image only when it is used
-                upsert_env(ctr, "CUDA_VALIDATOR_IMAGE", ctx.facts.operator_env.get("CUDA_VALIDATOR_IMAGE")
-                           or CUDA_WORKLOAD_IMAGE)
+                upsert_env(
+                    ctr,
+                    "CUDA_VALIDATOR_IMAGE",
+                    ctx.facts.operator_env.get("CUDA_VALIDATOR_IMAGE") or CUDA_WORKLOAD_IMAGE,
+                )
             upsert_env(ctr, "VALIDATOR_IMAGE_PULL_POLICY", ctr["imagePullPolicy"])
             if secrets:
                 upsert_env(ctr, "VALIDATOR_IMAGE_PULL_SECRETS", secrets)
@@ -174,15 +197,19 @@ OPERAND = Operand(
     state=STATE,
     gate=always("always enabled"),
     account=NAME,
-    role_rules=(rule([""], ["pods"], ["get", "list", "watch", "create", "delete"]),
-                rule(["apps"], ["daemonsets"], ["get", "list"]),
-                # the health agent reads the operator's remediation requests: that one Secret, by name;
-                # it never writes it (docs/health.md, "Who can trigger what")
-                rule([""], ["secrets"], ["get", "list", "watch"], [HEALTH_REQUESTS_SECRET])),
+    role_rules=(
+        rule([""], ["pods"], ["get", "list", "watch", "create", "delete"]),
+        rule(["apps"], ["daemonsets"], ["get", "list"]),
+        # the health agent reads the operator's remediation requests: that one Secret, by name;
+        # it never writes it (docs/health.md, "Who can trigger what")
+        rule([""], ["secrets"], ["get", "list", "watch"], [HEALTH_REQUESTS_SECRET]),
+    ),
     # patch: the health agent's report annotation on its own Node
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
-                   # the workload pods' owner is the ClusterPolicy, with blockOwnerDeletion
-                   rule(["nvidia.com"], ["clusterpolicies/finalizers"], ["update"])),
+    cluster_rules=(
+        rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
+        # the workload pods' owner is the ClusterPolicy, with blockOwnerDeletion
+        rule(["nvidia.com"], ["clusterpolicies/finalizers"], ["update"]),
+    ),
     extras=_extras,
     daemonset=DaemonSetDef(
         name=NAME,

@@ -24,19 +24,30 @@ WORKLOAD_AWARE = ("vfio-pci", "vgpu-manager", "vgpu-devices")
 
 def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     validations = mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="Bidirectional")
-    host = [mount("host-root", "/host", readonly=True, propagation="HostToContainer"), mount("host-sys", "/sys"),
-            validations]
+    host = [
+        mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+        mount("host-sys", "/sys"),
+        validations,
+    ]
     inits = [validator_init(component, mounts=host) for component in ("cc-manager", *WORKLOAD_AWARE)]
     # the vGPU manager check runs nvidia-smi from the vGPU manager's driver root
-    inits[2]["volumeMounts"] = [*host, mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer")]
+    inits[2]["volumeMounts"] = [
+        *host,
+        mount("driver-install-dir", "/run/nvidia/driver", propagation="HostToContainer"),
+    ]
     restore = _vgpu_host_state.init_container(ctx, image)
     volumes = [VALIDATIONS, HOST_ROOT, SYS, DRIVER_INSTALL_DIR]
     if restore is not None:  # a vGPU host's VFs, types and MIG mode back before the vGPU manager check
         inits.insert([c["name"] for c in inits].index("vgpu-manager-validation"), restore[0])
         volumes += restore[1]
-    main = container(NAME, command=["sh", "-c"], args=["echo all validations are successful; sleep infinity"],
-                     mounts=[validations], privileged=True,
-                     lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}})
+    main = container(
+        NAME,
+        command=["sh", "-c"],
+        args=["echo all validations are successful; sleep infinity"],
+        mounts=[validations],
+        privileged=True,
+        lifecycle={"preStop": {"exec": {"command": ["sh", "-c", f"rm -f {VALIDATIONS_DIR}/*-ready"]}}},
+    )
     return {"hostPID": True, "initContainers": inits, "containers": [main], "volumes": volumes}
 
 
@@ -44,8 +55,11 @@ def _sandbox_validator(ds: dict[str, Any], ctx: Ctx) -> None:
     pod = ds["spec"]["template"]["spec"]
     if not ctx.spec.ccManager.on():
         remove_containers(pod, "cc-manager-validation")
-    per_component = {"vfio-pci": ctx.spec.validator.vfioPCI, "vgpu-manager": ctx.spec.validator.vgpuManager,
-                     "vgpu-devices": ctx.spec.validator.vgpuDevices}
+    per_component = {
+        "vfio-pci": ctx.spec.validator.vfioPCI,
+        "vgpu-manager": ctx.spec.validator.vgpuManager,
+        "vgpu-devices": ctx.spec.validator.vgpuDevices,
+    }
     for component in WORKLOAD_AWARE:
         ctr = find(pod, f"{component}-validation")
         if ctr is None:
@@ -62,7 +76,11 @@ OPERAND = Operand(
     account=NAME,
     role_rules=(rule([""], ["pods"], ["get", "list"]),),
     # patch and events: the vGPU host-state init container records its result on its Node
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]), rule([""], ["events"], ["create"])),
-    daemonset=DaemonSetDef(name=NAME, deploy="sandbox-validator", image=VALIDATOR, pod=_pod,
-                           transforms=(_sandbox_validator,)),
+    cluster_rules=(
+        rule([""], ["nodes"], ["get", "list", "watch", "patch"]),
+        rule([""], ["events"], ["create"]),
+    ),
+    daemonset=DaemonSetDef(
+        name=NAME, deploy="sandbox-validator", image=VALIDATOR, pod=_pod, transforms=(_sandbox_validator,)
+    ),
 )

@@ -47,20 +47,33 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         env_vars=[env("GPU_OPERATOR_HOST_ROOT", "/host"), NODE_NAME, OPERATOR_NAMESPACE],
         # sysfs writes (driver_override, bind/unbind) go through the host root, read-only but for its
         # sysfs; modprobe vfio-pci runs chrooted into it (reads only). Writes nothing in its own image.
-        mounts=[mount("host-sys", "/sys"), mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-                mount("host-root-sys", "/host/sys"), mount("lib-modules", "/lib/modules", readonly=True)],
+        mounts=[
+            mount("host-sys", "/sys"),
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("host-root-sys", "/host/sys"),
+            mount("lib-modules", "/lib/modules", readonly=True),
+        ],
         securityContext={"privileged": True, "readOnlyRootFilesystem": True},
     )
-    return {"hostPID": True, "containers": [main],
-            "volumes": [HOST_ROOT, SYS, HOST_ROOT_SYS, hostpath("lib-modules", "/lib/modules")]}
+    return {
+        "hostPID": True,
+        "containers": [main],
+        "volumes": [HOST_ROOT, SYS, HOST_ROOT_SYS, hostpath("lib-modules", "/lib/modules")],
+    }
 
 
 def _probe_pod(ctx: Ctx, image: str) -> dict[str, Any]:
     main = container(
         PROBE,
-        command=["gpu-operator", "node", "probe", "--publish", f"--interval={PROBE_INTERVAL_SECONDS}",
-                 # a node without the workload label is what the policy's default says, as for the operator
-                 f"--default-workload={ctx.spec.default_workload()}"],
+        command=[
+            "gpu-operator",
+            "node",
+            "probe",
+            "--publish",
+            f"--interval={PROBE_INTERVAL_SECONDS}",
+            # a node without the workload label is what the policy's default says, as for the operator
+            f"--default-workload={ctx.spec.default_workload()}",
+        ],
         env_vars=[env("GPU_OPERATOR_HOST_ROOT", "/host"), NODE_NAME, OPERATOR_NAMESPACE],
         mounts=[mount("host-root", "/host", readonly=True, propagation="HostToContainer")],
         # reads every process's fds under /host/proc; writes nothing in its own image
@@ -71,21 +84,37 @@ def _probe_pod(ctx: Ctx, image: str) -> dict[str, Any]:
 
 def _probe_rbac(ctx: Ctx, state: str) -> list[Manifest]:
     subject = [{"kind": "ServiceAccount", "name": PROBE, "namespace": ctx.ns}]
-    return [obj("v1", "ServiceAccount", PROBE, state, ctx.ns),
-            obj(RBAC, "ClusterRole", PROBE, state, None, rules=list(NODE_RULES)),
-            obj(RBAC, "ClusterRoleBinding", PROBE, state, None, subjects=subject,
-                roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PROBE})]
+    return [
+        obj("v1", "ServiceAccount", PROBE, state, ctx.ns),
+        obj(RBAC, "ClusterRole", PROBE, state, None, rules=list(NODE_RULES)),
+        obj(
+            RBAC,
+            "ClusterRoleBinding",
+            PROBE,
+            state,
+            None,
+            subjects=subject,
+            roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PROBE},
+        ),
+    ]
 
 
-VFIO = DaemonSetDef(name=NAME, deploy="vfio-manager", image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"), pod=_pod)
-PROBE_DS = DaemonSetDef(name=PROBE, deploy="vfio-manager", image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"),
-                        pod=_probe_pod)
+VFIO = DaemonSetDef(
+    name=NAME, deploy="vfio-manager", image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"), pod=_pod
+)
+PROBE_DS = DaemonSetDef(
+    name=PROBE, deploy="vfio-manager", image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"), pod=_probe_pod
+)
 
 
 def _daemonsets(operand: Operand, ctx: Ctx) -> list[Manifest]:
     # each with the RBAC it is rendered with (the vfio manager's in _extras, the probe's in
     # _probe_rbac: both NODE_RULES), so each pod keeps its ServiceAccount token
-    vfio = (dataclasses.replace(operand, account=NAME, cluster_rules=NODE_RULES),) if _is_on(ctx, "vfioManager") else ()
+    vfio = (
+        (dataclasses.replace(operand, account=NAME, cluster_rules=NODE_RULES),)
+        if _is_on(ctx, "vfioManager")
+        else ()
+    )
     probe = dataclasses.replace(operand, account=PROBE, cluster_rules=NODE_RULES)
     return [*(build_daemonset(VFIO, v, ctx) for v in vfio), build_daemonset(PROBE_DS, probe, ctx)]
 
@@ -97,7 +126,10 @@ def _gate(ctx: Ctx) -> tuple[bool, str]:
         return False, why
     if _is_on(ctx, "vfioManager"):
         return True, f"{why}, {_because(ctx, 'vfioManager')}"
-    return True, f"{why}, {_because(ctx, 'vfioManager')}: the GPU probe only (the KubeVirt sync reads its facts)"
+    return (
+        True,
+        f"{why}, {_because(ctx, 'vfioManager')}: the GPU probe only (the KubeVirt sync reads its facts)",
+    )
 
 
 # the vfio manager's own RBAC, rendered with its DaemonSet only: its own Node (read the passthrough

@@ -57,26 +57,40 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
     wait = container(
         "vgpu-manager-validation",
         command=["sh", "-c"],
-        args=[f"until [ -f {VALIDATIONS_DIR}/vgpu-manager-ready ] || [ -f {VALIDATIONS_DIR}/host-vgpu-manager-ready ]; "
-              "do echo waiting for the vGPU manager; sleep 5; done"],
+        args=[
+            f"until [ -f {VALIDATIONS_DIR}/vgpu-manager-ready ] || [ -f {VALIDATIONS_DIR}/host-vgpu-manager-ready ]; "
+            "do echo waiting for the vGPU manager; sleep 5; done"
+        ],
         mounts=[mount("run-nvidia-validations", VALIDATIONS_DIR, propagation="HostToContainer")],
         privileged=True,
     )
     main = container(
         "nvidia-vgpu-device-manager",
-        env_vars=[NAMESPACE, NODE_NAME, env("CONFIG_FILE", "/vgpu-config/config.yaml"),
-                  env("DEFAULT_VGPU_CONFIG", default)],
-        mounts=[mount("vgpu-config", "/vgpu-config"), mount("host-sys", "/sys"),
-                mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
-                mount("driver-install-dir", "/driver-root", propagation="HostToContainer")],
+        env_vars=[
+            NAMESPACE,
+            NODE_NAME,
+            env("CONFIG_FILE", "/vgpu-config/config.yaml"),
+            env("DEFAULT_VGPU_CONFIG", default),
+        ],
+        mounts=[
+            mount("vgpu-config", "/vgpu-config"),
+            mount("host-sys", "/sys"),
+            mount("host-root", "/host", readonly=True, propagation="HostToContainer"),
+            mount("driver-install-dir", "/driver-root", propagation="HostToContainer"),
+        ],
         privileged=True,
     )
     return {
         "hostPID": True,
         "initContainers": [wait],
         "containers": [main],
-        "volumes": [VALIDATIONS, configmap_volume("vgpu-config", _config_name(ctx) or DEFAULT_CONFIG), SYS, HOST_ROOT,
-                    DRIVER_INSTALL_DIR],
+        "volumes": [
+            VALIDATIONS,
+            configmap_volume("vgpu-config", _config_name(ctx) or DEFAULT_CONFIG),
+            SYS,
+            HOST_ROOT,
+            DRIVER_INSTALL_DIR,
+        ],
     }
 
 

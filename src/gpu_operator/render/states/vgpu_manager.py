@@ -26,12 +26,16 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         command=["nvidia-driver"],
         args=["init"],
         # the vGPU host driver: built against the host (os-release), binds VFs (/dev/vfio), loads firmware
-        mounts=[mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
-                mount("host-os-release", "/host-etc/os-release", readonly=True),
-                mount("vfio", "/dev/vfio"), mount("host-cgroup", "/sys/fs/cgroup"),
-                mount("var-log", "/var/log"), mount("dev-log", "/dev/log"),
-                mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-                mount("nv-firmware", "/lib/firmware")],
+        mounts=[
+            mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+            mount("host-os-release", "/host-etc/os-release", readonly=True),
+            mount("vfio", "/dev/vfio"),
+            mount("host-cgroup", "/sys/fs/cgroup"),
+            mount("var-log", "/var/log"),
+            mount("dev-log", "/dev/log"),
+            mount("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+            mount("nv-firmware", "/lib/firmware"),
+        ],
         privileged=True,
     )
     return {
@@ -39,12 +43,19 @@ def _pod(ctx: Ctx, image: str) -> dict[str, Any]:
         "hostIPC": True,
         "initContainers": [driver_manager_init(evict=False)],
         "containers": [main],
-        "volumes": [hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"), HOST_ROOT, SYS,
-                    hostpath("var-log", "/var/log"), hostpath("dev-log", "/dev/log"), VALIDATIONS,
-                    hostpath("host-os-release", "/etc/os-release"), hostpath("vfio", "/dev/vfio"),
-                    hostpath("host-cgroup", "/sys/fs/cgroup"),
-                    hostpath("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
-                    hostpath("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate")],
+        "volumes": [
+            hostpath("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
+            HOST_ROOT,
+            SYS,
+            hostpath("var-log", "/var/log"),
+            hostpath("dev-log", "/dev/log"),
+            VALIDATIONS,
+            hostpath("host-os-release", "/etc/os-release"),
+            hostpath("vfio", "/dev/vfio"),
+            hostpath("host-cgroup", "/sys/fs/cgroup"),
+            hostpath("firmware-search-path", "/sys/module/firmware_class/parameters/path"),
+            hostpath("nv-firmware", "/run/nvidia/driver/lib/firmware", "DirectoryOrCreate"),
+        ],
     }
 
 
@@ -52,8 +63,13 @@ def _vgpu(ds: dict[str, Any], ctx: Ctx) -> None:
     pod = ds["spec"]["template"]["spec"]
     main = pod["containers"][0]
     main["image"] = driver_image(main["image"], ctx.facts.os_tag, None)
-    driver_manager(pod, ctx.spec.vgpuManager.driverManager, dict(ctx.facts.operator_env),
-                   "spec.vgpuManager.driverManager", ctx.spec)
+    driver_manager(
+        pod,
+        ctx.spec.vgpuManager.driverManager,
+        dict(ctx.facts.operator_env),
+        "spec.vgpuManager.driverManager",
+        ctx.spec,
+    )
 
 
 OPERAND = Operand(
@@ -62,10 +78,12 @@ OPERAND = Operand(
     orphan_pods=lambda ctx: bool(ctx.spec.driver.useNvidiaDriverCRD),
     account=NAME,
     role_rules=(rule([""], ["configmaps"], ["get", "list", "watch"]),),
-    cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
-                   rule([""], ["pods"], ["get", "list", "watch", "delete"]),
-                   rule([""], ["pods/eviction"], ["create"]),
-                   rule(["apps"], ["daemonsets"], ["get"])),
+    cluster_rules=(
+        rule([""], ["nodes"], ["get", "list", "watch", "patch", "update"]),
+        rule([""], ["pods"], ["get", "list", "watch", "delete"]),
+        rule([""], ["pods/eviction"], ["create"]),
+        rule(["apps"], ["daemonsets"], ["get"]),
+    ),
     daemonset=DaemonSetDef(
         name="nvidia-vgpu-manager-daemonset",
         deploy="vgpu-manager",

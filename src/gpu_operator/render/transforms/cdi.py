@@ -32,7 +32,9 @@ def device_plugin_cdi(ctr: dict[str, Any], spec: ClusterPolicySpec) -> None:
     upsert_env(ctr, "DEVICE_LIST_STRATEGY", "cdi-annotations,cdi-cri")
     upsert_env(ctr, "CDI_ANNOTATION_PREFIX", "cdi.k8s.io/")
     if spec.toolkit.on():
-        upsert_env(ctr, "NVIDIA_CDI_HOOK_PATH", spec.toolkit.installDir.rstrip("/") + "/toolkit/nvidia-cdi-hook")
+        upsert_env(
+            ctr, "NVIDIA_CDI_HOOK_PATH", spec.toolkit.installDir.rstrip("/") + "/toolkit/nvidia-cdi-hook"
+        )
 
 
 def rdma_storage_env(ctr: dict[str, Any], spec: ClusterPolicySpec) -> None:

@@ -53,8 +53,12 @@ def host_network(pod: dict[str, Any], enabled: bool | None) -> None:
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
 
 
-def apply_image(ctr: dict[str, Any], pod: dict[str, Any], image: str, fields: ImageFields | DriverManagerSpec | None,
-                ) -> None:
+def apply_image(
+    ctr: dict[str, Any],
+    pod: dict[str, Any],
+    image: str,
+    fields: ImageFields | DriverManagerSpec | None,
+) -> None:
     """Image, pull policy and pull secrets of one container."""
     ctr["image"] = image
     ctr["imagePullPolicy"] = pull_policy(fields.imagePullPolicy if fields else None)

@@ -64,4 +64,5 @@ def plugin_config(ds: dict[str, Any], ctx: Ctx) -> None:
     config = ctx.spec.devicePlugin.config
     if config is not None and config.name and ctx.facts.plugin_config_hash:
         template.setdefault("metadata", {}).setdefault("annotations", {})[PLUGIN_CONFIG_HASH] = (
-            ctx.facts.plugin_config_hash)
+            ctx.facts.plugin_config_hash
+        )

@@ -48,8 +48,10 @@ def startup_taint(spec: ClusterPolicySpec) -> str | None:
 
 def _tolerated(tolerations: list[dict[str, Any]], key: str) -> bool:
     """Whether a toleration covers every effect of the taint `key`."""
-    return any(t.get("key") in (key, None, "") and t.get("operator") == "Exists" and not t.get("effect")
-               for t in tolerations)
+    return any(
+        t.get("key") in (key, None, "") and t.get("operator") == "Exists" and not t.get("effect")
+        for t in tolerations
+    )
 
 
 def pod_wide(ds: dict[str, Any], daemonsets: DaemonsetsSpec, startup: str | None = None) -> None:
@@ -58,8 +60,11 @@ def pod_wide(ds: dict[str, Any], daemonsets: DaemonsetsSpec, startup: str | None
     the policy names one), pod security context, extra labels and annotations."""
     pod = ds["spec"]["template"]["spec"]
     pod["priorityClassName"] = daemonsets.priorityClassName or DEFAULT_PRIORITY_CLASS
-    pod["tolerations"] = ([t.dump() for t in daemonsets.tolerations] if daemonsets.tolerations
-                          else [dict(t) for t in DEFAULT_TOLERATIONS])
+    pod["tolerations"] = (
+        [t.dump() for t in daemonsets.tolerations]
+        if daemonsets.tolerations
+        else [dict(t) for t in DEFAULT_TOLERATIONS]
+    )
     if not _tolerated(pod["tolerations"], HEALTH_TAINT):
         pod["tolerations"].append(dict(HEALTH_TOLERATION))
     if startup and not _tolerated(pod["tolerations"], startup):

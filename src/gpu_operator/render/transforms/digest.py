@@ -136,7 +136,9 @@ def state_of_pod(pod: dict[str, Any]) -> DriverInstallState:
                 if "secretRef" in source:
                     state.SecretEnvSource = source["secretRef"]["name"]
             mounts = [
-                VolumeMountConfig(m["name"], m["mountPath"], m.get("subPath", ""), bool(m.get("readOnly", False)))
+                VolumeMountConfig(
+                    m["name"], m["mountPath"], m.get("subPath", ""), bool(m.get("readOnly", False))
+                )
                 for m in ctr.get("volumeMounts", [])
             ]
             state.AdditionalVolumeMounts = sorted(mounts, key=lambda m: (m.Name, m.MountPath))
@@ -150,12 +152,14 @@ def state_of_pod(pod: dict[str, Any]) -> DriverInstallState:
             state.DTKImage, state.DTKEnabled = ctr.get("image", ""), True
     volumes = []
     for volume in pod.get("volumes", []):
-        volumes.append(VolumeConfig(
-            volume["name"],
-            ConfigMapName=volume.get("configMap", {}).get("name", ""),
-            SecretName=volume.get("secret", {}).get("secretName", ""),
-            HostPath=volume.get("hostPath", {}).get("path", ""),
-        ))
+        volumes.append(
+            VolumeConfig(
+                volume["name"],
+                ConfigMapName=volume.get("configMap", {}).get("name", ""),
+                SecretName=volume.get("secret", {}).get("secretName", ""),
+                HostPath=volume.get("hostPath", {}).get("path", ""),
+            )
+        )
         if volume["name"] == "host-root" and "hostPath" in volume:
             state.HostRoot = volume["hostPath"]["path"]
     state.AdditionalVolumes = sorted(volumes, key=lambda v: v.Name)

@@ -31,13 +31,35 @@ NLS_TOKEN = "client_configuration_token.tok"
 TOPOLOGY_FILE = "nvidia-topologyd.conf"
 KERNEL_MODULE_FILES = ("nvidia.conf", "nvidia-uvm.conf", "nvidia-modeset.conf", "nvidia-peermem.conf")
 _APT, _YUM, _ZYPP = "/etc/apt/sources.list.d", "/etc/yum.repos.d", "/etc/zypp/repos.d"
-REPO_DIRS = {"ubuntu": _APT, "debian": _APT, "rhel": _YUM, "centos": _YUM, "rocky": _YUM, "ol": _YUM,
-             "fedora": _YUM, "amzn": _YUM, "sles": _ZYPP, "sl-micro": _ZYPP}
-_DEB_CERTS, _RH_CERTS, _SUSE_CERTS = ("/usr/local/share/ca-certificates", "/etc/pki/ca-trust/extracted/pem",
-                                      "/etc/pki/trust/anchors")
-CERT_DIRS = {"ubuntu": _DEB_CERTS, "debian": _DEB_CERTS, "rhel": _RH_CERTS, "centos": _RH_CERTS,
-             "rocky": _RH_CERTS, "ol": _RH_CERTS, "fedora": _RH_CERTS, "amzn": _RH_CERTS,
-             "sles": _SUSE_CERTS, "sl-micro": _SUSE_CERTS}
+REPO_DIRS = {
+    "ubuntu": _APT,
+    "debian": _APT,
+    "rhel": _YUM,
+    "centos": _YUM,
+    "rocky": _YUM,
+    "ol": _YUM,
+    "fedora": _YUM,
+    "amzn": _YUM,
+    "sles": _ZYPP,
+    "sl-micro": _ZYPP,
+}
+_DEB_CERTS, _RH_CERTS, _SUSE_CERTS = (
+    "/usr/local/share/ca-certificates",
+    "/etc/pki/ca-trust/extracted/pem",
+    "/etc/pki/trust/anchors",
+)
+CERT_DIRS = {
+    "ubuntu": _DEB_CERTS,
+    "debian": _DEB_CERTS,
+    "rhel": _RH_CERTS,
+    "centos": _RH_CERTS,
+    "rocky": _RH_CERTS,
+    "ol": _RH_CERTS,
+    "fedora": _RH_CERTS,
+    "amzn": _RH_CERTS,
+    "sles": _SUSE_CERTS,
+    "sl-micro": _SUSE_CERTS,
+}
 # NVIDIA's precompiled driver images for SUSE read the host's modules tree at this path
 # (object_controls.go: precompiled and the GPU nodes' os-release ID sles or sl-micro).
 SUSE_OS = ("sles", "sl-micro")
@@ -64,13 +86,23 @@ def driver_image(base: str, os_tag: str, kernel: str | None) -> str:
 def configmap_keys(facts: ClusterFacts, name: str, field_path: str) -> tuple[str, ...]:
     keys = facts.configmap_keys.get(name)
     if keys is None:
-        raise RenderError(field_path, f"the keys of ConfigMap {name!r} are unknown: the operator reads them "
-                          "into ClusterFacts.configmap_keys; check that the ConfigMap exists in the operator namespace")
+        raise RenderError(
+            field_path,
+            f"the keys of ConfigMap {name!r} are unknown: the operator reads them "
+            "into ClusterFacts.configmap_keys; check that the ConfigMap exists in the operator namespace",
+        )
     return tuple(keys)
 
 
-def _mount_keys(pod: dict[str, Any], main: dict[str, Any], volume: str, configmap: str, keys: tuple[str, ...],
-                directory: str, optional: bool = False) -> None:
+def _mount_keys(
+    pod: dict[str, Any],
+    main: dict[str, Any],
+    volume: str,
+    configmap: str,
+    keys: tuple[str, ...],
+    directory: str,
+    optional: bool = False,
+) -> None:
     items = [{"key": key, "path": key} for key in keys]
     source = configmap_volume(volume, configmap, items=items)
     if optional:
@@ -81,29 +113,37 @@ def _mount_keys(pod: dict[str, Any], main: dict[str, Any], volume: str, configma
 
 
 def _probes(main: dict[str, Any], spec: ClusterPolicySpec) -> None:
-    for key, probe in (("startupProbe", spec.driver.startupProbe), ("livenessProbe", spec.driver.livenessProbe),
-                       ("readinessProbe", spec.driver.readinessProbe)):
+    for key, probe in (
+        ("startupProbe", spec.driver.startupProbe),
+        ("livenessProbe", spec.driver.livenessProbe),
+        ("readinessProbe", spec.driver.readinessProbe),
+    ):
         if probe is None:
             continue
         target = main.setdefault(key, {"exec": {"command": ["sh", "/usr/local/bin/startup-probe.sh"]}})
         target.update({k: v for k, v in probe.dump().items() if v is not None})
 
 
-def _sidecars(pod: dict[str, Any], spec: ClusterPolicySpec, facts: ClusterFacts, driver_img: str,
-              precompiled: bool) -> None:
+def _sidecars(
+    pod: dict[str, Any], spec: ClusterPolicySpec, facts: ClusterFacts, driver_img: str, precompiled: bool
+) -> None:
     """RDMA (peermem), GDS (nvidia-fs) and GDRCopy sidecars exist only when their feature is on."""
     env = dict(facts.operator_env)
     if precompiled and (spec.gds.on() or spec.gdrcopy.on()):
-        raise RenderError("spec.driver.usePrecompiled",
-                          "precompiled drivers cannot be combined with gds.enabled or gdrcopy.enabled: turn one off")
+        raise RenderError(
+            "spec.driver.usePrecompiled",
+            "precompiled drivers cannot be combined with gds.enabled or gdrcopy.enabled: turn one off",
+        )
     if spec.driver.rdma_on():
         peermem = find(pod, PEERMEM_CTR)
         if peermem is not None:
             peermem["image"] = driver_img
     else:
         remove_containers(pod, PEERMEM_CTR)
-    for name, component, env_name, field in ((GDS_CTR, spec.gds, "GDS_IMAGE", "gds"),
-                                             (GDRCOPY_CTR, spec.gdrcopy, "GDRCOPY_IMAGE", "gdrcopy")):
+    for name, component, env_name, field in (
+        (GDS_CTR, spec.gds, "GDS_IMAGE", "gds"),
+        (GDRCOPY_CTR, spec.gdrcopy, "GDRCOPY_IMAGE", "gdrcopy"),
+    ):
         ctr = find(pod, name)
         if not component.on():
             remove_containers(pod, name)
@@ -143,32 +183,63 @@ def _configs(main: dict[str, Any], pod: dict[str, Any], spec: ClusterPolicySpec,
         files = [LICENSE_FILE] + ([NLS_TOKEN] if licensing.nlsEnabled is not False else [])
         items = [{"key": f, "path": f} for f in files]
         if licensing.secretName:
-            add_volume(pod, {"name": "licensing-config", "secret": {"secretName": licensing.secretName, "items": items}})
+            add_volume(
+                pod,
+                {"name": "licensing-config", "secret": {"secretName": licensing.secretName, "items": items}},
+            )
         else:
             add_volume(pod, configmap_volume("licensing-config", str(licensing.configMapName), items=items))
-        add_mount(main, mount("licensing-config", f"/drivers/{LICENSE_FILE}", readonly=True, sub_path=LICENSE_FILE))
+        add_mount(
+            main, mount("licensing-config", f"/drivers/{LICENSE_FILE}", readonly=True, sub_path=LICENSE_FILE)
+        )
         if NLS_TOKEN in files:
-            add_mount(main, mount("licensing-config", f"/drivers/ClientConfigToken/{NLS_TOKEN}", readonly=True,
-                                  sub_path=NLS_TOKEN))
+            add_mount(
+                main,
+                mount(
+                    "licensing-config",
+                    f"/drivers/ClientConfigToken/{NLS_TOKEN}",
+                    readonly=True,
+                    sub_path=NLS_TOKEN,
+                ),
+            )
     if driver.virtualTopology and driver.virtualTopology.config:
-        _mount_keys(pod, main, "topology-config", driver.virtualTopology.config, (TOPOLOGY_FILE,), "/etc/nvidia")
+        _mount_keys(
+            pod, main, "topology-config", driver.virtualTopology.config, (TOPOLOGY_FILE,), "/etc/nvidia"
+        )
     if driver.kernelModuleConfig and driver.kernelModuleConfig.name:
         name = driver.kernelModuleConfig.name
         known = facts.configmap_keys.get(name)
         # unknown keys: offer the files the driver container looks for, each optional
-        _mount_keys(pod, main, "kernel-module-config", name, tuple(known or KERNEL_MODULE_FILES), "/drivers",
-                    optional=known is None)
+        _mount_keys(
+            pod,
+            main,
+            "kernel-module-config",
+            name,
+            tuple(known or KERNEL_MODULE_FILES),
+            "/drivers",
+            optional=known is None,
+        )
     os_id = facts.os_id
     for volume, ref, dirs, path in (
-        ("repo-config", driver.repoConfig.configMapName if driver.repoConfig else None, REPO_DIRS,
-         "spec.driver.repoConfig.configMapName"),
-        ("cert-config", driver.certConfig.name if driver.certConfig else None, CERT_DIRS,
-         "spec.driver.certConfig.name"),
+        (
+            "repo-config",
+            driver.repoConfig.configMapName if driver.repoConfig else None,
+            REPO_DIRS,
+            "spec.driver.repoConfig.configMapName",
+        ),
+        (
+            "cert-config",
+            driver.certConfig.name if driver.certConfig else None,
+            CERT_DIRS,
+            "spec.driver.certConfig.name",
+        ),
     ):
         if not ref:
             continue
         if os_id not in dirs:
-            raise RenderError(path, f"no known {volume} directory for OS {os_id!r}; supported: {', '.join(dirs)}")
+            raise RenderError(
+                path, f"no known {volume} directory for OS {os_id!r}; supported: {', '.join(dirs)}"
+            )
         _mount_keys(pod, main, volume, ref, configmap_keys(facts, ref, path), dirs[os_id])
     if driver.secretEnv:
         for name in (DRIVER_CTR, GDS_CTR, GDRCOPY_CTR):
@@ -184,7 +255,9 @@ def host_lib_modules(pod: dict[str, Any], main: dict[str, Any], os_id: str) -> N
         add_mount(main, mount("lib-modules", HOST_LIB_MODULES, readonly=True))
 
 
-def transform_driver(ds: dict[str, Any], spec: ClusterPolicySpec, facts: ClusterFacts, kernel: str | None) -> None:
+def transform_driver(
+    ds: dict[str, Any], spec: ClusterPolicySpec, facts: ClusterFacts, kernel: str | None
+) -> None:
     """Everything particular to the driver DaemonSet; the digest is computed by the caller last."""
     pod = ds["spec"]["template"]["spec"]
     main = find(pod, DRIVER_CTR)

@@ -13,8 +13,13 @@ from gpu_operator.render.transforms.image import image_path
 INIT = "k8s-driver-manager"
 
 
-def driver_manager(pod: dict[str, Any], fields: DriverManagerSpec | None, operator_env: dict[str, str],
-                   field_path: str, spec: ClusterPolicySpec) -> None:
+def driver_manager(
+    pod: dict[str, Any],
+    fields: DriverManagerSpec | None,
+    operator_env: dict[str, str],
+    field_path: str,
+    spec: ClusterPolicySpec,
+) -> None:
     """Image, pull settings, RDMA flags and the user's env (eviction/drain knobs) of the k8s-driver-manager init."""
     ctr = find(pod, INIT)
     if ctr is None:

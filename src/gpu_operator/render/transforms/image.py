@@ -8,8 +8,14 @@ from gpu_operator.render.result import RenderError
 PULL_POLICIES = ("Always", "Never", "IfNotPresent")
 
 
-def image_path(fields: ImageFields | None, env_name: str, operator_env: dict[str, str] | object,
-               field_path: str, *, partial: bool = False) -> str:
+def image_path(
+    fields: ImageFields | None,
+    env_name: str,
+    operator_env: dict[str, str] | object,
+    field_path: str,
+    *,
+    partial: bool = False,
+) -> str:
     """`repo/image:version` (or `@version` for digests), `image` alone, or the env fallback."""
     repository = (fields.repository or "") if fields else ""
     image = (fields.image or "") if fields else ""

@@ -37,8 +37,9 @@ def _pick(ctr: dict[str, Any], names: tuple[str, ...], default: str) -> str:
     return default
 
 
-def _mount_dir(pod: dict[str, Any], ctr: dict[str, Any], volume: str, host_file: str, target: str,
-               type_: str | None) -> str:
+def _mount_dir(
+    pod: dict[str, Any], ctr: dict[str, Any], volume: str, host_file: str, target: str, type_: str | None
+) -> str:
     add_volume(pod, hostpath(volume, posixpath.dirname(host_file), type_))
     add_mount(ctr, mount(volume, target))
     return target + posixpath.basename(host_file)
@@ -52,8 +53,14 @@ def _default_env(ctr: dict[str, Any], name: str, value: str) -> None:
         upsert_env(ctr, name, value)
 
 
-def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, openshift: bool,
-                    dist: Distribution | None = None, config: str = "") -> None:
+def toolkit_runtime(
+    pod: dict[str, Any],
+    spec: ClusterPolicySpec,
+    runtime: str,
+    openshift: bool,
+    dist: Distribution | None = None,
+    config: str = "",
+) -> None:
     """Point the toolkit at the host's runtime config, drop-in dir and socket through /runtime/*:
     upstream's defaults for `runtime`, or a distribution's paths (`dist`, its config file `config`);
     what spec.toolkit.env names wins over both."""
@@ -62,8 +69,12 @@ def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, 
         runtime = dist.runtime
     upsert_env(ctr, "RUNTIME", runtime)
     if spec.cdi.on():
-        for name, value in (("CDI_ENABLED", "true"), ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
-                            ("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"), ("CRIO_CONFIG_MODE", "config")):
+        for name, value in (
+            ("CDI_ENABLED", "true"),
+            ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "false"),
+            ("NVIDIA_CONTAINER_RUNTIME_MODE", "cdi"),
+            ("CRIO_CONFIG_MODE", "config"),
+        ):
             _default_env(ctr, name, value)
         if spec.cdi.nri():
             _default_env(ctr, "ENABLE_NRI_PLUGIN", "true")
@@ -83,7 +94,9 @@ def toolkit_runtime(pod: dict[str, Any], spec: ClusterPolicySpec, runtime: str, 
         add_mount(ctr, mount("toolkit-install-dir", install_dir))
     if spec.cdi.nri():
         socket = _pick(ctr, ("NRI_SOCKET",), DEFAULT_NRI_SOCKET)
-        upsert_env(ctr, "NRI_SOCKET", _mount_dir(pod, ctr, "nri-socket", socket, NRI_SOCKET_DIR, "DirectoryOrCreate"))
+        upsert_env(
+            ctr, "NRI_SOCKET", _mount_dir(pod, ctr, "nri-socket", socket, NRI_SOCKET_DIR, "DirectoryOrCreate")
+        )
         return
     if dist is not None:
         _distribution_defaults(ctr, dist)
@@ -98,7 +111,9 @@ def _distribution_defaults(ctr: dict[str, Any], dist: Distribution) -> None:
         upsert_env(ctr, "RUNTIME_DROP_IN_CONFIG", "")  # the toolkit edits the config itself
 
 
-def _runtime_paths(pod: dict[str, Any], ctr: dict[str, Any], dist: Distribution, config_file: str = "") -> None:
+def _runtime_paths(
+    pod: dict[str, Any], ctr: dict[str, Any], dist: Distribution, config_file: str = ""
+) -> None:
     """Upstream's rule: each host path (spec.toolkit.env's, else the distribution's) mounted by its
     directory under /runtime/*, the env pointed at the container path."""
     runtime = dist.runtime

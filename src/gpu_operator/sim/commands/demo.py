@@ -51,10 +51,21 @@ def create_default_policy(state: SimState, gpucluster: bool = False) -> bool:
 
     import gpu_operator.kube.client  # noqa: F401 - registers our kinds for from_dict
 
-    body = ({"apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "metadata": {"name": GPUCLUSTER_NAME},
-             "spec": {"draDriver": {}}} if gpucluster else
-            {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": POLICY_NAME},
-             "spec": policy_spec(state)})
+    body = (
+        {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "GPUCluster",
+            "metadata": {"name": GPUCLUSTER_NAME},
+            "spec": {"draDriver": {}},
+        }
+        if gpucluster
+        else {
+            "apiVersion": "nvidia.com/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": POLICY_NAME},
+            "spec": policy_spec(state),
+        }
+    )
     client = session.admin_client(state)
     try:
         client.create(from_dict(body))
@@ -72,8 +83,13 @@ def done(view: StatusView) -> bool:
     return view.ready and (not view.rows or view.counts()[1] > 0)
 
 
-def watch(state: SimState, console: Console, timeout: float, started: float, kind: str = "ClusterPolicy",
-          ) -> StatusView:
+def watch(
+    state: SimState,
+    console: Console,
+    timeout: float,
+    started: float,
+    kind: str = "ClusterPolicy",
+) -> StatusView:
     """Show the status view live (a progress line per change when not on a terminal) until it is
     ready or `timeout` passes; returns the last view."""
     from gpu_operator.statusview.collect import collect
@@ -84,16 +100,22 @@ def watch(state: SimState, console: Console, timeout: float, started: float, kin
 
     def frame(view: StatusView) -> Group:
         elapsed = time.monotonic() - started
-        head = Text(f"waiting for the {kind} to become ready: {elapsed:4.0f}s "
-                    f"(limit {timeout:.0f}s)", style="bold")
+        head = Text(
+            f"waiting for the {kind} to become ready: {elapsed:4.0f}s (limit {timeout:.0f}s)", style="bold"
+        )
         return Group(head, render_view(view, max_nodes=20, legend=False))
 
     deadline = time.monotonic() + timeout
     view = collect(client, session.OPERATOR_NAMESPACE)
     last_line = ""
     try:
-        with Live(frame(view), console=console, refresh_per_second=4, transient=True,
-                  auto_refresh=console.is_terminal) as live:
+        with Live(
+            frame(view),
+            console=console,
+            refresh_per_second=4,
+            transient=True,
+            auto_refresh=console.is_terminal,
+        ) as live:
             while not done(view) and time.monotonic() < deadline:
                 if operator is not None and not operator.alive:
                     raise session.SimError(f"the operator exited; see {operator.log}")
@@ -119,10 +141,18 @@ def summary(state: SimState, view: StatusView, timings: Timings, helm: bool = Fa
     table.add_row("GPU nodes", str(len(view.rows)))
     table.add_row("operand pods ready", f"{ready}/{expected}")
     policy = view.policy
-    table.add_row(policy.kind if policy else "ClusterPolicy",
-                  Text(f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none"))
-    table.add_row("operator log", Text(f"kubectl -n {session.OPERATOR_NAMESPACE} logs deploy/gpu-operator "
-                                       "(the chart's pod)" if helm else str(Path(state.dir) / "logs" / "operator.log")))
+    table.add_row(
+        policy.kind if policy else "ClusterPolicy",
+        Text(f"{policy.name}: {policy.state} ({policy.reason})" if policy else "none"),
+    )
+    table.add_row(
+        "operator log",
+        Text(
+            f"kubectl -n {session.OPERATOR_NAMESPACE} logs deploy/gpu-operator (the chart's pod)"
+            if helm
+            else str(Path(state.dir) / "logs" / "operator.log")
+        ),
+    )
     real = real_node_lines(state, view)
     if real:
         table.add_row("real node", Text("\n".join(real)))
@@ -148,11 +178,13 @@ def real_node_lines(state: SimState, view: StatusView) -> list[str]:
     row = next((r for r in view.rows if r.name == info["name"]), None)
     ran = [c for c, cell in row.cells.items() if cell.ready] if row else []
     files = sorted(p.name for p in (Path(info["host_root"]) / VALIDATIONS_DIR.lstrip("/")).glob("*-ready"))
-    return [f"{info['name']} ({info['shape']}): kubelet + containerd running our image",
-            f"pods that really ran there: {', '.join(ran) or 'none ready'}; "
-            f"validation {row.validation if row else 'not seen'}",
-            f"status files they wrote: {', '.join(files) or 'none'} in {info['host_root']}{VALIDATIONS_DIR}",
-            f"pod logs: {Path(info['dir']) / 'pod-logs'}"]
+    return [
+        f"{info['name']} ({info['shape']}): kubelet + containerd running our image",
+        f"pods that really ran there: {', '.join(ran) or 'none ready'}; "
+        f"validation {row.validation if row else 'not seen'}",
+        f"status files they wrote: {', '.join(files) or 'none'} in {info['host_root']}{VALIDATIONS_DIR}",
+        f"pod logs: {Path(info['dir']) / 'pod-logs'}",
+    ]
 
 
 def _command(name: str) -> str:
@@ -170,14 +202,16 @@ def look_around(state: SimState, keep: bool, teardown: str, gpucluster: bool = F
     ns = session.OPERATOR_NAMESPACE
     kubectl, gpu_operator = _command("kubectl"), _command("gpu-operator")
     lines = [
-        "Look around (in another shell):" if keep else
-        "Look around (run the demo with --keep, then in another shell):",
+        "Look around (in another shell):"
+        if keep
+        else "Look around (run the demo with --keep, then in another shell):",
         f"  export KUBECONFIG={state.kubeconfig}",
         f"  {gpu_operator} status",
         f"  {kubectl} get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver",
         f"  {kubectl} -n {ns} get daemonsets,pods -o wide",
-        f"  {kubectl} get gpucluster {GPUCLUSTER_NAME} -o yaml" if gpucluster else
-        f"  {kubectl} get clusterpolicy {POLICY_NAME} -o yaml",
+        f"  {kubectl} get gpucluster {GPUCLUSTER_NAME} -o yaml"
+        if gpucluster
+        else f"  {kubectl} get clusterpolicy {POLICY_NAME} -o yaml",
         *([f"  {kubectl} get deviceclasses,resourceslices"] if gpucluster else []),
         f"  logs: {Path(state.dir) / 'logs'}",
     ]
@@ -188,9 +222,17 @@ def look_around(state: SimState, keep: bool, teardown: str, gpucluster: bool = F
     return "\n".join(lines)
 
 
-def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console: Console,
-         real_node: str | None = None, helm: bool = False, gpucluster: bool = False,
-         kubernetes: str = "current") -> int:
+def demo(
+    directory: Path,
+    shapes: list[str],
+    keep: bool,
+    timeout: float,
+    console: Console,
+    real_node: str | None = None,
+    helm: bool = False,
+    gpucluster: bool = False,
+    kubernetes: str = "current",
+) -> int:
     """Returns the exit code: 0 when the ClusterPolicy (or GPUCluster) became ready, 1 when not in time."""
     kind, name = ("GPUCluster", GPUCLUSTER_NAME) if gpucluster else ("ClusterPolicy", POLICY_NAME)
 
@@ -199,8 +241,11 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
 
     timings = Timings()
     state, fresh = session.up(directory, shapes, progress, real_node=real_node, kubernetes=kubernetes)
-    timings.mark(("control plane + fake nodes" + (" + real node" if real_node else "")) if fresh
-                 else "attach to the running simulator")
+    timings.mark(
+        ("control plane + fake nodes" + (" + real node" if real_node else ""))
+        if fresh
+        else "attach to the running simulator"
+    )
     operator_was_running = bool((p := state.proc("operator")) and p.alive)
     # the operator process this demo starts (and stops again on a simulator it attached to)
     starts_operator = not helm and not operator_was_running
@@ -218,11 +263,15 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
             progress(f"the chart created ClusterPolicy {POLICY_NAME} from its values")
         elif created := create_default_policy(state, gpucluster):
             if gpucluster:
-                progress(f"created GPUCluster {name} (the DRA stack) with the chart's DRA driver image; the "
-                         "simulator's plugin stand-in publishes each GPU node's ResourceSlice")
+                progress(
+                    f"created GPUCluster {name} (the DRA stack) with the chart's DRA driver image; the "
+                    "simulator's plugin stand-in publishes each GPU node's ResourceSlice"
+                )
             elif state.real_node:
-                progress(f"created ClusterPolicy {POLICY_NAME}: defaults, hostPaths.rootFS = the real node's "
-                         f"host tree {state.real_node['host_root']}")
+                progress(
+                    f"created ClusterPolicy {POLICY_NAME}: defaults, hostPaths.rootFS = the real node's "
+                    f"host tree {state.real_node['host_root']}"
+                )
             else:
                 progress(f"created ClusterPolicy {POLICY_NAME} with every default (spec: {{}})")
         else:
@@ -238,8 +287,10 @@ def demo(directory: Path, shapes: list[str], keep: bool, timeout: float, console
         else:
             console.print(not_ready_text(view, timeout))
             code = 1
-        console.print(Text(look_around(state, keep, teardown_text(fresh, starts_operator, helm), gpucluster)),
-                      highlight=False)
+        console.print(
+            Text(look_around(state, keep, teardown_text(fresh, starts_operator, helm), gpucluster)),
+            highlight=False,
+        )
         return code
     except KeyboardInterrupt:
         console.print("interrupted")
@@ -265,5 +316,7 @@ def teardown_text(fresh: bool, starts_operator: bool, helm: bool = False) -> str
         return "Stopping the operator this demo started; the simulator keeps running."
     if helm:
         return "The simulator ran before this demo: it keeps running, with the chart's release installed."
-    return ("The simulator and its operator ran before this demo: both keep running "
-            "(gpu-operator sim down stops them).")
+    return (
+        "The simulator and its operator ran before this demo: both keep running "
+        "(gpu-operator sim down stops them)."
+    )

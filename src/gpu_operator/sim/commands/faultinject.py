@@ -24,16 +24,29 @@ SHUTDOWN_REASON = "Terminated"  # the kubelet's graceful node shutdown (kubernet
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 
 
-def check_action(xid: str | None, gone: bool, clear: bool, gpu: int | None,
-                 reboot: bool = False) -> tuple[str, int | None]:
+def check_action(
+    xid: str | None, gone: bool, clear: bool, gpu: int | None, reboot: bool = False
+) -> tuple[str, int | None]:
     """The one action asked for (and the Xid); bad combinations named with the fix."""
-    chosen = [name for name, on in (("--xid", xid is not None), ("--gone", gone), ("--clear", clear),
-                                    ("--reboot", reboot)) if on]
+    chosen = [
+        name
+        for name, on in (
+            ("--xid", xid is not None),
+            ("--gone", gone),
+            ("--clear", clear),
+            ("--reboot", reboot),
+        )
+        if on
+    ]
     if len(chosen) != 1:
-        raise FaultError(f"{' and '.join(chosen) or 'no fault'} given: give exactly one of --xid N, --gone, "
-                         "--clear or --reboot (see gpu-operator sim fault --help)")
+        raise FaultError(
+            f"{' and '.join(chosen) or 'no fault'} given: give exactly one of --xid N, --gone, "
+            "--clear or --reboot (see gpu-operator sim fault --help)"
+        )
     if clear and gpu is not None:
-        raise FaultError("--gpu with --clear: --clear brings back every GPU of the node (a reboot): leave out --gpu")
+        raise FaultError(
+            "--gpu with --clear: --clear brings back every GPU of the node (a reboot): leave out --gpu"
+        )
     if reboot and gpu is not None:
         raise FaultError("--gpu with --reboot: a reboot is the whole node's: leave out --gpu")
     if reboot:
@@ -71,15 +84,19 @@ def _kwok_shape(state: SimState, node: str) -> str:
             raise
         names = sorted(str(n.metadata.name) for n in client.list(Node) if n.metadata is not None)
         shown = ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
-        raise FaultError(f"NODE {node!r}: no such node in this simulator: give one of {shown or 'none (no nodes)'}"
-                         " (kubectl get nodes)") from err
+        raise FaultError(
+            f"NODE {node!r}: no such node in this simulator: give one of {shown or 'none (no nodes)'}"
+            " (kubectl get nodes)"
+        ) from err
     finally:
         client.close()
     meta = found.metadata
     labels, notes = (meta.labels or {}) if meta else {}, (meta.annotations or {}) if meta else {}
     if notes.get(KWOK_ANNOTATION) != KWOK_ANNOTATION_VALUE or SHAPE_LABEL not in labels:
-        raise FaultError(f"NODE {node!r} is neither a simulated GPU node (kwok, label {SHAPE_LABEL}) nor the "
-                         "simulator's real node: give one of those")
+        raise FaultError(
+            f"NODE {node!r} is neither a simulated GPU node (kwok, label {SHAPE_LABEL}) nor the "
+            "simulator's real node: give one of those"
+        )
     return str(labels[SHAPE_LABEL])
 
 
@@ -94,7 +111,11 @@ def end_pods(state: SimState, node: str) -> list[str]:
     try:
         for pod in client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
             meta, status = pod.metadata, pod.status
-            if meta is None or meta.deletionTimestamp is not None or (status and status.phase in ("Succeeded", "Failed")):
+            if (
+                meta is None
+                or meta.deletionTimestamp is not None
+                or (status and status.phase in ("Succeeded", "Failed"))
+            ):
                 continue
             patch = {"status": {"phase": "Failed", "reason": SHUTDOWN_REASON, "message": SHUTDOWN_MESSAGE}}
             client.patch(Pod.Status, str(meta.name), patch, namespace=str(meta.namespace))
@@ -108,22 +129,28 @@ def reboot(state: SimState, node: str) -> str:
     """Reboot a kwok vGPU host: its tree first (state lost, a new boot), then its pods end."""
     real = state.real_node or {}
     if node == real.get("name"):
-        raise FaultError(f"--reboot: {node} is the simulator's real node, whose kubelet and host are real: "
-                         "--reboot plays a kwok vGPU host (shape vgpu-host-h100); --clear clears this node's faults")
+        raise FaultError(
+            f"--reboot: {node} is the simulator's real node, whose kubelet and host are real: "
+            "--reboot plays a kwok vGPU host (shape vgpu-host-h100); --clear clears this node's faults"
+        )
     shape = _kwok_shape(state, node)
     spec = node_host_spec(shape)
     if not is_vgpu_host(spec):
-        raise FaultError(f"--reboot: node {node} (shape {shape}) is not a vGPU host: --reboot plays what a vGPU host "
-                         "loses at a reboot (shape vgpu-host-h100); --clear plays the reboot that clears other "
-                         "nodes' faults")
+        raise FaultError(
+            f"--reboot: node {node} (shape {shape}) is not a vGPU host: --reboot plays what a vGPU host "
+            "loses at a reboot (shape vgpu-host-h100); --clear plays the reboot that clears other "
+            "nodes' faults"
+        )
     hosts = NodeHosts(Path(state.dir) / "hosts")
     faults = hosts.faults(node, spec)
     book = faults.reboot_vgpu_host(spec)
     hosts.announce(node)
     pods = end_pods(state, node)
     mig = "kept (the GPU keeps it)" if spec["vgpu"].get("mig_persists_reboot") else "off (the GPU keeps none)"
-    return (f"node {node}: rebooted: {len(book.gpus)} GPU(s) with no VF or vGPU, MIG mode {mig}, a new boot_id; "
-            f"{len(pods)} pod(s) ended by the node's shutdown, their DaemonSets make new ones (host tree {faults.root})")
+    return (
+        f"node {node}: rebooted: {len(book.gpus)} GPU(s) with no VF or vGPU, MIG mode {mig}, a new boot_id; "
+        f"{len(pods)} pod(s) ended by the node's shutdown, their DaemonSets make new ones (host tree {faults.root})"
+    )
 
 
 def inject(state: SimState, node: str, action: str, xid: int | None, gpu: int | None) -> str:
@@ -137,8 +164,10 @@ def inject(state: SimState, node: str, action: str, xid: int | None, gpu: int | 
         said = f"GPU {done.index} ({done.address}): Xid {xid} written to the kernel log"
     elif action == "gone":
         done = faults.gone(gpu)
-        said = (f"GPU {done.index} ({done.address}) fell off the bus: Xid 79 logged, gone from sysfs, "
-                f"/proc/driver/nvidia and /dev/nvidia{done.minor}")
+        said = (
+            f"GPU {done.index} ({done.address}) fell off the bus: Xid 79 logged, gone from sysfs, "
+            f"/proc/driver/nvidia and /dev/nvidia{done.minor}"
+        )
     else:
         book = faults.clear()
         said = f"rebooted: all {len(book.gpus)} GPU(s) back, the kernel log empty, a new boot_id"

@@ -145,14 +145,22 @@ def operands_on(state: SimState, node: str) -> list[str]:
     client = session.admin_client(state)
     try:
         pods = client.list(Pod, namespace=NAMESPACE, fields={"spec.nodeName": node})
-        return sorted({ref.name for p in pods if p.status and p.status.phase == "Running"
-                       for ref in (p.metadata.ownerReferences if p.metadata else None) or [] if ref.kind == "DaemonSet"})
+        return sorted(
+            {
+                ref.name
+                for p in pods
+                if p.status and p.status.phase == "Running"
+                for ref in (p.metadata.ownerReferences if p.metadata else None) or []
+                if ref.kind == "DaemonSet"
+            }
+        )
     finally:
         client.close()
 
 
-def host_cluster(directory: Path, chain: Chain, gpus: int, tenant_resource: str, progress: Progress,
-                 timeout: float) -> None:
+def host_cluster(
+    directory: Path, chain: Chain, gpus: int, tenant_resource: str, progress: Progress, timeout: float
+) -> None:
     from gpu_operator.sim.hardware.faults import NodeHosts
 
     progress("== host cluster: seed 001's node, 8x H100 SXM5 on vfio-pci ==")
@@ -165,10 +173,16 @@ def host_cluster(directory: Path, chain: Chain, gpus: int, tenant_resource: str,
         chain.mark("host: control plane, node, KubeVirt's API")
         install_chart(state, "passthrough", progress)
         virt_handler(client, progress)
-        name = wait("the operator to list 10DE:2330 in KubeVirt's permittedHostDevices",
-                    lambda: permitted_name(client, H100_SXM5), progress, timeout)
-        progress(f"KubeVirt CR {KUBEVIRT_NAMESPACE}/kubevirt permits 10DE:2330 as {name} "
-                 "(externalResourceProvider: false: virt-handler's own device plugin)")
+        name = wait(
+            "the operator to list 10DE:2330 in KubeVirt's permittedHostDevices",
+            lambda: permitted_name(client, H100_SXM5),
+            progress,
+            timeout,
+        )
+        progress(
+            f"KubeVirt CR {KUBEVIRT_NAMESPACE}/kubevirt permits 10DE:2330 as {name} "
+            "(externalResourceProvider: false: virt-handler's own device plugin)"
+        )
         chain.host_resource = name
 
         def published() -> bool:
@@ -176,10 +190,17 @@ def host_cluster(directory: Path, chain: Chain, gpus: int, tenant_resource: str,
             chain.host_capacity, chain.host_allocatable = capacity, allocatable
             return int(allocatable.get(name, "0") or 0) > 0
 
-        wait(f"virt-handler to publish {name} on {HOST_NODE}", published, progress, timeout,
-             lambda: f"allocatable {name}={chain.host_allocatable.get(name, 'none')}")
-        progress(f"{HOST_NODE}: capacity {name}={chain.host_capacity[name]}, "
-                 f"allocatable {name}={chain.host_allocatable[name]}")
+        wait(
+            f"virt-handler to publish {name} on {HOST_NODE}",
+            published,
+            progress,
+            timeout,
+            lambda: f"allocatable {name}={chain.host_allocatable.get(name, 'none')}",
+        )
+        progress(
+            f"{HOST_NODE}: capacity {name}={chain.host_capacity[name]}, "
+            f"allocatable {name}={chain.host_allocatable[name]}"
+        )
         chain.mark("host: chart, operator, KubeVirt in step, virt-handler publishes")
         check_names(tenant_resource, name, chain.host_capacity)
         pod = vm_pod(client, TENANT_NAMESPACE, VM_NAME, tenant_resource, gpus)
@@ -187,15 +208,21 @@ def host_cluster(directory: Path, chain: Chain, gpus: int, tenant_resource: str,
         chain.vm_pod = f"{TENANT_NAMESPACE}/{pod.metadata.name}"
         progress(f"VM {VM_NAME}: pod {chain.vm_pod} asks for {tenant_resource}: {gpus}")
         uid = str(pod.metadata.uid)
-        entry = wait(f"the kubelet to give {chain.vm_pod} {gpus} device(s)",
-                     lambda: allocation(state, uid, tenant_resource), progress, timeout)
+        entry = wait(
+            f"the kubelet to give {chain.vm_pod} {gpus} device(s)",
+            lambda: allocation(state, uid, tenant_resource),
+            progress,
+            timeout,
+        )
         chain.groups = entry
         root = NodeHosts(Path(state.dir) / "hosts").root(HOST_NODE)
         from gpu_operator.sim.standins.virthandler import group_addresses
 
         chain.host_addresses = [a for g in entry for a in group_addresses(root, g)]
-        progress(f"the kubelet gave it IOMMU group(s) {', '.join(entry)}: {', '.join(chain.host_addresses)} "
-                 "(virt-handler's Allocate hands these addresses to virt-launcher)")
+        progress(
+            f"the kubelet gave it IOMMU group(s) {', '.join(entry)}: {', '.join(chain.host_addresses)} "
+            "(virt-handler's Allocate hands these addresses to virt-launcher)"
+        )
         chain.mark("host: the VM's pod gets its GPUs")
     finally:
         client.close()
@@ -204,10 +231,14 @@ def host_cluster(directory: Path, chain: Chain, gpus: int, tenant_resource: str,
 def check_names(tenant: str, published: str, capacity: dict[str, str]) -> None:
     """The name the tenant's VM asks for must be one the host's node publishes."""
     if tenant != published or tenant not in capacity:
-        raise NameMismatch(f"the tenant's VM asks for {tenant!r} but the host publishes {published!r} "
-                          f"(KubeVirt CR {KUBEVIRT_NAMESPACE}/kubevirt, permittedHostDevices; node {HOST_NODE}): "
-                          f"the VM's pod would stay Pending. Fix: ask for {published!r} in the tenant's gpus, or "
-                          f"give the KubeVirt entry that resourceName", tenant, published)
+        raise NameMismatch(
+            f"the tenant's VM asks for {tenant!r} but the host publishes {published!r} "
+            f"(KubeVirt CR {KUBEVIRT_NAMESPACE}/kubevirt, permittedHostDevices; node {HOST_NODE}): "
+            f"the VM's pod would stay Pending. Fix: ask for {published!r} in the tenant's gpus, or "
+            f"give the KubeVirt entry that resourceName",
+            tenant,
+            published,
+        )
 
 
 def allocation(state: SimState, uid: str, resource: str) -> list[str] | None:
@@ -238,7 +269,9 @@ def guest_cluster(directory: Path, chain: Chain, shape: str, progress: Progress,
     try:
         nodes.create_node(client, shapes.load(shape).node(VM_NAME))
         nodes.wait_ready(client, [VM_NAME])
-        progress(f"node {VM_NAME} (shape {shape}) Ready; its GPUs at guest addresses {', '.join(chain.guest_addresses)}")
+        progress(
+            f"node {VM_NAME} (shape {shape}) Ready; its GPUs at guest addresses {', '.join(chain.guest_addresses)}"
+        )
         chain.mark("guest: control plane and the VM's node")
         install_chart(state, "guest", progress)
 
@@ -248,10 +281,19 @@ def guest_cluster(directory: Path, chain: Chain, shape: str, progress: Progress,
             chain.policy = f"{status.get('state') or 'not reconciled yet'}"
             return status.get("state") == "ready" and chain.guest_allocatable.get(GPU) == str(gpus)
 
-        wait(f"the guest's ClusterPolicy ready and {GPU}: {gpus} on {VM_NAME}", ready, progress, timeout,
-             lambda: f"ClusterPolicy {chain.policy}; allocatable {GPU}={chain.guest_allocatable.get(GPU, 'none')}")
+        wait(
+            f"the guest's ClusterPolicy ready and {GPU}: {gpus} on {VM_NAME}",
+            ready,
+            progress,
+            timeout,
+            lambda: (
+                f"ClusterPolicy {chain.policy}; allocatable {GPU}={chain.guest_allocatable.get(GPU, 'none')}"
+            ),
+        )
         chain.operands = operands_on(state, VM_NAME)
-        progress(f"guest: ClusterPolicy {POLICY} {chain.policy}; {VM_NAME} allocatable {GPU}={chain.guest_allocatable[GPU]}")
+        progress(
+            f"guest: ClusterPolicy {POLICY} {chain.policy}; {VM_NAME} allocatable {GPU}={chain.guest_allocatable[GPU]}"
+        )
         chain.mark("guest: chart, operator, ClusterPolicy ready")
     finally:
         client.close()
@@ -268,12 +310,20 @@ def guest_shape(gpus: int, vendor_device: str = H100_SXM5) -> str:
         if shape.gpu_count == gpus and shape.gpu_vendor_device.lower() == vendor_device:
             return shape.name
     have = ", ".join(f"{s.name} ({s.gpu_count}x {s.gpu_vendor_device})" for s in guests) or "none"
-    raise NestedError(f"--gpus {gpus}: no VM guest node shape with {gpus} GPU(s) of {vendor_device} "
-                      f"(guest shapes: {have}); give --gpus to match one")
+    raise NestedError(
+        f"--gpus {gpus}: no VM guest node shape with {gpus} GPU(s) of {vendor_device} "
+        f"(guest shapes: {have}); give --gpus to match one"
+    )
 
 
-def run(directory: Path, progress: Progress, gpus: int = 2, tenant_resource: str = SEED_001_RESOURCE,
-        keep: bool = False, timeout: float = 120.0) -> Chain:
+def run(
+    directory: Path,
+    progress: Progress,
+    gpus: int = 2,
+    tenant_resource: str = SEED_001_RESOURCE,
+    keep: bool = False,
+    timeout: float = 120.0,
+) -> Chain:
     """The whole chain; raises NestedError naming the step that failed. Both simulators are torn
     down afterwards unless `keep`."""
     if not 1 <= gpus <= len(SEED_001):
@@ -318,14 +368,18 @@ def demo(directory: Path, gpus: int, tenant_resource: str, keep: bool, timeout: 
         typer.echo(f"sim: {msg}", err=True)
 
     try:
-        chain = run(directory, progress, gpus=gpus, tenant_resource=tenant_resource, keep=keep, timeout=timeout)
+        chain = run(
+            directory, progress, gpus=gpus, tenant_resource=tenant_resource, keep=keep, timeout=timeout
+        )
     except (NestedError, session.SimError) as err:
         typer.secho(f"error: {err}", fg="red", err=True)
         return 1
     for line in report(chain):
         typer.echo(line)
     if keep and chain.host and chain.guest:
-        typer.echo(f"Both clusters keep running: host KUBECONFIG={chain.host.kubeconfig}, "
-                   f"guest KUBECONFIG={chain.guest.kubeconfig}; stop them with gpu-operator sim down --dir "
-                   f"{directory / 'host'} and --dir {directory / 'guest'}")
+        typer.echo(
+            f"Both clusters keep running: host KUBECONFIG={chain.host.kubeconfig}, "
+            f"guest KUBECONFIG={chain.guest.kubeconfig}; stop them with gpu-operator sim down --dir "
+            f"{directory / 'host'} and --dir {directory / 'guest'}"
+        )
     return 0

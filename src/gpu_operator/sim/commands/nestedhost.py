@@ -53,12 +53,16 @@ def package_values(variant: str) -> dict[str, Any]:
     (values.yaml, then values-<variant>.yaml) and passes them to the dependency: the maps under
     `gpu-operator:`, merged the way `helm -f a -f b` does."""
     if not PACKAGE.is_dir():
-        raise NestedError(f"the platform package is not in this installation ({PACKAGE}): run from the source tree")
+        raise NestedError(
+            f"the platform package is not in this installation ({PACKAGE}): run from the source tree"
+        )
     merged: dict[str, Any] = {}
     for name in ("values.yaml", f"values-{variant}.yaml"):
         path = PACKAGE / name
         if not path.is_file():
-            known = sorted(p.name.removeprefix("values-").removesuffix(".yaml") for p in PACKAGE.glob("values-*.yaml"))
+            known = sorted(
+                p.name.removeprefix("values-").removesuffix(".yaml") for p in PACKAGE.glob("values-*.yaml")
+            )
             raise NestedError(f"variant {variant!r}: no {path}; the package's variants: {', '.join(known)}")
         merged = deep_merge(merged, (yaml.safe_load(path.read_text()) or {}).get("gpu-operator") or {})
     return merged
@@ -67,13 +71,21 @@ def package_values(variant: str) -> dict[str, Any]:
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in override.items():
-        merged[key] = deep_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) \
+        merged[key] = (
+            deep_merge(merged[key], value)
+            if isinstance(value, dict) and isinstance(merged.get(key), dict)
             else value
+        )
     return merged
 
 
-def wait(what: str, check: Callable[[], Any], progress: Progress, timeout: float,
-         seen: Callable[[], str] = lambda: "") -> Any:
+def wait(
+    what: str,
+    check: Callable[[], Any],
+    progress: Progress,
+    timeout: float,
+    seen: Callable[[], str] = lambda: "",
+) -> Any:
     """Poll `check` until it returns something true; a progress line every 10 s; on timeout a
     NestedError with what was last seen."""
     started = last = time.monotonic()
@@ -103,7 +115,9 @@ def kubevirt_api(client: Client, progress: Progress) -> None:
     """KubeVirt's CRD (the fields we touch, tests/fixtures/kubevirt) and seed 001's CR, with the
     HostDevices feature gate and no device listed yet: the operator lists the GPUs."""
     if not KUBEVIRT_CRD.is_file():
-        raise NestedError(f"KubeVirt's CRD is not in this installation ({KUBEVIRT_CRD}): run from the source tree")
+        raise NestedError(
+            f"KubeVirt's CRD is not in this installation ({KUBEVIRT_CRD}): run from the source tree"
+        )
     client.apply(from_dict(yaml.safe_load(KUBEVIRT_CRD.read_text())), field_manager=FIELD_MANAGER, force=True)
 
     def served() -> bool:
@@ -115,27 +129,50 @@ def kubevirt_api(client: Client, progress: Progress) -> None:
     ensure(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUBEVIRT_NAMESPACE}})
     for _ in range(20):  # the new kind may take a moment to be served
         try:
-            ensure(client, {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
-                            "metadata": {"name": "kubevirt", "namespace": KUBEVIRT_NAMESPACE},
-                            "spec": {"configuration": {"developerConfiguration": {"featureGates": ["HostDevices"]}}}})
+            ensure(
+                client,
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "KubeVirt",
+                    "metadata": {"name": "kubevirt", "namespace": KUBEVIRT_NAMESPACE},
+                    "spec": {"configuration": {"developerConfiguration": {"featureGates": ["HostDevices"]}}},
+                },
+            )
             break
         except ApiError as err:
             if err.status.code != 404:
                 raise
             time.sleep(0.5)
-    progress(f"KubeVirt's CRD and CR {KUBEVIRT_NAMESPACE}/kubevirt (feature gate HostDevices, no device listed)")
+    progress(
+        f"KubeVirt's CRD and CR {KUBEVIRT_NAMESPACE}/kubevirt (feature gate HostDevices, no device listed)"
+    )
 
 
 def virt_handler(client: Client, progress: Progress) -> None:
     labels = {"kubevirt.io": "virt-handler"}
-    ensure(client, {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "virt-handler", "namespace": KUBEVIRT_NAMESPACE, "labels": labels},
-        "spec": {"selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [{"name": "virt-handler",
-                                                       "image": f"quay.io/kubevirt/virt-handler:{KUBEVIRT_VERSION}"}],
-                                       "nodeSelector": {"kubernetes.io/os": "linux"}}}}})
+    ensure(
+        client,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "virt-handler", "namespace": KUBEVIRT_NAMESPACE, "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "virt-handler",
+                                "image": f"quay.io/kubevirt/virt-handler:{KUBEVIRT_VERSION}",
+                            }
+                        ],
+                        "nodeSelector": {"kubernetes.io/os": "linux"},
+                    },
+                },
+            },
+        },
+    )
     progress(f"virt-handler's DaemonSet in {KUBEVIRT_NAMESPACE} (as virt-operator deploys it)")
 
 
@@ -151,18 +188,35 @@ def permitted_name(client: Client, selector: str) -> str | None:
 
 def node_resources(client: Client, node: str) -> tuple[dict[str, str], dict[str, str]]:
     status = client.get(Node, node).status
-    return ({k: str(v) for k, v in ((status.capacity if status else None) or {}).items()},
-            {k: str(v) for k, v in ((status.allocatable if status else None) or {}).items()})
+    return (
+        {k: str(v) for k, v in ((status.capacity if status else None) or {}).items()},
+        {k: str(v) for k, v in ((status.allocatable if status else None) or {}).items()},
+    )
 
 
 def vm_pod(client: Client, namespace: str, name: str, resource: str, gpus: int) -> Pod:
     """The VM's pod as virt-controller makes it: its host devices as limits of `compute`."""
     ensure(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     limits = {resource: str(gpus)}
-    ensure(client, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"virt-launcher-{name}", "namespace": namespace,
-                     "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": name}},
-        "spec": {"containers": [{"name": "compute", "image": f"quay.io/kubevirt/virt-launcher:{KUBEVIRT_VERSION}",
-                                 "resources": {"limits": limits, "requests": dict(limits)}}]}})
+    ensure(
+        client,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"virt-launcher-{name}",
+                "namespace": namespace,
+                "labels": {"kubevirt.io": "virt-launcher", "vm.kubevirt.io/name": name},
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "compute",
+                        "image": f"quay.io/kubevirt/virt-launcher:{KUBEVIRT_VERSION}",
+                        "resources": {"limits": limits, "requests": dict(limits)},
+                    }
+                ]
+            },
+        },
+    )
     return client.get(Pod, f"virt-launcher-{name}", namespace=namespace)

@@ -47,8 +47,9 @@ def running(directory: Path) -> SimState | None:
 def apiserver_ready(state: SimState) -> bool:
     plane = attach(state)
     try:
-        with urllib.request.urlopen(f"{plane.server}/readyz", context=plane.ssl_context("admin"),
-                                    timeout=3) as resp:
+        with urllib.request.urlopen(
+            f"{plane.server}/readyz", context=plane.ssl_context("admin"), timeout=3
+        ) as resp:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -69,9 +70,16 @@ def _prepare_dir(directory: Path, progress: Progress) -> None:
     directory.mkdir(parents=True, exist_ok=True)
 
 
-def up(directory: Path, shapes: list[str], progress: Progress, build: bool = True,
-       real_node: str | None = None, kubernetes: str = "current", nfd: bool = False,
-       registry: bool = False) -> tuple[SimState, bool]:
+def up(
+    directory: Path,
+    shapes: list[str],
+    progress: Progress,
+    build: bool = True,
+    real_node: str | None = None,
+    kubernetes: str = "current",
+    nfd: bool = False,
+    registry: bool = False,
+) -> tuple[SimState, bool]:
     """Start (or reuse) a detached simulator; returns its state and whether it was started now.
     `kubernetes` "floor" runs the oldest Kubernetes we support (binaries.KUBERNETES); `nfd` also
     plays NFD's master (NodeFeature labels onto Nodes) in the stand-ins process."""
@@ -80,18 +88,24 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
     if kubernetes not in binaries_mod.KUBERNETES:
         raise SimError(f"--kubernetes {kubernetes}: choose one of {', '.join(binaries_mod.KUBERNETES)}")
     if real_node and kubernetes != "current":
-        raise SimError("--real-node runs the current Kubernetes' kubelet: leave out --kubernetes floor "
-                       "(the floor is tested on fake nodes)")
+        raise SimError(
+            "--real-node runs the current Kubernetes' kubelet: leave out --kubernetes floor "
+            "(the floor is tested on fake nodes)"
+        )
     for spec in [*shapes, *([real_node] if real_node else [])]:  # bad input fails before anything starts
         shapes_mod.parse_spec(spec)
     existing = running(directory)
     if existing is not None:
         if existing.kubernetes != kubernetes:
-            raise SimError(f"the simulator running in {directory} runs Kubernetes {existing.kubernetes}, not "
-                           f"{kubernetes}: stop it first (gpu-operator sim down) or choose another --dir")
+            raise SimError(
+                f"the simulator running in {directory} runs Kubernetes {existing.kubernetes}, not "
+                f"{kubernetes}: stop it first (gpu-operator sim down) or choose another --dir"
+            )
         if registry and not existing.registry:
-            raise SimError(f"the simulator running in {directory} has no registry: stop it first (gpu-operator "
-                           "sim down) and start it with --registry, or choose another --dir")
+            raise SimError(
+                f"the simulator running in {directory} has no registry: stop it first (gpu-operator "
+                "sim down) and start it with --registry, or choose another --dir"
+            )
         progress(f"reusing the simulator already running in {directory}")
         return existing, False
     _prepare_dir(directory, progress)
@@ -107,8 +121,15 @@ def up(directory: Path, shapes: list[str], progress: Progress, build: bool = Tru
         plane.start()
     except ControlPlaneError as err:
         raise SimError(f"the control plane did not start: {err}") from err
-    state = SimState(dir=str(directory), server=plane.server, kubeconfig=str(plane.admin_kubeconfig),
-                     binaries=str(found.root), shapes=list(shapes), kubernetes=kubernetes, nfd=nfd)
+    state = SimState(
+        dir=str(directory),
+        server=plane.server,
+        kubeconfig=str(plane.admin_kubeconfig),
+        binaries=str(found.root),
+        shapes=list(shapes),
+        kubernetes=kubernetes,
+        nfd=nfd,
+    )
     for component in plane.components:
         assert component.process is not None
         state.add(Proc.of(component.name, component.process.pid, component.log))
@@ -143,12 +164,23 @@ def add_real_node(state: SimState, found: binaries_mod.Binaries, shape: str, pro
     t0 = time.monotonic()
     host = Path(state.dir) / "real-node-host"
     hosttree.build(realspec.host_spec(shape), host)
-    node = realnode.RealNode(Path(state.dir) / "real-node", REAL_NODE_NAME, found, Path(state.dir) / "pki",
-                             int(state.server.rsplit(":", 1)[1]), labels=realspec.node_labels(shape),
-                             host_root=host,
-                             egress_routes=Path(state.dir) / "egress")
+    node = realnode.RealNode(
+        Path(state.dir) / "real-node",
+        REAL_NODE_NAME,
+        found,
+        Path(state.dir) / "pki",
+        int(state.server.rsplit(":", 1)[1]),
+        labels=realspec.node_labels(shape),
+        host_root=host,
+        egress_routes=Path(state.dir) / "egress",
+    )
     node.sandbox.start()  # recorded before anything else starts in it, so `down` finds it all
-    state.real_node = {"name": REAL_NODE_NAME, "dir": str(node.base_dir), "shape": shape, "host_root": str(host)}
+    state.real_node = {
+        "name": REAL_NODE_NAME,
+        "dir": str(node.base_dir),
+        "shape": shape,
+        "host_root": str(host),
+    }
     state.add(Proc.of("real-node-sandbox", node.sandbox.holder, node.sandbox.log))
     state.save()
     node.start(sandbox_started=True)
@@ -180,8 +212,13 @@ def start_registry(state: SimState, progress: Progress) -> None:
     secret = reg.base_dir / "password"
     secret.write_text(reg.password)
     secret.chmod(0o600)
-    state.registry = {"host": reg.host, "user": reg.user, "password_file": str(secret), "ca": str(reg.ca_cert),
-                      "auth_file": str(reg.auth_file())}  # the login for skopeo --authfile (0600)
+    state.registry = {
+        "host": reg.host,
+        "user": reg.user,
+        "password_file": str(secret),
+        "ca": str(reg.ca_cert),
+        "auth_file": str(reg.auth_file()),
+    }  # the login for skopeo --authfile (0600)
     state.save()
     progress(f"registry at https://{reg.host} (user {reg.user}, password in {secret}, CA {reg.ca_cert})")
     state.registry["chart_repo"] = start_chart_repo(state, reg.base_dir / "charts")
@@ -200,19 +237,33 @@ def start_chart_repo(state: SimState, directory: Path, timeout: float = 30.0) ->
     helm_python.repo_index_generate(directory)
     log = Path(state.dir) / "logs" / "chart-repo.log"
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.sim.plane.chartrepo", str(directory),
-                                 str(Path(state.dir) / "pki")], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpu_operator.sim.plane.chartrepo",
+                str(directory),
+                str(Path(state.dir) / "pki"),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     state.add(Proc.of("chart-repo", proc.pid, log))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        served = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("serving https://")]
+        served = [
+            ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("serving https://")
+        ]
         if served:
             return served[-1].removeprefix("serving ")
         if proc.poll() is not None:
             break
         time.sleep(0.1)
-    raise SimError(f"the chart repository did not start; log {log}:\n{log.read_text(errors='replace')[-2000:]}")
+    raise SimError(
+        f"the chart repository did not start; log {log}:\n{log.read_text(errors='replace')[-2000:]}"
+    )
 
 
 def stop_real_node(state: SimState) -> bool:
@@ -277,8 +328,10 @@ def start_standins(state: SimState, progress: Progress, nfd: bool = False) -> No
     pid = start_detached(state.kubeconfig, log, nfd=nfd, hosts=Path(state.dir) / "hosts")
     state.add(Proc.of("stand-ins", pid, log))
     state.save()
-    progress(f"node stand-ins started (pid {pid}): {played()} on kwok nodes where their pods run"
-             f"{'; NFD master' if nfd else ''}")
+    progress(
+        f"node stand-ins started (pid {pid}): {played()} on kwok nodes where their pods run"
+        f"{'; NFD master' if nfd else ''}"
+    )
 
 
 def operator_kubeconfig(plane: ControlPlane) -> Path:
@@ -288,7 +341,8 @@ def operator_kubeconfig(plane: ControlPlane) -> Path:
 
     kubeconfig = plane.serviceaccount_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA)
     binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
         "metadata": {"name": "gpu-operator-sim"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
         "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NAMESPACE}],
@@ -315,14 +369,17 @@ def start_operator(state: SimState, progress: Progress, extra_args: list[str] | 
         client.close()
     kubeconfig = operator_kubeconfig(attach(state))
     log = Path(state.dir) / "logs" / "operator.log"
-    operator = OperatorProcess(kubeconfig=kubeconfig, namespace=OPERATOR_NAMESPACE, log=log,
-                               extra_args=extra_args or []).start()
+    operator = OperatorProcess(
+        kubeconfig=kubeconfig, namespace=OPERATOR_NAMESPACE, log=log, extra_args=extra_args or []
+    ).start()
     assert operator.process is not None
     proc = Proc.of("operator", operator.process.pid, log)
     state.add(proc)
     state.operator_namespace, state.metrics_port = OPERATOR_NAMESPACE, operator.metrics_port
     state.save()
-    progress(f"operator started (pid {proc.pid}, log {log}, metrics http://127.0.0.1:{operator.metrics_port}/metrics)")
+    progress(
+        f"operator started (pid {proc.pid}, log {log}, metrics http://127.0.0.1:{operator.metrics_port}/metrics)"
+    )
     wait_operator_ready(operator.health_port, proc)
     return proc
 

@@ -15,7 +15,9 @@ STATE_FILE = "state.json"
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-operator" / "sim" / "current"
+    return (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-operator" / "sim" / "current"
+    )
 
 
 def start_time(pid: int) -> int | None:

@@ -57,7 +57,7 @@ def char_device(path: Path) -> tuple[int, int] | None:
     if stat.S_ISREG(info.st_mode) and info.st_size < 64:
         text = path.read_text(errors="replace").strip()
         if text.startswith(_STAND_IN):
-            major, _, minor = text[len(_STAND_IN):].partition(":")
+            major, _, minor = text[len(_STAND_IN) :].partition(":")
             if major.isdigit() and minor.isdigit():
                 return int(major), int(minor)
     return None
@@ -82,7 +82,9 @@ def vfio_nodes(groups: list[int]) -> dict[str, tuple[int, int]]:
     if not groups:
         return {}
     nodes = {"/dev/vfio/vfio": VFIO_CONTAINER}
-    nodes.update({f"/dev/vfio/{group}": (VFIO_MAJOR, minor) for minor, group in enumerate(sorted(set(groups)))})
+    nodes.update(
+        {f"/dev/vfio/{group}": (VFIO_MAJOR, minor) for minor, group in enumerate(sorted(set(groups)))}
+    )
     return nodes
 
 

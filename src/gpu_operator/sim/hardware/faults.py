@@ -103,8 +103,10 @@ def xid_message(address: str, xid: int) -> str:
 def parse_xid(raw: str | int) -> int:
     text = str(raw).strip()
     if not text.isdigit() or not 0 < int(text) <= MAX_XID:
-        raise FaultError(f"--xid {raw!r}: give the Xid as a whole number from 1 to {MAX_XID}, e.g. --xid 79 "
-                         "(the numbers are NVIDIA's Xid catalogue)")
+        raise FaultError(
+            f"--xid {raw!r}: give the Xid as a whole number from 1 to {MAX_XID}, e.g. --xid 79 "
+            "(the numbers are NVIDIA's Xid catalogue)"
+        )
     return int(text)
 
 
@@ -145,8 +147,10 @@ class HostFaults:
             raise FaultError(f"this host has no GPU on NVIDIA's driver ({self.root}): choose a GPU node")
         chosen = 0 if index is None else index
         if not 0 <= chosen < len(book.gpus):
-            raise FaultError(f"--gpu {index}: this host has {len(book.gpus)} GPU(s): give an index from 0 to "
-                             f"{len(book.gpus) - 1} (NVML's order, by PCI address)")
+            raise FaultError(
+                f"--gpu {index}: this host has {len(book.gpus)} GPU(s): give an index from 0 to "
+                f"{len(book.gpus) - 1} (NVML's order, by PCI address)"
+            )
         return book.gpus[chosen]
 
     # -- the kernel log --
@@ -185,9 +189,18 @@ class HostFaults:
         book = self.book()
         gpu = self.gpu(book, index)
         if gpu.address in book.gone:
-            raise FaultError(f"--gone: GPU {gpu.index} ({gpu.address}) is already off the bus: --clear brings it back")
-        self._recorded(book, gpu, XID_OFF_BUS, [xid_message(gpu.xid_address, XID_OFF_BUS),
-                                                f"NVRM: GPU {gpu.address}: GPU has fallen off the bus."])
+            raise FaultError(
+                f"--gone: GPU {gpu.index} ({gpu.address}) is already off the bus: --clear brings it back"
+            )
+        self._recorded(
+            book,
+            gpu,
+            XID_OFF_BUS,
+            [
+                xid_message(gpu.xid_address, XID_OFF_BUS),
+                f"NVRM: GPU {gpu.address}: GPU has fallen off the bus.",
+            ],
+        )
         book.gone[gpu.address] = self._remove(gpu)
         self.save(book)
         return gpu
@@ -237,10 +250,14 @@ class HostFaults:
         book = self.book()
         gpu = next((g for g in book.gpus if g.address == address), None)
         if gpu is None:
-            raise FaultError(f"GPU {address}: not a GPU of this host ({', '.join(g.address for g in book.gpus)})")
+            raise FaultError(
+                f"GPU {address}: not a GPU of this host ({', '.join(g.address for g in book.gpus)})"
+            )
         if address in book.gone:
-            raise FaultError(f"GPU {gpu.index} ({address}) is off the bus: a reset cannot reach it; --clear (a "
-                             "reboot) brings it back")
+            raise FaultError(
+                f"GPU {gpu.index} ({address}) is off the bus: a reset cannot reach it; --clear (a "
+                "reboot) brings it back"
+            )
         book.xids = [x for x in book.xids if x["gpu"] != gpu.index]
         self.kmsg_append(book, [f"NVRM: GPU at PCI:{address}: GPU reset"])
         self.save(book)
@@ -262,7 +279,9 @@ class HostFaults:
         self.fs.resolve(KMSG).parent.mkdir(parents=True, exist_ok=True)
         self.fs.resolve(KMSG).write_text("")
         self.fs.write_text(BOOT_ID, f"{uuid.uuid4()}\n")
-        self.fs.write_text(PROC_STAT, f"btime {int(time.time())}\n")  # the kernel's boot time (its line of /proc/stat)
+        self.fs.write_text(
+            PROC_STAT, f"btime {int(time.time())}\n"
+        )  # the kernel's boot time (its line of /proc/stat)
         for run_dir in ("/run", "/var/run"):  # a tmpfs: the reboot empties it (kured's sentinel too)
             self.fs.remove(f"{run_dir}/reboot-required")
         book.gone, book.xids, book.boots, book.boot_started = {}, [], book.boots + 1, time.time()
@@ -308,6 +327,7 @@ def boot_id(fs: HostFS) -> str:
 
 # -- the simulator's per-node trees --
 
+
 def node_host_spec(shape: str) -> dict[str, Any]:
     """The host of a kwok node of `shape` (`realspec.host_spec`) with NVIDIA's driver loaded: where
     the operator's driver container installs it (no host driver, no vfio-pci) its modules are
@@ -323,13 +343,17 @@ def node_host_spec(shape: str) -> dict[str, Any]:
     from gpu_operator.sim.realnode.realspec import HOST_DRIVER_VERSION, host_spec
 
     spec = host_spec(shape)
-    spec["files"].update({KMSG: "", BOOT_ID: f"{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim-boot:{shape}')}\n"})
+    spec["files"].update(
+        {KMSG: "", BOOT_ID: f"{uuid.uuid5(uuid.NAMESPACE_URL, f'gpu-operator-sim-boot:{shape}')}\n"}
+    )
     if not spec["pci_drivers"]:
         spec["pci_drivers"] = ["nvidia"]
         spec["modules"] = [*spec["modules"], "nvidia", "nvidia_uvm", "nvidia_modeset"]
         spec["driver_version"] = HOST_DRIVER_VERSION
         for device in spec["devices"]:
-            if device["vendor"] == "10de" and str(device["class"]).startswith("03"):  # a VM guest's other devices keep theirs
+            if device["vendor"] == "10de" and str(device["class"]).startswith(
+                "03"
+            ):  # a VM guest's other devices keep theirs
                 device["driver"] = "nvidia"
     return spec
 

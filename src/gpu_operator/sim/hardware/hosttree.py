@@ -119,10 +119,14 @@ def _config(entry: dict[str, Any], where: str) -> bytes | None:
     try:
         return bytes.fromhex(str(raw))
     except ValueError:
-        raise HostSpecError(f"{where}: `config` is the PCI configuration space in hex (e.g. 'de103023...')") from None
+        raise HostSpecError(
+            f"{where}: `config` is the PCI configuration space in hex (e.g. 'de103023...')"
+        ) from None
 
 
-def _bridges(functions: list[_Function], iommu: bool, port: tuple[str, str] = (_BRIDGE_VENDOR, "1bbf")) -> list[_Function]:
+def _bridges(
+    functions: list[_Function], iommu: bool, port: tuple[str, str] = (_BRIDGE_VENDOR, "1bbf")
+) -> list[_Function]:
     bridges: dict[str, _Function] = {}
     group = 0
     for func in functions:
@@ -236,6 +240,7 @@ def build(spec: dict[str, Any], root: str | os.PathLike[str]) -> HostFS:
 
 
 # -- sysfs and procfs primitives (the tests' kernel simulator writes through these too) --
+
 
 def rel_symlink(fs: HostFS, link: str, target: str) -> None:
     """A relative symlink as the kernel makes them (sysfs never uses absolute targets)."""

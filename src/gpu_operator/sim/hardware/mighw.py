@@ -30,8 +30,11 @@ def _shape_gpus(name: str) -> tuple[GpuMig, ...]:
     from gpu_operator.sim.realnode.realspec import host_spec
 
     spec = host_spec(name)
-    gpus = sorted((str(d["address"]), str(d["device"]).lower()) for d in spec["devices"]
-                  if str(d.get("vendor", "")).lower() == "10de" and str(d.get("class", "")).startswith("03"))
+    gpus = sorted(
+        (str(d["address"]), str(d["device"]).lower())
+        for d in spec["devices"]
+        if str(d.get("vendor", "")).lower() == "10de" and str(d.get("class", "")).startswith("03")
+    )
     return tuple(GpuMig(i, device, hosttree.gpu_uuid(a)) for i, (a, device) in enumerate(gpus))
 
 
@@ -62,5 +65,3 @@ class MigHardware:
         hosts = NodeHosts(self.hosts)
         save_tree_state(hosts.faults(node, node_host_spec(shape.name)).root, gpus)
         hosts.announce(node)
-
-

@@ -75,7 +75,9 @@ def _device_id(raw: Any, where: str) -> str:
         return text[:4]
     if len(text) == 4 and all(c in "0123456789abcdef" for c in text):
         return text
-    raise ConfigError(f"{where}: {raw!r} is not a PCI device ID: write it as 0x<device><vendor>, e.g. 0x233010DE")
+    raise ConfigError(
+        f"{where}: {raw!r} is not a PCI device ID: write it as 0x<device><vendor>, e.g. 0x233010DE"
+    )
 
 
 def parse(text: str) -> dict[str, list[Entry]]:
@@ -92,7 +94,9 @@ def parse(text: str) -> dict[str, list[Entry]]:
     out: dict[str, list[Entry]] = {}
     for name, entries in configs.items():
         if not isinstance(entries, list):
-            raise ConfigError(f"mig-configs.{name}: must be a list of entries (devices, mig-enabled, mig-devices)")
+            raise ConfigError(
+                f"mig-configs.{name}: must be a list of entries (devices, mig-enabled, mig-devices)"
+            )
         out[str(name)] = [_entry(e, f"mig-configs.{name}[{i}]") for i, e in enumerate(entries)]
     return out
 
@@ -115,7 +119,9 @@ def _entry(raw: Any, where: str) -> Entry:
         items = filt if isinstance(filt, list) else [filt]
         filters = tuple(_device_id(f, f"{where}.device-filter") for f in items)
     mig_devices = raw.get("mig-devices") or {}
-    if not isinstance(mig_devices, dict) or not all(isinstance(v, int) and v >= 0 for v in mig_devices.values()):
+    if not isinstance(mig_devices, dict) or not all(
+        isinstance(v, int) and v >= 0 for v in mig_devices.values()
+    ):
         raise ConfigError(f"{where}.mig-devices: must map profile names to counts, e.g. {{1g.10gb: 7}}")
     if mig_devices and not raw["mig-enabled"]:
         raise ConfigError(f"{where}: mig-devices given with mig-enabled: false; set mig-enabled: true")
@@ -127,8 +133,10 @@ def select(configs: dict[str, list[Entry]], name: str) -> list[Entry]:
     if not name:
         raise ConfigError("nvidia.com/mig.config is empty: label the node with one of the configs")
     if name not in configs:
-        raise ConfigError(f"nvidia.com/mig.config={name}: no such config in the MIG config file "
-                          f"(it has: {', '.join(sorted(configs))})")
+        raise ConfigError(
+            f"nvidia.com/mig.config={name}: no such config in the MIG config file "
+            f"(it has: {', '.join(sorted(configs))})"
+        )
     return configs[name]
 
 
@@ -170,15 +178,25 @@ def apply(entries: list[Entry], gpus: list[GpuMig]) -> list[GpuMig]:
             out.append(GpuMig(gpu.index, gpu.device_id, gpu.uuid, False, ()))
             continue
         placed = migprofiles.place(model, counts)
-        instances = sorted((Instance(p, s, migprofiles.gi_id(p, s, model.compute_slots)) for p, s in placed),
-                           key=lambda i: i.gi)
+        instances = sorted(
+            (Instance(p, s, migprofiles.gi_id(p, s, model.compute_slots)) for p, s in placed),
+            key=lambda i: i.gi,
+        )
         out.append(GpuMig(gpu.index, gpu.device_id, gpu.uuid, True, tuple(instances)))
     return out
 
 
 def to_json(gpus: list[GpuMig]) -> list[dict[str, Any]]:
-    return [{"index": g.index, "device_id": g.device_id, "uuid": g.uuid, "enabled": g.enabled,
-             "instances": [{"profile": i.profile.name, "start": i.start} for i in g.instances]} for g in gpus]
+    return [
+        {
+            "index": g.index,
+            "device_id": g.device_id,
+            "uuid": g.uuid,
+            "enabled": g.enabled,
+            "instances": [{"profile": i.profile.name, "start": i.start} for i in g.instances],
+        }
+        for g in gpus
+    ]
 
 
 def from_json(raw: list[dict[str, Any]]) -> list[GpuMig]:
@@ -189,9 +207,18 @@ def from_json(raw: list[dict[str, Any]]) -> list[GpuMig]:
         for i in g.get("instances") or []:
             profile = model.profile(i["profile"]) if model else None
             if model is None or profile is None:
-                raise LayoutError(f"GPU {g['index']}: unknown MIG profile {i['profile']!r} in the saved state")
+                raise LayoutError(
+                    f"GPU {g['index']}: unknown MIG profile {i['profile']!r} in the saved state"
+                )
             start = int(i["start"])
             instances.append(Instance(profile, start, migprofiles.gi_id(profile, start, model.compute_slots)))
-        out.append(GpuMig(int(g["index"]), str(g["device_id"]), str(g["uuid"]), bool(g["enabled"]),
-                          tuple(sorted(instances, key=lambda x: x.gi))))
+        out.append(
+            GpuMig(
+                int(g["index"]),
+                str(g["device_id"]),
+                str(g["uuid"]),
+                bool(g["enabled"]),
+                tuple(sorted(instances, key=lambda x: x.gi)),
+            )
+        )
     return out

@@ -93,52 +93,117 @@ class Model:
         return next((p for p in self.profiles if p.name == name), None)
 
 
-_H100_80GB = Model("NVIDIA H100 80GB HBM3", 7, 8, (
-    Profile("1g.10gb", 1, 1, 7, 10240, 16, 1, 1, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
-    Profile("1g.10gb+me", 1, 1, 1, 10240, 16, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-    Profile("1g.20gb", 1, 2, 4, 20480, 16, 1, 1, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
-    Profile("2g.20gb", 2, 2, 3, 20480, 32, 2, 1, 0, 0, 0, (0, 2, 4)),
-    Profile("3g.40gb", 3, 4, 2, 40960, 48, 3, 2, 0, 0, 0, (0, 4)),
-    Profile("4g.40gb", 4, 4, 1, 40960, 64, 4, 2, 0, 0, 0, (0,)),
-    Profile("7g.80gb", 7, 8, 1, 81920, 112, 7, 5, 0, 0, 0, (0,)),
-))
+_H100_80GB = Model(
+    "NVIDIA H100 80GB HBM3",
+    7,
+    8,
+    (
+        Profile("1g.10gb", 1, 1, 7, 10240, 16, 1, 1, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
+        Profile("1g.10gb+me", 1, 1, 1, 10240, 16, 1, 1, 0, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        Profile("1g.20gb", 1, 2, 4, 20480, 16, 1, 1, 0, 0, 0, (0, 1, 2, 3, 4, 5, 6)),
+        Profile("2g.20gb", 2, 2, 3, 20480, 32, 2, 1, 0, 0, 0, (0, 2, 4)),
+        Profile("3g.40gb", 3, 4, 2, 40960, 48, 3, 2, 0, 0, 0, (0, 4)),
+        Profile("4g.40gb", 4, 4, 1, 40960, 64, 4, 2, 0, 0, 0, (0,)),
+        Profile("7g.80gb", 7, 8, 1, 81920, 112, 7, 5, 0, 0, 0, (0,)),
+    ),
+)
 
 
-def _seven_slot(name: str, sizes: tuple[str, ...], memory_mb: tuple[int, ...], sms: tuple[int, ...],
-                copy: tuple[int, ...], decoder: tuple[int, ...], encoder: tuple[int, ...],
-                jpeg: tuple[int, ...]) -> Model:
+def _seven_slot(
+    name: str,
+    sizes: tuple[str, ...],
+    memory_mb: tuple[int, ...],
+    sms: tuple[int, ...],
+    copy: tuple[int, ...],
+    decoder: tuple[int, ...],
+    encoder: tuple[int, ...],
+    jpeg: tuple[int, ...],
+) -> Model:
     """A model with the A100/H100/B200 layout of 7 compute slots and 8 memory slices: the profiles
     1g, 1g+me, 1g (2 memory slices), 2g, 3g, 4g, 7g, in that order, with their sizes in the names
     (`sizes`) and per-profile facts in the same order (`jpeg` counts JPEG and OFA engines alike)."""
-    shape = ((1, 1, 7, (0, 1, 2, 3, 4, 5, 6)), (1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
-             (1, 2, 4, (0, 1, 2, 3, 4, 5, 6)), (2, 2, 3, (0, 2, 4)), (3, 4, 2, (0, 4)),
-             (4, 4, 1, (0,)), (7, 8, 1, (0,)))
-    return Model(name, 7, 8, tuple(
-        Profile(f"{g}g.{size}", g, mem, count, memory_mb[i], sms[i], copy[i], decoder[i], encoder[i],
-                jpeg[i], jpeg[i], starts)
-        for i, ((g, mem, count, starts), size) in enumerate(zip(shape, sizes, strict=True))))
+    shape = (
+        (1, 1, 7, (0, 1, 2, 3, 4, 5, 6)),
+        (1, 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        (1, 2, 4, (0, 1, 2, 3, 4, 5, 6)),
+        (2, 2, 3, (0, 2, 4)),
+        (3, 4, 2, (0, 4)),
+        (4, 4, 1, (0,)),
+        (7, 8, 1, (0,)),
+    )
+    return Model(
+        name,
+        7,
+        8,
+        tuple(
+            Profile(
+                f"{g}g.{size}",
+                g,
+                mem,
+                count,
+                memory_mb[i],
+                sms[i],
+                copy[i],
+                decoder[i],
+                encoder[i],
+                jpeg[i],
+                jpeg[i],
+                starts,
+            )
+            for i, ((g, mem, count, starts), size) in enumerate(zip(shape, sizes, strict=True))
+        ),
+    )
 
 
 _A100_40GB = _seven_slot(
-    "NVIDIA A100-SXM4-40GB", ("5gb", "5gb+me", "10gb", "10gb", "20gb", "20gb", "40gb"),
-    (4864, 4864, 9856, 9856, 19968, 19968, 40192), (14, 14, 14, 28, 42, 56, 98),
-    (1, 1, 1, 2, 3, 4, 7), (1, 1, 1, 1, 2, 2, 5), (0,) * 7, (0, 1, 0, 0, 0, 0, 1))
+    "NVIDIA A100-SXM4-40GB",
+    ("5gb", "5gb+me", "10gb", "10gb", "20gb", "20gb", "40gb"),
+    (4864, 4864, 9856, 9856, 19968, 19968, 40192),
+    (14, 14, 14, 28, 42, 56, 98),
+    (1, 1, 1, 2, 3, 4, 7),
+    (1, 1, 1, 1, 2, 2, 5),
+    (0,) * 7,
+    (0, 1, 0, 0, 0, 0, 1),
+)
 _A100_80GB = _seven_slot(
-    "NVIDIA A100-SXM4-80GB", ("10gb", "10gb+me", "20gb", "20gb", "40gb", "40gb", "80gb"),
-    (9856, 9856, 19968, 19968, 40192, 40192, 80384), (14, 14, 14, 28, 42, 56, 98),
-    (1, 1, 1, 2, 3, 4, 7), (1, 1, 1, 1, 2, 2, 5), (0,) * 7, (0, 1, 0, 0, 0, 0, 1))
-_B200_ENGINES = dict(sms=(18, 18, 18, 36, 54, 72, 126), copy=(1, 1, 1, 2, 3, 4, 7),
-                     decoder=(1, 1, 1, 2, 3, 4, 7), encoder=(0, 1, 0, 1, 2, 2, 4), jpeg=(0, 1, 0, 1, 2, 2, 4))
-_B200 = _seven_slot("NVIDIA B200", ("23gb", "23gb+me", "45gb", "45gb", "90gb", "90gb", "180gb"),
-                    (23552, 23552, 46080, 46080, 92160, 92160, 184320), **_B200_ENGINES)
-_GB200 = _seven_slot("NVIDIA GB200", ("23gb", "23gb+me", "47gb", "47gb", "93gb", "93gb", "186gb"),
-                     (23552, 23552, 48128, 48128, 95232, 95232, 190464), **_B200_ENGINES)
+    "NVIDIA A100-SXM4-80GB",
+    ("10gb", "10gb+me", "20gb", "20gb", "40gb", "40gb", "80gb"),
+    (9856, 9856, 19968, 19968, 40192, 40192, 80384),
+    (14, 14, 14, 28, 42, 56, 98),
+    (1, 1, 1, 2, 3, 4, 7),
+    (1, 1, 1, 1, 2, 2, 5),
+    (0,) * 7,
+    (0, 1, 0, 0, 0, 0, 1),
+)
+_B200_ENGINES = dict(
+    sms=(18, 18, 18, 36, 54, 72, 126),
+    copy=(1, 1, 1, 2, 3, 4, 7),
+    decoder=(1, 1, 1, 2, 3, 4, 7),
+    encoder=(0, 1, 0, 1, 2, 2, 4),
+    jpeg=(0, 1, 0, 1, 2, 2, 4),
+)
+_B200 = _seven_slot(
+    "NVIDIA B200",
+    ("23gb", "23gb+me", "45gb", "45gb", "90gb", "90gb", "180gb"),
+    (23552, 23552, 46080, 46080, 92160, 92160, 184320),
+    **_B200_ENGINES,
+)
+_GB200 = _seven_slot(
+    "NVIDIA GB200",
+    ("23gb", "23gb+me", "47gb", "47gb", "93gb", "93gb", "186gb"),
+    (23552, 23552, 48128, 48128, 95232, 95232, 190464),
+    **_B200_ENGINES,
+)
 
 
-
-def _four_slot(name: str, size: int, memory_mb: tuple[int, int, int], sms: tuple[int, int, int],
-               media: tuple[int, int, int, int], profiles: tuple[tuple[str, int, int, int, int, int, int], ...]
-               ) -> Model:
+def _four_slot(
+    name: str,
+    size: int,
+    memory_mb: tuple[int, int, int],
+    sms: tuple[int, int, int],
+    media: tuple[int, int, int, int],
+    profiles: tuple[tuple[str, int, int, int, int, int, int], ...],
+) -> Model:
     """A model of 4 compute slots and 4 memory slices (1g at slots 0..3, 2g at 0 and 2, 4g at 0) whose
     1g profile holds `size` GB. `profiles`: (g and the attribute suffix, how many fit, NVDEC,
     NVENC, JPEG, OFA, NVML's profile ID); `media`: the engines the instances share."""
@@ -148,22 +213,56 @@ def _four_slot(name: str, size: int, memory_mb: tuple[int, int, int], sms: tuple
     for spec, count, decoder, encoder, jpeg, ofa, profile_id in profiles:
         g = int(spec[0])
         i = index[g]
-        out.append(Profile(f"{g}g.{g * size}gb{spec[1:]}", g, g, count, memory_mb[i], sms[i], g, decoder,
-                           encoder, jpeg, ofa, starts[g], profile_id))
+        out.append(
+            Profile(
+                f"{g}g.{g * size}gb{spec[1:]}",
+                g,
+                g,
+                count,
+                memory_mb[i],
+                sms[i],
+                g,
+                decoder,
+                encoder,
+                jpeg,
+                ofa,
+                starts[g],
+                profile_id,
+            )
+        )
     return Model(name, 4, 4, tuple(out), media)
 
 
 _RTX_PRO_6000 = _four_slot(
-    "NVIDIA RTX PRO 6000 Blackwell Server Edition", 24, (24192, 48512, 97408), (46, 94, 188), (4, 4, 4, 1), (
-        ("1", 4, 1, 1, 1, 0, 14), ("1+me", 1, 1, 1, 1, 1, 21), ("1+gfx", 4, 1, 1, 1, 0, 47),
-        ("1+me.all", 1, 4, 4, 4, 1, 65), ("1-me", 4, 0, 0, 0, 0, 67),
-        ("2", 2, 2, 2, 2, 0, 5), ("2+gfx", 2, 2, 2, 2, 0, 35), ("2+me.all", 1, 4, 4, 4, 1, 64),
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+    24,
+    (24192, 48512, 97408),
+    (46, 94, 188),
+    (4, 4, 4, 1),
+    (
+        ("1", 4, 1, 1, 1, 0, 14),
+        ("1+me", 1, 1, 1, 1, 1, 21),
+        ("1+gfx", 4, 1, 1, 1, 0, 47),
+        ("1+me.all", 1, 4, 4, 4, 1, 65),
+        ("1-me", 4, 0, 0, 0, 0, 67),
+        ("2", 2, 2, 2, 2, 0, 5),
+        ("2+gfx", 2, 2, 2, 2, 0, 35),
+        ("2+me.all", 1, 4, 4, 4, 1, 64),
         ("2-me", 2, 0, 0, 0, 0, 66),
-        ("4", 1, 4, 4, 4, 1, 0), ("4+gfx", 1, 4, 4, 4, 1, 32)))
+        ("4", 1, 4, 4, 4, 1, 0),
+        ("4+gfx", 1, 4, 4, 4, 1, 32),
+    ),
+)
 
 # PCI device ID (lower-case hex, vendor 10de) -> the model's MIG profiles
-MODELS: dict[str, Model] = {"2330": _H100_80GB, "20b0": _A100_40GB, "20b2": _A100_80GB,
-                            "2901": _B200, "2941": _GB200, "2bb5": _RTX_PRO_6000}
+MODELS: dict[str, Model] = {
+    "2330": _H100_80GB,
+    "20b0": _A100_40GB,
+    "20b2": _A100_80GB,
+    "2901": _B200,
+    "2941": _GB200,
+    "2bb5": _RTX_PRO_6000,
+}
 
 
 def model(device_id: str) -> Model | None:
@@ -214,8 +313,10 @@ def place(m: Model, wanted: dict[str, int]) -> list[tuple[Profile, int]]:
     if m.media is not None:
         needs = tuple(sum(getattr(p, e) for p in items) for e in ("decoder", "encoder", "jpeg", "ofa"))
         if any(n > has for n, has in zip(needs, m.media, strict=True)):
-            raise LayoutError(f"{_describe(wanted)} needs {_engines(needs)}; the instances of {m.name} "
-                              f"share {_engines(m.media)}")
+            raise LayoutError(
+                f"{_describe(wanted)} needs {_engines(needs)}; the instances of {m.name} "
+                f"share {_engines(m.media)}"
+            )
     items.sort(key=lambda p: (-p.slices, -p.memory_slices, p.name))
     used = [False] * m.compute_slots
     out: list[tuple[Profile, int]] = []
@@ -239,7 +340,9 @@ def place(m: Model, wanted: dict[str, int]) -> list[tuple[Profile, int]]:
         return False
 
     if not fit(0):
-        raise LayoutError(f"{_describe(wanted)} does not fit the {m.compute_slots} compute slices of {m.name}")
+        raise LayoutError(
+            f"{_describe(wanted)} does not fit the {m.compute_slots} compute slices of {m.name}"
+        )
     return out
 
 

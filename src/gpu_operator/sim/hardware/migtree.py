@@ -111,8 +111,13 @@ def mig_device(root: Path, name: str) -> tuple[GpuMig, Instance] | None:
 
 def access_nodes(gpu_minor: int, inst: Instance) -> list[tuple[str, int]]:
     """The cap device nodes guarding a MIG device (its GPU instance's, then its compute instance's)."""
-    return [(f"{CAPS_DEV}/nvidia-cap{gi_minor(gpu_minor, inst.gi)}", gi_minor(gpu_minor, inst.gi)),
-            (f"{CAPS_DEV}/nvidia-cap{ci_minor(gpu_minor, inst.gi, inst.ci)}", ci_minor(gpu_minor, inst.gi, inst.ci))]
+    return [
+        (f"{CAPS_DEV}/nvidia-cap{gi_minor(gpu_minor, inst.gi)}", gi_minor(gpu_minor, inst.gi)),
+        (
+            f"{CAPS_DEV}/nvidia-cap{ci_minor(gpu_minor, inst.gi, inst.ci)}",
+            ci_minor(gpu_minor, inst.gi, inst.ci),
+        ),
+    ]
 
 
 def gpu_minors(root: Path) -> dict[int, int]:

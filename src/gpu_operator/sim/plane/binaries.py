@@ -56,7 +56,9 @@ class Binaries:
         """Everything a control plane of `kubernetes` needs is built (None: both Kubernetes)."""
         kubes = KUBERNETES if kubernetes is None else (self.of(kubernetes).kubernetes,)
         binaries = (*(self.of(k).kube for k in kubes), self.etcd, self.kwok)
-        return all(p.is_file() and os.access(p, os.X_OK) for p in binaries) and (self.root / "stages").is_dir()
+        return (
+            all(p.is_file() and os.access(p, os.X_OK) for p in binaries) and (self.root / "stages").is_dir()
+        )
 
 
 def build_script(tool: str = "controlplane") -> Path | None:

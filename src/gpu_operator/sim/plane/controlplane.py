@@ -61,8 +61,11 @@ class ControlPlane(PlaneClient):
         self.apiserver_port = free_port()
         for identity in pki_mod.CLIENT_IDENTITIES:
             write_kubeconfig(
-                self.kubeconfig_for(identity), server=self.server, ca=pki.ca_cert,
-                user=identity, client_cert=pki.client_cert(identity),
+                self.kubeconfig_for(identity),
+                server=self.server,
+                ca=pki.ca_cert,
+                user=identity,
+                client_cert=pki.client_cert(identity),
                 client_key=pki.client_key(identity),
             )
         try:
@@ -103,8 +106,9 @@ class ControlPlane(PlaneClient):
     def _start_etcd(self, deadline: float) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        etcd = self._launch("etcd", planeargs.etcd_argv(self.binaries.etcd, self.workdir / "etcd",
-                                                        self.etcd_url, peer))
+        etcd = self._launch(
+            "etcd", planeargs.etcd_argv(self.binaries.etcd, self.workdir / "etcd", self.etcd_url, peer)
+        )
         self._wait("etcd /health", etcd, lambda: http_ok(f"{self.etcd_url}/health"), deadline)
 
     def _start_egress(self, deadline: float) -> Path:
@@ -113,37 +117,71 @@ class ControlPlane(PlaneClient):
         if len(str(listen)) > 100:  # a unix socket path has 108 bytes at most
             listen = Path(tempfile.mkdtemp(prefix="gpu-operator-sim-")) / "egress.sock"
         self.egress_routes.mkdir(parents=True, exist_ok=True)
-        proxy = self._launch("egress-proxy", [sys.executable, "-m", "gpu_operator.sim.plane.egress", str(listen),
-                                              str(self.egress_routes)])
+        proxy = self._launch(
+            "egress-proxy",
+            [sys.executable, "-m", "gpu_operator.sim.plane.egress", str(listen), str(self.egress_routes)],
+        )
         self._wait("the egress proxy listening", proxy, lambda: unix_open(listen), deadline)
         return listen
 
     def _start_apiserver(self, pki: pki_mod.Pki, egress: Path, deadline: float) -> None:
-        apiserver = self._launch("kube-apiserver", planeargs.apiserver_argv(
-            self.binaries.kube, self.workdir, pki, etcd_url=self.etcd_url, port=self.apiserver_port,
-            egress=egress, gates=planeargs.gate_flags(self.feature_gates),
-            runtime_config=self.runtime_config, audit_log=self.audit_log if self.audit else None))
+        apiserver = self._launch(
+            "kube-apiserver",
+            planeargs.apiserver_argv(
+                self.binaries.kube,
+                self.workdir,
+                pki,
+                etcd_url=self.etcd_url,
+                port=self.apiserver_port,
+                egress=egress,
+                gates=planeargs.gate_flags(self.feature_gates),
+                runtime_config=self.runtime_config,
+                audit_log=self.audit_log if self.audit else None,
+            ),
+        )
         context = self.ssl_context("admin")
-        self._wait("/readyz", apiserver,
-                   lambda: http_ok(f"{self.server}/readyz", context), deadline)
+        self._wait("/readyz", apiserver, lambda: http_ok(f"{self.server}/readyz", context), deadline)
 
     def _start_controllers(self, pki: pki_mod.Pki, deadline: float) -> None:
         gates = planeargs.gate_flags(self.feature_gates)
-        kcm = self._launch("kube-controller-manager", planeargs.controller_manager_argv(
-            self.binaries.kube, self.kubeconfig_for("controller-manager"), pki, gates,
-            kubernetes=self.binaries.kubernetes, node_lease_seconds=self.node_lease_seconds))
-        scheduler = self._launch("kube-scheduler", planeargs.scheduler_argv(
-            self.binaries.kube, self.kubeconfig_for("scheduler"), gates))
+        kcm = self._launch(
+            "kube-controller-manager",
+            planeargs.controller_manager_argv(
+                self.binaries.kube,
+                self.kubeconfig_for("controller-manager"),
+                pki,
+                gates,
+                kubernetes=self.binaries.kubernetes,
+                node_lease_seconds=self.node_lease_seconds,
+            ),
+        )
+        scheduler = self._launch(
+            "kube-scheduler",
+            planeargs.scheduler_argv(self.binaries.kube, self.kubeconfig_for("scheduler"), gates),
+        )
         components = [kcm, scheduler]
         if self.kwok:
-            components.append(self._launch("kwok", planeargs.kwok_argv(
-                self.binaries.kwok, self.kubeconfig_for("kwok"), self.workdir, self.binaries.stages_yaml(),
-                self.node_lease_seconds)))
+            components.append(
+                self._launch(
+                    "kwok",
+                    planeargs.kwok_argv(
+                        self.binaries.kwok,
+                        self.kubeconfig_for("kwok"),
+                        self.workdir,
+                        self.binaries.stages_yaml(),
+                        self.node_lease_seconds,
+                    ),
+                )
+            )
         # The controller-manager is working once its service-account controller has created the
         # default ServiceAccount; the scheduler and kwok only have to stay up.
         context = self.ssl_context("admin")
-        self._wait("the default ServiceAccount (service-account controller)", kcm, lambda: http_ok(
-            f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", context), deadline)
+        self._wait(
+            "the default ServiceAccount (service-account controller)",
+            kcm,
+            lambda: http_ok(f"{self.server}/api/v1/namespaces/default/serviceaccounts/default", context),
+            deadline,
+        )
         for component in components:
             component.check_alive()
 

@@ -29,9 +29,17 @@ def egress_config(socket_path: Path) -> dict[str, object]:
     """The apiserver's EgressSelectorConfiguration: only `cluster` traffic, to the proxy's unix
     socket (a TCP transport without TLS crashes kube-apiserver 1.36 at start: nil TLS config)."""
     return {
-        "apiVersion": "apiserver.k8s.io/v1beta1", "kind": "EgressSelectorConfiguration",
-        "egressSelections": [{"name": "cluster", "connection": {
-            "proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket_path)}}}}],
+        "apiVersion": "apiserver.k8s.io/v1beta1",
+        "kind": "EgressSelectorConfiguration",
+        "egressSelections": [
+            {
+                "name": "cluster",
+                "connection": {
+                    "proxyProtocol": "HTTPConnect",
+                    "transport": {"uds": {"udsName": str(socket_path)}},
+                },
+            }
+        ],
     }
 
 
@@ -76,7 +84,9 @@ async def _open(netns: str | None, host: str, port: int) -> tuple[asyncio.Stream
 
 async def _refuse(writer: asyncio.StreamWriter, status: str, why: str) -> None:
     body = why.encode()
-    writer.write(f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    writer.write(
+        f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+    )
     with contextlib.suppress(ConnectionError):
         await writer.drain()
     writer.close()
@@ -99,6 +109,7 @@ def handler(routes: Path):  # type: ignore[no-untyped-def]
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
     return handle
 
 

@@ -208,7 +208,11 @@ def apply(argument: str, beneath: dict[str, Any]) -> dict[str, Any]:
 
 def _shown(argument: str) -> str:
     """The argument, quoted, as a message names it: cut to its start and its length when long."""
-    return repr(argument) if len(argument) <= SHOWN else f"{_cut(argument, SHOWN)!r} ({len(argument)} characters)"
+    return (
+        repr(argument)
+        if len(argument) <= SHOWN
+        else f"{_cut(argument, SHOWN)!r} ({len(argument)} characters)"
+    )
 
 
 def _cut(text: str, limit: int) -> str:

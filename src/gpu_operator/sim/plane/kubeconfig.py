@@ -8,9 +8,17 @@ from typing import Any
 import yaml
 
 
-def write_kubeconfig(path: Path, *, server: str, ca: Path, user: str, client_cert: Path | None = None,
-                     client_key: Path | None = None, token: str | None = None,
-                     token_file: Path | None = None) -> Path:
+def write_kubeconfig(
+    path: Path,
+    *,
+    server: str,
+    ca: Path,
+    user: str,
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
+    token: str | None = None,
+    token_file: Path | None = None,
+) -> Path:
     credentials: dict[str, Any] = {}
     if client_cert and client_key:
         credentials = {"client-certificate": str(client_cert), "client-key": str(client_key)}

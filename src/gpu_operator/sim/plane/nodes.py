@@ -59,8 +59,11 @@ def wait_ready(client: Client, names: list[str], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     pending = set(names)
     while pending:
-        ready = {n.metadata.name for n in client.list(Node, labels={"type": "kwok"})
-                 if n.metadata is not None and node_ready(n)}
+        ready = {
+            n.metadata.name
+            for n in client.list(Node, labels={"type": "kwok"})
+            if n.metadata is not None and node_ready(n)
+        }
         pending -= ready
         if not pending:
             return

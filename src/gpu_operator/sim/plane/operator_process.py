@@ -34,14 +34,27 @@ class OperatorProcess:
         # find where the operator spends its time in benchmarks.
         profile = env.get(PROFILE_ENV)
         python = [sys.executable, "-m", "cProfile", "-o", profile] if profile else [sys.executable]
-        argv = [*python, "-m", "gpu_operator.cli", "run", f"--kubeconfig={self.kubeconfig}",
-                f"--namespace={self.namespace}",
-                f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
-                f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
-                "--leader-elect" if self.leader_elect else "--no-leader-elect", *self.extra_args]
+        argv = [
+            *python,
+            "-m",
+            "gpu_operator.cli",
+            "run",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={self.namespace}",
+            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
+            "--leader-elect" if self.leader_elect else "--no-leader-elect",
+            *self.extra_args,
+        ]
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            self.process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         return self
 
     @property

@@ -105,17 +105,24 @@ def generate(directory: Path) -> Pki:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(common_name: str, orgs: list[str], usage: x509.ObjectIdentifier,
-             sans: list[x509.GeneralName]) -> tuple[bytes, bytes]:
+    def leaf(
+        common_name: str, orgs: list[str], usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
+    ) -> tuple[bytes, bytes]:
         key = _key()
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
@@ -172,7 +179,9 @@ def issue_client_cert(pki: Pki, identity: str, user: str, groups: list[str]) -> 
     return _issue(pki, identity, user, groups, ExtendedKeyUsageOID.CLIENT_AUTH, [])
 
 
-def issue_serving_cert(pki: Pki, identity: str, name: str, ips: list[str], dns: list[str]) -> tuple[Path, Path]:
+def issue_serving_cert(
+    pki: Pki, identity: str, name: str, ips: list[str], dns: list[str]
+) -> tuple[Path, Path]:
     """Sign a serving certificate for these addresses (e.g. a real node's kubelet API, which the
     apiserver verifies against the CA); written as <identity>.crt/.key."""
     sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
@@ -180,19 +189,29 @@ def issue_serving_cert(pki: Pki, identity: str, name: str, ips: list[str], dns: 
     return _issue(pki, identity, name, [], ExtendedKeyUsageOID.SERVER_AUTH, sans)
 
 
-def _issue(pki: Pki, identity: str, common_name: str, orgs: list[str], usage: x509.ObjectIdentifier,
-           sans: list[x509.GeneralName]) -> tuple[Path, Path]:
+def _issue(
+    pki: Pki,
+    identity: str,
+    common_name: str,
+    orgs: list[str],
+    usage: x509.ObjectIdentifier,
+    sans: list[x509.GeneralName],
+) -> tuple[Path, Path]:
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
     key = _key()
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in orgs]
     builder = _builder(x509.Name(attrs), ca_cert.subject, key.public_key()).add_extension(
-        x509.ExtendedKeyUsage([usage]), critical=False)
+        x509.ExtendedKeyUsage([usage]), critical=False
+    )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    for path, data in ((pki.client_cert(identity), _pem_cert(cert)), (pki.client_key(identity), _pem_key(key))):
+    for path, data in (
+        (pki.client_cert(identity), _pem_cert(cert)),
+        (pki.client_key(identity), _pem_key(key)),
+    ):
         path.write_bytes(data)
         path.chmod(0o600)
     return pki.client_cert(identity), pki.client_key(identity)

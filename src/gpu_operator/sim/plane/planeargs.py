@@ -15,8 +15,12 @@ from gpu_operator.sim.plane.egress import egress_config
 from gpu_operator.sim.plane.processes import free_port
 
 # Users whose writes are not logged by the audit policy: the control plane's own machinery.
-QUIET_USERS = ["system:kube-controller-manager", "system:kube-scheduler", "kwok-controller",
-               "system:apiserver"]
+QUIET_USERS = [
+    "system:kube-controller-manager",
+    "system:kube-scheduler",
+    "kwok-controller",
+    "system:apiserver",
+]
 READ_VERBS = ("get", "list", "watch")
 
 
@@ -49,9 +53,13 @@ def hold_initializing(stages: str) -> str:
     docs = [d for d in yaml.safe_load_all(stages) if d]
     for doc in docs:
         if doc.get("kind") == "Stage" and (doc.get("metadata") or {}).get("name") == "pod-ready":
-            doc["spec"]["selector"]["matchExpressions"].append({
-                "key": '.status.conditions.[] | select( .type == "Initialized" ) | .status',
-                "operator": "NotIn", "values": ["False"]})
+            doc["spec"]["selector"]["matchExpressions"].append(
+                {
+                    "key": '.status.conditions.[] | select( .type == "Initialized" ) | .status',
+                    "operator": "NotIn",
+                    "values": ["False"],
+                }
+            )
     return "---\n" + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
 
 
@@ -64,43 +72,69 @@ def gate_flags(feature_gates: dict[str, bool]) -> list[str]:
 
 def etcd_argv(etcd: Path, data_dir: Path, url: str, peer: int) -> list[str]:
     return [
-        str(etcd), "--name=sim", f"--data-dir={data_dir}",
-        f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+        str(etcd),
+        "--name=sim",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={url}",
+        f"--advertise-client-urls={url}",
         f"--listen-peer-urls=http://127.0.0.1:{peer}",
         f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
         f"--initial-cluster=sim=http://127.0.0.1:{peer}",
-        "--quota-backend-bytes=8589934592", "--unsafe-no-fsync", "--log-level=warn",
+        "--quota-backend-bytes=8589934592",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
     ]
 
 
-def apiserver_argv(kube: Path, workdir: Path, pki: pki_mod.Pki, *, etcd_url: str, port: int, egress: Path,
-                   gates: list[str], runtime_config: tuple[str, ...], audit_log: Path | None) -> list[str]:
+def apiserver_argv(
+    kube: Path,
+    workdir: Path,
+    pki: pki_mod.Pki,
+    *,
+    etcd_url: str,
+    port: int,
+    egress: Path,
+    gates: list[str],
+    runtime_config: tuple[str, ...],
+    audit_log: Path | None,
+) -> list[str]:
     """The apiserver's flags; writes its egress selector (to the proxy listening at `egress`),
     its kubelet client certificate and, with `audit_log`, its audit policy."""
     selector = workdir / "egress-selector.yaml"
     selector.write_text(yaml.safe_dump(egress_config(egress)))
-    kubelet_cert, kubelet_key = pki_mod.issue_client_cert(pki, "apiserver-kubelet-client",
-                                                          "kube-apiserver-kubelet-client", [])
+    kubelet_cert, kubelet_key = pki_mod.issue_client_cert(
+        pki, "apiserver-kubelet-client", "kube-apiserver-kubelet-client", []
+    )
     args = [
-        str(kube), "kube-apiserver",
-        f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1", f"--secure-port={port}",
-        f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+        str(kube),
+        "kube-apiserver",
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-        "--service-cluster-ip-range=10.0.0.0/16", "--authorization-mode=Node,RBAC",
-        "--allow-privileged=true", "--endpoint-reconciler-type=none",
+        "--service-cluster-ip-range=10.0.0.0/16",
+        "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",
         # The simulator is a single user's machine: no request throttling, so benchmarks
         # measure our operator rather than the apiserver's fairness queues.
-        "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+        "--max-requests-inflight=0",
+        "--max-mutating-requests-inflight=0",
         "--enable-priority-and-fairness=false",
-        "--profiling=false", "--v=1",
+        "--profiling=false",
+        "--v=1",
         # To the kubelets (logs, exec, port-forward): through the egress proxy, to the node's
         # InternalIP (its name resolves nowhere), verifying its serving certificate.
-        f"--egress-selector-config-file={selector}", "--kubelet-preferred-address-types=InternalIP",
-        f"--kubelet-client-certificate={kubelet_cert}", f"--kubelet-client-key={kubelet_key}",
+        f"--egress-selector-config-file={selector}",
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={kubelet_cert}",
+        f"--kubelet-client-key={kubelet_key}",
         f"--kubelet-certificate-authority={pki.ca_cert}",
     ]
     args += gates
@@ -109,55 +143,81 @@ def apiserver_argv(kube: Path, workdir: Path, pki: pki_mod.Pki, *, etcd_url: str
     if audit_log is not None:
         policy = workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(audit_policy()))
-        args += [f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
-                 "--audit-log-format=json", "--audit-log-mode=blocking"]
+        args += [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ]
     return args
 
 
 def _common(gates: list[str]) -> list[str]:
-    return ["--leader-elect=false", "--bind-address=127.0.0.1", "--kube-api-qps=2000",
-            "--kube-api-burst=4000", *gates]
-
-
-def controller_manager_argv(kube: Path, kubeconfig: Path, pki: pki_mod.Pki, gates: list[str], *,
-                            kubernetes: str, node_lease_seconds: int) -> list[str]:
     return [
-        str(kube), "kube-controller-manager",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--kube-api-qps=2000",
+        "--kube-api-burst=4000",
+        *gates,
+    ]
+
+
+def controller_manager_argv(
+    kube: Path,
+    kubeconfig: Path,
+    pki: pki_mod.Pki,
+    gates: list[str],
+    *,
+    kubernetes: str,
+    node_lease_seconds: int,
+) -> list[str]:
+    return [
+        str(kube),
+        "kube-controller-manager",
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
-        f"--secure-port={free_port()}", f"--root-ca-file={pki.ca_cert}",
+        f"--secure-port={free_port()}",
+        f"--root-ca-file={pki.ca_cert}",
         f"--service-account-private-key-file={pki.sa_key}",
-        "--use-service-account-credentials=false", "--cluster-name=sim",
-        "--concurrent-gc-syncs=40", *_common(gates),
+        "--use-service-account-credentials=false",
+        "--cluster-name=sim",
+        "--concurrent-gc-syncs=40",
+        *_common(gates),
         # The DaemonSet controller's workers are a flag from 1.30 on; the floor keeps its 2.
         *(["--concurrent-daemonset-syncs=10"] if kubernetes == "current" else []),
-        *([f"--node-monitor-grace-period={node_lease_seconds + 20}s"]
-          if node_lease_seconds > 40 else []),
+        *([f"--node-monitor-grace-period={node_lease_seconds + 20}s"] if node_lease_seconds > 40 else []),
     ]
 
 
 def scheduler_argv(kube: Path, kubeconfig: Path, gates: list[str]) -> list[str]:
     return [
-        str(kube), "kube-scheduler",
+        str(kube),
+        "kube-scheduler",
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
-        f"--secure-port={free_port()}", *_common(gates),
+        f"--secure-port={free_port()}",
+        *_common(gates),
     ]
 
 
-def kwok_argv(kwok: Path, kubeconfig: Path, workdir: Path, stages_yaml: str, node_lease_seconds: int) -> list[str]:
+def kwok_argv(
+    kwok: Path, kubeconfig: Path, workdir: Path, stages_yaml: str, node_lease_seconds: int
+) -> list[str]:
     """kwok's flags; writes its stages (`stages_yaml` as `hold_initializing` changes them) and
     `KWOK_CONFIGURATION` to one file."""
     stages = workdir / "kwok-stages.yaml"
     stages.write_text(hold_initializing(stages_yaml) + KWOK_CONFIGURATION)
     return [
-        str(kwok), f"--kubeconfig={kubeconfig}",
+        str(kwok),
+        f"--kubeconfig={kubeconfig}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        f"--config={stages}", f"--server-address=127.0.0.1:{free_port()}",
-        "--cidr=10.244.0.0/16", "--node-ip=10.1.0.1",
+        f"--config={stages}",
+        f"--server-address=127.0.0.1:{free_port()}",
+        "--cidr=10.244.0.0/16",
+        "--node-ip=10.1.0.1",
         f"--node-lease-duration-seconds={node_lease_seconds}",
     ]
 

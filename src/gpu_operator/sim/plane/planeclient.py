@@ -71,7 +71,9 @@ class PlaneClient:
         apiserver's: the Lease cacher's backlog arriving after)."""
         try:
             # A paginated list is read from etcd itself: its resourceVersion is etcd's revision.
-            now = self.request("GET", "/api/v1/namespaces/default/configmaps?limit=1")["metadata"]["resourceVersion"]
+            now = self.request("GET", "/api/v1/namespaces/default/configmaps?limit=1")["metadata"][
+                "resourceVersion"
+            ]
             for path in self._CACHED:  # served from the cache once it has caught up, else 504 after 3 s
                 self.request("GET", f"{path}?resourceVersion={now}&resourceVersionMatch=NotOlderThan")
         except (OSError, ValueError, KeyError, TypeError):  # urllib's HTTPError is an OSError
@@ -85,18 +87,21 @@ class PlaneClient:
         context.load_cert_chain(self.pki.client_cert(identity), self.pki.client_key(identity))
         return context
 
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json") -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
         """A raw admin request to the apiserver (for tests and the simulator's own setup)."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.server}{path}", data=data, method=method,
-                                     headers={"Content-Type": content_type})
+        req = urllib.request.Request(
+            f"{self.server}{path}", data=data, method=method, headers={"Content-Type": content_type}
+        )
         with urllib.request.urlopen(req, context=self.ssl_context("admin"), timeout=30) as resp:
             raw = resp.read()
         return json.loads(raw) if raw else None
 
-    def serviceaccount_kubeconfig(self, namespace: str, name: str, *, create: bool = True,
-                                  expiration_seconds: int = 86400) -> Path:
+    def serviceaccount_kubeconfig(
+        self, namespace: str, name: str, *, create: bool = True, expiration_seconds: int = 86400
+    ) -> Path:
         """A kubeconfig that authenticates as ServiceAccount `namespace/name` (bound token), so
         tests exercise RBAC as a workload's real identity. Creates the namespace and SA if asked."""
         if create:
@@ -107,13 +112,18 @@ class PlaneClient:
                 with contextlib.suppress(urllib.error.HTTPError):
                     self.request("POST", path, body)
         token = self.request(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": expiration_seconds}},
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": expiration_seconds},
+            },
         )["status"]["token"]
         target = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        write_kubeconfig(target, server=self.server, ca=self.pki.ca_cert, user=f"{namespace}-{name}",
-                         token=token)
+        write_kubeconfig(
+            target, server=self.server, ca=self.pki.ca_cert, user=f"{namespace}-{name}", token=token
+        )
         return target
 
     def audit_events(self) -> Iterator[dict[str, Any]]:

@@ -50,15 +50,17 @@ class Component:
             # A session of its own: a Ctrl-C in the terminal goes to pytest, which then stops us
             # in order, instead of killing etcd under a live apiserver.
             self.process = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
 
     def check_alive(self) -> None:
         if self.process is not None and self.process.poll() is not None:
             raise ControlPlaneError(
-                f"{self.name} exited with code {self.process.returncode}; log {self.log}:\n"
-                f"{tail(self.log)}"
+                f"{self.name} exited with code {self.process.returncode}; log {self.log}:\n{tail(self.log)}"
             )
 
     def kill(self) -> None:

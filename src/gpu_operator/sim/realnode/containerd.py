@@ -66,8 +66,10 @@ class RunResult:
         return self.returncode == 0
 
     def describe(self) -> str:
-        return (f"`{' '.join(self.argv)}` exited {self.returncode}\n--- stdout\n{self.stdout}"
-                f"\n--- stderr\n{self.stderr}")
+        return (
+            f"`{' '.join(self.argv)}` exited {self.returncode}\n--- stdout\n{self.stdout}"
+            f"\n--- stderr\n{self.stderr}"
+        )
 
 
 def missing_binaries() -> list[str]:
@@ -128,23 +130,25 @@ class PrivateContainerd:
 
     def config_toml(self) -> str:
         disabled = [] if self.cri else ['"io.containerd.grpc.v1.cri"']
-        return "\n".join([
-            "version = 2",
-            f'root = "{self.base_dir / "root"}"',
-            f'state = "{self.base_dir / "state"}"',
-            f"disabled_plugins = [{', '.join(disabled)}]",
-            "[grpc]",
-            f'  address = "{self.socket}"',
-            "[ttrpc]",
-            f'  address = "{self.base_dir / "ttrpc.sock"}"',
-            "[debug]",
-            '  address = ""',
-            '  level = "info"',
-            "[metrics]",
-            '  address = ""',
-            "",
-            self.extra_config,
-        ])
+        return "\n".join(
+            [
+                "version = 2",
+                f'root = "{self.base_dir / "root"}"',
+                f'state = "{self.base_dir / "state"}"',
+                f"disabled_plugins = [{', '.join(disabled)}]",
+                "[grpc]",
+                f'  address = "{self.socket}"',
+                "[ttrpc]",
+                f'  address = "{self.base_dir / "ttrpc.sock"}"',
+                "[debug]",
+                '  address = ""',
+                '  level = "info"',
+                "[metrics]",
+                '  address = ""',
+                "",
+                self.extra_config,
+            ]
+        )
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -172,8 +176,11 @@ class PrivateContainerd:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [*self.launcher, "containerd", "--config", str(self.config_path)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PATH": _PATH}, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "PATH": _PATH},
+                start_new_session=True,
             )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
@@ -216,11 +223,18 @@ class PrivateContainerd:
         return tail(self.log, lines)
 
     # --- talking to it ----------------------------------------------------------------
-    def _ctr(self, args: Sequence[str], *, check: bool = True,
-             timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
+    def _ctr(
+        self, args: Sequence[str], *, check: bool = True, timeout: float = 300.0
+    ) -> subprocess.CompletedProcess[str]:
         argv = ["ctr", "--address", str(self.socket), "--namespace", self.namespace, *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
-                              env={**os.environ, "PATH": _PATH})
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env={**os.environ, "PATH": _PATH},
+        )
         if check and done.returncode != 0:
             raise ContainerdError(
                 f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip()}\n"
@@ -258,15 +272,21 @@ class PrivateContainerd:
     def images(self) -> list[str]:
         return self._ctr(["images", "ls", "-q"]).stdout.split()
 
-    def run(self, image: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-            mounts: Sequence[Mount] = (), name: str | None = None,
-            timeout: float = 120.0) -> RunResult:
+    def run(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        mounts: Sequence[Mount] = (),
+        name: str | None = None,
+        timeout: float = 120.0,
+    ) -> RunResult:
         """Run ``argv`` in a fresh container of ``image`` (its user, env and workdir apply),
         wait for it and remove it. A non-zero exit is a result, not an error; failing to
         create or start the container raises ContainerdError."""
         cid = name or f"run-{os.getpid()}-{time.monotonic_ns()}"
-        args = ["run", "--rm", "--snapshotter", self.snapshotter,
-                "--fifo-dir", str(self.base_dir / "fifo")]
+        args = ["run", "--rm", "--snapshotter", self.snapshotter, "--fifo-dir", str(self.base_dir / "fifo")]
         for key, value in (env or {}).items():
             args += ["--env", f"{key}={value}"]
         for m in mounts:
@@ -279,8 +299,9 @@ class PrivateContainerd:
                 self._ctr(["tasks", "kill", "-s", "SIGKILL", cid], check=False)
                 self._ctr(["tasks", "rm", "-f", cid], check=False)
                 self._ctr(["containers", "rm", cid], check=False)
-            raise ContainerdError(f"container {cid} ({' '.join(argv)}) did not finish in "
-                                  f"{timeout:.0f}s") from err
+            raise ContainerdError(
+                f"container {cid} ({' '.join(argv)}) did not finish in {timeout:.0f}s"
+            ) from err
         if done.returncode != 0 and done.stderr.startswith("ctr: "):
             # ctr's own failure (image missing, runc refused, mount failed), not the program's
             raise ContainerdError(

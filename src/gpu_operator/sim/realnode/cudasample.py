@@ -73,5 +73,6 @@ print("Done")
 def build(base: Path, out: Path, ref: str = CUDA_SAMPLE_IMAGE) -> Path:
     """A docker-archive at `out`: the image of docker-archive `base` plus a layer with
     /usr/bin/vectorAdd, tagged `ref` (deterministic: same base, same bytes)."""
-    return ociarchive.extend(base, out, ref, {"/usr/bin/vectorAdd": VECTOR_ADD.encode()},
-                             "gpu-operator sim: vectorAdd stand-in")
+    return ociarchive.extend(
+        base, out, ref, {"/usr/bin/vectorAdd": VECTOR_ADD.encode()}, "gpu-operator sim: vectorAdd stand-in"
+    )

@@ -13,7 +13,8 @@ class InjectionError(RuntimeError):
 @dataclass
 class Edits:
     """What the runtime adds to a container's OCI config."""
-    mounts: list[tuple[Path, str]] = field(default_factory=list)        # (host file, container path)
+
+    mounts: list[tuple[Path, str]] = field(default_factory=list)  # (host file, container path)
     devices: list[tuple[Path, str, int, int]] = field(default_factory=list)  # (host node, path, major, minor)
     env: list[str] = field(default_factory=list)
-    mode: str = "none"   # none (untouched), legacy, cdi
+    mode: str = "none"  # none (untouched), legacy, cdi

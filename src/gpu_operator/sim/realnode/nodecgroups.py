@@ -28,8 +28,11 @@ def cgroup_dirs(node: str) -> list[Path]:
     """The node's cgroup root in every mounted v1 hierarchy (or the v2 mount)."""
     if (CGROUP_FS / "cgroup.controllers").exists():
         return [CGROUP_FS / CGROUP_PARENT / node]
-    return [h / CGROUP_PARENT / node for h in sorted(CGROUP_FS.iterdir())
-            if h.is_dir() and not h.is_symlink() and (h / "cgroup.procs").exists()]
+    return [
+        h / CGROUP_PARENT / node
+        for h in sorted(CGROUP_FS.iterdir())
+        if h.is_dir() and not h.is_symlink() and (h / "cgroup.procs").exists()
+    ]
 
 
 def make_cgroups(node: str) -> None:

@@ -38,14 +38,17 @@ class NodeClient:
     def pod_logs(self) -> Path:
         return self.base_dir / "pod-logs"
 
-    def admin(self, method: str, path: str, body: Any = None,
-              content_type: str = "application/json") -> Any:
+    def admin(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         pki = pki_mod.Pki(self.pki_dir)
         context = ssl.create_default_context(cafile=str(pki.ca_cert))
         context.load_cert_chain(pki.client_cert("admin"), pki.client_key("admin"))
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"https://127.0.0.1:{self.apiserver_port}{path}", data=data,
-                                     method=method, headers={"Content-Type": content_type})
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{self.apiserver_port}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": content_type},
+        )
         with urllib.request.urlopen(req, context=context, timeout=10) as resp:
             return json.loads(resp.read() or b"null")
 
@@ -54,8 +57,10 @@ class NodeClient:
         while True:
             for name, proc in self.processes.items():
                 if proc.poll() is not None:
-                    raise RealNodeError(f"real node {self.name}: {name} exited with code {proc.returncode}; "
-                                        f"log {self.logs / (name + '.log')}:\n{tail(self.logs / (name + '.log'))}")
+                    raise RealNodeError(
+                        f"real node {self.name}: {name} exited with code {proc.returncode}; "
+                        f"log {self.logs / (name + '.log')}:\n{tail(self.logs / (name + '.log'))}"
+                    )
             with contextlib.suppress(OSError, ValueError):
                 node = self.admin("GET", f"/api/v1/nodes/{self.name}")
                 conds = node.get("status", {}).get("conditions", [])
@@ -63,8 +68,10 @@ class NodeClient:
                     return
             if time.monotonic() > deadline:
                 log = self.logs / "kubelet.log"
-                raise RealNodeError(f"real node {self.name} not Ready after {timeout:.0f}s; kubelet log {log}:\n"
-                                    f"{tail(log, 40)}")
+                raise RealNodeError(
+                    f"real node {self.name} not Ready after {timeout:.0f}s; kubelet log {log}:\n"
+                    f"{tail(log, 40)}"
+                )
             time.sleep(0.5)
 
     def wait_allocatable(self, resource: str, value: str, timeout: float) -> None:
@@ -76,16 +83,22 @@ class NodeClient:
             if status.get("allocatable", {}).get(resource) == value:
                 return
             if time.monotonic() > deadline:
-                raise RealNodeError(f"real node {self.name}: {resource} allocatable is "
-                                    f"{status.get('allocatable', {}).get(resource)!r}, not {value}, after {timeout:.0f}s; "
-                                    f"see the device plugin pod's log (pod logs under {self.pod_logs})")
+                raise RealNodeError(
+                    f"real node {self.name}: {resource} allocatable is "
+                    f"{status.get('allocatable', {}).get(resource)!r}, not {value}, after {timeout:.0f}s; "
+                    f"see the device plugin pod's log (pod logs under {self.pod_logs})"
+                )
             time.sleep(0.5)
 
     def http_get(self, url: str, timeout: float = 10.0) -> str:
         """GET `url` from inside the node's network (pod IPs live there); raises with the output."""
-        script = ("import sys, urllib.request\n"
-                  "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())")
+        script = (
+            "import sys, urllib.request\n"
+            "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).read().decode())"
+        )
         done = self.sandbox.run([sys.executable, "-c", script, url, str(timeout)], timeout=timeout + 20)
         if done.returncode != 0:
-            raise RealNodeError(f"GET {url} inside real node {self.name} failed: {done.stderr.strip()[-500:]}")
+            raise RealNodeError(
+                f"GET {url} inside real node {self.name} failed: {done.stderr.strip()[-500:]}"
+            )
         return done.stdout

@@ -109,9 +109,20 @@ class Sandbox:
         ready.unlink(missing_ok=True)
         with self.log.open("ab") as out:
             proc = subprocess.Popen(
-                ["unshare", "--mount", "--net", "--propagation", "private", "--",
-                 "sh", "-c", _setup_script(self.base_dir, self.binds)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    "unshare",
+                    "--mount",
+                    "--net",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    _setup_script(self.base_dir, self.binds),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         self.holder = proc.pid
@@ -121,7 +132,8 @@ class Sandbox:
                 self.stop()
                 raise SandboxError(
                     f"setting up the node's namespaces failed (exit {proc.returncode}); "
-                    f"log {self.log}:\n{self.log.read_text(errors='replace')[-2000:]}")
+                    f"log {self.log}:\n{self.log.read_text(errors='replace')[-2000:]}"
+                )
             time.sleep(0.05)
         return proc.pid
 
@@ -130,8 +142,9 @@ class Sandbox:
         return ["nsenter", f"--target={self.holder}", "--mount", "--net", "--"]
 
     def run(self, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*self.enter(), *argv], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        return subprocess.run(
+            [*self.enter(), *argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
 
     def members(self) -> list[int]:
         """Pids of every process in the sandbox's mount namespace except the holder."""

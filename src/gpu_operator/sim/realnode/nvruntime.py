@@ -36,14 +36,22 @@ def apply(config: dict[str, Any], edits: Edits) -> list[str]:
     added = []
     for source, destination in edits.mounts:
         if destination not in present:
-            mounts.append({"destination": destination, "type": "bind", "source": str(source),
-                           "options": list(_FILE_OPTIONS)})
+            mounts.append(
+                {
+                    "destination": destination,
+                    "type": "bind",
+                    "source": str(source),
+                    "options": list(_FILE_OPTIONS),
+                }
+            )
             present.add(destination)
             added.append(destination)
     for host, path, major, minor in edits.devices:
         rules = config.setdefault("linux", {}).setdefault("resources", {}).setdefault("devices", [])
         if path not in present:
-            mounts.append({"destination": path, "type": "bind", "source": str(host), "options": list(_DEVICE_OPTIONS)})
+            mounts.append(
+                {"destination": path, "type": "bind", "source": str(host), "options": list(_DEVICE_OPTIONS)}
+            )
             present.add(path)
             added.append(path)
         rules.append({"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"})
@@ -65,8 +73,7 @@ def _runc_error(args: list[str], message: str) -> None:
     container's status), and on stderr."""
     print(message, file=sys.stderr)
     if "--log" in args[:-1]:
-        line = {"level": "error", "msg": message,
-                "time": datetime.datetime.now(datetime.UTC).isoformat()}
+        line = {"level": "error", "msg": message, "time": datetime.datetime.now(datetime.UTC).isoformat()}
         with open(args[args.index("--log") + 1], "a") as log:
             log.write(json.dumps(line) + "\n")
 
@@ -75,7 +82,9 @@ def wrapper_script(host_root: Path, runc: str | None = None) -> str:
     """The executable containerd's shim is pointed at (runtime option BinaryName): runc (this
     machine's unless `runc` is given) with the toolkit's additions from the tree at `host_root`."""
     runc = runc or shutil.which("runc") or "/usr/sbin/runc"
-    return f'#!/bin/sh\nexec {sys.executable} -m gpu_operator.sim.realnode.nvruntime {host_root} {runc} "$@"\n'
+    return (
+        f'#!/bin/sh\nexec {sys.executable} -m gpu_operator.sim.realnode.nvruntime {host_root} {runc} "$@"\n'
+    )
 
 
 def main(argv: list[str]) -> None:

@@ -23,7 +23,9 @@ def layer(files: dict[str, bytes]) -> bytes:
     """An image layer (tar) holding `files` (image path -> content), each executable."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
-        dirs = sorted({str(parent) for target in files for parent in Path(target.lstrip("/")).parents} - {"."})
+        dirs = sorted(
+            {str(parent) for target in files for parent in Path(target.lstrip("/")).parents} - {"."}
+        )
         for name in dirs:  # parents first, as a layer lists them
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, 0o755
@@ -35,8 +37,9 @@ def layer(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def extend(base: Path, out: Path, ref: str, files: dict[str, bytes], created_by: str,
-           user: str | None = None) -> Path:
+def extend(
+    base: Path, out: Path, ref: str, files: dict[str, bytes], created_by: str, user: str | None = None
+) -> Path:
     """A docker-archive at `out`: the image of docker-archive `base` plus one layer holding `files`
     (image path -> content, each executable), tagged `ref`, running as `user` if given, else as
     `base` does (deterministic: same base, same bytes)."""
@@ -54,16 +57,20 @@ def extend(base: Path, out: Path, ref: str, files: dict[str, bytes], created_by:
             config.setdefault("config", {})["User"] = user
         config_bytes = json.dumps(config, sort_keys=True).encode()
         config_name = f"{hashlib.sha256(config_bytes).hexdigest()}.json"
-        new_manifest = [{"Config": config_name, "RepoTags": [ref],
-                         "Layers": [*entry["Layers"], f"{layer_digest}.tar"]}]
+        new_manifest = [
+            {"Config": config_name, "RepoTags": [ref], "Layers": [*entry["Layers"], f"{layer_digest}.tar"]}
+        ]
         out.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as dst:
             for member in src.getmembers():
                 if member.name in ("manifest.json", "repositories", entry["Config"]):
                     continue
                 dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-            for name, data in ((f"{layer_digest}.tar", added), (config_name, config_bytes),
-                               ("manifest.json", json.dumps(new_manifest).encode())):
+            for name, data in (
+                (f"{layer_digest}.tar", added),
+                (config_name, config_bytes),
+                ("manifest.json", json.dumps(new_manifest).encode()),
+            ):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 dst.addfile(info, io.BytesIO(data))
@@ -74,29 +81,41 @@ def write_archive(out: Path, ref: str, files: dict[str, Path], entrypoint: list[
     """An OCI archive at `out` whose one image (tagged with `ref`'s tag) holds `files` (image path -> host
     file, executable) and runs `entrypoint`."""
     layer_bytes = layer({target: source.read_bytes() for target, source in files.items()})
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": entrypoint},
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer_bytes).hexdigest()}"]},
-    }).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": entrypoint},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer_bytes).hexdigest()}"]},
+        }
+    ).encode()
     with tarfile.open(out, mode="w") as tar:
         layer_desc = _blob(tar, layer_bytes)
         config_desc = _blob(tar, config)
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}],
-        }).encode()
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}],
+            }
+        ).encode()
         manifest_desc = _blob(tar, manifest)
-        index = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
-                "platform": {"architecture": "amd64", "os": "linux"},
-                # a tag only, as OCI layouts carry it: import with --base-name <repository>
-                "annotations": {"org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]},
-            }],
-        }).encode()
+        index = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.index.v1+json",
+                "manifests": [
+                    {
+                        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                        **manifest_desc,
+                        "platform": {"architecture": "amd64", "os": "linux"},
+                        # a tag only, as OCI layouts carry it: import with --base-name <repository>
+                        "annotations": {"org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]},
+                    }
+                ],
+            }
+        ).encode()
         for name, data in (("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index)):
             info = tarfile.TarInfo(name)
             info.size = len(data)

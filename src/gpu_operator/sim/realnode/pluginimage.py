@@ -48,9 +48,11 @@ def _site_packages() -> Path:
 def library_files() -> dict[str, bytes]:
     """The stand-in's gRPC and protobuf packages, as image paths under our image's site directory."""
     if sys.version_info[:2] != PYTHON:
-        raise RuntimeError(f"the device plugin's image is built from this Python's gRPC libraries, which must be "
-                           f"Python {PYTHON[0]}.{PYTHON[1]}'s (our image's); this is "
-                           f"{sys.version_info[0]}.{sys.version_info[1]}: run the simulator with Python 3.11")
+        raise RuntimeError(
+            f"the device plugin's image is built from this Python's gRPC libraries, which must be "
+            f"Python {PYTHON[0]}.{PYTHON[1]}'s (our image's); this is "
+            f"{sys.version_info[0]}.{sys.version_info[1]}: run the simulator with Python 3.11"
+        )
     site = _site_packages()
     files = {f"{LIBDIR}/libstdc++.so.6": _loaded("libstdc++.so.6").read_bytes()}
     for package in PACKAGES:
@@ -68,11 +70,19 @@ def _loaded(soname: str) -> Path:
         path = line.split(maxsplit=5)[-1] if len(line.split()) == 6 else ""
         if Path(path).name.startswith(soname):
             return Path(path)
-    raise RuntimeError(f"the device plugin's image needs {soname}, which gRPC's extension loads, "
-                       "but this process has not loaded it: install libstdc++6")
+    raise RuntimeError(
+        f"the device plugin's image needs {soname}, which gRPC's extension loads, "
+        "but this process has not loaded it: install libstdc++6"
+    )
 
 
 def build(base: Path, out: Path, ref: str = DEVICE_PLUGIN_IMAGE) -> Path:
     """A docker-archive at `out`: our image (docker-archive `base`) plus the stand-in's layer, tagged `ref`."""
-    return ociarchive.extend(base, out, ref, {**library_files(), EXECUTABLE: ENTRY.encode()},
-                             "gpu-operator sim: device-plugin stand-in", user="0:0")
+    return ociarchive.extend(
+        base,
+        out,
+        ref,
+        {**library_files(), EXECUTABLE: ENTRY.encode()},
+        "gpu-operator sim: device-plugin stand-in",
+        user="0:0",
+    )

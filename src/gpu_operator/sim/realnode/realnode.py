@@ -51,8 +51,17 @@ from gpu_operator.sim.realnode.nodens import NODE_IP, POD_SUBNET, SERVICE_IP, SH
 from gpu_operator.sim.realnode.ociarchive import write_archive
 
 # What callers import from here besides RealNode (the simulator's session, test fixtures).
-__all__ = ["DEVICE_PLUGIN_DIR", "RealNode", "RealNodeError", "cgroup_dirs", "cgroup_name", "cgroup_pids",
-           "cleanup", "image_archive", "terminate"]
+__all__ = [
+    "DEVICE_PLUGIN_DIR",
+    "RealNode",
+    "RealNodeError",
+    "cgroup_dirs",
+    "cgroup_name",
+    "cgroup_pids",
+    "cleanup",
+    "image_archive",
+    "terminate",
+]
 
 
 @dataclass
@@ -92,8 +101,12 @@ class RealNode(NodeClient):
             wrapper.write_text(nvruntime.wrapper_script(self.host_root))
             wrapper.chmod(0o755)
         self.sandbox = Sandbox(self.base_dir, binds=binds)
-        self.containerd = PrivateContainerd(self.base_dir / "containerd", namespace=CRI_NAMESPACE, cri=True,
-                                            extra_config=containerd_cri_config(self.base_dir, wrapper))
+        self.containerd = PrivateContainerd(
+            self.base_dir / "containerd",
+            namespace=CRI_NAMESPACE,
+            cri=True,
+            extra_config=containerd_cri_config(self.base_dir, wrapper),
+        )
 
     @property
     def runtime_wrapper(self) -> Path:
@@ -111,8 +124,9 @@ class RealNode(NodeClient):
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         self.processes[name] = proc
         return proc
 
@@ -137,41 +151,65 @@ class RealNode(NodeClient):
 
     def _start(self, timeout: float) -> None:
         base = self.base_dir
-        self._spawn("nsproxy", proxy_argv(self.sandbox.netns_path, f"{SERVICE_IP}:443",
-                                          f"127.0.0.1:{self.apiserver_port}"))
+        self._spawn(
+            "nsproxy",
+            proxy_argv(self.sandbox.netns_path, f"{SERVICE_IP}:443", f"127.0.0.1:{self.apiserver_port}"),
+        )
         pki = pki_mod.Pki(self.pki_dir)
-        cert, key = pki_mod.issue_client_cert(pki, f"node-{self.name}", f"system:node:{self.name}",
-                                              ["system:nodes"])
+        cert, key = pki_mod.issue_client_cert(
+            pki, f"node-{self.name}", f"system:node:{self.name}", ["system:nodes"]
+        )
         serving = pki_mod.issue_serving_cert(pki, f"kubelet-{self.name}", self.name, [NODE_IP], [self.name])
         if self.egress_routes is not None:
-            egress.register(self.egress_routes, self.name, self.sandbox.netns_path, [f"{NODE_IP}/32", POD_SUBNET])
-        kubeconfig = write_kubeconfig(base / "kubelet.kubeconfig", server=f"https://{SERVICE_IP}:443",
-                                      ca=pki.ca_cert, user=f"system:node:{self.name}",
-                                      client_cert=cert, client_key=key)
+            egress.register(
+                self.egress_routes, self.name, self.sandbox.netns_path, [f"{NODE_IP}/32", POD_SUBNET]
+            )
+        kubeconfig = write_kubeconfig(
+            base / "kubelet.kubeconfig",
+            server=f"https://{SERVICE_IP}:443",
+            ca=pki.ca_cert,
+            user=f"system:node:{self.name}",
+            client_cert=cert,
+            client_key=key,
+        )
         (base / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
         (base / "cni" / "net.d" / "10-gpu-operator-sim.conflist").write_text(
-            json.dumps(cni_conflist(base), indent=2))
+            json.dumps(cni_conflist(base), indent=2)
+        )
         self.containerd.launcher = self.sandbox.enter()
         self.containerd.start()
-        archive = write_archive(base / "pause.oci.tar", PAUSE_IMAGE, {"/pause": self.binaries.pause},
-                                ["/pause"])
+        archive = write_archive(
+            base / "pause.oci.tar", PAUSE_IMAGE, {"/pause": self.binaries.pause}, ["/pause"]
+        )
         self.containerd.import_image(archive, base_name=PAUSE_IMAGE.rsplit(":", 1)[0])
         make_cgroups(self.cgroup_name)
         config = base / "kubelet-config.yaml"
         cfg = kubelet_config(base, pki.ca_cert, self.containerd.endpoint, serving)
         cfg["cgroupRoot"] = f"/{CGROUP_PARENT}/{self.cgroup_name}"
         config.write_text(yaml.safe_dump(cfg))
-        argv = [*self.sandbox.enter(), str(self.binaries.kube), "kubelet",
-                f"--config={config}", f"--kubeconfig={kubeconfig}", f"--root-dir={self.kubelet_root}",
-                f"--hostname-override={self.name}", f"--node-ip={NODE_IP}", "--v=2"]
+        argv = [
+            *self.sandbox.enter(),
+            str(self.binaries.kube),
+            "kubelet",
+            f"--config={config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.kubelet_root}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={NODE_IP}",
+            "--v=2",
+        ]
         if self.taints:
             argv.append("--register-with-taints=" + ",".join(self.taints))
         self._spawn("kubelet", argv)
         self.wait_ready(timeout)
         if self.labels:
             # As an admin, after registration: the kubelet refuses NFD's *.kubernetes.io labels.
-            self.admin("PATCH", f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}},
-                       "application/merge-patch+json")
+            self.admin(
+                "PATCH",
+                f"/api/v1/nodes/{self.name}",
+                {"metadata": {"labels": self.labels}},
+                "application/merge-patch+json",
+            )
 
     def trust_registry(self, host: str, ca_cert: Path) -> None:
         """Pull from the registry at `host` (127.0.0.1:PORT on this machine): containerd's host
@@ -182,7 +220,9 @@ class RealNode(NodeClient):
         hosts.mkdir(parents=True, exist_ok=True)
         (hosts / "ca.crt").write_bytes(Path(ca_cert).read_bytes())
         (hosts / "hosts.toml").write_text(hosts_toml(host, hosts / "ca.crt"))
-        self._spawn(f"registry-proxy-{host.rsplit(':', 1)[1]}", proxy_argv(self.sandbox.netns_path, host, host))
+        self._spawn(
+            f"registry-proxy-{host.rsplit(':', 1)[1]}", proxy_argv(self.sandbox.netns_path, host, host)
+        )
 
     def import_images(self, archive: Path) -> list[str]:
         """Our image (docker-archive `archive`) and the stand-ins' images built on it (the CUDA
@@ -190,8 +230,11 @@ class RealNode(NodeClient):
         returns the image names added."""
         sample = cudasample.build(archive, self.base_dir / "cuda-sample.docker.tar")
         plugin = pluginimage.build(archive, self.base_dir / "device-plugin.docker.tar")
-        return [*self.containerd.import_image(archive), *self.containerd.import_image(sample),
-                *self.containerd.import_image(plugin)]
+        return [
+            *self.containerd.import_image(archive),
+            *self.containerd.import_image(sample),
+            *self.containerd.import_image(plugin),
+        ]
 
     def stop(self) -> None:
         kubelet = self.processes.pop("kubelet", None)

@@ -20,8 +20,11 @@ from gpu_operator.sim.realnode.cudasample import CUDA_SAMPLE_IMAGE
 
 # The operands whose image is ours (the validator, the node-status exporter, the vfio manager
 # and GPU probe): the only ones the real node runs. Every other operand pulls an NVIDIA image, which cannot be pulled here.
-OWN_IMAGE_OPERANDS = ("operator-validator", "node-status-exporter",
-                      "vfio-manager")  # (and the GPU probe, gated by the same label)
+OWN_IMAGE_OPERANDS = (
+    "operator-validator",
+    "node-status-exporter",
+    "vfio-manager",
+)  # (and the GPU probe, gated by the same label)
 # Operands of an NVIDIA image whose stand-in's image the real node has under NVIDIA's name.
 STAND_IN_IMAGE_OPERANDS = ("device-plugin",)
 # The validator and the exporter run the host tree's nvidia-smi directly: a fixture tree has no
@@ -39,8 +42,11 @@ def node_labels(shape: str) -> dict[str, str]:
     from gpu_operator.vocabulary import ALL_DEPLOY_LABELS, deploy_label
 
     manifest = shapes.nodes([shape])[0]
-    labels = {k: v for k, v in manifest["metadata"].get("labels", {}).items()
-              if not k.startswith("kubernetes.io/") and k != "type"}
+    labels = {
+        k: v
+        for k, v in manifest["metadata"].get("labels", {}).items()
+        if not k.startswith("kubernetes.io/") and k != "type"
+    }
     own = {deploy_label(c) for c in OWN_IMAGE_OPERANDS + STAND_IN_IMAGE_OPERANDS}
     labels.update({key: "false" for key in ALL_DEPLOY_LABELS - own})
     return labels
@@ -54,8 +60,7 @@ def policy_spec(host_root: Path | str, base: dict[str, Any] | None = None) -> di
     so its metrics can be scraped from its pod."""
     spec: dict[str, Any] = {**(base or {})}
     spec["hostPaths"] = {**spec.get("hostPaths", {}), "rootFS": str(host_root)}
-    spec["nodeStatusExporter"] = {"enabled": True, **spec.get("nodeStatusExporter", {}),
-                                  "env": [NO_CHROOT]}
+    spec["nodeStatusExporter"] = {"enabled": True, **spec.get("nodeStatusExporter", {}), "env": [NO_CHROOT]}
     validator = dict(spec.get("validator", {}))
     validator["driver"] = {"env": [NO_CHROOT]}
     validator["cuda"] = {"env": [{"name": "CUDA_VALIDATOR_IMAGE", "value": CUDA_SAMPLE_IMAGE}]}
@@ -91,10 +96,15 @@ RUNTIME_FILES: dict[str, dict[str, str]] = {
     "containerd": {"/etc/containerd/config.toml": _CONTAINERD_CONFIG, "/run/containerd/containerd.sock": ""},
     "k3s": {_RANCHER.format("k3s"): _CONTAINERD_CONFIG, "/run/k3s/containerd/containerd.sock": ""},
     "rke2": {_RANCHER.format("rke2"): _CONTAINERD3_CONFIG, "/run/k3s/containerd/containerd.sock": ""},
-    "microk8s": {"/var/snap/microk8s/current/args/containerd-template.toml": _CONTAINERD_CONFIG,
-                 "/var/snap/microk8s/current/args/containerd.toml": _CONTAINERD_CONFIG,
-                 "/var/snap/microk8s/common/run/containerd.sock": ""},
-    "k0s": {"/etc/k0s/containerd.toml": "# k0s_managed=true\n" + _CONTAINERD_CONFIG, "/run/k0s/containerd.sock": ""},
+    "microk8s": {
+        "/var/snap/microk8s/current/args/containerd-template.toml": _CONTAINERD_CONFIG,
+        "/var/snap/microk8s/current/args/containerd.toml": _CONTAINERD_CONFIG,
+        "/var/snap/microk8s/common/run/containerd.sock": "",
+    },
+    "k0s": {
+        "/etc/k0s/containerd.toml": "# k0s_managed=true\n" + _CONTAINERD_CONFIG,
+        "/run/k0s/containerd.sock": "",
+    },
     "crio": {"/etc/crio/crio.conf": "[crio.runtime]\n", "/var/run/crio/crio.sock": ""},
 }
 
@@ -114,8 +124,10 @@ def host_spec(shape: str) -> dict[str, Any]:
 
         model = {v[0]: k for k, v in guesttree.MODELS.items()}.get(found.gpu_vendor_device.partition(":")[2])
         if model is None:
-            raise ValueError(f"shape {shape}: no guest tree for GPU {found.gpu_vendor_device} "
-                             f"(sim/hardware/guesttree.py knows {', '.join(guesttree.MODELS)})")
+            raise ValueError(
+                f"shape {shape}: no guest tree for GPU {found.gpu_vendor_device} "
+                f"(sim/hardware/guesttree.py knows {', '.join(guesttree.MODELS)})"
+            )
         return guesttree.guest_spec(found.gpu_count, model, driver=found.host_driver)
     vendor, _, device = found.gpu_vendor_device.partition(":")
     host_driver = found.host_driver
@@ -124,9 +136,18 @@ def host_spec(shape: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "os": {"id": found.os_id, "version_id": found.os_version_id},
         "kernel": found.kernel,
-        "devices": [{"address": f"0000:{0x41 + i:02x}:00.0", "vendor": vendor, "device": device,
-                     "class": "030200", "driver": driver} for i in range(found.gpu_count)],
-        "modules": [], "pci_drivers": [driver] if driver else [],
+        "devices": [
+            {
+                "address": f"0000:{0x41 + i:02x}:00.0",
+                "vendor": vendor,
+                "device": device,
+                "class": "030200",
+                "driver": driver,
+            }
+            for i in range(found.gpu_count)
+        ],
+        "modules": [],
+        "pci_drivers": [driver] if driver else [],
         # The node's runtime as the probe finds it on a host: its distribution's (stock containerd:
         # CRI, runc by default).
         "files": dict(RUNTIME_FILES.get(distribution(found), RUNTIME_FILES["containerd"])),
@@ -137,8 +158,12 @@ def host_spec(shape: str) -> dict[str, Any]:
         spec["executables"] = {"/usr/bin/nvidia-smi": _NVIDIA_SMI}
         # the driver's libraries the toolkit mounts for `utility` and `compute` (empty placeholders:
         # nothing here loads them; the CUDA sample stand-in checks libcuda was given)
-        spec["files"].update({f"/usr/lib/x86_64-linux-gnu/{lib}.{HOST_DRIVER_VERSION}": ""
-                              for lib in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")})
+        spec["files"].update(
+            {
+                f"/usr/lib/x86_64-linux-gnu/{lib}.{HOST_DRIVER_VERSION}": ""
+                for lib in ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so")
+            }
+        )
         # and the nvidia runtime, as the distribution's toolkit package configures it
         if "/etc/containerd/config.toml" in spec["files"]:
             spec["files"]["/etc/containerd/config.toml"] += _NVIDIA_RUNTIME

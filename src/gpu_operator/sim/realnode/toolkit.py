@@ -54,11 +54,25 @@ BINARIES = {
 }
 LIBRARIES = {
     "utility": ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so"),
-    "compute": ("libcuda.so", "libcudadebugger.so", "libnvidia-opencl.so", "libnvidia-ptxjitcompiler.so",
-                "libnvidia-allocator.so", "libnvidia-nvvm.so", "libnvidia-gpucomp.so"),
+    "compute": (
+        "libcuda.so",
+        "libcudadebugger.so",
+        "libnvidia-opencl.so",
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-allocator.so",
+        "libnvidia-nvvm.so",
+        "libnvidia-gpucomp.so",
+    ),
     "video": ("libvdpau_nvidia.so", "libnvidia-encode.so", "libnvidia-opticalflow.so", "libnvcuvid.so"),
-    "graphics": ("libnvidia-eglcore.so", "libnvidia-glcore.so", "libnvidia-tls.so", "libnvidia-glsi.so",
-                 "libGLX_nvidia.so", "libEGL_nvidia.so", "libGLESv2_nvidia.so"),
+    "graphics": (
+        "libnvidia-eglcore.so",
+        "libnvidia-glcore.so",
+        "libnvidia-tls.so",
+        "libnvidia-glsi.so",
+        "libGLX_nvidia.so",
+        "libEGL_nvidia.so",
+        "libGLESv2_nvidia.so",
+    ),
     "ngx": ("libnvidia-ngx.so",),
 }
 # Where the hook looks for binaries (its PATH) and the host's libraries (its ldcache's dirs).
@@ -79,8 +93,10 @@ class Gpu:
 def gpus(host_root: Path) -> list[Gpu]:
     """The tree's GPUs as NVML numbers them (by PCI address), from the driver's procfs files."""
     found = sorted(driver_gpus(HostFS(host_root)).items())
-    return [Gpu(i, int(fields["Device Minor"]), fields.get("GPU UUID", ""), address)
-            for i, (address, fields) in enumerate(found)]
+    return [
+        Gpu(i, int(fields["Device Minor"]), fields.get("GPU UUID", ""), address)
+        for i, (address, fields) in enumerate(found)
+    ]
 
 
 def _env(config: dict[str, Any]) -> dict[str, str]:
@@ -98,8 +114,13 @@ def is_legacy(env: dict[str, str]) -> bool:
 def requested(config: dict[str, Any]) -> tuple[str, list[str]]:
     """("cdi", names) for CDI requests, ("env", devices) for the environment's, ("env", []) for none."""
     annotations = config.get("annotations") or {}
-    names = [name.strip() for key in sorted(annotations) if key.startswith(CDI_ANNOTATION_PREFIX)
-             for name in str(annotations[key]).split(",") if name.strip()]
+    names = [
+        name.strip()
+        for key in sorted(annotations)
+        if key.startswith(CDI_ANNOTATION_PREFIX)
+        for name in str(annotations[key]).split(",")
+        if name.strip()
+    ]
     if names:
         return "cdi", names
     env = _env(config)
@@ -124,8 +145,10 @@ def capabilities(config: dict[str, Any]) -> set[str]:
         return set(SUPPORTED)
     unknown = sorted(raw - set(SUPPORTED))
     if unknown:
-        raise InjectionError(f"{CAPABILITIES}: unsupported capabilities {','.join(unknown)} "
-                             f"(allowed: {','.join(SUPPORTED)} or all)")
+        raise InjectionError(
+            f"{CAPABILITIES}: unsupported capabilities {','.join(unknown)} "
+            f"(allowed: {','.join(SUPPORTED)} or all)"
+        )
     return raw
 
 
@@ -146,7 +169,9 @@ def select_gpus(host_root: Path, devices: list[str], caps: list[str] | None = No
         if mig is not None:
             match = [g for g in found if g.index == mig[0].index]
             if match and caps is not None:
-                caps.extend(path for path, _ in migtree.access_nodes(match[0].minor, mig[1]) if path not in caps)
+                caps.extend(
+                    path for path, _ in migtree.access_nodes(match[0].minor, mig[1]) if path not in caps
+                )
         if not match:
             have = ", ".join(f"{g.index} ({g.uuid})" for g in found) or "none"
             raise InjectionError(f"{VISIBLE}: unknown device {name!r} (this node has: {have})")
@@ -200,8 +225,10 @@ def legacy_edits(host_root: Path, devices: list[str], caps: set[str]) -> Edits:
     edits = Edits(mode="legacy")
     version = _driver_version(host_root)
     if not version:
-        raise InjectionError("nvidia-container-cli: initialization error: no NVIDIA driver is loaded on this host "
-                             "(the host has no /proc/driver/nvidia/version)")
+        raise InjectionError(
+            "nvidia-container-cli: initialization error: no NVIDIA driver is loaded on this host "
+            "(the host has no /proc/driver/nvidia/version)"
+        )
     mig_caps: list[str] = []
     chosen = select_gpus(host_root, devices, mig_caps)
     edits.mounts = _binaries(host_root, caps) + _libraries(host_root, caps, version)
@@ -214,7 +241,7 @@ def legacy_edits(host_root: Path, devices: list[str], caps: set[str]) -> Edits:
         found = _device(host_root, path)
         if found:
             edits.devices.append(found)
-        elif path.startswith("/dev/nvidia") and path[len("/dev/nvidia"):].isdigit():
+        elif path.startswith("/dev/nvidia") and path[len("/dev/nvidia") :].isdigit():
             raise InjectionError(f"{path}: the device node of a requested GPU is missing from the host")
     for path in mig_caps:  # present where the host has the nvidia-caps major (mighw makes both)
         found = _device(host_root, path)

@@ -70,8 +70,9 @@ CONFIG_API = "resource.nvidia.com/v1beta1"
 FIELD_MANAGER = "gpu-operator-sim-computedomain"
 POLL = 1.0  # seconds between the controller's (and the plugin's) looks while their pod runs
 ResourceClaim = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims")
-ResourceClaimTemplate = create_namespaced_resource("resource.k8s.io", "v1", "ResourceClaimTemplate",
-                                                   "resourceclaimtemplates")
+ResourceClaimTemplate = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates"
+)
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
 
 
@@ -89,52 +90,115 @@ def clique_id(view: NodeView | None) -> str:
     return ".".join(ids) if ids else ""
 
 
-def _template(name: str, namespace: str, uid: str, target: str, request: str, device_class: str,
-              parameters: dict[str, Any]) -> dict[str, Any]:
+def _template(
+    name: str,
+    namespace: str,
+    uid: str,
+    target: str,
+    request: str,
+    device_class: str,
+    parameters: dict[str, Any],
+) -> dict[str, Any]:
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace, "labels": {DOMAIN_LABEL: uid, TARGET_LABEL: target}},
-        "spec": {"spec": {"devices": {
-            "requests": [{"name": request, "exactly": {"deviceClassName": device_class}}],
-            "config": [{"requests": [request], "opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": CONFIG_API, **parameters}}}]}}},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {DOMAIN_LABEL: uid, TARGET_LABEL: target},
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": request, "exactly": {"deviceClassName": device_class}}],
+                    "config": [
+                        {
+                            "requests": [request],
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {"apiVersion": CONFIG_API, **parameters},
+                            },
+                        }
+                    ],
+                }
+            }
+        },
     }
 
 
 def workload_template(cd: dict[str, Any]) -> dict[str, Any]:
     meta, channel = cd["metadata"], cd["spec"]["channel"]
-    return _template(channel["resourceClaimTemplate"]["name"], meta["namespace"], meta["uid"], "Workload", "channel",
-                     CHANNEL_CLASS, {"kind": "ComputeDomainChannelConfig", "domainID": meta["uid"],
-                                     "allocationMode": channel.get("allocationMode") or "Single"})
+    return _template(
+        channel["resourceClaimTemplate"]["name"],
+        meta["namespace"],
+        meta["uid"],
+        "Workload",
+        "channel",
+        CHANNEL_CLASS,
+        {
+            "kind": "ComputeDomainChannelConfig",
+            "domainID": meta["uid"],
+            "allocationMode": channel.get("allocationMode") or "Single",
+        },
+    )
 
 
 def daemon_template(uid: str, namespace: str) -> dict[str, Any]:
-    return _template(daemon_name(uid), namespace, uid, "Daemon", "daemon", DAEMON_CLASS,
-                     {"kind": "ComputeDomainDaemonConfig", "domainID": uid})
+    return _template(
+        daemon_name(uid),
+        namespace,
+        uid,
+        "Daemon",
+        "daemon",
+        DAEMON_CLASS,
+        {"kind": "ComputeDomainDaemonConfig", "domainID": uid},
+    )
 
 
 def daemonset(uid: str, namespace: str, image: str, verbosity: str) -> dict[str, Any]:
     labels = {DOMAIN_LABEL: uid}
     container = {
-        "name": "compute-domain-daemon", "image": image,
+        "name": "compute-domain-daemon",
+        "image": image,
         "command": ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"],
-        "env": [{"name": "LOG_VERBOSITY", "value": verbosity},
-                *({"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}} for n, p in (
-                    ("NODE_NAME", "spec.nodeName"), ("POD_IP", "status.podIP"), ("POD_UID", "metadata.uid"),
-                    ("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))),
-                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+        "env": [
+            {"name": "LOG_VERBOSITY", "value": verbosity},
+            *(
+                {"name": n, "valueFrom": {"fieldRef": {"fieldPath": p}}}
+                for n, p in (
+                    ("NODE_NAME", "spec.nodeName"),
+                    ("POD_IP", "status.podIP"),
+                    ("POD_UID", "metadata.uid"),
+                    ("POD_NAME", "metadata.name"),
+                    ("POD_NAMESPACE", "metadata.namespace"),
+                )
+            ),
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        ],
         "resources": {"claims": [{"name": "compute-domain-daemon"}]},
     }
     return {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
         "metadata": {"name": daemon_name(uid), "namespace": namespace, "labels": dict(labels)},
-        "spec": {"selector": {"matchLabels": dict(labels)}, "template": {
-            "metadata": {"labels": dict(labels)},
-            "spec": {"serviceAccountName": DAEMON_ACCOUNT, "nodeSelector": dict(labels), "containers": [container],
-                     "tolerations": [{"operator": "Exists", "effect": e}
-                                     for e in ("NoSchedule", "NoExecute", "PreferNoSchedule")],
-                     "resourceClaims": [{"name": "compute-domain-daemon",
-                                         "resourceClaimTemplateName": daemon_name(uid)}]}}},
+        "spec": {
+            "selector": {"matchLabels": dict(labels)},
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "serviceAccountName": DAEMON_ACCOUNT,
+                    "nodeSelector": dict(labels),
+                    "containers": [container],
+                    "tolerations": [
+                        {"operator": "Exists", "effect": e}
+                        for e in ("NoSchedule", "NoExecute", "PreferNoSchedule")
+                    ],
+                    "resourceClaims": [
+                        {"name": "compute-domain-daemon", "resourceClaimTemplateName": daemon_name(uid)}
+                    ],
+                },
+            },
+        },
     }
 
 
@@ -146,9 +210,20 @@ def global_status(nodes: list[dict[str, Any]], num_nodes: int) -> str:
 
 
 def nodes_from_cliques(cliques: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(({"name": d["nodeName"], "ipAddress": d.get("ipAddress", ""), "cliqueID": d.get("cliqueID", ""),
-                    "index": d.get("index", 0), "status": d.get("status", "NotReady")}
-                   for c in cliques for d in c.get("daemons") or []), key=lambda n: n["name"])
+    return sorted(
+        (
+            {
+                "name": d["nodeName"],
+                "ipAddress": d.get("ipAddress", ""),
+                "cliqueID": d.get("cliqueID", ""),
+                "index": d.get("index", 0),
+                "status": d.get("status", "NotReady"),
+            }
+            for c in cliques
+            for d in c.get("daemons") or []
+        ),
+        key=lambda n: n["name"],
+    )
 
 
 def as_dict(obj: Any) -> dict[str, Any]:
@@ -206,7 +281,9 @@ class Daemons:
             try:  # each daemon is its own process: a refused call stops only its own write, retried
                 await self._record(await self.identities.for_pod(view, FIELD_MANAGER), view, ip, clique)
             except ApiError as err:
-                log.info("node %s: the IMEX daemon %s: %s (retried)", view.node, view.name, err.status.message)
+                log.info(
+                    "node %s: the IMEX daemon %s: %s (retried)", view.node, view.name, err.status.message
+                )
         return nodes
 
     async def _record(self, daemon: Any, pod: PodView, ip: str, clique: str) -> None:
@@ -218,29 +295,50 @@ class Daemons:
             except ApiError as err:
                 if err.status.code != 404:
                     raise
-                found = {"apiVersion": CONFIG_API, "kind": "ComputeDomainClique",
-                         "metadata": {"name": name, "namespace": pod.namespace,
-                                      "labels": {DOMAIN_LABEL: uid, CLIQUE_LABEL: clique}},
-                         "daemons": []}
+                found = {
+                    "apiVersion": CONFIG_API,
+                    "kind": "ComputeDomainClique",
+                    "metadata": {
+                        "name": name,
+                        "namespace": pod.namespace,
+                        "labels": {DOMAIN_LABEL: uid, CLIQUE_LABEL: clique},
+                    },
+                    "daemons": [],
+                }
             daemons = list(found.get("daemons") or [])
             mine = next((d for d in daemons if d.get("nodeName") == pod.node), None)
-            wanted = {"nodeName": pod.node, "ipAddress": ip, "cliqueID": clique, "status": "Ready",
-                      "index": mine["index"] if mine else min(set(range(len(daemons) + 1))
-                                                              - {d.get("index") for d in daemons})}
+            wanted = {
+                "nodeName": pod.node,
+                "ipAddress": ip,
+                "cliqueID": clique,
+                "status": "Ready",
+                "index": mine["index"]
+                if mine
+                else min(set(range(len(daemons) + 1)) - {d.get("index") for d in daemons}),
+            }
             owners = list(found["metadata"].get("ownerReferences") or [])
             if mine != wanted or all(o.get("uid") != pod.uid for o in owners):
                 found["daemons"] = [*(d for d in daemons if d.get("nodeName") != pod.node), wanted]
                 # every daemon pod owns its clique: the garbage collector takes it with the last one
-                found["metadata"]["ownerReferences"] = [*(o for o in owners if o.get("uid") != pod.uid), {
-                    "apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}]
+                found["metadata"]["ownerReferences"] = [
+                    *(o for o in owners if o.get("uid") != pod.uid),
+                    {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
+                ]
                 if found["metadata"].get("resourceVersion"):
                     await daemon.replace(from_dict(found))
                 else:
                     await daemon.create(from_dict(found))
-                log.info("node %s: the IMEX daemon of ComputeDomain %s joined clique %s", pod.node, uid, clique)
+                log.info(
+                    "node %s: the IMEX daemon of ComputeDomain %s joined clique %s", pod.node, uid, clique
+                )
         labels[CLIQUE_LABEL] = clique
-        await daemon.patch(Pod, pod.name, {"metadata": {"labels": labels}}, namespace=pod.namespace,
-                           patch_type=PatchType.MERGE)
+        await daemon.patch(
+            Pod,
+            pod.name,
+            {"metadata": {"labels": labels}},
+            namespace=pod.namespace,
+            patch_type=PatchType.MERGE,
+        )
 
 
 class ComputeDomainController:
@@ -270,25 +368,41 @@ class ComputeDomainController:
                 if err.status.code == 404:
                     return None  # the ComputeDomain CRD is not served: nothing to do, as NVIDIA's would wait
                 raise
-            await self.reconcile(client, pod.namespace, domains, pod.env.get("IMAGE_NAME", ""),
-                                 pod.env.get("LOG_VERBOSITY_CD_DAEMON", "4"))
-            await self.statuses(client, pod.namespace, domains, await self.daemons.sync(client, pod.namespace))
+            await self.reconcile(
+                client,
+                pod.namespace,
+                domains,
+                pod.env.get("IMAGE_NAME", ""),
+                pod.env.get("LOG_VERBOSITY_CD_DAEMON", "4"),
+            )
+            await self.statuses(
+                client, pod.namespace, domains, await self.daemons.sync(client, pod.namespace)
+            )
         except ApiError as err:
             log.info("the compute-domain controller: %s (retried)", err.status.message)
         return POLL
 
-    async def reconcile(self, client: Any, namespace: str, domains: list[dict[str, Any]], image: str,
-                        verbosity: str) -> None:
+    async def reconcile(
+        self, client: Any, namespace: str, domains: list[dict[str, Any]], image: str, verbosity: str
+    ) -> None:
         live = {cd["metadata"]["uid"] for cd in domains if not cd["metadata"].get("deletionTimestamp")}
         for cd in domains:
             uid = cd["metadata"]["uid"]
             if uid not in live:
                 continue
-            for body in (workload_template(cd), daemon_template(uid, namespace),
-                         daemonset(uid, namespace, image, verbosity)):
+            for body in (
+                workload_template(cd),
+                daemon_template(uid, namespace),
+                daemonset(uid, namespace, image, verbosity),
+            ):
                 if await create_if_absent(client, body):
-                    log.info("ComputeDomain %s/%s: %s %s created", cd["metadata"]["namespace"], cd["metadata"]["name"],
-                             body["kind"], body["metadata"]["name"])
+                    log.info(
+                        "ComputeDomain %s/%s: %s %s created",
+                        cd["metadata"]["namespace"],
+                        cd["metadata"]["name"],
+                        body["kind"],
+                        body["metadata"]["name"],
+                    )
         async for ds in client.list(DaemonSet, namespace=namespace, labels={DOMAIN_LABEL: exists()}):
             if ds.metadata.labels[DOMAIN_LABEL] not in live:
                 await _delete(client, DaemonSet, str(ds.metadata.name), namespace)
@@ -297,7 +411,9 @@ class ComputeDomainController:
             if meta.labels[DOMAIN_LABEL] not in live:
                 await _delete(client, ResourceClaimTemplate, str(meta.name), str(meta.namespace))
 
-    async def statuses(self, client: Any, namespace: str, domains: list[dict[str, Any]], daemon_nodes: set[str]) -> None:
+    async def statuses(
+        self, client: Any, namespace: str, domains: list[dict[str, Any]], daemon_nodes: set[str]
+    ) -> None:
         """Each domain's status from its cliques, once the cliques' entries of nodes without a daemon
         pod are dropped (NVIDIA's clique cleanup)."""
         cliques = [as_dict(c) async for c in client.list(ComputeDomainCliqueResource, namespace=namespace)]
@@ -306,15 +422,26 @@ class ComputeDomainController:
             if len(kept) != len(clique.get("daemons") or []):
                 clique["daemons"] = kept
                 await client.replace(from_dict(clique))
-                log.info("ComputeDomainClique %s: entries of nodes without a daemon pod removed",
-                         clique["metadata"]["name"])
+                log.info(
+                    "ComputeDomainClique %s: entries of nodes without a daemon pod removed",
+                    clique["metadata"]["name"],
+                )
         for cd in domains:
             uid = cd["metadata"]["uid"]
-            nodes = nodes_from_cliques([c for c in cliques if (c["metadata"].get("labels") or {}).get(DOMAIN_LABEL) == uid])
-            status = {"status": global_status(nodes, int((cd.get("spec") or {}).get("numNodes") or 0)), "nodes": nodes}
+            nodes = nodes_from_cliques(
+                [c for c in cliques if (c["metadata"].get("labels") or {}).get(DOMAIN_LABEL) == uid]
+            )
+            status = {
+                "status": global_status(nodes, int((cd.get("spec") or {}).get("numNodes") or 0)),
+                "nodes": nodes,
+            }
             if (cd.get("status") or {}) != status:
                 cd["status"] = status
                 await client.replace(ComputeDomainResource.Status.from_dict(cd))  # update, as NVIDIA's does
-                log.info("ComputeDomain %s/%s: %s, nodes %s", cd["metadata"]["namespace"], cd["metadata"]["name"],
-                         status["status"], ", ".join(f"{n['name']} (clique {n['cliqueID']})" for n in nodes) or "none")
-
+                log.info(
+                    "ComputeDomain %s/%s: %s, nodes %s",
+                    cd["metadata"]["namespace"],
+                    cd["metadata"]["name"],
+                    status["status"],
+                    ", ".join(f"{n['name']} (clique {n['cliqueID']})" for n in nodes) or "none",
+                )

@@ -30,7 +30,9 @@ from gpu_operator.sim.standins.computedomain import (
 )
 from gpu_operator.sim.standins.podwatch import NodeView, PodView
 
-log = logging.getLogger("gpu_operator.sim.standins.computedomain")  # the stand-in's one logger, as before the split
+log = logging.getLogger(
+    "gpu_operator.sim.standins.computedomain"
+)  # the stand-in's one logger, as before the split
 
 CONTAINER = "compute-domains"  # the kubelet plugin pod's container
 OWNER_LABEL = "gpu-operator.sim/compute-domain-plugin"  # the slices this stand-in published (its restarts)
@@ -38,8 +40,10 @@ OWNER_LABEL = "gpu-operator.sim/compute-domain-plugin"  # the slices this stand-
 
 def devices() -> list[dict[str, Any]]:
     """What the plugin publishes: channel 0 (the others are not advertised) and daemon 0."""
-    return [{"name": f"{kind}-0", "attributes": {"type": {"string": kind}, "id": {"int": 0}}}
-            for kind in ("channel", "daemon")]
+    return [
+        {"name": f"{kind}-0", "attributes": {"type": {"string": kind}, "id": {"int": 0}}}
+        for kind in ("channel", "daemon")
+    ]
 
 
 class ChannelPlugin:
@@ -56,8 +60,11 @@ class ChannelPlugin:
     async def start(self, client: Any) -> list[str]:
         """The nodes of the slices it published before (a restart of the stand-ins): looked at again
         (withdrawn where the plugin's pod is gone)."""
-        nodes = [str(found.spec["nodeName"]) async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"})
-                 if found.spec and found.spec.get("nodeName") and found.spec.get("driver") == DRIVER]
+        nodes = [
+            str(found.spec["nodeName"])
+            async for found in client.list(ResourceSlice, labels={OWNER_LABEL: "true"})
+            if found.spec and found.spec.get("nodeName") and found.spec.get("driver") == DRIVER
+        ]
         self.published.update(nodes)
         return nodes
 
@@ -66,13 +73,29 @@ class ChannelPlugin:
         return f"{node}-{DRIVER}"
 
     def body(self, view: NodeView) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": self.slice_name(view.name), "labels": {OWNER_LABEL: "true"},
-                             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": view.name,
-                                                  "uid": view.uid, "controller": True}]},
-                "spec": {"driver": DRIVER, "nodeName": view.name,
-                         "pool": {"name": view.name, "generation": 1, "resourceSliceCount": 1},
-                         "devices": devices()}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": self.slice_name(view.name),
+                "labels": {OWNER_LABEL: "true"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": view.name,
+                        "uid": view.uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": view.name,
+                "pool": {"name": view.name, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices(),
+            },
+        }
 
     async def sync(self, client: Any, view: NodeView, pod: PodView | None) -> float | None:
         """`pod`: the plugin's running pod (None: gone, withdraw)."""
@@ -85,13 +108,18 @@ class ChannelPlugin:
                     if err.status.code != 404:
                         raise
                 self.published.discard(node)
-                log.info("node %s: the compute-domain kubelet plugin is gone: its ResourceSlice withdrawn", node)
+                log.info(
+                    "node %s: the compute-domain kubelet plugin is gone: its ResourceSlice withdrawn", node
+                )
             return None
         if node not in self.published:
             await create_if_absent(client, self.body(view))
             self.published.add(node)
-            log.info("node %s: the compute-domain kubelet plugin runs: ResourceSlice %s published", node,
-                     self.slice_name(node))
+            log.info(
+                "node %s: the compute-domain kubelet plugin runs: ResourceSlice %s published",
+                node,
+                self.slice_name(node),
+            )
         await self.prepare(client, node)
         return POLL
 
@@ -106,15 +134,22 @@ class ChannelPlugin:
         for claim in claims:
             allocation = (claim.get("status") or {}).get("allocation") or {}
             results = (allocation.get("devices") or {}).get("results") or []
-            if not any(r.get("driver") == DRIVER and r.get("pool") == node and str(r.get("device", "")).startswith(
-                    "channel-") for r in results):
+            if not any(
+                r.get("driver") == DRIVER
+                and r.get("pool") == node
+                and str(r.get("device", "")).startswith("channel-")
+                for r in results
+            ):
                 continue
             if not (claim.get("status") or {}).get("reservedFor"):
                 continue
             for config in (allocation.get("devices") or {}).get("config") or []:
                 params = (config.get("opaque") or {}).get("parameters") or {}
-                if (config.get("opaque") or {}).get("driver") == DRIVER and params.get("kind") == \
-                        "ComputeDomainChannelConfig" and await self._same_namespace(client, claim, params):
+                if (
+                    (config.get("opaque") or {}).get("driver") == DRIVER
+                    and params.get("kind") == "ComputeDomainChannelConfig"
+                    and await self._same_namespace(client, claim, params)
+                ):
                     wanted.add(str(params.get("domainID")))
         if not wanted and node not in self.labelled:
             return
@@ -125,8 +160,12 @@ class ChannelPlugin:
             labels.pop(DOMAIN_LABEL)
         elif not have and wanted:
             if len(wanted) > 1:
-                log.info("node %s: channel claims of %d ComputeDomains: label already exists for a different "
-                         "ComputeDomain", node, len(wanted))
+                log.info(
+                    "node %s: channel claims of %d ComputeDomains: label already exists for a different "
+                    "ComputeDomain",
+                    node,
+                    len(wanted),
+                )
             labels[DOMAIN_LABEL] = sorted(wanted)[0]
         elif have and len(wanted) > 1:
             log.info("node %s: label already exists for a different ComputeDomain (%s)", node, have)
@@ -144,6 +183,10 @@ class ChannelPlugin:
         async for cd in client.list(ComputeDomainResource, namespace=namespace):
             if as_dict(cd)["metadata"]["uid"] == params.get("domainID"):
                 return True
-        log.info("ResourceClaim %s/%s: the ResourceClaim's namespace is different than the ComputeDomain's "
-                 "namespace", namespace, claim["metadata"]["name"])
+        log.info(
+            "ResourceClaim %s/%s: the ResourceClaim's namespace is different than the ComputeDomain's "
+            "namespace",
+            namespace,
+            claim["metadata"]["name"],
+        )
         return False

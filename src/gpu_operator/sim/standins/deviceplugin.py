@@ -72,13 +72,22 @@ Empty = dpapi.message("Empty")
 class GpuPlugin:
     """The DevicePlugin service over one host tree."""
 
-    def __init__(self, host_root: Path, strategy: str = "envvar", env: dict[str, str] | None = None,
-                 resource: str = RESOURCE, mig_strategy: str = "none", config: sharing.Sharing | None = None,
-                 cdi_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        host_root: Path,
+        strategy: str = "envvar",
+        env: dict[str, str] | None = None,
+        resource: str = RESOURCE,
+        mig_strategy: str = "none",
+        config: sharing.Sharing | None = None,
+        cdi_root: Path | None = None,
+    ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"--strategy {strategy!r}: use one of {', '.join(STRATEGIES)}")
         if mig_strategy not in migresources.STRATEGIES:
-            raise ValueError(f"--mig-strategy {mig_strategy!r}: use one of {', '.join(migresources.STRATEGIES)}")
+            raise ValueError(
+                f"--mig-strategy {mig_strategy!r}: use one of {', '.join(migresources.STRATEGIES)}"
+            )
         self.host_root, self.strategy = host_root, strategy
         # where the CDI spec goes: the host tree's /var/run/cdi, or (in the plugin's pod, whose host
         # tree is read-only) the pod's /var/run/cdi, the node's
@@ -116,9 +125,13 @@ class GpuPlugin:
         out = []
         xid_marked = self.xids.poll()
         for device_id, gpu in self.advertised():
-            healthy = (devnodes.char_device(self.host_root / f"dev/nvidia{gpu.minor}") is not None
-                       and gpu.address.rsplit(".", 1)[0] not in xid_marked)
-            device = dpapi.message("Device")(ID=device_id, health=dpapi.HEALTHY if healthy else dpapi.UNHEALTHY)
+            healthy = (
+                devnodes.char_device(self.host_root / f"dev/nvidia{gpu.minor}") is not None
+                and gpu.address.rsplit(".", 1)[0] not in xid_marked
+            )
+            device = dpapi.message("Device")(
+                ID=device_id, health=dpapi.HEALTHY if healthy else dpapi.UNHEALTHY
+            )
             numa = self._numa(gpu)
             if numa is not None:
                 device.topology.nodes.add(ID=numa)
@@ -146,7 +159,7 @@ class GpuPlugin:
         for req in request.container_requests:
             chosen = list(req.must_include_deviceIDs)
             chosen += [i for i in order if i in req.available_deviceIDs and i not in chosen]
-            response.container_responses.add(deviceIDs=chosen[:req.allocation_size])
+            response.container_responses.add(deviceIDs=chosen[: req.allocation_size])
         return response
 
     def allocate(self, request: Any, context: Any) -> Any:
@@ -156,11 +169,16 @@ class GpuPlugin:
             ids = list(dict.fromkeys(req.devices_ids))
             unknown = [i for i in ids if i not in known]
             if unknown:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"invalid allocation request for {self.resource!r}: unknown device: {', '.join(unknown)}")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"invalid allocation request for {self.resource!r}: unknown device: {', '.join(unknown)}",
+                )
             refused = sharing.too_many(self.config, ids)
             if refused:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid allocation request for {self.resource!r}: {refused}")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"invalid allocation request for {self.resource!r}: {refused}",
+                )
             ids = list(dict.fromkeys(sharing.device_id(i) for i in ids))
             out = response.container_responses.add()
             if self.strategy == "envvar":
@@ -175,44 +193,74 @@ class GpuPlugin:
 
     def write_cdi_spec(self) -> None:
         """The plugin's CDI spec: each GPU by ID (its device node), the control devices for all."""
-        common = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-                  if devnodes.char_device(self.host_root / "dev" / n) is not None]
+        common = [
+            f"/dev/{n}"
+            for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+            if devnodes.char_device(self.host_root / "dev" / n) is not None
+        ]
         devices = []
         for device_id, g in dict((sharing.device_id(i), g) for i, g in self.advertised()).items():
             nodes = [f"/dev/nvidia{g.minor}"]
             mig = migtree.mig_device(self.host_root, device_id) if device_id.startswith("MIG-") else None
             if mig is not None:
                 nodes += [path for path, _ in migtree.access_nodes(g.minor, mig[1])]
-            devices.append({"name": device_id, "containerEdits": {"deviceNodes": [{"path": p} for p in nodes]}})
-        spec = {"cdiVersion": "0.5.0", "kind": CDI_KIND, "devices": devices,
-                "containerEdits": {"deviceNodes": [{"path": p} for p in common]}}
+            devices.append(
+                {"name": device_id, "containerEdits": {"deviceNodes": [{"path": p} for p in nodes]}}
+            )
+        spec = {
+            "cdiVersion": "0.5.0",
+            "kind": CDI_KIND,
+            "devices": devices,
+            "containerEdits": {"deviceNodes": [{"path": p} for p in common]},
+        }
         target = self.cdi_root / CDI_SPEC.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(spec, indent=2))
 
     def handler(self) -> grpc.GenericRpcHandler:
         def unary(fn: Any, req: str, resp: str) -> grpc.RpcMethodHandler:
-            return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=dpapi.message(req).FromString,
-                                                       response_serializer=dpapi.message(resp).SerializeToString)
-        return grpc.method_handlers_generic_handler(dpapi.PLUGIN_SERVICE, {
-            "GetDevicePluginOptions": unary(self.options, "Empty", "DevicePluginOptions"),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self.list_and_watch, request_deserializer=Empty.FromString,
-                response_serializer=dpapi.message("ListAndWatchResponse").SerializeToString),
-            "GetPreferredAllocation": unary(self.preferred, "PreferredAllocationRequest", "PreferredAllocationResponse"),
-            "Allocate": unary(self.allocate, "AllocateRequest", "AllocateResponse"),
-            "PreStartContainer": unary(self.pre_start, "PreStartContainerRequest", "PreStartContainerResponse"),
-        })
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=dpapi.message(req).FromString,
+                response_serializer=dpapi.message(resp).SerializeToString,
+            )
+
+        return grpc.method_handlers_generic_handler(
+            dpapi.PLUGIN_SERVICE,
+            {
+                "GetDevicePluginOptions": unary(self.options, "Empty", "DevicePluginOptions"),
+                "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+                    self.list_and_watch,
+                    request_deserializer=Empty.FromString,
+                    response_serializer=dpapi.message("ListAndWatchResponse").SerializeToString,
+                ),
+                "GetPreferredAllocation": unary(
+                    self.preferred, "PreferredAllocationRequest", "PreferredAllocationResponse"
+                ),
+                "Allocate": unary(self.allocate, "AllocateRequest", "AllocateResponse"),
+                "PreStartContainer": unary(
+                    self.pre_start, "PreStartContainerRequest", "PreStartContainerResponse"
+                ),
+            },
+        )
 
 
-def register(kubelet_socket: Path, endpoint: str = SOCKET, timeout: float = 5.0, resource: str = RESOURCE) -> None:
+def register(
+    kubelet_socket: Path, endpoint: str = SOCKET, timeout: float = 5.0, resource: str = RESOURCE
+) -> None:
     """Register our socket's name with the kubelet, as NVIDIA's plugin does."""
     request = dpapi.message("RegisterRequest")(
-        version=dpapi.VERSION, endpoint=endpoint, resource_name=resource,
-        options=dpapi.message("DevicePluginOptions")(get_preferred_allocation_available=True))
+        version=dpapi.VERSION,
+        endpoint=endpoint,
+        resource_name=resource,
+        options=dpapi.message("DevicePluginOptions")(get_preferred_allocation_available=True),
+    )
     with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
-        call = channel.unary_unary(dpapi.REGISTER, request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=Empty.FromString)
+        call = channel.unary_unary(
+            dpapi.REGISTER,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=Empty.FromString,
+        )
         call(request, timeout=timeout)
 
 
@@ -252,8 +300,10 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
                 continue
             registered = (_inode(kubelet_socket), _inode(ours))
             waiting_said = False
-            log(f"device plugin: {plugin.resource} registered ({len(plugin.advertised())} devices, "
-                f"strategy {plugin.strategy})")
+            log(
+                f"device plugin: {plugin.resource} registered ({len(plugin.advertised())} devices, "
+                f"strategy {plugin.strategy})"
+            )
         plugin.stopping.wait(POLL_SECONDS)
     if server is not None:
         server.stop(grace=1.0)
@@ -286,17 +336,33 @@ def env_strategy(value: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gpu_operator.sim.standins.deviceplugin", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_operator.sim.standins.deviceplugin", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--host-root", type=Path, required=True, help="the node's host tree")
-    parser.add_argument("--plugin-dir", type=Path, required=True, help="the kubelet's device-plugins directory")
-    parser.add_argument("--strategy", default=None, choices=STRATEGIES,
-                        help="default: DEVICE_LIST_STRATEGY's first known strategy, else envvar")
-    parser.add_argument("--cdi-root", type=Path, default=None,
-                        help="where /var/run/cdi is (default: the host tree's)")
-    parser.add_argument("--mig-strategy", default=os.environ.get("MIG_STRATEGY") or "",
-                        choices=("", *migresources.STRATEGIES), help="MIG_STRATEGY (default: the config's, else none)")
-    parser.add_argument("--config-file", default=os.environ.get("CONFIG_FILE") or "",
-                        help="CONFIG_FILE: the plugin config (sharing), read at start and on SIGHUP")
+    parser.add_argument(
+        "--plugin-dir", type=Path, required=True, help="the kubelet's device-plugins directory"
+    )
+    parser.add_argument(
+        "--strategy",
+        default=None,
+        choices=STRATEGIES,
+        help="default: DEVICE_LIST_STRATEGY's first known strategy, else envvar",
+    )
+    parser.add_argument(
+        "--cdi-root", type=Path, default=None, help="where /var/run/cdi is (default: the host tree's)"
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        default=os.environ.get("MIG_STRATEGY") or "",
+        choices=("", *migresources.STRATEGIES),
+        help="MIG_STRATEGY (default: the config's, else none)",
+    )
+    parser.add_argument(
+        "--config-file",
+        default=os.environ.get("CONFIG_FILE") or "",
+        help="CONFIG_FILE: the plugin config (sharing), read at start and on SIGHUP",
+    )
     args = parser.parse_args(argv)
     try:
         strategy = args.strategy or env_strategy(os.environ.get("DEVICE_LIST_STRATEGY", ""))
@@ -314,8 +380,10 @@ def main(argv: list[str] | None = None) -> None:
             plugins = plugins_for(args.host_root, strategy, mig_strategy, config, args.cdi_root)
         except (migresources.PluginError, sharing.ConfigError) as err:
             raise SystemExit(f"device plugin: {err}") from err
-        threads = [threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))
-                   for p in plugins]
+        threads = [
+            threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))
+            for p in plugins
+        ]
         for t in threads:
             t.start()
         while not (stop.is_set() or restart.is_set()):
@@ -329,8 +397,9 @@ def main(argv: list[str] | None = None) -> None:
             t.join()
 
 
-def resources_of(host_root: Path, mig_strategy: str, config: sharing.Sharing,
-                 by_index: dict[int, Gpu] | None = None) -> dict[str, list[tuple[str, int]]]:
+def resources_of(
+    host_root: Path, mig_strategy: str, config: sharing.Sharing, by_index: dict[int, Gpu] | None = None
+) -> dict[str, list[tuple[str, int]]]:
     """Resource -> (device ID, parent GPU index) the plugin serves: its GPUs (`by_index`: those it
     found), or their MIG devices by its strategy, with the config's replicas."""
     if by_index is None:
@@ -343,16 +412,25 @@ def resources_of(host_root: Path, mig_strategy: str, config: sharing.Sharing,
     return sharing.replicate(config, listed)
 
 
-def plugins_for(host_root: Path, strategy: str, mig_strategy: str,
-                config: sharing.Sharing | None = None, cdi_root: Path | None = None) -> list[GpuPlugin]:
+def plugins_for(
+    host_root: Path,
+    strategy: str,
+    mig_strategy: str,
+    config: sharing.Sharing | None = None,
+    cdi_root: Path | None = None,
+) -> list[GpuPlugin]:
     """One plugin per resource the GPUs give at start, as NVIDIA's plugin builds its servers (none
     when the strategy refuses the MIG layout: NVIDIA's exits)."""
     config = config or sharing.Sharing()
     names = resources_of(host_root, mig_strategy, config)
     if not names:
         return [GpuPlugin(host_root, strategy, config=config, cdi_root=cdi_root)]
-    return [GpuPlugin(host_root, strategy, resource=name, mig_strategy=mig_strategy, config=config, cdi_root=cdi_root)
-            for name in sorted(names)]
+    return [
+        GpuPlugin(
+            host_root, strategy, resource=name, mig_strategy=mig_strategy, config=config, cdi_root=cdi_root
+        )
+        for name in sorted(names)
+    ]
 
 
 if __name__ == "__main__":

@@ -23,18 +23,27 @@ _SCALARS = {"string": _F.TYPE_STRING, "bool": _F.TYPE_BOOL, "int32": _F.TYPE_INT
 # message -> [(field, number, type)]; "*T" repeated, "map" map<string, string>, other names messages
 MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "Empty": [],
-    "DevicePluginOptions": [("pre_start_required", 1, "bool"), ("get_preferred_allocation_available", 2, "bool")],
-    "RegisterRequest": [("version", 1, "string"), ("endpoint", 2, "string"), ("resource_name", 3, "string"),
-                        ("options", 4, "DevicePluginOptions")],
+    "DevicePluginOptions": [
+        ("pre_start_required", 1, "bool"),
+        ("get_preferred_allocation_available", 2, "bool"),
+    ],
+    "RegisterRequest": [
+        ("version", 1, "string"),
+        ("endpoint", 2, "string"),
+        ("resource_name", 3, "string"),
+        ("options", 4, "DevicePluginOptions"),
+    ],
     "NUMANode": [("ID", 1, "int64")],
     "TopologyInfo": [("nodes", 1, "*NUMANode")],
     "Device": [("ID", 1, "string"), ("health", 2, "string"), ("topology", 3, "TopologyInfo")],
     "ListAndWatchResponse": [("devices", 1, "*Device")],
     "PreStartContainerRequest": [("devices_ids", 1, "*string")],
     "PreStartContainerResponse": [],
-    "ContainerPreferredAllocationRequest": [("available_deviceIDs", 1, "*string"),
-                                            ("must_include_deviceIDs", 2, "*string"),
-                                            ("allocation_size", 3, "int32")],
+    "ContainerPreferredAllocationRequest": [
+        ("available_deviceIDs", 1, "*string"),
+        ("must_include_deviceIDs", 2, "*string"),
+        ("allocation_size", 3, "int32"),
+    ],
     "PreferredAllocationRequest": [("container_requests", 1, "*ContainerPreferredAllocationRequest")],
     "ContainerPreferredAllocationResponse": [("deviceIDs", 1, "*string")],
     "PreferredAllocationResponse": [("container_responses", 1, "*ContainerPreferredAllocationResponse")],
@@ -43,8 +52,13 @@ MESSAGES: dict[str, list[tuple[str, int, str]]] = {
     "CDIDevice": [("name", 1, "string")],
     "Mount": [("container_path", 1, "string"), ("host_path", 2, "string"), ("read_only", 3, "bool")],
     "DeviceSpec": [("container_path", 1, "string"), ("host_path", 2, "string"), ("permissions", 3, "string")],
-    "ContainerAllocateResponse": [("envs", 1, "map"), ("mounts", 2, "*Mount"), ("devices", 3, "*DeviceSpec"),
-                                  ("annotations", 4, "map"), ("cdi_devices", 5, "*CDIDevice")],
+    "ContainerAllocateResponse": [
+        ("envs", 1, "map"),
+        ("mounts", 2, "*Mount"),
+        ("devices", 3, "*DeviceSpec"),
+        ("annotations", 4, "map"),
+        ("cdi_devices", 5, "*CDIDevice"),
+    ],
     "AllocateResponse": [("container_responses", 1, "*ContainerAllocateResponse")],
 }
 
@@ -54,8 +68,9 @@ def _camel(name: str) -> str:
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    proto = descriptor_pb2.FileDescriptorProto(name="gpu_operator_sim/deviceplugin_v1beta1.proto",
-                                               package=VERSION, syntax="proto3")
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="gpu_operator_sim/deviceplugin_v1beta1.proto", package=VERSION, syntax="proto3"
+    )
     for name, fields in MESSAGES.items():
         message = proto.message_type.add(name=name)
         for field, number, kind in fields:

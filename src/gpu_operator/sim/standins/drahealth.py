@@ -64,6 +64,9 @@ class SliceHealth:
         if not self.on:
             return {}
         for address, xid in self.log.new():
-            self.taints[address] = {"key": TAINT_XID, "value": str(xid),
-                                    "effect": "None" if xid in self.skip else "NoSchedule"}
+            self.taints[address] = {
+                "key": TAINT_XID,
+                "value": str(xid),
+                "effect": "None" if xid in self.skip else "NoSchedule",
+            }
         return dict(self.taints)

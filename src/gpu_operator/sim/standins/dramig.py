@@ -38,12 +38,33 @@ MIG_TYPE = "mig"
 # GPU instance profile IDs by kind (compute slices, memory slices, media extensions): the same on
 # every model of 7 compute slots (the guide's `-lgip` tables for the A100, H100, B200 and GB200):
 # 1g 19, 1g+me 20, 1g with two memory slices 15, 2g 14, 3g 9, 4g 5, 7g 0.
-GI_PROFILE_IDS = {(1, 1, False): 19, (1, 1, True): 20, (1, 2, False): 15, (2, 2, False): 14, (3, 4, False): 9,
-                  (4, 4, False): 5, (7, 8, False): 0}
+GI_PROFILE_IDS = {
+    (1, 1, False): 19,
+    (1, 1, True): 20,
+    (1, 2, False): 15,
+    (2, 2, False): 14,
+    (3, 4, False): 9,
+    (4, 4, False): 5,
+    (7, 8, False): 0,
+}
 # the attributes a MIG device takes from its parent GPU (CommonAttributesMig)
-PARENT_ATTRIBUTES = ("productName", "brand", "architecture", "cudaComputeCapability", "driverVersion",
-                     "cudaDriverVersion", "resource.kubernetes.io/pciBusID")
-_BINARY = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
+PARENT_ATTRIBUTES = (
+    "productName",
+    "brand",
+    "architecture",
+    "cudaComputeCapability",
+    "driverVersion",
+    "cudaDriverVersion",
+    "resource.kubernetes.io/pciBusID",
+)
+_BINARY = (
+    ("Ei", 1 << 60),
+    ("Pi", 1 << 50),
+    ("Ti", 1 << 40),
+    ("Gi", 1 << 30),
+    ("Mi", 1 << 20),
+    ("Ki", 1 << 10),
+)
 
 
 def quantity(value: int) -> str:
@@ -60,24 +81,36 @@ def rfc1123(name: str) -> str:
 
 
 def gi_profile_id(profile: Profile) -> int:
-    if profile.profile_id is not None:  # the model's own table (the RTX PRO 6000's, sim/hardware/migprofiles.py)
+    if (
+        profile.profile_id is not None
+    ):  # the model's own table (the RTX PRO 6000's, sim/hardware/migprofiles.py)
         return profile.profile_id
     found = GI_PROFILE_IDS.get((profile.slices, profile.memory_slices, "+me" in profile.name))
     if found is None:
-        raise KeyError(f"no GPU instance profile ID known for MIG profile {profile.name!r}: add it to GI_PROFILE_IDS")
+        raise KeyError(
+            f"no GPU instance profile ID known for MIG profile {profile.name!r}: add it to GI_PROFILE_IDS"
+        )
     return found
 
 
 def device_name(parent_minor: int, inst: Instance) -> str:
-    return (f"gpu-{parent_minor}-mig-{rfc1123(inst.profile.name.replace('.', ''))}-"
-            f"{gi_profile_id(inst.profile)}-{inst.start}")
+    return (
+        f"gpu-{parent_minor}-mig-{rfc1123(inst.profile.name.replace('.', ''))}-"
+        f"{gi_profile_id(inst.profile)}-{inst.start}"
+    )
 
 
 def capacity_values(profile: Profile) -> dict[str, int]:
     """CommonCapacitiesMig: the profile's engines and memory (bytes)."""
-    return {"multiprocessors": profile.multiprocessors, "copyEngines": profile.copy, "decoders": profile.decoder,
-            "encoders": profile.encoder, "jpegEngines": profile.jpeg, "ofaEngines": profile.ofa,
-            "memory": profile.memory_mb * 1024 * 1024}
+    return {
+        "multiprocessors": profile.multiprocessors,
+        "copyEngines": profile.copy,
+        "decoders": profile.decoder,
+        "encoders": profile.encoder,
+        "jpegEngines": profile.jpeg,
+        "ofaEngines": profile.ofa,
+        "memory": profile.memory_mb * 1024 * 1024,
+    }
 
 
 def capacity(profile: Profile, start: int) -> dict[str, dict[str, str]]:
@@ -93,8 +126,18 @@ def mig_devices(gpu: GpuMig, parent: dict[str, Any]) -> list[dict[str, Any]]:
     common = {k: v for k, v in parent["attributes"].items() if k in PARENT_ATTRIBUTES}
     out = []
     for inst in gpu.instances:
-        attributes = {**common, "type": {"string": MIG_TYPE}, "uuid": {"string": gpu.mig_uuid(inst)},
-                      "parentUUID": parent["attributes"]["uuid"], "profile": {"string": inst.profile.name}}
-        out.append({"name": device_name(gpu.index, inst), "attributes": attributes,
-                    "capacity": capacity(inst.profile, inst.start)})
+        attributes = {
+            **common,
+            "type": {"string": MIG_TYPE},
+            "uuid": {"string": gpu.mig_uuid(inst)},
+            "parentUUID": parent["attributes"]["uuid"],
+            "profile": {"string": inst.profile.name},
+        }
+        out.append(
+            {
+                "name": device_name(gpu.index, inst),
+                "attributes": attributes,
+                "capacity": capacity(inst.profile, inst.start),
+            }
+        )
     return sorted(out, key=lambda d: d["name"])

@@ -56,7 +56,9 @@ def dynamic(env: Mapping[str, str]) -> bool:
 
 def capable(gpu: GpuMig, device: dict[str, Any]) -> bool:
     """isDynamicMIGCapable: a MIG-capable GPU, Hopper or newer (Ampere only with MIG on: not played)."""
-    return model(gpu.device_id) is not None and device["attributes"]["architecture"]["string"] in HOPPER_OR_NEWER
+    return (
+        model(gpu.device_id) is not None and device["attributes"]["architecture"]["string"] in HOPPER_OR_NEWER
+    )
 
 
 def dns_name(name: str) -> str:
@@ -82,18 +84,36 @@ def partitions(gpu: GpuMig, device: dict[str, Any]) -> tuple[dict[str, Any], lis
         maxima.update({k: max(maxima.get(k, 0), v) for k, v in values.items()})
         capacity = {k: {"value": dramig.quantity(v)} for k, v in values.items()}
         attributes = {k: v for k, v in device["attributes"].items() if k in dramig.PARENT_ATTRIBUTES}
-        attributes.update({"type": {"string": dramig.MIG_TYPE}, "parentUUID": device["attributes"]["uuid"],
-                           "profile": {"string": profile.name}})
+        attributes.update(
+            {
+                "type": {"string": dramig.MIG_TYPE},
+                "parentUUID": device["attributes"]["uuid"],
+                "profile": {"string": profile.name},
+            }
+        )
         for start in profile.starts:
-            placements.append({"name": dramig.device_name(gpu.index, Instance(profile, start, gi=0)),
-                               "attributes": attributes, "capacity": capacity, "consumesCounters": [
-                                   {"counterSet": counter_set,
-                                    "counters": _counters(capacity, start, profile.memory_slices)}]})
+            placements.append(
+                {
+                    "name": dramig.device_name(gpu.index, Instance(profile, start, gi=0)),
+                    "attributes": attributes,
+                    "capacity": capacity,
+                    "consumesCounters": [
+                        {
+                            "counterSet": counter_set,
+                            "counters": _counters(capacity, start, profile.memory_slices),
+                        }
+                    ],
+                }
+            )
     slices = max(p.memory_slices for p in found.profiles)
     capacity = {k: {"value": dramig.quantity(v)} for k, v in maxima.items()}
     counters = _counters(capacity, 0, slices)
-    full = {"name": device["name"], "attributes": device["attributes"], "capacity": capacity,
-            "consumesCounters": [{"counterSet": counter_set, "counters": counters}]}
+    full = {
+        "name": device["name"],
+        "attributes": device["attributes"],
+        "capacity": capacity,
+        "consumesCounters": [{"counterSet": counter_set, "counters": counters}],
+    }
     devices = sorted([full, *placements], key=lambda d: d["name"])
     return {"name": counter_set, "counters": counters}, devices
 

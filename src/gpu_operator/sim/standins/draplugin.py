@@ -75,7 +75,12 @@ PLUGIN_APP = "nvidia-dra-driver-kubelet-plugin"
 OWNER_LABEL = "gpu-operator.sim/dra-plugin"
 FIELD_MANAGER = "gpu-operator-sim-dra"
 # NVML's architecture names (deviceinfo.go's `architecture`) by GFD's family of the compute capability
-ARCHITECTURES = {"hopper": "Hopper", "ada-lovelace": "Ada Lovelace", "ampere": "Ampere", "blackwell": "Blackwell"}
+ARCHITECTURES = {
+    "hopper": "Hopper",
+    "ada-lovelace": "Ada Lovelace",
+    "ampere": "Ampere",
+    "blackwell": "Blackwell",
+}
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 ResourceSlice = create_global_resource("resource.k8s.io", "v1", "ResourceSlice", "resourceslices")
 
@@ -99,8 +104,9 @@ def gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{node}.gpu{index}.gpu-operator.sim')}"
 
 
-def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
-            gpus: list[GpuMig] | None = None) -> list[dict[str, Any]]:
+def devices(
+    view: NodeView, taints: dict[str, dict[str, str]] | None = None, gpus: list[GpuMig] | None = None
+) -> list[dict[str, Any]]:
     """The node's GPUs as the plugin describes them (attributes without a domain are qualified by
     the driver name: DeviceClass selectors read device.attributes['gpu.nvidia.com'].type);
     `taints`: the plugin's taint per GPU address (domain:bus:device, as the Xid line has it);
@@ -120,12 +126,16 @@ def devices(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
         address = addresses[index] if index < len(addresses) else None
         mig = by_index.get(index)
         attributes = {
-            "type": {"string": "gpu"}, "uuid": {"string": mig.uuid if mig else gpu_uuid(view.name, index)},
-            "productName": {"string": product}, "brand": {"string": "Nvidia"},
-            "architecture": {"string": architecture}, "cudaComputeCapability": {"version": capability},
+            "type": {"string": "gpu"},
+            "uuid": {"string": mig.uuid if mig else gpu_uuid(view.name, index)},
+            "productName": {"string": product},
+            "brand": {"string": "Nvidia"},
+            "architecture": {"string": architecture},
+            "cudaComputeCapability": {"version": capability},
             "driverVersion": {"version": semver(DRIVER_VERSION)},
             "cudaDriverVersion": {"version": "{}.{}.0".format(*CUDA_DRIVER_VERSION)},
-            "index": {"int": index}}
+            "index": {"int": index},
+        }
         device: dict[str, Any] = {"name": f"gpu-{index}", "attributes": attributes}
         if address is not None:
             attributes[PCI_BUS_ID] = {"string": address}
@@ -143,24 +153,37 @@ def slices_for(view: NodeView, contents: list[dict[str, Any]], generation: int =
     """The node's pool as ResourceSlices, one per entry of `contents` (`devices` or `sharedCounters`):
     `<node>-gpu.nvidia.com` for one slice, `<node>-gpu.nvidia.com-<i>` for several."""
     name, count = view.name, len(contents)
-    return [{
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"{name}-{DRIVER}" if count == 1 else f"{name}-{DRIVER}-{i}",
-                     "labels": {OWNER_LABEL: "true"},
-                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": view.uid,
-                                          "controller": True}]},
-        "spec": {"driver": DRIVER, "nodeName": name,
-                 "pool": {"name": name, "generation": generation, "resourceSliceCount": count}, **content},
-    } for i, content in enumerate(contents)]
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": f"{name}-{DRIVER}" if count == 1 else f"{name}-{DRIVER}-{i}",
+                "labels": {OWNER_LABEL: "true"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": name, "uid": view.uid, "controller": True}
+                ],
+            },
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": name,
+                "pool": {"name": name, "generation": generation, "resourceSliceCount": count},
+                **content,
+            },
+        }
+        for i, content in enumerate(contents)
+    ]
 
 
-def slice_for(view: NodeView, taints: dict[str, dict[str, str]] | None = None,
-              gpus: list[GpuMig] | None = None) -> dict[str, Any]:
+def slice_for(
+    view: NodeView, taints: dict[str, dict[str, str]] | None = None, gpus: list[GpuMig] | None = None
+) -> dict[str, Any]:
     return slices_for(view, [{"devices": devices(view, taints, gpus)}])[0]
 
 
-def pool(view: NodeView, env: dict[str, str], taints: dict[str, dict[str, str]],
-         gpus: list[GpuMig] | None) -> list[dict[str, Any]]:
+def pool(
+    view: NodeView, env: dict[str, str], taints: dict[str, dict[str, str]], gpus: list[GpuMig] | None
+) -> list[dict[str, Any]]:
     """What the plugin publishes: the static form, or under DynamicMIG the partitionable devices
     (`drapartitions`); PluginRefuses where its gates keep it from starting."""
     if drapartitions.dynamic(env) and view.shape is not None:
@@ -178,17 +201,23 @@ class SlicePublisher:
     field_manager = FIELD_MANAGER
     identity = ident.POD  # its pod's ServiceAccount; once the pod is gone the kubelet withdraws its slices
 
-    def __init__(self, hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None) -> None:
+    def __init__(
+        self, hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None
+    ) -> None:
         self.published: dict[str, str] = {}  # node -> the devices last published (JSON)
         self.mig = mig
-        self.enumerated: dict[str, tuple[str, list[GpuMig]]] = {}  # node -> (its plugin pod's uid, the GPUs then)
+        self.enumerated: dict[
+            str, tuple[str, list[GpuMig]]
+        ] = {}  # node -> (its plugin pod's uid, the GPUs then)
         self.names: dict[str, tuple[int, list[str]]] = {}  # node -> (pool generation, its slices' names)
         self.served = True  # resource.k8s.io/v1 (Kubernetes >= 1.34); the floor (1.29) has none
         self.hosts = NodeHosts(hosts) if hosts is not None else None
         self.interval = interval
         self.health: dict[str, tuple[str, SliceHealth]] = {}  # node -> (its plugin pod's uid, what it saw)
         self.wake: Callable[[str], None] = lambda _node: None
-        self.domains = ChannelPlugin()  # the pod's compute-domains container (sim/standins/computedomainplugin.py)
+        self.domains = (
+            ChannelPlugin()
+        )  # the pod's compute-domains container (sim/standins/computedomainplugin.py)
 
     def attach(self, wake: Callable[[str], None]) -> None:
         self.wake = wake
@@ -215,11 +244,17 @@ class SlicePublisher:
         if entry is None or entry[0] != pod.uid:
             found = self.mig.gpus(node, view.shape)
             off = drapartitions.destroyed(found)
-            if drapartitions.dynamic(pod.env) and off != found \
-                    and drapartitions.split(off, devices(view, None, off)) is not None:
+            if (
+                drapartitions.dynamic(pod.env)
+                and off != found
+                and drapartitions.split(off, devices(view, None, off)) is not None
+            ):
                 found = off
                 self.mig.set(node, view.shape, found)
-                log.info("node %s: the DRA kubelet plugin (DynamicMIG) destroyed the MIG devices it did not make", node)
+                log.info(
+                    "node %s: the DRA kubelet plugin (DynamicMIG) destroyed the MIG devices it did not make",
+                    node,
+                )
             entry = self.enumerated[node] = (pod.uid, found)
         return entry[1]
 
@@ -234,8 +269,13 @@ class SlicePublisher:
                 if found.spec and found.spec.get("nodeName"):
                     node = str(found.spec["nodeName"])
                     self.published[node] = ""
-                    generation, names = self.names.get(node, (int((found.spec.get("pool") or {}).get("generation", 1)), []))
-                    self.names[node] = (generation, [*names, str(found.metadata.name if found.metadata else "")])
+                    generation, names = self.names.get(
+                        node, (int((found.spec.get("pool") or {}).get("generation", 1)), [])
+                    )
+                    self.names[node] = (
+                        generation,
+                        [*names, str(found.metadata.name if found.metadata else "")],
+                    )
                     self.wake(node)
             for node in await self.domains.start(client):
                 self.wake(node)
@@ -243,11 +283,15 @@ class SlicePublisher:
             if err.status.code != 404:
                 raise
             self.served = False
-            log.info("resource.k8s.io/v1 ResourceSlices are not served here (Kubernetes older than 1.34): "
-                     "the DRA kubelet plugin stand-in publishes nothing")
+            log.info(
+                "resource.k8s.io/v1 ResourceSlices are not served here (Kubernetes older than 1.34): "
+                "the DRA kubelet plugin stand-in publishes nothing"
+            )
         if self.hosts is not None:
-            self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
-                                             name="dra-plugin-health")
+            self._task = asyncio.create_task(
+                follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
+                name="dra-plugin-health",
+            )
 
     async def _write(self, client: AsyncClient, body: dict[str, Any]) -> None:
         """Create the slice, or update the one there: the verbs NVIDIA's plugin uses (its
@@ -260,7 +304,13 @@ class SlicePublisher:
             if err.status.code != 409:
                 raise
             found = await client.get(type(obj), body["metadata"]["name"])
-            body = {**body, "metadata": {**body["metadata"], "resourceVersion": found.metadata.resourceVersion if found.metadata else None}}
+            body = {
+                **body,
+                "metadata": {
+                    **body["metadata"],
+                    "resourceVersion": found.metadata.resourceVersion if found.metadata else None,
+                },
+            }
             await client.replace(from_dict(body), field_manager=FIELD_MANAGER)
 
     async def _delete(self, client: AsyncClient, names: list[str]) -> None:
@@ -271,8 +321,9 @@ class SlicePublisher:
                 if err.status.code != 404:
                     raise
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         if not self.served:
             return None
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
@@ -280,7 +331,9 @@ class SlicePublisher:
         if running and view is not None and view.shape is not None:
             pod = running[-1]
             try:
-                bodies = slices_for(view, pool(view, pod.env, self.taints(node, pod), self.gpus(node, pod, view)))
+                bodies = slices_for(
+                    view, pool(view, pod.env, self.taints(node, pod), self.gpus(node, pod, view))
+                )
             except drapartitions.PluginRefuses as err:
                 log.info("node %s: the DRA kubelet plugin does not start: %s", node, err)
         if bodies and view is not None:
@@ -289,11 +342,21 @@ class SlicePublisher:
                 generation, old = self.names.get(node, (0, []))
                 names = [b["metadata"]["name"] for b in bodies]
                 generation = generation + 1 if names != old or not generation else generation
-                for body in slices_for(view, [{k: v for k, v in b["spec"].items() if k in ("devices", "sharedCounters")}
-                                              for b in bodies], generation):
+                for body in slices_for(
+                    view,
+                    [
+                        {k: v for k, v in b["spec"].items() if k in ("devices", "sharedCounters")}
+                        for b in bodies
+                    ],
+                    generation,
+                ):
                     await self._write(client, body)
                 await self._delete(client, [n for n in old if n not in names])
-                log.info("node %s: the DRA kubelet plugin runs: ResourceSlices %s published", node, ", ".join(names))
+                log.info(
+                    "node %s: the DRA kubelet plugin runs: ResourceSlices %s published",
+                    node,
+                    ", ".join(names),
+                )
                 self.published[node], self.names[node] = content, (generation, names)
         elif node in self.published:
             await self._delete(client, self.names.get(node, (0, [f"{node}-{DRIVER}"]))[1])

@@ -55,8 +55,9 @@ log = logging.getLogger("gpu_operator.sim.standins.gfd")
 APP = "gpu-feature-discovery"
 # client-go's default field manager: the binary's name (its user agent's prefix)
 FIELD_MANAGER = "gpu-feature-discovery"
-NodeFeature = create_namespaced_resource(NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, "NodeFeature",
-                                         NODE_FEATURE_PLURAL)
+NodeFeature = create_namespaced_resource(
+    NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, "NodeFeature", NODE_FEATURE_PLURAL
+)
 API_VERSION = f"{NODE_FEATURE_GROUP}/{NODE_FEATURE_VERSION}"
 
 
@@ -73,12 +74,15 @@ def owner_references(pod: PodView) -> list[dict[str, Any]]:
     """The pod's DaemonSet (controller) and the pod; none for a pod no DaemonSet owns."""
     if pod.daemonset is None:
         return []
-    return [{**pod.daemonset, "controller": True},
-            {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}]
+    return [
+        {**pod.daemonset, "controller": True},
+        {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
+    ]
 
 
-def labels_for(view: NodeView, pod: PodView, hardware: MigHardware | None = None,
-               config: sharing.Sharing | None = None) -> dict[str, str]:
+def labels_for(
+    view: NodeView, pod: PodView, hardware: MigHardware | None = None, config: sharing.Sharing | None = None
+) -> dict[str, str]:
     """The labels GFD's process in `pod` derives on the node (none where NVML sees no GPU), with the
     GPUs' MIG state as `hardware` has it (without: every GPU with MIG off) and the sharing of the
     plugin `config` it holds (without: none)."""
@@ -96,13 +100,20 @@ def labels_for(view: NodeView, pod: PodView, hardware: MigHardware | None = None
 
 def node_feature(node: str, pod: PodView, labels: dict[str, str]) -> dict[str, Any]:
     """The NodeFeature GFD's pod on `node` publishes."""
-    metadata: dict[str, Any] = {"name": f"{GFD_NODE_FEATURE_PREFIX}{node}", "namespace": pod.namespace,
-                                "labels": {NFD_NODE_NAME_LABEL: node}}
+    metadata: dict[str, Any] = {
+        "name": f"{GFD_NODE_FEATURE_PREFIX}{node}",
+        "namespace": pod.namespace,
+        "labels": {NFD_NODE_NAME_LABEL: node},
+    }
     refs = owner_references(pod)
     if refs:
         metadata["ownerReferences"] = refs
-    return {"apiVersion": API_VERSION, "kind": "NodeFeature", "metadata": metadata,
-            "spec": {"features": {"flags": {}, "attributes": {}, "instances": {}}, "labels": dict(labels)}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "NodeFeature",
+        "metadata": metadata,
+        "spec": {"features": {"flags": {}, "attributes": {}, "instances": {}}, "labels": dict(labels)},
+    }
 
 
 def differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
@@ -110,10 +121,12 @@ def differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     empty `features` equals an empty one however the CRD's schema stored it)."""
     meta, want = current.get("metadata") or {}, desired["metadata"]
     spec = current.get("spec") or {}
-    return bool((meta.get("labels") or {}) != want["labels"]
-                or (meta.get("ownerReferences") or []) != want.get("ownerReferences", [])
-                or (spec.get("labels") or {}) != desired["spec"]["labels"]
-                or any(v for v in (spec.get("features") or {}).values()))
+    return bool(
+        (meta.get("labels") or {}) != want["labels"]
+        or (meta.get("ownerReferences") or []) != want.get("ownerReferences", [])
+        or (spec.get("labels") or {}) != desired["spec"]["labels"]
+        or any(v for v in (spec.get("features") or {}).values())
+    )
 
 
 async def publish(client: AsyncClient, body: dict[str, Any]) -> str:
@@ -129,8 +142,11 @@ async def publish(client: AsyncClient, body: dict[str, Any]) -> str:
         return "created"
     if not differs(current, body):
         return "unchanged"
-    updated = {**current, "metadata": {**current["metadata"], "labels": body["metadata"]["labels"]},
-               "spec": body["spec"]}
+    updated = {
+        **current,
+        "metadata": {**current["metadata"], "labels": body["metadata"]["labels"]},
+        "spec": body["spec"],
+    }
     updated["metadata"].pop("ownerReferences", None)
     if body["metadata"].get("ownerReferences"):
         updated["metadata"]["ownerReferences"] = body["metadata"]["ownerReferences"]
@@ -161,8 +177,9 @@ class FeatureDiscovery:
     async def start(self, client: AsyncClient) -> None:
         await self.configs.start(client)
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         if view is None or view.shape is None:
             return None
         newest: dict[str, PodView] = {}
@@ -187,6 +204,13 @@ class FeatureDiscovery:
             done = await publish(client, body)
             self.written[key] = body
             if done != "unchanged":
-                log.info("node %s: GFD's pod %s/%s runs: NodeFeature %s/%s %s", node, pod.namespace, pod.name,
-                         pod.namespace, key[1], done)
+                log.info(
+                    "node %s: GFD's pod %s/%s runs: NodeFeature %s/%s %s",
+                    node,
+                    pod.namespace,
+                    pod.name,
+                    pod.namespace,
+                    key[1],
+                    done,
+                )
         return None

@@ -104,8 +104,7 @@ class HealthStandIn:
     identity = ident.POD  # the operator-validator pod's ServiceAccount (sim/standins/identity.py)
     identities: Any = None  # given by NodeStandIns (without: `client`, one for all pods)
 
-    def __init__(self, config: Any, hosts: Path, interval: float = INTERVAL,
-                 client: Any = None) -> None:
+    def __init__(self, config: Any, hosts: Path, interval: float = INTERVAL, client: Any = None) -> None:
         from lightkube import Client
 
         self.hosts = NodeHosts(hosts)
@@ -128,8 +127,9 @@ class HealthStandIn:
     async def start(self, client: AsyncClient) -> None:
         shutil.rmtree(self.hosts.base / ".shared", ignore_errors=True)
         # the nodes `sim fault` announces, where the agent runs (one stat of the journal per interval when quiet)
-        self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
-                                         name="health-changes")
+        self._task = asyncio.create_task(
+            follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken), name="health-changes"
+        )
 
     def _woken(self, node: str) -> None:
         if node in self.pods:
@@ -158,7 +158,9 @@ class HealthStandIn:
             agent.close()
         return self.looks[key]
 
-    def _agent(self, node: str, fs: HostFS, wanted: tuple[str, ...] | None, *, acts: bool = False) -> HealthAgent:
+    def _agent(
+        self, node: str, fs: HostFS, wanted: tuple[str, ...] | None, *, acts: bool = False
+    ) -> HealthAgent:
         extra: dict[str, Any] = {} if wanted is None else {"validations": wanted}
         say = lambda m: log.info("node %s: health agent: %s", node, m)  # noqa: E731
         # no process of a tree is this agent (own_pid -1): every holder there counts
@@ -170,6 +172,7 @@ class HealthStandIn:
 
     def _resetter(self, node: str) -> Resetter:
         """`nvidia-smi -r -i BUS` played on the node's own tree."""
+
         def reset(bus: str) -> tuple[bool, str]:
             if not self.hosts.has(node):
                 return False, "the node has no host tree of its own"
@@ -178,6 +181,7 @@ class HealthStandIn:
             except FaultError as err:
                 return False, str(err)
             return True, ""
+
         return reset
 
     async def own_client(self, node: str, pods: list[PodView]) -> Any:
@@ -208,12 +212,15 @@ class HealthStandIn:
         for table in (self.published, self.pods, self.publishers):
             table.pop(node, None)
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         if view is None or view.shape is None:
             self.forget(node)
             return None
-        running = sorted((p for p in pods if p.running and CONTAINER in p.containers), key=lambda p: (p.started, p.name))
+        running = sorted(
+            (p for p in pods if p.running and CONTAINER in p.containers), key=lambda p: (p.started, p.name)
+        )
         if not running:
             if node in self.pods:
                 await self.stopped(node, view, pods)
@@ -232,14 +239,19 @@ class HealthStandIn:
             fresh = self.pods.get(node) != pod.uid
             if fresh and not self.hosts.has(node):  # the agent starts now, on its shape's host
                 self.pods[node] = pod.uid
-                await self.publish(node, self.first_look(node, shape, validations(pod))[0],
-                                   client=await self.own_client(node, [pod]))
+                await self.publish(
+                    node,
+                    self.first_look(node, shape, validations(pod))[0],
+                    client=await self.own_client(node, [pod]),
+                )
                 return None
             if fresh:  # the agent starts now, on the host as it is
                 fs = HostFS(own)
                 wanted = validations(pod)  # what its checks write now
                 validator_wrote(fs, HEALTH_VALIDATIONS if wanted is None else wanted)
-            elif self.hosts.has_faults(node):  # a fault on a host that was as its shape's when the agent started
+            elif self.hosts.has_faults(
+                node
+            ):  # a fault on a host that was as its shape's when the agent started
                 fs = HostFS(self.shared_root(shape))
             else:
                 return None  # nothing changed since its last report
@@ -256,8 +268,11 @@ class HealthStandIn:
             self.live[node], self.pods[node] = live, pod.uid
         found = await client.get(Node, node)
         meta = found.metadata
-        seen = Seen((meta.labels if meta else None) or {}, (meta.annotations if meta else None) or {},
-                    await self.request(client, node, pod.namespace))
+        seen = Seen(
+            (meta.labels if meta else None) or {},
+            (meta.annotations if meta else None) or {},
+            await self.request(client, node, pod.namespace),
+        )
         live.agent.act(seen)
         await live.agent.step()
         if live.agent.last is not None:

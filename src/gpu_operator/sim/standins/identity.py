@@ -43,8 +43,17 @@ KUBELET = "kubelet"  # the node's kubelet (system:node:<node>); its pod's SA for
 NO_API = "none"  # it makes no API call (writes the host's files only)
 
 # API verb of each client method (the audit log's `verb`; server-side apply is a patch).
-VERBS = {"get": "get", "list": "list", "watch": "watch", "create": "create", "replace": "update",
-         "patch": "patch", "apply": "patch", "delete": "delete", "deletecollection": "deletecollection"}
+VERBS = {
+    "get": "get",
+    "list": "list",
+    "watch": "watch",
+    "create": "create",
+    "replace": "update",
+    "patch": "patch",
+    "apply": "patch",
+    "delete": "delete",
+    "deletecollection": "deletecollection",
+}
 
 
 def service_account_user(namespace: str, account: str) -> str:
@@ -76,8 +85,15 @@ class Refusal:
     message: str
 
     def record(self) -> dict[str, str]:
-        return {"event": "refused", "identity": self.identity, "verb": self.verb, "resource": self.resource,
-                "namespace": self.namespace, "name": self.name, "message": self.message}
+        return {
+            "event": "refused",
+            "identity": self.identity,
+            "verb": self.verb,
+            "resource": self.resource,
+            "namespace": self.namespace,
+            "name": self.name,
+            "message": self.message,
+        }
 
 
 class Refusals:
@@ -102,7 +118,9 @@ def _call_target(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     meta = getattr(first, "metadata", None) if not isinstance(first, type) else None
     name = kwargs.get("name") or (args[1] if len(args) > 1 and isinstance(args[1], str) else None)
     name = name or (getattr(meta, "name", None) if meta is not None else None) or ""
-    namespace = kwargs.get("namespace") or (getattr(meta, "namespace", None) if meta is not None else None) or ""
+    namespace = (
+        kwargs.get("namespace") or (getattr(meta, "namespace", None) if meta is not None else None) or ""
+    )
     return res, str(namespace), str(name)
 
 
@@ -115,8 +133,16 @@ class _Guard:
     def _refused(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], err: Exception) -> None:
         if isinstance(err, ApiError) and err.status.code == 403:
             res, namespace, name = _call_target(method, args, kwargs)
-            self._refusals.add(Refusal(self.identity, VERBS.get(method, method), resource_name(res), namespace,
-                                       name, str(err.status.message or "")))
+            self._refusals.add(
+                Refusal(
+                    self.identity,
+                    VERBS.get(method, method),
+                    resource_name(res),
+                    namespace,
+                    name,
+                    str(err.status.message or ""),
+                )
+            )
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._inner, attr)
@@ -138,13 +164,16 @@ class GuardedAsyncClient(_Guard):
             except ApiError as err:
                 self._refused(attr, args, kwargs, err)
                 raise
+
         return call
 
 
 class _AsyncStream:
     """A list or watch of a guarded client (keeps the inner one's attributes: resourceVersion)."""
 
-    def __init__(self, guard: _Guard, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], inner: Any) -> None:
+    def __init__(
+        self, guard: _Guard, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], inner: Any
+    ) -> None:
         self._guard, self._method, self._args, self._kwargs, self._inner = guard, method, args, kwargs, inner
 
     def __getattr__(self, attr: str) -> Any:
@@ -167,12 +196,14 @@ class GuardedClient(_Guard):
         if attr not in VERBS:
             return target
         if attr in ("list", "watch"):
+
             def stream(*args: Any, **kwargs: Any) -> Iterator[Any]:
                 try:
                     yield from target(*args, **kwargs)
                 except ApiError as err:
                     self._refused(attr, args, kwargs, err)
                     raise
+
             return stream
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -181,6 +212,7 @@ class GuardedClient(_Guard):
             except ApiError as err:
                 self._refused(attr, args, kwargs, err)
                 raise
+
         return call
 
 
@@ -191,8 +223,10 @@ class NoCalls:
         self.app = app
 
     def __getattr__(self, attr: str) -> Any:
-        raise RuntimeError(f"the stand-in for app={self.app} declares no API calls (identity {NO_API!r}) "
-                           f"but called {attr}: declare its identity in its Player")
+        raise RuntimeError(
+            f"the stand-in for app={self.app} declares no API calls (identity {NO_API!r}) "
+            f"but called {attr}: declare its identity in its Player"
+        )
 
 
 @dataclass
@@ -227,10 +261,16 @@ class Identities:
             cluster["certificate-authority"] = self.ca
         elif self.ca_data:
             cluster["certificate-authority-data"] = self.ca_data
-        return KubeConfig.from_dict({
-            "apiVersion": "v1", "kind": "Config", "clusters": [{"name": "sim", "cluster": cluster}],
-            "users": [{"name": "id", "user": user}], "contexts": [{"name": "id", "context": {"cluster": "sim", "user": "id"}}],
-            "current-context": "id"})
+        return KubeConfig.from_dict(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "sim", "cluster": cluster}],
+                "users": [{"name": "id", "user": user}],
+                "contexts": [{"name": "id", "context": {"cluster": "sim", "user": "id"}}],
+                "current-context": "id",
+            }
+        )
 
     async def _token(self, pod: Any) -> _PodToken:
         from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
@@ -239,13 +279,22 @@ class Identities:
         account = pod.service_account or "default"
         from lightkube.models.meta_v1 import ObjectMeta
 
-        request = ServiceAccountToken(metadata=ObjectMeta(namespace=pod.namespace), spec=TokenRequestSpec(
-            audiences=[], expirationSeconds=TOKEN_SECONDS,
-            boundObjectRef=BoundObjectReference(kind="Pod", apiVersion="v1", name=pod.name, uid=pod.uid)))
+        request = ServiceAccountToken(
+            metadata=ObjectMeta(namespace=pod.namespace),
+            spec=TokenRequestSpec(
+                audiences=[],
+                expirationSeconds=TOKEN_SECONDS,
+                boundObjectRef=BoundObjectReference(kind="Pod", apiVersion="v1", name=pod.name, uid=pod.uid),
+            ),
+        )
         got = await self.admin.create(request, account, namespace=pod.namespace)
         assert got.status is not None and got.status.token
-        return _PodToken(service_account_user(pod.namespace, account), got.status.token,
-                         time.monotonic() + TOKEN_SECONDS * REFRESH_AT, {})
+        return _PodToken(
+            service_account_user(pod.namespace, account),
+            got.status.token,
+            time.monotonic() + TOKEN_SECONDS * REFRESH_AT,
+            {},
+        )
 
     async def _pod(self, pod: Any) -> _PodToken:
         async with self._locks.setdefault(pod.uid, asyncio.Lock()):
@@ -264,8 +313,10 @@ class Identities:
         key = ("async", field_manager)
         if key not in held.clients:
             held.clients[key] = GuardedAsyncClient(
-                AsyncClient(self._config({"token": held.token}), field_manager=field_manager), held.identity,
-                self.refusals)
+                AsyncClient(self._config({"token": held.token}), field_manager=field_manager),
+                held.identity,
+                self.refusals,
+            )
         return held.clients[key]  # type: ignore[no-any-return]
 
     async def sync_for_pod(self, pod: Any, field_manager: str) -> GuardedClient:
@@ -273,29 +324,36 @@ class Identities:
         held = await self._pod(pod)
         key = ("sync", field_manager)
         if key not in held.clients:
-            held.clients[key] = GuardedClient(Client(self._config({"token": held.token}), field_manager=field_manager),
-                                              held.identity, self.refusals)
+            held.clients[key] = GuardedClient(
+                Client(self._config({"token": held.token}), field_manager=field_manager),
+                held.identity,
+                self.refusals,
+            )
         return held.clients[key]  # type: ignore[no-any-return]
 
     async def _kubelet_config(self, node: str) -> KubeConfig:
         if self.pki_dir is None or not (self.pki_dir / "ca.key").exists():
-            raise RuntimeError(f"no CA key under {self.pki_dir} to sign the kubelet certificate of node {node}")
+            raise RuntimeError(
+                f"no CA key under {self.pki_dir} to sign the kubelet certificate of node {node}"
+            )
         from gpu_operator.sim.plane import pki as pki_mod
 
         pki = pki_mod.Pki(self.pki_dir)
         name = f"kubelet-{node}"
         if not pki.client_cert(name).exists():
             await asyncio.to_thread(pki_mod.issue_client_cert, pki, name, node_user(node), ["system:nodes"])
-        return self._config({"client-certificate": str(pki.client_cert(name)),
-                             "client-key": str(pki.client_key(name))})
+        return self._config(
+            {"client-certificate": str(pki.client_cert(name)), "client-key": str(pki.client_key(name))}
+        )
 
     async def kubelet(self, node: str, field_manager: str) -> GuardedAsyncClient:
         """An AsyncClient as the node's kubelet (system:node:<node>, group system:nodes)."""
         key = (node, field_manager)
         if key not in self.nodes:
             config = await self._kubelet_config(node)
-            self.nodes[key] = GuardedAsyncClient(AsyncClient(config, field_manager=field_manager), node_user(node),
-                                                 self.refusals)
+            self.nodes[key] = GuardedAsyncClient(
+                AsyncClient(config, field_manager=field_manager), node_user(node), self.refusals
+            )
         return self.nodes[key]  # type: ignore[no-any-return]
 
     async def sync_kubelet(self, node: str, field_manager: str) -> GuardedClient:
@@ -303,7 +361,9 @@ class Identities:
         key = (node, f"sync:{field_manager}")
         if key not in self.nodes:
             config = await self._kubelet_config(node)
-            self.nodes[key] = GuardedClient(Client(config, field_manager=field_manager), node_user(node), self.refusals)
+            self.nodes[key] = GuardedClient(
+                Client(config, field_manager=field_manager), node_user(node), self.refusals
+            )
         return self.nodes[key]  # type: ignore[no-any-return]
 
     async def sync_for_pods(self, node: str, pods: list[Any], field_manager: str) -> GuardedClient:
@@ -351,13 +411,16 @@ class LazyClient:
 
     def __getattr__(self, attr: str) -> Any:
         if attr in ("list", "watch"):
+
             async def stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
                 async for item in getattr(await self._get(), attr)(*args, **kwargs):
                     yield item
+
             return stream
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             return await getattr(await self._get(), attr)(*args, **kwargs)
+
         return call
 
 

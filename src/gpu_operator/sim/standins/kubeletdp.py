@@ -72,9 +72,14 @@ FIELD_MANAGER = "kubelet"
 GRACE_PERIOD = 300.0
 
 
-def desired_status(gpus: int, running: bool, stopped_for: float | None,
-                   grace_period: float = GRACE_PERIOD, unhealthy: int = 0,
-                   resource: str = GPU_RESOURCE) -> dict[str, dict[str, str]] | None:
+def desired_status(
+    gpus: int,
+    running: bool,
+    stopped_for: float | None,
+    grace_period: float = GRACE_PERIOD,
+    unhealthy: int = 0,
+    resource: str = GPU_RESOURCE,
+) -> dict[str, dict[str, str]] | None:
     """The `resource` (`nvidia.com/gpu`) capacity and allocatable the kubelet reports: the plugin
     running (with `unhealthy` of its `gpus` devices reported Unhealthy); stopped `stopped_for`
     seconds ago (None: it never registered here: nothing)."""
@@ -95,7 +100,9 @@ def merge_status(parts: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, 
     """One status of several resources' (None when there is none)."""
     if not parts:
         return None
-    return {key: {k: v for part in parts for k, v in part[key].items()} for key in ("capacity", "allocatable")}
+    return {
+        key: {k: v for part in parts for k, v in part[key].items()} for key in ("capacity", "allocatable")
+    }
 
 
 def is_plugin_resource(name: str) -> bool:
@@ -112,9 +119,15 @@ class DevicePluginCapacity:
     identity = ident.KUBELET
     identities: Any = None  # given by NodeStandIns: the kubelet's client
 
-    def __init__(self, grace_period: float = GRACE_PERIOD, clock: Callable[[], float] = time.monotonic,
-                 hosts: Path | None = None, interval: float = 2.0, mig: MigHardware | None = None,
-                 configs: PluginConfigs | None = None) -> None:
+    def __init__(
+        self,
+        grace_period: float = GRACE_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+        hosts: Path | None = None,
+        interval: float = 2.0,
+        mig: MigHardware | None = None,
+        configs: PluginConfigs | None = None,
+    ) -> None:
         self.configs = configs or PluginConfigs()
         self.on_nodes: set[str] = set()  # nodes where the plugin's pod runs
         self.grace_period, self.clock = grace_period, clock
@@ -139,8 +152,10 @@ class DevicePluginCapacity:
     async def start(self, client: AsyncClient) -> None:
         await self.configs.start(client)
         if self.hosts is not None:
-            self._task = asyncio.create_task(follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
-                                             name="device-plugin-health")
+            self._task = asyncio.create_task(
+                follow_changes(ChangeFollower(self.hosts.base), self.interval, self._woken),
+                name="device-plugin-health",
+            )
 
     def _woken(self, node: str) -> None:
         if node in self.health:
@@ -159,10 +174,15 @@ class DevicePluginCapacity:
             entry = self.health[node] = (pod.uid, XidHealth(self.hosts.root(node), pod.env))
         marked = entry[1].poll()
         root = self.hosts.root(node)
-        return {gpu.index for gpu in self.hosts.gpus(node)
-                if gpu.xid_address in marked or devnodes.char_device(root / f"dev/nvidia{gpu.minor}") is None}
+        return {
+            gpu.index
+            for gpu in self.hosts.gpus(node)
+            if gpu.xid_address in marked or devnodes.char_device(root / f"dev/nvidia{gpu.minor}") is None
+        }
 
-    def stopped_for(self, node: str, view: NodeView, running: bool, resource: str = GPU_RESOURCE) -> float | None:
+    def stopped_for(
+        self, node: str, view: NodeView, running: bool, resource: str = GPU_RESOURCE
+    ) -> float | None:
         """Seconds since the plugin's endpoint for `resource` stopped on `node` (0 while it runs),
         None if it never registered it."""
         now, key = self.clock(), (node, resource)
@@ -177,8 +197,9 @@ class DevicePluginCapacity:
         since = self.stopped_at[key]
         return 0.0 if since is None else now - since
 
-    def resources(self, node: str, view: NodeView, plugin: PodView | None,
-                  config: sharing.Sharing | None = None) -> dict[str, tuple[int, int]]:
+    def resources(
+        self, node: str, view: NodeView, plugin: PodView | None, config: sharing.Sharing | None = None
+    ) -> dict[str, tuple[int, int]]:
         """Resource -> (devices, Unhealthy ones) the running `plugin` registers with its sharing
         `config` (none: it is not running or refuses the MIG layout or the config)."""
         if plugin is None or view.shape is None:
@@ -195,10 +216,13 @@ class DevicePluginCapacity:
         except (migresources.PluginError, sharing.ConfigError) as err:
             log.info("node %s: the device plugin refuses its MIG layout or config and exits: %s", node, err)
             return {}
-        return {name: (len(devs), sum(1 for _, parent in devs if parent in sick)) for name, devs in found.items()}
+        return {
+            name: (len(devs), sum(1 for _, parent in devs if parent in sick)) for name, devs in found.items()
+        }
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         if view is None or view.shape is None or not view.nvidia_gpus:
             for key in [k for k in self.stopped_at if k[0] == node]:
                 self.stopped_at.pop(key, None)
@@ -214,7 +238,9 @@ class DevicePluginCapacity:
         (self.on_nodes.add if running else self.on_nodes.discard)(node)
         if running:
             try:
-                config = await self.configs.config(client, node, plugins[-1], volume_reader(self.identities, node))
+                config = await self.configs.config(
+                    client, node, plugins[-1], volume_reader(self.identities, node)
+                )
             except sharing.ConfigError as err:
                 log.info("node %s: the device plugin does not start: %s", node, err)
                 running, plugins = False, []
@@ -245,6 +271,11 @@ class DevicePluginCapacity:
             writer = client if self.identities is None else await self.identities.kubelet(node, FIELD_MANAGER)
             await writer.patch(Node.Status, node, status_patch(wanted), field_manager=FIELD_MANAGER)
             self.written[node] = wanted
-            log.info("node %s: the device plugin %s: capacity %s, allocatable %s", node,
-                     "runs" if running else "is gone", wanted["capacity"], wanted["allocatable"])
+            log.info(
+                "node %s: the device plugin %s: capacity %s, allocatable %s",
+                node,
+                "runs" if running else "is gone",
+                wanted["capacity"],
+                wanted["allocatable"],
+            )
         return min(again) if again else None

@@ -63,9 +63,16 @@ APP = "nvidia-mig-manager"
 FIELD_MANAGER = MIG_MANAGER_FIELD_MANAGER
 MIG_CONFIG_STATE = f"{MIG_CONFIG}.state"
 PAUSED = "paused-for-mig-change"
-PAUSABLE = tuple(f"{DEPLOY_PREFIX}{c}" for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm"))
+PAUSABLE = tuple(
+    f"{DEPLOY_PREFIX}{c}" for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")
+)
 CLIENT = f"{DEPLOY_PREFIX}client"
-CLIENT_APPS = ("nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidia-dcgm-exporter", "nvidia-dcgm")
+CLIENT_APPS = (
+    "nvidia-device-plugin-daemonset",
+    "gpu-feature-discovery",
+    "nvidia-dcgm-exporter",
+    "nvidia-dcgm",
+)
 VALIDATOR_APPS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
 OPERATOR_VALIDATOR = "nvidia-operator-validator"
 WAIT_TIMEOUT = 300.0
@@ -101,7 +108,9 @@ def config_source(pod: dict[str, Any]) -> tuple[str, str]:
         rel = posixpath.relpath(path, mount["mountPath"])
         if rel.startswith(".."):
             continue
-        volume: dict[str, Any] = next((v for v in pod["spec"].get("volumes") or [] if v["name"] == mount["name"]), {})
+        volume: dict[str, Any] = next(
+            (v for v in pod["spec"].get("volumes") or [] if v["name"] == mount["name"]), {}
+        )
         cm = volume.get("configMap")
         if cm is None:
             break
@@ -114,7 +123,7 @@ def holds_gpus(pod: Pod) -> bool:
     """A container requests or limits a GPU resource of the device plugin (nvidia.com/gpu*, nvidia.com/mig-*)."""
     for container in (pod.spec.containers if pod.spec else None) or []:
         res = container.resources
-        for section in ((res.requests, res.limits) if res else ()):
+        for section in (res.requests, res.limits) if res else ():
             if any(name.startswith(GPU_RESOURCES) for name in section or {}):
                 return True
     return False
@@ -153,7 +162,10 @@ class MigManager:
             try:
                 async for _kind, obj in client.watch(Node, labels={MIG_CONFIG: exists()}):
                     meta = obj.metadata
-                    name, value = str(meta.name if meta else ""), ((meta.labels if meta else None) or {}).get(MIG_CONFIG)
+                    name, value = (
+                        str(meta.name if meta else ""),
+                        ((meta.labels if meta else None) or {}).get(MIG_CONFIG),
+                    )
                     if seen.get(name) != value:
                         seen[name] = value
                         if name in self.on_nodes:
@@ -164,8 +176,9 @@ class MigManager:
                 log.debug("watching the nodes' MIG config: %s", describe(err))
                 await asyncio.sleep(1.0)
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
         if view is None or view.shape is None or not running or not view.nvidia_gpus:
             self.on_nodes.discard(node)
@@ -193,11 +206,19 @@ class MigManager:
 
     async def label(self, client: AsyncClient, node: str, labels: dict[str, str]) -> None:
         async def patched() -> Node:
-            return await client.patch(Node, node, {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE,
-                                      field_manager=FIELD_MANAGER)
+            return await client.patch(
+                Node,
+                node,
+                {"metadata": {"labels": labels}},
+                patch_type=PatchType.MERGE,
+                field_manager=FIELD_MANAGER,
+            )
+
         await self._unhurried(patched)
 
-    async def reconfigure(self, client: AsyncClient, node: str, shape: Shape, pod: PodView, value: str) -> None:
+    async def reconfigure(
+        self, client: AsyncClient, node: str, shape: Shape, pod: PodView, value: str
+    ) -> None:
         try:
             await self._reconfigure(client, node, shape, pod, value)
         except asyncio.CancelledError:
@@ -205,7 +226,9 @@ class MigManager:
         except Exception as err:  # noqa: BLE001 - the real one logs and waits for the next change
             log.warning("node %s: MIG manager: %s", node, describe(err))
 
-    async def _reconfigure(self, client: AsyncClient, node: str, shape: Shape, pod: PodView, value: str) -> None:
+    async def _reconfigure(
+        self, client: AsyncClient, node: str, shape: Shape, pod: PodView, value: str
+    ) -> None:
         labels = dict(_labels(await client.get(Node, node)))
 
         async def state(result: str, why: str = "") -> None:
@@ -234,8 +257,10 @@ class MigManager:
         holders = await self._gpu_pods(client, node)
         try:
             if holders:
-                raise LayoutError(f"the GPUs are in use by another client ({', '.join(holders)}): the driver refuses "
-                                  "the reset of a MIG mode change and the destruction of an instance in use")
+                raise LayoutError(
+                    f"the GPUs are in use by another client ({', '.join(holders)}): the driver refuses "
+                    "the reset of a MIG mode change and the destruction of an instance in use"
+                )
             result = migparted.apply(entries, gpus)  # a MIG mode change: a GPU reset, which works here
         except LayoutError as err:
             await state("failed", str(err))
@@ -245,12 +270,19 @@ class MigManager:
         await self.label(client, node, deploy_changes(labels, restored))
         await self.label(client, node, {MIG_CONFIG_STATE: "success"})
         layouts = sorted({str(g.layout()) for g in result})
-        log.info("node %s: MIG config %s applied to %d GPUs: %s", node, value, len(result), "; ".join(layouts))
+        log.info(
+            "node %s: MIG config %s applied to %d GPUs: %s", node, value, len(result), "; ".join(layouts)
+        )
 
     async def _pods(self, client: AsyncClient, node: str, namespace: str, app: str) -> list[Pod]:
         async def listed() -> list[Pod]:
-            return [p async for p in client.list(Pod, namespace=namespace, labels={"app": app},
-                                                 fields={"spec.nodeName": node})]
+            return [
+                p
+                async for p in client.list(
+                    Pod, namespace=namespace, labels={"app": app}, fields={"spec.nodeName": node}
+                )
+            ]
+
         return await self._unhurried(listed)
 
     async def _unhurried(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -272,10 +304,16 @@ class MigManager:
     async def _gpu_pods(self, client: AsyncClient, node: str) -> list[str]:
         """The node's running pods given GPUs by the kubelet (their processes hold the GPUs), namespace/name;
         not those being deleted (the validator pods it just deleted: finished, holding nothing)."""
+
         async def listed() -> list[str]:
-            return [f"{meta.namespace}/{meta.name}" async for p in client.list(
-                Pod, namespace="*", fields={"spec.nodeName": node, "status.phase": "Running"})
-                if (meta := p.metadata) is not None and not meta.deletionTimestamp and holds_gpus(p)]
+            return [
+                f"{meta.namespace}/{meta.name}"
+                async for p in client.list(
+                    Pod, namespace="*", fields={"spec.nodeName": node, "status.phase": "Running"}
+                )
+                if (meta := p.metadata) is not None and not meta.deletionTimestamp and holds_gpus(p)
+            ]
+
         return sorted(await self._unhurried(listed))
 
     async def _wait_clients_gone(self, client: AsyncClient, node: str, namespace: str) -> None:
@@ -284,13 +322,17 @@ class MigManager:
         for app in CLIENT_APPS:
             while await self._pods(client, node, namespace, app):
                 if loop.time() > deadline:
-                    raise TimeoutError(f"{app} pod did not shutdown; the node stays {MIG_CONFIG_STATE}=pending")
+                    raise TimeoutError(
+                        f"{app} pod did not shutdown; the node stays {MIG_CONFIG_STATE}=pending"
+                    )
                 await asyncio.sleep(self.poll)
 
     async def _delete_pods(self, client: AsyncClient, node: str, namespace: str, app: str) -> None:
         for found in await self._pods(client, node, namespace, app):
             try:
-                await client.delete(Pod, str(found.metadata.name if found.metadata else ""), namespace=namespace)
+                await client.delete(
+                    Pod, str(found.metadata.name if found.metadata else ""), namespace=namespace
+                )
             except ApiError as err:
                 if err.status.code != 404:
                     raise

@@ -54,7 +54,9 @@ def resource_name(profile: str) -> str | None:
     compute-instance share (`1c.2g.20gb`), which it does not advertise. ValueError: not a profile name."""
     found = PROFILE_NAME.fullmatch(profile)
     if found is None:
-        raise ValueError(f"{profile!r} is not a MIG profile name (<g>g.<n>gb, optionally +me, +me.all, +gfx or -me)")
+        raise ValueError(
+            f"{profile!r} is not a MIG profile name (<g>g.<n>gb, optionally +me, +me.all, +gfx or -me)"
+        )
     if found.group("c") is not None:
         return None
     return f"{MIG_RESOURCE_PREFIX}{profile.replace('+', '.')}"
@@ -104,16 +106,26 @@ def counts(strategy: str, gpus: list[GpuMig]) -> dict[str, int]:
 def _mig_labels(prefix: str, product: str, inst: Instance, count: int) -> dict[str, str]:
     p = inst.profile
     values: dict[str, object] = {
-        "product": f"{product}-MIG-{sanitise(p.resource_suffix)}", "count": count, "replicas": 1,
-        "sharing-strategy": "none", "memory": p.memory_mb, "multiprocessors": p.multiprocessors,
-        "slices.gi": p.slices, "slices.ci": p.slices, "engines.copy": p.copy, "engines.decoder": p.decoder,
-        "engines.encoder": p.encoder, "engines.jpeg": p.jpeg, "engines.ofa": p.ofa,
+        "product": f"{product}-MIG-{sanitise(p.resource_suffix)}",
+        "count": count,
+        "replicas": 1,
+        "sharing-strategy": "none",
+        "memory": p.memory_mb,
+        "multiprocessors": p.multiprocessors,
+        "slices.gi": p.slices,
+        "slices.ci": p.slices,
+        "engines.copy": p.copy,
+        "engines.decoder": p.decoder,
+        "engines.encoder": p.encoder,
+        "engines.jpeg": p.jpeg,
+        "engines.ofa": p.ofa,
     }
     return {f"{prefix}.{k}": str(v) for k, v in values.items()}
 
 
-def gfd_labels(shape: Shape, strategy: str, gpus: list[GpuMig], timestamp: int | None = None,
-               node: str = "") -> dict[str, str]:
+def gfd_labels(
+    shape: Shape, strategy: str, gpus: list[GpuMig], timestamp: int | None = None, node: str = ""
+) -> dict[str, str]:
     """GFD's labels for the host `node` of `shape` whose GPUs are in the MIG state `gpus`."""
     labels = shape.gfd_labels(strategy, timestamp, node)
     if not labels or not any(g.enabled for g in gpus):
@@ -124,10 +136,20 @@ def gfd_labels(shape: Shape, strategy: str, gpus: list[GpuMig], timestamp: int |
     product = shape.gpu_product
     if strategy == "single":
         migs = [i for g in gpus for i in g.instances]
-        if any(g.enabled and not g.instances for g in gpus) or not all(g.enabled for g in gpus) \
-                or len({i.profile.name for i in migs}) != 1:
-            labels.update({f"{gpu}.product": f"{product}-MIG-INVALID", f"{gpu}.count": "0",
-                           f"{gpu}.replicas": "0", f"{gpu}.sharing-strategy": "", f"{gpu}.memory": "0"})
+        if (
+            any(g.enabled and not g.instances for g in gpus)
+            or not all(g.enabled for g in gpus)
+            or len({i.profile.name for i in migs}) != 1
+        ):
+            labels.update(
+                {
+                    f"{gpu}.product": f"{product}-MIG-INVALID",
+                    f"{gpu}.count": "0",
+                    f"{gpu}.replicas": "0",
+                    f"{gpu}.sharing-strategy": "",
+                    f"{gpu}.memory": "0",
+                }
+            )
             return labels
         labels.update(_mig_labels(gpu, product, migs[0], len(migs)))
     elif strategy == "mixed":

@@ -51,8 +51,16 @@ NAMESPACE = "node-feature-discovery"  # where NFD's own workers' NodeFeatures li
 ANNOTATION_NS = "nfd.node.kubernetes.io"
 FEATURE_LABELS_ANNOTATION = f"{ANNOTATION_NS}/feature-labels"
 # the annotations `updateNodeObject` removes when it does not set them
-MANAGED_ANNOTATIONS = tuple(f"{ANNOTATION_NS}/{n}" for n in (
-    "feature-labels", "extended-resources", "feature-annotations", "master.version", "worker.version"))
+MANAGED_ANNOTATIONS = tuple(
+    f"{ANNOTATION_NS}/{n}"
+    for n in (
+        "feature-labels",
+        "extended-resources",
+        "feature-annotations",
+        "master.version",
+        "worker.version",
+    )
+)
 PROFILE_NS = "profile.node.kubernetes.io"
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -69,8 +77,12 @@ class FeatureView:
     def of(cls, obj: Any) -> FeatureView:
         meta = obj.metadata
         labels = (obj.get("spec") or {}).get("labels") or {}
-        return cls(str(meta.namespace), str(meta.name), str((meta.labels or {}).get(NFD_NODE_NAME_LABEL, "")),
-                   tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+        return cls(
+            str(meta.namespace),
+            str(meta.name),
+            str((meta.labels or {}).get(NFD_NODE_NAME_LABEL, "")),
+            tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        )
 
 
 def with_ns(key: str) -> str:
@@ -107,8 +119,9 @@ def _escape(key: str) -> str:
 def patches(old: dict[str, str], remove: set[str], new: dict[str, str], path: str) -> list[dict[str, Any]]:
     """NFD's createPatches (allowOverwrite): remove what it owned and no longer wants, add or
     replace what it wants."""
-    ops: list[dict[str, Any]] = [{"op": "remove", "path": f"{path}/{_escape(k)}"}
-                                 for k in sorted(remove) if k in old and k not in new]
+    ops: list[dict[str, Any]] = [
+        {"op": "remove", "path": f"{path}/{_escape(k)}"} for k in sorted(remove) if k in old and k not in new
+    ]
     for key, value in sorted(new.items()):
         if key not in old:
             ops.append({"op": "add", "path": f"{path}/{_escape(key)}", "value": value})
@@ -117,8 +130,9 @@ def patches(old: dict[str, str], remove: set[str], new: dict[str, str], path: st
     return ops
 
 
-def node_patch(labels: dict[str, str], annotations: dict[str, str], wanted: dict[str, str],
-               skip_removal: bool) -> list[dict[str, Any]]:
+def node_patch(
+    labels: dict[str, str], annotations: dict[str, str], wanted: dict[str, str], skip_removal: bool
+) -> list[dict[str, Any]]:
     """The JSON patch NFD's master sends for a node with `labels`/`annotations` that should carry
     the feature labels `wanted`."""
     new_annotations = {}
@@ -138,14 +152,20 @@ def node_patch(labels: dict[str, str], annotations: dict[str, str], wanted: dict
 class NfdMaster:
     """NFD master's NodeFeature -> Node labels, on every node (NFD's master is not per node)."""
 
-    def __init__(self, client: AsyncClient, namespace: str = NAMESPACE,
-                 extra_label_ns: tuple[str, ...] = ("nvidia.com",), concurrency: int = 8) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        namespace: str = NAMESPACE,
+        extra_label_ns: tuple[str, ...] = ("nvidia.com",),
+        concurrency: int = 8,
+    ) -> None:
         self.client, self.namespace, self.extra_label_ns = client, namespace, extra_label_ns
         self.processed: set[str] = set()
         self.pending_delete: set[str] = set()
         self.queue = WorkQueue(self.handle, concurrency, "nfd-master")
-        self.features = Reflector(client, NodeFeature, {NFD_NODE_NAME_LABEL: exists()}, FeatureView.of,
-                                  self.changed, "NodeFeatures")
+        self.features = Reflector(
+            client, NodeFeature, {NFD_NODE_NAME_LABEL: exists()}, FeatureView.of, self.changed, "NodeFeatures"
+        )
 
     def changed(self, old: FeatureView | None, new: FeatureView | None) -> None:
         if old is not None and (new is None or new.node != old.node):
@@ -156,8 +176,11 @@ class NfdMaster:
 
     async def handle(self, node: str) -> float | None:
         found = [f for f in self.features.objects.values() if f.node == node]
-        wanted = {k: v for k, v in merged_labels(found, self.namespace).items()
-                  if allowed(k, v, self.extra_label_ns)}
+        wanted = {
+            k: v
+            for k, v in merged_labels(found, self.namespace).items()
+            if allowed(k, v, self.extra_label_ns)
+        }
         deleted = node in self.pending_delete
         self.pending_delete.discard(node)
         first = node not in self.processed
@@ -174,9 +197,15 @@ class NfdMaster:
         ops = node_patch(dict(meta.labels or {}), dict(meta.annotations or {}), wanted, skip_removal)
         if ops:
             await self.client.patch(Node, node, ops, patch_type=PatchType.JSON, field_manager=FIELD_MANAGER)
-            log.info("node %s: NFD's master: %d label change(s) from %d NodeFeature(s)", node,
-                     sum(1 for o in ops if "/metadata/labels/" in o["path"]), len(found))
+            log.info(
+                "node %s: NFD's master: %d label change(s) from %d NodeFeature(s)",
+                node,
+                sum(1 for o in ops if "/metadata/labels/" in o["path"]),
+                len(found),
+            )
         return None
 
     async def run(self) -> None:
-        await run_together([asyncio.create_task(self.features.run(), name="nodefeatures"), *self.queue.tasks()])
+        await run_together(
+            [asyncio.create_task(self.features.run(), name="nodefeatures"), *self.queue.tasks()]
+        )

@@ -47,7 +47,12 @@ def wiring(pod: PodView) -> tuple[str, str, str, list[str]] | None:
     srcdir = pod.env.get("CONFIG_FILE_SRCDIR", "")
     name = next((cm for container, path, cm in pod.configmaps if container == SIDECAR and path == srcdir), "")
     fallbacks = [f for f in pod.env.get("FALLBACK_STRATEGIES", "").split(",") if f]
-    return name, pod.env.get("NODE_LABEL") or DEVICE_PLUGIN_CONFIG, pod.env.get("DEFAULT_CONFIG", ""), fallbacks
+    return (
+        name,
+        pod.env.get("NODE_LABEL") or DEVICE_PLUGIN_CONFIG,
+        pod.env.get("DEFAULT_CONFIG", ""),
+        fallbacks,
+    )
 
 
 def volume_reader(identities: Any, node: str) -> Any:
@@ -81,8 +86,11 @@ class PluginConfigs:
                 async for kind, obj in client.watch(Node, labels={DEVICE_PLUGIN_CONFIG: exists()}):
                     meta = obj.metadata
                     name = str(meta.name if meta else "")
-                    value = None if kind == "DELETED" else ((meta.labels if meta else None) or {}).get(
-                        DEVICE_PLUGIN_CONFIG)
+                    value = (
+                        None
+                        if kind == "DELETED"
+                        else ((meta.labels if meta else None) or {}).get(DEVICE_PLUGIN_CONFIG)
+                    )
                     if seen.get(name) != value:
                         seen[name] = value
                         for wake in self.wakers:
@@ -102,12 +110,15 @@ class PluginConfigs:
         except ApiError as err:
             if err.status.code != 404:
                 raise
-            raise sharing.ConfigError(f"devicePlugin.config.name: ConfigMap {namespace}/{name} not found: "
-                                      "create it (the pod's volume cannot mount)") from err
+            raise sharing.ConfigError(
+                f"devicePlugin.config.name: ConfigMap {namespace}/{name} not found: "
+                "create it (the pod's volume cannot mount)"
+            ) from err
         return dict(found.data or {})
 
-    async def config(self, client: AsyncClient, node: str, pod: PodView,
-                     volumes: AsyncClient | None = None) -> sharing.Sharing:
+    async def config(
+        self, client: AsyncClient, node: str, pod: PodView, volumes: AsyncClient | None = None
+    ) -> sharing.Sharing:
         """The config the process in `pod` on `node` holds now (ConfigError: it does not run). The
         config-manager reads the node's label with the pod's identity (`client`); the ConfigMap's
         files reach the pod as a volume, which the node's kubelet reads (`volumes`, else `client`):
@@ -128,7 +139,9 @@ class PluginConfigs:
         except sharing.ConfigError as err:
             if held is None:
                 raise
-            log.info("node %s: %s's config-manager: %s; the process keeps config %r", node, pod.app, err, held[1])
+            log.info(
+                "node %s: %s's config-manager: %s; the process keeps config %r", node, pod.app, err, held[1]
+            )
             return held[2]
         if held is not None and held[1] == chosen:
             return held[2]  # the same link: no signal, nothing read again

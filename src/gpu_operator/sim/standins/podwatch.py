@@ -63,7 +63,9 @@ class PodView:
     running: bool  # phase Running and not terminating: the component's process runs
     started: int  # status.startTime (else creation), Unix seconds
     daemonset: dict[str, str] | None = None  # its DaemonSet owner reference
-    env: dict[str, str] = field(default_factory=dict)  # literal env values ("" set empty), first container first
+    env: dict[str, str] = field(
+        default_factory=dict
+    )  # literal env values ("" set empty), first container first
     containers: tuple[str, ...] = ()  # the names of its (regular) containers
     # its first container's hostPath mounts: (mountPath, the volume's host path)
     host_mounts: tuple[tuple[str, str], ...] = ()
@@ -91,26 +93,44 @@ class PodView:
         hosts = {v.name: v.hostPath.path for v in (spec.volumes if spec else None) or [] if v.hostPath}
         maps = {v.name: v.configMap.name for v in (spec.volumes if spec else None) or [] if v.configMap}
         first = ((spec.containers if spec else None) or [None])[0]
-        mounts = tuple((m.mountPath, hosts[m.name]) for m in (first.volumeMounts if first else None) or []
-                       if m.name in hosts)
+        mounts = tuple(
+            (m.mountPath, hosts[m.name])
+            for m in (first.volumeMounts if first else None) or []
+            if m.name in hosts
+        )
         return cls(
-            namespace=str(meta.namespace), name=str(meta.name), uid=str(meta.uid or ""),
-            app=str((meta.labels or {}).get(label, "")), node=str((spec.nodeName if spec else None) or ""),
+            namespace=str(meta.namespace),
+            name=str(meta.name),
+            uid=str(meta.uid or ""),
+            app=str((meta.labels or {}).get(label, "")),
+            node=str((spec.nodeName if spec else None) or ""),
             running=status is not None and status.phase == "Running" and meta.deletionTimestamp is None,
             started=_seconds((status.startTime if status else None) or meta.creationTimestamp),
-            daemonset=None if owner is None else {"apiVersion": owner.apiVersion, "kind": owner.kind,
-                                                  "name": owner.name, "uid": owner.uid},
-            env=env, containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []),
+            daemonset=None
+            if owner is None
+            else {"apiVersion": owner.apiVersion, "kind": owner.kind, "name": owner.name, "uid": owner.uid},
+            env=env,
+            containers=tuple(str(c.name) for c in (spec.containers if spec else None) or []),
             host_mounts=mounts,
-            argv=tuple(str(a) for a in [*((first.command or []) if first else []), *((first.args or []) if first else [])]),
+            argv=tuple(
+                str(a)
+                for a in [*((first.command or []) if first else []), *((first.args or []) if first else [])]
+            ),
             devices=_devices(spec),
-            terminated=meta.deletionTimestamp is not None or (status is not None and status.phase in ("Succeeded", "Failed")),
+            terminated=meta.deletionTimestamp is not None
+            or (status is not None and status.phase in ("Succeeded", "Failed")),
             service_account=str((spec.serviceAccountName if spec else None) or "default"),
-            initializing=status is not None and status.phase == "Pending" and meta.deletionTimestamp is None
+            initializing=status is not None
+            and status.phase == "Pending"
+            and meta.deletionTimestamp is None
             and any(c.type == "Initialized" and c.status == "False" for c in status.conditions or []),
-            configmaps=tuple((str(c.name), m.mountPath, str(maps[m.name]))
-                             for c in (spec.containers if spec else None) or []
-                             for m in c.volumeMounts or [] if m.name in maps))
+            configmaps=tuple(
+                (str(c.name), m.mountPath, str(maps[m.name]))
+                for c in (spec.containers if spec else None) or []
+                for m in c.volumeMounts or []
+                if m.name in maps
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -132,7 +152,9 @@ class NodeView:
             with contextlib.suppress(ShapeError):
                 shape = shapes.load(labels[SHAPE_LABEL])
         capacity = {k: str(v) for k, v in ((status.capacity if status else None) or {}).items()}
-        return cls(name=str(meta.name), uid=str(meta.uid or ""), labels=labels, capacity=capacity, shape=shape)
+        return cls(
+            name=str(meta.name), uid=str(meta.uid or ""), labels=labels, capacity=capacity, shape=shape
+        )
 
     @property
     def nvidia_gpus(self) -> int:
@@ -155,8 +177,9 @@ class Player(Protocol):
 
     async def start(self, client: AsyncClient) -> None: ...
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None: ...
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None: ...
 
 
 async def run_together(tasks: list[asyncio.Task[Any]]) -> None:
@@ -200,9 +223,16 @@ class Reflector:
     one relists and reports only the difference; `optional`: a kind not served (404, its CRD not
     installed) is logged at info, not as a warning."""
 
-    def __init__(self, client: AsyncClient, resource: Any, labels: dict[str, Any],
-                 view: Callable[[Any], Any], on_change: Callable[[Any, Any], None], what: str,
-                 optional: bool = False) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        resource: Any,
+        labels: dict[str, Any],
+        view: Callable[[Any], Any],
+        on_change: Callable[[Any, Any], None],
+        what: str,
+        optional: bool = False,
+    ) -> None:
         self.client, self.resource, self.labels, self.optional = client, resource, labels, optional
         self.view, self.on_change, self.what = view, on_change, what
         self.objects: dict[tuple[str, str], Any] = {}
@@ -232,9 +262,13 @@ class Reflector:
                     self._see(key, new)
                 self.synced.set()
                 failures, self.last_error = 0, ""
-                async for kind, obj in self.client.watch(self.resource, namespace="*", labels=self.labels,
-                                                         resource_version=listed.resourceVersion,
-                                                         on_error=_watch_errors):
+                async for kind, obj in self.client.watch(
+                    self.resource,
+                    namespace="*",
+                    labels=self.labels,
+                    resource_version=listed.resourceVersion,
+                    on_error=_watch_errors,
+                ):
                     key = (str(obj.metadata.namespace), str(obj.metadata.name))
                     self._see(key, None if kind == "DELETED" else self.view(obj))
             except asyncio.CancelledError:
@@ -254,7 +288,9 @@ class WorkQueue:
     """Keys to handle, each at most once at a time and coalesced while waiting; `concurrency`
     workers. A failed key comes back with a growing delay; a handler may ask to be called again."""
 
-    def __init__(self, handler: Callable[[Any], Awaitable[float | None]], concurrency: int, what: str) -> None:
+    def __init__(
+        self, handler: Callable[[Any], Awaitable[float | None]], concurrency: int, what: str
+    ) -> None:
         self.handler, self.concurrency, self.what = handler, concurrency, what
         self.queue: asyncio.Queue[Hashable] = asyncio.Queue()
         self.waiting: set[Hashable] = set()
@@ -310,8 +346,9 @@ class NodeStandIns:
     newest one still there), the node's kubelet once no pod is left (the kubelet's cleanup), no
     client at all for a player that makes no API call; without, the one `client` (unit tests)."""
 
-    def __init__(self, client: AsyncClient, players: list[Player], concurrency: int = 16,
-                 identities: Any = None) -> None:
+    def __init__(
+        self, client: AsyncClient, players: list[Player], concurrency: int = 16, identities: Any = None
+    ) -> None:
         self.client, self.players = client, {p.app: p for p in players}
         self.identities = identities
         self.by_node: dict[tuple[str, str], dict[tuple[str, str], PodView]] = {}
@@ -320,9 +357,17 @@ class NodeStandIns:
         keys: dict[str, list[str]] = {}  # pod label key -> the components' values
         for player in players:
             keys.setdefault(getattr(player, "pod_label", "app"), []).append(player.app)
-        self.watches = [Reflector(client, Pod, {key: in_(sorted(apps))}, functools.partial(PodView.of, label=key),
-                                  self.changed, "component pods" if key == "app" else f"{key} pods")
-                        for key, apps in sorted(keys.items())]
+        self.watches = [
+            Reflector(
+                client,
+                Pod,
+                {key: in_(sorted(apps))},
+                functools.partial(PodView.of, label=key),
+                self.changed,
+                "component pods" if key == "app" else f"{key} pods",
+            )
+            for key, apps in sorted(keys.items())
+        ]
 
     def changed(self, old: PodView | None, new: PodView | None) -> None:
         for pod, present in ((old, False), (new, True)):
@@ -368,8 +413,10 @@ class NodeStandIns:
 
         kind = getattr(player, "identity", None)
         if kind not in (identity.POD, identity.KUBELET, identity.NO_API):
-            raise TypeError(f"the stand-in {type(player).__name__} (app={player.app}) declares no identity "
-                            f"(`identity` = {kind!r}): set it to sim/standins/identity.py's POD, KUBELET or NO_API")
+            raise TypeError(
+                f"the stand-in {type(player).__name__} (app={player.app}) declares no identity "
+                f"(`identity` = {kind!r}): set it to sim/standins/identity.py's POD, KUBELET or NO_API"
+            )
         if kind == identity.NO_API:
             return identity.NoCalls(player.app)
         ordered = sorted(pods, key=lambda p: (p.running, p.started, p.name))
@@ -401,5 +448,3 @@ class NodeStandIns:
         for watch in self.watches:
             await watch.synced.wait()
         await run_together(self.queue.tasks())
-
-

@@ -73,7 +73,9 @@ class ShapeTrees:
         return self.built[shape]
 
 
-def pod_to_play(done: dict[str, str], node: str, view: NodeView | None, pods: list[PodView]) -> PodView | None:
+def pod_to_play(
+    done: dict[str, str], node: str, view: NodeView | None, pods: list[PodView]
+) -> PodView | None:
     """The newest running pod on a kwok node whose pass has not run (`done`: node -> that pod's uid);
     None when it ran, or when none runs (then the node is forgotten: a later pod runs again)."""
     running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
@@ -110,7 +112,11 @@ class _OncePerPod:
         if pod is None or view is None or view.shape is None:
             return None
         fs = HostFS(self.trees.root(node, view.shape.name))
-        own = self.client if self.identities is None else await self.identities.sync_for_pod(pod, self.field_manager)
+        own = (
+            self.client
+            if self.identities is None
+            else await self.identities.sync_for_pod(pod, self.field_manager)
+        )
         await asyncio.to_thread(self.run, fs, node, pod, own)
         self.done[node] = pod.uid
         return None

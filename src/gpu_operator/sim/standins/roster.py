@@ -96,7 +96,11 @@ class Row:
 
     @property
     def acts_while(self) -> str:
-        pods = f"{self.label}={self.apps[0]}" if len(self.apps) == 1 else f"{self.label} in ({', '.join(self.apps)})"
+        pods = (
+            f"{self.label}={self.apps[0]}"
+            if len(self.apps) == 1
+            else f"{self.label} in ({', '.join(self.apps)})"
+        )
         return f"`{pods}` {self.pod_state}"
 
     def markdown(self) -> str:
@@ -107,9 +111,9 @@ class Row:
 RUNNING = "Running (not terminating) on the node"
 IDENTITY_TEXT = {
     ident.POD: "its pod's ServiceAccount (TokenRequest bound to the pod); the kubelet's for its pod's ConfigMap "
-               "volumes and once the pod is gone",
+    "volumes and once the pod is gone",
     ident.KUBELET: "the kubelet (system:node:<node>) for the Node's status and its pod's ConfigMap volumes; its "
-                   "pod's ServiceAccount for its own reads",
+    "pod's ServiceAccount for its own reads",
     ident.NO_API: "none: no API call (the host's files only)",
 }
 
@@ -129,33 +133,94 @@ def table() -> tuple[Row, ...]:
 
     return (
         Row("gfd.FeatureDiscovery", "GPU feature discovery", ident.POD, "app", (gfd.APP,), RUNNING),
-        Row("kubeletdp.DevicePluginCapacity", "NVIDIA's device plugin, through the kubelet", ident.KUBELET, "app",
-            (kubeletdp.APP,), RUNNING),
-        Row("draplugin.SlicePublisher", "NVIDIA's DRA kubelet plugin (its compute-domains container: "
-            "`sim/standins/computedomainplugin.py` `ChannelPlugin`)", ident.POD, "app", (draplugin.PLUGIN_APP,), RUNNING),
-        Row("computedomain.ComputeDomainController", "NVIDIA's compute-domain controller; the IMEX daemons it "
-            "starts (each with its daemon pod's ServiceAccount, while that pod runs)", ident.POD, "app",
-            (computedomain.CONTROLLER_APP,), RUNNING),
+        Row(
+            "kubeletdp.DevicePluginCapacity",
+            "NVIDIA's device plugin, through the kubelet",
+            ident.KUBELET,
+            "app",
+            (kubeletdp.APP,),
+            RUNNING,
+        ),
+        Row(
+            "draplugin.SlicePublisher",
+            "NVIDIA's DRA kubelet plugin (its compute-domains container: "
+            "`sim/standins/computedomainplugin.py` `ChannelPlugin`)",
+            ident.POD,
+            "app",
+            (draplugin.PLUGIN_APP,),
+            RUNNING,
+        ),
+        Row(
+            "computedomain.ComputeDomainController",
+            "NVIDIA's compute-domain controller; the IMEX daemons it "
+            "starts (each with its daemon pod's ServiceAccount, while that pod runs)",
+            ident.POD,
+            "app",
+            (computedomain.CONTROLLER_APP,),
+            RUNNING,
+        ),
         Row("migmanager.MigManager", "NVIDIA's MIG manager", ident.POD, "app", (migmanager.APP,), RUNNING),
-        Row("toolkitconfig.ToolkitStandIn", "NVIDIA's container toolkit", ident.NO_API, "app", tuple(toolkit_apps()),
-            RUNNING),
-        Row("virthandler.VirtHandler", "KubeVirt's virt-handler (its PCI device plugins)", ident.KUBELET,
-            virthandler.LABEL, (virthandler.APP,), RUNNING),
-        Row("virthandler.LauncherAllocations", "the kubelet's allocation to VMs' pods", ident.NO_API,
-            virthandler.LABEL, (virthandler.LAUNCHER,), "bound to the node, not ended"),
-        Row("probestandin.ProbeStandIn", "our GPU probe", ident.POD, "app", (probestandin.PROBE_APP,), RUNNING),
-        Row("probestandin.VfioManagerStandIn", "our vfio manager", ident.POD, "app", (probestandin.VFIO_APP,),
-            RUNNING),
-        Row("vgpustandin.VgpuHostStandIn", "our vGPU host-state agent (init container)", ident.POD, "app",
-            (vgpustandin.APP,), f"{RUNNING}, or held in its init containers, with the vgpu-host-state init container"),
-        Row("health.HealthStandIn", "our GPU health agent", ident.POD, "app", (health.APP,),
-            f"{RUNNING} with its {health.CONTAINER} container"),
+        Row(
+            "toolkitconfig.ToolkitStandIn",
+            "NVIDIA's container toolkit",
+            ident.NO_API,
+            "app",
+            tuple(toolkit_apps()),
+            RUNNING,
+        ),
+        Row(
+            "virthandler.VirtHandler",
+            "KubeVirt's virt-handler (its PCI device plugins)",
+            ident.KUBELET,
+            virthandler.LABEL,
+            (virthandler.APP,),
+            RUNNING,
+        ),
+        Row(
+            "virthandler.LauncherAllocations",
+            "the kubelet's allocation to VMs' pods",
+            ident.NO_API,
+            virthandler.LABEL,
+            (virthandler.LAUNCHER,),
+            "bound to the node, not ended",
+        ),
+        Row(
+            "probestandin.ProbeStandIn", "our GPU probe", ident.POD, "app", (probestandin.PROBE_APP,), RUNNING
+        ),
+        Row(
+            "probestandin.VfioManagerStandIn",
+            "our vfio manager",
+            ident.POD,
+            "app",
+            (probestandin.VFIO_APP,),
+            RUNNING,
+        ),
+        Row(
+            "vgpustandin.VgpuHostStandIn",
+            "our vGPU host-state agent (init container)",
+            ident.POD,
+            "app",
+            (vgpustandin.APP,),
+            f"{RUNNING}, or held in its init containers, with the vgpu-host-state init container",
+        ),
+        Row(
+            "health.HealthStandIn",
+            "our GPU health agent",
+            ident.POD,
+            "app",
+            (health.APP,),
+            f"{RUNNING} with its {health.CONTAINER} container",
+        ),
     )
 
 
 def markdown_table() -> list[str]:
     """docs/simulator.md's stand-in table, line by line."""
-    return ["| stand-in | component | identity | acts while |", "|---|---|---|---|", *(r.markdown() for r in table())]
+    return [
+        "| stand-in | component | identity | acts while |",
+        "|---|---|---|---|",
+        *(r.markdown() for r in table()),
+    ]
 
 
 def played() -> str:
@@ -171,23 +236,37 @@ def default_players(grace_period: float | None = None, hosts: Path | None = None
     three read; with `hosts`, the container toolkit on the nodes of a distribution's shape."""
     extra: dict[str, Any] = {} if grace_period is None else {"grace_period": grace_period}
     mig = MigHardware(hosts)
-    players: list[Player] = [FeatureDiscovery(mig), DevicePluginCapacity(hosts=hosts, mig=mig, **extra),
-                             SlicePublisher(hosts=hosts, mig=mig), MigManager(mig), ComputeDomainController()]
+    players: list[Player] = [
+        FeatureDiscovery(mig),
+        DevicePluginCapacity(hosts=hosts, mig=mig, **extra),
+        SlicePublisher(hosts=hosts, mig=mig),
+        MigManager(mig),
+        ComputeDomainController(),
+    ]
     if hosts is not None:  # the container toolkit's writes on the hosts of a distribution's nodes
         players += [ToolkitStandIn(app, hosts) for app in toolkit_apps()]
         players += virthandler.players(hosts)  # KubeVirt's device plugin where virt-handler runs
     return players
 
 
-def all_players(config: Any, nodes: bool = True, grace_period: float | None = None, hosts: Path | None = None,
-                agents: bool | None = None) -> list[Player]:
+def all_players(
+    config: Any,
+    nodes: bool = True,
+    grace_period: float | None = None,
+    hosts: Path | None = None,
+    agents: bool | None = None,
+) -> list[Player]:
     """The node stand-ins `run_all` runs (see there)."""
     players = default_players(grace_period, hosts) if nodes else []
-    if (nodes and hosts is not None) if agents is None else agents:  # where their pods run (sandbox workloads)
+    if (
+        (nodes and hosts is not None) if agents is None else agents
+    ):  # where their pods run (sandbox workloads)
         from gpu_operator.sim.standins.probestandin import node_agents
 
         players += node_agents(config, hosts)
-        if hosts is not None:  # our vGPU host-state agent, in the sandbox validator's pod: it changes the trees
+        if (
+            hosts is not None
+        ):  # our vGPU host-state agent, in the sandbox validator's pod: it changes the trees
             from gpu_operator.sim.standins import vgpustandin
 
             players += vgpustandin.players(config, hosts)
@@ -198,10 +277,17 @@ def all_players(config: Any, nodes: bool = True, grace_period: float | None = No
     return players
 
 
-async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: bool = False,
-                  grace_period: float | None = None, ready: Callable[[], None] = lambda: None,
-                  hosts: Path | None = None, agents: bool | None = None,
-                  on_identities: Callable[[Identities], None] = lambda _i: None) -> None:
+async def run_all(
+    config: Any,
+    stop: asyncio.Event,
+    nodes: bool = True,
+    nfd: bool = False,
+    grace_period: float | None = None,
+    ready: Callable[[], None] = lambda: None,
+    hosts: Path | None = None,
+    agents: bool | None = None,
+    on_identities: Callable[[Identities], None] = lambda _i: None,
+) -> None:
     """Run the NVIDIA components' node stand-ins (`nodes`), our health agent over the kwok nodes'
     host trees (`hosts`), our GPU probe and vfio manager over them (`agents`; by default with `nodes`
     wherever `hosts` is given), and/or NFD's master (`nfd`) until `stop` is set."""
@@ -234,8 +320,15 @@ async def run_all(config: Any, stop: asyncio.Event, nodes: bool = True, nfd: boo
 class StandIns:
     """The stand-ins on an asyncio loop in a background thread: `start()`, then `stop()`."""
 
-    def __init__(self, config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None,
-                 hosts: Path | None = None, agents: bool | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        nodes: bool = True,
+        nfd: bool = False,
+        grace_period: float | None = None,
+        hosts: Path | None = None,
+        agents: bool | None = None,
+    ) -> None:
         self.config, self.nodes, self.nfd, self.grace_period = config, nodes, nfd, grace_period
         self.hosts, self.agents = hosts, agents
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -248,9 +341,17 @@ class StandIns:
     def _main(self) -> None:
         async def main() -> None:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            await run_all(self.config, self._stop, nodes=self.nodes, nfd=self.nfd,
-                          grace_period=self.grace_period, ready=self._ready.set, hosts=self.hosts,
-                          agents=self.agents, on_identities=self._identities)
+            await run_all(
+                self.config,
+                self._stop,
+                nodes=self.nodes,
+                nfd=self.nfd,
+                grace_period=self.grace_period,
+                ready=self._ready.set,
+                hosts=self.hosts,
+                agents=self.agents,
+                on_identities=self._identities,
+            )
 
         try:
             asyncio.run(main())
@@ -277,10 +378,18 @@ class StandIns:
 
 
 @contextlib.contextmanager
-def running(config: Any, nodes: bool = True, nfd: bool = False, grace_period: float | None = None,
-            hosts: Path | None = None, agents: bool | None = None) -> Iterator[StandIns]:
+def running(
+    config: Any,
+    nodes: bool = True,
+    nfd: bool = False,
+    grace_period: float | None = None,
+    hosts: Path | None = None,
+    agents: bool | None = None,
+) -> Iterator[StandIns]:
     """The stand-ins in a background thread for the `with` block (tests, benches)."""
-    standins = StandIns(config, nodes=nodes, nfd=nfd, grace_period=grace_period, hosts=hosts, agents=agents).start()
+    standins = StandIns(
+        config, nodes=nodes, nfd=nfd, grace_period=grace_period, hosts=hosts, agents=agents
+    ).start()
     try:
         yield standins
     finally:
@@ -302,8 +411,12 @@ def serve(kubeconfig: str, nfd: bool = False, hosts: Path | None = None) -> None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("stand-ins for kwok nodes: %s%s%s", played(), f" (host trees in {hosts})" if hosts else "",
-                 "; NFD's master" if nfd else "")
+        log.info(
+            "stand-ins for kwok nodes: %s%s%s",
+            played(),
+            f" (host trees in {hosts})" if hosts else "",
+            "; NFD's master" if nfd else "",
+        )
         await run_all(KubeConfig.from_file(kubeconfig), stop, nfd=nfd, hosts=hosts)
 
     kubetypes.prepare()  # the stand-ins' worker threads (asyncio.to_thread) decode beside the loop
@@ -317,9 +430,20 @@ def start_detached(kubeconfig: str, log_path: Path, nfd: bool = False, hosts: Pa
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "gpu_operator.cli", "sim", "stand-ins",
-                                 f"--kubeconfig={kubeconfig}", *(["--nfd"] if nfd else []),
-                                 *([f"--hosts={hosts}"] if hosts else [])],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpu_operator.cli",
+                "sim",
+                "stand-ins",
+                f"--kubeconfig={kubeconfig}",
+                *(["--nfd"] if nfd else []),
+                *([f"--hosts={hosts}"] if hosts else []),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return proc.pid

@@ -82,13 +82,16 @@ def choose(value: str | None, keys: list[str], default: str = "", fallbacks: lis
         raise ConfigError("no configuration files available: give the devicePlugin.config ConfigMap a key")
     if value:
         if value not in files:
-            raise ConfigError(f"specified config {value} does not exist: set the node's label to one of "
-                              f"{', '.join(files)}")
+            raise ConfigError(
+                f"specified config {value} does not exist: set the node's label to one of {', '.join(files)}"
+            )
         return value
     if default:
         if default not in files:
-            raise ConfigError(f"specified config {default} does not exist: set devicePlugin.config.default "
-                              f"to one of {', '.join(files)}")
+            raise ConfigError(
+                f"specified config {default} does not exist: set devicePlugin.config.default "
+                f"to one of {', '.join(files)}"
+            )
         return default
     for fallback in fallbacks or []:
         if fallback == "named" and NAMED_FALLBACK in files:
@@ -109,7 +112,9 @@ def _replicated(raw: Any, where: str) -> tuple[tuple[Replicated, ...], bool, boo
     fail = raw.get("failRequestsGreaterThanOne")
     resources = raw.get("resources")
     if not isinstance(resources, list) or not resources:
-        raise ConfigError(f"{where}.resources: no resources specified: list at least one `name` with `replicas`")
+        raise ConfigError(
+            f"{where}.resources: no resources specified: list at least one `name` with `replicas`"
+        )
     out = []
     for i, item in enumerate(resources):
         field = f"{where}.resources[{i}]"
@@ -156,8 +161,10 @@ def parse(text: str, source: str = "config") -> Sharing:
 def check(sharing: Sharing, mig_strategy: str) -> None:
     """What the plugin's start refuses of a config with its MIG strategy."""
     if sharing.strategy == "mps" and mig_strategy == "mixed":
-        raise ConfigError("sharing.mps: MPS sharing is not supported with the mixed MIG strategy: "
-                          "use the single or none MIG strategy")
+        raise ConfigError(
+            "sharing.mps: MPS sharing is not supported with the mixed MIG strategy: "
+            "use the single or none MIG strategy"
+        )
 
 
 def annotated(device_id: str, replica: int) -> str:
@@ -169,7 +176,9 @@ def device_id(annotated_id: str) -> str:
     return annotated_id.split("::", 1)[0]
 
 
-def replicate(sharing: Sharing, devices: dict[str, list[tuple[str, int]]]) -> dict[str, list[tuple[str, int]]]:
+def replicate(
+    sharing: Sharing, devices: dict[str, list[tuple[str, int]]]
+) -> dict[str, list[tuple[str, int]]]:
     """The plugin's resources (name -> (device ID, parent GPU index)) with the config's replicas."""
     out = {name: list(found) for name, found in devices.items() if sharing.of(name) is None}
     for r in sharing.resources:
@@ -177,7 +186,8 @@ def replicate(sharing: Sharing, devices: dict[str, list[tuple[str, int]]]) -> di
         if not found:
             continue
         out.setdefault(r.advertised, []).extend(
-            (annotated(i, n), parent) for i, parent in found for n in range(r.replicas))
+            (annotated(i, n), parent) for i, parent in found for n in range(r.replicas)
+        )
     return out
 
 

@@ -33,18 +33,32 @@ from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins import toolkitcrio
 from gpu_operator.sim.standins.toolkitfiles import Mounts, channel, host_path, source, to_toml, write_toml
 
-__all__ = ["Mounts", "ToolkitStandIn", "channel", "configure", "distribution_start", "host_path", "k3s_start",
-           "to_toml", "toolkit_apps", "unconfigure"]
+__all__ = [
+    "Mounts",
+    "ToolkitStandIn",
+    "channel",
+    "configure",
+    "distribution_start",
+    "host_path",
+    "k3s_start",
+    "to_toml",
+    "toolkit_apps",
+    "unconfigure",
+]
 
 log = logging.getLogger("gpu_operator.sim.standins")
-TABLES = {2: ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes"),
-          3: ("plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes")}
+TABLES = {
+    2: ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes"),
+    3: ("plugins", "io.containerd.cri.v1.runtime", "containerd", "runtimes"),
+}
 
 
 def _runtime(env: dict[str, str]) -> dict[str, Any]:
     root = env.get("ROOT") or "/usr/local/nvidia"
-    return {"runtime_type": "io.containerd.runc.v2",
-            "options": {"BinaryName": f"{root}/toolkit/nvidia-container-runtime"}}
+    return {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"BinaryName": f"{root}/toolkit/nvidia-container-runtime"},
+    }
 
 
 def _put(doc: dict[str, Any], version: int, name: str, runtime: dict[str, Any]) -> None:
@@ -178,6 +192,10 @@ def toolkit_apps() -> list[str]:
 
     assert OPERAND.daemonset is not None
     base = OPERAND.daemonset.name
-    groups = [g for d in DISTRIBUTIONS.values() if d.runtime in ("containerd", "crio") and d.name != STOCK
-              for g in ([d.name, f"{d.name}-v3"] if d.config_v3 else [d.name])]
+    groups = [
+        g
+        for d in DISTRIBUTIONS.values()
+        if d.runtime in ("containerd", "crio") and d.name != STOCK
+        for g in ([d.name, f"{d.name}-v3"] if d.config_v3 else [d.name])
+    ]
     return [base, *(f"{base}-{g}" for g in groups)]

@@ -66,7 +66,9 @@ def _flag(env: dict[str, str], names: tuple[str, ...], default: bool) -> bool:
 def mode(env: dict[str, str]) -> str:
     found = env.get("CRIO_CONFIG_MODE") or "config"
     if found not in MODES:
-        raise InjectionError(f"invalid cri-o config mode CRIO_CONFIG_MODE={found!r}: use one of {', '.join(MODES)}")
+        raise InjectionError(
+            f"invalid cri-o config mode CRIO_CONFIG_MODE={found!r}: use one of {', '.join(MODES)}"
+        )
     return found
 
 
@@ -80,7 +82,9 @@ def runtime_name(env: dict[str, str]) -> str:
 
 
 def set_as_default(env: dict[str, str]) -> bool:
-    return _flag(env, ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "CONTAINERD_SET_AS_DEFAULT", "DOCKER_SET_AS_DEFAULT"), True)
+    return _flag(
+        env, ("NVIDIA_RUNTIME_SET_AS_DEFAULT", "CONTAINERD_SET_AS_DEFAULT", "DOCKER_SET_AS_DEFAULT"), True
+    )
 
 
 def runtimes(env: dict[str, str]) -> dict[str, str]:
@@ -112,7 +116,7 @@ def default_options(found: dict[str, Any]) -> dict[str, Any]:
     """The options the nvidia runtimes start from: the source's default runtime's table (unless it
     is an nvidia one), else runc's, else crun's; none when the source has none of them."""
     default = (_table(found, ("crio", "runtime")) or {}).get("default_runtime")
-    names = ([default] if isinstance(default, str) and default and not default.startswith("nvidia") else [])
+    names = [default] if isinstance(default, str) and default and not default.startswith("nvidia") else []
     for name in [*names, "runc", "crun"]:
         table = _table(found, (*RUNTIMES, name))
         if table is not None:
@@ -124,11 +128,16 @@ def hook(executable: str) -> dict[str, Any]:
     """The OCI hook (containers' hook schema 1.0.0) the toolkit writes for its runtime hook."""
     directory = posixpath.dirname(executable)
     path = [*_PATH, *([directory] if directory not in _PATH else [])]
-    return {"version": "1.0.0",
-            "hook": {"path": executable, "args": [posixpath.basename(executable), "prestart"],
-                     "env": ["PATH=" + ":".join(path)]},
-            "when": {"always": True, "commands": [".*"]},
-            "stages": ["prestart"]}
+    return {
+        "version": "1.0.0",
+        "hook": {
+            "path": executable,
+            "args": [posixpath.basename(executable), "prestart"],
+            "env": ["PATH=" + ":".join(path)],
+        },
+        "when": {"always": True, "commands": [".*"]},
+        "stages": ["prestart"],
+    }
 
 
 def _hook_file(env: dict[str, str]) -> str:
@@ -150,8 +159,11 @@ def configure(env: dict[str, str], mounts: Mounts, tree: Path) -> list[str]:
     doc: dict[str, Any] = {}
     table = doc.setdefault("crio", {}).setdefault("runtime", {})
     for name, binary in runtimes(env).items():
-        table.setdefault("runtimes", {})[name] = {**copy.deepcopy(options), "runtime_path": binary,
-                                                   "runtime_type": "oci"}
+        table.setdefault("runtimes", {})[name] = {
+            **copy.deepcopy(options),
+            "runtime_path": binary,
+            "runtime_type": "oci",
+        }
     if set_as_default(env):
         table["default_runtime"] = runtime_name(env)
     landing = host_path(mounts, target)

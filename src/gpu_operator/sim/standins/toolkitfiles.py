@@ -19,8 +19,12 @@ def channel(pod: dict[str, Any]) -> tuple[dict[str, str], Mounts]:
     reads the same of a running pod)."""
     ctr = pod["containers"][0]
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
-    return ({e["name"]: str(e["value"]) for e in ctr.get("env", []) if "value" in e},
-            tuple((m["mountPath"], volumes[m["name"]]) for m in ctr.get("volumeMounts", []) if m["name"] in volumes))
+    return (
+        {e["name"]: str(e["value"]) for e in ctr.get("env", []) if "value" in e},
+        tuple(
+            (m["mountPath"], volumes[m["name"]]) for m in ctr.get("volumeMounts", []) if m["name"] in volumes
+        ),
+    )
 
 
 def host_path(mounts: Mounts, path: str) -> str | None:
@@ -34,7 +38,7 @@ def host_path(mounts: Mounts, path: str) -> str | None:
             best = (target, host)
     if best is None:
         return None
-    rest = path[len(best[0]):].lstrip("/")
+    rest = path[len(best[0]) :].lstrip("/")
     return posixpath.join(best[1], rest) if rest else best[1]
 
 
@@ -95,5 +99,3 @@ def to_toml(doc: dict[str, Any], prefix: tuple[str, ...] = ()) -> str:
         if isinstance(value, dict):
             out += to_toml(value, (*prefix, key))
     return out
-
-

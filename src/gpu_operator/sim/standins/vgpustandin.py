@@ -124,10 +124,14 @@ class VgpuHostStandIn:
         self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
     ) -> float | None:
         # a pod held in its init containers (by an earlier failed pass) is still this container's
-        pod = pod_to_play(self.done, node, view, [replace(p, running=p.running or p.initializing) for p in pods])
+        pod = pod_to_play(
+            self.done, node, view, [replace(p, running=p.running or p.initializing) for p in pods]
+        )
         if pod is None or view is None or view.shape is None:
             return None
-        kubelet = client if self.identities is None else await self.identities.kubelet(node, self.field_manager)
+        kubelet = (
+            client if self.identities is None else await self.identities.kubelet(node, self.field_manager)
+        )
         try:
             found = await kubelet.get(Pod, pod.name, namespace=pod.namespace)
         except ApiError as err:
@@ -139,23 +143,37 @@ class VgpuHostStandIn:
             self.done[node] = pod.uid
             return None
         text = await self._config_text(kubelet, pod.namespace, ctr)
-        own = self.client if self.identities is None else await self.identities.sync_for_pod(pod, self.field_manager)
+        own = (
+            self.client
+            if self.identities is None
+            else await self.identities.sync_for_pod(pod, self.field_manager)
+        )
         delay = await asyncio.to_thread(self.run, node, view.shape.name, pod, ctr, text, own)
         if delay is None:
             self.done[node] = pod.uid
             self.restarts.pop(pod.uid, None)
             self.shown.pop(pod.uid, None)
             if pod.initializing:  # its init containers ran through: the kubelet starts the pod
-                await kubelet.patch(Pod.Status, pod.name, {"status": released_status(found)},
-                                    namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+                await kubelet.patch(
+                    Pod.Status,
+                    pod.name,
+                    {"status": released_status(found)},
+                    namespace=pod.namespace,
+                    patch_type=PatchType.STRATEGIC,
+                )
             return None
         failed = delay == RETRY_FAILED
         if failed:
             self.restarts[pod.uid] = self.restarts.get(pod.uid, 0) + 1
         shown = (failed, self.restarts.get(pod.uid, 0))
         if self.shown.get(pod.uid) != shown:  # the kubelet writes a status when it changes
-            await kubelet.patch(Pod.Status, pod.name, {"status": held_status(found, *shown)},
-                                namespace=pod.namespace, patch_type=PatchType.STRATEGIC)
+            await kubelet.patch(
+                Pod.Status,
+                pod.name,
+                {"status": held_status(found, *shown)},
+                namespace=pod.namespace,
+                patch_type=PatchType.STRATEGIC,
+            )
             self.shown[pod.uid] = shown
         return delay
 
@@ -171,12 +189,17 @@ class VgpuHostStandIn:
             raise
         return (found.data or {}).get(ctr.config_key)
 
-    def run(self, node: str, shape: str, pod: PodView, ctr: InitContainer, text: str | None,
-            client: Any = None) -> float | None:
+    def run(
+        self, node: str, shape: str, pod: PodView, ctr: InitContainer, text: str | None, client: Any = None
+    ) -> float | None:
         """The container's command for one pod; seconds until it is tried again, or None when done."""
         env = ctr.env
-        view = KubeNodeView(node, pod.namespace, client=client if client is not None else self.client,
-                            component="gpu-operator-vgpu-host-state")
+        view = KubeNodeView(
+            node,
+            pod.namespace,
+            client=client if client is not None else self.client,
+            component="gpu-operator-vgpu-host-state",
+        )
         settings = Settings(
             config_text=text,
             config_source=env.get("CONFIG_FILE", "/vgpu-config/config.yaml"),
@@ -229,15 +252,25 @@ def held_status(pod: Any, failed: bool, restarts: int) -> dict[str, Any]:
     for i, ctr in enumerate(inits):
         entry: dict[str, Any] = {"name": ctr.name, "image": ctr.image, "ready": i < at, "restartCount": 0}
         if i < at:
-            entry["state"] = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+            entry["state"] = {
+                "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}
+            }
         elif i > at:
             entry["state"] = {"waiting": {"reason": "PodInitializing"}}
         elif failed:
             entry["restartCount"] = restarts
-            entry["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": (
-                f"back-off {int(RETRY_FAILED)}s restarting failed container={INIT} pod={pod.metadata.name}_"
-                f"{pod.metadata.namespace}({pod.metadata.uid})")}}
-            entry["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}}
+            entry["state"] = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": (
+                        f"back-off {int(RETRY_FAILED)}s restarting failed container={INIT} pod={pod.metadata.name}_"
+                        f"{pod.metadata.namespace}({pod.metadata.uid})"
+                    ),
+                }
+            }
+            entry["lastState"] = {
+                "terminated": {"exitCode": 1, "reason": "Error", "startedAt": now, "finishedAt": now}
+            }
         else:
             entry["restartCount"] = restarts
             entry["state"] = {"running": {"startedAt": now}}
@@ -247,16 +280,39 @@ def held_status(pod: Any, failed: bool, restarts: int) -> dict[str, Any]:
     return {
         "phase": "Pending",
         "conditions": [
-            {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
-             "message": f"containers with incomplete status: [{incomplete}]", "lastTransitionTime": now},
-            {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
-             "message": f"containers with unready status: [{unready}]", "lastTransitionTime": now},
-            {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
-             "message": f"containers with unready status: [{unready}]", "lastTransitionTime": now},
+            {
+                "type": "Initialized",
+                "status": "False",
+                "reason": "ContainersNotInitialized",
+                "message": f"containers with incomplete status: [{incomplete}]",
+                "lastTransitionTime": now,
+            },
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ContainersNotReady",
+                "message": f"containers with unready status: [{unready}]",
+                "lastTransitionTime": now,
+            },
+            {
+                "type": "ContainersReady",
+                "status": "False",
+                "reason": "ContainersNotReady",
+                "message": f"containers with unready status: [{unready}]",
+                "lastTransitionTime": now,
+            },
         ],
         "initContainerStatuses": statuses,
-        "containerStatuses": [{"name": c.name, "image": c.image, "ready": False, "restartCount": 0,
-                               "state": {"waiting": {"reason": "PodInitializing"}}} for c in spec.containers],
+        "containerStatuses": [
+            {
+                "name": c.name,
+                "image": c.image,
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}},
+            }
+            for c in spec.containers
+        ],
     }
 
 
@@ -268,12 +324,25 @@ def released_status(pod: Any) -> dict[str, Any]:
     done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
     return {
         "phase": "Running",
-        "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
-                       for t in ("Initialized", "Ready", "ContainersReady")],
-        "initContainerStatuses": [{"name": c.name, "image": c.image, "ready": True, "restartCount": 0, "state": done}
-                                  for c in spec.initContainers or []],
-        "containerStatuses": [{"name": c.name, "image": c.image, "ready": True, "restartCount": 0, "started": True,
-                               "state": {"running": {"startedAt": now}}} for c in spec.containers],
+        "conditions": [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("Initialized", "Ready", "ContainersReady")
+        ],
+        "initContainerStatuses": [
+            {"name": c.name, "image": c.image, "ready": True, "restartCount": 0, "state": done}
+            for c in spec.initContainers or []
+        ],
+        "containerStatuses": [
+            {
+                "name": c.name,
+                "image": c.image,
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in spec.containers
+        ],
     }
 
 

@@ -92,8 +92,11 @@ def permitted(kubevirt: dict[str, Any] | None) -> dict[str, str]:
     """Lower-cased pciVendorSelector -> resourceName of the entries virt-handler serves itself."""
     config = ((kubevirt or {}).get("spec") or {}).get("configuration") or {}
     entries = (config.get("permittedHostDevices") or {}).get("pciHostDevices") or []
-    return {str(e.get("pciVendorSelector", "")).lower(): str(e.get("resourceName", ""))
-            for e in entries if not e.get("externalResourceProvider") and e.get("pciVendorSelector")}
+    return {
+        str(e.get("pciVendorSelector", "")).lower(): str(e.get("resourceName", ""))
+        for e in entries
+        if not e.get("externalResourceProvider") and e.get("pciVendorSelector")
+    }
 
 
 def _read(path: Path) -> str:
@@ -121,7 +124,8 @@ def discover(root: Path, selectors: dict[str, str]) -> dict[str, list[PciDevice]
             continue
         numa = _read(entry / "numa_node")
         found.setdefault(resource, []).append(
-            PciDevice(entry.name, pci_id, driver, group, int(numa) if numa.lstrip("-").isdigit() else -1))
+            PciDevice(entry.name, pci_id, driver, group, int(numa) if numa.lstrip("-").isdigit() else -1)
+        )
     return found
 
 
@@ -163,8 +167,13 @@ class VirtHandler:
     identities: Any = None  # given by NodeStandIns: the kubelet's client
     field_manager = FIELD_MANAGER
 
-    def __init__(self, hosts: Path | None = None, grace_period: float = GRACE_PERIOD,
-                 clock: Callable[[], float] = time.monotonic, interval: float = 2.0) -> None:
+    def __init__(
+        self,
+        hosts: Path | None = None,
+        grace_period: float = GRACE_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = 2.0,
+    ) -> None:
         self.trees = ShapeTrees(hosts)
         self.grace_period, self.clock, self.interval = grace_period, clock, interval
         self.nodes: dict[str, NodeState] = {}
@@ -195,8 +204,12 @@ class VirtHandler:
         self._tasks.append(asyncio.create_task(watch.run(), name="kubevirt-crs"))
         hosts = self.trees.hosts
         if hosts is not None:
-            self._tasks.append(asyncio.create_task(
-                follow_changes(ChangeFollower(hosts.base), self.interval, self._tree_changed), name="virt-handler-health"))
+            self._tasks.append(
+                asyncio.create_task(
+                    follow_changes(ChangeFollower(hosts.base), self.interval, self._tree_changed),
+                    name="virt-handler-health",
+                )
+            )
 
     def _tree_changed(self, node: str) -> None:
         if node in self.nodes:
@@ -214,8 +227,9 @@ class VirtHandler:
         root = self.root(node, view)
         return {r: ([d.group for d in p.devices], p.unhealthy(root)) for r, p in state.plugins.items()}
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         if view is None or view.shape is None:
             self.nodes.pop(node, None)
             return None
@@ -236,8 +250,13 @@ class VirtHandler:
                 for resource, devices in found.items():
                     if resource not in state.plugins:
                         state.plugins[resource] = Plugin(devices)
-                        log.info("node %s: virt-handler starts the device plugin for %s: %d device(s) on vfio-pci (%s)",
-                                 node, resource, len(devices), ", ".join(d.address for d in devices))
+                        log.info(
+                            "node %s: virt-handler starts the device plugin for %s: %d device(s) on vfio-pci (%s)",
+                            node,
+                            resource,
+                            len(devices),
+                            ", ".join(d.address for d in devices),
+                        )
         else:
             state.pod, state.plugins = "", {}
         parts = []
@@ -253,7 +272,9 @@ class VirtHandler:
             parts.append(status)
         for resource in [r for r in state.counts if r not in state.plugins]:
             stopped = now - state.stopped_at.setdefault(resource, now)
-            status = desired_status(state.counts[resource], False, stopped, self.grace_period, resource=resource)
+            status = desired_status(
+                state.counts[resource], False, stopped, self.grace_period, resource=resource
+            )
             if status is not None:
                 parts.append(status)
             if stopped <= self.grace_period:
@@ -263,8 +284,12 @@ class VirtHandler:
             writer = client if self.identities is None else await self.identities.kubelet(node, FIELD_MANAGER)
             await writer.patch(Node.Status, node, {"status": wanted_status}, field_manager=FIELD_MANAGER)
             state.written = wanted_status
-            log.info("node %s: virt-handler's device plugins: capacity %s, allocatable %s", node,
-                     wanted_status["capacity"], wanted_status["allocatable"])
+            log.info(
+                "node %s: virt-handler's device plugins: capacity %s, allocatable %s",
+                node,
+                wanted_status["capacity"],
+                wanted_status["allocatable"],
+            )
             self.on_allocatable(node)
         if not state.pod and not state.counts:
             self.nodes.pop(node, None)
@@ -299,8 +324,9 @@ class LauncherAllocations:
     async def start(self, client: AsyncClient) -> None:
         return None
 
-    async def sync(self, client: AsyncClient, node: str, view: NodeView | None,
-                   pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+    ) -> float | None:
         if view is None or view.shape is None or self.hosts is None:
             return None
         table = self.allocated.setdefault(node, {})
@@ -322,27 +348,58 @@ class LauncherAllocations:
                 taken = {i for (_, _, r), got in table.items() if r == resource for i in got}
                 free = sorted((i for i in ids if i not in taken and i not in sick), key=int)
                 if len(free) < count:
-                    log.info("node %s: pod %s/%s asks for %d %s, %d free: the kubelet refuses it",
-                             node, pod.namespace, pod.name, count, resource, len(free))
+                    log.info(
+                        "node %s: pod %s/%s asks for %d %s, %d free: the kubelet refuses it",
+                        node,
+                        pod.namespace,
+                        pod.name,
+                        count,
+                        resource,
+                        len(free),
+                    )
                     continue
                 table[key] = free[:count]
                 changed = True
-                log.info("node %s: pod %s/%s container %s gets %s IOMMU group(s) %s", node, pod.namespace,
-                         pod.name, container, resource, ", ".join(free[:count]))
+                log.info(
+                    "node %s: pod %s/%s container %s gets %s IOMMU group(s) %s",
+                    node,
+                    pod.namespace,
+                    pod.name,
+                    container,
+                    resource,
+                    ", ".join(free[:count]),
+                )
         if changed:
             await asyncio.to_thread(self.write_checkpoint, node, view, table, registered)
         return None
 
-    def write_checkpoint(self, node: str, view: NodeView, table: dict[tuple[str, str, str], list[str]],
-                         registered: dict[str, tuple[list[str], set[str]]]) -> None:
+    def write_checkpoint(
+        self,
+        node: str,
+        view: NodeView,
+        table: dict[tuple[str, str, str], list[str]],
+        registered: dict[str, tuple[list[str], set[str]]],
+    ) -> None:
         assert self.hosts is not None and view.shape is not None
         faults = self.hosts.faults(node, node_host_spec(view.shape.name))  # the node's own tree from now on
-        data = {"Data": {
-            "PodDeviceEntries": [{"PodUID": uid, "ContainerName": container, "ResourceName": resource,
-                                  "DeviceIDs": {str(NO_TOPOLOGY): ids}, "AllocResp": None}
-                                 for (uid, container, resource), ids in sorted(table.items())],
-            "RegisteredDevices": {r: [i for i in ids if i not in sick] for r, (ids, sick) in sorted(registered.items())},
-        }, "Checksum": 0}
+        data = {
+            "Data": {
+                "PodDeviceEntries": [
+                    {
+                        "PodUID": uid,
+                        "ContainerName": container,
+                        "ResourceName": resource,
+                        "DeviceIDs": {str(NO_TOPOLOGY): ids},
+                        "AllocResp": None,
+                    }
+                    for (uid, container, resource), ids in sorted(table.items())
+                ],
+                "RegisteredDevices": {
+                    r: [i for i in ids if i not in sick] for r, (ids, sick) in sorted(registered.items())
+                },
+            },
+            "Checksum": 0,
+        }
         path = faults.root / CHECKPOINT
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data))

@@ -62,7 +62,9 @@ async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView]) -> 
     synced = False
     note = ""
     if not spec.sandboxWorkloads.kubevirt_sync():
-        note = "KubeVirt sync off (spec.sandboxWorkloads.kubevirt.syncPermittedHostDevices=false or mode kata)"
+        note = (
+            "KubeVirt sync off (spec.sandboxWorkloads.kubevirt.syncPermittedHostDevices=false or mode kata)"
+        )
     else:
         cr = await _kubevirt_cr(kube)
         if cr is False:
@@ -81,8 +83,12 @@ async def sync(kube: Kube, policy: ClusterPolicy, nodes: Iterable[NodeView]) -> 
                     await kube.apply(kv.apply_body(cr, merged), field_manager=KUBEVIRT_FIELD_MANAGER)
                     result.applied = True
                     meta = cr["metadata"]
-                    log.info("KubeVirt %s/%s: pciHostDevices set (ours: %s)", meta.get("namespace"),
-                             meta["name"], ",".join(merged.ours) or "none")
+                    log.info(
+                        "KubeVirt %s/%s: pciHostDevices set (ours: %s)",
+                        meta.get("namespace"),
+                        meta["name"],
+                        ",".join(merged.ours) or "none",
+                    )
                 except ApiError as err:
                     if err.status.code != 409:
                         raise
@@ -100,7 +106,10 @@ async def emit(kube: Kube, findings: list[kv.KubeVirtFinding], policy_name: str)
             if finding.node:
                 await kube.node_event(finding.node, finding.reason, finding.message)
             else:
-                await kube.event({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": policy_name},
-                                 finding.reason, finding.message)
+                await kube.event(
+                    {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": policy_name},
+                    finding.reason,
+                    finding.message,
+                )
         except ApiError as err:
             log.warning("could not record event %s: %s", finding.reason, err.status.message)

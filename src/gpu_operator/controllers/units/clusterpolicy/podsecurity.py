@@ -36,6 +36,9 @@ class NamespaceLabeller:
         if not labels or wanted == self._written:
             return
         await self.kube.merge_patch("v1", "Namespace", namespace, {"metadata": {"labels": labels}})
-        log.info("namespace %s: Pod Security Admission labels %s (psa.enabled)", namespace,
-                 ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        log.info(
+            "namespace %s: Pod Security Admission labels %s (psa.enabled)",
+            namespace,
+            ", ".join(f"{k}={v}" for k, v in sorted(labels.items())),
+        )
         self._written = wanted

@@ -36,18 +36,33 @@ from gpu_operator.render.kubevirt import KubeVirtFinding
 log = logging.getLogger("gpu_operator.clusterpolicy")
 
 
-async def policy_facts(kube: Kube, policy: ClusterPolicy, nodes: list[NodeFacts], *, namespace: str,
-                       k8s_version: str, operator_env: Mapping[str, str], openshift: bool,
-                       openshift_version: str, servicemonitor_crd: bool) -> ClusterFacts:
+async def policy_facts(
+    kube: Kube,
+    policy: ClusterPolicy,
+    nodes: list[NodeFacts],
+    *,
+    namespace: str,
+    k8s_version: str,
+    operator_env: Mapping[str, str],
+    openshift: bool,
+    openshift_version: str,
+    servicemonitor_crd: bool,
+) -> ClusterFacts:
     """What the renderer needs beside the policy: the cluster's facts and, read once each, the user
     ConfigMaps the policy names (the reconcile and `gpu-operator diff` render alike)."""
     reads = ReadOnce(kube)  # each user ConfigMap GET once in this pass
     return ClusterFacts.of(
-        nodes, namespace=namespace, k8s_version=k8s_version, operator_env=operator_env,
-        openshift=openshift, openshift_version=openshift_version, servicemonitor_crd=servicemonitor_crd,
+        nodes,
+        namespace=namespace,
+        k8s_version=k8s_version,
+        operator_env=operator_env,
+        openshift=openshift,
+        openshift_version=openshift_version,
+        servicemonitor_crd=servicemonitor_crd,
         configmap_keys=await configmap_keys(reads, policy, namespace),
         configmap_data=await kernel_module_data(reads, policy, namespace, nodes),
-        plugin_config_hash=await plugin_config_hash(reads, policy, namespace))
+        plugin_config_hash=await plugin_config_hash(reads, policy, namespace),
+    )
 
 
 @dataclass(frozen=True)
@@ -64,13 +79,17 @@ class LastRender:
     problems: Mapping[str, str]  # runtimes.unserved_nodes of the same inputs
 
     def answers(self, policy: ClusterPolicy, facts: ClusterFacts) -> bool:
-        return self.name == policy.metadata.name and (self.spec is policy.spec or self.spec == policy.spec) \
+        return (
+            self.name == policy.metadata.name
+            and (self.spec is policy.spec or self.spec == policy.spec)
             and self.facts == facts
+        )
 
 
 class ClusterPolicyReconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
-                 images: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings | None = None, images: Mapping[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
         # the operand images of the operator's environment (controllers/environment.py), read once
@@ -94,22 +113,36 @@ class ClusterPolicyReconciler:
         for other in snap.policies:
             if other is not active and other.status.get("state") != vocab.IGNORED:
                 log.info("ClusterPolicy %s ignored: %s is the active one (oldest)", other.name, active.name)
-                await self.kube.patch_status("ClusterPolicy",
-                    other.name, {"state": vocab.IGNORED, "namespace": snap.namespace})
+                await self.kube.patch_status(
+                    "ClusterPolicy", other.name, {"state": vocab.IGNORED, "namespace": snap.namespace}
+                )
 
         if snap.gpuclusters:
             report.requeue = self.settings.requeue_conflict
-            return await self._finish(report, active, snap, st.ReconcileOutcome.failed(
-                st.conflict_message(snap.gpuclusters[0].name, active.name)))
+            return await self._finish(
+                report,
+                active,
+                snap,
+                st.ReconcileOutcome.failed(st.conflict_message(snap.gpuclusters[0].name, active.name)),
+            )
         try:
             policy = active.parsed.valid()  # parsed once per version (controllers/views.py)
             facts = await policy_facts(
-                self.kube, policy, [n.facts for n in snap.nodes], namespace=snap.namespace,
-                k8s_version=snap.info.k8s_version, operator_env=self.images, openshift=snap.info.openshift,
-                openshift_version=snap.info.openshift_version, servicemonitor_crd=snap.info.servicemonitor_crd)
+                self.kube,
+                policy,
+                [n.facts for n in snap.nodes],
+                namespace=snap.namespace,
+                k8s_version=snap.info.k8s_version,
+                operator_env=self.images,
+                openshift=snap.info.openshift,
+                openshift_version=snap.info.openshift_version,
+                servicemonitor_crd=snap.info.servicemonitor_crd,
+            )
             result, problems = self._render(policy, facts)
         except pydantic.ValidationError as err:
-            return await self._finish(report, active, snap, st.ReconcileOutcome.failed(validation_message(err)))
+            return await self._finish(
+                report, active, snap, st.ReconcileOutcome.failed(validation_message(err))
+            )
         except RenderError as err:
             return await self._finish(report, active, snap, st.ReconcileOutcome.failed(str(err)))
 
@@ -126,9 +159,13 @@ class ClusterPolicyReconciler:
         await self._kubevirt(policy, active, snap, report)
         report.not_ready = self._not_ready_states(result, snap, report)
         unlabelled = sum(1 for n in snap.nodes if n.nfd_gpu and not n.gpu_present)
-        upgrading = st.upgrade_incomplete(policy.spec.driver.useNvidiaDriverCRD, (n.labels for n in snap.nodes))
+        upgrading = st.upgrade_incomplete(
+            policy.spec.driver.useNvidiaDriverCRD, (n.labels for n in snap.nodes)
+        )
         result_outcome = runtimes.outcome(
-            st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled, upgrading), problems)
+            st.outcome(report.not_ready, report.has_nfd, report.gpu_nodes > 0, unlabelled, upgrading),
+            problems,
+        )
         return await self._finish(report, active, snap, result_outcome)
 
     def _render(self, policy: ClusterPolicy, facts: ClusterFacts) -> tuple[RenderResult, Mapping[str, str]]:
@@ -149,23 +186,40 @@ class ClusterPolicyReconciler:
             if key in self._warned:
                 continue
             log.warning("ClusterPolicy %s: %s", policy.name, warning)
-            await self.kube.event({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": policy.name,
-                                   "uid": policy.uid}, vocab.POLICY_WARNING_REASON, warning)
+            await self.kube.event(
+                {
+                    "apiVersion": "nvidia.com/v1",
+                    "kind": "ClusterPolicy",
+                    "name": policy.name,
+                    "uid": policy.uid,
+                },
+                vocab.POLICY_WARNING_REASON,
+                warning,
+            )
             self._warned.add(key)
 
-    async def _apply(self, result: RenderResult, policy: ClusterPolicyView, snap: ReadSnapshot,
-                     report: ReconcileReport) -> None:
-        await self.applier.apply(result, policy, owner_reference(policy), snap.owned, snap.watched_kinds, report)
+    async def _apply(
+        self, result: RenderResult, policy: ClusterPolicyView, snap: ReadSnapshot, report: ReconcileReport
+    ) -> None:
+        await self.applier.apply(
+            result, policy, owner_reference(policy), snap.owned, snap.watched_kinds, report
+        )
 
-    async def _kubevirt(self, policy: ClusterPolicy, active: ClusterPolicyView, snap: ReadSnapshot,
-                        report: ReconcileReport) -> None:
+    async def _kubevirt(
+        self, policy: ClusterPolicy, active: ClusterPolicyView, snap: ReadSnapshot, report: ReconcileReport
+    ) -> None:
         """VM passthrough: KubeVirt's permitted host devices and the VMPassthrough condition."""
         try:
             synced = await kubevirt.sync(self.kube, policy, snap.nodes)
         except ApiError as err:
-            report.extra_conditions = [{"type": vocab.VM_PASSTHROUGH_CONDITION, "status": "False",
-                                        "reason": vocab.HOST_DEVICES_NOT_SYNCED,
-                                        "message": f"KubeVirt sync failed: {err.status.message}"}]
+            report.extra_conditions = [
+                {
+                    "type": vocab.VM_PASSTHROUGH_CONDITION,
+                    "status": "False",
+                    "reason": vocab.HOST_DEVICES_NOT_SYNCED,
+                    "message": f"KubeVirt sync failed: {err.status.message}",
+                }
+            ]
             report.requeue = self.settings.requeue_not_ready
             return
         if synced.condition:
@@ -174,10 +228,14 @@ class ClusterPolicyReconciler:
             report.requeue = self.settings.requeue_not_ready
         # One Event per finding while it lasts (not one per pass); one that goes and comes back is new.
         current = set(synced.findings)
-        await kubevirt.emit(self.kube, [f for f in synced.findings if f not in self._vm_findings], active.name)
+        await kubevirt.emit(
+            self.kube, [f for f in synced.findings if f not in self._vm_findings], active.name
+        )
         self._vm_findings = current
 
-    def _not_ready_states(self, result: RenderResult, snap: ReadSnapshot, report: ReconcileReport) -> list[str]:
+    def _not_ready_states(
+        self, result: RenderResult, snap: ReadSnapshot, report: ReconcileReport
+    ) -> list[str]:
         not_ready = []
         for state in result.states:
             if not state.enabled:
@@ -186,20 +244,31 @@ class ClusterPolicyReconciler:
                 if obj["kind"] != "DaemonSet":
                     continue
                 meta = obj["metadata"]
-                live = snap.owned.get(object_key(obj["apiVersion"], "DaemonSet", meta.get("namespace"),
-                                                 meta["name"]))
+                live = snap.owned.get(
+                    object_key(obj["apiVersion"], "DaemonSet", meta.get("namespace"), meta["name"])
+                )
                 applied_now = str(ObjectKey.of(obj)) in report.applied
-                if live is None or live.readiness is None or applied_now \
-                        or not st.daemonset_ready(live.readiness):
+                if (
+                    live is None
+                    or live.readiness is None
+                    or applied_now
+                    or not st.daemonset_ready(live.readiness)
+                ):
                     not_ready.append(state.name)
                     break
         return not_ready
 
-    async def _finish(self, report: ReconcileReport, policy: ClusterPolicyView, snap: ReadSnapshot,
-                      outcome: st.ReconcileOutcome) -> ReconcileReport:
+    async def _finish(
+        self,
+        report: ReconcileReport,
+        policy: ClusterPolicyView,
+        snap: ReadSnapshot,
+        outcome: st.ReconcileOutcome,
+    ) -> ReconcileReport:
         report.outcome = outcome
-        wanted = st.status_body(outcome, snap.namespace, policy.status, policy.generation,
-                                report.extra_conditions)
+        wanted = st.status_body(
+            outcome, snap.namespace, policy.status, policy.generation, report.extra_conditions
+        )
         current = {k: policy.status.get(k) for k in ("state", "namespace", "conditions")}
         if st.status_differs(current, wanted):
             last = self._written_at.get(policy.uid)
@@ -207,8 +276,13 @@ class ClusterPolicyReconciler:
             if hold > 0 and st.message_only(current, wanted):
                 report.requeue = min(report.requeue or hold, hold)  # the pass then writes the latest
             else:
-                log.info("ClusterPolicy %s: %s (%s) %s", policy.name, outcome.state, outcome.reason,
-                         outcome.message)
+                log.info(
+                    "ClusterPolicy %s: %s (%s) %s",
+                    policy.name,
+                    outcome.state,
+                    outcome.reason,
+                    outcome.message,
+                )
                 await self.kube.patch_status("ClusterPolicy", policy.name, wanted)
                 self._written_at[policy.uid] = monotonic()
         if outcome.state == vocab.NOT_READY and outcome.poll:

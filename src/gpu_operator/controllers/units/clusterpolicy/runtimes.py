@@ -25,7 +25,9 @@ def outcome(result: st.ReconcileOutcome, problems: Mapping[str, str]) -> st.Reco
     (a reconcile failure or an operand not ready keeps its own message)."""
     if not problems or result.state != READY:
         return result
-    return st.ReconcileOutcome(NOT_READY, RUNTIME_NOT_RECOGNISED, "; ".join(problems[n] for n in sorted(problems)))
+    return st.ReconcileOutcome(
+        NOT_READY, RUNTIME_NOT_RECOGNISED, "; ".join(problems[n] for n in sorted(problems))
+    )
 
 
 async def node_events(kube: Kube, problems: Mapping[str, str], sent: set[tuple[str, ...]]) -> None:
@@ -34,5 +36,7 @@ async def node_events(kube: Kube, problems: Mapping[str, str], sent: set[tuple[s
         key = ("runtime", node, problems[node])
         if key in sent:
             continue
-        await kube.event({"apiVersion": "v1", "kind": "Node", "name": node}, RUNTIME_NOT_RECOGNISED, problems[node])
+        await kube.event(
+            {"apiVersion": "v1", "kind": "Node", "name": node}, RUNTIME_NOT_RECOGNISED, problems[node]
+        )
         sent.add(key)

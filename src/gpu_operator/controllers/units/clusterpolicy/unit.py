@@ -13,14 +13,28 @@ from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset({EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED, EventKind.PLUGIN_CONFIG})
+WANTED = frozenset(
+    {
+        EventKind.CLUSTER_POLICY,
+        EventKind.NVIDIA_DRIVER,
+        EventKind.GPU_CLUSTER,
+        EventKind.OWNED,
+        EventKind.PLUGIN_CONFIG,
+    }
+)
 
 
 class ClusterPolicyUnit(UnitBase):
     name = "ClusterPolicy reconcile"
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str],
-                 labels_first: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        model: ReadModel,
+        images: Mapping[str, str],
+        labels_first: Callable[[], bool],
+    ) -> None:
         self.model = model
         self.settings = settings
         self.labels_first = labels_first

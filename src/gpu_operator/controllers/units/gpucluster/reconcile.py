@@ -61,8 +61,9 @@ class ClusterReport(Applied):
 
 
 class GPUClusterReconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
-                 images: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings | None = None, images: Mapping[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
         self.images = dict(images) if images is not None else operator_env_now()  # read once
@@ -85,40 +86,76 @@ class GPUClusterReconciler:
         policy = active_policy(snap.policies)
         if policy is not None:
             report.requeue = self.settings.requeue_conflict
-            return await self._finish(view, snap, report, st.ReconcileOutcome(
-                vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET, st.conflict_message(view.name, policy.name)))
+            return await self._finish(
+                view,
+                snap,
+                report,
+                st.ReconcileOutcome(
+                    vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET, st.conflict_message(view.name, policy.name)
+                ),
+            )
         parsed = view.parsed
         if parsed.error is not None:
-            return await self._finish(view, snap, report, st.ReconcileOutcome.failed(
-                validation_message(parsed.error, f"GPUCluster {view.name}")))
+            return await self._finish(
+                view,
+                snap,
+                report,
+                st.ReconcileOutcome.failed(validation_message(parsed.error, f"GPUCluster {view.name}")),
+            )
         try:
-            facts = DRAFacts(namespace=snap.namespace, resource_api=await self._resource_api(),
-                             openshift=snap.info.openshift, operator_env=self.images)
+            facts = DRAFacts(
+                namespace=snap.namespace,
+                resource_api=await self._resource_api(),
+                openshift=snap.info.openshift,
+                operator_env=self.images,
+            )
             result = render_gpucluster(parsed.valid(), facts)
         except RenderError as err:
-            return await self._finish(view, snap, report, st.ReconcileOutcome.failed(
-                f"{err} (fix the field in GPUCluster {view.name})" if err.field_path.startswith("spec") else str(err)))
+            return await self._finish(
+                view,
+                snap,
+                report,
+                st.ReconcileOutcome.failed(
+                    f"{err} (fix the field in GPUCluster {view.name})"
+                    if err.field_path.startswith("spec")
+                    else str(err)
+                ),
+            )
         try:
             await self._allow_admin_access(snap.namespace)
             await self._verify_unwatched(view)
-            await self.applier.apply(result, view, owner_reference(view, API_VERSION, KIND), snap.owned,
-                                     snap.watched_kinds, report)
+            await self.applier.apply(
+                result, view, owner_reference(view, API_VERSION, KIND), snap.owned, snap.watched_kinds, report
+            )
         except ApiError as err:
-            return await self._finish(view, snap, report, st.ReconcileOutcome.failed(
-                f"Failed to reconcile GPUCluster {view.name}: {err.status.message}"))
+            return await self._finish(
+                view,
+                snap,
+                report,
+                st.ReconcileOutcome.failed(
+                    f"Failed to reconcile GPUCluster {view.name}: {err.status.message}"
+                ),
+            )
         report.not_ready = not_ready_states(result, snap.owned, report.applied)
         spec = parsed.valid().spec
         compute_domains = spec is not None and spec.draDriver.compute_domains_on()
         lacking = [crd for crd in await self._crds_of_others(compute_domains) if not crd.compatible]
         if lacking:
-            outcome = st.ReconcileOutcome(vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET,
-                                 "; ".join(crd.sentence() for crd in lacking))
+            outcome = st.ReconcileOutcome(
+                vocab.NOT_READY, vocab.PREREQUISITE_NOT_MET, "; ".join(crd.sentence() for crd in lacking)
+            )
         elif report.not_ready:
-            outcome = st.ReconcileOutcome(vocab.NOT_READY, vocab.OPERAND_NOT_READY,
-                                 f"Waiting for operand pods to be ready; states not ready: {st.listed(report.not_ready)}")
+            outcome = st.ReconcileOutcome(
+                vocab.NOT_READY,
+                vocab.OPERAND_NOT_READY,
+                f"Waiting for operand pods to be ready; states not ready: {st.listed(report.not_ready)}",
+            )
         else:
-            outcome = st.ReconcileOutcome(vocab.READY, vocab.RECONCILED,
-                                 "GPUCluster is ready: every DRA operand is reconciled and its pods are ready")
+            outcome = st.ReconcileOutcome(
+                vocab.READY,
+                vocab.RECONCILED,
+                "GPUCluster is ready: every DRA operand is reconciled and its pods are ready",
+            )
             report.requeue = self.settings.gpucluster_resync  # unwatched objects are read back then
         return await self._finish(view, snap, report, outcome)
 
@@ -130,7 +167,9 @@ class GPUClusterReconciler:
             return
         self._verified = now
         for what in await self.applier.verify_remembered(view.uid):
-            log.info("GPUCluster %s: %s was deleted or changed by someone else; applying it again", view.name, what)
+            log.info(
+                "GPUCluster %s: %s was deleted or changed by someone else; applying it again", view.name, what
+            )
 
     async def _crds_of_others(self, compute_domains: bool) -> list[LeftCRD]:
         """The ComputeDomain CRDs another Helm release owns (none while compute domains are off):
@@ -139,8 +178,11 @@ class GPUClusterReconciler:
         if not compute_domains:
             return []
         now = time.monotonic()
-        if (self._crds_read is None or now - self._crds_read >= self.settings.gpucluster_resync
-                or any(not crd.compatible for crd in self._crds_left)):
+        if (
+            self._crds_read is None
+            or now - self._crds_read >= self.settings.gpucluster_resync
+            or any(not crd.compatible for crd in self._crds_left)
+        ):
             left = await owned_elsewhere(self.kube, COMPUTE_DOMAIN_CRDS)
             for crd in set(left) - set(self._crds_left):
                 (log.info if crd.compatible else log.warning)("DRA stack: %s", crd.sentence())
@@ -149,7 +191,9 @@ class GPUClusterReconciler:
 
     async def _resource_api(self) -> str | None:
         if self.resource_api is None:
-            self.resource_api = served_resource_api(await self.kube.served_versions(RESOURCE_GROUP, "DeviceClass"))
+            self.resource_api = served_resource_api(
+                await self.kube.served_versions(RESOURCE_GROUP, "DeviceClass")
+            )
             if self.resource_api:
                 log.info("DRA: the apiserver serves %s", self.resource_api)
         return self.resource_api
@@ -157,8 +201,9 @@ class GPUClusterReconciler:
     async def _ensure_finalizer(self, view: GPUClusterView) -> None:
         finalizers = list(view.body.get("metadata", {}).get("finalizers") or [])
         if FINALIZER not in finalizers:
-            await self.kube.merge_patch(API_VERSION, KIND, view.name,
-                                        {"metadata": {"finalizers": [*finalizers, FINALIZER]}})
+            await self.kube.merge_patch(
+                API_VERSION, KIND, view.name, {"metadata": {"finalizers": [*finalizers, FINALIZER]}}
+            )
 
     async def _allow_admin_access(self, namespace: str) -> None:
         """The DRA validator's, DCGM's and the exporter's claims ask for admin access, which the
@@ -167,16 +212,26 @@ class GPUClusterReconciler:
             return
         found = await self.kube.get_dict("v1", "Namespace", namespace)
         if found is not None and (found["metadata"].get("labels") or {}).get(ADMIN_ACCESS_LABEL) != "true":
-            await self.kube.merge_patch("v1", "Namespace", namespace,
-                                        {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
-            log.info("namespace %s labelled %s=true (admin-access ResourceClaims)", namespace, ADMIN_ACCESS_LABEL)
+            await self.kube.merge_patch(
+                "v1", "Namespace", namespace, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}}
+            )
+            log.info(
+                "namespace %s labelled %s=true (admin-access ResourceClaims)", namespace, ADMIN_ACCESS_LABEL
+            )
         self._namespace_labelled = True
 
-    async def _teardown(self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport) -> ClusterReport:
+    async def _teardown(
+        self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport
+    ) -> ClusterReport:
         """Claim-holding DaemonSets first (foreground: until their pods are gone), then the finalizer."""
-        holders = sorted((v for v in snap.owned.values()
-                          if v.kind == "DaemonSet" and v.claims and view.uid in v.owner_uids),
-                         key=lambda v: v.name)
+        holders = sorted(
+            (
+                v
+                for v in snap.owned.values()
+                if v.kind == "DaemonSet" and v.claims and view.uid in v.owner_uids
+            ),
+            key=lambda v: v.name,
+        )
         if holders:
             names = [h.name for h in holders]
             report.draining = names
@@ -185,26 +240,38 @@ class GPUClusterReconciler:
                 if await self.kube.delete(ref, foreground=True):
                     report.deleted.append(str(ref))
             if report.deleted:
-                message = (f"deleting DaemonSets whose pods hold ResourceClaims before the DRA kubelet plugin: "
-                           f"{', '.join(names)}")
+                message = (
+                    f"deleting DaemonSets whose pods hold ResourceClaims before the DRA kubelet plugin: "
+                    f"{', '.join(names)}"
+                )
                 log.info("GPUCluster %s: %s", view.name, message)
-                await self.kube.event({"apiVersion": API_VERSION, "kind": KIND, "name": view.name, "uid": view.uid},
-                                      DRAINING, message, warning=False)
+                await self.kube.event(
+                    {"apiVersion": API_VERSION, "kind": KIND, "name": view.name, "uid": view.uid},
+                    DRAINING,
+                    message,
+                    warning=False,
+                )
             report.requeue = self.settings.requeue_not_ready
             return report
         finalizers = [f for f in view.body.get("metadata", {}).get("finalizers") or [] if f != FINALIZER]
         if FINALIZER in (view.body.get("metadata", {}).get("finalizers") or []):
-            log.info("GPUCluster %s: no claim-holding pods left; finalizer removed, the garbage collector "
-                     "removes the rest (the DRA kubelet plugin with it)", view.name)
+            log.info(
+                "GPUCluster %s: no claim-holding pods left; finalizer removed, the garbage collector "
+                "removes the rest (the DRA kubelet plugin with it)",
+                view.name,
+            )
             try:
-                await self.kube.merge_patch(API_VERSION, KIND, view.name, {"metadata": {"finalizers": finalizers}})
+                await self.kube.merge_patch(
+                    API_VERSION, KIND, view.name, {"metadata": {"finalizers": finalizers}}
+                )
             except ApiError as err:
                 if err.status.code != 404:
                     raise
         return report
 
-    async def _finish(self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport,
-                      outcome: st.ReconcileOutcome) -> ClusterReport:
+    async def _finish(
+        self, view: GPUClusterView, snap: ReadSnapshot, report: ClusterReport, outcome: st.ReconcileOutcome
+    ) -> ClusterReport:
         report.outcome = outcome
         wanted = st.status_body(outcome, snap.namespace, view.status, view.generation)
         current = {k: view.status.get(k) for k in ("state", "namespace", "conditions")}
@@ -220,7 +287,9 @@ class GPUClusterReconciler:
         return report
 
 
-def not_ready_states(result: RenderResult, owned: Mapping[OwnedKey, OwnedView], applied: list[str]) -> list[str]:
+def not_ready_states(
+    result: RenderResult, owned: Mapping[OwnedKey, OwnedView], applied: list[str]
+) -> list[str]:
     """States whose DaemonSets or Deployment are not ready yet (or were changed in this pass)."""
     out = []
     for state in result.states:
@@ -231,8 +300,12 @@ def not_ready_states(result: RenderResult, owned: Mapping[OwnedKey, OwnedView], 
             meta = obj["metadata"]
             live = owned.get(object_key(obj["apiVersion"], kind, meta.get("namespace"), meta["name"]))
             ready: Any = st.daemonset_ready if kind == "DaemonSet" else st.deployment_ready
-            if live is None or live.readiness is None or str(ObjectKey.of(obj)) in applied \
-                    or not ready(live.readiness):
+            if (
+                live is None
+                or live.readiness is None
+                or str(ObjectKey.of(obj)) in applied
+                or not ready(live.readiness)
+            ):
                 out.append(state.name)
                 break
     return out

@@ -12,13 +12,17 @@ from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.gpucluster.reconcile import GPUClusterReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset({EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED})
+WANTED = frozenset(
+    {EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED}
+)
 
 
 class GPUClusterUnit(UnitBase):
     name = "GPUCluster reconcile"
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str]) -> None:
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str]
+    ) -> None:
         self.model = model
         self.reconciler = GPUClusterReconciler(kube, settings, images)
 

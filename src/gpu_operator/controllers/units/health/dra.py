@@ -81,18 +81,30 @@ def sick_buses(report: HealthReport | None) -> dict[str, str] | None:
     return {g.bus: g.state for g in report.unhealthy}
 
 
-def rule(node: str, device: str, state: str, owner: Mapping[str, Any] | None,
-         version: str = dt.RULE_VERSIONS[0]) -> dict[str, Any]:
+def rule(
+    node: str, device: str, state: str, owner: Mapping[str, Any] | None, version: str = dt.RULE_VERSIONS[0]
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": rule_name(node, device), "labels": {MANAGED_BY: MANAGED_BY_VALUE}}
     if owner is not None:
         meta["ownerReferences"] = [dict(owner)]
-    return {"apiVersion": f"{dt.GROUP}/{version}", "kind": dt.KIND, "metadata": meta,
-            "spec": {"deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
-                     "taint": {"key": HEALTH_TAINT, "value": state, "effect": EFFECT}}}
+    return {
+        "apiVersion": f"{dt.GROUP}/{version}",
+        "kind": dt.KIND,
+        "metadata": meta,
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": node, "device": device},
+            "taint": {"key": HEALTH_TAINT, "value": state, "effect": EFFECT},
+        },
+    }
 
 
-def wanted(node: str, sick: Mapping[str, str], names: Mapping[str, str],
-           owner: Mapping[str, Any] | None, version: str = dt.RULE_VERSIONS[0]) -> dict[str, dict[str, Any]]:
+def wanted(
+    node: str,
+    sick: Mapping[str, str],
+    names: Mapping[str, str],
+    owner: Mapping[str, Any] | None,
+    version: str = dt.RULE_VERSIONS[0],
+) -> dict[str, dict[str, Any]]:
     """The rules `node` should have, by name: one per sick GPU its slices name (a GPU its driver
     does not publish cannot be allocated anyway)."""
     out = {}
@@ -149,11 +161,17 @@ class DeviceTaints:
             self.version = await dt.rule_version(self.kube)
             self.discovered = True
             if self.version is None:
-                log.info("DRA device taints: DeviceTaintRule (%s) is not served: the node's condition and "
-                         "taint are the signals", " or ".join(f"{dt.GROUP}/{v}" for v in dt.RULE_VERSIONS))
+                log.info(
+                    "DRA device taints: DeviceTaintRule (%s) is not served: the node's condition and "
+                    "taint are the signals",
+                    " or ".join(f"{dt.GROUP}/{v}" for v in dt.RULE_VERSIONS),
+                )
             else:
-                log.info("DRA device taints: DeviceTaintRule %s/%s is served: unhealthy GPUs are tainted",
-                         dt.GROUP, self.version)
+                log.info(
+                    "DRA device taints: DeviceTaintRule %s/%s is served: unhealthy GPUs are tainted",
+                    dt.GROUP,
+                    self.version,
+                )
         if self.version is None:
             return False
         if self.rules is None:
@@ -199,16 +217,23 @@ class DeviceTaints:
                 self.written += 1
             for body in steps.create:
                 if not await dt.create_rule(self.kube, self.version, body):
-                    raise RuntimeError(f"DeviceTaintRule {body['metadata']['name']} exists already: listing again")
+                    raise RuntimeError(
+                        f"DeviceTaintRule {body['metadata']['name']} exists already: listing again"
+                    )
                 have[body["metadata"]["name"]] = body
                 self.written += 1
         except Exception:
             self.forget()
             raise
         self.rules[node] = have
-        log.info("node %s: DRA device taints: %s", node, ", ".join(
-            [f"tainted {b['spec']['deviceSelector']['device']}" for b in steps.create]
-            + [f"deleted {n}" for n in steps.delete]))
+        log.info(
+            "node %s: DRA device taints: %s",
+            node,
+            ", ".join(
+                [f"tainted {b['spec']['deviceSelector']['device']}" for b in steps.create]
+                + [f"deleted {n}" for n in steps.delete]
+            ),
+        )
         return waiting
 
 

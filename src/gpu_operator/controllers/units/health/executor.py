@@ -26,9 +26,11 @@ DRIVER_SELECTOR = f"{COMPONENT}={DRIVER_COMPONENT_VALUE}"
 VALIDATOR_SELECTOR = "app=nvidia-operator-validator"  # render/states/operator_validation.py's DaemonSet
 # the pods each action deletes on the node, in order; the validator's last: its new pod validates
 # the node afresh (its status files newer than the action, machine.REVALIDATED)
-RESTARTS = {"restart-device-plugin": (DEVICE_PLUGIN_SELECTOR, VALIDATOR_SELECTOR),
-            "reload-driver": (DRIVER_SELECTOR, VALIDATOR_SELECTOR),
-            VALIDATOR_RESTART: (VALIDATOR_SELECTOR,)}
+RESTARTS = {
+    "restart-device-plugin": (DEVICE_PLUGIN_SELECTOR, VALIDATOR_SELECTOR),
+    "reload-driver": (DRIVER_SELECTOR, VALIDATOR_SELECTOR),
+    VALIDATOR_RESTART: (VALIDATOR_SELECTOR,),
+}
 
 
 def node_patch(step: RemediationStep) -> dict[str, Any]:
@@ -54,19 +56,22 @@ class Executor:
         self.kube, self.namespace = kube, namespace
         self.blocked: node_drain.EvictionRefusals = {}  # pod -> the PodDisruptionBudget that refused it
 
-    async def pod_facts(self, node: str, selector: str | None,
-                        access: RuntimeAccess | None = None) -> tuple[node_drain.PodFacts, ...]:
+    async def pod_facts(
+        self, node: str, selector: str | None, access: RuntimeAccess | None = None
+    ) -> tuple[node_drain.PodFacts, ...]:
         """The pods on a draining node (controllers/drain.py); `selector`: only the pods it matches
         may be evicted; `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime)."""
-        return await node_drain.pods_on(self.kube, node, self.blocked, access=access or RuntimeAccess(),
-                                        drain_selector=selector or "")
+        return await node_drain.pods_on(
+            self.kube, node, self.blocked, access=access or RuntimeAccess(), drain_selector=selector or ""
+        )
 
     async def gpu_clients(self, node: str) -> tuple[str, ...]:
         """The GPU client pods (device plugin, DCGM, its exporter, GFD, MIG manager) still on a node:
         one list of the node's pods with any of their app labels."""
         found = []
-        for body in await self.kube.list_pods(fields=f"spec.nodeName={node}",
-                                              labels=f"app in ({','.join(GPU_CLIENT_APPS)})"):
+        for body in await self.kube.list_pods(
+            fields=f"spec.nodeName={node}", labels=f"app in ({','.join(GPU_CLIENT_APPS)})"
+        ):
             meta = body.get("metadata") or {}
             found.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
         return tuple(sorted(found))
@@ -83,8 +88,13 @@ class Executor:
         for selector in RESTARTS.get(step.action, ()):
             for body in await self.kube.list_pods(fields=f"spec.nodeName={step.node}", labels=selector):
                 meta = body.get("metadata") or {}
-                log.info("node %s: %s: deleting pod %s/%s", step.node, step.action, meta.get("namespace"),
-                         meta.get("name"))
+                log.info(
+                    "node %s: %s: deleting pod %s/%s",
+                    step.node,
+                    step.action,
+                    meta.get("namespace"),
+                    meta.get("name"),
+                )
                 await self.kube.delete(ObjectKey("v1", "Pod", meta["name"], meta.get("namespace")))
         if step.message:
             log.info("node %s: %s", step.node, step.message)
@@ -103,7 +113,9 @@ async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
         done.append(f"removed condition {HEALTH_CONDITION}")
     # read again (under its resourceVersion) only where the listed node carries the taint
     tainted = any(t.get("key") == HEALTH_TAINT for t in (node.get("spec") or {}).get("taints") or [])
-    if tainted and await nodestatus.update_taints(kube, name, lambda cur: [t for t in cur if t.get("key") != HEALTH_TAINT]):
+    if tainted and await nodestatus.update_taints(
+        kube, name, lambda cur: [t for t in cur if t.get("key") != HEALTH_TAINT]
+    ):
         done.append(f"removed taint {HEALTH_TAINT}")
     notes = node["metadata"].get("annotations") or {}
     if notes.get(INITIALLY_UNSCHEDULABLE) == "false" and (node.get("spec") or {}).get("unschedulable"):

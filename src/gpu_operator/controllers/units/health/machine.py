@@ -124,9 +124,18 @@ class RemediationStep:
 
     @property
     def empty(self) -> bool:
-        return (self.state is None and not self.remove_state and not self.notes and not self.labels
-                and self.cordon is None and not self.evict and not self.action and not self.result
-                and not self.request and not self.withdraw)
+        return (
+            self.state is None
+            and not self.remove_state
+            and not self.notes
+            and not self.labels
+            and self.cordon is None
+            and not self.evict
+            and not self.action
+            and not self.result
+            and not self.request
+            and not self.withdraw
+        )
 
 
 @dataclass(frozen=True)
@@ -135,9 +144,17 @@ class RemediationPlan:
     busy: bool  # a node is on its way: poll for timeouts
 
 
-def _to(node: RemediationFacts, state: str, now: float, message: str, notes: Mapping[str, str | None] | None = None,
-        **kw: Any) -> RemediationStep:
-    return RemediationStep(node.name, state=state, notes={SINCE: str(int(now)), **(notes or {})}, message=message, **kw)
+def _to(
+    node: RemediationFacts,
+    state: str,
+    now: float,
+    message: str,
+    notes: Mapping[str, str | None] | None = None,
+    **kw: Any,
+) -> RemediationStep:
+    return RemediationStep(
+        node.name, state=state, notes={SINCE: str(int(now)), **(notes or {})}, message=message, **kw
+    )
 
 
 def _release(node: RemediationFacts, spec: RemediationSpec, result: str = "") -> RemediationStep:
@@ -150,9 +167,16 @@ def _release(node: RemediationFacts, spec: RemediationSpec, result: str = "") ->
     # we cordoned it (draining wrote "false": it was schedulable before) -> uncordon
     cordon = False if node.annotations.get(INITIALLY_UNSCHEDULABLE) == "false" else None
     labels.update(resumed(node))
-    return RemediationStep(node.name, remove_state=True, notes=notes, labels=labels, cordon=cordon, result=result,
-                withdraw=node.annotations.get(ACTION) in REQUESTED,
-                message="GPUs healthy and validated: node released")
+    return RemediationStep(
+        node.name,
+        remove_state=True,
+        notes=notes,
+        labels=labels,
+        cordon=cordon,
+        result=result,
+        withdraw=node.annotations.get(ACTION) in REQUESTED,
+        message="GPUs healthy and validated: node released",
+    )
 
 
 def _first_step(node: RemediationFacts, spec: RemediationSpec) -> int | None:
@@ -165,20 +189,38 @@ def _attempt_failed(node: RemediationFacts, spec: RemediationSpec, now: float, w
     attempts = node.number(ATTEMPTS) + 1
     if attempts >= spec.maxAttempts:
         reason = f"{attempts} remediation attempts failed (maxAttempts {spec.maxAttempts}); last: {why}"
-        return _to(node, FAILED, now, reason, {ATTEMPTS: str(attempts), REASON: reason, **CLEAR_REQUESTS},
-                   result="failed", withdraw=node.annotations.get(ACTION) in REQUESTED, labels=resumed(node))
+        return _to(
+            node,
+            FAILED,
+            now,
+            reason,
+            {ATTEMPTS: str(attempts), REASON: reason, **CLEAR_REQUESTS},
+            result="failed",
+            withdraw=node.annotations.get(ACTION) in REQUESTED,
+            labels=resumed(node),
+        )
     nxt = min(node.number(STEP) + 1, len(spec.actions) - 1)
-    return _to(node, DRAINING, now, f"attempt {attempts} failed ({why}); escalating to {spec.actions[nxt]}",
-               {ATTEMPTS: str(attempts), STEP: str(nxt), REASON: None, **CLEAR_REQUESTS}, result="failed",
-               withdraw=node.annotations.get(ACTION) in REQUESTED, labels=resumed(node))
+    return _to(
+        node,
+        DRAINING,
+        now,
+        f"attempt {attempts} failed ({why}); escalating to {spec.actions[nxt]}",
+        {ATTEMPTS: str(attempts), STEP: str(nxt), REASON: None, **CLEAR_REQUESTS},
+        result="failed",
+        withdraw=node.annotations.get(ACTION) in REQUESTED,
+        labels=resumed(node),
+    )
 
 
 def _flapping(node: RemediationFacts, spec: RemediationSpec, now: float) -> tuple[list[str], bool]:
     window = spec.flapping.windowSeconds
-    times = [t for t in node.annotations.get(UNHEALTHY_AT, "").split(",") if t.strip().isdigit()
-             and now - int(t) <= window]
+    times = [
+        t
+        for t in node.annotations.get(UNHEALTHY_AT, "").split(",")
+        if t.strip().isdigit() and now - int(t) <= window
+    ]
     times.append(str(int(now)))
-    return times[-spec.flapping.transitions:], len(times) >= spec.flapping.transitions
+    return times[-spec.flapping.transitions :], len(times) >= spec.flapping.transitions
 
 
 def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start: bool) -> RemediationStep:
@@ -188,8 +230,10 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
             return RemediationStep(node.name)
         times, flapping = _flapping(node, spec, now)
         if flapping:
-            reason = (f"flapping: unhealthy {len(times)} times within {spec.flapping.windowSeconds}s; "
-                      "held instead of cycled (gpu-operator health retry NODE)")
+            reason = (
+                f"flapping: unhealthy {len(times)} times within {spec.flapping.windowSeconds}s; "
+                "held instead of cycled (gpu-operator health retry NODE)"
+            )
             return _to(node, HELD, now, reason, {UNHEALTHY_AT: ",".join(times), REASON: reason})
         return _to(node, QUARANTINED, now, "GPU unhealthy: quarantined", {UNHEALTHY_AT: ",".join(times)})
     if state == QUARANTINED:
@@ -199,9 +243,11 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
             return RemediationStep(node.name)
         first = _first_step(node, spec) if STEP not in node.annotations else node.number(STEP)
         if first is None:
-            reason = (f"no configured action is strong enough (the catalogue asks for "
-                      f"{', '.join(sorted({g.action for g in node.report.unhealthy})) if node.report else '?'}; "
-                      f"actions: {', '.join(spec.actions)})")
+            reason = (
+                f"no configured action is strong enough (the catalogue asks for "
+                f"{', '.join(sorted({g.action for g in node.report.unhealthy})) if node.report else '?'}; "
+                f"actions: {', '.join(spec.actions)})"
+            )
             return _to(node, FAILED, now, reason, {REASON: reason})
         notes = {STEP: str(first), INITIALLY_UNSCHEDULABLE: "true" if node.unschedulable else "false"}
         return _to(node, DRAINING, now, "draining the node's GPU pods", notes, cordon=True)
@@ -213,36 +259,71 @@ def decide(node: RemediationFacts, spec: RemediationSpec, now: float, may_start:
         action = node.annotations.get(ACTION, "")
         if node.pending and node.report is not None and node.report.answered == request_id(node):
             # carried out: the request withdrawn, the node's validation restarted (a reboot restarts it)
-            done: dict[str, str | None] = {ANSWERED: node.annotations.get(SINCE, ""), REVALIDATED: f"{now:.3f}",
-                                           PAUSED: None}
-            return RemediationStep(node.name, notes=done, withdraw=True, labels=resumed(node),
-                        action="" if action == "reboot" else VALIDATOR_RESTART,
-                        message=f"the node agent carried out {action}; request withdrawn, validation restarted")
-        handed = (spec.externalHandoff is not None and spec.externalHandoff.label in node.labels
-                  and action == "external")
+            done: dict[str, str | None] = {
+                ANSWERED: node.annotations.get(SINCE, ""),
+                REVALIDATED: f"{now:.3f}",
+                PAUSED: None,
+            }
+            return RemediationStep(
+                node.name,
+                notes=done,
+                withdraw=True,
+                labels=resumed(node),
+                action="" if action == "reboot" else VALIDATOR_RESTART,
+                message=f"the node agent carried out {action}; request withdrawn, validation restarted",
+            )
+        handed = (
+            spec.externalHandoff is not None
+            and spec.externalHandoff.label in node.labels
+            and action == "external"
+        )
         if action == "external" and not handed and REVALIDATED not in node.annotations:
-            return RemediationStep(node.name, notes={REVALIDATED: f"{now:.3f}"}, action=VALIDATOR_RESTART,
-                        message="handed back by the external system: validation restarted")
+            return RemediationStep(
+                node.name,
+                notes={REVALIDATED: f"{now:.3f}"},
+                action=VALIDATOR_RESTART,
+                message="handed back by the external system: validation restarted",
+            )
         if not node.pending and not handed and node.fresh and node.recovered:
             return _release(node, spec, result="succeeded")
         since = node.number(SINCE)
         if now - since > spec.validationTimeoutSeconds:
-            return _attempt_failed(node, spec, now, f"not validated healthy within {spec.validationTimeoutSeconds}s "
-                                   f"after {node.annotations.get(ACTION, '?')}")
+            return _attempt_failed(
+                node,
+                spec,
+                now,
+                f"not validated healthy within {spec.validationTimeoutSeconds}s "
+                f"after {node.annotations.get(ACTION, '?')}",
+            )
         return RemediationStep(node.name)
     return RemediationStep(node.name)  # failed, held: only `health retry` moves them
 
 
 def _drain(node: RemediationFacts, spec: RemediationSpec, now: float) -> RemediationStep:
-    pods = [p for p in node.pods if p.gpu and not p.daemonset and not p.mirror and p.drain_match
-            and p.phase in ("Running", "Pending")]
+    pods = [
+        p
+        for p in node.pods
+        if p.gpu and not p.daemonset and not p.mirror and p.drain_match and p.phase in ("Running", "Pending")
+    ]
     loose = [p for p in pods if not p.controlled]
     if loose:
         names = ", ".join(f"{p.namespace}/{p.name}" for p in loose)
-        return _attempt_failed(node, spec, now, f"GPU pod {names} has no controller: not evicted (it would not come "
-                               "back); delete it, or exclude it with health.remediation.podSelector")
-    d = node_drain.decide(pods, node_drain.started_at(node.annotations.get(DRAIN_START)), spec.drainTimeoutSeconds,
-                          now, force=True, empty_dir=True, what="GPU pod drain")
+        return _attempt_failed(
+            node,
+            spec,
+            now,
+            f"GPU pod {names} has no controller: not evicted (it would not come "
+            "back); delete it, or exclude it with health.remediation.podSelector",
+        )
+    d = node_drain.decide(
+        pods,
+        node_drain.started_at(node.annotations.get(DRAIN_START)),
+        spec.drainTimeoutSeconds,
+        now,
+        force=True,
+        empty_dir=True,
+        what="GPU pod drain",
+    )
     if d.outcome == node_drain.DONE:
         return _to(node, ACTING, now, "GPU pods drained", {DRAIN_START: None})
     if d.outcome == node_drain.FAILED:
@@ -263,12 +344,21 @@ def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> Remediati
     elif action == "reset-gpu" and PAUSED not in node.annotations:
         # first the GPU clients leave the node (their pods hold the GPUs); the request comes after
         pause = {k: PAUSED_VALUE for k in GPU_CLIENTS if node.labels.get(k) == "true"}
-        return RemediationStep(node.name, notes={PAUSED: ",".join(sorted(pause)), SINCE: str(int(now))}, labels=pause,
-                    message=f"pausing the GPU clients for the reset: {', '.join(sorted(pause)) or 'none'}")
+        return RemediationStep(
+            node.name,
+            notes={PAUSED: ",".join(sorted(pause)), SINCE: str(int(now))},
+            labels=pause,
+            message=f"pausing the GPU clients for the reset: {', '.join(sorted(pause)) or 'none'}",
+        )
     elif action == "reset-gpu" and node.clients:
         if now - node.number(SINCE) > spec.drainTimeoutSeconds:
-            return _attempt_failed(node, spec, now, f"GPU client pods still on the node after "
-                                   f"{spec.drainTimeoutSeconds}s: {', '.join(node.clients)}")
+            return _attempt_failed(
+                node,
+                spec,
+                now,
+                f"GPU client pods still on the node after "
+                f"{spec.drainTimeoutSeconds}s: {', '.join(node.clients)}",
+            )
         return RemediationStep(node.name)
     if action in REQUESTED:
         buses = sorted(g.bus for g in node.report.unhealthy) if node.report else []
@@ -276,7 +366,9 @@ def _act(node: RemediationFacts, spec: RemediationSpec, now: float) -> Remediati
         request = request_text(node.name, action, gpus, node.number(ATTEMPTS), str(int(now)))
     elif action == "external" and spec.externalHandoff is not None:
         labels[spec.externalHandoff.label] = spec.externalHandoff.value
-    return _to(node, VALIDATING, now, f"remediation: {action}", notes, labels=labels, action=pods, request=request)
+    return _to(
+        node, VALIDATING, now, f"remediation: {action}", notes, labels=labels, action=pods, request=request
+    )
 
 
 def plan(nodes: Sequence[RemediationFacts], spec: RemediationSpec, now: float) -> RemediationPlan:
@@ -293,7 +385,8 @@ def plan(nodes: Sequence[RemediationFacts], spec: RemediationSpec, now: float) -
         if not step.empty:
             steps.append(step)
     busy = any(n.state in (QUARANTINED, *ACTIVE) for n in gpu_nodes) or any(
-        s.state in (QUARANTINED, *ACTIVE) for s in steps)
+        s.state in (QUARANTINED, *ACTIVE) for s in steps
+    )
     return RemediationPlan(tuple(steps), busy)
 
 
@@ -305,12 +398,22 @@ def release_all(nodes: Sequence[RemediationFacts], spec: RemediationSpec) -> Rem
 
 def retry_patch(annotations: Mapping[str, str]) -> dict[str, Any]:
     """`gpu-operator health retry NODE`: back to quarantined, attempts and reason forgotten."""
-    notes: dict[str, str | None] = {ATTEMPTS: None, REASON: None, STEP: None, ACTION: None, UNHEALTHY_AT: None,
-                                    **CLEAR_REQUESTS}
+    notes: dict[str, str | None] = {
+        ATTEMPTS: None,
+        REASON: None,
+        STEP: None,
+        ACTION: None,
+        UNHEALTHY_AT: None,
+        **CLEAR_REQUESTS,
+    }
     return {"metadata": {"labels": {HEALTH_STATE: QUARANTINED}, "annotations": notes}}
 
 
 def hold_patch(reason: str, now: float) -> dict[str, Any]:
     """`gpu-operator health hold NODE`: held (stays quarantined) until `health retry`."""
-    return {"metadata": {"labels": {HEALTH_STATE: HELD},
-                         "annotations": {REASON: reason, SINCE: str(int(now)), **CLEAR_REQUESTS}}}
+    return {
+        "metadata": {
+            "labels": {HEALTH_STATE: HELD},
+            "annotations": {REASON: reason, SINCE: str(int(now)), **CLEAR_REQUESTS},
+        }
+    }

@@ -38,7 +38,9 @@ ANSWERED = f"{PREFIX}answered"
 # When the action was carried out and the node's validation restarted (epoch seconds, ms): only a
 # validation that passed after it (the report's validatedAt) releases the node.
 REVALIDATED = f"{PREFIX}revalidated"
-VALIDATOR_RESTART = "revalidate"  # Step.action: delete the validator pod on the node (its DaemonSet starts a new one)
+VALIDATOR_RESTART = (
+    "revalidate"  # Step.action: delete the validator pod on the node (its DaemonSet starts a new one)
+)
 REQUESTED = HEALTH_REQUEST_ACTIONS  # the actions the node agent carries out on request
 
 # Before a GPU reset the operator pauses the node's GPU clients, DaemonSet pods that hold the
@@ -48,14 +50,27 @@ REQUESTED = HEALTH_REQUEST_ACTIONS  # the actions the node agent carries out on 
 # remembered in PAUSED and put back to `true` when the reset is answered or the attempt ends.
 PAUSED_VALUE = "paused-for-gpu-reset"
 PAUSED = f"{PREFIX}paused"
-GPU_CLIENTS = tuple(deploy_label(c) for c in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery",
-                                              "mig-manager"))
+GPU_CLIENTS = tuple(
+    deploy_label(c)
+    for c in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery", "mig-manager")
+)
 # their pods' app labels (the MIG manager's clients, vocabulary.MIG_CLIENT_APPS, and itself)
-GPU_CLIENT_APPS = ("nvidia-device-plugin-daemonset", "nvidia-dcgm", "nvidia-dcgm-exporter", "gpu-feature-discovery",
-                   "nvidia-mig-manager")
+GPU_CLIENT_APPS = (
+    "nvidia-device-plugin-daemonset",
+    "nvidia-dcgm",
+    "nvidia-dcgm-exporter",
+    "gpu-feature-discovery",
+    "nvidia-mig-manager",
+)
 
 QUARANTINED, DRAINING, ACTING, VALIDATING, FAILED, HELD = (
-    "quarantined", "draining", "acting", "validating", "failed", "held")
+    "quarantined",
+    "draining",
+    "acting",
+    "validating",
+    "failed",
+    "held",
+)
 STATES = (QUARANTINED, DRAINING, ACTING, VALIDATING, FAILED, HELD)
 ACTIVE = (DRAINING, ACTING, VALIDATING)  # what maxUnavailable bounds, and what a driver upgrade waits for
 CLEAR_REQUESTS: dict[str, str | None] = {ANSWERED: None, REVALIDATED: None, DRAIN_START: None, PAUSED: None}
@@ -76,7 +91,9 @@ class RemediationFacts:
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     unschedulable: bool = False
-    report: HealthReport | None = None  # None: no report, or one that cannot be read (api/health.py NodeReport)
+    report: HealthReport | None = (
+        None  # None: no report, or one that cannot be read (api/health.py NodeReport)
+    )
     pods: Sequence[node_drain.PodFacts] = ()  # read only while draining
     clients: Sequence[str] = ()  # GPU client pods still on the node (read only while they are paused)
 
@@ -99,14 +116,19 @@ class RemediationFacts:
             after = float(mark) if mark is not None else None
         except ValueError:
             after = None
-        return (after is not None and self.report is not None and self.report.validatedAt is not None
-                and self.report.validatedAt > after)
+        return (
+            after is not None
+            and self.report is not None
+            and self.report.validatedAt is not None
+            and self.report.validatedAt > after
+        )
 
     @property
     def pending(self) -> bool:
         """In validating after an action the agent carries out, whose request it has not answered."""
-        return (self.annotations.get(ACTION) in REQUESTED
-                and self.annotations.get(ANSWERED) != self.annotations.get(SINCE))
+        return self.annotations.get(ACTION) in REQUESTED and self.annotations.get(
+            ANSWERED
+        ) != self.annotations.get(SINCE)
 
     def number(self, key: str) -> int:
         try:
@@ -115,21 +137,46 @@ class RemediationFacts:
             return 0
 
 
-def node_facts(view: NodeView, report: HealthReport | None, pods: Sequence[node_drain.PodFacts] = (),
-               clients: Sequence[str] = ()) -> RemediationFacts:
+def node_facts(
+    view: NodeView,
+    report: HealthReport | None,
+    pods: Sequence[node_drain.PodFacts] = (),
+    clients: Sequence[str] = (),
+) -> RemediationFacts:
     """`report`: the node's report as the unit parsed it this pass (None: none, or unreadable)."""
     # the machine's own memory: our prefix, but not the agent's report (which shares it)
-    notes = {k: v for k, v in view.annotations.items() if k.startswith(PREFIX) and k != HEALTH_REPORT_ANNOTATION}
-    return RemediationFacts(view.name, view.labels.get(HEALTH_STATE, ""), notes, view.selectable,
-                 view.unschedulable, report, pods, clients)
+    notes = {
+        k: v for k, v in view.annotations.items() if k.startswith(PREFIX) and k != HEALTH_REPORT_ANNOTATION
+    }
+    return RemediationFacts(
+        view.name,
+        view.labels.get(HEALTH_STATE, ""),
+        notes,
+        view.selectable,
+        view.unschedulable,
+        report,
+        pods,
+        clients,
+    )
 
 
 def request_text(node: str, action: str, gpus: Sequence[str], attempt: int, since: str) -> str:
     """A node's entry in the requests Secret (the keys vocabulary.py lists): `remediation` is the
     policy's switch (the machine runs only while it is on), `attempt` and `since` the remediation
     attempt it belongs to, as the Node's annotations say while it is validating."""
-    return json.dumps({"v": 1, "node": node, "action": action, "gpus": list(gpus), "remediation": True,
-                       "attempt": attempt, "since": since}, separators=(",", ":"), sort_keys=True)
+    return json.dumps(
+        {
+            "v": 1,
+            "node": node,
+            "action": action,
+            "gpus": list(gpus),
+            "remediation": True,
+            "attempt": attempt,
+            "since": since,
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    )
 
 
 def request_id(node: RemediationFacts) -> str:

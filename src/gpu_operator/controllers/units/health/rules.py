@@ -86,7 +86,12 @@ class SignalWrites:
 
     @property
     def empty(self) -> bool:
-        return self.condition is None and not self.delete_condition and self.taints is None and self.event is None
+        return (
+            self.condition is None
+            and not self.delete_condition
+            and self.taints is None
+            and self.event is None
+        )
 
 
 def describe(gpu: GpuHealth) -> str:
@@ -100,8 +105,14 @@ def _gpus_message(report: HealthReport) -> str:
 
 
 # Remediation states (HEALTH_STATE) -> the metric's state and the condition's reason.
-REMEDIATION_METRIC = {"quarantined": "quarantined", "draining": "remediating", "acting": "remediating",
-                      "validating": "remediating", "failed": "failed", "held": "held"}
+REMEDIATION_METRIC = {
+    "quarantined": "quarantined",
+    "draining": "remediating",
+    "acting": "remediating",
+    "validating": "remediating",
+    "failed": "failed",
+    "held": "held",
+}
 _REMEDIATION_REASON = {"failed": REMEDIATION_FAILED, "held": HELD}
 
 
@@ -118,29 +129,48 @@ def desire(facts: SignalFacts, policy: HealthSpec) -> DesiredHealth:
     if report is None and error is None:
         held = facts.remediation in ("failed", "held")
         # no agent report: nothing of ours, unless remediation holds the node
-        return DesiredHealth(None, startup + ((quarantine_taint,) if held else ()),
-                       REMEDIATION_METRIC.get(facts.remediation), quarantine=held)
+        return DesiredHealth(
+            None,
+            startup + ((quarantine_taint,) if held else ()),
+            REMEDIATION_METRIC.get(facts.remediation),
+            quarantine=held,
+        )
     if report is None:
         # keep the taints as they are: a report we cannot read proves nothing either way
-        return DesiredHealth(HealthCondition("Unknown", UNREADABLE, str(error)),
-                       tuple(t for t in facts.taints if t.key in managed(policy)),
-                       REMEDIATION_METRIC.get(facts.remediation, "warning"))
+        return DesiredHealth(
+            HealthCondition("Unknown", UNREADABLE, str(error)),
+            tuple(t for t in facts.taints if t.key in managed(policy)),
+            REMEDIATION_METRIC.get(facts.remediation, "warning"),
+        )
     if report.stopped and facts.remediation not in REMEDIATION_METRIC:
-        return DesiredHealth(HealthCondition("Unknown", STOPPED, "the GPU health agent stopped; its last report may be stale"),
-                       tuple(t for t in facts.taints if t.key in managed(policy)), "warning")
+        return DesiredHealth(
+            HealthCondition("Unknown", STOPPED, "the GPU health agent stopped; its last report may be stale"),
+            tuple(t for t in facts.taints if t.key in managed(policy)),
+            "warning",
+        )
     worst = report.state
     if facts.remediation in REMEDIATION_METRIC:
         state = REMEDIATION_METRIC[facts.remediation]
-        reason = _REMEDIATION_REASON.get(facts.remediation, REMEDIATING if state == "remediating" else UNHEALTHY)
+        reason = _REMEDIATION_REASON.get(
+            facts.remediation, REMEDIATING if state == "remediating" else UNHEALTHY
+        )
         detail = _gpus_message(report) or "GPUs report healthy, waiting for validation"
         if facts.remediation_reason:
             detail = f"{detail}; {facts.remediation_reason}"
-        return DesiredHealth(HealthCondition("False", reason, f"{facts.remediation}: {detail}"), startup + (quarantine_taint,),
-                       state, quarantine=True)
+        return DesiredHealth(
+            HealthCondition("False", reason, f"{facts.remediation}: {detail}"),
+            startup + (quarantine_taint,),
+            state,
+            quarantine=True,
+        )
     if worst in ("unhealthy", "gone"):
         reason = GONE if worst == "gone" else UNHEALTHY
-        return DesiredHealth(HealthCondition("False", reason, _gpus_message(report)), startup + (quarantine_taint,),
-                       "quarantined", quarantine=True)
+        return DesiredHealth(
+            HealthCondition("False", reason, _gpus_message(report)),
+            startup + (quarantine_taint,),
+            "quarantined",
+            quarantine=True,
+        )
     startup_left = () if report.validated and policy.startupTaint.enabled else startup
     if not report.validated:
         message = "GPU validation has not passed yet"
@@ -148,8 +178,12 @@ def desire(facts: SignalFacts, policy: HealthSpec) -> DesiredHealth:
             message = f"{message}; {_gpus_message(report)}"
         return DesiredHealth(HealthCondition("False", VALIDATION_PENDING, message), startup_left, "warning")
     if worst == "warning":
-        return DesiredHealth(HealthCondition("False", WARNING, _gpus_message(report)), startup_left, "warning")
-    return DesiredHealth(HealthCondition("True", HEALTHY, "validated; every GPU healthy"), startup_left, "healthy")
+        return DesiredHealth(
+            HealthCondition("False", WARNING, _gpus_message(report)), startup_left, "warning"
+        )
+    return DesiredHealth(
+        HealthCondition("True", HEALTHY, "validated; every GPU healthy"), startup_left, "healthy"
+    )
 
 
 def writes(facts: SignalFacts, desired: DesiredHealth, policy: HealthSpec) -> SignalWrites:
@@ -161,16 +195,19 @@ def writes(facts: SignalFacts, desired: DesiredHealth, policy: HealthSpec) -> Si
         delete = facts.condition is not None
     elif desired.condition != facts.condition:
         condition = desired.condition
-        event = (condition.status != "True" and condition.reason != VALIDATION_PENDING,
-                 f"{HEALTH_CONDITION}={condition.status} ({condition.reason}): {condition.message}")
+        event = (
+            condition.status != "True" and condition.reason != VALIDATION_PENDING,
+            f"{HEALTH_CONDITION}={condition.status} ({condition.reason}): {condition.message}",
+        )
     keys = managed(policy)
     have = sorted({t for t in facts.taints if t.key in keys})
     want = sorted(set(desired.taints))
     return SignalWrites(condition, delete, None if have == want else tuple(want), event)
 
 
-def merged_taints(current: Sequence[Mapping[str, Any]], keys: frozenset[str],
-                  want: Sequence[Taint]) -> list[dict[str, Any]]:
+def merged_taints(
+    current: Sequence[Mapping[str, Any]], keys: frozenset[str], want: Sequence[Taint]
+) -> list[dict[str, Any]]:
     """The node's whole taint list (as read just now) with the taints of `keys` replaced by `want`;
     every other taint exactly as it was, in its place."""
     kept = [dict(t) for t in current if str(t.get("key", "")) not in keys]

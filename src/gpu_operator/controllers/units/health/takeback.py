@@ -16,8 +16,9 @@ from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
 async def take_back(uninstall: Uninstall) -> list[str]:
     kube = uninstall.kube
     done = []
-    if uninstall.namespace is not None \
-            and await kube.delete(ObjectKey("v1", "Secret", HEALTH_REQUESTS_SECRET, uninstall.namespace)):
+    if uninstall.namespace is not None and await kube.delete(
+        ObjectKey("v1", "Secret", HEALTH_REQUESTS_SECRET, uninstall.namespace)
+    ):
         done.append(f"deleted Secret {uninstall.namespace}/{HEALTH_REQUESTS_SECRET}")
     done += await each_node(uninstall.nodes, lambda node: executor.take_back(kube, node))
     done += [f"deleted DeviceTaintRule {name}" for name in await dra.delete_rules(kube)]

@@ -62,24 +62,39 @@ def report_of(view: NodeView) -> NodeReport:
     return NodeReport.of(view.annotations.get(HEALTH_REPORT_ANNOTATION))
 
 
-def facts_of(view: NodeView, report: NodeReport, state: str | None = None,
-             notes: Mapping[str, str | None] | None = None) -> hr.SignalFacts:
+def facts_of(
+    view: NodeView,
+    report: NodeReport,
+    state: str | None = None,
+    notes: Mapping[str, str | None] | None = None,
+) -> hr.SignalFacts:
     """The signals' facts of a node (`report`: its report as this pass parsed it); `state` and
     `notes`: what a remediation step wrote just now."""
     cond = view.gpu_condition
     merged = {**view.annotations, **(notes or {})}
     reason = merged.get(hm.REASON) or (f"action {merged[hm.ACTION]}" if merged.get(hm.ACTION) else "")
-    return hr.SignalFacts(view.name, report,
-                          hr.HealthCondition(*cond) if cond is not None else None,
-                          tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
-                          view.labels.get(HEALTH_STATE, "") if state is None else state, reason)
+    return hr.SignalFacts(
+        view.name,
+        report,
+        hr.HealthCondition(*cond) if cond is not None else None,
+        tuple(hr.Taint(k, e, v) for k, e, v in view.taints),
+        view.labels.get(HEALTH_STATE, "") if state is None else state,
+        reason,
+    )
 
 
 def _watched(view: NodeView) -> tuple[object, ...]:
     """What the unit reads of a node: a change of any of these kicks it."""
     health_notes = tuple(sorted((k, v) for k, v in view.annotations.items() if k.startswith(hm.PREFIX)))
-    return (health_notes, view.taints, view.gpu_condition, view.labels.get(HEALTH_STATE),
-            view.labels.get(UPGRADE_STATE), view.unschedulable, view.ready)
+    return (
+        health_notes,
+        view.taints,
+        view.gpu_condition,
+        view.labels.get(HEALTH_STATE),
+        view.labels.get(UPGRADE_STATE),
+        view.unschedulable,
+        view.ready,
+    )
 
 
 @dataclass
@@ -95,11 +110,19 @@ class HealthUnit(UnitBase):
     name = "gpu health"
     pacing = Pacing.IDLE_FIRST
 
-    def __init__(self, nodes: Callable[[], Iterable[NodeView]], node: Callable[[str], NodeView | None],
-                 policy: Callable[[], HealthSpec | None], kube: Kube, *,
-                 settings: OperatorSettings | None = None, clock: Callable[[], float] = time.time,
-                 device_taints: DeviceTaints | None = None,
-                 runtime: Callable[[], RuntimeAccess] = RuntimeAccess, namespace: str = "gpu-operator") -> None:
+    def __init__(
+        self,
+        nodes: Callable[[], Iterable[NodeView]],
+        node: Callable[[str], NodeView | None],
+        policy: Callable[[], HealthSpec | None],
+        kube: Kube,
+        *,
+        settings: OperatorSettings | None = None,
+        clock: Callable[[], float] = time.time,
+        device_taints: DeviceTaints | None = None,
+        runtime: Callable[[], RuntimeAccess] = RuntimeAccess,
+        namespace: str = "gpu-operator",
+    ) -> None:
         self.nodes, self.node, self.policy, self.kube = nodes, node, policy, kube
         self.runtime = runtime  # how pods reach GPUs besides requests and claims (the drain's)
         self.device_taints = device_taints
@@ -141,14 +164,18 @@ class HealthUnit(UnitBase):
         if spec is None:
             self._forget_all()
             return report
-        views = {v.name: v for v in self.nodes()} if everything or spec.remediation.enabled else {
-            n: v for n in names if (v := self.node(n)) is not None}
+        views = (
+            {v.name: v for v in self.nodes()}
+            if everything or spec.remediation.enabled
+            else {n: v for n in names if (v := self.node(n)) is not None}
+        )
         look = set(views) if everything else names
         for name in look - set(views):
             self._export(name, None)
         if self.device_taints is not None:  # the rules of nodes that are gone
-            for name in sorted((look - set(views)) | (await self.device_taints.pools() - set(views)
-                                                      if everything else set())):
+            for name in sorted(
+                (look - set(views)) | (await self.device_taints.pools() - set(views) if everything else set())
+            ):
                 await self.device_taints.node(name, None, gone=True)
         reports = {n: report_of(v) for n, v in views.items()}  # the only parse of each report this pass
         now = self.clock()
@@ -166,7 +193,9 @@ class HealthUnit(UnitBase):
                 report.waiting = True  # a sick GPU its DRA driver has not published yet
                 self.queue.dirty.add(name)
 
-        await self.queue.each(look, self.settings.health_concurrency, one, report, "GPU health write failed", log)
+        await self.queue.each(
+            look, self.settings.health_concurrency, one, report, "GPU health write failed", log
+        )
         report.looked = len(look)
         if report.failed:
             report.requeue = self.settings.health_retry
@@ -174,24 +203,52 @@ class HealthUnit(UnitBase):
             report.requeue = self.settings.health_poll
         return report
 
-    async def _plan(self, views: Mapping[str, NodeView], reports: Mapping[str, NodeReport], spec: HealthSpec,
-                    now: float) -> hm.RemediationPlan:
+    async def _plan(
+        self, views: Mapping[str, NodeView], reports: Mapping[str, NodeReport], spec: HealthSpec, now: float
+    ) -> hm.RemediationPlan:
         """The remediation machine's steps (nodes it holds released when it is off)."""
         if not spec.remediation.enabled:
-            return hm.release_all([hm.node_facts(v, reports[n].report) for n, v in views.items()
-                                   if v.labels.get(HEALTH_STATE)], spec.remediation)
+            return hm.release_all(
+                [hm.node_facts(v, reports[n].report) for n, v in views.items() if v.labels.get(HEALTH_STATE)],
+                spec.remediation,
+            )
         draining = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.DRAINING]
         access = self.runtime() if draining else None
-        pods = dict(zip(draining, await asyncio.gather(
-            *(self.executor.pod_facts(n, spec.remediation.podSelector, access) for n in draining)), strict=True))
+        pods = dict(
+            zip(
+                draining,
+                await asyncio.gather(
+                    *(self.executor.pod_facts(n, spec.remediation.podSelector, access) for n in draining)
+                ),
+                strict=True,
+            )
+        )
         # nodes whose GPU clients are paused for a reset: which of their pods are still there
-        pausing = [n for n, v in views.items() if v.labels.get(HEALTH_STATE) == hm.ACTING and hm.PAUSED in v.annotations]
-        clients = dict(zip(pausing, await asyncio.gather(*(self.executor.gpu_clients(n) for n in pausing)), strict=True))
-        return hm.plan([hm.node_facts(v, reports[n].report, pods.get(n, ()), clients.get(n, ()))
-                        for n, v in views.items()], spec.remediation, now)
+        pausing = [
+            n
+            for n, v in views.items()
+            if v.labels.get(HEALTH_STATE) == hm.ACTING and hm.PAUSED in v.annotations
+        ]
+        clients = dict(
+            zip(pausing, await asyncio.gather(*(self.executor.gpu_clients(n) for n in pausing)), strict=True)
+        )
+        return hm.plan(
+            [
+                hm.node_facts(v, reports[n].report, pods.get(n, ()), clients.get(n, ()))
+                for n, v in views.items()
+            ],
+            spec.remediation,
+            now,
+        )
 
-    async def _node(self, view: NodeView, node_report: NodeReport, spec: HealthSpec, step: hm.RemediationStep | None,
-                    report: HealthPassReport) -> None:
+    async def _node(
+        self,
+        view: NodeView,
+        node_report: NodeReport,
+        spec: HealthSpec,
+        step: hm.RemediationStep | None,
+        report: HealthPassReport,
+    ) -> None:
         facts = facts_of(view, node_report)
         if step is not None and not step.empty:
             await self.executor.run(step)
@@ -206,16 +263,24 @@ class HealthUnit(UnitBase):
         if writes.empty:
             return
         if (cond := writes.condition) is not None:
-            await nodestatus.set_condition(self.kube, view.name, HEALTH_CONDITION, cond.status, cond.reason,
-                                           cond.message, moved=facts.condition is None
-                                           or facts.condition.status != cond.status)
+            await nodestatus.set_condition(
+                self.kube,
+                view.name,
+                HEALTH_CONDITION,
+                cond.status,
+                cond.reason,
+                cond.message,
+                moved=facts.condition is None or facts.condition.status != cond.status,
+            )
             report.conditions += 1
         elif writes.delete_condition:
             await nodestatus.delete_condition(self.kube, view.name, HEALTH_CONDITION)
             report.conditions += 1
         if writes.taints is not None:
             keys, want = hr.managed(spec), writes.taints
-            if await nodestatus.update_taints(self.kube, view.name, lambda cur: hr.merged_taints(cur, keys, want)):
+            if await nodestatus.update_taints(
+                self.kube, view.name, lambda cur: hr.merged_taints(cur, keys, want)
+            ):
                 report.taints += 1
         if writes.event is not None:
             warning, message = writes.event

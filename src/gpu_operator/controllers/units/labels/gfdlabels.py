@@ -36,7 +36,9 @@ GFD_DEPLOY = deploy_label("gpu-feature-discovery")
 _PREFIX = f"{NVIDIA}/"
 _VALUE = re.compile(LABEL_VALUE_PATTERN)
 # Keys the operator (or the user, or the MIG manager) owns: GFD has no say over them.
-_NOT_GFDS = frozenset({GPU_PRESENT, MIG_CONFIG, DRIVER_OWNER, UPGRADE_STATE, WORKLOAD_CONFIG, *ALL_DEPLOY_LABELS})
+_NOT_GFDS = frozenset(
+    {GPU_PRESENT, MIG_CONFIG, DRIVER_OWNER, UPGRADE_STATE, WORKLOAD_CONFIG, *ALL_DEPLOY_LABELS}
+)
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,13 @@ class GfdChange:
 def mirrored(key: str, value: str) -> bool:
     """Whether a NodeFeature label of GFD's may go on the Node: `nvidia.com/` only, no key the
     operator decides, a value Kubernetes accepts (one bad value must not fail the node's patch)."""
-    return (key.startswith(_PREFIX) and key not in _NOT_GFDS and not key.startswith(DEPLOY_PREFIX)
-            and len(value) <= 63 and _VALUE.match(value) is not None)
+    return (
+        key.startswith(_PREFIX)
+        and key not in _NOT_GFDS
+        and not key.startswith(DEPLOY_PREFIX)
+        and len(value) <= 63
+        and _VALUE.match(value) is not None
+    )
 
 
 def written(annotations: Mapping[str, str]) -> set[str]:
@@ -64,8 +71,9 @@ def gfd_runs(labels: Mapping[str, str]) -> bool:
     return bool(value) and value != "false"
 
 
-def gfd_change(labels: Mapping[str, str], annotations: Mapping[str, str],
-               published: Mapping[str, str] | None) -> GfdChange:
+def gfd_change(
+    labels: Mapping[str, str], annotations: Mapping[str, str], published: Mapping[str, str] | None
+) -> GfdChange:
     """What to change so the node carries exactly `published` (GFD's labels for it; None: GFD
     publishes nothing for this node now) of what this mirror owns."""
     want = {k: v for k, v in (published or {}).items() if mirrored(k, v)}

@@ -70,9 +70,14 @@ class LabelRetries:
             count, reason = self.failures.get(name, (0, None))
             delay = self.backoff.delay(count + 1)
             if reason != failure:
-                log.warning("node %s: label patch failed (%s); retrying this node with backoff "
-                            "(%.0f s, doubling up to %.0f s); logged again only if the reason changes",
-                            name, failure, delay, self.backoff.cap)
+                log.warning(
+                    "node %s: label patch failed (%s); retrying this node with backoff "
+                    "(%.0f s, doubling up to %.0f s); logged again only if the reason changes",
+                    name,
+                    failure,
+                    delay,
+                    self.backoff.cap,
+                )
             self.failures[name] = (count + 1, failure)
             self.scheduled[name] = now + delay
 
@@ -105,13 +110,20 @@ class NodeLabeller:
         self.concurrency = concurrency
         # The whole bound to start (the apiserver is measured at it); a latency rise alone never
         # goes below half of it, overload (429, 5xx) may (see pacing).
-        self.gate = AdaptiveGate(AdaptiveLimit(initial=concurrency, maximum=concurrency, floor=max(1, concurrency // 2)),
-                         on_change=metrics.LABEL_CONCURRENCY.set)
+        self.gate = AdaptiveGate(
+            AdaptiveLimit(initial=concurrency, maximum=concurrency, floor=max(1, concurrency // 2)),
+            on_change=metrics.LABEL_CONCURRENCY.set,
+        )
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
 
-    async def label(self, nodes: Iterable[NodeView], policy: LabelPolicy,
-                    drivers: Mapping[str, NodeDriver] | None = None, events: bool = False,
-                    gfd: Callable[[str], Mapping[str, str] | None] = lambda _name: None) -> LabelReport:
+    async def label(
+        self,
+        nodes: Iterable[NodeView],
+        policy: LabelPolicy,
+        drivers: Mapping[str, NodeDriver] | None = None,
+        events: bool = False,
+        gfd: Callable[[str], Mapping[str, str] | None] = lambda _name: None,
+    ) -> LabelReport:
         """Patch every node whose labels differ from what the policy (and, with NVIDIADrivers,
         the node's owner) wants; nodes that already match cost nothing (no request). Waits for
         all of them. `events`: these nodes are here for their own watch events, so how long each
@@ -129,8 +141,15 @@ class NodeLabeller:
 
         async def worker() -> None:
             for node in pending:  # shared: each node goes to one worker
-                change = desired_change(node.labels, node.annotations, policy, drivers.get(node.name), node.name,
-                                        gfd(node.name), node.facts.toolkit_group)
+                change = desired_change(
+                    node.labels,
+                    node.annotations,
+                    policy,
+                    drivers.get(node.name),
+                    node.name,
+                    gfd(node.name),
+                    node.facts.toolkit_group,
+                )
                 if change:
                     await self._patch(node, change, report, node.seen if events else None)
 
@@ -142,7 +161,9 @@ class NodeLabeller:
                 task.cancel()
         return report
 
-    async def _patch(self, node: NodeView, change: NodeChange, report: LabelReport, since: float | None) -> None:
+    async def _patch(
+        self, node: NodeView, change: NodeChange, report: LabelReport, since: float | None
+    ) -> None:
         """One node's merge patch through the gate, its outcome into `report`; a node gone
         meanwhile (404) is neither patched nor failed."""
         async with self.gate.slot() as outcome:
@@ -153,7 +174,9 @@ class NodeLabeller:
             except ApiError as err:
                 outcome[0] = int(err.status.code or 0)
                 if err.status.code != 404:
-                    report.failed[node.name] = LabelFailure(int(err.status.code or 0), str(err.status.message))
+                    report.failed[node.name] = LabelFailure(
+                        int(err.status.code or 0), str(err.status.message)
+                    )
                 return
         report.patched.append(node.name)
         log.info("node %s: labels %s", node.name, _describe(change.labels, change.annotations))
@@ -167,13 +190,23 @@ def _describe(labels: dict[str, str | None], annotations: dict[str, str | None])
     """The change for the log: the operator's own keys one by one; GFD's mirrored labels (about 25 a
     node) as a count with the few that say what the node is."""
     # (a change of GFD's set carries the annotation that lists it; one value changing is shown as is)
-    gfd = {k for k, v in labels.items() if mirrored(k, v or "x")} if GFD_LABELS_ANNOTATION in annotations else set()
-    parts = [f"{k}={v}" if v is not None else f"-{k}" for k, v in sorted({**labels, **annotations}.items())
-             if k not in gfd and k != GFD_LABELS_ANNOTATION]
+    gfd = (
+        {k for k, v in labels.items() if mirrored(k, v or "x")}
+        if GFD_LABELS_ANNOTATION in annotations
+        else set()
+    )
+    parts = [
+        f"{k}={v}" if v is not None else f"-{k}"
+        for k, v in sorted({**labels, **annotations}.items())
+        if k not in gfd and k != GFD_LABELS_ANNOTATION
+    ]
     if gfd:
         added = sorted(k for k in gfd if labels[k] is not None)
         shown = ", ".join(f"{k}={labels[k]}" for k in _GFD_SHOWN if k in added)
         removed = len(gfd) - len(added)
-        parts.append(f"GPU feature discovery's labels: {len(added)} set" + (f" ({shown})" if shown else "")
-                     + (f", {removed} removed" if removed else ""))
+        parts.append(
+            f"GPU feature discovery's labels: {len(added)} set"
+            + (f" ({shown})" if shown else "")
+            + (f", {removed} removed" if removed else "")
+        )
     return ", ".join(parts)

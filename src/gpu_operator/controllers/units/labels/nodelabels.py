@@ -109,9 +109,12 @@ def mig_capable(labels: Mapping[str, str]) -> bool:
     if MIG_CAPABLE in labels:
         return labels[MIG_CAPABLE] == "true"
     capable = mig_capable_devices()
-    return any(key.startswith(NFD_DEVICE_LABEL_PREFIX) and value == "true"
-               and key[len(NFD_DEVICE_LABEL_PREFIX):].removesuffix(".present") in capable
-               for key, value in labels.items())
+    return any(
+        key.startswith(NFD_DEVICE_LABEL_PREFIX)
+        and value == "true"
+        and key[len(NFD_DEVICE_LABEL_PREFIX) :].removesuffix(".present") in capable
+        for key, value in labels.items()
+    )
 
 
 def workload_config(labels: dict[str, str], policy: LabelPolicy) -> str:
@@ -127,13 +130,20 @@ def is_mixed(annotations: dict[str, str], policy: LabelPolicy) -> bool:
 def _state_labels(config: str, policy: LabelPolicy) -> tuple[str, ...]:
     labels = STATE_LABELS[config]
     if config == "vm-passthrough" and policy.sandbox_mode == "kata":
-        return tuple(KATA_SANDBOX_DEVICE_PLUGIN if lbl == deploy_label("sandbox-device-plugin") else lbl
-                     for lbl in labels)
+        return tuple(
+            KATA_SANDBOX_DEVICE_PLUGIN if lbl == deploy_label("sandbox-device-plugin") else lbl
+            for lbl in labels
+        )
     return labels
 
 
-def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: NodeDriver,
-                  change_labels: dict[str, str | None], change_annotations: dict[str, str | None]) -> None:
+def _driver_owner(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    driver: NodeDriver,
+    change_labels: dict[str, str | None],
+    change_annotations: dict[str, str | None],
+) -> None:
     """Owner label, upgrade-enabled annotation per owner, and the migration rule: a node whose
     driver pod was orphaned by the switch to NVIDIADrivers is marked upgrade-required, so the
     upgrade controller replaces that pod with the owner's (when the owner's autoUpgrade is on)."""
@@ -152,7 +162,11 @@ def _driver_owner(labels: dict[str, str], annotations: dict[str, str], driver: N
             change_annotations[UPGRADE_ENABLED_ANNOTATION] = "true"
     elif UPGRADE_ENABLED_ANNOTATION in annotations:
         change_annotations[UPGRADE_ENABLED_ANNOTATION] = None
-    if driver.auto_upgrade and driver.orphaned_driver_pod and labels.get(UPGRADE_STATE, "") in (UNKNOWN, UPGRADE_DONE):
+    if (
+        driver.auto_upgrade
+        and driver.orphaned_driver_pod
+        and labels.get(UPGRADE_STATE, "") in (UNKNOWN, UPGRADE_DONE)
+    ):
         # (with autoUpgrade off the upgrade controller removes state labels: no label fight)
         change_labels[UPGRADE_STATE] = UPGRADE_REQUIRED
 
@@ -168,9 +182,15 @@ def _dra_change(labels: dict[str, str], present: set[str], change_labels: dict[s
         change_labels[key] = None
 
 
-def desired_change(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
-                   driver: NodeDriver | None = None, node: str = "",
-                   gfd: Mapping[str, str] | None = None, runtime_group: str = "") -> NodeChange:
+def desired_change(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    policy: LabelPolicy,
+    driver: NodeDriver | None = None,
+    node: str = "",
+    gfd: Mapping[str, str] | None = None,
+    runtime_group: str = "",
+) -> NodeChange:
     """What must change on a node with these labels and annotations; empty when nothing. `gfd`:
     the labels GPU feature discovery publishes for the node (its NodeFeature), None if none.
 
@@ -195,8 +215,14 @@ def _runtime_group(labels: dict[str, str], change_labels: dict[str, str | None],
         change_labels[RUNTIME_GROUP] = wanted
 
 
-def _desired_change(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
-                    driver: NodeDriver | None, node: str, gfd: Mapping[str, str] | None) -> NodeChange:
+def _desired_change(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    policy: LabelPolicy,
+    driver: NodeDriver | None,
+    node: str,
+    gfd: Mapping[str, str] | None,
+) -> NodeChange:
     if not policy.gfd_mirror:
         return _stack_change(labels, annotations, policy, driver, node)
     published = gfd if policy.gfd_enabled else None
@@ -208,8 +234,13 @@ def _desired_change(labels: dict[str, str], annotations: dict[str, str], policy:
     return NodeChange({**mirror.labels, **stack.labels}, {**mirror.annotations, **stack.annotations})
 
 
-def _stack_change(labels: dict[str, str], annotations: dict[str, str],
-                  policy: LabelPolicy, driver: NodeDriver | None = None, node: str = "") -> NodeChange:
+def _stack_change(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    policy: LabelPolicy,
+    driver: NodeDriver | None = None,
+    node: str = "",
+) -> NodeChange:
     """The stack's labels (presence, deploy labels, MIG config, driver owner and upgrades).
 
     Never overwrites a non-empty deploy label: k8s-driver-manager and users write values such as
@@ -260,18 +291,29 @@ def _stack_change(labels: dict[str, str], annotations: dict[str, str],
     for key in present - wanted:
         change_labels[key] = None
 
-    if (policy.mig_manager_enabled and capable and not labels.get(MIG_CONFIG)
-            and policy.mig_config_default == "all-disabled"):
+    if (
+        policy.mig_manager_enabled
+        and capable
+        and not labels.get(MIG_CONFIG)
+        and policy.mig_config_default == "all-disabled"
+    ):
         change_labels[MIG_CONFIG] = "all-disabled"
 
-    _driver_upgrades(labels, annotations, policy, driver, policy.driver_auto_upgrade, change_labels,
-                     change_annotations)
+    _driver_upgrades(
+        labels, annotations, policy, driver, policy.driver_auto_upgrade, change_labels, change_annotations
+    )
     return NodeChange(change_labels, change_annotations)
 
 
-def _driver_upgrades(labels: dict[str, str], annotations: dict[str, str], policy: LabelPolicy,
-                     driver: NodeDriver | None, auto_upgrade: bool, change_labels: dict[str, str | None],
-                     change_annotations: dict[str, str | None]) -> None:
+def _driver_upgrades(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    policy: LabelPolicy,
+    driver: NodeDriver | None,
+    auto_upgrade: bool,
+    change_labels: dict[str, str | None],
+    change_annotations: dict[str, str | None],
+) -> None:
     """Who upgrades the node's driver: NVIDIADrivers (owner label, their upgrade switch) when they
     own it, else the ClusterPolicy's autoUpgrade (`auto_upgrade`); a switch nobody sets goes."""
     if policy.use_nvidia_driver_crd:

@@ -35,6 +35,7 @@ from gpu_operator.vocabulary import DRA_DRIVER_LABEL
 
 log = logging.getLogger("gpu_operator.operator")
 
+
 class LabelUnit(UnitBase):
     name = "node labelling"
     pacing = Pacing.IDLE_FIRST
@@ -100,15 +101,22 @@ class LabelUnit(UnitBase):
             self._source = None
             # NVIDIADrivers own the DRA stack's driver when there are any (owner labels, upgrades)
             valid, _ = self.model.valid_drivers()
-            return LabelPolicy(dra=True, use_nvidia_driver_crd=bool(valid), gfd_mirror=self.settings.gfd_node_labels)
+            return LabelPolicy(
+                dra=True, use_nvidia_driver_crd=bool(valid), gfd_mirror=self.settings.gfd_node_labels
+            )
         if active is None:
-            return False if self._source is not None or (self.policy is not None and self.policy.dra) else None
+            return (
+                False if self._source is not None or (self.policy is not None and self.policy.dra) else None
+            )
         self._looking = (active.uid, active.generation)
         if self._source is not active:  # validated once per ClusterPolicy version
             self._source = active
             model = active.parsed.model  # parsed once per version (controllers/views.py)
-            self._spec_policy = (replace(LabelPolicy.of(model.spec), gfd_mirror=self.settings.gfd_node_labels)
-                                 if model is not None else None)
+            self._spec_policy = (
+                replace(LabelPolicy.of(model.spec), gfd_mirror=self.settings.gfd_node_labels)
+                if model is not None
+                else None
+            )
         return self._spec_policy or (self.policy if self.policy is not None and not self.policy.dra else None)
 
     async def _holders(self, views: list[NodeView]) -> frozenset[str]:
@@ -130,8 +138,11 @@ class LabelUnit(UnitBase):
         now = self.clock.monotonic()
         if self._holders_seen is None or now - self._holders_seen[0] >= self.settings.claim_recheck:
             self._holders_seen = (now, await self._holders(self.model.nodes()))
-        holders = frozenset(name for name in self._holders_seen[1]
-                            if (v := self.model.node(name)) is not None and DRA_DRIVER_LABEL in v.labels)
+        holders = frozenset(
+            name
+            for name in self._holders_seen[1]
+            if (v := self.model.node(name)) is not None and DRA_DRIVER_LABEL in v.labels
+        )
         return replace(policy, claim_holders=holders)
 
     def _requeue(self) -> float | None:
@@ -166,7 +177,9 @@ class LabelUnit(UnitBase):
                 started = self.clock.monotonic()  # the pass's own time (pacing counts it, not the window)
                 self.policy, self.drivers = policy, per_node
                 self.take_dirty()
-                report = await self.labeller.label(self.model.nodes(), policy, per_node, gfd=self.model.gfd_labels)
+                report = await self.labeller.label(
+                    self.model.nodes(), policy, per_node, gfd=self.model.gfd_labels
+                )
             finally:
                 self._fleet = False
             self.retries.record(report)
@@ -174,7 +187,9 @@ class LabelUnit(UnitBase):
         else:
             self._seen = self._looking
             views = [v for n in self.take_dirty() if (v := self.model.node(n)) is not None]
-            report = await self.labeller.label(views, policy, per_node, events=True, gfd=self.model.gfd_labels)
+            report = await self.labeller.label(
+                views, policy, per_node, events=True, gfd=self.model.gfd_labels
+            )
         self.retries.record(report)
         return Result(self._requeue())
 
@@ -196,8 +211,11 @@ class LabelUnit(UnitBase):
         if now - self._waiting[1] < self.settings.labels_first_limit:
             return True
         if not self._waiting[2]:
-            log.warning("ClusterPolicy %s: its nodes are still being labelled after %.0f s; reconciling anyway",
-                        active.name, self.settings.labels_first_limit)
+            log.warning(
+                "ClusterPolicy %s: its nodes are still being labelled after %.0f s; reconciling anyway",
+                active.name,
+                self.settings.labels_first_limit,
+            )
             self._waiting = (version, self._waiting[1], True)
         return False
 
@@ -211,7 +229,10 @@ class LabelUnit(UnitBase):
             released = self._held - holders
             if released:
                 await strip_nodes(self.kube, only=released)
-                log.info("node(s) %s: GPU claims released; the DRA driver label removed", ", ".join(sorted(released)))
+                log.info(
+                    "node(s) %s: GPU claims released; the DRA driver label removed",
+                    ", ".join(sorted(released)),
+                )
             self._held -= released
         except Exception as err:  # retried at the next recheck
             log.warning("releasing the DRA driver label of %s failed: %s", ", ".join(sorted(self._held)), err)
@@ -225,11 +246,19 @@ class LabelUnit(UnitBase):
             patched = await strip_nodes(self.kube, keep={n: frozenset({DRA_DRIVER_LABEL}) for n in holders})
             self._held = set(holders)
         except Exception:
-            log.exception("removing our node labels after the last ClusterPolicy/GPUCluster was deleted failed; "
-                          "retrying")
+            log.exception(
+                "removing our node labels after the last ClusterPolicy/GPUCluster was deleted failed; "
+                "retrying"
+            )
             raise
-        kept = f"; the DRA driver label kept on {', '.join(sorted(self._held))} until their GPU claims are released" \
-            if self._held else ""
-        log.info("last ClusterPolicy/GPUCluster deleted: our labels and annotations removed from %d node(s)%s",
-                 len(patched), kept)
+        kept = (
+            f"; the DRA driver label kept on {', '.join(sorted(self._held))} until their GPU claims are released"
+            if self._held
+            else ""
+        )
+        log.info(
+            "last ClusterPolicy/GPUCluster deleted: our labels and annotations removed from %d node(s)%s",
+            len(patched),
+            kept,
+        )
         self._source, self._spec_policy, self.policy = None, None, None

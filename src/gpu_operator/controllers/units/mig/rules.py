@@ -139,24 +139,35 @@ def _epoch(t: float) -> str:
 
 def needs_pods(labels: Mapping[str, str], annotations: Mapping[str, str]) -> bool:
     """Whether deciding needs the node's pods (its MIG manager, the GPU clients left)."""
-    return (labels.get(MIG_CONFIG_STATE) in (PENDING, REBOOTING, FAILED) or bool(paused_labels(labels))
-            or any(k in annotations for k in OURS))
+    return (
+        labels.get(MIG_CONFIG_STATE) in (PENDING, REBOOTING, FAILED)
+        or bool(paused_labels(labels))
+        or any(k in annotations for k in OURS)
+    )
 
 
 def stuck_message(f: MIGFacts, budget: float) -> tuple[str, str]:
     """(reason, message) of a node stuck in a change: the text of our restore order."""
     head = f"MIG config {f.config!r} {f.state or 'paused'} past the {int(budget)} s budget"
     if f.manager is ManagerPresence.NOT_DEPLOYED:
-        return MIG_MANAGER_GONE, (f"{head}: no MIG manager will run on the node to finish it; "
-                                  "its paused GPU clients are restored")
+        return MIG_MANAGER_GONE, (
+            f"{head}: no MIG manager will run on the node to finish it; its paused GPU clients are restored"
+        )
     if f.manager is ManagerPresence.GONE:
-        return MIG_MANAGER_GONE, f"{head}: no MIG manager pod on the node; its paused GPU clients are restored"
+        return (
+            MIG_MANAGER_GONE,
+            f"{head}: no MIG manager pod on the node; its paused GPU clients are restored",
+        )
     if f.clients:
-        return MIG_STUCK, (f"{head}: GPU clients that did not stop: {', '.join(f.clients)}; "
-                           "they are restored on the current layout and the change is retried")
-    return MIG_STUCK, (f"{head}: no GPU client pod is left on the node: reset or reboot required "
-                       "(a GPU reset that failed, or a process outside Kubernetes holding the GPUs); "
-                       "the paused GPU clients are restored and the change is retried")
+        return MIG_STUCK, (
+            f"{head}: GPU clients that did not stop: {', '.join(f.clients)}; "
+            "they are restored on the current layout and the change is retried"
+        )
+    return MIG_STUCK, (
+        f"{head}: no GPU client pod is left on the node: reset or reboot required "
+        "(a GPU reset that failed, or a process outside Kubernetes holding the GPUs); "
+        "the paused GPU clients are restored and the change is retried"
+    )
 
 
 def failed_message(f: MIGFacts) -> str:
@@ -165,10 +176,14 @@ def failed_message(f: MIGFacts) -> str:
     head = f"the MIG manager could not apply MIG config {f.config!r}"
     tail = "the GPU clients run on the previous layout and the change is retried"
     if f.holders:
-        return (f"{head}: pods on the node hold its GPUs: {', '.join(f.holders)} (the driver refuses a GPU reset "
-                f"or an instance's removal while a process uses it; the change completes once they are gone); {tail}")
-    return (f"{head}: a layout these GPUs refuse, or a MIG mode change that needs a GPU reset or reboot (reset or "
-            f"reboot required; its log says which); {tail}")
+        return (
+            f"{head}: pods on the node hold its GPUs: {', '.join(f.holders)} (the driver refuses a GPU reset "
+            f"or an instance's removal while a process uses it; the change completes once they are gone); {tail}"
+        )
+    return (
+        f"{head}: a layout these GPUs refuse, or a MIG mode change that needs a GPU reset or reboot (reset or "
+        f"reboot required; its log says which); {tail}"
+    )
 
 
 def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> MIGDecision:
@@ -179,18 +194,32 @@ def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> MIGDecis
         if f.pending_since is not None and f.pending_config != (f.config or ""):
             # mig.config changed since: a new change (the MIG manager runs it), with its own budget; the
             # old change's order and retries go, or node labelling would undo the new change's pause
-            dropped = {k: None for k, v in ((MIG_RESTORE, f.restore), (MIG_RETRY, f.retry_from)) if v is not None}
-            d = decide(replace(f, pending_since=None, restore=None, attempts=0, retry_from=None), now, budget, backoff)
+            dropped = {
+                k: None for k, v in ((MIG_RESTORE, f.restore), (MIG_RETRY, f.retry_from)) if v is not None
+            }
+            d = decide(
+                replace(f, pending_since=None, restore=None, attempts=0, retry_from=None),
+                now,
+                budget,
+                backoff,
+            )
             return replace(d, notes={**dropped, **d.notes})
         since = f.pending_since if f.pending_since is not None else now
-        notes: dict[str, str | None] = {} if f.pending_since is not None else {MIG_PENDING_SINCE: _since(now, f.config)}
+        notes: dict[str, str | None] = (
+            {} if f.pending_since is not None else {MIG_PENDING_SINCE: _since(now, f.config)}
+        )
         age = now - since
         if f.manager is not ManagerPresence.NOT_DEPLOYED and age < budget:
             if f.restore is not None:
                 notes[MIG_RESTORE] = None
-            return MIGDecision(Verdict.IN_PROGRESS, "False", MIG_IN_PROGRESS,
-                            f"applying MIG config {f.config!r}: state {f.state or 'unset'}, GPU clients paused",
-                            notes, wake=since + budget)
+            return MIGDecision(
+                Verdict.IN_PROGRESS,
+                "False",
+                MIG_IN_PROGRESS,
+                f"applying MIG config {f.config!r}: state {f.state or 'unset'}, GPU clients paused",
+                notes,
+                wake=since + budget,
+            )
         if f.restore is not None:
             reason, _, message = f.restore.partition(" ")
         else:
@@ -199,22 +228,44 @@ def decide(f: MIGFacts, now: float, budget: float, backoff: Backoff) -> MIGDecis
         return _retry(MIGDecision(Verdict.STUCK, "False", reason, message, notes), f, now, backoff)
     if f.invalid:
         names = ", ".join(f.valid or ())
-        return MIGDecision(Verdict.INVALID, "False", MIG_INVALID_CONFIG,
-                        f"nvidia.com/mig.config {f.config!r} is not a config of ConfigMap {f.layouts}; "
-                        f"valid names: {names}", _clear(f))
+        return MIGDecision(
+            Verdict.INVALID,
+            "False",
+            MIG_INVALID_CONFIG,
+            f"nvidia.com/mig.config {f.config!r} is not a config of ConfigMap {f.layouts}; "
+            f"valid names: {names}",
+            _clear(f),
+        )
     if f.state == SUCCESS:
-        return MIGDecision(Verdict.APPLIED, "True", MIG_APPLIED, f"MIG config {f.config!r} applied", _clear(f))
+        return MIGDecision(
+            Verdict.APPLIED, "True", MIG_APPLIED, f"MIG config {f.config!r} applied", _clear(f)
+        )
     if f.state == FAILED:
-        notes = {k: None for k in (MIG_PENDING_SINCE, MIG_RESTORE) if (
-            f.pending_since if k == MIG_PENDING_SINCE else f.restore) is not None}
-        return _retry(MIGDecision(Verdict.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff)
-    return MIGDecision(Verdict.NOT_STARTED, "Unknown", MIG_NOT_STARTED,
-                    f"MIG config {f.config!r} not yet acted on by the MIG manager (state {f.state or 'unset'})",
-                    _clear(f))
+        notes = {
+            k: None
+            for k in (MIG_PENDING_SINCE, MIG_RESTORE)
+            if (f.pending_since if k == MIG_PENDING_SINCE else f.restore) is not None
+        }
+        return _retry(
+            MIGDecision(Verdict.FAILED, "False", MIG_FAILED, failed_message(f), notes), f, now, backoff
+        )
+    return MIGDecision(
+        Verdict.NOT_STARTED,
+        "Unknown",
+        MIG_NOT_STARTED,
+        f"MIG config {f.config!r} not yet acted on by the MIG manager (state {f.state or 'unset'})",
+        _clear(f),
+    )
 
 
-def hold_stale_success(d: MIGDecision, config: str | None, applied: str | None, held: tuple[str, float] | None,
-                       now: float, poll: float) -> tuple[str, float] | None:
+def hold_stale_success(
+    d: MIGDecision,
+    config: str | None,
+    applied: str | None,
+    held: tuple[str, float] | None,
+    now: float,
+    poll: float,
+) -> tuple[str, float] | None:
     """A node whose `mig.config` changed while its state still says `success` of the config applied
     before (`applied`: the unit saw it so): the MIG manager writes `pending` once it acts, or
     `success` again where the new config is already applied (the same value: no event). Until

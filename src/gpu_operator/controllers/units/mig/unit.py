@@ -68,7 +68,9 @@ log = logging.getLogger("gpu_operator.mig")
 # How long the MIG manager waits for the GPU clients' pods to leave (mig-parted v0.15.0,
 # pkg/mig/reconfigure: 5 minutes, polling each second)
 MIG_MANAGER_WAIT = 300
-LAYOUTS_KEY = "config.yaml"  # the key of the layouts in every config ConfigMap (ours, the user's, the generated)
+LAYOUTS_KEY = (
+    "config.yaml"  # the key of the layouts in every config ConfigMap (ours, the user's, the generated)
+)
 
 
 def config_names(text: str) -> tuple[str, ...] | None:
@@ -84,8 +86,14 @@ def _watched(view: NodeView) -> tuple[object, ...]:
     """What the unit reads of a node: a change of any of these kicks it."""
     labels = view.labels
     ours = tuple(sorted((k, v) for k, v in view.annotations.items() if k.startswith(MIG_ANNOTATION_PREFIX)))
-    return (labels.get(MIG_CONFIG), labels.get(MIG_CONFIG_STATE), mr.paused_labels(labels), labels.get(MIG_MANAGER),
-            ours, view.mig_condition)
+    return (
+        labels.get(MIG_CONFIG),
+        labels.get(MIG_CONFIG_STATE),
+        mr.paused_labels(labels),
+        labels.get(MIG_MANAGER),
+        ours,
+        view.mig_condition,
+    )
 
 
 # How long a write of the unit waits for its echo in the Node view before it may be written again
@@ -103,7 +111,9 @@ class Sent:
 
     def echoed(self, view: NodeView) -> bool:
         """The node's view shows the write: its echo came."""
-        return view.mig_condition == self.condition and all(view.annotations.get(k) == v for k, v in self.notes.items())
+        return view.mig_condition == self.condition and all(
+            view.annotations.get(k) == v for k, v in self.notes.items()
+        )
 
 
 @dataclass
@@ -118,20 +128,31 @@ class MIGUnit(UnitBase):
     name = "mig"
     pacing = Pacing.IDLE_FIRST
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, *,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: OperatorSettings,
+        model: ReadModel,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.kube, self.settings, self.model, self.clock = kube, settings, model, clock
         self.queue = NodeQueue(_watched)
         self._active: set[str] = set()  # nodes in or after a change: looked at on every pass
         # node -> the mig.config the unit saw applied, the state not moved since (memory only)
         self._applied: dict[str, str] = {}
-        self._held: dict[str, tuple[str, float]] = {}  # node -> (new mig.config, since) while its success is stale
+        self._held: dict[
+            str, tuple[str, float]
+        ] = {}  # node -> (new mig.config, since) while its success is stale
         self._sent: dict[str, Sent] = {}  # node -> the unit's last write, until its echo shows in the view
         self._everything = True
         if settings.mig_change_budget < MIG_MANAGER_WAIT:
-            log.warning("mig_change_budget %g s is below the MIG manager's %d s wait for the GPU clients to stop: "
-                        "a change may be found stuck while the MIG manager still waits", settings.mig_change_budget,
-                        MIG_MANAGER_WAIT)
+            log.warning(
+                "mig_change_budget %g s is below the MIG manager's %d s wait for the GPU clients to stop: "
+                "a change may be found stuck while the MIG manager still waits",
+                settings.mig_change_budget,
+                MIG_MANAGER_WAIT,
+            )
 
     # -- the queue
 
@@ -160,8 +181,11 @@ class MIGUnit(UnitBase):
         policy = self.model.active_model()
         if policy is None:
             return report  # no policy deploys a MIG manager: nothing to decide by
-        views = {v.name: v for v in self.model.nodes()} if everything else {
-            n: v for n in names | self._active if (v := self.model.node(n)) is not None}
+        views = (
+            {v.name: v for v in self.model.nodes()}
+            if everything
+            else {n: v for n in names | self._active if (v := self.model.node(n)) is not None}
+        )
         now = self.clock()
         layouts: dict[str, tuple[str, tuple[str, ...] | None]] = {}
         wakes: list[float] = []
@@ -181,8 +205,14 @@ class MIGUnit(UnitBase):
             report.requeue = max(0.0, min(wakes) - now)
         return report
 
-    async def _node(self, view: NodeView, policy: ClusterPolicy, now: float,
-                    layouts: dict[str, tuple[str, tuple[str, ...] | None]], report: MIGPassReport) -> float | None:
+    async def _node(
+        self,
+        view: NodeView,
+        policy: ClusterPolicy,
+        now: float,
+        layouts: dict[str, tuple[str, tuple[str, ...] | None]],
+        report: MIGPassReport,
+    ) -> float | None:
         labels, notes = view.labels, view.annotations
         state = labels.get(MIG_CONFIG_STATE)
         pods = await self._pods(view.name) if mr.needs_pods(labels, notes) else None
@@ -193,17 +223,37 @@ class MIGUnit(UnitBase):
         # the config's name is checked where the MIG manager failed it, or before it acted on one that
         # is not the operator's default (all-disabled is in every config file the operator renders
         # and NVIDIA generates): a fleet's first labelling costs no read per node
-        if config is not None and not mr.paused_labels(labels) and (
-                state == mr.FAILED or (state is None and config != "all-disabled")):
+        if (
+            config is not None
+            and not mr.paused_labels(labels)
+            and (state == mr.FAILED or (state is None and config != "all-disabled"))
+        ):
             layout_name, valid = await self._layouts(view.name, policy, layouts)
         facts = mr.MIGFacts(
-            view.name, config, state, mr.paused_labels(labels), self._manager(view, policy, pods),
-            pending_since=since, pending_config=since_config, restore=notes.get(MIG_RESTORE),
-            attempts=attempts, retry_from=retry_from, valid=valid, layouts=layout_name,
-            clients=self._clients(pods), holders=self._holders(pods) if state == mr.FAILED else ())
+            view.name,
+            config,
+            state,
+            mr.paused_labels(labels),
+            self._manager(view, policy, pods),
+            pending_since=since,
+            pending_config=since_config,
+            restore=notes.get(MIG_RESTORE),
+            attempts=attempts,
+            retry_from=retry_from,
+            valid=valid,
+            layouts=layout_name,
+            clients=self._clients(pods),
+            holders=self._holders(pods) if state == mr.FAILED else (),
+        )
         decision = mr.decide(facts, now, self.settings.mig_change_budget, self.settings.mig_retry_backoff)
-        held = mr.hold_stale_success(decision, config, self._applied.get(view.name), self._held.get(view.name),
-                                     now, self.settings.mig_poll)
+        held = mr.hold_stale_success(
+            decision,
+            config,
+            self._applied.get(view.name),
+            self._held.get(view.name),
+            now,
+            self.settings.mig_poll,
+        )
         if held is not None:  # the MIG manager has not acted on the new config yet: nothing to write
             self._held[view.name] = held
             self._active.add(view.name)
@@ -226,7 +276,9 @@ class MIGUnit(UnitBase):
             # (another writer's change of the node came first): no second write
             return min(w for w in (decision.wake, sent.at + ECHO_WAIT) if w is not None)
         if decision.notes and (decision.condition is None or decision.condition == view.mig_condition):
-            await self.kube.merge_patch("v1", "Node", view.name, {"metadata": {"annotations": decision.notes}})
+            await self.kube.merge_patch(
+                "v1", "Node", view.name, {"metadata": {"annotations": decision.notes}}
+            )
             report.notes += 1
             await self._condition(view, decision, report)
             wrote = True
@@ -250,29 +302,48 @@ class MIGUnit(UnitBase):
     def _app(self, pod: dict[str, Any]) -> str:
         """The app label of a pod in the operator's namespace ("" for any other pod)."""
         meta = pod.get("metadata") or {}
-        return str((meta.get("labels") or {}).get("app", "")) if meta.get("namespace") == self.model.namespace else ""
+        return (
+            str((meta.get("labels") or {}).get("app", ""))
+            if meta.get("namespace") == self.model.namespace
+            else ""
+        )
 
     @staticmethod
     def _holders(pods: list[dict[str, Any]] | None) -> tuple[str, ...]:
         """Running pods given GPUs (not being deleted), namespace/name: a MIG change waits for them."""
-        return tuple(sorted(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}" for p in pods or ()
-                            if requests_gpu(p) and (p.get("status") or {}).get("phase") == "Running"
-                            and not p["metadata"].get("deletionTimestamp")))
+        return tuple(
+            sorted(
+                f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
+                for p in pods or ()
+                if requests_gpu(p)
+                and (p.get("status") or {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            )
+        )
 
-    def _manager(self, view: NodeView, policy: ClusterPolicy, pods: list[dict[str, Any]] | None) -> mr.ManagerPresence:
-        if pods is not None and any(self._app(p) == MIG_MANAGER_APP and not p["metadata"].get("deletionTimestamp")
-                                    for p in pods):
+    def _manager(
+        self, view: NodeView, policy: ClusterPolicy, pods: list[dict[str, Any]] | None
+    ) -> mr.ManagerPresence:
+        if pods is not None and any(
+            self._app(p) == MIG_MANAGER_APP and not p["metadata"].get("deletionTimestamp") for p in pods
+        ):
             return mr.ManagerPresence.RUNNING
         if policy.spec.migManager.on() and view.labels.get(MIG_MANAGER) == "true":
             return mr.ManagerPresence.GONE
         return mr.ManagerPresence.NOT_DEPLOYED
 
     def _clients(self, pods: list[dict[str, Any]] | None) -> tuple[str, ...]:
-        return tuple(sorted(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
-                            for p in pods or () if self._app(p) in MIG_CLIENT_APPS))
+        return tuple(
+            sorted(
+                f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}"
+                for p in pods or ()
+                if self._app(p) in MIG_CLIENT_APPS
+            )
+        )
 
-    async def _layouts(self, node: str, policy: ClusterPolicy,
-                       seen: dict[str, tuple[str, tuple[str, ...] | None]]) -> tuple[str, tuple[str, ...] | None]:
+    async def _layouts(
+        self, node: str, policy: ClusterPolicy, seen: dict[str, tuple[str, tuple[str, ...] | None]]
+    ) -> tuple[str, tuple[str, ...] | None]:
         """(ConfigMap, its config names) the node's MIG manager selects from: the policy's
         migManager.config.name; else the config it generated from the node's GPUs and published
         (`<node>-mig-config`), else ours (`default-mig-parted-config`). Names None: unreadable."""
@@ -289,8 +360,13 @@ class MIGUnit(UnitBase):
 
     # -- writes
 
-    async def _condition(self, view: NodeView, d: mr.MIGDecision, report: MIGPassReport,
-                         notes: dict[str, str | None] | None = None) -> bool:
+    async def _condition(
+        self,
+        view: NodeView,
+        d: mr.MIGDecision,
+        report: MIGPassReport,
+        notes: dict[str, str | None] | None = None,
+    ) -> bool:
         """Write the condition where it changed (with `notes` in the same request); True if written."""
         want = d.condition
         have = view.mig_condition
@@ -301,22 +377,40 @@ class MIGUnit(UnitBase):
             report.conditions += 1
             return True
         status, reason, message = want
-        await nodestatus.set_condition(self.kube, view.name, MIG_CONDITION, status, reason, message,
-                                       moved=have is None or have[0] != status, annotations=notes)
+        await nodestatus.set_condition(
+            self.kube,
+            view.name,
+            MIG_CONDITION,
+            status,
+            reason,
+            message,
+            moved=have is None or have[0] != status,
+            annotations=notes,
+        )
         report.conditions += 1
         if have is None or have[1] != reason:
             log.info("node %s: %s: %s", view.name, reason, message)
         # an Event where a person may need to act, and when that ends: not for every change started or
         # applied (a fleet's first pass would post one per MIG node)
-        if (have is None or have[1] != reason) and (reason in TROUBLE or (have is not None and have[1] in TROUBLE)):
+        if (have is None or have[1] != reason) and (
+            reason in TROUBLE or (have is not None and have[1] in TROUBLE)
+        ):
             warning = reason in TROUBLE
             await self.kube.node_event(view.name, MIG_EVENT_REASON, f"{reason}: {message}", warning=warning)
             report.events += 1
             source = self.model.active_policy()
             if warning and source is not None:
                 # the policy's status keeps upstream's shape (state, Ready/Error): its Events say it
-                await self.kube.event({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "name": source.name,
-                                       "uid": source.uid}, MIG_EVENT_REASON, f"node {view.name}: {reason}: {message}")
+                await self.kube.event(
+                    {
+                        "apiVersion": "nvidia.com/v1",
+                        "kind": "ClusterPolicy",
+                        "name": source.name,
+                        "uid": source.uid,
+                    },
+                    MIG_EVENT_REASON,
+                    f"node {view.name}: {reason}: {message}",
+                )
                 report.events += 1
         return True
 
@@ -326,12 +420,22 @@ class MIGUnit(UnitBase):
         for pod in pods:
             if self._app(pod) == MIG_MANAGER_APP and not pod["metadata"].get("deletionTimestamp"):
                 meta = pod["metadata"]
-                log.info("node %s: retrying its MIG change: restarting %s/%s", node, meta.get("namespace"), meta["name"])
-                await self.kube.delete(ObjectKey("v1", "Pod", meta["name"],
-                                                 meta.get("namespace") or self.model.namespace))
+                log.info(
+                    "node %s: retrying its MIG change: restarting %s/%s",
+                    node,
+                    meta.get("namespace"),
+                    meta["name"],
+                )
+                await self.kube.delete(
+                    ObjectKey("v1", "Pod", meta["name"], meta.get("namespace") or self.model.namespace)
+                )
 
 
 async def take_back(kube: Kube, node: dict[str, Any]) -> list[str]:
     """What uninstall cleanup must undo of the MIG unit on one node (our annotations go with the
     operator's other keys): the NvidiaMIGReady condition. Returns what it did, for cleanup's report."""
-    return [f"removed condition {MIG_CONDITION}"] if await nodestatus.drop_condition(kube, node, MIG_CONDITION) else []
+    return (
+        [f"removed condition {MIG_CONDITION}"]
+        if await nodestatus.drop_condition(kube, node, MIG_CONDITION)
+        else []
+    )

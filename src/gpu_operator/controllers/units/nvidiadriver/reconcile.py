@@ -49,8 +49,9 @@ class DriverReport(Result):
 
 
 class NVIDIADriverReconciler:
-    def __init__(self, kube: Kube, settings: OperatorSettings | None = None,
-                 images: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings | None = None, images: Mapping[str, str] | None = None
+    ) -> None:
         self.kube = kube
         self.settings = settings or OperatorSettings()
         self.images = dict(images) if images is not None else operator_env_now()  # read once
@@ -81,9 +82,14 @@ class NVIDIADriverReconciler:
         await self._conflict_events(routing, out)
         owners = effective_owners(routing, snap.nodes)
         base = policy
-        facts = ClusterFacts.of([n.facts for n in snap.nodes], namespace=snap.namespace,
-                                k8s_version=snap.info.k8s_version, operator_env=self.images,
-                                openshift=snap.info.openshift, openshift_version=snap.info.openshift_version)
+        facts = ClusterFacts.of(
+            [n.facts for n in snap.nodes],
+            namespace=snap.namespace,
+            k8s_version=snap.info.k8s_version,
+            operator_env=self.images,
+            openshift=snap.info.openshift,
+            openshift_version=snap.info.openshift_version,
+        )
         for name, nvd in sorted(drivers.items()):
             report = ReconcileReport()
             out.reports[name] = report
@@ -94,18 +100,30 @@ class NVIDIADriverReconciler:
                 out.requeue = self.settings.requeue_not_ready
         return out
 
-    async def _one(self, nvd: NVIDIADriver, view: NVIDIADriverView, base: ClusterPolicy | None, facts: ClusterFacts,
-                   owners: dict[str, str], routing: Routing, snap: ReadSnapshot,
-                   report: ReconcileReport) -> st.ReconcileOutcome:
+    async def _one(
+        self,
+        nvd: NVIDIADriver,
+        view: NVIDIADriverView,
+        base: ClusterPolicy | None,
+        facts: ClusterFacts,
+        owners: dict[str, str],
+        routing: Routing,
+        snap: ReadSnapshot,
+        report: ReconcileReport,
+    ) -> st.ReconcileOutcome:
         name = nvd.metadata.name
         owned_nodes = sorted(node for node, owner in owners.items() if owner == name)
-        conflict = "; ".join(conflict_message(node, names) for node, names in routing.conflicts_of(name).items())
+        conflict = "; ".join(
+            conflict_message(node, names) for node, names in routing.conflicts_of(name).items()
+        )
 
         def failed(message: str) -> st.ReconcileOutcome:
             # As upstream, a conflicting nodeSelector is what the status names first, whatever
             # else fails: which one a user sees must not depend on which CR the watch saw first.
             if conflict:
-                return st.ReconcileOutcome(vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, f"{conflict}; also: {message}")
+                return st.ReconcileOutcome(
+                    vocab.NOT_READY, CONFLICTING_NODE_SELECTOR, f"{conflict}; also: {message}"
+                )
             return st.ReconcileOutcome.failed(message)
 
         try:
@@ -114,13 +132,18 @@ class NVIDIADriverReconciler:
             # its VM guests' merged kernel-module ConfigMap (render/guestnvlink.py): the CR's content
             owned_facts = [n.facts for n in snap.nodes if owners.get(n.name) == name]
             data = await kernel_module_data(reads, policy, snap.namespace, owned_facts)
-            result = render_nvidiadriver(nvd, dataclasses.replace(facts, configmap_keys=keys, configmap_data=data),
-                                         base, owned=owned_nodes)
+            result = render_nvidiadriver(
+                nvd,
+                dataclasses.replace(facts, configmap_keys=keys, configmap_data=data),
+                base,
+                owned=owned_nodes,
+            )
         except RenderError as err:
             return failed(f"{err} (fix the field in NVIDIADriver {name})")
         try:
-            await self.applier.apply(result, view, owner_reference(view, API_VERSION, KIND),
-                                     snap.owned, snap.watched_kinds, report)
+            await self.applier.apply(
+                result, view, owner_reference(view, API_VERSION, KIND), snap.owned, snap.watched_kinds, report
+            )
         except ApiError as err:
             return failed(f"Failed to reconcile NVIDIADriver {name}: {err.status.message}")
         if conflict:
@@ -129,9 +152,15 @@ class NVIDIADriverReconciler:
         for pool in pools_of(result):
             for ds in pool.objects:
                 meta = ds["metadata"]
-                live = snap.owned.get(object_key(ds["apiVersion"], "DaemonSet", meta.get("namespace"), meta["name"]))
-                if live is None or live.readiness is None or str(ObjectKey.of(ds)) in report.applied \
-                        or not st.daemonset_ready(live.readiness):
+                live = snap.owned.get(
+                    object_key(ds["apiVersion"], "DaemonSet", meta.get("namespace"), meta["name"])
+                )
+                if (
+                    live is None
+                    or live.readiness is None
+                    or str(ObjectKey.of(ds)) in report.applied
+                    or not st.daemonset_ready(live.readiness)
+                ):
                     not_ready.append(meta["name"])
         report.not_ready = not_ready
         labels = {n.name: n.labels for n in snap.nodes}
@@ -139,20 +168,31 @@ class NVIDIADriverReconciler:
         waiting = [n.name for n in snap.nodes if has_gpu(n.labels) and not n.gpu_present]
         if unlabelled or waiting:
             # "ready" now would only mean the DaemonSets have no node to run on yet
-            return st.ReconcileOutcome(vocab.NOT_READY, DRIVER_NOT_READY,
-                              f"NVIDIADriver {name} is not ready; nodes not labelled yet: {unlabelled or waiting}")
+            return st.ReconcileOutcome(
+                vocab.NOT_READY,
+                DRIVER_NOT_READY,
+                f"NVIDIADriver {name} is not ready; nodes not labelled yet: {unlabelled or waiting}",
+            )
         if not_ready:
-            return st.ReconcileOutcome(vocab.NOT_READY, DRIVER_NOT_READY,
-                              f"NVIDIADriver {name} is not ready; driver DaemonSets not ready: {not_ready}")
+            return st.ReconcileOutcome(
+                vocab.NOT_READY,
+                DRIVER_NOT_READY,
+                f"NVIDIADriver {name} is not ready; driver DaemonSets not ready: {not_ready}",
+            )
         if not owned_nodes:
             selector = ", ".join(f"{k}={v}" for k, v in sorted((nvd.spec.nodeSelector or {}).items()))
             what = f"nodeSelector ({selector})" if selector else "this default NVIDIADriver"
-            return st.ReconcileOutcome(vocab.READY, vocab.NO_GPU_NODES,
-                              f"NVIDIADriver {name}: {what} matches no GPU node (that no other NVIDIADriver "
-                              "selects); no driver DaemonSet is deployed")
-        return st.ReconcileOutcome(vocab.READY, vocab.RECONCILED,
-                          f"NVIDIADriver {name} is ready: {len(owned_nodes)} node(s) in "
-                          f"{len(pools_of(result))} pool(s)")
+            return st.ReconcileOutcome(
+                vocab.READY,
+                vocab.NO_GPU_NODES,
+                f"NVIDIADriver {name}: {what} matches no GPU node (that no other NVIDIADriver "
+                "selects); no driver DaemonSet is deployed",
+            )
+        return st.ReconcileOutcome(
+            vocab.READY,
+            vocab.RECONCILED,
+            f"NVIDIADriver {name} is ready: {len(owned_nodes)} node(s) in {len(pools_of(result))} pool(s)",
+        )
 
     async def _conflict_events(self, routing: Routing, out: DriverReport) -> None:
         """One Warning Event per node and set of claimants (not one per reconcile)."""
@@ -169,17 +209,28 @@ class NVIDIADriverReconciler:
             self.reported.add((node, names))
         self.reported &= current
 
-    async def _disabled(self, view: NVIDIADriverView, snap: ReadSnapshot, active: ClusterPolicyView | None) -> None:
+    async def _disabled(
+        self, view: NVIDIADriverView, snap: ReadSnapshot, active: ClusterPolicyView | None
+    ) -> None:
         if active is None:
-            outcome = st.ReconcileOutcome(vocab.NOT_READY, PREREQUISITE_NOT_MET,
-                                 "no ClusterPolicy and no GPUCluster: create a ClusterPolicy with "
-                                 "spec.driver.useNvidiaDriverCRD=true, or a GPUCluster (the DRA stack)")
+            outcome = st.ReconcileOutcome(
+                vocab.NOT_READY,
+                PREREQUISITE_NOT_MET,
+                "no ClusterPolicy and no GPUCluster: create a ClusterPolicy with "
+                "spec.driver.useNvidiaDriverCRD=true, or a GPUCluster (the DRA stack)",
+            )
             await self._status(view, snap, outcome)
             return
-        message = (f"ClusterPolicy {active.name} has spec.driver.useNvidiaDriverCRD=false: set it to true to let "
-                   "NVIDIADrivers manage the driver")
-        wanted = st.status_body(st.ReconcileOutcome(vocab.NOT_READY, PREREQUISITE_NOT_MET, message), snap.namespace,
-                                view.status, view.generation)
+        message = (
+            f"ClusterPolicy {active.name} has spec.driver.useNvidiaDriverCRD=false: set it to true to let "
+            "NVIDIADrivers manage the driver"
+        )
+        wanted = st.status_body(
+            st.ReconcileOutcome(vocab.NOT_READY, PREREQUISITE_NOT_MET, message),
+            snap.namespace,
+            view.status,
+            view.generation,
+        )
         wanted["state"] = DISABLED
         await self._write(view, wanted)
 
@@ -191,8 +242,13 @@ class NVIDIADriverReconciler:
         if not st.status_differs(current, wanted):
             return
         conditions = wanted.get("conditions") or [{}]
-        log.info("NVIDIADriver %s: %s (%s) %s", view.name, wanted["state"], conditions[-1].get("reason"),
-                 conditions[-1].get("message"))
+        log.info(
+            "NVIDIADriver %s: %s (%s) %s",
+            view.name,
+            wanted["state"],
+            conditions[-1].get("reason"),
+            conditions[-1].get("message"),
+        )
         try:
             await self.kube.patch_status("NVIDIADriver", view.name, wanted)
         except ApiError as err:

@@ -12,13 +12,23 @@ from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.nvidiadriver.reconcile import NVIDIADriverReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset({EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED, EventKind.DRIVER_POD})
+WANTED = frozenset(
+    {
+        EventKind.CLUSTER_POLICY,
+        EventKind.NVIDIA_DRIVER,
+        EventKind.GPU_CLUSTER,
+        EventKind.OWNED,
+        EventKind.DRIVER_POD,
+    }
+)
 
 
 class NVIDIADriverUnit(UnitBase):
     name = "NVIDIADriver reconcile"
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str]) -> None:
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings, model: ReadModel, images: Mapping[str, str]
+    ) -> None:
         self.model = model
         self.reconciler = NVIDIADriverReconciler(kube, settings, images)
 

@@ -30,7 +30,9 @@ log = logging.getLogger("gpu_operator.upgrade")
 
 VALIDATOR_SELECTOR = "app=nvidia-operator-validator"
 
-IN_PROGRESS = Gauge("gpu_operator_nodes_upgrades_in_progress", "Nodes on which a driver upgrade is in progress")
+IN_PROGRESS = Gauge(
+    "gpu_operator_nodes_upgrades_in_progress", "Nodes on which a driver upgrade is in progress"
+)
 DONE = Gauge("gpu_operator_nodes_upgrades_done", "Nodes on which the driver upgrade is done")
 FAILED = Gauge("gpu_operator_nodes_upgrades_failed", "Nodes on which the driver upgrade failed")
 AVAILABLE = Gauge("gpu_operator_nodes_upgrades_available", "Upgrade slots available")
@@ -45,16 +47,24 @@ def record(counts: us.Counts) -> None:
     PENDING.set(counts.pending)
 
 
-def driver_pod_facts(pod: DriverPodView, daemonsets: Mapping[str, Mapping[str, Any]],
-                     latest: Mapping[str, str | None]) -> us.DriverPod:
+def driver_pod_facts(
+    pod: DriverPodView, daemonsets: Mapping[str, Mapping[str, Any]], latest: Mapping[str, str | None]
+) -> us.DriverPod:
     """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision; only its
     pod must restart when its configuration digest is its DaemonSet template's."""
     ds = daemonsets.get(pod.daemonset)  # none for '' (no DaemonSet controls the pod)
     in_sync = ds is not None and pod.revision is not None and pod.revision == latest.get(pod.daemonset)
     template_digest = config_digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
-    return us.DriverPod(pod.name, pod.namespace, in_sync=in_sync, orphaned=ds is None, ready=pod.ready,
-                        restarts=pod.restarts, terminating=pod.deleting,
-                        restart_only=bool(template_digest) and template_digest == pod.digest)
+    return us.DriverPod(
+        pod.name,
+        pod.namespace,
+        in_sync=in_sync,
+        orphaned=ds is None,
+        ready=pod.ready,
+        restarts=pod.restarts,
+        terminating=pod.deleting,
+        restart_only=bool(template_digest) and template_digest == pod.digest,
+    )
 
 
 def latest_revisions(revisions: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
@@ -75,8 +85,11 @@ class PassPod:
     driver: us.DriverPod
 
 
-def pass_pods(pods: Iterable[DriverPodView], daemonsets: Mapping[str, Mapping[str, Any]],
-              latest: Mapping[str, str | None]) -> list[PassPod]:
+def pass_pods(
+    pods: Iterable[DriverPodView],
+    daemonsets: Mapping[str, Mapping[str, Any]],
+    latest: Mapping[str, str | None],
+) -> list[PassPod]:
     """Every scheduled driver pod's facts, against every DaemonSet in the namespace (so that a
     pod counts as orphaned only when its DaemonSet does not exist at all), read once per pass."""
     out: list[PassPod] = []
@@ -84,8 +97,13 @@ def pass_pods(pods: Iterable[DriverPodView], daemonsets: Mapping[str, Mapping[st
         if not pod.node:
             continue
         ds_meta = (daemonsets.get(pod.daemonset) or {}).get("metadata") or {}
-        out.append(PassPod(pod.node, frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
-                           driver_pod_facts(pod, daemonsets, latest)))
+        out.append(
+            PassPod(
+                pod.node,
+                frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
+                driver_pod_facts(pod, daemonsets, latest),
+            )
+        )
     return out
 
 
@@ -137,13 +155,24 @@ def node_patch(step: us.UpgradeStep) -> dict[str, Any]:
 POD_STATES = (us.WAIT_FOR_JOBS_REQUIRED, us.POD_DELETION_REQUIRED, us.DRAIN_REQUIRED)
 
 
-def node_facts(node: NodeView, drivers: Mapping[str, us.DriverPod], validators: Mapping[str, bool],
-               pods: tuple[us.PodFacts, ...]) -> us.UpgradeNodeFacts:
+def node_facts(
+    node: NodeView,
+    drivers: Mapping[str, us.DriverPod],
+    validators: Mapping[str, bool],
+    pods: tuple[us.PodFacts, ...],
+) -> us.UpgradeNodeFacts:
     """What the state machine reads of one node: its view, its driver pod, whether its validator is
     ready, and (in a pod-reading state) its pods."""
-    return us.UpgradeNodeFacts(node.name, labels=node.selectable, annotations=node.annotations,
-                        unschedulable=node.unschedulable, ready=node.ready,
-                        driver=drivers.get(node.name), pods=pods, validators_ready=validators.get(node.name))
+    return us.UpgradeNodeFacts(
+        node.name,
+        labels=node.selectable,
+        annotations=node.annotations,
+        unschedulable=node.unschedulable,
+        ready=node.ready,
+        driver=drivers.get(node.name),
+        pods=pods,
+        validators_ready=validators.get(node.name),
+    )
 
 
 # States a node leaves only on a watched event (its driver pod, its labels or annotations, a slot
@@ -157,8 +186,10 @@ RESTING = (us.UNKNOWN, us.UPGRADE_DONE, us.UPGRADE_FAILED, us.UPGRADE_REQUIRED)
 def reflects(view: NodeView, patch: Mapping[str, Any]) -> bool:
     """Whether a node's view shows a merge patch we sent (labels, annotations, cordon)."""
     meta = patch.get("metadata") or {}
-    for current, wanted in ((view.selectable, meta.get("labels") or {}),
-                            (view.annotations, meta.get("annotations") or {})):
+    for current, wanted in (
+        (view.selectable, meta.get("labels") or {}),
+        (view.annotations, meta.get("annotations") or {}),
+    ):
         if any(current.get(k) != v for k, v in wanted.items()):
             return False
     cordon = (patch.get("spec") or {}).get("unschedulable")
@@ -172,9 +203,16 @@ class UpgradeController:
     patch and driver pod deletion the previous passes sent: planning on a view older than our own
     writes could start more than maxParallelUpgrades nodes or repeat a step."""
 
-    def __init__(self, kube: Kube, namespace: str, nodes: Callable[[], Iterable[NodeView]],
-                 settings: OperatorSettings | None = None, *,
-                 driver_pods: Callable[[], Iterable[DriverPodView]], clock: Clock = REAL) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        nodes: Callable[[], Iterable[NodeView]],
+        settings: OperatorSettings | None = None,
+        *,
+        driver_pods: Callable[[], Iterable[DriverPodView]],
+        clock: Clock = REAL,
+    ) -> None:
         self.kube = kube
         self.clock = clock
         self.namespace = namespace
@@ -189,8 +227,9 @@ class UpgradeController:
         self.waiting_since: float | None = None
         self.access = RuntimeAccess()
 
-    def caught_up(self, views: Mapping[str, NodeView],
-                  pods: Mapping[tuple[str, str], DriverPodView] | None = None) -> bool:
+    def caught_up(
+        self, views: Mapping[str, NodeView], pods: Mapping[tuple[str, str], DriverPodView] | None = None
+    ) -> bool:
         """Drops the sent patches the views show (or whose node is gone) and the deleted driver pods
         the watch shows terminating or gone; True when none is left, or when the watches have lagged
         for `upgrade_view_lag_limit` seconds (then planning goes on with what it has, and says so)."""
@@ -205,9 +244,14 @@ class UpgradeController:
         if now - self.waiting_since < self.settings.upgrade_view_lag_limit:
             return False
         example = next(iter(self.sent), None) or "/".join(next(iter(self.deleted)))
-        log.warning("the watches have not shown %d of our upgrade patches and %d driver pod deletions for "
-                    "%.0f s (e.g. %s); planning anyway", len(self.sent), len(self.deleted),
-                    now - self.waiting_since, example)
+        log.warning(
+            "the watches have not shown %d of our upgrade patches and %d driver pod deletions for "
+            "%.0f s (e.g. %s); planning anyway",
+            len(self.sent),
+            len(self.deleted),
+            now - self.waiting_since,
+            example,
+        )
         self.sent.clear()
         self.deleted.clear()
         self.waiting_since = None
@@ -249,17 +293,32 @@ class UpgradeController:
             validators = await self.kube.list_pods(ns, labels=VALIDATOR_SELECTOR, slim=True)
         return PassLists(tuple(pass_pods(driver_pods, daemonsets, latest)), validators_ready(validators))
 
-    async def _owner_pass(self, owner: Owner, views: Mapping[str, NodeView], lists: PassLists) -> tuple[us.Counts, bool]:
+    async def _owner_pass(
+        self, owner: Owner, views: Mapping[str, NodeView], lists: PassLists
+    ) -> tuple[us.Counts, bool]:
         """The state machine for one owner's nodes: (its counts, whether an upgrade is under way)."""
         if not owner.policy.auto_upgrade:  # only nodes that still carry a state label
-            result = us.plan([us.UpgradeNodeFacts(v.name, labels=v.selectable)
-                              for v in views.values() if UPGRADE_STATE in v.selectable], owner.policy, self.clock.wall())
+            result = us.plan(
+                [
+                    us.UpgradeNodeFacts(v.name, labels=v.selectable)
+                    for v in views.values()
+                    if UPGRADE_STATE in v.selectable
+                ],
+                owner.policy,
+                self.clock.wall(),
+            )
             await self._execute(result.steps, {})
             return result.counts, False
         by_node = drivers_by_node(lists.pods, owner.owner_uid)
         # only the nodes in a pod-reading state wait for I/O: one task each, not one per node
         reading = [v.name for v in views.values() if v.selectable.get(UPGRADE_STATE) in POD_STATES]
-        pods = dict(zip(reading, await asyncio.gather(*(self._pods_on(name, owner.policy) for name in reading)), strict=True))
+        pods = dict(
+            zip(
+                reading,
+                await asyncio.gather(*(self._pods_on(name, owner.policy) for name in reading)),
+                strict=True,
+            )
+        )
         facts_list = [node_facts(v, by_node, lists.validators, pods.get(v.name, ())) for v in views.values()]
         managed = [f for f in facts_list if f.driver is not None or f.state != us.UNKNOWN]
         result = us.plan(managed, owner.policy, self.clock.wall(), paused=owner.paused)
@@ -269,10 +328,18 @@ class UpgradeController:
 
     async def _pods_on(self, node: str, policy: us.Policy) -> tuple[us.PodFacts, ...]:
         async with self.gate:
-            return await node_drain.pods_on(self.kube, node, self.blocked, access=self.access,
-                                            wait_selector=policy.wait_selector, drain_selector=policy.drain_selector)
+            return await node_drain.pods_on(
+                self.kube,
+                node,
+                self.blocked,
+                access=self.access,
+                wait_selector=policy.wait_selector,
+                drain_selector=policy.drain_selector,
+            )
 
-    async def _execute(self, steps: Sequence[us.UpgradeStep], facts: Mapping[str, us.UpgradeNodeFacts]) -> None:
+    async def _execute(
+        self, steps: Sequence[us.UpgradeStep], facts: Mapping[str, us.UpgradeNodeFacts]
+    ) -> None:
         await asyncio.gather(*(self._apply(step, facts.get(step.node)) for step in steps))
 
     async def _apply(self, step: us.UpgradeStep, node: us.UpgradeNodeFacts | None) -> None:
@@ -286,13 +353,20 @@ class UpgradeController:
                 if step.delete_driver_pod and node is not None and node.driver is not None:
                     await self._delete_pod(node.driver.namespace, node.driver.name)
                     self.deleted.add((node.driver.namespace, node.driver.name))
-                if step.state is not None or step.remove_state or step.delete_driver_pod or (
-                        step.message and step.warning):
+                if (
+                    step.state is not None
+                    or step.remove_state
+                    or step.delete_driver_pod
+                    or (step.message and step.warning)
+                ):
                     log.info("node %s: %s", step.node, step.message)
-                    await self.kube.node_event(step.node, UPGRADE_EVENT_REASON, step.message, warning=step.warning)
+                    await self.kube.node_event(
+                        step.node, UPGRADE_EVENT_REASON, step.message, warning=step.warning
+                    )
             except Exception as err:  # one node's failure must not stop the others; next pass retries
                 log.warning("node %s: upgrade step failed: %s", step.node, err)
 
     async def _delete_pod(self, namespace: str, name: str) -> None:
         from gpu_operator.kube.client import ObjectKey
+
         await self.kube.delete(ObjectKey("v1", "Pod", name, namespace))

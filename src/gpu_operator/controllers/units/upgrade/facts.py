@@ -17,7 +17,12 @@ from gpu_operator.vocabulary import CONTROLLER_REVISION_HASH, UNKNOWN, UPGRADE_S
 VALIDATION_TIMEOUT_SECONDS = 600  # upstream's fixed validation timeout
 
 # The api model's defaults, read once.
-_API, _WAIT, _DELETION, _DRAIN = DriverUpgradePolicySpec(), WaitForCompletionSpec(), PodDeletionSpec(), DrainSpec()
+_API, _WAIT, _DELETION, _DRAIN = (
+    DriverUpgradePolicySpec(),
+    WaitForCompletionSpec(),
+    PodDeletionSpec(),
+    DrainSpec(),
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,11 @@ class Policy:
         `upgradePolicy`: the api model holds the defaults); None -> auto-upgrade off."""
         if spec is None:
             return cls()
-        wait, deletion, drain = spec.waitForCompletion or _WAIT, spec.podDeletion or _DELETION, spec.drain or _DRAIN
+        wait, deletion, drain = (
+            spec.waitForCompletion or _WAIT,
+            spec.podDeletion or _DELETION,
+            spec.drain or _DRAIN,
+        )
         return cls(
             auto_upgrade=spec.autoUpgrade,
             max_parallel=spec.maxParallelUpgrades,
@@ -109,6 +118,7 @@ class UpgradeNodeFacts:
             return float(self.annotations[key])
         except (KeyError, ValueError):
             return None
+
 
 def latest_revision_hash(revisions: Iterable[Mapping[str, Any]]) -> str | None:
     """The DaemonSet's newest ControllerRevision's hash (highest `.revision`)."""

@@ -54,13 +54,20 @@ def nvidiadriver_owners(drivers: Iterable[NVIDIADriverView], nodes: Iterable[Nod
     views = list(drivers)
     valid, _ = parse_drivers(views)
     bodies = {v.name: v.body for v in views}
-    return [dataclasses.replace(owner_of(bodies[group.owner], us.Policy.of(group.policy)),
-                                nodes=frozenset(group.nodes))
-            for group in upgrade_groups(valid.values(), nodes)]
+    return [
+        dataclasses.replace(
+            owner_of(bodies[group.owner], us.Policy.of(group.policy)), nodes=frozenset(group.nodes)
+        )
+        for group in upgrade_groups(valid.values(), nodes)
+    ]
 
 
-def upgrade_owners(active: ClusterPolicyView | None, drivers: Iterable[NVIDIADriverView], nodes: Iterable[NodeView],
-                   dra: bool = False) -> list[Owner]:
+def upgrade_owners(
+    active: ClusterPolicyView | None,
+    drivers: Iterable[NVIDIADriverView],
+    nodes: Iterable[NodeView],
+    dra: bool = False,
+) -> list[Owner]:
     """The owners one upgrade pass runs for: none without a ClusterPolicy (or with one the api
     model rejects), the ClusterPolicy, or with `driver.useNvidiaDriverCRD` every NVIDIADriver; with
     `dra` (a GPUCluster and no ClusterPolicy) every NVIDIADriver."""

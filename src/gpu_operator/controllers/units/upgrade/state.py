@@ -91,8 +91,14 @@ class UpgradeStep:
 
     @property
     def empty(self) -> bool:
-        return (self.state is None and not self.annotations and self.cordon is None and not self.evict
-                and not self.delete_driver_pod and not self.remove_state)
+        return (
+            self.state is None
+            and not self.annotations
+            and self.cordon is None
+            and not self.evict
+            and not self.delete_driver_pod
+            and not self.remove_state
+        )
 
 
 @dataclass(frozen=True)
@@ -117,43 +123,82 @@ class UpgradePlan:
     counts: Counts
 
 
-
 def _needs_upgrade(node: UpgradeNodeFacts) -> bool:
     d = node.driver
-    return ((d is not None and (not d.in_sync or d.orphaned))
-            or node.annotations.get(UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION) == "true"
-            or node.annotations.get(UPGRADE_REQUESTED_ANNOTATION) == "true")
+    return (
+        (d is not None and (not d.in_sync or d.orphaned))
+        or node.annotations.get(UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION) == "true"
+        or node.annotations.get(UPGRADE_REQUESTED_ANNOTATION) == "true"
+    )
 
 
-def _to(node: UpgradeNodeFacts, state: str, now: float, message: str = "", *, warning: bool = False,
-        annotations: Mapping[str, str | None] | None = None, **kw: Any) -> UpgradeStep:
+def _to(
+    node: UpgradeNodeFacts,
+    state: str,
+    now: float,
+    message: str = "",
+    *,
+    warning: bool = False,
+    annotations: Mapping[str, str | None] | None = None,
+    **kw: Any,
+) -> UpgradeStep:
     notes: dict[str, str | None] = {UPGRADE_STATE_SINCE_ANNOTATION: str(int(now))}
     if annotations:
         notes.update(annotations)
-    return UpgradeStep(node.name, state=state, annotations=notes,
-                message=message or f"Successfully updated node state label to {state}", warning=warning, **kw)
+    return UpgradeStep(
+        node.name,
+        state=state,
+        annotations=notes,
+        message=message or f"Successfully updated node state label to {state}",
+        warning=warning,
+        **kw,
+    )
 
 
 def _fail(node: UpgradeNodeFacts, now: float, reason: str) -> UpgradeStep:
-    return _to(node, UPGRADE_FAILED, now, f"upgrade failed: {reason}", warning=True,
-               annotations={UPGRADE_FAILURE_REASON_ANNOTATION: reason,
-                            UPGRADE_POD_DELETION_START_ANNOTATION: None, UPGRADE_DRAIN_START_ANNOTATION: None,
-                            UPGRADE_VALIDATION_START_ANNOTATION: None,
-                            UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None})
+    return _to(
+        node,
+        UPGRADE_FAILED,
+        now,
+        f"upgrade failed: {reason}",
+        warning=True,
+        annotations={
+            UPGRADE_FAILURE_REASON_ANNOTATION: reason,
+            UPGRADE_POD_DELETION_START_ANNOTATION: None,
+            UPGRADE_DRAIN_START_ANNOTATION: None,
+            UPGRADE_VALIDATION_START_ANNOTATION: None,
+            UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None,
+        },
+    )
 
 
 def _after_upgrade(node: UpgradeNodeFacts, now: float) -> UpgradeStep:
     """Validated (or recovered): uncordon, unless the node was cordoned before the upgrade."""
     clear = {UPGRADE_VALIDATION_START_ANNOTATION: None, UPGRADE_FAILURE_REASON_ANNOTATION: None}
     if node.annotations.get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION) == "true":
-        return _to(node, UPGRADE_DONE, now, annotations={**clear, UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: None})
-    return _to(node, UNCORDON_REQUIRED, now,
-               annotations={**clear, UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: None}
-               if UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION in node.annotations else clear)
+        return _to(
+            node, UPGRADE_DONE, now, annotations={**clear, UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: None}
+        )
+    return _to(
+        node,
+        UNCORDON_REQUIRED,
+        now,
+        annotations={**clear, UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION: None}
+        if UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION in node.annotations
+        else clear,
+    )
 
 
-def _evicting(node: UpgradeNodeFacts, pods: Sequence[PodFacts], start_key: str, timeout: int, now: float,
-              force: bool, empty_dir: bool, what: str) -> tuple[str, UpgradeStep | None]:
+def _evicting(
+    node: UpgradeNodeFacts,
+    pods: Sequence[PodFacts],
+    start_key: str,
+    timeout: int,
+    now: float,
+    force: bool,
+    empty_dir: bool,
+    what: str,
+) -> tuple[str, UpgradeStep | None]:
     """Pod deletion and drain through the shared drain (controllers/drain.py), its start time in
     the node's `start_key` annotation: ('done'|'failed:<reason>'|'wait', step)."""
     d = node_drain.decide(pods, node.ts(start_key), timeout, now, force=force, empty_dir=empty_dir, what=what)
@@ -188,8 +233,14 @@ def decide(node: UpgradeNodeFacts, policy: Policy, now: float, may_start: bool) 
         if requested:
             notes[UPGRADE_REQUESTED_ANNOTATION] = None
         if d is not None and d.restart_only and not d.orphaned and not requested and not safe_load:
-            return _to(node, POD_RESTART_REQUIRED, now, "driver configuration unchanged: restarting the pod only",
-                       annotations=notes, cordon=True)
+            return _to(
+                node,
+                POD_RESTART_REQUIRED,
+                now,
+                "driver configuration unchanged: restarting the pod only",
+                annotations=notes,
+                cordon=True,
+            )
         return _to(node, CORDON_REQUIRED, now, annotations=notes)
     if state == CORDON_REQUIRED:
         return _to(node, WAIT_FOR_JOBS_REQUIRED, now, cordon=True)
@@ -198,30 +249,70 @@ def decide(node: UpgradeNodeFacts, policy: Policy, now: float, may_start: bool) 
     if state == POD_DELETION_REQUIRED:
         # DaemonSet pods never (NVIDIA's pod deletion ignores them too): the operands run under the
         # nvidia RuntimeClass, and their DaemonSet would put them back on the cordoned node
-        gpu_pods = [p for p in node.pods if p.gpu and p.phase in ("Running", "Pending") and not p.mirror
-                    and not p.daemonset]
-        outcome, step = _evicting(node, gpu_pods, UPGRADE_POD_DELETION_START_ANNOTATION, policy.deletion_timeout,
-                                  now, policy.deletion_force, policy.deletion_empty_dir, "GPU pod deletion")
+        gpu_pods = [
+            p
+            for p in node.pods
+            if p.gpu and p.phase in ("Running", "Pending") and not p.mirror and not p.daemonset
+        ]
+        outcome, step = _evicting(
+            node,
+            gpu_pods,
+            UPGRADE_POD_DELETION_START_ANNOTATION,
+            policy.deletion_timeout,
+            now,
+            policy.deletion_force,
+            policy.deletion_empty_dir,
+            "GPU pod deletion",
+        )
         clear = {UPGRADE_POD_DELETION_START_ANNOTATION: None}
         if outcome == "done":
             nxt = DRAIN_REQUIRED if policy.drain_enable else POD_RESTART_REQUIRED
-            return _to(node, nxt, now, "Deleted workload pods on the node for the driver upgrade", annotations=clear)
+            return _to(
+                node, nxt, now, "Deleted workload pods on the node for the driver upgrade", annotations=clear
+            )
         if outcome.startswith("failed:"):
             if policy.drain_enable:
-                return _to(node, DRAIN_REQUIRED, now, "Pod deletion failed but drain is enabled in spec. "
-                           f"Will attempt a node drain ({outcome[7:]})", warning=True, annotations=clear)
+                return _to(
+                    node,
+                    DRAIN_REQUIRED,
+                    now,
+                    "Pod deletion failed but drain is enabled in spec. "
+                    f"Will attempt a node drain ({outcome[7:]})",
+                    warning=True,
+                    annotations=clear,
+                )
             return _fail(node, now, outcome[7:])
         return step or UpgradeStep(node.name)
     if state == DRAIN_REQUIRED:
         if not policy.drain_enable:
             return _to(node, POD_RESTART_REQUIRED, now)
-        pods = [p for p in node.pods if not p.daemonset and not p.mirror and not p.drain_skip and p.drain_match
-                and p.phase in ("Running", "Pending")]
-        outcome, step = _evicting(node, pods, UPGRADE_DRAIN_START_ANNOTATION, policy.drain_timeout, now,
-                                  policy.drain_force, policy.drain_empty_dir, "drain")
+        pods = [
+            p
+            for p in node.pods
+            if not p.daemonset
+            and not p.mirror
+            and not p.drain_skip
+            and p.drain_match
+            and p.phase in ("Running", "Pending")
+        ]
+        outcome, step = _evicting(
+            node,
+            pods,
+            UPGRADE_DRAIN_START_ANNOTATION,
+            policy.drain_timeout,
+            now,
+            policy.drain_force,
+            policy.drain_empty_dir,
+            "drain",
+        )
         if outcome == "done":
-            return _to(node, POD_RESTART_REQUIRED, now, "Successfully drained the node",
-                       annotations={UPGRADE_DRAIN_START_ANNOTATION: None})
+            return _to(
+                node,
+                POD_RESTART_REQUIRED,
+                now,
+                "Successfully drained the node",
+                annotations={UPGRADE_DRAIN_START_ANNOTATION: None},
+            )
         if outcome.startswith("failed:"):
             return _fail(node, now, outcome[7:])
         return step or UpgradeStep(node.name)
@@ -234,7 +325,11 @@ def decide(node: UpgradeNodeFacts, policy: Policy, now: float, may_start: bool) 
         if started is None:
             return UpgradeStep(node.name, annotations={UPGRADE_VALIDATION_START_ANNOTATION: str(int(now))})
         if now - started > policy.validation_timeout:
-            what = "no validator pod on the node" if node.validators_ready is None else "validator pods not ready"
+            what = (
+                "no validator pod on the node"
+                if node.validators_ready is None
+                else "validator pods not ready"
+            )
             return _fail(node, now, f"validation timed out after {policy.validation_timeout}s ({what})")
         return UpgradeStep(node.name)
     if state == UNCORDON_REQUIRED:
@@ -243,8 +338,9 @@ def decide(node: UpgradeNodeFacts, policy: Policy, now: float, may_start: bool) 
         if d is not None and d.in_sync and not d.orphaned and d.ready and not _needs_upgrade(node):
             return _after_upgrade(node, now)
         return UpgradeStep(node.name)
-    return UpgradeStep(node.name, message=f"could not determine next upgrade state from {state!r}, will retry",
-                warning=True)
+    return UpgradeStep(
+        node.name, message=f"could not determine next upgrade state from {state!r}, will retry", warning=True
+    )
 
 
 def _wait_for_jobs(node: UpgradeNodeFacts, policy: Policy, now: float) -> UpgradeStep:
@@ -257,7 +353,9 @@ def _wait_for_jobs(node: UpgradeNodeFacts, policy: Policy, now: float) -> Upgrad
     if policy.wait_timeout > 0:
         started = node.ts(UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION)
         if started is None:
-            return UpgradeStep(node.name, annotations={UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: str(int(now))})
+            return UpgradeStep(
+                node.name, annotations={UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: str(int(now))}
+            )
         if now - started > policy.wait_timeout:
             return _to(node, POD_DELETION_REQUIRED, now, "waitForCompletion timed out", annotations=clear)
     return UpgradeStep(node.name)
@@ -268,7 +366,9 @@ def _pod_restart(node: UpgradeNodeFacts, now: float) -> UpgradeStep:
     if d is None or d.terminating:
         return UpgradeStep(node.name)  # the DaemonSet controller is replacing it
     if not d.in_sync or d.orphaned:
-        return UpgradeStep(node.name, delete_driver_pod=True, message=f"Restarting driver pod {d.namespace}/{d.name}")
+        return UpgradeStep(
+            node.name, delete_driver_pod=True, message=f"Restarting driver pod {d.namespace}/{d.name}"
+        )
     notes: dict[str, str | None] = {}
     if UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION in node.annotations:
         notes[UPGRADE_WAIT_FOR_SAFE_LOAD_ANNOTATION] = None  # unblock the driver's safe load
@@ -282,14 +382,22 @@ def _pod_restart(node: UpgradeNodeFacts, now: float) -> UpgradeStep:
 def plan(nodes: Sequence[UpgradeNodeFacts], policy: Policy, now: float, paused: bool = False) -> UpgradePlan:
     """Every node's step this pass; slots and maxUnavailable bound who leaves upgrade-required."""
     if not policy.auto_upgrade:
-        return UpgradePlan(tuple(UpgradeStep(n.name, remove_state=True, message="driver auto-upgrade disabled")
-                          for n in nodes if n.state != UNKNOWN), Counts())
+        return UpgradePlan(
+            tuple(
+                UpgradeStep(n.name, remove_state=True, message="driver auto-upgrade disabled")
+                for n in nodes
+                if n.state != UNKNOWN
+            ),
+            Counts(),
+        )
     managed = [n for n in nodes if n.driver is not None or n.state != UNKNOWN]
     total = len(managed)
     by_state: dict[str, int] = {}
     for n in managed:
         by_state[n.state] = by_state.get(n.state, 0) + 1
-    in_progress = total - by_state.get(UNKNOWN, 0) - by_state.get(UPGRADE_DONE, 0) - by_state.get(UPGRADE_REQUIRED, 0)
+    in_progress = (
+        total - by_state.get(UNKNOWN, 0) - by_state.get(UPGRADE_DONE, 0) - by_state.get(UPGRADE_REQUIRED, 0)
+    )
     # maxParallelUpgrades bounds every node that starts; maxUnavailable only those that are not
     # cordoned already (a cordoned node adds no unavailability).
     parallel = total if policy.max_parallel == 0 else max(0, policy.max_parallel - in_progress)
@@ -300,9 +408,16 @@ def plan(nodes: Sequence[UpgradeNodeFacts], policy: Policy, now: float, paused: 
         parallel = 0
     steps: list[UpgradeStep] = []
     # one owner of a node's cordon at a time: a node in GPU health remediation waits for it to end
-    waiting = sorted((n for n in managed if n.state == UPGRADE_REQUIRED and not n.skip
-                      and n.labels.get(HEALTH_STATE) not in HEALTH_REMEDIATING),
-                     key=lambda n: (not n.unschedulable, n.name))
+    waiting = sorted(
+        (
+            n
+            for n in managed
+            if n.state == UPGRADE_REQUIRED
+            and not n.skip
+            and n.labels.get(HEALTH_STATE) not in HEALTH_REMEDIATING
+        ),
+        key=lambda n: (not n.unschedulable, n.name),
+    )
     starting: set[str] = set()
     for node in waiting:
         if parallel <= 0:
@@ -319,22 +434,27 @@ def plan(nodes: Sequence[UpgradeNodeFacts], policy: Policy, now: float, paused: 
         step = decide(node, policy, now, may_start)
         if not step.empty:
             steps.append(step)
-    counts = Counts(total=total, in_progress=in_progress, done=by_state.get(UPGRADE_DONE, 0),
-                    failed=by_state.get(UPGRADE_FAILED, 0), pending=by_state.get(UPGRADE_REQUIRED, 0),
-                    available=max(0, slots))
+    counts = Counts(
+        total=total,
+        in_progress=in_progress,
+        done=by_state.get(UPGRADE_DONE, 0),
+        failed=by_state.get(UPGRADE_FAILED, 0),
+        pending=by_state.get(UPGRADE_REQUIRED, 0),
+        available=max(0, slots),
+    )
     return UpgradePlan(tuple(steps), counts)
 
 
 def retry_patch(annotations: Mapping[str, str]) -> dict[str, Any]:
     """`gpu-operator upgrade retry NODE`: back to upgrade-required, the failure forgotten. A node
     we cordoned ourselves is marked initially schedulable so that it is uncordoned at the end."""
-    notes: dict[str, str | None] = {UPGRADE_FAILURE_REASON_ANNOTATION: None,
-                                    UPGRADE_POD_DELETION_START_ANNOTATION: None,
-                                    UPGRADE_DRAIN_START_ANNOTATION: None,
-                                    UPGRADE_VALIDATION_START_ANNOTATION: None,
-                                    UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None}
+    notes: dict[str, str | None] = {
+        UPGRADE_FAILURE_REASON_ANNOTATION: None,
+        UPGRADE_POD_DELETION_START_ANNOTATION: None,
+        UPGRADE_DRAIN_START_ANNOTATION: None,
+        UPGRADE_VALIDATION_START_ANNOTATION: None,
+        UPGRADE_WAIT_FOR_COMPLETION_START_ANNOTATION: None,
+    }
     if annotations.get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION) != "true":
         notes[UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION] = "false"
     return {"metadata": {"labels": {UPGRADE_STATE: UPGRADE_REQUIRED}, "annotations": notes}}
-
-

@@ -27,16 +27,22 @@ def cordoned_by_us(node: dict[str, Any]) -> bool:
     meta = node.get("metadata") or {}
     state = (meta.get("labels") or {}).get(UPGRADE_STATE, UNKNOWN)
     initially = (meta.get("annotations") or {}).get(UPGRADE_INITIAL_UNSCHEDULABLE_ANNOTATION)
-    return bool((node.get("spec") or {}).get("unschedulable")) and state not in _NOT_CORDONED_BY_US \
+    return (
+        bool((node.get("spec") or {}).get("unschedulable"))
+        and state not in _NOT_CORDONED_BY_US
         and initially != "true"
+    )
 
 
 async def take_back(uninstall: Uninstall) -> list[str]:
     """Uncordon the nodes a driver upgrade left cordoned (an uninstall in the middle of one)."""
+
     async def uncordon(node: dict[str, Any]) -> list[str]:
         if not cordoned_by_us(node):
             return []
-        await uninstall.kube.merge_patch("v1", "Node", node["metadata"]["name"], {"spec": {"unschedulable": False}})
+        await uninstall.kube.merge_patch(
+            "v1", "Node", node["metadata"]["name"], {"spec": {"unschedulable": False}}
+        )
         return ["uncordoned (a driver upgrade had cordoned it)"]
 
     return await each_node(uninstall.nodes, uncordon)

@@ -21,26 +21,41 @@ from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import UPGRADE_SKIP, UPGRADE_STATE
 
-WANTED = frozenset({EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED, EventKind.DRIVER_POD})
+WANTED = frozenset(
+    {
+        EventKind.CLUSTER_POLICY,
+        EventKind.NVIDIA_DRIVER,
+        EventKind.GPU_CLUSTER,
+        EventKind.OWNED,
+        EventKind.DRIVER_POD,
+    }
+)
 UpgradeFacts = tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]
 
 
 def upgrade_facts(view: NodeView) -> UpgradeFacts:
     """What the state machine reads of a node besides its driver pod."""
-    return (view.labels.get(UPGRADE_STATE), view.labels.get(UPGRADE_SKIP), tuple(sorted(view.annotations.items())),
-            view.unschedulable, view.ready)
+    return (
+        view.labels.get(UPGRADE_STATE),
+        view.labels.get(UPGRADE_SKIP),
+        tuple(sorted(view.annotations.items())),
+        view.unschedulable,
+        view.ready,
+    )
 
 
 class UpgradeUnit(UnitBase):
     name = "driver upgrade pass"
 
-    def __init__(self, kube: Kube, settings: OperatorSettings, model: ReadModel,
-                 labels_first: Callable[[], bool]) -> None:
+    def __init__(
+        self, kube: Kube, settings: OperatorSettings, model: ReadModel, labels_first: Callable[[], bool]
+    ) -> None:
         self.model = model
         self.settings = settings
         self.labels_first = labels_first
-        self.controller = UpgradeController(kube, model.namespace, model.nodes, settings,
-                                            driver_pods=model.driver_pods)
+        self.controller = UpgradeController(
+            kube, model.namespace, model.nodes, settings, driver_pods=model.driver_pods
+        )
         self._facts: dict[str, UpgradeFacts] = {}  # per node, what the last event showed
 
     def wants(self, event: Event) -> bool:
@@ -56,5 +71,7 @@ class UpgradeUnit(UnitBase):
         if self.labels_first():
             return Result(self.settings.coalesce)
         model = self.model
-        owners = upgrade_owners(model.active_policy(), model.drivers(), model.nodes(), dra=bool(model.gpuclusters()))
+        owners = upgrade_owners(
+            model.active_policy(), model.drivers(), model.nodes(), dra=bool(model.gpuclusters())
+        )
         return await self.controller.reconcile(owners, runtime_access(model.active_policy()))
