@@ -1,5 +1,5 @@
 """Every test process: lightkube's types made ready before a test or a stand-in starts a thread
-that decodes (src/gpu_operator/node/kubetypes.py: two threads that decode a type for the first
+that decodes (src/gpu_operator/node/cluster/kubetypes.py: two threads that decode a type for the first
 time at once crash the process), and a crash in a process the tests start prints every thread's
 stack (PYTHONFAULTHANDLER; pytest's own faulthandler plugin does it for this process)."""
 
@@ -15,7 +15,7 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONFAULTHANDLER", "1")
-    from gpu_operator.node import kubetypes
+    from gpu_operator.node.cluster import kubetypes
 
     kubetypes.prepare()
 

@@ -15,7 +15,7 @@ from lightkube import Client
 from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
-from gpu_operator.node import vfio
+from gpu_operator.node.vfio import manage as vfio
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION
 from tests.integration.test_kubevirt_sync import kubevirt_cr, kubevirt_crd  # noqa: F401  (fixtures)

@@ -36,8 +36,8 @@ time.sleep(180)  # until the test deletes the pod
 # handles would, were they not let go first), so the test can tell its own entry by its host PID.
 AGENT = """
 import json, os, time
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.holders import open_device_files
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.holders import open_device_files
 from gpu_operator.node.health.requests import own_host_pid
 open('/dev/nvidia3', 'w').close()
 fd = os.open('/dev/nvidia3', os.O_RDONLY)

@@ -14,8 +14,8 @@ from typing import Any, cast
 from lightkube import Client, KubeConfig
 from lightkube.resources.core_v1 import Pod
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runtime import ContainerRuntime, detect_runtime
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runtime import ContainerRuntime, detect_runtime
 from gpu_operator.render.states.container_toolkit import STATE
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.standins import roster

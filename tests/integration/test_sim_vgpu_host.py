@@ -18,7 +18,7 @@ from lightkube import Client, KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.vgpuhost import sysfs
 from gpu_operator.node.vgpuhost.agent import (
     VGPU_HOST_RESTORED_REASON,

@@ -21,8 +21,8 @@ from lightkube.resources.core_v1 import Event, Node
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 from lightkube.types import PatchType
 
-from gpu_operator.node.kubeapi import KubeNodeView
-from gpu_operator.node.vfio_node import reconcile
+from gpu_operator.node.cluster.kubeapi import KubeNodeView
+from gpu_operator.node.vfio.incluster import reconcile
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.vocabulary import (
     PASSTHROUGH_DEVICES_ANNOTATION,
@@ -232,7 +232,7 @@ def test_doctor_reads_the_mixed_list_and_the_advertised_count_from_the_node(
         patch_type=PatchType.MERGE,
     )
     host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
-    from gpu_operator.node import vfio
+    from gpu_operator.node.vfio import manage as vfio
 
     assert all(p.ok for p in vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False))
     env = {**os.environ, "NODE_NAME": node, "KUBECONFIG": str(control_plane.admin_kubeconfig)}
@@ -264,7 +264,7 @@ def test_probe_publishes_the_gpu_facts_and_judges_the_mixed_node_by_its_annotati
         patch_type=PatchType.MERGE,
     )
     host = fakehost.build_file(HOSTS / "h100-nvidia-bound.yaml", tmp_path / "root")
-    from gpu_operator.node import vfio
+    from gpu_operator.node.vfio import manage as vfio
 
     assert all(p.ok for p in vfio.execute(host.fs, host.kernel(), "bind", H100[:4], False))
     env = {

@@ -5,7 +5,7 @@ is an exit by signal (-11), not the end of the test run. tests/unit/node/test_ku
                                           [--switch-interval SECONDS] [--yield-in-gc] [--abort]
 
 The lists hold kwok-shaped Pods and Nodes with their managedFields (tests/support/decode_shapes.py).
-1. The first decodes: after `node.kubetypes.prepare()` (unless --no-prepare), N threads start at
+1. The first decodes: after `node.cluster.kubetypes.prepare()` (unless --no-prepare), N threads start at
    one barrier and each makes its process's first decode of a Pod list, a Node list or a watch
    event through lightkube's decoders (as a test and the stand-ins' pod watch do), then of six
    other kinds' lists.
@@ -265,7 +265,7 @@ def run_threads(threads: list[threading.Thread]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-prepare", action="store_true", help="skip node.kubetypes.prepare()")
+    parser.add_argument("--no-prepare", action="store_true", help="skip node.cluster.kubetypes.prepare()")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.yield_in_gc:
         stress.yield_in_gc()
     if not args.no_prepare:
-        from gpu_operator.node import kubetypes
+        from gpu_operator.node.cluster import kubetypes
 
         kubetypes.prepare()
     started = time.monotonic()

@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.node.driver import driver_files, under_root
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.driver import driver_files, under_root
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.realnode import toolkit
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 

@@ -136,6 +136,24 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_node_host_imports_no_other_room_of_node() -> None:
+    """node/host/ (reading the host) is the bottom of node/: the other rooms read the host through
+    it, and it imports none of them."""
+    host = "gpu_operator.node.host"
+
+    def inside(module: str) -> bool:
+        return module == host or module.startswith(host + ".")
+
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in _graph().items()
+        if inside(m)
+        for t in targets
+        if t.startswith("gpu_operator.node.") and not inside(t)
+    )
+    assert upward == [], "node/host/ imports another room of node/:\n" + "\n".join(upward)
+
+
 def test_the_architecture_page_lists_every_room() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = text[text.index("## Layers") : text.index("## From a ClusterPolicy")]
@@ -164,7 +182,7 @@ def test_only_kube_speaks_http() -> None:
 #   kube/'s kinds: its paths and clients are the simulator's own;
 # - node/ may build clients, never spell a path: its agents may import only vocabulary (they run on
 #   every node, with the node's own ServiceAccount), so they cannot use kube/; their in-cluster
-#   client is lightkube's (node/kubeapi.py).
+#   client is lightkube's (node/cluster/kubeapi.py).
 MAY_SPEAK_TO_THE_APISERVER = {"kube", "sim"}
 MAY_BUILD_A_CLIENT = {"node"}
 # `/api/...` at the start of a string or after a non-name character, or after a URL's host

@@ -20,7 +20,7 @@ def _kube_view(namespace: str = "") -> Any:
         return None
     from lightkube.core.exceptions import ConfigError
 
-    from gpu_operator.node.kubeapi import KubeNodeView
+    from gpu_operator.node.cluster.kubeapi import KubeNodeView
 
     try:
         return KubeNodeView(
@@ -52,7 +52,7 @@ def probe(
     ] = None,
 ) -> None:
     """Print what this host has (GPUs, driver source, IOMMU, runtime, CDI) as JSON; optionally publish it."""
-    from gpu_operator.node.probe import probe as run_probe
+    from gpu_operator.node.host.probe import probe as run_probe
 
     fs = host_fs(host_root)
     dirs = tuple(search_path or ())
@@ -64,7 +64,7 @@ def probe(
     if not publish:
         typer.echo(run_probe(fs, extra_search_dirs=dirs).model_dump_json(indent=2))
         return
-    from gpu_operator.node.publish import publish_once
+    from gpu_operator.node.cluster.publish import publish_once
 
     view = _kube_view()
     if view is None:
@@ -90,7 +90,7 @@ def probe(
 
 def run_component(component: str, host_root: str | None, environ: dict[str, str]) -> None:
     """One validator component (or COMPONENT=metrics: the node-status exporter), upstream's env contract."""
-    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.host.runner import HostRunner
     from gpu_operator.node.validate.base import Context, Outcome
     from gpu_operator.node.validate.config import METRICS, ValidatorConfig, ValidatorConfigError
     from gpu_operator.node.validate.run import validate as run_validation
@@ -140,7 +140,7 @@ def serve_metrics(host_root: str | None, config: Any, port: int, address: str) -
     from prometheus_client import start_http_server
 
     from gpu_operator.node.exporter import NodeStatusCollector, driver_answers, registry_for
-    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.host.runner import HostRunner
 
     fs = host_fs(host_root)
     view = _kube_view(config.namespace)
@@ -224,16 +224,16 @@ def doctor(
     """Check one host for what breaks GPU nodes; each finding has severity, evidence and fix. Exit 1 on errors."""
     from rich.console import Console
 
-    from gpu_operator.node.doctor import run
-    from gpu_operator.node.doctor_inputs import cluster_inputs
-    from gpu_operator.node.probe import probe as run_probe
+    from gpu_operator.node.doctor.inputs import cluster_inputs
+    from gpu_operator.node.doctor.report import run
+    from gpu_operator.node.host.probe import probe as run_probe
     from gpu_operator.vocabulary import WORKLOAD_CONFIGS
 
     if workload_config and workload_config not in WORKLOAD_CONFIGS:
         raise typer.BadParameter(
             f"--workload-config {workload_config!r}: use one of {', '.join(WORKLOAD_CONFIGS)}"
         )
-    from gpu_operator.node.troubleshoot import parse_cuda
+    from gpu_operator.node.doctor.troubleshoot import parse_cuda
 
     fs = host_fs(host_root)
     report = run_probe(fs, extra_search_dirs=tuple(search_path or ()))
@@ -260,15 +260,15 @@ def _mig_node(
     node: str | None, labels: dict[str, str] | None, annotations: dict[str, str] | None
 ) -> list[Any]:
     """The Node's MIG config and state, where doctor read the Node (--node)."""
-    from gpu_operator.node import troubleshoot
+    from gpu_operator.node.doctor import troubleshoot
 
     return troubleshoot.mig_node_findings(node or "", labels, annotations or {}) if labels is not None else []
 
 
 def _troubleshoot(fs: Any, report: Any, cuda: list[tuple[int, int]], commands: bool) -> list[Any]:
     """doctor's checks beyond the probe: kernel log, kernel headers, CUDA versions, MIG."""
-    from gpu_operator.node.doctor import host_checks
-    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.doctor.report import host_checks
+    from gpu_operator.node.host.runner import HostRunner
 
     return host_checks(fs, report, cuda, HostRunner(fs) if commands else None)
 
@@ -292,7 +292,7 @@ def register(app: typer.Typer) -> None:
     from gpu_operator.node.vgpuhost.cli import vgpu_host_state
 
     node_app.command("vgpu-host-state")(vgpu_host_state)
-    from gpu_operator.node.vfio_cli import vfio_app
+    from gpu_operator.node.vfio.cli import vfio_app
 
     # Also under `node` (hidden): the vfio-manager DaemonSet runs `gpu-operator node vfio-manage reconcile`.
     node_app.add_typer(vfio_app, name="vfio-manage", hidden=True)

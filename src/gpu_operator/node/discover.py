@@ -29,10 +29,10 @@ from typing import Annotated, Any
 
 import typer
 
-from gpu_operator.node import pci
-from gpu_operator.node.driver import os_release
-from gpu_operator.node.guest import NVSWITCH_CLASS_PREFIX, read_guest
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.driver import os_release
+from gpu_operator.node.host.guest import NVSWITCH_CLASS_PREFIX, read_guest
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.options import HostRoot, host_fs
 from gpu_operator.vocabulary import (
     KERNEL_FULL,
@@ -126,7 +126,7 @@ def discover(
         raise typer.BadParameter("--publish needs NODE_NAME (the downward API's spec.nodeName)")
     from lightkube.core.exceptions import ConfigError
 
-    from gpu_operator.node.kubeapi import KubeNodeView
+    from gpu_operator.node.cluster.kubeapi import KubeNodeView
 
     try:
         view = KubeNodeView(node_name, os.environ.get("OPERATOR_NAMESPACE", ""), component=COMPONENT)

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from gpu_operator.node import pci
-from gpu_operator.node.driver import detect_driver
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runner import CommandRunner
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.driver import detect_driver
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runner import CommandRunner
 from gpu_operator.node.validate.base import StatusDir
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 

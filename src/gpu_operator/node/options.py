@@ -1,4 +1,4 @@
-"""Options and helpers the node commands share (node/cli.py, node/vfio_cli.py)."""
+"""Options and helpers the node commands share (node/cli.py, node/vfio/cli.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ Workload = Annotated[
 
 
 def host_fs(host_root: str | None) -> Any:
-    from gpu_operator.node.hostfs import HostFS
+    from gpu_operator.node.host.hostfs import HostFS
 
     root = host_root or ("/host" if Path("/host").is_dir() else "/")
     if not Path(root).is_dir():

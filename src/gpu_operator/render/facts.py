@@ -89,7 +89,7 @@ class NodeFacts:
 
 
 def probe_runtime(annotations: Mapping[str, str]) -> dict[str, str]:
-    """The `runtime` the node probe publishes in its facts annotation (node/publish.py), as text
+    """The `runtime` the node probe publishes in its facts annotation (node/cluster/publish.py), as text
     fields; empty where the probe has not run or found no runtime."""
     try:
         facts = json.loads(annotations.get(PROBE_FACTS_ANNOTATION) or "{}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import hosttree
 from gpu_operator.sim.hardware.hosttree import HostSpecError as FixtureError
 from tests.support.hostsim.kernelsim import KernelSimulator

@@ -6,9 +6,9 @@ import errno
 import fnmatch
 import os
 
-from gpu_operator.node import pci
-from gpu_operator.node.holders import gpu_holders
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.holders import gpu_holders
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import hosttree as sysfs
 
 # What each driver's id table matches, as vendor:device:class globs. vfio-pci has no table of
@@ -145,7 +145,7 @@ class KernelSimulator:
             sysfs.write_gpu_information(self.fs, address, minor, "simulated")
 
     def _minors(self) -> list[int]:
-        from gpu_operator.node.holders import device_minors
+        from gpu_operator.node.host.holders import device_minors
 
         return list(device_minors(self.fs))
 

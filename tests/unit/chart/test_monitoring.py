@@ -80,7 +80,7 @@ def exposed() -> set[str]:
     import gpu_operator.controllers
     import gpu_operator.kube
     from gpu_operator.node.exporter import NodeStatusCollector
-    from gpu_operator.node.hostfs import HostFS
+    from gpu_operator.node.host.hostfs import HostFS
 
     for package in (gpu_operator.controllers, gpu_operator.kube):
         for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):

@@ -19,7 +19,7 @@ import gpu_operator.controllers
 import gpu_operator.kube
 from gpu_operator.cli import app
 from gpu_operator.node.exporter import NodeStatusCollector
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "src" / "gpu_operator"
@@ -123,13 +123,15 @@ def test_command_expansion() -> None:
 
 
 def test_doctor_codes_table_matches_the_findings() -> None:
-    from gpu_operator.node.kernellog import NVRM_LINES
+    from gpu_operator.node.doctor.kernellog import NVRM_LINES
 
     names = ("findings.py", "vmchecks.py", "guestchecks.py", "troubleshoot.py", "kernellog.py")
-    source = "".join((SRC / "node" / name).read_text() for name in names)
+    source = "".join((SRC / "node" / "doctor" / name).read_text() for name in names)
     codes = set(re.findall(r'\b_?finding\(\s*"([a-z][a-z0-9-]*)"', source))
     codes |= {line[1] for line in NVRM_LINES} | {"xid-N"}  # one code per Xid number: xid-79, ...
-    assert len(codes) > 10, "the pattern no longer finds the codes in node/findings.py and node/vmchecks.py"
+    assert len(codes) > 10, (
+        "the pattern no longer finds the codes in node/doctor/findings.py and node/doctor/vmchecks.py"
+    )
     documented = set(first_column_spans(ROOT / "docs" / "node-agents.md", "code"))
     assert sorted(codes - documented) == [], "finding codes missing from docs/node-agents.md"
     assert sorted(documented - codes) == [], "docs/node-agents.md lists codes the doctor does not have"

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpu_operator.node.gpucheck.steps import Deps
-from gpu_operator.node.runner import CommandResult
+from gpu_operator.node.host.runner import CommandResult
 
 SMI_XML = Path(__file__).parents[2] / "fixtures" / "nvidia-smi" / "h100-passthrough.xml"
 

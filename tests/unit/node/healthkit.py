@@ -11,7 +11,7 @@ from gpu_operator.api.health import HealthReport
 from gpu_operator.controllers.units.health.machine import request_text
 from gpu_operator.node.health import HealthAgent, encode
 from gpu_operator.node.health.requests import RequestActor, Seen
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_SINCE_ANNOTATION,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runner import HostRunner
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runner import HostRunner
 from gpu_operator.node.validate.base import Context, PodOutcome
 from gpu_operator.node.validate.config import ValidatorConfig
 

@@ -9,9 +9,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node.doctor import run
-from gpu_operator.node.findings import Severity, diagnose, intended_workload
-from gpu_operator.node.probe import probe
+from gpu_operator.node.doctor.findings import Severity, diagnose, intended_workload
+from gpu_operator.node.doctor.report import run
+from gpu_operator.node.host.probe import probe
 from tests.unit.node.nodekit import HOST_NAMES
 
 # (fixture, declared workload) -> (error codes, warning codes)
@@ -144,7 +144,7 @@ def test_cli_doctor_json_and_exit_code(build_host) -> None:  # type: ignore[no-u
 
 
 def test_a_host_root_without_sysfs_is_an_error_not_a_cpu_only_host(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from gpu_operator.node.hostfs import HostFS
+    from gpu_operator.node.host.hostfs import HostFS
 
     (tmp_path / "etc").mkdir()
     findings = diagnose(probe(HostFS(tmp_path)))

@@ -78,7 +78,7 @@ def test_one_scrape_over_http(build_host) -> None:  # type: ignore[no-untyped-de
 
 def test_driver_checks_are_throttled_and_run_nvidia_smi(build_host) -> None:  # type: ignore[no-untyped-def]
     from gpu_operator.node.exporter import driver_answers
-    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.host.runner import HostRunner
 
     host = build_host("ubuntu-apt-driver")
     runner = HostRunner(host.fs, chroot=False)

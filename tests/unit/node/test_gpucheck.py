@@ -45,7 +45,7 @@ USR_LOCAL_NVIDIA = {
 
 
 # A KVM guest's CPU flags, and the GPU's configuration space read whole: no vendor capability, so our
-# guest probe calls it passed through (node/guest.py)
+# guest probe calls it passed through (node/host/guest.py)
 GUEST_FILES = {
     "/proc/cpuinfo": "processor\t: 0\nflags\t\t: fpu vme de pse msr hypervisor\n",
     f"/sys/bus/pci/devices/{VM_GPU['address']}/config": "\0" * 256,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.node.gpucheck.incontainer import EXIT_FAILED, EXIT_OK, LOADER, run
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from tests.unit.node.gpucheck_fakes import FakeLibCuda
 
 ALL_NODES = ("dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia0", "dev/nvidia1")

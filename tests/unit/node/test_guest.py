@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.node import pci
 from gpu_operator.node.discover import discovered
-from gpu_operator.node.findings import Finding, Severity, diagnose
-from gpu_operator.node.guest import vgpu_capability
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.probe import probe
+from gpu_operator.node.doctor.findings import Finding, Severity, diagnose
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.guest import vgpu_capability
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.probe import probe
 from gpu_operator.sim.hardware import guesttree, hosttree
 from gpu_operator.vocabulary import NFD_DEVICE_LABEL_PREFIX, NFD_HYPERVISOR
 

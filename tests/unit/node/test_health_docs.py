@@ -12,7 +12,7 @@ from typing import Any
 from gpu_operator.api.health import HealthReport
 from gpu_operator.node.health import HealthAgent, HealthMetrics, encode
 from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS, catalogue, classify
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 from tests.unit.docs.test_tables import tables
 
@@ -74,7 +74,7 @@ def test_the_bucket_table_is_what_the_catalogue_does() -> None:
 
 
 def test_doctors_xid_row_matches_its_severities() -> None:
-    from gpu_operator.node.kernellog import xid_kind
+    from gpu_operator.node.doctor.kernellog import xid_kind
 
     row = next(r for r in tables(PAGE, "code") if r[0] == "`xid-N`")[1]
     parts = {

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_operator.node.health import HealthAgent
 from gpu_operator.node.health.inventory import BOOT_ID, INVENTORY, MAX_GPUS
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
 LOST = "0000:18:00.0"

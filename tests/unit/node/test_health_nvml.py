@@ -15,7 +15,7 @@ from gpu_operator.node.gpucheck.check import run_check
 from gpu_operator.node.gpucheck.steps import OK
 from gpu_operator.node.health import HealthAgent, encode
 from gpu_operator.node.health.nvml import RECOVERY_ACTIONS, RECOVERY_FIELD, NvmlSource, handle_key
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from tests.unit.node.gpucheck_fakes import gpu_deps
 from tests.unit.node.nvml_standin import DBE_EVENT, XID_EVENT, NvmlStandin
 from tests.unit.node.test_health import GPUS, validated

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from gpu_operator.node.health.observe import pci_gpus
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 BUS = "0000:18:00.0"
 

@@ -41,7 +41,7 @@ def test_the_request_watch_keeps_the_node_and_its_entry_and_watches_again_after_
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Node, Secret
 
-    from gpu_operator.node.kubeapi import RequestWatch
+    from gpu_operator.node.cluster.kubeapi import RequestWatch
     from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
 
     done = threading.Event()
@@ -121,7 +121,7 @@ def test_the_command_runs_the_agent_with_requests_and_the_request_watch(
     from typer.testing import CliRunner
 
     from gpu_operator.cli import app
-    from gpu_operator.node import kubeapi
+    from gpu_operator.node.cluster import kubeapi
     from gpu_operator.node.health import agent as agent_module
 
     seen: dict[str, Any] = {}

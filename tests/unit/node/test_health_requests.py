@@ -23,8 +23,8 @@ from gpu_operator.node.health.requests import (
     own_host_pid,
     smi_resetter,
 )
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runner import CommandResult
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runner import CommandResult
 from gpu_operator.vocabulary import HEALTH_ATTEMPTS_ANNOTATION, HEALTH_SINCE_ANNOTATION, HEALTH_STATE
 from tests.unit.node.healthkit import (
     AGENT_PID,

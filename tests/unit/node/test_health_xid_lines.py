@@ -13,7 +13,7 @@ from gpu_operator.node.health import HealthAgent, HealthMetrics
 from gpu_operator.node.health.catalogue import classify
 from gpu_operator.node.health.kmsg import KmsgRecord, _record
 from gpu_operator.node.health.xidlines import judge
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import faults
 from tests.unit.node.nvml_standin import XID_EVENT, NvmlStandin
 from tests.unit.node.test_health import GPUS, SEQ, validated
@@ -203,10 +203,10 @@ def test_the_kernel_log_is_the_fallback_where_nvml_takes_no_xid_registration(hos
 
 
 def test_doctor_finds_the_driver_lines_and_no_forged_one(host: HostFS) -> None:
-    """doctor's kernel-log findings (node/kernellog.py) from /dev/kmsg and from a syslog file: the
+    """doctor's kernel-log findings (node/doctor/kernellog.py) from /dev/kmsg and from a syslog file: the
     real lines give their Xids; the forged ones that are no kern record, or carry the text
     elsewhere than at the start of the kernel's message, give none."""
-    from gpu_operator.node.kernellog import kernel_log_findings
+    from gpu_operator.node.doctor.kernellog import kernel_log_findings
 
     forged = [(p, m) for p, m, reason in FORGED if reason in ("not-kernel", "not-at-start", "unparsed")]
     host.write_text("/dev/kmsg", "".join(raw(p, m) for p, m in forged))

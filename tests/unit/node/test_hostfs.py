@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.node.hostfs import HostFS, HostPathError, HostPathEscape, KernelWriter, RecordingWriter
+from gpu_operator.node.host.hostfs import HostFS, HostPathError, HostPathEscape, KernelWriter, RecordingWriter
 
 
 @pytest.fixture

@@ -16,14 +16,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from gpu_operator.node import vfio
-from gpu_operator.node.doctor import run as doctor_run
+from gpu_operator.node.doctor.findings import diagnose
+from gpu_operator.node.doctor.report import run as doctor_run
 from gpu_operator.node.exporter import NodeStatusCollector, registry_for
-from gpu_operator.node.findings import diagnose
-from gpu_operator.node.hostfs import HostFS, KernelWriter
-from gpu_operator.node.probe import probe
+from gpu_operator.node.host.hostfs import HostFS, KernelWriter
+from gpu_operator.node.host.probe import probe
 from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.run import validate
+from gpu_operator.node.vfio import manage as vfio
 from tests.support.hostsim import fakehost
 from tests.unit.node.nodekit import HOSTS_DIR, FakeNodeView, context
 

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from gpu_operator.node import pci
+from gpu_operator.node.host import pci
 from tests.support.hostsim.kernelsim import SimulatedHang
 
 GPU = "0000:0a:00.0"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpu_operator.node.health.kmsg import read_records
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 XID = "NVRM: Xid (PCI:0000:41:00): 79, pid=0, name=kworker, GPU has fallen off the bus."
 

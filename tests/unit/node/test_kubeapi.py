@@ -8,7 +8,7 @@ from typing import Any
 from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Event, Node
 
-from gpu_operator.node.kubeapi import KubeNodeView
+from gpu_operator.node.cluster.kubeapi import KubeNodeView
 
 
 class Obj:
@@ -96,7 +96,7 @@ MANIFEST = {
 
 
 def test_run_pod_replaces_old_pods_and_waits_for_the_end(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr("gpu_operator.node.kubeapi.time.sleep", lambda _s: None)
+    monkeypatch.setattr("gpu_operator.node.cluster.kubeapi.time.sleep", lambda _s: None)
     client = StandInClient(["Pending", "Running", "Succeeded"])
     view = KubeNodeView("gpu-0", "gpu-operator", "validator-pod", client=client)
     outcome = view.run_pod(MANIFEST, timeout=60)

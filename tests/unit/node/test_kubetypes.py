@@ -1,4 +1,4 @@
-"""Decoding from several threads (src/gpu_operator/node/kubetypes.py): once `prepare()` has built
+"""Decoding from several threads (src/gpu_operator/node/cluster/kubetypes.py): once `prepare()` has built
 lightkube's types in one thread, threads that decode lists for the first time at once, then large
 kwok-shaped lists for seconds (beside the operator's own decoders and its event loop's reads, new
 decoders, garbage collection that gives up the GIL, and a buffer written while it is decoded)
@@ -60,13 +60,13 @@ def test_a_child_that_dies_of_a_signal_fails_the_stress_test() -> None:
         stress_counts(done)
 
 
-# The health agent's request watch, as node/kubeapi.py starts it: its thread's first decode of a
+# The health agent's request watch, as node/cluster/kubeapi.py starts it: its thread's first decode of a
 # Pod list while the starting thread makes its own first one.
 WATCH_BESIDE_THE_CALLER = textwrap.dedent("""
     import threading
     from lightkube.core import decoders
     from lightkube.resources.core_v1 import Pod
-    from gpu_operator.node.kubeapi import _Watch
+    from gpu_operator.node.cluster.kubeapi import _Watch
     from tests.support.decode_shapes import body, pod
 
     data = body("PodList", [pod(i) for i in range(300)])
@@ -96,7 +96,7 @@ def test_the_node_agents_watch_decodes_beside_its_caller(attempt: int) -> None:
 
 
 def test_the_stand_ins_prepare_before_their_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpu_operator.node import kubetypes
+    from gpu_operator.node.cluster import kubetypes
     from gpu_operator.sim.standins import roster
 
     calls: list[bool] = []
@@ -109,6 +109,8 @@ def test_the_stand_ins_prepare_before_their_thread(monkeypatch: pytest.MonkeyPat
 
 
 def test_prepare_builds_once_per_process() -> None:
-    done = run_python(["-c", "from gpu_operator.node import kubetypes as k; print(k.prepare(), k.prepare())"])
+    done = run_python(
+        ["-c", "from gpu_operator.node.cluster import kubetypes as k; print(k.prepare(), k.prepare())"]
+    )
     assert done.returncode == 0, survived(done)
     assert done.stdout.split() == ["True", "False"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_operator.node import pci
+from gpu_operator.node.host import pci
 
 PCI_IDS = """# comment
 1002  Advanced Micro Devices, Inc. [AMD/ATI]

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node import persist
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import persist
+from gpu_operator.node.host.hostfs import HostFS
 
 H100 = [
     "0000:0a:00.0",
@@ -149,7 +149,7 @@ def _run_early_script(host, text: str, cmdline: str, tmp_path: Path, source: boo
 def test_the_boot_script_sets_driver_override_and_honours_the_skip_word(  # type: ignore[no-untyped-def]
     build_host, tmp_path: Path, flavor: str
 ) -> None:
-    from gpu_operator.node import pci
+    from gpu_operator.node.host import pci
 
     text = (persist.initramfs_tools_script if flavor == "initramfs-tools" else persist.dracut_hook)(
         [*H100[:4], "0000:ff:00.0"]
@@ -209,7 +209,7 @@ def test_persist_all_leaves_out_a_gpu_whose_group_holds_a_nic(build_host) -> Non
     assert all(a in script for a in others) and "0000:3b:00.0" not in script and "0000:3c:00.0" not in script
     assert "persisted all but 1 GPU(s): 0000:3b:00.0" in out
     # the same refusal as bind's, for the same GPU
-    from gpu_operator.node import vfio
+    from gpu_operator.node.vfio import manage as vfio
 
     plans = {p.gpu: p for p in vfio.plan(host.fs, "bind", [], True)}
     assert plans["0000:3b:00.0"].refused and not any(plans[a].refused for a in others)

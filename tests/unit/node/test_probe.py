@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node.probe import probe
+from gpu_operator.node.host.probe import probe
 from tests.unit.node.nodekit import HOST_NAMES
 
 # name -> (driver source, flavor, GPU count, runtime flavor, nvidia runtime, nouveau, passthrough intent)

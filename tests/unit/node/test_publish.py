@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpu_operator.node.findings import diagnose
-from gpu_operator.node.kubeapi import node_event, pod_detail
-from gpu_operator.node.probe import probe
-from gpu_operator.node.publish import node_events, node_labels
+from gpu_operator.node.cluster.kubeapi import node_event, pod_detail
+from gpu_operator.node.cluster.publish import node_events, node_labels
+from gpu_operator.node.doctor.findings import diagnose
+from gpu_operator.node.host.probe import probe
 from gpu_operator.vocabulary import DRIVER_SOURCE
 
 
@@ -82,7 +82,7 @@ class FakeNode:
 
 
 def test_publish_once_reads_the_workload_label_and_repeats_events_only_on_change(build_host) -> None:  # type: ignore[no-untyped-def]
-    from gpu_operator.node.publish import publish_once
+    from gpu_operator.node.cluster.publish import publish_once
 
     host = build_host("h100-nvidia-bound")
     node = FakeNode({"nvidia.com/gpu.workload.config": "vm-passthrough"})
@@ -100,7 +100,7 @@ def test_a_node_without_the_label_follows_the_clusters_default_workload(build_ho
     """In a cluster whose ClusterPolicy says defaultWorkload: vm-passthrough, an unlabelled node with
     the host's NVIDIA driver is a passthrough node with a host driver on it, not a container node
     missing its runtime; the node's own label still wins."""
-    from gpu_operator.node.publish import publish_once
+    from gpu_operator.node.cluster.publish import publish_once
 
     host = build_host("h100-nvidia-bound")
     unlabelled = FakeNode({})

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runner import CommandResult, HostRunner
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runner import CommandResult, HostRunner
 
 
 def test_chroot_mode_builds_a_chroot_command(tmp_path) -> None:  # type: ignore[no-untyped-def]

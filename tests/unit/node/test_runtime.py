@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_operator.node.runtime import cdi_specs, detect_runtime
+from gpu_operator.node.host.runtime import cdi_specs, detect_runtime
 
 NVIDIA_V2 = """version = 2
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from gpu_operator.node.probe import probe
-from gpu_operator.node.publish import probe_facts
-from gpu_operator.node.runtime import detect_runtime
+from gpu_operator.node.cluster.publish import probe_facts
+from gpu_operator.node.host.probe import probe
+from gpu_operator.node.host.runtime import detect_runtime
 
 K3S = "/var/lib/rancher/k3s/agent/etc/containerd"
 

@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node import troubleshoot
-from gpu_operator.node.driver import DriverInfo, DriverSource
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.kernellog import kernel_log_findings, read_kernel_log
-from gpu_operator.node.probe import probe
-from gpu_operator.node.runner import HostRunner
-from gpu_operator.node.verdict import Finding, Severity
+from gpu_operator.node.doctor import troubleshoot
+from gpu_operator.node.doctor.kernellog import kernel_log_findings, read_kernel_log
+from gpu_operator.node.doctor.verdict import Finding, Severity
+from gpu_operator.node.host.driver import DriverInfo, DriverSource
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.probe import probe
+from gpu_operator.node.host.runner import HostRunner
 
 
 def _kmsg(*messages: str) -> str:
@@ -200,7 +200,7 @@ def test_doctor_runs_the_checks(build_host, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_mig_node_findings_from_the_nodes_labels_and_the_operators_order() -> None:
-    from gpu_operator.node.troubleshoot import mig_node_findings
+    from gpu_operator.node.doctor.troubleshoot import mig_node_findings
 
     assert mig_node_findings("n1", {"nvidia.com/gpu.present": "true"}, {}) == []
     applied = mig_node_findings(

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node.driver import detect_driver
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.driver import detect_driver
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.validate.base import Outcome
 from gpu_operator.node.validate.config import COMPONENTS, ValidatorConfig, ValidatorConfigError
 from gpu_operator.node.validate.run import validate

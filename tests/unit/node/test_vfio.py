@@ -6,8 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node import pci, vfio
-from gpu_operator.node.hostfs import RecordingWriter
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.hostfs import RecordingWriter
+from gpu_operator.node.vfio import manage as vfio
 from tests.unit.node.nodekit import HOST_NAMES
 
 H100 = [

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpu_operator.node import pci
-from gpu_operator.node.vfio_node import parse_passthrough_devices, reconcile, select
+from gpu_operator.node.host import pci
+from gpu_operator.node.vfio.incluster import parse_passthrough_devices, reconcile, select
 from gpu_operator.vocabulary import (
     PASSTHROUGH_DEVICES_ANNOTATION,
     VFIO_RESULT_ANNOTATION,

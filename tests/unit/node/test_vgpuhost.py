@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.vgpuhost import sysfs
 from gpu_operator.node.vgpuhost.config import DesiredVGPUConfig, VGPUConfigError, desired_from_config
 from gpu_operator.node.vgpuhost.restore import FM_CONFIG, restore, state_of

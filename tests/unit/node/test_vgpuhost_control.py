@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.node.runner import CommandResult
+from gpu_operator.node.host.runner import CommandResult
 from gpu_operator.node.vgpuhost.control import SRIOV_MANAGE, ToolControl, smi_bus_id
 from tests.unit.node.conftest import BuildHost
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
 from tests.support.hostsim import fakehost
 from tests.support.hostsim.vgpusim import VgpuHostSim

@@ -9,12 +9,13 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from gpu_operator.cli import app
-from gpu_operator.node import persist, vfio
-from gpu_operator.node.doctor import run
-from gpu_operator.node.findings import Severity, diagnose
-from gpu_operator.node.probe import probe
-from gpu_operator.node.publish import probe_facts, publish_once
-from gpu_operator.node.vmchecks import Advertised
+from gpu_operator.node.cluster.publish import probe_facts, publish_once
+from gpu_operator.node.doctor.findings import Severity, diagnose
+from gpu_operator.node.doctor.report import run
+from gpu_operator.node.doctor.vmchecks import Advertised
+from gpu_operator.node.host import persist
+from gpu_operator.node.host.probe import probe
+from gpu_operator.node.vfio import manage as vfio
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION, WORKLOAD_CONFIG
 from tests.support.hostsim.fakehost import FakeHost
 from tests.unit.node.conftest import BuildHost

@@ -7,7 +7,7 @@ from typing import get_args
 import kubernetes_validate
 import pytest
 
-from gpu_operator.node.kubeapi import pod_detail
+from gpu_operator.node.cluster.kubeapi import pod_detail
 from gpu_operator.node.validate.base import Outcome, PodOutcome, ValidationFailed
 from gpu_operator.node.validate.config import ValidatorConfig, ValidatorConfigError
 from gpu_operator.node.validate.run import validate

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.validate.base import StatusDir
 from gpu_operator.node.validate.config import DRIVER_CTR_READY
 from gpu_operator.node.validate.host import _EXTRA_MODULES

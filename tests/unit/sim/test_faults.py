@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.kernellog import kernel_log_findings
+from gpu_operator.node.doctor.kernellog import kernel_log_findings
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import devnodes, faults, hosttree
 from gpu_operator.sim.realnode.toolkit import gpus
 

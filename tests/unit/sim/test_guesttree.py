@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu_operator.node.findings import Severity, diagnose
-from gpu_operator.node.probe import probe
+from gpu_operator.node.doctor.findings import Severity, diagnose
+from gpu_operator.node.host.probe import probe
 from gpu_operator.sim.hardware import guesttree, hosttree
 from gpu_operator.sim.hardware.faults import node_host_spec
 from gpu_operator.sim.realnode.realspec import host_spec

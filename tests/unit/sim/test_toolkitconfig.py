@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runtime import ContainerRuntime, detect_runtime
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runtime import ContainerRuntime, detect_runtime
 from gpu_operator.render.states.container_toolkit import STATE
 from gpu_operator.shapes import load
 from gpu_operator.sim.hardware import hosttree

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from lightkube.resources.core_v1 import Pod
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.vgpuhost import sysfs
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
 from gpu_operator.node.vgpuhost.cli import driver_ready

@@ -10,13 +10,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_operator.node.doctor import host_checks
+from gpu_operator.node.doctor.findings import diagnose
+from gpu_operator.node.doctor.kernellog import driver_xid, read_kernel_log, xid_findings
+from gpu_operator.node.doctor.report import host_checks
 from gpu_operator.node.exporter import PREFIX, NodeStatusCollector, driver_answers, registry_for
-from gpu_operator.node.findings import diagnose
 from gpu_operator.node.gpucheck.compare import compare, contradictions, defects
 from gpu_operator.node.gpucheck.steps import Defect, State, Unavailable
-from gpu_operator.node.kernellog import driver_xid, read_kernel_log, xid_findings
-from gpu_operator.node.probe import probe
+from gpu_operator.node.host.probe import probe
 from gpu_operator.node.validate.base import Context, Outcome, StatusDir
 from gpu_operator.node.validate.config import STATUS_FILES, ValidatorConfig
 from gpu_operator.node.validate.run import validate

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpu_operator.node.driver import DriverSource
+from gpu_operator.node.doctor.verdict import Finding
 from gpu_operator.node.gpucheck.reference import RefReport
 from gpu_operator.node.gpucheck.tools import NvidiaTools
-from gpu_operator.node.probe import HostReport
-from gpu_operator.node.verdict import Finding
+from gpu_operator.node.host.driver import DriverSource
+from gpu_operator.node.host.probe import HostReport
 
 MATCH, MISMATCH, MISSED, NOT_PROBED, INFO, NA = "match", "mismatch", "missed", "not probed", "info", "n/a"
 DEFECTS = (MISMATCH, MISSED)
@@ -170,7 +170,7 @@ def compare(
     return rows
 
 
-# nvidia-smi's and NVML's virtualization modes in our guest probe's words (node/guest.py); a vGPU
+# nvidia-smi's and NVML's virtualization modes in our guest probe's words (node/host/guest.py); a vGPU
 # host's own GPUs are not a guest's
 _NVIDIA_MODE = {
     "None": "bare metal",
@@ -196,7 +196,7 @@ def _virtualization(report: HostReport, bus: str, smi: Any, nvml: Any) -> Compar
         _show(smi.virtualization if smi else None),
         _show(nvml.virtualization if nvml else None),
         verdict(ours, list(theirs)),
-        f"ours: node/guest.py ({'; '.join(guest.evidence()) or 'no hypervisor flag, no VM DMI'}); "
+        f"ours: node/host/guest.py ({'; '.join(guest.evidence()) or 'no hypervisor flag, no VM DMI'}); "
         f"IOMMU {'on' if report.iommu.enabled else 'off'}",
     )
     if ours == "unknown" and theirs:

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpu_operator.node.gpucheck.cudacheck import ELEMENTS, PTX, CudaResult, load_libcuda, run_cuda_check
 from gpu_operator.node.gpucheck.tools import SONAMES, find_libcuda
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 EXIT_OK, EXIT_FAILED = 0, 1
 SONAME = SONAMES["cuda"]

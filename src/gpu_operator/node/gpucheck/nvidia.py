@@ -10,7 +10,7 @@ from gpu_operator.node.gpucheck.cudacheck import NO_DEVICE, run_cuda_check
 from gpu_operator.node.gpucheck.reference import nvml_report, parse_smi_xml
 from gpu_operator.node.gpucheck.steps import Defect, State, Unavailable
 from gpu_operator.node.gpucheck.tools import ON_PATH, Found, find_tools
-from gpu_operator.node.pci import normalise_bus
+from gpu_operator.node.host.pci import normalise_bus
 
 SMI_TIMEOUT = 120.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
 
 
 class CheckFS(HostFS):

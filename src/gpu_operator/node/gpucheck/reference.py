@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
-from gpu_operator.node.pci import normalise_bus
+from gpu_operator.node.host.pci import normalise_bus
 
 # NVML's nvmlGpuVirtualizationMode_t, in nvidia-smi's words
 NVML_VIRTUALIZATION = {0: "None", 1: "Pass-Through", 2: "VGPU", 3: "Host VGPU", 4: "Host VSGA"}

@@ -11,13 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.node.doctor.verdict import Finding
 from gpu_operator.node.gpucheck.cudacheck import CudaResult, load_libcuda
 from gpu_operator.node.gpucheck.overlay import CheckFS
 from gpu_operator.node.gpucheck.reference import RefReport, preload
 from gpu_operator.node.gpucheck.tools import NvidiaTools
-from gpu_operator.node.probe import HostReport
-from gpu_operator.node.runner import CommandRunner, HostRunner
-from gpu_operator.node.verdict import Finding
+from gpu_operator.node.host.probe import HostReport
+from gpu_operator.node.host.runner import CommandRunner, HostRunner
 
 OK, DEFECT, FAILED, NA = "ok", "defect", "failed", "n/a"
 

@@ -4,7 +4,7 @@ usual places of each driver root we know, the first root that holds them named i
 The roots: the host's own (a distribution's driver), /usr/local/nvidia (a driver mounted into a
 container or VM read-only there, the layout of GKE's and many cloud images: bin/, lib64/ or lib/),
 the operator's /run/nvidia/driver, and /usr/local (Talos' extension: bin/ and glibc/). Our agents'
-own search (node/driver.py) is what is being checked; this search is the reference it is checked
+own search (node/host/driver.py) is what is being checked; this search is the reference it is checked
 against, so it deliberately looks in more places.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpu_operator.node.driver import OPERATOR_DRIVER_ROOT, ROOT_BIN_DIRS, ROOT_LIB_DIRS, under_root
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.driver import OPERATOR_DRIVER_ROOT, ROOT_BIN_DIRS, ROOT_LIB_DIRS, under_root
+from gpu_operator.node.host.hostfs import HostFS
 
 CONTAINER_DRIVER_ROOT = "/usr/local/nvidia"
 DRIVER_ROOTS = ("/", CONTAINER_DRIVER_ROOT, OPERATOR_DRIVER_ROOT, "/usr/local")

@@ -18,7 +18,7 @@ from gpu_operator.node.health.nvml import NvmlSource
 from gpu_operator.node.health.observe import HostSnapshot, pci_gpus, snapshot
 from gpu_operator.node.health.requests import RequestActor, Seen
 from gpu_operator.node.health.xidlines import KernelXids
-from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
 from gpu_operator.vocabulary import (
     HEALTH_REPORT_ANNOTATION,
     HEALTH_VALIDATIONS,
@@ -252,14 +252,14 @@ class AnnotationPublisher:
     """One merge patch of the Node's report annotation per call (the node agents' Kubernetes client)."""
 
     def __init__(self, node: str, client: Any = None) -> None:
-        from gpu_operator.node.kubeapi import new_client
+        from gpu_operator.node.cluster.kubeapi import new_client
 
         self.node = node
         self.client = client if client is not None else new_client()
         self.patches = 0
 
     def _patch(self, text: str) -> None:
-        from gpu_operator.node.kubeapi import patch_node
+        from gpu_operator.node.cluster.kubeapi import patch_node
 
         patch_node(self.client, self.node, annotations={HEALTH_REPORT_ANNOTATION: text})
         self.patches += 1

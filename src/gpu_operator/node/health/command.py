@@ -112,9 +112,9 @@ def health(
 
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
         typer.echo(f"serving health metrics on :{metrics_port}/metrics", err=True)
+    from gpu_operator.node.cluster.kubeapi import RequestWatch, new_client
     from gpu_operator.node.health.agent import _stderr
     from gpu_operator.node.health.requests import RequestActor, smi_resetter
-    from gpu_operator.node.kubeapi import RequestWatch, new_client
 
     namespace = operator_namespace()
     client = new_client()

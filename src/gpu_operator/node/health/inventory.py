@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 
 from gpu_operator.node.health.observe import PciGpu
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 INVENTORY = "/run/nvidia/gpu-health/gpus.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

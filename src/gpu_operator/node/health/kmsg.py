@@ -17,7 +17,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
 
 KMSG = "/dev/kmsg"
 MAX_POLL_BYTES = 1 << 20  # per poll; the rest waits for the next one

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_operator.node.health.kmsg import XidEvent
-from gpu_operator.node.pci import normalise_bus
+from gpu_operator.node.host.pci import normalise_bus
 
 DBE_XID = 48  # a double-bit ECC event is what Xid 48 reports in the kernel log
 RECOVERY_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvidia-ml-py 13.615.71)

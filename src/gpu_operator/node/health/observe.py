@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpu_operator.node import pci
-from gpu_operator.node.holders import driver_listed
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.holders import driver_listed
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.validate.config import STATUS_FILES
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 

@@ -4,7 +4,7 @@ answered in the agent's report.
 Where a request comes from: one Secret in the operator's namespace (HEALTH_REQUESTS_SECRET), one
 data key per node, written by the operator alone (controllers/units/health/machine.py decides,
 controllers/units/health/executor.py writes); the agent may only get and watch that one Secret by name
-(node/kubeapi.py's RequestWatch). Node annotations ask nothing: whoever may patch a Node (many
+(node/cluster/kubeapi.py's RequestWatch). Node annotations ask nothing: whoever may patch a Node (many
 identities may) cannot make this agent reset or reboot anything. The agent acts on an entry only
 when it is its own node's (`node`), remediation is on (`remediation`), and the remediation attempt
 it belongs to is the one its Node is in: label HEALTH_STATE `validating`, annotations `since` and
@@ -12,9 +12,9 @@ it belongs to is the one its Node is in: label HEALTH_STATE `validating`, annota
 or one left behind after the node was released, is ignored.
 
 - `reset-gpu` (`gpus`: bus ids, or ["all"]): each GPU that is still on the bus and that no host
-  process holds (an open /dev/nvidia<minor>, `node/holders.py`) is reset with NVIDIA's
+  process holds (an open /dev/nvidia<minor>, `node/host/holders.py`) is reset with NVIDIA's
   `nvidia-smi -r -i <bus>` (run through the driver's root as the validator finds it,
-  `node/driver.py`). The agent lets its own NVML go first, and knows its own process by its host
+  `node/host/driver.py`). The agent lets its own NVML go first, and knows its own process by its host
   PID (`own_host_pid`): NSpid in the host's /proc/self/status. A GPU something holds is never
   reset: refused, and tried again at the next step (the holder may go); a GPU gone from the bus is
   refused for good (only a reboot brings it back); a failed reset is not repeated for the same
@@ -36,9 +36,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpu_operator.node.holders import GpuHolder, gpu_holders
-from gpu_operator.node.hostfs import HostFS, HostPathError
-from gpu_operator.node.pci import normalise_bus
+from gpu_operator.node.host.holders import GpuHolder, gpu_holders
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
+from gpu_operator.node.host.pci import normalise_bus
 from gpu_operator.vocabulary import (
     HEALTH_ATTEMPTS_ANNOTATION,
     HEALTH_REQUEST_ACTIONS,
@@ -85,8 +85,8 @@ def host_boot_time(fs: HostFS) -> int | None:
 def smi_resetter(fs: HostFS, runner: object | None = None) -> Resetter:
     """`nvidia-smi -r -i <bus>` where the driver's root has it (the host's, or the operator's
     driver root /run/nvidia/driver), found when a reset is asked for (the driver may come later)."""
-    from gpu_operator.node.driver import detect_driver
-    from gpu_operator.node.runner import CommandRunner, HostRunner
+    from gpu_operator.node.host.driver import detect_driver
+    from gpu_operator.node.host.runner import CommandRunner, HostRunner
 
     run: CommandRunner = runner if runner is not None else HostRunner(fs)  # type: ignore[assignment]
 

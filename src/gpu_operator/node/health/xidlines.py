@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 
 from gpu_operator.node.health.catalogue import XID_LINE, XID_PREFIX
 from gpu_operator.node.health.kmsg import KERN, KmsgRecord, XidEvent
-from gpu_operator.node.pci import normalise_bus
+from gpu_operator.node.host.pci import normalise_bus
 
 MENTION = "NVRM: Xid"
 NOT_KERNEL = "not-kernel"  # the record's facility is not kern (a process wrote it), or it has no header

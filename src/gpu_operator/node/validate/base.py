@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.runner import CommandRunner
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.runner import CommandRunner
 from gpu_operator.node.validate.config import ValidatorConfig
 
 
@@ -42,7 +42,7 @@ class PodOutcome:
 
 
 class ValidatorNodeView(Protocol):
-    """What validations need from the Kubernetes API about their own node (see node/kubeapi.py)."""
+    """What validations need from the Kubernetes API about their own node (see node/cluster/kubeapi.py)."""
 
     def node_labels(self) -> dict[str, str]: ...
 

@@ -6,8 +6,8 @@ import os
 import stat
 from pathlib import Path
 
-from gpu_operator.node import pci
-from gpu_operator.node.driver import (
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.driver import (
     SMI_SEARCH_DIRS,
     DriverInfo,
     DriverSource,
@@ -15,7 +15,7 @@ from gpu_operator.node.driver import (
     module_names,
     under_root,
 )
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.validate.base import Context, Outcome, ValidationFailed, ValidationResult
 from gpu_operator.node.validate.config import DRIVER_CTR_READY, STATUS_FILES
 

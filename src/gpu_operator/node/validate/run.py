@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from gpu_operator.node.hostfs import HostPathError
+from gpu_operator.node.host.hostfs import HostPathError
 from gpu_operator.node.validate import host, sandbox, workload
 from gpu_operator.node.validate.base import Context, Outcome, ValidationFailed, ValidationResult
 from gpu_operator.node.validate.config import COMPONENTS, STATUS_FILES, ValidatorConfigError
@@ -31,7 +31,7 @@ def _skipped(ctx: Context, component: str) -> ValidationResult:
     """A switched-off check still writes its status file, so the components waiting on it proceed."""
     values = {"VALIDATION_SKIPPED": "true"}
     if component == "driver":
-        from gpu_operator.node.driver import detect_driver
+        from gpu_operator.node.host.driver import detect_driver
 
         values = {
             **host.driver_ready_values(

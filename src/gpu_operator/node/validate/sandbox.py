@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpu_operator.node import pci
-from gpu_operator.node.driver import DriverSource, detect_driver
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.driver import DriverSource, detect_driver
 from gpu_operator.node.validate.base import Context, Outcome, ValidationResult
 from gpu_operator.node.validate.config import (
     CC_MANAGER_CTR_READY,
@@ -11,8 +11,8 @@ from gpu_operator.node.validate.config import (
     STATUS_FILES,
     WORKLOAD_TYPE_FILE,
 )
-from gpu_operator.node.vfio import VfioUsageError
-from gpu_operator.node.vfio_node import parse_passthrough_devices
+from gpu_operator.node.vfio.incluster import parse_passthrough_devices
+from gpu_operator.node.vfio.manage import VfioUsageError
 from gpu_operator.vocabulary import (
     CC_CAPABLE,
     PASSTHROUGH_DEVICES_ANNOTATION,

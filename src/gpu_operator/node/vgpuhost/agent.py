@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gpu_operator.node.hostfs import HostFS, SysfsWriter
-from gpu_operator.node.vfio_node import NodeRecorder
+from gpu_operator.node.host.hostfs import HostFS, SysfsWriter
+from gpu_operator.node.vfio.incluster import NodeRecorder
 from gpu_operator.node.vgpuhost.config import DesiredVGPUConfig, VGPUConfigError, desired_from_config
 from gpu_operator.node.vgpuhost.restore import RestoreStep, VgpuControl, restore, state_of
 from gpu_operator.vocabulary import NVIDIA, VALIDATIONS_DIR, VM_VGPU, WORKLOAD_CONFIG

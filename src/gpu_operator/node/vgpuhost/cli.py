@@ -17,8 +17,8 @@ VGPU_MODULE = "nvidia_vgpu_vfio"
 
 def driver_ready(fs: object, driver_root: str) -> tuple[str | None, str, str]:
     """(why not ready, run root, nvidia-smi path): the vGPU manager's module loaded and nvidia-smi found."""
-    from gpu_operator.node.driver import detect_driver, module_names
-    from gpu_operator.node.hostfs import HostFS
+    from gpu_operator.node.host.driver import detect_driver, module_names
+    from gpu_operator.node.host.hostfs import HostFS
 
     assert isinstance(fs, HostFS)
     if VGPU_MODULE not in module_names(fs) and not fs.exists(f"/sys/module/{VGPU_MODULE}"):
@@ -65,8 +65,8 @@ def vgpu_host_state(
     ] = True,
 ) -> None:
     """Restore this vGPU host's SR-IOV VFs, vGPU types, MIG mode and Fabric Manager mode after a reboot."""
-    from gpu_operator.node.hostfs import KernelWriter
-    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.host.hostfs import KernelWriter
+    from gpu_operator.node.host.runner import HostRunner
     from gpu_operator.node.vgpuhost.agent import Settings, run_pass
     from gpu_operator.node.vgpuhost.control import ToolControl
 
@@ -75,7 +75,7 @@ def vgpu_host_state(
     if node:
         from lightkube.core.exceptions import ConfigError
 
-        from gpu_operator.node.kubeapi import KubeNodeView
+        from gpu_operator.node.cluster.kubeapi import KubeNodeView
 
         name = os.environ.get("NODE_NAME", "")
         if not name:

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
-from gpu_operator.node import pci
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.hostfs import HostFS
 
 TIME_SLICED = re.compile(r"^[A-Z0-9]+(-[a-zA-Z]+)*-(0|[1-9][0-9]*)[ABCQ]$")
 MIG_BACKED = re.compile(r"^[A-Z0-9]+-[1-9]-(0|[1-9][0-9]*)[ABCQ](ME|NOME|MEALL|GFX)?$")

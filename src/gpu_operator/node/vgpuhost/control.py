@@ -5,7 +5,7 @@ gpu-driver-container entrypoint use to enable VFs) and nvidia-smi for MIG mode
 
 from __future__ import annotations
 
-from gpu_operator.node.runner import CommandRunner
+from gpu_operator.node.host.runner import CommandRunner
 
 SRIOV_MANAGE = "/usr/lib/nvidia/sriov-manage"
 

@@ -16,8 +16,8 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from gpu_operator.node import pci
-from gpu_operator.node.hostfs import HostFS, SysfsWriter
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.hostfs import HostFS, SysfsWriter
 from gpu_operator.node.vgpuhost import sysfs
 from gpu_operator.node.vgpuhost.config import DesiredVGPUConfig, GpuDesired
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpu_operator.node import pci
-from gpu_operator.node.holders import open_device_files
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.holders import open_device_files
+from gpu_operator.node.host.hostfs import HostFS
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import devnodes, hosttree, recovery
 from gpu_operator.sim.realnode.toolkit import gpus as tree_gpus
 from gpu_operator.vocabulary import VALIDATIONS_DIR

@@ -21,8 +21,8 @@ import json
 import shutil
 from pathlib import Path
 
-from gpu_operator.node.holders import driver_gpus
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.holders import driver_gpus
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import devnodes
 from gpu_operator.sim.hardware.migparted import GpuMig, Instance, from_json, to_json
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import recovery
 from gpu_operator.sim.hardware.faults import BOOK, KMSG, last_seq
 from gpu_operator.sim.realnode.toolkit import gpus as tree_gpus

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 
 from gpu_operator.node.health.catalogue import XID_PREFIX, catalogue
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 FIRST_DRIVER = (
     565  # NVML's field and Xid 154 exist from this driver branch (NVML's "changes between v560 and v565")

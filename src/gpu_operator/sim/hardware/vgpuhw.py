@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.node import pci
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import hosttree
 
 HEADER = "ID    : vGPU Name\n"

@@ -89,7 +89,7 @@ _CONTAINERD3_CONFIG = """version = 3
 [plugins."io.containerd.cri.v1.runtime".containerd]
   default_runtime_name = "runc"
 """
-# The container runtime's files on a host of each distribution (where node/runtime.py's probe looks:
+# The container runtime's files on a host of each distribution (where node/host/runtime.py's probe looks:
 # docs/operands.md, "Runtimes by distribution"): its config (as the distribution writes it) and socket.
 _RANCHER = "/var/lib/rancher/{}/agent/etc/containerd/config.toml"
 RUNTIME_FILES: dict[str, dict[str, str]] = {

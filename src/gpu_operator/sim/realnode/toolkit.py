@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.node.holders import driver_gpus
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.holders import driver_gpus
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import devnodes
 from gpu_operator.sim.realnode import cdi
 from gpu_operator.sim.realnode.edits import Edits, InjectionError

@@ -52,7 +52,7 @@ from lightkube.resources.core_v1 import Node
 from gpu_operator.node.health import AnnotationPublisher, HealthAgent, encode, inventory
 from gpu_operator.node.health.command import NO_VALIDATIONS
 from gpu_operator.node.health.requests import RequestActor, Resetter, Seen
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.validate.config import STATUS_FILES
 from gpu_operator.sim.hardware import hosttree
 from gpu_operator.sim.hardware.faults import (
@@ -288,7 +288,7 @@ class HealthStandIn:
         from lightkube.core.exceptions import ApiError
         from lightkube.resources.core_v1 import Secret
 
-        from gpu_operator.node.kubeapi import request_entry
+        from gpu_operator.node.cluster.kubeapi import request_entry
         from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
 
         try:

@@ -1,9 +1,9 @@
 """Our GPU probe and vfio manager on kwok nodes, which run no container: where the probe's pod
-(label app=nvidia-gpu-probe) runs, the probe's own publish step (`node.publish.publish_once`:
+(label app=nvidia-gpu-probe) runs, the probe's own publish step (`node.cluster.publish.publish_once`:
 probe, findings, the driver-source/version/probe-status labels, the `nvidia.com/gpu.probe.facts`
 annotation, Events) runs against the node's host tree, with the node agents' field manager and
 the `--default-workload` its pod was started with; where the vfio manager's pod
-(app=nvidia-vfio-manager) runs, its own reconcile pass (`node.vfio_node.reconcile`: select the
+(app=nvidia-vfio-manager) runs, its own reconcile pass (`node.vfio.incluster.reconcile`: select the
 node's passthrough GPUs from its labels and annotations, bind, record the outcome label
 `nvidia.com/gpu.vfio.state` and the result annotation). The same code as in the pods, not a
 re-implementation. Both DaemonSets exist only where the policy runs sandbox workloads
@@ -31,10 +31,10 @@ from typing import Any
 
 from lightkube import AsyncClient
 
-from gpu_operator.node.hostfs import HostFS, RecordingWriter
-from gpu_operator.node.kubeapi import KubeNodeView
-from gpu_operator.node.publish import publish_once
-from gpu_operator.node.vfio_node import reconcile
+from gpu_operator.node.cluster.kubeapi import KubeNodeView
+from gpu_operator.node.cluster.publish import publish_once
+from gpu_operator.node.host.hostfs import HostFS, RecordingWriter
+from gpu_operator.node.vfio.incluster import reconcile
 from gpu_operator.sim.hardware import hosttree
 from gpu_operator.sim.hardware.faults import NodeHosts
 from gpu_operator.sim.realnode.realspec import host_spec

@@ -49,7 +49,7 @@ from typing import Any
 
 from lightkube import AsyncClient
 
-from gpu_operator.node import kubetypes
+from gpu_operator.node.cluster import kubetypes
 from gpu_operator.sim.hardware.mighw import MigHardware
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins import virthandler

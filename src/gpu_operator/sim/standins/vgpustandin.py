@@ -45,8 +45,8 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import ConfigMap, Pod
 from lightkube.types import PatchType
 
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.kubeapi import KubeNodeView
+from gpu_operator.node.cluster.kubeapi import KubeNodeView
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.vgpuhost.agent import Settings, run_pass
 from gpu_operator.node.vgpuhost.cli import driver_ready
 from gpu_operator.render.states import _vgpu_host_state, sandbox_validation

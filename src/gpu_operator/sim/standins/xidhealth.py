@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS, XID_LINE
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware.faults import KMSG, boot_id
 
 DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"

@@ -7,7 +7,7 @@ from importlib import resources
 
 from pydantic import BaseModel, Field
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 NVIDIA_VENDOR = "10de"
 PCI_DEVICES = "/sys/bus/pci/devices"
@@ -165,7 +165,7 @@ def parse_pci_ids(text: str, vendor: str) -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _bundled(vendor: str) -> dict[str, str]:
-    text = resources.files("gpu_operator.node").joinpath("data/nvidia.ids").read_text()
+    text = resources.files("gpu_operator.node.host").joinpath("data/nvidia.ids").read_text()
     return parse_pci_ids(text, vendor)
 
 

@@ -17,8 +17,8 @@ vfio_app = typer.Typer(
 
 
 def _loader(fs: Any) -> Any:
-    from gpu_operator.node import vfio
-    from gpu_operator.node.runner import HostRunner
+    from gpu_operator.node.host.runner import HostRunner
+    from gpu_operator.node.vfio import manage as vfio
 
     def load() -> None:
         result = HostRunner(fs).run(["modprobe", vfio.VFIO_DRIVER], root="/", timeout=60)
@@ -36,8 +36,8 @@ def _vfio(
     host_root: str | None,
     load_module: bool,
 ) -> None:
-    from gpu_operator.node import vfio
-    from gpu_operator.node.hostfs import KernelWriter
+    from gpu_operator.node.host.hostfs import KernelWriter
+    from gpu_operator.node.vfio import manage as vfio
 
     fs = host_fs(host_root)
     try:
@@ -113,7 +113,8 @@ def vfio_persist(
     A GPU that bind would refuse for good (IOMMU off, its group shared with a non-NVIDIA device,
     group companions not named) is left out with the reason, the others are written, and the
     command exits 1."""
-    from gpu_operator.node import persist, vfio
+    from gpu_operator.node.host import persist
+    from gpu_operator.node.vfio import manage as vfio
 
     fs = host_fs(host_root)
     left_out: dict[str, str] = {}
@@ -172,9 +173,9 @@ def vfio_reconcile(
     """In-cluster (vfio-manager DaemonSet): bind NODE_NAME's passthrough GPUs and record the result on the Node."""
     from lightkube.core.exceptions import ConfigError
 
-    from gpu_operator.node.hostfs import KernelWriter
-    from gpu_operator.node.kubeapi import KubeNodeView
-    from gpu_operator.node.vfio_node import reconcile
+    from gpu_operator.node.cluster.kubeapi import KubeNodeView
+    from gpu_operator.node.host.hostfs import KernelWriter
+    from gpu_operator.node.vfio.incluster import reconcile
 
     node = os.environ.get("NODE_NAME", "")
     if not node:

@@ -9,13 +9,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpu_operator.node import troubleshoot
-from gpu_operator.node.findings import Finding, Severity, diagnose, has_errors, intended_workload
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.kernellog import kernel_log_findings
-from gpu_operator.node.probe import HostReport
-from gpu_operator.node.runner import CommandRunner
-from gpu_operator.node.vmchecks import Advertised, kubevirt_findings
+from gpu_operator.node.doctor import troubleshoot
+from gpu_operator.node.doctor.findings import Finding, Severity, diagnose, has_errors, intended_workload
+from gpu_operator.node.doctor.kernellog import kernel_log_findings
+from gpu_operator.node.doctor.vmchecks import Advertised, kubevirt_findings
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.probe import HostReport
+from gpu_operator.node.host.runner import CommandRunner
 from gpu_operator.vocabulary import VM_PASSTHROUGH
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from gpu_operator.node.doctor.verdict import Finding, Severity, finding
 from gpu_operator.node.health.catalogue import (
     CATALOGUE_URL,
     HEALTHY,
@@ -24,8 +25,7 @@ from gpu_operator.node.health.catalogue import (
     classify,
 )
 from gpu_operator.node.health.kmsg import KERN, KMSG, read_records
-from gpu_operator.node.hostfs import HostFS, HostPathError
-from gpu_operator.node.verdict import Finding, Severity, finding
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
 
 LOG_FILES = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
 MAX_KMSG_BYTES = 4 * 1024 * 1024

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi", "/run/cdi")
 KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 
-from gpu_operator.node.driver import DriverInfo, DriverSource
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.pci import normalise_bus
-from gpu_operator.node.runner import CommandRunner
-from gpu_operator.node.verdict import Finding, Severity, finding
+from gpu_operator.node.doctor.verdict import Finding, Severity, finding
+from gpu_operator.node.host.driver import DriverInfo, DriverSource
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.pci import normalise_bus
+from gpu_operator.node.host.runner import CommandRunner
 from gpu_operator.vocabulary import MIG_CONFIG, MIG_CONFIG_STATE, MIG_PAUSED, MIG_RESTORE, MIG_RETRY
 
 # CUDA release -> the oldest Linux driver it supports without the forward-compatibility package.

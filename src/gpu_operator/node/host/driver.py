@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host.hostfs import HostFS
 
 OPERATOR_DRIVER_ROOT = "/run/nvidia/driver"
 # A driver installed as one directory holding bin/ and lib64/: GKE's driver installer puts it in

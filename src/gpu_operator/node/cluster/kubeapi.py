@@ -6,8 +6,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from gpu_operator.node.doctor.vmchecks import Advertised
 from gpu_operator.node.validate.base import PodOutcome
-from gpu_operator.node.vmchecks import Advertised
 from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 
 FIELD_MANAGER = NODE_AGENT_FIELD_MANAGER
@@ -46,7 +46,7 @@ class _Watch:
     def __init__(self, what: str, watch: Any, keep: Any, log: Any) -> None:
         import threading
 
-        from gpu_operator.node import kubetypes
+        from gpu_operator.node.cluster import kubetypes
 
         kubetypes.prepare()  # lightkube's types built here, before a second thread decodes them
         self.what, self.watch, self.keep, self.log = what, watch, keep, log

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gpu_operator.node import pci, vfio
-from gpu_operator.node.hostfs import HostFS, SysfsWriter
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.hostfs import HostFS, SysfsWriter
+from gpu_operator.node.vfio import manage as vfio
 from gpu_operator.vocabulary import (
     CONTAINER,
     PASSTHROUGH_DEVICES_ANNOTATION,

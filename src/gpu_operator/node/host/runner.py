@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import re
 
 from pydantic import BaseModel
 
-from gpu_operator.node.hostfs import HostFS, HostPathError
+from gpu_operator.node.host.hostfs import HostFS, HostPathError
 
 _FIELD = re.compile(r"^(Device Minor|GPU UUID):\s*(\S+)", re.MULTILINE)
 _PER_GPU = re.compile(r"^/dev/nvidia(\d+)$")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from gpu_operator.node.driver import DriverSource
-from gpu_operator.node.guestchecks import guest_findings
-from gpu_operator.node.probe import HostReport
-from gpu_operator.node.verdict import Finding, Severity
-from gpu_operator.node.verdict import finding as _finding
-from gpu_operator.node.vmchecks import persistence_findings, split_report, unknown_devices
+from gpu_operator.node.doctor.guestchecks import guest_findings
+from gpu_operator.node.doctor.verdict import Finding, Severity
+from gpu_operator.node.doctor.verdict import finding as _finding
+from gpu_operator.node.doctor.vmchecks import persistence_findings, split_report, unknown_devices
+from gpu_operator.node.host.driver import DriverSource
+from gpu_operator.node.host.probe import HostReport
 from gpu_operator.vocabulary import VM_PASSTHROUGH, VM_VGPU, WORKLOAD_CONFIGS
 
 __all__ = ["Finding", "Severity", "diagnose", "has_errors", "intended_workload"]

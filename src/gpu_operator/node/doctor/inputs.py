@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_operator.node.vfio_node import parse_passthrough_devices
-from gpu_operator.node.vmchecks import Advertised
+from gpu_operator.node.doctor.vmchecks import Advertised
+from gpu_operator.node.vfio.incluster import parse_passthrough_devices
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, WORKLOAD_CONFIG
 
 OFFLINE_HINT = (
@@ -52,7 +52,7 @@ def cluster_inputs(
     from httpx2 import HTTPError, HTTPStatusError
     from lightkube.core.exceptions import ApiError, ConfigError
 
-    from gpu_operator.node.kubeapi import KubeNodeView
+    from gpu_operator.node.cluster.kubeapi import KubeNodeView
 
     try:
         view = KubeNodeView(node, "")

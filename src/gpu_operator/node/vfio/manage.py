@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpu_operator.node import pci
-from gpu_operator.node.holders import gpu_holders, vfio_group_holders
-from gpu_operator.node.hostfs import HostFS, SysfsWriter
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.holders import gpu_holders, vfio_group_holders
+from gpu_operator.node.host.hostfs import HostFS, SysfsWriter
 
 VFIO_DRIVER = "vfio-pci"
 _ADDRESS = re.compile(

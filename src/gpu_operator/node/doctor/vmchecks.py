@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_operator.node import pci
-from gpu_operator.node.persist import regenerate_command
-from gpu_operator.node.probe import HostReport
-from gpu_operator.node.verdict import Finding, Severity, finding
+from gpu_operator.node.doctor.verdict import Finding, Severity, finding
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.persist import regenerate_command
+from gpu_operator.node.host.probe import HostReport
 
 
 @dataclass(frozen=True)

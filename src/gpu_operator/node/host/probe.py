@@ -6,13 +6,13 @@ import re
 
 from pydantic import BaseModel, Field
 
-from gpu_operator.node import pci
-from gpu_operator.node.driver import DriverInfo, detect_driver, find_executable, module_names, os_release
-from gpu_operator.node.guest import GuestInfo, read_guest
-from gpu_operator.node.holders import GpuHolder, gpu_holders
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.persist import PersistInfo, inspect
-from gpu_operator.node.runtime import CdiSpec, ContainerRuntime, cdi_specs, detect_runtime
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.driver import DriverInfo, detect_driver, find_executable, module_names, os_release
+from gpu_operator.node.host.guest import GuestInfo, read_guest
+from gpu_operator.node.host.holders import GpuHolder, gpu_holders
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.persist import PersistInfo, inspect
+from gpu_operator.node.host.runtime import CdiSpec, ContainerRuntime, cdi_specs, detect_runtime
 
 _IOMMU_FLAGS = re.compile(r"(?:^|\s)((?:intel_iommu|amd_iommu|iommu)=\S+)")
 _VFIO_IDS = re.compile(r"vfio[-_]pci\.ids=(\S+)")
@@ -68,7 +68,7 @@ class HostReport(BaseModel):
     shared_iommu_groups: dict[int, list[str]] = Field(default_factory=dict)
     mellanox_present: bool = False
     guest: GuestInfo = Field(
-        default_factory=GuestInfo, description="VM guest signs, GPU kinds, NVLink (node/guest.py)"
+        default_factory=GuestInfo, description="VM guest signs, GPU kinds, NVLink (node/host/guest.py)"
     )
     unreadable_paths: dict[str, str] = Field(
         default_factory=dict,

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from gpu_operator.node import pci
-from gpu_operator.node.driver import os_release
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.driver import os_release
+from gpu_operator.node.host.hostfs import HostFS
 
 MARKER = "written by gpu-operator vfio-manage persist"
 BLOCK_BEGIN = f"# >>> {MARKER}"

@@ -13,7 +13,7 @@ the process on nearly every try (tests/unit/node/test_kubetypes.py; docs/operato
 `prepare()` does every such first decode here, in one thread under a lock: every lightkube
 model, every resource and its list type. Once built, a type's info is never rebuilt, and
 decoding from any number of threads is safe. A process calls it before it starts a thread that
-decodes: the node agents' watches (node/kubeapi.py), the simulator's stand-ins (sim/standins/roster.py),
+decodes: the node agents' watches (node/cluster/kubeapi.py), the simulator's stand-ins (sim/standins/roster.py),
 the test processes (tests/conftest.py). The operator decodes in its one event-loop thread, and
 its own decoders (kube/pages.py, kube/nodewatch.py) are built when their modules are imported.
 """

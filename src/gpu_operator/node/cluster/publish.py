@@ -6,12 +6,12 @@ import json
 import re
 from typing import Any, Protocol
 
-from gpu_operator.node.findings import Finding, Severity, diagnose
-from gpu_operator.node.hostfs import HostFS
-from gpu_operator.node.probe import HostReport, probe
-from gpu_operator.node.verdict import finding
-from gpu_operator.node.vfio import VfioUsageError
-from gpu_operator.node.vfio_node import parse_passthrough_devices
+from gpu_operator.node.doctor.findings import Finding, Severity, diagnose
+from gpu_operator.node.doctor.verdict import finding
+from gpu_operator.node.host.hostfs import HostFS
+from gpu_operator.node.host.probe import HostReport, probe
+from gpu_operator.node.vfio.incluster import parse_passthrough_devices
+from gpu_operator.node.vfio.manage import VfioUsageError
 from gpu_operator.vocabulary import (
     DRIVER_SOURCE,
     DRIVER_VERSION,
@@ -46,7 +46,7 @@ def _product(name: str) -> str:
 
 
 def runtime_facts(report: HostReport) -> dict[str, str]:
-    """The host's container runtime as its files show it (node/runtime.py): the operator points the
+    """The host's container runtime as its files show it (node/host/runtime.py): the operator points the
     container toolkit at it (render/distributions.py); empty fields are left out, and a host where
     none of the runtimes we know was found says flavor `none` (the operator then names the node)."""
     rt = report.runtime

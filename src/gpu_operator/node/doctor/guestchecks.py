@@ -3,8 +3,8 @@ fabric (pure). Sources for each rule: docs/vm-passthrough.md, "Inside the VM".""
 
 from __future__ import annotations
 
-from gpu_operator.node.probe import HostReport
-from gpu_operator.node.verdict import Finding, Severity, finding
+from gpu_operator.node.doctor.verdict import Finding, Severity, finding
+from gpu_operator.node.host.probe import HostReport
 from gpu_operator.vocabulary import NVLINK_DISABLE_PARAM
 
 # What CUDA reports when the driver still waits for the NVLink fabric (CUDA driver API, cuInit).

@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from gpu_operator.node import pci
-from gpu_operator.node.hostfs import HostFS
+from gpu_operator.node.host import pci
+from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.vocabulary import NVLINK_FABRIC_GPUS
 
 DMI = "/sys/class/dmi/id"
