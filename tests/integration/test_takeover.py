@@ -257,3 +257,82 @@ def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
         assert live
     finally:
         delete_if_present(kube, ClusterPolicyResource, "cluster-policy")
+
+
+def status_written_by_us(policy: dict[str, Any]) -> bool:
+    return any(
+        f.get("manager") == FIELD_MANAGER and f.get("subresource") == "status"
+        for f in policy["metadata"].get("managedFields") or []
+    )
+
+
+def test_takeover_with_auto_upgrade_off_keeps_every_driver_pod(
+    kube: Client, fake_nodes: Nodes, start_operator: Start, operator_namespace: str
+) -> None:
+    """docs/migrate.md: with `driver.upgradePolicy.autoUpgrade: false` the take-over restarts no
+    driver pod; the driver DaemonSet (OnDelete) carries our template and its pods stay on NVIDIA's
+    until an upgrade replaces them. The recorded state with that one value changed (the nodes keep
+    NVIDIA's `upgrade-done` labels, as after turning auto-upgrade off on a running cluster)."""
+    driver = "nvidia-driver-daemonset"
+    recorded = takeover.recorded_nodes()
+    nodes = fake_nodes(*[f"{r['shape']}:1" for r in recorded])
+    off = {"driver": {"upgradePolicy": {"autoUpgrade": False}}}
+    takeover.load(kube, operator_namespace, nodes, spec=off)
+    try:
+        wait_for(
+            "NVIDIA's operand pods running on every node they select",
+            lambda: all_scheduled(kube, operator_namespace),
+            until=lambda short: not short,
+            timeout=120,
+        )
+        before_sets = daemonsets(kube, operator_namespace)
+        before_pods = pods_by_owner(kube, operator_namespace)
+        assert len(before_pods[driver]) == len(nodes)
+        operator = start_operator()
+        reconciled(kube, timeout=120, context=operator.log_text)
+        wait_for(
+            "the status written by our operator",
+            lambda: dict(kube.get(ClusterPolicyResource, "cluster-policy")),
+            until=status_written_by_us,
+            timeout=60,
+            context=operator.log_text,
+        )
+
+        def not_rolled() -> dict[str, Any]:
+            """The other operands whose NVIDIA pods still run, or which are short of pods."""
+            now = pods_by_owner(kube, operator_namespace)
+            short = all_scheduled(kube, operator_namespace)
+            return {
+                n: short.get(n) or sorted(set(now.get(n, {})) & set(before_pods[n]))
+                for n in before_pods
+                if n != driver and (n in short or set(now.get(n, {})) & set(before_pods[n]))
+            }
+
+        wait_for(
+            "every other operand's pods replaced",
+            not_rolled,
+            until=lambda left: not left,
+            timeout=120,
+            context=operator.log_text,
+        )
+        assert pods_by_owner(kube, operator_namespace)[driver] == before_pods[driver]
+        wait_for(
+            "NVIDIA's upgrade-state labels taken off (auto-upgrade off)",
+            lambda: [n for n in nodes if UPGRADE_STATE in (kube.get(Node, n).metadata.labels or {})],
+            until=lambda left: not left,
+            timeout=60,
+            context=operator.log_text,
+        )
+        ds = daemonsets(kube, operator_namespace)[driver]
+        assert applied_by_us(ds) and ds.spec.updateStrategy.type == "OnDelete"
+        assert ds.spec.template != before_sets[driver].spec.template
+        settled = wait_for(
+            "the DaemonSet controller caught up with our template",
+            lambda: daemonsets(kube, operator_namespace)[driver],
+            until=lambda d: d.status.observedGeneration == d.metadata.generation,
+            timeout=30,
+        )
+        assert settled.status.updatedNumberScheduled in (0, None), settled.status  # every pod NVIDIA's
+        assert pods_by_owner(kube, operator_namespace)[driver] == before_pods[driver]
+    finally:
+        delete_if_present(kube, ClusterPolicyResource, "cluster-policy")

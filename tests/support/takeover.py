@@ -65,11 +65,23 @@ def _create(kube: Client, obj: dict[str, Any], timeout: float = 90.0) -> None:
             time.sleep(0.5)
 
 
-def load(kube: Client, namespace: str, nodes: list[str]) -> Loaded:
-    """NVIDIA's state into `namespace`, its node labels onto `nodes` (in the recorded order)."""
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = (
+            _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def load(kube: Client, namespace: str, nodes: list[str], spec: dict[str, Any] | None = None) -> Loaded:
+    """NVIDIA's state into `namespace`, its node labels onto `nodes` (in the recorded order).
+    `spec`: values merged into the recorded ClusterPolicy's spec before it is created, as a
+    user's chart values would have set them (the recorded objects are NVIDIA's defaults')."""
     tokens = {NAMESPACE_TOKEN: namespace}
     (policy,) = [d for d in read("policy.yaml") if d["kind"] == "ClusterPolicy"]
     policy = _replace(policy, tokens)
+    policy["spec"] = _merged(policy["spec"], spec or {})
     status = policy.pop("status", None)
     created = kube.create(ClusterPolicyResource(**policy), field_manager=NVIDIA_FIELD_MANAGER)
     uid = created["metadata"]["uid"]

@@ -43,6 +43,10 @@ Output: YAML mapping.
 {{- $_ := set $spec "operator" (pick $v.operator "runtimeClass" "defaultRuntime" "initContainer" "use_ocp_driver_toolkit" "metrics") }}
 
 {{- $daemonsets := omit $v.daemonsets "rollingUpdate" }}
+{{- /* empty daemonsets.labels/annotations left out: Helm 4 (server-side apply) adopting a ClusterPolicy
+     whose labels its earlier apply set (NVIDIA's release, docs/migrate.md step 2) would write them null,
+     which the CRD refuses (tests/integration/test_migrate_helm.py) */}}
+{{- range $k := list "labels" "annotations" }}{{- if not (index $daemonsets $k) }}{{- $_ := unset $daemonsets $k }}{{- end }}{{- end }}
 {{- if eq ($v.daemonsets.updateStrategy | default "RollingUpdate") "RollingUpdate" }}
 {{- $_ := set $daemonsets "rollingUpdate" ($v.daemonsets.rollingUpdate | default dict) }}
 {{- end }}
