@@ -21,6 +21,7 @@ import yaml
 
 from gpu_operator import __version__
 from gpu_operator.admin import redact
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
 from gpu_operator.controllers.views import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.pages import Answer
@@ -28,11 +29,7 @@ from gpu_operator.kube.reach import Unreachable
 from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.vocabulary import MANAGED_SELECTOR, PROBE_FACTS_ANNOTATION
 
-OWNERS = (
-    OwnedKind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy"),
-    OwnedKind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver"),
-    OwnedKind("nvidia.com", "v1alpha1", "gpuclusters", "GPUCluster"),
-)
+OWNERS = tuple(OwnedKind(r.group, r.version, r.plural, r.kind) for r in CUSTOM_RESOURCES)  # our CRs
 IN_NAMESPACE = (
     OwnedKind("apps", "v1", "deployments", "Deployment"),
     OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),

@@ -22,6 +22,7 @@ from typing import Any
 
 from lightkube.core.exceptions import ApiError
 
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
 from gpu_operator.kube.client import FIELD_MANAGER, Kube
 from gpu_operator.vocabulary import MIG_MANAGER_FIELD_MANAGER, NODE_AGENT_FIELD_MANAGER, NVIDIA
 
@@ -94,13 +95,10 @@ async def strip_nodes(
     return patched
 
 
-# The GPUCluster first: its finalizer is removed by the running operator once the pods holding
-# ResourceClaims are gone (the hook stops the operator only after every owner CR is gone).
-OWNER_KINDS = (
-    ("nvidia.com/v1alpha1", "GPUCluster"),
-    ("nvidia.com/v1alpha1", "NVIDIADriver"),
-    ("nvidia.com/v1", "ClusterPolicy"),
-)
+# Our CRs (controllers/customresources.py), the rows in reverse: the GPUCluster first, as its
+# finalizer is removed by the running operator once the pods holding ResourceClaims are gone (the
+# hook stops the operator only after every owner CR is gone).
+OWNER_KINDS = tuple((row.api_version, row.kind) for row in reversed(CUSTOM_RESOURCES))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter, Gauge
 
@@ -35,6 +35,7 @@ from gpu_operator.controllers.leader import log_pass_failure
 from gpu_operator.controllers.settings import Backoff
 
 if TYPE_CHECKING:
+    from gpu_operator.controllers.customresources import CustomResource
     from gpu_operator.controllers.views import NodeView
 
 log = logging.getLogger("gpu_operator.controllers")
@@ -74,9 +75,8 @@ class NodeEvent:
 
 
 class EventKind(enum.Enum):
-    CLUSTER_POLICY = "ClusterPolicy"
-    NVIDIA_DRIVER = "NVIDIADriver"
-    GPU_CLUSTER = "GPUCluster"
+    # one of our CRs (controllers/customresources.py): the event's `resource` says which
+    CUSTOM_RESOURCE = "custom resource"
     OWNED = "owned"  # an object of a kind the operator owns (DaemonSets, ConfigMaps ...)
     DRIVER_POD = "driver pod"
     GFD_FEATURES = "GFD NodeFeature"
@@ -88,10 +88,20 @@ class EventKind(enum.Enum):
 @dataclass(frozen=True)
 class ObjectEvent:
     """An object of `kind` changed (our own status echoes are not events). `node`: the node it
-    concerns (a driver pod's, a NodeFeature's), where there is one."""
+    concerns (a driver pod's, a NodeFeature's), where there is one; `resource`: the row of the CR
+    of a CUSTOM_RESOURCE event (and only of one), so a new CR needs no new kind."""
 
     kind: EventKind
     node: str | None = None
+    resource: CustomResource[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind is EventKind.CUSTOM_RESOURCE) is (self.resource is None):
+            raise ValueError(f"{self.kind}: a resource row with a CUSTOM_RESOURCE event, and only then")
+
+    def of(self, *resources: CustomResource[Any]) -> bool:
+        """An event of one of these CRs (a unit's `wants` names the rows it reads)."""
+        return self.resource is not None and self.resource in resources
 
 
 Event = NodeEvent | ObjectEvent

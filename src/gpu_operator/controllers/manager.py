@@ -15,6 +15,7 @@ from collections.abc import Callable
 import kopf
 
 from gpu_operator.controllers import metrics
+from gpu_operator.controllers.customresources import CLUSTER_POLICY
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.gpuholders import runtime_access
@@ -98,7 +99,7 @@ class Manager:
         return self.labels.labelling(self.model.active_policy())
 
     def dispatch(self, event: Event) -> None:
-        if isinstance(event, ObjectEvent) and event.kind is EventKind.CLUSTER_POLICY:
+        if isinstance(event, ObjectEvent) and event.of(CLUSTER_POLICY):
             policy = self.model.active_model()
             config = policy.spec.devicePlugin.config if policy is not None else None
             self.plugin_config.follow(config.name if config is not None and config.name else None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.gpucluster import GROUP as GPUCLUSTER_GROUP
@@ -22,11 +22,19 @@ from gpu_operator.api.gpucluster import SINGLETON
 from gpu_operator.api.gpucluster import VERSION as GPUCLUSTER_VERSION
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.api.nvidiadriver import NVIDIADriver
+from gpu_operator.controllers.customresources import (
+    CLUSTER_POLICY,
+    CUSTOM_RESOURCES,
+    GPU_CLUSTER,
+    NVIDIA_DRIVER,
+    CustomResource,
+)
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.queries import NodeDriver, active_policy, node_drivers, parse_drivers
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     ClusterPolicyView,
+    CRView,
     DriverPodView,
     GPUClusterView,
     NodeView,
@@ -37,14 +45,9 @@ from gpu_operator.controllers.views import (
     first,
 )
 
-# kopf's index ids, by what they hold
-POLICIES, DRIVERS, GPUCLUSTERS, DRIVER_PODS, GFD_FEATURES = (
-    "policies",
-    "drivers",
-    "gpuclusters",
-    "driver_pods",
-    "gfd_features",
-)
+# kopf's index ids, by what they hold (our CRs': each row's `index_id`, controllers/customresources.py)
+DRIVER_PODS, GFD_FEATURES = "driver_pods", "gfd_features"
+V = TypeVar("V", bound=CRView[Any])
 
 
 def owned_index(kind: OwnedKind) -> str:
@@ -60,14 +63,29 @@ class ReadSnapshot:
 
     namespace: str
     info: ClusterInfo = ClusterInfo()  # start-up discovery's (controllers/discovery.py)
-    policies: tuple[ClusterPolicyView, ...] = ()
-    drivers: tuple[NVIDIADriverView, ...] = ()
-    gpuclusters: tuple[GPUClusterView, ...] = ()  # a ClusterPolicy does not run beside one
+    # Our CRs' objects by row (controllers/customresources.py): read them with `objects(row)`.
+    crs: Mapping[CustomResource[Any], tuple[CRView[Any], ...]] = field(default_factory=dict)
     nodes: tuple[NodeView, ...] = ()
     owned: Mapping[OwnedKey, OwnedView] = field(default_factory=dict)
     # Kinds whose objects `owned` holds (the watched ones); objects of any other kind the
     # renderer emits are remembered by the applier instead (controllers/apply.py).
     watched_kinds: frozenset[str] = frozenset(k.kind for k in OWNED_KINDS)
+
+    def objects(self, resource: CustomResource[V]) -> tuple[V, ...]:
+        """The objects of one of our CRs, as its row's view."""
+        return cast("tuple[V, ...]", tuple(self.crs.get(resource, ())))
+
+    @property
+    def policies(self) -> tuple[ClusterPolicyView, ...]:
+        return self.objects(CLUSTER_POLICY)
+
+    @property
+    def drivers(self) -> tuple[NVIDIADriverView, ...]:
+        return self.objects(NVIDIA_DRIVER)
+
+    @property
+    def gpuclusters(self) -> tuple[GPUClusterView, ...]:  # a ClusterPolicy does not run beside one
+        return self.objects(GPU_CLUSTER)
 
 
 @dataclass
@@ -79,15 +97,15 @@ class ReadModel:
     # kopf's live indices by id, taken from its startup handler's kwargs (kopf's public way).
     indices: dict[str, Any] = field(default_factory=dict)
     owned_kinds: list[OwnedKind] = field(default_factory=lambda: list(OWNED_KINDS))
+    # Our CRs the watches index and watch (controllers/watches.py): one row each.
+    resources: tuple[CustomResource[Any], ...] = CUSTOM_RESOURCES
 
     def snapshot(self) -> ReadSnapshot:
         """One pass's frozen view of everything the reconciling units read (`ReadSnapshot`)."""
         return ReadSnapshot(
             self.namespace,
             self.info,
-            tuple(self.policies()),
-            tuple(self.drivers()),
-            tuple(self.gpuclusters()),
+            {row: tuple(self.objects(row)) for row in self.resources},
             tuple(self.node_map.values()),
             self.owned(),
             self.watched_kinds,
@@ -106,14 +124,18 @@ class ReadModel:
     def _views(self, index: str) -> list[Any]:
         return [v for store in self.indices[index].values() if (v := first(store)) is not None]
 
+    def objects(self, resource: CustomResource[V]) -> list[V]:
+        """The objects of one of our CRs (any row of `resources`), as its row's view."""
+        return self._views(resource.index_id)
+
     def policies(self) -> list[ClusterPolicyView]:
-        return self._views(POLICIES)
+        return self.objects(CLUSTER_POLICY)
 
     def drivers(self) -> list[NVIDIADriverView]:
-        return self._views(DRIVERS)
+        return self.objects(NVIDIA_DRIVER)
 
     def gpuclusters(self) -> list[GPUClusterView]:
-        return self._views(GPUCLUSTERS)
+        return self.objects(GPU_CLUSTER)
 
     def active_policy(self) -> ClusterPolicyView | None:
         """The singleton rule (controllers/queries.py): the oldest ClusterPolicy."""

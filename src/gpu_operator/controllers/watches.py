@@ -13,28 +13,18 @@ from typing import Any, NamedTuple, cast
 import kopf
 
 from gpu_operator.controllers import kopflogin
+from gpu_operator.controllers.customresources import CustomResource
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.echoes import StatusEchoes
 from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent
-from gpu_operator.controllers.readmodel import (
-    DRIVER_PODS,
-    DRIVERS,
-    GFD_FEATURES,
-    GPUCLUSTERS,
-    POLICIES,
-    ReadModel,
-    owned_index,
-)
+from gpu_operator.controllers.readmodel import DRIVER_PODS, GFD_FEATURES, ReadModel, owned_index
 from gpu_operator.controllers.reflector import interned
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.views import (
     OWNED_KINDS,
     SERVICE_MONITOR,
-    ClusterPolicyView,
     CRView,
     DriverPodView,
-    GPUClusterView,
-    NVIDIADriverView,
     OwnedKind,
     OwnedView,
 )
@@ -51,12 +41,6 @@ from gpu_operator.vocabulary import (
     NODE_FEATURE_VERSION,
 )
 
-# Our CRs: (version, plural, kind, its typed view, its index id, its event kind)
-CUSTOM_RESOURCES: tuple[tuple[str, str, str, type[CRView[Any]], str, EventKind], ...] = (
-    ("v1", "clusterpolicies", "ClusterPolicy", ClusterPolicyView, POLICIES, EventKind.CLUSTER_POLICY),
-    ("v1alpha1", "nvidiadrivers", "NVIDIADriver", NVIDIADriverView, DRIVERS, EventKind.NVIDIA_DRIVER),
-    ("v1alpha1", "gpuclusters", "GPUCluster", GPUClusterView, GPUCLUSTERS, EventKind.GPU_CLUSTER),
-)
 DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
 
 log = logging.getLogger("gpu_operator.operator")  # the process's logger (controllers/manager.py)
@@ -112,8 +96,8 @@ class Watches:
             # (otherwise a "hung" task that holds the shutdown for 5 s) and stops the lease keeper.
             stop()
 
-        for version, plural, kind, view, index, event_kind in CUSTOM_RESOURCES:
-            self._watch_cr(version, plural, kind, view, index, event_kind)
+        for resource in model.resources:  # our CRs' rows (controllers/customresources.py)
+            self._watch_cr(resource)
         self._watch_driver_pods()
         for owned in OWNED_KINDS:
             self.watch_owned(owned)
@@ -145,24 +129,23 @@ class Watches:
         self.indexed.set()
         self.dispatch(event)
 
-    def _watch_cr(
-        self, version: str, plural: str, kind: str, view: type[CRView[Any]], index: str, event_kind: EventKind
-    ) -> None:
+    def _watch_cr(self, resource: CustomResource[Any]) -> None:
         """Any event of one of our CRs is an event, except the echo of our own status write
         (controllers/echoes.py)."""
-        echoes = StatusEchoes(lambda name: self.status_written((kind, name)))
+        echoes = StatusEchoes(lambda name: self.status_written((resource.kind, name)))
+        event = ObjectEvent(EventKind.CUSTOM_RESOURCE, resource=resource)
 
         async def indexed(body: kopf.Body, name: str, **_: Any) -> dict[str, CRView[Any]]:
-            return {name: view.of(body)}
+            return {name: resource.view.of(body)}
 
         async def changed(body: kopf.Body, type: str | None, **_: Any) -> None:  # noqa: A002 (kopf's name)
             self.indexed.set()
             if not echoes.is_echo(body, type):
-                self.dispatch(ObjectEvent(event_kind))
+                self.dispatch(event)
 
-        kopf.index("nvidia.com", version, plural, id=index, registry=self.registry)(indexed)
-        kopf.on.event("nvidia.com", version, plural, id=f"{plural}_event", registry=self.registry)(changed)
-        self.watched.append(Watched(("nvidia.com", version, plural), index))
+        kopf.index(*resource.resource, id=resource.index_id, registry=self.registry)(indexed)
+        kopf.on.event(*resource.resource, id=f"{resource.plural}_event", registry=self.registry)(changed)
+        self.watched.append(Watched(resource.resource, resource.index_id))
 
     def _watch_driver_pods(self) -> None:
         """Driver pods (any owner, or none: the migration rule looks for orphaned ones)."""

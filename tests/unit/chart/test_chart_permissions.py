@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
 from tests.support.chart import NAMESPACE, Rendered, find, objects
 from tests.support.permissions import Permission, covers, expand, grant
 
@@ -33,15 +34,15 @@ DEVICE_CLASSES = (
 )
 ADMISSION_POLICIES = ("resourceslices-policy-nvidia-dra-driver",)
 CLUSTER_WIDE: set[Permission] = (
-    # the operator's own work
-    grant(
-        "nvidia.com", ["clusterpolicies", "nvidiadrivers", "gpuclusters"], ["get", "list", "watch", "patch"]
-    )
-    | grant("nvidia.com", ["clusterpolicies/status", "nvidiadrivers/status", "gpuclusters/status"], ["patch"])
-    | grant(
-        "nvidia.com",
-        ["clusterpolicies/finalizers", "nvidiadrivers/finalizers", "gpuclusters/finalizers"],
-        ["update"],
+    # the operator's own work: our CRs (one row each in controllers/customresources.py), their
+    # status, and their finalizers (blockOwnerDeletion on what they own)
+    set().union(
+        *(
+            grant(row.group, [row.plural], ["get", "list", "watch", "patch"])
+            | grant(row.group, [f"{row.plural}/status"], ["patch"])
+            | grant(row.group, [f"{row.plural}/finalizers"], ["update"])
+            for row in CUSTOM_RESOURCES
+        )
     )
     | grant("resource.k8s.io", ["deviceclasses"], MAKE)
     | grant("resource.k8s.io", ["deviceclasses"], OWN, DEVICE_CLASSES)

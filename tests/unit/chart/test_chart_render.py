@@ -13,6 +13,7 @@ import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
 from gpu_operator.api.common import unknown_fields
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
 from gpu_operator.controllers.leader import LEASE_NAME
 from gpu_operator.vocabulary import HEALTH_REQUESTS_SECRET
 from tests.support.chart import (
@@ -251,7 +252,7 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
         {
             "apiGroups": ["nvidia.com"],
-            "resources": ["clusterpolicies", "nvidiadrivers", "gpuclusters"],
+            "resources": [row.plural for row in CUSTOM_RESOURCES],
             "verbs": ["list", "delete"],
         },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "get", "patch"]},

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
+from gpu_operator.controllers.customresources import CLUSTER_POLICY
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
@@ -110,7 +111,7 @@ def snapshot(kube: RecordingKube, spec: dict[str, Any], watched: frozenset[str])
     return ReadSnapshot(
         "gpu-operator",
         ClusterInfo("1.36.0", servicemonitor_crd=True),
-        policies=(ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body),),
+        crs={CLUSTER_POLICY: (ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", body),)},
         nodes=views,
         owned=kube.owned(watched),
         watched_kinds=watched,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import vocabulary as vocab
+from gpu_operator.controllers.customresources import GPU_CLUSTER
 from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.units.gpucluster.reconcile import COMPUTE_DOMAIN_CRDS, GPUClusterReconciler
 from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
@@ -61,7 +62,9 @@ def one_pass(reconciler: GPUClusterReconciler, kube: CRDKube, spec: dict[str, An
     }
     view = GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body)
     return asyncio.run(
-        reconciler.reconcile(ReadSnapshot("gpu-operator", gpuclusters=(view,), owned=kube.owned(WATCHED)))
+        reconciler.reconcile(
+            ReadSnapshot("gpu-operator", crs={GPU_CLUSTER: (view,)}, owned=kube.owned(WATCHED))
+        )
     )
 
 

@@ -182,7 +182,8 @@ def test_the_newest_served_version_of_device_taint_rule(
 
 
 def test_the_health_settings_of_either_stack() -> None:
-    from gpu_operator.controllers.readmodel import GPUCLUSTERS, POLICIES, ReadModel
+    from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER
+    from gpu_operator.controllers.readmodel import ReadModel
     from gpu_operator.controllers.views import ClusterPolicyView, GPUClusterView
 
     def cluster(deleting: bool = False) -> GPUClusterView:
@@ -210,7 +211,10 @@ def test_the_health_settings_of_either_stack() -> None:
 
     def model(policies: list[Any], clusters: list[Any]) -> ReadModel:
         m = ReadModel("gpu-operator")
-        m.indices = {POLICIES: {v.uid: [v] for v in policies}, GPUCLUSTERS: {v.uid: [v] for v in clusters}}
+        m.indices = {
+            CLUSTER_POLICY.index_id: {v.uid: [v] for v in policies},
+            GPU_CLUSTER.index_id: {v.uid: [v] for v in clusters},
+        }
         return m
 
     under_dra = model([], [cluster()])

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
 from gpu_operator.controllers.loop import UnitLoop
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
@@ -83,7 +84,7 @@ class Cluster:
         model = ReadModel(
             "gpu-operator",
             node_map=self.views,
-            indices={"policies": {}, "drivers": {}, "gpuclusters": {}, "driver_pods": {}},
+            indices={**{row.index_id: {} for row in CUSTOM_RESOURCES}, "driver_pods": {}},
         )
         unit = self.unit = LabelUnit(self, OperatorSettings(**settings), model)  # type: ignore[arg-type]
         unit._wanted = lambda: LabelPolicy()  # type: ignore[method-assign]  # a ClusterPolicy with defaults

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, CUSTOM_RESOURCES
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.manager import Manager
@@ -40,7 +41,11 @@ def _manager(busy: list[bool], asked: list[Any]) -> tuple[Manager, list[Any]]:
         }
     )
     manager.model.indices.update(
-        {"policies": {"cluster-policy": [policy]}, "drivers": {}, "gpuclusters": {}, "driver_pods": {}}
+        {
+            **{row.index_id: {} for row in CUSTOM_RESOURCES},
+            CLUSTER_POLICY.index_id: {"cluster-policy": [policy]},
+            "driver_pods": {},
+        }
     )
 
     def labelling(active: ClusterPolicyView | None) -> bool:

@@ -10,15 +10,9 @@ from typing import Any
 import pytest
 
 from gpu_operator.controllers.apply import ReconcileReport
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES, GPU_CLUSTER
 from gpu_operator.controllers.discovery import ClusterInfo
-from gpu_operator.controllers.readmodel import (
-    DRIVERS,
-    GPUCLUSTERS,
-    POLICIES,
-    ReadModel,
-    ReadSnapshot,
-    owned_index,
-)
+from gpu_operator.controllers.readmodel import ReadModel, ReadSnapshot, owned_index
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy.unit import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster.reconcile import GPUClusterReconciler
@@ -32,7 +26,9 @@ from tests.unit.controllers.test_gpucluster_crds import CRDKube
 @pytest.mark.parametrize("version", ["4.17", ""])
 def test_the_units_reconcile_the_read_models_snapshot(version: str) -> None:
     model = ReadModel("gpu-operator", info=ClusterInfo("1.36.3", openshift_version=version))
-    model.indices = {index: {} for index in (POLICIES, DRIVERS, GPUCLUSTERS, *map(owned_index, OWNED_KINDS))}
+    model.indices = {
+        index: {} for index in (*(row.index_id for row in CUSTOM_RESOURCES), *map(owned_index, OWNED_KINDS))
+    }
     kube: Any = None
     settings = OperatorSettings()
     images = dict(CHART_DEFAULT_IMAGES)
@@ -71,7 +67,7 @@ def test_the_dra_stack_gets_sccs_only_on_openshift(openshift: bool) -> None:
     snap = ReadSnapshot(
         "gpu-operator",
         ClusterInfo(openshift_version="4.17" if openshift else ""),
-        gpuclusters=(GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body),),
+        crs={GPU_CLUSTER: (GPUClusterView("gpu-cluster", "gc-uid", 1, "t", body),)},
     )
     asyncio.run(GPUClusterReconciler(kube, images=CHART_DEFAULT_IMAGES).reconcile(snap))  # type: ignore[arg-type]
     sccs = [o["metadata"]["name"] for o in kube.live.values() if o["kind"] == "SecurityContextConstraints"]

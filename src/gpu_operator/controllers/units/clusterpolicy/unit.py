@@ -7,21 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from gpu_operator.controllers import metrics
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER, NVIDIA_DRIVER
 from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset(
-    {
-        EventKind.CLUSTER_POLICY,
-        EventKind.NVIDIA_DRIVER,
-        EventKind.GPU_CLUSTER,
-        EventKind.OWNED,
-        EventKind.PLUGIN_CONFIG,
-    }
-)
+WANTED = frozenset({EventKind.OWNED, EventKind.PLUGIN_CONFIG})
+WANTED_CRS = (CLUSTER_POLICY, NVIDIA_DRIVER, GPU_CLUSTER)
 
 
 class ClusterPolicyUnit(UnitBase):
@@ -41,7 +35,7 @@ class ClusterPolicyUnit(UnitBase):
         self.reconciler = ClusterPolicyReconciler(kube, settings, images)
 
     def wants(self, event: Event) -> bool:
-        return isinstance(event, NodeEvent) or event.kind in WANTED
+        return isinstance(event, NodeEvent) or event.kind in WANTED or event.of(*WANTED_CRS)
 
     async def reconcile(self) -> Result:
         if self.labels_first():

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER, NVIDIA_DRIVER
 from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.gpucluster.reconcile import GPUClusterReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset(
-    {EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER, EventKind.OWNED}
-)
+WANTED = frozenset({EventKind.OWNED})
+WANTED_CRS = (CLUSTER_POLICY, NVIDIA_DRIVER, GPU_CLUSTER)
 
 
 class GPUClusterUnit(UnitBase):
@@ -27,7 +27,7 @@ class GPUClusterUnit(UnitBase):
         self.reconciler = GPUClusterReconciler(kube, settings, images)
 
     def wants(self, event: Event) -> bool:
-        return isinstance(event, ObjectEvent) and event.kind in WANTED
+        return isinstance(event, ObjectEvent) and (event.kind in WANTED or event.of(*WANTED_CRS))
 
     def idle(self) -> bool:
         return not self.model.gpuclusters()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from gpu_operator.api.health import NodeReport
 from gpu_operator.api.healthpolicy import HealthSpec
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import (
     Event,
@@ -143,7 +144,7 @@ class HealthUnit(UnitBase):
                 self.queue.dirty.add(event.name)
                 return True
             return False
-        if isinstance(event, ObjectEvent) and event.kind in (EventKind.CLUSTER_POLICY, EventKind.GPU_CLUSTER):
+        if isinstance(event, ObjectEvent) and event.of(CLUSTER_POLICY, GPU_CLUSTER):
             self._everything = True
             return True
         if isinstance(event, ObjectEvent) and event.kind is EventKind.DRIVER_POD and event.node:

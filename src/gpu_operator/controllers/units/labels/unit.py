@@ -22,6 +22,7 @@ from typing import Literal
 
 from gpu_operator.controllers.cleanup import strip_nodes
 from gpu_operator.controllers.clock import REAL, Clock
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER, NVIDIA_DRIVER
 from gpu_operator.controllers.gpuholders import claim_holding_nodes
 from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Pacing, Result, UnitBase
 from gpu_operator.controllers.queries import NodeDriver
@@ -78,7 +79,7 @@ class LabelUnit(UnitBase):
             if event.node:
                 self.dirty.add(event.node)
             return event.kind is EventKind.DRIVER_POD or bool(event.node)
-        return event.kind in (EventKind.CLUSTER_POLICY, EventKind.NVIDIA_DRIVER, EventKind.GPU_CLUSTER)
+        return event.of(CLUSTER_POLICY, NVIDIA_DRIVER, GPU_CLUSTER)
 
     def failed(self, err: BaseException) -> None:
         """Not one node's patch (those are in the report): every node is looked at again."""

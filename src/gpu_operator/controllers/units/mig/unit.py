@@ -26,10 +26,10 @@ from typing import Any
 import yaml
 
 from gpu_operator.api.clusterpolicy import ClusterPolicy
+from gpu_operator.controllers.customresources import CLUSTER_POLICY
 from gpu_operator.controllers.gpuholders import requests_gpu
 from gpu_operator.controllers.loop import (
     Event,
-    EventKind,
     NodeEvent,
     NodePass,
     NodeQueue,
@@ -164,7 +164,7 @@ class MIGUnit(UnitBase):
                 self._held.pop(event.name, None)
                 self._sent.pop(event.name, None)
             return self.queue.changed(event)
-        if isinstance(event, ObjectEvent) and event.kind is EventKind.CLUSTER_POLICY:
+        if isinstance(event, ObjectEvent) and event.of(CLUSTER_POLICY):
             self._everything = True
             return True
         return False

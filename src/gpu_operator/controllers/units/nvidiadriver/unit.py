@@ -6,21 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER, NVIDIA_DRIVER
 from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.nvidiadriver.reconcile import NVIDIADriverReconciler
 from gpu_operator.kube.client import Kube
 
-WANTED = frozenset(
-    {
-        EventKind.CLUSTER_POLICY,
-        EventKind.NVIDIA_DRIVER,
-        EventKind.GPU_CLUSTER,
-        EventKind.OWNED,
-        EventKind.DRIVER_POD,
-    }
-)
+WANTED = frozenset({EventKind.OWNED, EventKind.DRIVER_POD})
+WANTED_CRS = (CLUSTER_POLICY, NVIDIA_DRIVER, GPU_CLUSTER)
 
 
 class NVIDIADriverUnit(UnitBase):
@@ -33,7 +27,7 @@ class NVIDIADriverUnit(UnitBase):
         self.reconciler = NVIDIADriverReconciler(kube, settings, images)
 
     def wants(self, event: Event) -> bool:
-        return isinstance(event, NodeEvent) or event.kind in WANTED
+        return isinstance(event, NodeEvent) or event.kind in WANTED or event.of(*WANTED_CRS)
 
     def idle(self) -> bool:
         return not self.model.drivers()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpu_operator.controllers.customresources import CLUSTER_POLICY, GPU_CLUSTER, NVIDIA_DRIVER
 from gpu_operator.controllers.gpuholders import runtime_access
 from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, Result, UnitBase
 from gpu_operator.controllers.readmodel import ReadModel
@@ -21,15 +22,8 @@ from gpu_operator.controllers.views import NodeView
 from gpu_operator.kube.client import Kube
 from gpu_operator.vocabulary import UPGRADE_SKIP, UPGRADE_STATE
 
-WANTED = frozenset(
-    {
-        EventKind.CLUSTER_POLICY,
-        EventKind.NVIDIA_DRIVER,
-        EventKind.GPU_CLUSTER,
-        EventKind.OWNED,
-        EventKind.DRIVER_POD,
-    }
-)
+WANTED = frozenset({EventKind.OWNED, EventKind.DRIVER_POD})
+WANTED_CRS = (CLUSTER_POLICY, NVIDIA_DRIVER, GPU_CLUSTER)
 UpgradeFacts = tuple[str | None, str | None, tuple[tuple[str, str], ...], bool, bool]
 
 
@@ -60,7 +54,7 @@ class UpgradeUnit(UnitBase):
 
     def wants(self, event: Event) -> bool:
         if not isinstance(event, NodeEvent):
-            return event.kind in WANTED
+            return event.kind in WANTED or event.of(*WANTED_CRS)
         before = self._facts.pop(event.name, None)
         if event.view is None:
             return True
