@@ -1,5 +1,5 @@
 """Decoding Kubernetes lists from several threads at once, run as its own process so that a crash
-is an exit by signal (-11), not the end of the test run. tests/unit/node/test_kubetypes.py runs it.
+is an exit by signal (-11), not the end of the test run. tests/unit/node/cluster/test_kubetypes.py runs it.
 
     python -m tests.support.decode_stress [--no-prepare] [--threads N] [--items N] [--seconds S]
                                           [--switch-interval SECONDS] [--yield-in-gc] [--abort]
@@ -22,7 +22,7 @@ The lists hold kwok-shaped Pods and Nodes with their managedFields (tests/suppor
    start lets the other threads run (and the mutator write) in the middle of that decode.
 Every decode is checked (item count, a name, a label); exit 0 when all were right, 1 if one was
 not. Prints one line of counts. --abort calls os.abort() after the first decodes: the proof that a
-caller sees a crash (tests/unit/node/test_kubetypes.py).
+caller sees a crash (tests/unit/node/cluster/test_kubetypes.py).
 """
 
 from __future__ import annotations

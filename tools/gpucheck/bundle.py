@@ -4,7 +4,7 @@ the check imports (CHECK_DISTRIBUTIONS, at the versions tools/image/requirements
 that installs them into a virtualenv under /tmp with pip --no-index and runs the check.
 
 Writes dist/gpu-check/ (ignored): wheels/*.whl, run.sh. Refuses a bundle over 64 MiB. Needs the package
-index that pip here uses. tests/unit/node/test_gpucheck_bundle.py holds that the check imports nothing
+index that pip here uses. tests/unit/node/gpucheck/test_gpucheck_bundle.py holds that the check imports nothing
 outside CHECK_DISTRIBUTIONS.
 """
 

@@ -64,7 +64,13 @@ def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
     from gpu_operator.controllers.units.health import machine as hm
     from gpu_operator.vocabulary import HEALTH_CONDITION, HEALTH_REPORT_ANNOTATION, HEALTH_STATE, HEALTH_TAINT
     from tests.unit.controllers.healthkit import FakeKube
-    from tests.unit.controllers.test_health_unit import OTHER_TAINT, XID48, make, policy, run_pass
+    from tests.unit.controllers.units.health.test_health_unit import (
+        OTHER_TAINT,
+        XID48,
+        make,
+        policy,
+        run_pass,
+    )
 
     class Cluster(FakeKube):
         async def list_dicts(

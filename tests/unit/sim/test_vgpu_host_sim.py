@@ -22,7 +22,7 @@ from gpu_operator.sim.hardware.vgpuhw import FM_CONFIG, VGPU_STATE, VgpuHostSim,
 from gpu_operator.sim.realnode.realspec import host_spec
 from gpu_operator.sim.standins.vgpustandin import init_container
 from gpu_operator.vocabulary import VALIDATIONS_DIR
-from tests.unit.node.test_vgpuhost_agent import FakeNode
+from tests.unit.node.vgpuhost.test_vgpuhost_agent import FakeNode
 from tests.unit.render.renderkit import daemonset, run
 
 SHAPE = "vgpu-host-h100"

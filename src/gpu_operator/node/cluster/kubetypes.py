@@ -7,7 +7,7 @@ pass to another thread; a second thread that decodes the same type in that windo
 half-built info and reads an empty field entry: the process dies of SIGSEGV. lightkube decodes
 with `msgspec.json.decode(data, type=...)`, so each of its types is first decoded by whichever
 thread lists, gets or watches it first. Two threads that both list Pods for the first time crash
-the process on nearly every try (tests/unit/node/test_kubetypes.py; docs/operator.md,
+the process on nearly every try (tests/unit/node/cluster/test_kubetypes.py; docs/operator.md,
 "Decoding from several threads").
 
 `prepare()` does every such first decode here, in one thread under a lock: every lightkube

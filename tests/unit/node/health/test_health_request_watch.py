@@ -12,7 +12,7 @@ from gpu_operator.api.health import HealthReport
 from gpu_operator.node.health import HealthAgent, encode
 from gpu_operator.node.health.requests import SENTINEL, RequestActor, Seen
 from gpu_operator.vocabulary import HEALTH_SINCE_ANNOTATION, HEALTH_STATE
-from tests.unit.node.healthkit import BUS, asked
+from tests.unit.node.health.healthkit import BUS, asked
 
 
 @pytest.mark.parametrize("text", ["done", "refused:held by pid 7 (x)", "failed:exit 1"])

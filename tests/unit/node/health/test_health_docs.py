@@ -16,7 +16,7 @@ from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 from tests.unit.docs.test_tables import tables
 
-PAGE = Path(__file__).resolve().parents[3] / "docs" / "node-agents.md"
+PAGE = Path(__file__).resolve().parents[4] / "docs" / "node-agents.md"
 
 
 def section() -> str:

@@ -15,8 +15,8 @@ from gpu_operator.node.health.kmsg import KmsgRecord, _record
 from gpu_operator.node.health.xidlines import judge
 from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.sim.hardware import faults
-from tests.unit.node.nvml_standin import XID_EVENT, NvmlStandin
-from tests.unit.node.test_health import GPUS, SEQ, validated
+from tests.unit.node.health.nvml_standin import XID_EVENT, NvmlStandin
+from tests.unit.node.health.test_health import GPUS, SEQ, validated
 
 # The 8 GPUs of the fixture host (0000:0a:00.0 ... 0000:c1:00.0).
 NODE_GPUS = set(GPUS)

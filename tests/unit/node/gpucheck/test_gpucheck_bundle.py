@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.unit.node.conftest import BuildHost
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 SCRIPT = """
 import importlib.metadata as md, json, sys
 before = set(sys.modules)

@@ -11,11 +11,11 @@ from gpu_operator.node.vgpuhost.agent import Settings, run_pass
 from tests.support.hostsim import fakehost
 from tests.support.hostsim.vgpusim import VgpuHostSim
 from tests.unit.node.nodekit import HOSTS_DIR
-from tests.unit.node.test_vgpuhost import CONFIG
-from tests.unit.node.test_vgpuhost_agent import FakeNode
+from tests.unit.node.vgpuhost.test_vgpuhost import CONFIG
+from tests.unit.node.vgpuhost.test_vgpuhost_agent import FakeNode
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "kubevirt.md"
-MARK = "<!-- the lines of tests/unit/node/test_vgpuhost_docs.py -->"
+DOC = Path(__file__).resolve().parents[4] / "docs" / "kubevirt.md"
+MARK = "<!-- the lines of tests/unit/node/vgpuhost/test_vgpuhost_docs.py -->"
 
 
 def doc_block() -> list[str]:

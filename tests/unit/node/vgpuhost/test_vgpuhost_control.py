@@ -67,7 +67,7 @@ def test_the_command_runs_the_hosts_tools_and_exits_1_when_a_step_fails(
     from typer.testing import CliRunner
 
     from gpu_operator.cli import app
-    from tests.unit.node.test_vgpuhost import CONFIG
+    from tests.unit.node.vgpuhost.test_vgpuhost import CONFIG
 
     smi = '#!/bin/sh\ncase "$*" in *--query-gpu=mig.mode*) echo "Disabled, Disabled";; esac\n'
     host = build_host(

@@ -18,8 +18,8 @@ from gpu_operator.node.host.probe import probe
 from gpu_operator.node.vfio import manage as vfio
 from gpu_operator.vocabulary import PASSTHROUGH_DEVICES_ANNOTATION, PROBE_FACTS_ANNOTATION, WORKLOAD_CONFIG
 from tests.support.hostsim.fakehost import FakeHost
+from tests.unit.node.cluster.test_publish import FakeNode
 from tests.unit.node.conftest import BuildHost
-from tests.unit.node.test_publish import FakeNode
 
 H100 = [
     "0000:0a:00.0",

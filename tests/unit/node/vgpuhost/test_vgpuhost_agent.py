@@ -23,7 +23,7 @@ from gpu_operator.node.vgpuhost.agent import (
 )
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 from tests.support.hostsim.vgpusim import VgpuHostSim
-from tests.unit.node.test_vgpuhost import CONFIG
+from tests.unit.node.vgpuhost.test_vgpuhost import CONFIG
 
 
 class FakeNode:

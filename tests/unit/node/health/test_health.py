@@ -19,7 +19,7 @@ from gpu_operator.node.health import HealthMetrics, encode, run
 from gpu_operator.node.health.catalogue import DEVICE_PLUGIN_APPLICATION_XIDS, classify
 from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.vocabulary import HEALTH_ACTIONS, VALIDATIONS_DIR
-from tests.unit.node.healthkit import (
+from tests.unit.node.health.healthkit import (
     GPUS,
     SEQ,
     FakeNvml,

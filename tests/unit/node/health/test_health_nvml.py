@@ -1,4 +1,4 @@
-"""NVML as NVIDIA documents it (tests/unit/node/nvml_standin.py): a lost GPU answers every call with
+"""NVML as NVIDIA documents it (tests/unit/node/health/nvml_standin.py): a lost GPU answers every call with
 NVML_ERROR_GPU_IS_LOST and is never healthy; what cannot be tied to one GPU marks every GPU it could
 be; gpu-check's NVML step lists the others and names the lost bus; and the driver's recovery action
 (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) chooses the action ahead of the Xid catalogue."""
@@ -17,8 +17,8 @@ from gpu_operator.node.health import HealthAgent, encode
 from gpu_operator.node.health.nvml import RECOVERY_ACTIONS, RECOVERY_FIELD, NvmlSource, handle_key
 from gpu_operator.node.host.hostfs import HostFS
 from tests.unit.node.gpucheck_fakes import gpu_deps
-from tests.unit.node.nvml_standin import DBE_EVENT, XID_EVENT, NvmlStandin
-from tests.unit.node.test_health import GPUS, validated
+from tests.unit.node.health.nvml_standin import DBE_EVENT, XID_EVENT, NvmlStandin
+from tests.unit.node.health.test_health import GPUS, validated
 
 # nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_* numbers
 NONE, GPU_RESET, NODE_REBOOT, DRAIN_P2P, DRAIN_AND_RESET = 0, 1, 2, 3, 4

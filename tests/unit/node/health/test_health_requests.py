@@ -26,7 +26,7 @@ from gpu_operator.node.health.requests import (
 from gpu_operator.node.host.hostfs import HostFS
 from gpu_operator.node.host.runner import CommandResult
 from gpu_operator.vocabulary import HEALTH_ATTEMPTS_ANNOTATION, HEALTH_SINCE_ANNOTATION, HEALTH_STATE
-from tests.unit.node.healthkit import (
+from tests.unit.node.health.healthkit import (
     AGENT_PID,
     BUS,
     OTHER,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def run_python(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
