@@ -85,7 +85,7 @@ def test_cleanup_takes_back_what_gpu_health_wrote_on_every_node() -> None:
             )
 
         async def served_versions(self, group: str, kind: str) -> list[str]:
-            return []  # no DeviceTaintRule here (the DRA stack's rules: tests/unit/controllers/test_health_dra.py)
+            return []  # no DeviceTaintRule here (the DRA stack's rules: tests/unit/controllers/units/health/test_health_dra.py)
 
     kube = Cluster()
     for name in ("ours", "theirs"):

@@ -20,7 +20,7 @@ from gpu_operator.controllers.units.gpucluster.unit import GPUClusterUnit
 from gpu_operator.controllers.units.nvidiadriver.unit import NVIDIADriverUnit
 from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
-from tests.unit.controllers.test_gpucluster_crds import CRDKube
+from tests.unit.controllers.units.gpucluster.test_gpucluster_crds import CRDKube
 
 
 @pytest.mark.parametrize("version", ["4.17", ""])
