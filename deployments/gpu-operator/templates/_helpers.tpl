@@ -8,6 +8,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
+{{/*
+Our custom resources (group nvidia.com) by plural: the one list every rule of the chart that
+names them reads (rbac.yaml, cleanup-hook.yaml, crds-hook.yaml). The operator's rows are
+src/gpu_operator/controllers/customresources.py; tests/unit/chart/test_chart_permissions.py and
+test_watched_kinds.py hold the chart's grants to them.
+Input: a suffix ("", "/status", "/finalizers", ".nvidia.com": the CRDs' names). Output: a JSON list.
+*/}}
+{{- define "gpu-operator.customResources" -}}
+{{- $suffix := . -}}
+{{- $names := list -}}
+{{- range list "clusterpolicies" "nvidiadrivers" "gpuclusters" -}}
+{{- $names = append $names (printf "%s%s" . $suffix) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end }}
+
 {{/* The upstream defaults that name NVIDIA's Go operator image, which cannot run `gpu-operator run`. */}}
 {{- define "gpu-operator.isUpstreamOperatorImage" -}}
 {{- if and (eq (.repository | default "") "nvcr.io/nvidia") (eq (.image | default "") "gpu-operator") -}}true{{- end -}}
