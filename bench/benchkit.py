@@ -326,3 +326,42 @@ async def simulator_load(
         "reads_per_s": round(sum(rates.values()) - writes, 1),
         "cpu_cores": {n: round((cpu1[n] - cpu0[n]) / elapsed, 3) for n in pids},
     }
+
+
+def unready_census(pods: Iterable[Any]) -> dict[str, int]:
+    """Operand pods that are not Ready, counted by DaemonSet and what their status says: the phase,
+    the Ready and ContainersReady conditions and how many pod IPs they carry (a stage of kwok's refused by the
+    apiserver leaves its mark there), so that a stalled rollout says which operands stall and how."""
+    census: Counter[str] = Counter()
+    for pod in pods:
+        status = pod.status
+        conditions = {c.type: c.status for c in (status.conditions or [])} if status else {}
+        if conditions.get("Ready") == "True":
+            continue
+        owner = next((o.name for o in pod.metadata.ownerReferences or [] if o.controller), "-")
+        phase = (status.phase if status else None) or "-"
+        ips = len(status.podIPs or []) if status else 0
+        ready = f"ready={conditions.get('Ready', '-')} containers={conditions.get('ContainersReady', '-')}"
+        census[f"{owner} phase={phase} {ready} ips={ips}"] += 1
+    return dict(census.most_common())
+
+
+def component_cpu(plane: Any, operator_pid: int) -> dict[str, float]:
+    """CPU seconds so far of each simulator process, the operator and this process (the bench and
+    the stand-ins' thread): what the simulator costs beside the operator it measures."""
+    pids = {
+        c.name: c.process.pid for c in plane.components if c.process is not None and c.process.poll() is None
+    }
+    pids |= {"operator": operator_pid, "bench + stand-ins": os.getpid()}
+    return {name: proc_stats(p).cpu_seconds for name, p in pids.items()}
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    """`--feature-gates` as the control plane takes them: `A=false,B=true` -> {A: False, B: True}."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if value.lower() not in ("true", "false"):
+            raise SystemExit(f"--feature-gates: {item!r} is not NAME=true or NAME=false")
+        gates[name] = value.lower() == "true"
+    return gates

@@ -22,8 +22,10 @@ from benchkit import (  # noqa: E402
     audit_writes,
     bucket_quantile,
     completed,
+    component_cpu,
     counter_by,
     create_nodes,
+    feature_gates,
     histogram,
     join_phases,
     metric_sum,
@@ -31,12 +33,13 @@ from benchkit import (  # noqa: E402
     percentile,
     proc_stats,
     simulator_load,
+    unready_census,
 )
 from health import health_phase  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
-from lightkube.resources.core_v1 import Namespace  # noqa: E402
+from lightkube.resources.core_v1 import Namespace, Pod  # noqa: E402
 from restart import restart  # noqa: E402
 from scaleargs import parse_args  # noqa: E402
 from scalereport import COLUMNS, report, table, top_functions, verdicts  # noqa: E402
@@ -232,6 +235,7 @@ async def measure(
         watcher = asyncio.create_task(watch.run())
         await asyncio.wait_for(watch.started.wait(), 30 + n / 100)
         cpu0 = proc_stats(pid).cpu_seconds
+        rollout_cpu0 = component_cpu(plane, pid)
         t0 = time.monotonic()
         out["load_at_policy"] = load()
         await client.create(from_dict(read_gpucluster() if args.gpucluster else read_policy(args.policy)))
@@ -331,6 +335,18 @@ async def measure(
         out["policy_to_ready_s"] = samples[-1][0] if out["settled"] else None
         out["simulator_pods_ready_per_s"], out["simulator_pods_ready_peak_per_s"] = settle_rates(samples)
         out["operand_pods_ready_at_idle"] = f"{samples[-1][1]}/{samples[-1][2]}"
+        rollout_cpu = component_cpu(plane, pid)
+        out["rollout_cpu_s"] = {k: round(v - rollout_cpu0.get(k, 0.0), 1) for k, v in rollout_cpu.items()}
+        say(f"CPU seconds from the policy to now, by process: {out['rollout_cpu_s']}")
+        if not out["settled"]:
+            try:  # in pages: one list of every pod times out on an apiserver this busy
+                pods = await asyncio.to_thread(
+                    lambda: list(sync.list(Pod, namespace=session.OPERATOR_NAMESPACE, chunk_size=500))
+                )
+                out["unready_pods"] = unready_census(pods)
+                say(f"operand pods not Ready, by DaemonSet and status: {out['unready_pods']}")
+            except Exception as error:  # noqa: BLE001 (a census that failed must not end the run)
+                say(f"operand pods not Ready: not listed ({type(error).__name__}: {error})")
         say(
             f"{'GPUCluster' if args.gpucluster else 'ClusterPolicy'} {'ready' if out['settled'] else 'NOT ready'} "
             f"after {out['settle_s']:.0f}s more; "
@@ -422,6 +438,7 @@ def run_one(
         say,
         keep=args.keep_workdir,
         node_lease_seconds=args.node_lease_seconds,
+        feature_gates=feature_gates(args.feature_gates),
     )
     return row
 

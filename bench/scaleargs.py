@@ -105,6 +105,13 @@ def parse_args(description: str | None) -> argparse.Namespace:
         help="with --peer-cmd: run ours and the peer this many "
         "times each, interleaved (A B A B ...), and report each figure's median [min-max]",
     )
+    parser.add_argument(
+        "--feature-gates",
+        default="",
+        metavar="NAME=BOOL,...",
+        help="Kubernetes feature gates for the simulator's apiserver, controller-manager and scheduler "
+        "(both operators meet the same plane); see bench/README.md on StaleControllerConsistencyDaemonSet",
+    )
     parser.add_argument("--profile", action="store_true", help="run our operator under cProfile")
     parser.add_argument("--keep-workdir", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "results")

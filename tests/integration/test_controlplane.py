@@ -11,7 +11,7 @@ from lightkube import Client, KubeConfig
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.apps_v1 import DaemonSet
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from tests.support.waiting import wait_for
@@ -132,3 +132,57 @@ def test_serviceaccount_identity_is_subject_to_rbac(control_plane: ControlPlane)
         list(client.list(Node))
     assert denied.value.status.code == 403
     assert "system:serviceaccount:rbac-smoke:nobody" in str(denied.value.status.message)
+
+
+def test_a_pod_the_node_controller_marked_not_ready_is_ready_again_as_a_live_kubelet_makes_it(
+    kube: Client, namespace: str, fake_nodes: Callable[..., list[str]]
+) -> None:
+    """The node lifecycle controller marks a lapsed node's pods not Ready (the Ready condition
+    alone); a live kubelet writes them back at its next status sync, and so does kwok's
+    `pod-ready-again` stage (sim/plane/planeargs.py). A pod whose containers are not ready (a
+    kubelet's own verdict) stays as it is."""
+    node = fake_nodes("cpu:1")[0]
+    for name in ("marked", "held"):
+        kube.create(
+            from_dict(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "nodeName": node,
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "c", "image": "example.invalid/smoke:1"}],
+                    },
+                }
+            )
+        )
+
+    def conditions(name: str) -> dict[str, str]:
+        status = kube.get(Pod, name, namespace=namespace).status
+        return {c.type: c.status for c in (status.conditions if status and status.conditions else [])}
+
+    for name in ("marked", "held"):
+        wait_for(
+            f"{name} Ready",
+            lambda n=name: conditions(n).get("Ready"),
+            until=lambda r: r == "True",
+            timeout=60,
+        )
+
+    def mark(name: str, types: tuple[str, ...]) -> None:
+        # as MarkPodsNotReady: those conditions False, the others as they are
+        conditions_patch = [{"type": t, "status": "False"} for t in types]
+        kube.patch(Pod.Status, name, {"status": {"conditions": conditions_patch}}, namespace=namespace)
+
+    mark("marked", ("Ready",))
+    mark("held", ("Ready", "ContainersReady"))
+    wait_for(
+        "the marked pod Ready again",
+        lambda: conditions("marked"),
+        until=lambda c: c["Ready"] == "True",
+        timeout=30,
+    )
+    assert conditions("marked")["ContainersReady"] == "True"
+    held = conditions("held")
+    assert (held["Ready"], held["ContainersReady"]) == ("False", "False"), held

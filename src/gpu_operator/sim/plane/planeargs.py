@@ -49,7 +49,8 @@ options:
 def hold_initializing(stages: str) -> str:
     """kwok's stages with its pod-ready stage leaving alone a pod whose Initialized condition is
     False: the kubelet holds such a pod in its init containers (a stand-in of an init container
-    says so, `sim/standins/vgpustandin.py`, which writes it Running once they ran through)."""
+    says so, `sim/standins/vgpustandin.py`, which writes it Running once they ran through); and
+    `READY_AGAIN` added."""
     docs = [d for d in yaml.safe_load_all(stages) if d]
     for doc in docs:
         if doc.get("kind") == "Stage" and (doc.get("metadata") or {}).get("name") == "pod-ready":
@@ -60,7 +61,47 @@ def hold_initializing(stages: str) -> str:
                     "values": ["False"],
                 }
             )
-    return "---\n" + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+    return "---\n" + "\n---\n".join(yaml.safe_dump(d, sort_keys=False) for d in [*docs, READY_AGAIN])
+
+
+# The kubelet's status sync, which kwok's stages lack. When a node's Lease lapses (kwok renews 1,000
+# nodes' Leases late on a busy machine), the node lifecycle controller marks the node's pods not
+# Ready: the Ready condition alone, ContainersReady untouched (`MarkPodsNotReady`,
+# pkg/controller/util/node/controller_utils.go in Kubernetes v1.37.2). A live kubelet writes its
+# own view back at its next status sync (its status manager reconciles a pod whose status on the
+# apiserver differs from its own); kwok's pod-ready stage matches Pending pods only, so such a pod
+# stayed not Ready for good and a 1,000-node rollout never finished (bench/README.md). This stage
+# plays that sync: a Running pod whose containers are ready but which is marked not Ready becomes
+# Ready again. A pod held in its init containers (ContainersReady False) is not touched.
+READY_AGAIN: dict[str, Any] = {
+    "apiVersion": "kwok.x-k8s.io/v1alpha1",
+    "kind": "Stage",
+    "metadata": {"name": "pod-ready-again"},
+    "spec": {
+        "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+        "selector": {
+            "matchExpressions": [
+                {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                {
+                    "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                    "operator": "In",
+                    "values": ["False"],
+                },
+                {
+                    "key": '.status.conditions.[] | select( .type == "ContainersReady" ) | .status',
+                    "operator": "In",
+                    "values": ["True"],
+                },
+            ]
+        },
+        "next": {
+            "statusTemplate": (
+                'conditions:\n- lastTransitionTime: {{ Now | Quote }}\n  status: "True"\n  type: Ready\n'
+            )
+        },
+    },
+}
 
 
 def gate_flags(feature_gates: dict[str, bool]) -> list[str]:
@@ -205,7 +246,8 @@ def scheduler_argv(kube: Path, kubeconfig: Path, gates: list[str]) -> list[str]:
 def kwok_argv(
     kwok: Path, kubeconfig: Path, workdir: Path, stages_yaml: str, node_lease_seconds: int
 ) -> list[str]:
-    """kwok's flags; writes its stages (`stages_yaml` as `hold_initializing` changes them) and
+    """kwok's flags; writes its stages (`stages_yaml` as `hold_initializing` changes them, with
+    `READY_AGAIN`) and
     `KWOK_CONFIGURATION` to one file."""
     stages = workdir / "kwok-stages.yaml"
     stages.write_text(hold_initializing(stages_yaml) + KWOK_CONFIGURATION)
