@@ -3,6 +3,7 @@ and scheduler (DaemonSet pods created and bound), kwok (fake nodes, pods Ready).
 
 from __future__ import annotations
 
+import functools
 import urllib.error
 from collections.abc import Callable
 
@@ -165,8 +166,8 @@ def test_a_pod_the_node_controller_marked_not_ready_is_ready_again_as_a_live_kub
     for name in ("marked", "held"):
         wait_for(
             f"{name} Ready",
-            lambda n=name: conditions(n).get("Ready"),
-            until=lambda r: r == "True",
+            functools.partial(conditions, name),
+            until=lambda c: c.get("Ready") == "True",
             timeout=60,
         )
 
