@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpu_operator.node.options import HostRoot, Workload, host_fs
+from gpu_operator.node.options import HostRoot, WorkloadOption, host_fs
 
 
 def _kube_view(namespace: str = "") -> Any:
@@ -38,7 +38,7 @@ def probe(
     ] = False,
     interval: Annotated[float, typer.Option(help="With --publish: seconds between probes.")] = 300.0,
     once: Annotated[bool, typer.Option(help="With --publish: probe and publish once, then exit.")] = False,
-    workload_config: Workload = None,
+    workload_config: WorkloadOption = None,
     default_workload: Annotated[
         str | None,
         typer.Option(
@@ -182,7 +182,7 @@ def node_status_exporter(
 
 def doctor(
     host_root: HostRoot = None,
-    workload_config: Workload = None,
+    workload_config: WorkloadOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     search_path: Annotated[
         list[str] | None, typer.Option(help="Extra directory to look for nvidia-smi in (repeatable).")

@@ -15,7 +15,7 @@ HostRoot = Annotated[
         help="Directory holding the host's root file system (default: /host when it exists, else /).",
     ),
 ]
-Workload = Annotated[
+WorkloadOption = Annotated[
     str | None,
     typer.Option(
         "--workload-config",

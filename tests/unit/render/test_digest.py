@@ -7,7 +7,7 @@ import pytest
 from gpu_operator.render.transforms.digest import (
     ENV_NAME,
     DriverInstallState,
-    EnvVar,
+    GoEnvVar,
     VolumeConfig,
     VolumeMountConfig,
     _spew,
@@ -36,7 +36,7 @@ def test_reproduces_upstream_driver_minimal_golden_value() -> None:
         (True, "(bool)true"),
         (["init", "--a"], "([]string)[init --a]"),
         (
-            [EnvVar("A", "1"), EnvVar("B", "")],
+            [GoEnvVar("A", "1"), GoEnvVar("B", "")],
             "([]config.EnvVar)[{Name:(string)A Value:(string)1} {Name:(string)B Value:(string)}]",
         ),
     ],

@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Node
 from gpu_operator import shapes
 from gpu_operator.sim.standins import computedomain as cd
 from gpu_operator.sim.standins import computedomainplugin as cdp
-from gpu_operator.sim.standins.podwatch import NodeView
+from gpu_operator.sim.standins.podwatch import StandinNodeView
 
 UID = "0b5c7e0a-1111-2222-3333-444455556666"
 DOMAIN = {
@@ -25,8 +25,8 @@ DOMAIN = {
 }
 
 
-def view(name: str, shape: str = "gb200-nvl72") -> NodeView:
-    return NodeView(name=name, uid=f"uid-{name}", labels={}, capacity={}, shape=shapes.load(shape))
+def view(name: str, shape: str = "gb200-nvl72") -> StandinNodeView:
+    return StandinNodeView(name=name, uid=f"uid-{name}", labels={}, capacity={}, shape=shapes.load(shape))
 
 
 def test_the_controller_makes_the_templates_and_the_daemonset_of_a_domain() -> None:

@@ -81,7 +81,7 @@ def test_fail_requests_greater_than_one_and_a_bad_file(host: Path, tmp_path: Pat
         with pytest.raises(grpc.RpcError) as refused:
             allocate(dp, [f"{uuid}::0", f"{uuid}::1"], plugin.socket)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(sharing.ConfigError, match="unable to parse config file"):
+    with pytest.raises(sharing.SharingConfigError, match="unable to parse config file"):
         deviceplugin.load_config(str(tmp_path / "missing.yaml"))
     assert deviceplugin.load_config("") == sharing.Sharing()
 

@@ -11,15 +11,15 @@ from typing import Any
 from gpu_operator import shapes
 from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.standins import drahealth, draplugin
-from gpu_operator.sim.standins.podwatch import NodeView
+from gpu_operator.sim.standins.podwatch import StandinNodeView
 from tests.unit.sim.test_standins import pod
 
 NODE = "dgx-h100-0"
 GATE = {"FEATURE_GATES": "NVMLDeviceHealthCheck=true"}
 
 
-def view() -> NodeView:
-    return NodeView(
+def view() -> StandinNodeView:
+    return StandinNodeView(
         name=NODE,
         uid="node-uid",
         labels={shapes.SHAPE_LABEL: "dgx-h100"},

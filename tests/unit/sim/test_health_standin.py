@@ -21,7 +21,7 @@ from gpu_operator.controllers.units.health.machine import request_text
 from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.standins import kubeletdp
 from gpu_operator.sim.standins.health import APP, CONTAINER, HealthStandIn
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.vocabulary import (
     HEALTH_REPORT_ANNOTATION,
     HEALTH_REQUESTS_SECRET,
@@ -101,8 +101,8 @@ def pod(
     )
 
 
-def view(node: str, shape: str = "dgx-h100") -> NodeView:
-    return NodeView(node, f"uid-{node}", {}, {}, shapes.load(shape))
+def view(node: str, shape: str = "dgx-h100") -> StandinNodeView:
+    return StandinNodeView(node, f"uid-{node}", {}, {}, shapes.load(shape))
 
 
 class Harness:

@@ -67,7 +67,7 @@ def test_the_rendered_config_selects_per_gpu_and_applies() -> None:
     assert migparted.applied(entries, migparted.apply(entries, gpus()))
     with pytest.raises(migprofiles.LayoutError):
         applied("all-1g.5gb")  # an A100 layout: not the H100's
-    with pytest.raises(migparted.ConfigError, match="no-such: no such config"):
+    with pytest.raises(migparted.MIGConfigError, match="no-such: no such config"):
         applied("no-such")
 
 
@@ -111,7 +111,7 @@ def test_device_filters_and_indices_pick_the_gpus() -> None:
     ],
 )
 def test_a_bad_config_names_the_field(raw: str, field: str) -> None:
-    with pytest.raises(migparted.ConfigError) as err:
+    with pytest.raises(migparted.MIGConfigError) as err:
         migparted.parse(raw)
     assert field in str(err.value)
 
@@ -325,7 +325,7 @@ def test_the_mig_manager_reads_the_config_the_operator_renders() -> None:
         }
     }
     assert migmanager.config_source(custom) == ("mine", "config.yaml")
-    with pytest.raises(migparted.ConfigError, match="no ConfigMap volume"):
+    with pytest.raises(migparted.MIGConfigError, match="no ConfigMap volume"):
         migmanager.config_source(
             {"spec": {"containers": [{"env": [{"name": "CONFIG_FILE", "value": "/x/c.yaml"}]}]}}
         )

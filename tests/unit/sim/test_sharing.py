@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from gpu_operator import shapes
 from gpu_operator.sim.standins import gfd, kubeletdp, sharing
 from gpu_operator.sim.standins.pluginconfig import PluginConfigs, wiring
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.vocabulary import DEVICE_PLUGIN_CONFIG
 
 SLICE4 = """version: v1
@@ -74,7 +74,7 @@ def test_time_slicing_config_is_read_as_the_plugin_does() -> None:
     ],
 )
 def test_configs_the_plugin_refuses_name_the_field(text: str, field: str) -> None:
-    with pytest.raises(sharing.ConfigError) as err:
+    with pytest.raises(sharing.SharingConfigError) as err:
         sharing.parse(text, "cfg")
     assert str(err.value).split(":")[0] == field
 
@@ -86,11 +86,11 @@ def test_config_manager_chooses_label_then_default_then_fallbacks() -> None:
     assert sharing.choose(None, keys, "", ["empty"]) == ""
     assert sharing.choose(None, ["only"], "", ["named", "single"]) == "only"
     assert sharing.choose(None, ["default", "b"], "", ["named"]) == "default"
-    with pytest.raises(sharing.ConfigError, match="set the node's label to one of any, slice-2"):
+    with pytest.raises(sharing.SharingConfigError, match="set the node's label to one of any, slice-2"):
         sharing.choose("nope", keys, "any")
-    with pytest.raises(sharing.ConfigError, match="devicePlugin.config.default"):
+    with pytest.raises(sharing.SharingConfigError, match="devicePlugin.config.default"):
         sharing.choose(None, keys, "missing")
-    with pytest.raises(sharing.ConfigError, match="all fallbacks failed"):
+    with pytest.raises(sharing.SharingConfigError, match="all fallbacks failed"):
         sharing.choose(None, ["a", "b"], "", ["named", "single"])
 
 
@@ -113,7 +113,7 @@ def test_replicas_multiply_devices_with_annotated_ids() -> None:
     assert sharing.device_id("GPU-a::3") == "GPU-a" and sharing.device_id("GPU-a") == "GPU-a"
     assert sharing.too_many(sharing.parse(SLICE2_RENAMED), ["GPU-a::0", "GPU-a::1"]) is not None
     assert sharing.too_many(sharing.parse(SLICE4), ["GPU-a::0", "GPU-a::1"]) is None
-    with pytest.raises(sharing.ConfigError, match="mixed MIG strategy"):
+    with pytest.raises(sharing.SharingConfigError, match="mixed MIG strategy"):
         sharing.check(sharing.parse(MPS3), "mixed")
 
 
@@ -189,14 +189,14 @@ def test_a_label_change_is_read_an_edit_of_the_same_key_is_not() -> None:
     client.label = "missing"
     assert held().resources[0].advertised == "nvidia.com/gpu.shared"  # the sidecar exits; the plugin keeps it
     new_pod = rendered_pod({"name": "time-slicing", "default": "any"}, uid="uid-2")
-    with pytest.raises(sharing.ConfigError, match="does not exist"):
+    with pytest.raises(sharing.SharingConfigError, match="does not exist"):
         asyncio.run(configs.config(client, "dgx-h100-0", new_pod))  # type: ignore[arg-type]
     client.label = None
     assert asyncio.run(configs.config(client, "dgx-h100-0", new_pod)).resources[0].replicas == 8  # type: ignore[arg-type]
 
 
 def test_kwok_capacity_and_gfd_labels_follow_the_held_config() -> None:
-    view = NodeView(
+    view = StandinNodeView(
         name="dgx-h100-0",
         uid="n",
         labels={shapes.SHAPE_LABEL: "dgx-h100"},

@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import Pod
 from gpu_operator import shapes
 from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.sim.standins import draplugin, gfd, kubeletdp, nfdmaster
-from gpu_operator.sim.standins.podwatch import NodeStandIns, NodeView, PodView, WorkQueue
+from gpu_operator.sim.standins.podwatch import NodeStandIns, PodView, StandinNodeView, WorkQueue
 
 
 def pod(
@@ -68,8 +68,8 @@ def view(
     labels: dict[str, str] | None = None,
     capacity: dict[str, str] | None = None,
     name: str = "dgx-h100-0",
-) -> NodeView:
-    return NodeView(
+) -> StandinNodeView:
+    return StandinNodeView(
         name=name,
         uid="node-uid",
         labels={shapes.SHAPE_LABEL: shape, **(labels or {})},

@@ -17,7 +17,7 @@ from gpu_operator import shapes
 from gpu_operator.sim.hardware import hosttree
 from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.standins import virthandler
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 
 NODE = "vfio-passthrough-0"
 RESOURCE = "nvidia.com/H100_SXM5_80GB"
@@ -56,8 +56,8 @@ def pod(app: str, uid: str = "h-1", running: bool = True, limits: dict[str, str]
     )
 
 
-def view() -> NodeView:
-    return NodeView(
+def view() -> StandinNodeView:
+    return StandinNodeView(
         name=NODE,
         uid="n",
         labels={shapes.SHAPE_LABEL: "vfio-passthrough"},

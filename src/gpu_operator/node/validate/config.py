@@ -84,7 +84,7 @@ def _path_list(value: Any) -> Any:
     return tuple(p for p in value.split(":") if p) if isinstance(value, str) else value
 
 
-Seconds = Annotated[float, Field(ge=0)]
+FloatSeconds = Annotated[float, Field(ge=0)]
 CsvList = Annotated[tuple[str, ...], BeforeValidator(_csv)]
 Workload = vocabulary.WorkloadConfig
 MigStrategy = Literal["none", "single", "mixed"]
@@ -108,7 +108,7 @@ class ValidatorConfig(BaseModel):
     with_wait: bool = Field(False, alias="WITH_WAIT")
     with_workload: bool = Field(True, alias="WITH_WORKLOAD")
     cleanup_all: bool = Field(False, alias="CLEANUP_ALL")
-    sleep_interval: Seconds = Field(5.0, alias="SLEEP_INTERVAL_SECONDS")
+    sleep_interval: FloatSeconds = Field(5.0, alias="SLEEP_INTERVAL_SECONDS")
     output_dir: str = Field(vocabulary.VALIDATIONS_DIR, alias="OUTPUT_DIR")
     mig_strategy: MigStrategy = Field("single", alias="MIG_STRATEGY")
     metrics_port: int = Field(8000, alias="METRICS_PORT", ge=1, le=65535)
@@ -125,7 +125,7 @@ class ValidatorConfig(BaseModel):
         (), alias="DRIVER_SEARCH_PATHS"
     )
     skipped: frozenset[str] = Field(frozenset(), alias="VALIDATOR_SKIP")
-    budgets: dict[str, Seconds] = Field(default_factory=lambda: dict(DEFAULT_BUDGETS))
+    budgets: dict[str, FloatSeconds] = Field(default_factory=lambda: dict(DEFAULT_BUDGETS))
     validator_image: str = Field("", alias="VALIDATOR_IMAGE")
     cuda_image: str = Field("", alias="CUDA_VALIDATOR_IMAGE")
     # vocabulary.CUDA_WORKLOADS: what the workload pods run (vectorAdd from cuda_image, or our

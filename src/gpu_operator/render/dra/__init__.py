@@ -18,7 +18,7 @@ from gpu_operator.render.transforms.hardening import harden
 
 __all__ = ["RESOURCE_API_VERSIONS", "STATES", "DRAFacts", "DRANotServed", "render_gpucluster"]
 
-Gate = Callable[[DRACtx], tuple[bool, str]]
+DRAGate = Callable[[DRACtx], tuple[bool, str]]
 
 
 def _dcgm(ctx: DRACtx) -> tuple[bool, str]:
@@ -37,11 +37,11 @@ def _exporter(ctx: DRACtx) -> tuple[bool, str]:
     return False, "spec.dcgmExporter.enabled=false"
 
 
-def _always(reason: str) -> Gate:
+def _always(reason: str) -> DRAGate:
     return lambda ctx: (True, reason)
 
 
-STATES: tuple[tuple[str, Gate, Callable[[DRACtx], list[Manifest]]], ...] = (
+STATES: tuple[tuple[str, DRAGate, Callable[[DRACtx], list[Manifest]]], ...] = (
     (driver.STATE, _always("always (the GPU kubelet plugin has no switch)"), driver.render),
     ("state-dcgm", _dcgm, monitoring.dcgm),
     ("state-dcgm-exporter", _exporter, monitoring.exporter),

@@ -8,7 +8,7 @@ Bit-compatible with upstream: FNV-32a over, for every non-zero field sorted by i
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from gpu_operator.render.objects import upsert_env
 
@@ -17,7 +17,10 @@ _GO_PACKAGE = "config"  # the Go package of the hashed types, part of their spew
 
 
 @dataclass(frozen=True)
-class EnvVar:
+class GoEnvVar:
+    """Upstream's config.EnvVar: its spew type name stays `EnvVar` (GO_NAME)."""
+
+    GO_NAME: ClassVar[str] = "EnvVar"
     Name: str
     Value: str
 
@@ -52,10 +55,10 @@ class DriverInstallState:
     KernelModuleType: str = ""
     DriverCommand: list[str] = field(default_factory=list)
     DriverArgs: list[str] = field(default_factory=list)
-    DriverEnv: list[EnvVar] = field(default_factory=list)
-    ManagerEnv: list[EnvVar] = field(default_factory=list)
-    GDSEnv: list[EnvVar] = field(default_factory=list)
-    GDRCopyEnv: list[EnvVar] = field(default_factory=list)
+    DriverEnv: list[GoEnvVar] = field(default_factory=list)
+    ManagerEnv: list[GoEnvVar] = field(default_factory=list)
+    GDSEnv: list[GoEnvVar] = field(default_factory=list)
+    GDRCopyEnv: list[GoEnvVar] = field(default_factory=list)
     SecretEnvSource: str = ""
     GPUDirectRDMAEnabled: bool = False
     UseHostMOFED: bool = False
@@ -80,6 +83,11 @@ class DriverInstallState:
     HostRoot: str = ""
 
 
+def _go_name(value: Any) -> str:
+    """The Go type name of a hashed struct: its class name, or its GO_NAME where ours differs."""
+    return str(getattr(type(value), "GO_NAME", type(value).__name__))
+
+
 def _spew(value: Any, typed: bool = True) -> str:
     if isinstance(value, bool):
         text = "true" if value else "false"
@@ -89,12 +97,12 @@ def _spew(value: Any, typed: bool = True) -> str:
     if isinstance(value, list):
         go_type = "[]string"
         if value and not isinstance(value[0], str):
-            go_type = f"[]{_GO_PACKAGE}.{type(value[0]).__name__}"
+            go_type = f"[]{_GO_PACKAGE}.{_go_name(value[0])}"
         inner = " ".join(_spew(item, typed=False) for item in value)
         return f"({go_type})[{inner}]" if typed else f"[{inner}]"
     # a struct: field values keep their types, the struct's own type only at the top level
     body = " ".join(f"{f.name}:{_spew(getattr(value, f.name))}" for f in fields(value))
-    return f"({_GO_PACKAGE}.{type(value).__name__}){{{body}}}" if typed else f"{{{body}}}"
+    return f"({_GO_PACKAGE}.{_go_name(value)}){{{body}}}" if typed else f"{{{body}}}"
 
 
 def fnv32a(data: bytes) -> int:
@@ -113,8 +121,8 @@ def digest(state: DriverInstallState) -> str:
     return str(fnv32a("".join(parts).encode()))
 
 
-def _env(ctr: dict[str, Any]) -> list[EnvVar]:
-    pairs = [EnvVar(e["name"], str(e.get("value", ""))) for e in ctr.get("env", []) if "valueFrom" not in e]
+def _env(ctr: dict[str, Any]) -> list[GoEnvVar]:
+    pairs = [GoEnvVar(e["name"], str(e.get("value", ""))) for e in ctr.get("env", []) if "valueFrom" not in e]
     return sorted(pairs, key=lambda p: p.Name)
 
 

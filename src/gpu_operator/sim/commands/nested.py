@@ -22,14 +22,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_operator.sim.commands import session
 from gpu_operator.sim.commands.nestedhost import (
     KUBEVIRT_NAMESPACE,
     NameMismatch,
     NestedError,
-    Progress,
     deep_merge,
     kubevirt_api,
     node_resources,
@@ -40,6 +39,9 @@ from gpu_operator.sim.commands.nestedhost import (
     wait,
 )
 from gpu_operator.sim.commands.state import Proc, SimState
+
+if TYPE_CHECKING:
+    from gpu_operator.sim.plane.helm import Progress
 
 HOST_SHAPE = "vfio-passthrough"
 HOST_NODE = f"{HOST_SHAPE}-0"

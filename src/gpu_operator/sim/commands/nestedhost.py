@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from lightkube import Client
@@ -27,13 +27,15 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from gpu_operator.sim.standins.virthandler import KubeVirt
 
+if TYPE_CHECKING:
+    from gpu_operator.sim.plane.helm import Progress
+
 REPO = Path(__file__).resolve().parents[4]
 PACKAGE = REPO / "deployments" / "cozystack" / "packages" / "system" / "gpu-operator"
 KUBEVIRT_CRD = REPO / "tests" / "fixtures" / "kubevirt" / "kubevirt.io_kubevirts.yaml"
 KUBEVIRT_NAMESPACE = "cozy-kubevirt"  # seed 001's KubeVirt CR: cozy-kubevirt/kubevirt
 KUBEVIRT_VERSION = "v1.6.0"
 FIELD_MANAGER = "gpu-operator-sim"
-Progress = Callable[[str], None]
 
 
 class NestedError(RuntimeError):

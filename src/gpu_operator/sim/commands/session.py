@@ -9,18 +9,20 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpu_operator.sim.commands.state import STATE_FILE, Proc, SimState
 from gpu_operator.sim.plane import binaries as binaries_mod
 from gpu_operator.sim.plane.controlplane import ControlPlane, ControlPlaneError
 
+if TYPE_CHECKING:
+    from gpu_operator.sim.plane.helm import Progress
+
 OPERATOR_NAMESPACE = "gpu-operator"
 OPERATOR_SA = "gpu-operator"
 DEFAULT_SHAPES = ["dgx-h100:4"]
-Progress = Callable[[str], None]
 
 
 class SimError(RuntimeError):

@@ -28,7 +28,7 @@ from gpu_operator.sim.hardware import migprofiles
 from gpu_operator.sim.hardware.migprofiles import LayoutError, Profile
 
 
-class ConfigError(ValueError):
+class MIGConfigError(ValueError):
     """The config file or the selected config is wrong; the message names the field and the fix."""
 
 
@@ -75,7 +75,7 @@ def _device_id(raw: Any, where: str) -> str:
         return text[:4]
     if len(text) == 4 and all(c in "0123456789abcdef" for c in text):
         return text
-    raise ConfigError(
+    raise MIGConfigError(
         f"{where}: {raw!r} is not a PCI device ID: write it as 0x<device><vendor>, e.g. 0x233010DE"
     )
 
@@ -85,16 +85,16 @@ def parse(text: str) -> dict[str, list[Entry]]:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"the MIG config file is not YAML ({err}); fix its config.yaml") from err
+        raise MIGConfigError(f"the MIG config file is not YAML ({err}); fix its config.yaml") from err
     if not isinstance(raw, dict) or raw.get("version") != "v1":
-        raise ConfigError("the MIG config file must have `version: v1` (mig-parted's spec v1)")
+        raise MIGConfigError("the MIG config file must have `version: v1` (mig-parted's spec v1)")
     configs = raw.get("mig-configs")
     if not isinstance(configs, dict):
-        raise ConfigError("the MIG config file must have `mig-configs`: a map of config name to entries")
+        raise MIGConfigError("the MIG config file must have `mig-configs`: a map of config name to entries")
     out: dict[str, list[Entry]] = {}
     for name, entries in configs.items():
         if not isinstance(entries, list):
-            raise ConfigError(
+            raise MIGConfigError(
                 f"mig-configs.{name}: must be a list of entries (devices, mig-enabled, mig-devices)"
             )
         out[str(name)] = [_entry(e, f"mig-configs.{name}[{i}]") for i, e in enumerate(entries)]
@@ -103,16 +103,18 @@ def parse(text: str) -> dict[str, list[Entry]]:
 
 def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: must be a map with devices, mig-enabled and mig-devices")
+        raise MIGConfigError(f"{where}: must be a map with devices, mig-enabled and mig-devices")
     devices = raw.get("devices")
     if devices == "all":
         indices = None
     elif isinstance(devices, list) and all(isinstance(d, int) for d in devices):
         indices = tuple(devices)
     else:
-        raise ConfigError(f"{where}.devices: {devices!r}: write `all` or a list of GPU indices, e.g. [0, 1]")
+        raise MIGConfigError(
+            f"{where}.devices: {devices!r}: write `all` or a list of GPU indices, e.g. [0, 1]"
+        )
     if not isinstance(raw.get("mig-enabled"), bool):
-        raise ConfigError(f"{where}.mig-enabled: must be true or false")
+        raise MIGConfigError(f"{where}.mig-enabled: must be true or false")
     filt = raw.get("device-filter")
     filters = None
     if filt is not None:
@@ -122,18 +124,18 @@ def _entry(raw: Any, where: str) -> Entry:
     if not isinstance(mig_devices, dict) or not all(
         isinstance(v, int) and v >= 0 for v in mig_devices.values()
     ):
-        raise ConfigError(f"{where}.mig-devices: must map profile names to counts, e.g. {{1g.10gb: 7}}")
+        raise MIGConfigError(f"{where}.mig-devices: must map profile names to counts, e.g. {{1g.10gb: 7}}")
     if mig_devices and not raw["mig-enabled"]:
-        raise ConfigError(f"{where}: mig-devices given with mig-enabled: false; set mig-enabled: true")
+        raise MIGConfigError(f"{where}: mig-devices given with mig-enabled: false; set mig-enabled: true")
     return Entry(indices, filters, bool(raw["mig-enabled"]), {str(k): int(v) for k, v in mig_devices.items()})
 
 
 def select(configs: dict[str, list[Entry]], name: str) -> list[Entry]:
     """The selected config (`assert --valid-config`)."""
     if not name:
-        raise ConfigError("nvidia.com/mig.config is empty: label the node with one of the configs")
+        raise MIGConfigError("nvidia.com/mig.config is empty: label the node with one of the configs")
     if name not in configs:
-        raise ConfigError(
+        raise MIGConfigError(
             f"nvidia.com/mig.config={name}: no such config in the MIG config file "
             f"(it has: {', '.join(sorted(configs))})"
         )

@@ -81,7 +81,7 @@ class Profile:
 
 
 @dataclass(frozen=True)
-class Model:
+class GPUModel:
     name: str
     compute_slots: int
     memory_slices: int
@@ -93,7 +93,7 @@ class Model:
         return next((p for p in self.profiles if p.name == name), None)
 
 
-_H100_80GB = Model(
+_H100_80GB = GPUModel(
     "NVIDIA H100 80GB HBM3",
     7,
     8,
@@ -118,7 +118,7 @@ def _seven_slot(
     decoder: tuple[int, ...],
     encoder: tuple[int, ...],
     jpeg: tuple[int, ...],
-) -> Model:
+) -> GPUModel:
     """A model with the A100/H100/B200 layout of 7 compute slots and 8 memory slices: the profiles
     1g, 1g+me, 1g (2 memory slices), 2g, 3g, 4g, 7g, in that order, with their sizes in the names
     (`sizes`) and per-profile facts in the same order (`jpeg` counts JPEG and OFA engines alike)."""
@@ -131,7 +131,7 @@ def _seven_slot(
         (4, 4, 1, (0,)),
         (7, 8, 1, (0,)),
     )
-    return Model(
+    return GPUModel(
         name,
         7,
         8,
@@ -203,7 +203,7 @@ def _four_slot(
     sms: tuple[int, int, int],
     media: tuple[int, int, int, int],
     profiles: tuple[tuple[str, int, int, int, int, int, int], ...],
-) -> Model:
+) -> GPUModel:
     """A model of 4 compute slots and 4 memory slices (1g at slots 0..3, 2g at 0 and 2, 4g at 0) whose
     1g profile holds `size` GB. `profiles`: (g and the attribute suffix, how many fit, NVDEC,
     NVENC, JPEG, OFA, NVML's profile ID); `media`: the engines the instances share."""
@@ -230,7 +230,7 @@ def _four_slot(
                 profile_id,
             )
         )
-    return Model(name, 4, 4, tuple(out), media)
+    return GPUModel(name, 4, 4, tuple(out), media)
 
 
 _RTX_PRO_6000 = _four_slot(
@@ -255,7 +255,7 @@ _RTX_PRO_6000 = _four_slot(
 )
 
 # PCI device ID (lower-case hex, vendor 10de) -> the model's MIG profiles
-MODELS: dict[str, Model] = {
+MODELS: dict[str, GPUModel] = {
     "2330": _H100_80GB,
     "20b0": _A100_40GB,
     "20b2": _A100_80GB,
@@ -265,7 +265,7 @@ MODELS: dict[str, Model] = {
 }
 
 
-def model(device_id: str) -> Model | None:
+def model(device_id: str) -> GPUModel | None:
     """The MIG profiles of PCI device `device_id` (e.g. "2330" or "0x233010DE"); None: not MIG-capable
     here (no profiles known)."""
     key = device_id.lower().removeprefix("0x")
@@ -294,7 +294,7 @@ class LayoutError(ValueError):
     """A layout does not fit the GPU; the message says which profile and why."""
 
 
-def place(m: Model, wanted: dict[str, int]) -> list[tuple[Profile, int]]:
+def place(m: GPUModel, wanted: dict[str, int]) -> list[tuple[Profile, int]]:
     """Placements (profile, start slot) for `wanted` {profile name: count} on a GPU of model `m`,
     largest instances first; LayoutError when a profile is unknown to the model, asked for more
     times than fit, or the instances together do not fit the slots or the memory slices."""

@@ -2,7 +2,7 @@
 kube-controller-manager, kube-scheduler and kwok (fake nodes), each logging to its own file.
 
 `ControlPlane` runs them (start, stop, and kill/revive for chaos tests); their command lines are
-in `planeargs`, the process of each in `processes.Component`, and the client side (requests,
+in `planeargs`, the process of each in `processes.PlaneComponent`, and the client side (requests,
 kubeconfigs, audit events) in `planeclient.PlaneClient`, its base."""
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from gpu_operator.sim.plane import planeargs
 from gpu_operator.sim.plane.binaries import Binaries
 from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 from gpu_operator.sim.plane.planeclient import PlaneClient
-from gpu_operator.sim.plane.processes import Component, ControlPlaneError, free_port, http_ok, tail, unix_open
+from gpu_operator.sim.plane.processes import (
+    ControlPlaneError,
+    PlaneComponent,
+    free_port,
+    http_ok,
+    tail,
+    unix_open,
+)
 
 # What callers import from here besides ControlPlane: its error and the port picker its users share.
 __all__ = ["ControlPlane", "ControlPlaneError", "free_port"]
@@ -43,7 +50,7 @@ class ControlPlane(PlaneClient):
     runtime_config: tuple[str, ...] = ()
     """API versions the apiserver serves besides its defaults (`--runtime-config`), e.g.
     resource.k8s.io/v1beta2=true."""
-    components: list[Component] = field(default_factory=list)
+    components: list[PlaneComponent] = field(default_factory=list)
     apiserver_port: int = 0
 
     def __enter__(self) -> ControlPlane:
@@ -84,14 +91,14 @@ class ControlPlane(PlaneClient):
         for component in reversed(self.components):
             component.stop()
 
-    def _launch(self, name: str, argv: list[str]) -> Component:
-        component = Component(name, argv, self.workdir / "logs" / f"{name}.log")
+    def _launch(self, name: str, argv: list[str]) -> PlaneComponent:
+        component = PlaneComponent(name, argv, self.workdir / "logs" / f"{name}.log")
         self.progress(f"starting {name}")
         component.start()
         self.components.append(component)
         return component
 
-    def _wait(self, what: str, component: Component, ready: Callable[[], bool], deadline: float) -> None:
+    def _wait(self, what: str, component: PlaneComponent, ready: Callable[[], bool], deadline: float) -> None:
         while True:
             component.check_alive()
             if ready():
@@ -187,7 +194,7 @@ class ControlPlane(PlaneClient):
 
     # -- faults (chaos tests) -----------------------------------------------------------------
 
-    def component(self, name: str) -> Component:
+    def component(self, name: str) -> PlaneComponent:
         for component in self.components:
             if component.name == name:
                 return component

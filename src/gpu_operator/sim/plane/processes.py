@@ -1,4 +1,4 @@
-"""The processes the simulator starts and how it watches them: a control plane `Component` (a
+"""The processes the simulator starts and how it watches them: a control plane `PlaneComponent` (a
 binary with its argv and log, started in a session of its own, stopped, SIGKILLed, started
 again), `stop_group` and `terminate` (a real node's daemons), the readiness probes they are
 waited on with, and the errors naming the one that failed with the tail of its log."""
@@ -39,7 +39,7 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 @dataclass
-class Component:
+class PlaneComponent:
     name: str
     argv: list[str]
     log: Path

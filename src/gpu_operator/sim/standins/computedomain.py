@@ -54,7 +54,7 @@ from lightkube.types import PatchType
 
 from gpu_operator.kube.resources import ComputeDomainCliqueResource, ComputeDomainResource
 from gpu_operator.sim.standins import identity as ident
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 
 log = logging.getLogger("gpu_operator.sim.standins.computedomain")
 
@@ -81,7 +81,7 @@ def daemon_name(uid: str) -> str:
     return f"computedomain-daemon-{uid}"
 
 
-def clique_id(view: NodeView | None) -> str:
+def clique_id(view: StandinNodeView | None) -> str:
     """The node's clique as the plugin reads it from NVML: `<cluster UUID>.<clique ID>`; "" without
     a fabric (the daemons then run without IMEX)."""
     if view is None or view.shape is None or not view.nvidia_gpus:
@@ -254,12 +254,12 @@ class Daemons:
 
     def __init__(self) -> None:
         self.identities: Any = None
-        self.nodes: dict[str, NodeView | None] = {}
+        self.nodes: dict[str, StandinNodeView | None] = {}
 
-    async def _node(self, client: Any, name: str) -> NodeView | None:
+    async def _node(self, client: Any, name: str) -> StandinNodeView | None:
         if name not in self.nodes:
             try:
-                self.nodes[name] = NodeView.of(await client.get(Node, name))
+                self.nodes[name] = StandinNodeView.of(await client.get(Node, name))
             except ApiError as err:
                 if err.status.code != 404:
                     raise
@@ -355,7 +355,9 @@ class ComputeDomainController:
     async def start(self, client: AsyncClient) -> None:
         return None
 
-    async def sync(self, client: Any, node: str, view: NodeView | None, pods: list[PodView]) -> float | None:
+    async def sync(
+        self, client: Any, node: str, view: StandinNodeView | None, pods: list[PodView]
+    ) -> float | None:
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
         if not running:
             return None

@@ -28,7 +28,7 @@ from gpu_operator.sim.standins.computedomain import (
     as_dict,
     create_if_absent,
 )
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 
 log = logging.getLogger(
     "gpu_operator.sim.standins.computedomain"
@@ -72,7 +72,7 @@ class ChannelPlugin:
     def slice_name(node: str) -> str:
         return f"{node}-{DRIVER}"
 
-    def body(self, view: NodeView) -> dict[str, Any]:
+    def body(self, view: StandinNodeView) -> dict[str, Any]:
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
@@ -97,7 +97,7 @@ class ChannelPlugin:
             },
         }
 
-    async def sync(self, client: Any, view: NodeView, pod: PodView | None) -> float | None:
+    async def sync(self, client: Any, view: StandinNodeView, pod: PodView | None) -> float | None:
         """`pod`: the plugin's running pod (None: gone, withdraw)."""
         node = view.name
         if pod is None or CONTAINER not in pod.containers:

@@ -312,13 +312,13 @@ def serve(plugin: GpuPlugin, plugin_dir: Path, log: Any = print) -> None:
 
 def load_config(path: str) -> sharing.Sharing:
     """The plugin's config file (none given: the default config; an empty file, config-manager's
-    /dev/null link, too); ConfigError where NVIDIA's plugin would not start."""
+    /dev/null link, too); SharingConfigError where NVIDIA's plugin would not start."""
     if not path:
         return sharing.Sharing()
     try:
         text = Path(path).read_text()
     except OSError as err:
-        raise sharing.ConfigError(f"--config-file {path}: unable to parse config file: {err}") from err
+        raise sharing.SharingConfigError(f"--config-file {path}: unable to parse config file: {err}") from err
     return sharing.parse(text, path)
 
 
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
             mig_strategy = args.mig_strategy or config.mig_strategy or "none"
             sharing.check(config, mig_strategy)
             plugins = plugins_for(args.host_root, strategy, mig_strategy, config, args.cdi_root)
-        except (migresources.PluginError, sharing.ConfigError) as err:
+        except (migresources.PluginError, sharing.SharingConfigError) as err:
             raise SystemExit(f"device plugin: {err}") from err
         threads = [
             threading.Thread(target=serve, args=(p, args.plugin_dir, lambda msg: print(msg, flush=True)))

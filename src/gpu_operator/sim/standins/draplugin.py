@@ -66,7 +66,7 @@ from gpu_operator.sim.standins import dramig, drapartitions
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins.computedomainplugin import ChannelPlugin
 from gpu_operator.sim.standins.drahealth import SliceHealth
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 
 log = logging.getLogger("gpu_operator.sim.standins.draplugin")
 
@@ -105,7 +105,7 @@ def gpu_uuid(node: str, index: int) -> str:
 
 
 def devices(
-    view: NodeView, taints: dict[str, dict[str, str]] | None = None, gpus: list[GpuMig] | None = None
+    view: StandinNodeView, taints: dict[str, dict[str, str]] | None = None, gpus: list[GpuMig] | None = None
 ) -> list[dict[str, Any]]:
     """The node's GPUs as the plugin describes them (attributes without a domain are qualified by
     the driver name: DeviceClass selectors read device.attributes['gpu.nvidia.com'].type);
@@ -149,7 +149,9 @@ def devices(
     return out
 
 
-def slices_for(view: NodeView, contents: list[dict[str, Any]], generation: int = 1) -> list[dict[str, Any]]:
+def slices_for(
+    view: StandinNodeView, contents: list[dict[str, Any]], generation: int = 1
+) -> list[dict[str, Any]]:
     """The node's pool as ResourceSlices, one per entry of `contents` (`devices` or `sharedCounters`):
     `<node>-gpu.nvidia.com` for one slice, `<node>-gpu.nvidia.com-<i>` for several."""
     name, count = view.name, len(contents)
@@ -176,13 +178,13 @@ def slices_for(view: NodeView, contents: list[dict[str, Any]], generation: int =
 
 
 def slice_for(
-    view: NodeView, taints: dict[str, dict[str, str]] | None = None, gpus: list[GpuMig] | None = None
+    view: StandinNodeView, taints: dict[str, dict[str, str]] | None = None, gpus: list[GpuMig] | None = None
 ) -> dict[str, Any]:
     return slices_for(view, [{"devices": devices(view, taints, gpus)}])[0]
 
 
 def pool(
-    view: NodeView, env: dict[str, str], taints: dict[str, dict[str, str]], gpus: list[GpuMig] | None
+    view: StandinNodeView, env: dict[str, str], taints: dict[str, dict[str, str]], gpus: list[GpuMig] | None
 ) -> list[dict[str, Any]]:
     """What the plugin publishes: the static form, or under DynamicMIG the partitionable devices
     (`drapartitions`); PluginRefuses where its gates keep it from starting."""
@@ -235,7 +237,7 @@ class SlicePublisher:
             entry = self.health[node] = (pod.uid, SliceHealth(self.hosts.root(node), pod.env))
         return entry[1].poll()
 
-    def gpus(self, node: str, pod: PodView, view: NodeView) -> list[GpuMig] | None:
+    def gpus(self, node: str, pod: PodView, view: StandinNodeView) -> list[GpuMig] | None:
         """The GPUs' MIG state as the plugin's pod found it when it started (None: MIG never played);
         under DynamicMIG the plugin then destroys the MIG devices it did not make."""
         if self.mig is None or view.shape is None:
@@ -322,7 +324,7 @@ class SlicePublisher:
                     raise
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         if not self.served:
             return None

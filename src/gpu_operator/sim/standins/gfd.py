@@ -41,7 +41,7 @@ from gpu_operator.sim.hardware.mighw import MigHardware
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins import migresources, sharing
 from gpu_operator.sim.standins.pluginconfig import PluginConfigs, volume_reader
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.vocabulary import (
     GFD_NODE_FEATURE_PREFIX,
     NFD_NODE_NAME_LABEL,
@@ -81,7 +81,10 @@ def owner_references(pod: PodView) -> list[dict[str, Any]]:
 
 
 def labels_for(
-    view: NodeView, pod: PodView, hardware: MigHardware | None = None, config: sharing.Sharing | None = None
+    view: StandinNodeView,
+    pod: PodView,
+    hardware: MigHardware | None = None,
+    config: sharing.Sharing | None = None,
 ) -> dict[str, str]:
     """The labels GFD's process in `pod` derives on the node (none where NVML sees no GPU), with the
     GPUs' MIG state as `hardware` has it (without: every GPU with MIG off) and the sharing of the
@@ -178,7 +181,7 @@ class FeatureDiscovery:
         await self.configs.start(client)
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         if view is None or view.shape is None:
             return None
@@ -191,7 +194,7 @@ class FeatureDiscovery:
         for pod in newest.values():
             try:
                 config = await self.configs.config(client, node, pod, volume_reader(self.identities, node))
-            except sharing.ConfigError as err:
+            except sharing.SharingConfigError as err:
                 log.info("node %s: GFD's pod %s/%s does not start: %s", node, pod.namespace, pod.name, err)
                 continue
             labels = labels_for(view, pod, self.hardware, config)

@@ -67,7 +67,7 @@ from gpu_operator.sim.hardware.faults import (
 )
 from gpu_operator.sim.hardware.nvmltree import TreeNvml
 from gpu_operator.sim.standins import identity as ident
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.vocabulary import HEALTH_VALIDATIONS, NODE_AGENT_FIELD_MANAGER, VALIDATIONS_DIR
 
 log = logging.getLogger("gpu_operator.sim.standins.health")
@@ -213,7 +213,7 @@ class HealthStandIn:
             table.pop(node, None)
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         if view is None or view.shape is None:
             self.forget(node)
@@ -301,7 +301,7 @@ class HealthStandIn:
                 return None
             raise
 
-    async def stopped(self, node: str, view: NodeView, pods: list[PodView]) -> None:
+    async def stopped(self, node: str, view: StandinNodeView, pods: list[PodView]) -> None:
         """The pod went: the agent's last report, marked stopped."""
         live = self.live.get(node)
         wanted = validations(pods[-1]) if pods else None

@@ -60,7 +60,7 @@ from gpu_operator.sim.hardware.mighw import MigHardware, shape_gpus
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins import migresources, sharing
 from gpu_operator.sim.standins.pluginconfig import PluginConfigs, volume_reader
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.sim.standins.xidhealth import XidHealth
 from gpu_operator.vocabulary import GPU_RESOURCE
 
@@ -181,7 +181,7 @@ class DevicePluginCapacity:
         }
 
     def stopped_for(
-        self, node: str, view: NodeView, running: bool, resource: str = GPU_RESOURCE
+        self, node: str, view: StandinNodeView, running: bool, resource: str = GPU_RESOURCE
     ) -> float | None:
         """Seconds since the plugin's endpoint for `resource` stopped on `node` (0 while it runs),
         None if it never registered it."""
@@ -198,7 +198,7 @@ class DevicePluginCapacity:
         return 0.0 if since is None else now - since
 
     def resources(
-        self, node: str, view: NodeView, plugin: PodView | None, config: sharing.Sharing | None = None
+        self, node: str, view: StandinNodeView, plugin: PodView | None, config: sharing.Sharing | None = None
     ) -> dict[str, tuple[int, int]]:
         """Resource -> (devices, Unhealthy ones) the running `plugin` registers with its sharing
         `config` (none: it is not running or refuses the MIG layout or the config)."""
@@ -213,7 +213,7 @@ class DevicePluginCapacity:
         try:
             sharing.check(config, strategy)
             found = sharing.replicate(config, migresources.advertised(strategy, gpus))
-        except (migresources.PluginError, sharing.ConfigError) as err:
+        except (migresources.PluginError, sharing.SharingConfigError) as err:
             log.info("node %s: the device plugin refuses its MIG layout or config and exits: %s", node, err)
             return {}
         return {
@@ -221,7 +221,7 @@ class DevicePluginCapacity:
         }
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         if view is None or view.shape is None or not view.nvidia_gpus:
             for key in [k for k in self.stopped_at if k[0] == node]:
@@ -241,7 +241,7 @@ class DevicePluginCapacity:
                 config = await self.configs.config(
                     client, node, plugins[-1], volume_reader(self.identities, node)
                 )
-            except sharing.ConfigError as err:
+            except sharing.SharingConfigError as err:
                 log.info("node %s: the device plugin does not start: %s", node, err)
                 running, plugins = False, []
         else:

@@ -54,7 +54,7 @@ from gpu_operator.sim.hardware.mighw import MigHardware
 from gpu_operator.sim.hardware.migprofiles import LayoutError
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins.pluginconfig import volume_reader
-from gpu_operator.sim.standins.podwatch import NodeView, PodView, describe
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView, describe
 from gpu_operator.vocabulary import DEPLOY_PREFIX, MIG_CONFIG, MIG_MANAGER_FIELD_MANAGER
 
 log = logging.getLogger("gpu_operator.sim.standins.migmanager")
@@ -103,7 +103,9 @@ def config_source(pod: dict[str, Any]) -> tuple[str, str]:
     env = {e["name"]: e.get("value") for e in container.get("env") or []}
     path = env.get("CONFIG_FILE") or env.get("DEFAULT_CONFIG_FILE")
     if not path:
-        raise migparted.ConfigError("the MIG manager's pod sets neither CONFIG_FILE nor DEFAULT_CONFIG_FILE")
+        raise migparted.MIGConfigError(
+            "the MIG manager's pod sets neither CONFIG_FILE nor DEFAULT_CONFIG_FILE"
+        )
     for mount in container.get("volumeMounts") or []:
         rel = posixpath.relpath(path, mount["mountPath"])
         if rel.startswith(".."):
@@ -116,7 +118,9 @@ def config_source(pod: dict[str, Any]) -> tuple[str, str]:
             break
         key = next((i["key"] for i in cm.get("items") or [] if i["path"] == rel), None)
         return cm["name"], key or rel
-    raise migparted.ConfigError(f"the MIG manager's config {path} comes from no ConfigMap volume of its pod")
+    raise migparted.MIGConfigError(
+        f"the MIG manager's config {path} comes from no ConfigMap volume of its pod"
+    )
 
 
 def holds_gpus(pod: Pod) -> bool:
@@ -177,7 +181,7 @@ class MigManager:
                 await asyncio.sleep(1.0)
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         running = sorted((p for p in pods if p.running), key=lambda p: (p.started, p.name))
         if view is None or view.shape is None or not running or not view.nvidia_gpus:
@@ -241,7 +245,7 @@ class MigManager:
             volumes = volume_reader(self.identities, node) or client  # the file mig-parted reads: a volume
             cm = await volumes.get(ConfigMap, name, namespace=pod.namespace)
             entries = migparted.select(migparted.parse((cm.data or {}).get(key, "")), value)
-        except (migparted.ConfigError, ApiError) as err:
+        except (migparted.MIGConfigError, ApiError) as err:
             await state("failed", str(err))
             return
         gpus = self.hardware.gpus(node, shape)

@@ -110,7 +110,7 @@ class PluginConfigs:
         except ApiError as err:
             if err.status.code != 404:
                 raise
-            raise sharing.ConfigError(
+            raise sharing.SharingConfigError(
                 f"devicePlugin.config.name: ConfigMap {namespace}/{name} not found: "
                 "create it (the pod's volume cannot mount)"
             ) from err
@@ -119,7 +119,7 @@ class PluginConfigs:
     async def config(
         self, client: AsyncClient, node: str, pod: PodView, volumes: AsyncClient | None = None
     ) -> sharing.Sharing:
-        """The config the process in `pod` on `node` holds now (ConfigError: it does not run). The
+        """The config the process in `pod` on `node` holds now (SharingConfigError: it does not run). The
         config-manager reads the node's label with the pod's identity (`client`); the ConfigMap's
         files reach the pod as a volume, which the node's kubelet reads (`volumes`, else `client`):
         neither the plugin's nor GFD's Role may read ConfigMaps."""
@@ -136,7 +136,7 @@ class PluginConfigs:
         files = await self._files(volumes or client, pod.namespace, name) if name else {}
         try:
             chosen = sharing.choose(value, list(files), default, fallbacks)
-        except sharing.ConfigError as err:
+        except sharing.SharingConfigError as err:
             if held is None:
                 raise
             log.info(

@@ -134,7 +134,7 @@ class PodView:
 
 
 @dataclass(frozen=True)
-class NodeView:
+class StandinNodeView:
     """What the stand-ins read of a Node (fetched once, when a component's pod first lands there)."""
 
     name: str
@@ -144,7 +144,7 @@ class NodeView:
     shape: Shape | None  # None: not a simulator kwok node (no shape label, or not kwok's)
 
     @classmethod
-    def of(cls, node: Any) -> NodeView:
+    def of(cls, node: Any) -> StandinNodeView:
         meta, status = node.metadata, node.status
         labels = dict(meta.labels or {})
         shape = None
@@ -178,7 +178,7 @@ class Player(Protocol):
     async def start(self, client: AsyncClient) -> None: ...
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None: ...
 
 
@@ -352,7 +352,7 @@ class NodeStandIns:
         self.client, self.players = client, {p.app: p for p in players}
         self.identities = identities
         self.by_node: dict[tuple[str, str], dict[tuple[str, str], PodView]] = {}
-        self.nodes: dict[str, NodeView | None] = {}
+        self.nodes: dict[str, StandinNodeView | None] = {}
         self.queue = WorkQueue(self.handle, concurrency, "stand-in")
         keys: dict[str, list[str]] = {}  # pod label key -> the components' values
         for player in players:
@@ -383,10 +383,10 @@ class NodeStandIns:
         if old is not None and new is None and self.identities is not None:
             self.identities.forget(old.uid)  # its token is bound to the pod: gone with it
 
-    async def node(self, name: str) -> NodeView | None:
+    async def node(self, name: str) -> StandinNodeView | None:
         if name not in self.nodes:
             try:
-                self.nodes[name] = NodeView.of(await self.client.get(Node, name))
+                self.nodes[name] = StandinNodeView.of(await self.client.get(Node, name))
             except ApiError as err:
                 if err.status.code != 404:
                     raise

@@ -39,7 +39,7 @@ from gpu_operator.sim.hardware import hosttree
 from gpu_operator.sim.hardware.faults import NodeHosts
 from gpu_operator.sim.realnode.realspec import host_spec
 from gpu_operator.sim.standins import identity as ident
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER
 
 log = logging.getLogger("gpu_operator.sim.standins")
@@ -74,7 +74,7 @@ class ShapeTrees:
 
 
 def pod_to_play(
-    done: dict[str, str], node: str, view: NodeView | None, pods: list[PodView]
+    done: dict[str, str], node: str, view: StandinNodeView | None, pods: list[PodView]
 ) -> PodView | None:
     """The newest running pod on a kwok node whose pass has not run (`done`: node -> that pod's uid);
     None when it ran, or when none runs (then the node is forgotten: a later pod runs again)."""
@@ -106,7 +106,7 @@ class _OncePerPod:
         return None
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         pod = pod_to_play(self.done, node, view, pods)
         if pod is None or view is None or view.shape is None:

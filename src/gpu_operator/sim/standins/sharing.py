@@ -47,7 +47,7 @@ FALLBACKS = ("named", "single", "empty")
 MPS_CAPABLE = f"{NVIDIA}/mps.capable"
 
 
-class ConfigError(ValueError):
+class SharingConfigError(ValueError):
     """The config is one NVIDIA's plugin (or config-manager) refuses: it exits with this."""
 
 
@@ -79,16 +79,18 @@ def choose(value: str | None, keys: list[str], default: str = "", fallbacks: lis
     """The ConfigMap key config-manager links for a node label `value` ("": the empty config)."""
     files = sorted(k for k in keys if not k.startswith(".."))
     if not files:
-        raise ConfigError("no configuration files available: give the devicePlugin.config ConfigMap a key")
+        raise SharingConfigError(
+            "no configuration files available: give the devicePlugin.config ConfigMap a key"
+        )
     if value:
         if value not in files:
-            raise ConfigError(
+            raise SharingConfigError(
                 f"specified config {value} does not exist: set the node's label to one of {', '.join(files)}"
             )
         return value
     if default:
         if default not in files:
-            raise ConfigError(
+            raise SharingConfigError(
                 f"specified config {default} does not exist: set devicePlugin.config.default "
                 f"to one of {', '.join(files)}"
             )
@@ -101,53 +103,53 @@ def choose(value: str | None, keys: list[str], default: str = "", fallbacks: lis
         if fallback == "empty":
             return ""
         if fallback not in FALLBACKS:
-            raise ConfigError(f"unknown fallback strategy: {fallback}")
-    raise ConfigError("no config was set, no default was provided, and all fallbacks failed")
+            raise SharingConfigError(f"unknown fallback strategy: {fallback}")
+    raise SharingConfigError("no config was set, no default was provided, and all fallbacks failed")
 
 
 def _replicated(raw: Any, where: str) -> tuple[tuple[Replicated, ...], bool, bool | None]:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping with `resources`")
+        raise SharingConfigError(f"{where}: expected a mapping with `resources`")
     by_default = bool(raw.get("renameByDefault", False))
     fail = raw.get("failRequestsGreaterThanOne")
     resources = raw.get("resources")
     if not isinstance(resources, list) or not resources:
-        raise ConfigError(
+        raise SharingConfigError(
             f"{where}.resources: no resources specified: list at least one `name` with `replicas`"
         )
     out = []
     for i, item in enumerate(resources):
         field = f"{where}.resources[{i}]"
         if not isinstance(item, dict) or not item.get("name"):
-            raise ConfigError(f"{field}.name: no resource name specified (e.g. nvidia.com/gpu)")
+            raise SharingConfigError(f"{field}.name: no resource name specified (e.g. nvidia.com/gpu)")
         replicas = item.get("replicas")
         if replicas is None:
-            raise ConfigError(f"{field}.replicas: no replicas specified")
+            raise SharingConfigError(f"{field}.replicas: no replicas specified")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 2:
-            raise ConfigError(f"{field}.replicas: number of replicas must be >= 2, got {replicas!r}")
+            raise SharingConfigError(f"{field}.replicas: number of replicas must be >= 2, got {replicas!r}")
         name = str(item["name"])
         out.append(Replicated(name, replicas, f"{name}{SHARED_SUFFIX}" if by_default else ""))
     return tuple(out), by_default, None if fail is None else bool(fail)
 
 
 def parse(text: str, source: str = "config") -> Sharing:
-    """A plugin config file's sharing (ConfigError naming the field where NVIDIA's plugin fails)."""
+    """A plugin config file's sharing (SharingConfigError naming the field where NVIDIA's plugin fails)."""
     try:
         raw = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{source}: unmarshal error: {err}") from err
+        raise SharingConfigError(f"{source}: unmarshal error: {err}") from err
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: unmarshal error: expected a mapping with `version: v1`")
+        raise SharingConfigError(f"{source}: unmarshal error: expected a mapping with `version: v1`")
     version = raw.get("version") or VERSION
     if version != VERSION:
-        raise ConfigError(f"{source}.version: unknown version: {version} (use {VERSION})")
+        raise SharingConfigError(f"{source}.version: unknown version: {version} (use {VERSION})")
     flags = raw.get("flags") or {}
     mig = str(flags.get("migStrategy") or "") if isinstance(flags, dict) else ""
     sharing = raw.get("sharing") or {}
     if not isinstance(sharing, dict):
-        raise ConfigError(f"{source}.sharing: expected a mapping (timeSlicing, mps)")
+        raise SharingConfigError(f"{source}.sharing: expected a mapping (timeSlicing, mps)")
     if sharing.get("mps") is not None:
         resources, _, fail = _replicated(sharing["mps"], f"{source}.sharing.mps")
         strategy = "mps" if any(r.replicas > 1 for r in resources) else "none"
@@ -161,7 +163,7 @@ def parse(text: str, source: str = "config") -> Sharing:
 def check(sharing: Sharing, mig_strategy: str) -> None:
     """What the plugin's start refuses of a config with its MIG strategy."""
     if sharing.strategy == "mps" and mig_strategy == "mixed":
-        raise ConfigError(
+        raise SharingConfigError(
             "sharing.mps: MPS sharing is not supported with the mixed MIG strategy: "
             "use the single or none MIG strategy"
         )

@@ -53,7 +53,7 @@ from gpu_operator.render.states import _vgpu_host_state, sandbox_validation
 from gpu_operator.sim.hardware.faults import NodeHosts, node_host_spec
 from gpu_operator.sim.hardware.vgpuhw import VGPU_STATE, VgpuHostSim, is_vgpu_host
 from gpu_operator.sim.standins import identity as ident
-from gpu_operator.sim.standins.podwatch import NodeView, PodView
+from gpu_operator.sim.standins.podwatch import PodView, StandinNodeView
 from gpu_operator.sim.standins.probestandin import pod_to_play
 from gpu_operator.vocabulary import NODE_AGENT_FIELD_MANAGER, VM_VGPU, WORKLOAD_CONFIG
 
@@ -121,7 +121,7 @@ class VgpuHostStandIn:
         return None
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         # a pod held in its init containers (by an earlier failed pass) is still this container's
         pod = pod_to_play(

@@ -60,7 +60,7 @@ from gpu_operator.sim.hardware import devnodes
 from gpu_operator.sim.hardware.faults import ChangeFollower, NodeHosts, follow_changes, node_host_spec
 from gpu_operator.sim.standins import identity as ident
 from gpu_operator.sim.standins.kubeletdp import GRACE_PERIOD, desired_status, merge_status
-from gpu_operator.sim.standins.podwatch import NodeView, PodView, Reflector
+from gpu_operator.sim.standins.podwatch import PodView, Reflector, StandinNodeView
 from gpu_operator.sim.standins.probestandin import ShapeTrees
 
 log = logging.getLogger("gpu_operator.sim.standins")
@@ -215,11 +215,11 @@ class VirtHandler:
         if node in self.nodes:
             self.wake(node)
 
-    def root(self, node: str, view: NodeView) -> Path:
+    def root(self, node: str, view: StandinNodeView) -> Path:
         assert view.shape is not None
         return self.trees.root(node, view.shape.name)
 
-    def registered(self, node: str, view: NodeView) -> dict[str, tuple[list[str], set[str]]]:
+    def registered(self, node: str, view: StandinNodeView) -> dict[str, tuple[list[str], set[str]]]:
         """resource -> (device IDs registered, the Unhealthy ones) on the node now."""
         state = self.nodes.get(node)
         if state is None or not state.pod:
@@ -228,7 +228,7 @@ class VirtHandler:
         return {r: ([d.group for d in p.devices], p.unhealthy(root)) for r, p in state.plugins.items()}
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         if view is None or view.shape is None:
             self.nodes.pop(node, None)
@@ -325,7 +325,7 @@ class LauncherAllocations:
         return None
 
     async def sync(
-        self, client: AsyncClient, node: str, view: NodeView | None, pods: list[PodView]
+        self, client: AsyncClient, node: str, view: StandinNodeView | None, pods: list[PodView]
     ) -> float | None:
         if view is None or view.shape is None or self.hosts is None:
             return None
@@ -376,7 +376,7 @@ class LauncherAllocations:
     def write_checkpoint(
         self,
         node: str,
-        view: NodeView,
+        view: StandinNodeView,
         table: dict[tuple[str, str, str], list[str]],
         registered: dict[str, tuple[list[str], set[str]]],
     ) -> None:
