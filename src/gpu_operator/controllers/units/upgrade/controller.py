@@ -16,6 +16,7 @@ from gpu_operator.controllers import drain as node_drain
 from gpu_operator.controllers.clock import REAL, Clock
 from gpu_operator.controllers.gpuholders import RuntimeAccess
 from gpu_operator.controllers.loop import Result
+from gpu_operator.controllers.metrics import AUTO_UPGRADE
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.upgrade import state as us
 from gpu_operator.controllers.units.upgrade.owners import Owner
@@ -263,6 +264,10 @@ class UpgradeController:
         `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime).
         Its Result says when to look again."""
         self.access = access or RuntimeAccess()
+        # upstream's gauge: 1 while an owner's upgradePolicy.autoUpgrade is on (the ClusterPolicy's
+        # driver.upgradePolicy, off with sandbox workloads; or any NVIDIADriver's), else 0
+        auto_upgrade = any(owner.policy.auto_upgrade for owner in owners)
+        AUTO_UPGRADE.set(1 if auto_upgrade else 0)
         if not owners:
             return Result(self.settings.upgrade_idle_requeue)
         views = {v.name: v for v in self.nodes()}
@@ -270,7 +275,7 @@ class UpgradeController:
         if not self.caught_up(views, pods):
             return Result(self.settings.upgrade_view_wait)
         lists = PassLists()
-        if any(owner.policy.auto_upgrade for owner in owners):
+        if auto_upgrade:
             lists = await self._lists(views, pods.values())
         counts: list[us.Counts] = []
         busy = False
