@@ -26,12 +26,12 @@ What it reads under the host root (what a simulator changes to play a fault):
   lists while the driver is loaded and the GPU still bound to nvidia is `unhealthy`.
 - `/run/nvidia/validations/<component>-ready`: all present -> `validated`.
 
-`assess(...)` (assess.py) is the pure function from observations to the report; the report's
+`evaluate(...)` (assess.py) is the pure function from observations to the report; the report's
 format is described there and parsed by gpu_operator.api.health. `AnnotationPublisher` and `run`
 (agent.py) are the in-cluster publisher and loop.
 """
 
 from gpu_operator.node.health.agent import AnnotationPublisher, HealthAgent, HealthMetrics, run
-from gpu_operator.node.health.assess import assess, encode
+from gpu_operator.node.health.assess import encode
 
-__all__ = ["AnnotationPublisher", "HealthAgent", "HealthMetrics", "assess", "encode", "run"]
+__all__ = ["AnnotationPublisher", "HealthAgent", "HealthMetrics", "encode", "run"]

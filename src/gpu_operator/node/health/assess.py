@@ -110,17 +110,6 @@ def _verdict(
     return state, action, reason[:MAX_REASON]
 
 
-def assess(
-    baseline: HostSnapshot,
-    now: HostSnapshot,
-    marks: dict[str, XidMark],
-    nvml: NvmlObservation | None,
-    sources: list[str],
-) -> dict[str, Any]:
-    """The report for one step. `baseline` is the first snapshot (the GPUs the agent started with)."""
-    return evaluate(baseline, now, marks, nvml, sources)[0]
-
-
 def evaluate(
     baseline: HostSnapshot,
     now: HostSnapshot,
@@ -128,7 +117,8 @@ def evaluate(
     nvml: NvmlObservation | None,
     sources: list[str],
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The report, and every GPU's state (healthy ones too: the metrics show them all)."""
+    """The report for one step, and every GPU's state (healthy ones too: the metrics show them
+    all). `baseline` is the first snapshot (the GPUs the agent started with)."""
     buses = set(baseline.pci) | set(now.pci) | set(baseline.driver_gpus) | set(now.driver_gpus) | set(marks)
     if nvml:
         buses |= set(nvml.gpus)

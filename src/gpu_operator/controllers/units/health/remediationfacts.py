@@ -71,7 +71,6 @@ QUARANTINED, DRAINING, ACTING, VALIDATING, FAILED, HELD = (
     "failed",
     "held",
 )
-STATES = (QUARANTINED, DRAINING, ACTING, VALIDATING, FAILED, HELD)
 ACTIVE = (DRAINING, ACTING, VALIDATING)  # what maxUnavailable bounds, and what a driver upgrade waits for
 CLEAR_REQUESTS: dict[str, str | None] = {ANSWERED: None, REVALIDATED: None, DRAIN_START: None, PAUSED: None}
 
