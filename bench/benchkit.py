@@ -328,10 +328,15 @@ async def simulator_load(
     }
 
 
-def unready_census(pods: Iterable[Any]) -> dict[str, int]:
+def unready_census(pods: Iterable[Any], nodes: Iterable[Any] = ()) -> dict[str, int]:
     """Operand pods that are not Ready, counted by DaemonSet and what their status says: the phase,
-    the Ready and ContainersReady conditions and how many pod IPs they carry (a stage of kwok's refused by the
+    the Ready and ContainersReady conditions, how many pod IPs they carry and their node's Ready condition (a stage of kwok's refused by the
     apiserver leaves its mark there), so that a stalled rollout says which operands stall and how."""
+    node_ready = {
+        node.metadata.name: next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "-")
+        for node in nodes
+        if node.status is not None
+    }
     census: Counter[str] = Counter()
     for pod in pods:
         status = pod.status
@@ -342,7 +347,8 @@ def unready_census(pods: Iterable[Any]) -> dict[str, int]:
         phase = (status.phase if status else None) or "-"
         ips = len(status.podIPs or []) if status else 0
         ready = f"ready={conditions.get('Ready', '-')} containers={conditions.get('ContainersReady', '-')}"
-        census[f"{owner} phase={phase} {ready} ips={ips}"] += 1
+        node = node_ready.get(pod.spec.nodeName, "-") if pod.spec else "-"
+        census[f"{owner} phase={phase} {ready} ips={ips} node-ready={node}"] += 1
     return dict(census.most_common())
 
 

@@ -39,7 +39,7 @@ from health import health_phase  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
-from lightkube.resources.core_v1 import Namespace, Pod  # noqa: E402
+from lightkube.resources.core_v1 import Namespace, Node, Pod  # noqa: E402
 from restart import restart  # noqa: E402
 from scaleargs import parse_args  # noqa: E402
 from scalereport import COLUMNS, report, table, top_functions, verdicts  # noqa: E402
@@ -343,7 +343,8 @@ async def measure(
                 pods = await asyncio.to_thread(
                     lambda: list(sync.list(Pod, namespace=session.OPERATOR_NAMESPACE, chunk_size=500))
                 )
-                out["unready_pods"] = unready_census(pods)
+                fleet = await asyncio.to_thread(lambda: list(sync.list(Node, chunk_size=500)))
+                out["unready_pods"] = unready_census(pods, fleet)
                 say(f"operand pods not Ready, by DaemonSet and status: {out['unready_pods']}")
             except Exception as error:  # noqa: BLE001 (a census that failed must not end the run)
                 say(f"operand pods not Ready: not listed ({type(error).__name__}: {error})")
