@@ -50,7 +50,7 @@ class Watched(NamedTuple):
     """One kind kopf watches: its resource (kopf's (group, version, plural), or (version, plural)
     for the core group) and the id of the index that fills the read model. Every registration
     adds its row, and the indices the startup handler takes are read from these rows, so a new
-    watch cannot be forgotten there (tests/unit/controllers/test_watched_kinds.py also holds every
+    watch cannot be forgotten there (tests/unit/chart/test_watched_kinds.py also holds every
     row to the chart's list and watch grants)."""
 
     resource: tuple[str, ...]
