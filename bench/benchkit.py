@@ -371,3 +371,22 @@ def feature_gates(text: str) -> dict[str, bool]:
             raise SystemExit(f"--feature-gates: {item!r} is not NAME=true or NAME=false")
         gates[name] = value.lower() == "true"
     return gates
+
+
+async def write_tail(
+    log: Path, user: str, *, quiet: float, limit: float
+) -> tuple[float, int, dict[str, int]]:
+    """Wait until `user` (the operator) has written nothing for `quiet` seconds, at most `limit`
+    seconds: after the policy is ready the node components' stand-ins still act on the last nodes
+    (GFD's NodeFeatures, the MIG manager's state) and the operator answers each once, so an idle
+    window opened at once would count the rollout's tail. Returns (seconds until its last write,
+    its writes meanwhile, by verb and resource)."""
+    reader, start = AuditReader.from_now(log), time.monotonic()
+    last, total, kinds = start, 0, Counter[str]()
+    while time.monotonic() - last < quiet and time.monotonic() - start < limit:
+        await asyncio.sleep(min(5.0, quiet))
+        count, by_kind = audit_writes(completed(reader), user)
+        if count:
+            last, total = time.monotonic(), total + count
+            kinds.update(by_kind)
+    return last - start, total, dict(kinds)

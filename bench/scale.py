@@ -34,6 +34,7 @@ from benchkit import (  # noqa: E402
     proc_stats,
     simulator_load,
     unready_census,
+    write_tail,
 )
 from health import health_phase  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
@@ -354,6 +355,14 @@ async def measure(
             f"idle window {args.idle_seconds:.0f}s"
         )
         await asyncio.sleep(5)  # let the last status write land before the window opens
+        if args.tail_timeout > 0:
+            out["tail_s"], out["tail_writes"], out["tail_writes_by_kind"] = await write_tail(
+                plane.audit_log, OPERATOR_USER, quiet=15.0, limit=args.tail_timeout
+            )
+            say(
+                f"the rollout's tail: {out['tail_writes']} writes in {out['tail_s']:.0f}s after the policy was "
+                f"ready ({out['tail_writes_by_kind']}), then 15 s without one"
+            )
         audit = AuditReader.from_now(plane.audit_log)
         writes0 = metric_sum(subject.metrics_port, WRITES_METRIC) if subject.metrics_port else None
         cpu2, t2 = proc_stats(pid).cpu_seconds, time.monotonic()

@@ -108,6 +108,13 @@ def parse_args(description: str | None) -> argparse.Namespace:
         "times each, interleaved (A B A B ...), and report each figure's median [min-max]",
     )
     parser.add_argument(
+        "--tail-timeout",
+        type=float,
+        default=300,
+        help="after the policy is ready, wait (at most this long) until the operator has written nothing "
+        "for 15 s before the idle window opens: the stand-ins still act on the last nodes (0: open it at once)",
+    )
+    parser.add_argument(
         "--feature-gates",
         default="",
         metavar="NAME=BOOL,...",

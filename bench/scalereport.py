@@ -67,6 +67,8 @@ COLUMNS = [  # (heading, key, format)
     ("policy -> ready s", "policy_to_ready_s", ".0f"),
     ("sim pods ready/s avg", "simulator_pods_ready_per_s", ".0f"),
     ("peak", "simulator_pods_ready_peak_per_s", ".0f"),
+    ("tail s (writes)", "tail_s", ".0f"),
+    ("tail writes", "tail_writes", "d"),
     ("idle writes", "idle_writes_audit", "d"),
     ("idle CPU", "idle_cpu_fraction", ".2%"),
     ("peak RSS MB", "rss_peak_mb", ".0f"),
