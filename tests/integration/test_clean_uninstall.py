@@ -32,9 +32,8 @@ from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.plane.helm import packaged_chart
 from gpu_operator.sim.plane.operator_process import OperatorProcess
 from gpu_operator.vocabulary import GPU_PRESENT, HEALTH_REQUESTS_SECRET, MANAGED_SELECTOR, NVIDIA
-from tests.support.chart import objects, real_nodes_cordoned, render_chart
+from tests.support.chart import helm_on_kwok, objects, render_chart
 from tests.support.cleanup import delete_if_present
-from tests.support.events import namespace_story
 from tests.support.helm_cli import MAJORS, HelmCLI
 from tests.support.owned import owned_by
 from tests.support.status import reconciled
@@ -129,14 +128,7 @@ def helm(
     (tests/support/chart.py's real_nodes_cordoned: the hook Job's pod must go to a kwok node).
     Afterwards a release a failed test left is removed without its hooks, so that its cluster-wide
     objects (ClusterRoles, ...) do not meet the next module, and the namespace is deleted."""
-    cli = HelmCLI(
-        request.param,
-        control_plane.admin_kubeconfig,
-        NAMESPACE,
-        tmp_path / "helm",
-        story=lambda: namespace_story(kube, NAMESPACE),
-    )
-    with real_nodes_cordoned(kube):
+    with helm_on_kwok(request.param, control_plane, kube, NAMESPACE, tmp_path / "helm") as cli:
         try:
             yield cli
         finally:

@@ -21,7 +21,7 @@ from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.plane.helm import packaged_chart
 from tests.support.audit import status_code
-from tests.support.chart import real_nodes_cordoned
+from tests.support.chart import helm_on_kwok, real_nodes_cordoned
 from tests.support.cleanup import delete_if_present
 from tests.support.events import namespace_story
 from tests.support.helm_cli import MAJORS, HelmCLI, HelmFailed
@@ -54,15 +54,8 @@ def helm(
     tmp_path: Path,
 ) -> Iterator[HelmCLI]:
     fake_nodes("cpu:1")  # kwok completes the hook Jobs' pods there (any real node cordoned meanwhile)
-    cli = HelmCLI(
-        request.param,
-        control_plane.admin_kubeconfig,
-        NAMESPACE,
-        tmp_path / "helm",
-        story=lambda: namespace_story(kube, NAMESPACE),
-    )
-    assert cli.version().startswith(f"v{request.param}."), cli.version()
-    with real_nodes_cordoned(kube):
+    with helm_on_kwok(request.param, control_plane, kube, NAMESPACE, tmp_path / "helm") as cli:
+        assert cli.version().startswith(f"v{request.param}."), cli.version()
         try:
             yield cli
         finally:

@@ -37,9 +37,8 @@ from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.plane.helm import packaged_chart
 from tests.support import docblocks, takeover
-from tests.support.chart import real_nodes_cordoned
+from tests.support.chart import helm_on_kwok
 from tests.support.cleanup import delete_if_present
-from tests.support.events import namespace_story
 from tests.support.helm_cli import MAJORS, HelmCLI, HelmFailed
 from tests.support.waiting import wait_for
 
@@ -191,14 +190,7 @@ def helm(
 ) -> Iterator[HelmCLI]:
     fake_nodes("cpu:1")  # kwok completes our chart's hook Jobs' pods there
     namespace = f"gpu-operator-migrate-{request.param}"  # one each: the other's may still be going
-    cli = HelmCLI(
-        request.param,
-        control_plane.admin_kubeconfig,
-        namespace,
-        tmp_path / "helm",
-        story=lambda: namespace_story(kube, namespace),
-    )
-    with real_nodes_cordoned(kube):
+    with helm_on_kwok(request.param, control_plane, kube, namespace, tmp_path / "helm") as cli:
         try:
             yield cli
         finally:

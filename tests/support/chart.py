@@ -16,6 +16,8 @@ from lightkube.resources.core_v1 import Namespace
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.plane.helm import release_names
 from tests.support.cleanup import delete_if_present
+from tests.support.events import namespace_story
+from tests.support.helm_cli import HelmCLI
 
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "gpu-operator"
 NAMESPACE = "gpu-operator"
@@ -130,3 +132,22 @@ def helm_in(
             if release in release_names(config):
                 config.uninstall(release, timeout=180)
             delete_if_present(kube, Namespace, namespace)
+
+
+@contextlib.contextmanager
+def helm_on_kwok(
+    major: int, control_plane: ControlPlane, kube: Client, namespace: str, workdir: Path
+) -> Iterator[HelmCLI]:
+    """The helm command line of one major for `namespace` (its failures tell the namespace's
+    story), with any real node cordoned meanwhile (`real_nodes_cordoned`): the chart's hook Jobs'
+    pods go to a kwok node, which the caller provides. What a test leaves is the caller's to
+    remove, before this returns."""
+    cli = HelmCLI(
+        major,
+        control_plane.admin_kubeconfig,
+        namespace,
+        workdir,
+        story=lambda: namespace_story(kube, namespace),
+    )
+    with real_nodes_cordoned(kube):
+        yield cli

@@ -3,11 +3,6 @@ and the simulator's feature gates as `scale.py --feature-gates` takes them."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 from lightkube.models.core_v1 import (
     NodeCondition,
@@ -20,19 +15,9 @@ from lightkube.models.core_v1 import (
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.core_v1 import Node, Pod
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
+from tests.support.benchload import bench_module
 
-
-def _benchkit() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_benchkit", BENCH / "benchkit.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-benchkit = _benchkit()
+benchkit = bench_module("benchkit")
 
 
 def _pod(name: str, owner: str, node: str, phase: str, **conditions: str) -> Pod:

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from tests.support.benchload import bench_module
 
-BENCH = Path(__file__).resolve().parents[3] / "bench"
-
-
-def _spread() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_spread", BENCH / "spread.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-spread = _spread()
+spread = bench_module("spread")
 COLUMNS = [
     ("labelled s", "labelled_s", ".2f"),
     ("join p99 s", "join_p99_s", ".3f"),
