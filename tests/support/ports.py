@@ -1,13 +1,9 @@
-"""A local TCP port for a test's server: bound on 127.0.0.1 by the kernel's choice, then closed."""
+"""A local TCP port for a test's server: the simulator's own choice (sim/plane/processes.py's
+free_port: a port nothing listens on, below the kernel's ephemeral range, so that no outgoing
+connection takes it as its source port before the server binds it)."""
 
 from __future__ import annotations
 
-import socket
+from gpu_operator.sim.plane.processes import free_port
 
-
-def free_port() -> int:
-    """A port nothing listens on now (another process may take it before the test does; the
-    kernel hands out ports in rising order, so that is rare)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["free_port"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import ssl
@@ -25,10 +26,26 @@ class RealNodeError(RuntimeError):
     """The real node did not come up; the message names the component and its log's tail."""
 
 
+# Listening ports for the plane's components come from below the kernel's ephemeral range
+# (net.ipv4.ip_local_port_range, 32768-60999 by default), not from the kernel's own choice: a
+# port the kernel hands out is one its outgoing connections also take as their source port, and
+# on a busy machine (thousands of client connections to the simulator's apiserver) one did, between
+# our check and the component's bind ("bind: address already in use", a controller-manager that
+# never started). A random port below the range collides only with another listener's choice.
+LISTEN_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port on 127.0.0.1 that nothing listens on now, outside the ephemeral range."""
+    for _ in range(200):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ControlPlaneError(f"no free port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1} on 127.0.0.1")
 
 
 def tail(path: Path, lines: int = 25) -> str:
