@@ -330,8 +330,9 @@ async def simulator_load(
 
 def unready_census(pods: Iterable[Any], nodes: Iterable[Any] = ()) -> dict[str, int]:
     """Operand pods that are not Ready, counted by DaemonSet and what their status says: the phase,
-    the Ready and ContainersReady conditions, how many pod IPs they carry and their node's Ready condition (a stage of kwok's refused by the
-    apiserver leaves its mark there), so that a stalled rollout says which operands stall and how."""
+    the Ready and ContainersReady conditions, how many pod IPs they carry (a stage of kwok's refused
+    by the apiserver leaves its mark there) and their node's Ready condition, so that a stalled
+    rollout says which operands stall and how."""
     node_ready = {
         node.metadata.name: next((c.status for c in node.status.conditions or [] if c.type == "Ready"), "-")
         for node in nodes
