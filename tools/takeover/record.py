@@ -11,8 +11,9 @@ waits until its operands run, and writes what it created into a fixture director
 - `nodes.yaml`: per node, its shape and the `nvidia.com/` labels and annotations on it.
 
 Nothing of NVIDIA's code is written: only the API objects its operator wrote. The operator's
-namespace is recorded as the token NAMESPACE_TOKEN and owner uids as OWNER_UID_TOKEN-KIND-NAME;
-the tests put their own namespace and uids in their place.
+namespace is recorded as the token NAMESPACE_TOKEN, owner uids as OWNER_UID_TOKEN-KIND-NAME and
+the hash of an NVIDIADriver's uid in its driver DaemonSets' names as OWNER_HASH_TOKEN-NAME; the
+tests put their own namespace, uids and hashes in their place.
 
 Usage (from the repository root):
     .venv/bin/python -m tools.takeover.record --operator /tmp/peer/gpu-operator \
@@ -40,6 +41,7 @@ import yaml
 from lightkube import Client, KubeConfig
 from lightkube.codecs import load_all_yaml
 
+from gpu_operator.render.nvidiadriver import name_hash
 from gpu_operator.sim.plane import binaries, nodes
 from gpu_operator.sim.plane.controlplane import ControlPlane, free_port
 from gpu_operator.sim.standins import roster
@@ -47,6 +49,7 @@ from gpu_operator.sim.standins import roster
 NAMESPACE = "gpu-operator-recorded"  # distinctive: replaced as a token, anywhere in a string
 NAMESPACE_TOKEN = "@NAMESPACE@"
 OWNER_UID_TOKEN = "@UID@"
+OWNER_HASH_TOKEN = "@UIDHASH@-NVIDIADriver"  # + "-<name>": the hash of that NVIDIADriver's uid
 
 # What NVIDIA's operator creates (its state manifests under assets/), by API path.
 KINDS: list[tuple[str, str, bool]] = [
@@ -72,17 +75,26 @@ def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def tokenized(value: Any) -> Any:
+def tokenized(value: Any, hashes: dict[str, str] | None = None) -> Any:
+    """The namespace, and each NVIDIADriver's uid hash (`hashes`: hash -> token), as tokens."""
     if isinstance(value, str):
-        return value.replace(NAMESPACE, NAMESPACE_TOKEN)
+        value = value.replace(NAMESPACE, NAMESPACE_TOKEN)
+        for digest, token in (hashes or {}).items():
+            value = value.replace(digest, token)
+        return value
     if isinstance(value, list):
-        return [tokenized(v) for v in value]
+        return [tokenized(v, hashes) for v in value]
     if isinstance(value, dict):
-        return {k: tokenized(v) for k, v in value.items()}
+        return {k: tokenized(v, hashes) for k, v in value.items()}
     return value
 
 
-def stripped(obj: dict[str, Any], owners: dict[str, str], keep_status: bool = False) -> dict[str, Any]:
+def stripped(
+    obj: dict[str, Any],
+    owners: dict[str, str],
+    keep_status: bool = False,
+    hashes: dict[str, str] | None = None,
+) -> dict[str, Any]:
     obj = json.loads(json.dumps(obj))
     meta = obj["metadata"]
     for key in SERVER_SET:
@@ -100,7 +112,7 @@ def stripped(obj: dict[str, Any], owners: dict[str, str], keep_status: bool = Fa
         spec = obj.get("spec") or {}
         for key in ("clusterIP", "clusterIPs"):
             spec.pop(key, None)
-    result: dict[str, Any] = tokenized(obj)
+    result: dict[str, Any] = tokenized(obj, hashes)
     return result
 
 
@@ -136,6 +148,14 @@ def dump(plane: ControlPlane, out: Path, shapes_of: dict[str, str]) -> dict[str,
         for item in plane.request("GET", f"/apis/nvidia.com/{version}/{plural}")["items"]:
             crs.append({"apiVersion": f"nvidia.com/{version}", "kind": kind, **item})
     owners = {cr["metadata"]["uid"]: f"{OWNER_UID_TOKEN}-{cr['kind']}-{cr['metadata']['name']}" for cr in crs}
+    # NVIDIA names an NVIDIADriver's driver DaemonSets by a hash of the CR's uid (upstream
+    # internal/state/driver.go getDriverAppName); ours computes the same hash (render/nvidiadriver.py
+    # name_hash). It is written as a token, so the loader fills in the hash of the test's uid.
+    hashes = {
+        name_hash(cr["metadata"]["uid"]): f"{OWNER_HASH_TOKEN}-{cr['metadata']['name']}"
+        for cr in crs
+        if cr["kind"] == "NVIDIADriver"
+    }
     objects: list[dict[str, Any]] = []
     counts: dict[str, int] = {}
     for api, plural, namespaced in KINDS:
@@ -144,7 +164,7 @@ def dump(plane: ControlPlane, out: Path, shapes_of: dict[str, str]) -> dict[str,
             refs = item["metadata"].get("ownerReferences") or []
             if not any(ref.get("uid") in owners for ref in refs):
                 continue
-            objects.append(stripped(kinded(item, api, plural, KIND_OF), owners))
+            objects.append(stripped(kinded(item, api, plural, KIND_OF), owners, hashes=hashes))
             counts[KIND_OF[plural]] = counts.get(KIND_OF[plural], 0) + 1
     objects.sort(key=lambda o: (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]))
     node_records = []
@@ -164,7 +184,10 @@ def dump(plane: ControlPlane, out: Path, shapes_of: dict[str, str]) -> dict[str,
     def write(name: str, docs: list[dict[str, Any]]) -> None:
         (out / name).write_text(yaml.safe_dump_all(docs, sort_keys=True, default_flow_style=False))
 
-    write("policy.yaml", [stripped(cr, owners, keep_status=True) for cr in crs])
+    write("policy.yaml", [stripped(cr, owners, keep_status=True, hashes=hashes) for cr in crs])
+    for token in hashes.values():
+        named = [o["metadata"]["name"] for o in objects if token in o["metadata"]["name"]]
+        say(f"{token}: in the names of {named}")
     write("objects.yaml", objects)
     write("nodes.yaml", node_records)
     return counts
@@ -185,8 +208,15 @@ def settled(plane: ControlPlane) -> tuple[bool, str]:
         for n in plane.request("GET", "/api/v1/nodes")["items"]
         if "nvidia.com/gpu-driver-upgrade-state" not in (n["metadata"].get("labels") or {})
     ]
+    drivers = {
+        d["metadata"]["name"]: (d.get("status") or {}).get("state")
+        for d in plane.request("GET", "/apis/nvidia.com/v1alpha1/nvidiadrivers")["items"]
+    }
     what = f"policy state {state}, {len(sets)} DaemonSets ({len(short)} not ready), no upgrade state on {upgrade}"
-    return state == "ready" and sets != [] and not short and not upgrade, what
+    if drivers:
+        what += f", NVIDIADriver states {drivers}"
+    drivers_ready = all(s == "ready" for s in drivers.values())
+    return state == "ready" and drivers_ready and sets != [] and not short and not upgrade, what
 
 
 def main() -> int:
