@@ -25,7 +25,7 @@ from typing import Any
 
 from gpu_operator.controllers.gpuholders import ClaimKey, RuntimeAccess, claim_keys, holds_gpu
 from gpu_operator.kube.client import Kube
-from gpu_operator.vocabulary import UPGRADE_DRAIN_SKIP_POD_LABEL
+from gpu_operator.vocabulary import CONTROLLER_REVISION_HASH, UPGRADE_DRAIN_SKIP_POD_LABEL
 
 log = logging.getLogger("gpu_operator.drain")
 
@@ -45,7 +45,7 @@ class PodFacts:
     namespace: str
     phase: str = "Running"
     gpu: bool = False  # holds GPUs of the node (controllers/gpuholders.py)
-    daemonset: bool = False  # owned by a DaemonSet (drain ignores these)
+    daemonset: bool = False  # made by a DaemonSet, also orphaned (drain ignores these)
     mirror: bool = False  # static pod
     controlled: bool = True  # has a controller owner (else only removed with force)
     empty_dir: bool = False  # uses emptyDir (else only removed with deleteEmptyDir)
@@ -78,6 +78,22 @@ async def claims_of(kube: Kube, pods: Iterable[Mapping[str, Any]]) -> Claims | N
     return found
 
 
+# Labels the DaemonSet controller puts on every pod it makes (pod-template-generation is its own;
+# controller-revision-hash it shares with StatefulSets); they stay when the pod is orphaned.
+DAEMONSET_POD_LABELS = (CONTROLLER_REVISION_HASH, "pod-template-generation")
+
+
+def made_by_daemonset(meta: Mapping[str, Any], controller: Mapping[str, Any] | None) -> bool:
+    """Controlled by a DaemonSet, or made by one and orphaned: a DaemonSet deleted leaving its pods
+    (the operator does so when a selector changes, controllers/apply.py) until the DaemonSet
+    created again adopts them. Such a pod is no workload: taking it for one, a driver upgrade's GPU
+    pod deletion refused it as uncontrolled and failed the node during a take-over."""
+    if controller is not None:
+        return controller.get("kind") == "DaemonSet"
+    labels = meta.get("labels") or {}
+    return all(key in labels for key in DAEMONSET_POD_LABELS)
+
+
 def pod_facts(
     pod: Mapping[str, Any],
     wait_names: set[str],
@@ -99,7 +115,7 @@ def pod_facts(
         ns,
         phase=(pod.get("status") or {}).get("phase", ""),
         gpu=holds_gpu(pod, access, claims),
-        daemonset=bool(controller and controller.get("kind") == "DaemonSet"),
+        daemonset=made_by_daemonset(meta, controller),
         mirror="kubernetes.io/config.mirror" in (meta.get("annotations") or {}),
         controlled=controller is not None,
         empty_dir=any("emptyDir" in v for v in volumes),
