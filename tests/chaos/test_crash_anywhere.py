@@ -25,7 +25,7 @@ from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.controllers.units.upgrade.state import UPGRADE_DONE
-from gpu_operator.controllers.views import OWNED_KINDS
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.kube.client import ClusterPolicyResource
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.plane.operator_process import OperatorProcess

@@ -11,13 +11,13 @@ from lightkube.resources.core_v1 import ConfigMap, Service, ServiceAccount
 from lightkube.resources.node_v1 import RuntimeClass
 from lightkube.resources.rbac_authorization_v1 import ClusterRole, ClusterRoleBinding, Role, RoleBinding
 
-from gpu_operator.controllers.views import OWNED_KINDS
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 
 NAMESPACED = (DaemonSet, Deployment, ServiceAccount, ConfigMap, Service, Role, RoleBinding)
 CLUSTER = (ClusterRole, ClusterRoleBinding, RuntimeClass)
-assert {k.__name__ for k in (*NAMESPACED, *CLUSTER)} == {k.kind for k in OWNED_KINDS}, (
-    "the kinds checked here differ from those the operator applies (controllers/views.py OWNED_KINDS)"
-)
+assert {(k.__name__, k in NAMESPACED) for k in (*NAMESPACED, *CLUSTER)} == {
+    (k.kind, k.namespaced) for k in OWNED_KINDS
+}, "the kinds checked here differ from those the operator applies (controllers/watchedkinds.py OWNED_KINDS)"
 
 
 def owned_by(kube: Client, uid: str | None) -> list[str]:

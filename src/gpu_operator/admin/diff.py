@@ -28,7 +28,8 @@ from gpu_operator.controllers.apply import owner_reference, with_ownership
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.queries import active_policy, validation_message
 from gpu_operator.controllers.units.clusterpolicy.reconcile import policy_facts
-from gpu_operator.controllers.views import OWNED_KINDS, ClusterPolicyView, NodeView, object_key
+from gpu_operator.controllers.views import ClusterPolicyView, NodeView, object_key
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderError, render
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES

@@ -15,28 +15,39 @@ import tarfile
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from gpu_operator import __version__
 from gpu_operator.admin import redact
-from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
-from gpu_operator.controllers.views import OWNED_KINDS, SERVICE_MONITOR, OwnedKind
+from gpu_operator.controllers.customresources import CUSTOM_RESOURCES, CustomResource
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS, SERVICE_MONITOR, WatchedKind
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.pages import Answer
 from gpu_operator.kube.reach import Unreachable
 from gpu_operator.shapes import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE
 from gpu_operator.vocabulary import MANAGED_SELECTOR, PROBE_FACTS_ANNOTATION
 
-OWNERS = tuple(OwnedKind(r.group, r.version, r.plural, r.kind) for r in CUSTOM_RESOURCES)  # our CRs
+OWNERS = CUSTOM_RESOURCES  # our CRs
+
+
+class GatheredKind(NamedTuple):
+    """A kind whose objects in the operator's namespace the bundle holds, all of them."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+
 IN_NAMESPACE = (
-    OwnedKind("apps", "v1", "deployments", "Deployment"),
-    OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
-    OwnedKind("batch", "v1", "jobs", "Job"),
-    OwnedKind("", "v1", "pods", "Pod"),
-    OwnedKind("", "v1", "configmaps", "ConfigMap"),
-    OwnedKind("coordination.k8s.io", "v1", "leases", "Lease"),
+    GatheredKind("apps", "v1", "deployments", "Deployment"),
+    GatheredKind("apps", "v1", "daemonsets", "DaemonSet"),
+    GatheredKind("batch", "v1", "jobs", "Job"),
+    GatheredKind("", "v1", "pods", "Pod"),
+    GatheredKind("", "v1", "configmaps", "ConfigMap"),
+    GatheredKind("coordination.k8s.io", "v1", "leases", "Lease"),
 )
 NODE_PREFIXES = (
     "nvidia.com/",
@@ -139,7 +150,12 @@ class Gatherer:
         return answer.text, 200, ""
 
     async def objects(
-        self, kind: OwnedKind, dest: str, *, namespace: str | None = None, selector: str | None = None
+        self,
+        kind: GatheredKind | WatchedKind | CustomResource[Any],
+        dest: str,
+        *,
+        namespace: str | None = None,
+        selector: str | None = None,
     ) -> list[dict[str, Any]]:
         selectors = {"labelSelector": selector} if selector else {}
         body = await self.get(
@@ -305,10 +321,10 @@ class Gatherer:
 
     async def run(self) -> None:
         await self.versions()
-        for kind in OWNERS:
-            await self.objects(kind, f"cluster/{kind.kind}.yaml")
-        for kind in (*OWNED_KINDS, SERVICE_MONITOR):
-            await self.objects(kind, f"owned/{kind.kind}.yaml", selector=MANAGED_SELECTOR)
+        for owner in OWNERS:
+            await self.objects(owner, f"cluster/{owner.kind}.yaml")
+        for owned in (*OWNED_KINDS, SERVICE_MONITOR):
+            await self.objects(owned, f"owned/{owned.kind}.yaml", selector=MANAGED_SELECTOR)
         pods: list[dict[str, Any]] = []
         for kind in IN_NAMESPACE:
             found = await self.objects(

@@ -17,13 +17,12 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from gpu_operator.controllers.views import OWNED_KINDS, object_key
+from gpu_operator.controllers.views import object_key
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 
 log = logging.getLogger(__name__)
-
-CLUSTER_SCOPED = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass"})
 
 
 def left_behind(obj: dict[str, Any], owner_uid: str) -> bool:
@@ -48,7 +47,7 @@ async def sweep(
         if kind.kind in keep_kinds:
             continue
         api_version = f"{kind.group}/{kind.version}" if kind.group else kind.version
-        scopes: list[str | None] = [None] if kind.kind in CLUSTER_SCOPED else list(namespaces)
+        scopes: list[str | None] = list(namespaces) if kind.namespaced else [None]
         for namespace in scopes:
             for obj in await kube.list_dicts(api_version, kind.kind, namespace=namespace):
                 meta = obj["metadata"]

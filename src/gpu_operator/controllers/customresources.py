@@ -4,14 +4,15 @@ Everything else is read from the rows: the watches (controllers/watches.py) inde
 row's resource; the read model (controllers/readmodel.py) keeps its objects under the row's index
 id and answers `objects(row)` (a pass's `ReadSnapshot.objects(row)` too); an event of one is
 `ObjectEvent(EventKind.CUSTOM_RESOURCE, resource=row)`, which a unit wants with `event.of(row)`
-(controllers/loop.py). A new CR is its api model and CRD, one row here, its unit and the chart's
+(controllers/loop.py); the table of every watched kind (controllers/watchedkinds.py) starts with
+these rows. A new CR is its api model and CRD, one row here, its unit and the chart's
 RBAC (docs/architecture.md, "Growing it"); a kind that needs nothing but its model's parse takes
 `plain_view(Model)` for its view."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import pydantic
 
@@ -19,18 +20,24 @@ from gpu_operator.api import clusterpolicy, gpucluster, nvidiadriver
 from gpu_operator.controllers.views import ClusterPolicyView, CRView, GPUClusterView, NVIDIADriverView
 
 V = TypeVar("V", bound=CRView[Any])
+WATCH_VERBS = ("list", "watch")  # what a watch needs granted (a list, then a watch from it)
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
 @dataclass(frozen=True)
 class CustomResource(Generic[V]):
-    """One of our watched CRs: its API coordinates and the view its objects are kept as."""
+    """One of our watched CRs: its API coordinates and the view its objects are kept as; as a
+    row of the table of watched kinds (controllers/watchedkinds.py), cluster-scoped, always
+    watched, with list and watch; its events are CUSTOM_RESOURCE ones naming the row."""
 
     group: str
     version: str
     plural: str
     kind: str
     view: type[V]
+    namespaced: ClassVar[bool] = False
+    needs: ClassVar[str] = ""
+    verbs: ClassVar[tuple[str, ...]] = WATCH_VERBS
 
     @property
     def index_id(self) -> str:

@@ -32,7 +32,6 @@ from gpu_operator.controllers.customresources import (
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.queries import NodeDriver, active_policy, node_drivers, parse_drivers
 from gpu_operator.controllers.views import (
-    OWNED_KINDS,
     ClusterPolicyView,
     CRView,
     DriverPodView,
@@ -40,18 +39,13 @@ from gpu_operator.controllers.views import (
     NodeView,
     NVIDIADriverView,
     OwnedKey,
-    OwnedKind,
     OwnedView,
     first,
 )
+from gpu_operator.controllers.watchedkinds import DRIVER_PODS, GFD_FEATURES, OWNED_KINDS, WatchedKind
 
-# kopf's index ids, by what they hold (our CRs': each row's `index_id`, controllers/customresources.py)
-DRIVER_PODS, GFD_FEATURES = "driver_pods", "gfd_features"
+# kopf's index ids: each row's `index_id` (controllers/watchedkinds.py)
 V = TypeVar("V", bound=CRView[Any])
-
-
-def owned_index(kind: OwnedKind) -> str:
-    return f"owned_{kind.plural}"
 
 
 @dataclass(frozen=True)
@@ -96,7 +90,7 @@ class ReadModel:
     node_map: Mapping[str, NodeView] = field(default_factory=dict)
     # kopf's live indices by id, taken from its startup handler's kwargs (kopf's public way).
     indices: dict[str, Any] = field(default_factory=dict)
-    owned_kinds: list[OwnedKind] = field(default_factory=lambda: list(OWNED_KINDS))
+    owned_kinds: list[WatchedKind] = field(default_factory=lambda: list(OWNED_KINDS))
     # Our CRs the watches index and watch (controllers/watches.py): one row each.
     resources: tuple[CustomResource[Any], ...] = CUSTOM_RESOURCES
 
@@ -194,12 +188,12 @@ class ReadModel:
     # -- pods and owned objects ------------------------------------------------------------------------
 
     def driver_pods(self) -> list[DriverPodView]:
-        return self._views(DRIVER_PODS)
+        return self._views(DRIVER_PODS.index_id)
 
     def owned(self) -> dict[Any, OwnedView]:
         owned: dict[Any, OwnedView] = {}
         for kind in self.owned_kinds:
-            for key, store in self.indices[owned_index(kind)].items():
+            for key, store in self.indices[kind.index_id].items():
                 if (view := first(store)) is not None:
                     owned[key] = view
         return owned
@@ -211,7 +205,7 @@ class ReadModel:
     def gfd_labels(self, node: str) -> Mapping[str, str] | None:
         """The labels GFD's NodeFeature publishes for `node`; None where there is none (or the
         NodeFeature kind is not served, or the mirror is off)."""
-        store = self.indices.get(GFD_FEATURES)
+        store = self.indices.get(GFD_FEATURES.index_id)
         if store is None or node not in store:
             return None
         labels: Mapping[str, str] | None = first(store[node])

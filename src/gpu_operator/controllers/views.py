@@ -8,7 +8,7 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, NamedTuple, Self, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 import pydantic
 
@@ -115,40 +115,6 @@ def gpu_condition(conditions: Any, kind: str = HEALTH_CONDITION) -> GPUCondition
 def mig_condition(conditions: Any) -> GPUCondition | None:
     """NvidiaMIGReady's (status, reason, message), written by the MIG unit."""
     return gpu_condition(conditions, MIG_CONDITION)
-
-
-class OwnedKind(NamedTuple):
-    """A kind the renderer emits and the operator watches (its objects carrying our managed-by
-    label): kopf's (group, version, plural) and the kind name the render result uses."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-
-    @property
-    def resource(self) -> tuple[str, str] | tuple[str, str, str]:
-        return (self.group, self.version, self.plural) if self.group else (self.version, self.plural)
-
-
-# Every kind the renderer can emit is watched (apply once, delete when no longer rendered), except
-# - ServiceMonitor: watched only when its CRD exists at start-up (SERVICE_MONITOR below), and
-# - SecurityContextConstraints (OpenShift only): remembered in memory by the ClusterPolicy
-#   owner CR by the applier, see controllers/apply.py (Applier.remembered).
-OWNED_KINDS = (
-    OwnedKind("apps", "v1", "daemonsets", "DaemonSet"),
-    OwnedKind("", "v1", "serviceaccounts", "ServiceAccount"),
-    OwnedKind("", "v1", "configmaps", "ConfigMap"),
-    OwnedKind("", "v1", "services", "Service"),
-    OwnedKind("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    OwnedKind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    OwnedKind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole"),
-    OwnedKind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding"),
-    OwnedKind("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass"),
-    # the DRA driver's compute-domain controller (GPUCluster)
-    OwnedKind("apps", "v1", "deployments", "Deployment"),
-)
-SERVICE_MONITOR = OwnedKind("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor")
 
 
 @dataclass(frozen=True)

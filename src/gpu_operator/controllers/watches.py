@@ -1,14 +1,16 @@
 """kopf's part of the watches: indices that fill the read model (our CRs, driver pods, owned
 objects, GPU feature discovery's NodeFeatures) and event handlers that turn each change into one
 `ObjectEvent` for the manager to hand to the units. Handlers only record; units do the work.
-Nodes are not watched here: the Node reflector (controllers/reflector.py) does that."""
+What is watched is read from the table of watched kinds (controllers/watchedkinds.py): each row
+kopf serves is registered by its event kind. Nodes are not watched here: the Node reflector
+(controllers/reflector.py) does that."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import kopf
 
@@ -17,44 +19,30 @@ from gpu_operator.controllers.customresources import CustomResource
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.echoes import StatusEchoes
 from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent
-from gpu_operator.controllers.readmodel import DRIVER_PODS, GFD_FEATURES, ReadModel, owned_index
+from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.reflector import interned
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.views import (
-    OWNED_KINDS,
-    SERVICE_MONITOR,
-    CRView,
-    DriverPodView,
-    OwnedKind,
-    OwnedView,
-)
+from gpu_operator.controllers.views import CRView, DriverPodView, OwnedView
+from gpu_operator.controllers.watchedkinds import GFD_FEATURES, WatchedKind, WatchRow, event_of, watched_kinds
 from gpu_operator.vocabulary import (
     COMPONENT,
     DRIVER_COMPONENT_VALUE,
     GFD_NODE_FEATURE_PREFIX,
     MANAGED_BY,
     MANAGED_BY_VALUE,
-    MANAGED_SELECTOR,
     NFD_NODE_NAME_LABEL,
     NODE_FEATURE_GROUP,
     NODE_FEATURE_PLURAL,
-    NODE_FEATURE_VERSION,
 )
 
 DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
+# The label selectors the apiserver filters kopf's watches by, per event kind (none: every object)
+SELECTORS: dict[EventKind | None, dict[str, str]] = {
+    EventKind.OWNED: {MANAGED_BY: MANAGED_BY_VALUE},
+    EventKind.DRIVER_POD: DRIVER_POD_LABELS,
+}
 
 log = logging.getLogger("gpu_operator.operator")  # the process's logger (controllers/manager.py)
-
-
-class Watched(NamedTuple):
-    """One kind kopf watches: its resource (kopf's (group, version, plural), or (version, plural)
-    for the core group) and the id of the index that fills the read model. Every registration
-    adds its row, and the indices the startup handler takes are read from these rows, so a new
-    watch cannot be forgotten there (tests/unit/chart/test_watched_kinds.py also holds every
-    row to the chart's list and watch grants)."""
-
-    resource: tuple[str, ...]
-    index_id: str
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -85,8 +73,9 @@ class Watches:
         self.status_written = status_written
         self.indexed = asyncio.Event()
         self.registry = kopf.OperatorRegistry()
-        self.watched: list[Watched] = []
-        self._owned: list[OwnedKind] = []
+        # the table's rows kopf watches, as registered (tests/unit/chart/test_watched_kinds.py)
+        self.watched: list[WatchRow] = []
+        self.rows = watched_kinds(model.resources)
         kopf.on.login(registry=self.registry)(kopflogin.login)
         kopf.on.startup(registry=self.registry)(self._configure)
 
@@ -96,11 +85,20 @@ class Watches:
             # (otherwise a "hung" task that holds the shutdown for 5 s) and stops the lease keeper.
             stop()
 
-        for resource in model.resources:  # our CRs' rows (controllers/customresources.py)
-            self._watch_cr(resource)
-        self._watch_driver_pods()
-        for owned in OWNED_KINDS:
-            self.watch_owned(owned)
+        for row in self.rows:
+            if not row.needs:
+                self.watch(row)
+
+    def watch(self, row: WatchRow) -> None:
+        """Register one row of the table by its event kind (rows kopf does not watch: none)."""
+        if isinstance(row, CustomResource):
+            self._watch_cr(row)
+        elif row.event is EventKind.OWNED:
+            self.watch_owned(row)
+        elif row.event is EventKind.DRIVER_POD:
+            self._watch_driver_pods(row)
+        elif row.event is EventKind.GFD_FEATURES:
+            self.watch_gfd_features(row)
 
     def _configure(self, settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         ids = [w.index_id for w in self.watched]
@@ -119,9 +117,12 @@ class Watches:
         settings.networking.error_backoffs = ours.api_error_backoffs
         # Owned kinds are filtered by the apiserver: a cluster's other ConfigMaps, Services and
         # RBAC objects never reach this process.
-        for kind in self._owned:
-            settings.watching.label_selectors[kind.resource] = MANAGED_SELECTOR
-        settings.watching.label_selectors[("v1", "pods")] = f"{COMPONENT}={DRIVER_COMPONENT_VALUE}"
+        for row in self.watched:
+            labels = SELECTORS.get(event_of(row))
+            if labels:
+                settings.watching.label_selectors[row.resource] = ",".join(
+                    f"{k}={v}" for k, v in labels.items()
+                )
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="gpu-operator")
         settings.persistence.diffbase_storage = NoDiffBase(prefix="gpu-operator")
 
@@ -145,9 +146,9 @@ class Watches:
 
         kopf.index(*resource.resource, id=resource.index_id, registry=self.registry)(indexed)
         kopf.on.event(*resource.resource, id=f"{resource.plural}_event", registry=self.registry)(changed)
-        self.watched.append(Watched(resource.resource, resource.index_id))
+        self.watched.append(resource)
 
-    def _watch_driver_pods(self) -> None:
+    def _watch_driver_pods(self, row: WatchedKind) -> None:
         """Driver pods (any owner, or none: the migration rule looks for orphaned ones)."""
 
         async def indexed(
@@ -158,34 +159,33 @@ class Watches:
         async def changed(body: kopf.Body, **_: Any) -> None:
             self._event(ObjectEvent(EventKind.DRIVER_POD, (body.get("spec") or {}).get("nodeName") or None))
 
-        kopf.index("pods", id=DRIVER_PODS, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
-        kopf.on.event("pods", labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
-        self.watched.append(Watched(("v1", "pods"), DRIVER_PODS))
+        kopf.index(*row.resource, id=row.index_id, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
+        kopf.on.event(*row.resource, labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
+        self.watched.append(row)
 
     def watch_discovered(self, info: ClusterInfo, *, gfd_node_labels: bool) -> None:
-        """The watches that depend on what start-up discovery found: ServiceMonitors where their
-        CRD is served, GFD's NodeFeatures where theirs is and the operator mirrors GFD's labels."""
-        if info.servicemonitor_crd:
-            # Watched like the built-in kinds, so a ServiceMonitor is applied once and deleted
-            # when its state is disabled. A CRD installed later is seen at the next start.
-            self.watch_owned(SERVICE_MONITOR)
-        if not gfd_node_labels:
-            return
-        if info.node_feature_crd:
-            self.watch_gfd_features()
-        else:
-            log.warning(
-                "GPU feature discovery's labels will not reach the Nodes: the NodeFeature CRD "
-                "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
-                "does) or NFD, then restart the operator",
-                NODE_FEATURE_PLURAL,
-                NODE_FEATURE_GROUP,
-            )
+        """The rows that need what start-up discovery found (their CRD served): ServiceMonitors
+        (watched like the built-in kinds, so one is applied once and deleted when its state is
+        disabled; a CRD installed later is seen at the next start), and GFD's NodeFeatures where
+        the operator mirrors GFD's labels."""
+        for row in self.rows:
+            if not row.needs or (row is GFD_FEATURES and not gfd_node_labels):
+                continue
+            if getattr(info, row.needs):
+                self.watch(row)
+            elif row is GFD_FEATURES:
+                log.warning(
+                    "GPU feature discovery's labels will not reach the Nodes: the NodeFeature CRD "
+                    "(%s.%s) is not installed. Install it (`gpu-operator crds apply`, the chart's hook "
+                    "does) or NFD, then restart the operator",
+                    NODE_FEATURE_PLURAL,
+                    NODE_FEATURE_GROUP,
+                )
 
-    def watch_owned(self, kind: OwnedKind) -> None:
+    def watch_owned(self, kind: WatchedKind) -> None:
         """Index and watch the objects of one owned kind that carry our managed-by label (the
         same constant the renderer stamps, so the two cannot drift apart)."""
-        managed = {MANAGED_BY: MANAGED_BY_VALUE}
+        managed = SELECTORS[EventKind.OWNED]
 
         async def indexed(body: kopf.Body, **_: Any) -> dict[Any, OwnedView]:
             view = OwnedView.of(body)
@@ -194,20 +194,17 @@ class Watches:
         async def changed(**_: Any) -> None:
             self._event(ObjectEvent(EventKind.OWNED))
 
-        index = owned_index(kind)
-        kopf.index(*kind.resource, id=index, labels=managed, registry=self.registry)(indexed)
+        kopf.index(*kind.resource, id=kind.index_id, labels=managed, registry=self.registry)(indexed)
         kopf.on.event(
             *kind.resource, id=f"owned_event_{kind.plural}", labels=managed, registry=self.registry
         )(changed)
-        self.watched.append(Watched(kind.resource, index))
-        self._owned.append(kind)
+        self.watched.append(kind)
         if kind not in self.model.owned_kinds:
             self.model.owned_kinds.append(kind)
 
-    def watch_gfd_features(self) -> None:
+    def watch_gfd_features(self, row: WatchedKind = GFD_FEATURES) -> None:
         """GPU feature discovery's NodeFeature objects in our namespace, indexed by node: node
         labelling mirrors their labels onto the Nodes (controllers/units/labels/gfdlabels.py)."""
-        resource = (NODE_FEATURE_GROUP, NODE_FEATURE_VERSION, NODE_FEATURE_PLURAL)
 
         async def indexed(body: kopf.Body, name: str, **_: Any) -> dict[str, dict[str, str]]:
             node = gfd_node_of(name, body.get("metadata", {}).get("labels") or {})
@@ -221,9 +218,9 @@ class Watches:
                 )
             )
 
-        kopf.index(*resource, id=GFD_FEATURES, registry=self.registry)(indexed)
-        kopf.on.event(*resource, id=f"{GFD_FEATURES}_event", registry=self.registry)(changed)
-        self.watched.append(Watched(resource, GFD_FEATURES))
+        kopf.index(*row.resource, id=row.index_id, registry=self.registry)(indexed)
+        kopf.on.event(*row.resource, id=f"{row.index_id}_event", registry=self.registry)(changed)
+        self.watched.append(row)
 
 
 def gfd_node_of(name: str, labels: Mapping[str, str]) -> str | None:

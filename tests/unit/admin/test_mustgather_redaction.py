@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from gpu_operator.admin import mustgather, redact
 from gpu_operator.cli import app
-from gpu_operator.controllers.views import OWNED_KINDS, SERVICE_MONITOR
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS, SERVICE_MONITOR
 from gpu_operator.vocabulary import PROBE_FACTS_ANNOTATION
 from tests.support.fakeapi import Answer, kubeconfig, serve
 
@@ -232,10 +232,8 @@ def _object(kind: str, name: str, planted: Planted, namespace: str | None = NS) 
 
 
 def _route(planted: Planted) -> Any:
-    kinds = {
-        k.plural: k.kind
-        for k in (*OWNED_KINDS, SERVICE_MONITOR, *mustgather.OWNERS, *mustgather.IN_NAMESPACE)
-    }
+    kinds = {k.plural: k.kind for k in (*OWNED_KINDS, SERVICE_MONITOR, *mustgather.IN_NAMESPACE)}
+    kinds |= {k.plural: k.kind for k in mustgather.OWNERS}
     facts = json.dumps(
         {
             "driverSource": "none",

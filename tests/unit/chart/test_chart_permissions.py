@@ -1,4 +1,5 @@
-"""The operator's RBAC in the chart equals, rule for rule, the list of what the operator needs (kept here)."""
+"""The operator's RBAC in the chart equals, rule for rule, what the operator needs: its watches'
+grants read from the table of watched kinds (controllers/watchedkinds.py), the rest listed here."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import pytest
 import yaml
 
 from gpu_operator.controllers.customresources import CUSTOM_RESOURCES
+from gpu_operator.controllers.watchedkinds import WATCHED_KINDS
 from tests.support.chart import NAMESPACE, Rendered, find, objects
 from tests.support.permissions import Permission, covers, expand, grant
 
-# One place that says what the operator does; the operator should export the same list
-# (e.g. gpu_operator.controllers.permissions) and this test should then read it from there.
+# What the operator does besides its watches; a watched kind's list and watch come from its row
+# (`watches` below), so a verb listed here is needed for something else too (or is not a watch's).
 # Server-side apply (authorized as patch, and as create when it creates) and deletes; never update.
-MANAGE = ("get", "list", "watch", "create", "patch", "delete")
+WRITE = ("get", "create", "patch", "delete")
+MANAGE = (*WRITE, "list", "watch")
 # Cluster-wide kinds: create any (RBAC cannot name what a create makes), change or delete only what
 # the operator renders, by name (test_chart_owned_names.py holds the names to the renderer).
 MAKE = ("get", "list", "watch", "create")
@@ -33,12 +36,12 @@ DEVICE_CLASSES = (
     "compute-domain-default-channel.nvidia.com",
 )
 ADMISSION_POLICIES = ("resourceslices-policy-nvidia-dra-driver",)
-CLUSTER_WIDE: set[Permission] = (
+LISTED_CLUSTER_WIDE: set[Permission] = (
     # the operator's own work: our CRs (one row each in controllers/customresources.py), their
     # status, and their finalizers (blockOwnerDeletion on what they own)
     set().union(
         *(
-            grant(row.group, [row.plural], ["get", "list", "watch", "patch"])
+            grant(row.group, [row.plural], ["get", "patch"])
             | grant(row.group, [f"{row.plural}/status"], ["patch"])
             | grant(row.group, [f"{row.plural}/finalizers"], ["update"])
             for row in CUSTOM_RESOURCES
@@ -59,17 +62,17 @@ CLUSTER_WIDE: set[Permission] = (
         OWN,
         ADMISSION_POLICIES,
     )
-    | grant("", ["nodes"], ["get", "list", "watch", "patch"])
+    | grant("", ["nodes"], ["get", "patch"])
     | grant("", ["nodes/status"], ["patch"])  # GPU health: the NvidiaGPUReady condition
     | grant("", ["pods"], ["get", "list", "watch", "delete"])
     | grant("", ["pods/eviction"], ["create"])
     | grant("resource.k8s.io", ["resourceclaims"], ["get", "list", "watch"])  # drains, node labelling
     | grant("", ["events"], ["create"])
     | grant("events.k8s.io", ["events"], ["create", "patch"])
-    | grant("node.k8s.io", ["runtimeclasses"], MAKE)
+    | grant("node.k8s.io", ["runtimeclasses"], ["get", "create"])
     | grant("node.k8s.io", ["runtimeclasses"], OWN, RUNTIME_CLASSES)
     # (changed or deleted only when labelled as ours: the gpu-operator-owned-rbac admission policy)
-    | grant("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], MANAGE)
+    | grant("rbac.authorization.k8s.io", ["clusterroles", "clusterrolebindings"], WRITE)
     | grant("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
     | grant("", ["namespaces"], ["get", "patch"], [NAMESPACE])
     | grant("kubevirt.io", ["kubevirts"], ["get", "list", "patch"])
@@ -92,14 +95,14 @@ CLUSTER_WIDE: set[Permission] = (
         "resource.nvidia.com", ["computedomaincliques"], ["get", "list", "watch", "create", "update", "patch"]
     )
 )
-IN_NAMESPACE: set[Permission] = (
-    grant("apps", ["daemonsets", "deployments"], MANAGE)
+LISTED_IN_NAMESPACE: set[Permission] = (
+    grant("apps", ["daemonsets", "deployments"], WRITE)
     | grant("apps", ["daemonsets", "deployments"], ["update"])
     | grant("apps", ["controllerrevisions"], ["get", "list", "watch"])
-    | grant("", ["serviceaccounts", "configmaps", "services"], MANAGE)
-    | grant("rbac.authorization.k8s.io", ["roles", "rolebindings"], MANAGE)
+    | grant("", ["serviceaccounts", "configmaps", "services"], WRITE)
+    | grant("rbac.authorization.k8s.io", ["roles", "rolebindings"], WRITE)
     | grant("resource.k8s.io", ["resourceclaimtemplates"], MANAGE)
-    | grant("monitoring.coreos.com", ["servicemonitors"], MANAGE)
+    | grant("monitoring.coreos.com", ["servicemonitors"], WRITE)
     | grant("coordination.k8s.io", ["leases"], ["create"])
     | grant("coordination.k8s.io", ["leases"], ["get", "update", "delete"], ["53822513.nvidia.com"])
     | grant("coordination.k8s.io", ["leases"], ["get", "update"], ["nvidia-dra-driver-controller"])
@@ -113,6 +116,25 @@ IN_NAMESPACE: set[Permission] = (
         "", ["secrets"], ["get", "list", "watch", "update", "patch", "delete"], ["nvidia-gpu-health-requests"]
     )
 )
+
+
+# Namespaced kinds whose watch the ClusterRole's listed rules serve (pods: listed for drains)
+WATCHED_BY_CLUSTER_RULES = {("", "pods")}
+
+
+def watches(namespaced: bool) -> set[Permission]:
+    """The grants the watches need, one row's verbs each: a cluster-scoped row's in the
+    ClusterRole, one watched in the operator's namespace in its Role."""
+    return {
+        permission
+        for row in WATCHED_KINDS
+        if row.namespaced == namespaced and (row.group, row.plural) not in WATCHED_BY_CLUSTER_RULES
+        for permission in grant(row.group, [row.plural], row.verbs)
+    }
+
+
+CLUSTER_WIDE = LISTED_CLUSTER_WIDE | watches(namespaced=False)
+IN_NAMESPACE = LISTED_IN_NAMESPACE | watches(namespaced=True)
 OPENSHIFT_CLUSTER_WIDE: set[Permission] = (
     grant("config.openshift.io", ["proxies"], ["get", "list", "watch"])
     | grant("image.openshift.io", ["imagestreams"], ["get", "list", "watch"])

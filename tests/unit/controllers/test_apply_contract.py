@@ -21,12 +21,11 @@ from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.controllers.views import (
-    OWNED_KINDS,
-    SERVICE_MONITOR,
     ClusterPolicyView,
     NodeView,
     OwnedView,
 )
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS, SERVICE_MONITOR
 from gpu_operator.kube.client import ObjectKey
 from gpu_operator.render import RenderResult, StateResult, render
 from gpu_operator.vocabulary import STATE_LABEL
@@ -57,7 +56,7 @@ def test_every_kind_the_renderer_emits_is_watched_or_remembered(
         result = render(policy(spec), facts(*shapes, openshift=openshift, servicemonitor_crd=True))
         emitted = {o["kind"] for o in result.objects()}
         assert emitted <= watched | REMEMBERED_ONLY, (
-            f"add {emitted - watched} to OWNED_KINDS (controllers/views.py)"
+            f"add {emitted - watched} to OWNED_KINDS (controllers/watchedkinds.py)"
         )
 
 

@@ -86,3 +86,17 @@ def test_the_sweep_deletes_only_what_the_owner_controls_unlabelled_and_unrendere
     gone = asyncio.run(adopt.sweep(kube, "policy-uid", {"ns"}, desired, keep_kinds=()))  # type: ignore[arg-type]
     assert kube.deleted == ["Role/nvidia-driver"]
     assert len(gone) == 1
+
+
+def test_the_sweep_lists_each_kind_in_its_rows_scope() -> None:
+    """Namespaced kinds per namespace, cluster-scoped ones once, cluster-wide (each row's
+    `namespaced`, controllers/watchedkinds.py): a left-behind ClusterRole and Role both go."""
+    import asyncio
+
+    from gpu_operator.controllers import adopt
+
+    cluster_role = {**role("nvidia-driver-cr", "policy-uid"), "kind": "ClusterRole"}
+    cluster_role["metadata"] = {k: v for k, v in cluster_role["metadata"].items() if k != "namespace"}
+    kube = ListingKube([cluster_role, role("nvidia-driver", "policy-uid")])
+    asyncio.run(adopt.sweep(kube, "policy-uid", {"ns"}, set(), keep_kinds=()))  # type: ignore[arg-type]
+    assert sorted(kube.deleted) == ["ClusterRole/nvidia-driver-cr", "Role/nvidia-driver"]

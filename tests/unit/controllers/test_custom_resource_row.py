@@ -25,7 +25,7 @@ from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent, Result,
 from gpu_operator.controllers.manager import Manager
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.watches import Watched, Watches
+from gpu_operator.controllers.watches import Watches
 from gpu_operator.kube.client import Kube
 
 
@@ -91,7 +91,7 @@ def test_a_new_row_is_watched_indexed_read_and_reaches_the_unit_that_wants_it() 
     model, watches, events = started((*CUSTOM_RESOURCES, WIDGET))
 
     # watched and indexed: one index and one event handler on its resource, its row in `watched`
-    assert Watched(("example.com", "v1beta1", "widgets"), WIDGET.index_id) in watches.watched
+    assert WIDGET in watches.watched
     index = handler(watches.registry._indexing.get_all_handlers(), WIDGET.resource)
     assert index.id == WIDGET.index_id
     changed = handler(watches.registry._watching.get_all_handlers(), WIDGET.resource)

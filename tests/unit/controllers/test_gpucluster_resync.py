@@ -8,7 +8,8 @@ from typing import Any
 
 from gpu_operator.api.gpucluster import GPUCluster
 from gpu_operator.controllers.apply import Applied, Applier, owner_reference
-from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
+from gpu_operator.controllers.views import GPUClusterView
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.kube.client import ObjectKey
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from gpu_operator.render.dra import DRAFacts, render_gpucluster

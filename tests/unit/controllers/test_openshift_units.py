@@ -12,13 +12,14 @@ import pytest
 from gpu_operator.controllers.apply import ReconcileReport
 from gpu_operator.controllers.customresources import CUSTOM_RESOURCES, GPU_CLUSTER
 from gpu_operator.controllers.discovery import ClusterInfo
-from gpu_operator.controllers.readmodel import ReadModel, ReadSnapshot, owned_index
+from gpu_operator.controllers.readmodel import ReadModel, ReadSnapshot
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy.unit import ClusterPolicyUnit
 from gpu_operator.controllers.units.gpucluster.reconcile import GPUClusterReconciler
 from gpu_operator.controllers.units.gpucluster.unit import GPUClusterUnit
 from gpu_operator.controllers.units.nvidiadriver.unit import NVIDIADriverUnit
-from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
+from gpu_operator.controllers.views import GPUClusterView
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from tests.unit.controllers.units.gpucluster.test_gpucluster_crds import CRDKube
 
@@ -27,7 +28,8 @@ from tests.unit.controllers.units.gpucluster.test_gpucluster_crds import CRDKube
 def test_the_units_reconcile_the_read_models_snapshot(version: str) -> None:
     model = ReadModel("gpu-operator", info=ClusterInfo("1.36.3", openshift_version=version))
     model.indices = {
-        index: {} for index in (*(row.index_id for row in CUSTOM_RESOURCES), *map(owned_index, OWNED_KINDS))
+        index: {}
+        for index in (*(row.index_id for row in CUSTOM_RESOURCES), *(k.index_id for k in OWNED_KINDS))
     }
     kube: Any = None
     settings = OperatorSettings()

@@ -13,7 +13,8 @@ from gpu_operator import vocabulary as vocab
 from gpu_operator.controllers.customresources import GPU_CLUSTER
 from gpu_operator.controllers.readmodel import ReadSnapshot
 from gpu_operator.controllers.units.gpucluster.reconcile import COMPUTE_DOMAIN_CRDS, GPUClusterReconciler
-from gpu_operator.controllers.views import OWNED_KINDS, GPUClusterView
+from gpu_operator.controllers.views import GPUClusterView
+from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.kube.crdowners import LeftCRD
 from gpu_operator.render.defaults import CHART_DEFAULT_IMAGES
 from tests.unit.controllers.test_apply_contract import RecordingKube
