@@ -8,7 +8,9 @@ do not render is left behind: ours carry our managed-by label and the apply cont
 such label (NVIDIA's operator labels only its DaemonSets so), so our watches never see them. One
 sweep per owner and process lists each owned kind once and deletes an object only when it is
 provably that owner's and not ours: a controller reference to the owner's uid and no managed-by
-label of ours, and not in the render.
+label of ours, and not in the render. Never a driver DaemonSet that still has pods: deleting it
+deletes its pods, and a driver pod that goes unloads the driver under the GPU jobs on its node (it
+stays, logged; it goes with its owner, or by hand once its nodes are drained).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from gpu_operator.controllers.views import object_key
 from gpu_operator.controllers.watchedkinds import OWNED_KINDS
 from gpu_operator.kube.client import Kube, ObjectKey
-from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
+from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE, MANAGED_BY, MANAGED_BY_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,18 @@ def left_behind(obj: dict[str, Any], owner_uid: str) -> bool:
         return False
     controllers = [r.get("uid") for r in meta.get("ownerReferences") or [] if r.get("controller")]
     return controllers == [owner_uid]
+
+
+def runs_driver_pods(kind: str, obj: dict[str, Any]) -> bool:
+    """A DaemonSet of driver pods (component nvidia-driver) whose status does not say it has none."""
+    if kind != "DaemonSet":
+        return False
+    template = ((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    if (template.get("labels") or {}).get(COMPONENT) != DRIVER_COMPONENT_VALUE:
+        return False
+    status = obj.get("status") or {}
+    counted = status.get("observedGeneration") is not None
+    return not counted or bool(status.get("currentNumberScheduled") or status.get("numberMisscheduled"))
 
 
 async def sweep(
@@ -55,6 +69,14 @@ async def sweep(
                 if key in desired or not left_behind(obj, owner_uid):
                     continue
                 ref = ObjectKey(api_version, kind.kind, meta["name"], meta.get("namespace"))
+                if runs_driver_pods(kind.kind, obj):
+                    log.warning(
+                        "kept %s: controlled by the same owner (%s), not ours, not rendered, but its "
+                        "driver pods run (deleting it would unload the driver on their nodes)",
+                        ref,
+                        owner_uid,
+                    )
+                    continue
                 if await kube.delete(ref):
                     log.info(
                         "deleted %s: controlled by the same owner (%s), not ours, not rendered",
