@@ -28,10 +28,18 @@ def pytest_configure(config: pytest.Config) -> None:
 # node, the image builds. Every module that uses one of those runs in one worker, one after
 # another, as without workers; every other module stays whole in one worker (its module fixtures
 # are made once). The scheduler sees test ids only, so a module is the machine's when its source
-# names one of HOST_FIXTURES (a test or a fixture of its own asks for it) or it is in HOST_MODULES.
+# names one of HOST_FIXTURES (a test or a fixture of its own asks for it; or image_archive: it builds
+# dist/'s image archive, which the real node's fixture builds too when stale) or it is in HOST_MODULES.
 # (xdist's own `loadgroup` cannot do it with pytest 9: it rewrites a test's `_nodeid`, which
 # pytest 9's `nodeid` no longer reads, so its groups never reach the scheduler.)
-HOST_FIXTURES = ("real_node", "real_gpu_node", "real_passthrough_node", "device_plugin_pod", "registry_image")
+HOST_FIXTURES = (
+    "real_node",
+    "real_gpu_node",
+    "real_passthrough_node",
+    "device_plugin_pod",
+    "registry_image",
+    "image_archive",
+)
 HOST_MODULES = ("tests/integration/test_sim_cli.py", "tests/image/")
 HOST_GROUP = "this-machine"
 

@@ -36,8 +36,9 @@ def test_the_real_node_the_images_and_what_borrows_them_share_one_worker() -> No
         "tests/integration/test_sim_cli.py",
         "tests/image/test_image.py",
         "tests/integration/test_registry_install.py",
-        "tests/integration/test_registry_recovery.py",
-    } <= machine  # the last borrows the install's fixtures
+        "tests/integration/test_registry_recovery.py",  # borrows the install's fixtures
+        "tests/integration/test_registry_release_image.py",  # builds dist/'s image archive
+    } <= machine
     for module, owner in unit.items():
         assert owner in (module, c.HOST_GROUP), module
     assert unit["tests/integration/test_sim_faults.py"] == "tests/integration/test_sim_faults.py"
