@@ -33,7 +33,8 @@ key=$( (cat "$here/versions.env" "$here/kube/go.sum" "$here/etcd/go.sum" "$here/
 root=${GPU_OPERATOR_CP_CACHE:-$HOME/.cache/gpu-operator}
 out="$root/controlplane/${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}-$key"
 mkdir -p "$out/bin"
-floorkey=$( (cat "$here/kube-floor/version.env" "$here/kube-floor/go.sum" "$here/kube-floor/main.go" "${multicall[@]}"; echo "$KUBE_FLOOR_VERSION $gover") | sha256sum | cut -c1-12)
+# (the floor's version.env without its comments: a comment edit rebuilds nothing)
+floorkey=$( (grep -v '^#' "$here/kube-floor/version.env"; cat "$here/kube-floor/go.sum" "$here/kube-floor/main.go" "${multicall[@]}"; echo "$KUBE_FLOOR_VERSION $gover") | sha256sum | cut -c1-12)
 floor="$root/controlplane/floor-${KUBE_FLOOR_VERSION}-$floorkey"
 
 # One build per cache directory at a time: two checkouts (or a test run and a setup) building
