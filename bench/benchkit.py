@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import ssl
 import time
 import urllib.request
@@ -31,6 +32,17 @@ from gpu_operator.vocabulary import DRA_STATE_LABELS, GPU_PRESENT, STATE_LABELS
 WANTED = (GPU_PRESENT, *STATE_LABELS["container"])
 DRA_WANTED = (GPU_PRESENT, *DRA_STATE_LABELS)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM unwinds as Ctrl-C does (SystemExit 143 through every `finally`), so that a bench
+    stopped by `kill` or `timeout` stops the control plane and operators it started (they run in
+    sessions of their own and outlive a bench killed outright)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def labelled(labels: dict[str, str] | None, wanted: tuple[str, ...] = WANTED) -> bool:

@@ -33,6 +33,7 @@ from benchkit import (  # noqa: E402
     percentile,
     proc_stats,
     simulator_load,
+    stop_on_sigterm,
     unready_census,
     write_tail,
 )
@@ -455,6 +456,7 @@ def run_one(
 
 def main() -> int:
     args = parse_args(__doc__)
+    stop_on_sigterm()
 
     args.out.mkdir(parents=True, exist_ok=True)
     found = binaries.locate(build=True)
