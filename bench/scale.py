@@ -15,6 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx2 as httpx  # noqa: E402
 from benchkit import (  # noqa: E402
     DRA_WANTED,
     WANTED,
@@ -40,6 +41,7 @@ from benchkit import (  # noqa: E402
 from health import health_phase  # noqa: E402
 from lightkube import AsyncClient, Client, KubeConfig  # noqa: E402
 from lightkube.codecs import from_dict  # noqa: E402
+from lightkube.core.exceptions import ApiError  # noqa: E402
 from lightkube.resources.apps_v1 import DaemonSet  # noqa: E402
 from lightkube.resources.core_v1 import Namespace, Node, Pod  # noqa: E402
 from restart import restart  # noqa: E402
@@ -107,10 +109,16 @@ def operand_counts(client: Client) -> tuple[int, int]:
 async def sample_operands(
     sync: Client, t0: float, samples: list[tuple[float, int, int]], every: float = 5.0
 ) -> None:
-    """Until cancelled: (seconds since the policy, operand pods ready, desired) every `every` s."""
+    """Until cancelled: (seconds since the policy, operand pods ready, desired) every `every` s.
+    A read the busy apiserver does not answer in time is said and skipped: the sampler goes on (it
+    died of the first ReadTimeout before, and the progress line repeated its last sample)."""
     while True:
-        counts = await asyncio.to_thread(operand_counts, sync)
-        samples.append((round(time.monotonic() - t0, 1), *counts))
+        try:
+            counts = await asyncio.to_thread(operand_counts, sync)
+        except (httpx.HTTPError, ApiError) as error:
+            say(f"operand pods: not read ({type(error).__name__}: {error}); trying again")
+        else:
+            samples.append((round(time.monotonic() - t0, 1), *counts))
         await asyncio.sleep(every)
 
 
