@@ -74,10 +74,18 @@ def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(kube: Client, namespace: str, nodes: list[str], spec: dict[str, Any] | None = None) -> Loaded:
+def load(
+    kube: Client,
+    namespace: str,
+    nodes: list[str],
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, dict[str, str]] | None = None,
+) -> Loaded:
     """NVIDIA's state into `namespace`, its node labels onto `nodes` (in the recorded order).
     `spec`: values merged into the recorded ClusterPolicy's spec before it is created, as a
-    user's chart values would have set them (the recorded objects are NVIDIA's defaults')."""
+    user's chart values would have set them (the recorded objects are NVIDIA's defaults').
+    `labels`: per test node, label values put over the recorded ones (the real node's deploy
+    labels of the operands whose images it cannot run: tests/integration/test_takeover_real_node.py)."""
     tokens = {NAMESPACE_TOKEN: namespace}
     (policy,) = [d for d in read("policy.yaml") if d["kind"] == "ClusterPolicy"]
     policy = _replace(policy, tokens)
@@ -103,7 +111,12 @@ def load(kube: Client, namespace: str, nodes: list[str], spec: dict[str, Any] | 
         kube.patch(
             Node,
             node,
-            {"metadata": {"labels": record["labels"], "annotations": record["annotations"]}},
+            {
+                "metadata": {
+                    "labels": {**record["labels"], **(labels or {}).get(node, {})},
+                    "annotations": record["annotations"],
+                }
+            },
             patch_type=PatchType.MERGE,
             field_manager=NVIDIA_FIELD_MANAGER,
         )
