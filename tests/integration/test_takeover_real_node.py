@@ -161,6 +161,12 @@ def driver_container(pod: Pod) -> dict[str, Any]:
     }
 
 
+def real_driver(kube: Client, namespace: str) -> dict[str, Any] | None:
+    """driver_container of the real node's driver pod, None while it has none."""
+    pod = pods_on_node(kube, namespace, REAL_NODE).get(DRIVER)
+    return driver_container(pod) if pod is not None else None
+
+
 def really_started(pod: Pod) -> bool:
     """Some container of the pod (init or main) was created by the real node's runtime."""
     statuses = [*(pod.status.initContainerStatuses or []), *(pod.status.containerStatuses or [])]
@@ -272,17 +278,6 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
             interval=2,
             context=context,
         )
-        after_real = pods_on_node(kube, ns, REAL_NODE)
-        # The driver: the same pod, the same container, never restarted, still running.
-        assert driver_container(after_real[DRIVER]) == driver_before
-        assert pods_by_owner(kube, ns)[DRIVER] == before_pods[DRIVER]
-        wait_for(
-            "NVIDIA's upgrade-state labels taken off (auto-upgrade off)",
-            lambda: [n for n in nodes if UPGRADE_STATE in (kube.get(Node, n).metadata.labels or {})],
-            until=lambda left: not left,
-            timeout=60,
-            context=context,
-        )
         exporter = wait_for(
             "our node-status exporter Ready on the real node",
             lambda: pods_on_node(kube, ns, REAL_NODE).get(EXPORTER),
@@ -306,6 +301,19 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
             context=context,
         )
         assert plugin is not None
+        # The driver, once the other operands on the real node are ours and again once the upgrade
+        # controller has been through every node (NVIDIA's upgrade-state labels gone): the same
+        # pod, the same container, never restarted, still running.
+        assert real_driver(kube, ns) == driver_before
+        wait_for(
+            "NVIDIA's upgrade-state labels taken off (auto-upgrade off)",
+            lambda: [n for n in nodes if UPGRADE_STATE in (kube.get(Node, n).metadata.labels or {})],
+            until=lambda left: not left,
+            timeout=60,
+            context=context,
+        )
+        assert real_driver(kube, ns) == driver_before
+        assert pods_by_owner(kube, ns)[DRIVER] == before_pods[DRIVER]
         assert applied_by_us(daemonsets(kube, ns)[PLUGIN])
     finally:
         delete_if_present(kube, ClusterPolicyResource, "cluster-policy")
