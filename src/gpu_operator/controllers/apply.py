@@ -24,6 +24,7 @@ from gpu_operator.kube.client import Kube, ObjectKey
 from gpu_operator.render import RenderResult
 from gpu_operator.vocabulary import HASH_ANNOTATION
 
+TEMPLATE_GENERATION = "deprecated.daemonset.template.generation"
 Stamped = tuple[OwnedKey, dict[str, Any], OwnedView]  # a rendered object as applied: key, body, view
 SELECTOR_RETRY = 1.0  # seconds until the DaemonSet deleted for a new selector is created again
 
@@ -35,6 +36,27 @@ def immutable_selector(err: ApiError, obj: dict[str, Any]) -> bool:
     if obj.get("kind") != "DaemonSet" or status.code != 422 or status.details is None:
         return False
     return any(cause.field == "spec.selector" for cause in status.details.causes or [])
+
+
+def template_generation(daemonset: dict[str, Any] | None) -> int:
+    """A live DaemonSet's template generation (apps/v1 shows it as an annotation; 1 if absent)."""
+    annotations = ((daemonset or {}).get("metadata") or {}).get("annotations") or {}
+    try:
+        return max(1, int(annotations.get(TEMPLATE_GENERATION, "1")))
+    except ValueError:
+        return 1
+
+
+def recreated(daemonset: dict[str, Any], generation: int) -> dict[str, Any]:
+    """The DaemonSet created again after its selector change, starting at `generation`: the pods it
+    adopts carry the deleted one's `pod-template-generation` label, and the DaemonSet controller
+    counts a pod whose label equals the DaemonSet's template generation as up to date whatever its
+    template (Kubernetes' IsPodUpdated), so a new one at generation 1 would keep every adopted pod
+    of a deleted one at generation 1 (NVIDIA's, after a take-over) and never roll it. The
+    apiserver takes the annotation as the template generation at create (apps/v1 conversion)."""
+    meta = daemonset["metadata"]
+    annotations = {**(meta.get("annotations") or {}), TEMPLATE_GENERATION: str(generation)}
+    return {**daemonset, "metadata": {**meta, "annotations": annotations}}
 
 
 def owner_reference(
@@ -94,6 +116,9 @@ class Applier:
         self.swept: set[str] = set()  # owners whose previous operator's leftovers were swept
         # owner uid -> (the render result, the owner reference, what _stamp made of them)
         self._stamped: dict[str, tuple[RenderResult, dict[str, Any], list[Stamped]]] = {}
+        # DaemonSets deleted for their selector, to be created again: the template generation the
+        # new one starts at (see recreated())
+        self._recreate: dict[OwnedKey, int] = {}
 
     async def apply(
         self,
@@ -117,20 +142,24 @@ class Applier:
             live = known.get(key)
             if live and live.applied_hash == view.applied_hash:
                 continue
+            generation = self._recreate.get(key)
             try:
-                await self.kube.apply(applied)
+                await self.kube.apply(applied if generation is None else recreated(applied, generation))
             except ApiError as err:
                 if not immutable_selector(err, applied):
                     raise
                 # A DaemonSet of the same name with another selector (another operator's, or an
                 # earlier render's): the selector cannot change in place. Deleted leaving its pods
                 # (and ControllerRevisions), so the DaemonSet created next pass adopts the pods
-                # its selector matches and rolls only those whose template differs.
+                # its selector matches and rolls those whose template differs.
                 ref = ObjectKey.of(applied)
+                live_ds = await self.kube.get_dict(ref.api_version, ref.kind, ref.name, ref.namespace)
+                self._recreate[key] = template_generation(live_ds) + 1
                 if await self.kube.delete(ref, orphan=True):
                     done.deleted.append(f"{ref} (selector changed; orphaning its pods)")
                 done.requeue = min(done.requeue or SELECTOR_RETRY, SELECTOR_RETRY)
                 continue
+            self._recreate.pop(key, None)
             done.applied.append(str(ObjectKey.of(applied)))
         # Ownership is checked against the owner's uid, so objects someone else created (or another
         # owner CR owns) are never touched.

@@ -100,3 +100,76 @@ def test_the_sweep_lists_each_kind_in_its_rows_scope() -> None:
     kube = ListingKube([cluster_role, role("nvidia-driver", "policy-uid")])
     asyncio.run(adopt.sweep(kube, "policy-uid", {"ns"}, set(), keep_kinds=()))  # type: ignore[arg-type]
     assert sorted(kube.deleted) == ["ClusterRole/nvidia-driver-cr", "Role/nvidia-driver"]
+
+
+class SelectorKube:
+    """Refuses the first apply of the DaemonSet for its selector (the live one is another
+    operator's at template generation 3); records what is applied after."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, Any] | None = {
+            **DS,
+            "metadata": {
+                "name": "gpu-feature-discovery",
+                "namespace": "ns",
+                "annotations": {"deprecated.daemonset.template.generation": "3"},
+            },
+        }
+        self.applied: list[dict[str, Any]] = []
+
+    async def apply(self, obj: dict[str, Any]) -> None:
+        if self.live is not None:
+            raise refusal(422, "spec.selector")
+        self.applied.append(obj)
+
+    async def get_dict(self, *_: Any) -> dict[str, Any] | None:
+        return self.live
+
+    async def delete(self, key: Any, **kwargs: Any) -> bool:
+        assert kwargs == {"orphan": True}
+        self.live = None
+        return True
+
+    async def list_dicts(self, *_: Any, **__: Any) -> list[dict[str, Any]]:
+        return []
+
+
+def test_a_daemonset_created_again_for_its_selector_starts_past_the_deleted_ones_generation() -> None:
+    """The pods the new DaemonSet adopts carry the deleted one's pod-template-generation label; at
+    the same generation the DaemonSet controller would count them up to date and never roll them
+    (NVIDIA's GFD and validator on the real node after a take-over)."""
+    import asyncio
+
+    from gpu_operator.controllers.apply import Applied, Applier, owner_reference
+    from gpu_operator.controllers.views import ClusterPolicyView
+    from gpu_operator.render import RenderResult, StateResult
+
+    kube = SelectorKube()
+    applier = Applier(kube)  # type: ignore[arg-type]
+    owner = ClusterPolicyView("cluster-policy", "policy-uid", 1, "t", {})
+    ours: dict[str, Any] = {
+        **DS,
+        "metadata": {"name": "gpu-feature-discovery", "namespace": "ns", "labels": {"app": "gfd"}},
+        "spec": {"selector": {"matchLabels": {"app": "gfd"}}},
+    }
+    result = RenderResult([StateResult("gpu-feature-discovery", True, "", [ours])])
+
+    def run() -> Applied:
+        done = Applied()
+        # DaemonSets are watched: what the watch shows of them is `owned` (here: none, as after the
+        # delete, until the create is seen)
+        watched = frozenset({"DaemonSet"})
+        asyncio.run(applier.apply(result, owner, owner_reference(owner), {}, watched, done))
+        return done
+
+    assert run().deleted == ["DaemonSet ns/gpu-feature-discovery (selector changed; orphaning its pods)"]
+    assert run().applied == ["DaemonSet ns/gpu-feature-discovery"]
+    annotations = kube.applied[0]["metadata"]["annotations"]
+    assert annotations["deprecated.daemonset.template.generation"] == "4"
+    # Only the create carries it: the applied hash (what later passes compare) is the render's own.
+    assert "deprecated.daemonset.template.generation" not in ours["metadata"].get("annotations", {})
+    kube.live = None
+    run()
+    assert "deprecated.daemonset.template.generation" not in kube.applied[-1]["metadata"].get(
+        "annotations", {}
+    )
