@@ -260,10 +260,14 @@ def test_takeover_keeps_the_policy_and_rolls_the_driver_one_node_at_a_time(
 
 
 def status_written_by_us(policy: dict[str, Any]) -> bool:
+    """Our status, not NVIDIA's recorded one: both operators' field manager is `gpu-operator`, so
+    managedFields alone cannot tell them apart; our conditions carry observedGeneration, NVIDIA's
+    (tests/fixtures/nvidia-v26.7.0/policy.yaml) none."""
+    conditions = (policy.get("status") or {}).get("conditions") or []
     return any(
         f.get("manager") == FIELD_MANAGER and f.get("subresource") == "status"
         for f in policy["metadata"].get("managedFields") or []
-    )
+    ) and any(c.get("type") == "Ready" and "observedGeneration" in c for c in conditions)
 
 
 def test_takeover_with_auto_upgrade_off_keeps_every_driver_pod(

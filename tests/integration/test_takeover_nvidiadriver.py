@@ -52,15 +52,21 @@ def daemonsets(kube: Client, namespace: str) -> dict[str, DaemonSet]:
     return {str(ds.metadata.name): ds for ds in kube.list(DaemonSet, namespace=namespace)}
 
 
-def short_of_pods(kube: Client, namespace: str) -> dict[str, Any]:
-    """DaemonSet -> (ready, desired) while any is short; {} once every one is fully ready."""
+def short_of_pods(kube: Client, namespace: str, driver: str | None = None, nodes: int = 0) -> dict[str, Any]:
+    """DaemonSet -> (ready, desired) while any is short; {} once every one is fully ready. With
+    `driver`: that DaemonSet is short until it wants and has a Ready pod on all `nodes` (its status
+    can say 1 of 1 while the controller has not yet seen the other nodes' labels)."""
     short: dict[str, Any] = {}
     for name, ds in daemonsets(kube, namespace).items():
         status = ds.status
         if status is None or not status.observedGeneration:
             short[name] = (0, None)
-        elif status.numberReady < status.desiredNumberScheduled:
+        elif status.numberReady < status.desiredNumberScheduled or (
+            name == driver and status.numberReady < nodes
+        ):
             short[name] = (status.numberReady, status.desiredNumberScheduled)
+    if driver is not None and driver not in daemonsets(kube, namespace):
+        short[driver] = (0, None)
     return short
 
 
@@ -122,7 +128,7 @@ def test_takeover_keeps_the_nvidiadriver_and_every_driver_pod(
         assert driver == daemonset_name(nvd, Pool(os_tag="ubuntu22.04", node_selector={}, nodes=()))
         wait_for(
             "NVIDIA's operand pods running on every node they select",
-            lambda: short_of_pods(kube, operator_namespace),
+            lambda: short_of_pods(kube, operator_namespace, driver, len(nodes)),
             until=lambda short: not short,
             timeout=120,
         )
@@ -292,7 +298,7 @@ def test_takeover_with_auto_upgrade_rolls_the_nvidiadrivers_pods_one_node_at_a_t
         (driver,) = [o["metadata"]["name"] for o in loaded.owned_by(driver_uid, "DaemonSet").values()]
         wait_for(
             "NVIDIA's operand pods running on every node they select",
-            lambda: short_of_pods(kube, operator_namespace),
+            lambda: short_of_pods(kube, operator_namespace, driver, len(nodes)),
             until=lambda short: not short,
             timeout=120,
         )
