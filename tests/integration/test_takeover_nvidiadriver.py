@@ -30,22 +30,11 @@ from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE, UPGRADE_S
 from tests.support import takeover_nvidiadriver as recorded
 from tests.support.cleanup import delete_if_present
 from tests.support.status import condition, is_reconciled, policy_status
+from tests.support.takeover import not_rolled, pods_by_owner
 from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
 Nodes = Callable[..., list[str]]
-
-
-def pods_by_owner(kube: Client, namespace: str) -> dict[str, dict[str, str]]:
-    """DaemonSet name -> {pod uid: node} of its live (not terminating) pods."""
-    out: dict[str, dict[str, str]] = {}
-    for pod in kube.list(Pod, namespace=namespace):
-        if pod.metadata.deletionTimestamp:
-            continue
-        for ref in pod.metadata.ownerReferences or []:
-            if ref.kind == "DaemonSet" and ref.controller:
-                out.setdefault(ref.name, {})[str(pod.metadata.uid)] = str(pod.spec.nodeName)
-    return out
 
 
 def daemonsets(kube: Client, namespace: str) -> dict[str, DaemonSet]:
@@ -138,19 +127,11 @@ def test_takeover_keeps_the_nvidiadriver_and_every_driver_pod(
 
         operator = start_operator()
 
-        def not_rolled() -> dict[str, Any]:
-            """The other operands whose NVIDIA pods still run, or which are short of pods."""
-            now = pods_by_owner(kube, operator_namespace)
-            short = short_of_pods(kube, operator_namespace)
-            return {
-                n: short.get(n) or sorted(set(now.get(n, {})) & set(before_pods[n]))
-                for n in before_pods
-                if n != driver and (n in short or set(now.get(n, {})) & set(before_pods[n]))
-            }
-
         wait_for(
             "every other operand's pods replaced",
-            not_rolled,
+            lambda: not_rolled(
+                kube, operator_namespace, before_pods, driver, short_of_pods(kube, operator_namespace)
+            ),
             until=lambda left: not left,
             timeout=180,
             context=operator.log_text,

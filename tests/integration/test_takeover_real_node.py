@@ -48,9 +48,10 @@ from gpu_operator.sim.realnode.realnode import RealNode
 from gpu_operator.sim.realnode.realspec import node_labels, policy_spec
 from gpu_operator.vocabulary import DEPLOY_PREFIX, UPGRADE_STATE, VALIDATIONS_DIR, deploy_label
 from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, _labelled
-from tests.integration.test_takeover import applied_by_us, daemonsets, pods_by_owner, status_written_by_us
+from tests.integration.test_takeover import applied_by_us, daemonsets, status_written_by_us
 from tests.support import takeover
 from tests.support.cleanup import delete_if_present
+from tests.support.takeover import pods_by_owner
 from tests.support.waiting import wait_for
 
 DRIVER = "nvidia-driver-daemonset"

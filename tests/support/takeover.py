@@ -14,7 +14,7 @@ import yaml
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Node
+from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
@@ -90,37 +90,75 @@ def load(
     (policy,) = [d for d in read("policy.yaml") if d["kind"] == "ClusterPolicy"]
     policy = _replace(policy, tokens)
     policy["spec"] = _merged(policy["spec"], spec or {})
-    status = policy.pop("status", None)
-    created = kube.create(ClusterPolicyResource(**policy), field_manager=NVIDIA_FIELD_MANAGER)
-    uid = created["metadata"]["uid"]
-    if status:
-        kube.patch(
-            ClusterPolicyResource.Status,
-            policy["metadata"]["name"],
-            {"status": status},
-            patch_type=PatchType.MERGE,
-            field_manager=NVIDIA_FIELD_MANAGER,
-        )
+    uid = create_with_status(kube, ClusterPolicyResource, policy)
     tokens[f"{OWNER_UID_TOKEN}-ClusterPolicy-{policy['metadata']['name']}"] = uid
     objects = [_replace(o, tokens) for o in read("objects.yaml")]
     for obj in objects:
         _create(kube, obj)
-    mapping = {}
-    for record, node in zip(recorded_nodes(), nodes, strict=False):
-        mapping[record["name"]] = node
+    return Loaded(uid, objects, label_nodes(kube, recorded_nodes(), nodes, labels))
+
+
+def create_with_status(kube: Client, resource: Any, body: dict[str, Any]) -> str:
+    """`body` created as NVIDIA's operator's, then its recorded status written; returns its uid."""
+    status = body.pop("status", None)
+    created = kube.create(resource(**body), field_manager=NVIDIA_FIELD_MANAGER)
+    if status:
         kube.patch(
-            Node,
-            node,
-            {
-                "metadata": {
-                    "labels": {**record["labels"], **(labels or {}).get(node, {})},
-                    "annotations": record["annotations"],
-                }
-            },
+            resource.Status,
+            body["metadata"]["name"],
+            {"status": status},
             patch_type=PatchType.MERGE,
             field_manager=NVIDIA_FIELD_MANAGER,
         )
-    return Loaded(uid, objects, mapping)
+    return str(created["metadata"]["uid"])
+
+
+def label_nodes(
+    kube: Client,
+    records: list[dict[str, Any]],
+    nodes: list[str],
+    labels: dict[str, dict[str, str]] | None = None,
+) -> dict[str, str]:
+    """Each recorded node's labels and annotations onto a test node (in order), `labels` over
+    them per test node; returns recorded name -> test node."""
+    mapping = {}
+    for record, node in zip(records, nodes, strict=False):
+        mapping[record["name"]] = node
+        meta = {
+            "labels": {**record["labels"], **(labels or {}).get(node, {})},
+            "annotations": record["annotations"],
+        }
+        kube.patch(
+            Node, node, {"metadata": meta}, patch_type=PatchType.MERGE, field_manager=NVIDIA_FIELD_MANAGER
+        )
+    return mapping
+
+
+def pods_by_owner(kube: Client, namespace: str) -> dict[str, dict[str, str]]:
+    """DaemonSet name -> {pod uid: node} of its live (not terminating) pods."""
+    out: dict[str, dict[str, str]] = {}
+    for pod in kube.list(Pod, namespace=namespace):
+        meta, spec = pod.metadata, pod.spec
+        assert meta is not None and spec is not None
+        if meta.deletionTimestamp:
+            continue
+        for ref in meta.ownerReferences or []:
+            if ref.kind == "DaemonSet" and ref.controller:
+                out.setdefault(ref.name, {})[str(meta.uid)] = str(spec.nodeName)
+    return out
+
+
+def not_rolled(
+    kube: Client, namespace: str, before: dict[str, dict[str, str]], skip: str, short: dict[str, Any]
+) -> dict[str, Any]:
+    """The operands (but `skip`) whose pods of `before` still run, or which are `short` of pods:
+    DaemonSet -> what is short, or the uids still running."""
+    now = pods_by_owner(kube, namespace)
+    return {
+        n: short.get(n) or sorted(set(now.get(n, {})) & set(before[n]))
+        for n in before
+        if n != skip and (n in short or set(now.get(n, {})) & set(before[n]))
+    }
 
 
 def recorded_nodes() -> list[dict[str, Any]]:

@@ -16,18 +16,17 @@ from typing import Any
 
 import yaml
 from lightkube import Client
-from lightkube.resources.core_v1 import Node
-from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.render.nvidiadriver import name_hash
 from tests.support.takeover import (
     NAMESPACE_TOKEN,
-    NVIDIA_FIELD_MANAGER,
     OWNER_UID_TOKEN,
     _create,
     _merged,
     _replace,
+    create_with_status,
+    label_nodes,
 )
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "nvidia-v26.7.0-nvidiadriver"
@@ -61,47 +60,23 @@ class Loaded:
         }
 
 
-def _create_with_status(kube: Client, resource: Any, body: dict[str, Any]) -> str:
-    status = body.pop("status", None)
-    created = kube.create(resource(**body), field_manager=NVIDIA_FIELD_MANAGER)
-    if status:
-        kube.patch(
-            resource.Status,
-            body["metadata"]["name"],
-            {"status": status},
-            patch_type=PatchType.MERGE,
-            field_manager=NVIDIA_FIELD_MANAGER,
-        )
-    return str(created["metadata"]["uid"])
-
-
 def load(kube: Client, namespace: str, nodes: list[str], driver_spec: dict[str, Any] | None = None) -> Loaded:
     """NVIDIA's state into `namespace`, its node labels onto `nodes` (in the recorded order).
     `driver_spec`: values merged into each recorded NVIDIADriver's spec before it is created."""
     tokens = {NAMESPACE_TOKEN: namespace}
     crs = [_replace(d, tokens) for d in read("policy.yaml")]
     (policy,) = [d for d in crs if d["kind"] == "ClusterPolicy"]
-    policy_uid = _create_with_status(kube, ClusterPolicyResource, policy)
+    policy_uid = create_with_status(kube, ClusterPolicyResource, policy)
     tokens[f"{OWNER_UID_TOKEN}-ClusterPolicy-{policy['metadata']['name']}"] = policy_uid
     driver_uids = {}
     for driver in (d for d in crs if d["kind"] == "NVIDIADriver"):
         driver["spec"] = _merged(driver["spec"], driver_spec or {})
         name = driver["metadata"]["name"]
-        uid = _create_with_status(kube, NVIDIADriverResource, driver)
+        uid = create_with_status(kube, NVIDIADriverResource, driver)
         driver_uids[name] = uid
         tokens[f"{OWNER_UID_TOKEN}-NVIDIADriver-{name}"] = uid
         tokens[f"{OWNER_HASH_TOKEN}-{name}"] = name_hash(uid)
     objects = [_replace(o, tokens) for o in read("objects.yaml")]
     for obj in objects:
         _create(kube, obj)
-    mapping = {}
-    for record, node in zip(recorded_nodes(), nodes, strict=False):
-        mapping[record["name"]] = node
-        kube.patch(
-            Node,
-            node,
-            {"metadata": {"labels": record["labels"], "annotations": record["annotations"]}},
-            patch_type=PatchType.MERGE,
-            field_manager=NVIDIA_FIELD_MANAGER,
-        )
-    return Loaded(policy_uid, driver_uids, objects, mapping)
+    return Loaded(policy_uid, driver_uids, objects, label_nodes(kube, recorded_nodes(), nodes))
