@@ -83,15 +83,20 @@ async def claims_of(kube: Kube, pods: Iterable[Mapping[str, Any]]) -> Claims | N
 DAEMONSET_POD_LABELS = (CONTROLLER_REVISION_HASH, "pod-template-generation")
 
 
-def made_by_daemonset(meta: Mapping[str, Any], controller: Mapping[str, Any] | None) -> bool:
-    """Controlled by a DaemonSet, or made by one and orphaned: a DaemonSet deleted leaving its pods
-    (the operator does so when a selector changes, controllers/apply.py) until the DaemonSet
-    created again adopts them. Such a pod is no workload: taking it for one, a driver upgrade's GPU
-    pod deletion refused it as uncontrolled and failed the node during a take-over."""
+def made_by_daemonset(
+    meta: Mapping[str, Any], controller: Mapping[str, Any] | None, operands: str | None = None
+) -> bool:
+    """Controlled by a DaemonSet, or made by one and orphaned in the operands' namespace
+    `operands`: a DaemonSet deleted leaving its pods (the operator does so when a selector changes,
+    controllers/apply.py) until the DaemonSet created again adopts them. Such a pod is no workload:
+    taking it for one, a driver upgrade's GPU pod deletion refused it as uncontrolled and failed the
+    node during a take-over. Only there: anyone who may create pods can put those labels on a bare
+    pod, and one elsewhere taken for a DaemonSet's would be left holding GPUs under a driver restart."""
     if controller is not None:
         return controller.get("kind") == "DaemonSet"
     labels = meta.get("labels") or {}
-    return all(key in labels for key in DAEMONSET_POD_LABELS)
+    orphaned_operand = operands is not None and meta.get("namespace") == operands
+    return orphaned_operand and all(key in labels for key in DAEMONSET_POD_LABELS)
 
 
 def pod_facts(
@@ -102,9 +107,11 @@ def pod_facts(
     *,
     access: RuntimeAccess,
     claims: Claims | None,
+    operands: str | None = None,
 ) -> PodFacts:
     """One pod's facts; `wait_names`/`drain_names`: the names its node's pods matching the
-    waitForCompletion/drain selector have (`drain_names` None: no drain selector, every pod matches)."""
+    waitForCompletion/drain selector have (`drain_names` None: no drain selector, every pod matches);
+    `operands`: the operator's namespace, where an orphaned DaemonSet pod is an operand's."""
     meta = pod.get("metadata") or {}
     refs = meta.get("ownerReferences") or []
     controller = next((r for r in refs if r.get("controller")), None)
@@ -115,7 +122,7 @@ def pod_facts(
         ns,
         phase=(pod.get("status") or {}).get("phase", ""),
         gpu=holds_gpu(pod, access, claims),
-        daemonset=made_by_daemonset(meta, controller),
+        daemonset=made_by_daemonset(meta, controller, operands),
         mirror="kubernetes.io/config.mirror" in (meta.get("annotations") or {}),
         controlled=controller is not None,
         empty_dir=any("emptyDir" in v for v in volumes),
@@ -135,6 +142,7 @@ async def pods_on(
     access: RuntimeAccess,
     wait_selector: str = "",
     drain_selector: str = "",
+    operands: str | None = None,
 ) -> tuple[PodFacts, ...]:
     """The facts of every pod on `node`: one list of the node's pods, one more per selector given
     (the pods matching it, by namespace and name), and the ResourceClaims they name (claims_of)."""
@@ -155,6 +163,7 @@ async def pods_on(
                 blocked,
                 access=access,
                 claims=claims,
+                operands=operands,
             )
         )
     return tuple(facts)

@@ -30,9 +30,15 @@ def pod(labels: dict[str, str], owner_kind: str | None = None) -> dict[str, Any]
     }
 
 
-def facts(obj: dict[str, Any]) -> drain.PodFacts:
+def facts(obj: dict[str, Any], operands: str | None = "ns") -> drain.PodFacts:
     return drain.pod_facts(
-        obj, set(), None, {}, access=RuntimeAccess(classes=frozenset({"nvidia"})), claims={}
+        obj,
+        set(),
+        None,
+        {},
+        access=RuntimeAccess(classes=frozenset({"nvidia"})),
+        claims={},
+        operands=operands,
     )
 
 
@@ -44,6 +50,10 @@ def test_an_orphaned_daemonset_pod_is_a_daemonsets_pod() -> None:
     assert not facts(pod({"controller-revision-hash": "1"})).daemonset
     assert not facts(pod({})).daemonset
     assert not facts(pod(DS_LABELS, "ReplicaSet")).daemonset
+    # Outside the operator's namespace the labels prove nothing: anyone who may create pods can
+    # set them on a bare GPU pod, which then stays a workload (refused uncontrolled, not passed over).
+    assert not facts(pod(DS_LABELS), operands="gpu-operator").daemonset
+    assert not facts(pod(DS_LABELS), operands=None).daemonset
 
 
 def test_gpu_pod_deletion_passes_over_an_orphaned_operand_pod() -> None:
@@ -51,3 +61,8 @@ def test_gpu_pod_deletion_passes_over_an_orphaned_operand_pod() -> None:
     assert step.state == us.POD_RESTART_REQUIRED
     bare = us.decide(node(us.POD_DELETION_REQUIRED, OLD, pods=(facts(pod({})),)), ON, NOW, False)
     assert bare.state == us.UPGRADE_FAILED
+    forged = facts(pod(DS_LABELS), operands="gpu-operator")  # a tenant's bare pod with the labels
+    assert (
+        us.decide(node(us.POD_DELETION_REQUIRED, OLD, pods=(forged,)), ON, NOW, False).state
+        == us.UPGRADE_FAILED
+    )

@@ -62,7 +62,12 @@ class Executor:
         """The pods on a draining node (controllers/drain.py); `selector`: only the pods it matches
         may be evicted; `access`: how pods reach GPUs without asking for them (the ClusterPolicy's runtime)."""
         return await node_drain.pods_on(
-            self.kube, node, self.blocked, access=access or RuntimeAccess(), drain_selector=selector or ""
+            self.kube,
+            node,
+            self.blocked,
+            access=access or RuntimeAccess(),
+            drain_selector=selector or "",
+            operands=self.namespace,
         )
 
     async def gpu_clients(self, node: str) -> tuple[str, ...]:

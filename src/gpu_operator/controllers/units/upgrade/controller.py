@@ -340,6 +340,7 @@ class UpgradeController:
                 access=self.access,
                 wait_selector=policy.wait_selector,
                 drain_selector=policy.drain_selector,
+                operands=self.namespace,
             )
 
     async def _execute(
