@@ -54,6 +54,12 @@ def kubelet_config(base: Path, ca: Path, endpoint: str, serving: tuple[Path, Pat
             "imagefs.available": "1%",
             "nodefs.inodesFree": "1%",
         },
+        # Every image here is imported (no registry is reachable): one already on the node is used
+        # as it is. With the kubelet's default (NeverVerifyPreloadedImages, KubeletEnsureSecretPulledImages
+        # on since 1.35) an image it once tried to pull counts as pulled by it and is pulled again
+        # for every pod: a name imported or tagged after a failed attempt was never used (the
+        # take-over test's NVIDIA validator image, ImagePullBackOff for good).
+        "imagePullCredentialsVerificationPolicy": "NeverVerify",
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "nodeStatusUpdateFrequency": "5s",
