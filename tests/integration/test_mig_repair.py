@@ -339,7 +339,14 @@ def test_a_mig_change_while_a_gpu_pod_runs_is_blocked_reported_and_completes_whe
     assert ("pending", PAUSED) in steps and ("failed", "true") in steps, (
         steps
     )  # paused, then clients restored
-    assert capacity().get("nvidia.com/gpu") == "8"  # the old layout still serves
+    # The old layout still serves: the device plugin, paused and restored, registers again and
+    # its capacity reaches the Node's status a moment later (read once, it was 0 in one run).
+    wait_for(
+        "the old layout served again (8 nvidia.com/gpu allocatable)",
+        capacity,
+        timeout=60,
+        until=lambda c: c.get("nvidia.com/gpu") == "8",
+    )
     node_events = [
         e.message
         for e in kube.list(Event, namespace="default", fields={"involvedObject.name": node})
