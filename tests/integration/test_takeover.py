@@ -29,7 +29,7 @@ from gpu_operator.vocabulary import COMPONENT, UPGRADE_STATE
 from tests.support import takeover
 from tests.support.cleanup import delete_if_present
 from tests.support.status import reconciled
-from tests.support.takeover import not_rolled, pods_by_owner
+from tests.support.takeover import driver_pods_kept, not_rolled, pods_by_owner
 from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
@@ -311,13 +311,6 @@ def test_takeover_with_auto_upgrade_off_keeps_every_driver_pod(
         ds = daemonsets(kube, operator_namespace)[driver]
         assert applied_by_us(ds) and ds.spec.updateStrategy.type == "OnDelete"
         assert ds.spec.template != before_sets[driver].spec.template
-        settled = wait_for(
-            "the DaemonSet controller caught up with our template",
-            lambda: daemonsets(kube, operator_namespace)[driver],
-            until=lambda d: d.status.observedGeneration == d.metadata.generation,
-            timeout=30,
-        )
-        assert settled.status.updatedNumberScheduled in (0, None), settled.status  # every pod NVIDIA's
-        assert pods_by_owner(kube, operator_namespace)[driver] == before_pods[driver]
+        driver_pods_kept(kube, operator_namespace, driver, before_pods[driver])
     finally:
         delete_if_present(kube, ClusterPolicyResource, "cluster-policy")

@@ -30,7 +30,7 @@ from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE, UPGRADE_S
 from tests.support import takeover_nvidiadriver as recorded
 from tests.support.cleanup import delete_if_present
 from tests.support.status import condition, is_reconciled, policy_status
-from tests.support.takeover import not_rolled, pods_by_owner
+from tests.support.takeover import driver_pods_kept, not_rolled, pods_by_owner
 from tests.support.waiting import wait_for
 
 Start = Callable[..., OperatorProcess]
@@ -57,6 +57,19 @@ def short_of_pods(kube: Client, namespace: str, driver: str | None = None, nodes
     if driver is not None and driver not in daemonsets(kube, namespace):
         short[driver] = (0, None)
     return short
+
+
+def reconciled_by_us(kube: Client, namespace: str, log: Callable[[], str]) -> dict[str, Any]:
+    """The NVIDIADriver's status once it is ready (Reconciled) as ours writes it (with `namespace`,
+    which NVIDIA's has not)."""
+    status: dict[str, Any] = wait_for(
+        "the NVIDIADriver ready (Reconciled) by our operator",
+        lambda: dict(kube.get(NVIDIADriverResource, "default"))["status"],
+        until=lambda s: s.get("namespace") == namespace and is_reconciled(s),
+        timeout=120,
+        context=log,
+    )
+    return status
 
 
 def applied_by_us(meta: dict[str, Any]) -> bool:
@@ -165,14 +178,7 @@ def test_takeover_keeps_the_nvidiadriver_and_every_driver_pod(
         assert [r.uid for r in ds.metadata.ownerReferences or []] == [driver_uid]
         assert ds.spec.updateStrategy.type == "OnDelete"
         assert ds.spec.template != before_sets[driver].spec.template
-        settled = wait_for(
-            "the DaemonSet controller caught up with our template",
-            lambda: daemonsets(kube, operator_namespace)[driver],
-            until=lambda d: d.status.observedGeneration == d.metadata.generation,
-            timeout=30,
-        )
-        assert settled.status.updatedNumberScheduled in (0, None), settled.status  # every pod NVIDIA's
-        assert pods_by_owner(kube, operator_namespace)[driver] == before_pods[driver]
+        driver_pods_kept(kube, operator_namespace, driver, before_pods[driver])
         # So the NVIDIADriver reads notReady (DriverNotReady) while its pods run NVIDIA's template:
         # upstream's DaemonSet rule (updated pods = available pods), ours the same.
         status = dict(kube.get(NVIDIADriverResource, "default"))["status"]
@@ -214,13 +220,7 @@ def test_takeover_keeps_the_nvidiadriver_and_every_driver_pod(
                 timeout=120,
                 context=operator.log_text,
             )
-        final = wait_for(
-            "the NVIDIADriver ready (Reconciled) by our operator",
-            lambda: dict(kube.get(NVIDIADriverResource, "default"))["status"],
-            until=lambda s: s.get("namespace") == operator_namespace and is_reconciled(s),
-            timeout=120,
-            context=operator.log_text,
-        )
+        final = reconciled_by_us(kube, operator_namespace, operator.log_text)
         assert condition(final, "Ready")["status"] == "True"
         assert daemonsets(kube, operator_namespace)[driver].metadata.uid == before_sets[driver].metadata.uid
     finally:
@@ -299,13 +299,7 @@ def test_takeover_with_auto_upgrade_rolls_the_nvidiadrivers_pods_one_node_at_a_t
                 timeout=240,
                 context=operator.log_text,
             )
-            final = wait_for(
-                "the NVIDIADriver ready (Reconciled) by our operator",
-                lambda: dict(kube.get(NVIDIADriverResource, "default"))["status"],
-                until=lambda s: s.get("namespace") == operator_namespace and is_reconciled(s),
-                timeout=120,
-                context=operator.log_text,
-            )
+            final = reconciled_by_us(kube, operator_namespace, operator.log_text)
         assert condition(final, "Ready")["status"] == "True"
         assert kube.get(NVIDIADriverResource, "default")["metadata"]["uid"] == driver_uid
         assert kube.get(ClusterPolicyResource, "cluster-policy")["metadata"]["uid"] == loaded.policy_uid

@@ -14,10 +14,12 @@ import yaml
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.core.exceptions import ApiError
+from lightkube.resources.apps_v1 import DaemonSet
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpu_operator.kube.client import ClusterPolicyResource
+from tests.support.waiting import wait_for
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "nvidia-v26.7.0"
 NAMESPACE_TOKEN = "@NAMESPACE@"
@@ -163,3 +165,20 @@ def not_rolled(
 
 def recorded_nodes() -> list[dict[str, Any]]:
     return sorted(read("nodes.yaml"), key=lambda r: r["name"])
+
+
+def driver_pods_kept(kube: Client, namespace: str, driver: str, before: dict[str, str]) -> None:
+    """Once the DaemonSet controller has seen our template on the `OnDelete` driver DaemonSet, no
+    pod of it is ours and its pods are `before`'s (NVIDIA's, none restarted)."""
+
+    def seen() -> Any:
+        return kube.get(DaemonSet, driver, namespace=namespace)
+
+    settled = wait_for(
+        "the DaemonSet controller caught up with our template",
+        seen,
+        until=lambda d: d.status is not None and d.status.observedGeneration == d.metadata.generation,
+        timeout=30,
+    )
+    assert settled.status.updatedNumberScheduled in (0, None), settled.status  # every pod NVIDIA's
+    assert pods_by_owner(kube, namespace)[driver] == before
