@@ -224,6 +224,7 @@ MIG_RETRY = f"{MIG_ANNOTATION_PREFIX}retry"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "gpu-operator"
 MANAGED_SELECTOR = f"{MANAGED_BY}={MANAGED_BY_VALUE}"
+PART_OF = "app.kubernetes.io/part-of"  # in NVIDIA's validator and GFD selectors (render/operand.py)
 STATE_LABEL = f"{NVIDIA}/gpu-operator.state"  # ours: which state of the walk rendered an object
 HASH_ANNOTATION = f"{NVIDIA}/last-applied-hash"  # ours: hash of what we applied last
 # The driver pods carry component=nvidia-driver (upstream's label; the operator watches driver pods by it).

@@ -269,9 +269,9 @@ def test_takeover_with_auto_upgrade_rolls_the_nvidiadrivers_pods_one_node_at_a_t
 ) -> None:
     """The recorded NVIDIADriver as NVIDIA's chart made it (`autoUpgrade: true`,
     `maxParallelUpgrades: 1`): our upgrade controller replaces each node's driver pod with one of
-    our template, one node at a time, every node ends `upgrade-done` (none `upgrade-failed`: an
-    operand pod orphaned while GFD's and the validator's DaemonSets are created again is no
-    workload, controllers/drain.py), and the NVIDIADriver is ready, by us."""
+    our template, one node at a time, every node ends `upgrade-done` (none `upgrade-failed`: the
+    other operands' pods it meets in a drain are the DaemonSets', controllers/drain.py), and the
+    NVIDIADriver is ready, by us."""
     nodes = fake_nodes(*[f"{r['shape']}:1" for r in recorded.recorded_nodes()])
     loaded = recorded.load(kube, operator_namespace, nodes)
     driver_uid = loaded.driver_uids["default"]

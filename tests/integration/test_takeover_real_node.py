@@ -6,7 +6,10 @@ DaemonSet controller starts the recorded DaemonSets' pods, which on the real nod
 containers, and only then our operator starts. With `driver.upgradePolicy.autoUpgrade: false` the
 driver pod on the real node keeps its uid and its container (same container id, no restart)
 while the other operands' pods are replaced by ours
-(with the exceptions said at RECREATED and must_roll).
+(with the exceptions said at must_roll), every DaemonSet of NVIDIA's applied over (ours carry its
+selectors). And back: with ours stopped and the ClusterPolicy kept, what NVIDIA's operator needs
+to take the cluster again is there (docs/migrate.md, "Rolling back"): its selectors, the policy,
+and the real node's driver pod still the same container.
 
 What the real node can run (docs/simulator.md: NVIDIA's images cannot be pulled here) is mapped
 as the other real-node tests map it, by importing an image under NVIDIA's name into the node's
@@ -51,7 +54,7 @@ from tests.integration.realnode_fixtures import IMAGE, REAL_NODE, SHAPE, _labell
 from tests.integration.test_takeover import applied_by_us, daemonsets, status_written_by_us
 from tests.support import takeover
 from tests.support.cleanup import delete_if_present
-from tests.support.takeover import pods_by_owner
+from tests.support.takeover import NVIDIA_SELECTORS, pods_by_owner
 from tests.support.waiting import wait_for
 
 DRIVER = "nvidia-driver-daemonset"
@@ -59,11 +62,7 @@ DRIVER_CTR = "nvidia-driver-ctr"
 PLUGIN = "nvidia-device-plugin-daemonset"
 VALIDATOR = "nvidia-operator-validator"
 EXPORTER = "nvidia-node-status-exporter"
-# NVIDIA's DaemonSets whose selector ours changes: deleted leaving their pods and created again
-# (docs/migrate.md), past the deleted one's template generation (controllers/apply.py's
-# recreated(): at the same generation the new DaemonSet counted NVIDIA's adopted pods as up to
-# date and never replaced them, which this test found).
-RECREATED = ("gpu-feature-discovery", VALIDATOR)
+GFD = "gpu-feature-discovery"
 NVIDIA_DRIVER = """#!/bin/sh
 # gpu-operator tests: NVIDIA's driver container played by a stand-in. It installs nothing (the
 # real node's host tree carries the driver); it runs until it is stopped, as the driver does.
@@ -214,7 +213,8 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
     recorded = takeover.recorded_nodes()
     nodes = [REAL_NODE, *fake_nodes(*[f"{r['shape']}:1" for r in recorded[1:]])]
     spec = policy_spec(node.host_root, {"driver": {"upgradePolicy": {"autoUpgrade": False}}})
-    takeover.load(kube, ns, nodes, spec=spec, labels={REAL_NODE: real_node_deploy_labels()})
+    loaded = takeover.load(kube, ns, nodes, spec=spec, labels={REAL_NODE: real_node_deploy_labels()})
+    recorded_sets, policy_uid = loaded.named("DaemonSet"), loaded.policy_uid
     try:
 
         def not_started() -> dict[str, Any]:
@@ -238,7 +238,7 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
             timeout=240,
             context=lambda: pod_lines(kube, ns),
         )
-        before_pods = pods_by_owner(kube, ns)
+        before_pods, before_sets = pods_by_owner(kube, ns), daemonsets(kube, ns)
         before_real = pods_on_node(kube, ns, REAL_NODE)
         # What the real node's labels select: the driver, the device plugin and the validator.
         assert set(before_real) == {DRIVER, PLUGIN, VALIDATOR}
@@ -256,8 +256,8 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
             context=context,
         )
 
-        # NVIDIA's pods that must be replaced: every operand's but the driver's, RECREATED's too;
-        # of the validator and the device plugin the real node's. Our validator there waits for
+        # NVIDIA's pods that must be replaced: every operand's but the driver's (GFD's and the
+        # validator's, whose selectors carry app.kubernetes.io/part-of, too); of the validator and the device plugin the real node's. Our validator there waits for
         # the toolkit, which the real node does not run here, so it is never Ready and the
         # DaemonSet controller (maxUnavailable 1) replaces no other validator pod, nor the device
         # plugin pods that wait for its toolkit-ready (the kwok-only tests see those replaced).
@@ -267,7 +267,7 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
             for n, uids in before_pods.items()
             if n != DRIVER
         }
-        assert set(RECREATED) <= set(must_roll)
+        assert {GFD, VALIDATOR} <= set(must_roll)
 
         def not_rolled() -> dict[str, list[str]]:
             now = pods_by_owner(kube, ns)
@@ -319,6 +319,20 @@ def test_takeover_with_auto_upgrade_off_keeps_the_real_nodes_driver_container_ru
         assert real_driver(kube, ns) == driver_before
         assert pods_by_owner(kube, ns)[DRIVER] == before_pods[DRIVER]
         assert applied_by_us(daemonsets(kube, ns)[PLUGIN])
+        # Every DaemonSet of NVIDIA's was applied over, none deleted and created again.
+        after_sets = daemonsets(kube, ns)
+        recreated = [n for n, s in before_sets.items() if after_sets[n].metadata.uid != s.metadata.uid]
+        assert not recreated, f"deleted and created again: {recreated}"
+
+        # And back: ours stops with the ClusterPolicy kept. NVIDIA's operator updates DaemonSets
+        # (a selector cannot change): each has NVIDIA's recorded selector; the real node's driver
+        # pod is still the same container, running.
+        operator.stop()
+        for name, ds in daemonsets(kube, ns).items():  # (the recorded ones and ours it lacked)
+            nvidias = recorded_sets.get(name, {}).get("spec", {}).get("selector")
+            assert ds.spec.selector.to_dict() == (nvidias or {"matchLabels": NVIDIA_SELECTORS[name]}), name
+        assert kube.get(ClusterPolicyResource, "cluster-policy")["metadata"]["uid"] == policy_uid
+        assert real_driver(kube, ns) == driver_before
     finally:
         delete_if_present(kube, ClusterPolicyResource, "cluster-policy")
         wait_for(

@@ -25,6 +25,27 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "nvidia-v26.7.0"
 NAMESPACE_TOKEN = "@NAMESPACE@"
 OWNER_UID_TOKEN = "@UID@"
 NVIDIA_FIELD_MANAGER = "gpu-operator"  # controller-runtime's default: the binary's name
+# Every operand DaemonSet's selector in NVIDIA's v26.7.0 (its assets/*/0*_daemonset.yaml,
+# spec.selector.matchLabels): ours render the same (tests/unit/render/test_nvidia_selectors.py).
+PART_OF = "app.kubernetes.io/part-of"
+NVIDIA_SELECTORS = {
+    "gpu-feature-discovery": {"app": "gpu-feature-discovery", PART_OF: "nvidia-gpu"},
+    "nvidia-cc-manager": {"name": "nvidia-cc-manager"},
+    "nvidia-container-toolkit-daemonset": {"app": "nvidia-container-toolkit-daemonset"},
+    "nvidia-dcgm-exporter": {"app": "nvidia-dcgm-exporter"},
+    "nvidia-device-plugin-daemonset": {"app": "nvidia-device-plugin-daemonset"},
+    "nvidia-driver-daemonset": {"app": "nvidia-driver-daemonset"},
+    "nvidia-kata-sandbox-device-plugin-daemonset": {"app": "nvidia-kata-sandbox-device-plugin-daemonset"},
+    "nvidia-mig-manager": {"app": "nvidia-mig-manager"},
+    "nvidia-device-plugin-mps-control-daemon": {"app": "nvidia-device-plugin-mps-control-daemon"},
+    "nvidia-node-status-exporter": {"app": "nvidia-node-status-exporter"},
+    "nvidia-operator-validator": {"app": "nvidia-operator-validator", PART_OF: "gpu-operator"},
+    "nvidia-sandbox-device-plugin-daemonset": {"app": "nvidia-sandbox-device-plugin-daemonset"},
+    "nvidia-sandbox-validator": {"app": "nvidia-sandbox-validator", PART_OF: "gpu-operator"},
+    "nvidia-vfio-manager": {"name": "nvidia-vfio-manager"},
+    "nvidia-vgpu-device-manager": {"app": "nvidia-vgpu-device-manager"},
+    "nvidia-vgpu-manager-daemonset": {"app": "nvidia-vgpu-manager-daemonset"},
+}
 
 
 def _replace(value: Any, tokens: dict[str, str]) -> Any:

@@ -21,7 +21,7 @@ from gpu_operator.render.transforms.component import apply_component, apply_imag
 from gpu_operator.render.transforms.daemonset import common_config, driver_install_dir, host_root
 from gpu_operator.render.transforms.hardening import harden
 from gpu_operator.render.transforms.image import image_path, pull_policy
-from gpu_operator.vocabulary import deploy_label
+from gpu_operator.vocabulary import PART_OF, deploy_label
 
 Gate = Callable[[Ctx], tuple[bool, str]]
 PodBuilder = Callable[[Ctx, str], dict[str, Any]]
@@ -74,6 +74,11 @@ class OwnImage(Image):
         return VALIDATOR.resolve(ctx)
 
 
+def nvidia_selector(name: str, key: str = "app", part_of: str | None = None) -> dict[str, str]:
+    """A DaemonSet selector as NVIDIA's assets write it: `<key>: <name>`, and its part-of label."""
+    return {key: name, **({PART_OF: part_of} if part_of else {})}
+
+
 @dataclass(frozen=True)
 class DaemonSetDef:
     name: str
@@ -85,6 +90,11 @@ class DaemonSetDef:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     on_delete: bool = False
+    # The DaemonSet's selector where NVIDIA's is not {app: <name>} (its assets' selectors, v26.7.0):
+    # a selector cannot change, so with NVIDIA's ours is applied over its DaemonSet at a take-over,
+    # and its over ours at a roll-back, without deleting either (docs/migrate.md). Pods carry these
+    # labels and `app: <name>` (what our own code finds operand pods by).
+    selector: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -193,14 +203,15 @@ def build_daemonset(defn: DaemonSetDef, operand: Operand, ctx: Ctx) -> Manifest:
     # transforms below change the pod in place; without it one policy's hostPaths leaked into
     # every later render in the same process.
     pod = fresh_copy(defn.pod(ctx, image))
-    labels = {"app": defn.name, **defn.labels, **ownership(operand.state)}
+    selector = dict(defn.selector) or {"app": defn.name}
+    labels = {"app": defn.name, **selector, **defn.labels, **ownership(operand.state)}
     pod["nodeSelector"] = {deploy_label(defn.deploy): "true", **defn.node_selector}
     if operand.account:
         pod["serviceAccountName"] = operand.account
     ds = obj("apps/v1", "DaemonSet", defn.name, operand.state, ctx.ns)
     ds["metadata"]["labels"].update(labels)
     ds["spec"] = {
-        "selector": {"matchLabels": {"app": defn.name}},
+        "selector": {"matchLabels": selector},
         "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
     }
     fields = defn.image.fields(ctx)

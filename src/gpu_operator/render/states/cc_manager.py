@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.render.objects import NODE_NAME, Ctx, container, env, mount
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, nvidia_selector, rule
 from gpu_operator.render.states._common import SYS, VALIDATIONS, sandbox
 from gpu_operator.vocabulary import VALIDATIONS_DIR
 
@@ -39,6 +39,10 @@ OPERAND = Operand(
     role_rules=(rule([""], ["pods"], ["get", "list", "watch"]),),
     cluster_rules=(rule([""], ["nodes"], ["get", "list", "watch", "patch"]),),
     daemonset=DaemonSetDef(
-        name=NAME, deploy="cc-manager", image=Image("ccManager", "CC_MANAGER_IMAGE"), pod=_pod
+        name=NAME,
+        deploy="cc-manager",
+        image=Image("ccManager", "CC_MANAGER_IMAGE"),
+        pod=_pod,
+        selector=nvidia_selector(NAME, key="name"),
     ),
 )

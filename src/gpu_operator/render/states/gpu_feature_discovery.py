@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.render.objects import NAMESPACE, NODE_NAME, POD_NAME, Ctx, container, env, hostpath, mount
-from gpu_operator.render.operand import DaemonSetDef, Image, Operand, rule
+from gpu_operator.render.operand import DaemonSetDef, Image, Operand, nvidia_selector, rule
 from gpu_operator.render.states._common import DRIVER_INSTALL_DIR, VALIDATIONS, wait_for, when_enabled
 from gpu_operator.render.states.device_plugin import config_manager_containers
 from gpu_operator.render.transforms.config_manager import plugin_config
@@ -68,5 +68,6 @@ OPERAND = Operand(
         pod=_pod,
         gpu_access=True,
         transforms=(_gfd,),
+        selector=nvidia_selector("gpu-feature-discovery", part_of="nvidia-gpu"),
     ),
 )

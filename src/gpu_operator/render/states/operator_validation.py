@@ -19,7 +19,7 @@ from gpu_operator.render.objects import (
     remove_containers,
     upsert_env,
 )
-from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
+from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, nvidia_selector, rule
 from gpu_operator.render.result import Manifest, RenderError
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -218,5 +218,6 @@ OPERAND = Operand(
         pod=_pod,
         gpu_access=True,
         transforms=(_validator,),
+        selector=nvidia_selector(NAME, part_of="gpu-operator"),
     ),
 )

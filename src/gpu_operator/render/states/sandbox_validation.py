@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.render.objects import Ctx, container, env, find, mount, remove_containers
-from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, rule
+from gpu_operator.render.operand import VALIDATOR, DaemonSetDef, Operand, nvidia_selector, rule
 from gpu_operator.render.states import _vgpu_host_state
 from gpu_operator.render.states._common import (
     DRIVER_INSTALL_DIR,
@@ -81,6 +81,11 @@ OPERAND = Operand(
         rule([""], ["events"], ["create"]),
     ),
     daemonset=DaemonSetDef(
-        name=NAME, deploy="sandbox-validator", image=VALIDATOR, pod=_pod, transforms=(_sandbox_validator,)
+        name=NAME,
+        deploy="sandbox-validator",
+        image=VALIDATOR,
+        pod=_pod,
+        transforms=(_sandbox_validator,),
+        selector=nvidia_selector(NAME, part_of="gpu-operator"),
     ),
 )

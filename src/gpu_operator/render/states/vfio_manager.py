@@ -23,7 +23,15 @@ from gpu_operator.render.objects import (
     mount,
     obj,
 )
-from gpu_operator.render.operand import DaemonSetDef, Operand, OwnImage, build_daemonset, rbac, rule
+from gpu_operator.render.operand import (
+    DaemonSetDef,
+    Operand,
+    OwnImage,
+    build_daemonset,
+    nvidia_selector,
+    rbac,
+    rule,
+)
 from gpu_operator.render.result import Manifest
 from gpu_operator.render.states._common import HOST_ROOT, HOST_ROOT_SYS, SYS, _because, _is_on, sandbox
 
@@ -100,7 +108,11 @@ def _probe_rbac(ctx: Ctx, state: str) -> list[Manifest]:
 
 
 VFIO = DaemonSetDef(
-    name=NAME, deploy="vfio-manager", image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"), pod=_pod
+    name=NAME,
+    deploy="vfio-manager",
+    image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"),
+    pod=_pod,
+    selector=nvidia_selector(NAME, key="name"),
 )
 PROBE_DS = DaemonSetDef(
     name=PROBE, deploy="vfio-manager", image=OwnImage("vfioManager", "VFIO_MANAGER_IMAGE"), pod=_probe_pod

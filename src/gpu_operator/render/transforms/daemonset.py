@@ -7,7 +7,7 @@ from typing import Any
 from gpu_operator.api.clusterpolicy import ClusterPolicySpec, DaemonsetsSpec
 from gpu_operator.api.healthpolicy import DEFAULT_STARTUP_TAINT
 from gpu_operator.render.objects import find, upsert_env
-from gpu_operator.vocabulary import HEALTH_TAINT
+from gpu_operator.vocabulary import HEALTH_TAINT, PART_OF
 
 DEFAULT_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 # Ours: the operands keep running on (and come back to) a node quarantined for GPU health, whatever
@@ -18,8 +18,9 @@ HEALTH_TOLERATION = {"key": HEALTH_TAINT, "operator": "Exists"}
 # for a Node Readiness Controller's readiness.k8s.io/ taint the operator leaves to it) is
 # tolerated, whatever its effect, so the operands that validate the node run on it while it is on.
 DEFAULT_PRIORITY_CLASS = "system-node-critical"
-# Labels the operator owns on pod templates; spec.daemonsets.labels never override them.
-PROTECTED_LABELS = ("app", "app.kubernetes.io/part-of")
+# Labels the operator owns on pod templates; spec.daemonsets.labels never override them (nor a
+# DaemonSet's selector labels: a pod template must match its selector).
+PROTECTED_LABELS = ("app", PART_OF)
 
 
 def common_config(ds: dict[str, Any], spec: ClusterPolicySpec, *, on_delete: bool = False) -> None:
@@ -72,9 +73,10 @@ def pod_wide(ds: dict[str, Any], daemonsets: DaemonsetsSpec, startup: str | None
     if daemonsets.podSecurityContext:
         pod["securityContext"] = daemonsets.podSecurityContext.dump()
     template_meta = ds["spec"]["template"]["metadata"]
+    selector = ds["spec"].get("selector", {}).get("matchLabels", {})
     for source, key in ((daemonsets.labels, "labels"), (daemonsets.annotations, "annotations")):
         for name, value in (source or {}).items():
-            if key == "labels" and name in PROTECTED_LABELS:
+            if key == "labels" and (name in PROTECTED_LABELS or name in selector):
                 continue
             template_meta.setdefault(key, {})[name] = value
             ds["metadata"].setdefault(key, {}).setdefault(name, value)
