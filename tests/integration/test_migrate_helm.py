@@ -1,6 +1,8 @@
 """The Helm steps of docs/migrate.md, run as the page writes them, with Helm 3 and Helm 4: taking
-the ClusterPolicy out of NVIDIA's release keeping it (step 1), then adopting it into a release of
-our chart (step 2). The take-over by our operator is tests/integration/test_takeover.py; no
+the ClusterPolicy (and the NVIDIADriver) out of NVIDIA's release keeping it (step 1), adopting it
+into a release of our chart (step 2), and the roll-back: out of ours again and into NVIDIA's, the
+uids kept throughout. Our chart's cleanup hook's Job is completed by kwok here (it deletes
+nothing); that the block turns it off matters on a real cluster (docs/helm.md). The take-over by our operator is tests/integration/test_takeover.py; no
 operator runs here.
 
 NVIDIA's chart is not in this repository. A stand-in chart named `gpu-operator` (version
@@ -12,11 +14,16 @@ v26.7.0 (`deployments/gpu-operator/templates/clusterpolicy.yaml` and `values.yam
 - it carries `helm.sh/resource-policy: keep` only when `operator.cleanupCRD` is true (default
   false);
 - its spec and labels: the recorded ClusterPolicy (tests/fixtures/nvidia-v26.7.0/policy.yaml,
-  rendered from that chart with `nfd.enabled=false`).
+  rendered from that chart with `nfd.enabled=false`);
+- with `driver.nvidiaDriverCRD.enabled` and `.deployDefaultCR` (`templates/nvidiadriver.yaml`
+  there; the second defaults to true) the NVIDIADriver `default`, without the `keep` annotation;
+  the `nvidiadriver` case takes both objects' specs from the fixture recorded with that setting
+  (tests/fixtures/nvidia-v26.7.0-nvidiadriver/policy.yaml) and runs the page's
+  `kubectl annotate nvidiadriver` line ("only with deployDefaultCR"), the `clusterpolicy` case
+  leaves that line out.
 
 Nothing else of NVIDIA's chart is modelled (its operator, RBAC, NFD, hooks, CRDs: ours are
-applied, same group, kinds and versions); its NVIDIADriver `default` is not rendered, so the
-page's `kubectl annotate nvidiadriver` line ("only with deployDefaultCR") is not run."""
+applied, same group, kinds and versions)."""
 
 from __future__ import annotations
 
@@ -33,10 +40,11 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Namespace
 
-from gpu_operator.kube.client import ClusterPolicyResource
+from gpu_operator.kube.client import ClusterPolicyResource, NVIDIADriverResource
 from gpu_operator.sim.plane.controlplane import ControlPlane
 from gpu_operator.sim.plane.helm import packaged_chart
 from tests.support import docblocks, takeover
+from tests.support import takeover_nvidiadriver as nvidiadriver_fixture
 from tests.support.chart import helm_on_kwok
 from tests.support.cleanup import delete_if_present
 from tests.support.helm_cli import MAJORS, HelmCLI, HelmFailed
@@ -66,11 +74,25 @@ spec:
 {{ .Files.Get "spec.yaml" | indent 2 }}
 {{- end }}
 """
+NVIDIADRIVER_TEMPLATE = """\
+{{- if and .Values.driver.nvidiaDriverCRD.enabled .Values.driver.nvidiaDriverCRD.deployDefaultCR }}
+apiVersion: nvidia.com/v1alpha1
+kind: NVIDIADriver
+metadata:
+  name: default
+spec:
+{{ .Files.Get "driver-spec.yaml" | indent 2 }}
+{{- end }}
+"""
+CASES = {"clusterpolicy": takeover.FIXTURE, "nvidiadriver": nvidiadriver_fixture.FIXTURE}
 
 
-def stand_in_chart(target: Path) -> Path:
-    """NVIDIA's chart as far as the steps need it (the module's docstring)."""
-    (recorded,) = [d for d in takeover.read("policy.yaml") if d["kind"] == "ClusterPolicy"]
+def stand_in_chart(target: Path, fixture: Path = takeover.FIXTURE) -> Path:
+    """NVIDIA's chart as far as the steps need it (the module's docstring), its objects' specs
+    from one recorded fixture."""
+    docs = [d for d in yaml.safe_load_all((fixture / "policy.yaml").read_text()) if d]
+    (recorded,) = [d for d in docs if d["kind"] == "ClusterPolicy"]
+    drivers = [d for d in docs if d["kind"] == "NVIDIADriver"]
     labels = {k: v for k, v in recorded["metadata"]["labels"].items() if k != MANAGED_BY}  # Helm's own
     (target / "templates").mkdir(parents=True)
     (target / "Chart.yaml").write_text(
@@ -86,6 +108,9 @@ def stand_in_chart(target: Path) -> Path:
     (target / "labels.yaml").write_text(yaml.safe_dump(labels))
     (target / "spec.yaml").write_text(yaml.safe_dump(recorded["spec"]))
     (target / "templates" / "clusterpolicy.yaml").write_text(TEMPLATE)
+    if drivers:
+        (target / "driver-spec.yaml").write_text(yaml.safe_dump(drivers[0]["spec"]))
+        (target / "templates" / "nvidiadriver.yaml").write_text(NVIDIADRIVER_TEMPLATE)
     return target
 
 
@@ -128,13 +153,18 @@ def kubectl(control_plane: ControlPlane, args: list[str]) -> None:
 
 
 def run_step(
-    commands: list[list[str]], helm: HelmCLI, control_plane: ControlPlane, names: dict[str, str]
+    commands: list[list[str]],
+    helm: HelmCLI,
+    control_plane: ControlPlane,
+    names: dict[str, str],
+    with_driver: bool = False,
 ) -> list[str]:
-    """Every command of the block, as the page writes it; the command names run, in order."""
+    """Every command of the block, as the page writes it; the command names run, in order. The
+    NVIDIADriver's lines run only `with_driver` (the page: "only with deployDefaultCR")."""
     ran = []
     for ws in commands:
-        if ws[:3] == ["kubectl", "annotate", "nvidiadriver"]:
-            continue  # the stand-in renders no NVIDIADriver (the module's docstring)
+        if "nvidiadriver" in ws[:3] and not with_driver:
+            continue
         args = as_run_here(ws, names)
         if ws[0] == "kubectl":
             kubectl(control_plane, args[1:])
@@ -145,9 +175,11 @@ def run_step(
     return ran
 
 
-def policy(kube: Client) -> dict[str, Any] | None:
+def policy(
+    kube: Client, resource: Any = ClusterPolicyResource, name: str = "cluster-policy"
+) -> dict[str, Any] | None:
     try:
-        found = dict(kube.get(ClusterPolicyResource, "cluster-policy"))
+        found = dict(kube.get(resource, name))
     except ApiError as err:
         if err.status.code == 404:
             return None
@@ -189,7 +221,8 @@ def helm(
     tmp_path: Path,
 ) -> Iterator[HelmCLI]:
     fake_nodes("cpu:1")  # kwok completes our chart's hook Jobs' pods there
-    namespace = f"gpu-operator-migrate-{request.param}"  # one each: the other's may still be going
+    case = request.node.callspec.params["case"]
+    namespace = f"gpu-operator-migrate-{request.param}-{case}"  # one each: another's may still be going
     with helm_on_kwok(request.param, control_plane, kube, namespace, tmp_path / "helm") as cli:
         try:
             yield cli
@@ -197,14 +230,23 @@ def helm(
             for release in cli.releases():
                 cli.uninstall(release)
             delete_if_present(kube, ClusterPolicyResource, "cluster-policy")
+            delete_if_present(kube, NVIDIADriverResource, "default")
             delete_if_present(kube, Namespace, namespace)
 
 
+def driver(kube: Client) -> dict[str, Any] | None:
+    return policy(kube, NVIDIADriverResource, "default")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_the_pages_helm_steps_keep_the_cluster_policy_and_ours_adopts_it(
-    helm: HelmCLI, control_plane: ControlPlane, kube: Client, tmp_path: Path
+    case: str, helm: HelmCLI, control_plane: ControlPlane, kube: Client, tmp_path: Path
 ) -> None:
-    nvidia = stand_in_chart(tmp_path / "nvidia" / "gpu-operator")
-    install_values = {"nfd": {"enabled": False}}  # as the fixture's policy was rendered
+    nvidia = stand_in_chart(tmp_path / "nvidia" / "gpu-operator", CASES[case])
+    with_driver = case == "nvidiadriver"
+    install_values: dict[str, Any] = {"nfd": {"enabled": False}}  # as the fixtures were rendered
+    if with_driver:
+        install_values["driver"] = {"nvidiaDriverCRD": {"enabled": True}}
 
     # Without the steps: NVIDIA's `helm uninstall` deletes the ClusterPolicy (what the page warns of).
     helm.install(nvidia, RELEASE, install_values)
@@ -212,23 +254,38 @@ def test_the_pages_helm_steps_keep_the_cluster_policy_and_ours_adopts_it(
     assert first is not None and KEEP not in first["metadata"].get("annotations", {})
     helm.uninstall(RELEASE)
     wait_for("the ClusterPolicy deleted", lambda: policy(kube), until=lambda p: p is None, timeout=30)
+    wait_for("the NVIDIADriver deleted", lambda: driver(kube), until=lambda d: d is None, timeout=30)
 
     # Step 1, as the page writes it.
     helm.install(nvidia, RELEASE, install_values)
     installed = policy(kube)
     assert installed is not None
     uid = installed["metadata"]["uid"]
+    nvd = driver(kube)
+    assert (nvd is not None) == with_driver, nvd
     your_values = tmp_path / "your-values.yaml"  # step 2: the values of NVIDIA's release, read before step 1
     your_values.write_text(helm.run("get", "values", RELEASE, "--output", "yaml"))
     names = {"nvidia/gpu-operator": str(nvidia)}
-    ran = run_step(step(["helm", "uninstall"]), helm, control_plane, names)
+    ran = run_step(
+        step(["helm", "upgrade", RELEASE, "nvidia/gpu-operator"]), helm, control_plane, names, with_driver
+    )
     assert RELEASE not in helm.releases()
     kept = policy(kube)
     assert kept is not None, "step 1 deleted the ClusterPolicy"
     assert kept["metadata"]["uid"] == uid
     assert kept["metadata"]["annotations"][KEEP] == "keep"
     assert kept["spec"] == installed["spec"]
-    assert ran == ["kubectl annotate", "helm upgrade", "helm uninstall"]
+    assert ran == [
+        "kubectl annotate",
+        *(["kubectl annotate"] if with_driver else []),
+        "helm upgrade",
+        "helm uninstall",
+    ]
+    if nvd is not None:
+        kept_driver = driver(kube)
+        assert kept_driver is not None, "step 1 deleted the NVIDIADriver"
+        assert kept_driver["metadata"]["uid"] == nvd["metadata"]["uid"]
+        assert kept_driver["metadata"]["annotations"][KEEP] == "keep"
 
     # Step 2 under another release name: Helm refuses to take the kept ClusterPolicy.
     ours = packaged_chart(tmp_path / "chart")
@@ -247,7 +304,9 @@ def test_the_pages_helm_steps_keep_the_cluster_policy_and_ours_adopts_it(
 
     # Step 2, as the page writes it: the same release name and namespace adopt it.
     names = {"deployments/gpu-operator": str(ours), "your-values.yaml": str(your_values)}
-    assert run_step(step(["helm", "install"]), helm, control_plane, names) == ["helm install"]
+    assert run_step(
+        step(["helm", "install", RELEASE, "deployments/gpu-operator"]), helm, control_plane, names
+    ) == ["helm install"]
     adopted = policy(kube)
     assert adopted is not None
     assert adopted["metadata"]["uid"] == uid
@@ -256,4 +315,39 @@ def test_the_pages_helm_steps_keep_the_cluster_policy_and_ours_adopts_it(
     assert adopted["metadata"]["labels"][MANAGED_BY] == "Helm"
     manifest = [d for d in yaml.safe_load_all(helm.run("get", "manifest", RELEASE)) if d]
     assert [d["metadata"]["name"] for d in manifest if d["kind"] == "ClusterPolicy"] == ["cluster-policy"]
+    if nvd is not None:  # the NVIDIADriver adopted as well, with its uid
+        adopted_driver = driver(kube)
+        assert adopted_driver is not None and adopted_driver["metadata"]["uid"] == nvd["metadata"]["uid"]
+        assert adopted_driver["metadata"]["annotations"][RELEASE_NAMESPACE] == helm.namespace
+        assert [d["metadata"]["name"] for d in manifest if d["kind"] == "NVIDIADriver"] == ["default"]
     assert [(h["revision"], h["status"]) for h in helm.history(RELEASE)] == [(1, "deployed")]
+
+    # And back (the page's roll-back block): the CRs kept out of our release, NVIDIA's release
+    # (the stand-in, with the values of NVIDIA's release saved before step 1) adopts them.
+    names = {
+        "deployments/gpu-operator": str(ours),
+        "nvidia/gpu-operator": str(nvidia),
+        "nvidia-values.yaml": str(your_values),
+    }
+    ran = run_step(
+        step(["helm", "upgrade", RELEASE, "deployments/gpu-operator"]),
+        helm,
+        control_plane,
+        names,
+        with_driver,
+    )
+    assert ran == [
+        "kubectl annotate",
+        *(["kubectl annotate"] if with_driver else []),
+        "helm upgrade",
+        "helm uninstall",
+        "helm install",
+    ]
+    back = policy(kube)
+    assert back is not None and back["metadata"]["uid"] == uid, "the roll-back lost the ClusterPolicy"
+    manifest = [d for d in yaml.safe_load_all(helm.run("get", "manifest", RELEASE)) if d]
+    kinds = sorted(d["kind"] for d in manifest)
+    assert kinds == sorted(["ClusterPolicy", *(["NVIDIADriver"] if with_driver else [])]), kinds
+    if nvd is not None:
+        back_driver = driver(kube)
+        assert back_driver is not None and back_driver["metadata"]["uid"] == nvd["metadata"]["uid"]

@@ -4,11 +4,10 @@ operator manages it (a check run by hand with NVIDIA's binary; docs/migrate.md q
 On a fresh simulator with our CRDs (as our chart leaves them): the recorded v26.7.0 state
 (tests/fixtures/nvidia-v26.7.0) is loaded, our operator takes it over and is stopped with the
 ClusterPolicy kept (as `helm uninstall` of ours with the ClusterPolicy kept and no cleanup hook
-leaves it); with `--orphan-selectors` the DaemonSets whose selector NVIDIA's differs from ours are
-deleted leaving their pods; then NVIDIA's operator runs until its ClusterPolicy is ready or
+leaves it; ours carries NVIDIA's DaemonSet selectors, so nothing is deleted); then NVIDIA's operator runs until its ClusterPolicy is ready or
 `--timeout`. Prints what happened to the driver pods and NVIDIA's operator's errors.
 
-    .venv/bin/python -m tools.takeover.handback --operator /tmp/peer/gpu-operator [--orphan-selectors]
+    .venv/bin/python -m tools.takeover.handback --operator /tmp/peer/gpu-operator
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from gpu_operator.sim.standins import roster
 from tests.support import takeover
 
 NAMESPACE = "gpu-operator"
-SELECTOR_DIFFERS = ("gpu-feature-discovery", "nvidia-operator-validator")
 
 
 def say(msg: str) -> None:
@@ -74,7 +72,6 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--operator", type=Path, required=True, help="NVIDIA's gpu-operator binary")
-    parser.add_argument("--orphan-selectors", action="store_true")
     parser.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="takeover-handback-"))
@@ -122,14 +119,14 @@ def main() -> int:
             ours.stop()
             our_pods = driver_pods(plane)
             say(f"ours stopped; policy uid kept: {policy(plane)['metadata']['uid'] == loaded.policy_uid}")
-            if args.orphan_selectors:
-                for name in SELECTOR_DIFFERS:
-                    plane.request(
-                        "DELETE",
-                        f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{name}",
-                        {"propagationPolicy": "Orphan"},
-                    )
-                say(f"deleted {', '.join(SELECTOR_DIFFERS)} leaving their pods")
+            sets = plane.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets")["items"]
+            unlike = [
+                d["metadata"]["name"]
+                for d in sets
+                if d["spec"]["selector"]["matchLabels"]
+                != takeover.NVIDIA_SELECTORS.get(d["metadata"]["name"])
+            ]
+            say(f"DaemonSets whose selector is not NVIDIA's: {unlike or 'none'} of {len(sets)}")
             # NVIDIA's operator writes its own status; clear ours so its 'ready' is its own.
             plane.request(
                 "PATCH",
