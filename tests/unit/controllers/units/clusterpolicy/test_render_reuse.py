@@ -14,7 +14,7 @@ import pytest
 from gpu_operator.controllers.apply import Applier, owner_reference
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
-from gpu_operator.controllers.views import ClusterPolicyView
+from gpu_operator.controllers.views import ClusterPolicyView, NodeView
 from gpu_operator.render import render
 from gpu_operator.render.facts import ClusterFacts, NodeFacts
 from gpu_operator.vocabulary import HASH_ANNOTATION
@@ -93,3 +93,24 @@ def test_the_applier_stamps_a_result_once_per_owner_reference() -> None:
     )
     applier.forget_others({"u2"})
     assert set(applier._stamped) == {"u2"}
+
+
+def node(name: str, **labels: str) -> NodeView:
+    return NodeView.of_parts(name, labels, {}, runtime="containerd://2.0.0", kernel="6.8.0")
+
+
+def test_the_nodes_are_summed_up_again_only_when_a_view_changed() -> None:
+    r = reconciler()
+    gpu = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+    views = (node("a", **gpu, **{"nvidia.com/gpu.present": "true"}), node("b", **gpu), node("c"))
+    first = r.summary(views)
+    assert (first.has_nfd, first.gpu_nodes, first.unlabelled) == (True, 1, 1)
+    assert [f.name for f in first.facts] == ["a", "b", "c"]
+    assert r.summary(tuple(views)) is first  # a new tuple of the same views (each pass's snapshot)
+    assert r.summaries == 1
+    labelled = node("b", **gpu, **{"nvidia.com/gpu.present": "true"})
+    moved = r.summary((views[0], labelled, views[2]))
+    assert r.summaries == 2
+    assert (moved.gpu_nodes, moved.unlabelled) == (2, 0)
+    assert moved.facts[1] is labelled.facts
+    assert r.summary(views[:2]).gpu_nodes == 1  # a node gone
