@@ -115,6 +115,12 @@ class NodeLabeller:
             on_change=metrics.LABEL_CONCURRENCY.set,
         )
         metrics.LABEL_CONCURRENCY.set(self.gate.limit.allowed)
+        # node -> the inputs of its last look that found nothing to change: `desired_change` is pure,
+        # so the same inputs again (a driver pod's status, another unit's condition or annotation
+        # changed the view, not what labelling reads) need no second look
+        self._settled: dict[str, tuple[object, ...]] = {}
+        self._widest = 0  # the most nodes one pass was handed (bounds `_settled`: gone nodes' entries)
+        self.looked = 0  # `desired_change` calls made (for tests)
 
     async def label(
         self,
@@ -138,20 +144,26 @@ class NodeLabeller:
         drivers = drivers or {}
         todo = list(nodes)
         pending = iter(todo)
+        self._widest = max(self._widest, len(todo))
+        if len(self._settled) > 2 * self._widest + 1024:
+            self._settled.clear()
+        settled = self._settled
 
         async def worker() -> None:
             for node in pending:  # shared: each node goes to one worker
+                driver, published = drivers.get(node.name), gfd(node.name)
+                inputs = (node.labels, node.annotations, policy, driver, published, node.facts.toolkit_group)
+                if settled.get(node.name) == inputs:
+                    continue
+                self.looked += 1
                 change = desired_change(
-                    node.labels,
-                    node.annotations,
-                    policy,
-                    drivers.get(node.name),
-                    node.name,
-                    gfd(node.name),
-                    node.facts.toolkit_group,
+                    node.labels, node.annotations, policy, driver, node.name, published, inputs[5]
                 )
                 if change:
+                    settled.pop(node.name, None)
                     await self._patch(node, change, report, node.seen if events else None)
+                else:
+                    settled[node.name] = inputs
 
         workers = [asyncio.ensure_future(worker()) for _ in range(min(self.concurrency, len(todo)))]
         try:
