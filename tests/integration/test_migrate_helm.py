@@ -1,9 +1,10 @@
-"""The Helm steps of docs/migrate.md, run as the page writes them, with Helm 3 and Helm 4: taking
-the ClusterPolicy (and the NVIDIADriver) out of NVIDIA's release keeping it (step 1), adopting it
-into a release of our chart (step 2), and the roll-back: out of ours again and into NVIDIA's, the
-uids kept throughout. Our chart's cleanup hook's Job is completed by kwok here (it deletes
-nothing); that the block turns it off matters on a real cluster (docs/helm.md). The take-over by our operator is tests/integration/test_takeover.py; no
-operator runs here.
+"""The Helm steps of docs/migrate.md, run as the page writes them, with Helm 3, with Helm 4, and
+with NVIDIA's release installed by Helm 3 and the steps run by Helm 4: taking the ClusterPolicy
+(and the NVIDIADriver) out of NVIDIA's release keeping it (step 1), adopting it into a release of
+our chart (step 2), and the roll-back: out of ours again and into NVIDIA's, the uids kept
+throughout. Our chart's cleanup hook's Job is completed by kwok here (it deletes nothing); that
+the block turns it off matters on a real cluster (docs/helm.md). The take-over by our operator is
+tests/integration/test_takeover.py; no operator runs here.
 
 NVIDIA's chart is not in this repository. A stand-in chart named `gpu-operator` (version
 v26.7.0) is written at test time with only what the steps rely on, facts of NVIDIA's chart at
@@ -31,6 +32,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -211,21 +213,38 @@ def import_refusal(message: str) -> tuple[tuple[str, str, str], list[tuple[str, 
     ]
 
 
-@pytest.fixture(params=MAJORS, ids=[f"helm{m}" for m in MAJORS])
-def helm(
+# (the helm that installed NVIDIA's release, the helm the page's steps run with): the same major,
+# or a user whose NVIDIA release was installed with Helm 3 and who now runs Helm 4.
+HELMS = [*((m, m) for m in MAJORS), (3, 4)]
+
+
+@dataclass
+class Helms:
+    nvidias: HelmCLI  # installed NVIDIA's release
+    helm: HelmCLI  # runs the page's steps
+
+
+@pytest.fixture(params=HELMS, ids=lambda p: f"helm{p[0]}" if p[0] == p[1] else f"helm{p[0]}-then-{p[1]}")
+def helms(
     request: pytest.FixtureRequest,
     control_plane: ControlPlane,
     kube: Client,
     crds: list[str],
     fake_nodes: Callable[..., list[str]],
     tmp_path: Path,
-) -> Iterator[HelmCLI]:
+) -> Iterator[Helms]:
     fake_nodes("cpu:1")  # kwok completes our chart's hook Jobs' pods there
+    first, then = request.param
     case = request.node.callspec.params["case"]
-    namespace = f"gpu-operator-migrate-{request.param}-{case}"  # one each: another's may still be going
-    with helm_on_kwok(request.param, control_plane, kube, namespace, tmp_path / "helm") as cli:
+    namespace = f"gpu-operator-migrate-{first}{then}-{case}"  # one each: another's may still be going
+    with helm_on_kwok(then, control_plane, kube, namespace, tmp_path / "helm") as cli:
+        nvidias = (
+            cli
+            if first == then
+            else HelmCLI(first, control_plane.admin_kubeconfig, namespace, tmp_path / "helm-first")
+        )
         try:
-            yield cli
+            yield Helms(nvidias, cli)
         finally:
             for release in cli.releases():
                 cli.uninstall(release)
@@ -240,8 +259,9 @@ def driver(kube: Client) -> dict[str, Any] | None:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_pages_helm_steps_keep_the_cluster_policy_and_ours_adopts_it(
-    case: str, helm: HelmCLI, control_plane: ControlPlane, kube: Client, tmp_path: Path
+    case: str, helms: Helms, control_plane: ControlPlane, kube: Client, tmp_path: Path
 ) -> None:
+    helm = helms.helm
     nvidia = stand_in_chart(tmp_path / "nvidia" / "gpu-operator", CASES[case])
     with_driver = case == "nvidiadriver"
     install_values: dict[str, Any] = {"nfd": {"enabled": False}}  # as the fixtures were rendered
@@ -249,15 +269,15 @@ def test_the_pages_helm_steps_keep_the_cluster_policy_and_ours_adopts_it(
         install_values["driver"] = {"nvidiaDriverCRD": {"enabled": True}}
 
     # Without the steps: NVIDIA's `helm uninstall` deletes the ClusterPolicy (what the page warns of).
-    helm.install(nvidia, RELEASE, install_values)
+    helms.nvidias.install(nvidia, RELEASE, install_values)
     first = policy(kube)
     assert first is not None and KEEP not in first["metadata"].get("annotations", {})
-    helm.uninstall(RELEASE)
+    helms.nvidias.uninstall(RELEASE)
     wait_for("the ClusterPolicy deleted", lambda: policy(kube), until=lambda p: p is None, timeout=30)
     wait_for("the NVIDIADriver deleted", lambda: driver(kube), until=lambda d: d is None, timeout=30)
 
     # Step 1, as the page writes it.
-    helm.install(nvidia, RELEASE, install_values)
+    helms.nvidias.install(nvidia, RELEASE, install_values)
     installed = policy(kube)
     assert installed is not None
     uid = installed["metadata"]["uid"]
