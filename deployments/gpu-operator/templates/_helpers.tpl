@@ -10,16 +10,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 Our custom resources (group nvidia.com) by plural: the one list every rule of the chart that
-names them reads (rbac.yaml, cleanup-hook.yaml, crds-hook.yaml). The operator's rows are
-src/gpu_operator/controllers/customresources.py; tests/unit/chart/test_chart_permissions.py and
-test_watched_kinds.py hold the chart's grants to them.
-Input: a suffix ("", "/status", "/finalizers", ".nvidia.com": the CRDs' names). Output: a JSON list.
+names them reads (rbac.yaml, cleanup-hook.yaml, crds-hook.yaml), read from the chart's generated
+CRD files (crds/nvidia.com_<plural>.yaml, `gpu-operator crds generate`), so a new kind of ours
+needs no edit here. The operator's rows are src/gpu_operator/controllers/customresources.py;
+tests/unit/chart/test_chart_permissions.py and test_watched_kinds.py hold the chart's grants to them.
+Input: dict "root" $ "suffix" ("", "/status", "/finalizers", ".nvidia.com": the CRDs' names).
+Output: a JSON list.
 */}}
 {{- define "gpu-operator.customResources" -}}
-{{- $suffix := . -}}
+{{- $suffix := .suffix -}}
 {{- $names := list -}}
-{{- range list "clusterpolicies" "nvidiadrivers" "gpuclusters" -}}
-{{- $names = append $names (printf "%s%s" . $suffix) -}}
+{{- range $path, $_ := .root.Files.Glob "crds/nvidia.com_*.yaml" -}}
+{{- $names = append $names (printf "%s%s" ($path | trimPrefix "crds/nvidia.com_" | trimSuffix ".yaml") $suffix) -}}
 {{- end -}}
 {{- toJson $names -}}
 {{- end }}

@@ -1,9 +1,9 @@
 """`gpu-operator cleanup`, before an uninstall (the chart's pre-delete hook): delete our CRs and
 wait for them to go, stop the operator, then run each unit's take-back step in the registry's order
-(controllers/units/__init__.py, `take_backs`: the cordons a driver upgrade in progress set, what GPU
-health and MIG changes wrote on the nodes, GPU health's DeviceTaintRules, and last our node labels
-and annotations, controllers/cleanup.py, which the operator uses too when the last ClusterPolicy
-goes), and with --crds delete our CRDs. It imports no unit's module but through that registry
+(controllers/units/__init__.py, `take_backs`, by folder: what GPU health and MIG changes wrote on
+the nodes, GPU health's DeviceTaintRules, the cordons a driver upgrade in progress set, and last our
+node labels and annotations, controllers/cleanup.py, which the operator uses too when the last
+ClusterPolicy goes), and with --crds delete our CRDs. It imports no unit's module but through that registry
 (tests/unit/controllers/test_units_apart.py)."""
 
 from __future__ import annotations

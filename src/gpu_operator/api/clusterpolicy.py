@@ -39,6 +39,7 @@ from gpu_operator.api.common import (
     misplaced_module_type,
     unknown_field_warnings,
 )
+from gpu_operator.api.crdrow import CRDRow
 from gpu_operator.api.healthpolicy import HealthSpec
 from gpu_operator.api.monitoring import OperatorMetricsSpec, ServiceMonitorConfig
 from gpu_operator.vocabulary import WorkloadConfig
@@ -455,3 +456,6 @@ __all__ = [
     "HostPathsSpec",
     "ValidatorSpec",
 ]
+
+
+CRD = CRDRow(ClusterPolicySpec, ClusterPolicyStatus)  # its CRD file: api/crdgen.py

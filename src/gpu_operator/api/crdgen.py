@@ -6,14 +6,18 @@ operator and the Helm hook) and to the Helm chart (deployments/gpu-operator/crds
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from importlib import resources
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
-from gpu_operator.api import clusterpolicy, computedomain, gpucluster, nodefeature, nvidiadriver
+from gpu_operator.api import computedomain, nodefeature
+from gpu_operator.api.crdrow import CRDRow
 from gpu_operator.vocabulary import MANAGED_BY, MANAGED_BY_VALUE
 
 
@@ -178,50 +182,45 @@ def _crd(
     }
 
 
-def crds() -> dict[str, dict[str, Any]]:
-    """Every CRD this project defines, keyed by file name (`<group>_<plural>.yaml`)."""
-    age = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-    status = {"name": "Status", "type": "string", "jsonPath": ".status.state"}
-    default = {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"}
-    table: list[
-        tuple[Any, type[BaseModel], type[BaseModel], list[dict[str, str]], list[dict[str, str]] | None]
-    ] = [
-        (
-            clusterpolicy,
-            clusterpolicy.ClusterPolicySpec,
-            clusterpolicy.ClusterPolicyStatus,
-            [status, age],
-            None,
-        ),
-        (
-            nvidiadriver,
-            nvidiadriver.NVIDIADriverSpec,
-            nvidiadriver.NVIDIADriverStatus,
-            [status, default, age],
-            None,
-        ),
-        (
-            gpucluster,
-            gpucluster.GPUClusterSpec,
-            gpucluster.GPUClusterStatus,
-            [status, age],
-            [gpucluster.SINGLETON_RULE],
-        ),
+# The modules `ours()` imports by name, for `./dev test --changed` (tools/changed_tests.py: a file
+# that names a repository path reads it): a change to a model reaches the CRD tests.
+READS = "src/gpu_operator/api"
+
+
+def ours() -> list[ModuleType]:
+    """Our kinds: each module under api/ that sets `CRD` (api/crdrow.py), by module name."""
+    import gpu_operator.api as package
+
+    found = [
+        importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.ispkg and info.name not in ("crdgen", "crdrow")
     ]
-    out = {
-        f"{api.GROUP}_{api.PLURAL}.yaml": _crd(
+    return [m for m in found if isinstance(getattr(m, "CRD", None), CRDRow)]
+
+
+def crds() -> dict[str, dict[str, Any]]:
+    """Every CRD this project defines, keyed by file name (`<group>_<plural>.yaml`): one per kind
+    of ours (`ours()`), and NVIDIA's DRA driver's IMEX kinds."""
+    columns = {
+        "Age": {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        "Status": {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+        "Default": {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"},
+    }
+    out = {}
+    for api in ours():
+        row: CRDRow = api.CRD
+        out[f"{api.GROUP}_{api.PLURAL}.yaml"] = _crd(
             group=api.GROUP,
             version=api.VERSION,
             kind=api.KIND,
             plural=api.PLURAL,
-            spec_model=spec,
-            status_model=state,
+            spec_model=row.spec,
+            status_model=row.status,
             short_names=getattr(api, "SHORT_NAMES", None),
-            columns=columns,
-            rules=rules,
+            columns=[columns[name] for name in row.columns],
+            rules=list(row.rules) or None,
         )
-        for api, spec, state, columns, rules in table
-    }
     # NVIDIA's DRA driver's IMEX kinds (the operator ships them, as NVIDIA's chart does)
     cd = computedomain
     out[f"{cd.GROUP}_computedomains.yaml"] = _crd(

@@ -24,6 +24,7 @@ from gpu_operator.api.common import (
     ResourceRequirements,
     unknown_field_warnings,
 )
+from gpu_operator.api.crdrow import CRDRow
 
 GROUP = "nvidia.com"
 VERSION = "v1alpha1"
@@ -130,3 +131,6 @@ class GPUCluster(Model):
 
     def warnings(self) -> list[str]:
         return unknown_field_warnings(self, KIND, self.metadata.name)
+
+
+CRD = CRDRow(GPUClusterSpec, GPUClusterStatus, rules=(SINGLETON_RULE,))  # its CRD file: api/crdgen.py

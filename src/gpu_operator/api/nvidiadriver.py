@@ -29,6 +29,7 @@ from gpu_operator.api.common import (
     misplaced_module_type,
     unknown_field_warnings,
 )
+from gpu_operator.api.crdrow import CRDRow
 
 GROUP = "nvidia.com"
 VERSION = "v1alpha1"
@@ -141,3 +142,6 @@ class NVIDIADriver(Model):
 
     def warnings(self) -> list[str]:
         return unknown_field_warnings(self, "NVIDIADriver", self.metadata.name)
+
+
+CRD = CRDRow(NVIDIADriverSpec, NVIDIADriverStatus, ("Status", "Default", "Age"))  # api/crdgen.py

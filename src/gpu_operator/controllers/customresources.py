@@ -5,9 +5,9 @@ row's resource; the read model (controllers/readmodel.py) keeps its objects unde
 id and answers `objects(row)` (a pass's `ReadSnapshot.objects(row)` too); an event of one is
 `ObjectEvent(EventKind.CUSTOM_RESOURCE, resource=row)`, which a unit wants with `event.of(row)`
 (controllers/loop.py); the table of every watched kind (controllers/watchedkinds.py) starts with
-these rows. A new CR is its api model and CRD, one row here, its unit and the chart's
-RBAC (docs/architecture.md, "Growing it"); a kind that needs nothing but its model's parse takes
-`plain_view(Model)` for its view."""
+these rows. A new CR is its api model (which sets `CRD`: its CRD and the chart's rules follow), one
+row here and its unit (docs/architecture.md, "Growing it"); a kind that needs nothing but its
+model's parse takes `plain_view(Model)` for its view."""
 
 from __future__ import annotations
 

@@ -213,6 +213,11 @@ class UnitBase:
     def failed(self, err: BaseException) -> None:
         return None
 
+    def holds_back(self) -> bool:
+        """Whether the units built with `labels_first` (controllers/unitparts.py) wait on this one
+        now: node labelling while a new ClusterPolicy's labels are written."""
+        return False
+
 
 @dataclass
 class UnitLoop:

@@ -3,8 +3,8 @@ unit (each decides what it wants: controllers/loop.py). It knows nothing of what
 
 Nodes come from the Node reflector (controllers/reflector.py), everything else from kopf's
 watches (controllers/watches.py); both fill the one read model (controllers/readmodel.py) the
-units read. The units: ClusterPolicy, NVIDIADriver, GPUCluster, node labelling, driver upgrades, GPU health,
-MIG changes."""
+units read. The units are the folders under controllers/units/ (`units()` builds one per folder);
+this module names none of them."""
 
 from __future__ import annotations
 
@@ -18,19 +18,12 @@ from gpu_operator.controllers import metrics
 from gpu_operator.controllers.customresources import CLUSTER_POLICY
 from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.environment import Environment
-from gpu_operator.controllers.gpuholders import runtime_access
-from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, ObjectEvent, UnitBase, UnitLoop
+from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, ObjectEvent, UnitLoop
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.units.clusterpolicy import ClusterPolicyUnit
-from gpu_operator.controllers.units.gpucluster import GPUClusterUnit
-from gpu_operator.controllers.units.health import HealthUnit
-from gpu_operator.controllers.units.health.dra import DeviceTaints
-from gpu_operator.controllers.units.labels import LabelUnit
-from gpu_operator.controllers.units.mig import MIGUnit
-from gpu_operator.controllers.units.nvidiadriver import NVIDIADriverUnit
-from gpu_operator.controllers.units.upgrade import UpgradeUnit
+from gpu_operator.controllers.unitparts import UnitParts
+from gpu_operator.controllers.units import units
 from gpu_operator.controllers.views import NodeView
 from gpu_operator.controllers.watches import Watches
 from gpu_operator.kube.client import Kube
@@ -64,39 +57,21 @@ class Manager:
             lambda _name: self.dispatch(ObjectEvent(EventKind.PLUGIN_CONFIG)),
             settings.watch_backoff.delay,
         )
-        images = environment.images
-        self.labels = LabelUnit(kube, settings, model)
-        labels_first = self._labels_first
-        units: list[UnitBase] = [
-            ClusterPolicyUnit(kube, settings, model, images, labels_first),
-            NVIDIADriverUnit(kube, settings, model, images),
-            UpgradeUnit(kube, settings, model, labels_first),
-            GPUClusterUnit(kube, settings, model, images),
-            self.labels,
-            HealthUnit(
-                model.nodes,
-                model.node,
-                model.health_spec,
-                kube,
-                settings=settings,
-                device_taints=DeviceTaints(kube, model.gpucluster_owner),
-                runtime=lambda: runtime_access(model.active_policy()),
-                namespace=model.namespace,
-            ),
-            MIGUnit(kube, settings, model),
-        ]
+        # one unit per folder under controllers/units/, each built by its package's `build`
+        self.units = units(UnitParts(kube, settings, model, environment.images, self._labels_first))
         self.loops = [
             UnitLoop(unit, settings.coalesce, unit.backoff or settings.reconcile_backoff)  # type: ignore[arg-type]
-            for unit in units
+            for unit in self.units
         ]
         self.nodes_synced = asyncio.Event()
 
     def _labels_first(self) -> bool:
-        """While a new ClusterPolicy's labels are written (LabelUnit.labelling), the reconcile and
-        the upgrade pass look again after the coalescing window instead: the reconcile would start
-        the operands' pods on every node as it is labelled, and every label echo would start an
-        upgrade pass over every node that plans nothing (no driver pod runs before its DaemonSet)."""
-        return self.labels.labelling(self.model.active_policy())
+        """While a new ClusterPolicy's labels are written (a unit `holds_back`: node labelling's
+        LabelUnit.labelling), the reconcile and the upgrade pass look again after the coalescing
+        window instead: the reconcile would start the operands' pods on every node as it is
+        labelled, and every label echo would start an upgrade pass over every node that plans
+        nothing (no driver pod runs before its DaemonSet)."""
+        return any(unit.holds_back() for unit in self.units)
 
     def dispatch(self, event: Event) -> None:
         if isinstance(event, ObjectEvent) and event.of(CLUSTER_POLICY):

@@ -252,7 +252,7 @@ def test_cleanup_hook_job(render: Callable[..., Rendered]) -> None:
     assert find(rendered, "ClusterRole", "gpu-operator-cleanup")["rules"] == [
         {
             "apiGroups": ["nvidia.com"],
-            "resources": [row.plural for row in CUSTOM_RESOURCES],
+            "resources": sorted(row.plural for row in CUSTOM_RESOURCES),  # the chart's crds/, by name
             "verbs": ["list", "delete"],
         },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "get", "patch"]},

@@ -209,9 +209,9 @@ def test_cleanup_crd_deletes_our_crds_in_the_pre_delete_hook(render: Callable[..
         "apiGroups": ["apiextensions.k8s.io"],
         "resources": ["customresourcedefinitions"],
         "resourceNames": [
-            "clusterpolicies.nvidia.com",
-            "nvidiadrivers.nvidia.com",
+            "clusterpolicies.nvidia.com",  # ours: the chart's crds/nvidia.com_*.yaml, by name
             "gpuclusters.nvidia.com",
+            "nvidiadrivers.nvidia.com",
             "computedomains.resource.nvidia.com",
             "computedomaincliques.resource.nvidia.com",
         ],

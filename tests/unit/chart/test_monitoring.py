@@ -83,7 +83,8 @@ def exposed() -> set[str]:
     from gpu_operator.node.host.hostfs import HostFS
 
     for package in (gpu_operator.controllers, gpu_operator.kube):
-        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        # every module, the unit folders' too (the manager imports them by name when it builds them)
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             importlib.import_module(module.name)
     names = {
         f"{family.name}_total" if family.type == "counter" else family.name for family in REGISTRY.collect()

@@ -12,6 +12,7 @@ from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.loop import Result
 from gpu_operator.controllers.manager import Manager
 from gpu_operator.controllers.settings import OperatorSettings
+from gpu_operator.controllers.units.labels.unit import LabelUnit
 from gpu_operator.controllers.units.upgrade.unit import UpgradeUnit
 from gpu_operator.controllers.views import ClusterPolicyView
 from gpu_operator.kube.client import Kube
@@ -58,7 +59,8 @@ def _manager(busy: list[bool], asked: list[Any]) -> tuple[Manager, list[Any]]:
         passes.append(owners)
         return Result(600.0)
 
-    manager.labels.labelling = labelling  # type: ignore[method-assign]
+    labels = next(unit for unit in manager.units if isinstance(unit, LabelUnit))
+    labels.labelling = labelling  # type: ignore[method-assign]
     upgrade = next(loop.unit for loop in manager.loops if isinstance(loop.unit, UpgradeUnit))
     upgrade.controller.reconcile = reconcile  # type: ignore[method-assign]
     return manager, passes

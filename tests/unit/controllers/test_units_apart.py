@@ -2,16 +2,18 @@
 its pure rules): no module of a unit imports another unit's modules, its package included; what
 they share (which policy is active, valid NVIDIADrivers, node routing, owners) comes from the read
 model and its queries, and the shared machinery at controllers/'s root. The root reaches into no
-unit but through the manager, which stays a registration list, and the take-back registry
-(controllers/units/__init__.py, `take_backs`: each unit folder's takeback.py, nothing else), through
-which alone `gpu-operator cleanup` (admin/cleanup.py) reaches the units. The table of units is the
-folders."""
+unit but through the registry (controllers/units/__init__.py: `units`, each folder's `build`, which
+the manager runs; `take_backs`, each unit folder's takeback.py), through which alone
+`gpu-operator cleanup` (admin/cleanup.py) reaches the units. The table of units is the folders:
+the registry names none of them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
+from gpu_operator.kube.client import Kube
 from tests.support.imports import modules, references
 
 C = "gpu_operator.controllers"
@@ -44,15 +46,31 @@ def _graph(known: dict[str, Path]) -> dict[str, set[str]]:
     return {name: references(name, path, known) - {name} for name, path in known.items()}
 
 
-def test_every_unit_is_a_folder_the_manager_registers() -> None:
+class NoKube:
+    """The Manager's constructor reads only these; nothing here reaches an apiserver."""
+
+    http: Any = None
+    streams: Any = None
+    statuses_written: dict[Any, Any] = {}
+
+
+def test_every_unit_is_a_folder_the_manager_builds() -> None:
+    from gpu_operator.controllers.environment import Environment
+    from gpu_operator.controllers.manager import Manager
+    from gpu_operator.controllers.units import unit_folders
+
     known = modules()
     table = unit_table(known)
     assert len(table) >= 7, f"unit folders found: {sorted(table)}"
+    assert sorted(table) == [f"{U}.{name}" for name in unit_folders()]
     loose = {m for m in known if m.startswith(U + ".")} - set().union(*table.values())
     assert loose == set(), f"a module under controllers/units/ outside a unit's folder: {sorted(loose)}"
     assert [u for u in sorted(table) if f"{u}.unit" not in known] == [], "each unit folder holds its unit.py"
-    registered = {t for t in references(f"{C}.manager", known[f"{C}.manager"], known) if t in table}
-    assert registered == set(table), "the manager registers each unit folder's unit, and only those"
+    manager = Manager(cast(Kube, NoKube()), Environment("gpu-operator"))
+    built = sorted(type(loop.unit).__module__.rsplit(".", 1)[0] for loop in manager.loops)
+    assert built == sorted(table), "the manager runs one unit of each folder's, and only those"
+    named = {t for t in references(f"{C}.manager", known[f"{C}.manager"], known) if t.startswith(U + ".")}
+    assert named == set(), "the manager names no unit: the registry builds them from the folders"
 
 
 def test_no_unit_imports_another_units_modules() -> None:
@@ -65,7 +83,7 @@ def test_the_root_reaches_into_no_unit_but_the_manager() -> None:
     known = modules()
     graph = _graph(known)
     inside = set().union(*unit_table(known).values())
-    root = {m for m in known if m.startswith(C + ".") and m not in inside} - {f"{C}.manager", U}
+    root = {m for m in known if m.startswith(C + ".") and m not in inside} - {U}
     found = reaching(root, inside, graph)
     assert found == [], (
         "the read side or shared machinery imports a unit (move what it needs to the root):\n"
@@ -79,8 +97,8 @@ def _take_back_modules(table: Mapping[str, set[str]]) -> dict[str, str]:
 
 
 def test_each_take_back_step_is_a_unit_folders_and_each_folders_is_registered() -> None:
-    """The registry (controllers/units/__init__.py) holds each takeback.py's `take_back` once, and
-    imports nothing of a unit but its takeback.py; node labelling's step runs last (it takes the
+    """The registry (controllers/units/__init__.py) holds each takeback.py's `take_back` once and
+    names no unit (it imports the folders by name); node labelling's step runs last (it takes the
     annotations that the other steps read: whose cordon it is)."""
     from gpu_operator.controllers.units import take_backs
 
@@ -93,14 +111,13 @@ def test_each_take_back_step_is_a_unit_folders_and_each_folders_is_registered() 
         "take_backs() lists each unit folder's takeback.take_back, once, and nothing else"
     )
     assert registered[-1] == f"{U}.labels.takeback.take_back"
-    imported = set(reaching({U}, set().union(*table.values()), _graph(known)))
-    assert imported == {f"{U} -> {m}" for m in folders} | {f"{U} -> {unit}" for unit in folders.values()}
+    assert set(reaching({U}, set().union(*table.values()), _graph(known))) == set()
 
 
 def test_the_add_a_unit_checklist_names_takeback() -> None:
     """docs/architecture.md's "A unit" checklist says where a unit's take-back step goes."""
     text = (Path(__file__).resolve().parents[3] / "docs" / "architecture.md").read_text()
-    checklist = text.split("**A unit**", 1)[1].split("**An operand state**", 1)[0]
+    checklist = text.split("**A unit watching a new CR of ours**", 1)[1].split("**An operand state**", 1)[0]
     assert "controllers/units/<name>/takeback.py" in checklist and "take_backs()" in checklist
 
 

@@ -1,6 +1,6 @@
 """Facts the docs state about the code, held against the code: every repository path a page names
 exists; the `loop` label values docs/operator.md lists are the units the Manager builds, and the
-units README.md and docs/architecture.md list are those; the Settings table's defaults are the
+units README.md and docs/architecture.md list are the folders (generated: tools/unitdocs.py); the Settings table's defaults are the
 code's; docs/architecture.md's golden-file figures are the tree's."""
 
 from __future__ import annotations
@@ -102,16 +102,25 @@ def test_the_passes_metric_lists_every_unit_the_manager_builds() -> None:
     assert sorted(re.findall(r"`([^`]+)`", listed.group(1))) == sorted(built_units())
 
 
-def test_the_readme_and_the_architecture_name_every_unit() -> None:
+def test_the_docs_lists_of_units_are_the_folders() -> None:
+    """README.md's `units/` line, the `loop` values above and docs/architecture.md's table of units
+    are generated from the folders (tools/unitdocs.py)."""
+    from tools import unitdocs
+
     folders = sorted(
         p.name for p in (SRC / "controllers" / "units").iterdir() if (p / "__init__.py").is_file()
     )
-    assert len(folders) == len(built_units()), "one folder per unit under controllers/units/"
-    diagram = ARCHITECTURE_MD.read_text()
-    assert [m for m in folders if f"(units/{m}/" not in diagram] == []
+    assert [folder for folder, _, _ in unitdocs.units()] == folders
+    assert unitdocs.stale() == [], f"the docs' lists of units are stale: run `{unitdocs.COMMAND}`"
     line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.strip().startswith("units/"))
     listed = re.search(r"\(([^)]*)\)", line)
-    assert listed and len(listed.group(1).split(", ")) == len(folders), line
+    assert listed and listed.group(1).split(", ") == folders, line
+
+
+def test_the_diagram_names_only_unit_folders_there_are() -> None:
+    named = set(re.findall(r"\(units/(\w+)/", ARCHITECTURE_MD.read_text()))
+    folders = {p.name for p in (SRC / "controllers" / "units").iterdir() if (p / "__init__.py").is_file()}
+    assert named and sorted(named - folders) == []
 
 
 # -- settings ---------------------------------------------------------------------------------------

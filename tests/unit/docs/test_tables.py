@@ -144,7 +144,7 @@ def operator_metrics() -> set[str]:
     """The operator's metric names as scraped (counters with their _total suffix); every module of
     the operator's packages is imported first, so every metric it defines is registered."""
     for package in (gpu_operator.controllers, gpu_operator.kube):
-        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):  # unit folders too
             importlib.import_module(module.name)
     names = set()
     for family in REGISTRY.collect():

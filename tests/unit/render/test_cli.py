@@ -88,9 +88,9 @@ def test_crds_print_and_check() -> None:
     assert out.exit_code == 0
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(out.output) if d]
     assert names == [
-        "clusterpolicies.nvidia.com",
-        "nvidiadrivers.nvidia.com",
+        "clusterpolicies.nvidia.com",  # ours by module name (api/crdgen.py, `ours()`)
         "gpuclusters.nvidia.com",
+        "nvidiadrivers.nvidia.com",
         "computedomains.resource.nvidia.com",
         "computedomaincliques.resource.nvidia.com",
     ]

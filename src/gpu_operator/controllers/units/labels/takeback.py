@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from gpu_operator.controllers.cleanup import Uninstall, strip_nodes
 
+TAKES_OUR_ANNOTATIONS = True  # runs after every other step (controllers/units/__init__.py, take_backs)
+
 
 async def take_back(uninstall: Uninstall) -> list[str]:
     """Lists the nodes afresh: the steps before it patched them."""

@@ -194,6 +194,11 @@ class LabelUnit(UnitBase):
         self.retries.record(report)
         return Result(self._requeue())
 
+    def holds_back(self) -> bool:
+        """The ClusterPolicy reconcile and the upgrade pass wait while the active policy's labels
+        are written (`labelling`)."""
+        return self.labelling(self.model.active_policy())
+
     def labelling(self, active: ClusterPolicyView | None) -> bool:
         """True while a new ClusterPolicy's labels have yet to land: this loop has not looked at
         this version of `active`, or runs the fleet-wide pass it started. Its reconcile waits
