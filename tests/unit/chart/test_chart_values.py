@@ -165,7 +165,11 @@ def test_nvidia_driver_crd_mode_deploys_the_default_nvidiadriver(render: Callabl
     )
     spec = find(pooled, "NVIDIADriver", "default")["spec"]
     assert spec["nodeSelector"] == {"pool": "a"} and "default" not in spec and spec["driverType"] == "vgpu"
-    for more in ({"driver": {"nvidiaDriverCRD": {"enabled": True, "deployDefaultCR": False}}}, {}):
+    for more in (
+        {"driver": {"nvidiaDriverCRD": {"enabled": True, "deployDefaultCR": False}}},
+        {"driver": {"enabled": False, "nvidiaDriverCRD": {"enabled": True}}},  # as NVIDIA's chart
+        {},
+    ):
         assert not [o for o in objects(render(more)) if o["kind"] == "NVIDIADriver"]
 
 
