@@ -18,9 +18,6 @@ LIBRARIES = {
     "httpx2",
     "yaml",
 }
-# Private attributes our own objects use on themselves (self._x) are fine; these are the
-# private names of library objects the operator once reached into.
-LIBRARY_PRIVATE_ATTRIBUTES = {"_client", "_core", "_cogs", "_kits", "_value"}
 
 
 def _imports(tree: ast.AST) -> list[str]:
@@ -44,12 +41,26 @@ def test_no_private_modules_of_libraries() -> None:
     assert offenders == []
 
 
+# Private names reached on something other than self/cls that are not a library's internals: the
+# stdlib's type of os.environ (for a type hint), and one of our own objects' methods.
+NOT_A_LIBRARYS = {"os._Environ", "self._guard._refused"}
+
+
 def test_no_private_attributes_of_library_objects() -> None:
+    """No `x._name` where x is not self or cls (a library's internals change without notice: the
+    HTTP pool's `_pool._network_backend` was set once for a 2 % CPU gain), but the few listed."""
     offenders = []
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in LIBRARY_PRIVATE_ATTRIBUTES:
-                owner = node.value
-                if not (isinstance(owner, ast.Name) and owner.id in {"self", "cls"}):
-                    offenders.append(f"{path.relative_to(SRC)}:{node.lineno}: .{node.attr}")
+            if (
+                not isinstance(node, ast.Attribute)
+                or not node.attr.startswith("_")
+                or node.attr.startswith("__")
+            ):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in {"self", "cls"}:
+                continue
+            if ast.unparse(node) not in NOT_A_LIBRARYS:
+                offenders.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
     assert offenders == []

@@ -14,7 +14,6 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import SingleConfig
 
-from gpu_operator.kube.idlecheck import IdleCheckBackend
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.reads import Reads
 from gpu_operator.kube.resources import (
@@ -152,11 +151,7 @@ def _transport(
     if config.user is None:
         raise ValueError("the kubeconfig's context names no user: add one with credentials for the apiserver")
     verify = client_adapter.verify_cluster(config.cluster, config.user, config.abs_file)
-    inner = httpx2.AsyncHTTPTransport(verify=verify, limits=POOL)
-    # the pool's idle check without the default backend's per-check attribute tables (kube/idlecheck.py);
-    # the HTTP client offers no argument for the backend, so it is set on the pool it built
-    inner._pool._network_backend = IdleCheckBackend()  # noqa: SLF001
-    return FencedTransport(inner, fence, exempt)
+    return FencedTransport(httpx2.AsyncHTTPTransport(verify=verify, limits=POOL), fence, exempt)
 
 
 class Kube(Reads, Writes):
