@@ -59,7 +59,7 @@ def test_crd_is_served(control_plane: ControlPlane, kube: Client) -> None:
         got = control_plane.request(
             "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.smoke.example.com"
         )
-        conditions = got.get("status", {}).get("conditions", [])
+        conditions = (got.get("status") or {}).get("conditions") or []  # null just after create
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     wait_for("CRD Established", established, timeout=60)
