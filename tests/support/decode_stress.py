@@ -120,7 +120,7 @@ class Stress:
                         len(pods) == self.items and pods[0].metadata.labels["app"] == "driver",
                     )
                 elif turn % 4 == 2:
-                    listed = nodewatch._decode_list(self.nodes).items or []
+                    listed = nodewatch.DECODERS.list(self.nodes).items or []
                     self.check(
                         "operator Node list", len(listed) == self.items and listed[-1].metadata.name == last
                     )

@@ -1,8 +1,8 @@
 """The operator process: registers the watches and the units, and hands every event to every
 unit (each decides what it wants: controllers/loop.py). It knows nothing of what a unit does.
 
-Nodes come from the Node reflector (controllers/reflector.py), everything else from kopf's
-watches (controllers/watches.py); both fill the one read model (controllers/readmodel.py) the
+Nodes and driver pods come from their reflectors (controllers/reflector.py), everything else
+from kopf's watches (controllers/watches.py); both fill the one read model (controllers/readmodel.py) the
 units read. The units are the folders under controllers/units/ (`units()` builds one per folder);
 this module names none of them."""
 
@@ -20,11 +20,11 @@ from gpu_operator.controllers.discovery import ClusterInfo
 from gpu_operator.controllers.environment import Environment
 from gpu_operator.controllers.loop import Event, EventKind, NodeEvent, ObjectEvent, UnitLoop
 from gpu_operator.controllers.readmodel import ReadModel
-from gpu_operator.controllers.reflector import NodeReflector
+from gpu_operator.controllers.reflector import NodeReflector, WatchSizes, driver_pod_reflector
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.unitparts import UnitParts
 from gpu_operator.controllers.units import units
-from gpu_operator.controllers.views import NodeView
+from gpu_operator.controllers.views import DriverPodView, NodeView
 from gpu_operator.controllers.watches import Watches
 from gpu_operator.kube.client import Kube
 from gpu_operator.kube.configwatch import ConfigMapWatch
@@ -39,16 +39,25 @@ class Manager:
         self.kube = kube
         self.settings = settings = settings or OperatorSettings()
         self.stop = asyncio.Event()
-        self.nodes = NodeReflector(
-            kube.http,
-            kube.streams,
-            self._node_changed,
-            backoff=settings.watch_backoff,
+        watch = WatchSizes(
             page_size=settings.watch_chunk_size,
             server_timeout=settings.watch_server_timeout,
             connect_timeout=settings.watch_connect_timeout,
         )
-        self.model = model = ReadModel(environment.namespace, node_map=self.nodes.views)
+        self.nodes = NodeReflector(
+            kube.http, kube.streams, self._node_changed, backoff=settings.watch_backoff, **watch
+        )
+        self.driver_pods = driver_pod_reflector(
+            kube.http,
+            kube.streams,
+            self._driver_pod_changed,
+            namespace=environment.namespace,
+            backoff=settings.watch_backoff,
+            **watch,
+        )
+        self.model = model = ReadModel(
+            environment.namespace, node_map=self.nodes.views, driver_pod_map=self.driver_pods.views
+        )
         self.watches = Watches(model, settings, self.dispatch, kube.statuses_written.get, self.stop.set)
         # the user's devicePlugin.config ConfigMap, by name (kopf's ConfigMap watch sees only ours)
         self.plugin_config = ConfigMapWatch(
@@ -85,10 +94,17 @@ class Manager:
         """The reflector saw a node appear, change what we read of it, or go."""
         self.dispatch(NodeEvent(name, view))
 
+    def _driver_pod_changed(self, _name: str, view: DriverPodView | None, old: DriverPodView | None) -> None:
+        """The driver pod reflector saw a driver pod appear, change what we read of it, or go:
+        an event for the node it runs (or ran) on."""
+        pod = view if view is not None else old
+        self.dispatch(ObjectEvent(EventKind.DRIVER_POD, (pod.node if pod is not None else "") or None))
+
     async def ready(self) -> None:
-        """Until kopf's indices are in (its first event) and the Node reflector's first list."""
+        """Until kopf's indices are in (its first event) and the reflectors' first lists."""
         await self.watches.indexed.wait()
         await self.nodes_synced.wait()
+        await self.driver_pods.synced.wait()
 
     async def _reflect_nodes(self, stop: asyncio.Event) -> None:
         task = asyncio.create_task(self.nodes.run(stop))
@@ -103,11 +119,12 @@ class Manager:
         ready: asyncio.Event | None,
         on_kopf_started: Callable[[], None] | None,
     ) -> None:
-        """Ready once kopf has started and the Node reflector has its first list."""
+        """Ready once kopf has started and the reflectors have their first lists."""
         await kopf_ready.wait()
         if on_kopf_started is not None:
             on_kopf_started()
         await self.nodes_synced.wait()
+        await self.driver_pods.synced.wait()
         if ready is not None:
             ready.set()
 
@@ -126,6 +143,7 @@ class Manager:
         kopf_ready = asyncio.Event()
         tasks = [
             asyncio.create_task(self._reflect_nodes(stop), name="node-reflector"),
+            asyncio.create_task(self.driver_pods.run(stop), name="driver-pod-reflector"),
             asyncio.create_task(self._ready_when(kopf_ready, ready, on_kopf_started), name="readiness"),
             asyncio.create_task(metrics.sample_loop_lag(), name="event-loop-lag"),
             *(asyncio.create_task(loop.run(self.ready), name=loop.name) for loop in self.loops),

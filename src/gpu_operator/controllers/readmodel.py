@@ -1,8 +1,8 @@
 """The one read model the units share: what the watches hold, one typed view per kind, and the
 queries over them (controllers/queries.py) answered in one place.
 
-Filled by the Node reflector (nodes) and kopf's indices (our CRs, driver pods, owned objects,
-GPU feature discovery's NodeFeatures), and by start-up discovery (controllers/discovery.py,
+Filled by the reflectors (nodes, driver pods) and kopf's indices (our CRs, owned objects, GPU
+feature discovery's NodeFeatures), and by start-up discovery (controllers/discovery.py,
 `ClusterInfo`: facts that cost one request at start). Units read it; only the manager's watches
 write it. The reconciling units (ClusterPolicy, NVIDIADriver, GPUCluster) take it once per pass as
 one frozen `ReadSnapshot` (`ReadModel.snapshot()`), the same for all three. What a pass reads
@@ -42,7 +42,7 @@ from gpu_operator.controllers.views import (
     OwnedView,
     first,
 )
-from gpu_operator.controllers.watchedkinds import DRIVER_PODS, GFD_FEATURES, OWNED_KINDS, WatchedKind
+from gpu_operator.controllers.watchedkinds import GFD_FEATURES, OWNED_KINDS, WatchedKind
 
 # kopf's index ids: each row's `index_id` (controllers/watchedkinds.py)
 V = TypeVar("V", bound=CRView[Any])
@@ -88,6 +88,8 @@ class ReadModel:
     info: ClusterInfo = field(default_factory=ClusterInfo)
     # The Node reflector's views by name (the reflector's own dict, read in place).
     node_map: Mapping[str, NodeView] = field(default_factory=dict)
+    # The driver pod reflector's views by pod name (its own dict, read in place).
+    driver_pod_map: Mapping[str, DriverPodView] = field(default_factory=dict)
     # kopf's live indices by id, taken from its startup handler's kwargs (kopf's public way).
     indices: dict[str, Any] = field(default_factory=dict)
     owned_kinds: list[WatchedKind] = field(default_factory=lambda: list(OWNED_KINDS))
@@ -188,7 +190,7 @@ class ReadModel:
     # -- pods and owned objects ------------------------------------------------------------------------
 
     def driver_pods(self) -> list[DriverPodView]:
-        return self._views(DRIVER_PODS.index_id)
+        return list(self.driver_pod_map.values())
 
     def owned(self) -> dict[Any, OwnedView]:
         owned: dict[Any, OwnedView] = {}

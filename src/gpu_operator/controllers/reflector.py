@@ -1,20 +1,37 @@
-"""The operator's Node reflector: kube/nodewatch.py's NodeWatch, each decoded Node kept as the
+"""The operator's reflectors: kube/nodewatch.py's NodeWatch, each decoded Node kept as the
 `NodeView` the rest of the operator reads (built straight from the decoded fields, label strings
-interned), retrying with the operator's watch backoff."""
+interned), and kube/driverpodwatch.py's watch of the driver pods in the operator's namespace, each
+kept as a `DriverPodView`; both retry with the operator's watch backoff."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+from typing import TypedDict, Unpack
 
 import httpx2
 
 from gpu_operator.controllers.settings import Backoff, OperatorSettings
-from gpu_operator.controllers.views import NodeView, gpu_condition, kept_taints, mig_condition
+from gpu_operator.controllers.views import DriverPodView, NodeView, gpu_condition, kept_taints, mig_condition
+from gpu_operator.kube.driverpodwatch import DriverPodWatch
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
+from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE
 
-__all__ = ["Gone", "NodeReflector", "SlimNode", "interned", "view_of"]
+__all__ = [
+    "DRIVER_POD_LABELS",
+    "Gone",
+    "NodeReflector",
+    "SlimNode",
+    "WatchSizes",
+    "driver_pod_reflector",
+    "interned",
+    "view_of",
+]
+
+# Driver pods (any owner, or none: the migration rule looks for orphaned ones), by their label.
+DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
 
 
 def interned(mapping: dict[str, str]) -> dict[str, str]:
@@ -67,3 +84,34 @@ class NodeReflector(NodeWatch[NodeView]):
             connect_timeout=connect_timeout,
             path=path,
         )
+
+
+class WatchSizes(TypedDict, total=False):
+    """A reflector's list page size and its watch's timeouts (the operator's settings)."""
+
+    page_size: int
+    server_timeout: float
+    connect_timeout: float
+
+
+def driver_pod_reflector(
+    http: httpx2.AsyncClient,
+    streams: LineStreams,
+    on_pod_change: Callable[[str, DriverPodView | None, DriverPodView | None], None],
+    *,
+    namespace: str,
+    backoff: Backoff | None = None,
+    **sizes: Unpack[WatchSizes],
+) -> DriverPodWatch[DriverPodView]:
+    """The driver pods of the operator's namespace (label app.kubernetes.io/component=nvidia-driver),
+    each kept as a DriverPodView; `sizes`: the watch's page_size and timeouts."""
+    return DriverPodWatch(
+        http,
+        streams,
+        on_pod_change,
+        DriverPodView.of,
+        namespace=namespace,
+        selector=",".join(f"{k}={v}" for k, v in DRIVER_POD_LABELS.items()),
+        delay=(backoff or OperatorSettings().watch_backoff).delay,
+        **sizes,
+    )

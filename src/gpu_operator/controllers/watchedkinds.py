@@ -9,9 +9,9 @@ start-up discovery fact without which it is not watched (its CRD served). Our CR
 Read from the table: the watches (controllers/watches.py) register each kopf row by its event
 kind, the read model keeps each row's index, the chart tests hold the chart's grants to each row's
 verbs where it is watched (tests/unit/chart/test_watched_kinds.py, test_chart_permissions.py), and
-the apply contract's watched kinds are the owned rows (`OWNED_KINDS`). The Node reflector
-(controllers/reflector.py) and the devicePlugin.config watch (kube/configwatch.py) watch outside
-kopf; their rows are here for what they need of the chart."""
+the apply contract's watched kinds are the owned rows (`OWNED_KINDS`). The Node and driver pod
+reflectors (controllers/reflector.py) and the devicePlugin.config watch (kube/configwatch.py) watch
+outside kopf; their rows are here for what they need of the chart."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ OWNED_KINDS = (
 SERVICE_MONITOR = owned(
     "monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor", needs="servicemonitor_crd"
 )
-# Driver pods (any owner, or none: the migration rule looks for orphaned ones), by their label.
-DRIVER_PODS = WatchedKind("", "v1", "pods", "Pod", True, EventKind.DRIVER_POD, "driver_pods")
+# Driver pods (any owner, or none: the migration rule looks for orphaned ones), by their label: the
+# driver pod reflector (controllers/reflector.py)
+DRIVER_PODS = WatchedKind("", "v1", "pods", "Pod", True, EventKind.DRIVER_POD)
 # GPU feature discovery's NodeFeatures, by node: node labelling mirrors their labels onto the Nodes.
 GFD_FEATURES = WatchedKind(
     NODE_FEATURE_GROUP,

@@ -1,9 +1,9 @@
-"""kopf's part of the watches: indices that fill the read model (our CRs, driver pods, owned
-objects, GPU feature discovery's NodeFeatures) and event handlers that turn each change into one
-`ObjectEvent` for the manager to hand to the units. Handlers only record; units do the work.
-What is watched is read from the table of watched kinds (controllers/watchedkinds.py): each row
-kopf serves is registered by its event kind. Nodes are not watched here: the Node reflector
-(controllers/reflector.py) does that."""
+"""kopf's part of the watches: indices that fill the read model (our CRs, owned objects, GPU
+feature discovery's NodeFeatures) and event handlers that turn each change into one `ObjectEvent`
+for the manager to hand to the units. Handlers only record; units do the work. What is watched is
+read from the table of watched kinds (controllers/watchedkinds.py): each row kopf serves is
+registered by its event kind. Nodes and driver pods are not watched here: their reflectors
+(controllers/reflector.py) do that."""
 
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ from gpu_operator.controllers.loop import Event, EventKind, ObjectEvent
 from gpu_operator.controllers.readmodel import ReadModel
 from gpu_operator.controllers.reflector import interned
 from gpu_operator.controllers.settings import OperatorSettings
-from gpu_operator.controllers.views import CRView, DriverPodView, OwnedView
+from gpu_operator.controllers.views import CRView, OwnedView
 from gpu_operator.controllers.watchedkinds import GFD_FEATURES, WatchedKind, WatchRow, event_of, watched_kinds
 from gpu_operator.vocabulary import (
-    COMPONENT,
-    DRIVER_COMPONENT_VALUE,
     GFD_NODE_FEATURE_PREFIX,
     MANAGED_BY,
     MANAGED_BY_VALUE,
@@ -35,12 +33,8 @@ from gpu_operator.vocabulary import (
     NODE_FEATURE_PLURAL,
 )
 
-DRIVER_POD_LABELS = {COMPONENT: DRIVER_COMPONENT_VALUE}
 # The label selectors the apiserver filters kopf's watches by, per event kind (none: every object)
-SELECTORS: dict[EventKind | None, dict[str, str]] = {
-    EventKind.OWNED: {MANAGED_BY: MANAGED_BY_VALUE},
-    EventKind.DRIVER_POD: DRIVER_POD_LABELS,
-}
+SELECTORS: dict[EventKind | None, dict[str, str]] = {EventKind.OWNED: {MANAGED_BY: MANAGED_BY_VALUE}}
 
 log = logging.getLogger("gpu_operator.operator")  # the process's logger (controllers/manager.py)
 
@@ -95,8 +89,6 @@ class Watches:
             self._watch_cr(row)
         elif row.event is EventKind.OWNED:
             self.watch_owned(row)
-        elif row.event is EventKind.DRIVER_POD:
-            self._watch_driver_pods(row)
         elif row.event is EventKind.GFD_FEATURES:
             self.watch_gfd_features(row)
 
@@ -147,21 +139,6 @@ class Watches:
         kopf.index(*resource.resource, id=resource.index_id, registry=self.registry)(indexed)
         kopf.on.event(*resource.resource, id=f"{resource.plural}_event", registry=self.registry)(changed)
         self.watched.append(resource)
-
-    def _watch_driver_pods(self, row: WatchedKind) -> None:
-        """Driver pods (any owner, or none: the migration rule looks for orphaned ones)."""
-
-        async def indexed(
-            body: kopf.Body, name: str, namespace: str | None, **_: Any
-        ) -> dict[tuple[str | None, str], DriverPodView]:
-            return {(namespace, name): DriverPodView.of(body)}
-
-        async def changed(body: kopf.Body, **_: Any) -> None:
-            self._event(ObjectEvent(EventKind.DRIVER_POD, (body.get("spec") or {}).get("nodeName") or None))
-
-        kopf.index(*row.resource, id=row.index_id, labels=DRIVER_POD_LABELS, registry=self.registry)(indexed)
-        kopf.on.event(*row.resource, labels=DRIVER_POD_LABELS, registry=self.registry)(changed)
-        self.watched.append(row)
 
     def watch_discovered(self, info: ClusterInfo, *, gfd_node_labels: bool) -> None:
         """The rows that need what start-up discovery found (their CRD served): ServiceMonitors

@@ -33,6 +33,7 @@ class _OwnerRef(msgspec.Struct, omit_defaults=True):
 class _PodMeta(msgspec.Struct, omit_defaults=True):
     name: str = ""
     namespace: str = ""
+    resourceVersion: str = ""  # where the driver pod watch resumes (kube/driverpodwatch.py)
     labels: dict[str, str] | None = None
     ownerReferences: list[_OwnerRef] | None = None
     deletionTimestamp: str | None = None
@@ -55,8 +56,8 @@ class _PodStatus(msgspec.Struct, omit_defaults=True):
 
 
 class SlimPod(msgspec.Struct, omit_defaults=True):
-    """The part of a pod a slim list builds (owners, labels, node, env, readiness); the decoder
-    skips the rest."""
+    """The part of a pod a slim list or the driver pod watch builds (owners, labels, node, env,
+    readiness); the decoder skips the rest."""
 
     metadata: _PodMeta = msgspec.field(default_factory=_PodMeta)
     spec: _PodSpec | None = None

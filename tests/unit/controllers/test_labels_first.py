@@ -45,7 +45,6 @@ def _manager(busy: list[bool], asked: list[Any]) -> tuple[Manager, list[Any]]:
         {
             **{row.index_id: {} for row in CUSTOM_RESOURCES},
             CLUSTER_POLICY.index_id: {"cluster-policy": [policy]},
-            "driver_pods": {},
         }
     )
 

@@ -11,7 +11,7 @@ import signal
 
 from gpu_operator.controllers.reflector import NodeReflector
 from gpu_operator.controllers.run import take_signals
-from gpu_operator.kube import nodewatch
+from gpu_operator.kube import slimwatch
 
 
 def test_the_signals_are_taken_back_from_a_handler_installed_after_ours() -> None:
@@ -74,9 +74,9 @@ def test_unless_stopped_returns_the_work_and_raises_its_error() -> None:
 
     async def scenario() -> tuple[bool, str]:
         stop = asyncio.Event()
-        done = await nodewatch._unless_stopped(ok(), stop)
+        done = await slimwatch._unless_stopped(ok(), stop)
         try:
-            await nodewatch._unless_stopped(fails(), stop)
+            await slimwatch._unless_stopped(fails(), stop)
         except ValueError as err:
             return done, str(err)
         return done, ""

@@ -84,7 +84,7 @@ class Cluster:
         model = ReadModel(
             "gpu-operator",
             node_map=self.views,
-            indices={**{row.index_id: {} for row in CUSTOM_RESOURCES}, "driver_pods": {}},
+            indices={row.index_id: {} for row in CUSTOM_RESOURCES},
         )
         unit = self.unit = LabelUnit(self, OperatorSettings(**settings), model)  # type: ignore[arg-type]
         unit._wanted = lambda: LabelPolicy()  # type: ignore[method-assign]  # a ClusterPolicy with defaults
