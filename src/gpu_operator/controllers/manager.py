@@ -100,11 +100,15 @@ class Manager:
         pod = view if view is not None else old
         self.dispatch(ObjectEvent(EventKind.DRIVER_POD, (pod.node if pod is not None else "") or None))
 
+    async def _listed(self) -> None:
+        """Until both reflectors have their first lists in."""
+        await self.nodes_synced.wait()
+        await self.driver_pods.synced.wait()
+
     async def ready(self) -> None:
         """Until kopf's indices are in (its first event) and the reflectors' first lists."""
         await self.watches.indexed.wait()
-        await self.nodes_synced.wait()
-        await self.driver_pods.synced.wait()
+        await self._listed()
 
     async def _reflect_nodes(self, stop: asyncio.Event) -> None:
         task = asyncio.create_task(self.nodes.run(stop))
@@ -123,8 +127,7 @@ class Manager:
         await kopf_ready.wait()
         if on_kopf_started is not None:
             on_kopf_started()
-        await self.nodes_synced.wait()
-        await self.driver_pods.synced.wait()
+        await self._listed()
         if ready is not None:
             ready.set()
 

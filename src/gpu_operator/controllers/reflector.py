@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from typing import TypedDict, Unpack
 
 import httpx2
@@ -17,6 +16,7 @@ from gpu_operator.controllers.views import DriverPodView, NodeView, gpu_conditio
 from gpu_operator.kube.driverpodwatch import DriverPodWatch
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.nodewatch import NODES_PATH, Gone, NodeWatch, OnChange, SlimNode
+from gpu_operator.kube.slimwatch import OnViewChange
 from gpu_operator.vocabulary import COMPONENT, DRIVER_COMPONENT_VALUE
 
 __all__ = [
@@ -97,7 +97,7 @@ class WatchSizes(TypedDict, total=False):
 def driver_pod_reflector(
     http: httpx2.AsyncClient,
     streams: LineStreams,
-    on_pod_change: Callable[[str, DriverPodView | None, DriverPodView | None], None],
+    on_change: OnViewChange[DriverPodView],
     *,
     namespace: str,
     backoff: Backoff | None = None,
@@ -108,7 +108,7 @@ def driver_pod_reflector(
     return DriverPodWatch(
         http,
         streams,
-        on_pod_change,
+        on_change,
         DriverPodView.of,
         namespace=namespace,
         selector=",".join(f"{k}={v}" for k, v in DRIVER_POD_LABELS.items()),

@@ -17,7 +17,7 @@ from prometheus_client import Counter
 
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.pages import SlimPod
-from gpu_operator.kube.slimwatch import Counters, Decoders, SlimWatch
+from gpu_operator.kube.slimwatch import Counters, Decoders, OnViewChange, SlimWatch
 
 EVENTS = Counter(
     "gpu_operator_driver_pod_watch_events", "Driver pod watch events received, by type", ["type"]
@@ -32,14 +32,14 @@ V = TypeVar("V")
 class DriverPodWatch(SlimWatch[SlimPod, V]):
     """Keeps `views` (pod name -> the view `to_view` makes of a decoded pod, handed to it as plain
     dicts and lists with the fields `SlimPod` keeps) equal to the pods in
-    `namespace` that match `selector`; calls `on_pod_change(name, view, old)` for a pod whose view
+    `namespace` that match `selector`; calls `on_change(name, view, old)` for a pod whose view
     appeared (`old` None), changed, or went (`view` None, `old` its last view: where it ran)."""
 
     def __init__(
         self,
         http: httpx2.AsyncClient,
         streams: LineStreams,
-        on_pod_change: Callable[[str, V | None, V | None], None],
+        on_change: OnViewChange[V],
         to_view: Callable[[dict[str, Any]], V],
         *,
         namespace: str,
@@ -52,7 +52,7 @@ class DriverPodWatch(SlimWatch[SlimPod, V]):
         super().__init__(
             http,
             streams,
-            lambda _name, _view: None,  # every change goes to on_pod_change (`changed`)
+            on_change,
             lambda pod: to_view(msgspec.to_builtins(pod)),
             decoders=DECODERS,
             counters=Counters(EVENTS, LISTS),
@@ -64,7 +64,3 @@ class DriverPodWatch(SlimWatch[SlimPod, V]):
             server_timeout=server_timeout,
             connect_timeout=connect_timeout,
         )
-        self.on_pod_change = on_pod_change
-
-    def changed(self, name: str, view: V | None, old: V | None) -> None:
-        self.on_pod_change(name, view, old)

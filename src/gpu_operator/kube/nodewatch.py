@@ -94,7 +94,7 @@ class NodeWatch(SlimWatch[SlimNode, V]):
         super().__init__(
             http,
             streams,
-            on_change,
+            lambda name, view, _old: on_change(name, view),
             to_view,
             decoders=DECODERS,
             counters=Counters(EVENTS, LISTS),

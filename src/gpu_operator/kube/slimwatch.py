@@ -58,7 +58,8 @@ class Slim(Protocol):
 
 T = TypeVar("T", bound=Slim)
 V = TypeVar("V")
-OnChange = Callable[[str, V | None], None]
+OnChange = Callable[[str, V | None], None]  # a Node watch's caller: the new view, None when gone
+OnViewChange = Callable[[str, V | None, V | None], None]  # (name, view or None when gone, the view before)
 
 
 class SlimList(msgspec.Struct, Generic[T]):
@@ -95,16 +96,15 @@ class Counters:
 
 class SlimWatch(Generic[T, V]):
     """Keeps `views` (object name -> the view `to_view` makes of a decoded object) equal to the
-    apiserver's objects at `path` (with `selector`, a label selector, when given); `changed` is
-    called for a new or changed view and for an object that is gone (`on_change(name, view)`,
-    None when gone, unless a subclass says otherwise). `synced` is set once the first list is
-    in. `delay(n)` is the wait after the n-th failure in a row. `what` names the kind in logs."""
+    apiserver's objects at `path` (with `selector`, a label selector, when given); calls
+    `on_change(name, view, old)` for a view that appeared (`old` None), changed, or went (`view`
+    None, `old` its last view). `synced` is set once the first list is in. `delay(n)` is the wait after the n-th failure in a row. `what` names the kind in logs."""
 
     def __init__(
         self,
         http: httpx2.AsyncClient,
         streams: LineStreams,
-        on_change: OnChange[V],
+        on_change: OnViewChange[V],
         to_view: Callable[[T], V],
         *,
         decoders: Decoders[T],
@@ -154,16 +154,12 @@ class SlimWatch(Generic[T, V]):
             self.decoded.pop(name, None)
             old = self.views.pop(name, None)
             if old is not None:
-                self.changed(name, None, old)
+                self.on_change(name, None, old)
             return
         old = self.views.get(name)
         if old != view:
             self.views[name] = view
-            self.changed(name, view, old)
-
-    def changed(self, name: str, view: V | None, old: V | None) -> None:
-        """A view appeared, changed (`old` the one before) or went (`view` None)."""
-        self.on_change(name, view)
+            self.on_change(name, view, old)
 
     def _params(self, **params: Any) -> dict[str, Any]:
         return {**({"labelSelector": self.selector} if self.selector else {}), **params}
