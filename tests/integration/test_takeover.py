@@ -117,10 +117,17 @@ class DriverWitness:
             time.sleep(0.05)
 
     def _states(self) -> None:
+        # One list a sample: the nodes' states at one resourceVersion. A GET a node read them at
+        # different moments, and on a loaded machine (three workers on 2 cores) one node's last
+        # active state and the next node's first were seen as two at once, though the operator
+        # had written the first node's upgrade-done before it began the next.
         while not self.stop.is_set():
             states = {}
-            for node in self.nodes:
-                state = (self.kube.get(Node, node).metadata.labels or {}).get(UPGRADE_STATE, "")
+            for item in self.kube.list(Node):
+                node = item.metadata.name
+                if node not in self.nodes:
+                    continue
+                state = (item.metadata.labels or {}).get(UPGRADE_STATE, "")
                 states[node] = state
                 if not self.history[node] or self.history[node][-1] != state:
                     self.history[node].append(state)
