@@ -14,6 +14,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import SingleConfig
 
+from gpu_operator.kube.h11pool import H11Pool
 from gpu_operator.kube.linestream import LineStreams
 from gpu_operator.kube.reads import Reads
 from gpu_operator.kube.resources import (
@@ -63,7 +64,7 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 class FencedTransport(httpx2.AsyncBaseTransport):
     """The one door every request of a client goes through. A write (any method but GET, HEAD,
     OPTIONS) is checked against the fence twice: when it enters, and again at the last moment,
-    once a connection is ready and just before its first byte is written (httpcore's `trace`
+    once a connection is ready and just before its first byte is written (the `trace`
     request extension, event `*.send_request_headers.started`). A request that waited for a
     connection, or sat in a process paused past its lease, is refused when it would go out.
     `exempt` names the writes the fence does not apply to (the Lease renewal itself)."""
@@ -137,7 +138,8 @@ def _body_name(request: httpx2.Request) -> str | None:
 # a burst) the surplus was closed, and the next burst opened them again, a TLS handshake each
 # (82 connections seen during one 1,000-node labelling pass and what followed it, 61 with this
 # pool: the 32 the gate uses and the rest of the operator's).
-POOL = httpx2.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=60.0)
+# Every one of the 100 may stay open while idle, for 60 s (kube/h11pool.py).
+MAX_CONNECTIONS, KEEPALIVE_EXPIRY = 100, 60.0
 
 
 def _transport(
@@ -150,8 +152,14 @@ def _transport(
     directly, as in-cluster clients do."""
     if config.user is None:
         raise ValueError("the kubeconfig's context names no user: add one with credentials for the apiserver")
-    verify = client_adapter.verify_cluster(config.cluster, config.user, config.abs_file)
-    return FencedTransport(httpx2.AsyncHTTPTransport(verify=verify, limits=POOL), fence, exempt)
+    server = httpx2.URL(config.cluster.server)
+    tls = (
+        client_adapter.verify_cluster(config.cluster, config.user, config.abs_file)
+        if server.scheme == "https"
+        else None
+    )
+    pool = H11Pool(str(server), tls, max_connections=MAX_CONNECTIONS, keepalive_expiry=KEEPALIVE_EXPIRY)
+    return FencedTransport(pool, fence, exempt)
 
 
 class Kube(Reads, Writes):
