@@ -69,10 +69,15 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def eof_received(self) -> bool | None:
-        try:
-            self.h11.receive_data(b"")
-        except h11.RemoteProtocolError as err:
-            self.error = err
+        if not self.answered:
+            # closed before any byte of an answer (or while idle): a close to retry on, not one for
+            # h11 (it would end the exchange with its own RemoteProtocolError, never retried)
+            self.error = _Closed(True, None)
+        else:
+            try:
+                self.h11.receive_data(b"")
+            except h11.RemoteProtocolError as err:
+                self.error = err
         self._wake()
         return None
 
@@ -231,6 +236,7 @@ class H11Pool(httpx2.AsyncBaseTransport):
     def release(self, conn: _Connection) -> None:
         if conn.reusable() and conn.loop is asyncio.get_running_loop():
             conn.h11.start_next_cycle()
+            conn.answered = False
             conn.idle_since = time.monotonic()
             self.idle.append(conn)
             self._wake_one()
