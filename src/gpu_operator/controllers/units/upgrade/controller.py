@@ -49,13 +49,21 @@ def record(counts: us.Counts) -> None:
 
 
 def driver_pod_facts(
-    pod: DriverPodView, daemonsets: Mapping[str, Mapping[str, Any]], latest: Mapping[str, str | None]
+    pod: DriverPodView,
+    daemonsets: Mapping[str, Mapping[str, Any]],
+    latest: Mapping[str, str | None],
+    digests: dict[str, str] | None = None,
 ) -> us.DriverPod:
     """In sync when the pod's controller-revision-hash is its DaemonSet's latest revision; only its
-    pod must restart when its configuration digest is its DaemonSet template's."""
+    pod must restart when its configuration digest is its DaemonSet template's. `digests`: the
+    template digests of the DaemonSets a pass has read so far (each read once a pass, not once a pod)."""
     ds = daemonsets.get(pod.daemonset)  # none for '' (no DaemonSet controls the pod)
     in_sync = ds is not None and pod.revision is not None and pod.revision == latest.get(pod.daemonset)
-    template_digest = config_digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
+    template_digest = digests.get(pod.daemonset) if digests is not None else None
+    if template_digest is None:
+        template_digest = config_digest(((ds or {}).get("spec") or {}).get("template", {}).get("spec") or {})
+        if digests is not None:
+            digests[pod.daemonset] = template_digest
     return us.DriverPod(
         pod.name,
         pod.namespace,
@@ -94,16 +102,16 @@ def pass_pods(
     """Every scheduled driver pod's facts, against every DaemonSet in the namespace (so that a
     pod counts as orphaned only when its DaemonSet does not exist at all), read once per pass."""
     out: list[PassPod] = []
+    owners: dict[str, frozenset[str]] = {}  # per DaemonSet, read once a pass (a 1,000-node pass has one)
+    digests: dict[str, str] = {}
     for pod in pods:
         if not pod.node:
             continue
-        ds_meta = (daemonsets.get(pod.daemonset) or {}).get("metadata") or {}
+        if pod.daemonset not in owners:
+            ds_meta = (daemonsets.get(pod.daemonset) or {}).get("metadata") or {}
+            owners[pod.daemonset] = frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or [])
         out.append(
-            PassPod(
-                pod.node,
-                frozenset(r.get("uid", "") for r in ds_meta.get("ownerReferences") or []),
-                driver_pod_facts(pod, daemonsets, latest),
-            )
+            PassPod(pod.node, owners[pod.daemonset], driver_pod_facts(pod, daemonsets, latest, digests))
         )
     return out
 

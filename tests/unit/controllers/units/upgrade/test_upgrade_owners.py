@@ -405,3 +405,38 @@ def test_with_a_gpucluster_and_no_clusterpolicy_each_nvidiadriver_owns_its_nodes
     assert upgrade_owners(None, drivers, nodes) == []  # neither CR: nothing is upgraded
     (owner,) = upgrade_owners(None, drivers, nodes, dra=True)
     assert owner.name == "pool-a" and owner.nodes == frozenset({"a1"})
+
+
+def test_each_pod_is_held_to_its_own_daemonsets_digest_within_one_pass() -> None:
+    """A pass reads each DaemonSet's template digest once (not once a pod): a pod whose digest is
+    its own DaemonSet's only restarts; the same digest against another DaemonSet's does not."""
+
+    def with_digest(obj: dict[str, Any], digest: str, path: tuple[str, ...]) -> dict[str, Any]:
+        spec = obj
+        for key in path:
+            spec = spec.setdefault(key, {})
+        spec["containers"] = [{"name": "driver", "env": [{"name": "DRIVER_CONFIG_DIGEST", "value": digest}]}]
+        return obj
+
+    template = ("spec", "template", "spec")
+    daemonsets = {
+        "ds-a": with_digest(daemonset("ds-a", "uid-pool-a"), "111", template),
+        "ds-b": with_digest(daemonset("ds-b", "uid-pool-b"), "222", template),
+    }
+    pods = [
+        with_digest(driver_pod(name, node, ds, "old"), digest, ("spec",))
+        for name, node, ds, digest in (
+            ("a1", "n1", "ds-a", "111"),
+            ("b1", "n2", "ds-b", "111"),
+            ("a2", "n3", "ds-a", "222"),
+            ("b2", "n4", "ds-b", "222"),
+        )
+    ]
+    facts = {p.driver.name: p for p in pass_pods([DriverPodView.of(p) for p in pods], daemonsets, {})}
+    assert {name: f.driver.restart_only for name, f in facts.items()} == {
+        "a1": True,
+        "b1": False,
+        "a2": False,
+        "b2": True,
+    }
+    assert facts["a2"].owners == {"uid-pool-a"} and facts["b1"].owners == {"uid-pool-b"}
