@@ -6,10 +6,11 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpu_operator.render.distributions import detect, toolkit_group
+from gpu_operator.render.readlabels import ReadLabels, same_read_labels
 from gpu_operator.render.result import RenderError
 from gpu_operator.vocabulary import (
     CONTAINER,
@@ -39,6 +40,22 @@ class NodeFacts:
     # the node probe's view of the host's runtime (`probe_runtime`): flavor, config, template, socket
     probe_runtime: Mapping[str, str] = field(default_factory=dict)
     mixed: bool = False  # a passthrough list (`passthrough_list`): some GPUs to VMs, the rest to containers
+
+    def __post_init__(self) -> None:
+        # the keys any code reads are noted, so that a render is reused while only others change
+        object.__setattr__(self, "labels", ReadLabels(self.labels))
+
+    def renders_like(self, other: NodeFacts) -> bool:
+        """Equal but for labels no code has read (render/readlabels.py)."""
+        return self is other or (
+            self.name == other.name
+            and self.runtime_version == other.runtime_version
+            and self.kernel_version == other.kernel_version
+            and self.kubelet_version == other.kubelet_version
+            and self.probe_runtime == other.probe_runtime
+            and self.mixed == other.mixed
+            and same_read_labels(self.labels, other.labels)
+        )
 
     @functools.cached_property
     def gpu(self) -> bool:
@@ -215,6 +232,17 @@ class ClusterFacts:
             configmap_data=dict(configmap_data or {}),
             plugin_config_hash=plugin_config_hash,
         )
+
+    def renders_like(self, other: ClusterFacts) -> bool:
+        """Whether a render of `other` is one of these facts (the renderer is pure): every field
+        equal, and the nodes equal but for labels no code has read (render/readlabels.py)."""
+        if self is other:
+            return True
+        if len(self.nodes) != len(other.nodes) or any(
+            getattr(self, f.name) != getattr(other, f.name) for f in fields(self) if f.name != "nodes"
+        ):
+            return False
+        return all(a.renders_like(b) for a, b in zip(self.nodes, other.nodes, strict=True))
 
     @functools.cached_property
     def gpu_nodes(self) -> tuple[NodeFacts, ...]:

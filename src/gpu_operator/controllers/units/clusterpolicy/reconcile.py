@@ -14,6 +14,7 @@ from time import monotonic
 
 import pydantic
 from lightkube.core.exceptions import ApiError
+from prometheus_client import Counter
 
 from gpu_operator import vocabulary as vocab
 from gpu_operator.api.clusterpolicy import ClusterPolicy, ClusterPolicySpec
@@ -65,12 +66,19 @@ async def policy_facts(
     )
 
 
+RENDERS = Counter(
+    "gpu_operator_clusterpolicy_renders",
+    "ClusterPolicy passes that rendered its objects, or reused the last render of equal inputs",
+    ["result"],
+)
+
+
 @dataclass(frozen=True)
 class LastRender:
     """The last render and what it was rendered from. The renderer is pure: the same policy
     (name and spec) and the same facts give the same objects, so a pass whose inputs are equal
-    reuses them. During a rollout most passes are such (a DaemonSet's status, a node's label the
-    renderer does not read), and a render costs 15-30 ms at 1,000 nodes against ~2 ms to compare."""
+    reuses them. During a rollout most passes are such (a DaemonSet's status, a node's label no
+    code has read: render/readlabels.py), and a render costs 15-30 ms at 1,000 nodes against ~2 ms to compare."""
 
     name: str
     spec: ClusterPolicySpec
@@ -82,7 +90,7 @@ class LastRender:
         return (
             self.name == policy.metadata.name
             and (self.spec is policy.spec or self.spec == policy.spec)
-            and self.facts == facts
+            and self.facts.renders_like(facts)
         )
 
 
@@ -208,7 +216,9 @@ class ClusterPolicyReconciler:
         """render() and the unserved nodes, or the last ones where the inputs are equal (`LastRender`)."""
         last = self.last_render
         if last is not None and last.answers(policy, facts):
+            RENDERS.labels("reused").inc()
             return last.result, last.problems
+        RENDERS.labels("rendered").inc()
         result = render(policy, facts)
         problems = runtimes.unserved_nodes(policy, facts)
         self.last_render = LastRender(policy.metadata.name, policy.spec, facts, result, problems)

@@ -15,7 +15,7 @@ from gpu_operator.controllers.apply import Applier, owner_reference
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.controllers.units.clusterpolicy.reconcile import ClusterPolicyReconciler
 from gpu_operator.controllers.views import ClusterPolicyView, NodeView
-from gpu_operator.render import render
+from gpu_operator.render import readlabels, render
 from gpu_operator.render.facts import ClusterFacts, NodeFacts
 from gpu_operator.vocabulary import HASH_ANNOTATION
 from tests.unit.render.renderkit import IMAGES, facts, policy
@@ -36,8 +36,15 @@ def test_equal_inputs_render_once_and_give_the_same_result() -> None:
     ]
 
 
+def relabelled(node: NodeFacts, key: str, value: str) -> NodeFacts:
+    assert isinstance(node.labels, readlabels.ReadLabels)
+    # the raw dict: walking the labels would note it
+    return dataclasses.replace(node, labels={**node.labels.raw, key: value})
+
+
 @pytest.mark.parametrize("change", ["spec", "name", "node label", "node added", "runtime", "cluster"])
 def test_a_change_of_any_input_renders_again(change: str) -> None:
+    readlabels.forget()
     r = reconciler()
     base_facts = facts("dgx-h100:3")
     r._render(policy(), base_facts)
@@ -47,14 +54,8 @@ def test_a_change_of_any_input_renders_again(change: str) -> None:
     elif change == "name":
         p = policy()
         p.metadata.name = "other"
-    elif change == "node label":
-        first = f.nodes[0]
-        moved = NodeFacts(
-            first.name,
-            {**first.labels, "nvidia.com/gpu.deploy.dcgm-exporter": "false"},
-            runtime_version=first.runtime_version,
-            kernel_version=first.kernel_version,
-        )
+    elif change == "node label":  # one the renderer reads: a GPU node becomes a VM guest
+        moved = relabelled(f.nodes[0], "feature.node.kubernetes.io/cpu-cpuid.HYPERVISOR", "true")
         f = dataclasses.replace(f, nodes=(moved, *f.nodes[1:]))
     elif change == "node added":
         f = facts("dgx-h100:4")
@@ -69,6 +70,52 @@ def test_a_change_of_any_input_renders_again(change: str) -> None:
     assert r.renders == 2
     expected = render(p, f)
     assert [o for s in result.states for o in s.objects] == [o for s in expected.states for o in s.objects]
+
+
+@pytest.mark.parametrize("walked", [False, True])
+def test_a_change_of_labels_no_code_read_reuses_the_render_until_labels_are_walked(walked: bool) -> None:
+    """The renderer's reads are noted (render/readlabels.py): a label it never read (the MIG
+    manager's state, say) changing on a node leaves the render valid, and a fresh render of the
+    new facts is the same. Once any code has walked a node's labels as a whole, every label counts."""
+    readlabels.forget()
+    r = reconciler()
+    base = facts("dgx-h100:3")
+    first, _ = r._render(policy(), base)
+    if walked:
+        assert len(list(base.nodes[0].labels)) > 0
+    moved = relabelled(base.nodes[1], "nvidia.com/mig.config.state", "success")
+    changed = dataclasses.replace(base, nodes=(base.nodes[0], moved, *base.nodes[2:]))
+    result, _ = r._render(policy(), changed)
+    assert r.renders == (2 if walked else 1)
+    assert (result is first) is not walked
+    assert [o for s in result.states for o in s.objects] == [
+        o for s in render(policy(), changed).states for o in s.objects
+    ]
+    read = relabelled(base.nodes[1], "feature.node.kubernetes.io/system-os_release.VERSION_ID", "24.04")
+    r._render(policy(), dataclasses.replace(base, nodes=(base.nodes[0], read, *base.nodes[2:])))
+    assert r.renders == (3 if walked else 2)  # a label the renderer read: rendered again
+    readlabels.forget()
+
+
+def test_labels_compare_on_the_keys_read_and_on_being_empty() -> None:
+    readlabels.forget()
+    a, b = readlabels.ReadLabels({"x": "1", "y": "1"}), readlabels.ReadLabels({"x": "1", "y": "2"})
+    assert readlabels.same_read_labels(a, b)  # nothing read yet
+    assert a.get("y") == "1"
+    assert not readlabels.same_read_labels(a, b)
+    assert "z" not in b  # read (noted), absent on both: equal
+    assert not readlabels.same_read_labels(a, readlabels.ReadLabels({"x": "1", "y": "1", "z": ""}))
+    assert (
+        readlabels.same_read_labels(
+            readlabels.ReadLabels({"x": "1"}), readlabels.ReadLabels({"x": "1", "z": ""})
+        )
+        is False
+    )
+    readlabels.forget()
+    assert not readlabels.same_read_labels(readlabels.ReadLabels({}), readlabels.ReadLabels({"q": "1"}))
+    assert a == readlabels.ReadLabels({"x": "1", "y": "1"}) and not readlabels.ReadLabels.walked
+    assert a == {"x": "1", "y": "1"} and readlabels.ReadLabels.walked  # against a plain mapping: walked
+    readlabels.forget()
 
 
 def owner(uid: str = "u1") -> ClusterPolicyView:
