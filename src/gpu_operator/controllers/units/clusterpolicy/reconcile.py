@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from time import monotonic
 
@@ -217,6 +218,10 @@ class ClusterPolicyReconciler:
         last = self.last_render
         if last is not None and last.answers(policy, facts):
             RENDERS.labels("reused").inc()
+            if last.facts is not facts:
+                # the render is these facts' too: the next pass compares only the nodes changed since
+                # this one (unchanged facts are the same objects), not every node changed since the render
+                self.last_render = dataclasses.replace(last, facts=facts)
             return last.result, last.problems
         RENDERS.labels("rendered").inc()
         result = render(policy, facts)

@@ -88,6 +88,7 @@ def test_a_change_of_labels_no_code_read_reuses_the_render_until_labels_are_walk
     result, _ = r._render(policy(), changed)
     assert r.renders == (2 if walked else 1)
     assert (result is first) is not walked
+    assert r.last_render is not None and r.last_render.facts is changed  # the next pass compares with these
     assert [o for s in result.states for o in s.objects] == [
         o for s in render(policy(), changed).states for o in s.objects
     ]
