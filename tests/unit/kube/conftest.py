@@ -1,4 +1,5 @@
-"""The simulator's PKI for the kube/ tests that talk TLS to a local server."""
+"""The simulator's PKI for the kube/ tests that talk TLS to a local server (tlskit.py: the
+server's TLS context and a kubeconfig that reaches it)."""
 
 from __future__ import annotations
 

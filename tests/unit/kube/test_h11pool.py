@@ -19,8 +19,8 @@ from lightkube import KubeConfig
 from gpu_operator.kube.client import FencedTransport, NotLeading, _transport
 from gpu_operator.kube.h11pool import H11Pool
 from gpu_operator.sim.plane import pki as simpki
-from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
 from tests.support.ports import free_port
+from tests.unit.kube.tlskit import admin_kubeconfig, server_tls
 
 
 @dataclass
@@ -344,19 +344,10 @@ def test_the_operators_transport_over_tls_with_a_kubeconfig(pki: simpki.Pki, tmp
     CA and client certificate, a GET, a POST and a GET share one connection, bodies intact."""
 
     async def main() -> None:
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca_cert))
-        tls.load_cert_chain(str(pki.serving_cert), str(pki.serving_key))
-        tls.verify_mode = ssl.CERT_OPTIONAL
+        tls = server_tls(pki)
         server = Server(echo)
         async with serving(server, tls) as url:
-            path = write_kubeconfig(
-                tmp_path / "kubeconfig",
-                server=url,
-                ca=pki.ca_cert,
-                user="u",
-                client_cert=pki.client_cert("admin"),
-                client_key=pki.client_key("admin"),
-            )
+            path = admin_kubeconfig(pki, tmp_path / "kubeconfig", url)
             config = KubeConfig.from_file(path).get()
             assert config is not None
             transport = _transport(config, lambda: None)

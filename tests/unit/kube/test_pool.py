@@ -15,7 +15,7 @@ from lightkube import KubeConfig
 from gpu_operator.controllers.settings import OperatorSettings
 from gpu_operator.kube.client import _transport
 from gpu_operator.sim.plane import pki as simpki
-from gpu_operator.sim.plane.kubeconfig import write_kubeconfig
+from tests.unit.kube.tlskit import admin_kubeconfig, server_tls
 
 IN_FLIGHT = OperatorSettings().label_concurrency
 
@@ -26,9 +26,6 @@ async def _connections_for_two_bursts(
     """Two bursts of IN_FLIGHT concurrent requests through `transport(kubeconfig path)` against a
     local TLS server that holds each answer until the whole burst has arrived; returns how many
     connections it accepted."""
-    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca_cert))
-    server_tls.load_cert_chain(str(pki.serving_cert), str(pki.serving_key))
-    server_tls.verify_mode = ssl.CERT_OPTIONAL
     accepted = arrived = open_connections = 0
     burst_in, all_closed = asyncio.Event(), asyncio.Event()
 
@@ -52,16 +49,9 @@ async def _connections_for_two_bursts(
             if open_connections == 0:
                 all_closed.set()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls(pki))
     url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    path = write_kubeconfig(
-        tmp_path / "kubeconfig",
-        server=url,
-        ca=pki.ca_cert,
-        user="u",
-        client_cert=pki.client_cert("admin"),
-        client_key=pki.client_key("admin"),
-    )
+    path = admin_kubeconfig(pki, tmp_path / "kubeconfig", url)
     async with server:
         async with httpx2.AsyncClient(transport=transport(str(path)), base_url=url) as client:
             for _ in range(2):
