@@ -210,7 +210,9 @@ async def measure(
         # What GFD, the device plugin (through the kubelet) and the DRA kubelet plugin do on a node once
         # their pods run there (sim/standins/roster.py, as `sim up` runs them): the operator sees the honest flow.
         hosts = plane.workdir / "hosts" if args.health_faults else None  # our health agent over host trees
-        node_standins = StandIns(KubeConfig.from_file(plane.admin_kubeconfig), hosts=hosts).start()
+        node_standins = StandIns(
+            KubeConfig.from_file(plane.admin_kubeconfig), hosts=hosts, nfd=args.nfd
+        ).start()
 
         def launch() -> Subject:
             return (

@@ -75,7 +75,16 @@ def parse_args(description: str | None) -> argparse.Namespace:
         "{metrics_port} {health_port}) through the same procedure; see bench/README.md",
     )
     parser.add_argument(
-        "--peer-crds", type=Path, help="directory of CRD files to apply for the peer (default: ours)"
+        "--peer-crds",
+        type=Path,
+        nargs="+",
+        help="directories of CRD files to apply for the peer (default: ours)",
+    )
+    parser.add_argument(
+        "--nfd",
+        action="store_true",
+        help="run NFD's master stand-in beside either operator (both charts deploy NFD by default): "
+        "GFD's NodeFeature labels reach the Nodes through it",
     )
     parser.add_argument("--only-peer", action="store_true", help="with --peer-cmd: skip our operator")
     parser.add_argument(

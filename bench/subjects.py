@@ -97,11 +97,12 @@ def start_peer(plane: ControlPlane, command: str, our_metrics: bool = False) -> 
     return Subject("peer", process, health_port, metrics_port if our_metrics else None, log)
 
 
-def apply_peer_crds(sync: Client, directory: Path) -> None:
-    """The peer's own CRDs (its chart's crds/ directory), in place of ours."""
-    for path in sorted(directory.glob("*.yaml")):
-        for obj in load_all_yaml(path.read_text()):
-            sync.apply(obj, force=True)
+def apply_peer_crds(sync: Client, directories: Path | list[Path]) -> None:
+    """The peer's own CRDs (its chart's crds/ directories: its own, its NFD subchart's), in place of ours."""
+    for directory in directories if isinstance(directories, list) else [directories]:
+        for path in sorted(directory.glob("*.yaml")):
+            for obj in load_all_yaml(path.read_text()):
+                sync.apply(obj, force=True)
 
 
 T = TypeVar("T")
