@@ -214,6 +214,10 @@ class H11Pool(httpx2.AsyncBaseTransport):
                 await asyncio.wait_for(waiter, left)
             except TimeoutError:
                 raise httpx2.PoolTimeout("every connection to the apiserver stayed busy") from None
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, then cancelled: the next waiter gets the free connection
+                raise
             finally:
                 if waiter in self.waiting:
                     self.waiting.remove(waiter)
