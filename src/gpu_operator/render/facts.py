@@ -46,14 +46,10 @@ class NodeFacts:
         object.__setattr__(self, "labels", ReadLabels(self.labels))
 
     def renders_like(self, other: NodeFacts) -> bool:
-        """Equal but for labels no code has read (render/readlabels.py)."""
+        """Equal but for labels no code has read (render/readlabels.py): every other field (a field
+        added later included) compared whole."""
         return self is other or (
-            self.name == other.name
-            and self.runtime_version == other.runtime_version
-            and self.kernel_version == other.kernel_version
-            and self.kubelet_version == other.kubelet_version
-            and self.probe_runtime == other.probe_runtime
-            and self.mixed == other.mixed
+            all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.name != "labels")
             and same_read_labels(self.labels, other.labels)
         )
 
