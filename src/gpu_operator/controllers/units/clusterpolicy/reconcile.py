@@ -7,9 +7,9 @@ whose content's hash the plugins' pod templates carry."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass
 from time import monotonic
 
